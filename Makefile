@@ -1,0 +1,38 @@
+# PrefixGate developer tasks. Every target sets up .venv first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+OPA_BINDINGS := opa-golib-python-bindings==0.4.4
+
+.PHONY: setup setup-bench system-deps demo test bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+
+# Install the project with its dev extras, plus the embedded OPA engine,
+# which declares Python 3.14 but runs on 3.11 (see pyproject.toml).
+setup: $(BIN)/python
+	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install --ignore-requires-python $(OPA_BINDINGS)
+
+setup-bench: setup
+	$(BIN)/pip install -e '.[dev,bench]'
+
+# System packages the tests need (a real syslog receiver). Needs root.
+system-deps:
+	@command -v rsyslogd >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsyslog >/dev/null)
+
+# The main job: simulated replicas + gateway + real-trace replay, one run per routing policy.
+demo: setup
+	$(BIN)/prefixgate demo
+
+test: setup system-deps
+	$(BIN)/python -m pytest
+
+# Side-by-side benchmark with SGLang's router (not part of the tests).
+bench: setup-bench
+	$(BIN)/python -m sim.bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

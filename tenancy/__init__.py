@@ -1,0 +1,4 @@
+"""Tenancy: tenant registry, key ring, tokenizer, HMAC block-hash chain, cache salt, limits.
+
+Never imports ``gateway``.
+"""

@@ -1,0 +1,69 @@
+"""Per-tenant HMAC block-hash chain over prompt tokens.
+
+A prompt of token ids is cut into full blocks of ``block_size`` tokens (a
+trailing partial block is not hashed: a KV block is reusable only when full,
+as in vLLM's prefix caching). Block ``i`` gets the key
+
+    h_0 = b"pg-prefix-v1" || key_id
+    h_i = HMAC-SHA256(tenant_key, h_{i-1} || block_i)[:digest_size]
+
+where ``block_i`` is the block's token ids packed as unsigned 32-bit
+big-endian integers. Because each key covers its whole prefix, two requests
+share ``h_i`` only if their first ``i`` blocks are identical *and* they were
+hashed under the same tenant key: identical prompts of two tenants never
+produce the same key (short of an HMAC forgery). Digests are truncated to
+``digest_size`` bytes (default 16 = 128 bits; collisions are negligible at any
+realistic index size).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from collections.abc import Sequence
+
+__all__ = ["block_hash_chain", "DEFAULT_DIGEST_SIZE"]
+
+DEFAULT_DIGEST_SIZE = 16
+_DOMAIN = b"pg-prefix-v1"
+
+
+def block_hash_chain(
+    key: bytes,
+    tokens: Sequence[int],
+    block_size: int,
+    *,
+    key_id: str = "",
+    digest_size: int = DEFAULT_DIGEST_SIZE,
+    max_blocks: int | None = None,
+) -> list[bytes]:
+    """Return the keyed hash chain ``[h_1 … h_n]`` of the full blocks of ``tokens``.
+
+    ``key`` is the tenant's secret prefix key (bytes, at least 16),
+    ``block_size`` is in tokens, ``key_id`` is mixed into the seed so chains
+    of different key versions never collide, ``max_blocks`` bounds the work
+    for very long prompts. Raises :class:`ValueError` for a short key, a
+    non-positive block size or a digest size outside 8..32 bytes, and
+    :class:`struct.error` for a token id outside 0..2**32-1.
+    """
+    if len(key) < 16:
+        raise ValueError("prefix key must be at least 16 bytes")
+    if block_size <= 0:
+        raise ValueError("block_size must be positive")
+    if not 8 <= digest_size <= 32:
+        raise ValueError("digest_size must be within 8..32 bytes")
+    n = len(tokens) // block_size
+    if max_blocks is not None:
+        n = min(n, max_blocks)
+    fmt = f">{block_size}I"
+    prev = _DOMAIN + key_id.encode("utf-8")
+    base = hmac.new(key, digestmod=hashlib.sha256)
+    out: list[bytes] = []
+    for i in range(n):
+        h = base.copy()
+        h.update(prev)
+        h.update(struct.pack(fmt, *tokens[i * block_size : (i + 1) * block_size]))
+        prev = h.digest()[:digest_size]
+        out.append(prev)
+    return out
