@@ -1,15 +1,17 @@
 """Offline prefix-cache hit-rate bounds for a trace replay.
 
-Both bounds run on the simulator's own block keys: the prompt built by
+Both bounds run on the simulator's own block keys
+(:func:`sim.kvcache.block_keys`): the prompt built by
 :func:`sim.trace.build_prompt` is tokenized with
 :class:`tenancy.tokenizer.WordTokenizer`, cut into full ``block_size``-token
 KV blocks (a trailing partial block is never cached, as in vLLM's automatic
-prefix caching and :mod:`tenancy.prefix`), and each block gets a chained key
-covering its whole prefix and the tenant (cache salt), so tenants never share
-blocks. Requests are processed in trace order; a request's hit is the number
+prefix caching), and each block's key chains its whole prefix and the
+tenant's cache salt (here the tenant id), so tenants never share blocks. Requests are processed in trace order; a request's hit is the number
 of leading blocks already cached times ``block_size`` tokens (not capped: a
 full-prompt hit counts fully), after which all of its full blocks are
-inserted (the request's own blocks never count as hits for itself).
+inserted (the request's own blocks never count as hits for itself). Unlike
+the live simulator, insertion is immediate: a request sees every earlier
+request's blocks even if that one had not finished its prefill yet.
 
 * oracle: one cache without limit - the most any router could reach;
 * pooled: one LRU cache holding every replica's capacity together
@@ -26,17 +28,16 @@ first 2000 rows, 6 replicas x 4000 blocks): see docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sim.kvcache import BlockCache, block_keys
 from sim.trace import DEFAULT_TRACE_PATH, TraceRequest, assign_tenants, build_prompt, load_mooncake
 from tenancy.tokenizer import WordTokenizer
 
-__all__ = ["HitRateBounds", "request_block_keys", "oracle_hit_rate", "pooled_lru_hit_rate", "compute_bounds", "main"]
+__all__ = ["HitRateBounds", "trace_block_keys", "oracle_hit_rate", "pooled_lru_hit_rate", "compute_bounds", "main"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,22 +52,6 @@ class HitRateBounds:
     block_size: int
     tenants: int
     prompt_tokens: int
-
-
-def request_block_keys(tokens: Sequence[int], block_size: int, salt: str) -> list[bytes]:
-    """Return chained keys of the full ``block_size``-token blocks of ``tokens`` under ``salt``.
-
-    ``k_i = BLAKE2b-128(k_{i-1} || block_i)`` with ``k_0 = BLAKE2b-128(salt)``;
-    equal keys mean equal salt and equal whole prefix.
-    """
-    prev = hashlib.blake2b(salt.encode("utf-8"), digest_size=16).digest()
-    out: list[bytes] = []
-    for i in range(len(tokens) // block_size):
-        h = hashlib.blake2b(prev, digest_size=16)
-        h.update(b"".join(t.to_bytes(4, "big") for t in tokens[i * block_size : (i + 1) * block_size]))
-        prev = h.digest()
-        out.append(prev)
-    return out
 
 
 def oracle_hit_rate(requests: Sequence[tuple[int, list[bytes]]], block_size: int) -> float:
@@ -86,30 +71,21 @@ def oracle_hit_rate(requests: Sequence[tuple[int, list[bytes]]], block_size: int
 
 
 def pooled_lru_hit_rate(requests: Sequence[tuple[int, list[bytes]]], block_size: int, capacity_blocks: int) -> float:
-    """Hit rate of one LRU cache of ``capacity_blocks`` blocks; same input as :func:`oracle_hit_rate`.
+    """Hit rate of one :class:`sim.kvcache.BlockCache` of ``capacity_blocks`` blocks.
 
-    A request's leading cached blocks count as hits; then all its blocks are
-    touched/inserted in prefix order and least-recently-used blocks evicted.
+    Same input as :func:`oracle_hit_rate`. A request's leading cached blocks
+    count as hits, then all its blocks are inserted with the simulator's own
+    LRU semantics (touched tail-first, so a shared head outlives the deep
+    tails). Raises :class:`ValueError` for a non-positive capacity.
     """
     if capacity_blocks <= 0:
         raise ValueError("capacity_blocks must be positive")
-    lru: OrderedDict[bytes, None] = OrderedDict()
+    cache = BlockCache(capacity_blocks)
     hit = total = 0
     for ntok, keys in requests:
         total += ntok
-        n = 0
-        for k in keys:
-            if k not in lru:
-                break
-            n += 1
-        hit += n * block_size
-        for k in keys:
-            if k in lru:
-                lru.move_to_end(k)
-            else:
-                lru[k] = None
-        while len(lru) > capacity_blocks:
-            lru.popitem(last=False)
+        hit += cache.match(keys) * block_size
+        cache.insert(keys)
     return hit / total if total else 0.0
 
 
@@ -121,7 +97,7 @@ def trace_block_keys(
     out: list[tuple[int, list[bytes]]] = []
     for req, tenant in zip(reqs, tenants, strict=True):
         ids = tok.encode(build_prompt(req))
-        out.append((len(ids), request_block_keys(ids, block_size, tenant)))
+        out.append((len(ids), block_keys(ids, block_size, tenant)))
     return out
 
 

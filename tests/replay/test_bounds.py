@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.bounds import compute_bounds, main, oracle_hit_rate, pooled_lru_hit_rate, request_block_keys
+from sim.bounds import compute_bounds, main, oracle_hit_rate, pooled_lru_hit_rate
+from sim.kvcache import block_keys
 from sim.trace import DEFAULT_TRACE_PATH, TraceRequest, load_mooncake
 
 # Each full 512-token trace block is 32 simulator tokens = two 16-token KV blocks.
@@ -19,10 +20,17 @@ def test_oracle_on_hand_made_trace() -> None:
 
 
 def test_pooled_lru_evicts_least_recently_used() -> None:
-    # capacity 4 blocks: after B only B's last 4 blocks remain, so C misses block 0
-    b = compute_bounds([A, B, C], replicas=2, capacity_blocks=2)
-    assert b.pooled == pytest.approx(64 / 224)
-    assert b.oracle == pytest.approx(96 / 224)
+    # capacity 4 blocks: D's 4 blocks evict all of A's, so C misses block 0
+    d = TraceRequest(1, 1.0, 1024, 1, (5, 6))
+    b = compute_bounds([A, d, C], replicas=2, capacity_blocks=2)
+    assert b.pooled == 0.0
+    assert b.oracle == pytest.approx(32 / 192)
+
+
+def test_pooled_lru_evicts_deep_tail_before_shared_head() -> None:
+    # capacity 4: B's two new tail blocks are evicted, A's (shared) head survives for C
+    b = compute_bounds([A, B, C], replicas=1, capacity_blocks=4)
+    assert b.pooled == pytest.approx((64 + 32) / 224)
 
 
 def test_partial_last_block_is_never_a_hit() -> None:
@@ -33,8 +41,8 @@ def test_partial_last_block_is_never_a_hit() -> None:
 
 
 def test_tenants_are_isolated() -> None:
-    tok_a = request_block_keys(list(range(32)), 16, "tenant-a")
-    tok_b = request_block_keys(list(range(32)), 16, "tenant-b")
+    tok_a = block_keys(list(range(32)), 16, "tenant-a")
+    tok_b = block_keys(list(range(32)), 16, "tenant-b")
     assert len(tok_a) == 2 and not set(tok_a) & set(tok_b)
     same = [(32, tok_a), (32, tok_b)]
     assert oracle_hit_rate(same, 16) == 0.0
