@@ -1,0 +1,424 @@
+"""Per-tenant key ring: HKDF-derived prefix keys, key ids, rotation, cache salts.
+
+Derivation (RFC 5869 HKDF-SHA256, fixed application salt
+``b"prefixgate-hkdf-v1"``)::
+
+    prefix_key(T, v) = HKDF(master, info=b"pg-tenant-prefix-key-v1" || u32(len T) || T || u64(v))
+    kid(T, v)        = "t:<T>:v<v>:" || hex(HMAC-SHA256(prefix_key, b"pg-kid-v1")[:6])
+
+The key id (kid) is public: it names a key in logs, audit events and the
+prefix index without revealing it (a truncated one-way MAC of the key, not
+the key). The kid is the ``key_id`` seed of :func:`tenancy.prefix.block_hash_chain`,
+so chains of two key versions never collide.
+
+Rotation: :meth:`KeyRing.rotate_tenant` bumps a tenant's version; new prefix
+keys use it at once, while :meth:`KeyRing.lookup_keys` and
+:meth:`KeyRing.prefix_chain` still return the previous version for
+``grace_s`` seconds so the router keeps finding prefixes indexed under it
+(cache locality survives the rotation). :meth:`KeyRing.rotate_master`
+re-derives every tenant from a new master secret, keeping the old master's
+keys for the same grace period. Grace is in-process only (the prefix index
+is in memory too). Key versions and salt epochs persist in a JSON state file
+(:mod:`tenancy.state`); derived keys and secrets are never written.
+
+The master secret comes from a file (refused if group/world accessible) or an
+environment variable, never from the configuration file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import stat
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tenancy.prefix import DEFAULT_DIGEST_SIZE, block_hash_chain
+from tenancy.salt import cache_salt as _cache_salt
+from tenancy.salt import derive_salt_key, hkdf_sha256, length_prefixed
+from tenancy.state import KeyState, TenantState, load_state, save_state
+
+__all__ = [
+    "KeyRingError",
+    "MIN_MASTER_SECRET_BYTES",
+    "PREFIX_KEY_INFO",
+    "TenantKey",
+    "PrefixChains",
+    "KeyRing",
+    "load_master_secret",
+    "derive_prefix_key",
+    "key_id",
+]
+
+MIN_MASTER_SECRET_BYTES = 32
+#: HKDF ``info`` label of per-tenant prefix keys.
+PREFIX_KEY_INFO = b"pg-tenant-prefix-key-v1"
+_KID_LABEL = b"pg-kid-v1"
+_KID_FP_BYTES = 6
+_MAX_FILE_BYTES = 64 * 1024
+
+
+class KeyRingError(Exception):
+    """Master secret missing/unsafe/short, or key-ring state unusable.
+
+    Messages name the source (file path or variable name), never the secret.
+    """
+
+
+def load_master_secret(file: str | None, env: str | None) -> bytes:
+    """Load the master secret from ``file`` (preferred) or environment variable ``env``.
+
+    The file must be a regular file with no group/other permission bits
+    (``mode & 0o077 == 0``, as OpenSSH requires of private keys); it is opened
+    with ``O_NOFOLLOW`` and checked with ``fstat`` on the open descriptor. One
+    trailing newline is stripped. From ``env`` the value's UTF-8 bytes are
+    used. A file that is named but unusable is an error (no fallback to env).
+    Returns at least :data:`MIN_MASTER_SECRET_BYTES` (32) bytes; raises
+    :class:`KeyRingError` otherwise. Error messages never contain the secret.
+    """
+    if file:
+        secret = _read_secret_file(file)
+        source = f"master secret file {file!r}"
+    elif env:
+        value = os.environ.get(env)
+        if value is None or value == "":
+            raise KeyRingError(f"master secret environment variable {env!r} is not set")
+        secret = value.encode("utf-8")
+        source = f"master secret environment variable {env!r}"
+    else:
+        raise KeyRingError("no master secret source configured (need a file or an environment variable)")
+    if len(secret) < MIN_MASTER_SECRET_BYTES:
+        raise KeyRingError(
+            f"{source} is too short: {len(secret)} bytes, need at least {MIN_MASTER_SECRET_BYTES}"
+        )
+    return secret
+
+
+def _read_secret_file(path: str) -> bytes:
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError as exc:
+        raise KeyRingError(f"master secret file {path!r} does not exist") from exc
+    except OSError as exc:
+        raise KeyRingError(f"master secret file {path!r} cannot be opened: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise KeyRingError(f"master secret file {path!r} is not a regular file")
+        if st.st_mode & 0o077:
+            raise KeyRingError(
+                f"master secret file {path!r} is accessible by group/others "
+                f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 it"
+            )
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > _MAX_FILE_BYTES:
+                raise KeyRingError(f"master secret file {path!r} is larger than {_MAX_FILE_BYTES} bytes")
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if data.endswith(b"\r\n"):
+        data = data[:-2]
+    elif data.endswith(b"\n"):
+        data = data[:-1]
+    return data
+
+
+def derive_prefix_key(master_secret: bytes, tenant_id: str, version: int) -> bytes:
+    """Return the 32-byte prefix key of ``tenant_id`` at key ``version`` (>= 1)."""
+    if version < 1:
+        raise ValueError("key version must be >= 1")
+    info = PREFIX_KEY_INFO + length_prefixed(tenant_id) + struct.pack(">Q", version)
+    return hkdf_sha256(master_secret, info)
+
+
+def key_id(tenant_id: str, version: int, key: bytes) -> str:
+    """Return the public key id ``t:<tenant>:v<version>:<12 hex>`` of ``key``.
+
+    The fingerprint is the first 6 bytes of ``HMAC-SHA256(key, b"pg-kid-v1")``:
+    one-way, so the kid reveals nothing about the key.
+    """
+    fp = hmac.new(key, _KID_LABEL, hashlib.sha256).digest()[:_KID_FP_BYTES].hex()
+    return f"t:{tenant_id}:v{version}:{fp}"
+
+
+@dataclass(frozen=True)
+class TenantKey:
+    """One version of a tenant's prefix key. ``repr`` hides the key bytes."""
+
+    tenant_id: str
+    version: int
+    kid: str
+    key: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class PrefixChains:
+    """Block-hash chains of one prompt under a tenant's keys.
+
+    ``current`` is the chain under the current key (kid ``kid``); the router
+    indexes this one. ``previous`` holds ``(kid, chain)`` for each older key
+    version still in its grace period, newest first; the router only looks
+    these up (to keep locality across a rotation), never inserts them.
+    Each chain is a tuple of ``digest_size``-byte hashes, one per full block.
+    """
+
+    kid: str
+    current: tuple[bytes, ...]
+    previous: tuple[tuple[str, tuple[bytes, ...]], ...] = ()
+
+    def all_chains(self) -> tuple[tuple[bytes, ...], ...]:
+        """Return the current chain followed by every previous chain."""
+        return (self.current,) + tuple(chain for _, chain in self.previous)
+
+
+@dataclass
+class _Retired:
+    generation: int
+    master: bytes = field(repr=False)
+    versions: dict[str, int]
+    expires_at: float
+
+
+@dataclass
+class _GraceKey:
+    key: TenantKey
+    expires_at: float
+
+
+class KeyRing:
+    """Per-tenant prefix keys and cache salts derived from one master secret.
+
+    ``master_secret``: at least 32 bytes (see :func:`load_master_secret`).
+    ``grace_s``: seconds a previous key version stays recognised after a
+    rotation. ``clock``: monotonic seconds (injectable for tests).
+    ``state_path``: JSON file keeping key versions and salt epochs across
+    restarts (``None`` keeps them in memory only). Thread-safe.
+    Raises :class:`KeyRingError` for a short secret or an unusable state file.
+    """
+
+    def __init__(
+        self,
+        master_secret: bytes,
+        *,
+        grace_s: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+        state_path: str | None = None,
+    ) -> None:
+        _check_secret(master_secret)
+        if grace_s < 0:
+            raise KeyRingError("grace_s must be >= 0")
+        self._master = bytes(master_secret)
+        self._generation = 1
+        self._grace_s = float(grace_s)
+        self._clock = clock
+        self._state_path = state_path
+        self._lock = threading.RLock()
+        self._retired_masters: list[_Retired] = []
+        self._grace: dict[str, list[_GraceKey]] = {}
+        self._cache: dict[tuple[int, str, int], TenantKey] = {}
+        self._salt_cache: dict[tuple[int, str, int], str] = {}
+        if state_path is not None:
+            try:
+                self._state = load_state(state_path)
+            except Exception as exc:  # StateError
+                raise KeyRingError(str(exc)) from exc
+        else:
+            self._state = KeyState()
+
+    # -- introspection ---------------------------------------------------
+    @property
+    def grace_s(self) -> float:
+        """Grace period of previous key versions, in seconds."""
+        return self._grace_s
+
+    @property
+    def master_generation(self) -> int:
+        """Number of master secrets this process has used (1 at start)."""
+        return self._generation
+
+    def key_version(self, tenant_id: str) -> int:
+        """Return the current prefix-key version of ``tenant_id`` (1 if never rotated)."""
+        with self._lock:
+            return self._tenant_state(tenant_id).key_version
+
+    def salt_epoch(self, tenant_id: str) -> int:
+        """Return the current cache-salt epoch of ``tenant_id`` (0 if never rotated)."""
+        with self._lock:
+            return self._tenant_state(tenant_id).salt_epoch
+
+    # -- keys --------------------------------------------------------------
+    def current(self, tenant_id: str) -> TenantKey:
+        """Return the tenant's current prefix key (used for new prefix chains)."""
+        with self._lock:
+            version = self._tenant_state(tenant_id).key_version
+            return self._derive(self._master, self._generation, tenant_id, version)
+
+    def lookup_keys(self, tenant_id: str) -> list[TenantKey]:
+        """Return the keys whose chains are recognised now: current first, then
+        previous versions still in grace (newest first), without duplicates."""
+        with self._lock:
+            now = self._clock()
+            self._expire(now)
+            keys = [self.current(tenant_id)]
+            for g in reversed(self._grace.get(tenant_id, [])):
+                keys.append(g.key)
+            for retired in reversed(self._retired_masters):
+                version = retired.versions.get(tenant_id, 1)
+                keys.append(self._derive(retired.master, retired.generation, tenant_id, version))
+            seen: set[str] = set()
+            out: list[TenantKey] = []
+            for k in keys:
+                if k.kid not in seen:
+                    seen.add(k.kid)
+                    out.append(k)
+            return out
+
+    def prefix_chain(
+        self,
+        tenant_id: str,
+        tokens: Sequence[int],
+        block_size: int,
+        *,
+        digest_size: int = DEFAULT_DIGEST_SIZE,
+        max_blocks: int | None = None,
+    ) -> PrefixChains:
+        """Hash ``tokens`` into block chains under every key of :meth:`lookup_keys`.
+
+        ``block_size`` in tokens; see :func:`tenancy.prefix.block_hash_chain`
+        (whose ``ValueError`` it propagates). Outside a grace period this is
+        one chain; during one, one extra chain per recognised old version.
+        """
+        keys = self.lookup_keys(tenant_id)
+        chains = [
+            (
+                k.kid,
+                tuple(
+                    block_hash_chain(
+                        k.key, tokens, block_size, key_id=k.kid, digest_size=digest_size, max_blocks=max_blocks
+                    )
+                ),
+            )
+            for k in keys
+        ]
+        return PrefixChains(kid=chains[0][0], current=chains[0][1], previous=tuple(chains[1:]))
+
+    def rotate_tenant(self, tenant_id: str) -> TenantKey:
+        """Start a new prefix-key version for ``tenant_id`` and persist it.
+
+        The previous version stays in :meth:`lookup_keys` for ``grace_s``
+        seconds. The cache salt is unchanged. Returns the new current key.
+        Raises :class:`KeyRingError` if the state file cannot be written
+        (the rotation is then not applied).
+        """
+        with self._lock:
+            old = self.current(tenant_id)
+            ts = self._tenant_state(tenant_id)
+            self._commit(tenant_id, TenantState(ts.key_version + 1, ts.salt_epoch))
+            self._grace.setdefault(tenant_id, []).append(_GraceKey(old, self._clock() + self._grace_s))
+            return self.current(tenant_id)
+
+    def rotate_master(self, new_secret: bytes) -> int:
+        """Switch to ``new_secret``; every tenant re-derives its keys and salt.
+
+        The old master's keys stay recognised by :meth:`lookup_keys` for
+        ``grace_s`` seconds; cache salts change at once (a master rotation
+        deliberately turns replica caches cold). Refuses (``KeyRingError``)
+        a short secret or the secret already in use (compared in constant
+        time). Returns the new master generation number.
+        """
+        _check_secret(new_secret)
+        with self._lock:
+            if hmac.compare_digest(new_secret, self._master):
+                raise KeyRingError("new master secret equals the current one")
+            versions = {tid: ts.key_version for tid, ts in self._state.tenants.items()}
+            self._retired_masters.append(
+                _Retired(self._generation, self._master, versions, self._clock() + self._grace_s)
+            )
+            self._master = bytes(new_secret)
+            self._generation += 1
+            self._salt_cache.clear()
+            return self._generation
+
+    # -- salts -------------------------------------------------------------
+    def cache_salt(self, tenant_id: str) -> str:
+        """Return the tenant's cache salt (vLLM ``cache_salt``); see :mod:`tenancy.salt`."""
+        with self._lock:
+            epoch = self._tenant_state(tenant_id).salt_epoch
+            ck = (self._generation, tenant_id, epoch)
+            salt = self._salt_cache.get(ck)
+            if salt is None:
+                salt = _cache_salt(derive_salt_key(self._master, tenant_id), tenant_id, epoch)
+                if len(self._salt_cache) >= 4096:
+                    self._salt_cache.clear()
+                self._salt_cache[ck] = salt
+            return salt
+
+    def rotate_salt(self, tenant_id: str) -> int:
+        """Bump the tenant's salt epoch (operator action: its replica cache goes cold).
+
+        Persisted; returns the new epoch. Raises :class:`KeyRingError` if the
+        state file cannot be written.
+        """
+        with self._lock:
+            ts = self._tenant_state(tenant_id)
+            self._commit(tenant_id, TenantState(ts.key_version, ts.salt_epoch + 1))
+            return ts.salt_epoch + 1
+
+    # -- internals ---------------------------------------------------------
+    def _tenant_state(self, tenant_id: str) -> TenantState:
+        return self._state.tenants.get(tenant_id) or TenantState()
+
+    def _commit(self, tenant_id: str, new: TenantState) -> None:
+        tenants = dict(self._state.tenants)
+        tenants[tenant_id] = new
+        candidate = KeyState(tenants=tenants)
+        if self._state_path is not None:
+            try:
+                save_state(self._state_path, candidate)
+            except Exception as exc:  # StateError
+                raise KeyRingError(str(exc)) from exc
+        self._state = candidate
+
+    def _expire(self, now: float) -> None:
+        expired = {r.generation for r in self._retired_masters if r.expires_at <= now}
+        if expired:
+            self._retired_masters = [r for r in self._retired_masters if r.generation not in expired]
+            self._cache = {ck: tk for ck, tk in self._cache.items() if ck[0] not in expired}
+        for tid in list(self._grace):
+            kept = [g for g in self._grace[tid] if g.expires_at > now]
+            if kept:
+                self._grace[tid] = kept
+            else:
+                del self._grace[tid]
+
+    def _derive(self, master: bytes, generation: int, tenant_id: str, version: int) -> TenantKey:
+        ck = (generation, tenant_id, version)
+        tk = self._cache.get(ck)
+        if tk is None:
+            key = derive_prefix_key(master, tenant_id, version)
+            tk = TenantKey(tenant_id=tenant_id, version=version, kid=key_id(tenant_id, version, key), key=key)
+            if len(self._cache) >= 4096:
+                self._cache.clear()
+            self._cache[ck] = tk
+        return tk
+
+
+def _check_secret(secret: bytes) -> None:
+    if not isinstance(secret, (bytes, bytearray)):
+        raise KeyRingError("master secret must be bytes")
+    if len(secret) < MIN_MASTER_SECRET_BYTES:
+        raise KeyRingError(
+            f"master secret is too short: {len(secret)} bytes, need at least {MIN_MASTER_SECRET_BYTES}"
+        )
