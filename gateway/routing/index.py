@@ -1,0 +1,159 @@
+"""Approximate per-replica prefix index learned from the router's own decisions.
+
+The gateway cannot see the replicas' KV caches, so it remembers which prefix
+block keys it has sent to each replica and assumes they are still cached.
+Block keys come from :func:`tenancy.prefix.block_hash_chain`: a keyed hash
+chain, so key ``h_i`` stands for the whole prefix ``block_1 … block_i`` and a
+replica "holds" a prefix of ``k`` blocks iff it holds ``h_1 … h_k``.
+
+Memory is bounded the way the replica's cache is bounded: one LRU per replica
+of ``capacity_blocks`` KV blocks (default 4000, the simulator's and a typical
+vLLM replica's order of magnitude). :meth:`PrefixIndex.record` touches a
+request's blocks deepest-first so that the request's *first* block ends up
+most recently used; the oldest conversation tails are evicted before shared
+heads, which mirrors vLLM's free-block queue (a freed request's blocks are
+appended in reverse order, so prefix roots are evicted last).
+
+Tenant isolation and key-version isolation come from the keys themselves:
+every tenant and every key version (key id) seeds its own HMAC chain, so two
+tenants or two key versions never produce the same key and can never match
+each other's entries.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["PrefixIndex", "IndexStats", "DEFAULT_CAPACITY_BLOCKS"]
+
+DEFAULT_CAPACITY_BLOCKS = 4000
+
+
+@dataclass(frozen=True)
+class IndexStats:
+    """Index counters: ``replicas`` tracked, ``blocks`` (entries summed over
+    replicas), ``distinct_keys`` (distinct block keys), ``evictions`` (LRU
+    evictions since start), ``capacity_blocks`` (per replica)."""
+
+    replicas: int
+    blocks: int
+    distinct_keys: int
+    evictions: int
+    capacity_blocks: int
+
+
+class PrefixIndex:
+    """Per-replica LRU sets of prefix block keys plus a key → replicas map.
+
+    ``capacity_blocks`` is the number of KV blocks assumed cached per replica
+    (raises :class:`ValueError` if not positive). Not thread-safe: use it from
+    one event loop.
+    """
+
+    def __init__(self, capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS) -> None:
+        if capacity_blocks <= 0:
+            raise ValueError("capacity_blocks must be positive")
+        self._capacity = capacity_blocks
+        self._lru: dict[str, OrderedDict[bytes, None]] = {}
+        self._owners: dict[bytes, set[str]] = {}
+        self._evictions = 0
+
+    @property
+    def capacity_blocks(self) -> int:
+        """Per-replica capacity, in KV blocks."""
+        return self._capacity
+
+    def match(self, replica_id: str, keys: Sequence[bytes]) -> int:
+        """Number of leading blocks of ``keys`` believed cached on ``replica_id``
+        (0 for an unknown replica). Does not change LRU order."""
+        lru = self._lru.get(replica_id)
+        if not lru:
+            return 0
+        n = 0
+        for k in keys:
+            if k not in lru:
+                break
+            n += 1
+        return n
+
+    def match_many(self, keys: Sequence[bytes], replica_ids: Iterable[str]) -> dict[str, int]:
+        """Leading matched blocks of ``keys`` for every id in ``replica_ids``.
+
+        Walks the chain once through the key → replicas map, narrowing the set
+        of replicas still matching, so a miss on block 0 costs one dict lookup
+        and the total cost is O(matched depth × replicas). Returns a dict with
+        one entry per requested replica id (0 where nothing matches).
+        """
+        result = {rid: 0 for rid in replica_ids}
+        alive = set(result)
+        depth = 0
+        for k in keys:
+            owners = self._owners.get(k)
+            if not owners:
+                break
+            still = alive & owners
+            for rid in alive - still:
+                result[rid] = depth
+            alive = still
+            if not alive:
+                break
+            depth += 1
+        for rid in alive:
+            result[rid] = depth
+        return result
+
+    def record(self, replica_id: str, keys: Sequence[bytes]) -> None:
+        """Insert or touch ``keys`` (one request's chain) on ``replica_id``.
+
+        Keys are touched deepest-first so the chain's root is most recently
+        used; least recently used keys beyond ``capacity_blocks`` are evicted.
+        A chain longer than the capacity keeps only its leading blocks.
+        """
+        lru = self._lru.get(replica_id)
+        if lru is None:
+            lru = self._lru[replica_id] = OrderedDict()
+        chain = keys[: self._capacity]
+        for k in reversed(chain):
+            if k in lru:
+                lru.move_to_end(k)
+            else:
+                lru[k] = None
+                self._owners.setdefault(k, set()).add(replica_id)
+        while len(lru) > self._capacity:
+            old, _ = lru.popitem(last=False)
+            self._drop_owner(old, replica_id)
+            self._evictions += 1
+
+    def forget_replica(self, replica_id: str) -> None:
+        """Drop everything known about ``replica_id`` (its cache was lost,
+        e.g. the replica restarted with a new instance id, or it was removed)."""
+        lru = self._lru.pop(replica_id, None)
+        if not lru:
+            return
+        for k in lru:
+            self._drop_owner(k, replica_id)
+
+    def replica_blocks(self, replica_id: str) -> int:
+        """Number of blocks currently attributed to ``replica_id``."""
+        lru = self._lru.get(replica_id)
+        return len(lru) if lru else 0
+
+    def stats(self) -> IndexStats:
+        """Snapshot of the index counters (see :class:`IndexStats`)."""
+        return IndexStats(
+            replicas=len(self._lru),
+            blocks=sum(len(v) for v in self._lru.values()),
+            distinct_keys=len(self._owners),
+            evictions=self._evictions,
+            capacity_blocks=self._capacity,
+        )
+
+    def _drop_owner(self, key: bytes, replica_id: str) -> None:
+        owners = self._owners.get(key)
+        if owners is None:
+            return
+        owners.discard(replica_id)
+        if not owners:
+            del self._owners[key]

@@ -1,0 +1,118 @@
+"""Per-replica load accounting in tokens and requests.
+
+Load is charged the moment the router dispatches a request, not when the
+replica reports it, so a burst of arrivals within one scrape interval still
+spreads (the "in-flight" view used by Dynamo's KV router and SGLang's router).
+Three quantities per replica:
+
+* queued prefill tokens: the uncached prompt tokens the router predicted the
+  replica must still prefill (released at the first token);
+* decode tokens: expected output tokens of requests in flight (released when
+  the request finishes);
+* running requests: requests dispatched and not finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LoadTracker", "ReplicaLoad", "Ticket"]
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """Load of one replica: ``queued_prefill_tokens`` and ``decode_tokens``
+    in tokens, ``running_requests`` in requests."""
+
+    replica_id: str
+    queued_prefill_tokens: int = 0
+    decode_tokens: int = 0
+    running_requests: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """Total token load: queued prefill tokens + decode tokens in flight."""
+        return self.queued_prefill_tokens + self.decode_tokens
+
+
+class _Counters:
+    __slots__ = ("prefill", "decode", "running")
+
+    def __init__(self) -> None:
+        self.prefill = 0
+        self.decode = 0
+        self.running = 0
+
+
+class Ticket:
+    """Handle of one dispatched request. :meth:`first_token` releases its
+    prefill tokens, :meth:`finish` releases whatever is still held; both are
+    idempotent, so call ``finish`` in a ``finally`` on success, error or
+    cancellation."""
+
+    __slots__ = ("replica_id", "prefill_tokens", "decode_tokens", "_tracker", "_prefill_held", "_held")
+
+    def __init__(self, tracker: LoadTracker, replica_id: str, prefill_tokens: int, decode_tokens: int) -> None:
+        self.replica_id = replica_id
+        self.prefill_tokens = prefill_tokens
+        self.decode_tokens = decode_tokens
+        self._tracker = tracker
+        self._prefill_held = True
+        self._held = True
+
+    @property
+    def active(self) -> bool:
+        """True until :meth:`finish` has been called."""
+        return self._held
+
+    def first_token(self) -> None:
+        """Release the prefill part (the replica has produced the first token)."""
+        if self._prefill_held and self._held:
+            self._prefill_held = False
+            self._tracker._release(self.replica_id, self.prefill_tokens, 0, 0)
+
+    def finish(self) -> None:
+        """Release everything still held (decode tokens, the running request,
+        and the prefill part if no first token was seen)."""
+        if not self._held:
+            return
+        prefill = self.prefill_tokens if self._prefill_held else 0
+        self._prefill_held = False
+        self._held = False
+        self._tracker._release(self.replica_id, prefill, self.decode_tokens, 1)
+
+
+class LoadTracker:
+    """In-flight load per replica, charged at dispatch time (see module doc)."""
+
+    def __init__(self) -> None:
+        self._c: dict[str, _Counters] = {}
+
+    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int) -> Ticket:
+        """Charge one request to ``replica_id``: ``prefill_tokens`` (predicted
+        uncached prompt tokens) and ``decode_tokens`` (expected output tokens).
+        Negative values raise :class:`ValueError`. Returns its :class:`Ticket`."""
+        if prefill_tokens < 0 or decode_tokens < 0:
+            raise ValueError("token counts must be non-negative")
+        c = self._c.get(replica_id)
+        if c is None:
+            c = self._c[replica_id] = _Counters()
+        c.prefill += prefill_tokens
+        c.decode += decode_tokens
+        c.running += 1
+        return Ticket(self, replica_id, prefill_tokens, decode_tokens)
+
+    def snapshot(self, replica_id: str) -> ReplicaLoad:
+        """Current load of ``replica_id`` (all zero for an unknown replica)."""
+        c = self._c.get(replica_id)
+        if c is None:
+            return ReplicaLoad(replica_id)
+        return ReplicaLoad(replica_id, c.prefill, c.decode, c.running)
+
+    def _release(self, replica_id: str, prefill: int, decode: int, running: int) -> None:
+        c = self._c.get(replica_id)
+        if c is None:
+            return
+        c.prefill = max(0, c.prefill - prefill)
+        c.decode = max(0, c.decode - decode)
+        c.running = max(0, c.running - running)

@@ -1,0 +1,139 @@
+"""The router: prefix index + load tracker + one routing policy.
+
+``Router.route`` is the gateway's single call for step 6 of the request flow:
+it looks up the matched prefix of every candidate replica (over the current
+key version's chain and any previous versions' chains, so a key rotation does
+not throw away warm caches), lets the policy choose, charges the load, and
+records the chosen replica's current-version keys in the index.
+
+Counters separate three reasons for a low prefix hit rate:
+
+* ``available / prompt`` low: the workload has little reuse (or the index
+  has forgotten it);
+* ``predicted / available`` low: the router traded cache for balance;
+* ``delivered / predicted`` low: the index is stale (replicas evicted or
+  restarted), measured from the ``cached_tokens`` replicas report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gateway.routing.index import PrefixIndex
+from gateway.routing.load import LoadTracker, Ticket
+from gateway.routing.policies import Candidate, NoCandidateError, RouteChoice, RouteRequest, RoutingPolicy
+
+__all__ = ["Router", "RouterCounters", "NoCandidateError"]
+
+
+@dataclass(frozen=True)
+class RouterCounters:
+    """Cumulative router counters, in requests and prompt tokens.
+
+    ``observed_*`` count only requests for which :meth:`Router.observe_delivered`
+    was called, so ``observed_delivered / observed_predicted`` compares like
+    with like.
+    """
+
+    requests: int
+    prompt_tokens: int
+    available_prefix_tokens: int
+    predicted_prefix_tokens: int
+    observed_requests: int
+    observed_predicted_prefix_tokens: int
+    delivered_prefix_tokens: int
+    overdelivered_tokens: int
+    underdelivered_tokens: int
+
+
+class Router:
+    """Route requests among candidate replicas with one policy.
+
+    ``block_size`` is in tokens and must match the chains' block size (raises
+    :class:`ValueError` if not positive).
+    """
+
+    def __init__(self, policy: RoutingPolicy, index: PrefixIndex, loads: LoadTracker, block_size: int) -> None:
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        self.policy = policy
+        self.index = index
+        self.loads = loads
+        self.block_size = block_size
+        self._requests = 0
+        self._prompt = 0
+        self._available = 0
+        self._predicted = 0
+        self._obs_requests = 0
+        self._obs_predicted = 0
+        self._delivered = 0
+        self._over = 0
+        self._under = 0
+
+    def candidates(
+        self, req: RouteRequest, candidate_ids: Iterable[str], alt_key_chains: Sequence[Sequence[bytes]] = ()
+    ) -> list[Candidate]:
+        """Build the policy's candidates: load snapshot and matched blocks,
+        the max over ``req.block_keys`` and each chain in ``alt_key_chains``."""
+        ids = list(dict.fromkeys(candidate_ids))
+        matched = self.index.match_many(req.block_keys, ids)
+        for chain in alt_key_chains:
+            for rid, m in self.index.match_many(chain, ids).items():
+                if m > matched[rid]:
+                    matched[rid] = m
+        return [Candidate(rid, self.loads.snapshot(rid), matched[rid]) for rid in ids]
+
+    def route(
+        self, req: RouteRequest, candidate_ids: Iterable[str], alt_key_chains: Sequence[Sequence[bytes]] = ()
+    ) -> tuple[RouteChoice, Ticket]:
+        """Choose a replica for ``req`` among ``candidate_ids`` (authorized and
+        healthy), charge its load (prefill tokens = prompt tokens − predicted
+        prefix tokens; decode tokens = ``req.max_tokens``) and record its
+        current-version keys in the index. Call ``Ticket.first_token()`` at
+        the first streamed token and ``Ticket.finish()`` when done (always).
+        Raises :class:`NoCandidateError` when ``candidate_ids`` is empty.
+        """
+        cands = self.candidates(req, candidate_ids, alt_key_chains)
+        if not cands:
+            raise NoCandidateError("no candidate replica")
+        choice = self.policy.choose(req, cands)
+        prefill = max(0, req.prompt_tokens - choice.predicted_prefix_tokens)
+        ticket = self.loads.dispatch(choice.replica_id, prefill, max(0, req.max_tokens))
+        self.index.record(choice.replica_id, req.block_keys)
+        self._requests += 1
+        self._prompt += max(0, req.prompt_tokens)
+        self._available += choice.available_prefix_tokens
+        self._predicted += choice.predicted_prefix_tokens
+        return choice, ticket
+
+    def observe_delivered(self, choice: RouteChoice, cached_tokens: int) -> None:
+        """Record the prefix tokens the replica actually reused for ``choice``
+        (``usage.prompt_tokens_details.cached_tokens``)."""
+        cached = max(0, int(cached_tokens))
+        self._obs_requests += 1
+        self._obs_predicted += choice.predicted_prefix_tokens
+        self._delivered += cached
+        diff = cached - choice.predicted_prefix_tokens
+        if diff > 0:
+            self._over += diff
+        else:
+            self._under -= diff
+
+    def forget_replica(self, replica_id: str) -> None:
+        """The replica lost its cache (restart): drop its index entries."""
+        self.index.forget_replica(replica_id)
+
+    def counters(self) -> RouterCounters:
+        """Snapshot of the cumulative counters (see :class:`RouterCounters`)."""
+        return RouterCounters(
+            requests=self._requests,
+            prompt_tokens=self._prompt,
+            available_prefix_tokens=self._available,
+            predicted_prefix_tokens=self._predicted,
+            observed_requests=self._obs_requests,
+            observed_predicted_prefix_tokens=self._obs_predicted,
+            delivered_prefix_tokens=self._delivered,
+            overdelivered_tokens=self._over,
+            underdelivered_tokens=self._under,
+        )

@@ -1,0 +1,389 @@
+"""Offline discrete-event simulation of N replicas behind PrefixGate's router.
+
+No HTTP: the same timing model as the HTTP replica simulator (``sim/replica.py``),
+driven by the Mooncake conversation trace at its own timestamps, routed by the
+gateway's real :class:`gateway.routing.router.Router`, policies, prefix index
+and load tracker (the tracker is driven by simulated first-token and finish
+events). Used to tune ``cache_aware``; results go to
+``bench/results/des_tuning.md``.
+
+Model (per replica):
+
+* one FIFO prefill queue, one prefill at a time; the cache lookup happens when
+  a request reaches the head of the queue and its blocks are inserted then;
+  prefill time = 0.005 s + uncached simulator tokens × 16 / 10000 real tokens/s;
+* decode runs concurrently and never blocks prefill: 0.02 s per output token
+  (the trace's ``output_length``, real tokens);
+* block-level LRU prefix cache of 4000 blocks of 16 simulator tokens (touched
+  deepest-first, as vLLM frees blocks);
+* each 512-token trace block = 32 simulator tokens (one simulator token stands
+  for 16 real tokens), a partial last block ceil(rest/512·32) tokens, min 1.
+
+TTFT = prefill end − arrival. Hit rate is token-weighted: cached simulator
+tokens / prompt simulator tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gateway.routing.index import PrefixIndex
+from gateway.routing.load import LoadTracker, Ticket
+from gateway.routing.policies import (
+    Candidate,
+    RouteChoice,
+    RouteRequest,
+    RoutingPolicy,
+    _choice,
+    _require,
+    build_policy,
+)
+from gateway.routing.router import Router
+
+__all__ = [
+    "SimConfig",
+    "SimRequest",
+    "PolicyResult",
+    "SGLangLikePolicy",
+    "load_trace",
+    "simulate",
+    "pooled_bound",
+    "infinite_bound",
+    "main",
+]
+
+TRACE_BLOCK_TOKENS = 512
+SIM_TOKENS_PER_TRACE_BLOCK = 32
+DEFAULT_TRACE = Path(__file__).resolve().parent.parent / "data" / "traces" / "conversation_trace.jsonl"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Timing and cache model. Times in seconds, rates in real tokens/s,
+    ``block_size`` and capacity in simulator tokens / blocks."""
+
+    replicas: int = 6
+    block_size: int = 16
+    capacity_blocks: int = 4000
+    token_scale: float = 16.0
+    prefill_tokens_per_s: float = 10000.0
+    prefill_overhead_s: float = 0.005
+    decode_s_per_token: float = 0.02
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    """One trace request in simulator units: ``arrival`` (s), ``prompt_tokens``
+    (simulator tokens), ``output_tokens`` (real tokens, decode steps),
+    ``keys`` (block-hash chain over full simulator blocks)."""
+
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    keys: tuple[bytes, ...]
+
+
+def _trace_block_tokens(input_length: int, i: int, n: int) -> int:
+    if i < n - 1:
+        return SIM_TOKENS_PER_TRACE_BLOCK
+    rest = input_length - (n - 1) * TRACE_BLOCK_TOKENS
+    return max(1, math.ceil(rest * SIM_TOKENS_PER_TRACE_BLOCK / TRACE_BLOCK_TOKENS))
+
+
+def to_sim_request(row: Mapping[str, Any], block_size: int = 16) -> SimRequest:
+    """Convert one Mooncake row (``timestamp`` ms, ``input_length``,
+    ``output_length``, ``hash_ids``) to a :class:`SimRequest`. Simulator block
+    keys are a BLAKE2b chain over (trace hash id, sub-block index)."""
+    ids = list(row["hash_ids"])
+    n = len(ids)
+    keys: list[bytes] = []
+    prev = b"des"
+    tokens = 0
+    for i, hid in enumerate(ids):
+        t = _trace_block_tokens(int(row["input_length"]), i, n)
+        tokens += t
+        for j in range(t // block_size):
+            prev = hashlib.blake2b(prev + hid.to_bytes(8, "big") + j.to_bytes(2, "big"), digest_size=16).digest()
+            keys.append(prev)
+        if t % block_size:
+            break  # a partial block ends the chain of full blocks
+    return SimRequest(row["timestamp"] / 1000.0, tokens, int(row["output_length"]), tuple(keys))
+
+
+def load_trace(path: Path = DEFAULT_TRACE, rows: int = 2000, block_size: int = 16) -> list[SimRequest]:
+    """First ``rows`` requests of a Mooncake JSONL trace as :class:`SimRequest`s."""
+    out: list[SimRequest] = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if len(out) >= rows:
+                break
+            if line.strip():
+                out.append(to_sim_request(json.loads(line), block_size))
+    return out
+
+
+class _BlockCache:
+    """Replica-side LRU prefix cache (same eviction order as the index)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.lru: OrderedDict[bytes, None] = OrderedDict()
+
+    def match(self, keys: Sequence[bytes]) -> int:
+        n = 0
+        for k in keys:
+            if k not in self.lru:
+                break
+            n += 1
+        return n
+
+    def insert(self, keys: Sequence[bytes]) -> None:
+        lru = self.lru
+        for k in reversed(keys[: self.capacity]):
+            if k in lru:
+                lru.move_to_end(k)
+            else:
+                lru[k] = None
+        while len(lru) > self.capacity:
+            lru.popitem(last=False)
+
+
+class SGLangLikePolicy:
+    """Imitation of SGLang router's ``cache_aware`` rule (sgl-router
+    ``policies/cache_aware.rs``): load = running requests per worker; if
+    ``max - min > balance_abs_threshold`` and ``max > min ·
+    balance_rel_threshold`` route to the least loaded worker; otherwise, if the
+    best prefix match ratio (matched / prompt tokens; SGLang counts characters)
+    exceeds ``cache_threshold``, route to the best-matching worker, else to the
+    least loaded one. The per-worker approximate tree is the gateway's prefix
+    index here (same LRU eviction)."""
+
+    name = "sglang_like"
+
+    def __init__(
+        self, balance_abs_threshold: int = 32, balance_rel_threshold: float = 1.0001, cache_threshold: float = 0.5
+    ) -> None:
+        self.abs_t = balance_abs_threshold
+        self.rel_t = balance_rel_threshold
+        self.cache_t = cache_threshold
+
+    def choose(self, req: RouteRequest, candidates: Sequence[Candidate]) -> RouteChoice:
+        """See :class:`gateway.routing.policies.RoutingPolicy`."""
+        _require(candidates)
+        loads = {c.replica_id: float(c.load.running_requests) for c in candidates}
+        mx, mn = max(loads.values()), min(loads.values())
+        least = min(candidates, key=lambda c: (c.load.running_requests, c.replica_id))
+        if mx - mn > self.abs_t and mx > mn * self.rel_t:
+            return _choice(self.name, req, candidates, least, "imbalanced", loads)
+        best = max(candidates, key=lambda c: (c.matched_blocks, -c.load.running_requests, c.replica_id))
+        ratio = min(best.matched_blocks * req.block_size, req.prompt_tokens) / max(1, req.prompt_tokens)
+        if ratio > self.cache_t:
+            return _choice(self.name, req, candidates, best, "cache_match", loads)
+        return _choice(self.name, req, candidates, least, "min_load", loads)
+
+
+@dataclass
+class PolicyResult:
+    """Per-policy outcome: TTFT percentiles (s), token-weighted hit rate,
+    request count max/mean over replicas, prefill busy time max/mean."""
+
+    name: str
+    ttft_p50: float
+    ttft_p90: float
+    ttft_p99: float
+    hit_rate: float
+    req_imbalance: float
+    prefill_imbalance: float
+    predicted_rate: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def _pct(sorted_vals: Sequence[float], p: float) -> float:
+    if not sorted_vals:
+        return math.nan
+    k = (len(sorted_vals) - 1) * p / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
+
+
+def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: SimConfig = SimConfig()) -> PolicyResult:
+    """Replay ``reqs`` through a fresh :class:`Router` with ``policy`` on
+    ``cfg.replicas`` simulated replicas; returns a :class:`PolicyResult`."""
+    ids = [f"r{i}" for i in range(cfg.replicas)]
+    router = Router(policy, PrefixIndex(cfg.capacity_blocks), LoadTracker(), cfg.block_size)
+    caches = {r: _BlockCache(cfg.capacity_blocks) for r in ids}
+    queues: dict[str, list[int]] = {r: [] for r in ids}
+    qhead = {r: 0 for r in ids}
+    busy = {r: False for r in ids}
+    served = {r: 0 for r in ids}
+    prefill_busy = {r: 0.0 for r in ids}
+    tickets: list[Ticket | None] = [None] * len(reqs)
+    choices: list[RouteChoice | None] = [None] * len(reqs)
+    ttft: list[float] = []
+    cached_total = 0
+    prompt_total = 0
+    events: list[tuple[float, int, int, int, str]] = []  # time, kind order, seq, req idx, replica
+    seq = 0
+    ARRIVE, PREFILL_DONE, FINISH = 2, 0, 1
+
+    for i, r in enumerate(reqs):
+        events.append((r.arrival, ARRIVE, i, i, ""))
+    heapq.heapify(events)
+    seq = len(reqs)
+
+    def start_next(rid: str, now: float) -> None:
+        nonlocal seq, cached_total, prompt_total
+        q = queues[rid]
+        if busy[rid] or qhead[rid] >= len(q):
+            return
+        i = q[qhead[rid]]
+        qhead[rid] += 1
+        r = reqs[i]
+        cache = caches[rid]
+        matched = cache.match(r.keys)
+        cache.insert(r.keys)
+        cached = min(matched * cfg.block_size, r.prompt_tokens)
+        cached_total += cached
+        prompt_total += r.prompt_tokens
+        router.observe_delivered(choices[i], cached)  # type: ignore[arg-type]
+        dur = cfg.prefill_overhead_s + (r.prompt_tokens - cached) * cfg.token_scale / cfg.prefill_tokens_per_s
+        prefill_busy[rid] += dur
+        busy[rid] = True
+        seq += 1
+        heapq.heappush(events, (now + dur, PREFILL_DONE, seq, i, rid))
+
+    while events:
+        now, kind, _, i, rid = heapq.heappop(events)
+        if kind == ARRIVE:
+            r = reqs[i]
+            rq = RouteRequest("t0", r.keys, r.prompt_tokens, r.output_tokens, cfg.block_size)
+            choice, ticket = router.route(rq, ids)
+            choices[i], tickets[i] = choice, ticket
+            served[choice.replica_id] += 1
+            queues[choice.replica_id].append(i)
+            start_next(choice.replica_id, now)
+        elif kind == PREFILL_DONE:
+            ttft.append(now - reqs[i].arrival)
+            tickets[i].first_token()  # type: ignore[union-attr]
+            busy[rid] = False
+            seq += 1
+            heapq.heappush(events, (now + reqs[i].output_tokens * cfg.decode_s_per_token, FINISH, seq, i, rid))
+            start_next(rid, now)
+        else:
+            tickets[i].finish()  # type: ignore[union-attr]
+
+    ttft.sort()
+    c = router.counters()
+    mean_req = sum(served.values()) / len(ids)
+    mean_pf = sum(prefill_busy.values()) / len(ids)
+    return PolicyResult(
+        name=name,
+        ttft_p50=_pct(ttft, 50),
+        ttft_p90=_pct(ttft, 90),
+        ttft_p99=_pct(ttft, 99),
+        hit_rate=cached_total / max(1, prompt_total),
+        req_imbalance=max(served.values()) / mean_req if mean_req else math.nan,
+        prefill_imbalance=max(prefill_busy.values()) / mean_pf if mean_pf else math.nan,
+        predicted_rate=c.predicted_prefix_tokens / max(1, c.prompt_tokens),
+        extra={"available_rate": c.available_prefix_tokens / max(1, c.prompt_tokens)},
+    )
+
+
+def pooled_bound(reqs: Sequence[SimRequest], capacity_blocks: int, block_size: int = 16) -> float:
+    """Token-weighted hit rate of ONE LRU holding ``capacity_blocks`` (all
+    replicas' capacity pooled), replayed in arrival order."""
+    cache = _BlockCache(capacity_blocks)
+    hit = tot = 0
+    for r in reqs:
+        hit += min(cache.match(r.keys) * block_size, r.prompt_tokens)
+        tot += r.prompt_tokens
+        cache.insert(r.keys)
+    return hit / max(1, tot)
+
+
+def infinite_bound(reqs: Sequence[SimRequest], block_size: int = 16) -> float:
+    """Token-weighted hit rate of an infinite cache (oracle upper bound)."""
+    seen: set[bytes] = set()
+    hit = tot = 0
+    for r in reqs:
+        m = 0
+        for k in r.keys:
+            if k not in seen:
+                break
+            m += 1
+        hit += min(m * block_size, r.prompt_tokens)
+        tot += r.prompt_tokens
+        seen.update(r.keys)
+    return hit / max(1, tot)
+
+
+PolicyFactory = Callable[[], RoutingPolicy]
+
+
+def default_policies() -> dict[str, PolicyFactory]:
+    """The compared policies: the gateway's four (tuned defaults) and the SGLang imitation."""
+    return {
+        "round_robin": lambda: build_policy("round_robin", {}),
+        "least_load": lambda: build_policy("least_load", {}),
+        "consistent_hash": lambda: build_policy("consistent_hash", {"skip_blocks": 2}),
+        "sglang_like": lambda: SGLangLikePolicy(),
+        "cache_aware": lambda: build_policy("cache_aware", {}),
+    }
+
+
+def format_table(results: Sequence[PolicyResult]) -> str:
+    """Markdown table of ``results``."""
+    lines = [
+        "| policy | TTFT p50 s | TTFT p90 s | TTFT p99 s | hit rate | predicted | req max/mean | prefill max/mean |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.name} | {r.ttft_p50:.3f} | {r.ttft_p90:.3f} | {r.ttft_p99:.3f} | {r.hit_rate:.3f} | "
+            f"{r.predicted_rate:.3f} | {r.req_imbalance:.2f} | {r.prefill_imbalance:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--rows", default=2000, show_default=True, help="trace rows to replay")
+@click.option("--replicas", default=6, show_default=True)
+@click.option("--trace", "trace_path", type=click.Path(exists=True, path_type=Path), default=DEFAULT_TRACE)
+@click.option("--capacity-blocks", default=4000, show_default=True)
+@click.option("--policy", "policies", multiple=True, help="restrict to these policies (repeatable)")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="write the markdown table here")
+def main(
+    rows: int, replicas: int, trace_path: Path, capacity_blocks: int, policies: tuple[str, ...], out: Path | None
+) -> None:
+    """Print a per-policy table (TTFT, hit rate, balance) for the trace."""
+    cfg = SimConfig(replicas=replicas, capacity_blocks=capacity_blocks)
+    reqs = load_trace(trace_path, rows, cfg.block_size)
+    pooled = pooled_bound(reqs, capacity_blocks * replicas, cfg.block_size)
+    inf = infinite_bound(reqs, cfg.block_size)
+    facs = default_policies()
+    names = list(policies) or list(facs)
+    results = [simulate(n, facs[n](), reqs, cfg) for n in names]
+    table = format_table(results)
+    head = (
+        f"rows={rows} replicas={replicas} capacity={capacity_blocks} blocks/replica; "
+        f"pooled-cache bound={pooled:.3f} infinite-cache oracle={inf:.3f}"
+    )
+    click.echo(head)
+    click.echo(table)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(f"{head}\n\n{table}\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
