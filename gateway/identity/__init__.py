@@ -1,0 +1,62 @@
+"""Workload authentication: SPIFFE IDs, trust bundles, JWT-SVIDs, forwarded X.509-SVIDs.
+
+The gateway builds a :class:`TrustBundleStore` (file or HTTPS source per trust
+domain), a :class:`JwtSvidVerifier`, and calls ``await verifier.verify(token)``
+for every request; see docs/identity.md.
+"""
+
+from __future__ import annotations
+
+from .bundle import (
+    ALLOWED_ALGORITHMS,
+    BundleError,
+    BundleKey,
+    BundleUnavailable,
+    FileBundleSource,
+    HttpsBundleSource,
+    StaticBundleSource,
+    TrustBundle,
+    TrustBundleSource,
+    TrustBundleStore,
+    UnknownTrustDomain,
+    parse_bundle,
+)
+from .jwtsvid import (
+    AuthenticationError,
+    JwtSvidVerifier,
+    Reason,
+    error_body,
+    extract_bearer,
+    www_authenticate,
+)
+from .spiffe_id import InvalidSpiffeId, SpiffeId, WorkloadIdentity, parse_spiffe_id, parse_trust_domain
+from .xfcc import InvalidXfcc, identity_from_xfcc, parse_xfcc, reconcile
+
+__all__ = [
+    "ALLOWED_ALGORITHMS",
+    "AuthenticationError",
+    "BundleError",
+    "BundleKey",
+    "BundleUnavailable",
+    "FileBundleSource",
+    "HttpsBundleSource",
+    "InvalidSpiffeId",
+    "InvalidXfcc",
+    "JwtSvidVerifier",
+    "Reason",
+    "SpiffeId",
+    "StaticBundleSource",
+    "TrustBundle",
+    "TrustBundleSource",
+    "TrustBundleStore",
+    "UnknownTrustDomain",
+    "WorkloadIdentity",
+    "error_body",
+    "extract_bearer",
+    "identity_from_xfcc",
+    "parse_bundle",
+    "parse_spiffe_id",
+    "parse_trust_domain",
+    "reconcile",
+    "www_authenticate",
+]

@@ -1,0 +1,357 @@
+"""JWT-SVID verification (the gateway's authentication step, PEP side).
+
+Rules, with their sources:
+
+* JWT-SVID spec (spiffe/spiffe standards/JWT-SVID.md) sections 2-4: ``alg``
+  is one of RS/ES/PS 256/384/512; ``typ`` when present is ``JWT`` or
+  ``JOSE``; ``sub`` is the SPIFFE ID; ``aud`` is required and must contain
+  the validator's audience; ``exp`` is required; the signing key is looked
+  up by ``kid`` in the bundle of the trust domain named by ``sub``.
+* RFC 8725 (JWT BCP) 3.1-3.2: explicit algorithm allow-list, never ``none``
+  or HMAC with a public key; the key decides the algorithm family.
+* RFC 7515 4.1.2-4.1.6, 4.1.11: ``jku``/``x5u``/``jwk``/``x5c`` are ignored
+  (never fetched nor trusted); a ``crit`` header is refused since this
+  verifier understands no extension.
+* RFC 7519 4.1.4-4.1.6: ``exp``/``nbf``/``iat`` with ``leeway_s`` seconds.
+* RFC 6750 3: ``WWW-Authenticate: Bearer`` error responses.
+
+Extra gateway policy: tokens larger than 8 KiB are refused before parsing;
+the remaining lifetime ``exp - now`` must not exceed ``max_lifetime_s``
+(+ leeway) even without ``iat``, and ``exp - iat`` must not exceed
+``max_lifetime_s`` when ``iat`` is present; a token must name a ``kid``.
+Duplicate JSON members in header or payload are refused (RFC 7515 4).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import jwt
+
+from .bundle import (
+    ALLOWED_ALGORITHMS,
+    BundleError,
+    BundleUnavailable,
+    KeyAlgorithmMismatch,
+    TrustBundle,
+    TrustBundleStore,
+    UnknownTrustDomain,
+)
+from .spiffe_id import InvalidSpiffeId, SpiffeId, WorkloadIdentity, parse_spiffe_id, parse_trust_domain
+
+#: Largest accepted compact JWS, in bytes.
+MAX_TOKEN_BYTES = 8 * 1024
+_COMPACT_RE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+_ALLOWED_TYP = frozenset({"JWT", "JOSE"})
+REALM = "prefixgate"
+
+
+class Reason(enum.StrEnum):
+    """Which check refused a credential (stable strings, safe to log and return)."""
+
+    MISSING_TOKEN = "missing_token"
+    MALFORMED_HEADER = "malformed_authorization_header"
+    TOKEN_TOO_LARGE = "token_too_large"
+    MALFORMED = "malformed"
+    ALG_NOT_ALLOWED = "alg_not_allowed"
+    UNKNOWN_KID = "unknown_kid"
+    BAD_SIGNATURE = "bad_signature"
+    EXPIRED = "expired"
+    NOT_YET_VALID = "not_yet_valid"
+    AUDIENCE = "audience"
+    MISSING_CLAIM = "missing_claim"
+    BAD_SPIFFE_ID = "bad_spiffe_id"
+    FOREIGN_TRUST_DOMAIN = "foreign_trust_domain"
+    LIFETIME_TOO_LONG = "lifetime_too_long"
+    CRIT_HEADER = "crit_header"
+    BAD_TYP = "bad_typ"
+    BUNDLE_UNAVAILABLE = "bundle_unavailable"
+    IDENTITY_MISMATCH = "identity_mismatch"
+
+
+#: RFC 6750 error code per reason ("" = no error attribute, RFC 6750 3.1:
+#: a request without credentials gets a bare challenge).
+_CODE: dict[Reason, str] = {
+    Reason.MISSING_TOKEN: "",
+    Reason.MALFORMED_HEADER: "invalid_request",
+}
+#: HTTP status per reason; default 401.
+_STATUS: dict[Reason, int] = {
+    Reason.MALFORMED_HEADER: 400,
+    Reason.BUNDLE_UNAVAILABLE: 503,
+}
+
+
+class AuthenticationError(Exception):
+    """A credential was refused.
+
+    ``code``: RFC 6750 error code (``invalid_token``, ``invalid_request`` or
+    ``""`` for a missing token); ``reason``: a :class:`Reason`;
+    ``description``: human text that never contains the token or claims
+    values beyond the check that failed; ``status``: HTTP status to answer
+    (401; 400 for a malformed Authorization header; 503 when the trust
+    bundle is unavailable, which is still a refusal: fail closed).
+    """
+
+    def __init__(self, reason: Reason, description: str) -> None:
+        super().__init__(f"{reason.value}: {description}")
+        self.reason = reason
+        self.code = _CODE.get(reason, "invalid_token")
+        self.description = description
+        self.status = _STATUS.get(reason, 401)
+
+
+def _fail(reason: Reason, description: str) -> AuthenticationError:
+    return AuthenticationError(reason, description)
+
+
+def _quote(s: str) -> str:
+    # RFC 6750 3: error_description is %x20-21 / %x23-5B / %x5D-7E.
+    return "".join(c for c in s if 0x20 <= ord(c) <= 0x7E and c not in '"\\')
+
+
+def www_authenticate(err: AuthenticationError | None = None) -> str:
+    """The ``WWW-Authenticate`` header value for a refusal (RFC 6750 3).
+
+    ``Bearer realm="prefixgate", error="invalid_token", error_description="..."``;
+    just ``Bearer realm="prefixgate"`` when ``err`` is ``None`` or the token
+    was missing.
+    """
+    value = f'Bearer realm="{REALM}"'
+    if err is not None and err.code:
+        value += f', error="{err.code}", error_description="{_quote(err.description)}"'
+    return value
+
+
+def error_body(err: AuthenticationError) -> dict[str, Any]:
+    """OpenAI-style JSON error body: ``{"error": {"message", "type", "code"}}``.
+
+    ``type`` is ``"authentication_error"`` (``"service_unavailable"`` for
+    503); ``code`` is the :class:`Reason` value. Never echoes the token.
+    """
+    kind = "service_unavailable" if err.status == 503 else "authentication_error"
+    return {"error": {"message": err.description, "type": kind, "code": err.reason.value}}
+
+
+def extract_bearer(authorization: str | None) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header value.
+
+    Raises :class:`AuthenticationError` with ``missing_token`` when absent or
+    empty, ``malformed_authorization_header`` for another scheme or shape.
+    The scheme is case-insensitive (RFC 6750 2.1, RFC 9110 11.1).
+    """
+    if authorization is None or not authorization.strip():
+        raise _fail(Reason.MISSING_TOKEN, "no bearer token")
+    parts = authorization.strip().split(" ")
+    if len(parts) != 2 or parts[0].lower() != "bearer" or not parts[1]:
+        raise _fail(Reason.MALFORMED_HEADER, "expected 'Authorization: Bearer <JWT-SVID>'")
+    return parts[1]
+
+
+def _strict_json(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError("duplicate member")
+        out[k] = v
+    return out
+
+
+def _b64json(segment: str, what: str) -> dict[str, Any]:
+    try:
+        raw = base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+        obj = json.loads(raw, object_pairs_hook=_strict_json)
+    except (binascii.Error, ValueError, RecursionError):
+        raise _fail(Reason.MALFORMED, f"token {what} is not base64url JSON without duplicate members") from None
+    if not isinstance(obj, dict):
+        raise _fail(Reason.MALFORMED, f"token {what} is not a JSON object")
+    return obj
+
+
+def _number(claims: dict[str, Any], name: str) -> float | None:
+    v = claims.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise _fail(Reason.MALFORMED, f"claim {name!r} is not a NumericDate")
+    return float(v)
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    token: str
+    header: dict[str, Any]
+    claims: dict[str, Any]
+    spiffe_id: SpiffeId
+    kid: str
+    alg: str
+
+
+class JwtSvidVerifier:
+    """Verifies JWT-SVID bearer tokens against per-trust-domain bundles.
+
+    ``store``: bundle sources; ``audience``: this gateway's audience (the
+    token's ``aud`` must contain it); ``trust_domains``: domains whose
+    workloads may authenticate (each must also have a bundle in ``store``);
+    ``leeway_s``: clock skew allowed on ``exp``/``nbf``/``iat`` (seconds);
+    ``max_lifetime_s``: longest accepted validity (seconds); ``clock``: Unix
+    seconds. Raises ``ValueError`` for bad configuration.
+    """
+
+    def __init__(
+        self,
+        store: TrustBundleStore,
+        audience: str,
+        trust_domains: Iterable[str],
+        leeway_s: float = 30,
+        max_lifetime_s: float = 3600,
+        *,
+        max_token_bytes: int = MAX_TOKEN_BYTES,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not audience:
+            raise ValueError("audience must be a non-empty string")
+        self.store = store
+        self.audience = audience
+        self.trust_domains = frozenset(parse_trust_domain(td) for td in trust_domains)
+        if not self.trust_domains:
+            raise ValueError("at least one trust domain must be configured")
+        self.leeway_s = float(leeway_s)
+        self.max_lifetime_s = float(max_lifetime_s)
+        self.max_token_bytes = max_token_bytes
+        self._clock = clock
+
+    # -- step 1: structure, header and the claimed trust domain (unverified) --
+    def _parse(self, token: str) -> _Parsed:
+        if not isinstance(token, str) or not token:
+            raise _fail(Reason.MISSING_TOKEN, "no bearer token")
+        if len(token) > self.max_token_bytes:
+            raise _fail(Reason.TOKEN_TOO_LARGE, f"token larger than {self.max_token_bytes} bytes")
+        if not _COMPACT_RE.fullmatch(token):
+            raise _fail(Reason.MALFORMED, "token is not a compact JWS (three base64url segments)")
+        h_seg, p_seg, _ = token.split(".")
+        header = _b64json(h_seg, "header")
+        if "crit" in header:
+            raise _fail(Reason.CRIT_HEADER, "critical header extensions are not supported")
+        if "b64" in header:
+            raise _fail(Reason.MALFORMED, "unencoded payloads (b64) are not accepted")
+        typ = header.get("typ")
+        if typ is not None and typ not in _ALLOWED_TYP:
+            raise _fail(Reason.BAD_TYP, "typ must be JWT or JOSE")
+        alg = header.get("alg")
+        if not isinstance(alg, str) or alg not in ALLOWED_ALGORITHMS:
+            raise _fail(Reason.ALG_NOT_ALLOWED, "alg is not an allowed asymmetric JWS algorithm")
+        claims = _b64json(p_seg, "payload")
+        sub = claims.get("sub")
+        if sub is None:
+            raise _fail(Reason.MISSING_CLAIM, "missing claim 'sub'")
+        if not isinstance(sub, str):
+            raise _fail(Reason.BAD_SPIFFE_ID, "sub is not a SPIFFE ID")
+        try:
+            sid = parse_spiffe_id(sub)
+        except InvalidSpiffeId as e:
+            raise _fail(Reason.BAD_SPIFFE_ID, f"sub is not a valid SPIFFE ID ({e.reason})") from None
+        if sid.trust_domain not in self.trust_domains:
+            raise _fail(Reason.FOREIGN_TRUST_DOMAIN, "sub is in a trust domain this gateway does not accept")
+        kid = header.get("kid")
+        if not isinstance(kid, str) or not kid:
+            raise _fail(Reason.UNKNOWN_KID, "token header names no kid")
+        return _Parsed(token=token, header=header, claims=claims, spiffe_id=sid, kid=kid, alg=alg)
+
+    # -- step 2: signature with the key of THAT trust domain, then claims --
+    def _check(self, p: _Parsed, bundle: TrustBundle) -> WorkloadIdentity:
+        if bundle.trust_domain != p.spiffe_id.trust_domain:
+            # One domain's key never vouches for another domain's identity.
+            raise _fail(Reason.UNKNOWN_KID, "no key with this kid in the token's trust domain")
+        key = bundle.get(p.kid)
+        if key is None:
+            raise _fail(Reason.UNKNOWN_KID, "no key with this kid in the token's trust domain")
+        try:
+            pyjwk = key.pyjwk_for(p.alg)
+        except KeyAlgorithmMismatch:
+            raise _fail(Reason.ALG_NOT_ALLOWED, "alg does not match the bundle key's type") from None
+        except jwt.PyJWTError:
+            raise _fail(Reason.ALG_NOT_ALLOWED, "bundle key cannot verify this alg") from None
+        try:
+            # PyJWS checks the signature only; claims are checked below with
+            # this verifier's clock. jku/x5u/jwk/x5c headers are never read.
+            jwt.PyJWS().decode_complete(p.token, key=pyjwk, algorithms=[pyjwk.algorithm_name])
+        except jwt.InvalidSignatureError:
+            raise _fail(Reason.BAD_SIGNATURE, "signature does not verify") from None
+        except jwt.InvalidAlgorithmError:
+            raise _fail(Reason.ALG_NOT_ALLOWED, "alg does not match the bundle key") from None
+        except jwt.PyJWTError:
+            raise _fail(Reason.MALFORMED, "token cannot be decoded") from None
+        return self._check_claims(p, key.kid)
+
+    def _check_claims(self, p: _Parsed, kid: str) -> WorkloadIdentity:
+        c = p.claims
+        now = self._clock()
+        lw = self.leeway_s
+        exp = _number(c, "exp")
+        if exp is None:
+            raise _fail(Reason.MISSING_CLAIM, "missing claim 'exp'")
+        nbf = _number(c, "nbf")
+        iat = _number(c, "iat")
+        if exp <= now - lw:
+            raise _fail(Reason.EXPIRED, "token has expired")
+        if nbf is not None and nbf > now + lw:
+            raise _fail(Reason.NOT_YET_VALID, "token is not yet valid (nbf)")
+        if iat is not None and iat > now + lw:
+            raise _fail(Reason.NOT_YET_VALID, "token is issued in the future (iat)")
+        if exp - now > self.max_lifetime_s + lw or (iat is not None and exp - iat > self.max_lifetime_s):
+            raise _fail(Reason.LIFETIME_TOO_LONG, f"token lifetime exceeds {self.max_lifetime_s:.0f} s")
+        aud = c.get("aud")
+        if aud is None:
+            raise _fail(Reason.MISSING_CLAIM, "missing claim 'aud'")
+        auds = [aud] if isinstance(aud, str) else aud
+        if not isinstance(auds, list) or not auds or not all(isinstance(a, str) for a in auds):
+            raise _fail(Reason.AUDIENCE, "aud is not a string or a list of strings")
+        if self.audience not in auds:
+            raise _fail(Reason.AUDIENCE, "token audience does not include this gateway")
+        return WorkloadIdentity(
+            spiffe_id=p.spiffe_id,
+            trust_domain=p.spiffe_id.trust_domain,
+            claims=c,
+            source="jwt-svid",
+            kid=kid,
+            expires_at=exp,
+        )
+
+    def verify_with_bundle(self, token: str, bundle: TrustBundle) -> WorkloadIdentity:
+        """Verify ``token`` against one given bundle (synchronous; tests, tools).
+
+        Returns the :class:`WorkloadIdentity`; raises :class:`AuthenticationError`.
+        The bundle must belong to the token's trust domain (else ``unknown_kid``).
+        """
+        return self._check(self._parse(token), bundle)
+
+    async def verify(self, token: str) -> WorkloadIdentity:
+        """Verify a JWT-SVID and return the authenticated workload.
+
+        Looks the signing key up by ``kid`` in the bundle of the trust domain
+        named by ``sub`` only; on an unknown kid the source gets one chance to
+        refresh (key rotation). Raises :class:`AuthenticationError`; its
+        ``reason`` is ``bundle_unavailable`` (status 503) when the domain's
+        bundle cannot be served.
+        """
+        p = self._parse(token)
+        td = p.spiffe_id.trust_domain
+        try:
+            bundle = await self.store.get(td)
+            if bundle.get(p.kid) is None:
+                bundle = await self.store.refresh_for_unknown_kid(td)
+        except UnknownTrustDomain:
+            raise _fail(Reason.FOREIGN_TRUST_DOMAIN, "no trust bundle for the token's trust domain") from None
+        except (BundleUnavailable, BundleError):
+            raise _fail(Reason.BUNDLE_UNAVAILABLE, "trust bundle unavailable; try again later") from None
+        return self._check(p, bundle)
