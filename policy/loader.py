@@ -1,0 +1,221 @@
+"""Policy sets on disk and compiled embedded OPA engines.
+
+Layout of a policy directory (the shipped one is ``rego/``)::
+
+    *.rego                  policy modules (id = file name)
+    *_test.rego             Rego unit tests (loaded for tests only)
+    data/<a>/<b>/<c>.json   data document mounted at data.a.b.c
+    data.json               (optional) document merged at the root
+
+The embedded engine can only add policies and merge data, so every change
+builds a new engine (:func:`build_engine`) that is swapped in by the caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opa_bindings import OpaEngine, OpaError
+
+from policy.decision import PolicyCompileError
+
+_MODULE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\.rego$")
+_DATA_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$")
+_ERROR_LINE = re.compile(r"(?P<file>[^\s:]+):(?P<row>\d+): (?P<code>rego_\w+): (?P<message>[^\n]*)")
+
+
+def sha256_text(text: str | None) -> str | None:
+    """Hex SHA-256 of UTF-8 text, or None for an absent document."""
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    """Canonical JSON (sorted keys, no spaces) used for data digests and files."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def is_test_module(module_id: str) -> bool:
+    """True for Rego unit-test modules (``*_test.rego``, as ``opa test``)."""
+    return module_id.endswith("_test.rego")
+
+
+def check_module_id(module_id: str) -> str:
+    """Validate a policy id (a flat file name ending in ``.rego``).
+
+    Raises:
+        ValueError: not a safe flat ``*.rego`` name.
+    """
+    if not _MODULE_ID.match(module_id) or ".." in module_id:
+        raise ValueError(f"invalid policy id {module_id!r}")
+    return module_id
+
+
+def check_data_path(path: str) -> tuple[str, ...]:
+    """Split and validate a data path ``a/b/c`` into its segments.
+
+    Raises:
+        ValueError: empty path or a segment outside ``[A-Za-z0-9_-]``.
+    """
+    segments = tuple(s for s in path.strip("/").split("/") if s)
+    if not segments or not all(_DATA_SEGMENT.match(s) for s in segments):
+        raise ValueError(f"invalid data path {path!r}")
+    return segments
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """Policy modules and data documents, as loaded from a directory.
+
+    ``modules``: id -> Rego source (tests included; see :meth:`policies`).
+    ``data_docs``: data path ``a/b`` -> JSON value, mounted at ``data.a.b``;
+    the empty path ``""`` is merged at the root.
+    """
+
+    modules: Mapping[str, str] = field(default_factory=dict)
+    data_docs: Mapping[str, Any] = field(default_factory=dict)
+
+    def policies(self) -> dict[str, str]:
+        """Modules without the ``*_test.rego`` ones."""
+        return {k: v for k, v in self.modules.items() if not is_test_module(k)}
+
+    def tests(self) -> dict[str, str]:
+        """Only the ``*_test.rego`` modules."""
+        return {k: v for k, v in self.modules.items() if is_test_module(k)}
+
+    def data_tree(self) -> dict[str, Any]:
+        """The data documents merged into one tree.
+
+        Raises:
+            PolicyCompileError: one document's path lies inside another's.
+        """
+        tree: dict[str, Any] = {}
+        for path in sorted(self.data_docs, key=lambda p: p.count("/")):
+            value = self.data_docs[path]
+            if path == "":
+                if not isinstance(value, dict):
+                    raise PolicyCompileError("root data document must be an object")
+                for k, v in value.items():
+                    if k in tree:
+                        raise PolicyCompileError(f"data key {k!r} defined twice")
+                    tree[k] = v
+                continue
+            *parents, leaf = path.split("/")
+            node = tree
+            for seg in parents:
+                nxt = node.setdefault(seg, {})
+                if not isinstance(nxt, dict):
+                    raise PolicyCompileError(f"data path {path!r} overlaps another document")
+                node = nxt
+            if leaf in node:
+                raise PolicyCompileError(f"data path {path!r} overlaps another document")
+            node[leaf] = value
+        return tree
+
+    def with_module(self, module_id: str, source: str | None) -> PolicySet:
+        """Copy with one module replaced (``None`` removes it)."""
+        mods = dict(self.modules)
+        if source is None:
+            mods.pop(module_id, None)
+        else:
+            mods[module_id] = source
+        return PolicySet(mods, dict(self.data_docs))
+
+    def with_data(self, path: str, value: Any | None) -> PolicySet:
+        """Copy with one data document replaced (``None`` removes it)."""
+        docs = dict(self.data_docs)
+        if value is None:
+            docs.pop(path, None)
+        else:
+            docs[path] = value
+        return PolicySet(dict(self.modules), docs)
+
+
+def load_policy_dir(path: str | Path, *data_files: str | Path) -> PolicySet:
+    """Read a policy directory (layout in the module docstring).
+
+    Args:
+        path: the directory.
+        data_files: extra JSON files merged at the data root.
+
+    Raises:
+        PolicyCompileError: unreadable JSON or an invalid file name.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise PolicyCompileError(f"policy directory {root} does not exist")
+    modules = {p.name: p.read_text("utf-8") for p in sorted(root.glob("*.rego"))}
+    docs: dict[str, Any] = {}
+    try:
+        data_dir = root / "data"
+        if data_dir.is_dir():
+            for f in sorted(data_dir.rglob("*.json")):
+                rel = f.relative_to(data_dir).with_suffix("").as_posix()
+                check_data_path(rel)
+                docs[rel] = json.loads(f.read_text("utf-8"))
+        root_files = [root / "data.json", *map(Path, data_files)]
+        for f in root_files:
+            if f.is_file():
+                merged = docs.setdefault("", {})
+                value = json.loads(f.read_text("utf-8"))
+                if not isinstance(value, dict):
+                    raise PolicyCompileError(f"{f}: root data must be an object")
+                merged.update(value)
+            elif f != root / "data.json":
+                raise PolicyCompileError(f"data file {f} does not exist")
+    except (ValueError, OSError) as exc:
+        raise PolicyCompileError(f"cannot load data: {exc}") from None
+    return PolicySet(modules, docs)
+
+
+def compile_errors(message: str) -> list[dict[str, Any]]:
+    """Split an engine error message into OPA-style error objects.
+
+    Returns ``[{"code", "message", "location": {"file", "row", "col"}}]``
+    (the shape of OPA's REST API errors); one generic entry if the message
+    has no ``file:row: rego_...`` lines.
+    """
+    found = [
+        {
+            "code": m["code"],
+            "message": m["message"].strip(),
+            "location": {"file": m["file"], "row": int(m["row"]), "col": 0},
+        }
+        for m in _ERROR_LINE.finditer(message)
+    ]
+    return found or [{"code": "rego_compile_error", "message": message.strip()}]
+
+
+def build_engine(modules: Mapping[str, str], data: Mapping[str, Any]) -> OpaEngine:
+    """Build and compile a new embedded engine.
+
+    Args:
+        modules: id -> Rego source (v1 syntax).
+        data: the data tree, merged at the root.
+
+    Returns:
+        A ready engine (all modules compiled).
+
+    Raises:
+        PolicyCompileError: parse, type or merge error; ``.errors`` holds
+            OPA-style error objects.
+    """
+    engine = OpaEngine()
+    try:
+        for module_id, source in modules.items():
+            engine.add_policy(module_id, source)
+        if data:
+            engine.add_data(dict(data))
+        # add_policy only parses; compilation happens on the first eval.
+        engine.eval_query("x := 1")
+    except OpaError as exc:
+        engine.close()
+        err = PolicyCompileError(exc.message)
+        err.errors = compile_errors(exc.message)  # type: ignore[attr-defined]
+        raise err from None
+    return engine

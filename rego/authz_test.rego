@@ -1,0 +1,162 @@
+# Unit tests for prefixgate.authz. Run: python -m policy.rego_test_runner rego/
+# Each test pins its own config with `with data.prefixgate.config as ...`,
+# so they do not depend on the demo data.
+package prefixgate.authz_test
+
+import data.prefixgate.authz
+
+fixture := {
+	"tenants": {
+		"t-std": {"tier": "standard", "models": ["m1"], "pools": ["default", "eu"], "regulated": false},
+		"t-reg": {"tier": "premium", "models": ["m1"], "pools": ["default", "eu"], "regulated": true, "data_residency": "eu"},
+		"t-odd": {"tier": "gold", "models": ["m1"], "pools": ["default"], "regulated": false},
+	},
+	"tiers": {"standard": {"max_tokens": 1024}, "premium": {"max_tokens": 4096}},
+	"pools": {"reserved": {"eu": {"data_residency": "eu"}}},
+	"workloads": {"denied": ["spiffe://td.test/bad"]},
+}
+
+candidates := [
+	{"id": "d1", "pool": "default", "labels": {}, "healthy": true, "load": 0},
+	{"id": "d2", "pool": "default", "labels": {}, "healthy": true, "load": 0},
+	{"id": "e1", "pool": "eu", "labels": {"data_residency": "eu"}, "healthy": true, "load": 0},
+	{"id": "e2", "pool": "eu", "labels": {"data_residency": "eu"}, "healthy": true, "load": 0},
+]
+
+mk_input(tenant_id, overrides) := object.union(
+	{
+		"version": "1",
+		"identity": {"spiffe_id": "spiffe://td.test/app", "trust_domain": "td.test", "claims": {}},
+		"tenant": {"id": tenant_id, "tier": "", "models": [], "pools": [], "labels": {}, "max_tokens": null},
+		"request": {"endpoint": "/v1/chat/completions", "model": "m1", "prompt_tokens": 10, "max_tokens": null, "stream": false},
+		"candidates": candidates,
+		"alerts": [],
+		"time": {"now": 0},
+	},
+	overrides,
+)
+
+decide(inp) := d if {
+	d := authz.decision with input as inp with data.prefixgate.config as fixture
+}
+
+test_entitled_request_allowed if {
+	d := decide(mk_input("t-std", {}))
+	d.allow == true
+	d.reason_code == "allowed"
+	d.allowed_replicas == {"d1", "d2"}
+	d.max_tokens == 1024
+}
+
+test_unknown_tenant_denied if {
+	d := decide(mk_input("nobody", {}))
+	d.allow == false
+	d.reason_code == "tenant_unknown"
+}
+
+test_model_not_entitled if {
+	d := decide(mk_input("t-std", {"request": {"endpoint": "/v1/completions", "model": "m2", "prompt_tokens": 1, "max_tokens": null, "stream": false}}))
+	d.allow == false
+	d.reason_code == "model_not_entitled"
+}
+
+test_denied_workload if {
+	d := decide(mk_input("t-std", {"identity": {"spiffe_id": "spiffe://td.test/bad", "trust_domain": "td.test", "claims": {}}}))
+	d.allow == false
+	d.reason_code == "workload_denied"
+}
+
+test_denied_workload_outranks_other_denials if {
+	d := decide(mk_input("nobody", {"identity": {"spiffe_id": "spiffe://td.test/bad", "trust_domain": "td.test", "claims": {}}}))
+	d.reason_code == "workload_denied"
+}
+
+test_non_regulated_never_reaches_reserved_pool if {
+	d := decide(mk_input("t-std", {}))
+	d.allowed_pools == {"default"}
+	not "e1" in d.allowed_replicas
+	not "e2" in d.allowed_replicas
+}
+
+test_non_regulated_denied_when_only_reserved_candidates if {
+	eu_only := [c | some c in candidates; c.pool == "eu"]
+	d := decide(mk_input("t-std", {"candidates": eu_only}))
+	d.allow == false
+	d.reason_code == "no_entitled_replica"
+}
+
+test_regulated_only_matching_residency if {
+	d := decide(mk_input("t-reg", {}))
+	d.allow == true
+	d.allowed_replicas == {"e1", "e2"}
+}
+
+test_regulated_rejects_mismatched_residency_label if {
+	us := [{"id": "u1", "pool": "eu", "labels": {"data_residency": "us"}, "healthy": true, "load": 0}]
+	d := decide(mk_input("t-reg", {"candidates": us}))
+	d.allow == false
+	d.reason_code == "no_entitled_replica"
+}
+
+test_tier_cap_applied if {
+	decide(mk_input("t-std", {})).max_tokens == 1024
+	decide(mk_input("t-reg", {})).max_tokens == 4096
+}
+
+test_tenant_setting_lowers_tier_cap if {
+	d := decide(mk_input("t-std", {"tenant": {"id": "t-std", "tier": "", "models": [], "pools": [], "labels": {}, "max_tokens": 256}}))
+	d.max_tokens == 256
+}
+
+test_max_tokens_over_cap_denied if {
+	d := decide(mk_input("t-std", {"request": {"endpoint": "/v1/chat/completions", "model": "m1", "prompt_tokens": 1, "max_tokens": 2048, "stream": false}}))
+	d.allow == false
+	d.reason_code == "max_tokens_exceeded"
+}
+
+test_max_tokens_at_cap_allowed if {
+	d := decide(mk_input("t-std", {"request": {"endpoint": "/v1/chat/completions", "model": "m1", "prompt_tokens": 1, "max_tokens": 1024, "stream": false}}))
+	d.allow == true
+}
+
+test_unknown_tier_denied if {
+	d := decide(mk_input("t-odd", {}))
+	d.allow == false
+	d.reason_code == "tier_unknown"
+}
+
+test_concentration_alert_removes_replica if {
+	alerts := [{"id": "a1", "kind": "concentration", "replica_id": "d1", "tenant_id": null}]
+	d := decide(mk_input("t-std", {"alerts": alerts}))
+	d.allow == true
+	d.allowed_replicas == {"d2"}
+}
+
+test_concentration_alert_kept_when_no_other_healthy if {
+	alerts := [{"id": "a1", "kind": "concentration", "replica_id": "d1", "tenant_id": null}]
+	cands := [
+		{"id": "d1", "pool": "default", "labels": {}, "healthy": true, "load": 9},
+		{"id": "d2", "pool": "default", "labels": {}, "healthy": false, "load": 0},
+	]
+	d := decide(mk_input("t-std", {"alerts": alerts, "candidates": cands}))
+	d.allow == true
+	"d1" in d.allowed_replicas
+}
+
+test_concentration_alert_for_other_tenant_ignored if {
+	alerts := [{"id": "a1", "kind": "concentration", "replica_id": "d1", "tenant_id": "t-reg"}]
+	d := decide(mk_input("t-std", {"alerts": alerts}))
+	d.allowed_replicas == {"d1", "d2"}
+}
+
+test_other_alert_kinds_ignored if {
+	alerts := [{"id": "a1", "kind": "cache_miss", "replica_id": "d1", "tenant_id": null}]
+	d := decide(mk_input("t-std", {"alerts": alerts}))
+	d.allowed_replicas == {"d1", "d2"}
+}
+
+test_unsupported_input_version_denied if {
+	d := decide(mk_input("t-std", {"version": "2"}))
+	d.allow == false
+	d.reason_code == "input_version_unsupported"
+}
