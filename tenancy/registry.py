@@ -1,0 +1,414 @@
+"""Tenant registry: tenants, their quotas, and the SPIFFE IDs that map to them.
+
+Configuration (one list entry per tenant; unknown keys are refused so that a
+typo never silently drops a limit)::
+
+    tenants:
+      - id: acme                         # [A-Za-z0-9][A-Za-z0-9._-]{0,63}
+        spiffe_ids:                      # exact IDs, or prefixes ending in "/"
+          - spiffe://prod.example/ns/acme/      # every workload under ns/acme
+          - spiffe://prod.example/batch/acme-etl
+        models: [llama-3-8b]
+        pools: [general]
+        tier: standard                   # default "standard"
+        labels: {team: search}
+        rate_rps: 20                     # requests/s; omitted = unlimited
+        rate_burst: 40                   # default max(1, rate_rps)
+        prompt_tokens_per_s: 50000       # omitted = unlimited
+        prompt_tokens_burst: 200000      # default max(1, prompt_tokens_per_s)
+        max_concurrency: 16
+        max_prompt_tokens: 32768
+        max_output_tokens: 4096
+        regulated: false
+        data_residency: eu
+    operators:                           # may sit in the same section
+      - spiffe://prod.example/ns/ops/sa/admin
+
+SPIFFE ID matching (SPIFFE-ID spec §2: ``spiffe://<trust domain>/<path>``,
+path segments of ``[A-Za-z0-9._-]``, no ``.``/``..`` segments, no query or
+fragment): an exact rule matches only that ID; a prefix rule (ending in
+``/``) matches IDs strictly below it on whole path segments, so
+``spiffe://td/ns/a/`` matches ``spiffe://td/ns/a/x`` but not
+``spiffe://td/ns/ab`` nor ``spiffe://td/ns/a`` itself. The longest matching
+rule wins (an exact rule beats every prefix). Rules of *different* tenants
+may not overlap at all (equal, or one prefix covering the other rule): the
+load is refused, so no identity is ever ambiguous.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "TenantConfigError",
+    "Tenant",
+    "TenantRegistry",
+    "parse_spiffe_id",
+    "is_valid_spiffe_id",
+]
+
+_TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_TRUST_DOMAIN_RE = re.compile(r"^[a-z0-9._-]+$")
+_SEGMENT_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+_MAX_SPIFFE_ID = 2048
+
+_TENANT_KEYS = frozenset(
+    {
+        "id",
+        "spiffe_ids",
+        "models",
+        "pools",
+        "tier",
+        "labels",
+        "rate_rps",
+        "rate_burst",
+        "prompt_tokens_per_s",
+        "prompt_tokens_burst",
+        "max_concurrency",
+        "max_prompt_tokens",
+        "max_output_tokens",
+        "regulated",
+        "data_residency",
+    }
+)
+
+
+class TenantConfigError(ValueError):
+    """Invalid tenant configuration; the message names the offending field."""
+
+
+def parse_spiffe_id(value: str, *, allow_prefix: bool = False) -> tuple[str, tuple[str, ...], bool]:
+    """Split a SPIFFE ID into ``(trust_domain, path_segments, is_prefix)``.
+
+    With ``allow_prefix`` a trailing ``/`` marks a prefix rule. Raises
+    :class:`ValueError` when ``value`` is not a valid SPIFFE ID (scheme,
+    lowercase trust domain, segment characters, ``.``/``..``, empty segments,
+    query/fragment, over 2048 bytes).
+    """
+    if not isinstance(value, str) or len(value) > _MAX_SPIFFE_ID:
+        raise ValueError("not a SPIFFE ID string")
+    if not value.startswith("spiffe://"):
+        raise ValueError("SPIFFE ID must start with spiffe://")
+    rest = value[len("spiffe://") :]
+    is_prefix = False
+    if allow_prefix and rest.endswith("/"):
+        is_prefix = True
+        rest = rest[:-1]
+    td, _, path = rest.partition("/")
+    if not td or not _TRUST_DOMAIN_RE.match(td):
+        raise ValueError("invalid trust domain")
+    segments: tuple[str, ...] = ()
+    if path or "/" in rest:
+        segments = tuple(path.split("/"))
+        for seg in segments:
+            if not seg or seg in (".", "..") or not _SEGMENT_RE.match(seg):
+                raise ValueError("invalid path segment")
+    return td, segments, is_prefix
+
+
+def is_valid_spiffe_id(value: str) -> bool:
+    """Return True if ``value`` is a syntactically valid SPIFFE ID (no prefix form)."""
+    try:
+        parse_spiffe_id(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _canonical(td: str, segments: tuple[str, ...], is_prefix: bool) -> str:
+    base = "spiffe://" + td + "".join("/" + s for s in segments)
+    return base + "/" if is_prefix else base
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A tenant and its quotas.
+
+    Rates are per second (``rate_rps`` requests/s, ``prompt_tokens_per_s``
+    prompt tokens/s); bursts are bucket capacities in requests / tokens;
+    ``None`` means unlimited. ``max_prompt_tokens`` / ``max_output_tokens``
+    are per request, in tokens. ``spiffe_ids`` are the identity rules that
+    map to this tenant (prefix rules end in ``/``).
+    """
+
+    id: str
+    models: frozenset[str] = frozenset()
+    pools: frozenset[str] = frozenset()
+    tier: str = "standard"
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    rate_rps: float | None = None
+    rate_burst: float | None = None
+    prompt_tokens_per_s: float | None = None
+    prompt_tokens_burst: float | None = None
+    max_concurrency: int | None = None
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
+    regulated: bool = False
+    data_residency: str | None = None
+    spiffe_ids: tuple[str, ...] = ()
+
+    def policy_view(self) -> dict[str, Any]:
+        """Return a JSON-able summary for policy input and audit (no secrets)."""
+        return {
+            "id": self.id,
+            "models": sorted(self.models),
+            "pools": sorted(self.pools),
+            "tier": self.tier,
+            "labels": dict(self.labels),
+            "regulated": self.regulated,
+            "data_residency": self.data_residency,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "max_output_tokens": self.max_output_tokens,
+        }
+
+
+# -- validation helpers ------------------------------------------------------
+
+
+def _err(where: str, msg: str) -> TenantConfigError:
+    return TenantConfigError(f"{where}: {msg}")
+
+
+def _opt_positive_number(doc: Mapping[str, Any], key: str, where: str) -> float | None:
+    v = doc.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise _err(f"{where}.{key}", "must be a positive finite number")
+    return float(v)
+
+
+def _opt_positive_int(doc: Mapping[str, Any], key: str, where: str) -> int | None:
+    v = doc.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise _err(f"{where}.{key}", "must be a positive integer")
+    return v
+
+
+def _name_set(doc: Mapping[str, Any], key: str, where: str) -> frozenset[str]:
+    v = doc.get(key, [])
+    if not isinstance(v, (list, tuple)):
+        raise _err(f"{where}.{key}", "must be a list of names")
+    for i, item in enumerate(v):
+        if not isinstance(item, str) or not _NAME_RE.match(item):
+            raise _err(f"{where}.{key}[{i}]", "must be a name of [A-Za-z0-9._:/@+-], at most 128 chars")
+    return frozenset(v)
+
+
+def _parse_tenant(doc: Any, index: int) -> Tenant:
+    where = f"tenants[{index}]"
+    if not isinstance(doc, Mapping):
+        raise _err(where, "must be a mapping")
+    tid = doc.get("id")
+    if not isinstance(tid, str) or not _TENANT_ID_RE.match(tid):
+        raise _err(f"{where}.id", "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+    where = f"tenants[{tid}]"
+    unknown = sorted(set(doc) - _TENANT_KEYS)
+    if unknown:
+        raise _err(f"{where}.{unknown[0]}", "unknown field")
+    raw_ids = doc.get("spiffe_ids")
+    if not isinstance(raw_ids, (list, tuple)) or not raw_ids:
+        raise _err(f"{where}.spiffe_ids", "must be a non-empty list of SPIFFE IDs or prefixes")
+    rules: list[str] = []
+    for i, rid in enumerate(raw_ids):
+        try:
+            rules.append(_canonical(*parse_spiffe_id(rid, allow_prefix=True)))
+        except ValueError as exc:
+            raise _err(f"{where}.spiffe_ids[{i}]", f"invalid SPIFFE ID or prefix ({exc})") from None
+    tier = doc.get("tier", "standard")
+    if not isinstance(tier, str) or not _NAME_RE.match(tier):
+        raise _err(f"{where}.tier", "must be a non-empty name")
+    labels = doc.get("labels", {})
+    if not isinstance(labels, Mapping) or not all(
+        isinstance(k, str) and k and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise _err(f"{where}.labels", "must map non-empty strings to strings")
+    regulated = doc.get("regulated", False)
+    if not isinstance(regulated, bool):
+        raise _err(f"{where}.regulated", "must be true or false")
+    residency = doc.get("data_residency")
+    if residency is not None and (not isinstance(residency, str) or not _NAME_RE.match(residency)):
+        raise _err(f"{where}.data_residency", "must be a region name")
+    rate = _opt_positive_number(doc, "rate_rps", where)
+    burst = _opt_positive_number(doc, "rate_burst", where)
+    if burst is not None and rate is None:
+        raise _err(f"{where}.rate_burst", "needs rate_rps")
+    ptps = _opt_positive_number(doc, "prompt_tokens_per_s", where)
+    pburst = _opt_positive_number(doc, "prompt_tokens_burst", where)
+    if pburst is not None and ptps is None:
+        raise _err(f"{where}.prompt_tokens_burst", "needs prompt_tokens_per_s")
+    return Tenant(
+        id=tid,
+        models=_name_set(doc, "models", where),
+        pools=_name_set(doc, "pools", where),
+        tier=tier,
+        labels=MappingProxyType(dict(labels)),
+        rate_rps=rate,
+        rate_burst=(burst if burst is not None else max(1.0, rate)) if rate is not None else None,
+        prompt_tokens_per_s=ptps,
+        prompt_tokens_burst=(pburst if pburst is not None else max(1.0, ptps)) if ptps is not None else None,
+        max_concurrency=_opt_positive_int(doc, "max_concurrency", where),
+        max_prompt_tokens=_opt_positive_int(doc, "max_prompt_tokens", where),
+        max_output_tokens=_opt_positive_int(doc, "max_output_tokens", where),
+        regulated=regulated,
+        data_residency=residency,
+        spiffe_ids=tuple(dict.fromkeys(rules)),
+    )
+
+
+def _covers(rule: str, other: str) -> bool:
+    """True if identity rule ``rule`` matches some ID that ``other`` matches."""
+    if rule == other:
+        return True
+    if rule.endswith("/"):
+        return other.startswith(rule)
+    return False
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    tenants: Mapping[str, Tenant]
+    exact: Mapping[str, str]
+    prefixes: Mapping[str, str]
+    op_exact: frozenset[str]
+    op_prefixes: frozenset[str]
+
+
+def _build(tenants_cfg: Any, operators: Iterable[str]) -> _Snapshot:
+    if not isinstance(tenants_cfg, (list, tuple)):
+        raise TenantConfigError("tenants: must be a list")
+    tenants: dict[str, Tenant] = {}
+    owner: dict[str, str] = {}
+    for i, doc in enumerate(tenants_cfg):
+        t = _parse_tenant(doc, i)
+        if t.id in tenants:
+            raise _err(f"tenants[{i}].id", f"duplicate tenant id {t.id!r}")
+        tenants[t.id] = t
+        for rule in t.spiffe_ids:
+            for other, other_tid in owner.items():
+                if other_tid != t.id and (_covers(rule, other) or _covers(other, rule)):
+                    raise _err(
+                        f"tenants[{t.id}].spiffe_ids",
+                        f"rule {rule!r} overlaps rule {other!r} of tenant {other_tid!r}",
+                    )
+            owner[rule] = t.id
+    exact = {r: tid for r, tid in owner.items() if not r.endswith("/")}
+    prefixes = {r: tid for r, tid in owner.items() if r.endswith("/")}
+    if isinstance(operators, (str, bytes)) or not isinstance(operators, Iterable):
+        raise TenantConfigError("operators: must be a list of SPIFFE IDs or prefixes")
+    op_exact: set[str] = set()
+    op_prefixes: set[str] = set()
+    for i, oid in enumerate(operators):
+        try:
+            canon = _canonical(*parse_spiffe_id(oid, allow_prefix=True))
+        except ValueError as exc:
+            raise _err(f"operators[{i}]", f"invalid SPIFFE ID or prefix ({exc})") from None
+        (op_prefixes if canon.endswith("/") else op_exact).add(canon)
+    return _Snapshot(
+        MappingProxyType(tenants),
+        MappingProxyType(exact),
+        MappingProxyType(prefixes),
+        frozenset(op_exact),
+        frozenset(op_prefixes),
+    )
+
+
+def _match(spiffe_id: str, exact: Mapping[str, Any], prefixes: Mapping[str, Any] | frozenset[str]) -> Any:
+    """Longest-match lookup; returns the mapped value (or the rule for sets), else None."""
+    try:
+        td, segments, _ = parse_spiffe_id(spiffe_id)
+    except ValueError:
+        return None
+    canon = _canonical(td, segments, False)
+    if canon in exact:
+        return exact[canon] if isinstance(exact, Mapping) else canon
+    for n in range(len(segments) - 1, -1, -1):
+        rule = _canonical(td, segments[:n], True)
+        if rule in prefixes:
+            return prefixes[rule] if isinstance(prefixes, Mapping) else rule
+    return None
+
+
+class TenantRegistry:
+    """Immutable-snapshot registry of tenants and operator identities.
+
+    Build with :meth:`from_config`; :meth:`reload` validates a new
+    configuration completely and then swaps the snapshot atomically (a bad
+    reload raises :class:`TenantConfigError` and leaves the old one in force).
+    """
+
+    def __init__(self, snapshot: _Snapshot) -> None:
+        self._snap = snapshot
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, tenants: list[dict], *, operators: Iterable[str] = ()) -> TenantRegistry:
+        """Validate ``tenants`` (list of tenant mappings) and ``operators`` (SPIFFE IDs
+        or prefixes). Raises :class:`TenantConfigError` naming the bad field."""
+        return cls(_build(tenants, operators))
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any]) -> TenantRegistry:
+        """Build from a config section ``{"tenants": [...], "operators": [...]}``."""
+        if not isinstance(section, Mapping):
+            raise TenantConfigError("tenancy section: must be a mapping")
+        unknown = sorted(set(section) - {"tenants", "operators"})
+        if unknown:
+            raise TenantConfigError(f"{unknown[0]}: unknown field")
+        return cls.from_config(section.get("tenants", []), operators=section.get("operators", []) or [])
+
+    def resolve(self, spiffe_id: str) -> Tenant | None:
+        """Return the tenant of ``spiffe_id`` by longest matching rule, or None
+        (also None for a malformed ID: fail closed)."""
+        snap = self._snap
+        tid = _match(spiffe_id, snap.exact, snap.prefixes)
+        return snap.tenants.get(tid) if tid is not None else None
+
+    def get(self, tenant_id: str) -> Tenant | None:
+        """Return the tenant named ``tenant_id`` or None."""
+        return self._snap.tenants.get(tenant_id)
+
+    def tenants(self) -> list[Tenant]:
+        """Return all tenants, sorted by id."""
+        return [self._snap.tenants[k] for k in sorted(self._snap.tenants)]
+
+    def __len__(self) -> int:
+        return len(self._snap.tenants)
+
+    def __contains__(self, tenant_id: object) -> bool:
+        return tenant_id in self._snap.tenants
+
+    def is_operator(self, spiffe_id: str) -> bool:
+        """True if ``spiffe_id`` is an operator (exact or under an operator prefix)."""
+        snap = self._snap
+        return _match(spiffe_id, snap.op_exact, snap.op_prefixes) is not None
+
+    def reload(self, tenants: list[dict], *, operators: Iterable[str] | None = None) -> TenantRegistry:
+        """Replace all tenants (and operators, unless ``None`` keeps them) atomically.
+
+        Returns ``self``. Raises :class:`TenantConfigError`; the old snapshot
+        then stays in force.
+        """
+        with self._lock:
+            old = self._snap
+            ops = (
+                list(old.op_exact | old.op_prefixes) if operators is None else operators
+            )
+            self._snap = _build(tenants, ops)
+        return self
+
+    def reload_section(self, section: Mapping[str, Any]) -> TenantRegistry:
+        """Like :meth:`reload` from a ``{"tenants", "operators"}`` section."""
+        fresh = TenantRegistry.from_section(section)
+        with self._lock:
+            self._snap = fresh._snap
+        return self
