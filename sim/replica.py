@@ -45,6 +45,7 @@ from typing import Any
 
 import click
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -65,6 +66,7 @@ __all__ = [
     "run_app_on",
     "replica_options",
     "config_from_options",
+    "quiet_http2_probes",
     "STATE_KEY",
     "MAX_OUTPUT_TOKENS",
 ]
@@ -796,6 +798,25 @@ async def run_app_on(app: web.Application, host: str, port: int) -> tuple[web.Ap
 # --------------------------------------------------------------------------- CLI
 
 
+class _DropHttp2Probe(logging.Filter):
+    """Drops aiohttp's error log for HTTP/2 prior-knowledge probes ("PRI * HTTP/2.0").
+
+    ``sglang_router`` probes each worker over HTTP/2 (gRPC detection) before
+    falling back to HTTP/1.1; aiohttp answers 400 and would log a traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, BadHttpMessage) and "PRI" in str(exc))
+
+
+def quiet_http2_probes() -> None:
+    """Install :class:`_DropHttp2Probe` on the ``aiohttp.server`` logger (idempotent)."""
+    lg = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _DropHttp2Probe) for f in lg.filters):
+        lg.addFilter(_DropHttp2Probe())
+
+
 _CFG_OPTIONS: list[tuple[str, type, str]] = [
     ("model", str, "served model name"),
     ("block-size", int, "KV block size in simulator tokens"),
@@ -833,6 +854,7 @@ def config_from_options(replica_id: str, options: Mapping[str, Any]) -> ReplicaC
 def main(host: str, port: int, replica_id: str, **options: Any) -> None:
     """Run one simulated replica until interrupted."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    quiet_http2_probes()
     cfg = config_from_options(replica_id, options)
     web.run_app(create_app(cfg), host=host, port=port, handler_cancellation=True, access_log=None,
                 print=lambda msg: log.info("%s", msg))
