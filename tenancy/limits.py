@@ -1,0 +1,360 @@
+"""Per-tenant and per-source admission limits: token buckets and concurrency.
+
+Order in the gateway (cheapest rejection first)::
+
+    source address ─► SourceLimiter.check      (before JWT-SVID verification)
+    tenant resolved ─► TenantLimiter.admit      (requests/s + concurrency; before tokenizing)
+    prompt tokenized ─► TenantLimiter.charge_prompt_tokens (prompt tokens/s, max_prompt_tokens)
+
+Bucket semantics (classic token bucket): a bucket of capacity ``burst`` refills
+at ``rate`` per second. A request bucket takes 1 per request. A prompt-token
+bucket takes ``n`` tokens but, because ``n`` is only known after
+tokenizing, it admits a prompt when the bucket holds ``min(n, burst)`` and may
+go into debt (negative level) for the rest: a prompt larger than the burst is
+still served when the bucket is full, and the debt delays later requests. A
+rejected request takes nothing. ``Retry-After`` is the time until the bucket
+holds enough again, in seconds.
+
+No maintained library fits: ``limits`` offers window counters with integer
+quotas on wall-clock storage (no token bucket, no injectable clock, no
+debt), ``aiolimiter`` waits instead of rejecting and reads the loop clock;
+so the bucket here is a few lines of arithmetic on an injected ``now``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tenancy.registry import Tenant
+
+__all__ = [
+    "LimitExceeded",
+    "RateLimited",
+    "ConcurrencyLimited",
+    "PromptTooLong",
+    "MaxTokensUnset",
+    "TokenBucket",
+    "Lease",
+    "TenantLimiter",
+    "SourceLimiter",
+    "source_key",
+    "clamp_max_tokens",
+]
+
+
+class LimitExceeded(Exception):
+    """Base of admission refusals. ``retry_after_s`` (seconds, for a 429
+    ``Retry-After`` header, round up) and a short machine ``reason``."""
+
+    def __init__(self, retry_after_s: float, reason: str) -> None:
+        super().__init__(f"{reason} (retry after {retry_after_s:.3f}s)")
+        self.retry_after_s = retry_after_s
+        self.reason = reason
+
+    @property
+    def retry_after_header(self) -> str:
+        """``Retry-After`` value: whole seconds, rounded up, at least 1 (RFC 9110 §10.2.3)."""
+        return str(max(1, math.ceil(self.retry_after_s)))
+
+
+class RateLimited(LimitExceeded):
+    """A token bucket is empty: HTTP 429 with ``Retry-After``."""
+
+
+class ConcurrencyLimited(LimitExceeded):
+    """The tenant already has ``max_concurrency`` requests in flight: HTTP 429."""
+
+
+class PromptTooLong(ValueError):
+    """Prompt exceeds the tenant's ``max_prompt_tokens`` (HTTP 400/413; retrying cannot help)."""
+
+    def __init__(self, tokens: int, limit: int) -> None:
+        super().__init__(f"prompt has {tokens} tokens, tenant limit is {limit}")
+        self.tokens = tokens
+        self.limit = limit
+
+
+class MaxTokensUnset(ValueError):
+    """No ``max_tokens`` requested and no cap configured anywhere (fail closed)."""
+
+
+class TokenBucket:
+    """Token bucket of ``burst`` capacity refilling at ``rate`` per second.
+
+    Starts full at time ``now``. Pure arithmetic on caller-supplied ``now``
+    (monotonic seconds); not thread-safe by itself.
+    """
+
+    __slots__ = ("rate", "burst", "level", "updated")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        if not (rate > 0 and burst > 0):
+            raise ValueError("rate and burst must be positive")
+        self.rate = float(rate)
+        self.burst = float(burst)
+        self.level = float(burst)
+        self.updated = now
+
+    def _refill(self, now: float) -> None:
+        if now > self.updated:
+            self.level = min(self.burst, self.level + (now - self.updated) * self.rate)
+            self.updated = now
+
+    def try_take(self, n: float, now: float, *, allow_debt: bool = False) -> float:
+        """Take ``n`` units; return 0.0 on success, else seconds until it would succeed.
+
+        Without ``allow_debt`` needs ``level >= n`` (``n > burst`` can never
+        succeed: returns ``inf``). With ``allow_debt`` needs ``level >= min(n, burst)``
+        and the level may go negative.
+        """
+        self._refill(now)
+        need = min(n, self.burst) if allow_debt else n
+        if need > self.burst:
+            return math.inf
+        if self.level >= need:
+            self.level -= n
+            return 0.0
+        return (need - self.level) / self.rate
+
+    def reconfigure(self, rate: float, burst: float, now: float) -> None:
+        """Change rate/burst keeping the current level (clamped to the new burst)."""
+        self._refill(now)
+        self.rate = float(rate)
+        self.burst = float(burst)
+        self.level = min(self.level, self.burst)
+
+
+class Lease:
+    """One admitted in-flight request; :meth:`release` frees its concurrency slot.
+
+    Idempotent; usable as ``with`` or ``async with``.
+    """
+
+    __slots__ = ("_release", "_done", "tenant_id")
+
+    def __init__(self, tenant_id: str, release: Callable[[], None]) -> None:
+        self.tenant_id = tenant_id
+        self._release = release
+        self._done = False
+
+    @property
+    def released(self) -> bool:
+        """True once :meth:`release` has run."""
+        return self._done
+
+    def release(self) -> None:
+        """Free the slot (second and later calls do nothing)."""
+        if not self._done:
+            self._done = True
+            self._release()
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass
+class _TenantState:
+    requests: TokenBucket | None = None
+    prompt_tokens: TokenBucket | None = None
+    in_flight: int = 0
+
+
+class TenantLimiter:
+    """Per-tenant requests/s bucket, prompt-tokens/s bucket and concurrency limit.
+
+    Limits are read from each :class:`~tenancy.registry.Tenant` at every call,
+    so a registry reload takes effect at once (buckets keep their level).
+    ``clock`` gives monotonic seconds when ``now`` is omitted. Thread-safe.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tenants: dict[str, _TenantState] = {}
+
+    def in_flight(self, tenant_id: str) -> int:
+        """Return the number of unreleased leases of ``tenant_id``."""
+        st = self._tenants.get(tenant_id)
+        return st.in_flight if st else 0
+
+    def admit(self, tenant: Tenant, now: float | None = None) -> Lease:
+        """Admit one request of ``tenant``; return its :class:`Lease`.
+
+        Raises :class:`ConcurrencyLimited` (``max_concurrency`` in flight;
+        retry_after 1 s) or :class:`RateLimited` (``rate_rps`` bucket empty).
+        A refused request consumes nothing.
+        """
+        now = self._clock() if now is None else now
+        with self._lock:
+            st = self._tenants.setdefault(tenant.id, _TenantState())
+            if tenant.max_concurrency is not None and st.in_flight >= tenant.max_concurrency:
+                raise ConcurrencyLimited(1.0, "tenant_concurrency")
+            if tenant.rate_rps is not None:
+                burst = tenant.rate_burst or max(1.0, tenant.rate_rps)
+                st.requests = _bucket(st.requests, tenant.rate_rps, burst, now)
+                wait = st.requests.try_take(1, now)
+                if wait > 0:
+                    raise RateLimited(wait, "tenant_request_rate")
+            else:
+                st.requests = None
+            st.in_flight += 1
+        return Lease(tenant.id, lambda: self._release(tenant.id))
+
+    def charge_prompt_tokens(self, tenant: Tenant, n: int, now: float | None = None) -> None:
+        """Charge ``n`` prompt tokens to ``tenant`` after tokenizing.
+
+        Raises :class:`PromptTooLong` if ``n > max_prompt_tokens`` and
+        :class:`RateLimited` (reason ``tenant_prompt_tokens``) if the
+        prompt-token bucket cannot cover it (see module doc on debt).
+        """
+        if n < 0:
+            raise ValueError("token count must be >= 0")
+        if tenant.max_prompt_tokens is not None and n > tenant.max_prompt_tokens:
+            raise PromptTooLong(n, tenant.max_prompt_tokens)
+        if tenant.prompt_tokens_per_s is None:
+            return
+        now = self._clock() if now is None else now
+        with self._lock:
+            st = self._tenants.setdefault(tenant.id, _TenantState())
+            burst = tenant.prompt_tokens_burst or max(1.0, tenant.prompt_tokens_per_s)
+            st.prompt_tokens = _bucket(st.prompt_tokens, tenant.prompt_tokens_per_s, burst, now)
+            wait = st.prompt_tokens.try_take(n, now, allow_debt=True)
+            if wait > 0:
+                raise RateLimited(wait, "tenant_prompt_tokens")
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop state of tenants not in ``keep`` that have nothing in flight (after a reload)."""
+        with self._lock:
+            for tid in [t for t, st in self._tenants.items() if t not in keep and st.in_flight == 0]:
+                del self._tenants[tid]
+
+    def _release(self, tenant_id: str) -> None:
+        with self._lock:
+            st = self._tenants.get(tenant_id)
+            if st is not None and st.in_flight > 0:
+                st.in_flight -= 1
+
+
+def _bucket(existing: TokenBucket | None, rate: float, burst: float, now: float) -> TokenBucket:
+    if existing is None:
+        return TokenBucket(rate, burst, now)
+    if existing.rate != rate or existing.burst != burst:
+        existing.reconfigure(rate, burst, now)
+    return existing
+
+
+def source_key(address: str, *, ipv6_prefix: int = 64) -> str:
+    """Normalise a client address into a limiter key.
+
+    IPv6 addresses are grouped by their ``/ipv6_prefix`` network (a host
+    usually owns a whole /64, so per-address keys would be free to evade);
+    IPv4-mapped IPv6 becomes plain IPv4; anything unparsable (e.g. a Unix
+    socket peer) is returned unchanged.
+    """
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network(f"{ip}/{ipv6_prefix}", strict=False))
+    return str(ip)
+
+
+class SourceLimiter:
+    """Per-source-address request bucket for callers not yet authenticated.
+
+    Checked before JWT-SVID verification so a flood of bad tokens costs one
+    dict lookup each. Memory is bounded: at most ``max_sources`` buckets in
+    LRU order; an evicted source starts again with a full bucket (an attacker
+    spraying many addresses can evict others' state, never exceed the bound).
+    ``rate`` in requests/s, ``burst`` in requests.
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        burst: float,
+        *,
+        max_sources: int = 65536,
+        clock: Callable[[], float] = time.monotonic,
+        ipv6_prefix: int = 64,
+    ) -> None:
+        if not (rate > 0 and burst >= 1):
+            raise ValueError("rate must be > 0 and burst >= 1")
+        if max_sources < 1:
+            raise ValueError("max_sources must be >= 1")
+        self._rate = float(rate)
+        self._burst = float(burst)
+        self._max = max_sources
+        self._clock = clock
+        self._ipv6_prefix = ipv6_prefix
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def check(self, source: str, now: float | None = None) -> None:
+        """Take one request from ``source``'s bucket; raises :class:`RateLimited`
+        (reason ``source_request_rate``) when it is empty."""
+        key = source_key(source, ipv6_prefix=self._ipv6_prefix)
+        now = self._clock() if now is None else now
+        with self._lock:
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = TokenBucket(self._rate, self._burst, now)
+                self._buckets[key] = bucket
+                while len(self._buckets) > self._max:
+                    self._buckets.popitem(last=False)
+            else:
+                self._buckets.move_to_end(key)
+            wait = bucket.try_take(1, now)
+        if wait > 0:
+            raise RateLimited(wait, "source_request_rate")
+
+
+def clamp_max_tokens(
+    requested: int | None,
+    tenant_cap: int | None,
+    policy_cap: int | None,
+    *,
+    default: int | None = None,
+) -> int:
+    """Return the ``max_tokens`` (output tokens) to send upstream.
+
+    The cap is the smallest of ``tenant_cap`` and ``policy_cap`` (those not
+    None). A request without ``max_tokens`` gets the cap (or ``default`` when
+    no cap exists); a request above the cap is clamped down to it (not
+    refused: OpenAI semantics let the answer stop with
+    ``finish_reason="length"``). Raises :class:`ValueError` for a
+    non-positive request and :class:`MaxTokensUnset` when nothing bounds
+    the output (fail closed).
+    """
+    if requested is not None and (isinstance(requested, bool) or requested <= 0):
+        raise ValueError("max_tokens must be a positive integer")
+    caps = [c for c in (tenant_cap, policy_cap) if c is not None]
+    cap = min(caps) if caps else None
+    if requested is None:
+        if cap is not None:
+            return cap
+        if default is not None:
+            return default
+        raise MaxTokensUnset("no max_tokens requested and no cap configured")
+    return requested if cap is None else min(requested, cap)
