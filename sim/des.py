@@ -355,6 +355,28 @@ def format_table(results: Sequence[PolicyResult]) -> str:
     return "\n".join(lines)
 
 
+TUNING_GRID: dict[str, tuple[float, ...]] = {
+    "prefix_weight": (0.0, 4.0, 16.0, 32.0),
+    "slack_requests": (0.0, 2.0, 4.0),
+    "max_request_factor": (1.25, 2.0, 3.0),
+}
+
+
+def tune(reqs: Sequence[SimRequest], cfg: SimConfig, grid: Mapping[str, Sequence[float]] = TUNING_GRID) -> list[PolicyResult]:
+    """Run ``cache_aware`` over the cartesian product of ``grid`` (other
+    parameters at their defaults); results sorted by hit rate, best first."""
+    import itertools
+
+    keys = list(grid)
+    out: list[PolicyResult] = []
+    for values in itertools.product(*(grid[k] for k in keys)):
+        params = dict(zip(keys, values))
+        label = "cache_aware " + " ".join(f"{k}={v:g}" for k, v in params.items())
+        out.append(simulate(label, build_policy("cache_aware", params), reqs, cfg))
+    out.sort(key=lambda r: (-round(r.hit_rate, 3), r.ttft_p99))
+    return out
+
+
 @click.command()
 @click.option("--rows", default=2000, show_default=True, help="trace rows to replay")
 @click.option("--replicas", default=6, show_default=True)
@@ -362,8 +384,15 @@ def format_table(results: Sequence[PolicyResult]) -> str:
 @click.option("--capacity-blocks", default=4000, show_default=True)
 @click.option("--policy", "policies", multiple=True, help="restrict to these policies (repeatable)")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="write the markdown table here")
+@click.option("--tune", "do_tune", is_flag=True, help="also run the cache_aware parameter grid")
 def main(
-    rows: int, replicas: int, trace_path: Path, capacity_blocks: int, policies: tuple[str, ...], out: Path | None
+    rows: int,
+    replicas: int,
+    trace_path: Path,
+    capacity_blocks: int,
+    policies: tuple[str, ...],
+    out: Path | None,
+    do_tune: bool,
 ) -> None:
     """Print a per-policy table (TTFT, hit rate, balance) for the trace."""
     cfg = SimConfig(replicas=replicas, capacity_blocks=capacity_blocks)
@@ -380,9 +409,14 @@ def main(
     )
     click.echo(head)
     click.echo(table)
+    text = f"{head}\n\n{table}\n"
+    if do_tune:
+        grid = format_table(tune(reqs, cfg))
+        click.echo(grid)
+        text += f"\n### cache_aware parameter grid (best hit rate first)\n\n{grid}\n"
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(f"{head}\n\n{table}\n", encoding="utf-8")
+        out.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":
