@@ -1,0 +1,346 @@
+"""The main job: simulated replicas + the PrefixGate gateway + a real-trace replay per routing policy.
+
+``prefixgate demo`` calls :func:`main`; also ``python -m sim.demo``. Steps:
+
+1. spawn ``python -m sim.cluster`` (6 replicas, time-scaled, 16-token KV
+   blocks, 4000 blocks each, 10k real tokens/s prefill) and read its ready file;
+2. write a random 32-byte master secret (mode 0600) and a SPIFFE trust bundle
+   of a demo JWT-SVID issuer (:class:`sim.spiffe_issuer.DemoIssuer`);
+3. for each routing policy (round_robin, least_load, consistent_hash,
+   cache_aware): write the gateway YAML config, start
+   ``python -m gateway.cli serve --config CFG``, wait for ``GET /readyz``
+   = 200, reset the replicas (``POST /sim/reset``), replay the first
+   ``--rows`` rows of the Mooncake trace at ``--time-scale`` with one
+   JWT-SVID per tenant workload, read every replica's ``/sim/stats``, stop
+   the gateway;
+4. print the comparison table and write ``bench/results/demo.{md,json}``.
+
+Defaults (600 rows at time scale 10, about 20 s of wall time per policy)
+finish in a few minutes on 2 cores. Helpers here (:func:`start_cluster_proc`,
+:func:`gateway_config`, :func:`start_gateway`, :func:`run_target`) are
+reused by :mod:`sim.bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import shutil
+import os
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.bounds import HitRateBounds, compute_bounds, tenant_names
+from sim.procs import (
+    ManagedProcess,
+    free_port,
+    python_module_cmd,
+    start_process,
+    stop_process,
+    wait_for_json_file,
+    wait_for_url,
+)
+from sim.replay import HeadersFor, ReplayConfig, ReplayResult, SaltFor, replay
+from sim.report import RouterSummary, fetch_replica_stats, reset_replicas, summarize, write_report
+from sim.trace import DEFAULT_TRACE_PATH, TraceRequest, assign_tenants, load_mooncake
+
+__all__ = [
+    "POLICIES",
+    "TRUST_DOMAIN",
+    "AUDIENCE",
+    "MODEL",
+    "ClusterSpec",
+    "DemoPaths",
+    "start_cluster_proc",
+    "prepare_identity",
+    "tenant_spiffe_id",
+    "gateway_config",
+    "start_gateway",
+    "run_target",
+    "main",
+]
+
+POLICIES = ("round_robin", "least_load", "consistent_hash", "cache_aware")
+TRUST_DOMAIN = "demo.prefixgate.test"
+AUDIENCE = "prefixgate"
+MODEL = "sim-model"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    """Simulated replica cluster: ``replicas`` count, ``capacity_blocks`` per replica (16-token
+    blocks), ``prefill_tokens_per_s`` real tokens per trace second, ``time_scale`` trace s per wall s,
+    ``stream_chunk_tokens`` output tokens per SSE event."""
+
+    replicas: int = 6
+    capacity_blocks: int = 4000
+    block_size: int = 16
+    prefill_tokens_per_s: float = 10000.0
+    time_scale: float = 10.0
+    stream_chunk_tokens: int = 16
+
+    def cli_args(self) -> list[str]:
+        """Flags for ``python -m sim.cluster``."""
+        return [
+            "--replicas", str(self.replicas), "--base-port", "0", "--host", "127.0.0.1",
+            "--capacity-blocks", str(self.capacity_blocks), "--block-size", str(self.block_size),
+            "--prefill-tokens-per-s", str(self.prefill_tokens_per_s), "--time-scale", str(self.time_scale),
+            "--stream-chunk-tokens", str(self.stream_chunk_tokens),
+        ]
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoPaths:
+    """Files of one demo/bench run inside its work directory (secrets stay there, mode 0600)."""
+
+    work: Path
+    master_secret: Path
+    bundle: Path
+    audit_dir: Path
+    logs: Path
+
+    @classmethod
+    def under(cls, work: Path) -> DemoPaths:
+        """Create the layout under ``work``."""
+        p = cls(work, work / "master.key", work / "bundle.json", work / "audit", work / "logs")
+        p.audit_dir.mkdir(parents=True, exist_ok=True)
+        p.logs.mkdir(parents=True, exist_ok=True)
+        return p
+
+
+async def start_cluster_proc(spec: ClusterSpec, paths: DemoPaths) -> tuple[ManagedProcess, list[dict[str, str]]]:
+    """Spawn ``python -m sim.cluster`` and return it with its ready document ``[{replica_id, url}]``.
+
+    Raises :class:`sim.procs.ProcessStartError` if it exits or is not ready in 30 s.
+    """
+    ready = paths.work / "cluster-ready.json"
+    ready.unlink(missing_ok=True)
+    proc = start_process("cluster", python_module_cmd("sim.cluster", *spec.cli_args(), "--ready-file", str(ready)),
+                         paths.logs, cwd=REPO_ROOT)
+    try:
+        doc = await wait_for_json_file(ready, timeout_s=30.0, proc=proc)
+    except BaseException:
+        stop_process(proc)
+        raise
+    return proc, list(doc)
+
+
+def tenant_spiffe_id(tenant: str, workload: str = "replay") -> str:
+    """SPIFFE ID of a tenant's demo workload: ``spiffe://demo.prefixgate.test/<tenant>/<workload>``."""
+    return f"spiffe://{TRUST_DOMAIN}/{tenant}/{workload}"
+
+
+def prepare_identity(paths: DemoPaths) -> Any:
+    """Write the master secret (32 random bytes, 0600) and the trust bundle; return the issuer.
+
+    The issuer is :class:`sim.spiffe_issuer.DemoIssuer` for :data:`TRUST_DOMAIN`.
+    """
+    fd = os.open(paths.master_secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(secrets.token_bytes(32))
+    from sim.spiffe_issuer import DemoIssuer
+
+    issuer = DemoIssuer(TRUST_DOMAIN)
+    issuer.write_bundle(paths.bundle)
+    return issuer
+
+
+def bearer_headers(issuer: Any, tenants: Sequence[str], ttl_s: float = 1800.0) -> HeadersFor:
+    """Return ``headers_for(tenant)`` giving a JWT-SVID bearer header per tenant workload.
+
+    Tokens are minted once per tenant and re-minted when less than a third of
+    ``ttl_s`` is left.
+    """
+    cache: dict[str, tuple[float, dict[str, str]]] = {}
+
+    def headers_for(tenant: str) -> Mapping[str, str]:
+        hit = cache.get(tenant)
+        now = time.time()
+        if hit is None or hit[0] - now < ttl_s / 3:
+            tok = issuer.mint(tenant_spiffe_id(tenant), AUDIENCE, ttl_s)
+            hit = (now + ttl_s, {"Authorization": f"Bearer {tok}"})
+            cache[tenant] = hit
+        return hit[1]
+
+    for t in tenants:
+        headers_for(t)
+    return headers_for
+
+
+def gateway_config(
+    policy: str,
+    replicas: Sequence[Mapping[str, str]],
+    tenants: Sequence[str],
+    paths: DemoPaths,
+    *,
+    listen_port: int,
+    admin_port: int,
+    block_size: int = 16,
+    index_capacity_blocks: int = 4000,
+    params: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Return the gateway YAML config (as a dict) in the agreed demo format (docs/architecture.md)."""
+    return {
+        "listen": {"host": "127.0.0.1", "port": listen_port},
+        "admin": {"host": "127.0.0.1", "port": admin_port},
+        "routing": {"policy": policy, "params": dict(params or {}), "block_size": block_size,
+                    "index_capacity_blocks": index_capacity_blocks},
+        "replicas": [{"id": r["replica_id"], "url": r["url"], "pool": "default", "labels": {}} for r in replicas],
+        "tenancy": {
+            "master_secret_file": str(paths.master_secret),
+            "tenants": [
+                {"id": t, "spiffe_ids": [f"spiffe://{TRUST_DOMAIN}/{t}/"], "models": [MODEL], "pools": ["default"]}
+                for t in tenants
+            ],
+        },
+        "identity": {"trust_domains": {TRUST_DOMAIN: {"bundle_file": str(paths.bundle)}}, "audience": AUDIENCE},
+        "audit": {"jsonl_dir": str(paths.audit_dir)},
+    }
+
+
+async def start_gateway(name: str, config: Mapping[str, Any], paths: DemoPaths,
+                        timeout_s: float = 30.0) -> tuple[ManagedProcess, str]:
+    """Write ``config`` to ``paths.work/name.yaml``, start the gateway, wait for ``/readyz`` = 200.
+
+    Returns the process and the public base URL. Raises
+    :class:`sim.procs.ProcessStartError` (with the log tail) otherwise.
+    """
+    cfg_path = paths.work / f"{name}.yaml"
+    cfg_path.write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
+    proc = start_process(name, python_module_cmd("gateway.cli", "serve", "--config", str(cfg_path)),
+                         paths.logs, cwd=REPO_ROOT)
+    base = f"http://127.0.0.1:{config['listen']['port']}"
+    try:
+        await wait_for_url(f"{base}/readyz", timeout_s=timeout_s, proc=proc)
+    except BaseException:
+        stop_process(proc)
+        raise
+    return proc, base
+
+
+async def run_target(
+    label: str,
+    base_url: str,
+    replica_urls: Sequence[str],
+    reqs: Sequence[TraceRequest],
+    tenants: Sequence[str],
+    cfg: ReplayConfig,
+    bounds: HitRateBounds | None,
+    *,
+    headers_for: HeadersFor | None = None,
+    salt_for: SaltFor | None = None,
+    settle_s: float = 0.2,
+) -> tuple[RouterSummary, ReplayResult]:
+    """Reset the replicas, replay ``reqs`` through ``base_url``, read replica stats, summarise."""
+    await reset_replicas(replica_urls)
+    cfg = dataclasses.replace(cfg, base_url=base_url)
+    result = await replay(reqs, cfg, tenants, headers_for=headers_for, salt_for=salt_for)
+    await asyncio.sleep(settle_s)
+    stats = await fetch_replica_stats(replica_urls)
+    result.meta["label"] = label
+    return summarize(label, result, stats, bounds), result
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="prefixgate demo", description="Replay a real trace through PrefixGate, "
+                                 "one run per routing policy, and compare.")
+    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE_PATH)
+    ap.add_argument("--rows", type=int, default=600, help="first N trace rows")
+    ap.add_argument("--time-scale", type=float, default=10.0, help="trace seconds per wall second")
+    ap.add_argument("--replicas", type=int, default=6)
+    ap.add_argument("--capacity-blocks", type=int, default=4000, help="KV blocks (16 tokens) per replica")
+    ap.add_argument("--prefill-tokens-per-s", type=float, default=10000.0, help="real tokens per trace second")
+    ap.add_argument("--tenants", type=int, default=3, help="number of tenants (conversations assigned by seed)")
+    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated routing policies")
+    ap.add_argument("--max-tokens-cap", type=int, default=None, help="cap on max_tokens (default: trace value)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for demo.md / demo.json")
+    ap.add_argument("--name", default="demo", help="result file stem")
+    ap.add_argument("--keep-workdir", action="store_true", help="keep configs, logs and audit files")
+    return ap.parse_args(argv)
+
+
+async def run_demo(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[RouterSummary]:
+    """Run the demo described by ``args`` (see :func:`_parse`); return one summary per policy."""
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = set(policies) - set(POLICIES)
+    if unknown:
+        raise SystemExit(f"unknown policies: {sorted(unknown)}")
+    spec = ClusterSpec(replicas=args.replicas, capacity_blocks=args.capacity_blocks,
+                       prefill_tokens_per_s=args.prefill_tokens_per_s, time_scale=args.time_scale)
+    reqs = load_mooncake(args.trace, args.rows)
+    names = tenant_names(args.tenants)
+    tenants = assign_tenants(reqs, names, args.seed)
+    bounds = compute_bounds(reqs, replicas=spec.replicas, capacity_blocks=spec.capacity_blocks,
+                            block_size=spec.block_size, tenants=names, seed=args.seed)
+    log(f"{len(reqs)} trace rows ({reqs[-1].timestamp - reqs[0].timestamp:.0f} trace s), {len(names)} tenants, "
+        f"time scale {spec.time_scale:g}; bounds: pooled {bounds.pooled:.3f}, oracle {bounds.oracle:.3f}")
+    work = Path(tempfile.mkdtemp(prefix="prefixgate-demo-"))
+    paths = DemoPaths.under(work)
+    issuer = prepare_identity(paths)
+    headers_for = bearer_headers(issuer, names)
+    cluster, replicas = await start_cluster_proc(spec, paths)
+    urls = [r["url"] for r in replicas]
+    summaries: list[RouterSummary] = []
+    rcfg = ReplayConfig(base_url="", time_scale=spec.time_scale, max_tokens_cap=args.max_tokens_cap,
+                        seed=args.seed, total_timeout_s=max(120.0, 3 * (reqs[-1].timestamp / spec.time_scale) + 60))
+    try:
+        for policy in policies:
+            cfg = gateway_config(policy, replicas, names, paths, listen_port=free_port(), admin_port=free_port(),
+                                 block_size=spec.block_size, index_capacity_blocks=spec.capacity_blocks)
+            gw, base = await start_gateway(f"gateway-{policy}", cfg, paths)
+            try:
+                t = time.monotonic()
+                summary, _ = await run_target(policy, base, urls, reqs, tenants, rcfg, bounds,
+                                              headers_for=headers_for)
+            finally:
+                stop_process(gw)
+            summaries.append(summary)
+            log(f"  {policy:16s} hit {summary.hit_rate or 0:.3f}  TTFT p50 {summary.ttft_p50 or 0:.3f}s "
+                f"p99 {summary.ttft_p99 or 0:.3f}s  errors {sum(summary.errors.values())}  "
+                f"({time.monotonic() - t:.0f} s wall)")
+    finally:
+        stop_process(cluster)
+        if not args.keep_workdir:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            log(f"work directory kept: {work}")
+    meta = {"rows": len(reqs), "replicas": spec.replicas, "capacity_blocks": spec.capacity_blocks,
+            "prefill_tokens_per_s": spec.prefill_tokens_per_s, "time_scale": spec.time_scale,
+            "tenants": len(names), "seed": args.seed, "max_tokens_cap": args.max_tokens_cap}
+    jp, mp = write_report(summaries, args.out, args.name, title="PrefixGate routing policies on the Mooncake trace",
+                          meta=meta)
+    log(mp.read_text(encoding="utf-8"))
+    log(f"written: {mp} and {jp}")
+    return summaries
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``prefixgate demo`` / ``python -m sim.demo``; returns the exit code.
+
+    Exit code 0 when every policy ran; 1 when any run had errors (the table
+    is still written); 2 when a component failed to start.
+    """
+    from sim.procs import ProcessStartError
+
+    args = _parse(argv)
+    try:
+        summaries = asyncio.run(run_demo(args))
+    except ProcessStartError as exc:
+        print(f"demo failed to start a component: {exc}", file=sys.stderr)
+        return 2
+    return 1 if any(s.errors for s in summaries) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
