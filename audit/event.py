@@ -1,0 +1,295 @@
+"""Audit event schema (schema_version "1") and the defensive scrubber.
+
+One :class:`AuditEvent` is written per gateway decision (inference call,
+token check, operator action, alert, flood summary, chain checkpoint). The
+record is flat-ish JSON with a few nested groups; its field names are the
+stable contract for SIEM parsers. Adding an optional field keeps version "1";
+renaming or removing one bumps ``SCHEMA_VERSION``.
+
+Never in an event: prompt text, token ids, bearer tokens, keys, raw prefix
+hashes. The gateway passes ``prefix_fingerprint`` already keyed per tenant
+(HMAC under the tenant's key, truncated to at most 16 bytes / 32 hex chars),
+so two tenants sending the same prompt get unrelated fingerprints and the
+audit log cannot be used to confirm a guessed prompt or join tenants.
+:func:`scrub_event` is a second line of defence: it drops (and reports) any
+string longer than a bound or looking like a JWT / PEM key / bearer header.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+SCHEMA_VERSION = "1"
+
+#: Longest string value (characters) accepted in any event field.
+MAX_STRING_CHARS = 256
+#: Longest accepted ``prefix_fingerprint`` (hex chars; 16 bytes).
+MAX_FINGERPRINT_HEX = 32
+
+_JWT_RE = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.?")
+_SECRET_RE = re.compile(r"-----BEGIN [A-Z ]*KEY-----|\bBearer\s+\S{8,}", re.IGNORECASE)
+_HEX_RE = re.compile(r"^[0-9a-f]+$")
+
+
+class Kind(str, enum.Enum):
+    """What the event is about."""
+
+    INFERENCE = "inference"
+    AUTH = "auth"
+    OPERATOR = "operator"
+    ALERT = "alert"
+    SUMMARY = "summary"
+    CHECKPOINT = "checkpoint"
+
+
+class Outcome(str, enum.Enum):
+    """Result of the decision the event records.
+
+    Request outcomes: allowed, denied, failed, rate_limited, unauthenticated,
+    rejected, cancelled. Operator actions: succeeded / failed. Alerts: raised
+    / cleared. Summaries: summarized. Checkpoints: sealed.
+    """
+
+    ALLOWED = "allowed"
+    DENIED = "denied"
+    FAILED = "failed"
+    RATE_LIMITED = "rate_limited"
+    UNAUTHENTICATED = "unauthenticated"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+    SUCCEEDED = "succeeded"
+    RAISED = "raised"
+    CLEARED = "cleared"
+    SUMMARIZED = "summarized"
+    SEALED = "sealed"
+
+
+class EventSchemaError(ValueError):
+    """An event dict does not match schema version 1."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Authenticated workload identity: SPIFFE ID and its trust domain."""
+
+    spiffe_id: str | None = None
+    trust_domain: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyInfo:
+    """PDP result: OPA decision id, machine reason code, short human reason."""
+
+    decision_id: str | None = None
+    reason_code: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RouteInfo:
+    """Routing outcome. Token counts are tokens; ``load`` is the replica's
+    in-flight requests at decision time."""
+
+    replica: str | None = None
+    pool: str | None = None
+    policy: str | None = None
+    prefix_tokens_matched: int | None = None
+    prefix_tokens_available: int | None = None
+    load: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Latencies:
+    """Per-stage latencies in milliseconds."""
+
+    auth_ms: float | None = None
+    policy_ms: float | None = None
+    route_ms: float | None = None
+    ttft_ms: float | None = None
+    total_ms: float | None = None
+
+
+def now_ms() -> int:
+    """Current UTC time in integer epoch milliseconds."""
+    return int(datetime.now(timezone.utc).timestamp() * 1000)
+
+
+def iso_ms(epoch_ms: int) -> str:
+    """Epoch ms -> ISO 8601 UTC with millisecond precision, e.g.
+    ``2025-01-02T03:04:05.678Z``."""
+    dt = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
+
+
+def new_event_id() -> str:
+    """A random UUID (v4) string; receivers de-duplicate on it."""
+    return str(uuid.uuid4())
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """One audit record, schema version "1".
+
+    ``time_ms`` is UTC epoch milliseconds; ``time`` (ISO 8601) is derived
+    from it in :meth:`to_dict`. ``operator``, ``alert``, ``summary`` and
+    ``checkpoint`` carry kind-specific scalar details (str/int/float/bool).
+    """
+
+    kind: Kind
+    outcome: Outcome
+    time_ms: int = field(default_factory=now_ms)
+    event_id: str = field(default_factory=new_event_id)
+    request_id: str | None = None
+    identity: Identity = field(default_factory=Identity)
+    tenant: str | None = None
+    policy: PolicyInfo = field(default_factory=PolicyInfo)
+    endpoint: str | None = None
+    model: str | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    route: RouteInfo = field(default_factory=RouteInfo)
+    latency: Latencies = field(default_factory=Latencies)
+    status_code: int | None = None
+    client_address: str | None = None
+    trace_id: str | None = None
+    prefix_fingerprint: str | None = None
+    operator: Mapping[str, Any] | None = None
+    alert: Mapping[str, Any] | None = None
+    summary: Mapping[str, Any] | None = None
+    checkpoint: Mapping[str, Any] | None = None
+
+    @property
+    def time_iso(self) -> str:
+        """``time_ms`` as ISO 8601 UTC with millisecond precision."""
+        return iso_ms(self.time_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; ``None`` values are omitted, enums are strings."""
+        out: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "time": self.time_iso,
+        }
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, enum.Enum):
+                value = value.value
+            elif dataclasses.is_dataclass(value):
+                value = {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
+                if not value:
+                    continue
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            if value is None:
+                continue
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AuditEvent:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            EventSchemaError: wrong schema version, unknown kind/outcome or
+                unknown field.
+        """
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise EventSchemaError(f"unsupported schema_version {data.get('schema_version')!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        nested = {"identity": Identity, "policy": PolicyInfo, "route": RouteInfo, "latency": Latencies}
+        try:
+            for key, value in data.items():
+                if key in ("schema_version", "time"):
+                    continue
+                if key not in known:
+                    raise EventSchemaError(f"unknown field {key!r}")
+                if key in nested:
+                    value = nested[key](**value)
+                elif key == "kind":
+                    value = Kind(value)
+                elif key == "outcome":
+                    value = Outcome(value)
+                kwargs[key] = value
+            return cls(**kwargs)
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, EventSchemaError):
+                raise
+            raise EventSchemaError(str(exc)) from exc
+
+
+def _bad_string(path: str, value: str, max_chars: int) -> str | None:
+    """Reason a string must not be logged, or None if it is fine."""
+    if len(value) > max_chars:
+        return "too_long"
+    if _JWT_RE.search(value):
+        return "jwt_like"
+    if _SECRET_RE.search(value):
+        return "secret_like"
+    if path == "prefix_fingerprint":
+        if len(value) > MAX_FINGERPRINT_HEX or not _HEX_RE.match(value):
+            return "fingerprint_shape"
+    return None
+
+
+def _scrub_value(path: str, value: Any, max_chars: int, dropped: list[tuple[str, str]]) -> Any:
+    if isinstance(value, str):
+        reason = _bad_string(path, value, max_chars)
+        if reason:
+            dropped.append((path, reason))
+            return None
+        return value
+    if isinstance(value, bool) or value is None or isinstance(value, (int, float)):
+        return value
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            sv = _scrub_value(f"{path}.{k}", v, max_chars, dropped)
+            if sv is not None:
+                out[str(k)] = sv
+        return out
+    # lists, bytes, arbitrary objects: never logged (could hold token ids)
+    dropped.append((path, "unsupported_type"))
+    return None
+
+
+def scrub_event(event: AuditEvent, max_chars: int = MAX_STRING_CHARS) -> tuple[AuditEvent, list[tuple[str, str]]]:
+    """Drop every field that could carry a secret or prompt text.
+
+    A string field is dropped when longer than ``max_chars`` characters, when
+    it matches a JWT (``eyJ…​.…``), PEM key or ``Bearer`` pattern, or (for
+    ``prefix_fingerprint``) when it is not lower-case hex of at most 32
+    chars (a full 64-hex raw prefix hash is refused). Lists/bytes are
+    dropped too (token ids). Returns the cleaned event and a list of
+    ``(field_path, reason)`` for the drop counter; never raises.
+    """
+    dropped: list[tuple[str, str]] = []
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(event):
+        value = getattr(event, f.name)
+        if f.name in ("kind", "outcome", "time_ms"):
+            continue
+        if dataclasses.is_dataclass(value):
+            sub = {}
+            for sf in dataclasses.fields(value):
+                sv = getattr(value, sf.name)
+                clean = _scrub_value(f"{f.name}.{sf.name}", sv, max_chars, dropped)
+                if clean is not sv:
+                    sub[sf.name] = clean
+            if sub:
+                changes[f.name] = dataclasses.replace(value, **sub)
+            continue
+        clean = _scrub_value(f.name, value, max_chars, dropped)
+        if clean is not value and clean != value:
+            changes[f.name] = clean
+        elif clean is None and value is not None:
+            changes[f.name] = None
+    if changes.get("event_id", event.event_id) is None:
+        changes["event_id"] = new_event_id()
+    return (dataclasses.replace(event, **changes) if changes else event), dropped

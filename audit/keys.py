@@ -1,0 +1,59 @@
+"""Ed25519 checkpoint signing keys: generate and load (PEM, PKCS#8 / SPKI).
+
+The private key file must live outside the audit log directory (separate
+permissions / mount); the public key file is what verifiers get.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+
+class KeyFileError(ValueError):
+    """A key file is missing, unreadable or not an Ed25519 key."""
+
+
+def generate_signing_key(private_path: str | Path, public_path: str | Path | None = None) -> Ed25519PublicKey:
+    """Create a new Ed25519 key; write the private key (PEM PKCS#8, mode 0600,
+    refuses to overwrite) and the public key (PEM SPKI, default
+    ``<private>.pub``). Returns the public key.
+
+    Raises:
+        FileExistsError: the private key file already exists.
+    """
+    private_path = Path(private_path)
+    public_path = Path(public_path) if public_path else private_path.with_name(private_path.name + ".pub")
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(pem)
+    pub = key.public_key()
+    public_path.write_bytes(pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return pub
+
+
+def load_signing_key(path: str | Path) -> Ed25519PrivateKey:
+    """Load an Ed25519 private key from PEM. Raises KeyFileError."""
+    try:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as exc:
+        raise KeyFileError(f"cannot load signing key {path}: {exc}") from exc
+    if not isinstance(key, Ed25519PrivateKey):
+        raise KeyFileError(f"{path} is not an Ed25519 private key")
+    return key
+
+
+def load_public_key(path: str | Path) -> Ed25519PublicKey:
+    """Load an Ed25519 public key (PEM SPKI, or the private key PEM). Raises KeyFileError."""
+    data = Path(path).read_bytes() if Path(path).exists() else b""
+    try:
+        key = serialization.load_pem_public_key(data)
+    except ValueError:
+        return load_signing_key(path).public_key()
+    if not isinstance(key, Ed25519PublicKey):
+        raise KeyFileError(f"{path} is not an Ed25519 public key")
+    return key

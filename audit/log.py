@@ -1,0 +1,358 @@
+"""AuditLog: non-blocking fan-out of audit events to sinks, with disk spill.
+
+``emit`` is synchronous and never awaits: it scrubs the event, then for each
+sink either puts it on that sink's bounded in-memory queue or, when the queue
+is full or the sink is down, appends it to the sink's spill file (a small
+buffered local write). One worker task per sink delivers in order:
+pending retry batch → in-memory queue → spill file, so per-sink order is the
+emit order. Delivery is at-least-once (a batch that failed half-way is sent
+again; receivers de-duplicate on ``event_id``).
+
+Fail closed: when the spill files together hold more than ``spill_max_bytes``
+undelivered bytes, :attr:`AuditLog.accepting` turns False and an alert is
+raised; the gateway must then answer 503 to new requests. Events of requests
+already in flight are still spilled up to ``spill_max_bytes * (1 +
+spill_headroom)``; only beyond that an event is dropped and counted in
+``prefixgate_audit_events_dropped_total`` (which must stay 0).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from audit.event import AuditEvent, Kind, Outcome, now_ms, scrub_event
+from audit.sink import AuditSink, SinkUnavailable
+from audit.spill import SpillCorrupt, SpillFile
+from audit.summary import SummaryAggregator
+
+log = logging.getLogger(__name__)
+
+
+def _encode(event: AuditEvent) -> bytes:
+    return (json.dumps(event.to_dict(), separators=(",", ":"), sort_keys=True) + "\n").encode()
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.emitted = Counter("prefixgate_audit_events_emitted", "Audit events accepted by emit()", registry=registry)
+        self.dropped = Counter(
+            "prefixgate_audit_events_dropped", "Audit events lost (must stay 0)", ["sink"], registry=registry
+        )
+        self.scrubbed = Counter(
+            "prefixgate_audit_fields_scrubbed", "Event fields refused by the scrubber", ["reason"], registry=registry
+        )
+        self.spill_bytes = Gauge(
+            "prefixgate_audit_spill_bytes", "Undelivered bytes in the spill file", ["sink"], registry=registry
+        )
+        self.sink_up = Gauge("prefixgate_audit_sink_up", "1 if the sink took the last batch", ["sink"], registry=registry)
+        self.accepting = Gauge("prefixgate_audit_accepting", "1 if the gateway may accept requests", registry=registry)
+        self.delivered = Counter(
+            "prefixgate_audit_events_delivered", "Events handed to a sink", ["sink"], registry=registry
+        )
+
+
+class _SinkWorker:
+    """Queue + spill + delivery task for one sink."""
+
+    def __init__(self, sink: AuditSink, spill: SpillFile, queue_size: int, batch_size: int) -> None:
+        self.sink = sink
+        self.spill = spill
+        self.queue: asyncio.Queue[AuditEvent] = asyncio.Queue(maxsize=queue_size)
+        self.batch_size = batch_size
+        self.spilling = spill.pending_bytes > 0  # leftovers of a previous run
+        self.up = True
+        self.task: asyncio.Task[None] | None = None
+        self.wakeup = asyncio.Event()
+        self.pending: list[AuditEvent] = []
+        self.busy = False
+
+
+class AuditLog:
+    """Fan-out of audit events to sinks; see the module docstring.
+
+    Args:
+        sinks: destinations; names must be unique (they name spill files).
+        spill_dir: directory of the spill files (local disk).
+        spill_max_bytes: undelivered bytes (all sinks) above which
+            ``accepting`` turns False.
+        spill_headroom: extra fraction still spilled for in-flight requests.
+        queue_size: in-memory events per sink before spilling.
+        batch_size: events per ``send`` call.
+        retry_initial_s, retry_max_s: reconnect backoff (seconds, doubling).
+        aggregator: optional flood aggregator (summary events).
+        registry: Prometheus registry for the metrics (sink names only, no
+            tenants).
+        on_alert: called with every alert event this log raises itself.
+    """
+
+    def __init__(
+        self,
+        sinks: Sequence[AuditSink],
+        spill_dir: str | Path,
+        spill_max_bytes: int = 256 * 1024 * 1024,
+        spill_headroom: float = 0.1,
+        queue_size: int = 10_000,
+        batch_size: int = 256,
+        retry_initial_s: float = 0.1,
+        retry_max_s: float = 5.0,
+        aggregator: SummaryAggregator | None = None,
+        registry: CollectorRegistry | None = None,
+        on_alert: Callable[[AuditEvent], None] | None = None,
+    ) -> None:
+        names = [s.name for s in sinks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sink names must be unique: {names}")
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = _Metrics(self.registry)
+        self._spill_dir = Path(spill_dir)
+        self._spill_max = spill_max_bytes
+        self._spill_hard = int(spill_max_bytes * (1 + spill_headroom))
+        self._retry_initial = retry_initial_s
+        self._retry_max = retry_max_s
+        self._aggregator = aggregator
+        self._on_alert = on_alert
+        self._workers = [
+            _SinkWorker(s, SpillFile(self._spill_dir / f"{s.name}.spill.jsonl"), queue_size, batch_size) for s in sinks
+        ]
+        self._accepting = True
+        self._dropped = 0
+        self._flush_task: asyncio.Task[None] | None = None
+        for s in sinks:
+            if hasattr(s, "on_checkpoint"):
+                s.on_checkpoint = self._forward_checkpoint(s.name)
+        self._update_accepting()
+
+    # ---- public API -------------------------------------------------
+    @property
+    def accepting(self) -> bool:
+        """False while the spill is over its limit: answer new requests 503."""
+        return self._accepting
+
+    @property
+    def dropped(self) -> int:
+        """Events lost so far, all sinks (must stay 0)."""
+        return self._dropped
+
+    @property
+    def spill_pending_bytes(self) -> int:
+        """Undelivered bytes in all spill files."""
+        return sum(w.spill.pending_bytes for w in self._workers)
+
+    def emit(self, event: AuditEvent, exclude: Iterable[str] = ()) -> None:
+        """Queue ``event`` for every sink (except names in ``exclude``).
+
+        Never blocks and never raises for sink trouble. The event is scrubbed
+        first (see :func:`audit.event.scrub_event`); refused fields are counted
+        in ``prefixgate_audit_fields_scrubbed_total``.
+        """
+        event, dropped = scrub_event(event)
+        for _, reason in dropped:
+            self.metrics.scrubbed.labels(reason).inc()
+        if self._aggregator is not None:
+            passed = self._aggregator.offer(event)
+            if passed is None:
+                return
+        self.metrics.emitted.inc()
+        excluded = set(exclude)
+        line: bytes | None = None
+        for w in self._workers:
+            if w.sink.name in excluded:
+                continue
+            if not w.spilling:
+                try:
+                    w.queue.put_nowait(event)
+                    continue
+                except asyncio.QueueFull:
+                    w.spilling = True
+            line = line or _encode(event)
+            self._spill(w, line)
+        self._update_accepting()
+
+    async def start(self) -> None:
+        """Open sinks (failures are retried by the workers) and start one
+        delivery task per sink plus the summary flusher."""
+        for w in self._workers:
+            try:
+                await w.sink.open()
+            except SinkUnavailable as exc:
+                log.warning("audit sink %s unavailable at start: %s", w.sink.name, exc)
+                self._mark_down(w)
+            w.task = asyncio.create_task(self._run(w), name=f"audit-sink-{w.sink.name}")
+        if self._aggregator is not None:
+            self._flush_task = asyncio.create_task(self._flush_summaries())
+
+    async def drain(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every sink has taken everything (queue and spill empty).
+        Returns False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            if all(w.queue.empty() and not w.spilling and w.up and not w.busy for w in self._workers):
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Flush summaries, drain, close sinks (the JSONL sink writes its final
+        signed checkpoint, which is forwarded to the other sinks first).
+        Events a down sink could not take stay in its spill file and are
+        replayed on the next start."""
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flush_task
+        if self._aggregator is not None:
+            for ev in self._aggregator.flush(now_ms(), force=True):
+                self.emit(ev)
+        await self.drain(timeout_s / 2)
+        for w in self._workers:
+            if hasattr(w.sink, "on_checkpoint"):  # checkpoint sources first
+                await w.sink.close()
+        await self.drain(timeout_s / 2)
+        for w in self._workers:
+            if w.task is not None:
+                w.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await w.task
+            if not hasattr(w.sink, "on_checkpoint"):
+                await w.sink.close()
+            # anything still queued in memory goes to disk for the next run
+            while not w.queue.empty():
+                self._spill(w, _encode(w.queue.get_nowait()))
+            for ev in w.pending:
+                self._spill(w, _encode(ev))
+            w.spill.close()
+
+    # ---- internals --------------------------------------------------
+    def _forward_checkpoint(self, source: str) -> Callable[[AuditEvent], None]:
+        def forward(event: AuditEvent) -> None:
+            self.emit(event, exclude=(source,))
+
+        return forward
+
+    def _spill(self, w: _SinkWorker, line: bytes) -> None:
+        if self.spill_pending_bytes + len(line) > self._spill_hard:
+            self._count_drop(w)
+            log.error("audit spill full: event dropped for sink %s", w.sink.name)
+            return
+        try:
+            w.spill.append(line)
+        except OSError:
+            self._count_drop(w)
+            log.exception("audit spill write failed for sink %s", w.sink.name)
+            return
+        self.metrics.spill_bytes.labels(w.sink.name).set(w.spill.pending_bytes)
+        w.wakeup.set()
+
+    def _count_drop(self, w: _SinkWorker) -> None:
+        self._dropped += 1
+        self.metrics.dropped.labels(w.sink.name).inc()
+
+    def _update_accepting(self) -> None:
+        pending = self.spill_pending_bytes
+        if self._accepting and pending >= self._spill_max:
+            self._accepting = False
+            self._raise_alert(Outcome.RAISED, pending)
+        elif not self._accepting and pending < self._spill_max // 2:
+            self._accepting = True
+            self._raise_alert(Outcome.CLEARED, pending)
+        self.metrics.accepting.set(1 if self._accepting else 0)
+
+    def _raise_alert(self, outcome: Outcome, pending: int) -> None:
+        alert = AuditEvent(
+            kind=Kind.ALERT,
+            outcome=outcome,
+            alert={
+                "alert_id": "audit-spill-full",
+                "alert_kind": "audit_spill_full",
+                "spill_pending_bytes": pending,
+                "spill_max_bytes": self._spill_max,
+            },
+        )
+        log.error("audit alert %s: spill %d/%d bytes", outcome.value, pending, self._spill_max)
+        if self._on_alert is not None:
+            self._on_alert(alert)
+        # recorded like any event (goes to spill for down sinks, within headroom)
+        self.emit(alert)
+
+    def _mark_down(self, w: _SinkWorker) -> None:
+        w.up = False
+        w.spilling = True
+        self.metrics.sink_up.labels(w.sink.name).set(0)
+
+    async def _deliver(self, w: _SinkWorker, batch: list[AuditEvent]) -> bool:
+        try:
+            await w.sink.send(batch)
+        except SinkUnavailable as exc:
+            if w.up:
+                log.warning("audit sink %s down: %s", w.sink.name, exc)
+            self._mark_down(w)
+            return False
+        if not w.up:
+            log.info("audit sink %s back", w.sink.name)
+        w.up = True
+        self.metrics.sink_up.labels(w.sink.name).set(1)
+        self.metrics.delivered.labels(w.sink.name).inc(len(batch))
+        return True
+
+    async def _run(self, w: _SinkWorker) -> None:
+        backoff = self._retry_initial
+        commit_to: int | None = None
+        while True:
+            w.busy = bool(w.pending)
+            if not w.pending:
+                if not w.queue.empty():
+                    w.pending = [w.queue.get_nowait()]
+                    while len(w.pending) < w.batch_size and not w.queue.empty():
+                        w.pending.append(w.queue.get_nowait())
+                    commit_to = None
+                elif w.spilling:
+                    try:
+                        w.pending, end = w.spill.read_batch(w.batch_size)
+                    except SpillCorrupt:
+                        log.exception("audit spill corrupt for sink %s; skipping to end", w.sink.name)
+                        self._count_drop(w)
+                        w.spill.reset()
+                        continue
+                    if not w.pending:
+                        # caught up: no await between this check and the flip
+                        w.spill.reset()
+                        w.spilling = False
+                        self.metrics.spill_bytes.labels(w.sink.name).set(0)
+                        self._update_accepting()
+                        continue
+                    commit_to = end
+                else:
+                    w.busy = False
+                    w.wakeup.clear()
+                    getter = asyncio.ensure_future(w.queue.get())
+                    waker = asyncio.ensure_future(w.wakeup.wait())
+                    try:
+                        done, _ = await asyncio.wait({getter, waker}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        waker.cancel()
+                        if not getter.done():
+                            getter.cancel()
+                    if getter.done() and not getter.cancelled():
+                        w.pending = [getter.result()]
+                        commit_to = None
+                    continue
+            w.busy = True
+            if await self._deliver(w, w.pending):
+                w.pending = []
+                if commit_to is not None:
+                    w.spill.commit(commit_to)
+                    self.metrics.spill_bytes.labels(w.sink.name).set(w.spill.pending_bytes)
+                    self._update_accepting()
+                    commit_to = None
+                backoff = self._retry_initial
+            else:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._retry_max)
+

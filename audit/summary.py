@@ -1,0 +1,112 @@
+"""Flood aggregation: per-source, per-window summaries of noisy outcomes.
+
+A credential-stuffing client or a broken integration can send thousands of
+unauthenticated / rejected requests per second; writing one audit event for
+each would let an attacker fill the audit pipeline (and make the gateway fail
+closed). :class:`SummaryAggregator` lets the first ``first_n`` such events of
+a source per window through individually and counts the rest; when the
+window closes it yields one ``kind="summary"`` event per source that had
+suppressed events.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from audit.event import AuditEvent, Kind, Outcome, iso_ms
+
+#: Outcomes that are aggregated (others always pass through).
+DEFAULT_AGGREGATED = frozenset({Outcome.UNAUTHENTICATED, Outcome.REJECTED, Outcome.RATE_LIMITED})
+OTHER_SOURCE = "*other*"
+
+
+@dataclass
+class _Window:
+    start_ms: int
+    seen: int = 0
+    suppressed: Counter[str] = field(default_factory=Counter)
+    endpoints: Counter[str] = field(default_factory=Counter)
+
+
+class SummaryAggregator:
+    """Per-source windowed aggregation of flood outcomes.
+
+    Args:
+        window_s: window length in seconds (windows are aligned per source to
+            its first event).
+        first_n: events per source and window passed through individually.
+        max_sources: sources tracked per window; further sources share the
+            bucket ``"*other*"`` (bounded memory under spoofed-source floods).
+        outcomes: outcomes subject to aggregation.
+
+    The source is the event's ``client_address`` (or ``"unknown"``).
+    """
+
+    def __init__(
+        self,
+        window_s: float = 10.0,
+        first_n: int = 5,
+        max_sources: int = 10_000,
+        outcomes: frozenset[Outcome] = DEFAULT_AGGREGATED,
+    ) -> None:
+        if window_s <= 0 or first_n < 0 or max_sources < 1:
+            raise ValueError("window_s > 0, first_n >= 0, max_sources >= 1 required")
+        self._window_ms = int(window_s * 1000)
+        self._first_n = first_n
+        self._max_sources = max_sources
+        self._outcomes = outcomes
+        self._windows: dict[str, _Window] = {}
+
+    def offer(self, event: AuditEvent) -> AuditEvent | None:
+        """Return ``event`` if it should be emitted now, ``None`` if counted
+        into the source's summary. Uses ``event.time_ms`` as the clock."""
+        if event.outcome not in self._outcomes:
+            return event
+        source = event.client_address or "unknown"
+        if source not in self._windows and len(self._windows) >= self._max_sources:
+            source = OTHER_SOURCE
+        win = self._windows.get(source)
+        if win is None or event.time_ms - win.start_ms >= self._window_ms:
+            win = self._windows[source] = _Window(start_ms=event.time_ms)
+        win.seen += 1
+        if win.seen <= self._first_n:
+            return event
+        win.suppressed[event.outcome.value] += 1
+        if event.endpoint:
+            win.endpoints[event.endpoint] += 1
+        return None
+
+    def flush(self, now_ms: int, force: bool = False) -> list[AuditEvent]:
+        """Summary events for windows that ended by ``now_ms`` (epoch ms), or
+        for all open windows when ``force`` (shutdown). Closed windows are
+        forgotten."""
+        out: list[AuditEvent] = []
+        for source in list(self._windows):
+            win = self._windows[source]
+            if not force and now_ms - win.start_ms < self._window_ms:
+                continue
+            del self._windows[source]
+            total = sum(win.suppressed.values())
+            if not total:
+                continue
+            details: dict[str, object] = {
+                "source": source,
+                "window_start": iso_ms(win.start_ms),
+                "window_s": self._window_ms / 1000,
+                "emitted_individually": min(win.seen, self._first_n),
+                "suppressed": total,
+            }
+            for outcome, n in win.suppressed.items():
+                details[f"count_{outcome}"] = n
+            if win.endpoints:
+                details["top_endpoint"] = win.endpoints.most_common(1)[0][0]
+            out.append(
+                AuditEvent(
+                    kind=Kind.SUMMARY,
+                    outcome=Outcome.SUMMARIZED,
+                    time_ms=now_ms,
+                    client_address=None if source == OTHER_SOURCE else source,
+                    summary=details,
+                )
+            )
+        return out
