@@ -1,0 +1,191 @@
+"""Replica inventory with health state and a per-replica circuit breaker.
+
+Health comes from two sources: the active checker (``health.HealthChecker``,
+``GET /health``) marks replicas up or down; the proxy reports each upstream
+outcome, and ``failure_threshold`` consecutive upstream failures open the
+replica's circuit for ``cooldown_s`` seconds, after which one half-open probe
+request is let through (success closes the circuit, failure re-opens it) —
+the classic circuit-breaker state machine (Nygard, "Release It!").
+Client-caused 4xx answers prove the replica is alive and never count as
+failures. A replica is routable iff it is healthy and its circuit allows a
+request.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["Replica", "ReplicaSet", "ReplicaState", "CircuitState", "UnknownReplicaError"]
+
+
+class UnknownReplicaError(KeyError):
+    """Raised for a replica id that is not in the set."""
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One upstream replica: ``id``, base ``url`` (no trailing slash needed),
+    ``pool`` name, free-form ``labels``, and ``cache_salt`` (whether the
+    replica honours vLLM's per-request ``cache_salt`` field)."""
+
+    id: str
+    url: str
+    pool: str = "default"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    cache_salt: bool = True
+
+
+class CircuitState(enum.Enum):
+    """Circuit-breaker state of one replica."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass
+class ReplicaState:
+    """Mutable health state of one replica (owned by :class:`ReplicaSet`)."""
+
+    healthy: bool = True
+    consecutive_failures: int = 0
+    circuit: CircuitState = CircuitState.CLOSED
+    opened_at: float = 0.0
+    probe_in_flight: bool = False
+    instance_id: str | None = None
+
+
+class ReplicaSet:
+    """Replicas by id with health and circuit state.
+
+    ``failure_threshold``: consecutive upstream failures that open the
+    circuit; ``cooldown_s``: seconds before an open circuit admits one
+    half-open probe; ``clock``: monotonic seconds (injectable for tests).
+    Replicas start healthy (the checker marks them down if they are not).
+    Raises :class:`ValueError` on duplicate ids or bad thresholds.
+    """
+
+    def __init__(
+        self,
+        replicas: Iterable[Replica],
+        *,
+        failure_threshold: int = 5,
+        cooldown_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if failure_threshold < 1 or cooldown_s < 0:
+            raise ValueError("failure_threshold must be >= 1 and cooldown_s >= 0")
+        self.failure_threshold = failure_threshold
+        self.cooldown_s = cooldown_s
+        self._clock = clock
+        self._replicas: dict[str, Replica] = {}
+        self._state: dict[str, ReplicaState] = {}
+        for r in replicas:
+            self.add(r)
+
+    def add(self, replica: Replica) -> None:
+        """Add ``replica`` (healthy, circuit closed); duplicate id raises :class:`ValueError`."""
+        if replica.id in self._replicas:
+            raise ValueError(f"duplicate replica id {replica.id!r}")
+        self._replicas[replica.id] = replica
+        self._state[replica.id] = ReplicaState()
+
+    def remove(self, replica_id: str) -> None:
+        """Remove a replica (no error if absent)."""
+        self._replicas.pop(replica_id, None)
+        self._state.pop(replica_id, None)
+
+    def get(self, replica_id: str) -> Replica:
+        """The replica called ``replica_id``; raises :class:`UnknownReplicaError`."""
+        try:
+            return self._replicas[replica_id]
+        except KeyError:
+            raise UnknownReplicaError(replica_id) from None
+
+    def state(self, replica_id: str) -> ReplicaState:
+        """Health state of ``replica_id`` (circuit advanced to half-open if
+        its cool-down has passed); raises :class:`UnknownReplicaError`."""
+        try:
+            st = self._state[replica_id]
+        except KeyError:
+            raise UnknownReplicaError(replica_id) from None
+        if st.circuit is CircuitState.OPEN and self._clock() - st.opened_at >= self.cooldown_s:
+            st.circuit = CircuitState.HALF_OPEN
+            st.probe_in_flight = False
+        return st
+
+    def all(self) -> list[Replica]:
+        """All replicas, in insertion order."""
+        return list(self._replicas.values())
+
+    def is_routable(self, replica_id: str) -> bool:
+        """Healthy, and the circuit is closed or half-open with no probe in flight."""
+        st = self.state(replica_id)
+        if not st.healthy:
+            return False
+        if st.circuit is CircuitState.CLOSED:
+            return True
+        return st.circuit is CircuitState.HALF_OPEN and not st.probe_in_flight
+
+    def routable_ids(self, pools: Iterable[str] | None = None) -> list[str]:
+        """Ids of routable replicas, optionally only those in ``pools``."""
+        allowed = None if pools is None else set(pools)
+        return [
+            rid
+            for rid, r in self._replicas.items()
+            if (allowed is None or r.pool in allowed) and self.is_routable(rid)
+        ]
+
+    def on_dispatch(self, replica_id: str) -> None:
+        """Call when a request is sent to ``replica_id``: in half-open state
+        it becomes the single probe (others are held back until it resolves)."""
+        st = self.state(replica_id)
+        if st.circuit is CircuitState.HALF_OPEN:
+            st.probe_in_flight = True
+
+    def record_success(self, replica_id: str) -> None:
+        """An upstream exchange succeeded: reset failures, close the circuit."""
+        st = self.state(replica_id)
+        st.consecutive_failures = 0
+        st.circuit = CircuitState.CLOSED
+        st.probe_in_flight = False
+
+    def record_failure(self, replica_id: str) -> None:
+        """An upstream failure (connect error, timeout, 5xx, broken stream):
+        a failed half-open probe re-opens the circuit; ``failure_threshold``
+        consecutive failures open it."""
+        st = self.state(replica_id)
+        st.consecutive_failures += 1
+        if st.circuit is CircuitState.HALF_OPEN or st.consecutive_failures >= self.failure_threshold:
+            st.circuit = CircuitState.OPEN
+            st.opened_at = self._clock()
+            st.probe_in_flight = False
+
+    def record_status(self, replica_id: str, status: int) -> None:
+        """Classify an upstream HTTP status: 5xx is a replica failure; any
+        other status (including client-caused 4xx) shows the replica alive."""
+        if status >= 500:
+            self.record_failure(replica_id)
+        else:
+            self.record_success(replica_id)
+
+    def mark_health(self, replica_id: str, healthy: bool) -> None:
+        """Set the health-check verdict for ``replica_id``."""
+        self.state(replica_id).healthy = healthy
+
+    def observe_instance(self, replica_id: str, instance_id: str) -> bool:
+        """Record the replica's reported ``instance_id``; returns True when it
+        differs from a previously seen one (the replica restarted and lost its
+        KV cache). A restart also resets the circuit."""
+        st = self.state(replica_id)
+        previous = st.instance_id
+        st.instance_id = instance_id
+        if previous is not None and previous != instance_id:
+            st.consecutive_failures = 0
+            st.circuit = CircuitState.CLOSED
+            st.probe_in_flight = False
+            return True
+        return False
