@@ -44,6 +44,7 @@ from tenancy.state import KeyState, TenantState, load_state, save_state
 
 __all__ = [
     "KeyRingError",
+    "MasterUnchanged",
     "MIN_MASTER_SECRET_BYTES",
     "PREFIX_KEY_INFO",
     "TenantKey",
@@ -67,6 +68,10 @@ class KeyRingError(Exception):
 
     Messages name the source (file path or variable name), never the secret.
     """
+
+
+class MasterUnchanged(KeyRingError):
+    """:meth:`KeyRing.rotate_master` was given the master secret already in use."""
 
 
 def load_master_secret(file: str | None, env: str | None) -> bytes:
@@ -334,14 +339,14 @@ class KeyRing:
 
         The old master's keys stay recognised by :meth:`lookup_keys` for
         ``grace_s`` seconds; cache salts change at once (a master rotation
-        deliberately turns replica caches cold). Refuses (``KeyRingError``)
-        a short secret or the secret already in use (compared in constant
-        time). Returns the new master generation number.
+        deliberately turns replica caches cold). Refuses a short secret (``KeyRingError``)
+        or the secret already in use (:class:`MasterUnchanged`, compared in
+        constant time). Returns the new master generation number.
         """
         _check_secret(new_secret)
         with self._lock:
             if hmac.compare_digest(new_secret, self._master):
-                raise KeyRingError("new master secret equals the current one")
+                raise MasterUnchanged("new master secret equals the current one")
             versions = {tid: ts.key_version for tid, ts in self._state.tenants.items()}
             self._retired_masters.append(
                 _Retired(self._generation, self._master, versions, self._clock() + self._grace_s)

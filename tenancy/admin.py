@@ -1,0 +1,209 @@
+"""Operator operations on the key ring and the tenant registry.
+
+Each operation exists twice: a plain function (for the CLI) and a Starlette
+route (for the admin listener, operators only). Every one returns a *change
+record* — a JSON-able dict with no key material (only versions, epochs, key
+ids, counts) — which is also handed to ``on_change`` for the audit log.
+
+Routes (all ``POST``; ``authorize(request)`` runs first and must raise
+``HTTPException(401/403)`` for non-operators):
+
+* ``/admin/tenants/{tenant_id}/rotate-key``  new prefix-key version
+* ``/admin/tenants/{tenant_id}/rotate-salt`` new cache-salt epoch (cache goes cold)
+* ``/admin/keys/rotate-master``              new master secret, read by ``master_loader``
+  from the configured file/env — never from the request body
+* ``/admin/tenants/reload``                  re-read tenants via ``registry_loader``
+
+Errors are JSON ``{"error": code, "detail": text}``: 400 bad tenant id or
+config, 404 unknown tenant, 409 master unchanged, 501 no master source,
+500 key-ring/state failure.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from tenancy.keys import KeyRing, KeyRingError, MasterUnchanged
+from tenancy.registry import TenantConfigError, TenantRegistry
+
+__all__ = [
+    "AdminError",
+    "rotate_tenant_key",
+    "rotate_tenant_salt",
+    "rotate_master_key",
+    "reload_tenants",
+    "admin_routes",
+]
+
+Authorize = Callable[[Request], Awaitable[Any]]
+OnChange = Callable[[dict], Any]
+RegistryLoader = Callable[[], "TenantRegistry | Awaitable[TenantRegistry]"]
+MasterLoader = Callable[[], bytes]
+
+_TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class AdminError(Exception):
+    """An operator request that cannot be carried out; ``status`` is the HTTP code."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+
+
+def _record(action: str, **fields: Any) -> dict:
+    return {"action": action, "ts": time.time(), **fields}
+
+
+def rotate_tenant_key(keyring: KeyRing, tenant_id: str) -> dict:
+    """Rotate ``tenant_id``'s prefix key; return the change record.
+
+    Record: ``action="tenant.rotate_key"``, ``tenant_id``, ``key_version``,
+    ``kid``, ``previous_kid``, ``grace_s``, ``ts`` (Unix seconds). Raises
+    :class:`~tenancy.keys.KeyRingError` if the state file cannot be written.
+    """
+    previous = keyring.current(tenant_id)
+    new = keyring.rotate_tenant(tenant_id)
+    return _record(
+        "tenant.rotate_key",
+        tenant_id=tenant_id,
+        key_version=new.version,
+        kid=new.kid,
+        previous_kid=previous.kid,
+        grace_s=keyring.grace_s,
+    )
+
+
+def rotate_tenant_salt(keyring: KeyRing, tenant_id: str) -> dict:
+    """Bump ``tenant_id``'s cache-salt epoch (its replica cache goes cold).
+
+    Record: ``action="tenant.rotate_salt"``, ``tenant_id``, ``salt_epoch``,
+    ``ts``. The salt itself is not included. Raises ``KeyRingError``.
+    """
+    epoch = keyring.rotate_salt(tenant_id)
+    return _record("tenant.rotate_salt", tenant_id=tenant_id, salt_epoch=epoch)
+
+
+def rotate_master_key(keyring: KeyRing, new_secret: bytes) -> dict:
+    """Switch the key ring to ``new_secret`` (old keys kept for the grace period).
+
+    Record: ``action="keys.rotate_master"``, ``master_generation``,
+    ``grace_s``, ``ts``. Raises ``KeyRingError`` (short or unchanged secret).
+    """
+    generation = keyring.rotate_master(new_secret)
+    return _record("keys.rotate_master", master_generation=generation, grace_s=keyring.grace_s)
+
+
+async def reload_tenants(registry_loader: RegistryLoader) -> dict:
+    """Call ``registry_loader`` (re-reads config and swaps the registry; may be
+    async) and return the record ``action="tenants.reload"``, ``tenants``
+    (count), ``tenant_ids`` (sorted), ``ts``. Propagates ``TenantConfigError``."""
+    if inspect.iscoroutinefunction(registry_loader):
+        result = await registry_loader()
+    else:
+        result = await run_in_threadpool(registry_loader)
+    if inspect.isawaitable(result):
+        result = await result
+    ids = [t.id for t in result.tenants()]
+    return _record("tenants.reload", tenants=len(ids), tenant_ids=ids)
+
+
+def _actor(principal: Any) -> str | None:
+    if isinstance(principal, str):
+        return principal
+    spiffe_id = getattr(principal, "spiffe_id", None)
+    return spiffe_id if isinstance(spiffe_id, str) else None
+
+
+def admin_routes(
+    keyring: KeyRing,
+    registry_loader: RegistryLoader,
+    authorize: Authorize,
+    *,
+    master_loader: MasterLoader | None = None,
+    on_change: OnChange | None = None,
+    registry: TenantRegistry | None = None,
+) -> list[Route]:
+    """Return the operator routes (see module doc) for the admin listener.
+
+    ``authorize(request)`` is awaited before anything else; whatever it
+    returns (a ``WorkloadIdentity`` or a SPIFFE ID string) is recorded as
+    ``actor``. ``registry_loader()`` re-reads the tenants and returns the
+    registry now in force. ``master_loader()`` returns the new master secret
+    (e.g. ``lambda: load_master_secret(file, env)``). ``on_change(record)``
+    (sync or async) receives every change record, for audit; if it raises,
+    the change has already happened and the error propagates (HTTP 500).
+    ``registry``, when given, makes rotations of unknown tenants a 404.
+    """
+
+    async def _run(request: Request, op: Callable[[str | None], Awaitable[dict]]) -> JSONResponse:
+        principal = await authorize(request)
+        try:
+            record = await op(request.path_params.get("tenant_id"))
+        except AdminError as exc:
+            return JSONResponse({"error": exc.code, "detail": exc.detail}, status_code=exc.status)
+        except TenantConfigError as exc:
+            return JSONResponse({"error": "invalid_config", "detail": str(exc)}, status_code=400)
+        except KeyRingError as exc:
+            return JSONResponse({"error": "key_ring_error", "detail": str(exc)}, status_code=500)
+        record["actor"] = _actor(principal)
+        if on_change is not None:
+            res = on_change(record)
+            if inspect.isawaitable(res):
+                await res
+        return JSONResponse(record)
+
+    def _tenant(tenant_id: str | None) -> str:
+        if tenant_id is None or not _TENANT_ID_RE.match(tenant_id):
+            raise AdminError(400, "invalid_tenant_id", "tenant id is malformed")
+        if registry is not None and registry.get(tenant_id) is None:
+            raise AdminError(404, "unknown_tenant", f"no tenant {tenant_id!r}")
+        return tenant_id
+
+    async def rotate_key(request: Request) -> JSONResponse:
+        async def op(tid: str | None) -> dict:
+            return await run_in_threadpool(rotate_tenant_key, keyring, _tenant(tid))
+
+        return await _run(request, op)
+
+    async def rotate_salt(request: Request) -> JSONResponse:
+        async def op(tid: str | None) -> dict:
+            return await run_in_threadpool(rotate_tenant_salt, keyring, _tenant(tid))
+
+        return await _run(request, op)
+
+    async def rotate_master(request: Request) -> JSONResponse:
+        async def op(_: str | None) -> dict:
+            if master_loader is None:
+                raise AdminError(501, "no_master_source", "no master secret source configured")
+            secret = await run_in_threadpool(master_loader)
+            try:
+                return await run_in_threadpool(rotate_master_key, keyring, secret)
+            except MasterUnchanged as exc:
+                raise AdminError(409, "master_unchanged", str(exc)) from exc
+
+        return await _run(request, op)
+
+    async def reload(request: Request) -> JSONResponse:
+        async def op(_: str | None) -> dict:
+            return await reload_tenants(registry_loader)
+
+        return await _run(request, op)
+
+    return [
+        Route("/admin/tenants/reload", reload, methods=["POST"]),
+        Route("/admin/tenants/{tenant_id}/rotate-key", rotate_key, methods=["POST"]),
+        Route("/admin/tenants/{tenant_id}/rotate-salt", rotate_salt, methods=["POST"]),
+        Route("/admin/keys/rotate-master", rotate_master, methods=["POST"]),
+    ]
