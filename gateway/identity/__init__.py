@@ -56,6 +56,7 @@ __all__ = [
     "identity_from_xfcc",
     "parse_bundle",
     "parse_spiffe_id",
+    "parse_xfcc",
     "parse_trust_domain",
     "reconcile",
     "www_authenticate",
