@@ -1,0 +1,215 @@
+"""Remote OPA decision point over OPA's REST Data API (opa-python-client).
+
+One ``POST /v1/data/prefixgate/authz/decision?strict-builtin-errors=true``
+per decision through :class:`opa_client.AsyncOpaClient`, with:
+
+- no retries (the client's default retries with backoff for seconds);
+- one overall deadline per decision (``asyncio.timeout(timeout_s)``), also
+  the aiohttp total timeout; any miss raises :class:`PolicyUnavailableError`;
+- one aiohttp session with keep-alive (connection reuse), opened by
+  :meth:`RemoteOpa.start` and closed by :meth:`RemoteOpa.close`;
+- TLS configured explicitly: ``https`` verifies against ``ca_file`` (or the
+  system store) with hostname checking; ``http`` only to loopback unless
+  ``allow_plaintext=True``;
+- ``decision_id`` from OPA's response (present when OPA's decision logging
+  is on), else a generated uuid4; a 200 without ``result`` is a deny.
+
+If OPA reports bundle revisions (``provenance``), a change of revision calls
+the change listeners (a DecisionCache clears itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import ssl
+import uuid
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from opa_client import AsyncOpaClient
+
+from policy.decision import (
+    Decision,
+    PolicyError,
+    PolicyOutputError,
+    PolicyUnavailableError,
+    decision_from_result,
+)
+
+DEFAULT_DECISION_PATH = "prefixgate/authz/decision"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _OpaClient(AsyncOpaClient):
+    """AsyncOpaClient with an explicit TLS context and a pooled connector."""
+
+    def __init__(self, *, ssl_context: ssl.SSLContext | None, pool_size: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._ssl_context = ssl_context
+        self._pool_size = pool_size
+
+    async def _init_session(self) -> None:
+        self._connector = aiohttp.TCPConnector(
+            ssl=self._ssl_context if self._ssl_context is not None else False,
+            limit=self._pool_size,
+            keepalive_timeout=30,
+        )
+        self._session = aiohttp.ClientSession(
+            headers=self.headers,
+            connector=self._connector,
+            timeout=aiohttp.ClientTimeout(total=self.timeout),
+        )
+
+
+class RemoteOpa:
+    """Decision point backed by a remote OPA server.
+
+    Args:
+        url: OPA base URL, ``https://opa.internal:8181`` (no path).
+        token: bearer token for OPA's ``--authentication=token``.
+        ca_file: PEM trust anchors for the OPA server certificate.
+        client_cert: ``(cert_file, key_file)`` for mTLS to OPA.
+        timeout_s: overall deadline of one decision, seconds.
+        decision_path: Data API path of the decision document.
+        strict_builtin_errors: send ``strict-builtin-errors=true``.
+        provenance: ask for ``provenance`` to detect bundle revision changes.
+        allow_plaintext: permit ``http`` to a non-loopback host.
+        pool_size: max pooled connections.
+
+    Raises:
+        ValueError: bad URL or plaintext to a remote host.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        ca_file: str | None = None,
+        client_cert: tuple[str, str] | None = None,
+        timeout_s: float = 0.05,
+        decision_path: str = DEFAULT_DECISION_PATH,
+        strict_builtin_errors: bool = True,
+        provenance: bool = False,
+        allow_plaintext: bool = False,
+        pool_size: int = 32,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+            raise ValueError(f"OPA url must be http(s)://host[:port], got {url!r}")
+        tls = parts.scheme == "https"
+        if not tls and not allow_plaintext and not _is_loopback(parts.hostname):
+            raise ValueError("plaintext http to a non-loopback OPA needs allow_plaintext=True")
+        ssl_context = None
+        if tls:
+            ssl_context = ssl.create_default_context(cafile=ca_file)
+            ssl_context.minimum_version = ssl.TLSVersion.TLSv1_2
+            if client_cert is not None:
+                ssl_context.load_cert_chain(*client_cert)
+        self._client = _OpaClient(
+            ssl_context=ssl_context,
+            pool_size=pool_size,
+            host=parts.hostname,
+            port=parts.port or (443 if tls else 8181),
+            ssl=tls,
+            token=token,
+            retries=0,
+            timeout=timeout_s,
+        )
+        self._timeout_s = timeout_s
+        self._path = decision_path.strip("/")
+        params: dict[str, str] = {}
+        if strict_builtin_errors:
+            params["strict-builtin-errors"] = "true"
+        if provenance:
+            params["provenance"] = "true"
+        self._params = params
+        self._listeners: list[Callable[[], None]] = []
+        self._revision: str | None = None
+        self._started = False
+
+    @property
+    def client(self) -> AsyncOpaClient:
+        """The underlying started client (policy and data management calls)."""
+        return self._client
+
+    async def start(self) -> None:
+        """Open the HTTP session (idempotent)."""
+        if not self._started:
+            await self._client.__aenter__()
+            self._started = True
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._started:
+            self._started = False
+            await self._client.close_connection()
+
+    async def __aenter__(self) -> RemoteOpa:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def add_change_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` when OPA's reported policy revision changes."""
+        self._listeners.append(callback)
+
+    def notify_change(self) -> None:
+        """Tell listeners that policy or data changed (used by the store)."""
+        for callback in self._listeners:
+            callback()
+
+    def _observe_revision(self, body: dict[str, Any]) -> None:
+        prov = body.get("provenance")
+        if not isinstance(prov, dict):
+            return
+        rev = json.dumps([prov.get("revision"), prov.get("bundles")], sort_keys=True)
+        if self._revision is not None and rev != self._revision:
+            self.notify_change()
+        self._revision = rev
+
+    async def decide(self, input: dict[str, Any]) -> Decision:
+        """Ask OPA for one decision within ``timeout_s``.
+
+        Raises:
+            PolicyUnavailableError: not started, unreachable, non-2xx, or
+                past the deadline.
+            PolicyOutputError: response or decision of the wrong shape.
+        """
+        if not self._started:
+            raise PolicyUnavailableError("RemoteOpa.start() was not called")
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                body = await self._client.query_rule(input, self._path, query_params=self._params)
+        except TimeoutError:
+            raise PolicyUnavailableError(f"OPA decision deadline of {self._timeout_s}s exceeded") from None
+        except aiohttp.ClientResponseError as exc:
+            raise PolicyUnavailableError(f"OPA answered HTTP {exc.status}") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise PolicyUnavailableError(f"OPA unreachable: {type(exc).__name__}") from None
+        except ValueError:
+            raise PolicyOutputError("OPA response is not JSON") from None
+        if not isinstance(body, dict):
+            raise PolicyOutputError("OPA response is not an object")
+        self._observe_revision(body)
+        decision_id = body.get("decision_id")
+        if not isinstance(decision_id, str) or not decision_id:
+            decision_id = str(uuid.uuid4())
+        return decision_from_result(body.get("result"), decision_id)
+
+
+__all__ = ["RemoteOpa", "PolicyError"]
