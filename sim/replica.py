@@ -393,9 +393,9 @@ class ReplicaState:
         self.metrics = _Metrics(self)
 
     def restart(self) -> None:
-        """Emulate a restarted replica: reset, clear faults and take a new instance id."""
+        """Emulate a restarted replica: reset and take a new instance id (faults are kept;
+        only ``POST /sim/faults`` changes them)."""
         self.reset()
-        self.faults = Faults()
         self.instance_id = secrets.token_hex(8)
         self.started_at = time.time()
 
@@ -841,9 +841,15 @@ def replica_options(fn: Any) -> Any:
 
 
 def config_from_options(replica_id: str, options: Mapping[str, Any]) -> ReplicaConfig:
-    """Build a :class:`ReplicaConfig` from click option values (keys = field names)."""
+    """Build a :class:`ReplicaConfig` from click option values (keys = field names).
+
+    Raises :class:`click.UsageError` for an invalid value (click prints it and exits 2).
+    """
     fields = {f.name for f in dataclasses.fields(ReplicaConfig)}
-    return ReplicaConfig(replica_id=replica_id, **{k: v for k, v in options.items() if k in fields})
+    try:
+        return ReplicaConfig(replica_id=replica_id, **{k: v for k, v in options.items() if k in fields})
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 @click.command()

@@ -125,3 +125,12 @@ def test_parse_faults_roundtrip() -> None:
     assert parse_faults({}) == Faults()
     with pytest.raises(FaultSpecError):
         parse_faults({"status": True})
+
+
+async def test_restart_keeps_faults(make_cluster, session) -> None:
+    c = await make_cluster()
+    await set_faults(session, c.urls[0], {"slow_factor": 3})
+    async with session.post(c.urls[0] + "/sim/restart") as r:
+        assert r.status == 200
+    async with session.get(c.urls[0] + "/sim/stats") as r:
+        assert (await r.json())["faults"] == {"slow_factor": 3.0}
