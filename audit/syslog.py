@@ -1,0 +1,187 @@
+"""RFC 5424 syslog transport for audit events (CEF or OCSF JSON payload).
+
+Framing: octet counting (RFC 6587 §3.4.1, ``MSG-LEN SP SYSLOG-MSG``) over TCP
+and over TLS (RFC 5425, same framing); one message per datagram over UDP
+(RFC 5426, lossy: only for lab use). The connection is re-opened on the next
+``send`` after any error.
+
+Plain syslog over TCP has no application acknowledgement: frames that were in
+the socket buffers or in the receiver's memory queue when it died are lost
+without an error on our side. The sink therefore keeps the last
+``resend_window`` frames and sends them again after every reconnect
+(at-least-once; the receiver drops duplicates by ``externalId`` /
+``event_id``). Size the window to cover (event rate × failure detection time
++ receiver queue). End-to-end acknowledged delivery needs RELP, which is not
+implemented here.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import ssl
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from audit.cef import format_cef
+from audit.event import AuditEvent, Kind, Outcome
+from audit.sink import SinkUnavailable
+
+FACILITY_LOG_AUDIT = 13  # RFC 5424 table 1: "log audit"
+_SEVERITY = {Outcome.RAISED: 1, Outcome.DENIED: 4, Outcome.UNAUTHENTICATED: 4, Outcome.FAILED: 3}
+
+
+def _sd_name(value: str) -> str:
+    return "".join(c for c in value if 33 <= ord(c) <= 126 and c not in '= ]"')[:48] or "-"
+
+
+def format_rfc5424(
+    event: AuditEvent,
+    msg: str,
+    hostname: str | None = None,
+    app_name: str = "prefixgate",
+    procid: str = "-",
+    facility: int = FACILITY_LOG_AUDIT,
+) -> bytes:
+    """An RFC 5424 message: ``<PRI>1 TIMESTAMP HOST APP PROCID MSGID SD MSG``.
+
+    PRI = facility*8 + severity (alerts 1, denials 4, else 6 informational);
+    MSGID is the event kind; the SD element ``[audit@32473 eventId=".."]``
+    uses the documentation PEN 32473 (RFC 5612). ``msg`` is sent as UTF-8
+    with a BOM as RFC 5424 §6.4 recommends.
+    """
+    sev = _SEVERITY.get(event.outcome, 4 if event.kind is Kind.ALERT else 6)
+    ts = datetime.fromtimestamp(event.time_ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+    ts = ts.replace("+00:00", "Z")
+    host = _sd_name(hostname or socket.gethostname())
+    sd = f'[audit@32473 eventId="{event.event_id}"]'
+    head = f"<{facility * 8 + sev}>1 {ts} {host} {_sd_name(app_name)} {_sd_name(procid)} {event.kind.value} {sd} "
+    return head.encode() + b"\xef\xbb\xbf" + msg.replace("\n", " ").encode()
+
+
+def frame_octet_counted(message: bytes) -> bytes:
+    """RFC 6587 octet-counting frame: ``b"<len> " + message``."""
+    return str(len(message)).encode() + b" " + message
+
+
+def ocsf_payload(event: AuditEvent) -> str:
+    """OCSF JSON text for a syslog payload (see :mod:`audit.ocsf`)."""
+    from audit.ocsf import to_ocsf
+
+    return json.dumps(to_ocsf(event), separators=(",", ":"), sort_keys=True)
+
+
+class SyslogSink:
+    """Send audit events as RFC 5424 syslog to ``host:port``.
+
+    Args:
+        protocol: ``"tcp"``, ``"tls"`` (RFC 5425) or ``"udp"``.
+        ssl_context: client TLS context for ``"tls"`` (default: system trust).
+        formatter: event → payload text (default CEF; :func:`ocsf_payload` for OCSF).
+        resend_window: frames re-sent after a reconnect (see module doc).
+        connect_timeout_s: seconds.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        protocol: str = "tcp",
+        ssl_context: ssl.SSLContext | None = None,
+        formatter: Callable[[AuditEvent], str] = format_cef,
+        resend_window: int = 10_000,
+        connect_timeout_s: float = 2.0,
+        hostname: str | None = None,
+        name: str = "syslog",
+    ) -> None:
+        if protocol not in ("tcp", "tls", "udp"):
+            raise ValueError(f"protocol must be tcp, tls or udp, not {protocol!r}")
+        self.name = name
+        self.host, self.port, self.protocol = host, port, protocol
+        self._ssl = ssl_context if ssl_context is not None else (ssl.create_default_context() if protocol == "tls" else None)
+        self._formatter = formatter
+        self._recent: deque[bytes] = deque(maxlen=resend_window)
+        self._timeout = connect_timeout_s
+        self._hostname = hostname
+        self._writer: asyncio.StreamWriter | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._udp: asyncio.DatagramTransport | None = None
+        self._had_connection = False
+        self.reconnects = 0
+
+    async def open(self) -> None:
+        """Connect (raises SinkUnavailable)."""
+        if self.protocol == "udp":
+            if self._udp is None:
+                loop = asyncio.get_running_loop()
+                self._udp, _ = await loop.create_datagram_endpoint(
+                    asyncio.DatagramProtocol, remote_addr=(self.host, self.port)
+                )
+            return
+        if self._writer is not None:
+            return
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, ssl=self._ssl), self._timeout
+            )
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+            raise SinkUnavailable(f"syslog connect {self.host}:{self.port}: {exc}") from exc
+        self._writer = writer
+        self._watch = asyncio.get_running_loop().create_task(self._watch_eof(reader))
+        if self._had_connection:
+            self.reconnects += 1
+            # at-least-once: replay what may have died in buffers
+            for frame in self._recent:
+                writer.write(frame)
+        self._had_connection = True
+
+    async def _watch_eof(self, reader: asyncio.StreamReader) -> None:
+        with contextlib.suppress(OSError, ssl.SSLError):
+            while await reader.read(4096):
+                pass
+        await self._drop_connection()
+
+    async def _drop_connection(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def send(self, events: list[AuditEvent]) -> None:
+        """Frame and write ``events``; raises SinkUnavailable on any error."""
+        await self.open()
+        frames = [format_rfc5424(ev, self._formatter(ev), self._hostname) for ev in events]
+        if self.protocol == "udp":
+            assert self._udp is not None
+            for f in frames:
+                self._udp.sendto(f)
+            return
+        writer = self._writer
+        if writer is None:
+            raise SinkUnavailable("syslog connection closed")
+        try:
+            for f in frames:
+                framed = frame_octet_counted(f)
+                writer.write(framed)
+                self._recent.append(framed)
+            await asyncio.wait_for(writer.drain(), self._timeout * 5)
+        except (OSError, asyncio.TimeoutError, ssl.SSLError, RuntimeError) as exc:
+            await self._drop_connection()
+            raise SinkUnavailable(f"syslog write: {exc}") from exc
+        if self._writer is None or writer.is_closing():
+            raise SinkUnavailable("syslog peer closed the connection")
+
+    async def close(self) -> None:
+        """Close the connection."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
+        await self._drop_connection()
+        if self._udp is not None:
+            self._udp.close()
+            self._udp = None

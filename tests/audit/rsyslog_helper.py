@@ -1,0 +1,77 @@
+"""Start a real rsyslogd on loopback for the audit tests (own config, pid, work dir)."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+RSYSLOGD = shutil.which("rsyslogd") or "/usr/sbin/rsyslogd"
+
+CONFIG = """
+global(workDirectory="{work}" maxMessageSize="64k")
+main_queue(queue.type="Direct")
+module(load="imtcp")
+template(name="rawmsg" type="string" string="%msg%\\n")
+ruleset(name="audit" queue.type="Direct") {{
+  action(type="omfile" file="{out}" template="rawmsg" flushOnTXEnd="on" asyncWriting="off")
+}}
+input(type="imtcp" port="{port}" address="127.0.0.1" ruleset="audit" SupportOctetCountedFraming="on")
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Rsyslog:
+    """An rsyslogd writing every received message body to ``out`` (one per line)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.out = tmp / "received.log"
+        self.work = tmp / "work"
+        self.work.mkdir(exist_ok=True)
+        self.conf = tmp / "rsyslog.conf"
+        self.conf.write_text(CONFIG.format(work=self.work, out=self.out, port=self.port))
+        self.pidfile = tmp / "rsyslogd.pid"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        self.pidfile.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(
+            [RSYSLOGD, "-n", "-f", str(self.conf), "-i", str(self.pidfile)],
+            stdout=subprocess.DEVNULL, stderr=open(self.tmp / "rsyslogd.err", "ab"),
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"rsyslogd exited: {(self.tmp / 'rsyslogd.err').read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("rsyslogd did not listen")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def lines(self) -> list[str]:
+        return self.out.read_text(errors="replace").splitlines() if self.out.exists() else []
