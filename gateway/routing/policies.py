@@ -281,11 +281,12 @@ class CacheAwarePolicy:
 
     * its running requests ``<= ceil(max_request_factor · mean)``, and
     * (``guard_tokens``) its token load (queued prefill + decode tokens)
-      ``<= max_load_factor · mean + token_slack + slack_requests ·
-      (prompt_tokens + max_tokens)``; the slack, in units of this request's
-      size, keeps a lightly loaded cluster sticky where a few requests
+      ``<= ceil(max_load_factor · mean / unit) · unit + slack_requests · unit
+      + token_slack`` with ``unit = prompt_tokens + max_tokens`` (the token
+      analogue of Mirrokni's ceil: a replica holding only this request is
+      always eligible); the slack, in units of this request's size, keeps a lightly loaded cluster sticky where a few requests
       in flight make the relative bound meaningless. ``slack_requests=0`` and
-      ``token_slack=0`` give the strict ``max_load_factor`` bound.
+      ``token_slack=0`` give the strict (rounded-up) ``max_load_factor`` bound.
 
     If no candidate is eligible the least token-loaded one is taken. Ties:
     more matched blocks, then rendezvous hash of the request's own prefix
@@ -347,8 +348,13 @@ class CacheAwarePolicy:
         req_cap = math.ceil(self.max_request_factor * total_req / n)
         # Token mean counts this request at its cheapest placement.
         cost = min(uncached.values()) + req.max_tokens
-        tok_cap = self.max_load_factor * (sum(c.load.tokens for c in candidates) + cost) / n + self.token_slack
-        tok_cap += self.slack_requests * (req.prompt_tokens + req.max_tokens)
+        # Token analogue of Mirrokni's ceil: the bound is rounded up to whole
+        # units of this request's size, so a replica holding nothing but this
+        # request is always eligible (an idle cluster routes).
+        unit = max(1, req.prompt_tokens + req.max_tokens)
+        mean = (sum(c.load.tokens for c in candidates) + cost) / n
+        tok_cap = math.ceil(self.max_load_factor * mean / unit) * unit
+        tok_cap += self.slack_requests * unit + self.token_slack
         point = _request_point(req, self.skip_blocks)
         rate = self.prefill_tokens_per_s
         scores: dict[str, float] = {}
