@@ -279,6 +279,7 @@ class TrustBundleSource(abc.ABC):
         self._clock = clock
         self._bundle: TrustBundle | None = None
         self._last_ok: float | None = None
+        self._last_attempt: float = -math.inf
         self._lock = asyncio.Lock()
 
     def current(self) -> TrustBundle | None:
@@ -324,13 +325,23 @@ class TrustBundleSource(abc.ABC):
             )
         return self._bundle
 
-    async def refresh(self) -> TrustBundle:
-        """Refresh now (single-flight) and return the bundle to use.
+    async def refresh(self, *, only_if_due: bool = False, min_gap_s: float = 0.0) -> TrustBundle:
+        """Refresh now and return the bundle to use (single-flight).
 
+        Concurrent callers queue on one lock and re-check under it, so a burst
+        of requests causes one load: with ``only_if_due`` nothing is loaded if
+        another caller already refreshed; with ``min_gap_s`` nothing is loaded
+        if the last attempt is more recent than that many seconds.
         Raises :class:`BundleUnavailable` when nothing usable is held.
         """
         async with self._lock:
             now = self._clock()
+            if self._bundle is not None:
+                if only_if_due and not self._refresh_due(now):
+                    return self._serve(now)
+                if now - self._last_attempt < min_gap_s:
+                    return self._serve(now)
+            self._last_attempt = now
             try:
                 got = await self._load(now)
             except (OSError, BundleError, aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
@@ -357,7 +368,7 @@ class TrustBundleSource(abc.ABC):
         """
         now = self._clock()
         if self._bundle is None or self._refresh_due(now):
-            return await self.refresh()
+            return await self.refresh(only_if_due=True)
         return self._serve(now)
 
     async def refresh_for_unknown_kid(self) -> TrustBundle:
@@ -478,7 +489,6 @@ class HttpsBundleSource(TrustBundleSource):
         self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self._session: aiohttp.ClientSession | None = None
         self._next_refresh: float = -math.inf
-        self._last_attempt: float = -math.inf
         self.fetch_count = 0
 
     def _refresh_due(self, now: float) -> bool:
@@ -493,7 +503,6 @@ class HttpsBundleSource(TrustBundleSource):
         self._next_refresh = now + self.retry_s
 
     async def _load(self, now: float) -> TrustBundle | None:
-        self._last_attempt = now
         self.fetch_count += 1
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
@@ -511,10 +520,12 @@ class HttpsBundleSource(TrustBundleSource):
         return parse_bundle(self.trust_domain, body, allow_missing_use=self.allow_missing_use)
 
     async def refresh_for_unknown_kid(self) -> TrustBundle:
-        """Refresh early, at most once per ``min_refresh_s``, else serve as usual."""
-        if self._clock() - self._last_attempt >= self.min_refresh_s:
-            return await self.refresh()
-        return await self.get()
+        """Refresh early, at most once per ``min_refresh_s``, else serve as usual.
+
+        Goes through the refresh lock so that requests arriving while an early
+        refresh is in flight wait for its result instead of failing.
+        """
+        return await self.refresh(min_gap_s=self.min_refresh_s)
 
     async def aclose(self) -> None:
         """Close the HTTP session."""

@@ -381,3 +381,28 @@ async def test_https_non_200_and_oversize(http_bundle: tuple[BundleServer, str])
             await src.get()
     finally:
         await src.aclose()
+
+
+async def test_concurrent_requests_cause_one_fetch(http_bundle: tuple[BundleServer, str]) -> None:
+    import asyncio
+
+    server, url = http_bundle
+    clock = FakeClock()
+    src = HttpsBundleSource(TD, url, insecure_http_for_tests=True, min_refresh_s=5, clock=clock)
+    v = JwtSvidVerifier(TrustBundleStore({TD: src}), AUD, {TD})
+    try:
+        await src.get()
+        server.issuer.rotate()
+        tok = server.issuer.mint(SID, AUD)
+        clock.t += 10
+        results = await asyncio.gather(*(v.verify(tok) for _ in range(20)))
+        assert all(r.kid == server.issuer.kid for r in results)
+        assert server.hits == 2  # initial fetch + one early refresh for the burst
+        garbage_kid = server.issuer.mint(SID, AUD, headers={"kid": "random"})
+        clock.t += 1
+        for _ in range(10):
+            with pytest.raises(AuthenticationError):
+                await v.verify(garbage_kid)
+        assert server.hits == 2  # unknown kids cannot hammer the bundle endpoint
+    finally:
+        await src.aclose()
