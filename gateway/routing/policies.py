@@ -222,6 +222,11 @@ class ConsistentHashPolicy:
         self.skip_blocks = int(skip_blocks)
         self._rings: dict[tuple[str, ...], tuple[list[int], list[str]]] = {}
 
+    @property
+    def load_factor(self) -> float:
+        """Bound on a replica's load relative to the mean: ``1 + epsilon``."""
+        return 1.0 + self.epsilon
+
     def _ring(self, ids: tuple[str, ...]) -> tuple[list[int], list[str]]:
         ring = self._rings.get(ids)
         if ring is None:
@@ -336,6 +341,11 @@ class CacheAwarePolicy:
         self.prefill_tokens_per_s = float(prefill_tokens_per_s)
         self.guard_tokens = bool(guard_tokens)
         self.skip_blocks = int(skip_blocks)
+
+    @property
+    def load_factor(self) -> float:
+        """Token-load bound relative to the mean (``max_load_factor``)."""
+        return self.max_load_factor
 
     def choose(self, req: RouteRequest, candidates: Sequence[Candidate]) -> RouteChoice:
         """See :class:`RoutingPolicy`; ``scores`` are ranking costs in seconds

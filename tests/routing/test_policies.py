@@ -131,3 +131,8 @@ def test_build_policy_errors_and_empty() -> None:
     for name in ("round_robin", "least_load", "consistent_hash", "cache_aware"):
         with pytest.raises(NoCandidateError):
             build_policy(name, {}).choose(req(), [])
+
+
+def test_load_factor_exposed() -> None:
+    assert build_policy("cache_aware", {"max_load_factor": 1.5}).load_factor == 1.5  # type: ignore[attr-defined]
+    assert build_policy("consistent_hash", {"epsilon": 0.3}).load_factor == pytest.approx(1.3)  # type: ignore[attr-defined]
