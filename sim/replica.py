@@ -384,6 +384,7 @@ class ReplicaState:
         self.running = 0
         self.waiting = 0
         self._prefill_lock = asyncio.Lock()  # asyncio.Lock is FIFO-fair: the prefill queue
+        self._slot_free_at = 0.0  # loop time at which the running prefill is due to end
         self.metrics = _Metrics(self)
 
     def reset(self) -> None:
@@ -422,13 +423,20 @@ class ReplicaState:
             self.waiting -= 1
         self.running += 1
         try:
-            queue_s = (loop.time() - t_q) * cfg.time_scale
+            # Drift-free schedule: a prefill starts when the previous one was due to
+            # end, not when the event loop got round to handing over the slot.
+            now = loop.time()
+            start = max(t_q, min(self._slot_free_at, now))
+            queue_s = (start - t_q) * cfg.time_scale
             hit = self.cache.match(keys)
             cached = min(hit * cfg.block_size, prompt_tokens)
             service = self.prefill_seconds(prompt_tokens - cached)
-            await asyncio.sleep(service / cfg.time_scale)
+            end = start + service / cfg.time_scale
+            self._slot_free_at = end
+            await asyncio.sleep(end - loop.time())
             self.cache.insert(keys)
         except BaseException:
+            self._slot_free_at = loop.time()
             self.running -= 1
             raise
         finally:
