@@ -40,7 +40,7 @@ import logging
 import secrets
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -729,11 +729,6 @@ async def _sim_faults(request: web.Request) -> web.Response:
 
 async def _sim_stats(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATE_KEY].stats_json())
-
-
-async def _not_found(request: web.Request) -> web.Response:
-    return _error_response(RequestError(f"no route {request.method} {request.path}", status=404,
-                                        code="not_found"))
 
 
 @web.middleware
