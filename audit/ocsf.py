@@ -1,0 +1,208 @@
+"""OCSF 1.5.0 mapping of audit events, validated with ``ocsf-emitter``.
+
+Class choice (OCSF schema 1.5.0, https://schema.ocsf.io/1.5.0/):
+
+* inference calls, rejected/rate-limited/cancelled requests, checkpoints →
+  **API Activity** (class_uid 6003, category 6 Application Activity),
+  activity Create (1) for an inference call, Other (99) for checkpoints.
+* token checks (JWT-SVID), incl. unauthenticated → **Authentication** (3002,
+  category 3 IAM), activity Other (99, "JWT-SVID validation").
+* policy decisions: OCSF 1.5 has no per-request authorization-decision
+  class; Authorize Session (3003) records privileges given to a new *session*
+  and does not fit a PDP verdict per request. The PDP decision is therefore
+  carried in the **Authorization Result** object ``actor.authorizations[]``
+  (``decision`` plus ``policy{uid=decision_id, name=reason_code,
+  desc=reason}``) of the API Activity event, which is where OCSF places it.
+* operator actions (policy/data change, key rotation, config reload) →
+  **Entity Management** (3004, IAM), activity Update (3).
+* alerts (concentration, cache-miss spike, audit spill full) → **Detection
+  Finding** (2004, category 2 Findings), activity Create (1) when raised,
+  Close (3) when cleared.
+* flood summaries → the class of the summarised outcome with ``count``.
+
+``type_uid = class_uid * 100 + activity_id``. PrefixGate-specific fields
+(tenant, route, tokens, latencies, fingerprint) go to ``unmapped``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from audit.event import AuditEvent, Kind, Outcome
+
+OCSF_VERSION = "1.5.0"
+PRODUCT = {"name": "PrefixGate", "vendor_name": "PrefixGate", "version": "0.1.0"}
+
+API_ACTIVITY, AUTHENTICATION, ENTITY_MANAGEMENT, DETECTION_FINDING = 6003, 3002, 3004, 2004
+_CATEGORY = {API_ACTIVITY: 6, AUTHENTICATION: 3, ENTITY_MANAGEMENT: 3, DETECTION_FINDING: 2}
+_CLASS_NAME = {API_ACTIVITY: "API Activity", AUTHENTICATION: "Authentication",
+               ENTITY_MANAGEMENT: "Entity Management", DETECTION_FINDING: "Detection Finding"}
+_CATEGORY_NAME = {6: "Application Activity", 3: "Identity & Access Management", 2: "Findings"}
+_SUCCESS = {Outcome.ALLOWED, Outcome.SUCCEEDED, Outcome.SEALED}
+_SEVERITY = {  # OCSF severity_id: 1 Informational, 2 Low, 3 Medium, 4 High
+    Outcome.ALLOWED: 1, Outcome.SUCCEEDED: 1, Outcome.SEALED: 1, Outcome.CLEARED: 1, Outcome.CANCELLED: 1,
+    Outcome.RATE_LIMITED: 2, Outcome.REJECTED: 2, Outcome.FAILED: 2, Outcome.SUMMARIZED: 3,
+    Outcome.DENIED: 3, Outcome.UNAUTHENTICATED: 3, Outcome.RAISED: 4,
+}
+
+
+class OcsfValidationError(ValueError):
+    """An OCSF event failed validation against the 1.5.0 models."""
+
+
+def _class_and_activity(event: AuditEvent) -> tuple[int, int, str]:
+    if event.kind is Kind.ALERT:
+        return DETECTION_FINDING, (3 if event.outcome is Outcome.CLEARED else 1), (
+            "Close" if event.outcome is Outcome.CLEARED else "Create")
+    if event.kind is Kind.OPERATOR:
+        return ENTITY_MANAGEMENT, 3, "Update"
+    if event.kind is Kind.AUTH or event.outcome is Outcome.UNAUTHENTICATED:
+        return AUTHENTICATION, 99, "JWT-SVID validation"
+    if event.kind is Kind.SUMMARY and "count_unauthenticated" in (event.summary or {}):
+        return AUTHENTICATION, 99, "JWT-SVID validation"
+    if event.kind is Kind.CHECKPOINT:
+        return API_ACTIVITY, 99, "Audit checkpoint"
+    return API_ACTIVITY, 1, "Create"
+
+
+def _unmapped(event: AuditEvent) -> dict[str, Any]:
+    d = event.to_dict()
+    keep = ("tenant", "route", "latency", "prompt_tokens", "output_tokens", "cached_tokens", "prefix_fingerprint",
+            "request_id", "outcome", "kind", "summary", "checkpoint", "operator", "alert")
+    return {"prefixgate": {k: d[k] for k in keep if k in d}}
+
+
+def to_ocsf(event: AuditEvent) -> dict[str, Any]:
+    """Map an audit event to an OCSF 1.5.0 event dict (see module docstring)."""
+    class_uid, activity_id, activity_name = _class_and_activity(event)
+    status_id = 1 if event.outcome in _SUCCESS else (99 if event.kind in (Kind.ALERT, Kind.SUMMARY) else 2)
+    out: dict[str, Any] = {
+        "class_uid": class_uid,
+        "category_uid": _CATEGORY[class_uid],
+        "activity_id": activity_id,
+        "activity_name": activity_name,
+        "class_name": _CLASS_NAME[class_uid],
+        "category_name": _CATEGORY_NAME[_CATEGORY[class_uid]],
+        "type_name": f"{_CLASS_NAME[class_uid]}: {activity_name}",
+        "type_uid": class_uid * 100 + activity_id,
+        "severity_id": _SEVERITY.get(event.outcome, 1),
+        "time": event.time_ms,
+        "status_id": status_id,
+        "status": event.outcome.value,
+        "metadata": {
+            "version": OCSF_VERSION,
+            "product": dict(PRODUCT),
+            "uid": event.event_id,
+            "correlation_uid": event.request_id,
+            "tenant_uid": event.tenant,
+        },
+        "unmapped": _unmapped(event),
+    }
+    if event.status_code is not None:
+        out["status_code"] = str(event.status_code)
+    if event.policy.reason_code:
+        out["status_detail"] = event.policy.reason_code
+    if event.summary and isinstance(event.summary.get("suppressed"), int):
+        out["count"] = event.summary["suppressed"]
+    actor: dict[str, Any] = {}
+    if event.identity.spiffe_id:
+        actor["user"] = {"uid": event.identity.spiffe_id, "type_id": 99, "type": "Workload",
+                         "domain": event.identity.trust_domain}
+    if event.policy.decision_id or event.policy.reason_code:
+        decision = "allowed" if event.outcome is Outcome.ALLOWED else event.outcome.value
+        actor["authorizations"] = [{
+            "decision": decision,
+            "policy": {k: v for k, v in {"uid": event.policy.decision_id, "name": event.policy.reason_code,
+                                          "desc": event.policy.reason}.items() if v},
+        }]
+    src = {"ip": event.client_address} if event.client_address else {}
+    if event.summary and event.summary.get("source"):
+        src.setdefault("name", str(event.summary["source"]))
+    if class_uid == API_ACTIVITY:
+        out["api"] = {"operation": event.endpoint or activity_name, "service": {"name": "prefixgate"}}
+        out["actor"] = actor or {"app_name": "prefixgate"}
+        out["src_endpoint"] = src or {"name": "unknown"}
+        if event.route.replica:
+            out["dst_endpoint"] = {"name": event.route.replica}
+        if event.latency.total_ms is not None:
+            out["duration"] = int(event.latency.total_ms)
+    elif class_uid == AUTHENTICATION:
+        out["src_endpoint"] = src or {"name": "unknown"}
+        out["actor"] = actor or {"app_name": "prefixgate"}
+        out["user"] = actor.get("user") or {"name": "unauthenticated", "type_id": 0, "type": "Unknown"}
+        out["auth_protocol_id"] = 99
+        out["auth_protocol"] = "JWT-SVID"
+    elif class_uid == ENTITY_MANAGEMENT:
+        op = dict(event.operator or {})
+        out["entity"] = {"name": str(op.get("target", op.get("action", "config"))), "type": str(op.get("action", "config")),
+                         "uid": str(op.get("target_id", event.event_id))}
+        out["actor"] = actor or {"app_name": "prefixgate-admin"}
+    else:  # detection finding
+        al = dict(event.alert or {})
+        out["finding_info"] = {"uid": str(al.get("alert_id", event.event_id)),
+                               "title": str(al.get("alert_kind", "alert")), "types": [str(al.get("alert_kind", "alert"))]}
+        out["status_id"] = 4 if event.outcome is Outcome.CLEARED else 1  # finding status: 1 New, 4 Resolved
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def validate_ocsf(data: dict[str, Any]) -> None:
+    """Validate an OCSF dict with the ``ocsf-emitter`` 1.5.0 Pydantic models
+    plus its invariants (class/category/type_uid identity, schema version).
+
+    Raises:
+        OcsfValidationError: with the library's field errors.
+    """
+    import ocsf_emitter
+    from ocsf_emitter import _models as models
+    from pydantic import ValidationError
+
+    cls = {API_ACTIVITY: models.ApiActivity, AUTHENTICATION: models.Authentication,
+           ENTITY_MANAGEMENT: models.EntityManagement, DETECTION_FINDING: models.DetectionFinding}.get(data.get("class_uid"))
+    if cls is None:
+        raise OcsfValidationError(f"unsupported class_uid {data.get('class_uid')}")
+    try:
+        ocsf_emitter.validate(cls.model_validate(data))
+    except (ValidationError, ocsf_emitter.InvalidFindingError) as exc:
+        raise OcsfValidationError(str(exc)) from exc
+
+
+class OcsfFileSink:
+    """Append OCSF JSON (one event per line) to a local file (SIEM file shipper input)."""
+
+    def __init__(self, path: str, name: str = "ocsf", validate: bool = False) -> None:
+        self.name = name
+        self.path = path
+        self._validate = validate
+        self._fh: Any = None
+
+    async def open(self) -> None:
+        """Open the file for appending."""
+        from audit.sink import SinkUnavailable
+
+        try:
+            self._fh = open(self.path, "a", encoding="utf-8")
+        except OSError as exc:
+            raise SinkUnavailable(str(exc)) from exc
+
+    async def send(self, events: list[AuditEvent]) -> None:
+        """Write events as OCSF JSON lines."""
+        import json
+
+        from audit.sink import SinkUnavailable
+
+        if self._fh is None:
+            await self.open()
+        try:
+            for ev in events:
+                data = to_ocsf(ev)
+                if self._validate:
+                    validate_ocsf(data)
+                self._fh.write(json.dumps(data, separators=(",", ":"), sort_keys=True) + "\n")
+            self._fh.flush()
+        except OSError as exc:
+            raise SinkUnavailable(str(exc)) from exc
+
+    async def close(self) -> None:
+        """Close the file."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
