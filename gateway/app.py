@@ -1,0 +1,125 @@
+"""The Starlette applications: the public listener and the admin listener.
+
+Public: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming
+and plain), ``GET /v1/models`` (authenticated; only the tenant's models),
+``GET /healthz`` (liveness), ``GET /readyz`` (ready to route), ``GET
+/metrics`` (Prometheus; no tenant names, SPIFFE IDs or replica ids).
+
+Admin (a separate listener; every route needs a JWT-SVID for the admin
+audience from a configured operator SPIFFE ID, anything else 401/403):
+tenant key and salt rotation, registry reload, policy and data management,
+``GET /admin/metrics`` (per replica and tenant), ``GET /admin/replicas``,
+``GET /admin/routing``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.components import Components
+from gateway.errors import GatewayError
+from gateway.pipeline import InferencePipeline
+
+__all__ = ["build_public_app", "build_admin_app"]
+
+
+def build_public_app(c: Components, *, manage_lifecycle: bool = True) -> Starlette:
+    """Return the public Starlette app over ``c``.
+
+    With ``manage_lifecycle`` the app's lifespan starts and stops ``c``
+    (upstream session, health checks, audit sinks); the CLI turns it off
+    when it runs the admin listener beside it and manages ``c`` itself.
+    """
+    pipeline = InferencePipeline(c)
+
+    async def completions(request: Request) -> Response:
+        return await pipeline.handle(request, "completions")
+
+    async def chat(request: Request) -> Response:
+        return await pipeline.handle(request, "chat")
+
+    async def models(request: Request) -> Response:
+        try:
+            identity = await c.authn.authenticate(request)
+            tenant = c.resolve_tenant(identity)
+        except GatewayError as err:
+            c.record_refusal(request, "/v1/models", err)
+            return err.response()
+        names = sorted(m for m in c.served_models if m in tenant.models)
+        data = [{"id": m, "object": "model", "owned_by": "prefixgate", "created": 0} for m in names]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        problems = c.readiness_problems()
+        if problems:
+            return JSONResponse({"status": "not_ready", "problems": problems}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    async def metrics(request: Request) -> Response:
+        c.refresh_gauges()
+        return Response(generate_latest(c.metrics.public), media_type=CONTENT_TYPE_LATEST)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_lifecycle:
+            await c.start()
+        try:
+            yield
+        finally:
+            if manage_lifecycle:
+                await c.stop()
+
+    routes = [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_exc})
+
+
+def build_admin_app(c: Components) -> Starlette:
+    """Return the operator-only admin Starlette app over ``c`` (no lifespan of its own)."""
+
+    async def admin_metrics(request: Request) -> Response:
+        await c.authorize_operator(request)
+        c.refresh_gauges()
+        return Response(generate_latest(c.metrics.admin) + c.admin_metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+    async def replicas(request: Request) -> Response:
+        await c.authorize_operator(request)
+        return JSONResponse({"replicas": c.replica_status()})
+
+    async def routing(request: Request) -> Response:
+        await c.authorize_operator(request)
+        return JSONResponse(c.routing_status())
+
+    routes = [
+        Route("/admin/metrics", admin_metrics, methods=["GET"]),
+        Route("/admin/replicas", replicas, methods=["GET"]),
+        Route("/admin/routing", routing, methods=["GET"]),
+        *c.admin_routes(),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exc})
+
+
+async def _http_exc(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {401: "unauthenticated", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}.get(
+        exc.status_code, "error"
+    )
+    headers = dict(exc.headers or {})
+    return GatewayError(exc.status_code, code, str(exc.detail), headers=headers).response()

@@ -1,0 +1,195 @@
+"""Gateway side of step 8: turns a finished request into one audit event,
+one OpenTelemetry trace and one concentration-monitor observation.
+
+The audit package owns the schema, sinks and monitors; this adapter only
+maps :class:`gateway.pipeline.RequestRecord` fields onto
+:class:`audit.event.AuditEvent` (never prompt text, tokens or keys: the
+record holds none) and creates the request's spans with the recorded stage
+timestamps (server span, children ``authenticate``, ``policy``, ``route``,
+``upstream``). A client's ``traceparent`` becomes a span link, never the
+parent; its ``baggage`` is ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from audit.event import AuditEvent, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo
+
+__all__ = ["AuditHub"]
+
+_OUTCOMES = {o.value: o for o in Outcome}
+
+
+class AuditHub:
+    """Facade over the audit log, the concentration monitor and tracing.
+
+    ``log``: an :class:`audit.log.AuditLog` (or None: events are counted but
+    not stored — only for unit tests of other parts); ``monitor``: an
+    :class:`audit.concentration.ConcentrationMonitor` or None; ``tracer``:
+    an OpenTelemetry tracer (default: the global provider's).
+    """
+
+    def __init__(self, log: Any | None, monitor: Any | None = None, tracer: trace.Tracer | None = None,
+                 admin_registries: tuple[Any, ...] = ()) -> None:
+        self.log = log
+        self.monitor = monitor
+        self.tracer = tracer or trace.get_tracer("prefixgate")
+        self._admin_registries = admin_registries
+        self.emitted = 0
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any], *, router_factor: float = 1.25) -> "AuditHub":
+        """Build sinks, monitor and tracing from the ``audit`` config section (audit.config)."""
+        from audit.config import build_audit
+
+        return build_audit(dict(section), router_factor=router_factor, hub_cls=cls)
+
+    # -- lifecycle
+    async def start(self) -> None:
+        """Start the sink workers."""
+        if self.log is not None:
+            await self.log.start()
+
+    async def close(self) -> None:
+        """Flush every sink and write the final signed checkpoint."""
+        if self.log is not None:
+            await self.log.close()
+
+    @property
+    def accepting(self) -> bool:
+        """False when the spill is full: the gateway must refuse new requests (503)."""
+        return True if self.log is None else bool(self.log.accepting)
+
+    @property
+    def dropped(self) -> int:
+        """Events dropped by the audit log (must stay 0)."""
+        return 0 if self.log is None else int(self.log.dropped)
+
+    def active_alerts(self) -> list[dict[str, Any]]:
+        """Active concentration alerts, for the policy input."""
+        return [] if self.monitor is None else list(self.monitor.active_alerts())
+
+    def admin_metrics_text(self) -> bytes:
+        """Admin-only exposition of the audit and concentration registries."""
+        from prometheus_client import generate_latest
+
+        return b"".join(generate_latest(r) for r in self._admin_registries)
+
+    # -- tracing
+    def start_span(self, rec: Any, headers: Mapping[str, str]) -> None:
+        """Open the request's server span (a client ``traceparent`` becomes a link)."""
+        links = []
+        tp = headers.get("traceparent")
+        if tp:
+            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+            ctx = TraceContextTextMapPropagator().extract({"traceparent": tp})
+            sc = trace.get_current_span(ctx).get_span_context()
+            if sc.is_valid:
+                links.append(Link(sc, {"prefixgate.link": "client_traceparent"}))
+        span = self.tracer.start_span(
+            "POST " + rec.endpoint, kind=SpanKind.SERVER, links=links, context=trace.set_span_in_context(trace.INVALID_SPAN),
+            start_time=time.time_ns(),
+            attributes={"http.request.method": "POST", "http.route": rec.endpoint},
+        )
+        rec.extra["span"] = span
+        rec.extra["wall0_ns"] = time.time_ns()
+
+    def inject_trace_headers(self, headers: dict[str, str], rec: Any | None = None) -> None:
+        """Add the gateway's own ``traceparent`` (W3C Trace Context) for the upstream call."""
+        span = rec.extra.get("span") if rec is not None else None
+        if span is None:
+            return
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        TraceContextTextMapPropagator().inject(headers, context=trace.set_span_in_context(span))
+
+    def _end_spans(self, rec: Any) -> str | None:
+        span = rec.extra.pop("span", None)
+        if span is None:
+            return None
+        wall0 = rec.extra.pop("wall0_ns", time.time_ns())
+
+        def ns(t: float | None) -> int | None:
+            return None if t is None else wall0 + int((t - rec.t0) * 1e9)
+
+        ctx = trace.set_span_in_context(span)
+        stages = [("authenticate", rec.t0, rec.t_auth), ("policy", rec.t_auth, rec.t_policy),
+                  ("route", rec.t_policy, rec.t_route), ("upstream", rec.t_route, rec.t_end)]
+        for name, a, b in stages:
+            if a is not None and b is not None:
+                kind = SpanKind.CLIENT if name == "upstream" else SpanKind.INTERNAL
+                child = self.tracer.start_span(name, context=ctx, kind=kind, start_time=ns(a))
+                child.end(end_time=ns(b))
+        attrs = {
+            "http.response.status_code": rec.status or 0,
+            "gen_ai.request.model": rec.model or "",
+            "gen_ai.usage.input_tokens": rec.prompt_tokens or 0,
+            "gen_ai.usage.output_tokens": rec.output_tokens or 0,
+            "prefixgate.tenant": rec.tenant_id or "",
+            "prefixgate.replica": rec.replica or "",
+            "prefixgate.prefix_tokens_matched": rec.predicted_prefix_tokens or 0,
+            "prefixgate.decision_id": rec.decision_id or "",
+            "prefixgate.outcome": rec.outcome,
+        }
+        span.set_attributes(attrs)
+        if rec.status and rec.status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+        span.end(end_time=ns(rec.t_end))
+        sc = span.get_span_context()
+        return format(sc.trace_id, "032x") if sc.is_valid else None
+
+    # -- events
+    def record_request(self, rec: Any) -> None:
+        """One audit event (and spans, and a concentration observation) for a finished request."""
+        trace_id = self._end_spans(rec)
+        kind = Kind.AUTH if rec.outcome == "unauthenticated" else Kind.INFERENCE
+        event = AuditEvent(
+            kind=kind,
+            outcome=_OUTCOMES.get(rec.outcome, Outcome.FAILED),
+            request_id=rec.request_id,
+            identity=Identity(rec.spiffe_id, rec.trust_domain),
+            tenant=rec.tenant_id,
+            policy=PolicyInfo(rec.decision_id, rec.reason_code or rec.error_code, rec.reason),
+            endpoint=rec.endpoint,
+            model=rec.model,
+            prompt_tokens=rec.prompt_tokens,
+            output_tokens=rec.output_tokens,
+            cached_tokens=rec.cached_tokens,
+            route=RouteInfo(rec.replica, rec.pool, rec.routing_policy, rec.predicted_prefix_tokens,
+                            rec.available_prefix_tokens, rec.replica_load_tokens),
+            latency=Latencies(rec.ms(rec.t0, rec.t_auth), rec.ms(rec.t_auth, rec.t_policy),
+                              rec.ms(rec.t_policy, rec.t_route), rec.ms(rec.t0, rec.t_first_byte),
+                              rec.ms(rec.t0, rec.t_end)),
+            status_code=rec.status,
+            client_address=rec.client_addr,
+            trace_id=trace_id,
+            prefix_fingerprint=rec.prefix_fingerprint,
+        )
+        self.emitted += 1
+        if self.log is not None:
+            self.log.emit(event)
+        if self.monitor is not None and rec.replica and rec.outcome == "allowed":
+            prompt = rec.prompt_tokens or 0
+            predicted = rec.predicted_prefix_tokens or 0
+            self.monitor.observe(rec.pool or "", rec.replica, max(0, prompt - predicted), prompt,
+                                 rec.cached_tokens or 0, time.monotonic())
+
+    def record_operator(self, record: Mapping[str, Any]) -> None:
+        """One audit event for an operator action (policy/data change, key rotation, reload)."""
+        ok = record.get("outcome", "succeeded")
+        event = AuditEvent(
+            kind=Kind.OPERATOR,
+            outcome=Outcome.SUCCEEDED if ok == "succeeded" else Outcome.FAILED,
+            identity=Identity(record.get("actor") or record.get("who"), None),
+            operator={k: v for k, v in record.items() if isinstance(v, (str, int, float, bool))},
+        )
+        self.emitted += 1
+        if self.log is not None:
+            self.log.emit(event)

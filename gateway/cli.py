@@ -1,0 +1,97 @@
+"""``prefixgate`` command line (click).
+
+    prefixgate serve --config FILE      run the gateway (public + admin listener)
+    prefixgate demo [OPTIONS]           the main job: simulated replicas + gateway + trace replay
+    prefixgate audit verify FILE...     check a JSONL audit log's hash chain and checkpoints
+    prefixgate audit keygen PATH        write a new Ed25519 checkpoint signing key
+    prefixgate policy test DIR          compile a Rego directory and run its tests offline
+    prefixgate keys rotate-tenant ...   operator key operations against the state file
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import click
+
+__all__ = ["main"]
+
+
+@click.group()
+@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
+def main(log_level: str) -> None:
+    """PrefixGate: a security-focused, multi-tenant, cache-aware gateway for LLM inference."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="YAML configuration file (docs/configuration.md).")
+def serve(config_path: str) -> None:
+    """Run the gateway until SIGINT/SIGTERM; drains in-flight requests on shutdown."""
+    from gateway.config import ConfigError, load_config
+    from gateway.server import serve as run
+
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        asyncio.run(run(cfg, config_path=config_path))
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def demo(ctx: click.Context) -> None:
+    """The main job on embedded defaults (see README); extra options go to ``python -m sim.demo``."""
+    from sim.demo import main as demo_main
+
+    sys.exit(demo_main(list(ctx.args)) or 0)
+
+
+@main.group()
+def audit() -> None:
+    """Audit log tools."""
+
+
+@audit.command("verify")
+@click.argument("files", nargs=-1, required=True, type=click.Path())
+@click.option("--public-key", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Ed25519 public key (PEM) of the checkpoint signer.")
+def audit_verify(files: tuple[str, ...], public_key: str) -> None:
+    """Verify hash chain, file links and signed checkpoints; exit 1 at the first problem."""
+    from audit.verify import main as verify_main
+
+    sys.exit(verify_main(list(files), public_key))
+
+
+@audit.command("keygen")
+@click.argument("path", type=click.Path(dir_okay=False))
+def audit_keygen(path: str) -> None:
+    """Write a new Ed25519 checkpoint signing key (PEM, mode 0600) and its public key (PATH.pub)."""
+    from audit.keys import generate_signing_key
+
+    generate_signing_key(path)
+    click.echo(f"wrote {path} and {path}.pub")
+
+
+@main.group()
+def policy() -> None:
+    """Rego policy tools."""
+
+
+@policy.command("test")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+def policy_test(directory: str) -> None:
+    """Compile every module in DIRECTORY and run its Rego unit tests (like ``opa test``)."""
+    from policy.rego_test_runner import main as rego_main
+
+    sys.exit(rego_main([directory]))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

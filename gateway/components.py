@@ -1,0 +1,488 @@
+"""Wiring: builds every collaborator of the pipeline from a :class:`GatewayConfig`.
+
+:class:`Components` is the one object the HTTP layer talks to. It owns the
+lifecycle of the I/O edges (upstream session, health checks, trust-bundle
+sources, decision point, audit sinks) and exposes small methods, one per
+pipeline step, so that :mod:`gateway.pipeline` reads top to bottom.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import inspect
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.routing import BaseRoute
+
+from gateway.auditing import AuditHub
+from gateway.authn import Authenticator
+from gateway.config import ConfigError, GatewayConfig
+from gateway.errors import GatewayError
+from gateway.identity import (
+    FileBundleSource,
+    HttpsBundleSource,
+    JwtSvidVerifier,
+    TrustBundleStore,
+    WorkloadIdentity,
+)
+from gateway.metrics import GatewayMetrics
+from gateway.proxy import UpstreamFailure, make_session
+from gateway.routing.health import HealthChecker
+from gateway.routing.index import PrefixIndex
+from gateway.routing.load import LoadTracker
+from gateway.routing.policies import build_policy
+from gateway.routing.replicas import Replica, ReplicaSet
+from gateway.routing.router import Router
+from policy.decision import Decision, PolicyError
+from policy.input import build_policy_input
+from tenancy.keys import KeyRing, PrefixChains, load_master_secret
+from tenancy.limits import ConcurrencyLimited, RateLimited, SourceLimiter, TenantLimiter, clamp_max_tokens
+from tenancy.registry import Tenant, TenantRegistry
+from tenancy.tokenizer import get_tokenizer
+
+__all__ = ["Components", "ChainView"]
+
+log = logging.getLogger("prefixgate")
+
+
+class ChainView:
+    """The prefix chains of one request: ``current`` (indexed) and the
+    previous key versions' chains (looked up only, during the rotation grace)."""
+
+    __slots__ = ("current", "kid", "_prev")
+
+    def __init__(self, chains: PrefixChains) -> None:
+        self.current = chains.current
+        self.kid = chains.kid
+        self._prev = tuple(chain for _, chain in chains.previous)
+
+    def previous_chains(self) -> tuple[tuple[bytes, ...], ...]:
+        """Chains under older key versions still in their grace period."""
+        return self._prev
+
+
+class Components:
+    """Everything the gateway needs, built from ``config``.
+
+    Raises :class:`gateway.config.ConfigError` for a configuration that
+    cannot work (no replicas, no trust domain, a salt-less replica in a
+    pool shared by several tenants, a missing master secret …).
+    """
+
+    def __init__(self, config: GatewayConfig, *, audit: AuditHub | None = None) -> None:
+        self.config = config
+        self.log = log
+        self.metrics = GatewayMetrics()
+        if not config.replicas:
+            raise ConfigError("at least one replica must be configured")
+        if not config.identity.trust_domains:
+            raise ConfigError("identity.trust_domains: at least one trust domain is required "
+                              "(unauthenticated inference is never allowed)")
+        # tenancy
+        try:
+            secret = load_master_secret(config.tenancy.master_secret_file, config.tenancy.master_secret_env)
+            self.keyring = KeyRing(secret, grace_s=config.tenancy.key_grace_s, state_path=config.tenancy.state_file)
+            self.registry = TenantRegistry.from_config(config.tenancy.tenants, operators=config.tenancy.operators)
+        except Exception as exc:  # KeyRingError, TenantConfigError: messages never hold secrets
+            raise ConfigError(str(exc)) from None
+        del secret
+        self._check_salt_pools()
+        self.limiter = TenantLimiter()
+        self.source_limiter = SourceLimiter(
+            rate=config.identity.unauthenticated_rps, burst=config.identity.unauthenticated_burst
+        )
+        self.tokenizer = get_tokenizer(config.routing.tokenizer)
+        self.served_models = frozenset(config.models)
+        # identity
+        self.bundles = TrustBundleStore()
+        for td, tdc in config.identity.trust_domains.items():
+            if tdc.bundle_file:
+                self.bundles.add(FileBundleSource(td, tdc.bundle_file, max_stale_s=tdc.max_stale_s))
+            else:
+                self.bundles.add(HttpsBundleSource(td, tdc.bundle_url, default_refresh_s=tdc.refresh_s,
+                                                   max_stale_s=tdc.max_stale_s))
+        ic = config.identity
+        self.verifier = JwtSvidVerifier(self.bundles, ic.audience, ic.trust_domains.keys(), ic.leeway_s, ic.max_lifetime_s)
+        self.admin_verifier = JwtSvidVerifier(self.bundles, ic.admin_audience, ic.trust_domains.keys(),
+                                              ic.leeway_s, ic.max_lifetime_s)
+        self.authn = Authenticator(self.verifier, self.source_limiter, ic.trusted_proxies)
+        self.admin_authn = Authenticator(self.admin_verifier, self.source_limiter, ic.trusted_proxies)
+        # routing
+        rc = config.routing
+        try:
+            policy = build_policy(rc.policy, rc.params)
+        except ValueError as exc:
+            raise ConfigError(f"routing: {exc}") from None
+        self.replica_set = ReplicaSet(
+            [Replica(r.id, r.url, r.pool, dict(r.labels), r.cache_salt) for r in config.replicas],
+            failure_threshold=config.health.breaker_failures,
+            cooldown_s=config.health.breaker_cooldown_s,
+        )
+        self.index = PrefixIndex(rc.index_capacity_blocks)
+        self.router = Router(policy, self.index, LoadTracker(), rc.block_size)
+        # policy and audit
+        self.pdp = _build_pdp(config)
+        self.audit = audit or AuditHub.from_config(config.audit, router_factor=getattr(policy, "load_factor", 1.25))
+        self.session: aiohttp.ClientSession | None = None  # type: ignore[assignment]
+        self.health: HealthChecker | None = None
+        self._started = False
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Open the upstream session, start health checks, the PDP and audit sinks."""
+        if self._started:
+            return
+        u = self.config.upstream
+        self.session = make_session(u.pool_size, u.connect_timeout_s, u.read_timeout_s)
+        await self.pdp.start()
+        await self.audit.start()
+        h = self.config.health
+        self.health = HealthChecker(
+            self.replica_set, self.session, interval_s=h.interval_s, timeout_s=h.timeout_s,
+            unhealthy_after=h.unhealthy_after, healthy_after=h.healthy_after, on_restart=self._on_restart,
+        )
+        await self.health.check_once()
+        self.health.start()
+        self._started = True
+
+    async def stop(self) -> None:
+        """Stop health checks, flush audit (final checkpoint), close sessions."""
+        if not self._started:
+            return
+        self._started = False
+        if self.health is not None:
+            await self.health.stop()
+        await self.pdp.close()
+        await self.audit.close()
+        for td in self.bundles.trust_domains():
+            await self.bundles.source(td).aclose()
+        if self.session is not None:
+            await self.session.close()
+
+    def _on_restart(self, replica_id: str) -> None:
+        self.router.forget_replica(replica_id)
+        self.log.info("replica %s restarted: its prefix index entries are dropped", replica_id)
+
+    # ------------------------------------------------------------ pipeline steps
+    def audit_accepting(self) -> bool:
+        """False when the audit trail cannot take more events (fail closed → 503)."""
+        return self.audit.accepting
+
+    def resolve_tenant(self, identity: WorkloadIdentity) -> Tenant:
+        """Map a workload to its tenant; raises 403 for an unmapped workload."""
+        tenant = self.registry.resolve(str(identity.spiffe_id))
+        if tenant is None:
+            raise GatewayError(403, "unknown_workload", "this workload is not mapped to any tenant")
+        return tenant
+
+    def admit(self, tenant: Tenant) -> Any:
+        """Check the tenant's request rate and concurrency; returns a lease (release it)."""
+        try:
+            return self.limiter.admit(tenant, time.monotonic())
+        except RateLimited as exc:
+            raise _too_many(exc.retry_after_s, "rate_limited", "tenant request rate exceeded") from None
+        except ConcurrencyLimited as exc:
+            raise _too_many(getattr(exc, "retry_after_s", 1.0), "concurrency_limited",
+                            "tenant concurrent request limit reached") from None
+
+    def check_prompt(self, tenant: Tenant, prompt_tokens: int) -> None:
+        """Per-request prompt size and prompt-tokens/s limits (400 / 429)."""
+        if prompt_tokens == 0:
+            raise GatewayError(400, "invalid_request", "prompt must not be empty", param="prompt")
+        if tenant.max_prompt_tokens is not None and prompt_tokens > tenant.max_prompt_tokens:
+            raise GatewayError(400, "context_length_exceeded",
+                               f"prompt has {prompt_tokens} tokens; this tenant's limit is {tenant.max_prompt_tokens}")
+        try:
+            self.limiter.charge_prompt_tokens(tenant, prompt_tokens, time.monotonic())
+        except RateLimited as exc:
+            raise _too_many(exc.retry_after_s, "token_rate_limited", "tenant prompt-token rate exceeded") from None
+
+    def prefix_chains(self, tenant: Tenant, tokens: Sequence[int]) -> ChainView:
+        """The tenant-keyed HMAC block-hash chains of ``tokens`` (current + grace versions)."""
+        rc = self.config.routing
+        limit = rc.max_prefix_blocks * rc.block_size
+        return ChainView(self.keyring.prefix_chain(tenant.id, tokens[:limit], rc.block_size))
+
+    def prefix_fingerprint(self, tenant: Tenant, chains: ChainView) -> str | None:
+        """A keyed, truncated (64-bit) fingerprint of the request's first full block.
+
+        It is an HMAC of a chain key that is itself keyed per tenant, so two
+        tenants' fingerprints of the same prompt never match; audit events use
+        it to group requests of one tenant sharing a prefix, never raw hashes.
+        """
+        if not chains.current:
+            return None
+        return hmac.new(chains.current[0], b"pg-audit-fp-v1", hashlib.sha256).hexdigest()[:16]
+
+    def candidates(self) -> list[Replica]:
+        """Replicas currently routable (healthy and breaker closed)."""
+        return [self.replica_set.get(rid) for rid in self.replica_set.routable_ids()]
+
+    async def decide(self, identity: WorkloadIdentity, tenant: Tenant, req: Any, prompt_tokens: int,
+                     candidates: list[Replica], rec: Any) -> Decision:
+        """Ask the PDP; a deny raises 403, a PDP failure 503 (fail closed)."""
+        loads = self.router.loads
+        cand_docs = [
+            {"id": r.id, "pool": r.pool, "labels": dict(r.labels), "healthy": True,
+             "load": loads.snapshot(r.id).running_requests}
+            for r in candidates
+        ]
+        tview = tenant.policy_view()
+        tview["max_tokens"] = tenant.max_output_tokens
+        doc = build_policy_input(
+            {"spiffe_id": str(identity.spiffe_id), "trust_domain": identity.trust_domain, "claims": identity.claims},
+            tview,
+            {"endpoint": rec.endpoint, "model": req.model, "prompt_tokens": prompt_tokens,
+             "max_tokens": req.max_tokens, "stream": req.stream},
+            cand_docs,
+            self.audit.active_alerts(),
+            time.time(),
+        )
+        try:
+            decision = await self.pdp.decide(doc)
+        except PolicyError:
+            rec.reason_code = "policy_unavailable"
+            raise GatewayError(503, "policy_unavailable", "the policy decision point is unavailable") from None
+        self.metrics.policy_cache.labels("hit" if decision.cached else "miss").inc()
+        rec.decision_id, rec.reason_code, rec.reason = decision.decision_id, decision.reason_code, decision.reason
+        if not decision.allow:
+            raise GatewayError(403, decision.reason_code or "denied", "the routing policy denied this request",
+                               extra={"decision_id": decision.decision_id}, outcome="denied")
+        return decision
+
+    def clamp_max_tokens(self, requested: int | None, tenant: Tenant, decision: Decision) -> int:
+        """Output-token cap: request → min(tenant cap, policy cap, gateway cap); absent → that cap."""
+        cap = clamp_max_tokens(requested, tenant.max_output_tokens, decision.max_tokens)
+        return max(1, min(cap, self.config.limits.max_output_tokens))
+
+    def allowed_candidates(self, candidates: list[Replica], decision: Decision, tenant: Tenant) -> list[Replica]:
+        """Enforce the decision: keep candidates the policy allows (replica ids and/or pools)."""
+        out = []
+        for r in candidates:
+            if decision.allowed_replicas is not None and r.id not in decision.allowed_replicas:
+                continue
+            if decision.allowed_pools is not None and r.pool not in decision.allowed_pools:
+                continue
+            out.append(r)
+        return out
+
+    def replica(self, replica_id: str) -> Replica:
+        """The configured replica with this id."""
+        return self.replica_set.get(replica_id)
+
+    def cache_salt(self, tenant: Tenant) -> str:
+        """The tenant's upstream ``cache_salt`` (keyed, versioned; see docs/tenancy.md)."""
+        return self.keyring.cache_salt(tenant.id)
+
+    def upstream_headers(self, rec: Any) -> dict[str, str]:
+        """Headers sent to a replica: request id and trace context (never client credentials)."""
+        headers = {"X-Request-Id": rec.request_id}
+        self.audit.inject_trace_headers(headers, rec)
+        return headers
+
+    def upstream_failed(self, replica_id: str, fail: UpstreamFailure) -> None:
+        """Count a failed call; replica faults feed the circuit breaker."""
+        self.metrics.upstream_failures.labels(fail.kind).inc()
+        if fail.replica_fault and replica_id:
+            self.replica_set.record_failure(replica_id)
+
+    def upstream_ok(self, replica_id: str, instance_id: str | None) -> None:
+        """A replica answered: close its breaker; a changed instance id means it restarted."""
+        self.replica_set.record_success(replica_id)
+        if instance_id and self.replica_set.observe_instance(replica_id, instance_id):
+            self._on_restart(replica_id)
+
+    def record(self, rec: Any) -> None:
+        """Metrics + one audit event + concentration monitor for a finished request."""
+        m = self.metrics
+        m.requests.labels(rec.endpoint, str(rec.status), rec.outcome).inc()
+        m.request_seconds.labels(rec.endpoint).observe((rec.t_end or rec.t0) - rec.t0)
+        if rec.tenant_id:
+            m.tenant_requests.labels(rec.tenant_id, rec.outcome).inc()
+        if rec.replica and rec.t_first_byte is not None:
+            m.ttft_seconds.labels(rec.endpoint).observe(rec.t_first_byte - rec.t0)
+            m.replica_requests.labels(rec.replica, rec.pool or "").inc()
+            m.prompt_tokens.inc(rec.prompt_tokens or 0)
+            m.prefix_tokens.labels("available").inc(rec.available_prefix_tokens or 0)
+            m.prefix_tokens.labels("predicted").inc(rec.predicted_prefix_tokens or 0)
+            if rec.cached_tokens is not None:
+                m.prefix_tokens.labels("delivered").inc(rec.cached_tokens)
+        self.audit.record_request(rec)
+
+    def record_refusal(self, request: Request, endpoint: str, err: GatewayError) -> None:
+        """Audit a refusal on a non-inference endpoint (e.g. /v1/models)."""
+        from gateway.pipeline import RequestRecord
+
+        rec = RequestRecord(request_id=_rid(), endpoint=endpoint,
+                            client_addr=request.client.host if request.client else None, t0=time.perf_counter())
+        rec.status, rec.outcome, rec.error_code, rec.t_end = err.status, err.outcome, err.code, time.perf_counter()
+        self.audit.record_request(rec)
+
+    # ---------------------------------------------------------------- admin
+    async def authorize_operator(self, request: Request) -> WorkloadIdentity:
+        """Admin listener guard: a JWT-SVID for the admin audience from an operator.
+
+        Raises ``HTTPException`` 401 (no/invalid credential) or 403 (not an operator).
+        """
+        try:
+            identity = await self.admin_authn.authenticate(request)
+        except GatewayError as err:
+            raise HTTPException(err.status, err.message, headers=err.headers) from None
+        if not self.registry.is_operator(str(identity.spiffe_id)):
+            raise HTTPException(403, "operator identity required")
+        return identity
+
+    def admin_routes(self) -> list[BaseRoute]:
+        """Operator routes of tenancy (keys, salts, registry) and policy management."""
+        from tenancy.admin import admin_routes as tenancy_routes
+
+        async def authorize(request: Request) -> dict[str, Any]:
+            ident = await self.authorize_operator(request)
+            return {"spiffe_id": str(ident.spiffe_id), "trust_domain": ident.trust_domain}
+
+        routes: list[BaseRoute] = []
+        tc = self.config.tenancy
+        routes += tenancy_routes(
+            self.keyring, self._reload_registry, authorize,
+            master_loader=lambda: load_master_secret(tc.master_secret_file, tc.master_secret_env),
+            on_change=self.audit.record_operator, registry=self.registry,
+        )
+        store = getattr(self.pdp, "store", None)
+        if store is not None:
+            from policy.admin import admin_routes as policy_routes
+
+            routes += policy_routes(store, authorize)
+        return routes
+
+    def _reload_registry(self) -> TenantRegistry:
+        from gateway.config import load_config
+
+        fresh = load_config(self.config_path) if getattr(self, "config_path", None) else self.config
+        self.registry = self.registry.reload(fresh.tenancy.tenants, operators=fresh.tenancy.operators)
+        return self.registry
+
+    def readiness_problems(self) -> list[str]:
+        """Why the gateway cannot route now (empty list: ready)."""
+        problems = []
+        if not self._started:
+            problems.append("not started")
+        if not self.replica_set.routable_ids():
+            problems.append("no healthy replica")
+        if not self.audit.accepting:
+            problems.append("audit trail not accepting events")
+        return problems
+
+    def refresh_gauges(self) -> None:
+        """Update gauges before a scrape."""
+        m = self.metrics
+        routable = set(self.replica_set.routable_ids())
+        m.healthy_replicas.set(len(routable))
+        for r in self.replica_set.all():
+            m.replica_healthy.labels(r.id).set(1 if r.id in routable else 0)
+            m.replica_load_tokens.labels(r.id).set(self.router.loads.snapshot(r.id).tokens)
+        m.audit_dropped.set(self.audit.dropped)
+
+    def admin_metrics_text(self) -> bytes:
+        """Extra admin-only exposition (audit and concentration registries)."""
+        return self.audit.admin_metrics_text()
+
+    def replica_status(self) -> list[dict[str, Any]]:
+        """Per-replica health, breaker and load, for operators."""
+        out = []
+        routable = set(self.replica_set.routable_ids())
+        for r in self.replica_set.all():
+            load = self.router.loads.snapshot(r.id)
+            out.append({"id": r.id, "pool": r.pool, "labels": dict(r.labels), "routable": r.id in routable,
+                        "running": load.running_requests, "load_tokens": load.tokens,
+                        "index_blocks": self.index.replica_blocks(r.id)})
+        return out
+
+    def routing_status(self) -> dict[str, Any]:
+        """Router counters: available / predicted / delivered prefix tokens."""
+        c = self.router.counters()
+        return {k: getattr(c, k) for k in c.__dataclass_fields__}
+
+    def _check_salt_pools(self) -> None:
+        for r in self.config.replicas:
+            if r.cache_salt:
+                continue
+            users = [t.id for t in self.registry.tenants() if r.pool in t.pools]
+            if len(users) > 1:
+                raise ConfigError(
+                    f"replica {r.id} has cache_salt off but its pool {r.pool!r} serves several tenants "
+                    f"({', '.join(sorted(users))}); a salt-less replica may only serve one tenant"
+                )
+
+
+def _build_pdp(config: GatewayConfig) -> Any:
+    """The decision point of ``config.policy``: embedded OPA (default) or remote, behind a decision cache."""
+    from policy.cache import CachedDecisionPoint, DecisionCache
+
+    pc = config.policy
+    try:
+        if pc.mode == "embedded":
+            from policy.embedded import EmbeddedOpa
+
+            inner: Any = EmbeddedOpa(pc.dir)
+        else:
+            import os
+
+            from policy.remote import RemoteOpa
+
+            if not pc.url:
+                raise ConfigError("policy.url is required in remote mode")
+            token = os.environ.get(pc.token_env) if pc.token_env else None
+            inner = RemoteOpa(pc.url, token=token, ca_file=pc.ca_file, timeout_s=pc.timeout_s)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"policy: {exc}") from None
+    if pc.cache_ttl_s <= 0 or pc.cache_max_entries == 0:
+        return _Lifecycle(inner)
+    return _Lifecycle(CachedDecisionPoint(inner, DecisionCache(ttl_s=pc.cache_ttl_s, max_entries=pc.cache_max_entries)),
+                      inner)
+
+
+class _Lifecycle:
+    """Gives any decision point ``start``/``close`` (no-ops where it has none)."""
+
+    def __init__(self, dp: Any, inner: Any | None = None) -> None:
+        self.dp = dp
+        self.inner = inner or dp
+        self.store = getattr(self.inner, "store", None)
+
+    async def decide(self, input: dict[str, Any]) -> Decision:
+        return await self.dp.decide(input)
+
+    async def start(self) -> None:
+        await _maybe_await(getattr(self.inner, "start", None))
+
+    async def close(self) -> None:
+        await _maybe_await(getattr(self.inner, "close", None))
+
+
+async def _maybe_await(fn: Any) -> None:
+    if fn is None:
+        return
+    res = fn()
+    if inspect.isawaitable(res):
+        await res
+
+
+def _too_many(retry_after_s: float, code: str, message: str) -> GatewayError:
+    return GatewayError(429, code, message, headers={"Retry-After": str(max(1, int(retry_after_s + 0.999)))},
+                        outcome="rate_limited")
+
+
+def _rid() -> str:
+    import uuid
+
+    return uuid.uuid4().hex

@@ -1,0 +1,259 @@
+"""Gateway configuration: one YAML file plus environment overrides.
+
+The file is validated with pydantic; every section and field is documented in
+``docs/configuration.md``. Environment variables override file values:
+``PREFIXGATE__<SECTION>__<FIELD>=value`` (double underscore between levels,
+case-insensitive; complex values as JSON), e.g.
+``PREFIXGATE__LISTEN__PORT=9000`` or ``PREFIXGATE__ROUTING__POLICY=round_robin``.
+
+Secrets never live in this file: the master secret is read from
+``tenancy.master_secret_file`` or the environment variable named by
+``tenancy.master_secret_env``; the audit signing key from its own file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+__all__ = ["GatewayConfig", "ConfigError", "load_config"]
+
+
+class ConfigError(ValueError):
+    """Raised when the configuration file is missing, unparsable or invalid."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ListenConfig(_Section):
+    """Address of a listener (``port`` 0 picks a free port)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+
+
+class LimitsConfig(_Section):
+    """Request-size and timing limits of the public listener.
+
+    ``max_body_bytes``: request bodies larger than this answer 413 before they
+    are read in full. ``body_read_timeout_s``: a client that trickles its body
+    longer than this answers 408. ``max_json_depth``: deeper JSON answers 400.
+    """
+
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    body_read_timeout_s: float = Field(10.0, gt=0)
+    max_json_depth: int = Field(32, ge=4, le=256)
+    max_output_tokens: int = Field(32768, ge=1)
+
+
+class UpstreamConfig(_Section):
+    """Timeouts and retries of calls to replicas (seconds).
+
+    A request is retried on another allowed replica only before the first
+    byte reached the client, at most ``max_attempts`` replicas in total and
+    within ``total_timeout_s`` overall.
+    """
+
+    connect_timeout_s: float = Field(2.0, gt=0)
+    first_byte_timeout_s: float = Field(60.0, gt=0)
+    read_timeout_s: float = Field(60.0, gt=0)
+    total_timeout_s: float = Field(600.0, gt=0)
+    max_attempts: int = Field(2, ge=1, le=5)
+    pool_size: int = Field(512, ge=1)
+
+
+class RoutingConfig(_Section):
+    """Routing policy and the prefix index.
+
+    ``policy``: one of ``round_robin``, ``least_load``, ``consistent_hash``,
+    ``cache_aware``; ``params``: its parameters (see docs/routing.md);
+    ``block_size`` in tokens (must match the replicas' KV block size);
+    ``index_capacity_blocks``: blocks remembered per replica (mirror the
+    replica's KV capacity); ``max_prefix_blocks``: hashing bound per request.
+    """
+
+    policy: str = "cache_aware"
+    params: dict[str, Any] = Field(default_factory=dict)
+    block_size: int = Field(16, ge=1, le=1024)
+    index_capacity_blocks: int = Field(4000, ge=1)
+    max_prefix_blocks: int = Field(8192, ge=1)
+    tokenizer: str = "word"
+
+
+class ReplicaConfig(_Section):
+    """One upstream replica. ``cache_salt: false`` for engines that reject the
+    field (e.g. TensorRT-LLM); such replicas may serve one tenant's pools only."""
+
+    id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    url: str
+    pool: str = "default"
+    labels: dict[str, str] = Field(default_factory=dict)
+    cache_salt: bool = True
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not (v.startswith("http://") or v.startswith("https://")):
+            raise ValueError("replica url must start with http:// or https://")
+        return v.rstrip("/")
+
+
+class HealthConfig(_Section):
+    """Active health checks of replicas (GET /health)."""
+
+    interval_s: float = Field(2.0, gt=0)
+    timeout_s: float = Field(1.0, gt=0)
+    unhealthy_after: int = Field(2, ge=1)
+    healthy_after: int = Field(1, ge=1)
+    breaker_failures: int = Field(3, ge=1)
+    breaker_cooldown_s: float = Field(5.0, gt=0)
+
+
+class TenancyConfig(_Section):
+    """Tenants and their key material source (never the secret itself)."""
+
+    master_secret_file: str | None = None
+    master_secret_env: str | None = "PREFIXGATE_MASTER_SECRET"
+    state_file: str | None = None
+    key_grace_s: float = Field(3600.0, ge=0)
+    tenants: list[dict[str, Any]] = Field(default_factory=list)
+    operators: list[str] = Field(default_factory=list)
+
+
+class TrustDomainConfig(_Section):
+    """Where a trust domain's bundle (JWKS) comes from: a file or an HTTPS URL."""
+
+    bundle_file: str | None = None
+    bundle_url: str | None = None
+    refresh_s: float = Field(300.0, gt=0)
+    max_stale_s: float = Field(3600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "TrustDomainConfig":
+        if bool(self.bundle_file) == bool(self.bundle_url):
+            raise ValueError("give exactly one of bundle_file or bundle_url")
+        return self
+
+
+class IdentityConfig(_Section):
+    """JWT-SVID authentication (SPIFFE JWT-SVID spec)."""
+
+    audience: str = "prefixgate"
+    admin_audience: str = "prefixgate-admin"
+    trust_domains: dict[str, TrustDomainConfig] = Field(default_factory=dict)
+    leeway_s: float = Field(30.0, ge=0, le=300)
+    max_lifetime_s: float = Field(3600.0, gt=0)
+    trusted_proxies: list[str] = Field(default_factory=list)
+    unauthenticated_rps: float = Field(20.0, gt=0)
+    unauthenticated_burst: int = Field(40, ge=1)
+
+
+class PolicyConfig(_Section):
+    """Policy decision point: embedded OPA (default) or a remote OPA."""
+
+    mode: Literal["embedded", "remote"] = "embedded"
+    dir: str = "rego"
+    versions_dir: str | None = None
+    url: str | None = None
+    token_env: str | None = None
+    ca_file: str | None = None
+    timeout_s: float = Field(0.05, gt=0)
+    cache_ttl_s: float = Field(1.0, ge=0)
+    cache_max_entries: int = Field(10000, ge=0)
+
+
+class TracingConfig(_Section):
+    """OpenTelemetry tracing exporter."""
+
+    exporter: Literal["none", "console", "otlp", "memory"] = "none"
+    otlp_endpoint: str | None = None
+
+
+class GatewayConfig(BaseSettings):
+    """The whole gateway configuration (see docs/configuration.md)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PREFIXGATE__", env_nested_delimiter="__", extra="forbid", case_sensitive=False
+    )
+
+    listen: ListenConfig = Field(default_factory=ListenConfig)
+    admin: ListenConfig | None = Field(default_factory=lambda: ListenConfig(port=8081))
+    models: list[str] = Field(default_factory=lambda: ["sim-model"])
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    replicas: list[ReplicaConfig] = Field(default_factory=list)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
+    identity: IdentityConfig = Field(default_factory=IdentityConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    audit: dict[str, Any] = Field(default_factory=dict)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment overrides the file (passed as init kwargs).
+        return (env_settings, init_settings)
+
+    @model_validator(mode="after")
+    def _check(self) -> "GatewayConfig":
+        ids = [r.id for r in self.replicas]
+        if len(ids) != len(set(ids)):
+            raise ValueError("replica ids must be unique")
+        return self
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> GatewayConfig:
+    """Load and validate the YAML file at ``path`` (``None``: defaults only).
+
+    ``overrides`` (a nested dict) is merged over the file before the
+    environment is applied. Raises :class:`ConfigError` with every validation
+    problem listed by its dotted location.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        data = loaded
+    if overrides:
+        data = _merge(data, overrides)
+    try:
+        return GatewayConfig(**data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"invalid configuration: {problems}") from None
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out

@@ -1,0 +1,368 @@
+"""The request path of one inference call, top to bottom (DESIGN.md, "the flow").
+
+    authenticate → resolve tenant (+ limits) → parse → prefix keys →
+    authorize (PDP) → route → proxy → audit
+
+Each step is a call into a unit that is tested alone; this module only
+sequences them, maps their errors to HTTP answers and records what happened
+in a :class:`RequestRecord` that becomes exactly one audit event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from gateway.components import Components
+from gateway.errors import GatewayError
+from gateway.proxy import UpstreamFailure, UpstreamStream, open_upstream
+from gateway.request import Endpoint, InferenceRequest, parse_inference_request, read_body
+from gateway.routing.policies import RouteRequest
+from gateway.sse import DONE, SseProtocolError, SseScanner, error_event
+
+__all__ = ["InferencePipeline", "RequestRecord"]
+
+UPSTREAM_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Everything the audit event of one request needs (never prompt text).
+
+    Times are ``time.perf_counter()`` seconds; latencies are derived in ms.
+    """
+
+    request_id: str
+    endpoint: str
+    client_addr: str | None
+    t0: float
+    spiffe_id: str | None = None
+    trust_domain: str | None = None
+    tenant_id: str | None = None
+    model: str | None = None
+    stream: bool = False
+    prompt_tokens: int | None = None
+    max_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    decision_id: str | None = None
+    reason_code: str | None = None
+    reason: str | None = None
+    replica: str | None = None
+    pool: str | None = None
+    routing_policy: str | None = None
+    predicted_prefix_tokens: int | None = None
+    available_prefix_tokens: int | None = None
+    replica_load_tokens: int | None = None
+    attempts: int = 0
+    status: int | None = None
+    outcome: str = "failed"
+    error_code: str | None = None
+    prefix_fingerprint: str | None = None
+    t_auth: float | None = None
+    t_policy: float | None = None
+    t_route: float | None = None
+    t_first_byte: float | None = None
+    t_end: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def ms(self, start: float | None, end: float | None) -> float | None:
+        """Milliseconds between two perf-counter stamps (None if either is missing)."""
+        if start is None or end is None:
+            return None
+        return round((end - start) * 1000.0, 3)
+
+
+class InferencePipeline:
+    """Handles ``/v1/completions`` and ``/v1/chat/completions`` end to end.
+
+    ``components`` holds every collaborator (identity, tenancy, policy,
+    routing, upstream session, audit); see :mod:`gateway.components`.
+    """
+
+    def __init__(self, components: Components) -> None:
+        self.c = components
+        self.cfg = components.config
+
+    async def handle(self, request: Request, endpoint: Endpoint) -> Response:
+        """Serve one inference request; always returns a response, never raises."""
+        c = self.c
+        rec = RequestRecord(
+            request_id=uuid.uuid4().hex,
+            endpoint=UPSTREAM_PATHS[endpoint],
+            client_addr=request.client.host if request.client else None,
+            t0=time.perf_counter(),
+        )
+        lease = None
+        c.audit.start_span(rec, request.headers)
+        try:
+            if not c.audit_accepting():
+                raise GatewayError(503, "audit_unavailable", "audit trail unavailable; refusing to serve without it")
+            # 1 authenticate
+            identity = await c.authn.authenticate(request)
+            rec.spiffe_id, rec.trust_domain = str(identity.spiffe_id), identity.trust_domain
+            rec.t_auth = time.perf_counter()
+            # 2 resolve tenant; rate and concurrency limits before any work
+            tenant = c.resolve_tenant(identity)
+            rec.tenant_id = tenant.id
+            lease = c.admit(tenant)
+            # 3 parse
+            raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
+            req = parse_inference_request(raw, endpoint, self.cfg.limits.max_json_depth)
+            rec.model, rec.stream = req.model, req.stream
+            if req.model not in c.served_models:
+                raise GatewayError(404, "model_not_found", "the requested model does not exist", param="model")
+            # 4 prefix keys (tokenize once; limits on prompt size first)
+            tokens = c.tokenizer.encode(req.text)
+            rec.prompt_tokens = len(tokens)
+            c.check_prompt(tenant, len(tokens))
+            chains = c.prefix_chains(tenant, tokens)
+            rec.prefix_fingerprint = c.prefix_fingerprint(tenant, chains)
+            # 5 authorize
+            candidates = c.candidates()
+            decision = await c.decide(identity, tenant, req, len(tokens), candidates, rec)
+            rec.t_policy = time.perf_counter()
+            max_tokens = c.clamp_max_tokens(req.max_tokens, tenant, decision)
+            rec.max_tokens = max_tokens
+            allowed = c.allowed_candidates(candidates, decision, tenant)
+            if not allowed:
+                raise GatewayError(
+                    503, "no_replica", "no healthy replica is allowed for this request",
+                    extra={"decision_id": decision.decision_id},
+                )
+            body = dict(req.body)
+            body["max_tokens"] = max_tokens
+            if req.stream:
+                body["stream_options"] = {"include_usage": True}
+            route_req = RouteRequest(
+                tenant_id=tenant.id,
+                block_keys=chains.current,
+                prompt_tokens=len(tokens),
+                max_tokens=max_tokens,
+                block_size=self.cfg.routing.block_size,
+            )
+            # 6+7 route and proxy, retrying on another replica before the first byte
+            return await self._route_and_proxy(request, req, rec, tenant, route_req, chains, allowed, body, lease)
+        except GatewayError as err:
+            rec.status, rec.outcome, rec.error_code = err.status, err.outcome, err.code
+            if err.status == 403 and rec.reason_code:
+                pass
+            if lease is not None:
+                lease.release()
+            self._finish(rec)
+            return err.response()
+        except asyncio.CancelledError:
+            rec.status, rec.outcome, rec.error_code = 499, "cancelled", "client_disconnect"
+            if lease is not None:
+                lease.release()
+            self._finish(rec)
+            raise
+        except Exception:  # a bug: answer 500 but never lose the audit record
+            c.log.exception("unhandled error in request %s", rec.request_id)
+            rec.status, rec.outcome, rec.error_code = 500, "failed", "internal_error"
+            if lease is not None:
+                lease.release()
+            self._finish(rec)
+            return GatewayError(500, "internal_error", "internal error").response()
+
+    async def _route_and_proxy(
+        self, request: Request, req: InferenceRequest, rec: RequestRecord, tenant: Any,
+        route_req: RouteRequest, chains: Any, allowed: list[Any], body: dict[str, Any], lease: Any,
+    ) -> Response:
+        c = self.c
+        ucfg = self.cfg.upstream
+        deadline = rec.t0 + ucfg.total_timeout_s
+        remaining = list(allowed)
+        last: UpstreamFailure | None = None
+        while remaining and rec.attempts < ucfg.max_attempts:
+            rec.attempts += 1
+            choice, ticket = c.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
+            replica = c.replica(choice.replica_id)
+            c.replica_set.on_dispatch(replica.id)
+            rec.replica, rec.pool, rec.routing_policy = replica.id, replica.pool, choice.policy
+            rec.predicted_prefix_tokens = choice.predicted_prefix_tokens
+            rec.available_prefix_tokens = choice.available_prefix_tokens
+            rec.replica_load_tokens = c.router.loads.snapshot(replica.id).tokens
+            rec.t_route = time.perf_counter()
+            upstream_body = dict(body)
+            if replica.cache_salt:
+                upstream_body["cache_salt"] = c.cache_salt(tenant)
+            headers = c.upstream_headers(rec)
+            budget = max(0.001, min(ucfg.first_byte_timeout_s, deadline - time.perf_counter()))
+            try:
+                up = await self._open_watching_disconnect(request, replica.url + rec.endpoint, upstream_body, headers, budget)
+            except UpstreamFailure as fail:
+                ticket.finish()
+                last = fail
+                c.upstream_failed(replica.id, fail)
+                if not fail.retryable:
+                    break
+                remaining = [r for r in remaining if r.id != replica.id]
+                if time.perf_counter() >= deadline:
+                    break
+                continue
+            except BaseException:
+                ticket.finish()
+                raise
+            c.upstream_ok(replica.id, up.instance_id)
+            rec.t_first_byte = time.perf_counter()
+            ticket.first_token()
+            if req.stream:
+                return self._stream_response(req, rec, up, ticket, choice, lease)
+            return await self._plain_response(request, rec, up, ticket, choice, lease)
+        raise self._failure_error(last)
+
+    async def _open_watching_disconnect(
+        self, request: Request, url: str, body: dict[str, Any], headers: dict[str, str], timeout_s: float
+    ) -> UpstreamStream:
+        """Open the upstream call; a client disconnect meanwhile cancels it."""
+        task = asyncio.ensure_future(open_upstream(self.c.session, url, body, headers, timeout_s))
+        watcher = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        try:
+            await task
+        except BaseException:
+            pass
+        raise asyncio.CancelledError()
+
+    def _failure_error(self, fail: UpstreamFailure | None) -> GatewayError:
+        if fail is None:
+            return GatewayError(503, "no_replica", "no healthy replica is allowed for this request")
+        if fail.kind == "status" and not fail.retryable:
+            return _passthrough_error(fail)
+        if fail.kind == "timeout":
+            return GatewayError(504, "upstream_timeout", "the replica did not answer in time")
+        return GatewayError(502, "upstream_error", "the replica failed to answer")
+
+    def _stream_response(self, req: InferenceRequest, rec: RequestRecord, up: UpstreamStream,
+                         ticket: Any, choice: Any, lease: Any) -> Response:
+        scanner = SseScanner(keep_usage_chunk=req.include_usage)
+        read_timeout = self.cfg.upstream.read_timeout_s
+
+        async def body() -> AsyncIterator[bytes]:
+            rec.outcome, rec.status = "failed", 200
+            try:
+                first = scanner.feed(up.first_chunk)
+                if first:
+                    yield first
+                while True:
+                    async with asyncio.timeout(read_timeout):
+                        chunk = await up.response.content.readany()
+                    if not chunk:
+                        break
+                    out = scanner.feed(chunk)
+                    if out:
+                        yield out
+                scanner.finish()
+                rec.outcome = "allowed"
+            except (SseProtocolError, TimeoutError, OSError, Exception) as exc:  # noqa: B014
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                code = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_stream_error"
+                rec.error_code = code
+                self.c.upstream_failed(rec.replica or "", UpstreamFailure("protocol", str(exc)))
+                yield error_event("the replica stream failed before completion", code)
+            except BaseException:
+                rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
+                raise
+            finally:
+                up.close()
+                self._complete(rec, scanner.usage, ticket, choice, lease)
+
+        headers = {"Cache-Control": "no-cache", "X-Request-Id": rec.request_id}
+        return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+
+    async def _plain_response(self, request: Request, rec: RequestRecord, up: UpstreamStream,
+                              ticket: Any, choice: Any, lease: Any) -> Response:
+        usage = None
+        try:
+            async def read_rest() -> bytes:
+                async with asyncio.timeout(self.cfg.upstream.read_timeout_s):
+                    rest = await up.response.content.read()
+                return up.first_chunk + rest
+
+            task = asyncio.ensure_future(read_rest())
+            watcher = asyncio.ensure_future(_wait_disconnect(request))
+            try:
+                done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watcher.cancel()
+            if task not in done:
+                task.cancel()
+                rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
+                return Response(status_code=499)
+            try:
+                data = task.result()
+                obj = _json_object(data)
+            except (TimeoutError, ValueError, OSError, Exception) as exc:
+                self.c.upstream_failed(rec.replica or "", UpstreamFailure("protocol", str(exc)))
+                err = GatewayError(502, "upstream_error", "the replica sent an invalid answer")
+                rec.status, rec.outcome, rec.error_code = 502, "failed", err.code
+                return err.response()
+            usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+            rec.status, rec.outcome = 200, "allowed"
+            return JSONResponse(obj, headers={"X-Request-Id": rec.request_id})
+        finally:
+            up.close()
+            self._complete(rec, usage, ticket, choice, lease)
+
+    def _complete(self, rec: RequestRecord, usage: dict[str, Any] | None, ticket: Any, choice: Any, lease: Any) -> None:
+        ticket.finish()
+        if lease is not None:
+            lease.release()
+        if usage:
+            details = usage.get("prompt_tokens_details") or {}
+            cached = details.get("cached_tokens") if isinstance(details, dict) else None
+            rec.cached_tokens = cached if isinstance(cached, int) else None
+            out = usage.get("completion_tokens")
+            rec.output_tokens = out if isinstance(out, int) else None
+        if rec.cached_tokens is not None:
+            self.c.router.observe_delivered(choice, rec.cached_tokens)
+        self._finish(rec)
+
+    def _finish(self, rec: RequestRecord) -> None:
+        rec.t_end = time.perf_counter()
+        self.c.record(rec)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Return when the client disconnects (consumes no body: call after reading it)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    import json
+
+    obj = json.loads(data)
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    return obj
+
+
+def _passthrough_error(fail: UpstreamFailure) -> GatewayError:
+    """A replica's 4xx (the client's fault) is passed on with its message, never its raw body."""
+    message = "the replica rejected the request"
+    try:
+        obj = _json_object(fail.body)
+        m = obj.get("error", {}).get("message")
+        if isinstance(m, str) and len(m) <= 500:
+            message = m
+    except (ValueError, AttributeError):
+        pass
+    return GatewayError(fail.status or 400, "upstream_rejected", message)

@@ -1,0 +1,235 @@
+"""Reading and validating inference request bodies (pipeline step 3).
+
+``read_body`` enforces the size cap (from ``Content-Length`` before reading,
+and again while reading, so a lying header cannot get past it) and a read
+timeout (a client that trickles its body is cut off). ``parse_inference_request``
+decodes UTF-8 JSON, bounds its nesting depth and validates it with pydantic
+models of the OpenAI Completions / Chat Completions schemas. Only the fields
+of those models are forwarded upstream: unknown fields, a client-sent
+``cache_salt``, tenant or routing hints are dropped (documented in
+docs/configuration.md), so what reaches a replica always passes the schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.requests import ClientDisconnect, Request
+
+from gateway.errors import GatewayError
+from tenancy.tokenizer import TokenizerError, prompt_text
+
+__all__ = ["InferenceRequest", "read_body", "parse_inference_request", "Endpoint"]
+
+Endpoint = Literal["chat", "completions"]
+MAX_TOKENS_CEILING = 1 << 20
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=False)
+
+
+class StreamOptions(_Base):
+    include_usage: bool | None = None
+
+
+class TextPart(_Base):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Base):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+    name: str | None = Field(None, max_length=256)
+    tool_call_id: str | None = Field(None, max_length=256)
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class _Sampling(_Base):
+    model: str = Field(min_length=1, max_length=256)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_CEILING)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    n: int = Field(1, ge=1, le=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Union[str, list[str], None] = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    user: str | None = Field(None, max_length=256)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(v) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return v
+
+    @field_validator("max_tokens", "n", mode="before")
+    @classmethod
+    def _strict_int(cls, v: Any) -> Any:
+        if isinstance(v, bool) or (v is not None and not isinstance(v, int)):
+            raise ValueError("must be an integer")
+        return v
+
+
+class CompletionBody(_Sampling):
+    prompt: Union[str, list[str]]
+    echo: bool | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: Any) -> Any:
+        if (isinstance(v, str) and not v) or (isinstance(v, list) and (not v or not any(v))):
+            raise ValueError("prompt must not be empty")
+        return v
+
+
+class ChatBody(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_CEILING)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    response_format: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    """A validated inference request.
+
+    ``endpoint``: "chat" or "completions"; ``model``: requested model name;
+    ``stream``: SSE answer wanted; ``max_tokens``: requested output tokens
+    (``None``: not given; the tenant's cap applies); ``include_usage``:
+    the client asked for a usage chunk; ``body``: the schema-checked fields
+    to forward (no ``cache_salt``); ``text``: the prompt text to tokenize —
+    never logged or exported.
+    """
+
+    endpoint: Endpoint
+    model: str
+    stream: bool
+    max_tokens: int | None
+    include_usage: bool
+    body: dict[str, Any]
+    text: str = field(repr=False)
+
+
+async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
+    """Read the whole request body, at most ``max_bytes`` bytes within ``timeout_s`` seconds.
+
+    Raises :class:`GatewayError` 413 (``body_too_large``) when the
+    ``Content-Length`` header or the bytes actually sent exceed the cap
+    (before reading the rest), 400 for an invalid ``Content-Length``, 408
+    (``body_timeout``) for a body not complete in time, and 400
+    (``client_disconnect``) when the client goes away mid-body.
+    """
+    lengths = request.headers.getlist("content-length")
+    if lengths:
+        if len(set(lengths)) > 1:
+            raise GatewayError(400, "conflicting_content_length", "conflicting Content-Length headers")
+        try:
+            declared = int(lengths[0])
+        except ValueError:
+            raise GatewayError(400, "invalid_content_length", "invalid Content-Length header") from None
+        if declared < 0:
+            raise GatewayError(400, "invalid_content_length", "invalid Content-Length header")
+        if declared > max_bytes:
+            raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise GatewayError(408, "body_timeout", f"request body not received within {timeout_s:g} s") from None
+    except ClientDisconnect:
+        raise GatewayError(400, "client_disconnect", "client disconnected while sending the body", outcome="cancelled") from None
+    return b"".join(chunks)
+
+
+def _depth_ok(obj: Any, limit: int) -> bool:
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        cur, d = stack.pop()
+        if isinstance(cur, dict):
+            if d > limit:
+                return False
+            stack.extend((v, d + 1) for v in cur.values())
+        elif isinstance(cur, list):
+            if d > limit:
+                return False
+            stack.extend((v, d + 1) for v in cur)
+    return True
+
+
+def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or None
+    msg = err["msg"]
+    return (f"{loc}: {msg}" if loc else msg), loc
+
+
+def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32) -> InferenceRequest:
+    """Decode and validate an OpenAI request body for ``endpoint``.
+
+    Raises :class:`GatewayError` 400 with code ``invalid_json`` (not UTF-8,
+    not JSON, not an object, nested deeper than ``max_depth``) or
+    ``invalid_request`` (schema violation; the message names the field, never
+    its value).
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise GatewayError(400, "invalid_json", "request body is not valid UTF-8") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise GatewayError(400, "invalid_json", "request body is nested too deeply") from None
+    except ValueError:
+        raise GatewayError(400, "invalid_json", "request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise GatewayError(400, "invalid_json", "request body must be a JSON object")
+    if not _depth_ok(data, max_depth):
+        raise GatewayError(400, "invalid_json", f"request body is nested deeper than {max_depth}")
+    model_cls = ChatBody if endpoint == "chat" else CompletionBody
+    try:
+        parsed = model_cls.model_validate(data)
+    except ValidationError as exc:
+        msg, loc = _validation_message(exc)
+        raise GatewayError(400, "invalid_request", msg, param=loc) from None
+    body = parsed.model_dump(exclude_none=True, exclude_unset=False)
+    if body.get("n") == 1:
+        body.pop("n")
+    try:
+        ptext = prompt_text(endpoint, body)
+    except TokenizerError as exc:
+        raise GatewayError(400, "invalid_request", str(exc)) from None
+    max_tokens = parsed.max_tokens
+    if endpoint == "chat":
+        mct = getattr(parsed, "max_completion_tokens", None)
+        if mct is not None:
+            max_tokens = mct if max_tokens is None else min(max_tokens, mct)
+        body.pop("max_completion_tokens", None)
+    include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
+    return InferenceRequest(
+        endpoint=endpoint,
+        model=parsed.model,
+        stream=parsed.stream,
+        max_tokens=max_tokens,
+        include_usage=include_usage,
+        body=body,
+        text=ptext,
+    )

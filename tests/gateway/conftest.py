@@ -1,0 +1,162 @@
+"""Fixtures: a real gateway (uvicorn on loopback) in front of real simulated replicas.
+
+Everything runs in the test's event loop: the replica simulator apps
+(``sim.cluster.start_cluster``), the gateway's public and admin listeners
+(``uvicorn.Server``), and an httpx client. Identities are real JWT-SVIDs
+minted by ``sim.spiffe_issuer.DemoIssuer`` and checked against its bundle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from gateway.app import build_admin_app, build_public_app
+from gateway.auditing import AuditHub
+from gateway.components import Components
+from gateway.config import load_config
+from gateway.server import uvicorn_config
+from sim.cluster import Cluster, start_cluster
+from sim.replica import ReplicaConfig
+from sim.spiffe_issuer import DemoIssuer
+
+TD = "demo.prefixgate.test"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Stack:
+    """A running gateway + replicas; ``client`` talks to the public listener."""
+
+    cluster: Cluster
+    components: Components
+    issuer: DemoIssuer
+    url: str
+    admin_url: str
+    client: httpx.AsyncClient
+    tmp: Path
+    servers: list[uvicorn.Server] = field(default_factory=list)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    def token(self, workload: str = "tenant-a/app", audience: str = "prefixgate", **kw: Any) -> str:
+        return self.issuer.mint(f"spiffe://{TD}/{workload}", audience, **kw)
+
+    def auth(self, workload: str = "tenant-a/app", **kw: Any) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token(workload, **kw)}"}
+
+
+def base_config(tmp: Path, urls: list[str], issuer: DemoIssuer, **over: Any) -> dict[str, Any]:
+    secret = tmp / "master.key"
+    secret.write_bytes(secrets.token_bytes(32))
+    os.chmod(secret, 0o600)
+    bundle = tmp / "bundle.json"
+    issuer.write_bundle(bundle)
+    cfg: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "admin": {"host": "127.0.0.1", "port": free_port()},
+        "routing": {"policy": "cache_aware", "block_size": 16},
+        "replicas": [
+            {"id": f"r{i}", "url": u, "pool": "eu" if i == len(urls) - 1 and len(urls) > 2 else "default",
+             "labels": {"data_residency": "eu"} if i == len(urls) - 1 and len(urls) > 2 else {}}
+            for i, u in enumerate(urls)
+        ],
+        "health": {"interval_s": 0.2, "timeout_s": 0.5, "unhealthy_after": 1, "healthy_after": 1},
+        "upstream": {"first_byte_timeout_s": 5, "read_timeout_s": 5, "total_timeout_s": 10},
+        "tenancy": {
+            "master_secret_file": str(secret),
+            "master_secret_env": None,
+            "state_file": str(tmp / "keystate.json"),
+            "operators": [f"spiffe://{TD}/ops/admin"],
+            "tenants": [
+                {"id": "tenant-a", "spiffe_ids": [f"spiffe://{TD}/tenant-a/"], "models": ["sim-model"],
+                 "pools": ["default"], "max_prompt_tokens": 4000, "max_output_tokens": 256},
+                {"id": "tenant-b", "spiffe_ids": [f"spiffe://{TD}/tenant-b/"], "models": ["sim-model"],
+                 "pools": ["default"], "max_output_tokens": 256},
+                {"id": "tenant-reg", "spiffe_ids": [f"spiffe://{TD}/tenant-reg/"], "models": ["sim-model"],
+                 "pools": ["eu"], "regulated": True, "data_residency": "eu"},
+            ],
+        },
+        "identity": {"audience": "prefixgate", "trust_domains": {TD: {"bundle_file": str(bundle)}}},
+        "policy": {"mode": "embedded", "dir": str(ROOT / "rego")},
+        "audit": {},
+    }
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(cfg.get(k), dict):
+            cfg[k] = {**cfg[k], **v}
+        else:
+            cfg[k] = v
+    return cfg
+
+
+@pytest.fixture
+def replica_cfg() -> ReplicaConfig:
+    """Fast simulated replicas (time scale 100)."""
+    return ReplicaConfig(time_scale=100.0, decode_s_per_token=0.02, stream_chunk_tokens=4)
+
+
+@pytest.fixture
+def n_replicas() -> int:
+    return 3
+
+
+@pytest.fixture
+def config_overrides() -> dict[str, Any]:
+    return {}
+
+
+@pytest.fixture
+def audit_hub() -> AuditHub | None:
+    return None
+
+
+@pytest.fixture
+async def stack(tmp_path: Path, replica_cfg: ReplicaConfig, n_replicas: int,
+                config_overrides: dict[str, Any], audit_hub: AuditHub | None) -> AsyncIterator[Stack]:
+    cluster = await start_cluster(n_replicas, replica_cfg)
+    issuer = DemoIssuer(TD)
+    cfg_doc = base_config(tmp_path, cluster.urls, issuer, **config_overrides)
+    import yaml
+
+    cfg_file = tmp_path / "gateway.yaml"
+    cfg_file.write_text(yaml.safe_dump(cfg_doc))
+    cfg = load_config(cfg_file)
+    comps = Components(cfg, audit=audit_hub if audit_hub is not None else AuditHub(None))
+    comps.config_path = str(cfg_file)  # type: ignore[attr-defined]
+    await comps.start()
+    servers = [
+        uvicorn.Server(uvicorn_config(build_public_app(comps, manage_lifecycle=False), "127.0.0.1", cfg.listen.port)),
+        uvicorn.Server(uvicorn_config(build_admin_app(comps), "127.0.0.1", cfg.admin.port)),
+    ]
+    for s in servers:
+        s.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    tasks = [asyncio.ensure_future(s.serve()) for s in servers]
+    while not all(s.started for s in servers):
+        await asyncio.sleep(0.01)
+    url = f"http://127.0.0.1:{cfg.listen.port}"
+    client = httpx.AsyncClient(base_url=url, timeout=20)
+    st = Stack(cluster, comps, issuer, url, f"http://127.0.0.1:{cfg.admin.port}", client, tmp_path, servers, tasks)
+    try:
+        yield st
+    finally:
+        await client.aclose()
+        for s in servers:
+            s.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await comps.stop()
+        await cluster.stop()
