@@ -1,0 +1,236 @@
+"""Concentration and cache-miss alerts over routing decisions.
+
+Per pool, a sliding window of ``window_s`` seconds keeps, per replica, the
+number of requests and prefill tokens (prompt tokens not served from cache).
+From it: request share and prefill-token share per replica, max/mean ratio,
+and the normalised Herfindahl-Hirschman index
+``HHI* = (sum s_i^2 - 1/n) / (1 - 1/n)`` over request shares (0 = perfectly
+even over the n replicas seen in the pool, 1 = everything on one replica).
+The prefix-cache hit rate ``cached_tokens / prompt_tokens`` of the window is
+compared with a baseline over ``baseline_windows`` windows.
+
+Alerts (once per episode, with hysteresis):
+* ``replica_concentration``: a replica's request or prefill share stays above
+  ``share_threshold`` for ``hold_s``;
+* ``pool_concentration``: HHI* stays above ``index_threshold`` for ``hold_s``;
+* ``cache_miss_spike``: window hit rate < baseline × (1 - hit_drop_ratio)
+  for ``hold_s``.
+An alert clears when its value falls below threshold × ``clear_ratio`` (for
+the hit rate: rises above baseline × (1 - hit_drop_ratio × clear_ratio)).
+
+Defaults are relative to the router's bounded-load guard factor ``c``
+(consistent hashing with bounded loads, Mirrokni et al. 2018: no replica
+takes more than ``c`` × the mean load): with n replicas the guard allows a
+share of at most c/n, so ``share_threshold=None`` means c/n — an alert says
+the guard is not holding (or only one replica is healthy).
+"""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from audit.event import AuditEvent, Kind, Outcome, iso_ms
+
+
+@dataclass
+class _Obs:
+    t: float
+    replica: str
+    prefill: int
+    prompt: int
+    cached: int
+
+
+@dataclass
+class _Pool:
+    window: deque[_Obs] = field(default_factory=deque)
+    baseline: deque[_Obs] = field(default_factory=deque)
+    requests: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    prefill: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    prompt: int = 0
+    cached: int = 0
+    base_prompt: int = 0
+    base_cached: int = 0
+    replicas: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Episode:
+    since: float | None = None  # breach start (hold timer)
+    active_since: float | None = None  # alert raised at
+
+
+class ConcentrationMonitor:
+    """Sliding-window concentration / cache-miss monitor (see module doc).
+
+    Args:
+        window_s: window length, seconds.
+        share_threshold: replica share (0..1) that alerts; None → c/n.
+        index_threshold: normalised HHI (0..1) that alerts.
+        hold_s: seconds a breach must last before alerting.
+        clear_ratio: hysteresis factor (<1) for clearing.
+        hit_drop_ratio: relative hit-rate drop that alerts (0.5 = halved).
+        on_alert: receives raised/cleared ``kind="alert"`` events.
+        load_guard_factor: the router's bounded-load factor c.
+        min_requests: requests in the window before anything is judged.
+        baseline_windows: baseline length in windows for the hit rate.
+        registry: public metrics (pool level); admin_registry: metrics that
+            name replicas (admin listener only).
+    """
+
+    def __init__(
+        self,
+        window_s: float = 60.0,
+        share_threshold: float | None = None,
+        index_threshold: float = 0.5,
+        hold_s: float = 30.0,
+        clear_ratio: float = 0.8,
+        hit_drop_ratio: float = 0.5,
+        on_alert: Callable[[AuditEvent], None] | None = None,
+        load_guard_factor: float = 1.25,
+        min_requests: int = 20,
+        baseline_windows: int = 10,
+        registry: CollectorRegistry | None = None,
+        admin_registry: CollectorRegistry | None = None,
+    ) -> None:
+        if not 0 < clear_ratio < 1:
+            raise ValueError("clear_ratio must be in (0, 1)")
+        self.window_s = window_s
+        self.share_threshold = share_threshold
+        self.index_threshold = index_threshold
+        self.hold_s = hold_s
+        self.clear_ratio = clear_ratio
+        self.hit_drop_ratio = hit_drop_ratio
+        self.load_guard_factor = load_guard_factor
+        self.min_requests = min_requests
+        self.baseline_s = window_s * baseline_windows
+        self._on_alert = on_alert
+        self._pools: dict[str, _Pool] = defaultdict(_Pool)
+        self._episodes: dict[tuple[str, str, str], _Episode] = defaultdict(_Episode)
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.admin_registry = admin_registry if admin_registry is not None else CollectorRegistry()
+        self._g_index = Gauge("prefixgate_pool_concentration_hhi", "Normalised HHI of request shares", ["pool"], registry=self.registry)
+        self._g_hit = Gauge("prefixgate_pool_prefix_hit_rate", "cached/prompt tokens in the window", ["pool"], registry=self.registry)
+        self._g_alerts = Gauge("prefixgate_concentration_alerts_active", "Active concentration alerts", registry=self.registry)
+        self._g_share = Gauge("prefixgate_replica_request_share", "Request share", ["pool", "replica"], registry=self.admin_registry)
+        self._g_pshare = Gauge("prefixgate_replica_prefill_share", "Prefill-token share", ["pool", "replica"], registry=self.admin_registry)
+        self._g_ratio = Gauge("prefixgate_pool_max_mean_ratio", "Max/mean requests per replica", ["pool"], registry=self.admin_registry)
+
+    # ---- statistics ---------------------------------------------------
+    def stats(self, pool: str) -> dict[str, object]:
+        """Current window stats of ``pool``: requests, shares, prefill_shares,
+        max_mean_ratio, hhi, hit_rate, baseline_hit_rate."""
+        p = self._pools[pool]
+        total = sum(p.requests.values())
+        total_prefill = sum(p.prefill.values())
+        n = max(len(p.replicas), 1)
+        shares = {r: p.requests.get(r, 0) / total if total else 0.0 for r in p.replicas}
+        pshares = {r: p.prefill.get(r, 0) / total_prefill if total_prefill else 0.0 for r in p.replicas}
+        hhi = sum(s * s for s in shares.values())
+        hhi_norm = (hhi - 1 / n) / (1 - 1 / n) if n > 1 and total else (1.0 if total else 0.0)
+        mean = total / n
+        return {
+            "requests": total,
+            "shares": shares,
+            "prefill_shares": pshares,
+            "max_mean_ratio": (max(p.requests.values(), default=0) / mean) if mean else 0.0,
+            "hhi": max(hhi_norm, 0.0),
+            "hit_rate": p.cached / p.prompt if p.prompt else None,
+            "baseline_hit_rate": p.base_cached / p.base_prompt if p.base_prompt else None,
+        }
+
+    def observe(self, pool: str, replica: str, prefill_tokens: int, prompt_tokens: int, cached_tokens: int, now: float) -> None:
+        """Record one routed request (tokens; ``now`` in seconds, monotonic)
+        and evaluate the alert conditions of ``pool``."""
+        p = self._pools[pool]
+        p.replicas.add(replica)
+        obs = _Obs(now, replica, prefill_tokens, prompt_tokens, cached_tokens)
+        p.window.append(obs)
+        p.baseline.append(obs)
+        p.requests[replica] += 1
+        p.prefill[replica] += prefill_tokens
+        p.prompt += prompt_tokens
+        p.cached += cached_tokens
+        p.base_prompt += prompt_tokens
+        p.base_cached += cached_tokens
+        while p.window and p.window[0].t <= now - self.window_s:
+            old = p.window.popleft()
+            p.requests[old.replica] -= 1
+            p.prefill[old.replica] -= old.prefill
+            p.prompt -= old.prompt
+            p.cached -= old.cached
+        while p.baseline and p.baseline[0].t <= now - self.baseline_s:
+            old = p.baseline.popleft()
+            p.base_prompt -= old.prompt
+            p.base_cached -= old.cached
+        self._evaluate(pool, now)
+
+    # ---- alerts -------------------------------------------------------
+    def active_alerts(self) -> list[dict[str, object]]:
+        """Active alerts for the policy input: ``{id, kind, pool, replica, since}``
+        (``since`` ISO 8601 of the monotonic-clock-free raise time)."""
+        out = []
+        for (kind, pool, replica), ep in self._episodes.items():
+            if ep.active_since is not None:
+                out.append({"id": f"{kind}:{pool}:{replica}", "kind": kind, "pool": pool,
+                            "replica": replica or None, "since": ep.active_since})
+        return out
+
+    def _evaluate(self, pool: str, now: float) -> None:
+        st = self.stats(pool)
+        self._g_index.labels(pool).set(st["hhi"])  # type: ignore[arg-type]
+        if st["hit_rate"] is not None:
+            self._g_hit.labels(pool).set(st["hit_rate"])  # type: ignore[arg-type]
+        self._g_ratio.labels(pool).set(st["max_mean_ratio"])  # type: ignore[arg-type]
+        shares: dict[str, float] = st["shares"]  # type: ignore[assignment]
+        pshares: dict[str, float] = st["prefill_shares"]  # type: ignore[assignment]
+        for r in shares:
+            self._g_share.labels(pool, r).set(shares[r])
+            self._g_pshare.labels(pool, r).set(pshares[r])
+        if int(st["requests"]) < self.min_requests or len(shares) < 2:  # type: ignore[call-overload]
+            return
+        thr = self.share_threshold if self.share_threshold is not None else min(self.load_guard_factor / len(shares), 1.0)
+        for r in shares:
+            value = max(shares[r], pshares[r])
+            self._step(("replica_concentration", pool, r), value >= thr, value < thr * self.clear_ratio, now, value, thr)
+        hhi = float(st["hhi"])  # type: ignore[arg-type]
+        self._step(("pool_concentration", pool, ""), hhi >= self.index_threshold,
+                   hhi < self.index_threshold * self.clear_ratio, now, hhi, self.index_threshold)
+        hit, base = st["hit_rate"], st["baseline_hit_rate"]
+        if hit is not None and base:
+            low = base * (1 - self.hit_drop_ratio)
+            ok = base * (1 - self.hit_drop_ratio * self.clear_ratio)
+            self._step(("cache_miss_spike", pool, ""), hit < low, hit >= ok, now, hit, low)  # type: ignore[operator]
+
+    def _step(self, key: tuple[str, str, str], breach: bool, clear: bool, now: float, value: float, threshold: float) -> None:
+        ep = self._episodes[key]
+        if ep.active_since is None:
+            if not breach:
+                ep.since = None
+                return
+            if ep.since is None:
+                ep.since = now
+            if now - ep.since >= self.hold_s:
+                ep.active_since = now
+                self._emit(key, Outcome.RAISED, value, threshold, now)
+        elif clear:
+            ep.active_since = None
+            ep.since = None
+            self._emit(key, Outcome.CLEARED, value, threshold, now)
+
+    def _emit(self, key: tuple[str, str, str], outcome: Outcome, value: float, threshold: float, now: float) -> None:
+        kind, pool, replica = key
+        self._g_alerts.set(len(self.active_alerts()))
+        if self._on_alert is None:
+            return
+        alert = {"alert_id": f"{kind}:{pool}:{replica}", "alert_kind": kind, "pool": pool,
+                 "value": round(value, 4), "threshold": round(threshold, 4), "observed_at_s": round(now, 3)}
+        if replica:
+            alert["replica"] = replica
+        self._on_alert(AuditEvent(kind=Kind.ALERT, outcome=outcome, alert=alert))
+
+
+__all__ = ["ConcentrationMonitor", "iso_ms"]
