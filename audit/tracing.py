@@ -1,0 +1,112 @@
+"""OpenTelemetry tracing for the gateway (opentelemetry-sdk).
+
+Trust rule: an incoming W3C ``traceparent`` comes from an untrusted client,
+so it is recorded as a span **link** on the gateway's server span, never used
+as the parent (a client must not be able to splice the gateway's spans into
+its own trace or choose our trace id). Incoming ``baggage`` is dropped
+(it is attacker-controlled and would otherwise be forwarded upstream).
+:func:`inject_headers` propagates the gateway's own context to replicas.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+# OpenTelemetry semantic conventions (HTTP stable, gen_ai development)
+HTTP_REQUEST_METHOD = "http.request.method"
+HTTP_ROUTE = "http.route"
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+# PrefixGate attributes
+PG_TENANT = "prefixgate.tenant"
+PG_REPLICA = "prefixgate.replica"
+PG_PREFIX_TOKENS_MATCHED = "prefixgate.prefix_tokens_matched"
+PG_DECISION_ID = "prefixgate.decision_id"
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_memory_exporter: InMemorySpanExporter | None = None
+
+
+class TracingConfigError(ValueError):
+    """Unknown exporter name or missing OTLP exporter package."""
+
+
+def setup_tracing(exporter: str | None, service_name: str = "prefixgate", endpoint: str | None = None,
+                  set_global: bool = False) -> TracerProvider:
+    """Build a TracerProvider.
+
+    Args:
+        exporter: ``"otlp"`` (OTLP/HTTP, needs opentelemetry-exporter-otlp-proto-http),
+            ``"console"``, ``"memory"`` (tests; see :func:`memory_exporter`) or None (no export).
+        service_name: ``service.name`` resource attribute.
+        endpoint: OTLP traces URL (default from OTEL_EXPORTER_OTLP_* env).
+        set_global: also install as the global provider.
+
+    Raises:
+        TracingConfigError: unknown exporter or OTLP package missing.
+    """
+    global _memory_exporter
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    if exporter == "otlp":
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError as exc:
+            raise TracingConfigError("install opentelemetry-exporter-otlp-proto-http for exporter='otlp'") from exc
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()))
+    elif exporter == "console":
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    elif exporter == "memory":
+        _memory_exporter = InMemorySpanExporter()
+        provider.add_span_processor(SimpleSpanProcessor(_memory_exporter))
+    elif exporter is not None:
+        raise TracingConfigError(f"unknown exporter {exporter!r}")
+    if set_global:
+        trace.set_tracer_provider(provider)
+    return provider
+
+
+def memory_exporter() -> InMemorySpanExporter | None:
+    """The in-memory exporter of the last ``setup_tracing("memory")``."""
+    return _memory_exporter
+
+
+def incoming_links(headers: Mapping[str, str]) -> list[Link]:
+    """A span link to the client's ``traceparent`` (if valid), never a parent.
+    ``tracestate``/``baggage`` are ignored. Header names are case-insensitive."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    carrier = {"traceparent": lowered["traceparent"]} if "traceparent" in lowered else {}
+    ctx = _PROPAGATOR.extract(carrier)
+    sc = trace.get_current_span(ctx).get_span_context()
+    if not sc.is_valid:
+        return []
+    return [Link(sc, attributes={"prefixgate.link": "client_traceparent"})]
+
+
+def start_server_span(tracer: trace.Tracer, name: str, headers: Mapping[str, str], method: str, route: str):
+    """Start the gateway's SERVER span as a new root (empty context) linked
+    to the client's traceparent. Use as a context manager."""
+    return tracer.start_as_current_span(
+        name, context=Context(), kind=SpanKind.SERVER, links=incoming_links(headers),
+        attributes={HTTP_REQUEST_METHOD: method, HTTP_ROUTE: route},
+    )
+
+
+def inject_headers(headers: MutableMapping[str, str]) -> MutableMapping[str, str]:
+    """Write the current span's ``traceparent`` into ``headers`` (upstream
+    request) after removing any client-supplied ``traceparent``,
+    ``tracestate`` and ``baggage``. Returns ``headers``."""
+    for k in list(headers):
+        if k.lower() in ("traceparent", "tracestate", "baggage"):
+            del headers[k]
+    _PROPAGATOR.inject(headers)
+    return headers
