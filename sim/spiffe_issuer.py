@@ -151,3 +151,28 @@ class DemoIssuer:
         """Remove every key but the current one from the bundle; bumps the sequence."""
         self._keys = self._keys[-1:]
         self.sequence += 1
+
+
+def _cli() -> None:
+    """``python -m sim.spiffe_issuer``: write a bundle and print JWT-SVIDs (one per --sub)."""
+    import click
+
+    @click.command()
+    @click.option("--trust-domain", required=True, help="Trust domain name, e.g. prod.example")
+    @click.option("--bundle", "bundle_path", required=True, type=click.Path(dir_okay=False),
+                  help="Where to write the SPIFFE bundle (atomically)")
+    @click.option("--sub", "subs", multiple=True, help="SPIFFE ID to mint a JWT-SVID for (repeatable)")
+    @click.option("--aud", default="prefixgate", show_default=True, help="Audience")
+    @click.option("--ttl", default=300.0, show_default=True, help="Token lifetime in seconds")
+    @click.option("--alg", default="ES256", show_default=True, help="JWS algorithm")
+    def main(trust_domain: str, bundle_path: str, subs: tuple[str, ...], aud: str, ttl: float, alg: str) -> None:
+        iss = DemoIssuer(trust_domain, alg=alg)
+        iss.write_bundle(bundle_path)
+        for sub in subs:
+            click.echo(f"{sub}\t{iss.mint(sub, aud, ttl_s=ttl)}")
+
+    main()
+
+
+if __name__ == "__main__":
+    _cli()
