@@ -76,6 +76,7 @@ class Reason(enum.StrEnum):
     BAD_TYP = "bad_typ"
     BUNDLE_UNAVAILABLE = "bundle_unavailable"
     IDENTITY_MISMATCH = "identity_mismatch"
+    INVALID_FORWARDED_CERT = "invalid_forwarded_certificate"
 
 
 #: RFC 6750 error code per reason ("" = no error attribute, RFC 6750 3.1:
