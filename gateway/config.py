@@ -56,8 +56,9 @@ class UpstreamConfig(_Section):
     """Timeouts and retries of calls to replicas (seconds).
 
     A request is retried on another allowed replica only before the first
-    byte reached the client, at most ``max_attempts`` replicas in total and
-    within ``total_timeout_s`` overall.
+    byte reached the client, at most ``max_attempts`` replicas that received
+    it (a refused connection never reached a replica and does not count;
+    each replica is tried at most once) and within ``total_timeout_s`` overall.
     """
 
     connect_timeout_s: float = Field(2.0, gt=0)

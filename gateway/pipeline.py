@@ -127,6 +127,8 @@ class InferencePipeline:
             rec.prefix_fingerprint = c.prefix_fingerprint(tenant, chains)
             # 5 authorize
             candidates = c.candidates()
+            if not candidates:
+                raise GatewayError(503, "no_replica", "no healthy replica is available")
             decision = await c.decide(identity, tenant, req, len(tokens), candidates, rec)
             rec.t_policy = time.perf_counter()
             max_tokens = c.clamp_max_tokens(req.max_tokens, tenant, decision)
@@ -181,7 +183,8 @@ class InferencePipeline:
         deadline = rec.t0 + ucfg.total_timeout_s
         remaining = list(allowed)
         last: UpstreamFailure | None = None
-        while remaining and rec.attempts < ucfg.max_attempts:
+        budget_used = 0  # connect failures (request never reached a replica) do not use the budget
+        while remaining and budget_used < ucfg.max_attempts:
             rec.attempts += 1
             choice, ticket = c.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
             replica = c.replica(choice.replica_id)
@@ -202,6 +205,8 @@ class InferencePipeline:
                 ticket.finish()
                 last = fail
                 c.upstream_failed(replica.id, fail)
+                if fail.kind != "connect":
+                    budget_used += 1
                 if not fail.retryable:
                     break
                 remaining = [r for r in remaining if r.id != replica.id]
@@ -211,6 +216,7 @@ class InferencePipeline:
             except BaseException:
                 ticket.finish()
                 raise
+            budget_used += 1
             c.upstream_ok(replica.id, up.instance_id)
             rec.t_first_byte = time.perf_counter()
             ticket.first_token()

@@ -1,0 +1,131 @@
+"""Failure answers of the running gateway: bad input, dead replicas, disconnects, policy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+
+LONG = " ".join(f"w{i}" for i in range(200))
+
+
+def body(**kw):
+    b = {"model": "sim-model", "prompt": LONG, "max_tokens": 4}
+    b.update(kw)
+    return b
+
+
+async def test_oversize_body_refused_before_read(stack):
+    big = b'{"model":"sim-model","prompt":"' + b"a " * (1 << 20) + b'"}'
+    r = await stack.client.post("/v1/completions", content=big,
+                                headers={**stack.auth(), "content-type": "application/json"})
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "body_too_large"
+
+
+@pytest.mark.parametrize("raw,code", [
+    (b"{not json", "invalid_json"),
+    (b'{"model": "sim-model", "prompt": "x"', "invalid_json"),
+    (b"\xff\xfe", "invalid_json"),
+    (b'{"model": "sim-model", "messages": "hi"}', "invalid_request"),
+    (b'{"model": "sim-model", "prompt": "x", "max_tokens": -3}', "invalid_request"),
+    (b'{"model": "sim-model", "prompt": "x", "n": 1.5}', "invalid_request"),
+    (b'{"model": "sim-model", "prompt": ""}', "invalid_request"),
+    (b"[" * 100 + b"]" * 100, "invalid_json"),
+])
+async def test_malformed_bodies_get_400(stack, raw, code):
+    path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
+    r = await stack.client.post(path, content=raw, headers={**stack.auth(), "content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == code and err["type"] == "invalid_request_error"
+
+
+async def test_unknown_model_404(stack):
+    r = await stack.client.post("/v1/completions", json=body(model="gpt-17"), headers=stack.auth())
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+async def test_prompt_over_tenant_limit_400(stack):
+    r = await stack.client.post("/v1/completions", json=body(prompt="w " * 5000), headers=stack.auth())
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+async def test_unmapped_workload_403(stack):
+    r = await stack.client.post("/v1/completions", json=body(), headers=stack.auth("stranger/app"))
+    assert r.status_code == 403 and r.json()["error"]["code"] == "unknown_workload"
+
+
+async def test_max_tokens_clamped_to_tenant_cap(stack):
+    r = await stack.client.post("/v1/completions", json=body(max_tokens=100000), headers=stack.auth())
+    assert r.status_code == 200
+    assert r.json()["usage"]["completion_tokens"] == 256  # tenant-a's max_output_tokens
+
+
+async def test_dead_replica_is_retried_then_taken_out(stack):
+    # r0 and r1 serve tenant-a's pool (r2 is the "eu" pool); kill r0: requests still succeed on r1
+    await stack.cluster.runners[0].cleanup()
+    for i in range(6):
+        r = await stack.client.post("/v1/completions", json=body(prompt=f"p{i} {LONG}"), headers=stack.auth())
+        assert r.status_code == 200, r.text
+    await asyncio.sleep(0.5)  # health checks (0.2 s) mark them down
+    routable = stack.components.replica_set.routable_ids()
+    assert "r1" in routable and "r0" not in routable
+
+
+async def test_all_replicas_down_fast_503(stack):
+    for runner in stack.cluster.runners:
+        await runner.cleanup()
+    await asyncio.sleep(0.6)
+    t = time.perf_counter()
+    r = await stack.client.post("/v1/completions", json=body(), headers=stack.auth())
+    assert time.perf_counter() - t < 2.0
+    assert r.status_code == 503 and r.json()["error"]["code"] == "no_replica"
+    assert (await stack.client.get("/readyz")).status_code == 503
+
+
+async def test_replica_5xx_retried_on_another(stack):
+    async with httpx.AsyncClient() as c:
+        await c.post(stack.cluster.urls[0] + "/sim/faults", json={"status": 503})
+    for i in range(8):
+        r = await stack.client.post("/v1/completions", json=body(prompt=f"q{i} {LONG}"), headers=stack.auth())
+        assert r.status_code == 200, r.text
+
+
+async def test_mid_stream_reset_ends_with_error_event(stack):
+    async with httpx.AsyncClient() as c:
+        for u in stack.cluster.urls:
+            await c.post(u + "/sim/faults", json={"reset_mid_stream": True})
+    async with stack.client.stream("POST", "/v1/completions", headers=stack.auth(),
+                                   json=body(stream=True, max_tokens=40)) as r:
+        assert r.status_code == 200
+        text = (await r.aread()).decode()
+    last = [e for e in text.split("\n\n") if e.strip()][-1]
+    assert last.startswith("data: ") and "error" in json.loads(last[6:])
+
+
+async def test_client_disconnect_cancels_upstream(stack):
+    async with httpx.AsyncClient() as c:
+        for u in stack.cluster.urls:
+            await c.post(u + "/sim/faults", json={"stall_mid_stream_s": 5})
+    async with stack.client.stream("POST", "/v1/completions", headers=stack.auth(),
+                                   json=body(stream=True, max_tokens=40)) as r:
+        async for _ in r.aiter_bytes():
+            break  # got the first chunk, now hang up
+    deadline = time.perf_counter() + 1.5
+    cancelled = 0
+    while time.perf_counter() < deadline:
+        cancelled = sum(st.stats.cancellations for st in stack.cluster.states) if hasattr(
+            stack.cluster.states[0], "stats") else None
+        async with httpx.AsyncClient() as c:
+            stats = [(await c.get(u + "/sim/stats")).json() for u in stack.cluster.urls]
+        cancelled = sum(s.get("cancellations", 0) for s in stats)
+        if cancelled:
+            break
+        await asyncio.sleep(0.1)
+    assert cancelled >= 1
+    loads = [stack.components.router.loads.snapshot(r).running_requests for r in ("r0", "r1", "r2")]
+    assert loads == [0, 0, 0]
