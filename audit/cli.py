@@ -1,0 +1,42 @@
+"""``prefixgate audit`` commands (click): ``verify`` and ``keygen``.
+
+The lead mounts :data:`audit_group` into the main CLI
+(``main.add_command(audit_group)``); ``python -m audit.cli`` works alone.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from audit.keys import generate_signing_key, load_public_key
+from audit.verify import format_report, verify_files
+
+
+@click.group("audit")
+def audit_group() -> None:
+    """Audit trail tools."""
+
+
+@audit_group.command("verify")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--public-key", "public_key", required=True, type=click.Path(exists=True), help="Ed25519 public key (PEM)")
+@click.option("--partial", is_flag=True, help="first file need not start the chain")
+def verify_cmd(paths: tuple[str, ...], public_key: str, partial: bool) -> None:
+    """Verify hash chain and checkpoint signatures of audit FILES/DIRS; exit 1 on any problem."""
+    report = verify_files(list(paths), load_public_key(public_key), require_genesis=not partial)
+    click.echo(format_report(report))
+    sys.exit(0 if report.ok else 1)
+
+
+@audit_group.command("keygen")
+@click.argument("private_key_file", type=click.Path())
+@click.option("--public-key-file", type=click.Path(), default=None)
+def keygen_cmd(private_key_file: str, public_key_file: str | None) -> None:
+    """Create an Ed25519 checkpoint signing key (private mode 0600, public .pub)."""
+    generate_signing_key(private_key_file, public_key_file)
+    click.echo(f"wrote {private_key_file} and {public_key_file or private_key_file + '.pub'}")
+
+
+if __name__ == "__main__":
+    audit_group()

@@ -1,0 +1,80 @@
+"""Build an :class:`audit.log.AuditLog` from the ``audit`` config section.
+
+Shape (all sections optional except ``spill``; sizes bytes, times seconds)::
+
+    jsonl:  {dir, signing_key_file, rotate_bytes, rotate_s, checkpoint_s}
+    ocsf:   {file}                       # OCSF JSON lines to a local file
+    syslog: {host, port, protocol: tcp|tls|udp, format: cef|ocsf, ca_file}
+    otlp:   {endpoint}
+    spill:  {dir, max_bytes}
+    summary: {window_s, first_n}
+
+The signing key file must not be inside ``jsonl.dir`` (refused).
+"""
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from audit.keys import load_signing_key
+from audit.log import AuditLog
+from audit.sink import AuditSink
+from audit.summary import SummaryAggregator
+
+
+class AuditConfigError(ValueError):
+    """The audit config section is invalid."""
+
+
+def build_audit(config: dict[str, Any], registry: CollectorRegistry | None = None) -> AuditLog:
+    """Create the AuditLog and its sinks (not started; call ``await log.start()``).
+
+    Raises:
+        AuditConfigError: missing ``spill.dir``, no sink, signing key inside
+            the log directory, unknown protocol/format.
+        audit.keys.KeyFileError: unreadable signing key.
+    """
+    sinks: list[AuditSink] = []
+    if (j := config.get("jsonl")) is not None:
+        from audit.jsonl import JsonlChainSink
+
+        log_dir = Path(j["dir"]).resolve()
+        key_file = Path(j["signing_key_file"]).resolve()
+        if log_dir == key_file.parent or log_dir in key_file.parents:
+            raise AuditConfigError("jsonl.signing_key_file must not live inside jsonl.dir")
+        sinks.append(JsonlChainSink(log_dir, load_signing_key(key_file), rotate_bytes=int(j.get("rotate_bytes", 64 << 20)),
+                                    rotate_s=float(j.get("rotate_s", 3600)), checkpoint_s=float(j.get("checkpoint_s", 60))))
+    if (o := config.get("ocsf")) is not None and o.get("file"):
+        from audit.ocsf import OcsfFileSink
+
+        sinks.append(OcsfFileSink(str(o["file"])))
+    if (s := config.get("syslog")) is not None:
+        from audit.syslog import SyslogSink, ocsf_payload
+        from audit.cef import format_cef
+
+        protocol = s.get("protocol", "tcp")
+        fmt = s.get("format", "cef")
+        if fmt not in ("cef", "ocsf"):
+            raise AuditConfigError(f"syslog.format must be cef or ocsf, not {fmt!r}")
+        ctx = ssl.create_default_context(cafile=s.get("ca_file")) if protocol == "tls" else None
+        try:
+            sinks.append(SyslogSink(s["host"], int(s["port"]), protocol, ssl_context=ctx,
+                                    formatter=format_cef if fmt == "cef" else ocsf_payload))
+        except ValueError as exc:
+            raise AuditConfigError(str(exc)) from exc
+    if (t := config.get("otlp")) is not None and t.get("endpoint"):
+        from audit.otlp import OtlpLogSink
+
+        sinks.append(OtlpLogSink(endpoint=t["endpoint"]))
+    if not sinks:
+        raise AuditConfigError("audit needs at least one sink")
+    spill = config.get("spill") or {}
+    if "dir" not in spill:
+        raise AuditConfigError("audit.spill.dir is required")
+    summary = config.get("summary")
+    aggregator = SummaryAggregator(float(summary.get("window_s", 10)), int(summary.get("first_n", 5))) if summary else None
+    return AuditLog(sinks, spill["dir"], spill_max_bytes=int(spill.get("max_bytes", 256 << 20)),
+                    aggregator=aggregator, registry=registry)
