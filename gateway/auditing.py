@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from audit.event import AuditEvent, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo
 
@@ -44,11 +44,38 @@ class AuditHub:
         self.emitted = 0
 
     @classmethod
-    def from_config(cls, section: Mapping[str, Any], *, router_factor: float = 1.25) -> "AuditHub":
-        """Build sinks, monitor and tracing from the ``audit`` config section (audit.config)."""
-        from audit.config import build_audit
+    def from_config(cls, section: Mapping[str, Any], *, router_factor: float = 1.25,
+                    tracing: Mapping[str, Any] | None = None) -> "AuditHub":
+        """Build the audit log (``audit.config.build_audit``), the concentration
+        monitor (thresholds relative to the router's load-guard factor) and the
+        tracer from config. The ``concentration`` sub-section holds
+        :class:`audit.concentration.ConcentrationMonitor` keyword arguments.
 
-        return build_audit(dict(section), router_factor=router_factor, hub_cls=cls)
+        Raises ``ValueError`` (``audit.config.AuditConfigError``) when no sink is
+        configured: the gateway never serves without an audit trail.
+        """
+        from prometheus_client import CollectorRegistry
+
+        from audit.concentration import ConcentrationMonitor
+        from audit.config import AuditConfigError, build_audit
+        from audit.tracing import setup_tracing
+
+        doc = dict(section)
+        conc = dict(doc.pop("concentration", {}) or {})
+        if not doc:
+            raise AuditConfigError("audit: configure at least one sink and a spill directory")
+        registry = CollectorRegistry()
+        log = build_audit(doc, registry=registry)
+        admin_registry = CollectorRegistry()
+        monitor = ConcentrationMonitor(load_guard_factor=router_factor, on_alert=log.emit,
+                                       registry=registry, admin_registry=admin_registry, **conc)
+        tc = dict(tracing or {})
+        exporter = tc.get("exporter") or "none"
+        provider = setup_tracing(None if exporter == "none" else exporter, endpoint=tc.get("otlp_endpoint"))
+        hub = cls(log, monitor, provider.get_tracer("prefixgate"), admin_registries=(admin_registry,))
+        hub.public_registries = (registry,)
+        hub.provider = provider
+        return hub
 
     # -- lifecycle
     async def start(self) -> None:
@@ -60,6 +87,9 @@ class AuditHub:
         """Flush every sink and write the final signed checkpoint."""
         if self.log is not None:
             await self.log.close()
+        provider = getattr(self, "provider", None)
+        if provider is not None:
+            provider.shutdown()
 
     @property
     def accepting(self) -> bool:
@@ -84,15 +114,9 @@ class AuditHub:
     # -- tracing
     def start_span(self, rec: Any, headers: Mapping[str, str]) -> None:
         """Open the request's server span (a client ``traceparent`` becomes a link)."""
-        links = []
-        tp = headers.get("traceparent")
-        if tp:
-            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        from audit.tracing import incoming_links
 
-            ctx = TraceContextTextMapPropagator().extract({"traceparent": tp})
-            sc = trace.get_current_span(ctx).get_span_context()
-            if sc.is_valid:
-                links.append(Link(sc, {"prefixgate.link": "client_traceparent"}))
+        links = incoming_links(headers)
         span = self.tracer.start_span(
             "POST " + rec.endpoint, kind=SpanKind.SERVER, links=links, context=trace.set_span_in_context(trace.INVALID_SPAN),
             start_time=time.time_ns(),
@@ -184,10 +208,14 @@ class AuditHub:
     def record_operator(self, record: Mapping[str, Any]) -> None:
         """One audit event for an operator action (policy/data change, key rotation, reload)."""
         ok = record.get("outcome", "succeeded")
+        actor = record.get("actor") or record.get("who")
+        if isinstance(actor, Mapping):
+            actor = actor.get("spiffe_id")
+        actor = str(actor) if actor is not None else None
         event = AuditEvent(
             kind=Kind.OPERATOR,
             outcome=Outcome.SUCCEEDED if ok == "succeeded" else Outcome.FAILED,
-            identity=Identity(record.get("actor") or record.get("who"), None),
+            identity=Identity(actor, None),
             operator={k: v for k, v in record.items() if isinstance(v, (str, int, float, bool))},
         )
         self.emitted += 1

@@ -128,9 +128,13 @@ class Components:
         )
         self.index = PrefixIndex(rc.index_capacity_blocks)
         self.router = Router(policy, self.index, LoadTracker(), rc.block_size)
-        # policy and audit
-        self.pdp = _build_pdp(config)
-        self.audit = audit or AuditHub.from_config(config.audit, router_factor=getattr(policy, "load_factor", 1.25))
+        # audit first (policy changes are audited), then the decision point
+        try:
+            self.audit = audit or AuditHub.from_config(config.audit, router_factor=getattr(policy, "load_factor", 1.25),
+                                                       tracing=config.tracing.model_dump())
+        except (ValueError, OSError, KeyError) as exc:
+            raise ConfigError(f"audit: {exc}") from None
+        self.pdp = _build_pdp(config, self.audit)
         self.session: aiohttp.ClientSession | None = None  # type: ignore[assignment]
         self.health: HealthChecker | None = None
         self._started = False
@@ -422,8 +426,12 @@ class Components:
                 )
 
 
-def _build_pdp(config: GatewayConfig) -> Any:
-    """The decision point of ``config.policy``: embedded OPA (default) or remote, behind a decision cache."""
+def _build_pdp(config: GatewayConfig, audit: AuditHub) -> Any:
+    """The decision point of ``config.policy``: embedded OPA (default) or remote, behind a decision cache.
+
+    With ``policy.versions_dir`` set, a :class:`policy.store.PolicyStore` manages
+    the embedded engine's directory (operator API; every change versioned and audited).
+    """
     from policy.cache import CachedDecisionPoint, DecisionCache
 
     pc = config.policy
@@ -445,19 +453,25 @@ def _build_pdp(config: GatewayConfig) -> Any:
         raise
     except Exception as exc:
         raise ConfigError(f"policy: {exc}") from None
+    store = None
+    if pc.versions_dir and pc.mode == "embedded":
+        from policy.store import PolicyStore
+
+        store = PolicyStore(pc.dir, pc.versions_dir, target=inner,
+                            on_change=lambda rec: audit.record_operator({"action": "policy_change", **rec.to_dict()}))
     if pc.cache_ttl_s <= 0 or pc.cache_max_entries == 0:
-        return _Lifecycle(inner)
-    return _Lifecycle(CachedDecisionPoint(inner, DecisionCache(ttl_s=pc.cache_ttl_s, max_entries=pc.cache_max_entries)),
-                      inner)
+        return _Lifecycle(inner, store=store)
+    cached = CachedDecisionPoint(inner, DecisionCache(ttl_s=pc.cache_ttl_s, max_entries=pc.cache_max_entries))
+    return _Lifecycle(cached, inner, store=store)
 
 
 class _Lifecycle:
     """Gives any decision point ``start``/``close`` (no-ops where it has none)."""
 
-    def __init__(self, dp: Any, inner: Any | None = None) -> None:
+    def __init__(self, dp: Any, inner: Any | None = None, store: Any | None = None) -> None:
         self.dp = dp
         self.inner = inner or dp
-        self.store = getattr(self.inner, "store", None)
+        self.store = store
 
     async def decide(self, input: dict[str, Any]) -> Decision:
         return await self.dp.decide(input)

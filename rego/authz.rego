@@ -112,10 +112,8 @@ denials contains {"rank": 4, "code": "model_not_entitled", "reason": "tenant is 
 	not input.request.model in tenant.models
 }
 
-denials contains {"rank": 5, "code": "max_tokens_exceeded", "reason": "requested max_tokens exceeds the tenant cap"} if {
-	is_number(input.request.max_tokens)
-	input.request.max_tokens > max_tokens
-}
+# A request above the cap is not denied: the decision's max_tokens caps it and
+# the gateway (PEP) clamps the upstream max_tokens to min(request, caps).
 
 denials contains {"rank": 6, "code": "no_entitled_replica", "reason": "no candidate replica is entitled for the tenant"} if {
 	tenant

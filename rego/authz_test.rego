@@ -108,10 +108,10 @@ test_tenant_setting_lowers_tier_cap if {
 	d.max_tokens == 256
 }
 
-test_max_tokens_over_cap_denied if {
+test_max_tokens_over_cap_allowed_and_capped if {
 	d := decide(mk_input("t-std", {"request": {"endpoint": "/v1/chat/completions", "model": "m1", "prompt_tokens": 1, "max_tokens": 2048, "stream": false}}))
-	d.allow == false
-	d.reason_code == "max_tokens_exceeded"
+	d.allow == true
+	d.max_tokens == 1024
 }
 
 test_max_tokens_at_cap_allowed if {
