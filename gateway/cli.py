@@ -53,30 +53,13 @@ def demo(ctx: click.Context) -> None:
     sys.exit(demo_main(list(ctx.args)) or 0)
 
 
-@main.group()
-def audit() -> None:
-    """Audit log tools."""
+def _add_audit_commands() -> None:
+    from audit.cli import audit_group
+
+    main.add_command(audit_group, name="audit")
 
 
-@audit.command("verify")
-@click.argument("files", nargs=-1, required=True, type=click.Path())
-@click.option("--public-key", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Ed25519 public key (PEM) of the checkpoint signer.")
-def audit_verify(files: tuple[str, ...], public_key: str) -> None:
-    """Verify hash chain, file links and signed checkpoints; exit 1 at the first problem."""
-    from audit.verify import main as verify_main
-
-    sys.exit(verify_main(list(files), public_key))
-
-
-@audit.command("keygen")
-@click.argument("path", type=click.Path(dir_okay=False))
-def audit_keygen(path: str) -> None:
-    """Write a new Ed25519 checkpoint signing key (PEM, mode 0600) and its public key (PATH.pub)."""
-    from audit.keys import generate_signing_key
-
-    generate_signing_key(path)
-    click.echo(f"wrote {path} and {path}.pub")
+_add_audit_commands()
 
 
 @main.group()
@@ -88,9 +71,11 @@ def policy() -> None:
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 def policy_test(directory: str) -> None:
     """Compile every module in DIRECTORY and run its Rego unit tests (like ``opa test``)."""
-    from policy.rego_test_runner import main as rego_main
+    from policy.store import check_policy_dir
 
-    sys.exit(rego_main([directory]))
+    report = check_policy_dir(directory)
+    click.echo(report.render())
+    sys.exit(0 if report.ok else 1)
 
 
 if __name__ == "__main__":  # pragma: no cover
