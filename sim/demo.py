@@ -204,7 +204,10 @@ def gateway_config(
             ],
         },
         "identity": {"trust_domains": {TRUST_DOMAIN: {"bundle_file": str(paths.bundle)}}, "audience": AUDIENCE},
-        "audit": {"jsonl_dir": str(paths.audit_dir)},
+        # "jsonl_dir" is the agreed demo key; audit.config (as built) reads sinks from "ocsf"/"jsonl"
+        # and needs a "spill" dir, so the demo also writes an OCSF file sink (no signing key needed).
+        "audit": {"jsonl_dir": str(paths.audit_dir), "ocsf": {"file": str(paths.audit_dir / "ocsf.jsonl")},
+                  "spill": {"dir": str(paths.audit_dir / "spill")}},
     }
 
 
