@@ -1,7 +1,9 @@
 """Pipeline step 1: who is calling (the PEP side of authentication).
 
-Order of checks, cheapest first: the caller's source address is rate
-limited *before* any token is verified (a flood of bad tokens costs little);
+Order of checks, cheapest first: a source address whose failed
+authentications exhausted its bucket is refused (429) *before* any token is
+verified, so a flood of bad tokens costs one dict lookup each; only failed
+attempts consume the bucket, authenticated traffic never does;
 then the ``Authorization: Bearer`` JWT-SVID is verified against the trust
 bundle of its trust domain (:class:`gateway.identity.JwtSvidVerifier`).
 Optionally an X.509-SVID forwarded by a trusted proxy in
@@ -47,8 +49,7 @@ class Authenticator:
     """Authenticates one request to a :class:`WorkloadIdentity`.
 
     ``verifier``: the JWT-SVID verifier of this listener's audience;
-    ``source_limiter``: object with ``check(source: str, now: float)``
-    raising ``tenancy.limits.RateLimited`` (or ``None``);
+    ``source_limiter``: a :class:`tenancy.limits.SourceLimiter` (or ``None``);
     ``trusted_proxies``: CIDRs whose forwarded client certificates are
     believed. Raises :class:`GatewayError` (401/400/429/503).
     """
@@ -67,16 +68,21 @@ class Authenticator:
         """Return the caller's identity or raise :class:`GatewayError`."""
         peer = request.client.host if request.client else "unknown"
         if self.source_limiter is not None:
-            from tenancy.limits import RateLimited
-
-            try:
-                self.source_limiter.check(peer, time.monotonic())  # type: ignore[attr-defined]
-            except RateLimited as exc:
+            wait = self.source_limiter.blocked(peer, time.monotonic())  # type: ignore[attr-defined]
+            if wait > 0:
                 raise GatewayError(
-                    429, "too_many_unauthenticated", "too many requests from this source",
-                    headers={"Retry-After": str(max(1, int(exc.retry_after_s + 0.999)))},
+                    429, "too_many_unauthenticated", "too many failed authentications from this source",
+                    headers={"Retry-After": str(max(1, int(wait + 0.999)))},
                     outcome="rate_limited",
-                ) from None
+                )
+        try:
+            return await self._authenticate(request, peer)
+        except GatewayError:
+            if self.source_limiter is not None:
+                self.source_limiter.charge_failure(peer, time.monotonic())  # type: ignore[attr-defined]
+            raise
+
+    async def _authenticate(self, request: Request, peer: str) -> WorkloadIdentity:
         xfcc_values = request.headers.getlist("x-forwarded-client-cert")
         forwarded: WorkloadIdentity | None = None
         if xfcc_values and self.trusted_proxies:

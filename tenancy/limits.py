@@ -311,23 +311,52 @@ class SourceLimiter:
     def __len__(self) -> int:
         return len(self._buckets)
 
+    def _bucket(self, key: str, now: float) -> TokenBucket:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = TokenBucket(self._rate, self._burst, now)
+            self._buckets[key] = bucket
+            while len(self._buckets) > self._max:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+        return bucket
+
     def check(self, source: str, now: float | None = None) -> None:
         """Take one request from ``source``'s bucket; raises :class:`RateLimited`
         (reason ``source_request_rate``) when it is empty."""
         key = source_key(source, ipv6_prefix=self._ipv6_prefix)
         now = self._clock() if now is None else now
         with self._lock:
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                bucket = TokenBucket(self._rate, self._burst, now)
-                self._buckets[key] = bucket
-                while len(self._buckets) > self._max:
-                    self._buckets.popitem(last=False)
-            else:
-                self._buckets.move_to_end(key)
-            wait = bucket.try_take(1, now)
+            wait = self._bucket(key, now).try_take(1, now)
         if wait > 0:
             raise RateLimited(wait, "source_request_rate")
+
+    def blocked(self, source: str, now: float | None = None) -> float:
+        """Seconds until ``source`` may try to authenticate again (0.0: not blocked).
+
+        Takes nothing. The gateway calls this *before* verifying a token and
+        :meth:`charge_failure` after a failed verification, so only
+        unauthenticated attempts consume the bucket while a blocked source is
+        refused without any signature check. Unknown sources are not stored.
+        """
+        key = source_key(source, ipv6_prefix=self._ipv6_prefix)
+        now = self._clock() if now is None else now
+        with self._lock:
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                return 0.0
+            bucket._refill(now)
+            return 0.0 if bucket.level >= 1 else (1 - bucket.level) / bucket.rate
+
+    def charge_failure(self, source: str, now: float | None = None) -> None:
+        """Record one failed authentication of ``source`` (takes one unit, never raises)."""
+        key = source_key(source, ipv6_prefix=self._ipv6_prefix)
+        now = self._clock() if now is None else now
+        with self._lock:
+            bucket = self._bucket(key, now)
+            bucket._refill(now)
+            bucket.level = max(bucket.level - 1, -bucket.burst)
 
 
 def clamp_max_tokens(

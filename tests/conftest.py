@@ -1,4 +1,4 @@
-"""Fixtures: a real gateway (uvicorn on loopback) in front of real simulated replicas.
+"""Shared fixtures: a real gateway (uvicorn on loopback) in front of real simulated replicas.
 
 Everything runs in the test's event loop: the replica simulator apps
 (``sim.cluster.start_cluster``), the gateway's public and admin listeners
@@ -31,7 +31,7 @@ from sim.replica import ReplicaConfig
 from sim.spiffe_issuer import DemoIssuer
 
 TD = "demo.prefixgate.test"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
