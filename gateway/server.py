@@ -3,11 +3,20 @@
 uvicorn's proxy-header rewriting stays off (``proxy_headers=False``): the
 client address used for source limits and for trusting a forwarded client
 certificate is the socket peer, never an ``X-Forwarded-For`` value.
+
+Shutdown: SIGTERM or SIGINT makes both listeners stop accepting, in-flight
+requests and streams drain (up to ``timeout_graceful_shutdown`` seconds),
+then the components stop — the audit log flushes every sink and writes its
+final signed checkpoint — and only then does the process exit. (uvicorn's
+own handlers would re-raise the signal before that final step.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+from collections.abc import Generator
 
 import uvicorn
 
@@ -15,14 +24,24 @@ from gateway.app import build_admin_app, build_public_app
 from gateway.components import Components
 from gateway.config import GatewayConfig
 
-__all__ = ["serve", "uvicorn_config"]
+__all__ = ["serve", "uvicorn_config", "GatewayServer"]
+
+DRAIN_TIMEOUT_S = 30
+
+
+class GatewayServer(uvicorn.Server):
+    """A uvicorn server whose signals are handled by :func:`serve` (not re-raised)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:  # noqa: D401 - uvicorn hook
+        yield
 
 
 def uvicorn_config(app: object, host: str, port: int, **kw: object) -> uvicorn.Config:
     """uvicorn settings shared by both listeners (no proxy headers, no server header)."""
     return uvicorn.Config(
         app, host=host, port=port, proxy_headers=False, server_header=False, access_log=False,
-        lifespan="off", timeout_graceful_shutdown=30, log_level="warning", **kw,  # type: ignore[arg-type]
+        lifespan="off", timeout_graceful_shutdown=DRAIN_TIMEOUT_S, log_level="warning", **kw,  # type: ignore[arg-type]
     )
 
 
@@ -31,16 +50,24 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None) -> None:
     c = Components(cfg)
     c.config_path = config_path  # type: ignore[attr-defined]
     await c.start()
-    servers = [uvicorn.Server(uvicorn_config(build_public_app(c, manage_lifecycle=False),
-                                             cfg.listen.host, cfg.listen.port))]
+    servers = [GatewayServer(uvicorn_config(build_public_app(c, manage_lifecycle=False),
+                                            cfg.listen.host, cfg.listen.port))]
     if cfg.admin is not None:
-        servers.append(uvicorn.Server(uvicorn_config(build_admin_app(c), cfg.admin.host, cfg.admin.port)))
-    tasks = [asyncio.ensure_future(s.serve()) for s in servers]
-    try:
-        # A signal stops whichever server holds the handler; then stop the others too.
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        servers.append(GatewayServer(uvicorn_config(build_admin_app(c), cfg.admin.host, cfg.admin.port)))
+    loop = asyncio.get_running_loop()
+
+    def stop_all() -> None:
         for s in servers:
             s.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop_all)
+    tasks = [asyncio.ensure_future(s.serve()) for s in servers]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        stop_all()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
         await c.stop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

@@ -108,12 +108,15 @@ class DemoPaths:
     bundle: Path
     audit_dir: Path
     logs: Path
+    signing_key: Path
 
     @classmethod
     def under(cls, work: Path) -> DemoPaths:
-        """Create the layout under ``work``."""
-        p = cls(work, work / "master.key", work / "bundle.json", work / "audit", work / "logs")
+        """Create the layout under ``work`` (the audit signing key lives apart from the audit log)."""
+        p = cls(work, work / "master.key", work / "bundle.json", work / "audit", work / "logs",
+                work / "keys" / "audit-signing.key")
         p.audit_dir.mkdir(parents=True, exist_ok=True)
+        p.signing_key.parent.mkdir(parents=True, exist_ok=True)
         p.logs.mkdir(parents=True, exist_ok=True)
         return p
 
@@ -152,6 +155,9 @@ def prepare_identity(paths: DemoPaths) -> Any:
 
     issuer = DemoIssuer(TRUST_DOMAIN)
     issuer.write_bundle(paths.bundle)
+    from audit.keys import generate_signing_key
+
+    generate_signing_key(paths.signing_key)
     return issuer
 
 
@@ -204,10 +210,13 @@ def gateway_config(
             ],
         },
         "identity": {"trust_domains": {TRUST_DOMAIN: {"bundle_file": str(paths.bundle)}}, "audience": AUDIENCE},
-        # "jsonl_dir" is the agreed demo key; audit.config (as built) reads sinks from "ocsf"/"jsonl"
-        # and needs a "spill" dir, so the demo also writes an OCSF file sink (no signing key needed).
-        "audit": {"jsonl_dir": str(paths.audit_dir), "ocsf": {"file": str(paths.audit_dir / "ocsf.jsonl")},
-                  "spill": {"dir": str(paths.audit_dir / "spill")}},
+        "policy": {"mode": "embedded", "dir": str(REPO_ROOT / "rego")},
+        "audit": {
+            "jsonl": {"dir": str(paths.audit_dir / "jsonl"), "signing_key_file": str(paths.signing_key),
+                      "checkpoint_s": 10},
+            "ocsf": {"file": str(paths.audit_dir / "ocsf.jsonl")},
+            "spill": {"dir": str(paths.audit_dir / "spill")},
+        },
     }
 
 

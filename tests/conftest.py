@@ -25,7 +25,7 @@ from gateway.app import build_admin_app, build_public_app
 from gateway.auditing import AuditHub
 from gateway.components import Components
 from gateway.config import load_config
-from gateway.server import uvicorn_config
+from gateway.server import GatewayServer, uvicorn_config
 from sim.cluster import Cluster, start_cluster
 from sim.replica import ReplicaConfig
 from sim.spiffe_issuer import DemoIssuer
@@ -68,8 +68,8 @@ def base_config(tmp: Path, urls: list[str], issuer: DemoIssuer, **over: Any) -> 
     bundle = tmp / "bundle.json"
     issuer.write_bundle(bundle)
     cfg: dict[str, Any] = {
-        "listen": {"host": "127.0.0.1", "port": free_port()},
-        "admin": {"host": "127.0.0.1", "port": free_port()},
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "admin": {"host": "127.0.0.1", "port": 0},
         "routing": {"policy": "cache_aware", "block_size": 16},
         "replicas": [
             {"id": f"r{i}", "url": u, "pool": "eu" if i == len(urls) - 1 and len(urls) > 2 else "default",
@@ -140,17 +140,18 @@ async def stack(tmp_path: Path, replica_cfg: ReplicaConfig, n_replicas: int,
     comps.config_path = str(cfg_file)  # type: ignore[attr-defined]
     await comps.start()
     servers = [
-        uvicorn.Server(uvicorn_config(build_public_app(comps, manage_lifecycle=False), "127.0.0.1", cfg.listen.port)),
-        uvicorn.Server(uvicorn_config(build_admin_app(comps), "127.0.0.1", cfg.admin.port)),
+        GatewayServer(uvicorn_config(build_public_app(comps, manage_lifecycle=False), "127.0.0.1", cfg.listen.port)),
+        GatewayServer(uvicorn_config(build_admin_app(comps), "127.0.0.1", cfg.admin.port)),
     ]
-    for s in servers:
-        s.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     tasks = [asyncio.ensure_future(s.serve()) for s in servers]
     while not all(s.started for s in servers):
+        if any(t.done() for t in tasks):
+            raise RuntimeError("gateway listener failed to start")
         await asyncio.sleep(0.01)
-    url = f"http://127.0.0.1:{cfg.listen.port}"
+    ports = [s.servers[0].sockets[0].getsockname()[1] for s in servers]
+    url = f"http://127.0.0.1:{ports[0]}"
     client = httpx.AsyncClient(base_url=url, timeout=20)
-    st = Stack(cluster, comps, issuer, url, f"http://127.0.0.1:{cfg.admin.port}", client, tmp_path, servers, tasks)
+    st = Stack(cluster, comps, issuer, url, f"http://127.0.0.1:{ports[1]}", client, tmp_path, servers, tasks)
     try:
         yield st
     finally:
