@@ -68,7 +68,7 @@ def build_public_app(c: Components, *, manage_lifecycle: bool = True) -> Starlet
 
     async def metrics(request: Request) -> Response:
         c.refresh_gauges()
-        return Response(generate_latest(c.metrics.public), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(c.metrics.public) + c.audit.public_metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

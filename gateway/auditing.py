@@ -105,6 +105,13 @@ class AuditHub:
         """Active concentration alerts, for the policy input."""
         return [] if self.monitor is None else list(self.monitor.active_alerts())
 
+    def public_metrics_text(self) -> bytes:
+        """Public exposition of the audit log and pool-level concentration metrics
+        (sink and pool names only; no tenants, SPIFFE IDs or replicas)."""
+        from prometheus_client import generate_latest
+
+        return b"".join(generate_latest(r) for r in getattr(self, "public_registries", ()))
+
     def admin_metrics_text(self) -> bytes:
         """Admin-only exposition of the audit and concentration registries."""
         from prometheus_client import generate_latest
