@@ -170,13 +170,17 @@ class ConcentrationMonitor:
 
     # ---- alerts -------------------------------------------------------
     def active_alerts(self) -> list[dict[str, object]]:
-        """Active alerts for the policy input: ``{id, kind, pool, replica, since}``
-        (``since`` ISO 8601 of the monotonic-clock-free raise time)."""
+        """Active alerts for the policy input: ``{id, kind, pool, replica,
+        replica_id, tenant_id, since}``. ``replica_id`` repeats ``replica`` under
+        the name the policy input uses (``policy.input``); ``tenant_id`` is
+        always None (alerts are per pool, not per tenant); ``since`` is the
+        monotonic-clock second the alert was raised at."""
         out = []
         for (kind, pool, replica), ep in self._episodes.items():
             if ep.active_since is not None:
                 out.append({"id": f"{kind}:{pool}:{replica}", "kind": kind, "pool": pool,
-                            "replica": replica or None, "since": ep.active_since})
+                            "replica": replica or None, "replica_id": replica or None, "tenant_id": None,
+                            "since": ep.active_since})
         return out
 
     def _evaluate(self, pool: str, now: float) -> None:

@@ -7,7 +7,8 @@ Shape (all sections optional except ``spill``; sizes bytes, times seconds)::
     syslog: {host, port, protocol: tcp|tls|udp, format: cef|ocsf, ca_file}
     otlp:   {endpoint}
     spill:  {dir, max_bytes}
-    summary: {window_s, first_n}
+    summary: {window_s, first_n, max_sources}   # flood aggregation, on by default
+                                        # (window 10 s, first 5); ``summary: false`` turns it off
 
 The signing key file must not be inside ``jsonl.dir`` (refused).
 """
@@ -74,7 +75,15 @@ def build_audit(config: dict[str, Any], registry: CollectorRegistry | None = Non
     spill = config.get("spill") or {}
     if "dir" not in spill:
         raise AuditConfigError("audit.spill.dir is required")
-    summary = config.get("summary")
-    aggregator = SummaryAggregator(float(summary.get("window_s", 10)), int(summary.get("first_n", 5))) if summary else None
+    summary = config.get("summary", {})
+    if summary is None:
+        summary = {}
+    if summary is False:
+        aggregator = None
+    elif isinstance(summary, dict):
+        aggregator = SummaryAggregator(float(summary.get("window_s", 10)), int(summary.get("first_n", 5)),
+                                       int(summary.get("max_sources", 10_000)))
+    else:
+        raise AuditConfigError("audit.summary must be a mapping or false")
     return AuditLog(sinks, spill["dir"], spill_max_bytes=int(spill.get("max_bytes", 256 << 20)),
                     aggregator=aggregator, registry=registry)

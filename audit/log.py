@@ -230,6 +230,19 @@ class AuditLog:
             w.spill.close()
 
     # ---- internals --------------------------------------------------
+    async def _flush_summaries(self) -> None:
+        """Emit the summary events of closed flood windows, periodically.
+
+        Polls every quarter window (at most 1 s, at least 50 ms); a summary
+        event is emitted like any other event (it is not aggregated itself).
+        """
+        assert self._aggregator is not None
+        period = min(1.0, max(0.05, self._aggregator.window_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            for ev in self._aggregator.flush(now_ms()):
+                self.emit(ev)
+
     def _forward_checkpoint(self, source: str) -> Callable[[AuditEvent], None]:
         def forward(event: AuditEvent) -> None:
             self.emit(event, exclude=(source,))

@@ -57,6 +57,11 @@ class SummaryAggregator:
         self._outcomes = outcomes
         self._windows: dict[str, _Window] = {}
 
+    @property
+    def window_s(self) -> float:
+        """Window length in seconds."""
+        return self._window_ms / 1000
+
     def offer(self, event: AuditEvent) -> AuditEvent | None:
         """Return ``event`` if it should be emitted now, ``None`` if counted
         into the source's summary. Uses ``event.time_ms`` as the clock."""
