@@ -50,7 +50,11 @@ from .spiffe_id import InvalidSpiffeId, SpiffeId, WorkloadIdentity, parse_spiffe
 
 #: Largest accepted compact JWS, in bytes.
 MAX_TOKEN_BYTES = 8 * 1024
-_COMPACT_RE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+#: Compact JWS shape. The signature segment may be empty so that an unsecured
+#: JWS (``alg: none``, RFC 7515 A.5) is parsed and refused as ``alg_not_allowed``
+#: (the precise reason, useful in the audit trail); with any allowed alg an
+#: empty signature never verifies.
+_COMPACT_RE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 _ALLOWED_TYP = frozenset({"JWT", "JOSE"})
 REALM = "prefixgate"
 
@@ -146,11 +150,14 @@ def error_body(err: AuthenticationError) -> dict[str, Any]:
 def extract_bearer(authorization: str | None) -> str:
     """The token of an ``Authorization: Bearer <token>`` header value.
 
-    Raises :class:`AuthenticationError` with ``missing_token`` when absent or
-    empty, ``malformed_authorization_header`` for another scheme or shape.
+    Raises :class:`AuthenticationError` with ``missing_token`` (401, bare
+    challenge, RFC 6750 3.1) when absent, empty, or the ``Bearer`` scheme with
+    an empty credential (``"Bearer"``, ``"Bearer "``: HTTP servers strip the
+    trailing space, so both are the same request without credentials);
+    ``malformed_authorization_header`` (400) for another scheme or shape.
     The scheme is case-insensitive (RFC 6750 2.1, RFC 9110 11.1).
     """
-    if authorization is None or not authorization.strip():
+    if authorization is None or not authorization.strip() or authorization.strip().lower() == "bearer":
         raise _fail(Reason.MISSING_TOKEN, "no bearer token")
     parts = authorization.strip().split(" ")
     if len(parts) != 2 or parts[0].lower() != "bearer" or not parts[1]:
@@ -238,7 +245,7 @@ class JwtSvidVerifier:
         if len(token) > self.max_token_bytes:
             raise _fail(Reason.TOKEN_TOO_LARGE, f"token larger than {self.max_token_bytes} bytes")
         if not _COMPACT_RE.fullmatch(token):
-            raise _fail(Reason.MALFORMED, "token is not a compact JWS (three base64url segments)")
+            raise _fail(Reason.MALFORMED, "token is not a compact JWS (base64url header.payload.signature)")
         h_seg, p_seg, _ = token.split(".")
         header = _b64json(h_seg, "header")
         if "crit" in header:

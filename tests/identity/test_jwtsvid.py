@@ -324,7 +324,8 @@ def test_extract_bearer() -> None:
     assert extract_bearer("Bearer abc.def.ghi") == "abc.def.ghi"
     assert extract_bearer("bearer abc") == "abc"
     for bad, reason in [(None, Reason.MISSING_TOKEN), ("", Reason.MISSING_TOKEN),
-                        ("Basic dXNlcg==", Reason.MALFORMED_HEADER), ("Bearer", Reason.MALFORMED_HEADER),
+                        ("Basic dXNlcg==", Reason.MALFORMED_HEADER), ("Bearer", Reason.MISSING_TOKEN),
+                        ("bearer ", Reason.MISSING_TOKEN),
                         ("Bearer a b", Reason.MALFORMED_HEADER)]:
         with pytest.raises(AuthenticationError) as ei:
             extract_bearer(bad)
