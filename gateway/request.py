@@ -30,7 +30,7 @@ MAX_TOKENS_CEILING = 1 << 20
 
 
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=False)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Base):
@@ -59,7 +59,7 @@ class _Sampling(_Base):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Union[str, list[str], None] = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 64) - 1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     user: str | None = Field(None, max_length=256)
@@ -188,7 +188,9 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32)
     Raises :class:`GatewayError` 400 with code ``invalid_json`` (not UTF-8,
     not JSON, not an object, nested deeper than ``max_depth``) or
     ``invalid_request`` (schema violation; the message names the field, never
-    its value).
+    its value). Validation is strict: JSON types are not coerced (``"stream":
+    "yes"``, ``"max_tokens": "12"`` or ``12.0`` are refused, as OpenAI does),
+    so the forwarded body is exactly what the schema says.
     """
     try:
         text = raw.decode("utf-8")
