@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -120,10 +120,19 @@ async def reload_tenants(registry_loader: RegistryLoader) -> dict:
 
 
 def _actor(principal: Any) -> str | None:
+    """The operator's SPIFFE ID from whatever ``authorize`` returned: a string,
+    a mapping with ``spiffe_id`` (the gateway's authorize), or an object with a
+    ``spiffe_id`` attribute (``WorkloadIdentity``, whose ``spiffe_id`` may be a
+    ``SpiffeId`` value; its ``str`` is the ID)."""
     if isinstance(principal, str):
         return principal
-    spiffe_id = getattr(principal, "spiffe_id", None)
-    return spiffe_id if isinstance(spiffe_id, str) else None
+    if isinstance(principal, Mapping):
+        spiffe_id = principal.get("spiffe_id")
+    else:
+        spiffe_id = getattr(principal, "spiffe_id", None)
+    if spiffe_id is None:
+        return None
+    return spiffe_id if isinstance(spiffe_id, str) else str(spiffe_id)
 
 
 def admin_routes(
