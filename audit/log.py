@@ -11,9 +11,17 @@ again; receivers de-duplicate on ``event_id``).
 Fail closed: when the spill files together hold more than ``spill_max_bytes``
 undelivered bytes, :attr:`AuditLog.accepting` turns False and an alert is
 raised; the gateway must then answer 503 to new requests. Events of requests
-already in flight are still spilled up to ``spill_max_bytes * (1 +
-spill_headroom)``; only beyond that an event is dropped and counted in
+already in flight are still spilled up to ``spill_max_bytes`` plus a headroom
+of ``max(spill_max_bytes * spill_headroom, MIN_HEADROOM_BYTES)``; only beyond
+that an event is dropped and counted in
 ``prefixgate_audit_events_dropped_total`` (which must stay 0).
+
+While not accepting, the events of the refusals themselves (``policy.reason_code
+== "audit_unavailable"``, the gateway's 503 code) are not written one by one
+(each would grow the spill that caused them, and a client retrying in a loop
+would push the log past its headroom): they are counted per source and written
+as ``kind="summary"`` events (``summary.reason = "audit_unavailable"``) when
+the log accepts again, or at ``close()``.
 """
 from __future__ import annotations
 
@@ -26,12 +34,17 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from audit.event import AuditEvent, Kind, Outcome, now_ms, scrub_event
+from audit.event import AuditEvent, Kind, Outcome, PolicyInfo, iso_ms, now_ms, scrub_event
 from audit.sink import AuditSink, SinkUnavailable
 from audit.spill import SpillCorrupt, SpillFile
 from audit.summary import SummaryAggregator
 
 log = logging.getLogger(__name__)
+
+#: ``policy.reason_code`` of the gateway's fail-closed refusal (503 while not accepting).
+AUDIT_UNAVAILABLE_CODE = "audit_unavailable"
+#: Least spill headroom (bytes) kept for events of requests already in flight.
+MIN_HEADROOM_BYTES = 64 * 1024
 
 
 def _encode(event: AuditEvent) -> bytes:
@@ -81,7 +94,8 @@ class AuditLog:
         spill_dir: directory of the spill files (local disk).
         spill_max_bytes: undelivered bytes (all sinks) above which
             ``accepting`` turns False.
-        spill_headroom: extra fraction still spilled for in-flight requests.
+        spill_headroom: extra fraction still spilled for in-flight requests
+            (at least ``MIN_HEADROOM_BYTES``).
         queue_size: in-memory events per sink before spilling.
         batch_size: events per ``send`` call.
         retry_initial_s, retry_max_s: reconnect backoff (seconds, doubling).
@@ -112,7 +126,7 @@ class AuditLog:
         self.metrics = _Metrics(self.registry)
         self._spill_dir = Path(spill_dir)
         self._spill_max = spill_max_bytes
-        self._spill_hard = int(spill_max_bytes * (1 + spill_headroom))
+        self._spill_hard = spill_max_bytes + max(int(spill_max_bytes * spill_headroom), MIN_HEADROOM_BYTES)
         self._retry_initial = retry_initial_s
         self._retry_max = retry_max_s
         self._aggregator = aggregator
@@ -122,6 +136,8 @@ class AuditLog:
         ]
         self._accepting = True
         self._dropped = 0
+        # fail-closed refusals counted instead of written: source -> [count, first_ms, last_ms]
+        self._refused: dict[str, list[int]] = {}
         self._flush_task: asyncio.Task[None] | None = None
         for s in sinks:
             if hasattr(s, "on_checkpoint"):
@@ -154,6 +170,9 @@ class AuditLog:
         event, dropped = scrub_event(event)
         for _, reason in dropped:
             self.metrics.scrubbed.labels(reason).inc()
+        if not self._accepting and event.policy.reason_code == AUDIT_UNAVAILABLE_CODE:
+            self._count_refusal(event)
+            return
         if self._aggregator is not None:
             passed = self._aggregator.offer(event)
             if passed is None:
@@ -210,6 +229,7 @@ class AuditLog:
         if self._aggregator is not None:
             for ev in self._aggregator.flush(now_ms(), force=True):
                 self.emit(ev)
+        self._emit_refusal_summaries()
         await self.drain(timeout_s / 2)
         for w in self._workers:
             if hasattr(w.sink, "on_checkpoint"):  # checkpoint sources first
@@ -243,6 +263,26 @@ class AuditLog:
             for ev in self._aggregator.flush(now_ms()):
                 self.emit(ev)
 
+    def _count_refusal(self, event: AuditEvent) -> None:
+        source = event.client_address or "unknown"
+        if source not in self._refused and len(self._refused) >= 10_000:
+            source = "*other*"
+        entry = self._refused.setdefault(source, [0, event.time_ms, event.time_ms])
+        entry[0] += 1
+        entry[2] = event.time_ms
+        self.metrics.emitted.inc()
+
+    def _emit_refusal_summaries(self) -> None:
+        refused, self._refused = self._refused, {}
+        for source, (count, first, last) in refused.items():
+            self.emit(AuditEvent(
+                kind=Kind.SUMMARY, outcome=Outcome.SUMMARIZED,
+                client_address=None if source == "*other*" else source,
+                status_code=503, policy=PolicyInfo(None, AUDIT_UNAVAILABLE_CODE, None),
+                summary={"reason": AUDIT_UNAVAILABLE_CODE, "source": source, "suppressed": count,
+                         "count_failed": count, "first_refused": iso_ms(first), "last_refused": iso_ms(last)},
+            ))
+
     def _forward_checkpoint(self, source: str) -> Callable[[AuditEvent], None]:
         def forward(event: AuditEvent) -> None:
             self.emit(event, exclude=(source,))
@@ -275,6 +315,7 @@ class AuditLog:
         elif not self._accepting and pending < self._spill_max // 2:
             self._accepting = True
             self._raise_alert(Outcome.CLEARED, pending)
+            self._emit_refusal_summaries()
         self.metrics.accepting.set(1 if self._accepting else 0)
 
     def _raise_alert(self, outcome: Outcome, pending: int) -> None:
