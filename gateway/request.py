@@ -27,6 +27,7 @@ __all__ = ["InferenceRequest", "read_body", "parse_inference_request", "Endpoint
 
 Endpoint = Literal["chat", "completions"]
 MAX_TOKENS_CEILING = 1 << 20
+CLOSE = {"Connection": "close"}
 
 
 class _Base(BaseModel):
@@ -130,20 +131,25 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
     ``Content-Length`` header or the bytes actually sent exceed the cap
     (before reading the rest), 400 for an invalid ``Content-Length``, 408
     (``body_timeout``) for a body not complete in time, and 400
-    (``client_disconnect``) when the client goes away mid-body.
+    (``client_disconnect``) when the client goes away mid-body. The 413,
+    408 and invalid-length answers carry ``Connection: close``: the server
+    then closes the connection instead of draining an unread (possibly
+    huge or never-ending) body to keep the connection alive.
     """
     lengths = request.headers.getlist("content-length")
     if lengths:
         if len(set(lengths)) > 1:
-            raise GatewayError(400, "conflicting_content_length", "conflicting Content-Length headers")
+            raise GatewayError(400, "conflicting_content_length", "conflicting Content-Length headers",
+                               headers=dict(CLOSE))
         try:
             declared = int(lengths[0])
         except ValueError:
-            raise GatewayError(400, "invalid_content_length", "invalid Content-Length header") from None
+            raise GatewayError(400, "invalid_content_length", "invalid Content-Length header",
+                               headers=dict(CLOSE)) from None
         if declared < 0:
-            raise GatewayError(400, "invalid_content_length", "invalid Content-Length header")
+            raise GatewayError(400, "invalid_content_length", "invalid Content-Length header", headers=dict(CLOSE))
         if declared > max_bytes:
-            raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes")
+            raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes", headers=dict(CLOSE))
     chunks: list[bytes] = []
     size = 0
     try:
@@ -151,10 +157,12 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > max_bytes:
-                    raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes")
+                    raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes",
+                                       headers=dict(CLOSE))
                 chunks.append(chunk)
     except TimeoutError:
-        raise GatewayError(408, "body_timeout", f"request body not received within {timeout_s:g} s") from None
+        raise GatewayError(408, "body_timeout", f"request body not received within {timeout_s:g} s",
+                           headers=dict(CLOSE)) from None
     except ClientDisconnect:
         raise GatewayError(400, "client_disconnect", "client disconnected while sending the body", outcome="cancelled") from None
     return b"".join(chunks)
