@@ -7,6 +7,18 @@ tens of µs, while the thread hop costs ~40 µs; ctypes releases the GIL, so
 the event loop keeps serving streams meanwhile. ``offload=False`` evaluates
 inline (lower p50 for tiny policies). Cache hits never reach the engine.
 
+Deadline (fail closed): every decision has an overall deadline ``timeout_s``
+(default :data:`DEFAULT_TIMEOUT_S`, the gateway's ``policy.timeout_s``
+default). Offloaded evaluations run on the engine's own small thread pool
+(never the loop's default executor, so a hung engine cannot starve other
+``to_thread`` users); past the deadline :meth:`EmbeddedOpa.decide` raises
+:class:`PolicyUnavailableError` and the late result is discarded. A Go-side
+evaluation cannot be interrupted: a hung one keeps its worker (and the
+engine's eval lock), so later decisions queue and time out too, i.e. the
+gateway keeps answering 503 until the engine recovers or is swapped. Inline
+evaluations cannot be preempted either; one that finishes after the
+deadline is discarded the same way.
+
 Changes are applied by building a new engine and swapping the reference
 (atomic in CPython); an in-flight evaluation keeps the old engine alive until
 it returns. Change listeners (e.g. a DecisionCache) are called after a swap.
@@ -15,8 +27,10 @@ it returns. Change listeners (e.g. a DecisionCache) are called after a swap.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +40,14 @@ from policy.decision import Decision, PolicyError, PolicyUnavailableError, decis
 from policy.loader import PolicySet, build_engine, load_policy_dir
 
 DEFAULT_QUERY = "data.prefixgate.authz.decision"
+
+#: Default overall deadline of one embedded decision, seconds (the gateway's
+#: ``policy.timeout_s`` default).
+DEFAULT_TIMEOUT_S = 0.05
+
+#: Worker threads of the offload pool. The engine serializes evaluations
+#: under its own lock, so more workers would only queue on it.
+EVAL_WORKERS = 2
 
 
 def _document_path(query: str) -> str:
@@ -44,9 +66,12 @@ class EmbeddedOpa:
         query: the decision document, a plain ``data.`` reference.
         policy_set: a ready PolicySet (used when ``policy_dir`` is None).
         offload: evaluate in a worker thread (default) instead of inline.
+        timeout_s: overall deadline of one decision, seconds (> 0), or None
+            for no deadline (benchmarks only).
 
     Raises:
         PolicyCompileError: the initial set does not load or compile.
+        ValueError: ``timeout_s`` is not positive.
     """
 
     def __init__(
@@ -56,8 +81,13 @@ class EmbeddedOpa:
         query: str = DEFAULT_QUERY,
         policy_set: PolicySet | None = None,
         offload: bool = True,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
     ) -> None:
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError("timeout_s must be positive (or None)")
         self._path = _document_path(query)
+        self._timeout_s = timeout_s
+        self._executor: ThreadPoolExecutor | None = None
         self._dir = Path(policy_dir) if policy_dir is not None else None
         self._data_files = data_files
         self._offload = offload
@@ -124,14 +154,30 @@ class EmbeddedOpa:
         """Evaluate one decision (see :class:`policy.decision.DecisionPoint`).
 
         Raises:
+            PolicyUnavailableError: past the deadline, or the engine is closed.
             PolicyError: evaluation failed or the output has a wrong shape.
         """
         if self._offload:
-            result = await asyncio.to_thread(self.evaluate, input)
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(EVAL_WORKERS, thread_name_prefix="opa-eval")
+            fut = asyncio.get_running_loop().run_in_executor(self._executor, self.evaluate, input)
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    result = await fut
+            except TimeoutError:
+                raise PolicyUnavailableError(
+                    f"embedded OPA decision deadline of {self._timeout_s}s exceeded") from None
         else:
+            t0 = time.perf_counter()
             result = self.evaluate(input)
+            if self._timeout_s is not None and time.perf_counter() - t0 > self._timeout_s:
+                raise PolicyUnavailableError(f"embedded OPA decision deadline of {self._timeout_s}s exceeded")
         return decision_from_result(result, str(uuid.uuid4()))
 
     def close(self) -> None:
-        """Release the engine; later decisions raise PolicyUnavailableError."""
+        """Release the engine and the worker pool; later decisions raise
+        PolicyUnavailableError."""
         self._engine.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None

@@ -107,7 +107,9 @@ def _candidate(c: Mapping[str, Any], i: int) -> dict[str, Any]:
 
 def _alert(a: Mapping[str, Any], i: int) -> dict[str, Any]:
     where = f"alerts[{i}]"
-    replica = a.get("replica_id")
+    # audit.concentration.ConcentrationMonitor.active_alerts() names the
+    # replica ``replica``; input version 1 calls it ``replica_id``.
+    replica = a.get("replica_id", a.get("replica"))
     tenant = a.get("tenant_id")
     return {
         "id": _req_str(a, "id", where),
@@ -137,7 +139,9 @@ def build_policy_input(
         candidates: replicas the router could use, each ``{"id", "pool",
             "labels", "healthy", "load"}`` (load: queued + running requests).
         alerts: active concentration alerts, each ``{"id", "kind",
-            "replica_id", "tenant_id"}``.
+            "replica_id", "tenant_id"}`` (``replica`` is accepted for
+            ``replica_id``: the concentration monitor's shape; other keys
+            such as ``pool`` and ``since`` are dropped).
         now: wall-clock time, seconds since the Unix epoch.
 
     Returns:

@@ -53,10 +53,15 @@ residency_ok(c) if {
 	c.labels.data_residency == tenant.data_residency
 }
 
+# Alert kinds that name a hot replica: "replica_concentration" is what the
+# gateway's concentration monitor (audit.concentration) raises;
+# "concentration" is the generic kind of input version 1.
+concentration_kinds := {"concentration", "replica_concentration"}
+
 # Active concentration alerts: global (tenant_id null) or for this tenant.
 alerted_replicas contains a.replica_id if {
 	some a in input.alerts
-	a.kind == "concentration"
+	a.kind in concentration_kinds
 	is_string(a.replica_id)
 	alert_applies(a)
 }

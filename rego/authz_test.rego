@@ -149,6 +149,19 @@ test_concentration_alert_for_other_tenant_ignored if {
 	d.allowed_replicas == {"d1", "d2"}
 }
 
+test_monitor_replica_concentration_alert_removes_replica if {
+	alerts := [{"id": "replica_concentration:default:d1", "kind": "replica_concentration", "replica_id": "d1", "tenant_id": null}]
+	d := decide(mk_input("t-std", {"alerts": alerts}))
+	d.allow == true
+	not "d1" in d.allowed_replicas
+}
+
+test_pool_concentration_alert_without_replica_ignored if {
+	alerts := [{"id": "pool_concentration:default:", "kind": "pool_concentration", "replica_id": null, "tenant_id": null}]
+	d := decide(mk_input("t-std", {"alerts": alerts}))
+	"d1" in d.allowed_replicas
+}
+
 test_other_alert_kinds_ignored if {
 	alerts := [{"id": "a1", "kind": "cache_miss", "replica_id": "d1", "tenant_id": null}]
 	d := decide(mk_input("t-std", {"alerts": alerts}))
