@@ -318,8 +318,8 @@ class SoakSettings:
 
 
 def smoke_settings() -> SoakSettings:
-    """The CI smoke run: one 12 s step at 12 req/s, 3 s idle, no separate soak phase."""
-    return SoakSettings(steps=(12.0,), step_s=12.0, soak_s=0.0, warmup_s=0.0, idle_s=3.0, replicas=3,
+    """The CI smoke run: one 10 s step at 12 req/s, 2 s idle, no separate soak phase (~16 s)."""
+    return SoakSettings(steps=(12.0,), step_s=10.0, soak_s=0.0, warmup_s=0.0, idle_s=2.0, replicas=3,
                         time_scale=50.0, max_tokens=16, trace_rows=400, max_in_flight=256,
                         request_timeout_s=15.0, max_requests=1000)
 
