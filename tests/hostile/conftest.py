@@ -19,8 +19,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,6 +41,7 @@ class Captured:
     query: str
     headers: dict[str, str]
     body: Any
+    raw: bytes = b""
 
 
 @dataclass
@@ -66,7 +70,7 @@ def _recording_middleware(cap: CaptureReplicas, rid: str) -> Any:
             except ValueError:
                 body = None
             cap.seen.append(Captured(rid, request.path, request.query_string,
-                                     {k.lower(): v for k, v in request.headers.items()}, body))
+                                     {k.lower(): v for k, v in request.headers.items()}, body, raw))
             status = cap.reject.get(rid)
             if status is not None:
                 return web.json_response(
@@ -98,9 +102,22 @@ def n_replicas() -> int:
     return 1  # the stack's own cluster is unused: the gateway talks to ``capture``
 
 
+def stable_master_secret(tmp_path: Path) -> str:
+    """A master-secret file that survives the loader's one-trailing-newline strip.
+
+    (tests/conftest.py writes 32 random bytes; when the last one is ``\n``
+    the loader sees 31 and the stack fails to start, about 1 run in 256.)
+    """
+    path = tmp_path / "master-stable.key"
+    path.write_bytes(secrets.token_bytes(32) + b"\n")
+    os.chmod(path, 0o600)
+    return str(path)
+
+
 @pytest.fixture
-def config_overrides(capture: CaptureReplicas) -> dict[str, Any]:
+def config_overrides(capture: CaptureReplicas, tmp_path: Path) -> dict[str, Any]:
     return {
+        "tenancy": {"master_secret_file": stable_master_secret(tmp_path)},
         "replicas": [
             {"id": "r0", "url": capture.urls[0], "pool": "default"},
             {"id": "r1", "url": capture.urls[1], "pool": "default"},

@@ -39,6 +39,29 @@ async def test_content_length_over_cap_without_any_body(stack, capture, raw):
     assert resp.status == 413 and resp.json()["error"]["code"] == "body_too_large"
 
 
+async def test_chunked_body_over_cap_refused_while_streaming(stack, capture, raw):
+    conn = await raw.connect()
+    await conn.send(raw.head("/v1/completions", _hdrs(stack, Transfer_Encoding="chunked")))
+    chunk = b"a " * 4096
+
+    async def stream() -> None:
+        first = b'{"model": "sim-model", "prompt": "'
+        await conn.send(f"{len(first):x}\r\n".encode() + first + b"\r\n")
+        for _ in range(1000):  # 8 MB if nobody stopped it
+            await conn.send(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            await asyncio.sleep(0.001)
+
+    sender = asyncio.ensure_future(stream())
+    try:
+        resp = await conn.response(timeout_s=5.0)
+    finally:
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
+    assert resp.status == 413 and resp.json()["error"]["code"] == "body_too_large"
+    assert resp.headers.get("connection") == ["close"]
+    assert capture.seen == []
+
+
 async def test_content_length_shorter_than_body(stack, capture, raw):
     conn = await raw.connect()
     await conn.send(raw.head("/v1/completions", _hdrs(stack, Content_Length=str(20))) + BODY)
