@@ -55,22 +55,31 @@ class Tokenizer(Protocol):
 
 
 class WordTokenizer:
-    """Deterministic word-level tokenizer; no files, no state.
+    """Deterministic word-level tokenizer; no files, and by default no state
+    shared between calls.
 
     Each match of ``\\w+|[^\\w\\s]`` is one token; its id is the first 4 bytes
-    (big-endian) of ``BLAKE2b(token, digest_size=4)``. Ids of repeated words
-    are memoised in a bounded dict (``cache_size`` entries).
+    (big-endian) of ``BLAKE2b(token, digest_size=4)``. Repeated words *within
+    one* :meth:`encode` call are hashed once.
+
+    ``cache_size`` > 0 also memoises ids *across* calls in a bounded dict.
+    Never do that in the gateway: a memo shared by all tenants is a timing
+    side channel (a word another tenant sent recently encodes faster, which
+    the cross-tenant timing probe in ``tests/security/test_timing_probe.py``
+    measured). The default, 0, keeps no state between calls.
     """
 
     name = "word-blake2b-32"
 
-    def __init__(self, cache_size: int = 1 << 18) -> None:
+    def __init__(self, cache_size: int = 0) -> None:
+        if cache_size < 0:
+            raise ValueError("cache_size must be >= 0")
         self._cache: dict[str, int] = {}
         self._cache_size = cache_size
 
     def token_id(self, word: str) -> int:
         """Return the 32-bit id of one token string."""
-        tid = self._cache.get(word)
+        tid = self._cache.get(word) if self._cache_size else None
         if tid is None:
             tid = int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=4).digest(), "big")
             if len(self._cache) < self._cache_size:
@@ -80,7 +89,15 @@ class WordTokenizer:
     def encode(self, text: str) -> list[int]:
         """Return one id per word or symbol of ``text`` (empty list for blank text)."""
         tid = self.token_id
-        return [tid(m) for m in _TOKEN_RE.findall(text)]
+        local: dict[str, int] = {}
+        out: list[int] = []
+        append = out.append
+        for m in _TOKEN_RE.findall(text):
+            v = local.get(m)
+            if v is None:
+                v = local[m] = tid(m)
+            append(v)
+        return out
 
 
 class HuggingFaceTokenizer:
