@@ -7,13 +7,15 @@ policy (pass ``key_fields``). Fields of the shipped policy (rego/authz.rego):
 
 - ``version``; ``identity.spiffe_id`` (deny-list), ``identity.trust_domain``
 - ``tenant.id`` (entitlements), ``tenant.max_tokens`` (cap)
-- ``request.endpoint``, ``request.model`` (entitlement),
-  ``request.max_tokens`` (exact, compared against the cap; no bucket)
+- ``request.endpoint``, ``request.model`` (entitlement)
 - ``candidates[].id|pool|healthy|labels.data_residency`` (pools, residency,
   concentration fallback)
 - ``alerts[].id|kind|replica_id|tenant_id`` (concentration rule)
 
-Not in the key: ``request.prompt_tokens``, ``request.stream``,
+Not in the key: ``request.max_tokens`` (the policy returns a cap, it does
+not compare the request against it: the gateway clamps; keying on it made
+almost every demo-replay request a miss, since each asks for its own output
+length), ``request.prompt_tokens``, ``request.stream``,
 ``candidates[].load``, ``time``, ``identity.claims``, ``tenant.tier``,
 ``tenant.models|pools|labels`` (the policy reads tier, models and pools from
 ``data``, not from input).
@@ -42,7 +44,6 @@ DEFAULT_KEY_FIELDS: tuple[str, ...] = (
     "tenant.max_tokens",
     "request.endpoint",
     "request.model",
-    "request.max_tokens",
     "candidates[].id",
     "candidates[].pool",
     "candidates[].healthy",

@@ -37,20 +37,21 @@ pool_permitted(p) if {
 
 # ---------------------------------------------------------------- replicas
 
+# A non-regulated tenant: every candidate in an entitled pool. A regulated
+# tenant: only replicas whose data_residency label equals its residency.
 entitled_replicas contains c.id if {
+	not regulated
 	some c in input.candidates
 	c.pool in entitled_pools
-	residency_ok(c)
 }
 
-residency_ok(_) if not regulated
-
-# A regulated tenant's requests only reach replicas whose data_residency
-# label equals the tenant's residency.
-residency_ok(c) if {
+entitled_replicas contains c.id if {
 	regulated
-	is_string(tenant.data_residency)
-	c.labels.data_residency == tenant.data_residency
+	residency := tenant.data_residency
+	is_string(residency)
+	some c in input.candidates
+	c.labels.data_residency == residency
+	c.pool in entitled_pools
 }
 
 # Alert kinds that name a hot replica: "replica_concentration" is what the
@@ -70,17 +71,22 @@ alert_applies(a) if a.tenant_id == null
 
 alert_applies(a) if a.tenant_id == input.tenant.id
 
-healthy_unalerted contains c.id if {
+# Is there a healthy, unalerted, entitled candidate? (a boolean: evaluation
+# stops at the first one)
+some_healthy_unalerted if {
 	some c in input.candidates
-	c.id in entitled_replicas
 	c.healthy == true
+	c.id in entitled_replicas
 	not c.id in alerted_replicas
 }
 
 # An alerted replica leaves the allowed set only if another healthy,
-# unalerted, entitled candidate remains.
-allowed_replicas := entitled_replicas - alerted_replicas if {
-	count(healthy_unalerted) > 0
+# unalerted, entitled candidate remains. No alert (the common case): the
+# entitled set as is.
+allowed_replicas := entitled_replicas if {
+	count(alerted_replicas) == 0
+} else := entitled_replicas - alerted_replicas if {
+	some_healthy_unalerted
 } else := entitled_replicas
 
 # ---------------------------------------------------------------- tokens

@@ -106,9 +106,9 @@ async def test_pdp_down_gives_503_never_a_route(
 
         monkeypatch.setattr(EmbeddedOpa, "evaluate", down)
     before = replica_requests(stack)
-    # a different max_tokens is a decision-cache miss (request.max_tokens is in the key)
-    for mt in (5, 6):
-        r = await stack.client.post("/v1/completions", headers=stack.auth("tenant-a/app"), json=body(mt))
+    # other workloads of the tenant: decision-cache misses (identity.spiffe_id is in the key)
+    for workload in ("tenant-a/w5", "tenant-a/w6"):
+        r = await stack.client.post("/v1/completions", headers=stack.auth(workload), json=body())
         assert r.status_code == 503, r.text
         assert r.json()["error"]["code"] == "policy_unavailable"
     assert replica_requests(stack) == before
@@ -143,3 +143,30 @@ async def test_pdp_slow_gives_503_within_the_deadline(
     assert ev.route.replica is None and ev.policy.reason_code == "policy_unavailable"
     # let the abandoned evaluation finish before teardown closes the engine
     await asyncio.sleep(0)
+
+
+def cache_lookups(text: str) -> dict[str, float]:
+    """``prefixgate_policy_cache_lookups_total`` by result, from a /metrics scrape."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("prefixgate_policy_cache_lookups_total{"):
+            result = line.split('result="', 1)[1].split('"', 1)[0]
+            out[result] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+async def test_decision_cache_hits_across_output_lengths_and_still_clamps(
+    stack: Any, audit_log: Any, pdp_mode: str
+) -> None:
+    """Requests that differ only in max_tokens share one decision (the policy
+    returns a cap; the gateway clamps), so a replay's varying output lengths
+    do not defeat the cache; the hit is a public metric."""
+    h = stack.auth("tenant-a/app")
+    for mt in (4, 5, 6000):
+        assert (await stack.client.post("/v1/completions", headers=h, json=body(mt))).status_code == 200
+    ids = {e.policy.decision_id for e in request_events(audit_log)}
+    assert len(ids) == 1  # one evaluation, two cache hits (same decision id)
+    lookups = cache_lookups((await stack.client.get("/metrics")).text)
+    assert lookups.get("hit") == 2 and lookups.get("miss") == 1
+    # tenant-a: registry cap 256 < tier cap 1024 -> the 6000-token request was clamped
+    assert max(e.output_tokens or 0 for e in request_events(audit_log)) <= 256
