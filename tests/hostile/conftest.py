@@ -103,13 +103,13 @@ def n_replicas() -> int:
 
 
 def stable_master_secret(tmp_path: Path) -> str:
-    """A master-secret file that survives the loader's one-trailing-newline strip.
+    """A master-secret file the loader always accepts (64 hex characters).
 
-    (tests/conftest.py writes 32 random bytes; when the last one is ``\n``
-    the loader sees 31 and the stack fails to start, about 1 run in 256.)
+    (tests/conftest.py writes 32 random bytes; when the last one is ``\\n``
+    the loader strips it, sees 31 and the stack fails to start, about 1 run in 256.)
     """
     path = tmp_path / "master-stable.key"
-    path.write_bytes(secrets.token_bytes(32) + b"\n")
+    path.write_text(secrets.token_hex(32))
     os.chmod(path, 0o600)
     return str(path)
 
