@@ -13,6 +13,7 @@ candidate alerted: keep routing) and tenant-scoped alerts.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -33,13 +34,28 @@ def routed(log: Any) -> list[str]:
 
 @pytest.fixture
 def monitor() -> ConcentrationMonitor:
-    # raise at once (no hold), after 5 requests in the pool's window
-    return ConcentrationMonitor(window_s=600, hold_s=0, min_requests=5)
+    # raise at once (no hold), after 5 requests in the pool's window, at a
+    # fixed share of 0.7 (clears below 0.56): independent of the default
+    # threshold formula, which the audit package tunes
+    return ConcentrationMonitor(window_s=600, hold_s=0, min_requests=5, share_threshold=0.7)
 
 
 @pytest.fixture
 def audit_hub(audit_log: Any, monitor: ConcentrationMonitor) -> AuditHub:
     return AuditHub(audit_log, monitor=monitor)
+
+
+async def post(stack: Any, log: Any, h: dict[str, str], payload: dict[str, Any]) -> None:
+    """One request, then wait until its audit event (and so its monitor
+    observation) is recorded: the gateway may record after the response."""
+    n = sum(1 for e in log.events if e.request_id)
+    r = await stack.client.post("/v1/completions", headers=h, json=payload)
+    assert r.status_code == 200, r.text
+    for _ in range(500):
+        if sum(1 for e in log.events if e.request_id) > n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("request was not audited")
 
 
 def hot_replicas(monitor: ConcentrationMonitor) -> set[str]:
@@ -53,25 +69,24 @@ async def test_monitor_alert_steers_routing_away_from_the_hot_replica(
     # The monitor judges a pool once it has seen two of its replicas: distinct
     # prompts until both default replicas served one.
     for i in range(12):
-        r = await stack.client.post("/v1/completions", headers=h,
-                                    json={"model": "sim-model", "prompt": f"warm {i} " * (20 + i), "max_tokens": 2})
-        assert r.status_code == 200, r.text
+        await post(stack, audit_log, h, {"model": "sim-model", "prompt": f"warm {i} " * (20 + i), "max_tokens": 2})
         if set(routed(audit_log)) == {"r0", "r1"}:
             break
     assert set(routed(audit_log)) == {"r0", "r1"}
     # One conversation: cache-aware routing keeps its shared prefix on one replica until it is hot.
     n = len(routed(audit_log))
     for i in range(20):
-        assert (await stack.client.post("/v1/completions", headers=h, json=body(i))).status_code == 200
+        await post(stack, audit_log, h, body(i))
         if hot_replicas(monitor):
             break
+    assert len(hot_replicas(monitor)) == 1, (routed(audit_log), monitor.stats("default"))
     (hot,) = hot_replicas(monitor)
     assert set(routed(audit_log)[n:]) == {hot}  # the conversation made it hot
     # While the alert is active, no request reaches the hot replica (the other one is healthy).
     steered = 0
     for i in range(20, 26):
         active = hot in hot_replicas(monitor)
-        assert (await stack.client.post("/v1/completions", headers=h, json=body(i))).status_code == 200
+        await post(stack, audit_log, h, body(i))
         if active:
             assert routed(audit_log)[-1] != hot
             steered += 1
