@@ -439,7 +439,7 @@ def _build_pdp(config: GatewayConfig, audit: AuditHub) -> Any:
         if pc.mode == "embedded":
             from policy.embedded import EmbeddedOpa
 
-            inner: Any = EmbeddedOpa(pc.dir)
+            inner: Any = EmbeddedOpa(pc.dir, timeout_s=pc.timeout_s)
         else:
             import os
 
@@ -454,10 +454,11 @@ def _build_pdp(config: GatewayConfig, audit: AuditHub) -> Any:
     except Exception as exc:
         raise ConfigError(f"policy: {exc}") from None
     store = None
-    if pc.versions_dir and pc.mode == "embedded":
-        from policy.store import PolicyStore
+    if pc.versions_dir:
+        from policy.store import PolicyStore, RemoteOpaTarget
 
-        store = PolicyStore(pc.dir, pc.versions_dir, target=inner,
+        target = inner if pc.mode == "embedded" else RemoteOpaTarget(inner.client, on_applied=inner.notify_change)
+        store = PolicyStore(pc.dir, pc.versions_dir, target=target,
                             on_change=lambda rec: audit.record_operator({"action": "policy_change", **rec.to_dict()}))
     if pc.cache_ttl_s <= 0 or pc.cache_max_entries == 0:
         return _Lifecycle(inner, store=store)

@@ -56,20 +56,20 @@ async def test_accepted_change_is_versioned_and_survives_restart(active: Path, t
     store = PolicyStore(active, tmp_path / "versions", target=opa, on_change=records.append)
     tenants = store.get_data(TENANTS)
     old_text_digest = store.list_data()
-    tenants["tenant-c"] = {"tier": "standard", "models": ["sim-model"], "pools": ["default"], "regulated": False}
+    tenants["tenant-z"] = {"tier": "standard", "models": ["sim-model"], "pools": ["default"], "regulated": False}
     rec = await store.put_data(TENANTS, tenants, "spiffe://prefixgate.test/ops/alice")
 
     assert records == [rec] and rec.version == 1 and rec.kind == "data" and rec.op == "put"
     assert rec.who == "spiffe://prefixgate.test/ops/alice"
     assert rec.old_sha256 == next(d["sha256"] for d in old_text_digest if d["path"] == TENANTS)
     assert rec.new_sha256 != rec.old_sha256
-    assert (await opa.decide(mk("tenant-c"))).allow is True
+    assert (await opa.decide(mk("tenant-z"))).allow is True
 
     restarted = PolicyStore(active, tmp_path / "versions")
     assert restarted.version == 1
-    assert "tenant-c" in restarted.get_data(TENANTS)
+    assert "tenant-z" in restarted.get_data(TENANTS)
     assert [r.version for r in restarted.history()] == [1]
-    assert (await EmbeddedOpa(active).decide(mk("tenant-c"))).allow is True
+    assert (await EmbeddedOpa(active).decide(mk("tenant-z"))).allow is True
 
     rec2 = await store.put_policy("extra.rego", "package prefixgate.extra\n\nx := 1\n", "ops")
     assert rec2.version == 2 and rec2.old_sha256 is None
