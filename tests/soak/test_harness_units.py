@@ -84,9 +84,15 @@ def test_read_proc_of_missing_process_raises():
 def test_audit_check_counts_lost_records():
     base = dict(duplicates=0, outcomes={}, last_record_type="checkpoint", checkpoints=1, unsealed_records=0,
                 verify_exit=0, verify_output="")
-    assert AuditCheck(sent=10, inference_events=10, missing_request_ids=0, **base).ok
-    lost = AuditCheck(sent=10, inference_events=9, missing_request_ids=0, **base)
+    assert AuditCheck(sent=10, answered=10, inference_events=10, missing_request_ids=0, **base).ok
+    lost = AuditCheck(sent=10, answered=10, inference_events=9, missing_request_ids=0, **base)
     assert lost.lost == 1 and not lost.ok
-    assert AuditCheck(sent=10, inference_events=10, missing_request_ids=2, **base).lost == 2
-    unsealed = AuditCheck(sent=1, inference_events=1, missing_request_ids=0, **{**base, "unsealed_records": 3})
+    assert AuditCheck(sent=10, answered=10, inference_events=10, missing_request_ids=2, **base).lost == 2
+    # a connection that failed before any status: the gateway may or may not have an event for it
+    for events in (8, 9):
+        c = AuditCheck(sent=9, answered=8, inference_events=events, missing_request_ids=0, **base)
+        assert c.unanswered == 1 and c.lost == 0 and c.ok
+    assert not AuditCheck(sent=9, answered=8, inference_events=10, missing_request_ids=0, **base).ok
+    unsealed = AuditCheck(sent=1, answered=1, inference_events=1, missing_request_ids=0,
+                          **{**base, "unsealed_records": 3})
     assert not unsealed.ok

@@ -24,7 +24,7 @@ async def test_soak_smoke_no_5xx_no_lost_audit_record_fds_recover(tmp_path: Path
     # every request has exactly one audit event, all allowed; the chain verifies and ends sealed
     a = rep.audit
     assert a is not None
-    assert a.sent == step.sent and a.inference_events == step.sent and a.lost == 0
+    assert a.sent == a.answered == step.sent and a.inference_events == step.sent and a.lost == 0
     assert a.missing_request_ids == 0 and a.duplicates == 0
     assert a.outcomes == {"allowed": step.sent}
     assert a.verify_exit == 0, a.verify_output
