@@ -22,12 +22,18 @@ Defaults are relative to the router's bounded-load guard factor ``c``
 (consistent hashing with bounded loads, Mirrokni et al. 2018: no replica
 takes more than ``c`` × the mean load): with n replicas the guard allows a
 share of at most c/n, so ``share_threshold=None`` means c/n — an alert says
-the guard is not holding (or only one replica is healthy).
+the guard is not holding (or only one replica is healthy). A window of N
+requests gets a sampling margin on top, ``3·sqrt(p(1-p)/N)`` with p = c/n
+(:meth:`ConcentrationMonitor.default_share_threshold`), so chance imbalance in
+short windows does not alert. The monitor must know each pool's replicas
+(:meth:`ConcentrationMonitor.set_pool_members`): a replica that gets no
+traffic at all is otherwise invisible.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -79,6 +85,9 @@ class ConcentrationMonitor:
         baseline_windows: baseline length in windows for the hit rate.
         registry: public metrics (pool level); admin_registry: metrics that
             name replicas (admin listener only).
+        pools: configured replica ids per pool (see :meth:`set_pool_members`).
+        significance_z: sampling margin of the default share threshold (see
+            :meth:`default_share_threshold`); 0 gives plain c/n.
     """
 
     def __init__(
@@ -95,6 +104,8 @@ class ConcentrationMonitor:
         baseline_windows: int = 10,
         registry: CollectorRegistry | None = None,
         admin_registry: CollectorRegistry | None = None,
+        pools: Mapping[str, Iterable[str]] | None = None,
+        significance_z: float = 3.0,
     ) -> None:
         if not 0 < clear_ratio < 1:
             raise ValueError("clear_ratio must be in (0, 1)")
@@ -106,6 +117,7 @@ class ConcentrationMonitor:
         self.hit_drop_ratio = hit_drop_ratio
         self.load_guard_factor = load_guard_factor
         self.min_requests = min_requests
+        self.significance_z = significance_z
         self.baseline_s = window_s * baseline_windows
         self._on_alert = on_alert
         self._pools: dict[str, _Pool] = defaultdict(_Pool)
@@ -118,6 +130,33 @@ class ConcentrationMonitor:
         self._g_share = Gauge("prefixgate_replica_request_share", "Request share", ["pool", "replica"], registry=self.admin_registry)
         self._g_pshare = Gauge("prefixgate_replica_prefill_share", "Prefill-token share", ["pool", "replica"], registry=self.admin_registry)
         self._g_ratio = Gauge("prefixgate_pool_max_mean_ratio", "Max/mean requests per replica", ["pool"], registry=self.admin_registry)
+        for pool, members in (pools or {}).items():
+            self.set_pool_members(pool, members)
+
+    def default_share_threshold(self, n_replicas: int, requests: int) -> float:
+        """The share threshold used when ``share_threshold`` is None.
+
+        ``p = c / n`` (the bounded-load guard's bound with factor c over n
+        replicas) plus a sampling margin ``z · sqrt(p (1 - p) / N)`` for a
+        window of N requests (``significance_z``, default 3): a window of a
+        few dozen requests on a balanced pool routinely shows one replica
+        above c/n by chance; the margin vanishes as the window grows.
+        Capped at 1.0.
+        """
+        p = min(self.load_guard_factor / max(n_replicas, 1), 1.0)
+        margin = self.significance_z * math.sqrt(p * (1 - p) / requests) if requests > 0 else 0.0
+        return min(p + margin, 1.0)
+
+    def set_pool_members(self, pool: str, replicas: Iterable[str]) -> None:
+        """Declare the replicas of ``pool`` (from the gateway's replica config).
+
+        Shares are computed over these replicas plus any replica seen in
+        observations, so a pool whose traffic all lands on one of its n
+        replicas shows share 1.0 against the threshold c/n; without it the
+        monitor only knows the replicas it has seen, and total concentration
+        onto one replica would look like a one-replica pool (never judged).
+        """
+        self._pools[pool].replicas.update(replicas)
 
     # ---- statistics ---------------------------------------------------
     def stats(self, pool: str) -> dict[str, object]:
@@ -196,7 +235,8 @@ class ConcentrationMonitor:
             self._g_pshare.labels(pool, r).set(pshares[r])
         if int(st["requests"]) < self.min_requests or len(shares) < 2:  # type: ignore[call-overload]
             return
-        thr = self.share_threshold if self.share_threshold is not None else min(self.load_guard_factor / len(shares), 1.0)
+        thr = self.share_threshold if self.share_threshold is not None else self.default_share_threshold(
+            len(shares), int(st["requests"]))  # type: ignore[call-overload]
         for r in shares:
             value = max(shares[r], pshares[r])
             self._step(("replica_concentration", pool, r), value >= thr, value < thr * self.clear_ratio, now, value, thr)
