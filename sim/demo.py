@@ -13,7 +13,14 @@
    ``--rows`` rows of the Mooncake trace at ``--time-scale`` with one
    JWT-SVID per tenant workload, read every replica's ``/sim/stats``, stop
    the gateway;
-4. print the comparison table and write ``bench/results/demo.{md,json}``.
+4. skew phase (``--skew-rows``, default 160; 0 skips it): cache_aware with the
+   load guard turned off (routing params) on a hot-prefix workload (every
+   request shares a 12-block prefix), with short concentration windows: the
+   audit trail gets a ``replica_concentration`` alert;
+5. print the comparison table and write ``bench/results/demo.{md,json}``;
+6. verify the audit hash chain (:func:`audit.verify.verify_files` over the
+   JSONL files with ``keys/audit-signing.key.pub``) and print a summary of
+   events by outcome and the alerts (:func:`audit_summary`).
 
 Defaults (600 rows at time scale 10, about 20 s of wall time per policy)
 finish in a few minutes on 2 cores. Helpers here (:func:`start_cluster_proc`,
@@ -263,6 +270,79 @@ async def run_target(
     return summarize(label, result, stats, bounds), result
 
 
+def hot_prefix_requests(n: int, shared_blocks: int = 12, interval_s: float = 0.5,
+                        output_tokens: int = 32) -> list[TraceRequest]:
+    """``n`` synthetic trace requests sharing one ``shared_blocks``-block prefix (512-token
+    blocks) plus one unique block each, one every ``interval_s`` trace seconds."""
+    shared = tuple(range(10_000_000, 10_000_000 + shared_blocks))
+    return [TraceRequest(i, i * interval_s, (shared_blocks + 1) * 512, output_tokens, shared + (20_000_000 + i,))
+            for i in range(n)]
+
+
+async def _skew_phase(rows: int, replicas: Sequence[Mapping[str, str]], names: Sequence[str], paths: DemoPaths,
+                      spec: ClusterSpec, rcfg: ReplayConfig, headers_for: HeadersFor,
+                      log: Callable[[str], None]) -> None:
+    """Hot-prefix workload through cache_aware with the load guard off: a concentration alert."""
+    cfg = gateway_config("cache_aware", replicas, names, paths, listen_port=free_port(), admin_port=free_port(),
+                         block_size=spec.block_size, index_capacity_blocks=spec.capacity_blocks,
+                         params={"guard_tokens": False, "max_request_factor": 1000.0})
+    cfg["audit"]["concentration"] = {"window_s": 5.0, "hold_s": 2.0, "min_requests": 20,
+                                     "pools": {"default": [r["replica_id"] for r in replicas]}}
+    reqs = hot_prefix_requests(rows)
+    gw, base = await start_gateway("gateway-skew", cfg, paths)
+    try:
+        await reset_replicas([r["url"] for r in replicas])
+        t = time.monotonic()
+        result = await replay(reqs, dataclasses.replace(rcfg, base_url=base), [names[0]] * len(reqs),
+                              headers_for=headers_for)
+    finally:
+        stop_process(gw)
+    log(f"  skew phase (cache_aware, load guard off, one hot prefix): {len(result.ok)}/{len(reqs)} ok "
+        f"({time.monotonic() - t:.0f} s wall)")
+
+
+def audit_summary(paths: DemoPaths, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Verify the demo's audit chain and print events by outcome and the alerts.
+
+    Returns ``{"verified": bool, "records", "checkpoints", "outcomes": {kind:outcome: n},
+    "alerts": [{outcome, alert_kind, pool, replica, value, threshold}]}``.
+    """
+    import json
+    from collections import Counter
+
+    from audit.keys import load_public_key
+    from audit.verify import format_report, verify_files
+
+    jdir = paths.audit_dir / "jsonl"
+    pub = paths.signing_key.with_name(paths.signing_key.name + ".pub")
+    report = verify_files([jdir], load_public_key(pub))
+    outcomes: Counter[str] = Counter()
+    alerts: list[dict[str, Any]] = []
+    for f in sorted(jdir.glob("*.jsonl")):
+        for line in f.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            if rec.get("type") != "event":
+                continue
+            body = rec["body"]
+            outcomes[f"{body['kind']}:{body['outcome']}"] += 1
+            if body["kind"] == "alert":
+                a = body.get("alert", {})
+                alerts.append({"outcome": body["outcome"], **{k: a.get(k) for k in
+                               ("alert_kind", "pool", "replica", "value", "threshold")}})
+    log(f"audit chain: {'verified' if report.ok else 'BROKEN'} ({report.files} files, {report.records} records, "
+        f"{report.checkpoints} signed checkpoints)")
+    if not report.ok:
+        log(format_report(report))
+    log("audit events by kind:outcome: " + ", ".join(f"{k} {n}" for k, n in sorted(outcomes.items())))
+    for a in alerts:
+        log(f"  alert {a['outcome']}: {a['alert_kind']} pool={a['pool']} replica={a['replica']} "
+            f"value={a['value']} threshold={a['threshold']}")
+    if not any(a["alert_kind"] in ("replica_concentration", "pool_concentration") for a in alerts):
+        log("  (no concentration alert)")
+    return {"verified": report.ok, "records": report.records, "checkpoints": report.checkpoints,
+            "outcomes": dict(outcomes), "alerts": alerts}
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="prefixgate demo", description="Replay a real trace through PrefixGate, "
                                  "one run per routing policy, and compare.")
@@ -279,6 +359,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for demo.md / demo.json")
     ap.add_argument("--name", default="demo", help="result file stem")
     ap.add_argument("--keep-workdir", action="store_true", help="keep configs, logs and audit files")
+    ap.add_argument("--skew-rows", type=int, default=160,
+                    help="requests of the hot-prefix phase with the load guard off (0: skip)")
     return ap.parse_args(argv)
 
 
@@ -321,8 +403,14 @@ async def run_demo(args: argparse.Namespace, log: Callable[[str], None] = print)
             log(f"  {policy:16s} hit {summary.hit_rate or 0:.3f}  TTFT p50 {summary.ttft_p50 or 0:.3f}s "
                 f"p99 {summary.ttft_p99 or 0:.3f}s  errors {sum(summary.errors.values())}  "
                 f"({time.monotonic() - t:.0f} s wall)")
+        if args.skew_rows > 0:
+            await _skew_phase(args.skew_rows, replicas, names, paths, spec, rcfg, headers_for, log)
     finally:
         stop_process(cluster)
+        try:
+            audit_summary(paths, log)
+        except Exception as exc:  # the summary must never hide the demo's own result
+            log(f"audit summary failed: {type(exc).__name__}: {exc}")
         if not args.keep_workdir:
             shutil.rmtree(work, ignore_errors=True)
         else:

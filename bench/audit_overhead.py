@@ -1,0 +1,299 @@
+"""Gateway throughput with every audit sink and tracing on vs all off (not a test).
+
+``python -m bench.audit_overhead [--rounds 4] [--seconds 4] [--concurrency 32]``
+(or ``python bench/audit_overhead.py``). One run starts:
+
+* a simulated replica cluster (``python -m sim.cluster``, 2 replicas, time
+  scale 1000, so replicas answer in about a millisecond and the gateway is
+  the bottleneck);
+* a real ``rsyslogd`` on loopback (the helper of ``tests/audit``), and a dummy
+  OTLP/HTTP collector (answers 200 to ``/v1/logs`` and ``/v1/traces``, counts
+  bytes) in this process;
+* two gateway processes with the same config except the audit trail:
+  **off** — :class:`gateway.auditing.AuditHub` ``(None)`` (no sinks, no
+  monitor, spans to a no-op tracer) — and **on** — ``AuditHub.from_config``
+  with the JSONL hash chain (1 s checkpoints), the OCSF file, CEF/TCP syslog to
+  rsyslogd, OTLP logs, flood summaries, the concentration monitor, and OTLP
+  tracing to the collector.
+
+Load: closed loop, ``--concurrency`` clients, non-streaming completions of a
+~100-token prompt (a shared 64-token prefix + a unique tail), ``max_tokens``
+4. Rounds alternate off/on (``--rounds`` each, ``--seconds`` per round) so
+both see the same machine state; throughput is successful requests per
+second. Result: the ratio on/off of the summed throughput (target >= 0.8),
+written to ``bench/results/audit_overhead.{json,md}``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+TD = "demo.prefixgate.test"
+
+
+# ------------------------------------------------------------------ gateway child
+async def _serve(config_file: str, mode: str, ready_file: str) -> None:
+    """Run one gateway (public listener only) until SIGTERM; write its port to ``ready_file``."""
+    import signal
+
+    from gateway.app import build_public_app
+    from gateway.auditing import AuditHub
+    from gateway.components import Components
+    from gateway.config import load_config
+    from gateway.server import GatewayServer, uvicorn_config
+
+    cfg = load_config(config_file)
+    comps = Components(cfg, audit=AuditHub(None) if mode == "off" else None)
+    await comps.start()
+    server = GatewayServer(uvicorn_config(build_public_app(comps, manage_lifecycle=False), "127.0.0.1", 0))
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        if task.done():
+            raise RuntimeError("gateway failed to start")
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    Path(ready_file).write_text(json.dumps({"port": port}))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    server.should_exit = True
+    await task
+    dropped = comps.audit.dropped
+    await comps.stop()
+    Path(ready_file + ".done").write_text(json.dumps({"dropped": dropped, "emitted": comps.audit.emitted}))
+
+
+# ------------------------------------------------------------------ helpers
+async def _collector() -> tuple[Any, str, dict[str, int]]:
+    """A dummy OTLP/HTTP collector: 200 to every POST, counting requests and bytes."""
+    from aiohttp import web
+
+    counts = {"requests": 0, "bytes": 0}
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()
+        counts["requests"] += 1
+        counts["bytes"] += len(body)
+        return web.Response(status=200, content_type="application/x-protobuf", body=b"")
+
+    app = web.Application()
+    app.router.add_post("/v1/logs", handle)
+    app.router.add_post("/v1/traces", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}", counts
+
+
+def _config(work: Path, urls: list[str], bundle: Path, audit: dict[str, Any], tracing: dict[str, Any]) -> dict[str, Any]:
+    secret = work / "master.key"
+    if not secret.exists():
+        secret.write_bytes(secrets.token_bytes(32))
+        os.chmod(secret, 0o600)
+    return {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "admin": None,
+        "routing": {"policy": "cache_aware", "block_size": 16},
+        "replicas": [{"id": f"r{i}", "url": u, "pool": "default"} for i, u in enumerate(urls)],
+        "health": {"interval_s": 1.0, "timeout_s": 1.0},
+        "tenancy": {"master_secret_file": str(secret), "master_secret_env": None,
+                    "tenants": [{"id": "tenant-a", "spiffe_ids": [f"spiffe://{TD}/tenant-a/"],
+                                 "models": ["sim-model"], "pools": ["default"]}]},
+        "identity": {"audience": "prefixgate", "trust_domains": {TD: {"bundle_file": str(bundle)}}},
+        "policy": {"mode": "embedded", "dir": str(REPO / "rego"), "timeout_s": 1.0},
+        "audit": audit,
+        "tracing": tracing,
+    }
+
+
+def _start_gateway(work: Path, name: str, cfg: dict[str, Any], mode: str) -> tuple[subprocess.Popen[bytes], str]:
+    import yaml
+
+    cfg_file = work / f"{name}.yaml"
+    cfg_file.write_text(yaml.safe_dump(cfg))
+    ready = work / f"{name}.ready"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", str(cfg_file), "--mode", mode,
+                             "--ready-file", str(ready)], cwd=str(REPO), env=env,
+                            stdout=open(work / f"{name}.log", "ab"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"gateway {name} did not start: {(work / f'{name}.log').read_text()[-2000:]}")
+        time.sleep(0.05)
+    return proc, f"http://127.0.0.1:{json.loads(ready.read_text())['port']}"
+
+
+async def _round(url: str, token: str, seconds: float, concurrency: int, seq: list[int]) -> dict[str, float]:
+    import aiohttp
+
+    prefix = " ".join(f"sys{i}" for i in range(64))
+    ok = err = 0
+    latencies: list[float] = []
+    stop_at = time.monotonic() + seconds
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal ok, err
+        while time.monotonic() < stop_at:
+            seq[0] += 1
+            n = seq[0]
+            body = {"model": "sim-model", "prompt": f"{prefix} " + " ".join(f"u{n}x{j}" for j in range(36)),
+                    "max_tokens": 4}
+            t = time.monotonic()
+            async with session.post(url + "/v1/completions", json=body,
+                                    headers={"Authorization": f"Bearer {token}"}) as resp:
+                await resp.read()
+                if resp.status == 200:
+                    ok += 1
+                    latencies.append(time.monotonic() - t)
+                else:
+                    err += 1
+
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession(connector=conn) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    wall = time.monotonic() - t0
+    latencies.sort()
+    p50 = latencies[len(latencies) // 2] if latencies else float("nan")
+    return {"ok": ok, "errors": err, "wall_s": wall, "rps": ok / wall, "p50_ms": p50 * 1000}
+
+
+async def _main(args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, str(REPO / "tests" / "audit"))
+    from rsyslog_helper import Rsyslog
+
+    from audit.keys import generate_signing_key
+    from sim.cluster import spawn_cluster
+    from sim.spiffe_issuer import DemoIssuer
+
+    work = Path(tempfile.mkdtemp(prefix="pg-audit-bench-"))
+    issuer = DemoIssuer(TD)
+    bundle = work / "bundle.json"
+    issuer.write_bundle(bundle)
+    key = work / "keys" / "audit.key"
+    key.parent.mkdir()
+    generate_signing_key(key)
+    (work / "rsyslog").mkdir()
+    rsyslog = Rsyslog(work / "rsyslog")
+    rsyslog.start()
+    runner, collector, counts = await _collector()
+    cluster = spawn_cluster(args.replicas, time_scale=1000.0, decode_s_per_token=0.0, stream_chunk_tokens=16)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        audit_on = {
+            "jsonl": {"dir": str(work / "audit"), "signing_key_file": str(key), "checkpoint_s": 1},
+            "ocsf": {"file": str(work / "ocsf.jsonl")},
+            "syslog": {"host": "127.0.0.1", "port": rsyslog.port, "protocol": "tcp", "format": "cef"},
+            "otlp": {"endpoint": collector + "/v1/logs"},
+            "spill": {"dir": str(work / "spill")},
+        }
+        tracing_on = {"exporter": "otlp", "otlp_endpoint": collector + "/v1/traces"}
+        off_cfg = _config(work, cluster.urls, bundle, {}, {"exporter": "none"})
+        on_cfg = _config(work, cluster.urls, bundle, audit_on, tracing_on)
+        p_off, url_off = _start_gateway(work, "gw-off", off_cfg, "off")
+        procs.append(p_off)
+        p_on, url_on = _start_gateway(work, "gw-on", on_cfg, "on")
+        procs.append(p_on)
+        token = issuer.mint(f"spiffe://{TD}/tenant-a/bench", "prefixgate", 3600)
+        seq = [0]
+        for url in (url_off, url_on):  # warm-up (policy engine, connection pools)
+            await _round(url, token, 1.0, args.concurrency, seq)
+        rounds: list[dict[str, Any]] = []
+        for i in range(args.rounds):
+            order = [("off", url_off), ("on", url_on)] if i % 2 == 0 else [("on", url_on), ("off", url_off)]
+            for mode, url in order:
+                r = await _round(url, token, args.seconds, args.concurrency, seq)
+                r.update(mode=mode, round=i)
+                rounds.append(r)
+                print(f"round {i} {mode:3s}: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:6.1f} ms  errors {r['errors']}")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        cluster.stop()
+        await runner.cleanup()
+        received = len(rsyslog.lines())
+        rsyslog.stop()
+    done = {}
+    for name in ("gw-off", "gw-on"):
+        f = work / f"{name}.ready.done"
+        done[name] = json.loads(f.read_text()) if f.exists() else None
+    on_ok = sum(r["ok"] for r in rounds if r["mode"] == "on")
+    off_ok = sum(r["ok"] for r in rounds if r["mode"] == "off")
+    on_wall = sum(r["wall_s"] for r in rounds if r["mode"] == "on")
+    off_wall = sum(r["wall_s"] for r in rounds if r["mode"] == "off")
+    ratio = (on_ok / on_wall) / (off_ok / off_wall) if off_ok else float("nan")
+    result = {
+        "ratio_on_over_off": round(ratio, 3),
+        "rps_on": round(on_ok / on_wall, 1), "rps_off": round(off_ok / off_wall, 1),
+        "rounds": rounds, "concurrency": args.concurrency, "seconds_per_round": args.seconds,
+        "replicas": args.replicas, "cpus": os.cpu_count(), "python": sys.version.split()[0],
+        "rsyslog_lines_received": received, "otlp_posts": counts["requests"], "otlp_bytes": counts["bytes"],
+        "gateway_exit": done,
+    }
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns 0 (the ratio is reported, not enforced)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=4, help="rounds per mode (alternating)")
+    ap.add_argument("--seconds", type=float, default=4.0, help="seconds per round")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--serve", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=("on", "off"), help=argparse.SUPPRESS)
+    ap.add_argument("--ready-file", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.serve:
+        asyncio.run(_serve(args.serve, args.mode, args.ready_file))
+        return 0
+    result = asyncio.run(_main(args))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "audit_overhead.json").write_text(json.dumps(result, indent=2))
+    md = [
+        "# Audit and tracing overhead (gateway throughput, all sinks on vs off)",
+        "",
+        f"ratio on/off: **{result['ratio_on_over_off']}** (target >= 0.8); "
+        f"on {result['rps_on']} req/s, off {result['rps_off']} req/s; "
+        f"{args.rounds} alternating rounds of {args.seconds:g} s per mode, concurrency {args.concurrency}, "
+        f"{result['cpus']} CPUs, Python {result['python']}.",
+        f"rsyslog lines received: {result['rsyslog_lines_received']}; OTLP posts: {result['otlp_posts']}; "
+        f"gateway exit: {result['gateway_exit']}",
+        "",
+        "| round | mode | req/s | p50 ms | errors |",
+        "|---|---|---|---|---|",
+        *[f"| {r['round']} | {r['mode']} | {r['rps']:.1f} | {r['p50_ms']:.1f} | {r['errors']} |" for r in result["rounds"]],
+        "",
+    ]
+    (args.out / "audit_overhead.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
