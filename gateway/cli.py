@@ -54,9 +54,13 @@ def demo(ctx: click.Context) -> None:
 
 
 def _add_audit_commands() -> None:
+    """Mount the audit and key-ring command groups of the packages that own them."""
     from audit.cli import audit_group
 
     main.add_command(audit_group, name="audit")
+    from tenancy.cli import keys_group
+
+    main.add_command(keys_group, name="keys")
 
 
 _add_audit_commands()

@@ -116,9 +116,10 @@ class InferencePipeline:
             # 3 parse
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
             req = parse_inference_request(raw, endpoint, self.cfg.limits.max_json_depth)
-            rec.model, rec.stream = req.model, req.stream
-            if req.model not in c.served_models:
+            rec.stream = req.stream
+            if req.model not in c.served_models:  # a client-chosen string: never copied into the audit trail
                 raise GatewayError(404, "model_not_found", "the requested model does not exist", param="model")
+            rec.model = req.model
             # 4 prefix keys (tokenize once; limits on prompt size first)
             tokens = c.tokenizer.encode(req.text)
             rec.prompt_tokens = len(tokens)
