@@ -204,6 +204,9 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             "spill": {"dir": str(work / "spill")},
         }
         tracing_on = {"exporter": "otlp", "otlp_endpoint": collector + "/v1/traces"}
+        if args.no_otlp:  # breakdown: durable sinks only, no OTLP logs, no tracing export
+            del audit_on["otlp"]
+            tracing_on = {"exporter": "none"}
         off_cfg = _config(work, cluster.urls, bundle, {}, {"exporter": "none"})
         on_cfg = _config(work, cluster.urls, bundle, audit_on, tracing_on)
         p_off, url_off = _start_gateway(work, "gw-off", off_cfg, "off")
@@ -247,7 +250,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         "ratio_on_over_off": round(ratio, 3),
         "rps_on": round(on_ok / on_wall, 1), "rps_off": round(off_ok / off_wall, 1),
         "rounds": rounds, "concurrency": args.concurrency, "seconds_per_round": args.seconds,
-        "replicas": args.replicas, "cpus": os.cpu_count(), "python": sys.version.split()[0],
+        "replicas": args.replicas, "otlp": not args.no_otlp, "cpus": os.cpu_count(), "python": sys.version.split()[0],
         "rsyslog_lines_received": received, "otlp_posts": counts["requests"], "otlp_bytes": counts["bytes"],
         "gateway_exit": done,
     }
@@ -264,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=4.0, help="seconds per round")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--no-otlp", action="store_true", help="'on' without OTLP logs and trace export (breakdown)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=("on", "off"), help=argparse.SUPPRESS)
