@@ -134,6 +134,10 @@ class Components:
                                                        tracing=config.tracing.model_dump())
         except (ValueError, OSError, KeyError) as exc:
             raise ConfigError(f"audit: {exc}") from None
+        monitor = getattr(self.audit, "monitor", None)
+        if monitor is not None:  # so traffic piling onto one replica is judged against all of its pool
+            for pool in {r.pool for r in config.replicas}:
+                monitor.set_pool_members(pool, [r.id for r in config.replicas if r.pool == pool])
         self.pdp = _build_pdp(config, self.audit)
         self.session: aiohttp.ClientSession | None = None  # type: ignore[assignment]
         self.health: HealthChecker | None = None

@@ -156,7 +156,12 @@ class IdentityConfig(_Section):
 
 
 class PolicyConfig(_Section):
-    """Policy decision point: embedded OPA (default) or a remote OPA."""
+    """Policy decision point: embedded OPA (default) or a remote OPA.
+
+    ``timeout_s`` is one overall deadline per decision (seconds); past it the
+    request fails closed with 503. The default (0.2 s) leaves room for CPU
+    contention on small machines; a dedicated deployment can use ~0.05 s.
+    """
 
     mode: Literal["embedded", "remote"] = "embedded"
     dir: str = "rego"
@@ -164,7 +169,7 @@ class PolicyConfig(_Section):
     url: str | None = None
     token_env: str | None = None
     ca_file: str | None = None
-    timeout_s: float = Field(0.05, gt=0)
+    timeout_s: float = Field(0.2, gt=0)
     cache_ttl_s: float = Field(1.0, ge=0)
     cache_max_entries: int = Field(10000, ge=0)
 

@@ -283,7 +283,10 @@ class InferencePipeline:
                 self.c.upstream_failed(rec.replica or "", UpstreamFailure("protocol", str(exc)))
                 yield error_event("the replica stream failed before completion", code)
             except BaseException:
-                rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
+                if scanner.done:  # the client hung up after [DONE]: it got the whole answer
+                    rec.outcome = "allowed"
+                else:
+                    rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
                 raise
             finally:
                 up.close()
