@@ -102,7 +102,7 @@ async def _collector() -> tuple[Any, str, dict[str, int]]:
 def _config(work: Path, urls: list[str], bundle: Path, audit: dict[str, Any], tracing: dict[str, Any]) -> dict[str, Any]:
     secret = work / "master.key"
     if not secret.exists():
-        secret.write_bytes(secrets.token_bytes(32))
+        secret.write_bytes(secrets.token_hex(32).encode())
         os.chmod(secret, 0o600)
     return {
         "listen": {"host": "127.0.0.1", "port": 0},

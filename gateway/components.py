@@ -272,9 +272,12 @@ class Components:
         return max(1, min(cap, self.config.limits.max_output_tokens))
 
     def allowed_candidates(self, candidates: list[Replica], decision: Decision, tenant: Tenant) -> list[Replica]:
-        """Enforce the decision: keep candidates the policy allows (replica ids and/or pools)."""
+        """Enforce the decision: keep candidates in the tenant's configured pools that the
+        policy allows (replica ids and/or pools)."""
         out = []
         for r in candidates:
+            if tenant.pools and r.pool not in tenant.pools:  # defence in depth: a policy omitting both lists
+                continue
             if decision.allowed_replicas is not None and r.id not in decision.allowed_replicas:
                 continue
             if decision.allowed_pools is not None and r.pool not in decision.allowed_pools:

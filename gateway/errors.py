@@ -70,7 +70,7 @@ def _default_type(status: int) -> str:
         400: "invalid_request_error",
         401: "authentication_error",
         403: "permission_error",
-        404: "not_found_error",
+        404: "invalid_request_error",  # as OpenAI answers an unknown model
         408: "invalid_request_error",
         413: "invalid_request_error",
         415: "invalid_request_error",

@@ -128,8 +128,8 @@ class InferencePipeline:
             rec.prefix_fingerprint = c.prefix_fingerprint(tenant, chains)
             # 5 authorize
             candidates = c.candidates()
-            if not candidates:
-                raise GatewayError(503, "no_replica", "no healthy replica is available")
+            if not candidates or (tenant.pools and not any(r.pool in tenant.pools for r in candidates)):
+                raise GatewayError(503, "no_replica", "no healthy replica is available for this tenant")
             decision = await c.decide(identity, tenant, req, len(tokens), candidates, rec)
             rec.t_policy = time.perf_counter()
             max_tokens = c.clamp_max_tokens(req.max_tokens, tenant, decision)

@@ -157,7 +157,7 @@ def prepare_identity(paths: DemoPaths) -> Any:
     """
     fd = os.open(paths.master_secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
-        fh.write(secrets.token_bytes(32))
+        fh.write(secrets.token_hex(32).encode())
     from sim.spiffe_issuer import DemoIssuer
 
     issuer = DemoIssuer(TRUST_DOMAIN)

@@ -63,7 +63,7 @@ class Stack:
 
 def base_config(tmp: Path, urls: list[str], issuer: DemoIssuer, **over: Any) -> dict[str, Any]:
     secret = tmp / "master.key"
-    secret.write_bytes(secrets.token_bytes(32))
+    secret.write_text(secrets.token_hex(32))
     os.chmod(secret, 0o600)
     bundle = tmp / "bundle.json"
     issuer.write_bundle(bundle)

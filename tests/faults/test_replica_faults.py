@@ -193,8 +193,6 @@ async def test_health_checks_take_replica_out_and_back(stack, sim):
     assert r.status_code == 200
 
 
-@pytest.mark.xfail(strict=True, reason="pipeline: a tenant whose every pool replica is down gets the PDP's "
-                   "403 no_entitled_replica; needs the candidates-in-tenant-pools check (lead's diff)")
 async def test_tenant_pool_down_is_503_not_403(stack, sim):
     # availability, not permission: r0/r1 are up but tenant-reg's only replica r2 is down
     await sim.fault(2, status=503)
@@ -241,7 +239,7 @@ async def test_all_down_fast_503_then_recovery_without_restart(stack, sim):
         r = await stack.client.post("/v1/completions", json=body(), headers=stack.auth(workload))
         assert time.perf_counter() - t0 < 0.5
         assert r.status_code == 503
-        assert r.json()["error"] == {"message": "no healthy replica is available", "type": "server_error",
+        assert r.json()["error"] == {"message": "no healthy replica is available for this tenant", "type": "server_error",
                                      "code": "no_replica", "param": None}
     assert (await stack.client.get("/readyz")).status_code == 503
     for i in range(3):

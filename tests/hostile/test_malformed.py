@@ -94,7 +94,7 @@ CASES: list[tuple[str, str, bytes, int, str, str, str | None, str]] = [
     ("nan_literal", "completions", b'{"model": "sim-model", "prompt": "x", "temperature": NaN}', 400,
      "invalid_request", "invalid_request_error", "temperature", "temperature"),
     ("unknown_model", "completions", b'{"model": "gpt-17", "prompt": "x"}', 404, "model_not_found",
-     "not_found_error", "model", "the requested model does not exist"),
+     "invalid_request_error", "model", "the requested model does not exist"),
     ("over_tenant_prompt_limit", "completions",
      json.dumps({"model": "sim-model", "prompt": "w " * 4001}).encode(), 400, "context_length_exceeded",
      "invalid_request_error", None, "this tenant's limit is 4000"),

@@ -156,7 +156,7 @@ async def test_replica_4xx_passed_through_never_counts_against_health(stack, cap
         r = await stack.client.post("/v1/completions", headers=stack.auth(),
                                     json={"model": "sim-model", "prompt": f"z{i} {LONG}", "max_tokens": 4})
         assert r.status_code == status
-        etype = "not_found_error" if status == 404 else "invalid_request_error"
+        etype = "invalid_request_error" if status == 404 else "invalid_request_error"
         assert r.json()["error"] == {"message": "replica rejected it", "type": etype,
                                      "code": "upstream_rejected", "param": None}
     assert len(capture.seen) == n  # a client fault is not retried on another replica

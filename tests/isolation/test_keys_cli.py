@@ -19,7 +19,7 @@ from tenancy.keys import KeyRing, load_master_secret
 @pytest.fixture
 def cfg(tmp_path: Path) -> Path:
     master = tmp_path / "master.key"
-    master.write_bytes(secrets.token_bytes(32))
+    master.write_bytes(secrets.token_hex(32).encode())
     os.chmod(master, 0o600)
     doc = {
         "listen": {"port": 0},
@@ -86,7 +86,7 @@ def test_rotate_master_writes_a_new_private_secret(cfg: Path, tmp_path: Path) ->
     code, rec = run("rotate-master", "--config", str(cfg))
     assert code == 0 and rec["action"] == "keys.rotate_master"
     new = load_master_secret(str(path), None)  # refuses group/world-readable files
-    assert new != old and len(new) == 32
+    assert new != old and len(new) == 64  # 32 random bytes, hex-encoded
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert old.hex() not in json.dumps(rec) and new.hex() not in json.dumps(rec)
     assert KeyRing(new).current("acme").kid != old_kid
