@@ -45,7 +45,7 @@ def test_gateway_config_passes_gateway_validation(tmp_path: Path) -> None:
 def test_identity_material_and_tokens(tmp_path: Path) -> None:
     paths = DemoPaths.under(tmp_path)
     issuer = prepare_identity(paths)
-    assert len(paths.master_secret.read_bytes()) == 32
+    assert len(paths.master_secret.read_bytes()) == 64  # 32 random bytes as hex text
     assert stat.S_IMODE(paths.master_secret.stat().st_mode) == 0o600
     bundle = json.loads(paths.bundle.read_text())
     assert bundle["keys"] and bundle["keys"][0]["use"] == "jwt-svid"
