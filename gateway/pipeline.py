@@ -155,12 +155,17 @@ class InferencePipeline:
             return await self._route_and_proxy(request, req, rec, tenant, route_req, chains, allowed, body, lease)
         except GatewayError as err:
             rec.status, rec.outcome, rec.error_code = err.status, err.outcome, err.code
-            if err.status == 403 and rec.reason_code:
-                pass
             if lease is not None:
                 lease.release()
             self._finish(rec)
             return err.response()
+        except ClientGone:
+            # The client hung up before any answer: nobody reads a response; 499 is for the record.
+            rec.status, rec.outcome, rec.error_code = 499, "cancelled", "client_disconnect"
+            if lease is not None:
+                lease.release()
+            self._finish(rec)
+            return Response(status_code=499)
         except asyncio.CancelledError:
             rec.status, rec.outcome, rec.error_code = 499, "cancelled", "client_disconnect"
             if lease is not None:
@@ -229,7 +234,7 @@ class InferencePipeline:
     async def _open_watching_disconnect(
         self, request: Request, url: str, body: dict[str, Any], headers: dict[str, str], timeout_s: float
     ) -> UpstreamStream:
-        """Open the upstream call; a client disconnect meanwhile cancels it."""
+        """Open the upstream call; a client disconnect meanwhile cancels it and raises :class:`ClientGone`."""
         task = asyncio.ensure_future(open_upstream(self.c.session, url, body, headers, timeout_s))
         watcher = asyncio.ensure_future(_wait_disconnect(request))
         try:
@@ -241,9 +246,9 @@ class InferencePipeline:
         task.cancel()
         try:
             await task
-        except BaseException:
+        except (asyncio.CancelledError, UpstreamFailure):
             pass
-        raise asyncio.CancelledError()
+        raise ClientGone()
 
     def _failure_error(self, fail: UpstreamFailure | None) -> GatewayError:
         if fail is None:
@@ -346,6 +351,10 @@ class InferencePipeline:
     def _finish(self, rec: RequestRecord) -> None:
         rec.t_end = time.perf_counter()
         self.c.record(rec)
+
+
+class ClientGone(Exception):
+    """The client disconnected before the answer started (its upstream call is cancelled)."""
 
 
 async def _wait_disconnect(request: Request) -> None:
