@@ -31,6 +31,9 @@ def main(log_level: str) -> None:
               help="YAML configuration file (docs/configuration.md).")
 def serve(config_path: str) -> None:
     """Run the gateway until SIGINT/SIGTERM; drains in-flight requests on shutdown."""
+    from policy import reexec_with_go_gc
+
+    reexec_with_go_gc(["-m", "gateway.cli", *sys.argv[1:]])
     from gateway.config import ConfigError, load_config
     from gateway.server import serve as run
 

@@ -446,7 +446,7 @@ def _build_pdp(config: GatewayConfig, audit: AuditHub) -> Any:
         if pc.mode == "embedded":
             from policy.embedded import EmbeddedOpa
 
-            inner: Any = EmbeddedOpa(pc.dir, timeout_s=pc.timeout_s)
+            inner: Any = EmbeddedOpa(pc.dir, timeout_s=pc.timeout_s, offload=pc.offload)
         else:
             import os
 

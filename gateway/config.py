@@ -161,6 +161,11 @@ class PolicyConfig(_Section):
     ``timeout_s`` is one overall deadline per decision (seconds); past it the
     request fails closed with 503. The default (0.2 s) leaves room for CPU
     contention on small machines; a dedicated deployment can use ~0.05 s.
+    ``offload``: evaluate embedded decisions in a worker thread, so a
+    runaway evaluation is abandoned at the deadline instead of holding the
+    event loop; off by default because the thread hop costs more than a
+    typical decision (docs/policy.md, "Latency"); a late inline result is
+    still discarded and answered 503.
     """
 
     mode: Literal["embedded", "remote"] = "embedded"
@@ -170,6 +175,7 @@ class PolicyConfig(_Section):
     token_env: str | None = None
     ca_file: str | None = None
     timeout_s: float = Field(0.2, gt=0)
+    offload: bool = False
     cache_ttl_s: float = Field(1.0, ge=0)
     cache_max_entries: int = Field(10000, ge=0)
 

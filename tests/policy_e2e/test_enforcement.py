@@ -123,12 +123,15 @@ async def test_pdp_down_gives_503_never_a_route(
 async def test_pdp_slow_gives_503_within_the_deadline(
     stack: Any, audit_log: Any, pdp_mode: str, opa: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A decision slower than ``policy.timeout_s`` fails closed (503), in
-    both modes: the embedded engine applies the deadline too."""
+    """A decision slower than ``policy.timeout_s`` fails closed (503) and is
+    answered at the deadline, in both modes: the embedded engine with
+    ``policy.offload: true`` abandons the evaluation (the inline default is
+    covered by the next test)."""
     hang_s = 3.0
     if opa is not None:
         opa.slow.delay_s = hang_s
     else:
+        stack.components.pdp.inner._offload = True  # what policy.offload: true configures
         real = EmbeddedOpa.evaluate
 
         def slow(self: EmbeddedOpa, input: dict[str, Any]) -> Any:
@@ -147,6 +150,28 @@ async def test_pdp_slow_gives_503_within_the_deadline(
     assert ev.route.replica is None and ev.policy.reason_code == "policy_unavailable"
     # let the abandoned evaluation finish before teardown closes the engine
     await asyncio.sleep(0)
+
+
+async def test_inline_embedded_decision_past_the_deadline_is_discarded(
+    stack: Any, audit_log: Any, pdp_mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inline evaluation (the gateway default) cannot be preempted, but a result
+    that arrives after ``policy.timeout_s`` (0.2 s default) is discarded: 503,
+    no route."""
+    if pdp_mode != "embedded":
+        pytest.skip("inline evaluation is an embedded-mode setting")
+    real = EmbeddedOpa.evaluate
+
+    def slow(self: EmbeddedOpa, input: dict[str, Any]) -> Any:
+        time.sleep(0.4)
+        return real(self, input)
+
+    monkeypatch.setattr(EmbeddedOpa, "evaluate", slow)
+    r = await stack.client.post("/v1/completions", headers=stack.auth("tenant-a/app"), json=body())
+    assert r.status_code == 503 and r.json()["error"]["code"] == "policy_unavailable"
+    assert replica_requests(stack) == [0, 0, 0]
+    (ev,) = request_events(audit_log)
+    assert ev.route.replica is None and ev.policy.reason_code == "policy_unavailable"
 
 
 def cache_lookups(text: str) -> dict[str, float]:
