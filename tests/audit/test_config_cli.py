@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from click.testing import CliRunner
@@ -63,4 +64,4 @@ async def test_otlp_sink_records_events():
     await sink.close()
     (rec,) = exporter.get_finished_logs()
     lr = rec.log_record
-    assert lr.attributes["prefixgate.event_id"] == ev.event_id and lr.body["outcome"] == "unauthenticated"
+    assert lr.attributes["prefixgate.event_id"] == ev.event_id and json.loads(lr.body)["outcome"] == "unauthenticated"
