@@ -268,7 +268,8 @@ class Components:
 
     def clamp_max_tokens(self, requested: int | None, tenant: Tenant, decision: Decision) -> int:
         """Output-token cap: request → min(tenant cap, policy cap, gateway cap); absent → that cap."""
-        cap = clamp_max_tokens(requested, tenant.max_output_tokens, decision.max_tokens)
+        cap = clamp_max_tokens(requested, tenant.max_output_tokens, decision.max_tokens,
+                               default=self.config.limits.max_output_tokens)
         return max(1, min(cap, self.config.limits.max_output_tokens))
 
     def allowed_candidates(self, candidates: list[Replica], decision: Decision, tenant: Tenant) -> list[Replica]:
