@@ -45,12 +45,15 @@ def serve(config_path: str) -> None:
         asyncio.run(run(cfg, config_path=config_path))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot start the gateway: {exc.strerror or exc}") from None
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+              add_help_option=False)
 @click.pass_context
 def demo(ctx: click.Context) -> None:
-    """The main job on embedded defaults (see README); extra options go to ``python -m sim.demo``."""
+    """The main job on embedded defaults (see README); every option, --help included, goes to ``python -m sim.demo``."""
     from sim.demo import main as demo_main
 
     sys.exit(demo_main(list(ctx.args)) or 0)

@@ -114,7 +114,10 @@ class Components:
         self.admin_verifier = JwtSvidVerifier(self.bundles, ic.admin_audience, ic.trust_domains.keys(),
                                               ic.leeway_s, ic.max_lifetime_s)
         self.authn = Authenticator(self.verifier, self.source_limiter, ic.trusted_proxies)
-        self.admin_authn = Authenticator(self.admin_verifier, self.source_limiter, ic.trusted_proxies)
+        # the admin listener has its own failed-authentication buckets: a flood of bad
+        # tokens on the public port must not lock operators out
+        self.admin_source_limiter = SourceLimiter(rate=ic.unauthenticated_rps, burst=ic.unauthenticated_burst)
+        self.admin_authn = Authenticator(self.admin_verifier, self.admin_source_limiter, ic.trusted_proxies)
         # routing
         rc = config.routing
         try:
@@ -329,12 +332,15 @@ class Components:
                 m.prefix_tokens.labels("delivered").inc(rec.cached_tokens)
         self.audit.record_request(rec)
 
-    def record_refusal(self, request: Request, endpoint: str, err: GatewayError) -> None:
-        """Audit a refusal on a non-inference endpoint (e.g. /v1/models)."""
+    def record_refusal(self, request: Request, endpoint: str, err: GatewayError,
+                       identity: WorkloadIdentity | None = None) -> None:
+        """Audit a refusal on a non-inference endpoint (``/v1/models``, the admin listener)."""
         from gateway.pipeline import RequestRecord
 
-        rec = RequestRecord(request_id=_rid(), endpoint=endpoint,
+        rec = RequestRecord(request_id=_rid(), endpoint=endpoint[:128],
                             client_addr=request.client.host if request.client else None, t0=time.perf_counter())
+        if identity is not None:
+            rec.spiffe_id, rec.trust_domain = str(identity.spiffe_id), identity.trust_domain
         rec.status, rec.outcome, rec.error_code, rec.t_end = err.status, err.outcome, err.code, time.perf_counter()
         self.audit.record_request(rec)
 
@@ -347,8 +353,11 @@ class Components:
         try:
             identity = await self.admin_authn.authenticate(request)
         except GatewayError as err:
+            self.record_refusal(request, "admin", err)  # the path is client-chosen: not recorded
             raise HTTPException(err.status, err.message, headers=err.headers) from None
         if not self.registry.is_operator(str(identity.spiffe_id)):
+            err = GatewayError(403, "not_an_operator", "operator identity required")
+            self.record_refusal(request, "admin", err, identity=identity)
             raise HTTPException(403, "operator identity required")
         return identity
 

@@ -219,8 +219,9 @@ class InferencePipeline:
                 if time.perf_counter() >= deadline:
                     break
                 continue
-            except BaseException:
+            except BaseException:  # the client went away (ClientGone) or the task was cancelled
                 ticket.finish()
+                c.replica_set.release_probe(replica.id)
                 raise
             budget_used += 1
             c.upstream_ok(replica.id, up.instance_id)

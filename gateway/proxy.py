@@ -68,7 +68,9 @@ def make_session(pool_size: int, connect_timeout_s: float, read_timeout_s: float
     automatic retries, no redirects followed, no cookies kept.
     """
     connector = aiohttp.TCPConnector(limit=pool_size, limit_per_host=0, enable_cleanup_closed=True)
-    timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
+    # No sock_read here: the first-byte wait and the per-chunk read wait are bounded
+    # separately by the pipeline (first_byte_timeout_s, read_timeout_s).
+    timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=None)
     return aiohttp.ClientSession(
         connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False
     )

@@ -225,8 +225,11 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32)
         body.pop("n")
     try:
         ptext = prompt_text(endpoint, body)
+        ptext.encode("utf-8")  # JSON escapes can carry lone surrogates, which no tokenizer can encode
     except TokenizerError as exc:
         raise GatewayError(400, "invalid_request", str(exc)) from None
+    except UnicodeEncodeError:
+        raise GatewayError(400, "invalid_request", "the prompt contains invalid Unicode (a lone surrogate)") from None
     max_tokens = parsed.max_tokens
     if endpoint == "chat":
         mct = getattr(parsed, "max_completion_tokens", None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 from collections.abc import Generator
 
 import uvicorn
@@ -24,7 +25,7 @@ from gateway.app import build_admin_app, build_public_app
 from gateway.components import Components
 from gateway.config import GatewayConfig
 
-__all__ = ["serve", "uvicorn_config", "GatewayServer"]
+__all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener"]
 
 DRAIN_TIMEOUT_S = 30
 
@@ -45,9 +46,39 @@ def uvicorn_config(app: object, host: str, port: int, **kw: object) -> uvicorn.C
     )
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Bind a TCP listening socket (SO_REUSEADDR, no SO_REUSEPORT: a second
+    gateway on the same port must fail). Raises :class:`OSError` (e.g.
+    EADDRINUSE) before anything else of the gateway has started."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.set_inheritable(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 async def serve(cfg: GatewayConfig, *, config_path: str | None = None) -> None:
-    """Build components, start them, serve both listeners until a signal, then drain and stop."""
-    c = Components(cfg)
+    """Bind both listeners, build and start components, serve until a signal, then drain and stop.
+
+    The sockets are bound *first*: a second gateway started by mistake on the
+    same ports fails with ``OSError`` before it opens (and writes into) the
+    audit log directory of the running one.
+    """
+    socks = [bind_listener(cfg.listen.host, cfg.listen.port)]
+    try:
+        if cfg.admin is not None:
+            socks.append(bind_listener(cfg.admin.host, cfg.admin.port))
+        c = Components(cfg)
+    except BaseException:
+        for sk in socks:
+            sk.close()
+        raise
     c.config_path = config_path  # type: ignore[attr-defined]
     await c.start()
     servers = [GatewayServer(uvicorn_config(build_public_app(c, manage_lifecycle=False),
@@ -62,7 +93,7 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop_all)
-    tasks = [asyncio.ensure_future(s.serve()) for s in servers]
+    tasks = [asyncio.ensure_future(s.serve(sockets=[sk])) for s, sk in zip(servers, socks)]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         stop_all()

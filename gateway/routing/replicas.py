@@ -146,6 +146,14 @@ class ReplicaSet:
         if st.circuit is CircuitState.HALF_OPEN:
             st.probe_in_flight = True
 
+    def release_probe(self, replica_id: str) -> None:
+        """The request chosen as the half-open probe ended without a verdict
+        (its client went away before the replica answered): let the next
+        request probe. No effect in other states."""
+        st = self.state(replica_id)
+        if st.circuit is CircuitState.HALF_OPEN:
+            st.probe_in_flight = False
+
     def record_success(self, replica_id: str) -> None:
         """An upstream exchange succeeded: reset failures, close the circuit."""
         st = self.state(replica_id)

@@ -147,3 +147,52 @@ async def test_authenticated_traffic_not_source_limited(stack):
     for i in range(60):
         r = await stack.client.get("/v1/models", headers=stack.auth())
         assert r.status_code == 200, (i, r.text)
+
+
+async def test_lone_surrogate_in_prompt_is_400_not_500(stack):
+    raw = b'{"model": "sim-model", "messages": [{"role": "user", "content": "ok \\ud800"}]}'
+    r = await stack.client.post("/v1/chat/completions", content=raw,
+                                headers={**stack.auth(), "content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+
+
+async def test_public_auth_flood_does_not_lock_out_operators(stack):
+    for _ in range(60):
+        await stack.client.post("/v1/completions", json=body(), headers={"Authorization": "Bearer x.y.z"})
+    admin = stack.issuer.mint("spiffe://demo.prefixgate.test/ops/admin", "prefixgate-admin")
+    import httpx
+
+    async with httpx.AsyncClient(base_url=stack.admin_url) as c:
+        r = await c.get("/admin/replicas", headers={"Authorization": f"Bearer {admin}"})
+    assert r.status_code == 200, r.text
+
+
+async def test_refused_admin_requests_are_audited(stack):
+    import httpx
+
+    seen = []
+    stack.components.audit.record_request = seen.append  # type: ignore[method-assign]
+    async with httpx.AsyncClient(base_url=stack.admin_url) as c:
+        assert (await c.get("/admin/replicas")).status_code == 401
+        r = await c.get("/admin/replicas", headers=stack.auth("tenant-a/app", audience="prefixgate-admin"))
+        assert r.status_code == 403
+    assert [(x.endpoint, x.status, x.outcome) for x in seen] == [("admin", 401, "unauthenticated"),
+                                                                 ("admin", 403, "denied")]
+    assert seen[1].spiffe_id.endswith("/tenant-a/app")
+
+
+async def test_half_open_probe_released_when_its_client_leaves(stack):
+    rs = stack.components.replica_set
+    for _ in range(rs.failure_threshold):
+        rs.record_failure("r0")
+        rs.record_failure("r1")
+    for rid in ("r0", "r1"):
+        rs.state(rid).opened_at -= rs.cooldown_s + 1  # cool-down over: half-open
+    async with httpx.AsyncClient() as c:
+        for u in stack.cluster.urls[:2]:
+            await c.post(u + "/sim/faults", json={"stall_before_first_byte_s": 3})
+    with pytest.raises(httpx.TimeoutException):
+        await stack.client.post("/v1/completions", json=body(), headers=stack.auth(), timeout=0.5)
+    await asyncio.sleep(0.3)
+    # the probe's client is gone: its replica must be probe-able again, not stuck out
+    assert rs.is_routable("r0") and rs.is_routable("r1")

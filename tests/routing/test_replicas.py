@@ -67,3 +67,17 @@ def test_pools_health_instances() -> None:
         rs.get("zzz")
     with pytest.raises(ValueError):
         rs.add(Replica("a", "http://x"))
+
+
+def test_probe_without_verdict_is_released() -> None:
+    """A half-open probe whose client vanished must not keep the replica out forever."""
+    t = [0.0]
+    rs = ReplicaSet([Replica("a", "http://a")], failure_threshold=1, cooldown_s=5.0, clock=lambda: t[0])
+    rs.record_failure("a")
+    assert not rs.is_routable("a")
+    t[0] = 6.0
+    assert rs.is_routable("a")  # half-open: one probe allowed
+    rs.on_dispatch("a")
+    assert not rs.is_routable("a")  # probe in flight
+    rs.release_probe("a")
+    assert rs.is_routable("a")
