@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import time
@@ -54,6 +55,10 @@ def _last_record(path: Path) -> dict[str, Any] | None:
                     last = json.loads(line)
     return last
 
+
+
+class AuditDirectoryInUse(RuntimeError):
+    """Another process holds the audit log directory's lock (one writer per chain)."""
 
 class JsonlChainSink:
     """Hash-chained, signed, rotating JSONL audit files.
@@ -107,6 +112,7 @@ class JsonlChainSink:
             return
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            self._lock_directory()
             files = list_log_files(self.directory)
             predecessor = None
             if files:
@@ -180,8 +186,29 @@ class JsonlChainSink:
             self.checkpoint()
         finally:
             self._close_file()
+            lock = getattr(self, "_lock_fh", None)
+            if lock is not None:
+                lock.close()  # releases the flock
+                self._lock_fh = None
 
     # ---- internals --------------------------------------------------
+    def _lock_directory(self) -> None:
+        """Take an exclusive ``flock`` on ``directory/.lock`` until :meth:`close`.
+
+        Two writers on one chain would interleave sequence numbers and break
+        it; a second gateway pointed at a directory in use fails at start
+        with :class:`AuditDirectoryInUse` (not retried, not spilled).
+        """
+        if getattr(self, "_lock_fh", None) is not None:
+            return
+        fh = open(self.directory / ".lock", "a+b")  # noqa: SIM115 - held until process exit
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise AuditDirectoryInUse(f"audit log directory {self.directory} is in use by another writer") from None
+        self._lock_fh = fh
+
     def _start_file(self, predecessor: str | None) -> None:
         self._path = self.directory / file_name_for(self._seq + 1)
         self._fh = open(self._path, "ab")

@@ -34,6 +34,7 @@ def serve(config_path: str) -> None:
     from policy import reexec_with_go_gc
 
     reexec_with_go_gc(["-m", "gateway.cli", *sys.argv[1:]])
+    from audit.jsonl import AuditDirectoryInUse
     from gateway.config import ConfigError, load_config
     from gateway.server import serve as run
 
@@ -47,6 +48,8 @@ def serve(config_path: str) -> None:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot start the gateway: {exc.strerror or exc}") from None
+    except AuditDirectoryInUse as exc:
+        raise click.ClickException(f"cannot start the gateway: {exc}") from None
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True},

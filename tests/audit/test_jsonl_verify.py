@@ -120,3 +120,24 @@ async def test_tail_truncation_needs_off_host_copy(tmp_path):
     assert r.ok and r.unsealed_records > 0  # the files alone look fine, only unsealed
     r = verify_files(files, key.public_key(), off_host_checkpoints=[cps[-1].checkpoint])
     assert r.first_problem.kind == "off_host_mismatch"
+
+
+async def test_one_writer_per_directory(tmp_path):
+    import pytest
+
+    from audit.jsonl import AuditDirectoryInUse
+
+    key = Ed25519PrivateKey.generate()
+    first = JsonlChainSink(tmp_path / "log", key, checkpoint_s=3600, fsync=False)
+    await first.open()
+    second = JsonlChainSink(tmp_path / "log", key, checkpoint_s=3600, fsync=False)
+    with pytest.raises(AuditDirectoryInUse):
+        await second.open()
+    assert len(list_log_files(tmp_path / "log")) == 1  # the refused writer wrote nothing
+    await first.send(_events(3))
+    await first.close()
+    await second.open()  # the lock is released on close
+    await second.send(_events(2, start=3))
+    await second.close()
+    pub = key.public_key()
+    assert verify_files([tmp_path / "log"], pub).ok
