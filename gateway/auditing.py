@@ -18,12 +18,16 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from prometheus_client import generate_latest
 
 from audit.event import AuditEvent, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo
+from audit.tracing import incoming_links
 
 __all__ = ["AuditHub"]
 
 _OUTCOMES = {o.value: o for o in Outcome}
+_PROPAGATOR = TraceContextTextMapPropagator()
 
 
 class AuditHub:
@@ -108,21 +112,15 @@ class AuditHub:
     def public_metrics_text(self) -> bytes:
         """Public exposition of the audit log and pool-level concentration metrics
         (sink and pool names only; no tenants, SPIFFE IDs or replicas)."""
-        from prometheus_client import generate_latest
-
         return b"".join(generate_latest(r) for r in getattr(self, "public_registries", ()))
 
     def admin_metrics_text(self) -> bytes:
         """Admin-only exposition of the audit and concentration registries."""
-        from prometheus_client import generate_latest
-
         return b"".join(generate_latest(r) for r in self._admin_registries)
 
     # -- tracing
     def start_span(self, rec: Any, headers: Mapping[str, str]) -> None:
         """Open the request's server span (a client ``traceparent`` becomes a link)."""
-        from audit.tracing import incoming_links
-
         links = incoming_links(headers)
         span = self.tracer.start_span(
             "POST " + rec.endpoint, kind=SpanKind.SERVER, links=links, context=trace.set_span_in_context(trace.INVALID_SPAN),
@@ -137,9 +135,7 @@ class AuditHub:
         span = rec.extra.get("span") if rec is not None else None
         if span is None:
             return
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-        TraceContextTextMapPropagator().inject(headers, context=trace.set_span_in_context(span))
+        _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
 
     def _end_spans(self, rec: Any) -> str | None:
         span = rec.extra.pop("span", None)

@@ -14,6 +14,7 @@ import hmac
 import inspect
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -233,9 +234,12 @@ class Components:
             return None
         return hmac.new(chains.current[0], b"pg-audit-fp-v1", hashlib.sha256).hexdigest()[:16]
 
-    def candidates(self) -> list[Replica]:
-        """Replicas currently routable (healthy and breaker closed)."""
-        return [self.replica_set.get(rid) for rid in self.replica_set.routable_ids()]
+    def candidates(self, tenant: Tenant) -> list[Replica]:
+        """Replicas currently routable (healthy, breaker closed) in the tenant's configured
+        pools (all pools when the tenant lists none). Only these go to the PDP: a policy can
+        narrow them, never widen them (defence in depth against a policy omitting both lists)."""
+        pools = tenant.pools or None
+        return [self.replica_set.get(rid) for rid in self.replica_set.routable_ids(pools)]
 
     async def decide(self, identity: WorkloadIdentity, tenant: Tenant, req: Any, prompt_tokens: int,
                      candidates: list[Replica], rec: Any) -> Decision:
@@ -275,19 +279,13 @@ class Components:
                                default=self.config.limits.max_output_tokens)
         return max(1, min(cap, self.config.limits.max_output_tokens))
 
-    def allowed_candidates(self, candidates: list[Replica], decision: Decision, tenant: Tenant) -> list[Replica]:
-        """Enforce the decision: keep candidates in the tenant's configured pools that the
-        policy allows (replica ids and/or pools)."""
-        out = []
-        for r in candidates:
-            if tenant.pools and r.pool not in tenant.pools:  # defence in depth: a policy omitting both lists
-                continue
-            if decision.allowed_replicas is not None and r.id not in decision.allowed_replicas:
-                continue
-            if decision.allowed_pools is not None and r.pool not in decision.allowed_pools:
-                continue
-            out.append(r)
-        return out
+    def allowed_candidates(self, candidates: list[Replica], decision: Decision) -> list[Replica]:
+        """Enforce the decision: keep the candidates the policy allows (replica ids and/or pools)."""
+        return [
+            r for r in candidates
+            if (decision.allowed_replicas is None or r.id in decision.allowed_replicas)
+            and (decision.allowed_pools is None or r.pool in decision.allowed_pools)
+        ]
 
     def replica(self, replica_id: str) -> Replica:
         """The configured replica with this id."""
@@ -515,6 +513,4 @@ def _too_many(retry_after_s: float, code: str, message: str) -> GatewayError:
 
 
 def _rid() -> str:
-    import uuid
-
     return uuid.uuid4().hex

@@ -11,23 +11,27 @@ in a :class:`RequestRecord` that becomes exactly one audit event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from gateway.components import Components
 from gateway.errors import GatewayError
 from gateway.proxy import UpstreamFailure, UpstreamStream, open_upstream
 from gateway.request import Endpoint, InferenceRequest, parse_inference_request, read_body
 from gateway.routing.policies import RouteRequest
-from gateway.sse import DONE, SseProtocolError, SseScanner, error_event
+from gateway.sse import SseScanner, error_event
 
-__all__ = ["InferencePipeline", "RequestRecord"]
+__all__ = ["InferencePipeline", "RequestRecord", "ClientGone"]
+
+T = TypeVar("T")
 
 UPSTREAM_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
@@ -127,14 +131,14 @@ class InferencePipeline:
             chains = c.prefix_chains(tenant, tokens)
             rec.prefix_fingerprint = c.prefix_fingerprint(tenant, chains)
             # 5 authorize
-            candidates = c.candidates()
-            if not candidates or (tenant.pools and not any(r.pool in tenant.pools for r in candidates)):
+            candidates = c.candidates(tenant)
+            if not candidates:
                 raise GatewayError(503, "no_replica", "no healthy replica is available for this tenant")
             decision = await c.decide(identity, tenant, req, len(tokens), candidates, rec)
             rec.t_policy = time.perf_counter()
             max_tokens = c.clamp_max_tokens(req.max_tokens, tenant, decision)
             rec.max_tokens = max_tokens
-            allowed = c.allowed_candidates(candidates, decision, tenant)
+            allowed = c.allowed_candidates(candidates, decision)
             if not allowed:
                 raise GatewayError(
                     503, "no_replica", "no healthy replica is allowed for this request",
@@ -206,7 +210,8 @@ class InferencePipeline:
             headers = c.upstream_headers(rec)
             budget = max(0.001, min(ucfg.first_byte_timeout_s, deadline - time.perf_counter()))
             try:
-                up = await self._open_watching_disconnect(request, replica.url + rec.endpoint, upstream_body, headers, budget)
+                up = await _unless_client_leaves(
+                    request, open_upstream(c.session, replica.url + rec.endpoint, upstream_body, headers, budget))
             except UpstreamFailure as fail:
                 ticket.finish()
                 last = fail
@@ -231,25 +236,6 @@ class InferencePipeline:
                 return self._stream_response(req, rec, up, ticket, choice, lease)
             return await self._plain_response(request, rec, up, ticket, choice, lease)
         raise self._failure_error(last)
-
-    async def _open_watching_disconnect(
-        self, request: Request, url: str, body: dict[str, Any], headers: dict[str, str], timeout_s: float
-    ) -> UpstreamStream:
-        """Open the upstream call; a client disconnect meanwhile cancels it and raises :class:`ClientGone`."""
-        task = asyncio.ensure_future(open_upstream(self.c.session, url, body, headers, timeout_s))
-        watcher = asyncio.ensure_future(_wait_disconnect(request))
-        try:
-            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-        if task in done:
-            return task.result()
-        task.cancel()
-        try:
-            await task
-        except (asyncio.CancelledError, UpstreamFailure):
-            pass
-        raise ClientGone()
 
     def _failure_error(self, fail: UpstreamFailure | None) -> GatewayError:
         if fail is None:
@@ -281,9 +267,7 @@ class InferencePipeline:
                         yield out
                 scanner.finish()
                 rec.outcome = "allowed"
-            except (SseProtocolError, TimeoutError, OSError, Exception) as exc:  # noqa: B014
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
+            except Exception as exc:  # broken SSE, read timeout, connection reset
                 code = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_stream_error"
                 rec.error_code = code
                 self.c.upstream_failed(rec.replica or "", UpstreamFailure("protocol", str(exc)))
@@ -310,27 +294,21 @@ class InferencePipeline:
                     rest = await up.response.content.read()
                 return up.first_chunk + rest
 
-            task = asyncio.ensure_future(read_rest())
-            watcher = asyncio.ensure_future(_wait_disconnect(request))
             try:
-                done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                watcher.cancel()
-            if task not in done:
-                task.cancel()
+                data = await _unless_client_leaves(request, read_rest())
+                obj = _json_object(data)
+            except ClientGone:
                 rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
                 return Response(status_code=499)
-            try:
-                data = task.result()
-                obj = _json_object(data)
-            except (TimeoutError, ValueError, OSError, Exception) as exc:
+            except Exception as exc:  # timeout, broken connection, not a JSON object
                 self.c.upstream_failed(rec.replica or "", UpstreamFailure("protocol", str(exc)))
                 err = GatewayError(502, "upstream_error", "the replica sent an invalid answer")
                 rec.status, rec.outcome, rec.error_code = 502, "failed", err.code
                 return err.response()
             usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
             rec.status, rec.outcome = 200, "allowed"
-            return JSONResponse(obj, headers={"X-Request-Id": rec.request_id})
+            # parsed only to check it and read usage: the replica's bytes go out unchanged
+            return Response(data, media_type="application/json", headers={"X-Request-Id": rec.request_id})
         finally:
             up.close()
             self._complete(rec, usage, ticket, choice, lease)
@@ -358,6 +336,25 @@ class ClientGone(Exception):
     """The client disconnected before the answer started (its upstream call is cancelled)."""
 
 
+async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client disconnects first: then cancel it and raise :class:`ClientGone`.
+
+    Call only after the request body was read (it listens on ``receive``).
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise ClientGone()
+
+
 async def _wait_disconnect(request: Request) -> None:
     """Return when the client disconnects (consumes no body: call after reading it)."""
     while True:
@@ -367,8 +364,6 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 def _json_object(data: bytes) -> dict[str, Any]:
-    import json
-
     obj = json.loads(data)
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")

@@ -34,6 +34,7 @@ import json
 import os
 import secrets
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,18 +131,22 @@ def show(config_path: str) -> None:
     _emit({"action": "keys.show", "state_file": ctx.state_file, "tenants": tenants})
 
 
+def _rotate(config_path: str, tenant_id: str, operation: Callable[[KeyRing, str], dict[str, Any]]) -> None:
+    ctx = _Ctx(config_path)
+    tid = ctx.tenant(tenant_id)
+    try:
+        record = operation(ctx.keyring(), tid)
+    except KeyRingError as exc:
+        raise click.ClickException(str(exc)) from None
+    _emit({**record, "actor": "cli"})
+
+
 @keys_group.command("rotate-tenant")
 @_config_option
 @click.argument("tenant_id")
 def rotate_tenant(config_path: str, tenant_id: str) -> None:
     """Start a new prefix-key version for TENANT_ID (persisted in the state file)."""
-    ctx = _Ctx(config_path)
-    tid = ctx.tenant(tenant_id)
-    try:
-        record = rotate_tenant_key(ctx.keyring(), tid)
-    except KeyRingError as exc:
-        raise click.ClickException(str(exc)) from None
-    _emit({**record, "actor": "cli"})
+    _rotate(config_path, tenant_id, rotate_tenant_key)
 
 
 @keys_group.command("rotate-salt")
@@ -149,13 +154,7 @@ def rotate_tenant(config_path: str, tenant_id: str) -> None:
 @click.argument("tenant_id")
 def rotate_salt(config_path: str, tenant_id: str) -> None:
     """Bump TENANT_ID's cache-salt epoch: its replica cache goes cold (deliberate)."""
-    ctx = _Ctx(config_path)
-    tid = ctx.tenant(tenant_id)
-    try:
-        record = rotate_tenant_salt(ctx.keyring(), tid)
-    except KeyRingError as exc:
-        raise click.ClickException(str(exc)) from None
-    _emit({**record, "actor": "cli"})
+    _rotate(config_path, tenant_id, rotate_tenant_salt)
 
 
 @keys_group.command("rotate-master")
