@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+import orjson
+
 SCHEMA_VERSION = "1"
 
 #: Longest string value (characters) accepted in any event field.
@@ -171,25 +173,37 @@ class AuditEvent:
         return iso_ms(self.time_ms)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict; ``None`` values are omitted, enums are strings."""
-        out: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION,
-            "time": self.time_iso,
-        }
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, enum.Enum):
-                value = value.value
-            elif dataclasses.is_dataclass(value):
-                value = {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
-                if not value:
-                    continue
-            elif isinstance(value, Mapping):
-                value = dict(value)
+        """JSON-ready dict; ``None`` values (and empty groups) are omitted,
+        enums are their string values. Field order is the dataclass order."""
+        out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "time": iso_ms(self.time_ms)}
+        for name in _EVENT_FIELDS:
+            value = getattr(self, name)
             if value is None:
                 continue
-            out[f.name] = value
+            sub = _GROUP_FIELDS.get(name)
+            if sub is not None:
+                value = {k: v for k in sub if (v := getattr(value, k)) is not None}
+                if not value:
+                    continue
+            elif isinstance(value, enum.Enum):
+                value = value.value
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[name] = value
         return out
+
+    def to_json(self) -> bytes:
+        """:meth:`to_dict` as canonical JSON bytes (sorted keys, compact,
+        UTF-8, no trailing newline), the one encoding every sink and the
+        audit worker pipe share. Computed once per event (cached)."""
+        cached = _JSON_CACHE.get(self.event_id)
+        if cached is not None and cached[0] is self:
+            return cached[1]
+        data = orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)
+        if len(_JSON_CACHE) >= _JSON_CACHE_MAX:
+            _JSON_CACHE.clear()
+        _JSON_CACHE[self.event_id] = (self, data)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AuditEvent:
@@ -222,6 +236,18 @@ class AuditEvent:
             if isinstance(exc, EventSchemaError):
                 raise
             raise EventSchemaError(str(exc)) from exc
+
+
+_EVENT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AuditEvent))
+_GROUP_FIELDS: dict[str, tuple[str, ...]] = {
+    name: tuple(f.name for f in dataclasses.fields(cls))
+    for name, cls in (("identity", Identity), ("policy", PolicyInfo), ("route", RouteInfo), ("latency", Latencies))
+}
+# event_id -> (event, canonical JSON); a frozen slots dataclass cannot hold the
+# cache itself. Bounded: cleared when full (an encoding is recomputed, never wrong:
+# the entry is used only for the identical event object).
+_JSON_CACHE: dict[str, tuple[AuditEvent, bytes]] = {}
+_JSON_CACHE_MAX = 4096
 
 
 def _bad_string(path: str, value: str, max_chars: int) -> str | None:
