@@ -5,7 +5,12 @@ Shape (all sections optional except ``spill``; sizes bytes, times seconds)::
     jsonl:  {dir, signing_key_file, rotate_bytes, rotate_s, checkpoint_s}
     ocsf:   {file}                       # OCSF JSON lines to a local file
     syslog: {host, port, protocol: tcp|tls|udp, format: cef|ocsf, ca_file}
-    otlp:   {endpoint}
+    otlp:   {endpoint, headers, timeout_s, compression: gzip, ca_file}
+                                        # OTLP/HTTP logs, e.g. http://collector:4318/v1/logs;
+                                        # headers: extra request headers (collector auth; never
+                                        # logged); timeout_s per request (default 5); compression
+                                        # off unless "gzip"; ca_file: trust bundle for an https
+                                        # endpoint (refused with http://)
     spill:  {dir, max_bytes}
     summary: {window_s, first_n, max_sources}   # flood aggregation, on by default
                                         # (window 10 s, first 5); ``summary: false`` turns it off
@@ -69,7 +74,20 @@ def build_audit(config: dict[str, Any], registry: CollectorRegistry | None = Non
     if (t := config.get("otlp")) is not None and t.get("endpoint"):
         from audit.otlp import OtlpLogSink
 
-        sinks.append(OtlpLogSink(endpoint=t["endpoint"]))
+        endpoint = str(t["endpoint"])
+        headers = t.get("headers") or {}
+        if not isinstance(headers, dict):
+            raise AuditConfigError("otlp.headers must be a mapping of header name to value")
+        ca_file = t.get("ca_file")
+        if ca_file and not endpoint.startswith("https://"):
+            raise AuditConfigError("otlp.ca_file needs an https:// endpoint")
+        try:
+            otlp_ctx = ssl.create_default_context(cafile=ca_file) if ca_file else None
+            sinks.append(OtlpLogSink(endpoint=endpoint, headers={str(k): str(v) for k, v in headers.items()},
+                                     timeout_s=float(t.get("timeout_s", 5.0)), compression=t.get("compression"),
+                                     ssl_context=otlp_ctx))
+        except (ValueError, OSError) as exc:  # bad option, unreadable or invalid ca_file
+            raise AuditConfigError(f"otlp: {exc}") from exc
     if not sinks:
         raise AuditConfigError("audit needs at least one sink")
     spill = config.get("spill") or {}

@@ -1,67 +1,362 @@
-"""OTLP logs sink: each audit event as one OpenTelemetry log record.
+"""OTLP/HTTP logs sink: each audit event as one OpenTelemetry log record.
 
-Uses the SDK logs pipeline (``opentelemetry.sdk._logs``, still underscored
-in the SDK) with the OTLP/HTTP exporter from
-``opentelemetry-exporter-otlp-proto-http``; tests pass an in-memory exporter.
-Body = the event as compact JSON text (schema v1; a string body is encoded
-once instead of one OTLP key-value per nested field, which halved this
-sink's CPU in the gateway: docs/audit.md); attributes = event id, kind,
-outcome, tenant. The OTLP batch processor has its own bounded queue and drops when
-full, so this sink is a best-effort copy next to the durable JSONL chain.
+At-least-once, like every audit sink (:mod:`audit.sink`): :meth:`OtlpLogSink.send`
+returns only after the collector acknowledged every record of the batch with a
+2xx answer, otherwise it raises :class:`OtlpExportError` (a
+:class:`audit.sink.SinkUnavailable`) and :class:`audit.log.AuditLog` keeps the
+events in its spill and retries. There is no queue, thread or batch processor
+of its own (the OpenTelemetry SDK logs pipeline used before dropped silently
+when its queue was full and returned before delivery).
+
+Encoding: one ``ExportLogsServiceRequest`` per request, built directly from the
+generated protobuf messages of ``opentelemetry-proto``: one ResourceLogs
+(``service.name`` plus optional resource attributes), one ScopeLogs
+(``prefixgate.audit``), one LogRecord per event:
+
+* ``time_unix_nano`` = ``event.time_ms`` × 10⁶; ``observed_time_unix_nano`` =
+  the time the request was built (ns);
+* severity WARN (13) for denied / unauthenticated / raised / failed outcomes,
+  INFO (9) otherwise (OpenTelemetry log data model severity numbers);
+* body = the canonical event JSON (:meth:`audit.event.AuditEvent.to_json`) as
+  one string value;
+* attributes ``event.name`` = ``prefixgate.audit.<kind>``,
+  ``prefixgate.event_id``, ``prefixgate.outcome``, ``prefixgate.tenant``
+  (when set); ``trace_id`` (16 bytes) when the event carries a valid one.
+
+Transport and response handling follow the OTLP specification, OTLP/HTTP
+section (https://opentelemetry.io/docs/specs/otlp/): binary protobuf POST
+(``Content-Type: application/x-protobuf``), optional ``Content-Encoding:
+gzip``; a 2xx answer is a success whose ``partial_success.rejected_log_records``
+were refused for good (counted in :attr:`OtlpLogSink.rejected`, logged, never
+retried, as the spec requires); 429, 502, 503, 504 and connection failures are
+retryable; every other status is not retryable per the spec, but an audit
+trail must not drop silently, so those also raise (events stay in the spill,
+``prefixgate_audit_sink_up`` shows 0) and are logged as non-retryable so that
+an operator fixes the endpoint or credentials. ``Retry-After`` is only logged:
+:class:`audit.log.AuditLog` owns the backoff.
+
+Header values (e.g. a collector's ``Authorization``) and the endpoint's user
+info and query string are never logged.
 """
 from __future__ import annotations
 
-import json
-from typing import Any
+import gzip
+import importlib.metadata
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from ssl import SSLContext
+from typing import Literal
+
+import aiohttp
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.logs.v1 import logs_pb2
+from opentelemetry.proto.resource.v1 import resource_pb2
+from yarl import URL
 
 from audit.event import AuditEvent, Outcome
+from audit.sink import SinkUnavailable
+
+log = logging.getLogger(__name__)
+
+#: Default OTLP/HTTP logs endpoint (OTLP spec default port 4318, path ``/v1/logs``).
+DEFAULT_ENDPOINT = "http://localhost:4318/v1/logs"
+#: Instrumentation scope name of the audit log records.
+SCOPE_NAME = "prefixgate.audit"
+#: HTTP statuses the OTLP spec marks retryable; every other 4xx/5xx is not.
+RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
+#: Outcomes exported with severity WARN (13); all others INFO (9).
+WARN_OUTCOMES = frozenset({Outcome.DENIED, Outcome.UNAUTHENTICATED, Outcome.RAISED, Outcome.FAILED})
+#: gzip level for ``compression="gzip"`` (zlib's default speed/size trade-off).
+GZIP_LEVEL = 6
+#: Longest collector-supplied message (error text) copied into our log lines.
+MAX_LOGGED_MESSAGE_CHARS = 200
+
+_PROTOBUF = "application/x-protobuf"
+_SEVERITY_WARN = (logs_pb2.SEVERITY_NUMBER_WARN, "WARN")
+_SEVERITY_INFO = (logs_pb2.SEVERITY_NUMBER_INFO, "INFO")
+_HAS_EVENT_NAME_FIELD = "event_name" in logs_pb2.LogRecord.DESCRIPTOR.fields_by_name
+
+
+def _scope_version() -> str:
+    try:
+        return importlib.metadata.version("prefixgate")
+    except importlib.metadata.PackageNotFoundError:
+        return "0"
+
+
+class OtlpExportError(SinkUnavailable):
+    """One OTLP/HTTP export request was not accepted.
+
+    Attributes:
+        status: HTTP status, or None for a connection failure / timeout.
+        retryable: True for 429/502/503/504 and connection failures (OTLP
+            spec); False for other statuses (the endpoint or credentials
+            need fixing). Either way the events stay in the spill.
+        retry_after: the raw ``Retry-After`` header value, if any.
+    """
+
+    def __init__(self, message: str, status: int | None, retryable: bool, retry_after: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+def severity_of(event: AuditEvent) -> tuple[int, str]:
+    """OTLP severity ``(number, text)`` of an event: WARN (13) for denied,
+    unauthenticated, raised and failed outcomes, INFO (9) otherwise."""
+    return _SEVERITY_WARN if event.outcome in WARN_OUTCOMES else _SEVERITY_INFO
+
+
+def trace_id_bytes(trace_id: str | None) -> bytes | None:
+    """The 16-byte OTLP ``trace_id`` of a W3C trace id (32 lowercase/uppercase
+    hex chars, not all zero), or None when absent or malformed."""
+    if trace_id is None or len(trace_id) != 32:
+        return None
+    try:
+        raw = bytes.fromhex(trace_id)
+    except ValueError:
+        return None
+    return raw if any(raw) else None
+
+
+def _str_kv(key: str, value: str) -> common_pb2.KeyValue:
+    return common_pb2.KeyValue(key=key, value=common_pb2.AnyValue(string_value=value))
+
+
+def build_resource(service_name: str, attributes: Mapping[str, str] | None = None) -> resource_pb2.Resource:
+    """OTLP Resource with ``service.name`` and extra string attributes
+    (``service.name`` in ``attributes`` is ignored; the argument wins)."""
+    kvs = [_str_kv("service.name", service_name)]
+    kvs.extend(_str_kv(k, str(v)) for k, v in (attributes or {}).items() if k != "service.name")
+    return resource_pb2.Resource(attributes=kvs)
+
+
+def build_request(
+    events: Sequence[AuditEvent],
+    resource: resource_pb2.Resource,
+    scope: common_pb2.InstrumentationScope,
+    observed_ns: int,
+) -> logs_service_pb2.ExportLogsServiceRequest:
+    """One ``ExportLogsServiceRequest`` holding one LogRecord per event, in order.
+
+    Args:
+        events: audit events (any number; the caller splits large batches).
+        resource: from :func:`build_resource`.
+        scope: instrumentation scope (name ``prefixgate.audit``).
+        observed_ns: ``observed_time_unix_nano`` of every record (epoch ns).
+
+    Field mapping: see the module docstring.
+    """
+    req = logs_service_pb2.ExportLogsServiceRequest()
+    rl = req.resource_logs.add()
+    rl.resource.CopyFrom(resource)
+    sl = rl.scope_logs.add()
+    sl.scope.CopyFrom(scope)
+    records = sl.log_records
+    for ev in events:
+        number, text = severity_of(ev)
+        kind = ev.kind.value
+        attrs = [
+            _str_kv("event.name", f"prefixgate.audit.{kind}"),
+            _str_kv("prefixgate.event_id", ev.event_id),
+            _str_kv("prefixgate.outcome", ev.outcome.value),
+        ]
+        if ev.tenant:
+            attrs.append(_str_kv("prefixgate.tenant", ev.tenant))
+        rec = records.add(
+            time_unix_nano=ev.time_ms * 1_000_000,
+            observed_time_unix_nano=observed_ns,
+            severity_number=number,
+            severity_text=text,
+            body=common_pb2.AnyValue(string_value=ev.to_json().decode()),
+            attributes=attrs,
+        )
+        if _HAS_EVENT_NAME_FIELD:
+            rec.event_name = f"prefixgate.audit.{kind}"
+        tid = trace_id_bytes(ev.trace_id)
+        if tid is not None:
+            rec.trace_id = tid
+    return req
+
+
+def _loggable_url(endpoint: str) -> str:
+    """Endpoint without user info and query (they may carry credentials)."""
+    return str(URL(endpoint).with_user(None).with_query(None).with_fragment(None))
+
+
+def _short(text: str) -> str:
+    text = text.replace("\n", " ").replace("\r", " ")
+    return text if len(text) <= MAX_LOGGED_MESSAGE_CHARS else text[:MAX_LOGGED_MESSAGE_CHARS] + "…"
+
+
+def _status_message(body: bytes) -> str:
+    """The ``message`` of a ``google.rpc.Status`` error body (OTLP/HTTP
+    failure responses), or "" when the body is not one."""
+    if not body:
+        return ""
+    try:
+        from google.rpc import status_pb2
+    except ImportError:  # googleapis-common-protos is optional here
+        return ""
+    try:
+        return _short(status_pb2.Status.FromString(body).message)
+    except DecodeError:
+        return ""
 
 
 class OtlpLogSink:
-    """Export audit events as OTLP log records.
+    """Deliver audit events to an OTLP/HTTP logs endpoint, at least once.
 
     Args:
-        endpoint: OTLP/HTTP logs URL (e.g. ``http://collector:4318/v1/logs``).
-        exporter: a LogExporter instead of OTLP (tests).
+        endpoint: OTLP/HTTP logs URL (``http://`` or ``https://``, e.g.
+            ``http://collector:4318/v1/logs``).
+        name: sink name (names the spill file and metrics label).
+        service_name: resource ``service.name``.
+        resource_attributes: extra resource attributes (strings).
+        headers: extra request headers, e.g. ``{"Authorization": "Bearer …"}``
+            for the collector; never logged. ``Content-Type`` and
+            ``Content-Encoding`` are set by the sink.
+        timeout_s: per-request timeout (seconds), connect to response read.
+        compression: ``"gzip"`` or None.
+        ssl_context: TLS context for an ``https`` endpoint (private CA,
+            client certificate); None = system defaults.
+        max_batch: most log records per request; larger ``send`` batches are
+            split and delivered in order.
+
+    Raises:
+        ValueError: bad endpoint scheme, compression, timeout or max_batch.
+
+    Attributes:
+        rejected: log records the collector accepted the request for but
+            rejected (OTLP ``partial_success.rejected_log_records``); these
+            are not retried (OTLP spec).
+        requests: export requests acknowledged with a 2xx.
     """
 
-    def __init__(self, endpoint: str | None = None, exporter: Any = None, name: str = "otlp",
-                 service_name: str = "prefixgate") -> None:
-        from opentelemetry.sdk._logs import LoggerProvider
-        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, SimpleLogRecordProcessor
-        from opentelemetry.sdk.resources import Resource
-
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        name: str = "otlp",
+        service_name: str = "prefixgate",
+        resource_attributes: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float = 5.0,
+        compression: Literal["gzip"] | None = None,
+        ssl_context: SSLContext | None = None,
+        max_batch: int = 512,
+    ) -> None:
+        url = URL(endpoint)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("OTLP endpoint must be an http:// or https:// URL")
+        if compression not in (None, "gzip"):
+            raise ValueError(f"OTLP compression must be 'gzip' or None, not {compression!r}")
+        if not timeout_s > 0:
+            raise ValueError("OTLP timeout_s must be > 0")
+        if max_batch < 1:
+            raise ValueError("OTLP max_batch must be >= 1")
         self.name = name
-        if exporter is None:
-            from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
-
-            exporter = OTLPLogExporter(endpoint=endpoint)
-            processor = BatchLogRecordProcessor(exporter)
-        else:
-            processor = SimpleLogRecordProcessor(exporter)
-        self._provider = LoggerProvider(resource=Resource.create({"service.name": service_name}))
-        self._provider.add_log_record_processor(processor)
-        self._logger = self._provider.get_logger("prefixgate.audit")
+        self.endpoint = endpoint
+        self.rejected = 0
+        self.requests = 0
+        self._log_url = _loggable_url(endpoint)
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._compression = compression
+        self._ssl = ssl_context
+        self._max_batch = max_batch
+        self._headers = {k: v for k, v in (headers or {}).items()
+                         if k.lower() not in ("content-type", "content-encoding", "content-length")}
+        self._headers["Content-Type"] = _PROTOBUF
+        if compression == "gzip":
+            self._headers["Content-Encoding"] = "gzip"
+        self._resource = build_resource(service_name, resource_attributes)
+        self._scope = common_pb2.InstrumentationScope(name=SCOPE_NAME, version=_scope_version())
+        self._session: aiohttp.ClientSession | None = None
+        self._last_failure: tuple[int | None, bool] | None = None
 
     async def open(self) -> None:
-        """Nothing to connect (the exporter connects per batch)."""
+        """Create the HTTP client session (no connection is made yet)."""
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
 
     async def send(self, events: list[AuditEvent]) -> None:
-        """Emit one log record per event."""
-        from opentelemetry._logs import SeverityNumber
+        """POST ``events`` in order, at most ``max_batch`` records a request.
 
-        for ev in events:
-            bad = ev.outcome in (Outcome.DENIED, Outcome.UNAUTHENTICATED, Outcome.RAISED, Outcome.FAILED)
-            self._logger.emit(
-                timestamp=ev.time_ms * 1_000_000,
-                severity_number=SeverityNumber.WARN if bad else SeverityNumber.INFO,
-                severity_text="WARN" if bad else "INFO",
-                body=json.dumps(ev.to_dict(), separators=(",", ":"), sort_keys=True),
-                attributes={"event.name": f"prefixgate.audit.{ev.kind.value}", "prefixgate.event_id": ev.event_id,
-                            "prefixgate.outcome": ev.outcome.value, **({"prefixgate.tenant": ev.tenant} if ev.tenant else {})},
-            )
+        Returns once every request was answered 2xx. Raises
+        :class:`OtlpExportError` (a SinkUnavailable) on the first request that
+        was not: earlier requests of the batch are then already delivered and
+        will be sent again on retry (receivers de-duplicate on event id).
+        """
+        if not events:
+            return
+        await self.open()
+        for start in range(0, len(events), self._max_batch):
+            await self._export(events[start:start + self._max_batch])
+        if self._last_failure is not None:
+            log.info("OTLP log export to %s recovered", self._log_url)
+            self._last_failure = None
 
     async def close(self) -> None:
-        """Flush and shut down the provider."""
-        self._provider.force_flush()
-        self._provider.shutdown()
+        """Close the HTTP session (idempotent)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _export(self, events: Sequence[AuditEvent]) -> None:
+        assert self._session is not None
+        body = build_request(events, self._resource, self._scope, time.time_ns()).SerializeToString()
+        if self._compression == "gzip":
+            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
+        try:
+            async with self._session.post(self.endpoint, data=body, headers=self._headers) as resp:
+                status = resp.status
+                content_type = resp.content_type
+                retry_after = resp.headers.get("Retry-After")
+                payload = await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            reason = "timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
+            self._note_failure(None, True, f"OTLP log export to {self._log_url} failed: {reason} (retryable)")
+            raise OtlpExportError(f"OTLP collector unreachable: {reason}", None, True) from None
+        if 200 <= status < 300:
+            self.requests += 1
+            self._read_partial_success(payload, content_type, len(events))
+            return
+        retryable = status in RETRYABLE_STATUSES
+        detail = _status_message(payload) if content_type == _PROTOBUF else ""
+        hint = ("retryable" if retryable else
+                "non-retryable per the OTLP spec: fix the endpoint or its credentials; events are kept in the spill")
+        msg = f"OTLP log export to {self._log_url} answered HTTP {status} ({hint})"
+        if detail:
+            msg += f": {detail}"
+        if retry_after is not None:
+            msg += f"; Retry-After: {_short(retry_after)}"
+        self._note_failure(status, retryable, msg)
+        raise OtlpExportError(f"OTLP collector answered HTTP {status}", status, retryable, retry_after)
+
+    def _read_partial_success(self, payload: bytes, content_type: str, sent: int) -> None:
+        if not payload or content_type != _PROTOBUF:
+            return
+        try:
+            answer = logs_service_pb2.ExportLogsServiceResponse.FromString(payload)
+        except DecodeError:
+            log.warning("OTLP log export to %s: 2xx answer is not an ExportLogsServiceResponse", self._log_url)
+            return
+        rejected = answer.partial_success.rejected_log_records
+        if rejected > 0:
+            self.rejected += rejected
+            log.warning("OTLP collector at %s rejected %d of %d audit log records (not retried): %s",
+                        self._log_url, rejected, sent, _short(answer.partial_success.error_message))
+
+    def _note_failure(self, status: int | None, retryable: bool, message: str) -> None:
+        """Log a failure once per change of (status, retryable), not every retry."""
+        key = (status, retryable)
+        if key != self._last_failure:
+            log.log(logging.WARNING if retryable else logging.ERROR, "%s", message)
+            self._last_failure = key
+        else:
+            log.debug("%s", message)

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 from click.testing import CliRunner
@@ -48,20 +47,3 @@ def test_key_inside_log_dir_refused(tmp_path):
     with pytest.raises(AuditConfigError):
         build_audit({"jsonl": {"dir": str(tmp_path / "log"), "signing_key_file": str(tmp_path / "log" / "k.pem")},
                      "spill": {"dir": str(tmp_path / "s")}})
-
-
-async def test_otlp_sink_records_events():
-    try:
-        from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter as Mem
-    except ImportError:  # older SDK name
-        from opentelemetry.sdk._logs.export import InMemoryLogExporter as Mem
-    from audit.otlp import OtlpLogSink
-
-    exporter = Mem()
-    sink = OtlpLogSink(exporter=exporter)
-    ev = AuditEvent(kind=Kind.AUTH, outcome=Outcome.UNAUTHENTICATED, tenant="t")
-    await sink.send([ev])
-    await sink.close()
-    (rec,) = exporter.get_finished_logs()
-    lr = rec.log_record
-    assert lr.attributes["prefixgate.event_id"] == ev.event_id and json.loads(lr.body)["outcome"] == "unauthenticated"
