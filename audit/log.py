@@ -37,12 +37,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from audit.event import AuditEvent, Kind, Outcome, PolicyInfo, iso_ms, now_ms, scrub_event
 from audit.sink import AuditSink, SinkUnavailable
 from audit.spill import SpillCorrupt, SpillFile
-from audit.summary import SummaryAggregator
+from audit.summary import AUDIT_UNAVAILABLE_CODE, RefusalCounter, SummaryAggregator
 
 log = logging.getLogger(__name__)
 
-#: ``policy.reason_code`` of the gateway's fail-closed refusal (503 while not accepting).
-AUDIT_UNAVAILABLE_CODE = "audit_unavailable"
 #: Least spill headroom (bytes) kept for events of requests already in flight.
 MIN_HEADROOM_BYTES = 64 * 1024
 
@@ -136,8 +134,8 @@ class AuditLog:
         ]
         self._accepting = True
         self._dropped = 0
-        # fail-closed refusals counted instead of written: source -> [count, first_ms, last_ms]
-        self._refused: dict[str, list[int]] = {}
+        # fail-closed refusals counted instead of written
+        self._refused = RefusalCounter()
         self._flush_task: asyncio.Task[None] | None = None
         for s in sinks:
             if hasattr(s, "on_checkpoint"):
@@ -170,7 +168,8 @@ class AuditLog:
         event, dropped = scrub_event(event)
         for _, reason in dropped:
             self.metrics.scrubbed.labels(reason).inc()
-        if not self._accepting and event.policy.reason_code == AUDIT_UNAVAILABLE_CODE:
+        if (not self._accepting and event.policy.reason_code == AUDIT_UNAVAILABLE_CODE
+                and event.kind is not Kind.SUMMARY):
             self._count_refusal(event)
             return
         if self._aggregator is not None:
@@ -264,24 +263,12 @@ class AuditLog:
                 self.emit(ev)
 
     def _count_refusal(self, event: AuditEvent) -> None:
-        source = event.client_address or "unknown"
-        if source not in self._refused and len(self._refused) >= 10_000:
-            source = "*other*"
-        entry = self._refused.setdefault(source, [0, event.time_ms, event.time_ms])
-        entry[0] += 1
-        entry[2] = event.time_ms
+        self._refused.count(event)
         self.metrics.emitted.inc()
 
     def _emit_refusal_summaries(self) -> None:
-        refused, self._refused = self._refused, {}
-        for source, (count, first, last) in refused.items():
-            self.emit(AuditEvent(
-                kind=Kind.SUMMARY, outcome=Outcome.SUMMARIZED,
-                client_address=None if source == "*other*" else source,
-                status_code=503, policy=PolicyInfo(None, AUDIT_UNAVAILABLE_CODE, None),
-                summary={"reason": AUDIT_UNAVAILABLE_CODE, "source": source, "suppressed": count,
-                         "count_failed": count, "first_refused": iso_ms(first), "last_refused": iso_ms(last)},
-            ))
+        for ev in self._refused.flush():
+            self.emit(ev)
 
     def _forward_checkpoint(self, source: str) -> Callable[[AuditEvent], None]:
         def forward(event: AuditEvent) -> None:

@@ -115,3 +115,46 @@ class SummaryAggregator:
                 )
             )
         return out
+
+
+#: ``policy.reason_code`` of the gateway's fail-closed refusal (503 while the
+#: audit trail does not accept events).
+AUDIT_UNAVAILABLE_CODE = "audit_unavailable"
+
+
+class RefusalCounter:
+    """Counts the gateway's own fail-closed refusals per source instead of
+    writing one event each (each would grow the backlog that caused them, and
+    a client retrying in a loop would push the audit trail past its headroom).
+
+    :meth:`flush` returns one ``kind="summary"`` event per source
+    (``summary.reason = "audit_unavailable"``, ``suppressed`` = count, first
+    and last refusal time); at most ``max_sources`` sources are tracked, the
+    rest share ``"*other*"``.
+    """
+
+    def __init__(self, max_sources: int = 10_000) -> None:
+        self.max_sources = max_sources
+        self._refused: dict[str, list[int]] = {}
+
+    def count(self, event: AuditEvent) -> None:
+        """Count one refusal event (by ``client_address``)."""
+        source = event.client_address or "unknown"
+        if source not in self._refused and len(self._refused) >= self.max_sources:
+            source = OTHER_SOURCE
+        entry = self._refused.setdefault(source, [0, event.time_ms, event.time_ms])
+        entry[0] += 1
+        entry[2] = event.time_ms
+
+    def flush(self) -> list[AuditEvent]:
+        """Summary events of everything counted so far (and reset)."""
+        from audit.event import PolicyInfo
+
+        refused, self._refused = self._refused, {}
+        return [AuditEvent(
+            kind=Kind.SUMMARY, outcome=Outcome.SUMMARIZED,
+            client_address=None if source == OTHER_SOURCE else source,
+            status_code=503, policy=PolicyInfo(None, AUDIT_UNAVAILABLE_CODE, None),
+            summary={"reason": AUDIT_UNAVAILABLE_CODE, "source": source, "suppressed": count,
+                     "count_failed": count, "first_refused": iso_ms(first), "last_refused": iso_ms(last)},
+        ) for source, (count, first, last) in refused.items()]

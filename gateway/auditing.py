@@ -66,10 +66,19 @@ class AuditHub:
 
         doc = dict(section)
         conc = dict(doc.pop("concentration", {}) or {})
+        worker = doc.pop("worker", "process")
         if not doc:
             raise AuditConfigError("audit: configure at least one sink and a spill directory")
         registry = CollectorRegistry()
-        log = build_audit(doc, registry=registry)
+        if worker == "process":
+            from audit.remote import RemoteAuditLog
+
+            build_audit(doc)  # validate here (no side effects) so a bad config fails before any start
+            log = RemoteAuditLog(doc, registry=registry)
+        elif worker == "inline":
+            log = build_audit(doc, registry=registry)
+        else:
+            raise AuditConfigError(f"audit.worker must be 'process' or 'inline', not {worker!r}")
         admin_registry = CollectorRegistry()
         monitor = ConcentrationMonitor(load_guard_factor=router_factor, on_alert=log.emit,
                                        registry=registry, admin_registry=admin_registry, **conc)
@@ -111,8 +120,10 @@ class AuditHub:
 
     def public_metrics_text(self) -> bytes:
         """Public exposition of the audit log and pool-level concentration metrics
-        (sink and pool names only; no tenants, SPIFFE IDs or replicas)."""
-        return b"".join(generate_latest(r) for r in getattr(self, "public_registries", ()))
+        (sink and pool names only; no tenants, SPIFFE IDs or replicas); with the
+        audit worker process, also the worker's last metrics report."""
+        worker_text = getattr(self.log, "worker_metrics_text", b"")
+        return b"".join(generate_latest(r) for r in getattr(self, "public_registries", ())) + worker_text
 
     def admin_metrics_text(self) -> bytes:
         """Admin-only exposition of the audit and concentration registries."""

@@ -35,6 +35,7 @@ def serve(config_path: str) -> None:
 
     reexec_with_go_gc(["-m", "gateway.cli", *sys.argv[1:]])
     from audit.jsonl import AuditDirectoryInUse
+    from audit.remote import AuditWorkerError
     from gateway.config import ConfigError, load_config
     from gateway.server import serve as run
 
@@ -48,7 +49,7 @@ def serve(config_path: str) -> None:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot start the gateway: {exc.strerror or exc}") from None
-    except AuditDirectoryInUse as exc:
+    except (AuditDirectoryInUse, AuditWorkerError) as exc:
         raise click.ClickException(f"cannot start the gateway: {exc}") from None
 
 

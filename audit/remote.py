@@ -1,0 +1,388 @@
+"""Gateway side of the audit worker process (see :mod:`audit.worker`).
+
+:class:`RemoteAuditLog` has the surface of :class:`audit.log.AuditLog` the
+gateway uses (``emit``, ``start``, ``drain``, ``close``, ``accepting``,
+``dropped``, ``spill_pending_bytes``) but runs every sink in a child
+process. ``emit`` costs the gateway one canonical JSON encoding of the event
+and a buffered pipe write per event loop iteration; formatting (hash chain,
+OCSF, CEF, OTLP) and sink I/O happen on another core.
+
+Delivery: every event carries a sequence number; the worker acknowledges
+the highest one it has handed to :meth:`audit.log.AuditLog.emit` (queued for
+each sink or spilled to disk). Unacknowledged frames stay in the gateway's
+memory (the *backlog*) and are sent again, in order, to a restarted worker
+when the worker dies (duplicates are possible and carry the same
+``event_id``). Events the dead worker had acknowledged but not yet delivered
+were in its in-memory sink queues: they are lost with it, the same exposure
+as a gateway crash with in-process sinks; spilled events survive.
+
+Fail closed: :attr:`accepting` is False while the worker's own spill is over
+its limit (the worker's ``accepting``) or the backlog exceeds
+``max_backlog_bytes`` (worker down or too slow); the gateway answers 503.
+Events of requests already in flight are still kept up to the backlog limit
+plus ``max(max_backlog_bytes * headroom, 1 MiB)``; beyond that an event is
+dropped and counted (``prefixgate_audit_worker_events_dropped_total``, must
+stay 0). While not accepting, the gateway's own 503 refusal events are
+counted per source (:class:`audit.summary.RefusalCounter`) and written as
+summary events once the trail accepts again.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from audit.event import AuditEvent, Kind, Outcome, scrub_event
+from audit.summary import AUDIT_UNAVAILABLE_CODE, RefusalCounter
+
+log = logging.getLogger(__name__)
+
+#: Least backlog headroom (bytes) kept for events of requests already in flight.
+MIN_HEADROOM_BYTES = 1 << 20
+
+
+class AuditWorkerError(RuntimeError):
+    """The audit worker could not start; ``kind`` names the worker-side error
+    class (e.g. ``AuditConfigError``, ``AuditDirectoryInUse``, ``KeyFileError``)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}" if kind else message)
+        self.kind = kind
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.backlog = Gauge("prefixgate_audit_worker_backlog_bytes",
+                             "Audit bytes sent to the audit worker and not yet acknowledged", registry=registry)
+        self.up = Gauge("prefixgate_audit_worker_up", "1 while the audit worker process runs", registry=registry)
+        self.restarts = Counter("prefixgate_audit_worker_restarts", "Audit worker process restarts", registry=registry)
+        self.dropped = Counter("prefixgate_audit_worker_events_dropped",
+                               "Audit events lost before reaching the worker (must stay 0)", registry=registry)
+
+
+class RemoteAuditLog:
+    """Audit log whose sinks run in an :mod:`audit.worker` child process.
+
+    Args:
+        config: the ``audit`` config section for :func:`audit.config.build_audit`
+            (sinks, spill, summary); sent to the worker on its stdin.
+        max_backlog_bytes: unacknowledged bytes above which ``accepting`` is
+            False (default 32 MiB).
+        headroom: extra fraction kept for in-flight requests' events.
+        restart_initial_s, restart_max_s: worker restart backoff (seconds, doubling).
+        start_timeout_s: seconds to wait for the worker's ``ready``.
+        registry: Prometheus registry for the gateway-side metrics.
+        python: interpreter for the worker (default ``sys.executable``).
+    """
+
+    def __init__(self, config: Mapping[str, Any], *, max_backlog_bytes: int = 32 << 20, headroom: float = 0.1,
+                 restart_initial_s: float = 0.1, restart_max_s: float = 5.0, start_timeout_s: float = 30.0,
+                 registry: CollectorRegistry | None = None, python: str | None = None) -> None:
+        self._config = orjson.dumps(dict(config))
+        self._max_backlog = max_backlog_bytes
+        self._hard = max_backlog_bytes + max(int(max_backlog_bytes * headroom), MIN_HEADROOM_BYTES)
+        self._restart_initial = restart_initial_s
+        self._restart_max = restart_max_s
+        self._start_timeout = start_timeout_s
+        self._python = python or sys.executable
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = _Metrics(self.registry)
+        self._seq = 0
+        self._unacked: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._backlog = 0
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[None] | None = None
+        self._worker_accepting = True
+        self._worker_dropped = 0
+        self._worker_spill = 0
+        self._dropped = 0
+        self._refused = RefusalCounter()
+        self._replies: dict[int, asyncio.Future[bool]] = {}
+        self._next_id = 0
+        self._closed_seen: asyncio.Event | None = None
+        self._closing = False
+        self._accepting = True
+        self._live = False
+        self.worker_metrics_text = b""
+        self.worker_pid: int | None = None
+
+    # ---- AuditLog surface -------------------------------------------------
+    @property
+    def accepting(self) -> bool:
+        """False while the worker's spill or the backlog is over its limit (answer 503)."""
+        return self._accepting
+
+    @property
+    def dropped(self) -> int:
+        """Events lost so far: here (backlog over its hard limit) plus the worker's own count."""
+        return self._dropped + self._worker_dropped
+
+    @property
+    def spill_pending_bytes(self) -> int:
+        """Undelivered bytes in the worker's spill files plus this side's backlog."""
+        return self._worker_spill + self._backlog
+
+    def emit(self, event: AuditEvent, exclude: Iterable[str] = ()) -> None:
+        """Send ``event`` to the worker; never blocks, never raises for worker trouble.
+
+        The event is scrubbed here too (the worker scrubs again before any
+        sink), so nothing refused ever crosses the pipe. ``exclude`` is not
+        supported across the pipe (checkpoint forwarding happens inside the
+        worker) and must be empty.
+        """
+        if exclude:
+            raise ValueError("RemoteAuditLog.emit: exclude is handled inside the worker")
+        event, _ = scrub_event(event)
+        if (not self._accepting and event.policy.reason_code == AUDIT_UNAVAILABLE_CODE
+                and event.kind is not Kind.SUMMARY):
+            self._refused.count(event)
+            return
+        self._seq += 1
+        frame = b'{"t":"e","s":%d,"e":%b}\n' % (self._seq, event.to_json())
+        if self._backlog + len(frame) > self._hard:
+            self._dropped += 1
+            self.metrics.dropped.inc()
+            log.error("audit worker backlog full: event %s dropped", event.event_id)
+            return
+        self._unacked.append((self._seq, frame))
+        self._backlog += len(frame)
+        self._out.append(frame)
+        self._schedule_flush()
+        self._update_accepting()
+
+    async def start(self) -> None:
+        """Spawn the worker and wait for it to report ready.
+
+        Raises:
+            AuditWorkerError: the worker refused the config (the message names
+                the worker-side error) or did not become ready in time.
+        """
+        self._closed_seen = asyncio.Event()
+        await self._spawn()
+        self._supervisor = asyncio.create_task(self._supervise(), name="audit-worker-supervisor")
+
+    async def drain(self, timeout_s: float = 10.0) -> bool:
+        """Wait until the worker has taken every event sent so far and its sinks
+        have delivered everything (queues and spills empty). False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            if self._worker_alive():
+                self._next_id += 1
+                fut: asyncio.Future[bool] = loop.create_future()
+                self._replies[self._next_id] = fut
+                remaining = max(0.01, deadline - loop.time())
+                self._write_control({"t": "drain", "id": self._next_id, "timeout": remaining})
+                try:
+                    ok = await asyncio.wait_for(fut, remaining + 1.0)
+                except (asyncio.TimeoutError, ConnectionError):
+                    ok = False
+                finally:
+                    self._replies.pop(self._next_id, None)
+                if ok and not self._unacked:
+                    return True
+            await asyncio.sleep(0.02)
+        return False
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Flush refusal summaries, ask the worker to drain and close its sinks
+        (final signed checkpoint), wait for it to exit (killed after
+        ``timeout_s`` + 5 s). Unacknowledged events left after that are
+        counted as dropped."""
+        self._closing = True
+        for ev in self._refused.flush():
+            self.emit(ev)
+        if self._supervisor is not None:
+            # let a worker being restarted come up, so the backlog reaches it
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s / 2
+            while self._unacked and not self._worker_alive() and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            if not self._live and proc.stdin is not None:  # started but never ready: just close it
+                proc.stdin.close()
+            self._write_control({"t": "close", "timeout": timeout_s})
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s + 5.0)
+            except asyncio.TimeoutError:
+                log.error("audit worker did not exit in time; killed")
+                proc.kill()
+                await proc.wait()
+        if self._reader_task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._reader_task, 2.0)
+        if self._unacked:
+            lost = len(self._unacked)
+            self._dropped += lost
+            self.metrics.dropped.inc(lost)
+            log.error("audit worker gone at close: %d unacknowledged events lost", lost)
+            self._unacked.clear()
+            self._backlog = 0
+        self.metrics.up.set(0)
+
+    def metrics_text(self) -> bytes:
+        """Prometheus exposition: this side's metrics plus the worker's last report."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry) + self.worker_metrics_text
+
+    # ---- internals ------------------------------------------------------
+    def _worker_alive(self) -> bool:
+        """True once a worker is ready *and* has been sent the backlog (order)."""
+        return self._live and self._proc is not None and self._proc.returncode is None
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out:
+            return
+        data, self._out = b"".join(self._out), []
+        if self._worker_alive():
+            assert self._proc is not None and self._proc.stdin is not None
+            try:
+                self._proc.stdin.write(data)
+            except (ConnectionError, RuntimeError):
+                pass  # the supervisor notices the exit and resends the backlog
+        # else: the frames stay in the backlog and are resent to the next worker
+        self.metrics.backlog.set(self._backlog)
+
+    def _write_control(self, frame: dict[str, Any]) -> None:
+        self._flush()
+        if self._worker_alive():
+            assert self._proc is not None and self._proc.stdin is not None
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                self._proc.stdin.write(orjson.dumps(frame) + b"\n")
+
+    def _update_accepting(self) -> None:
+        ok = self._worker_accepting and self._backlog < self._max_backlog
+        if ok == self._accepting:
+            return
+        self._accepting = ok
+        if ok:
+            for ev in self._refused.flush():
+                self.emit(ev)
+        else:
+            log.error("audit trail not accepting (worker accepting=%s, backlog %d/%d bytes)",
+                      self._worker_accepting, self._backlog, self._max_backlog)
+            if self._backlog >= self._max_backlog:
+                self.emit(AuditEvent(kind=Kind.ALERT, outcome=Outcome.RAISED, alert={
+                    "alert_id": "audit-worker-backlog", "alert_kind": "audit_worker_backlog",
+                    "backlog_bytes": self._backlog, "max_backlog_bytes": self._max_backlog}))
+
+    def _ack(self, seq: int) -> None:
+        while self._unacked and self._unacked[0][0] <= seq:
+            _, frame = self._unacked.popleft()
+            self._backlog -= len(frame)
+
+    async def _spawn(self) -> None:
+        loop = asyncio.get_running_loop()
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        self._proc = await asyncio.create_subprocess_exec(
+            self._python, "-m", "audit.worker", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            env=env, limit=1 << 24)
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(self._config + b"\n")
+        self._ready = loop.create_future()
+        self._reader_task = asyncio.create_task(self._read(self._proc, self._ready), name="audit-worker-reader")
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready), self._start_timeout)
+        except asyncio.TimeoutError:
+            self._proc.kill()
+            raise AuditWorkerError("", f"audit worker not ready after {self._start_timeout:g} s") from None
+        self.worker_pid = self._proc.pid
+        self.metrics.up.set(1)
+        # resend, in order, what the previous worker had not acknowledged (every
+        # frame still in ``_out`` is among them), before anything newer
+        self._out = []
+        if self._unacked:
+            self._proc.stdin.write(b"".join(frame for _, frame in self._unacked))
+        self._live = True
+
+    async def _read(self, proc: asyncio.subprocess.Process, ready: asyncio.Future[None]) -> None:
+        assert proc.stdout is not None
+        try:
+            while True:
+                line = await proc.stdout.readline()
+                if not line:
+                    break
+                try:
+                    frame = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    log.error("audit worker: unreadable frame ignored")
+                    continue
+                t = frame.get("t")
+                if t == "status":
+                    self._ack(int(frame["ack"]))
+                    self._worker_accepting = bool(frame["accepting"])
+                    self._worker_dropped = int(frame["dropped"])
+                    self._worker_spill = int(frame["spill"])
+                    self.metrics.backlog.set(self._backlog)
+                    self._update_accepting()
+                elif t == "metrics":
+                    self.worker_metrics_text = str(frame["text"]).encode()
+                elif t == "reply":
+                    fut = self._replies.get(int(frame["id"]))
+                    if fut is not None and not fut.done():
+                        fut.set_result(bool(frame["ok"]))
+                elif t == "ready":
+                    if not ready.done():
+                        ready.set_result(None)
+                elif t == "error":
+                    if not ready.done():
+                        ready.set_exception(AuditWorkerError(str(frame.get("type", "")), str(frame.get("message", ""))))
+                elif t == "closed" and self._closed_seen is not None:
+                    self._closed_seen.set()
+        finally:
+            if not ready.done():
+                ready.set_exception(AuditWorkerError("", "audit worker exited before it was ready"))
+            for fut in self._replies.values():
+                if not fut.done():
+                    fut.set_exception(ConnectionError("audit worker exited"))
+
+    async def _supervise(self) -> None:
+        """Restart the worker when it exits (backoff), resending the backlog."""
+        backoff = self._restart_initial
+        while True:
+            assert self._proc is not None
+            rc = await self._proc.wait()
+            self._live = False
+            if self._closing:
+                return
+            self.metrics.up.set(0)
+            log.error("audit worker exited (status %s); restarting, %d events kept for resend", rc, len(self._unacked))
+            while True:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._restart_max)
+                try:
+                    await self._spawn()
+                    break
+                except AuditWorkerError as exc:
+                    log.error("audit worker restart failed: %s", exc)
+            self.metrics.restarts.inc()
+            self.emit(AuditEvent(kind=Kind.ALERT, outcome=Outcome.RAISED, alert={
+                "alert_id": "audit-worker-restarted", "alert_kind": "audit_worker_restarted",
+                "exit_status": rc if rc is not None else -1}))
+            backoff = self._restart_initial

@@ -1,0 +1,180 @@
+"""The audit worker process: every sink of the audit trail, off the gateway's event loop.
+
+``python -m audit.worker`` (spawned by :class:`audit.remote.RemoteAuditLog`;
+not meant to be started by hand). The gateway is one Python process whose
+event loop is the throughput bottleneck; formatting events for each sink
+(hash chain, OCSF, CEF, OTLP protobuf), the sink I/O, the spill files, the
+flood aggregation and the signed checkpoints all run here instead, on
+another core. The gateway only encodes each event once (canonical JSON) and
+writes it to this process's stdin.
+
+Protocol (newline-delimited JSON, UTF-8; one object per line):
+
+* stdin, first line: the ``audit`` config section (the shape of
+  :func:`audit.config.build_audit`; sent on the pipe, not in argv, because it
+  may hold collector credentials).
+* stdin, then: ``{"t":"e","s":SEQ,"e":EVENT}`` (an event as
+  :meth:`audit.event.AuditEvent.to_dict`, SEQ increasing),
+  ``{"t":"drain","id":K,"timeout":S}``, ``{"t":"close","timeout":S}``.
+* stdout: ``{"t":"ready","pid":P}`` once the sinks are built and started, or
+  ``{"t":"error","type":NAME,"message":TEXT}`` and exit status 2;
+  ``{"t":"status","ack":SEQ,"accepting":B,"dropped":N,"spill":BYTES}``
+  after each read chunk (SEQ = last event handed to
+  :meth:`audit.log.AuditLog.emit`, i.e. queued for every sink or written to
+  its spill file); ``{"t":"reply","id":K,"ok":B}`` for a drain;
+  ``{"t":"metrics","text":EXPOSITION}`` every second (Prometheus text of the
+  worker's audit registry); ``{"t":"closed"}`` after close.
+
+stdin EOF (the gateway exited, even by SIGKILL) closes the log the same way
+as ``close``: summaries flushed, sinks drained, final signed checkpoint.
+SIGINT and SIGTERM are ignored (a terminal's Ctrl-C reaches the whole process
+group; the gateway decides when the audit trail closes). Nothing but this
+protocol goes to stdout; diagnostics go to stderr and never hold event
+contents beyond ids.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, generate_latest
+
+from audit.event import AuditEvent, EventSchemaError
+
+log = logging.getLogger("prefixgate.audit.worker")
+
+#: Seconds between metrics frames.
+METRICS_PERIOD_S = 1.0
+#: Seconds between checks for a changed status (accepting, dropped, spill bytes).
+STATUS_PERIOD_S = 0.05
+#: Bytes read from stdin at once.
+READ_CHUNK = 1 << 18
+
+
+class _Out:
+    """Writes protocol frames to the original stdout (fd 1)."""
+
+    def __init__(self, transport: asyncio.WriteTransport) -> None:
+        self.transport = transport
+
+    def send(self, frame: dict[str, Any]) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(orjson.dumps(frame) + b"\n")
+
+
+async def _open_pipes() -> tuple[asyncio.StreamReader, _Out]:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 24)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", buffering=0))
+    out_fd = os.dup(1)
+    os.dup2(2, 1)  # stray prints must never corrupt the protocol
+    sys.stdout = sys.stderr
+    transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(out_fd, "wb", buffering=0))
+    return reader, _Out(transport)
+
+
+def _status(audit: Any, ack: int) -> dict[str, Any]:
+    return {"t": "status", "ack": ack, "accepting": bool(audit.accepting), "dropped": int(audit.dropped),
+            "spill": int(audit.spill_pending_bytes)}
+
+
+async def _report_loop(out: _Out, registry: CollectorRegistry, audit: Any, acked: list[int]) -> None:
+    """Status whenever it changes without input (a sink came back and the spill
+    drained, so the trail accepts again), checked every ``STATUS_PERIOD_S``;
+    metrics every ``METRICS_PERIOD_S``."""
+    loop = asyncio.get_running_loop()
+    next_metrics = 0.0
+    last: dict[str, Any] | None = None
+    while True:
+        status = _status(audit, acked[0])
+        if status != last:
+            out.send(status)
+            last = status
+        if loop.time() >= next_metrics:
+            out.send({"t": "metrics", "text": generate_latest(registry).decode()})
+            next_metrics = loop.time() + METRICS_PERIOD_S
+        await asyncio.sleep(STATUS_PERIOD_S)
+
+
+async def run() -> int:
+    """Serve the protocol until close or stdin EOF; returns the exit status."""
+    from audit.config import build_audit
+
+    reader, out = await _open_pipes()
+    first = await reader.readline()
+    registry = CollectorRegistry()
+    try:
+        config = orjson.loads(first)
+        audit = build_audit(config, registry=registry)
+        await audit.start()
+    except Exception as exc:  # reported to the gateway, which fails its start with it
+        out.send({"t": "error", "type": type(exc).__name__, "message": str(exc)})
+        await asyncio.sleep(0.05)
+        return 2
+    out.send({"t": "ready", "pid": os.getpid()})
+    acked = [0]
+    metrics = asyncio.create_task(_report_loop(out, registry, audit, acked))
+    ack = 0
+    buf = b""
+    close_timeout = 10.0
+    try:
+        while True:
+            chunk = await reader.read(READ_CHUNK)
+            if not chunk:
+                break
+            lines = (buf + chunk).split(b"\n")
+            buf = lines.pop()
+            stop = False
+            for line in lines:
+                if not line:
+                    continue
+                try:
+                    frame = orjson.loads(line)
+                    t = frame["t"]
+                    if t == "e":
+                        audit.emit(AuditEvent.from_dict(frame["e"]))
+                        ack = int(frame["s"])
+                    elif t == "drain":
+                        ok = await audit.drain(float(frame.get("timeout", 10.0)))
+                        out.send(_status(audit, ack))
+                        out.send({"t": "reply", "id": frame["id"], "ok": ok})
+                    elif t == "close":
+                        close_timeout = float(frame.get("timeout", 10.0))
+                        stop = True
+                        break
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, EventSchemaError) as exc:
+                    # a frame the gateway cannot have meant: say so, never guess
+                    log.error("audit worker: malformed frame refused (%s)", type(exc).__name__)
+            acked[0] = ack
+            out.send(_status(audit, ack))
+            if stop:
+                break
+    finally:
+        metrics.cancel()
+        await audit.close(close_timeout)
+        out.send(_status(audit, ack))
+        out.send({"t": "metrics", "text": generate_latest(registry).decode()})
+        out.send({"t": "closed"})
+        for _ in range(200):  # let the last frames reach the pipe (bounded: 2 s)
+            if out.transport.is_closing() or not out.transport.get_write_buffer_size():
+                break
+            await asyncio.sleep(0.01)
+    return 0
+
+
+def main() -> int:
+    """Entry point of ``python -m audit.worker``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(stream=sys.stderr, level=os.environ.get("PREFIXGATE_AUDIT_WORKER_LOG", "WARNING"),
+                        format="%(asctime)s audit-worker %(levelname)s %(message)s")
+    return asyncio.run(run())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
