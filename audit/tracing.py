@@ -9,7 +9,9 @@ its own trace or choose our trace id). Incoming ``baggage`` is dropped
 """
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -42,7 +44,7 @@ class TracingConfigError(ValueError):
 
 
 def setup_tracing(exporter: str | None, service_name: str = "prefixgate", endpoint: str | None = None,
-                  set_global: bool = False) -> TracerProvider:
+                  set_global: bool = False, offload: bool = True, registry: Any | None = None) -> TracerProvider:
     """Build a TracerProvider.
 
     Args:
@@ -51,6 +53,13 @@ def setup_tracing(exporter: str | None, service_name: str = "prefixgate", endpoi
         service_name: ``service.name`` resource attribute.
         endpoint: OTLP traces URL (default from OTEL_EXPORTER_OTLP_* env).
         set_global: also install as the global provider.
+        offload: for ``"otlp"``/``"console"``, export from a child process
+            (:class:`audit.span_export.OffloadSpanProcessor`, started here; the
+            provider's ``shutdown()`` stops it) so the gateway process never
+            encodes spans; False keeps the SDK's in-process ``BatchSpanProcessor``.
+            ``"memory"`` is always in-process (``SimpleSpanProcessor``).
+        registry: prometheus registry for ``prefixgate_trace_spans_dropped_total``
+            (offload only; optional).
 
     Raises:
         TracingConfigError: unknown exporter or OTLP package missing.
@@ -58,10 +67,15 @@ def setup_tracing(exporter: str | None, service_name: str = "prefixgate", endpoi
     global _memory_exporter
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     if exporter == "otlp":
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError as exc:
-            raise TracingConfigError("install opentelemetry-exporter-otlp-proto-http for exporter='otlp'") from exc
+        if importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is None:
+            raise TracingConfigError("install opentelemetry-exporter-otlp-proto-http for exporter='otlp'")
+    if exporter in ("otlp", "console") and offload:
+        from audit.span_export import OffloadSpanProcessor
+        processor = OffloadSpanProcessor(exporter, provider.resource, endpoint=endpoint, registry=registry)
+        processor.start()
+        provider.add_span_processor(processor)
+    elif exporter == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()))
     elif exporter == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
