@@ -206,14 +206,19 @@ class RemoteAuditLog:
         for ev in self._refused.flush():
             self.emit(ev)
         if self._supervisor is not None:
-            # let a worker being restarted come up, so the backlog reaches it
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout_s / 2
-            while self._unacked and not self._worker_alive() and loop.time() < deadline:
-                await asyncio.sleep(0.05)
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
+        if self._unacked and not self._worker_alive() and self._ready is not None:
+            # the worker died and its restart is still backing off: one last try now,
+            # so the backlog reaches the sinks instead of being lost
+            if self._proc is not None and self._proc.returncode is None:
+                self._proc.kill()
+                await self._proc.wait()
+            try:
+                await self._spawn()
+            except AuditWorkerError as exc:
+                log.error("audit worker restart at close failed: %s", exc)
         proc = self._proc
         if proc is not None and proc.returncode is None:
             if not self._live and proc.stdin is not None:  # started but never ready: just close it

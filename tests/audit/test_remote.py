@@ -1,0 +1,196 @@
+"""The audit worker process (audit.worker) behind RemoteAuditLog: real child
+processes, real JSONL chain + OCSF files, verified with the offline verifier."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from audit.event import AuditEvent, Kind, Outcome, PolicyInfo
+from audit.keys import generate_signing_key, load_signing_key
+from audit.remote import AuditWorkerError, RemoteAuditLog
+from audit.summary import AUDIT_UNAVAILABLE_CODE
+from audit.verify import verify_files
+
+
+def _section(tmp: Path, **extra: Any) -> dict[str, Any]:
+    key = tmp / "keys" / "audit.key"
+    if not key.exists():
+        key.parent.mkdir(parents=True)
+        generate_signing_key(key)
+    doc: dict[str, Any] = {
+        "jsonl": {"dir": str(tmp / "audit"), "signing_key_file": str(key), "checkpoint_s": 600},
+        "ocsf": {"file": str(tmp / "ocsf.jsonl")},
+        "spill": {"dir": str(tmp / "spill")},
+        "summary": False,
+    }
+    doc.update(extra)
+    return doc
+
+
+def _events(tmp: Path) -> list[dict[str, Any]]:
+    out = []
+    for f in sorted((tmp / "audit").glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            if rec["type"] == "event":
+                out.append(rec["body"])
+    return out
+
+
+def _ev(i: int) -> AuditEvent:
+    return AuditEvent(kind=Kind.INFERENCE, outcome=Outcome.ALLOWED, request_id=f"r{i}", tenant="tenant-a",
+                      prompt_tokens=i, client_address="127.0.0.1")
+
+
+def _verify(tmp: Path):
+    key = load_signing_key(tmp / "keys" / "audit.key")
+    return verify_files(sorted((tmp / "audit").glob("*.jsonl")), key.public_key())
+
+
+async def test_events_reach_every_sink_in_order_and_close_seals_the_chain(tmp_path: Path) -> None:
+    rlog = RemoteAuditLog(_section(tmp_path))
+    await rlog.start()
+    pid = rlog.worker_pid
+    ids = []
+    for i in range(300):
+        ev = _ev(i)
+        ids.append(ev.event_id)
+        rlog.emit(ev)
+        if i % 50 == 0:
+            await asyncio.sleep(0)
+    assert await rlog.drain(10)
+    assert [e["event_id"] for e in _events(tmp_path)] == ids
+    ocsf = [json.loads(x) for x in (tmp_path / "ocsf.jsonl").read_text().splitlines()]
+    assert [o["metadata"]["uid"] for o in ocsf if o["metadata"].get("uid") in set(ids)] == ids
+    await rlog.close()
+    assert rlog.dropped == 0
+    report = _verify(tmp_path)
+    assert report.ok, report.problems
+    assert report.unsealed_records == 0  # the final checkpoint was written by the worker at close
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    # the worker's metrics reached the gateway side
+    assert b"prefixgate_audit_events_delivered_total" in rlog.metrics_text()
+
+
+async def test_bad_config_fails_start_with_the_worker_error(tmp_path: Path) -> None:
+    doc = _section(tmp_path)
+    doc["jsonl"]["signing_key_file"] = str(tmp_path / "missing.key")
+    rlog = RemoteAuditLog(doc, start_timeout_s=20)
+    with pytest.raises(AuditWorkerError) as info:
+        await rlog.start()
+    assert info.value.kind and "missing.key" in str(info.value)
+    await rlog.close()
+
+
+async def test_second_worker_on_the_same_chain_directory_is_refused(tmp_path: Path) -> None:
+    first = RemoteAuditLog(_section(tmp_path))
+    await first.start()
+    second = RemoteAuditLog(_section(tmp_path))
+    try:
+        with pytest.raises(AuditWorkerError) as info:
+            await second.start()
+        assert info.value.kind == "AuditDirectoryInUse"
+    finally:
+        await second.close()
+        await first.close()
+
+
+async def test_killed_worker_is_restarted_and_unacknowledged_events_are_resent(tmp_path: Path) -> None:
+    rlog = RemoteAuditLog(_section(tmp_path), restart_initial_s=0.05)
+    await rlog.start()
+    ids = []
+    for i in range(50):
+        ev = _ev(i)
+        ids.append(ev.event_id)
+        rlog.emit(ev)
+    assert await rlog.drain(10)
+    old = rlog.worker_pid
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    await asyncio.sleep(0.05)
+    for i in range(50, 120):  # emitted while the worker is dead: kept in the backlog
+        ev = _ev(i)
+        ids.append(ev.event_id)
+        rlog.emit(ev)
+    assert rlog.accepting  # the backlog is far below its limit
+    assert await rlog.drain(20)
+    assert rlog.worker_pid != old
+    got = [e["event_id"] for e in _events(tmp_path) if e["kind"] == "inference"]
+    assert list(dict.fromkeys(got)) == ids  # every event, in order (re-sends are duplicates by id)
+    alerts = [e for e in _events(tmp_path) if e["kind"] == "alert"]
+    assert [a["alert"]["alert_kind"] for a in alerts] == ["audit_worker_restarted"]
+    await rlog.close()
+    assert rlog.dropped == 0
+    assert _verify(tmp_path).ok  # the killed worker's unsealed tail is continued by the next file
+
+
+async def test_backlog_limit_fails_closed_and_refusals_are_summarised(tmp_path: Path) -> None:
+    rlog = RemoteAuditLog(_section(tmp_path), max_backlog_bytes=20_000, restart_initial_s=30)
+    await rlog.start()
+    os.kill(rlog.worker_pid or 0, signal.SIGKILL)
+    await asyncio.sleep(0.2)  # dead, restart far away
+    sent = 0
+    while rlog.accepting:
+        rlog.emit(_ev(sent))
+        sent += 1
+        assert sent < 1000
+    assert rlog.spill_pending_bytes >= 20_000
+    for _ in range(3):  # the gateway's own 503 refusals: counted, not queued
+        rlog.emit(AuditEvent(kind=Kind.INFERENCE, outcome=Outcome.FAILED, status_code=503,
+                             client_address="10.0.0.9", policy=PolicyInfo(None, AUDIT_UNAVAILABLE_CODE, None)))
+    before = rlog.spill_pending_bytes
+    assert rlog.spill_pending_bytes == before
+    await rlog.close(timeout_s=20)  # restarts the worker once more, so the backlog is delivered
+    assert rlog.dropped == 0
+    events = _events(tmp_path)
+    assert len([e for e in events if e["kind"] == "inference"]) == sent
+    (summary,) = [e for e in events if e["kind"] == "summary"]
+    assert summary["summary"]["suppressed"] == 3 and summary["client_address"] == "10.0.0.9"
+    assert [e["alert"]["alert_kind"] for e in events if e["kind"] == "alert"][:1] == ["audit_worker_backlog"]
+
+
+async def test_gateway_killed_worker_still_seals_the_chain(tmp_path: Path) -> None:
+    """stdin EOF (the gateway died, even by SIGKILL) closes the log like ``close``."""
+    import subprocess
+    import sys
+
+    doc = json.dumps(_section(tmp_path)).encode()
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.Popen([sys.executable, "-m", "audit.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(doc + b"\n")
+    proc.stdin.flush()
+    assert json.loads(proc.stdout.readline())["t"] == "ready"
+    ev = _ev(1)
+    proc.stdin.write(b'{"t":"e","s":1,"e":%b}\n' % ev.to_json())
+    proc.stdin.write(b"not json\n")  # refused, not fatal
+    proc.stdin.close()  # what the kernel does when the gateway dies
+    assert proc.wait(20) == 0
+    frames = [json.loads(x) for x in proc.stdout.read().splitlines()]
+    assert frames[-1] == {"t": "closed"}
+    assert any(f["t"] == "status" and f["ack"] == 1 for f in frames)
+    assert [e["event_id"] for e in _events(tmp_path)] == [ev.event_id]
+    report = _verify(tmp_path)
+    assert report.ok and report.unsealed_records == 0
+
+
+async def test_worker_ignores_sigterm_and_sigint(tmp_path: Path) -> None:
+    rlog = RemoteAuditLog(_section(tmp_path))
+    await rlog.start()
+    pid = rlog.worker_pid or 0
+    os.kill(pid, signal.SIGTERM)
+    os.kill(pid, signal.SIGINT)
+    await asyncio.sleep(0.3)
+    os.kill(pid, 0)  # still alive: the gateway decides when the trail closes
+    rlog.emit(_ev(1))
+    assert await rlog.drain(10)
+    await rlog.close()
+    assert len(_events(tmp_path)) == 1
