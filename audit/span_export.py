@@ -48,9 +48,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import SpanKind, StatusCode
 
 log = logging.getLogger(__name__)
 
@@ -78,36 +80,53 @@ class SpanExportConfigError(ValueError):
     """Invalid offload configuration (unknown exporter kind, bad sizes)."""
 
 
+_KIND = {k: k.value for k in SpanKind}
+_CODE = {c: c.value for c in StatusCode}
+
+
 def _trace_state(ts: Any) -> str | None:
     return ",".join(f"{k}={v}" for k, v in ts.items()) if ts else None
+
+
+def _attr_dict(attrs: Any) -> dict[str, Any] | None:
+    """The plain dict behind an ended span's attributes, without copying:
+    ``BoundedAttributes`` is immutable once the span has ended, so its
+    internal dict can be serialised later by the writer thread."""
+    if not attrs:
+        return None
+    if type(attrs) is BoundedAttributes:
+        return attrs._dict  # noqa: SLF001
+    return dict(attrs)
 
 
 def encode_span(span: ReadableSpan) -> tuple:
     """One finished span as a plain tuple of JSON-able values (field order
     :data:`SPAN_FIELDS`). Trace ids are split into two unsigned 64-bit halves
-    (orjson serialises integers up to 64 bits). Attribute mappings are copied
-    as dicts; values stay str/bool/int/float or tuples of them (bytes values
-    are handled at serialisation time). Cost: a few microseconds per span.
+    (orjson serialises integers up to 64 bits). Attribute mappings are the
+    span's own (immutable after ``end()``) dicts, not copies; values are
+    str/bool/int/float/bytes or tuples of them (bytes handled at
+    serialisation time). Reads the SDK span's fields directly (the public
+    properties copy); ~2 us per gateway span on CPython 3.11.
     """
-    ctx = span.context
+    ctx = span._context  # noqa: SLF001 -- hot path: the properties below copy or wrap
     tid = ctx.trace_id
-    parent = span.parent
-    status = span.status
-    scope = span.instrumentation_scope
-    links = span._links  # noqa: SLF001 -- avoid the tuple copy of .links on the hot path
+    parent = span._parent  # noqa: SLF001
+    status = span._status  # noqa: SLF001
+    scope = span._instrumentation_scope  # noqa: SLF001
+    links = span._links  # noqa: SLF001
     events = span._events  # noqa: SLF001
-    attrs = span._attributes  # noqa: SLF001 -- BoundedAttributes, immutable after end()
+    attrs = span._attributes  # noqa: SLF001
     return (
-        span.name, tid >> 64, tid & _M64, ctx.span_id, int(ctx.trace_flags), _trace_state(ctx.trace_state),
-        parent.span_id if parent is not None else None, bool(parent.is_remote) if parent is not None else False,
-        span.kind.value, span.start_time, span.end_time, dict(attrs) if attrs else None,
-        status.status_code.value, status.description,
-        [(lc.trace_id >> 64, lc.trace_id & _M64, lc.span_id, int(lc.trace_flags), bool(lc.is_remote),
-          dict(lk.attributes) if lk.attributes else None)
+        span._name, tid >> 64, tid & _M64, ctx.span_id, ctx.trace_flags,  # noqa: SLF001
+        _trace_state(ctx.trace_state) if ctx.trace_state else None,
+        parent.span_id if parent is not None else None, parent.is_remote if parent is not None else False,
+        _KIND[span._kind], span._start_time, span._end_time, _attr_dict(attrs),  # noqa: SLF001
+        _CODE[status.status_code], status.description,
+        [(lc.trace_id >> 64, lc.trace_id & _M64, lc.span_id, lc.trace_flags, lc.is_remote, _attr_dict(lk.attributes))
          for lk in links for lc in (lk.context,)] if links else None,
-        [(ev.name, ev.timestamp, dict(ev.attributes) if ev.attributes else None) for ev in events] if events else None,
+        [(ev.name, ev.timestamp, _attr_dict(ev.attributes)) for ev in events] if events else None,
         scope.name if scope else None, scope.version if scope else None, scope.schema_url if scope else None,
-        span.dropped_attributes, span.dropped_events, span.dropped_links,
+        getattr(attrs, "dropped", 0), getattr(events, "dropped", 0), getattr(links, "dropped", 0),
     )
 
 

@@ -1,0 +1,202 @@
+"""Gateway-process CPU per span: OffloadSpanProcessor vs the SDK's
+BatchSpanProcessor + OTLPSpanExporter (not a test).
+
+``python -m bench.span_offload [--requests 4000]`` writes
+``bench/results/span_offload.json``.
+
+A dummy OTLP/HTTP collector runs in a separate process (its CPU is not
+counted). In this process, each variant ends the same ``--requests`` x 5
+spans shaped like the gateway's (a SERVER span with HTTP/gen_ai/PrefixGate
+attributes and a client-traceparent link, and four children with explicit
+start/end times), in bursts of 20 requests with a 2 ms pause (so the export
+threads run alongside, as under load), then flushes everything to the
+collector (``BatchSpanProcessor``) or to the child (offload; the child's own
+CPU is not gateway CPU). Measured:
+
+* ``process_cpu_us_per_span``: ``time.process_time`` (all threads of this
+  process) of the variant minus the no-processor baseline, divided by spans:
+  what the gateway process pays per span, including the writer/export thread.
+* ``on_end_us_per_span``: wall time inside the processor's ``on_end`` alone
+  (the part that runs on the event-loop thread).
+* ``sdk_encode_us_per_span``: ``encode_spans(batch).SerializeToString()``
+  alone, for reference (the protobuf work the offload moves out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import platform
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, set_span_in_context
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "bench" / "results" / "span_offload.json"
+CHILDREN = ("authenticate", "policy", "route", "upstream")
+
+
+def _collector(port: int) -> None:
+    from aiohttp import web
+
+    async def ok(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    app = web.Application(client_max_size=64 << 20)
+    app.router.add_post("/v1/traces", ok)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, handle_signals=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("collector did not start")
+
+
+class _Timed(SpanProcessor):
+    """Wraps a processor and sums the wall time of its on_end (ns)."""
+
+    def __init__(self, inner: SpanProcessor) -> None:
+        self.inner = inner
+        self.on_end_ns = 0
+
+    def on_start(self, span: Any, parent_context: Context | None = None) -> None:
+        self.inner.on_start(span, parent_context)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        t0 = time.perf_counter_ns()
+        self.inner.on_end(span)
+        self.on_end_ns += time.perf_counter_ns() - t0
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
+def _emit(provider: TracerProvider, requests: int) -> None:
+    tracer = provider.get_tracer("prefixgate.gateway", "0.1")
+    link = Link(SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True, TraceFlags(1)),
+                {"prefixgate.link": "client_traceparent"})
+    for r in range(requests):
+        t = time.time_ns()
+        server = tracer.start_span("POST /v1/chat/completions", context=Context(), kind=SpanKind.SERVER,
+                                   links=[link], start_time=t,
+                                   attributes={"http.request.method": "POST", "http.route": "/v1/chat/completions"})
+        ctx = set_span_in_context(server)
+        for i, name in enumerate(CHILDREN):
+            child = tracer.start_span(name, context=ctx, kind=SpanKind.CLIENT if name == "upstream" else SpanKind.INTERNAL,
+                                      start_time=t + i * 100_000)
+            child.end(end_time=t + i * 100_000 + 90_000)
+        server.set_attributes({"http.response.status_code": 200, "gen_ai.request.model": "m",
+                               "gen_ai.usage.input_tokens": 100, "gen_ai.usage.output_tokens": 4,
+                               "prefixgate.tenant": "acme", "prefixgate.replica": "r1",
+                               "prefixgate.prefix_tokens_matched": 64, "prefixgate.decision_id": f"d-{r}"})
+        server.end(end_time=t + 500_000)
+        if r % 20 == 19:
+            time.sleep(0.002)
+
+
+def _run(kind: str, requests: int, endpoint: str) -> dict[str, Any]:
+    resource = Resource.create({"service.name": "prefixgate-bench"})
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    timed: _Timed | None = None
+    if kind == "sdk_batch_otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        timed = _Timed(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    elif kind == "offload":
+        from audit.span_export import OffloadSpanProcessor
+        inner = OffloadSpanProcessor("otlp", resource, endpoint=endpoint)
+        inner.start()
+        timed = _Timed(inner)
+    if timed is not None:
+        provider.add_span_processor(timed)
+    time.sleep(0.5)  # child start-up / connection set-up not counted
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    _emit(provider, requests)
+    provider.force_flush()
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    dropped = getattr(timed.inner, "dropped", 0) if timed is not None else 0
+    provider.shutdown()
+    return {"cpu_s": cpu, "wall_s": wall, "on_end_ns": timed.on_end_ns if timed else 0, "dropped": dropped}
+
+
+def _encode_cost(requests: int) -> float:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    mem = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "b"}), shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(mem))
+    _emit(provider, requests)
+    spans = mem.get_finished_spans()
+    t0 = time.process_time()
+    for i in range(0, len(spans), 512):
+        encode_spans(spans[i:i + 512]).SerializeToString()
+    return (time.process_time() - t0) / len(spans) * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=4000, help="requests per variant (5 spans each)")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    port = _free_port()
+    coll = multiprocessing.get_context("spawn").Process(target=_collector, args=(port,), daemon=True)
+    coll.start()
+    try:
+        _wait_port(port)
+        endpoint = f"http://127.0.0.1:{port}/v1/traces"
+        spans = args.requests * 5
+        runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "sdk_batch_otlp": [], "offload": []}
+        for _ in range(args.repeats):  # interleaved so all variants see the same machine state
+            for kind in runs:
+                runs[kind].append(_run(kind, args.requests, endpoint))
+        base_cpu = min(r["cpu_s"] for r in runs["baseline"])
+        summary: dict[str, Any] = {}
+        for kind in ("sdk_batch_otlp", "offload"):
+            cpu = min(r["cpu_s"] for r in runs[kind])
+            summary[kind] = {
+                "process_cpu_us_per_span": round((cpu - base_cpu) / spans * 1e6, 2),
+                "on_end_us_per_span": round(min(r["on_end_ns"] for r in runs[kind]) / spans / 1e3, 2),
+                "dropped": max(r["dropped"] for r in runs[kind]),
+            }
+        summary["baseline_span_creation_cpu_us_per_span"] = round(base_cpu / spans * 1e6, 2)
+        summary["sdk_encode_us_per_span"] = round(_encode_cost(args.requests), 2)
+        result = {
+            "bench": "span_offload", "spans_per_variant": spans, "repeats": args.repeats,
+            "python": platform.python_version(), "cpus": multiprocessing.cpu_count(),
+            "method": "min over repeats of time.process_time() of this process (all threads), minus the "
+                      "no-processor baseline; collector and exporter child run in other processes",
+            "summary": summary, "runs": runs,
+        }
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(summary, indent=2))
+    finally:
+        coll.terminate()
+        coll.join(5)
+
+
+if __name__ == "__main__":
+    main()
