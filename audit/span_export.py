@@ -372,13 +372,13 @@ class OffloadSpanProcessor(SpanProcessor):
         n = len(q)
         if n == 0:
             return
+        self._in_flight = n  # counted against max_queue_spans before leaving the queue
         popleft = q.popleft
         batch = [popleft() for _ in range(n)]
-        if proc is None:
-            self._drop(n, DROP_NO_EXPORTER)
-            return
-        self._in_flight = n
         try:
+            if proc is None:
+                self._drop(n, DROP_NO_EXPORTER)
+                return
             data, bad = encode_frames(batch, self._max_batch)
             self._drop(bad, DROP_ENCODE)
             try:

@@ -274,3 +274,23 @@ async def test_setup_tracing_offloads_otlp(collector):
     await asyncio.to_thread(provider.shutdown)
     await col.wait_for(lambda: "via-setup" in col.names(), timeout=3.0)
     assert col.spans[0][0]["service.name"] == "pg-setup"
+
+
+def test_console_exporter_runs_in_child(capfd):
+    resource = Resource.create({"service.name": "pg-console"})
+    proc = OffloadSpanProcessor("console", resource, flush_interval_s=0.05, child_flush_interval_s=0.05)
+    proc.start()
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    provider.add_span_processor(proc)
+    provider.get_tracer("t").start_span("console-span", attributes={"k": 7}).end()
+    pid = proc.child_pid
+    provider.shutdown()
+    out = capfd.readouterr().out  # the child inherits fd 1; ConsoleSpanExporter writes JSON there
+    assert '"name": "console-span"' in out and '"service.name": "pg-console"' in out and '"k": 7' in out
+    assert pid != os.getpid() and not _alive(pid)
+
+
+def test_unknown_exporter_kind_rejected():
+    from audit.span_export import SpanExportConfigError
+    with pytest.raises(SpanExportConfigError):
+        OffloadSpanProcessor("memory", Resource.create({}))
