@@ -12,6 +12,7 @@ parent; its ``baggage`` is ignored.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -84,7 +85,8 @@ class AuditHub:
                                        registry=registry, admin_registry=admin_registry, **conc)
         tc = dict(tracing or {})
         exporter = tc.get("exporter") or "none"
-        provider = setup_tracing(None if exporter == "none" else exporter, endpoint=tc.get("otlp_endpoint"))
+        provider = setup_tracing(None if exporter == "none" else exporter, endpoint=tc.get("otlp_endpoint"),
+                                 offload=bool(tc.get("offload", True)), registry=registry)
         hub = cls(log, monitor, provider.get_tracer("prefixgate"), admin_registries=(admin_registry,))
         hub.public_registries = (registry,)
         hub.provider = provider
@@ -101,8 +103,8 @@ class AuditHub:
         if self.log is not None:
             await self.log.close()
         provider = getattr(self, "provider", None)
-        if provider is not None:
-            provider.shutdown()
+        if provider is not None:  # may wait for the span exporter child: off the event loop
+            await asyncio.to_thread(provider.shutdown)
 
     @property
     def accepting(self) -> bool:

@@ -185,6 +185,9 @@ class TracingConfig(_Section):
 
     exporter: Literal["none", "console", "otlp", "memory"] = "none"
     otlp_endpoint: str | None = None
+    #: Encode and export spans in a child process (``audit.span_exporter_proc``)
+    #: instead of a thread of the gateway process (otlp and console only).
+    offload: bool = True
 
 
 class GatewayConfig(BaseSettings):
