@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from audit.chain import GENESIS, make_record, sign_checkpoint
+from audit.chain import GENESIS, canonical_json, make_record, sign_checkpoint
 from audit.event import AuditEvent, Kind, Outcome, iso_ms, now_ms
 from audit.sink import SinkUnavailable
 
@@ -230,7 +230,7 @@ class JsonlChainSink:
         assert self._fh is not None
         self._seq += 1
         rec = make_record(self._seq, rtype, self._head, body)
-        line = json.dumps(rec, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+        line = canonical_json(rec) + b"\n"
         self._fh.write(line)
         self._size += len(line)
         self._head = rec["hash"]

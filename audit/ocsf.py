@@ -185,7 +185,7 @@ class OcsfFileSink:
 
     async def send(self, events: list[AuditEvent]) -> None:
         """Write events as OCSF JSON lines."""
-        import json
+        import orjson
 
         from audit.sink import SinkUnavailable
 
@@ -196,7 +196,7 @@ class OcsfFileSink:
                 data = to_ocsf(ev)
                 if self._validate:
                     validate_ocsf(data)
-                self._fh.write(json.dumps(data, separators=(",", ":"), sort_keys=True) + "\n")
+                self._fh.write(orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode() + "\n")
             self._fh.flush()
         except OSError as exc:
             raise SinkUnavailable(str(exc)) from exc

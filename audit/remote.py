@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from audit.event import AuditEvent, Kind, Outcome, scrub_event
+from audit.event import AuditEvent, Kind, Outcome
 from audit.summary import AUDIT_UNAVAILABLE_CODE, RefusalCounter
 
 log = logging.getLogger(__name__)
@@ -145,8 +145,8 @@ class RemoteAuditLog:
     def emit(self, event: AuditEvent, exclude: Iterable[str] = ()) -> None:
         """Send ``event`` to the worker; never blocks, never raises for worker trouble.
 
-        The event is scrubbed here too (the worker scrubs again before any
-        sink), so nothing refused ever crosses the pipe. ``exclude`` is not
+        The worker scrubs the event (:func:`audit.event.scrub_event`) before
+        any sink or spill file sees it. ``exclude`` is not
         supported across the pipe (checkpoint forwarding happens inside the
         worker) and must be empty.
         """

@@ -139,7 +139,8 @@ def verify_files(
         for lineno, rec in records:
             seq, rtype, prev, body = rec["seq"], rec["type"], rec["prev"], rec["body"]
             report.records += 1
-            if record_hash(seq, rtype, prev, body) != rec["hash"]:
+            if record_hash(seq, rtype, prev, body) != rec["hash"] and \
+                    record_hash(seq, rtype, prev, body, legacy=True) != rec["hash"]:
                 report.problems.append(Problem("modified", fname, lineno, seq, "record hash does not match its content"))
             elif seq != expect_seq:
                 if seq > expect_seq and any(s in seqs for s in range(expect_seq, seq)):
