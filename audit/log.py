@@ -34,7 +34,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from audit.event import AuditEvent, Kind, Outcome, PolicyInfo, iso_ms, now_ms, scrub_event
+from audit.event import AuditEvent, Kind, Outcome, now_ms, scrub_event
 from audit.sink import AuditSink, SinkUnavailable
 from audit.spill import SpillCorrupt, SpillFile
 from audit.summary import AUDIT_UNAVAILABLE_CODE, RefusalCounter, SummaryAggregator

@@ -152,7 +152,6 @@ class RemoteAuditLog:
         """
         if exclude:
             raise ValueError("RemoteAuditLog.emit: exclude is handled inside the worker")
-        event, _ = scrub_event(event)
         if (not self._accepting and event.policy.reason_code == AUDIT_UNAVAILABLE_CODE
                 and event.kind is not Kind.SUMMARY):
             self._refused.count(event)
