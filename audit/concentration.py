@@ -61,6 +61,7 @@ class _Pool:
     base_prompt: int = 0
     base_cached: int = 0
     replicas: set[str] = field(default_factory=set)
+    last_eval: float = float("-inf")
 
 
 @dataclass
@@ -88,6 +89,8 @@ class ConcentrationMonitor:
         pools: configured replica ids per pool (see :meth:`set_pool_members`).
         significance_z: sampling margin of the default share threshold (see
             :meth:`default_share_threshold`); 0 gives plain c/n.
+        eval_interval_s: least seconds between two evaluations of a pool
+            (alerts react within this delay; 0 evaluates every observation).
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class ConcentrationMonitor:
         admin_registry: CollectorRegistry | None = None,
         pools: Mapping[str, Iterable[str]] | None = None,
         significance_z: float = 3.0,
+        eval_interval_s: float = 0.1,
     ) -> None:
         if not 0 < clear_ratio < 1:
             raise ValueError("clear_ratio must be in (0, 1)")
@@ -118,6 +122,7 @@ class ConcentrationMonitor:
         self.load_guard_factor = load_guard_factor
         self.min_requests = min_requests
         self.significance_z = significance_z
+        self.eval_interval_s = eval_interval_s
         self.baseline_s = window_s * baseline_windows
         self._on_alert = on_alert
         self._pools: dict[str, _Pool] = defaultdict(_Pool)
@@ -183,7 +188,9 @@ class ConcentrationMonitor:
 
     def observe(self, pool: str, replica: str, prefill_tokens: int, prompt_tokens: int, cached_tokens: int, now: float) -> None:
         """Record one routed request (tokens; ``now`` in seconds, monotonic)
-        and evaluate the alert conditions of ``pool``."""
+        and evaluate the alert conditions and gauges of ``pool`` (at most every
+        ``eval_interval_s``: the windows are updated on every call, the
+        evaluation — shares, HHI, hysteresis, gauge updates — is what costs)."""
         p = self._pools[pool]
         p.replicas.add(replica)
         obs = _Obs(now, replica, prefill_tokens, prompt_tokens, cached_tokens)
@@ -205,7 +212,9 @@ class ConcentrationMonitor:
             old = p.baseline.popleft()
             p.base_prompt -= old.prompt
             p.base_cached -= old.cached
-        self._evaluate(pool, now)
+        if now - p.last_eval >= self.eval_interval_s:
+            p.last_eval = now
+            self._evaluate(pool, now)
 
     # ---- alerts -------------------------------------------------------
     def active_alerts(self) -> list[dict[str, object]]:

@@ -23,7 +23,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from prometheus_client import generate_latest
 
 from audit.event import AuditEvent, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo
-from audit.tracing import incoming_links
+from audit.tracing import incoming_links, record_finished_spans
 
 __all__ = ["AuditHub"]
 
@@ -86,7 +86,8 @@ class AuditHub:
         tc = dict(tracing or {})
         exporter = tc.get("exporter") or "none"
         provider = setup_tracing(None if exporter == "none" else exporter, endpoint=tc.get("otlp_endpoint"),
-                                 offload=bool(tc.get("offload", True)), registry=registry)
+                                 offload=bool(tc.get("offload", True)), registry=registry,
+                                 sample_ratio=float(tc.get("sample_ratio", 1.0)))
         hub = cls(log, monitor, provider.get_tracer("prefixgate"), admin_registries=(admin_registry,))
         hub.public_registries = (registry,)
         hub.provider = provider
@@ -159,14 +160,16 @@ class AuditHub:
         def ns(t: float | None) -> int | None:
             return None if t is None else wall0 + int((t - rec.t0) * 1e9)
 
-        ctx = trace.set_span_in_context(span)
         stages = [("authenticate", rec.t0, rec.t_auth), ("policy", rec.t_auth, rec.t_policy),
                   ("route", rec.t_policy, rec.t_route), ("upstream", rec.t_route, rec.t_end)]
-        for name, a, b in stages:
-            if a is not None and b is not None:
-                kind = SpanKind.CLIENT if name == "upstream" else SpanKind.INTERNAL
-                child = self.tracer.start_span(name, context=ctx, kind=kind, start_time=ns(a))
-                child.end(end_time=ns(b))
+        children = [(name, SpanKind.CLIENT if name == "upstream" else SpanKind.INTERNAL, ns(a), ns(b))
+                    for name, a, b in stages if a is not None and b is not None]
+        provider = getattr(self, "provider", None)
+        if provider is None or not record_finished_spans(provider, span, children):  # type: ignore[arg-type]
+            if span.is_recording():  # a tracer not built by setup_tracing: the plain API
+                ctx = trace.set_span_in_context(span)
+                for name, kind, start, end in children:
+                    self.tracer.start_span(name, context=ctx, kind=kind, start_time=start).end(end_time=end)
         attrs = {
             "http.response.status_code": rec.status or 0,
             "gen_ai.request.model": rec.model or "",

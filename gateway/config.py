@@ -188,6 +188,8 @@ class TracingConfig(_Section):
     #: Encode and export spans in a child process (``audit.span_exporter_proc``)
     #: instead of a thread of the gateway process (otlp and console only).
     offload: bool = True
+    #: Fraction of requests traced (0..1; audit events are never sampled).
+    sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
 
 
 class GatewayConfig(BaseSettings):

@@ -32,3 +32,41 @@ def test_invalid_traceparent_gives_no_link():
         pass
     (s,) = memory_exporter().get_finished_spans()
     assert list(s.links) == [] and s.parent is None
+
+
+def test_finished_child_spans_match_the_sdk_shape_and_follow_sampling():
+    from opentelemetry.trace import SpanKind
+
+    from audit.tracing import record_finished_spans
+
+    provider = setup_tracing("memory")
+    tracer = provider.get_tracer("prefixgate")
+    root = tracer.start_span("POST /v1/completions", kind=SpanKind.SERVER, start_time=1_000)
+    assert record_finished_spans(provider, root, [("policy", SpanKind.INTERNAL, 1_100, 1_200),
+                                                  ("upstream", SpanKind.CLIENT, 1_200, 1_900)]) == 2
+    root.end(end_time=2_000)
+    spans = {s.name: s for s in memory_exporter().get_finished_spans()}
+    rsc = spans["POST /v1/completions"].context
+    for name, kind, start, end in (("policy", SpanKind.INTERNAL, 1_100, 1_200), ("upstream", SpanKind.CLIENT, 1_200, 1_900)):
+        s = spans[name]
+        assert s.context.trace_id == rsc.trace_id and s.parent.span_id == rsc.span_id
+        assert s.context.span_id not in (0, rsc.span_id) and s.kind == kind
+        assert (s.start_time, s.end_time) == (start, end)
+        assert s.resource.attributes["service.name"] == "prefixgate"
+        assert s.instrumentation_scope.name == "prefixgate"
+
+    none = setup_tracing("memory", sample_ratio=0.0)
+    root = none.get_tracer("prefixgate").start_span("POST /v1/completions")
+    assert not root.is_recording() and root.get_span_context().is_valid  # trace id still known (audit event)
+    assert record_finished_spans(none, root, [("policy", SpanKind.INTERNAL, 1, 2)]) == 0
+    root.end()
+    assert memory_exporter().get_finished_spans() == ()
+
+
+def test_sample_ratio_outside_0_1_is_refused():
+    import pytest
+
+    from audit.tracing import TracingConfigError
+
+    with pytest.raises(TracingConfigError):
+        setup_tracing(None, sample_ratio=1.5)
