@@ -9,7 +9,10 @@
 * a real ``rsyslogd`` on loopback (the helper of ``tests/audit``), and a dummy
   OTLP/HTTP collector (answers 200 to ``/v1/logs`` and ``/v1/traces``, counts
   bytes) in this process;
-* two gateway processes with the same config except the audit trail:
+* two gateway processes with the same config except the audit trail
+  (CPU time per role and request is read with psutil around every round:
+  each gateway, the "on" gateway's audit worker and span exporter children,
+  the replicas, rsyslogd, the load generator):
   **off** — :class:`gateway.auditing.AuditHub` ``(None)`` (no sinks, no
   monitor, spans to a no-op tracer) — and **on** — ``AuditHub.from_config``
   with the JSONL hash chain (1 s checkpoints), the OCSF file, CEF/TCP syslog to
@@ -76,6 +79,45 @@ async def _serve(config_file: str, mode: str, ready_file: str) -> None:
 
 
 # ------------------------------------------------------------------ helpers
+def _process_groups(off_pid: int, on_pid: int, cluster: Any, rsyslog: Any) -> dict[str, list[Any]]:
+    """psutil handles per role: each gateway, its children (the audit worker, the
+    span exporter), the replicas, rsyslogd, and this process (load generator
+    and the dummy OTLP collector)."""
+    import psutil
+
+    def children(pid: int, marker: str) -> list[Any]:
+        return [c for c in psutil.Process(pid).children(recursive=True) if marker in " ".join(c.cmdline())]
+
+    groups = {
+        "gateway_off": [psutil.Process(off_pid)],
+        "gateway_on": [psutil.Process(on_pid)],
+        "audit_worker": children(on_pid, "audit.worker"),
+        "span_exporter": children(on_pid, "audit.span_exporter_proc"),
+        "replicas": [psutil.Process(cluster.proc.pid)] if getattr(cluster, "proc", None) is not None else [],
+        "rsyslogd": [psutil.Process(rsyslog.proc.pid)] if getattr(rsyslog, "proc", None) is not None else [],
+        "loadgen_and_collector": [psutil.Process()],
+    }
+    return groups
+
+
+def _cpu_times(groups: dict[str, list[Any]]) -> dict[str, float]:
+    """CPU seconds (user + system, all threads) per role so far."""
+    import psutil
+
+    out = {}
+    for name, procs in groups.items():
+        total = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        out[name] = total
+    return out
+
+
+
 async def _collector() -> tuple[Any, str, dict[str, int]]:
     """A dummy OTLP/HTTP collector: 200 to every POST, counting requests and bytes."""
     from aiohttp import web
@@ -214,6 +256,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         p_on, url_on = _start_gateway(work, "gw-on", on_cfg, "on")
         procs.append(p_on)
         token = issuer.mint(f"spiffe://{TD}/tenant-a/bench", "prefixgate", 3600)
+        groups = _process_groups(p_off.pid, p_on.pid, cluster, rsyslog)
         seq = [0]
         for url in (url_off, url_on):  # warm-up (policy engine, connection pools)
             await _round(url, token, 1.0, args.concurrency, seq)
@@ -221,7 +264,10 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         for i in range(args.rounds):
             order = [("off", url_off), ("on", url_on)] if i % 2 == 0 else [("on", url_on), ("off", url_off)]
             for mode, url in order:
+                before = _cpu_times(groups)
                 r = await _round(url, token, args.seconds, args.concurrency, seq)
+                after = _cpu_times(groups)
+                r["cpu_ms_per_request"] = {k: round((after[k] - before[k]) * 1000 / max(r["ok"], 1), 4) for k in after}
                 r.update(mode=mode, round=i)
                 rounds.append(r)
                 print(f"round {i} {mode:3s}: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:6.1f} ms  errors {r['errors']}")
@@ -246,8 +292,14 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     on_wall = sum(r["wall_s"] for r in rounds if r["mode"] == "on")
     off_wall = sum(r["wall_s"] for r in rounds if r["mode"] == "off")
     ratio = (on_ok / on_wall) / (off_ok / off_wall) if off_ok else float("nan")
+    cpu: dict[str, dict[str, float]] = {}
+    for mode in ("off", "on"):
+        rs = [r for r in rounds if r["mode"] == mode and "cpu_ms_per_request" in r]
+        for k in (rs[0]["cpu_ms_per_request"] if rs else {}):
+            cpu.setdefault(k, {})[mode] = round(sum(r["cpu_ms_per_request"][k] for r in rs) / len(rs), 4)
     result = {
         "ratio_on_over_off": round(ratio, 3),
+        "cpu_ms_per_request": cpu,
         "rps_on": round(on_ok / on_wall, 1), "rps_off": round(off_ok / off_wall, 1),
         "rounds": rounds, "concurrency": args.concurrency, "seconds_per_round": args.seconds,
         "replicas": args.replicas, "otlp": not args.no_otlp, "cpus": os.cpu_count(), "python": sys.version.split()[0],
@@ -292,6 +344,12 @@ def main(argv: list[str] | None = None) -> int:
         "| round | mode | req/s | p50 ms | errors |",
         "|---|---|---|---|---|",
         *[f"| {r['round']} | {r['mode']} | {r['rps']:.1f} | {r['p50_ms']:.1f} | {r['errors']} |" for r in result["rounds"]],
+        "",
+        "CPU per successful request (ms, user + system, all threads; mean over the rounds of each mode):",
+        "",
+        "| process | off rounds | on rounds |",
+        "|---|---|---|",
+        *[f"| {k} | {v['off']:.3f} | {v['on']:.3f} |" for k, v in result["cpu_ms_per_request"].items()],
         "",
     ]
     (args.out / "audit_overhead.md").write_text("\n".join(md))
