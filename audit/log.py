@@ -82,6 +82,9 @@ class _SinkWorker:
         self.wakeup = asyncio.Event()
         self.pending: list[AuditEvent] = []
         self.busy = False
+        # seconds a sink lets events accumulate before a send (sink attribute
+        # ``linger_s``; 0 = send what is there): network sinks batch, files don't
+        self.linger_s = float(getattr(sink, "linger_s", 0.0) or 0.0)
 
 
 class AuditLog:
@@ -349,6 +352,8 @@ class AuditLog:
             w.busy = bool(w.pending)
             if not w.pending:
                 if not w.queue.empty():
+                    if w.linger_s > 0 and w.queue.qsize() < w.batch_size:
+                        await asyncio.sleep(w.linger_s)  # let a batch build up (fewer requests/writes)
                     w.pending = [w.queue.get_nowait()]
                     while len(w.pending) < w.batch_size and not w.queue.empty():
                         w.pending.append(w.queue.get_nowait())
@@ -383,6 +388,11 @@ class AuditLog:
                     if getter.done() and not getter.cancelled():
                         w.pending = [getter.result()]
                         commit_to = None
+                        if w.linger_s > 0:
+                            w.busy = True  # drain() must not see an empty queue and call it done
+                            await asyncio.sleep(w.linger_s)
+                            while len(w.pending) < w.batch_size and not w.queue.empty():
+                                w.pending.append(w.queue.get_nowait())
                     continue
             w.busy = True
             if await self._deliver(w, w.pending):

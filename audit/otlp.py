@@ -226,6 +226,9 @@ class OtlpLogSink:
             client certificate); None = system defaults.
         max_batch: most log records per request; larger ``send`` batches are
             split and delivered in order.
+        linger_s: seconds :class:`audit.log.AuditLog` lets events accumulate
+            before a send (fewer, larger requests; like the SDK batch
+            processor's schedule delay), unless a full batch is waiting.
 
     Raises:
         ValueError: bad endpoint scheme, compression, timeout or max_batch.
@@ -249,6 +252,7 @@ class OtlpLogSink:
         compression: Literal["gzip"] | None = None,
         ssl_context: SSLContext | None = None,
         max_batch: int = 512,
+        linger_s: float = 0.5,
     ) -> None:
         url = URL(endpoint)
         if url.scheme not in ("http", "https") or not url.host:
@@ -261,6 +265,8 @@ class OtlpLogSink:
             raise ValueError("OTLP max_batch must be >= 1")
         self.name = name
         self.endpoint = endpoint
+        #: seconds AuditLog lets events accumulate before a send (one request per batch)
+        self.linger_s = linger_s
         self.rejected = 0
         self.requests = 0
         self._log_url = _loggable_url(endpoint)

@@ -82,6 +82,8 @@ class SyslogSink:
         formatter: event → payload text (default CEF; :func:`ocsf_payload` for OCSF).
         resend_window: frames re-sent after a reconnect (see module doc).
         connect_timeout_s: seconds.
+        linger_s: seconds :class:`audit.log.AuditLog` lets events accumulate
+            before a send (one socket write per batch).
     """
 
     def __init__(
@@ -95,10 +97,13 @@ class SyslogSink:
         connect_timeout_s: float = 2.0,
         hostname: str | None = None,
         name: str = "syslog",
+        linger_s: float = 0.02,
     ) -> None:
         if protocol not in ("tcp", "tls", "udp"):
             raise ValueError(f"protocol must be tcp, tls or udp, not {protocol!r}")
         self.name = name
+        #: seconds AuditLog lets events accumulate before a send (one write per batch)
+        self.linger_s = linger_s
         self.host, self.port, self.protocol = host, port, protocol
         self._ssl = ssl_context if ssl_context is not None else (ssl.create_default_context() if protocol == "tls" else None)
         self._formatter = formatter
@@ -163,10 +168,9 @@ class SyslogSink:
         if writer is None:
             raise SinkUnavailable("syslog connection closed")
         try:
-            for f in frames:
-                framed = frame_octet_counted(f)
-                writer.write(framed)
-                self._recent.append(framed)
+            framed = [frame_octet_counted(f) for f in frames]
+            writer.write(b"".join(framed))  # one send per batch, not per frame
+            self._recent.extend(framed)
             await asyncio.wait_for(writer.drain(), self._timeout * 5)
         except (OSError, asyncio.TimeoutError, ssl.SSLError, RuntimeError) as exc:
             await self._drop_connection()

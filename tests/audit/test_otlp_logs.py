@@ -231,7 +231,7 @@ def test_constructor_rejects_bad_arguments():
 
 
 async def test_audit_log_spills_during_outage_and_replays_in_order(collector, tmp_path):
-    sink = OtlpLogSink(endpoint=collector.url, timeout_s=1.0, max_batch=50)
+    sink = OtlpLogSink(endpoint=collector.url, timeout_s=1.0, max_batch=50, linger_s=0.0)
     alog = AuditLog([sink], tmp_path / "spill", queue_size=16, batch_size=64,
                     retry_initial_s=0.02, retry_max_s=0.1)
     await alog.start()
@@ -353,3 +353,20 @@ def test_build_audit_refuses_bad_otlp_options(tmp_path, otlp, message):
 
     with pytest.raises(AuditConfigError, match=message):
         build_audit({"otlp": otlp, "spill": {"dir": str(tmp_path)}})
+
+
+async def test_linger_batches_a_burst_into_one_request(collector, tmp_path):
+    """Events emitted one by one within the linger time leave in one request, in order."""
+    sink = OtlpLogSink(endpoint=collector.url, linger_s=0.2)
+    alog = AuditLog([sink], tmp_path / "spill")
+    await alog.start()
+    ids = []
+    for i in range(30):
+        ev = _ev(i)
+        ids.append(ev.event_id)
+        alog.emit(ev)
+        await asyncio.sleep(0.001)  # the delivery task runs between emits
+    assert await alog.drain(5)
+    assert collector.event_ids() == ids
+    assert len(collector.requests) == 1
+    await alog.close()
