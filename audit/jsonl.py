@@ -71,6 +71,8 @@ class JsonlChainSink:
         checkpoint_s: seconds between periodic checkpoints.
         fsync: fsync at every checkpoint (durability of sealed records).
         name: sink name (spill file name).
+        linger_s: seconds :class:`audit.log.AuditLog` lets events accumulate
+            before a send (fewer writes; events wait in memory that long).
     """
 
     def __init__(
@@ -82,8 +84,11 @@ class JsonlChainSink:
         checkpoint_s: float = 60.0,
         fsync: bool = True,
         name: str = "jsonl",
+        linger_s: float = 0.02,
     ) -> None:
         self.name = name
+        #: seconds AuditLog lets events accumulate before a send (one write per batch)
+        self.linger_s = linger_s
         self.directory = Path(directory)
         self._key = signing_key
         self._rotate_bytes = rotate_bytes

@@ -188,6 +188,7 @@ class AuditLog:
             if not w.spilling:
                 try:
                     w.queue.put_nowait(event)
+                    w.wakeup.set()
                     continue
                 except asyncio.QueueFull:
                     w.spilling = True
@@ -375,24 +376,12 @@ class AuditLog:
                         continue
                     commit_to = end
                 else:
+                    # idle until emit() or _spill() sets the wakeup; the event stays in
+                    # the queue until this task takes it, so drain() never sees a moment
+                    # where an event is neither queued nor pending
                     w.busy = False
                     w.wakeup.clear()
-                    getter = asyncio.ensure_future(w.queue.get())
-                    waker = asyncio.ensure_future(w.wakeup.wait())
-                    try:
-                        done, _ = await asyncio.wait({getter, waker}, return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        waker.cancel()
-                        if not getter.done():
-                            getter.cancel()
-                    if getter.done() and not getter.cancelled():
-                        w.pending = [getter.result()]
-                        commit_to = None
-                        if w.linger_s > 0:
-                            w.busy = True  # drain() must not see an empty queue and call it done
-                            await asyncio.sleep(w.linger_s)
-                            while len(w.pending) < w.batch_size and not w.queue.empty():
-                                w.pending.append(w.queue.get_nowait())
+                    await w.wakeup.wait()
                     continue
             w.busy = True
             if await self._deliver(w, w.pending):

@@ -168,8 +168,10 @@ def validate_ocsf(data: dict[str, Any]) -> None:
 class OcsfFileSink:
     """Append OCSF JSON (one event per line) to a local file (SIEM file shipper input)."""
 
-    def __init__(self, path: str, name: str = "ocsf", validate: bool = False) -> None:
+    def __init__(self, path: str, name: str = "ocsf", validate: bool = False, linger_s: float = 0.02) -> None:
         self.name = name
+        #: seconds AuditLog lets events accumulate before a send (one write per batch)
+        self.linger_s = linger_s
         self.path = path
         self._validate = validate
         self._fh: Any = None

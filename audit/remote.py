@@ -91,7 +91,7 @@ class RemoteAuditLog:
     def __init__(self, config: Mapping[str, Any], *, max_backlog_bytes: int = 32 << 20, headroom: float = 0.1,
                  restart_initial_s: float = 0.1, restart_max_s: float = 5.0, start_timeout_s: float = 30.0,
                  registry: CollectorRegistry | None = None, python: str | None = None,
-                 flush_interval_s: float = 0.01) -> None:
+                 flush_interval_s: float = 0.02) -> None:
         self._config = orjson.dumps(dict(config))
         self._max_backlog = max_backlog_bytes
         self._hard = max_backlog_bytes + max(int(max_backlog_bytes * headroom), MIN_HEADROOM_BYTES)
