@@ -10,7 +10,9 @@ its own trace or choose our trace id). Incoming ``baggage`` is dropped
 from __future__ import annotations
 
 import importlib.util
+import time
 import weakref
+from dataclasses import dataclass
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -21,7 +23,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, TraceIdRatioBased
-from opentelemetry.trace import Link, SpanContext, SpanKind
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 # OpenTelemetry semantic conventions (HTTP stable, gen_ai development)
@@ -40,6 +43,8 @@ PG_DECISION_ID = "prefixgate.decision_id"
 _PROPAGATOR = TraceContextTextMapPropagator()
 _memory_exporter: InMemorySpanExporter | None = None
 # the span processors setup_tracing() installed on each provider (record_finished_spans)
+#: instrumentation scope of the gateway's request spans (the tracer name it used before)
+_SCOPE = InstrumentationScope("prefixgate")
 _PROCESSORS: "weakref.WeakKeyDictionary[TracerProvider, list[Any]]" = weakref.WeakKeyDictionary()
 
 
@@ -107,39 +112,74 @@ def setup_tracing(exporter: str | None, service_name: str = "prefixgate", endpoi
     return provider
 
 
-def record_finished_spans(provider: TracerProvider, parent: trace.Span,
-                          spans: Sequence[tuple[str, SpanKind, int, int]]) -> int:
-    """Hand already-timed child spans of ``parent`` straight to the provider's
-    span processors, as finished :class:`opentelemetry.sdk.trace.ReadableSpan`.
+@dataclass(slots=True)
+class RequestTrace:
+    """A request's trace, recorded after the fact (see :func:`begin_request_trace`).
 
-    For stages the gateway timed itself (authenticate, policy, route,
-    upstream): building the finished span directly costs ~1 us instead of
-    ~8-10 us for ``start_span`` + ``end`` (sampler, locks, attribute limits,
-    ``on_start``), with the same exported result: new span id, the parent's
-    trace id, flags and resource, this provider's instrumentation scope.
-
-    Args:
-        provider: a provider built by :func:`setup_tracing`.
-        parent: the recording server span.
-        spans: ``(name, kind, start_ns, end_ns)`` tuples (epoch nanoseconds).
-
-    Returns:
-        The number of spans recorded: 0 when ``parent`` is not recording
-        (not sampled) or ``provider`` was not built by :func:`setup_tracing`.
+    ``context`` is the server span's SpanContext (valid from the start, so the
+    gateway can propagate it upstream and put the trace id in the audit
+    event); ``start_ns`` epoch nanoseconds.
     """
-    processors = _PROCESSORS.get(provider)
-    psc = parent.get_span_context()
-    if not processors or not parent.is_recording() or not psc.trace_flags.sampled:
+
+    provider: TracerProvider
+    name: str
+    context: SpanContext
+    start_ns: int
+    links: Sequence[Link]
+    attributes: dict[str, Any]
+
+
+def begin_request_trace(provider: TracerProvider, name: str, links: Sequence[Link],
+                        attributes: Mapping[str, Any]) -> RequestTrace | None:
+    """Start a request's SERVER span as a plain record, not a live SDK span.
+
+    The trace and span ids come from the provider's id generator and the
+    sampling decision from its sampler (a new root: the client's context is
+    only a link); nothing is handed to the processors until
+    :func:`end_request_trace`. The gateway times every stage itself, so the
+    SDK's live-span machinery (locks, attribute limits, ``on_start``, per
+    attribute validation) would add ~30 us per request for the same exported
+    spans. Returns None when ``provider`` was not built by
+    :func:`setup_tracing` (callers then use the plain tracer API).
+    """
+    if provider not in _PROCESSORS:
+        return None
+    trace_id = provider.id_generator.generate_trace_id()
+    result = provider.sampler.should_sample(None, trace_id, name, SpanKind.SERVER, attributes, links)
+    flags = TraceFlags(TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT)
+    ctx = SpanContext(trace_id, provider.id_generator.generate_span_id(), False, flags, result.trace_state)
+    return RequestTrace(provider, name, ctx, time.time_ns(), tuple(links), dict(attributes))
+
+
+def end_request_trace(rt: RequestTrace, end_ns: int, attributes: Mapping[str, Any], error: bool,
+                      children: Sequence[tuple[str, SpanKind, int, int]]) -> int:
+    """Finish ``rt``: its SERVER span (``attributes`` added, status ERROR when
+    ``error``) and its ``children`` ``(name, kind, start_ns, end_ns)`` go to the
+    provider's span processors as finished ReadableSpans. Returns the number
+    of spans recorded (0 when the trace was not sampled)."""
+    processors = _PROCESSORS.get(rt.provider)
+    psc = rt.context
+    if not processors or not psc.trace_flags.sampled:
         return 0
-    scope = getattr(parent, "instrumentation_scope", None)
-    new_id = provider.id_generator.generate_span_id
-    for name, kind, start_ns, end_ns in spans:
-        span = ReadableSpan(name=name, context=SpanContext(psc.trace_id, new_id(), False, psc.trace_flags, psc.trace_state),
-                            parent=psc, resource=provider.resource, kind=kind, start_time=start_ns, end_time=end_ns,
-                            instrumentation_scope=scope)
+    resource = rt.provider.resource
+    new_id = rt.provider.id_generator.generate_span_id
+    spans = [ReadableSpan(name=name, context=SpanContext(psc.trace_id, new_id(), False, psc.trace_flags, psc.trace_state),
+                          parent=psc, resource=resource, kind=kind, start_time=start, end_time=end,
+                          instrumentation_scope=_SCOPE)
+             for name, kind, start, end in children]
+    spans.append(ReadableSpan(name=rt.name, context=psc, parent=None, resource=resource,
+                              attributes={**rt.attributes, **attributes}, links=rt.links, kind=SpanKind.SERVER,
+                              status=Status(StatusCode.ERROR) if error else Status(StatusCode.UNSET),
+                              start_time=rt.start_ns, end_time=end_ns, instrumentation_scope=_SCOPE))
+    for span in spans:
         for processor in processors:
             processor.on_end(span)
     return len(spans)
+
+
+def request_trace_headers(rt: RequestTrace, headers: dict[str, str]) -> None:
+    """Write ``rt``'s ``traceparent`` (W3C Trace Context) into ``headers``."""
+    _PROPAGATOR.inject(headers, context=trace.set_span_in_context(NonRecordingSpan(rt.context)))
 
 
 def memory_exporter() -> InMemorySpanExporter | None:

@@ -23,7 +23,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from prometheus_client import generate_latest
 
 from audit.event import AuditEvent, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo
-from audit.tracing import incoming_links, record_finished_spans
+from audit.tracing import begin_request_trace, end_request_trace, incoming_links, request_trace_headers
 
 __all__ = ["AuditHub"]
 
@@ -134,26 +134,40 @@ class AuditHub:
 
     # -- tracing
     def start_span(self, rec: Any, headers: Mapping[str, str]) -> None:
-        """Open the request's server span (a client ``traceparent`` becomes a link)."""
+        """Open the request's server span (a client ``traceparent`` becomes a link).
+
+        With a provider from :func:`audit.tracing.setup_tracing` the span is a
+        plain :class:`audit.tracing.RequestTrace` finished in
+        :meth:`record_request`; otherwise a live span of ``self.tracer``."""
         links = incoming_links(headers)
-        span = self.tracer.start_span(
-            "POST " + rec.endpoint, kind=SpanKind.SERVER, links=links, context=trace.set_span_in_context(trace.INVALID_SPAN),
-            start_time=time.time_ns(),
-            attributes={"http.request.method": "POST", "http.route": rec.endpoint},
-        )
-        rec.extra["span"] = span
+        name = "POST " + rec.endpoint
+        attributes = {"http.request.method": "POST", "http.route": rec.endpoint}
+        provider = getattr(self, "provider", None)
+        rt = begin_request_trace(provider, name, links, attributes) if provider is not None else None
+        if rt is not None:
+            rec.extra["trace"] = rt
+        else:
+            rec.extra["span"] = self.tracer.start_span(
+                name, kind=SpanKind.SERVER, links=links, context=trace.set_span_in_context(trace.INVALID_SPAN),
+                start_time=time.time_ns(), attributes=attributes)
         rec.extra["wall0_ns"] = time.time_ns()
 
     def inject_trace_headers(self, headers: dict[str, str], rec: Any | None = None) -> None:
         """Add the gateway's own ``traceparent`` (W3C Trace Context) for the upstream call."""
-        span = rec.extra.get("span") if rec is not None else None
-        if span is None:
+        if rec is None:
             return
-        _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
+        rt = rec.extra.get("trace")
+        if rt is not None:
+            request_trace_headers(rt, headers)
+            return
+        span = rec.extra.get("span")
+        if span is not None:
+            _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
 
     def _end_spans(self, rec: Any) -> str | None:
+        rt = rec.extra.pop("trace", None)
         span = rec.extra.pop("span", None)
-        if span is None:
+        if rt is None and span is None:
             return None
         wall0 = rec.extra.pop("wall0_ns", time.time_ns())
 
@@ -164,12 +178,6 @@ class AuditHub:
                   ("route", rec.t_policy, rec.t_route), ("upstream", rec.t_route, rec.t_end)]
         children = [(name, SpanKind.CLIENT if name == "upstream" else SpanKind.INTERNAL, ns(a), ns(b))
                     for name, a, b in stages if a is not None and b is not None]
-        provider = getattr(self, "provider", None)
-        if provider is None or not record_finished_spans(provider, span, children):  # type: ignore[arg-type]
-            if span.is_recording():  # a tracer not built by setup_tracing: the plain API
-                ctx = trace.set_span_in_context(span)
-                for name, kind, start, end in children:
-                    self.tracer.start_span(name, context=ctx, kind=kind, start_time=start).end(end_time=end)
         attrs = {
             "http.response.status_code": rec.status or 0,
             "gen_ai.request.model": rec.model or "",
@@ -181,11 +189,21 @@ class AuditHub:
             "prefixgate.decision_id": rec.decision_id or "",
             "prefixgate.outcome": rec.outcome,
         }
-        span.set_attributes(attrs)
-        if rec.status and rec.status >= 500:
-            span.set_status(Status(StatusCode.ERROR))
-        span.end(end_time=ns(rec.t_end))
-        sc = span.get_span_context()
+        error = bool(rec.status and rec.status >= 500)
+        end = ns(rec.t_end) or time.time_ns()
+        if rt is not None:
+            end_request_trace(rt, end, attrs, error, children)
+            sc = rt.context
+        else:  # a tracer not built by setup_tracing: the plain API
+            if span.is_recording():
+                ctx = trace.set_span_in_context(span)
+                for name, kind, start, stop in children:
+                    self.tracer.start_span(name, context=ctx, kind=kind, start_time=start).end(end_time=stop)
+            span.set_attributes(attrs)
+            if error:
+                span.set_status(Status(StatusCode.ERROR))
+            span.end(end_time=end)
+            sc = span.get_span_context()
         return format(sc.trace_id, "032x") if sc.is_valid else None
 
     # -- events

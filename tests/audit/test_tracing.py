@@ -34,32 +34,39 @@ def test_invalid_traceparent_gives_no_link():
     assert list(s.links) == [] and s.parent is None
 
 
-def test_finished_child_spans_match_the_sdk_shape_and_follow_sampling():
-    from opentelemetry.trace import SpanKind
+def test_request_trace_exports_the_server_span_and_children_with_the_sdk_shape():
+    from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode, TraceFlags
 
-    from audit.tracing import record_finished_spans
+    from audit.tracing import begin_request_trace, end_request_trace, request_trace_headers
 
     provider = setup_tracing("memory")
-    tracer = provider.get_tracer("prefixgate")
-    root = tracer.start_span("POST /v1/completions", kind=SpanKind.SERVER, start_time=1_000)
-    assert record_finished_spans(provider, root, [("policy", SpanKind.INTERNAL, 1_100, 1_200),
-                                                  ("upstream", SpanKind.CLIENT, 1_200, 1_900)]) == 2
-    root.end(end_time=2_000)
+    client = SpanContext(0xABC, 0xDEF, True, TraceFlags(1))
+    rt = begin_request_trace(provider, "POST /v1/completions", [Link(client)], {HTTP_ROUTE: "/v1/completions"})
+    assert rt is not None and rt.context.trace_id != client.trace_id  # a new root, never the client's trace
+    headers: dict[str, str] = {}
+    request_trace_headers(rt, headers)
+    assert headers["traceparent"] == f"00-{rt.context.trace_id:032x}-{rt.context.span_id:016x}-01"
+    children = [("policy", SpanKind.INTERNAL, rt.start_ns + 100, rt.start_ns + 200),
+                ("upstream", SpanKind.CLIENT, rt.start_ns + 200, rt.start_ns + 900)]
+    assert end_request_trace(rt, rt.start_ns + 1000, {PG_TENANT: "tenant-a"}, True, children) == 3
     spans = {s.name: s for s in memory_exporter().get_finished_spans()}
-    rsc = spans["POST /v1/completions"].context
-    for name, kind, start, end in (("policy", SpanKind.INTERNAL, 1_100, 1_200), ("upstream", SpanKind.CLIENT, 1_200, 1_900)):
+    server = spans["POST /v1/completions"]
+    assert server.kind == SpanKind.SERVER and server.parent is None and server.context == rt.context
+    assert server.attributes[PG_TENANT] == "tenant-a" and server.attributes[HTTP_ROUTE] == "/v1/completions"
+    assert server.status.status_code == StatusCode.ERROR
+    assert [lk.context.span_id for lk in server.links] == [client.span_id]
+    for name, kind, start, end in children:
         s = spans[name]
-        assert s.context.trace_id == rsc.trace_id and s.parent.span_id == rsc.span_id
-        assert s.context.span_id not in (0, rsc.span_id) and s.kind == kind
+        assert s.context.trace_id == rt.context.trace_id and s.parent.span_id == rt.context.span_id
+        assert s.context.span_id not in (0, rt.context.span_id) and s.kind == kind
         assert (s.start_time, s.end_time) == (start, end)
         assert s.resource.attributes["service.name"] == "prefixgate"
         assert s.instrumentation_scope.name == "prefixgate"
 
-    none = setup_tracing("memory", sample_ratio=0.0)
-    root = none.get_tracer("prefixgate").start_span("POST /v1/completions")
-    assert not root.is_recording() and root.get_span_context().is_valid  # trace id still known (audit event)
-    assert record_finished_spans(none, root, [("policy", SpanKind.INTERNAL, 1, 2)]) == 0
-    root.end()
+    unsampled = setup_tracing("memory", sample_ratio=0.0)
+    rt = begin_request_trace(unsampled, "POST /v1/completions", [], {})
+    assert rt is not None and rt.context.is_valid and not rt.context.trace_flags.sampled  # trace id for the audit event
+    assert end_request_trace(rt, rt.start_ns + 1, {}, False, children) == 0
     assert memory_exporter().get_finished_spans() == ()
 
 
