@@ -194,3 +194,36 @@ async def test_worker_ignores_sigterm_and_sigint(tmp_path: Path) -> None:
     assert await rlog.drain(10)
     await rlog.close()
     assert len(_events(tmp_path)) == 1
+
+
+async def test_stopped_worker_fills_the_backlog_then_recovers_without_loss(tmp_path: Path) -> None:
+    """A worker that stops reading (SIGSTOP): the backlog grows to its limit, the
+    trail stops accepting (503), and once the worker runs again everything arrives."""
+    rlog = RemoteAuditLog(_section(tmp_path), max_backlog_bytes=30_000)
+    await rlog.start()
+    pid = rlog.worker_pid or 0
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        ids = []
+        while rlog.accepting:
+            ev = _ev(len(ids))
+            ids.append(ev.event_id)
+            rlog.emit(ev)
+            if len(ids) % 10 == 0:
+                await asyncio.sleep(0.01)  # let the pipe writes happen
+            assert len(ids) < 2000
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert await rlog.drain(20)
+    assert rlog.accepting and rlog.dropped == 0 and rlog.worker_pid == pid  # same worker, nothing resent
+    got = [e["event_id"] for e in _events(tmp_path) if e["kind"] == "inference"]
+    assert got == ids
+    await rlog.close()
+
+
+def test_unknown_worker_mode_is_a_config_error(tmp_path: Path) -> None:
+    from audit.config import AuditConfigError
+    from gateway.auditing import AuditHub
+
+    with pytest.raises(AuditConfigError, match="audit.worker"):
+        AuditHub.from_config({**_section(tmp_path), "worker": "thread"})
