@@ -294,3 +294,193 @@ def test_unknown_exporter_kind_rejected():
     from audit.span_export import SpanExportConfigError
     with pytest.raises(SpanExportConfigError):
         OffloadSpanProcessor("memory", Resource.create({}))
+
+
+# -- OTLP fast path: wire records -> ExportTraceServiceRequest without ReadableSpan --------------
+
+def _rich_spans() -> tuple[Resource, list]:
+    """Spans covering every encoded feature: bytes / list / float / bool attributes, links with
+    attributes (remote and local), events, error + OK status, trace_state, a remote parent,
+    dropped counts, three scopes (one with a schema URL) interleaved, and a span with no scope."""
+    from opentelemetry.sdk.trace import SpanLimits
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import NonRecordingSpan, TraceState
+
+    resource = Resource.create({"service.name": "fast", "host.ids": ["a", "b"], "k8s.n": 3}, "https://s/1")
+    mem = InMemorySpanExporter()
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False,
+                              span_limits=SpanLimits(max_span_attributes=6, max_events=2, max_links=2))
+    provider.add_span_processor(SimpleSpanProcessor(mem))
+    t_a = provider.get_tracer("scope.a", "1.0", schema_url="https://opentelemetry.io/schemas/1.21.0")
+    t_b = provider.get_tracer("scope.b")
+    remote_parent = set_span_in_context(NonRecordingSpan(SpanContext(
+        LINK_TRACE, 0x1111, is_remote=True, trace_flags=TraceFlags(1),
+        trace_state=TraceState([("vendor", "v1"), ("pg", "a-b")]))))
+    s = t_a.start_span("root", context=remote_parent, kind=SpanKind.SERVER,
+                       attributes={"b": b"\x00\xff", "i": -5, "f": [1.5, 2.5], "t": True,
+                                   "s": ["x", "y"], "big": (1 << 63) - 1, "extra": 1, "extra2": 2},
+                       links=[Link(SpanContext(LINK_TRACE, LINK_SPAN, is_remote=True), {"k": "v", "n": [1, 2]}),
+                              Link(SpanContext(LINK_TRACE, 0x22, is_remote=False)),
+                              Link(SpanContext(LINK_TRACE, 0x33, is_remote=True))])
+    for i in range(3):
+        s.add_event(f"e{i}", {"n": i, "flag": False}, timestamp=1_700_000_000_000_000_000 + i)
+    s.set_status(Status(StatusCode.ERROR, "upstream 503"))
+    s.end()
+    c = t_b.start_span("child", context=set_span_in_context(s), kind=SpanKind.CLIENT, start_time=10)
+    c.set_status(Status(StatusCode.OK))
+    c.end(end_time=20)
+    t_a.start_span("a-again", attributes={"empty": []}).end()
+    provider.get_tracer("").start_span("blank-scope").end()
+    t_c = provider.get_tracer("scope.c", "2")
+    t_c.start_span("c", kind=SpanKind.PRODUCER).end()
+    t_b.start_span("b-again", kind=SpanKind.CONSUMER).end()
+    return resource, list(mem.get_finished_spans())
+
+
+def _wire_records(spans) -> list[list]:
+    import orjson
+    data, bad = encode_frames([encode_span(s) for s in spans], 512)
+    assert bad == 0
+    return orjson.loads(data)
+
+
+def test_fast_encoder_bytes_equal_sdk_encoder():
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from audit.span_exporter_proc import OtlpRequestEncoder
+
+    resource, spans = _rich_spans()
+    assert spans[0].dropped_attributes == 2 and spans[0].dropped_events == 1 and spans[0].dropped_links == 1
+    records = _wire_records(spans)
+    body, bad = OtlpRequestEncoder(resource).encode(records)
+    rebuilt = SpanDecoder(resource).decode_frame(encode_frames([encode_span(s) for s in spans], 512)[0].rstrip(b"\n"))
+    assert bad == 0
+    assert body == encode_spans(rebuilt).SerializeToString() == encode_spans(spans).SerializeToString()
+    msg = ExportTraceServiceRequest.FromString(body)
+    (rs,) = msg.resource_spans
+    assert [ss.scope.name for ss in rs.scope_spans] == ["scope.a", "scope.b", "", "scope.c"]
+    root = rs.scope_spans[0].spans[0]
+    assert root.trace_state == "vendor=v1,pg=a-b" and root.flags == 0x300 and root.status.code == 2
+    assert [lk.flags for lk in root.links] == [0x100, 0x300]  # oldest link dropped and root.dropped_links_count == 1
+    # each span alone too (single-scope batches, and the no-scope case)
+    for s in spans:
+        body, bad = OtlpRequestEncoder(resource).encode(_wire_records([s]))
+        assert bad == 0 and body == encode_spans([s]).SerializeToString(), s.name
+
+
+def test_fast_encoder_leaves_out_bad_records_only():
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from audit.span_exporter_proc import OtlpRequestEncoder
+
+    resource, spans = _rich_spans()
+    records = _wire_records(spans)
+    bad_kind = list(records[1]); bad_kind[8] = 99          # unknown SpanKind
+    bad_attr = list(records[4]); bad_attr[11] = {"x": {"nested": 1}}  # not a wire value
+    bad_name = list(records[5]); bad_name[0] = 12          # name not a string
+    body, bad = OtlpRequestEncoder(resource).encode(
+        [records[0], bad_kind, records[2], records[3], bad_attr, bad_name])
+    assert bad == 3
+    assert body == encode_spans([spans[0], spans[2], spans[3]]).SerializeToString()
+    assert OtlpRequestEncoder(resource).encode([bad_kind]) == (b"", 1)
+
+
+def test_parse_records_rejects_wrong_shapes():
+    from audit.span_exporter_proc import FrameError, parse_records
+
+    assert parse_records(b"[]") == []
+    for line in (b"{", b'{"a": 1}', b"[[1, 2]]", b"[1]"):
+        with pytest.raises(FrameError):
+            parse_records(line)
+
+
+def test_pipeline_choice():
+    from audit.span_exporter_proc import build_pipeline
+
+    cfg = {"exporter": "otlp", "endpoint": "http://127.0.0.1:9/v1/traces", "resource": {"service.name": "p"}}
+    fast = build_pipeline(cfg, env={})
+    sdk = build_pipeline(cfg, env={"PREFIXGATE_SPAN_EXPORT_PATH": "sdk"})
+    console = build_pipeline({**cfg, "exporter": "console"}, env={})
+    try:
+        assert fast.fast and not sdk.fast and not console.fast
+        assert fast.parse(b"[]") == [] and fast.export([]).name == "SUCCESS"
+    finally:
+        for p in (fast, sdk, console):
+            p.exporter.shutdown()
+    with pytest.raises(ValueError):
+        build_pipeline({"exporter": "zipkin"}, env={})
+
+
+@pytest.mark.parametrize("path", ["fast", "sdk"])
+async def test_child_paths_post_identical_bodies(path, monkeypatch):
+    """End to end through the child, gzip on: both child paths POST the same protobuf
+    (after gunzip) with the configured headers and Content-Encoding."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    bodies: list[bytes] = []
+    seen_headers: list[dict] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        raw = await request.read()
+        seen_headers.append(dict(request.headers))
+        bodies.append(raw)  # aiohttp inflates Content-Encoding: gzip itself
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/traces"
+    monkeypatch.setenv("PREFIXGATE_SPAN_EXPORT_PATH", path)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
+    resource, spans = _rich_spans()
+    proc = OffloadSpanProcessor("otlp", resource, endpoint=url, headers={"x-tenant-token": "t0k"},
+                                timeout_s=2.0, flush_interval_s=0.05, child_flush_interval_s=0.05)
+    try:
+        proc.start()
+        for s in spans:
+            proc.on_end(s)
+        deadline = time.monotonic() + 8
+        while not bodies and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        await asyncio.to_thread(proc.shutdown)
+        await runner.cleanup()
+    assert bodies == [encode_spans(spans).SerializeToString()]
+    assert seen_headers[0]["Content-Encoding"] == "gzip" and seen_headers[0]["x-tenant-token"] == "t0k"
+    assert proc.dropped == 0
+
+
+async def test_direct_exporter_reports_http_failure_without_retry_on_400():
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+    from audit.span_exporter_proc import DirectOtlpExporter, OtlpRequestEncoder, UnsupportedExporterError
+
+    hits: list[int] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        hits.append(1)
+        return web.Response(status=400 if len(hits) == 1 else 200)
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    resource, spans = _rich_spans()
+    sdk = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{runner.addresses[0][1]}/v1/traces", timeout=2.0)
+    direct = DirectOtlpExporter(sdk, OtlpRequestEncoder(resource))
+    try:
+        records = _wire_records(spans)
+        assert await asyncio.to_thread(direct.export, records) == SpanExportResult.FAILURE
+        assert len(hits) == 1  # 400 is not retryable (OTLP/HTTP spec; SDK client)
+        assert await asyncio.to_thread(direct.export, records) == SpanExportResult.SUCCESS
+        sdk.shutdown()
+        assert direct.export(records) == SpanExportResult.FAILURE and len(hits) == 2
+    finally:
+        await runner.cleanup()
+    with pytest.raises(UnsupportedExporterError):
+        DirectOtlpExporter(object(), OtlpRequestEncoder(resource))  # type: ignore[arg-type]
