@@ -20,18 +20,28 @@ CPU is not gateway CPU). Measured:
   (the part that runs on the event-loop thread).
 * ``sdk_encode_us_per_span``: ``encode_spans(batch).SerializeToString()``
   alone, for reference (the protobuf work the offload moves out).
+* ``child_cpu_us_per_span`` (variants ``offload`` = the child's OTLP fast
+  path, ``offload_sdk_path`` = ``PREFIXGATE_SPAN_EXPORT_PATH=sdk``, ReadableSpan
+  rebuild + ``OTLPSpanExporter.export``): the exporter child's own CPU
+  (psutil user+system) from idle before the burst to idle after it, divided
+  by spans; includes JSON parsing, protobuf and the HTTP POSTs.
+* ``child_decode_encode_us_per_span``: the child's per-span work without
+  HTTP, in this process (``process_time``): frame parse + request body, for
+  both paths.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import multiprocessing
+import os
 import platform
 import socket
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
@@ -124,21 +134,81 @@ def _run(kind: str, requests: int, endpoint: str) -> dict[str, Any]:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         timed = _Timed(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
-    elif kind == "offload":
+    elif kind in ("offload", "offload_sdk_path"):
         from audit.span_export import OffloadSpanProcessor
+        from audit.span_exporter_proc import SPAN_EXPORT_PATH_ENV
+        os.environ[SPAN_EXPORT_PATH_ENV] = "sdk" if kind == "offload_sdk_path" else "fast"  # inherited by the child
         inner = OffloadSpanProcessor("otlp", resource, endpoint=endpoint)
         inner.start()
+        os.environ.pop(SPAN_EXPORT_PATH_ENV, None)
         timed = _Timed(inner)
     if timed is not None:
         provider.add_span_processor(timed)
     time.sleep(0.5)  # child start-up / connection set-up not counted
+    child = psutil.Process(timed.inner.child_pid) if kind.startswith("offload") else None
+    child_cpu0 = _idle_cpu(child) if child is not None else 0.0
     cpu0, wall0 = time.process_time(), time.perf_counter()
     _emit(provider, requests)
     provider.force_flush()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    child_cpu = _idle_cpu(child) - child_cpu0 if child is not None else 0.0
     dropped = getattr(timed.inner, "dropped", 0) if timed is not None else 0
     provider.shutdown()
-    return {"cpu_s": cpu, "wall_s": wall, "on_end_ns": timed.on_end_ns if timed else 0, "dropped": dropped}
+    return {"cpu_s": cpu, "wall_s": wall, "on_end_ns": timed.on_end_ns if timed else 0, "dropped": dropped,
+            "child_cpu_s": child_cpu}
+
+
+def _idle_cpu(proc: psutil.Process, settle_s: float = 0.7, timeout_s: float = 30.0) -> float:
+    """CPU seconds (user + system) of ``proc`` once it has gone idle: two
+    reads ``settle_s`` apart (longer than the child's 0.5 s flush interval)
+    differing by under 2 ms."""
+    deadline = time.monotonic() + timeout_s
+    t = proc.cpu_times()
+    last = t.user + t.system
+    while time.monotonic() < deadline:
+        time.sleep(settle_s)
+        t = proc.cpu_times()
+        now = t.user + t.system
+        if now - last < 0.002:
+            return now
+        last = now
+    return last
+
+
+def _child_work_cost(requests: int) -> dict[str, float]:
+    """The child's per-span CPU without HTTP (us per span, min of 3): the
+    rebuild path (``SpanDecoder.decode_frame`` + ``encode_spans`` +
+    ``SerializePartialToString``, what ``OTLPSpanExporter.export`` does before
+    the POST) and the fast path (``parse_records`` +
+    ``OtlpRequestEncoder.encode``), on the same frames of 512 spans."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from audit.span_export import encode_frames, encode_span
+    from audit.span_exporter_proc import OtlpRequestEncoder, SpanDecoder, parse_records
+
+    resource = Resource.create({"service.name": "prefixgate-bench"})
+    mem = InMemorySpanExporter()
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(mem))
+    _emit(provider, requests)
+    spans = mem.get_finished_spans()
+    data, _ = encode_frames([encode_span(s) for s in spans], 512)
+    lines = data.split(b"\n")[:-1]
+    out: dict[str, list[float]] = {"sdk_rebuild_path": [], "fast_path": []}
+    for _ in range(3):
+        decoder = SpanDecoder(resource)
+        t0 = time.process_time()
+        old = [encode_spans(decoder.decode_frame(line)).SerializePartialToString() for line in lines]
+        out["sdk_rebuild_path"].append(time.process_time() - t0)
+        encoder = OtlpRequestEncoder(resource)
+        t0 = time.process_time()
+        new = [encoder.encode(parse_records(line))[0] for line in lines]
+        out["fast_path"].append(time.process_time() - t0)
+        if old != new:
+            raise AssertionError("fast path bytes differ from the SDK encoder's")
+    return {k: round(min(v) / len(spans) * 1e6, 2) for k, v in out.items()}
 
 
 def _encode_cost(requests: int) -> float:
@@ -168,19 +238,24 @@ def main() -> None:
         _wait_port(port)
         endpoint = f"http://127.0.0.1:{port}/v1/traces"
         spans = args.requests * 5
-        runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "sdk_batch_otlp": [], "offload": []}
+        runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "sdk_batch_otlp": [], "offload": [],
+                                                 "offload_sdk_path": []}
         for _ in range(args.repeats):  # interleaved so all variants see the same machine state
             for kind in runs:
                 runs[kind].append(_run(kind, args.requests, endpoint))
         base_cpu = min(r["cpu_s"] for r in runs["baseline"])
         summary: dict[str, Any] = {}
-        for kind in ("sdk_batch_otlp", "offload"):
+        for kind in ("sdk_batch_otlp", "offload", "offload_sdk_path"):
             cpu = min(r["cpu_s"] for r in runs[kind])
             summary[kind] = {
                 "process_cpu_us_per_span": round((cpu - base_cpu) / spans * 1e6, 2),
                 "on_end_us_per_span": round(min(r["on_end_ns"] for r in runs[kind]) / spans / 1e3, 2),
                 "dropped": max(r["dropped"] for r in runs[kind]),
             }
+            if kind != "sdk_batch_otlp":
+                summary[kind]["child_cpu_us_per_span"] = round(min(r["child_cpu_s"] for r in runs[kind])
+                                                               / spans * 1e6, 2)
+        summary["child_decode_encode_us_per_span"] = _child_work_cost(args.requests)
         summary["baseline_span_creation_cpu_us_per_span"] = round(base_cpu / spans * 1e6, 2)
         summary["sdk_encode_us_per_span"] = round(_encode_cost(args.requests), 2)
         result = {
