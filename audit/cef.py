@@ -23,13 +23,27 @@ class CefParseError(ValueError):
     """A line is not a CEF record."""
 
 
+_HEADER_SPECIAL = re.compile(r"[\\|\r\n]")
+_EXT_SPECIAL = re.compile(r"[\\=\r\n]")
+_HEADER_TABLE = str.maketrans({"\\": "\\\\", "|": "\\|", "\r": " ", "\n": " "})
+
+
 def escape_header(value: str) -> str:
-    """Escape a CEF header field: ``\\`` → ``\\\\``, ``|`` → ``\\|``; newlines become spaces."""
-    return value.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    """Escape a CEF header field: ``\\`` → ``\\\\``, ``|`` → ``\\|``; newlines become spaces.
+
+    One regex scan returns ``value`` itself when nothing needs escaping
+    (the common case); otherwise one ``str.translate`` pass."""
+    if _HEADER_SPECIAL.search(value) is None:
+        return value
+    return value.translate(_HEADER_TABLE)
 
 
 def escape_extension(value: str) -> str:
-    """Escape a CEF extension value: ``\\``, ``=``, newline and CR."""
+    """Escape a CEF extension value: ``\\``, ``=``, newline and CR (a CRLF pair
+    becomes one ``\\n``). One regex scan returns ``value`` itself when
+    nothing needs escaping (the common case)."""
+    if _EXT_SPECIAL.search(value) is None:
+        return value
     return value.replace("\\", "\\\\").replace("=", "\\=").replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\r")
 
 
@@ -50,47 +64,60 @@ def cef_severity(event: AuditEvent) -> int:
     return _SEVERITY.get(event.outcome, 5)
 
 
+_HEADER_PREFIX = "|".join(["CEF:0", escape_header(VENDOR), escape_header(PRODUCT), escape_header(VERSION)]) + "|"
+
+
+def _ext(pairs: list[str], key: str, value: object) -> None:
+    """Append ``key=escaped(str(value))`` unless ``value`` is None."""
+    if value is not None:
+        pairs.append(f"{key}={escape_extension(value if type(value) is str else str(value))}")
+
+
+def _labeled(pairs: list[str], key: str, label: str, value: object) -> None:
+    """Append ``keyLabel=label`` and ``key=value`` unless ``value`` is None
+    (a label without its value is never written)."""
+    if value is not None:
+        pairs.append(f"{key}Label={escape_extension(label)}")
+        pairs.append(f"{key}={escape_extension(value if type(value) is str else str(value))}")
+
+
 def format_cef(event: AuditEvent) -> str:
-    """One CEF line (no trailing newline) for ``event``."""
+    """One CEF line (no trailing newline) for ``event``.
+
+    Extension order: ``rt externalId outcome src suser sntdom request``,
+    ``cs1..cs6`` (each after its label), ``reason``, ``cn1..cn3`` (each after
+    its label), ``msg`` (``k=v`` of the kind-specific details, sorted, ``; ``
+    joined); None values and their labels are left out."""
     details = event.alert or event.operator or event.summary or event.checkpoint or {}
-    name = f"{event.kind.value} {event.outcome.value}"
+    kind, outcome = event.kind.value, event.outcome.value
+    name = f"{kind} {outcome}"
     if event.kind is Kind.ALERT and "alert_kind" in details:
         name += f" {details['alert_kind']}"
     if event.kind is Kind.OPERATOR and "action" in details:
         name += f" {details['action']}"
-    ext: list[tuple[str, object]] = [
-        ("rt", event.time_ms),
-        ("externalId", event.event_id),
-        ("outcome", event.outcome.value),
-        ("src", event.client_address),
-        ("suser", event.identity.spiffe_id),
-        ("sntdom", event.identity.trust_domain),
-        ("request", event.endpoint),
-        ("cs1Label", "tenant"), ("cs1", event.tenant),
-        ("cs2Label", "decisionId"), ("cs2", event.policy.decision_id),
-        ("cs3Label", "replica"), ("cs3", event.route.replica),
-        ("cs4Label", "model"), ("cs4", event.model),
-        ("cs5Label", "prefixFingerprint"), ("cs5", event.prefix_fingerprint),
-        ("cs6Label", "requestId"), ("cs6", event.request_id),
-        ("reason", event.policy.reason_code),
-        ("cn1Label", "promptTokens"), ("cn1", event.prompt_tokens),
-        ("cn2Label", "outputTokens"), ("cn2", event.output_tokens),
-        ("cn3Label", "statusCode"), ("cn3", event.status_code),
-        ("msg", "; ".join(f"{k}={v}" for k, v in sorted(details.items())) or None),
-    ]
-    pairs = []
-    for i, (k, v) in enumerate(ext):
-        if k.endswith("Label"):
-            if ext[i + 1][1] is None:
-                continue
-        if v is None:
-            continue
-        pairs.append(f"{k}={escape_extension(str(v))}")
-    header = [
-        "CEF:0", escape_header(VENDOR), escape_header(PRODUCT), escape_header(VERSION),
-        escape_header(f"{event.kind.value}:{event.outcome.value}"), escape_header(name), str(cef_severity(event)),
-    ]
-    return "|".join(header) + "|" + " ".join(pairs)
+    identity, policy = event.identity, event.policy
+    pairs: list[str] = []
+    _ext(pairs, "rt", event.time_ms)
+    _ext(pairs, "externalId", event.event_id)
+    _ext(pairs, "outcome", outcome)
+    _ext(pairs, "src", event.client_address)
+    _ext(pairs, "suser", identity.spiffe_id)
+    _ext(pairs, "sntdom", identity.trust_domain)
+    _ext(pairs, "request", event.endpoint)
+    _labeled(pairs, "cs1", "tenant", event.tenant)
+    _labeled(pairs, "cs2", "decisionId", policy.decision_id)
+    _labeled(pairs, "cs3", "replica", event.route.replica)
+    _labeled(pairs, "cs4", "model", event.model)
+    _labeled(pairs, "cs5", "prefixFingerprint", event.prefix_fingerprint)
+    _labeled(pairs, "cs6", "requestId", event.request_id)
+    _ext(pairs, "reason", policy.reason_code)
+    _labeled(pairs, "cn1", "promptTokens", event.prompt_tokens)
+    _labeled(pairs, "cn2", "outputTokens", event.output_tokens)
+    _labeled(pairs, "cn3", "statusCode", event.status_code)
+    if details:
+        _ext(pairs, "msg", "; ".join(f"{k}={v}" for k, v in sorted(details.items())) or None)
+    return (f"{_HEADER_PREFIX}{escape_header(f'{kind}:{outcome}')}|{escape_header(name)}|"
+            f"{cef_severity(event)}|{' '.join(pairs)}")
 
 
 _HEADER_SPLIT = re.compile(r"(?<!\\)((?:\\\\)*)\|")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +38,11 @@ MAX_FINGERPRINT_HEX = 32
 _JWT_RE = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.?")
 _SECRET_RE = re.compile(r"-----BEGIN [A-Z ]*KEY-----|\bBearer\s+\S{8,}", re.IGNORECASE)
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
+# matches somewhere iff _JWT_RE or _SECRET_RE does (alternation of both, each
+# with its own flags): the scrubber's one-scan pre-check
+_ANY_SECRET_RE = re.compile(
+    r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.?|(?i:-----BEGIN [A-Z ]*KEY-----|\bBearer\s+\S{8,})"
+)
 
 
 class Kind(str, enum.Enum):
@@ -118,15 +124,47 @@ class Latencies:
 
 
 def now_ms() -> int:
-    """Current UTC time in integer epoch milliseconds."""
-    return int(datetime.now(timezone.utc).timestamp() * 1000)
+    """Current UTC time in integer epoch milliseconds (floor of ``time.time_ns()``)."""
+    return time.time_ns() // 1_000_000
+
+
+#: Epoch seconds of 1000-01-01T00:00:00Z and 10000-01-01T00:00:00Z: inside this
+#: range ``strftime("%Y")`` gives exactly four digits, so :func:`iso_ms` can use
+#: ``time.gmtime`` arithmetic; outside it falls back to ``datetime`` (glibc does
+#: not zero-pad years below 1000; years above 9999 raise).
+ISO_FAST_MIN_S = -30_610_224_000
+ISO_FAST_MAX_S = 253_402_300_800
+# one-entry cache: (epoch second, "YYYY-MM-DDTHH:MM:SS.") of the last call
+_iso_last: tuple[int, str] = (0, "1970-01-01T00:00:00.")
+
+
+def _iso_ms_datetime(epoch_ms: int) -> str:
+    dt = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
 
 
 def iso_ms(epoch_ms: int) -> str:
     """Epoch ms -> ISO 8601 UTC with millisecond precision, e.g.
-    ``2025-01-02T03:04:05.678Z``."""
-    dt = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
+    ``2025-01-02T03:04:05.678Z``.
+
+    Same string as ``datetime.fromtimestamp(ms / 1000, UTC).strftime(...)``
+    (proved against it in tests/audit/test_fast_paths.py); the second part is
+    cached per epoch second, so events of the same second cost one divmod.
+    Raises what ``datetime`` raises for out-of-range values.
+    """
+    global _iso_last
+    if type(epoch_ms) is not int:
+        return _iso_ms_datetime(epoch_ms)
+    sec, ms = divmod(epoch_ms, 1000)
+    last = _iso_last
+    if last[0] == sec:
+        return f"{last[1]}{ms:03d}Z"
+    if not ISO_FAST_MIN_S <= sec < ISO_FAST_MAX_S:
+        return _iso_ms_datetime(epoch_ms)
+    t = time.gmtime(sec)
+    prefix = f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}."
+    _iso_last = (sec, prefix)
+    return f"{prefix}{ms:03d}Z"
 
 
 def new_event_id() -> str:
@@ -215,28 +253,26 @@ class AuditEvent:
         """
         if data.get("schema_version") != SCHEMA_VERSION:
             raise EventSchemaError(f"unsupported schema_version {data.get('schema_version')!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
-        nested = {"identity": Identity, "policy": PolicyInfo, "route": RouteInfo, "latency": Latencies}
         try:
             for key, value in data.items():
-                if key in ("schema_version", "time"):
+                if key in _SKIP_KEYS:
                     continue
-                if key not in known:
+                if key not in _KNOWN_FIELDS:
                     raise EventSchemaError(f"unknown field {key!r}")
-                if key in nested:
-                    value = nested[key](**value)
+                group = _NESTED.get(key)
+                if group is not None:
+                    value = group(**value)
                 elif key == "kind":
-                    value = Kind(value)
+                    value = (_KIND_BY_VALUE.get(value) if type(value) is str else None) or Kind(value)
                 elif key == "outcome":
-                    value = Outcome(value)
+                    value = (_OUTCOME_BY_VALUE.get(value) if type(value) is str else None) or Outcome(value)
                 kwargs[key] = value
             return cls(**kwargs)
         except (TypeError, ValueError) as exc:
             if isinstance(exc, EventSchemaError):
                 raise
             raise EventSchemaError(str(exc)) from exc
-
 
 _EVENT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AuditEvent))
 _GROUP_FIELDS: dict[str, tuple[str, ...]] = {
@@ -248,16 +284,23 @@ _GROUP_FIELDS: dict[str, tuple[str, ...]] = {
 # the entry is used only for the identical event object).
 _JSON_CACHE: dict[str, tuple[AuditEvent, bytes]] = {}
 _JSON_CACHE_MAX = 4096
+# from_dict tables (precomputed once instead of per call)
+_KNOWN_FIELDS: frozenset[str] = frozenset(_EVENT_FIELDS)
+_SKIP_KEYS: frozenset[str] = frozenset(("schema_version", "time"))
+_NESTED: dict[str, type] = {"identity": Identity, "policy": PolicyInfo, "route": RouteInfo, "latency": Latencies}
+_KIND_BY_VALUE: dict[str, Kind] = {k.value: k for k in Kind}
+_OUTCOME_BY_VALUE: dict[str, Outcome] = {o.value: o for o in Outcome}
 
 
 def _bad_string(path: str, value: str, max_chars: int) -> str | None:
     """Reason a string must not be logged, or None if it is fine."""
     if len(value) > max_chars:
         return "too_long"
-    if _JWT_RE.search(value):
-        return "jwt_like"
-    if _SECRET_RE.search(value):
-        return "secret_like"
+    if _ANY_SECRET_RE.search(value) is not None:  # one scan; which one only when either matches
+        if _JWT_RE.search(value):
+            return "jwt_like"
+        if _SECRET_RE.search(value):
+            return "secret_like"
     if path == "prefix_fingerprint":
         if len(value) > MAX_FINGERPRINT_HEX or not _HEX_RE.match(value):
             return "fingerprint_shape"
@@ -295,6 +338,62 @@ def scrub_event(event: AuditEvent, max_chars: int = MAX_STRING_CHARS) -> tuple[A
     dropped too (token ids). Returns the cleaned event and a list of
     ``(field_path, reason)`` for the drop counter; never raises.
     """
+    if event.event_id is not None and _is_clean(event, max_chars):
+        return event, []
+    return _scrub_event_general(event, max_chars)
+
+
+_SCRUB_TOP: tuple[str, ...] = tuple(n for n in _EVENT_FIELDS if n not in ("kind", "outcome", "time_ms"))
+_SCRUB_GROUPS: dict[type, tuple[tuple[str, str], ...]] = {
+    cls: tuple((sf.name, f"{name}.{sf.name}") for sf in dataclasses.fields(cls))
+    for name, cls in (("identity", Identity), ("policy", PolicyInfo), ("route", RouteInfo), ("latency", Latencies))
+}
+_PLAIN_NUMBERS = (int, float, bool)
+
+
+def _clean_str(path: str, value: str, max_chars: int) -> bool:
+    """True iff :func:`_bad_string` would accept ``value`` at ``path``."""
+    if len(value) > max_chars or _ANY_SECRET_RE.search(value) is not None:
+        return False
+    if path == "prefix_fingerprint":
+        return len(value) <= MAX_FINGERPRINT_HEX and _HEX_RE.match(value) is not None
+    return True
+
+
+def _is_clean(event: AuditEvent, max_chars: int) -> bool:
+    """True when :func:`_scrub_event_general` would return ``event`` unchanged
+    with nothing dropped, decided without building anything. Anything it is
+    not sure about (mappings, str/number subclasses, other types, a group of
+    an unexpected class) answers False and takes the general path."""
+    for name in _SCRUB_TOP:
+        value = getattr(event, name)
+        if value is None:
+            continue
+        t = type(value)
+        if t is str:
+            if not _clean_str(name, value, max_chars):
+                return False
+            continue
+        if t in _PLAIN_NUMBERS:
+            continue
+        sub = _SCRUB_GROUPS.get(t)
+        if sub is None or name not in _GROUP_FIELDS:
+            return False
+        for attr, path in sub:
+            v = getattr(value, attr)
+            if v is None:
+                continue
+            vt = type(v)
+            if vt is str:
+                if not _clean_str(path, v, max_chars):
+                    return False
+            elif vt not in _PLAIN_NUMBERS:
+                return False
+    return True
+
+
+def _scrub_event_general(event: AuditEvent, max_chars: int) -> tuple[AuditEvent, list[tuple[str, str]]]:
+    """The scrubber for any event (any field types); see :func:`scrub_event`."""
     dropped: list[tuple[str, str]] = []
     changes: dict[str, Any] = {}
     for f in dataclasses.fields(event):
