@@ -232,16 +232,10 @@ class AuditEvent:
 
     def to_json(self) -> bytes:
         """:meth:`to_dict` as canonical JSON bytes (sorted keys, compact,
-        UTF-8, no trailing newline), the one encoding every sink and the
-        audit worker pipe share. Computed once per event (cached)."""
-        cached = _JSON_CACHE.get(self.event_id)
-        if cached is not None and cached[0] is self:
-            return cached[1]
-        data = orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)
-        if len(_JSON_CACHE) >= _JSON_CACHE_MAX:
-            _JSON_CACHE.clear()
-        _JSON_CACHE[self.event_id] = (self, data)
-        return data
+        UTF-8, no trailing newline): the encoding the audit worker pipe and
+        the OTLP log body use. Not cached: each event is encoded once per
+        process, and a cache kept thousands of events alive for the GC to scan."""
+        return orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AuditEvent:
@@ -279,11 +273,6 @@ _GROUP_FIELDS: dict[str, tuple[str, ...]] = {
     name: tuple(f.name for f in dataclasses.fields(cls))
     for name, cls in (("identity", Identity), ("policy", PolicyInfo), ("route", RouteInfo), ("latency", Latencies))
 }
-# event_id -> (event, canonical JSON); a frozen slots dataclass cannot hold the
-# cache itself. Bounded: cleared when full (an encoding is recomputed, never wrong:
-# the entry is used only for the identical event object).
-_JSON_CACHE: dict[str, tuple[AuditEvent, bytes]] = {}
-_JSON_CACHE_MAX = 4096
 # from_dict tables (precomputed once instead of per call)
 _KNOWN_FIELDS: frozenset[str] = frozenset(_EVENT_FIELDS)
 _SKIP_KEYS: frozenset[str] = frozenset(("schema_version", "time"))

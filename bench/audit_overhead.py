@@ -54,11 +54,25 @@ async def _serve(config_file: str, mode: str, ready_file: str) -> None:
     from gateway.auditing import AuditHub
     from gateway.components import Components
     from gateway.config import load_config
-    from gateway.server import GatewayServer, uvicorn_config
+    from gateway.server import GatewayServer, freeze_startup_objects, uvicorn_config
 
     cfg = load_config(config_file)
     comps = Components(cfg, audit=AuditHub(None) if mode == "off" else None)
     await comps.start()
+    import gc
+    # time spent in the cyclic GC per generation (reported at exit)
+    gcstat = {"n": [0, 0, 0], "t": [0.0, 0.0, 0.0], "t0": 0.0}
+
+    def _gccb(phase: str, info: dict) -> None:
+        if phase == "start":
+            gcstat["t0"] = time.perf_counter()
+        else:
+            g = info["generation"]
+            gcstat["n"][g] += 1
+            gcstat["t"][g] += time.perf_counter() - gcstat["t0"]
+
+    gc.callbacks.append(_gccb)
+    freeze_startup_objects()  # as gateway.server.serve does
     server = GatewayServer(uvicorn_config(build_public_app(comps, manage_lifecycle=False), "127.0.0.1", 0))
     task = asyncio.ensure_future(server.serve())
     while not server.started:
@@ -75,7 +89,8 @@ async def _serve(config_file: str, mode: str, ready_file: str) -> None:
     await task
     dropped = comps.audit.dropped
     await comps.stop()
-    Path(ready_file + ".done").write_text(json.dumps({"dropped": dropped, "emitted": comps.audit.emitted}))
+    Path(ready_file + ".done").write_text(json.dumps({"dropped": dropped, "emitted": comps.audit.emitted,
+                                                      "gc_n": gcstat["n"], "gc_s": [round(x, 3) for x in gcstat["t"]]}))
 
 
 # ------------------------------------------------------------------ helpers
