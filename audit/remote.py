@@ -395,7 +395,7 @@ class RemoteAuditLog:
                 try:
                     await self._spawn()
                     break
-                except AuditWorkerError as exc:
+                except (AuditWorkerError, OSError) as exc:
                     log.error("audit worker restart failed: %s", exc)
             self.metrics.restarts.inc()
             self.emit(AuditEvent(kind=Kind.ALERT, outcome=Outcome.RAISED, alert={

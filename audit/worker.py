@@ -78,9 +78,13 @@ async def _open_pipes() -> tuple[asyncio.StreamReader, _Out]:
     return reader, _Out(transport)
 
 
+#: frames refused as malformed (counted as dropped events: must stay 0)
+_bad_frames = 0
+
+
 def _status(audit: Any, ack: int) -> dict[str, Any]:
-    return {"t": "status", "ack": ack, "accepting": bool(audit.accepting), "dropped": int(audit.dropped),
-            "spill": int(audit.spill_pending_bytes)}
+    return {"t": "status", "ack": ack, "accepting": bool(audit.accepting),
+            "dropped": int(audit.dropped) + _bad_frames, "spill": int(audit.spill_pending_bytes)}
 
 
 async def _report_loop(out: _Out, registry: CollectorRegistry, audit: Any, acked: list[int]) -> None:
@@ -148,7 +152,9 @@ async def run() -> int:
                         stop = True
                         break
                 except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, EventSchemaError) as exc:
-                    # a frame the gateway cannot have meant: say so, never guess
+                    # a frame the gateway cannot have meant: say so, count it as lost, never guess
+                    global _bad_frames
+                    _bad_frames += 1
                     log.error("audit worker: malformed frame refused (%s)", type(exc).__name__)
             acked[0] = ack
             out.send(_status(audit, ack))

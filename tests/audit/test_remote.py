@@ -177,6 +177,7 @@ async def test_gateway_killed_worker_still_seals_the_chain(tmp_path: Path) -> No
     frames = [json.loads(x) for x in proc.stdout.read().splitlines()]
     assert frames[-1] == {"t": "closed"}
     assert any(f["t"] == "status" and f["ack"] == 1 for f in frames)
+    assert [f for f in frames if f["t"] == "status"][-1]["dropped"] == 1  # the malformed frame is counted
     assert [e["event_id"] for e in _events(tmp_path)] == [ev.event_id]
     report = _verify(tmp_path)
     assert report.ok and report.unsealed_records == 0
