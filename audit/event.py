@@ -215,19 +215,9 @@ class AuditEvent:
         enums are their string values. Field order is the dataclass order."""
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "time": iso_ms(self.time_ms)}
         for name in _EVENT_FIELDS:
-            value = getattr(self, name)
-            if value is None:
-                continue
-            sub = _GROUP_FIELDS.get(name)
-            if sub is not None:
-                value = {k: v for k in sub if (v := getattr(value, k)) is not None}
-                if not value:
-                    continue
-            elif isinstance(value, enum.Enum):
-                value = value.value
-            elif isinstance(value, Mapping):
-                value = dict(value)
-            out[name] = value
+            value = json_field(self, name)
+            if value is not None:
+                out[name] = value
         return out
 
     def to_json(self) -> bytes:
@@ -273,6 +263,24 @@ _GROUP_FIELDS: dict[str, tuple[str, ...]] = {
     name: tuple(f.name for f in dataclasses.fields(cls))
     for name, cls in (("identity", Identity), ("policy", PolicyInfo), ("route", RouteInfo), ("latency", Latencies))
 }
+
+
+def json_field(event: AuditEvent, name: str) -> Any:
+    """The JSON-ready value of field ``name`` as :meth:`AuditEvent.to_dict`
+    writes it: None for a missing value or an all-None group (the key is then
+    omitted), a group as a dict of its non-None members, an enum as its
+    value, a mapping copied; plain values as they are."""
+    value = getattr(event, name)
+    if value is None:
+        return None
+    sub = _GROUP_FIELDS.get(name)
+    if sub is not None:
+        return {k: v for k in sub if (v := getattr(value, k)) is not None} or None
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
 # from_dict tables (precomputed once instead of per call)
 _KNOWN_FIELDS: frozenset[str] = frozenset(_EVENT_FIELDS)
 _SKIP_KEYS: frozenset[str] = frozenset(("schema_version", "time"))

@@ -25,11 +25,9 @@ Class choice (OCSF schema 1.5.0, https://schema.ocsf.io/1.5.0/):
 """
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping
 from typing import Any
 
-from audit.event import _GROUP_FIELDS, AuditEvent, Kind, Outcome
+from audit.event import AuditEvent, Kind, Outcome, json_field
 
 OCSF_VERSION = "1.5.0"
 PRODUCT = {"name": "PrefixGate", "vendor_name": "PrefixGate", "version": "0.1.0"}
@@ -68,7 +66,6 @@ def _class_and_activity(event: AuditEvent) -> tuple[int, int, str]:
 
 _UNMAPPED_KEYS = ("tenant", "route", "latency", "prompt_tokens", "output_tokens", "cached_tokens", "prefix_fingerprint",
                   "request_id", "outcome", "kind", "summary", "checkpoint", "operator", "alert")
-_PLAIN = (str, int, float, bool)
 
 
 def _unmapped(event: AuditEvent) -> dict[str, Any]:
@@ -78,20 +75,9 @@ def _unmapped(event: AuditEvent) -> dict[str, Any]:
     whole-event dict."""
     out: dict[str, Any] = {}
     for name in _UNMAPPED_KEYS:
-        value = getattr(event, name)
-        if value is None:
-            continue
-        sub = _GROUP_FIELDS.get(name)
-        if sub is not None:
-            value = {k: v for k in sub if (v := getattr(value, k)) is not None}
-            if not value:
-                continue
-        elif type(value) not in _PLAIN:
-            if isinstance(value, enum.Enum):
-                value = value.value
-            elif isinstance(value, Mapping):
-                value = dict(value)
-        out[name] = value
+        value = json_field(event, name)
+        if value is not None:
+            out[name] = value
     return {"prefixgate": out}
 
 

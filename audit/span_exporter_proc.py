@@ -151,13 +151,7 @@ class SpanDecoder:
         Raises:
             FrameError: invalid JSON or shape.
         """
-        try:
-            records = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise FrameError("frame is not JSON") from exc
-        if not isinstance(records, list):
-            raise FrameError("frame is not a list")
-        return [self.decode(r) for r in records]
+        return [self.decode(r) for r in parse_records(line)]
 
 
 # -- OTLP fast path: wire records straight to protobuf ------------------------------------------
