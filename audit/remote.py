@@ -46,6 +46,8 @@ from audit.summary import AUDIT_UNAVAILABLE_CODE, RefusalCounter
 
 log = logging.getLogger(__name__)
 
+#: Seconds a worker must have run for the restart backoff to start over.
+STABLE_S = 10.0
 #: Buffered frame bytes that trigger a pipe write before the flush interval.
 FLUSH_BYTES = 1 << 16
 #: Least backlog headroom (bytes) kept for events of requests already in flight.
@@ -379,12 +381,21 @@ class RemoteAuditLog:
                     fut.set_exception(ConnectionError("audit worker exited"))
 
     async def _supervise(self) -> None:
-        """Restart the worker when it exits (backoff), resending the backlog."""
+        """Restart the worker when it exits (backoff), resending the backlog.
+        The backoff only starts over after a worker lived ``STABLE_S``: one that
+        dies right after becoming ready is not restarted in a tight loop."""
+        loop = asyncio.get_running_loop()
         backoff = self._restart_initial
         while True:
             assert self._proc is not None
+            started = loop.time()
             rc = await self._proc.wait()
+            if loop.time() - started >= STABLE_S:
+                backoff = self._restart_initial
             self._live = False
+            # the next worker counts from 0: keep what this one had lost
+            self._dropped += self._worker_dropped
+            self._worker_dropped = 0
             if self._closing:
                 return
             self.metrics.up.set(0)
@@ -401,4 +412,3 @@ class RemoteAuditLog:
             self.emit(AuditEvent(kind=Kind.ALERT, outcome=Outcome.RAISED, alert={
                 "alert_id": "audit-worker-restarted", "alert_kind": "audit_worker_restarted",
                 "exit_status": rc if rc is not None else -1}))
-            backoff = self._restart_initial

@@ -228,3 +228,18 @@ def test_unknown_worker_mode_is_a_config_error(tmp_path: Path) -> None:
 
     with pytest.raises(AuditConfigError, match="audit.worker"):
         AuditHub.from_config({**_section(tmp_path), "worker": "thread"})
+
+
+async def test_dropped_count_survives_a_worker_restart(tmp_path: Path) -> None:
+    rlog = RemoteAuditLog(_section(tmp_path), restart_initial_s=0.05)
+    await rlog.start()
+    rlog._write_control({"t": "e", "s": 0, "e": {"schema_version": "1", "bogus": 1}})  # noqa: SLF001 - a frame the worker must refuse
+    assert await rlog.drain(10)
+    assert rlog.dropped == 1
+    old = rlog.worker_pid
+    os.kill(old or 0, signal.SIGKILL)
+    rlog.emit(_ev(1))
+    assert await rlog.drain(20)
+    assert rlog.worker_pid != old
+    assert rlog.dropped == 1  # the new worker counts from 0; the loss is not forgotten
+    await rlog.close()
