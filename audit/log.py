@@ -26,6 +26,7 @@ the log accepts again, or at ``close()``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -68,19 +69,28 @@ class _Metrics:
         )
 
 
+class _QueueFull(Exception):
+    """A sink's in-memory queue is at ``queue_size``."""
+
+
 class _SinkWorker:
     """Queue + spill + delivery task for one sink."""
 
     def __init__(self, sink: AuditSink, spill: SpillFile, queue_size: int, batch_size: int) -> None:
         self.sink = sink
         self.spill = spill
-        self.queue: asyncio.Queue[AuditEvent] = asyncio.Queue(maxsize=queue_size)
+        # (emit number, event), oldest first; bounded by ``queue_size``
+        self.queue: collections.deque[tuple[int, AuditEvent]] = collections.deque()
+        self.queue_size = queue_size
         self.batch_size = batch_size
         self.spilling = spill.pending_bytes > 0  # leftovers of a previous run
         self.up = True
         self.task: asyncio.Task[None] | None = None
         self.wakeup = asyncio.Event()
         self.pending: list[AuditEvent] = []
+        # emit number of pending[0] when the batch came from the in-memory queue
+        # (None: empty, or read from the spill file, i.e. already on disk)
+        self.pending_first_n: int | None = None
         self.busy = False
         # seconds a sink lets events accumulate before a send (sink attribute
         # ``linger_s``; 0 = send what is there): network sinks batch, files don't
@@ -137,6 +147,7 @@ class AuditLog:
         ]
         self._accepting = True
         self._dropped = 0
+        self._n = 0
         # fail-closed refusals counted instead of written
         self._refused = RefusalCounter()
         self._flush_task: asyncio.Task[None] | None = None
@@ -155,6 +166,24 @@ class AuditLog:
     def dropped(self) -> int:
         """Events lost so far, all sinks (must stay 0)."""
         return self._dropped
+
+    @property
+    def emitted_n(self) -> int:
+        """Number of events :meth:`emit` has handed to the sinks so far (events
+        counted into a summary instead are not included)."""
+        return self._n
+
+    @property
+    def durable_n(self) -> int:
+        """Highest emit number up to which every event has left memory for
+        every sink: delivered, or written to the sink's spill file. What an
+        audit worker may acknowledge (a crash loses nothing at or below it)."""
+        durable = self._n
+        for w in self._workers:
+            first = w.pending_first_n if w.pending_first_n is not None else (w.queue[0][0] if w.queue else None)
+            if first is not None:
+                durable = min(durable, first - 1)
+        return durable
 
     @property
     def spill_pending_bytes(self) -> int:
@@ -180,6 +209,8 @@ class AuditLog:
             if passed is None:
                 return
         self.metrics.emitted.inc()
+        self._n += 1
+        n = self._n
         excluded = set(exclude)
         line: bytes | None = None
         for w in self._workers:
@@ -187,10 +218,12 @@ class AuditLog:
                 continue
             if not w.spilling:
                 try:
-                    w.queue.put_nowait(event)
+                    if len(w.queue) >= w.queue_size:
+                        raise _QueueFull
+                    w.queue.append((n, event))
                     w.wakeup.set()
                     continue
-                except asyncio.QueueFull:
+                except _QueueFull:
                     w.spilling = True
             line = line or _encode(event)
             self._spill(w, line)
@@ -215,7 +248,7 @@ class AuditLog:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline:
-            if all(w.queue.empty() and not w.spilling and w.up and not w.busy for w in self._workers):
+            if all(not w.queue and not w.spilling and w.up and not w.busy for w in self._workers):
                 return True
             await asyncio.sleep(0.01)
         return False
@@ -246,10 +279,7 @@ class AuditLog:
             if not hasattr(w.sink, "on_checkpoint"):
                 await w.sink.close()
             # anything still queued in memory goes to disk for the next run
-            while not w.queue.empty():
-                self._spill(w, _encode(w.queue.get_nowait()))
-            for ev in w.pending:
-                self._spill(w, _encode(ev))
+            self._spill_ram(w)
             w.spill.close()
 
     # ---- internals --------------------------------------------------
@@ -293,6 +323,16 @@ class AuditLog:
             return
         self.metrics.spill_bytes.labels(w.sink.name).set(w.spill.pending_bytes)
         w.wakeup.set()
+
+    def _spill_ram(self, w: _SinkWorker) -> None:
+        """Move the sink's in-memory batch and queue to its spill file, in order."""
+        if w.pending_first_n is not None:
+            for ev in w.pending:
+                self._spill(w, _encode(ev))
+            w.pending = []
+            w.pending_first_n = None
+        while w.queue:
+            self._spill(w, _encode(w.queue.popleft()[1]))
 
     def _count_drop(self, w: _SinkWorker) -> None:
         self._dropped += 1
@@ -352,12 +392,11 @@ class AuditLog:
         while True:
             w.busy = bool(w.pending)
             if not w.pending:
-                if not w.queue.empty():
-                    if w.linger_s > 0 and w.queue.qsize() < w.batch_size:
+                if w.queue:
+                    if w.linger_s > 0 and len(w.queue) < w.batch_size:
                         await asyncio.sleep(w.linger_s)  # let a batch build up (fewer requests/writes)
-                    w.pending = [w.queue.get_nowait()]
-                    while len(w.pending) < w.batch_size and not w.queue.empty():
-                        w.pending.append(w.queue.get_nowait())
+                    w.pending_first_n = w.queue[0][0]
+                    w.pending = [w.queue.popleft()[1] for _ in range(min(w.batch_size, len(w.queue)))]
                     commit_to = None
                 elif w.spilling:
                     try:
@@ -386,6 +425,7 @@ class AuditLog:
             w.busy = True
             if await self._deliver(w, w.pending):
                 w.pending = []
+                w.pending_first_n = None
                 if commit_to is not None:
                     w.spill.commit(commit_to)
                     self.metrics.spill_bytes.labels(w.sink.name).set(w.spill.pending_bytes)
@@ -393,6 +433,11 @@ class AuditLog:
                     commit_to = None
                 backoff = self._retry_initial
             else:
+                if commit_to is None and w.spill.pending_bytes == 0:
+                    # the sink is down: the batch and the queue go to disk now (in
+                    # order, the spill being empty), not wait in memory for the
+                    # whole outage; the replay reads them back first
+                    self._spill_ram(w)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._retry_max)
 

@@ -8,13 +8,12 @@ and a buffered pipe write per event loop iteration; formatting (hash chain,
 OCSF, CEF, OTLP) and sink I/O happen on another core.
 
 Delivery: every event carries a sequence number; the worker acknowledges
-the highest one it has handed to :meth:`audit.log.AuditLog.emit` (queued for
-each sink or spilled to disk). Unacknowledged frames stay in the gateway's
-memory (the *backlog*) and are sent again, in order, to a restarted worker
-when the worker dies (duplicates are possible and carry the same
-``event_id``). Events the dead worker had acknowledged but not yet delivered
-were in its in-memory sink queues: they are lost with it, the same exposure
-as a gateway crash with in-process sinks; spilled events survive.
+the highest one whose events have left its memory for every sink
+(delivered, or written to the sink's spill file:
+:attr:`audit.log.AuditLog.durable_n`). Unacknowledged frames stay in the
+gateway's memory (the *backlog*) and are sent again, in order, to a
+restarted worker when the worker dies (duplicates are possible and carry the
+same ``event_id``), so a worker crash loses no event.
 
 Fail closed: :attr:`accepting` is False while the worker's own spill is over
 its limit (the worker's ``accepting``) or the backlog exceeds

@@ -19,9 +19,9 @@ Protocol (newline-delimited JSON, UTF-8; one object per line):
 * stdout: ``{"t":"ready","pid":P}`` once the sinks are built and started, or
   ``{"t":"error","type":NAME,"message":TEXT}`` and exit status 2;
   ``{"t":"status","ack":SEQ,"accepting":B,"dropped":N,"spill":BYTES}``
-  after each read chunk (SEQ = last event handed to
-  :meth:`audit.log.AuditLog.emit`, i.e. queued for every sink or written to
-  its spill file); ``{"t":"reply","id":K,"ok":B}`` for a drain;
+  after each read chunk and whenever it changes (SEQ = highest event that has
+  left this process's memory for every sink: delivered or written to the
+  sink's spill file, see :class:`_AckTracker`); ``{"t":"reply","id":K,"ok":B}`` for a drain;
   ``{"t":"metrics","text":EXPOSITION}`` every second (Prometheus text of the
   worker's audit registry); ``{"t":"closed"}`` after close.
 
@@ -35,6 +35,7 @@ contents beyond ids.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import signal
@@ -87,7 +88,37 @@ def _status(audit: Any, ack: int) -> dict[str, Any]:
             "dropped": int(audit.dropped) + _bad_frames, "spill": int(audit.spill_pending_bytes)}
 
 
-async def _report_loop(out: _Out, registry: CollectorRegistry, audit: Any, acked: list[int]) -> None:
+class _AckTracker:
+    """Maps the gateway's sequence numbers to the audit log's durability.
+
+    An event is acknowledged only once it has left this process's memory for
+    every sink (delivered, or written to the sink's spill file:
+    :attr:`audit.log.AuditLog.durable_n`), so a SIGKILLed worker loses nothing
+    the gateway would not send again. Events folded into a summary count as
+    taken once everything emitted before them is durable.
+    """
+
+    def __init__(self, audit: Any) -> None:
+        self.audit = audit
+        self._marks: collections.deque[tuple[int, int]] = collections.deque()  # (emitted_n after, seq)
+        self._ack = 0
+        self._last_seq = 0
+
+    def emitted(self, seq: int) -> None:
+        """Record that frame ``seq`` was handed to ``audit.emit``."""
+        self._marks.append((self.audit.emitted_n, seq))
+        self._last_seq = seq
+
+    def ack(self, closed: bool = False) -> int:
+        """Highest sequence number whose events are all durable (``closed``:
+        after :meth:`AuditLog.close`, which spills whatever it could not deliver)."""
+        durable = self.audit.emitted_n if closed else self.audit.durable_n
+        while self._marks and self._marks[0][0] <= durable:
+            self._ack = self._marks.popleft()[1]
+        return self._ack
+
+
+async def _report_loop(out: _Out, registry: CollectorRegistry, audit: Any, tracker: _AckTracker) -> None:
     """Status whenever it changes without input (a sink came back and the spill
     drained, so the trail accepts again), checked every ``STATUS_PERIOD_S``;
     metrics every ``METRICS_PERIOD_S``."""
@@ -95,7 +126,7 @@ async def _report_loop(out: _Out, registry: CollectorRegistry, audit: Any, acked
     next_metrics = 0.0
     last: dict[str, Any] | None = None
     while True:
-        status = _status(audit, acked[0])
+        status = _status(audit, tracker.ack())
         if status != last:
             out.send(status)
             last = status
@@ -121,9 +152,8 @@ async def run() -> int:
         await asyncio.sleep(0.05)
         return 2
     out.send({"t": "ready", "pid": os.getpid()})
-    acked = [0]
-    metrics = asyncio.create_task(_report_loop(out, registry, audit, acked))
-    ack = 0
+    tracker = _AckTracker(audit)
+    metrics = asyncio.create_task(_report_loop(out, registry, audit, tracker))
     buf = b""
     close_timeout = 10.0
     try:
@@ -142,10 +172,10 @@ async def run() -> int:
                     t = frame["t"]
                     if t == "e":
                         audit.emit(AuditEvent.from_dict(frame["e"]))
-                        ack = int(frame["s"])
+                        tracker.emitted(int(frame["s"]))
                     elif t == "drain":
                         ok = await audit.drain(float(frame.get("timeout", 10.0)))
-                        out.send(_status(audit, ack))
+                        out.send(_status(audit, tracker.ack()))
                         out.send({"t": "reply", "id": frame["id"], "ok": ok})
                     elif t == "close":
                         close_timeout = float(frame.get("timeout", 10.0))
@@ -156,14 +186,13 @@ async def run() -> int:
                     global _bad_frames
                     _bad_frames += 1
                     log.error("audit worker: malformed frame refused (%s)", type(exc).__name__)
-            acked[0] = ack
-            out.send(_status(audit, ack))
+            out.send(_status(audit, tracker.ack()))
             if stop:
                 break
     finally:
         metrics.cancel()
         await audit.close(close_timeout)
-        out.send(_status(audit, ack))
+        out.send(_status(audit, tracker.ack(closed=True)))
         out.send({"t": "metrics", "text": generate_latest(registry).decode()})
         out.send({"t": "closed"})
         for _ in range(200):  # let the last frames reach the pipe (bounded: 2 s)

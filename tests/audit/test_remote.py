@@ -243,3 +243,98 @@ async def test_dropped_count_survives_a_worker_restart(tmp_path: Path) -> None:
     assert rlog.worker_pid != old
     assert rlog.dropped == 1  # the new worker counts from 0; the loss is not forgotten
     await rlog.close()
+
+
+class _SyslogReceiver:
+    """Loopback TCP receiver of octet-counted syslog frames (RFC 6587); keeps the
+    CEF ``externalId`` (the event id) of every frame, in arrival order."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.server: asyncio.AbstractServer | None = None
+        self.port = 0
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import re
+
+        buf = b""
+        while data := await reader.read(65536):
+            buf += data
+            while b" " in buf:
+                length, _, rest = buf.partition(b" ")
+                n = int(length)
+                if len(rest) < n:
+                    break
+                frame, buf = rest[:n], rest[n:]
+                m = re.search(rb"externalId=([0-9a-f-]{36})", frame)
+                if m:
+                    self.ids.append(m.group(1).decode())
+        writer.close()
+
+    async def start(self, port: int = 0) -> None:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", port)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def test_worker_killed_during_a_sink_outage_loses_nothing(tmp_path: Path) -> None:
+    """The syslog receiver is down; events pile up for it; the worker is SIGKILLed
+    twice; the receiver comes back: every event reaches every sink, in order."""
+    receiver = _SyslogReceiver()
+    await receiver.start()
+    port = receiver.port
+    await receiver.stop()  # down from the start: nothing listens on the port
+    doc = _section(tmp_path, syslog={"host": "127.0.0.1", "port": port, "protocol": "tcp", "format": "cef"})
+    rlog = RemoteAuditLog(doc, restart_initial_s=0.05)
+    await rlog.start()
+    ids: list[str] = []
+
+    def emit(k: int) -> None:
+        for _ in range(k):
+            ev = _ev(len(ids))
+            ids.append(ev.event_id)
+            rlog.emit(ev)
+
+    for _ in range(2):
+        emit(60)
+        await asyncio.sleep(0.4)  # queued, a send failed, moved to the spill
+        os.kill(rlog.worker_pid or 0, signal.SIGKILL)
+        await asyncio.sleep(0.3)
+    emit(40)
+    await receiver.start(port)
+    try:
+        assert await rlog.drain(30)
+        chain = [e["event_id"] for e in _events(tmp_path) if e["kind"] == "inference"]
+        assert list(dict.fromkeys(chain)) == ids
+        assert [i for i in dict.fromkeys(receiver.ids) if i in set(ids)] == ids
+        assert rlog.dropped == 0
+    finally:
+        await rlog.close()
+        await receiver.stop()
+
+
+async def test_worker_killed_right_after_taking_events_loses_nothing(tmp_path: Path) -> None:
+    """Kill the worker just after it has read a burst (the events sit in its sink
+    queues / the 20 ms linger, not yet written): they are resent, none lost."""
+    rlog = RemoteAuditLog(_section(tmp_path), restart_initial_s=0.02)
+    await rlog.start()
+    ids: list[str] = []
+    for _ in range(5):
+        for _ in range(50):
+            ev = _ev(len(ids))
+            ids.append(ev.event_id)
+            rlog.emit(ev)
+        await asyncio.sleep(0.03)  # the pipe flush (20 ms) and the worker's read, not its 20 ms linger
+        os.kill(rlog.worker_pid or 0, signal.SIGKILL)
+        await asyncio.sleep(0.05)
+        while rlog.worker_pid is not None and not rlog._worker_alive():  # noqa: SLF001 - wait for the restart
+            await asyncio.sleep(0.02)
+    assert await rlog.drain(30)
+    chain = [e["event_id"] for e in _events(tmp_path) if e["kind"] == "inference"]
+    assert list(dict.fromkeys(chain)) == ids
+    assert rlog.dropped == 0
+    await rlog.close()
