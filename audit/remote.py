@@ -16,8 +16,9 @@ restarted worker when the worker dies (duplicates are possible and carry the
 same ``event_id``), so a worker crash loses no event.
 
 Fail closed: :attr:`accepting` is False while the worker's own spill is over
-its limit (the worker's ``accepting``) or the backlog exceeds
-``max_backlog_bytes`` (worker down or too slow); the gateway answers 503.
+its limit (the worker's ``accepting``), the backlog exceeds
+``max_backlog_bytes`` (worker down or too slow) or its oldest event waits
+longer than ``max_backlog_age_s`` (worker hung); the gateway answers 503.
 Events of requests already in flight are still kept up to the backlog limit
 plus ``max(max_backlog_bytes * headroom, 1 MiB)``; beyond that an event is
 dropped and counted (``prefixgate_audit_worker_events_dropped_total``, must
@@ -33,6 +34,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -87,12 +89,14 @@ class RemoteAuditLog:
         python: interpreter for the worker (default ``sys.executable``).
         flush_interval_s: longest time an event waits in the gateway before the
             pipe write (seconds; a write also happens at ``FLUSH_BYTES``).
+        max_backlog_age_s: an unacknowledged event older than this (seconds)
+            means the worker is hung or stopped: ``accepting`` turns False.
     """
 
     def __init__(self, config: Mapping[str, Any], *, max_backlog_bytes: int = 32 << 20, headroom: float = 0.1,
                  restart_initial_s: float = 0.1, restart_max_s: float = 5.0, start_timeout_s: float = 30.0,
                  registry: CollectorRegistry | None = None, python: str | None = None,
-                 flush_interval_s: float = 0.02) -> None:
+                 flush_interval_s: float = 0.02, max_backlog_age_s: float = 5.0) -> None:
         self._config = orjson.dumps(dict(config))
         self._max_backlog = max_backlog_bytes
         self._hard = max_backlog_bytes + max(int(max_backlog_bytes * headroom), MIN_HEADROOM_BYTES)
@@ -103,11 +107,13 @@ class RemoteAuditLog:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = _Metrics(self.registry)
         self._seq = 0
-        self._unacked: collections.deque[tuple[int, bytes]] = collections.deque()
+        # (seq, frame, monotonic time sent), oldest first
+        self._unacked: collections.deque[tuple[int, bytes, float]] = collections.deque()
         self._backlog = 0
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._flush_interval = flush_interval_s
+        self._max_age = max_backlog_age_s
         self._flush_scheduled = False
         self._proc: asyncio.subprocess.Process | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -130,7 +136,10 @@ class RemoteAuditLog:
     # ---- AuditLog surface -------------------------------------------------
     @property
     def accepting(self) -> bool:
-        """False while the worker's spill or the backlog is over its limit (answer 503)."""
+        """False while the worker's spill or the backlog is over its limit, or
+        the oldest unacknowledged event is older than ``max_backlog_age_s``
+        (worker hung or stopped): answer 503."""
+        self._update_accepting()
         return self._accepting
 
     @property
@@ -164,7 +173,7 @@ class RemoteAuditLog:
             self.metrics.dropped.inc()
             log.error("audit worker backlog full: event %s dropped", event.event_id)
             return
-        self._unacked.append((self._seq, frame))
+        self._unacked.append((self._seq, frame, time.monotonic()))
         self._backlog += len(frame)
         self._out.append(frame)
         self._out_bytes += len(frame)
@@ -291,8 +300,12 @@ class RemoteAuditLog:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 self._proc.stdin.write(orjson.dumps(frame) + b"\n")
 
+    def _stalled(self) -> bool:
+        return bool(self._unacked) and time.monotonic() - self._unacked[0][2] > self._max_age
+
     def _update_accepting(self) -> None:
-        ok = self._worker_accepting and self._backlog < self._max_backlog
+        stalled = self._stalled()
+        ok = self._worker_accepting and self._backlog < self._max_backlog and not stalled
         if ok == self._accepting:
             return
         self._accepting = ok
@@ -300,16 +313,21 @@ class RemoteAuditLog:
             for ev in self._refused.flush():
                 self.emit(ev)
         else:
-            log.error("audit trail not accepting (worker accepting=%s, backlog %d/%d bytes)",
-                      self._worker_accepting, self._backlog, self._max_backlog)
-            if self._backlog >= self._max_backlog:
+            log.error("audit trail not accepting (worker accepting=%s, backlog %d/%d bytes, stalled=%s)",
+                      self._worker_accepting, self._backlog, self._max_backlog, stalled)
+            if stalled:
+                self.emit(AuditEvent(kind=Kind.ALERT, outcome=Outcome.RAISED, alert={
+                    "alert_id": "audit-worker-stalled", "alert_kind": "audit_worker_stalled",
+                    "oldest_unacknowledged_s": round(time.monotonic() - self._unacked[0][2], 3),
+                    "max_backlog_age_s": self._max_age}))
+            elif self._backlog >= self._max_backlog:
                 self.emit(AuditEvent(kind=Kind.ALERT, outcome=Outcome.RAISED, alert={
                     "alert_id": "audit-worker-backlog", "alert_kind": "audit_worker_backlog",
                     "backlog_bytes": self._backlog, "max_backlog_bytes": self._max_backlog}))
 
     def _ack(self, seq: int) -> None:
         while self._unacked and self._unacked[0][0] <= seq:
-            _, frame = self._unacked.popleft()
+            _, frame, _ = self._unacked.popleft()
             self._backlog -= len(frame)
 
     async def _spawn(self) -> None:
@@ -335,7 +353,7 @@ class RemoteAuditLog:
         # frame still in ``_out`` is among them), before anything newer
         self._out, self._out_bytes = [], 0
         if self._unacked:
-            self._proc.stdin.write(b"".join(frame for _, frame in self._unacked))
+            self._proc.stdin.write(b"".join(frame for _, frame, _ in self._unacked))
         self._live = True
 
     async def _read(self, proc: asyncio.subprocess.Process, ready: asyncio.Future[None]) -> None:

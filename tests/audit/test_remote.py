@@ -338,3 +338,30 @@ async def test_worker_killed_right_after_taking_events_loses_nothing(tmp_path: P
     assert list(dict.fromkeys(chain)) == ids
     assert rlog.dropped == 0
     await rlog.close()
+
+
+async def test_hung_worker_fails_closed_after_the_backlog_age(tmp_path: Path) -> None:
+    """A stopped worker (SIGSTOP) takes nothing: once the oldest unacknowledged
+    event is older than max_backlog_age_s the trail stops accepting (503), with
+    an alert; it accepts again when the worker runs."""
+    rlog = RemoteAuditLog(_section(tmp_path), max_backlog_age_s=0.5)
+    await rlog.start()
+    pid = rlog.worker_pid or 0
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        rlog.emit(_ev(0))
+        await asyncio.sleep(0.2)
+        assert rlog.accepting  # young backlog: a worker may just be busy
+        await asyncio.sleep(0.6)
+        assert not rlog.accepting
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for _ in range(100):
+        if rlog.accepting:
+            break
+        await asyncio.sleep(0.05)
+    assert rlog.accepting
+    assert await rlog.drain(10)
+    kinds = [e["alert"]["alert_kind"] for e in _events(tmp_path) if e["kind"] == "alert"]
+    assert kinds == ["audit_worker_stalled"]
+    await rlog.close()
