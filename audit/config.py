@@ -35,8 +35,13 @@ class AuditConfigError(ValueError):
     """The audit config section is invalid."""
 
 
-def build_audit(config: dict[str, Any], registry: CollectorRegistry | None = None) -> AuditLog:
+def build_audit(config: dict[str, Any], registry: CollectorRegistry | None = None,
+                validate_only: bool = False) -> AuditLog | None:
     """Create the AuditLog and its sinks (not started; call ``await log.start()``).
+
+    ``validate_only``: check the section and build the sinks (no side
+    effects: nothing is opened, locked or created) and return None — what
+    the gateway does before it hands the section to the audit worker process.
 
     Raises:
         AuditConfigError: missing ``spill.dir``, no sink, signing key inside
@@ -103,5 +108,7 @@ def build_audit(config: dict[str, Any], registry: CollectorRegistry | None = Non
                                        int(summary.get("max_sources", 10_000)))
     else:
         raise AuditConfigError("audit.summary must be a mapping or false")
+    if validate_only:
+        return None
     return AuditLog(sinks, spill["dir"], spill_max_bytes=int(spill.get("max_bytes", 256 << 20)),
                     aggregator=aggregator, registry=registry)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import os
 import time
@@ -28,6 +27,7 @@ from typing import IO, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from audit.dirlock import lock_directory
 from audit.chain import GENESIS, canonical_json, make_record, sign_checkpoint
 from audit.event import AuditEvent, Kind, Outcome, iso_ms, now_ms
 from audit.sink import SinkUnavailable
@@ -56,9 +56,6 @@ def _last_record(path: Path) -> dict[str, Any] | None:
     return last
 
 
-
-class AuditDirectoryInUse(RuntimeError):
-    """Another process holds the audit log directory's lock (one writer per chain)."""
 
 class JsonlChainSink:
     """Hash-chained, signed, rotating JSONL audit files.
@@ -206,13 +203,7 @@ class JsonlChainSink:
         """
         if getattr(self, "_lock_fh", None) is not None:
             return
-        fh = open(self.directory / ".lock", "a+b")  # noqa: SIM115 - held until process exit
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.close()
-            raise AuditDirectoryInUse(f"audit log directory {self.directory} is in use by another writer") from None
-        self._lock_fh = fh
+        self._lock_fh = lock_directory(self.directory, "audit log directory")
 
     def _start_file(self, predecessor: str | None) -> None:
         self._path = self.directory / file_name_for(self._seq + 1)

@@ -6,6 +6,7 @@ permissions / mount); the public key file is what verifiers get.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -37,7 +38,20 @@ def generate_signing_key(private_path: str | Path, public_path: str | Path | Non
 
 
 def load_signing_key(path: str | Path) -> Ed25519PrivateKey:
-    """Load an Ed25519 private key from PEM. Raises KeyFileError."""
+    """Load an Ed25519 private key from PEM.
+
+    Raises:
+        KeyFileError: unreadable, not an Ed25519 private key, or accessible by
+            group/others (``mode & 0o077``, as OpenSSH requires of private keys
+            and as the tenancy master secret requires).
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise KeyFileError(f"cannot load signing key {path}: {exc}") from exc
+    if mode & 0o077:
+        raise KeyFileError(f"signing key {path} is accessible by group/others "
+                           f"(mode {stat.S_IMODE(mode):04o}); chmod 600 it")
     try:
         key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
     except (OSError, ValueError, TypeError) as exc:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from audit.dirlock import lock_directory
 from audit.event import AuditEvent, Kind, Outcome, now_ms, scrub_event
 from audit.sink import AuditSink, SinkUnavailable
 from audit.spill import SpillCorrupt, SpillFile
@@ -142,6 +143,8 @@ class AuditLog:
         self._retry_max = retry_max_s
         self._aggregator = aggregator
         self._on_alert = on_alert
+        # one process per spill directory (each would replay and reset the other's files)
+        self._lock = lock_directory(self._spill_dir, "audit spill directory")
         self._workers = [
             _SinkWorker(s, SpillFile(self._spill_dir / f"{s.name}.spill.jsonl"), queue_size, batch_size) for s in sinks
         ]
@@ -281,6 +284,7 @@ class AuditLog:
             # anything still queued in memory goes to disk for the next run
             self._spill_ram(w)
             w.spill.close()
+        self._lock.close()
 
     # ---- internals --------------------------------------------------
     async def _flush_summaries(self) -> None:

@@ -74,7 +74,7 @@ class AuditHub:
         if worker == "process":
             from audit.remote import RemoteAuditLog
 
-            build_audit(doc)  # validate here (no side effects) so a bad config fails before any start
+            build_audit(doc, validate_only=True)  # a bad config fails here, before any start
             log = RemoteAuditLog(doc, registry=registry)
         elif worker == "inline":
             log = build_audit(doc, registry=registry)

@@ -34,7 +34,7 @@ def serve(config_path: str) -> None:
     from policy import reexec_with_go_gc
 
     reexec_with_go_gc(["-m", "gateway.cli", *sys.argv[1:]])
-    from audit.jsonl import AuditDirectoryInUse
+    from audit.dirlock import AuditDirectoryInUse
     from audit.remote import AuditWorkerError
     from gateway.config import ConfigError, load_config
     from gateway.server import serve as run

@@ -125,7 +125,7 @@ async def test_tail_truncation_needs_off_host_copy(tmp_path):
 async def test_one_writer_per_directory(tmp_path):
     import pytest
 
-    from audit.jsonl import AuditDirectoryInUse
+    from audit.dirlock import AuditDirectoryInUse
 
     key = Ed25519PrivateKey.generate()
     first = JsonlChainSink(tmp_path / "log", key, checkpoint_s=3600, fsync=False)

@@ -365,3 +365,33 @@ async def test_hung_worker_fails_closed_after_the_backlog_age(tmp_path: Path) ->
     kinds = [e["alert"]["alert_kind"] for e in _events(tmp_path) if e["kind"] == "alert"]
     assert kinds == ["audit_worker_stalled"]
     await rlog.close()
+
+
+async def test_second_worker_on_the_same_spill_directory_is_refused(tmp_path: Path) -> None:
+    """Separate chains, one spill directory: each would replay and reset the
+    other's spill files, so the second start fails."""
+    first = RemoteAuditLog(_section(tmp_path))
+    await first.start()
+    doc = _section(tmp_path)
+    doc["jsonl"] = {**doc["jsonl"], "dir": str(tmp_path / "audit-b")}
+    doc["ocsf"] = {"file": str(tmp_path / "ocsf-b.jsonl")}
+    second = RemoteAuditLog(doc)
+    try:
+        with pytest.raises(AuditWorkerError) as info:
+            await second.start()
+        assert info.value.kind == "AuditDirectoryInUse" and "spill" in str(info.value)
+    finally:
+        await second.close()
+        await first.close()
+
+
+def test_group_readable_signing_key_is_refused(tmp_path: Path) -> None:
+    from audit.keys import KeyFileError
+
+    key = tmp_path / "k" / "audit.key"
+    key.parent.mkdir()
+    generate_signing_key(key)
+    load_signing_key(key)  # 0600: fine
+    os.chmod(key, 0o644)
+    with pytest.raises(KeyFileError, match="chmod 600"):
+        load_signing_key(key)
