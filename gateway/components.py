@@ -8,7 +8,7 @@ pipeline step, so that :mod:`gateway.pipeline` reads top to bottom.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import hashlib
 import hmac
 import inspect
@@ -154,8 +154,17 @@ class Components:
             return
         u = self.config.upstream
         self.session = make_session(u.pool_size, u.connect_timeout_s, u.read_timeout_s)
-        await self.pdp.start()
-        await self.audit.start()
+        try:
+            await self.pdp.start()
+            await self.audit.start()
+        except BaseException:
+            # e.g. the audit directory is in use: release what was opened, then fail
+            await self.session.close()
+            with contextlib.suppress(Exception):
+                await self.pdp.close()
+            with contextlib.suppress(Exception):
+                await self.audit.close()
+            raise
         h = self.config.health
         self.health = HealthChecker(
             self.replica_set, self.session, interval_s=h.interval_s, timeout_s=h.timeout_s,
