@@ -61,7 +61,6 @@ class _Pool:
     base_prompt: int = 0
     base_cached: int = 0
     replicas: set[str] = field(default_factory=set)
-    last_eval: float = float("-inf")
 
 
 @dataclass
@@ -89,11 +88,6 @@ class ConcentrationMonitor:
         pools: configured replica ids per pool (see :meth:`set_pool_members`).
         significance_z: sampling margin of the default share threshold (see
             :meth:`default_share_threshold`); 0 gives plain c/n.
-        eval_interval_s: least seconds between two evaluations of a pool
-            (default 0: every observation). A positive value saves CPU at high
-            request rates, but observations that arrive within it are only
-            judged at the next observation after it (a burst followed by
-            silence may never be judged).
     """
 
     def __init__(
@@ -112,7 +106,6 @@ class ConcentrationMonitor:
         admin_registry: CollectorRegistry | None = None,
         pools: Mapping[str, Iterable[str]] | None = None,
         significance_z: float = 3.0,
-        eval_interval_s: float = 0.0,
     ) -> None:
         if not 0 < clear_ratio < 1:
             raise ValueError("clear_ratio must be in (0, 1)")
@@ -125,7 +118,6 @@ class ConcentrationMonitor:
         self.load_guard_factor = load_guard_factor
         self.min_requests = min_requests
         self.significance_z = significance_z
-        self.eval_interval_s = eval_interval_s
         self.baseline_s = window_s * baseline_windows
         self._on_alert = on_alert
         self._pools: dict[str, _Pool] = defaultdict(_Pool)
@@ -191,9 +183,7 @@ class ConcentrationMonitor:
 
     def observe(self, pool: str, replica: str, prefill_tokens: int, prompt_tokens: int, cached_tokens: int, now: float) -> None:
         """Record one routed request (tokens; ``now`` in seconds, monotonic)
-        and evaluate the alert conditions and gauges of ``pool`` (at most every
-        ``eval_interval_s``: the windows are updated on every call, the
-        evaluation — shares, HHI, hysteresis, gauge updates — is what costs)."""
+        and evaluate the alert conditions and gauges of ``pool``."""
         p = self._pools[pool]
         p.replicas.add(replica)
         obs = _Obs(now, replica, prefill_tokens, prompt_tokens, cached_tokens)
@@ -215,9 +205,7 @@ class ConcentrationMonitor:
             old = p.baseline.popleft()
             p.base_prompt -= old.prompt
             p.base_cached -= old.cached
-        if now - p.last_eval >= self.eval_interval_s:
-            p.last_eval = now
-            self._evaluate(pool, now)
+        self._evaluate(pool, now)
 
     # ---- alerts -------------------------------------------------------
     def active_alerts(self) -> list[dict[str, object]]:

@@ -357,6 +357,17 @@ def _clean_str(path: str, value: str, max_chars: int) -> bool:
     return True
 
 
+def _clean_scalar(path: str, value: Any, max_chars: int) -> bool:
+    """True for None, a plain int/float/bool, or a str :func:`_bad_string` accepts;
+    False for anything else (mappings, subclasses, other types)."""
+    if value is None:
+        return True
+    t = type(value)
+    if t is str:
+        return _clean_str(path, value, max_chars)
+    return t in _PLAIN_NUMBERS
+
+
 def _is_clean(event: AuditEvent, max_chars: int) -> bool:
     """True when :func:`_scrub_event_general` would return ``event`` unchanged
     with nothing dropped, decided without building anything. Anything it is
@@ -364,28 +375,12 @@ def _is_clean(event: AuditEvent, max_chars: int) -> bool:
     an unexpected class) answers False and takes the general path."""
     for name in _SCRUB_TOP:
         value = getattr(event, name)
-        if value is None:
-            continue
-        t = type(value)
-        if t is str:
-            if not _clean_str(name, value, max_chars):
+        sub = _SCRUB_GROUPS.get(type(value))
+        if sub is not None and name in _GROUP_FIELDS:
+            if not all(_clean_scalar(path, getattr(value, attr), max_chars) for attr, path in sub):
                 return False
-            continue
-        if t in _PLAIN_NUMBERS:
-            continue
-        sub = _SCRUB_GROUPS.get(t)
-        if sub is None or name not in _GROUP_FIELDS:
+        elif not _clean_scalar(name, value, max_chars):
             return False
-        for attr, path in sub:
-            v = getattr(value, attr)
-            if v is None:
-                continue
-            vt = type(v)
-            if vt is str:
-                if not _clean_str(path, v, max_chars):
-                    return False
-            elif vt not in _PLAIN_NUMBERS:
-                return False
     return True
 
 

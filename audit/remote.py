@@ -126,7 +126,6 @@ class RemoteAuditLog:
         self._refused = RefusalCounter()
         self._replies: dict[int, asyncio.Future[bool]] = {}
         self._next_id = 0
-        self._closed_seen: asyncio.Event | None = None
         self._closing = False
         self._accepting = True
         self._live = False
@@ -187,7 +186,6 @@ class RemoteAuditLog:
             AuditWorkerError: the worker refused the config (the message names
                 the worker-side error) or did not become ready in time.
         """
-        self._closed_seen = asyncio.Event()
         await self._spawn()
         self._supervisor = asyncio.create_task(self._supervise(), name="audit-worker-supervisor")
 
@@ -258,12 +256,6 @@ class RemoteAuditLog:
             self._unacked.clear()
             self._backlog = 0
         self.metrics.up.set(0)
-
-    def metrics_text(self) -> bytes:
-        """Prometheus exposition: this side's metrics plus the worker's last report."""
-        from prometheus_client import generate_latest
-
-        return generate_latest(self.registry) + self.worker_metrics_text
 
     # ---- internals ------------------------------------------------------
     def _worker_alive(self) -> bool:
@@ -388,8 +380,6 @@ class RemoteAuditLog:
                 elif t == "error":
                     if not ready.done():
                         ready.set_exception(AuditWorkerError(str(frame.get("type", "")), str(frame.get("message", ""))))
-                elif t == "closed" and self._closed_seen is not None:
-                    self._closed_seen.set()
         finally:
             if not ready.done():
                 ready.set_exception(AuditWorkerError("", "audit worker exited before it was ready"))

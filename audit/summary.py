@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from audit.event import AuditEvent, Kind, Outcome, iso_ms
+from audit.event import AuditEvent, Kind, Outcome, PolicyInfo, iso_ms
 
 #: Outcomes that are aggregated (others always pass through).
 DEFAULT_AGGREGATED = frozenset({Outcome.UNAUTHENTICATED, Outcome.REJECTED, Outcome.RATE_LIMITED})
@@ -148,8 +148,6 @@ class RefusalCounter:
 
     def flush(self) -> list[AuditEvent]:
         """Summary events of everything counted so far (and reset)."""
-        from audit.event import PolicyInfo
-
         refused, self._refused = self._refused, {}
         return [AuditEvent(
             kind=Kind.SUMMARY, outcome=Outcome.SUMMARIZED,

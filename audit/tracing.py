@@ -130,7 +130,7 @@ class RequestTrace:
 
 
 def begin_request_trace(provider: TracerProvider, name: str, links: Sequence[Link],
-                        attributes: Mapping[str, Any]) -> RequestTrace | None:
+                        attributes: dict[str, Any], start_ns: int | None = None) -> RequestTrace | None:
     """Start a request's SERVER span as a plain record, not a live SDK span.
 
     The trace and span ids come from the provider's id generator and the
@@ -139,7 +139,9 @@ def begin_request_trace(provider: TracerProvider, name: str, links: Sequence[Lin
     :func:`end_request_trace`. The gateway times every stage itself, so the
     SDK's live-span machinery (locks, attribute limits, ``on_start``, per
     attribute validation) would add ~30 us per request for the same exported
-    spans. Returns None when ``provider`` was not built by
+    spans. ``attributes`` is kept, not copied (the caller hands it over);
+    ``start_ns`` is the span's start (epoch ns, default now).
+    Returns None when ``provider`` was not built by
     :func:`setup_tracing` (callers then use the plain tracer API).
     """
     if provider not in _PROCESSORS:
@@ -148,7 +150,7 @@ def begin_request_trace(provider: TracerProvider, name: str, links: Sequence[Lin
     result = provider.sampler.should_sample(None, trace_id, name, SpanKind.SERVER, attributes, links)
     flags = TraceFlags(TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT)
     ctx = SpanContext(trace_id, provider.id_generator.generate_span_id(), False, flags, result.trace_state)
-    return RequestTrace(provider, name, ctx, time.time_ns(), tuple(links), dict(attributes))
+    return RequestTrace(provider, name, ctx, time.time_ns() if start_ns is None else start_ns, tuple(links), attributes)
 
 
 def end_request_trace(rt: RequestTrace, end_ns: int, attributes: Mapping[str, Any], error: bool,

@@ -79,13 +79,9 @@ async def _open_pipes() -> tuple[asyncio.StreamReader, _Out]:
     return reader, _Out(transport)
 
 
-#: frames refused as malformed (counted as dropped events: must stay 0)
-_bad_frames = 0
-
-
-def _status(audit: Any, ack: int) -> dict[str, Any]:
-    return {"t": "status", "ack": ack, "accepting": bool(audit.accepting),
-            "dropped": int(audit.dropped) + _bad_frames, "spill": int(audit.spill_pending_bytes)}
+def _status(audit: Any, tracker: _AckTracker) -> dict[str, Any]:
+    return {"t": "status", "ack": tracker.ack(), "accepting": bool(audit.accepting),
+            "dropped": int(audit.dropped) + tracker.bad_frames, "spill": int(audit.spill_pending_bytes)}
 
 
 class _AckTracker:
@@ -102,17 +98,18 @@ class _AckTracker:
         self.audit = audit
         self._marks: collections.deque[tuple[int, int]] = collections.deque()  # (emitted_n after, seq)
         self._ack = 0
-        self._last_seq = 0
+        #: frames refused as malformed (reported as dropped events: must stay 0)
+        self.bad_frames = 0
 
     def emitted(self, seq: int) -> None:
         """Record that frame ``seq`` was handed to ``audit.emit``."""
         self._marks.append((self.audit.emitted_n, seq))
-        self._last_seq = seq
 
-    def ack(self, closed: bool = False) -> int:
-        """Highest sequence number whose events are all durable (``closed``:
-        after :meth:`AuditLog.close`, which spills whatever it could not deliver)."""
-        durable = self.audit.emitted_n if closed else self.audit.durable_n
+    def ack(self) -> int:
+        """Highest sequence number whose events are all durable (after
+        :meth:`AuditLog.close` that is every one: close spills what it could not
+        deliver)."""
+        durable = self.audit.durable_n
         while self._marks and self._marks[0][0] <= durable:
             self._ack = self._marks.popleft()[1]
         return self._ack
@@ -126,7 +123,7 @@ async def _report_loop(out: _Out, registry: CollectorRegistry, audit: Any, track
     next_metrics = 0.0
     last: dict[str, Any] | None = None
     while True:
-        status = _status(audit, tracker.ack())
+        status = _status(audit, tracker)
         if status != last:
             out.send(status)
             last = status
@@ -175,7 +172,7 @@ async def run() -> int:
                         tracker.emitted(int(frame["s"]))
                     elif t == "drain":
                         ok = await audit.drain(float(frame.get("timeout", 10.0)))
-                        out.send(_status(audit, tracker.ack()))
+                        out.send(_status(audit, tracker))
                         out.send({"t": "reply", "id": frame["id"], "ok": ok})
                     elif t == "close":
                         close_timeout = float(frame.get("timeout", 10.0))
@@ -183,16 +180,15 @@ async def run() -> int:
                         break
                 except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, EventSchemaError) as exc:
                     # a frame the gateway cannot have meant: say so, count it as lost, never guess
-                    global _bad_frames
-                    _bad_frames += 1
+                    tracker.bad_frames += 1
                     log.error("audit worker: malformed frame refused (%s)", type(exc).__name__)
-            out.send(_status(audit, tracker.ack()))
+            out.send(_status(audit, tracker))
             if stop:
                 break
     finally:
         metrics.cancel()
         await audit.close(close_timeout)
-        out.send(_status(audit, tracker.ack(closed=True)))
+        out.send(_status(audit, tracker))
         out.send({"t": "metrics", "text": generate_latest(registry).decode()})
         out.send({"t": "closed"})
         for _ in range(200):  # let the last frames reach the pipe (bounded: 2 s)

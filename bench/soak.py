@@ -58,7 +58,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,7 @@ from sim.demo import (
     bearer_headers,
     gateway_config,
     prepare_identity,
+    start_cluster_proc,
     start_gateway,
 )
 from sim.procs import (
@@ -78,9 +79,7 @@ from sim.procs import (
     ProcessStartError,
     free_port,
     python_module_cmd,
-    start_process,
     stop_process,
-    wait_for_json_file,
 )
 from sim.trace import DEFAULT_TRACE_PATH, TraceRequest, assign_tenants, build_prompt, load_mooncake
 
@@ -677,18 +676,9 @@ def audit_check(jsonl_dir: Path, public_key: Path, outcomes: Sequence[RequestOut
 async def start_cluster(settings: SoakSettings, paths: DemoPaths) -> tuple[ManagedProcess, list[dict[str, str]]]:
     """Spawn ``python -m sim.cluster`` with the settings' replica timing; return it and its ready document."""
     spec = ClusterSpec(replicas=settings.replicas, capacity_blocks=settings.capacity_blocks,
-                       time_scale=settings.time_scale, stream_chunk_tokens=settings.stream_chunk_tokens)
-    ready = paths.work / "cluster-ready.json"
-    ready.unlink(missing_ok=True)
-    cmd = python_module_cmd("sim.cluster", *spec.cli_args(), "--decode-s-per-token",
-                            str(settings.decode_s_per_token), "--ready-file", str(ready))
-    proc = start_process("cluster", cmd, paths.logs, cwd=REPO_ROOT)
-    try:
-        doc = await wait_for_json_file(ready, timeout_s=30.0, proc=proc)
-    except BaseException:
-        stop_process(proc)
-        raise
-    return proc, list(doc)
+                       time_scale=settings.time_scale, stream_chunk_tokens=settings.stream_chunk_tokens,
+                       decode_s_per_token=settings.decode_s_per_token)
+    return await start_cluster_proc(spec, paths)
 
 
 async def terminate_gateway(proc: ManagedProcess, timeout_s: float = 45.0) -> tuple[int | None, float]:

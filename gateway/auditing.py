@@ -46,6 +46,9 @@ class AuditHub:
         self.monitor = monitor
         self.tracer = tracer or trace.get_tracer("prefixgate")
         self._admin_registries = admin_registries
+        #: set by from_config: the public metrics registries and the TracerProvider
+        self.public_registries: tuple[Any, ...] = ()
+        self.provider: Any | None = None
         self.emitted = 0
 
     @classmethod
@@ -103,7 +106,7 @@ class AuditHub:
         """Flush every sink and write the final signed checkpoint."""
         if self.log is not None:
             await self.log.close()
-        provider = getattr(self, "provider", None)
+        provider = self.provider
         if provider is not None:  # may wait for the span exporter child: off the event loop
             await asyncio.to_thread(provider.shutdown)
 
@@ -126,7 +129,7 @@ class AuditHub:
         (sink and pool names only; no tenants, SPIFFE IDs or replicas); with the
         audit worker process, also the worker's last metrics report."""
         worker_text = getattr(self.log, "worker_metrics_text", b"")
-        return b"".join(generate_latest(r) for r in getattr(self, "public_registries", ())) + worker_text
+        return b"".join(generate_latest(r) for r in self.public_registries) + worker_text
 
     def admin_metrics_text(self) -> bytes:
         """Admin-only exposition of the audit and concentration registries."""
@@ -142,15 +145,15 @@ class AuditHub:
         links = incoming_links(headers)
         name = "POST " + rec.endpoint
         attributes = {"http.request.method": "POST", "http.route": rec.endpoint}
-        provider = getattr(self, "provider", None)
-        rt = begin_request_trace(provider, name, links, attributes) if provider is not None else None
+        now = time.time_ns()  # the server span's start; stage times are offsets from it
+        rt = begin_request_trace(self.provider, name, links, attributes, now) if self.provider is not None else None
         if rt is not None:
             rec.extra["trace"] = rt
         else:
             rec.extra["span"] = self.tracer.start_span(
                 name, kind=SpanKind.SERVER, links=links, context=trace.set_span_in_context(trace.INVALID_SPAN),
-                start_time=time.time_ns(), attributes=attributes)
-        rec.extra["wall0_ns"] = time.time_ns()
+                start_time=now, attributes=attributes)
+        rec.extra["wall0_ns"] = now
 
     def inject_trace_headers(self, headers: dict[str, str], rec: Any | None = None) -> None:
         """Add the gateway's own ``traceparent`` (W3C Trace Context) for the upstream call."""
@@ -170,6 +173,8 @@ class AuditHub:
         if rt is None and span is None:
             return None
         wall0 = rec.extra.pop("wall0_ns", time.time_ns())
+        if rt is not None and not rt.context.trace_flags.sampled:  # not recorded: only the trace id
+            return format(rt.context.trace_id, "032x")
 
         def ns(t: float | None) -> int | None:
             return None if t is None else wall0 + int((t - rec.t0) * 1e9)

@@ -87,7 +87,8 @@ RESULTS_DIR = REPO_ROOT / "bench" / "results"
 class ClusterSpec:
     """Simulated replica cluster: ``replicas`` count, ``capacity_blocks`` per replica (16-token
     blocks), ``prefill_tokens_per_s`` real tokens per trace second, ``time_scale`` trace s per wall s,
-    ``stream_chunk_tokens`` output tokens per SSE event."""
+    ``stream_chunk_tokens`` output tokens per SSE event, ``decode_s_per_token`` trace seconds
+    per output token (None: the simulator's default)."""
 
     replicas: int = 6
     capacity_blocks: int = 4000
@@ -95,15 +96,19 @@ class ClusterSpec:
     prefill_tokens_per_s: float = 10000.0
     time_scale: float = 10.0
     stream_chunk_tokens: int = 16
+    decode_s_per_token: float | None = None
 
     def cli_args(self) -> list[str]:
         """Flags for ``python -m sim.cluster``."""
-        return [
+        args = [
             "--replicas", str(self.replicas), "--base-port", "0", "--host", "127.0.0.1",
             "--capacity-blocks", str(self.capacity_blocks), "--block-size", str(self.block_size),
             "--prefill-tokens-per-s", str(self.prefill_tokens_per_s), "--time-scale", str(self.time_scale),
             "--stream-chunk-tokens", str(self.stream_chunk_tokens),
         ]
+        if self.decode_s_per_token is not None:
+            args += ["--decode-s-per-token", str(self.decode_s_per_token)]
+        return args
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,7 +76,7 @@ async def test_events_reach_every_sink_in_order_and_close_seals_the_chain(tmp_pa
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     # the worker's metrics reached the gateway side
-    assert b"prefixgate_audit_events_delivered_total" in rlog.metrics_text()
+    assert b"prefixgate_audit_events_delivered_total" in rlog.worker_metrics_text
 
 
 async def test_bad_config_fails_start_with_the_worker_error(tmp_path: Path) -> None:
