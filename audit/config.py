@@ -14,6 +14,8 @@ Shape (all sections optional except ``spill``; sizes bytes, times seconds)::
     spill:  {dir, max_bytes}
     summary: {window_s, first_n, max_sources}   # flood aggregation, on by default
                                         # (window 10 s, first 5); ``summary: false`` turns it off
+    slow_send_s: 1.0                    # a sink send of in-memory events running longer moves
+                                        # them to the sink's spill (AuditLog slow_send_s)
 
 The signing key file must not be inside ``jsonl.dir`` (refused).
 """
@@ -108,7 +110,13 @@ def build_audit(config: dict[str, Any], registry: CollectorRegistry | None = Non
                                        int(summary.get("max_sources", 10_000)))
     else:
         raise AuditConfigError("audit.summary must be a mapping or false")
+    try:
+        slow_send_s = float(config.get("slow_send_s", 1.0))
+    except (TypeError, ValueError):
+        raise AuditConfigError("audit.slow_send_s must be a number of seconds") from None
+    if not slow_send_s > 0:
+        raise AuditConfigError("audit.slow_send_s must be > 0")
     if validate_only:
         return None
     return AuditLog(sinks, spill["dir"], spill_max_bytes=int(spill.get("max_bytes", 256 << 20)),
-                    aggregator=aggregator, registry=registry)
+                    aggregator=aggregator, registry=registry, slow_send_s=slow_send_s)
