@@ -4,7 +4,7 @@ Shape (all sections optional except ``spill``; sizes bytes, times seconds)::
 
     jsonl:  {dir, signing_key_file, rotate_bytes, rotate_s, checkpoint_s}
     ocsf:   {file}                       # OCSF JSON lines to a local file
-    syslog: {host, port, protocol: tcp|tls|udp, format: cef|ocsf, ca_file}
+    syslog: {host, port, protocol: tcp|tls|udp, format: cef|ocsf, ca_file, max_message_bytes}
     otlp:   {endpoint, headers, timeout_s, compression: gzip, ca_file}
                                         # OTLP/HTTP logs, e.g. http://collector:4318/v1/logs;
                                         # headers: extra request headers (collector auth; never
@@ -74,8 +74,10 @@ def build_audit(config: dict[str, Any], registry: CollectorRegistry | None = Non
             raise AuditConfigError(f"syslog.format must be cef or ocsf, not {fmt!r}")
         ctx = ssl.create_default_context(cafile=s.get("ca_file")) if protocol == "tls" else None
         try:
+            cap = s.get("max_message_bytes")
             sinks.append(SyslogSink(s["host"], int(s["port"]), protocol, ssl_context=ctx,
-                                    formatter=format_cef if fmt == "cef" else ocsf_payload))
+                                    formatter=format_cef if fmt == "cef" else ocsf_payload,
+                                    max_message_bytes=int(cap) if cap is not None else None))
         except ValueError as exc:
             raise AuditConfigError(str(exc)) from exc
     if (t := config.get("otlp")) is not None and t.get("endpoint"):

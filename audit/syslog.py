@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import socket
 import ssl
 from collections import deque
@@ -29,6 +30,8 @@ from datetime import datetime, timezone
 from audit.cef import format_cef
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
 from audit.sink import SinkUnavailable
+
+log = logging.getLogger(__name__)
 
 FACILITY_LOG_AUDIT = 13  # RFC 5424 table 1: "log audit"
 _SEVERITY = {Outcome.RAISED: 1, Outcome.DENIED: 4, Outcome.UNAUTHENTICATED: 4, Outcome.FAILED: 3}
@@ -82,6 +85,31 @@ def format_rfc5424(
     return head.encode()
 
 
+#: Smallest ``max_message_bytes`` accepted: every RFC 5424 receiver must take
+#: messages of 480 octets (RFC 5424 section 6.1).
+MIN_MESSAGE_BYTES = 480
+
+
+def truncate_message(message: bytes, limit: int) -> bytes:
+    """``message`` cut to at most ``limit`` bytes without splitting a UTF-8
+    sequence and without leaving a dangling escape backslash (a CEF ``\\n``
+    or ``\\=`` cut in two). Shorter messages are returned unchanged.
+
+    Only the tail is cut: with ``limit`` >= :data:`MIN_MESSAGE_BYTES` the
+    RFC 5424 header and structured data (event id) stay whole.
+    """
+    if len(message) <= limit:
+        return message
+    cut = limit
+    while cut > 0 and message[cut] & 0xC0 == 0x80:  # a continuation byte: back to its lead byte
+        cut -= 1
+    head = message[:cut]
+    backslashes = len(head) - len(head.rstrip(b"\\"))
+    if backslashes % 2:
+        head = head[:-1]
+    return head
+
+
 def frame_octet_counted(message: bytes) -> bytes:
     """RFC 6587 octet-counting frame: ``b"<len> " + message``."""
     return b"%d %s" % (len(message), message)
@@ -105,6 +133,13 @@ class SyslogSink:
         connect_timeout_s: seconds.
         linger_s: seconds :class:`audit.log.AuditLog` lets events accumulate
             before a send (one socket write per batch).
+        max_message_bytes: longest RFC 5424 message sent (bytes, the frame's
+            MSG-LEN; at least :data:`MIN_MESSAGE_BYTES`); longer ones are cut by
+            :func:`truncate_message` and counted in :attr:`truncated`. None: no
+            limit. 2048 is what RFC 5425 receivers must accept.
+
+    Raises:
+        ValueError: unknown protocol, or ``max_message_bytes`` below the minimum.
     """
 
     def __init__(
@@ -119,9 +154,15 @@ class SyslogSink:
         hostname: str | None = None,
         name: str = "syslog",
         linger_s: float = 0.02,
+        max_message_bytes: int | None = None,
     ) -> None:
         if protocol not in ("tcp", "tls", "udp"):
             raise ValueError(f"protocol must be tcp, tls or udp, not {protocol!r}")
+        if max_message_bytes is not None and max_message_bytes < MIN_MESSAGE_BYTES:
+            raise ValueError(f"max_message_bytes must be at least {MIN_MESSAGE_BYTES}")
+        self.max_message_bytes = max_message_bytes
+        #: messages cut to ``max_message_bytes`` so far
+        self.truncated = 0
         self.name = name
         #: seconds AuditLog lets events accumulate before a send (one write per batch)
         self.linger_s = linger_s
@@ -180,6 +221,14 @@ class SyslogSink:
         """Frame and write ``events``; raises SinkUnavailable on any error."""
         await self.open()
         frames = [format_rfc5424(ev, self._formatter(ev), self._hostname) for ev in events]
+        cap = self.max_message_bytes
+        if cap is not None:
+            for i, f in enumerate(frames):
+                if len(f) > cap:
+                    frames[i] = truncate_message(f, cap)
+                    self.truncated += 1
+                    log.warning("syslog message of event %s cut from %d to %d bytes",
+                                events[i].event_id, len(f), len(frames[i]))
         if self.protocol == "udp":
             assert self._udp is not None
             for f in frames:
