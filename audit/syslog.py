@@ -8,7 +8,9 @@ and over TLS (RFC 5425, same framing); one message per datagram over UDP
 Plain syslog over TCP has no application acknowledgement: frames that were in
 the socket buffers or in the receiver's memory queue when it died are lost
 without an error on our side. The sink therefore keeps the last
-``resend_window`` frames and sends them again after every reconnect
+``resend_window`` frames and sends them again after every reconnect — made at
+once, in the background, when the receiver closes the connection (not only at
+the next event, which may never come)
 (at-least-once; the receiver drops duplicates by ``externalId`` /
 ``event_id``). Size the window to cover (event rate × failure detection time
 + receiver queue). End-to-end acknowledged delivery needs RELP, which is not
@@ -176,10 +178,15 @@ class SyslogSink:
         self._watch: asyncio.Task[None] | None = None
         self._udp: asyncio.DatagramTransport | None = None
         self._had_connection = False
+        self._open_lock: asyncio.Lock | None = None  # created in the running loop
+        self._reconnect: asyncio.Task[None] | None = None
+        self._closing = False
+        #: connections opened again after the first one
         self.reconnects = 0
 
     async def open(self) -> None:
-        """Connect (raises SinkUnavailable)."""
+        """Connect (raises SinkUnavailable). After a reconnect, the last
+        ``resend_window`` frames are written again first."""
         if self.protocol == "udp":
             if self._udp is None:
                 loop = asyncio.get_running_loop()
@@ -187,28 +194,53 @@ class SyslogSink:
                     asyncio.DatagramProtocol, remote_addr=(self.host, self.port)
                 )
             return
-        if self._writer is not None:
-            return
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, ssl=self._ssl), self._timeout
-            )
-        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
-            raise SinkUnavailable(f"syslog connect {self.host}:{self.port}: {exc}") from exc
-        self._writer = writer
-        self._watch = asyncio.get_running_loop().create_task(self._watch_eof(reader))
-        if self._had_connection:
-            self.reconnects += 1
-            # at-least-once: replay what may have died in buffers
-            for frame in self._recent:
-                writer.write(frame)
-        self._had_connection = True
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:  # send() and the background reconnect never open two connections
+            if self._writer is not None:
+                return
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port, ssl=self._ssl), self._timeout
+                )
+            except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+                raise SinkUnavailable(f"syslog connect {self.host}:{self.port}: {exc}") from exc
+            self._writer = writer
+            self._closing = False
+            self._watch = asyncio.get_running_loop().create_task(self._watch_eof(reader, writer))
+            if self._had_connection:
+                self.reconnects += 1
+                # at-least-once: replay what may have died in buffers
+                for frame in self._recent:
+                    writer.write(frame)
+            self._had_connection = True
 
-    async def _watch_eof(self, reader: asyncio.StreamReader) -> None:
+    async def _watch_eof(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError, ssl.SSLError):
             while await reader.read(4096):
                 pass
+        if self._writer is not writer:
+            return  # an older connection, already replaced
         await self._drop_connection()
+        if not self._closing and self._recent and self._reconnect is None:
+            # the receiver went away: frames it had not processed yet (its socket
+            # buffer, its queue) are gone with no error on our side. Reconnect now
+            # and resend the window instead of waiting for the next event, which
+            # may never come.
+            self._reconnect = asyncio.get_running_loop().create_task(self._reconnect_loop())
+
+    async def _reconnect_loop(self) -> None:
+        delay = 0.05
+        try:
+            while not self._closing and self._writer is None:
+                try:
+                    await self.open()
+                    return
+                except SinkUnavailable:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, max(self._timeout, 0.05))
+        finally:
+            self._reconnect = None
 
     async def _drop_connection(self) -> None:
         writer, self._writer = self._writer, None
@@ -249,7 +281,13 @@ class SyslogSink:
             raise SinkUnavailable("syslog peer closed the connection")
 
     async def close(self) -> None:
-        """Close the connection."""
+        """Close the connection (and stop reconnecting)."""
+        self._closing = True
+        if self._reconnect is not None:
+            self._reconnect.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reconnect
+            self._reconnect = None
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
