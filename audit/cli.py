@@ -10,7 +10,11 @@ import sys
 import click
 
 from audit.keys import generate_signing_key, load_public_key
-from audit.verify import format_report, verify_files
+from audit.verify import format_report, load_anchors, verify_files
+
+#: ``audit verify`` exit status when no problem was found but event records
+#: follow the last checkpoint that an ``--anchors`` copy confirms
+EXIT_UNANCHORED = 3
 
 
 @click.group("audit")
@@ -22,11 +26,24 @@ def audit_group() -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--public-key", "public_key", required=True, type=click.Path(exists=True), help="Ed25519 public key (PEM)")
 @click.option("--partial", is_flag=True, help="first file need not start the chain")
-def verify_cmd(paths: tuple[str, ...], public_key: str, partial: bool) -> None:
-    """Verify hash chain and checkpoint signatures of audit FILES/DIRS; exit 1 on any problem."""
-    report = verify_files(list(paths), load_public_key(public_key), require_genesis=not partial)
+@click.option("--anchors", "anchors", multiple=True, type=click.Path(),
+              help="file (or directory of files) written by another sink holding checkpoint copies: the OCSF "
+                   "file, a syslog receiver's file (CEF or OCSF payload), an OTLP JSON export; repeatable")
+def verify_cmd(paths: tuple[str, ...], public_key: str, partial: bool, anchors: tuple[str, ...]) -> None:
+    """Verify hash chain and checkpoint signatures of audit FILES/DIRS.
+
+    Exit 0: OK; 1: a problem (modified, missing, reordered, truncated per an
+    anchor, bad signature); 3 (with --anchors): no problem, but event records
+    follow the last externally anchored checkpoint (reported as unanchored).
+    """
+    found = None
+    problems = []
+    if anchors:
+        found, problems = load_anchors(anchors)
+    report = verify_files(list(paths), load_public_key(public_key), require_genesis=not partial, anchors=found)
+    report.problems.extend(problems)
     click.echo(format_report(report))
-    sys.exit(0 if report.ok else 1)
+    sys.exit({"OK": 0, "UNANCHORED": EXIT_UNANCHORED}.get(report.status, 1))
 
 
 @audit_group.command("keygen")

@@ -4,7 +4,7 @@ Shape (all sections optional except ``spill``; sizes bytes, times seconds)::
 
     jsonl:  {dir, signing_key_file, rotate_bytes, rotate_s, checkpoint_s}
     ocsf:   {file}                       # OCSF JSON lines to a local file
-    syslog: {host, port, protocol: tcp|tls|udp, format: cef|ocsf, ca_file}
+    syslog: {host, port, protocol: tcp|tls|udp, format: cef|ocsf, ca_file, max_message_bytes}
     otlp:   {endpoint, headers, timeout_s, compression: gzip, ca_file}
                                         # OTLP/HTTP logs, e.g. http://collector:4318/v1/logs;
                                         # headers: extra request headers (collector auth; never
@@ -14,6 +14,8 @@ Shape (all sections optional except ``spill``; sizes bytes, times seconds)::
     spill:  {dir, max_bytes}
     summary: {window_s, first_n, max_sources}   # flood aggregation, on by default
                                         # (window 10 s, first 5); ``summary: false`` turns it off
+    slow_send_s: 1.0                    # a sink send of in-memory events running longer moves
+                                        # them to the sink's spill (AuditLog slow_send_s)
 
 The signing key file must not be inside ``jsonl.dir`` (refused).
 """
@@ -72,8 +74,10 @@ def build_audit(config: dict[str, Any], registry: CollectorRegistry | None = Non
             raise AuditConfigError(f"syslog.format must be cef or ocsf, not {fmt!r}")
         ctx = ssl.create_default_context(cafile=s.get("ca_file")) if protocol == "tls" else None
         try:
+            cap = s.get("max_message_bytes")
             sinks.append(SyslogSink(s["host"], int(s["port"]), protocol, ssl_context=ctx,
-                                    formatter=format_cef if fmt == "cef" else ocsf_payload))
+                                    formatter=format_cef if fmt == "cef" else ocsf_payload,
+                                    max_message_bytes=int(cap) if cap is not None else None))
         except ValueError as exc:
             raise AuditConfigError(str(exc)) from exc
     if (t := config.get("otlp")) is not None and t.get("endpoint"):
@@ -108,7 +112,13 @@ def build_audit(config: dict[str, Any], registry: CollectorRegistry | None = Non
                                        int(summary.get("max_sources", 10_000)))
     else:
         raise AuditConfigError("audit.summary must be a mapping or false")
+    try:
+        slow_send_s = float(config.get("slow_send_s", 1.0))
+    except (TypeError, ValueError):
+        raise AuditConfigError("audit.slow_send_s must be a number of seconds") from None
+    if not slow_send_s > 0:
+        raise AuditConfigError("audit.slow_send_s must be > 0")
     if validate_only:
         return None
     return AuditLog(sinks, spill["dir"], spill_max_bytes=int(spill.get("max_bytes", 256 << 20)),
-                    aggregator=aggregator, registry=registry)
+                    aggregator=aggregator, registry=registry, slow_send_s=slow_send_s)

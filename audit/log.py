@@ -16,6 +16,16 @@ of ``max(spill_max_bytes * spill_headroom, MIN_HEADROOM_BYTES)``; only beyond
 that an event is dropped and counted in
 ``prefixgate_audit_events_dropped_total`` (which must stay 0).
 
+Slow sinks: a sink whose ``send`` of events taken from memory has not returned
+after ``slow_send_s`` is treated like a down one for what is in memory: the
+batch being sent and the sink's queue are copied to its spill file at once (in
+order, before anything newer) and later events go to the spill until it is
+replayed. The send itself goes on; if it succeeds, the spill's read offset
+moves past the copied batch (no duplicate), if it fails the batch is retried
+like any spilled batch. So :attr:`AuditLog.durable_n` (what the audit worker
+acknowledges) never waits on a slow sink, and the other sinks, which have their
+own tasks, are not affected either; only a full spill stops ``accepting``.
+
 While not accepting, the events of the refusals themselves (``policy.reason_code
 == "audit_unavailable"``, the gateway's 503 code) are not written one by one
 (each would grow the spill that caused them, and a client retrying in a loop
@@ -68,6 +78,10 @@ class _Metrics:
         self.delivered = Counter(
             "prefixgate_audit_events_delivered", "Events handed to a sink", ["sink"], registry=registry
         )
+        self.slow_sends = Counter(
+            "prefixgate_audit_slow_sends", "Sends still running after slow_send_s (batch moved to the spill)",
+            ["sink"], registry=registry
+        )
 
 
 class _QueueFull(Exception):
@@ -92,6 +106,9 @@ class _SinkWorker:
         # emit number of pending[0] when the batch came from the in-memory queue
         # (None: empty, or read from the spill file, i.e. already on disk)
         self.pending_first_n: int | None = None
+        # spill offset to commit once ``pending`` is delivered (None: nothing to
+        # commit): set when the batch was read from the spill, or copied to it
+        self.commit_to: int | None = None
         self.busy = False
         # seconds a sink lets events accumulate before a send (sink attribute
         # ``linger_s``; 0 = send what is there): network sinks batch, files don't
@@ -111,6 +128,10 @@ class AuditLog:
         queue_size: in-memory events per sink before spilling.
         batch_size: events per ``send`` call.
         retry_initial_s, retry_max_s: reconnect backoff (seconds, doubling).
+        slow_send_s: seconds after which a running ``send`` of in-memory
+            events counts as slow: the batch and the queue move to the spill
+            (see the module docstring); None disables. Keep it well below the
+            audit worker's stall limit (``RemoteAuditLog.max_backlog_age_s``).
         aggregator: optional flood aggregator (summary events).
         registry: Prometheus registry for the metrics (sink names only, no
             tenants).
@@ -130,7 +151,10 @@ class AuditLog:
         aggregator: SummaryAggregator | None = None,
         registry: CollectorRegistry | None = None,
         on_alert: Callable[[AuditEvent], None] | None = None,
+        slow_send_s: float | None = 1.0,
     ) -> None:
+        if slow_send_s is not None and not slow_send_s > 0:
+            raise ValueError("slow_send_s must be > 0 or None")
         names = [s.name for s in sinks]
         if len(set(names)) != len(names):
             raise ValueError(f"sink names must be unique: {names}")
@@ -141,6 +165,7 @@ class AuditLog:
         self._spill_hard = spill_max_bytes + max(int(spill_max_bytes * spill_headroom), MIN_HEADROOM_BYTES)
         self._retry_initial = retry_initial_s
         self._retry_max = retry_max_s
+        self._slow_send_s = slow_send_s
         self._aggregator = aggregator
         self._on_alert = on_alert
         # one process per spill directory (each would replay and reset the other's files)
@@ -227,7 +252,8 @@ class AuditLog:
                     w.wakeup.set()
                     continue
                 except _QueueFull:
-                    w.spilling = True
+                    # what is in memory goes first, so the spill keeps emit order
+                    self._spill_ram(w)
             line = line or _encode(event)
             self._spill(w, line)
         self._update_accepting()
@@ -329,14 +355,38 @@ class AuditLog:
         w.wakeup.set()
 
     def _spill_ram(self, w: _SinkWorker) -> None:
-        """Move the sink's in-memory batch and queue to its spill file, in order."""
+        """Move the sink's in-memory events to its spill file, in order, and
+        spill everything after them (``spilling``).
+
+        The batch taken from the queue (``pending``, possibly being sent right
+        now) is copied and stays the batch to (re)send, now as a spilled batch:
+        once it is delivered the spill's offset moves past the copy
+        (``commit_to``), so a send that ends well causes no duplicate. Then the
+        queue. Every event emitted earlier than the spill's content is in memory
+        only while the spill is empty, so the copy goes before anything newer.
+        """
+        w.spilling = True
         if w.pending_first_n is not None:
+            empty_before = w.spill.pending_bytes == 0
             for ev in w.pending:
                 self._spill(w, _encode(ev))
-            w.pending = []
             w.pending_first_n = None
+            # commit past the copy only if nothing undelivered precedes it (always
+            # the case, see above; otherwise a delivery may leave a duplicate)
+            w.commit_to = w.spill.end_offset if empty_before else None
         while w.queue:
             self._spill(w, _encode(w.queue.popleft()[1]))
+
+    def _on_slow_send(self, w: _SinkWorker) -> None:
+        """``slow_send_s`` passed and the sink's send of in-memory events still
+        runs: move them (and the queue) to the spill, see the module docstring."""
+        if w.pending_first_n is None:
+            return
+        log.warning("audit sink %s slow (send running for more than %g s): spilling its events",
+                    w.sink.name, self._slow_send_s)
+        self.metrics.slow_sends.labels(w.sink.name).inc()
+        self._spill_ram(w)
+        self._update_accepting()
 
     def _count_drop(self, w: _SinkWorker) -> None:
         self._dropped += 1
@@ -371,8 +421,10 @@ class AuditLog:
         self.emit(alert)
 
     def _mark_down(self, w: _SinkWorker) -> None:
+        """The sink is down: what it holds in memory goes to disk now (in order)
+        rather than wait in memory for the whole outage; later events spill."""
         w.up = False
-        w.spilling = True
+        self._spill_ram(w)
         self.metrics.sink_up.labels(w.sink.name).set(0)
 
     async def _deliver(self, w: _SinkWorker, batch: list[AuditEvent]) -> bool:
@@ -392,16 +444,18 @@ class AuditLog:
 
     async def _run(self, w: _SinkWorker) -> None:
         backoff = self._retry_initial
-        commit_to: int | None = None
+        loop = asyncio.get_running_loop()
         while True:
             w.busy = bool(w.pending)
             if not w.pending:
                 if w.queue:
                     if w.linger_s > 0 and len(w.queue) < w.batch_size:
                         await asyncio.sleep(w.linger_s)  # let a batch build up (fewer requests/writes)
+                    if not w.queue:  # moved to the spill meanwhile (queue full, sink down)
+                        continue
                     w.pending_first_n = w.queue[0][0]
                     w.pending = [w.queue.popleft()[1] for _ in range(min(w.batch_size, len(w.queue)))]
-                    commit_to = None
+                    w.commit_to = None
                 elif w.spilling:
                     try:
                         w.pending, end = w.spill.read_batch(w.batch_size)
@@ -417,7 +471,7 @@ class AuditLog:
                         self.metrics.spill_bytes.labels(w.sink.name).set(0)
                         self._update_accepting()
                         continue
-                    commit_to = end
+                    w.commit_to = end
                 else:
                     # idle until emit() or _spill() sets the wakeup; the event stays in
                     # the queue until this task takes it, so drain() never sees a moment
@@ -427,21 +481,25 @@ class AuditLog:
                     await w.wakeup.wait()
                     continue
             w.busy = True
-            if await self._deliver(w, w.pending):
+            slow_timer = None
+            if w.pending_first_n is not None and self._slow_send_s is not None:
+                slow_timer = loop.call_later(self._slow_send_s, self._on_slow_send, w)
+            try:
+                delivered = await self._deliver(w, w.pending)
+            finally:
+                if slow_timer is not None:
+                    slow_timer.cancel()
+            if delivered:
                 w.pending = []
                 w.pending_first_n = None
-                if commit_to is not None:
-                    w.spill.commit(commit_to)
+                if w.commit_to is not None:
+                    w.spill.commit(w.commit_to)
                     self.metrics.spill_bytes.labels(w.sink.name).set(w.spill.pending_bytes)
                     self._update_accepting()
-                    commit_to = None
+                    w.commit_to = None
                 backoff = self._retry_initial
             else:
-                if commit_to is None and w.spill.pending_bytes == 0:
-                    # the sink is down: the batch and the queue go to disk now (in
-                    # order, the spill being empty), not wait in memory for the
-                    # whole outage; the replay reads them back first
-                    self._spill_ram(w)
+                # _deliver marked the sink down, which moved the batch and the queue
+                # to the spill; the batch is retried (then the spill replayed)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._retry_max)
-

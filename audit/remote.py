@@ -91,13 +91,21 @@ class RemoteAuditLog:
             pipe write (seconds; a write also happens at ``FLUSH_BYTES``).
         max_backlog_age_s: an unacknowledged event older than this (seconds)
             means the worker is hung or stopped: ``accepting`` turns False.
+            The config's ``slow_send_s`` (default 1 s) is capped at a quarter
+            of it, so that a slow sink's events reach its spill (and are
+            acknowledged) long before.
     """
 
     def __init__(self, config: Mapping[str, Any], *, max_backlog_bytes: int = 32 << 20, headroom: float = 0.1,
                  restart_initial_s: float = 0.1, restart_max_s: float = 5.0, start_timeout_s: float = 30.0,
                  registry: CollectorRegistry | None = None, python: str | None = None,
                  flush_interval_s: float = 0.02, max_backlog_age_s: float = 5.0) -> None:
-        self._config = orjson.dumps(dict(config))
+        doc = dict(config)
+        # a sink send of in-memory events running longer than slow_send_s moves them to
+        # the sink's spill, so acknowledgements never wait on a slow (not dead) sink;
+        # kept well below the stall limit, else a slow sink would read as a hung worker
+        doc["slow_send_s"] = min(float(doc.get("slow_send_s", 1.0)), max_backlog_age_s / 4)
+        self._config = orjson.dumps(doc)
         self._max_backlog = max_backlog_bytes
         self._hard = max_backlog_bytes + max(int(max_backlog_bytes * headroom), MIN_HEADROOM_BYTES)
         self._restart_initial = restart_initial_s

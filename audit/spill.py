@@ -47,6 +47,11 @@ class SpillFile:
         """Bytes appended but not yet committed as delivered."""
         return self._size - self._committed
 
+    @property
+    def end_offset(self) -> int:
+        """File offset just past the last appended line (for :meth:`commit`)."""
+        return self._size
+
     def append(self, line: bytes) -> int:
         """Append one serialized event (``line`` ends with ``\\n``); returns its size."""
         self._fh.write(line)

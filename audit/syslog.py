@@ -8,7 +8,9 @@ and over TLS (RFC 5425, same framing); one message per datagram over UDP
 Plain syslog over TCP has no application acknowledgement: frames that were in
 the socket buffers or in the receiver's memory queue when it died are lost
 without an error on our side. The sink therefore keeps the last
-``resend_window`` frames and sends them again after every reconnect
+``resend_window`` frames and sends them again after every reconnect — made at
+once, in the background, when the receiver closes the connection (not only at
+the next event, which may never come)
 (at-least-once; the receiver drops duplicates by ``externalId`` /
 ``event_id``). Size the window to cover (event rate × failure detection time
 + receiver queue). End-to-end acknowledged delivery needs RELP, which is not
@@ -20,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import socket
 import ssl
 from collections import deque
@@ -29,6 +32,8 @@ from datetime import datetime, timezone
 from audit.cef import format_cef
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
 from audit.sink import SinkUnavailable
+
+log = logging.getLogger(__name__)
 
 FACILITY_LOG_AUDIT = 13  # RFC 5424 table 1: "log audit"
 _SEVERITY = {Outcome.RAISED: 1, Outcome.DENIED: 4, Outcome.UNAUTHENTICATED: 4, Outcome.FAILED: 3}
@@ -82,6 +87,31 @@ def format_rfc5424(
     return head.encode()
 
 
+#: Smallest ``max_message_bytes`` accepted: every RFC 5424 receiver must take
+#: messages of 480 octets (RFC 5424 section 6.1).
+MIN_MESSAGE_BYTES = 480
+
+
+def truncate_message(message: bytes, limit: int) -> bytes:
+    """``message`` cut to at most ``limit`` bytes without splitting a UTF-8
+    sequence and without leaving a dangling escape backslash (a CEF ``\\n``
+    or ``\\=`` cut in two). Shorter messages are returned unchanged.
+
+    Only the tail is cut: with ``limit`` >= :data:`MIN_MESSAGE_BYTES` the
+    RFC 5424 header and structured data (event id) stay whole.
+    """
+    if len(message) <= limit:
+        return message
+    cut = limit
+    while cut > 0 and message[cut] & 0xC0 == 0x80:  # a continuation byte: back to its lead byte
+        cut -= 1
+    head = message[:cut]
+    backslashes = len(head) - len(head.rstrip(b"\\"))
+    if backslashes % 2:
+        head = head[:-1]
+    return head
+
+
 def frame_octet_counted(message: bytes) -> bytes:
     """RFC 6587 octet-counting frame: ``b"<len> " + message``."""
     return b"%d %s" % (len(message), message)
@@ -105,6 +135,13 @@ class SyslogSink:
         connect_timeout_s: seconds.
         linger_s: seconds :class:`audit.log.AuditLog` lets events accumulate
             before a send (one socket write per batch).
+        max_message_bytes: longest RFC 5424 message sent (bytes, the frame's
+            MSG-LEN; at least :data:`MIN_MESSAGE_BYTES`); longer ones are cut by
+            :func:`truncate_message` and counted in :attr:`truncated`. None: no
+            limit. 2048 is what RFC 5425 receivers must accept.
+
+    Raises:
+        ValueError: unknown protocol, or ``max_message_bytes`` below the minimum.
     """
 
     def __init__(
@@ -119,9 +156,15 @@ class SyslogSink:
         hostname: str | None = None,
         name: str = "syslog",
         linger_s: float = 0.02,
+        max_message_bytes: int | None = None,
     ) -> None:
         if protocol not in ("tcp", "tls", "udp"):
             raise ValueError(f"protocol must be tcp, tls or udp, not {protocol!r}")
+        if max_message_bytes is not None and max_message_bytes < MIN_MESSAGE_BYTES:
+            raise ValueError(f"max_message_bytes must be at least {MIN_MESSAGE_BYTES}")
+        self.max_message_bytes = max_message_bytes
+        #: messages cut to ``max_message_bytes`` so far
+        self.truncated = 0
         self.name = name
         #: seconds AuditLog lets events accumulate before a send (one write per batch)
         self.linger_s = linger_s
@@ -135,10 +178,15 @@ class SyslogSink:
         self._watch: asyncio.Task[None] | None = None
         self._udp: asyncio.DatagramTransport | None = None
         self._had_connection = False
+        self._open_lock: asyncio.Lock | None = None  # created in the running loop
+        self._reconnect: asyncio.Task[None] | None = None
+        self._closing = False
+        #: connections opened again after the first one
         self.reconnects = 0
 
     async def open(self) -> None:
-        """Connect (raises SinkUnavailable)."""
+        """Connect (raises SinkUnavailable). After a reconnect, the last
+        ``resend_window`` frames are written again first."""
         if self.protocol == "udp":
             if self._udp is None:
                 loop = asyncio.get_running_loop()
@@ -146,28 +194,53 @@ class SyslogSink:
                     asyncio.DatagramProtocol, remote_addr=(self.host, self.port)
                 )
             return
-        if self._writer is not None:
-            return
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, ssl=self._ssl), self._timeout
-            )
-        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
-            raise SinkUnavailable(f"syslog connect {self.host}:{self.port}: {exc}") from exc
-        self._writer = writer
-        self._watch = asyncio.get_running_loop().create_task(self._watch_eof(reader))
-        if self._had_connection:
-            self.reconnects += 1
-            # at-least-once: replay what may have died in buffers
-            for frame in self._recent:
-                writer.write(frame)
-        self._had_connection = True
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:  # send() and the background reconnect never open two connections
+            if self._writer is not None:
+                return
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port, ssl=self._ssl), self._timeout
+                )
+            except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+                raise SinkUnavailable(f"syslog connect {self.host}:{self.port}: {exc}") from exc
+            self._writer = writer
+            self._closing = False
+            self._watch = asyncio.get_running_loop().create_task(self._watch_eof(reader, writer))
+            if self._had_connection:
+                self.reconnects += 1
+                # at-least-once: replay what may have died in buffers
+                for frame in self._recent:
+                    writer.write(frame)
+            self._had_connection = True
 
-    async def _watch_eof(self, reader: asyncio.StreamReader) -> None:
+    async def _watch_eof(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError, ssl.SSLError):
             while await reader.read(4096):
                 pass
+        if self._writer is not writer:
+            return  # an older connection, already replaced
         await self._drop_connection()
+        if not self._closing and self._recent and self._reconnect is None:
+            # the receiver went away: frames it had not processed yet (its socket
+            # buffer, its queue) are gone with no error on our side. Reconnect now
+            # and resend the window instead of waiting for the next event, which
+            # may never come.
+            self._reconnect = asyncio.get_running_loop().create_task(self._reconnect_loop())
+
+    async def _reconnect_loop(self) -> None:
+        delay = 0.05
+        try:
+            while not self._closing and self._writer is None:
+                try:
+                    await self.open()
+                    return
+                except SinkUnavailable:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, max(self._timeout, 0.05))
+        finally:
+            self._reconnect = None
 
     async def _drop_connection(self) -> None:
         writer, self._writer = self._writer, None
@@ -180,6 +253,14 @@ class SyslogSink:
         """Frame and write ``events``; raises SinkUnavailable on any error."""
         await self.open()
         frames = [format_rfc5424(ev, self._formatter(ev), self._hostname) for ev in events]
+        cap = self.max_message_bytes
+        if cap is not None:
+            for i, f in enumerate(frames):
+                if len(f) > cap:
+                    frames[i] = truncate_message(f, cap)
+                    self.truncated += 1
+                    log.warning("syslog message of event %s cut from %d to %d bytes",
+                                events[i].event_id, len(f), len(frames[i]))
         if self.protocol == "udp":
             assert self._udp is not None
             for f in frames:
@@ -200,7 +281,13 @@ class SyslogSink:
             raise SinkUnavailable("syslog peer closed the connection")
 
     async def close(self) -> None:
-        """Close the connection."""
+        """Close the connection (and stop reconnecting)."""
+        self._closing = True
+        if self._reconnect is not None:
+            self._reconnect.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reconnect
+            self._reconnect = None
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):

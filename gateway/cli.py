@@ -2,7 +2,7 @@
 
     prefixgate serve --config FILE      run the gateway (public + admin listener)
     prefixgate demo [OPTIONS]           the main job: simulated replicas + gateway + trace replay
-    prefixgate audit verify FILE...     check a JSONL audit log's hash chain and checkpoints
+    prefixgate audit verify FILE...     check a JSONL audit log's hash chain and checkpoints (--anchors: off-host copies)
     prefixgate audit keygen PATH        write a new Ed25519 checkpoint signing key
     prefixgate policy test DIR          compile a Rego directory and run its tests offline
     prefixgate keys rotate-tenant ...   operator key operations against the state file
