@@ -212,7 +212,8 @@ class JwtSvidVerifier:
     workloads may authenticate (each must also have a bundle in ``store``);
     ``leeway_s``: clock skew allowed on ``exp``/``nbf``/``iat`` (seconds);
     ``max_lifetime_s``: longest accepted validity (seconds); ``clock``: Unix
-    seconds. Raises ``ValueError`` for bad configuration.
+    seconds. Raises ``ValueError`` for bad configuration (an empty, blank or
+    whitespace-padded audience; no trust domain).
     """
 
     def __init__(
@@ -226,8 +227,8 @@ class JwtSvidVerifier:
         max_token_bytes: int = MAX_TOKEN_BYTES,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if not audience:
-            raise ValueError("audience must be a non-empty string")
+        if not isinstance(audience, str) or not audience.strip() or audience != audience.strip():
+            raise ValueError("audience must be a non-empty string without surrounding whitespace")
         self.store = store
         self.audience = audience
         self.trust_domains = frozenset(parse_trust_domain(td) for td in trust_domains)
