@@ -19,7 +19,7 @@ PROXIES = [ipaddress.ip_network("10.0.0.0/24"), ipaddress.ip_network("fd00::/64"
 TDS = frozenset({"a.example"})
 
 
-def identity_from_xfcc(values: list[str], peer: str | None, proxies: list, *,
+def forwarded(values: list[str], peer: str | None, proxies: list, *,
                        trust_domains: frozenset[str] | set[str] = TDS) -> SpiffeId | None:
     return forwarded_spiffe_id(values, peer, proxies, trust_domains=trust_domains)
 ENVOY_EXAMPLE = (
@@ -47,47 +47,47 @@ def test_parse_errors(bad: str) -> None:
 
 
 def test_trusted_peer_yields_identity() -> None:
-    sid = identity_from_xfcc([ENVOY_EXAMPLE], "10.0.0.7", PROXIES)
+    sid = forwarded([ENVOY_EXAMPLE], "10.0.0.7", PROXIES)
     # a SPIFFE ID to bind to, never a WorkloadIdentity (it cannot authenticate)
     assert sid == SpiffeId("a.example", "/ns/prod/sa/chat")
 
 
 @pytest.mark.parametrize("peer", ["10.0.1.7", "192.168.0.1", "", None, "not-an-ip", "fd01::1"])
 def test_untrusted_peer_is_ignored(peer: str | None) -> None:
-    assert identity_from_xfcc([ENVOY_EXAMPLE], peer, PROXIES) is None
+    assert forwarded([ENVOY_EXAMPLE], peer, PROXIES) is None
 
 
 def test_ipv6_and_mapped_ipv4_peers() -> None:
-    assert identity_from_xfcc([ENVOY_EXAMPLE], "fd00::5", PROXIES) is not None
-    assert identity_from_xfcc([ENVOY_EXAMPLE], "::ffff:10.0.0.9", PROXIES) is not None
+    assert forwarded([ENVOY_EXAMPLE], "fd00::5", PROXIES) is not None
+    assert forwarded([ENVOY_EXAMPLE], "::ffff:10.0.0.9", PROXIES) is not None
 
 
 def test_only_last_element_counts() -> None:
     # A client-supplied element first, the trusted proxy's element last.
     spoofed = "URI=spiffe://a.example/admin"
-    ident = identity_from_xfcc([spoofed + "," + ENVOY_EXAMPLE], "10.0.0.7", PROXIES)
+    ident = forwarded([spoofed + "," + ENVOY_EXAMPLE], "10.0.0.7", PROXIES)
     assert ident is not None and ident.path == "/ns/prod/sa/chat"
     # Several header lines are joined in order.
-    ident2 = identity_from_xfcc([spoofed, ENVOY_EXAMPLE], "10.0.0.7", PROXIES)
+    ident2 = forwarded([spoofed, ENVOY_EXAMPLE], "10.0.0.7", PROXIES)
     assert ident2 == ident
     # If the last hop has no SPIFFE URI, earlier elements are NOT used.
-    assert identity_from_xfcc([ENVOY_EXAMPLE, "Hash=abc;DNS=x.test"], "10.0.0.7", PROXIES) is None
+    assert forwarded([ENVOY_EXAMPLE, "Hash=abc;DNS=x.test"], "10.0.0.7", PROXIES) is None
 
 
 def test_bad_uri_from_trusted_proxy_fails_closed() -> None:
     with pytest.raises(InvalidXfcc):
-        identity_from_xfcc(["URI=spiffe://A.example/x"], "10.0.0.7", PROXIES)
+        forwarded(["URI=spiffe://A.example/x"], "10.0.0.7", PROXIES)
     with pytest.raises(InvalidXfcc):
-        identity_from_xfcc(["URI=spiffe://a.example/x;URI=spiffe://a.example/y"], "10.0.0.7", PROXIES)
+        forwarded(["URI=spiffe://a.example/x;URI=spiffe://a.example/y"], "10.0.0.7", PROXIES)
     with pytest.raises(InvalidXfcc):
-        identity_from_xfcc([ENVOY_EXAMPLE], "10.0.0.7", PROXIES, trust_domains={"b.example"})
-    assert identity_from_xfcc([ENVOY_EXAMPLE], "10.0.0.7", PROXIES, trust_domains={"a.example"})
+        forwarded([ENVOY_EXAMPLE], "10.0.0.7", PROXIES, trust_domains={"b.example"})
+    assert forwarded([ENVOY_EXAMPLE], "10.0.0.7", PROXIES, trust_domains={"a.example"})
 
 
 def test_non_spiffe_uri_and_empty() -> None:
-    assert identity_from_xfcc(["URI=https://a.example/x"], "10.0.0.7", PROXIES) is None
-    assert identity_from_xfcc([], "10.0.0.7", PROXIES) is None
-    assert identity_from_xfcc([" "], "10.0.0.7", PROXIES) is None
+    assert forwarded(["URI=https://a.example/x"], "10.0.0.7", PROXIES) is None
+    assert forwarded([], "10.0.0.7", PROXIES) is None
+    assert forwarded([" "], "10.0.0.7", PROXIES) is None
 
 
 def test_binding_policy() -> None:
