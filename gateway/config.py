@@ -187,7 +187,8 @@ class IdentityConfig(_Section):
     @model_validator(mode="after")
     def _distinct_audiences(self) -> "IdentityConfig":
         if self.audience == self.admin_audience:
-            raise ValueError("audience and admin_audience must differ (a public token must not open the admin listener)")
+            raise ValueError("audience and admin_audience must differ "
+                             "(a public token must not open the admin listener)")
         return self
 
 

@@ -147,7 +147,8 @@ async def test_token_without_aud_is_401_on_both_listeners(stack: Any) -> None:
     assert r.status_code == 401, r.text
     assert 'error="invalid_token"' in r.headers["www-authenticate"]
     # control: with aud both pass
-    r = await stack.client.get(f"{stack.admin_url}/admin/routing", headers={"Authorization": f"Bearer {op_token(stack)}"})
+    r = await stack.client.get(f"{stack.admin_url}/admin/routing",
+                               headers={"Authorization": f"Bearer {op_token(stack)}"})
     assert r.status_code == 200, r.text
 
 
@@ -162,8 +163,8 @@ async def test_same_kid_in_two_bundles_is_checked_against_the_subjects_domain_on
     r = await stack.client.post("/v1/completions", headers={"Authorization": f"Bearer {genuine}"}, json=BODY)
     assert r.status_code == 200, r.text
     # and the other way round: B's key cannot vouch for A's workloads either
-    r = await stack.client.post("/v1/completions", json=BODY, headers={
-        "Authorization": f"Bearer {ISSUER_B.mint(f'spiffe://{A}/app/one', 'prefixgate', headers={'kid': ISSUER_A.kid})}"})
+    b_for_a = ISSUER_B.mint(f"spiffe://{A}/app/one", "prefixgate", headers={"kid": ISSUER_A.kid})
+    r = await stack.client.post("/v1/completions", json=BODY, headers={"Authorization": f"Bearer {b_for_a}"})
     assert r.status_code == 401 and r.json()["error"]["code"] == "bad_signature", r.text
     r = await stack.client.post("/v1/completions", json=BODY, headers={
         "Authorization": f"Bearer {ISSUER_A.mint(f'spiffe://{A}/app/one', 'prefixgate')}"})
