@@ -6,10 +6,12 @@ verified, so a flood of bad tokens costs one dict lookup each; only failed
 attempts consume the bucket, authenticated traffic never does;
 then the ``Authorization: Bearer`` JWT-SVID is verified against the trust
 bundle of its trust domain (:class:`gateway.identity.JwtSvidVerifier`).
-Optionally an X.509-SVID forwarded by a trusted proxy in
-``x-forwarded-client-cert`` is read (only when the socket peer is a
-configured proxy); when both are present they must name the same SPIFFE ID
-(:func:`gateway.identity.reconcile`, see docs/identity.md).
+The JWT-SVID is required on every listener. An X.509-SVID forwarded in
+``x-forwarded-client-cert`` is never an identity: it is read only when the
+socket peer is a configured trusted proxy (from any other peer the header is
+ignored), must be in a configured trust domain, and must name the same
+SPIFFE ID as the JWT-SVID, else 401 (:func:`gateway.identity.check_binding`,
+see docs/identity.md).
 """
 
 from __future__ import annotations
@@ -22,10 +24,15 @@ from starlette.requests import Request
 from gateway.errors import GatewayError
 from gateway.identity import (
     AuthenticationError,
+    InvalidXfcc,
     JwtSvidVerifier,
+    Reason,
+    SpiffeId,
     WorkloadIdentity,
+    check_binding,
     error_body,
     extract_bearer,
+    forwarded_spiffe_id,
     www_authenticate,
 )
 
@@ -50,8 +57,9 @@ class Authenticator:
 
     ``verifier``: the JWT-SVID verifier of this listener's audience;
     ``source_limiter``: a :class:`tenancy.limits.SourceLimiter` (or ``None``);
-    ``trusted_proxies``: CIDRs whose forwarded client certificates are
-    believed. Raises :class:`GatewayError` (401/400/429/503).
+    ``trusted_proxies``: CIDRs of proxies whose forwarded client
+    certificate is checked against the JWT-SVID (a binding check, never a
+    credential). Raises :class:`GatewayError` (401/400/429/503).
     """
 
     def __init__(
@@ -83,32 +91,40 @@ class Authenticator:
             raise
 
     async def _authenticate(self, request: Request, peer: str) -> WorkloadIdentity:
-        xfcc_values = request.headers.getlist("x-forwarded-client-cert")
-        forwarded: WorkloadIdentity | None = None
-        if xfcc_values and self.trusted_proxies:
-            from gateway.identity import identity_from_xfcc
-
-            try:
-                forwarded = identity_from_xfcc(xfcc_values, peer, self.trusted_proxies)
-            except Exception:
-                raise GatewayError(401, "invalid_client_certificate", "forwarded client certificate is invalid",
-                                   headers={"WWW-Authenticate": www_authenticate()}, outcome="unauthenticated") from None
+        # 1. A JWT-SVID is always required, on every listener; a forwarded
+        #    certificate never stands in for it (issue 10, finding 1).
         auths = request.headers.getlist("authorization")
         if len(auths) > 1:
             raise GatewayError(400, "malformed_authorization_header", "more than one Authorization header",
                                headers={"WWW-Authenticate": www_authenticate()}, outcome="unauthenticated")
-        if not auths and forwarded is not None:
-            return forwarded
         try:
             token = extract_bearer(auths[0] if auths else None)
-            identity = await self.verifier.verify(token)
         except AuthenticationError as err:
             raise auth_error(err) from None
-        if forwarded is not None:
-            from gateway.identity import reconcile
+        # 2. A certificate forwarded by a trusted proxy (cheap to parse, read
+        #    before the signature is verified): its SPIFFE ID, to bind to.
+        forwarded = self._forwarded(request, peer)
+        # 3. The JWT-SVID, then the binding.
+        try:
+            identity = await self.verifier.verify(token)
+            return check_binding(identity, forwarded)
+        except AuthenticationError as err:
+            raise auth_error(err) from None
 
-            try:
-                identity = reconcile(identity, forwarded)
-            except AuthenticationError as err:
-                raise auth_error(err) from None
-        return identity
+    def _forwarded(self, request: Request, peer: str) -> SpiffeId | None:
+        """The SPIFFE ID of a certificate forwarded by a trusted proxy, or ``None``.
+
+        Ignored (``None``) from any other peer. Raises :class:`GatewayError`
+        401 ``invalid_forwarded_certificate`` when a trusted proxy's header is
+        unusable or names a trust domain this gateway does not accept.
+        """
+        if not self.trusted_proxies:
+            return None
+        xfcc_values = request.headers.getlist("x-forwarded-client-cert")
+        if not xfcc_values:
+            return None
+        try:
+            return forwarded_spiffe_id(xfcc_values, peer, self.trusted_proxies,
+                                       trust_domains=self.verifier.trust_domains)
+        except InvalidXfcc as exc:
+            raise auth_error(AuthenticationError(Reason.INVALID_FORWARDED_CERT, str(exc))) from None

@@ -111,14 +111,18 @@ class Components:
                 self.bundles.add(HttpsBundleSource(td, tdc.bundle_url, default_refresh_s=tdc.refresh_s,
                                                    max_stale_s=tdc.max_stale_s))
         ic = config.identity
-        self.verifier = JwtSvidVerifier(self.bundles, ic.audience, ic.trust_domains.keys(), ic.leeway_s, ic.max_lifetime_s)
-        self.admin_verifier = JwtSvidVerifier(self.bundles, ic.admin_audience, ic.trust_domains.keys(),
-                                              ic.leeway_s, ic.max_lifetime_s)
-        self.authn = Authenticator(self.verifier, self.source_limiter, ic.trusted_proxies)
         # the admin listener has its own failed-authentication buckets: a flood of bad
         # tokens on the public port must not lock operators out
         self.admin_source_limiter = SourceLimiter(rate=ic.unauthenticated_rps, burst=ic.unauthenticated_burst)
-        self.admin_authn = Authenticator(self.admin_verifier, self.admin_source_limiter, ic.trusted_proxies)
+        try:
+            self.verifier = JwtSvidVerifier(self.bundles, ic.audience, ic.trust_domains.keys(), ic.leeway_s,
+                                            ic.max_lifetime_s)
+            self.admin_verifier = JwtSvidVerifier(self.bundles, ic.admin_audience, ic.trust_domains.keys(),
+                                                  ic.leeway_s, ic.max_lifetime_s)
+            self.authn = Authenticator(self.verifier, self.source_limiter, ic.trusted_proxies)
+            self.admin_authn = Authenticator(self.admin_verifier, self.admin_source_limiter, ic.trusted_proxies)
+        except ValueError as exc:  # also caught by load_config; a config built otherwise lands here
+            raise ConfigError(f"identity: {exc}") from None
         # routing
         rc = config.routing
         try:

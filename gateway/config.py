@@ -13,6 +13,7 @@ Secrets never live in this file: the master secret is read from
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
@@ -143,7 +144,17 @@ class TrustDomainConfig(_Section):
 
 
 class IdentityConfig(_Section):
-    """JWT-SVID authentication (SPIFFE JWT-SVID spec)."""
+    """JWT-SVID authentication (SPIFFE JWT-SVID spec).
+
+    Every request on both listeners needs a JWT-SVID whose ``aud`` holds the
+    listener's audience. ``audience`` and ``admin_audience`` must be
+    non-empty, without surrounding whitespace, and different from each other
+    (else a public token would open the admin listener). ``trusted_proxies``
+    (CIDRs) only enables the binding check of a forwarded client certificate
+    against the JWT-SVID; there is deliberately no setting under which a
+    forwarded certificate alone authenticates, and any unknown key (e.g. an
+    "xfcc only" mode) is refused (``extra="forbid"``).
+    """
 
     audience: str = "prefixgate"
     admin_audience: str = "prefixgate-admin"
@@ -153,6 +164,32 @@ class IdentityConfig(_Section):
     trusted_proxies: list[str] = Field(default_factory=list)
     unauthenticated_rps: float = Field(20.0, gt=0)
     unauthenticated_burst: int = Field(40, ge=1)
+
+    @field_validator("audience", "admin_audience")
+    @classmethod
+    def _audience(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must be a non-empty audience (an empty or blank one would match no token)")
+        if v != v.strip() or any(ord(c) < 0x20 or ord(c) == 0x7F for c in v):
+            raise ValueError("must not start or end with whitespace nor hold control characters")
+        return v
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, v: list[str]) -> list[str]:
+        for p in v:
+            try:
+                ipaddress.ip_network(p, strict=False)
+            except ValueError:
+                raise ValueError(f"{p!r} is not an IP network (CIDR)") from None
+        return v
+
+    @model_validator(mode="after")
+    def _distinct_audiences(self) -> "IdentityConfig":
+        if self.audience == self.admin_audience:
+            raise ValueError("audience and admin_audience must differ "
+                             "(a public token must not open the admin listener)")
+        return self
 
 
 class PolicyConfig(_Section):

@@ -1,4 +1,4 @@
-"""Workload authentication: SPIFFE IDs, trust bundles, JWT-SVIDs, forwarded X.509-SVIDs.
+"""Workload authentication: SPIFFE IDs, trust bundles, JWT-SVIDs; a forwarded X.509-SVID only as a binding check.
 
 The gateway builds a :class:`TrustBundleStore` (file or HTTPS source per trust
 domain), a :class:`JwtSvidVerifier`, and calls ``await verifier.verify(token)``
@@ -25,12 +25,13 @@ from .jwtsvid import (
     AuthenticationError,
     JwtSvidVerifier,
     Reason,
+    canonical_token_sha256,
     error_body,
     extract_bearer,
     www_authenticate,
 )
 from .spiffe_id import InvalidSpiffeId, SpiffeId, WorkloadIdentity, parse_spiffe_id, parse_trust_domain
-from .xfcc import InvalidXfcc, identity_from_xfcc, parse_xfcc, reconcile
+from .xfcc import InvalidXfcc, check_binding, forwarded_spiffe_id, parse_xfcc
 
 __all__ = [
     "ALLOWED_ALGORITHMS",
@@ -51,13 +52,14 @@ __all__ = [
     "TrustBundleStore",
     "UnknownTrustDomain",
     "WorkloadIdentity",
+    "canonical_token_sha256",
+    "check_binding",
     "error_body",
     "extract_bearer",
-    "identity_from_xfcc",
+    "forwarded_spiffe_id",
     "parse_bundle",
     "parse_spiffe_id",
     "parse_xfcc",
     "parse_trust_domain",
-    "reconcile",
     "www_authenticate",
 ]

@@ -20,6 +20,9 @@ the remaining lifetime ``exp - now`` must not exceed ``max_lifetime_s``
 (+ leeway) even without ``iat``, and ``exp - iat`` must not exceed
 ``max_lifetime_s`` when ``iat`` is present; a token must name a ``kid``.
 Duplicate JSON members in header or payload are refused (RFC 7515 4).
+ECDSA signatures are accepted in both the low-S and the high-S form (RFC 7518
+3.4 allows both and real issuers emit both); :func:`canonical_token_sha256`
+names a token so that its high-S twin has the same name.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import hashlib
 import json
 import math
 import re
@@ -57,6 +61,23 @@ MAX_TOKEN_BYTES = 8 * 1024
 _COMPACT_RE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 _ALLOWED_TYP = frozenset({"JWT", "JOSE"})
 REALM = "prefixgate"
+
+
+#: ECDSA JWS algorithms (RFC 7518 3.4): curve order n (SEC 2 v2 2.4-2.6,
+#: FIPS 186-4 D.1.2) and the byte length of each of R and S in the JWS
+#: signature (R || S, big-endian, fixed width).
+_EC_ORDER: dict[str, tuple[int, int]] = {
+    "ES256": (0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551, 32),
+    "ES384": (
+        0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFC7634D81F4372DDF581A0DB248B0A77AECEC196ACCC52973,
+        48,
+    ),
+    "ES512": (
+        int("01FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF"
+            "FA51868783BF2F966B7FCC0148F709A5D03BB5C9B8899C47AEBB6FB71E91386409", 16),
+        66,
+    ),
+}
 
 
 class Reason(enum.StrEnum):
@@ -165,6 +186,42 @@ def extract_bearer(authorization: str | None) -> str:
     return parts[1]
 
 
+def canonical_token_sha256(token: str) -> str:
+    """A name for a compact JWS that its ECDSA twin shares (hex SHA-256).
+
+    ECDSA signatures are malleable: if ``(r, s)`` is valid so is
+    ``(r, n - s)`` (the "high-S twin"), and anyone can compute it without the
+    key. RFC 7518 3.4 does not require the low-S form and common issuers do
+    not produce it (Go's ``crypto/ecdsa``, which SPIRE signs with, and
+    OpenSSL emit either form), so the verifier accepts both
+    (docs/identity.md, "ECDSA twins"). ``sha256(token)`` is therefore not a
+    unique name for a signed token; this is: SHA-256 over
+    ``header "." payload "."`` (the exact base64url segments) followed by the
+    signature bytes with ``s`` replaced by ``min(s, n - s)`` for ES256/384/512
+    (other algorithms: the signature bytes as they are). Key any cache,
+    replay set or revocation list of tokens on it, never on the raw string.
+
+    Pure; does not verify anything (a cache hit must still be a token that
+    was verified under this name). Raises :class:`AuthenticationError`
+    ``malformed`` when ``token`` is not a compact JWS with a JSON header.
+    """
+    if not isinstance(token, str) or not _COMPACT_RE.fullmatch(token):
+        raise _fail(Reason.MALFORMED, "token is not a compact JWS (base64url header.payload.signature)")
+    h_seg, p_seg, s_seg = token.split(".")
+    alg = _b64json(h_seg, "header").get("alg")
+    try:
+        sig = base64.urlsafe_b64decode(s_seg + "=" * (-len(s_seg) % 4))
+    except (binascii.Error, ValueError):
+        raise _fail(Reason.MALFORMED, "token signature is not base64url") from None
+    ec = _EC_ORDER.get(alg) if isinstance(alg, str) else None
+    if ec is not None and len(sig) == 2 * ec[1]:
+        n, size = ec
+        s = int.from_bytes(sig[size:], "big")
+        if s > n // 2:
+            sig = sig[:size] + (n - s).to_bytes(size, "big")
+    return hashlib.sha256(f"{h_seg}.{p_seg}.".encode("ascii") + sig).hexdigest()
+
+
 def _strict_json(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
@@ -212,7 +269,8 @@ class JwtSvidVerifier:
     workloads may authenticate (each must also have a bundle in ``store``);
     ``leeway_s``: clock skew allowed on ``exp``/``nbf``/``iat`` (seconds);
     ``max_lifetime_s``: longest accepted validity (seconds); ``clock``: Unix
-    seconds. Raises ``ValueError`` for bad configuration.
+    seconds. Raises ``ValueError`` for bad configuration (an empty, blank or
+    whitespace-padded audience; no trust domain).
     """
 
     def __init__(
@@ -226,8 +284,8 @@ class JwtSvidVerifier:
         max_token_bytes: int = MAX_TOKEN_BYTES,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if not audience:
-            raise ValueError("audience must be a non-empty string")
+        if not isinstance(audience, str) or not audience.strip() or audience != audience.strip():
+            raise ValueError("audience must be a non-empty string without surrounding whitespace")
         self.store = store
         self.audience = audience
         self.trust_domains = frozenset(parse_trust_domain(td) for td in trust_domains)

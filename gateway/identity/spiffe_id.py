@@ -129,7 +129,9 @@ def parse_spiffe_id(s: str) -> SpiffeId:
     return SpiffeId(trust_domain=authority, path=path)
 
 
-IdentitySource = Literal["jwt-svid", "x509-svid-xfcc"]
+#: How a workload was authenticated. Only a verified JWT-SVID authenticates;
+#: a forwarded client certificate is a binding check, never a source.
+IdentitySource = Literal["jwt-svid"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +139,9 @@ class WorkloadIdentity:
     """An authenticated workload.
 
     ``spiffe_id``: the verified SPIFFE ID; ``trust_domain``: its trust domain
-    name; ``claims``: read-only verified JWT claims (empty for a forwarded
-    certificate); ``source``: how it was authenticated; ``kid``: the bundle
-    key id that verified a JWT-SVID (``None`` for certificates);
+    name; ``claims``: read-only verified JWT claims; ``source``: how it was
+    authenticated (always ``"jwt-svid"``); ``kid``: the bundle key id that
+    verified the JWT-SVID;
     ``expires_at``: the credential expiry in Unix seconds when known.
     """
 

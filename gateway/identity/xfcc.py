@@ -1,4 +1,10 @@
-"""Client identity from an mTLS connection terminated by a trusted proxy.
+"""The client certificate of an mTLS connection terminated by a trusted proxy.
+
+A forwarded certificate is never an identity on its own: the gateway always
+requires a JWT-SVID, and uses the forwarded certificate's SPIFFE ID only to
+bind that bearer token to the connection (:func:`check_binding`). Trusting
+the header alone would make any process that can reach the listener from a
+"trusted proxy" address an operator (issue 10, finding 1).
 
 Envoy forwards the verified client certificate in ``x-forwarded-client-cert``
 (XFCC; Envoy docs, "HTTP header manipulation"): elements separated by ``,``,
@@ -19,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .jwtsvid import AuthenticationError, Reason
-from .spiffe_id import InvalidSpiffeId, WorkloadIdentity, parse_spiffe_id
+from .spiffe_id import InvalidSpiffeId, SpiffeId, WorkloadIdentity, parse_spiffe_id
 
 log = logging.getLogger(__name__)
 
@@ -130,25 +136,31 @@ def _peer_trusted(peer_ip: str | None, trusted_proxies: Iterable[IpNetwork]) -> 
     return any(addr.version == net.version and addr in net for net in trusted_proxies)
 
 
-def identity_from_xfcc(
+def forwarded_spiffe_id(
     header_values: Sequence[str],
     peer_ip: str | None,
     trusted_proxies: Iterable[IpNetwork],
     *,
-    trust_domains: Iterable[str] | None = None,
-) -> WorkloadIdentity | None:
-    """The workload identity of a forwarded client certificate, if trustworthy.
+    trust_domains: Iterable[str],
+) -> SpiffeId | None:
+    """The SPIFFE ID of a client certificate forwarded by a trusted proxy.
+
+    This is NOT an identity: a forwarded certificate never authenticates a
+    request on its own (docs/identity.md). The caller uses the result only
+    as a binding check on an already verified JWT-SVID
+    (:func:`check_binding`).
 
     ``header_values``: every ``x-forwarded-client-cert`` header line, in
     order; ``peer_ip``: the socket peer address (never X-Forwarded-For);
     ``trusted_proxies``: networks of proxies allowed to assert XFCC;
-    ``trust_domains``: if given, the SPIFFE ID must belong to one of them.
+    ``trust_domains``: the SPIFFE ID must belong to one of them (required).
 
     Returns ``None`` when there is no header, the peer is not a trusted proxy
-    (the header is then ignored entirely), or the last element has no
-    ``spiffe://`` URI SAN. Raises :class:`InvalidXfcc` when a trusted proxy's
-    header is malformed, its last element holds several SPIFFE URIs, the URI
-    is not a valid SPIFFE ID, or its trust domain is not accepted.
+    (the header is then ignored entirely: it can neither grant nor change an
+    identity), or the last element has no ``spiffe://`` URI SAN. Raises
+    :class:`InvalidXfcc` when a trusted proxy's header is malformed, its last
+    element holds several SPIFFE URIs, the URI is not a valid SPIFFE ID, or
+    its trust domain is not one of ``trust_domains``.
     """
     if not header_values or not any(v.strip() for v in header_values):
         return None
@@ -168,30 +180,24 @@ def identity_from_xfcc(
         sid = parse_spiffe_id(uris[0])
     except InvalidSpiffeId as e:
         raise InvalidXfcc(f"forwarded certificate URI SAN is not a valid SPIFFE ID ({e.reason})") from None
-    if trust_domains is not None and sid.trust_domain not in set(trust_domains):
+    if sid.trust_domain not in frozenset(trust_domains):
         raise InvalidXfcc("forwarded certificate is from a trust domain this gateway does not accept")
-    hashes = last.get_all("Hash")
-    claims = {"cert_sha256": hashes[0]} if hashes else {}
-    return WorkloadIdentity(
-        spiffe_id=sid, trust_domain=sid.trust_domain, claims=claims, source="x509-svid-xfcc"
-    )
+    return sid
 
 
-def reconcile(
-    jwt_identity: WorkloadIdentity | None, cert_identity: WorkloadIdentity | None
-) -> WorkloadIdentity | None:
-    """Combine a JWT-SVID identity and a forwarded-certificate identity.
+def check_binding(identity: WorkloadIdentity, forwarded: SpiffeId | None) -> WorkloadIdentity:
+    """Bind a verified JWT-SVID identity to the forwarded client certificate.
 
-    Policy (docs/identity.md): when both are present they must name the same
-    SPIFFE ID, and the JWT-SVID identity (which carries claims) is returned;
-    otherwise :class:`AuthenticationError` ``identity_mismatch`` (401). When
-    only one is present it is returned; ``None`` when neither is.
+    ``identity``: the workload authenticated by its JWT-SVID (required: there
+    is no identity without one); ``forwarded``: the SPIFFE ID from
+    :func:`forwarded_spiffe_id`, or ``None`` when no trusted proxy forwarded
+    a certificate. Returns ``identity`` unchanged when ``forwarded`` is
+    ``None`` or names the same SPIFFE ID; raises
+    :class:`AuthenticationError` ``identity_mismatch`` (401) otherwise.
     """
-    if jwt_identity is not None and cert_identity is not None:
-        if jwt_identity.spiffe_id != cert_identity.spiffe_id:
-            raise AuthenticationError(
-                Reason.IDENTITY_MISMATCH,
-                "JWT-SVID subject and forwarded client certificate name different workloads",
-            )
-        return jwt_identity
-    return jwt_identity if jwt_identity is not None else cert_identity
+    if forwarded is not None and forwarded != identity.spiffe_id:
+        raise AuthenticationError(
+            Reason.IDENTITY_MISMATCH,
+            "JWT-SVID subject and forwarded client certificate name different workloads",
+        )
+    return identity

@@ -9,7 +9,7 @@ from gateway.identity import (
     InvalidXfcc,
     JwtSvidVerifier,
     TrustBundleStore,
-    identity_from_xfcc,
+    forwarded_spiffe_id,
     parse_bundle,
 )
 from sim.spiffe_issuer import DemoIssuer
@@ -49,6 +49,6 @@ def test_any_single_character_change_is_refused(pos: int, ch: str) -> None:
 @given(st.text(alphabet=st.sampled_from(list('URI=spiffe://a.example/x;,"\\ Hash')), max_size=80))
 def test_xfcc_parser_raises_only_its_error(h: str) -> None:
     try:
-        identity_from_xfcc([h], "10.0.0.1", [ipaddress.ip_network("10.0.0.0/8")])
+        forwarded_spiffe_id([h], "10.0.0.1", [ipaddress.ip_network("10.0.0.0/8")], trust_domains={"a.example"})
     except InvalidXfcc:
         pass

@@ -10,12 +10,18 @@ from gateway.identity import (
     Reason,
     SpiffeId,
     WorkloadIdentity,
-    identity_from_xfcc,
+    check_binding,
+    forwarded_spiffe_id,
     parse_xfcc,
-    reconcile,
 )
 
 PROXIES = [ipaddress.ip_network("10.0.0.0/24"), ipaddress.ip_network("fd00::/64")]
+TDS = frozenset({"a.example"})
+
+
+def forwarded(values: list[str], peer: str | None, proxies: list, *,
+                       trust_domains: frozenset[str] | set[str] = TDS) -> SpiffeId | None:
+    return forwarded_spiffe_id(values, peer, proxies, trust_domains=trust_domains)
 ENVOY_EXAMPLE = (
     'By=spiffe://a.example/envoy;Hash=468ed33be74eee6556d90c0149c1309e9ba61d6425303443c0748a02dd8de688;'
     'Subject="/C=US/ST=CA/L=San Francisco/OU=Lyft/CN=Test Client";URI=spiffe://a.example/ns/prod/sa/chat'
@@ -41,59 +47,55 @@ def test_parse_errors(bad: str) -> None:
 
 
 def test_trusted_peer_yields_identity() -> None:
-    ident = identity_from_xfcc([ENVOY_EXAMPLE], "10.0.0.7", PROXIES)
-    assert ident is not None
-    assert ident.spiffe_id == SpiffeId("a.example", "/ns/prod/sa/chat")
-    assert ident.source == "x509-svid-xfcc"
-    assert ident.claims["cert_sha256"].startswith("468ed3")
+    sid = forwarded([ENVOY_EXAMPLE], "10.0.0.7", PROXIES)
+    # a SPIFFE ID to bind to, never a WorkloadIdentity (it cannot authenticate)
+    assert sid == SpiffeId("a.example", "/ns/prod/sa/chat")
 
 
 @pytest.mark.parametrize("peer", ["10.0.1.7", "192.168.0.1", "", None, "not-an-ip", "fd01::1"])
 def test_untrusted_peer_is_ignored(peer: str | None) -> None:
-    assert identity_from_xfcc([ENVOY_EXAMPLE], peer, PROXIES) is None
+    assert forwarded([ENVOY_EXAMPLE], peer, PROXIES) is None
 
 
 def test_ipv6_and_mapped_ipv4_peers() -> None:
-    assert identity_from_xfcc([ENVOY_EXAMPLE], "fd00::5", PROXIES) is not None
-    assert identity_from_xfcc([ENVOY_EXAMPLE], "::ffff:10.0.0.9", PROXIES) is not None
+    assert forwarded([ENVOY_EXAMPLE], "fd00::5", PROXIES) is not None
+    assert forwarded([ENVOY_EXAMPLE], "::ffff:10.0.0.9", PROXIES) is not None
 
 
 def test_only_last_element_counts() -> None:
     # A client-supplied element first, the trusted proxy's element last.
     spoofed = "URI=spiffe://a.example/admin"
-    ident = identity_from_xfcc([spoofed + "," + ENVOY_EXAMPLE], "10.0.0.7", PROXIES)
-    assert ident is not None and ident.spiffe_id.path == "/ns/prod/sa/chat"
+    ident = forwarded([spoofed + "," + ENVOY_EXAMPLE], "10.0.0.7", PROXIES)
+    assert ident is not None and ident.path == "/ns/prod/sa/chat"
     # Several header lines are joined in order.
-    ident2 = identity_from_xfcc([spoofed, ENVOY_EXAMPLE], "10.0.0.7", PROXIES)
+    ident2 = forwarded([spoofed, ENVOY_EXAMPLE], "10.0.0.7", PROXIES)
     assert ident2 == ident
     # If the last hop has no SPIFFE URI, earlier elements are NOT used.
-    assert identity_from_xfcc([ENVOY_EXAMPLE, "Hash=abc;DNS=x.test"], "10.0.0.7", PROXIES) is None
+    assert forwarded([ENVOY_EXAMPLE, "Hash=abc;DNS=x.test"], "10.0.0.7", PROXIES) is None
 
 
 def test_bad_uri_from_trusted_proxy_fails_closed() -> None:
     with pytest.raises(InvalidXfcc):
-        identity_from_xfcc(["URI=spiffe://A.example/x"], "10.0.0.7", PROXIES)
+        forwarded(["URI=spiffe://A.example/x"], "10.0.0.7", PROXIES)
     with pytest.raises(InvalidXfcc):
-        identity_from_xfcc(["URI=spiffe://a.example/x;URI=spiffe://a.example/y"], "10.0.0.7", PROXIES)
+        forwarded(["URI=spiffe://a.example/x;URI=spiffe://a.example/y"], "10.0.0.7", PROXIES)
     with pytest.raises(InvalidXfcc):
-        identity_from_xfcc([ENVOY_EXAMPLE], "10.0.0.7", PROXIES, trust_domains={"b.example"})
-    assert identity_from_xfcc([ENVOY_EXAMPLE], "10.0.0.7", PROXIES, trust_domains={"a.example"})
+        forwarded([ENVOY_EXAMPLE], "10.0.0.7", PROXIES, trust_domains={"b.example"})
+    assert forwarded([ENVOY_EXAMPLE], "10.0.0.7", PROXIES, trust_domains={"a.example"})
 
 
 def test_non_spiffe_uri_and_empty() -> None:
-    assert identity_from_xfcc(["URI=https://a.example/x"], "10.0.0.7", PROXIES) is None
-    assert identity_from_xfcc([], "10.0.0.7", PROXIES) is None
-    assert identity_from_xfcc([" "], "10.0.0.7", PROXIES) is None
+    assert forwarded(["URI=https://a.example/x"], "10.0.0.7", PROXIES) is None
+    assert forwarded([], "10.0.0.7", PROXIES) is None
+    assert forwarded([" "], "10.0.0.7", PROXIES) is None
 
 
-def test_reconcile_policy() -> None:
+def test_binding_policy() -> None:
     a = WorkloadIdentity(SpiffeId("a.example", "/w"), "a.example", {"x": 1})
-    a_cert = WorkloadIdentity(SpiffeId("a.example", "/w"), "a.example", source="x509-svid-xfcc")
-    b_cert = WorkloadIdentity(SpiffeId("a.example", "/other"), "a.example", source="x509-svid-xfcc")
-    assert reconcile(a, a_cert) is a
-    assert reconcile(None, a_cert) is a_cert
-    assert reconcile(a, None) is a
-    assert reconcile(None, None) is None
+    assert check_binding(a, SpiffeId("a.example", "/w")) is a
+    assert check_binding(a, None) is a
     with pytest.raises(AuthenticationError) as ei:
-        reconcile(a, b_cert)
+        check_binding(a, SpiffeId("a.example", "/other"))
     assert ei.value.reason == Reason.IDENTITY_MISMATCH and ei.value.status == 401
+    with pytest.raises(AuthenticationError):
+        check_binding(a, SpiffeId("b.example", "/w"))
