@@ -61,7 +61,7 @@ def build_public_app(c: Components, *, manage_lifecycle: bool = True) -> Starlet
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        problems = c.readiness_problems()
+        problems = await c.readiness()
         if problems:
             return JSONResponse({"status": "not_ready", "problems": problems}, status_code=503)
         return JSONResponse({"status": "ready"})
