@@ -113,7 +113,12 @@ def build_admin_app(c: Components) -> Starlette:
         Route("/admin/routing", routing, methods=["GET"]),
         *c.admin_routes(),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exc})
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exc, Exception: _internal_error})
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """Last resort of the admin listener: a JSON 500 (never a traceback or plain text)."""
+    return GatewayError(500, "internal_error", "internal error").response()
 
 
 async def _http_exc(request: Request, exc: Exception) -> Response:

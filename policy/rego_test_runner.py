@@ -110,7 +110,8 @@ def run_tests(policy_set: PolicySet, allowed_builtins: Iterable[str] | None = No
     built-ins, code ``rego_builtin_not_allowed``) land in ``errors``.
     """
     try:
-        engine = build_engine(policy_set.modules, policy_set.data_tree(), allowed_builtins=allowed_builtins)
+        data = policy_set.data_tree()
+        engine = build_engine(policy_set.modules, data, allowed_builtins=allowed_builtins)
     except PolicyCompileError as exc:
         return TestReport(errors=getattr(exc, "errors", compile_errors(str(exc))))
     try:
