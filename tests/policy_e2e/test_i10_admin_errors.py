@@ -152,3 +152,85 @@ async def test_literal_finding_answers_policy_rejected(stack: Any) -> None:
     assert r.status_code == 400
     doc = r.json()
     assert doc["code"] == "policy_rejected" and "overlap" in json.dumps(doc["errors"])
+
+
+async def test_http_send_in_every_position_is_refused_via_the_admin_api(stack: Any) -> None:
+    """Finding 2 through the operator API: each position refused with the
+    built-in's name, nothing stored, the loopback target never called."""
+    import http.server
+    import threading
+
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            hits.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    req = '{"method": "GET", "url": "http://127.0.0.1:%d/internal"}' % srv.server_address[1]
+    vectors = {
+        "body_statement_output_arg": "p if {{ http.send({R}, resp); resp.status_code == 200 }}",
+        "call_term": "p if {{ resp := http.send({R}); resp.status_code == 200 }}",
+        "rule_head_value": "p := http.send({R})",
+        "comprehension": "p := [r | some i in [1]; r := http.send({R}); i > 0]",
+        "every": "p if {{ every i in [1] {{ i > 0; http.send({R}).status_code == 200 }} }}",
+        "function_body": "f(req) := http.send(req)\np := f({R})",
+        "nested_in_with": "p if {{ input.x == 1 with input as http.send({R}) }}",
+        "with_function_mock": "p if {{ json.marshal({R}) with json.marshal as http.send }}",
+        "test_module": "test_p if {{ http.send({R}).status_code == 200 }}",
+    }
+    h = {"Authorization": f"Bearer {stack.issuer.mint(OPERATOR, ADMIN_AUD)}"}
+    try:
+        before = snapshot(stack)
+        async with httpx.AsyncClient(base_url=stack.admin_url, timeout=30) as admin:
+            for name, body in vectors.items():
+                mid = "evil_test.rego" if name == "test_module" else "evil.rego"
+                pkg = "evil_test" if name == "test_module" else "evil"
+                src = f"package {pkg}\n\n" + body.format(R=req) + "\n"
+                r = await admin.put(f"/admin/policies/{mid}", headers=h, content=src.encode())
+                assert r.status_code == 400, (name, r.text[:300])
+                doc = r.json()
+                assert doc["code"] == "policy_rejected", name
+                assert [e.get("builtin") for e in doc["errors"]] and all(
+                    e.get("builtin") == "http.send" for e in doc["errors"]), (name, doc["errors"])
+        assert snapshot(stack) == before
+        assert hits == []
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+class TestAllowedBuiltinsConfig:
+    @pytest.fixture
+    def config_overrides(self, tmp_path: Path) -> dict[str, Any]:
+        active = tmp_path / "rego-active"
+        shutil.copytree(REPO / "rego", active)
+        return {"policy": {"mode": "embedded", "dir": str(active), "versions_dir": str(tmp_path / "versions"),
+                           "allowed_builtins": ["time.now_ns"]}}
+
+    async def test_an_extra_builtin_from_config_is_accepted(self, stack: Any) -> None:
+        h = {"Authorization": f"Bearer {stack.issuer.mint(OPERATOR, ADMIN_AUD)}"}
+        async with httpx.AsyncClient(base_url=stack.admin_url, timeout=30) as admin:
+            ok = await admin.put("/admin/policies/clock.rego", headers=h,
+                                 content=b"package clock\n\nnow := time.now_ns()\n")
+            assert ok.status_code == 200, ok.text
+            bad = await admin.put("/admin/policies/net.rego", headers=h,
+                                  content=b'package net_probe\n\nip := net.lookup_ip_addr("localhost")\n')
+            assert bad.status_code == 400 and "net.lookup_ip_addr" in bad.text
+
+
+def test_allowed_builtins_config_is_validated(tmp_path: Path) -> None:
+    from gateway.config import ConfigError, load_config
+
+    cfg = tmp_path / "g.yaml"
+    cfg.write_text("policy:\n  allowed_builtins: ['http.send()']\n")
+    with pytest.raises(ConfigError, match="allowed_builtins"):
+        load_config(cfg)
