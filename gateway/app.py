@@ -61,7 +61,7 @@ def build_public_app(c: Components, *, manage_lifecycle: bool = True) -> Starlet
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        problems = c.readiness_problems()
+        problems = await c.readiness()
         if problems:
             return JSONResponse({"status": "not_ready", "problems": problems}, status_code=503)
         return JSONResponse({"status": "ready"})
@@ -113,7 +113,12 @@ def build_admin_app(c: Components) -> Starlette:
         Route("/admin/routing", routing, methods=["GET"]),
         *c.admin_routes(),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exc})
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exc, Exception: _internal_error})
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """Last resort of the admin listener: a JSON 500 (never a traceback or plain text)."""
+    return GatewayError(500, "internal_error", "internal error").response()
 
 
 async def _http_exc(request: Request, exc: Exception) -> Response:

@@ -401,6 +401,17 @@ class Components:
         self.registry = self.registry.reload(fresh.tenancy.tenants, operators=fresh.tenancy.operators)
         return self.registry
 
+    async def readiness(self) -> list[str]:
+        """:meth:`readiness_problems` plus the decision point's health
+        (remote OPA: a cached ``/health`` probe or the last decision's outcome;
+        embedded: a policy is loaded). Empty list: ready."""
+        problems = self.readiness_problems()
+        if self._started:
+            ok, reason = await self.pdp.health()
+            if not ok:
+                problems.append(f"policy decision point unavailable: {reason}")
+        return problems
+
     def readiness_problems(self) -> list[str]:
         """Why the gateway cannot route now (empty list: ready)."""
         problems = []
@@ -462,12 +473,16 @@ def _build_pdp(config: GatewayConfig, audit: AuditHub) -> Any:
     """
     from policy.cache import CachedDecisionPoint, DecisionCache
 
+    from policy.builtins import allowed_builtins
+
     pc = config.policy
+    allowed = allowed_builtins(pc.allowed_builtins)
     try:
         if pc.mode == "embedded":
             from policy.embedded import EmbeddedOpa
 
-            inner: Any = EmbeddedOpa(pc.dir, timeout_s=pc.timeout_s, offload=pc.offload)
+            inner: Any = EmbeddedOpa(pc.dir, timeout_s=pc.timeout_s, offload=pc.offload,
+                                     allowed_builtins=allowed)
         else:
             import os
 
@@ -476,7 +491,9 @@ def _build_pdp(config: GatewayConfig, audit: AuditHub) -> Any:
             if not pc.url:
                 raise ConfigError("policy.url is required in remote mode")
             token = os.environ.get(pc.token_env) if pc.token_env else None
-            inner = RemoteOpa(pc.url, token=token, ca_file=pc.ca_file, timeout_s=pc.timeout_s)
+            inner = RemoteOpa(pc.url, token=token, ca_file=pc.ca_file, timeout_s=pc.timeout_s,
+                              health_interval_s=pc.health_interval_s,
+                              health_timeout_s=max(pc.timeout_s, 0.5))
     except ConfigError:
         raise
     except Exception as exc:
@@ -486,8 +503,12 @@ def _build_pdp(config: GatewayConfig, audit: AuditHub) -> Any:
         from policy.store import PolicyStore, RemoteOpaTarget
 
         target = inner if pc.mode == "embedded" else RemoteOpaTarget(inner.client, on_applied=inner.notify_change)
-        store = PolicyStore(pc.dir, pc.versions_dir, target=target,
-                            on_change=lambda rec: audit.record_operator({"action": "policy_change", **rec.to_dict()}))
+        try:
+            store = PolicyStore(pc.dir, pc.versions_dir, target=target, allowed_builtins=allowed,
+                                on_change=lambda rec: audit.record_operator({"action": "policy_change",
+                                                                             **rec.to_dict()}))
+        except Exception as exc:  # PolicyCompileError (e.g. a refused built-in), OSError
+            raise ConfigError(f"policy: {exc}") from None
     if pc.cache_ttl_s <= 0 or pc.cache_max_entries == 0:
         return _Lifecycle(inner, store=store)
     cached = CachedDecisionPoint(inner, DecisionCache(ttl_s=pc.cache_ttl_s, max_entries=pc.cache_max_entries))
@@ -507,6 +528,13 @@ class _Lifecycle:
 
     async def start(self) -> None:
         await _maybe_await(getattr(self.inner, "start", None))
+
+    async def health(self) -> tuple[bool, str]:
+        """``(ok, reason)`` of the decision point (its own ``health`` if it has one)."""
+        fn = getattr(self.inner, "health", None)
+        if fn is None:
+            return True, ""
+        return await fn()
 
     async def close(self) -> None:
         await _maybe_await(getattr(self.inner, "close", None))

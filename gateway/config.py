@@ -203,6 +203,11 @@ class PolicyConfig(_Section):
     event loop; off by default because the thread hop costs more than a
     typical decision (docs/policy.md, "Latency"); a late inline result is
     still discarded and answered 503.
+    ``allowed_builtins``: built-ins (dotted names, e.g. ``time.now_ns``)
+    that policy modules may call in addition to the default pure list
+    (``policy.builtins.DEFAULT_ALLOWED_BUILTINS``; docs/policy.md).
+    ``health_interval_s``: remote mode, how long a PDP health result is
+    reused by ``/readyz`` (seconds).
     """
 
     mode: Literal["embedded", "remote"] = "embedded"
@@ -215,6 +220,15 @@ class PolicyConfig(_Section):
     offload: bool = False
     cache_ttl_s: float = Field(1.0, ge=0)
     cache_max_entries: int = Field(10000, ge=0)
+    allowed_builtins: list[str] = Field(default_factory=list)
+    health_interval_s: float = Field(1.0, gt=0, le=60)
+
+    @field_validator("allowed_builtins")
+    @classmethod
+    def _check_builtins(cls, value: list[str]) -> list[str]:
+        from policy.builtins import check_builtin_name
+
+        return [check_builtin_name(n) for n in value]
 
 
 class TracingConfig(_Section):

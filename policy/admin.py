@@ -13,6 +13,16 @@ without an id is refused with 403 (fail closed).
 - ``GET /admin/data/{path}`` -> ``{"result": document}`` | 404
 - ``PUT /admin/data/{path}`` (JSON object) -> ``{"result": record}`` | 400
 - target failure -> 502 ``{"code": "target_refused"}``
+
+Every error is a JSON ``{"code", "message"}`` and leaves the store as it
+was: 400 ``invalid_parameter`` (bad id or path, non-UTF-8 Rego, bad JSON,
+``NaN``/``Infinity``, nesting too deep, a data document that is not an
+object), 400 ``policy_rejected`` (does not compile, a refused built-in, a
+Rego test fails, a data document overlapping another), 404, 413
+``body_too_large`` (over :data:`MAX_BODY_BYTES`, checked on
+``Content-Length`` before reading and while reading), 415
+``unsupported_media_type`` (Rego must be ``text/plain`` and data
+``application/json`` when a ``Content-Type`` is sent).
 """
 
 from __future__ import annotations
@@ -26,7 +36,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from policy.loader import sha256_text
+from policy.decision import PolicyError
+from policy.loader import compile_errors, sha256_text
 from policy.store import PolicyNotFoundError, PolicyRejectedError, PolicyStore, PolicyTargetError
 
 Authorize = Callable[[Request], Awaitable[dict[str, Any]]]
@@ -38,13 +49,47 @@ def _err(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"code": code, "message": message, **extra}, status_code=status)
 
 
+class _BadRequest(Exception):
+    """An admin request refused before it reaches the store."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def _media_type(request: Request, allowed: tuple[str, ...]) -> None:
+    raw = request.headers.get("content-type")
+    if raw is None:
+        return
+    mt = raw.split(";", 1)[0].strip().lower()
+    if mt not in allowed:
+        raise _BadRequest(415, "unsupported_media_type", f"Content-Type must be one of {', '.join(allowed)}")
+
+
 async def _body(request: Request) -> bytes:
-    body = b""
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+        raise _BadRequest(413, "body_too_large", f"body over {MAX_BODY_BYTES} bytes")
+    body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_BODY_BYTES:
-            raise HTTPException(413, "body too large")
-    return body
+            raise _BadRequest(413, "body_too_large", f"body over {MAX_BODY_BYTES} bytes")
+    return bytes(body)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _json(raw: bytes) -> Any:
+    """Strict JSON: no NaN/Infinity, bounded nesting (ValueError otherwise)."""
+    try:
+        return json.loads(raw, parse_constant=_no_constants)
+    except RecursionError:
+        raise ValueError("body nests too deeply") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError("body must be JSON") from None
 
 
 def admin_routes(store: PolicyStore, authorize: Authorize) -> list[Route]:
@@ -67,6 +112,8 @@ def admin_routes(store: PolicyStore, authorize: Authorize) -> list[Route]:
         who = await operator(request)
         try:
             return await fn(who)
+        except _BadRequest as exc:
+            return _err(exc.status, exc.code, exc.message)
         except PolicyNotFoundError:
             return _err(404, "resource_not_found", "no such policy or document")
         except PolicyRejectedError as exc:
@@ -78,6 +125,9 @@ def admin_routes(store: PolicyStore, authorize: Authorize) -> list[Route]:
             return _err(502, "target_refused", str(exc))
         except ValueError as exc:
             return _err(400, "invalid_parameter", str(exc))
+        except PolicyError as exc:  # e.g. PolicyCompileError: the change does not build
+            errors = getattr(exc, "errors", None) or compile_errors(str(exc))
+            return _err(400, "policy_rejected", str(exc), errors=errors)
 
     async def list_policies(request: Request) -> Response:
         async def run(who: str) -> Response:
@@ -93,6 +143,7 @@ def admin_routes(store: PolicyStore, authorize: Authorize) -> list[Route]:
                 raw = store.get_policy(module_id)
                 return JSONResponse({"result": {"id": module_id, "raw": raw, "sha256": sha256_text(raw)}})
             if request.method == "PUT":
+                _media_type(request, ("text/plain",))
                 try:
                     source = (await _body(request)).decode("utf-8")
                 except UnicodeDecodeError:
@@ -110,10 +161,8 @@ def admin_routes(store: PolicyStore, authorize: Authorize) -> list[Route]:
         async def run(who: str) -> Response:
             if request.method == "GET":
                 return JSONResponse({"result": store.get_data(path)})
-            try:
-                value = json.loads(await _body(request))
-            except json.JSONDecodeError:
-                raise ValueError("body must be JSON") from None
+            _media_type(request, ("application/json",))
+            value = _json(await _body(request))
             record = await store.put_data(path, value, who)
             return JSONResponse({"result": record.to_dict()})
 

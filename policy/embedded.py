@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -68,9 +68,13 @@ class EmbeddedOpa:
         offload: evaluate in a worker thread (default) instead of inline.
         timeout_s: overall deadline of one decision, seconds (> 0), or None
             for no deadline (benchmarks only).
+        allowed_builtins: built-ins the modules may call (None: the default
+            list, :data:`policy.builtins.DEFAULT_ALLOWED_BUILTINS`); every
+            set is checked before it reaches the engine.
 
     Raises:
-        PolicyCompileError: the initial set does not load or compile.
+        PolicyCompileError: the initial set does not load or compile, or
+            calls a built-in outside the allow-list (BuiltinNotAllowedError).
         ValueError: ``timeout_s`` is not positive.
     """
 
@@ -82,6 +86,7 @@ class EmbeddedOpa:
         policy_set: PolicySet | None = None,
         offload: bool = True,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        allowed_builtins: Iterable[str] | None = None,
     ) -> None:
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError("timeout_s must be positive (or None)")
@@ -92,15 +97,16 @@ class EmbeddedOpa:
         self._data_files = data_files
         self._offload = offload
         self._listeners: list[Callable[[], None]] = []
+        self._allowed = None if allowed_builtins is None else frozenset(allowed_builtins)
         self.revision = 0
+        self._closed = False
         if self._dir is not None:
             policy_set = load_policy_dir(self._dir, *data_files)
         self._policy_set = policy_set or PolicySet()
         self._engine: OpaEngine = self._build(self._policy_set)
 
-    @staticmethod
-    def _build(policy_set: PolicySet) -> OpaEngine:
-        return build_engine(policy_set.policies(), policy_set.data_tree())
+    def _build(self, policy_set: PolicySet) -> OpaEngine:
+        return build_engine(policy_set.policies(), policy_set.data_tree(), allowed_builtins=self._allowed)
 
     @property
     def policy_set(self) -> PolicySet:
@@ -115,8 +121,8 @@ class EmbeddedOpa:
         """Compile ``policy_set`` into a new engine and swap it in.
 
         Raises:
-            PolicyCompileError: the set does not compile; the active engine
-                stays.
+            PolicyCompileError: the set does not compile or calls a built-in
+                outside the allow-list; the active engine stays.
         """
         engine = self._build(policy_set)
         self._engine, self._policy_set = engine, policy_set
@@ -174,9 +180,19 @@ class EmbeddedOpa:
                 raise PolicyUnavailableError(f"embedded OPA decision deadline of {self._timeout_s}s exceeded")
         return decision_from_result(result, str(uuid.uuid4()))
 
+    async def health(self) -> tuple[bool, str]:
+        """``(ok, reason)`` for readiness: ready while open with at least one
+        policy module loaded (no I/O; the engine is in this process)."""
+        if self._closed:
+            return False, "embedded engine closed"
+        if not self._policy_set.policies():
+            return False, "no policy module loaded"
+        return True, ""
+
     def close(self) -> None:
         """Release the engine and the worker pool; later decisions raise
         PolicyUnavailableError."""
+        self._closed = True
         self._engine.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

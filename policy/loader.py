@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,12 +191,27 @@ def compile_errors(message: str) -> list[dict[str, Any]]:
     return found or [{"code": "rego_compile_error", "message": message.strip()}]
 
 
-def build_engine(modules: Mapping[str, str], data: Mapping[str, Any]) -> OpaEngine:
+def build_engine(
+    modules: Mapping[str, str],
+    data: Mapping[str, Any],
+    *,
+    allowed_builtins: Iterable[str] | None = None,
+    check_builtins: bool = True,
+) -> OpaEngine:
     """Build and compile a new embedded engine.
+
+    Before any module reaches the engine, the whole set is parsed with OPA's
+    parser and every call is checked against the built-in allow-list
+    (:func:`policy.builtins.check_modules`): the engine has no capabilities
+    option, so this is what keeps ``http.send`` and friends out.
 
     Args:
         modules: id -> Rego source (v1 syntax).
         data: the data tree, merged at the root.
+        allowed_builtins: the allow-list (None: the default,
+            :data:`policy.builtins.DEFAULT_ALLOWED_BUILTINS`).
+        check_builtins: False only for :mod:`policy.opa_server`, the
+            stand-in for an OPA server started without ``--capabilities``.
 
     Returns:
         A ready engine (all modules compiled).
@@ -204,7 +219,13 @@ def build_engine(modules: Mapping[str, str], data: Mapping[str, Any]) -> OpaEngi
     Raises:
         PolicyCompileError: parse, type or merge error; ``.errors`` holds
             OPA-style error objects.
+        policy.builtins.BuiltinNotAllowedError: a module calls a built-in
+            outside the allow-list (a PolicyCompileError naming it).
     """
+    if check_builtins:
+        from policy.builtins import check_modules
+
+        check_modules(modules, allowed_builtins)
     engine = OpaEngine()
     try:
         for module_id, source in modules.items():

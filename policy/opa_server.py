@@ -35,6 +35,7 @@ import copy
 import json
 import re
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -77,23 +78,31 @@ class OpaServerState:
         data: the data tree.
         decision_logs: include ``decision_id`` in Data API answers, as OPA
             does when decision logging is enabled.
+        builtins: None (default) serves every built-in, like ``opa run``
+            without ``--capabilities`` (so tests can show what the gateway's
+            own check keeps out); an iterable restricts modules to those
+            built-ins, like ``--capabilities`` (:mod:`policy.builtins`).
 
     Raises:
         PolicyCompileError: the initial set does not compile.
     """
 
     def __init__(self, modules: dict[str, str] | None = None, data: dict[str, Any] | None = None,
-                 *, decision_logs: bool = True) -> None:
+                 *, decision_logs: bool = True, builtins: Iterable[str] | None = None) -> None:
         self.modules: dict[str, str] = dict(modules or {})
         self.data: dict[str, Any] = copy.deepcopy(data or {})
         self.decision_logs = decision_logs
         self.revision = 0
         self.lock = asyncio.Lock()
-        self.engine: OpaEngine = build_engine(self.modules, self.data)
+        self.builtins = None if builtins is None else frozenset(builtins)
+        self.engine: OpaEngine = self._build(self.modules, self.data)
+
+    def _build(self, modules: dict[str, str], data: dict[str, Any]) -> OpaEngine:
+        return build_engine(modules, data, allowed_builtins=self.builtins, check_builtins=self.builtins is not None)
 
     def swap(self, modules: dict[str, str], data: dict[str, Any]) -> None:
         """Compile and activate a new set (raises PolicyCompileError)."""
-        engine = build_engine(modules, data)
+        engine = self._build(modules, data)
         self.engine, self.modules, self.data = engine, modules, data
         self.revision += 1
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,13 +101,17 @@ def discover_tests(engine: OpaEngine, modules: Mapping[str, str]) -> list[str]:
     return names
 
 
-def run_tests(policy_set: PolicySet) -> TestReport:
+def run_tests(policy_set: PolicySet, allowed_builtins: Iterable[str] | None = None) -> TestReport:
     """Compile all modules (tests included) with the data, run every test.
 
-    Never raises for policy problems: compile errors land in ``errors``.
+    Test modules are checked against the built-in allow-list like the
+    others (``allowed_builtins``; None: the default list) before any runs.
+    Never raises for policy problems: compile errors (and refused
+    built-ins, code ``rego_builtin_not_allowed``) land in ``errors``.
     """
     try:
-        engine = build_engine(policy_set.modules, policy_set.data_tree())
+        data = policy_set.data_tree()
+        engine = build_engine(policy_set.modules, data, allowed_builtins=allowed_builtins)
     except PolicyCompileError as exc:
         return TestReport(errors=getattr(exc, "errors", compile_errors(str(exc))))
     try:
@@ -129,13 +133,13 @@ def run_tests(policy_set: PolicySet) -> TestReport:
         engine.close()
 
 
-def run_dir(path: str | Path) -> TestReport:
+def run_dir(path: str | Path, allowed_builtins: Iterable[str] | None = None) -> TestReport:
     """Load a policy directory and run its tests (see :func:`run_tests`)."""
     try:
         policy_set = load_policy_dir(path)
     except PolicyCompileError as exc:
         return TestReport(errors=[{"code": "load_error", "message": str(exc)}])
-    return run_tests(policy_set)
+    return run_tests(policy_set, allowed_builtins)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,13 @@ per decision through :class:`opa_client.AsyncOpaClient`, with:
 
 If OPA reports bundle revisions (``provenance``), a change of revision calls
 the change listeners (a DecisionCache clears itself).
+
+Health (for the gateway's ``/readyz``): :meth:`RemoteOpa.health` answers
+from a short-lived cache (``health_interval_s``): a successful decision
+counts as a healthy observation; a failed one (unreachable, non-2xx,
+deadline) drops the cached state so the next readiness call probes OPA's
+``GET /health`` within ``health_timeout_s``. Concurrent callers share one
+probe.
 """
 
 from __future__ import annotations
@@ -87,6 +94,8 @@ class RemoteOpa:
         provenance: ask for ``provenance`` to detect bundle revision changes.
         allow_plaintext: permit ``http`` to a non-loopback host.
         pool_size: max pooled connections.
+        health_interval_s: how long a health observation is reused (s).
+        health_timeout_s: deadline of one ``GET /health`` probe (s).
 
     Raises:
         ValueError: bad URL or plaintext to a remote host.
@@ -105,6 +114,8 @@ class RemoteOpa:
         provenance: bool = False,
         allow_plaintext: bool = False,
         pool_size: int = 32,
+        health_interval_s: float = 1.0,
+        health_timeout_s: float = 1.0,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
@@ -139,6 +150,10 @@ class RemoteOpa:
         self._listeners: list[Callable[[], None]] = []
         self._revision: str | None = None
         self._started = False
+        self._health_interval_s = health_interval_s
+        self._health_timeout_s = health_timeout_s
+        self._health: tuple[bool, str, float] | None = None  # (ok, reason, monotonic time)
+        self._probe: asyncio.Task[tuple[bool, str]] | None = None
 
     @property
     def client(self) -> AsyncOpaClient:
@@ -152,7 +167,10 @@ class RemoteOpa:
             self._started = True
 
     async def close(self) -> None:
-        """Close the HTTP session."""
+        """Close the HTTP session (and any health probe in flight)."""
+        if self._probe is not None and not self._probe.done():
+            self._probe.cancel()
+        self._probe, self._health = None, None
         if self._started:
             self._started = False
             await self._client.close_connection()
@@ -163,6 +181,41 @@ class RemoteOpa:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    async def health(self) -> tuple[bool, str]:
+        """``(ok, reason)`` of the decision point, for readiness.
+
+        Reuses an observation younger than ``health_interval_s`` (a decision
+        or a probe); otherwise probes ``GET /health`` within
+        ``health_timeout_s``. ``reason`` is empty when ok. Never raises.
+        """
+        if not self._started:
+            return False, "remote OPA client not started"
+        now = asyncio.get_running_loop().time()
+        cached = self._health
+        if cached is not None and now - cached[2] < self._health_interval_s:
+            return cached[0], cached[1]
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._run_probe())
+        return await asyncio.shield(self._probe)
+
+    async def _run_probe(self) -> tuple[bool, str]:
+        try:
+            async with asyncio.timeout(self._health_timeout_s):
+                ok = await self._client.check_health()
+            reason = "" if ok else "OPA health check failed"
+        except TimeoutError:
+            ok, reason = False, f"OPA health check exceeded {self._health_timeout_s}s"
+        except Exception as exc:  # the client swallows most; be safe
+            ok, reason = False, f"OPA health check failed: {type(exc).__name__}"
+        self._health = (ok, reason, asyncio.get_running_loop().time())
+        return ok, reason
+
+    def _observed(self, ok: bool) -> None:
+        if ok:
+            self._health = (True, "", asyncio.get_running_loop().time())
+        else:
+            self._health = None  # the next readiness call probes
 
     def add_change_listener(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` when OPA's reported policy revision changes."""
@@ -196,13 +249,17 @@ class RemoteOpa:
             async with asyncio.timeout(self._timeout_s):
                 body = await self._client.query_rule(input, self._path, query_params=self._params)
         except TimeoutError:
+            self._observed(False)
             raise PolicyUnavailableError(f"OPA decision deadline of {self._timeout_s}s exceeded") from None
         except aiohttp.ClientResponseError as exc:
+            self._observed(False)
             raise PolicyUnavailableError(f"OPA answered HTTP {exc.status}") from None
         except (aiohttp.ClientError, OSError) as exc:
+            self._observed(False)
             raise PolicyUnavailableError(f"OPA unreachable: {type(exc).__name__}") from None
         except ValueError:
             raise PolicyOutputError("OPA response is not JSON") from None
+        self._observed(True)
         if not isinstance(body, dict):
             raise PolicyOutputError("OPA response is not an object")
         self._observe_revision(body)

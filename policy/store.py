@@ -8,7 +8,8 @@ version history::
     versions_dir/00000007/content       the new module source / data JSON
                                         (absent for a delete)
 
-Each change: build the candidate set in memory -> compile it and run every
+Each change: build the candidate set in memory -> check every call against
+the built-in allow-list (:mod:`policy.builtins`) -> compile it and run every
 Rego test (:func:`policy.rego_test_runner.run_tests`) -> refuse with
 :class:`PolicyRejectedError` on any failure (the active set stays) -> apply
 to the target (embedded engine swap, or remote OPA through its Policy and
@@ -28,13 +29,14 @@ import copy
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from opa_client import AsyncOpaClient
 
+from policy.builtins import check_modules
 from policy.decision import PolicyError
 from policy.loader import (
     PolicySet,
@@ -151,9 +153,14 @@ class PolicyStore:
         versions_dir: where versions are written.
         target: where accepted changes are applied (None: disk only).
         on_change: called with each ChangeRecord after it is committed.
+        allowed_builtins: built-ins modules may call (None: the default
+            list, :data:`policy.builtins.DEFAULT_ALLOWED_BUILTINS`). The
+            active set is checked at start and every candidate set before it
+            is compiled, tested or pushed to the target (remote OPA too).
 
     Raises:
-        PolicyCompileError: the active directory does not load.
+        PolicyCompileError: the active directory does not load, or calls a
+            built-in outside the allow-list (BuiltinNotAllowedError).
     """
 
     def __init__(
@@ -163,6 +170,7 @@ class PolicyStore:
         *,
         target: PolicyTarget | None = None,
         on_change: Callable[[ChangeRecord], None] | None = None,
+        allowed_builtins: Iterable[str] | None = None,
     ) -> None:
         self.active_dir = Path(active_dir)
         self.versions_dir = Path(versions_dir)
@@ -170,7 +178,9 @@ class PolicyStore:
         self.versions_dir.mkdir(parents=True, exist_ok=True)
         self._target = target
         self._on_change = on_change
+        self._allowed = None if allowed_builtins is None else frozenset(allowed_builtins)
         self._set = load_policy_dir(self.active_dir)
+        check_modules(self._set.modules, self._allowed)
         versions = [int(p.name) for p in self.versions_dir.iterdir() if p.name.isdigit()]
         self.version = max(versions, default=0)
         self._lock = asyncio.Lock()
@@ -256,7 +266,7 @@ class PolicyStore:
         if not who:
             raise ValueError("a change needs an operator id")
         async with self._lock:
-            report = run_tests(new_set)
+            report = run_tests(new_set, self._allowed)
             if not report.ok:
                 raise PolicyRejectedError(f"{kind} {op} {target!r} refused", report)
             record = ChangeRecord(

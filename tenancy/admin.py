@@ -15,8 +15,10 @@ Routes (all ``POST``; ``authorize(request)`` runs first and must raise
 * ``/admin/tenants/reload``                  re-read tenants via ``registry_loader``
 
 Errors are JSON ``{"error": code, "detail": text}``: 400 bad tenant id or
-config, 404 unknown tenant, 409 master unchanged, 501 no master source,
-500 key-ring/state failure.
+config (a ``TenantConfigError`` or any ``ValueError`` of the registry
+loader, e.g. an unparsable config file; the registry in force stays), 404
+unknown tenant, 409 master unchanged, 501 no master source, 500
+key-ring/state failure.
 """
 
 from __future__ import annotations
@@ -162,7 +164,9 @@ def admin_routes(
             record = await op(request.path_params.get("tenant_id"))
         except AdminError as exc:
             return JSONResponse({"error": exc.code, "detail": exc.detail}, status_code=exc.status)
-        except TenantConfigError as exc:
+        except (TenantConfigError, ValueError) as exc:
+            # ValueError: the registry loader's own config errors (e.g. the
+            # gateway's ConfigError for a broken config file); nothing changed
             return JSONResponse({"error": "invalid_config", "detail": str(exc)}, status_code=400)
         except KeyRingError as exc:
             return JSONResponse({"error": "key_ring_error", "detail": str(exc)}, status_code=500)
