@@ -20,12 +20,14 @@ from collections.abc import AsyncIterator
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.components import Components
 from gateway.errors import GatewayError
+from gateway.framing import FramingGuard, drain_cap
 from gateway.pipeline import InferencePipeline
 
 __all__ = ["build_public_app", "build_admin_app"]
@@ -88,7 +90,8 @@ def build_public_app(c: Components, *, manage_lifecycle: bool = True) -> Starlet
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_exc})
+    return _no_slash_redirects(Starlette(routes=routes, lifespan=lifespan, middleware=_middleware(c),
+                                         exception_handlers={HTTPException: _http_exc}))
 
 
 def build_admin_app(c: Components) -> Starlette:
@@ -113,12 +116,28 @@ def build_admin_app(c: Components) -> Starlette:
         Route("/admin/routing", routing, methods=["GET"]),
         *c.admin_routes(),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exc, Exception: _internal_error})
+    return _no_slash_redirects(Starlette(routes=routes, middleware=_middleware(c),
+                                         exception_handlers={HTTPException: _http_exc, Exception: _internal_error}))
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     """Last resort of the admin listener: a JSON 500 (never a traceback or plain text)."""
     return GatewayError(500, "internal_error", "internal error").response()
+
+
+def _middleware(c: Components) -> list[Middleware]:
+    """The framing guard (gateway/framing.py) of both listeners, sized from ``limits``."""
+    limits = c.config.limits
+    return [Middleware(FramingGuard, max_drain_bytes=drain_cap(limits.max_body_bytes),
+                       drain_timeout_s=limits.body_read_timeout_s)]
+
+
+def _no_slash_redirects(app: Starlette) -> Starlette:
+    """Turn off Starlette's trailing-slash redirect: it answers ``/v1/completions/``
+    with a 307 to a URL built from the client's ``Host`` header (issue 10, finding 4).
+    A path with an extra or missing slash is 404 like any other unknown path."""
+    app.router.redirect_slashes = False
+    return app
 
 
 async def _http_exc(request: Request, exc: Exception) -> Response:

@@ -43,8 +43,10 @@ class LimitsConfig(_Section):
     """Request-size and timing limits of the public listener.
 
     ``max_body_bytes``: request bodies larger than this answer 413 before they
-    are read in full. ``body_read_timeout_s``: a client that trickles its body
-    longer than this answers 408. ``max_json_depth``: deeper JSON answers 400.
+    are read in full (the rest is then drained, up to max(4 x this, 8 MiB),
+    so the client can read the 413: gateway/framing.py). ``body_read_timeout_s``:
+    a client that trickles its body longer than this answers 408; it also
+    bounds that drain. ``max_json_depth``: deeper JSON answers 400.
     """
 
     max_body_bytes: int = Field(1 << 20, ge=1024)

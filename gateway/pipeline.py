@@ -259,7 +259,7 @@ class InferencePipeline:
                     yield first
                 while True:
                     async with asyncio.timeout(read_timeout):
-                        chunk = await up.response.content.readany()
+                        chunk = await up.read_chunk()
                     if not chunk:
                         break
                     out = scanner.feed(chunk)
@@ -291,7 +291,7 @@ class InferencePipeline:
         try:
             async def read_rest() -> bytes:
                 async with asyncio.timeout(self.cfg.upstream.read_timeout_s):
-                    rest = await up.response.content.read()
+                    rest = await up.read_rest()
                 return up.first_chunk + rest
 
             try:

@@ -8,19 +8,115 @@ map to HTTP answers: ``connect`` (502, retryable), ``timeout`` (504,
 retryable), ``status`` 5xx (502, retryable), ``status`` 4xx (passed through,
 the client's fault, never counted against the replica), ``protocol``
 (502, retryable before the first byte).
+
+Content coding (issue 10, finding 5): every upstream request asks for
+``Accept-Encoding: identity`` (aiohttp's default would advertise gzip and
+deflate; the client's own ``Accept-Encoding`` is never forwarded). A replica
+-- or a proxy in front of it -- that compresses anyway is decoded here, for
+plain and streamed (SSE) answers alike: ``gzip``/``x-gzip`` and ``deflate``
+(zlib-wrapped, or raw deflate as some servers send it) through the standard
+library's ``zlib``, incrementally and with a bound on the decoded size
+(``MAX_DECODED_BYTES``). A correctly compressed answer is a normal answer and
+never counts against the replica; an unknown coding (``br``, ``zstd``, ...)
+or corrupt compressed data is a ``protocol`` failure (502, retryable) and
+does count, as any answer the gateway cannot read.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
-__all__ = ["UpstreamFailure", "UpstreamStream", "open_upstream", "make_session", "INSTANCE_HEADER"]
+__all__ = ["UpstreamFailure", "UpstreamStream", "open_upstream", "make_session", "INSTANCE_HEADER",
+           "BodyDecoder", "ContentCodingError", "decode_body", "UPSTREAM_DEFAULT_HEADERS"]
 
 INSTANCE_HEADER = "X-Instance-Id"
+UPSTREAM_DEFAULT_HEADERS = {"Accept-Encoding": "identity"}
+MAX_DECODED_BYTES = 256 << 20
+_PIECE = 1 << 20
+
+
+class ContentCodingError(Exception):
+    """A response body whose ``Content-Encoding`` cannot be decoded (unknown coding, corrupt or
+    truncated data, or more than the allowed decoded size)."""
+
+
+class BodyDecoder:
+    """Undo a response's ``Content-Encoding`` incrementally (RFC 9110 section 8.4).
+
+    ``content_encoding``: the header value (None or ``identity``: bytes pass
+    through). Supported: ``gzip``, ``x-gzip``, ``deflate`` (zlib-wrapped, or
+    raw deflate). ``max_bytes``: the most decoded bytes accepted in total.
+    Raises :class:`ContentCodingError` at construction for any other or
+    stacked coding, and from :meth:`feed`/:meth:`finish` for corrupt,
+    truncated or oversized data.
+    """
+
+    def __init__(self, content_encoding: str | None, max_bytes: int = MAX_DECODED_BYTES) -> None:
+        codings = [c.strip().lower() for c in (content_encoding or "").split(",")]
+        codings = [c for c in codings if c and c != "identity"]
+        if len(codings) > 1 or (codings and codings[0] not in ("gzip", "x-gzip", "deflate")):
+            raise ContentCodingError(f"unsupported Content-Encoding {content_encoding!r}")
+        self.coding: str | None = codings[0] if codings else None
+        self.max_bytes = max_bytes
+        self.total = 0
+        self._z: Any = zlib.decompressobj(wbits=31) if self.coding in ("gzip", "x-gzip") else None
+        self._pending = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """Decode the next piece of the body; returns what it decodes to (possibly b"")."""
+        if self.coding is None:
+            return data
+        if self._z is None:  # deflate: choose zlib-wrapped or raw from the first two bytes
+            self._pending += data
+            if len(self._pending) < 2:
+                return b""
+            cmf, flg = self._pending[0], self._pending[1]
+            wrapped = cmf & 0x0F == 8 and (cmf * 256 + flg) % 31 == 0
+            self._z = zlib.decompressobj(wbits=15 if wrapped else -15)
+            data, self._pending = self._pending, b""
+        out: list[bytes] = []
+        try:
+            while data:
+                piece = self._z.decompress(data, _PIECE)
+                self._count(piece)
+                out.append(piece)
+                data = self._z.unconsumed_tail
+        except zlib.error:
+            raise ContentCodingError("corrupt compressed body") from None
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """The end of the body: return the last decoded bytes; raises if the data was cut short."""
+        if self.coding is None:
+            return b""
+        if self._z is None:
+            if self._pending:
+                raise ContentCodingError("truncated compressed body")
+            return b""
+        try:
+            rest = self._z.flush()
+        except zlib.error:
+            raise ContentCodingError("corrupt compressed body") from None
+        self._count(rest)
+        if not self._z.eof:
+            raise ContentCodingError("truncated compressed body")
+        return rest
+
+    def _count(self, piece: bytes) -> None:
+        self.total += len(piece)
+        if self.total > self.max_bytes:
+            raise ContentCodingError(f"decoded body larger than {self.max_bytes} bytes")
+
+
+def decode_body(data: bytes, content_encoding: str | None, max_bytes: int = MAX_DECODED_BYTES) -> bytes:
+    """Decode a complete body ``data`` sent with ``content_encoding``; raises :class:`ContentCodingError`."""
+    dec = BodyDecoder(content_encoding, max_bytes)
+    return dec.feed(data) + dec.finish()
 
 
 class UpstreamFailure(Exception):
@@ -47,14 +143,40 @@ class UpstreamFailure(Exception):
 class UpstreamStream:
     """An upstream response whose first body chunk has arrived.
 
-    ``first_chunk``: the bytes read so far; ``response``: the open aiohttp
-    response (read the rest from ``response.content``; close it when done);
-    ``instance_id``: the replica's instance id header, if any.
+    ``first_chunk``: the (decoded) bytes read so far; ``response``: the open
+    aiohttp response (read the rest with :meth:`read_chunk` or
+    :meth:`read_rest`, which undo any ``Content-Encoding``; close it when
+    done); ``instance_id``: the replica's instance id header, if any.
     """
 
     response: aiohttp.ClientResponse
     first_chunk: bytes
     instance_id: str | None
+    decoder: BodyDecoder = field(default_factory=lambda: BodyDecoder(None))
+    finished: bool = False
+
+    async def read_chunk(self) -> bytes:
+        """The next decoded bytes of the body, b"" at its end.
+
+        Raises :class:`ContentCodingError` on corrupt or truncated compressed
+        data and aiohttp errors on a broken connection.
+        """
+        while not self.finished:
+            raw = await self.response.content.readany()
+            if not raw:
+                self.finished = True
+                return self.decoder.finish()
+            out = self.decoder.feed(raw)
+            if out:
+                return out
+        return b""
+
+    async def read_rest(self) -> bytes:
+        """The rest of the decoded body (after ``first_chunk``)."""
+        parts: list[bytes] = []
+        while chunk := await self.read_chunk():
+            parts.append(chunk)
+        return b"".join(parts)
 
     def close(self) -> None:
         """Abort the upstream connection (cancels the replica's work)."""
@@ -71,8 +193,11 @@ def make_session(pool_size: int, connect_timeout_s: float, read_timeout_s: float
     # No sock_read here: the first-byte wait and the per-chunk read wait are bounded
     # separately by the pipeline (first_byte_timeout_s, read_timeout_s).
     timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=None)
+    # Accept-Encoding: identity on every call (health checks included); compressed answers
+    # that arrive anyway are decoded by BodyDecoder, not by aiohttp (auto_decompress off).
     return aiohttp.ClientSession(
-        connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False
+        connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
+        headers=UPSTREAM_DEFAULT_HEADERS,
     )
 
 
@@ -93,15 +218,24 @@ async def open_upstream(
     resp: aiohttp.ClientResponse | None = None
     try:
         async with asyncio.timeout(first_byte_timeout_s):
-            resp = await session.post(url, json=body, headers=headers, allow_redirects=False)
+            resp = await session.post(url, json=body, headers={**UPSTREAM_DEFAULT_HEADERS, **headers},
+                                      allow_redirects=False)
+            encoding = resp.headers.get("Content-Encoding")
             if resp.status != 200:
                 data = await resp.content.read(65536)
                 resp.close()
+                try:  # only to read the error message; anything undecodable passes on as no message
+                    data = decode_body(data, encoding, 65536)
+                except ContentCodingError:
+                    data = b""
                 raise UpstreamFailure("status", f"replica answered {resp.status}", status=resp.status, body=data)
-            first = await resp.content.readany()
+            up = UpstreamStream(response=resp, first_chunk=b"", instance_id=resp.headers.get(INSTANCE_HEADER),
+                                decoder=BodyDecoder(encoding))
+            first = await up.read_chunk()
             if not first:
                 resp.close()
                 raise UpstreamFailure("protocol", "replica closed the response without a body")
+            up.first_chunk = first
     except TimeoutError:
         if resp is not None:
             resp.close()
@@ -112,8 +246,12 @@ async def open_upstream(
         if resp is not None:
             resp.close()
         raise UpstreamFailure("connect", f"replica connection failed: {type(exc).__name__}") from None
+    except ContentCodingError as exc:
+        if resp is not None:
+            resp.close()
+        raise UpstreamFailure("protocol", f"replica answer cannot be decoded: {exc}") from None
     except asyncio.CancelledError:
         if resp is not None:
             resp.close()
         raise
-    return UpstreamStream(response=resp, first_chunk=first, instance_id=resp.headers.get(INSTANCE_HEADER))
+    return up

@@ -132,9 +132,10 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
     (before reading the rest), 400 for an invalid ``Content-Length``, 408
     (``body_timeout``) for a body not complete in time, and 400
     (``client_disconnect``) when the client goes away mid-body. The 413,
-    408 and invalid-length answers carry ``Connection: close``: the server
-    then closes the connection instead of draining an unread (possibly
-    huge or never-ending) body to keep the connection alive.
+    408 and invalid-length answers carry ``Connection: close``: the
+    connection is never reused after them. Before such an answer goes out,
+    the framing guard (gateway/framing.py) reads and discards what is left
+    of the body within its bounds, so a client still uploading can read it.
     """
     lengths = request.headers.getlist("content-length")
     if lengths:

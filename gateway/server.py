@@ -40,7 +40,14 @@ class GatewayServer(uvicorn.Server):
 
 
 def uvicorn_config(app: object, host: str, port: int, **kw: object) -> uvicorn.Config:
-    """uvicorn settings shared by both listeners (no proxy headers, no server header)."""
+    """uvicorn settings shared by both listeners (no proxy headers, no server header).
+
+    ``kw`` overrides or adds ``uvicorn.Config`` arguments. The HTTP parser is
+    ``http="h11"`` unless ``kw`` names another: uvicorn's default ("auto")
+    would silently switch to httptools as soon as that package is installed.
+    Both parsers are covered by tests/hostile/test_i10_http_framing.py.
+    """
+    kw.setdefault("http", "h11")
     return uvicorn.Config(
         app, host=host, port=port, proxy_headers=False, server_header=False, access_log=False,
         lifespan="off", timeout_graceful_shutdown=DRAIN_TIMEOUT_S, log_level="warning", **kw,  # type: ignore[arg-type]

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 
 import aiohttp
 
+from gateway.proxy import ContentCodingError, decode_body
 from gateway.routing.replicas import ReplicaSet, UnknownReplicaError
 
 __all__ = ["HealthChecker"]
@@ -60,8 +62,10 @@ class HealthChecker:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
                 if resp.status != 200:
                     return None
-                body = await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                # a compressing replica (or proxy) is decoded, not failed (issue 10, finding 5)
+                raw = decode_body(await resp.read(), resp.headers.get("Content-Encoding"), 1 << 20)
+            body = json.loads(raw)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, ContentCodingError):
             return None
         if not isinstance(body, dict):
             return None

@@ -1,0 +1,192 @@
+"""HTTP/1.1 message framing guard: an ASGI middleware in front of both listeners.
+
+Two jobs, the same under either HTTP parser uvicorn offers (h11, httptools),
+which differ in what they accept:
+
+1. **Refuse ambiguous framing before the app** (RFC 9112 section 6.3, request
+   smuggling): ``Transfer-Encoding`` together with ``Content-Length``,
+   ``Content-Length`` values that differ or are not ``1*DIGIT``, and any
+   ``Transfer-Encoding`` other than a single ``chunked``. (Repeated equal
+   ``Content-Length`` values are unambiguous: h11 folds them into one,
+   httptools refuses them with its own 400; both are allowed by RFC 9110
+   section 8.6.) The answer is 400
+   (JSON error, code ``invalid_framing``) with ``Connection: close``: what
+   follows on the connection (a pipelined request) is never parsed. h11
+   lets ``Transfer-Encoding`` override ``Content-Length``; a proxy in front
+   that honours the length instead would see a different request boundary,
+   so the combination is refused outright.
+
+2. **Make early answers readable** (issue 10, finding 6). When the app
+   answers before it has read the whole request body (413 over the size
+   cap, 401, 405, ...), the guard first reads and discards the rest of the
+   body — at most ``max_drain_bytes`` bytes in total and only until
+   ``drain_timeout_s`` seconds after the request arrived — and only then
+   sends the answer. A client that uploads its whole body before reading
+   (``httpx``, the OpenAI SDK's transport) then reads the answer instead of
+   a connection reset. A body that cannot be drained (declared larger than
+   the cap, still arriving at the deadline, more bytes than the cap, or
+   ``Expect: 100-continue`` not yet granted) is not read; the answer carries
+   ``Connection: close`` and the server closes the connection after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from gateway.errors import GatewayError
+
+__all__ = ["FramingGuard", "framing_problem", "drain_cap"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_DIGITS = re.compile(rb"[0-9]+")
+MIN_DRAIN_BYTES = 8 * 1024 * 1024
+
+
+def drain_cap(max_body_bytes: int) -> int:
+    """The most request-body bytes read to answer an early refusal: max(4 x ``max_body_bytes``, 8 MiB)."""
+    return max(4 * max_body_bytes, MIN_DRAIN_BYTES)
+
+
+def framing_problem(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Return why a request's body framing is refused, or None when it is unambiguous.
+
+    ``headers``: the ASGI ``scope["headers"]`` (lower-case names, raw values).
+    Refused: ``Transfer-Encoding`` with ``Content-Length``; several
+    ``Transfer-Encoding`` values or one other than ``chunked``; a
+    ``Content-Length`` that is not ``1*DIGIT``; differing ``Content-Length``
+    values (identical repeats count as one, RFC 9110 section 8.6).
+    """
+    lengths: list[bytes] = []
+    encodings: list[bytes] = []
+    for name, value in headers:
+        if name == b"content-length":
+            lengths += [v.strip() for v in value.split(b",")]
+        elif name == b"transfer-encoding":
+            encodings += [v.strip().lower() for v in value.split(b",")]
+    if encodings and lengths:
+        return "Content-Length and Transfer-Encoding must not be sent together"
+    if encodings and encodings != [b"chunked"]:
+        return "only Transfer-Encoding: chunked is supported"
+    if any(not _DIGITS.fullmatch(v) for v in lengths):
+        return "invalid Content-Length header"
+    if len({int(v) for v in lengths}) > 1:
+        return "conflicting Content-Length headers"
+    return None
+
+
+class _Body:
+    """What the guard knows about one request's body."""
+
+    __slots__ = ("declared", "complete", "received", "receive_called", "in_receive", "expect_continue")
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        self.declared: int | None = None
+        chunked = False
+        self.expect_continue = False
+        for name, value in headers:
+            if name == b"content-length":
+                self.declared = int(value.split(b",")[0].strip())
+            elif name == b"transfer-encoding":
+                chunked = True
+            elif name == b"expect" and value.strip().lower() == b"100-continue":
+                self.expect_continue = True
+        self.complete = not chunked and not self.declared
+        self.received = 0
+        self.receive_called = False
+        self.in_receive = False
+
+    def saw(self, message: Message) -> None:
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                self.complete = True
+        else:  # http.disconnect: nothing more will arrive
+            self.complete = True
+
+
+class FramingGuard:
+    """ASGI middleware: refuse ambiguous framing, drain unread bodies before early answers.
+
+    ``max_drain_bytes``: the most body bytes (read by the app plus drained)
+    the guard reads before an answer (see :func:`drain_cap`);
+    ``drain_timeout_s``: draining stops this many seconds after the request
+    reached the guard (use ``limits.body_read_timeout_s``). Non-HTTP scopes
+    pass through untouched.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_drain_bytes: int, drain_timeout_s: float) -> None:
+        if max_drain_bytes < 0 or drain_timeout_s <= 0:
+            raise ValueError("max_drain_bytes must be >= 0 and drain_timeout_s > 0")
+        self.app = app
+        self.max_drain_bytes = max_drain_bytes
+        self.drain_timeout_s = drain_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = scope.get("headers") or []
+        problem = framing_problem(headers)
+        if problem is not None:
+            err = GatewayError(400, "invalid_framing", problem, headers={"Connection": "close"})
+            await err.response()(scope, receive, send)
+            return
+        body = _Body(headers)
+        deadline = asyncio.get_running_loop().time() + self.drain_timeout_s
+
+        async def guarded_receive() -> Message:
+            body.receive_called = True
+            body.in_receive = True
+            try:
+                message = await receive()
+            finally:
+                body.in_receive = False
+            body.saw(message)
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and not body.complete:
+                if not await self._drain(body, receive, deadline):
+                    message = dict(message)
+                    message["headers"] = _with_close(message.get("headers") or [])
+            await send(message)
+
+        await self.app(scope, guarded_receive, guarded_send)
+
+    async def _drain(self, body: _Body, receive: Receive, deadline: float) -> bool:
+        """Read and discard the rest of the body; True when all of it was read."""
+        if body.in_receive:  # another task of the app is reading: leave the connection to close
+            return False
+        if body.expect_continue and not body.receive_called:
+            return False  # the client waits for "100 Continue" and has sent nothing: do not invite it
+        if body.declared is not None and body.declared > self.max_drain_bytes:
+            return False
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            return False
+        try:
+            async with asyncio.timeout(remaining):
+                while not body.complete:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return False
+                    body.saw(message)
+                    if body.received > self.max_drain_bytes:
+                        return False
+        except TimeoutError:
+            return False
+        return True
+
+
+def _with_close(headers: Any) -> list[tuple[bytes, bytes]]:
+    out = [(bytes(k), bytes(v)) for k, v in headers if bytes(k).lower() != b"connection"]
+    out.append((b"connection", b"close"))
+    return out
