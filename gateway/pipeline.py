@@ -15,7 +15,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -247,7 +247,7 @@ class InferencePipeline:
         up = held.up
         assert up is not None and held.attempt is not None
 
-        async def body() -> AsyncIterator[bytes]:
+        async def body() -> AsyncGenerator[bytes, None]:
             held.started = True
             rec.outcome, rec.status = "failed", 200
             try:
@@ -281,14 +281,13 @@ class InferencePipeline:
                 held.usage = scanner.usage
                 self._end(rec, held)
 
-        def never_started() -> None:
-            # the client left between the replica's first byte and the start of the answer
-            if not held.started:
+        def on_call_end() -> None:
+            if not held.started:  # the client left between the replica's first byte and the answer's start
                 rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
             self._end(rec, held)
 
         headers = {"Cache-Control": "no-cache", "X-Request-Id": rec.request_id}
-        return _EndingStreamingResponse(body(), on_end=never_started, media_type="text/event-stream", headers=headers)
+        return _EndingStreamingResponse(body(), on_end=on_call_end, media_type="text/event-stream", headers=headers)
 
     async def _plain_response(self, request: Request, rec: RequestRecord, held: _Held) -> Response:
         """Read the rest of a plain answer; :meth:`handle`'s exit path ends the request."""
@@ -397,13 +396,15 @@ class _EndingStreamingResponse(StreamingResponse):
     """A streaming answer that ends its request however its ASGI call ends.
 
     The body generator ends the request in its own ``finally``; but when the
-    client is gone before the generator ever started (Starlette cancels the
-    sender as soon as it sees the disconnect, or the first ``send`` fails),
-    that ``finally`` never runs. So the call closes the generator (running its
-    ending if it stopped mid-way) and then calls ``on_end`` (idempotent).
+    generator never started — the first ``send`` failed because the client
+    was gone (ASGI 2.4: ``OSError``), or the sending task was cancelled
+    before its first step — that ``finally`` never runs, and a generator left
+    suspended at a ``yield`` only runs it whenever it is garbage-collected.
+    So the call closes the generator (running its ending now if it stopped
+    mid-way) and then calls ``on_end`` (idempotent), whatever way it ended.
     """
 
-    def __init__(self, content: AsyncIterator[bytes], *, on_end: Callable[[], None], **kw: Any) -> None:
+    def __init__(self, content: AsyncGenerator[bytes, None], *, on_end: Callable[[], None], **kw: Any) -> None:
         super().__init__(content, **kw)
         self._on_end = on_end
         self._content = content
@@ -413,9 +414,7 @@ class _EndingStreamingResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             try:
-                aclose = getattr(self._content, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+                await self._content.aclose()
             finally:
                 self._on_end()
 
