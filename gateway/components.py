@@ -40,7 +40,7 @@ from gateway.routing.health import HealthChecker
 from gateway.routing.index import PrefixIndex
 from gateway.routing.load import LoadTracker
 from gateway.routing.policies import build_policy
-from gateway.routing.replicas import Replica, ReplicaSet
+from gateway.routing.replicas import Attempt, Replica, ReplicaSet
 from gateway.routing.router import Router
 from policy.decision import Decision, PolicyError
 from policy.input import build_policy_input
@@ -314,15 +314,20 @@ class Components:
         self.audit.inject_trace_headers(headers, rec)
         return headers
 
-    def upstream_failed(self, replica_id: str, fail: UpstreamFailure) -> None:
-        """Count a failed call; replica faults feed the circuit breaker."""
+    def upstream_failed(self, attempt: Attempt, fail: UpstreamFailure) -> None:
+        """Count a failed call and settle its breaker attempt: a replica fault
+        (5xx, timeout, connect error, reset, broken answer) is a failure; an
+        answer below 500 (the client's fault, 429 included) shows the replica
+        alive and is a success (docs/routing.md, "Circuit breaker")."""
         self.metrics.upstream_failures.labels(fail.kind).inc()
-        if fail.replica_fault and replica_id:
-            self.replica_set.record_failure(replica_id)
+        if fail.replica_fault:
+            attempt.failed()
+        else:
+            attempt.succeeded()
 
     def upstream_ok(self, replica_id: str, instance_id: str | None) -> None:
-        """A replica answered: close its breaker; a changed instance id means it restarted."""
-        self.replica_set.record_success(replica_id)
+        """A replica started answering; a changed instance id means it restarted.
+        (The breaker verdict waits for the end of the answer: see the pipeline.)"""
         if instance_id and self.replica_set.observe_instance(replica_id, instance_id):
             self._on_restart(replica_id)
 

@@ -15,18 +15,20 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from gateway.components import Components
 from gateway.errors import GatewayError
 from gateway.proxy import UpstreamFailure, UpstreamStream, open_upstream
 from gateway.request import Endpoint, InferenceRequest, parse_inference_request, read_body
 from gateway.routing.policies import RouteRequest
+from gateway.routing.replicas import Attempt
 from gateway.sse import SseScanner, error_event
 
 __all__ = ["InferencePipeline", "RequestRecord", "ClientGone"]
@@ -104,7 +106,7 @@ class InferencePipeline:
             client_addr=request.client.host if request.client else None,
             t0=time.perf_counter(),
         )
-        lease = None
+        held = _Held()
         c.audit.start_span(rec, request.headers)
         try:
             if not c.audit_accepting():
@@ -116,7 +118,7 @@ class InferencePipeline:
             # 2 resolve tenant; rate and concurrency limits before any work
             tenant = c.resolve_tenant(identity)
             rec.tenant_id = tenant.id
-            lease = c.admit(tenant)
+            held.lease = c.admit(tenant)
             # 3 parse
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
             req = parse_inference_request(raw, endpoint, self.cfg.limits.max_json_depth)
@@ -156,37 +158,30 @@ class InferencePipeline:
                 block_size=self.cfg.routing.block_size,
             )
             # 6+7 route and proxy, retrying on another replica before the first byte
-            return await self._route_and_proxy(request, req, rec, tenant, route_req, chains, allowed, body, lease)
+            return await self._route_and_proxy(request, req, rec, tenant, route_req, chains, allowed, body, held)
         except GatewayError as err:
             rec.status, rec.outcome, rec.error_code = err.status, err.outcome, err.code
-            if lease is not None:
-                lease.release()
-            self._finish(rec)
             return err.response()
         except ClientGone:
             # The client hung up before any answer: nobody reads a response; 499 is for the record.
             rec.status, rec.outcome, rec.error_code = 499, "cancelled", "client_disconnect"
-            if lease is not None:
-                lease.release()
-            self._finish(rec)
             return Response(status_code=499)
         except asyncio.CancelledError:
             rec.status, rec.outcome, rec.error_code = 499, "cancelled", "client_disconnect"
-            if lease is not None:
-                lease.release()
-            self._finish(rec)
             raise
         except Exception:  # a bug: answer 500 but never lose the audit record
             c.log.exception("unhandled error in request %s", rec.request_id)
             rec.status, rec.outcome, rec.error_code = 500, "failed", "internal_error"
-            if lease is not None:
-                lease.release()
-            self._finish(rec)
             return GatewayError(500, "internal_error", "internal error").response()
+        finally:
+            # The one exit path: everything the request holds is given back and its audit
+            # record written, however it ended; a streaming answer does this when it ends.
+            if not held.handed_off:
+                self._end(rec, held)
 
     async def _route_and_proxy(
         self, request: Request, req: InferenceRequest, rec: RequestRecord, tenant: Any,
-        route_req: RouteRequest, chains: Any, allowed: list[Any], body: dict[str, Any], lease: Any,
+        route_req: RouteRequest, chains: Any, allowed: list[Any], body: dict[str, Any], held: _Held,
     ) -> Response:
         c = self.c
         ucfg = self.cfg.upstream
@@ -195,10 +190,12 @@ class InferencePipeline:
         last: UpstreamFailure | None = None
         budget_used = 0  # connect failures (request never reached a replica) do not use the budget
         while remaining and budget_used < ucfg.max_attempts:
+            held.end_attempt()  # the previous attempt's verdict was given; give back what it held
             rec.attempts += 1
-            choice, ticket = c.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
+            choice, held.ticket = c.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
+            held.choice = choice
             replica = c.replica(choice.replica_id)
-            c.replica_set.on_dispatch(replica.id)
+            held.attempt = c.replica_set.attempt(replica.id)
             rec.replica, rec.pool, rec.routing_policy = replica.id, replica.pool, choice.policy
             rec.predicted_prefix_tokens = choice.predicted_prefix_tokens
             rec.available_prefix_tokens = choice.available_prefix_tokens
@@ -213,9 +210,8 @@ class InferencePipeline:
                 up = await _unless_client_leaves(
                     request, open_upstream(c.session, replica.url + rec.endpoint, upstream_body, headers, budget))
             except UpstreamFailure as fail:
-                ticket.finish()
                 last = fail
-                c.upstream_failed(replica.id, fail)
+                c.upstream_failed(held.attempt, fail)
                 if fail.kind != "connect":
                     budget_used += 1
                 if not fail.retryable:
@@ -224,17 +220,16 @@ class InferencePipeline:
                 if time.perf_counter() >= deadline:
                     break
                 continue
-            except BaseException:  # the client went away (ClientGone) or the task was cancelled
-                ticket.finish()
-                c.replica_set.release_probe(replica.id)
-                raise
+            held.up = up
             budget_used += 1
             c.upstream_ok(replica.id, up.instance_id)
             rec.t_first_byte = time.perf_counter()
-            ticket.first_token()
+            held.ticket.first_token()
             if req.stream:
-                return self._stream_response(req, rec, up, ticket, choice, lease)
-            return await self._plain_response(request, rec, up, ticket, choice, lease)
+                response = self._stream_response(req, rec, held)
+                held.handed_off = True
+                return response
+            return await self._plain_response(request, rec, held)
         raise self._failure_error(last)
 
     def _failure_error(self, fail: UpstreamFailure | None) -> GatewayError:
@@ -246,12 +241,14 @@ class InferencePipeline:
             return GatewayError(504, "upstream_timeout", "the replica did not answer in time")
         return GatewayError(502, "upstream_error", "the replica failed to answer")
 
-    def _stream_response(self, req: InferenceRequest, rec: RequestRecord, up: UpstreamStream,
-                         ticket: Any, choice: Any, lease: Any) -> Response:
+    def _stream_response(self, req: InferenceRequest, rec: RequestRecord, held: _Held) -> Response:
         scanner = SseScanner(keep_usage_chunk=req.include_usage)
         read_timeout = self.cfg.upstream.read_timeout_s
+        up = held.up
+        assert up is not None and held.attempt is not None
 
-        async def body() -> AsyncIterator[bytes]:
+        async def body() -> AsyncGenerator[bytes, None]:
+            held.started = True
             rec.outcome, rec.status = "failed", 200
             try:
                 first = scanner.feed(up.first_chunk)
@@ -267,69 +264,159 @@ class InferencePipeline:
                         yield out
                 scanner.finish()
                 rec.outcome = "allowed"
+                held.attempt.succeeded()
             except Exception as exc:  # broken SSE, read timeout, connection reset
                 code = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_stream_error"
                 rec.error_code = code
-                self.c.upstream_failed(rec.replica or "", UpstreamFailure("protocol", str(exc)))
+                self.c.upstream_failed(held.attempt, UpstreamFailure("protocol", str(exc)))
                 yield error_event("the replica stream failed before completion", code)
             except BaseException:
                 if scanner.done:  # the client hung up after [DONE]: it got the whole answer
                     rec.outcome = "allowed"
+                    held.attempt.succeeded()
                 else:
                     rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
                 raise
             finally:
-                up.close()
-                self._complete(rec, scanner.usage, ticket, choice, lease)
+                held.usage = scanner.usage
+                self._end(rec, held)
+
+        def on_call_end() -> None:
+            if not held.started:  # the client left between the replica's first byte and the answer's start
+                rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
+            self._end(rec, held)
 
         headers = {"Cache-Control": "no-cache", "X-Request-Id": rec.request_id}
-        return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+        return _EndingStreamingResponse(body(), on_end=on_call_end, media_type="text/event-stream", headers=headers)
 
-    async def _plain_response(self, request: Request, rec: RequestRecord, up: UpstreamStream,
-                              ticket: Any, choice: Any, lease: Any) -> Response:
-        usage = None
+    async def _plain_response(self, request: Request, rec: RequestRecord, held: _Held) -> Response:
+        """Read the rest of a plain answer; :meth:`handle`'s exit path ends the request."""
+        up = held.up
+        assert up is not None and held.attempt is not None
+
+        async def read_rest() -> bytes:
+            async with asyncio.timeout(self.cfg.upstream.read_timeout_s):
+                rest = await up.read_rest()
+            return up.first_chunk + rest
+
         try:
-            async def read_rest() -> bytes:
-                async with asyncio.timeout(self.cfg.upstream.read_timeout_s):
-                    rest = await up.read_rest()
-                return up.first_chunk + rest
+            data = await _unless_client_leaves(request, read_rest())
+            obj = _json_object(data)
+        except ClientGone:
+            rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
+            return Response(status_code=499)
+        except Exception as exc:  # timeout, broken connection, not a JSON object
+            self.c.upstream_failed(held.attempt, UpstreamFailure("protocol", str(exc)))
+            err = GatewayError(502, "upstream_error", "the replica sent an invalid answer")
+            rec.status, rec.outcome, rec.error_code = 502, "failed", err.code
+            return err.response()
+        held.attempt.succeeded()
+        held.usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+        rec.status, rec.outcome = 200, "allowed"
+        # parsed only to check it and read usage: the replica's bytes go out unchanged
+        return Response(data, media_type="application/json", headers={"X-Request-Id": rec.request_id})
 
-            try:
-                data = await _unless_client_leaves(request, read_rest())
-                obj = _json_object(data)
-            except ClientGone:
-                rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
-                return Response(status_code=499)
-            except Exception as exc:  # timeout, broken connection, not a JSON object
-                self.c.upstream_failed(rec.replica or "", UpstreamFailure("protocol", str(exc)))
-                err = GatewayError(502, "upstream_error", "the replica sent an invalid answer")
-                rec.status, rec.outcome, rec.error_code = 502, "failed", err.code
-                return err.response()
-            usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
-            rec.status, rec.outcome = 200, "allowed"
-            # parsed only to check it and read usage: the replica's bytes go out unchanged
-            return Response(data, media_type="application/json", headers={"X-Request-Id": rec.request_id})
+    def _end(self, rec: RequestRecord, held: _Held) -> None:
+        """End the request (idempotent): give back all it holds, then write its one audit record."""
+        if held.ended:
+            return
+        held.ended = True
+        try:
+            held.release()
         finally:
-            up.close()
-            self._complete(rec, usage, ticket, choice, lease)
+            self._complete(rec, held.usage, held.choice)
 
-    def _complete(self, rec: RequestRecord, usage: dict[str, Any] | None, ticket: Any, choice: Any, lease: Any) -> None:
-        ticket.finish()
-        if lease is not None:
-            lease.release()
+    def _complete(self, rec: RequestRecord, usage: dict[str, Any] | None, choice: Any) -> None:
         if usage:
             details = usage.get("prompt_tokens_details") or {}
             cached = details.get("cached_tokens") if isinstance(details, dict) else None
             rec.cached_tokens = cached if isinstance(cached, int) else None
             out = usage.get("completion_tokens")
             rec.output_tokens = out if isinstance(out, int) else None
-        if rec.cached_tokens is not None:
+        if rec.cached_tokens is not None and choice is not None:
             self.c.router.observe_delivered(choice, rec.cached_tokens)
         self._finish(rec)
 
     def _finish(self, rec: RequestRecord) -> None:
         rec.t_end = time.perf_counter()
         self.c.record(rec)
+
+
+class _Held:
+    """What one request holds until it ends, and the verdicts it owes.
+
+    ``lease``: the tenant's concurrency slot; ``ticket``: the router's load
+    ticket of the current attempt; ``attempt``: its circuit-breaker attempt;
+    ``up``: the open upstream response; ``choice``/``usage``: for the record.
+    :meth:`end_attempt` gives back the current attempt's share (closing the
+    upstream, finishing the ticket, releasing a breaker attempt that has no
+    verdict), :meth:`release` that and the lease. Both are idempotent; the
+    request's one exit path (``InferencePipeline._end``) calls them.
+    ``handed_off``: a streaming answer owns the ending; ``started``: its body
+    began; ``ended``: the request was ended.
+    """
+
+    __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended")
+
+    def __init__(self) -> None:
+        self.lease: Any = None
+        self.ticket: Any = None
+        self.attempt: Attempt | None = None
+        self.up: UpstreamStream | None = None
+        self.choice: Any = None
+        self.usage: dict[str, Any] | None = None
+        self.handed_off = False
+        self.started = False
+        self.ended = False
+
+    def end_attempt(self) -> None:
+        """Close the upstream response, finish the load ticket, release the breaker attempt."""
+        up, self.up = self.up, None
+        try:
+            if up is not None:
+                up.close()
+        finally:
+            try:
+                if self.ticket is not None:
+                    self.ticket.finish()
+            finally:
+                if self.attempt is not None:
+                    self.attempt.release()
+
+    def release(self) -> None:
+        """:meth:`end_attempt`, then free the tenant's concurrency slot."""
+        try:
+            self.end_attempt()
+        finally:
+            if self.lease is not None:
+                self.lease.release()
+
+
+class _EndingStreamingResponse(StreamingResponse):
+    """A streaming answer that ends its request however its ASGI call ends.
+
+    The body generator ends the request in its own ``finally``; but when the
+    generator never started — the first ``send`` failed because the client
+    was gone (ASGI 2.4: ``OSError``), or the sending task was cancelled
+    before its first step — that ``finally`` never runs, and a generator left
+    suspended at a ``yield`` only runs it whenever it is garbage-collected.
+    So the call closes the generator (running its ending now if it stopped
+    mid-way) and then calls ``on_end`` (idempotent), whatever way it ended.
+    """
+
+    def __init__(self, content: AsyncGenerator[bytes, None], *, on_end: Callable[[], None], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._on_end = on_end
+        self._content = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self._content.aclose()
+            finally:
+                self._on_end()
 
 
 class ClientGone(Exception):

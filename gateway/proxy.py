@@ -125,8 +125,11 @@ class UpstreamFailure(Exception):
     ``kind``: ``connect``, ``timeout``, ``status``, ``protocol``;
     ``status``: the replica's HTTP status for ``status`` failures;
     ``body``: the replica's error body (``status`` 4xx only, passed through);
-    ``retryable``: another replica may succeed; ``replica_fault``: counts
-    against the replica's health (false for a client-caused 4xx).
+    ``retryable``: another replica may succeed (not for a client-caused
+    4xx; 429 is retried elsewhere); ``replica_fault``: counts against the
+    replica's circuit breaker — false for every answer below 500, 429
+    included (as Envoy's outlier detection counts only 5xx and locally
+    originated errors: connect, timeout, reset).
     """
 
     def __init__(self, kind: str, message: str, *, status: int | None = None, body: bytes = b"") -> None:
@@ -136,7 +139,7 @@ class UpstreamFailure(Exception):
         self.body = body
         client_fault = kind == "status" and status is not None and 400 <= status < 500 and status != 429
         self.retryable = not client_fault
-        self.replica_fault = not client_fault
+        self.replica_fault = not (kind == "status" and status is not None and status < 500)
 
 
 @dataclass(slots=True)

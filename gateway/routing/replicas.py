@@ -9,6 +9,13 @@ the classic circuit-breaker state machine (Nygard, "Release It!").
 Client-caused 4xx answers prove the replica is alive and never count as
 failures. A replica is routable iff it is healthy and its circuit allows a
 request.
+
+Every upstream attempt is an :class:`Attempt` (``ReplicaSet.attempt``) that
+takes exactly one verdict: ``succeeded``, ``failed`` or, when it ended with
+no verdict on the replica (the client left, the task was cancelled, the
+gateway failed), ``release`` — which is also what leaving it as a context
+manager does, so no way an attempt ends can leave a half-open probe in
+flight for good (see docs/routing.md, "Circuit breaker").
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["Replica", "ReplicaSet", "ReplicaState", "CircuitState", "UnknownReplicaError"]
+__all__ = ["Attempt", "Replica", "ReplicaSet", "ReplicaState", "CircuitState", "UnknownReplicaError"]
 
 
 class UnknownReplicaError(KeyError):
@@ -139,12 +146,24 @@ class ReplicaSet:
             if (allowed is None or r.pool in allowed) and self.is_routable(rid)
         ]
 
-    def on_dispatch(self, replica_id: str) -> None:
+    def on_dispatch(self, replica_id: str) -> bool:
         """Call when a request is sent to ``replica_id``: in half-open state
-        it becomes the single probe (others are held back until it resolves)."""
+        it becomes the single probe (others are held back until it resolves).
+        Returns True when it became the probe. Prefer :meth:`attempt`, which
+        also guarantees the probe is settled."""
         st = self.state(replica_id)
         if st.circuit is CircuitState.HALF_OPEN:
             st.probe_in_flight = True
+            return True
+        return False
+
+    def attempt(self, replica_id: str) -> Attempt:
+        """Dispatch one upstream attempt to ``replica_id`` (:meth:`on_dispatch`)
+        and return its :class:`Attempt`, which must be settled however the
+        attempt ends (use it as a context manager, or call
+        :meth:`Attempt.release` in a ``finally``). Raises
+        :class:`UnknownReplicaError`."""
+        return Attempt(self, replica_id, self.on_dispatch(replica_id))
 
     def release_probe(self, replica_id: str) -> None:
         """The request chosen as the half-open probe ended without a verdict
@@ -197,3 +216,62 @@ class ReplicaSet:
             st.probe_in_flight = False
             return True
         return False
+
+
+class Attempt:
+    """One upstream attempt on one replica, from dispatch to its verdict.
+
+    Made by :meth:`ReplicaSet.attempt`. The first of :meth:`succeeded`,
+    :meth:`failed` and :meth:`release` settles it; later calls do nothing, so
+    the code that knows the verdict gives it and one ``finally`` (or the
+    ``with`` block's exit) releases whatever ended without one. ``probe`` is
+    True when this attempt is the replica's half-open probe. Verdicts on a
+    replica removed meanwhile are dropped (never raise).
+    """
+
+    __slots__ = ("replica_id", "probe", "_set", "_open")
+
+    def __init__(self, replica_set: ReplicaSet, replica_id: str, probe: bool) -> None:
+        self.replica_id = replica_id
+        self.probe = probe
+        self._set = replica_set
+        self._open = True
+
+    @property
+    def settled(self) -> bool:
+        """True once a verdict (or a release) was applied."""
+        return not self._open
+
+    def succeeded(self) -> None:
+        """The replica gave a complete answer, or an answer that is the
+        client's fault (status below 500): reset its failures, close the circuit."""
+        if self._settle():
+            self._apply(self._set.record_success)
+
+    def failed(self) -> None:
+        """A replica fault (5xx, timeout, connect error, reset or broken
+        answer): count it; a failed probe re-opens the circuit."""
+        if self._settle():
+            self._apply(self._set.record_failure)
+
+    def release(self) -> None:
+        """No verdict on the replica (client gone, cancelled, gateway error):
+        if this attempt was the half-open probe, let the next request probe."""
+        if self._settle() and self.probe:
+            self._apply(self._set.release_probe)
+
+    def _settle(self) -> bool:
+        was_open, self._open = self._open, False
+        return was_open
+
+    def _apply(self, fn: Callable[[str], None]) -> None:
+        try:
+            fn(self.replica_id)
+        except UnknownReplicaError:
+            pass
+
+    def __enter__(self) -> Attempt:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
