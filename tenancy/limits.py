@@ -106,15 +106,18 @@ class TokenBucket:
             self.level = min(self.burst, self.level + (now - self.updated) * self.rate)
             self.updated = now
 
-    def try_take(self, n: float, now: float, *, allow_debt: bool = False) -> float:
+    def try_take(self, n: float, now: float, *, allow_debt: bool = False, need: float | None = None) -> float:
         """Take ``n`` units; return 0.0 on success, else seconds until it would succeed.
 
         Without ``allow_debt`` needs ``level >= n`` (``n > burst`` can never
         succeed: returns ``inf``). With ``allow_debt`` needs ``level >= min(n, burst)``
-        and the level may go negative.
+        (or ``need`` when given, at most the burst) and the level may go negative.
         """
         self._refill(now)
-        need = min(n, self.burst) if allow_debt else n
+        if allow_debt:
+            need = min(n, self.burst) if need is None else min(need, self.burst)
+        else:
+            need = n
         if need > self.burst:
             return math.inf
         if self.level >= need:
@@ -224,8 +227,8 @@ class TenantLimiter:
 
         Each extra sequence takes one concurrency slot (the lease's
         ``weight`` grows; :meth:`Lease.release` frees them all) and one unit
-        of the request bucket; the bucket may go into debt for a batch larger
-        than its burst, as the prompt-token bucket does. Raises
+        of the request bucket; a batch larger than the burst is served when
+        the bucket is full and leaves it in debt, as the prompt-token bucket does. Raises
         :class:`ConcurrencyLimited` or :class:`RateLimited` (reason
         ``tenant_request_rate``); a refused charge takes nothing.
         """
@@ -241,7 +244,9 @@ class TenantLimiter:
             if tenant.rate_rps is not None:
                 burst = tenant.rate_burst or max(1.0, tenant.rate_rps)
                 st.requests = _bucket(st.requests, tenant.rate_rps, burst, now)
-                wait = st.requests.try_take(extra, now, allow_debt=True)
+                # the whole batch needs min(sequences, burst) units; admit() took the first
+                wait = st.requests.try_take(extra, now, allow_debt=True,
+                                            need=min(extra, max(0.0, st.requests.burst - 1)))
                 if wait > 0:
                     raise RateLimited(wait, "tenant_request_rate")
             st.in_flight += extra
