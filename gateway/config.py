@@ -47,6 +47,10 @@ class LimitsConfig(_Section):
     ``max_messages``: gateway-wide ceiling of chat messages per request (a
     tenant's own bound, derived or set, is never above it); counted on the
     parsed JSON before schema validation (400 ``too_many_messages``).
+    ``max_json_items``: ceiling of JSON values per body (bounded from above
+    by counting ``{``, ``[`` and ``,`` bytes before decoding; 400
+    ``too_many_json_items``): decoding, validating and rendering cost grows
+    with the number of values, not the bytes.
     """
 
     max_body_bytes: int = Field(1 << 20, ge=1024)
@@ -54,6 +58,7 @@ class LimitsConfig(_Section):
     max_json_depth: int = Field(32, ge=4, le=256)
     max_output_tokens: int = Field(32768, ge=1)
     max_messages: int = Field(2048, ge=1)
+    max_json_items: int = Field(65536, ge=64)
 
 
 class UpstreamConfig(_Section):

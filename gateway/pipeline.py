@@ -123,7 +123,8 @@ class InferencePipeline:
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
             req = parse_inference_request(raw, endpoint, self.cfg.limits.max_json_depth,
                                           max_messages=bounds.max_messages,
-                                          max_batch_prompts=bounds.max_batch_prompts)
+                                          max_batch_prompts=bounds.max_batch_prompts,
+                                          max_json_items=self.cfg.limits.max_json_items)
             rec.stream = req.stream
             if req.model not in c.served_models:  # a client-chosen string: never copied into the audit trail
                 raise GatewayError(404, "model_not_found", "the requested model does not exist", param="model")

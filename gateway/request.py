@@ -230,21 +230,36 @@ def _extra_text(body: dict[str, Any]) -> str:
     return json.dumps(extra, ensure_ascii=False, separators=(",", ":"))
 
 
+def json_items_bound(raw: bytes) -> int:
+    """Upper bound on the JSON values in ``raw``: ``{`` + ``[`` + ``,`` bytes + 1.
+
+    Every value after the first is preceded by a comma or opens its
+    container; bytes inside strings only raise the count. Runs in C
+    (``bytes.count``), before any decoding.
+    """
+    return raw.count(b",") + raw.count(b"{") + raw.count(b"[") + 1
+
+
 def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32, *,
                             max_messages: int | None = None,
-                            max_batch_prompts: int | None = None) -> InferenceRequest:
+                            max_batch_prompts: int | None = None,
+                            max_json_items: int | None = None) -> InferenceRequest:
     """Decode and validate an OpenAI request body for ``endpoint``.
 
     Raises :class:`GatewayError` 400 with code ``invalid_json`` (not UTF-8,
     not JSON, not an object, nested deeper than ``max_depth``),
     ``too_many_messages`` (more chat messages than ``max_messages``),
     ``batch_too_large`` (a list ``prompt`` of more than ``max_batch_prompts``
-    elements) — both counted before schema validation — or
+    elements) — both counted before schema validation —, ``too_many_json_items``
+    (:func:`json_items_bound` above ``max_json_items``, counted before decoding) or
     ``invalid_request`` (schema violation; the message names the field, never
     its value). Validation is strict: JSON types are not coerced (``"stream":
     "yes"``, ``"max_tokens": "12"`` or ``12.0`` are refused, as OpenAI does),
     so the forwarded body is exactly what the schema says.
     """
+    if max_json_items is not None and json_items_bound(raw) > max_json_items:
+        raise GatewayError(400, "too_many_json_items",
+                           f"request body holds more than {max_json_items} JSON values")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

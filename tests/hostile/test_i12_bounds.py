@@ -163,13 +163,18 @@ async def test_prompt_just_over_the_token_limit_tokenizes_at_most_limit_plus_one
 
 
 async def test_thirty_thousand_messages_refused_before_validation(stack, capture, counting):
-    messages = [{"role": "user", "content": "hi"}] * 30_000
-    for workload in ("tenant-b/app", "tenant-small/app", "tenant-a/app"):  # none, 100 and 4000 token limits
-        r = await _post(stack, "/v1/chat/completions", {"model": "sim-model", "messages": messages,
-                                                        "max_tokens": 4}, workload)
-        assert r.status_code == 400, (workload, r.text)
-        assert r.json()["error"]["code"] == "too_many_messages"
+    for count, codes in ((30_000, {"too_many_json_items", "too_many_messages"}), (3_000, {"too_many_messages"})):
+        messages = [{"role": "user", "content": "hi"}] * count
+        for workload in ("tenant-b/app", "tenant-small/app", "tenant-a/app"):  # none, 100 and 4000 token limits
+            r = await _post(stack, "/v1/chat/completions", {"model": "sim-model", "messages": messages,
+                                                            "max_tokens": 4}, workload)
+            assert r.status_code == 400, (workload, r.text)
+            assert r.json()["error"]["code"] in codes
     assert counting.produced == [] and capture.seen == []
+    r = await _post(stack, "/v1/chat/completions", {"model": "sim-model", "max_tokens": 4,
+                                                    "messages": [{"role": "user", "content": "hi"}] * 21},
+                    "tenant-small/app")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_messages"  # derived: 100 // 5
     bounds = stack.components.request_bounds(stack.components.registry.get("tenant-small"))
     assert bounds.max_messages == 20  # each rendered message holds >= 5 tokens
 
@@ -195,6 +200,15 @@ async def test_tools_count_as_prompt_tokens(stack, capture):
                         "tenant-small/app")
     assert over3.status_code == 400 and over3.json()["error"]["code"] == "context_length_exceeded"
     assert len(capture.seen) == 1
+
+
+async def test_flood_of_tiny_json_values_refused_before_decoding(stack, capture, counting):
+    body = {"model": "sim-model", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"a": [[]] * 200_000}]}
+    r = await _post(stack, "/v1/chat/completions", body, "tenant-b/app")
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "too_many_json_items"
+    assert counting.produced == [] and capture.seen == []
 
 
 # ------------------------------------------------------------------ finding 3
