@@ -194,6 +194,7 @@ class AuditEvent:
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     cached_tokens: int | None = None
+    sequences: int | None = None
     route: RouteInfo = field(default_factory=RouteInfo)
     latency: Latencies = field(default_factory=Latencies)
     status_code: int | None = None

@@ -64,7 +64,7 @@ def _class_and_activity(event: AuditEvent) -> tuple[int, int, str]:
     return API_ACTIVITY, 1, "Create"
 
 
-_UNMAPPED_KEYS = ("tenant", "route", "latency", "prompt_tokens", "output_tokens", "cached_tokens", "prefix_fingerprint",
+_UNMAPPED_KEYS = ("tenant", "route", "latency", "prompt_tokens", "output_tokens", "cached_tokens", "sequences", "prefix_fingerprint",
                   "request_id", "outcome", "kind", "summary", "checkpoint", "operator", "alert")
 
 

@@ -228,6 +228,7 @@ class AuditHub:
             prompt_tokens=rec.prompt_tokens,
             output_tokens=rec.output_tokens,
             cached_tokens=rec.cached_tokens,
+            sequences=getattr(rec, "sequences", None),
             route=RouteInfo(rec.replica, rec.pool, rec.routing_policy, rec.predicted_prefix_tokens,
                             rec.available_prefix_tokens, rec.replica_load_tokens),
             latency=Latencies(rec.ms(rec.t0, rec.t_auth), rec.ms(rec.t_auth, rec.t_policy),

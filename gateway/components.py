@@ -44,6 +44,7 @@ from gateway.routing.replicas import Attempt, Replica, ReplicaSet
 from gateway.routing.router import Router
 from policy.decision import Decision, PolicyError
 from policy.input import build_policy_input
+from tenancy.bounds import RequestBounds, request_bounds
 from tenancy.keys import KeyRing, PrefixChains, load_master_secret
 from tenancy.limits import ConcurrencyLimited, RateLimited, SourceLimiter, TenantLimiter, clamp_max_tokens
 from tenancy.registry import Tenant, TenantRegistry
@@ -218,17 +219,76 @@ class Components:
             raise _too_many(getattr(exc, "retry_after_s", 1.0), "concurrency_limited",
                             "tenant concurrent request limit reached") from None
 
-    def check_prompt(self, tenant: Tenant, prompt_tokens: int) -> None:
-        """Per-request prompt size and prompt-tokens/s limits (400 / 429)."""
+    def request_bounds(self, tenant: Tenant) -> RequestBounds:
+        """The tenant's effective per-request bounds (see :mod:`tenancy.bounds`)."""
+        return request_bounds(tenant, self.tokenizer, max_messages_ceiling=self.config.limits.max_messages)
+
+    def admit_sequences(self, tenant: Tenant, lease: Any, sequences: int) -> None:
+        """A batch of ``sequences`` prompts takes that many request units and concurrency slots
+        (the first was taken by :meth:`admit`); 429 when they are not available."""
+        try:
+            self.limiter.add_sequences(tenant, lease, sequences - 1, time.monotonic())
+        except RateLimited as exc:
+            raise _too_many(exc.retry_after_s, "rate_limited", "tenant request rate exceeded") from None
+        except ConcurrencyLimited as exc:
+            raise _too_many(exc.retry_after_s, "concurrency_limited",
+                            "tenant concurrent request limit reached (each prompt of a batch takes a slot)") from None
+
+    def prompt_tokens(self, bounds: RequestBounds, req: Any) -> tuple[list[int], int]:
+        """Size-check and tokenize each sequence of ``req``; return (tokens to hash, total prompt tokens).
+
+        Cheapest first: each sequence's UTF-8 size (with the chat request's
+        tools and other token-bearing fields, ``req.extra_text``) against
+        ``max_prompt_bytes`` (400 ``prompt_too_large``, nothing tokenized),
+        then tokens with early stop at ``max_prompt_tokens + 1`` (400
+        ``context_length_exceeded``). The tokens to hash are the prompt's
+        own (``extra_text`` is counted, never hashed).
+        """
+        limit, max_bytes = bounds.max_prompt_tokens, bounds.max_prompt_bytes
+        if max_bytes is not None:
+            for size in req.prompt_bytes:
+                if size > max_bytes:
+                    raise GatewayError(400, "prompt_too_large",
+                                       f"prompt has {size} bytes; this tenant's limit is {max_bytes}", param=None)
+        hashed: list[int] = []
+        total = 0
+        for i, text in enumerate(req.prompts):
+            ids = self.tokenizer.encode(text, limit)
+            n = len(ids)
+            if i == 0 and req.extra_text:
+                n += len(self.tokenizer.encode(req.extra_text, None if limit is None else max(0, limit - n)))
+            if limit is not None and n > limit:
+                raise GatewayError(400, "context_length_exceeded",
+                                   f"prompt has more than {limit} tokens; this tenant's limit is {limit}"
+                                   + (" per prompt" if len(req.prompts) > 1 else ""))
+            hashed.extend(ids)
+            total += n
+        return hashed, total
+
+    def check_prompt(self, tenant: Tenant, prompt_tokens: int, sequences: int = 1) -> None:
+        """Per-request prompt size and prompt-tokens/s limits (400 / 429).
+
+        ``prompt_tokens`` is the total of all ``sequences``; the per-sequence
+        limit was checked while counting (:meth:`prompt_tokens`).
+        """
         if prompt_tokens == 0:
             raise GatewayError(400, "invalid_request", "prompt must not be empty", param="prompt")
-        if tenant.max_prompt_tokens is not None and prompt_tokens > tenant.max_prompt_tokens:
+        limit = tenant.max_prompt_tokens
+        if limit is not None and prompt_tokens > limit * max(1, sequences):
             raise GatewayError(400, "context_length_exceeded",
-                               f"prompt has {prompt_tokens} tokens; this tenant's limit is {tenant.max_prompt_tokens}")
+                               f"prompt has {prompt_tokens} tokens; this tenant's limit is {limit}")
         try:
-            self.limiter.charge_prompt_tokens(tenant, prompt_tokens, time.monotonic())
+            self.limiter.charge_prompt_tokens(tenant, prompt_tokens, time.monotonic(), sequences=sequences)
         except RateLimited as exc:
             raise _too_many(exc.retry_after_s, "token_rate_limited", "tenant prompt-token rate exceeded") from None
+
+    def upstream_user(self, tenant: Tenant, identity: WorkloadIdentity) -> str | None:
+        """The ``user`` field sent upstream: None (dropped, the default) or the workload's stable pseudonym
+        (``forward_user: pseudonym``, per tenant or in ``tenancy``); never the client's own value."""
+        mode = tenant.forward_user or self.config.tenancy.forward_user
+        if mode != "pseudonym":
+            return None
+        return self.keyring.user_pseudonym(tenant.id, str(identity.spiffe_id))
 
     def prefix_chains(self, tenant: Tenant, tokens: Sequence[int]) -> ChainView:
         """The tenant-keyed HMAC block-hash chains of ``tokens`` (current + grace versions)."""
@@ -269,7 +329,7 @@ class Components:
             {"spiffe_id": str(identity.spiffe_id), "trust_domain": identity.trust_domain, "claims": identity.claims},
             tview,
             {"endpoint": rec.endpoint, "model": req.model, "prompt_tokens": prompt_tokens,
-             "max_tokens": req.max_tokens, "stream": req.stream},
+             "max_tokens": req.max_tokens, "stream": req.stream, "sequences": req.sequences},
             cand_docs,
             self.audit.active_alerts(),
             time.time(),

@@ -47,12 +47,21 @@ class LimitsConfig(_Section):
     so the client can read the 413: gateway/framing.py). ``body_read_timeout_s``:
     a client that trickles its body longer than this answers 408; it also
     bounds that drain. ``max_json_depth``: deeper JSON answers 400.
+    ``max_messages``: gateway-wide ceiling of chat messages per request (a
+    tenant's own bound, derived or set, is never above it); counted on the
+    parsed JSON before schema validation (400 ``too_many_messages``).
+    ``max_json_items``: ceiling of JSON values per body (bounded from above
+    by counting ``{``, ``[`` and ``,`` bytes before decoding; 400
+    ``too_many_json_items``): decoding, validating and rendering cost grows
+    with the number of values, not the bytes.
     """
 
     max_body_bytes: int = Field(1 << 20, ge=1024)
     body_read_timeout_s: float = Field(10.0, gt=0)
     max_json_depth: int = Field(32, ge=4, le=256)
     max_output_tokens: int = Field(32768, ge=1)
+    max_messages: int = Field(2048, ge=1)
+    max_json_items: int = Field(65536, ge=64)
 
 
 class UpstreamConfig(_Section):
@@ -120,8 +129,16 @@ class HealthConfig(_Section):
 
 
 class TenancyConfig(_Section):
-    """Tenants and their key material source (never the secret itself)."""
+    """Tenants and their key material source (never the secret itself).
 
+    ``forward_user``: what replicas get as the OpenAI ``user`` field:
+    ``drop`` (default: nothing; the client's value never reaches a replica)
+    or ``pseudonym`` (a stable HMAC pseudonym of the authenticated workload,
+    see :func:`tenancy.keys.user_pseudonym`); a tenant's own
+    ``forward_user`` overrides it.
+    """
+
+    forward_user: Literal["drop", "pseudonym"] = "drop"
     master_secret_file: str | None = None
     master_secret_env: str | None = "PREFIXGATE_MASTER_SECRET"
     state_file: str | None = None

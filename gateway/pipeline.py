@@ -55,6 +55,7 @@ class RequestRecord:
     model: str | None = None
     stream: bool = False
     prompt_tokens: int | None = None
+    sequences: int | None = None
     max_tokens: int | None = None
     output_tokens: int | None = None
     cached_tokens: int | None = None
@@ -119,24 +120,30 @@ class InferencePipeline:
             tenant = c.resolve_tenant(identity)
             rec.tenant_id = tenant.id
             held.lease = c.admit(tenant)
-            # 3 parse
+            bounds = c.request_bounds(tenant)
+            # 3 parse (message and batch counts are checked before schema validation)
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
-            req = parse_inference_request(raw, endpoint, self.cfg.limits.max_json_depth)
+            req = parse_inference_request(raw, endpoint, self.cfg.limits.max_json_depth,
+                                          max_messages=bounds.max_messages,
+                                          max_batch_prompts=bounds.max_batch_prompts,
+                                          max_json_items=self.cfg.limits.max_json_items)
             rec.stream = req.stream
             if req.model not in c.served_models:  # a client-chosen string: never copied into the audit trail
                 raise GatewayError(404, "model_not_found", "the requested model does not exist", param="model")
             rec.model = req.model
-            # 4 prefix keys (tokenize once; limits on prompt size first)
-            tokens = c.tokenizer.encode(req.text)
-            rec.prompt_tokens = len(tokens)
-            c.check_prompt(tenant, len(tokens))
+            rec.sequences = req.sequences
+            c.admit_sequences(tenant, held.lease, req.sequences)  # each prompt of a batch is a request
+            # 4 prefix keys (byte bound, then tokenize once with early stop; prompt-token limits)
+            tokens, prompt_tokens = c.prompt_tokens(bounds, req)
+            rec.prompt_tokens = prompt_tokens
+            c.check_prompt(tenant, prompt_tokens, req.sequences)
             chains = c.prefix_chains(tenant, tokens)
             rec.prefix_fingerprint = c.prefix_fingerprint(tenant, chains)
             # 5 authorize
             candidates = c.candidates(tenant)
             if not candidates:
                 raise GatewayError(503, "no_replica", "no healthy replica is available for this tenant")
-            decision = await c.decide(identity, tenant, req, len(tokens), candidates, rec)
+            decision = await c.decide(identity, tenant, req, prompt_tokens, candidates, rec)
             rec.t_policy = time.perf_counter()
             max_tokens = c.clamp_max_tokens(req.max_tokens, tenant, decision)
             rec.max_tokens = max_tokens
@@ -148,14 +155,18 @@ class InferencePipeline:
                 )
             body = dict(req.body)
             body["max_tokens"] = max_tokens
+            user = c.upstream_user(tenant, identity)
+            if user is not None:
+                body["user"] = user
             if req.stream:
                 body["stream_options"] = {"include_usage": True}
             route_req = RouteRequest(
                 tenant_id=tenant.id,
                 block_keys=chains.current,
-                prompt_tokens=len(tokens),
-                max_tokens=max_tokens,
+                prompt_tokens=prompt_tokens,
+                max_tokens=max_tokens * req.sequences,
                 block_size=self.cfg.routing.block_size,
+                sequences=req.sequences,
             )
             # 6+7 route and proxy, retrying on another replica before the first byte
             return await self._route_and_proxy(request, req, rec, tenant, route_req, chains, allowed, body, held)

@@ -8,6 +8,15 @@ models of the OpenAI Completions / Chat Completions schemas. Only the fields
 of those models are forwarded upstream: unknown fields, a client-sent
 ``cache_salt``, tenant or routing hints are dropped (documented in
 docs/configuration.md), so what reaches a replica always passes the schema.
+The client's ``user`` is validated but never forwarded: the pipeline sends
+nothing or the workload's pseudonym in its place (docs/configuration.md,
+``forward_user``).
+
+Cheap bounds come before the costly steps (issue 12): the number of chat
+messages and of list-``prompt`` elements is checked on the decoded JSON
+before schema validation, and the request carries, per sequence, the UTF-8
+size of everything that becomes prompt tokens upstream, so the pipeline can
+refuse an oversized prompt before tokenizing it.
 """
 
 from __future__ import annotations
@@ -111,8 +120,14 @@ class InferenceRequest:
     ``stream``: SSE answer wanted; ``max_tokens``: requested output tokens
     (``None``: not given; the tenant's cap applies); ``include_usage``:
     the client asked for a usage chunk; ``body``: the schema-checked fields
-    to forward (no ``cache_salt``); ``text``: the prompt text to tokenize —
-    never logged or exported.
+    to forward (no ``cache_salt``, no ``user``); ``text``: the prompt text to
+    hash into prefix keys — never logged or exported. ``prompts``: the text of
+    each sequence (a list ``prompt`` is a batch of ``len(prompts)``
+    sequences; chat has one); ``extra_text``: a JSON rendering of the other
+    fields that become prompt tokens upstream (``tools``, ``tool_choice``,
+    ``response_format``, message ``name``/``tool_call_id``/``tool_calls``),
+    counted with the first sequence, never hashed; ``prompt_bytes``: UTF-8
+    bytes per sequence (the first includes ``extra_text``).
     """
 
     endpoint: Endpoint
@@ -122,6 +137,14 @@ class InferenceRequest:
     include_usage: bool
     body: dict[str, Any]
     text: str = field(repr=False)
+    prompts: tuple[str, ...] = field(default=(), repr=False)
+    extra_text: str = field(default="", repr=False)
+    prompt_bytes: tuple[int, ...] = ()
+
+    @property
+    def sequences(self) -> int:
+        """Sequences the replica runs for this request (elements of a list ``prompt``; else 1)."""
+        return max(1, len(self.prompts))
 
 
 async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
@@ -191,16 +214,53 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     return (f"{loc}: {msg}" if loc else msg), loc
 
 
-def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32) -> InferenceRequest:
+_EXTRA_BODY_FIELDS = ("tools", "tool_choice", "response_format")
+_EXTRA_MESSAGE_FIELDS = ("name", "tool_call_id", "tool_calls")
+
+
+def _extra_text(body: dict[str, Any]) -> str:
+    """Compact JSON of the chat fields that become prompt tokens besides role and content ("" if none)."""
+    extra: dict[str, Any] = {k: body[k] for k in _EXTRA_BODY_FIELDS if k in body}
+    per_message = [
+        {k: m[k] for k in _EXTRA_MESSAGE_FIELDS if k in m} for m in body.get("messages") or []
+    ]
+    if any(per_message):
+        extra["messages"] = per_message
+    if not extra:
+        return ""
+    return json.dumps(extra, ensure_ascii=False, separators=(",", ":"))
+
+
+def json_items_bound(raw: bytes) -> int:
+    """Upper bound on the JSON values in ``raw``: ``{`` + ``[`` + ``,`` bytes + 1.
+
+    Every value after the first is preceded by a comma or opens its
+    container; bytes inside strings only raise the count. Runs in C
+    (``bytes.count``), before any decoding.
+    """
+    return raw.count(b",") + raw.count(b"{") + raw.count(b"[") + 1
+
+
+def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32, *,
+                            max_messages: int | None = None,
+                            max_batch_prompts: int | None = None,
+                            max_json_items: int | None = None) -> InferenceRequest:
     """Decode and validate an OpenAI request body for ``endpoint``.
 
     Raises :class:`GatewayError` 400 with code ``invalid_json`` (not UTF-8,
-    not JSON, not an object, nested deeper than ``max_depth``) or
+    not JSON, not an object, nested deeper than ``max_depth``),
+    ``too_many_messages`` (more chat messages than ``max_messages``),
+    ``batch_too_large`` (a list ``prompt`` of more than ``max_batch_prompts``
+    elements) — both counted before schema validation —, ``too_many_json_items``
+    (:func:`json_items_bound` above ``max_json_items``, counted before decoding) or
     ``invalid_request`` (schema violation; the message names the field, never
     its value). Validation is strict: JSON types are not coerced (``"stream":
     "yes"``, ``"max_tokens": "12"`` or ``12.0`` are refused, as OpenAI does),
     so the forwarded body is exactly what the schema says.
     """
+    if max_json_items is not None and json_items_bound(raw) > max_json_items:
+        raise GatewayError(400, "too_many_json_items",
+                           f"request body holds more than {max_json_items} JSON values")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -215,6 +275,16 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32)
         raise GatewayError(400, "invalid_json", "request body must be a JSON object")
     if not _depth_ok(data, max_depth):
         raise GatewayError(400, "invalid_json", f"request body is nested deeper than {max_depth}")
+    messages, prompt = data.get("messages"), data.get("prompt")
+    if endpoint == "chat" and max_messages is not None and isinstance(messages, list) and len(messages) > max_messages:
+        raise GatewayError(400, "too_many_messages",
+                           f"messages has {len(messages)} entries; this tenant's limit is {max_messages}",
+                           param="messages")
+    if (endpoint == "completions" and max_batch_prompts is not None and isinstance(prompt, list)
+            and len(prompt) > max_batch_prompts):
+        raise GatewayError(400, "batch_too_large",
+                           f"prompt is a batch of {len(prompt)} prompts; this tenant's limit is {max_batch_prompts}",
+                           param="prompt")
     model_cls = ChatBody if endpoint == "chat" else CompletionBody
     try:
         parsed = model_cls.model_validate(data)
@@ -224,9 +294,19 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32)
     body = parsed.model_dump(exclude_none=True, exclude_unset=False)
     if body.get("n") == 1:
         body.pop("n")
+    body.pop("user", None)  # never forwarded as sent (the pipeline may put a pseudonym in its place)
     try:
         ptext = prompt_text(endpoint, body)
-        ptext.encode("utf-8")  # JSON escapes can carry lone surrogates, which no tokenizer can encode
+        if endpoint == "chat":
+            prompts: tuple[str, ...] = (ptext,)
+            extra = _extra_text(body)
+        else:
+            p = body["prompt"]
+            prompts = (p,) if isinstance(p, str) else tuple(p)
+            extra = ""
+        # JSON escapes can carry lone surrogates, which no tokenizer can encode
+        sizes = [len(t.encode("utf-8")) for t in prompts]
+        sizes[0] += len(extra.encode("utf-8"))
     except TokenizerError as exc:
         raise GatewayError(400, "invalid_request", str(exc)) from None
     except UnicodeEncodeError:
@@ -246,4 +326,7 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32)
         include_usage=include_usage,
         body=body,
         text=ptext,
+        prompts=prompts,
+        extra_text=extra,
+        prompt_bytes=tuple(sizes),
     )

@@ -10,7 +10,7 @@ equal requests build equal documents)::
       "tenant":   {"id": str, "tier": str, "models": [str], "pools": [str],
                    "labels": {str: str}, "max_tokens": int|null},
       "request":  {"endpoint": str, "model": str, "prompt_tokens": int,
-                   "max_tokens": int|null, "stream": bool},
+                   "max_tokens": int|null, "stream": bool, "sequences": int},
       "candidates": [{"id": str, "pool": str, "labels": {str: str},
                       "healthy": bool, "load": number}],
       "alerts":   [{"id": str, "kind": str, "replica_id": str|null,
@@ -135,7 +135,10 @@ def build_policy_input(
         tenant: ``{"id", "tier", "models", "pools", "labels", "max_tokens"}``
             from the tenant registry (``max_tokens`` in tokens, optional).
         request: ``{"endpoint", "model", "prompt_tokens", "max_tokens",
-            "stream"}``; token counts in tokens. Other keys are ignored.
+            "stream", "sequences"}``; token counts in tokens (``prompt_tokens``
+            over all sequences, ``max_tokens`` per sequence); ``sequences``:
+            prompts of a batch (elements of a list ``prompt``; default 1).
+            Other keys are ignored.
         candidates: replicas the router could use, each ``{"id", "pool",
             "labels", "healthy", "load"}`` (load: queued + running requests).
         alerts: active concentration alerts, each ``{"id", "kind",
@@ -157,6 +160,9 @@ def build_policy_input(
     if not isinstance(stream, bool):
         raise PolicyInputError("request.stream must be a boolean")
     prompt_tokens = _opt_int(request, "prompt_tokens", "request")
+    sequences = request.get("sequences", 1)
+    if isinstance(sequences, bool) or not isinstance(sequences, int) or sequences < 1:
+        raise PolicyInputError("request.sequences must be a positive integer")
     cands = sorted((_candidate(c, i) for i, c in enumerate(candidates)), key=lambda c: c["id"])
     alts = sorted((_alert(a, i) for i, a in enumerate(alerts)), key=lambda a: a["id"])
     return {
@@ -180,6 +186,7 @@ def build_policy_input(
             "prompt_tokens": prompt_tokens or 0,
             "max_tokens": _opt_int(request, "max_tokens", "request"),
             "stream": stream,
+            "sequences": sequences,
         },
         "candidates": cands,
         "alerts": alts,

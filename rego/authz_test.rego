@@ -28,7 +28,7 @@ mk_input(tenant_id, overrides) := object.union(
 		"version": "1",
 		"identity": {"spiffe_id": "spiffe://td.test/app", "trust_domain": "td.test", "claims": {}},
 		"tenant": {"id": tenant_id, "tier": "", "models": [], "pools": [], "labels": {}, "max_tokens": null},
-		"request": {"endpoint": "/v1/chat/completions", "model": "m1", "prompt_tokens": 10, "max_tokens": null, "stream": false},
+		"request": {"endpoint": "/v1/chat/completions", "model": "m1", "prompt_tokens": 10, "max_tokens": null, "stream": false, "sequences": 1},
 		"candidates": candidates,
 		"alerts": [],
 		"time": {"now": 0},

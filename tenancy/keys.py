@@ -21,12 +21,23 @@ keys for the same grace period. Grace is in-process only (the prefix index
 is in memory too). Key versions and salt epochs persist in a JSON state file
 (:mod:`tenancy.state`); derived keys and secrets are never written.
 
+User pseudonyms (the OpenAI ``user`` field sent upstream in place of the
+client's own, when configured)::
+
+    user_key(T) = HKDF(master, info=b"pg-user-pseudonym-key-v1" || u32(len T) || T)
+    pseudonym   = "pgu1_" || base64url(HMAC-SHA256(user_key(T), b"pg-user-v1" || u32(len S) || S)[:18])
+
+for tenant ``T`` and workload SPIFFE ID ``S``: stable across prefix-key
+rotations and salt epochs (its own HKDF label, no version), different per
+workload and per tenant; it changes only with the master secret.
+
 The master secret comes from a file (refused if group/world accessible) or an
 environment variable, never from the configuration file.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import os
@@ -53,11 +64,17 @@ __all__ = [
     "load_master_secret",
     "derive_prefix_key",
     "key_id",
+    "USER_KEY_INFO",
+    "user_pseudonym",
 ]
 
 MIN_MASTER_SECRET_BYTES = 32
 #: HKDF ``info`` label of per-tenant prefix keys.
 PREFIX_KEY_INFO = b"pg-tenant-prefix-key-v1"
+#: HKDF ``info`` label of per-tenant user-pseudonym keys.
+USER_KEY_INFO = b"pg-user-pseudonym-key-v1"
+_USER_LABEL = b"pg-user-v1"
+_USER_PREFIX = "pgu1_"
 _KID_LABEL = b"pg-kid-v1"
 _KID_FP_BYTES = 6
 _MAX_FILE_BYTES = 64 * 1024
@@ -158,6 +175,17 @@ def key_id(tenant_id: str, version: int, key: bytes) -> str:
     return f"t:{tenant_id}:v{version}:{fp}"
 
 
+def user_pseudonym(master_secret: bytes, tenant_id: str, spiffe_id: str) -> str:
+    """Return the stable pseudonym of workload ``spiffe_id`` of ``tenant_id`` (see module doc).
+
+    ``"pgu1_"`` + 24 URL-safe base64 characters (144 bits of HMAC-SHA256);
+    one-way: it names the workload to a replica without revealing it.
+    """
+    key = hkdf_sha256(master_secret, USER_KEY_INFO + length_prefixed(tenant_id))
+    mac = hmac.new(key, _USER_LABEL + length_prefixed(spiffe_id), hashlib.sha256).digest()[:18]
+    return _USER_PREFIX + base64.urlsafe_b64encode(mac).decode("ascii")
+
+
 @dataclass(frozen=True)
 class TenantKey:
     """One version of a tenant's prefix key. ``repr`` hides the key bytes."""
@@ -234,6 +262,7 @@ class KeyRing:
         self._grace: dict[str, list[_GraceKey]] = {}
         self._cache: dict[tuple[int, str, int], TenantKey] = {}
         self._salt_cache: dict[tuple[int, str, int], str] = {}
+        self._user_cache: dict[tuple[int, str, str], str] = {}
         if state_path is not None:
             try:
                 self._state = load_state(state_path)
@@ -354,6 +383,7 @@ class KeyRing:
             self._master = bytes(new_secret)
             self._generation += 1
             self._salt_cache.clear()
+            self._user_cache.clear()
             return self._generation
 
     # -- salts -------------------------------------------------------------
@@ -369,6 +399,22 @@ class KeyRing:
                     self._salt_cache.clear()
                 self._salt_cache[ck] = salt
             return salt
+
+    def user_pseudonym(self, tenant_id: str, spiffe_id: str) -> str:
+        """Return the stable ``user`` pseudonym of a tenant's workload (:func:`user_pseudonym`).
+
+        Independent of the prefix-key version and the salt epoch; changes
+        with the master secret only.
+        """
+        with self._lock:
+            ck = (self._generation, tenant_id, "user:" + spiffe_id)
+            value = self._user_cache.get(ck)
+            if value is None:
+                value = user_pseudonym(self._master, tenant_id, spiffe_id)
+                if len(self._user_cache) >= 4096:
+                    self._user_cache.clear()
+                self._user_cache[ck] = value
+            return value
 
     def rotate_salt(self, tenant_id: str) -> int:
         """Bump the tenant's salt epoch (operator action: its replica cache goes cold).

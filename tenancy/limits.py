@@ -106,15 +106,18 @@ class TokenBucket:
             self.level = min(self.burst, self.level + (now - self.updated) * self.rate)
             self.updated = now
 
-    def try_take(self, n: float, now: float, *, allow_debt: bool = False) -> float:
+    def try_take(self, n: float, now: float, *, allow_debt: bool = False, need: float | None = None) -> float:
         """Take ``n`` units; return 0.0 on success, else seconds until it would succeed.
 
         Without ``allow_debt`` needs ``level >= n`` (``n > burst`` can never
         succeed: returns ``inf``). With ``allow_debt`` needs ``level >= min(n, burst)``
-        and the level may go negative.
+        (or ``need`` when given, at most the burst) and the level may go negative.
         """
         self._refill(now)
-        need = min(n, self.burst) if allow_debt else n
+        if allow_debt:
+            need = min(n, self.burst) if need is None else min(need, self.burst)
+        else:
+            need = n
         if need > self.burst:
             return math.inf
         if self.level >= need:
@@ -131,17 +134,20 @@ class TokenBucket:
 
 
 class Lease:
-    """One admitted in-flight request; :meth:`release` frees its concurrency slot.
+    """One admitted in-flight request; :meth:`release` frees its concurrency slots.
 
-    Idempotent; usable as ``with`` or ``async with``.
+    ``weight``: the slots it holds (1, or the number of sequences of a batch
+    after :meth:`TenantLimiter.add_sequences`). Idempotent; usable as
+    ``with`` or ``async with``.
     """
 
-    __slots__ = ("_release", "_done", "tenant_id")
+    __slots__ = ("_release", "_done", "tenant_id", "weight")
 
     def __init__(self, tenant_id: str, release: Callable[[], None]) -> None:
         self.tenant_id = tenant_id
         self._release = release
         self._done = False
+        self.weight = 1
 
     @property
     def released(self) -> bool:
@@ -213,19 +219,51 @@ class TenantLimiter:
             else:
                 st.requests = None
             st.in_flight += 1
-        return Lease(tenant.id, lambda: self._release(tenant.id))
+        lease = Lease(tenant.id, lambda: self._release(tenant.id, lease.weight))
+        return lease
 
-    def charge_prompt_tokens(self, tenant: Tenant, n: int, now: float | None = None) -> None:
-        """Charge ``n`` prompt tokens to ``tenant`` after tokenizing.
+    def add_sequences(self, tenant: Tenant, lease: Lease, extra: int, now: float | None = None) -> None:
+        """Charge ``extra`` more sequences of an admitted batch request to ``tenant``.
 
-        Raises :class:`PromptTooLong` if ``n > max_prompt_tokens`` and
+        Each extra sequence takes one concurrency slot (the lease's
+        ``weight`` grows; :meth:`Lease.release` frees them all) and one unit
+        of the request bucket; a batch larger than the burst is served when
+        the bucket is full and leaves it in debt, as the prompt-token bucket does. Raises
+        :class:`ConcurrencyLimited` or :class:`RateLimited` (reason
+        ``tenant_request_rate``); a refused charge takes nothing.
+        """
+        if extra <= 0:
+            return
+        now = self._clock() if now is None else now
+        with self._lock:
+            if lease.released:
+                return
+            st = self._tenants.setdefault(tenant.id, _TenantState())
+            if tenant.max_concurrency is not None and st.in_flight + extra > tenant.max_concurrency:
+                raise ConcurrencyLimited(1.0, "tenant_concurrency")
+            if tenant.rate_rps is not None:
+                burst = tenant.rate_burst or max(1.0, tenant.rate_rps)
+                st.requests = _bucket(st.requests, tenant.rate_rps, burst, now)
+                # the whole batch needs min(sequences, burst) units; admit() took the first
+                wait = st.requests.try_take(extra, now, allow_debt=True,
+                                            need=min(extra, max(0.0, st.requests.burst - 1)))
+                if wait > 0:
+                    raise RateLimited(wait, "tenant_request_rate")
+            st.in_flight += extra
+            lease.weight += extra
+
+    def charge_prompt_tokens(self, tenant: Tenant, n: int, now: float | None = None, *, sequences: int = 1) -> None:
+        """Charge ``n`` prompt tokens (all ``sequences`` of a request) to ``tenant`` after tokenizing.
+
+        Raises :class:`PromptTooLong` if ``n > max_prompt_tokens x sequences``
+        (the limit is per sequence; the caller checks each one) and
         :class:`RateLimited` (reason ``tenant_prompt_tokens``) if the
         prompt-token bucket cannot cover it (see module doc on debt).
         """
         if n < 0:
             raise ValueError("token count must be >= 0")
-        if tenant.max_prompt_tokens is not None and n > tenant.max_prompt_tokens:
-            raise PromptTooLong(n, tenant.max_prompt_tokens)
+        if tenant.max_prompt_tokens is not None and n > tenant.max_prompt_tokens * max(1, sequences):
+            raise PromptTooLong(n, tenant.max_prompt_tokens * max(1, sequences))
         if tenant.prompt_tokens_per_s is None:
             return
         now = self._clock() if now is None else now
@@ -243,11 +281,11 @@ class TenantLimiter:
             for tid in [t for t, st in self._tenants.items() if t not in keep and st.in_flight == 0]:
                 del self._tenants[tid]
 
-    def _release(self, tenant_id: str) -> None:
+    def _release(self, tenant_id: str, weight: int = 1) -> None:
         with self._lock:
             st = self._tenants.get(tenant_id)
             if st is not None and st.in_flight > 0:
-                st.in_flight -= 1
+                st.in_flight = max(0, st.in_flight - weight)
 
 
 def _bucket(existing: TokenBucket | None, rate: float, burst: float, now: float) -> TokenBucket:

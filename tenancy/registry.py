@@ -74,6 +74,10 @@ _TENANT_KEYS = frozenset(
         "max_concurrency",
         "max_prompt_tokens",
         "max_output_tokens",
+        "max_prompt_bytes",
+        "max_messages",
+        "max_batch_prompts",
+        "forward_user",
         "regulated",
         "data_residency",
     }
@@ -134,8 +138,14 @@ class Tenant:
     Rates are per second (``rate_rps`` requests/s, ``prompt_tokens_per_s``
     prompt tokens/s); bursts are bucket capacities in requests / tokens;
     ``None`` means unlimited. ``max_prompt_tokens`` / ``max_output_tokens``
-    are per request, in tokens. ``spiffe_ids`` are the identity rules that
-    map to this tenant (prefix rules end in ``/``).
+    are per request (per sequence of a batch), in tokens. ``max_prompt_bytes``
+    (UTF-8 bytes of what becomes prompt tokens), ``max_messages`` (chat
+    messages) and ``max_batch_prompts`` (elements of a list ``prompt``) are
+    cheap per-request bounds checked before tokenizing; ``None`` takes the
+    derived default (docs/tenancy.md, "Request bounds"). ``forward_user``:
+    what reaches the replica as the OpenAI ``user`` field (``None``: the
+    gateway default; ``"drop"``; ``"pseudonym"``). ``spiffe_ids`` are the
+    identity rules that map to this tenant (prefix rules end in ``/``).
     """
 
     id: str
@@ -150,6 +160,10 @@ class Tenant:
     max_concurrency: int | None = None
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
+    max_prompt_bytes: int | None = None
+    max_messages: int | None = None
+    max_batch_prompts: int | None = None
+    forward_user: str | None = None
     regulated: bool = False
     data_residency: str | None = None
     spiffe_ids: tuple[str, ...] = ()
@@ -246,6 +260,14 @@ def _parse_tenant(doc: Any, index: int) -> Tenant:
     pburst = _opt_positive_number(doc, "prompt_tokens_burst", where)
     if pburst is not None and ptps is None:
         raise _err(f"{where}.prompt_tokens_burst", "needs prompt_tokens_per_s")
+    concurrency = _opt_positive_int(doc, "max_concurrency", where)
+    batch = _opt_positive_int(doc, "max_batch_prompts", where)
+    if batch is not None and concurrency is not None and batch > concurrency:
+        raise _err(f"{where}.max_batch_prompts",
+                   f"{batch} is larger than max_concurrency {concurrency} (each prompt of a batch takes a slot)")
+    forward_user = doc.get("forward_user")
+    if forward_user is not None and forward_user not in ("drop", "pseudonym"):
+        raise _err(f"{where}.forward_user", "must be 'drop' or 'pseudonym'")
     return Tenant(
         id=tid,
         models=_name_set(doc, "models", where),
@@ -256,9 +278,13 @@ def _parse_tenant(doc: Any, index: int) -> Tenant:
         rate_burst=(burst if burst is not None else max(1.0, rate)) if rate is not None else None,
         prompt_tokens_per_s=ptps,
         prompt_tokens_burst=(pburst if pburst is not None else max(1.0, ptps)) if ptps is not None else None,
-        max_concurrency=_opt_positive_int(doc, "max_concurrency", where),
+        max_concurrency=concurrency,
         max_prompt_tokens=_opt_positive_int(doc, "max_prompt_tokens", where),
         max_output_tokens=_opt_positive_int(doc, "max_output_tokens", where),
+        max_prompt_bytes=_opt_positive_int(doc, "max_prompt_bytes", where),
+        max_messages=_opt_positive_int(doc, "max_messages", where),
+        max_batch_prompts=batch,
+        forward_user=forward_user,
         regulated=regulated,
         data_residency=residency,
         spiffe_ids=tuple(dict.fromkeys(rules)),

@@ -5,14 +5,23 @@ hash them; it never needs the real model's ids unless the replicas run a real
 model. Two implementations sit behind one :class:`Tokenizer` protocol:
 
 * :class:`WordTokenizer` (the default): deterministic, needs no downloaded
-  files. One token per word (``\\w+``) or per non-space symbol; the id is a
-  32-bit BLAKE2b digest of the token text, so the same text always yields the
-  same ids in every process.
+  files. One token per word (``\\w+``, at most :data:`MAX_TOKEN_CHARS`
+  characters: a longer word is split into pieces of that length) or per
+  non-space symbol; a whitespace run longer than :data:`MAX_TOKEN_CHARS` is
+  split into tokens too (shorter runs separate tokens and count nothing).
+  The id is a 32-bit BLAKE2b digest of the token text, so the same text
+  always yields the same ids in every process.
 * :class:`HuggingFaceTokenizer`: wraps a local ``tokenizer.json`` through the
   ``tokenizers`` package, for deployments whose replicas run a real model.
 
 Chat requests are rendered to one string by :func:`render_chat` before
 tokenizing, so gateway and simulator see identical token sequences.
+
+Bounded work (issue 12): ``encode(text, limit)`` stops after ``limit + 1``
+tokens, and every tokenizer states :meth:`~Tokenizer.max_text_bytes`, an upper
+bound on the UTF-8 size of a text of at most ``n`` tokens, so the gateway can
+refuse a too-large prompt by its size before tokenizing anything
+(docs/tenancy.md, "Request bounds").
 """
 
 from __future__ import annotations
@@ -30,9 +39,16 @@ __all__ = [
     "render_chat",
     "prompt_text",
     "get_tokenizer",
+    "MAX_TOKEN_CHARS",
+    "MIN_MESSAGE_BYTES",
 ]
 
-_TOKEN_RE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+#: Longest word-tokenizer token, in characters (longer words and whitespace runs are split).
+MAX_TOKEN_CHARS = 64
+#: Every rendered chat message has at least this many UTF-8 bytes (``"<|user|>\\n" + "\\n"``).
+MIN_MESSAGE_BYTES = 10
+# a word piece, a symbol, or a whitespace run too long to be a free separator
+_TOKEN_RE = re.compile(r"\w{1,%d}|[^\w\s]|\s{%d,}" % (MAX_TOKEN_CHARS, MAX_TOKEN_CHARS + 1), re.UNICODE)
 
 
 class TokenizerError(ValueError):
@@ -49,8 +65,21 @@ class Tokenizer(Protocol):
 
     name: str
 
-    def encode(self, text: str) -> list[int]:
-        """Return the token ids of ``text``."""
+    def encode(self, text: str, limit: int | None = None) -> list[int]:
+        """Return the token ids of ``text``.
+
+        With ``limit``: stop early; a result longer than ``limit`` (at most
+        ``limit + 1`` ids) only says "more than ``limit`` tokens" (its ids
+        are then unspecified).
+        """
+        ...
+
+    def max_text_bytes(self, tokens: int) -> int:
+        """Upper bound on the UTF-8 bytes of a text that encodes to at most ``tokens`` tokens."""
+        ...
+
+    def max_messages(self, tokens: int) -> int:
+        """Upper bound on the chat messages whose rendering fits in ``tokens`` tokens."""
         ...
 
 
@@ -58,9 +87,15 @@ class WordTokenizer:
     """Deterministic word-level tokenizer; no files, and by default no state
     shared between calls.
 
-    Each match of ``\\w+|[^\\w\\s]`` is one token; its id is the first 4 bytes
-    (big-endian) of ``BLAKE2b(token, digest_size=4)``. Repeated words *within
-    one* :meth:`encode` call are hashed once.
+    Tokens are, left to right: a run of 1..64 word characters (``\\w``; a
+    longer word becomes several 64-character tokens and a remainder), one
+    symbol (``[^\\w\\s]``), or a whitespace run longer than 64 characters
+    (cut into 64-character tokens and a remainder); whitespace runs of up to
+    64 characters only separate tokens. Each token's id is the first 4 bytes
+    (big-endian) of ``BLAKE2b(token, digest_size=4)``. Repeated tokens
+    *within one* :meth:`encode` call are hashed once. (Before issue 12 a
+    word or whitespace run had no length cap: ids of texts holding words or
+    blank runs over 64 characters changed; all other texts keep theirs.)
 
     ``cache_size`` > 0 also memoises ids *across* calls in a bounded dict.
     Never do that in the gateway: a memo shared by all tenants is a timing
@@ -86,18 +121,48 @@ class WordTokenizer:
                 self._cache[word] = tid
         return tid
 
-    def encode(self, text: str) -> list[int]:
-        """Return one id per word or symbol of ``text`` (empty list for blank text)."""
+    def encode(self, text: str, limit: int | None = None) -> list[int]:
+        """Return one id per token of ``text`` (empty list for blank text).
+
+        With ``limit`` (>= 0) the scan stops after ``limit + 1`` tokens, so the
+        work is O(limit) whatever the size of ``text``: a result longer than
+        ``limit`` means "more than ``limit`` tokens".
+        """
         tid = self.token_id
         local: dict[str, int] = {}
         out: list[int] = []
         append = out.append
-        for m in _TOKEN_RE.findall(text):
-            v = local.get(m)
-            if v is None:
-                v = local[m] = tid(m)
-            append(v)
+        stop = None if limit is None else max(0, limit) + 1
+        step = MAX_TOKEN_CHARS
+        for match in _TOKEN_RE.finditer(text):
+            m = match.group()
+            if len(m) > step and m[0].isspace():  # a long blank run: 64-character pieces
+                pieces = [m[i:i + step] for i in range(0, min(len(m), step * (stop or len(m))), step)]
+            else:
+                pieces = [m]
+            for piece in pieces:
+                v = local.get(piece)
+                if v is None:
+                    v = local[piece] = tid(piece)
+                append(v)
+                if stop is not None and len(out) >= stop:
+                    return out
         return out
+
+    def max_text_bytes(self, tokens: int) -> int:
+        """``7 * 64 * (tokens + 1)``: the most UTF-8 bytes a text of at most ``tokens`` tokens can hold.
+
+        Derivation: a token is at most 64 characters of at most 4 UTF-8
+        bytes (256 bytes); a free separator is a whitespace run of at most
+        64 characters, each at most 3 bytes (Python's ``\\s`` holds no
+        4-byte character): at most ``tokens + 1`` of them, 192 bytes each.
+        So bytes <= 256 t + 192 (t + 1) <= 448 (t + 1).
+        """
+        return 7 * MAX_TOKEN_CHARS * (max(0, tokens) + 1)
+
+    def max_messages(self, tokens: int) -> int:
+        """``tokens // 5``: every rendered message holds the 5 tokens ``<`` ``|`` role ``|`` ``>``."""
+        return max(1, max(0, tokens) // 5)
 
 
 class HuggingFaceTokenizer:
@@ -117,10 +182,38 @@ class HuggingFaceTokenizer:
         except Exception as exc:
             raise TokenizerError(f"cannot load tokenizer file {path!r}: {exc}") from exc
         self.name = f"hf:{path}"
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        #: UTF-8 length of the longest vocabulary entry (an over-estimate of the bytes one
+        #: token covers: byte-level BPE spells a byte as one, sometimes two-byte, character)
+        self.max_token_bytes = max((len(t.encode("utf-8", "surrogatepass")) for t in vocab), default=1) or 1
 
-    def encode(self, text: str) -> list[int]:
-        """Return the model's token ids for ``text`` (no special tokens added)."""
+    def encode(self, text: str, limit: int | None = None) -> list[int]:
+        """Return the model's token ids for ``text`` (no special tokens added).
+
+        With ``limit``: a text larger than :meth:`max_text_bytes` of ``limit``
+        is not encoded at all (``limit + 1`` zeros are returned: "over the
+        limit"); otherwise the ids, cut to ``limit + 1``.
+        """
+        if limit is not None:
+            limit = max(0, limit)
+            if len(text.encode("utf-8", "surrogatepass")) > self.max_text_bytes(limit):
+                return [0] * (limit + 1)
+            return list(self._tok.encode(text, add_special_tokens=False).ids[: limit + 1])
         return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def max_text_bytes(self, tokens: int) -> int:
+        """``tokens`` x the longest vocabulary entry's UTF-8 length.
+
+        A bound for tokenizers that cover every input byte with some token
+        (byte-level BPE, SentencePiece with byte fallback). A tokenizer that
+        drops text (a whitespace pre-tokenizer) or maps any unknown word to
+        one ``[UNK]`` has no byte bound: set ``max_prompt_bytes`` explicitly.
+        """
+        return max(0, tokens) * self.max_token_bytes
+
+    def max_messages(self, tokens: int) -> int:
+        """Messages whose rendering (at least 10 bytes each) fits in :meth:`max_text_bytes`."""
+        return max(1, self.max_text_bytes(tokens) // MIN_MESSAGE_BYTES)
 
 
 def _content_text(content: Any) -> str:

@@ -50,12 +50,14 @@ class Ticket:
     idempotent, so call ``finish`` in a ``finally`` on success, error or
     cancellation."""
 
-    __slots__ = ("replica_id", "prefill_tokens", "decode_tokens", "_tracker", "_prefill_held", "_held")
+    __slots__ = ("replica_id", "prefill_tokens", "decode_tokens", "requests", "_tracker", "_prefill_held", "_held")
 
-    def __init__(self, tracker: LoadTracker, replica_id: str, prefill_tokens: int, decode_tokens: int) -> None:
+    def __init__(self, tracker: LoadTracker, replica_id: str, prefill_tokens: int, decode_tokens: int,
+                 requests: int = 1) -> None:
         self.replica_id = replica_id
         self.prefill_tokens = prefill_tokens
         self.decode_tokens = decode_tokens
+        self.requests = requests
         self._tracker = tracker
         self._prefill_held = True
         self._held = True
@@ -79,7 +81,7 @@ class Ticket:
         prefill = self.prefill_tokens if self._prefill_held else 0
         self._prefill_held = False
         self._held = False
-        self._tracker._release(self.replica_id, prefill, self.decode_tokens, 1)
+        self._tracker._release(self.replica_id, prefill, self.decode_tokens, self.requests)
 
 
 class LoadTracker:
@@ -88,19 +90,20 @@ class LoadTracker:
     def __init__(self) -> None:
         self._c: dict[str, _Counters] = {}
 
-    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int) -> Ticket:
+    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1) -> Ticket:
         """Charge one request to ``replica_id``: ``prefill_tokens`` (predicted
-        uncached prompt tokens) and ``decode_tokens`` (expected output tokens).
+        uncached prompt tokens), ``decode_tokens`` (expected output tokens) and
+        ``requests`` running requests (the sequences of a batch, default 1).
         Negative values raise :class:`ValueError`. Returns its :class:`Ticket`."""
-        if prefill_tokens < 0 or decode_tokens < 0:
+        if prefill_tokens < 0 or decode_tokens < 0 or requests < 0:
             raise ValueError("token counts must be non-negative")
         c = self._c.get(replica_id)
         if c is None:
             c = self._c[replica_id] = _Counters()
         c.prefill += prefill_tokens
         c.decode += decode_tokens
-        c.running += 1
-        return Ticket(self, replica_id, prefill_tokens, decode_tokens)
+        c.running += requests
+        return Ticket(self, replica_id, prefill_tokens, decode_tokens, requests)
 
     def snapshot(self, replica_id: str) -> ReplicaLoad:
         """Current load of ``replica_id`` (all zero for an unknown replica)."""

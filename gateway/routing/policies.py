@@ -57,8 +57,10 @@ class RouteRequest:
 
     ``block_keys``: the tenant's HMAC block-hash chain under the current key
     version (``tenancy.prefix.block_hash_chain``), one key per full block;
-    ``prompt_tokens``: prompt length in tokens; ``max_tokens``: expected
-    output tokens; ``block_size``: tokens per KV block.
+    ``prompt_tokens``: prompt length in tokens (all sequences); ``max_tokens``:
+    expected output tokens (all sequences: a batch of n prompts asks for n x
+    the per-sequence ``max_tokens``); ``block_size``: tokens per KV block;
+    ``sequences``: sequences the replica runs (elements of a list ``prompt``).
     """
 
     tenant_id: str
@@ -66,6 +68,7 @@ class RouteRequest:
     prompt_tokens: int
     max_tokens: int
     block_size: int
+    sequences: int = 1
 
 
 @dataclass(frozen=True)

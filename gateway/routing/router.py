@@ -89,7 +89,8 @@ class Router:
     ) -> tuple[RouteChoice, Ticket]:
         """Choose a replica for ``req`` among ``candidate_ids`` (authorized and
         healthy), charge its load (prefill tokens = prompt tokens − predicted
-        prefix tokens; decode tokens = ``req.max_tokens``) and record its
+        prefix tokens; decode tokens = ``req.max_tokens``; running requests =
+        ``req.sequences``) and record its
         current-version keys in the index. Call ``Ticket.first_token()`` at
         the first streamed token and ``Ticket.finish()`` when done (always).
         Raises :class:`NoCandidateError` when ``candidate_ids`` is empty.
@@ -99,7 +100,8 @@ class Router:
             raise NoCandidateError("no candidate replica")
         choice = self.policy.choose(req, cands)
         prefill = max(0, req.prompt_tokens - choice.predicted_prefix_tokens)
-        ticket = self.loads.dispatch(choice.replica_id, prefill, max(0, req.max_tokens))
+        ticket = self.loads.dispatch(choice.replica_id, prefill, max(0, req.max_tokens),
+                                     requests=max(1, req.sequences))
         self.index.record(choice.replica_id, req.block_keys)
         self._requests += 1
         self._prompt += max(0, req.prompt_tokens)

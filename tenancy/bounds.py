@@ -1,0 +1,76 @@
+"""Per-request cost bounds of a tenant, checked before any costly step (issue 12).
+
+A request's cost grows with what it asks the gateway to parse and tokenize
+and with how many sequences it makes a replica run. The bounds, cheapest
+first (docs/tenancy.md, "Request bounds")::
+
+    max_batch_prompts  elements of a list ``prompt`` (each one is a sequence)
+    max_messages       chat messages                   ┐ counted on the parsed JSON,
+                                                       ┘ before schema validation
+    max_prompt_bytes   UTF-8 bytes that become prompt tokens (per sequence)
+    max_prompt_tokens  tokens per sequence; tokenizing stops after limit + 1
+
+Defaults never refuse what the token limit allows: they are derived from
+``max_prompt_tokens`` through the tokenizer's own bounds
+(:meth:`tenancy.tokenizer.Tokenizer.max_text_bytes`, ``max_messages``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tenancy.registry import Tenant
+from tenancy.tokenizer import Tokenizer
+
+__all__ = ["RequestBounds", "request_bounds", "DEFAULT_MAX_BATCH_PROMPTS"]
+
+#: Elements of a list ``prompt`` allowed when the tenant sets nothing (and its concurrency allows).
+DEFAULT_MAX_BATCH_PROMPTS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBounds:
+    """The effective per-request bounds of one tenant.
+
+    ``max_prompt_tokens`` / ``max_prompt_bytes`` apply to each sequence
+    (``None``: unbounded but for the body size cap); ``max_messages`` and
+    ``max_batch_prompts`` always hold a number.
+    """
+
+    max_prompt_tokens: int | None
+    max_prompt_bytes: int | None
+    max_messages: int
+    max_batch_prompts: int
+
+
+def request_bounds(tenant: Tenant, tokenizer: Tokenizer, *, max_messages_ceiling: int) -> RequestBounds:
+    """Compute ``tenant``'s effective bounds under ``tokenizer``.
+
+    * ``max_prompt_bytes``: the tenant's value, else
+      ``tokenizer.max_text_bytes(max_prompt_tokens + 1)`` (the extra token
+      covers the second text a chat request counts: its tools and other
+      token-bearing fields), else ``None``.
+    * ``max_messages``: the tenant's value, else
+      ``tokenizer.max_messages(max_prompt_tokens)``; never above the gateway
+      ceiling ``max_messages_ceiling`` (``limits.max_messages``).
+    * ``max_batch_prompts``: the tenant's value, else
+      min(:data:`DEFAULT_MAX_BATCH_PROMPTS`, ``max_concurrency``).
+    """
+    tokens = tenant.max_prompt_tokens
+    pbytes = tenant.max_prompt_bytes
+    if pbytes is None and tokens is not None:
+        pbytes = tokenizer.max_text_bytes(tokens + 1)
+    messages = tenant.max_messages
+    if messages is None:
+        messages = tokenizer.max_messages(tokens) if tokens is not None else max_messages_ceiling
+    batch = tenant.max_batch_prompts
+    if batch is None:
+        batch = DEFAULT_MAX_BATCH_PROMPTS
+        if tenant.max_concurrency is not None:
+            batch = min(batch, tenant.max_concurrency)
+    return RequestBounds(
+        max_prompt_tokens=tokens,
+        max_prompt_bytes=pbytes,
+        max_messages=max(1, min(messages, max_messages_ceiling)),
+        max_batch_prompts=max(1, batch),
+    )
