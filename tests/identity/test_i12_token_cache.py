@@ -291,11 +291,13 @@ def test_cache_bounds() -> None:
     for i in range(10):
         verify(v, iss.mint(SID, AUD, now=T0, jti=str(i)))
     assert len(v.cache) == 3
-    _, _, off = setup(clock, cache_size=0)
-    token = iss.mint(SID, AUD, now=T0)
+    # size 0: the cache is off, every request's signature is checked
+    off_iss, _, off = setup(clock, cache_size=0)
+    token = off_iss.mint(SID, AUD, now=T0)
+    verify(off, token)
+    verify(off, token)
+    assert len(off.cache) == 0 and off.signature_checks == 2
     with pytest.raises(ValueError):
         VerifiedTokenCache(-1)
     with pytest.raises(ValueError):
         VerifiedTokenCache(10, 0)
-    assert len(off.cache) == 0
-    del token
