@@ -57,7 +57,8 @@ def _class_and_activity(event: AuditEvent) -> tuple[int, int, str]:
         return ENTITY_MANAGEMENT, 3, "Update"
     if event.kind is Kind.AUTH or event.outcome is Outcome.UNAUTHENTICATED:
         return AUTHENTICATION, 99, "JWT-SVID validation"
-    if event.kind is Kind.SUMMARY and "count_unauthenticated" in (event.summary or {}):
+    if event.kind is Kind.SUMMARY and ({"count_unauthenticated", "count_too_many_unauthenticated"}
+                                       & set(event.summary or {})):
         return AUTHENTICATION, 99, "JWT-SVID validation"
     if event.kind is Kind.CHECKPOINT:
         return API_ACTIVITY, 99, "Audit checkpoint"

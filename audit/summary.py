@@ -6,7 +6,10 @@ each would let an attacker fill the audit pipeline (and make the gateway fail
 closed). :class:`SummaryAggregator` lets the first ``first_n`` such events of
 a source per window through individually and counts the rest; when the
 window closes it yields one ``kind="summary"`` event per source that had
-suppressed events.
+suppressed events. Refusals whose reason code is in ``summary_only_codes``
+(default: the gateway's per-source block, ``too_many_unauthenticated``) are
+never written individually: they exist only as the count in their source's
+summary, one event per source per window (issue 12, finding 1).
 """
 from __future__ import annotations
 
@@ -17,6 +20,9 @@ from audit.event import AuditEvent, Kind, Outcome, PolicyInfo, iso_ms
 
 #: Outcomes that are aggregated (others always pass through).
 DEFAULT_AGGREGATED = frozenset({Outcome.UNAUTHENTICATED, Outcome.REJECTED, Outcome.RATE_LIMITED})
+#: ``policy.reason_code`` values that are only ever counted, never passed individually
+#: (the gateway's 429 to a source that spent its budget of failed signature checks).
+DEFAULT_SUMMARY_ONLY = frozenset({"too_many_unauthenticated"})
 OTHER_SOURCE = "*other*"
 
 
@@ -26,6 +32,7 @@ class _Window:
     seen: int = 0
     suppressed: Counter[str] = field(default_factory=Counter)
     endpoints: Counter[str] = field(default_factory=Counter)
+    codes: Counter[str] = field(default_factory=Counter)
 
 
 class SummaryAggregator:
@@ -38,6 +45,9 @@ class SummaryAggregator:
         max_sources: sources tracked per window; further sources share the
             bucket ``"*other*"`` (bounded memory under spoofed-source floods).
         outcomes: outcomes subject to aggregation.
+        summary_only_codes: reason codes (``policy.reason_code``) of events
+            that are always counted, never passed individually (they do not
+            use up ``first_n``); the summary holds ``count_<code>`` for them.
 
     The source is the event's ``client_address`` (or ``"unknown"``).
     """
@@ -48,6 +58,7 @@ class SummaryAggregator:
         first_n: int = 5,
         max_sources: int = 10_000,
         outcomes: frozenset[Outcome] = DEFAULT_AGGREGATED,
+        summary_only_codes: frozenset[str] = DEFAULT_SUMMARY_ONLY,
     ) -> None:
         if window_s <= 0 or first_n < 0 or max_sources < 1:
             raise ValueError("window_s > 0, first_n >= 0, max_sources >= 1 required")
@@ -55,6 +66,7 @@ class SummaryAggregator:
         self._first_n = first_n
         self._max_sources = max_sources
         self._outcomes = outcomes
+        self._summary_only = summary_only_codes
         self._windows: dict[str, _Window] = {}
 
     @property
@@ -73,9 +85,13 @@ class SummaryAggregator:
         win = self._windows.get(source)
         if win is None or event.time_ms - win.start_ms >= self._window_ms:
             win = self._windows[source] = _Window(start_ms=event.time_ms)
-        win.seen += 1
-        if win.seen <= self._first_n:
-            return event
+        code = event.policy.reason_code if event.policy is not None else None
+        if code is not None and code in self._summary_only:
+            win.codes[code] += 1
+        else:
+            win.seen += 1
+            if win.seen <= self._first_n:
+                return event
         win.suppressed[event.outcome.value] += 1
         if event.endpoint:
             win.endpoints[event.endpoint] += 1
@@ -103,6 +119,8 @@ class SummaryAggregator:
             }
             for outcome, n in win.suppressed.items():
                 details[f"count_{outcome}"] = n
+            for code, n in win.codes.items():
+                details[f"count_{code}"] = n
             if win.endpoints:
                 details["top_endpoint"] = win.endpoints.most_common(1)[0][0]
             out.append(

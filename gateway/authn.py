@@ -1,11 +1,22 @@
 """Pipeline step 1: who is calling (the PEP side of authentication).
 
-Order of checks, cheapest first: a source address whose failed
-authentications exhausted its bucket is refused (429) *before* any token is
-verified, so a flood of bad tokens costs one dict lookup each; only failed
-attempts consume the bucket, authenticated traffic never does;
-then the ``Authorization: Bearer`` JWT-SVID is verified against the trust
-bundle of its trust domain (:class:`gateway.identity.JwtSvidVerifier`).
+Order of checks, cheapest first (issue 12, finding 1):
+
+1. the source: the socket peer, or behind a trusted proxy the client address
+   the proxy attests in ``X-Forwarded-For`` (:func:`gateway.identity.attested_client`);
+2. the ``Authorization: Bearer`` JWT-SVID, verified by
+   :meth:`gateway.identity.JwtSvidVerifier.verify`: malformed tokens, unknown
+   ``kid``s, tokens expired (or not yet valid, too long-lived, for another
+   audience) by their claims are refused without any signature work and
+   never count against anyone; a token already verified for this listener's
+   audience is accepted from the verified-token cache, also at a blocked
+   source; only a token that needs a signature check meets the per-source
+   budget (:class:`tenancy.limits.SourceLimiter`): a source whose failed
+   signature checks exhausted its bucket gets 429 ``too_many_unauthenticated``
+   instead of a signature check, and only a failed signature check takes from
+   the bucket;
+3. the binding to a certificate forwarded by a trusted proxy.
+
 The JWT-SVID is required on every listener. An X.509-SVID forwarded in
 ``x-forwarded-client-cert`` is never an identity: it is read only when the
 socket peer is a configured trusted proxy (from any other peer the header is
@@ -29,6 +40,7 @@ from gateway.identity import (
     Reason,
     SpiffeId,
     WorkloadIdentity,
+    attested_client,
     check_binding,
     error_body,
     extract_bearer,
@@ -55,9 +67,11 @@ def auth_error(err: AuthenticationError) -> GatewayError:
 class Authenticator:
     """Authenticates one request to a :class:`WorkloadIdentity`.
 
-    ``verifier``: the JWT-SVID verifier of this listener's audience;
-    ``source_limiter``: a :class:`tenancy.limits.SourceLimiter` (or ``None``);
-    ``trusted_proxies``: CIDRs of proxies whose forwarded client
+    ``verifier``: the JWT-SVID verifier of this listener's audience (it holds
+    this listener's verified-token cache); ``source_limiter``: a
+    :class:`tenancy.limits.SourceLimiter` budget of failed signature checks
+    per source (or ``None``); ``trusted_proxies``: CIDRs of proxies whose
+    ``X-Forwarded-For`` names the source and whose forwarded client
     certificate is checked against the JWT-SVID (a binding check, never a
     credential). Raises :class:`GatewayError` (401/400/429/503).
     """
@@ -72,25 +86,18 @@ class Authenticator:
         self.source_limiter = source_limiter
         self.trusted_proxies = [ipaddress.ip_network(p, strict=False) for p in (trusted_proxies or [])]
 
+    def source(self, request: Request) -> str:
+        """The address ``request`` is attributed to (limits, audit): the socket
+        peer, or the client a trusted proxy attests (:func:`attested_client`)."""
+        peer = request.client.host if request.client else None
+        if not self.trusted_proxies:
+            return peer or "unknown"
+        return attested_client(peer, request.headers.getlist("x-forwarded-for"), self.trusted_proxies)
+
     async def authenticate(self, request: Request) -> WorkloadIdentity:
         """Return the caller's identity or raise :class:`GatewayError`."""
         peer = request.client.host if request.client else "unknown"
-        if self.source_limiter is not None:
-            wait = self.source_limiter.blocked(peer, time.monotonic())  # type: ignore[attr-defined]
-            if wait > 0:
-                raise GatewayError(
-                    429, "too_many_unauthenticated", "too many failed authentications from this source",
-                    headers={"Retry-After": str(max(1, int(wait + 0.999)))},
-                    outcome="rate_limited",
-                )
-        try:
-            return await self._authenticate(request, peer)
-        except GatewayError:
-            if self.source_limiter is not None:
-                self.source_limiter.charge_failure(peer, time.monotonic())  # type: ignore[attr-defined]
-            raise
-
-    async def _authenticate(self, request: Request, peer: str) -> WorkloadIdentity:
+        source = self.source(request)
         # 1. A JWT-SVID is always required, on every listener; a forwarded
         #    certificate never stands in for it (issue 10, finding 1).
         auths = request.headers.getlist("authorization")
@@ -104,12 +111,31 @@ class Authenticator:
         # 2. A certificate forwarded by a trusted proxy (cheap to parse, read
         #    before the signature is verified): its SPIFFE ID, to bind to.
         forwarded = self._forwarded(request, peer)
-        # 3. The JWT-SVID, then the binding.
+        # 3. The JWT-SVID (cheap refusals, then the cache, then the per-source
+        #    budget and the signature), then the binding.
         try:
-            identity = await self.verifier.verify(token)
+            identity = await self.verifier.verify(token, before_signature=lambda: self._admit_signature(source))
+        except AuthenticationError as err:
+            if err.signature_checked and self.source_limiter is not None:
+                self.source_limiter.charge_failure(source, time.monotonic())  # type: ignore[attr-defined]
+            raise auth_error(err) from None
+        try:
             return check_binding(identity, forwarded)
         except AuthenticationError as err:
             raise auth_error(err) from None
+
+    def _admit_signature(self, source: str) -> None:
+        """Raise 429 ``too_many_unauthenticated`` when ``source`` spent its budget
+        of failed signature checks (called only before a signature check)."""
+        if self.source_limiter is None:
+            return
+        wait = self.source_limiter.blocked(source, time.monotonic())  # type: ignore[attr-defined]
+        if wait > 0:
+            raise GatewayError(
+                429, "too_many_unauthenticated", "too many failed authentications from this source",
+                headers={"Retry-After": str(max(1, int(wait + 0.999)))},
+                outcome="rate_limited",
+            )
 
     def _forwarded(self, request: Request, peer: str) -> SpiffeId | None:
         """The SPIFFE ID of a certificate forwarded by a trusted proxy, or ``None``.

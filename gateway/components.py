@@ -116,10 +116,12 @@ class Components:
         # tokens on the public port must not lock operators out
         self.admin_source_limiter = SourceLimiter(rate=ic.unauthenticated_rps, burst=ic.unauthenticated_burst)
         try:
+            # one verifier, hence one verified-token cache, per listener and audience
+            cache = {"cache_size": ic.verified_token_cache_size, "cache_max_ttl_s": ic.verified_token_cache_max_ttl_s}
             self.verifier = JwtSvidVerifier(self.bundles, ic.audience, ic.trust_domains.keys(), ic.leeway_s,
-                                            ic.max_lifetime_s)
+                                            ic.max_lifetime_s, **cache)
             self.admin_verifier = JwtSvidVerifier(self.bundles, ic.admin_audience, ic.trust_domains.keys(),
-                                                  ic.leeway_s, ic.max_lifetime_s)
+                                                  ic.leeway_s, ic.max_lifetime_s, **cache)
             self.authn = Authenticator(self.verifier, self.source_limiter, ic.trusted_proxies)
             self.admin_authn = Authenticator(self.admin_verifier, self.admin_source_limiter, ic.trusted_proxies)
         except ValueError as exc:  # also caught by load_config; a config built otherwise lands here
@@ -414,7 +416,7 @@ class Components:
         from gateway.pipeline import RequestRecord
 
         rec = RequestRecord(request_id=_rid(), endpoint=endpoint[:128],
-                            client_addr=request.client.host if request.client else None, t0=time.perf_counter())
+                            client_addr=self.authn.source(request), t0=time.perf_counter())
         if identity is not None:
             rec.spiffe_id, rec.trust_domain = str(identity.spiffe_id), identity.trust_domain
         rec.status, rec.outcome, rec.error_code, rec.t_end = err.status, err.outcome, err.code, time.perf_counter()

@@ -169,10 +169,16 @@ class IdentityConfig(_Section):
     listener's audience. ``audience`` and ``admin_audience`` must be
     non-empty, without surrounding whitespace, and different from each other
     (else a public token would open the admin listener). ``trusted_proxies``
-    (CIDRs) only enables the binding check of a forwarded client certificate
-    against the JWT-SVID; there is deliberately no setting under which a
-    forwarded certificate alone authenticates, and any unknown key (e.g. an
-    "xfcc only" mode) is refused (``extra="forbid"``).
+    (CIDRs) enables two things only: the binding check of a forwarded client
+    certificate against the JWT-SVID, and reading the client address the
+    proxy attests in ``X-Forwarded-For`` as the request's source; there is
+    deliberately no setting under which a forwarded certificate alone
+    authenticates, and any unknown key (e.g. an "xfcc only" mode) is refused
+    (``extra="forbid"``). ``unauthenticated_rps``/``unauthenticated_burst``:
+    per-source bucket of failed signature checks (a source that spent it gets
+    429 instead of a signature check; cheap refusals and cached tokens never
+    touch it). ``verified_token_cache_size``/``verified_token_cache_max_ttl_s``:
+    bounds of each listener's verified-token cache (docs/identity.md).
     """
 
     audience: str = "prefixgate"
@@ -181,8 +187,12 @@ class IdentityConfig(_Section):
     leeway_s: float = Field(30.0, ge=0, le=300)
     max_lifetime_s: float = Field(3600.0, gt=0)
     trusted_proxies: list[str] = Field(default_factory=list)
-    unauthenticated_rps: float = Field(20.0, gt=0)
-    unauthenticated_burst: int = Field(40, ge=1)
+    #: per-source budget of FAILED SIGNATURE CHECKS (per listener): rate /s, burst
+    unauthenticated_rps: float = Field(1000.0, gt=0)
+    unauthenticated_burst: int = Field(2000, ge=1)
+    #: verified-token cache per listener and audience: entries (0: off), lifetime cap (s)
+    verified_token_cache_size: int = Field(10_000, ge=0)
+    verified_token_cache_max_ttl_s: float = Field(300.0, gt=0)
 
     @field_validator("audience", "admin_audience")
     @classmethod

@@ -104,7 +104,7 @@ class InferencePipeline:
         rec = RequestRecord(
             request_id=uuid.uuid4().hex,
             endpoint=UPSTREAM_PATHS[endpoint],
-            client_addr=request.client.host if request.client else None,
+            client_addr=c.authn.source(request),  # behind a trusted proxy: the client it attests
             t0=time.perf_counter(),
         )
         held = _Held()

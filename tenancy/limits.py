@@ -316,13 +316,16 @@ def source_key(address: str, *, ipv6_prefix: int = 64) -> str:
 
 
 class SourceLimiter:
-    """Per-source-address request bucket for callers not yet authenticated.
+    """Per-source-address bucket for callers not yet authenticated.
 
-    Checked before JWT-SVID verification so a flood of bad tokens costs one
-    dict lookup each. Memory is bounded: at most ``max_sources`` buckets in
-    LRU order; an evicted source starts again with a full bucket (an attacker
-    spraying many addresses can evict others' state, never exceed the bound).
-    ``rate`` in requests/s, ``burst`` in requests.
+    The gateway uses it as a budget of failed JWT-SVID signature checks per
+    source (``rate`` per second, ``burst``): :meth:`blocked` right before a
+    signature would be checked, :meth:`charge_failure` after one failed
+    (gateway/authn.py; cheap refusals and cached tokens never touch it).
+    :meth:`check` is a plain request bucket (one unit per call). Memory is
+    bounded: at most ``max_sources`` buckets in LRU order; an evicted source
+    starts again with a full bucket (an attacker spraying many addresses can
+    evict others' state, never exceed the bound).
     """
 
     def __init__(
@@ -373,10 +376,10 @@ class SourceLimiter:
     def blocked(self, source: str, now: float | None = None) -> float:
         """Seconds until ``source`` may try to authenticate again (0.0: not blocked).
 
-        Takes nothing. The gateway calls this *before* verifying a token and
-        :meth:`charge_failure` after a failed verification, so only
-        unauthenticated attempts consume the bucket while a blocked source is
-        refused without any signature check. Unknown sources are not stored.
+        Takes nothing. The gateway calls this right before a signature check
+        and :meth:`charge_failure` after a failed one, so only failed
+        signature checks consume the bucket, and a blocked source is refused
+        instead of a signature check. Unknown sources are not stored.
         """
         key = source_key(source, ipv6_prefix=self._ipv6_prefix)
         now = self._clock() if now is None else now

@@ -2,7 +2,8 @@
 
 The gateway builds a :class:`TrustBundleStore` (file or HTTPS source per trust
 domain), a :class:`JwtSvidVerifier`, and calls ``await verifier.verify(token)``
-for every request; see docs/identity.md.
+for every request (a token verified before is answered from the verifier's
+:class:`VerifiedTokenCache`); see docs/identity.md.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from .jwtsvid import (
     extract_bearer,
     www_authenticate,
 )
+from .forwarded import attested_client
 from .spiffe_id import InvalidSpiffeId, SpiffeId, WorkloadIdentity, parse_spiffe_id, parse_trust_domain
+from .token_cache import VerifiedTokenCache
 from .xfcc import InvalidXfcc, check_binding, forwarded_spiffe_id, parse_xfcc
 
 __all__ = [
@@ -51,7 +54,9 @@ __all__ = [
     "TrustBundleSource",
     "TrustBundleStore",
     "UnknownTrustDomain",
+    "VerifiedTokenCache",
     "WorkloadIdentity",
+    "attested_client",
     "canonical_token_sha256",
     "check_binding",
     "error_body",

@@ -265,6 +265,14 @@ class TrustBundleSource(abc.ABC):
     with a lower sequence than the current one is ignored; a bundle without a
     sequence is accepted), and fails closed after ``max_stale_s`` seconds
     without a successful refresh. ``clock`` is monotonic seconds.
+
+    Change signal: :attr:`generation` counts the accepted bundles whose keys
+    differ from the previous one (a key added, removed or replaced; a new
+    ``spiffe_sequence`` with the same keys is not a change); listeners
+    registered with :meth:`add_listener` are called synchronously with
+    ``(trust_domain, generation)`` right after such a change. Anything that
+    remembers a verification result (the verified-token cache) keys it on
+    the generation it was verified under.
     """
 
     def __init__(
@@ -281,6 +289,22 @@ class TrustBundleSource(abc.ABC):
         self._last_ok: float | None = None
         self._last_attempt: float = -math.inf
         self._lock = asyncio.Lock()
+        self._generation = 0
+        self._listeners: list[Callable[[str, int], None]] = []
+
+    @property
+    def generation(self) -> int:
+        """How many times the set of keys changed (0 before the first bundle)."""
+        return self._generation
+
+    def add_listener(self, callback: Callable[[str, int], None]) -> None:
+        """Call ``callback(trust_domain, generation)`` after every key change.
+
+        Called synchronously from the refresh (or :meth:`StaticBundleSource.replace`);
+        a callback must be quick and must not raise (an exception is logged
+        and ignored so that one listener cannot stop a rotation).
+        """
+        self._listeners.append(callback)
 
     def current(self) -> TrustBundle | None:
         """The last accepted bundle without any refresh (may be stale)."""
@@ -304,7 +328,15 @@ class TrustBundleSource(abc.ABC):
                     "trust domain %s: bundle keys now %s (sequence %s)",
                     self.trust_domain, sorted(bundle.keys), bundle.sequence,
                 )
+            changed = cur is None or dict(cur.keys) != dict(bundle.keys)
             self._bundle = bundle
+            if changed:
+                self._generation += 1
+                for callback in list(self._listeners):
+                    try:
+                        callback(self.trust_domain, self._generation)
+                    except Exception:  # a listener must never stop a rotation
+                        log.exception("trust domain %s: bundle change listener failed", self.trust_domain)
         self._last_ok = self._clock()
 
     @abc.abstractmethod
@@ -543,14 +575,41 @@ class TrustBundleStore:
 
     def __init__(self, sources: Mapping[str, TrustBundleSource] | None = None) -> None:
         self._sources: dict[str, TrustBundleSource] = {}
+        self._listeners: list[Callable[[str, int], None]] = []
+        self._epochs: dict[str, int] = {}
         for td, src in (sources or {}).items():
             if td != src.trust_domain:
                 raise ValueError(f"source for {src.trust_domain!r} registered under {td!r}")
             self.add(src)
 
     def add(self, source: TrustBundleSource) -> None:
-        """Register (or replace) the source of ``source.trust_domain``."""
+        """Register (or replace) the source of ``source.trust_domain``.
+
+        Store listeners (:meth:`add_listener`) are attached to it, and called
+        once now: a replaced source is a changed bundle."""
+        old = self._sources.get(source.trust_domain)
         self._sources[source.trust_domain] = source
+        self._epochs[source.trust_domain] = self._epochs.get(source.trust_domain, -1) + 1
+        for callback in self._listeners:
+            source.add_listener(callback)
+        if old is not None and old is not source:
+            for callback in self._listeners:
+                callback(source.trust_domain, source.generation)
+
+    def add_listener(self, callback: Callable[[str, int], None]) -> None:
+        """Call ``callback(trust_domain, generation)`` whenever a domain's keys
+        change (every current and future source; see
+        :meth:`TrustBundleSource.add_listener`)."""
+        self._listeners.append(callback)
+        for source in self._sources.values():
+            source.add_listener(callback)
+
+    def generation(self, trust_domain: str) -> tuple[int, int]:
+        """An opaque version of ``trust_domain``'s keys: (how many times its
+        source was replaced, the source's :attr:`~TrustBundleSource.generation`).
+        Equal values mean the same keys. Raises :class:`UnknownTrustDomain`."""
+        source = self.source(trust_domain)
+        return (self._epochs[trust_domain], source.generation)
 
     def trust_domains(self) -> frozenset[str]:
         """The configured trust domain names."""

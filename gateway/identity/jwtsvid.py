@@ -15,6 +15,12 @@ Rules, with their sources:
 * RFC 7519 4.1.4-4.1.6: ``exp``/``nbf``/``iat`` with ``leeway_s`` seconds.
 * RFC 6750 3: ``WWW-Authenticate: Bearer`` error responses.
 
+Order (issue 12, finding 1): everything that needs no signature work -
+shape, header, trust domain, time claims, audience, ``kid`` lookup - runs
+first and may only refuse; then the verified-token cache; the signature is
+checked last and only for a token not already verified
+(:meth:`JwtSvidVerifier.verify`).
+
 Extra gateway policy: tokens larger than 8 KiB are refused before parsing;
 the remaining lifetime ``exp - now`` must not exceed ``max_lifetime_s``
 (+ leeway) even without ``iat``, and ``exp - iat`` must not exceed
@@ -44,6 +50,7 @@ import jwt
 from .bundle import (
     ALLOWED_ALGORITHMS,
     BundleError,
+    BundleKey,
     BundleUnavailable,
     KeyAlgorithmMismatch,
     TrustBundle,
@@ -51,6 +58,9 @@ from .bundle import (
     UnknownTrustDomain,
 )
 from .spiffe_id import InvalidSpiffeId, SpiffeId, WorkloadIdentity, parse_spiffe_id, parse_trust_domain
+from .token_cache import DEFAULT_MAX_TTL_S as DEFAULT_CACHE_MAX_TTL_S
+from .token_cache import DEFAULT_MAXSIZE as DEFAULT_CACHE_SIZE
+from .token_cache import VerifiedTokenCache
 
 #: Largest accepted compact JWS, in bytes.
 MAX_TOKEN_BYTES = 8 * 1024
@@ -128,16 +138,19 @@ class AuthenticationError(Exception):
     bundle is unavailable, which is still a refusal: fail closed).
     """
 
-    def __init__(self, reason: Reason, description: str) -> None:
+    def __init__(self, reason: Reason, description: str, *, signature_checked: bool = False) -> None:
         super().__init__(f"{reason.value}: {description}")
         self.reason = reason
         self.code = _CODE.get(reason, "invalid_token")
         self.description = description
         self.status = _STATUS.get(reason, 401)
+        #: True when the refusal came from a signature verification (the costly
+        #: step): only such refusals count against the caller's source.
+        self.signature_checked = signature_checked
 
 
-def _fail(reason: Reason, description: str) -> AuthenticationError:
-    return AuthenticationError(reason, description)
+def _fail(reason: Reason, description: str, *, signature_checked: bool = False) -> AuthenticationError:
+    return AuthenticationError(reason, description, signature_checked=signature_checked)
 
 
 def _quote(s: str) -> str:
@@ -217,7 +230,7 @@ def canonical_token_sha256(token: str) -> str:
     if ec is not None and len(sig) == 2 * ec[1]:
         n, size = ec
         s = int.from_bytes(sig[size:], "big")
-        if s > n // 2:
+        if n // 2 < s < n:  # s >= n never verifies: left as it is
             sig = sig[:size] + (n - s).to_bytes(size, "big")
     return hashlib.sha256(f"{h_seg}.{p_seg}.".encode("ascii") + sig).hexdigest()
 
@@ -259,6 +272,7 @@ class _Parsed:
     spiffe_id: SpiffeId
     kid: str
     alg: str
+    signature_len: int
 
 
 class JwtSvidVerifier:
@@ -269,8 +283,28 @@ class JwtSvidVerifier:
     workloads may authenticate (each must also have a bundle in ``store``);
     ``leeway_s``: clock skew allowed on ``exp``/``nbf``/``iat`` (seconds);
     ``max_lifetime_s``: longest accepted validity (seconds); ``clock``: Unix
-    seconds. Raises ``ValueError`` for bad configuration (an empty, blank or
-    whitespace-padded audience; no trust domain).
+    seconds. ``cache_size`` / ``cache_max_ttl_s``: bounds of this verifier's
+    :class:`~gateway.identity.token_cache.VerifiedTokenCache` (entries,
+    seconds; ``cache_size=0`` disables it). Raises ``ValueError`` for bad
+    configuration (an empty, blank or whitespace-padded audience; no trust
+    domain; a negative cache size or non-positive cache lifetime).
+
+    Order of checks in :meth:`verify` (cheapest first; everything before the
+    signature only ever *refuses*: unverified claims never accept anything):
+
+    1. size, compact shape, canonical base64url signature segment, JSON
+       header/payload, header (``crit``, ``b64``, ``typ``, ``alg``), ``sub``
+       is a SPIFFE ID of a configured trust domain, ``kid`` present;
+    2. time claims and audience of the (still unverified) payload;
+    3. the ``kid`` in the bundle of the ``sub``'s trust domain (an unknown
+       kid may trigger one early refresh of that bundle), key/alg agreement,
+       signature length;
+    4. the verified-token cache (a hit returns the identity verified before);
+    5. ``before_signature()`` (the caller's per-source budget), then the
+       signature; a success is cached.
+
+    Refusals from steps 1-3 never cost a signature check and carry
+    ``signature_checked=False``; refusals from step 5 carry ``True``.
     """
 
     def __init__(
@@ -283,6 +317,8 @@ class JwtSvidVerifier:
         *,
         max_token_bytes: int = MAX_TOKEN_BYTES,
         clock: Callable[[], float] = time.time,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+        cache_max_ttl_s: float = DEFAULT_CACHE_MAX_TTL_S,
     ) -> None:
         if not isinstance(audience, str) or not audience.strip() or audience != audience.strip():
             raise ValueError("audience must be a non-empty string without surrounding whitespace")
@@ -295,6 +331,11 @@ class JwtSvidVerifier:
         self.max_lifetime_s = float(max_lifetime_s)
         self.max_token_bytes = max_token_bytes
         self._clock = clock
+        #: this verifier's (this listener's and audience's) verified-token cache
+        self.cache = VerifiedTokenCache(cache_size, cache_max_ttl_s, leeway_s=self.leeway_s, clock=clock)
+        store.add_listener(self.cache.clear_trust_domain)
+        #: signature verifications performed (successful or not)
+        self.signature_checks = 0
 
     # -- step 1: structure, header and the claimed trust domain (unverified) --
     def _parse(self, token: str) -> _Parsed:
@@ -304,7 +345,7 @@ class JwtSvidVerifier:
             raise _fail(Reason.TOKEN_TOO_LARGE, f"token larger than {self.max_token_bytes} bytes")
         if not _COMPACT_RE.fullmatch(token):
             raise _fail(Reason.MALFORMED, "token is not a compact JWS (base64url header.payload.signature)")
-        h_seg, p_seg, _ = token.split(".")
+        h_seg, p_seg, s_seg = token.split(".")
         header = _b64json(h_seg, "header")
         if "crit" in header:
             raise _fail(Reason.CRIT_HEADER, "critical header extensions are not supported")
@@ -316,6 +357,7 @@ class JwtSvidVerifier:
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in ALLOWED_ALGORITHMS:
             raise _fail(Reason.ALG_NOT_ALLOWED, "alg is not an allowed asymmetric JWS algorithm")
+        signature = _strict_b64(s_seg)
         claims = _b64json(p_seg, "payload")
         sub = claims.get("sub")
         if sub is None:
@@ -331,35 +373,17 @@ class JwtSvidVerifier:
         kid = header.get("kid")
         if not isinstance(kid, str) or not kid:
             raise _fail(Reason.UNKNOWN_KID, "token header names no kid")
-        return _Parsed(token=token, header=header, claims=claims, spiffe_id=sid, kid=kid, alg=alg)
+        return _Parsed(token=token, header=header, claims=claims, spiffe_id=sid, kid=kid, alg=alg,
+                       signature_len=len(signature))
 
-    # -- step 2: signature with the key of THAT trust domain, then claims --
-    def _check(self, p: _Parsed, bundle: TrustBundle) -> WorkloadIdentity:
-        if bundle.trust_domain != p.spiffe_id.trust_domain:
-            # One domain's key never vouches for another domain's identity.
-            raise _fail(Reason.UNKNOWN_KID, "no key with this kid in the token's trust domain")
-        key = bundle.get(p.kid)
-        if key is None:
-            raise _fail(Reason.UNKNOWN_KID, "no key with this kid in the token's trust domain")
-        try:
-            pyjwk = key.pyjwk_for(p.alg)
-        except KeyAlgorithmMismatch:
-            raise _fail(Reason.ALG_NOT_ALLOWED, "alg does not match the bundle key's type") from None
-        except jwt.PyJWTError:
-            raise _fail(Reason.ALG_NOT_ALLOWED, "bundle key cannot verify this alg") from None
-        try:
-            # PyJWS checks the signature only; claims are checked below with
-            # this verifier's clock. jku/x5u/jwk/x5c headers are never read.
-            jwt.PyJWS().decode_complete(p.token, key=pyjwk, algorithms=[pyjwk.algorithm_name])
-        except jwt.InvalidSignatureError:
-            raise _fail(Reason.BAD_SIGNATURE, "signature does not verify") from None
-        except jwt.InvalidAlgorithmError:
-            raise _fail(Reason.ALG_NOT_ALLOWED, "alg does not match the bundle key") from None
-        except jwt.PyJWTError:
-            raise _fail(Reason.MALFORMED, "token cannot be decoded") from None
-        return self._check_claims(p, key.kid)
+    # -- step 2: time claims and audience, still unverified: may only refuse --
+    def _check_claims(self, p: _Parsed) -> float:
+        """Refuse on the payload's time claims and audience; returns ``exp``.
 
-    def _check_claims(self, p: _Parsed, kid: str) -> WorkloadIdentity:
+        Runs before the signature is checked, so it never accepts anything:
+        a token passing here is still verified (or found in the cache of
+        verified tokens) before it is believed.
+        """
         c = p.claims
         now = self._clock()
         lw = self.leeway_s
@@ -384,10 +408,46 @@ class JwtSvidVerifier:
             raise _fail(Reason.AUDIENCE, "aud is not a string or a list of strings")
         if self.audience not in auds:
             raise _fail(Reason.AUDIENCE, "token audience does not include this gateway")
+        return exp
+
+    # -- step 3: the key of THAT trust domain (no signature work) --
+    def _key(self, p: _Parsed, bundle: TrustBundle) -> tuple[BundleKey, jwt.PyJWK]:
+        if bundle.trust_domain != p.spiffe_id.trust_domain:
+            # One domain's key never vouches for another domain's identity.
+            raise _fail(Reason.UNKNOWN_KID, "no key with this kid in the token's trust domain")
+        key = bundle.get(p.kid)
+        if key is None:
+            raise _fail(Reason.UNKNOWN_KID, "no key with this kid in the token's trust domain")
+        try:
+            pyjwk = key.pyjwk_for(p.alg)
+        except KeyAlgorithmMismatch:
+            raise _fail(Reason.ALG_NOT_ALLOWED, "alg does not match the bundle key's type") from None
+        except jwt.PyJWTError:
+            raise _fail(Reason.ALG_NOT_ALLOWED, "bundle key cannot verify this alg") from None
+        want = _signature_len(p.alg, pyjwk)
+        if want is not None and p.signature_len != want:
+            raise _fail(Reason.BAD_SIGNATURE, "signature has the wrong length for this key")
+        return key, pyjwk
+
+    # -- step 5: the signature (the one costly step) --
+    def _check_signature(self, p: _Parsed, pyjwk: jwt.PyJWK) -> None:
+        self.signature_checks += 1
+        try:
+            # PyJWS checks the signature only; claims were checked above with
+            # this verifier's clock. jku/x5u/jwk/x5c headers are never read.
+            jwt.PyJWS().decode_complete(p.token, key=pyjwk, algorithms=[pyjwk.algorithm_name])
+        except jwt.InvalidSignatureError:
+            raise _fail(Reason.BAD_SIGNATURE, "signature does not verify", signature_checked=True) from None
+        except jwt.InvalidAlgorithmError:
+            raise _fail(Reason.ALG_NOT_ALLOWED, "alg does not match the bundle key", signature_checked=True) from None
+        except jwt.PyJWTError:
+            raise _fail(Reason.MALFORMED, "token cannot be decoded", signature_checked=True) from None
+
+    def _identity(self, p: _Parsed, kid: str, exp: float) -> WorkloadIdentity:
         return WorkloadIdentity(
             spiffe_id=p.spiffe_id,
             trust_domain=p.spiffe_id.trust_domain,
-            claims=c,
+            claims=p.claims,
             source="jwt-svid",
             kid=kid,
             expires_at=exp,
@@ -396,28 +456,74 @@ class JwtSvidVerifier:
     def verify_with_bundle(self, token: str, bundle: TrustBundle) -> WorkloadIdentity:
         """Verify ``token`` against one given bundle (synchronous; tests, tools).
 
+        Same checks as :meth:`verify` but without the verified-token cache.
         Returns the :class:`WorkloadIdentity`; raises :class:`AuthenticationError`.
         The bundle must belong to the token's trust domain (else ``unknown_kid``).
         """
-        return self._check(self._parse(token), bundle)
+        p = self._parse(token)
+        exp = self._check_claims(p)
+        key, pyjwk = self._key(p, bundle)
+        self._check_signature(p, pyjwk)
+        return self._identity(p, key.kid, exp)
 
-    async def verify(self, token: str) -> WorkloadIdentity:
+    async def verify(self, token: str, *, before_signature: Callable[[], None] | None = None) -> WorkloadIdentity:
         """Verify a JWT-SVID and return the authenticated workload.
 
         Looks the signing key up by ``kid`` in the bundle of the trust domain
         named by ``sub`` only; on an unknown kid the source gets one chance to
-        refresh (key rotation). Raises :class:`AuthenticationError`; its
-        ``reason`` is ``bundle_unavailable`` (status 503) when the domain's
-        bundle cannot be served.
+        refresh (key rotation). A token already verified under the domain's
+        current keys is answered from the cache without a signature check.
+        ``before_signature`` is called right before a signature check (never
+        for a cache hit nor for a token refused earlier); whatever it raises
+        propagates unchanged (the gateway's per-source 429).
+
+        Raises :class:`AuthenticationError`; its ``reason`` is
+        ``bundle_unavailable`` (status 503) when the domain's bundle cannot be
+        served; its ``signature_checked`` tells whether a signature check was
+        spent on it.
         """
         p = self._parse(token)
+        exp = self._check_claims(p)
         td = p.spiffe_id.trust_domain
         try:
             bundle = await self.store.get(td)
             if bundle.get(p.kid) is None:
                 bundle = await self.store.refresh_for_unknown_kid(td)
+            version = self.store.generation(td)
         except UnknownTrustDomain:
             raise _fail(Reason.FOREIGN_TRUST_DOMAIN, "no trust bundle for the token's trust domain") from None
         except (BundleUnavailable, BundleError):
             raise _fail(Reason.BUNDLE_UNAVAILABLE, "trust bundle unavailable; try again later") from None
-        return self._check(p, bundle)
+        key, pyjwk = self._key(p, bundle)
+        name = canonical_token_sha256(token)
+        hit = self.cache.get(name, td, version)
+        if hit is not None:
+            return hit
+        if before_signature is not None:
+            before_signature()
+        self._check_signature(p, pyjwk)
+        identity = self._identity(p, key.kid, exp)
+        self.cache.put(name, identity, version)
+        return identity
+
+
+def _strict_b64(segment: str) -> bytes:
+    """Decode a base64url segment, refusing any other spelling of the same bytes
+    (non-zero pad bits): a cached token is found only under its one spelling."""
+    try:
+        raw = base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+    except (binascii.Error, ValueError):
+        raise _fail(Reason.MALFORMED, "token signature is not base64url") from None
+    if base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii") != segment:
+        raise _fail(Reason.MALFORMED, "token signature is not canonical base64url")
+    return raw
+
+
+def _signature_len(alg: str, pyjwk: jwt.PyJWK) -> int | None:
+    """Byte length a JWS signature must have for ``alg`` with this key
+    (RFC 7518 3.3-3.5: RSA = modulus size, ECDSA = 2 x coordinate size)."""
+    ec = _EC_ORDER.get(alg)
+    if ec is not None:
+        return 2 * ec[1]
+    size = getattr(pyjwk.key, "key_size", None)
+    return (size + 7) // 8 if isinstance(size, int) else None

@@ -132,15 +132,17 @@ async def test_client_disconnect_cancels_upstream(stack):
 
 
 async def test_failed_auth_flood_from_one_source_is_cut_off_before_verification(stack):
-    # the default bucket allows a burst of failures, then answers 429 without verifying
+    # issue 12, finding 1: malformed tokens are refused without any signature work and
+    # never count against the source (the per-source budget is for failed signature
+    # checks only; tests/security/test_i12_auth_flood.py covers the block itself)
     statuses = []
     for _ in range(60):
         r = await stack.client.post("/v1/completions", json=body(), headers={"Authorization": "Bearer x.y.z"})
         statuses.append(r.status_code)
-    assert statuses[0] == 401 and statuses[-1] == 429
-    assert "Retry-After" in r.headers
-    # authenticated traffic never consumed the bucket: many good requests pass at once
-    # (from the same source the bucket is now blocked, which is the point: it is per source)
+    assert set(statuses) == {401}
+    assert stack.components.verifier.signature_checks == 0
+    r = await stack.client.get("/v1/models", headers=stack.auth())
+    assert r.status_code == 200, r.text
 
 
 async def test_authenticated_traffic_not_source_limited(stack):

@@ -1,0 +1,166 @@
+"""The verified-token cache: JWT-SVIDs whose signature was already checked.
+
+The project's one positive cache of verified tokens (issue 12, finding 1).
+A :class:`~gateway.identity.JwtSvidVerifier` owns one, so there is one cache
+per listener and audience: a token verified for the public audience is never
+found by the admin listener's verifier.
+
+* Key: :func:`gateway.identity.canonical_token_sha256` of the compact token,
+  the SHA-256 of its exact ``header.payload.`` segments and its signature
+  bytes, with an ECDSA ``s`` normalised to ``min(s, n - s)``. A token and its
+  high-S twin (which verifies exactly when the token does, and which anyone
+  holding the token can compute) therefore share one entry instead of
+  costing a second signature check and a second entry. The verifier refuses
+  a signature segment that is not canonical base64url *before* the lookup,
+  so no other spelling of a cached token reaches it.
+* Value: the :class:`~gateway.identity.WorkloadIdentity` built from the
+  verified claims, the trust domain, and the version of that domain's keys
+  (:meth:`gateway.identity.TrustBundleStore.generation`) it was verified
+  under. A hit under another version is a miss (and is dropped): a key
+  removed or replaced in the bundle invalidates what it verified, even
+  before the change listener cleared the entries.
+* Lifetime: until ``min(exp + leeway_s, verified_at + max_ttl_s)`` on the
+  verifier's clock (Unix seconds), per entry (``cachetools.TLRUCache``).
+* Size: at most ``maxsize`` entries; when full, the entry closest to its
+  expiry goes first (TLRU). Only tokens that verified are stored, so only an
+  issuer (not a caller with bad tokens) can make entries.
+
+The verifier still runs every check except the signature on a hit (shape,
+header, trust domain, ``kid`` in the current bundle, time claims, audience),
+and the caller still applies the forwarded-certificate binding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from cachetools import TLRUCache
+
+from .spiffe_id import WorkloadIdentity
+
+__all__ = ["VerifiedTokenCache"]
+
+#: Default entry bound and lifetime cap (seconds).
+DEFAULT_MAXSIZE = 10_000
+DEFAULT_MAX_TTL_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    identity: WorkloadIdentity
+    trust_domain: str
+    keys_version: Hashable
+    expires_at: float
+
+
+class VerifiedTokenCache:
+    """Bounded, per-entry-expiring map: canonical token name -> verified identity.
+
+    ``maxsize``: most entries held (0 disables the cache: nothing is stored);
+    ``max_ttl_s``: longest an entry lives after its verification (seconds);
+    ``leeway_s``: clock skew the verifier allows after ``exp`` (seconds);
+    ``clock``: Unix seconds (the verifier's clock). Raises ``ValueError`` for
+    a negative ``maxsize`` or a non-positive ``max_ttl_s``. Not thread-safe:
+    used from the event loop only.
+    """
+
+    def __init__(
+        self,
+        maxsize: int = DEFAULT_MAXSIZE,
+        max_ttl_s: float = DEFAULT_MAX_TTL_S,
+        *,
+        leeway_s: float = 0.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if maxsize < 0:
+            raise ValueError("maxsize must be >= 0")
+        if not max_ttl_s > 0:
+            raise ValueError("max_ttl_s must be > 0")
+        self.maxsize = int(maxsize)
+        self.max_ttl_s = float(max_ttl_s)
+        self.leeway_s = float(leeway_s)
+        self._clock = clock
+        self._cache: TLRUCache[str, _Entry] | None = (
+            TLRUCache(maxsize=self.maxsize, ttu=_time_to_use, timer=clock) if self.maxsize else None
+        )
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        if self._cache is None:
+            return 0
+        self._cache.expire()
+        return len(self._cache)
+
+    def get(self, name: str, trust_domain: str, keys_version: Hashable) -> WorkloadIdentity | None:
+        """The identity verified under ``name``, or ``None``.
+
+        ``None`` also when the entry expired or was verified for another trust
+        domain or under another version of that domain's keys (such an entry
+        is dropped).
+        """
+        if self._cache is None:
+            self.misses += 1
+            return None
+        entry = self._cache.get(name)
+        if entry is None:
+            self.misses += 1
+            return None
+        if entry.trust_domain != trust_domain or entry.keys_version != keys_version \
+                or not self._clock() < entry.expires_at:
+            self._drop(name)
+            self.misses += 1
+            return None
+        self.hits += 1
+        return entry.identity
+
+    def put(self, name: str, identity: WorkloadIdentity, keys_version: Hashable) -> None:
+        """Remember that ``name`` verified as ``identity`` under ``keys_version``.
+
+        The entry lives until ``min(identity.expires_at + leeway_s, now +
+        max_ttl_s)``; a token without ``expires_at`` gets the cap. Nothing is
+        stored when that is already past or the cache is disabled.
+        """
+        if self._cache is None:
+            return
+        now = self._clock()
+        until = now + self.max_ttl_s
+        if identity.expires_at is not None:
+            until = min(until, identity.expires_at + self.leeway_s)
+        if not now < until:
+            return
+        self._cache[name] = _Entry(identity, identity.trust_domain, keys_version, until)
+
+    def clear_trust_domain(self, trust_domain: str, _generation: object = None) -> int:
+        """Drop every entry of ``trust_domain`` (its keys changed); returns how many.
+
+        Signature fits :meth:`gateway.identity.TrustBundleStore.add_listener`.
+        """
+        if self._cache is None:
+            return 0
+        doomed = []
+        for k in list(self._cache.keys()):
+            e = self._cache.get(k)
+            if e is not None and e.trust_domain == trust_domain:
+                doomed.append(k)
+        for k in doomed:
+            self._drop(k)
+        return len(doomed)
+
+    def _drop(self, name: str) -> None:
+        assert self._cache is not None
+        try:  # TLRUCache raises KeyError when deleting an entry that just expired
+            del self._cache[name]
+        except KeyError:
+            pass
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        if self._cache is not None:
+            self._cache.clear()
+
+
+def _time_to_use(_key: str, entry: _Entry, _now: float) -> float:
+    return entry.expires_at
