@@ -2,7 +2,7 @@
 
 Order in the gateway (cheapest rejection first)::
 
-    source address ─► SourceLimiter.check      (before JWT-SVID verification)
+    token needs a signature ─► SourceLimiter.check (only before a signature check; cheap refusals and cached tokens never)
     tenant resolved ─► TenantLimiter.admit      (requests/s + concurrency; before tokenizing)
     prompt tokenized ─► TenantLimiter.charge_prompt_tokens (prompt tokens/s, max_prompt_tokens)
 
