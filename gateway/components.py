@@ -36,12 +36,12 @@ from gateway.identity import (
 )
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import UpstreamFailure, make_session
-from gateway.routing.health import HealthChecker
-from gateway.routing.index import PrefixIndex
-from gateway.routing.load import LoadTracker
-from gateway.routing.policies import build_policy
-from gateway.routing.replicas import Attempt, Replica, ReplicaSet
-from gateway.routing.router import Router
+from gateway.health import HealthChecker
+from routing.index import PrefixIndex
+from routing.load import LoadTracker
+from routing.policies import build_policy
+from gateway.replicas import Attempt, Replica, ReplicaSet
+from routing.router import Router
 from policy.decision import Decision, PolicyError
 from policy.input import build_policy_input
 from tenancy.bounds import RequestBounds, request_bounds

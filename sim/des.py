@@ -2,7 +2,7 @@
 
 No HTTP: the same timing model as the HTTP replica simulator (``sim/replica.py``),
 driven by the Mooncake conversation trace at its own timestamps, routed by the
-gateway's real :class:`gateway.routing.router.Router`, policies, prefix index
+gateway's real :class:`routing.router.Router`, policies, prefix index
 and load tracker (the tracker is driven by simulated first-token and finish
 events). Used to tune ``cache_aware``; results go to
 ``bench/results/des_tuning.md``.
@@ -37,9 +37,9 @@ from typing import Any
 
 import click
 
-from gateway.routing.index import PrefixIndex
-from gateway.routing.load import LoadTracker, Ticket
-from gateway.routing.policies import (
+from routing.index import PrefixIndex
+from routing.load import LoadTracker, Ticket
+from routing.policies import (
     Candidate,
     RouteChoice,
     RouteRequest,
@@ -48,7 +48,7 @@ from gateway.routing.policies import (
     _require,
     build_policy,
 )
-from gateway.routing.router import Router
+from routing.router import Router
 
 __all__ = [
     "SimConfig",
@@ -178,7 +178,7 @@ class SGLangLikePolicy:
         self.cache_t = cache_threshold
 
     def choose(self, req: RouteRequest, candidates: Sequence[Candidate]) -> RouteChoice:
-        """See :class:`gateway.routing.policies.RoutingPolicy`."""
+        """See :class:`routing.policies.RoutingPolicy`."""
         _require(candidates)
         loads = {c.replica_id: float(c.load.running_requests) for c in candidates}
         mx, mn = max(loads.values()), min(loads.values())

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.routing.index import PrefixIndex
+from routing.index import PrefixIndex
 from tenancy.prefix import block_hash_chain
 
 KEY_A = b"a" * 32

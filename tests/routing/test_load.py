@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.routing.load import LoadTracker, ReplicaLoad
+from routing.load import LoadTracker, ReplicaLoad
 
 
 def test_dispatch_first_token_finish() -> None:

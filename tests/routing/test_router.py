@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.routing.index import PrefixIndex
-from gateway.routing.load import LoadTracker
-from gateway.routing.policies import NoCandidateError, RouteRequest, build_policy
-from gateway.routing.router import Router
+from routing.index import PrefixIndex
+from routing.load import LoadTracker
+from routing.policies import NoCandidateError, RouteRequest, build_policy
+from routing.router import Router
 from tenancy.prefix import block_hash_chain
 
 KEY = b"k" * 32

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from gateway.errors import GatewayError
 from gateway.request import parse_inference_request
-from gateway.routing.index import PrefixIndex
-from gateway.routing.load import LoadTracker
-from gateway.routing.policies import RouteRequest, build_policy
-from gateway.routing.router import Router
+from routing.index import PrefixIndex
+from routing.load import LoadTracker
+from routing.policies import RouteRequest, build_policy
+from routing.router import Router
 from policy.input import PolicyInputError, build_policy_input
 from tenancy.bounds import request_bounds
 from tenancy.keys import KeyRing, derive_prefix_key, user_pseudonym

@@ -3,7 +3,7 @@
 All policies implement :class:`RoutingPolicy` and are pure: they read the
 request summary and per-candidate state (load, matched prefix blocks) and
 return a :class:`RouteChoice`; they never touch the index or the load tracker
-(the :class:`~gateway.routing.router.Router` does). Ties are broken
+(the :class:`~routing.router.Router` does). Ties are broken
 deterministically (rendezvous hash of the request's prefix, then replica id),
 so equal inputs give equal choices in every process.
 
@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from gateway.routing.load import ReplicaLoad
+from routing.load import ReplicaLoad
 
 __all__ = [
     "RouteRequest",

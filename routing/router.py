@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gateway.routing.index import PrefixIndex
-from gateway.routing.load import LoadTracker, Ticket
-from gateway.routing.policies import Candidate, NoCandidateError, RouteChoice, RouteRequest, RoutingPolicy
+from routing.index import PrefixIndex
+from routing.load import LoadTracker, Ticket
+from routing.policies import Candidate, NoCandidateError, RouteChoice, RouteRequest, RoutingPolicy
 
 __all__ = ["Router", "RouterCounters", "NoCandidateError"]
 
