@@ -37,8 +37,8 @@ from gateway.identity import (
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import UpstreamFailure, make_session
 from gateway.health import HealthChecker
-from routing.index import PrefixIndex
-from routing.load import LoadTracker
+from routing.index import InProcessPrefixIndex
+from routing.load import InProcessLoadTracker
 from routing.policies import build_policy
 from gateway.replicas import Attempt, Replica, ReplicaSet
 from routing.router import Router
@@ -135,8 +135,8 @@ class Components:
             failure_threshold=config.health.breaker_failures,
             cooldown_s=config.health.breaker_cooldown_s,
         )
-        self.index = PrefixIndex(rc.index_capacity_blocks)
-        self.router = Router(policy, self.index, LoadTracker(), rc.block_size)
+        self.index = InProcessPrefixIndex(rc.index_capacity_blocks)
+        self.router = Router(policy, self.index, InProcessLoadTracker(), rc.block_size)
         # audit first (policy changes are audited), then the decision point
         try:
             self.audit = audit or AuditHub.from_config(config.audit, router_factor=getattr(policy, "load_factor", 1.25),

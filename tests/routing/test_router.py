@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from routing.index import PrefixIndex
-from routing.load import LoadTracker
+from routing.index import InProcessPrefixIndex
+from routing.load import InProcessLoadTracker
 from routing.policies import NoCandidateError, RouteRequest, build_policy
 from routing.router import Router
 from tenancy.prefix import block_hash_chain
@@ -12,7 +12,7 @@ KEY = b"k" * 32
 
 
 def make_router(policy: str = "cache_aware") -> Router:
-    return Router(build_policy(policy, {}), PrefixIndex(1000), LoadTracker(), 4)
+    return Router(build_policy(policy, {}), InProcessPrefixIndex(1000), InProcessLoadTracker(), 4)
 
 
 def rr(tokens: list[int], key_id: str = "v1", max_tokens: int = 5) -> RouteRequest:
