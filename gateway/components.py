@@ -39,7 +39,8 @@ from gateway.proxy import UpstreamFailure, make_session
 from gateway.health import HealthChecker
 from routing.index import InProcessPrefixIndex
 from routing.load import InProcessLoadTracker
-from routing.policies import build_policy
+from routing.config import policy_from_config
+from routing.filters import HealthFilter, PolicyDecisionFilter, TenantPoolFilter
 from gateway.replicas import Attempt, Replica, ReplicaSet
 from routing.router import Router
 from policy.decision import Decision, PolicyError
@@ -126,10 +127,7 @@ class Components:
             raise ConfigError(f"identity: {exc}") from None
         # routing
         rc = config.routing
-        try:
-            policy = build_policy(rc.policy, rc.params)
-        except ValueError as exc:
-            raise ConfigError(f"routing: {exc}") from None
+        policy = policy_from_config(rc.policy)  # validated by the config schema
         self.replica_set = ReplicaSet(
             [Replica(r.id, r.url, r.pool, dict(r.labels), r.cache_salt) for r in config.replicas],
             failure_threshold=config.health.breaker_failures,
@@ -311,8 +309,8 @@ class Components:
         """Replicas currently routable (healthy, breaker closed) in the tenant's configured
         pools (all pools when the tenant lists none). Only these go to the PDP: a policy can
         narrow them, never widen them (defence in depth against a policy omitting both lists)."""
-        pools = tenant.pools or None
-        return [self.replica_set.get(rid) for rid in self.replica_set.routable_ids(pools)]
+        in_pools = TenantPoolFilter(tenant.pools).filter(self.replica_set.all())
+        return HealthFilter(self.replica_set.routable_ids()).filter(in_pools)
 
     async def decide(self, identity: WorkloadIdentity, tenant: Tenant, req: Any, prompt_tokens: int,
                      candidates: list[Replica], rec: Any) -> Decision:
@@ -354,11 +352,7 @@ class Components:
 
     def allowed_candidates(self, candidates: list[Replica], decision: Decision) -> list[Replica]:
         """Enforce the decision: keep the candidates the policy allows (replica ids and/or pools)."""
-        return [
-            r for r in candidates
-            if (decision.allowed_replicas is None or r.id in decision.allowed_replicas)
-            and (decision.allowed_pools is None or r.pool in decision.allowed_pools)
-        ]
+        return PolicyDecisionFilter(decision.allowed_replicas, decision.allowed_pools).filter(candidates)
 
     def replica(self, replica_id: str) -> Replica:
         """The configured replica with this id."""

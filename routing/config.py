@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Union
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Discriminator, Tag
 
 from routing.plugins import RoutingPolicy
 from routing.policies import (
+    POLICY_NAMES,
     CacheAwareConfig,
     CacheAwarePolicy,
     ConsistentHashConfig,
@@ -34,10 +35,26 @@ def expand_policy_name(value: Any) -> Any:
     return value
 
 
+def _policy_name(value: Any) -> str | None:
+    if isinstance(value, dict):
+        name = value.get("name")
+        return name if isinstance(name, str) else None
+    return getattr(value, "name", None)
+
+
 #: Validated ``routing.policy``: one parameter model per policy, chosen by ``name``.
 PolicyConfig = Annotated[
-    Union[RoundRobinConfig, LeastLoadConfig, ConsistentHashConfig, CacheAwareConfig],
-    Field(discriminator="name"),
+    Union[
+        Annotated[RoundRobinConfig, Tag("round_robin")],
+        Annotated[LeastLoadConfig, Tag("least_load")],
+        Annotated[ConsistentHashConfig, Tag("consistent_hash")],
+        Annotated[CacheAwareConfig, Tag("cache_aware")],
+    ],
+    Discriminator(
+        _policy_name,
+        custom_error_type="routing_policy_name",
+        custom_error_message="name must be one of " + ", ".join(POLICY_NAMES),
+    ),
     BeforeValidator(expand_policy_name),
 ]
 
