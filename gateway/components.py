@@ -36,12 +36,13 @@ from gateway.identity import (
 )
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import UpstreamFailure, make_session
-from gateway.routing.health import HealthChecker
-from gateway.routing.index import PrefixIndex
-from gateway.routing.load import LoadTracker
-from gateway.routing.policies import build_policy
-from gateway.routing.replicas import Attempt, Replica, ReplicaSet
-from gateway.routing.router import Router
+from gateway.health import HealthChecker
+from routing.index import InProcessPrefixIndex
+from routing.load import InProcessLoadTracker
+from routing.config import policy_from_config
+from routing.filters import HealthFilter, PolicyDecisionFilter, TenantPoolFilter
+from gateway.replicas import Attempt, Replica, ReplicaSet
+from routing.router import Router
 from policy.decision import Decision, PolicyError
 from policy.input import build_policy_input
 from tenancy.bounds import RequestBounds, request_bounds
@@ -128,17 +129,14 @@ class Components:
             raise ConfigError(f"identity: {exc}") from None
         # routing
         rc = config.routing
-        try:
-            policy = build_policy(rc.policy, rc.params)
-        except ValueError as exc:
-            raise ConfigError(f"routing: {exc}") from None
+        policy = policy_from_config(rc.policy)  # validated by the config schema
         self.replica_set = ReplicaSet(
             [Replica(r.id, r.url, r.pool, dict(r.labels), r.cache_salt) for r in config.replicas],
             failure_threshold=config.health.breaker_failures,
             cooldown_s=config.health.breaker_cooldown_s,
         )
-        self.index = PrefixIndex(rc.index_capacity_blocks)
-        self.router = Router(policy, self.index, LoadTracker(), rc.block_size)
+        self.index = InProcessPrefixIndex(rc.index_capacity_blocks)
+        self.router = Router(policy, self.index, InProcessLoadTracker(), rc.block_size)
         # audit first (policy changes are audited), then the decision point
         try:
             self.audit = audit or AuditHub.from_config(config.audit, router_factor=getattr(policy, "load_factor", 1.25),
@@ -313,8 +311,8 @@ class Components:
         """Replicas currently routable (healthy, breaker closed) in the tenant's configured
         pools (all pools when the tenant lists none). Only these go to the PDP: a policy can
         narrow them, never widen them (defence in depth against a policy omitting both lists)."""
-        pools = tenant.pools or None
-        return [self.replica_set.get(rid) for rid in self.replica_set.routable_ids(pools)]
+        in_pools = TenantPoolFilter(tenant.pools).filter(self.replica_set.all())
+        return HealthFilter(self.replica_set.routable_ids()).filter(in_pools)
 
     async def decide(self, identity: WorkloadIdentity, tenant: Tenant, req: Any, prompt_tokens: int,
                      candidates: list[Replica], rec: Any) -> Decision:
@@ -356,11 +354,7 @@ class Components:
 
     def allowed_candidates(self, candidates: list[Replica], decision: Decision) -> list[Replica]:
         """Enforce the decision: keep the candidates the policy allows (replica ids and/or pools)."""
-        return [
-            r for r in candidates
-            if (decision.allowed_replicas is None or r.id in decision.allowed_replicas)
-            and (decision.allowed_pools is None or r.pool in decision.allowed_pools)
-        ]
+        return PolicyDecisionFilter(decision.allowed_replicas, decision.allowed_pools).filter(candidates)
 
     def replica(self, replica_id: str) -> Replica:
         """The configured replica with this id."""

@@ -21,6 +21,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from routing.config import PolicyConfig
+from routing.policies import CacheAwareConfig
+
 __all__ = ["GatewayConfig", "ConfigError", "load_config"]
 
 
@@ -84,19 +87,31 @@ class UpstreamConfig(_Section):
 class RoutingConfig(_Section):
     """Routing policy and the prefix index.
 
-    ``policy``: one of ``round_robin``, ``least_load``, ``consistent_hash``,
-    ``cache_aware``; ``params``: its parameters (see docs/routing.md);
-    ``block_size`` in tokens (must match the replicas' KV block size);
-    ``index_capacity_blocks``: blocks remembered per replica (mirror the
-    replica's KV capacity); ``max_prefix_blocks``: hashing bound per request.
+    ``policy``: the policy and its parameters, a discriminated union on
+    ``name`` (``round_robin``, ``least_load``, ``consistent_hash``,
+    ``cache_aware``; a bare name is short for ``{name: ...}``; see
+    ``routing.config`` and docs/routing.md); ``block_size`` in tokens (must
+    match the replicas' KV block size); ``index_capacity_blocks``: blocks
+    remembered per replica (mirror the replica's KV capacity);
+    ``max_prefix_blocks``: hashing bound per request. ``params`` (the old
+    place of the policy parameters) is rejected with a pointer to
+    ``policy``.
     """
 
-    policy: str = "cache_aware"
-    params: dict[str, Any] = Field(default_factory=dict)
+    policy: PolicyConfig = Field(default_factory=CacheAwareConfig)
     block_size: int = Field(16, ge=1, le=1024)
     index_capacity_blocks: int = Field(4000, ge=1)
     max_prefix_blocks: int = Field(8192, ge=1)
     tokenizer: str = "word"
+    params: Any = Field(None, exclude=True)
+
+    @field_validator("params")
+    @classmethod
+    def _params_moved(cls, v: Any) -> None:
+        if v is not None:
+            raise ValueError("moved: give the policy parameters under routing.policy "
+                             "(routing.policy.name: <policy>, then its parameters)")
+        return None
 
 
 class ReplicaConfig(_Section):
@@ -341,9 +356,34 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         return GatewayConfig(**data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+            f"{'.'.join(str(p) for p in _key_path(err['loc'], data))}: {err['msg']}" for err in exc.errors()
         )
         raise ConfigError(f"invalid configuration: {problems}") from None
+
+
+def _key_path(loc: tuple[Any, ...], data: Any) -> list[Any]:
+    """The error location as the user's keys: a part pydantic adds that is no
+    key of the input (the tag of a discriminated union, e.g. ``cache_aware``
+    in ``routing.policy.cache_aware.prefix_weight``) is left out when the
+    next part is a key there. Parts of values set from the environment (not
+    in ``data``) are kept as they are."""
+    out: list[Any] = []
+    node = data
+    i = 0
+    while i < len(loc):
+        part = loc[i]
+        if isinstance(node, dict):
+            if part not in node and i + 1 < len(loc) and loc[i + 1] in node:
+                i += 1  # a tag: skip it
+                continue
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            node = None
+        out.append(part)
+        i += 1
+    return out
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

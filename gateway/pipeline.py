@@ -27,8 +27,8 @@ from gateway.components import Components
 from gateway.errors import GatewayError
 from gateway.proxy import UpstreamFailure, UpstreamStream, open_upstream
 from gateway.request import Endpoint, InferenceRequest, parse_inference_request, read_body
-from gateway.routing.policies import RouteRequest
-from gateway.routing.replicas import Attempt
+from routing.policies import RouteRequest
+from gateway.replicas import Attempt
 from gateway.sse import SseScanner, error_event
 
 __all__ = ["InferencePipeline", "RequestRecord", "ClientGone"]

@@ -14,7 +14,7 @@
    JWT-SVID per tenant workload, read every replica's ``/sim/stats``, stop
    the gateway;
 4. skew phase (``--skew-rows``, default 160; 0 skips it): cache_aware with the
-   load guard turned off (routing params) on a hot-prefix workload (every
+   load guard turned off (routing.policy parameters) on a hot-prefix workload (every
    request shares a 12-block prefix), with short concentration windows: the
    audit trail gets a ``replica_concentration`` alert;
 5. print the comparison table and write ``bench/results/demo.{md,json}``;
@@ -211,7 +211,7 @@ def gateway_config(
     return {
         "listen": {"host": "127.0.0.1", "port": listen_port},
         "admin": {"host": "127.0.0.1", "port": admin_port},
-        "routing": {"policy": policy, "params": dict(params or {}), "block_size": block_size,
+        "routing": {"policy": {"name": policy, **dict(params or {})}, "block_size": block_size,
                     "index_capacity_blocks": index_capacity_blocks},
         "replicas": [{"id": r["replica_id"], "url": r["url"], "pool": "default", "labels": {}} for r in replicas],
         "tenancy": {

@@ -2,7 +2,7 @@
 
 No HTTP: the same timing model as the HTTP replica simulator (``sim/replica.py``),
 driven by the Mooncake conversation trace at its own timestamps, routed by the
-gateway's real :class:`gateway.routing.router.Router`, policies, prefix index
+gateway's real :class:`routing.router.Router`, policies, prefix index
 and load tracker (the tracker is driven by simulated first-token and finish
 events). Used to tune ``cache_aware``; results go to
 ``bench/results/des_tuning.md``.
@@ -37,18 +37,12 @@ from typing import Any
 
 import click
 
-from gateway.routing.index import PrefixIndex
-from gateway.routing.load import LoadTracker, Ticket
-from gateway.routing.policies import (
-    Candidate,
-    RouteChoice,
-    RouteRequest,
-    RoutingPolicy,
-    _choice,
-    _require,
-    build_policy,
-)
-from gateway.routing.router import Router
+from routing.index import InProcessPrefixIndex
+from routing.load import InProcessLoadTracker, LoadTicket
+from routing.plugins import RoutingPolicy, make_choice, require_candidates
+from routing.policies import build_policy
+from routing.router import Router
+from routing.types import Candidate, RouteChoice, RouteRequest
 
 __all__ = [
     "SimConfig",
@@ -178,18 +172,18 @@ class SGLangLikePolicy:
         self.cache_t = cache_threshold
 
     def choose(self, req: RouteRequest, candidates: Sequence[Candidate]) -> RouteChoice:
-        """See :class:`gateway.routing.policies.RoutingPolicy`."""
-        _require(candidates)
+        """See :class:`routing.policies.RoutingPolicy`."""
+        require_candidates(candidates)
         loads = {c.replica_id: float(c.load.running_requests) for c in candidates}
         mx, mn = max(loads.values()), min(loads.values())
         least = min(candidates, key=lambda c: (c.load.running_requests, c.replica_id))
         if mx - mn > self.abs_t and mx > mn * self.rel_t:
-            return _choice(self.name, req, candidates, least, "imbalanced", loads)
+            return make_choice(self.name, req, candidates, least, "imbalanced", loads)
         best = max(candidates, key=lambda c: (c.matched_blocks, -c.load.running_requests, c.replica_id))
         ratio = min(best.matched_blocks * req.block_size, req.prompt_tokens) / max(1, req.prompt_tokens)
         if ratio > self.cache_t:
-            return _choice(self.name, req, candidates, best, "cache_match", loads)
-        return _choice(self.name, req, candidates, least, "min_load", loads)
+            return make_choice(self.name, req, candidates, best, "cache_match", loads)
+        return make_choice(self.name, req, candidates, least, "min_load", loads)
 
 
 @dataclass
@@ -220,14 +214,14 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
     """Replay ``reqs`` through a fresh :class:`Router` with ``policy`` on
     ``cfg.replicas`` simulated replicas; returns a :class:`PolicyResult`."""
     ids = [f"r{i}" for i in range(cfg.replicas)]
-    router = Router(policy, PrefixIndex(cfg.capacity_blocks), LoadTracker(), cfg.block_size)
+    router = Router(policy, InProcessPrefixIndex(cfg.capacity_blocks), InProcessLoadTracker(), cfg.block_size)
     caches = {r: _BlockCache(cfg.capacity_blocks) for r in ids}
     queues: dict[str, list[int]] = {r: [] for r in ids}
     qhead = {r: 0 for r in ids}
     busy = {r: False for r in ids}
     served = {r: 0 for r in ids}
     prefill_busy = {r: 0.0 for r in ids}
-    tickets: list[Ticket | None] = [None] * len(reqs)
+    tickets: list[LoadTicket | None] = [None] * len(reqs)
     choices: list[RouteChoice | None] = [None] * len(reqs)
     ttft: list[float] = []
     cached_total = 0

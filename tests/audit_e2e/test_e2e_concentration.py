@@ -35,8 +35,8 @@ TENANTS = [
     for t in ("tenant-a", "tenant-b")
 ]
 GUARD_ON: dict[str, Any] = {"routing": {"policy": "cache_aware", "block_size": 16}}
-GUARD_OFF: dict[str, Any] = {"routing": {"policy": "cache_aware", "block_size": 16,
-                                         "params": {"guard_tokens": False, "max_request_factor": 1000.0}}}
+GUARD_OFF: dict[str, Any] = {"routing": {"policy": {"name": "cache_aware", "guard_tokens": False,
+                                                    "max_request_factor": 1000.0}, "block_size": 16}}
 
 
 @pytest.fixture

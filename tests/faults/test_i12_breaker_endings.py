@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.routing.replicas import CircuitState
+from gateway.replicas import CircuitState
 
 sys.path.insert(0, os.path.dirname(__file__))
 from i12_asgi import AsgiClient  # noqa: E402

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gateway.routing.replicas import CircuitState
+from gateway.replicas import CircuitState
 
 LONG = " ".join(f"w{i}" for i in range(96))
 

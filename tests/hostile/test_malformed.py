@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.routing.replicas import CircuitState
+from gateway.replicas import CircuitState
 
 LONG = " ".join(f"w{i}" for i in range(64))
 JSON = {"content-type": "application/json"}

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from gateway.request import ChatBody, CompletionBody
-from gateway.routing.replicas import CircuitState
+from gateway.replicas import CircuitState
 
 LONG = " ".join(f"w{i}" for i in range(64))
 FORWARDABLE_COMPLETION = set(CompletionBody.model_fields) | {"cache_salt"}

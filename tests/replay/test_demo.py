@@ -35,7 +35,7 @@ def test_gateway_config_passes_gateway_validation(tmp_path: Path) -> None:
     f = tmp_path / "gw.yaml"
     f.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     loaded = config_mod.load_config(f)
-    assert loaded.routing.policy == "cache_aware" and loaded.routing.block_size == 16
+    assert loaded.routing.policy.name == "cache_aware" and loaded.routing.block_size == 16
     assert [r.id for r in loaded.replicas] == ["replica-0", "replica-1", "replica-2"]
     assert loaded.listen.port == 18080
     assert [t["id"] for t in loaded.tenancy.tenants] == ["tenant-a", "tenant-b"]

@@ -9,7 +9,7 @@ from sim.des import (
     simulate,
     to_sim_request,
 )
-from gateway.routing.policies import build_policy
+from routing.policies import build_policy
 
 
 def test_trace_conversion() -> None:

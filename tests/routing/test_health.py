@@ -3,8 +3,8 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from gateway.routing.health import HealthChecker
-from gateway.routing.replicas import Replica, ReplicaSet
+from gateway.health import HealthChecker
+from gateway.replicas import Replica, ReplicaSet
 
 
 class FakeReplica:

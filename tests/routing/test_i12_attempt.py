@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from gateway.proxy import UpstreamFailure
-from gateway.routing.replicas import CircuitState, Replica, ReplicaSet
+from gateway.replicas import CircuitState, Replica, ReplicaSet
 
 
 class Clock:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.routing.index import PrefixIndex
+from routing.index import InProcessPrefixIndex
 from tenancy.prefix import block_hash_chain
 
 KEY_A = b"a" * 32
@@ -14,7 +14,7 @@ def chain(key: bytes, tokens: list[int], key_id: str = "k1") -> list[bytes]:
 
 
 def test_match_counts_leading_blocks() -> None:
-    idx = PrefixIndex(100)
+    idx = InProcessPrefixIndex(100)
     keys = chain(KEY_A, list(range(16)))  # 4 blocks
     idx.record("r1", keys[:3])
     assert idx.match("r1", keys) == 3
@@ -25,7 +25,7 @@ def test_match_counts_leading_blocks() -> None:
 
 
 def test_match_many_agrees_with_match() -> None:
-    idx = PrefixIndex(100)
+    idx = InProcessPrefixIndex(100)
     keys = chain(KEY_A, list(range(20)))
     idx.record("r1", keys[:2])
     idx.record("r2", keys)
@@ -36,7 +36,7 @@ def test_match_many_agrees_with_match() -> None:
 
 
 def test_lru_eviction_keeps_recent_and_roots() -> None:
-    idx = PrefixIndex(4)
+    idx = InProcessPrefixIndex(4)
     a = chain(KEY_A, [1] * 12)  # 3 blocks
     b = chain(KEY_A, [2] * 12)  # 3 blocks
     idx.record("r", a)
@@ -52,7 +52,7 @@ def test_lru_eviction_keeps_recent_and_roots() -> None:
 
 
 def test_forget_replica() -> None:
-    idx = PrefixIndex(10)
+    idx = InProcessPrefixIndex(10)
     keys = chain(KEY_A, list(range(8)))
     idx.record("r1", keys)
     idx.record("r2", keys)
@@ -64,7 +64,7 @@ def test_forget_replica() -> None:
 
 
 def test_tenant_and_key_version_isolation() -> None:
-    idx = PrefixIndex(100)
+    idx = InProcessPrefixIndex(100)
     tokens = list(range(16))
     idx.record("r1", chain(KEY_A, tokens))
     assert idx.match("r1", chain(KEY_B, tokens)) == 0  # other tenant, same prompt
@@ -74,4 +74,4 @@ def test_tenant_and_key_version_isolation() -> None:
 
 def test_bad_capacity() -> None:
     with pytest.raises(ValueError):
-        PrefixIndex(0)
+        InProcessPrefixIndex(0)

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.routing.load import LoadTracker, ReplicaLoad
+from routing.load import InProcessLoadTracker, ReplicaLoad
 
 
 def test_dispatch_first_token_finish() -> None:
-    lt = LoadTracker()
+    lt = InProcessLoadTracker()
     t1 = lt.dispatch("r", 100, 20)
     t2 = lt.dispatch("r", 50, 10)
     assert lt.snapshot("r") == ReplicaLoad("r", 150, 30, 2)
@@ -25,7 +25,7 @@ def test_dispatch_first_token_finish() -> None:
 
 
 def test_unknown_replica_and_bad_values() -> None:
-    lt = LoadTracker()
+    lt = InProcessLoadTracker()
     assert lt.snapshot("x") == ReplicaLoad("x")
     with pytest.raises(ValueError):
         lt.dispatch("x", -1, 0)

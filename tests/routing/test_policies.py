@@ -5,8 +5,8 @@ from collections import Counter
 
 import pytest
 
-from gateway.routing.load import ReplicaLoad
-from gateway.routing.policies import (
+from routing.load import ReplicaLoad
+from routing.policies import (
     Candidate,
     CacheAwarePolicy,
     NoCandidateError,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.routing.replicas import CircuitState, Replica, ReplicaSet, UnknownReplicaError
+from gateway.replicas import CircuitState, Replica, ReplicaSet, UnknownReplicaError
 
 
 class Clock:

@@ -2,17 +2,17 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.routing.index import PrefixIndex
-from gateway.routing.load import LoadTracker
-from gateway.routing.policies import NoCandidateError, RouteRequest, build_policy
-from gateway.routing.router import Router
+from routing.index import InProcessPrefixIndex
+from routing.load import InProcessLoadTracker
+from routing.policies import NoCandidateError, RouteRequest, build_policy
+from routing.router import Router
 from tenancy.prefix import block_hash_chain
 
 KEY = b"k" * 32
 
 
 def make_router(policy: str = "cache_aware") -> Router:
-    return Router(build_policy(policy, {}), PrefixIndex(1000), LoadTracker(), 4)
+    return Router(build_policy(policy, {}), InProcessPrefixIndex(1000), InProcessLoadTracker(), 4)
 
 
 def rr(tokens: list[int], key_id: str = "v1", max_tokens: int = 5) -> RouteRequest:

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from gateway.errors import GatewayError
 from gateway.request import parse_inference_request
-from gateway.routing.index import PrefixIndex
-from gateway.routing.load import LoadTracker
-from gateway.routing.policies import RouteRequest, build_policy
-from gateway.routing.router import Router
+from routing.index import InProcessPrefixIndex
+from routing.load import InProcessLoadTracker
+from routing.policies import RouteRequest, build_policy
+from routing.router import Router
 from policy.input import PolicyInputError, build_policy_input
 from tenancy.bounds import request_bounds
 from tenancy.keys import KeyRing, derive_prefix_key, user_pseudonym
@@ -196,7 +196,7 @@ def test_batch_sequences_take_concurrency_slots_and_request_units() -> None:
 
 
 def test_router_load_counts_every_sequence() -> None:
-    router = Router(build_policy("least_load", {}), PrefixIndex(100), LoadTracker(), 16)
+    router = Router(build_policy("least_load", {}), InProcessPrefixIndex(100), InProcessLoadTracker(), 16)
     req = RouteRequest(tenant_id="t", block_keys=(), prompt_tokens=30, max_tokens=3 * 10, block_size=16, sequences=3)
     choice, ticket = router.route(req, ["r0"])
     load = router.loads.snapshot("r0")

@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gateway.routing.index import PrefixIndex
-from gateway.routing.load import LoadTracker, Ticket
-from gateway.routing.policies import Candidate, NoCandidateError, RouteChoice, RouteRequest, RoutingPolicy
+from routing.index import PrefixIndex
+from routing.load import LoadTicket, LoadTracker
+from routing.plugins import RoutingPolicy
+from routing.types import Candidate, NoCandidateError, RouteChoice, RouteRequest
 
 __all__ = ["Router", "RouterCounters", "NoCandidateError"]
 
@@ -49,6 +50,10 @@ class RouterCounters:
 
 class Router:
     """Route requests among candidate replicas with one policy.
+
+    ``index`` and ``loads`` are the local views (:class:`PrefixIndex`,
+    :class:`LoadTracker` protocols; in-process by default) the router reads
+    and updates synchronously; it performs no I/O.
 
     ``block_size`` is in tokens and must match the chains' block size (raises
     :class:`ValueError` if not positive).
@@ -86,13 +91,13 @@ class Router:
 
     def route(
         self, req: RouteRequest, candidate_ids: Iterable[str], alt_key_chains: Sequence[Sequence[bytes]] = ()
-    ) -> tuple[RouteChoice, Ticket]:
+    ) -> tuple[RouteChoice, LoadTicket]:
         """Choose a replica for ``req`` among ``candidate_ids`` (authorized and
         healthy), charge its load (prefill tokens = prompt tokens − predicted
         prefix tokens; decode tokens = ``req.max_tokens``; running requests =
         ``req.sequences``) and record its
-        current-version keys in the index. Call ``Ticket.first_token()`` at
-        the first streamed token and ``Ticket.finish()`` when done (always).
+        current-version keys in the index. Call ``LoadTicket.first_token()`` at
+        the first streamed token and ``LoadTicket.finish()`` when done (always).
         Raises :class:`NoCandidateError` when ``candidate_ids`` is empty.
         """
         cands = self.candidates(req, candidate_ids, alt_key_chains)

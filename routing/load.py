@@ -14,25 +14,49 @@ Three quantities per replica:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
-__all__ = ["LoadTracker", "ReplicaLoad", "Ticket"]
+from routing.types import ReplicaLoad
+
+__all__ = ["LoadTracker", "LoadTicket", "InProcessLoadTracker", "ReplicaLoad", "Ticket"]
 
 
-@dataclass(frozen=True)
-class ReplicaLoad:
-    """Load of one replica: ``queued_prefill_tokens`` and ``decode_tokens``
-    in tokens, ``running_requests`` in requests."""
+@runtime_checkable
+class LoadTicket(Protocol):
+    """Handle of one dispatched request (see :class:`Ticket`)."""
 
     replica_id: str
-    queued_prefill_tokens: int = 0
-    decode_tokens: int = 0
-    running_requests: int = 0
 
     @property
-    def tokens(self) -> int:
-        """Total token load: queued prefill tokens + decode tokens in flight."""
-        return self.queued_prefill_tokens + self.decode_tokens
+    def active(self) -> bool:
+        """True until :meth:`finish` has been called."""
+        ...
+
+    def first_token(self) -> None:
+        """Release the prefill part (idempotent)."""
+        ...
+
+    def finish(self) -> None:
+        """Release everything still held (idempotent)."""
+        ...
+
+
+@runtime_checkable
+class LoadTracker(Protocol):
+    """In-flight load per replica, charged at dispatch time.
+
+    State that several gateway instances will share: the in-process
+    :class:`InProcessLoadTracker` is the default; a shared implementation is
+    fed from outside and keeps these calls local and synchronous.
+    """
+
+    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1) -> LoadTicket:
+        """Charge one request to ``replica_id``; returns its ticket."""
+        ...
+
+    def snapshot(self, replica_id: str) -> ReplicaLoad:
+        """Current load of ``replica_id`` (all zero for an unknown replica)."""
+        ...
 
 
 class _Counters:
@@ -52,7 +76,7 @@ class Ticket:
 
     __slots__ = ("replica_id", "prefill_tokens", "decode_tokens", "requests", "_tracker", "_prefill_held", "_held")
 
-    def __init__(self, tracker: LoadTracker, replica_id: str, prefill_tokens: int, decode_tokens: int,
+    def __init__(self, tracker: InProcessLoadTracker, replica_id: str, prefill_tokens: int, decode_tokens: int,
                  requests: int = 1) -> None:
         self.replica_id = replica_id
         self.prefill_tokens = prefill_tokens
@@ -71,7 +95,7 @@ class Ticket:
         """Release the prefill part (the replica has produced the first token)."""
         if self._prefill_held and self._held:
             self._prefill_held = False
-            self._tracker._release(self.replica_id, self.prefill_tokens, 0, 0)
+            self._tracker.release(self.replica_id, self.prefill_tokens, 0, 0)
 
     def finish(self) -> None:
         """Release everything still held (decode tokens, the running request,
@@ -81,11 +105,12 @@ class Ticket:
         prefill = self.prefill_tokens if self._prefill_held else 0
         self._prefill_held = False
         self._held = False
-        self._tracker._release(self.replica_id, prefill, self.decode_tokens, self.requests)
+        self._tracker.release(self.replica_id, prefill, self.decode_tokens, self.requests)
 
 
-class LoadTracker:
-    """In-flight load per replica, charged at dispatch time (see module doc)."""
+class InProcessLoadTracker:
+    """In-flight load per replica in this process, charged at dispatch time
+    (see module doc). Not thread-safe: use it from one event loop."""
 
     def __init__(self) -> None:
         self._c: dict[str, _Counters] = {}
@@ -112,7 +137,9 @@ class LoadTracker:
             return ReplicaLoad(replica_id)
         return ReplicaLoad(replica_id, c.prefill, c.decode, c.running)
 
-    def _release(self, replica_id: str, prefill: int, decode: int, running: int) -> None:
+    def release(self, replica_id: str, prefill: int, decode: int, running: int) -> None:
+        """Give back ``prefill``/``decode`` tokens and ``running`` requests of
+        ``replica_id`` (floored at zero); called by :class:`Ticket`."""
         c = self._c.get(replica_id)
         if c is None:
             return

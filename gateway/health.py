@@ -20,7 +20,7 @@ from collections.abc import Callable
 import aiohttp
 
 from gateway.proxy import ContentCodingError, decode_body
-from gateway.routing.replicas import ReplicaSet, UnknownReplicaError
+from gateway.replicas import ReplicaSet, UnknownReplicaError
 
 __all__ = ["HealthChecker"]
 

@@ -8,7 +8,7 @@ replica "holds" a prefix of ``k`` blocks iff it holds ``h_1 … h_k``.
 
 Memory is bounded the way the replica's cache is bounded: one LRU per replica
 of ``capacity_blocks`` KV blocks (default 4000, the simulator's and a typical
-vLLM replica's order of magnitude). :meth:`PrefixIndex.record` touches a
+vLLM replica's order of magnitude). :meth:`InProcessPrefixIndex.record` touches a
 request's blocks deepest-first so that the request's *first* block ends up
 most recently used; the oldest conversation tails are evicted before shared
 heads, which mirrors vLLM's free-block queue (a freed request's blocks are
@@ -25,8 +25,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
-__all__ = ["PrefixIndex", "IndexStats", "DEFAULT_CAPACITY_BLOCKS"]
+__all__ = ["PrefixIndex", "InProcessPrefixIndex", "IndexStats", "DEFAULT_CAPACITY_BLOCKS"]
 
 DEFAULT_CAPACITY_BLOCKS = 4000
 
@@ -44,7 +45,47 @@ class IndexStats:
     capacity_blocks: int
 
 
-class PrefixIndex:
+@runtime_checkable
+class PrefixIndex(Protocol):
+    """The router's view of which prefix blocks each replica holds.
+
+    State that several gateway instances will share: the in-process
+    :class:`InProcessPrefixIndex` is the default; a shared implementation
+    (e.g. Redis-backed) is fed from outside and keeps these calls local and
+    synchronous (the router never waits on I/O).
+    """
+
+    @property
+    def capacity_blocks(self) -> int:
+        """Per-replica capacity, in KV blocks."""
+        ...
+
+    def match(self, replica_id: str, keys: Sequence[bytes]) -> int:
+        """Leading blocks of ``keys`` believed cached on ``replica_id``."""
+        ...
+
+    def match_many(self, keys: Sequence[bytes], replica_ids: Iterable[str]) -> dict[str, int]:
+        """Leading matched blocks of ``keys`` for every id in ``replica_ids``."""
+        ...
+
+    def record(self, replica_id: str, keys: Sequence[bytes]) -> None:
+        """``keys`` (one request's chain) were sent to ``replica_id``."""
+        ...
+
+    def forget_replica(self, replica_id: str) -> None:
+        """``replica_id`` lost its cache: drop what is known of it."""
+        ...
+
+    def replica_blocks(self, replica_id: str) -> int:
+        """Blocks currently attributed to ``replica_id``."""
+        ...
+
+    def stats(self) -> IndexStats:
+        """Snapshot of the index counters."""
+        ...
+
+
+class InProcessPrefixIndex:
     """Per-replica LRU sets of prefix block keys plus a key → replicas map.
 
     ``capacity_blocks`` is the number of KV blocks assumed cached per replica

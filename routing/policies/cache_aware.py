@@ -1,0 +1,103 @@
+"""``cache_aware``: estimated time to first token with a prefix-affinity
+credit, under a bounded-load guard.
+
+Chain: filter :class:`~routing.filters.load_guard.LoadGuardFilter` →
+scorers :class:`~routing.scorers.estimated_ttft.EstimatedTTFTScorer`,
+:class:`~routing.scorers.decode_load.DecodeLoadScorer`,
+:class:`~routing.scorers.prefix_affinity.PrefixAffinityScorer` → picker
+:class:`~routing.pickers.lowest_cost.LowestCostPicker`; fallback
+:class:`~routing.pickers.least_load.LeastLoadPicker` when the guard keeps
+nobody (reason ``guard_fallback_least_load``).
+
+For candidate ``c`` with ``m_c`` matched prefix tokens (from the index), the
+request would prefill ``u_c = prompt_tokens - m_c`` tokens behind the
+replica's queued prefill tokens ``q_c``; its cost (seconds) is
+``(q_c + u_c) / prefill_tokens_per_s + decode_weight · decode_tokens_c /
+prefill_tokens_per_s - prefix_weight · m_c / prefill_tokens_per_s``.
+Lowest cost wins; guarded-out candidates report ``inf``.
+
+Lineage: Dynamo's KV router costs new prefill blocks after overlap plus
+active decode blocks; LMetric multiplies new prefill tokens by batch size;
+llm-d sums weighted prefix/queue/kv-usage scorers; SGLang's cache-aware
+router balances only past a fixed imbalance gate and otherwise follows a
+match-ratio threshold. Here the trade is made on every request, and the
+balance is enforced by a guard instead of a gate.
+
+Defaults were tuned with ``sim/des.py`` on the Mooncake conversation trace
+(2000 rows, 6 replicas; see ``bench/results/des_tuning.md``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import Field
+
+from routing.filters.load_guard import LoadGuardFilter
+from routing.params import PolicyParams
+from routing.pickers.least_load import LeastLoadPicker
+from routing.pickers.lowest_cost import LowestCostPicker
+from routing.scheduler import Scheduler
+from routing.scorers.decode_load import DecodeLoadScorer
+from routing.scorers.estimated_ttft import EstimatedTTFTScorer
+from routing.scorers.prefix_affinity import PrefixAffinityScorer
+
+__all__ = ["CacheAwareConfig", "CacheAwarePolicy"]
+
+
+class CacheAwareConfig(PolicyParams):
+    """``routing.policy`` for cache-aware routing (docs/routing.md).
+
+    Load guard: ``max_load_factor`` (>= 1, token bound over the mean),
+    ``max_request_factor`` (>= 1, running-request bound; ``null``: same as
+    ``max_load_factor``), ``slack_requests`` (>= 0, in units of this request's
+    size), ``token_slack`` (>= 0, tokens), ``guard_tokens`` (apply the token
+    bound). Scorers: ``prefill_tokens_per_s`` (> 0), ``prefix_weight`` (>= 0),
+    ``decode_weight`` (>= 0). Picker: ``skip_blocks`` (>= 0, tie-break point).
+    """
+
+    name: Literal["cache_aware"] = "cache_aware"
+    max_load_factor: float = Field(1.25, ge=1.0)
+    max_request_factor: float | None = Field(2.0, ge=1.0)
+    slack_requests: float = Field(4.0, ge=0)
+    token_slack: float = Field(0.0, ge=0)
+    prefix_weight: float = Field(16.0, ge=0)
+    decode_weight: float = Field(0.0, ge=0)
+    prefill_tokens_per_s: float = Field(10000.0, gt=0)
+    guard_tokens: bool = True
+    skip_blocks: int = Field(1, ge=0)
+
+
+class CacheAwarePolicy(Scheduler):
+    """The cache-aware chain (see module doc); ``scores`` are costs in seconds
+    (``inf`` for candidates excluded by the load guard). Keyword parameters
+    are those of :class:`CacheAwareConfig` (raises :class:`ValueError`)."""
+
+    def __init__(self, config: CacheAwareConfig | None = None, /, **params: Any) -> None:
+        cfg = self.config = config if config is not None else CacheAwareConfig(**params)
+        rate = cfg.prefill_tokens_per_s
+        request_factor = cfg.max_load_factor if cfg.max_request_factor is None else cfg.max_request_factor
+        guard = LoadGuardFilter(
+            request_factor=request_factor,
+            token_factor=cfg.max_load_factor if cfg.guard_tokens else None,
+            slack_requests=cfg.slack_requests,
+            token_slack=cfg.token_slack,
+        )
+        super().__init__(
+            "cache_aware",
+            filters=[guard],
+            scorers=[
+                EstimatedTTFTScorer(rate),
+                DecodeLoadScorer(cfg.decode_weight, rate),
+                PrefixAffinityScorer(cfg.prefix_weight, rate),
+            ],
+            picker=LowestCostPicker(cfg.skip_blocks),
+            fallback=LeastLoadPicker(cfg.skip_blocks, "guard_fallback_least_load"),
+            filtered_cost=math.inf,
+        )
+
+    @property
+    def load_factor(self) -> float:
+        """Token-load bound relative to the mean (``max_load_factor``)."""
+        return self.config.max_load_factor

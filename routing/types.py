@@ -1,0 +1,81 @@
+"""Value types shared by the router, the policies and their plugins.
+
+All frozen dataclasses; no behaviour beyond small derived properties.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["ReplicaLoad", "RouteRequest", "Candidate", "RouteChoice", "NoCandidateError"]
+
+
+class NoCandidateError(LookupError):
+    """Raised when a routing decision is asked for with no candidate replica."""
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """Load of one replica: ``queued_prefill_tokens`` and ``decode_tokens``
+    in tokens, ``running_requests`` in requests."""
+
+    replica_id: str
+    queued_prefill_tokens: int = 0
+    decode_tokens: int = 0
+    running_requests: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """Total token load: queued prefill tokens + decode tokens in flight."""
+        return self.queued_prefill_tokens + self.decode_tokens
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """What a policy knows of one request.
+
+    ``block_keys``: the tenant's HMAC block-hash chain under the current key
+    version (``tenancy.prefix.block_hash_chain``), one key per full block;
+    ``prompt_tokens``: prompt length in tokens (all sequences); ``max_tokens``:
+    expected output tokens (all sequences: a batch of n prompts asks for n x
+    the per-sequence ``max_tokens``); ``block_size``: tokens per KV block;
+    ``sequences``: sequences the replica runs (elements of a list ``prompt``).
+    """
+
+    tenant_id: str
+    block_keys: Sequence[bytes]
+    prompt_tokens: int
+    max_tokens: int
+    block_size: int
+    sequences: int = 1
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One routable replica: its current ``load`` and ``matched_blocks``
+    (leading blocks of the request believed cached there, max over the
+    current and previous key versions)."""
+
+    replica_id: str
+    load: ReplicaLoad
+    matched_blocks: int = 0
+
+
+@dataclass(frozen=True)
+class RouteChoice:
+    """A routing decision.
+
+    ``predicted_prefix_tokens``: prefix tokens expected cached on the chosen
+    replica; ``available_prefix_tokens``: best over all candidates (the gap is
+    what the load guard gave up); ``reason``: short machine-friendly string;
+    ``scores``: per-candidate score (policy specific; lower is better) for
+    debugging.
+    """
+
+    replica_id: str
+    policy: str
+    predicted_prefix_tokens: int
+    available_prefix_tokens: int
+    reason: str
+    scores: Mapping[str, float] = field(default_factory=dict)
