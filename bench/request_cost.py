@@ -118,7 +118,7 @@ def _one(c: Components, tenant: Any, endpoint: str, raw: bytes) -> str:
                                       max_json_items=c.config.limits.max_json_items)
         c.admit_sequences(tenant, lease, req.sequences)
         tokens, total = c.prompt_tokens(bounds, req)
-        c.check_prompt(tenant, total, req.sequences)
+        c.check_prompt(tenant, total, req.sequences).settle(0, 0, "not_dispatched")
         c.prefix_chains(tenant, tokens)
         return f"accepted ({total} tokens)"
     except GatewayError as err:

@@ -29,7 +29,7 @@ from gateway.proxy import UpstreamFailure, UpstreamStream, open_upstream
 from gateway.request import Endpoint, InferenceRequest, parse_inference_request, read_body
 from gateway.routing.policies import RouteRequest
 from gateway.routing.replicas import Attempt
-from gateway.sse import SseScanner, error_event
+from gateway.sse import SseProtocolError, SseScanner, error_event
 
 __all__ = ["InferencePipeline", "RequestRecord", "ClientGone"]
 
@@ -296,6 +296,8 @@ class InferencePipeline:
                 code = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_stream_error"
                 rec.error_code = code
                 self.c.upstream_failed(held.attempt, UpstreamFailure("protocol", str(exc)))
+                if isinstance(exc, SseProtocolError) and exc.forward:
+                    yield exc.forward  # the valid events before the bad one
                 yield error_event("the replica stream failed before completion", code)
             except BaseException:
                 if scanner.done:  # the client hung up after [DONE]: it got the whole answer

@@ -36,7 +36,13 @@ _BOM = b"\xef\xbb\xbf"
 
 
 class SseProtocolError(Exception):
-    """The upstream stream is not valid OpenAI SSE (bad JSON, error event, oversize event)."""
+    """The upstream stream is not valid OpenAI SSE (bad JSON, error event, oversize event).
+
+    ``forward``: the complete, valid events of the same :meth:`SseScanner.feed`
+    call that came before the bad one (forward them, then the error).
+    """
+
+    forward: bytes = b""
 
 
 @dataclass(slots=True)
@@ -107,7 +113,11 @@ class SseScanner:
                 pos = end
                 continue
             pos = end
-            keep = self._dispatch()
+            try:
+                keep = self._dispatch()
+            except SseProtocolError as exc:
+                exc.forward = b"".join(out)
+                raise
             if keep:
                 out.append(bytes(buf[start:end]))
             if self._cr_end:

@@ -81,6 +81,14 @@ def test_broken_events(data: bytes, message: str) -> None:
         SseScanner().feed(data)
 
 
+def test_valid_events_before_a_bad_one_are_kept_for_forwarding() -> None:
+    good = ev(chunk("x"), eol=b"\r\n")
+    sc = SseScanner()
+    with pytest.raises(SseProtocolError) as info:
+        sc.feed(good + b"data: {oops\r\n\r\n")
+    assert info.value.forward == good and sc.output_tokens == 1
+
+
 def test_end_inside_an_event_or_without_done() -> None:
     sc = SseScanner()
     sc.feed(ev(chunk("x"))[:-2])
