@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SseScanner", "SseProtocolError", "error_event", "DONE"]
+__all__ = ["DONE", "SseProtocolError", "SseScanner", "error_event"]
 
 DONE = b"data: [DONE]\n\n"
 _EOL = re.compile(rb"\r\n|\r|\n")

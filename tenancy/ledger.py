@@ -65,13 +65,13 @@ from tenancy.limits import RateLimited, TokenBucket
 from tenancy.registry import Tenant
 
 __all__ = [
-    "Settlement",
+    "BASES",
+    "InProcessLedger",
     "LedgerTotals",
     "Reservation",
+    "Settlement",
     "TokenLedger",
-    "InProcessLedger",
     "charge_for",
-    "BASES",
 ]
 
 #: Every charge basis, in the order of the table above.
@@ -183,7 +183,7 @@ class TokenLedger(abc.ABC):
 
 
 class _Buckets:
-    __slots__ = ("prompt", "output", "totals")
+    __slots__ = ("output", "prompt", "totals")
 
     def __init__(self) -> None:
         self.prompt: TokenBucket | None = None
@@ -210,7 +210,7 @@ def _need(bucket: TokenBucket, n: int) -> float:
 
 
 class _InProcessReservation(Reservation):
-    __slots__ = ("tenant_id", "prompt_tokens", "output_tokens", "_ledger", "_settlement")
+    __slots__ = ("_ledger", "_settlement", "output_tokens", "prompt_tokens", "tenant_id")
 
     def __init__(self, ledger: InProcessLedger, tenant_id: str, prompt: int, output: int) -> None:
         self.tenant_id = tenant_id

@@ -36,7 +36,7 @@ import pytest
 from gateway.auditing import AuditHub
 
 sys.path.insert(0, os.path.dirname(__file__))
-from i12_scripted import CapturingLog, Scripted, scripted  # noqa: E402
+from i12_scripted import CapturingLog, Scripted, scripted
 
 TD = "demo.prefixgate.test"
 WORDS = " ".join(f"w{i}" for i in range(49))  # the script word + 49 words: 50 prompt tokens (word tokenizer)
