@@ -1,10 +1,14 @@
-"""Audit event schema (schema_version "1") and the defensive scrubber.
+"""Audit event schema (schema_version "2") and the defensive scrubber.
 
 One :class:`AuditEvent` is written per gateway decision (inference call,
 token check, operator action, alert, flood summary, chain checkpoint). The
 record is flat-ish JSON with a few nested groups; its field names are the
-stable contract for SIEM parsers. Adding an optional field keeps version "1";
-renaming or removing one bumps ``SCHEMA_VERSION``.
+stable contract for SIEM parsers. Renaming or removing a field bumps
+``SCHEMA_VERSION``; so does adding one that a strict reader of the previous
+version refuses (``from_dict`` refuses unknown fields). Version "2" added
+``error_code`` and the ``ledger`` group (issue 12, finding 4); version "1"
+events (an older spill file, say) are still read: they are version "2"
+events without those fields.
 
 Never in an event: prompt text, token ids, bearer tokens, keys, raw prefix
 hashes. The gateway passes ``prefix_fingerprint`` already keyed per tenant
@@ -28,7 +32,9 @@ from typing import Any
 
 import orjson
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+#: Versions :meth:`AuditEvent.from_dict` reads (each is a subset of the current one).
+READABLE_VERSIONS = frozenset({"1", "2"})
 
 #: Longest string value (characters) accepted in any event field.
 MAX_STRING_CHARS = 256
@@ -79,7 +85,7 @@ class Outcome(str, enum.Enum):
 
 
 class EventSchemaError(ValueError):
-    """An event dict does not match schema version 1."""
+    """An event dict does not match a readable schema version."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +127,26 @@ class Latencies:
     route_ms: float | None = None
     ttft_ms: float | None = None
     total_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerInfo:
+    """The token ledger of one request (tenancy/ledger.py), in tokens.
+
+    ``reserved_tokens``: prompt + output (``max_tokens`` x sequences) held at
+    admission; ``charged_tokens`` = ``prompt_charged`` + ``output_charged``:
+    what the request was charged when it ended; ``output_relayed``: output
+    tokens relayed to the client in a stream (estimate: one per content
+    delta per choice); ``basis``: usage, relayed, refused, reservation or
+    not_dispatched.
+    """
+
+    reserved_tokens: int | None = None
+    charged_tokens: int | None = None
+    prompt_charged: int | None = None
+    output_charged: int | None = None
+    output_relayed: int | None = None
+    basis: str | None = None
 
 
 def now_ms() -> int:
@@ -174,7 +200,7 @@ def new_event_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class AuditEvent:
-    """One audit record, schema version "1".
+    """One audit record, schema version "2".
 
     ``time_ms`` is UTC epoch milliseconds; ``time`` (ISO 8601) is derived
     from it in :meth:`to_dict`. ``operator``, ``alert``, ``summary`` and
@@ -195,6 +221,8 @@ class AuditEvent:
     output_tokens: int | None = None
     cached_tokens: int | None = None
     sequences: int | None = None
+    ledger: LedgerInfo = field(default_factory=LedgerInfo)
+    error_code: str | None = None
     route: RouteInfo = field(default_factory=RouteInfo)
     latency: Latencies = field(default_factory=Latencies)
     status_code: int | None = None
@@ -236,7 +264,7 @@ class AuditEvent:
             EventSchemaError: wrong schema version, unknown kind/outcome or
                 unknown field.
         """
-        if data.get("schema_version") != SCHEMA_VERSION:
+        if data.get("schema_version") not in READABLE_VERSIONS:
             raise EventSchemaError(f"unsupported schema_version {data.get('schema_version')!r}")
         kwargs: dict[str, Any] = {}
         try:
@@ -262,7 +290,8 @@ class AuditEvent:
 _EVENT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AuditEvent))
 _GROUP_FIELDS: dict[str, tuple[str, ...]] = {
     name: tuple(f.name for f in dataclasses.fields(cls))
-    for name, cls in (("identity", Identity), ("policy", PolicyInfo), ("route", RouteInfo), ("latency", Latencies))
+    for name, cls in (("identity", Identity), ("policy", PolicyInfo), ("ledger", LedgerInfo), ("route", RouteInfo),
+                      ("latency", Latencies))
 }
 
 
@@ -285,7 +314,8 @@ def json_field(event: AuditEvent, name: str) -> Any:
 # from_dict tables (precomputed once instead of per call)
 _KNOWN_FIELDS: frozenset[str] = frozenset(_EVENT_FIELDS)
 _SKIP_KEYS: frozenset[str] = frozenset(("schema_version", "time"))
-_NESTED: dict[str, type] = {"identity": Identity, "policy": PolicyInfo, "route": RouteInfo, "latency": Latencies}
+_NESTED: dict[str, type] = {"identity": Identity, "policy": PolicyInfo, "ledger": LedgerInfo, "route": RouteInfo,
+                            "latency": Latencies}
 _KIND_BY_VALUE: dict[str, Kind] = {k.value: k for k in Kind}
 _OUTCOME_BY_VALUE: dict[str, Outcome] = {o.value: o for o in Outcome}
 
@@ -344,7 +374,8 @@ def scrub_event(event: AuditEvent, max_chars: int = MAX_STRING_CHARS) -> tuple[A
 _SCRUB_TOP: tuple[str, ...] = tuple(n for n in _EVENT_FIELDS if n not in ("kind", "outcome", "time_ms"))
 _SCRUB_GROUPS: dict[type, tuple[tuple[str, str], ...]] = {
     cls: tuple((sf.name, f"{name}.{sf.name}") for sf in dataclasses.fields(cls))
-    for name, cls in (("identity", Identity), ("policy", PolicyInfo), ("route", RouteInfo), ("latency", Latencies))
+    for name, cls in (("identity", Identity), ("policy", PolicyInfo), ("ledger", LedgerInfo), ("route", RouteInfo),
+                      ("latency", Latencies))
 }
 _PLAIN_NUMBERS = (int, float, bool)
 

@@ -21,7 +21,9 @@ Class choice (OCSF schema 1.5.0, https://schema.ocsf.io/1.5.0/):
 * flood summaries → the class of the summarised outcome with ``count``.
 
 ``type_uid = class_uid * 100 + activity_id``. PrefixGate-specific fields
-(tenant, route, tokens, latencies, fingerprint) go to ``unmapped``.
+(tenant, route, tokens, the token ledger, latencies, fingerprint) go to
+``unmapped``; the gateway's ``error_code`` is also ``status_detail`` when
+the event has no policy reason code.
 """
 from __future__ import annotations
 
@@ -65,8 +67,9 @@ def _class_and_activity(event: AuditEvent) -> tuple[int, int, str]:
     return API_ACTIVITY, 1, "Create"
 
 
-_UNMAPPED_KEYS = ("tenant", "route", "latency", "prompt_tokens", "output_tokens", "cached_tokens", "sequences", "prefix_fingerprint",
-                  "request_id", "outcome", "kind", "summary", "checkpoint", "operator", "alert")
+_UNMAPPED_KEYS = ("tenant", "route", "latency", "prompt_tokens", "output_tokens", "cached_tokens", "sequences", "ledger",
+                  "error_code", "prefix_fingerprint", "request_id", "outcome", "kind", "summary", "checkpoint", "operator",
+                  "alert")
 
 
 def _unmapped(event: AuditEvent) -> dict[str, Any]:
@@ -112,6 +115,8 @@ def to_ocsf(event: AuditEvent) -> dict[str, Any]:
         out["status_code"] = str(event.status_code)
     if event.policy.reason_code:
         out["status_detail"] = event.policy.reason_code
+    elif event.error_code:
+        out["status_detail"] = event.error_code
     if event.summary and isinstance(event.summary.get("suppressed"), int):
         out["count"] = event.summary["suppressed"]
     actor: dict[str, Any] = {}

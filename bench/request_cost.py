@@ -14,8 +14,24 @@ best of ``R`` repetitions. The bodies are the worst cases of issue 12
 JSON values) for a tenant with
 ``max_prompt_tokens`` 100 and one with none (body cap 1 MiB, the default).
 
+**Isolation phase** (``--isolation-s S``, default 15; 0 skips it): a real
+gateway process (``python -m gateway.cli serve``, audit to JSONL and OCSF in
+a worker process) in front of two simulated replicas (``python -m
+sim.cluster``), all on loopback. Phase ``baseline``: tenant B (the victim)
+sends a normal request (a 99-token prompt, ``max_tokens`` 16) every
+``1/victim_rps`` seconds, open loop, for ``S`` seconds. Phase ``attack``: the
+same, while tenant A sends the worst-case bodies above in turn at exactly its
+request quota (``rate_rps`` 5, ``max_prompt_tokens`` 100,
+``max_concurrency`` 16, token buckets of 2,000/s). Reported: B's p50 and p95
+in each phase and their ratio (target: p50 ratio < 2), A's outcomes, and the
+gateway process's CPU (``/proc/<pid>/stat``, user + system; the audit worker
+process not included) per B request in the baseline and per worst-case
+request in the attack phase (``(attack CPU - B's requests x baseline CPU per
+B request) / A's requests``). Bounded: about ``2 x S + 15`` seconds.
+
 Results go to ``bench/results/request_cost.json`` and ``.md`` (or ``--out``).
-A benchmark, not a test: the numbers depend on the machine.
+A benchmark, not a test: the numbers depend on the machine (and on what
+else runs on it: report the host's load with the figures).
 """
 
 from __future__ import annotations
@@ -30,6 +46,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import asyncio
+import statistics
+
+import aiohttp
 
 from gateway.auditing import AuditHub
 from gateway.components import Components
@@ -97,7 +118,7 @@ def _one(c: Components, tenant: Any, endpoint: str, raw: bytes) -> str:
                                       max_json_items=c.config.limits.max_json_items)
         c.admit_sequences(tenant, lease, req.sequences)
         tokens, total = c.prompt_tokens(bounds, req)
-        c.check_prompt(tenant, total, req.sequences)
+        c.check_prompt(tenant, total, req.sequences).settle(0, 0, "not_dispatched")
         c.prefix_chains(tenant, tokens)
         return f"accepted ({total} tokens)"
     except GatewayError as err:
@@ -131,6 +152,117 @@ def run(reps: int) -> dict[str, Any]:
             "machine": platform.machine(), "rows": rows}
 
 
+VICTIM_PROMPT = " ".join(f"w{i}" for i in range(99))
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    vals = sorted(values)
+    return round(vals[min(len(vals) - 1, int(q * len(vals)))], 2)
+
+
+async def _isolation(phase_s: float, victim_rps: float, attacker_rps: float) -> dict[str, Any]:
+    """Run the isolation phases (module docstring) and return their figures."""
+    from bench.soak import read_proc
+    from sim.demo import (ClusterSpec, DemoPaths, bearer_headers, gateway_config, prepare_identity,
+                          start_cluster_proc, start_gateway)
+    from sim.procs import free_port, stop_process
+
+    with tempfile.TemporaryDirectory(prefix="prefixgate-isolation-") as d:
+        paths = DemoPaths.under(Path(d))
+        issuer = prepare_identity(paths)
+        attacker, victim = "tenant-a", "tenant-b"
+        headers_for = bearer_headers(issuer, [attacker, victim])
+        cluster, replicas = await start_cluster_proc(
+            ClusterSpec(replicas=2, time_scale=100.0, stream_chunk_tokens=16), paths)
+        gw = None
+        try:
+            cfg = gateway_config("cache_aware", replicas, [attacker, victim], paths, listen_port=free_port(),
+                                 admin_port=free_port())
+            a_cfg, b_cfg = cfg["tenancy"]["tenants"]
+            a_cfg.update(rate_rps=attacker_rps, rate_burst=attacker_rps, max_prompt_tokens=100,
+                         max_output_tokens=16, max_concurrency=16, prompt_tokens_per_s=2000,
+                         output_tokens_per_s=2000)
+            b_cfg.update(max_output_tokens=16)
+            gw, base = await start_gateway("gateway", cfg, paths)
+            bodies = [(name, ep, raw) for name, (ep, raw) in _bodies().items() if "baseline" not in name]
+            victim_raw = json.dumps({"model": "sim-model", "prompt": VICTIM_PROMPT, "max_tokens": 16}).encode()
+            conn = aiohttp.TCPConnector(limit=0)
+            async with aiohttp.ClientSession(base_url=base, connector=conn,
+                                             timeout=aiohttp.ClientTimeout(total=30)) as http:
+                async def send(tenant: str, endpoint: str, raw: bytes) -> tuple[int, float, str]:
+                    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+                    t0 = time.perf_counter()
+                    headers = {**headers_for(tenant), "Content-Type": "application/json"}
+                    try:
+                        async with http.post(path, data=raw, headers=headers) as resp:
+                            data = await resp.read()
+                            code = ""
+                            if resp.status != 200:
+                                try:
+                                    code = json.loads(data)["error"]["code"]
+                                except (ValueError, KeyError, TypeError):
+                                    code = "?"
+                            return resp.status, (time.perf_counter() - t0) * 1000.0, code
+                    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                        return 0, (time.perf_counter() - t0) * 1000.0, type(exc).__name__
+
+                async def paced(rate: float, make: Callable[[int], Any], duration: float) -> list[Any]:
+                    tasks, i, start = [], 0, time.perf_counter()
+                    while (due := start + i / rate) < start + duration:
+                        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                        tasks.append(asyncio.ensure_future(make(i)))
+                        i += 1
+                    return list(await asyncio.gather(*tasks))
+
+                def victim_req(_: int) -> Any:
+                    return send(victim, "completions", victim_raw)
+
+                def attacker_req(i: int) -> Any:
+                    name, ep, raw = bodies[i % len(bodies)]
+                    return send(attacker, ep, raw)
+
+                await paced(victim_rps, victim_req, 2.0)  # warm-up (connections, caches)
+                cpu0 = read_proc(gw.pid).cpu_s
+                base_res = await paced(victim_rps, victim_req, phase_s)
+                cpu1 = read_proc(gw.pid).cpu_s
+                vict, att = await asyncio.gather(paced(victim_rps, victim_req, phase_s),
+                                                 paced(attacker_rps, attacker_req, phase_s))
+                cpu2 = read_proc(gw.pid).cpu_s
+        finally:
+            if gw is not None:
+                stop_process(gw)
+            stop_process(cluster)
+
+    def lat(res: list[tuple[int, float, str]]) -> list[float]:
+        return [ms for status, ms, _ in res if status == 200]
+
+    b_lat, v_lat = lat(base_res), lat(vict)
+    cpu_base_per_b = (cpu1 - cpu0) / max(1, len(base_res))
+    cpu_attack = cpu2 - cpu1
+    per_attack = (cpu_attack - cpu_base_per_b * len(vict)) / max(1, len(att))
+    outcomes: dict[str, int] = {}
+    for status, _, code in att:
+        key = f"{status} {code}".strip()
+        outcomes[key] = outcomes.get(key, 0) + 1
+    p50_b, p50_v = statistics.median(b_lat) if b_lat else None, statistics.median(v_lat) if v_lat else None
+    return {
+        "phase_s": phase_s, "victim_rps": victim_rps, "attacker_rps": attacker_rps,
+        "loadavg_1m": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
+        "victim_baseline": {"sent": len(base_res), "ok": len(b_lat), "p50_ms": _pct(b_lat, 0.5),
+                            "p95_ms": _pct(b_lat, 0.95)},
+        "victim_attack": {"sent": len(vict), "ok": len(v_lat), "p50_ms": _pct(v_lat, 0.5),
+                          "p95_ms": _pct(v_lat, 0.95)},
+        "p50_ratio": round(p50_v / p50_b, 2) if p50_b and p50_v else None,
+        "attacker": {"sent": len(att), "outcomes": dict(sorted(outcomes.items()))},
+        "gateway_cpu_s": {"baseline": round(cpu1 - cpu0, 3), "attack": round(cpu_attack, 3)},
+        "gateway_cpu_ms_per_victim_request": round(cpu_base_per_b * 1000.0, 3),
+        "gateway_cpu_ms_per_worst_case_request": round(per_attack * 1000.0, 3),
+        "gateway_cpu_share_attack": round(cpu_attack / phase_s, 3),
+    }
+
+
 def to_markdown(doc: dict[str, Any]) -> str:
     """A table of the result document."""
     lines = ["| tenant (max_prompt_tokens) | body | bytes | outcome | gateway CPU ms |",
@@ -138,6 +270,27 @@ def to_markdown(doc: dict[str, Any]) -> str:
     for r in doc["rows"]:
         lines.append(f"| {r['tenant']} ({r['max_prompt_tokens']}) | {r['body']} | {r['body_bytes']} | "
                      f"{r['outcome']} | {r['cpu_ms']} |")
+    iso = doc.get("isolation")
+    if iso:
+        vb, va = iso["victim_baseline"], iso["victim_attack"]
+        lines += [
+            "",
+            f"Isolation ({iso['phase_s']} s per phase, loopback; load average {iso['loadavg_1m']} on "
+            f"{iso['cpus']} CPUs): tenant B sends {iso['victim_rps']} normal requests/s; in the attack phase "
+            f"tenant A sends worst-case bodies at its quota ({iso['attacker_rps']} requests/s).",
+            "",
+            "| phase | B sent | B ok | B p50 ms | B p95 ms | gateway CPU s |",
+            "|---|---:|---:|---:|---:|---:|",
+            f"| baseline | {vb['sent']} | {vb['ok']} | {vb['p50_ms']} | {vb['p95_ms']} | "
+            f"{iso['gateway_cpu_s']['baseline']} |",
+            f"| attack | {va['sent']} | {va['ok']} | {va['p50_ms']} | {va['p95_ms']} | "
+            f"{iso['gateway_cpu_s']['attack']} |",
+            "",
+            f"B's p50 ratio (attack / baseline): **{iso['p50_ratio']}** (target < 2). "
+            f"Gateway CPU per B request {iso['gateway_cpu_ms_per_victim_request']} ms; "
+            f"per worst-case request of A {iso['gateway_cpu_ms_per_worst_case_request']} ms. "
+            f"A's outcomes: {', '.join(f'{k}: {v}' for k, v in iso['attacker']['outcomes'].items())}.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -145,8 +298,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--isolation-s", type=float, default=15.0, help="seconds per isolation phase (0: skip)")
+    ap.add_argument("--victim-rps", type=float, default=10.0)
+    ap.add_argument("--attacker-rps", type=float, default=5.0)
     args = ap.parse_args()
     doc = run(args.reps)
+    if args.isolation_s > 0:
+        doc["isolation"] = asyncio.run(_isolation(args.isolation_s, args.victim_rps, args.attacker_rps))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(to_markdown(doc))

@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import generate_latest
 
-from audit.event import AuditEvent, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo
+from audit.event import AuditEvent, Identity, Kind, Latencies, LedgerInfo, Outcome, PolicyInfo, RouteInfo
 from audit.tracing import begin_request_trace, end_request_trace, incoming_links, request_trace_headers
 
 __all__ = ["AuditHub"]
@@ -229,6 +229,8 @@ class AuditHub:
             output_tokens=rec.output_tokens,
             cached_tokens=rec.cached_tokens,
             sequences=getattr(rec, "sequences", None),
+            ledger=_ledger_info(rec),
+            error_code=rec.error_code,
             route=RouteInfo(rec.replica, rec.pool, rec.routing_policy, rec.predicted_prefix_tokens,
                             rec.available_prefix_tokens, rec.replica_load_tokens),
             latency=Latencies(rec.ms(rec.t0, rec.t_auth), rec.ms(rec.t_auth, rec.t_policy),
@@ -264,3 +266,13 @@ class AuditHub:
         self.emitted += 1
         if self.log is not None:
             self.log.emit(event)
+
+
+def _ledger_info(rec: Any) -> LedgerInfo:
+    """The ``ledger`` group of a request's audit event (empty when nothing was reserved)."""
+    s = getattr(rec, "settlement", None)
+    relayed = getattr(rec, "relayed_output", None)
+    if s is None:
+        return LedgerInfo(output_relayed=relayed)
+    return LedgerInfo(reserved_tokens=s.reserved, charged_tokens=s.charged, prompt_charged=s.charged_prompt,
+                      output_charged=s.charged_output, output_relayed=relayed, basis=s.basis)

@@ -47,6 +47,7 @@ from policy.decision import Decision, PolicyError
 from policy.input import build_policy_input
 from tenancy.bounds import RequestBounds, request_bounds
 from tenancy.keys import KeyRing, PrefixChains, load_master_secret
+from tenancy.ledger import InProcessLedger, Reservation, Settlement, TokenLedger, charge_for
 from tenancy.limits import ConcurrencyLimited, RateLimited, SourceLimiter, TenantLimiter, clamp_max_tokens
 from tenancy.registry import Tenant, TenantRegistry
 from tenancy.tokenizer import get_tokenizer
@@ -99,6 +100,7 @@ class Components:
         del secret
         self._check_salt_pools()
         self.limiter = TenantLimiter()
+        self.ledger: TokenLedger = InProcessLedger()
         self.source_limiter = SourceLimiter(
             rate=config.identity.unauthenticated_rps, burst=config.identity.unauthenticated_burst
         )
@@ -265,11 +267,17 @@ class Components:
             total += n
         return hashed, total
 
-    def check_prompt(self, tenant: Tenant, prompt_tokens: int, sequences: int = 1) -> None:
-        """Per-request prompt size and prompt-tokens/s limits (400 / 429).
+    def check_prompt(self, tenant: Tenant, prompt_tokens: int, sequences: int = 1,
+                     output_tokens: int = 0) -> Reservation:
+        """Per-request prompt size, then reserve the request's tokens in the ledger (400 / 429).
 
-        ``prompt_tokens`` is the total of all ``sequences``; the per-sequence
-        limit was checked while counting (:meth:`prompt_tokens`).
+        ``prompt_tokens`` is the total of all ``sequences`` (the per-sequence
+        limit was checked while counting, :meth:`prompt_tokens`);
+        ``output_tokens``: the most output it may produce (``max_tokens`` x
+        sequences, before the policy may lower it: :meth:`Reservation.lower_output`).
+        Returns the :class:`~tenancy.ledger.Reservation` the request's end
+        settles (:meth:`settle`); 429 ``token_rate_limited`` when the tenant's
+        prompt- or output-token bucket cannot cover it (nothing is taken then).
         """
         if prompt_tokens == 0:
             raise GatewayError(400, "invalid_request", "prompt must not be empty", param="prompt")
@@ -278,9 +286,44 @@ class Components:
             raise GatewayError(400, "context_length_exceeded",
                                f"prompt has {prompt_tokens} tokens; this tenant's limit is {limit}")
         try:
-            self.limiter.charge_prompt_tokens(tenant, prompt_tokens, time.monotonic(), sequences=sequences)
+            res = self.ledger.reserve(tenant, prompt_tokens, output_tokens, time.monotonic())
         except RateLimited as exc:
-            raise _too_many(exc.retry_after_s, "token_rate_limited", "tenant prompt-token rate exceeded") from None
+            what = "output" if exc.reason == "tenant_output_tokens" else "prompt"
+            raise _too_many(exc.retry_after_s, "token_rate_limited",
+                            f"tenant {what}-token rate exceeded") from None
+        m = self.metrics
+        m.tenant_tokens_reserved.labels(tenant.id, "prompt").inc(prompt_tokens)
+        m.tenant_tokens_reserved.labels(tenant.id, "output").inc(output_tokens)
+        return res
+
+    def output_cap(self, requested: int | None, tenant: Tenant) -> int:
+        """The most output tokens per sequence before the policy decision (its cap can only lower it)."""
+        cap = clamp_max_tokens(requested, tenant.max_output_tokens, None, default=self.config.limits.max_output_tokens)
+        return max(1, min(cap, self.config.limits.max_output_tokens))
+
+    def lower_reservation(self, res: Reservation, output_tokens: int) -> None:
+        """The policy lowered ``max_tokens``: hold only ``output_tokens`` (the rest refunded now)."""
+        before = res.output_tokens
+        res.lower_output(output_tokens)
+        if res.output_tokens < before:
+            self.metrics.tenant_tokens_refunded.labels(res.tenant_id, "output").inc(before - res.output_tokens)
+
+    def settle(self, res: Reservation, *, usage: dict[str, Any] | None, progress: str,
+               relayed_output: int) -> Settlement:
+        """Reconcile a request's reservation when it ends, however it ended (see
+        :func:`tenancy.ledger.charge_for`); counts the charge and refund per tenant."""
+        prompt, output, basis = charge_for(res.prompt_tokens, res.output_tokens, usage=usage,
+                                           progress=progress, relayed_output=relayed_output)
+        already = res.settlement
+        s = res.settle(prompt, output, basis)
+        if already is None:
+            m, tid = self.metrics, res.tenant_id
+            m.tenant_tokens_charged.labels(tid, "prompt").inc(s.charged_prompt)
+            m.tenant_tokens_charged.labels(tid, "output").inc(s.charged_output)
+            m.tenant_tokens_refunded.labels(tid, "prompt").inc(s.refunded_prompt)
+            m.tenant_tokens_refunded.labels(tid, "output").inc(s.refunded_output)
+            m.tenant_charges.labels(tid, s.basis).inc()
+        return s
 
     def upstream_user(self, tenant: Tenant, identity: WorkloadIdentity) -> str | None:
         """The ``user`` field sent upstream: None (dropped, the default) or the workload's stable pseudonym

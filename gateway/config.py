@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from routing.config import PolicyConfig
+from routing.config import PolicyConfig as RoutingPolicyConfig
 from routing.policies import CacheAwareConfig
 
 __all__ = ["GatewayConfig", "ConfigError", "load_config"]
@@ -98,7 +98,7 @@ class RoutingConfig(_Section):
     ``policy``.
     """
 
-    policy: PolicyConfig = Field(default_factory=CacheAwareConfig)
+    policy: RoutingPolicyConfig = Field(default_factory=CacheAwareConfig)
     block_size: int = Field(16, ge=1, le=1024)
     index_capacity_blocks: int = Field(4000, ge=1)
     max_prefix_blocks: int = Field(8192, ge=1)

@@ -60,3 +60,20 @@ class GatewayMetrics:
         self.tenant_requests = Counter(
             "prefixgate_tenant_requests", "Requests per tenant and outcome", ["tenant", "outcome"], registry=a,
         )
+        # token ledger (tenancy/ledger.py): tokens by tenant and kind (prompt, output)
+        self.tenant_tokens_reserved = Counter(
+            "prefixgate_tenant_tokens_reserved", "Tokens reserved at admission (prompt; output = max_tokens x "
+            "sequences)", ["tenant", "kind"], registry=a,
+        )
+        self.tenant_tokens_charged = Counter(
+            "prefixgate_tenant_tokens_charged", "Tokens charged when requests ended (replica usage, else tokens "
+            "relayed, else the reservation)", ["tenant", "kind"], registry=a,
+        )
+        self.tenant_tokens_refunded = Counter(
+            "prefixgate_tenant_tokens_refunded", "Reserved tokens given back (reserved and not used)",
+            ["tenant", "kind"], registry=a,
+        )
+        self.tenant_charges = Counter(
+            "prefixgate_tenant_charges", "Requests settled per tenant and charge basis (usage, relayed, refused, "
+            "reservation, not_dispatched)", ["tenant", "basis"], registry=a,
+        )

@@ -27,9 +27,9 @@ from gateway.components import Components
 from gateway.errors import GatewayError
 from gateway.proxy import UpstreamFailure, UpstreamStream, open_upstream
 from gateway.request import Endpoint, InferenceRequest, parse_inference_request, read_body
-from routing.policies import RouteRequest
 from gateway.replicas import Attempt
-from gateway.sse import SseScanner, error_event
+from gateway.sse import SseProtocolError, SseScanner, error_event
+from routing.policies import RouteRequest
 
 __all__ = ["InferencePipeline", "RequestRecord", "ClientGone"]
 
@@ -43,6 +43,9 @@ class RequestRecord:
     """Everything the audit event of one request needs (never prompt text).
 
     Times are ``time.perf_counter()`` seconds; latencies are derived in ms.
+    ``relayed_output``: output tokens relayed in an SSE answer (estimate, see
+    :class:`gateway.sse.SseScanner`); ``settlement``: the token ledger's
+    :class:`tenancy.ledger.Settlement` of the request (None: nothing reserved).
     """
 
     request_id: str
@@ -78,6 +81,8 @@ class RequestRecord:
     t_route: float | None = None
     t_first_byte: float | None = None
     t_end: float | None = None
+    relayed_output: int | None = None
+    settlement: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def ms(self, start: float | None, end: float | None) -> float | None:
@@ -136,7 +141,9 @@ class InferencePipeline:
             # 4 prefix keys (byte bound, then tokenize once with early stop; prompt-token limits)
             tokens, prompt_tokens = c.prompt_tokens(bounds, req)
             rec.prompt_tokens = prompt_tokens
-            c.check_prompt(tenant, prompt_tokens, req.sequences)
+            # reserve prompt + max_tokens x sequences before any further work; the end settles it
+            output_cap = c.output_cap(req.max_tokens, tenant)
+            held.reservation = c.check_prompt(tenant, prompt_tokens, req.sequences, output_cap * req.sequences)
             chains = c.prefix_chains(tenant, tokens)
             rec.prefix_fingerprint = c.prefix_fingerprint(tenant, chains)
             # 5 authorize
@@ -147,6 +154,7 @@ class InferencePipeline:
             rec.t_policy = time.perf_counter()
             max_tokens = c.clamp_max_tokens(req.max_tokens, tenant, decision)
             rec.max_tokens = max_tokens
+            c.lower_reservation(held.reservation, max_tokens * req.sequences)
             allowed = c.allowed_candidates(candidates, decision)
             if not allowed:
                 raise GatewayError(
@@ -217,11 +225,16 @@ class InferencePipeline:
                 upstream_body["cache_salt"] = c.cache_salt(tenant)
             headers = c.upstream_headers(rec)
             budget = max(0.001, min(ucfg.first_byte_timeout_s, deadline - time.perf_counter()))
+            progress, held.progress = held.progress, "unknown"  # sent: the replica may be working on it
             try:
                 up = await _unless_client_leaves(
                     request, open_upstream(c.session, replica.url + rec.endpoint, upstream_body, headers, budget))
             except UpstreamFailure as fail:
                 last = fail
+                if not fail.reached:
+                    held.progress = progress  # no connection: this attempt cost nothing
+                elif fail.kind == "status":
+                    held.progress = "refused"  # the replica answered an error: no output
                 c.upstream_failed(held.attempt, fail)
                 if fail.kind != "connect":
                     budget_used += 1
@@ -260,6 +273,7 @@ class InferencePipeline:
 
         async def body() -> AsyncGenerator[bytes, None]:
             held.started = True
+            held.progress = "streamed"
             rec.outcome, rec.status = "failed", 200
             try:
                 first = scanner.feed(up.first_chunk)
@@ -273,13 +287,17 @@ class InferencePipeline:
                     out = scanner.feed(chunk)
                     if out:
                         yield out
-                scanner.finish()
+                rest = scanner.finish()
+                if rest:
+                    yield rest
                 rec.outcome = "allowed"
                 held.attempt.succeeded()
             except Exception as exc:  # broken SSE, read timeout, connection reset
                 code = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_stream_error"
                 rec.error_code = code
                 self.c.upstream_failed(held.attempt, UpstreamFailure("protocol", str(exc)))
+                if isinstance(exc, SseProtocolError) and exc.forward:
+                    yield exc.forward  # the valid events before the bad one
                 yield error_event("the replica stream failed before completion", code)
             except BaseException:
                 if scanner.done:  # the client hung up after [DONE]: it got the whole answer
@@ -290,6 +308,7 @@ class InferencePipeline:
                 raise
             finally:
                 held.usage = scanner.usage
+                held.relayed = rec.relayed_output = scanner.output_tokens
                 self._end(rec, held)
 
         def on_call_end() -> None:
@@ -335,7 +354,21 @@ class InferencePipeline:
         try:
             held.release()
         finally:
-            self._complete(rec, held.usage, held.choice)
+            try:
+                self._settle(rec, held)
+            finally:
+                self._complete(rec, held.usage, held.choice)
+
+    def _settle(self, rec: RequestRecord, held: _Held) -> None:
+        """Reconcile the request's token reservation with what it used (tenancy/ledger.py)."""
+        res = held.reservation
+        if res is None:
+            return
+        try:
+            rec.settlement = self.c.settle(res, usage=held.usage, progress=held.progress,
+                                           relayed_output=held.relayed)
+        except Exception:  # a bug: never lose the audit record; the reservation stays charged in full
+            self.c.log.exception("settling the token reservation of request %s failed", rec.request_id)
 
     def _complete(self, rec: RequestRecord, usage: dict[str, Any] | None, choice: Any) -> None:
         if usage:
@@ -358,7 +391,12 @@ class _Held:
 
     ``lease``: the tenant's concurrency slot; ``ticket``: the router's load
     ticket of the current attempt; ``attempt``: its circuit-breaker attempt;
-    ``up``: the open upstream response; ``choice``/``usage``: for the record.
+    ``up``: the open upstream response; ``choice``/``usage``: for the record;
+    ``reservation``: the token ledger's reservation, settled by the exit
+    path from ``usage``, ``progress`` (``none``: no replica reached yet;
+    ``unknown``: sent, outcome unknown; ``refused``: a replica answered an
+    error status; ``streamed``: an SSE answer started) and ``relayed``
+    (output tokens relayed).
     :meth:`end_attempt` gives back the current attempt's share (closing the
     upstream, finishing the ticket, releasing a breaker attempt that has no
     verdict), :meth:`release` that and the lease. Both are idempotent; the
@@ -367,7 +405,8 @@ class _Held:
     began; ``ended``: the request was ended.
     """
 
-    __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended")
+    __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
+                 "reservation", "progress", "relayed")
 
     def __init__(self) -> None:
         self.lease: Any = None
@@ -379,6 +418,9 @@ class _Held:
         self.handed_off = False
         self.started = False
         self.ended = False
+        self.reservation: Any = None
+        self.progress = "none"
+        self.relayed = 0
 
     def end_attempt(self) -> None:
         """Close the upstream response, finish the load ticket, release the breaker attempt."""

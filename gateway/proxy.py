@@ -129,12 +129,16 @@ class UpstreamFailure(Exception):
     4xx; 429 is retried elsewhere); ``replica_fault``: counts against the
     replica's circuit breaker — false for every answer below 500, 429
     included (as Envoy's outlier detection counts only 5xx and locally
-    originated errors: connect, timeout, reset).
+    originated errors: connect, timeout, reset); ``reached``: the request
+    may have reached the replica (false only when no connection could be
+    made: the token ledger then charges nothing for this attempt).
     """
 
-    def __init__(self, kind: str, message: str, *, status: int | None = None, body: bytes = b"") -> None:
+    def __init__(self, kind: str, message: str, *, status: int | None = None, body: bytes = b"",
+                 reached: bool = True) -> None:
         super().__init__(message)
         self.kind = kind
+        self.reached = reached
         self.status = status
         self.body = body
         client_fault = kind == "status" and status is not None and 400 <= status < 500 and status != 429
@@ -244,7 +248,8 @@ async def open_upstream(
             resp.close()
         raise UpstreamFailure("timeout", "replica sent no first byte in time") from None
     except aiohttp.ClientConnectorError as exc:
-        raise UpstreamFailure("connect", f"cannot connect to replica: {exc.os_error.strerror or 'refused'}") from None
+        raise UpstreamFailure("connect", f"cannot connect to replica: {exc.os_error.strerror or 'refused'}",
+                              reached=False) from None
     except aiohttp.ClientError as exc:
         if resp is not None:
             resp.close()

@@ -1,37 +1,61 @@
 """Incremental Server-Sent Events scanner for upstream OpenAI streams.
 
-The gateway passes a replica's SSE stream through to the client byte for
-byte, but it must (a) learn ``usage`` (prompt, completion and
-``prompt_tokens_details.cached_tokens``) from the usage chunk, (b) drop that
-chunk when it added ``stream_options.include_usage`` itself, and (c) notice a
-broken stream (an event that is not JSON, an ``error`` object) so the client
-gets an error event instead of a silent truncation. Event framing follows the
-WHATWG HTML "server-sent events" section: events end at a blank line.
+The gateway passes a replica's SSE stream through to the client **byte for
+byte**: the scanner reads the events to (a) learn ``usage`` (prompt,
+completion and ``prompt_tokens_details.cached_tokens``) from the usage chunk,
+(b) drop that chunk when the gateway added ``stream_options.include_usage``
+itself, (c) count the output relayed (one token per choice per content delta
+event: the ledger's estimate when no usage arrives, see
+:mod:`tenancy.ledger`) and (d) notice a broken stream (an event that is not
+JSON, an ``error`` object) so the client gets an error event instead of a
+silent truncation. It never rewrites what it forwards: the bytes of each
+complete event go out exactly as they came, line endings, comments and all.
+
+Parsing follows the WHATWG HTML standard, "Server-sent events", §9.2.6
+"Interpreting an event stream": lines end with CRLF, a lone LF or a lone CR
+(a CR that ends one chunk and an LF that starts the next are one CRLF); a
+line starting with ``:`` is a comment; ``field:value`` drops one space after
+the colon, if there is one (``data:{`` and ``data: {`` are the same); the
+``data`` lines of an event are joined with LF; a blank line dispatches the
+event; an event with no ``data`` line dispatches nothing; a UTF-8 BOM at the
+very start of the stream is ignored.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SseScanner", "SseProtocolError", "error_event", "DONE"]
+__all__ = ["DONE", "SseProtocolError", "SseScanner", "error_event"]
 
 DONE = b"data: [DONE]\n\n"
+_EOL = re.compile(rb"\r\n|\r|\n")
+_BOM = b"\xef\xbb\xbf"
 
 
 class SseProtocolError(Exception):
-    """The upstream stream is not valid OpenAI SSE (bad JSON, error event, oversize event)."""
+    """The upstream stream is not valid OpenAI SSE (bad JSON, error event, oversize event).
+
+    ``forward``: the complete, valid events of the same :meth:`SseScanner.feed`
+    call that came before the bad one (forward them, then the error).
+    """
+
+    forward: bytes = b""
 
 
 @dataclass(slots=True)
 class SseScanner:
-    """Feed upstream bytes, get back the bytes to forward.
+    """Feed upstream bytes, get back the bytes to forward (unchanged).
 
     ``keep_usage_chunk``: forward the usage-only chunk (the client asked for
     it). ``max_event_bytes``: an event larger than this is a protocol error.
     After the stream, ``usage`` holds the last usage object seen (or None),
-    ``done`` whether ``[DONE]`` arrived and ``events`` the count of data events.
+    ``done`` whether ``[DONE]`` arrived, ``events`` the count of data events
+    and ``output_tokens`` the output relayed (estimate: one per choice with
+    non-empty ``text``, ``delta.content``, ``delta.reasoning_content`` or
+    ``delta.tool_calls`` per forwarded event).
     """
 
     keep_usage_chunk: bool = True
@@ -39,42 +63,101 @@ class SseScanner:
     usage: dict[str, Any] | None = None
     done: bool = False
     events: int = 0
-    _buf: bytearray = field(default_factory=bytearray)
+    output_tokens: int = 0
+    _buf: bytearray = field(default_factory=bytearray)  # raw bytes of the event being read
+    _pos: int = 0  # parse position in _buf (lines before it are read)
+    _data: list[bytes] = field(default_factory=list)  # data lines of the current event
+    _cr_end: bool = False  # the last byte read was a CR that ended a line: an LF next belongs to it
+    _cr_dispatched: int = 0  # that CR ended an event: 1 kept (forward the LF), 2 dropped (drop it)
+    _started: bool = False
 
     def feed(self, chunk: bytes) -> bytes:
-        """Consume ``chunk``; return the complete events to forward (possibly b"").
+        """Consume ``chunk``; return the complete events to forward (possibly b""), unchanged.
 
         Raises :class:`SseProtocolError` on an invalid event.
         """
-        self._buf += chunk
-        if b"\n\n" not in self._buf and b"\r\n\r\n" not in self._buf:
-            if len(self._buf) > self.max_event_bytes:
-                raise SseProtocolError("upstream event too large")
-            return b""
-        data = bytes(self._buf).replace(b"\r\n", b"\n")
-        parts = data.split(b"\n\n")
-        self._buf = bytearray(parts.pop())
         out: list[bytes] = []
-        for ev in parts:
-            if not ev.strip():
+        if self._cr_end and chunk:
+            self._cr_end = False
+            if chunk[:1] == b"\n":  # the second half of a CRLF split across chunks
+                chunk = chunk[1:]
+                if self._cr_dispatched == 1:
+                    out.append(b"\n")
+                elif self._cr_dispatched == 0:
+                    self._buf += b"\n"
+                    self._pos += 1
+            self._cr_dispatched = 0
+        if not self._started and chunk:
+            if len(self._buf) + len(chunk) < 3 and _BOM.startswith(bytes(self._buf) + chunk):
+                self._buf += chunk  # could still be a BOM: wait for more
+                return b"".join(out)
+            self._started = True
+            self._buf += chunk
+            if self._buf.startswith(_BOM):
+                self._pos = 3
+        else:
+            self._buf += chunk
+        buf = self._buf
+        start = 0  # start of the current event's raw bytes in buf
+        pos = self._pos
+        while True:
+            m = _EOL.search(buf, pos)
+            if m is None:
+                break
+            line = bytes(buf[pos:m.start()])
+            end = m.end()
+            if m.group() == b"\r" and end == len(buf):
+                self._cr_end = True  # an LF may follow in the next chunk
+            if line:
+                self._field(line)
+                pos = end
                 continue
-            if self._keep(ev):
-                out.append(ev + b"\n\n")
+            pos = end
+            try:
+                keep = self._dispatch()
+            except SseProtocolError as exc:
+                exc.forward = b"".join(out)
+                raise
+            if keep:
+                out.append(bytes(buf[start:end]))
+            if self._cr_end:
+                self._cr_dispatched = 1 if keep else 2
+            start = end
+        if start:
+            del buf[:start]
+            pos -= start
+        self._pos = pos
+        if len(buf) > self.max_event_bytes:
+            raise SseProtocolError("upstream event too large")
         return b"".join(out)
 
-    def finish(self) -> None:
-        """Check the end of the stream; raises :class:`SseProtocolError` if incomplete."""
-        if self._buf.strip():
+    def finish(self) -> bytes:
+        """Check the end of the stream; return the last bytes to forward (whitespace after
+        the last event, as received). Raises :class:`SseProtocolError` if incomplete."""
+        if self._buf.strip() or self._data:
             raise SseProtocolError("upstream stream ended inside an event")
         if not self.done:
             raise SseProtocolError("upstream stream ended without [DONE]")
+        rest, self._buf = bytes(self._buf), bytearray()
+        return rest
 
-    def _keep(self, ev: bytes) -> bool:
-        payload = b"".join(
-            line[5:].lstrip() for line in ev.split(b"\n") if line.startswith(b"data:")
-        )
+    def _field(self, line: bytes) -> None:
+        if line[:1] == b":":
+            return  # comment
+        name, sep, value = line.partition(b":")
+        if sep and value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            self._data.append(value)
+
+    def _dispatch(self) -> bool:
+        """End of an event: check it; return whether to forward it."""
+        if not self._data:
+            return True  # comments / retry / id / event lines only
+        payload = b"\n".join(self._data)
+        self._data = []
         if not payload:
-            return True  # comments / retry / id lines only
+            return True  # an empty data buffer dispatches nothing (WHATWG §9.2.6)
         if payload == b"[DONE]":
             self.done = True
             return True
@@ -87,12 +170,27 @@ class SseScanner:
             raise SseProtocolError("upstream sent an event that is not a JSON object")
         if "error" in obj:
             raise SseProtocolError("upstream sent an error event")
+        choices = obj.get("choices")
         usage = obj.get("usage")
         if isinstance(usage, dict):
             self.usage = usage
-            if not obj.get("choices") and not self.keep_usage_chunk:
+            if not choices and not self.keep_usage_chunk:
                 return False
+        if isinstance(choices, list):
+            self.output_tokens += sum(1 for c in choices if _has_output(c))
         return True
+
+
+def _has_output(choice: Any) -> bool:
+    """True when a streamed choice carries generated output (text, content, reasoning, tool calls)."""
+    if not isinstance(choice, dict):
+        return False
+    if choice.get("text"):
+        return True
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"))
+    return False
 
 
 def error_event(message: str, code: str, err_type: str = "server_error") -> bytes:

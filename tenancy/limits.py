@@ -101,6 +101,11 @@ class TokenBucket:
         self.level = float(burst)
         self.updated = now
 
+    def refill(self, now: float) -> float:
+        """Add what accrued until ``now`` (capped at the burst); return the level."""
+        self._refill(now)
+        return self.level
+
     def _refill(self, now: float) -> None:
         if now > self.updated:
             self.level = min(self.burst, self.level + (now - self.updated) * self.rate)

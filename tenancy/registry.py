@@ -16,6 +16,8 @@ typo never silently drops a limit)::
         rate_burst: 40                   # default max(1, rate_rps)
         prompt_tokens_per_s: 50000       # omitted = unlimited
         prompt_tokens_burst: 200000      # default max(1, prompt_tokens_per_s)
+        output_tokens_per_s: 20000       # output tokens/s (max_tokens x sequences reserved); omitted = unlimited
+        output_tokens_burst: 80000       # default max(1, output_tokens_per_s)
         max_concurrency: 16
         max_prompt_tokens: 32768
         max_output_tokens: 4096
@@ -71,6 +73,8 @@ _TENANT_KEYS = frozenset(
         "rate_burst",
         "prompt_tokens_per_s",
         "prompt_tokens_burst",
+        "output_tokens_per_s",
+        "output_tokens_burst",
         "max_concurrency",
         "max_prompt_tokens",
         "max_output_tokens",
@@ -136,7 +140,8 @@ class Tenant:
     """A tenant and its quotas.
 
     Rates are per second (``rate_rps`` requests/s, ``prompt_tokens_per_s``
-    prompt tokens/s); bursts are bucket capacities in requests / tokens;
+    prompt tokens/s, ``output_tokens_per_s`` output tokens/s, reserved as
+    ``max_tokens`` x sequences at admission: :mod:`tenancy.ledger`); bursts are bucket capacities in requests / tokens;
     ``None`` means unlimited. ``max_prompt_tokens`` / ``max_output_tokens``
     are per request (per sequence of a batch), in tokens. ``max_prompt_bytes``
     (UTF-8 bytes of what becomes prompt tokens), ``max_messages`` (chat
@@ -157,6 +162,8 @@ class Tenant:
     rate_burst: float | None = None
     prompt_tokens_per_s: float | None = None
     prompt_tokens_burst: float | None = None
+    output_tokens_per_s: float | None = None
+    output_tokens_burst: float | None = None
     max_concurrency: int | None = None
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
@@ -260,6 +267,10 @@ def _parse_tenant(doc: Any, index: int) -> Tenant:
     pburst = _opt_positive_number(doc, "prompt_tokens_burst", where)
     if pburst is not None and ptps is None:
         raise _err(f"{where}.prompt_tokens_burst", "needs prompt_tokens_per_s")
+    otps = _opt_positive_number(doc, "output_tokens_per_s", where)
+    oburst = _opt_positive_number(doc, "output_tokens_burst", where)
+    if oburst is not None and otps is None:
+        raise _err(f"{where}.output_tokens_burst", "needs output_tokens_per_s")
     concurrency = _opt_positive_int(doc, "max_concurrency", where)
     batch = _opt_positive_int(doc, "max_batch_prompts", where)
     if batch is not None and concurrency is not None and batch > concurrency:
@@ -278,6 +289,8 @@ def _parse_tenant(doc: Any, index: int) -> Tenant:
         rate_burst=(burst if burst is not None else max(1.0, rate)) if rate is not None else None,
         prompt_tokens_per_s=ptps,
         prompt_tokens_burst=(pburst if pburst is not None else max(1.0, ptps)) if ptps is not None else None,
+        output_tokens_per_s=otps,
+        output_tokens_burst=(oburst if oburst is not None else max(1.0, otps)) if otps is not None else None,
         max_concurrency=concurrency,
         max_prompt_tokens=_opt_positive_int(doc, "max_prompt_tokens", where),
         max_output_tokens=_opt_positive_int(doc, "max_output_tokens", where),

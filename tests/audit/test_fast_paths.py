@@ -87,11 +87,12 @@ def _ref_scrub_event(event: AuditEvent, max_chars: int = 256) -> tuple[AuditEven
 
 
 def _ref_from_dict(data: Mapping[str, Any]) -> AuditEvent:
-    if data.get("schema_version") != "1":
+    if data.get("schema_version") not in ("1", "2"):
         raise EventSchemaError("schema")
     known = {f.name for f in dataclasses.fields(AuditEvent)}
     kwargs: dict[str, Any] = {}
-    nested = {"identity": Identity, "policy": PolicyInfo, "route": RouteInfo, "latency": Latencies}
+    nested = {"identity": Identity, "policy": PolicyInfo, "ledger": ev_mod.LedgerInfo, "route": RouteInfo,
+              "latency": Latencies}
     try:
         for key, value in data.items():
             if key in ("schema_version", "time"):
@@ -305,7 +306,7 @@ def test_from_dict_matches_reference(event: AuditEvent) -> None:
 def test_from_dict_refusals_unchanged() -> None:
     base = AuditEvent(Kind.INFERENCE, Outcome.ALLOWED, time_ms=1, event_id="e").to_dict()
     bad = [dict(base, kind="nope"), dict(base, outcome="nope"), dict(base, kind=["x"]), dict(base, extra=1),
-           dict(base, identity={"bogus": 1}), dict(base, route="r"), dict(base, schema_version="2")]
+           dict(base, identity={"bogus": 1}), dict(base, route="r"), dict(base, schema_version="3")]
     for data in bad:
         for fn in (AuditEvent.from_dict, _ref_from_dict):
             try:

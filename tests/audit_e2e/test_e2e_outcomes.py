@@ -36,7 +36,7 @@ from gateway.auditing import AuditHub  # noqa: E402
 pytestmark = pytest.mark.skipif(not os.path.exists(RSYSLOGD), reason="rsyslogd not installed (make system-deps)")
 
 REQUEST_OUTCOMES = ("allowed", "denied", "failed", "rate_limited", "unauthenticated", "rejected", "cancelled")
-# documented fields (docs/audit.md, schema_version "1") present on every request event
+# documented fields (docs/audit.md, schema_version "2") present on every request event
 COMMON = ("schema_version", "time", "time_ms", "event_id", "request_id", "kind", "outcome", "endpoint",
           "status_code", "client_address", "trace_id", "latency")
 
@@ -133,7 +133,7 @@ async def test_one_event_per_outcome_in_every_sink(stack, rsyslog: Rsyslog, tmp_
         ev = by_outcome[outcome][0]
         missing = [f for f in COMMON if f not in ev]
         assert not missing, (outcome, missing)
-        assert ev["schema_version"] == "1" and ev["status_code"] == status, (outcome, ev["status_code"])
+        assert ev["schema_version"] == "2" and ev["status_code"] == status, (outcome, ev["status_code"])
         assert ev["endpoint"] == "/v1/completions" and ev["client_address"] == "127.0.0.1"
         assert ev["time"].endswith("Z") and len(ev["time"]) == len("2025-01-02T03:04:05.678Z")
         assert len(ev["trace_id"]) == 32 and "total_ms" in ev["latency"]

@@ -1,0 +1,367 @@
+"""Token ledger: per-tenant prompt- and output-token limits that reserve before dispatch.
+
+Issue 12, finding 4 (public report: concurrent requests bypass a
+tokens-per-minute limit because usage is counted after completion). A request
+is admitted only when its tenant's token buckets can cover what it *may*
+use, and is reconciled with what it *did* use when it ends::
+
+    tokenized  ─► ledger.reserve(tenant, prompt, output) ─► Reservation
+                  (prompt bucket: the prompt's tokens, all sequences;
+                   output bucket: max_tokens x sequences)
+    decided    ─► reservation.lower_output(n)   (the policy lowered max_tokens)
+    ended      ─► reservation.settle(prompt, output, basis)
+                  (refund what was reserved and not used; take what was used
+                   beyond the reservation as debt)
+
+Buckets follow :class:`tenancy.limits.TokenBucket` (capacity ``burst``,
+refill ``rate`` per second, "debt" semantics): a reservation of ``n`` needs
+``min(n, burst)`` in the bucket and takes ``n``, so one request larger than
+the burst is still served from a full bucket and leaves it negative. Both
+buckets are checked first and taken together: a refused reservation takes
+nothing. A refund never lifts a bucket above its burst.
+
+**Bound.** Over any interval of ``T`` seconds the tokens a tenant is charged
+per bucket are at most ``burst + rate x T + max(0, n_max - burst)`` where
+``n_max`` is the largest single reservation (the one request admitted from a
+full bucket into debt), plus what replicas report beyond the reservation
+(a replica tokenizer counting more prompt tokens than the gateway's). With
+``n_max <= burst`` the overshoot term is 0.
+
+**What is charged when a request ends** (:func:`charge_for`):
+
+=================  =============================================  ==========
+basis              when                                           charge
+=================  =============================================  ==========
+``usage``          the replica reported usage                     its prompt + completion tokens
+``relayed``        no usage; a stream relayed some output          reserved prompt + output relayed
+``refused``        no usage; the replica answered an error status  reserved prompt
+``reservation``    no usage; progress unknown (timeout, cancelled  the whole reservation
+                   while waiting, plain answer without usage)
+``not_dispatched`` the request never reached a replica             0 (all refunded)
+=================  =============================================  ==========
+
+So a request that reached a replica is never charged 0. ``relayed`` output
+is an estimate counted by the SSE scanner: one token per choice per content
+delta event (each decode step of an OpenAI-compatible server sends at least
+one token per event), a lower bound of what the replica generated.
+
+The interface (:class:`TokenLedger`, :class:`Reservation`) is small on
+purpose: the scale-out issue backs it with Redis. :class:`InProcessLedger`
+is the single-instance implementation (thread-safe, injectable clock).
+Methods never block; a shared-store implementation must queue settlements
+rather than wait in :meth:`Reservation.settle`.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tenancy.limits import RateLimited, TokenBucket
+from tenancy.registry import Tenant
+
+__all__ = [
+    "BASES",
+    "InProcessLedger",
+    "LedgerTotals",
+    "Reservation",
+    "Settlement",
+    "TokenLedger",
+    "charge_for",
+]
+
+#: Every charge basis, in the order of the table above.
+BASES = ("usage", "relayed", "refused", "reservation", "not_dispatched")
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """The end of one reservation (all counts in tokens).
+
+    ``reserved_*``: what the reservation held when settled; ``charged_*``:
+    what the tenant pays; ``refunded_*``: ``max(0, reserved - charged)``;
+    ``basis``: one of :data:`BASES`.
+    """
+
+    reserved_prompt: int
+    reserved_output: int
+    charged_prompt: int
+    charged_output: int
+    basis: str
+
+    @property
+    def reserved(self) -> int:
+        """Prompt plus output tokens reserved."""
+        return self.reserved_prompt + self.reserved_output
+
+    @property
+    def charged(self) -> int:
+        """Prompt plus output tokens charged."""
+        return self.charged_prompt + self.charged_output
+
+    @property
+    def refunded_prompt(self) -> int:
+        """Prompt tokens given back to the bucket."""
+        return max(0, self.reserved_prompt - self.charged_prompt)
+
+    @property
+    def refunded_output(self) -> int:
+        """Output tokens given back to the bucket."""
+        return max(0, self.reserved_output - self.charged_output)
+
+
+@dataclass(slots=True)
+class LedgerTotals:
+    """Running per-tenant totals (tokens) since the ledger started, by ``prompt``/``output``.
+
+    ``reserved`` = ``charged`` + ``refunded`` + what open reservations hold
+    - what was charged beyond reservations; a reservation lowered before
+    dispatch (:meth:`Reservation.lower_output`) counts the difference as refunded.
+    """
+
+    reserved: dict[str, int] = field(default_factory=lambda: {"prompt": 0, "output": 0})
+    charged: dict[str, int] = field(default_factory=lambda: {"prompt": 0, "output": 0})
+    refunded: dict[str, int] = field(default_factory=lambda: {"prompt": 0, "output": 0})
+    open_reservations: int = 0
+
+
+class Reservation(abc.ABC):
+    """Tokens held for one admitted request until it ends.
+
+    ``tenant_id``; ``prompt_tokens`` and ``output_tokens``: what is held now.
+    :meth:`settle` ends it (idempotent: the first call wins and later calls
+    return the same :class:`Settlement`).
+    """
+
+    tenant_id: str
+    prompt_tokens: int
+    output_tokens: int
+
+    @property
+    @abc.abstractmethod
+    def settlement(self) -> Settlement | None:
+        """The settlement once settled, else None."""
+
+    @abc.abstractmethod
+    def lower_output(self, output_tokens: int) -> None:
+        """Hold only ``output_tokens`` output tokens (never more than held now);
+        the difference is refunded at once. No-op once settled."""
+
+    @abc.abstractmethod
+    def settle(self, prompt_tokens: int, output_tokens: int, basis: str) -> Settlement:
+        """Charge ``prompt_tokens`` + ``output_tokens`` (>= 0) and end the reservation.
+
+        Less than reserved: the rest is refunded; more: the excess is taken
+        as debt (the buckets may go negative). Raises :class:`ValueError`
+        for a negative count or an unknown ``basis``.
+        """
+
+
+class TokenLedger(abc.ABC):
+    """Reserves and reconciles a tenant's prompt and output tokens (see module doc)."""
+
+    @abc.abstractmethod
+    def reserve(self, tenant: Tenant, prompt_tokens: int, output_tokens: int,
+                now: float | None = None) -> Reservation:
+        """Reserve ``prompt_tokens`` in the tenant's prompt-token bucket and
+        ``output_tokens`` (``max_tokens`` x sequences) in its output-token bucket.
+
+        Buckets the tenant has no limit for are not checked (the reservation
+        is still recorded, for accounting). Raises
+        :class:`~tenancy.limits.RateLimited` with reason
+        ``tenant_prompt_tokens`` or ``tenant_output_tokens`` (``retry_after_s``:
+        seconds until both would succeed) and takes nothing then.
+        """
+
+    @abc.abstractmethod
+    def totals(self) -> Mapping[str, LedgerTotals]:
+        """A snapshot of the per-tenant totals, by tenant id."""
+
+
+class _Buckets:
+    __slots__ = ("output", "prompt", "totals")
+
+    def __init__(self) -> None:
+        self.prompt: TokenBucket | None = None
+        self.output: TokenBucket | None = None
+        self.totals = LedgerTotals()
+
+
+def _sync_bucket(existing: TokenBucket | None, rate: float | None, burst: float | None,
+                 now: float) -> TokenBucket | None:
+    if rate is None:
+        return None
+    burst = burst if burst is not None else max(1.0, rate)
+    if existing is None:
+        return TokenBucket(rate, burst, now)
+    if existing.rate != rate or existing.burst != burst:
+        existing.reconfigure(rate, burst, now)
+    return existing
+
+
+def _need(bucket: TokenBucket, n: int) -> float:
+    """Seconds until ``bucket`` holds ``min(n, burst)`` (0.0: now). Refilled by the caller."""
+    need = min(float(n), bucket.burst)
+    return 0.0 if bucket.level >= need else (need - bucket.level) / bucket.rate
+
+
+class _InProcessReservation(Reservation):
+    __slots__ = ("_ledger", "_settlement", "output_tokens", "prompt_tokens", "tenant_id")
+
+    def __init__(self, ledger: InProcessLedger, tenant_id: str, prompt: int, output: int) -> None:
+        self.tenant_id = tenant_id
+        self.prompt_tokens = prompt
+        self.output_tokens = output
+        self._ledger = ledger
+        self._settlement: Settlement | None = None
+
+    @property
+    def settlement(self) -> Settlement | None:
+        return self._settlement
+
+    def lower_output(self, output_tokens: int) -> None:
+        if output_tokens < 0:
+            raise ValueError("token count must be >= 0")
+        with self._ledger._lock:
+            if self._settlement is not None or output_tokens >= self.output_tokens:
+                return
+            refund = self.output_tokens - output_tokens
+            self.output_tokens = output_tokens
+            self._ledger._adjust(self.tenant_id, 0, -refund, lowered=True)
+
+    def settle(self, prompt_tokens: int, output_tokens: int, basis: str) -> Settlement:
+        if prompt_tokens < 0 or output_tokens < 0:
+            raise ValueError("token count must be >= 0")
+        if basis not in BASES:
+            raise ValueError(f"unknown charge basis {basis!r}")
+        with self._ledger._lock:
+            if self._settlement is not None:
+                return self._settlement
+            s = Settlement(self.prompt_tokens, self.output_tokens, prompt_tokens, output_tokens, basis)
+            self._settlement = s
+            self._ledger._adjust(self.tenant_id, prompt_tokens - self.prompt_tokens,
+                                 output_tokens - self.output_tokens, settled=s)
+            return s
+
+
+class InProcessLedger(TokenLedger):
+    """The ledger of one gateway instance: per-tenant buckets in memory.
+
+    Limits are read from the :class:`~tenancy.registry.Tenant` at every
+    :meth:`reserve` (``prompt_tokens_per_s``/``prompt_tokens_burst``,
+    ``output_tokens_per_s``/``output_tokens_burst``), so a registry reload
+    takes effect at once and buckets keep their level. ``clock``: monotonic
+    seconds. Thread-safe.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tenants: dict[str, _Buckets] = {}
+
+    def reserve(self, tenant: Tenant, prompt_tokens: int, output_tokens: int,
+                now: float | None = None) -> Reservation:
+        if prompt_tokens < 0 or output_tokens < 0:
+            raise ValueError("token count must be >= 0")
+        now = self._clock() if now is None else now
+        with self._lock:
+            st = self._tenants.setdefault(tenant.id, _Buckets())
+            st.prompt = _sync_bucket(st.prompt, tenant.prompt_tokens_per_s, tenant.prompt_tokens_burst, now)
+            st.output = _sync_bucket(st.output, tenant.output_tokens_per_s, tenant.output_tokens_burst, now)
+            waits: list[tuple[float, str]] = []
+            for bucket, n, reason in ((st.prompt, prompt_tokens, "tenant_prompt_tokens"),
+                                      (st.output, output_tokens, "tenant_output_tokens")):
+                if bucket is None:
+                    continue
+                bucket.refill(now)
+                wait = _need(bucket, n)
+                if wait > 0:
+                    waits.append((wait, reason))
+            if waits:
+                wait = max(w for w, _ in waits)
+                raise RateLimited(wait, waits[0][1])
+            if st.prompt is not None:
+                st.prompt.level -= prompt_tokens
+            if st.output is not None:
+                st.output.level -= output_tokens
+            st.totals.reserved["prompt"] += prompt_tokens
+            st.totals.reserved["output"] += output_tokens
+            st.totals.open_reservations += 1
+        return _InProcessReservation(self, tenant.id, prompt_tokens, output_tokens)
+
+    def totals(self) -> Mapping[str, LedgerTotals]:
+        with self._lock:
+            return {tid: LedgerTotals(dict(b.totals.reserved), dict(b.totals.charged), dict(b.totals.refunded),
+                                      b.totals.open_reservations)
+                    for tid, b in self._tenants.items()}
+
+    def level(self, tenant_id: str, kind: str, now: float | None = None) -> float | None:
+        """Current level of a tenant's ``prompt`` or ``output`` bucket (None: no limit). For tests/ops."""
+        now = self._clock() if now is None else now
+        with self._lock:
+            st = self._tenants.get(tenant_id)
+            bucket = None if st is None else (st.prompt if kind == "prompt" else st.output)
+            if bucket is None:
+                return None
+            return bucket.refill(now)
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop state of tenants not in ``keep`` with no open reservation (after a reload)."""
+        with self._lock:
+            for tid in [t for t, b in self._tenants.items() if t not in keep and b.totals.open_reservations == 0]:
+                del self._tenants[tid]
+
+    # -- called with self._lock held by reservations
+    def _adjust(self, tenant_id: str, d_prompt: int, d_output: int, *, lowered: bool = False,
+                settled: Settlement | None = None) -> None:
+        st = self._tenants.setdefault(tenant_id, _Buckets())
+        for bucket, delta in ((st.prompt, d_prompt), (st.output, d_output)):
+            if bucket is None or delta == 0:
+                continue
+            if delta > 0:
+                bucket.level -= delta  # used beyond the reservation: debt
+            else:
+                bucket.level = min(bucket.burst, bucket.level - delta)  # refund, never above the burst
+        t = st.totals
+        if lowered:
+            t.refunded["output"] -= d_output  # the reservation shrank before dispatch: a refund
+            return
+        if settled is not None:
+            t.open_reservations = max(0, t.open_reservations - 1)
+            t.charged["prompt"] += settled.charged_prompt
+            t.charged["output"] += settled.charged_output
+            t.refunded["prompt"] += settled.refunded_prompt
+            t.refunded["output"] += settled.refunded_output
+
+
+def charge_for(reserved_prompt: int, reserved_output: int, *, usage: Mapping[str, Any] | None,
+               progress: str, relayed_output: int = 0) -> tuple[int, int, str]:
+    """What one request is charged when it ends: ``(prompt, output, basis)`` in tokens.
+
+    ``usage``: the replica's OpenAI ``usage`` object (or None);
+    ``progress``: how far the request got — ``none`` (never reached a
+    replica), ``refused`` (a replica answered an error status), ``streamed``
+    (an SSE answer started), ``unknown`` (sent to a replica, outcome unknown:
+    timeout, cancelled, a plain answer); ``relayed_output``: output tokens
+    relayed to the client (the SSE scanner's estimate). The rules are the
+    table of the module docstring; a usage object without an integer
+    ``completion_tokens`` counts as no usage.
+    """
+    if usage:
+        out = usage.get("completion_tokens")
+        prompt = usage.get("prompt_tokens")
+        if isinstance(out, int) and not isinstance(out, bool) and out >= 0:
+            if not (isinstance(prompt, int) and not isinstance(prompt, bool) and prompt >= 0):
+                prompt = reserved_prompt
+            return prompt, out, "usage"
+    if progress == "none":
+        return 0, 0, "not_dispatched"
+    if progress == "refused":
+        return reserved_prompt, 0, "refused"
+    if progress == "streamed":
+        return reserved_prompt, max(0, relayed_output), "relayed"
+    return reserved_prompt, reserved_output, "reservation"
