@@ -342,7 +342,8 @@ class Components:
         self.metrics.policy_cache.labels("hit" if decision.cached else "miss").inc()
         rec.decision_id, rec.reason_code, rec.reason = decision.decision_id, decision.reason_code, decision.reason
         if not decision.allow:
-            raise GatewayError(403, decision.reason_code or "denied", "the routing policy denied this request",
+            raise GatewayError(403, decision.reason_code or "denied",
+                               _denial_message(decision.reason_code, decision.reason),
                                extra={"decision_id": decision.decision_id}, outcome="denied")
         return decision
 
@@ -464,6 +465,7 @@ class Components:
 
         fresh = load_config(self.config_path) if getattr(self, "config_path", None) else self.config
         self.registry = self.registry.reload(fresh.tenancy.tenants, operators=fresh.tenancy.operators)
+        self.pdp.clear_cache()  # tenant facts reach the policy through its input: no decision outlives them
         return self.registry
 
     async def readiness(self) -> list[str]:
@@ -546,7 +548,7 @@ def _build_pdp(config: GatewayConfig, audit: AuditHub) -> Any:
         if pc.mode == "embedded":
             from policy.embedded import EmbeddedOpa
 
-            inner: Any = EmbeddedOpa(pc.dir, timeout_s=pc.timeout_s, offload=pc.offload,
+            inner: Any = EmbeddedOpa(pc.resolved_dir(), timeout_s=pc.timeout_s, offload=pc.offload,
                                      allowed_builtins=allowed)
         else:
             import os
@@ -569,7 +571,7 @@ def _build_pdp(config: GatewayConfig, audit: AuditHub) -> Any:
 
         target = inner if pc.mode == "embedded" else RemoteOpaTarget(inner.client, on_applied=inner.notify_change)
         try:
-            store = PolicyStore(pc.dir, pc.versions_dir, target=target, allowed_builtins=allowed,
+            store = PolicyStore(pc.resolved_dir(), pc.versions_dir, target=target, allowed_builtins=allowed,
                                 on_change=lambda rec: audit.record_operator({"action": "policy_change",
                                                                              **rec.to_dict()}))
         except Exception as exc:  # PolicyCompileError (e.g. a refused built-in), OSError
@@ -591,6 +593,13 @@ class _Lifecycle:
     async def decide(self, input: dict[str, Any]) -> Decision:
         return await self.dp.decide(input)
 
+    def clear_cache(self) -> None:
+        """Drop every cached decision (no-op without a decision cache)."""
+        from policy.cache import CachedDecisionPoint
+
+        if isinstance(self.dp, CachedDecisionPoint):
+            self.dp.clear()
+
     async def start(self) -> None:
         await _maybe_await(getattr(self.inner, "start", None))
 
@@ -611,6 +620,21 @@ async def _maybe_await(fn: Any) -> None:
     res = fn()
     if inspect.isawaitable(res):
         await res
+
+
+#: Denials caused by a gap in the tenant's configuration or the policy data
+#: (rego/authz.rego): their reason names what is missing and is shown to the
+#: client; every other reason goes to the audit trail only.
+CONFIG_GAP_CODES = frozenset({"tenant_entitlements_missing", "tier_unknown", "residency_missing"})
+
+
+def _denial_message(code: str | None, reason: str | None) -> str:
+    """The client message of a policy denial: for a configuration gap (:data:`CONFIG_GAP_CODES`) the
+    policy's own reason (printable ASCII, at most 300 characters), else a fixed text."""
+    text = "".join(ch for ch in (reason or "") if 0x20 <= ord(ch) < 0x7F)[:300]
+    if code in CONFIG_GAP_CODES and text:
+        return f"the routing policy denied this request: {text}"
+    return "the routing policy denied this request"
 
 
 def _too_many(retry_after_s: float, code: str, message: str) -> GatewayError:

@@ -227,10 +227,15 @@ class PolicyConfig(_Section):
     (``policy.builtins.DEFAULT_ALLOWED_BUILTINS``; docs/policy.md).
     ``health_interval_s``: remote mode, how long a PDP health result is
     reused by ``/readyz`` (seconds).
+    ``dir``: the embedded engine's policy directory; unset (the default) is
+    the policy installed with the package (:func:`rego.policy_dir`), never a
+    path relative to the working directory. ``versions_dir`` (operator
+    policy management writes the active set into ``dir``) needs an explicit
+    ``dir``: the installed copy is never written to.
     """
 
     mode: Literal["embedded", "remote"] = "embedded"
-    dir: str = "rego"
+    dir: str | None = None
     versions_dir: str | None = None
     url: str | None = None
     token_env: str | None = None
@@ -241,6 +246,22 @@ class PolicyConfig(_Section):
     cache_max_entries: int = Field(10000, ge=0)
     allowed_builtins: list[str] = Field(default_factory=list)
     health_interval_s: float = Field(1.0, gt=0, le=60)
+
+    @model_validator(mode="after")
+    def _store_needs_dir(self) -> "PolicyConfig":
+        if self.versions_dir and not self.dir:
+            raise ValueError("versions_dir needs an explicit dir (policy management writes the active "
+                             "set there; the installed policy is never modified): copy the shipped "
+                             "policy, e.g. `prefixgate policy export DIR`, and set dir")
+        return self
+
+    def resolved_dir(self) -> str:
+        """``dir``, or the installed shipped policy's directory when unset."""
+        if self.dir:
+            return self.dir
+        from rego import policy_dir
+
+        return str(policy_dir())
 
     @field_validator("allowed_builtins")
     @classmethod
