@@ -307,6 +307,13 @@ class Components:
             return None
         return hmac.new(chains.current[0], b"pg-audit-fp-v1", hashlib.sha256).hexdigest()[:16]
 
+    def listed_models(self, tenant: Tenant) -> list[str]:
+        """The models ``GET /v1/models`` lists for ``tenant``: served by the gateway and in the
+        tenant's registry entitlement (sorted). The policy decides entitlement from the same
+        registry entry (``input.tenant.models``), so the two cannot disagree
+        (tests/quickstart/test_i13_one_source.py)."""
+        return sorted(m for m in self.served_models if m in tenant.models)
+
     def candidates(self, tenant: Tenant) -> list[Replica]:
         """Replicas currently routable (healthy, breaker closed) in the tenant's configured
         pools (all pools when the tenant lists none). Only these go to the PDP: a policy can
@@ -519,6 +526,24 @@ class Components:
         """Router counters: available / predicted / delivered prefix tokens."""
         c = self.router.counters()
         return {k: getattr(c, k) for k in c.__dataclass_fields__}
+
+    def configuration_warnings(self) -> list[str]:
+        """Tenant entries that load but cannot be served as written (logged at start, never fatal):
+        a model the gateway does not serve, a pool no replica is in, a regulated tenant without a
+        replica labelled with its ``data_residency``."""
+        out: list[str] = []
+        pools = {r.pool for r in self.config.replicas}
+        for t in self.registry.tenants():
+            for m in sorted(t.models - self.served_models):
+                out.append(f"tenant {t.id}: model {m!r} is not in `models` (requests for it answer 404)")
+            for p in sorted(t.pools - pools):
+                out.append(f"tenant {t.id}: no replica is in pool {p!r}")
+            if t.regulated and not any(
+                r.pool in t.pools and r.labels.get("data_residency") == t.data_residency for r in self.config.replicas
+            ):
+                out.append(f"tenant {t.id}: regulated, but no replica in its pools has labels.data_residency "
+                           f"{t.data_residency!r} (its requests are denied no_entitled_replica)")
+        return out
 
     def _check_salt_pools(self) -> None:
         for r in self.config.replicas:
