@@ -47,7 +47,7 @@ from policy.input import build_policy_input
 from tenancy.bounds import RequestBounds, request_bounds
 from tenancy.keys import KeyRing, PrefixChains, load_master_secret
 from tenancy.limits import ConcurrencyLimited, RateLimited, SourceLimiter, TenantLimiter, clamp_max_tokens
-from tenancy.registry import Tenant, TenantRegistry
+from tenancy.registry import Tenant, TenantConfigError, TenantRegistry
 from tenancy.tokenizer import get_tokenizer
 
 __all__ = ["Components", "ChainView"]
@@ -93,7 +93,9 @@ class Components:
             secret = load_master_secret(config.tenancy.master_secret_file, config.tenancy.master_secret_env)
             self.keyring = KeyRing(secret, grace_s=config.tenancy.key_grace_s, state_path=config.tenancy.state_file)
             self.registry = TenantRegistry.from_config(config.tenancy.tenants, operators=config.tenancy.operators)
-        except Exception as exc:  # KeyRingError, TenantConfigError: messages never hold secrets
+        except TenantConfigError as exc:
+            raise ConfigError(f"invalid configuration: tenancy.{exc}") from None
+        except Exception as exc:  # KeyRingError: messages never hold secrets
             raise ConfigError(str(exc)) from None
         del secret
         self._check_salt_pools()

@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-__all__ = ["GatewayConfig", "ConfigError", "load_config"]
+__all__ = ["GatewayConfig", "ConfigError", "load_config", "check_tenancy"]
 
 
 class ConfigError(ValueError):
@@ -349,12 +349,28 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     if overrides:
         data = _merge(data, overrides)
     try:
-        return GatewayConfig(**data)
+        cfg = GatewayConfig(**data)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise ConfigError(f"invalid configuration: {problems}") from None
+    check_tenancy(cfg.tenancy)
+    return cfg
+
+
+def check_tenancy(tenancy: TenancyConfig) -> None:
+    """Validate ``tenancy.tenants`` and ``tenancy.operators`` with the registry's own rules.
+
+    Raises :class:`ConfigError` in the form of every configuration error,
+    ``invalid configuration: tenancy.tenants.0.max_output_token: unknown field``.
+    """
+    from tenancy.registry import TenantConfigError, TenantRegistry
+
+    try:
+        TenantRegistry.from_config(tenancy.tenants, operators=tenancy.operators)
+    except TenantConfigError as exc:
+        raise ConfigError(f"invalid configuration: tenancy.{exc}") from None
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -136,7 +136,7 @@ def test_admin_routes_for_operator(active: Path, tmp_path: Path) -> None:
     assert client.get("/admin/policies/nope.rego", headers=h).status_code == 404
 
     bad = client.put("/admin/policies/authz.rego", headers=h, content=b"package prefixgate.authz\ndecision := {")
-    assert bad.status_code == 400 and bad.json()["code"] == "policy_rejected"
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "policy_rejected"
     ok = client.put("/admin/policies/extra.rego", headers=h, content=b"package prefixgate.extra\n\ny := 2\n")
     assert ok.status_code == 200 and ok.json()["result"]["who"] == "spiffe://prefixgate.test/ops/alice"
 

@@ -150,7 +150,7 @@ async def test_literal_finding_answers_policy_rejected(stack: Any) -> None:
     async with httpx.AsyncClient(base_url=stack.admin_url, timeout=30) as admin:
         r = await admin.put("/admin/data/prefixgate", headers=h, content=json.dumps({"config": {}}).encode())
     assert r.status_code == 400
-    doc = r.json()
+    doc = r.json()["error"]
     assert doc["code"] == "policy_rejected" and "overlap" in json.dumps(doc["errors"])
 
 
@@ -197,7 +197,7 @@ async def test_http_send_in_every_position_is_refused_via_the_admin_api(stack: A
                 src = f"package {pkg}\n\n" + body.format(R=req) + "\n"
                 r = await admin.put(f"/admin/policies/{mid}", headers=h, content=src.encode())
                 assert r.status_code == 400, (name, r.text[:300])
-                doc = r.json()
+                doc = r.json()["error"]
                 assert doc["code"] == "policy_rejected", name
                 assert [e.get("builtin") for e in doc["errors"]] and all(
                     e.get("builtin") == "http.send" for e in doc["errors"]), (name, doc["errors"])
