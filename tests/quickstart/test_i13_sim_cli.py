@@ -100,3 +100,24 @@ def test_replicas_needs_exactly_one_source(tmp_path: Path, argv: list[str]) -> N
         (tmp_path / "x.yaml").write_text(json.dumps({"replicas": []}))
     res = CliRunner().invoke(sim_cli, ["replicas", *argv])
     assert res.exit_code != 0 and "exactly one of --config FILE or --count N" in res.output
+
+
+def test_demo_writes_its_results_to_an_ignored_directory() -> None:
+    """`make demo` leaves `git status` clean: its default output directory is git-ignored and no
+    tracked file is named like a run's output (the reference run is demo.reference.*)."""
+    import shutil
+
+    from sim.demo import _parse
+
+    out = _parse([]).out
+    assert out == ROOT / "results"
+    assert (ROOT / "bench" / "results" / "demo.reference.md").is_file()
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    for name in ("demo.md", "demo.json"):
+        rel = (out / name).relative_to(ROOT)
+        ignored = subprocess.run(["git", "check-ignore", "-q", str(rel)], cwd=str(ROOT), timeout=30)
+        assert ignored.returncode == 0, f"{rel} is not git-ignored"
+    tracked = subprocess.run(["git", "ls-files", str(out.relative_to(ROOT))], cwd=str(ROOT), capture_output=True,
+                             text=True, timeout=30).stdout
+    assert tracked == ""
