@@ -40,8 +40,10 @@ _TEMPLATE = """\
 #   prefixgate serve --config {cfg}          # the gateway
 #   prefixgate-sim token {dir} spiffe://{td}/acme/app   # a JWT-SVID for tenant acme
 
-listen: {{host: 127.0.0.1, port: {port}}}        # public: /v1/*, /healthz, /readyz, /metrics
-admin: {{host: 127.0.0.1, port: {admin_port}}}   # operators only (JWT-SVID for admin_audience)
+# public listener: /v1/*, /healthz, /readyz, /metrics
+listen: {{host: 127.0.0.1, port: {port}}}
+# admin listener: operators only (a JWT-SVID for identity.admin_audience)
+admin: {{host: 127.0.0.1, port: {admin_port}}}
 
 models: [sim-model]          # models the gateway serves; each tenant lists its own below
 
