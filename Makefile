@@ -11,21 +11,33 @@ $(BIN)/python:
 	$(BIN)/pip install --upgrade pip
 
 # Install the project with its dev extras, plus the embedded OPA engine,
-# which declares Python 3.14 but runs on 3.11 (see pyproject.toml).
-setup: $(BIN)/python
+# which declares Python 3.14 but runs on 3.11 (see pyproject.toml). The stamp
+# files make a repeated `make demo` / `make test` skip the install unless
+# pyproject.toml changed (the install is editable: code changes need none).
+STAMP := $(VENV)/.setup-stamp
+BENCH_STAMP := $(VENV)/.setup-bench-stamp
+
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -e '.[dev]'
 	$(BIN)/pip install --ignore-requires-python $(OPA_BINDINGS)
+	touch $@
 
-setup-bench: setup
+$(BENCH_STAMP): pyproject.toml $(STAMP)
 	$(BIN)/pip install -e '.[dev,bench]'
+	touch $@
+
+setup: $(STAMP)
+
+setup-bench: $(BENCH_STAMP)
 
 # System packages the tests need (a real syslog receiver). Needs root.
 system-deps:
 	@command -v rsyslogd >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsyslog >/dev/null)
 
 # The main job: simulated replicas + gateway + real-trace replay, one run per routing policy.
+# Writes results/demo.{md,json} (git-ignored).
 demo: setup
-	$(BIN)/prefixgate demo
+	$(BIN)/prefixgate-sim demo
 
 test: setup system-deps
 	$(BIN)/python -m pytest

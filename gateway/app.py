@@ -55,8 +55,7 @@ def build_public_app(c: Components, *, manage_lifecycle: bool = True) -> Starlet
         except GatewayError as err:
             c.record_refusal(request, "/v1/models", err)
             return err.response()
-        names = sorted(m for m in c.served_models if m in tenant.models)
-        data = [{"id": m, "object": "model", "owned_by": "prefixgate", "created": 0} for m in names]
+        data = [{"id": m, "object": "model", "owned_by": "prefixgate", "created": 0} for m in c.listed_models(tenant)]
         return JSONResponse({"object": "list", "data": data})
 
     async def healthz(request: Request) -> Response:

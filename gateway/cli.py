@@ -1,11 +1,14 @@
 """``prefixgate`` command line (click).
 
     prefixgate serve --config FILE      run the gateway (public + admin listener)
-    prefixgate demo [OPTIONS]           the main job: simulated replicas + gateway + trace replay
     prefixgate audit verify FILE...     check a JSONL audit log's hash chain and checkpoints (--anchors: off-host copies)
     prefixgate audit keygen PATH        write a new Ed25519 checkpoint signing key
-    prefixgate policy test DIR          compile a Rego directory and run its tests offline
+    prefixgate policy test [DIR]        compile a Rego directory (default: the shipped one) and run its tests
+    prefixgate policy export DIR        copy the shipped policy into DIR (to edit it; then set policy.dir)
     prefixgate keys rotate-tenant ...   operator key operations against the state file
+
+Developer commands (simulated replicas, a demo trust domain, the main job)
+are ``prefixgate-sim`` (sim/cli.py): this CLI never imports the simulator.
 """
 
 from __future__ import annotations
@@ -53,16 +56,6 @@ def serve(config_path: str) -> None:
         raise click.ClickException(f"cannot start the gateway: {exc}") from None
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-              add_help_option=False)
-@click.pass_context
-def demo(ctx: click.Context) -> None:
-    """The main job on embedded defaults (see README); every option, --help included, goes to ``python -m sim.demo``."""
-    from sim.demo import main as demo_main
-
-    sys.exit(demo_main(list(ctx.args)) or 0)
-
-
 def _add_audit_commands() -> None:
     """Mount the audit and key-ring command groups of the packages that own them."""
     from audit.cli import audit_group
@@ -82,14 +75,39 @@ def policy() -> None:
 
 
 @policy.command("test")
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
-def policy_test(directory: str) -> None:
-    """Compile every module in DIRECTORY and run its Rego unit tests (like ``opa test``)."""
+@click.argument("directory", type=click.Path(exists=True, file_okay=False), required=False)
+def policy_test(directory: str | None) -> None:
+    """Compile every module in DIRECTORY (default: the policy installed with PrefixGate) and run
+    its Rego unit tests (like ``opa test``)."""
     from policy.store import check_policy_dir
 
+    if directory is None:
+        from rego import policy_dir
+
+        directory = str(policy_dir())
     report = check_policy_dir(directory)
     click.echo(report.render())
     sys.exit(0 if report.ok else 1)
+
+
+@policy.command("export")
+@click.argument("directory", type=click.Path(file_okay=False))
+def policy_export(directory: str) -> None:
+    """Copy the shipped policy (modules, Rego tests, data) into DIRECTORY, which must not exist.
+
+    Point ``policy.dir`` at it to run an edited copy (and ``policy.versions_dir``
+    to manage it through the admin listener)."""
+    import shutil
+    from pathlib import Path
+
+    from rego import policy_dir
+
+    target = Path(directory)
+    if target.exists():
+        raise click.ClickException(f"{target} exists; choose a new directory")
+    src = policy_dir()
+    shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__", "*.py", "*.pyc"))
+    click.echo(f"copied the shipped policy from {src} to {target}")
 
 
 if __name__ == "__main__":  # pragma: no cover

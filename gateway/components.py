@@ -49,7 +49,7 @@ from tenancy.bounds import RequestBounds, request_bounds
 from tenancy.keys import KeyRing, PrefixChains, load_master_secret
 from tenancy.ledger import InProcessLedger, Reservation, Settlement, TokenLedger, charge_for
 from tenancy.limits import ConcurrencyLimited, RateLimited, SourceLimiter, TenantLimiter, clamp_max_tokens
-from tenancy.registry import Tenant, TenantRegistry
+from tenancy.registry import Tenant, TenantConfigError, TenantRegistry
 from tenancy.tokenizer import get_tokenizer
 
 __all__ = ["Components", "ChainView"]
@@ -95,7 +95,9 @@ class Components:
             secret = load_master_secret(config.tenancy.master_secret_file, config.tenancy.master_secret_env)
             self.keyring = KeyRing(secret, grace_s=config.tenancy.key_grace_s, state_path=config.tenancy.state_file)
             self.registry = TenantRegistry.from_config(config.tenancy.tenants, operators=config.tenancy.operators)
-        except Exception as exc:  # KeyRingError, TenantConfigError: messages never hold secrets
+        except TenantConfigError as exc:
+            raise ConfigError(f"invalid configuration: tenancy.{exc}") from None
+        except Exception as exc:  # KeyRingError: messages never hold secrets
             raise ConfigError(str(exc)) from None
         del secret
         self._check_salt_pools()
@@ -350,6 +352,13 @@ class Components:
             return None
         return hmac.new(chains.current[0], b"pg-audit-fp-v1", hashlib.sha256).hexdigest()[:16]
 
+    def listed_models(self, tenant: Tenant) -> list[str]:
+        """The models ``GET /v1/models`` lists for ``tenant``: served by the gateway and in the
+        tenant's registry entitlement (sorted). The policy decides entitlement from the same
+        registry entry (``input.tenant.models``), so the two cannot disagree
+        (tests/quickstart/test_i13_one_source.py)."""
+        return sorted(m for m in self.served_models if m in tenant.models)
+
     def candidates(self, tenant: Tenant) -> list[Replica]:
         """Replicas currently routable (healthy, breaker closed) in the tenant's configured
         pools (all pools when the tenant lists none). Only these go to the PDP: a policy can
@@ -385,7 +394,8 @@ class Components:
         self.metrics.policy_cache.labels("hit" if decision.cached else "miss").inc()
         rec.decision_id, rec.reason_code, rec.reason = decision.decision_id, decision.reason_code, decision.reason
         if not decision.allow:
-            raise GatewayError(403, decision.reason_code or "denied", "the routing policy denied this request",
+            raise GatewayError(403, decision.reason_code or "denied",
+                               _denial_message(decision.reason_code, decision.reason),
                                extra={"decision_id": decision.decision_id}, outcome="denied")
         return decision
 
@@ -503,6 +513,7 @@ class Components:
 
         fresh = load_config(self.config_path) if getattr(self, "config_path", None) else self.config
         self.registry = self.registry.reload(fresh.tenancy.tenants, operators=fresh.tenancy.operators)
+        self.pdp.clear_cache()  # tenant facts reach the policy through its input: no decision outlives them
         return self.registry
 
     async def readiness(self) -> list[str]:
@@ -557,6 +568,24 @@ class Components:
         c = self.router.counters()
         return {k: getattr(c, k) for k in c.__dataclass_fields__}
 
+    def configuration_warnings(self) -> list[str]:
+        """Tenant entries that load but cannot be served as written (logged at start, never fatal):
+        a model the gateway does not serve, a pool no replica is in, a regulated tenant without a
+        replica labelled with its ``data_residency``."""
+        out: list[str] = []
+        pools = {r.pool for r in self.config.replicas}
+        for t in self.registry.tenants():
+            for m in sorted(t.models - self.served_models):
+                out.append(f"tenant {t.id}: model {m!r} is not in `models` (requests for it answer 404)")
+            for p in sorted(t.pools - pools):
+                out.append(f"tenant {t.id}: no replica is in pool {p!r}")
+            if t.regulated and not any(
+                r.pool in t.pools and r.labels.get("data_residency") == t.data_residency for r in self.config.replicas
+            ):
+                out.append(f"tenant {t.id}: regulated, but no replica in its pools has labels.data_residency "
+                           f"{t.data_residency!r} (its requests are denied no_entitled_replica)")
+        return out
+
     def _check_salt_pools(self) -> None:
         for r in self.config.replicas:
             if r.cache_salt:
@@ -585,7 +614,7 @@ def _build_pdp(config: GatewayConfig, audit: AuditHub) -> Any:
         if pc.mode == "embedded":
             from policy.embedded import EmbeddedOpa
 
-            inner: Any = EmbeddedOpa(pc.dir, timeout_s=pc.timeout_s, offload=pc.offload,
+            inner: Any = EmbeddedOpa(pc.resolved_dir(), timeout_s=pc.timeout_s, offload=pc.offload,
                                      allowed_builtins=allowed)
         else:
             import os
@@ -608,7 +637,7 @@ def _build_pdp(config: GatewayConfig, audit: AuditHub) -> Any:
 
         target = inner if pc.mode == "embedded" else RemoteOpaTarget(inner.client, on_applied=inner.notify_change)
         try:
-            store = PolicyStore(pc.dir, pc.versions_dir, target=target, allowed_builtins=allowed,
+            store = PolicyStore(pc.resolved_dir(), pc.versions_dir, target=target, allowed_builtins=allowed,
                                 on_change=lambda rec: audit.record_operator({"action": "policy_change",
                                                                              **rec.to_dict()}))
         except Exception as exc:  # PolicyCompileError (e.g. a refused built-in), OSError
@@ -630,6 +659,13 @@ class _Lifecycle:
     async def decide(self, input: dict[str, Any]) -> Decision:
         return await self.dp.decide(input)
 
+    def clear_cache(self) -> None:
+        """Drop every cached decision (no-op without a decision cache)."""
+        from policy.cache import CachedDecisionPoint
+
+        if isinstance(self.dp, CachedDecisionPoint):
+            self.dp.clear()
+
     async def start(self) -> None:
         await _maybe_await(getattr(self.inner, "start", None))
 
@@ -650,6 +686,21 @@ async def _maybe_await(fn: Any) -> None:
     res = fn()
     if inspect.isawaitable(res):
         await res
+
+
+#: Denials caused by a gap in the tenant's configuration or the policy data
+#: (rego/authz.rego): their reason names what is missing and is shown to the
+#: client; every other reason goes to the audit trail only.
+CONFIG_GAP_CODES = frozenset({"tenant_entitlements_missing", "tier_unknown", "residency_missing"})
+
+
+def _denial_message(code: str | None, reason: str | None) -> str:
+    """The client message of a policy denial: for a configuration gap (:data:`CONFIG_GAP_CODES`) the
+    policy's own reason (printable ASCII, at most 300 characters), else a fixed text."""
+    text = "".join(ch for ch in (reason or "") if 0x20 <= ord(ch) < 0x7F)[:300]
+    if code in CONFIG_GAP_CODES and text:
+        return f"the routing policy denied this request: {text}"
+    return "the routing policy denied this request"
 
 
 def _too_many(retry_after_s: float, code: str, message: str) -> GatewayError:

@@ -24,7 +24,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from routing.config import PolicyConfig as RoutingPolicyConfig
 from routing.policies import CacheAwareConfig
 
-__all__ = ["GatewayConfig", "ConfigError", "load_config"]
+__all__ = ["GatewayConfig", "ConfigError", "load_config", "check_tenancy"]
 
 
 class ConfigError(ValueError):
@@ -252,10 +252,15 @@ class PolicyConfig(_Section):
     (``policy.builtins.DEFAULT_ALLOWED_BUILTINS``; docs/policy.md).
     ``health_interval_s``: remote mode, how long a PDP health result is
     reused by ``/readyz`` (seconds).
+    ``dir``: the embedded engine's policy directory; unset (the default) is
+    the policy installed with the package (:func:`rego.policy_dir`), never a
+    path relative to the working directory. ``versions_dir`` (operator
+    policy management writes the active set into ``dir``) needs an explicit
+    ``dir``: the installed copy is never written to.
     """
 
     mode: Literal["embedded", "remote"] = "embedded"
-    dir: str = "rego"
+    dir: str | None = None
     versions_dir: str | None = None
     url: str | None = None
     token_env: str | None = None
@@ -266,6 +271,22 @@ class PolicyConfig(_Section):
     cache_max_entries: int = Field(10000, ge=0)
     allowed_builtins: list[str] = Field(default_factory=list)
     health_interval_s: float = Field(1.0, gt=0, le=60)
+
+    @model_validator(mode="after")
+    def _store_needs_dir(self) -> "PolicyConfig":
+        if self.versions_dir and not self.dir:
+            raise ValueError("versions_dir needs an explicit dir (policy management writes the active "
+                             "set there; the installed policy is never modified): copy the shipped "
+                             "policy, e.g. `prefixgate policy export DIR`, and set dir")
+        return self
+
+    def resolved_dir(self) -> str:
+        """``dir``, or the installed shipped policy's directory when unset."""
+        if self.dir:
+            return self.dir
+        from rego import policy_dir
+
+        return str(policy_dir())
 
     @field_validator("allowed_builtins")
     @classmethod
@@ -353,12 +374,28 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     if overrides:
         data = _merge(data, overrides)
     try:
-        return GatewayConfig(**data)
+        cfg = GatewayConfig(**data)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in _key_path(err['loc'], data))}: {err['msg']}" for err in exc.errors()
         )
         raise ConfigError(f"invalid configuration: {problems}") from None
+    check_tenancy(cfg.tenancy)
+    return cfg
+
+
+def check_tenancy(tenancy: TenancyConfig) -> None:
+    """Validate ``tenancy.tenants`` and ``tenancy.operators`` with the registry's own rules.
+
+    Raises :class:`ConfigError` in the form of every configuration error,
+    ``invalid configuration: tenancy.tenants.0.max_output_token: unknown field``.
+    """
+    from tenancy.registry import TenantConfigError, TenantRegistry
+
+    try:
+        TenantRegistry.from_config(tenancy.tenants, operators=tenancy.operators)
+    except TenantConfigError as exc:
+        raise ConfigError(f"invalid configuration: tenancy.{exc}") from None
 
 
 def _key_path(loc: tuple[Any, ...], data: Any) -> list[Any]:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import signal
 import socket
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 import uvicorn
 
@@ -31,12 +32,40 @@ __all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener"]
 DRAIN_TIMEOUT_S = 30
 
 
+log = logging.getLogger("prefixgate")
+
+
 class GatewayServer(uvicorn.Server):
-    """A uvicorn server whose signals are handled by :func:`serve` (not re-raised)."""
+    """A uvicorn server whose signals are handled by :func:`serve` (not re-raised).
+
+    ``name`` labels the listener in log lines; ``on_started(server)`` is called
+    once it listens (its sockets are then bound: :meth:`addresses`).
+    """
+
+    def __init__(self, config: uvicorn.Config, name: str = "public",
+                 on_started: Callable[[GatewayServer], None] | None = None) -> None:
+        super().__init__(config)
+        self.name = name
+        self.on_started = on_started
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:  # noqa: D401 - uvicorn hook
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's start-up, then ``on_started`` if the listener is up."""
+        await super().startup(sockets)
+        if self.started and self.on_started is not None:
+            self.on_started(self)
+
+    def addresses(self) -> list[str]:
+        """``http://host:port`` of every bound socket (the real port when configured as 0)."""
+        out = []
+        for srv in getattr(self, "servers", []):
+            for sock in srv.sockets:
+                host, port = sock.getsockname()[:2]
+                out.append(f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")
+        return out
 
 
 def uvicorn_config(app: object, host: str, port: int, **kw: object) -> uvicorn.Config:
@@ -100,15 +129,29 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None) -> None:
             bind_listener(host, port).close()
     c = Components(cfg)
     c.config_path = config_path  # type: ignore[attr-defined]
+    for problem in c.configuration_warnings():
+        log.warning("configuration: %s", problem)
     await c.start()
     freeze_startup_objects()
+    pending = {"public"} | ({"admin"} if cfg.admin is not None else set())
+
+    def started(server: GatewayServer) -> None:
+        for address in server.addresses():
+            log.info("listening: %s %s", server.name, address)
+        pending.discard(server.name)
+        if not pending:
+            log.info("ready: %s", startup_summary(c))
+
     servers = [GatewayServer(uvicorn_config(build_public_app(c, manage_lifecycle=False),
-                                            cfg.listen.host, cfg.listen.port))]
+                                            cfg.listen.host, cfg.listen.port), "public", started)]
     if cfg.admin is not None:
-        servers.append(GatewayServer(uvicorn_config(build_admin_app(c), cfg.admin.host, cfg.admin.port)))
+        servers.append(GatewayServer(uvicorn_config(build_admin_app(c), cfg.admin.host, cfg.admin.port),
+                                     "admin", started))
     loop = asyncio.get_running_loop()
 
     def stop_all() -> None:
+        if not any(s.should_exit for s in servers):
+            log.info("draining: listeners closed, in-flight requests finishing (at most %d s)", DRAIN_TIMEOUT_S)
         for s in servers:
             s.should_exit = True
 
@@ -123,3 +166,12 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None) -> None:
         await c.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        log.info("stopped: audit flushed, exiting")
+
+
+def startup_summary(c: Components) -> str:
+    """One line: policy mode and directory (or URL), tenants, trust domains and replicas."""
+    pc = c.config.policy
+    where = f"url {pc.url}" if pc.mode == "remote" else f"dir {pc.resolved_dir()}"
+    return (f"policy {pc.mode} ({where}), {len(c.registry)} tenants, "
+            f"{len(c.config.identity.trust_domains)} trust domains, {len(c.config.replicas)} replicas")

@@ -8,13 +8,15 @@ without an id is refused with 403 (fail closed).
 - ``GET /admin/policies`` -> ``{"result": [{"id", "sha256", "test"}], "version"}``
 - ``GET /admin/policies/{id}`` -> ``{"result": {"id", "raw", "sha256"}}`` | 404
 - ``PUT /admin/policies/{id}`` (text/plain Rego) -> ``{"result": record}`` |
-  400 ``{"code": "policy_rejected", "errors": [...], "report": str}``
+  400 ``{"error": {"code": "policy_rejected", "errors": [...], "report": str, ...}}``
 - ``DELETE /admin/policies/{id}`` -> ``{"result": record}`` | 404 | 400
 - ``GET /admin/data/{path}`` -> ``{"result": document}`` | 404
 - ``PUT /admin/data/{path}`` (JSON object) -> ``{"result": record}`` | 400
-- target failure -> 502 ``{"code": "target_refused"}``
+- target failure -> 502 code ``target_refused``
 
-Every error is a JSON ``{"code", "message"}`` and leaves the store as it
+Every error has the public API's shape, ``{"error": {"message", "type",
+"code", "param"}}`` (:func:`error_body`; ``errors`` and ``report`` sit inside
+``error`` when present), and leaves the store as it
 was: 400 ``invalid_parameter`` (bad id or path, non-UTF-8 Rego, bad JSON,
 ``NaN``/``Infinity``, nesting too deep, a data document that is not an
 object), 400 ``policy_rejected`` (does not compile, a refused built-in, a
@@ -45,8 +47,22 @@ Authorize = Callable[[Request], Awaitable[dict[str, Any]]]
 MAX_BODY_BYTES = 1024 * 1024
 
 
+def error_body(status: int, code: str, message: str, **extra: Any) -> dict[str, Any]:
+    """The admin error body: the public API's OpenAI-style shape (gateway/errors.py),
+    ``{"error": {"message", "type", "code", "param", **extra}}``; ``type`` follows the status
+    (401 authentication_error, 403 permission_error, 429 rate_limit_error, 5xx server_error,
+    else invalid_request_error). Kept here because ``policy`` never imports ``gateway``; a
+    test (tests/quickstart/test_i13_admin_errors.py) pins it to the gateway's shape."""
+    if status >= 500:
+        err_type = "server_error"
+    else:
+        err_type = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}.get(
+            status, "invalid_request_error")
+    return {"error": {"message": message, "type": err_type, "code": code, "param": None, **extra}}
+
+
 def _err(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"code": code, "message": message, **extra}, status_code=status)
+    return JSONResponse(error_body(status, code, message, **extra), status_code=status)
 
 
 class _BadRequest(Exception):

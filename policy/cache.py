@@ -6,23 +6,29 @@ the key would be served stale answers, so the key list must grow with the
 policy (pass ``key_fields``). Fields of the shipped policy (rego/authz.rego):
 
 - ``version``; ``identity.spiffe_id`` (deny-list), ``identity.trust_domain``
-- ``tenant.id`` (entitlements), ``tenant.max_tokens`` (cap)
+- ``tenant.id``, ``tenant.tier`` (cap), ``tenant.models`` (entitlement),
+  ``tenant.pools``, ``tenant.regulated``, ``tenant.data_residency``
+  (replicas), ``tenant.max_tokens`` (cap): every tenant fact comes from the
+  tenant registry through the input, so a changed or revoked entitlement is
+  a different key at once, never a stale hit
 - ``request.endpoint``, ``request.model`` (entitlement)
 - ``candidates[].id|pool|healthy|labels.data_residency`` (pools, residency,
   concentration fallback)
 - ``alerts[].id|kind|replica_id|tenant_id`` (concentration rule)
 
-Not in the key: ``request.max_tokens`` (the policy returns a cap, it does
-not compare the request against it: the gateway clamps; keying on it made
-almost every demo-replay request a miss, since each asks for its own output
-length), ``request.prompt_tokens``, ``request.stream``,
-``candidates[].load``, ``time``, ``identity.claims``, ``tenant.tier``,
-``tenant.models|pools|labels`` (the policy reads tier, models and pools from
-``data``, not from input).
+Not in the key (the shipped policy never reads them; a property test,
+tests/policy/test_i13_cache_key.py, varies each and shows the decision
+does not change): ``request.max_tokens`` (the policy returns a cap, it
+does not compare the request against it: the gateway clamps; keying on it
+made almost every demo-replay request a miss, since each asks for its own
+output length), ``request.prompt_tokens``, ``request.stream``,
+``request.sequences``, ``candidates[].load``, other candidate labels,
+``time``, ``identity.claims``, ``tenant.labels``.
 
 Entries expire after a hard TTL (seconds) and the whole cache is cleared on
 every policy or data change (:meth:`DecisionCache.clear`, wired through the
-inner decision point's ``add_change_listener``). A cached decision keeps the
+inner decision point's ``add_change_listener``) and on every tenant
+registry reload (the gateway calls :meth:`CachedDecisionPoint.clear`). A cached decision keeps the
 decision id of the evaluation that produced it and has ``cached=True``.
 """
 
@@ -41,6 +47,11 @@ DEFAULT_KEY_FIELDS: tuple[str, ...] = (
     "identity.spiffe_id",
     "identity.trust_domain",
     "tenant.id",
+    "tenant.tier",
+    "tenant.models",
+    "tenant.pools",
+    "tenant.regulated",
+    "tenant.data_residency",
     "tenant.max_tokens",
     "request.endpoint",
     "request.model",
@@ -162,6 +173,10 @@ class CachedDecisionPoint:
         add = getattr(inner, "add_change_listener", None)
         if callable(add):
             add(cache.clear)
+
+    def clear(self) -> None:
+        """Drop every cached decision (the facts behind the input changed, e.g. a registry reload)."""
+        self.cache.clear()
 
     async def decide(self, input: dict[str, Any]) -> Decision:
         """Cached decision, else the inner decision (then cached).

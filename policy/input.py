@@ -8,7 +8,8 @@ equal requests build equal documents)::
       "identity": {"spiffe_id": str, "trust_domain": str,
                    "claims": {"aud": [str], "iss": str|null, "exp": int|null}},
       "tenant":   {"id": str, "tier": str, "models": [str], "pools": [str],
-                   "labels": {str: str}, "max_tokens": int|null},
+                   "labels": {str: str}, "max_tokens": int|null,
+                   "regulated": bool, "data_residency": str|null},
       "request":  {"endpoint": str, "model": str, "prompt_tokens": int,
                    "max_tokens": int|null, "stream": bool, "sequences": int},
       "candidates": [{"id": str, "pool": str, "labels": {str: str},
@@ -17,6 +18,12 @@ equal requests build equal documents)::
                     "tenant_id": str|null}],
       "time":     {"now": float (seconds since the Unix epoch)}
     }
+
+``tenant`` carries every entitlement of the tenant as the gateway's tenant
+registry holds it (:meth:`tenancy.registry.Tenant.policy_view`): the
+registry is the single source of tenant facts, the shipped policy decides
+from ``input.tenant`` and reads ``data`` only for operator facts the
+registry does not hold (tier caps, reserved pools, the deny-list).
 
 Only the fields above are copied: prompt text, messages, and any other
 request field never enter the policy input (they would end up in OPA
@@ -54,6 +61,20 @@ def _opt_int(src: Mapping[str, Any], key: str, where: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise PolicyInputError(f"{where}.{key} must be a non-negative integer")
+    return value
+
+
+def _bool(src: Mapping[str, Any], key: str, where: str) -> bool:
+    value = src.get(key, False)
+    if not isinstance(value, bool):
+        raise PolicyInputError(f"{where}.{key} must be a boolean")
+    return value
+
+
+def _opt_str(src: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = src.get(key)
+    if value is not None and not isinstance(value, str):
+        raise PolicyInputError(f"{where}.{key} must be a string or null")
     return value
 
 
@@ -132,8 +153,10 @@ def build_policy_input(
     Args:
         identity: ``{"spiffe_id", "trust_domain", "claims"}`` of the
             authenticated workload (JWT-SVID).
-        tenant: ``{"id", "tier", "models", "pools", "labels", "max_tokens"}``
-            from the tenant registry (``max_tokens`` in tokens, optional).
+        tenant: ``{"id", "tier", "models", "pools", "labels", "max_tokens",
+            "regulated", "data_residency"}`` from the tenant registry
+            (``max_tokens`` in tokens, optional; ``regulated`` default false;
+            ``data_residency`` a region name or None).
         request: ``{"endpoint", "model", "prompt_tokens", "max_tokens",
             "stream", "sequences"}``; token counts in tokens (``prompt_tokens``
             over all sequences, ``max_tokens`` per sequence); ``sequences``:
@@ -179,6 +202,8 @@ def build_policy_input(
             "pools": _str_list(tenant, "pools", "tenant"),
             "labels": _labels(tenant, "tenant"),
             "max_tokens": _opt_int(tenant, "max_tokens", "tenant"),
+            "regulated": _bool(tenant, "regulated", "tenant"),
+            "data_residency": _opt_str(tenant, "data_residency", "tenant"),
         },
         "request": {
             "endpoint": _req_str(request, "endpoint", "request"),

@@ -2,21 +2,35 @@
 #
 # Query:  data.prefixgate.authz.decision
 # Input:  policy.input.build_policy_input, input.version "1" (docs/policy.md)
-# Data:   data.prefixgate.config.{tenants, tiers, pools, workloads}
+# Data:   data.prefixgate.config.{tiers, pools, workloads}: operator facts the
+#         tenant registry does not hold (tier token caps, reserved pools, the
+#         workload deny-list). Every tenant fact (models, pools, tier,
+#         regulated, data_residency, max_tokens) comes from input.tenant, i.e.
+#         from the gateway's tenant registry (the YAML `tenancy.tenants`),
+#         its single source (docs/tenancy.md, "Where each tenant fact lives").
 # Output: {"allow", "reason_code", "reason",
 #          "allowed_replicas", "allowed_pools", "max_tokens"}  (allow only)
 #
-# Denials are ranked; the lowest rank is reported. Never reads prompt text
-# (the input does not carry it).
+# Denials are ranked; the lowest rank is reported. A denial caused by
+# missing input or data names what is missing in its reason. Never reads
+# prompt text (the input does not carry it).
 package prefixgate.authz
 
 cfg := data.prefixgate.config
 
-tenant := cfg.tenants[input.tenant.id]
+tenant := input.tenant
 
 regulated if tenant.regulated == true
 
 reserved_pools := {p | some p, _ in cfg.pools.reserved}
+
+# Fields of input.tenant the decision needs (input version 1 always has them).
+required_tenant_fields := ["id", "tier", "models", "pools"]
+
+missing_tenant_fields contains f if {
+	some f in required_tenant_fields
+	object.get(object.get(input, "tenant", {}), f, null) == null
+}
 
 # ---------------------------------------------------------------- pools
 
@@ -49,6 +63,7 @@ entitled_replicas contains c.id if {
 	regulated
 	residency := tenant.data_residency
 	is_string(residency)
+	residency != ""
 	some c in input.candidates
 	c.labels.data_residency == residency
 	c.pool in entitled_pools
@@ -109,27 +124,50 @@ denials contains {"rank": 1, "code": "workload_denied", "reason": "workload SPIF
 	input.identity.spiffe_id in cfg.workloads.denied
 }
 
-denials contains {"rank": 2, "code": "tenant_unknown", "reason": "tenant has no entitlements"} if {
-	not tenant
+denials contains {
+	"rank": 2, "code": "tenant_entitlements_missing",
+	"reason": sprintf("policy input lacks tenant.%s (the gateway's tenant registry supplies it)",
+		[concat(", tenant.", sort(missing_tenant_fields))]),
+} if {
+	count(missing_tenant_fields) > 0
 }
 
-denials contains {"rank": 3, "code": "tier_unknown", "reason": "tenant tier has no token cap"} if {
-	tenant
+denials contains {
+	"rank": 3, "code": "tier_unknown",
+	"reason": sprintf("tier %q of the tenant has no max_tokens in data.prefixgate.config.tiers", [tenant.tier]),
+} if {
+	count(missing_tenant_fields) == 0
 	not tier_cap
 }
 
-denials contains {"rank": 4, "code": "model_not_entitled", "reason": "tenant is not entitled to the model"} if {
-	tenant
+denials contains {"rank": 4, "code": "model_not_entitled", "reason": "tenant is not entitled to the model (tenancy.tenants[].models)"} if {
+	count(missing_tenant_fields) == 0
 	not input.request.model in tenant.models
 }
 
 # A request above the cap is not denied: the decision's max_tokens caps it and
 # the gateway (PEP) clamps the upstream max_tokens to min(request, caps).
 
-denials contains {"rank": 6, "code": "no_entitled_replica", "reason": "no candidate replica is entitled for the tenant"} if {
-	tenant
+denials contains {"rank": 5, "code": "residency_missing", "reason": "the tenant is regulated but has no data_residency (tenancy.tenants[].data_residency)"} if {
+	count(missing_tenant_fields) == 0
+	regulated
+	not residency_given
+}
+
+residency_given if {
+	is_string(tenant.data_residency)
+	tenant.data_residency != ""
+}
+
+denials contains {"rank": 6, "code": "no_entitled_replica", "reason": no_replica_reason} if {
+	count(missing_tenant_fields) == 0
 	count(allowed_replicas) == 0
 }
+
+no_replica_reason := sprintf("no candidate replica is in the tenant's pools %v with labels.data_residency %q", [sort(entitled_pools), tenant.data_residency]) if {
+	regulated
+	residency_given
+} else := sprintf("no candidate replica is in the tenant's permitted pools %v (tenant pools %v; reserved pools %v are for regulated tenants only)", [sort(entitled_pools), sort(tenant.pools), sort(reserved_pools)])
 
 first_denial := d if {
 	some d in denials

@@ -1,19 +1,24 @@
 # Unit tests for prefixgate.authz. Run: python -m policy.rego_test_runner rego/
-# Each test pins its own config with `with data.prefixgate.config as ...`,
-# so they do not depend on the demo data.
+# Each test pins its own operator data with `with data.prefixgate.config as
+# ...`, so they do not depend on the shipped data. Tenant entitlements come
+# from input.tenant (the gateway's tenant registry), never from data.
 package prefixgate.authz_test
 
 import data.prefixgate.authz
 
+# Operator facts only: tier caps, reserved pools, the deny-list.
 fixture := {
-	"tenants": {
-		"t-std": {"tier": "standard", "models": ["m1"], "pools": ["default", "eu"], "regulated": false},
-		"t-reg": {"tier": "premium", "models": ["m1"], "pools": ["default", "eu"], "regulated": true, "data_residency": "eu"},
-		"t-odd": {"tier": "gold", "models": ["m1"], "pools": ["default"], "regulated": false},
-	},
 	"tiers": {"standard": {"max_tokens": 1024}, "premium": {"max_tokens": 4096}},
 	"pools": {"reserved": {"eu": {"data_residency": "eu"}}},
 	"workloads": {"denied": ["spiffe://td.test/bad"]},
+}
+
+# What the registry would put in input.tenant for each test tenant.
+tenants := {
+	"t-std": {"tier": "standard", "models": ["m1"], "pools": ["default", "eu"], "regulated": false, "data_residency": null},
+	"t-reg": {"tier": "premium", "models": ["m1"], "pools": ["default", "eu"], "regulated": true, "data_residency": "eu"},
+	"t-odd": {"tier": "gold", "models": ["m1"], "pools": ["default"], "regulated": false, "data_residency": null},
+	"t-nores": {"tier": "standard", "models": ["m1"], "pools": ["eu"], "regulated": true, "data_residency": null},
 }
 
 candidates := [
@@ -23,11 +28,16 @@ candidates := [
 	{"id": "e2", "pool": "eu", "labels": {"data_residency": "eu"}, "healthy": true, "load": 0},
 ]
 
+tenant_input(tenant_id) := object.union(
+	{"id": tenant_id, "labels": {}, "max_tokens": null},
+	object.get(tenants, tenant_id, {}),
+)
+
 mk_input(tenant_id, overrides) := object.union(
 	{
 		"version": "1",
 		"identity": {"spiffe_id": "spiffe://td.test/app", "trust_domain": "td.test", "claims": {}},
-		"tenant": {"id": tenant_id, "tier": "", "models": [], "pools": [], "labels": {}, "max_tokens": null},
+		"tenant": tenant_input(tenant_id),
 		"request": {"endpoint": "/v1/chat/completions", "model": "m1", "prompt_tokens": 10, "max_tokens": null, "stream": false, "sequences": 1},
 		"candidates": candidates,
 		"alerts": [],
@@ -48,10 +58,27 @@ test_entitled_request_allowed if {
 	d.max_tokens == 1024
 }
 
-test_unknown_tenant_denied if {
+test_missing_tenant_fields_named if {
 	d := decide(mk_input("nobody", {}))
 	d.allow == false
-	d.reason_code == "tenant_unknown"
+	d.reason_code == "tenant_entitlements_missing"
+	d.reason == "policy input lacks tenant.models, tenant.pools, tenant.tier (the gateway's tenant registry supplies it)"
+}
+
+test_entitlements_come_from_input_not_data if {
+	# a stale tenants document in data (the old layout) grants nothing
+	stale := object.union(fixture, {"tenants": {"t-std": {"tier": "standard", "models": ["m2"], "pools": ["default"]}}})
+	inp := mk_input("t-std", {"request": {"endpoint": "/v1/completions", "model": "m2", "prompt_tokens": 1, "max_tokens": null, "stream": false}})
+	d := authz.decision with input as inp with data.prefixgate.config as stale
+	d.reason_code == "model_not_entitled"
+	d2 := authz.decision with input as mk_input("t-std", {}) with data.prefixgate.config as stale
+	d2.allow == true
+}
+
+test_revoked_model_denied_at_once if {
+	t := object.union(tenant_input("t-std"), {"models": []})
+	d := decide(mk_input("t-std", {"tenant": t}))
+	d.reason_code == "model_not_entitled"
 }
 
 test_model_not_entitled if {
@@ -67,7 +94,7 @@ test_denied_workload if {
 }
 
 test_denied_workload_outranks_other_denials if {
-	d := decide(mk_input("nobody", {"identity": {"spiffe_id": "spiffe://td.test/bad", "trust_domain": "td.test", "claims": {}}}))
+	d := decide(mk_input("t-odd", {"identity": {"spiffe_id": "spiffe://td.test/bad", "trust_domain": "td.test", "claims": {}}}))
 	d.reason_code == "workload_denied"
 }
 
@@ -96,6 +123,14 @@ test_regulated_rejects_mismatched_residency_label if {
 	d := decide(mk_input("t-reg", {"candidates": us}))
 	d.allow == false
 	d.reason_code == "no_entitled_replica"
+	contains(d.reason, `labels.data_residency "eu"`)
+}
+
+test_regulated_without_residency_denied_and_named if {
+	d := decide(mk_input("t-nores", {}))
+	d.allow == false
+	d.reason_code == "residency_missing"
+	contains(d.reason, "data_residency")
 }
 
 test_tier_cap_applied if {
@@ -104,7 +139,7 @@ test_tier_cap_applied if {
 }
 
 test_tenant_setting_lowers_tier_cap if {
-	d := decide(mk_input("t-std", {"tenant": {"id": "t-std", "tier": "", "models": [], "pools": [], "labels": {}, "max_tokens": 256}}))
+	d := decide(mk_input("t-std", {"tenant": object.union(tenant_input("t-std"), {"max_tokens": 256})}))
 	d.max_tokens == 256
 }
 
@@ -123,6 +158,20 @@ test_unknown_tier_denied if {
 	d := decide(mk_input("t-odd", {}))
 	d.allow == false
 	d.reason_code == "tier_unknown"
+	d.reason == `tier "gold" of the tenant has no max_tokens in data.prefixgate.config.tiers`
+}
+
+test_missing_tiers_data_named if {
+	d := authz.decision with input as mk_input("t-std", {}) with data.prefixgate.config as {}
+	d.reason_code == "tier_unknown"
+	contains(d.reason, "data.prefixgate.config.tiers")
+}
+
+test_non_regulated_reserved_only_reason_names_pools if {
+	t := object.union(tenant_input("t-std"), {"pools": ["eu"]})
+	d := decide(mk_input("t-std", {"tenant": t}))
+	d.reason_code == "no_entitled_replica"
+	contains(d.reason, `reserved pools ["eu"]`)
 }
 
 test_concentration_alert_removes_replica if {

@@ -1,6 +1,6 @@
 """The main job: simulated replicas + the PrefixGate gateway + a real-trace replay per routing policy.
 
-``prefixgate demo`` calls :func:`main`; also ``python -m sim.demo``. Steps:
+``prefixgate-sim demo`` (``make demo``) calls :func:`main`; also ``python -m sim.demo``. Steps:
 
 1. spawn ``python -m sim.cluster`` (6 replicas, time-scaled, 16-token KV
    blocks, 4000 blocks each, 10k real tokens/s prefill) and read its ready file;
@@ -17,7 +17,9 @@
    load guard turned off (routing.policy parameters) on a hot-prefix workload (every
    request shares a 12-block prefix), with short concentration windows: the
    audit trail gets a ``replica_concentration`` alert;
-5. print the comparison table and write ``bench/results/demo.{md,json}``;
+5. print the comparison table and write ``results/demo.{md,json}`` (``--out``;
+   ``results/`` is git-ignored, so a run never dirties the tree; the
+   committed reference run is ``bench/results/demo.reference.{md,json}``);
 6. verify the audit hash chain (:func:`audit.verify.verify_files` over the
    JSONL files with ``keys/audit-signing.key.pub``) and print a summary of
    events by outcome and the alerts (:func:`audit_summary`).
@@ -80,7 +82,9 @@ TRUST_DOMAIN = "demo.prefixgate.test"
 AUDIENCE = "prefixgate"
 MODEL = "sim-model"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO_ROOT / "bench" / "results"
+#: Where a run writes its table (git-ignored); the committed reference run is
+#: ``bench/results/demo.reference.{md,json}`` (copy a run there to update it).
+RESULTS_DIR = REPO_ROOT / "results"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,7 +353,7 @@ def audit_summary(paths: DemoPaths, log: Callable[[str], None] = print) -> dict[
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="prefixgate demo", description="Replay a real trace through PrefixGate, "
+    ap = argparse.ArgumentParser(prog="prefixgate-sim demo", description="Replay a real trace through PrefixGate, "
                                  "one run per routing policy, and compare.")
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE_PATH)
     ap.add_argument("--rows", type=int, default=600, help="first N trace rows")
@@ -431,7 +435,7 @@ async def run_demo(args: argparse.Namespace, log: Callable[[str], None] = print)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``prefixgate demo`` / ``python -m sim.demo``; returns the exit code.
+    """Entry point of ``prefixgate-sim demo`` / ``python -m sim.demo``; returns the exit code.
 
     Exit code 0 when every policy ran; 1 when any run had errors (the table
     is still written); 2 when a component failed to start.

@@ -6,13 +6,22 @@ SPIFFE bundle (JWK Set with ``use: "jwt-svid"``, ``kid`` and
 JWT-SVIDs (JWT-SVID spec section 3: ``sub`` = SPIFFE ID, ``aud``, ``exp``,
 ``iat``; header ``alg``, ``kid``, ``typ: JWT``).
 
-Not a production issuer: keys live in memory only.
+Not a production issuer. Keys live in memory, unless the issuer is saved to
+a trust-domain directory (:func:`create_trust_domain`, :func:`load_trust_domain`;
+``prefixgate-sim trust-domain create`` / ``prefixgate-sim token``): then the
+signing keys stay stable across runs, so every token minted from that
+directory keeps verifying against its bundle. Layout::
+
+    DIR/trust-domain.json     {"trust_domain", "alg", "sequence", "kids": [...]}
+    DIR/keys/<kid>.pem        PKCS#8 private signing keys (mode 0600)
+    DIR/bundle.json           the SPIFFE bundle (public keys) the gateway reads
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import tempfile
 import time
@@ -153,26 +162,76 @@ class DemoIssuer:
         self.sequence += 1
 
 
-def _cli() -> None:
-    """``python -m sim.spiffe_issuer``: write a bundle and print JWT-SVIDs (one per --sub)."""
-    import click
-
-    @click.command()
-    @click.option("--trust-domain", required=True, help="Trust domain name, e.g. prod.example")
-    @click.option("--bundle", "bundle_path", required=True, type=click.Path(dir_okay=False),
-                  help="Where to write the SPIFFE bundle (atomically)")
-    @click.option("--sub", "subs", multiple=True, help="SPIFFE ID to mint a JWT-SVID for (repeatable)")
-    @click.option("--aud", default="prefixgate", show_default=True, help="Audience")
-    @click.option("--ttl", default=300.0, show_default=True, help="Token lifetime in seconds")
-    @click.option("--alg", default="ES256", show_default=True, help="JWS algorithm")
-    def main(trust_domain: str, bundle_path: str, subs: tuple[str, ...], aud: str, ttl: float, alg: str) -> None:
-        iss = DemoIssuer(trust_domain, alg=alg)
-        iss.write_bundle(bundle_path)
-        for sub in subs:
-            click.echo(f"{sub}\t{iss.mint(sub, aud, ttl_s=ttl)}")
-
-    main()
+STATE_FILE = "trust-domain.json"
+BUNDLE_FILE = "bundle.json"
 
 
-if __name__ == "__main__":
-    _cli()
+class TrustDomainExists(FileExistsError):
+    """Raised by :func:`create_trust_domain` when the directory already holds a trust domain
+    (re-creating it would change the keys and invalidate every token minted from it)."""
+
+
+def save_trust_domain(issuer: DemoIssuer, directory: str | os.PathLike[str]) -> Path:
+    """Write ``issuer``'s keys (0600), state and bundle into ``directory``; return the bundle path."""
+    from cryptography.hazmat.primitives import serialization
+
+    root = Path(directory)
+    keys = root / "keys"
+    keys.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for k in issuer._keys:
+        pem = k.private_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption())
+        path = keys / f"{k.kid}.pem"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pem)
+    state = {"trust_domain": issuer.trust_domain, "alg": issuer.alg, "sequence": issuer.sequence,
+             "kids": [k.kid for k in issuer._keys]}
+    (root / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+    issuer.write_bundle(root / BUNDLE_FILE)
+    return root / BUNDLE_FILE
+
+
+def create_trust_domain(directory: str | os.PathLike[str], trust_domain: str, alg: str = "ES256") -> DemoIssuer:
+    """Create a trust domain with one new signing key in ``directory`` (layout in the module docstring).
+
+    Raises :class:`TrustDomainExists` if ``directory`` already holds one, and
+    :class:`ValueError` for an unsupported ``alg`` or an invalid trust-domain name.
+    """
+    if not re.fullmatch(r"[a-z0-9._-]{1,255}", trust_domain):  # SPIFFE-ID spec 2.1
+        raise ValueError(f"{trust_domain!r} is not a trust domain name (lower-case letters, digits, '.', '-', '_')")
+    root = Path(directory)
+    if (root / STATE_FILE).exists():
+        raise TrustDomainExists(f"{root} already holds trust domain "
+                                f"{json.loads((root / STATE_FILE).read_text())['trust_domain']!r}")
+    issuer = DemoIssuer(trust_domain, alg=alg)
+    save_trust_domain(issuer, root)
+    return issuer
+
+
+def load_trust_domain(directory: str | os.PathLike[str]) -> DemoIssuer:
+    """Load the issuer saved in ``directory`` (its keys, in order; the last one signs).
+
+    Raises :class:`FileNotFoundError` if there is none, :class:`ValueError` if
+    it is malformed.
+    """
+    from cryptography.hazmat.primitives import serialization
+
+    root = Path(directory)
+    try:
+        state = json.loads((root / STATE_FILE).read_text(encoding="utf-8"))
+        issuer = DemoIssuer(state["trust_domain"], alg=state["alg"])
+        keys = []
+        for kid in state["kids"]:
+            pem = (root / "keys" / f"{kid}.pem").read_bytes()
+            keys.append(_SigningKey(kid=kid, alg=state["alg"],
+                                    private_key=serialization.load_pem_private_key(pem, password=None)))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no trust domain in {root} (create one: prefixgate-sim trust-domain create)") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed trust domain in {root}: {exc}") from None
+    if not keys:
+        raise ValueError(f"malformed trust domain in {root}: no keys")
+    issuer._keys = keys
+    issuer.sequence = int(state.get("sequence", 1))
+    return issuer

@@ -14,7 +14,8 @@ Routes (all ``POST``; ``authorize(request)`` runs first and must raise
   from the configured file/env — never from the request body
 * ``/admin/tenants/reload``                  re-read tenants via ``registry_loader``
 
-Errors are JSON ``{"error": code, "detail": text}``: 400 bad tenant id or
+Errors have the public API's shape, ``{"error": {"message", "type", "code",
+"param"}}`` (:func:`error_body`): 400 bad tenant id or
 config (a ``TenantConfigError`` or any ``ValueError`` of the registry
 loader, e.g. an unparsable config file; the registry in force stays), 404
 unknown tenant, 409 master unchanged, 501 no master source, 500
@@ -44,6 +45,7 @@ __all__ = [
     "rotate_master_key",
     "reload_tenants",
     "admin_routes",
+    "error_body",
 ]
 
 Authorize = Callable[[Request], Awaitable[Any]]
@@ -137,6 +139,24 @@ def _actor(principal: Any) -> str | None:
     return spiffe_id if isinstance(spiffe_id, str) else str(spiffe_id)
 
 
+def error_body(status: int, code: str, message: str) -> dict[str, Any]:
+    """The admin error body: the public API's OpenAI-style shape (gateway/errors.py),
+    ``{"error": {"message", "type", "code", "param"}}``; ``type`` follows the status
+    (401 authentication_error, 403 permission_error, 429 rate_limit_error, 5xx server_error,
+    else invalid_request_error). Kept here because ``tenancy`` never imports ``gateway``; a
+    test (tests/quickstart/test_i13_admin_errors.py) pins it to the gateway's shape."""
+    if status >= 500:
+        err_type = "server_error"
+    else:
+        err_type = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}.get(
+            status, "invalid_request_error")
+    return {"error": {"message": message, "type": err_type, "code": code, "param": None}}
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse(error_body(status, code, message), status_code=status)
+
+
 def admin_routes(
     keyring: KeyRing,
     registry_loader: RegistryLoader,
@@ -163,13 +183,13 @@ def admin_routes(
         try:
             record = await op(request.path_params.get("tenant_id"))
         except AdminError as exc:
-            return JSONResponse({"error": exc.code, "detail": exc.detail}, status_code=exc.status)
+            return _error(exc.status, exc.code, exc.detail)
         except (TenantConfigError, ValueError) as exc:
             # ValueError: the registry loader's own config errors (e.g. the
             # gateway's ConfigError for a broken config file); nothing changed
-            return JSONResponse({"error": "invalid_config", "detail": str(exc)}, status_code=400)
+            return _error(400, "invalid_config", str(exc))
         except KeyRingError as exc:
-            return JSONResponse({"error": "key_ring_error", "detail": str(exc)}, status_code=500)
+            return _error(500, "key_ring_error", str(exc))
         record["actor"] = _actor(principal)
         if on_change is not None:
             res = on_change(record)

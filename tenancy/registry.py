@@ -221,18 +221,17 @@ def _name_set(doc: Mapping[str, Any], key: str, where: str) -> frozenset[str]:
         raise _err(f"{where}.{key}", "must be a list of names")
     for i, item in enumerate(v):
         if not isinstance(item, str) or not _NAME_RE.match(item):
-            raise _err(f"{where}.{key}[{i}]", "must be a name of [A-Za-z0-9._:/@+-], at most 128 chars")
+            raise _err(f"{where}.{key}.{i}", "must be a name of [A-Za-z0-9._:/@+-], at most 128 chars")
     return frozenset(v)
 
 
 def _parse_tenant(doc: Any, index: int) -> Tenant:
-    where = f"tenants[{index}]"
+    where = f"tenants.{index}"  # dotted, as pydantic locations (docs/configuration.md)
     if not isinstance(doc, Mapping):
         raise _err(where, "must be a mapping")
     tid = doc.get("id")
     if not isinstance(tid, str) or not _TENANT_ID_RE.match(tid):
         raise _err(f"{where}.id", "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-    where = f"tenants[{tid}]"
     unknown = sorted(set(doc) - _TENANT_KEYS)
     if unknown:
         raise _err(f"{where}.{unknown[0]}", "unknown field")
@@ -244,7 +243,7 @@ def _parse_tenant(doc: Any, index: int) -> Tenant:
         try:
             rules.append(_canonical(*parse_spiffe_id(rid, allow_prefix=True)))
         except ValueError as exc:
-            raise _err(f"{where}.spiffe_ids[{i}]", f"invalid SPIFFE ID or prefix ({exc})") from None
+            raise _err(f"{where}.spiffe_ids.{i}", f"invalid SPIFFE ID or prefix ({exc})") from None
     tier = doc.get("tier", "standard")
     if not isinstance(tier, str) or not _NAME_RE.match(tier):
         raise _err(f"{where}.tier", "must be a non-empty name")
@@ -330,13 +329,13 @@ def _build(tenants_cfg: Any, operators: Iterable[str]) -> _Snapshot:
     for i, doc in enumerate(tenants_cfg):
         t = _parse_tenant(doc, i)
         if t.id in tenants:
-            raise _err(f"tenants[{i}].id", f"duplicate tenant id {t.id!r}")
+            raise _err(f"tenants.{i}.id", f"duplicate tenant id {t.id!r}")
         tenants[t.id] = t
         for rule in t.spiffe_ids:
             for other, other_tid in owner.items():
                 if other_tid != t.id and (_covers(rule, other) or _covers(other, rule)):
                     raise _err(
-                        f"tenants[{t.id}].spiffe_ids",
+                        f"tenants.{i}.spiffe_ids",
                         f"rule {rule!r} overlaps rule {other!r} of tenant {other_tid!r}",
                     )
             owner[rule] = t.id
@@ -350,7 +349,7 @@ def _build(tenants_cfg: Any, operators: Iterable[str]) -> _Snapshot:
         try:
             canon = _canonical(*parse_spiffe_id(oid, allow_prefix=True))
         except ValueError as exc:
-            raise _err(f"operators[{i}]", f"invalid SPIFFE ID or prefix ({exc})") from None
+            raise _err(f"operators.{i}", f"invalid SPIFFE ID or prefix ({exc})") from None
         (op_prefixes if canon.endswith("/") else op_exact).add(canon)
     return _Snapshot(
         MappingProxyType(tenants),

@@ -66,9 +66,9 @@ def config_overrides() -> dict[str, Any]:
         # rate limit: one request, then 429
         {"id": "tenant-c", "spiffe_ids": [f"spiffe://{TD}/tenant-c/"], "models": ["sim-model"],
          "pools": ["default"], "rate_rps": 0.001, "rate_burst": 1},
-        # mapped by the gateway but unknown to the Rego data: the PDP denies (tenant_unknown)
+        # mapped by the gateway, with a tier the policy data has no cap for: the PDP denies (tier_unknown)
         {"id": "tenant-x", "spiffe_ids": [f"spiffe://{TD}/tenant-x/"], "models": ["sim-model"],
-         "pools": ["default"]},
+         "pools": ["default"], "tier": "gold"},
     ]
     return {"tenancy": {"tenants": tenants}}
 
@@ -152,7 +152,7 @@ async def test_one_event_per_outcome_in_every_sink(stack, rsyslog: Rsyslog, tmp_
     assert {"auth_ms", "policy_ms", "route_ms", "ttft_ms", "total_ms"} <= set(allowed["latency"])
     assert len(allowed["prefix_fingerprint"]) <= 32
     denied = by_outcome["denied"][0]
-    assert denied["policy"]["decision_id"] and denied["policy"]["reason_code"] == "tenant_unknown"
+    assert denied["policy"]["decision_id"] and denied["policy"]["reason_code"] == "tier_unknown"
     assert "replica" not in denied.get("route", {})
     failed = by_outcome["failed"][0]
     assert failed["route"]["replica"] in ("r0", "r1") and failed["policy"]["decision_id"]

@@ -12,10 +12,8 @@ Every assertion on what was forwarded is on what the recording replica got.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -66,18 +64,6 @@ def _secret_file(tmp_path: Path) -> str:
     return str(path)
 
 
-def _policy_dir(tmp_path: Path) -> str:
-    """A copy of rego/ whose data also entitles this module's tenants."""
-    dst = tmp_path / "rego"
-    shutil.copytree(ROOT / "rego", dst)
-    data = dst / "data" / "prefixgate" / "config" / "tenants.json"
-    tenants = json.loads(data.read_text())
-    for tid in TENANT_IDS:
-        tenants[tid] = {"tier": "standard", "models": ["sim-model"], "pools": ["default"], "regulated": False}
-    data.write_text(json.dumps(tenants))
-    return str(dst)
-
-
 def _tenant(tid: str, **kw: Any) -> dict[str, Any]:
     return {"id": tid, "spiffe_ids": [f"spiffe://{TD}/{tid}/"], "models": ["sim-model"], "pools": ["default"], **kw}
 
@@ -102,7 +88,7 @@ def config_overrides(capture: Any, tmp_path: Path) -> dict[str, Any]:
             {"id": "r1", "url": capture.urls[1], "pool": "default"},
         ],
         "limits": {"max_body_bytes": 4 << 20},
-        "policy": {"mode": "embedded", "dir": _policy_dir(tmp_path)},
+        "policy": {"mode": "embedded", "dir": str(ROOT / "rego")},  # entitlements come from the registry
     }
 
 

@@ -26,6 +26,16 @@ CANDIDATES: list[dict[str, Any]] = [
 ]
 
 
+#: What the tenant registry puts in ``input.tenant`` for each test tenant (the
+#: registry is the one source of tenant facts; the shipped data holds none).
+TENANTS: dict[str, dict[str, Any]] = {
+    "tenant-a": {"tier": "standard", "models": ["sim-model"], "pools": ["default"], "regulated": False},
+    "tenant-b": {"tier": "standard", "models": ["sim-model"], "pools": ["default", "eu"], "regulated": False},
+    "tenant-reg": {"tier": "premium", "models": ["sim-model"], "pools": ["default", "eu"], "regulated": True,
+                   "data_residency": "eu"},
+}
+
+
 class ServerThread:
     """A uvicorn server for an ASGI app on 127.0.0.1:<free port>, in a thread."""
 
@@ -79,13 +89,16 @@ def make_input(
     alerts: list[dict[str, Any]] | None = None,
     tenant_max_tokens: int | None = None,
     prompt_tokens: int = 100,
+    entitlements: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A policy input built through build_policy_input."""
+    """A policy input built through build_policy_input; the tenant's entitlements
+    are ``entitlements`` or its row of :data:`TENANTS` (none for an unknown id)."""
     from policy.input import build_policy_input
 
+    facts = dict(TENANTS.get(tenant, {}) if entitlements is None else entitlements)
     return build_policy_input(
         identity={"spiffe_id": spiffe_id, "trust_domain": "prefixgate.test", "claims": {"aud": ["prefixgate"]}},
-        tenant={"id": tenant, "tier": "standard", "max_tokens": tenant_max_tokens},
+        tenant={"id": tenant, **facts, "max_tokens": tenant_max_tokens},
         request={
             "endpoint": "/v1/chat/completions",
             "model": model,

@@ -42,9 +42,11 @@ async def test_model_not_entitled_denied(pdp: DecisionPoint, mk: Any) -> None:
     assert d.allowed_replicas is None and d.max_tokens is None
 
 
-async def test_unknown_tenant_denied(pdp: DecisionPoint, mk: Any) -> None:
-    d = await pdp.decide(mk("tenant-zzz"))
-    assert (d.allow, d.reason_code) == (False, "tenant_unknown")
+async def test_tenant_without_entitlements_denied(pdp: DecisionPoint, mk: Any) -> None:
+    # a tenant the registry gives no models is served nothing; the reason says why
+    d = await pdp.decide(mk("tenant-zzz", entitlements={"tier": "standard"}))
+    assert (d.allow, d.reason_code) == (False, "model_not_entitled")
+    assert "tenancy.tenants[].models" in (d.reason or "")
 
 
 async def test_regulated_tenant_only_gets_eu_replicas(pdp: DecisionPoint, mk: Any) -> None:

@@ -66,11 +66,11 @@ async def test_failed_load_keeps_active_engine(rego_dir: Path, mk: Any) -> None:
 async def test_data_change_swaps_engine(rego_dir: Path, mk: Any) -> None:
     opa = EmbeddedOpa(rego_dir)
     ps = opa.policy_set
-    tenants = dict(ps.data_docs["prefixgate/config/tenants"])
-    tenants["tenant-a"] = {**tenants["tenant-a"], "models": ["other-model"]}
-    opa.load(ps.with_data("prefixgate/config/tenants", tenants))
+    tiers = dict(ps.data_docs["prefixgate/config/tiers"])
+    tiers["standard"] = {"max_tokens": 77}
+    opa.load(ps.with_data("prefixgate/config/tiers", tiers))
     d = await opa.decide(mk("tenant-a"))
-    assert (d.allow, d.reason_code) == (False, "model_not_entitled")
+    assert (d.allow, d.max_tokens) == (True, 77)
     assert opa.revision == 1
 
 

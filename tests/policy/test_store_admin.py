@@ -18,7 +18,7 @@ from policy.embedded import EmbeddedOpa
 from policy.remote import RemoteOpa
 from policy.store import ChangeRecord, PolicyRejectedError, PolicyStore, RemoteOpaTarget, check_policy_dir
 
-TENANTS = "prefixgate/config/tenants"
+TIERS = "prefixgate/config/tiers"
 
 
 @pytest.fixture
@@ -54,22 +54,23 @@ async def test_accepted_change_is_versioned_and_survives_restart(active: Path, t
     opa = EmbeddedOpa(active)
     records: list[ChangeRecord] = []
     store = PolicyStore(active, tmp_path / "versions", target=opa, on_change=records.append)
-    tenants = store.get_data(TENANTS)
+    tiers = store.get_data(TIERS)
     old_text_digest = store.list_data()
-    tenants["tenant-z"] = {"tier": "standard", "models": ["sim-model"], "pools": ["default"], "regulated": False}
-    rec = await store.put_data(TENANTS, tenants, "spiffe://prefixgate.test/ops/alice")
+    tiers["gold"] = {"max_tokens": 2048}
+    rec = await store.put_data(TIERS, tiers, "spiffe://prefixgate.test/ops/alice")
+    gold = {"tier": "gold", "models": ["sim-model"], "pools": ["default"]}
 
     assert records == [rec] and rec.version == 1 and rec.kind == "data" and rec.op == "put"
     assert rec.who == "spiffe://prefixgate.test/ops/alice"
-    assert rec.old_sha256 == next(d["sha256"] for d in old_text_digest if d["path"] == TENANTS)
+    assert rec.old_sha256 == next(d["sha256"] for d in old_text_digest if d["path"] == TIERS)
     assert rec.new_sha256 != rec.old_sha256
-    assert (await opa.decide(mk("tenant-z"))).allow is True
+    assert (await opa.decide(mk("tenant-z", entitlements=gold))).max_tokens == 2048
 
     restarted = PolicyStore(active, tmp_path / "versions")
     assert restarted.version == 1
-    assert "tenant-z" in restarted.get_data(TENANTS)
+    assert "gold" in restarted.get_data(TIERS)
     assert [r.version for r in restarted.history()] == [1]
-    assert (await EmbeddedOpa(active).decide(mk("tenant-z"))).allow is True
+    assert (await EmbeddedOpa(active).decide(mk("tenant-z", entitlements=gold))).max_tokens == 2048
 
     rec2 = await store.put_policy("extra.rego", "package prefixgate.extra\n\nx := 1\n", "ops")
     assert rec2.version == 2 and rec2.old_sha256 is None
@@ -83,11 +84,11 @@ async def test_remote_target_pushes_validated_changes(active: Path, tmp_path: Pa
         changes: list[int] = []
         remote.add_change_listener(lambda: changes.append(1))
         store = PolicyStore(active, tmp_path / "versions", target=RemoteOpaTarget(remote.client, remote.notify_change))
-        tenants = store.get_data(TENANTS)
-        tenants["tenant-a"] = {**tenants["tenant-a"], "models": ["other-model"]}
-        await store.put_data(TENANTS, tenants, "ops")
+        tiers = store.get_data(TIERS)
+        tiers["standard"] = {"max_tokens": 55}
+        await store.put_data(TIERS, tiers, "ops")
         d = await remote.decide(mk("tenant-a"))
-        assert (d.allow, d.reason_code) == (False, "model_not_entitled")
+        assert (d.allow, d.max_tokens) == (True, 55)
         assert changes == [1]
         with pytest.raises(PolicyRejectedError):
             await store.put_policy("authz.rego", "package prefixgate.authz\ndecision := {", "ops")
@@ -118,7 +119,7 @@ def test_admin_routes_require_operator(active: Path, tmp_path: Path) -> None:
     client = _app(store)
     for method, url in [("GET", "/admin/policies"), ("GET", "/admin/policies/authz.rego"),
                         ("PUT", "/admin/policies/x.rego"), ("DELETE", "/admin/policies/authz.rego"),
-                        ("GET", f"/admin/data/{TENANTS}"), ("PUT", f"/admin/data/{TENANTS}")]:
+                        ("GET", f"/admin/data/{TIERS}"), ("PUT", f"/admin/data/{TIERS}")]:
         assert client.request(method, url, headers={"x-test-role": "tenant"}, content=b"{}").status_code == 403
         assert client.request(method, url, content=b"{}").status_code == 401
     assert store.version == 0 and "authz.rego" in store.policy_set.modules
@@ -135,14 +136,14 @@ def test_admin_routes_for_operator(active: Path, tmp_path: Path) -> None:
     assert client.get("/admin/policies/nope.rego", headers=h).status_code == 404
 
     bad = client.put("/admin/policies/authz.rego", headers=h, content=b"package prefixgate.authz\ndecision := {")
-    assert bad.status_code == 400 and bad.json()["code"] == "policy_rejected"
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "policy_rejected"
     ok = client.put("/admin/policies/extra.rego", headers=h, content=b"package prefixgate.extra\n\ny := 2\n")
     assert ok.status_code == 200 and ok.json()["result"]["who"] == "spiffe://prefixgate.test/ops/alice"
 
-    tenants = client.get(f"/admin/data/{TENANTS}", headers=h).json()["result"]
-    assert "tenant-reg" in tenants
-    put = client.put(f"/admin/data/{TENANTS}", headers=h, content=json.dumps(tenants))
+    tiers = client.get(f"/admin/data/{TIERS}", headers=h).json()["result"]
+    assert "premium" in tiers
+    put = client.put(f"/admin/data/{TIERS}", headers=h, content=json.dumps(tiers))
     assert put.status_code == 200 and put.json()["result"]["version"] == 2
-    assert client.put(f"/admin/data/{TENANTS}", headers=h, content=b"[1]").status_code == 400
+    assert client.put(f"/admin/data/{TIERS}", headers=h, content=b"[1]").status_code == 400
     assert client.put("/admin/policies/..%2Fescape.rego", headers=h, content=b"package x").status_code in (400, 404)
     assert client.delete("/admin/policies/extra.rego", headers=h).status_code == 200

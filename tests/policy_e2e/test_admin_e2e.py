@@ -82,13 +82,13 @@ async def test_broken_uploads_are_refused_and_routing_is_unchanged(
 
     # 1. does not compile
     r = await admin.put("/admin/policies/authz.rego", headers=h, content=(original + "\nbroken := {\n").encode())
-    assert r.status_code == 400 and r.json()["code"] == "policy_rejected" and r.json()["errors"]
+    assert r.status_code == 400 and r.json()["error"]["code"] == "policy_rejected" and r.json()["error"]["errors"]
     # 2. compiles, but lets tenant-reg out of its residency: the residency Rego tests fail
     leaky = original.replace("\tc.labels.data_residency == residency\n", "")
     assert leaky != original
     r = await admin.put("/admin/policies/authz.rego", headers=h, content=leaky.encode())
-    assert r.status_code == 400 and r.json()["code"] == "policy_rejected"
-    assert "FAIL" in r.json()["report"]
+    assert r.status_code == 400 and r.json()["error"]["code"] == "policy_rejected"
+    assert "FAIL" in r.json()["error"]["report"]
     assert (await admin.get("/admin/policies/authz.rego", headers=h)).json()["result"]["raw"] == original
     assert (Path(stack.components.config.policy.dir) / "authz.rego").read_text() == original
     after = [await infer(stack, w) for w in ("tenant-a/app", "tenant-reg/app")]

@@ -77,9 +77,9 @@ EVIL = 'package evil\n\np := http.send({"method": "GET", "url": "http://127.0.0.
 CASES: list[tuple[str, str, str, bytes | None, dict[str, str], set[int], Any]] = [
     ("data_overlaps_shipped_docs", "PUT", "/admin/data/prefixgate", b'{"x": 1}', {}, {400, 409}, None),
     ("data_overlaps_empty_object", "PUT", "/admin/data/prefixgate", b"{}", {}, {400, 409}, None),
-    ("data_inside_another_doc", "PUT", "/admin/data/prefixgate/config/tenants/tenant-a", b'{"pools": []}', {},
+    ("data_inside_another_doc", "PUT", "/admin/data/prefixgate/config/tiers/standard", b'{"max_tokens": 1}', {},
      {400, 409}, None),
-    ("data_parent_of_docs", "PUT", "/admin/data/prefixgate/config", b'{"tenants": {}}', {}, {400, 409}, None),
+    ("data_parent_of_docs", "PUT", "/admin/data/prefixgate/config", b'{"tiers": {}}', {}, {400, 409}, None),
     ("data_conflicts_with_rules", "PUT", "/admin/data/prefixgate/authz", b'{"decision": 1}', {},
      {400, 409}, None),
     ("data_bad_json", "PUT", "/admin/data/extra/doc", b"{not json", {}, {400}, None),
@@ -97,7 +97,7 @@ CASES: list[tuple[str, str, str, bytes | None, dict[str, str], set[int], Any]] =
     ("data_empty_path", "PUT", "/admin/data/", b'{"a": 1}', {}, {400, 404}, None),
     ("data_get_unknown", "GET", "/admin/data/no/such/doc", None, {}, {404}, None),
     ("data_get_bad_path", "GET", "/admin/data/b%2Ed", None, {}, {400}, None),
-    ("data_delete_not_allowed", "DELETE", "/admin/data/prefixgate/config/tenants", None, {}, {405}, None),
+    ("data_delete_not_allowed", "DELETE", "/admin/data/prefixgate/config/tiers", None, {}, {405}, None),
     ("policy_does_not_compile", "PUT", "/admin/policies/authz.rego", AUTHZ_BROKEN.encode(), {}, {400}, None),
     ("policy_forbidden_builtin", "PUT", "/admin/policies/evil.rego", EVIL.encode(), {}, {400}, None),
     ("policy_not_utf8", "PUT", "/admin/policies/x.rego", b"package x\n\np := \"\xff\"\n", {}, {400}, None),
@@ -150,7 +150,7 @@ async def test_literal_finding_answers_policy_rejected(stack: Any) -> None:
     async with httpx.AsyncClient(base_url=stack.admin_url, timeout=30) as admin:
         r = await admin.put("/admin/data/prefixgate", headers=h, content=json.dumps({"config": {}}).encode())
     assert r.status_code == 400
-    doc = r.json()
+    doc = r.json()["error"]
     assert doc["code"] == "policy_rejected" and "overlap" in json.dumps(doc["errors"])
 
 
@@ -197,7 +197,7 @@ async def test_http_send_in_every_position_is_refused_via_the_admin_api(stack: A
                 src = f"package {pkg}\n\n" + body.format(R=req) + "\n"
                 r = await admin.put(f"/admin/policies/{mid}", headers=h, content=src.encode())
                 assert r.status_code == 400, (name, r.text[:300])
-                doc = r.json()
+                doc = r.json()["error"]
                 assert doc["code"] == "policy_rejected", name
                 assert [e.get("builtin") for e in doc["errors"]] and all(
                     e.get("builtin") == "http.send" for e in doc["errors"]), (name, doc["errors"])

@@ -132,7 +132,7 @@ async def test_remote_upload_of_http_send_is_refused_before_reaching_opa(stack: 
     async with httpx.AsyncClient(base_url=stack.admin_url, timeout=30) as admin:
         r = await admin.put("/admin/policies/evil.rego", headers=h, content=src.encode())
     assert r.status_code == 400, r.text
-    doc = r.json()
+    doc = r.json()["error"]
     assert doc["code"] == "policy_rejected"
     assert any(e.get("builtin") == "http.send" for e in doc["errors"]), doc
     assert "http.send" in doc["message"] or "http.send" in doc["report"]

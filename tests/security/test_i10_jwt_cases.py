@@ -52,7 +52,7 @@ def _write_bundles(tmp: Path) -> tuple[Path, Path]:
 @pytest.fixture
 def config_overrides(tmp_path: Path) -> dict[str, Any]:
     a_file, b_file = _write_bundles(tmp_path)
-    tenants = [  # ids the shipped policy data entitles
+    tenants = [
         {"id": "tenant-a", "spiffe_ids": [f"spiffe://{TD}/tenant-a/", f"spiffe://{A}/app/"], "models": ["sim-model"],
          "pools": ["default"]},
         {"id": "tenant-b", "spiffe_ids": [f"spiffe://{B}/app/"], "models": ["sim-model"], "pools": ["default"]},

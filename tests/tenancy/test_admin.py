@@ -116,7 +116,7 @@ def test_rotate_salt_success(tmp_path) -> None:
 def test_rotate_unknown_or_malformed_tenant(tmp_path) -> None:
     h = Harness(tmp_path)
     r = h.client.post("/admin/tenants/nobody/rotate-key", headers={"x-test-spiffe-id": OPERATOR})
-    assert r.status_code == 404 and r.json()["error"] == "unknown_tenant"
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_tenant"
     r = h.client.post("/admin/tenants/bad:id/rotate-salt", headers={"x-test-spiffe-id": OPERATOR})
     assert r.status_code == 400
     assert h.records == []
@@ -144,7 +144,7 @@ def test_rotate_master_unsafe_file_is_500_without_secret(tmp_path) -> None:
     h = Harness(tmp_path)
     os.chmod(h.master_path, 0o644)
     r = h.client.post("/admin/keys/rotate-master", headers={"x-test-spiffe-id": OPERATOR})
-    assert r.status_code == 500 and "group/others" in r.json()["detail"]
+    assert r.status_code == 500 and "group/others" in r.json()["error"]["message"]
     h.assert_no_secrets(r.text)
     assert h.ring.master_generation == 1 and h.records == []
 
@@ -164,7 +164,7 @@ def test_reload_success_and_bad_config(tmp_path) -> None:
     assert h.registry.resolve("spiffe://td/ns/gamma/x").id == "gamma"
     h.config = CONFIG + [{"id": "delta", "spiffe_ids": ["spiffe://td/ns/acme/x"]}]  # overlaps acme
     r = h.client.post("/admin/tenants/reload", headers={"x-test-spiffe-id": OPERATOR})
-    assert r.status_code == 400 and "overlaps" in r.json()["detail"]
+    assert r.status_code == 400 and "overlaps" in r.json()["error"]["message"]
     assert h.registry.get("gamma") is not None  # old registry kept
     assert [rec["action"] for rec in h.records] == ["tenants.reload"]
 
