@@ -172,7 +172,9 @@ def _serve_profiled(config_file: str, profile_out: str) -> None:
 
 def _run(coro: Any) -> Any:
     """Run ``coro`` the way ``prefixgate serve`` runs the gateway."""
-    return asyncio.run(coro)
+    from gateway.server import run_serving
+
+    return run_serving(coro)
 
 
 # ------------------------------------------------------------------ load

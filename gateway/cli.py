@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 
@@ -37,6 +36,7 @@ def serve(config_path: str) -> None:
     from audit.dirlock import AuditDirectoryInUse
     from audit.remote import AuditWorkerError
     from gateway.config import ConfigError, load_config
+    from gateway.server import run_serving
     from gateway.server import serve as run
 
     try:
@@ -44,7 +44,7 @@ def serve(config_path: str) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     try:
-        asyncio.run(run(cfg, config_path=config_path))
+        run_serving(run(cfg, config_path=config_path))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
