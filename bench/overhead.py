@@ -61,6 +61,7 @@ import cProfile
 import json
 import os
 import pstats
+import shutil
 import signal
 import statistics
 import sys
@@ -369,17 +370,37 @@ async def _start_passthrough(upstream: str, paths: Any) -> tuple[Any, str]:
     return proc, base
 
 
-def _profiled_config(cfg: Mapping[str, Any], paths: Any) -> dict[str, Any]:
+def _second_config(cfg: Mapping[str, Any], paths: Any, name: str) -> dict[str, Any]:
+    """``cfg`` for a second gateway beside the first: its own ports and audit directory."""
     from sim.procs import free_port
 
     doc = json.loads(json.dumps(cfg))
     doc["listen"]["port"] = free_port()
     doc["admin"]["port"] = free_port()
-    prof_dir = paths.work / "profiled-audit"
+    prof_dir = paths.work / f"{name}-audit"
     doc["audit"]["jsonl"]["dir"] = str(prof_dir / "jsonl")
     doc["audit"]["ocsf"]["file"] = str(prof_dir / "ocsf.jsonl")
     doc["audit"]["spill"]["dir"] = str(prof_dir / "spill")
     return doc
+
+
+async def _start_baseline(tree: Path, cfg: Mapping[str, Any], paths: Any) -> tuple[Any, str]:
+    """``prefixgate serve`` from another source tree (``--baseline``), e.g. an export of main."""
+    import yaml
+
+    from sim.procs import python_module_cmd, start_process, stop_process, wait_for_url
+
+    cfg_path = paths.work / "baseline.yaml"
+    cfg_path.write_text(yaml.safe_dump(dict(cfg), sort_keys=False))
+    proc = start_process("baseline", python_module_cmd("gateway.cli", "serve", "--config", str(cfg_path)),
+                         paths.logs, env={"PYTHONPATH": str(tree)}, cwd=tree)
+    base = f"http://127.0.0.1:{cfg['listen']['port']}"
+    try:
+        await wait_for_url(f"{base}/readyz", timeout_s=30.0, proc=proc)
+    except BaseException:
+        stop_process(proc)
+        raise
+    return proc, base
 
 
 async def _profile(cfg: Mapping[str, Any], paths: Any, headers: Mapping[str, str], n: int, bodies: _Body,
@@ -389,7 +410,7 @@ async def _profile(cfg: Mapping[str, Any], paths: Any, headers: Mapping[str, str
 
     from sim.procs import python_module_cmd, start_process, stop_process, wait_for_url
 
-    doc = _profiled_config(cfg, paths)
+    doc = _second_config(cfg, paths, "profiled")
     cfg_path = paths.work / "profiled.yaml"
     cfg_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     out = paths.work / "gateway.prof"
@@ -445,6 +466,11 @@ async def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print
                              admin_port=free_port())
         pg, pg_url = await start_gateway("prefixgate", cfg, paths)
         procs.append(pg)
+        if args.baseline:
+            base_cfg = _second_config(cfg, paths, "baseline")
+            base_cfg["policy"]["dir"] = str(args.baseline / "rego")
+            bl, bl_url = await _start_baseline(args.baseline, base_cfg, paths)
+            procs.append(bl)
         auth = dict(bearer_headers(issuer, ["tenant-a"])("tenant-a"))
         plain = {"Content-Type": "application/json"}
         targets = {
@@ -453,9 +479,13 @@ async def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print
             "passthrough": (pt_url, plain, _Cpu(pt.pid)),
             "prefixgate": (pg_url, {**plain, **auth}, _Cpu(pg.pid)),
         }
+        if args.baseline:
+            targets["baseline"] = (bl_url, {**plain, **auth}, _Cpu(bl.pid))
+        names = list(targets)
         runs: list[dict[str, Any]] = []
         for run in range(args.runs):
-            order = list(TARGET_NAMES[run % 4:] + TARGET_NAMES[:run % 4])
+            k = run % len(names)
+            order = names[k:] + names[:k]
             row: dict[str, Any] = {}
             for name in order:
                 base, headers, cpu = targets[name]
@@ -476,12 +506,15 @@ async def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print
         for p in procs:
             stop_process(p)
         stop_process(cluster)
-    return {"benchmark": "overhead", "args": {k: v for k, v in vars(args).items() if k != "out"},
+        if not args.keep_workdir:
+            shutil.rmtree(paths.work, ignore_errors=True)
+    return {"benchmark": "overhead", "args": {k: (str(v) if isinstance(v, Path) else v)
+                                              for k, v in vars(args).items() if k != "out"},
             "cpus": os.cpu_count(), "python": sys.version.split()[0], "wall_s": round(time.monotonic() - t_start, 1),
-            "summary": summarize(runs), "runs": runs, "audit_timings_ms": timings, "profile": profile}
+            "summary": summarize(runs, names), "runs": runs, "audit_timings_ms": timings, "profile": profile}
 
 
-def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float | None]]:
+def summarize(runs: Sequence[Mapping[str, Any]], names: Sequence[str] = TARGET_NAMES) -> dict[str, dict[str, float | None]]:
     """Medians over runs per target: p50/p90/p99, added p50 over direct and peak ratio to smg (same run)."""
     out: dict[str, dict[str, float | None]] = {}
 
@@ -489,7 +522,7 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float | 
         vals = [v for v in values if v is not None]
         return round(statistics.median(vals), 3) if vals else None
 
-    for name in TARGET_NAMES:
+    for name in names:
         rows = [r[name] for r in runs if name in r]
         out[name] = {
             **{k: med([r["sequential"][k] for r in rows]) for k in ("p50_ms", "p90_ms", "p99_ms")},
@@ -548,6 +581,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--stream", action="store_true", help="SSE answers instead of plain JSON")
     ap.add_argument("--no-profile", action="store_true", help="skip the profiled stage breakdown")
+    ap.add_argument("--baseline", type=Path, help="also run `prefixgate serve` from this source tree "
+                    "(e.g. `git archive main | tar -x -C DIR`) as target 'baseline', interleaved")
+    ap.add_argument("--keep-workdir", action="store_true", help="keep configs, logs, audit files and the profile")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--name", default="overhead", help="result file stem")
     ap.add_argument("--passthrough", help=argparse.SUPPRESS)
