@@ -355,19 +355,28 @@ def _find_latency(doc: Any) -> dict[str, Any] | None:
 
 
 # ------------------------------------------------------------------ orchestration
-async def _start_passthrough(upstream: str, paths: Any) -> tuple[Any, str]:
-    from sim.procs import free_port, python_module_cmd, start_process, stop_process, wait_for_url
+async def _spawn(name: str, args: Sequence[str], paths: Any, port: int, probe: str, *,
+                 tree: Path = REPO) -> tuple[Any, str]:
+    """Start ``python -m ARGS`` (from source ``tree``) and wait until ``GET probe`` on ``port`` is 200."""
+    from sim.procs import python_module_cmd, start_process, stop_process, wait_for_url
 
-    port = free_port()
-    proc = start_process("passthrough", python_module_cmd("bench.overhead", "--passthrough", upstream,
-                                                          "--port", str(port)), paths.logs, cwd=REPO)
+    proc = start_process(name, python_module_cmd(*args), paths.logs, cwd=tree,
+                         env=None if tree == REPO else {"PYTHONPATH": str(tree)})
     base = f"http://127.0.0.1:{port}"
     try:
-        await wait_for_url(f"{base}/healthz", timeout_s=30.0, proc=proc)
+        await wait_for_url(base + probe, timeout_s=30.0, proc=proc)
     except BaseException:
         stop_process(proc)
         raise
     return proc, base
+
+
+async def _start_passthrough(upstream: str, paths: Any) -> tuple[Any, str]:
+    from sim.procs import free_port
+
+    port = free_port()
+    return await _spawn("passthrough", ["bench.overhead", "--passthrough", upstream, "--port", str(port)],
+                        paths, port, "/healthz")
 
 
 def _second_config(cfg: Mapping[str, Any], paths: Any, name: str) -> dict[str, Any]:
@@ -388,19 +397,10 @@ async def _start_baseline(tree: Path, cfg: Mapping[str, Any], paths: Any) -> tup
     """``prefixgate serve`` from another source tree (``--baseline``), e.g. an export of main."""
     import yaml
 
-    from sim.procs import python_module_cmd, start_process, stop_process, wait_for_url
-
     cfg_path = paths.work / "baseline.yaml"
     cfg_path.write_text(yaml.safe_dump(dict(cfg), sort_keys=False))
-    proc = start_process("baseline", python_module_cmd("gateway.cli", "serve", "--config", str(cfg_path)),
-                         paths.logs, env={"PYTHONPATH": str(tree)}, cwd=tree)
-    base = f"http://127.0.0.1:{cfg['listen']['port']}"
-    try:
-        await wait_for_url(f"{base}/readyz", timeout_s=30.0, proc=proc)
-    except BaseException:
-        stop_process(proc)
-        raise
-    return proc, base
+    return await _spawn("baseline", ["gateway.cli", "serve", "--config", str(cfg_path)], paths,
+                        cfg["listen"]["port"], "/readyz", tree=tree)
 
 
 async def _profile(cfg: Mapping[str, Any], paths: Any, headers: Mapping[str, str], n: int, bodies: _Body,
@@ -408,18 +408,16 @@ async def _profile(cfg: Mapping[str, Any], paths: Any, headers: Mapping[str, str
     """Run the sequential phase against a profiled gateway; returns stage CPU (raw and scaled)."""
     import yaml
 
-    from sim.procs import python_module_cmd, start_process, stop_process, wait_for_url
+    from sim.procs import stop_process
 
     doc = _second_config(cfg, paths, "profiled")
     cfg_path = paths.work / "profiled.yaml"
     cfg_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     out = paths.work / "gateway.prof"
-    proc = start_process("profiled", python_module_cmd("bench.overhead", "--profiled-gateway", str(cfg_path),
-                                                       "--profile-out", str(out)), paths.logs, cwd=REPO)
-    base = f"http://127.0.0.1:{doc['listen']['port']}"
+    proc, base = await _spawn("profiled", ["bench.overhead", "--profiled-gateway", str(cfg_path),
+                                           "--profile-out", str(out)], paths, doc["listen"]["port"], "/readyz")
     url = base + "/v1/completions"
     try:
-        await wait_for_url(f"{base}/readyz", timeout_s=30.0, proc=proc)
         cpu = _Cpu(proc.pid, children=False)  # the profile covers the gateway process, not the audit worker
         await sequential(url, headers, WARMUP, bodies)
         plain, plain_cpu = await measured(cpu, n, sequential(url, headers, n, bodies))
