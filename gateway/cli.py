@@ -13,7 +13,6 @@ are ``prefixgate-sim`` (sim/cli.py): this CLI never imports the simulator.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 
@@ -40,6 +39,7 @@ def serve(config_path: str) -> None:
     from audit.dirlock import AuditDirectoryInUse
     from audit.remote import AuditWorkerError
     from gateway.config import ConfigError, load_config
+    from gateway.server import run_serving
     from gateway.server import serve as run
 
     try:
@@ -47,7 +47,7 @@ def serve(config_path: str) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     try:
-        asyncio.run(run(cfg, config_path=config_path))
+        run_serving(run(cfg, config_path=config_path))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:

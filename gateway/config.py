@@ -42,6 +42,18 @@ class ListenConfig(_Section):
     port: int = Field(8080, ge=0, le=65535)
 
 
+class ServerConfig(_Section):
+    """The HTTP server of both listeners (uvicorn).
+
+    ``http_parser``: ``httptools`` (default; C, llhttp) or ``h11`` (pure
+    Python, slower). Both enforce the same framing rules (gateway/framing.py,
+    tests/hostile/test_i10_http_framing.py); they differ only in how some
+    malformed requests are refused (httptools answers its own 400 and closes).
+    """
+
+    http_parser: Literal["httptools", "h11"] = "httptools"
+
+
 class LimitsConfig(_Section):
     """Request-size and timing limits of the public listener.
 
@@ -316,6 +328,7 @@ class GatewayConfig(BaseSettings):
     )
 
     listen: ListenConfig = Field(default_factory=ListenConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
     admin: ListenConfig | None = Field(default_factory=lambda: ListenConfig(port=8081))
     models: list[str] = Field(default_factory=lambda: ["sim-model"])
     limits: LimitsConfig = Field(default_factory=LimitsConfig)

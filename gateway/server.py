@@ -4,6 +4,11 @@ uvicorn's proxy-header rewriting stays off (``proxy_headers=False``): the
 client address used for source limits and for trusting a forwarded client
 certificate is the socket peer, never an ``X-Forwarded-For`` value.
 
+Event loop and HTTP parser (issue 14): ``prefixgate serve`` runs on uvloop
+(:func:`run_serving`) and parses HTTP/1.1 with httptools by default
+(``server.http_parser``: ``httptools`` or ``h11``); both parsers pass the
+framing tests of tests/hostile/test_i10_http_framing.py.
+
 Shutdown: SIGTERM or SIGINT makes both listeners stop accepting, in-flight
 requests and streams drain (up to ``timeout_graceful_shutdown`` seconds),
 then the components stop — the audit log flushes every sink and writes its
@@ -19,7 +24,8 @@ import gc
 import logging
 import signal
 import socket
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, TypeVar
 
 import uvicorn
 
@@ -27,9 +33,12 @@ from gateway.app import build_admin_app, build_public_app
 from gateway.components import Components
 from gateway.config import GatewayConfig
 
-__all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener"]
+__all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener", "run_serving", "DEFAULT_HTTP_PARSER"]
 
 DRAIN_TIMEOUT_S = 30
+#: uvicorn's HTTP/1.1 parser unless configured (``server.http_parser``): the C parser.
+DEFAULT_HTTP_PARSER = "httptools"
+T = TypeVar("T")
 
 
 log = logging.getLogger("prefixgate")
@@ -72,11 +81,14 @@ def uvicorn_config(app: object, host: str, port: int, **kw: object) -> uvicorn.C
     """uvicorn settings shared by both listeners (no proxy headers, no server header).
 
     ``kw`` overrides or adds ``uvicorn.Config`` arguments. The HTTP parser is
-    ``http="h11"`` unless ``kw`` names another: uvicorn's default ("auto")
-    would silently switch to httptools as soon as that package is installed.
-    Both parsers are covered by tests/hostile/test_i10_http_framing.py.
+    named explicitly, :data:`DEFAULT_HTTP_PARSER` (``httptools``) unless
+    ``kw`` names another (``http="h11"``), never uvicorn's "auto". Both
+    parsers are covered by tests/hostile/test_i10_http_framing.py. ``loop``
+    says uvloop; it takes effect where the loop is created
+    (:func:`run_serving`), since :func:`serve` runs inside a running loop.
     """
-    kw.setdefault("http", "h11")
+    kw.setdefault("http", DEFAULT_HTTP_PARSER)
+    kw.setdefault("loop", "uvloop")
     return uvicorn.Config(
         app, host=host, port=port, proxy_headers=False, server_header=False, access_log=False,
         lifespan="off", timeout_graceful_shutdown=DRAIN_TIMEOUT_S, log_level="warning", **kw,  # type: ignore[arg-type]
@@ -111,6 +123,22 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+def run_serving(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` to completion on a new uvloop event loop (asyncio's own loop
+    where uvloop is not installed, e.g. on Windows) and return its result.
+
+    ``prefixgate serve`` runs :func:`serve` through this; uvloop's C event
+    loop costs less per callback and socket operation than asyncio's
+    (bench/overhead.py, docs/benchmarks.md).
+    """
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
+
+
 async def serve(cfg: GatewayConfig, *, config_path: str | None = None) -> None:
     """Bind both listeners, build and start components, serve until a signal, then drain and stop.
 
@@ -142,10 +170,11 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None) -> None:
         if not pending:
             log.info("ready: %s", startup_summary(c))
 
+    http = cfg.server.http_parser
     servers = [GatewayServer(uvicorn_config(build_public_app(c, manage_lifecycle=False),
-                                            cfg.listen.host, cfg.listen.port), "public", started)]
+                                            cfg.listen.host, cfg.listen.port, http=http), "public", started)]
     if cfg.admin is not None:
-        servers.append(GatewayServer(uvicorn_config(build_admin_app(c), cfg.admin.host, cfg.admin.port),
+        servers.append(GatewayServer(uvicorn_config(build_admin_app(c), cfg.admin.host, cfg.admin.port, http=http),
                                      "admin", started))
     loop = asyncio.get_running_loop()
 

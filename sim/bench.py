@@ -6,7 +6,8 @@
    6 simulated replicas (16-token KV blocks, 4000 blocks each, 10k real
    tokens/s prefill each), arrivals at the trace's own rate divided by
    ``--time-scale``. Targets: PrefixGate ``round_robin`` and ``cache_aware``,
-   and ``python -m sglang_router.launch_router --policy round_robin|cache_aware``
+   and SGLang's router, ``python -m smg.launch_router --policy round_robin|cache_aware``
+   (Shepherd Model Gateway, the ``smg`` package: the current release of ``sglang-router``)
    (SGLang gets each tenant's ``cache_salt`` in the body so replica caches are
    partitioned exactly as PrefixGate partitions them). ``--runs`` (3) seeded
    runs each, interleaved; the table holds the field-wise median.
@@ -82,17 +83,24 @@ TARGETS = (
 )
 
 
+#: SGLang's router: ``smg`` (Shepherd Model Gateway) 1.13.0, the successor of ``sglang-router``.
+SGLANG_ROUTER_MODULE = "smg.launch_router"
+
+
 async def start_sglang_router(policy: str, worker_urls: Sequence[str], paths: DemoPaths,
                               timeout_s: float = 30.0) -> tuple[ManagedProcess, str]:
-    """Start ``sglang_router.launch_router`` on a free loopback port; wait for ``GET /health`` = 200.
+    """Start SGLang's router (:data:`SGLANG_ROUTER_MODULE`) on a free loopback port; wait for
+    ``GET /health`` = 200.
 
-    Logging is at ``warn`` so that per-request log lines do not cost CPU.
-    Returns the process and its base URL; raises
+    Logging is at ``warn`` so that per-request log lines do not cost CPU; its
+    Prometheus listener is bound to loopback on a free port (its default is
+    ``0.0.0.0:29000``). Returns the process and its base URL; raises
     :class:`sim.procs.ProcessStartError` otherwise.
     """
     port = free_port()
-    cmd = python_module_cmd("sglang_router.launch_router", "--worker-urls", *worker_urls, "--policy", policy,
-                            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn")
+    cmd = python_module_cmd(SGLANG_ROUTER_MODULE, "--worker-urls", *worker_urls, "--policy", policy,
+                            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn",
+                            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()))
     proc = start_process(f"sglang-{policy}", cmd, paths.logs)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -27,6 +27,7 @@ refuse a too-large prompt by its size before tokenizing anything
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -128,25 +129,36 @@ class WordTokenizer:
         work is O(limit) whatever the size of ``text``: a result longer than
         ``limit`` means "more than ``limit`` tokens".
         """
-        tid = self.token_id
+        stop = None if limit is None else max(0, limit) + 1
+        if stop is None or len(text) <= MAX_TOKEN_CHARS * stop:
+            # a text this short holds O(stop) tokens: one C-level scan (issue 14: ~2x faster)
+            found = _TOKEN_RE.findall(text)
+        else:  # a long text: scan only as far as needed
+            found = [m.group() for m in itertools.islice(_TOKEN_RE.finditer(text), stop)]
+        if stop is not None:
+            del found[stop:]
+        step = MAX_TOKEN_CHARS
+        if found and max(map(len, found)) > step:  # only a long blank run is longer: 64-character pieces
+            pieces: list[str] = []
+            for m in found:
+                if len(m) > step:
+                    pieces.extend(m[i:i + step] for i in range(0, min(len(m), step * (stop or len(m))), step))
+                else:
+                    pieces.append(m)
+            found = pieces
+        if stop is not None:
+            del found[stop:]
+        tid = self.token_id if self._cache_size else None
+        blake2b, from_bytes = hashlib.blake2b, int.from_bytes
         local: dict[str, int] = {}
         out: list[int] = []
         append = out.append
-        stop = None if limit is None else max(0, limit) + 1
-        step = MAX_TOKEN_CHARS
-        for match in _TOKEN_RE.finditer(text):
-            m = match.group()
-            if len(m) > step and m[0].isspace():  # a long blank run: 64-character pieces
-                pieces = [m[i:i + step] for i in range(0, min(len(m), step * (stop or len(m))), step)]
-            else:
-                pieces = [m]
-            for piece in pieces:
-                v = local.get(piece)
-                if v is None:
-                    v = local[piece] = tid(piece)
-                append(v)
-                if stop is not None and len(out) >= stop:
-                    return out
+        for piece in found:
+            v = local.get(piece)
+            if v is None:
+                v = local[piece] = (tid(piece) if tid is not None
+                                    else from_bytes(blake2b(piece.encode("utf-8"), digest_size=4).digest(), "big"))
+            append(v)
         return out
 
     def max_text_bytes(self, tokens: int) -> int:

@@ -21,7 +21,7 @@ def test_example_loads_unchanged_and_names_every_section() -> None:
     cfg = load_config(EXAMPLE)
     raw = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
     assert set(raw) == set(GatewayConfig.model_fields), set(GatewayConfig.model_fields) ^ set(raw)
-    for section in ("listen", "limits", "upstream", "routing", "health", "tenancy", "identity", "policy", "tracing"):
+    for section in ("listen", "server", "limits", "upstream", "routing", "health", "tenancy", "identity", "policy", "tracing"):
         model = type(getattr(cfg, section))
         missing = set(model.model_fields) - set(raw[section])
         # only the alternatives of a choice may be left out (bundle_file vs bundle_url is per trust domain)
