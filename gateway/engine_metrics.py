@@ -50,7 +50,7 @@ class EngineMetricsPoller:
                     return False
                 raw = decode_body(await resp.read(), resp.headers.get("Content-Encoding"), MAX_METRICS_BYTES)
             sample = parse_engine_metrics(raw.decode("utf-8", errors="replace"))
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, ContentCodingError):
+        except (TimeoutError, aiohttp.ClientError, ValueError, ContentCodingError):
             return False
         if not sample.engine:
             return False

@@ -55,11 +55,11 @@ from dataclasses import dataclass
 from routing.types import ReplicaLoad
 
 __all__ = [
-    "EngineSample",
-    "ReplicaEstimate",
-    "PrefillRateEstimator",
-    "Calibration",
     "CalibratingLoadTracker",
+    "Calibration",
+    "EngineSample",
+    "PrefillRateEstimator",
+    "ReplicaEstimate",
     "parse_engine_metrics",
 ]
 
@@ -265,7 +265,7 @@ class Calibration:
 class _CalibratingTicket:
     """A load ticket that reports its first byte to a :class:`Calibration`."""
 
-    __slots__ = ("_inner", "_cal", "_clock", "_t0", "_queued", "_uncached", "replica_id")
+    __slots__ = ("_cal", "_clock", "_inner", "_queued", "_t0", "_uncached", "replica_id")
 
     def __init__(self, inner: object, cal: Calibration, clock: Callable[[], float], queued: int,
                  uncached: int, replica_id: str) -> None:

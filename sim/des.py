@@ -458,6 +458,10 @@ def tune(reqs: Sequence[SimRequest], cfg: SimConfig, grid: Mapping[str, Sequence
 @click.option("--policy", "policies", multiple=True, help="restrict to these policies (repeatable)")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="write the markdown table here")
 @click.option("--tune", "do_tune", is_flag=True, help="also run the cache_aware parameter grid")
+@click.option("--replica-model", type=click.Choice(REPLICA_MODELS), default="fifo", show_default=True,
+              help="fifo: one prefill at a time; chunked: concurrent prefills share the rate")
+@click.option("--prefill-tokens-per-s", type=float, default=10000.0, show_default=True)
+@click.option("--calibrate", is_flag=True, help="add cache_aware_calibrated (learnt rate and queue weight)")
 def main(
     rows: int,
     replicas: int,
@@ -466,18 +470,25 @@ def main(
     policies: tuple[str, ...],
     out: Path | None,
     do_tune: bool,
+    replica_model: str,
+    prefill_tokens_per_s: float,
+    calibrate: bool,
 ) -> None:
     """Print a per-policy table (TTFT, hit rate, balance) for the trace."""
-    cfg = SimConfig(replicas=replicas, capacity_blocks=capacity_blocks)
+    cfg = SimConfig(replicas=replicas, capacity_blocks=capacity_blocks, replica_model=replica_model,
+                    prefill_tokens_per_s=prefill_tokens_per_s)
     reqs = load_trace(trace_path, rows, cfg.block_size)
     pooled = pooled_bound(reqs, capacity_blocks * replicas, cfg.block_size)
     inf = infinite_bound(reqs, cfg.block_size)
     facs = default_policies()
     names = list(policies) or list(facs)
     results = [simulate(n, facs[n](), reqs, cfg) for n in names]
+    if calibrate:
+        results.append(simulate("cache_aware_calibrated", build_policy("cache_aware", {"calibrate": True}), reqs,
+                                cfg, Calibration(prior_rate=10000.0)))
     table = format_table(results)
     head = (
-        f"rows={rows} replicas={replicas} capacity={capacity_blocks} blocks/replica; "
+        f"rows={rows} replicas={replicas} capacity={capacity_blocks} blocks/replica; model={replica_model}; "
         f"pooled-cache bound={pooled:.3f} infinite-cache oracle={inf:.3f}"
     )
     click.echo(head)
