@@ -36,9 +36,11 @@ from gateway.identity import (
 )
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import UpstreamFailure, make_session
+from gateway.engine_metrics import EngineMetricsPoller
 from gateway.health import HealthChecker
 from routing.index import InProcessPrefixIndex
 from routing.load import InProcessLoadTracker
+from routing.calibration import CalibratingLoadTracker, Calibration
 from routing.config import policy_from_config
 from routing.filters import HealthFilter, PolicyDecisionFilter, TenantPoolFilter
 from gateway.replicas import Attempt, Replica, ReplicaSet
@@ -140,7 +142,14 @@ class Components:
             cooldown_s=config.health.breaker_cooldown_s,
         )
         self.index = InProcessPrefixIndex(rc.index_capacity_blocks)
-        self.router = Router(policy, self.index, InProcessLoadTracker(), rc.block_size)
+        # calibration (issue 15): first-byte times and engine metrics, only when the policy asks
+        self.calibration: Calibration | None = None
+        loads: Any = InProcessLoadTracker()
+        if getattr(rc.policy, "calibrate", False):
+            self.calibration = Calibration(prior_rate=rc.policy.prefill_tokens_per_s)
+            loads = CalibratingLoadTracker(loads, self.calibration, time.monotonic)
+        self.router = Router(policy, self.index, loads, rc.block_size, self.calibration)
+        self.engine_metrics: EngineMetricsPoller | None = None
         # audit first (policy changes are audited), then the decision point
         try:
             self.audit = audit or AuditHub.from_config(config.audit, router_factor=getattr(policy, "load_factor", 1.25),
@@ -181,6 +190,10 @@ class Components:
         )
         await self.health.check_once()
         self.health.start()
+        if self.calibration is not None:
+            self.engine_metrics = EngineMetricsPoller(self.replica_set, self.session, self.calibration,
+                                                      interval_s=h.interval_s, timeout_s=h.timeout_s)
+            self.engine_metrics.start()
         self._started = True
 
     async def stop(self) -> None:
@@ -190,6 +203,8 @@ class Components:
         self._started = False
         if self.health is not None:
             await self.health.stop()
+        if self.engine_metrics is not None:
+            await self.engine_metrics.stop()
         await self.pdp.close()
         await self.audit.close()
         for td in self.bundles.trust_domains():

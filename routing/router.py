@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from routing.calibration import Calibration
 from routing.index import PrefixIndex
 from routing.load import LoadTicket, LoadTracker
 from routing.plugins import RoutingPolicy
@@ -56,12 +57,16 @@ class Router:
     and updates synchronously; it performs no I/O.
 
     ``block_size`` is in tokens and must match the chains' block size (raises
-    :class:`ValueError` if not positive).
+    :class:`ValueError` if not positive). ``calibration`` (optional): its
+    per-replica estimates are attached to the candidates (``Candidate.estimate``);
+    feed it with a :class:`routing.calibration.CalibratingLoadTracker` as ``loads``.
     """
 
-    def __init__(self, policy: RoutingPolicy, index: PrefixIndex, loads: LoadTracker, block_size: int) -> None:
+    def __init__(self, policy: RoutingPolicy, index: PrefixIndex, loads: LoadTracker, block_size: int,
+                 calibration: Calibration | None = None) -> None:
         if block_size <= 0:
             raise ValueError("block_size must be positive")
+        self.calibration = calibration
         self.policy = policy
         self.index = index
         self.loads = loads
@@ -87,7 +92,10 @@ class Router:
             for rid, m in self.index.match_many(chain, ids).items():
                 if m > matched[rid]:
                     matched[rid] = m
-        return [Candidate(rid, self.loads.snapshot(rid), matched[rid]) for rid in ids]
+        cal = self.calibration
+        if cal is None:
+            return [Candidate(rid, self.loads.snapshot(rid), matched[rid]) for rid in ids]
+        return [Candidate(rid, self.loads.snapshot(rid), matched[rid], cal.estimate(rid)) for rid in ids]
 
     def route(
         self, req: RouteRequest, candidate_ids: Iterable[str], alt_key_chains: Sequence[Sequence[bytes]] = ()
@@ -128,8 +136,11 @@ class Router:
             self._under -= diff
 
     def forget_replica(self, replica_id: str) -> None:
-        """The replica lost its cache (restart): drop its index entries."""
+        """The replica lost its cache (restart): drop its index entries (and
+        what the calibration learnt of it)."""
         self.index.forget_replica(replica_id)
+        if self.calibration is not None:
+            self.calibration.forget_replica(replica_id)
 
     def counters(self) -> RouterCounters:
         """Snapshot of the cumulative counters (see :class:`RouterCounters`)."""

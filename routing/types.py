@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from routing.calibration import ReplicaEstimate
 
 __all__ = ["ReplicaLoad", "RouteRequest", "Candidate", "RouteChoice", "NoCandidateError"]
 
@@ -55,11 +59,14 @@ class RouteRequest:
 class Candidate:
     """One routable replica: its current ``load`` and ``matched_blocks``
     (leading blocks of the request believed cached there, max over the
-    current and previous key versions)."""
+    current and previous key versions); ``estimate``: its calibrated rate,
+    queue weight and engine metrics (:mod:`routing.calibration`), ``None``
+    when the router has no calibration or nothing was learnt yet."""
 
     replica_id: str
     load: ReplicaLoad
     matched_blocks: int = 0
+    estimate: ReplicaEstimate | None = None
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,8 @@ class ClusterSpec:
     """Simulated replica cluster: ``replicas`` count, ``capacity_blocks`` per replica (16-token
     blocks), ``prefill_tokens_per_s`` real tokens per trace second, ``time_scale`` trace s per wall s,
     ``stream_chunk_tokens`` output tokens per SSE event, ``decode_s_per_token`` trace seconds
-    per output token (None: the simulator's default)."""
+    per output token (None: the simulator's default), ``replica_model`` ``fifo`` or ``chunked``
+    (:mod:`sim.replica`)."""
 
     replicas: int = 6
     capacity_blocks: int = 4000
@@ -101,6 +102,7 @@ class ClusterSpec:
     time_scale: float = 10.0
     stream_chunk_tokens: int = 16
     decode_s_per_token: float | None = None
+    replica_model: str = "fifo"
 
     def cli_args(self) -> list[str]:
         """Flags for ``python -m sim.cluster``."""
@@ -112,6 +114,8 @@ class ClusterSpec:
         ]
         if self.decode_s_per_token is not None:
             args += ["--decode-s-per-token", str(self.decode_s_per_token)]
+        if self.replica_model != "fifo":
+            args += ["--replica-model", self.replica_model]
         return args
 
 

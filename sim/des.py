@@ -9,9 +9,17 @@ events). Used to tune ``cache_aware``; results go to
 
 Model (per replica):
 
-* one FIFO prefill queue, one prefill at a time; the cache lookup happens when
-  a request reaches the head of the queue and its blocks are inserted then;
-  prefill time = 0.005 s + uncached simulator tokens × 16 / 10000 real tokens/s;
+* ``replica_model="fifo"`` (default): one FIFO prefill queue, one prefill at
+  a time; the cache lookup happens when a request reaches the head of the
+  queue and its blocks are inserted then; prefill time = 0.005 s + uncached
+  simulator tokens × 16 / 10000 real tokens/s;
+* ``replica_model="chunked"``: no prefill queue; every request starts its
+  prefill on arrival (cache lookup then, blocks inserted when its prefill
+  ends) and the prefills in progress share the replica's rate equally
+  (processor sharing: with n in progress each advances at 1/n of the rate),
+  the way chunked prefill batches the chunks of several requests in one
+  step (vLLM and SGLang by default); the work of one prefill is the same
+  0.005 s + uncached tokens / rate as above;
 * decode runs concurrently and never blocks prefill: 0.02 s per output token
   (the trace's ``output_length``, real tokens);
 * block-level LRU prefix cache of 4000 blocks of 16 simulator tokens (touched
@@ -37,6 +45,7 @@ from typing import Any
 
 import click
 
+from routing.calibration import CalibratingLoadTracker, Calibration
 from routing.index import InProcessPrefixIndex
 from routing.load import InProcessLoadTracker, LoadTicket
 from routing.plugins import RoutingPolicy, make_choice, require_candidates
@@ -56,6 +65,7 @@ __all__ = [
     "main",
 ]
 
+REPLICA_MODELS = ("fifo", "chunked")
 TRACE_BLOCK_TOKENS = 512
 SIM_TOKENS_PER_TRACE_BLOCK = 32
 DEFAULT_TRACE = Path(__file__).resolve().parent.parent / "data" / "traces" / "conversation_trace.jsonl"
@@ -64,7 +74,9 @@ DEFAULT_TRACE = Path(__file__).resolve().parent.parent / "data" / "traces" / "co
 @dataclass(frozen=True)
 class SimConfig:
     """Timing and cache model. Times in seconds, rates in real tokens/s,
-    ``block_size`` and capacity in simulator tokens / blocks."""
+    ``block_size`` and capacity in simulator tokens / blocks;
+    ``replica_model`` ``fifo`` or ``chunked`` (module doc; raises
+    :class:`ValueError` otherwise)."""
 
     replicas: int = 6
     block_size: int = 16
@@ -73,6 +85,11 @@ class SimConfig:
     prefill_tokens_per_s: float = 10000.0
     prefill_overhead_s: float = 0.005
     decode_s_per_token: float = 0.02
+    replica_model: str = "fifo"
+
+    def __post_init__(self) -> None:
+        if self.replica_model not in REPLICA_MODELS:
+            raise ValueError(f"replica_model must be one of {', '.join(REPLICA_MODELS)}")
 
 
 @dataclass(frozen=True)
@@ -210,11 +227,21 @@ def _pct(sorted_vals: Sequence[float], p: float) -> float:
     return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
 
 
-def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: SimConfig = SimConfig()) -> PolicyResult:
+def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: SimConfig = SimConfig(),
+             calibration: Calibration | None = None) -> PolicyResult:
     """Replay ``reqs`` through a fresh :class:`Router` with ``policy`` on
-    ``cfg.replicas`` simulated replicas; returns a :class:`PolicyResult`."""
+    ``cfg.replicas`` simulated replicas; returns a :class:`PolicyResult`.
+
+    With ``calibration``, the router's load tracker is a
+    :class:`routing.calibration.CalibratingLoadTracker` on the simulated
+    clock (first-byte times feed it) and the candidates carry its estimates;
+    without, the router is the one the gateway had before calibration."""
     ids = [f"r{i}" for i in range(cfg.replicas)]
-    router = Router(policy, InProcessPrefixIndex(cfg.capacity_blocks), InProcessLoadTracker(), cfg.block_size)
+    clock = [0.0]
+    loads: Any = InProcessLoadTracker()
+    if calibration is not None:
+        loads = CalibratingLoadTracker(loads, calibration, lambda: clock[0])
+    router = Router(policy, InProcessPrefixIndex(cfg.capacity_blocks), loads, cfg.block_size, calibration)
     caches = {r: _BlockCache(cfg.capacity_blocks) for r in ids}
     queues: dict[str, list[int]] = {r: [] for r in ids}
     qhead = {r: 0 for r in ids}
@@ -229,50 +256,102 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
     events: list[tuple[float, int, int, int, str]] = []  # time, kind order, seq, req idx, replica
     seq = 0
     ARRIVE, PREFILL_DONE, FINISH = 2, 0, 1
+    chunked = cfg.replica_model == "chunked"
+    # chunked: per replica, remaining work (s at the full rate) of each prefill in progress,
+    # the time the shares were last advanced, and a version that invalidates stale completions
+    active: dict[str, dict[int, float]] = {r: {} for r in ids}
+    t_last = {r: 0.0 for r in ids}
+    version = {r: 0 for r in ids}
 
     for i, r in enumerate(reqs):
         events.append((r.arrival, ARRIVE, i, i, ""))
     heapq.heapify(events)
     seq = len(reqs)
 
-    def start_next(rid: str, now: float) -> None:
-        nonlocal seq, cached_total, prompt_total
-        q = queues[rid]
-        if busy[rid] or qhead[rid] >= len(q):
-            return
-        i = q[qhead[rid]]
-        qhead[rid] += 1
+    def lookup(rid: str, i: int, insert: bool) -> float:
+        nonlocal cached_total, prompt_total
         r = reqs[i]
         cache = caches[rid]
         matched = cache.match(r.keys)
-        cache.insert(r.keys)
+        if insert:
+            cache.insert(r.keys)
         cached = min(matched * cfg.block_size, r.prompt_tokens)
         cached_total += cached
         prompt_total += r.prompt_tokens
         router.observe_delivered(choices[i], cached)  # type: ignore[arg-type]
         dur = cfg.prefill_overhead_s + (r.prompt_tokens - cached) * cfg.token_scale / cfg.prefill_tokens_per_s
         prefill_busy[rid] += dur
+        return dur
+
+    def start_next(rid: str, now: float) -> None:
+        nonlocal seq
+        q = queues[rid]
+        if busy[rid] or qhead[rid] >= len(q):
+            return
+        i = q[qhead[rid]]
+        qhead[rid] += 1
+        dur = lookup(rid, i, insert=True)
         busy[rid] = True
         seq += 1
         heapq.heappush(events, (now + dur, PREFILL_DONE, seq, i, rid))
 
+    def advance(rid: str, now: float) -> None:
+        act = active[rid]
+        if act:
+            share = (now - t_last[rid]) / len(act)
+            for k in act:
+                act[k] -= share
+        t_last[rid] = now
+
+    def schedule(rid: str, now: float) -> None:
+        nonlocal seq
+        version[rid] += 1
+        act = active[rid]
+        if act:
+            k = min(act, key=lambda j: (act[j], j))
+            seq += 1
+            # the replica field carries the version: "rid#version"
+            heapq.heappush(events, (now + max(0.0, act[k]) * len(act), PREFILL_DONE, seq, k,
+                                    f"{rid}#{version[rid]}"))
+
+    def first_token(i: int, rid: str, now: float) -> None:
+        nonlocal seq
+        ttft.append(now - reqs[i].arrival)
+        tickets[i].first_token()  # type: ignore[union-attr]
+        seq += 1
+        heapq.heappush(events, (now + reqs[i].output_tokens * cfg.decode_s_per_token, FINISH, seq, i, rid))
+
     while events:
         now, kind, _, i, rid = heapq.heappop(events)
+        clock[0] = now
         if kind == ARRIVE:
             r = reqs[i]
             rq = RouteRequest("t0", r.keys, r.prompt_tokens, r.output_tokens, cfg.block_size)
             choice, ticket = router.route(rq, ids)
             choices[i], tickets[i] = choice, ticket
-            served[choice.replica_id] += 1
-            queues[choice.replica_id].append(i)
-            start_next(choice.replica_id, now)
+            rid = choice.replica_id
+            served[rid] += 1
+            if chunked:
+                advance(rid, now)
+                active[rid][i] = lookup(rid, i, insert=False)
+                schedule(rid, now)
+            else:
+                queues[rid].append(i)
+                start_next(rid, now)
         elif kind == PREFILL_DONE:
-            ttft.append(now - reqs[i].arrival)
-            tickets[i].first_token()  # type: ignore[union-attr]
-            busy[rid] = False
-            seq += 1
-            heapq.heappush(events, (now + reqs[i].output_tokens * cfg.decode_s_per_token, FINISH, seq, i, rid))
-            start_next(rid, now)
+            if chunked:
+                rid, _, ver = rid.partition("#")
+                if int(ver) != version[rid]:
+                    continue
+                advance(rid, now)
+                del active[rid][i]
+                caches[rid].insert(reqs[i].keys)
+                first_token(i, rid, now)
+                schedule(rid, now)
+            else:
+                busy[rid] = False
+                first_token(i, rid, now)
+                start_next(rid, now)
         else:
             tickets[i].finish()  # type: ignore[union-attr]
 
@@ -379,6 +458,10 @@ def tune(reqs: Sequence[SimRequest], cfg: SimConfig, grid: Mapping[str, Sequence
 @click.option("--policy", "policies", multiple=True, help="restrict to these policies (repeatable)")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="write the markdown table here")
 @click.option("--tune", "do_tune", is_flag=True, help="also run the cache_aware parameter grid")
+@click.option("--replica-model", type=click.Choice(REPLICA_MODELS), default="fifo", show_default=True,
+              help="fifo: one prefill at a time; chunked: concurrent prefills share the rate")
+@click.option("--prefill-tokens-per-s", type=float, default=10000.0, show_default=True)
+@click.option("--calibrate", is_flag=True, help="add cache_aware_calibrated (learnt rate and queue weight)")
 def main(
     rows: int,
     replicas: int,
@@ -387,18 +470,25 @@ def main(
     policies: tuple[str, ...],
     out: Path | None,
     do_tune: bool,
+    replica_model: str,
+    prefill_tokens_per_s: float,
+    calibrate: bool,
 ) -> None:
     """Print a per-policy table (TTFT, hit rate, balance) for the trace."""
-    cfg = SimConfig(replicas=replicas, capacity_blocks=capacity_blocks)
+    cfg = SimConfig(replicas=replicas, capacity_blocks=capacity_blocks, replica_model=replica_model,
+                    prefill_tokens_per_s=prefill_tokens_per_s)
     reqs = load_trace(trace_path, rows, cfg.block_size)
     pooled = pooled_bound(reqs, capacity_blocks * replicas, cfg.block_size)
     inf = infinite_bound(reqs, cfg.block_size)
     facs = default_policies()
     names = list(policies) or list(facs)
     results = [simulate(n, facs[n](), reqs, cfg) for n in names]
+    if calibrate:
+        results.append(simulate("cache_aware_calibrated", build_policy("cache_aware", {"calibrate": True}), reqs,
+                                cfg, Calibration(prior_rate=10000.0)))
     table = format_table(results)
     head = (
-        f"rows={rows} replicas={replicas} capacity={capacity_blocks} blocks/replica; "
+        f"rows={rows} replicas={replicas} capacity={capacity_blocks} blocks/replica; model={replica_model}; "
         f"pooled-cache bound={pooled:.3f} infinite-cache oracle={inf:.3f}"
     )
     click.echo(head)

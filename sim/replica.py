@@ -12,6 +12,13 @@ time like a single-GPU vLLM/SGLang engine:
   prefill_tokens_per_s) × slow_factor`` trace seconds and its blocks are
   inserted when the prefill completes. Queueing under overload shows up as
   TTFT.
+* **Prefill, ``replica_model="chunked"``** (``--replica-model chunked``): no
+  prefill queue; a request starts prefilling on arrival (cache lookup then,
+  blocks inserted when its prefill ends) and the prefills in progress share
+  the replica's rate equally (processor sharing: n in progress each advance
+  at 1/n of the rate), as chunked prefill batches chunks of several requests
+  in one engine step (vLLM's and SGLang's default). The work of one prefill
+  is the same as above; ``vllm:num_requests_waiting`` stays 0.
 * **Decode**: the first token is emitted right after prefill; the remaining
   ``max_tokens − 1`` tokens follow at ``decode_s_per_token × slow_factor`` each,
   concurrently with other requests (decode never blocks the prefill queue).
@@ -74,6 +81,7 @@ __all__ = [
 log = logging.getLogger("sim.replica")
 
 MAX_OUTPUT_TOKENS = 65536
+REPLICA_MODELS = ("fifo", "chunked")
 DEFAULT_MAX_TOKENS = 16
 CLIENT_MAX_SIZE = 16 * 1024 * 1024  # bytes of request body
 _FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
@@ -97,7 +105,9 @@ class ReplicaConfig:
     tokens per trace second; ``prefill_overhead_s`` and ``decode_s_per_token``
     in trace seconds; ``time_scale`` divides every sleep (trace s = wall s ×
     time_scale); ``stream_chunk_tokens`` output tokens per SSE event after the
-    first token. Raises :class:`ValueError` on a non-positive rate or scale.
+    first token; ``replica_model`` ``fifo`` (one prefill at a time) or
+    ``chunked`` (concurrent prefills share the rate; module doc). Raises
+    :class:`ValueError` on a non-positive rate or scale or an unknown model.
     """
 
     replica_id: str = "replica-0"
@@ -110,6 +120,7 @@ class ReplicaConfig:
     decode_s_per_token: float = 0.02
     time_scale: float = 1.0
     stream_chunk_tokens: int = 1
+    replica_model: str = "fifo"
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -124,6 +135,8 @@ class ReplicaConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.stream_chunk_tokens <= 0:
             raise ValueError("stream_chunk_tokens must be positive")
+        if self.replica_model not in REPLICA_MODELS:
+            raise ValueError(f"replica_model must be one of {', '.join(REPLICA_MODELS)}")
 
 
 # --------------------------------------------------------------------------- faults
@@ -368,6 +381,72 @@ class PrefillResult:
     queue_s: float
 
 
+class SharedPrefill:
+    """Processor sharing of one replica's prefill rate (``replica_model="chunked"``).
+
+    Each :meth:`run` holds ``work_s`` trace seconds of work at the full rate;
+    with n runs in progress each advances at 1/n. Times are loop seconds ×
+    ``time_scale`` = trace seconds. Owned by one event loop.
+    """
+
+    def __init__(self, time_scale: float) -> None:
+        self.time_scale = time_scale
+        self._active: dict[int, list[Any]] = {}  # id -> [remaining trace s, future]
+        self._t_last = 0.0
+        self._handle: asyncio.TimerHandle | None = None
+        self._next_id = 0
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    def _advance(self, now: float) -> None:
+        if self._active:
+            share = (now - self._t_last) * self.time_scale / len(self._active)
+            for item in self._active.values():
+                item[0] -= share
+        self._t_last = now
+
+    def _reschedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if not self._active:
+            return
+        for k in [k for k, it in self._active.items() if it[0] <= 1e-9]:
+            fut = self._active.pop(k)[1]
+            if not fut.done():
+                fut.set_result(None)
+        if self._active:
+            rem = min(it[0] for it in self._active.values())
+            self._handle = loop.call_at(self._t_last + rem * len(self._active) / self.time_scale, self._tick, loop)
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._handle = None
+        self._advance(loop.time())
+        for it in self._active.values():  # the soonest one is due now (float rounding)
+            if it[0] <= 1e-6:
+                it[0] = 0.0
+        self._reschedule(loop)
+
+    async def run(self, work_s: float) -> None:
+        """Prefill ``work_s`` trace seconds of work (at the full rate) while
+        sharing the rate with the other runs; a cancelled run leaves at once."""
+        loop = asyncio.get_running_loop()
+        self._advance(loop.time())
+        k = self._next_id
+        self._next_id += 1
+        fut = loop.create_future()
+        self._active[k] = [max(0.0, work_s), fut]
+        self._reschedule(loop)
+        try:
+            await fut
+        finally:
+            if k in self._active:
+                self._advance(loop.time())
+                del self._active[k]
+                self._reschedule(loop)
+
+
 class ReplicaState:
     """Mutable state of one replica: cache, FIFO prefill queue, counters, faults, instance id.
 
@@ -385,6 +464,7 @@ class ReplicaState:
         self.waiting = 0
         self._prefill_lock = asyncio.Lock()  # asyncio.Lock is FIFO-fair: the prefill queue
         self._slot_free_at = 0.0  # loop time at which the running prefill is due to end
+        self._shared = SharedPrefill(cfg.time_scale)
         self.metrics = _Metrics(self)
 
     def reset(self) -> None:
@@ -416,6 +496,8 @@ class ReplicaState:
         cfg = self.cfg
         loop = asyncio.get_running_loop()
         t_q = loop.time()
+        if cfg.replica_model == "chunked":
+            return await self._prefill_shared(keys, prompt_tokens, t_q)
         self.waiting += 1
         try:
             await self._prefill_lock.acquire()
@@ -441,6 +523,31 @@ class ReplicaState:
             raise
         finally:
             self._prefill_lock.release()
+        c = self.counters
+        c.prefills += 1
+        c.prefill_busy_s += service
+        c.queue_wait_s += queue_s
+        c.prompt_tokens += prompt_tokens
+        c.cached_tokens += cached
+        self.metrics.prefill_m.observe(service)
+        self.metrics.queue_m.observe(queue_s)
+        return PrefillResult(cached, service, queue_s)
+
+    async def _prefill_shared(self, keys: list[bytes], prompt_tokens: int, t_q: float) -> PrefillResult:
+        cfg = self.cfg
+        loop = asyncio.get_running_loop()
+        self.running += 1
+        try:
+            hit = self.cache.match(keys)
+            cached = min(hit * cfg.block_size, prompt_tokens)
+            service = self.prefill_seconds(prompt_tokens - cached)
+            await self._shared.run(service)
+            self.cache.insert(keys)
+        except BaseException:
+            self.running -= 1
+            raise
+        elapsed = (loop.time() - t_q) * cfg.time_scale
+        queue_s = max(0.0, elapsed - service)  # the slowdown from sharing, reported as queueing
         c = self.counters
         c.prefills += 1
         c.prefill_busy_s += service
@@ -830,6 +937,7 @@ _CFG_OPTIONS: list[tuple[str, type, str]] = [
     ("decode-s-per-token", float, "decode time per output token, trace seconds"),
     ("time-scale", float, "trace seconds per wall second (divides every sleep)"),
     ("stream-chunk-tokens", int, "output tokens per SSE event after the first"),
+    ("replica-model", str, "fifo (one prefill at a time) or chunked (concurrent prefills share the rate)"),
 ]
 
 

@@ -54,7 +54,10 @@ class CacheAwareConfig(PolicyParams):
     ``max_load_factor``), ``slack_requests`` (>= 0, in units of this request's
     size), ``token_slack`` (>= 0, tokens), ``guard_tokens`` (apply the token
     bound). Scorers: ``prefill_tokens_per_s`` (> 0), ``prefix_weight`` (>= 0),
-    ``decode_weight`` (>= 0). Picker: ``skip_blocks`` (>= 0, tie-break point).
+    ``decode_weight`` (>= 0), ``calibrate`` (use each replica's learnt rate and
+    queue weight, :mod:`routing.calibration`, when the router has a
+    calibration and every candidate is calibrated; otherwise the constant
+    rate and a queue weight of 1). Picker: ``skip_blocks`` (>= 0, tie-break point).
     """
 
     name: Literal["cache_aware"] = "cache_aware"
@@ -66,6 +69,7 @@ class CacheAwareConfig(PolicyParams):
     decode_weight: float = Field(0.0, ge=0)
     prefill_tokens_per_s: float = Field(10000.0, gt=0)
     guard_tokens: bool = True
+    calibrate: bool = False
     skip_blocks: int = Field(1, ge=0)
 
 
@@ -88,9 +92,9 @@ class CacheAwarePolicy(Scheduler):
             "cache_aware",
             filters=[guard],
             scorers=[
-                EstimatedTTFTScorer(rate),
-                DecodeLoadScorer(cfg.decode_weight, rate),
-                PrefixAffinityScorer(cfg.prefix_weight, rate),
+                EstimatedTTFTScorer(rate, cfg.calibrate),
+                DecodeLoadScorer(cfg.decode_weight, rate, cfg.calibrate),
+                PrefixAffinityScorer(cfg.prefix_weight, rate, cfg.calibrate),
             ],
             picker=LowestCostPicker(cfg.skip_blocks),
             fallback=LeastLoadPicker(cfg.skip_blocks, "guard_fallback_least_load"),

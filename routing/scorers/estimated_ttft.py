@@ -1,12 +1,19 @@
 """Estimated time to first token: the request waits behind the replica's
 queued prefill tokens ``q`` and then prefills its ``u`` uncached tokens:
-``(q + u) / prefill_tokens_per_s`` seconds."""
+``(q + u) / prefill_tokens_per_s`` seconds.
+
+With ``calibrated`` (``cache_aware``'s ``calibrate``) and every candidate
+calibrated (:mod:`routing.calibration`): ``(w_c · q + u) / r_c`` with the
+replica's learnt rate ``r_c`` and queue weight ``w_c`` in [0, 1] (1: one
+prefill at a time; lower where concurrent prefills share the replica, so
+queued tokens are not a FIFO wait)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from routing.hashing import prefix_tokens
+from routing.scorers._rates import rates_and_queue_weights
 from routing.types import Candidate, RouteRequest
 
 __all__ = ["EstimatedTTFTScorer"]
@@ -17,13 +24,21 @@ class EstimatedTTFTScorer:
 
     name = "estimated_ttft"
 
-    def __init__(self, prefill_tokens_per_s: float) -> None:
+    def __init__(self, prefill_tokens_per_s: float, calibrated: bool = False) -> None:
         if prefill_tokens_per_s <= 0:
             raise ValueError("prefill_tokens_per_s must be positive")
         self.prefill_tokens_per_s = prefill_tokens_per_s
+        self.calibrated = calibrated
 
     def score(self, req: RouteRequest, candidates: Sequence[Candidate]) -> dict[str, float]:
         """``(queued prefill + uncached prompt tokens) / rate`` per candidate."""
+        if self.calibrated:
+            rw = rates_and_queue_weights(candidates, self.prefill_tokens_per_s, True)
+            return {
+                c.replica_id: (rw[c.replica_id][1] * c.load.queued_prefill_tokens
+                               + (req.prompt_tokens - prefix_tokens(req, c.matched_blocks))) / rw[c.replica_id][0]
+                for c in candidates
+            }
         rate = self.prefill_tokens_per_s
         return {
             c.replica_id: (c.load.queued_prefill_tokens + (req.prompt_tokens - prefix_tokens(req, c.matched_blocks)))

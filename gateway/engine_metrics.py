@@ -1,0 +1,84 @@
+"""Scrape each replica's engine metrics (``GET /metrics``) into the router's calibration.
+
+Only what a real engine exposes is read: the Prometheus text of vLLM or
+SGLang (names in :mod:`routing.calibration`). Runs only when
+``routing.policy.calibrate`` is on. A failed scrape is skipped (the health
+checker owns the replica's health); the last good sample stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aiohttp
+
+from gateway.proxy import ContentCodingError, decode_body
+from gateway.replicas import ReplicaSet
+from routing.calibration import Calibration, parse_engine_metrics
+
+__all__ = ["EngineMetricsPoller"]
+
+log = logging.getLogger(__name__)
+
+MAX_METRICS_BYTES = 4 << 20
+
+
+class EngineMetricsPoller:
+    """Every ``interval_s`` seconds GET ``{replica.url}/metrics`` of every
+    replica (timeout ``timeout_s``) and store the parsed sample in
+    ``calibration``. Raises :class:`ValueError` on non-positive times."""
+
+    def __init__(self, replica_set: ReplicaSet, session: aiohttp.ClientSession, calibration: Calibration,
+                 interval_s: float = 2.0, timeout_s: float = 1.0) -> None:
+        if interval_s <= 0 or timeout_s <= 0:
+            raise ValueError("interval_s and timeout_s must be > 0")
+        self.replica_set = replica_set
+        self.session = session
+        self.calibration = calibration
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self._task: asyncio.Task[None] | None = None
+
+    async def scrape(self, replica_id: str) -> bool:
+        """One scrape of ``replica_id``; True if a sample was stored."""
+        url = self.replica_set.get(replica_id).url.rstrip("/") + "/metrics"
+        try:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
+                if resp.status != 200:
+                    return False
+                raw = decode_body(await resp.read(), resp.headers.get("Content-Encoding"), MAX_METRICS_BYTES)
+            sample = parse_engine_metrics(raw.decode("utf-8", errors="replace"))
+        except (TimeoutError, aiohttp.ClientError, ValueError, ContentCodingError):
+            return False
+        if not sample.engine:
+            return False
+        self.calibration.observe_engine(replica_id, sample)
+        return True
+
+    async def scrape_once(self) -> None:
+        """Scrape every replica concurrently."""
+        ids = [r.id for r in self.replica_set.all()]
+        await asyncio.gather(*(self.scrape(rid) for rid in ids), return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.scrape_once()
+            except Exception:  # keep scraping whatever one round raised
+                log.exception("engine metrics round failed")
+            await asyncio.sleep(self.interval_s)
+
+    def start(self) -> None:
+        """Start the periodic loop on the running event loop (idempotent)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop the loop and wait for it to end."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,285 @@
+"""Robustness grid: PrefixGate and SGLang's router (smg) side by side, one factor at a time.
+
+``python -m sim.grid`` (not part of the tests). Around a default cell (the
+first ``--rows`` Mooncake rows, 6 simulated replicas, 16-token blocks, 4000
+blocks each, 10k real tokens/s prefill, decode 0.02 s/token, one tenant,
+time scale 8, one prefill at a time) each row changes ONE factor:
+prefill speed x0.5 and x2; decode cost off; KV capacity x0.5 and x2;
+8 tenants (each tenant's ``cache_salt`` is sent to SGLang's router too, so the
+replicas partition their caches exactly as for PrefixGate); time scale 20;
+the chunked replica model (concurrent prefills share the rate).
+
+In every cell both routers replay the same rows against the same replicas
+(reset before each run), ``--runs`` seeded runs each (median in the table).
+Resumable: every finished (cell, run, router) is stored at once in
+``--cache`` (JSON); a rerun skips what is there. ``--cells`` picks cells by
+name. The whole table is rendered to ``--out`` (Markdown).
+
+SGLang's router is ``smg`` (Shepherd Model Gateway, ``python -m
+smg.launch_router``, the successor of ``sglang-router``), policy
+``cache_aware`` with its defaults; PrefixGate runs ``cache_aware`` with its
+defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sim.bounds import compute_bounds, tenant_names
+from sim.demo import (
+    ClusterSpec,
+    DemoPaths,
+    bearer_headers,
+    gateway_config,
+    prepare_identity,
+    run_target,
+    start_cluster_proc,
+    start_gateway,
+)
+from sim.procs import (
+    ManagedProcess,
+    free_port,
+    python_module_cmd,
+    start_process,
+    stop_process,
+    wait_for_url,
+)
+from sim.replay import ReplayConfig
+from sim.report import RouterSummary, median_summary
+from sim.trace import DEFAULT_TRACE_PATH, assign_tenants, load_mooncake
+
+__all__ = ["CELLS", "Cell", "main", "start_smg_router"]
+
+ROUTERS = ("prefixgate", "smg")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One grid cell: the factor changed from the default and the resulting setting."""
+
+    name: str
+    prefill_tokens_per_s: float = 10000.0
+    decode_s_per_token: float = 0.02
+    capacity_blocks: int = 4000
+    tenants: int = 1
+    time_scale: float = 8.0
+    replica_model: str = "fifo"
+
+    def spec(self, replicas: int) -> ClusterSpec:
+        """The simulated cluster of this cell."""
+        return ClusterSpec(replicas=replicas, capacity_blocks=self.capacity_blocks,
+                           prefill_tokens_per_s=self.prefill_tokens_per_s, time_scale=self.time_scale,
+                           decode_s_per_token=self.decode_s_per_token, replica_model=self.replica_model)
+
+
+CELLS = (
+    Cell("default"),
+    Cell("prefill x0.5", prefill_tokens_per_s=5000.0),
+    Cell("prefill x2", prefill_tokens_per_s=20000.0),
+    Cell("decode off", decode_s_per_token=0.0),
+    Cell("kv x0.5", capacity_blocks=2000),
+    Cell("kv x2", capacity_blocks=8000),
+    Cell("8 tenants", tenants=8),
+    Cell("time scale 20", time_scale=20.0),
+    Cell("chunked", replica_model="chunked"),
+    Cell("chunked, time scale 20", replica_model="chunked", time_scale=20.0),
+)
+
+
+async def start_smg_router(worker_urls: Sequence[str], paths: DemoPaths, policy: str = "cache_aware",
+                           timeout_s: float = 60.0) -> tuple[ManagedProcess, str]:
+    """Start ``python -m smg.launch_router`` on a free loopback port and wait
+    for ``GET /health`` = 200; raises :class:`sim.procs.ProcessStartError`."""
+    port = free_port()
+    cmd = python_module_cmd("smg.launch_router", "--worker-urls", *worker_urls, "--policy", policy,
+                            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn")
+    proc = start_process(f"smg-{policy}", cmd, paths.logs)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        await wait_for_url(f"{base}/health", timeout_s=timeout_s, proc=proc)
+    except BaseException:
+        stop_process(proc)
+        raise
+    return proc, base
+
+
+def policy_dir_for(tenants: Sequence[str], work: Path) -> Path:
+    """A copy of the repository's policy bundle (``rego/``) under ``work`` whose
+    tenant data also lists every tenant of ``tenants`` missing from it (as a
+    copy of ``tenant-a``: standard tier, the sim model, the default pool).
+    The shipped data knows tenant-a..d only, so the policy denies (403) the
+    others, fail closed; without this the 8-tenant cell served half its rows."""
+    from sim.demo import REPO_ROOT
+
+    dst = work / "rego-grid"
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(REPO_ROOT / "rego", dst)
+    data = dst / "data" / "prefixgate" / "config" / "tenants.json"
+    doc = json.loads(data.read_text(encoding="utf-8"))
+    for t in tenants:
+        doc.setdefault(t, dict(doc["tenant-a"]))
+    data.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return dst
+
+
+def _key(cell: Cell, rows: int, run: int, router: str) -> str:
+    return f"{cell.name}|rows={rows}|run={run}|{router}"
+
+
+def _load_cache(path: Path) -> dict[str, Any]:
+    if path.exists():
+        return json.loads(path.read_text(encoding="utf-8"))
+    return {}
+
+
+def _save_cache(path: Path, cache: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+async def run_cell(cell: Cell, args: argparse.Namespace, paths: DemoPaths, issuer: Any,
+                   cache: dict[str, Any]) -> None:
+    """Run every missing (run, router) of ``cell``; store each result in ``cache`` at once."""
+    todo = [(run, r) for run in range(args.runs) for r in ROUTERS
+            if _key(cell, args.rows, run, r) not in cache]
+    if not todo:
+        return
+    spec = cell.spec(args.replicas)
+    reqs = load_mooncake(args.trace, args.rows)
+    names = tenant_names(cell.tenants)
+    headers_for = bearer_headers(issuer, names)
+    cluster, replicas = await start_cluster_proc(spec, paths)
+    urls = [r["url"] for r in replicas]
+    try:
+        for run, router in todo:
+            seed = args.seed + run
+            tenants = assign_tenants(reqs, names, seed)
+            bounds = compute_bounds(reqs, replicas=spec.replicas, capacity_blocks=spec.capacity_blocks,
+                                    block_size=spec.block_size, tenants=names, seed=seed)
+            rcfg = ReplayConfig(base_url="", time_scale=spec.time_scale, seed=seed,
+                                total_timeout_s=6 * reqs[-1].timestamp / spec.time_scale + 180)
+            t0 = time.monotonic()
+            if router == "smg":
+                proc, base = await start_smg_router(urls, paths)
+            else:
+                gcfg = gateway_config("cache_aware", replicas, names, paths, listen_port=free_port(),
+                                      admin_port=free_port(), block_size=spec.block_size,
+                                      index_capacity_blocks=spec.capacity_blocks)
+                gcfg["policy"]["dir"] = str(policy_dir_for(names, paths.work))
+                proc, base = await start_gateway("gateway-cache_aware", gcfg, paths)
+            try:
+                summary, _ = await run_target(
+                    router, base, urls, reqs, tenants, rcfg, bounds,
+                    headers_for=headers_for if router == "prefixgate" else None,
+                    salt_for=(lambda t: t) if router == "smg" else None)
+            finally:
+                stop_process(proc)
+            cache[_key(cell, args.rows, run, router)] = dataclasses.asdict(summary)
+            _save_cache(args.cache, cache)
+            print(f"  {cell.name:24s} run {run} {router:10s} hit {summary.hit_rate or 0:.3f} "
+                  f"p50 {summary.ttft_p50 or 0:.3f} p99 {summary.ttft_p99 or 0:.3f} "
+                  f"errors {sum(summary.errors.values())} ({time.monotonic() - t0:.0f} s)", flush=True)
+    finally:
+        stop_process(cluster)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or b == 0:
+        return "-"
+    return f"{a / b:.2f}"
+
+
+def render(cache: dict[str, Any], rows: int, runs: int) -> str:
+    """Markdown table of every cell with results in ``cache`` (medians over the runs found)."""
+    lines = [
+        ("| cell | runs | router | hit rate | hit/pooled | TTFT p50 | p90 | p99 | p50 ratio PG/SGL | p90 ratio "
+        "| p99 ratio | req max/mean | errors |"),
+        "|" + "---|" * 13,
+    ]
+    for cell in CELLS:
+        med: dict[str, RouterSummary] = {}
+        for router in ROUTERS:
+            got = [RouterSummary(**cache[k]) for run in range(runs)
+                   if (k := _key(cell, rows, run, router)) in cache]
+            if got:
+                med[router] = median_summary(got)
+        if len(med) < 2:
+            continue
+        pg, sg = med["prefixgate"], med["smg"]
+        for router, s in (("prefixgate", pg), ("smg", sg)):
+            ratios = (f"| {_ratio(pg.ttft_p50, sg.ttft_p50)} | {_ratio(pg.ttft_p90, sg.ttft_p90)} "
+                      f"| {_ratio(pg.ttft_p99, sg.ttft_p99)} ") if router == "prefixgate" else "| | | "
+            imb = s.requests_max / s.requests_mean if s.requests_mean else float("nan")
+            lines.append(
+                f"| {cell.name if router == 'prefixgate' else ''} | {s.runs} | {router} "
+                f"| {s.hit_rate or 0:.3f} | {s.hit_vs_pooled or 0:.2f} | {s.ttft_p50 or 0:.3f} "
+                f"| {s.ttft_p90 or 0:.3f} | {s.ttft_p99 or 0:.3f} {ratios}| {imb:.2f} "
+                f"| {sum(s.errors.values())} |")
+    return "\n".join(lines) + "\n"
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m sim.grid", description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE_PATH)
+    ap.add_argument("--rows", type=int, default=2000)
+    ap.add_argument("--replicas", type=int, default=6)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cells", default="", help="comma-separated cell names (default: all)")
+    ap.add_argument("--cache", type=Path, default=Path("bench/results/grid.json"))
+    ap.add_argument("--out", type=Path, default=Path("bench/results/grid.md"))
+    ap.add_argument("--budget-s", type=float, default=0.0, help="stop starting new cells after this (0: none)")
+    return ap.parse_args(argv)
+
+
+async def run_grid(args: argparse.Namespace) -> None:
+    """Run the selected cells (skipping cached results) and write the table."""
+    want = {c.strip() for c in args.cells.split(",") if c.strip()}
+    cells = [c for c in CELLS if not want or c.name in want]
+    cache = _load_cache(args.cache)
+    work = Path(tempfile.mkdtemp(prefix="prefixgate-grid-"))
+    paths = DemoPaths.under(work)
+    issuer = prepare_identity(paths)
+    t0 = time.monotonic()
+    try:
+        for cell in cells:
+            if args.budget_s and time.monotonic() - t0 > args.budget_s:
+                print(f"budget spent; not starting {cell.name}", flush=True)
+                continue
+            await run_cell(cell, args, paths, issuer, cache)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    table = render(cache, args.rows, args.runs)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(f"rows={args.rows} runs={args.runs} replicas={args.replicas}\n\n{table}", encoding="utf-8")
+    print(table)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m sim.grid``; 2 if a component failed to start."""
+    from sim.procs import ProcessStartError
+
+    args = _parse(argv)
+    try:
+        asyncio.run(run_grid(args))
+    except ProcessStartError as exc:
+        print(f"grid failed to start a component: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
