@@ -27,9 +27,10 @@ import ipaddress
 import math
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from cachetools import LRUCache
 
 from tenancy.registry import Tenant
 
@@ -343,10 +344,9 @@ class SourceLimiter:
             raise ValueError("max_sources must be >= 1")
         self._rate = float(rate)
         self._burst = float(burst)
-        self._max = max_sources
         self._clock = clock
         self._ipv6_prefix = ipv6_prefix
-        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self._buckets: LRUCache[str, TokenBucket] = LRUCache(maxsize=max_sources)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -356,11 +356,7 @@ class SourceLimiter:
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = TokenBucket(self._rate, self._burst, now)
-            self._buckets[key] = bucket
-            while len(self._buckets) > self._max:
-                self._buckets.popitem(last=False)
-        else:
-            self._buckets.move_to_end(key)
+            self._buckets[key] = bucket  # evicts the least recently used source
         return bucket
 
     def check(self, source: str, now: float | None = None) -> None:
