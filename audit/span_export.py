@@ -54,6 +54,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import SpanKind, StatusCode
 
+from audit.backoff import Backoff
+
 log = logging.getLogger(__name__)
 
 _M64 = (1 << 64) - 1
@@ -328,7 +330,7 @@ class OffloadSpanProcessor(SpanProcessor):
         """Writer thread: every ``flush_interval_s`` (or when woken) push the
         queue into the pipe; restart a dead child with exponential backoff."""
         next_restart = 0.0
-        delay = self._backoff[0]
+        backoff = Backoff(*self._backoff)
         started_at = time.monotonic()
         while True:
             self._wake.wait(self._flush_interval)
@@ -343,9 +345,8 @@ class OffloadSpanProcessor(SpanProcessor):
                 with self._lock:
                     self._proc = proc = None
                 if time.monotonic() - started_at > 60.0:  # it had been healthy: restart fast again
-                    delay = self._backoff[0]
-                next_restart = time.monotonic() + delay
-                delay = min(delay * 2, self._backoff[1])
+                    backoff.reset()
+                next_restart = time.monotonic() + backoff.next()
             if proc is None and not stopping and time.monotonic() >= next_restart:
                 try:
                     self._spawn()
@@ -354,8 +355,7 @@ class OffloadSpanProcessor(SpanProcessor):
                     proc = self._proc
                 except OSError as exc:
                     log.warning("span exporter child restart failed: %s", exc)
-                    delay = min(delay * 2, self._backoff[1])
-                    next_restart = time.monotonic() + delay
+                    next_restart = time.monotonic() + backoff.next()
             self._push(proc)
             for w in waiters:
                 w.set()
