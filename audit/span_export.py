@@ -6,9 +6,9 @@ and the HTTP export run in a thread of the gateway process, holding the GIL
 processor only turns each finished span into a plain tuple (``on_end``,
 a few microseconds on the event-loop thread, never blocking), and a small
 writer thread ships batches as newline-delimited orjson frames over a pipe to
-a child process (:mod:`audit.span_exporter_proc`) that rebuilds
-``ReadableSpan`` objects and runs the SDK's own exporter, so the wire format
-is exactly the SDK's.
+a child process (:mod:`audit.span_exporter_proc`) that builds the OTLP
+request with opentelemetry-proto (the same bytes as the SDK's encoder) and
+POSTs it per the OTLP/HTTP spec (:mod:`audit.otlp_traces`).
 
 Why a thread and not asyncio for the pipe: the processor is called by the
 SDK from whatever thread ends a span and has no event loop of its own; a
@@ -176,7 +176,7 @@ class OffloadSpanProcessor(SpanProcessor):
     """SpanProcessor that hands finished spans to an exporter child process.
 
     Args:
-        exporter: ``"otlp"`` (OTLPSpanExporter over OTLP/HTTP protobuf) or ``"console"``.
+        exporter: ``"otlp"`` (OTLP/HTTP protobuf, :mod:`audit.otlp_traces`) or ``"console"``.
         resource: the TracerProvider's resource (sent to the child once, at start).
         endpoint: OTLP traces URL, e.g. ``http://collector:4318/v1/traces``
             (None: the child's OTEL_EXPORTER_OTLP_* environment decides).
