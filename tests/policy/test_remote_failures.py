@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from policy.decision import PolicyOutputError, PolicyUnavailableError
-from policy.opa_server import OpaServerState, create_app, state_from_dir
+from tests.support.opa_server import OpaServerState, create_app, state_from_dir
 from policy.remote import RemoteOpa
 
 

@@ -25,7 +25,7 @@ import httpx
 import pytest
 import uvicorn
 
-from policy.opa_server import create_app, state_from_dir
+from tests.support.opa_server import create_app, state_from_dir
 
 REPO = Path(__file__).resolve().parents[2]
 REGO = REPO / "rego"
@@ -36,7 +36,7 @@ BODY = {"model": "sim-model", "prompt": "readiness " + " ".join(f"w{i}" for i in
 
 
 class OpaAt:
-    """``policy.opa_server`` on 127.0.0.1:``port`` (0: any) in a thread; can be
+    """``tests.support.opa_server`` on 127.0.0.1:``port`` (0: any) in a thread; can be
     stopped and started again on the same port."""
 
     def __init__(self, port: int = 0) -> None:

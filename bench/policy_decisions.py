@@ -1,8 +1,8 @@
-"""Decision latency benchmark (not a test): ``python -m policy.bench``.
+"""Decision latency benchmark (not a test): ``python -m bench.policy_decisions``.
 
 Measures p50/p99 of ``decide()`` for the shipped policy with an 8-replica
 candidate set: embedded without cache, embedded with cache (all hits after
-the first), and remote OPA (policy.opa_server as a subprocess on loopback).
+the first), and remote OPA (tests.support.opa_server as a subprocess on loopback).
 Writes a table between the bench markers of docs/policy.md.
 """
 
@@ -80,7 +80,7 @@ async def run(n: int) -> list[tuple[str, dict[str, float]]]:
     ]
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "policy.opa_server", "--port", str(port), "--policy-dir", str(REPO / "rego")],
+        [sys.executable, "-m", "tests.support.opa_server", "--port", str(port), "--policy-dir", str(REPO / "rego")],
         cwd=REPO,
     )
     try:
@@ -125,7 +125,7 @@ def main() -> None:
     """CLI entry (re-execs with the gateway's ``GOGC`` so the numbers match a served gateway)."""
     from policy import reexec_with_go_gc
 
-    reexec_with_go_gc(["-m", "policy.bench", *sys.argv[1:]])
+    reexec_with_go_gc(["-m", "bench.policy_decisions", *sys.argv[1:]])
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", type=int, default=5000)
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "policy.md")
