@@ -280,7 +280,7 @@ class Components:
             raise GatewayError(400, "context_length_exceeded",
                                f"prompt has {prompt_tokens} tokens; this tenant's limit is {limit}")
         try:
-            self.limiter.charge_prompt_tokens(tenant, prompt_tokens, time.monotonic(), sequences=sequences)
+            self.limiter.charge_prompt_tokens(tenant, prompt_tokens, time.monotonic())
         except RateLimited as exc:
             raise _too_many(exc.retry_after_s, "token_rate_limited", "tenant prompt-token rate exceeded") from None
 

@@ -38,8 +38,6 @@ __all__ = [
     "LimitExceeded",
     "RateLimited",
     "ConcurrencyLimited",
-    "PromptTooLong",
-    "MaxTokensUnset",
     "TokenBucket",
     "Lease",
     "TenantLimiter",
@@ -70,19 +68,6 @@ class RateLimited(LimitExceeded):
 
 class ConcurrencyLimited(LimitExceeded):
     """The tenant already has ``max_concurrency`` requests in flight: HTTP 429."""
-
-
-class PromptTooLong(ValueError):
-    """Prompt exceeds the tenant's ``max_prompt_tokens`` (HTTP 400/413; retrying cannot help)."""
-
-    def __init__(self, tokens: int, limit: int) -> None:
-        super().__init__(f"prompt has {tokens} tokens, tenant limit is {limit}")
-        self.tokens = tokens
-        self.limit = limit
-
-
-class MaxTokensUnset(ValueError):
-    """No ``max_tokens`` requested and no cap configured anywhere (fail closed)."""
 
 
 class TokenBucket:
@@ -253,18 +238,16 @@ class TenantLimiter:
             st.in_flight += extra
             lease.weight += extra
 
-    def charge_prompt_tokens(self, tenant: Tenant, n: int, now: float | None = None, *, sequences: int = 1) -> None:
-        """Charge ``n`` prompt tokens (all ``sequences`` of a request) to ``tenant`` after tokenizing.
+    def charge_prompt_tokens(self, tenant: Tenant, n: int, now: float | None = None) -> None:
+        """Charge ``n`` prompt tokens (all sequences of a request) to ``tenant`` after tokenizing.
 
-        Raises :class:`PromptTooLong` if ``n > max_prompt_tokens x sequences``
-        (the limit is per sequence; the caller checks each one) and
-        :class:`RateLimited` (reason ``tenant_prompt_tokens``) if the
-        prompt-token bucket cannot cover it (see module doc on debt).
+        The prompt's size limit (``max_prompt_tokens``, per sequence) is the
+        caller's check, made before this charge. Raises :class:`RateLimited`
+        (reason ``tenant_prompt_tokens``) if the prompt-token bucket cannot
+        cover it (see module doc on debt).
         """
         if n < 0:
             raise ValueError("token count must be >= 0")
-        if tenant.max_prompt_tokens is not None and n > tenant.max_prompt_tokens * max(1, sequences):
-            raise PromptTooLong(n, tenant.max_prompt_tokens * max(1, sequences))
         if tenant.prompt_tokens_per_s is None:
             return
         now = self._clock() if now is None else now
@@ -401,26 +384,22 @@ def clamp_max_tokens(
     tenant_cap: int | None,
     policy_cap: int | None,
     *,
-    default: int | None = None,
+    default: int,
 ) -> int:
     """Return the ``max_tokens`` (output tokens) to send upstream.
 
     The cap is the smallest of ``tenant_cap`` and ``policy_cap`` (those not
-    None). A request without ``max_tokens`` gets the cap (or ``default`` when
-    no cap exists); a request above the cap is clamped down to it (not
-    refused: OpenAI semantics let the answer stop with
+    None). A request without ``max_tokens`` gets the cap, or ``default``
+    (the gateway's ``limits.max_output_tokens``) when no cap exists, so the
+    output is always bounded; a request above the cap is clamped down to it
+    (not refused: OpenAI semantics let the answer stop with
     ``finish_reason="length"``). Raises :class:`ValueError` for a
-    non-positive request and :class:`MaxTokensUnset` when nothing bounds
-    the output (fail closed).
+    non-positive request.
     """
     if requested is not None and (isinstance(requested, bool) or requested <= 0):
         raise ValueError("max_tokens must be a positive integer")
     caps = [c for c in (tenant_cap, policy_cap) if c is not None]
     cap = min(caps) if caps else None
     if requested is None:
-        if cap is not None:
-            return cap
-        if default is not None:
-            return default
-        raise MaxTokensUnset("no max_tokens requested and no cap configured")
+        return default if cap is None else cap
     return requested if cap is None else min(requested, cap)
