@@ -466,6 +466,7 @@ class Components:
 
         fresh = load_config(self.config_path) if getattr(self, "config_path", None) else self.config
         self.registry = self.registry.reload(fresh.tenancy.tenants, operators=fresh.tenancy.operators)
+        self.limiter.forget({t.id for t in self.registry.tenants()})  # free removed tenants' buckets
         return self.registry
 
     async def readiness(self) -> list[str]:

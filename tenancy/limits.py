@@ -179,6 +179,10 @@ class TenantLimiter:
         self._lock = threading.Lock()
         self._tenants: dict[str, _TenantState] = {}
 
+    def __len__(self) -> int:
+        """Number of tenants with limiter state (buckets or leases)."""
+        return len(self._tenants)
+
     def in_flight(self, tenant_id: str) -> int:
         """Return the number of unreleased leases of ``tenant_id``."""
         st = self._tenants.get(tenant_id)
@@ -260,7 +264,11 @@ class TenantLimiter:
                 raise RateLimited(wait, "tenant_prompt_tokens")
 
     def forget(self, keep: set[str]) -> None:
-        """Drop state of tenants not in ``keep`` that have nothing in flight (after a reload)."""
+        """Drop state of tenants not in ``keep`` that have nothing in flight.
+
+        The gateway calls this after every registry reload with the ids of the
+        tenants still configured, so a removed tenant's buckets are freed (one
+        with requests still in flight is dropped at a later reload)."""
         with self._lock:
             for tid in [t for t, st in self._tenants.items() if t not in keep and st.in_flight == 0]:
                 del self._tenants[tid]
