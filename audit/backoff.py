@@ -40,10 +40,6 @@ class Backoff:
         self._next = min(delay * 2, self.max_s)
         return delay
 
-    def peek(self) -> float:
-        """The delay :meth:`next` would return, without advancing."""
-        return self._next
-
     def reset(self) -> None:
         """Start over at ``initial_s`` (after a success or a long healthy run)."""
         self._next = self.initial_s
