@@ -45,6 +45,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, set_span_in_context
+from sim.procs import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "results" / "span_offload.json"
@@ -61,12 +62,6 @@ def _collector(port: int) -> None:
     app = web.Application(client_max_size=64 << 20)
     app.router.add_post("/v1/traces", ok)
     web.run_app(app, host="127.0.0.1", port=port, print=None, handle_signals=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_port(port: int, timeout: float = 10.0) -> None:
@@ -227,7 +222,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4000, help="requests per variant (5 spans each)")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    port = _free_port()
+    port = free_port()
     coll = multiprocessing.get_context("spawn").Process(target=_collector, args=(port,), daemon=True)
     coll.start()
     try:

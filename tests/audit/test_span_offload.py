@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from audit.span_export import OffloadSpanProcessor, encode_frames, encode_span
 from audit.span_exporter_proc import SpanDecoder
 from audit.tracing import setup_tracing
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -212,13 +213,12 @@ async def test_killed_child_is_restarted_and_gap_counted(collector):
         await col.wait_for(lambda: "before" in col.names())
         old = proc.child_pid
         os.kill(old, signal.SIGKILL)
-        await asyncio.sleep(0.15)  # writer notices the death; restart waits for the backoff
+        # the writer notices the death; the restart waits for the 0.6 s backoff
+        await wait_for(lambda: proc.child_pid is None, what="the writer to notice the dead child")
         for i in range(5):
             tracer.start_span(f"gap-{i}").end()
-        deadline = time.monotonic() + 5
-        while proc.child_pid in (None, old) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert proc.child_pid not in (None, old) and proc.restarts == 1
+        await wait_for(lambda: proc.child_pid not in (None, old), what="the child restarted")
+        assert proc.restarts == 1
         tracer.start_span("after").end()
         await col.wait_for(lambda: "after" in col.names())
     finally:
