@@ -28,6 +28,7 @@ from gateway.server import GatewayServer, uvicorn_config
 from sim.cluster import Cluster, start_cluster
 from sim.replica import ReplicaConfig
 from sim.spiffe_issuer import DemoIssuer
+from tests.support.markers import pytest_collection_modifyitems  # noqa: F401 - e2e / slow / statistical
 
 TD = "demo.prefixgate.test"
 ROOT = Path(__file__).resolve().parents[1]
