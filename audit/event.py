@@ -234,11 +234,6 @@ class AuditEvent:
     summary: Mapping[str, Any] | None = None
     checkpoint: Mapping[str, Any] | None = None
 
-    @property
-    def time_iso(self) -> str:
-        """``time_ms`` as ISO 8601 UTC with millisecond precision."""
-        return iso_ms(self.time_ms)
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; ``None`` values (and empty groups) are omitted,
         enums are their string values. Field order is the dataclass order."""

@@ -103,11 +103,6 @@ class JsonlChainSink:
         self._since_checkpoint = 0
         self._ticker: asyncio.Task[None] | None = None
 
-    @property
-    def current_file(self) -> Path | None:
-        """The file being written."""
-        return self._path
-
     async def open(self) -> None:
         """Continue the chain found in ``directory`` (new file) or start it."""
         if self._fh is not None:

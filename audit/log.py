@@ -45,6 +45,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from audit.backoff import Backoff
 from audit.dirlock import lock_directory
 from audit.event import AuditEvent, Kind, Outcome, now_ms, scrub_event
 from audit.sink import AuditSink, SinkUnavailable
@@ -163,8 +164,7 @@ class AuditLog:
         self._spill_dir = Path(spill_dir)
         self._spill_max = spill_max_bytes
         self._spill_hard = spill_max_bytes + max(int(spill_max_bytes * spill_headroom), MIN_HEADROOM_BYTES)
-        self._retry_initial = retry_initial_s
-        self._retry_max = retry_max_s
+        self._retry = (retry_initial_s, retry_max_s)
         self._slow_send_s = slow_send_s
         self._aggregator = aggregator
         self._on_alert = on_alert
@@ -443,7 +443,7 @@ class AuditLog:
         return True
 
     async def _run(self, w: _SinkWorker) -> None:
-        backoff = self._retry_initial
+        backoff = Backoff(*self._retry)
         loop = asyncio.get_running_loop()
         while True:
             w.busy = bool(w.pending)
@@ -497,9 +497,8 @@ class AuditLog:
                     self.metrics.spill_bytes.labels(w.sink.name).set(w.spill.pending_bytes)
                     self._update_accepting()
                     w.commit_to = None
-                backoff = self._retry_initial
+                backoff.reset()
             else:
                 # _deliver marked the sink down, which moved the batch and the queue
                 # to the spill; the batch is retried (then the spill replayed)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._retry_max)
+                await asyncio.sleep(backoff.next())

@@ -42,6 +42,7 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from audit.backoff import Backoff
 from audit.event import AuditEvent, Kind, Outcome
 from audit.summary import AUDIT_UNAVAILABLE_CODE, RefusalCounter
 
@@ -108,8 +109,7 @@ class RemoteAuditLog:
         self._config = orjson.dumps(doc)
         self._max_backlog = max_backlog_bytes
         self._hard = max_backlog_bytes + max(int(max_backlog_bytes * headroom), MIN_HEADROOM_BYTES)
-        self._restart_initial = restart_initial_s
-        self._restart_max = restart_max_s
+        self._restart = (restart_initial_s, restart_max_s)
         self._start_timeout = start_timeout_s
         self._python = python or sys.executable
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -400,13 +400,13 @@ class RemoteAuditLog:
         The backoff only starts over after a worker lived ``STABLE_S``: one that
         dies right after becoming ready is not restarted in a tight loop."""
         loop = asyncio.get_running_loop()
-        backoff = self._restart_initial
+        backoff = Backoff(*self._restart)
         while True:
             assert self._proc is not None
             started = loop.time()
             rc = await self._proc.wait()
             if loop.time() - started >= STABLE_S:
-                backoff = self._restart_initial
+                backoff.reset()
             self._live = False
             # the next worker counts from 0: keep what this one had lost
             self._dropped += self._worker_dropped
@@ -416,8 +416,7 @@ class RemoteAuditLog:
             self.metrics.up.set(0)
             log.error("audit worker exited (status %s); restarting, %d events kept for resend", rc, len(self._unacked))
             while True:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._restart_max)
+                await asyncio.sleep(backoff.next())
                 try:
                     await self._spawn()
                     break

@@ -6,9 +6,9 @@ and the HTTP export run in a thread of the gateway process, holding the GIL
 processor only turns each finished span into a plain tuple (``on_end``,
 a few microseconds on the event-loop thread, never blocking), and a small
 writer thread ships batches as newline-delimited orjson frames over a pipe to
-a child process (:mod:`audit.span_exporter_proc`) that rebuilds
-``ReadableSpan`` objects and runs the SDK's own exporter, so the wire format
-is exactly the SDK's.
+a child process (:mod:`audit.span_exporter_proc`) that builds the OTLP
+request with opentelemetry-proto (the same bytes as the SDK's encoder) and
+POSTs it per the OTLP/HTTP spec (:mod:`audit.otlp_traces`).
 
 Why a thread and not asyncio for the pipe: the processor is called by the
 SDK from whatever thread ends a span and has no event loop of its own; a
@@ -53,6 +53,8 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import SpanKind, StatusCode
+
+from audit.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +176,7 @@ class OffloadSpanProcessor(SpanProcessor):
     """SpanProcessor that hands finished spans to an exporter child process.
 
     Args:
-        exporter: ``"otlp"`` (OTLPSpanExporter over OTLP/HTTP protobuf) or ``"console"``.
+        exporter: ``"otlp"`` (OTLP/HTTP protobuf, :mod:`audit.otlp_traces`) or ``"console"``.
         resource: the TracerProvider's resource (sent to the child once, at start).
         endpoint: OTLP traces URL, e.g. ``http://collector:4318/v1/traces``
             (None: the child's OTEL_EXPORTER_OTLP_* environment decides).
@@ -328,7 +330,7 @@ class OffloadSpanProcessor(SpanProcessor):
         """Writer thread: every ``flush_interval_s`` (or when woken) push the
         queue into the pipe; restart a dead child with exponential backoff."""
         next_restart = 0.0
-        delay = self._backoff[0]
+        backoff = Backoff(*self._backoff)
         started_at = time.monotonic()
         while True:
             self._wake.wait(self._flush_interval)
@@ -343,9 +345,8 @@ class OffloadSpanProcessor(SpanProcessor):
                 with self._lock:
                     self._proc = proc = None
                 if time.monotonic() - started_at > 60.0:  # it had been healthy: restart fast again
-                    delay = self._backoff[0]
-                next_restart = time.monotonic() + delay
-                delay = min(delay * 2, self._backoff[1])
+                    backoff.reset()
+                next_restart = time.monotonic() + backoff.next()
             if proc is None and not stopping and time.monotonic() >= next_restart:
                 try:
                     self._spawn()
@@ -354,8 +355,7 @@ class OffloadSpanProcessor(SpanProcessor):
                     proc = self._proc
                 except OSError as exc:
                     log.warning("span exporter child restart failed: %s", exc)
-                    delay = min(delay * 2, self._backoff[1])
-                    next_restart = time.monotonic() + delay
+                    next_restart = time.monotonic() + backoff.next()
             self._push(proc)
             for w in waiters:
                 w.set()

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timezone
 
+from audit.backoff import Backoff
 from audit.cef import format_cef
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
 from audit.sink import SinkUnavailable
@@ -230,15 +231,14 @@ class SyslogSink:
             self._reconnect = asyncio.get_running_loop().create_task(self._reconnect_loop())
 
     async def _reconnect_loop(self) -> None:
-        delay = 0.05
+        backoff = Backoff(0.05, max(self._timeout, 0.05))
         try:
             while not self._closing and self._writer is None:
                 try:
                     await self.open()
                     return
                 except SinkUnavailable:
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, max(self._timeout, 0.05))
+                    await asyncio.sleep(backoff.next())
         finally:
             self._reconnect = None
 

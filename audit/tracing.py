@@ -30,15 +30,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 # OpenTelemetry semantic conventions (HTTP stable, gen_ai development)
 HTTP_REQUEST_METHOD = "http.request.method"
 HTTP_ROUTE = "http.route"
-HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
-GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
-GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 # PrefixGate attributes
 PG_TENANT = "prefixgate.tenant"
-PG_REPLICA = "prefixgate.replica"
-PG_PREFIX_TOKENS_MATCHED = "prefixgate.prefix_tokens_matched"
-PG_DECISION_ID = "prefixgate.decision_id"
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _memory_exporter: InMemorySpanExporter | None = None

@@ -20,21 +20,20 @@ CPU is not gateway CPU). Measured:
   (the part that runs on the event-loop thread).
 * ``sdk_encode_us_per_span``: ``encode_spans(batch).SerializeToString()``
   alone, for reference (the protobuf work the offload moves out).
-* ``child_cpu_us_per_span`` (variants ``offload`` = the child's OTLP fast
-  path, ``offload_sdk_path`` = ``PREFIXGATE_SPAN_EXPORT_PATH=sdk``, ReadableSpan
-  rebuild + ``OTLPSpanExporter.export``): the exporter child's own CPU
+* ``child_cpu_us_per_span`` (variant ``offload``: the child's own encoder
+  and OTLP/HTTP client, :mod:`audit.otlp_traces`): the exporter child's own CPU
   (psutil user+system) from idle before the burst to idle after it, divided
   by spans; includes JSON parsing, protobuf and the HTTP POSTs.
 * ``child_decode_encode_us_per_span``: the child's per-span work without
   HTTP, in this process (``process_time``): frame parse + request body, for
-  both paths.
+  the child's encoder and, for reference, a ``ReadableSpan`` rebuild + the
+  SDK's ``encode_spans``.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import multiprocessing
-import os
 import platform
 import socket
 import time
@@ -46,6 +45,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, set_span_in_context
+from sim.procs import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "results" / "span_offload.json"
@@ -62,12 +62,6 @@ def _collector(port: int) -> None:
     app = web.Application(client_max_size=64 << 20)
     app.router.add_post("/v1/traces", ok)
     web.run_app(app, host="127.0.0.1", port=port, print=None, handle_signals=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_port(port: int, timeout: float = 10.0) -> None:
@@ -134,13 +128,10 @@ def _run(kind: str, requests: int, endpoint: str) -> dict[str, Any]:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         timed = _Timed(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
-    elif kind in ("offload", "offload_sdk_path"):
+    elif kind == "offload":
         from audit.span_export import OffloadSpanProcessor
-        from audit.span_exporter_proc import SPAN_EXPORT_PATH_ENV
-        os.environ[SPAN_EXPORT_PATH_ENV] = "sdk" if kind == "offload_sdk_path" else "fast"  # inherited by the child
         inner = OffloadSpanProcessor("otlp", resource, endpoint=endpoint)
         inner.start()
-        os.environ.pop(SPAN_EXPORT_PATH_ENV, None)
         timed = _Timed(inner)
     if timed is not None:
         provider.add_span_processor(timed)
@@ -179,7 +170,7 @@ def _child_work_cost(requests: int) -> dict[str, float]:
     """The child's per-span CPU without HTTP (us per span, min of 3): the
     rebuild path (``SpanDecoder.decode_frame`` + ``encode_spans`` +
     ``SerializePartialToString``, what ``OTLPSpanExporter.export`` does before
-    the POST) and the fast path (``parse_records`` +
+    the POST, as reference) and the child's encoder (``parse_records`` +
     ``OtlpRequestEncoder.encode``), on the same frames of 512 spans."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -196,7 +187,7 @@ def _child_work_cost(requests: int) -> dict[str, float]:
     spans = mem.get_finished_spans()
     data, _ = encode_frames([encode_span(s) for s in spans], 512)
     lines = data.split(b"\n")[:-1]
-    out: dict[str, list[float]] = {"sdk_rebuild_path": [], "fast_path": []}
+    out: dict[str, list[float]] = {"sdk_rebuild_path": [], "child_encoder": []}
     for _ in range(3):
         decoder = SpanDecoder(resource)
         t0 = time.process_time()
@@ -205,9 +196,9 @@ def _child_work_cost(requests: int) -> dict[str, float]:
         encoder = OtlpRequestEncoder(resource)
         t0 = time.process_time()
         new = [encoder.encode(parse_records(line))[0] for line in lines]
-        out["fast_path"].append(time.process_time() - t0)
+        out["child_encoder"].append(time.process_time() - t0)
         if old != new:
-            raise AssertionError("fast path bytes differ from the SDK encoder's")
+            raise AssertionError("child encoder bytes differ from the SDK encoder's")
     return {k: round(min(v) / len(spans) * 1e6, 2) for k, v in out.items()}
 
 
@@ -231,21 +222,20 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4000, help="requests per variant (5 spans each)")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    port = _free_port()
+    port = free_port()
     coll = multiprocessing.get_context("spawn").Process(target=_collector, args=(port,), daemon=True)
     coll.start()
     try:
         _wait_port(port)
         endpoint = f"http://127.0.0.1:{port}/v1/traces"
         spans = args.requests * 5
-        runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "sdk_batch_otlp": [], "offload": [],
-                                                 "offload_sdk_path": []}
+        runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "sdk_batch_otlp": [], "offload": []}
         for _ in range(args.repeats):  # interleaved so all variants see the same machine state
             for kind in runs:
                 runs[kind].append(_run(kind, args.requests, endpoint))
         base_cpu = min(r["cpu_s"] for r in runs["baseline"])
         summary: dict[str, Any] = {}
-        for kind in ("sdk_batch_otlp", "offload", "offload_sdk_path"):
+        for kind in ("sdk_batch_otlp", "offload"):
             cpu = min(r["cpu_s"] for r in runs[kind])
             summary[kind] = {
                 "process_cpu_us_per_span": round((cpu - base_cpu) / spans * 1e6, 2),

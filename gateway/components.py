@@ -529,6 +529,9 @@ class Components:
         fresh = load_config(self.config_path) if getattr(self, "config_path", None) else self.config
         self.registry = self.registry.reload(fresh.tenancy.tenants, operators=fresh.tenancy.operators)
         self.pdp.clear_cache()  # tenant facts reach the policy through its input: no decision outlives them
+        keep = {t.id for t in self.registry.tenants()}
+        self.limiter.forget(keep)  # free removed tenants' buckets
+        self.ledger.forget(keep)
         return self.registry
 
     async def readiness(self) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-__all__ = ["GatewayError", "error_response"]
+__all__ = ["GatewayError"]
 
 
 class GatewayError(Exception):
@@ -58,11 +58,6 @@ class GatewayError(Exception):
     def response(self) -> JSONResponse:
         """Return the Starlette response for this error."""
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-def error_response(status: int, code: str, message: str, **kw: Any) -> JSONResponse:
-    """Shortcut: ``GatewayError(status, code, message, **kw).response()``."""
-    return GatewayError(status, code, message, **kw).response()
 
 
 def _default_type(status: int) -> str:

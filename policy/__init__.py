@@ -21,7 +21,7 @@ def reexec_with_go_gc(argv: Sequence[str]) -> None:
     The embedded engine is a Go c-shared library: its runtime reads ``GOGC``
     from the environment the *process started with* (``putenv`` after start is
     not seen), so a process entry point (``prefixgate serve``,
-    ``python -m policy.bench``) calls this first. ``argv`` is the argument list
+    ``python -m bench.policy_decisions``) calls this first. ``argv`` is the argument list
     to re-run (``sys.argv``-like, without the interpreter). Returns only when
     nothing needs to change; otherwise never returns (``os.execv``).
     """

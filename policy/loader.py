@@ -210,7 +210,7 @@ def build_engine(
         data: the data tree, merged at the root.
         allowed_builtins: the allow-list (None: the default,
             :data:`policy.builtins.DEFAULT_ALLOWED_BUILTINS`).
-        check_builtins: False only for :mod:`policy.opa_server`, the
+        check_builtins: False only for :mod:`tests.support.opa_server`, the
             stand-in for an OPA server started without ``--capabilities``.
 
     Returns:

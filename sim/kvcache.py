@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from cachetools import LRUCache
 
 __all__ = ["BlockCache", "CacheStats", "block_keys", "KEY_DIGEST_SIZE"]
 
@@ -91,7 +92,7 @@ class BlockCache:
         if capacity_blocks < 0:
             raise ValueError("capacity_blocks must be >= 0")
         self.capacity_blocks = capacity_blocks
-        self._lru: OrderedDict[bytes, None] = OrderedDict()
+        self._lru: LRUCache[bytes, None] = LRUCache(maxsize=capacity_blocks)
         self.stats = CacheStats()
 
     def __len__(self) -> int:
@@ -129,17 +130,19 @@ class BlockCache:
         if cap == 0 or not keys:
             return 0
         lru = self._lru
-        new = 0
-        for k in reversed(keys[:cap]):
+        batch = keys[:cap]
+        before = len(lru)
+        # Touch the batch's stored keys first, so that storing a new key of the
+        # batch (which evicts the least recently used) never drops one of them.
+        for k in batch:
             if k in lru:
-                lru.move_to_end(k)
-            else:
-                lru[k] = None
+                lru[k]  # noqa: B018 - a read touches the LRU order
+        new = 0
+        for k in reversed(batch):
+            if k not in lru:
                 new += 1
-        evicted = 0
-        while len(lru) > cap:
-            lru.popitem(last=False)
-            evicted += 1
+            lru[k] = None  # stores or touches; the first key ends most recent
+        evicted = before + new - len(lru)
         self.stats.inserted_blocks += new
         self.stats.evicted_blocks += evicted
         return new

@@ -211,10 +211,6 @@ class PrefixChains:
     current: tuple[bytes, ...]
     previous: tuple[tuple[str, tuple[bytes, ...]], ...] = ()
 
-    def all_chains(self) -> tuple[tuple[bytes, ...], ...]:
-        """Return the current chain followed by every previous chain."""
-        return (self.current,) + tuple(chain for _, chain in self.previous)
-
 
 @dataclass
 class _Retired:

@@ -27,9 +27,10 @@ import ipaddress
 import math
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from cachetools import LRUCache
 
 from tenancy.registry import Tenant
 
@@ -37,8 +38,6 @@ __all__ = [
     "LimitExceeded",
     "RateLimited",
     "ConcurrencyLimited",
-    "PromptTooLong",
-    "MaxTokensUnset",
     "TokenBucket",
     "Lease",
     "TenantLimiter",
@@ -69,19 +68,6 @@ class RateLimited(LimitExceeded):
 
 class ConcurrencyLimited(LimitExceeded):
     """The tenant already has ``max_concurrency`` requests in flight: HTTP 429."""
-
-
-class PromptTooLong(ValueError):
-    """Prompt exceeds the tenant's ``max_prompt_tokens`` (HTTP 400/413; retrying cannot help)."""
-
-    def __init__(self, tokens: int, limit: int) -> None:
-        super().__init__(f"prompt has {tokens} tokens, tenant limit is {limit}")
-        self.tokens = tokens
-        self.limit = limit
-
-
-class MaxTokensUnset(ValueError):
-    """No ``max_tokens`` requested and no cap configured anywhere (fail closed)."""
 
 
 class TokenBucket:
@@ -198,6 +184,10 @@ class TenantLimiter:
         self._lock = threading.Lock()
         self._tenants: dict[str, _TenantState] = {}
 
+    def __len__(self) -> int:
+        """Number of tenants with limiter state (buckets or leases)."""
+        return len(self._tenants)
+
     def in_flight(self, tenant_id: str) -> int:
         """Return the number of unreleased leases of ``tenant_id``."""
         st = self._tenants.get(tenant_id)
@@ -257,18 +247,16 @@ class TenantLimiter:
             st.in_flight += extra
             lease.weight += extra
 
-    def charge_prompt_tokens(self, tenant: Tenant, n: int, now: float | None = None, *, sequences: int = 1) -> None:
-        """Charge ``n`` prompt tokens (all ``sequences`` of a request) to ``tenant`` after tokenizing.
+    def charge_prompt_tokens(self, tenant: Tenant, n: int, now: float | None = None) -> None:
+        """Charge ``n`` prompt tokens (all sequences of a request) to ``tenant`` after tokenizing.
 
-        Raises :class:`PromptTooLong` if ``n > max_prompt_tokens x sequences``
-        (the limit is per sequence; the caller checks each one) and
-        :class:`RateLimited` (reason ``tenant_prompt_tokens``) if the
-        prompt-token bucket cannot cover it (see module doc on debt).
+        The prompt's size limit (``max_prompt_tokens``, per sequence) is the
+        caller's check, made before this charge. Raises :class:`RateLimited`
+        (reason ``tenant_prompt_tokens``) if the prompt-token bucket cannot
+        cover it (see module doc on debt).
         """
         if n < 0:
             raise ValueError("token count must be >= 0")
-        if tenant.max_prompt_tokens is not None and n > tenant.max_prompt_tokens * max(1, sequences):
-            raise PromptTooLong(n, tenant.max_prompt_tokens * max(1, sequences))
         if tenant.prompt_tokens_per_s is None:
             return
         now = self._clock() if now is None else now
@@ -281,7 +269,11 @@ class TenantLimiter:
                 raise RateLimited(wait, "tenant_prompt_tokens")
 
     def forget(self, keep: set[str]) -> None:
-        """Drop state of tenants not in ``keep`` that have nothing in flight (after a reload)."""
+        """Drop state of tenants not in ``keep`` that have nothing in flight.
+
+        The gateway calls this after every registry reload with the ids of the
+        tenants still configured, so a removed tenant's buckets are freed (one
+        with requests still in flight is dropped at a later reload)."""
         with self._lock:
             for tid in [t for t, st in self._tenants.items() if t not in keep and st.in_flight == 0]:
                 del self._tenants[tid]
@@ -348,10 +340,9 @@ class SourceLimiter:
             raise ValueError("max_sources must be >= 1")
         self._rate = float(rate)
         self._burst = float(burst)
-        self._max = max_sources
         self._clock = clock
         self._ipv6_prefix = ipv6_prefix
-        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self._buckets: LRUCache[str, TokenBucket] = LRUCache(maxsize=max_sources)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -361,11 +352,7 @@ class SourceLimiter:
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = TokenBucket(self._rate, self._burst, now)
-            self._buckets[key] = bucket
-            while len(self._buckets) > self._max:
-                self._buckets.popitem(last=False)
-        else:
-            self._buckets.move_to_end(key)
+            self._buckets[key] = bucket  # evicts the least recently used source
         return bucket
 
     def check(self, source: str, now: float | None = None) -> None:
@@ -410,26 +397,22 @@ def clamp_max_tokens(
     tenant_cap: int | None,
     policy_cap: int | None,
     *,
-    default: int | None = None,
+    default: int,
 ) -> int:
     """Return the ``max_tokens`` (output tokens) to send upstream.
 
     The cap is the smallest of ``tenant_cap`` and ``policy_cap`` (those not
-    None). A request without ``max_tokens`` gets the cap (or ``default`` when
-    no cap exists); a request above the cap is clamped down to it (not
-    refused: OpenAI semantics let the answer stop with
+    None). A request without ``max_tokens`` gets the cap, or ``default``
+    (the gateway's ``limits.max_output_tokens``) when no cap exists, so the
+    output is always bounded; a request above the cap is clamped down to it
+    (not refused: OpenAI semantics let the answer stop with
     ``finish_reason="length"``). Raises :class:`ValueError` for a
-    non-positive request and :class:`MaxTokensUnset` when nothing bounds
-    the output (fail closed).
+    non-positive request.
     """
     if requested is not None and (isinstance(requested, bool) or requested <= 0):
         raise ValueError("max_tokens must be a positive integer")
     caps = [c for c in (tenant_cap, policy_cap) if c is not None]
     cap = min(caps) if caps else None
     if requested is None:
-        if cap is not None:
-            return cap
-        if default is not None:
-            return default
-        raise MaxTokensUnset("no max_tokens requested and no cap configured")
+        return default if cap is None else cap
     return requested if cap is None else min(requested, cap)

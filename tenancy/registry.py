@@ -47,19 +47,17 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from .spiffe_id import is_valid_spiffe_id, parse_spiffe_id, parse_spiffe_id_rule
+
 __all__ = [
     "TenantConfigError",
     "Tenant",
     "TenantRegistry",
-    "parse_spiffe_id",
     "is_valid_spiffe_id",
 ]
 
 _TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_TRUST_DOMAIN_RE = re.compile(r"^[a-z0-9._-]+$")
-_SEGMENT_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
-_MAX_SPIFFE_ID = 2048
 
 _TENANT_KEYS = frozenset(
     {
@@ -92,42 +90,11 @@ class TenantConfigError(ValueError):
     """Invalid tenant configuration; the message names the offending field."""
 
 
-def parse_spiffe_id(value: str, *, allow_prefix: bool = False) -> tuple[str, tuple[str, ...], bool]:
-    """Split a SPIFFE ID into ``(trust_domain, path_segments, is_prefix)``.
-
-    With ``allow_prefix`` a trailing ``/`` marks a prefix rule. Raises
-    :class:`ValueError` when ``value`` is not a valid SPIFFE ID (scheme,
-    lowercase trust domain, segment characters, ``.``/``..``, empty segments,
-    query/fragment, over 2048 bytes).
-    """
-    if not isinstance(value, str) or len(value) > _MAX_SPIFFE_ID:
-        raise ValueError("not a SPIFFE ID string")
-    if not value.startswith("spiffe://"):
-        raise ValueError("SPIFFE ID must start with spiffe://")
-    rest = value[len("spiffe://") :]
-    is_prefix = False
-    if allow_prefix and rest.endswith("/"):
-        is_prefix = True
-        rest = rest[:-1]
-    td, _, path = rest.partition("/")
-    if not td or not _TRUST_DOMAIN_RE.match(td):
-        raise ValueError("invalid trust domain")
-    segments: tuple[str, ...] = ()
-    if path or "/" in rest:
-        segments = tuple(path.split("/"))
-        for seg in segments:
-            if not seg or seg in (".", "..") or not _SEGMENT_RE.match(seg):
-                raise ValueError("invalid path segment")
-    return td, segments, is_prefix
-
-
-def is_valid_spiffe_id(value: str) -> bool:
-    """Return True if ``value`` is a syntactically valid SPIFFE ID (no prefix form)."""
-    try:
-        parse_spiffe_id(value)
-    except ValueError:
-        return False
-    return True
+def _split_rule(value: str) -> tuple[str, tuple[str, ...], bool]:
+    """``(trust_domain, path_segments, is_prefix)`` of a rule (exact ID or
+    prefix ending in ``/``), parsed by :func:`tenancy.spiffe_id.parse_spiffe_id_rule`."""
+    sid, is_prefix = parse_spiffe_id_rule(value)
+    return sid.trust_domain, sid.segments, is_prefix
 
 
 def _canonical(td: str, segments: tuple[str, ...], is_prefix: bool) -> str:
@@ -241,7 +208,7 @@ def _parse_tenant(doc: Any, index: int) -> Tenant:
     rules: list[str] = []
     for i, rid in enumerate(raw_ids):
         try:
-            rules.append(_canonical(*parse_spiffe_id(rid, allow_prefix=True)))
+            rules.append(_canonical(*_split_rule(rid)))
         except ValueError as exc:
             raise _err(f"{where}.spiffe_ids.{i}", f"invalid SPIFFE ID or prefix ({exc})") from None
     tier = doc.get("tier", "standard")
@@ -347,7 +314,7 @@ def _build(tenants_cfg: Any, operators: Iterable[str]) -> _Snapshot:
     op_prefixes: set[str] = set()
     for i, oid in enumerate(operators):
         try:
-            canon = _canonical(*parse_spiffe_id(oid, allow_prefix=True))
+            canon = _canonical(*_split_rule(oid))
         except ValueError as exc:
             raise _err(f"operators.{i}", f"invalid SPIFFE ID or prefix ({exc})") from None
         (op_prefixes if canon.endswith("/") else op_exact).add(canon)
@@ -363,9 +330,10 @@ def _build(tenants_cfg: Any, operators: Iterable[str]) -> _Snapshot:
 def _match(spiffe_id: str, exact: Mapping[str, Any], prefixes: Mapping[str, Any] | frozenset[str]) -> Any:
     """Longest-match lookup; returns the mapped value (or the rule for sets), else None."""
     try:
-        td, segments, _ = parse_spiffe_id(spiffe_id)
+        sid = parse_spiffe_id(spiffe_id)
     except ValueError:
         return None
+    td, segments = sid.trust_domain, sid.segments
     canon = _canonical(td, segments, False)
     if canon in exact:
         return exact[canon] if isinstance(exact, Mapping) else canon

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,15 +28,10 @@ from gateway.server import GatewayServer, uvicorn_config
 from sim.cluster import Cluster, start_cluster
 from sim.replica import ReplicaConfig
 from sim.spiffe_issuer import DemoIssuer
+from tests.support.markers import pytest_collection_modifyitems  # noqa: F401 - e2e / slow / statistical
 
 TD = "demo.prefixgate.test"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

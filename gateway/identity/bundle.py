@@ -521,7 +521,6 @@ class HttpsBundleSource(TrustBundleSource):
         self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self._session: aiohttp.ClientSession | None = None
         self._next_refresh: float = -math.inf
-        self.fetch_count = 0
 
     def _refresh_due(self, now: float) -> bool:
         return now >= self._next_refresh
@@ -535,7 +534,6 @@ class HttpsBundleSource(TrustBundleSource):
         self._next_refresh = now + self.retry_s
 
     async def _load(self, now: float) -> TrustBundle | None:
-        self.fetch_count += 1
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s)

@@ -23,10 +23,7 @@ input(type="imtcp" port="{port}" address="127.0.0.1" ruleset="audit" SupportOcte
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from sim.procs import free_port  # noqa: E402 - the one free_port of tests and benches
 
 
 class Rsyslog:

@@ -10,7 +10,6 @@ import asyncio
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from audit.cef import CefParseError, parse_cef  # noqa: E402
 from audit.event import AuditEvent, Kind, Outcome  # noqa: E402
 from audit.log import AuditLog  # noqa: E402
 from audit.syslog import SyslogSink  # noqa: E402
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists(RSYSLOGD), reason="rsyslogd not installed (make system-deps)")
 
@@ -46,12 +46,10 @@ def _lost(alog: AuditLog) -> float:
 
 
 async def _until(pred, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        await asyncio.sleep(0.02)
-    return False
+    try:
+        return bool(await wait_for(pred, timeout_s))
+    except AssertionError:
+        return False  # the caller names what is missing
 
 
 @pytest.mark.parametrize("how", ["graceful", "killed", "died_with_events_unread"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,10 @@ from audit.keys import generate_signing_key
 from audit.log import AuditLog
 from audit.remote import RemoteAuditLog
 from audit.sink import SinkUnavailable
+from tests.support.waiting import wait_for
 
 
-async def _until(pred, timeout_s: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
+_until = wait_for
 
 
 def _ev(i: int) -> AuditEvent:

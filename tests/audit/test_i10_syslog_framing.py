@@ -8,13 +8,11 @@ escape is left dangling, the next 3 events arrive byte for byte intact.
 """
 from __future__ import annotations
 
-import asyncio
 import datetime
 import ipaddress
 import os
 import ssl
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +28,7 @@ from audit.cef import format_cef, parse_cef  # noqa: E402
 from audit.config import AuditConfigError, build_audit  # noqa: E402
 from audit.event import AuditEvent, Kind, Outcome  # noqa: E402
 from audit.syslog import SyslogSink, format_rfc5424, truncate_message  # noqa: E402
+from tests.support.waiting import wait_for
 
 CAP = 2048
 HOST = "testhost"
@@ -70,11 +69,7 @@ def _self_signed(tmp: Path) -> tuple[Path, Path]:
     return cert_file, key_file
 
 
-async def _until(pred, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
+_until = wait_for
 
 
 @pytest.mark.parametrize("protocol", ["tcp", "tls"])

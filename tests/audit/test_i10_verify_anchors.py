@@ -10,11 +10,9 @@ the last anchored checkpoint are ``unanchored`` (exit 3), never plain OK.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -32,17 +30,14 @@ from audit.log import AuditLog  # noqa: E402
 from audit.ocsf import OcsfFileSink  # noqa: E402
 from audit.syslog import SyslogSink  # noqa: E402
 from audit.verify import load_anchors, verify_files  # noqa: E402
+from tests.support.waiting import wait_for
 
 
 def _ev(i: int) -> AuditEvent:
     return AuditEvent(kind=Kind.INFERENCE, outcome=Outcome.ALLOWED, request_id=f"r{i}", tenant="tenant-a")
 
 
-async def _until(pred, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
+_until = wait_for
 
 
 async def _write_trail(tmp: Path) -> dict[str, Path]:

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from audit.span_export import OffloadSpanProcessor, encode_frames, encode_span
 from audit.span_exporter_proc import SpanDecoder
 from audit.tracing import setup_tracing
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -212,13 +213,12 @@ async def test_killed_child_is_restarted_and_gap_counted(collector):
         await col.wait_for(lambda: "before" in col.names())
         old = proc.child_pid
         os.kill(old, signal.SIGKILL)
-        await asyncio.sleep(0.15)  # writer notices the death; restart waits for the backoff
+        # the writer notices the death; the restart waits for the 0.6 s backoff
+        await wait_for(lambda: proc.child_pid is None, what="the writer to notice the dead child")
         for i in range(5):
             tracer.start_span(f"gap-{i}").end()
-        deadline = time.monotonic() + 5
-        while proc.child_pid in (None, old) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert proc.child_pid not in (None, old) and proc.restarts == 1
+        await wait_for(lambda: proc.child_pid not in (None, old), what="the child restarted")
+        assert proc.restarts == 1
         tracer.start_span("after").end()
         await col.wait_for(lambda: "after" in col.names())
     finally:
@@ -397,22 +397,20 @@ def test_pipeline_choice():
     from audit.span_exporter_proc import build_pipeline
 
     cfg = {"exporter": "otlp", "endpoint": "http://127.0.0.1:9/v1/traces", "resource": {"service.name": "p"}}
-    fast = build_pipeline(cfg, env={})
-    sdk = build_pipeline(cfg, env={"PREFIXGATE_SPAN_EXPORT_PATH": "sdk"})
+    otlp = build_pipeline(cfg, env={})
     console = build_pipeline({**cfg, "exporter": "console"}, env={})
     try:
-        assert fast.fast and not sdk.fast and not console.fast
-        assert fast.parse(b"[]") == [] and fast.export([]).name == "SUCCESS"
+        assert otlp.parse(b"[]") == [] and otlp.export([]).name == "SUCCESS"
+        assert console.parse(b"[]") == []
     finally:
-        for p in (fast, sdk, console):
-            p.exporter.shutdown()
+        for p in (otlp, console):
+            p.shutdown()
     with pytest.raises(ValueError):
         build_pipeline({"exporter": "zipkin"}, env={})
 
 
-@pytest.mark.parametrize("path", ["fast", "sdk"])
-async def test_child_paths_post_identical_bodies(path, monkeypatch):
-    """End to end through the child, gzip on: both child paths POST the same protobuf
+async def test_child_posts_sdk_identical_bodies(monkeypatch):
+    """End to end through the child, gzip on: the child POSTs the SDK encoder's protobuf
     (after gunzip) with the configured headers and Content-Encoding."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
@@ -432,7 +430,6 @@ async def test_child_paths_post_identical_bodies(path, monkeypatch):
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/traces"
-    monkeypatch.setenv("PREFIXGATE_SPAN_EXPORT_PATH", path)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
     resource, spans = _rich_spans()
     proc = OffloadSpanProcessor("otlp", resource, endpoint=url, headers={"x-tenant-token": "t0k"},
@@ -449,38 +446,5 @@ async def test_child_paths_post_identical_bodies(path, monkeypatch):
         await runner.cleanup()
     assert bodies == [encode_spans(spans).SerializeToString()]
     assert seen_headers[0]["Content-Encoding"] == "gzip" and seen_headers[0]["x-tenant-token"] == "t0k"
+    assert seen_headers[0]["Content-Type"] == "application/x-protobuf"
     assert proc.dropped == 0
-
-
-async def test_direct_exporter_reports_http_failure_without_retry_on_400():
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.trace.export import SpanExportResult
-    from audit.span_exporter_proc import DirectOtlpExporter, OtlpRequestEncoder, UnsupportedExporterError
-
-    hits: list[int] = []
-
-    async def handle(request: web.Request) -> web.Response:
-        await request.read()
-        hits.append(1)
-        return web.Response(status=400 if len(hits) == 1 else 200)
-
-    app = web.Application()
-    app.router.add_post("/v1/traces", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    resource, spans = _rich_spans()
-    sdk = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{runner.addresses[0][1]}/v1/traces", timeout=2.0)
-    direct = DirectOtlpExporter(sdk, OtlpRequestEncoder(resource))
-    try:
-        records = _wire_records(spans)
-        assert await asyncio.to_thread(direct.export, records) == SpanExportResult.FAILURE
-        assert len(hits) == 1  # 400 is not retryable (OTLP/HTTP spec; SDK client)
-        assert await asyncio.to_thread(direct.export, records) == SpanExportResult.SUCCESS
-        sdk.shutdown()
-        assert direct.export(records) == SpanExportResult.FAILURE and len(hits) == 2
-    finally:
-        await runner.cleanup()
-    with pytest.raises(UnsupportedExporterError):
-        DirectOtlpExporter(object(), OtlpRequestEncoder(resource))  # type: ignore[arg-type]

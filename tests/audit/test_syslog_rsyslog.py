@@ -3,7 +3,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import time
 
 import pytest
 
@@ -14,6 +13,7 @@ from audit.cef import parse_cef  # noqa: E402
 from audit.event import AuditEvent, Identity, Kind, Outcome  # noqa: E402
 from audit.log import AuditLog  # noqa: E402
 from audit.syslog import SyslogSink  # noqa: E402
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists(RSYSLOGD), reason="rsyslogd not installed (make system-deps)")
 
@@ -34,12 +34,7 @@ def _received_ids(r: Rsyslog) -> list[str]:
     return ids
 
 
-async def _wait_for(pred, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await asyncio.sleep(0.05)
+_wait_for = wait_for
 
 
 async def test_rsyslog_receives_octet_counted_cef(rsyslog, tmp_path):

@@ -7,12 +7,9 @@ section; the stack fixture of ``tests/conftest.py`` takes it through its
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "audit"))
 from rsyslog_helper import RSYSLOGD, Rsyslog  # noqa: E402,F401
 
 from audit.keys import generate_signing_key  # noqa: E402
+from tests.support.waiting import wait_for  # noqa: F401,E402 - re-exported to the e2e tests
 
 TD = "demo.prefixgate.test"
 CANARY = "canaryzebra"
@@ -64,16 +62,6 @@ def ocsf_events(tmp: Path) -> list[dict[str, Any]]:
     """The OCSF file sink's events."""
     f = tmp / "ocsf.jsonl"
     return [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
-
-
-async def wait_for(pred: Callable[[], bool], timeout_s: float = 10.0, step_s: float = 0.05) -> None:
-    """Poll ``pred`` until true; raise ``TimeoutError`` after ``timeout_s`` seconds."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await asyncio.sleep(step_s)
-    raise TimeoutError("condition not met in time")
 
 
 async def set_faults(url: str, **faults: Any) -> None:

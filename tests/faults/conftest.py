@@ -4,7 +4,6 @@ restart simulated replicas (r0, r1: pool ``default``; r2: pool ``eu``)."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import secrets
@@ -16,6 +15,7 @@ import pytest
 
 from gateway.auditing import AuditHub
 from sim.replica import ReplicaConfig, create_app, run_app_on
+from tests.support.waiting import wait_for
 
 
 class RecordingHub(AuditHub):
@@ -109,19 +109,6 @@ async def sim(stack: Any, replica_cfg: ReplicaConfig) -> Any:
         yield s
     finally:
         await s.close()
-
-
-async def wait_for(pred: Any, timeout_s: float = 2.0, step_s: float = 0.05) -> bool:
-    """Poll ``pred()`` (sync or async) until true or ``timeout_s`` passes; return its last value."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while True:
-        v = pred()
-        if asyncio.iscoroutine(v):
-            v = await v
-        if v or loop.time() >= end:
-            return bool(v)
-        await asyncio.sleep(step_s)
 
 
 @pytest.fixture

@@ -28,13 +28,15 @@ def body(**kw: Any) -> dict[str, Any]:
 
 async def _released(stack, sim, until, cancelled_before: int, t_hangup: float) -> None:
     c = stack.components
-    assert await until(lambda: sim.counter("cancellations") > cancelled_before, timeout_s=1.0), \
-        "upstream request not cancelled within 1 s"
-    assert time.perf_counter() - t_hangup < 1.5
+    # generous limits (a loaded 2-core machine), still far below the 10 s upstream timeouts
+    # that would end these requests if the hang-up were not propagated
+    assert await until(lambda: sim.counter("cancellations") > cancelled_before, timeout_s=5.0), \
+        "upstream request not cancelled within 5 s"
+    assert time.perf_counter() - t_hangup < 6.0
     assert await until(lambda: all(c.router.loads.snapshot(r).running_requests == 0 for r in ("r0", "r1", "r2")),
-                       timeout_s=1.0)
-    assert await until(lambda: c.limiter.in_flight("tenant-a") == 0, timeout_s=1.0)
-    assert await until(lambda: any(x["outcome"] == "cancelled" for x in c.audit.records), timeout_s=1.0)
+                       timeout_s=5.0)
+    assert await until(lambda: c.limiter.in_flight("tenant-a") == 0, timeout_s=5.0)
+    assert await until(lambda: any(x["outcome"] == "cancelled" for x in c.audit.records), timeout_s=5.0)
     rec = [x for x in c.audit.records if x["tenant"] == "tenant-a"][-1]
     assert rec["outcome"] == "cancelled" and rec["status"] == 499 and rec["error_code"] == "client_disconnect"
     # a client hang-up is not the replica's fault

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from gateway.replicas import CircuitState
+from tests.support.waiting import wait_for
 
 LONG = " ".join(f"w{i}" for i in range(96))
 
@@ -57,10 +58,9 @@ async def test_all_allowed_replicas_5xx_never_spill_into_other_pool(stack, sim):
     await stack.components.health.stop()
     await sim.fault(0, status=503)
     await sim.fault(1, status=503)
-    t0 = time.perf_counter()
     r = await stack.client.post("/v1/completions", json=body(), headers=stack.auth())
-    assert time.perf_counter() - t0 < 2.0
     assert r.status_code == 502
+    assert stack.components.audit.records[-1]["attempts"] == 2  # max_attempts, then the answer
     assert r.json()["error"] == {"message": "the replica failed to answer", "type": "server_error",
                                  "code": "upstream_error", "param": None}
     assert sim.counter("faulted", (0, 1)) == 2  # tried each allowed replica once
@@ -73,7 +73,8 @@ async def test_stall_before_first_byte_retried_elsewhere_within_bound(stack, sim
         t0 = time.perf_counter()
         r = await stack.client.post("/v1/completions", json=body(i), headers=stack.auth())
         assert r.status_code == 200, r.text
-        assert time.perf_counter() - t0 < 1.5  # one first-byte timeout at most
+        assert time.perf_counter() - t0 < 4.5  # not the 5 s stall: the first-byte timeout cut it
+        assert stack.components.audit.records[-1]["attempts"] <= 2
     # the stalled upstream calls were abandoned (cancelled on the replica), not left running
     assert await _until(lambda: sim.counter("cancellations", (0,)) == sim.counter("requests", (0,)))
 
@@ -87,7 +88,8 @@ async def test_all_allowed_stalled_gives_504_in_bounded_time(stack, sim):
     assert r.status_code == 504
     assert r.json()["error"] == {"message": "the replica did not answer in time", "type": "server_error",
                                  "code": "upstream_timeout", "param": None}
-    assert elapsed < 2.5  # 2 attempts x 0.5 s, under total_timeout_s = 2 s
+    assert elapsed < 4.5  # bounded by the timeouts (2 attempts x 0.5 s), not by the 5 s stall
+    assert stack.components.audit.records[-1]["attempts"] == 2
     assert sim.counter("requests", (2,)) == 0
 
 
@@ -95,7 +97,7 @@ async def test_mid_stream_stall_ends_with_error_event_no_retry(stack, sim):
     for i in range(3):
         await sim.fault(i, stall_mid_stream_s=5)
     status, evs, elapsed = await stream(stack, max_tokens=40)
-    assert status == 200 and elapsed < 2.5
+    assert status == 200 and elapsed < 4.5  # the read timeout, not the 5 s stall
     assert "data: [DONE]" not in evs
     assert error_of(evs[0]) is None  # the first token got through ...
     assert error_of(evs[-1]) == {"message": "the replica stream failed before completion", "type": "server_error",
@@ -151,7 +153,7 @@ async def test_slow_replica_bounded_by_read_timeout(stack, sim):
     for i in range(3):
         await sim.fault(i, slow_factor=1000)  # 0.2 s per token: 40 tokens would take 8 s
     status, evs, elapsed = await stream(stack, max_tokens=40)
-    assert elapsed < 3.0  # prefill is slowed too: either no first byte in time, or a stalled stream
+    assert elapsed < 6.0  # not the 8 s of tokens: either no first byte in time, or a stalled stream
     if status == 200:
         assert error_of(evs[-1])["code"] == "upstream_timeout"
     else:
@@ -167,10 +169,9 @@ async def test_breaker_opens_then_half_open_probe_closes_it(stack, sim):
         assert r.status_code == 504
     assert rs.state("r2").circuit is CircuitState.OPEN and rs.state("r2").healthy
     sent = sim.counter("requests", (2,))
-    t0 = time.perf_counter()
     r = await stack.client.post("/v1/completions", json=body(9), headers=stack.auth(reg))
     assert r.status_code in (403, 503)  # exact status: test_tenant_pool_down_is_503_not_403
-    assert time.perf_counter() - t0 < 0.5 and sim.counter("requests", (2,)) == sent  # replica untouched
+    assert sim.counter("requests", (2,)) == sent and stack.components.audit.records[-1]["attempts"] == 0
     await sim.fault(2)  # the replica recovers
     await asyncio.sleep(0.6)  # cool-down 0.5 s: the next request is the half-open probe
     r = await stack.client.post("/v1/completions", json=body(10), headers=stack.auth(reg))
@@ -183,9 +184,8 @@ async def test_health_checks_take_replica_out_and_back(stack, sim):
     reg = "tenant-reg/app"
     await sim.fault(2, status=503)
     assert await _until(lambda: "r2" not in rs.routable_ids())
-    t0 = time.perf_counter()
     r = await stack.client.post("/v1/completions", json=body(), headers=stack.auth(reg))
-    assert r.status_code in (403, 503) and time.perf_counter() - t0 < 0.5
+    assert r.status_code in (403, 503) and stack.components.audit.records[-1]["attempts"] == 0
     assert sim.counter("faulted", (2,)) == 0  # never sent to the down replica
     await sim.fault(2)
     assert await _until(lambda: "r2" in rs.routable_ids())
@@ -235,10 +235,8 @@ async def test_all_down_fast_503_then_recovery_without_restart(stack, sim):
         await sim.kill(i)
     assert await _until(lambda: not stack.components.replica_set.routable_ids())
     for workload in ("tenant-a/app", "tenant-reg/app"):
-        t0 = time.perf_counter()
         r = await stack.client.post("/v1/completions", json=body(), headers=stack.auth(workload))
-        assert time.perf_counter() - t0 < 0.5
-        assert r.status_code == 503
+        assert r.status_code == 503 and stack.components.audit.records[-1]["attempts"] == 0
         assert r.json()["error"] == {"message": "no healthy replica is available for this tenant", "type": "server_error",
                                      "code": "no_replica", "param": None}
     assert (await stack.client.get("/readyz")).status_code == 503
@@ -279,10 +277,4 @@ async def test_replica_dies_under_load(stack, sim):
     assert all(x["status"] != 500 for x in stack.components.audit.records)
 
 
-async def _until(pred, timeout_s: float = 2.0) -> bool:
-    end = time.perf_counter() + timeout_s
-    while True:
-        v = pred()
-        if v or time.perf_counter() >= end:
-            return bool(v)
-        await asyncio.sleep(0.05)
+_until = wait_for

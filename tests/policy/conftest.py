@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from policy.opa_server import OpaServerState, create_app, state_from_dir
+from tests.support.opa_server import OpaServerState, create_app, state_from_dir
 
 REPO = Path(__file__).resolve().parents[2]
 REGO_DIR = REPO / "rego"

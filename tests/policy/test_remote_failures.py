@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from typing import Any
 
@@ -11,16 +10,12 @@ import pytest
 from aiohttp import web
 
 from policy.decision import PolicyOutputError, PolicyUnavailableError
-from policy.opa_server import OpaServerState, create_app, state_from_dir
+from tests.support.opa_server import OpaServerState, create_app, state_from_dir
 from policy.remote import RemoteOpa
+from sim.procs import free_port
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+_closed_port = free_port  # free a moment ago: nothing listens there
 
 
 async def _serve(handler: Any) -> tuple[web.AppRunner, str]:

@@ -2,7 +2,7 @@
 
 ``pdp_mode`` parametrizes the shared ``stack`` fixture over the two decision
 points: ``embedded`` (the OPA Go engine in the gateway process) and
-``remote`` (``policy.opa_server`` on loopback, in a thread, reached through
+``remote`` (``tests.support.opa_server`` on loopback, in a thread, reached through
 ``policy.remote.RemoteOpa``). Both load the shipped ``rego/`` directory.
 
 ``ListLog`` stands in for :class:`audit.log.AuditLog` behind the gateway's
@@ -24,7 +24,7 @@ import pytest
 import uvicorn
 
 from gateway.auditing import AuditHub
-from policy.opa_server import create_app, state_from_dir
+from tests.support.opa_server import create_app, state_from_dir
 
 REPO = Path(__file__).resolve().parents[2]
 REGO_DIR = REPO / "rego"
@@ -70,7 +70,7 @@ class SlowApp:
 
 
 class OpaThread:
-    """``policy.opa_server`` on 127.0.0.1:<free port> in a thread (own event loop).
+    """``tests.support.opa_server`` on 127.0.0.1:<free port> in a thread (own event loop).
 
     ``slow.delay_s`` makes it slow; :meth:`stop` takes it down (connections
     are refused afterwards: the port is closed).

@@ -25,7 +25,8 @@ import httpx
 import pytest
 import uvicorn
 
-from policy.opa_server import create_app, state_from_dir
+from tests.support.opa_server import create_app, state_from_dir
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 REGO = REPO / "rego"
@@ -36,7 +37,7 @@ BODY = {"model": "sim-model", "prompt": "readiness " + " ".join(f"w{i}" for i in
 
 
 class OpaAt:
-    """``policy.opa_server`` on 127.0.0.1:``port`` (0: any) in a thread; can be
+    """``tests.support.opa_server`` on 127.0.0.1:``port`` (0: any) in a thread; can be
     stopped and started again on the same port."""
 
     def __init__(self, port: int = 0) -> None:
@@ -82,17 +83,6 @@ def config_overrides(remote_opa: Any, tmp_path: Path) -> dict[str, Any]:
                        "versions_dir": str(tmp_path / "versions")}}
 
 
-async def wait_for(pred: Any, what: str, timeout_s: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def test_readyz_follows_a_remote_opa_down_and_back(stack: Any, remote_opa: Any) -> None:
     r = await stack.client.get("/readyz")
     assert r.status_code == 200, r.text
@@ -105,7 +95,7 @@ async def test_readyz_follows_a_remote_opa_down_and_back(stack: Any, remote_opa:
         r = await stack.client.get("/readyz")
         return r if r.status_code == 503 else None
 
-    r = await wait_for(not_ready, "/readyz 503 with OPA down")
+    r = await wait_for(not_ready, 15.0, what="/readyz 503 with OPA down")
     doc = r.json()
     assert doc["status"] == "not_ready"
     assert any("policy decision point" in p for p in doc["problems"]), doc
@@ -119,7 +109,7 @@ async def test_readyz_follows_a_remote_opa_down_and_back(stack: Any, remote_opa:
         r = await stack.client.get("/readyz")
         return r if r.status_code == 200 else None
 
-    r = await wait_for(ready, "/readyz 200 with OPA back")
+    r = await wait_for(ready, 15.0, what="/readyz 200 with OPA back")
     assert r.json()["status"] == "ready"
     assert (await stack.client.post("/v1/completions", headers=stack.auth(), json=BODY)).status_code == 200
 

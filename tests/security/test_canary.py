@@ -15,7 +15,6 @@ import base64
 import logging
 import os
 import secrets
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +22,14 @@ import pytest
 
 from audit.keys import generate_signing_key
 from gateway.auditing import AuditHub
+from sim.procs import free_port
 
 TD = "demo.prefixgate.test"
 CANARY = "canary" + secrets.token_hex(6)
 CANARY2 = "kanarie" + secrets.token_hex(6)
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+closed_port = free_port  # free a moment ago: nothing listens there
 
 
 @pytest.fixture

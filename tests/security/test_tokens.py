@@ -20,6 +20,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from sim.spiffe_issuer import DemoIssuer
+from tests.support.waiting import wait_for
 
 TD = "demo.prefixgate.test"
 SID_A = f"spiffe://{TD}/tenant-a/app"
@@ -216,14 +217,7 @@ async def test_audience_binds_the_listener(stack: Any) -> None:
     assert r.status_code == 200
 
 
-async def _until(pred: Any, timeout_s: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        r = await pred()
-        if r is not None:
-            return r
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.1)
+_until = wait_for  # the conditions return a response, or None while not yet there
 
 
 async def test_bundle_rotation_without_restart_and_removed_key(stack: Any) -> None:

@@ -1,4 +1,4 @@
-"""Audit overhead benchmark (not a test): ``python -m audit.bench [--events N] [--out FILE]``.
+"""Audit overhead benchmark (not a test): ``python -m bench.audit_sinks [--events N] [--out FILE]``.
 
 Measures the request-path cost of ``AuditLog.emit`` (µs per event) and the
 end-to-end time to deliver N events, (a) with no sinks' work (null sink) and
@@ -85,7 +85,7 @@ async def _main(n: int) -> dict[str, object]:
 
 @click.command()
 @click.option("--events", default=20_000, show_default=True)
-@click.option("--out", default="bench/results/audit_overhead.json", show_default=True)
+@click.option("--out", default="bench/results/audit_sinks.json", show_default=True)
 def main(events: int, out: str) -> None:
     """Run the audit overhead benchmark and write JSON results."""
     result = asyncio.run(_main(events))

@@ -24,7 +24,7 @@ Endpoints (shapes as in https://www.openpolicyagent.org/docs/rest-api/):
 Every change compiles a new embedded engine and swaps it in; a change that
 does not compile is refused and the active set stays.
 
-Run: ``python -m policy.opa_server --port P --policy-dir rego/``.
+Run: ``python -m tests.support.opa_server --port P --policy-dir rego/``.
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ def state_from_dir(policy_dir: str | Path, *, decision_logs: bool = True) -> Opa
 
 
 def main(argv: list[str] | None = None) -> None:
-    """CLI: ``python -m policy.opa_server --port P --policy-dir DIR``."""
+    """CLI: ``python -m tests.support.opa_server --port P --policy-dir DIR``."""
     parser = argparse.ArgumentParser(description="OPA REST API subset on the embedded engine (tests only)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8181)

@@ -1,8 +1,8 @@
-"""Decision latency benchmark (not a test): ``python -m policy.bench``.
+"""Decision latency benchmark (not a test): ``python -m bench.policy_decisions``.
 
 Measures p50/p99 of ``decide()`` for the shipped policy with an 8-replica
 candidate set: embedded without cache, embedded with cache (all hits after
-the first), and remote OPA (policy.opa_server as a subprocess on loopback).
+the first), and remote OPA (tests.support.opa_server as a subprocess on loopback).
 Writes a table between the bench markers of docs/policy.md.
 """
 
@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from policy.cache import CachedDecisionPoint, DecisionCache
 from policy.embedded import EmbeddedOpa
 from policy.input import build_policy_input
 from policy.remote import RemoteOpa
+from sim.procs import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
@@ -58,14 +58,6 @@ async def measure(fn: Callable[[], Awaitable[Any]], n: int, warmup: int = 200) -
     return {"p50": ts[n // 2], "p99": ts[int(n * 0.99) - 1], "mean": statistics.fmean(ts)}
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 async def run(n: int) -> list[tuple[str, dict[str, float]]]:
     """Run the three configurations; returns (name, stats) rows."""
     inp = sample_input()
@@ -78,9 +70,9 @@ async def run(n: int) -> list[tuple[str, dict[str, float]]]:
         ("embedded, cache hit", await measure(lambda: cached.decide(inp), n)),
         ("thread hop only (asyncio.to_thread of a no-op)", await measure(lambda: asyncio.to_thread(int), n)),
     ]
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "policy.opa_server", "--port", str(port), "--policy-dir", str(REPO / "rego")],
+        [sys.executable, "-m", "tests.support.opa_server", "--port", str(port), "--policy-dir", str(REPO / "rego")],
         cwd=REPO,
     )
     try:
@@ -125,7 +117,7 @@ def main() -> None:
     """CLI entry (re-execs with the gateway's ``GOGC`` so the numbers match a served gateway)."""
     from policy import reexec_with_go_gc
 
-    reexec_with_go_gc(["-m", "policy.bench", *sys.argv[1:]])
+    reexec_with_go_gc(["-m", "bench.policy_decisions", *sys.argv[1:]])
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", type=int, default=5000)
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "policy.md")
