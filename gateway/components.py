@@ -46,7 +46,7 @@ from routing.filters import HealthFilter, PolicyDecisionFilter, TenantPoolFilter
 from gateway.replicas import Attempt, Replica, ReplicaSet
 from routing.router import Router
 from policy.decision import Decision, PolicyError
-from policy.input import build_policy_input
+from policy.cache import decide_from_facts
 from tenancy.bounds import RequestBounds, request_bounds
 from tenancy.keys import KeyRing, PrefixChains, load_master_secret
 from tenancy.ledger import InProcessLedger, Reservation, Settlement, TokenLedger, charge_for
@@ -392,17 +392,17 @@ class Components:
         ]
         tview = tenant.policy_view()
         tview["max_tokens"] = tenant.max_output_tokens
-        doc = build_policy_input(
-            {"spiffe_id": str(identity.spiffe_id), "trust_domain": identity.trust_domain, "claims": identity.claims},
-            tview,
-            {"endpoint": rec.endpoint, "model": req.model, "prompt_tokens": prompt_tokens,
-             "max_tokens": req.max_tokens, "stream": req.stream, "sequences": req.sequences},
-            cand_docs,
-            self.audit.active_alerts(),
-            time.time(),
-        )
-        try:
-            decision = await self.pdp.decide(doc)
+        try:  # issue 14: on a decision-cache hit the input document is never built
+            decision = await decide_from_facts(
+                getattr(self.pdp, "dp", self.pdp),
+                {"spiffe_id": str(identity.spiffe_id), "trust_domain": identity.trust_domain, "claims": identity.claims},
+                tview,
+                {"endpoint": rec.endpoint, "model": req.model, "prompt_tokens": prompt_tokens,
+                 "max_tokens": req.max_tokens, "stream": req.stream, "sequences": req.sequences},
+                cand_docs,
+                self.audit.active_alerts(),
+                time.time(),
+            )
         except PolicyError:
             rec.reason_code = "policy_unavailable"
             raise GatewayError(503, "policy_unavailable", "the policy decision point is unavailable") from None

@@ -8,9 +8,55 @@ per-replica and per-tenant series. Latencies are in seconds.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["GatewayMetrics"]
+__all__ = ["GatewayMetrics", "BoundChildren"]
+
+#: Bound on cached labelled children per family (tenants x outcomes, replicas x pools, ...).
+CHILD_CACHE_MAX = 4096
+
+
+class BoundChildren:
+    """A labelled metric family whose :meth:`labels` children are cached (issue 14).
+
+    ``prometheus_client``'s ``labels()`` validates, stringifies and locks on every call
+    (~1 µs); the gateway asks for the same few children on every request. This wrapper keeps
+    the children it handed out in a dict keyed by the positional label values (at most
+    :data:`CHILD_CACHE_MAX`; when full it is emptied, the children themselves stay in the
+    family), so a request does attribute increments only. Every other attribute is the
+    family's own (``collect``, ``remove``, ...); ``remove``/``clear`` also drop the cache.
+    """
+
+    __slots__ = ("family", "_children")
+
+    def __init__(self, family: Any) -> None:
+        self.family = family
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def labels(self, *values: Any) -> Any:
+        """The child of these positional label values (as ``family.labels(*values)``)."""
+        child = self._children.get(values)
+        if child is None:
+            child = self.family.labels(*values)
+            if len(self._children) >= CHILD_CACHE_MAX:
+                self._children.clear()
+            self._children[values] = child
+        return child
+
+    def remove(self, *values: Any) -> None:
+        """Remove a child from the family and the cache."""
+        self._children.clear()
+        self.family.remove(*values)
+
+    def clear(self) -> None:
+        """Remove every child of the family and the cache."""
+        self._children.clear()
+        self.family.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.family, name)
 
 _LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -22,58 +68,59 @@ class GatewayMetrics:
         self.public = CollectorRegistry(auto_describe=True)
         self.admin = CollectorRegistry(auto_describe=True)
         p, a = self.public, self.admin
-        self.requests = Counter(
+        self.requests = BoundChildren(Counter(
             "prefixgate_requests", "Inference requests by endpoint, HTTP status and audit outcome",
             ["endpoint", "status", "outcome"], registry=p,
-        )
-        self.request_seconds = Histogram(
+        ))
+        self.request_seconds = BoundChildren(Histogram(
             "prefixgate_request_duration_seconds", "Whole request duration", ["endpoint"],
             buckets=_LAT_BUCKETS, registry=p,
-        )
-        self.ttft_seconds = Histogram(
+        ))
+        self.ttft_seconds = BoundChildren(Histogram(
             "prefixgate_time_to_first_token_seconds", "Time from request arrival to the first upstream byte",
             ["endpoint"], buckets=_LAT_BUCKETS, registry=p,
-        )
+        ))
         self.prompt_tokens = Counter("prefixgate_prompt_tokens", "Prompt tokens of routed requests", registry=p)
-        self.prefix_tokens = Counter(
+        self.prefix_tokens = BoundChildren(Counter(
             "prefixgate_prefix_tokens",
             "Prefix tokens: available (best over allowed replicas), predicted (chosen replica), "
             "delivered (replica-reported cached_tokens)", ["kind"], registry=p,
-        )
-        self.upstream_failures = Counter(
+        ))
+        self.upstream_failures = BoundChildren(Counter(
             "prefixgate_upstream_failures", "Upstream call failures by kind", ["kind"], registry=p,
-        )
+        ))
         self.healthy_replicas = Gauge("prefixgate_healthy_replicas", "Replicas currently healthy", registry=p)
-        self.policy_cache = Counter(
+        self.policy_cache = BoundChildren(Counter(
             "prefixgate_policy_cache_lookups", "Decision cache lookups", ["result"], registry=p,
-        )
+        ))
         self.audit_dropped = Gauge("prefixgate_audit_dropped_events", "Audit events dropped (must stay 0)", registry=p)
         # admin-only series (name replicas and tenants)
-        self.replica_requests = Counter(
+        self.replica_requests = BoundChildren(Counter(
             "prefixgate_replica_requests", "Requests routed per replica", ["replica", "pool"], registry=a,
-        )
-        self.replica_load_tokens = Gauge(
+        ))
+        self.replica_load_tokens = BoundChildren(Gauge(
             "prefixgate_replica_load_tokens", "Queued prefill plus in-flight decode tokens per replica",
             ["replica"], registry=a,
-        )
-        self.replica_healthy = Gauge("prefixgate_replica_healthy", "1 when the replica is healthy", ["replica"], registry=a)
-        self.tenant_requests = Counter(
+        ))
+        self.replica_healthy = BoundChildren(Gauge("prefixgate_replica_healthy", "1 when the replica is healthy",
+                                                   ["replica"], registry=a))
+        self.tenant_requests = BoundChildren(Counter(
             "prefixgate_tenant_requests", "Requests per tenant and outcome", ["tenant", "outcome"], registry=a,
-        )
+        ))
         # token ledger (tenancy/ledger.py): tokens by tenant and kind (prompt, output)
-        self.tenant_tokens_reserved = Counter(
+        self.tenant_tokens_reserved = BoundChildren(Counter(
             "prefixgate_tenant_tokens_reserved", "Tokens reserved at admission (prompt; output = max_tokens x "
             "sequences)", ["tenant", "kind"], registry=a,
-        )
-        self.tenant_tokens_charged = Counter(
+        ))
+        self.tenant_tokens_charged = BoundChildren(Counter(
             "prefixgate_tenant_tokens_charged", "Tokens charged when requests ended (replica usage, else tokens "
             "relayed, else the reservation)", ["tenant", "kind"], registry=a,
-        )
-        self.tenant_tokens_refunded = Counter(
+        ))
+        self.tenant_tokens_refunded = BoundChildren(Counter(
             "prefixgate_tenant_tokens_refunded", "Reserved tokens given back (reserved and not used)",
             ["tenant", "kind"], registry=a,
-        )
-        self.tenant_charges = Counter(
+        ))
+        self.tenant_charges = BoundChildren(Counter(
             "prefixgate_tenant_charges", "Requests settled per tenant and charge basis (usage, relayed, refused, "
             "reservation, not_dispatched)", ["tenant", "basis"], registry=a,
-        )
+        ))

@@ -34,8 +34,9 @@ decision id of the evaluation that produced it and has ``cached=True``.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cachetools import TTLCache
@@ -66,6 +67,8 @@ DEFAULT_KEY_FIELDS: tuple[str, ...] = (
 )
 
 _MISSING = object()
+#: what :func:`_freeze` makes of a missing field (fast keys use it directly)
+_MISSING_KEY = "\x00missing"
 
 
 def _get(doc: Any, parts: Sequence[str]) -> Any:
@@ -84,7 +87,7 @@ def _freeze(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_freeze(v) for v in value)
     if value is _MISSING:
-        return "\x00missing"
+        return _MISSING_KEY
     return value
 
 
@@ -191,3 +194,121 @@ class CachedDecisionPoint:
         decision = await self.inner.decide(input)
         self.cache.put(key, decision)
         return decision
+
+
+def _tenant_list(tenant: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
+    value = tenant.get(key) or ()
+    if isinstance(value, str) or not isinstance(value, (Sequence, set, frozenset)):
+        return None
+    for v in value:
+        if not isinstance(v, str):
+            return None
+    return tuple(sorted(set(value)))
+
+
+def _count(value: Any, low: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= low
+
+
+def fast_key(
+    identity: Mapping[str, Any],
+    tenant: Mapping[str, Any],
+    request: Mapping[str, Any],
+    candidates: Sequence[Mapping[str, Any]],
+    alerts: Sequence[Mapping[str, Any]],
+) -> tuple[Any, ...] | None:
+    """The :data:`DEFAULT_KEY_FIELDS` key of the document :func:`policy.input.build_policy_input`
+    would build from these facts, computed without building it (issue 14).
+
+    Takes the same arguments as ``build_policy_input`` (without ``now``: time is not in the
+    key) and returns exactly ``DecisionCache().key(build_policy_input(...))`` (property test:
+    tests/policy/test_i14_fast_key.py). Returns ``None`` when any fact is missing or mistyped,
+    including fields outside the key (request counts, ``stream``, claims, candidate loads and
+    labels): the caller then builds the document, whose validation raises
+    :class:`policy.input.PolicyInputError` — a cache hit never skips input validation.
+    """
+    from policy.input import INPUT_VERSION  # noqa: PLC0415 (policy.input imports policy.decision only)
+
+    sid, td = identity.get("spiffe_id"), identity.get("trust_domain")
+    claims = identity.get("claims") or {}
+    tid = tenant.get("id")
+    endpoint, model = request.get("endpoint"), request.get("model")
+    if not (isinstance(sid, str) and sid and isinstance(td, str) and td and isinstance(claims, Mapping)
+            and isinstance(tid, str) and tid and isinstance(endpoint, str) and endpoint
+            and isinstance(model, str) and model):
+        return None
+    # fields outside the key are still validated as build_policy_input would
+    pt, mt, seq = request.get("prompt_tokens"), request.get("max_tokens"), request.get("sequences", 1)
+    if not (isinstance(request.get("stream", False), bool) and (pt is None or _count(pt, 0))
+            and (mt is None or _count(mt, 0)) and _count(seq, 1)):
+        return None
+    models, pools = _tenant_list(tenant, "models"), _tenant_list(tenant, "pools")
+    t_max, regulated, residency = tenant.get("max_tokens"), tenant.get("regulated", False), tenant.get("data_residency")
+    labels = tenant.get("labels") or {}
+    if (models is None or pools is None or not (t_max is None or _count(t_max, 0))
+            or not isinstance(regulated, bool) or not (residency is None or isinstance(residency, str))
+            or not isinstance(labels, Mapping)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())):
+        return None
+    cands = []
+    for c in candidates:
+        cid, pool, healthy, load, clabels = (c.get("id"), c.get("pool"), c.get("healthy", False),
+                                             c.get("load", 0), c.get("labels") or {})
+        if not (isinstance(cid, str) and cid and isinstance(pool, str) and pool and isinstance(healthy, bool)
+                and not isinstance(load, bool) and isinstance(load, (int, float)) and math.isfinite(load)
+                and isinstance(clabels, Mapping)
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in clabels.items())):
+            return None
+        cands.append((cid, pool, healthy, clabels.get("data_residency", _MISSING_KEY)))
+    cands.sort(key=lambda c: c[0])
+    alts = []
+    for a in alerts:
+        aid, kind = a.get("id"), a.get("kind")
+        if not (isinstance(aid, str) and aid and isinstance(kind, str) and kind):
+            return None
+        replica, atid = a.get("replica_id", a.get("replica")), a.get("tenant_id")
+        alts.append((aid, kind, replica if isinstance(replica, str) else None, atid if isinstance(atid, str) else None))
+    alts.sort(key=lambda a: a[0])
+    return (
+        INPUT_VERSION, sid, td, tid, str(tenant.get("tier") or ""), models, pools, regulated, residency, t_max,
+        endpoint, model,
+        tuple(c[0] for c in cands), tuple(c[1] for c in cands), tuple(c[2] for c in cands),
+        tuple(c[3] for c in cands),
+        tuple(a[0] for a in alts), tuple(a[1] for a in alts), tuple(a[2] for a in alts), tuple(a[3] for a in alts),
+    )
+
+
+async def decide_from_facts(
+    dp: Any,
+    identity: Mapping[str, Any],
+    tenant: Mapping[str, Any],
+    request: Mapping[str, Any],
+    candidates: Sequence[Mapping[str, Any]],
+    alerts: Sequence[Mapping[str, Any]],
+    now: float,
+) -> Decision:
+    """Decide from the facts of ``build_policy_input``; on a decision-cache hit, without building
+    the input document (issue 14).
+
+    When ``dp`` is a :class:`CachedDecisionPoint` whose cache uses :data:`DEFAULT_KEY_FIELDS`,
+    the key comes from :func:`fast_key` (equal to the built document's key); the document is built
+    only on a miss (or when :func:`fast_key` declines). Any other decision point gets the built
+    document.
+
+    Raises:
+        policy.input.PolicyInputError: a fact is missing or mistyped (never hidden by a hit).
+        PolicyError: from the decision point.
+    """
+    from policy.input import build_policy_input  # noqa: PLC0415
+
+    if isinstance(dp, CachedDecisionPoint) and dp.cache.key_fields == DEFAULT_KEY_FIELDS:
+        key = fast_key(identity, tenant, request, candidates, alerts)
+        if key is not None:
+            hit = dp.cache.get(key)
+            if hit is not None:
+                return hit.as_cached()
+            doc = build_policy_input(identity, tenant, request, candidates, alerts, now)
+            decision = await dp.inner.decide(doc)
+            dp.cache.put(key, decision)
+            return decision
+    return await dp.decide(build_policy_input(identity, tenant, request, candidates, alerts, now))
