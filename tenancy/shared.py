@@ -193,6 +193,20 @@ if wait ~= 0 then return wait_reply('rate', wait) end
 return {'ok', '0'}
 """
 
+# KEYS: bucket. ARGV: now|''. The level refilled to now, stored like TokenBucket.refill does (the
+# in-process ledger applies later debts and refunds to the stored level, so a read that refills
+# must store, or the two would differ). Returns false for no bucket.
+_LUA_LEVEL = _LUA_LIB + r"""
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local now = server_now()
+if ARGV[1] ~= '' then now = tonumber(ARGV[1]) end
+local v = redis.call('HMGET', KEYS[1], 'rate', 'burst')
+local rate, burst = tonumber(v[1]), tonumber(v[2])
+local level, updated = load(KEYS[1], rate, burst, now)
+store(KEYS[1], level, updated, rate, burst)
+return num(level)
+"""
+
 # KEYS: prompt bucket, output bucket, totals, tenants set.
 # ARGV: now|'', prate|'', pburst, p, orate|'', oburst, o, tenant id
 _LUA_RESERVE = _LUA_LIB + r"""
@@ -355,6 +369,7 @@ class _Store:
         self.take = client.register_script(_LUA_TAKE)
         self.reserve = client.register_script(_LUA_RESERVE)
         self.adjust = client.register_script(_LUA_ADJUST)
+        self.level = client.register_script(_LUA_LEVEL)
         self.writer = _Writer()
 
     def key(self, tenant_id: str, name: str) -> str:
@@ -424,7 +439,10 @@ class RedisTenantLimiter:
         self._s = store
         self._leases: dict[str, SharedLease] = {}
         self._renewer: asyncio.Task[None] | None = None
+        #: slots found expired when renewed (their request went on without a slot)
         self.lost_slots = 0
+        #: completed :meth:`renew` calls
+        self.renewals = 0
 
     async def admit(self, tenant: Tenant, now: float | None = None) -> SharedLease:
         """Admit one request of ``tenant``; return its :class:`SharedLease` (see TenantLimiter.admit)."""
@@ -488,6 +506,7 @@ class RedisTenantLimiter:
             held = int(await self._s.renew(keys=[self._s.key(tid, "conc")], args=[self._s.lease_ttl_ms, *members]))
             renewed += held
             self.lost_slots += len(members) - held
+        self.renewals += 1
         return renewed
 
     def start(self) -> None:
@@ -621,18 +640,12 @@ class RedisLedger:
         return out
 
     async def level(self, tenant_id: str, kind: str, now: float | None = None) -> float | None:
-        """Level of a tenant's ``prompt`` / ``output`` bucket refilled to ``now`` (None: no bucket)."""
+        """Level of a tenant's ``prompt`` / ``output`` bucket refilled to ``now`` (None: no bucket).
+
+        Refills the stored bucket as :meth:`tenancy.ledger.InProcessLedger.level` does."""
         key = self._s.key(tenant_id, "led:ptok" if kind == "prompt" else "led:otok")
-        v = await self._s.client.hmget(key, "level", "updated", "rate", "burst")
-        if v[0] is None:
-            return None
-        level, updated, rate, burst = (float(x) for x in v)
-        if now is None:
-            sec, usec = await self._s.client.time()
-            now = sec + usec / 1e6
-        if now > updated:
-            level = min(burst, level + (now - updated) * rate)
-        return level
+        raw = await self._s.level(keys=[key], args=[_arg(now)])
+        return None if raw is None else float(raw)
 
     def _adjust(self, tenant_id: str, d_prompt: int, d_output: int, mode: str, s: Settlement | None) -> None:
         st = self._s
