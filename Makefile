@@ -30,9 +30,11 @@ setup: $(STAMP)
 
 setup-bench: $(BENCH_STAMP)
 
-# System packages the tests need (a real syslog receiver). Needs root.
+# System packages the tests need (a real syslog receiver, a real Redis for the
+# shared-state tests of issue 16). Needs root.
 system-deps:
 	@command -v rsyslogd >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rsyslog >/dev/null)
+	@command -v redis-server >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)
 
 # The main job: simulated replicas + gateway + real-trace replay, one run per routing policy.
 # Writes results/demo.{md,json} (git-ignored).

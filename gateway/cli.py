@@ -1,6 +1,6 @@
 """``prefixgate`` command line (click).
 
-    prefixgate serve --config FILE      run the gateway (public + admin listener)
+    prefixgate serve --config FILE      run the gateway (public + admin listener); --workers N needs state.backend: redis
     prefixgate audit verify FILE...     check a JSONL audit log's hash chain and checkpoints (--anchors: off-host copies)
     prefixgate audit keygen PATH        write a new Ed25519 checkpoint signing key
     prefixgate policy test [DIR]        compile a Rego directory (default: the shipped one) and run its tests
@@ -18,7 +18,7 @@ import sys
 
 import click
 
-__all__ = ["main"]
+__all__ = ["main", "serving_refusal"]
 
 
 @click.group()
@@ -31,7 +31,9 @@ def main(log_level: str) -> None:
 @main.command()
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="YAML configuration file (docs/configuration.md).")
-def serve(config_path: str) -> None:
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Gateway processes on this host; more than 1 needs state.backend: redis (docs/scale-out).")
+def serve(config_path: str, workers: int) -> None:
     """Run the gateway until SIGINT/SIGTERM; drains in-flight requests on shutdown."""
     from policy import reexec_with_go_gc
 
@@ -46,6 +48,9 @@ def serve(config_path: str) -> None:
         cfg = load_config(config_path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    refusal = serving_refusal(cfg.state.backend, workers)
+    if refusal:
+        raise click.ClickException(refusal)
     try:
         run_serving(run(cfg, config_path=config_path))
     except ConfigError as exc:
@@ -54,6 +59,28 @@ def serve(config_path: str) -> None:
         raise click.ClickException(f"cannot start the gateway: {exc.strerror or exc}") from None
     except (AuditDirectoryInUse, AuditWorkerError) as exc:
         raise click.ClickException(f"cannot start the gateway: {exc}") from None
+
+
+def serving_refusal(backend: str, workers: int) -> str | None:
+    """Why ``serve`` must not start with ``state.backend`` = ``backend`` and ``workers`` processes
+    (None: it may start).
+
+    Several processes with in-process state would each enforce the whole of
+    every tenant's limits (N times the limit) and route on a fraction of the
+    picture, so ``workers > 1`` needs the shared backend (issue 16). The
+    gateway does not use the Redis backend yet (the shared limits and ledger
+    exist in :mod:`tenancy.shared` but are not wired into admission), so
+    ``state.backend: redis`` is refused too rather than silently enforcing
+    per-instance limits an operator believes are shared.
+    """
+    if workers > 1 and backend != "redis":
+        return (f"serve --workers {workers} needs state.backend: redis (with state.url); with in-process "
+                f"state every worker would enforce each tenant's limits on its own")
+    if backend == "redis":
+        return ("state.backend: redis is not implemented in the gateway yet (issue 16: shared limits exist, "
+                "their wiring into admission and multi-process serving do not); use state.backend: memory "
+                "and --workers 1")
+    return None
 
 
 def _add_audit_commands() -> None:

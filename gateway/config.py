@@ -24,7 +24,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from routing.config import PolicyConfig as RoutingPolicyConfig
 from routing.policies import CacheAwareConfig
 
-__all__ = ["GatewayConfig", "ConfigError", "load_config", "check_tenancy"]
+__all__ = ["GatewayConfig", "ConfigError", "StateConfig", "load_config", "check_tenancy"]
 
 
 class ConfigError(ValueError):
@@ -320,6 +320,57 @@ class TracingConfig(_Section):
     sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
 
 
+class StateConfig(_Section):
+    """Where state shared between gateway processes and instances lives (issue 16).
+
+    ``backend``: ``memory`` (default: one process, no Redis) or ``redis``
+    (``url`` required: ``redis://`` or ``rediss://`` (TLS) or
+    ``unix://``; a password in the URL is refused, it comes from
+    ``password_file`` (mode 0600) or the variable named by ``password_env``,
+    at most one of them; ``username``: the Redis ACL user; ``tls_ca_file``:
+    CA bundle that verifies the server, needs ``rediss://``).
+    ``key_prefix``: prefix of every Redis key (the ACL user is restricted to
+    it). ``lease_ttl_s``: lifetime of a concurrency slot or published load
+    that is not renewed (0 < ttl <= 10 s), so a crashed instance leaves no
+    phantom slots beyond it.
+    """
+
+    backend: Literal["memory", "redis"] = "memory"
+    url: str | None = None
+    username: str | None = Field(None, min_length=1, max_length=128)
+    password_file: str | None = None
+    password_env: str | None = Field(None, min_length=1)
+    tls_ca_file: str | None = None
+    key_prefix: str = Field("prefixgate:", pattern=r"^[A-Za-z0-9_.:{}-]{1,64}$")
+    lease_ttl_s: float = Field(10.0, gt=0, le=10)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("state url must start with redis://, rediss:// or unix://")
+        if parts.password is not None:
+            raise ValueError("state url must not contain a password (use state.password_file or state.password_env)")
+        if parts.scheme != "unix" and not parts.hostname:
+            raise ValueError("state url needs a host")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "StateConfig":
+        if self.backend == "redis" and not self.url:
+            raise ValueError("state.url is required when state.backend is redis")
+        if self.password_file and self.password_env:
+            raise ValueError("set at most one of state.password_file and state.password_env")
+        if self.tls_ca_file and not (self.url or "").startswith("rediss://"):
+            raise ValueError("state.tls_ca_file needs a rediss:// url")
+        return self
+
+
 class GatewayConfig(BaseSettings):
     """The whole gateway configuration (see docs/configuration.md)."""
 
@@ -341,6 +392,7 @@ class GatewayConfig(BaseSettings):
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     audit: dict[str, Any] = Field(default_factory=dict)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    state: StateConfig = Field(default_factory=StateConfig)
 
     @classmethod
     def settings_customise_sources(

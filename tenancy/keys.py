@@ -382,6 +382,35 @@ class KeyRing:
             self._user_cache.clear()
             return self._generation
 
+    def adopt(self, tenant_id: str, key_version: int, salt_epoch: int) -> bool:
+        """Move ``tenant_id`` forward to a key version / salt epoch seen on another instance.
+
+        Forward only, field by field: a value not above the current one is
+        ignored (a rotation is never rolled back). A higher key version puts
+        the current key in grace exactly as :meth:`rotate_tenant` does.
+        Persisted like a rotation (the state file keeps the highest seen).
+        Returns True when anything changed. Raises :class:`KeyRingError` if
+        the state file cannot be written (nothing is applied then) and
+        ``ValueError`` for a version < 1 or an epoch < 0.
+        """
+        if key_version < 1 or salt_epoch < 0:
+            raise ValueError("key_version must be >= 1 and salt_epoch >= 0")
+        with self._lock:
+            ts = self._tenant_state(tenant_id)
+            new = TenantState(max(ts.key_version, key_version), max(ts.salt_epoch, salt_epoch))
+            if new == ts:
+                return False
+            old = self.current(tenant_id)
+            self._commit(tenant_id, new)
+            if new.key_version != ts.key_version:
+                self._grace.setdefault(tenant_id, []).append(_GraceKey(old, self._clock() + self._grace_s))
+            return True
+
+    def tenant_states(self) -> dict[str, tuple[int, int]]:
+        """``{tenant id: (key_version, salt_epoch)}`` of every tenant ever rotated or adopted."""
+        with self._lock:
+            return {tid: (ts.key_version, ts.salt_epoch) for tid, ts in self._state.tenants.items()}
+
     # -- salts -------------------------------------------------------------
     def cache_salt(self, tenant_id: str) -> str:
         """Return the tenant's cache salt (vLLM ``cache_salt``); see :mod:`tenancy.salt`."""

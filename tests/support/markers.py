@@ -24,7 +24,7 @@ import pytest
 #: Fixtures that start servers or processes.
 E2E_FIXTURES = frozenset({
     "stack", "sim", "raw", "capture", "opa", "opa_server", "fresh_opa_server", "remote_opa", "make_cluster",
-    "collector", "serve", "rsyslog",
+    "collector", "serve", "rsyslog", "redis_server",
 })
 #: Source fragments of modules that start servers or processes themselves.
 E2E_SOURCE = ("subprocess", "TCPSite(", "Rsyslog(", "RemoteAuditLog(", "OffloadSpanProcessor(", "start_process(",
