@@ -319,9 +319,13 @@ class InProcessLedger(TokenLedger):
     def _adjust(self, tenant_id: str, d_prompt: int, d_output: int, *, lowered: bool = False,
                 settled: Settlement | None = None) -> None:
         st = self._tenants.setdefault(tenant_id, _Buckets())
+        now = self._clock()
         for bucket, delta in ((st.prompt, d_prompt), (st.output, d_output)):
             if bucket is None or delta == 0:
                 continue
+            # refill to now first: what accrued since the last take must not absorb the overshoot
+            # (otherwise whether an overshoot is charged depends on whether anything read the bucket)
+            bucket.refill(now)
             if delta > 0:
                 bucket.level -= delta  # used beyond the reservation: debt
             else:

@@ -41,7 +41,7 @@ def test_five_concurrent_reservations_of_50_plus_100() -> None:
 
 
 def test_refused_reservation_takes_nothing_from_either_bucket() -> None:
-    led = InProcessLedger()
+    led = InProcessLedger(clock=lambda: 0.0)  # one time source: reserve's `now` and the settle clock
     led.reserve(LIMITED, 60, 10, now=0.0)  # prompt 40 left, output 90
     with pytest.raises(RateLimited) as info:
         led.reserve(LIMITED, 50, 10, now=0.0)  # prompt refuses
@@ -50,7 +50,7 @@ def test_refused_reservation_takes_nothing_from_either_bucket() -> None:
 
 
 def test_settle_refunds_unused_and_takes_excess_as_debt() -> None:
-    led = InProcessLedger()
+    led = InProcessLedger(clock=lambda: 0.0)  # one time source: reserve's `now` and the settle clock
     res = led.reserve(LIMITED, 50, 100, now=0.0)  # prompt 50, output 0
     s = res.settle(70, 7, "usage")  # the replica counted 20 more prompt tokens, used 7 of 100 output
     assert (s.charged, s.refunded_prompt, s.refunded_output) == (77, 0, 93)
@@ -62,14 +62,14 @@ def test_settle_refunds_unused_and_takes_excess_as_debt() -> None:
 
 
 def test_refund_never_lifts_a_bucket_above_its_burst() -> None:
-    led = InProcessLedger()
+    led = InProcessLedger(clock=lambda: 0.0)  # one time source: reserve's `now` and the settle clock
     res = led.reserve(LIMITED, 10, 10, now=0.0)
     res.settle(0, 0, "not_dispatched")  # the bucket refilled meanwhile? here: back to full exactly
     assert led.level("t", "prompt", now=1000.0) == 100 and led.level("t", "output", now=1000.0) == 100
 
 
 def test_lower_output_refunds_at_once_and_counts_as_refunded() -> None:
-    led = InProcessLedger()
+    led = InProcessLedger(clock=lambda: 0.0)  # one time source: reserve's `now` and the settle clock
     res = led.reserve(LIMITED, 10, 100, now=0.0)
     res.lower_output(30)
     res.lower_output(60)  # never raises the reservation again
@@ -81,7 +81,7 @@ def test_lower_output_refunds_at_once_and_counts_as_refunded() -> None:
 
 
 def test_one_request_above_the_burst_is_served_from_a_full_bucket_into_debt() -> None:
-    led = InProcessLedger()
+    led = InProcessLedger(clock=lambda: 0.0)  # one time source: reserve's `now` and the settle clock
     t = tenant(output_tokens_per_s=1.0, output_tokens_burst=60.0)
     led.reserve(t, 0, 100, now=0.0)  # needs min(100, 60)
     assert led.level("t", "output", now=0.0) == -40
@@ -91,7 +91,7 @@ def test_one_request_above_the_burst_is_served_from_a_full_bucket_into_debt() ->
 
 
 def test_no_limits_still_accounts() -> None:
-    led = InProcessLedger()
+    led = InProcessLedger(clock=lambda: 0.0)  # one time source: reserve's `now` and the settle clock
     res = led.reserve(tenant(), 5, 5, now=0.0)
     res.settle(5, 1, "usage")
     assert led.totals()["t"].charged == {"prompt": 5, "output": 1}
@@ -105,7 +105,7 @@ def test_bound_burst_plus_rate_times_t_plus_one_overshoot(reqs: list[tuple[int, 
     rate, burst = 10.0, 100.0
     t = tenant(prompt_tokens_per_s=rate, prompt_tokens_burst=burst, output_tokens_per_s=rate,
                output_tokens_burst=burst)
-    led = InProcessLedger()
+    led = InProcessLedger(clock=lambda: 0.0)  # one time source: reserve's `now` and the settle clock
     now, taken = 0.0, {"prompt": 0, "output": 0}
     n_max = {"prompt": 0, "output": 0}
     for prompt, output, dt in reqs:
