@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
@@ -241,6 +242,35 @@ def json_items_bound(raw: bytes) -> int:
     return raw.count(b",") + raw.count(b"{") + raw.count(b"[") + 1
 
 
+def _unforwardable(obj: Any) -> str | None:
+    """Why ``obj`` (a validated body) cannot be forwarded as JSON, or None.
+
+    ``"lone surrogate"``: a string (key or value) holds a lone UTF-16
+    surrogate (from a JSON ``\\uD800``-style escape; it has no UTF-8 form).
+    ``"non-finite number"``: ``NaN``, ``Infinity`` or an overflowing float
+    (``1e999``) in a free-form field (tools, response_format, …); they are not
+    JSON (RFC 8259 §6) and an encoder would send them as ``null``. Schema
+    fields have already refused both with their own names."""
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, str):
+            if not o.isascii():
+                try:
+                    o.encode("utf-8")
+                except UnicodeEncodeError:
+                    return "lone surrogate"
+        elif isinstance(o, float):
+            if not math.isfinite(o):
+                return "non-finite number"
+        elif isinstance(o, dict):
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif isinstance(o, list):
+            stack.extend(o)
+    return None
+
+
 def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32, *,
                             max_messages: int | None = None,
                             max_batch_prompts: int | None = None,
@@ -295,6 +325,12 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     if body.get("n") == 1:
         body.pop("n")
     body.pop("user", None)  # never forwarded as sent (the pipeline may put a pseudonym in its place)
+    problem = _unforwardable(body)  # checked here, so nothing fails after admission
+    if problem == "lone surrogate":
+        raise GatewayError(400, "invalid_request", "the request contains invalid Unicode (a lone surrogate)")
+    if problem is not None:
+        raise GatewayError(400, "invalid_request", "the request holds a number that is not finite "
+                           "(NaN, Infinity or out of range)")
     try:
         ptext = prompt_text(endpoint, body)
         if endpoint == "chat":

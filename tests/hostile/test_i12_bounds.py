@@ -243,7 +243,10 @@ async def test_batch_counted_in_tokens_router_policy_and_audit(stack, capture, m
     comps = stack.components
     seen_inputs: list[dict[str, Any]] = []
     seen_routes: list[Any] = []
-    decide, route = comps.pdp.decide, comps.router.route
+    # the decision point that sees the built input document: behind the decision cache when there is one
+    # (a cache hit builds no document: policy.cache.decide_from_facts)
+    pdp = getattr(comps.pdp, "inner", comps.pdp)
+    decide, route = pdp.decide, comps.router.route
 
     async def spy_decide(doc: dict[str, Any]) -> Any:
         seen_inputs.append(doc)
@@ -254,7 +257,7 @@ async def test_batch_counted_in_tokens_router_policy_and_audit(stack, capture, m
         seen_routes.append((req, comps.router.loads.snapshot(choice.replica_id)))
         return choice, ticket
 
-    monkeypatch.setattr(comps.pdp, "decide", spy_decide)
+    monkeypatch.setattr(pdp, "decide", spy_decide)
     monkeypatch.setattr(comps.router, "route", spy_route)
     sixty = " ".join(f"v{i}" for i in range(60))  # 60 tokens each; 180 in all, over the 100 per sequence
     r = await _post(stack, "/v1/completions", {"model": "sim-model", "prompt": [sixty, sixty, sixty],
