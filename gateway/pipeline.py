@@ -224,7 +224,11 @@ class InferencePipeline:
             if replica.cache_salt:
                 upstream_body["cache_salt"] = c.cache_salt(tenant)
             headers = c.upstream_headers(rec)
-            budget = max(0.001, min(ucfg.first_byte_timeout_s, deadline - time.perf_counter()))
+            # a plain answer's first byte comes only after the whole generation: it is bounded by the
+            # total deadline, not by first_byte_timeout_s (which would cut off long, legitimate answers
+            # and count them against a healthy replica)
+            left = deadline - time.perf_counter()
+            budget = max(0.001, min(ucfg.first_byte_timeout_s, left) if req.stream else left)
             progress, held.progress = held.progress, "unknown"  # sent: the replica may be working on it
             try:
                 up = await _unless_client_leaves(

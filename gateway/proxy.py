@@ -1,11 +1,12 @@
 """Upstream calls to replicas (pipeline step 7): one pooled aiohttp session.
 
 ``open_upstream`` sends the request and waits for the *first body chunk*
-(bounded by ``first_byte_timeout_s``): until that chunk has been handed to
+(bounded by the caller's budget: ``first_byte_timeout_s`` for streams, the
+total deadline for plain answers): until that chunk has been handed to
 the client nothing is committed, so the caller may still retry on another
 replica. Failures are classified into :class:`UpstreamFailure` kinds that
 map to HTTP answers: ``connect`` (502, retryable), ``timeout`` (504,
-retryable), ``status`` 5xx (502, retryable), ``status`` 4xx (passed through,
+retryable while the deadline allows), ``status`` 5xx (502, retryable), ``status`` 4xx (passed through,
 the client's fault, never counted against the replica), ``protocol``
 (502, retryable before the first byte).
 

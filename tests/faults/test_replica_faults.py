@@ -68,10 +68,11 @@ async def test_all_allowed_replicas_5xx_never_spill_into_other_pool(stack, sim):
 
 
 async def test_stall_before_first_byte_retried_elsewhere_within_bound(stack, sim):
+    # a streamed answer's first byte is bounded by first_byte_timeout_s (a stalled prefill)
     await sim.fault(0, stall_before_first_byte_s=5)
     for i in range(4):
         t0 = time.perf_counter()
-        r = await stack.client.post("/v1/completions", json=body(i), headers=stack.auth())
+        r = await stack.client.post("/v1/completions", json=body(i, stream=True), headers=stack.auth())
         assert r.status_code == 200, r.text
         assert time.perf_counter() - t0 < 4.5  # not the 5 s stall: the first-byte timeout cut it
         assert stack.components.audit.records[-1]["attempts"] <= 2
@@ -83,7 +84,7 @@ async def test_all_allowed_stalled_gives_504_in_bounded_time(stack, sim):
     await sim.fault(0, stall_before_first_byte_s=5)
     await sim.fault(1, stall_before_first_byte_s=5)
     t0 = time.perf_counter()
-    r = await stack.client.post("/v1/completions", json=body(), headers=stack.auth())
+    r = await stack.client.post("/v1/completions", json=body(stream=True), headers=stack.auth())
     elapsed = time.perf_counter() - t0
     assert r.status_code == 504
     assert r.json()["error"] == {"message": "the replica did not answer in time", "type": "server_error",
@@ -91,6 +92,20 @@ async def test_all_allowed_stalled_gives_504_in_bounded_time(stack, sim):
     assert elapsed < 4.5  # bounded by the timeouts (2 attempts x 0.5 s), not by the 5 s stall
     assert stack.components.audit.records[-1]["attempts"] == 2
     assert sim.counter("requests", (2,)) == 0
+
+
+async def test_plain_answer_slower_than_first_byte_timeout_is_served_once(stack, sim):
+    # review finding: a plain answer's first byte comes only after the whole generation; cutting it at
+    # first_byte_timeout_s opened healthy replicas' breakers for in-quota requests and ran them twice
+    for i in range(3):
+        await sim.fault(i, stall_before_first_byte_s=1.0)  # > first_byte_timeout_s 0.5, < total 2.0
+    r = await stack.client.post("/v1/completions", json=body(), headers=stack.auth())
+    assert r.status_code == 200, r.text
+    assert stack.components.audit.records[-1]["attempts"] == 1
+    assert sum(sim.counter("requests", (i,)) for i in range(3)) == 1
+    rs = stack.components.replica_set
+    assert all(rs.state(f"r{i}").consecutive_failures == 0 and rs.state(f"r{i}").circuit is CircuitState.CLOSED
+               for i in range(3))
 
 
 async def test_mid_stream_stall_ends_with_error_event_no_retry(stack, sim):
