@@ -13,161 +13,123 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
-import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.components import Components
+from gateway.build import Gateway
 from gateway.errors import GatewayError
+from gateway.prefix_keys import ChainView, PrefixKeys
 from gateway.proxy import UpstreamFailure, UpstreamStream, open_upstream
-from gateway.request import Endpoint, InferenceRequest, parse_inference_request, read_body
-from gateway.replicas import Attempt
+from gateway.record import RequestRecord, new_request_id
+from gateway.replicas import Attempt, Replica
+from gateway.request import (
+    Endpoint,
+    InferenceRequest,
+    parse_inference_request,
+    read_body,
+)
 from gateway.sse import SseProtocolError, SseScanner, error_event
+from routing.load import LoadTicket
 from routing.policies import RouteRequest
+from routing.types import RouteChoice
+from tenancy.ledger import Reservation
+from tenancy.limits import Lease
+from tenancy.registry import Tenant
 
 __all__ = ["InferencePipeline", "RequestRecord", "ClientGone"]
 
 T = TypeVar("T")
 
+log = logging.getLogger("prefixgate")
+
 UPSTREAM_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """Everything the audit event of one request needs (never prompt text).
-
-    Times are ``time.perf_counter()`` seconds; latencies are derived in ms.
-    ``relayed_output``: output tokens relayed in an SSE answer (estimate, see
-    :class:`gateway.sse.SseScanner`); ``settlement``: the token ledger's
-    :class:`tenancy.ledger.Settlement` of the request (None: nothing reserved).
-    """
-
-    request_id: str
-    endpoint: str
-    client_addr: str | None
-    t0: float
-    spiffe_id: str | None = None
-    trust_domain: str | None = None
-    tenant_id: str | None = None
-    model: str | None = None
-    stream: bool = False
-    prompt_tokens: int | None = None
-    sequences: int | None = None
-    max_tokens: int | None = None
-    output_tokens: int | None = None
-    cached_tokens: int | None = None
-    decision_id: str | None = None
-    reason_code: str | None = None
-    reason: str | None = None
-    replica: str | None = None
-    pool: str | None = None
-    routing_policy: str | None = None
-    predicted_prefix_tokens: int | None = None
-    available_prefix_tokens: int | None = None
-    replica_load_tokens: int | None = None
-    attempts: int = 0
-    status: int | None = None
-    outcome: str = "failed"
-    error_code: str | None = None
-    prefix_fingerprint: str | None = None
-    t_auth: float | None = None
-    t_policy: float | None = None
-    t_route: float | None = None
-    t_first_byte: float | None = None
-    t_end: float | None = None
-    relayed_output: int | None = None
-    settlement: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def ms(self, start: float | None, end: float | None) -> float | None:
-        """Milliseconds between two perf-counter stamps (None if either is missing)."""
-        if start is None or end is None:
-            return None
-        return round((end - start) * 1000.0, 3)
 
 
 class InferencePipeline:
     """Handles ``/v1/completions`` and ``/v1/chat/completions`` end to end.
 
-    ``components`` holds every collaborator (identity, tenancy, policy,
-    routing, upstream session, audit); see :mod:`gateway.components`.
+    ``gateway`` holds every collaborator, one per step (see :mod:`gateway.build`).
+    Only this class writes the request's :class:`RequestRecord`; the steps return values.
     """
 
-    def __init__(self, components: Components) -> None:
-        self.c = components
-        self.cfg = components.config
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self.cfg = gateway.config
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Serve one inference request; always returns a response, never raises."""
-        c = self.c
+        gw = self.gw
+        adm = gw.admission
         rec = RequestRecord(
-            request_id=uuid.uuid4().hex,
+            request_id=new_request_id(),
             endpoint=UPSTREAM_PATHS[endpoint],
-            client_addr=c.authn.source(request),  # behind a trusted proxy: the client it attests
+            client_addr=gw.authn.source(request),  # behind a trusted proxy: the client it attests
             t0=time.perf_counter(),
         )
         held = _Held()
-        c.audit.start_span(rec, request.headers)
+        gw.audit.start_span(rec, request.headers)
         try:
-            if not c.audit_accepting():
+            if not gw.audit.accepting:  # fail closed: no audit trail, no service
                 raise GatewayError(503, "audit_unavailable", "audit trail unavailable; refusing to serve without it")
-            # 1 authenticate
-            identity = await c.authn.authenticate(request)
+            # 1 authenticate (gateway/authn.py)
+            identity = await gw.authn.authenticate(request)
             rec.spiffe_id, rec.trust_domain = str(identity.spiffe_id), identity.trust_domain
             rec.t_auth = time.perf_counter()
-            # 2 resolve tenant; rate and concurrency limits before any work
-            tenant = c.resolve_tenant(identity)
+            # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
+            tenant = adm.resolve_tenant(identity)
             rec.tenant_id = tenant.id
-            held.lease = c.admit(tenant)
-            bounds = c.request_bounds(tenant)
-            # 3 parse (message and batch counts are checked before schema validation)
+            held.lease = adm.admit(tenant)
+            bounds = adm.request_bounds(tenant)
+            # 3 parse (message and batch counts are checked before schema validation; gateway/request.py)
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
             req = parse_inference_request(raw, endpoint, self.cfg.limits.max_json_depth,
                                           max_messages=bounds.max_messages,
                                           max_batch_prompts=bounds.max_batch_prompts,
                                           max_json_items=self.cfg.limits.max_json_items)
             rec.stream = req.stream
-            if req.model not in c.served_models:  # a client-chosen string: never copied into the audit trail
-                raise GatewayError(404, "model_not_found", "the requested model does not exist", param="model")
+            adm.check_model(req.model)
             rec.model = req.model
             rec.sequences = req.sequences
-            c.admit_sequences(tenant, held.lease, req.sequences)  # each prompt of a batch is a request
-            # 4 prefix keys (byte bound, then tokenize once with early stop; prompt-token limits)
-            tokens, prompt_tokens = c.prompt_tokens(bounds, req)
+            adm.admit_sequences(tenant, held.lease, req.sequences)  # each prompt of a batch is a request
+            rec.t_parsed = time.perf_counter()
+            # 4 prompt checks and prefix keys (byte bound, then tokenize once with early stop)
+            tokens, prompt_tokens = adm.prompt_tokens(bounds, req)
             rec.prompt_tokens = prompt_tokens
             # reserve prompt + max_tokens x sequences before any further work; the end settles it
-            output_cap = c.output_cap(req.max_tokens, tenant)
-            held.reservation = c.check_prompt(tenant, prompt_tokens, req.sequences, output_cap * req.sequences)
-            chains = c.prefix_chains(tenant, tokens)
-            rec.prefix_fingerprint = c.prefix_fingerprint(tenant, chains)
-            # 5 authorize
-            candidates = c.candidates(tenant)
+            output_cap = adm.output_cap(req.max_tokens, tenant)
+            held.reservation = adm.check_prompt(tenant, prompt_tokens, req.sequences, output_cap * req.sequences)
+            chains = gw.keys.prefix_chains(tenant, tokens)
+            rec.prefix_fingerprint = PrefixKeys.prefix_fingerprint(chains)
+            # candidates: routable replicas in the tenant's pools (gateway/replicas.py)
+            candidates = gw.replica_set.candidates(tenant.pools)
             if not candidates:
                 raise GatewayError(503, "no_replica", "no healthy replica is available for this tenant")
-            decision = await c.decide(identity, tenant, req, prompt_tokens, candidates, rec)
-            rec.t_policy = time.perf_counter()
-            max_tokens = c.clamp_max_tokens(req.max_tokens, tenant, decision)
+            rec.t_keys = time.perf_counter()
+            # 5 authorize: the decision only (gateway/pep.py)
+            try:
+                decision = await gw.pep.decide(identity, tenant, req, prompt_tokens, candidates, rec.endpoint)
+            except GatewayError as err:
+                rec.reason_code = err.code  # policy_unavailable
+                raise
+            rec.t_decided = time.perf_counter()
+            rec.decision_id, rec.reason_code, rec.reason = decision.decision_id, decision.reason_code, decision.reason
+            gw.pep.enforce(decision)
+            max_tokens = adm.clamp_max_tokens(req.max_tokens, tenant, decision)
             rec.max_tokens = max_tokens
-            c.lower_reservation(held.reservation, max_tokens * req.sequences)
-            allowed = c.allowed_candidates(candidates, decision)
+            adm.lower_reservation(held.reservation, max_tokens * req.sequences)
+            allowed = gw.pep.allowed_candidates(candidates, decision)
             if not allowed:
                 raise GatewayError(
                     503, "no_replica", "no healthy replica is allowed for this request",
                     extra={"decision_id": decision.decision_id},
                 )
-            body = dict(req.body)
-            body["max_tokens"] = max_tokens
-            user = c.upstream_user(tenant, identity)
-            if user is not None:
-                body["user"] = user
-            if req.stream:
-                body["stream_options"] = {"include_usage": True}
+            body = self._upstream_body(req, max_tokens, gw.keys.upstream_user(tenant, identity))
             route_req = RouteRequest(
                 tenant_id=tenant.id,
                 block_keys=chains.current,
@@ -189,7 +151,7 @@ class InferencePipeline:
             rec.status, rec.outcome, rec.error_code = 499, "cancelled", "client_disconnect"
             raise
         except Exception:  # a bug: answer 500 but never lose the audit record
-            c.log.exception("unhandled error in request %s", rec.request_id)
+            log.exception("unhandled error in request %s", rec.request_id)
             rec.status, rec.outcome, rec.error_code = 500, "failed", "internal_error"
             return GatewayError(500, "internal_error", "internal error").response()
         finally:
@@ -198,11 +160,23 @@ class InferencePipeline:
             if not held.handed_off:
                 self._end(rec, held)
 
+    @staticmethod
+    def _upstream_body(req: InferenceRequest, max_tokens: int, user: str | None) -> dict[str, Any]:
+        """The body sent upstream: the client's, with the clamped ``max_tokens``, the gateway's
+        ``user`` (or none) and, when streaming, usage in the last chunk."""
+        body = dict(req.body)
+        body["max_tokens"] = max_tokens
+        if user is not None:
+            body["user"] = user
+        if req.stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
     async def _route_and_proxy(
-        self, request: Request, req: InferenceRequest, rec: RequestRecord, tenant: Any,
-        route_req: RouteRequest, chains: Any, allowed: list[Any], body: dict[str, Any], held: _Held,
+        self, request: Request, req: InferenceRequest, rec: RequestRecord, tenant: Tenant,
+        route_req: RouteRequest, chains: ChainView, allowed: list[Replica], body: dict[str, Any], held: _Held,
     ) -> Response:
-        c = self.c
+        gw = self.gw
         ucfg = self.cfg.upstream
         deadline = rec.t0 + ucfg.total_timeout_s
         remaining = list(allowed)
@@ -211,31 +185,33 @@ class InferencePipeline:
         while remaining and budget_used < ucfg.max_attempts:
             held.end_attempt()  # the previous attempt's verdict was given; give back what it held
             rec.attempts += 1
-            choice, held.ticket = c.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
+            choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
             held.choice = choice
-            replica = c.replica(choice.replica_id)
-            held.attempt = c.replica_set.attempt(replica.id)
+            replica = gw.replica_set.get(choice.replica_id)
+            held.attempt = gw.replica_set.attempt(replica.id)
             rec.replica, rec.pool, rec.routing_policy = replica.id, replica.pool, choice.policy
             rec.predicted_prefix_tokens = choice.predicted_prefix_tokens
             rec.available_prefix_tokens = choice.available_prefix_tokens
-            rec.replica_load_tokens = c.router.loads.snapshot(replica.id).tokens
+            rec.replica_load_tokens = gw.router.loads.snapshot(replica.id).tokens
             rec.t_route = time.perf_counter()
             upstream_body = dict(body)
             if replica.cache_salt:
-                upstream_body["cache_salt"] = c.cache_salt(tenant)
-            headers = c.upstream_headers(rec)
+                upstream_body["cache_salt"] = gw.keys.cache_salt(tenant)
+            # request id and trace context (never client credentials)
+            headers = {"X-Request-Id": rec.request_id}
+            gw.audit.inject_trace_headers(headers, rec)
             budget = max(0.001, min(ucfg.first_byte_timeout_s, deadline - time.perf_counter()))
             progress, held.progress = held.progress, "unknown"  # sent: the replica may be working on it
             try:
                 up = await _unless_client_leaves(
-                    request, open_upstream(c.session, replica.url + rec.endpoint, upstream_body, headers, budget))
+                    request, open_upstream(gw.upstream.require_session(), replica.url + rec.endpoint, upstream_body, headers, budget))
             except UpstreamFailure as fail:
                 last = fail
                 if not fail.reached:
                     held.progress = progress  # no connection: this attempt cost nothing
                 elif fail.kind == "status":
                     held.progress = "refused"  # the replica answered an error: no output
-                c.upstream_failed(held.attempt, fail)
+                gw.upstream.failed(held.attempt, fail)
                 if fail.kind != "connect":
                     budget_used += 1
                 if not fail.retryable:
@@ -246,7 +222,7 @@ class InferencePipeline:
                 continue
             held.up = up
             budget_used += 1
-            c.upstream_ok(replica.id, up.instance_id)
+            gw.upstream.answered(replica.id, up.instance_id)
             rec.t_first_byte = time.perf_counter()
             held.ticket.first_token()
             if req.stream:
@@ -295,7 +271,7 @@ class InferencePipeline:
             except Exception as exc:  # broken SSE, read timeout, connection reset
                 code = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_stream_error"
                 rec.error_code = code
-                self.c.upstream_failed(held.attempt, UpstreamFailure("protocol", str(exc)))
+                self.gw.upstream.failed(held.attempt, UpstreamFailure("protocol", str(exc)))
                 if isinstance(exc, SseProtocolError) and exc.forward:
                     yield exc.forward  # the valid events before the bad one
                 yield error_event("the replica stream failed before completion", code)
@@ -336,7 +312,7 @@ class InferencePipeline:
             rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
             return Response(status_code=499)
         except Exception as exc:  # timeout, broken connection, not a JSON object
-            self.c.upstream_failed(held.attempt, UpstreamFailure("protocol", str(exc)))
+            self.gw.upstream.failed(held.attempt, UpstreamFailure("protocol", str(exc)))
             err = GatewayError(502, "upstream_error", "the replica sent an invalid answer")
             rec.status, rec.outcome, rec.error_code = 502, "failed", err.code
             return err.response()
@@ -365,25 +341,22 @@ class InferencePipeline:
         if res is None:
             return
         try:
-            rec.settlement = self.c.settle(res, usage=held.usage, progress=held.progress,
+            rec.settlement = self.gw.admission.settle(res, usage=held.usage, progress=held.progress,
                                            relayed_output=held.relayed)
         except Exception:  # a bug: never lose the audit record; the reservation stays charged in full
-            self.c.log.exception("settling the token reservation of request %s failed", rec.request_id)
+            log.exception("settling the token reservation of request %s failed", rec.request_id)
 
-    def _complete(self, rec: RequestRecord, usage: dict[str, Any] | None, choice: Any) -> None:
+    def _complete(self, rec: RequestRecord, usage: dict[str, Any] | None, choice: RouteChoice | None) -> None:
         if usage:
             details = usage.get("prompt_tokens_details") or {}
             cached = details.get("cached_tokens") if isinstance(details, dict) else None
-            rec.cached_tokens = cached if isinstance(cached, int) else None
+            rec.delivered_prefix_tokens = cached if isinstance(cached, int) else None
             out = usage.get("completion_tokens")
             rec.output_tokens = out if isinstance(out, int) else None
-        if rec.cached_tokens is not None and choice is not None:
-            self.c.router.observe_delivered(choice, rec.cached_tokens)
-        self._finish(rec)
-
-    def _finish(self, rec: RequestRecord) -> None:
+        if rec.delivered_prefix_tokens is not None and choice is not None:
+            self.gw.router.observe_delivered(choice, rec.delivered_prefix_tokens)
         rec.t_end = time.perf_counter()
-        self.c.record(rec)
+        self.gw.recorder.record(rec)
 
 
 class _Held:
@@ -409,16 +382,16 @@ class _Held:
                  "reservation", "progress", "relayed")
 
     def __init__(self) -> None:
-        self.lease: Any = None
-        self.ticket: Any = None
+        self.lease: Lease | None = None
+        self.ticket: LoadTicket | None = None
         self.attempt: Attempt | None = None
         self.up: UpstreamStream | None = None
-        self.choice: Any = None
+        self.choice: RouteChoice | None = None
         self.usage: dict[str, Any] | None = None
         self.handed_off = False
         self.started = False
         self.ended = False
-        self.reservation: Any = None
+        self.reservation: Reservation | None = None
         self.progress = "none"
         self.relayed = 0
 
