@@ -11,23 +11,23 @@ in a :class:`RequestRecord` that becomes exactly one audit event.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from typing import Any, TypeVar
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
 
 from gateway.build import Gateway
+from gateway.client_io import ClientGone, EndingStreamingResponse, unless_client_leaves
 from gateway.errors import GatewayError
+from gateway.held import Held
 from gateway.prefix_keys import ChainView, PrefixKeys
-from gateway.proxy import UpstreamFailure, UpstreamStream, open_upstream
+from gateway.proxy import UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
-from gateway.replicas import Attempt, Replica
+from gateway.replicas import Replica
 from gateway.request import (
     Endpoint,
     InferenceRequest,
@@ -35,11 +35,8 @@ from gateway.request import (
     read_body,
 )
 from gateway.sse import SseProtocolError, SseScanner, error_event
-from routing.load import LoadTicket
 from routing.policies import RouteRequest
 from routing.types import RouteChoice
-from tenancy.ledger import Reservation
-from tenancy.limits import Lease
 from tenancy.registry import Tenant
 
 __all__ = ["InferencePipeline", "RequestRecord", "ClientGone"]
@@ -72,7 +69,7 @@ class InferencePipeline:
             client_addr=gw.authn.source(request),  # behind a trusted proxy: the client it attests
             t0=time.perf_counter(),
         )
-        held = _Held()
+        held = Held()
         gw.audit.start_span(rec, request.headers)
         try:
             if not gw.audit.accepting:  # fail closed: no audit trail, no service
@@ -174,7 +171,7 @@ class InferencePipeline:
 
     async def _route_and_proxy(
         self, request: Request, req: InferenceRequest, rec: RequestRecord, tenant: Tenant,
-        route_req: RouteRequest, chains: ChainView, allowed: list[Replica], body: dict[str, Any], held: _Held,
+        route_req: RouteRequest, chains: ChainView, allowed: list[Replica], body: dict[str, Any], held: Held,
     ) -> Response:
         gw = self.gw
         ucfg = self.cfg.upstream
@@ -203,7 +200,7 @@ class InferencePipeline:
             budget = max(0.001, min(ucfg.first_byte_timeout_s, deadline - time.perf_counter()))
             progress, held.progress = held.progress, "unknown"  # sent: the replica may be working on it
             try:
-                up = await _unless_client_leaves(
+                up = await unless_client_leaves(
                     request, open_upstream(gw.upstream.require_session(), replica.url + rec.endpoint, upstream_body, headers, budget))
             except UpstreamFailure as fail:
                 last = fail
@@ -241,7 +238,7 @@ class InferencePipeline:
             return GatewayError(504, "upstream_timeout", "the replica did not answer in time")
         return GatewayError(502, "upstream_error", "the replica failed to answer")
 
-    def _stream_response(self, req: InferenceRequest, rec: RequestRecord, held: _Held) -> Response:
+    def _stream_response(self, req: InferenceRequest, rec: RequestRecord, held: Held) -> Response:
         scanner = SseScanner(keep_usage_chunk=req.include_usage)
         read_timeout = self.cfg.upstream.read_timeout_s
         up = held.up
@@ -293,9 +290,9 @@ class InferencePipeline:
             self._end(rec, held)
 
         headers = {"Cache-Control": "no-cache", "X-Request-Id": rec.request_id}
-        return _EndingStreamingResponse(body(), on_end=on_call_end, media_type="text/event-stream", headers=headers)
+        return EndingStreamingResponse(body(), on_end=on_call_end, media_type="text/event-stream", headers=headers)
 
-    async def _plain_response(self, request: Request, rec: RequestRecord, held: _Held) -> Response:
+    async def _plain_response(self, request: Request, rec: RequestRecord, held: Held) -> Response:
         """Read the rest of a plain answer; :meth:`handle`'s exit path ends the request."""
         up = held.up
         assert up is not None and held.attempt is not None
@@ -306,7 +303,7 @@ class InferencePipeline:
             return up.first_chunk + rest
 
         try:
-            data = await _unless_client_leaves(request, read_rest())
+            data = await unless_client_leaves(request, read_rest())
             obj = _json_object(data)
         except ClientGone:
             rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
@@ -322,7 +319,7 @@ class InferencePipeline:
         # parsed only to check it and read usage: the replica's bytes go out unchanged
         return Response(data, media_type="application/json", headers={"X-Request-Id": rec.request_id})
 
-    def _end(self, rec: RequestRecord, held: _Held) -> None:
+    def _end(self, rec: RequestRecord, held: Held) -> None:
         """End the request (idempotent): give back all it holds, then write its one audit record."""
         if held.ended:
             return
@@ -335,7 +332,7 @@ class InferencePipeline:
             finally:
                 self._complete(rec, held.usage, held.choice)
 
-    def _settle(self, rec: RequestRecord, held: _Held) -> None:
+    def _settle(self, rec: RequestRecord, held: Held) -> None:
         """Reconcile the request's token reservation with what it used (tenancy/ledger.py)."""
         res = held.reservation
         if res is None:
@@ -357,123 +354,6 @@ class InferencePipeline:
             self.gw.router.observe_delivered(choice, rec.delivered_prefix_tokens)
         rec.t_end = time.perf_counter()
         self.gw.recorder.record(rec)
-
-
-class _Held:
-    """What one request holds until it ends, and the verdicts it owes.
-
-    ``lease``: the tenant's concurrency slot; ``ticket``: the router's load
-    ticket of the current attempt; ``attempt``: its circuit-breaker attempt;
-    ``up``: the open upstream response; ``choice``/``usage``: for the record;
-    ``reservation``: the token ledger's reservation, settled by the exit
-    path from ``usage``, ``progress`` (``none``: no replica reached yet;
-    ``unknown``: sent, outcome unknown; ``refused``: a replica answered an
-    error status; ``streamed``: an SSE answer started) and ``relayed``
-    (output tokens relayed).
-    :meth:`end_attempt` gives back the current attempt's share (closing the
-    upstream, finishing the ticket, releasing a breaker attempt that has no
-    verdict), :meth:`release` that and the lease. Both are idempotent; the
-    request's one exit path (``InferencePipeline._end``) calls them.
-    ``handed_off``: a streaming answer owns the ending; ``started``: its body
-    began; ``ended``: the request was ended.
-    """
-
-    __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
-                 "reservation", "progress", "relayed")
-
-    def __init__(self) -> None:
-        self.lease: Lease | None = None
-        self.ticket: LoadTicket | None = None
-        self.attempt: Attempt | None = None
-        self.up: UpstreamStream | None = None
-        self.choice: RouteChoice | None = None
-        self.usage: dict[str, Any] | None = None
-        self.handed_off = False
-        self.started = False
-        self.ended = False
-        self.reservation: Reservation | None = None
-        self.progress = "none"
-        self.relayed = 0
-
-    def end_attempt(self) -> None:
-        """Close the upstream response, finish the load ticket, release the breaker attempt."""
-        up, self.up = self.up, None
-        try:
-            if up is not None:
-                up.close()
-        finally:
-            try:
-                if self.ticket is not None:
-                    self.ticket.finish()
-            finally:
-                if self.attempt is not None:
-                    self.attempt.release()
-
-    def release(self) -> None:
-        """:meth:`end_attempt`, then free the tenant's concurrency slot."""
-        try:
-            self.end_attempt()
-        finally:
-            if self.lease is not None:
-                self.lease.release()
-
-
-class _EndingStreamingResponse(StreamingResponse):
-    """A streaming answer that ends its request however its ASGI call ends.
-
-    The body generator ends the request in its own ``finally``; but when the
-    generator never started — the first ``send`` failed because the client
-    was gone (ASGI 2.4: ``OSError``), or the sending task was cancelled
-    before its first step — that ``finally`` never runs, and a generator left
-    suspended at a ``yield`` only runs it whenever it is garbage-collected.
-    So the call closes the generator (running its ending now if it stopped
-    mid-way) and then calls ``on_end`` (idempotent), whatever way it ended.
-    """
-
-    def __init__(self, content: AsyncGenerator[bytes, None], *, on_end: Callable[[], None], **kw: Any) -> None:
-        super().__init__(content, **kw)
-        self._on_end = on_end
-        self._content = content
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            try:
-                await self._content.aclose()
-            finally:
-                self._on_end()
-
-
-class ClientGone(Exception):
-    """The client disconnected before the answer started (its upstream call is cancelled)."""
-
-
-async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` unless the client disconnects first: then cancel it and raise :class:`ClientGone`.
-
-    Call only after the request body was read (it listens on ``receive``).
-    """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
-    raise ClientGone()
-
-
-async def _wait_disconnect(request: Request) -> None:
-    """Return when the client disconnects (consumes no body: call after reading it)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def _json_object(data: bytes) -> dict[str, Any]:
