@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -31,6 +31,7 @@ from gateway.replicas import Replica
 from gateway.request import (
     Endpoint,
     InferenceRequest,
+    JsonObject,
     parse_inference_request,
     read_body,
 )
@@ -158,7 +159,7 @@ class InferencePipeline:
                 self._end(rec, held)
 
     @staticmethod
-    def _upstream_body(req: InferenceRequest, max_tokens: int, user: str | None) -> dict[str, Any]:
+    def _upstream_body(req: InferenceRequest, max_tokens: int, user: str | None) -> JsonObject:
         """The body sent upstream: the client's, with the clamped ``max_tokens``, the gateway's
         ``user`` (or none) and, when streaming, usage in the last chunk."""
         body = dict(req.body)
@@ -171,7 +172,7 @@ class InferencePipeline:
 
     async def _route_and_proxy(
         self, request: Request, req: InferenceRequest, rec: RequestRecord, tenant: Tenant,
-        route_req: RouteRequest, chains: ChainView, allowed: list[Replica], body: dict[str, Any], held: Held,
+        route_req: RouteRequest, chains: ChainView, allowed: list[Replica], body: JsonObject, held: Held,
     ) -> Response:
         gw = self.gw
         ucfg = self.cfg.upstream
@@ -343,7 +344,7 @@ class InferencePipeline:
         except Exception:  # a bug: never lose the audit record; the reservation stays charged in full
             log.exception("settling the token reservation of request %s failed", rec.request_id)
 
-    def _complete(self, rec: RequestRecord, usage: dict[str, Any] | None, choice: RouteChoice | None) -> None:
+    def _complete(self, rec: RequestRecord, usage: JsonObject | None, choice: RouteChoice | None) -> None:
         if usage:
             details = usage.get("prompt_tokens_details") or {}
             cached = details.get("cached_tokens") if isinstance(details, dict) else None
@@ -356,7 +357,7 @@ class InferencePipeline:
         self.gw.recorder.record(rec)
 
 
-def _json_object(data: bytes) -> dict[str, Any]:
+def _json_object(data: bytes) -> JsonObject:
     obj = json.loads(data)
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
