@@ -1,14 +1,20 @@
-"""Audit event schema (schema_version "2") and the defensive scrubber.
+"""Audit event schema (schema_version "3") and the defensive scrubber.
 
 One :class:`AuditEvent` is written per gateway decision (inference call,
 token check, operator action, alert, flood summary, chain checkpoint). The
 record is flat-ish JSON with a few nested groups; its field names are the
 stable contract for SIEM parsers. Renaming or removing a field bumps
 ``SCHEMA_VERSION``; so does adding one that a strict reader of the previous
-version refuses (``from_dict`` refuses unknown fields). Version "2" added
-``error_code`` and the ``ledger`` group (issue 12, finding 4); version "1"
-events (an older spill file, say) are still read: they are version "2"
-events without those fields.
+version refuses (``from_dict`` refuses unknown fields). Version "3" (issue 11)
+names each prefix figure once, in ``route``: ``available_prefix_tokens``,
+``predicted_prefix_tokens`` (was ``prefix_tokens_available`` /
+``prefix_tokens_matched``) and ``delivered_prefix_tokens`` (was the top-level
+``cached_tokens``); ``latency.ttft_ms`` is ``first_byte_ms`` (a first byte,
+not a token) and ``latency`` gains ``parse_ms`` and ``keys_ms``, so
+``policy_ms`` is the decision alone. Version "2" added ``error_code`` and the
+``ledger`` group (issue 12, finding 4). Version "1" and "2" events (an older
+spill file, say) are still read: :func:`upgrade_event_dict` renames their
+fields to version "3".
 
 Never in an event: prompt text, token ids, bearer tokens, keys, raw prefix
 hashes. The gateway passes ``prefix_fingerprint`` already keyed per tenant
@@ -32,9 +38,9 @@ from typing import Any
 
 import orjson
 
-SCHEMA_VERSION = "2"
-#: Versions :meth:`AuditEvent.from_dict` reads (each is a subset of the current one).
-READABLE_VERSIONS = frozenset({"1", "2"})
+SCHEMA_VERSION = "3"
+#: Versions :meth:`AuditEvent.from_dict` reads (older ones through :func:`upgrade_event_dict`).
+READABLE_VERSIONS = frozenset({"1", "2", "3"})
 
 #: Longest string value (characters) accepted in any event field.
 MAX_STRING_CHARS = 256
@@ -107,25 +113,36 @@ class PolicyInfo:
 
 @dataclass(frozen=True, slots=True)
 class RouteInfo:
-    """Routing outcome. Token counts are tokens; ``load`` is the replica's
-    in-flight requests at decision time."""
+    """Routing outcome. Token counts are tokens: ``available_prefix_tokens``
+    (the longest cached prefix on any allowed replica), ``predicted_prefix_tokens``
+    (the router's expectation on the chosen replica), ``delivered_prefix_tokens``
+    (the replica's own ``usage.prompt_tokens_details.cached_tokens``); ``load``
+    is the replica's load in tokens at decision time."""
 
     replica: str | None = None
     pool: str | None = None
     policy: str | None = None
-    prefix_tokens_matched: int | None = None
-    prefix_tokens_available: int | None = None
+    available_prefix_tokens: int | None = None
+    predicted_prefix_tokens: int | None = None
+    delivered_prefix_tokens: int | None = None
     load: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Latencies:
-    """Per-stage latencies in milliseconds."""
+    """Per-stage latencies in milliseconds, each from the end of the previous stage:
+    ``auth_ms`` (arrival → authenticated), ``parse_ms`` (tenant, limits, body
+    read and parse), ``keys_ms`` (tokenize, token reservation, prefix keys,
+    candidates), ``policy_ms`` (the policy decision alone), ``route_ms``
+    (enforcement and routing); ``first_byte_ms`` (arrival → the replica's
+    first response byte, not a token) and ``total_ms`` (arrival → end)."""
 
     auth_ms: float | None = None
+    parse_ms: float | None = None
+    keys_ms: float | None = None
     policy_ms: float | None = None
     route_ms: float | None = None
-    ttft_ms: float | None = None
+    first_byte_ms: float | None = None
     total_ms: float | None = None
 
 
@@ -200,7 +217,7 @@ def new_event_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class AuditEvent:
-    """One audit record, schema version "2".
+    """One audit record, schema version "3".
 
     ``time_ms`` is UTC epoch milliseconds; ``time`` (ISO 8601) is derived
     from it in :meth:`to_dict`. ``operator``, ``alert``, ``summary`` and
@@ -219,7 +236,6 @@ class AuditEvent:
     model: str | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None
-    cached_tokens: int | None = None
     sequences: int | None = None
     ledger: LedgerInfo = field(default_factory=LedgerInfo)
     error_code: str | None = None
@@ -259,8 +275,11 @@ class AuditEvent:
             EventSchemaError: wrong schema version, unknown kind/outcome or
                 unknown field.
         """
-        if data.get("schema_version") not in READABLE_VERSIONS:
-            raise EventSchemaError(f"unsupported schema_version {data.get('schema_version')!r}")
+        version = data.get("schema_version")
+        if version not in READABLE_VERSIONS:
+            raise EventSchemaError(f"unsupported schema_version {version!r}")
+        if version != SCHEMA_VERSION:
+            data = upgrade_event_dict(data)
         kwargs: dict[str, Any] = {}
         try:
             for key, value in data.items():
@@ -306,6 +325,32 @@ def json_field(event: AuditEvent, name: str) -> Any:
     if isinstance(value, Mapping):
         return dict(value)
     return value
+#: Version "1"/"2" names → version "3" names: (group or None, old name, new group or None, new name).
+_RENAMED_V3: tuple[tuple[str | None, str, str | None, str], ...] = (
+    (None, "cached_tokens", "route", "delivered_prefix_tokens"),
+    ("route", "prefix_tokens_matched", "route", "predicted_prefix_tokens"),
+    ("route", "prefix_tokens_available", "route", "available_prefix_tokens"),
+    ("latency", "ttft_ms", "latency", "first_byte_ms"),
+)
+
+
+def upgrade_event_dict(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A version "1" or "2" event dict with its fields renamed to version "3" (a new dict;
+    ``schema_version`` stays as read). Unknown fields are left for :meth:`AuditEvent.from_dict` to refuse."""
+    out: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
+    for group, old, new_group, new in _RENAMED_V3:
+        src = out if group is None else out.get(group)
+        if not isinstance(src, dict) or old not in src:
+            continue
+        value = src.pop(old)
+        if group is not None and not src:
+            out.pop(group)
+        dst = out if new_group is None else out.setdefault(new_group, {})
+        if isinstance(dst, dict):
+            dst[new] = value
+    return out
+
+
 # from_dict tables (precomputed once instead of per call)
 _KNOWN_FIELDS: frozenset[str] = frozenset(_EVENT_FIELDS)
 _SKIP_KEYS: frozenset[str] = frozenset(("schema_version", "time"))

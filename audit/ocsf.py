@@ -67,7 +67,7 @@ def _class_and_activity(event: AuditEvent) -> tuple[int, int, str]:
     return API_ACTIVITY, 1, "Create"
 
 
-_UNMAPPED_KEYS = ("tenant", "route", "latency", "prompt_tokens", "output_tokens", "cached_tokens", "sequences", "ledger",
+_UNMAPPED_KEYS = ("tenant", "route", "latency", "prompt_tokens", "output_tokens", "sequences", "ledger",
                   "error_code", "prefix_fingerprint", "request_id", "outcome", "kind", "summary", "checkpoint", "operator",
                   "alert")
 

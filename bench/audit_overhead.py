@@ -52,12 +52,12 @@ async def _serve(config_file: str, mode: str, ready_file: str) -> None:
 
     from gateway.app import build_public_app
     from gateway.auditing import AuditHub
-    from gateway.components import Components
+    from gateway.build import build
     from gateway.config import load_config
     from gateway.server import GatewayServer, freeze_startup_objects, uvicorn_config
 
     cfg = load_config(config_file)
-    comps = Components(cfg, audit=AuditHub(None) if mode == "off" else None)
+    comps = build(cfg, audit=AuditHub(None) if mode == "off" else None)
     await comps.start()
     import gc
     # time spent in the cyclic GC per generation (reported at exit)

@@ -39,7 +39,7 @@ def _event(i: int) -> AuditEvent:
     return AuditEvent(kind=Kind.INFERENCE, outcome=Outcome.ALLOWED, request_id=f"req-{i}", tenant="acme",
                       identity=Identity("spiffe://example.org/ns/a/sa/w", "example.org"),
                       policy=PolicyInfo("0d6f3c1e-7f7a-4b1c-9a51-3c1e7f7a4b1c", "ok"), endpoint="/v1/chat/completions",
-                      model="sim", prompt_tokens=1024, output_tokens=64, route=RouteInfo("r1", "default", "prefix", 768, 1024, 3),
+                      model="sim", prompt_tokens=1024, output_tokens=64, route=RouteInfo("r1", "default", "prefix", 1024, 768, None, 3),
                       prefix_fingerprint="a1b2c3d4e5f60718a1b2c3d4e5f60718", client_address="10.0.0.7")
 
 

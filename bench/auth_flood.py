@@ -62,12 +62,12 @@ async def _serve(config_file: str, ready_file: str) -> None:
 
     from gateway.app import build_public_app
     from gateway.auditing import AuditHub
-    from gateway.components import Components
+    from gateway.build import build
     from gateway.config import load_config
     from gateway.server import GatewayServer, freeze_startup_objects, uvicorn_config
 
     cfg = load_config(config_file)
-    comps = Components(cfg, audit=AuditHub(None))
+    comps = build(cfg, audit=AuditHub(None))
     await comps.start()
     freeze_startup_objects()
     server = GatewayServer(uvicorn_config(build_public_app(comps, manage_lifecycle=False), "127.0.0.1", 0))

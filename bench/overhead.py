@@ -80,15 +80,15 @@ WARMUP = 50
 STAGES: dict[str, tuple[tuple[str, str], ...]] = {
     "authentication": (("gateway/authn.py", "authenticate"),),
     "parse and validation": (("gateway/request.py", "read_body"), ("gateway/request.py", "parse_inference_request")),
-    "tokenize": (("gateway/components.py", "prompt_tokens"), ("gateway/components.py", "check_prompt")),
-    "HMAC chain": (("gateway/components.py", "prefix_chains"), ("gateway/components.py", "prefix_fingerprint")),
-    "policy": (("gateway/components.py", "decide"), ("gateway/components.py", "clamp_max_tokens"),
-               ("gateway/components.py", "allowed_candidates")),
-    "route": (("gateway/components.py", "candidates"), ("routing/router.py", "route")),
+    "tokenize": (("gateway/admission.py", "prompt_tokens"), ("gateway/admission.py", "check_prompt")),
+    "HMAC chain": (("gateway/prefix_keys.py", "prefix_chains"), ("gateway/prefix_keys.py", "prefix_fingerprint")),
+    "policy": (("gateway/pep.py", "decide"), ("gateway/admission.py", "clamp_max_tokens"),
+               ("gateway/pep.py", "allowed_candidates")),
+    "route": (("gateway/replicas.py", "candidates"), ("routing/router.py", "route")),
     "upstream client": (("gateway/proxy.py", "open_upstream"), ("gateway/proxy.py", "read_chunk"),
-                        ("gateway/components.py", "upstream_ok")),
+                        ("gateway/upstream.py", "answered")),
     "SSE relay": (("gateway/sse.py", "feed"), ("gateway/sse.py", "finish")),
-    "audit event": (("gateway/components.py", "record"),),
+    "audit event": (("gateway/recording.py", "record"),),
     "spans": (("gateway/auditing.py", "start_span"), ("gateway/auditing.py", "inject_trace_headers")),
 }
 #: Functions nested in another stage's function but belonging to this stage: (stage, parent stage, function).
@@ -338,7 +338,7 @@ def audit_timings(jsonl_dir: Path, skip: int, take: int) -> dict[str, float | No
             if lat is not None:
                 lats.append(lat)
     lats = lats[skip:skip + take]
-    keys = ("auth_ms", "policy_ms", "route_ms", "ttft_ms", "total_ms")
+    keys = ("auth_ms", "parse_ms", "keys_ms", "policy_ms", "route_ms", "first_byte_ms", "total_ms")
     return {k: (round(statistics.median(v), 3) if (v := [x[k] for x in lats if x.get(k) is not None]) else None)
             for k in keys} | {"events": len(lats)}
 
@@ -443,8 +443,15 @@ async def _profile(cfg: Mapping[str, Any], paths: Any, headers: Mapping[str, str
 async def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The whole benchmark (see module doc); returns the result document."""
     from sim.bench import start_sglang_router
-    from sim.demo import ClusterSpec, DemoPaths, bearer_headers, gateway_config, prepare_identity, start_cluster_proc
-    from sim.demo import start_gateway
+    from sim.demo import (
+        ClusterSpec,
+        DemoPaths,
+        bearer_headers,
+        gateway_config,
+        prepare_identity,
+        start_cluster_proc,
+        start_gateway,
+    )
     from sim.procs import free_port, stop_process
 
     t_start = time.monotonic()
@@ -557,8 +564,9 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
                      f"{s['errors']} |")
     t = doc["audit_timings_ms"]
     lines += ["", "PrefixGate's own audit timings (median wall ms, first run's sequential phase, "
-              f"{t['events']} events): authentication {t['auth_ms']}, policy {t['policy_ms']}, route {t['route_ms']}, "
-              f"first byte {t['ttft_ms']}, total {t['total_ms']}."]
+              f"{t.get('events')} events): authentication {t.get('auth_ms')}, parse {t.get('parse_ms')}, "
+              f"prefix keys {t.get('keys_ms')}, policy {t.get('policy_ms')}, route {t.get('route_ms')}, "
+              f"first byte {t.get('first_byte_ms')}, total {t.get('total_ms')}."]
     p = doc.get("profile")
     if p:
         lines += ["", f"Stage CPU of PrefixGate (µs per request; cProfile over {p['requests']} sequential requests; "

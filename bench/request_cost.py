@@ -2,12 +2,12 @@
 
 ``python -m bench.request_cost [--reps R] [--out FILE]``
 
-Builds a real :class:`gateway.components.Components` (not started: no
+Builds a real :class:`gateway.build.Gateway` (not started: no
 replica is called) and runs, on each body, the request work of
 :meth:`gateway.pipeline.InferencePipeline.handle` from the body bytes to the
 routing step: :func:`gateway.request.parse_inference_request` with the
 tenant's bounds, the batch charge, the byte bound and the early-stopping
-tokenizer (``Components.prompt_tokens``), ``check_prompt`` and the prefix
+tokenizer (``Admission.prompt_tokens``), ``check_prompt`` and the prefix
 chain. Process CPU time (``time.process_time``), milliseconds per request,
 best of ``R`` repetitions. The bodies are the worst cases of issue 12
 (1 MiB prompts, 30,000 messages, a 16-prompt batch, tools, floods of tiny
@@ -37,23 +37,22 @@ else runs on it: report the host's load with the figures).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
 import secrets
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import asyncio
-import statistics
-
 import aiohttp
 
 from gateway.auditing import AuditHub
-from gateway.components import Components
+from gateway.build import Gateway, build
 from gateway.config import load_config
 from gateway.errors import GatewayError
 from gateway.request import parse_inference_request
@@ -63,7 +62,7 @@ DEFAULT_OUT = ROOT / "bench" / "results" / "request_cost.json"
 MIB = 1 << 20
 
 
-def _components(tmp: Path) -> Components:
+def _components(tmp: Path) -> Gateway:
     secret = tmp / "master.key"
     secret.write_text(secrets.token_hex(32))
     os.chmod(secret, 0o600)
@@ -78,7 +77,7 @@ def _components(tmp: Path) -> Components:
         "identity": {"trust_domains": {"bench.test": {"bundle_file": str(bundle)}}},
         "policy": {"mode": "embedded", "dir": str(ROOT / "rego")},
     })
-    return Components(cfg, audit=AuditHub(None))
+    return build(cfg, audit=AuditHub(None))
 
 
 def _bodies() -> dict[str, tuple[str, bytes]]:
@@ -108,18 +107,18 @@ def _bodies() -> dict[str, tuple[str, bytes]]:
     }
 
 
-def _one(c: Components, tenant: Any, endpoint: str, raw: bytes) -> str:
+def _one(c: Gateway, tenant: Any, endpoint: str, raw: bytes) -> str:
     """The pipeline's work on one body up to routing; returns the outcome code."""
     lease = c.limiter.admit(tenant)
     try:
-        bounds = c.request_bounds(tenant)
+        bounds = c.admission.request_bounds(tenant)
         req = parse_inference_request(raw, endpoint, c.config.limits.max_json_depth,  # type: ignore[arg-type]
                                       max_messages=bounds.max_messages, max_batch_prompts=bounds.max_batch_prompts,
                                       max_json_items=c.config.limits.max_json_items)
-        c.admit_sequences(tenant, lease, req.sequences)
-        tokens, total = c.prompt_tokens(bounds, req)
-        c.check_prompt(tenant, total, req.sequences).settle(0, 0, "not_dispatched")
-        c.prefix_chains(tenant, tokens)
+        c.admission.admit_sequences(tenant, lease, req.sequences)
+        tokens, total = c.admission.prompt_tokens(bounds, req)
+        c.admission.check_prompt(tenant, total, req.sequences).settle(0, 0, "not_dispatched")
+        c.keys.prefix_chains(tenant, tokens)
         return f"accepted ({total} tokens)"
     except GatewayError as err:
         return f"{err.status} {err.code}"
@@ -165,8 +164,15 @@ def _pct(values: list[float], q: float) -> float | None:
 async def _isolation(phase_s: float, victim_rps: float, attacker_rps: float) -> dict[str, Any]:
     """Run the isolation phases (module docstring) and return their figures."""
     from bench.soak import read_proc
-    from sim.demo import (ClusterSpec, DemoPaths, bearer_headers, gateway_config, prepare_identity,
-                          start_cluster_proc, start_gateway)
+    from sim.demo import (
+        ClusterSpec,
+        DemoPaths,
+        bearer_headers,
+        gateway_config,
+        prepare_identity,
+        start_cluster_proc,
+        start_gateway,
+    )
     from sim.procs import free_port, stop_process
 
     with tempfile.TemporaryDirectory(prefix="prefixgate-isolation-") as d:

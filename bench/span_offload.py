@@ -114,7 +114,7 @@ def _emit(provider: TracerProvider, requests: int) -> None:
         server.set_attributes({"http.response.status_code": 200, "gen_ai.request.model": "m",
                                "gen_ai.usage.input_tokens": 100, "gen_ai.usage.output_tokens": 4,
                                "prefixgate.tenant": "acme", "prefixgate.replica": "r1",
-                               "prefixgate.prefix_tokens_matched": 64, "prefixgate.decision_id": f"d-{r}"})
+                               "prefixgate.predicted_prefix_tokens": 64, "prefixgate.decision_id": f"d-{r}"})
         server.end(end_time=t + 500_000)
         if r % 20 == 19:
             time.sleep(0.002)

@@ -25,7 +25,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.components import Components
+from gateway.admin import record_refusal
+from gateway.build import Gateway
 from gateway.errors import GatewayError
 from gateway.framing import FramingGuard, drain_cap
 from gateway.pipeline import InferencePipeline
@@ -33,7 +34,7 @@ from gateway.pipeline import InferencePipeline
 __all__ = ["build_public_app", "build_admin_app"]
 
 
-def build_public_app(c: Components, *, manage_lifecycle: bool = True) -> Starlette:
+def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> Starlette:
     """Return the public Starlette app over ``c``.
 
     With ``manage_lifecycle`` the app's lifespan starts and stops ``c``
@@ -51,24 +52,25 @@ def build_public_app(c: Components, *, manage_lifecycle: bool = True) -> Starlet
     async def models(request: Request) -> Response:
         try:
             identity = await c.authn.authenticate(request)
-            tenant = c.resolve_tenant(identity)
+            tenant = c.admission.resolve_tenant(identity)
         except GatewayError as err:
-            c.record_refusal(request, "/v1/models", err)
+            record_refusal(c.audit, c.authn, request, "/v1/models", err)
             return err.response()
-        data = [{"id": m, "object": "model", "owned_by": "prefixgate", "created": 0} for m in c.listed_models(tenant)]
+        data = [{"id": m, "object": "model", "owned_by": "prefixgate", "created": 0}
+                for m in c.admission.listed_models(tenant)]
         return JSONResponse({"object": "list", "data": data})
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        problems = await c.readiness()
+        problems = await c.readiness.problems()
         if problems:
             return JSONResponse({"status": "not_ready", "problems": problems}, status_code=503)
         return JSONResponse({"status": "ready"})
 
     async def metrics(request: Request) -> Response:
-        c.refresh_gauges()
+        c.readiness.refresh_gauges()
         return Response(generate_latest(c.metrics.public) + c.audit.public_metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
     @contextlib.asynccontextmanager
@@ -93,27 +95,27 @@ def build_public_app(c: Components, *, manage_lifecycle: bool = True) -> Starlet
                                          exception_handlers={HTTPException: _http_exc}))
 
 
-def build_admin_app(c: Components) -> Starlette:
+def build_admin_app(c: Gateway) -> Starlette:
     """Return the operator-only admin Starlette app over ``c`` (no lifespan of its own)."""
 
     async def admin_metrics(request: Request) -> Response:
-        await c.authorize_operator(request)
-        c.refresh_gauges()
-        return Response(generate_latest(c.metrics.admin) + c.admin_metrics_text(), media_type=CONTENT_TYPE_LATEST)
+        await c.admin.authorize_operator(request)
+        c.readiness.refresh_gauges()
+        return Response(generate_latest(c.metrics.admin) + c.audit.admin_metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
     async def replicas(request: Request) -> Response:
-        await c.authorize_operator(request)
-        return JSONResponse({"replicas": c.replica_status()})
+        await c.admin.authorize_operator(request)
+        return JSONResponse({"replicas": c.admin.replica_status()})
 
     async def routing(request: Request) -> Response:
-        await c.authorize_operator(request)
-        return JSONResponse(c.routing_status())
+        await c.admin.authorize_operator(request)
+        return JSONResponse(c.admin.routing_status())
 
     routes = [
         Route("/admin/metrics", admin_metrics, methods=["GET"]),
         Route("/admin/replicas", replicas, methods=["GET"]),
         Route("/admin/routing", routing, methods=["GET"]),
-        *c.admin_routes(),
+        *c.admin.routes(),
     ]
     return _no_slash_redirects(Starlette(routes=routes, middleware=_middleware(c),
                                          exception_handlers={HTTPException: _http_exc, Exception: _internal_error}))
@@ -124,7 +126,7 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return GatewayError(500, "internal_error", "internal error").response()
 
 
-def _middleware(c: Components) -> list[Middleware]:
+def _middleware(c: Gateway) -> list[Middleware]:
     """The framing guard (gateway/framing.py) of both listeners, sized from ``limits``."""
     limits = c.config.limits
     return [Middleware(FramingGuard, max_drain_bytes=drain_cap(limits.max_body_bytes),

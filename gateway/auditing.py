@@ -179,8 +179,9 @@ class AuditHub:
         def ns(t: float | None) -> int | None:
             return None if t is None else wall0 + int((t - rec.t0) * 1e9)
 
-        stages = [("authenticate", rec.t0, rec.t_auth), ("policy", rec.t_auth, rec.t_policy),
-                  ("route", rec.t_policy, rec.t_route), ("upstream", rec.t_route, rec.t_end)]
+        stages = [("authenticate", rec.t0, rec.t_auth), ("parse", rec.t_auth, rec.t_parsed),
+                  ("prefix_keys", rec.t_parsed, rec.t_keys), ("policy", rec.t_keys, rec.t_decided),
+                  ("route", rec.t_decided, rec.t_route), ("upstream", rec.t_route, rec.t_end)]
         children = [(name, SpanKind.CLIENT if name == "upstream" else SpanKind.INTERNAL, ns(a), ns(b))
                     for name, a, b in stages if a is not None and b is not None]
         attrs = {
@@ -190,7 +191,7 @@ class AuditHub:
             "gen_ai.usage.output_tokens": rec.output_tokens or 0,
             "prefixgate.tenant": rec.tenant_id or "",
             "prefixgate.replica": rec.replica or "",
-            "prefixgate.prefix_tokens_matched": rec.predicted_prefix_tokens or 0,
+            "prefixgate.predicted_prefix_tokens": rec.predicted_prefix_tokens or 0,
             "prefixgate.decision_id": rec.decision_id or "",
             "prefixgate.outcome": rec.outcome,
         }
@@ -227,14 +228,14 @@ class AuditHub:
             model=rec.model,
             prompt_tokens=rec.prompt_tokens,
             output_tokens=rec.output_tokens,
-            cached_tokens=rec.cached_tokens,
             sequences=getattr(rec, "sequences", None),
             ledger=_ledger_info(rec),
             error_code=rec.error_code,
-            route=RouteInfo(rec.replica, rec.pool, rec.routing_policy, rec.predicted_prefix_tokens,
-                            rec.available_prefix_tokens, rec.replica_load_tokens),
-            latency=Latencies(rec.ms(rec.t0, rec.t_auth), rec.ms(rec.t_auth, rec.t_policy),
-                              rec.ms(rec.t_policy, rec.t_route), rec.ms(rec.t0, rec.t_first_byte),
+            route=RouteInfo(rec.replica, rec.pool, rec.routing_policy, rec.available_prefix_tokens,
+                            rec.predicted_prefix_tokens, rec.delivered_prefix_tokens, rec.replica_load_tokens),
+            latency=Latencies(rec.ms(rec.t0, rec.t_auth), rec.ms(rec.t_auth, rec.t_parsed),
+                              rec.ms(rec.t_parsed, rec.t_keys), rec.ms(rec.t_keys, rec.t_decided),
+                              rec.ms(rec.t_decided, rec.t_route), rec.ms(rec.t0, rec.t_first_byte),
                               rec.ms(rec.t0, rec.t_end)),
             status_code=rec.status,
             client_address=rec.client_addr,
@@ -248,7 +249,7 @@ class AuditHub:
             prompt = rec.prompt_tokens or 0
             predicted = rec.predicted_prefix_tokens or 0
             self.monitor.observe(rec.pool or "", rec.replica, max(0, prompt - predicted), prompt,
-                                 rec.cached_tokens or 0, time.monotonic())
+                                 rec.delivered_prefix_tokens or 0, time.monotonic())
 
     def record_operator(self, record: Mapping[str, Any]) -> None:
         """One audit event for an operator action (policy/data change, key rotation, reload)."""

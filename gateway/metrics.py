@@ -76,8 +76,8 @@ class GatewayMetrics:
             "prefixgate_request_duration_seconds", "Whole request duration", ["endpoint"],
             buckets=_LAT_BUCKETS, registry=p,
         ))
-        self.ttft_seconds = BoundChildren(Histogram(
-            "prefixgate_time_to_first_token_seconds", "Time from request arrival to the first upstream byte",
+        self.first_byte_seconds = BoundChildren(Histogram(
+            "prefixgate_time_to_first_byte_seconds", "Time from request arrival to the first upstream byte",
             ["endpoint"], buckets=_LAT_BUCKETS, registry=p,
         ))
         self.prompt_tokens = Counter("prefixgate_prompt_tokens", "Prompt tokens of routed requests", registry=p)

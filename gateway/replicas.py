@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from routing.filters import HealthFilter, TenantPoolFilter
+
 __all__ = ["Attempt", "Replica", "ReplicaSet", "ReplicaState", "CircuitState", "UnknownReplicaError"]
 
 
@@ -145,6 +147,15 @@ class ReplicaSet:
             for rid, r in self._replicas.items()
             if (allowed is None or r.pool in allowed) and self.is_routable(rid)
         ]
+
+    def candidates(self, pools: Iterable[str]) -> list[Replica]:
+        """Replicas routable now (healthy, breaker closed) in ``pools`` (all pools when empty).
+
+        Only these go to the policy decision point: a policy can narrow them,
+        never widen them (defence in depth against a policy omitting both lists).
+        """
+        in_pools = TenantPoolFilter(pools).filter(self.all())
+        return HealthFilter(self.routable_ids()).filter(in_pools)
 
     def on_dispatch(self, replica_id: str) -> bool:
         """Call when a request is sent to ``replica_id``: in half-open state

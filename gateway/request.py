@@ -33,9 +33,12 @@ from starlette.requests import ClientDisconnect, Request
 from gateway.errors import GatewayError
 from tenancy.tokenizer import TokenizerError, prompt_text
 
-__all__ = ["InferenceRequest", "read_body", "parse_inference_request", "Endpoint"]
+__all__ = ["InferenceRequest", "read_body", "parse_inference_request", "Endpoint", "JsonObject"]
 
 Endpoint = Literal["chat", "completions"]
+
+#: A decoded JSON object (request and response bodies, ``usage``).
+JsonObject = dict[str, Any]
 MAX_TOKENS_CEILING = 1 << 20
 CLOSE = {"Connection": "close"}
 

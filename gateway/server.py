@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import uvicorn
 
 from gateway.app import build_admin_app, build_public_app
-from gateway.components import Components
+from gateway.build import Gateway, build
 from gateway.config import GatewayConfig
 
 __all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener", "run_serving", "DEFAULT_HTTP_PARSER"]
@@ -155,8 +155,7 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None) -> None:
     for host, port in addresses:
         if port:
             bind_listener(host, port).close()
-    c = Components(cfg)
-    c.config_path = config_path  # type: ignore[attr-defined]
+    c = build(cfg, config_path=config_path)
     for problem in c.configuration_warnings():
         log.warning("configuration: %s", problem)
     await c.start()
@@ -198,7 +197,7 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None) -> None:
         log.info("stopped: audit flushed, exiting")
 
 
-def startup_summary(c: Components) -> str:
+def startup_summary(c: Gateway) -> str:
     """One line: policy mode and directory (or URL), tenants, trust domains and replicas."""
     pc = c.config.policy
     where = f"url {pc.url}" if pc.mode == "remote" else f"dir {pc.resolved_dir()}"

@@ -44,7 +44,7 @@ from typing import Any
 
 from opa_bindings import OpaEngine, OpaError
 
-from policy.decision import PolicyCompileError
+from policy.decision import PolicyCompileError, compile_errors
 
 __all__ = [
     "DEFAULT_ALLOWED_BUILTINS",
@@ -201,7 +201,6 @@ def parse_module(module_id: str, source: str) -> dict[str, Any]:
     Raises:
         PolicyCompileError: the module does not parse (``.errors`` in OPA's shape).
     """
-    from policy.loader import compile_errors
 
     global _parser
     with _parser_lock:

@@ -13,6 +13,7 @@ with reason code ``undefined``. Every failure to reach a decision raises a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -139,3 +140,24 @@ def decision_from_result(result: Any, decision_id: str) -> Decision:
         max_tokens=doc.max_tokens,
         decision_id=decision_id,
     )
+
+
+_ERROR_LINE = re.compile(r"(?P<file>[^\s:]+):(?P<row>\d+): (?P<code>rego_\w+): (?P<message>[^\n]*)")
+
+
+def compile_errors(message: str) -> list[dict[str, Any]]:
+    """Split an engine error message into OPA-style error objects.
+
+    Returns ``[{"code", "message", "location": {"file", "row", "col"}}]``
+    (the shape of OPA's REST API errors); one generic entry if the message
+    has no ``file:row: rego_...`` lines.
+    """
+    found = [
+        {
+            "code": m["code"],
+            "message": m["message"].strip(),
+            "location": {"file": m["file"], "row": int(m["row"]), "col": 0},
+        }
+        for m in _ERROR_LINE.finditer(message)
+    ]
+    return found or [{"code": "rego_compile_error", "message": message.strip()}]

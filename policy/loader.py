@@ -23,11 +23,10 @@ from typing import Any
 
 from opa_bindings import OpaEngine, OpaError
 
-from policy.decision import PolicyCompileError
+from policy.decision import PolicyCompileError, compile_errors
 
 _MODULE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\.rego$")
 _DATA_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$")
-_ERROR_LINE = re.compile(r"(?P<file>[^\s:]+):(?P<row>\d+): (?P<code>rego_\w+): (?P<message>[^\n]*)")
 
 
 def sha256_text(text: str | None) -> str | None:
@@ -171,24 +170,6 @@ def load_policy_dir(path: str | Path, *data_files: str | Path) -> PolicySet:
     except (ValueError, OSError) as exc:
         raise PolicyCompileError(f"cannot load data: {exc}") from None
     return PolicySet(modules, docs)
-
-
-def compile_errors(message: str) -> list[dict[str, Any]]:
-    """Split an engine error message into OPA-style error objects.
-
-    Returns ``[{"code", "message", "location": {"file", "row", "col"}}]``
-    (the shape of OPA's REST API errors); one generic entry if the message
-    has no ``file:row: rego_...`` lines.
-    """
-    found = [
-        {
-            "code": m["code"],
-            "message": m["message"].strip(),
-            "location": {"file": m["file"], "row": int(m["row"]), "col": 0},
-        }
-        for m in _ERROR_LINE.finditer(message)
-    ]
-    return found or [{"code": "rego_compile_error", "message": message.strip()}]
 
 
 def build_engine(

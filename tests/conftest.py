@@ -22,7 +22,7 @@ import uvicorn
 
 from gateway.app import build_admin_app, build_public_app
 from gateway.auditing import AuditHub
-from gateway.components import Components
+from gateway.build import Gateway, build
 from gateway.config import load_config
 from gateway.server import GatewayServer, uvicorn_config
 from sim.cluster import Cluster, start_cluster
@@ -39,7 +39,7 @@ class Stack:
     """A running gateway + replicas; ``client`` talks to the public listener."""
 
     cluster: Cluster
-    components: Components
+    components: Gateway
     issuer: DemoIssuer
     url: str
     admin_url: str
@@ -130,8 +130,7 @@ async def stack(tmp_path: Path, replica_cfg: ReplicaConfig, n_replicas: int,
     cfg_file = tmp_path / "gateway.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg_doc))
     cfg = load_config(cfg_file)
-    comps = Components(cfg, audit=audit_hub if audit_hub is not None else AuditHub(None))
-    comps.config_path = str(cfg_file)  # type: ignore[attr-defined]
+    comps = build(cfg, audit=audit_hub if audit_hub is not None else AuditHub(None), config_path=str(cfg_file))
     await comps.start()
     servers = [
         GatewayServer(uvicorn_config(build_public_app(comps, manage_lifecycle=False), "127.0.0.1", cfg.listen.port)),

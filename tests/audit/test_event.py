@@ -20,7 +20,7 @@ def _event(**kw) -> AuditEvent:
         identity=Identity("spiffe://example.org/ns/a/sa/b", "example.org"),
         tenant="acme",
         policy=PolicyInfo("dec-1", "ok", "allowed by pool policy"),
-        route=RouteInfo(replica="r1", pool="p", policy="prefix", prefix_tokens_matched=32, prefix_tokens_available=48),
+        route=RouteInfo(replica="r1", pool="p", policy="prefix", predicted_prefix_tokens=32, available_prefix_tokens=48),
         prompt_tokens=48,
         prefix_fingerprint="a1b2c3d4e5f60718",
     )
@@ -31,11 +31,11 @@ def _event(**kw) -> AuditEvent:
 def test_schema_roundtrip_and_time_format():
     ev = _event()
     d = ev.to_dict()
-    assert d["schema_version"] == "2"
+    assert d["schema_version"] == "3"
     assert d["time"] == "2023-11-14T22:13:20.123Z"
     assert d["time_ms"] == 1_700_000_000_123
     assert re.fullmatch(r"[0-9a-f-]{36}", d["event_id"])
-    assert d["route"]["prefix_tokens_matched"] == 32
+    assert d["route"]["predicted_prefix_tokens"] == 32
     assert "output_tokens" not in d  # None omitted
     again = AuditEvent.from_dict(json.loads(json.dumps(d)))
     assert again == ev
@@ -44,7 +44,7 @@ def test_schema_roundtrip_and_time_format():
 def test_from_dict_rejects_unknown_version_and_fields():
     d = _event().to_dict()
     with pytest.raises(EventSchemaError):
-        AuditEvent.from_dict(dict(d, schema_version="3"))
+        AuditEvent.from_dict(dict(d, schema_version="4"))
     with pytest.raises(EventSchemaError):
         AuditEvent.from_dict(dict(d, prompt="hello"))
     with pytest.raises(EventSchemaError):

@@ -87,7 +87,7 @@ def _ref_scrub_event(event: AuditEvent, max_chars: int = 256) -> tuple[AuditEven
 
 
 def _ref_from_dict(data: Mapping[str, Any]) -> AuditEvent:
-    if data.get("schema_version") not in ("1", "2"):
+    if data.get("schema_version") not in ("1", "2", "3"):
         raise EventSchemaError("schema")
     known = {f.name for f in dataclasses.fields(AuditEvent)}
     kwargs: dict[str, Any] = {}
@@ -115,7 +115,7 @@ def _ref_from_dict(data: Mapping[str, Any]) -> AuditEvent:
 
 def _ref_unmapped(event: AuditEvent) -> dict[str, Any]:
     d = event.to_dict()
-    keep = ("tenant", "route", "latency", "prompt_tokens", "output_tokens", "cached_tokens", "prefix_fingerprint",
+    keep = ("tenant", "route", "latency", "prompt_tokens", "output_tokens", "prefix_fingerprint",
             "request_id", "outcome", "kind", "summary", "checkpoint", "operator", "alert")
     return {"prefixgate": {k: d[k] for k in keep if k in d}}
 
@@ -202,9 +202,9 @@ def events(draw: Any, odd: bool = True) -> AuditEvent:
         time_ms=draw(_time_ms), event_id=draw(st.one_of(st.uuids().map(str), _str, st.none())),
         request_id=draw(v), identity=Identity(draw(v), draw(v)), tenant=draw(v),
         policy=PolicyInfo(draw(v), draw(v), draw(v)), endpoint=draw(v), model=draw(v),
-        prompt_tokens=draw(v), output_tokens=draw(v), cached_tokens=draw(v),
-        route=RouteInfo(draw(v), draw(v), draw(v), draw(v), draw(v), draw(v)),
-        latency=Latencies(draw(v), draw(v), draw(v), draw(v), draw(v)),
+        prompt_tokens=draw(v), output_tokens=draw(v),
+        route=RouteInfo(draw(v), draw(v), draw(v), draw(v), draw(v), draw(v), draw(v)),
+        latency=Latencies(draw(v), draw(v), draw(v), draw(v), draw(v), draw(v), draw(v)),
         status_code=draw(v), client_address=draw(v), trace_id=draw(v),
         prefix_fingerprint=draw(st.one_of(st.none(), st.sampled_from(_SPECIAL), st.text("0123456789abcdefABg", max_size=40))),
         operator=draw(_details) if draw(st.booleans()) else None, alert=draw(_details) if draw(st.booleans()) else None,
@@ -306,7 +306,7 @@ def test_from_dict_matches_reference(event: AuditEvent) -> None:
 def test_from_dict_refusals_unchanged() -> None:
     base = AuditEvent(Kind.INFERENCE, Outcome.ALLOWED, time_ms=1, event_id="e").to_dict()
     bad = [dict(base, kind="nope"), dict(base, outcome="nope"), dict(base, kind=["x"]), dict(base, extra=1),
-           dict(base, identity={"bogus": 1}), dict(base, route="r"), dict(base, schema_version="3")]
+           dict(base, identity={"bogus": 1}), dict(base, route="r"), dict(base, schema_version="4")]
     for data in bad:
         for fn in (AuditEvent.from_dict, _ref_from_dict):
             try:
@@ -351,7 +351,7 @@ def test_cef_escapes_match_reference(text: str) -> None:
 def test_special_cases_take_general_path() -> None:
     """An inference event that needs scrubbing is rebuilt; a clean one is returned as is."""
     clean = AuditEvent(Kind.INFERENCE, Outcome.ALLOWED, time_ms=5, event_id="id", tenant="t",
-                       route=RouteInfo("r", "p", "prefix", 3, 4, 1.5), prefix_fingerprint="ab" * 16)
+                       route=RouteInfo("r", "p", "prefix", 4, 3, 2, 1.5), prefix_fingerprint="ab" * 16)
     got, dropped = scrub_event(clean)
     assert got is clean and dropped == []
     leaky = dataclasses.replace(clean, route=RouteInfo("Bearer abcdefghij"), prefix_fingerprint="ab" * 32)

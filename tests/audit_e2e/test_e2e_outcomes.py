@@ -133,7 +133,7 @@ async def test_one_event_per_outcome_in_every_sink(stack, rsyslog: Rsyslog, tmp_
         ev = by_outcome[outcome][0]
         missing = [f for f in COMMON if f not in ev]
         assert not missing, (outcome, missing)
-        assert ev["schema_version"] == "2" and ev["status_code"] == status, (outcome, ev["status_code"])
+        assert ev["schema_version"] == "3" and ev["status_code"] == status, (outcome, ev["status_code"])
         assert ev["endpoint"] == "/v1/completions" and ev["client_address"] == "127.0.0.1"
         assert ev["time"].endswith("Z") and len(ev["time"]) == len("2025-01-02T03:04:05.678Z")
         assert len(ev["trace_id"]) == 32 and "total_ms" in ev["latency"]
@@ -144,12 +144,13 @@ async def test_one_event_per_outcome_in_every_sink(stack, rsyslog: Rsyslog, tmp_
             assert ev["kind"] == "auth" and "identity" not in ev and "tenant" not in ev
     allowed = next(e for e in by_outcome["allowed"] if e["tenant"] == "tenant-a")
     assert allowed["kind"] == "inference" and allowed["model"] == "sim-model"
-    assert allowed["prompt_tokens"] == 101 and allowed["output_tokens"] == 4 and "cached_tokens" in allowed
+    assert allowed["prompt_tokens"] == 101 and allowed["output_tokens"] == 4 and "delivered_prefix_tokens" in allowed["route"]
     assert allowed["policy"]["decision_id"] and allowed["policy"]["reason_code"] == "allowed"
     route = allowed["route"]
     assert route["replica"] in ("r0", "r1") and route["pool"] == "default" and route["policy"] == "cache_aware"
-    assert "prefix_tokens_matched" in route and "load" in route
-    assert {"auth_ms", "policy_ms", "route_ms", "ttft_ms", "total_ms"} <= set(allowed["latency"])
+    assert "predicted_prefix_tokens" in route and "available_prefix_tokens" in route and "load" in route
+    assert {"auth_ms", "parse_ms", "keys_ms", "policy_ms", "route_ms", "first_byte_ms", "total_ms"} \
+        <= set(allowed["latency"])
     assert len(allowed["prefix_fingerprint"]) <= 32
     denied = by_outcome["denied"][0]
     assert denied["policy"]["decision_id"] and denied["policy"]["reason_code"] == "tier_unknown"

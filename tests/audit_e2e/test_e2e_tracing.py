@@ -1,6 +1,6 @@
 """Against the running app: OpenTelemetry spans (in-memory exporter) per request.
 
-One SERVER span per request with INTERNAL children authenticate/policy/route and a
+One SERVER span per request with INTERNAL children authenticate/parse/prefix_keys/policy/route and a
 CLIENT child upstream; HTTP and gen_ai semantic-convention attributes plus PrefixGate's
 own; the client's traceparent is a link, never the parent; its baggage and tracestate
 are dropped; the gateway's own traceparent reaches the replica; the audit event
@@ -74,7 +74,7 @@ async def test_spans_links_propagation_and_trace_id(stack, upstream_headers, tmp
     assert format(ok.links[0].context.span_id, "016x") == CLIENT_SPAN
     # children with the recorded stage timestamps
     children = {s.name: s for s in spans if s.parent is not None and s.parent.span_id == ctx.span_id}
-    assert set(children) == {"authenticate", "policy", "route", "upstream"}
+    assert set(children) == {"authenticate", "parse", "prefix_keys", "policy", "route", "upstream"}
     assert children["upstream"].kind is SpanKind.CLIENT and children["policy"].kind is SpanKind.INTERNAL
     for child in children.values():
         assert child.get_span_context().trace_id == ctx.trace_id
@@ -86,7 +86,7 @@ async def test_spans_links_propagation_and_trace_id(stack, upstream_headers, tmp
     assert a["gen_ai.request.model"] == "sim-model"
     assert a["gen_ai.usage.input_tokens"] == 101 and a["gen_ai.usage.output_tokens"] == 4
     assert a["prefixgate.tenant"] == "tenant-a" and a["prefixgate.replica"] in ("r0", "r1")
-    assert a["prefixgate.decision_id"] and "prefixgate.prefix_tokens_matched" in a
+    assert a["prefixgate.decision_id"] and "prefixgate.predicted_prefix_tokens" in a
     assert not any("baggage" in k or "mallory" in str(v) for k, v in a.items())
     # the gateway's own context reaches the replica; client baggage/tracestate/credentials do not
     (up,) = upstream_headers

@@ -163,10 +163,10 @@ async def task_cancelled(stack: Any, sim: Any, mp: Any) -> None:
 
 
 async def gateway_error_after_dispatch(stack: Any, sim: Any, mp: Any) -> None:
-    def boom(rec: Any) -> dict[str, str]:
+    def boom(*args: Any) -> None:  # the trace headers of the upstream call
         raise RuntimeError("a bug between dispatch and the upstream call")
 
-    mp.setattr(stack.components, "upstream_headers", boom)
+    mp.setattr(stack.components.audit, "inject_trace_headers", boom)
     r = await post(stack)
     assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
     mp.undo()

@@ -112,13 +112,13 @@ def test_empty_data_dispatches_nothing() -> None:
     assert sc.events == 0 and sc.done
 
 
-def test_audit_schema_2_reads_version_1_events() -> None:
+def test_audit_schema_reads_version_1_events() -> None:
     """A spill file written before the upgrade (schema "1") is still replayed."""
     new = AuditEvent(Kind.INFERENCE, Outcome.FAILED, time_ms=1, event_id="e", error_code="upstream_stream_error",
                      ledger=LedgerInfo(reserved_tokens=66, charged_tokens=52, prompt_charged=50, output_charged=2,
                                        output_relayed=2, basis="relayed"))
     d = new.to_dict()
-    assert d["schema_version"] == "2" and d["ledger"]["basis"] == "relayed"
+    assert d["schema_version"] == "3" and d["ledger"]["basis"] == "relayed"
     assert AuditEvent.from_dict(d) == new
     ocsf = to_ocsf(new)
     validate_ocsf(ocsf)

@@ -49,7 +49,7 @@ async def test_streaming_passthrough_and_usage_hidden_unless_asked(stack):
 
 async def test_client_cache_salt_is_overwritten(stack):
     # tenant-b sends a prompt tenant-a warmed, with a guessed or copied salt: no cross-tenant hit
-    salt_a = stack.components.cache_salt(stack.components.registry.get("tenant-a"))
+    salt_a = stack.components.keys.cache_salt(stack.components.registry.get("tenant-a"))
     for i, salt in enumerate(("", "tenant-a", salt_a)):
         prompt = f"variant{i} {LONG}"
         ra = await stack.client.post("/v1/completions", json=completion(prompt), headers=stack.auth("tenant-a/app"))

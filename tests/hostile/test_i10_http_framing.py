@@ -6,7 +6,7 @@
   different ``Content-Length`` headers, a body 1 byte over the limit, each followed by a
   pipelined request: 400, 400, 413, the connection closed each time, nothing extra reaches a
   replica (``capture`` records every inference call) or an admin route (every admin route
-  calls ``Components.authorize_operator`` first; the fixture counts those calls).
+  calls ``Admin.authorize_operator`` first; the fixture counts those calls).
 
 Each test starts its own public and admin listeners (uvicorn, parser chosen by the ``gw``
 fixture's parameter) over the ``stack`` fixture's components; the recording replicas come
@@ -78,13 +78,13 @@ class Listeners:
 async def gw(request: Any, stack: Any, monkeypatch: Any) -> AsyncIterator[Listeners]:
     c = stack.components
     calls: list[str] = []
-    original = c.authorize_operator
+    original = c.admin.authorize_operator
 
     async def counting(req: Any) -> Any:
         calls.append(req.url.path)
         return await original(req)
 
-    monkeypatch.setattr(c, "authorize_operator", counting)
+    monkeypatch.setattr(c.admin, "authorize_operator", counting)
     parser = request.param
     servers = [
         GatewayServer(uvicorn_config(build_public_app(c, manage_lifecycle=False), "127.0.0.1", 0, http=parser)),

@@ -114,8 +114,8 @@ class CountingTokenizer:
 
 @pytest.fixture
 def counting(stack: Any, monkeypatch: pytest.MonkeyPatch) -> CountingTokenizer:
-    tok = CountingTokenizer(stack.components.tokenizer)
-    monkeypatch.setattr(stack.components, "tokenizer", tok)
+    tok = CountingTokenizer(stack.components.admission.tokenizer)
+    monkeypatch.setattr(stack.components.admission, "tokenizer", tok)
     return tok
 
 
@@ -161,7 +161,7 @@ async def test_thirty_thousand_messages_refused_before_validation(stack, capture
                                                     "messages": [{"role": "user", "content": "hi"}] * 21},
                     "tenant-small/app")
     assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_messages"  # derived: 100 // 5
-    bounds = stack.components.request_bounds(stack.components.registry.get("tenant-small"))
+    bounds = stack.components.admission.request_bounds(stack.components.registry.get("tenant-small"))
     assert bounds.max_messages == 20  # each rendered message holds >= 5 tokens
 
 

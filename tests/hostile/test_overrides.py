@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from gateway.request import ChatBody, CompletionBody
 from gateway.replicas import CircuitState
+from gateway.request import ChatBody, CompletionBody
 
 LONG = " ".join(f"w{i}" for i in range(64))
 FORWARDABLE_COMPLETION = set(CompletionBody.model_fields) | {"cache_salt"}
@@ -30,7 +30,7 @@ HINT_HEADERS = {
 
 
 def salt(stack, tenant_id: str) -> str:
-    return stack.components.cache_salt(stack.components.registry.get(tenant_id))
+    return stack.components.keys.cache_salt(stack.components.registry.get(tenant_id))
 
 
 async def test_body_overrides_dropped(stack, capture):

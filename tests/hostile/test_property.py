@@ -94,5 +94,5 @@ async def test_gateway_never_500_and_forwards_only_schema_valid_bodies(stack, ca
     allowed_keys = set(model.model_fields) | {"cache_salt"}
     assert set(fwd) <= allowed_keys - {"max_completion_tokens"}
     tenant = stack.components.registry.get("tenant-a")
-    assert fwd["cache_salt"] == stack.components.cache_salt(tenant)
+    assert fwd["cache_salt"] == stack.components.keys.cache_salt(tenant)
     assert 1 <= fwd["max_tokens"] <= 256  # tenant-a's output cap

@@ -45,7 +45,7 @@ async def complete(stack: Any, workload: str, text: str) -> dict[str, Any]:
 async def warm_everywhere(stack: Any, tenant_id: str, text: str) -> None:
     """Put ``text`` into every replica's cache under the tenant's own salt (as if A had
     been routed to each of them), bypassing the gateway."""
-    salt = stack.components.cache_salt(stack.components.registry.get(tenant_id))
+    salt = stack.components.keys.cache_salt(stack.components.registry.get(tenant_id))
     async with httpx.AsyncClient(timeout=10) as raw:
         for url in stack.cluster.urls:
             r = await raw.post(f"{url}/v1/completions",
@@ -90,7 +90,7 @@ async def test_client_cache_salt_is_overwritten(stack: Any) -> None:
     text = prompt("salt" + secrets.token_hex(4))
     await complete(stack, "tenant-a/app", text)
     await warm_everywhere(stack, "tenant-a", text)
-    a_salt = stack.components.cache_salt(stack.components.registry.get("tenant-a"))
+    a_salt = stack.components.keys.cache_salt(stack.components.registry.get("tenant-a"))
     r = await stack.client.post("/v1/completions", headers=stack.auth("tenant-b/app"),
                                 json={"model": "sim-model", "prompt": text, "max_tokens": 2, "cache_salt": a_salt})
     assert r.status_code == 200

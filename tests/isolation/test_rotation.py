@@ -100,7 +100,7 @@ async def test_salt_rotation_makes_cache_cold(stack: Any) -> None:
     await complete(stack, "tenant-a/app", text)
     warm = await complete(stack, "tenant-a/app", text)
     assert warm["cached"] >= WORDS - 16
-    salt_before = stack.components.cache_salt(stack.components.registry.get("tenant-a"))
+    salt_before = stack.components.keys.cache_salt(stack.components.registry.get("tenant-a"))
     r = await stack.client.post(f"{stack.admin_url}/admin/tenants/tenant-a/rotate-salt", headers=op_headers(stack))
     assert r.status_code == 200, r.text
     assert r.json()["salt_epoch"] == 1 and "salt" not in {k for k in r.json() if k != "salt_epoch"}

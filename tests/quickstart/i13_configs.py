@@ -1,7 +1,7 @@
 """The configurations issue 13's tests check: the demo's, the test suite's, the example and ``init``'s.
 
 Each builder returns a config document (dict) whose secrets, bundle and audit
-key exist under ``tmp``, so :class:`gateway.components.Components` can be
+key exist under ``tmp``, so :func:`gateway.build.build` can be
 built from it. Replica URLs point at nothing (no test here sends upstream).
 """
 

@@ -150,7 +150,7 @@ async def test_registry_reload_clears_the_decision_cache(stack: Any) -> None:
     assert len(cache) >= 1 and cache.hits >= 1
     clears = cache.clears
     # revoke tenant-a's model in the file, then reload through the admin listener
-    cfg_file = Path(c.config_path)
+    cfg_file = Path(c.admin.config_path)
     doc = yaml.safe_load(cfg_file.read_text())
     next(t for t in doc["tenancy"]["tenants"] if t["id"] == "tenant-a")["models"] = []
     cfg_file.write_text(yaml.safe_dump(doc))

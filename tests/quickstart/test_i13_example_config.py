@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from gateway.auditing import AuditHub
-from gateway.components import Components
+from gateway.build import build
 from gateway.config import GatewayConfig, load_config
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -37,7 +37,7 @@ def test_a_gateway_builds_from_the_example(tmp_path: Path) -> None:
     doc = example_config(tmp_path)
     cfg_file = tmp_path / "gateway.yaml"
     cfg_file.write_text(yaml.safe_dump(doc))
-    c = Components(load_config(cfg_file), audit=AuditHub(None))
+    c = build(load_config(cfg_file), audit=AuditHub(None))
     assert [t.id for t in c.registry.tenants()] == ["acme", "euro-health", "nightly-etl"]
     assert c.configuration_warnings() == []
     assert AuditHub.from_config(doc["audit"]) is not None  # the audit section (not a pydantic model) builds

@@ -3,9 +3,9 @@ and the authorization decision can never disagree.
 
 For every tenant of the demo, test-suite, example and ``init`` configurations,
 and every model name in play (served, entitled, neither), the model is listed
-by ``/v1/models`` (``Components.listed_models``, the route's own function)
+by ``/v1/models`` (``Admission.listed_models``, the route's own function)
 exactly when the shipped policy, asked through the gateway's own
-``Components.decide`` with the tenant's configured replicas as candidates,
+``PolicyEnforcementPoint.decide`` with the tenant's configured replicas as candidates,
 allows it. Before the fix the policy read entitlements from
 ``rego/data/.../tenants.json``: the example's and ``init``'s tenants were
 denied ``tenant_unknown`` while listed.
@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from gateway.auditing import AuditHub
-from gateway.components import Components
+from gateway.build import Gateway, build
 from gateway.config import load_config
 from gateway.errors import GatewayError
 from gateway.identity import WorkloadIdentity
@@ -33,11 +33,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 from i13_configs import BUILDERS  # noqa: E402
 
 
-def _components(tmp_path: Path, name: str) -> Components:
+def _components(tmp_path: Path, name: str) -> Gateway:
     doc = BUILDERS[name](tmp_path)
     cfg_file = tmp_path / f"{name}.yaml"
     cfg_file.write_text(yaml.safe_dump(doc))
-    return Components(load_config(cfg_file), audit=AuditHub(None))
+    return build(load_config(cfg_file), audit=AuditHub(None), config_path=str(cfg_file))
 
 
 def _workload(tenant: Any) -> WorkloadIdentity:
@@ -47,11 +47,12 @@ def _workload(tenant: Any) -> WorkloadIdentity:
                             claims={"aud": ["prefixgate"]})
 
 
-async def _allowed(c: Components, tenant: Any, model: str) -> tuple[bool, str]:
+async def _allowed(c: Gateway, tenant: Any, model: str) -> tuple[bool, str]:
     req = SimpleNamespace(model=model, max_tokens=16, stream=False, sequences=1)
-    rec = SimpleNamespace(endpoint="/v1/chat/completions", decision_id=None, reason_code=None, reason=None)
     try:
-        await c.decide(_workload(tenant), tenant, req, 10, c.candidates(tenant), rec)
+        decision = await c.pep.decide(_workload(tenant), tenant, req, 10, c.replica_set.candidates(tenant.pools),
+                                      "/v1/chat/completions")
+        c.pep.enforce(decision)
     except GatewayError as err:
         assert err.status == 403, (err.status, err.code)
         return False, err.code
@@ -64,11 +65,11 @@ async def test_models_listing_equals_policy_entitlement(tmp_path: Path, name: st
     assert len(c.registry) >= 2
     assert not c.configuration_warnings(), c.configuration_warnings()
     for tenant in c.registry.tenants():
-        listed = c.listed_models(tenant)
-        assert listed == sorted(c.served_models & tenant.models), tenant.id  # the registry's entitlement
-        for model in sorted(c.served_models | tenant.models | {"not-a-model"}):
+        listed = c.admission.listed_models(tenant)
+        assert listed == sorted(c.admission.served_models & tenant.models), tenant.id  # the registry's entitlement
+        for model in sorted(c.admission.served_models | tenant.models | {"not-a-model"}):
             allowed, code = await _allowed(c, tenant, model)
-            served = model in c.served_models  # others answer 404 before the policy is asked
+            served = model in c.admission.served_models  # others answer 404 before the policy is asked
             assert (served and allowed) == (model in listed), (name, tenant.id, model, code)
             if model in listed:
                 assert allowed, (name, tenant.id, model, code)
@@ -78,12 +79,11 @@ async def test_revoking_a_model_in_the_registry_revokes_it_in_both(tmp_path: Pat
     c = _components(tmp_path, "init")
     doc = yaml.safe_load((tmp_path / "init.yaml").read_text())
     acme = c.registry.get("acme")
-    assert acme is not None and c.listed_models(acme) == ["sim-model"]
+    assert acme is not None and c.admission.listed_models(acme) == ["sim-model"]
     assert (await _allowed(c, acme, "sim-model"))[0]
     doc["tenancy"]["tenants"][0]["models"] = []
     (tmp_path / "init.yaml").write_text(yaml.safe_dump(doc))
-    c.config_path = str(tmp_path / "init.yaml")  # type: ignore[attr-defined]
-    c._reload_registry()
+    c.admin.reload_registry()
     acme = c.registry.get("acme")
-    assert acme is not None and c.listed_models(acme) == []
+    assert acme is not None and c.admission.listed_models(acme) == []
     assert await _allowed(c, acme, "sim-model") == (False, "model_not_entitled")

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from gateway.auditing import AuditHub
-from gateway.components import Components
+from gateway.build import build
 from gateway.config import load_config
 from gateway.identity import FileBundleSource, JwtSvidVerifier, TrustBundleStore
 from sim.cli import DEFAULT_TOKEN_TTL_S
@@ -77,7 +77,7 @@ def test_init_writes_a_config_the_gateway_accepts(tmp_path: Path) -> None:
     cfg_path = tmp_path / "gw" / "gateway.yaml"
     assert str(cfg_path) in out
     cfg = load_config(cfg_path)
-    c = Components(cfg, audit=AuditHub(None))
+    c = build(cfg, audit=AuditHub(None))
     assert [t.id for t in c.registry.tenants()] == ["acme", "globex"] and len(cfg.replicas) == 3
     assert cfg.policy.dir is None and c.configuration_warnings() == []
     assert os.stat(tmp_path / "gw" / "master.key").st_mode & 0o077 == 0

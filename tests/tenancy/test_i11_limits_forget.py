@@ -5,8 +5,10 @@ import os
 import secrets
 from pathlib import Path
 
+import yaml
+
 from gateway.auditing import AuditHub
-from gateway.components import Components
+from gateway.build import build
 from gateway.config import GatewayConfig
 from sim.spiffe_issuer import DemoIssuer
 
@@ -36,15 +38,17 @@ def _config(tmp_path: Path, tenants: list[str]) -> GatewayConfig:
 
 
 def test_reload_frees_removed_tenants_state(tmp_path: Path) -> None:
-    c = Components(_config(tmp_path, ["tenant-a", "tenant-b", "tenant-c"]), audit=AuditHub(None))
+    cfg_file = tmp_path / "gateway.yaml"
+    cfg = _config(tmp_path, ["tenant-a", "tenant-b", "tenant-c"])
+    c = build(cfg, audit=AuditHub(None), config_path=str(cfg_file))
     for tid in ("tenant-a", "tenant-b", "tenant-c"):
         c.limiter.admit(c.registry.get(tid), now=0.0).release()
     held = c.limiter.admit(c.registry.get("tenant-c"), now=5.0)  # still in flight at the reload
     assert len(c.limiter) == 3
-    c.config = _config(tmp_path, ["tenant-a"])
-    c._reload_registry()
+    cfg_file.write_text(yaml.safe_dump(_config(tmp_path, ["tenant-a"]).model_dump(mode="json", exclude_none=True)))
+    c.admin.reload_registry()
     assert len(c.limiter) == 2  # tenant-b freed; tenant-c kept while its request is in flight
     assert c.limiter.in_flight("tenant-c") == 1
     held.release()
-    c._reload_registry()
+    c.admin.reload_registry()
     assert len(c.limiter) == 1 and c.limiter.in_flight("tenant-a") == 0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.auditing import AuditHub
-from gateway.components import Components
+from gateway.build import Gateway, build
 from gateway.config import GatewayConfig
 from sim.spiffe_issuer import DemoIssuer
 
@@ -37,7 +37,7 @@ async def test_failed_start_closes_the_upstream_session(tmp_path: Path) -> None:
         "identity": {"audience": "prefixgate", "trust_domains": {TD: {"bundle_file": str(bundle)}}},
         "policy": {"mode": "embedded", "dir": str(ROOT / "rego")},
     })
-    c = Components(cfg, audit=_FailingAudit(None))
+    c = build(cfg, audit=_FailingAudit(None))
     with pytest.raises(RuntimeError, match="in use"):
         await c.start()
-    assert c.session is not None and c.session.closed
+    assert c.upstream.session is not None and c.upstream.session.closed

@@ -1,0 +1,121 @@
+"""The admin listener's rules: operator authorization, the operator routes of
+tenancy (keys, salts, registry reload) and policy management, and the
+operator views of replicas and routing.
+
+Every admin route needs a JWT-SVID for the admin audience from a configured
+operator SPIFFE ID; anything else is 401/403 and is audited as a refusal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.routing import BaseRoute
+
+from gateway.admission import Admission
+from gateway.auditing import AuditHub
+from gateway.authn import Authenticator
+from gateway.config import GatewayConfig, load_config
+from gateway.errors import GatewayError
+from gateway.identity import WorkloadIdentity
+from gateway.pep import DecisionPoint
+from gateway.record import refusal_record
+from gateway.replicas import ReplicaSet
+from routing.index import PrefixIndex
+from routing.router import Router
+from tenancy.keys import KeyRing, load_master_secret
+from tenancy.registry import TenantRegistry
+
+__all__ = ["Admin", "record_refusal"]
+
+
+def record_refusal(audit: AuditHub, authn: Authenticator, request: Request, endpoint: str, err: GatewayError,
+                   identity: WorkloadIdentity | None = None) -> None:
+    """Audit a refusal on a non-inference endpoint (``/v1/models``, the admin listener)."""
+    sid, td = (str(identity.spiffe_id), identity.trust_domain) if identity is not None else (None, None)
+    audit.record_request(refusal_record(endpoint, authn.source(request), err.status, err.outcome, err.code, sid, td))
+
+
+class Admin:
+    """Operator rules over the collaborators they manage.
+
+    ``config_path``: the file :meth:`reload_registry` reads the tenants from
+    (None: the configuration the gateway was built with).
+    """
+
+    def __init__(self, config: GatewayConfig, config_path: str | None, authn: Authenticator, admission: Admission,
+                 keyring: KeyRing, pdp: DecisionPoint, audit: AuditHub, replica_set: ReplicaSet, router: Router,
+                 index: PrefixIndex) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.authn = authn
+        self.admission = admission
+        self.keyring = keyring
+        self.pdp = pdp
+        self.audit = audit
+        self.replica_set = replica_set
+        self.router = router
+        self.index = index
+
+    async def authorize_operator(self, request: Request) -> WorkloadIdentity:
+        """Admin listener guard: a JWT-SVID for the admin audience from an operator.
+
+        Raises ``HTTPException`` 401 (no/invalid credential) or 403 (not an operator).
+        """
+        try:
+            identity = await self.authn.authenticate(request)
+        except GatewayError as err:
+            record_refusal(self.audit, self.authn, request, "admin", err)  # the path is client-chosen
+            raise HTTPException(err.status, err.message, headers=err.headers) from None
+        if not self.admission.registry.is_operator(str(identity.spiffe_id)):
+            err = GatewayError(403, "not_an_operator", "operator identity required")
+            record_refusal(self.audit, self.authn, request, "admin", err, identity=identity)
+            raise HTTPException(403, "operator identity required")
+        return identity
+
+    def routes(self) -> list[BaseRoute]:
+        """Operator routes of tenancy (keys, salts, registry) and policy management."""
+        from tenancy.admin import admin_routes as tenancy_routes
+
+        async def authorize(request: Request) -> dict[str, Any]:
+            ident = await self.authorize_operator(request)
+            return {"spiffe_id": str(ident.spiffe_id), "trust_domain": ident.trust_domain}
+
+        routes: list[BaseRoute] = []
+        tc = self.config.tenancy
+        routes += tenancy_routes(
+            self.keyring, self.reload_registry, authorize,
+            master_loader=lambda: load_master_secret(tc.master_secret_file, tc.master_secret_env),
+            on_change=self.audit.record_operator, registry=self.admission.registry,
+        )
+        if self.pdp.store is not None:
+            from policy.admin import admin_routes as policy_routes
+
+            routes += policy_routes(self.pdp.store, authorize)
+        return routes
+
+    def reload_registry(self) -> TenantRegistry:
+        """Re-read the tenants from ``config_path``; no decision or limit state outlives a removed tenant."""
+        fresh = load_config(self.config_path) if self.config_path else self.config
+        registry = self.admission.registry.reload(fresh.tenancy.tenants, operators=fresh.tenancy.operators)
+        self.admission.replace_registry(registry)
+        self.pdp.clear_cache()  # tenant facts reach the policy through its input: no decision outlives them
+        return registry
+
+    def replica_status(self) -> list[dict[str, Any]]:
+        """Per-replica health, breaker and load, for operators."""
+        out = []
+        routable = set(self.replica_set.routable_ids())
+        for r in self.replica_set.all():
+            load = self.router.loads.snapshot(r.id)
+            out.append({"id": r.id, "pool": r.pool, "labels": dict(r.labels), "routable": r.id in routable,
+                        "running": load.running_requests, "load_tokens": load.tokens,
+                        "index_blocks": self.index.replica_blocks(r.id)})
+        return out
+
+    def routing_status(self) -> dict[str, Any]:
+        """Router counters: available / predicted / delivered prefix tokens."""
+        c = self.router.counters()
+        return {k: getattr(c, k) for k in c.__dataclass_fields__}

@@ -1,0 +1,207 @@
+"""Admission: tenant resolution, rate and concurrency limits, prompt and token checks,
+the token ledger's reservation and the output-token clamp (``tenancy.limits``,
+``tenancy.ledger``, ``tenancy.bounds``).
+
+Every rule here answers one question: may this tenant's request take this
+much work now? Errors are :class:`gateway.errors.GatewayError` (400, 403, 429).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from gateway.errors import GatewayError
+from gateway.identity import WorkloadIdentity
+from gateway.metrics import GatewayMetrics
+from gateway.request import InferenceRequest
+from policy.decision import Decision
+from tenancy.bounds import RequestBounds, request_bounds
+from tenancy.ledger import Reservation, Settlement, TokenLedger, charge_for
+from tenancy.limits import (
+    ConcurrencyLimited,
+    Lease,
+    RateLimited,
+    TenantLimiter,
+    clamp_max_tokens,
+)
+from tenancy.registry import Tenant, TenantRegistry
+from tenancy.tokenizer import Tokenizer
+
+__all__ = ["Admission", "clamp_output", "too_many"]
+
+
+def too_many(retry_after_s: float, code: str, message: str) -> GatewayError:
+    """A 429 with ``Retry-After`` (whole seconds, at least 1)."""
+    return GatewayError(429, code, message, headers={"Retry-After": str(max(1, int(retry_after_s + 0.999)))},
+                        outcome="rate_limited")
+
+
+def clamp_output(requested: int | None, tenant_cap: int | None, policy_cap: int | None, gateway_cap: int) -> int:
+    """Output-token cap: request → min(tenant cap, policy cap, gateway cap); absent → that cap (at least 1)."""
+    cap = clamp_max_tokens(requested, tenant_cap, policy_cap, default=gateway_cap)
+    return max(1, min(cap, gateway_cap))
+
+
+class Admission:
+    """The admission step's rules over the tenant registry, limiter, ledger and tokenizer.
+
+    ``registry`` is replaced by :meth:`replace_registry` on an operator's
+    reload; everything else is fixed at build time.
+    """
+
+    def __init__(self, registry: TenantRegistry, limiter: TenantLimiter, ledger: TokenLedger,
+                 tokenizer: Tokenizer, served_models: Iterable[str], metrics: GatewayMetrics, *,
+                 max_messages: int, max_output_tokens: int) -> None:
+        self.registry = registry
+        self.limiter = limiter
+        self.ledger = ledger
+        self.tokenizer = tokenizer
+        self.served_models = frozenset(served_models)
+        self.metrics = metrics
+        self.max_messages = max_messages
+        self.max_output_tokens = max_output_tokens
+
+    def replace_registry(self, registry: TenantRegistry) -> None:
+        """Serve ``registry`` from now on and free removed tenants' buckets and ledger state."""
+        self.registry = registry
+        keep = {t.id for t in registry.tenants()}
+        self.limiter.forget(keep)
+        self.ledger.forget(keep)
+
+    def resolve_tenant(self, identity: WorkloadIdentity) -> Tenant:
+        """Map a workload to its tenant; raises 403 for an unmapped workload."""
+        tenant = self.registry.resolve(str(identity.spiffe_id))
+        if tenant is None:
+            raise GatewayError(403, "unknown_workload", "this workload is not mapped to any tenant")
+        return tenant
+
+    def listed_models(self, tenant: Tenant) -> list[str]:
+        """The models ``GET /v1/models`` lists for ``tenant``: served by the gateway and in the
+        tenant's registry entitlement (sorted). The policy decides entitlement from the same
+        registry entry (``input.tenant.models``), so the two cannot disagree
+        (tests/quickstart/test_i13_one_source.py)."""
+        return sorted(m for m in self.served_models if m in tenant.models)
+
+    def admit(self, tenant: Tenant) -> Lease:
+        """Check the tenant's request rate and concurrency; returns a lease (release it)."""
+        try:
+            return self.limiter.admit(tenant, time.monotonic())
+        except RateLimited as exc:
+            raise too_many(exc.retry_after_s, "rate_limited", "tenant request rate exceeded") from None
+        except ConcurrencyLimited as exc:
+            raise too_many(exc.retry_after_s, "concurrency_limited",
+                           "tenant concurrent request limit reached") from None
+
+    def request_bounds(self, tenant: Tenant) -> RequestBounds:
+        """The tenant's effective per-request bounds (see :mod:`tenancy.bounds`)."""
+        return request_bounds(tenant, self.tokenizer, max_messages_ceiling=self.max_messages)
+
+    def check_model(self, model: str) -> None:
+        """404 ``model_not_found`` for a model the gateway does not serve (the name is client-chosen:
+        never copied into the audit trail)."""
+        if model not in self.served_models:
+            raise GatewayError(404, "model_not_found", "the requested model does not exist", param="model")
+
+    def admit_sequences(self, tenant: Tenant, lease: Lease, sequences: int) -> None:
+        """A batch of ``sequences`` prompts takes that many request units and concurrency slots
+        (the first was taken by :meth:`admit`); 429 when they are not available."""
+        try:
+            self.limiter.add_sequences(tenant, lease, sequences - 1, time.monotonic())
+        except RateLimited as exc:
+            raise too_many(exc.retry_after_s, "rate_limited", "tenant request rate exceeded") from None
+        except ConcurrencyLimited as exc:
+            raise too_many(exc.retry_after_s, "concurrency_limited",
+                           "tenant concurrent request limit reached (each prompt of a batch takes a slot)") from None
+
+    def prompt_tokens(self, bounds: RequestBounds, req: InferenceRequest) -> tuple[list[int], int]:
+        """Size-check and tokenize each sequence of ``req``; return (tokens to hash, total prompt tokens).
+
+        Cheapest first: each sequence's UTF-8 size (with the chat request's
+        tools and other token-bearing fields, ``req.extra_text``) against
+        ``max_prompt_bytes`` (400 ``prompt_too_large``, nothing tokenized),
+        then tokens with early stop at ``max_prompt_tokens + 1`` (400
+        ``context_length_exceeded``). The tokens to hash are the prompt's
+        own (``extra_text`` is counted, never hashed).
+        """
+        limit, max_bytes = bounds.max_prompt_tokens, bounds.max_prompt_bytes
+        if max_bytes is not None:
+            for size in req.prompt_bytes:
+                if size > max_bytes:
+                    raise GatewayError(400, "prompt_too_large",
+                                       f"prompt has {size} bytes; this tenant's limit is {max_bytes}", param=None)
+        hashed: list[int] = []
+        total = 0
+        for i, text in enumerate(req.prompts):
+            ids = self.tokenizer.encode(text, limit)
+            n = len(ids)
+            if i == 0 and req.extra_text:
+                n += len(self.tokenizer.encode(req.extra_text, None if limit is None else max(0, limit - n)))
+            if limit is not None and n > limit:
+                raise GatewayError(400, "context_length_exceeded",
+                                   f"prompt has more than {limit} tokens; this tenant's limit is {limit}"
+                                   + (" per prompt" if len(req.prompts) > 1 else ""))
+            hashed.extend(ids)
+            total += n
+        return hashed, total
+
+    def check_prompt(self, tenant: Tenant, prompt_tokens: int, sequences: int = 1,
+                     output_tokens: int = 0) -> Reservation:
+        """Per-request prompt size, then reserve the request's tokens in the ledger (400 / 429).
+
+        ``prompt_tokens`` is the total of all ``sequences`` (the per-sequence
+        limit was checked while counting, :meth:`prompt_tokens`);
+        ``output_tokens``: the most output it may produce (``max_tokens`` x
+        sequences, before the policy may lower it: :meth:`Reservation.lower_output`).
+        Returns the :class:`~tenancy.ledger.Reservation` the request's end
+        settles (:meth:`settle`); 429 ``token_rate_limited`` when the tenant's
+        prompt- or output-token bucket cannot cover it (nothing is taken then).
+        """
+        if prompt_tokens == 0:
+            raise GatewayError(400, "invalid_request", "prompt must not be empty", param="prompt")
+        limit = tenant.max_prompt_tokens
+        if limit is not None and prompt_tokens > limit * max(1, sequences):
+            raise GatewayError(400, "context_length_exceeded",
+                               f"prompt has {prompt_tokens} tokens; this tenant's limit is {limit}")
+        try:
+            res = self.ledger.reserve(tenant, prompt_tokens, output_tokens, time.monotonic())
+        except RateLimited as exc:
+            what = "output" if exc.reason == "tenant_output_tokens" else "prompt"
+            raise too_many(exc.retry_after_s, "token_rate_limited",
+                           f"tenant {what}-token rate exceeded") from None
+        m = self.metrics
+        m.tenant_tokens_reserved.labels(tenant.id, "prompt").inc(prompt_tokens)
+        m.tenant_tokens_reserved.labels(tenant.id, "output").inc(output_tokens)
+        return res
+
+    def output_cap(self, requested: int | None, tenant: Tenant) -> int:
+        """The most output tokens per sequence before the policy decision (its cap can only lower it)."""
+        return clamp_output(requested, tenant.max_output_tokens, None, self.max_output_tokens)
+
+    def clamp_max_tokens(self, requested: int | None, tenant: Tenant, decision: Decision) -> int:
+        """Output-token cap: request → min(tenant cap, policy cap, gateway cap); absent → that cap."""
+        return clamp_output(requested, tenant.max_output_tokens, decision.max_tokens, self.max_output_tokens)
+
+    def lower_reservation(self, res: Reservation, output_tokens: int) -> None:
+        """The policy lowered ``max_tokens``: hold only ``output_tokens`` (the rest refunded now)."""
+        before = res.output_tokens
+        res.lower_output(output_tokens)
+        if res.output_tokens < before:
+            self.metrics.tenant_tokens_refunded.labels(res.tenant_id, "output").inc(before - res.output_tokens)
+
+    def settle(self, res: Reservation, *, usage: dict[str, object] | None, progress: str,
+               relayed_output: int) -> Settlement:
+        """Reconcile a request's reservation when it ends, however it ended (see
+        :func:`tenancy.ledger.charge_for`); counts the charge and refund per tenant."""
+        prompt, output, basis = charge_for(res.prompt_tokens, res.output_tokens, usage=usage,
+                                           progress=progress, relayed_output=relayed_output)
+        already = res.settlement
+        s = res.settle(prompt, output, basis)
+        if already is None:
+            m, tid = self.metrics, res.tenant_id
+            m.tenant_tokens_charged.labels(tid, "prompt").inc(s.charged_prompt)
+            m.tenant_tokens_charged.labels(tid, "output").inc(s.charged_output)
+            m.tenant_tokens_refunded.labels(tid, "prompt").inc(s.refunded_prompt)
+            m.tenant_tokens_refunded.labels(tid, "output").inc(s.refunded_output)
+            m.tenant_charges.labels(tid, s.basis).inc()
+        return s

@@ -1,0 +1,296 @@
+"""Builds the gateway once from its configuration: :func:`build` returns a
+:class:`Gateway`, a frozen set of typed collaborators, one per step of the
+request flow (docs/architecture.md), started and stopped as :class:`Lifecycle` s.
+
+Raises :class:`gateway.config.ConfigError` for a configuration that cannot
+work (no replicas, no trust domain, a salt-less replica in a pool shared by
+several tenants, a missing master secret …).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from gateway.admin import Admin
+from gateway.admission import Admission
+from gateway.auditing import AuditHub
+from gateway.authn import Authenticator
+from gateway.config import ConfigError, GatewayConfig
+from gateway.health import HealthChecker
+from gateway.identity import (
+    FileBundleSource,
+    HttpsBundleSource,
+    JwtSvidVerifier,
+    TrustBundleStore,
+)
+from gateway.metrics import GatewayMetrics
+from gateway.pep import DecisionPoint, PolicyEnforcementPoint, build_decision_point
+from gateway.prefix_keys import PrefixKeys
+from gateway.readiness import Readiness, configuration_warnings
+from gateway.recording import Recorder
+from gateway.replicas import Replica, ReplicaSet
+from gateway.upstream import Upstream
+from routing.calibration import CalibratingLoadTracker, Calibration
+from routing.config import policy_from_config
+from routing.index import InProcessPrefixIndex
+from routing.load import InProcessLoadTracker, LoadTracker
+from routing.router import Router
+from tenancy.keys import KeyRing, load_master_secret
+from tenancy.ledger import InProcessLedger, TokenLedger
+from tenancy.limits import SourceLimiter, TenantLimiter
+from tenancy.registry import TenantConfigError, TenantRegistry
+from tenancy.tokenizer import get_tokenizer
+
+__all__ = ["Gateway", "Lifecycle", "Lifecycles", "build"]
+
+
+@runtime_checkable
+class Lifecycle(Protocol):
+    """A collaborator with I/O to open and close: started once, stopped once, in reverse order."""
+
+    async def start(self) -> None:
+        """Open what it needs (may raise: the gateway does not start)."""
+
+    async def stop(self) -> None:
+        """Close what it opened (never raises for a clean shutdown)."""
+
+
+class _AuditLifecycle:
+    """The audit hub's ``start``/``close`` as a :class:`Lifecycle`."""
+
+    def __init__(self, hub: AuditHub) -> None:
+        self.hub = hub
+
+    async def start(self) -> None:
+        await self.hub.start()
+
+    async def stop(self) -> None:
+        await self.hub.close()
+
+
+class _BundlesLifecycle:
+    """The trust-bundle sources: fetched on demand, closed at the end."""
+
+    def __init__(self, store: TrustBundleStore) -> None:
+        self.store = store
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        for td in self.store.trust_domains():
+            await self.store.source(td).aclose()
+
+
+class Lifecycles:
+    """Starts its members in order and stops them in reverse; a failed start stops what had started."""
+
+    def __init__(self, members: list[Lifecycle]) -> None:
+        self.members = members
+        self.started = False
+        self._up: list[Lifecycle] = []
+
+    async def start(self) -> None:
+        """Start every member (idempotent); re-raises a member's failure after stopping the others."""
+        if self.started:
+            return
+        try:
+            for m in self.members:
+                self._up.append(m)  # a member whose start failed may hold something half-opened
+                await m.start()
+        except BaseException:
+            await self._stop_all()
+            raise
+        self.started = True
+
+    async def stop(self) -> None:
+        """Stop every started member, last first (idempotent)."""
+        if not self.started:
+            return
+        self.started = False
+        await self._stop_all()
+
+    async def _stop_all(self) -> None:
+        up, self._up = self._up, []
+        first: BaseException | None = None
+        for m in reversed(up):
+            try:
+                await m.stop()
+            except Exception as exc:  # stop the others anyway, then report the first failure
+                first = first or exc
+        if first is not None:
+            raise first
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    """Every collaborator of the gateway, built once by :func:`build`.
+
+    One per step: ``authn`` (authenticate), ``admission`` (tenant, limits,
+    prompt checks, ledger), ``keys`` (prefix keys), ``pep`` (policy),
+    ``router`` + ``replica_set`` (route), ``upstream`` (proxy, health),
+    ``recorder`` (metrics + audit); ``admin`` and ``readiness`` serve the
+    admin listener and ``/readyz``; ``lifecycles`` starts and stops them.
+    """
+
+    config: GatewayConfig
+    metrics: GatewayMetrics
+    audit: AuditHub
+    keyring: KeyRing
+    bundles: TrustBundleStore
+    verifier: JwtSvidVerifier
+    authn: Authenticator
+    admin_authn: Authenticator
+    admission: Admission
+    keys: PrefixKeys
+    pdp: DecisionPoint
+    pep: PolicyEnforcementPoint
+    replica_set: ReplicaSet
+    index: InProcessPrefixIndex
+    router: Router
+    calibration: Calibration | None
+    upstream: Upstream
+    recorder: Recorder
+    admin: Admin
+    readiness: Readiness
+    lifecycles: Lifecycles = field(repr=False)
+
+    # the state that changes while running lives in its owner; these read it
+    @property
+    def registry(self) -> TenantRegistry:
+        """The tenant registry in force (replaced on an operator's reload)."""
+        return self.admission.registry
+
+    @property
+    def limiter(self) -> TenantLimiter:
+        """The tenants' request-rate and concurrency limiter."""
+        return self.admission.limiter
+
+    @property
+    def ledger(self) -> TokenLedger:
+        """The tenants' token ledger."""
+        return self.admission.ledger
+
+    @property
+    def health(self) -> HealthChecker | None:
+        """The active health checker (None before :meth:`start`)."""
+        return self.upstream.health
+
+    async def start(self) -> None:
+        """Open the upstream session and health checks, start the PDP and the audit sinks."""
+        await self.lifecycles.start()
+
+    async def stop(self) -> None:
+        """Stop health checks, flush audit (final checkpoint), close sessions."""
+        await self.lifecycles.stop()
+
+    def configuration_warnings(self) -> list[str]:
+        """Tenant entries that load but cannot be served as written (see :func:`configuration_warnings`)."""
+        return configuration_warnings(self.registry, self.config.replicas, self.admission.served_models)
+
+
+def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: str | None = None) -> Gateway:
+    """Build the gateway of ``config`` (not started: call :meth:`Gateway.start`).
+
+    ``audit``: a prebuilt audit hub (tests, benches), else one from ``config.audit``;
+    ``config_path``: the file the registry is reloaded from (None: ``config`` itself).
+    Raises :class:`gateway.config.ConfigError`.
+    """
+    if not config.replicas:
+        raise ConfigError("at least one replica must be configured")
+    if not config.identity.trust_domains:
+        raise ConfigError("identity.trust_domains: at least one trust domain is required "
+                          "(unauthenticated inference is never allowed)")
+    metrics = GatewayMetrics()
+    # tenancy
+    try:
+        secret = load_master_secret(config.tenancy.master_secret_file, config.tenancy.master_secret_env)
+        keyring = KeyRing(secret, grace_s=config.tenancy.key_grace_s, state_path=config.tenancy.state_file)
+        registry = TenantRegistry.from_config(config.tenancy.tenants, operators=config.tenancy.operators)
+    except TenantConfigError as exc:
+        raise ConfigError(f"invalid configuration: tenancy.{exc}") from None
+    except Exception as exc:  # KeyRingError: messages never hold secrets
+        raise ConfigError(str(exc)) from None
+    del secret
+    _check_salt_pools(config, registry)
+    admission = Admission(registry, TenantLimiter(), InProcessLedger(), get_tokenizer(config.routing.tokenizer),
+                          config.models, metrics, max_messages=config.limits.max_messages,
+                          max_output_tokens=config.limits.max_output_tokens)
+    rc = config.routing
+    keys = PrefixKeys(keyring, block_size=rc.block_size, max_prefix_blocks=rc.max_prefix_blocks,
+                      forward_user=config.tenancy.forward_user)
+    # identity
+    ic = config.identity
+    bundles = TrustBundleStore()
+    for td, tdc in ic.trust_domains.items():
+        if tdc.bundle_file:
+            bundles.add(FileBundleSource(td, tdc.bundle_file, max_stale_s=tdc.max_stale_s))
+        else:
+            bundles.add(HttpsBundleSource(td, tdc.bundle_url, default_refresh_s=tdc.refresh_s,
+                                          max_stale_s=tdc.max_stale_s))
+    # the admin listener has its own failed-authentication buckets: a flood of bad
+    # tokens on the public port must not lock operators out
+    source_limiter = SourceLimiter(rate=ic.unauthenticated_rps, burst=ic.unauthenticated_burst)
+    admin_source_limiter = SourceLimiter(rate=ic.unauthenticated_rps, burst=ic.unauthenticated_burst)
+    try:
+        # one verifier, hence one verified-token cache, per listener and audience
+        cache = {"cache_size": ic.verified_token_cache_size, "cache_max_ttl_s": ic.verified_token_cache_max_ttl_s}
+        verifier = JwtSvidVerifier(bundles, ic.audience, ic.trust_domains.keys(), ic.leeway_s,
+                                   ic.max_lifetime_s, **cache)
+        admin_verifier = JwtSvidVerifier(bundles, ic.admin_audience, ic.trust_domains.keys(),
+                                         ic.leeway_s, ic.max_lifetime_s, **cache)
+        authn = Authenticator(verifier, source_limiter, ic.trusted_proxies)
+        admin_authn = Authenticator(admin_verifier, admin_source_limiter, ic.trusted_proxies)
+    except ValueError as exc:  # also caught by load_config; a config built otherwise lands here
+        raise ConfigError(f"identity: {exc}") from None
+    # routing
+    policy = policy_from_config(rc.policy)  # validated by the config schema
+    replica_set = ReplicaSet(
+        [Replica(r.id, r.url, r.pool, dict(r.labels), r.cache_salt) for r in config.replicas],
+        failure_threshold=config.health.breaker_failures,
+        cooldown_s=config.health.breaker_cooldown_s,
+    )
+    index = InProcessPrefixIndex(rc.index_capacity_blocks)
+    # calibration (issue 15): first-byte times and engine metrics, only when the policy asks
+    calibration: Calibration | None = None
+    loads: LoadTracker = InProcessLoadTracker()
+    if getattr(rc.policy, "calibrate", False):
+        calibration = Calibration(prior_rate=rc.policy.prefill_tokens_per_s)
+        loads = CalibratingLoadTracker(loads, calibration, time.monotonic)
+    router = Router(policy, index, loads, rc.block_size, calibration)
+    # audit first (policy changes are audited), then the decision point
+    try:
+        hub = audit or AuditHub.from_config(config.audit, router_factor=getattr(policy, "load_factor", 1.25),
+                                            tracing=config.tracing.model_dump())
+    except (ValueError, OSError, KeyError) as exc:
+        raise ConfigError(f"audit: {exc}") from None
+    if hub.monitor is not None:  # so traffic piling onto one replica is judged against all of its pool
+        for pool in {r.pool for r in config.replicas}:
+            hub.monitor.set_pool_members(pool, [r.id for r in config.replicas if r.pool == pool])
+    pdp = build_decision_point(config.policy, hub)
+    upstream = Upstream(replica_set, router, metrics, config.upstream, config.health, calibration)
+    lifecycles = Lifecycles([upstream, pdp, _AuditLifecycle(hub), _BundlesLifecycle(bundles)])
+    return Gateway(
+        config=config, metrics=metrics, audit=hub, keyring=keyring, bundles=bundles, verifier=verifier,
+        authn=authn, admin_authn=admin_authn, admission=admission, keys=keys, pdp=pdp,
+        pep=PolicyEnforcementPoint(pdp, router.loads, hub, metrics), replica_set=replica_set, index=index,
+        router=router, calibration=calibration, upstream=upstream, recorder=Recorder(metrics, hub),
+        admin=Admin(config, config_path, admin_authn, admission, keyring, pdp, hub, replica_set, router, index),
+        readiness=Readiness(lambda: lifecycles.started, replica_set, hub, pdp, router.loads, metrics),
+        lifecycles=lifecycles,
+    )
+
+
+def _check_salt_pools(config: GatewayConfig, registry: TenantRegistry) -> None:
+    """A replica without ``cache_salt`` may only serve one tenant (ConfigError otherwise)."""
+    for r in config.replicas:
+        if r.cache_salt:
+            continue
+        users = [t.id for t in registry.tenants() if r.pool in t.pools]
+        if len(users) > 1:
+            raise ConfigError(
+                f"replica {r.id} has cache_salt off but its pool {r.pool!r} serves several tenants "
+                f"({', '.join(sorted(users))}); a salt-less replica may only serve one tenant"
+            )

@@ -1,0 +1,73 @@
+"""What one request holds until its one exit path gives it back (:class:`Held`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.proxy import UpstreamStream
+from gateway.replicas import Attempt
+from routing.load import LoadTicket
+from routing.types import RouteChoice
+from tenancy.ledger import Reservation
+from tenancy.limits import Lease
+
+__all__ = ["Held"]
+
+
+class Held:
+    """What one request holds until it ends, and the verdicts it owes.
+
+    ``lease``: the tenant's concurrency slot; ``ticket``: the router's load
+    ticket of the current attempt; ``attempt``: its circuit-breaker attempt;
+    ``up``: the open upstream response; ``choice``/``usage``: for the record;
+    ``reservation``: the token ledger's reservation, settled by the exit
+    path from ``usage``, ``progress`` (``none``: no replica reached yet;
+    ``unknown``: sent, outcome unknown; ``refused``: a replica answered an
+    error status; ``streamed``: an SSE answer started) and ``relayed``
+    (output tokens relayed).
+    :meth:`end_attempt` gives back the current attempt's share (closing the
+    upstream, finishing the ticket, releasing a breaker attempt that has no
+    verdict), :meth:`release` that and the lease. Both are idempotent; the
+    request's one exit path (``InferencePipeline._end``) calls them.
+    ``handed_off``: a streaming answer owns the ending; ``started``: its body
+    began; ``ended``: the request was ended.
+    """
+
+    __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
+                 "reservation", "progress", "relayed")
+
+    def __init__(self) -> None:
+        self.lease: Lease | None = None
+        self.ticket: LoadTicket | None = None
+        self.attempt: Attempt | None = None
+        self.up: UpstreamStream | None = None
+        self.choice: RouteChoice | None = None
+        self.usage: dict[str, Any] | None = None
+        self.handed_off = False
+        self.started = False
+        self.ended = False
+        self.reservation: Reservation | None = None
+        self.progress = "none"
+        self.relayed = 0
+
+    def end_attempt(self) -> None:
+        """Close the upstream response, finish the load ticket, release the breaker attempt."""
+        up, self.up = self.up, None
+        try:
+            if up is not None:
+                up.close()
+        finally:
+            try:
+                if self.ticket is not None:
+                    self.ticket.finish()
+            finally:
+                if self.attempt is not None:
+                    self.attempt.release()
+
+    def release(self) -> None:
+        """:meth:`end_attempt`, then free the tenant's concurrency slot."""
+        try:
+            self.end_attempt()
+        finally:
+            if self.lease is not None:
+                self.lease.release()

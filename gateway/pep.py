@@ -1,0 +1,201 @@
+"""The policy enforcement point: ask the decision point (embedded or remote OPA,
+behind the decision cache), turn a deny into the client's answer, and narrow
+the candidates to the replicas and pools the decision allows.
+
+Fail closed: a decision point that fails answers 503 ``policy_unavailable``;
+a deny answers 403 with the policy's reason code and, only for a
+configuration gap (:data:`CONFIG_GAP_CODES`), its reason text.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from gateway.auditing import AuditHub
+from gateway.config import ConfigError, PolicyConfig
+from gateway.errors import GatewayError
+from gateway.identity import WorkloadIdentity
+from gateway.metrics import GatewayMetrics
+from gateway.replicas import Replica
+from gateway.request import InferenceRequest
+from policy.decision import Decision, PolicyError
+from policy.cache import decide_from_facts
+from routing.filters import PolicyDecisionFilter
+from routing.load import LoadTracker
+from tenancy.registry import Tenant
+
+__all__ = ["CONFIG_GAP_CODES", "DecisionPoint", "PolicyEnforcementPoint", "build_decision_point", "denial_message"]
+
+#: Denials caused by a gap in the tenant's configuration or the policy data
+#: (rego/authz.rego): their reason names what is missing and is shown to the
+#: client; every other reason goes to the audit trail only.
+CONFIG_GAP_CODES = frozenset({"tenant_entitlements_missing", "tier_unknown", "residency_missing"})
+
+
+def denial_message(code: str | None, reason: str | None) -> str:
+    """The client message of a policy denial: for a configuration gap (:data:`CONFIG_GAP_CODES`) the
+    policy's own reason (printable ASCII, at most 300 characters), else a fixed text."""
+    text = "".join(ch for ch in (reason or "") if 0x20 <= ord(ch) < 0x7F)[:300]
+    if code in CONFIG_GAP_CODES and text:
+        return f"the routing policy denied this request: {text}"
+    return "the routing policy denied this request"
+
+
+class _Decides(Protocol):
+    async def decide(self, input: dict[str, Any]) -> Decision: ...
+
+
+class _Healthy(Protocol):
+    async def health(self) -> tuple[bool, str]: ...
+
+
+async def _nothing() -> None:
+    return None
+
+
+class DecisionPoint:
+    """The gateway's decision point with a :class:`gateway.build.Lifecycle`.
+
+    ``dp``: what decides (the cache or the engine); ``inner``: the engine
+    (its ``health`` for readiness); ``store``: the policy version store of
+    the operator API (None without ``policy.versions_dir``); ``start``/``stop``:
+    the engine's own, chosen when it is built.
+    """
+
+    def __init__(self, dp: _Decides, inner: _Healthy, *, start: Callable[[], Awaitable[None]],
+                 stop: Callable[[], Awaitable[None]], store: Any | None = None,
+                 clear: Callable[[], None] | None = None) -> None:
+        self.dp = dp
+        self.inner = inner
+        self.store = store
+        self._start, self._stop, self._clear = start, stop, clear
+
+    async def decide(self, input: dict[str, Any]) -> Decision:
+        """One decision (see :class:`policy.decision.DecisionPoint`); raises PolicyError."""
+        return await self.dp.decide(input)
+
+    def clear_cache(self) -> None:
+        """Drop every cached decision (no-op without a decision cache)."""
+        if self._clear is not None:
+            self._clear()
+
+    async def start(self) -> None:
+        """Start the engine (a remote OPA's HTTP session; nothing for the embedded engine)."""
+        await self._start()
+
+    async def stop(self) -> None:
+        """Close the engine."""
+        await self._stop()
+
+    async def health(self) -> tuple[bool, str]:
+        """``(ok, reason)`` of the engine, for readiness."""
+        return await self.inner.health()
+
+
+def build_decision_point(pc: PolicyConfig, audit: AuditHub) -> DecisionPoint:
+    """The decision point of ``policy``: embedded OPA (default) or remote, behind a decision cache.
+
+    With ``policy.versions_dir`` set, a :class:`policy.store.PolicyStore` manages
+    the embedded engine's directory (operator API; every change versioned and audited).
+    Raises :class:`gateway.config.ConfigError`.
+    """
+    from policy.builtins import allowed_builtins
+    from policy.cache import CachedDecisionPoint, DecisionCache
+
+    allowed = allowed_builtins(pc.allowed_builtins)
+    inner: Any
+    try:
+        if pc.mode == "embedded":
+            from policy.embedded import EmbeddedOpa
+
+            embedded = EmbeddedOpa(pc.resolved_dir(), timeout_s=pc.timeout_s, offload=pc.offload,
+                                   allowed_builtins=allowed)
+
+            async def stop_embedded() -> None:
+                embedded.close()
+
+            inner, start, stop = embedded, _nothing, stop_embedded
+        else:
+            from policy.remote import RemoteOpa
+
+            if not pc.url:
+                raise ConfigError("policy.url is required in remote mode")
+            token = os.environ.get(pc.token_env) if pc.token_env else None
+            remote = RemoteOpa(pc.url, token=token, ca_file=pc.ca_file, timeout_s=pc.timeout_s,
+                               health_interval_s=pc.health_interval_s, health_timeout_s=max(pc.timeout_s, 0.5))
+            inner, start, stop = remote, remote.start, remote.close
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"policy: {exc}") from None
+    store = None
+    if pc.versions_dir:
+        from policy.store import PolicyStore, RemoteOpaTarget
+
+        target = inner if pc.mode == "embedded" else RemoteOpaTarget(inner.client, on_applied=inner.notify_change)
+        try:
+            store = PolicyStore(pc.resolved_dir(), pc.versions_dir, target=target, allowed_builtins=allowed,
+                                on_change=lambda rec: audit.record_operator({"action": "policy_change",
+                                                                             **rec.to_dict()}))
+        except Exception as exc:  # PolicyCompileError (e.g. a refused built-in), OSError
+            raise ConfigError(f"policy: {exc}") from None
+    if pc.cache_ttl_s <= 0 or pc.cache_max_entries == 0:
+        return DecisionPoint(inner, inner, start=start, stop=stop, store=store)
+    cached = CachedDecisionPoint(inner, DecisionCache(ttl_s=pc.cache_ttl_s, max_entries=pc.cache_max_entries))
+    return DecisionPoint(cached, inner, start=start, stop=stop, store=store, clear=cached.clear)
+
+
+class PolicyEnforcementPoint:
+    """Builds the policy input, asks the decision point, enforces its answer."""
+
+    def __init__(self, pdp: DecisionPoint, loads: LoadTracker, audit: AuditHub, metrics: GatewayMetrics) -> None:
+        self.pdp = pdp
+        self.loads = loads
+        self.audit = audit
+        self.metrics = metrics
+
+    async def decide(self, identity: WorkloadIdentity, tenant: Tenant, req: InferenceRequest, prompt_tokens: int,
+                     candidates: list[Replica], endpoint: str) -> Decision:
+        """Ask the PDP; returns its decision, allow or deny (:meth:`enforce` answers a deny).
+
+        Raises :class:`GatewayError` 503 ``policy_unavailable`` when the decision point fails (fail closed).
+        """
+        loads = self.loads
+        cand_docs = [
+            {"id": r.id, "pool": r.pool, "labels": dict(r.labels), "healthy": True,
+             "load": loads.snapshot(r.id).running_requests}
+            for r in candidates
+        ]
+        tview = tenant.policy_view()
+        tview["max_tokens"] = tenant.max_output_tokens
+        try:  # issue 14: on a decision-cache hit the input document is never built
+            decision = await decide_from_facts(
+                self.pdp.dp,
+                {"spiffe_id": str(identity.spiffe_id), "trust_domain": identity.trust_domain, "claims": identity.claims},
+                tview,
+                {"endpoint": endpoint, "model": req.model, "prompt_tokens": prompt_tokens,
+                 "max_tokens": req.max_tokens, "stream": req.stream, "sequences": req.sequences},
+                cand_docs,
+                self.audit.active_alerts(),
+                time.time(),
+            )
+        except PolicyError:
+            raise GatewayError(503, "policy_unavailable", "the policy decision point is unavailable") from None
+        self.metrics.policy_cache.labels("hit" if decision.cached else "miss").inc()
+        return decision
+
+    @staticmethod
+    def enforce(decision: Decision) -> None:
+        """Raise the client's 403 for a deny (its reason code; :func:`denial_message`)."""
+        if not decision.allow:
+            raise GatewayError(403, decision.reason_code or "denied",
+                               denial_message(decision.reason_code, decision.reason),
+                               extra={"decision_id": decision.decision_id}, outcome="denied")
+
+    @staticmethod
+    def allowed_candidates(candidates: list[Replica], decision: Decision) -> list[Replica]:
+        """Enforce the decision: keep the candidates the policy allows (replica ids and/or pools)."""
+        return PolicyDecisionFilter(decision.allowed_replicas, decision.allowed_pools).filter(candidates)

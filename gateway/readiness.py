@@ -1,0 +1,82 @@
+"""Readiness (``GET /readyz``), gauges refreshed before a scrape, and the
+configuration warnings logged at start: what the gateway can serve now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.auditing import AuditHub
+from gateway.config import ReplicaConfig
+from gateway.metrics import GatewayMetrics
+from gateway.pep import DecisionPoint
+from gateway.replicas import ReplicaSet
+from routing.load import LoadTracker
+from tenancy.registry import TenantRegistry
+
+__all__ = ["Readiness", "configuration_warnings"]
+
+
+class Readiness:
+    """Why the gateway cannot route now; ``started()`` tells whether the gateway was started."""
+
+    def __init__(self, started: Callable[[], bool], replica_set: ReplicaSet, audit: AuditHub, pdp: DecisionPoint,
+                 loads: LoadTracker, metrics: GatewayMetrics) -> None:
+        self._started = started
+        self.replica_set = replica_set
+        self.audit = audit
+        self.pdp = pdp
+        self.loads = loads
+        self.metrics = metrics
+
+    async def problems(self) -> list[str]:
+        """:meth:`local_problems` plus the decision point's health
+        (remote OPA: a cached ``/health`` probe or the last decision's outcome;
+        embedded: a policy is loaded). Empty list: ready."""
+        problems = self.local_problems()
+        if self._started():
+            ok, reason = await self.pdp.health()
+            if not ok:
+                problems.append(f"policy decision point unavailable: {reason}")
+        return problems
+
+    def local_problems(self) -> list[str]:
+        """Why the gateway cannot route now, without asking the decision point (empty list: ready)."""
+        problems = []
+        if not self._started():
+            problems.append("not started")
+        if not self.replica_set.routable_ids():
+            problems.append("no healthy replica")
+        if not self.audit.accepting:
+            problems.append("audit trail not accepting events")
+        return problems
+
+    def refresh_gauges(self) -> None:
+        """Update gauges before a scrape."""
+        m = self.metrics
+        routable = set(self.replica_set.routable_ids())
+        m.healthy_replicas.set(len(routable))
+        for r in self.replica_set.all():
+            m.replica_healthy.labels(r.id).set(1 if r.id in routable else 0)
+            m.replica_load_tokens.labels(r.id).set(self.loads.snapshot(r.id).tokens)
+        m.audit_dropped.set(self.audit.dropped)
+
+
+def configuration_warnings(registry: TenantRegistry, replicas: list[ReplicaConfig],
+                           served_models: frozenset[str]) -> list[str]:
+    """Tenant entries that load but cannot be served as written (logged at start, never fatal):
+    a model the gateway does not serve, a pool no replica is in, a regulated tenant without a
+    replica labelled with its ``data_residency``."""
+    out: list[str] = []
+    pools = {r.pool for r in replicas}
+    for t in registry.tenants():
+        for m in sorted(t.models - served_models):
+            out.append(f"tenant {t.id}: model {m!r} is not in `models` (requests for it answer 404)")
+        for p in sorted(t.pools - pools):
+            out.append(f"tenant {t.id}: no replica is in pool {p!r}")
+        if t.regulated and not any(
+            r.pool in t.pools and r.labels.get("data_residency") == t.data_residency for r in replicas
+        ):
+            out.append(f"tenant {t.id}: regulated, but no replica in its pools has labels.data_residency "
+                       f"{t.data_residency!r} (its requests are denied no_entitled_replica)")
+    return out

@@ -1,0 +1,98 @@
+"""The record of one request: what its one audit event and its metrics are made of.
+
+Only :mod:`gateway.pipeline` writes a :class:`RequestRecord`; the steps it
+calls return values. A refusal outside the inference path (``/v1/models``,
+the admin listener) gets its record from :func:`refusal_record`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from tenancy.ledger import Settlement
+
+__all__ = ["RequestRecord", "refusal_record", "new_request_id"]
+
+
+def new_request_id() -> str:
+    """A fresh request id (32 hex characters)."""
+    return uuid.uuid4().hex
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Everything the audit event of one request needs (never prompt text).
+
+    Times are ``time.perf_counter()`` seconds; latencies are derived in ms.
+    The stamps mark the end of one step each, so the gap between two stamps
+    is one step's time: ``t_auth`` (authenticated), ``t_parsed`` (tenant
+    resolved, admitted, body read and parsed), ``t_keys`` (tokenized, tokens
+    reserved, prefix keys hashed), ``t_decided`` (the policy decision only),
+    ``t_route`` (routed), ``t_first_byte`` (the replica's first response
+    byte: not a token), ``t_end``.
+
+    Prefix figures, one name per quantity (docs/audit.md): ``available_prefix_tokens``
+    (cached on some allowed replica), ``predicted_prefix_tokens`` (expected on the
+    chosen one), ``delivered_prefix_tokens`` (the replica's ``cached_tokens``).
+    ``relayed_output``: output tokens relayed in an SSE answer (estimate, see
+    :class:`gateway.sse.SseScanner`); ``settlement``: the token ledger's
+    :class:`tenancy.ledger.Settlement` of the request (None: nothing reserved).
+    """
+
+    request_id: str
+    endpoint: str
+    client_addr: str | None
+    t0: float
+    spiffe_id: str | None = None
+    trust_domain: str | None = None
+    tenant_id: str | None = None
+    model: str | None = None
+    stream: bool = False
+    prompt_tokens: int | None = None
+    sequences: int | None = None
+    max_tokens: int | None = None
+    output_tokens: int | None = None
+    delivered_prefix_tokens: int | None = None
+    decision_id: str | None = None
+    reason_code: str | None = None
+    reason: str | None = None
+    replica: str | None = None
+    pool: str | None = None
+    routing_policy: str | None = None
+    predicted_prefix_tokens: int | None = None
+    available_prefix_tokens: int | None = None
+    replica_load_tokens: int | None = None
+    attempts: int = 0
+    status: int | None = None
+    outcome: str = "failed"
+    error_code: str | None = None
+    prefix_fingerprint: str | None = None
+    t_auth: float | None = None
+    t_parsed: float | None = None
+    t_keys: float | None = None
+    t_decided: float | None = None
+    t_route: float | None = None
+    t_first_byte: float | None = None
+    t_end: float | None = None
+    relayed_output: int | None = None
+    settlement: Settlement | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def ms(self, start: float | None, end: float | None) -> float | None:
+        """Milliseconds between two perf-counter stamps (None if either is missing)."""
+        if start is None or end is None:
+            return None
+        return round((end - start) * 1000.0, 3)
+
+
+def refusal_record(endpoint: str, client_addr: str | None, status: int, outcome: str, error_code: str,
+                   spiffe_id: str | None = None, trust_domain: str | None = None) -> RequestRecord:
+    """A finished record of a refusal on a non-inference endpoint (``endpoint`` cut to 128 characters)."""
+    rec = RequestRecord(request_id=new_request_id(), endpoint=endpoint[:128], client_addr=client_addr,
+                        t0=time.perf_counter())
+    rec.spiffe_id, rec.trust_domain = spiffe_id, trust_domain
+    rec.status, rec.outcome, rec.error_code, rec.t_end = status, outcome, error_code, time.perf_counter()
+    return rec

@@ -1,0 +1,103 @@
+"""The upstream edge: the HTTP session to the replicas, active health checks,
+the engine-metrics poller (calibration), and what one upstream call's outcome
+means for the replica's circuit breaker and the router's view of it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+
+from gateway.config import HealthConfig, UpstreamConfig
+from gateway.engine_metrics import EngineMetricsPoller
+from gateway.health import HealthChecker
+from gateway.metrics import GatewayMetrics
+from gateway.proxy import UpstreamFailure, make_session
+from gateway.replicas import Attempt, ReplicaSet
+from routing.calibration import Calibration
+from routing.router import Router
+
+__all__ = ["Upstream"]
+
+log = logging.getLogger("prefixgate")
+
+
+class Upstream:
+    """Session, health checks and breaker verdicts over ``replica_set`` (a :class:`gateway.build.Lifecycle`).
+
+    ``session`` and ``health`` exist between :meth:`start` and :meth:`stop`
+    (None before); ``engine_metrics`` only when ``calibration`` is on.
+    """
+
+    def __init__(self, replica_set: ReplicaSet, router: Router, metrics: GatewayMetrics, upstream: UpstreamConfig,
+                 health: HealthConfig, calibration: Calibration | None) -> None:
+        self.replica_set = replica_set
+        self.router = router
+        self.metrics = metrics
+        self.calibration = calibration
+        self._ucfg, self._hcfg = upstream, health
+        self.session: aiohttp.ClientSession | None = None
+        self.health: HealthChecker | None = None
+        self.engine_metrics: EngineMetricsPoller | None = None
+
+    def open_session(self) -> aiohttp.ClientSession:
+        """Open the upstream HTTP session (idempotent)."""
+        if self.session is None or self.session.closed:
+            u = self._ucfg
+            self.session = make_session(u.pool_size, u.connect_timeout_s, u.read_timeout_s)
+        return self.session
+
+    def require_session(self) -> aiohttp.ClientSession:
+        """The open session; raises RuntimeError before :meth:`start`."""
+        if self.session is None:
+            raise RuntimeError("the gateway was not started")
+        return self.session
+
+    async def start(self) -> None:
+        """Open the session, probe every replica once, then start the periodic checks (and poller)."""
+        session = self.open_session()
+        h = self._hcfg
+        self.health = HealthChecker(
+            self.replica_set, session, interval_s=h.interval_s, timeout_s=h.timeout_s,
+            unhealthy_after=h.unhealthy_after, healthy_after=h.healthy_after, on_restart=self.on_restart,
+        )
+        await self.health.check_once()
+        self.health.start()
+        if self.calibration is not None:
+            self.engine_metrics = EngineMetricsPoller(self.replica_set, session, self.calibration,
+                                                      interval_s=h.interval_s, timeout_s=h.timeout_s)
+            self.engine_metrics.start()
+
+    async def stop(self) -> None:
+        """Stop the checks and the poller, close the session."""
+        try:
+            if self.health is not None:
+                await self.health.stop()
+            if self.engine_metrics is not None:
+                await self.engine_metrics.stop()
+        finally:
+            if self.session is not None:
+                await self.session.close()
+
+    def on_restart(self, replica_id: str) -> None:
+        """A replica restarted (lost its KV cache): drop its prefix index entries."""
+        self.router.forget_replica(replica_id)
+        log.info("replica %s restarted: its prefix index entries are dropped", replica_id)
+
+    def failed(self, attempt: Attempt, fail: UpstreamFailure) -> None:
+        """Count a failed call and settle its breaker attempt: a replica fault
+        (5xx, timeout, connect error, reset, broken answer) is a failure; an
+        answer below 500 (the client's fault, 429 included) shows the replica
+        alive and is a success (docs/routing.md, "Circuit breaker")."""
+        self.metrics.upstream_failures.labels(fail.kind).inc()
+        if fail.replica_fault:
+            attempt.failed()
+        else:
+            attempt.succeeded()
+
+    def answered(self, replica_id: str, instance_id: str | None) -> None:
+        """A replica started answering; a changed instance id means it restarted.
+        (The breaker verdict waits for the end of the answer: see the pipeline.)"""
+        if instance_id and self.replica_set.observe_instance(replica_id, instance_id):
+            self.on_restart(replica_id)
