@@ -31,7 +31,8 @@ async def test_policy_time_is_the_decision_alone(stack: Any, monkeypatch: Any) -
         return out
 
     monkeypatch.setattr(gw.keys, "prefix_chains", hashed)
-    decide = gw.pdp.decide
+    engine = gw.pdp.inner  # what answers, behind the decision cache (a miss here: first request)
+    decide = engine.decide
 
     async def deciding(doc: Any) -> Any:
         marks["asked"] = time.perf_counter()
@@ -39,7 +40,7 @@ async def test_policy_time_is_the_decision_alone(stack: Any, monkeypatch: Any) -
         marks["answered"] = time.perf_counter()
         return out
 
-    monkeypatch.setattr(gw.pdp, "decide", deciding)
+    monkeypatch.setattr(engine, "decide", deciding)
     r = await stack.client.post("/v1/completions", headers=stack.auth(),
                                 json={"model": "sim-model", "prompt": "one two three " * 40, "max_tokens": 2})
     assert r.status_code == 200, r.text

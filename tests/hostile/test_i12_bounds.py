@@ -245,7 +245,7 @@ async def test_batch_counted_in_tokens_router_policy_and_audit(stack, capture, m
     seen_routes: list[Any] = []
     # the decision point that sees the built input document: behind the decision cache when there is one
     # (a cache hit builds no document: policy.cache.decide_from_facts)
-    pdp = getattr(comps.pdp, "inner", comps.pdp)
+    pdp = comps.pdp.inner  # the engine behind the decision cache
     decide, route = pdp.decide, comps.router.route
 
     async def spy_decide(doc: dict[str, Any]) -> Any:
