@@ -278,7 +278,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         pep=PolicyEnforcementPoint(pdp, router.loads, hub, metrics), replica_set=replica_set, index=index,
         router=router, calibration=calibration, upstream=upstream, recorder=Recorder(metrics, hub),
         admin=Admin(config, config_path, admin_authn, admission, keyring, pdp, hub, replica_set, router, index),
-        readiness=Readiness(lambda: lifecycles.started, replica_set, hub, pdp, router.loads, metrics),
+        readiness=Readiness(lambda: lifecycles.started, replica_set, hub, pdp, router.loads, metrics, bundles),
         lifecycles=lifecycles,
     )
 

@@ -12,6 +12,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pep import DecisionPoint
 from gateway.replicas import ReplicaSet
 from routing.load import LoadTracker
+from gateway.identity.bundle import BundleUnavailable, TrustBundleStore
 from tenancy.registry import TenantRegistry
 
 __all__ = ["Readiness", "configuration_warnings"]
@@ -21,8 +22,9 @@ class Readiness:
     """Why the gateway cannot route now; ``started()`` tells whether the gateway was started."""
 
     def __init__(self, started: Callable[[], bool], replica_set: ReplicaSet, audit: AuditHub, pdp: DecisionPoint,
-                 loads: LoadTracker, metrics: GatewayMetrics) -> None:
+                 loads: LoadTracker, metrics: GatewayMetrics, bundles: TrustBundleStore | None = None) -> None:
         self._started = started
+        self.bundles = bundles
         self.replica_set = replica_set
         self.audit = audit
         self.pdp = pdp
@@ -38,7 +40,27 @@ class Readiness:
             ok, reason = await self.pdp.health()
             if not ok:
                 problems.append(f"policy decision point unavailable: {reason}")
+            problems.extend(await self.bundle_problems())
         return problems
+
+    async def bundle_problems(self) -> list[str]:
+        """Not ready when no configured trust domain has a usable bundle (none loaded, or
+        stale beyond its ``max_stale_s``): every request would then get 503
+        ``bundle_unavailable``. Each source refreshes only when due (single-flight), so this
+        is cheap. With several trust domains, one usable domain keeps the gateway ready
+        (its workloads are served); the others are named in the failing answer only."""
+        if self.bundles is None:
+            return []
+        down = []
+        domains = sorted(self.bundles.trust_domains())
+        for td in domains:
+            try:
+                await self.bundles.get(td)
+            except BundleUnavailable:
+                down.append(td)
+        if domains and len(down) == len(domains):
+            return [f"trust bundle unavailable: {', '.join(down)}"]
+        return []
 
     def local_problems(self) -> list[str]:
         """Why the gateway cannot route now, without asking the decision point (empty list: ready)."""
