@@ -199,9 +199,9 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
     Raises :class:`gateway.config.ConfigError`.
     """
     if not config.replicas:
-        raise ConfigError("at least one replica must be configured")
+        raise ConfigError("invalid configuration: replicas: at least one replica must be configured")
     if not config.identity.trust_domains:
-        raise ConfigError("identity.trust_domains: at least one trust domain is required "
+        raise ConfigError("invalid configuration: identity.trust_domains: at least one trust domain is required "
                           "(unauthenticated inference is never allowed)")
     metrics = GatewayMetrics()
     # tenancy
@@ -212,7 +212,8 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
     except TenantConfigError as exc:
         raise ConfigError(f"invalid configuration: tenancy.{exc}") from None
     except Exception as exc:  # KeyRingError: messages never hold secrets
-        raise ConfigError(str(exc)) from None
+        where = "tenancy.master_secret_file" if config.tenancy.master_secret_file else "tenancy.master_secret_env"
+        raise ConfigError(f"invalid configuration: {where}: {exc}") from None
     del secret
     _check_salt_pools(config, registry)
     admission = Admission(registry, TenantLimiter(), InProcessLedger(), get_tokenizer(config.routing.tokenizer),

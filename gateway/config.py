@@ -410,7 +410,7 @@ class GatewayConfig(BaseSettings):
     def _check(self) -> "GatewayConfig":
         ids = [r.id for r in self.replicas]
         if len(ids) != len(set(ids)):
-            raise ValueError("replica ids must be unique")
+            raise ValueError("replicas: replica ids must be unique")
         return self
 
 
@@ -441,9 +441,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     try:
         cfg = GatewayConfig(**data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in _key_path(err['loc'], data))}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(_problem(err, data) for err in exc.errors())
         raise ConfigError(f"invalid configuration: {problems}") from None
     check_tenancy(cfg.tenancy)
     return cfg
@@ -461,6 +459,14 @@ def check_tenancy(tenancy: TenancyConfig) -> None:
         TenantRegistry.from_config(tenancy.tenants, operators=tenancy.operators)
     except TenantConfigError as exc:
         raise ConfigError(f"invalid configuration: tenancy.{exc}") from None
+
+
+def _problem(err: Any, data: Any) -> str:
+    """One pydantic error as ``dotted.key: message`` (no ``Value error,`` prefix; a rule over
+    the whole file, with no key of its own, is just its message)."""
+    msg = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    path = ".".join(str(p) for p in _key_path(err["loc"], data))
+    return f"{path}: {msg}" if path else msg
 
 
 def _key_path(loc: tuple[Any, ...], data: Any) -> list[Any]:

@@ -46,7 +46,7 @@ def test_tenant_errors_use_dotted_locations(tmp_path: Path, tenants: list[Any], 
 def test_pydantic_errors_keep_the_same_form(tmp_path: Path) -> None:
     cfg = tmp_path / "gateway.yaml"
     cfg.write_text(yaml.safe_dump({"replicas": [{"id": "r0", "url": "ftp://x"}]}))
-    with pytest.raises(ConfigError, match=r"^invalid configuration: replicas\.0\.url: Value error"):
+    with pytest.raises(ConfigError, match=r"^invalid configuration: replicas\.0\.url: replica url"):
         load_config(cfg)
 
 
@@ -57,3 +57,20 @@ def test_serve_prints_the_documented_message(tmp_path: Path, monkeypatch: pytest
     res = CliRunner().invoke(prefixgate, ["serve", "--config", str(cfg)])
     assert res.exit_code != 0
     assert "Error: invalid configuration: tenancy.tenants.0.max_output_token: unknown field" in res.output, res.output
+
+
+def test_review_config_errors_read_as_documented(tmp_path: Path) -> None:
+    """Review finding: whole-file rules and build-time checks also read
+    ``invalid configuration: <dotted key>: <message>`` (no empty path, no pydantic prefix)."""
+    from gateway.build import build
+
+    cfg_file = tmp_path / "dup.yaml"
+    cfg_file.write_text("replicas:\n  - {id: r, url: 'http://127.0.0.1:1'}\n  - {id: r, url: 'http://127.0.0.1:2'}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(cfg_file)
+    assert str(exc.value) == "invalid configuration: replicas: replica ids must be unique"
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("listen: {port: 0}\n")
+    with pytest.raises(ConfigError) as exc:
+        build(load_config(empty))
+    assert str(exc.value).startswith("invalid configuration: replicas: ")

@@ -30,7 +30,7 @@ def test_default_policy_dir_is_the_package_not_the_cwd(tmp_path: Path, monkeypat
 def test_policy_management_needs_an_explicit_directory(tmp_path: Path) -> None:
     cfg = tmp_path / "gateway.yaml"
     cfg.write_text(yaml.safe_dump({"policy": {"versions_dir": str(tmp_path / "v")}}))
-    with pytest.raises(ConfigError, match=r"policy: Value error, versions_dir needs an explicit dir"):
+    with pytest.raises(ConfigError, match=r"policy: versions_dir needs an explicit dir"):
         load_config(cfg)
 
 

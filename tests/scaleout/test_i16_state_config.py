@@ -30,11 +30,11 @@ def test_redis_backend_fields() -> None:
 
 
 @pytest.mark.parametrize(("state", "message"), [
-    ({"backend": "redis"}, "state: Value error, state.url is required"),
-    ({"backend": "redis", "url": "http://h:6379"}, "state.url: Value error, state url must start with"),
-    ({"backend": "redis", "url": "redis://user:hunter2@h:6379/0"}, "state.url: Value error, state url must not contain a password"),
-    ({"backend": "redis", "url": "redis://h", "password_file": "/p", "password_env": "P"}, "state: Value error, set at most one"),
-    ({"backend": "redis", "url": "redis://h", "tls_ca_file": "/ca.pem"}, "state: Value error, state.tls_ca_file needs a rediss:// url"),
+    ({"backend": "redis"}, "state: state.url is required"),
+    ({"backend": "redis", "url": "http://h:6379"}, "state.url: state url must start with"),
+    ({"backend": "redis", "url": "redis://user:hunter2@h:6379/0"}, "state.url: state url must not contain a password"),
+    ({"backend": "redis", "url": "redis://h", "password_file": "/p", "password_env": "P"}, "state: set at most one"),
+    ({"backend": "redis", "url": "redis://h", "tls_ca_file": "/ca.pem"}, "state: state.tls_ca_file needs a rediss:// url"),
     ({"lease_ttl_s": 10.5}, "state.lease_ttl_s: Input should be less than or equal to 10"),
     ({"lease_ttl_s": 0}, "state.lease_ttl_s: Input should be greater than 0"),
     ({"key_prefix": "has space"}, "state.key_prefix: String should match pattern"),
