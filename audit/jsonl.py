@@ -31,6 +31,7 @@ from audit.dirlock import lock_directory
 from audit.chain import GENESIS, canonical_json, make_record, sign_checkpoint
 from audit.event import AuditEvent, Kind, Outcome, iso_ms, now_ms
 from audit.sink import SinkUnavailable
+from audit.files import open_append
 
 FILE_PREFIX = "audit-"
 FILE_SUFFIX = ".jsonl"
@@ -202,7 +203,7 @@ class JsonlChainSink:
 
     def _start_file(self, predecessor: str | None) -> None:
         self._path = self.directory / file_name_for(self._seq + 1)
-        self._fh = open(self._path, "ab")
+        self._fh = open_append(self._path)
         self._size = self._fh.tell()
         self._opened_at = time.time()
         self._last_checkpoint_at = self._opened_at

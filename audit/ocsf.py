@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from audit.event import AuditEvent, Kind, Outcome, json_field
+from audit.files import open_append
 
 OCSF_VERSION = "1.5.0"
 PRODUCT = {"name": "PrefixGate", "vendor_name": "PrefixGate", "version": "0.1.0"}
@@ -197,7 +198,7 @@ class OcsfFileSink:
         from audit.sink import SinkUnavailable
 
         try:
-            self._fh = open(self.path, "a", encoding="utf-8")
+            self._fh = open_append(self.path, text=True)
         except OSError as exc:
             raise SinkUnavailable(str(exc)) from exc
 

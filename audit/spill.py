@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from audit.event import AuditEvent, EventSchemaError
+from audit.files import open_append
 
 
 class SpillCorrupt(Exception):
@@ -30,7 +31,7 @@ class SpillFile:
         self.path = Path(path)
         self._offset_path = self.path.with_suffix(self.path.suffix + ".offset")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "ab")
+        self._fh = open_append(self.path)
         self._size = self._fh.seek(0, os.SEEK_END)
         self._committed = self._load_offset()
         if self._committed > self._size:
