@@ -141,21 +141,22 @@ class _HeadGuard:
     def guard_feed(self, data: bytes) -> None:
         """Hand ``data`` to the parser, at most up to the head bound while a head is incomplete."""
         transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
-        view = memoryview(data)
-        while len(view):
+        offset = 0
+        while offset < len(data):
             if transport.is_closing():
                 return
-            if not self.guard_waiting:
-                self.guard_parse(bytes(view))
+            if not self.guard_waiting:  # in a body: the rest as it is (no copy when it is all of it)
+                self.guard_parse(data[offset:] if offset else data)
                 return
             self.guard_start_timer()
             allowance = self.guard_max_header_bytes - self.guard_head_bytes
             if allowance <= 0:
                 self.guard_refuse_too_large()
                 return
-            piece, view = view[:allowance], view[allowance:]
-            self.guard_head_bytes += len(piece)
-            self.guard_parse(bytes(piece))
+            end = min(len(data), offset + allowance)
+            self.guard_head_bytes += end - offset
+            self.guard_parse(data if offset == 0 and end == len(data) else data[offset:end])
+            offset = end
 
     def guard_parse(self, data: bytes) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
