@@ -31,8 +31,9 @@ and ``http="httptools"`` enforce, before any routing or authentication:
 If a response is still in progress when a too-large pipelined head arrives,
 nothing can be answered: the connection is closed.
 
-Hooks, public method names of uvicorn's protocol classes only (uvicorn
-0.30-0.59, checked by tests/hostile/test_i10_header_limits.py):
+Hooks, public method names of uvicorn's protocol classes only (written
+against uvicorn 0.54; pyproject pins ``uvicorn>=0.30,<0.60``; the hooks are
+checked by tests/hostile/test_i10_header_limits.py::test_uvicorn_hook_points_exist):
 ``connection_made``, ``connection_lost``, ``data_received``,
 ``on_response_complete``; for httptools the parser callbacks
 ``on_headers_complete`` and ``on_message_complete``; for h11 the public
