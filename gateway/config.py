@@ -69,6 +69,17 @@ class LimitsConfig(_Section):
     by counting ``{``, ``[`` and ``,`` bytes before decoding; 400
     ``too_many_json_items``): decoding, validating and rendering cost grows
     with the number of values, not the bytes.
+
+    Connection-level bounds, enforced on BOTH listeners under both HTTP
+    parsers before any route or authentication (gateway/http_guard.py):
+    ``max_header_bytes``: the most bytes of one request head (request line,
+    header fields, blank line); larger answers 431 and closes.
+    ``header_read_timeout_s``: a request head must be complete this long
+    after the connection opened (or after the first byte of a later request
+    on a keep-alive connection); otherwise 408 and close.
+    ``max_connections``: per listener, open connections plus running
+    requests beyond which a new request answers 503 (uvicorn's
+    ``limit_concurrency``).
     """
 
     max_body_bytes: int = Field(1 << 20, ge=1024)
@@ -77,6 +88,9 @@ class LimitsConfig(_Section):
     max_output_tokens: int = Field(32768, ge=1)
     max_messages: int = Field(2048, ge=1)
     max_json_items: int = Field(65536, ge=64)
+    max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
+    header_read_timeout_s: float = Field(10.0, gt=0)
+    max_connections: int = Field(2048, ge=1)
 
 
 class UpstreamConfig(_Section):

@@ -31,7 +31,8 @@ import uvicorn
 
 from gateway.app import build_admin_app, build_public_app
 from gateway.build import Gateway, build
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, LimitsConfig
+from gateway.http_guard import guarded_protocol
 
 __all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener", "run_serving", "DEFAULT_HTTP_PARSER"]
 
@@ -77,7 +78,8 @@ class GatewayServer(uvicorn.Server):
         return out
 
 
-def uvicorn_config(app: object, host: str, port: int, **kw: object) -> uvicorn.Config:
+def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | None = None,
+                   **kw: object) -> uvicorn.Config:
     """uvicorn settings shared by both listeners (no proxy headers, no server header).
 
     ``kw`` overrides or adds ``uvicorn.Config`` arguments. The HTTP parser is
@@ -86,8 +88,21 @@ def uvicorn_config(app: object, host: str, port: int, **kw: object) -> uvicorn.C
     parsers are covered by tests/hostile/test_i10_http_framing.py. ``loop``
     says uvloop; it takes effect where the loop is created
     (:func:`run_serving`), since :func:`serve` runs inside a running loop.
+
+    The parser name is replaced by the protocol class of
+    :func:`gateway.http_guard.guarded_protocol`, which bounds request heads
+    (``limits.max_header_bytes``, ``limits.header_read_timeout_s``; the
+    defaults of :class:`LimitsConfig` when ``limits`` is None);
+    ``limits.max_connections`` becomes uvicorn's ``limit_concurrency``.
     """
-    kw.setdefault("http", DEFAULT_HTTP_PARSER)
+    limits = limits or LimitsConfig()
+    parser = kw.pop("http", DEFAULT_HTTP_PARSER)
+    if isinstance(parser, str):
+        parser = guarded_protocol(parser, max_header_bytes=limits.max_header_bytes,
+                                  header_read_timeout_s=limits.header_read_timeout_s)
+    kw["http"] = parser
+    kw.setdefault("h11_max_incomplete_event_size", limits.max_header_bytes)
+    kw.setdefault("limit_concurrency", limits.max_connections)
     kw.setdefault("loop", "uvloop")
     return uvicorn.Config(
         app, host=host, port=port, proxy_headers=False, server_header=False, access_log=False,
@@ -171,9 +186,11 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None) -> None:
 
     http = cfg.server.http_parser
     servers = [GatewayServer(uvicorn_config(build_public_app(c, manage_lifecycle=False),
-                                            cfg.listen.host, cfg.listen.port, http=http), "public", started)]
+                                            cfg.listen.host, cfg.listen.port, http=http,
+                                            limits=cfg.limits), "public", started)]
     if cfg.admin is not None:
-        servers.append(GatewayServer(uvicorn_config(build_admin_app(c), cfg.admin.host, cfg.admin.port, http=http),
+        servers.append(GatewayServer(uvicorn_config(build_admin_app(c), cfg.admin.host, cfg.admin.port, http=http,
+                                                    limits=cfg.limits),
                                      "admin", started))
     loop = asyncio.get_running_loop()
 

@@ -1,0 +1,258 @@
+"""Request-head bounds for both listeners, under both HTTP parsers (issue 10 follow-up).
+
+uvicorn's httptools parser accepts a request head of any size (a 16 MB header
+field was answered 200; unfinished 32 MiB heads stayed buffered), and neither
+parser bounds the time a client may take to send a head: a connection that
+stops partway through a head stays open forever (uvicorn's keep-alive timer
+only runs between a response and the next request's first byte).
+
+This module makes the uvicorn protocol classes uvicorn uses for ``http="h11"``
+and ``http="httptools"`` enforce, before any routing or authentication:
+
+- ``max_header_bytes``: the most bytes of one request head (request line,
+  header fields and the blank line ending them). Bytes are handed to the
+  parser at most up to that bound while a head is incomplete; a head that
+  would exceed it answers **431** Request Header Fields Too Large (JSON
+  error, code ``request_header_too_large``) with ``Connection: close`` and
+  the connection is closed. Nothing reaches the app. A parser never holds
+  more than ``2 x max_header_bytes`` + one socket read of a head (the
+  request pipelined behind a body that ends inside one read is counted from
+  the next read on).
+- ``header_read_timeout_s``: a request head must be complete this many
+  seconds after the connection opened (first request), or after its first
+  byte arrived (later requests on a keep-alive connection; an idle
+  keep-alive connection is closed by uvicorn's ``timeout_keep_alive``).
+  Otherwise the server answers **408** (code ``header_timeout``) with
+  ``Connection: close`` if any byte of the head arrived, and closes the
+  connection. A head trickled behind a response still in progress
+  (pipelining) gets a new period once that response is complete; it never
+  cuts the response.
+
+If a response is still in progress when a too-large pipelined head arrives,
+nothing can be answered: the connection is closed.
+
+Hooks, public method names of uvicorn's protocol classes only (written
+against uvicorn 0.54; pyproject pins ``uvicorn>=0.30,<0.60``; the hooks are
+checked by tests/hostile/test_i10_header_limits.py::test_uvicorn_hook_points_exist):
+``connection_made``, ``connection_lost``, ``data_received``,
+``on_response_complete``; for httptools the parser callbacks
+``on_headers_complete`` and ``on_message_complete``; for h11 the public
+h11 ``Connection.their_state`` and ``Connection.trailing_data`` of the
+protocol's ``conn``. A completed head is seen as a new ``cycle``
+(uvicorn's per-request ``RequestResponseCycle``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+__all__ = ["guarded_protocol", "DEFAULT_MAX_HEADER_BYTES", "DEFAULT_HEADER_READ_TIMEOUT_S", "PARSERS"]
+
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024
+DEFAULT_HEADER_READ_TIMEOUT_S = 10.0
+PARSERS = ("h11", "httptools")
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+def _refusal(status: int, code: str, message: str) -> bytes:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
+                                 "code": code, "param": None}}).encode()
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n" % (status, _REASONS[status], len(body))) + body
+
+
+class _HeadGuard:
+    """Mixin over a uvicorn HTTP protocol: bound each request head's size and read time.
+
+    Class attributes (set by :func:`guarded_protocol`): ``guard_max_header_bytes``
+    (bytes, >= 1) and ``guard_header_read_timeout_s`` (seconds, > 0).
+    """
+
+    guard_max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    guard_header_read_timeout_s: float = DEFAULT_HEADER_READ_TIMEOUT_S
+
+    # state (names prefixed guard_ so they cannot collide with uvicorn's)
+    guard_waiting: bool
+    guard_head_bytes: int
+    guard_timer: asyncio.TimerHandle | None
+
+    def guard_init(self) -> None:
+        self.guard_waiting = True
+        self.guard_head_bytes = 0
+        self.guard_timer = None
+
+    # -- head state
+    def guard_head_done(self) -> None:
+        self.guard_waiting = False
+        self.guard_head_bytes = 0
+        self.guard_cancel_timer()
+
+    def guard_head_expected(self, buffered: int = 0) -> None:
+        self.guard_waiting = True
+        self.guard_head_bytes = buffered
+        self.guard_cancel_timer()
+        if buffered:
+            self.guard_start_timer()
+
+    # -- timer
+    def guard_start_timer(self) -> None:
+        if self.guard_timer is None:
+            loop: asyncio.AbstractEventLoop = self.loop  # type: ignore[attr-defined]
+            self.guard_timer = loop.call_later(self.guard_header_read_timeout_s, self.guard_timed_out)
+
+    def guard_cancel_timer(self) -> None:
+        if self.guard_timer is not None:
+            self.guard_timer.cancel()
+            self.guard_timer = None
+
+    def guard_response_in_progress(self) -> bool:
+        cycle = self.cycle  # type: ignore[attr-defined]
+        return cycle is not None and not cycle.response_complete
+
+    def guard_timed_out(self) -> None:
+        self.guard_timer = None
+        transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
+        if transport is None or transport.is_closing() or not self.guard_waiting:
+            return
+        if self.guard_response_in_progress():
+            self.guard_start_timer()  # never cut a response; a new period once it is done
+            return
+        if self.guard_head_bytes:
+            transport.write(_refusal(408, "header_timeout", "request head not received in time"))
+        transport.close()
+
+    def guard_refuse_too_large(self) -> None:
+        self.guard_cancel_timer()
+        transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
+        if transport.is_closing():
+            return
+        if not self.guard_response_in_progress():
+            transport.write(_refusal(431, "request_header_too_large",
+                                     f"request head larger than {self.guard_max_header_bytes} bytes"))
+        transport.close()
+
+    # -- feeding the parser
+    def guard_feed(self, data: bytes) -> None:
+        """Hand ``data`` to the parser, at most up to the head bound while a head is incomplete."""
+        transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
+        offset = 0
+        while offset < len(data):
+            if transport.is_closing():
+                return
+            if not self.guard_waiting:  # in a body: the rest as it is (no copy when it is all of it)
+                self.guard_parse(data[offset:] if offset else data)
+                return
+            self.guard_start_timer()
+            allowance = self.guard_max_header_bytes - self.guard_head_bytes
+            if allowance <= 0:
+                self.guard_refuse_too_large()
+                return
+            end = min(len(data), offset + allowance)
+            self.guard_head_bytes += end - offset
+            self.guard_parse(data if offset == 0 and end == len(data) else data[offset:end])
+            offset = end
+
+    def guard_parse(self, data: bytes) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class GuardedHttpToolsProtocol(_HeadGuard, HttpToolsProtocol):
+    """uvicorn's httptools protocol with the request-head bounds of :class:`_HeadGuard`."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.guard_init()
+        super().connection_made(transport)
+        self.guard_start_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard_cancel_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self.guard_feed(data)
+
+    def guard_parse(self, data: bytes) -> None:
+        HttpToolsProtocol.data_received(self, data)
+
+    def on_headers_complete(self) -> None:
+        """httptools parser callback: the head is complete (then uvicorn's handling)."""
+        self.guard_head_done()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        """httptools parser callback: the request is complete; the next head is awaited."""
+        super().on_message_complete()
+        self.guard_head_expected()
+
+
+class GuardedH11Protocol(_HeadGuard, H11Protocol):
+    """uvicorn's h11 protocol with the request-head bounds of :class:`_HeadGuard`.
+
+    A head is awaited while h11's ``their_state`` is ``IDLE``; it is complete
+    when uvicorn has made a new ``cycle`` for it.
+    """
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.guard_init()
+        super().connection_made(transport)
+        self.guard_start_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard_cancel_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self.guard_feed(data)
+
+    def guard_parse(self, data: bytes) -> None:
+        before = self.cycle
+        H11Protocol.data_received(self, data)
+        self.guard_sync(before)
+
+    def on_response_complete(self) -> None:
+        """uvicorn hook: the response is sent; h11 may start the next cycle on buffered bytes."""
+        before = self.cycle
+        super().on_response_complete()
+        self.guard_sync(before)
+
+    def guard_sync(self, cycle_before: Any) -> None:
+        transport: asyncio.Transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        idle = self.conn.their_state is h11.IDLE
+        if self.cycle is not cycle_before:
+            self.guard_head_done()
+        if idle and not self.guard_waiting:
+            self.guard_head_expected(len(self.conn.trailing_data[0]))
+            if self.guard_head_bytes > self.guard_max_header_bytes:
+                self.guard_refuse_too_large()
+        elif not idle and self.guard_waiting:
+            self.guard_head_done()
+
+
+_BASES: dict[str, type] = {"h11": GuardedH11Protocol, "httptools": GuardedHttpToolsProtocol}
+
+
+def guarded_protocol(parser: str, *, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+                     header_read_timeout_s: float = DEFAULT_HEADER_READ_TIMEOUT_S) -> type[asyncio.Protocol]:
+    """Return a uvicorn HTTP protocol class (for ``uvicorn.Config(http=...)``) that bounds request heads.
+
+    ``parser``: ``"h11"`` or ``"httptools"``; ``max_header_bytes``: bytes of
+    one request head, >= 1; ``header_read_timeout_s``: seconds, > 0.
+    Raises :class:`ValueError` for another parser or out-of-range bounds.
+    """
+    if parser not in _BASES:
+        raise ValueError(f"unknown HTTP parser {parser!r} (expected one of {PARSERS})")
+    if max_header_bytes < 1 or header_read_timeout_s <= 0:
+        raise ValueError("max_header_bytes must be >= 1 and header_read_timeout_s > 0")
+    base = _BASES[parser]
+    return type(base.__name__, (base,), {"guard_max_header_bytes": max_header_bytes,
+                                         "guard_header_read_timeout_s": header_read_timeout_s,
+                                         "__doc__": base.__doc__})
