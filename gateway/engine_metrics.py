@@ -9,7 +9,6 @@ checker owns the replica's health); the last good sample stays.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import aiohttp
@@ -17,6 +16,7 @@ import aiohttp
 from gateway.proxy import ContentCodingError, decode_body
 from gateway.replicas import ReplicaSet
 from routing.calibration import Calibration, parse_engine_metrics
+from gateway.periodic import PeriodicTask
 
 __all__ = ["EngineMetricsPoller"]
 
@@ -39,7 +39,7 @@ class EngineMetricsPoller:
         self.calibration = calibration
         self.interval_s = interval_s
         self.timeout_s = timeout_s
-        self._task: asyncio.Task[None] | None = None
+        self._loop = PeriodicTask(self.scrape_once, interval_s, "engine metrics")
 
     async def scrape(self, replica_id: str) -> bool:
         """One scrape of ``replica_id``; True if a sample was stored."""
@@ -62,23 +62,10 @@ class EngineMetricsPoller:
         ids = [r.id for r in self.replica_set.all()]
         await asyncio.gather(*(self.scrape(rid) for rid in ids), return_exceptions=True)
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.scrape_once()
-            except Exception:  # keep scraping whatever one round raised
-                log.exception("engine metrics round failed")
-            await asyncio.sleep(self.interval_s)
-
     def start(self) -> None:
         """Start the periodic loop on the running event loop (idempotent)."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._loop.start()
 
     async def stop(self) -> None:
         """Stop the loop and wait for it to end."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._loop.stop()

@@ -21,6 +21,7 @@ import aiohttp
 
 from gateway.proxy import ContentCodingError, decode_body
 from gateway.replicas import ReplicaSet, UnknownReplicaError
+from gateway.periodic import PeriodicTask
 
 __all__ = ["HealthChecker"]
 
@@ -52,7 +53,7 @@ class HealthChecker:
         self.on_restart = on_restart
         self._fails: dict[str, int] = {}
         self._passes: dict[str, int] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._loop = PeriodicTask(self.check_once, interval_s, "health check")
 
     async def probe(self, replica_id: str) -> str | None:
         """One check of ``replica_id``: returns the reported instance id
@@ -98,23 +99,10 @@ class HealthChecker:
             log.info("replica %s marked up", rid)
             self.replica_set.mark_health(rid, True)
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.check_once()
-            except Exception:  # keep probing whatever one round raised
-                log.exception("health check round failed")
-            await asyncio.sleep(self.interval_s)
-
     def start(self) -> None:
         """Start the periodic loop on the running event loop (idempotent)."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._loop.start()
 
     async def stop(self) -> None:
         """Stop the loop and wait for it to end."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._loop.stop()
