@@ -162,21 +162,22 @@ class _HeadGuard:
     def guard_parse(self, data: bytes) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
-
-class GuardedHttpToolsProtocol(_HeadGuard, HttpToolsProtocol):
-    """uvicorn's httptools protocol with the request-head bounds of :class:`_HeadGuard`."""
-
+    # asyncio.Protocol hooks shared by both parsers (``super()`` is uvicorn's protocol class)
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.guard_init()
-        super().connection_made(transport)
+        super().connection_made(transport)  # type: ignore[misc]
         self.guard_start_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.guard_cancel_timer()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:
         self.guard_feed(data)
+
+
+class GuardedHttpToolsProtocol(_HeadGuard, HttpToolsProtocol):
+    """uvicorn's httptools protocol with the request-head bounds of :class:`_HeadGuard`."""
 
     def guard_parse(self, data: bytes) -> None:
         HttpToolsProtocol.data_received(self, data)
@@ -198,18 +199,6 @@ class GuardedH11Protocol(_HeadGuard, H11Protocol):
     A head is awaited while h11's ``their_state`` is ``IDLE``; it is complete
     when uvicorn has made a new ``cycle`` for it.
     """
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self.guard_init()
-        super().connection_made(transport)
-        self.guard_start_timer()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.guard_cancel_timer()
-        super().connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        self.guard_feed(data)
 
     def guard_parse(self, data: bytes) -> None:
         before = self.cycle
