@@ -55,6 +55,7 @@ rather than wait in :meth:`Reservation.settle`.
 from __future__ import annotations
 
 import abc
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -209,43 +210,68 @@ def _need(bucket: TokenBucket, n: int) -> float:
     return 0.0 if bucket.level >= need else (need - bucket.level) / bucket.rate
 
 
-class _InProcessReservation(Reservation):
-    __slots__ = ("_ledger", "_settlement", "output_tokens", "prompt_tokens", "tenant_id")
+class LedgerReservation(Reservation):
+    """The bookkeeping every ledger's reservation shares: argument checks, the
+    lower-only ``lower_output``, the first-call-wins ``settle``. A ledger
+    implements :meth:`_apply` (move the difference into its buckets) and may
+    give :meth:`_locked` (a lock around check-and-apply)."""
 
-    def __init__(self, ledger: InProcessLedger, tenant_id: str, prompt: int, output: int) -> None:
+    def __init__(self, tenant_id: str, prompt: int, output: int) -> None:
         self.tenant_id = tenant_id
         self.prompt_tokens = prompt
         self.output_tokens = output
-        self._ledger = ledger
         self._settlement: Settlement | None = None
 
     @property
     def settlement(self) -> Settlement | None:
         return self._settlement
 
+    def _locked(self) -> contextlib.AbstractContextManager[object]:
+        return contextlib.nullcontext()
+
+    @abc.abstractmethod
+    def _apply(self, d_prompt: int, d_output: int, settled: Settlement | None) -> None:
+        """Apply a change of ``d_prompt``/``d_output`` tokens to the buckets: a refund when
+        negative, debt when positive. ``settled`` is the settlement, or None for a
+        :meth:`lower_output` before dispatch."""
+
     def lower_output(self, output_tokens: int) -> None:
         if output_tokens < 0:
             raise ValueError("token count must be >= 0")
-        with self._ledger._lock:
+        with self._locked():
             if self._settlement is not None or output_tokens >= self.output_tokens:
                 return
             refund = self.output_tokens - output_tokens
             self.output_tokens = output_tokens
-            self._ledger._adjust(self.tenant_id, 0, -refund, lowered=True)
+            self._apply(0, -refund, None)
 
     def settle(self, prompt_tokens: int, output_tokens: int, basis: str) -> Settlement:
         if prompt_tokens < 0 or output_tokens < 0:
             raise ValueError("token count must be >= 0")
         if basis not in BASES:
             raise ValueError(f"unknown charge basis {basis!r}")
-        with self._ledger._lock:
+        with self._locked():
             if self._settlement is not None:
                 return self._settlement
             s = Settlement(self.prompt_tokens, self.output_tokens, prompt_tokens, output_tokens, basis)
             self._settlement = s
-            self._ledger._adjust(self.tenant_id, prompt_tokens - self.prompt_tokens,
-                                 output_tokens - self.output_tokens, settled=s)
+            self._apply(prompt_tokens - self.prompt_tokens, output_tokens - self.output_tokens, s)
             return s
+
+
+class _InProcessReservation(LedgerReservation):
+    def __init__(self, ledger: InProcessLedger, tenant_id: str, prompt: int, output: int) -> None:
+        super().__init__(tenant_id, prompt, output)
+        self._ledger = ledger
+
+    def _locked(self) -> contextlib.AbstractContextManager[object]:
+        return self._ledger._lock
+
+    def _apply(self, d_prompt: int, d_output: int, settled: Settlement | None) -> None:
+        if settled is None:
+            self._ledger._adjust(self.tenant_id, d_prompt, d_output, lowered=True)
+        else:
+            self._ledger._adjust(self.tenant_id, d_prompt, d_output, settled=settled)
 
 
 class InProcessLedger(TokenLedger):

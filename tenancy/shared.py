@@ -76,7 +76,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tenancy.ledger import BASES, InProcessLedger, LedgerTotals, Reservation, Settlement
+from tenancy.ledger import InProcessLedger, LedgerReservation, LedgerTotals, Reservation, Settlement
 from tenancy.limits import ConcurrencyLimited, Lease, RateLimited, TenantLimiter
 from tenancy.registry import Tenant
 
@@ -551,44 +551,16 @@ class RedisTenantLimiter:
 # --- ledger -------------------------------------------------------------------------------------
 
 
-class RedisReservation(Reservation):
+class RedisReservation(LedgerReservation):
     """A reservation held in Redis buckets; :meth:`settle` / :meth:`lower_output` queue their update
     (synchronous, never block; see the module doc)."""
 
-    __slots__ = ("_ledger", "_settlement", "output_tokens", "prompt_tokens", "tenant_id")
-
     def __init__(self, ledger: RedisLedger, tenant_id: str, prompt: int, output: int) -> None:
-        self.tenant_id = tenant_id
-        self.prompt_tokens = prompt
-        self.output_tokens = output
+        super().__init__(tenant_id, prompt, output)
         self._ledger = ledger
-        self._settlement: Settlement | None = None
 
-    @property
-    def settlement(self) -> Settlement | None:
-        return self._settlement
-
-    def lower_output(self, output_tokens: int) -> None:
-        if output_tokens < 0:
-            raise ValueError("token count must be >= 0")
-        if self._settlement is not None or output_tokens >= self.output_tokens:
-            return
-        refund = self.output_tokens - output_tokens
-        self.output_tokens = output_tokens
-        self._ledger._adjust(self.tenant_id, 0, -refund, "lower", None)
-
-    def settle(self, prompt_tokens: int, output_tokens: int, basis: str) -> Settlement:
-        if prompt_tokens < 0 or output_tokens < 0:
-            raise ValueError("token count must be >= 0")
-        if basis not in BASES:
-            raise ValueError(f"unknown charge basis {basis!r}")
-        if self._settlement is not None:
-            return self._settlement
-        s = Settlement(self.prompt_tokens, self.output_tokens, prompt_tokens, output_tokens, basis)
-        self._settlement = s
-        self._ledger._adjust(self.tenant_id, prompt_tokens - self.prompt_tokens,
-                             output_tokens - self.output_tokens, "settle", s)
-        return s
+    def _apply(self, d_prompt: int, d_output: int, settled: Settlement | None) -> None:
+        self._ledger._adjust(self.tenant_id, d_prompt, d_output, "lower" if settled is None else "settle", settled)
 
 
 class RedisLedger:
