@@ -8,20 +8,17 @@ for every request (a token verified before is answered from the verifier's
 
 from __future__ import annotations
 
-from .bundle import (
+from .bundle import TrustBundleStore
+from .bundle_parse import (
     ALLOWED_ALGORITHMS,
     BundleError,
     BundleKey,
     BundleUnavailable,
-    FileBundleSource,
-    HttpsBundleSource,
-    StaticBundleSource,
     TrustBundle,
-    TrustBundleSource,
-    TrustBundleStore,
     UnknownTrustDomain,
     parse_bundle,
 )
+from .bundle_sources import FileBundleSource, HttpsBundleSource, StaticBundleSource, TrustBundleSource
 from .jwtsvid import (
     AuthenticationError,
     JwtSvidVerifier,

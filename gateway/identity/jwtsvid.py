@@ -47,14 +47,14 @@ from typing import Any
 
 import jwt
 
-from .bundle import (
+from .bundle import TrustBundleStore
+from .bundle_parse import (
     ALLOWED_ALGORITHMS,
     BundleError,
     BundleKey,
     BundleUnavailable,
     KeyAlgorithmMismatch,
     TrustBundle,
-    TrustBundleStore,
     UnknownTrustDomain,
 )
 from .spiffe_id import InvalidSpiffeId, SpiffeId, WorkloadIdentity, parse_spiffe_id, parse_trust_domain
