@@ -19,15 +19,9 @@ from .bundle_parse import (
     parse_bundle,
 )
 from .bundle_sources import FileBundleSource, HttpsBundleSource, StaticBundleSource, TrustBundleSource
-from .jwtsvid import (
-    AuthenticationError,
-    JwtSvidVerifier,
-    Reason,
-    canonical_token_sha256,
-    error_body,
-    extract_bearer,
-    www_authenticate,
-)
+from .bearer import AuthenticationError, Reason, error_body, extract_bearer, www_authenticate
+from .jws_compact import canonical_token_sha256
+from .jwtsvid import JwtSvidVerifier
 from .forwarded import attested_client
 from .spiffe_id import InvalidSpiffeId, SpiffeId, WorkloadIdentity, parse_spiffe_id, parse_trust_domain
 from .token_cache import VerifiedTokenCache
