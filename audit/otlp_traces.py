@@ -4,7 +4,7 @@ Used by the span exporter child (:mod:`audit.span_exporter_proc`) for
 ``exporter: otlp``:
 
 * :class:`OtlpRequestEncoder` builds the ``ExportTraceServiceRequest`` from
-  the wire records (``audit.span_export.SPAN_FIELDS`` order) with the
+  the wire records (``audit.span_frames.SPAN_FIELDS`` order) with the
   generated messages of ``opentelemetry-proto``, no ``ReadableSpan`` in
   between (~3.5 us per span instead of ~17 us for rebuild + the SDK's
   ``encode_spans``; bench/results/span_offload.json). The bytes equal the
@@ -98,7 +98,7 @@ _FLAGS_LOCAL = SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _FLAGS_REMOTE = _FLAGS_LOCAL | SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
 _STATUS_ERROR = StatusCode.ERROR.value
 _ANY_FIELD = {str: "string_value", bool: "bool_value", int: "int_value", float: "double_value"}
-_N_FIELDS = 22  # len(audit.span_export.SPAN_FIELDS)
+_N_FIELDS = 22  # len(audit.span_frames.SPAN_FIELDS)
 
 
 def _any_value(v: Any) -> dict[str, Any]:
@@ -149,7 +149,7 @@ def check_records(records: Any) -> list[list[Any]]:
 
 class OtlpRequestEncoder:
     """Builds the OTLP/HTTP ``ExportTraceServiceRequest`` body for a batch of
-    wire records (``audit.span_export.SPAN_FIELDS`` order) directly with the
+    wire records (``audit.span_frames.SPAN_FIELDS`` order) directly with the
     generated protobuf messages, no ``ReadableSpan`` in between.
 
     The message equals what ``opentelemetry.exporter.otlp.proto.common.

@@ -3,7 +3,7 @@
 
 Reads newline-delimited orjson frames from stdin (first line: the config
 object; then one JSON array of encoded spans per line, field order
-``audit.span_export.SPAN_FIELDS``) and exports them in batches of up to
+``audit.span_frames.SPAN_FIELDS``) and exports them in batches of up to
 ``max_batch`` spans, at least every ``flush_interval_s`` seconds -- the
 batching of the SDK's ``BatchSpanProcessor``.
 
@@ -114,7 +114,7 @@ class SpanDecoder:
         return scope
 
     def decode(self, f: Sequence[Any]) -> ReadableSpan:
-        """One span from its wire list (``audit.span_export.SPAN_FIELDS`` order).
+        """One span from its wire list (``audit.span_frames.SPAN_FIELDS`` order).
 
         Raises:
             FrameError: wrong shape.
