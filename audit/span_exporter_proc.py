@@ -7,7 +7,7 @@ object; then one JSON array of encoded spans per line, field order
 ``max_batch`` spans, at least every ``flush_interval_s`` seconds -- the
 batching of the SDK's ``BatchSpanProcessor``.
 
-``otlp``: :class:`audit.otlp_traces.OtlpRequestEncoder` builds the
+``otlp``: :class:`audit.otlp_trace_request.OtlpRequestEncoder` builds the
 ``ExportTraceServiceRequest`` straight from the wire records with the
 opentelemetry-proto messages (the bytes equal the SDK encoder's for the same
 spans) and :class:`audit.otlp_traces.OtlpHttpSender` POSTs it per the
@@ -42,14 +42,8 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from audit.otlp_traces import (
-    FrameError,
-    OtlpHttpSender,
-    OtlpHttpSettings,
-    OtlpRequestEncoder,
-    check_records,
-    pb_attributes,
-)
+from audit.otlp_trace_request import FrameError, OtlpRequestEncoder, check_records, pb_attributes
+from audit.otlp_traces import OtlpHttpSender, OtlpHttpSettings
 
 __all__ = [
     "ExportLoop",

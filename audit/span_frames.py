@@ -3,7 +3,7 @@
 :func:`encode_span` turns one ended SDK span into a plain tuple (field order
 :data:`SPAN_FIELDS`); :func:`encode_frames` serialises such tuples into
 newline-delimited orjson frames of at most ``max_batch`` spans. The child
-(:mod:`audit.span_exporter_proc`, :mod:`audit.otlp_traces`) reads them back.
+(:mod:`audit.span_exporter_proc`, :mod:`audit.otlp_trace_request`) reads them back.
 Used by :class:`audit.span_export.OffloadSpanProcessor`.
 """
 
