@@ -275,7 +275,7 @@ class PolicyConfig(_Section):
     still discarded and answered 503.
     ``allowed_builtins``: built-ins (dotted names, e.g. ``time.now_ns``)
     that policy modules may call in addition to the default pure list
-    (``policy.builtins.DEFAULT_ALLOWED_BUILTINS``; docs/policy.md).
+    (``policy.builtin_allowlist.DEFAULT_ALLOWED_BUILTINS``; docs/policy.md).
     ``health_interval_s``: remote mode, how long a PDP health result is
     reused by ``/readyz`` (seconds).
     ``dir``: the embedded engine's policy directory; unset (the default) is
@@ -317,7 +317,7 @@ class PolicyConfig(_Section):
     @field_validator("allowed_builtins")
     @classmethod
     def _check_builtins(cls, value: list[str]) -> list[str]:
-        from policy.builtins import check_builtin_name
+        from policy.builtin_allowlist import check_builtin_name
 
         return [check_builtin_name(n) for n in value]
 
