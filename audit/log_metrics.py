@@ -1,5 +1,4 @@
-"""The Prometheus metrics an :class:`audit.log.AuditLog` exports (events emitted, dropped, delivered; spill bytes; sink up; accepting).
-"""
+"""The Prometheus metrics an :class:`audit.log.AuditLog` exports (events emitted, dropped, delivered; spill bytes; sink up; accepting)."""
 
 from __future__ import annotations
 
