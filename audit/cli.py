@@ -10,7 +10,9 @@ import sys
 import click
 
 from audit.keys import generate_signing_key, load_public_key
-from audit.verify import format_report, load_anchors, verify_files
+from audit.verify import verify_files
+from audit.verify_anchors import load_anchors
+from audit.verify_report import format_report
 
 #: ``audit verify`` exit status when no problem was found but event records
 #: follow the last checkpoint that an ``--anchors`` copy confirms

@@ -32,24 +32,29 @@ While not accepting, the events of the refusals themselves (``policy.reason_code
 would push the log past its headroom): they are counted per source and written
 as ``kind="summary"`` events (``summary.reason = "audit_unavailable"``) when
 the log accepts again, or at ``close()``.
+
+This module holds the public surface and lifecycle; the delivery task is in
+:mod:`audit.log_delivery`, the spill and the fail-closed gate in
+:mod:`audit.log_spill`, the metrics in :mod:`audit.log_metrics`.
 """
+
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
-from audit.backoff import Backoff
 from audit.dirlock import lock_directory
-from audit.event import AuditEvent, Kind, Outcome, now_ms, scrub_event
+from audit.event import AuditEvent, Kind, now_ms, scrub_event
+from audit.log_delivery import DeliveryLoop, QueueFull, SinkWorker
+from audit.log_metrics import AuditLogMetrics
+from audit.log_spill import SpillGate, encode_line
 from audit.sink import AuditSink, SinkUnavailable
-from audit.spill import SpillCorrupt, SpillFile
+from audit.spill import SpillFile
 from audit.summary import AUDIT_UNAVAILABLE_CODE, RefusalCounter, SummaryAggregator
 
 log = logging.getLogger(__name__)
@@ -58,65 +63,7 @@ log = logging.getLogger(__name__)
 MIN_HEADROOM_BYTES = 64 * 1024
 
 
-def _encode(event: AuditEvent) -> bytes:
-    return (json.dumps(event.to_dict(), separators=(",", ":"), sort_keys=True) + "\n").encode()
-
-
-class _Metrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.emitted = Counter("prefixgate_audit_events_emitted", "Audit events accepted by emit()", registry=registry)
-        self.dropped = Counter(
-            "prefixgate_audit_events_dropped", "Audit events lost (must stay 0)", ["sink"], registry=registry
-        )
-        self.scrubbed = Counter(
-            "prefixgate_audit_fields_scrubbed", "Event fields refused by the scrubber", ["reason"], registry=registry
-        )
-        self.spill_bytes = Gauge(
-            "prefixgate_audit_spill_bytes", "Undelivered bytes in the spill file", ["sink"], registry=registry
-        )
-        self.sink_up = Gauge("prefixgate_audit_sink_up", "1 if the sink took the last batch", ["sink"], registry=registry)
-        self.accepting = Gauge("prefixgate_audit_accepting", "1 if the gateway may accept requests", registry=registry)
-        self.delivered = Counter(
-            "prefixgate_audit_events_delivered", "Events handed to a sink", ["sink"], registry=registry
-        )
-        self.slow_sends = Counter(
-            "prefixgate_audit_slow_sends", "Sends still running after slow_send_s (batch moved to the spill)",
-            ["sink"], registry=registry
-        )
-
-
-class _QueueFull(Exception):
-    """A sink's in-memory queue is at ``queue_size``."""
-
-
-class _SinkWorker:
-    """Queue + spill + delivery task for one sink."""
-
-    def __init__(self, sink: AuditSink, spill: SpillFile, queue_size: int, batch_size: int) -> None:
-        self.sink = sink
-        self.spill = spill
-        # (emit number, event), oldest first; bounded by ``queue_size``
-        self.queue: collections.deque[tuple[int, AuditEvent]] = collections.deque()
-        self.queue_size = queue_size
-        self.batch_size = batch_size
-        self.spilling = spill.pending_bytes > 0  # leftovers of a previous run
-        self.up = True
-        self.task: asyncio.Task[None] | None = None
-        self.wakeup = asyncio.Event()
-        self.pending: list[AuditEvent] = []
-        # emit number of pending[0] when the batch came from the in-memory queue
-        # (None: empty, or read from the spill file, i.e. already on disk)
-        self.pending_first_n: int | None = None
-        # spill offset to commit once ``pending`` is delivered (None: nothing to
-        # commit): set when the batch was read from the spill, or copied to it
-        self.commit_to: int | None = None
-        self.busy = False
-        # seconds a sink lets events accumulate before a send (sink attribute
-        # ``linger_s``; 0 = send what is there): network sinks batch, files don't
-        self.linger_s = float(getattr(sink, "linger_s", 0.0) or 0.0)
-
-
-class AuditLog:
+class AuditLog(SpillGate, DeliveryLoop):
     """Fan-out of audit events to sinks; see the module docstring.
 
     Args:
@@ -160,7 +107,7 @@ class AuditLog:
         if len(set(names)) != len(names):
             raise ValueError(f"sink names must be unique: {names}")
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.metrics = _Metrics(self.registry)
+        self.metrics = AuditLogMetrics(self.registry)
         self._spill_dir = Path(spill_dir)
         self._spill_max = spill_max_bytes
         self._spill_hard = spill_max_bytes + max(int(spill_max_bytes * spill_headroom), MIN_HEADROOM_BYTES)
@@ -171,7 +118,7 @@ class AuditLog:
         # one process per spill directory (each would replay and reset the other's files)
         self._lock = lock_directory(self._spill_dir, "audit spill directory")
         self._workers = [
-            _SinkWorker(s, SpillFile(self._spill_dir / f"{s.name}.spill.jsonl"), queue_size, batch_size) for s in sinks
+            SinkWorker(s, SpillFile(self._spill_dir / f"{s.name}.spill.jsonl"), queue_size, batch_size) for s in sinks
         ]
         self._accepting = True
         self._dropped = 0
@@ -247,14 +194,14 @@ class AuditLog:
             if not w.spilling:
                 try:
                     if len(w.queue) >= w.queue_size:
-                        raise _QueueFull
+                        raise QueueFull
                     w.queue.append((n, event))
                     w.wakeup.set()
                     continue
-                except _QueueFull:
+                except QueueFull:
                     # what is in memory goes first, so the spill keeps emit order
                     self._spill_ram(w)
-            line = line or _encode(event)
+            line = line or encode_line(event)
             self._spill(w, line)
         self._update_accepting()
 
@@ -339,166 +286,3 @@ class AuditLog:
             self.emit(event, exclude=(source,))
 
         return forward
-
-    def _spill(self, w: _SinkWorker, line: bytes) -> None:
-        if self.spill_pending_bytes + len(line) > self._spill_hard:
-            self._count_drop(w)
-            log.error("audit spill full: event dropped for sink %s", w.sink.name)
-            return
-        try:
-            w.spill.append(line)
-        except OSError:
-            self._count_drop(w)
-            log.exception("audit spill write failed for sink %s", w.sink.name)
-            return
-        self.metrics.spill_bytes.labels(w.sink.name).set(w.spill.pending_bytes)
-        w.wakeup.set()
-
-    def _spill_ram(self, w: _SinkWorker) -> None:
-        """Move the sink's in-memory events to its spill file, in order, and
-        spill everything after them (``spilling``).
-
-        The batch taken from the queue (``pending``, possibly being sent right
-        now) is copied and stays the batch to (re)send, now as a spilled batch:
-        once it is delivered the spill's offset moves past the copy
-        (``commit_to``), so a send that ends well causes no duplicate. Then the
-        queue. Every event emitted earlier than the spill's content is in memory
-        only while the spill is empty, so the copy goes before anything newer.
-        """
-        w.spilling = True
-        if w.pending_first_n is not None:
-            empty_before = w.spill.pending_bytes == 0
-            for ev in w.pending:
-                self._spill(w, _encode(ev))
-            w.pending_first_n = None
-            # commit past the copy only if nothing undelivered precedes it (always
-            # the case, see above; otherwise a delivery may leave a duplicate)
-            w.commit_to = w.spill.end_offset if empty_before else None
-        while w.queue:
-            self._spill(w, _encode(w.queue.popleft()[1]))
-
-    def _on_slow_send(self, w: _SinkWorker) -> None:
-        """``slow_send_s`` passed and the sink's send of in-memory events still
-        runs: move them (and the queue) to the spill, see the module docstring."""
-        if w.pending_first_n is None:
-            return
-        log.warning("audit sink %s slow (send running for more than %g s): spilling its events",
-                    w.sink.name, self._slow_send_s)
-        self.metrics.slow_sends.labels(w.sink.name).inc()
-        self._spill_ram(w)
-        self._update_accepting()
-
-    def _count_drop(self, w: _SinkWorker) -> None:
-        self._dropped += 1
-        self.metrics.dropped.labels(w.sink.name).inc()
-
-    def _update_accepting(self) -> None:
-        pending = self.spill_pending_bytes
-        if self._accepting and pending >= self._spill_max:
-            self._accepting = False
-            self._raise_alert(Outcome.RAISED, pending)
-        elif not self._accepting and pending < self._spill_max // 2:
-            self._accepting = True
-            self._raise_alert(Outcome.CLEARED, pending)
-            self._emit_refusal_summaries()
-        self.metrics.accepting.set(1 if self._accepting else 0)
-
-    def _raise_alert(self, outcome: Outcome, pending: int) -> None:
-        alert = AuditEvent(
-            kind=Kind.ALERT,
-            outcome=outcome,
-            alert={
-                "alert_id": "audit-spill-full",
-                "alert_kind": "audit_spill_full",
-                "spill_pending_bytes": pending,
-                "spill_max_bytes": self._spill_max,
-            },
-        )
-        log.error("audit alert %s: spill %d/%d bytes", outcome.value, pending, self._spill_max)
-        if self._on_alert is not None:
-            self._on_alert(alert)
-        # recorded like any event (goes to spill for down sinks, within headroom)
-        self.emit(alert)
-
-    def _mark_down(self, w: _SinkWorker) -> None:
-        """The sink is down: what it holds in memory goes to disk now (in order)
-        rather than wait in memory for the whole outage; later events spill."""
-        w.up = False
-        self._spill_ram(w)
-        self.metrics.sink_up.labels(w.sink.name).set(0)
-
-    async def _deliver(self, w: _SinkWorker, batch: list[AuditEvent]) -> bool:
-        try:
-            await w.sink.send(batch)
-        except SinkUnavailable as exc:
-            if w.up:
-                log.warning("audit sink %s down: %s", w.sink.name, exc)
-            self._mark_down(w)
-            return False
-        if not w.up:
-            log.info("audit sink %s back", w.sink.name)
-        w.up = True
-        self.metrics.sink_up.labels(w.sink.name).set(1)
-        self.metrics.delivered.labels(w.sink.name).inc(len(batch))
-        return True
-
-    async def _run(self, w: _SinkWorker) -> None:
-        backoff = Backoff(*self._retry)
-        loop = asyncio.get_running_loop()
-        while True:
-            w.busy = bool(w.pending)
-            if not w.pending:
-                if w.queue:
-                    if w.linger_s > 0 and len(w.queue) < w.batch_size:
-                        await asyncio.sleep(w.linger_s)  # let a batch build up (fewer requests/writes)
-                    if not w.queue:  # moved to the spill meanwhile (queue full, sink down)
-                        continue
-                    w.pending_first_n = w.queue[0][0]
-                    w.pending = [w.queue.popleft()[1] for _ in range(min(w.batch_size, len(w.queue)))]
-                    w.commit_to = None
-                elif w.spilling:
-                    try:
-                        w.pending, end = w.spill.read_batch(w.batch_size)
-                    except SpillCorrupt:
-                        log.exception("audit spill corrupt for sink %s; skipping to end", w.sink.name)
-                        self._count_drop(w)
-                        w.spill.reset()
-                        continue
-                    if not w.pending:
-                        # caught up: no await between this check and the flip
-                        w.spill.reset()
-                        w.spilling = False
-                        self.metrics.spill_bytes.labels(w.sink.name).set(0)
-                        self._update_accepting()
-                        continue
-                    w.commit_to = end
-                else:
-                    # idle until emit() or _spill() sets the wakeup; the event stays in
-                    # the queue until this task takes it, so drain() never sees a moment
-                    # where an event is neither queued nor pending
-                    w.busy = False
-                    w.wakeup.clear()
-                    await w.wakeup.wait()
-                    continue
-            w.busy = True
-            slow_timer = None
-            if w.pending_first_n is not None and self._slow_send_s is not None:
-                slow_timer = loop.call_later(self._slow_send_s, self._on_slow_send, w)
-            try:
-                delivered = await self._deliver(w, w.pending)
-            finally:
-                if slow_timer is not None:
-                    slow_timer.cancel()
-            if delivered:
-                w.pending = []
-                w.pending_first_n = None
-                if w.commit_to is not None:
-                    w.spill.commit(w.commit_to)
-                    self.metrics.spill_bytes.labels(w.sink.name).set(w.spill.pending_bytes)
-                    self._update_accepting()
-                    w.commit_to = None
-                backoff.reset()
-            else:
-                # _deliver marked the sink down, which moved the batch and the queue
-                # to the spill; the batch is retried (then the spill replayed)
-                await asyncio.sleep(backoff.next())

@@ -22,7 +22,7 @@ Wire format (one line = one frame, at most ``max_batch`` spans)::
     line 1 (config, JSON object): {"exporter": "otlp"|"console", "endpoint": ..., "headers": {...},
                                    "timeout_s": ..., "resource": {...}, "resource_schema_url": ...,
                                    "flush_interval_s": ..., "max_batch": ...}
-    then:  [span, span, ...]\n    with span = SPAN_FIELDS (see :func:`encode_span`)
+    then:  [span, span, ...]\n    with span = SPAN_FIELDS (see :func:`audit.span_frames.encode_span`)
 
 The config goes on stdin, not argv: collector headers may carry credentials
 and argv is readable by every local user in ``/proc/<pid>/cmdline``.
@@ -31,7 +31,12 @@ Delivery is best effort (telemetry, unlike audit events): spans are dropped
 and counted when the queue is full, when no child is running (restart gap,
 with backoff), or when a span cannot be encoded. Spans already inside the
 pipe or the child when the child dies are lost without being counted.
+
+This module's one job is the processor and the child's lifecycle (spawn,
+restart with backoff, writer thread, drops); the span encoding and the frame
+format are in :mod:`audit.span_frames`.
 """
+
 from __future__ import annotations
 
 import collections
@@ -43,35 +48,25 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
-from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from opentelemetry.trace import SpanKind, StatusCode
 
 from audit.backoff import Backoff
+from audit.span_frames import encode_frames, encode_span
 
 log = logging.getLogger(__name__)
 
-_M64 = (1 << 64) - 1
+
 _F_SETPIPE_SZ = 1031  # Linux fcntl, fcntl.F_SETPIPE_SZ on Python >= 3.10 (Linux only)
 _CHILD_IGNORED = {signal.SIGINT, signal.SIGTERM}
 _PIPE_SIZE = 1 << 20  # bytes; best effort (capped by /proc/sys/fs/pipe-max-size)
 
-#: field order of one encoded span (documentation; positions are fixed).
-SPAN_FIELDS = (
-    "name", "trace_id_hi", "trace_id_lo", "span_id", "trace_flags", "trace_state",
-    "parent_span_id", "parent_is_remote", "kind", "start_ns", "end_ns", "attributes",
-    "status_code", "status_description", "links", "events", "scope_name", "scope_version",
-    "scope_schema_url", "dropped_attributes", "dropped_events", "dropped_links",
-)
-#: one link: (trace_id_hi, trace_id_lo, span_id, trace_flags, is_remote, attributes)
-#: one event: (name, timestamp_ns, attributes)
 
 DROP_QUEUE_FULL = "queue_full"
 DROP_NO_EXPORTER = "exporter_down"
@@ -80,87 +75,6 @@ DROP_ENCODE = "encode_error"
 
 class SpanExportConfigError(ValueError):
     """Invalid offload configuration (unknown exporter kind, bad sizes)."""
-
-
-_KIND = {k: k.value for k in SpanKind}
-_CODE = {c: c.value for c in StatusCode}
-
-
-def _trace_state(ts: Any) -> str | None:
-    return ",".join(f"{k}={v}" for k, v in ts.items()) if ts else None
-
-
-def _attr_dict(attrs: Any) -> dict[str, Any] | None:
-    """The plain dict behind an ended span's attributes, without copying:
-    ``BoundedAttributes`` is immutable once the span has ended, so its
-    internal dict can be serialised later by the writer thread."""
-    if not attrs:
-        return None
-    if type(attrs) is BoundedAttributes:
-        return attrs._dict  # noqa: SLF001
-    return dict(attrs)
-
-
-def encode_span(span: ReadableSpan) -> tuple:
-    """One finished span as a plain tuple of JSON-able values (field order
-    :data:`SPAN_FIELDS`). Trace ids are split into two unsigned 64-bit halves
-    (orjson serialises integers up to 64 bits). Attribute mappings are the
-    span's own (immutable after ``end()``) dicts, not copies; values are
-    str/bool/int/float/bytes or tuples of them (bytes handled at
-    serialisation time). Reads the SDK span's fields directly (the public
-    properties copy); ~2 us per gateway span on CPython 3.11.
-    """
-    ctx = span._context  # noqa: SLF001 -- hot path: the properties below copy or wrap
-    tid = ctx.trace_id
-    parent = span._parent  # noqa: SLF001
-    status = span._status  # noqa: SLF001
-    scope = span._instrumentation_scope  # noqa: SLF001
-    links = span._links  # noqa: SLF001
-    events = span._events  # noqa: SLF001
-    attrs = span._attributes  # noqa: SLF001
-    return (
-        span._name, tid >> 64, tid & _M64, ctx.span_id, ctx.trace_flags,  # noqa: SLF001
-        _trace_state(ctx.trace_state) if ctx.trace_state else None,
-        parent.span_id if parent is not None else None, parent.is_remote if parent is not None else False,
-        _KIND[span._kind], span._start_time, span._end_time, _attr_dict(attrs),  # noqa: SLF001
-        _CODE[status.status_code], status.description,
-        [(lc.trace_id >> 64, lc.trace_id & _M64, lc.span_id, lc.trace_flags, lc.is_remote, _attr_dict(lk.attributes))
-         for lk in links for lc in (lk.context,)] if links else None,
-        [(ev.name, ev.timestamp, _attr_dict(ev.attributes)) for ev in events] if events else None,
-        scope.name if scope else None, scope.version if scope else None, scope.schema_url if scope else None,
-        getattr(attrs, "dropped", 0), getattr(events, "dropped", 0), getattr(links, "dropped", 0),
-    )
-
-
-def _default(obj: Any) -> Any:
-    """orjson fallback: bytes attribute values travel as ``{"b": hex}``."""
-    if isinstance(obj, (bytes, bytearray)):
-        return {"b": bytes(obj).hex()}
-    raise TypeError(type(obj).__name__)
-
-
-def encode_frames(spans: Sequence[tuple], max_batch: int) -> tuple[bytes, int]:
-    """Serialise encoded spans into newline-terminated orjson frames of at
-    most ``max_batch`` spans. Returns ``(data, n_unencodable)``: a span that
-    orjson rejects (e.g. an int attribute beyond 64 bits) is left out and
-    counted, the rest of its frame still goes."""
-    out: list[bytes] = []
-    bad = 0
-    for i in range(0, len(spans), max_batch):
-        chunk = spans[i:i + max_batch]
-        try:
-            out.append(orjson.dumps(chunk, default=_default, option=orjson.OPT_APPEND_NEWLINE))
-        except TypeError:
-            good = []
-            for s in chunk:
-                try:
-                    orjson.dumps(s, default=_default)
-                    good.append(s)
-                except TypeError:
-                    bad += 1
-            if good:
-                out.append(orjson.dumps(good, default=_default, option=orjson.OPT_APPEND_NEWLINE))
-    return b"".join(out), bad
 
 
 def _child_env() -> dict[str, str]:

@@ -3,11 +3,11 @@
 
 Reads newline-delimited orjson frames from stdin (first line: the config
 object; then one JSON array of encoded spans per line, field order
-``audit.span_export.SPAN_FIELDS``) and exports them in batches of up to
+``audit.span_frames.SPAN_FIELDS``) and exports them in batches of up to
 ``max_batch`` spans, at least every ``flush_interval_s`` seconds -- the
 batching of the SDK's ``BatchSpanProcessor``.
 
-``otlp``: :class:`audit.otlp_traces.OtlpRequestEncoder` builds the
+``otlp``: :class:`audit.otlp_trace_request.OtlpRequestEncoder` builds the
 ``ExportTraceServiceRequest`` straight from the wire records with the
 opentelemetry-proto messages (the bytes equal the SDK encoder's for the same
 spans) and :class:`audit.otlp_traces.OtlpHttpSender` POSTs it per the
@@ -42,14 +42,8 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from audit.otlp_traces import (
-    FrameError,
-    OtlpHttpSender,
-    OtlpHttpSettings,
-    OtlpRequestEncoder,
-    check_records,
-    pb_attributes,
-)
+from audit.otlp_trace_request import FrameError, OtlpRequestEncoder, check_records, pb_attributes
+from audit.otlp_traces import OtlpHttpSender, OtlpHttpSettings
 
 __all__ = [
     "ExportLoop",
@@ -114,7 +108,7 @@ class SpanDecoder:
         return scope
 
     def decode(self, f: Sequence[Any]) -> ReadableSpan:
-        """One span from its wire list (``audit.span_export.SPAN_FIELDS`` order).
+        """One span from its wire list (``audit.span_frames.SPAN_FIELDS`` order).
 
         Raises:
             FrameError: wrong shape.

@@ -23,77 +23,26 @@ externally anchored checkpoint and then removed (reported as unanchored, not
 as missing); without anchors, truncation after the last in-file checkpoint
 and removal of whole trailing files; a complete rewrite by someone who also
 holds the signing key and every anchor copy.
+
+This module's one job is checking the chain (and the anchors given) over the
+files; reading anchors is :mod:`audit.verify_anchors`, the report and its text
+form are :mod:`audit.verify_report`.
 """
+
 from __future__ import annotations
 
 import bisect
 import json
-import re
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from audit.cef import CefParseError, parse_cef
 from audit.chain import GENESIS, checkpoint_signature_ok, key_id, record_hash
 from audit.jsonl import FILE_SUFFIX, list_log_files
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One verification failure. ``line`` is 1-based within ``file``."""
-
-    kind: str  # modified|missing_record|reordered|broken_link|missing_file|bad_signature|checkpoint_mismatch|malformed|off_host_mismatch|truncated|bad_anchor
-    file: str
-    line: int | None
-    seq: int | None
-    detail: str
-
-
-@dataclass
-class VerifyReport:
-    """Result of :func:`verify_files`. ``ok`` is False if any problem."""
-
-    files: int = 0
-    records: int = 0
-    checkpoints: int = 0
-    unsealed_records: int = 0
-    last_checkpoint: dict[str, Any] | None = None
-    problems: list[Problem] = field(default_factory=list)
-    #: True when anchors (off-host checkpoint copies) were checked at all
-    anchored: bool = False
-    #: anchors that matched the files
-    anchors_matched: int = 0
-    #: anchors signed by another key (another gateway's trail): ignored
-    anchors_foreign: int = 0
-    #: anchors older than the first record given (``require_genesis=False``): not checkable
-    anchors_before_range: int = 0
-    #: head_seq of the last checkpoint an anchor confirms, or None
-    last_anchored_seq: int | None = None
-    #: event records after ``last_anchored_seq`` (all of them when none matched)
-    unanchored_records: int = 0
-
-    @property
-    def ok(self) -> bool:
-        """True when no problem was found (see :attr:`status` for the anchored tail)."""
-        return not self.problems
-
-    @property
-    def status(self) -> str:
-        """``FAILED`` (a problem), ``UNANCHORED`` (anchors were checked and event
-        records follow the last anchored checkpoint) or ``OK``."""
-        if self.problems:
-            return "FAILED"
-        if self.anchored and self.unanchored_records:
-            return "UNANCHORED"
-        return "OK"
-
-    @property
-    def first_problem(self) -> Problem | None:
-        """The first problem in chain order, or None."""
-        return self.problems[0] if self.problems else None
+from audit.verify_anchors import normalise_checkpoint
+from audit.verify_report import Problem, VerifyReport
 
 
 def _expand(paths: Iterable[str | Path]) -> list[Path]:
@@ -116,112 +65,6 @@ def _load(path: Path, report: VerifyReport) -> list[tuple[int, dict[str, Any]]]:
                 continue
             records.append((lineno, rec))
     return records
-
-
-_CHECKPOINT_FIELDS = frozenset({"file", "head_seq", "head", "time", "key_id", "sig"})
-_CEF_MSG_PAIR = re.compile(r"(?:^|; )([a-z_]+)=")
-
-
-def _checkpoint_bodies(value: Any, depth: int = 0) -> Iterator[dict[str, Any]]:
-    """Checkpoint bodies anywhere inside a decoded JSON value: a chain record
-    (``type`` checkpoint), an audit event (``checkpoint``), an OCSF event
-    (``unmapped.prefixgate.checkpoint``), an OTLP JSON export (event JSON in a
-    string body), or a bare body."""
-    if depth > 12:
-        return
-    if isinstance(value, dict):
-        if _CHECKPOINT_FIELDS <= value.keys():
-            yield value
-            return
-        for v in value.values():
-            yield from _checkpoint_bodies(v, depth + 1)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _checkpoint_bodies(v, depth + 1)
-    elif isinstance(value, str) and value.startswith("{") and '"head_seq"' in value:
-        try:
-            yield from _checkpoint_bodies(json.loads(value), depth + 1)
-        except ValueError:
-            return
-
-
-def _cef_checkpoint(line: str) -> dict[str, Any] | None:
-    """The checkpoint body of a CEF ``checkpoint:sealed`` line (``msg`` holds
-    ``k=v; k=v`` sorted by key, see :func:`audit.cef.format_cef`), else None."""
-    try:
-        header, ext = parse_cef(line)
-    except CefParseError:
-        return None
-    if header[4] != "checkpoint:sealed" or "msg" not in ext:
-        return None
-    msg = ext["msg"]
-    keys = list(_CEF_MSG_PAIR.finditer(msg))
-    body = {m.group(1): msg[m.end():(keys[i + 1].start() if i + 1 < len(keys) else len(msg))]
-            for i, m in enumerate(keys)}
-    return body if _CHECKPOINT_FIELDS <= body.keys() else None
-
-
-def _normalise(body: dict[str, Any]) -> dict[str, Any] | None:
-    """The signed fields of a checkpoint copy with their JSONL types
-    (``head_seq`` int, the rest strings), or None if they cannot be."""
-    try:
-        out = {k: str(body[k]) for k in _CHECKPOINT_FIELDS if k != "head_seq"}
-        out["head_seq"] = int(body["head_seq"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return out
-
-
-def load_anchors(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]], list[Problem]]:
-    """Read checkpoint copies ("anchors") from files other sinks wrote
-(``paths``: files, or directories whose files are all read).
-
-    Accepted, line by line: JSON lines (the OCSF file, JSON event or chain
-    record copies, OTLP JSON exports), and text lines such as a syslog
-    receiver's file with a CEF payload (``CEF:0|...|checkpoint:sealed|...``)
-    or an OCSF JSON payload after the syslog header. Lines without a
-    checkpoint are skipped.
-
-    Returns:
-        ``(anchors, problems)``: each anchor is a checkpoint body
-        (``file, head_seq, head, time, key_id, sig``) plus ``source``
-        (``path:line``), de-duplicated by ``(head_seq, head, sig)``; problems
-        name anchor files that do not exist. Signatures are checked by
-        :func:`verify_files`.
-    """
-    anchors: list[dict[str, Any]] = []
-    problems: list[Problem] = []
-    seen: set[tuple[int, str, str]] = set()
-    files: list[Path] = []
-    for path in map(Path, paths):
-        files.extend(sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path])
-    for path in files:
-        if not path.is_file():
-            problems.append(Problem("missing_file", str(path), None, None, "anchor file given but not found"))
-            continue
-        with open(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, start=1):
-                if b"head_seq" not in raw:
-                    continue
-                line = raw.decode("utf-8", errors="replace")
-                found: list[dict[str, Any]] = []
-                if "CEF:" in line:
-                    cp = _cef_checkpoint(line)
-                    found = [cp] if cp is not None else []
-                elif "{" in line:
-                    try:
-                        found = list(_checkpoint_bodies(json.loads(line[line.index("{"):])))
-                    except ValueError:
-                        found = []
-                for body in found:
-                    cp = _normalise(body)
-                    if cp is None:
-                        continue
-                    key = (cp["head_seq"], cp["head"], cp["sig"])
-                    if key not in seen:
-                        seen.add(key)
-                        anchors.append(dict(cp, source=f"{path.name}:{lineno}"))
-    return anchors, problems
 
 
 def verify_files(
@@ -260,7 +103,7 @@ def verify_files(
     if anchors is not None:
         report.anchored = True
         for cp in anchors:
-            norm = _normalise(cp)
+            norm = normalise_checkpoint(cp)
             where = str(cp.get("source", "?"))
             if norm is None:
                 report.problems.append(Problem("bad_anchor", where, None, None, "checkpoint copy lacks fields"))
@@ -383,31 +226,4 @@ def verify_files(
     return report
 
 
-def format_report(report: VerifyReport) -> str:
-    """Human-readable multi-line summary for the CLI."""
-    head = (f"files={report.files} records={report.records} checkpoints={report.checkpoints} "
-            f"unsealed_records={report.unsealed_records}")
-    if report.anchored:
-        head += (f" anchors={report.anchors_matched} last_anchored_seq={report.last_anchored_seq} "
-                 f"unanchored_records={report.unanchored_records}")
-    lines = [f"{head} -> {report.status}"]
-    for p in report.problems:
-        where = f"{p.file}:{p.line}" if p.line is not None else p.file
-        lines.append(f"  {p.kind} at {where} seq={p.seq}: {p.detail}")
-    if report.unsealed_records:
-        lines.append(f"  note: {report.unsealed_records} record(s) after the last checkpoint are not sealed")
-    if report.anchored:
-        if report.unanchored_records:
-            lines.append(f"  unanchored: {report.unanchored_records} event record(s) after the last externally "
-                         "anchored checkpoint; their removal could not be detected")
-        if report.anchors_foreign:
-            lines.append(f"  note: {report.anchors_foreign} checkpoint copies signed by another key ignored")
-        if report.anchors_before_range:
-            lines.append(f"  note: {report.anchors_before_range} checkpoint copies before the first file given")
-    else:
-        lines.append("  note: not checked against off-host checkpoint copies (--anchors): "
-                     "a file cut after its last checkpoint would still read as complete")
-    return "\n".join(lines)
-
-
-__all__ = ["Problem", "VerifyReport", "load_anchors", "verify_files", "format_report", "FILE_SUFFIX"]
+__all__ = ["Problem", "VerifyReport", "verify_files", "FILE_SUFFIX"]

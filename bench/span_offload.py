@@ -176,7 +176,7 @@ def _child_work_cost(requests: int) -> dict[str, float]:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from audit.span_export import encode_frames, encode_span
+    from audit.span_frames import encode_frames, encode_span
     from audit.span_exporter_proc import OtlpRequestEncoder, SpanDecoder, parse_records
 
     resource = Resource.create({"service.name": "prefixgate-bench"})

@@ -39,7 +39,7 @@ def serve(config_path: str, workers: int) -> None:
 
     reexec_with_go_gc(["-m", "gateway.cli", *sys.argv[1:]])
     from audit.dirlock import AuditDirectoryInUse
-    from audit.remote import AuditWorkerError
+    from audit.worker_process import AuditWorkerError
     from gateway.config import ConfigError, load_config
     from gateway.server import run_serving
     from gateway.server import serve as run

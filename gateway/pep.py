@@ -102,7 +102,7 @@ def build_decision_point(pc: PolicyConfig, audit: AuditHub) -> DecisionPoint:
     the embedded engine's directory (operator API; every change versioned and audited).
     Raises :class:`gateway.config.ConfigError`.
     """
-    from policy.builtins import allowed_builtins
+    from policy.builtin_allowlist import allowed_builtins
     from policy.cache import CachedDecisionPoint, DecisionCache
 
     allowed = allowed_builtins(pc.allowed_builtins)

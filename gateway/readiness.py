@@ -12,7 +12,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.pep import DecisionPoint
 from gateway.replicas import ReplicaSet
 from routing.load import LoadTracker
-from gateway.identity.bundle import BundleUnavailable, TrustBundleStore
+from gateway.identity.bundle import TrustBundleStore
+from gateway.identity.bundle_parse import BundleUnavailable
 from tenancy.registry import TenantRegistry
 
 __all__ = ["Readiness", "configuration_warnings"]

@@ -69,7 +69,7 @@ class EmbeddedOpa:
         timeout_s: overall deadline of one decision, seconds (> 0), or None
             for no deadline (benchmarks only).
         allowed_builtins: built-ins the modules may call (None: the default
-            list, :data:`policy.builtins.DEFAULT_ALLOWED_BUILTINS`); every
+            list, :data:`policy.builtin_allowlist.DEFAULT_ALLOWED_BUILTINS`); every
             set is checked before it reaches the engine.
 
     Raises:

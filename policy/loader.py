@@ -190,7 +190,7 @@ def build_engine(
         modules: id -> Rego source (v1 syntax).
         data: the data tree, merged at the root.
         allowed_builtins: the allow-list (None: the default,
-            :data:`policy.builtins.DEFAULT_ALLOWED_BUILTINS`).
+            :data:`policy.builtin_allowlist.DEFAULT_ALLOWED_BUILTINS`).
         check_builtins: False only for :mod:`tests.support.opa_server`, the
             stand-in for an OPA server started without ``--capabilities``.
 

@@ -154,7 +154,7 @@ class PolicyStore:
         target: where accepted changes are applied (None: disk only).
         on_change: called with each ChangeRecord after it is committed.
         allowed_builtins: built-ins modules may call (None: the default
-            list, :data:`policy.builtins.DEFAULT_ALLOWED_BUILTINS`). The
+            list, :data:`policy.builtin_allowlist.DEFAULT_ALLOWED_BUILTINS`). The
             active set is checked at start and every candidate set before it
             is compiled, tested or pushed to the target (remote OPA too).
 

@@ -324,7 +324,8 @@ def audit_summary(paths: DemoPaths, log: Callable[[str], None] = print) -> dict[
     from collections import Counter
 
     from audit.keys import load_public_key
-    from audit.verify import format_report, verify_files
+    from audit.verify import verify_files
+    from audit.verify_report import format_report
 
     jdir = paths.audit_dir / "jsonl"
     pub = paths.signing_key.with_name(paths.signing_key.name + ".pub")

@@ -32,25 +32,40 @@ rotations and salt epochs (its own HKDF label, no version), different per
 workload and per tenant; it changes only with the master secret.
 
 The master secret comes from a file (refused if group/world accessible) or an
-environment variable, never from the configuration file.
+environment variable, never from the configuration file
+(:mod:`tenancy.master_secret`); the derivation functions are in
+:mod:`tenancy.key_derivation`. This module's one job is the ring: versions,
+rotation with grace, salts, state. It re-exports the names in ``__all__`` so
+that ``tenancy.keys`` stays the key ring's public import path.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import hmac
-import os
-import stat
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tenancy.key_derivation import (
+    PREFIX_KEY_INFO,
+    USER_KEY_INFO,
+    PrefixChains,
+    TenantKey,
+    derive_prefix_key,
+    key_id,
+    user_pseudonym,
+)
+from tenancy.master_secret import (
+    MIN_MASTER_SECRET_BYTES,
+    KeyRingError,
+    MasterUnchanged,
+    check_master_secret,
+    load_master_secret,
+)
 from tenancy.prefix import DEFAULT_DIGEST_SIZE, block_hash_chain
 from tenancy.salt import cache_salt as _cache_salt
-from tenancy.salt import derive_salt_key, hkdf_sha256, length_prefixed
+from tenancy.salt import derive_salt_key
 from tenancy.state import KeyState, TenantState, load_state, save_state
 
 __all__ = [
@@ -67,149 +82,6 @@ __all__ = [
     "USER_KEY_INFO",
     "user_pseudonym",
 ]
-
-MIN_MASTER_SECRET_BYTES = 32
-#: HKDF ``info`` label of per-tenant prefix keys.
-PREFIX_KEY_INFO = b"pg-tenant-prefix-key-v1"
-#: HKDF ``info`` label of per-tenant user-pseudonym keys.
-USER_KEY_INFO = b"pg-user-pseudonym-key-v1"
-_USER_LABEL = b"pg-user-v1"
-_USER_PREFIX = "pgu1_"
-_KID_LABEL = b"pg-kid-v1"
-_KID_FP_BYTES = 6
-_MAX_FILE_BYTES = 64 * 1024
-
-
-class KeyRingError(Exception):
-    """Master secret missing/unsafe/short, or key-ring state unusable.
-
-    Messages name the source (file path or variable name), never the secret.
-    """
-
-
-class MasterUnchanged(KeyRingError):
-    """:meth:`KeyRing.rotate_master` was given the master secret already in use."""
-
-
-def load_master_secret(file: str | None, env: str | None) -> bytes:
-    """Load the master secret from ``file`` (preferred) or environment variable ``env``.
-
-    The file must be a regular file with no group/other permission bits
-    (``mode & 0o077 == 0``, as OpenSSH requires of private keys); it is opened
-    with ``O_NOFOLLOW`` and checked with ``fstat`` on the open descriptor. One
-    trailing newline is stripped. From ``env`` the value's UTF-8 bytes are
-    used. A file that is named but unusable is an error (no fallback to env).
-    Returns at least :data:`MIN_MASTER_SECRET_BYTES` (32) bytes; raises
-    :class:`KeyRingError` otherwise. Error messages never contain the secret.
-    """
-    if file:
-        secret = _read_secret_file(file)
-        source = f"master secret file {file!r}"
-    elif env:
-        value = os.environ.get(env)
-        if value is None or value == "":
-            raise KeyRingError(f"master secret environment variable {env!r} is not set")
-        secret = value.encode("utf-8")
-        source = f"master secret environment variable {env!r}"
-    else:
-        raise KeyRingError("no master secret source configured (need a file or an environment variable)")
-    if len(secret) < MIN_MASTER_SECRET_BYTES:
-        raise KeyRingError(
-            f"{source} is too short: {len(secret)} bytes, need at least {MIN_MASTER_SECRET_BYTES}"
-        )
-    return secret
-
-
-def _read_secret_file(path: str) -> bytes:
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError as exc:
-        raise KeyRingError(f"master secret file {path!r} does not exist") from exc
-    except OSError as exc:
-        raise KeyRingError(f"master secret file {path!r} cannot be opened: {exc.strerror}") from exc
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise KeyRingError(f"master secret file {path!r} is not a regular file")
-        if st.st_mode & 0o077:
-            raise KeyRingError(
-                f"master secret file {path!r} is accessible by group/others "
-                f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 it"
-            )
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            total += len(chunk)
-            if total > _MAX_FILE_BYTES:
-                raise KeyRingError(f"master secret file {path!r} is larger than {_MAX_FILE_BYTES} bytes")
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if data.endswith(b"\r\n"):
-        data = data[:-2]
-    elif data.endswith(b"\n"):
-        data = data[:-1]
-    return data
-
-
-def derive_prefix_key(master_secret: bytes, tenant_id: str, version: int) -> bytes:
-    """Return the 32-byte prefix key of ``tenant_id`` at key ``version`` (>= 1)."""
-    if version < 1:
-        raise ValueError("key version must be >= 1")
-    info = PREFIX_KEY_INFO + length_prefixed(tenant_id) + struct.pack(">Q", version)
-    return hkdf_sha256(master_secret, info)
-
-
-def key_id(tenant_id: str, version: int, key: bytes) -> str:
-    """Return the public key id ``t:<tenant>:v<version>:<12 hex>`` of ``key``.
-
-    The fingerprint is the first 6 bytes of ``HMAC-SHA256(key, b"pg-kid-v1")``:
-    one-way, so the kid reveals nothing about the key.
-    """
-    fp = hmac.new(key, _KID_LABEL, hashlib.sha256).digest()[:_KID_FP_BYTES].hex()
-    return f"t:{tenant_id}:v{version}:{fp}"
-
-
-def user_pseudonym(master_secret: bytes, tenant_id: str, spiffe_id: str) -> str:
-    """Return the stable pseudonym of workload ``spiffe_id`` of ``tenant_id`` (see module doc).
-
-    ``"pgu1_"`` + 24 URL-safe base64 characters (144 bits of HMAC-SHA256);
-    one-way: it names the workload to a replica without revealing it.
-    """
-    key = hkdf_sha256(master_secret, USER_KEY_INFO + length_prefixed(tenant_id))
-    mac = hmac.new(key, _USER_LABEL + length_prefixed(spiffe_id), hashlib.sha256).digest()[:18]
-    return _USER_PREFIX + base64.urlsafe_b64encode(mac).decode("ascii")
-
-
-@dataclass(frozen=True)
-class TenantKey:
-    """One version of a tenant's prefix key. ``repr`` hides the key bytes."""
-
-    tenant_id: str
-    version: int
-    kid: str
-    key: bytes = field(repr=False)
-
-
-@dataclass(frozen=True)
-class PrefixChains:
-    """Block-hash chains of one prompt under a tenant's keys.
-
-    ``current`` is the chain under the current key (kid ``kid``); the router
-    indexes this one. ``previous`` holds ``(kid, chain)`` for each older key
-    version still in its grace period, newest first; the router only looks
-    these up (to keep locality across a rotation), never inserts them.
-    Each chain is a tuple of ``digest_size``-byte hashes, one per full block.
-    """
-
-    kid: str
-    current: tuple[bytes, ...]
-    previous: tuple[tuple[str, tuple[bytes, ...]], ...] = ()
 
 
 @dataclass
@@ -245,7 +117,7 @@ class KeyRing:
         clock: Callable[[], float] = time.monotonic,
         state_path: str | None = None,
     ) -> None:
-        _check_secret(master_secret)
+        check_master_secret(master_secret)
         if grace_s < 0:
             raise KeyRingError("grace_s must be >= 0")
         self._master = bytes(master_secret)
@@ -368,7 +240,7 @@ class KeyRing:
         or the secret already in use (:class:`MasterUnchanged`, compared in
         constant time). Returns the new master generation number.
         """
-        _check_secret(new_secret)
+        check_master_secret(new_secret)
         with self._lock:
             if hmac.compare_digest(new_secret, self._master):
                 raise MasterUnchanged("new master secret equals the current one")
@@ -489,12 +361,3 @@ class KeyRing:
                 self._cache.clear()
             self._cache[ck] = tk
         return tk
-
-
-def _check_secret(secret: bytes) -> None:
-    if not isinstance(secret, (bytes, bytearray)):
-        raise KeyRingError("master secret must be bytes")
-    if len(secret) < MIN_MASTER_SECRET_BYTES:
-        raise KeyRingError(
-            f"master secret is too short: {len(secret)} bytes, need at least {MIN_MASTER_SECRET_BYTES}"
-        )

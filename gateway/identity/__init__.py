@@ -8,29 +8,20 @@ for every request (a token verified before is answered from the verifier's
 
 from __future__ import annotations
 
-from .bundle import (
+from .bundle import TrustBundleStore
+from .bundle_parse import (
     ALLOWED_ALGORITHMS,
     BundleError,
     BundleKey,
     BundleUnavailable,
-    FileBundleSource,
-    HttpsBundleSource,
-    StaticBundleSource,
     TrustBundle,
-    TrustBundleSource,
-    TrustBundleStore,
     UnknownTrustDomain,
     parse_bundle,
 )
-from .jwtsvid import (
-    AuthenticationError,
-    JwtSvidVerifier,
-    Reason,
-    canonical_token_sha256,
-    error_body,
-    extract_bearer,
-    www_authenticate,
-)
+from .bundle_sources import FileBundleSource, HttpsBundleSource, StaticBundleSource, TrustBundleSource
+from .bearer import AuthenticationError, Reason, error_body, extract_bearer, www_authenticate
+from .jws_compact import canonical_token_sha256
+from .jwtsvid import JwtSvidVerifier
 from .forwarded import attested_client
 from .spiffe_id import InvalidSpiffeId, SpiffeId, WorkloadIdentity, parse_spiffe_id, parse_trust_domain
 from .token_cache import VerifiedTokenCache

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .jwtsvid import AuthenticationError, Reason
+from .bearer import AuthenticationError, Reason
 from .spiffe_id import InvalidSpiffeId, SpiffeId, WorkloadIdentity, parse_spiffe_id
 
 log = logging.getLogger(__name__)

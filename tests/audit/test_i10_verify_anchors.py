@@ -29,7 +29,8 @@ from audit.keys import generate_signing_key, load_public_key, load_signing_key  
 from audit.log import AuditLog  # noqa: E402
 from audit.ocsf import OcsfFileSink  # noqa: E402
 from audit.syslog import SyslogSink  # noqa: E402
-from audit.verify import load_anchors, verify_files  # noqa: E402
+from audit.verify import verify_files  # noqa: E402
+from audit.verify_anchors import load_anchors  # noqa: E402
 from tests.support.waiting import wait_for
 
 

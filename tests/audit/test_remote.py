@@ -13,7 +13,8 @@ import pytest
 
 from audit.event import AuditEvent, Kind, Outcome, PolicyInfo
 from audit.keys import generate_signing_key, load_signing_key
-from audit.remote import AuditWorkerError, RemoteAuditLog
+from audit.remote import RemoteAuditLog
+from audit.worker_process import AuditWorkerError
 from audit.summary import AUDIT_UNAVAILABLE_CODE
 from audit.verify import verify_files
 from tests.support.waiting import wait_for

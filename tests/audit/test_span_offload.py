@@ -21,7 +21,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, set_span_in_context
 from prometheus_client import CollectorRegistry
 
-from audit.span_export import OffloadSpanProcessor, encode_frames, encode_span
+from audit.span_export import OffloadSpanProcessor
+from audit.span_frames import encode_frames, encode_span
 from audit.span_exporter_proc import SpanDecoder
 from audit.tracing import setup_tracing
 from tests.support.waiting import wait_for

@@ -20,13 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from policy.builtins import (
-    DEFAULT_ALLOWED_BUILTINS,
-    BuiltinNotAllowedError,
-    allowed_builtins,
-    check_builtin_name,
-    forbidden_calls,
-)
+from policy.builtin_allowlist import DEFAULT_ALLOWED_BUILTINS, allowed_builtins, check_builtin_name
+from policy.builtins import BuiltinNotAllowedError, forbidden_calls
 from policy.decision import PolicyCompileError
 from policy.embedded import EmbeddedOpa
 from policy.loader import build_engine, load_policy_dir

@@ -1,0 +1,30 @@
+"""The Prometheus metrics an :class:`audit.log.AuditLog` exports (events emitted, dropped, delivered; spill bytes; sink up; accepting)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class AuditLogMetrics:
+    """The Prometheus metrics of one :class:`audit.log.AuditLog` (labelled by sink name only, never by tenant)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.emitted = Counter("prefixgate_audit_events_emitted", "Audit events accepted by emit()", registry=registry)
+        self.dropped = Counter(
+            "prefixgate_audit_events_dropped", "Audit events lost (must stay 0)", ["sink"], registry=registry
+        )
+        self.scrubbed = Counter(
+            "prefixgate_audit_fields_scrubbed", "Event fields refused by the scrubber", ["reason"], registry=registry
+        )
+        self.spill_bytes = Gauge(
+            "prefixgate_audit_spill_bytes", "Undelivered bytes in the spill file", ["sink"], registry=registry
+        )
+        self.sink_up = Gauge("prefixgate_audit_sink_up", "1 if the sink took the last batch", ["sink"], registry=registry)
+        self.accepting = Gauge("prefixgate_audit_accepting", "1 if the gateway may accept requests", registry=registry)
+        self.delivered = Counter(
+            "prefixgate_audit_events_delivered", "Events handed to a sink", ["sink"], registry=registry
+        )
+        self.slow_sends = Counter(
+            "prefixgate_audit_slow_sends", "Sends still running after slow_send_s (batch moved to the spill)",
+            ["sink"], registry=registry
+        )

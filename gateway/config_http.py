@@ -1,0 +1,84 @@
+"""The HTTP side of the configuration: listeners, the HTTP server, request limits, upstream timeouts and retries."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from gateway.config_base import ConfigSection
+
+
+class ListenConfig(ConfigSection):
+    """Address of a listener (``port`` 0 picks a free port)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+
+
+class ServerConfig(ConfigSection):
+    """The HTTP server of both listeners (uvicorn).
+
+    ``http_parser``: ``httptools`` (default; C, llhttp) or ``h11`` (pure
+    Python, slower). Both enforce the same framing rules (gateway/framing.py,
+    tests/hostile/test_i10_http_framing.py); they differ only in how some
+    malformed requests are refused (httptools answers its own 400 and closes).
+    """
+
+    http_parser: Literal["httptools", "h11"] = "httptools"
+
+
+class LimitsConfig(ConfigSection):
+    """Request-size and timing limits of the public listener.
+
+    ``max_body_bytes``: request bodies larger than this answer 413 before they
+    are read in full (the rest is then drained, up to max(4 x this, 8 MiB),
+    so the client can read the 413: gateway/framing.py). ``body_read_timeout_s``:
+    a client that trickles its body longer than this answers 408; it also
+    bounds that drain. ``max_json_depth``: deeper JSON answers 400.
+    ``max_messages``: gateway-wide ceiling of chat messages per request (a
+    tenant's own bound, derived or set, is never above it); counted on the
+    parsed JSON before schema validation (400 ``too_many_messages``).
+    ``max_json_items``: ceiling of JSON values per body (bounded from above
+    by counting ``{``, ``[`` and ``,`` bytes before decoding; 400
+    ``too_many_json_items``): decoding, validating and rendering cost grows
+    with the number of values, not the bytes.
+
+    Connection-level bounds, enforced on BOTH listeners under both HTTP
+    parsers before any route or authentication (gateway/http_guard.py):
+    ``max_header_bytes``: the most bytes of one request head (request line,
+    header fields, blank line); larger answers 431 and closes.
+    ``header_read_timeout_s``: a request head must be complete this long
+    after the connection opened (or after the first byte of a later request
+    on a keep-alive connection); otherwise 408 and close.
+    ``max_connections``: per listener, open connections plus running
+    requests beyond which a new request answers 503 (uvicorn's
+    ``limit_concurrency``).
+    """
+
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    body_read_timeout_s: float = Field(10.0, gt=0)
+    max_json_depth: int = Field(32, ge=4, le=256)
+    max_output_tokens: int = Field(32768, ge=1)
+    max_messages: int = Field(2048, ge=1)
+    max_json_items: int = Field(65536, ge=64)
+    max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
+    header_read_timeout_s: float = Field(10.0, gt=0)
+    max_connections: int = Field(2048, ge=1)
+
+
+class UpstreamConfig(ConfigSection):
+    """Timeouts and retries of calls to replicas (seconds).
+
+    A request is retried on another allowed replica only before the first
+    byte reached the client, at most ``max_attempts`` replicas that received
+    it (a refused connection never reached a replica and does not count;
+    each replica is tried at most once) and within ``total_timeout_s`` overall.
+    """
+
+    connect_timeout_s: float = Field(2.0, gt=0)
+    first_byte_timeout_s: float = Field(60.0, gt=0)
+    read_timeout_s: float = Field(60.0, gt=0)
+    total_timeout_s: float = Field(600.0, gt=0)
+    max_attempts: int = Field(2, ge=1, le=5)
+    pool_size: int = Field(512, ge=1)

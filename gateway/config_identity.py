@@ -1,0 +1,83 @@
+"""The authentication section of the configuration: JWT-SVID audiences, trust domains and their bundles, proxies."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.config_base import ConfigSection
+
+
+class TrustDomainConfig(ConfigSection):
+    """Where a trust domain's bundle (JWKS) comes from: a file or an HTTPS URL."""
+
+    bundle_file: str | None = None
+    bundle_url: str | None = None
+    refresh_s: float = Field(300.0, gt=0)
+    max_stale_s: float = Field(3600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "TrustDomainConfig":
+        if bool(self.bundle_file) == bool(self.bundle_url):
+            raise ValueError("give exactly one of bundle_file or bundle_url")
+        return self
+
+
+class IdentityConfig(ConfigSection):
+    """JWT-SVID authentication (SPIFFE JWT-SVID spec).
+
+    Every request on both listeners needs a JWT-SVID whose ``aud`` holds the
+    listener's audience. ``audience`` and ``admin_audience`` must be
+    non-empty, without surrounding whitespace, and different from each other
+    (else a public token would open the admin listener). ``trusted_proxies``
+    (CIDRs) enables two things only: the binding check of a forwarded client
+    certificate against the JWT-SVID, and reading the client address the
+    proxy attests in ``X-Forwarded-For`` as the request's source; there is
+    deliberately no setting under which a forwarded certificate alone
+    authenticates, and any unknown key (e.g. an "xfcc only" mode) is refused
+    (``extra="forbid"``). ``unauthenticated_rps``/``unauthenticated_burst``:
+    per-source bucket of failed signature checks (a source that spent it gets
+    429 instead of a signature check; cheap refusals and cached tokens never
+    touch it). ``verified_token_cache_size``/``verified_token_cache_max_ttl_s``:
+    bounds of each listener's verified-token cache (docs/identity.md).
+    """
+
+    audience: str = "prefixgate"
+    admin_audience: str = "prefixgate-admin"
+    trust_domains: dict[str, TrustDomainConfig] = Field(default_factory=dict)
+    leeway_s: float = Field(30.0, ge=0, le=300)
+    max_lifetime_s: float = Field(3600.0, gt=0)
+    trusted_proxies: list[str] = Field(default_factory=list)
+    #: per-source budget of FAILED SIGNATURE CHECKS (per listener): rate /s, burst
+    unauthenticated_rps: float = Field(1000.0, gt=0)
+    unauthenticated_burst: int = Field(2000, ge=1)
+    #: verified-token cache per listener and audience: entries (0: off), lifetime cap (s)
+    verified_token_cache_size: int = Field(10_000, ge=0)
+    verified_token_cache_max_ttl_s: float = Field(300.0, gt=0)
+
+    @field_validator("audience", "admin_audience")
+    @classmethod
+    def _audience(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must be a non-empty audience (an empty or blank one would match no token)")
+        if v != v.strip() or any(ord(c) < 0x20 or ord(c) == 0x7F for c in v):
+            raise ValueError("must not start or end with whitespace nor hold control characters")
+        return v
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, v: list[str]) -> list[str]:
+        for p in v:
+            try:
+                ipaddress.ip_network(p, strict=False)
+            except ValueError:
+                raise ValueError(f"{p!r} is not an IP network (CIDR)") from None
+        return v
+
+    @model_validator(mode="after")
+    def _distinct_audiences(self) -> "IdentityConfig":
+        if self.audience == self.admin_audience:
+            raise ValueError("audience and admin_audience must differ "
+                             "(a public token must not open the admin listener)")
+        return self

@@ -1,0 +1,69 @@
+"""The policy section of the configuration: the policy decision point (embedded or remote OPA) and its limits."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.config_base import ConfigSection
+
+
+class PolicyConfig(ConfigSection):
+    """Policy decision point: embedded OPA (default) or a remote OPA.
+
+    ``timeout_s`` is one overall deadline per decision (seconds); past it the
+    request fails closed with 503. The default (0.2 s) leaves room for CPU
+    contention on small machines; a dedicated deployment can use ~0.05 s.
+    ``offload``: evaluate embedded decisions in a worker thread, so a
+    runaway evaluation is abandoned at the deadline instead of holding the
+    event loop; off by default because the thread hop costs more than a
+    typical decision (docs/policy.md, "Latency"); a late inline result is
+    still discarded and answered 503.
+    ``allowed_builtins``: built-ins (dotted names, e.g. ``time.now_ns``)
+    that policy modules may call in addition to the default pure list
+    (``policy.builtin_allowlist.DEFAULT_ALLOWED_BUILTINS``; docs/policy.md).
+    ``health_interval_s``: remote mode, how long a PDP health result is
+    reused by ``/readyz`` (seconds).
+    ``dir``: the embedded engine's policy directory; unset (the default) is
+    the policy installed with the package (:func:`rego.policy_dir`), never a
+    path relative to the working directory. ``versions_dir`` (operator
+    policy management writes the active set into ``dir``) needs an explicit
+    ``dir``: the installed copy is never written to.
+    """
+
+    mode: Literal["embedded", "remote"] = "embedded"
+    dir: str | None = None
+    versions_dir: str | None = None
+    url: str | None = None
+    token_env: str | None = None
+    ca_file: str | None = None
+    timeout_s: float = Field(0.2, gt=0)
+    offload: bool = False
+    cache_ttl_s: float = Field(1.0, ge=0)
+    cache_max_entries: int = Field(10000, ge=0)
+    allowed_builtins: list[str] = Field(default_factory=list)
+    health_interval_s: float = Field(1.0, gt=0, le=60)
+
+    @model_validator(mode="after")
+    def _store_needs_dir(self) -> "PolicyConfig":
+        if self.versions_dir and not self.dir:
+            raise ValueError("versions_dir needs an explicit dir (policy management writes the active "
+                             "set there; the installed policy is never modified): copy the shipped "
+                             "policy, e.g. `prefixgate policy export DIR`, and set dir")
+        return self
+
+    def resolved_dir(self) -> str:
+        """``dir``, or the installed shipped policy's directory when unset."""
+        if self.dir:
+            return self.dir
+        from rego import policy_dir
+
+        return str(policy_dir())
+
+    @field_validator("allowed_builtins")
+    @classmethod
+    def _check_builtins(cls, value: list[str]) -> list[str]:
+        from policy.builtin_allowlist import check_builtin_name
+
+        return [check_builtin_name(n) for n in value]

@@ -1,0 +1,42 @@
+"""The tenancy section of the configuration (tenants, key material source) and its check by the registry's rules."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from gateway.config_base import ConfigError, ConfigSection
+
+
+class TenancyConfig(ConfigSection):
+    """Tenants and their key material source (never the secret itself).
+
+    ``forward_user``: what replicas get as the OpenAI ``user`` field:
+    ``drop`` (default: nothing; the client's value never reaches a replica)
+    or ``pseudonym`` (a stable HMAC pseudonym of the authenticated workload,
+    see :func:`tenancy.keys.user_pseudonym`); a tenant's own
+    ``forward_user`` overrides it.
+    """
+
+    forward_user: Literal["drop", "pseudonym"] = "drop"
+    master_secret_file: str | None = None
+    master_secret_env: str | None = "PREFIXGATE_MASTER_SECRET"
+    state_file: str | None = None
+    key_grace_s: float = Field(3600.0, ge=0)
+    tenants: list[dict[str, Any]] = Field(default_factory=list)
+    operators: list[str] = Field(default_factory=list)
+
+
+def check_tenancy(tenancy: TenancyConfig) -> None:
+    """Validate ``tenancy.tenants`` and ``tenancy.operators`` with the registry's own rules.
+
+    Raises :class:`ConfigError` in the form of every configuration error,
+    ``invalid configuration: tenancy.tenants.0.max_output_token: unknown field``.
+    """
+    from tenancy.registry import TenantConfigError, TenantRegistry
+
+    try:
+        TenantRegistry.from_config(tenancy.tenants, operators=tenancy.operators)
+    except TenantConfigError as exc:
+        raise ConfigError(f"invalid configuration: tenancy.{exc}") from None
