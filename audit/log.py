@@ -47,7 +47,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from audit.backoff import Backoff
 from audit.dirlock import lock_directory
-from audit.event import AuditEvent, Kind, Outcome, now_ms, scrub_event
+from audit.event import AuditEvent, Kind, Outcome, now_ms
+from audit.scrub import scrub_event
 from audit.sink import AuditSink, SinkUnavailable
 from audit.spill import SpillCorrupt, SpillFile
 from audit.summary import AUDIT_UNAVAILABLE_CODE, RefusalCounter, SummaryAggregator
@@ -222,7 +223,7 @@ class AuditLog:
         """Queue ``event`` for every sink (except names in ``exclude``).
 
         Never blocks and never raises for sink trouble. The event is scrubbed
-        first (see :func:`audit.event.scrub_event`); refused fields are counted
+        first (see :func:`audit.scrub.scrub_event`); refused fields are counted
         in ``prefixgate_audit_fields_scrubbed_total``.
         """
         event, dropped = scrub_event(event)

@@ -162,7 +162,7 @@ class RemoteAuditLog:
     def emit(self, event: AuditEvent, exclude: Iterable[str] = ()) -> None:
         """Send ``event`` to the worker; never blocks, never raises for worker trouble.
 
-        The worker scrubs the event (:func:`audit.event.scrub_event`) before
+        The worker scrubs the event (:func:`audit.scrub.scrub_event`) before
         any sink or spill file sees it. ``exclude`` is not
         supported across the pipe (checkpoint forwarding happens inside the
         worker) and must be empty.
