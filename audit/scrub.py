@@ -13,7 +13,17 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from audit.event import _EVENT_FIELDS, _GROUP_FIELDS, AuditEvent, Identity, Latencies, LedgerInfo, PolicyInfo, RouteInfo, new_event_id
+from audit.event import (
+    _EVENT_FIELDS,
+    _GROUP_FIELDS,
+    AuditEvent,
+    Identity,
+    Latencies,
+    LedgerInfo,
+    PolicyInfo,
+    RouteInfo,
+    new_event_id,
+)
 
 __all__ = ["MAX_STRING_CHARS", "MAX_FINGERPRINT_HEX", "scrub_event"]
 

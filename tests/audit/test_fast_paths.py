@@ -13,9 +13,21 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit import cef, event as ev_mod, ocsf, scrub as scrub_mod, syslog
-from audit.event import (AuditEvent, EventSchemaError, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo,
-                         iso_ms, new_event_id)
+from audit import cef, ocsf, syslog
+from audit import event as ev_mod
+from audit import scrub as scrub_mod
+from audit.event import (
+    AuditEvent,
+    EventSchemaError,
+    Identity,
+    Kind,
+    Latencies,
+    Outcome,
+    PolicyInfo,
+    RouteInfo,
+    iso_ms,
+    new_event_id,
+)
 from audit.scrub import _scrub_value, scrub_event
 
 # ---- reference implementations (the code before the fast paths) ----
