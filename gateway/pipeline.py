@@ -308,7 +308,10 @@ class InferencePipeline:
             return up.first_chunk + rest
 
         try:
-            data = await unless_client_leaves(request, read_rest())
+            if up.body_received():  # a short answer is usually whole by now: nothing left to wait for
+                data = up.first_chunk + await up.read_rest()
+            else:
+                data = await unless_client_leaves(request, read_rest())
             obj = _json_object(data)
         except ClientGone:
             rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
