@@ -11,7 +11,6 @@ in a :class:`RequestRecord` that becomes exactly one audit event.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator
@@ -20,6 +19,7 @@ from typing import TypeVar
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway import json_fast
 from gateway.build import Gateway
 from gateway.client_io import ClientGone, EndingStreamingResponse, unless_client_leaves
 from gateway.errors import GatewayError
@@ -365,7 +365,7 @@ class InferencePipeline:
 
 
 def _json_object(data: bytes) -> JsonObject:
-    obj = json.loads(data)
+    obj = json_fast.loads(data)  # = json.loads(data), faster
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
     return obj
