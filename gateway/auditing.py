@@ -22,6 +22,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import generate_latest
+from starlette.datastructures import Headers
 
 from audit.event import AuditEvent, Identity, Kind, Outcome, new_event_id, now_ms
 from audit.request_event import request_event
@@ -147,7 +148,11 @@ class AuditHub:
         With a provider from :func:`audit.tracing.setup_tracing` the span is a
         plain :class:`audit.tracing.RequestTrace` finished in
         :meth:`record_request`; otherwise a live span of ``self.tracer``."""
-        links = incoming_links(headers)
+        if isinstance(headers, Headers):  # case-insensitive already: the one header (the last, as a dict keeps)
+            tps = headers.getlist("traceparent")
+            links = incoming_links({"traceparent": tps[-1]} if tps else {})
+        else:
+            links = incoming_links(headers)
         name = "POST " + rec.endpoint
         attributes = {"http.request.method": "POST", "http.route": rec.endpoint}
         now = time.time_ns()  # the server span's start; stage times are offsets from it
