@@ -226,13 +226,19 @@ def canonical_token_sha256(token: str) -> str:
         sig = base64.urlsafe_b64decode(s_seg + "=" * (-len(s_seg) % 4))
     except (binascii.Error, ValueError):
         raise _fail(Reason.MALFORMED, "token signature is not base64url") from None
+    return _canonical_name(f"{h_seg}.{p_seg}", sig, alg)
+
+
+def _canonical_name(signing_input: str, sig: bytes, alg: Any) -> str:
+    """:func:`canonical_token_sha256` from its parts: ``header "." payload`` (the
+    base64url segments), the decoded signature and the header's ``alg``."""
     ec = _EC_ORDER.get(alg) if isinstance(alg, str) else None
     if ec is not None and len(sig) == 2 * ec[1]:
         n, size = ec
         s = int.from_bytes(sig[size:], "big")
         if n // 2 < s < n:  # s >= n never verifies: left as it is
             sig = sig[:size] + (n - s).to_bytes(size, "big")
-    return hashlib.sha256(f"{h_seg}.{p_seg}.".encode("ascii") + sig).hexdigest()
+    return hashlib.sha256(f"{signing_input}.".encode("ascii") + sig).hexdigest()
 
 
 def _strict_json(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -273,6 +279,7 @@ class _Parsed:
     kid: str
     alg: str
     signature_len: int
+    signature: bytes = b""
 
 
 class JwtSvidVerifier:
@@ -374,7 +381,7 @@ class JwtSvidVerifier:
         if not isinstance(kid, str) or not kid:
             raise _fail(Reason.UNKNOWN_KID, "token header names no kid")
         return _Parsed(token=token, header=header, claims=claims, spiffe_id=sid, kid=kid, alg=alg,
-                       signature_len=len(signature))
+                       signature_len=len(signature), signature=signature)
 
     # -- step 2: time claims and audience, still unverified: may only refuse --
     def _check_claims(self, p: _Parsed) -> float:
@@ -495,7 +502,8 @@ class JwtSvidVerifier:
         except (BundleUnavailable, BundleError):
             raise _fail(Reason.BUNDLE_UNAVAILABLE, "trust bundle unavailable; try again later") from None
         key, pyjwk = self._key(p, bundle)
-        name = canonical_token_sha256(token)
+        # = canonical_token_sha256(token), from the parts already parsed
+        name = _canonical_name(token.rpartition(".")[0], p.signature, p.alg)
         hit = self.cache.get(name, td, version)
         if hit is not None:
             return hit
