@@ -53,8 +53,8 @@ class AuditHub:
         self.public_registries: tuple[Any, ...] = ()
         self.provider: Any | None = None
         self.emitted = 0
-        # the log's request-row entry (the audit worker's pipe, or the in-process log) if it has one;
-        # other logs (test captures) get the built event
+        # the log's request-row entry if it has one (audit.remote.RemoteAuditLog: the worker builds
+        # the event); other logs (the in-process AuditLog, test captures) get the built event
         self._emit_row = getattr(log, "emit_request_row", None)
 
     @classmethod
