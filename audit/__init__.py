@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from audit.concentration import ConcentrationMonitor
 from audit.config import AuditConfigError, build_audit
-from audit.event import AuditEvent, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo, scrub_event
+from audit.event import AuditEvent, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo
 from audit.log import AuditLog
+from audit.scrub import scrub_event
 from audit.summary import SummaryAggregator
 
 __all__ = [

@@ -130,6 +130,10 @@ class ConcentrationMonitor:
         self._g_share = Gauge("prefixgate_replica_request_share", "Request share", ["pool", "replica"], registry=self.admin_registry)
         self._g_pshare = Gauge("prefixgate_replica_prefill_share", "Prefill-token share", ["pool", "replica"], registry=self.admin_registry)
         self._g_ratio = Gauge("prefixgate_pool_max_mean_ratio", "Max/mean requests per replica", ["pool"], registry=self.admin_registry)
+        # children per label values (``labels()`` costs a lock and a dict build per call; pools and
+        # replicas are few and never forgotten, like the gauges' own children)
+        self._pool_children: dict[str, tuple[Gauge, Gauge, Gauge]] = {}
+        self._replica_children: dict[tuple[str, str], tuple[Gauge, Gauge]] = {}
         for pool, members in (pools or {}).items():
             self.set_pool_members(pool, members)
 
@@ -224,15 +228,17 @@ class ConcentrationMonitor:
 
     def _evaluate(self, pool: str, now: float) -> None:
         st = self.stats(pool)
-        self._g_index.labels(pool).set(st["hhi"])  # type: ignore[arg-type]
+        g_index, g_hit, g_ratio = self._pool_gauges(pool)
+        g_index.set(st["hhi"])  # type: ignore[arg-type]
         if st["hit_rate"] is not None:
-            self._g_hit.labels(pool).set(st["hit_rate"])  # type: ignore[arg-type]
-        self._g_ratio.labels(pool).set(st["max_mean_ratio"])  # type: ignore[arg-type]
+            g_hit.set(st["hit_rate"])  # type: ignore[arg-type]
+        g_ratio.set(st["max_mean_ratio"])  # type: ignore[arg-type]
         shares: dict[str, float] = st["shares"]  # type: ignore[assignment]
         pshares: dict[str, float] = st["prefill_shares"]  # type: ignore[assignment]
         for r in shares:
-            self._g_share.labels(pool, r).set(shares[r])
-            self._g_pshare.labels(pool, r).set(pshares[r])
+            g_share, g_pshare = self._replica_gauges(pool, r)
+            g_share.set(shares[r])
+            g_pshare.set(pshares[r])
         if int(st["requests"]) < self.min_requests or len(shares) < 2:  # type: ignore[call-overload]
             return
         thr = self.share_threshold if self.share_threshold is not None else self.default_share_threshold(
@@ -248,6 +254,22 @@ class ConcentrationMonitor:
             low = base * (1 - self.hit_drop_ratio)
             ok = base * (1 - self.hit_drop_ratio * self.clear_ratio)
             self._step(("cache_miss_spike", pool, ""), hit < low, hit >= ok, now, hit, low)  # type: ignore[operator]
+
+    def _pool_gauges(self, pool: str) -> tuple[Gauge, Gauge, Gauge]:
+        """The pool's HHI, hit-rate and max/mean gauge children (looked up once per pool)."""
+        got = self._pool_children.get(pool)
+        if got is None:
+            got = self._pool_children[pool] = (self._g_index.labels(pool), self._g_hit.labels(pool),
+                                               self._g_ratio.labels(pool))
+        return got
+
+    def _replica_gauges(self, pool: str, replica: str) -> tuple[Gauge, Gauge]:
+        """The replica's request-share and prefill-share gauge children (looked up once per replica)."""
+        got = self._replica_children.get((pool, replica))
+        if got is None:
+            got = self._replica_children[(pool, replica)] = (self._g_share.labels(pool, replica),
+                                                             self._g_pshare.labels(pool, replica))
+        return got
 
     def _step(self, key: tuple[str, str, str], breach: bool, clear: bool, now: float, value: float, threshold: float) -> None:
         ep = self._episodes[key]

@@ -21,14 +21,15 @@ hashes. The gateway passes ``prefix_fingerprint`` already keyed per tenant
 (HMAC under the tenant's key, truncated to at most 16 bytes / 32 hex chars),
 so two tenants sending the same prompt get unrelated fingerprints and the
 audit log cannot be used to confirm a guessed prompt or join tenants.
-:func:`scrub_event` is a second line of defence: it drops (and reports) any
-string longer than a bound or looking like a JWT / PEM key / bearer header.
+:func:`audit.scrub.scrub_event` is a second line of defence: it drops (and
+reports) any string longer than a bound or looking like a JWT / PEM key /
+bearer header. :mod:`audit.request_event` is the flat form of a request's
+event the gateway hands to the audit worker.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
-import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -41,20 +42,6 @@ import orjson
 SCHEMA_VERSION = "3"
 #: Versions :meth:`AuditEvent.from_dict` reads (older ones through :func:`upgrade_event_dict`).
 READABLE_VERSIONS = frozenset({"1", "2", "3"})
-
-#: Longest string value (characters) accepted in any event field.
-MAX_STRING_CHARS = 256
-#: Longest accepted ``prefix_fingerprint`` (hex chars; 16 bytes).
-MAX_FINGERPRINT_HEX = 32
-
-_JWT_RE = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.?")
-_SECRET_RE = re.compile(r"-----BEGIN [A-Z ]*KEY-----|\bBearer\s+\S{8,}", re.IGNORECASE)
-_HEX_RE = re.compile(r"^[0-9a-f]+$")
-# matches somewhere iff _JWT_RE or _SECRET_RE does (alternation of both, each
-# with its own flags): the scrubber's one-scan pre-check
-_ANY_SECRET_RE = re.compile(
-    r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.?|(?i:-----BEGIN [A-Z ]*KEY-----|\bBearer\s+\S{8,})"
-)
 
 
 class Kind(str, enum.Enum):
@@ -358,127 +345,3 @@ _NESTED: dict[str, type] = {"identity": Identity, "policy": PolicyInfo, "ledger"
                             "latency": Latencies}
 _KIND_BY_VALUE: dict[str, Kind] = {k.value: k for k in Kind}
 _OUTCOME_BY_VALUE: dict[str, Outcome] = {o.value: o for o in Outcome}
-
-
-def _bad_string(path: str, value: str, max_chars: int) -> str | None:
-    """Reason a string must not be logged, or None if it is fine."""
-    if len(value) > max_chars:
-        return "too_long"
-    if _ANY_SECRET_RE.search(value) is not None:  # one scan; which one only when either matches
-        if _JWT_RE.search(value):
-            return "jwt_like"
-        if _SECRET_RE.search(value):
-            return "secret_like"
-    if path == "prefix_fingerprint":
-        if len(value) > MAX_FINGERPRINT_HEX or not _HEX_RE.match(value):
-            return "fingerprint_shape"
-    return None
-
-
-def _scrub_value(path: str, value: Any, max_chars: int, dropped: list[tuple[str, str]]) -> Any:
-    if isinstance(value, str):
-        reason = _bad_string(path, value, max_chars)
-        if reason:
-            dropped.append((path, reason))
-            return None
-        return value
-    if isinstance(value, bool) or value is None or isinstance(value, (int, float)):
-        return value
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            sv = _scrub_value(f"{path}.{k}", v, max_chars, dropped)
-            if sv is not None:
-                out[str(k)] = sv
-        return out
-    # lists, bytes, arbitrary objects: never logged (could hold token ids)
-    dropped.append((path, "unsupported_type"))
-    return None
-
-
-def scrub_event(event: AuditEvent, max_chars: int = MAX_STRING_CHARS) -> tuple[AuditEvent, list[tuple[str, str]]]:
-    """Drop every field that could carry a secret or prompt text.
-
-    A string field is dropped when longer than ``max_chars`` characters, when
-    it matches a JWT (``eyJ…​.…``), PEM key or ``Bearer`` pattern, or (for
-    ``prefix_fingerprint``) when it is not lower-case hex of at most 32
-    chars (a full 64-hex raw prefix hash is refused). Lists/bytes are
-    dropped too (token ids). Returns the cleaned event and a list of
-    ``(field_path, reason)`` for the drop counter; never raises.
-    """
-    if event.event_id is not None and _is_clean(event, max_chars):
-        return event, []
-    return _scrub_event_general(event, max_chars)
-
-
-_SCRUB_TOP: tuple[str, ...] = tuple(n for n in _EVENT_FIELDS if n not in ("kind", "outcome", "time_ms"))
-_SCRUB_GROUPS: dict[type, tuple[tuple[str, str], ...]] = {
-    cls: tuple((sf.name, f"{name}.{sf.name}") for sf in dataclasses.fields(cls))
-    for name, cls in (("identity", Identity), ("policy", PolicyInfo), ("ledger", LedgerInfo), ("route", RouteInfo),
-                      ("latency", Latencies))
-}
-_PLAIN_NUMBERS = (int, float, bool)
-
-
-def _clean_str(path: str, value: str, max_chars: int) -> bool:
-    """True iff :func:`_bad_string` would accept ``value`` at ``path``."""
-    if len(value) > max_chars or _ANY_SECRET_RE.search(value) is not None:
-        return False
-    if path == "prefix_fingerprint":
-        return len(value) <= MAX_FINGERPRINT_HEX and _HEX_RE.match(value) is not None
-    return True
-
-
-def _clean_scalar(path: str, value: Any, max_chars: int) -> bool:
-    """True for None, a plain int/float/bool, or a str :func:`_bad_string` accepts;
-    False for anything else (mappings, subclasses, other types)."""
-    if value is None:
-        return True
-    t = type(value)
-    if t is str:
-        return _clean_str(path, value, max_chars)
-    return t in _PLAIN_NUMBERS
-
-
-def _is_clean(event: AuditEvent, max_chars: int) -> bool:
-    """True when :func:`_scrub_event_general` would return ``event`` unchanged
-    with nothing dropped, decided without building anything. Anything it is
-    not sure about (mappings, str/number subclasses, other types, a group of
-    an unexpected class) answers False and takes the general path."""
-    for name in _SCRUB_TOP:
-        value = getattr(event, name)
-        sub = _SCRUB_GROUPS.get(type(value))
-        if sub is not None and name in _GROUP_FIELDS:
-            if not all(_clean_scalar(path, getattr(value, attr), max_chars) for attr, path in sub):
-                return False
-        elif not _clean_scalar(name, value, max_chars):
-            return False
-    return True
-
-
-def _scrub_event_general(event: AuditEvent, max_chars: int) -> tuple[AuditEvent, list[tuple[str, str]]]:
-    """The scrubber for any event (any field types); see :func:`scrub_event`."""
-    dropped: list[tuple[str, str]] = []
-    changes: dict[str, Any] = {}
-    for f in dataclasses.fields(event):
-        value = getattr(event, f.name)
-        if f.name in ("kind", "outcome", "time_ms"):
-            continue
-        if dataclasses.is_dataclass(value):
-            sub = {}
-            for sf in dataclasses.fields(value):
-                sv = getattr(value, sf.name)
-                clean = _scrub_value(f"{f.name}.{sf.name}", sv, max_chars, dropped)
-                if clean is not sv:
-                    sub[sf.name] = clean
-            if sub:
-                changes[f.name] = dataclasses.replace(value, **sub)
-            continue
-        clean = _scrub_value(f.name, value, max_chars, dropped)
-        if clean is not value and clean != value:
-            changes[f.name] = clean
-        elif clean is None and value is not None:
-            changes[f.name] = None
-    if changes.get("event_id", event.event_id) is None:
-        changes["event_id"] = new_event_id()
-    return (dataclasses.replace(event, **changes) if changes else event), dropped

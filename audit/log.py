@@ -49,7 +49,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from audit.dirlock import lock_directory
-from audit.event import AuditEvent, Kind, now_ms, scrub_event
+from audit.event import AuditEvent, Kind, now_ms
+from audit.scrub import scrub_event
 from audit.log_delivery import DeliveryLoop, QueueFull, SinkWorker
 from audit.log_metrics import AuditLogMetrics
 from audit.log_spill import SpillGate, encode_line
@@ -169,7 +170,7 @@ class AuditLog(SpillGate, DeliveryLoop):
         """Queue ``event`` for every sink (except names in ``exclude``).
 
         Never blocks and never raises for sink trouble. The event is scrubbed
-        first (see :func:`audit.event.scrub_event`); refused fields are counted
+        first (see :func:`audit.scrub.scrub_event`); refused fields are counted
         in ``prefixgate_audit_fields_scrubbed_total``.
         """
         event, dropped = scrub_event(event)

@@ -4,7 +4,8 @@
 gateway uses (``emit``, ``start``, ``drain``, ``close``, ``accepting``,
 ``dropped``, ``spill_pending_bytes``) but runs every sink in a child
 process. ``emit`` costs the gateway one canonical JSON encoding of the event
-and a buffered pipe write per event loop iteration; formatting (hash chain,
+(``emit_request_row``: of a request's flat row, :mod:`audit.request_event`;
+the worker builds the event) and a buffered pipe write per event loop iteration; formatting (hash chain,
 OCSF, CEF, OTLP) and sink I/O happen on another core.
 
 Delivery: every event carries a sequence number; the worker acknowledges
@@ -39,13 +40,14 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from audit.event import AuditEvent, Kind, Outcome
+from audit.request_event import request_event
 from audit.summary import AUDIT_UNAVAILABLE_CODE, RefusalCounter
 from audit.worker_process import AuditWorkerError, WorkerProcess
 
@@ -157,7 +159,7 @@ class RemoteAuditLog(WorkerProcess):
     def emit(self, event: AuditEvent, exclude: Iterable[str] = ()) -> None:
         """Send ``event`` to the worker; never blocks, never raises for worker trouble.
 
-        The worker scrubs the event (:func:`audit.event.scrub_event`) before
+        The worker scrubs the event (:func:`audit.scrub.scrub_event`) before
         any sink or spill file sees it. ``exclude`` is not
         supported across the pipe (checkpoint forwarding happens inside the
         worker) and must be empty.
@@ -169,11 +171,25 @@ class RemoteAuditLog(WorkerProcess):
             self._refused.count(event)
             return
         self._seq += 1
-        frame = b'{"t":"e","s":%d,"e":%b}\n' % (self._seq, event.to_json())
+        self._send(b'{"t":"e","s":%d,"e":%b}\n' % (self._seq, event.to_json()), event.event_id)
+
+    def emit_request_row(self, row: Sequence[Any]) -> None:
+        """Send a request's audit event as its request row (:mod:`audit.request_event`):
+        the worker builds the event; this side encodes one flat array. Same
+        delivery as :meth:`emit`; while the trail is not accepting, the event is
+        built here and goes through :meth:`emit` (refusal counting)."""
+        if not self._accepting:
+            self.emit(request_event(row))
+            return
+        self._seq += 1
+        self._send(b'{"t":"r","s":%d,"r":%b}\n' % (self._seq, orjson.dumps(row)), row[0])
+
+    def _send(self, frame: bytes, event_id: str | None) -> None:
+        """Queue one event frame (sequence number already taken) for the worker."""
         if self._backlog + len(frame) > self._hard:
             self._dropped += 1
             self.metrics.dropped.inc()
-            log.error("audit worker backlog full: event %s dropped", event.event_id)
+            log.error("audit worker backlog full: event %s dropped", event_id)
             return
         self._unacked.append((self._seq, frame, time.monotonic()))
         self._backlog += len(frame)

@@ -14,7 +14,8 @@ Protocol (newline-delimited JSON, UTF-8; one object per line):
   :func:`audit.config.build_audit`; sent on the pipe, not in argv, because it
   may hold collector credentials).
 * stdin, then: ``{"t":"e","s":SEQ,"e":EVENT}`` (an event as
-  :meth:`audit.event.AuditEvent.to_dict`, SEQ increasing),
+  :meth:`audit.event.AuditEvent.to_dict`, SEQ increasing), ``{"t":"r","s":SEQ,"r":ROW}``
+  (a request's event as its flat row, :mod:`audit.request_event`; built here),
   ``{"t":"drain","id":K,"timeout":S}``, ``{"t":"close","timeout":S}``.
 * stdout: ``{"t":"ready","pid":P}`` once the sinks are built and started, or
   ``{"t":"error","type":NAME,"message":TEXT}`` and exit status 2;
@@ -46,6 +47,7 @@ import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 
 from audit.event import AuditEvent, EventSchemaError
+from audit.request_event import request_event
 
 log = logging.getLogger("prefixgate.audit.worker")
 
@@ -167,7 +169,10 @@ async def run() -> int:
                 try:
                     frame = orjson.loads(line)
                     t = frame["t"]
-                    if t == "e":
+                    if t == "r":
+                        audit.emit(request_event(frame["r"]))
+                        tracker.emitted(int(frame["s"]))
+                    elif t == "e":
                         audit.emit(AuditEvent.from_dict(frame["e"]))
                         tracker.emitted(int(frame["s"]))
                     elif t == "drain":

@@ -8,7 +8,7 @@ time (``time.process_time_ns``; microseconds per event, best of ``R``
 repetitions) of each stage the worker runs, in isolation:
 
 * ``from_dict``: :meth:`audit.event.AuditEvent.from_dict` of the pipe dict
-* ``scrub_event``: :func:`audit.event.scrub_event`
+* ``scrub_event``: :func:`audit.scrub.scrub_event`
 * ``to_dict``: :meth:`AuditEvent.to_dict`
 * ``jsonl_record``: ``to_dict`` + :func:`audit.chain.make_record` + canonical JSON
   line (the JSONL sink's ``_append``; sha256 inside ``make_record``)
@@ -46,7 +46,8 @@ import orjson
 from audit import event as event_mod
 from audit.cef import format_cef
 from audit.chain import canonical_json, make_record
-from audit.event import AuditEvent, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo, scrub_event
+from audit.event import AuditEvent, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo
+from audit.scrub import scrub_event
 from audit.ocsf import to_ocsf
 from audit.otlp import SCOPE_NAME, build_request, build_resource
 from audit.syslog import format_rfc5424, frame_octet_counted

@@ -2,7 +2,8 @@
 one OpenTelemetry trace and one concentration-monitor observation.
 
 The audit package owns the schema, sinks and monitors; this adapter only
-maps :class:`gateway.pipeline.RequestRecord` fields onto
+maps :class:`gateway.record.RequestRecord` fields onto a request row
+(:mod:`audit.request_event`) from which the audit worker builds the
 :class:`audit.event.AuditEvent` (never prompt text, tokens or keys: the
 record holds none) and creates the request's spans with the recorded stage
 timestamps (server span, children ``authenticate``, ``policy``, ``route``,
@@ -21,13 +22,15 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import generate_latest
+from starlette.datastructures import Headers
 
-from audit.event import AuditEvent, Identity, Kind, Latencies, LedgerInfo, Outcome, PolicyInfo, RouteInfo
+from audit.event import AuditEvent, Identity, Kind, Outcome, new_event_id, now_ms
+from audit.request_event import request_event
 from audit.tracing import begin_request_trace, end_request_trace, incoming_links, request_trace_headers
+from gateway.record import RequestRecord
 
 __all__ = ["AuditHub"]
 
-_OUTCOMES = {o.value: o for o in Outcome}
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
@@ -50,6 +53,9 @@ class AuditHub:
         self.public_registries: tuple[Any, ...] = ()
         self.provider: Any | None = None
         self.emitted = 0
+        # the log's request-row entry if it has one (audit.remote.RemoteAuditLog: the worker builds
+        # the event); other logs (the in-process AuditLog, test captures) get the built event
+        self._emit_row = getattr(log, "emit_request_row", None)
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any], *, router_factor: float = 1.25,
@@ -136,13 +142,17 @@ class AuditHub:
         return b"".join(generate_latest(r) for r in self._admin_registries)
 
     # -- tracing
-    def start_span(self, rec: Any, headers: Mapping[str, str]) -> None:
+    def start_span(self, rec: RequestRecord, headers: Mapping[str, str]) -> None:
         """Open the request's server span (a client ``traceparent`` becomes a link).
 
         With a provider from :func:`audit.tracing.setup_tracing` the span is a
         plain :class:`audit.tracing.RequestTrace` finished in
         :meth:`record_request`; otherwise a live span of ``self.tracer``."""
-        links = incoming_links(headers)
+        if isinstance(headers, Headers):  # case-insensitive already: the one header (the last, as a dict keeps)
+            tps = headers.getlist("traceparent")
+            links = incoming_links({"traceparent": tps[-1]} if tps else {})
+        else:
+            links = incoming_links(headers)
         name = "POST " + rec.endpoint
         attributes = {"http.request.method": "POST", "http.route": rec.endpoint}
         now = time.time_ns()  # the server span's start; stage times are offsets from it
@@ -155,7 +165,7 @@ class AuditHub:
                 start_time=now, attributes=attributes)
         rec.extra["wall0_ns"] = now
 
-    def inject_trace_headers(self, headers: dict[str, str], rec: Any | None = None) -> None:
+    def inject_trace_headers(self, headers: dict[str, str], rec: RequestRecord | None = None) -> None:
         """Add the gateway's own ``traceparent`` (W3C Trace Context) for the upstream call."""
         if rec is None:
             return
@@ -167,7 +177,7 @@ class AuditHub:
         if span is not None:
             _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
 
-    def _end_spans(self, rec: Any) -> str | None:
+    def _end_spans(self, rec: RequestRecord) -> str | None:
         rt = rec.extra.pop("trace", None)
         span = rec.extra.pop("span", None)
         if rt is None and span is None:
@@ -213,38 +223,33 @@ class AuditHub:
         return format(sc.trace_id, "032x") if sc.is_valid else None
 
     # -- events
-    def record_request(self, rec: Any) -> None:
-        """One audit event (and spans, and a concentration observation) for a finished request."""
+    def record_request(self, rec: RequestRecord) -> None:
+        """One audit event (and spans, and a concentration observation) for a finished request.
+
+        The event leaves as a request row (:mod:`audit.request_event`): the audit
+        worker, or the in-process log, builds the :class:`AuditEvent` from it."""
         trace_id = self._end_spans(rec)
-        kind = Kind.AUTH if rec.outcome == "unauthenticated" else Kind.INFERENCE
-        event = AuditEvent(
-            kind=kind,
-            outcome=_OUTCOMES.get(rec.outcome, Outcome.FAILED),
-            request_id=rec.request_id,
-            identity=Identity(rec.spiffe_id, rec.trust_domain),
-            tenant=rec.tenant_id,
-            policy=PolicyInfo(rec.decision_id, rec.reason_code or rec.error_code, rec.reason),
-            endpoint=rec.endpoint,
-            model=rec.model,
-            prompt_tokens=rec.prompt_tokens,
-            output_tokens=rec.output_tokens,
-            sequences=getattr(rec, "sequences", None),
-            ledger=_ledger_info(rec),
-            error_code=rec.error_code,
-            route=RouteInfo(rec.replica, rec.pool, rec.routing_policy, rec.available_prefix_tokens,
-                            rec.predicted_prefix_tokens, rec.delivered_prefix_tokens, rec.replica_load_tokens),
-            latency=Latencies(rec.ms(rec.t0, rec.t_auth), rec.ms(rec.t_auth, rec.t_parsed),
-                              rec.ms(rec.t_parsed, rec.t_keys), rec.ms(rec.t_keys, rec.t_decided),
-                              rec.ms(rec.t_decided, rec.t_route), rec.ms(rec.t0, rec.t_first_byte),
-                              rec.ms(rec.t0, rec.t_end)),
-            status_code=rec.status,
-            client_address=rec.client_addr,
-            trace_id=trace_id,
-            prefix_fingerprint=rec.prefix_fingerprint,
+        s = rec.settlement
+        if s is None:
+            reserved = charged = prompt_charged = output_charged = basis = None
+        else:
+            reserved, charged, prompt_charged, output_charged, basis = (
+                s.reserved, s.charged, s.charged_prompt, s.charged_output, s.basis)
+        row = (
+            new_event_id(), now_ms(), rec.outcome, rec.request_id, rec.spiffe_id, rec.trust_domain, rec.tenant_id,
+            rec.decision_id, rec.reason_code or rec.error_code, rec.reason, rec.endpoint, rec.model,
+            rec.prompt_tokens, rec.output_tokens, rec.sequences,
+            reserved, charged, prompt_charged, output_charged, rec.relayed_output, basis,
+            rec.error_code, rec.replica, rec.pool, rec.routing_policy, rec.available_prefix_tokens,
+            rec.predicted_prefix_tokens, rec.delivered_prefix_tokens, rec.replica_load_tokens,
+            rec.t0, rec.t_auth, rec.t_parsed, rec.t_keys, rec.t_decided, rec.t_route, rec.t_first_byte, rec.t_end,
+            rec.status, rec.client_addr, trace_id, rec.prefix_fingerprint,
         )
         self.emitted += 1
-        if self.log is not None:
-            self.log.emit(event)
+        if self._emit_row is not None:
+            self._emit_row(row)
+        elif self.log is not None:
+            self.log.emit(request_event(row))
         if self.monitor is not None and rec.replica and rec.outcome == "allowed":
             prompt = rec.prompt_tokens or 0
             predicted = rec.predicted_prefix_tokens or 0
@@ -268,12 +273,3 @@ class AuditHub:
         if self.log is not None:
             self.log.emit(event)
 
-
-def _ledger_info(rec: Any) -> LedgerInfo:
-    """The ``ledger`` group of a request's audit event (empty when nothing was reserved)."""
-    s = getattr(rec, "settlement", None)
-    relayed = getattr(rec, "relayed_output", None)
-    if s is None:
-        return LedgerInfo(output_relayed=relayed)
-    return LedgerInfo(reserved_tokens=s.reserved, charged_tokens=s.charged, prompt_charged=s.charged_prompt,
-                      output_charged=s.charged_output, output_relayed=relayed, basis=s.basis)

@@ -4,7 +4,6 @@ that ends its request however its ASGI call ends."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -52,19 +51,36 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
     """Await ``work`` unless the client disconnects first: then cancel it and raise :class:`ClientGone`.
 
     Call only after the request body was read (it listens on ``receive``).
+    ``work`` runs in the calling task; one watcher task waits for the
+    disconnect and, if it comes first, cancels the calling task (the
+    cancellation lands inside ``work``: the watcher runs only while the
+    caller is suspended there), which is turned into :class:`ClientGone`. A
+    cancellation from anyone else is passed on unchanged.
     """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    task = asyncio.current_task()
+    if task is None:  # not in a task: nothing to cancel
+        return await work
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await _wait_disconnect(request)
+        gone = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        result = await work
+    except asyncio.CancelledError:
+        if not gone or task.uncancel() > 0:  # not (only) ours: someone else cancelled the request too
+            raise
+        raise ClientGone() from None
     finally:
         watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
-    raise ClientGone()
+    if gone:  # ``work`` swallowed the cancellation: the client is gone all the same
+        task.uncancel()
+        raise ClientGone()
+    return result
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -188,6 +188,10 @@ class UpstreamStream:
             parts.append(chunk)
         return b"".join(parts)
 
+    def body_received(self) -> bool:
+        """True when the whole raw body has arrived (:meth:`read_rest` then returns without waiting)."""
+        return self.finished or self.response.content.at_eof()
+
     def close(self) -> None:
         """Abort the upstream connection (cancels the replica's work)."""
         self.response.close()

@@ -30,6 +30,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.requests import ClientDisconnect, Request
 
+from gateway import json_fast
 from gateway.errors import GatewayError
 from tenancy.tokenizer import TokenizerError, prompt_text
 
@@ -299,7 +300,7 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     except UnicodeDecodeError:
         raise GatewayError(400, "invalid_json", "request body is not valid UTF-8") from None
     try:
-        data = json.loads(text)
+        data = json_fast.loads(raw, text)  # = json.loads(text), faster (gateway/json_fast.py)
     except RecursionError:
         raise GatewayError(400, "invalid_json", "request body is nested too deeply") from None
     except ValueError:

@@ -53,7 +53,7 @@ from .bundle_parse import (
     TrustBundle,
     UnknownTrustDomain,
 )
-from .jws_compact import MAX_TOKEN_BYTES, _signature_len, canonical_token_sha256
+from .jws_compact import MAX_TOKEN_BYTES, _signature_len, canonical_name
 from .jwtsvid_claims import ParsedToken, check_claims, parse_token
 from .spiffe_id import WorkloadIdentity, parse_trust_domain
 from .token_cache import DEFAULT_MAX_TTL_S as DEFAULT_CACHE_MAX_TTL_S
@@ -214,7 +214,8 @@ class JwtSvidVerifier:
         except (BundleUnavailable, BundleError):
             raise _fail(Reason.BUNDLE_UNAVAILABLE, "trust bundle unavailable; try again later") from None
         key, pyjwk = self._key(p, bundle)
-        name = canonical_token_sha256(token)
+        # = canonical_token_sha256(token), from the parts already parsed
+        name = canonical_name(token.rpartition(".")[0], p.signature, p.alg)
         hit = self.cache.get(name, td, version)
         if hit is not None:
             return hit

@@ -30,6 +30,8 @@ class ParsedToken:
     kid: str
     alg: str
     signature_len: int
+    #: The decoded signature bytes (for :func:`jws_compact.canonical_name`).
+    signature: bytes = b""
 
 
 def parse_token(token: str, *, max_token_bytes: int, trust_domains: frozenset[str]) -> ParsedToken:
@@ -74,7 +76,7 @@ def parse_token(token: str, *, max_token_bytes: int, trust_domains: frozenset[st
     if not isinstance(kid, str) or not kid:
         raise _fail(Reason.UNKNOWN_KID, "token header names no kid")
     return ParsedToken(token=token, header=header, claims=claims, spiffe_id=sid, kid=kid, alg=alg,
-                   signature_len=len(signature))
+                   signature_len=len(signature), signature=signature)
 
 # -- step 2: time claims and audience, still unverified: may only refuse --
 def check_claims(p: ParsedToken, *, now: float, leeway_s: float, max_lifetime_s: float, audience: str) -> float:

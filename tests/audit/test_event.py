@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from audit.event import AuditEvent, EventSchemaError, Identity, Kind, Outcome, PolicyInfo, RouteInfo, scrub_event
+from audit.event import AuditEvent, EventSchemaError, Identity, Kind, Outcome, PolicyInfo, RouteInfo
+from audit.scrub import scrub_event
 from audit.summary import SummaryAggregator
 
 JWT = "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJzcGlmZmU6Ly9leGFtcGxlLm9yZy93In0.c2lnbmF0dXJl"

@@ -13,9 +13,22 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit import cef, event as ev_mod, ocsf, syslog
-from audit.event import (AuditEvent, EventSchemaError, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo,
-                         _scrub_value, iso_ms, new_event_id, scrub_event)
+from audit import cef, ocsf, syslog
+from audit import event as ev_mod
+from audit import scrub as scrub_mod
+from audit.event import (
+    AuditEvent,
+    EventSchemaError,
+    Identity,
+    Kind,
+    Latencies,
+    Outcome,
+    PolicyInfo,
+    RouteInfo,
+    iso_ms,
+    new_event_id,
+)
+from audit.scrub import _scrub_value, scrub_event
 
 # ---- reference implementations (the code before the fast paths) ----
 
@@ -28,12 +41,12 @@ def _ref_iso_ms(epoch_ms: int) -> str:
 def _ref_bad_string(path: str, value: str, max_chars: int) -> str | None:
     if len(value) > max_chars:
         return "too_long"
-    if ev_mod._JWT_RE.search(value):
+    if scrub_mod._JWT_RE.search(value):
         return "jwt_like"
-    if ev_mod._SECRET_RE.search(value):
+    if scrub_mod._SECRET_RE.search(value):
         return "secret_like"
     if path == "prefix_fingerprint":
-        if len(value) > ev_mod.MAX_FINGERPRINT_HEX or not ev_mod._HEX_RE.match(value):
+        if len(value) > scrub_mod.MAX_FINGERPRINT_HEX or not scrub_mod._HEX_RE.match(value):
             return "fingerprint_shape"
     return None
 
@@ -289,7 +302,7 @@ def test_scrub_on_scalar_events_matches_and_bad_string_reasons(event: AuditEvent
     for s in [event.tenant, event.model, event.endpoint] + _SPECIAL:
         if isinstance(s, str):
             for path in ("tenant", "prefix_fingerprint"):
-                assert ev_mod._bad_string(path, s, 256) == _ref_bad_string(path, s, 256)
+                assert scrub_mod._bad_string(path, s, 256) == _ref_bad_string(path, s, 256)
                 d1: list[tuple[str, str]] = []
                 d2: list[tuple[str, str]] = []
                 assert _scrub_value(path, s, 256, d1) == _ref_scrub_value(path, s, 256, d2) and d1 == d2

@@ -1,0 +1,108 @@
+"""The flat form of a request's audit event: a row of plain values built on the
+request path, turned into an :class:`audit.event.AuditEvent` off it.
+
+Building the event (six dataclasses), its JSON-ready dict and its canonical
+JSON costs the gateway far more than one ``orjson`` encoding of a flat
+tuple. So the gateway (``gateway.auditing.AuditHub.record_request``) sends a
+*request row* — the values of :data:`REQUEST_ROW_FIELDS`, in that order,
+each a ``str``, ``int``, ``float``, ``bool`` or ``None`` — and the audit
+worker (:mod:`audit.worker`) or the in-process audit log calls
+:func:`request_event` to build the event there. Stage latencies travel as the
+raw ``time.perf_counter()`` stamps (seconds) and are derived here exactly as
+the record derived them (``round((end - start) * 1000, 3)``); JSON carries a
+float exactly, so the event equals the one built in the gateway.
+
+``event_id`` and ``time_ms`` are fixed in the gateway (a row resent to a
+restarted worker names the same event). ``reason_code`` is the decision's
+reason code, or the error code when there was no decision.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from audit.event import (
+    AuditEvent,
+    EventSchemaError,
+    Identity,
+    Kind,
+    Latencies,
+    LedgerInfo,
+    Outcome,
+    PolicyInfo,
+    RouteInfo,
+)
+
+__all__ = ["REQUEST_ROW_FIELDS", "request_event"]
+
+#: The values of a request row, in order (see the module doc).
+REQUEST_ROW_FIELDS: tuple[str, ...] = (
+    "event_id", "time_ms", "outcome", "request_id", "spiffe_id", "trust_domain", "tenant",
+    "decision_id", "reason_code", "reason", "endpoint", "model", "prompt_tokens", "output_tokens", "sequences",
+    "reserved_tokens", "charged_tokens", "prompt_charged", "output_charged", "output_relayed", "basis",
+    "error_code", "replica", "pool", "routing_policy", "available_prefix_tokens", "predicted_prefix_tokens",
+    "delivered_prefix_tokens", "load",
+    "t0", "t_auth", "t_parsed", "t_keys", "t_decided", "t_route", "t_first_byte", "t_end",
+    "status_code", "client_address", "trace_id", "prefix_fingerprint",
+)
+_N = len(REQUEST_ROW_FIELDS)
+_OUTCOME_BY_VALUE: dict[str, Outcome] = {o.value: o for o in Outcome}
+_NUMBER = (int, float)
+
+
+def _ms(start: Any, end: Any) -> float | None:
+    """Milliseconds between two perf-counter stamps, rounded to µs (None if either is missing)."""
+    if start is None or end is None:
+        return None
+    if type(start) not in _NUMBER or type(end) not in _NUMBER:
+        raise EventSchemaError("request row: a stage stamp is not a number")
+    return round((end - start) * 1000.0, 3)
+
+
+def request_event(row: Sequence[Any]) -> AuditEvent:
+    """The audit event of a request row (:data:`REQUEST_ROW_FIELDS` order).
+
+    An unknown ``outcome`` string becomes ``failed``; outcome
+    ``unauthenticated`` makes an ``auth`` event, every other an ``inference``
+    event. Values are not otherwise checked here: the audit log's scrubber
+    (:func:`audit.scrub.scrub_event`) drops anything that must not be logged.
+
+    Raises:
+        EventSchemaError: not a sequence of :data:`REQUEST_ROW_FIELDS` values,
+            ``event_id``/``outcome`` not strings, ``time_ms`` not an int, or a
+            stage stamp not a number.
+    """
+    if not isinstance(row, (list, tuple)) or len(row) != _N:
+        raise EventSchemaError(f"request row: expected {_N} values")
+    (event_id, time_ms, outcome, request_id, spiffe_id, trust_domain, tenant,
+     decision_id, reason_code, reason, endpoint, model, prompt_tokens, output_tokens, sequences,
+     reserved, charged, prompt_charged, output_charged, output_relayed, basis,
+     error_code, replica, pool, routing_policy, available, predicted, delivered, load,
+     t0, t_auth, t_parsed, t_keys, t_decided, t_route, t_first_byte, t_end,
+     status_code, client_address, trace_id, prefix_fingerprint) = row
+    if type(event_id) is not str or type(outcome) is not str or type(time_ms) is not int:
+        raise EventSchemaError("request row: event_id, outcome or time_ms of the wrong type")
+    return AuditEvent(
+        kind=Kind.AUTH if outcome == "unauthenticated" else Kind.INFERENCE,
+        outcome=_OUTCOME_BY_VALUE.get(outcome, Outcome.FAILED),
+        time_ms=time_ms,
+        event_id=event_id,
+        request_id=request_id,
+        identity=Identity(spiffe_id, trust_domain),
+        tenant=tenant,
+        policy=PolicyInfo(decision_id, reason_code, reason),
+        endpoint=endpoint,
+        model=model,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        sequences=sequences,
+        ledger=LedgerInfo(reserved, charged, prompt_charged, output_charged, output_relayed, basis),
+        error_code=error_code,
+        route=RouteInfo(replica, pool, routing_policy, available, predicted, delivered, load),
+        latency=Latencies(_ms(t0, t_auth), _ms(t_auth, t_parsed), _ms(t_parsed, t_keys), _ms(t_keys, t_decided),
+                          _ms(t_decided, t_route), _ms(t0, t_first_byte), _ms(t0, t_end)),
+        status_code=status_code,
+        client_address=client_address,
+        trace_id=trace_id,
+        prefix_fingerprint=prefix_fingerprint,
+    )
