@@ -66,20 +66,12 @@ def serving_refusal(backend: str, workers: int) -> str | None:
     (None: it may start).
 
     Several processes with in-process state would each enforce the whole of
-    every tenant's limits (N times the limit) and route on a fraction of the
-    picture, so ``workers > 1`` needs the shared backend (issue 16). The
-    gateway does not use the Redis backend yet (the shared limits and ledger
-    exist in :mod:`tenancy.shared` but are not wired into admission), so
-    ``state.backend: redis`` is refused too rather than silently enforcing
-    per-instance limits an operator believes are shared.
+    every tenant's limits (N times the limit), so ``workers > 1`` needs the
+    shared backend (issue 16; docs/scale-out.md says what is shared).
     """
     if workers > 1 and backend != "redis":
         return (f"serve --workers {workers} needs state.backend: redis (with state.url); with in-process "
                 f"state every worker would enforce each tenant's limits on its own")
-    if backend == "redis":
-        return ("state.backend: redis is not implemented in the gateway yet (issue 16: shared limits exist, "
-                "their wiring into admission and multi-process serving do not); use state.backend: memory "
-                "and --workers 1")
     return None
 
 

@@ -94,6 +94,17 @@ class GatewayMetrics:
             "prefixgate_policy_cache_lookups", "Decision cache lookups", ["result"], registry=p,
         ))
         self.audit_dropped = Gauge("prefixgate_audit_dropped_events", "Audit events dropped (must stay 0)", registry=p)
+        # shared state (issue 16, tenancy/shared_failover.py): 1 while Redis answers (always 1 for memory)
+        self.state_available = Gauge("prefixgate_state_available",
+                                     "1 while the shared state (Redis) answers admission, 0 during an outage",
+                                     registry=p)
+        self.state_available.set(1)
+        self.state_unavailable_admissions = BoundChildren(Counter(
+            "prefixgate_state_unavailable_admissions",
+            "Admission decisions taken while the shared state was unavailable, by state.on_unavailable "
+            "behaviour (refused: 503; local: limits / state.instances_expected in this process)",
+            ["behaviour"], registry=p,
+        ))
         # admin-only series (name replicas and tenants)
         self.replica_requests = BoundChildren(Counter(
             "prefixgate_replica_requests", "Requests routed per replica", ["replica", "pool"], registry=a,

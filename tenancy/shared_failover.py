@@ -110,6 +110,8 @@ class Availability:
         self.outages = 0
         self.local_decisions = 0
         self.refused = 0
+        #: called with no argument on every local decision (metrics)
+        self.on_local_decision: Callable[[], Any] | None = None
         self._probe: asyncio.Task[None] | None = None
         self._scaled: dict[int, tuple[Tenant, Tenant]] = {}
 
@@ -131,6 +133,13 @@ class Availability:
         """The fail-closed refusal (counted)."""
         self.refused += 1
         return StateUnavailable(max(1.0, self.probe_interval_s), "state_unavailable")
+
+    def local(self, tenant: Tenant) -> Tenant:
+        """Count one local decision and return the scaled ``tenant`` it is taken against."""
+        self.local_decisions += 1
+        if self.on_local_decision is not None:
+            self.on_local_decision()
+        return self.scaled(tenant)
 
     def scaled(self, tenant: Tenant) -> Tenant:
         """:func:`scaled_tenant` of ``tenant``, cached per tenant object (a reload makes new ones)."""
@@ -188,8 +197,7 @@ class FailoverLimiter:
                 self.av.failed(exc)
         if self.av.mode == "fail_closed":
             raise self.av.refuse()
-        self.av.local_decisions += 1
-        return self.local.admit(self.av.scaled(tenant))
+        return self.local.admit(self.av.local(tenant))
 
     async def add_sequences(self, tenant: Tenant, lease: SharedLease | Lease, extra: int,
                             now: float | None = None) -> None:
@@ -243,8 +251,7 @@ class FailoverLedger:
                 self.av.failed(exc)
         if self.av.mode == "fail_closed":
             raise self.av.refuse()
-        self.av.local_decisions += 1
-        return self.local.reserve(self.av.scaled(tenant), prompt_tokens, output_tokens)
+        return self.local.reserve(self.av.local(tenant), prompt_tokens, output_tokens)
 
     async def totals(self) -> Mapping[str, LedgerTotals]:
         """The shared totals (what was reserved locally during an outage is not in them)."""
