@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -153,6 +154,7 @@ class AuditLog:
         registry: CollectorRegistry | None = None,
         on_alert: Callable[[AuditEvent], None] | None = None,
         slow_send_s: float | None = 1.0,
+        instance: str | None = None,
     ) -> None:
         if slow_send_s is not None and not slow_send_s > 0:
             raise ValueError("slow_send_s must be > 0 or None")
@@ -168,6 +170,7 @@ class AuditLog:
         self._slow_send_s = slow_send_s
         self._aggregator = aggregator
         self._on_alert = on_alert
+        self.instance = instance
         # one process per spill directory (each would replay and reset the other's files)
         self._lock = lock_directory(self._spill_dir, "audit spill directory")
         self._workers = [
@@ -225,6 +228,8 @@ class AuditLog:
         first (see :func:`audit.event.scrub_event`); refused fields are counted
         in ``prefixgate_audit_fields_scrubbed_total``.
         """
+        if self.instance is not None and event.instance is None:
+            event = dataclasses.replace(event, instance=self.instance)
         event, dropped = scrub_event(event)
         for _, reason in dropped:
             self.metrics.scrubbed.labels(reason).inc()

@@ -33,7 +33,9 @@ def main(log_level: str) -> None:
               help="YAML configuration file (docs/configuration.md).")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Gateway processes on this host; more than 1 needs state.backend: redis (docs/scale-out).")
-def serve(config_path: str, workers: int) -> None:
+@click.option("--worker-index", type=click.IntRange(min=0), default=None, hidden=True,
+              help="Internal: run as worker i of --workers N on the inherited listening sockets.")
+def serve(config_path: str, workers: int, worker_index: int | None) -> None:
     """Run the gateway until SIGINT/SIGTERM; drains in-flight requests on shutdown."""
     from policy import reexec_with_go_gc
 
@@ -52,7 +54,18 @@ def serve(config_path: str, workers: int) -> None:
     if refusal:
         raise click.ClickException(refusal)
     try:
-        run_serving(run(cfg, config_path=config_path))
+        if worker_index is not None:  # a child of `serve --workers N` (gateway/workers.py)
+            from gateway.workers import inherited_sockets, worker_config
+
+            if cfg.state.backend != "redis":
+                raise click.ClickException("--worker-index needs state.backend: redis")
+            run_serving(run(worker_config(cfg, worker_index), config_path=config_path, sockets=inherited_sockets()))
+        elif workers > 1:
+            from gateway.workers import run_workers
+
+            sys.exit(run_workers(cfg, config_path, workers))
+        else:
+            run_serving(run(cfg, config_path=config_path))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
