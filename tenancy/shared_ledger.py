@@ -105,5 +105,5 @@ class RedisLedger:
         # the settle time: refill to it before applying (InProcessLedger._adjust); taken now, not
         # when the queued update runs
         args.append(_arg(None if self._clock is None else self._clock()))
-        st.writer.submit(lambda: st.adjust(keys=keys, args=args))
+        st.writer.submit(lambda pipe: st.adjust(keys=keys, args=args, client=pipe))
 

@@ -182,7 +182,7 @@ class RedisTenantLimiter:
     def _release(self, lease: SharedLease) -> None:
         self._leases.pop(lease.id, None)
         key, members = self._s.key(lease.tenant_id, "conc"), lease.members()
-        self._s.writer.submit(lambda: self._s.client.zrem(key, *members))
+        self._s.writer.submit(lambda pipe: pipe.zrem(key, *members))
 
     @staticmethod
     def _raise(reply: list[Any], rate_reason: str) -> None:
