@@ -37,8 +37,6 @@ from typing import Any
 
 from gateway.admission import Admission
 from gateway.metrics import GatewayMetrics
-from tenancy.ledger import InProcessLedger
-from tenancy.limits import TenantLimiter
 from tenancy.registry import Tenant
 from tenancy.shared import make_limits
 from tenancy.tokenizer import get_tokenizer

@@ -37,7 +37,13 @@ import yaml
 from bench.overhead import _Body, closed_loop
 from sim.cluster import start_cluster
 from sim.demo import DemoPaths, bearer_headers, gateway_config, prepare_identity
-from sim.procs import free_port, python_module_cmd, start_process, stop_process, wait_for_url
+from sim.procs import (
+    free_port,
+    python_module_cmd,
+    start_process,
+    stop_process,
+    wait_for_url,
+)
 from sim.replica import ReplicaConfig
 
 

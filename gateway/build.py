@@ -42,10 +42,10 @@ from routing.router import Router
 from tenancy.keys import KeyRing, load_master_secret
 from tenancy.ledger import TokenLedger
 from tenancy.limits import TenantLimiter
+from tenancy.registry import TenantConfigError, TenantRegistry
 from tenancy.shared import SharedLimits, StateSetupError, make_limits
 from tenancy.shared_failover import UNAVAILABLE_ERRORS
 from tenancy.source_limits import SourceLimiter
-from tenancy.registry import TenantConfigError, TenantRegistry
 from tenancy.tokenizer import get_tokenizer
 
 __all__ = ["Gateway", "Lifecycle", "Lifecycles", "build"]
@@ -314,7 +314,8 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         pep=PolicyEnforcementPoint(pdp, router.loads, hub, metrics), replica_set=replica_set, index=index,
         router=router, calibration=calibration, upstream=upstream, recorder=Recorder(metrics, hub),
         admin=Admin(config, config_path, admin_authn, admission, keyring, pdp, hub, replica_set, router, index),
-        readiness=Readiness(lambda: lifecycles.started, replica_set, hub, pdp, router.loads, metrics, bundles),
+        readiness=Readiness(lambda: lifecycles.started, replica_set, hub, pdp, router.loads, metrics, bundles,
+                            limits.availability),
         lifecycles=lifecycles,
     )
 

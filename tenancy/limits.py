@@ -38,8 +38,6 @@ __all__ = [
     "TokenBucket",
     "Lease",
     "TenantLimiter",
-    "SourceLimiter",  # tenancy.source_limits, re-exported
-    "source_key",
     "clamp_max_tokens",
 ]
 
@@ -315,6 +313,3 @@ def clamp_max_tokens(
         return default if cap is None else cap
     return requested if cap is None else min(requested, cap)
 
-
-# imported last: tenancy.source_limits imports TokenBucket and RateLimited from here
-from tenancy.source_limits import SourceLimiter, source_key  # noqa: E402

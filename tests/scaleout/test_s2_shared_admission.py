@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import yaml
 
 from gateway.app import build_public_app
@@ -166,10 +165,12 @@ async def test_fail_closed_answers_503_while_redis_is_down_and_recovers_without_
         gw = inst.gateways[0]
         assert _metric(gw, "prefixgate_state_available") == 0
         assert _metric(gw, "prefixgate_state_unavailable_admissions_total", {"behaviour": "refused"}) >= 2
+        assert "shared state (Redis) unavailable: admissions answer 503" in gw.readiness.local_problems()
         redis_server.start()  # same port, empty: a Redis restart that lost everything
         for i in range(2):
             await wait_for(lambda i=i: _status(inst.complete(i), 200), what=f"instance {i} admits again")
         assert _metric(gw, "prefixgate_state_available") == 1
+        assert not any("shared state" in p for p in gw.readiness.local_problems())
 
 
 async def _status(coro: Any, want: int) -> bool:

@@ -22,7 +22,13 @@ from audit.jsonl import list_log_files
 from bench.soak import verify_audit
 from sim.cluster import start_cluster
 from sim.demo import DemoPaths, bearer_headers, gateway_config, prepare_identity
-from sim.procs import free_port, python_module_cmd, start_process, stop_process, wait_for_url
+from sim.procs import (
+    free_port,
+    python_module_cmd,
+    start_process,
+    stop_process,
+    wait_for_url,
+)
 from sim.replica import ReplicaConfig
 from tests.support.waiting import wait_for
 
