@@ -44,7 +44,7 @@ from tenancy.ledger import TokenLedger
 from tenancy.limits import TenantLimiter
 from tenancy.registry import TenantConfigError, TenantRegistry
 from tenancy.shared import SharedLimits, StateSetupError, make_limits
-from tenancy.shared_failover import UNAVAILABLE_ERRORS
+from tenancy.shared_failover import UNAVAILABLE_ERRORS, FailoverLedger, FailoverLimiter
 from tenancy.source_limits import SourceLimiter
 from tenancy.tokenizer import get_tokenizer
 
@@ -194,13 +194,14 @@ class Gateway:
         return self.admission.registry
 
     @property
-    def limiter(self) -> TenantLimiter:
-        """The tenants' request-rate and concurrency limiter."""
+    def limiter(self) -> TenantLimiter | FailoverLimiter:
+        """The tenants' request-rate and concurrency limiter: the in-process :class:`TenantLimiter`
+        (``state.backend: memory``, synchronous) or the shared one (``redis``, async methods)."""
         return self.admission.limiter
 
     @property
-    def ledger(self) -> TokenLedger:
-        """The tenants' token ledger."""
+    def ledger(self) -> TokenLedger | FailoverLedger:
+        """The tenants' token ledger: in process (``memory``) or shared (``redis``, async ``reserve``)."""
         return self.admission.ledger
 
     @property
