@@ -55,11 +55,13 @@ def serve(config_path: str, workers: int, worker_index: int | None) -> None:
         raise click.ClickException(refusal)
     try:
         if worker_index is not None:  # a child of `serve --workers N` (gateway/workers.py)
-            from gateway.workers import inherited_sockets, worker_config
+            from gateway.workers import catch_early_stop, inherited_sockets, worker_config
 
             if cfg.state.backend != "redis":
                 raise click.ClickException("--worker-index needs state.backend: redis")
-            run_serving(run(worker_config(cfg, worker_index), config_path=config_path, sockets=inherited_sockets()))
+            stop_requested = catch_early_stop()
+            run_serving(run(worker_config(cfg, worker_index), config_path=config_path, sockets=inherited_sockets(),
+                            stop_requested=stop_requested))
         elif workers > 1:
             from gateway.workers import run_workers
 

@@ -17,7 +17,8 @@ on every event (:class:`audit.log.AuditLog`); ``prefixgate audit verify``
 checks each worker's directory.
 
 The parent forwards SIGTERM/SIGINT to every worker (each drains and seals its
-audit log) and exits when all have; a worker that exits on its own makes the
+audit log; one still starting stops as soon as it can, see
+:func:`catch_early_stop`) and exits when all have; a worker that exits on its own makes the
 parent stop the others and exit 1 (a supervisor restarts the whole gateway).
 """
 
@@ -30,12 +31,13 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from gateway.config import GatewayConfig
 from gateway.server import bind_listener
 
-__all__ = ["ENV_LISTEN_FDS", "inherited_sockets", "run_workers", "worker_config"]
+__all__ = ["ENV_LISTEN_FDS", "catch_early_stop", "inherited_sockets", "run_workers", "worker_config"]
 
 #: Environment variable naming the inherited listening sockets: ``<public fd>[,<admin fd>]``.
 ENV_LISTEN_FDS = "PREFIXGATE_LISTEN_FDS"
@@ -57,6 +59,21 @@ def worker_config(cfg: GatewayConfig, index: int, host: str | None = None) -> Ga
         ocsf["file"] = f"{ocsf['file']}.{suffix}"
     audit["instance"] = f"{host or socket.gethostname()}/w{index}"
     return cfg.model_copy(update={"audit": audit})
+
+
+def catch_early_stop() -> Callable[[], bool]:
+    """Catch SIGTERM/SIGINT from now on (a worker calls this first) and return ``requested()``:
+    True once one arrived. :func:`gateway.server.serve` replaces these handlers with its own
+    once its event loop runs and then stops at once if ``requested()``, so a worker stopped
+    while starting still drains and seals its audit log instead of dying mid-start."""
+    got: list[int] = []
+
+    def note(signum: int, _frame: object) -> None:
+        got.append(signum)
+
+    signal.signal(signal.SIGTERM, note)
+    signal.signal(signal.SIGINT, note)
+    return lambda: bool(got)
 
 
 def inherited_sockets(env: dict[str, str] | None = None) -> list[socket.socket]:
@@ -117,6 +134,9 @@ def run_workers(cfg: GatewayConfig, config_path: str, workers: int) -> int:
             log.error("worker %d exited on its own (code %d): stopping the other workers", index, code)
             rc = 1
             stop()
+        elif code == -signal.SIGTERM:
+            # killed by our SIGTERM before catch_early_stop ran: still importing, nothing opened yet
+            log.info("worker %d stopped before it had started", index)
         elif code != 0:
             log.warning("worker %d exited with code %d while stopping", index, code)
             rc = rc or 1

@@ -88,6 +88,34 @@ async def test_two_workers_share_the_sockets_the_limits_and_keep_their_own_audit
     assert seen == 10  # every admitted request audited by the worker that served it (refusals may be summarised)
 
 
+async def test_sigterm_while_the_workers_are_still_starting_stops_them_cleanly(tmp_path: Path, redis_server) -> None:
+    # before the fix a worker that got SIGTERM before its event loop's handlers died of it
+    # (exit -15) and the parent exited 1
+    cluster = await start_cluster(1, ReplicaConfig(time_scale=100.0))
+    paths = DemoPaths.under(tmp_path / "work")
+    prepare_identity(paths)
+    cfg = gateway_config("cache_aware", cluster.ready_doc(), ["tenant-a"], paths, listen_port=free_port(),
+                         admin_port=free_port())
+    cfg["state"] = {"backend": "redis", "url": redis_server.url, "key_prefix": "pgw2:"}
+    cfg_path = paths.work / "gateway.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    proc = start_process("gateway", python_module_cmd("gateway.cli", "serve", "--config", str(cfg_path),
+                                                      "--workers", "2"), paths.logs)
+    try:
+        await wait_for(lambda: len(_children(proc.pid)) == 2, timeout_s=30, what="two worker processes")
+        os.kill(proc.pid, signal.SIGTERM)
+        await wait_for(lambda: not proc.alive(), timeout_s=60, what="parent exits after SIGTERM")
+        assert proc.popen.returncode == 0, proc.log_tail()
+    finally:
+        stop_process(proc)
+        await cluster.stop()
+    for i in range(2):  # a worker that had opened its chain sealed it
+        jsonl = paths.audit_dir / "jsonl" / f"worker-{i}"
+        if list_log_files(jsonl) if jsonl.exists() else []:
+            code, text, unsealed = verify_audit(jsonl, paths.signing_key.with_name(paths.signing_key.name + ".pub"))
+            assert code == 0 and unsealed == 0, text
+
+
 def _state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split()[2]
