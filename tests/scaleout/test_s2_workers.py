@@ -59,6 +59,8 @@ async def test_two_workers_share_the_sockets_the_limits_and_keep_their_own_audit
     try:
         await wait_for_url(f"{base}/readyz", timeout_s=60, proc=proc)
         await wait_for(lambda: len(_children(proc.pid)) == 2, timeout_s=30, what="two worker processes")
+        await wait_for(lambda: proc.log_path.read_text().count("prefixgate: ready:") == 2, timeout_s=60,
+                       what="both workers ready")
         workers = _children(proc.pid)
         statuses = []
         for i in range(30):  # a new connection each time: either worker may accept it
