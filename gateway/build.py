@@ -253,6 +253,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         raise ConfigError(f"invalid configuration: {exc}") from None
     if limits.availability is not None:  # count what was decided locally during an outage
         limits.availability.on_local_decision = metrics.state_unavailable_admissions.labels("local").inc
+        metrics.watch_state(limits)
     admission = Admission(registry, limits, get_tokenizer(config.routing.tokenizer), config.models, metrics, max_messages=config.limits.max_messages,
                           max_output_tokens=config.limits.max_output_tokens)
     rc = config.routing
