@@ -14,6 +14,7 @@ Shape (all sections optional except ``spill``; sizes bytes, times seconds)::
     spill:  {dir, max_bytes}
     summary: {window_s, first_n, max_sources}   # flood aggregation, on by default
                                         # (window 10 s, first 5); ``summary: false`` turns it off
+    instance: "host/w1"                 # stamped on every event (serve --workers N sets it per worker)
     slow_send_s: 1.0                    # a sink send of in-memory events running longer moves
                                         # them to the sink's spill (AuditLog slow_send_s)
 
@@ -120,5 +121,8 @@ def build_audit(config: dict[str, Any], registry: CollectorRegistry | None = Non
         raise AuditConfigError("audit.slow_send_s must be > 0")
     if validate_only:
         return None
+    instance = config.get("instance")
+    if instance is not None and (not isinstance(instance, str) or not 0 < len(instance) <= 128):
+        raise AuditConfigError("audit.instance must be a string of 1 to 128 characters")
     return AuditLog(sinks, spill["dir"], spill_max_bytes=int(spill.get("max_bytes", 256 << 20)),
-                    aggregator=aggregator, registry=registry, slow_send_s=slow_send_s)
+                    aggregator=aggregator, registry=registry, slow_send_s=slow_send_s, instance=instance)

@@ -206,7 +206,9 @@ def new_event_id() -> str:
 class AuditEvent:
     """One audit record, schema version "3".
 
-    ``time_ms`` is UTC epoch milliseconds; ``time`` (ISO 8601) is derived
+    ``instance`` (optional, added with issue 16): which gateway process
+    emitted the event, stamped by :class:`audit.log.AuditLog` when
+    configured. ``time_ms`` is UTC epoch milliseconds; ``time`` (ISO 8601) is derived
     from it in :meth:`to_dict`. ``operator``, ``alert``, ``summary`` and
     ``checkpoint`` carry kind-specific scalar details (str/int/float/bool).
     """
@@ -236,6 +238,9 @@ class AuditEvent:
     alert: Mapping[str, Any] | None = None
     summary: Mapping[str, Any] | None = None
     checkpoint: Mapping[str, Any] | None = None
+    #: the gateway process that emitted it (``audit.instance``, e.g. ``host/w1`` under
+    #: ``serve --workers N``); omitted for a single process
+    instance: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; ``None`` values (and empty groups) are omitted,

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -101,6 +102,7 @@ class AuditLog(SpillGate, DeliveryLoop):
         registry: CollectorRegistry | None = None,
         on_alert: Callable[[AuditEvent], None] | None = None,
         slow_send_s: float | None = 1.0,
+        instance: str | None = None,
     ) -> None:
         if slow_send_s is not None and not slow_send_s > 0:
             raise ValueError("slow_send_s must be > 0 or None")
@@ -116,6 +118,7 @@ class AuditLog(SpillGate, DeliveryLoop):
         self._slow_send_s = slow_send_s
         self._aggregator = aggregator
         self._on_alert = on_alert
+        self.instance = instance
         # one process per spill directory (each would replay and reset the other's files)
         self._lock = lock_directory(self._spill_dir, "audit spill directory")
         self._workers = [
@@ -173,6 +176,8 @@ class AuditLog(SpillGate, DeliveryLoop):
         first (see :func:`audit.scrub.scrub_event`); refused fields are counted
         in ``prefixgate_audit_fields_scrubbed_total``.
         """
+        if self.instance is not None and event.instance is None:
+            event = dataclasses.replace(event, instance=self.instance)
         event, dropped = scrub_event(event)
         for _, reason in dropped:
             self.metrics.scrubbed.labels(reason).inc()

@@ -107,6 +107,16 @@ def _bodies() -> dict[str, tuple[str, bytes]]:
     }
 
 
+def _now(coro: Any) -> Any:
+    """Run a coroutine that never suspends (admission on the in-process backend) to its result."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("admission suspended: this bench needs state.backend memory")
+
+
 def _one(c: Gateway, tenant: Any, endpoint: str, raw: bytes) -> str:
     """The pipeline's work on one body up to routing; returns the outcome code."""
     lease = c.limiter.admit(tenant)
@@ -115,9 +125,9 @@ def _one(c: Gateway, tenant: Any, endpoint: str, raw: bytes) -> str:
         req = parse_inference_request(raw, endpoint, c.config.limits.max_json_depth,  # type: ignore[arg-type]
                                       max_messages=bounds.max_messages, max_batch_prompts=bounds.max_batch_prompts,
                                       max_json_items=c.config.limits.max_json_items)
-        c.admission.admit_sequences(tenant, lease, req.sequences)
+        _now(c.admission.admit_sequences(tenant, lease, req.sequences))
         tokens, total = c.admission.prompt_tokens(bounds, req)
-        c.admission.check_prompt(tenant, total, req.sequences).settle(0, 0, "not_dispatched")
+        _now(c.admission.check_prompt(tenant, total, req.sequences)).settle(0, 0, "not_dispatched")
         c.keys.prefix_chains(tenant, tokens)
         return f"accepted ({total} tokens)"
     except GatewayError as err:

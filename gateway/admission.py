@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.identity import WorkloadIdentity
@@ -17,18 +18,20 @@ from gateway.metrics import GatewayMetrics
 from gateway.request import InferenceRequest
 from policy.decision import Decision
 from tenancy.bounds import RequestBounds, request_bounds
-from tenancy.ledger import Reservation, Settlement, TokenLedger, charge_for
-from tenancy.limits import (
-    ConcurrencyLimited,
-    Lease,
-    RateLimited,
-    TenantLimiter,
-    clamp_max_tokens,
-)
+from tenancy.ledger import Reservation, Settlement, charge_for
+from tenancy.limits import ConcurrencyLimited, Lease, RateLimited, clamp_max_tokens
 from tenancy.registry import Tenant, TenantRegistry
+from tenancy.shared import SharedLimits, StateUnavailable
 from tenancy.tokenizer import Tokenizer
 
-__all__ = ["Admission", "clamp_output", "too_many"]
+__all__ = ["Admission", "clamp_output", "state_unavailable", "too_many"]
+
+
+def state_unavailable(exc: StateUnavailable) -> GatewayError:
+    """503 ``state_unavailable`` with ``Retry-After``: the shared limits do not answer and
+    ``state.on_unavailable`` is ``fail_closed`` (docs/scale-out.md)."""
+    return GatewayError(503, "state_unavailable", "shared tenant limits are unavailable; retry later",
+                        headers={"Retry-After": exc.retry_after_header})
 
 
 def too_many(retry_after_s: float, code: str, message: str) -> GatewayError:
@@ -44,18 +47,27 @@ def clamp_output(requested: int | None, tenant_cap: int | None, policy_cap: int 
 
 
 class Admission:
-    """The admission step's rules over the tenant registry, limiter, ledger and tokenizer.
+    """The admission step's rules over the tenant registry, limits, ledger and tokenizer.
 
+    ``limits``: :func:`tenancy.shared.make_limits` of ``state`` (both
+    backends, one async interface). With ``memory`` the admission methods
+    call the in-process classes directly (no extra await hop, today's
+    arithmetic on ``time.monotonic()``); with ``redis`` they await the
+    shared limiter and ledger (the Redis server's clock). ``limiter`` and
+    ``ledger`` are the in-process :class:`TenantLimiter` /
+    :class:`InProcessLedger` (memory) or the Redis failover ones.
     ``registry`` is replaced by :meth:`replace_registry` on an operator's
     reload; everything else is fixed at build time.
     """
 
-    def __init__(self, registry: TenantRegistry, limiter: TenantLimiter, ledger: TokenLedger,
-                 tokenizer: Tokenizer, served_models: Iterable[str], metrics: GatewayMetrics, *,
+    def __init__(self, registry: TenantRegistry, limits: SharedLimits, tokenizer: Tokenizer,
+                 served_models: Iterable[str], metrics: GatewayMetrics, *,
                  max_messages: int, max_output_tokens: int) -> None:
         self.registry = registry
-        self.limiter = limiter
-        self.ledger = ledger
+        self.limits = limits
+        self.local = limits.backend == "memory"
+        self.limiter: Any = limits.limiter.inner if self.local else limits.limiter
+        self.ledger: Any = limits.ledger.inner if self.local else limits.ledger
         self.tokenizer = tokenizer
         self.served_models = frozenset(served_models)
         self.metrics = metrics
@@ -63,11 +75,16 @@ class Admission:
         self.max_output_tokens = max_output_tokens
 
     def replace_registry(self, registry: TenantRegistry) -> None:
-        """Serve ``registry`` from now on and free removed tenants' buckets and ledger state."""
+        """Serve ``registry`` from now on and free removed tenants' buckets and ledger state
+        (in process; shared buckets expire in Redis on their own)."""
         self.registry = registry
         keep = {t.id for t in registry.tenants()}
         self.limiter.forget(keep)
         self.ledger.forget(keep)
+
+    def _unavailable(self, exc: StateUnavailable) -> GatewayError:
+        self.metrics.state_unavailable_admissions.labels("refused").inc()
+        return state_unavailable(exc)
 
     def resolve_tenant(self, identity: WorkloadIdentity) -> Tenant:
         """Map a workload to its tenant; raises 403 for an unmapped workload."""
@@ -83,10 +100,16 @@ class Admission:
         (tests/quickstart/test_i13_one_source.py)."""
         return sorted(m for m in self.served_models if m in tenant.models)
 
-    def admit(self, tenant: Tenant) -> Lease:
-        """Check the tenant's request rate and concurrency; returns a lease (release it)."""
+    async def admit(self, tenant: Tenant) -> Lease:
+        """Check the tenant's request rate and concurrency; returns a lease (release it).
+        429 when limited; 503 ``state_unavailable`` when the shared state does not answer
+        (``state.on_unavailable: fail_closed``)."""
         try:
-            return self.limiter.admit(tenant, time.monotonic())
+            if self.local:
+                return self.limiter.admit(tenant, time.monotonic())
+            return await self.limiter.admit(tenant)
+        except StateUnavailable as exc:
+            raise self._unavailable(exc) from None
         except RateLimited as exc:
             raise too_many(exc.retry_after_s, "rate_limited", "tenant request rate exceeded") from None
         except ConcurrencyLimited as exc:
@@ -103,11 +126,18 @@ class Admission:
         if model not in self.served_models:
             raise GatewayError(404, "model_not_found", "the requested model does not exist", param="model")
 
-    def admit_sequences(self, tenant: Tenant, lease: Lease, sequences: int) -> None:
+    async def admit_sequences(self, tenant: Tenant, lease: Lease, sequences: int) -> None:
         """A batch of ``sequences`` prompts takes that many request units and concurrency slots
-        (the first was taken by :meth:`admit`); 429 when they are not available."""
+        (the first was taken by :meth:`admit`); 429 when they are not available (503 as :meth:`admit`)."""
+        if sequences <= 1:
+            return
         try:
-            self.limiter.add_sequences(tenant, lease, sequences - 1, time.monotonic())
+            if self.local:
+                self.limiter.add_sequences(tenant, lease, sequences - 1, time.monotonic())
+            else:
+                await self.limiter.add_sequences(tenant, lease, sequences - 1)
+        except StateUnavailable as exc:
+            raise self._unavailable(exc) from None
         except RateLimited as exc:
             raise too_many(exc.retry_after_s, "rate_limited", "tenant request rate exceeded") from None
         except ConcurrencyLimited as exc:
@@ -145,7 +175,7 @@ class Admission:
             total += n
         return hashed, total
 
-    def check_prompt(self, tenant: Tenant, prompt_tokens: int, sequences: int = 1,
+    async def check_prompt(self, tenant: Tenant, prompt_tokens: int, sequences: int = 1,
                      output_tokens: int = 0) -> Reservation:
         """Per-request prompt size, then reserve the request's tokens in the ledger (400 / 429).
 
@@ -155,7 +185,7 @@ class Admission:
         sequences, before the policy may lower it: :meth:`Reservation.lower_output`).
         Returns the :class:`~tenancy.ledger.Reservation` the request's end
         settles (:meth:`settle`); 429 ``token_rate_limited`` when the tenant's
-        prompt- or output-token bucket cannot cover it (nothing is taken then).
+        prompt- or output-token bucket cannot cover it (nothing is taken then); 503 as :meth:`admit`.
         """
         if prompt_tokens == 0:
             raise GatewayError(400, "invalid_request", "prompt must not be empty", param="prompt")
@@ -164,7 +194,12 @@ class Admission:
             raise GatewayError(400, "context_length_exceeded",
                                f"prompt has {prompt_tokens} tokens; this tenant's limit is {limit}")
         try:
-            res = self.ledger.reserve(tenant, prompt_tokens, output_tokens, time.monotonic())
+            if self.local:
+                res = self.ledger.reserve(tenant, prompt_tokens, output_tokens, time.monotonic())
+            else:
+                res = await self.ledger.reserve(tenant, prompt_tokens, output_tokens)
+        except StateUnavailable as exc:
+            raise self._unavailable(exc) from None
         except RateLimited as exc:
             what = "output" if exc.reason == "tenant_output_tokens" else "prompt"
             raise too_many(exc.retry_after_s, "token_rate_limited",

@@ -11,7 +11,7 @@ Order of checks, cheapest first (issue 12, finding 1):
    never count against anyone; a token already verified for this listener's
    audience is accepted from the verified-token cache, also at a blocked
    source; only a token that needs a signature check meets the per-source
-   budget (:class:`tenancy.limits.SourceLimiter`): a source whose failed
+   budget (:class:`tenancy.source_limits.SourceLimiter`): a source whose failed
    signature checks exhausted its bucket gets 429 ``too_many_unauthenticated``
    instead of a signature check, and only a failed signature check takes from
    the bucket;
@@ -69,7 +69,7 @@ class Authenticator:
 
     ``verifier``: the JWT-SVID verifier of this listener's audience (it holds
     this listener's verified-token cache); ``source_limiter``: a
-    :class:`tenancy.limits.SourceLimiter` budget of failed signature checks
+    :class:`tenancy.source_limits.SourceLimiter` budget of failed signature checks
     per source (or ``None``); ``trusted_proxies``: CIDRs of proxies whose
     ``X-Forwarded-For`` names the source and whose forwarded client
     certificate is checked against the JWT-SVID (a binding check, never a

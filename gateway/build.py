@@ -9,6 +9,8 @@ several tenants, a missing master secret …).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -38,9 +40,12 @@ from routing.index import InProcessPrefixIndex
 from routing.load import InProcessLoadTracker, LoadTracker
 from routing.router import Router
 from tenancy.keys import KeyRing, load_master_secret
-from tenancy.ledger import InProcessLedger, TokenLedger
-from tenancy.limits import SourceLimiter, TenantLimiter
+from tenancy.ledger import TokenLedger
+from tenancy.limits import TenantLimiter
 from tenancy.registry import TenantConfigError, TenantRegistry
+from tenancy.shared import SharedLimits, StateSetupError, make_limits
+from tenancy.shared_failover import UNAVAILABLE_ERRORS, FailoverLedger, FailoverLimiter
+from tenancy.source_limits import SourceLimiter
 from tenancy.tokenizer import get_tokenizer
 
 __all__ = ["Gateway", "Lifecycle", "Lifecycles", "build"]
@@ -82,6 +87,31 @@ class _BundlesLifecycle:
     async def stop(self) -> None:
         for td in self.store.trust_domains():
             await self.store.source(td).aclose()
+
+
+class _LimitsLifecycle:
+    """The tenant limits and ledger (:func:`tenancy.shared.make_limits`): lease renewal and a
+    first ``PING`` at start (Redis down at start is an outage, not a failed start: the
+    ``state.on_unavailable`` behaviour applies until it answers); at stop, queued releases
+    and settlements get up to ``FLUSH_S`` seconds, then the client closes."""
+
+    FLUSH_S = 2.0
+
+    def __init__(self, limits: SharedLimits) -> None:
+        self.limits = limits
+
+    async def start(self) -> None:
+        self.limits.start()
+        if self.limits.availability is not None:
+            try:
+                await self.limits.ping()
+            except UNAVAILABLE_ERRORS as exc:
+                self.limits.availability.failed(exc)
+
+    async def stop(self) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.limits.flush(), self.FLUSH_S)
+        await self.limits.aclose()
 
 
 class Lifecycles:
@@ -164,13 +194,14 @@ class Gateway:
         return self.admission.registry
 
     @property
-    def limiter(self) -> TenantLimiter:
-        """The tenants' request-rate and concurrency limiter."""
+    def limiter(self) -> TenantLimiter | FailoverLimiter:
+        """The tenants' request-rate and concurrency limiter: the in-process :class:`TenantLimiter`
+        (``state.backend: memory``, synchronous) or the shared one (``redis``, async methods)."""
         return self.admission.limiter
 
     @property
-    def ledger(self) -> TokenLedger:
-        """The tenants' token ledger."""
+    def ledger(self) -> TokenLedger | FailoverLedger:
+        """The tenants' token ledger: in process (``memory``) or shared (``redis``, async ``reserve``)."""
         return self.admission.ledger
 
     @property
@@ -216,8 +247,14 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         raise ConfigError(f"invalid configuration: {where}: {exc}") from None
     del secret
     _check_salt_pools(config, registry)
-    admission = Admission(registry, TenantLimiter(), InProcessLedger(), get_tokenizer(config.routing.tokenizer),
-                          config.models, metrics, max_messages=config.limits.max_messages,
+    try:
+        limits = make_limits(config.state, failover=True, on_change=lambda up: metrics.state_available.set(int(up)))
+    except StateSetupError as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from None
+    if limits.availability is not None:  # count what was decided locally during an outage
+        limits.availability.on_local_decision = metrics.state_unavailable_admissions.labels("local").inc
+        metrics.watch_state(limits)
+    admission = Admission(registry, limits, get_tokenizer(config.routing.tokenizer), config.models, metrics, max_messages=config.limits.max_messages,
                           max_output_tokens=config.limits.max_output_tokens)
     rc = config.routing
     keys = PrefixKeys(keyring, block_size=rc.block_size, max_prefix_blocks=rc.max_prefix_blocks,
@@ -272,14 +309,15 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
             hub.monitor.set_pool_members(pool, [r.id for r in config.replicas if r.pool == pool])
     pdp = build_decision_point(config.policy, hub)
     upstream = Upstream(replica_set, router, metrics, config.upstream, config.health, calibration)
-    lifecycles = Lifecycles([upstream, pdp, _AuditLifecycle(hub), _BundlesLifecycle(bundles)])
+    lifecycles = Lifecycles([_LimitsLifecycle(limits), upstream, pdp, _AuditLifecycle(hub), _BundlesLifecycle(bundles)])
     return Gateway(
         config=config, metrics=metrics, audit=hub, keyring=keyring, bundles=bundles, verifier=verifier,
         authn=authn, admin_authn=admin_authn, admission=admission, keys=keys, pdp=pdp,
         pep=PolicyEnforcementPoint(pdp, router.loads, hub, metrics), replica_set=replica_set, index=index,
         router=router, calibration=calibration, upstream=upstream, recorder=Recorder(metrics, hub),
         admin=Admin(config, config_path, admin_authn, admission, keyring, pdp, hub, replica_set, router, index),
-        readiness=Readiness(lambda: lifecycles.started, replica_set, hub, pdp, router.loads, metrics, bundles),
+        readiness=Readiness(lambda: lifecycles.started, replica_set, hub, pdp, router.loads, metrics, bundles,
+                            limits.availability),
         lifecycles=lifecycles,
     )
 

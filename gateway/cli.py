@@ -33,7 +33,9 @@ def main(log_level: str) -> None:
               help="YAML configuration file (docs/configuration.md).")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Gateway processes on this host; more than 1 needs state.backend: redis (docs/scale-out).")
-def serve(config_path: str, workers: int) -> None:
+@click.option("--worker-index", type=click.IntRange(min=0), default=None, hidden=True,
+              help="Internal: run as worker i of --workers N on the inherited listening sockets.")
+def serve(config_path: str, workers: int, worker_index: int | None) -> None:
     """Run the gateway until SIGINT/SIGTERM; drains in-flight requests on shutdown."""
     from policy import reexec_with_go_gc
 
@@ -52,7 +54,20 @@ def serve(config_path: str, workers: int) -> None:
     if refusal:
         raise click.ClickException(refusal)
     try:
-        run_serving(run(cfg, config_path=config_path))
+        if worker_index is not None:  # a child of `serve --workers N` (gateway/workers.py)
+            from gateway.workers import catch_early_stop, inherited_sockets, worker_config
+
+            if cfg.state.backend != "redis":
+                raise click.ClickException("--worker-index needs state.backend: redis")
+            stop_requested = catch_early_stop()
+            run_serving(run(worker_config(cfg, worker_index), config_path=config_path, sockets=inherited_sockets(),
+                            stop_requested=stop_requested))
+        elif workers > 1:
+            from gateway.workers import run_workers
+
+            sys.exit(run_workers(cfg, config_path, workers))
+        else:
+            run_serving(run(cfg, config_path=config_path))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
@@ -66,20 +81,12 @@ def serving_refusal(backend: str, workers: int) -> str | None:
     (None: it may start).
 
     Several processes with in-process state would each enforce the whole of
-    every tenant's limits (N times the limit) and route on a fraction of the
-    picture, so ``workers > 1`` needs the shared backend (issue 16). The
-    gateway does not use the Redis backend yet (the shared limits and ledger
-    exist in :mod:`tenancy.shared` but are not wired into admission), so
-    ``state.backend: redis`` is refused too rather than silently enforcing
-    per-instance limits an operator believes are shared.
+    every tenant's limits (N times the limit), so ``workers > 1`` needs the
+    shared backend (issue 16; docs/scale-out.md says what is shared).
     """
     if workers > 1 and backend != "redis":
         return (f"serve --workers {workers} needs state.backend: redis (with state.url); with in-process "
                 f"state every worker would enforce each tenant's limits on its own")
-    if backend == "redis":
-        return ("state.backend: redis is not implemented in the gateway yet (issue 16: shared limits exist, "
-                "their wiring into admission and multi-process serving do not); use state.backend: memory "
-                "and --workers 1")
     return None
 
 

@@ -21,7 +21,14 @@ class StateConfig(ConfigSection):
     ``key_prefix``: prefix of every Redis key (the ACL user is restricted to
     it). ``lease_ttl_s``: lifetime of a concurrency slot or published load
     that is not renewed (0 < ttl <= 10 s), so a crashed instance leaves no
-    phantom slots beyond it.
+    phantom slots beyond it. ``on_unavailable``: what admission does while
+    Redis does not answer: ``fail_closed`` (503 ``state_unavailable`` with
+    ``Retry-After``) or ``local`` (each process enforces every tenant's
+    limits divided by ``instances_expected``, the number of gateway
+    processes sharing the state, all hosts counted), with an error log line
+    and the ``prefixgate_state_available`` gauge at 0; admission uses Redis
+    again as soon as a probe (every ``probe_interval_s``) answers.
+    ``command_timeout_s``: connect and reply timeout of one Redis command.
     """
 
     backend: Literal["memory", "redis"] = "memory"
@@ -32,6 +39,10 @@ class StateConfig(ConfigSection):
     tls_ca_file: str | None = None
     key_prefix: str = Field("prefixgate:", pattern=r"^[A-Za-z0-9_.:{}-]{1,64}$")
     lease_ttl_s: float = Field(10.0, gt=0, le=10)
+    on_unavailable: Literal["fail_closed", "local"] = "fail_closed"
+    instances_expected: int = Field(1, ge=1, le=1024)
+    command_timeout_s: float = Field(0.5, gt=0, le=10)
+    probe_interval_s: float = Field(1.0, gt=0, le=60)
 
     @field_validator("url")
     @classmethod

@@ -10,6 +10,7 @@ from routing.load import LoadTicket
 from routing.types import RouteChoice
 from tenancy.ledger import Reservation
 from tenancy.limits import Lease
+from tenancy.shared_limiter import SharedLease
 
 __all__ = ["Held"]
 
@@ -37,7 +38,7 @@ class Held:
                  "reservation", "progress", "relayed")
 
     def __init__(self) -> None:
-        self.lease: Lease | None = None
+        self.lease: Lease | SharedLease | None = None
         self.ticket: LoadTicket | None = None
         self.attempt: Attempt | None = None
         self.up: UpstreamStream | None = None

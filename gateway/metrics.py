@@ -94,6 +94,24 @@ class GatewayMetrics:
             "prefixgate_policy_cache_lookups", "Decision cache lookups", ["result"], registry=p,
         ))
         self.audit_dropped = Gauge("prefixgate_audit_dropped_events", "Audit events dropped (must stay 0)", registry=p)
+        # shared state (issue 16, tenancy/shared_failover.py): 1 while Redis answers (always 1 for memory)
+        self.state_available = Gauge("prefixgate_state_available",
+                                     "1 while the shared state (Redis) answers admission, 0 during an outage",
+                                     registry=p)
+        self.state_available.set(1)
+        self._state_writer = Gauge(
+            "prefixgate_state_queued_updates",
+            "Releases and settlements of this process waiting for Redis (pending) or dropped because the "
+            "queue was full while Redis was unreachable (dropped, must stay 0)", ["kind"], registry=p)
+        self._state_lost_slots = Gauge(
+            "prefixgate_state_lost_slots", "Concurrency slots found expired when renewed (their request went on "
+            "without a slot: Redis was unreachable longer than state.lease_ttl_s, or restarted empty)", registry=p)
+        self.state_unavailable_admissions = BoundChildren(Counter(
+            "prefixgate_state_unavailable_admissions",
+            "Admission decisions taken while the shared state was unavailable, by state.on_unavailable "
+            "behaviour (refused: 503; local: limits / state.instances_expected in this process)",
+            ["behaviour"], registry=p,
+        ))
         # admin-only series (name replicas and tenants)
         self.replica_requests = BoundChildren(Counter(
             "prefixgate_replica_requests", "Requests routed per replica", ["replica", "pool"], registry=a,
@@ -124,3 +142,14 @@ class GatewayMetrics:
             "prefixgate_tenant_charges", "Requests settled per tenant and charge basis (usage, relayed, refused, "
             "reservation, not_dispatched)", ["tenant", "basis"], registry=a,
         ))
+
+    def watch_state(self, limits: Any) -> None:
+        """Read the shared limits' queue and lease counters at every scrape
+        (``limits``: :class:`tenancy.shared.SharedLimits` of ``state.backend: redis``)."""
+        writer = limits.writer
+        if writer is not None:
+            self._state_writer.labels("pending").set_function(lambda: writer.pending)
+            self._state_writer.labels("dropped").set_function(lambda: writer.dropped)
+        lim = getattr(limits.limiter, "shared", None)
+        if lim is not None:
+            self._state_lost_slots.set_function(lambda: lim.lost_slots)

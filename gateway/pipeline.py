@@ -82,7 +82,7 @@ class InferencePipeline:
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
             tenant = adm.resolve_tenant(identity)
             rec.tenant_id = tenant.id
-            held.lease = adm.admit(tenant)
+            held.lease = await adm.admit(tenant)
             bounds = adm.request_bounds(tenant)
             # 3 parse (message and batch counts are checked before schema validation; gateway/request.py)
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
@@ -94,14 +94,15 @@ class InferencePipeline:
             adm.check_model(req.model)
             rec.model = req.model
             rec.sequences = req.sequences
-            adm.admit_sequences(tenant, held.lease, req.sequences)  # each prompt of a batch is a request
+            if req.sequences > 1:  # each prompt of a batch is a request
+                await adm.admit_sequences(tenant, held.lease, req.sequences)
             rec.t_parsed = time.perf_counter()
             # 4 prompt checks and prefix keys (byte bound, then tokenize once with early stop)
             tokens, prompt_tokens = adm.prompt_tokens(bounds, req)
             rec.prompt_tokens = prompt_tokens
             # reserve prompt + max_tokens x sequences before any further work; the end settles it
             output_cap = adm.output_cap(req.max_tokens, tenant)
-            held.reservation = adm.check_prompt(tenant, prompt_tokens, req.sequences, output_cap * req.sequences)
+            held.reservation = await adm.check_prompt(tenant, prompt_tokens, req.sequences, output_cap * req.sequences)
             chains = gw.keys.prefix_chains(tenant, tokens)
             rec.prefix_fingerprint = PrefixKeys.prefix_fingerprint(chains)
             # candidates: routable replicas in the tenant's pools (gateway/replicas.py)

@@ -5,6 +5,7 @@ configuration warnings logged at start: what the gateway can serve now.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from gateway.auditing import AuditHub
 from gateway.config import ReplicaConfig
@@ -23,8 +24,10 @@ class Readiness:
     """Why the gateway cannot route now; ``started()`` tells whether the gateway was started."""
 
     def __init__(self, started: Callable[[], bool], replica_set: ReplicaSet, audit: AuditHub, pdp: DecisionPoint,
-                 loads: LoadTracker, metrics: GatewayMetrics, bundles: TrustBundleStore | None = None) -> None:
+                 loads: LoadTracker, metrics: GatewayMetrics, bundles: TrustBundleStore | None = None,
+                 state: Any = None) -> None:
         self._started = started
+        self.state = state  # tenancy.shared_failover.Availability (state.backend redis) or None
         self.bundles = bundles
         self.replica_set = replica_set
         self.audit = audit
@@ -72,6 +75,8 @@ class Readiness:
             problems.append("no healthy replica")
         if not self.audit.accepting:
             problems.append("audit trail not accepting events")
+        if self.state is not None and not self.state.available and self.state.mode == "fail_closed":
+            problems.append("shared state (Redis) unavailable: admissions answer 503")
         return problems
 
     def refresh_gauges(self) -> None:

@@ -147,11 +147,12 @@ def _tenant_variants(rng: random.Random, tid: str) -> Tenant:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 async def test_redis_ledger_equals_the_in_process_ledger_on_the_same_operations(redis_server, seed: int) -> None:
     rng = random.Random(seed)
-    shared = make_limits(_cfg(redis_server.url))
+    clock = [0.0]  # both ledgers settle at the sequence's time (refill to it first)
+    shared = make_limits(_cfg(redis_server.url), clock=lambda: clock[0])
     try:
         ledger = shared.ledger
         assert isinstance(ledger, RedisLedger)
-        local = InProcessLedger(clock=lambda: 0.0)
+        local = InProcessLedger(clock=lambda: clock[0])
         tids = ["t1", "t2"]
         tenants = {tid: _tenant_variants(rng, tid) for tid in tids}
         open_pairs: list[tuple] = []
@@ -159,6 +160,7 @@ async def test_redis_ledger_equals_the_in_process_ledger_on_the_same_operations(
         refusals = 0
         for _ in range(250):
             now += rng.choice([0.0, 0.0, 0.05, 0.3, 1.7, 9.0])
+            clock[0] = now
             op = rng.random()
             if op < 0.08:
                 tid = rng.choice(tids)

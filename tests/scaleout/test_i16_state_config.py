@@ -61,12 +61,14 @@ def test_serve_workers_without_the_shared_backend_is_refused(tmp_path: Path, mon
     assert "Error: serve --workers 2 needs state.backend: redis" in res.output, res.output
 
 
-def test_serve_with_the_redis_backend_says_it_is_not_implemented(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    for args in ((), ("--workers", "2")):
-        res = _serve(tmp_path, monkeypatch, {"backend": "redis", "url": "redis://127.0.0.1:1/0"}, *args)
-        assert res.exit_code != 0
-        assert "Error: state.backend: redis is not implemented in the gateway yet" in res.output, res.output
+def test_the_redis_backend_may_serve_with_one_or_several_workers() -> None:
+    # the shared limits are wired into admission (issue 16): no more "not implemented" refusal
+    from gateway.cli import serving_refusal
+
+    assert serving_refusal("redis", 1) is None
+    assert serving_refusal("redis", 4) is None
+    assert serving_refusal("memory", 1) is None
+    assert "needs state.backend: redis" in (serving_refusal("memory", 2) or "")
 
 
 def test_serve_workers_zero_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from sim.kvcache import BlockCache
-from tenancy.limits import RateLimited, SourceLimiter
+from tenancy.limits import RateLimited
+from tenancy.source_limits import SourceLimiter
 
 
 class _Reference:

@@ -44,6 +44,8 @@ SLOW: frozenset[str] = frozenset({
     "tests/audit/test_syslog_rsyslog.py::test_receiver_killed_under_load_no_event_lost",  # 3.4 s; 60 s outage run
     "tests/policy/test_remote_failures.py::test_opa_slower_than_deadline_fails_fast",  # ~3 s
     "tests/hygiene/test_i11_markers.py",  # four collections of the suite, ~30 s
+    "tests/scaleout/test_s2_shared_admission.py",  # 3 gateways + redis restarts, 1-5 s per test
+    "tests/scaleout/test_s2_workers.py",  # serve --workers 2 as processes, ~10 s
 })
 
 _ROOT = Path(__file__).resolve().parents[2]

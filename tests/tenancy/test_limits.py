@@ -7,12 +7,11 @@ import pytest
 from tenancy.limits import (
     ConcurrencyLimited,
     RateLimited,
-    SourceLimiter,
     TenantLimiter,
     TokenBucket,
     clamp_max_tokens,
-    source_key,
 )
+from tenancy.source_limits import SourceLimiter, source_key
 from tenancy.registry import Tenant
 
 

@@ -1,0 +1,144 @@
+"""``prefixgate serve --workers N``: N gateway processes on one host sharing the listening sockets.
+
+The parent binds the public (and admin) listening sockets once
+(:func:`gateway.server.bind_listener`: no ``SO_REUSEPORT``, so a second
+gateway on the same port still fails), then starts N workers, each a
+``python -m gateway.cli serve --worker-index i`` child that inherits the
+sockets (``pass_fds``; their numbers in ``PREFIXGATE_LISTEN_FDS``) and
+accepts on them; the kernel hands each connection to one of the processes
+waiting in ``accept``. Allowed only with ``state.backend: redis``
+(:func:`gateway.cli.serving_refusal`): tenant limits, the ledger and
+concurrency are shared through Redis (docs/scale-out.md says what else is).
+
+Each worker has its own audit chain: ``audit.jsonl.dir`` and
+``audit.spill.dir`` get a ``worker-<i>`` subdirectory, ``audit.ocsf.file`` a
+``.worker-<i>`` suffix, and ``audit.instance`` = ``<host>/w<i>`` is stamped
+on every event (:class:`audit.log.AuditLog`); ``prefixgate audit verify``
+checks each worker's directory.
+
+The parent forwards SIGTERM/SIGINT to every worker (each drains and seals its
+audit log; one still starting stops as soon as it can, see
+:func:`catch_early_stop`) and exits when all have; a worker that exits on its own makes the
+parent stop the others and exit 1 (a supervisor restarts the whole gateway).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from gateway.config import GatewayConfig
+from gateway.server import bind_listener
+
+__all__ = ["ENV_LISTEN_FDS", "catch_early_stop", "inherited_sockets", "run_workers", "worker_config"]
+
+#: Environment variable naming the inherited listening sockets: ``<public fd>[,<admin fd>]``.
+ENV_LISTEN_FDS = "PREFIXGATE_LISTEN_FDS"
+
+log = logging.getLogger("prefixgate")
+
+
+def worker_config(cfg: GatewayConfig, index: int, host: str | None = None) -> GatewayConfig:
+    """``cfg`` for worker ``index``: its own audit directories and file, ``audit.instance`` =
+    ``<host>/w<index>`` (``host``: this machine's name by default). Other sections unchanged."""
+    audit: dict[str, Any] = copy.deepcopy(cfg.audit)
+    suffix = f"worker-{index}"
+    for section in ("jsonl", "spill"):
+        sub = audit.get(section)
+        if isinstance(sub, dict) and sub.get("dir"):
+            sub["dir"] = os.path.join(str(sub["dir"]), suffix)
+    ocsf = audit.get("ocsf")
+    if isinstance(ocsf, dict) and ocsf.get("file"):
+        ocsf["file"] = f"{ocsf['file']}.{suffix}"
+    audit["instance"] = f"{host or socket.gethostname()}/w{index}"
+    return cfg.model_copy(update={"audit": audit})
+
+
+def catch_early_stop() -> Callable[[], bool]:
+    """Catch SIGTERM/SIGINT from now on (a worker calls this first) and return ``requested()``:
+    True once one arrived. :func:`gateway.server.serve` replaces these handlers with its own
+    once its event loop runs and then stops at once if ``requested()``, so a worker stopped
+    while starting still drains and seals its audit log instead of dying mid-start."""
+    got: list[int] = []
+
+    def note(signum: int, _frame: object) -> None:
+        got.append(signum)
+
+    signal.signal(signal.SIGTERM, note)
+    signal.signal(signal.SIGINT, note)
+    return lambda: bool(got)
+
+
+def inherited_sockets(env: dict[str, str] | None = None) -> list[socket.socket]:
+    """The listening sockets the parent passed (``PREFIXGATE_LISTEN_FDS``), public first.
+
+    Raises :class:`RuntimeError` when the variable is absent or names no socket."""
+    raw = (env if env is not None else os.environ).get(ENV_LISTEN_FDS, "")
+    fds = [int(x) for x in raw.split(",") if x.strip()]
+    if not fds:
+        raise RuntimeError(f"{ENV_LISTEN_FDS} is not set: --worker-index is for processes started by --workers")
+    return [socket.socket(fileno=fd) for fd in fds]
+
+
+def run_workers(cfg: GatewayConfig, config_path: str, workers: int) -> int:
+    """Bind the listeners, start ``workers`` worker processes, wait for them; return the exit code.
+
+    Raises :class:`OSError` when a listening address is taken (before any worker starts)."""
+    listeners = [bind_listener(cfg.listen.host, cfg.listen.port)]
+    if cfg.admin is not None:
+        listeners.append(bind_listener(cfg.admin.host, cfg.admin.port))
+    fds = [s.fileno() for s in listeners]
+    env = {**os.environ, ENV_LISTEN_FDS: ",".join(map(str, fds))}
+    names = ["public", "admin"]
+    for name, s in zip(names, listeners, strict=False):
+        host, port = s.getsockname()[:2]
+        log.info("listening: %s http://%s:%d (shared by %d workers)", name, host, port, workers)
+    argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", config_path]
+    alive: dict[int, int] = {}
+    for i in range(workers):
+        proc = subprocess.Popen([*argv, "--worker-index", str(i)], env=env, pass_fds=fds)
+        alive[proc.pid] = i
+    for s in listeners:  # the workers hold them now
+        s.close()
+    stopping = False
+
+    def stop(signum: int = signal.SIGTERM, _frame: object = None) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in list(alive):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    rc = 0
+    while alive:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        index = alive.pop(pid, None)
+        if index is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        if not stopping:
+            log.error("worker %d exited on its own (code %d): stopping the other workers", index, code)
+            rc = 1
+            stop()
+        elif code == -signal.SIGTERM:
+            # killed by our SIGTERM before catch_early_stop ran: still importing, nothing opened yet
+            log.info("worker %d stopped before it had started", index)
+        elif code != 0:
+            log.warning("worker %d exited with code %d while stopping", index, code)
+            rc = rc or 1
+    log.info("stopped: all %d workers exited", workers)
+    return rc

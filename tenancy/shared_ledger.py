@@ -1,0 +1,109 @@
+"""The token ledger shared by all instances through Redis (issue 16): :class:`RedisLedger`.
+
+Same semantics as :class:`tenancy.ledger.InProcessLedger` (tests compare
+them): ``reserve`` is ``async``; ``lower_output`` / ``settle`` are synchronous
+and queued on the store's writer (the ledger's "never block" rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from tenancy.ledger import LedgerReservation, LedgerTotals, Settlement
+from tenancy.limits import RateLimited
+from tenancy.registry import Tenant
+from tenancy.shared_lua import arg as _arg
+from tenancy.shared_lua import wait_reply as _wait
+from tenancy.shared_store import Store
+
+__all__ = ["RedisLedger", "RedisReservation"]
+
+# --- ledger -------------------------------------------------------------------------------------
+
+
+class RedisReservation(LedgerReservation):
+    """A reservation held in Redis buckets; :meth:`settle` / :meth:`lower_output` queue their update
+    (synchronous, never block; see the module doc)."""
+
+    def __init__(self, ledger: RedisLedger, tenant_id: str, prompt: int, output: int) -> None:
+        super().__init__(tenant_id, prompt, output)
+        self._ledger = ledger
+
+    def _apply(self, d_prompt: int, d_output: int, settled: Settlement | None) -> None:
+        self._ledger._adjust(self.tenant_id, d_prompt, d_output, "lower" if settled is None else "settle", settled)
+
+
+class RedisLedger:
+    """:class:`tenancy.ledger.InProcessLedger` over Redis, shared by every instance of the store.
+
+    :meth:`reserve` is ``async`` (Redis decides); the returned
+    :class:`RedisReservation` has the synchronous ``lower_output`` /
+    ``settle`` of :class:`tenancy.ledger.Reservation`, whose updates are
+    queued in order. :meth:`totals` and :meth:`level` read Redis (call
+    :meth:`SharedLimits.flush` first to see queued updates).
+    """
+
+    def __init__(self, store: Store, clock: Callable[[], float] | None = None) -> None:
+        self._s = store
+        self._clock = clock
+
+    async def reserve(self, tenant: Tenant, prompt_tokens: int, output_tokens: int,
+                      now: float | None = None) -> RedisReservation:
+        """See :meth:`tenancy.ledger.TokenLedger.reserve` (same errors and reasons)."""
+        if prompt_tokens < 0 or output_tokens < 0:
+            raise ValueError("token count must be >= 0")
+        pr, ore = tenant.prompt_tokens_per_s, tenant.output_tokens_per_s
+        pb = None if pr is None else (tenant.prompt_tokens_burst if tenant.prompt_tokens_burst is not None
+                                      else max(1.0, pr))
+        ob = None if ore is None else (tenant.output_tokens_burst if tenant.output_tokens_burst is not None
+                                       else max(1.0, ore))
+        s = self._s
+        if now is None and self._clock is not None:
+            now = self._clock()
+        reply = await s.reserve(
+            keys=[s.key(tenant.id, "led:ptok"), s.key(tenant.id, "led:otok"), s.key(tenant.id, "led:tot"),
+                  f"{s.prefix}ledger:tenants"],
+            args=[_arg(now), _arg(pr), _arg(pb), prompt_tokens, _arg(ore), _arg(ob), output_tokens, tenant.id])
+        reason, wait = _wait(reply)
+        if reason != "ok":
+            raise RateLimited(wait, reason)
+        return RedisReservation(self, tenant.id, prompt_tokens, output_tokens)
+
+    async def totals(self) -> Mapping[str, LedgerTotals]:
+        """Per-tenant totals across all instances, by tenant id."""
+        s = self._s
+        out: dict[str, LedgerTotals] = {}
+        for raw in sorted(await s.client.smembers(f"{s.prefix}ledger:tenants")):
+            tid = raw.decode() if isinstance(raw, bytes) else raw
+            h = {(k.decode() if isinstance(k, bytes) else k): int(v)
+                 for k, v in (await s.client.hgetall(s.key(tid, "led:tot"))).items()}
+            out[tid] = LedgerTotals(
+                {"prompt": h.get("reserved_prompt", 0), "output": h.get("reserved_output", 0)},
+                {"prompt": h.get("charged_prompt", 0), "output": h.get("charged_output", 0)},
+                {"prompt": h.get("refunded_prompt", 0), "output": h.get("refunded_output", 0)},
+                h.get("open", 0))
+        return out
+
+    async def level(self, tenant_id: str, kind: str, now: float | None = None) -> float | None:
+        """Level of a tenant's ``prompt`` / ``output`` bucket refilled to ``now`` (None: no bucket).
+
+        Refills the stored bucket as :meth:`tenancy.ledger.InProcessLedger.level` does."""
+        key = self._s.key(tenant_id, "led:ptok" if kind == "prompt" else "led:otok")
+        if now is None and self._clock is not None:
+            now = self._clock()
+        raw = await self._s.level(keys=[key], args=[_arg(now)])
+        return None if raw is None else float(raw)
+
+    def _adjust(self, tenant_id: str, d_prompt: int, d_output: int, mode: str, s: Settlement | None) -> None:
+        st = self._s
+        keys = [st.key(tenant_id, "led:ptok"), st.key(tenant_id, "led:otok"), st.key(tenant_id, "led:tot")]
+        args = [d_prompt, d_output, mode]
+        if s is not None:
+            args += [s.charged_prompt, s.charged_output, s.refunded_prompt, s.refunded_output]
+        else:
+            args += [0, 0, 0, 0]
+        # the settle time: refill to it before applying (InProcessLedger._adjust); taken now, not
+        # when the queued update runs
+        args.append(_arg(None if self._clock is None else self._clock()))
+        st.writer.submit(lambda pipe: st.adjust(keys=keys, args=args, client=pipe))
+

@@ -1,0 +1,195 @@
+"""Tenant request rate, prompt-token rate and concurrency shared by all instances through Redis
+(issue 16): :class:`RedisTenantLimiter` and its :class:`SharedLease`.
+
+Same semantics as :class:`tenancy.limits.TenantLimiter` (tests compare them),
+``async`` where Redis must answer; the lease release is synchronous and queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from typing import Any
+
+from tenancy.limits import ConcurrencyLimited, RateLimited
+from tenancy.registry import Tenant
+from tenancy.shared_lua import arg as _arg
+from tenancy.shared_lua import wait_reply as _wait
+from tenancy.shared_store import Store
+
+__all__ = ["RedisTenantLimiter", "SharedLease"]
+
+log = logging.getLogger("prefixgate.state")
+
+# --- limiter ------------------------------------------------------------------------------------
+
+
+class SharedLease:
+    """An admitted request's concurrency slots in Redis (``weight`` members of the tenant's set).
+
+    :meth:`release` is synchronous and idempotent (queues the ``ZREM``);
+    usable as ``with`` or ``async with``, like :class:`tenancy.limits.Lease`.
+    """
+
+    __slots__ = ("_limiter", "_done", "id", "tenant_id", "weight")
+
+    def __init__(self, limiter: RedisTenantLimiter, tenant_id: str, lease_id: str) -> None:
+        self._limiter = limiter
+        self._done = False
+        self.id = lease_id
+        self.tenant_id = tenant_id
+        self.weight = 1
+
+    def members(self, start: int = 0, stop: int | None = None) -> list[str]:
+        """Sorted-set members of slots ``start`` .. ``stop`` (default: all held)."""
+        return [f"{self.id}#{i}" for i in range(start, self.weight if stop is None else stop)]
+
+    @property
+    def released(self) -> bool:
+        """True once :meth:`release` has run."""
+        return self._done
+
+    def release(self) -> None:
+        """Free the slots (queued; later calls do nothing)."""
+        if not self._done:
+            self._done = True
+            self._limiter._release(self)
+
+    def __enter__(self) -> SharedLease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    async def __aenter__(self) -> SharedLease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+class RedisTenantLimiter:
+    """:class:`tenancy.limits.TenantLimiter` over Redis: one request bucket, prompt-token bucket and
+    concurrency count per tenant for all instances sharing the store.
+
+    Same methods as the in-process limiter, ``async`` where Redis must
+    answer. Raises :class:`~tenancy.limits.ConcurrencyLimited` /
+    :class:`~tenancy.limits.RateLimited` with the same reasons and
+    ``retry_after_s``; a refused request takes nothing. Redis errors
+    propagate (:class:`redis.exceptions.RedisError`).
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._s = store
+        self._leases: dict[str, SharedLease] = {}
+        self._renewer: asyncio.Task[None] | None = None
+        #: slots found expired when renewed (their request went on without a slot)
+        self.lost_slots = 0
+        #: completed :meth:`renew` calls
+        self.renewals = 0
+
+    async def admit(self, tenant: Tenant, now: float | None = None) -> SharedLease:
+        """Admit one request of ``tenant``; return its :class:`SharedLease` (see TenantLimiter.admit)."""
+        lease = SharedLease(self, tenant.id, secrets.token_hex(8))
+        rate = tenant.rate_rps
+        burst = (tenant.rate_burst or max(1.0, rate)) if rate is not None else None
+        need = -1.0 if (burst is not None and 1 > burst) else 1.0
+        reply = await self._s.admit(
+            keys=[self._s.key(tenant.id, "conc"), self._s.key(tenant.id, "req")],
+            args=[_arg(now), -1 if tenant.max_concurrency is None else tenant.max_concurrency,
+                  _arg(rate), _arg(burst), "1", _arg(need), "1", self._s.lease_ttl_ms, *lease.members()])
+        self._raise(reply, "tenant_request_rate")
+        self._leases[lease.id] = lease
+        return lease
+
+    async def add_sequences(self, tenant: Tenant, lease: SharedLease, extra: int, now: float | None = None) -> None:
+        """Charge ``extra`` more sequences of an admitted batch (see TenantLimiter.add_sequences)."""
+        if extra <= 0 or lease.released:
+            return
+        rate = tenant.rate_rps
+        burst = (tenant.rate_burst or max(1.0, rate)) if rate is not None else None
+        # TokenBucket.try_take(extra, allow_debt=True, need=min(extra, max(0, burst - 1))): need <= burst
+        need = min(float(extra), max(0.0, burst - 1)) if burst is not None else 0.0
+        need = min(need, burst) if burst is not None else need
+        reply = await self._s.admit(
+            keys=[self._s.key(tenant.id, "conc"), self._s.key(tenant.id, "req")],
+            args=[_arg(now), -1 if tenant.max_concurrency is None else tenant.max_concurrency,
+                  _arg(rate), _arg(burst), _arg(extra), _arg(need), "0", self._s.lease_ttl_ms,
+                  *lease.members(lease.weight, lease.weight + extra)])
+        self._raise(reply, "tenant_request_rate")
+        lease.weight += extra
+        if lease.released:  # released while we waited: free the new slots too
+            await self._s.client.zrem(self._s.key(tenant.id, "conc"),
+                                      *lease.members(lease.weight - extra, lease.weight))
+
+    async def charge_prompt_tokens(self, tenant: Tenant, n: int, now: float | None = None) -> None:
+        """Charge ``n`` prompt tokens (see TenantLimiter.charge_prompt_tokens; debt allowed)."""
+        if n < 0:
+            raise ValueError("token count must be >= 0")
+        rate = tenant.prompt_tokens_per_s
+        if rate is None:
+            return
+        burst = tenant.prompt_tokens_burst or max(1.0, rate)
+        reply = await self._s.take(keys=[self._s.key(tenant.id, "ptok")],
+                                   args=[_arg(now), _arg(rate), _arg(burst), _arg(n), _arg(min(n, burst))])
+        self._raise(reply, "tenant_prompt_tokens")
+
+    async def in_flight(self, tenant_id: str) -> int:
+        """Live concurrency slots of ``tenant_id`` across all instances (expired ones pruned)."""
+        return int(await self._s.count(keys=[self._s.key(tenant_id, "conc")], args=[]))
+
+    async def renew(self) -> int:
+        """Extend every unreleased lease of this instance by the lease TTL; return the slots renewed
+        (slots found expired already are counted in ``lost_slots``)."""
+        by_tenant: dict[str, list[str]] = {}
+        for lease in list(self._leases.values()):
+            if not lease.released:
+                by_tenant.setdefault(lease.tenant_id, []).extend(lease.members())
+        renewed = 0
+        for tid, members in by_tenant.items():
+            held = int(await self._s.renew(keys=[self._s.key(tid, "conc")], args=[self._s.lease_ttl_ms, *members]))
+            renewed += held
+            self.lost_slots += len(members) - held
+        self.renewals += 1
+        return renewed
+
+    def start(self) -> None:
+        """Start renewing this instance's leases every ``lease_ttl/3`` (call from the event loop)."""
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_loop(), name="prefixgate-lease-renewer")
+
+    async def _renew_loop(self) -> None:
+        interval = self._s.lease_ttl_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.renew()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis down: the slots expire, retry next tick
+                log.warning("lease renewal failed (%s)", exc.__class__.__name__)
+
+    async def aclose(self) -> None:
+        """Stop the renewer (leases not released expire after the TTL)."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+            self._renewer = None
+
+    def _release(self, lease: SharedLease) -> None:
+        self._leases.pop(lease.id, None)
+        key, members = self._s.key(lease.tenant_id, "conc"), lease.members()
+        self._s.writer.submit(lambda pipe: pipe.zrem(key, *members))
+
+    @staticmethod
+    def _raise(reply: list[Any], rate_reason: str) -> None:
+        kind, wait = _wait(reply)
+        if kind == "ok":
+            return
+        if kind == "concurrency":
+            raise ConcurrencyLimited(1.0, "tenant_concurrency")
+        raise RateLimited(wait, rate_reason)
+

@@ -1,0 +1,205 @@
+"""The Lua scripts of the Redis-backed tenant limits and ledger (issue 16), and their argument codec.
+
+Each script performs exactly the arithmetic of :class:`tenancy.limits.TokenBucket`
+and :class:`tenancy.ledger.InProcessLedger` on Redis hashes (see
+:mod:`tenancy.shared` for the key layout); numbers travel as ``%.17g``
+strings so doubles are exact. Registered by :class:`tenancy.shared_store.Store`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["ADJUST", "ADMIT", "COUNT", "LEVEL", "RENEW", "RESERVE", "TAKE", "arg", "wait_reply"]
+
+# Shared helpers: a bucket is a hash {level, updated, rate, burst}; numbers travel as %.17g strings
+# (exact doubles; a Lua number returned as a reply would be truncated to an integer).
+_LUA_LIB = r"""
+local function num(x) return string.format('%.17g', x) end
+local function server_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1e6, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- TokenBucket(rate, burst, now) or the stored one, reconfigured (refill at the old rate, capped at the
+-- old burst, then capped at the new one) and refilled to now, exactly as tenancy/limits.py
+local function load(key, rate, burst, now)
+  local v = redis.call('HMGET', key, 'level', 'updated', 'rate', 'burst')
+  if not v[1] then return burst, now end
+  local level, updated = tonumber(v[1]), tonumber(v[2])
+  local orate, oburst = tonumber(v[3]), tonumber(v[4])
+  if now > updated then
+    level = math.min(oburst, level + (now - updated) * orate)
+    updated = now
+  end
+  if orate ~= rate or oburst ~= burst then level = math.min(level, burst) end
+  return level, updated
+end
+local function bucket_ttl_ms(level, rate, burst)
+  local full_s = 0
+  if level < burst then full_s = (burst - level) / rate end
+  return math.floor((full_s + 3600) * 1000)
+end
+local function store(key, level, updated, rate, burst)
+  redis.call('HSET', key, 'level', num(level), 'updated', num(updated), 'rate', num(rate), 'burst', num(burst))
+  redis.call('PEXPIRE', key, bucket_ttl_ms(level, rate, burst))
+end
+-- try_take: need < 0 means "can never succeed" (n > burst without debt); returns wait seconds (0: taken)
+local function take(key, rate, burst, now, n, need)
+  local level, updated = load(key, rate, burst, now)
+  local wait = 0
+  if need < 0 then wait = -1
+  elseif level >= need then level = level - n
+  else wait = (need - level) / rate end
+  store(key, level, updated, rate, burst)
+  return wait
+end
+local function wait_reply(reason, wait)
+  if wait < 0 then return {reason, 'inf'} end
+  return {reason, num(wait)}
+end
+"""
+
+# KEYS: conc zset, request bucket. ARGV: now|'', max_conc (-1: none), rate|'' , burst, n, need,
+# drop_unlimited (1: delete the bucket when rate is ''), lease_ttl_ms, member...
+_LUA_ADMIT = _LUA_LIB + r"""
+local now, now_ms = server_now()
+if ARGV[1] ~= '' then now = tonumber(ARGV[1]) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+local maxc = tonumber(ARGV[2])
+local members = #ARGV - 8
+if maxc >= 0 and redis.call('ZCARD', KEYS[1]) + members > maxc then return {'concurrency', '1'} end
+if ARGV[3] ~= '' then
+  local wait = take(KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[4]), now, tonumber(ARGV[5]), tonumber(ARGV[6]))
+  if wait ~= 0 then return wait_reply('rate', wait) end
+elseif ARGV[7] == '1' then
+  redis.call('DEL', KEYS[2])
+end
+local ttl = tonumber(ARGV[8])
+for i = 9, #ARGV do redis.call('ZADD', KEYS[1], now_ms + ttl, ARGV[i]) end
+redis.call('PEXPIRE', KEYS[1], ttl * 3)
+return {'ok', '0'}
+"""
+
+# KEYS: conc zset. ARGV: lease_ttl_ms, member... Returns how many members were still held.
+_LUA_RENEW = _LUA_LIB + r"""
+local now, now_ms = server_now()
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+local ttl = tonumber(ARGV[1])
+local held = 0
+for i = 2, #ARGV do held = held + redis.call('ZADD', KEYS[1], 'XX', 'CH', now_ms + ttl, ARGV[i]) end
+if held > 0 then redis.call('PEXPIRE', KEYS[1], ttl * 3) end
+return held
+"""
+
+# KEYS: conc zset. Returns the live slot count (expired ones pruned).
+_LUA_COUNT = _LUA_LIB + r"""
+local now, now_ms = server_now()
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+return redis.call('ZCARD', KEYS[1])
+"""
+
+# KEYS: bucket. ARGV: now|'', rate, burst, n, need.
+_LUA_TAKE = _LUA_LIB + r"""
+local now = server_now()
+if ARGV[1] ~= '' then now = tonumber(ARGV[1]) end
+local wait = take(KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3]), now, tonumber(ARGV[4]), tonumber(ARGV[5]))
+if wait ~= 0 then return wait_reply('rate', wait) end
+return {'ok', '0'}
+"""
+
+# KEYS: bucket. ARGV: now|''. The level refilled to now, stored like TokenBucket.refill does
+# (InProcessLedger.level stores the refill too). Returns false for no bucket.
+_LUA_LEVEL = _LUA_LIB + r"""
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local now = server_now()
+if ARGV[1] ~= '' then now = tonumber(ARGV[1]) end
+local v = redis.call('HMGET', KEYS[1], 'rate', 'burst')
+local rate, burst = tonumber(v[1]), tonumber(v[2])
+local level, updated = load(KEYS[1], rate, burst, now)
+store(KEYS[1], level, updated, rate, burst)
+return num(level)
+"""
+
+# KEYS: prompt bucket, output bucket, totals, tenants set.
+# ARGV: now|'', prate|'', pburst, p, orate|'', oburst, o, tenant id
+_LUA_RESERVE = _LUA_LIB + r"""
+local now = server_now()
+if ARGV[1] ~= '' then now = tonumber(ARGV[1]) end
+redis.call('SADD', KEYS[4], ARGV[8])
+local specs = {{KEYS[1], ARGV[2], ARGV[3], ARGV[4], 'tenant_prompt_tokens'},
+               {KEYS[2], ARGV[5], ARGV[6], ARGV[7], 'tenant_output_tokens'}}
+local levels = {}
+local maxwait, reason = 0, nil
+for i, s in ipairs(specs) do
+  if s[2] == '' then
+    redis.call('DEL', s[1])
+  else
+    local rate, burst, n = tonumber(s[2]), tonumber(s[3]), tonumber(s[4])
+    local level, updated = load(s[1], rate, burst, now)
+    store(s[1], level, updated, rate, burst)
+    levels[i] = {level, updated, rate, burst, n}
+    local need = math.min(n, burst)
+    if level < need then
+      local wait = (need - level) / rate
+      if reason == nil then reason = s[5] end
+      if wait > maxwait then maxwait = wait end
+    end
+  end
+end
+if reason ~= nil then return {reason, num(maxwait)} end
+for i, s in ipairs(specs) do
+  local b = levels[i]
+  if b then store(s[1], b[1] - b[5], b[2], b[3], b[4]) end
+end
+redis.call('HINCRBY', KEYS[3], 'reserved_prompt', ARGV[4])
+redis.call('HINCRBY', KEYS[3], 'reserved_output', ARGV[7])
+redis.call('HINCRBY', KEYS[3], 'open', 1)
+return {'ok', '0'}
+"""
+
+# KEYS: prompt bucket, output bucket, totals. ARGV: d_prompt, d_output, mode (lower|settle),
+# charged_prompt, charged_output, refunded_prompt, refunded_output, now|''.
+# tenancy/ledger.py InProcessLedger._adjust: refill to the settle time first (what accrued since the
+# last take must not absorb an overshoot), then debt or a refund capped at the burst.
+_LUA_ADJUST = _LUA_LIB + r"""
+local now = server_now()
+if ARGV[8] ~= '' then now = tonumber(ARGV[8]) end
+local deltas = {tonumber(ARGV[1]), tonumber(ARGV[2])}
+for i = 1, 2 do
+  local d = deltas[i]
+  if d ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then
+    local v = redis.call('HMGET', KEYS[i], 'rate', 'burst')
+    local rate, burst = tonumber(v[1]), tonumber(v[2])
+    local level, updated = load(KEYS[i], rate, burst, now)
+    if d > 0 then level = level - d else level = math.min(burst, level - d) end
+    store(KEYS[i], level, updated, rate, burst)
+  end
+end
+if ARGV[3] == 'lower' then
+  redis.call('HINCRBY', KEYS[3], 'refunded_output', -deltas[2])
+  return 1
+end
+local open = tonumber(redis.call('HGET', KEYS[3], 'open') or '0')
+redis.call('HSET', KEYS[3], 'open', math.max(0, open - 1))
+redis.call('HINCRBY', KEYS[3], 'charged_prompt', ARGV[4])
+redis.call('HINCRBY', KEYS[3], 'charged_output', ARGV[5])
+redis.call('HINCRBY', KEYS[3], 'refunded_prompt', ARGV[6])
+redis.call('HINCRBY', KEYS[3], 'refunded_output', ARGV[7])
+return 1
+"""
+
+
+def arg(x: float | None) -> str:
+    """A number as a script argument (``''`` for None), exact for doubles."""
+    return "" if x is None else repr(float(x))
+
+
+def wait_reply(reply: list[Any]) -> tuple[str, float]:
+    reason = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+    raw = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+    return reason, (math.inf if raw == "inf" else float(raw))
+
+
+ADMIT, RENEW, COUNT, TAKE, LEVEL, RESERVE, ADJUST = (_LUA_ADMIT, _LUA_RENEW, _LUA_COUNT, _LUA_TAKE, _LUA_LEVEL,
+                                                     _LUA_RESERVE, _LUA_ADJUST)
