@@ -346,7 +346,11 @@ class StateConfig(_Section):
     ``key_prefix``: prefix of every Redis key (the ACL user is restricted to
     it). ``lease_ttl_s``: lifetime of a concurrency slot or published load
     that is not renewed (0 < ttl <= 10 s), so a crashed instance leaves no
-    phantom slots beyond it.
+    phantom slots beyond it (and a crashed instance's published routing
+    load leaves every view within it). ``sync_poll_s``: how often key,
+    policy and registry records are re-read besides the Pub/Sub message
+    (0 < s <= 1). ``stream_max_entries``: length the routing event stream
+    is trimmed to (approximately; one entry is a batch of events).
     """
 
     backend: Literal["memory", "redis"] = "memory"
@@ -357,6 +361,8 @@ class StateConfig(_Section):
     tls_ca_file: str | None = None
     key_prefix: str = Field("prefixgate:", pattern=r"^[A-Za-z0-9_.:{}-]{1,64}$")
     lease_ttl_s: float = Field(10.0, gt=0, le=10)
+    sync_poll_s: float = Field(1.0, gt=0, le=1)
+    stream_max_entries: int = Field(10_000, ge=100, le=10_000_000)
 
     @field_validator("url")
     @classmethod
