@@ -24,11 +24,13 @@ TIERS = "prefixgate/config/tiers"
 async def trio(tmp_path: Path, redis_server):
     secret = write_secret(tmp_path / "master.key")
     gws = [instance(tmp_path, i, redis_server.url, secret) for i in range(3)]
-    for gw in gws:
-        await gw.shared.start()
-    yield gws
-    for gw in gws:
-        await gw.shared.stop()
+    try:
+        for gw in gws:
+            await gw.shared.start()
+        yield gws
+    finally:
+        for gw in gws:
+            await gw.shared.stop()
 
 
 def _admin(gw) -> httpx.AsyncClient:
@@ -37,14 +39,18 @@ def _admin(gw) -> httpx.AsyncClient:
                              headers={"Authorization": f"Bearer {token}"})
 
 
-async def test_a_rotation_through_the_admin_api_reaches_the_other_instances(trio) -> None:
+async def test_a_rotation_through_the_admin_api_reaches_the_other_instances(trio, redis_server) -> None:
     a, b, c = trio
     assert len({gw.keyring.cache_salt("tenant-a") for gw in trio}) == 1
+    raw = aioredis.Redis.from_url(redis_server.url)
     async with _admin(a) as admin:
         assert (await admin.post("/admin/tenants/tenant-a/rotate-key")).status_code == 200
+        # published by the admin call itself (not left to the next poll)
+        assert (await raw.hget(f"{PREFIX}keys:tenants", "tenant-a")).startswith(b"2:0:")
         assert (await admin.post("/admin/tenants/tenant-a/rotate-salt")).status_code == 200
         # every instance must switch master secrets together: refused with shared state
         assert (await admin.post("/admin/keys/rotate-master")).status_code == 501
+    await raw.aclose()
     for gw in (b, c):  # Pub/Sub carries it; the 1 s poll is the fallback
         await wait_for(lambda gw=gw: (gw.keyring.key_version("tenant-a"), gw.keyring.salt_epoch("tenant-a")) == (2, 1),
                        what="rotation adopted")

@@ -33,11 +33,13 @@ def _request(gw: Gateway, n: int) -> RouteRequest:
 async def pair(tmp_path: Path, redis_server):
     secret = write_secret(tmp_path / "master.key")
     gws = [instance(tmp_path, i, redis_server.url, secret) for i in range(2)]
-    for gw in gws:
-        await gw.shared.start()
-    yield gws
-    for gw in gws:
-        await gw.shared.stop()
+    try:
+        for gw in gws:
+            await gw.shared.start()
+        yield gws
+    finally:
+        for gw in gws:
+            await gw.shared.stop()
 
 
 def test_pure_application_of_events() -> None:
