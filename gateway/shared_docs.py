@@ -183,7 +183,7 @@ class SharedDocument:
         self._last_rejected = raw
         self.rejected += 1
         self._metrics.rejected.labels(self.name, reason).inc()
-        log.warning("shared state: ignored a %s %s record", reason, self.name)
+        log.warning("shared state: ignored a %s record (%s)", self.name, reason)
 
     async def run(self) -> None:
         """Adopt changes until cancelled: on each channel message and every ``poll_s`` seconds."""
