@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from tenancy.salt import length_prefixed
 
-__all__ = ["SharedDocument", "DOCS_MAC_INFO", "state_metrics"]
+__all__ = ["DOCS_MAC_INFO", "SharedDocument", "state_metrics"]
 
 log = logging.getLogger("prefixgate.state")
 

@@ -59,7 +59,7 @@ from routing.shared import (
 )
 from tenancy.salt import length_prefixed
 
-__all__ = ["cancel_task", "RoutingStream", "ROUTING_MAC_INFO", "new_instance_id", "encode_events", "decode_events"]
+__all__ = ["ROUTING_MAC_INFO", "RoutingStream", "cancel_task", "decode_events", "encode_events", "new_instance_id"]
 
 log = logging.getLogger("prefixgate.state")
 
@@ -315,13 +315,19 @@ class RoutingStream:
         self.metrics.instances.set(len(self.remote.instances()))
 
     async def _leaser(self) -> None:
+        last_ok = time.monotonic()
         while True:
             try:
                 await self.tick()
+                last_ok = time.monotonic()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001
                 log.warning("routing lease renewal failed (%s)", exc.__class__.__name__)
+                if time.monotonic() - last_ok > self._ttl and self.remote.instances():
+                    # nobody's lease can be checked: keep no load that may belong to a dead instance
+                    self.remote.retain(())
+                    log.warning("shared routing: Redis unreachable for over lease_ttl_s; routing on local load")
             await asyncio.sleep(self._ttl / 4)
 
     # -- lifecycle -----------------------------------------------------------

@@ -37,10 +37,10 @@ __all__ = [
     "BlocksRecorded",
     "LoadDelta",
     "LoadSnapshot",
-    "RoutingEvent",
-    "RemoteLoadView",
-    "SharedLoadTracker",
     "PublishingPrefixIndex",
+    "RemoteLoadView",
+    "RoutingEvent",
+    "SharedLoadTracker",
     "apply_event",
 ]
 
@@ -135,7 +135,7 @@ class RemoteLoadView:
 class _SharedTicket:
     """A local ticket that also emits the negative deltas of what it releases."""
 
-    __slots__ = ("replica_id", "_inner", "_emit", "_prefill", "_decode", "_running", "_prefill_out")
+    __slots__ = ("_decode", "_emit", "_inner", "_prefill", "_prefill_out", "_running", "replica_id")
 
     def __init__(self, inner: LoadTicket, emit: Emit, prefill: int, decode: int, running: int) -> None:
         self.replica_id = inner.replica_id

@@ -14,7 +14,14 @@ from prometheus_client import generate_latest
 
 from gateway.app import build_admin_app
 from tests.policy.conftest import make_input
-from tests.scaleout.s2_instances import ISSUER, OPERATOR, PREFIX, instance, instance_doc, write_secret
+from tests.scaleout.s2_instances import (
+    ISSUER,
+    OPERATOR,
+    PREFIX,
+    instance,
+    instance_doc,
+    write_secret,
+)
 from tests.support.waiting import wait_for
 
 TIERS = "prefixgate/config/tiers"

@@ -133,7 +133,7 @@ async def test_a_starting_instance_rebuilds_from_the_stream(tmp_path: Path, redi
 
 
 async def test_forged_routing_entries_are_ignored_and_counted(pair, redis_server) -> None:
-    a, b = pair
+    _, b = pair
     raw = aioredis.Redis.from_url(redis_server.url)
     try:
         body = b'[["d","r0",0,0,50]]'
@@ -161,3 +161,32 @@ async def test_another_master_secret_refuses_to_start(tmp_path: Path, redis_serv
         await other.start()
     assert not other.lifecycles.started
     assert os.path.exists(tmp_path / "master.key")
+
+
+async def test_a_restarted_empty_redis_is_refilled_without_restarting_instances(pair, redis_server) -> None:
+    """Redis restarts without persistence: no rollback, key records re-published, routing shared again."""
+    a, b = pair
+    a.keyring.rotate_tenant("tenant-a")
+    await a.shared.keys.publish("tenant-a")
+    await wait_for(lambda: b.keyring.key_version("tenant-a") == 2, what="rotation adopted")
+    redis_server.stop()
+    redis_server.start()  # same port, empty
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        async def republished() -> bool:
+            rec = await raw.hget(f"{PREFIX}keys:tenants", "tenant-a")
+            return rec is not None and rec.startswith(b"2:0:")
+
+        await wait_for(republished, what="key record re-published into the empty Redis")
+        assert b.keyring.key_version("tenant-a") == 2  # nothing rolled back
+        # routing events flow again once the clients reconnect
+        applied = b.shared.routing.applied
+
+        async def shared_again() -> bool:
+            _, ticket = a.router.route(_request(a, 42), REPLICAS)
+            ticket.finish()
+            return b.shared.routing.applied > applied
+
+        await wait_for(shared_again, what="routing events applied after the restart")
+    finally:
+        await raw.aclose()
