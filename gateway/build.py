@@ -288,7 +288,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
     admin = Admin(config, config_path, admin_authn, admission, keyring, pdp, hub, replica_set, router, index)
     members: list[Lifecycle] = [upstream, pdp, _AuditLifecycle(hub), _BundlesLifecycle(bundles)]
     if shared is not None:  # first: an instance whose master secret differs refuses to start
-        shared.attach(admin, pdp)
+        shared.attach(admin, pdp, hub)
         members.insert(0, shared)
     lifecycles = Lifecycles(members)
     return Gateway(

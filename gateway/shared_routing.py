@@ -42,10 +42,12 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gateway.shared_alerts import Observed
 
 from routing.index import PrefixIndex
 from routing.shared import (
@@ -84,7 +86,7 @@ def new_instance_id() -> str:
     return secrets.token_hex(8)
 
 
-def encode_events(events: Iterable[RoutingEvent]) -> bytes:
+def encode_events(events: Iterable[RoutingEvent | Observed]) -> bytes:
     """The JSON body of one stream entry (see module doc)."""
     out: list[Any] = []
     for e in events:
@@ -92,6 +94,8 @@ def encode_events(events: Iterable[RoutingEvent]) -> bytes:
             out.append(["b", e.replica_id, [k.hex() for k in e.keys]])
         elif isinstance(e, LoadDelta):
             out.append(["d", e.replica_id, e.prefill_tokens, e.decode_tokens, e.running_requests])
+        elif isinstance(e, Observed):
+            out.append(["o", e.pool, e.replica_id, e.prefill_tokens, e.prompt_tokens, e.cached_tokens])
         else:
             out.append(["s", {rid: list(v) for rid, v in e.loads.items()}])
     return json.dumps(out, separators=(",", ":")).encode()
@@ -109,12 +113,12 @@ def _int(v: Any) -> int:
     return v
 
 
-def decode_events(body: bytes) -> list[RoutingEvent]:
+def decode_events(body: bytes) -> list[RoutingEvent | Observed]:
     """Parse a body of :func:`encode_events`; raises ``ValueError`` for any other shape."""
     raw = json.loads(body)
     if not isinstance(raw, list):
         raise ValueError("body")
-    out: list[RoutingEvent] = []
+    out: list[RoutingEvent | Observed] = []
     for item in raw:
         if not isinstance(item, list) or not item:
             raise ValueError("event")
@@ -123,6 +127,8 @@ def decode_events(body: bytes) -> list[RoutingEvent]:
             out.append(BlocksRecorded(_rid(item[1]), tuple(bytes.fromhex(k) for k in item[2])))
         elif kind == "d" and len(item) == 5:
             out.append(LoadDelta(_rid(item[1]), _int(item[2]), _int(item[3]), _int(item[4])))
+        elif kind == "o" and len(item) == 6:
+            out.append(Observed(_rid(item[1]), _rid(item[2]), _int(item[3]), _int(item[4]), _int(item[5])))
         elif kind == "s" and len(item) == 2 and isinstance(item[1], dict):
             loads = {}
             for rid, v in item[1].items():
@@ -179,7 +185,9 @@ class RoutingStream:
         self._ttl = float(lease_ttl_s)
         self._max_entries = max_entries
         self._batch = batch_events
-        self._queue: deque[RoutingEvent] = deque()
+        self._queue: deque[RoutingEvent | Observed] = deque()
+        #: receives other instances' concentration observations (None: they are ignored)
+        self.on_observed: Callable[[Observed], None] | None = None
         self._queue_max = queue_max
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -202,7 +210,7 @@ class RoutingStream:
         return hmac.new(self._mac_key, msg, hashlib.sha256).hexdigest()
 
     # -- publishing --------------------------------------------------------
-    def emit(self, event: RoutingEvent) -> None:
+    def emit(self, event: RoutingEvent | Observed) -> None:
         """Queue one event of this instance (synchronous, never blocks; dropped and counted when full)."""
         if len(self._queue) >= self._queue_max:
             self.metrics.events.labels("dropped").inc()
@@ -261,7 +269,11 @@ class RoutingStream:
             log.warning("shared state: ignored an unauthenticated or malformed routing entry (%s)", exc)
             return 0
         for e in events:
-            apply_event(self._index, self.remote, inst, e)
+            if isinstance(e, Observed):
+                if self.on_observed is not None:
+                    self.on_observed(e)
+            else:
+                apply_event(self._index, self.remote, inst, e)
         self.applied += len(events)
         self.metrics.events.labels("applied").inc(len(events))
         return len(events)

@@ -1,7 +1,7 @@
 """The gateway's shared state through Redis (issue 16, ``state.backend: redis``), as one
 :class:`gateway.build.Lifecycle`: routing events (:mod:`gateway.shared_routing`), key
 versions and salt epochs (:mod:`tenancy.shared_keys`), the policy set and the tenant
-registry (:mod:`gateway.shared_docs`). Built by :func:`gateway.build.build` only for the
+registry (:mod:`gateway.shared_docs`), the concentration windows (:mod:`gateway.shared_alerts`). Built by :func:`gateway.build.build` only for the
 Redis backend; the memory default never imports this module.
 
 Subkeys (HKDF-SHA256 of the master secret; the secret itself never leaves the process):
@@ -36,6 +36,7 @@ from tenancy.shared_keys import SharedKeyState
 
 if TYPE_CHECKING:
     from gateway.admin import Admin
+    from gateway.auditing import AuditHub
     from gateway.pep import DecisionPoint
 
 __all__ = ["SharedState"]
@@ -94,9 +95,16 @@ class SharedState:
         holder.append(self.routing)
         return PublishingPrefixIndex(index, self.routing.emit), shared_loads
 
-    def attach(self, admin: Admin, pdp: DecisionPoint) -> None:
-        """Share the policy set (embedded engine with a version store) and the tenant registry."""
+    def attach(self, admin: Admin, pdp: DecisionPoint, audit: AuditHub) -> None:
+        """Share the concentration windows (``audit.monitor``), the policy set (embedded engine with a
+        version store) and the tenant registry."""
         self._admin = admin
+        if audit.monitor is not None and self.routing is not None:
+            from gateway.shared_alerts import PublishingMonitor
+
+            monitor = PublishingMonitor(audit.monitor, self.routing.emit)
+            audit.monitor = monitor
+            self.routing.on_observed = monitor.apply
         store = pdp.store
         if store is not None and self.config.policy.mode == "embedded":
             from policy.store import policy_set_document, policy_set_from_document

@@ -62,7 +62,7 @@ def instance_config(tmp: Path, n: int, redis_url: str, secret: Path, **state: An
 
 
 def instance(tmp: Path, n: int, redis_url: str, secret: Path, *, doc: dict[str, Any] | None = None,
-             **state: Any) -> Gateway:
+             audit: AuditHub | None = None, **state: Any) -> Gateway:
     """Build (not start) instance ``n`` from a configuration file ``inst<n>/gateway.yaml`` (its registry
     reloads re-read it); ``doc``: that file's content (default :func:`instance_doc`)."""
     import yaml
@@ -70,4 +70,4 @@ def instance(tmp: Path, n: int, redis_url: str, secret: Path, *, doc: dict[str, 
     path = tmp / f"inst{n}" / "gateway.yaml"
     doc = doc or instance_doc(tmp, n, redis_url, secret, **state)
     path.write_text(yaml.safe_dump(doc))
-    return build(load_config(path), audit=AuditHub(None), config_path=str(path))
+    return build(load_config(path), audit=audit or AuditHub(None), config_path=str(path))

@@ -190,3 +190,29 @@ async def test_a_restarted_empty_redis_is_refilled_without_restarting_instances(
         await wait_for(shared_again, what="routing events applied after the restart")
     finally:
         await raw.aclose()
+
+
+async def test_concentration_windows_and_alerts_are_shared(tmp_path: Path, redis_server) -> None:
+    """Traffic piled onto one replica by instance a raises the alert on b too (the policy input reads it)."""
+    import time
+
+    from audit.concentration import ConcentrationMonitor
+    from gateway.auditing import AuditHub
+
+    secret = write_secret(tmp_path / "master.key")
+    gws = [instance(tmp_path, i, redis_server.url, secret,
+                    audit=AuditHub(None, monitor=ConcentrationMonitor(hold_s=0, min_requests=5)))
+           for i in range(2)]
+    a, b = gws
+    try:
+        for gw in gws:
+            await gw.shared.start()
+        for _ in range(10):  # as AuditHub.record_request does for an allowed request
+            a.audit.monitor.observe("default", "r0", 128, 128, 0, time.monotonic())
+        assert any(al["kind"] == "replica_concentration" for al in a.audit.active_alerts())
+        await wait_for(lambda: any(al["kind"] == "replica_concentration" and al["replica_id"] == "r0"
+                                   for al in b.audit.active_alerts()), what="b raised the shared alert")
+        assert b.audit.monitor.stats("default")["requests"] == 10
+    finally:
+        for gw in gws:
+            await gw.shared.stop()
