@@ -77,6 +77,7 @@ class SharedState:
         self.registry_version = 0
         self._admin: Admin | None = None
         self._pending: set[asyncio.Task[Any]] = set()
+        self._keycheck: asyncio.Task[None] | None = None
 
     # -- wiring (build time) -------------------------------------------------
     def wrap_routing(self, index: PrefixIndex, loads: LoadTracker, replica_ids: list[str]) -> tuple[PrefixIndex,
@@ -184,10 +185,32 @@ class SharedState:
             if doc is not None:
                 await doc.sync()
                 doc.start()
+        self._keycheck = asyncio.get_running_loop().create_task(self._reassert_key_check(),
+                                                                name="prefixgate-key-check")
+
+    async def _reassert_key_check(self) -> None:
+        """Every ``sync_poll_s``: set the key-check value again if Redis lost it (emptied, restarted), so an
+        instance with another master secret cannot join in its place; a mismatch is logged as an error."""
+        from tenancy.keys import KeyRingError
+
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                await self.keys.join()
+            except KeyRingError:
+                log.error("shared state: the stored key-check value is not this instance's master secret's "
+                          "(another master secret joined); records it writes are ignored here")
+            except Exception as exc:  # noqa: BLE001 - Redis down: retried
+                log.debug("key-check re-assertion failed (%s)", exc.__class__.__name__)
 
     async def stop(self) -> None:
         """Stop every task, give up the routing lease, close the client."""
         await self.settle()
+        if self._keycheck is not None:
+            from gateway.shared_routing import cancel_task
+
+            await cancel_task(self._keycheck)
+            self._keycheck = None
         for doc in (self.policy, self.tenants):
             if doc is not None:
                 await doc.aclose()

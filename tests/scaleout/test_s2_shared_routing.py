@@ -178,6 +178,7 @@ async def test_a_restarted_empty_redis_is_refilled_without_restarting_instances(
             return rec is not None and rec.startswith(b"2:0:")
 
         await wait_for(republished, what="key record re-published into the empty Redis")
+        await wait_for(lambda: raw.get(f"{PREFIX}keys:check"), what="key-check value set again")
         assert b.keyring.key_version("tenant-a") == 2  # nothing rolled back
         # routing events flow again once the clients reconnect
         applied = b.shared.routing.applied
