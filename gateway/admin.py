@@ -8,6 +8,7 @@ operator SPIFFE ID; anything else is 401/403 and is audited as a refusal.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -58,6 +59,10 @@ class Admin:
         self.replica_set = replica_set
         self.router = router
         self.index = index
+        #: awaited with every tenancy change record after it is audited (shared state publishes here)
+        self.change_hooks: list[Callable[[dict[str, Any]], Awaitable[None]]] = []
+        #: the last tenants section applied (``{"tenants", "operators"}``), None before any reload
+        self.last_tenancy: dict[str, Any] | None = None
 
     async def authorize_operator(self, request: Request) -> WorkloadIdentity:
         """Admin listener guard: a JWT-SVID for the admin audience from an operator.
@@ -83,12 +88,19 @@ class Admin:
             ident = await self.authorize_operator(request)
             return {"spiffe_id": str(ident.spiffe_id), "trust_domain": ident.trust_domain}
 
+        async def on_change(record: dict[str, Any]) -> None:
+            self.audit.record_operator(record)
+            for hook in self.change_hooks:
+                await hook(record)
+
         routes: list[BaseRoute] = []
         tc = self.config.tenancy
+        # with shared state, every instance must switch master secrets together: not supported yet (501)
+        master_loader = (None if self.config.state.backend == "redis"
+                         else lambda: load_master_secret(tc.master_secret_file, tc.master_secret_env))
         routes += tenancy_routes(
-            self.keyring, self.reload_registry, authorize,
-            master_loader=lambda: load_master_secret(tc.master_secret_file, tc.master_secret_env),
-            on_change=self.audit.record_operator, registry=self.admission.registry,
+            self.keyring, self.reload_registry, authorize, master_loader=master_loader,
+            on_change=on_change, registry=self.admission.registry,
         )
         if self.pdp.store is not None:
             from policy.admin import admin_routes as policy_routes
@@ -99,9 +111,17 @@ class Admin:
     def reload_registry(self) -> TenantRegistry:
         """Re-read the tenants from ``config_path``; no decision or limit state outlives a removed tenant."""
         fresh = load_config(self.config_path) if self.config_path else self.config
-        registry = self.admission.registry.reload(fresh.tenancy.tenants, operators=fresh.tenancy.operators)
+        return self.apply_registry(fresh.tenancy.tenants, fresh.tenancy.operators)
+
+    def apply_registry(self, tenants: list[dict[str, Any]], operators: list[str]) -> TenantRegistry:
+        """Serve these tenants and operators (a reload here or on another instance); clears every decision.
+
+        Raises :class:`tenancy.registry.TenantConfigError` (the registry in force stays).
+        """
+        registry = self.admission.registry.reload(tenants, operators=operators)
         self.admission.replace_registry(registry)
         self.pdp.clear_cache()  # tenant facts reach the policy through its input: no decision outlives them
+        self.last_tenancy = {"tenants": list(tenants), "operators": list(operators)}
         return registry
 
     def replica_status(self) -> list[dict[str, Any]]:

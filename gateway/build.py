@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from gateway.admin import Admin
 from gateway.admission import Admission
@@ -36,7 +36,7 @@ from gateway.replicas import Replica, ReplicaSet
 from gateway.upstream import Upstream
 from routing.calibration import CalibratingLoadTracker, Calibration
 from routing.config import policy_from_config
-from routing.index import InProcessPrefixIndex
+from routing.index import InProcessPrefixIndex, PrefixIndex
 from routing.load import InProcessLoadTracker, LoadTracker
 from routing.router import Router
 from tenancy.keys import KeyRing, load_master_secret
@@ -186,6 +186,8 @@ class Gateway:
     admin: Admin
     readiness: Readiness
     lifecycles: Lifecycles = field(repr=False)
+    #: the Redis-shared state (``state.backend: redis``), else None
+    shared: Any = None
 
     # the state that changes while running lives in its owner; these read it
     @property
@@ -245,6 +247,14 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
     except Exception as exc:  # KeyRingError: messages never hold secrets
         where = "tenancy.master_secret_file" if config.tenancy.master_secret_file else "tenancy.master_secret_env"
         raise ConfigError(f"invalid configuration: {where}: {exc}") from None
+    shared = None
+    if config.state.backend == "redis":  # the memory default never imports the shared-state modules
+        from gateway.shared_state import SharedState
+
+        try:
+            shared = SharedState(config, secret, keyring, metrics.public)
+        except Exception as exc:  # StateSetupError: messages never hold the password
+            raise ConfigError(f"invalid configuration: state: {exc}") from None
     del secret
     _check_salt_pools(config, registry)
     try:
@@ -291,13 +301,16 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         cooldown_s=config.health.breaker_cooldown_s,
     )
     index = InProcessPrefixIndex(rc.index_capacity_blocks)
+    route_index: PrefixIndex = index
     # calibration (issue 15): first-byte times and engine metrics, only when the policy asks
     calibration: Calibration | None = None
     loads: LoadTracker = InProcessLoadTracker()
+    if shared is not None:  # the other instances' chains and load, through Redis
+        route_index, loads = shared.wrap_routing(index, loads, [r.id for r in config.replicas])
     if getattr(rc.policy, "calibrate", False):
         calibration = Calibration(prior_rate=rc.policy.prefill_tokens_per_s)
         loads = CalibratingLoadTracker(loads, calibration, time.monotonic)
-    router = Router(policy, index, loads, rc.block_size, calibration)
+    router = Router(policy, route_index, loads, rc.block_size, calibration)
     # audit first (policy changes are audited), then the decision point
     try:
         hub = audit or AuditHub.from_config(config.audit, router_factor=getattr(policy, "load_factor", 1.25),
@@ -309,16 +322,21 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
             hub.monitor.set_pool_members(pool, [r.id for r in config.replicas if r.pool == pool])
     pdp = build_decision_point(config.policy, hub)
     upstream = Upstream(replica_set, router, metrics, config.upstream, config.health, calibration)
-    lifecycles = Lifecycles([_LimitsLifecycle(limits), upstream, pdp, _AuditLifecycle(hub), _BundlesLifecycle(bundles)])
+    admin = Admin(config, config_path, admin_authn, admission, keyring, pdp, hub, replica_set, router, index)
+    members: list[Lifecycle] = [_LimitsLifecycle(limits), upstream, pdp, _AuditLifecycle(hub), _BundlesLifecycle(bundles)]
+    if shared is not None:  # first: an instance whose master secret differs refuses to start
+        shared.attach(admin, pdp, hub)
+        members.insert(0, shared)
+    lifecycles = Lifecycles(members)
     return Gateway(
         config=config, metrics=metrics, audit=hub, keyring=keyring, bundles=bundles, verifier=verifier,
         authn=authn, admin_authn=admin_authn, admission=admission, keys=keys, pdp=pdp,
         pep=PolicyEnforcementPoint(pdp, router.loads, hub, metrics), replica_set=replica_set, index=index,
         router=router, calibration=calibration, upstream=upstream, recorder=Recorder(metrics, hub),
-        admin=Admin(config, config_path, admin_authn, admission, keyring, pdp, hub, replica_set, router, index),
+        admin=admin,
         readiness=Readiness(lambda: lifecycles.started, replica_set, hub, pdp, router.loads, metrics, bundles,
                             limits.availability),
-        lifecycles=lifecycles,
+        lifecycles=lifecycles, shared=shared,
     )
 
 

@@ -21,7 +21,12 @@ class StateConfig(ConfigSection):
     ``key_prefix``: prefix of every Redis key (the ACL user is restricted to
     it). ``lease_ttl_s``: lifetime of a concurrency slot or published load
     that is not renewed (0 < ttl <= 10 s), so a crashed instance leaves no
-    phantom slots beyond it. ``on_unavailable``: what admission does while
+    phantom slots beyond it (and a crashed instance's published routing
+    load leaves every view within it). ``sync_poll_s``: how often key,
+    policy and registry records are re-read besides the Pub/Sub message
+    (0 < s <= 1). ``stream_max_entries``: length the routing event stream
+    is trimmed to (approximately; one entry is a batch of events).
+    ``on_unavailable``: what admission does while
     Redis does not answer: ``fail_closed`` (503 ``state_unavailable`` with
     ``Retry-After``) or ``local`` (each process enforces every tenant's
     limits divided by ``instances_expected``, the number of gateway
@@ -43,6 +48,8 @@ class StateConfig(ConfigSection):
     instances_expected: int = Field(1, ge=1, le=1024)
     command_timeout_s: float = Field(0.5, gt=0, le=10)
     probe_interval_s: float = Field(1.0, gt=0, le=60)
+    sync_poll_s: float = Field(1.0, gt=0, le=1)
+    stream_max_entries: int = Field(10_000, ge=100, le=10_000_000)
 
     @field_validator("url")
     @classmethod

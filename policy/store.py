@@ -184,6 +184,11 @@ class PolicyStore:
         versions = [int(p.name) for p in self.versions_dir.iterdir() if p.name.isdigit()]
         self.version = max(versions, default=0)
         self._lock = asyncio.Lock()
+        self._listeners: list[Callable[[ChangeRecord], None]] = []
+
+    def add_change_listener(self, callback: Callable[[ChangeRecord], None]) -> None:
+        """Call ``callback(record)`` after every change made through this store (not after :meth:`adopt`)."""
+        self._listeners.append(callback)
 
     @property
     def policy_set(self) -> PolicySet:
@@ -293,7 +298,59 @@ class PolicyStore:
             self._set, self.version = new_set, record.version
         if self._on_change is not None:
             self._on_change(record)
+        for callback in self._listeners:
+            callback(record)
         return record
+
+    async def adopt(self, version: int, policy_set: PolicySet, who: str) -> ChangeRecord | None:
+        """Adopt a whole policy set at ``version`` made by another instance (shared state, issue 16).
+
+        Ignored (returns None) unless ``version`` is above :attr:`version`
+        (forward only). The set is checked against the built-in allow-list,
+        compiled and tested exactly as a local change (fail closed:
+        :class:`PolicyRejectedError`, nothing changes), applied to the
+        target, written as the active set and as version ``version``
+        (``op="put"``, ``target="*"``), and handed to ``on_change`` (audit);
+        the change listeners are not called (it is not re-published).
+        """
+        async with self._lock:
+            if version <= self.version:
+                return None
+            report = run_tests(policy_set, self._allowed)
+            if not report.ok:
+                raise PolicyRejectedError(f"shared policy version {version} refused", report)
+            record = ChangeRecord(version=version, who=who, kind="policy", op="put", target="*",
+                                  old_sha256=_set_digest(self._set), new_sha256=_set_digest(policy_set),
+                                  time=time.time())
+            if self._target is not None:
+                await self._target.apply(record, policy_set)
+            vdir = self.versions_dir / f"{version:08d}"
+            _atomic_write(vdir / "content", canonical_json(_set_doc(policy_set)))
+            _atomic_write(vdir / "record.json", json.dumps(record.to_dict(), sort_keys=True))
+            self._write_active(policy_set)
+            self._set, self.version = policy_set, version
+        if self._on_change is not None:
+            self._on_change(record)
+        return record
+
+    def _write_active(self, policy_set: PolicySet) -> None:
+        """Make the active directory hold exactly ``policy_set``."""
+        for path in self.active_dir.glob("*.rego"):
+            if path.name not in policy_set.modules:
+                path.unlink()
+        data_dir = self.active_dir / "data"
+        wanted = {data_dir / f"{k}.json" for k in policy_set.data_docs if k}
+        if data_dir.is_dir():
+            for path in data_dir.rglob("*.json"):
+                if path not in wanted:
+                    path.unlink()
+        for module_id, source in policy_set.modules.items():
+            _atomic_write(self.active_dir / check_module_id(module_id), source)
+        for key, value in policy_set.data_docs.items():
+            target = data_dir / f"{'/'.join(check_data_path(key))}.json" if key else self.active_dir / "data.json"
+            _atomic_write(target, canonical_json(value))
+        if "" not in policy_set.data_docs:
+            (self.active_dir / "data.json").unlink(missing_ok=True)
 
     def history(self) -> list[ChangeRecord]:
         """All committed change records, oldest first."""
@@ -303,6 +360,36 @@ class PolicyStore:
             if rec.is_file():
                 out.append(ChangeRecord(**json.loads(rec.read_text("utf-8"))))
         return out
+
+
+def _set_doc(policy_set: PolicySet) -> dict[str, Any]:
+    return {"modules": dict(policy_set.modules), "data": dict(policy_set.data_docs)}
+
+
+def _set_digest(policy_set: PolicySet) -> str | None:
+    return sha256_text(canonical_json(_set_doc(policy_set)))
+
+
+def policy_set_document(policy_set: PolicySet) -> dict[str, Any]:
+    """The JSON document of a whole set (``{"modules": {id: source}, "data": {path: value}}``), as shared."""
+    return _set_doc(policy_set)
+
+
+def policy_set_from_document(doc: Any) -> PolicySet:
+    """Inverse of :func:`policy_set_document`; raises ``ValueError`` for another shape or an unsafe id/path."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("modules"), dict) or not isinstance(doc.get("data"), dict):
+        raise ValueError("a policy set document needs 'modules' and 'data' objects")
+    modules = {}
+    for k, v in doc["modules"].items():
+        if not isinstance(v, str):
+            raise ValueError("module sources must be strings")
+        modules[check_module_id(k)] = v
+    data = {}
+    for k, v in doc["data"].items():
+        if k:
+            check_data_path(k)
+        data[k] = v
+    return PolicySet(modules=modules, data_docs=data)
 
 
 def check_policy_dir(path: str | Path) -> TestReport:

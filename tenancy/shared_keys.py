@@ -200,7 +200,10 @@ class SharedKeyState:
     async def aclose(self) -> None:
         """Stop the task started by :meth:`start`."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # cancel again if redis-py swallowed the cancellation (it can land as a read timeout fires)
+            while not self._task.done():
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=0.5)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                self._task.result()
             self._task = None

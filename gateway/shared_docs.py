@@ -1,0 +1,219 @@
+"""Versioned documents shared by gateway instances through Redis: the policy set and the
+tenant registry (issue 16, ``state.backend: redis``).
+
+A change through one instance's admin API is published as a record
+``P docs:<name>`` = ``"<version>:<hex MAC>:<JSON body>"`` (``P`` =
+``state.key_prefix``), MAC'd with HMAC-SHA256 under the HKDF subkey
+``pg-shared-docs-mac-v1`` over the prefix, the document name, the version
+and the body, and announced on the channel ``P docs:changed``. Every other
+instance reads it on the message (and every ``poll_s`` seconds, for a
+missed message or a restarted Redis) and applies it only when it is
+authenticated and *higher* than the version it holds; anything else is
+ignored, counted (``prefixgate_shared_state_rejected_records{kind}``) and
+logged as a warning. Versions only move forward: the Lua script refuses to
+store a version not above the stored one (unless the stored record is the
+one the publisher found forged).
+
+Redis is trusted for counters only: it cannot forge or roll back a document
+(it can withhold one: an instance then keeps what it has).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+
+from tenancy.salt import length_prefixed
+
+__all__ = ["DOCS_MAC_INFO", "SharedDocument", "state_metrics"]
+
+log = logging.getLogger("prefixgate.state")
+
+#: HKDF ``info`` label of the subkey that MACs shared documents.
+DOCS_MAC_INFO = b"pg-shared-docs-mac-v1"
+
+# KEYS: record. ARGV: version, record, channel, name, forged ('' or the stored value found forged).
+_LUA_PUBLISH = r"""
+local cur = redis.call('GET', KEYS[1])
+if cur and not (ARGV[5] ~= '' and cur == ARGV[5]) then
+  local v = tonumber(string.match(cur, '^(%d+):'))
+  if v and tonumber(ARGV[1]) <= v then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+"""
+
+
+class _StateMetrics:
+    """Counters of shared-state records, by kind (keys, policy, registry)."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        reg = registry if registry is not None else CollectorRegistry()
+        self.rejected = Counter("prefixgate_shared_state_rejected_records",
+                                "Shared-state records ignored: unauthenticated (bad MAC/shape) or lower than held",
+                                ["kind", "reason"], registry=reg)
+        self.adopted = Counter("prefixgate_shared_state_adopted_records",
+                               "Shared-state records adopted from other instances", ["kind"], registry=reg)
+
+
+def state_metrics(registry: CollectorRegistry | None = None) -> _StateMetrics:
+    """The shared-state counters registered on ``registry`` (None: a private registry)."""
+    return _StateMetrics(registry)
+
+
+class SharedDocument:
+    """One named, versioned JSON document shared through Redis (see module doc).
+
+    ``client``: :class:`redis.asyncio.Redis`; ``name``: e.g. ``policy``;
+    ``mac_key``: the 32-byte HKDF subkey (:data:`DOCS_MAC_INFO`);
+    ``local_version()``: the version this instance holds; ``apply(version, body)``:
+    adopt a higher document (async; raising leaves the version unchanged and
+    is retried at the next poll); ``metrics``: from :func:`state_metrics`;
+    ``local_body()``: the document this instance holds (None: nothing to
+    share), re-published when Redis lacks it or holds a lower or forged
+    record (an emptied Redis is healed, never rolls anything back).
+    """
+
+    def __init__(self, client: Any, key_prefix: str, name: str, mac_key: bytes,
+                 local_version: Callable[[], int], apply: Callable[[int, Any], Awaitable[None]],
+                 metrics: _StateMetrics, *, local_body: Callable[[], Any] | None = None,
+                 poll_s: float = 1.0) -> None:
+        self._client = client
+        self._prefix = key_prefix
+        self.name = name
+        self._mac_key = mac_key
+        self._local_version = local_version
+        self._apply = apply
+        self._local_body = local_body
+        self._metrics = metrics
+        self._poll_s = poll_s
+        self._script = client.register_script(_LUA_PUBLISH)
+        self._task: asyncio.Task[None] | None = None
+        self._last_rejected: str | None = None
+        self.rejected = 0
+        self.adopted = 0
+
+    @property
+    def key(self) -> str:
+        """The record's Redis key."""
+        return f"{self._prefix}docs:{self.name}"
+
+    @property
+    def channel(self) -> str:
+        """The change channel (shared by every document)."""
+        return f"{self._prefix}docs:changed"
+
+    def _mac(self, version: int, body: str) -> str:
+        msg = (length_prefixed(self._prefix) + length_prefixed(self.name) + struct.pack(">Q", version)
+               + body.encode())
+        return hmac.new(self._mac_key, msg, hashlib.sha256).hexdigest()
+
+    def _verify(self, raw: str) -> tuple[int, Any] | None:
+        parts = raw.split(":", 2)
+        if len(parts) != 3 or not parts[0].isdigit():
+            return None
+        version = int(parts[0])
+        if version < 1 or not hmac.compare_digest(parts[1], self._mac(version, parts[2])):
+            return None
+        try:
+            return version, json.loads(parts[2])
+        except ValueError:
+            return None
+
+    async def _get(self) -> str | None:
+        raw = await self._client.get(self.key)
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+    async def publish(self, version: int, body: Any) -> bool:
+        """Store ``body`` at ``version`` if above the stored version; returns True when stored.
+
+        A stored record that fails its MAC is replaced (tampering cannot block a change).
+        """
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        cur = await self._get()
+        forged = cur if cur is not None and self._verify(cur) is None else ""
+        record = f"{version}:{self._mac(version, text)}:{text}"
+        return bool(await self._script(keys=[self.key], args=[version, record, self.channel, self.name, forged]))
+
+    async def remote_version(self) -> int:
+        """The authenticated version stored in Redis (0: none or forged)."""
+        cur = await self._get()
+        rec = None if cur is None else self._verify(cur)
+        return 0 if rec is None else rec[0]
+
+    async def sync(self) -> bool:
+        """Adopt the stored document if authenticated and higher than the local one; returns True if adopted."""
+        cur = await self._get()
+        rec = None if cur is None else self._verify(cur)
+        if cur is not None and rec is None:
+            self._reject(cur, "unauthenticated")
+        local = self._local_version()
+        if rec is not None and rec[0] < local:
+            self._reject(cur or "", "lower")
+        if rec is None or rec[0] < local:
+            await self._heal(local)
+            return False
+        version, body = rec
+        if version == local:
+            return False
+        await self._apply(version, body)
+        self.adopted += 1
+        self._metrics.adopted.labels(self.name).inc()
+        log.info("shared state: adopted %s version %d", self.name, version)
+        return True
+
+    async def _heal(self, local: int) -> None:
+        body = self._local_body() if self._local_body is not None and local > 0 else None
+        if body is not None:
+            await self.publish(local, body)
+
+    def _reject(self, raw: str, reason: str) -> None:
+        if raw == self._last_rejected:  # count and alert a bad record once, not at every poll
+            return
+        self._last_rejected = raw
+        self.rejected += 1
+        self._metrics.rejected.labels(self.name, reason).inc()
+        log.warning("shared state: ignored a %s record (%s)", self.name, reason)
+
+    async def run(self) -> None:
+        """Adopt changes until cancelled: on each channel message and every ``poll_s`` seconds."""
+        pubsub = self._client.pubsub()
+        await pubsub.subscribe(self.channel)
+        try:
+            while True:
+                try:
+                    await self.sync()
+                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=self._poll_s)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - Redis down or apply failed: keep state, retry
+                    log.warning("shared %s sync failed (%s)", self.name, exc.__class__.__name__)
+                    await asyncio.sleep(self._poll_s)
+                    with contextlib.suppress(Exception):
+                        await pubsub.subscribe(self.channel)
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    def start(self) -> None:
+        """Run :meth:`run` as a task of the running loop."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self.run(), name=f"prefixgate-shared-{self.name}")
+
+    async def aclose(self) -> None:
+        """Stop the task started by :meth:`start`."""
+        if self._task is not None:
+            from gateway.shared_routing import cancel_task
+
+            await cancel_task(self._task)
+            self._task = None

@@ -1,0 +1,369 @@
+"""Routing state over a Redis Stream (issue 16, ``state.backend: redis``).
+
+Every instance appends what its router did (:mod:`routing.shared` events:
+chains recorded, load deltas at dispatch / first byte / end, a load snapshot
+every lease tick) to one stream and applies the other instances' entries to
+its own prefix index and load view. The router itself stays synchronous and
+never waits on Redis: events are queued by a plain callback and written by
+one task; entries are read by another.
+
+**Stream** ``P routing:events`` (``P`` = ``state.key_prefix``): one entry
+per batch of events (up to ``batch_events``), fields ``i`` (instance id),
+``b`` (JSON body: ``["b", replica, [hex key, ...]]``, ``["d", replica,
+prefill, decode, running]``, ``["s", {replica: [prefill, decode, running]}]``)
+and ``m`` (hex HMAC-SHA256 under the HKDF subkey ``pg-shared-routing-mac-v1``
+over the prefix, the instance id and the body). Entries with a bad MAC or
+shape are ignored and counted; an instance's own entries are skipped.
+Trimmed with ``XADD MAXLEN ~ state.stream_max_entries``; read in batches
+(``XREAD COUNT``), so the lag is bounded by the trim length.
+
+**Rebuild**: a starting instance reads the stream from its first entry
+(every chain still there and the latest snapshots); a reconnecting one goes
+on after the last entry it applied.
+
+**Lease**: every ``lease_ttl_s / 4`` an instance sets ``P routing:alive:<id>``
+(expiring after ``lease_ttl_s / 2``) and publishes its load snapshot; every
+instance drops the load of instances whose key has expired, so a crashed
+instance's load leaves every view within ``lease_ttl_s``.
+
+**Lag**: ``prefixgate_shared_routing_lag_seconds`` is the age of the last
+applied entry on the Redis server's clock (entry ids are server
+milliseconds; the local offset to ``TIME`` is re-measured every tick).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gateway.shared_alerts import Observed
+
+from routing.index import PrefixIndex
+from routing.shared import (
+    BlocksRecorded,
+    LoadDelta,
+    LoadSnapshot,
+    RemoteLoadView,
+    RoutingEvent,
+    SharedLoadTracker,
+    apply_event,
+)
+from tenancy.salt import length_prefixed
+
+__all__ = ["ROUTING_MAC_INFO", "RoutingStream", "cancel_task", "decode_events", "encode_events", "new_instance_id"]
+
+log = logging.getLogger("prefixgate.state")
+
+#: HKDF ``info`` label of the subkey that MACs routing stream entries.
+ROUTING_MAC_INFO = b"pg-shared-routing-mac-v1"
+_MAX_ID = 128
+_MAX_KEYS = 100_000
+
+
+async def cancel_task(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait for it to end, cancelling again if a library swallowed the
+    cancellation (a cancel that lands as a client-side read timeout fires can be lost)."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        task.result()
+
+
+def new_instance_id() -> str:
+    """A fresh random instance id (16 hex characters), one per gateway process start."""
+    return secrets.token_hex(8)
+
+
+def encode_events(events: Iterable[RoutingEvent | Observed]) -> bytes:
+    """The JSON body of one stream entry (see module doc)."""
+    out: list[Any] = []
+    for e in events:
+        if isinstance(e, BlocksRecorded):
+            out.append(["b", e.replica_id, [k.hex() for k in e.keys]])
+        elif isinstance(e, LoadDelta):
+            out.append(["d", e.replica_id, e.prefill_tokens, e.decode_tokens, e.running_requests])
+        elif isinstance(e, Observed):
+            out.append(["o", e.pool, e.replica_id, e.prefill_tokens, e.prompt_tokens, e.cached_tokens])
+        else:
+            out.append(["s", {rid: list(v) for rid, v in e.loads.items()}])
+    return json.dumps(out, separators=(",", ":")).encode()
+
+
+def _rid(v: Any) -> str:
+    if not isinstance(v, str) or not 0 < len(v) <= _MAX_ID:
+        raise ValueError("replica id")
+    return v
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or abs(v) > 2**53:
+        raise ValueError("count")
+    return v
+
+
+def decode_events(body: bytes) -> list[RoutingEvent | Observed]:
+    """Parse a body of :func:`encode_events`; raises ``ValueError`` for any other shape."""
+    raw = json.loads(body)
+    if not isinstance(raw, list):
+        raise ValueError("body")
+    out: list[RoutingEvent | Observed] = []
+    for item in raw:
+        if not isinstance(item, list) or not item:
+            raise ValueError("event")
+        kind = item[0]
+        if kind == "b" and len(item) == 3 and isinstance(item[2], list) and len(item[2]) <= _MAX_KEYS:
+            out.append(BlocksRecorded(_rid(item[1]), tuple(bytes.fromhex(k) for k in item[2])))
+        elif kind == "d" and len(item) == 5:
+            out.append(LoadDelta(_rid(item[1]), _int(item[2]), _int(item[3]), _int(item[4])))
+        elif kind == "o" and len(item) == 6:
+            out.append(Observed(_rid(item[1]), _rid(item[2]), _int(item[3]), _int(item[4]), _int(item[5])))
+        elif kind == "s" and len(item) == 2 and isinstance(item[1], dict):
+            loads = {}
+            for rid, v in item[1].items():
+                if not isinstance(v, list) or len(v) != 3:
+                    raise ValueError("snapshot")
+                loads[_rid(rid)] = (_int(v[0]), _int(v[1]), _int(v[2]))
+            out.append(LoadSnapshot(loads))
+        else:
+            raise ValueError("event kind")
+    return out
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        reg = registry if registry is not None else CollectorRegistry()
+        self.events = Counter("prefixgate_shared_routing_events",
+                              "Routing events: published, applied (others'), dropped (queue full or write failed)",
+                              ["result"], registry=reg)
+        self.rejected = Counter("prefixgate_shared_routing_rejected_entries",
+                                "Routing stream entries ignored for a bad MAC or shape", registry=reg)
+        self.lag = Gauge("prefixgate_shared_routing_lag_seconds",
+                         "Age of the last applied routing stream entry (Redis server clock)", registry=reg)
+        self.instances = Gauge("prefixgate_shared_routing_instances",
+                               "Other instances whose load is in this instance's view", registry=reg)
+
+
+class RoutingStream:
+    """Publish this instance's routing events and apply the others' (see module doc).
+
+    ``client``: :class:`redis.asyncio.Redis`; ``key_prefix``: ``state.key_prefix``;
+    ``instance_id``: this process's id; ``mac_key``: 32-byte subkey
+    (HKDF of the master secret, :data:`ROUTING_MAC_INFO`); ``index``: the
+    inner (non-emitting) prefix index; ``loads``: the router's
+    :class:`SharedLoadTracker` (its ``remote`` view is fed here);
+    ``replica_ids``: replicas whose local load is published;
+    ``lease_ttl_s``: ``state.lease_ttl_s``; ``max_entries``: stream trim
+    length; ``queue_max``: events queued before new ones are dropped
+    (counted); ``registry``: where the metrics are registered.
+    :meth:`emit` is the callback to give the routing wrappers.
+    """
+
+    def __init__(self, client: Any, key_prefix: str, instance_id: str, mac_key: bytes, index: PrefixIndex,
+                 loads: SharedLoadTracker, replica_ids: Iterable[str], *, lease_ttl_s: float,
+                 max_entries: int = 10_000, batch_events: int = 256, queue_max: int = 100_000,
+                 registry: CollectorRegistry | None = None) -> None:
+        self._client = client
+        self._prefix = key_prefix
+        self.instance_id = instance_id
+        self._mac_key = mac_key
+        self._index = index
+        self._loads = loads
+        self.remote: RemoteLoadView = loads.remote
+        self._replicas = list(replica_ids)
+        self._ttl = float(lease_ttl_s)
+        self._max_entries = max_entries
+        self._batch = batch_events
+        self._queue: deque[RoutingEvent | Observed] = deque()
+        #: receives other instances' concentration observations (None: they are ignored)
+        self.on_observed: Callable[[Observed], None] | None = None
+        self._queue_max = queue_max
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.last_id = b"0-0"
+        self._clock_offset_s = 0.0
+        self.metrics = _Metrics(registry)
+        self.rejected = 0
+        self.applied = 0
+
+    @property
+    def stream(self) -> str:
+        """The stream key."""
+        return f"{self._prefix}routing:events"
+
+    def _alive_key(self, instance_id: str) -> str:
+        return f"{self._prefix}routing:alive:{instance_id}"
+
+    def _mac(self, instance_id: str, body: bytes) -> str:
+        msg = length_prefixed(self._prefix) + length_prefixed(instance_id) + body
+        return hmac.new(self._mac_key, msg, hashlib.sha256).hexdigest()
+
+    # -- publishing --------------------------------------------------------
+    def emit(self, event: RoutingEvent | Observed) -> None:
+        """Queue one event of this instance (synchronous, never blocks; dropped and counted when full)."""
+        if len(self._queue) >= self._queue_max:
+            self.metrics.events.labels("dropped").inc()
+            return
+        self._queue.append(event)
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Write every queued event now (tests and shutdown)."""
+        while self._queue:
+            await self._write_batch()
+
+    async def _write_batch(self) -> None:
+        batch = [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
+        if not batch:
+            return
+        body = encode_events(batch)
+        try:
+            await self._client.xadd(self.stream, {"i": self.instance_id, "b": body,
+                                                  "m": self._mac(self.instance_id, body)},
+                                    maxlen=self._max_entries, approximate=True)
+            self.metrics.events.labels("published").inc(len(batch))
+        except Exception as exc:  # noqa: BLE001 - Redis down: the next snapshot heals the others' view
+            self.metrics.events.labels("dropped").inc(len(batch))
+            log.warning("routing stream write failed (%s); %d events dropped", exc.__class__.__name__, len(batch))
+            await asyncio.sleep(min(1.0, self._ttl / 4))
+
+    async def _writer(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                await self._write_batch()
+
+    # -- reading -----------------------------------------------------------
+    def apply_entry(self, fields: dict[Any, Any]) -> int:
+        """Apply one stream entry's events (skipping this instance's own); returns events applied.
+        An entry with a bad MAC or shape is ignored, counted and logged."""
+        def text(k: str) -> Any:
+            v = fields.get(k.encode(), fields.get(k))
+            return v.decode() if isinstance(v, bytes) and k != "b" else v
+        inst, body, mac = text("i"), text("b"), text("m")
+        if isinstance(body, str):
+            body = body.encode()
+        try:
+            if not (isinstance(inst, str) and isinstance(body, bytes) and isinstance(mac, str)):
+                raise ValueError("fields")
+            if not hmac.compare_digest(mac, self._mac(inst, body)):
+                raise ValueError("mac")
+            if inst == self.instance_id:
+                return 0
+            events = decode_events(body)
+        except ValueError as exc:
+            self.rejected += 1
+            self.metrics.rejected.inc()
+            log.warning("shared state: ignored an unauthenticated or malformed routing entry (%s)", exc)
+            return 0
+        for e in events:
+            if isinstance(e, Observed):
+                if self.on_observed is not None:
+                    self.on_observed(e)
+            else:
+                apply_event(self._index, self.remote, inst, e)
+        self.applied += len(events)
+        self.metrics.events.labels("applied").inc(len(events))
+        return len(events)
+
+    async def read_once(self, block_ms: int | None = None) -> int:
+        """Read and apply one batch after :attr:`last_id`; returns entries read."""
+        resp = await self._client.xread({self.stream: self.last_id}, count=self._batch, block=block_ms)
+        n = 0
+        for _stream, entries in resp or []:
+            for entry_id, fields in entries:
+                self.apply_entry(fields)
+                self.last_id = entry_id
+                n += 1
+        if n:
+            ms = int(self.last_id.split(b"-")[0] if isinstance(self.last_id, bytes) else self.last_id.split("-")[0])
+            self.metrics.lag.set(max(0.0, time.time() + self._clock_offset_s - ms / 1000))
+        return n
+
+    async def rebuild(self) -> int:
+        """Apply every entry still in the stream (start-up); returns entries read."""
+        total = 0
+        while True:
+            n = await self.read_once(None)
+            total += n
+            if n < self._batch:
+                return total
+
+    async def _reader(self) -> None:
+        while True:
+            try:
+                await self.read_once(block_ms=max(100, int(self._ttl * 250)))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis down: keep the local view, retry
+                log.warning("routing stream read failed (%s)", exc.__class__.__name__)
+                await asyncio.sleep(min(1.0, self._ttl / 4))
+
+    # -- lease ---------------------------------------------------------------
+    async def tick(self) -> None:
+        """Renew this instance's lease, publish its load snapshot, drop expired instances' load."""
+        await self._client.set(self._alive_key(self.instance_id), "1", px=max(1, int(self._ttl * 500)))
+        self.emit(self._loads.local_snapshot(self._replicas))
+        sec, usec = await self._client.time()
+        self._clock_offset_s = sec + usec / 1e6 - time.time()
+        known = sorted(self.remote.instances())
+        if known:
+            alive = await self._client.mget([self._alive_key(i) for i in known])
+            gone = self.remote.retain(i for i, v in zip(known, alive) if v is not None)
+            if gone:
+                log.info("shared routing: dropped the load of %d expired instance(s)", len(gone))
+        self.metrics.instances.set(len(self.remote.instances()))
+
+    async def _leaser(self) -> None:
+        last_ok = time.monotonic()
+        while True:
+            try:
+                await self.tick()
+                last_ok = time.monotonic()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                log.warning("routing lease renewal failed (%s)", exc.__class__.__name__)
+                if time.monotonic() - last_ok > self._ttl and self.remote.instances():
+                    # nobody's lease can be checked: keep no load that may belong to a dead instance
+                    self.remote.retain(())
+                    log.warning("shared routing: Redis unreachable for over lease_ttl_s; routing on local load")
+            await asyncio.sleep(self._ttl / 4)
+
+    # -- lifecycle -----------------------------------------------------------
+    async def start(self) -> None:
+        """Rebuild from the stream, renew the lease once, then run the writer, reader and lease tasks."""
+        await self.rebuild()
+        await self.tick()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._writer(), name="prefixgate-routing-writer"),
+                       loop.create_task(self._reader(), name="prefixgate-routing-reader"),
+                       loop.create_task(self._leaser(), name="prefixgate-routing-lease")]
+
+    async def halt(self) -> None:
+        """Stop the tasks without flushing or giving up the lease: what a crash (SIGKILL) leaves behind."""
+        await self._cancel()
+
+    async def _cancel(self) -> None:
+        for t in self._tasks:
+            await cancel_task(t)
+        self._tasks = []
+
+    async def stop(self) -> None:
+        """Flush queued events (best effort), stop the tasks and give up the lease."""
+        await self._cancel()
+        with contextlib.suppress(Exception):
+            await self.flush()
+            await self._client.delete(self._alive_key(self.instance_id))

@@ -1,0 +1,221 @@
+"""The gateway's shared state through Redis (issue 16, ``state.backend: redis``), as one
+:class:`gateway.build.Lifecycle`: routing events (:mod:`gateway.shared_routing`), key
+versions and salt epochs (:mod:`tenancy.shared_keys`), the policy set and the tenant
+registry (:mod:`gateway.shared_docs`), the concentration windows (:mod:`gateway.shared_alerts`). Built by :func:`gateway.build.build` only for the
+Redis backend; the memory default never imports this module.
+
+Subkeys (HKDF-SHA256 of the master secret; the secret itself never leaves the process):
+``pg-shared-state-mac-v1`` (key records, key-check), ``pg-shared-routing-mac-v1``
+(routing entries), ``pg-shared-docs-mac-v1`` (policy and registry records).
+
+Start order: join (key-check: a different master secret refuses to start), adopt the
+key records, rebuild routing from the stream, adopt the policy and registry
+documents, then run their tasks. Operator changes through the admin API are
+published by :meth:`SharedState.on_operator_change` (key and salt rotations, registry
+reloads) and by a policy-store listener (policy changes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from gateway.config import GatewayConfig
+from gateway.shared_docs import DOCS_MAC_INFO, SharedDocument, state_metrics
+from gateway.shared_routing import ROUTING_MAC_INFO, RoutingStream, new_instance_id
+from routing.index import PrefixIndex
+from routing.load import LoadTracker
+from routing.shared import PublishingPrefixIndex, RemoteLoadView, SharedLoadTracker
+from tenancy.keys import KeyRing
+from tenancy.salt import hkdf_sha256
+from tenancy.shared import redis_client
+from tenancy.shared_keys import SharedKeyState
+
+if TYPE_CHECKING:
+    from gateway.admin import Admin
+    from gateway.auditing import AuditHub
+    from gateway.pep import DecisionPoint
+
+__all__ = ["SharedState"]
+
+log = logging.getLogger("prefixgate.state")
+
+
+class SharedState:
+    """Every shared piece of one gateway instance (see module doc).
+
+    ``config``: the gateway configuration (``state`` section used);
+    ``master_secret``: only HKDF subkeys are kept; ``keyring``: the
+    instance's key ring; ``registry``: where the metrics go (the public
+    registry: no tenant or replica names); ``client``: a ready
+    :class:`redis.asyncio.Redis` (default: :func:`tenancy.shared.redis_client`,
+    closed by :meth:`stop`). Raises :class:`tenancy.shared.StateSetupError`.
+    """
+
+    def __init__(self, config: GatewayConfig, master_secret: bytes, keyring: KeyRing,
+                 registry: CollectorRegistry, *, client: Any = None) -> None:
+        sc = config.state
+        self.config = config
+        self._own_client = client is None
+        self.client = client if client is not None else redis_client(sc)
+        self.instance_id = new_instance_id()
+        self.prefix = sc.key_prefix
+        self.poll_s = sc.sync_poll_s
+        self._routing_key = hkdf_sha256(master_secret, ROUTING_MAC_INFO)
+        self._docs_key = hkdf_sha256(master_secret, DOCS_MAC_INFO)
+        self.keys = SharedKeyState(self.client, self.prefix, master_secret, keyring, poll_s=sc.sync_poll_s)
+        self._registry = registry
+        self.metrics = state_metrics(registry)
+        Gauge("prefixgate_shared_key_records_rejected", "Key records ignored for a bad MAC or shape",
+              registry=registry).set_function(lambda: self.keys.rejected)
+        self.routing: RoutingStream | None = None
+        self.policy: SharedDocument | None = None
+        self.tenants: SharedDocument | None = None
+        self.registry_version = 0
+        self._admin: Admin | None = None
+        self._pending: set[asyncio.Task[Any]] = set()
+        self._keycheck: asyncio.Task[None] | None = None
+
+    # -- wiring (build time) -------------------------------------------------
+    def wrap_routing(self, index: PrefixIndex, loads: LoadTracker, replica_ids: list[str]) -> tuple[PrefixIndex,
+                                                                                                   LoadTracker]:
+        """The router's index and load tracker: ``index``/``loads`` plus the others' events.
+
+        Returns ``(publishing index, shared load tracker)``; ``index`` keeps
+        receiving the other instances' chains.
+        """
+        sc = self.config.state
+        holder: list[RoutingStream] = []
+        shared_loads = SharedLoadTracker(loads, RemoteLoadView(), lambda e: holder[0].emit(e))
+        self.routing = RoutingStream(self.client, self.prefix, self.instance_id, self._routing_key, index,
+                                     shared_loads, replica_ids, lease_ttl_s=sc.lease_ttl_s,
+                                     max_entries=sc.stream_max_entries, registry=self._registry)
+        holder.append(self.routing)
+        return PublishingPrefixIndex(index, self.routing.emit), shared_loads
+
+    def attach(self, admin: Admin, pdp: DecisionPoint, audit: AuditHub) -> None:
+        """Share the concentration windows (``audit.monitor``), the policy set (embedded engine with a
+        version store) and the tenant registry."""
+        self._admin = admin
+        if audit.monitor is not None and self.routing is not None:
+            from gateway.shared_alerts import PublishingMonitor
+
+            monitor = PublishingMonitor(audit.monitor, self.routing.emit)
+            audit.monitor = monitor
+            self.routing.on_observed = monitor.apply
+        store = pdp.store
+        if store is not None and self.config.policy.mode == "embedded":
+            from policy.store import policy_set_document, policy_set_from_document
+
+            async def apply_policy(version: int, body: Any) -> None:
+                await store.adopt(version, policy_set_from_document(body), who=f"shared-state:{self.instance_id}")
+                pdp.clear_cache()
+
+            self.policy = SharedDocument(self.client, self.prefix, "policy", self._docs_key,
+                                         lambda: store.version, apply_policy, self.metrics,
+                                         local_body=lambda: policy_set_document(store.policy_set),
+                                         poll_s=self.poll_s)
+            store.add_change_listener(
+                lambda rec: self._spawn(self._publish_doc(self.policy, rec.version,
+                                                          policy_set_document(store.policy_set))))
+
+        async def apply_tenants(version: int, body: Any) -> None:
+            if not isinstance(body, dict) or not isinstance(body.get("tenants"), list):
+                raise ValueError("tenants document")
+            admin.apply_registry(body["tenants"], body.get("operators") or [])
+            self.registry_version = version
+
+        self.tenants = SharedDocument(self.client, self.prefix, "tenants", self._docs_key,
+                                      lambda: self.registry_version, apply_tenants, self.metrics,
+                                      local_body=lambda: admin.last_tenancy, poll_s=self.poll_s)
+        admin.change_hooks.append(self.on_operator_change)
+
+    # -- operator changes ----------------------------------------------------
+    async def on_operator_change(self, record: dict[str, Any]) -> None:
+        """Publish an admin change record's effect: a key or salt rotation, a registry reload.
+
+        Redis errors are logged, not raised (the change is made and persisted
+        locally; the next poll re-publishes what Redis lacks).
+        """
+        action = record.get("action")
+        try:
+            if action in ("tenant.rotate_key", "tenant.rotate_salt"):
+                await self.keys.publish(str(record["tenant_id"]))
+            elif action == "tenants.reload" and self.tenants is not None and self._admin is not None:
+                version = max(self.registry_version, await self.tenants.remote_version()) + 1
+                self.registry_version = version
+                await self._publish_doc(self.tenants, version, self._admin.last_tenancy)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("shared state: publishing %s failed (%s); retried by the next sync",
+                        action, exc.__class__.__name__)
+
+    async def _publish_doc(self, doc: SharedDocument | None, version: int, body: Any) -> None:
+        if doc is None or body is None:
+            return
+        try:
+            if not await doc.publish(version, body):
+                self.metrics.rejected.labels(doc.name, "conflict").inc()
+                log.error("shared state: %s version %d was not stored (another instance published it or a "
+                          "higher one first)", doc.name, version)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("shared state: publishing %s failed (%s)", doc.name, exc.__class__.__name__)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def settle(self) -> None:
+        """Wait for publications started by listeners (tests)."""
+        while self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+
+    # -- lifecycle -----------------------------------------------------------
+    async def start(self) -> None:
+        """Join (raises :class:`tenancy.keys.KeyRingError` on a key-check mismatch), adopt, run."""
+        await self.keys.join()
+        await self.keys.sync()
+        self.keys.start()
+        if self.routing is not None:
+            await self.routing.start()
+        for doc in (self.policy, self.tenants):
+            if doc is not None:
+                await doc.sync()
+                doc.start()
+        self._keycheck = asyncio.get_running_loop().create_task(self._reassert_key_check(),
+                                                                name="prefixgate-key-check")
+
+    async def _reassert_key_check(self) -> None:
+        """Every ``sync_poll_s``: set the key-check value again if Redis lost it (emptied, restarted), so an
+        instance with another master secret cannot join in its place; a mismatch is logged as an error."""
+        from tenancy.keys import KeyRingError
+
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                await self.keys.join()
+            except KeyRingError:
+                log.error("shared state: the stored key-check value is not this instance's master secret's "
+                          "(another master secret joined); records it writes are ignored here")
+            except Exception as exc:  # noqa: BLE001 - Redis down: retried
+                log.debug("key-check re-assertion failed (%s)", exc.__class__.__name__)
+
+    async def stop(self) -> None:
+        """Stop every task, give up the routing lease, close the client."""
+        await self.settle()
+        if self._keycheck is not None:
+            from gateway.shared_routing import cancel_task
+
+            await cancel_task(self._keycheck)
+            self._keycheck = None
+        for doc in (self.policy, self.tenants):
+            if doc is not None:
+                await doc.aclose()
+        if self.routing is not None:
+            await self.routing.stop()
+        await self.keys.aclose()
+        if self._own_client:
+            await self.client.aclose()
