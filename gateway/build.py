@@ -44,7 +44,7 @@ from tenancy.ledger import TokenLedger
 from tenancy.limits import TenantLimiter
 from tenancy.registry import TenantConfigError, TenantRegistry
 from tenancy.shared import SharedLimits, StateSetupError, make_limits
-from tenancy.shared_failover import UNAVAILABLE_ERRORS, FailoverLedger, FailoverLimiter
+from tenancy.shared_failover import FailoverLedger, FailoverLimiter, unavailable_errors
 from tenancy.source_limits import SourceLimiter
 from tenancy.tokenizer import get_tokenizer
 
@@ -105,7 +105,7 @@ class _LimitsLifecycle:
         if self.limits.availability is not None:
             try:
                 await self.limits.ping()
-            except UNAVAILABLE_ERRORS as exc:
+            except unavailable_errors() as exc:
                 self.limits.availability.failed(exc)
 
     async def stop(self) -> None:

@@ -175,8 +175,52 @@ class SharedState:
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
-        """Join (raises :class:`tenancy.keys.KeyRingError` on a key-check mismatch), adopt, run."""
-        await self.keys.join()
+        """Join (raises :class:`tenancy.keys.KeyRingError` on a key-check mismatch), adopt, run.
+
+        If Redis does not answer at start, the instance starts anyway (its
+        admission follows ``state.on_unavailable``: 503 when ``fail_closed``)
+        and joins in the background, every ``state.probe_interval_s``, as
+        soon as Redis answers; until then it routes and keys on its own
+        state (its persisted highest key versions). A key-check mismatch
+        found by that late join is logged as an error and the instance keeps
+        its own key state (docs/scale-out.md, "Failure modes").
+        """
+        from tenancy.shared_failover import unavailable_errors
+
+        try:
+            await self.keys.join()
+        except unavailable_errors() as exc:
+            log.warning("shared state: Redis does not answer at start (%s); joining when it does",
+                        exc.__class__.__name__)
+            self._keycheck = asyncio.get_running_loop().create_task(self._join_later(),
+                                                                    name="prefixgate-late-join")
+            return
+        await self._run()
+
+    async def _join_later(self) -> None:
+        """Retry the join until Redis answers, then adopt and run (start's tail)."""
+        from tenancy.keys import KeyRingError
+        from tenancy.shared_failover import unavailable_errors
+
+        while True:
+            await asyncio.sleep(self.config.state.probe_interval_s)
+            try:
+                await self.keys.join()
+            except unavailable_errors():
+                continue
+            except KeyRingError:
+                log.error("shared state: the stored key-check value is not this instance's master secret's; "
+                          "this instance keeps its own key state and does not join")
+                return
+            try:
+                await self._run()
+            except unavailable_errors():  # Redis went away again between join and adoption
+                continue
+            log.warning("shared state: joined after Redis became reachable")
+            return
+
+    async def _run(self) -> None:
+        """Adopt what Redis holds and start the background tasks (after a successful join)."""
         await self.keys.sync()
         self.keys.start()
         if self.routing is not None:

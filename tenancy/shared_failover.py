@@ -27,6 +27,7 @@ Redis answers again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import contextlib
 import dataclasses
 import logging
@@ -40,16 +41,20 @@ from tenancy.registry import Tenant
 from tenancy.shared_ledger import RedisLedger
 from tenancy.shared_limiter import RedisTenantLimiter, SharedLease
 
-__all__ = ["Availability", "FailoverLedger", "FailoverLimiter", "StateUnavailable", "scaled_tenant"]
+__all__ = ["unavailable_errors", "Availability", "FailoverLedger", "FailoverLimiter", "StateUnavailable", "scaled_tenant"]
 
 log = logging.getLogger("prefixgate.state")
 
-#: What counts as "Redis does not answer" (connection refused or reset, timeout, protocol error).
-try:
-    from redis.exceptions import RedisError as _RedisError
-except ImportError:  # pragma: no cover - redis is a dependency
-    _RedisError = OSError  # type: ignore[assignment,misc]
-UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (_RedisError, OSError, asyncio.TimeoutError)
+@functools.cache
+def unavailable_errors() -> tuple[type[BaseException], ...]:
+    """What counts as "Redis does not answer": redis-py's ``RedisError``
+    (connection refused or reset, timeout, protocol error), ``OSError`` and
+    ``asyncio.TimeoutError``. A function, so that the memory backend never
+    imports redis (an ``except`` clause evaluates it only when an exception
+    reaches it)."""
+    from redis.exceptions import RedisError
+
+    return (RedisError, OSError, asyncio.TimeoutError)
 
 
 class StateUnavailable(LimitExceeded):
@@ -193,7 +198,7 @@ class FailoverLimiter:
         if self.av.available:
             try:
                 return await self.shared.admit(tenant, now)
-            except UNAVAILABLE_ERRORS as exc:
+            except unavailable_errors() as exc:
                 self.av.failed(exc)
         if self.av.mode == "fail_closed":
             raise self.av.refuse()
@@ -207,7 +212,7 @@ class FailoverLimiter:
             return
         try:
             await self.shared.add_sequences(tenant, lease, extra, now)
-        except UNAVAILABLE_ERRORS as exc:
+        except unavailable_errors() as exc:
             self.av.failed(exc)
             raise self.av.refuse() from None
 
@@ -217,7 +222,7 @@ class FailoverLimiter:
             try:
                 await self.shared.charge_prompt_tokens(tenant, n, now)
                 return
-            except UNAVAILABLE_ERRORS as exc:
+            except unavailable_errors() as exc:
                 self.av.failed(exc)
         if self.av.mode == "fail_closed":
             raise self.av.refuse()
@@ -247,7 +252,7 @@ class FailoverLedger:
         if self.av.available:
             try:
                 return await self.shared.reserve(tenant, prompt_tokens, output_tokens, now)
-            except UNAVAILABLE_ERRORS as exc:
+            except unavailable_errors() as exc:
                 self.av.failed(exc)
         if self.av.mode == "fail_closed":
             raise self.av.refuse()
