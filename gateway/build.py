@@ -18,6 +18,7 @@ from gateway.admission import Admission
 from gateway.auditing import AuditHub
 from gateway.authn import Authenticator
 from gateway.config import ConfigError, GatewayConfig
+from gateway.flow import FlowControl, NotifyingLoadTracker
 from gateway.health import HealthChecker
 from gateway.identity import (
     FileBundleSource,
@@ -26,6 +27,7 @@ from gateway.identity import (
     TrustBundleStore,
 )
 from gateway.metrics import GatewayMetrics
+from gateway.overload import OverloadGuard
 from gateway.pep import DecisionPoint, PolicyEnforcementPoint, build_decision_point
 from gateway.prefix_keys import PrefixKeys
 from gateway.readiness import Readiness, configuration_warnings
@@ -41,6 +43,7 @@ from tenancy.keys import KeyRing, load_master_secret
 from tenancy.ledger import InProcessLedger, TokenLedger
 from tenancy.limits import SourceLimiter, TenantLimiter
 from tenancy.registry import TenantConfigError, TenantRegistry
+from tenancy.tiers import TierWeights
 from tenancy.tokenizer import get_tokenizer
 
 __all__ = ["Gateway", "Lifecycle", "Lifecycles", "build"]
@@ -131,7 +134,8 @@ class Gateway:
     One per step: ``authn`` (authenticate), ``admission`` (tenant, limits,
     prompt checks, ledger), ``keys`` (prefix keys), ``pep`` (policy),
     ``router`` + ``replica_set`` (route), ``upstream`` (proxy, health),
-    ``recorder`` (metrics + audit); ``admin`` and ``readiness`` serve the
+    ``recorder`` (metrics + audit); ``flow`` (per-tenant queues and fair release, None when
+    ``flow.enabled`` is off) and ``overload`` (shedding); ``admin`` and ``readiness`` serve the
     admin listener and ``/readyz``; ``lifecycles`` starts and stops them.
     """
 
@@ -155,6 +159,8 @@ class Gateway:
     recorder: Recorder
     admin: Admin
     readiness: Readiness
+    flow: FlowControl | None
+    overload: OverloadGuard
     lifecycles: Lifecycles = field(repr=False)
 
     # the state that changes while running lives in its owner; these read it
@@ -260,7 +266,14 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
     if getattr(rc.policy, "calibrate", False):
         calibration = Calibration(prior_rate=rc.policy.prefill_tokens_per_s)
         loads = CalibratingLoadTracker(loads, calibration, time.monotonic)
-    router = Router(policy, index, loads, rc.block_size, calibration)
+    notifying = NotifyingLoadTracker(loads)  # wakes the flow-control dispatcher when a replica gains room
+    router = Router(policy, index, notifying, rc.block_size, calibration)
+    flow: FlowControl | None = None
+    if config.flow.enabled:
+        flow = FlowControl(config.flow, router, replica_set, metrics, TierWeights(config.tenancy.tier_weights),
+                           calibration)
+        notifying.on_release = flow.on_load_released
+    overload = OverloadGuard(config.flow, metrics)
     # audit first (policy changes are audited), then the decision point
     try:
         hub = audit or AuditHub.from_config(config.audit, router_factor=getattr(policy, "load_factor", 1.25),
@@ -272,15 +285,16 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
             hub.monitor.set_pool_members(pool, [r.id for r in config.replicas if r.pool == pool])
     pdp = build_decision_point(config.policy, hub)
     upstream = Upstream(replica_set, router, metrics, config.upstream, config.health, calibration)
-    lifecycles = Lifecycles([upstream, pdp, _AuditLifecycle(hub), _BundlesLifecycle(bundles)])
+    lifecycles = Lifecycles([upstream, pdp, _AuditLifecycle(hub), _BundlesLifecycle(bundles), overload])
     return Gateway(
         config=config, metrics=metrics, audit=hub, keyring=keyring, bundles=bundles, verifier=verifier,
         authn=authn, admin_authn=admin_authn, admission=admission, keys=keys, pdp=pdp,
         pep=PolicyEnforcementPoint(pdp, router.loads, hub, metrics), replica_set=replica_set, index=index,
         router=router, calibration=calibration, upstream=upstream, recorder=Recorder(metrics, hub),
         admin=Admin(config, config_path, admin_authn, admission, keyring, pdp, hub, replica_set, router, index),
-        readiness=Readiness(lambda: lifecycles.started, replica_set, hub, pdp, router.loads, metrics, bundles),
-        lifecycles=lifecycles,
+        readiness=Readiness(lambda: lifecycles.started, replica_set, hub, pdp, router.loads, metrics, bundles,
+                            overload=overload, flow=flow),
+        flow=flow, overload=overload, lifecycles=lifecycles,
     )
 
 

@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gateway.flow_config import FlowConfig
 from routing.config import PolicyConfig as RoutingPolicyConfig
 from routing.policies import CacheAwareConfig
 
@@ -186,6 +187,16 @@ class TenancyConfig(_Section):
     key_grace_s: float = Field(3600.0, ge=0)
     tenants: list[dict[str, Any]] = Field(default_factory=list)
     operators: list[str] = Field(default_factory=list)
+    #: weight of each tier in the gateway's fair release (tenancy/tiers.py; unlisted: 1)
+    tier_weights: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("tier_weights")
+    @classmethod
+    def _weights(cls, v: dict[str, float]) -> dict[str, float]:
+        from tenancy.tiers import TierWeights
+
+        TierWeights(v)
+        return v
 
 
 class TrustDomainConfig(_Section):
@@ -407,6 +418,7 @@ class GatewayConfig(BaseSettings):
     audit: dict[str, Any] = Field(default_factory=dict)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     state: StateConfig = Field(default_factory=StateConfig)
+    flow: FlowConfig = Field(default_factory=FlowConfig)
 
     @classmethod
     def settings_customise_sources(

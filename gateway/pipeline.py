@@ -63,6 +63,10 @@ class InferencePipeline:
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Serve one inference request; always returns a response, never raises."""
         gw = self.gw
+        shed = gw.overload.shed()  # overloaded: 503 before any authentication or body work
+        if shed is not None:
+            return shed
+        gw.overload.enter()  # left in _end, the one exit path
         adm = gw.admission
         rec = RequestRecord(
             request_id=new_request_id(),
@@ -111,7 +115,8 @@ class InferencePipeline:
             rec.t_keys = time.perf_counter()
             # 5 authorize: the decision only (gateway/pep.py)
             try:
-                decision = await gw.pep.decide(identity, tenant, req, prompt_tokens, candidates, rec.endpoint)
+                decision = await gw.pep.decide(identity, tenant, req, prompt_tokens, candidates, rec.endpoint,
+                                               gw.flow.tenant_queued(tenant.id) if gw.flow is not None else 0)
             except GatewayError as err:
                 rec.reason_code = err.code  # policy_unavailable
                 raise
@@ -183,7 +188,16 @@ class InferencePipeline:
         while remaining and budget_used < ucfg.max_attempts:
             held.end_attempt()  # the previous attempt's verdict was given; give back what it held
             rec.attempts += 1
-            choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
+            if gw.flow is not None and rec.attempts == 1:
+                # wait for this tenant's fair turn and a replica with room (gateway/flow.py); a retry
+                # goes straight to the router: the request already had its turn
+                rel = await unless_client_leaves(request, gw.flow.release(
+                    tenant, route_req, [r.id for r in remaining], chains.previous_chains(), deadline))
+                choice, held.ticket = rel.choice, rel.ticket
+                rec.queue_wait_ms = round(rel.queue_wait_s * 1000.0, 3)
+                rec.virtual_tokens = round(rel.virtual_tokens, 1)
+            else:
+                choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
             held.choice = choice
             replica = gw.replica_set.get(choice.replica_id)
             held.attempt = gw.replica_set.attempt(replica.id)
@@ -329,6 +343,7 @@ class InferencePipeline:
         if held.ended:
             return
         held.ended = True
+        self.gw.overload.leave()
         try:
             held.release()
         finally:
@@ -357,6 +372,9 @@ class InferencePipeline:
             rec.output_tokens = out if isinstance(out, int) else None
         if rec.delivered_prefix_tokens is not None and choice is not None:
             self.gw.router.observe_delivered(choice, rec.delivered_prefix_tokens)
+        if choice is not None and self.gw.flow is not None and rec.tenant_id:
+            out = rec.output_tokens if rec.output_tokens is not None else rec.relayed_output
+            self.gw.flow.charge_output(rec.tenant_id, out or 0)  # the VTC's output share
         rec.t_end = time.perf_counter()
         self.gw.recorder.record(rec)
 

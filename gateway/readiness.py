@@ -8,7 +8,9 @@ from collections.abc import Callable
 
 from gateway.auditing import AuditHub
 from gateway.config import ReplicaConfig
+from gateway.flow import FlowControl
 from gateway.metrics import GatewayMetrics
+from gateway.overload import OverloadGuard
 from gateway.pep import DecisionPoint
 from gateway.replicas import ReplicaSet
 from routing.load import LoadTracker
@@ -22,7 +24,10 @@ class Readiness:
     """Why the gateway cannot route now; ``started()`` tells whether the gateway was started."""
 
     def __init__(self, started: Callable[[], bool], replica_set: ReplicaSet, audit: AuditHub, pdp: DecisionPoint,
-                 loads: LoadTracker, metrics: GatewayMetrics, bundles: TrustBundleStore | None = None) -> None:
+                 loads: LoadTracker, metrics: GatewayMetrics, bundles: TrustBundleStore | None = None, *,
+                 overload: OverloadGuard | None = None, flow: FlowControl | None = None) -> None:
+        self.overload = overload
+        self.flow = flow
         self._started = started
         self.bundles = bundles
         self.replica_set = replica_set
@@ -71,6 +76,8 @@ class Readiness:
             problems.append("no healthy replica")
         if not self.audit.accepting:
             problems.append("audit trail not accepting events")
+        if self.overload is not None:
+            problems.extend(self.overload.problems())
         return problems
 
     def refresh_gauges(self) -> None:
@@ -82,6 +89,8 @@ class Readiness:
             m.replica_healthy.labels(r.id).set(1 if r.id in routable else 0)
             m.replica_load_tokens.labels(r.id).set(self.loads.snapshot(r.id).tokens)
         m.audit_dropped.set(self.audit.dropped)
+        if self.flow is not None:
+            self.flow.refresh_gauges()
 
 
 def configuration_warnings(registry: TenantRegistry, replicas: list[ReplicaConfig],
