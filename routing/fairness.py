@@ -170,15 +170,16 @@ class FairQueue(Generic[T]):
         """The next request to release, or None when no queued request can be placed now.
 
         ``place(item)`` says where ``item`` could go now (:data:`Placement`); it is called
-        for requests in counter order (lowest first, ties by arrival), at most
+        for requests in counter order (lowest first; ties: the tenant with fewer queued, then the
+        oldest request: a newly backlogged tenant is lifted to the others' counter), at most
         ``scan_depth`` per tenant, until a placeable one is found, then for warm
         alternatives within the locality slack. The request is *not* removed: call
         :meth:`remove` and :meth:`charge` when it is released.
         """
-        order = sorted(((t.counter, t.queue[0].seq, tid) for tid, t in self._t.items() if t.queue))
+        order = sorted((t.counter, len(t.queue), t.queue[0].seq, tid) for tid, t in self._t.items() if t.queue)
         fair: Selection[T] | None = None
         fair_counter = 0.0
-        for counter, _, tid in order:
+        for counter, _, _, tid in order:
             if fair is not None and counter > fair_counter + self.locality_slack_tokens:
                 break
             for e in itertools.islice(self._t[tid].queue, self.scan_depth):
