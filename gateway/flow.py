@@ -108,7 +108,7 @@ class _Waiting:
 
 class FlowControl:
     """Per-tenant queues in front of the router (module doc). ``cfg``: the ``flow`` section;
-    ``calibration`` (optional): engine samples for ``replica_max_engine_waiting``."""
+    ``calibration`` (optional): engine samples for ``replica_max_engine_waiting_requests``."""
 
     def __init__(self, cfg: FlowConfig, router: Router, replica_set: ReplicaSet, metrics: GatewayMetrics,
                  weights: TierWeights, calibration: object | None = None) -> None:
@@ -259,7 +259,7 @@ class FlowControl:
         mp = self._max_prefill
         if mp is not None and load.queued_prefill_tokens and load.queued_prefill_tokens + uncached > mp:
             return False
-        bound = self.cfg.replica_max_engine_waiting
+        bound = self.cfg.replica_max_engine_waiting_requests
         if bound is not None and self.calibration is not None:
             est = self.calibration.estimate(load.replica_id)  # type: ignore[attr-defined]
             eng = getattr(est, "engine", None) if est is not None else None

@@ -19,7 +19,7 @@ class FlowConfig(BaseModel):
     ``replica_max_running_requests`` requests dispatched and not finished,
     ``replica_max_queued_prefill_tokens`` predicted uncached prompt tokens
     not yet prefilled (None: no token bound; a replica with nothing queued
-    always takes one request, however long), ``replica_max_engine_waiting``:
+    always takes one request, however long), ``replica_max_engine_waiting_requests``:
     no room while the replica's own engine reports at least this many waiting
     requests (vLLM ``num_requests_waiting`` / SGLang ``num_queue_reqs``; read
     only when ``routing.policy.calibrate`` scrapes engine metrics; None: not
@@ -32,7 +32,7 @@ class FlowConfig(BaseModel):
     ``upstream.total_timeout_s``.
 
     Overload shedding (before authentication, 503 ``overloaded`` with
-    ``Retry-After``; ``/readyz`` not ready meanwhile): ``shed_max_in_flight``
+    ``Retry-After``; ``/readyz`` not ready meanwhile): ``shed_max_in_flight_requests``
     inference requests in this process, or an event-loop lag (smoothed, probed
     every ``loop_lag_probe_s``) above ``shed_loop_lag_s`` (None: off).
     ``shed_retry_after_s``: the ``Retry-After`` of a shed request.
@@ -44,11 +44,11 @@ class FlowConfig(BaseModel):
     instances: int = Field(1, ge=1, le=1024)
     replica_max_running_requests: int = Field(1024, ge=1)
     replica_max_queued_prefill_tokens: int | None = Field(None, ge=1)
-    replica_max_engine_waiting: int | None = Field(None, ge=0)
+    replica_max_engine_waiting_requests: int | None = Field(None, ge=0)
     locality_slack_tokens: float = Field(2048.0, ge=0)
     tenant_max_queued_requests: int = Field(1024, ge=0)
     tenant_max_queue_wait_s: float = Field(60.0, gt=0)
-    shed_max_in_flight: int = Field(1024, ge=1)
+    shed_max_in_flight_requests: int = Field(1024, ge=1)
     shed_loop_lag_s: float | None = Field(1.0, gt=0)
     loop_lag_probe_s: float = Field(0.1, gt=0, le=5)
     shed_retry_after_s: int = Field(1, ge=1, le=3600)

@@ -28,7 +28,7 @@ class OverloadGuard:
     (a :class:`gateway.build.Lifecycle`: the lag probe runs between start and stop)."""
 
     def __init__(self, cfg: FlowConfig, metrics: GatewayMetrics) -> None:
-        self.max_in_flight = cfg.shed_max_in_flight
+        self.max_in_flight = cfg.shed_max_in_flight_requests
         self.max_lag_s = cfg.shed_loop_lag_s
         self.probe_s = cfg.loop_lag_probe_s
         self.retry_after_s = cfg.shed_retry_after_s
