@@ -146,6 +146,14 @@ class FlowControl:
         self.queue.forget(keep)
 
     # -- the request's side ---------------------------------------------------------------------
+    def check_queue_room(self, tenant_id: str) -> None:
+        """Refuse at the door (429 ``queue_full``, before the body is read) a request of a tenant
+        whose queue is already at ``tenant_max_queued_requests``: it would only wait behind its own."""
+        queued = self.queue.queued(tenant_id)
+        if queued and queued >= self.cfg.tenant_max_queued_requests:
+            self.metrics.flow_refused.labels("queue_full").inc()
+            raise too_many(self._retry_after(), "queue_full", "this tenant has too many requests waiting; retry later")
+
     async def release(self, tenant: Tenant, req: RouteRequest, candidate_ids: list[str],
                       alt_chains: Sequence[Sequence[bytes]], deadline: float) -> Release:
         """Wait for ``req``'s turn and a replica with room among ``candidate_ids``; route it there.

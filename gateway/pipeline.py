@@ -86,6 +86,8 @@ class InferencePipeline:
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
             tenant = adm.resolve_tenant(identity)
             rec.tenant_id = tenant.id
+            if gw.flow is not None:  # a tenant whose queue is full is refused before any further work
+                gw.flow.check_queue_room(tenant.id)
             held.lease = adm.admit(tenant)
             bounds = adm.request_bounds(tenant)
             # 3 parse (message and batch counts are checked before schema validation; gateway/request.py)

@@ -100,6 +100,10 @@ async def test_queue_full_is_429_with_retry_after(stack) -> None:
     assert int(r.headers["Retry-After"]) >= 1
     err = r.json()["error"]
     assert err["code"] == "queue_full" and isinstance(err["message"], str)
+    # refused at the door: before the body is read (an invalid body is not even looked at)
+    r = await stack.client.post("/v1/completions", content=b"{not json",
+                                headers={**stack.auth(), "content-type": "application/json"})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
     # another tenant's queue is its own: tenant-b is queued, not refused
     third = asyncio.ensure_future(stack.client.post("/v1/completions", json=body(),
                                                     headers=stack.auth("tenant-b/app")))
