@@ -23,6 +23,7 @@ from gateway.errors import GatewayError
 from gateway.flow_config import FlowConfig
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import ReplicaSet
+from routing.calibration import Calibration
 from routing.fairness import FairQueue, Placement
 from routing.load import LoadTicket, LoadTracker
 from routing.router import Router
@@ -87,6 +88,10 @@ class Release:
     queue_wait_s: float
     virtual_tokens: float
 
+    def as_record(self) -> tuple[RouteChoice, LoadTicket, float, float]:
+        """(choice, ticket, queue wait in ms, virtual tokens) rounded for the request record."""
+        return self.choice, self.ticket, round(self.queue_wait_s * 1000.0, 3), round(self.virtual_tokens, 1)
+
 
 class _Waiting:
     __slots__ = ("tenant_id", "weight", "req", "candidate_ids", "alt_chains", "t0", "future", "result", "room",
@@ -111,7 +116,7 @@ class FlowControl:
     ``calibration`` (optional): engine samples for ``replica_max_engine_waiting_requests``."""
 
     def __init__(self, cfg: FlowConfig, router: Router, replica_set: ReplicaSet, metrics: GatewayMetrics,
-                 weights: TierWeights, calibration: object | None = None) -> None:
+                 weights: TierWeights, calibration: Calibration | None = None) -> None:
         self.cfg = cfg
         self.router = router
         self.replica_set = replica_set
@@ -269,8 +274,8 @@ class FlowControl:
             return False
         bound = self.cfg.replica_max_engine_waiting_requests
         if bound is not None and self.calibration is not None:
-            est = self.calibration.estimate(load.replica_id)  # type: ignore[attr-defined]
-            eng = getattr(est, "engine", None) if est is not None else None
+            est = self.calibration.estimate(load.replica_id)
+            eng = est.engine if est is not None else None
             if eng is not None and eng.waiting is not None and eng.waiting >= bound and load.running_requests:
                 return False
         return True

@@ -190,14 +190,10 @@ class InferencePipeline:
         while remaining and budget_used < ucfg.max_attempts:
             held.end_attempt()  # the previous attempt's verdict was given; give back what it held
             rec.attempts += 1
-            if gw.flow is not None and rec.attempts == 1:
-                # wait for this tenant's fair turn and a replica with room (gateway/flow.py); a retry
-                # goes straight to the router: the request already had its turn
-                rel = await unless_client_leaves(request, gw.flow.release(
+            if gw.flow is not None and rec.attempts == 1:  # the tenant's fair turn and a replica with room
+                rel = await unless_client_leaves(request, gw.flow.release(  # (gateway/flow.py; retries do not wait)
                     tenant, route_req, [r.id for r in remaining], chains.previous_chains(), deadline))
-                choice, held.ticket = rel.choice, rel.ticket
-                rec.queue_wait_ms = round(rel.queue_wait_s * 1000.0, 3)
-                rec.virtual_tokens = round(rel.virtual_tokens, 1)
+                choice, held.ticket, rec.queue_wait_ms, rec.virtual_tokens = rel.as_record()
             else:
                 choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
             held.choice = choice
@@ -374,9 +370,8 @@ class InferencePipeline:
             rec.output_tokens = out if isinstance(out, int) else None
         if rec.delivered_prefix_tokens is not None and choice is not None:
             self.gw.router.observe_delivered(choice, rec.delivered_prefix_tokens)
-        if choice is not None and self.gw.flow is not None and rec.tenant_id:
-            out = rec.output_tokens if rec.output_tokens is not None else rec.relayed_output
-            self.gw.flow.charge_output(rec.tenant_id, out or 0)  # the VTC's output share
+        if choice is not None and self.gw.flow is not None and rec.tenant_id:  # the VTC's output share
+            self.gw.flow.charge_output(rec.tenant_id, rec.output_tokens or rec.relayed_output or 0)
         rec.t_end = time.perf_counter()
         self.gw.recorder.record(rec)
 
