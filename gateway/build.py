@@ -285,7 +285,8 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
             hub.monitor.set_pool_members(pool, [r.id for r in config.replicas if r.pool == pool])
     pdp = build_decision_point(config.policy, hub)
     upstream = Upstream(replica_set, router, metrics, config.upstream, config.health, calibration)
-    lifecycles = Lifecycles([upstream, pdp, _AuditLifecycle(hub), _BundlesLifecycle(bundles), overload])
+    lifecycles = Lifecycles([upstream, pdp, _AuditLifecycle(hub), _BundlesLifecycle(bundles), overload,
+                             *([flow] if flow is not None else [])])
     return Gateway(
         config=config, metrics=metrics, audit=hub, keyring=keyring, bundles=bundles, verifier=verifier,
         authn=authn, admin_authn=admin_authn, admission=admission, keys=keys, pdp=pdp,

@@ -22,6 +22,7 @@ from gateway.admission import too_many
 from gateway.errors import GatewayError
 from gateway.flow_config import FlowConfig
 from gateway.metrics import GatewayMetrics
+from gateway.periodic import PeriodicTask
 from gateway.replicas import ReplicaSet
 from routing.calibration import Calibration
 from routing.fairness import FairQueue, Placement
@@ -31,7 +32,10 @@ from routing.types import Candidate, ReplicaLoad, RouteChoice, RouteRequest
 from tenancy.registry import Tenant
 from tenancy.tiers import TierWeights
 
-__all__ = ["FlowControl", "NotifyingLoadTracker", "Release"]
+__all__ = ["FlowControl", "NotifyingLoadTracker", "Release", "RECHECK_S"]
+
+#: seconds between rechecks of the queue while requests wait (besides every load release)
+RECHECK_S = 0.25
 
 
 class _NotifyingTicket:
@@ -128,6 +132,21 @@ class FlowControl:
         p = cfg.replica_max_queued_prefill_tokens
         self._max_prefill = cfg.per_instance(p) if p is not None else None
         self._pump_scheduled = False
+        # room also appears without a load release (a replica back to health, an engine that
+        # drained its own queue): look again now and then while anything waits
+        self._tick = PeriodicTask(self._tick_round, RECHECK_S, "flow-control recheck")
+
+    async def start(self) -> None:
+        """Start the periodic recheck (a :class:`gateway.build.Lifecycle`)."""
+        self._tick.start()
+
+    async def stop(self) -> None:
+        """Stop the periodic recheck."""
+        await self._tick.stop()
+
+    async def _tick_round(self) -> None:
+        if len(self.queue):
+            self._pump()
 
     # -- state for policy, metrics, audit ---------------------------------------------------------
     def tenant_queued(self, tenant_id: str) -> int:

@@ -141,3 +141,20 @@ async def test_queue_wait_bounds(wait_s: float, deadline_in: float, code: int) -
         await flow.release(a, req(), ["r0"], (), deadline=time.perf_counter() + deadline_in)
     assert exc.value.status == code and len(flow.queue) == 0
     (await first).ticket.finish()
+
+
+async def test_room_that_appears_without_a_load_release_is_noticed() -> None:
+    """A replica back to health (no ticket released anywhere): the periodic recheck releases the queue."""
+    from tests.support.waiting import wait_for
+
+    flow = make(FlowConfig())
+    await flow.start()
+    try:
+        flow.replica_set.mark_health("r0", False)
+        task = await started(flow, Tenant("a"), req(), ["r0"])
+        assert not task.done() and len(flow.queue) == 1
+        flow.replica_set.mark_health("r0", True)
+        await wait_for(task.done, what="released after the replica came back")
+        assert (await task).choice.replica_id == "r0"
+    finally:
+        await flow.stop()
