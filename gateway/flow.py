@@ -282,7 +282,7 @@ class FlowControl:
             if not room:
                 return None
             w.room = room
-        return _warmth(cands, set(room))
+        return _warmth(cands, set(room), self.router.block_size)
 
     def _has_room(self, load: ReplicaLoad, uncached: int, sequences: int) -> bool:
         """Room on one replica for one more request (an empty replica always has room)."""
@@ -300,10 +300,14 @@ class FlowControl:
         return True
 
 
-def _warmth(cands: list[Candidate], room: set[str]) -> Placement:
+def _warmth(cands: list[Candidate], room: set[str], block_size: int) -> Placement:
     """``warm`` when a replica holding the request's longest cached prefix has room (or there
-    is no cached prefix to lose), else ``cold``."""
+    is no cached prefix to lose); otherwise ``cold`` when recomputing the prefix elsewhere costs
+    less than what the least-loaded warm replica still has in flight (its tokens: queued prefill +
+    decode), else ``None``: the request waits for its warm replica (others are released meanwhile;
+    its tenant's wait bound still applies)."""
     best = max((c.matched_blocks for c in cands), default=0)
     if best == 0 or any(c.matched_blocks == best and c.replica_id in room for c in cands):
         return "warm"
-    return "cold"
+    ahead = min(c.load.tokens for c in cands if c.matched_blocks == best)
+    return None if best * block_size >= ahead else "cold"

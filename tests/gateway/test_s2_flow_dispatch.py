@@ -158,3 +158,24 @@ async def test_room_that_appears_without_a_load_release_is_noticed() -> None:
         assert (await task).choice.replica_id == "r0"
     finally:
         await flow.stop()
+
+
+async def test_cold_only_when_recomputing_the_prefix_costs_less_than_waiting() -> None:
+    """b's prefix (64 tokens) sits on r0. r0 busy with a small request: b waits for r0 although
+    r1 has room. r0 busy with a large one (more tokens in flight than b's prefix): b goes cold."""
+    keys = tuple(bytes([i]) * 8 for i in range(4))
+    for busy_prompt, expect in ((10, None), (5000, "r1")):
+        flow = make(FlowConfig(replica_max_running_requests=1), n=2)
+        a, b = Tenant("a"), Tenant("b")
+        (await (await started(flow, b, req("b", 64, keys), ["r0"]))).ticket.finish()
+        r_busy = await (await started(flow, a, req("a", busy_prompt), ["r0"]))
+        task = await started(flow, b, req("b", 64, keys), ["r0", "r1"])
+        if expect is None:
+            assert not task.done()  # waits for its warm replica
+            r_busy.ticket.finish()
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert (await task).choice.replica_id == "r0"
+        else:
+            assert task.done() and (await task).choice.replica_id == expect
+            r_busy.ticket.finish()
