@@ -303,11 +303,11 @@ class FlowControl:
 def _warmth(cands: list[Candidate], room: set[str], block_size: int) -> Placement:
     """``warm`` when a replica holding the request's longest cached prefix has room (or there
     is no cached prefix to lose); otherwise ``cold`` when recomputing the prefix elsewhere costs
-    less than what the least-loaded warm replica still has in flight (its tokens: queued prefill +
-    decode), else ``None``: the request waits for its warm replica (others are released meanwhile;
-    its tenant's wait bound still applies)."""
+    less than what the least-loaded warm replica still has to prefill (its queued prefill tokens:
+    about what must drain before it has room again), else ``None``: the request waits for its warm
+    replica (others are released meanwhile; its tenant's wait bound still applies)."""
     best = max((c.matched_blocks for c in cands), default=0)
     if best == 0 or any(c.matched_blocks == best and c.replica_id in room for c in cands):
         return "warm"
-    ahead = min(c.load.tokens for c in cands if c.matched_blocks == best)
+    ahead = min(c.load.queued_prefill_tokens for c in cands if c.matched_blocks == best)
     return None if best * block_size >= ahead else "cold"
