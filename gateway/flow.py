@@ -282,7 +282,7 @@ class FlowControl:
             if not room:
                 return None
             w.room = room
-        return _warmth(cands, set(room), self.router.block_size)
+        return _warmth(cands, set(room), self.router.block_size, w.req.prompt_tokens, self._max_prefill)
 
     def _has_room(self, load: ReplicaLoad, uncached: int, sequences: int) -> bool:
         """Room on one replica for one more request (an empty replica always has room)."""
@@ -300,14 +300,20 @@ class FlowControl:
         return True
 
 
-def _warmth(cands: list[Candidate], room: set[str], block_size: int) -> Placement:
+def _warmth(cands: list[Candidate], room: set[str], block_size: int, prompt_tokens: int,
+            max_prefill: int | None) -> Placement:
     """``warm`` when a replica holding the request's longest cached prefix has room (or there
-    is no cached prefix to lose); otherwise ``cold`` when recomputing the prefix elsewhere costs
-    less than what the least-loaded warm replica still has to prefill (its queued prefill tokens:
-    about what must drain before it has room again), else ``None``: the request waits for its warm
-    replica (others are released meanwhile; its tenant's wait bound still applies)."""
+    is no cached prefix to lose). Otherwise compare, in prefill tokens, recomputing the prefix
+    elsewhere (``cold``) with waiting for the least-loaded warm replica to regain room: the
+    prefill it must drain first (its queued prefill tokens beyond what leaves room for this
+    request under ``max_prefill``, or all of them without a token bound). Waiting is cheaper:
+    ``None`` (the request is not placed now; others are released meanwhile; its tenant's wait
+    bound still applies)."""
     best = max((c.matched_blocks for c in cands), default=0)
     if best == 0 or any(c.matched_blocks == best and c.replica_id in room for c in cands):
         return "warm"
-    ahead = min(c.load.queued_prefill_tokens for c in cands if c.matched_blocks == best)
-    return None if best * block_size >= ahead else "cold"
+    prefix = best * block_size
+    uncached = max(0, prompt_tokens - prefix)
+    drain = min(c.load.queued_prefill_tokens + (uncached - max_prefill if max_prefill is not None else 0)
+                for c in cands if c.matched_blocks == best)
+    return None if prefix >= drain else "cold"
