@@ -113,6 +113,7 @@ class RouteInfo:
     predicted_prefix_tokens: int | None = None
     delivered_prefix_tokens: int | None = None
     load: float | None = None
+    virtual_tokens: float | None = None  # issue 17: the tenant's fair-release counter at release
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +132,7 @@ class Latencies:
     route_ms: float | None = None
     first_byte_ms: float | None = None
     total_ms: float | None = None
+    queue_wait_ms: float | None = None  # issue 17: time queued at the gateway (flow control)
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ REQUEST_ROW_FIELDS: tuple[str, ...] = (
     "error_code", "replica", "pool", "routing_policy", "available_prefix_tokens", "predicted_prefix_tokens",
     "delivered_prefix_tokens", "load",
     "t0", "t_auth", "t_parsed", "t_keys", "t_decided", "t_route", "t_first_byte", "t_end",
-    "status_code", "client_address", "trace_id", "prefix_fingerprint",
+    "status_code", "client_address", "trace_id", "prefix_fingerprint", "virtual_tokens", "queue_wait_ms",
 )
 _N = len(REQUEST_ROW_FIELDS)
 _OUTCOME_BY_VALUE: dict[str, Outcome] = {o.value: o for o in Outcome}
@@ -79,7 +79,7 @@ def request_event(row: Sequence[Any]) -> AuditEvent:
      reserved, charged, prompt_charged, output_charged, output_relayed, basis,
      error_code, replica, pool, routing_policy, available, predicted, delivered, load,
      t0, t_auth, t_parsed, t_keys, t_decided, t_route, t_first_byte, t_end,
-     status_code, client_address, trace_id, prefix_fingerprint) = row
+     status_code, client_address, trace_id, prefix_fingerprint, virtual_tokens, queue_wait_ms) = row
     if type(event_id) is not str or type(outcome) is not str or type(time_ms) is not int:
         raise EventSchemaError("request row: event_id, outcome or time_ms of the wrong type")
     return AuditEvent(
@@ -98,9 +98,9 @@ def request_event(row: Sequence[Any]) -> AuditEvent:
         sequences=sequences,
         ledger=LedgerInfo(reserved, charged, prompt_charged, output_charged, output_relayed, basis),
         error_code=error_code,
-        route=RouteInfo(replica, pool, routing_policy, available, predicted, delivered, load),
+        route=RouteInfo(replica, pool, routing_policy, available, predicted, delivered, load, virtual_tokens),
         latency=Latencies(_ms(t0, t_auth), _ms(t_auth, t_parsed), _ms(t_parsed, t_keys), _ms(t_keys, t_decided),
-                          _ms(t_decided, t_route), _ms(t0, t_first_byte), _ms(t0, t_end)),
+                          _ms(t_decided, t_route), _ms(t0, t_first_byte), _ms(t0, t_end), queue_wait_ms),
         status_code=status_code,
         client_address=client_address,
         trace_id=trace_id,

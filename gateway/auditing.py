@@ -243,7 +243,7 @@ class AuditHub:
             rec.error_code, rec.replica, rec.pool, rec.routing_policy, rec.available_prefix_tokens,
             rec.predicted_prefix_tokens, rec.delivered_prefix_tokens, rec.replica_load_tokens,
             rec.t0, rec.t_auth, rec.t_parsed, rec.t_keys, rec.t_decided, rec.t_route, rec.t_first_byte, rec.t_end,
-            rec.status, rec.client_addr, trace_id, rec.prefix_fingerprint,
+            rec.status, rec.client_addr, trace_id, rec.prefix_fingerprint, rec.virtual_tokens, rec.queue_wait_ms,
         )
         self.emitted += 1
         if self._emit_row is not None:

@@ -20,6 +20,7 @@ from gateway.admission import Admission
 from gateway.auditing import AuditHub
 from gateway.authn import Authenticator
 from gateway.config import ConfigError, GatewayConfig
+from gateway.flow import FlowControl, NotifyingLoadTracker
 from gateway.health import HealthChecker
 from gateway.identity import (
     FileBundleSource,
@@ -28,6 +29,7 @@ from gateway.identity import (
     TrustBundleStore,
 )
 from gateway.metrics import GatewayMetrics
+from gateway.overload import OverloadGuard
 from gateway.pep import DecisionPoint, PolicyEnforcementPoint, build_decision_point
 from gateway.prefix_keys import PrefixKeys
 from gateway.readiness import Readiness, configuration_warnings
@@ -46,6 +48,7 @@ from tenancy.registry import TenantConfigError, TenantRegistry
 from tenancy.shared import SharedLimits, StateSetupError, make_limits
 from tenancy.shared_failover import FailoverLedger, FailoverLimiter, unavailable_errors
 from tenancy.source_limits import SourceLimiter
+from tenancy.tiers import TierWeights
 from tenancy.tokenizer import get_tokenizer
 
 __all__ = ["Gateway", "Lifecycle", "Lifecycles", "build"]
@@ -161,7 +164,8 @@ class Gateway:
     One per step: ``authn`` (authenticate), ``admission`` (tenant, limits,
     prompt checks, ledger), ``keys`` (prefix keys), ``pep`` (policy),
     ``router`` + ``replica_set`` (route), ``upstream`` (proxy, health),
-    ``recorder`` (metrics + audit); ``admin`` and ``readiness`` serve the
+    ``recorder`` (metrics + audit); ``flow`` (per-tenant queues and fair release, None when
+    ``flow.enabled`` is off) and ``overload`` (shedding); ``admin`` and ``readiness`` serve the
     admin listener and ``/readyz``; ``lifecycles`` starts and stops them.
     """
 
@@ -185,6 +189,8 @@ class Gateway:
     recorder: Recorder
     admin: Admin
     readiness: Readiness
+    flow: FlowControl | None
+    overload: OverloadGuard
     lifecycles: Lifecycles = field(repr=False)
     #: the Redis-shared state (``state.backend: redis``), else None
     shared: Any = None
@@ -310,7 +316,14 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
     if getattr(rc.policy, "calibrate", False):
         calibration = Calibration(prior_rate=rc.policy.prefill_tokens_per_s)
         loads = CalibratingLoadTracker(loads, calibration, time.monotonic)
-    router = Router(policy, route_index, loads, rc.block_size, calibration)
+    notifying = NotifyingLoadTracker(loads)  # wakes the flow-control dispatcher when a replica gains room
+    router = Router(policy, route_index, notifying, rc.block_size, calibration)
+    flow: FlowControl | None = None
+    if config.flow.enabled:
+        flow = FlowControl(config.flow, router, replica_set, metrics, TierWeights(config.tenancy.tier_weights),
+                           calibration)
+        notifying.on_release = flow.on_load_released
+    overload = OverloadGuard(config.flow, metrics)
     # audit first (policy changes are audited), then the decision point
     try:
         hub = audit or AuditHub.from_config(config.audit, router_factor=getattr(policy, "load_factor", 1.25),
@@ -323,7 +336,8 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
     pdp = build_decision_point(config.policy, hub)
     upstream = Upstream(replica_set, router, metrics, config.upstream, config.health, calibration)
     admin = Admin(config, config_path, admin_authn, admission, keyring, pdp, hub, replica_set, router, index)
-    members: list[Lifecycle] = [_LimitsLifecycle(limits), upstream, pdp, _AuditLifecycle(hub), _BundlesLifecycle(bundles)]
+    members: list[Lifecycle] = [_LimitsLifecycle(limits), upstream, pdp, _AuditLifecycle(hub),
+                                _BundlesLifecycle(bundles), overload, *([flow] if flow is not None else [])]
     if shared is not None:  # first: an instance whose master secret differs refuses to start
         shared.attach(admin, pdp, hub)
         members.insert(0, shared)
@@ -335,8 +349,8 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         router=router, calibration=calibration, upstream=upstream, recorder=Recorder(metrics, hub),
         admin=admin,
         readiness=Readiness(lambda: lifecycles.started, replica_set, hub, pdp, router.loads, metrics, bundles,
-                            limits.availability),
-        lifecycles=lifecycles, shared=shared,
+                            limits.availability, overload=overload, flow=flow),
+        flow=flow, overload=overload, lifecycles=lifecycles, shared=shared,
     )
 
 

@@ -29,6 +29,7 @@ from gateway.config_http import LimitsConfig, ListenConfig, ServerConfig, Upstre
 from gateway.config_identity import IdentityConfig, TrustDomainConfig  # noqa: F401 (re-exported)
 from gateway.config_policy import PolicyConfig
 from gateway.config_routing import HealthConfig, ReplicaConfig, RoutingConfig
+from gateway.config_flow import FlowConfig
 from gateway.config_state import StateConfig
 from gateway.config_tenancy import TenancyConfig, check_tenancy
 from gateway.config_tracing import TracingConfig
@@ -62,6 +63,7 @@ class GatewayConfig(BaseSettings):
     audit: dict[str, Any] = Field(default_factory=dict)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     state: StateConfig = Field(default_factory=StateConfig)
+    flow: FlowConfig = Field(default_factory=FlowConfig)
 
     @classmethod
     def settings_customise_sources(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gateway.config_base import ConfigError, ConfigSection
 
@@ -26,6 +26,16 @@ class TenancyConfig(ConfigSection):
     key_grace_s: float = Field(3600.0, ge=0)
     tenants: list[dict[str, Any]] = Field(default_factory=list)
     operators: list[str] = Field(default_factory=list)
+    #: weight of each tier in the gateway's fair release (tenancy/tiers.py; unlisted: 1)
+    tier_weights: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("tier_weights")
+    @classmethod
+    def _weights(cls, v: dict[str, float]) -> dict[str, float]:
+        from tenancy.tiers import TierWeights
+
+        TierWeights(v)
+        return v
 
 
 def check_tenancy(tenancy: TenancyConfig) -> None:

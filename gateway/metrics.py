@@ -112,7 +112,28 @@ class GatewayMetrics:
             "behaviour (refused: 503; local: limits / state.instances_expected in this process)",
             ["behaviour"], registry=p,
         ))
+        # flow control (gateway/flow.py, gateway/overload.py)
+        self.flow_queued = Gauge("prefixgate_flow_queued_requests", "Requests queued at the gateway", registry=p)
+        self.flow_queue_wait_seconds = Histogram(
+            "prefixgate_flow_queue_wait_seconds", "Time requests waited in the gateway's queue before release",
+            buckets=(0.001,) + _LAT_BUCKETS, registry=p,
+        )
+        self.flow_refused = BoundChildren(Counter(
+            "prefixgate_flow_refused", "Requests refused by the gateway's queue (queue_full, queue_timeout, "
+            "deadline)", ["reason"], registry=p,
+        ))
+        self.shed_requests = BoundChildren(Counter(
+            "prefixgate_shed_requests", "Requests shed before authentication (in_flight, loop_lag)", ["reason"],
+            registry=p,
+        ))
         # admin-only series (name replicas and tenants)
+        self.tenant_queued = BoundChildren(Gauge(
+            "prefixgate_tenant_queued_requests", "Requests queued at the gateway per tenant", ["tenant"], registry=a,
+        ))
+        self.tenant_virtual_tokens = BoundChildren(Gauge(
+            "prefixgate_tenant_virtual_tokens", "Virtual token counter per tenant (weighted tokens served: "
+            "uncached prompt + output)", ["tenant"], registry=a,
+        ))
         self.replica_requests = BoundChildren(Counter(
             "prefixgate_replica_requests", "Requests routed per replica", ["replica", "pool"], registry=a,
         ))

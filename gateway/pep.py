@@ -158,8 +158,11 @@ class PolicyEnforcementPoint:
         self.metrics = metrics
 
     async def decide(self, identity: WorkloadIdentity, tenant: Tenant, req: InferenceRequest, prompt_tokens: int,
-                     candidates: list[Replica], endpoint: str) -> Decision:
+                     candidates: list[Replica], endpoint: str, queued_requests: int = 0) -> Decision:
         """Ask the PDP; returns its decision, allow or deny (:meth:`enforce` answers a deny).
+
+        ``queued_requests``: the tenant's requests waiting in the gateway's queue now
+        (``input.request.queued_requests``; flow control, docs/policy.md).
 
         Raises :class:`GatewayError` 503 ``policy_unavailable`` when the decision point fails (fail closed).
         """
@@ -177,7 +180,8 @@ class PolicyEnforcementPoint:
                 {"spiffe_id": str(identity.spiffe_id), "trust_domain": identity.trust_domain, "claims": identity.claims},
                 tview,
                 {"endpoint": endpoint, "model": req.model, "prompt_tokens": prompt_tokens,
-                 "max_tokens": req.max_tokens, "stream": req.stream, "sequences": req.sequences},
+                 "max_tokens": req.max_tokens, "stream": req.stream, "sequences": req.sequences,
+                 "queued_requests": queued_requests},
                 cand_docs,
                 self.audit.active_alerts(),
                 time.time(),

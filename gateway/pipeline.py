@@ -63,6 +63,10 @@ class InferencePipeline:
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Serve one inference request; always returns a response, never raises."""
         gw = self.gw
+        shed = gw.overload.shed()  # overloaded: 503 before any authentication or body work
+        if shed is not None:
+            return shed
+        gw.overload.enter()  # left in _end, the one exit path
         adm = gw.admission
         rec = RequestRecord(
             request_id=new_request_id(),
@@ -82,6 +86,8 @@ class InferencePipeline:
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
             tenant = adm.resolve_tenant(identity)
             rec.tenant_id = tenant.id
+            if gw.flow is not None:  # a tenant whose queue is full is refused before any further work
+                gw.flow.check_queue_room(tenant.id)
             held.lease = await adm.admit(tenant)
             bounds = adm.request_bounds(tenant)
             # 3 parse (message and batch counts are checked before schema validation; gateway/request.py)
@@ -112,7 +118,8 @@ class InferencePipeline:
             rec.t_keys = time.perf_counter()
             # 5 authorize: the decision only (gateway/pep.py)
             try:
-                decision = await gw.pep.decide(identity, tenant, req, prompt_tokens, candidates, rec.endpoint)
+                decision = await gw.pep.decide(identity, tenant, req, prompt_tokens, candidates, rec.endpoint,
+                                               gw.flow.tenant_queued(tenant.id) if gw.flow is not None else 0)
             except GatewayError as err:
                 rec.reason_code = err.code  # policy_unavailable
                 raise
@@ -184,7 +191,12 @@ class InferencePipeline:
         while remaining and budget_used < ucfg.max_attempts:
             held.end_attempt()  # the previous attempt's verdict was given; give back what it held
             rec.attempts += 1
-            choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
+            if gw.flow is not None and rec.attempts == 1:  # the tenant's fair turn and a replica with room
+                rel = await unless_client_leaves(request, gw.flow.release(  # (gateway/flow.py; retries do not wait)
+                    tenant, route_req, [r.id for r in remaining], chains.previous_chains(), deadline))
+                choice, held.ticket, rec.queue_wait_ms, rec.virtual_tokens = rel.as_record()
+            else:
+                choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
             held.choice = choice
             replica = gw.replica_set.get(choice.replica_id)
             held.attempt = gw.replica_set.attempt(replica.id)
@@ -333,6 +345,7 @@ class InferencePipeline:
         if held.ended:
             return
         held.ended = True
+        self.gw.overload.leave()
         try:
             held.release()
         finally:
@@ -361,6 +374,8 @@ class InferencePipeline:
             rec.output_tokens = out if isinstance(out, int) else None
         if rec.delivered_prefix_tokens is not None and choice is not None:
             self.gw.router.observe_delivered(choice, rec.delivered_prefix_tokens)
+        if choice is not None and self.gw.flow is not None and rec.tenant_id:  # the VTC's output share
+            self.gw.flow.charge_output(rec.tenant_id, rec.output_tokens or rec.relayed_output or 0)
         rec.t_end = time.perf_counter()
         self.gw.recorder.record(rec)
 

@@ -9,7 +9,9 @@ from typing import Any
 
 from gateway.auditing import AuditHub
 from gateway.config import ReplicaConfig
+from gateway.flow import FlowControl
 from gateway.metrics import GatewayMetrics
+from gateway.overload import OverloadGuard
 from gateway.pep import DecisionPoint
 from gateway.replicas import ReplicaSet
 from routing.load import LoadTracker
@@ -25,7 +27,9 @@ class Readiness:
 
     def __init__(self, started: Callable[[], bool], replica_set: ReplicaSet, audit: AuditHub, pdp: DecisionPoint,
                  loads: LoadTracker, metrics: GatewayMetrics, bundles: TrustBundleStore | None = None,
-                 state: Any = None) -> None:
+                 state: Any = None, *, overload: OverloadGuard | None = None, flow: FlowControl | None = None) -> None:
+        self.overload = overload
+        self.flow = flow
         self._started = started
         self.state = state  # tenancy.shared_failover.Availability (state.backend redis) or None
         self.bundles = bundles
@@ -77,6 +81,8 @@ class Readiness:
             problems.append("audit trail not accepting events")
         if self.state is not None and not self.state.available and self.state.mode == "fail_closed":
             problems.append("shared state (Redis) unavailable: admissions answer 503")
+        if self.overload is not None:
+            problems.extend(self.overload.problems())
         return problems
 
     def refresh_gauges(self) -> None:
@@ -88,6 +94,8 @@ class Readiness:
             m.replica_healthy.labels(r.id).set(1 if r.id in routable else 0)
             m.replica_load_tokens.labels(r.id).set(self.loads.snapshot(r.id).tokens)
         m.audit_dropped.set(self.audit.dropped)
+        if self.flow is not None:
+            self.flow.refresh_gauges()
 
 
 def configuration_warnings(registry: TenantRegistry, replicas: list[ReplicaConfig],

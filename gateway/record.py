@@ -40,6 +40,9 @@ class RequestRecord:
     ``relayed_output``: output tokens relayed in an SSE answer (estimate, see
     :class:`gateway.sse.SseScanner`); ``settlement``: the token ledger's
     :class:`tenancy.ledger.Settlement` of the request (None: nothing reserved).
+    ``queue_wait_ms``: time queued at the gateway before release (flow control; None:
+    never queued or flow control off); ``virtual_tokens``: the tenant's virtual token
+    counter right after the release (weighted tokens, :mod:`routing.fairness`).
     """
 
     request_id: str
@@ -79,6 +82,8 @@ class RequestRecord:
     t_end: float | None = None
     relayed_output: int | None = None
     settlement: Settlement | None = None
+    queue_wait_ms: float | None = None
+    virtual_tokens: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def ms(self, start: float | None, end: float | None) -> float | None:

@@ -11,7 +11,8 @@ equal requests build equal documents)::
                    "labels": {str: str}, "max_tokens": int|null,
                    "regulated": bool, "data_residency": str|null},
       "request":  {"endpoint": str, "model": str, "prompt_tokens": int,
-                   "max_tokens": int|null, "stream": bool, "sequences": int},
+                   "max_tokens": int|null, "stream": bool, "sequences": int,
+                   "queued_requests": int},
       "candidates": [{"id": str, "pool": str, "labels": {str: str},
                       "healthy": bool, "load": number}],
       "alerts":   [{"id": str, "kind": str, "replica_id": str|null,
@@ -160,7 +161,9 @@ def build_policy_input(
         request: ``{"endpoint", "model", "prompt_tokens", "max_tokens",
             "stream", "sequences"}``; token counts in tokens (``prompt_tokens``
             over all sequences, ``max_tokens`` per sequence); ``sequences``:
-            prompts of a batch (elements of a list ``prompt``; default 1).
+            prompts of a batch (elements of a list ``prompt``; default 1);
+            ``queued_requests``: the tenant's requests waiting in the gateway's
+            queue now (flow control; default 0; outside the decision-cache key).
             Other keys are ignored.
         candidates: replicas the router could use, each ``{"id", "pool",
             "labels", "healthy", "load"}`` (load: queued + running requests).
@@ -212,8 +215,17 @@ def build_policy_input(
             "max_tokens": _opt_int(request, "max_tokens", "request"),
             "stream": stream,
             "sequences": sequences,
+            "queued_requests": _queued(request),
         },
         "candidates": cands,
         "alerts": alts,
         "time": {"now": float(now)},
     }
+
+
+def _queued(request: Mapping[str, Any]) -> int:
+    """``request.queued_requests``: a non-negative integer (default 0)."""
+    q = request.get("queued_requests", 0)
+    if isinstance(q, bool) or not isinstance(q, int) or q < 0:
+        raise PolicyInputError("request.queued_requests must be a non-negative integer")
+    return q

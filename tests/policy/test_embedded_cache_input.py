@@ -125,7 +125,8 @@ def test_input_never_carries_prompt_text(mk: Any) -> None:
     doc = mk()
     assert "secret prompt text" not in json.dumps(doc)
     assert set(doc) == {"version", "identity", "tenant", "request", "candidates", "alerts", "time"}
-    assert set(doc["request"]) == {"endpoint", "model", "prompt_tokens", "max_tokens", "stream", "sequences"}
+    assert set(doc["request"]) == {"endpoint", "model", "prompt_tokens", "max_tokens", "stream", "sequences",
+                                  "queued_requests"}
     assert doc["version"] == "1"
     assert [c["id"] for c in doc["candidates"]] == sorted(c["id"] for c in doc["candidates"])
 

@@ -1,0 +1,58 @@
+"""The ``flow`` section of the gateway configuration: gateway-side queues, fair release,
+per-tenant queue limits and overload shedding (docs/fairness.md, docs/configuration.md)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["FlowConfig"]
+
+
+class FlowConfig(BaseModel):
+    """Flow control (issue 17).
+
+    ``enabled``: queue requests per tenant at the gateway and release them to
+    replicas only while a replica has room, in weighted Virtual Token Counter
+    order (``routing.fairness``). Room of one replica, for THIS gateway
+    instance (each bound is divided by ``instances``, rounded up: several
+    instances each use 1/N of a replica's room until shared counters exist):
+    ``replica_max_running_requests`` requests dispatched and not finished,
+    ``replica_max_queued_prefill_tokens`` predicted uncached prompt tokens
+    not yet prefilled (None: no token bound; a replica with nothing queued
+    always takes one request, however long), ``replica_max_engine_waiting_requests``:
+    no room while the replica's own engine reports at least this many waiting
+    requests (vLLM ``num_requests_waiting`` / SGLang ``num_queue_reqs``; read
+    only when ``routing.policy.calibrate`` scrapes engine metrics; None: not
+    used). The defaults are generous (a replica is rarely that full): set
+    them to the replica's real capacity for fairness under saturation.
+    ``locality_slack_tokens``: how many weighted tokens a warm request may
+    jump ahead of a cold one. Per tenant: ``tenant_max_queued_requests``
+    (429 ``queue_full`` beyond it) and ``tenant_max_queue_wait_s`` (429
+    ``queue_timeout`` past it); queue wait also counts against
+    ``upstream.total_timeout_s``.
+
+    Overload shedding (before authentication, 503 ``overloaded`` with
+    ``Retry-After``; ``/readyz`` not ready meanwhile): ``shed_max_in_flight_requests``
+    inference requests in this process, or an event-loop lag (smoothed, probed
+    every ``loop_lag_probe_s``) above ``shed_loop_lag_s`` (None: off).
+    ``shed_retry_after_s``: the ``Retry-After`` of a shed request.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    instances: int = Field(1, ge=1, le=1024)
+    replica_max_running_requests: int = Field(1024, ge=1)
+    replica_max_queued_prefill_tokens: int | None = Field(None, ge=1)
+    replica_max_engine_waiting_requests: int | None = Field(None, ge=0)
+    locality_slack_tokens: float = Field(2048.0, ge=0)
+    tenant_max_queued_requests: int = Field(1024, ge=0)
+    tenant_max_queue_wait_s: float = Field(60.0, gt=0)
+    shed_max_in_flight_requests: int = Field(1024, ge=1)
+    shed_loop_lag_s: float | None = Field(1.0, gt=0)
+    loop_lag_probe_s: float = Field(0.1, gt=0, le=5)
+    shed_retry_after_s: int = Field(1, ge=1, le=3600)
+
+    def per_instance(self, bound: int) -> int:
+        """This instance's share of a per-replica ``bound``: ceil(bound / instances), at least 1."""
+        return max(1, -(-bound // self.instances))

@@ -1,0 +1,319 @@
+"""Gateway-side flow control: per-tenant queues and the dispatcher that releases a request to a
+replica only while one of its replicas has room, in fair order (issue 17; docs/fairness.md).
+
+The order is :class:`routing.fairness.FairQueue` (weighted Virtual Token Counter, work-conserving,
+locality-aware); this module is the asynchronous edge around it: a request waits on a future
+until the dispatcher routes it (``Router.route`` among its candidates that have room), and the
+dispatcher runs when a request arrives and whenever a replica's load is released (a first token
+or the end of a request: :class:`NotifyingLoadTracker`). A queued request holds no replica load,
+no breaker attempt and no upstream connection. Room is per gateway instance: each bound of
+``flow`` is divided by ``flow.instances`` (shared counters are the scale-out work's, not yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gateway.admission import too_many
+from gateway.errors import GatewayError
+from gateway.config_flow import FlowConfig
+from gateway.metrics import GatewayMetrics
+from gateway.periodic import PeriodicTask
+from gateway.replicas import ReplicaSet
+from routing.calibration import Calibration
+from routing.fairness import FairQueue, Placement
+from routing.load import LoadTicket, LoadTracker
+from routing.router import Router
+from routing.types import Candidate, ReplicaLoad, RouteChoice, RouteRequest
+from tenancy.registry import Tenant
+from tenancy.tiers import TierWeights
+
+__all__ = ["FlowControl", "NotifyingLoadTracker", "Release", "RECHECK_S"]
+
+#: seconds between rechecks of the queue while requests wait (besides every load release)
+RECHECK_S = 0.25
+
+
+class _NotifyingTicket:
+    """A load ticket that calls ``on_release`` after each release of its inner ticket."""
+
+    __slots__ = ("_inner", "_on_release", "replica_id")
+
+    def __init__(self, inner: LoadTicket, on_release: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_release = on_release
+        self.replica_id = inner.replica_id
+
+    @property
+    def active(self) -> bool:
+        return self._inner.active
+
+    def first_token(self) -> None:
+        self._inner.first_token()
+        self._on_release()
+
+    def finish(self) -> None:
+        was = self._inner.active
+        self._inner.finish()
+        if was:
+            self._on_release()
+
+
+class NotifyingLoadTracker:
+    """A :class:`routing.load.LoadTracker` that calls ``on_release`` (set after building) whenever
+    a ticket gives load back, so the dispatcher runs when a replica gains room."""
+
+    def __init__(self, inner: LoadTracker) -> None:
+        self.inner = inner
+        self.on_release: Callable[[], None] = lambda: None
+
+    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1) -> LoadTicket:
+        """Charge the inner tracker; the ticket notifies on release."""
+        return _NotifyingTicket(self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests),
+                                lambda: self.on_release())
+
+    def snapshot(self, replica_id: str) -> ReplicaLoad:
+        """The inner tracker's snapshot."""
+        return self.inner.snapshot(replica_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """A request released to a replica: the router's ``choice`` and load ``ticket``,
+    ``queue_wait_s`` (seconds queued at the gateway) and the tenant's ``virtual_tokens``
+    (its VTC counter after the release, weighted tokens)."""
+
+    choice: RouteChoice
+    ticket: LoadTicket
+    queue_wait_s: float
+    virtual_tokens: float
+
+    def as_record(self) -> tuple[RouteChoice, LoadTicket, float, float]:
+        """(choice, ticket, queue wait in ms, virtual tokens) rounded for the request record."""
+        return self.choice, self.ticket, round(self.queue_wait_s * 1000.0, 3), round(self.virtual_tokens, 1)
+
+
+class _Waiting:
+    __slots__ = ("tenant_id", "weight", "req", "candidate_ids", "alt_chains", "t0", "future", "result", "room",
+                 "error")
+
+    def __init__(self, tenant_id: str, weight: float, req: RouteRequest, candidate_ids: list[str],
+                 alt_chains: Sequence[Sequence[bytes]]) -> None:
+        self.tenant_id = tenant_id
+        self.weight = weight
+        self.req = req
+        self.candidate_ids = candidate_ids
+        self.alt_chains = alt_chains
+        self.t0 = time.perf_counter()
+        self.future: asyncio.Future[None] | None = None
+        self.result: tuple[RouteChoice, LoadTicket] | None = None
+        self.room: list[str] = []
+        self.error: BaseException | None = None
+
+
+class FlowControl:
+    """Per-tenant queues in front of the router (module doc). ``cfg``: the ``flow`` section;
+    ``calibration`` (optional): engine samples for ``replica_max_engine_waiting_requests``."""
+
+    def __init__(self, cfg: FlowConfig, router: Router, replica_set: ReplicaSet, metrics: GatewayMetrics,
+                 weights: TierWeights, calibration: Calibration | None = None) -> None:
+        self.cfg = cfg
+        self.router = router
+        self.replica_set = replica_set
+        self.metrics = metrics
+        self.weights = weights
+        self.calibration = calibration
+        self.queue: FairQueue[_Waiting] = FairQueue(locality_slack_tokens=cfg.locality_slack_tokens)
+        self._max_running = cfg.per_instance(cfg.replica_max_running_requests)
+        p = cfg.replica_max_queued_prefill_tokens
+        self._max_prefill = cfg.per_instance(p) if p is not None else None
+        self._pump_scheduled = False
+        # room also appears without a load release (a replica back to health, an engine that
+        # drained its own queue): look again now and then while anything waits
+        self._tick = PeriodicTask(self._tick_round, RECHECK_S, "flow-control recheck")
+
+    async def start(self) -> None:
+        """Start the periodic recheck (a :class:`gateway.build.Lifecycle`)."""
+        self._tick.start()
+
+    async def stop(self) -> None:
+        """Stop the periodic recheck."""
+        await self._tick.stop()
+
+    async def _tick_round(self) -> None:
+        if len(self.queue):
+            self._pump()
+
+    # -- state for policy, metrics, audit ---------------------------------------------------------
+    def tenant_queued(self, tenant_id: str) -> int:
+        """Requests of ``tenant_id`` queued now."""
+        return self.queue.queued(tenant_id)
+
+    def refresh_gauges(self) -> None:
+        """Queue length (total: public; per tenant: admin) and virtual counters (admin), before a scrape."""
+        m = self.metrics
+        m.flow_queued.set(len(self.queue))
+        for tid, c in self.queue.counters().items():
+            m.tenant_queued.labels(tid).set(self.queue.queued(tid))
+            m.tenant_virtual_tokens.labels(tid).set(c)
+
+    def charge_output(self, tenant: str, output_tokens: int) -> None:
+        """A released request ended having produced ``output_tokens``: add them to its tenant's counter."""
+        self.queue.charge(tenant, output_tokens)
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop counters of tenants removed by a registry reload."""
+        self.queue.forget(keep)
+
+    # -- the request's side ---------------------------------------------------------------------
+    def check_queue_room(self, tenant_id: str) -> None:
+        """Refuse at the door (429 ``queue_full``, before the body is read) a request of a tenant
+        whose queue is already at ``tenant_max_queued_requests``: it would only wait behind its own."""
+        queued = self.queue.queued(tenant_id)
+        if queued and queued >= self.cfg.tenant_max_queued_requests:
+            self.metrics.flow_refused.labels("queue_full").inc()
+            raise too_many(self._retry_after(), "queue_full", "this tenant has too many requests waiting; retry later")
+
+    async def release(self, tenant: Tenant, req: RouteRequest, candidate_ids: list[str],
+                      alt_chains: Sequence[Sequence[bytes]], deadline: float) -> Release:
+        """Wait for ``req``'s turn and a replica with room among ``candidate_ids``; route it there.
+
+        ``deadline``: ``time.perf_counter()`` time by which the request must be sent
+        (``upstream.total_timeout_s`` from arrival). Raises 429 ``queue_full`` (the tenant has
+        ``tenant_max_queued_requests`` queued), 429 ``queue_timeout`` (waited
+        ``tenant_max_queue_wait_s``), 504 ``upstream_timeout`` (the deadline passed while queued).
+        Cancelled (the client left): the request leaves the queue at once.
+        """
+        cfg, tid = self.cfg, tenant.id
+        w = _Waiting(tid, self.weights.weight(tenant.tier), req, candidate_ids, alt_chains)
+        self.queue.push(tid, w, w.weight)
+        self._pump()
+        if w.result is None and w.error is None and self.queue.queued(tid) > cfg.tenant_max_queued_requests:
+            self.queue.remove(tid, w)  # it would wait behind too many of its own
+            self.metrics.flow_refused.labels("queue_full").inc()
+            raise too_many(self._retry_after(), "queue_full", "this tenant has too many requests waiting; retry later")
+        if w.result is None and w.error is None:
+            w.future = asyncio.get_running_loop().create_future()
+            limit = min(cfg.tenant_max_queue_wait_s, deadline - time.perf_counter())
+            try:
+                async with asyncio.timeout(max(0.0, limit)):
+                    await w.future
+            except TimeoutError:
+                if self.queue.remove(tid, w):
+                    by_wait = cfg.tenant_max_queue_wait_s <= deadline - w.t0 - 1e-9
+                    self.metrics.flow_refused.labels("queue_timeout" if by_wait else "deadline").inc()
+                    if by_wait:
+                        raise too_many(self._retry_after(), "queue_timeout",
+                                       "the request waited too long for a replica; retry later") from None
+                    raise GatewayError(504, "upstream_timeout", "no replica had room before the deadline") from None
+            except BaseException:
+                if not self.queue.remove(tid, w) and w.result is not None:
+                    w.result[1].finish()  # released as the client left: give the load back
+                raise
+        if w.error is not None:
+            raise w.error
+        assert w.result is not None
+        choice, ticket = w.result
+        wait = time.perf_counter() - w.t0
+        self.metrics.flow_queue_wait_seconds.observe(wait)
+        return Release(choice, ticket, wait, self.queue.counter(tid))
+
+    def _retry_after(self) -> float:
+        """Retry-After for a queue refusal: about the queue wait bound's half, at least 1 s."""
+        return max(1.0, math.ceil(self.cfg.tenant_max_queue_wait_s / 2))
+
+    # -- the dispatcher ------------------------------------------------------------------------
+    def on_load_released(self) -> None:
+        """A replica gained room: run the dispatcher soon (coalesced; outside the caller's frame)."""
+        if self._pump_scheduled or not len(self.queue):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._pump()
+            return
+        self._pump_scheduled = True
+        loop.call_soon(self._pump)
+
+    def _pump(self) -> None:
+        """Release queued requests in fair order while any can be placed."""
+        self._pump_scheduled = False
+        routable = set(self.replica_set.routable_ids())
+        while len(self.queue):
+            sel = self.queue.select(lambda w: self._place(w, routable))
+            if sel is None:
+                return
+            w = sel.item
+            self.queue.remove(w.tenant_id, w)
+            try:
+                choice, ticket = self.router.route(w.req, w.room, w.alt_chains)
+            except Exception as exc:  # a bug or a vanished replica: the request answers, the queue goes on
+                w.error = GatewayError(503, "no_replica", "no healthy replica is allowed for this request")
+                w.error.__cause__ = exc
+            else:
+                w.result = (choice, ticket)
+                self.queue.charge(w.tenant_id, max(0, w.req.prompt_tokens - choice.predicted_prefix_tokens))
+            if w.future is not None and not w.future.done():
+                w.future.set_result(None)
+
+    def _place(self, w: _Waiting, routable: set[str]) -> Placement:
+        """Where ``w`` could go now (:data:`routing.fairness.Placement`); sets ``w.room``."""
+        ids = [rid for rid in w.candidate_ids if rid in routable]
+        if not ids:
+            return None
+        if self._max_prefill is None:
+            loads = self.router.loads
+            room = [rid for rid in ids if self._has_room(loads.snapshot(rid), 0, w.req.sequences)]
+            if not room:
+                return None
+            w.room = room
+            if len(room) == len(ids):
+                return "warm"
+            cands = self.router.candidates(w.req, ids, w.alt_chains)
+        else:
+            cands = self.router.candidates(w.req, ids, w.alt_chains)
+            bs = self.router.block_size
+            room = [c.replica_id for c in cands
+                    if self._has_room(c.load, max(0, w.req.prompt_tokens - c.matched_blocks * bs), w.req.sequences)]
+            if not room:
+                return None
+            w.room = room
+        return _warmth(cands, set(room), self.router.block_size, w.req.prompt_tokens, self._max_prefill)
+
+    def _has_room(self, load: ReplicaLoad, uncached: int, sequences: int) -> bool:
+        """Room on one replica for one more request (an empty replica always has room)."""
+        if load.running_requests and load.running_requests + sequences > self._max_running:
+            return False
+        mp = self._max_prefill
+        if mp is not None and load.queued_prefill_tokens and load.queued_prefill_tokens + uncached > mp:
+            return False
+        bound = self.cfg.replica_max_engine_waiting_requests
+        if bound is not None and self.calibration is not None:
+            est = self.calibration.estimate(load.replica_id)
+            eng = est.engine if est is not None else None
+            if eng is not None and eng.waiting is not None and eng.waiting >= bound and load.running_requests:
+                return False
+        return True
+
+
+def _warmth(cands: list[Candidate], room: set[str], block_size: int, prompt_tokens: int,
+            max_prefill: int | None) -> Placement:
+    """``warm`` when a replica holding the request's longest cached prefix has room (or there
+    is no cached prefix to lose). Otherwise compare, in prefill tokens, recomputing the prefix
+    elsewhere (``cold``) with waiting for the least-loaded warm replica to regain room: the
+    prefill it must drain first (its queued prefill tokens beyond what leaves room for this
+    request under ``max_prefill``, or all of them without a token bound). Waiting is cheaper:
+    ``None`` (the request is not placed now; others are released meanwhile; its tenant's wait
+    bound still applies)."""
+    best = max((c.matched_blocks for c in cands), default=0)
+    if best == 0 or any(c.matched_blocks == best and c.replica_id in room for c in cands):
+        return "warm"
+    prefix = best * block_size
+    uncached = max(0, prompt_tokens - prefix)
+    drain = min(c.load.queued_prefill_tokens + (uncached - max_prefill if max_prefill is not None else 0)
+                for c in cands if c.matched_blocks == best)
+    return None if prefix >= drain else "cold"
