@@ -1,5 +1,6 @@
 """The memory default is untouched by the shared-state wiring (issue 16): no Redis module is imported,
-the router holds the in-process index and load tracker themselves (no wrapper on the request path)."""
+the router holds the in-process index itself and the in-process load tracker behind local wrappers only
+(no shared-state wrapper on the request path)."""
 from __future__ import annotations
 
 import subprocess
@@ -24,7 +25,14 @@ doc["state"] = {"backend": "memory"}
 gw = build(GatewayConfig.model_validate(doc), audit=AuditHub(None))
 assert gw.shared is None
 assert type(gw.router.index) is InProcessPrefixIndex and gw.router.index is gw.index
-assert type(gw.router.loads) is InProcessLoadTracker
+chain, t = [], gw.router.loads
+while True:  # local wrappers (flow control's release notice, calibration) may sit in front
+    chain.append(type(t).__module__)
+    if not hasattr(t, "inner"):
+        break
+    t = t.inner
+assert type(t) is InProcessLoadTracker, chain
+assert not any(m.startswith(("routing.shared", "gateway.shared")) for m in chain), chain
 loaded = [m for m in ("gateway.shared_state", "gateway.shared_routing", "gateway.shared_docs",
                       "gateway.shared_alerts", "routing.shared", "redis") if m in sys.modules]
 assert not loaded, loaded
