@@ -26,7 +26,7 @@ from gateway.pipeline import InferencePipeline
 from gateway.record import RequestRecord
 from gateway.recording import AFTER_SEND, Recorder
 
-__all__ = ["InferenceRoutes", "INFERENCE_PATHS"]
+__all__ = ["INFERENCE_PATHS", "InferenceRoutes"]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

@@ -16,7 +16,7 @@ from gateway.auditing import AuditHub
 from gateway.metrics import GatewayMetrics
 from gateway.record import RequestRecord
 
-__all__ = ["Recorder", "AFTER_SEND"]
+__all__ = ["AFTER_SEND", "Recorder"]
 
 #: Records of the current request to write once its answer is sent (``None``: record at once).
 AFTER_SEND: ContextVar[list[RequestRecord] | None] = ContextVar("prefixgate_after_send", default=None)
