@@ -28,14 +28,19 @@ from starlette.routing import Route
 from gateway.admin import record_refusal
 from gateway.build import Gateway
 from gateway.errors import GatewayError
-from gateway.framing import FramingGuard, drain_cap
+from gateway.framing import ASGIApp, FramingGuard, drain_cap
+from gateway.inference_asgi import InferenceRoutes
 from gateway.pipeline import InferencePipeline
 
 __all__ = ["build_public_app", "build_admin_app"]
 
 
-def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> Starlette:
-    """Return the public Starlette app over ``c``.
+def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
+    """Return the public ASGI app over ``c``.
+
+    The framing guard in front of :class:`gateway.inference_asgi.InferenceRoutes`:
+    the two inference routes straight to the pipeline, every other route (and
+    the lifespan) to a Starlette app.
 
     With ``manage_lifecycle`` the app's lifespan starts and stops ``c``
     (upstream session, health checks, audit sinks); the CLI turns it off
@@ -91,8 +96,11 @@ def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> Starlette:
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    return _no_slash_redirects(Starlette(routes=routes, lifespan=lifespan, middleware=_middleware(c),
-                                         exception_handlers={HTTPException: _http_exc}))
+    starlette = _no_slash_redirects(Starlette(routes=routes, lifespan=lifespan,
+                                              exception_handlers={HTTPException: _http_exc}))
+    limits = c.config.limits
+    return FramingGuard(InferenceRoutes(starlette, pipeline, c.recorder),
+                        max_drain_bytes=drain_cap(limits.max_body_bytes), drain_timeout_s=limits.body_read_timeout_s)
 
 
 def build_admin_app(c: Gateway) -> Starlette:

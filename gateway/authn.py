@@ -89,15 +89,18 @@ class Authenticator:
     def source(self, request: Request) -> str:
         """The address ``request`` is attributed to (limits, audit): the socket
         peer, or the client a trusted proxy attests (:func:`attested_client`)."""
-        peer = request.client.host if request.client else None
+        return self._source(request, _peer(request))
+
+    def _source(self, request: Request, peer: str | None) -> str:
         if not self.trusted_proxies:
             return peer or "unknown"
         return attested_client(peer, request.headers.getlist("x-forwarded-for"), self.trusted_proxies)
 
     async def authenticate(self, request: Request) -> WorkloadIdentity:
         """Return the caller's identity or raise :class:`GatewayError`."""
-        peer = request.client.host if request.client else "unknown"
-        source = self.source(request)
+        client_host = _peer(request)
+        peer = client_host or "unknown"
+        source = self._source(request, client_host)
         # 1. A JWT-SVID is always required, on every listener; a forwarded
         #    certificate never stands in for it (issue 10, finding 1).
         auths = request.headers.getlist("authorization")
@@ -154,3 +157,9 @@ class Authenticator:
                                        trust_domains=self.verifier.trust_domains)
         except InvalidXfcc as exc:
             raise auth_error(AuthenticationError(Reason.INVALID_FORWARDED_CERT, str(exc))) from None
+
+
+def _peer(request: Request) -> str | None:
+    """The socket peer's address (ASGI ``client``), or ``None`` when the server gives none."""
+    client = request.scope.get("client")
+    return client[0] if client else None

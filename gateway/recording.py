@@ -1,12 +1,25 @@
-"""The last step of every request: its metrics and its one audit event."""
+"""The last step of every request: its metrics and its one audit event.
+
+Recording may wait until the answer is sent (issue 14): while a request is
+served by :class:`gateway.inference_asgi.InferenceRoutes`, :data:`AFTER_SEND`
+holds a list in that request's task context and :meth:`Recorder.record`
+appends the record to it; the front records it right after the last byte of
+the answer was handed to the server (or however the call ended). Everywhere
+else it records at once.
+"""
 
 from __future__ import annotations
+
+from contextvars import ContextVar
 
 from gateway.auditing import AuditHub
 from gateway.metrics import GatewayMetrics
 from gateway.record import RequestRecord
 
-__all__ = ["Recorder"]
+__all__ = ["AFTER_SEND", "Recorder"]
+
+#: Records of the current request to write once its answer is sent (``None``: record at once).
+AFTER_SEND: ContextVar[list[RequestRecord] | None] = ContextVar("prefixgate_after_send", default=None)
 
 
 class Recorder:
@@ -17,7 +30,12 @@ class Recorder:
         self.audit = audit
 
     def record(self, rec: RequestRecord) -> None:
-        """Metrics + one audit event + concentration monitor for a finished request."""
+        """Metrics + one audit event + concentration monitor for a finished request
+        (deferred to after the answer when :data:`AFTER_SEND` holds a list)."""
+        pending = AFTER_SEND.get()
+        if pending is not None:
+            pending.append(rec)
+            return
         m = self.metrics
         m.requests.labels(rec.endpoint, str(rec.status), rec.outcome).inc()
         m.request_seconds.labels(rec.endpoint).observe((rec.t_end or rec.t0) - rec.t0)

@@ -201,27 +201,49 @@ class JwtSvidVerifier:
         served; its ``signature_checked`` tells whether a signature check was
         spent on it.
         """
+        memo = self.cache.spelling(token)
+        if memo is not None:
+            # this exact string verified before: its parse and name are taken from the
+            # cache's memo; time claims, audience, bundle, kid and entry are checked as below
+            name, parsed = memo
+            assert isinstance(parsed, ParsedToken)
+            self._check_claims(parsed)
+            td = parsed.spiffe_id.trust_domain
+            bundle, version = await self._bundle(td, parsed.kid)
+            if bundle.get(parsed.kid) is None:  # as self._key would refuse it
+                raise _fail(Reason.UNKNOWN_KID, "no key with this kid in the token's trust domain")
+            hit = self.cache.get(name, td, version)
+            if hit is not None:
+                return hit
         p = parse_token(token, max_token_bytes=self.max_token_bytes, trust_domains=self.trust_domains)
         exp = self._check_claims(p)
         td = p.spiffe_id.trust_domain
-        try:
-            bundle = await self.store.get(td)
-            if bundle.get(p.kid) is None:
-                bundle = await self.store.refresh_for_unknown_kid(td)
-            version = self.store.generation(td)
-        except UnknownTrustDomain:
-            raise _fail(Reason.FOREIGN_TRUST_DOMAIN, "no trust bundle for the token's trust domain") from None
-        except (BundleUnavailable, BundleError):
-            raise _fail(Reason.BUNDLE_UNAVAILABLE, "trust bundle unavailable; try again later") from None
+        bundle, version = await self._bundle(td, p.kid)
         key, pyjwk = self._key(p, bundle)
         # = canonical_token_sha256(token), from the parts already parsed
         name = canonical_name(token.rpartition(".")[0], p.signature, p.alg)
         hit = self.cache.get(name, td, version)
         if hit is not None:
+            self.cache.remember_spelling(token, name, p)
             return hit
         if before_signature is not None:
             before_signature()
         self._check_signature(p, pyjwk)
         identity = self._identity(p, key.kid, exp)
         self.cache.put(name, identity, version)
+        self.cache.remember_spelling(token, name, p)
         return identity
+
+    async def _bundle(self, td: str, kid: str) -> tuple[TrustBundle, object]:
+        """The current bundle of ``td`` (one early refresh when it lacks ``kid``) and its keys version.
+
+        Raises :class:`AuthenticationError` ``foreign_trust_domain`` or ``bundle_unavailable``."""
+        try:
+            bundle = await self.store.get(td)
+            if bundle.get(kid) is None:
+                bundle = await self.store.refresh_for_unknown_kid(td)
+            return bundle, self.store.generation(td)
+        except UnknownTrustDomain:
+            raise _fail(Reason.FOREIGN_TRUST_DOMAIN, "no trust bundle for the token's trust domain") from None
+        except (BundleUnavailable, BundleError):
+            raise _fail(Reason.BUNDLE_UNAVAILABLE, "trust bundle unavailable; try again later") from None

@@ -28,6 +28,17 @@ found by the admin listener's verifier.
 The verifier still runs every check except the signature on a hit (shape,
 header, trust domain, ``kid`` in the current bundle, time claims, audience),
 and the caller still applies the forwarded-certificate binding.
+
+* Spellings (issue 14, the hit path): beside the entries the cache keeps a
+  memo *exact token string -> (canonical name, parsed token)* for strings
+  that verified (or were found under a verified name). Parsing a token and
+  naming it are pure functions of the string (and of the verifier's fixed
+  configuration), so on a repeat the verifier takes both from the memo
+  (:meth:`VerifiedTokenCache.spelling`) instead of decoding the token again;
+  it still checks the time claims and audience against now, the bundle
+  version and the ``kid``, and the entry itself (:meth:`get`) decides. The
+  memo holds at most ``maxsize`` strings; when full, strings whose entry is
+  gone are dropped (all of them if none is).
 """
 
 from __future__ import annotations
@@ -87,6 +98,8 @@ class VerifiedTokenCache:
         )
         self.hits = 0
         self.misses = 0
+        #: exact token string -> (canonical name, parsed token): see the module doc, "Spellings"
+        self._spellings: dict[str, tuple[str, object]] = {}
 
     def __len__(self) -> int:
         if self._cache is None:
@@ -115,6 +128,26 @@ class VerifiedTokenCache:
             return None
         self.hits += 1
         return entry.identity
+
+    def spelling(self, token: str) -> tuple[str, object] | None:
+        """``(canonical name, parsed token)`` memoised for the exact string ``token``, or ``None``.
+
+        Only a memo of parsing and naming: it proves nothing by itself; the
+        caller still checks the claims and bundle and asks :meth:`get`.
+        """
+        return self._spellings.get(token)
+
+    def remember_spelling(self, token: str, name: str, parsed: object) -> None:
+        """Memoise ``token``'s canonical ``name`` and ``parsed`` form (call only for a
+        string that verified, or that was found under a verified name)."""
+        if self._cache is None:
+            return
+        if len(self._spellings) >= self.maxsize and token not in self._spellings:
+            live = self._cache
+            self._spellings = {t: v for t, v in self._spellings.items() if v[0] in live}
+            if len(self._spellings) >= self.maxsize:
+                self._spellings.clear()
+        self._spellings[token] = (name, parsed)
 
     def put(self, name: str, identity: WorkloadIdentity, keys_version: Hashable) -> None:
         """Remember that ``name`` verified as ``identity`` under ``keys_version``.
@@ -147,6 +180,9 @@ class VerifiedTokenCache:
                 doomed.append(k)
         for k in doomed:
             self._drop(k)
+        if doomed:
+            gone = set(doomed)
+            self._spellings = {t: v for t, v in self._spellings.items() if v[0] not in gone}
         return len(doomed)
 
     def _drop(self, name: str) -> None:
@@ -160,6 +196,7 @@ class VerifiedTokenCache:
         """Drop every entry."""
         if self._cache is not None:
             self._cache.clear()
+        self._spellings.clear()
 
 
 def _time_to_use(_key: str, entry: _Entry, _now: float) -> float:
