@@ -282,12 +282,12 @@ class _CalibratingTicket:
         """True until :meth:`finish` has been called."""
         return self._inner.active  # type: ignore[attr-defined,no-any-return]
 
-    def first_token(self) -> None:
+    def first_byte(self) -> None:
         """Feed the observation once, then release the prefill part."""
         if self._t0 is not None and self._inner.active:  # type: ignore[attr-defined]
             self._cal.observe_first_byte(self.replica_id, self._uncached, self._queued, self._clock() - self._t0)
         self._t0 = None
-        self._inner.first_token()  # type: ignore[attr-defined]
+        self._inner.first_byte()  # type: ignore[attr-defined]
 
     def finish(self) -> None:
         """Release everything still held (no observation without a first byte)."""
@@ -297,7 +297,7 @@ class _CalibratingTicket:
 
 class CalibratingLoadTracker:
     """A :class:`routing.load.LoadTracker` wrapper that times each ticket from
-    dispatch to ``first_token()`` with ``clock`` (seconds; ``time.monotonic``
+    dispatch to ``first_byte()`` with ``clock`` (seconds; ``time.monotonic``
     in the gateway, simulated time in ``sim/des.py``) and feeds ``calibration``
     with (uncached = the ticket's prefill tokens, queued = the replica's
     queued prefill tokens before this dispatch, elapsed)."""

@@ -6,7 +6,7 @@ spreads (the "in-flight" view used by Dynamo's KV router and SGLang's router).
 Three quantities per replica:
 
 * queued prefill tokens: the uncached prompt tokens the router predicted the
-  replica must still prefill (released at the first token);
+  replica must still prefill (released at the first byte of the answer);
 * decode tokens: expected output tokens of requests in flight (released when
   the request finishes);
 * running requests: requests dispatched and not finished.
@@ -32,7 +32,7 @@ class LoadTicket(Protocol):
         """True until :meth:`finish` has been called."""
         ...
 
-    def first_token(self) -> None:
+    def first_byte(self) -> None:
         """Release the prefill part (idempotent)."""
         ...
 
@@ -69,7 +69,7 @@ class _Counters:
 
 
 class Ticket:
-    """Handle of one dispatched request. :meth:`first_token` releases its
+    """Handle of one dispatched request. :meth:`first_byte` releases its
     prefill tokens, :meth:`finish` releases whatever is still held; both are
     idempotent, so call ``finish`` in a ``finally`` on success, error or
     cancellation."""
@@ -91,15 +91,15 @@ class Ticket:
         """True until :meth:`finish` has been called."""
         return self._held
 
-    def first_token(self) -> None:
-        """Release the prefill part (the replica has produced the first token)."""
+    def first_byte(self) -> None:
+        """Release the prefill part (the first byte of the upstream answer arrived: the replica finished prefill)."""
         if self._prefill_held and self._held:
             self._prefill_held = False
             self._tracker.release(self.replica_id, self.prefill_tokens, 0, 0)
 
     def finish(self) -> None:
         """Release everything still held (decode tokens, the running request,
-        and the prefill part if no first token was seen)."""
+        and the prefill part if no first byte was seen)."""
         if not self._held:
             return
         prefill = self.prefill_tokens if self._prefill_held else 0

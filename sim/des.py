@@ -3,7 +3,7 @@
 No HTTP: the same timing model as the HTTP replica simulator (``sim/replica.py``),
 driven by the Mooncake conversation trace at its own timestamps, routed by the
 gateway's real :class:`routing.router.Router`, policies, prefix index
-and load tracker (the tracker is driven by simulated first-token and finish
+and load tracker (the tracker is driven by simulated first-byte and finish
 events). Used to tune ``cache_aware``; results go to
 ``bench/results/des_tuning.md``.
 
@@ -314,10 +314,10 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
             heapq.heappush(events, (now + max(0.0, act[k]) * len(act), PREFILL_DONE, seq, k,
                                     f"{rid}#{version[rid]}"))
 
-    def first_token(i: int, rid: str, now: float) -> None:
+    def first_byte(i: int, rid: str, now: float) -> None:
         nonlocal seq
         ttft.append(now - reqs[i].arrival)
-        tickets[i].first_token()  # type: ignore[union-attr]
+        tickets[i].first_byte()  # type: ignore[union-attr]
         seq += 1
         heapq.heappush(events, (now + reqs[i].output_tokens * cfg.decode_s_per_token, FINISH, seq, i, rid))
 
@@ -346,11 +346,11 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
                 advance(rid, now)
                 del active[rid][i]
                 caches[rid].insert(reqs[i].keys)
-                first_token(i, rid, now)
+                first_byte(i, rid, now)
                 schedule(rid, now)
             else:
                 busy[rid] = False
-                first_token(i, rid, now)
+                first_byte(i, rid, now)
                 start_next(rid, now)
         else:
             tickets[i].finish()  # type: ignore[union-attr]
