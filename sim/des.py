@@ -232,11 +232,14 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
     """Replay ``reqs`` through a fresh :class:`Router` with ``policy`` on
     ``cfg.replicas`` simulated replicas; returns a :class:`PolicyResult`.
 
-    With ``calibration``, the router's load tracker is a
+    With ``calibration`` (made here, as the gateway does, when the policy's
+    config has ``calibrate`` on), the router's load tracker is a
     :class:`routing.calibration.CalibratingLoadTracker` on the simulated
     clock (first-byte times feed it) and the candidates carry its estimates;
-    without, the router is the one the gateway had before calibration."""
+    without, the router uses the configured constants."""
     ids = [f"r{i}" for i in range(cfg.replicas)]
+    if calibration is None and getattr(getattr(policy, "config", None), "calibrate", False):
+        calibration = Calibration(prior_rate=policy.config.prefill_tokens_per_s)  # type: ignore[attr-defined]
     clock = [0.0]
     loads: Any = InProcessLoadTracker()
     if calibration is not None:

@@ -113,26 +113,6 @@ async def start_smg_router(worker_urls: Sequence[str], paths: DemoPaths, policy:
     return proc, base
 
 
-def policy_dir_for(tenants: Sequence[str], work: Path) -> Path:
-    """A copy of the repository's policy bundle (``rego/``) under ``work`` whose
-    tenant data also lists every tenant of ``tenants`` missing from it (as a
-    copy of ``tenant-a``: standard tier, the sim model, the default pool).
-    The shipped data knows tenant-a..d only, so the policy denies (403) the
-    others, fail closed; without this the 8-tenant cell served half its rows."""
-    from sim.demo import REPO_ROOT
-
-    dst = work / "rego-grid"
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(REPO_ROOT / "rego", dst)
-    data = dst / "data" / "prefixgate" / "config" / "tenants.json"
-    doc = json.loads(data.read_text(encoding="utf-8"))
-    for t in tenants:
-        doc.setdefault(t, dict(doc["tenant-a"]))
-    data.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    return dst
-
-
 def _key(cell: Cell, rows: int, run: int, router: str) -> str:
     return f"{cell.name}|rows={rows}|run={run}|{router}"
 
@@ -178,7 +158,6 @@ async def run_cell(cell: Cell, args: argparse.Namespace, paths: DemoPaths, issue
                 gcfg = gateway_config("cache_aware", replicas, names, paths, listen_port=free_port(),
                                       admin_port=free_port(), block_size=spec.block_size,
                                       index_capacity_blocks=spec.capacity_blocks)
-                gcfg["policy"]["dir"] = str(policy_dir_for(names, paths.work))
                 proc, base = await start_gateway("gateway-cache_aware", gcfg, paths)
             try:
                 summary, _ = await run_target(
