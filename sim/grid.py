@@ -210,6 +210,40 @@ def render(cache: dict[str, Any], rows: int, runs: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def render_verdicts(cache: dict[str, Any], rows: int, runs: int) -> str:
+    """Markdown table: the issue's done-when per cell (medians over the runs
+    found): PrefixGate hit rate >= 95 % of the pooled bound, TTFT p50 below
+    SGLang's, p99 <= 1.05x SGLang's, request max/mean <= 1.2; on ``time
+    scale 20`` also the target p50, p90 and p99 each <= 0.6x SGLang's."""
+    lines = ["| cell | runs | hit >= 0.95 pooled | p50 < SGLang | p99 <= 1.05x | max/mean <= 1.2 | ts20 target (all <= 0.6x) |",
+             "|" + "---|" * 7]
+    for cell in CELLS:
+        med: dict[str, RouterSummary] = {}
+        for router in ROUTERS:
+            got = [RouterSummary(**cache[k]) for run in range(runs)
+                   if (k := _key(cell, rows, run, router)) in cache]
+            if got:
+                med[router] = median_summary(got)
+        if len(med) < 2:
+            continue
+        pg, sg = med["prefixgate"], med["smg"]
+        imb = pg.requests_max / pg.requests_mean if pg.requests_mean else float("nan")
+        target = "-"
+        if cell.name == "time scale 20":
+            target = _yes(all((a or 0) <= 0.6 * (b or 0) for a, b in (
+                (pg.ttft_p50, sg.ttft_p50), (pg.ttft_p90, sg.ttft_p90), (pg.ttft_p99, sg.ttft_p99))))
+        lines.append(
+            f"| {cell.name} | {pg.runs} | {_yes((pg.hit_vs_pooled or 0) >= 0.95)} ({pg.hit_vs_pooled or 0:.3f}) "
+            f"| {_yes((pg.ttft_p50 or 0) < (sg.ttft_p50 or 0))} ({_ratio(pg.ttft_p50, sg.ttft_p50)}) "
+            f"| {_yes((pg.ttft_p99 or 0) <= 1.05 * (sg.ttft_p99 or 0))} ({_ratio(pg.ttft_p99, sg.ttft_p99)}) "
+            f"| {_yes(imb <= 1.2)} ({imb:.3f}) | {target} |")
+    return "\n".join(lines) + "\n"
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m sim.grid", description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE_PATH)
@@ -217,7 +251,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--replicas", type=int, default=6)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cells", default="", help="comma-separated cell names (default: all)")
+    ap.add_argument("--cells", default="", help="semicolon-separated cell names (default: all)")
     ap.add_argument("--cache", type=Path, default=Path("bench/results/grid.json"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/grid.md"))
     ap.add_argument("--budget-s", type=float, default=0.0, help="stop starting new cells after this (0: none)")
@@ -226,7 +260,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 async def run_grid(args: argparse.Namespace) -> None:
     """Run the selected cells (skipping cached results) and write the table."""
-    want = {c.strip() for c in args.cells.split(",") if c.strip()}
+    want = {c.strip() for c in args.cells.split(";") if c.strip()}
     cells = [c for c in CELLS if not want or c.name in want]
     cache = _load_cache(args.cache)
     work = Path(tempfile.mkdtemp(prefix="prefixgate-grid-"))
@@ -241,7 +275,7 @@ async def run_grid(args: argparse.Namespace) -> None:
             await run_cell(cell, args, paths, issuer, cache)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    table = render(cache, args.rows, args.runs)
+    table = render(cache, args.rows, args.runs) + "\n" + render_verdicts(cache, args.rows, args.runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(f"rows={args.rows} runs={args.runs} replicas={args.replicas}\n\n{table}", encoding="utf-8")
     print(table)
