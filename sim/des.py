@@ -464,7 +464,8 @@ def tune(reqs: Sequence[SimRequest], cfg: SimConfig, grid: Mapping[str, Sequence
 @click.option("--replica-model", type=click.Choice(REPLICA_MODELS), default="fifo", show_default=True,
               help="fifo: one prefill at a time; chunked: concurrent prefills share the rate")
 @click.option("--prefill-tokens-per-s", type=float, default=10000.0, show_default=True)
-@click.option("--calibrate", is_flag=True, help="add cache_aware_calibrated (learnt rate and queue weight)")
+@click.option("--uncalibrated", is_flag=True,
+              help="add cache_aware_uncalibrated (calibrate: false, the constants; the default calibrates)")
 def main(
     rows: int,
     replicas: int,
@@ -475,7 +476,7 @@ def main(
     do_tune: bool,
     replica_model: str,
     prefill_tokens_per_s: float,
-    calibrate: bool,
+    uncalibrated: bool,
 ) -> None:
     """Print a per-policy table (TTFT, hit rate, balance) for the trace."""
     cfg = SimConfig(replicas=replicas, capacity_blocks=capacity_blocks, replica_model=replica_model,
@@ -486,9 +487,9 @@ def main(
     facs = default_policies()
     names = list(policies) or list(facs)
     results = [simulate(n, facs[n](), reqs, cfg) for n in names]
-    if calibrate:
-        results.append(simulate("cache_aware_calibrated", build_policy("cache_aware", {"calibrate": True}), reqs,
-                                cfg, Calibration(prior_rate=10000.0)))
+    if uncalibrated:
+        results.append(simulate("cache_aware_uncalibrated", build_policy("cache_aware", {"calibrate": False}), reqs,
+                                cfg))
     table = format_table(results)
     head = (
         f"rows={rows} replicas={replicas} capacity={capacity_blocks} blocks/replica; model={replica_model}; "
