@@ -49,6 +49,7 @@ class EngineMetricsPoller:
     async def scrape(self, replica_id: str) -> bool:
         """One scrape of ``replica_id``; True if a sample was stored."""
         url = self.replica_set.get(replica_id).url.rstrip("/") + "/metrics"
+        own_before = self.own_requests(replica_id) if self.own_requests is not None else None
         try:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
                 if resp.status != 200:
@@ -59,7 +60,11 @@ class EngineMetricsPoller:
             return False
         if not sample.engine:
             return False
-        own = self.own_requests(replica_id) if self.own_requests is not None else None
+        own = None
+        if self.own_requests is not None and own_before is not None:
+            # the larger of this router's count before and after the scrape: a request that
+            # finished meanwhile must not look like another client's
+            own = max(own_before, self.own_requests(replica_id))
         self.calibration.observe_engine(replica_id, sample, own)
         return True
 
