@@ -130,3 +130,34 @@ async def test_gateway_feed_path_learns_the_replicas_rate(stack, replica_cfg: Re
     # router tokens (the word tokenizer's, = the replica's) per wall second
     true_rate = replica_cfg.prefill_tokens_per_s / replica_cfg.token_scale * replica_cfg.time_scale
     assert abs(est.prefill_tokens_per_s / true_rate - 1.0) <= 0.20, (est, true_rate)
+
+
+def test_poller_tells_other_clients_requests_from_this_routers_own() -> None:
+    import asyncio
+
+    import aiohttp
+
+    from gateway.engine_metrics import EngineMetricsPoller
+    from gateway.replicas import Replica, ReplicaSet
+    from sim.replica import STATE_KEY, create_app, run_app_on
+
+    async def go() -> None:
+        app = create_app(ReplicaConfig(replica_id="a"))
+        runner, url = await run_app_on(app, "127.0.0.1", 0)
+        app[STATE_KEY].running, app[STATE_KEY].waiting = 5, 2
+        try:
+            rs = ReplicaSet([Replica("a", url)])
+            cal = Calibration()
+            own = {"a": 3}
+            async with aiohttp.ClientSession() as session:
+                poller = EngineMetricsPoller(rs, session, cal, interval_s=1.0, timeout_s=2.0,
+                                             own_requests=lambda rid: own[rid])
+                assert await poller.scrape("a")
+                assert cal.estimate("a").external_requests == 4.0  # type: ignore[union-attr]
+                own["a"] = 9  # this router holds more than the engine reports: nobody else's
+                assert await poller.scrape("a")
+                assert cal.estimate("a").external_requests == 0.0  # type: ignore[union-attr]
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(go())
