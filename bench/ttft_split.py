@@ -2,7 +2,11 @@
 
 ``python -m bench.ttft_split CELL ROWS`` (a cell of ``sim.grid``); prints one line per router. Not a test.
 """
-import asyncio, sys, tempfile, time
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
 from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,7 +17,10 @@ from sim.replay import ReplayConfig
 from sim.trace import load_mooncake, DEFAULT_TRACE_PATH, assign_tenants
 from sim.bounds import tenant_names
 
+
+
 async def ttft_sums(urls):
+    """Sum and count of ``vllm:time_to_first_token_seconds`` over the replicas at ``urls`` (trace s)."""
     s = c = 0.0
     async with aiohttp.ClientSession() as sess:
         for u in urls:
@@ -26,6 +33,7 @@ async def ttft_sums(urls):
     return s, c
 
 async def main():
+    """Replay the first ROWS rows of cell CELL through PrefixGate, then smg; print the split per router."""
     cellname, rows = sys.argv[1], int(sys.argv[2])
     cell = [c for c in CELLS if c.name == cellname][0]
     work = Path(tempfile.mkdtemp(prefix="split-")); paths = DemoPaths.under(work); issuer = prepare_identity(paths)
