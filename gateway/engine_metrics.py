@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import aiohttp
 
@@ -28,10 +29,13 @@ MAX_METRICS_BYTES = 4 << 20
 class EngineMetricsPoller:
     """Every ``interval_s`` seconds GET ``{replica.url}/metrics`` of every
     replica (timeout ``timeout_s``) and store the parsed sample in
-    ``calibration``. Raises :class:`ValueError` on non-positive times."""
+    ``calibration``; ``own_requests(replica_id)`` (optional): this router's
+    running requests there, so the calibration can tell the engine's other
+    clients' requests apart. Raises :class:`ValueError` on non-positive times."""
 
     def __init__(self, replica_set: ReplicaSet, session: aiohttp.ClientSession, calibration: Calibration,
-                 interval_s: float = 2.0, timeout_s: float = 1.0) -> None:
+                 interval_s: float = 2.0, timeout_s: float = 1.0,
+                 own_requests: Callable[[str], int] | None = None) -> None:
         if interval_s <= 0 or timeout_s <= 0:
             raise ValueError("interval_s and timeout_s must be > 0")
         self.replica_set = replica_set
@@ -39,11 +43,13 @@ class EngineMetricsPoller:
         self.calibration = calibration
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.own_requests = own_requests
         self._loop = PeriodicTask(self.scrape_once, interval_s, "engine metrics")
 
     async def scrape(self, replica_id: str) -> bool:
         """One scrape of ``replica_id``; True if a sample was stored."""
         url = self.replica_set.get(replica_id).url.rstrip("/") + "/metrics"
+        own_before = self.own_requests(replica_id) if self.own_requests is not None else None
         try:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
                 if resp.status != 200:
@@ -54,7 +60,12 @@ class EngineMetricsPoller:
             return False
         if not sample.engine:
             return False
-        self.calibration.observe_engine(replica_id, sample)
+        own = None
+        if self.own_requests is not None and own_before is not None:
+            # the larger of this router's count before and after the scrape: a request that
+            # finished meanwhile must not look like another client's
+            own = max(own_before, self.own_requests(replica_id))
+        self.calibration.observe_engine(replica_id, sample, own)
         return True
 
     async def scrape_once(self) -> None:

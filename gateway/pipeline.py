@@ -239,7 +239,7 @@ class InferencePipeline:
             budget_used += 1
             gw.upstream.answered(replica.id, up.instance_id)
             rec.t_first_byte = time.perf_counter()
-            held.ticket.first_token()
+            held.ticket.first_byte()
             if req.stream:
                 response = self._stream_response(req, rec, held)
                 held.handed_off = True

@@ -65,8 +65,10 @@ class Upstream:
         await self.health.check_once()
         self.health.start()
         if self.calibration is not None:
-            self.engine_metrics = EngineMetricsPoller(self.replica_set, session, self.calibration,
-                                                      interval_s=h.interval_s, timeout_s=h.timeout_s)
+            loads = self.router.loads
+            self.engine_metrics = EngineMetricsPoller(
+                self.replica_set, session, self.calibration, interval_s=h.interval_s, timeout_s=h.timeout_s,
+                own_requests=lambda rid: loads.snapshot(rid).running_requests)
             self.engine_metrics.start()
 
     async def stop(self) -> None:

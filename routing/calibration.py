@@ -52,6 +52,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from routing.engine_metrics import EngineSample, parse_engine_metrics
 from routing.types import ReplicaLoad
 
 __all__ = [
@@ -67,22 +68,6 @@ _SCALE = 1000.0  # tokens per feature unit (keeps the normal equations well scal
 
 
 @dataclass(frozen=True)
-class EngineSample:
-    """One scrape of a replica's engine metrics; ``None`` where not exposed.
-
-    ``running`` / ``waiting``: requests; ``kv_usage``: 0..1;
-    ``prefix_hit_rate``: cumulative hit tokens / queried tokens (0..1);
-    ``engine``: ``"vllm"`` or ``"sglang"`` (or ``""`` when nothing known was found).
-    """
-
-    engine: str = ""
-    running: float | None = None
-    waiting: float | None = None
-    kv_usage: float | None = None
-    prefix_hit_rate: float | None = None
-
-
-@dataclass(frozen=True)
 class ReplicaEstimate:
     """Calibrated view of one replica.
 
@@ -90,7 +75,10 @@ class ReplicaEstimate:
     ``overhead_s``: seconds; ``samples``: first-byte observations so far;
     ``engine``: the last engine metrics sample, if any; ``calibrated``: the
     first three come from at least ``min_samples`` observations (else they
-    are the prior: configured rate, queue weight 1, no overhead).
+    are the prior: configured rate, queue weight 1, no overhead);
+    ``external_requests``: requests the engine reported running or waiting
+    beyond this router's own at the scrape (other clients of the replica;
+    0 when unknown).
     """
 
     prefill_tokens_per_s: float
@@ -99,26 +87,32 @@ class ReplicaEstimate:
     samples: int
     engine: EngineSample | None = None
     calibrated: bool = True
+    external_requests: float = 0.0
 
 
-def _solve3(m: list[list[float]], v: list[float]) -> list[float] | None:
-    """Solve the 3x3 system ``m x = v`` by Gaussian elimination with partial pivoting."""
+def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
+    """Solve the n x n system ``m x = v`` by Gaussian elimination with partial pivoting."""
+    n = len(v)
     a = [row[:] + [v[i]] for i, row in enumerate(m)]
-    for col in range(3):
-        piv = max(range(col, 3), key=lambda r: abs(a[r][col]))
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(a[r][col]))
         if abs(a[piv][col]) < 1e-12:
             return None
         a[col], a[piv] = a[piv], a[col]
-        for r in range(3):
+        for r in range(n):
             if r != col:
                 f = a[r][col] / a[col][col]
-                for k in range(col, 4):
+                for k in range(col, n + 1):
                     a[r][k] -= f * a[col][k]
-    return [a[i][3] / a[i][i] for i in range(3)]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
+_N = 3  # features: 1, own + shared work u + s (s = min(q, k·u)), the rest of the queue q - s
 
 
 class PrefillRateEstimator:
-    """Per-replica fit of ``ttft ≈ a + b·uncached + c·queued`` (module doc).
+    """Per-replica fit of ``ttft ≈ a + b·(u + s) + c·(q − s)`` (module doc),
+    with ``s`` the shared wait (:meth:`routing.types.ReplicaLoad.shared_wait_tokens`).
 
     Parameters: ``prior_rate`` (> 0, tokens/s), ``forget`` in (0, 1],
     ``prior_weight`` (> 0, in observations), ``clip_k`` (> 0), ``min_samples``
@@ -141,41 +135,52 @@ class PrefillRateEstimator:
         self.rate_range = rate_range
         self.max_overhead_s = max_overhead_s
         self.samples = 0
-        self._xx = [[0.0] * 3 for _ in range(3)]
-        self._xy = [0.0] * 3
+        self._xx = [[0.0] * _N for _ in range(_N)]
+        self._xy = [0.0] * _N
         self._abs_res = 0.0  # EW mean absolute residual (s)
         self._theta: list[float] | None = None
 
     def _prior(self) -> tuple[list[list[float]], list[float]]:
         w = self.prior_weight
         b0 = _SCALE / self.prior_rate
-        # ridge: a toward 0 (tiny), b toward b0, and (c - b) toward 0
-        m = [[1e-6, 0.0, 0.0], [0.0, w + w, -w], [0.0, -w, w]]
+        # ridge: a toward 0 (tiny), b toward b0, (c - b) toward 0 (a FIFO replica)
+        m = [[1e-6, 0.0, 0.0], [0.0, 2 * w, -w], [0.0, -w, w]]
         v = [0.0, w * b0, 0.0]
         return m, v
 
-    def _solve(self) -> list[float] | None:
+    def _fit(self) -> list[float] | None:
         pm, pv = self._prior()
-        m = [[self._xx[i][j] + pm[i][j] for j in range(3)] for i in range(3)]
-        v = [self._xy[i] + pv[i] for i in range(3)]
-        return _solve3(m, v)
+        m = [[self._xx[i][j] + pm[i][j] for j in range(_N)] for i in range(_N)]
+        v = [self._xy[i] + pv[i] for i in range(_N)]
+        return _solve(m, v)
 
-    def predict(self, uncached_tokens: float, queued_tokens: float) -> float | None:
-        """Predicted time to first byte (s), or ``None`` before any fit."""
+    @staticmethod
+    def _features(uncached: float, queued: float, shared: float | None) -> list[float]:
+        s = queued if shared is None else min(max(0.0, shared), queued)
+        return [1.0, (uncached + s) / _SCALE, (queued - s) / _SCALE]
+
+    def predict(self, uncached_tokens: float, queued_tokens: float,
+                shared_wait_tokens: float | None = None) -> float | None:
+        """Predicted time to first byte (s), or ``None`` before any fit
+        (``shared_wait_tokens`` ``None``: the whole queue, as on a FIFO replica)."""
         th = self._theta
         if th is None:
             return None
-        return th[0] + th[1] * uncached_tokens / _SCALE + th[2] * queued_tokens / _SCALE
+        x = self._features(uncached_tokens, queued_tokens, shared_wait_tokens)
+        return sum(t * xi for t, xi in zip(th, x))
 
-    def observe(self, uncached_tokens: float, queued_tokens: float, ttft_s: float) -> None:
+    def observe(self, uncached_tokens: float, queued_tokens: float, ttft_s: float,
+                shared_wait_tokens: float | None = None) -> None:
         """Add one observation: ``uncached_tokens``, ``queued_tokens`` (>= 0,
-        tokens) and the measured ``ttft_s`` (s). Non-finite or negative values
+        tokens), the measured ``ttft_s`` (s) and ``shared_wait_tokens`` (the
+        part of the queue that delays it on a shared replica, ``min(q, k·u)``;
+        ``None``: unknown, the whole queue). Non-finite or negative values
         are ignored."""
         if not all(math.isfinite(x) and x >= 0 for x in (uncached_tokens, queued_tokens, ttft_s)):
             return
-        x = [1.0, uncached_tokens / _SCALE, queued_tokens / _SCALE]
+        x = self._features(uncached_tokens, queued_tokens, shared_wait_tokens)
         y = ttft_s
-        pred = self.predict(uncached_tokens, queued_tokens)
+        pred = self.predict(uncached_tokens, queued_tokens, shared_wait_tokens)
         if pred is not None and self.samples >= self.min_samples:
             bound = self.clip_k * max(self._abs_res, 1e-3 + 0.01 * abs(pred))
             r = max(-bound, min(bound, y - pred))
@@ -184,12 +189,12 @@ class PrefillRateEstimator:
         elif pred is not None:
             self._abs_res = 0.8 * self._abs_res + 0.2 * abs(y - pred)
         lam = self.forget
-        for i in range(3):
-            for j in range(3):
+        for i in range(_N):
+            for j in range(_N):
                 self._xx[i][j] = lam * self._xx[i][j] + x[i] * x[j]
             self._xy[i] = lam * self._xy[i] + x[i] * y
         self.samples += 1
-        th = self._solve()
+        th = self._fit()
         if th is not None and all(math.isfinite(t) for t in th):
             self._theta = th
 
@@ -200,9 +205,10 @@ class PrefillRateEstimator:
             return None
         lo, hi = self.prior_rate / self.rate_range, self.prior_rate * self.rate_range
         b = th[1]
-        rate = _SCALE / b if b > 0 else hi
-        rate = min(hi, max(lo, rate))
-        qw = th[2] / b if b > 0 else 1.0
+        if not b > 0:
+            return None  # time does not grow with work (e.g. deep overload on a shared replica): no estimate
+        rate = min(hi, max(lo, _SCALE / b))
+        qw = th[2] / b
         return ReplicaEstimate(
             prefill_tokens_per_s=rate,
             queue_weight=min(1.0, max(0.0, qw)),
@@ -226,6 +232,7 @@ class Calibration:
         self._kw = estimator_kw
         self._est: dict[str, PrefillRateEstimator] = {}
         self._engine: dict[str, EngineSample] = {}
+        self._external: dict[str, float] = {}
 
     def estimator(self, replica_id: str) -> PrefillRateEstimator:
         """The estimator of ``replica_id`` (created on first use)."""
@@ -235,13 +242,20 @@ class Calibration:
         return e
 
     def observe_first_byte(self, replica_id: str, uncached_tokens: float, queued_tokens: float,
-                           ttft_s: float) -> None:
+                           ttft_s: float, shared_wait_tokens: float | None = None) -> None:
         """One first-byte observation (see :meth:`PrefillRateEstimator.observe`)."""
-        self.estimator(replica_id).observe(uncached_tokens, queued_tokens, ttft_s)
+        self.estimator(replica_id).observe(uncached_tokens, queued_tokens, ttft_s, shared_wait_tokens)
 
-    def observe_engine(self, replica_id: str, sample: EngineSample) -> None:
-        """Store the latest engine metrics of ``replica_id``."""
+    def observe_engine(self, replica_id: str, sample: EngineSample, own_requests: int | None = None) -> None:
+        """Store the latest engine metrics of ``replica_id``; with
+        ``own_requests`` (this router's running requests on it at the scrape),
+        also the requests the engine holds beyond them (running + waiting −
+        own, floored at 0): load from other clients that this router's own
+        view does not have."""
         self._engine[replica_id] = sample
+        if own_requests is not None and (sample.running is not None or sample.waiting is not None):
+            total = (sample.running or 0.0) + (sample.waiting or 0.0)
+            self._external[replica_id] = max(0.0, total - own_requests)
 
     def estimate(self, replica_id: str) -> ReplicaEstimate | None:
         """The replica's estimate with its last engine sample; ``None`` while
@@ -250,30 +264,35 @@ class Calibration:
         est = self._est.get(replica_id)
         e = est.estimate() if est is not None else None
         eng = self._engine.get(replica_id)
+        ext = self._external.get(replica_id, 0.0)
         if e is None:
             if eng is None:
                 return None
-            return ReplicaEstimate(self.prior_rate, 1.0, 0.0, est.samples if est else 0, eng, calibrated=False)
-        return ReplicaEstimate(e.prefill_tokens_per_s, e.queue_weight, e.overhead_s, e.samples, eng)
+            return ReplicaEstimate(self.prior_rate, 1.0, 0.0, est.samples if est else 0, eng, calibrated=False,
+                                   external_requests=ext)
+        return ReplicaEstimate(e.prefill_tokens_per_s, e.queue_weight, e.overhead_s, e.samples, eng,
+                               external_requests=ext)
 
     def forget_replica(self, replica_id: str) -> None:
         """Drop everything learnt about ``replica_id`` (it restarted or was removed)."""
         self._est.pop(replica_id, None)
         self._engine.pop(replica_id, None)
+        self._external.pop(replica_id, None)
 
 
 class _CalibratingTicket:
     """A load ticket that reports its first byte to a :class:`Calibration`."""
 
-    __slots__ = ("_cal", "_clock", "_inner", "_queued", "_t0", "_uncached", "replica_id")
+    __slots__ = ("_cal", "_clock", "_inner", "_queued", "_shared", "_t0", "_uncached", "replica_id")
 
     def __init__(self, inner: object, cal: Calibration, clock: Callable[[], float], queued: int,
-                 uncached: int, replica_id: str) -> None:
+                 uncached: int, replica_id: str, shared: int) -> None:
         self._inner = inner
         self._cal = cal
         self._clock = clock
         self._t0: float | None = clock()
         self._queued = queued
+        self._shared = shared
         self._uncached = uncached
         self.replica_id = replica_id
 
@@ -282,12 +301,13 @@ class _CalibratingTicket:
         """True until :meth:`finish` has been called."""
         return self._inner.active  # type: ignore[attr-defined,no-any-return]
 
-    def first_token(self) -> None:
+    def first_byte(self) -> None:
         """Feed the observation once, then release the prefill part."""
         if self._t0 is not None and self._inner.active:  # type: ignore[attr-defined]
-            self._cal.observe_first_byte(self.replica_id, self._uncached, self._queued, self._clock() - self._t0)
+            self._cal.observe_first_byte(self.replica_id, self._uncached, self._queued, self._clock() - self._t0,
+                                         self._shared)
         self._t0 = None
-        self._inner.first_token()  # type: ignore[attr-defined]
+        self._inner.first_byte()  # type: ignore[attr-defined]
 
     def finish(self) -> None:
         """Release everything still held (no observation without a first byte)."""
@@ -297,10 +317,11 @@ class _CalibratingTicket:
 
 class CalibratingLoadTracker:
     """A :class:`routing.load.LoadTracker` wrapper that times each ticket from
-    dispatch to ``first_token()`` with ``clock`` (seconds; ``time.monotonic``
+    dispatch to ``first_byte()`` with ``clock`` (seconds; ``time.monotonic``
     in the gateway, simulated time in ``sim/des.py``) and feeds ``calibration``
     with (uncached = the ticket's prefill tokens, queued = the replica's
-    queued prefill tokens before this dispatch, elapsed)."""
+    queued prefill tokens before this dispatch, shared wait =
+    :meth:`routing.types.ReplicaLoad.shared_wait_tokens` before it, elapsed)."""
 
     def __init__(self, inner: object, calibration: Calibration, clock: Callable[[], float]) -> None:
         self.inner = inner
@@ -310,64 +331,11 @@ class CalibratingLoadTracker:
     def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int,
                  requests: int = 1) -> _CalibratingTicket:
         """See :meth:`routing.load.LoadTracker.dispatch`."""
-        queued = self.inner.snapshot(replica_id).queued_prefill_tokens  # type: ignore[attr-defined]
+        before: ReplicaLoad = self.inner.snapshot(replica_id)  # type: ignore[attr-defined]
         t = self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests)  # type: ignore[attr-defined]
-        return _CalibratingTicket(t, self.calibration, self.clock, queued, prefill_tokens, replica_id)
+        return _CalibratingTicket(t, self.calibration, self.clock, before.queued_prefill_tokens, prefill_tokens,
+                                  replica_id, before.shared_wait_tokens(prefill_tokens))
 
     def snapshot(self, replica_id: str) -> ReplicaLoad:
         """See :meth:`routing.load.LoadTracker.snapshot`."""
         return self.inner.snapshot(replica_id)  # type: ignore[attr-defined,no-any-return]
-
-
-# --------------------------------------------------------------------------- engine metrics
-
-_VLLM = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
-         "vllm:kv_cache_usage_perc": "kv_usage", "vllm:gpu_cache_usage_perc": "kv_usage"}
-_SGLANG = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "waiting",
-           "sglang:token_usage": "kv_usage", "sglang:cache_hit_rate": "prefix_hit_rate"}
-
-
-def parse_engine_metrics(text: str) -> EngineSample:
-    """Parse Prometheus text exposition of a vLLM or SGLang server.
-
-    Values of one name are summed over label sets (one model per replica;
-    several ``engine`` labels of a data-parallel server add up). Counters
-    ``vllm:prefix_cache_hits`` / ``vllm:prefix_cache_queries`` (with or
-    without ``_total``) give ``prefix_hit_rate``. Unknown names are ignored;
-    malformed text raises :class:`ValueError`.
-    """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    vals: dict[str, float] = {}
-    engine = ""
-    hits = queries = None
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            name = s.name
-            if name.endswith("_total"):
-                base = name[: -len("_total")]
-            else:
-                base = name
-            v = float(s.value)
-            if not math.isfinite(v):
-                continue
-            if base in _VLLM or base in _SGLANG:
-                field = _VLLM.get(base) or _SGLANG[base]
-                engine = engine or ("vllm" if base in _VLLM else "sglang")
-                key = f"{base}|{field}"
-                vals[key] = vals.get(key, 0.0) + v
-            elif base == "vllm:prefix_cache_hits":
-                hits = (hits or 0.0) + v
-                engine = engine or "vllm"
-            elif base == "vllm:prefix_cache_queries":
-                queries = (queries or 0.0) + v
-    out: dict[str, float] = {}
-    for key, v in vals.items():
-        base, field = key.split("|")
-        if field in out and base == "vllm:gpu_cache_usage_perc":
-            continue  # prefer kv_cache_usage_perc (the newer name)
-        out[field] = v
-    if "prefix_hit_rate" not in out and hits is not None and queries:
-        out["prefix_hit_rate"] = hits / queries
-    return EngineSample(engine=engine, running=out.get("running"), waiting=out.get("waiting"),
-                        kv_usage=out.get("kv_usage"), prefix_hit_rate=out.get("prefix_hit_rate"))

@@ -6,10 +6,11 @@ spreads (the "in-flight" view used by Dynamo's KV router and SGLang's router).
 Three quantities per replica:
 
 * queued prefill tokens: the uncached prompt tokens the router predicted the
-  replica must still prefill (released at the first token);
+  replica must still prefill (released at the first byte of the answer);
 * decode tokens: expected output tokens of requests in flight (released when
   the request finishes);
-* running requests: requests dispatched and not finished.
+* running requests: requests dispatched and not finished, and among them
+  the prefilling requests (no first byte yet).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class LoadTicket(Protocol):
         """True until :meth:`finish` has been called."""
         ...
 
-    def first_token(self) -> None:
+    def first_byte(self) -> None:
         """Release the prefill part (idempotent)."""
         ...
 
@@ -60,16 +61,17 @@ class LoadTracker(Protocol):
 
 
 class _Counters:
-    __slots__ = ("prefill", "decode", "running")
+    __slots__ = ("prefill", "decode", "running", "prefilling")
 
     def __init__(self) -> None:
         self.prefill = 0
         self.decode = 0
         self.running = 0
+        self.prefilling = 0
 
 
 class Ticket:
-    """Handle of one dispatched request. :meth:`first_token` releases its
+    """Handle of one dispatched request. :meth:`first_byte` releases its
     prefill tokens, :meth:`finish` releases whatever is still held; both are
     idempotent, so call ``finish`` in a ``finally`` on success, error or
     cancellation."""
@@ -91,21 +93,22 @@ class Ticket:
         """True until :meth:`finish` has been called."""
         return self._held
 
-    def first_token(self) -> None:
-        """Release the prefill part (the replica has produced the first token)."""
+    def first_byte(self) -> None:
+        """Release the prefill part (the first byte of the upstream answer arrived: the replica finished prefill)."""
         if self._prefill_held and self._held:
             self._prefill_held = False
-            self._tracker.release(self.replica_id, self.prefill_tokens, 0, 0)
+            self._tracker.release(self.replica_id, self.prefill_tokens, 0, 0, self.requests)
 
     def finish(self) -> None:
         """Release everything still held (decode tokens, the running request,
-        and the prefill part if no first token was seen)."""
+        and the prefill part if no first byte was seen)."""
         if not self._held:
             return
-        prefill = self.prefill_tokens if self._prefill_held else 0
+        held = self._prefill_held
         self._prefill_held = False
         self._held = False
-        self._tracker.release(self.replica_id, prefill, self.decode_tokens, self.requests)
+        self._tracker.release(self.replica_id, self.prefill_tokens if held else 0, self.decode_tokens,
+                              self.requests, self.requests if held else 0)
 
 
 class InProcessLoadTracker:
@@ -128,6 +131,7 @@ class InProcessLoadTracker:
         c.prefill += prefill_tokens
         c.decode += decode_tokens
         c.running += requests
+        c.prefilling += requests
         return Ticket(self, replica_id, prefill_tokens, decode_tokens, requests)
 
     def snapshot(self, replica_id: str) -> ReplicaLoad:
@@ -135,14 +139,16 @@ class InProcessLoadTracker:
         c = self._c.get(replica_id)
         if c is None:
             return ReplicaLoad(replica_id)
-        return ReplicaLoad(replica_id, c.prefill, c.decode, c.running)
+        return ReplicaLoad(replica_id, c.prefill, c.decode, c.running, c.prefilling)
 
-    def release(self, replica_id: str, prefill: int, decode: int, running: int) -> None:
-        """Give back ``prefill``/``decode`` tokens and ``running`` requests of
-        ``replica_id`` (floored at zero); called by :class:`Ticket`."""
+    def release(self, replica_id: str, prefill: int, decode: int, running: int, prefilling: int = 0) -> None:
+        """Give back ``prefill``/``decode`` tokens, ``running`` requests and
+        ``prefilling`` requests (first byte seen) of ``replica_id`` (floored
+        at zero); called by :class:`Ticket`."""
         c = self._c.get(replica_id)
         if c is None:
             return
         c.prefill = max(0, c.prefill - prefill)
         c.decode = max(0, c.decode - decode)
         c.running = max(0, c.running - running)
+        c.prefilling = max(0, c.prefilling - prefilling)

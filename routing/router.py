@@ -104,7 +104,7 @@ class Router:
         healthy), charge its load (prefill tokens = prompt tokens − predicted
         prefix tokens; decode tokens = ``req.max_tokens``; running requests =
         ``req.sequences``) and record its
-        current-version keys in the index. Call ``LoadTicket.first_token()`` at
+        current-version keys in the index. Call ``LoadTicket.first_byte()`` at
         the first streamed token and ``LoadTicket.finish()`` when done (always).
         Raises :class:`NoCandidateError` when ``candidate_ids`` is empty.
         """

@@ -22,12 +22,25 @@ class NoCandidateError(LookupError):
 @dataclass(frozen=True)
 class ReplicaLoad:
     """Load of one replica: ``queued_prefill_tokens`` and ``decode_tokens``
-    in tokens, ``running_requests`` in requests."""
+    in tokens, ``running_requests`` in requests, ``prefilling_requests``:
+    requests dispatched whose first byte has not arrived yet (still queued
+    or prefilling; their prefill tokens make ``queued_prefill_tokens``)."""
 
     replica_id: str
     queued_prefill_tokens: int = 0
     decode_tokens: int = 0
     running_requests: int = 0
+    prefilling_requests: int = 0
+
+    def shared_wait_tokens(self, uncached_tokens: int) -> int:
+        """Queued prefill tokens that delay a new request of ``uncached_tokens``
+        on a replica whose concurrent prefills share its rate (chunked
+        prefill, processor sharing): each prefill in progress holds the new
+        one back by at most the new one's own size, so
+        ``min(queued, prefilling · uncached)`` (an upper bound of
+        ``Σ min(q_i, u)``; on a one-prefill-at-a-time replica the whole
+        queue waits instead)."""
+        return min(self.queued_prefill_tokens, self.prefilling_requests * max(0, uncached_tokens))
 
     @property
     def tokens(self) -> int:

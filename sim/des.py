@@ -3,7 +3,7 @@
 No HTTP: the same timing model as the HTTP replica simulator (``sim/replica.py``),
 driven by the Mooncake conversation trace at its own timestamps, routed by the
 gateway's real :class:`routing.router.Router`, policies, prefix index
-and load tracker (the tracker is driven by simulated first-token and finish
+and load tracker (the tracker is driven by simulated first-byte and finish
 events). Used to tune ``cache_aware``; results go to
 ``bench/results/des_tuning.md``.
 
@@ -232,11 +232,14 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
     """Replay ``reqs`` through a fresh :class:`Router` with ``policy`` on
     ``cfg.replicas`` simulated replicas; returns a :class:`PolicyResult`.
 
-    With ``calibration``, the router's load tracker is a
+    With ``calibration`` (made here, as the gateway does, when the policy's
+    config has ``calibrate`` on), the router's load tracker is a
     :class:`routing.calibration.CalibratingLoadTracker` on the simulated
     clock (first-byte times feed it) and the candidates carry its estimates;
-    without, the router is the one the gateway had before calibration."""
+    without, the router uses the configured constants."""
     ids = [f"r{i}" for i in range(cfg.replicas)]
+    if calibration is None and getattr(getattr(policy, "config", None), "calibrate", False):
+        calibration = Calibration(prior_rate=policy.config.prefill_tokens_per_s)  # type: ignore[attr-defined]
     clock = [0.0]
     loads: Any = InProcessLoadTracker()
     if calibration is not None:
@@ -314,10 +317,10 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
             heapq.heappush(events, (now + max(0.0, act[k]) * len(act), PREFILL_DONE, seq, k,
                                     f"{rid}#{version[rid]}"))
 
-    def first_token(i: int, rid: str, now: float) -> None:
+    def first_byte(i: int, rid: str, now: float) -> None:
         nonlocal seq
         ttft.append(now - reqs[i].arrival)
-        tickets[i].first_token()  # type: ignore[union-attr]
+        tickets[i].first_byte()  # type: ignore[union-attr]
         seq += 1
         heapq.heappush(events, (now + reqs[i].output_tokens * cfg.decode_s_per_token, FINISH, seq, i, rid))
 
@@ -346,11 +349,11 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
                 advance(rid, now)
                 del active[rid][i]
                 caches[rid].insert(reqs[i].keys)
-                first_token(i, rid, now)
+                first_byte(i, rid, now)
                 schedule(rid, now)
             else:
                 busy[rid] = False
-                first_token(i, rid, now)
+                first_byte(i, rid, now)
                 start_next(rid, now)
         else:
             tickets[i].finish()  # type: ignore[union-attr]
@@ -461,7 +464,8 @@ def tune(reqs: Sequence[SimRequest], cfg: SimConfig, grid: Mapping[str, Sequence
 @click.option("--replica-model", type=click.Choice(REPLICA_MODELS), default="fifo", show_default=True,
               help="fifo: one prefill at a time; chunked: concurrent prefills share the rate")
 @click.option("--prefill-tokens-per-s", type=float, default=10000.0, show_default=True)
-@click.option("--calibrate", is_flag=True, help="add cache_aware_calibrated (learnt rate and queue weight)")
+@click.option("--uncalibrated", is_flag=True,
+              help="add cache_aware_uncalibrated (calibrate: false, the constants; the default calibrates)")
 def main(
     rows: int,
     replicas: int,
@@ -472,7 +476,7 @@ def main(
     do_tune: bool,
     replica_model: str,
     prefill_tokens_per_s: float,
-    calibrate: bool,
+    uncalibrated: bool,
 ) -> None:
     """Print a per-policy table (TTFT, hit rate, balance) for the trace."""
     cfg = SimConfig(replicas=replicas, capacity_blocks=capacity_blocks, replica_model=replica_model,
@@ -483,9 +487,9 @@ def main(
     facs = default_policies()
     names = list(policies) or list(facs)
     results = [simulate(n, facs[n](), reqs, cfg) for n in names]
-    if calibrate:
-        results.append(simulate("cache_aware_calibrated", build_policy("cache_aware", {"calibrate": True}), reqs,
-                                cfg, Calibration(prior_rate=10000.0)))
+    if uncalibrated:
+        results.append(simulate("cache_aware_uncalibrated", build_policy("cache_aware", {"calibrate": False}), reqs,
+                                cfg))
     table = format_table(results)
     head = (
         f"rows={rows} replicas={replicas} capacity={capacity_blocks} blocks/replica; model={replica_model}; "

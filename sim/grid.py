@@ -113,26 +113,6 @@ async def start_smg_router(worker_urls: Sequence[str], paths: DemoPaths, policy:
     return proc, base
 
 
-def policy_dir_for(tenants: Sequence[str], work: Path) -> Path:
-    """A copy of the repository's policy bundle (``rego/``) under ``work`` whose
-    tenant data also lists every tenant of ``tenants`` missing from it (as a
-    copy of ``tenant-a``: standard tier, the sim model, the default pool).
-    The shipped data knows tenant-a..d only, so the policy denies (403) the
-    others, fail closed; without this the 8-tenant cell served half its rows."""
-    from sim.demo import REPO_ROOT
-
-    dst = work / "rego-grid"
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(REPO_ROOT / "rego", dst)
-    data = dst / "data" / "prefixgate" / "config" / "tenants.json"
-    doc = json.loads(data.read_text(encoding="utf-8"))
-    for t in tenants:
-        doc.setdefault(t, dict(doc["tenant-a"]))
-    data.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    return dst
-
-
 def _key(cell: Cell, rows: int, run: int, router: str) -> str:
     return f"{cell.name}|rows={rows}|run={run}|{router}"
 
@@ -178,7 +158,6 @@ async def run_cell(cell: Cell, args: argparse.Namespace, paths: DemoPaths, issue
                 gcfg = gateway_config("cache_aware", replicas, names, paths, listen_port=free_port(),
                                       admin_port=free_port(), block_size=spec.block_size,
                                       index_capacity_blocks=spec.capacity_blocks)
-                gcfg["policy"]["dir"] = str(policy_dir_for(names, paths.work))
                 proc, base = await start_gateway("gateway-cache_aware", gcfg, paths)
             try:
                 summary, _ = await run_target(
@@ -231,6 +210,40 @@ def render(cache: dict[str, Any], rows: int, runs: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def render_verdicts(cache: dict[str, Any], rows: int, runs: int) -> str:
+    """Markdown table: the issue's done-when per cell (medians over the runs
+    found): PrefixGate hit rate >= 95 % of the pooled bound, TTFT p50 below
+    SGLang's, p99 <= 1.05x SGLang's, request max/mean <= 1.2; on ``time
+    scale 20`` also the target p50, p90 and p99 each <= 0.6x SGLang's."""
+    lines = ["| cell | runs | hit >= 0.95 pooled | p50 < SGLang | p99 <= 1.05x | max/mean <= 1.2 | ts20 target (all <= 0.6x) |",
+             "|" + "---|" * 7]
+    for cell in CELLS:
+        med: dict[str, RouterSummary] = {}
+        for router in ROUTERS:
+            got = [RouterSummary(**cache[k]) for run in range(runs)
+                   if (k := _key(cell, rows, run, router)) in cache]
+            if got:
+                med[router] = median_summary(got)
+        if len(med) < 2:
+            continue
+        pg, sg = med["prefixgate"], med["smg"]
+        imb = pg.requests_max / pg.requests_mean if pg.requests_mean else float("nan")
+        target = "-"
+        if cell.name == "time scale 20":
+            target = _yes(all((a or 0) <= 0.6 * (b or 0) for a, b in (
+                (pg.ttft_p50, sg.ttft_p50), (pg.ttft_p90, sg.ttft_p90), (pg.ttft_p99, sg.ttft_p99))))
+        lines.append(
+            f"| {cell.name} | {pg.runs} | {_yes((pg.hit_vs_pooled or 0) >= 0.95)} ({pg.hit_vs_pooled or 0:.3f}) "
+            f"| {_yes((pg.ttft_p50 or 0) < (sg.ttft_p50 or 0))} ({_ratio(pg.ttft_p50, sg.ttft_p50)}) "
+            f"| {_yes((pg.ttft_p99 or 0) <= 1.05 * (sg.ttft_p99 or 0))} ({_ratio(pg.ttft_p99, sg.ttft_p99)}) "
+            f"| {_yes(imb <= 1.2)} ({imb:.3f}) | {target} |")
+    return "\n".join(lines) + "\n"
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m sim.grid", description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE_PATH)
@@ -238,7 +251,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--replicas", type=int, default=6)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cells", default="", help="comma-separated cell names (default: all)")
+    ap.add_argument("--cells", default="", help="semicolon-separated cell names (default: all)")
     ap.add_argument("--cache", type=Path, default=Path("bench/results/grid.json"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/grid.md"))
     ap.add_argument("--budget-s", type=float, default=0.0, help="stop starting new cells after this (0: none)")
@@ -247,7 +260,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 async def run_grid(args: argparse.Namespace) -> None:
     """Run the selected cells (skipping cached results) and write the table."""
-    want = {c.strip() for c in args.cells.split(",") if c.strip()}
+    want = {c.strip() for c in args.cells.split(";") if c.strip()}
     cells = [c for c in CELLS if not want or c.name in want]
     cache = _load_cache(args.cache)
     work = Path(tempfile.mkdtemp(prefix="prefixgate-grid-"))
@@ -262,7 +275,7 @@ async def run_grid(args: argparse.Namespace) -> None:
             await run_cell(cell, args, paths, issuer, cache)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    table = render(cache, args.rows, args.runs)
+    table = render(cache, args.rows, args.runs) + "\n" + render_verdicts(cache, args.rows, args.runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(f"rows={args.rows} runs={args.runs} replicas={args.replicas}\n\n{table}", encoding="utf-8")
     print(table)

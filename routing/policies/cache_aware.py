@@ -69,7 +69,7 @@ class CacheAwareConfig(PolicyParams):
     decode_weight: float = Field(0.0, ge=0)
     prefill_tokens_per_s: float = Field(10000.0, gt=0)
     guard_tokens: bool = True
-    calibrate: bool = False
+    calibrate: bool = True
     skip_blocks: int = Field(1, ge=0)
 
 
@@ -87,6 +87,7 @@ class CacheAwarePolicy(Scheduler):
             token_factor=cfg.max_load_factor if cfg.guard_tokens else None,
             slack_requests=cfg.slack_requests,
             token_slack=cfg.token_slack,
+            calibrated=cfg.calibrate,
         )
         super().__init__(
             "cache_aware",

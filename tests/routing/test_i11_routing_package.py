@@ -55,13 +55,17 @@ PRE_REFACTOR_DECISIONS = {
     "least_load": "ff807318c0920b60882ca4f2abfc7cf93117a31b25461dce6bcabff2fa7efb2b",
     "consistent_hash": "e19fda508fe2eda2604d133fab72c40cf8f14fe11f41ab0242c96ece198b3195",
     "sglang_like": "695e3e65453ac36006bd9af617a1a34337ae39b8389aa8d947f1e6a213719048",
-    "cache_aware": "292be50e6e6503cb661e516bff0137e263296c6da4c2f94442b81955f02e7ebb",
+    # s2 (issue 15): the default cache_aware now calibrates (learnt rate and queue weight, shared wait);
+    # deliberate rule change, was 292be50e6e6503cb661e516bff0137e263296c6da4c2f94442b81955f02e7ebb
+    "cache_aware": "b7e3af4f4b271048904ddbd905fb7db55e42a80ed9f2be04d33ddb05d7f46f30",
 }
 
 
 class _Recording:
     def __init__(self, inner: RoutingPolicy, log: list[str]) -> None:
         self.inner, self.log, self.name = inner, log, inner.name
+        # the DES calibrates, as the gateway does, when the policy's config asks (issue 15 default)
+        self.config = getattr(inner, "config", None)
 
     def choose(self, req: RouteRequest, cands: Sequence[Candidate]):  # type: ignore[no-untyped-def]
         c = self.inner.choose(req, cands)

@@ -67,10 +67,10 @@ def test_calibrating_tracker_feeds_first_byte_with_queued_tokens() -> None:
     t2 = loads.dispatch("a", 50, 5)  # behind 100 queued tokens
     assert loads.snapshot("a").queued_prefill_tokens == 150
     now[0] = 1.0
-    t1.first_token()
+    t1.first_byte()
     now[0] = 1.5
-    t2.first_token()
-    t2.first_token()  # idempotent: one observation
+    t2.first_byte()
+    t2.first_byte()  # idempotent: one observation
     assert cal.estimator("a").samples == 2
     t1.finish()
     t2.finish()

@@ -27,7 +27,7 @@ def test_route_records_dispatches_and_counts() -> None:
     assert c1.predicted_prefix_tokens == 0
     assert router.loads.snapshot(c1.replica_id).queued_prefill_tokens == 12
     assert router.loads.snapshot(c1.replica_id).decode_tokens == 5
-    t1.first_token()
+    t1.first_byte()
     t1.finish()
     # Next turn of the same conversation goes to the same replica with 12 predicted tokens.
     second = rr(list(range(12)) + [50, 51, 52, 53, 54])
