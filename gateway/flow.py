@@ -52,8 +52,8 @@ class _NotifyingTicket:
     def active(self) -> bool:
         return self._inner.active
 
-    def first_token(self) -> None:
-        self._inner.first_token()
+    def first_byte(self) -> None:
+        self._inner.first_byte()
         self._on_release()
 
     def finish(self) -> None:

@@ -147,10 +147,10 @@ class _SharedTicket:
     def active(self) -> bool:
         return self._inner.active
 
-    def first_token(self) -> None:
+    def first_byte(self) -> None:
         if self._inner.active and not self._prefill_out:
             self._prefill_out = True
-            self._inner.first_token()
+            self._inner.first_byte()
             if self._prefill:
                 self._emit(LoadDelta(self.replica_id, -self._prefill, 0, 0))
 

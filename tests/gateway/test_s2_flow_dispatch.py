@@ -54,13 +54,13 @@ async def test_each_instance_uses_its_share_of_a_replica() -> None:
     assert t[2].done()
 
 
-async def test_prefill_token_bound_and_first_token_release() -> None:
+async def test_prefill_token_bound_and_first_byte_release() -> None:
     flow = make(FlowConfig(replica_max_queued_prefill_tokens=150))
     a = Tenant("a")
     first = await started(flow, a, req(prompt=100), ["r0"])
     second = await started(flow, a, req(prompt=100), ["r0"])
     assert first.done() and not second.done()  # 100 + 100 > 150
-    (await first).ticket.first_token()  # prefill done: its tokens no longer queued
+    (await first).ticket.first_byte()  # prefill done: its tokens no longer queued
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert second.done()
@@ -76,7 +76,7 @@ async def test_engine_waiting_requests_close_the_room() -> None:
     second = await started(flow, a, req(), ["r0"])
     assert not second.done()  # the engine says it is queueing: wait at the gateway
     cal.observe_engine("r0", EngineSample(engine="vllm", running=8, waiting=0))
-    (await first).ticket.first_token()
+    (await first).ticket.first_byte()
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert second.done()

@@ -44,7 +44,7 @@ async def test_redis_holds_no_prompt_token_or_secret(tmp_path: Path, redis_serve
         assert chains.current
         for _ in range(3):
             _, ticket = a.router.route(RouteRequest("tenant-a", chains.current, len(tokens), 32, 16), REPLICAS)
-            ticket.first_token()
+            ticket.first_byte()
             ticket.finish()
         a.keyring.rotate_tenant("tenant-a")
         await a.shared.keys.publish("tenant-a")

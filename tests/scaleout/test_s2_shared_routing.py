@@ -61,8 +61,8 @@ def test_pure_application_of_events() -> None:
     apply_event(index, remote, "i2", LoadDelta("r1", 5, 5, 1))
     t = tracker.dispatch("r1", 100, 20, 1)
     assert tracker.snapshot("r1").queued_prefill_tokens == 105 and tracker.snapshot("r1").running_requests == 2
-    t.first_token()
-    t.first_token()
+    t.first_byte()
+    t.first_byte()
     t.finish()
     t.finish()
     assert emitted == [LoadDelta("r1", 100, 20, 1), LoadDelta("r1", -100, 0, 0), LoadDelta("r1", 0, -20, -1)]
@@ -93,7 +93,7 @@ async def test_load_is_seen_by_the_other_instance_and_released(pair) -> None:
     rid = ticket.replica_id
     await wait_for(lambda: b.router.loads.snapshot(rid).running_requests == 1, what="b sees a's running request")
     assert b.router.loads.snapshot(rid).queued_prefill_tokens == 16 * 8
-    ticket.first_token()
+    ticket.first_byte()
     await wait_for(lambda: b.router.loads.snapshot(rid).queued_prefill_tokens == 0, what="prefill released")
     assert b.router.loads.snapshot(rid).running_requests == 1
     ticket.finish()
