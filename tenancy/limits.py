@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Self
 
 from tenancy.registry import Tenant
 
@@ -37,6 +38,7 @@ __all__ = [
     "ConcurrencyLimited",
     "TokenBucket",
     "Lease",
+    "ReleasedOnExit",
     "TenantLimiter",
     "clamp_max_tokens",
 ]
@@ -119,7 +121,30 @@ class TokenBucket:
         self.level = min(self.level, self.burst)
 
 
-class Lease:
+class ReleasedOnExit:
+    """A lease usable as ``with`` or ``async with``: leaving the block calls ``release()``
+    (:class:`Lease`, :class:`tenancy.shared_limiter.SharedLease`)."""
+
+    __slots__ = ()
+
+    def release(self) -> None:
+        """Free what the lease holds (idempotent)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+class Lease(ReleasedOnExit):
     """One admitted in-flight request; :meth:`release` frees its concurrency slots.
 
     ``weight``: the slots it holds (1, or the number of sequences of a batch
@@ -145,18 +170,6 @@ class Lease:
         if not self._done:
             self._done = True
             self._release()
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    async def __aenter__(self) -> Lease:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.release()
 
 
 @dataclass

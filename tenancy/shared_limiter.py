@@ -13,7 +13,7 @@ import logging
 import secrets
 from typing import Any
 
-from tenancy.limits import ConcurrencyLimited, RateLimited
+from tenancy.limits import ConcurrencyLimited, RateLimited, ReleasedOnExit
 from tenancy.registry import Tenant
 from tenancy.shared_lua import arg as _arg
 from tenancy.shared_lua import wait_reply as _wait
@@ -26,7 +26,7 @@ log = logging.getLogger("prefixgate.state")
 # --- limiter ------------------------------------------------------------------------------------
 
 
-class SharedLease:
+class SharedLease(ReleasedOnExit):
     """An admitted request's concurrency slots in Redis (``weight`` members of the tenant's set).
 
     :meth:`release` is synchronous and idempotent (queues the ``ZREM``);
@@ -56,18 +56,6 @@ class SharedLease:
         if not self._done:
             self._done = True
             self._limiter._release(self)
-
-    def __enter__(self) -> SharedLease:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    async def __aenter__(self) -> SharedLease:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.release()
 
 
 class RedisTenantLimiter:
