@@ -122,14 +122,28 @@ class TokenBucket:
 
 
 class ReleasedOnExit:
-    """A lease usable as ``with`` or ``async with``: leaving the block calls ``release()``
-    (:class:`Lease`, :class:`tenancy.shared_limiter.SharedLease`)."""
+    """A lease released once: :meth:`release` frees what it holds the first time (``_free``,
+    defined by the subclass), later calls do nothing; usable as ``with`` or ``async with``
+    (leaving the block releases it). :class:`Lease`, :class:`tenancy.shared_limiter.SharedLease`."""
 
-    __slots__ = ()
+    __slots__ = ("_done",)
+
+    def __init__(self) -> None:
+        self._done = False
+
+    def _free(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def released(self) -> bool:
+        """True once :meth:`release` has run."""
+        return self._done
 
     def release(self) -> None:
-        """Free what the lease holds (idempotent)."""
-        raise NotImplementedError
+        """Free what the lease holds (second and later calls do nothing)."""
+        if not self._done:
+            self._done = True
+            self._free()
 
     def __enter__(self) -> Self:
         return self
@@ -152,24 +166,16 @@ class Lease(ReleasedOnExit):
     ``with`` or ``async with``.
     """
 
-    __slots__ = ("_release", "_done", "tenant_id", "weight")
+    __slots__ = ("_release", "tenant_id", "weight")
 
     def __init__(self, tenant_id: str, release: Callable[[], None]) -> None:
+        super().__init__()
         self.tenant_id = tenant_id
         self._release = release
-        self._done = False
         self.weight = 1
 
-    @property
-    def released(self) -> bool:
-        """True once :meth:`release` has run."""
-        return self._done
-
-    def release(self) -> None:
-        """Free the slot (second and later calls do nothing)."""
-        if not self._done:
-            self._done = True
-            self._release()
+    def _free(self) -> None:
+        self._release()
 
 
 @dataclass

@@ -158,9 +158,7 @@ class Writer:
     async def aclose(self) -> None:
         """Stop the drain task (queued updates not yet applied are dropped; leases then expire)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_task(self._task)
             self._task = None
 
 
