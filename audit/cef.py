@@ -6,7 +6,7 @@ Header fields escape ``\\`` and ``|`` with a backslash; extension values
 escape ``\\`` and ``=`` with a backslash and encode newlines as ``\\n`` /
 ``\\r``. Extension keys are the standard CEF dictionary names (``rt``,
 ``src``, ``suser``, ``request``, ``outcome``, ``cs1``..``cs6`` with labels,
-``cn1``..``cn3``).
+``cn1``..``cn3``, ``cfp1``..``cfp2`` with labels, ``deviceExternalId``).
 """
 from __future__ import annotations
 
@@ -86,8 +86,9 @@ def format_cef(event: AuditEvent) -> str:
 
     Extension order: ``rt externalId outcome src suser sntdom request``,
     ``cs1..cs6`` (each after its label), ``reason``, ``cn1..cn3`` (each after
-    its label), ``msg`` (``k=v`` of the kind-specific details, sorted, ``; ``
-    joined); None values and their labels are left out."""
+    its label), ``cfp1`` (``queueWaitMs``) and ``cfp2`` (``virtualTokens``), each after
+    its label, ``deviceExternalId`` (the emitting ``instance``), ``msg`` (``k=v`` of the
+    kind-specific details, sorted, ``; `` joined); None values and their labels are left out."""
     details = event.alert or event.operator or event.summary or event.checkpoint or {}
     kind, outcome = event.kind.value, event.outcome.value
     name = f"{kind} {outcome}"
@@ -114,6 +115,9 @@ def format_cef(event: AuditEvent) -> str:
     _labeled(pairs, "cn1", "promptTokens", event.prompt_tokens)
     _labeled(pairs, "cn2", "outputTokens", event.output_tokens)
     _labeled(pairs, "cn3", "statusCode", event.status_code)
+    _labeled(pairs, "cfp1", "queueWaitMs", event.latency.queue_wait_ms)
+    _labeled(pairs, "cfp2", "virtualTokens", event.route.virtual_tokens)
+    _ext(pairs, "deviceExternalId", event.instance)
     if details:
         _ext(pairs, "msg", "; ".join(f"{k}={v}" for k, v in sorted(details.items())) or None)
     return (f"{_HEADER_PREFIX}{escape_header(f'{kind}:{outcome}')}|{escape_header(name)}|"

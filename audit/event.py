@@ -1,11 +1,15 @@
-"""Audit event schema (schema_version "3") and the defensive scrubber.
+"""Audit event schema (schema_version "4") and the defensive scrubber.
 
 One :class:`AuditEvent` is written per gateway decision (inference call,
 token check, operator action, alert, flood summary, chain checkpoint). The
 record is flat-ish JSON with a few nested groups; its field names are the
 stable contract for SIEM parsers. Renaming or removing a field bumps
 ``SCHEMA_VERSION``; so does adding one that a strict reader of the previous
-version refuses (``from_dict`` refuses unknown fields). Version "3" (issue 11)
+version refuses (``from_dict`` refuses unknown fields). Version "4" (session 2:
+issues 16, 17) adds three optional fields: ``instance`` (the emitting gateway
+process, ``audit.instance``), ``latency.queue_wait_ms`` (milliseconds queued by
+flow control) and ``route.virtual_tokens`` (the tenant's fair-release counter,
+weighted tokens); nothing is renamed or removed. Version "3" (issue 11)
 names each prefix figure once, in ``route``: ``available_prefix_tokens``,
 ``predicted_prefix_tokens`` (was ``prefix_tokens_available`` /
 ``prefix_tokens_matched``) and ``delivered_prefix_tokens`` (was the top-level
@@ -14,7 +18,8 @@ not a token) and ``latency`` gains ``parse_ms`` and ``keys_ms``, so
 ``policy_ms`` is the decision alone. Version "2" added ``error_code`` and the
 ``ledger`` group (issue 12, finding 4). Version "1" and "2" events (an older
 spill file, say) are still read: :func:`upgrade_event_dict` renames their
-fields to version "3".
+fields to version "3" names; a version "3" event is read as it is (version "4"
+only adds fields).
 
 Never in an event: prompt text, token ids, bearer tokens, keys, raw prefix
 hashes. The gateway passes ``prefix_fingerprint`` already keyed per tenant
@@ -39,9 +44,11 @@ from typing import Any
 
 import orjson
 
-SCHEMA_VERSION = "3"
-#: Versions :meth:`AuditEvent.from_dict` reads (older ones through :func:`upgrade_event_dict`).
-READABLE_VERSIONS = frozenset({"1", "2", "3"})
+SCHEMA_VERSION = "4"
+#: Versions :meth:`AuditEvent.from_dict` reads ("1" and "2" through :func:`upgrade_event_dict`).
+READABLE_VERSIONS = frozenset({"1", "2", "3", "4"})
+#: Versions whose field names :func:`upgrade_event_dict` renames (see ``_RENAMED_V3``).
+_RENAMED_VERSIONS = frozenset({"1", "2"})
 
 
 class Kind(str, enum.Enum):
@@ -113,7 +120,8 @@ class RouteInfo:
     predicted_prefix_tokens: int | None = None
     delivered_prefix_tokens: int | None = None
     load: float | None = None
-    virtual_tokens: float | None = None  # issue 17: the tenant's fair-release counter at release
+    #: schema "4" (issue 17): the tenant's fair-release counter (weighted tokens) when released
+    virtual_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +140,8 @@ class Latencies:
     route_ms: float | None = None
     first_byte_ms: float | None = None
     total_ms: float | None = None
-    queue_wait_ms: float | None = None  # issue 17: time queued at the gateway (flow control)
+    #: schema "4" (issue 17): milliseconds queued by flow control before routing
+    queue_wait_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,9 +215,9 @@ def new_event_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class AuditEvent:
-    """One audit record, schema version "3".
+    """One audit record, schema version "4".
 
-    ``instance`` (optional, added with issue 16): which gateway process
+    ``instance`` (optional, added with issue 16, schema "4"): which gateway process
     emitted the event, stamped by :class:`audit.log.AuditLog` when
     configured. ``time_ms`` is UTC epoch milliseconds; ``time`` (ISO 8601) is derived
     from it in :meth:`to_dict`. ``operator``, ``alert``, ``summary`` and
@@ -272,7 +281,7 @@ class AuditEvent:
         version = data.get("schema_version")
         if version not in READABLE_VERSIONS:
             raise EventSchemaError(f"unsupported schema_version {version!r}")
-        if version != SCHEMA_VERSION:
+        if version in _RENAMED_VERSIONS:
             data = upgrade_event_dict(data)
         kwargs: dict[str, Any] = {}
         try:

@@ -279,14 +279,6 @@ class AuditLog(SpillGate, DeliveryLoop):
             for ev in self._aggregator.flush(now_ms()):
                 self.emit(ev)
 
-    def _count_refusal(self, event: AuditEvent) -> None:
-        self._refused.count(event)
-        self.metrics.emitted.inc()
-
-    def _emit_refusal_summaries(self) -> None:
-        for ev in self._refused.flush():
-            self.emit(ev)
-
     def _forward_checkpoint(self, source: str) -> Callable[[AuditEvent], None]:
         def forward(event: AuditEvent) -> None:
             self.emit(event, exclude=(source,))

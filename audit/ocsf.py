@@ -21,8 +21,9 @@ Class choice (OCSF schema 1.5.0, https://schema.ocsf.io/1.5.0/):
 * flood summaries → the class of the summarised outcome with ``count``.
 
 ``type_uid = class_uid * 100 + activity_id``. PrefixGate-specific fields
-(tenant, route, tokens, the token ledger, latencies, fingerprint) go to
-``unmapped``; the gateway's ``error_code`` is also ``status_detail`` when
+(tenant, route, tokens, the token ledger, latencies, fingerprint, the emitting
+``instance``) go to ``unmapped.prefixgate`` (schema "4"'s ``route.virtual_tokens``
+and ``latency.queue_wait_ms`` inside their groups); the gateway's ``error_code`` is also ``status_detail`` when
 the event has no policy reason code.
 """
 from __future__ import annotations
@@ -70,7 +71,7 @@ def _class_and_activity(event: AuditEvent) -> tuple[int, int, str]:
 
 _UNMAPPED_KEYS = ("tenant", "route", "latency", "prompt_tokens", "output_tokens", "sequences", "ledger",
                   "error_code", "prefix_fingerprint", "request_id", "outcome", "kind", "summary", "checkpoint", "operator",
-                  "alert")
+                  "alert", "instance")
 
 
 def _unmapped(event: AuditEvent) -> dict[str, Any]:

@@ -48,13 +48,10 @@ TD = "demo.prefixgate.test"
 # ------------------------------------------------------------------ gateway child
 async def _serve(config_file: str, mode: str, ready_file: str) -> None:
     """Run one gateway (public listener only) until SIGTERM; write its port to ``ready_file``."""
-    import signal
-
-    from gateway.app import build_public_app
+    from bench.harness import serve_public, serve_until_sigterm
     from gateway.auditing import AuditHub
     from gateway.build import build
     from gateway.config import load_config
-    from gateway.server import GatewayServer, freeze_startup_objects, uvicorn_config
 
     cfg = load_config(config_file)
     comps = build(cfg, audit=AuditHub(None) if mode == "off" else None)
@@ -72,21 +69,9 @@ async def _serve(config_file: str, mode: str, ready_file: str) -> None:
             gcstat["t"][g] += time.perf_counter() - gcstat["t0"]
 
     gc.callbacks.append(_gccb)
-    freeze_startup_objects()  # as gateway.server.serve does
-    server = GatewayServer(uvicorn_config(build_public_app(comps, manage_lifecycle=False), "127.0.0.1", 0))
-    task = asyncio.ensure_future(server.serve())
-    while not server.started:
-        if task.done():
-            raise RuntimeError("gateway failed to start")
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    server, task, port = await serve_public(comps, freeze=True)  # frozen as gateway.server.serve does
     Path(ready_file).write_text(json.dumps({"port": port}))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    await stop.wait()
-    server.should_exit = True
-    await task
+    await serve_until_sigterm(server, task)
     dropped = comps.audit.dropped
     await comps.stop()
     Path(ready_file + ".done").write_text(json.dumps({"dropped": dropped, "emitted": comps.audit.emitted,

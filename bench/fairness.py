@@ -103,28 +103,16 @@ def _config(tmp: Path, url: str, issuer: DemoIssuer, flow: dict[str, Any], tiers
 async def _serve(config_file: str, ready_file: str) -> None:
     """Child process: one gateway (public listener, no audit sinks) until SIGTERM; its port goes
     to ``ready_file``."""
-    import signal
-
-    from gateway.app import build_public_app
+    from bench.harness import serve_public, serve_until_sigterm
     from gateway.auditing import AuditHub
     from gateway.build import build
     from gateway.config import load_config
-    from gateway.server import GatewayServer, uvicorn_config
 
     comps = build(load_config(config_file), audit=AuditHub(None))
     await comps.start()
-    server = GatewayServer(uvicorn_config(build_public_app(comps, manage_lifecycle=False), "127.0.0.1", 0))
-    task = asyncio.ensure_future(server.serve())
-    while not server.started:
-        if task.done():
-            raise RuntimeError("gateway failed to start")
-        await asyncio.sleep(0.01)
-    Path(ready_file).write_text(json.dumps({"port": server.servers[0].sockets[0].getsockname()[1]}))
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    await stop.wait()
-    server.should_exit = True
-    await task
+    server, task, port = await serve_public(comps)
+    Path(ready_file).write_text(json.dumps({"port": port}))
+    await serve_until_sigterm(server, task)
     await comps.stop()
 
 

@@ -26,10 +26,10 @@ import argparse
 import json
 import os
 import platform
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.harness import best_cpu_us
 from gateway.shared_routing import RoutingStream, encode_events
 from routing.policies import build_policy
 from routing.index import InProcessPrefixIndex
@@ -49,13 +49,7 @@ def _requests(n: int) -> list[RouteRequest]:
 
 
 def _best(fn: Callable[[], None], reps: int, n: int) -> float:
-    best = None
-    for _ in range(reps):
-        t0 = time.process_time_ns()
-        fn()
-        dt = time.process_time_ns() - t0
-        best = dt if best is None or dt < best else best
-    return round((best or 0) / n / 1000, 3)
+    return round(best_cpu_us(fn, reps, n), 3)
 
 
 class _Client:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.identity import WorkloadIdentity
@@ -18,10 +17,12 @@ from gateway.metrics import GatewayMetrics
 from gateway.request import InferenceRequest
 from policy.decision import Decision
 from tenancy.bounds import RequestBounds, request_bounds
-from tenancy.ledger import Reservation, Settlement, charge_for
-from tenancy.limits import ConcurrencyLimited, Lease, RateLimited, clamp_max_tokens
+from tenancy.ledger import InProcessLedger, Reservation, Settlement, charge_for
+from tenancy.limits import ConcurrencyLimited, Lease, RateLimited, TenantLimiter, clamp_max_tokens
 from tenancy.registry import Tenant, TenantRegistry
 from tenancy.shared import SharedLimits, StateUnavailable
+from tenancy.shared_failover import FailoverLedger, FailoverLimiter
+from tenancy.shared_limiter import SharedLease
 from tenancy.tokenizer import Tokenizer
 
 __all__ = ["Admission", "clamp_output", "state_unavailable", "too_many"]
@@ -55,7 +56,8 @@ class Admission:
     arithmetic on ``time.monotonic()``); with ``redis`` they await the
     shared limiter and ledger (the Redis server's clock). ``limiter`` and
     ``ledger`` are the in-process :class:`TenantLimiter` /
-    :class:`InProcessLedger` (memory) or the Redis failover ones.
+    :class:`InProcessLedger` (memory) or the Redis failover ones
+    (:func:`~tenancy.shared.make_limits` with ``failover=True``, as :func:`gateway.build.build` makes them).
     ``registry`` is replaced by :meth:`replace_registry` on an operator's
     reload; everything else is fixed at build time.
     """
@@ -66,8 +68,8 @@ class Admission:
         self.registry = registry
         self.limits = limits
         self.local = limits.backend == "memory"
-        self.limiter: Any = limits.limiter.inner if self.local else limits.limiter
-        self.ledger: Any = limits.ledger.inner if self.local else limits.ledger
+        self.limiter: TenantLimiter | FailoverLimiter = limits.limiter.inner if self.local else limits.limiter
+        self.ledger: InProcessLedger | FailoverLedger = limits.ledger.inner if self.local else limits.ledger
         self.tokenizer = tokenizer
         self.served_models = frozenset(served_models)
         self.metrics = metrics
@@ -100,14 +102,15 @@ class Admission:
         (tests/quickstart/test_i13_one_source.py)."""
         return sorted(m for m in self.served_models if m in tenant.models)
 
-    async def admit(self, tenant: Tenant) -> Lease:
+    async def admit(self, tenant: Tenant) -> Lease | SharedLease:
         """Check the tenant's request rate and concurrency; returns a lease (release it).
         429 when limited; 503 ``state_unavailable`` when the shared state does not answer
         (``state.on_unavailable: fail_closed``)."""
+        lim = self.limiter
         try:
-            if self.local:
-                return self.limiter.admit(tenant, time.monotonic())
-            return await self.limiter.admit(tenant)
+            if isinstance(lim, TenantLimiter):  # memory: synchronous, no await hop
+                return lim.admit(tenant, time.monotonic())
+            return await lim.admit(tenant)
         except StateUnavailable as exc:
             raise self._unavailable(exc) from None
         except RateLimited as exc:
@@ -126,16 +129,18 @@ class Admission:
         if model not in self.served_models:
             raise GatewayError(404, "model_not_found", "the requested model does not exist", param="model")
 
-    async def admit_sequences(self, tenant: Tenant, lease: Lease, sequences: int) -> None:
+    async def admit_sequences(self, tenant: Tenant, lease: Lease | SharedLease, sequences: int) -> None:
         """A batch of ``sequences`` prompts takes that many request units and concurrency slots
         (the first was taken by :meth:`admit`); 429 when they are not available (503 as :meth:`admit`)."""
         if sequences <= 1:
             return
+        lim = self.limiter
         try:
-            if self.local:
-                self.limiter.add_sequences(tenant, lease, sequences - 1, time.monotonic())
+            if isinstance(lim, TenantLimiter):
+                assert isinstance(lease, Lease)  # the in-process limiter gave it
+                lim.add_sequences(tenant, lease, sequences - 1, time.monotonic())
             else:
-                await self.limiter.add_sequences(tenant, lease, sequences - 1)
+                await lim.add_sequences(tenant, lease, sequences - 1)
         except StateUnavailable as exc:
             raise self._unavailable(exc) from None
         except RateLimited as exc:
@@ -193,11 +198,12 @@ class Admission:
         if limit is not None and prompt_tokens > limit * max(1, sequences):
             raise GatewayError(400, "context_length_exceeded",
                                f"prompt has {prompt_tokens} tokens; this tenant's limit is {limit}")
+        led = self.ledger
         try:
-            if self.local:
-                res = self.ledger.reserve(tenant, prompt_tokens, output_tokens, time.monotonic())
+            if isinstance(led, InProcessLedger):
+                res = led.reserve(tenant, prompt_tokens, output_tokens, time.monotonic())
             else:
-                res = await self.ledger.reserve(tenant, prompt_tokens, output_tokens)
+                res = await led.reserve(tenant, prompt_tokens, output_tokens)
         except StateUnavailable as exc:
             raise self._unavailable(exc) from None
         except RateLimited as exc:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -29,7 +29,51 @@ from audit.request_event import request_event
 from audit.tracing import begin_request_trace, end_request_trace, incoming_links, request_trace_headers
 from gateway.record import RequestRecord
 
-__all__ = ["AuditHub"]
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from prometheus_client import CollectorRegistry
+
+__all__ = ["AuditHub", "AuditEventLog", "AlertMonitor"]
+
+
+class AuditEventLog(Protocol):
+    """What the hub needs of an audit log: :class:`audit.log.AuditLog` (inline) or
+    :class:`audit.remote.RemoteAuditLog` (the worker process). A log that also has
+    ``emit_request_row(row)`` gets request rows (:mod:`audit.request_event`) instead of
+    built events, and one with ``worker_metrics_text`` (bytes) adds it to the public metrics."""
+
+    @property
+    def accepting(self) -> bool:
+        """False while the log refuses events (spill full): the gateway answers 503."""
+
+    @property
+    def dropped(self) -> int:
+        """Events lost (must stay 0)."""
+
+    def emit(self, event: AuditEvent, exclude: Iterable[str] = ()) -> None:
+        """Hand one event to the sinks (never waits on a sink)."""
+
+    async def start(self) -> None:
+        """Start the sinks (or the worker process)."""
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Flush every sink and write the final signed checkpoint."""
+
+
+class AlertMonitor(Protocol):
+    """What the hub and the build need of the concentration monitor:
+    :class:`audit.concentration.ConcentrationMonitor`, or
+    :class:`gateway.shared_alerts.PublishingMonitor` around it (``state.backend: redis``)."""
+
+    def observe(self, pool: str, replica: str, prefill_tokens: int, prompt_tokens: int, cached_tokens: int,
+                now: float) -> None:
+        """Record one routed request (tokens; ``now``: monotonic seconds)."""
+
+    def active_alerts(self) -> list[dict[str, object]]:
+        """Active alerts for the policy input."""
+
+    def set_pool_members(self, pool: str, replicas: Iterable[str]) -> None:
+        """Declare the replicas of ``pool``."""
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -43,15 +87,15 @@ class AuditHub:
     an OpenTelemetry tracer (default: the global provider's).
     """
 
-    def __init__(self, log: Any | None, monitor: Any | None = None, tracer: trace.Tracer | None = None,
-                 admin_registries: tuple[Any, ...] = ()) -> None:
+    def __init__(self, log: AuditEventLog | None, monitor: AlertMonitor | None = None,
+                 tracer: trace.Tracer | None = None, admin_registries: Sequence[CollectorRegistry] = ()) -> None:
         self.log = log
         self.monitor = monitor
         self.tracer = tracer or trace.get_tracer("prefixgate")
-        self._admin_registries = admin_registries
+        self._admin_registries = tuple(admin_registries)
         #: set by from_config: the public metrics registries and the TracerProvider
-        self.public_registries: tuple[Any, ...] = ()
-        self.provider: Any | None = None
+        self.public_registries: tuple[CollectorRegistry, ...] = ()
+        self.provider: TracerProvider | None = None
         self.emitted = 0
         # the log's request-row entry if it has one (audit.remote.RemoteAuditLog: the worker builds
         # the event); other logs (the in-process AuditLog, test captures) get the built event
@@ -126,7 +170,7 @@ class AuditHub:
         """Events dropped by the audit log (must stay 0)."""
         return 0 if self.log is None else int(self.log.dropped)
 
-    def active_alerts(self) -> list[dict[str, Any]]:
+    def active_alerts(self) -> list[dict[str, object]]:
         """Active concentration alerts, for the policy input."""
         return [] if self.monitor is None else list(self.monitor.active_alerts())
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from gateway.admin import Admin
 from gateway.admission import Admission
@@ -50,6 +50,9 @@ from tenancy.shared_failover import FailoverLedger, FailoverLimiter, unavailable
 from tenancy.source_limits import SourceLimiter
 from tenancy.tiers import TierWeights
 from tenancy.tokenizer import get_tokenizer
+
+if TYPE_CHECKING:  # the memory default never imports the shared-state modules
+    from gateway.shared_state import SharedState
 
 __all__ = ["Gateway", "Lifecycle", "Lifecycles", "build"]
 
@@ -193,7 +196,7 @@ class Gateway:
     overload: OverloadGuard
     lifecycles: Lifecycles = field(repr=False)
     #: the Redis-shared state (``state.backend: redis``), else None
-    shared: Any = None
+    shared: SharedState | None = None
 
     # the state that changes while running lives in its owner; these read it
     @property
@@ -253,7 +256,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
     except Exception as exc:  # KeyRingError: messages never hold secrets
         where = "tenancy.master_secret_file" if config.tenancy.master_secret_file else "tenancy.master_secret_env"
         raise ConfigError(f"invalid configuration: {where}: {exc}") from None
-    shared = None
+    shared: SharedState | None = None
     if config.state.backend == "redis":  # the memory default never imports the shared-state modules
         from gateway.shared_state import SharedState
 

@@ -9,13 +9,13 @@ counter comparison and a prebuilt answer; ``/readyz`` reports the overload (not 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from starlette.responses import Response
 
 from gateway.errors import GatewayError
 from gateway.config_flow import FlowConfig
 from gateway.metrics import GatewayMetrics
+from tenancy.shared_store import cancel_task
 
 __all__ = ["OverloadGuard"]
 
@@ -88,6 +88,4 @@ class OverloadGuard:
         """Stop the probe."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_task(task)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.auditing import AuditHub
 from gateway.config import ConfigError, PolicyConfig
@@ -26,6 +26,9 @@ from policy.cache import decide_from_facts
 from routing.filters import PolicyDecisionFilter
 from routing.load import LoadTracker
 from tenancy.registry import Tenant
+
+if TYPE_CHECKING:  # imported only with policy.versions_dir (opa_client)
+    from policy.store import PolicyStore
 
 __all__ = ["CONFIG_GAP_CODES", "DecisionPoint", "PolicyEnforcementPoint", "build_decision_point", "denial_message"]
 
@@ -66,7 +69,7 @@ class DecisionPoint:
     """
 
     def __init__(self, dp: _Decides, inner: _Healthy, *, start: Callable[[], Awaitable[None]],
-                 stop: Callable[[], Awaitable[None]], store: Any | None = None,
+                 stop: Callable[[], Awaitable[None]], store: PolicyStore | None = None,
                  clear: Callable[[], None] | None = None) -> None:
         self.dp = dp
         self.inner = inner

@@ -1,14 +1,15 @@
 """A background loop that runs one round every ``interval_s`` seconds (health checks,
-engine-metrics scrapes): a round that raises is logged and the loop goes on."""
+engine-metrics scrapes): a round that raises is logged and the loop goes on; and
+:func:`cancel_task` (:mod:`tenancy.shared_store`), how every background task of the gateway is stopped."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from tenancy.shared_store import cancel_task
 
-__all__ = ["PeriodicTask"]
+__all__ = ["PeriodicTask", "cancel_task"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,4 @@ class PeriodicTask:
         """Stop the loop and wait for it to end."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_task(task)

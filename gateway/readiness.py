@@ -5,7 +5,7 @@ configuration warnings logged at start: what the gateway can serve now.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gateway.auditing import AuditHub
 from gateway.config import ReplicaConfig
@@ -19,6 +19,9 @@ from gateway.identity.bundle import TrustBundleStore
 from gateway.identity.bundle_parse import BundleUnavailable
 from tenancy.registry import TenantRegistry
 
+if TYPE_CHECKING:
+    from tenancy.shared_failover import Availability
+
 __all__ = ["Readiness", "configuration_warnings"]
 
 
@@ -27,11 +30,11 @@ class Readiness:
 
     def __init__(self, started: Callable[[], bool], replica_set: ReplicaSet, audit: AuditHub, pdp: DecisionPoint,
                  loads: LoadTracker, metrics: GatewayMetrics, bundles: TrustBundleStore | None = None,
-                 state: Any = None, *, overload: OverloadGuard | None = None, flow: FlowControl | None = None) -> None:
+                 state: Availability | None = None, *, overload: OverloadGuard | None = None, flow: FlowControl | None = None) -> None:
         self.overload = overload
         self.flow = flow
         self._started = started
-        self.state = state  # tenancy.shared_failover.Availability (state.backend redis) or None
+        self.state = state  # whether Redis answers (state.backend redis), else None
         self.bundles = bundles
         self.replica_set = replica_set
         self.audit = audit

@@ -16,7 +16,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from audit.concentration import ConcentrationMonitor
 
 __all__ = ["Observed", "PublishingMonitor"]
 
@@ -41,7 +44,7 @@ class PublishingMonitor:
     other attribute is the inner monitor's.
     """
 
-    def __init__(self, inner: Any, emit: Callable[[Observed], None],
+    def __init__(self, inner: ConcentrationMonitor, emit: Callable[[Observed], None],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.inner = inner
         self._emit = emit

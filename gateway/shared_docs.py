@@ -21,7 +21,6 @@ Redis is trusted for counters only: it cannot forge or roll back a document
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import json
@@ -33,6 +32,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from tenancy.salt import length_prefixed
+from tenancy.shared_store import cancel_task, follow_changes
 
 __all__ = ["DOCS_MAC_INFO", "SharedDocument", "state_metrics"]
 
@@ -186,24 +186,8 @@ class SharedDocument:
         log.warning("shared state: ignored a %s record (%s)", self.name, reason)
 
     async def run(self) -> None:
-        """Adopt changes until cancelled: on each channel message and every ``poll_s`` seconds."""
-        pubsub = self._client.pubsub()
-        await pubsub.subscribe(self.channel)
-        try:
-            while True:
-                try:
-                    await self.sync()
-                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=self._poll_s)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - Redis down or apply failed: keep state, retry
-                    log.warning("shared %s sync failed (%s)", self.name, exc.__class__.__name__)
-                    await asyncio.sleep(self._poll_s)
-                    with contextlib.suppress(Exception):
-                        await pubsub.subscribe(self.channel)
-        finally:
-            with contextlib.suppress(Exception):
-                await pubsub.aclose()
+        """Adopt changes until cancelled: now, on each channel message and every ``poll_s`` seconds."""
+        await follow_changes(self._client, self.channel, self.sync, self._poll_s, self.name)
 
     def start(self) -> None:
         """Run :meth:`run` as a task of the running loop."""
@@ -213,7 +197,5 @@ class SharedDocument:
     async def aclose(self) -> None:
         """Stop the task started by :meth:`start`."""
         if self._task is not None:
-            from gateway.shared_routing import cancel_task
-
             await cancel_task(self._task)
             self._task = None

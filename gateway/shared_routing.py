@@ -60,8 +60,9 @@ from routing.shared import (
     apply_event,
 )
 from tenancy.salt import length_prefixed
+from tenancy.shared_store import cancel_task
 
-__all__ = ["ROUTING_MAC_INFO", "RoutingStream", "cancel_task", "decode_events", "encode_events", "new_instance_id"]
+__all__ = ["ROUTING_MAC_INFO", "RoutingStream", "decode_events", "encode_events", "new_instance_id"]
 
 log = logging.getLogger("prefixgate.state")
 
@@ -69,16 +70,6 @@ log = logging.getLogger("prefixgate.state")
 ROUTING_MAC_INFO = b"pg-shared-routing-mac-v1"
 _MAX_ID = 128
 _MAX_KEYS = 100_000
-
-
-async def cancel_task(task: asyncio.Task[Any]) -> None:
-    """Cancel ``task`` and wait for it to end, cancelling again if a library swallowed the
-    cancellation (a cancel that lands as a client-side read timeout fires can be lost)."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=0.5)
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        task.result()
 
 
 def new_instance_id() -> str:

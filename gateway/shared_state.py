@@ -33,6 +33,7 @@ from tenancy.keys import KeyRing
 from tenancy.salt import hkdf_sha256
 from tenancy.shared import redis_client
 from tenancy.shared_keys import SharedKeyState
+from tenancy.shared_store import cancel_task
 
 if TYPE_CHECKING:
     from gateway.admin import Admin
@@ -251,8 +252,6 @@ class SharedState:
         """Stop every task, give up the routing lease, close the client."""
         await self.settle()
         if self._keycheck is not None:
-            from gateway.shared_routing import cancel_task
-
             await cancel_task(self._keycheck)
             self._keycheck = None
         for doc in (self.policy, self.tenants):

@@ -1,15 +1,10 @@
 """Per-tenant key ring: HKDF-derived prefix keys, key ids, rotation, cache salts.
 
-Derivation (RFC 5869 HKDF-SHA256, fixed application salt
-``b"prefixgate-hkdf-v1"``)::
-
-    prefix_key(T, v) = HKDF(master, info=b"pg-tenant-prefix-key-v1" || u32(len T) || T || u64(v))
-    kid(T, v)        = "t:<T>:v<v>:" || hex(HMAC-SHA256(prefix_key, b"pg-kid-v1")[:6])
-
-The key id (kid) is public: it names a key in logs, audit events and the
-prefix index without revealing it (a truncated one-way MAC of the key, not
-the key). The kid is the ``key_id`` seed of :func:`tenancy.prefix.block_hash_chain`,
-so chains of two key versions never collide.
+Derivation of prefix keys, key ids (kids) and user pseudonyms from the
+master secret (RFC 5869 HKDF-SHA256, the labels and formats): see
+:mod:`tenancy.key_derivation`. The kid is public and seeds
+:func:`tenancy.prefix.block_hash_chain`, so chains of two key versions never
+collide.
 
 Rotation: :meth:`KeyRing.rotate_tenant` bumps a tenant's version; new prefix
 keys use it at once, while :meth:`KeyRing.lookup_keys` and
@@ -20,16 +15,6 @@ re-derives every tenant from a new master secret, keeping the old master's
 keys for the same grace period. Grace is in-process only (the prefix index
 is in memory too). Key versions and salt epochs persist in a JSON state file
 (:mod:`tenancy.state`); derived keys and secrets are never written.
-
-User pseudonyms (the OpenAI ``user`` field sent upstream in place of the
-client's own, when configured)::
-
-    user_key(T) = HKDF(master, info=b"pg-user-pseudonym-key-v1" || u32(len T) || T)
-    pseudonym   = "pgu1_" || base64url(HMAC-SHA256(user_key(T), b"pg-user-v1" || u32(len S) || S)[:18])
-
-for tenant ``T`` and workload SPIFFE ID ``S``: stable across prefix-key
-rotations and salt epochs (its own HKDF label, no version), different per
-workload and per tenant; it changes only with the master secret.
 
 The master secret comes from a file (refused if group/world accessible) or an
 environment variable, never from the configuration file

@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Self
 
 from tenancy.registry import Tenant
 
@@ -37,6 +38,7 @@ __all__ = [
     "ConcurrencyLimited",
     "TokenBucket",
     "Lease",
+    "ReleasedOnExit",
     "TenantLimiter",
     "clamp_max_tokens",
 ]
@@ -119,21 +121,18 @@ class TokenBucket:
         self.level = min(self.level, self.burst)
 
 
-class Lease:
-    """One admitted in-flight request; :meth:`release` frees its concurrency slots.
+class ReleasedOnExit:
+    """A lease released once: :meth:`release` frees what it holds the first time (``_free``,
+    defined by the subclass), later calls do nothing; usable as ``with`` or ``async with``
+    (leaving the block releases it). :class:`Lease`, :class:`tenancy.shared_limiter.SharedLease`."""
 
-    ``weight``: the slots it holds (1, or the number of sequences of a batch
-    after :meth:`TenantLimiter.add_sequences`). Idempotent; usable as
-    ``with`` or ``async with``.
-    """
+    __slots__ = ("_done",)
 
-    __slots__ = ("_release", "_done", "tenant_id", "weight")
-
-    def __init__(self, tenant_id: str, release: Callable[[], None]) -> None:
-        self.tenant_id = tenant_id
-        self._release = release
+    def __init__(self) -> None:
         self._done = False
-        self.weight = 1
+
+    def _free(self) -> None:
+        raise NotImplementedError
 
     @property
     def released(self) -> bool:
@@ -141,22 +140,42 @@ class Lease:
         return self._done
 
     def release(self) -> None:
-        """Free the slot (second and later calls do nothing)."""
+        """Free what the lease holds (second and later calls do nothing)."""
         if not self._done:
             self._done = True
-            self._release()
+            self._free()
 
-    def __enter__(self) -> Lease:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    async def __aenter__(self) -> Lease:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self.release()
+
+
+class Lease(ReleasedOnExit):
+    """One admitted in-flight request; :meth:`release` frees its concurrency slots.
+
+    ``weight``: the slots it holds (1, or the number of sequences of a batch
+    after :meth:`TenantLimiter.add_sequences`). Idempotent; usable as
+    ``with`` or ``async with``.
+    """
+
+    __slots__ = ("_release", "tenant_id", "weight")
+
+    def __init__(self, tenant_id: str, release: Callable[[], None]) -> None:
+        super().__init__()
+        self.tenant_id = tenant_id
+        self._release = release
+        self.weight = 1
+
+    def _free(self) -> None:
+        self._release()
 
 
 @dataclass

@@ -8,7 +8,8 @@ the source (file path or variable name), never the secret.
 from __future__ import annotations
 
 import os
-import stat
+
+from tenancy.private_file import read_private_file
 
 MIN_MASTER_SECRET_BYTES = 32
 
@@ -57,35 +58,7 @@ def load_master_secret(file: str | None, env: str | None) -> bytes:
 
 
 def _read_secret_file(path: str) -> bytes:
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError as exc:
-        raise KeyRingError(f"master secret file {path!r} does not exist") from exc
-    except OSError as exc:
-        raise KeyRingError(f"master secret file {path!r} cannot be opened: {exc.strerror}") from exc
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise KeyRingError(f"master secret file {path!r} is not a regular file")
-        if st.st_mode & 0o077:
-            raise KeyRingError(
-                f"master secret file {path!r} is accessible by group/others "
-                f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 it"
-            )
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            total += len(chunk)
-            if total > _MAX_FILE_BYTES:
-                raise KeyRingError(f"master secret file {path!r} is larger than {_MAX_FILE_BYTES} bytes")
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
+    data = read_private_file(path, "master secret file", _MAX_FILE_BYTES, KeyRingError)
     if data.endswith(b"\r\n"):
         data = data[:-2]
     elif data.endswith(b"\n"):

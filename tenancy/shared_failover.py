@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import contextlib
 import dataclasses
 import logging
 import math
@@ -40,6 +39,7 @@ from tenancy.limits import Lease, LimitExceeded, TenantLimiter
 from tenancy.registry import Tenant
 from tenancy.shared_ledger import RedisLedger
 from tenancy.shared_limiter import RedisTenantLimiter, SharedLease
+from tenancy.shared_store import cancel_task
 
 __all__ = ["unavailable_errors", "Availability", "FailoverLedger", "FailoverLimiter", "StateUnavailable", "scaled_tenant"]
 
@@ -175,9 +175,7 @@ class Availability:
     async def aclose(self) -> None:
         """Stop the probe."""
         if self._probe is not None:
-            self._probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe
+            await cancel_task(self._probe)
             self._probe = None
 
 

@@ -33,7 +33,6 @@ the wiring into the admin API (``rotate`` must call :meth:`publish`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import logging
@@ -42,6 +41,7 @@ from typing import Any
 
 from tenancy.keys import KeyRing, KeyRingError
 from tenancy.salt import hkdf_sha256, length_prefixed
+from tenancy.shared_store import cancel_task, follow_changes
 
 __all__ = ["SharedKeyState", "STATE_MAC_INFO"]
 
@@ -172,25 +172,8 @@ class SharedKeyState:
         return changed
 
     async def run(self) -> None:
-        """Adopt changes until cancelled: on each channel message, and every ``poll_s`` seconds."""
-        pubsub = self._client.pubsub()
-        await pubsub.subscribe(self.channel)
-        try:
-            await self.sync()
-            while True:
-                try:
-                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=self._poll_s)
-                    await self.sync()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - Redis down: keep the local state, retry
-                    log.warning("shared key state sync failed (%s)", exc.__class__.__name__)
-                    await asyncio.sleep(self._poll_s)
-                    with contextlib.suppress(Exception):
-                        await pubsub.subscribe(self.channel)
-        finally:
-            with contextlib.suppress(Exception):
-                await pubsub.aclose()
+        """Adopt changes until cancelled: now, on each channel message, and every ``poll_s`` seconds."""
+        await follow_changes(self._client, self.channel, self.sync, self._poll_s, "key state")
 
     def start(self) -> None:
         """Run :meth:`run` as a task of the running loop."""
@@ -200,10 +183,5 @@ class SharedKeyState:
     async def aclose(self) -> None:
         """Stop the task started by :meth:`start`."""
         if self._task is not None:
-            # cancel again if redis-py swallowed the cancellation (it can land as a read timeout fires)
-            while not self._task.done():
-                self._task.cancel()
-                await asyncio.wait({self._task}, timeout=0.5)
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                self._task.result()
+            await cancel_task(self._task)
             self._task = None

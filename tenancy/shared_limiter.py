@@ -8,16 +8,15 @@ Same semantics as :class:`tenancy.limits.TenantLimiter` (tests compare them),
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from typing import Any
 
-from tenancy.limits import ConcurrencyLimited, RateLimited
+from tenancy.limits import ConcurrencyLimited, RateLimited, ReleasedOnExit
 from tenancy.registry import Tenant
 from tenancy.shared_lua import arg as _arg
 from tenancy.shared_lua import wait_reply as _wait
-from tenancy.shared_store import Store
+from tenancy.shared_store import Store, cancel_task
 
 __all__ = ["RedisTenantLimiter", "SharedLease"]
 
@@ -26,18 +25,18 @@ log = logging.getLogger("prefixgate.state")
 # --- limiter ------------------------------------------------------------------------------------
 
 
-class SharedLease:
+class SharedLease(ReleasedOnExit):
     """An admitted request's concurrency slots in Redis (``weight`` members of the tenant's set).
 
     :meth:`release` is synchronous and idempotent (queues the ``ZREM``);
     usable as ``with`` or ``async with``, like :class:`tenancy.limits.Lease`.
     """
 
-    __slots__ = ("_limiter", "_done", "id", "tenant_id", "weight")
+    __slots__ = ("_limiter", "id", "tenant_id", "weight")
 
     def __init__(self, limiter: RedisTenantLimiter, tenant_id: str, lease_id: str) -> None:
+        super().__init__()
         self._limiter = limiter
-        self._done = False
         self.id = lease_id
         self.tenant_id = tenant_id
         self.weight = 1
@@ -46,28 +45,8 @@ class SharedLease:
         """Sorted-set members of slots ``start`` .. ``stop`` (default: all held)."""
         return [f"{self.id}#{i}" for i in range(start, self.weight if stop is None else stop)]
 
-    @property
-    def released(self) -> bool:
-        """True once :meth:`release` has run."""
-        return self._done
-
-    def release(self) -> None:
-        """Free the slots (queued; later calls do nothing)."""
-        if not self._done:
-            self._done = True
-            self._limiter._release(self)
-
-    def __enter__(self) -> SharedLease:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    async def __aenter__(self) -> SharedLease:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.release()
+    def _free(self) -> None:  # queued: release() never waits on Redis
+        self._limiter._release(self)
 
 
 class RedisTenantLimiter:
@@ -174,9 +153,7 @@ class RedisTenantLimiter:
     async def aclose(self) -> None:
         """Stop the renewer (leases not released expire after the TTL)."""
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            await cancel_task(self._renewer)
             self._renewer = None
 
     def _release(self, lease: SharedLease) -> None:

@@ -1,6 +1,8 @@
 """The Redis connection of the shared tenant state (issue 16): the client built from the
-``state`` config, the registered scripts and key names of one instance, and the
-background writer that applies updates which must never block a request's end.
+``state`` config, the registered scripts and key names of one instance, the
+background writer that applies updates which must never block a request's end,
+and the two task helpers every shared record uses (:func:`follow_changes`,
+:func:`cancel_task`).
 """
 
 from __future__ import annotations
@@ -9,14 +11,14 @@ import asyncio
 import contextlib
 import logging
 import os
-import stat
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tenancy import shared_lua as lua
+from tenancy.private_file import read_private_file
 
-__all__ = ["StateSetupError", "Store", "Writer", "redis_client"]
+__all__ = ["StateSetupError", "Store", "Writer", "cancel_task", "follow_changes", "redis_client"]
 
 log = logging.getLogger("prefixgate.state")
 
@@ -25,6 +27,45 @@ _MAX_PASSWORD_BYTES = 4096
 
 class StateSetupError(Exception):
     """The ``state`` configuration cannot be used (password file unsafe, variable unset)."""
+
+
+# --- task helpers ------------------------------------------------------------------------------
+
+
+async def cancel_task(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait for it to end, cancelling again if a library swallowed the
+    cancellation (redis-py can lose a cancel that lands as a client-side read timeout fires).
+    Whatever the task ended with (cancelled, an exception) is not raised."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        task.result()
+
+
+async def follow_changes(client: Any, channel: str, sync: Callable[[], Awaitable[object]], poll_s: float,
+                         what: str) -> None:
+    """Run ``sync()`` now, then after each message on the Pub/Sub ``channel`` and at least every
+    ``poll_s`` seconds, until cancelled. A failed round (Redis down, an apply that raised) is
+    logged as a warning naming ``what``; the local state is kept, the loop waits ``poll_s``,
+    subscribes again and goes on."""
+    pubsub = client.pubsub()
+    await pubsub.subscribe(channel)
+    try:
+        while True:
+            try:
+                await sync()
+                await pubsub.get_message(ignore_subscribe_messages=True, timeout=poll_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis down or apply failed: keep state, retry
+                log.warning("shared %s sync failed (%s)", what, exc.__class__.__name__)
+                await asyncio.sleep(poll_s)
+                with contextlib.suppress(Exception):
+                    await pubsub.subscribe(channel)
+    finally:
+        with contextlib.suppress(Exception):
+            await pubsub.aclose()
 
 
 # --- the background writer -------------------------------------------------------------------
@@ -117,9 +158,7 @@ class Writer:
     async def aclose(self) -> None:
         """Stop the drain task (queued updates not yet applied are dropped; leases then expire)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_task(self._task)
             self._task = None
 
 
@@ -150,23 +189,7 @@ class Store:
 
 
 def _read_password_file(path: str) -> str:
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise StateSetupError(f"state.password_file {path!r} cannot be opened: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StateSetupError(f"state.password_file {path!r} is not a regular file")
-        if st.st_mode & 0o077:
-            raise StateSetupError(f"state.password_file {path!r} is accessible by group/others "
-                                  f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 it")
-        data = os.read(fd, _MAX_PASSWORD_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > _MAX_PASSWORD_BYTES:
-        raise StateSetupError(f"state.password_file {path!r} is larger than {_MAX_PASSWORD_BYTES} bytes")
+    data = read_private_file(path, "state.password_file", _MAX_PASSWORD_BYTES, StateSetupError)
     return data.decode("utf-8").rstrip("\r\n")
 
 

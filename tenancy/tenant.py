@@ -160,6 +160,16 @@ def _opt_positive_number(doc: Mapping[str, Any], key: str, where: str) -> float 
     return float(v)
 
 
+def _opt_rate_and_burst(doc: Mapping[str, Any], rate_key: str, burst_key: str,
+                        where: str) -> tuple[float | None, float | None]:
+    """A token bucket's optional rate and burst (positive numbers); a burst needs its rate."""
+    rate = _opt_positive_number(doc, rate_key, where)
+    burst = _opt_positive_number(doc, burst_key, where)
+    if burst is not None and rate is None:
+        raise config_error(f"{where}.{burst_key}", f"needs {rate_key}")
+    return rate, burst
+
+
 def _opt_positive_int(doc: Mapping[str, Any], key: str, where: str) -> int | None:
     v = doc.get(key)
     if v is None:
@@ -216,18 +226,9 @@ def parse_tenant(doc: Any, index: int) -> Tenant:
     residency = doc.get("data_residency")
     if residency is not None and (not isinstance(residency, str) or not _NAME_RE.match(residency)):
         raise config_error(f"{where}.data_residency", "must be a region name")
-    rate = _opt_positive_number(doc, "rate_rps", where)
-    burst = _opt_positive_number(doc, "rate_burst", where)
-    if burst is not None and rate is None:
-        raise config_error(f"{where}.rate_burst", "needs rate_rps")
-    ptps = _opt_positive_number(doc, "prompt_tokens_per_s", where)
-    pburst = _opt_positive_number(doc, "prompt_tokens_burst", where)
-    if pburst is not None and ptps is None:
-        raise config_error(f"{where}.prompt_tokens_burst", "needs prompt_tokens_per_s")
-    otps = _opt_positive_number(doc, "output_tokens_per_s", where)
-    oburst = _opt_positive_number(doc, "output_tokens_burst", where)
-    if oburst is not None and otps is None:
-        raise config_error(f"{where}.output_tokens_burst", "needs output_tokens_per_s")
+    rate, burst = _opt_rate_and_burst(doc, "rate_rps", "rate_burst", where)
+    ptps, pburst = _opt_rate_and_burst(doc, "prompt_tokens_per_s", "prompt_tokens_burst", where)
+    otps, oburst = _opt_rate_and_burst(doc, "output_tokens_per_s", "output_tokens_burst", where)
     concurrency = _opt_positive_int(doc, "max_concurrency", where)
     batch = _opt_positive_int(doc, "max_batch_prompts", where)
     if batch is not None and concurrency is not None and batch > concurrency:

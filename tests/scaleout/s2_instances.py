@@ -3,9 +3,11 @@
 the whole gateway; replicas point at a closed port (nothing is proxied)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +73,18 @@ def instance(tmp: Path, n: int, redis_url: str, secret: Path, *, doc: dict[str, 
     doc = doc or instance_doc(tmp, n, redis_url, secret, **state)
     path.write_text(yaml.safe_dump(doc))
     return build(load_config(path), audit=audit or AuditHub(None), config_path=str(path))
+
+
+@contextlib.asynccontextmanager
+async def shared_instances(tmp: Path, n: int, redis_url: str) -> AsyncIterator[list[Gateway]]:
+    """``n`` instances with one master secret (``tmp/master.key``), their shared state started;
+    stopped when the block ends."""
+    secret = write_secret(tmp / "master.key")
+    gws = [instance(tmp, i, redis_url, secret) for i in range(n)]
+    try:
+        for gw in gws:
+            await gw.shared.start()
+        yield gws
+    finally:
+        for gw in gws:
+            await gw.shared.stop()

@@ -18,9 +18,8 @@ from tests.scaleout.s2_instances import (
     ISSUER,
     OPERATOR,
     PREFIX,
-    instance,
     instance_doc,
-    write_secret,
+    shared_instances,
 )
 from tests.support.waiting import wait_for
 
@@ -29,15 +28,8 @@ TIERS = "prefixgate/config/tiers"
 
 @pytest.fixture
 async def trio(tmp_path: Path, redis_server):
-    secret = write_secret(tmp_path / "master.key")
-    gws = [instance(tmp_path, i, redis_server.url, secret) for i in range(3)]
-    try:
-        for gw in gws:
-            await gw.shared.start()
+    async with shared_instances(tmp_path, 3, redis_server.url) as gws:
         yield gws
-    finally:
-        for gw in gws:
-            await gw.shared.stop()
 
 
 def _admin(gw) -> httpx.AsyncClient:

@@ -19,7 +19,7 @@ from routing.shared import (
     apply_event,
 )
 from routing.types import RouteRequest
-from tests.scaleout.s2_instances import PREFIX, REPLICAS, instance, write_secret
+from tests.scaleout.s2_instances import PREFIX, REPLICAS, instance, shared_instances, write_secret
 from tests.support.waiting import wait_for
 
 
@@ -31,15 +31,8 @@ def _request(gw: Gateway, n: int) -> RouteRequest:
 
 @pytest.fixture
 async def pair(tmp_path: Path, redis_server):
-    secret = write_secret(tmp_path / "master.key")
-    gws = [instance(tmp_path, i, redis_server.url, secret) for i in range(2)]
-    try:
-        for gw in gws:
-            await gw.shared.start()
+    async with shared_instances(tmp_path, 2, redis_server.url) as gws:
         yield gws
-    finally:
-        for gw in gws:
-            await gw.shared.stop()
 
 
 def test_pure_application_of_events() -> None:
