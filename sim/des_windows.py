@@ -84,10 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for v in args.variant:
         name, _, params = v.partition("=")
         variants[name] = json.loads(params)
-    head = [f"windows={args.windows} x rows={args.rows} replicas=6 (sim.des_windows); "
-            "p50 ratio vs sglang_like in the same window", "",
-            "| model | setting | rule | max/mean mean | max/mean max | windows > 1.2 | hit/pooled mean "
-            "| hit/pooled min | p50 ratio mean |", "|" + "---|" * 9]
+    title = (f"windows={args.windows} x rows={args.rows} replicas=6 (sim.des_windows); "
+             "p50 ratio vs sglang_like in the same window")
+    columns = ("| model | setting | rule | max/mean mean | max/mean max | windows > 1.2 | hit/pooled mean "
+               "| hit/pooled min | p50 ratio mean |")
+    head = [title, "", columns, "|" + "---|" * 9]
     jobs = [(s, args.windows, args.rows, variants) for s in SETTINGS]
     with ProcessPoolExecutor(2) as ex:
         lines = [line for block in ex.map(run_setting, jobs) for line in block]
