@@ -147,6 +147,18 @@ class FairQueue(Generic[T]):
                 return True
         return False
 
+    def put_back(self, tenant_id: str, item: T, refund_tokens: float = 0.0) -> None:
+        """Return a released ``item`` to the head of its tenant's queue (its release was undone:
+        the tenant had no concurrency slot) and take back the ``refund_tokens`` charged for it."""
+        t = self._t.get(tenant_id)
+        if t is None:
+            t = self._t[tenant_id] = _Tenant(counter=self._floor)
+        if refund_tokens > 0:
+            t.counter -= refund_tokens / t.weight
+        seq = t.queue[0].seq - 1 if t.queue else next(self._seq)
+        t.queue.appendleft(_Entry(item, seq))
+        self._queued += 1
+
     def charge(self, tenant_id: str, tokens: float, weight: float | None = None) -> None:
         """Add ``tokens`` (>= 0; uncached prompt tokens at release, output tokens at the end)
         divided by the tenant's weight (``weight``, else the last one pushed) to its counter."""
