@@ -207,8 +207,7 @@ class FlowControl:
         self._pump()
         if w.result is None and w.error is None and self.queue.queued(tid) > cfg.tenant_max_queued_requests:
             self.queue.remove(tid, w)  # it would wait behind too many of its own
-            self.metrics.flow_refused.labels("queue_full").inc()
-            raise too_many(self._retry_after(), "queue_full", "this tenant has too many requests waiting; retry later")
+            raise self._queue_full(tid)
         ends = time.perf_counter() + min(cfg.tenant_max_queue_wait_s, deadline - time.perf_counter())
         while True:
             if w.result is None and w.error is None:
@@ -237,7 +236,8 @@ class FlowControl:
                 if by_wait:
                     raise too_many(self._retry_after(), "queue_timeout",
                                    "the request waited too long for a replica; retry later") from None
-                raise GatewayError(504, "upstream_timeout", "no replica had room before the deadline") from None
+                raise GatewayError(504, "upstream_timeout",
+                                   "no replica had room (or the tenant no free slot) before the deadline") from None
         except BaseException:
             if not self.queue.remove(tid, w) and w.result is not None:
                 w.result[1].finish()  # released as the client left: give the load back
@@ -262,7 +262,20 @@ class FlowControl:
         self._slot_blocked_shared.add(w.tenant_id)
         self.queue.put_back(w.tenant_id, w, w.charged)
         ticket.finish()  # the replica's room goes to others meanwhile
+        if self.queue.queued(w.tenant_id) > self.cfg.tenant_max_queued_requests:
+            self.queue.remove(w.tenant_id, w)
+            raise self._queue_full(w.tenant_id)
         return False
+
+    def _queue_full(self, tenant_id: str) -> GatewayError:
+        """The refusal of a request that cannot wait: 429 ``concurrency_limited`` when its tenant
+        is at ``max_concurrency`` (it waits for a slot, not for a replica), else ``queue_full``."""
+        if tenant_id in self._slot_blocked or tenant_id in self._slot_blocked_shared:
+            self.metrics.flow_refused.labels("concurrency").inc()
+            return too_many(1.0, "concurrency_limited",
+                            "tenant concurrent request limit reached and no room in its queue")
+        self.metrics.flow_refused.labels("queue_full").inc()
+        return too_many(self._retry_after(), "queue_full", "this tenant has too many requests waiting; retry later")
 
     def _retry_after(self) -> float:
         """Retry-After for a queue refusal: about the queue wait bound's half, at least 1 s."""
