@@ -349,7 +349,8 @@ class FlowControl:
             if not room:
                 return None
             w.room = room
-        return _warmth(cands, set(room), self.router.block_size, w.req.prompt_tokens, self._max_prefill)
+        return _warmth(cands, set(room), self.router.block_size, w.req.prompt_tokens, self._max_prefill,
+                       self.cfg.locality_wait_ratio)
 
     def _has_room(self, load: ReplicaLoad, uncached: int, sequences: int) -> bool:
         """Room on one replica for one more request (an empty replica always has room)."""
@@ -368,14 +369,14 @@ class FlowControl:
 
 
 def _warmth(cands: list[Candidate], room: set[str], block_size: int, prompt_tokens: int,
-            max_prefill: int | None) -> Placement:
+            max_prefill: int | None, wait_ratio: float = 1.0) -> Placement:
     """``warm`` when a replica holding the request's longest cached prefix has room (or there
     is no cached prefix to lose). Otherwise compare, in prefill tokens, recomputing the prefix
     elsewhere (``cold``) with waiting for the least-loaded warm replica to regain room: the
     prefill it must drain first (its queued prefill tokens beyond what leaves room for this
     request under ``max_prefill``, or all of them without a token bound). Waiting is cheaper:
     ``None`` (the request is not placed now; others are released meanwhile; its tenant's wait
-    bound still applies)."""
+    bound still applies) while that drain is at most ``wait_ratio`` times the prefix."""
     best = max((c.matched_blocks for c in cands), default=0)
     if best == 0 or any(c.matched_blocks == best and c.replica_id in room for c in cands):
         return "warm"
@@ -383,4 +384,4 @@ def _warmth(cands: list[Candidate], room: set[str], block_size: int, prompt_toke
     uncached = max(0, prompt_tokens - prefix)
     drain = min(c.load.queued_prefill_tokens + (uncached - max_prefill if max_prefill is not None else 0)
                 for c in cands if c.matched_blocks == best)
-    return None if prefix >= drain else "cold"
+    return None if prefix * wait_ratio >= drain else "cold"
