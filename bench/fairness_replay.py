@@ -11,7 +11,7 @@ environment overrides of the gateway configuration:
 * ``engaged``: ``PREFIXGATE__FLOW__REPLICA_MAX_QUEUED_PREFILL_TOKENS=1500`` (about three average
   prompts per replica: a fifth of the requests wait), the locality rule in ``gateway/flow.py``;
 * ``engaged_wait4``: as ``engaged`` with ``flow.locality_wait_ratio`` 4 (wait for the prefix
-  replica while its drain is up to 4x the prefix, instead of 1x).
+  replica while its drain is up to 4x the prefix, instead of 1x); ``engaged_wait16``: 16x.
 
 Runs are interleaved (off, on, engaged, off, ...) so that a change in the machine's load touches
 every setting alike. Reported per setting: the field-wise median of TTFT p50/p90/p99, e2e p50/p99
@@ -41,6 +41,8 @@ SETTINGS: dict[str, dict[str, str]] = {
     "engaged": {"PREFIXGATE__FLOW__REPLICA_MAX_QUEUED_PREFILL_TOKENS": "1500"},
     "engaged_wait4": {"PREFIXGATE__FLOW__REPLICA_MAX_QUEUED_PREFILL_TOKENS": "1500",
                       "PREFIXGATE__FLOW__LOCALITY_WAIT_RATIO": "4"},
+    "engaged_wait16": {"PREFIXGATE__FLOW__REPLICA_MAX_QUEUED_PREFILL_TOKENS": "1500",
+                       "PREFIXGATE__FLOW__LOCALITY_WAIT_RATIO": "16"},
 }
 
 
