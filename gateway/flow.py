@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from gateway.admission import SlotClaim, too_many
 from gateway.errors import GatewayError
+from gateway.flow_slots import SlotGate
 from gateway.config_flow import FlowConfig
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import PeriodicTask
@@ -99,7 +100,7 @@ class Release:
 
 class _Waiting:
     __slots__ = ("tenant_id", "weight", "req", "candidate_ids", "alt_chains", "t0", "future", "result", "room",
-                 "error", "slots", "slot_pending", "charged")
+                 "error", "slots", "slot_pending", "charged", "position")
 
     def __init__(self, tenant_id: str, weight: float, req: RouteRequest, candidate_ids: list[str],
                  alt_chains: Sequence[Sequence[bytes]], slots: SlotClaim | None = None) -> None:
@@ -116,6 +117,7 @@ class _Waiting:
         self.slots = slots  # the tenant's concurrency slots, taken at release
         self.slot_pending = False  # released, its slots still to be confirmed by Redis
         self.charged = 0  # uncached prompt tokens charged to the tenant's counter at release
+        self.position: int | None = None  # arrival order in its tenant's queue (a release undone)
 
 
 class FlowControl:
@@ -135,10 +137,7 @@ class FlowControl:
         p = cfg.replica_max_queued_prefill_tokens
         self._max_prefill = cfg.per_instance(p) if p is not None else None
         self._pump_scheduled = False
-        # tenants refused a concurrency slot: in process for the rest of one dispatcher round
-        # (the answer is exact and cheap), through Redis until the next recheck (a round trip each)
-        self._slot_blocked: set[str] = set()
-        self._slot_blocked_shared: set[str] = set()
+        self.slot_gate = SlotGate()  # tenants skipped for want of a concurrency slot
         # room also appears without a load release (a replica back to health, an engine that
         # drained its own queue): look again now and then while anything waits
         self._tick = PeriodicTask(self._tick_round, RECHECK_S, "flow-control recheck")
@@ -152,7 +151,7 @@ class FlowControl:
         await self._tick.stop()
 
     async def _tick_round(self) -> None:
-        self._slot_blocked_shared.clear()  # other instances may have freed slots
+        self.slot_gate.recheck()  # other instances may have freed slots
         if len(self.queue):
             self._pump()
 
@@ -241,36 +240,44 @@ class FlowControl:
         except BaseException:
             if not self.queue.remove(tid, w) and w.result is not None:
                 w.result[1].finish()  # released as the client left: give the load back
+                if w.slot_pending:
+                    self._asked(tid, None)
             raise
 
     async def _confirm_slots(self, w: _Waiting) -> bool:
         """A request released while its slots needed Redis's answer: True when taken; when the
         tenant is at its concurrency (other instances hold the slots) give the replica load and
-        the counter charge back and put the request back at the head of its tenant's queue
+        the counter charge back and put the request back in its place in its tenant's queue
         (retried at the next recheck): False."""
         assert w.result is not None and w.slots is not None
         try:
             ok = await w.slots.take(w.req.sequences)
         except BaseException:
             w.result[1].finish()
+            self._asked(w.tenant_id, None)
             raise
+        self._asked(w.tenant_id, ok)
         w.slot_pending = False
         if ok:
             return True
         ticket = w.result[1]
         w.result = None
-        self._slot_blocked_shared.add(w.tenant_id)
-        self.queue.put_back(w.tenant_id, w, w.charged)
+        self.queue.put_back(w.tenant_id, w, w.charged, w.position)
         ticket.finish()  # the replica's room goes to others meanwhile
         if self.queue.queued(w.tenant_id) > self.cfg.tenant_max_queued_requests:
             self.queue.remove(w.tenant_id, w)
             raise self._queue_full(w.tenant_id)
         return False
 
+    def _asked(self, tenant_id: str, granted: bool | None) -> None:
+        """A slot request to Redis of ``tenant_id`` ended (:meth:`SlotGate.asked`): look again."""
+        self.slot_gate.asked(tenant_id, granted)
+        self.on_load_released()
+
     def _queue_full(self, tenant_id: str) -> GatewayError:
         """The refusal of a request that cannot wait: 429 ``concurrency_limited`` when its tenant
         is at ``max_concurrency`` (it waits for a slot, not for a replica), else ``queue_full``."""
-        if tenant_id in self._slot_blocked or tenant_id in self._slot_blocked_shared:
+        if self.slot_gate.at_concurrency(tenant_id):
             self.metrics.flow_refused.labels("concurrency").inc()
             return too_many(1.0, "concurrency_limited",
                             "tenant concurrent request limit reached and no room in its queue")
@@ -297,7 +304,7 @@ class FlowControl:
     def _pump(self) -> None:
         """Release queued requests in fair order while any can be placed."""
         self._pump_scheduled = False
-        self._slot_blocked.clear()
+        self.slot_gate.new_round()
         routable = set(self.replica_set.routable_ids())
         while len(self.queue):
             sel = self.queue.select(lambda w: self._place(w, routable))
@@ -307,15 +314,20 @@ class FlowControl:
             if w.slots is not None:  # the tenant's concurrency slots are taken now, not at admission
                 got = w.slots.take_now(w.req.sequences)
                 if got is False:  # at its concurrency: it stays queued, its tenant skipped this round
-                    self._slot_blocked.add(w.tenant_id)
+                    self.slot_gate.refused_now(w.tenant_id)
                     continue
                 w.slot_pending = got is None
                 if got:
                     w.slots = None
+                else:
+                    self.slot_gate.asking(w.tenant_id)
+                    w.position = self.queue.position(w.tenant_id, w)
             self.queue.remove(w.tenant_id, w)
             try:
                 choice, ticket = self.router.route(w.req, w.room, w.alt_chains)
             except Exception as exc:  # a bug or a vanished replica: the request answers, the queue goes on
+                if w.slot_pending:
+                    self._asked(w.tenant_id, None)
                 w.error = GatewayError(503, "no_replica", "no healthy replica is allowed for this request")
                 w.error.__cause__ = exc
             else:
@@ -327,7 +339,7 @@ class FlowControl:
 
     def _place(self, w: _Waiting, routable: set[str]) -> Placement:
         """Where ``w`` could go now (:data:`routing.fairness.Placement`); sets ``w.room``."""
-        if w.slots is not None and (w.tenant_id in self._slot_blocked or w.tenant_id in self._slot_blocked_shared):
+        if w.slots is not None and self.slot_gate.skipped(w.tenant_id):
             return None
         ids = [rid for rid in w.candidate_ids if rid in routable]
         if not ids:
