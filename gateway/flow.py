@@ -381,7 +381,7 @@ class FlowControl:
 
 
 def _warmth(cands: list[Candidate], room: set[str], block_size: int, prompt_tokens: int,
-            max_prefill: int | None, wait_ratio: float = 1.0) -> Placement:
+            max_prefill: int | None, wait_ratio: float = 4.0) -> Placement:
     """``warm`` when a replica holding the request's longest cached prefix has room (or there
     is no cached prefix to lose). Otherwise compare, in prefill tokens, recomputing the prefix
     elsewhere (``cold``) with waiting for the least-loaded warm replica to regain room: the
