@@ -1,6 +1,6 @@
 """Benchmark: the Mooncake replay with and without flow control (issue 17), median of N runs.
 
-``python -m bench.fairness_replay [--runs 3] [--rows 1000] [--settings off,on,engaged] [--out FILE]``
+``python -m bench.fairness_replay [--runs 3] [--rows 1000] [--settings off,on,engaged,engaged_wait4] [--out FILE]``
 
 Each run is ``prefixgate-sim demo --rows R --policies cache_aware --skew-rows 0`` (6 simulated
 replicas, 3 tenants, time scale 10, no flood) in a child process, flow control chosen by
@@ -9,9 +9,10 @@ environment overrides of the gateway configuration:
 * ``off``: ``PREFIXGATE__FLOW__ENABLED=false`` (the router alone, as before issue 17);
 * ``on``: the defaults (generous bounds: nothing waits);
 * ``engaged``: ``PREFIXGATE__FLOW__REPLICA_MAX_QUEUED_PREFILL_TOKENS=1500`` (about three average
-  prompts per replica: a fifth of the requests wait), the locality rule in ``gateway/flow.py``;
-* ``engaged_wait4``: as ``engaged`` with ``flow.locality_wait_ratio`` 4 (wait for the prefix
-  replica while its drain is up to 4x the prefix, instead of 1x); ``engaged_wait16``: 16x.
+  prompts per replica: a fifth of the requests wait) and ``flow.locality_wait_ratio`` 1 (the first
+  session's locality rule, the default when these results were taken);
+* ``engaged_wait4``: as ``engaged`` with ``flow.locality_wait_ratio`` 4, the default now (wait for
+  the prefix replica while its drain is up to 4x the prefix, instead of 1x); ``engaged_wait16``: 16x.
 
 Runs are interleaved (off, on, engaged, off, ...) so that a change in the machine's load touches
 every setting alike. Reported per setting: the field-wise median of TTFT p50/p90/p99, e2e p50/p99
@@ -38,7 +39,8 @@ FIELDS = ("ttft_p50", "ttft_p90", "ttft_p99", "e2e_p50", "e2e_p99", "hit_rate")
 SETTINGS: dict[str, dict[str, str]] = {
     "off": {"PREFIXGATE__FLOW__ENABLED": "false"},
     "on": {},
-    "engaged": {"PREFIXGATE__FLOW__REPLICA_MAX_QUEUED_PREFILL_TOKENS": "1500"},
+    "engaged": {"PREFIXGATE__FLOW__REPLICA_MAX_QUEUED_PREFILL_TOKENS": "1500",
+                "PREFIXGATE__FLOW__LOCALITY_WAIT_RATIO": "1"},
     "engaged_wait4": {"PREFIXGATE__FLOW__REPLICA_MAX_QUEUED_PREFILL_TOKENS": "1500",
                       "PREFIXGATE__FLOW__LOCALITY_WAIT_RATIO": "4"},
     "engaged_wait16": {"PREFIXGATE__FLOW__REPLICA_MAX_QUEUED_PREFILL_TOKENS": "1500",
