@@ -1,8 +1,9 @@
 """Benchmark: flow control (issue 17) — a heavy tenant must not take a light one's time to first token.
 
-``python -m bench.fairness [--phase-s S] [--models fifo,chunked] [--out FILE]``
+``python -m bench.fairness [--phase-s S] [--runs N] [--models fifo,chunked] [--out FILE]``
 
-Loopback only, bounded (about ``10 x S + 60`` seconds with both replica models). One simulated
+Loopback only, bounded (about ``N x (12 x S + 70)`` seconds with both replica models; ``--runs``
+3 by default: every figure is the field-wise median of the runs). One simulated
 replica (``python -m sim.cluster``, a separate process) per replica model: ``fifo`` (one prefill
 at a time) and ``chunked`` (concurrent prefills share the rate). The gateway runs in a child
 process of its own (uvicorn on loopback), the clients in this one; each phase starts a fresh
@@ -18,7 +19,8 @@ stands one simulator token for 16 real tokens of prefill work):
 
 Phases per replica model: ``b_alone`` (B only), ``a_alone_noflow`` (A only, flow control off:
 raw capacity), ``ab_noflow`` (A and B, flow control off: today's behaviour), ``ab_flow`` (A
-and B, flow control on). Reported: B's TTFT p50/p99 (first SSE event at the client), A's
+and B, flow control on), and for ``chunked`` ``ab_flow_two_long`` (as ``ab_flow`` with a bound
+of two long prompts + one short: does a looser bound give A its capacity back?). Reported: B's TTFT p50/p99 (first SSE event at the client), A's
 uncached prompt tokens served per second, A's share = A in ``ab_flow`` / A in
 ``a_alone_noflow``. Flow control bounds: one replica, ``replica_max_queued_prefill_tokens`` =
 one long prompt + one short prompt (520), ``replica_max_running_requests`` 64.
@@ -44,6 +46,7 @@ import json
 import os
 import platform
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -266,8 +269,18 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
                 res["a_alone_noflow"] = await _phase(tmp, url, issuer, FLOW_OFF, args.phase_s, heavy=A, b_rps=None)
                 res["ab_noflow"] = await _phase(tmp, url, issuer, FLOW_OFF, args.phase_s, heavy=A, b_rps=args.b_rps)
                 res["ab_flow"] = await _phase(tmp, url, issuer, FLOW_ON, args.phase_s, heavy=A, b_rps=args.b_rps)
+                if model == "chunked":  # issue 17 item 3: a bound of two long prompts (+ one short)
+                    two = dict(FLOW_ON, replica_max_queued_prefill_tokens=2 * args.long_words + 20)
+                    res["ab_flow_two_long"] = await _phase(tmp, url, issuer, two, args.phase_s, heavy=A,
+                                                           b_rps=args.b_rps)
                 cap = res["a_alone_noflow"]["a"]["tokens_per_s"] or 1
                 res["a_share_of_capacity"] = round(res["ab_flow"]["a"]["tokens_per_s"] / cap, 3)
+                base50 = res["b_alone"]["b"]["ttft_p50_ms"] or 1
+                res["b_p50_vs_alone"] = round((res["ab_flow"]["b"]["ttft_p50_ms"] or 0) / base50, 3)
+                if "ab_flow_two_long" in res:
+                    t = res["ab_flow_two_long"]
+                    t["a_share_of_capacity"] = round(t["a"]["tokens_per_s"] / cap, 3)
+                    t["b_p50_vs_alone"] = round((t["b"]["ttft_p50_ms"] or 0) / base50, 3)
                 # one residual of A's prefill: (overhead + words x token_scale / rate) / time_scale
                 res["a_prefill_ms"] = round((0.005 + args.long_words * 16 / 10000) / args.time_scale * 1000, 1)
                 if model == "fifo":
@@ -290,6 +303,17 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
+def _median_doc(docs: list[Any]) -> Any:
+    """Field-wise median of runs' result documents (numbers: the median; dicts: per key present in
+    every run; anything else: the first run's value)."""
+    first = docs[0]
+    if all(isinstance(d, (int, float)) and not isinstance(d, bool) for d in docs):
+        return statistics.median(docs)
+    if all(isinstance(d, dict) for d in docs):
+        return {k: _median_doc([d[k] for d in docs]) for k in first if all(k in d for d in docs)}
+    return first
+
+
 def to_markdown(doc: dict[str, Any]) -> str:
     """The results as a Markdown section (docs/fairness.md copies it)."""
     lines = ["| replica model | phase | B TTFT p50 ms | B TTFT p99 ms | A tokens/s |", "|---|---|---|---|---|"]
@@ -297,7 +321,9 @@ def to_markdown(doc: dict[str, Any]) -> str:
         r = doc.get(model)
         if not r:
             continue
-        for ph in ("b_alone", "a_alone_noflow", "ab_noflow", "ab_flow"):
+        for ph in ("b_alone", "a_alone_noflow", "ab_noflow", "ab_flow", "ab_flow_two_long"):
+            if ph not in r:
+                continue
             p = r[ph]
             b, a = p.get("b", {}), p.get("a", {})
             lines.append(f"| {model} | {ph} | {b.get('ttft_p50_ms', '')} | {b.get('ttft_p99_ms', '')} | "
@@ -307,7 +333,12 @@ def to_markdown(doc: dict[str, Any]) -> str:
         if r:
             lines.append("")
             lines.append(f"{model}: A's prefill of one long prompt = {r['a_prefill_ms']} ms; A's share of capacity "
-                         f"with flow control = {r['a_share_of_capacity']}")
+                         f"with flow control = {r['a_share_of_capacity']}; B p50 with flow control / alone = "
+                         f"{r.get('b_p50_vs_alone')}")
+            if "ab_flow_two_long" in r:
+                t = r["ab_flow_two_long"]
+                lines.append(f"{model}, bound of two long prompts: A's share = {t['a_share_of_capacity']}; "
+                             f"B p50 / alone = {t['b_p50_vs_alone']}")
     f = doc.get("fifo", {})
     if "weights_2_1" in f:
         w = f["weights_2_1"]
@@ -323,6 +354,8 @@ def to_markdown(doc: dict[str, Any]) -> str:
                      f"{fl['b_p99_vs_f_within_limit']} x (F within limit), {fl['b_p99_vs_alone']} x alone")
     lines.append(f"\nhost: {doc['host']['cpus']} CPUs, load average {doc['host']['loadavg_start']} -> "
                  f"{doc['host']['loadavg_end']} (shared machine)")
+    if doc.get("runs"):
+        lines.append(f"\nfield-wise median of {doc['runs']} runs (every run in the .json under ``each_run``)")
     return "\n".join(lines) + "\n"
 
 
@@ -335,6 +368,7 @@ def main() -> None:
     ap.add_argument("--time-scale", type=float, default=4.0)
     ap.add_argument("--models", default="fifo,chunked")
     ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--runs", type=int, default=3, help="runs; figures are field-wise medians")
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     ap.add_argument("--ready-file", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -342,7 +376,10 @@ def main() -> None:
         asyncio.run(_serve(args.serve, args.ready_file))
         return
     args.models = [m for m in args.models.split(",") if m]
-    doc = asyncio.run(_main(args))
+    each = [asyncio.run(_main(args)) for _ in range(args.runs)]
+    doc = _median_doc(each) if len(each) > 1 else each[0]
+    if len(each) > 1:
+        doc["runs"], doc["each_run"] = len(each), each
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")

@@ -25,7 +25,7 @@ from tenancy.shared_failover import FailoverLedger, FailoverLimiter
 from tenancy.shared_limiter import SharedLease
 from tenancy.tokenizer import Tokenizer
 
-__all__ = ["Admission", "clamp_output", "state_unavailable", "too_many"]
+__all__ = ["Admission", "SlotClaim", "clamp_output", "state_unavailable", "too_many"]
 
 
 def state_unavailable(exc: StateUnavailable) -> GatewayError:
@@ -102,15 +102,17 @@ class Admission:
         (tests/quickstart/test_i13_one_source.py)."""
         return sorted(m for m in self.served_models if m in tenant.models)
 
-    async def admit(self, tenant: Tenant) -> Lease | SharedLease:
+    async def admit(self, tenant: Tenant, *, slot: bool = True) -> Lease | SharedLease:
         """Check the tenant's request rate and concurrency; returns a lease (release it).
         429 when limited; 503 ``state_unavailable`` when the shared state does not answer
-        (``state.on_unavailable: fail_closed``)."""
+        (``state.on_unavailable: fail_closed``). ``slot=False`` (flow control on): the
+        concurrency slot is not taken here but when the request leaves its queue
+        (:meth:`slot_claim`); a tenant at its concurrency may still queue."""
         lim = self.limiter
         try:
             if isinstance(lim, TenantLimiter):  # memory: synchronous, no await hop
-                return lim.admit(tenant, time.monotonic())
-            return await lim.admit(tenant)
+                return lim.admit(tenant, time.monotonic(), slot=slot)
+            return await lim.admit(tenant, slot=slot)
         except StateUnavailable as exc:
             raise self._unavailable(exc) from None
         except RateLimited as exc:
@@ -118,6 +120,11 @@ class Admission:
         except ConcurrencyLimited as exc:
             raise too_many(exc.retry_after_s, "concurrency_limited",
                            "tenant concurrent request limit reached") from None
+
+    def slot_claim(self, tenant: Tenant, lease: Lease) -> SlotClaim:
+        """The concurrency slots ``lease`` (admitted with ``slot=False``) takes when flow control
+        releases its request (gateway/flow.py)."""
+        return SlotClaim(self, tenant, lease)
 
     def request_bounds(self, tenant: Tenant) -> RequestBounds:
         """The tenant's effective per-request bounds (see :mod:`tenancy.bounds`)."""
@@ -129,18 +136,23 @@ class Admission:
         if model not in self.served_models:
             raise GatewayError(404, "model_not_found", "the requested model does not exist", param="model")
 
-    async def admit_sequences(self, tenant: Tenant, lease: Lease | SharedLease, sequences: int) -> None:
+    async def admit_sequences(self, tenant: Tenant, lease: Lease | SharedLease, sequences: int, *,
+                              slots: bool = True) -> None:
         """A batch of ``sequences`` prompts takes that many request units and concurrency slots
-        (the first was taken by :meth:`admit`); 429 when they are not available (503 as :meth:`admit`)."""
+        (the first was taken by :meth:`admit`); 429 when they are not available (503 as :meth:`admit`).
+        ``slots=False`` (flow control on): request units only; a batch larger than the
+        tenant's concurrency could never be released and is refused here (429 ``concurrency_limited``)."""
         if sequences <= 1:
             return
         lim = self.limiter
         try:
+            if not slots and tenant.max_concurrency is not None and sequences > tenant.max_concurrency:
+                raise ConcurrencyLimited(1.0, "tenant_concurrency")
             if isinstance(lim, TenantLimiter):
                 assert isinstance(lease, Lease)  # the in-process limiter gave it
-                lim.add_sequences(tenant, lease, sequences - 1, time.monotonic())
+                lim.add_sequences(tenant, lease, sequences - 1, time.monotonic(), slots=slots)
             else:
-                await lim.add_sequences(tenant, lease, sequences - 1)
+                await lim.add_sequences(tenant, lease, sequences - 1, slots=slots)
         except StateUnavailable as exc:
             raise self._unavailable(exc) from None
         except RateLimited as exc:
@@ -246,3 +258,42 @@ class Admission:
             m.tenant_tokens_refunded.labels(tid, "output").inc(s.refunded_output)
             m.tenant_charges.labels(tid, s.basis).inc()
         return s
+
+
+class SlotClaim:
+    """The tenant concurrency slots of one admitted request, taken when flow control releases it
+    from its queue (a queued request holds none; docs/fairness.md, "Concurrency slots").
+
+    :meth:`take_now` answers at once where no Redis answer is needed (the in-process limiter,
+    or a lease admitted locally during a Redis outage): True (taken), False (the tenant is at
+    ``max_concurrency``), None (ask :meth:`take`). :meth:`take` awaits the shared limiter:
+    True or False as above; raises 503 ``state_unavailable`` when Redis does not answer.
+    """
+
+    __slots__ = ("_adm", "tenant", "lease")
+
+    def __init__(self, admission: Admission, tenant: Tenant, lease: Lease) -> None:
+        self._adm = admission
+        self.tenant = tenant
+        self.lease = lease
+
+    def take_now(self, n: int) -> bool | None:
+        """Take ``n`` slots now if that needs no await (see class doc)."""
+        adm = self._adm
+        if adm.local:
+            try:
+                adm.limiter.take_slots(self.tenant, self.lease, n)
+            except ConcurrencyLimited:
+                return False
+            return True
+        return adm.limiter.take_slots_now(self.tenant, self.lease, n)
+
+    async def take(self, n: int) -> bool:
+        """Take ``n`` slots through the shared limiter (see class doc)."""
+        try:
+            await self._adm.limiter.take_slots(self.tenant, self.lease, n)
+        except ConcurrencyLimited:
+            return False
+        except StateUnavailable as exc:
+            raise self._adm._unavailable(exc) from None
+        return True

@@ -26,7 +26,11 @@ class FlowConfig(BaseModel):
     used). The defaults are generous (a replica is rarely that full): set
     them to the replica's real capacity for fairness under saturation.
     ``locality_slack_tokens``: how many weighted tokens a warm request may
-    jump ahead of a cold one. Per tenant: ``tenant_max_queued_requests``
+    jump ahead of a cold one. ``locality_wait_ratio``: a request whose prefix
+    replica is full waits for it while the prefill that replica must drain
+    first is at most this many times the prefix (else it goes cold, recomputing
+    the prefix elsewhere); larger keeps more hits at the price of waiting (4: the
+    Mooncake replay's hit rate within 5 % of no flow control, docs/fairness.md). Per tenant: ``tenant_max_queued_requests``
     (429 ``queue_full`` beyond it) and ``tenant_max_queue_wait_s`` (429
     ``queue_timeout`` past it); queue wait also counts against
     ``upstream.total_timeout_s``.
@@ -46,6 +50,7 @@ class FlowConfig(BaseModel):
     replica_max_queued_prefill_tokens: int | None = Field(None, ge=1)
     replica_max_engine_waiting_requests: int | None = Field(None, ge=0)
     locality_slack_tokens: float = Field(2048.0, ge=0)
+    locality_wait_ratio: float = Field(4.0, ge=0)
     tenant_max_queued_requests: int = Field(1024, ge=0)
     tenant_max_queue_wait_s: float = Field(60.0, gt=0)
     shed_max_in_flight_requests: int = Field(1024, ge=1)

@@ -6,7 +6,7 @@ locality-aware); this module is the asynchronous edge around it: a request waits
 until the dispatcher routes it (``Router.route`` among its candidates that have room), and the
 dispatcher runs when a request arrives and whenever a replica's load is released (a first token
 or the end of a request: :class:`NotifyingLoadTracker`). A queued request holds no replica load,
-no breaker attempt and no upstream connection. Room is per gateway instance: each bound of
+no breaker attempt, no upstream connection and no tenant concurrency slot (taken at release). Room is per gateway instance: each bound of
 ``flow`` is divided by ``flow.instances`` (shared counters are the scale-out work's, not yet).
 """
 
@@ -18,8 +18,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.admission import too_many
+from gateway.admission import SlotClaim, too_many
 from gateway.errors import GatewayError
+from gateway.flow_slots import SlotGate
 from gateway.config_flow import FlowConfig
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import PeriodicTask
@@ -99,10 +100,10 @@ class Release:
 
 class _Waiting:
     __slots__ = ("tenant_id", "weight", "req", "candidate_ids", "alt_chains", "t0", "future", "result", "room",
-                 "error")
+                 "error", "slots", "slot_pending", "charged", "position")
 
     def __init__(self, tenant_id: str, weight: float, req: RouteRequest, candidate_ids: list[str],
-                 alt_chains: Sequence[Sequence[bytes]]) -> None:
+                 alt_chains: Sequence[Sequence[bytes]], slots: SlotClaim | None = None) -> None:
         self.tenant_id = tenant_id
         self.weight = weight
         self.req = req
@@ -113,6 +114,10 @@ class _Waiting:
         self.result: tuple[RouteChoice, LoadTicket] | None = None
         self.room: list[str] = []
         self.error: BaseException | None = None
+        self.slots = slots  # the tenant's concurrency slots, taken at release
+        self.slot_pending = False  # released, its slots still to be confirmed by Redis
+        self.charged = 0  # uncached prompt tokens charged to the tenant's counter at release
+        self.position: int | None = None  # arrival order in its tenant's queue (a release undone)
 
 
 class FlowControl:
@@ -132,6 +137,7 @@ class FlowControl:
         p = cfg.replica_max_queued_prefill_tokens
         self._max_prefill = cfg.per_instance(p) if p is not None else None
         self._pump_scheduled = False
+        self.slot_gate = SlotGate()  # tenants skipped for want of a concurrency slot
         # room also appears without a load release (a replica back to health, an engine that
         # drained its own queue): look again now and then while anything waits
         self._tick = PeriodicTask(self._tick_round, RECHECK_S, "flow-control recheck")
@@ -145,6 +151,7 @@ class FlowControl:
         await self._tick.stop()
 
     async def _tick_round(self) -> None:
+        self.slot_gate.recheck()  # other instances may have freed slots
         if len(self.queue):
             self._pump()
 
@@ -179,48 +186,103 @@ class FlowControl:
             raise too_many(self._retry_after(), "queue_full", "this tenant has too many requests waiting; retry later")
 
     async def release(self, tenant: Tenant, req: RouteRequest, candidate_ids: list[str],
-                      alt_chains: Sequence[Sequence[bytes]], deadline: float) -> Release:
+                      alt_chains: Sequence[Sequence[bytes]], deadline: float,
+                      slots: SlotClaim | None = None) -> Release:
         """Wait for ``req``'s turn and a replica with room among ``candidate_ids``; route it there.
 
         ``deadline``: ``time.perf_counter()`` time by which the request must be sent
-        (``upstream.total_timeout_s`` from arrival). Raises 429 ``queue_full`` (the tenant has
+        (``upstream.total_timeout_s`` from arrival). ``slots``: the tenant's concurrency slots
+        (``req.sequences`` of them), taken only when the request leaves the queue; a tenant at
+        its concurrency keeps its requests queued, in fair order, until a slot frees (None: the
+        caller holds them already). Raises 429 ``queue_full`` (the tenant has
         ``tenant_max_queued_requests`` queued), 429 ``queue_timeout`` (waited
-        ``tenant_max_queue_wait_s``), 504 ``upstream_timeout`` (the deadline passed while queued).
+        ``tenant_max_queue_wait_s``), 504 ``upstream_timeout`` (the deadline passed while queued),
+        503 ``state_unavailable`` (Redis did not answer for the slot).
         Cancelled (the client left): the request leaves the queue at once.
         """
         cfg, tid = self.cfg, tenant.id
-        w = _Waiting(tid, self.weights.weight(tenant.tier), req, candidate_ids, alt_chains)
+        w = _Waiting(tid, self.weights.weight(tenant.tier), req, candidate_ids, alt_chains, slots)
         self.queue.push(tid, w, w.weight)
         self._pump()
         if w.result is None and w.error is None and self.queue.queued(tid) > cfg.tenant_max_queued_requests:
             self.queue.remove(tid, w)  # it would wait behind too many of its own
-            self.metrics.flow_refused.labels("queue_full").inc()
-            raise too_many(self._retry_after(), "queue_full", "this tenant has too many requests waiting; retry later")
-        if w.result is None and w.error is None:
-            w.future = asyncio.get_running_loop().create_future()
-            limit = min(cfg.tenant_max_queue_wait_s, deadline - time.perf_counter())
-            try:
-                async with asyncio.timeout(max(0.0, limit)):
-                    await w.future
-            except TimeoutError:
-                if self.queue.remove(tid, w):
-                    by_wait = cfg.tenant_max_queue_wait_s <= deadline - w.t0 - 1e-9
-                    self.metrics.flow_refused.labels("queue_timeout" if by_wait else "deadline").inc()
-                    if by_wait:
-                        raise too_many(self._retry_after(), "queue_timeout",
-                                       "the request waited too long for a replica; retry later") from None
-                    raise GatewayError(504, "upstream_timeout", "no replica had room before the deadline") from None
-            except BaseException:
-                if not self.queue.remove(tid, w) and w.result is not None:
-                    w.result[1].finish()  # released as the client left: give the load back
-                raise
-        if w.error is not None:
-            raise w.error
-        assert w.result is not None
+            raise self._queue_full(tid)
+        ends = time.perf_counter() + min(cfg.tenant_max_queue_wait_s, deadline - time.perf_counter())
+        while True:
+            if w.result is None and w.error is None:
+                await self._wait(w, ends, deadline)
+            if w.error is not None:
+                raise w.error
+            assert w.result is not None
+            if not w.slot_pending or await self._confirm_slots(w):
+                break
         choice, ticket = w.result
         wait = time.perf_counter() - w.t0
         self.metrics.flow_queue_wait_seconds.observe(wait)
         return Release(choice, ticket, wait, self.queue.counter(tid))
+
+    async def _wait(self, w: _Waiting, ends: float, deadline: float) -> None:
+        """Wait (until ``ends``) for the dispatcher to release ``w``; the refusals of :meth:`release`."""
+        cfg, tid = self.cfg, w.tenant_id
+        w.future = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(max(0.0, ends - time.perf_counter())):
+                await w.future
+        except TimeoutError:
+            if self.queue.remove(tid, w):
+                by_wait = cfg.tenant_max_queue_wait_s <= deadline - w.t0 - 1e-9
+                self.metrics.flow_refused.labels("queue_timeout" if by_wait else "deadline").inc()
+                if by_wait:
+                    raise too_many(self._retry_after(), "queue_timeout",
+                                   "the request waited too long for a replica; retry later") from None
+                raise GatewayError(504, "upstream_timeout",
+                                   "no replica had room (or the tenant no free slot) before the deadline") from None
+        except BaseException:
+            if not self.queue.remove(tid, w) and w.result is not None:
+                w.result[1].finish()  # released as the client left: give the load back
+                if w.slot_pending:
+                    self._asked(tid, None)
+            raise
+
+    async def _confirm_slots(self, w: _Waiting) -> bool:
+        """A request released while its slots needed Redis's answer: True when taken; when the
+        tenant is at its concurrency (other instances hold the slots) give the replica load and
+        the counter charge back and put the request back in its place in its tenant's queue
+        (retried at the next recheck): False."""
+        assert w.result is not None and w.slots is not None
+        try:
+            ok = await w.slots.take(w.req.sequences)
+        except BaseException:
+            w.result[1].finish()
+            self._asked(w.tenant_id, None)
+            raise
+        self._asked(w.tenant_id, ok)
+        w.slot_pending = False
+        if ok:
+            return True
+        ticket = w.result[1]
+        w.result = None
+        self.queue.put_back(w.tenant_id, w, w.charged, w.position)
+        ticket.finish()  # the replica's room goes to others meanwhile
+        if self.queue.queued(w.tenant_id) > self.cfg.tenant_max_queued_requests:
+            self.queue.remove(w.tenant_id, w)
+            raise self._queue_full(w.tenant_id)
+        return False
+
+    def _asked(self, tenant_id: str, granted: bool | None) -> None:
+        """A slot request to Redis of ``tenant_id`` ended (:meth:`SlotGate.asked`): look again."""
+        self.slot_gate.asked(tenant_id, granted)
+        self.on_load_released()
+
+    def _queue_full(self, tenant_id: str) -> GatewayError:
+        """The refusal of a request that cannot wait: 429 ``concurrency_limited`` when its tenant
+        is at ``max_concurrency`` (it waits for a slot, not for a replica), else ``queue_full``."""
+        if self.slot_gate.at_concurrency(tenant_id):
+            self.metrics.flow_refused.labels("concurrency").inc()
+            return too_many(1.0, "concurrency_limited",
+                            "tenant concurrent request limit reached and no room in its queue")
+        self.metrics.flow_refused.labels("queue_full").inc()
+        return too_many(self._retry_after(), "queue_full", "this tenant has too many requests waiting; retry later")
 
     def _retry_after(self) -> float:
         """Retry-After for a queue refusal: about the queue wait bound's half, at least 1 s."""
@@ -242,26 +304,43 @@ class FlowControl:
     def _pump(self) -> None:
         """Release queued requests in fair order while any can be placed."""
         self._pump_scheduled = False
+        self.slot_gate.new_round()
         routable = set(self.replica_set.routable_ids())
         while len(self.queue):
             sel = self.queue.select(lambda w: self._place(w, routable))
             if sel is None:
                 return
             w = sel.item
+            if w.slots is not None:  # the tenant's concurrency slots are taken now, not at admission
+                got = w.slots.take_now(w.req.sequences)
+                if got is False:  # at its concurrency: it stays queued, its tenant skipped this round
+                    self.slot_gate.refused_now(w.tenant_id)
+                    continue
+                w.slot_pending = got is None
+                if got:
+                    w.slots = None
+                else:
+                    self.slot_gate.asking(w.tenant_id)
+                    w.position = self.queue.position(w.tenant_id, w)
             self.queue.remove(w.tenant_id, w)
             try:
                 choice, ticket = self.router.route(w.req, w.room, w.alt_chains)
             except Exception as exc:  # a bug or a vanished replica: the request answers, the queue goes on
+                if w.slot_pending:
+                    self._asked(w.tenant_id, None)
                 w.error = GatewayError(503, "no_replica", "no healthy replica is allowed for this request")
                 w.error.__cause__ = exc
             else:
                 w.result = (choice, ticket)
-                self.queue.charge(w.tenant_id, max(0, w.req.prompt_tokens - choice.predicted_prefix_tokens))
+                w.charged = max(0, w.req.prompt_tokens - choice.predicted_prefix_tokens)
+                self.queue.charge(w.tenant_id, w.charged)
             if w.future is not None and not w.future.done():
                 w.future.set_result(None)
 
     def _place(self, w: _Waiting, routable: set[str]) -> Placement:
         """Where ``w`` could go now (:data:`routing.fairness.Placement`); sets ``w.room``."""
+        if w.slots is not None and self.slot_gate.skipped(w.tenant_id):
+            return None
         ids = [rid for rid in w.candidate_ids if rid in routable]
         if not ids:
             return None
@@ -282,7 +361,8 @@ class FlowControl:
             if not room:
                 return None
             w.room = room
-        return _warmth(cands, set(room), self.router.block_size, w.req.prompt_tokens, self._max_prefill)
+        return _warmth(cands, set(room), self.router.block_size, w.req.prompt_tokens, self._max_prefill,
+                       self.cfg.locality_wait_ratio)
 
     def _has_room(self, load: ReplicaLoad, uncached: int, sequences: int) -> bool:
         """Room on one replica for one more request (an empty replica always has room)."""
@@ -301,14 +381,14 @@ class FlowControl:
 
 
 def _warmth(cands: list[Candidate], room: set[str], block_size: int, prompt_tokens: int,
-            max_prefill: int | None) -> Placement:
+            max_prefill: int | None, wait_ratio: float = 4.0) -> Placement:
     """``warm`` when a replica holding the request's longest cached prefix has room (or there
     is no cached prefix to lose). Otherwise compare, in prefill tokens, recomputing the prefix
     elsewhere (``cold``) with waiting for the least-loaded warm replica to regain room: the
     prefill it must drain first (its queued prefill tokens beyond what leaves room for this
     request under ``max_prefill``, or all of them without a token bound). Waiting is cheaper:
     ``None`` (the request is not placed now; others are released meanwhile; its tenant's wait
-    bound still applies)."""
+    bound still applies) while that drain is at most ``wait_ratio`` times the prefix."""
     best = max((c.matched_blocks for c in cands), default=0)
     if best == 0 or any(c.matched_blocks == best and c.replica_id in room for c in cands):
         return "warm"
@@ -316,4 +396,4 @@ def _warmth(cands: list[Candidate], room: set[str], block_size: int, prompt_toke
     uncached = max(0, prompt_tokens - prefix)
     drain = min(c.load.queued_prefill_tokens + (uncached - max_prefill if max_prefill is not None else 0)
                 for c in cands if c.matched_blocks == best)
-    return None if prefix >= drain else "cold"
+    return None if prefix * wait_ratio >= drain else "cold"

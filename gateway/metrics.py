@@ -119,7 +119,7 @@ class GatewayMetrics:
             buckets=(0.001,) + _LAT_BUCKETS, registry=p,
         )
         self.flow_refused = BoundChildren(Counter(
-            "prefixgate_flow_refused", "Requests refused by the gateway's queue (queue_full, queue_timeout, "
+            "prefixgate_flow_refused", "Requests refused by the gateway's queue (queue_full, concurrency, queue_timeout, "
             "deadline)", ["reason"], registry=p,
         ))
         self.shed_requests = BoundChildren(Counter(

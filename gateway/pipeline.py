@@ -88,7 +88,7 @@ class InferencePipeline:
             rec.tenant_id = tenant.id
             if gw.flow is not None:  # a tenant whose queue is full is refused before any further work
                 gw.flow.check_queue_room(tenant.id)
-            held.lease = await adm.admit(tenant)
+            held.lease = await adm.admit(tenant, slot=gw.flow is None)  # flow control: slot at release
             bounds = adm.request_bounds(tenant)
             # 3 parse (message and batch counts are checked before schema validation; gateway/request.py)
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
@@ -101,7 +101,7 @@ class InferencePipeline:
             rec.model = req.model
             rec.sequences = req.sequences
             if req.sequences > 1:  # each prompt of a batch is a request
-                await adm.admit_sequences(tenant, held.lease, req.sequences)
+                await adm.admit_sequences(tenant, held.lease, req.sequences, slots=gw.flow is None)
             rec.t_parsed = time.perf_counter()
             # 4 prompt checks and prefix keys (byte bound, then tokenize once with early stop)
             tokens, prompt_tokens = adm.prompt_tokens(bounds, req)
@@ -192,8 +192,8 @@ class InferencePipeline:
             held.end_attempt()  # the previous attempt's verdict was given; give back what it held
             rec.attempts += 1
             if gw.flow is not None and rec.attempts == 1:  # the tenant's fair turn and a replica with room
-                rel = await unless_client_leaves(request, gw.flow.release(  # (gateway/flow.py; retries do not wait)
-                    tenant, route_req, [r.id for r in remaining], chains.previous_chains(), deadline))
+                rel = await unless_client_leaves(request, gw.flow.release(tenant, route_req, [r.id for r in remaining],
+                    chains.previous_chains(), deadline, gw.admission.slot_claim(tenant, held.lease)))  # retries do not wait
                 choice, held.ticket, rec.queue_wait_ms, rec.virtual_tokens = rel.as_record()
             else:
                 choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())

@@ -147,6 +147,29 @@ class FairQueue(Generic[T]):
                 return True
         return False
 
+    def position(self, tenant_id: str, item: T) -> int | None:
+        """``item``'s arrival number (for :meth:`put_back`), None when it is not queued."""
+        t = self._t.get(tenant_id)
+        for e in t.queue if t is not None else ():
+            if e.item is item:
+                return e.seq
+        return None
+
+    def put_back(self, tenant_id: str, item: T, refund_tokens: float = 0.0, position: int | None = None) -> None:
+        """Return a released ``item`` to its tenant's queue (its release was undone: the tenant
+        had no concurrency slot) and take back the ``refund_tokens`` charged for it. ``position``
+        (from :meth:`position` before it was removed): its place in arrival order; None: the head."""
+        t = self._t.get(tenant_id)
+        if t is None:
+            t = self._t[tenant_id] = _Tenant(counter=self._floor)
+        if refund_tokens > 0:
+            t.counter -= refund_tokens / t.weight
+        if position is None:
+            position = t.queue[0].seq - 1 if t.queue else next(self._seq)
+        at = next((i for i, e in enumerate(t.queue) if e.seq > position), len(t.queue))
+        t.queue.insert(at, _Entry(item, position))
+        self._queued += 1
+
     def charge(self, tenant_id: str, tokens: float, weight: float | None = None) -> None:
         """Add ``tokens`` (>= 0; uncached prompt tokens at release, output tokens at the end)
         divided by the tenant's weight (``weight``, else the last one pushed) to its counter."""

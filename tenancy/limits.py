@@ -207,17 +207,20 @@ class TenantLimiter:
         st = self._tenants.get(tenant_id)
         return st.in_flight if st else 0
 
-    def admit(self, tenant: Tenant, now: float | None = None) -> Lease:
+    def admit(self, tenant: Tenant, now: float | None = None, *, slot: bool = True) -> Lease:
         """Admit one request of ``tenant``; return its :class:`Lease`.
 
         Raises :class:`ConcurrencyLimited` (``max_concurrency`` in flight;
         retry_after 1 s) or :class:`RateLimited` (``rate_rps`` bucket empty).
-        A refused request consumes nothing.
+        A refused request consumes nothing. ``slot=False``: take the request
+        unit only; the lease holds no concurrency slot (``weight`` 0) until
+        :meth:`take_slots` (flow control takes it when the request leaves
+        its queue, docs/fairness.md).
         """
         now = self._clock() if now is None else now
         with self._lock:
             st = self._tenants.setdefault(tenant.id, _TenantState())
-            if tenant.max_concurrency is not None and st.in_flight >= tenant.max_concurrency:
+            if slot and tenant.max_concurrency is not None and st.in_flight >= tenant.max_concurrency:
                 raise ConcurrencyLimited(1.0, "tenant_concurrency")
             if tenant.rate_rps is not None:
                 burst = tenant.rate_burst or max(1.0, tenant.rate_rps)
@@ -227,15 +230,36 @@ class TenantLimiter:
                     raise RateLimited(wait, "tenant_request_rate")
             else:
                 st.requests = None
-            st.in_flight += 1
+            if slot:
+                st.in_flight += 1
         lease = Lease(tenant.id, lambda: self._release(tenant.id, lease.weight))
+        if not slot:
+            lease.weight = 0
         return lease
 
-    def add_sequences(self, tenant: Tenant, lease: Lease, extra: int, now: float | None = None) -> None:
+    def take_slots(self, tenant: Tenant, lease: Lease, n: int) -> None:
+        """Take ``n`` concurrency slots for ``lease`` (admitted with ``slot=False``); its
+        ``weight`` grows by ``n`` and :meth:`Lease.release` frees them. Raises
+        :class:`ConcurrencyLimited` when ``in_flight + n`` would exceed ``max_concurrency``
+        (nothing taken). A released lease takes nothing."""
+        if n <= 0:
+            return
+        with self._lock:
+            if lease.released:
+                return
+            st = self._tenants.setdefault(tenant.id, _TenantState())
+            if tenant.max_concurrency is not None and st.in_flight + n > tenant.max_concurrency:
+                raise ConcurrencyLimited(1.0, "tenant_concurrency")
+            st.in_flight += n
+            lease.weight += n
+
+    def add_sequences(self, tenant: Tenant, lease: Lease, extra: int, now: float | None = None, *,
+                      slots: bool = True) -> None:
         """Charge ``extra`` more sequences of an admitted batch request to ``tenant``.
 
         Each extra sequence takes one concurrency slot (the lease's
-        ``weight`` grows; :meth:`Lease.release` frees them all) and one unit
+        ``weight`` grows; :meth:`Lease.release` frees them all; not with
+        ``slots=False``: :meth:`take_slots` takes them later) and one unit
         of the request bucket; a batch larger than the burst is served when
         the bucket is full and leaves it in debt, as the prompt-token bucket does. Raises
         :class:`ConcurrencyLimited` or :class:`RateLimited` (reason
@@ -248,7 +272,7 @@ class TenantLimiter:
             if lease.released:
                 return
             st = self._tenants.setdefault(tenant.id, _TenantState())
-            if tenant.max_concurrency is not None and st.in_flight + extra > tenant.max_concurrency:
+            if slots and tenant.max_concurrency is not None and st.in_flight + extra > tenant.max_concurrency:
                 raise ConcurrencyLimited(1.0, "tenant_concurrency")
             if tenant.rate_rps is not None:
                 burst = tenant.rate_burst or max(1.0, tenant.rate_rps)
@@ -258,8 +282,9 @@ class TenantLimiter:
                                             need=min(extra, max(0.0, st.requests.burst - 1)))
                 if wait > 0:
                     raise RateLimited(wait, "tenant_request_rate")
-            st.in_flight += extra
-            lease.weight += extra
+            if slots:
+                st.in_flight += extra
+                lease.weight += extra
 
     def charge_prompt_tokens(self, tenant: Tenant, n: int, now: float | None = None) -> None:
         """Charge ``n`` prompt tokens (all sequences of a request) to ``tenant`` after tokenizing.

@@ -73,7 +73,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tenancy.ledger import InProcessLedger, LedgerTotals, Reservation
-from tenancy.limits import Lease, TenantLimiter
+from tenancy.limits import ConcurrencyLimited, Lease, TenantLimiter
 from tenancy.registry import Tenant
 from tenancy.shared_failover import (
     Availability,
@@ -168,13 +168,26 @@ class InProcessLimits:
         def __init__(self, inner: TenantLimiter) -> None:
             self.inner = inner
 
-        async def admit(self, tenant: Tenant, now: float | None = None) -> Lease:
+        async def admit(self, tenant: Tenant, now: float | None = None, *, slot: bool = True) -> Lease:
             """See :meth:`tenancy.limits.TenantLimiter.admit`."""
-            return self.inner.admit(tenant, now)
+            return self.inner.admit(tenant, now, slot=slot)
 
-        async def add_sequences(self, tenant: Tenant, lease: Lease, extra: int, now: float | None = None) -> None:
+        async def add_sequences(self, tenant: Tenant, lease: Lease, extra: int, now: float | None = None, *,
+                                slots: bool = True) -> None:
             """See :meth:`tenancy.limits.TenantLimiter.add_sequences`."""
-            self.inner.add_sequences(tenant, lease, extra, now)
+            self.inner.add_sequences(tenant, lease, extra, now, slots=slots)
+
+        def take_slots_now(self, tenant: Tenant, lease: Lease, n: int) -> bool:
+            """:meth:`tenancy.limits.TenantLimiter.take_slots` at once: True taken, False refused."""
+            try:
+                self.inner.take_slots(tenant, lease, n)
+            except ConcurrencyLimited:
+                return False
+            return True
+
+        async def take_slots(self, tenant: Tenant, lease: Lease, n: int) -> None:
+            """See :meth:`tenancy.limits.TenantLimiter.take_slots`."""
+            self.inner.take_slots(tenant, lease, n)
 
         async def charge_prompt_tokens(self, tenant: Tenant, n: int, now: float | None = None) -> None:
             """See :meth:`tenancy.limits.TenantLimiter.charge_prompt_tokens`."""

@@ -191,25 +191,49 @@ class FailoverLimiter:
         self.local = TenantLimiter()
         self.av = availability
 
-    async def admit(self, tenant: Tenant, now: float | None = None) -> SharedLease | Lease:
-        """Admit one request (raises RateLimited, ConcurrencyLimited, StateUnavailable)."""
+    async def admit(self, tenant: Tenant, now: float | None = None, *, slot: bool = True) -> SharedLease | Lease:
+        """Admit one request (raises RateLimited, ConcurrencyLimited, StateUnavailable);
+        ``slot=False``: no concurrency slot yet (:meth:`take_slots`)."""
         if self.av.available:
             try:
-                return await self.shared.admit(tenant, now)
+                return await self.shared.admit(tenant, now, slot=slot)
             except unavailable_errors() as exc:
                 self.av.failed(exc)
         if self.av.mode == "fail_closed":
             raise self.av.refuse()
-        return self.local.admit(self.av.local(tenant))
+        return self.local.admit(self.av.local(tenant), slot=slot)
 
     async def add_sequences(self, tenant: Tenant, lease: SharedLease | Lease, extra: int,
-                            now: float | None = None) -> None:
+                            now: float | None = None, *, slots: bool = True) -> None:
         """Charge a batch's extra sequences where its lease was taken."""
         if isinstance(lease, Lease):
-            self.local.add_sequences(self.av.scaled(tenant), lease, extra)
+            self.local.add_sequences(self.av.scaled(tenant), lease, extra, slots=slots)
             return
         try:
-            await self.shared.add_sequences(tenant, lease, extra, now)
+            await self.shared.add_sequences(tenant, lease, extra, now, slots=slots)
+        except unavailable_errors() as exc:
+            self.av.failed(exc)
+            raise self.av.refuse() from None
+
+    def take_slots_now(self, tenant: Tenant, lease: SharedLease | Lease, n: int) -> bool | None:
+        """Take ``n`` slots at once where that needs no Redis answer (a lease admitted locally
+        during an outage): True taken, False refused (at concurrency); None: use :meth:`take_slots`."""
+        if not isinstance(lease, Lease):
+            return None
+        try:
+            self.local.take_slots(self.av.scaled(tenant), lease, n)
+        except LimitExceeded:
+            return False
+        return True
+
+    async def take_slots(self, tenant: Tenant, lease: SharedLease | Lease, n: int) -> None:
+        """Take ``n`` slots where the lease was taken (raises ConcurrencyLimited; StateUnavailable
+        when Redis does not answer for a Redis lease, in both modes, as :meth:`add_sequences`)."""
+        if isinstance(lease, Lease):
+            self.local.take_slots(self.av.scaled(tenant), lease, n)
+            return
+        try:
+            await self.shared.take_slots(tenant, lease, n)
         except unavailable_errors() as exc:
             self.av.failed(exc)
             raise self.av.refuse() from None

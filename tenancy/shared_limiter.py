@@ -69,23 +69,58 @@ class RedisTenantLimiter:
         #: completed :meth:`renew` calls
         self.renewals = 0
 
-    async def admit(self, tenant: Tenant, now: float | None = None) -> SharedLease:
-        """Admit one request of ``tenant``; return its :class:`SharedLease` (see TenantLimiter.admit)."""
+    async def admit(self, tenant: Tenant, now: float | None = None, *, slot: bool = True) -> SharedLease:
+        """Admit one request of ``tenant``; return its :class:`SharedLease` (see TenantLimiter.admit;
+        ``slot=False``: the request unit only, the slot comes with :meth:`take_slots`)."""
         lease = SharedLease(self, tenant.id, secrets.token_hex(8))
+        if not slot:
+            lease.weight = 0
         rate = tenant.rate_rps
         burst = (tenant.rate_burst or max(1.0, rate)) if rate is not None else None
         need = -1.0 if (burst is not None and 1 > burst) else 1.0
+        maxc = -1 if tenant.max_concurrency is None or not slot else tenant.max_concurrency
         reply = await self._s.admit(
             keys=[self._s.key(tenant.id, "conc"), self._s.key(tenant.id, "req")],
-            args=[_arg(now), -1 if tenant.max_concurrency is None else tenant.max_concurrency,
-                  _arg(rate), _arg(burst), "1", _arg(need), "1", self._s.lease_ttl_ms, *lease.members()])
+            args=[_arg(now), maxc, _arg(rate), _arg(burst), "1", _arg(need), "1", self._s.lease_ttl_ms,
+                  *lease.members()])
         self._raise(reply, "tenant_request_rate")
         self._leases[lease.id] = lease
         return lease
 
-    async def add_sequences(self, tenant: Tenant, lease: SharedLease, extra: int, now: float | None = None) -> None:
+    def take_slots_now(self, tenant: Tenant, lease: SharedLease, n: int) -> None:
+        """None: a Redis slot needs Redis's answer (:meth:`take_slots`); the failover wrapper's
+        local leases answer at once."""
+        return None
+
+    async def take_slots(self, tenant: Tenant, lease: SharedLease, n: int) -> None:
+        """Take ``n`` concurrency slots for ``lease`` (see TenantLimiter.take_slots): the admit
+        script with no rate bucket, so only the tenant's slot count is checked and added to."""
+        if n <= 0 or lease.released:
+            return
+        maxc = -1 if tenant.max_concurrency is None else tenant.max_concurrency
+        reply = await self._s.admit(
+            keys=[self._s.key(tenant.id, "conc"), self._s.key(tenant.id, "req")],
+            args=["", maxc, "", "", "0", "0", "0", self._s.lease_ttl_ms,
+                  *lease.members(lease.weight, lease.weight + n)])
+        self._raise(reply, "tenant_request_rate")
+        lease.weight += n
+        if lease.released:  # released while we waited: free the new slots too
+            await self._s.client.zrem(self._s.key(tenant.id, "conc"), *lease.members(lease.weight - n, lease.weight))
+
+    async def add_sequences(self, tenant: Tenant, lease: SharedLease, extra: int, now: float | None = None, *,
+                            slots: bool = True) -> None:
         """Charge ``extra`` more sequences of an admitted batch (see TenantLimiter.add_sequences)."""
         if extra <= 0 or lease.released:
+            return
+        if not slots:  # the request units only: TenantLimiter's bucket arithmetic, no members
+            rate = tenant.rate_rps
+            if rate is None:
+                return
+            burst = tenant.rate_burst or max(1.0, rate)
+            need = min(min(float(extra), max(0.0, burst - 1)), burst)
+            reply = await self._s.take(keys=[self._s.key(tenant.id, "req")],
+                                       args=[_arg(now), _arg(rate), _arg(burst), _arg(extra), _arg(need)])
+            self._raise(reply, "tenant_request_rate")
             return
         rate = tenant.rate_rps
         burst = (tenant.rate_burst or max(1.0, rate)) if rate is not None else None
@@ -159,6 +194,8 @@ class RedisTenantLimiter:
     def _release(self, lease: SharedLease) -> None:
         self._leases.pop(lease.id, None)
         key, members = self._s.key(lease.tenant_id, "conc"), lease.members()
+        if not members:  # admitted without a slot and never given one
+            return
         self._s.writer.submit(lambda pipe: pipe.zrem(key, *members))
 
     @staticmethod

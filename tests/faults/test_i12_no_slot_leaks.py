@@ -127,6 +127,9 @@ def config_overrides(counted: Counted, stable_secret: str, tmp_path: Path) -> di
                      "total_timeout_s": 2.0, "max_attempts": 2},
         "health": {"interval_s": 0.2, "timeout_s": 0.5, "unhealthy_after": 1, "healthy_after": 1,
                    "breaker_failures": 100},  # this test is about slots, not the breaker
+        # no queue: a request beyond the concurrency is refused at once (issue 17: a queued one
+        # would wait for a slot, holding none; tests/gateway/test_s2_flow_slots.py)
+        "flow": {"tenant_max_queued_requests": 0},
         "tenancy": {
             "master_secret_file": stable_secret,
             "master_secret_env": None,

@@ -12,6 +12,7 @@ Every assertion on what was forwarded is on what the recording replica got.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from gateway.auditing import AuditHub
+from tests.support.waiting import wait_for
 
 TD = "demo.prefixgate.test"  # tests/conftest.py's trust domain
 ROOT = Path(__file__).resolve().parents[2]
@@ -225,18 +227,18 @@ async def test_each_batch_element_takes_a_concurrency_slot(stack, capture):
     tenant = comps.registry.get("tenant-conc")
     held = [comps.limiter.admit(tenant), comps.limiter.admit(tenant)]  # 2 of 4 slots in flight
     try:
-        r = await _post(stack, "/v1/completions", {"model": "sim-model", "prompt": ["a", "b", "c"],
-                                                   "max_tokens": 4}, "tenant-conc/app")
-        assert r.status_code == 429, r.text
-        assert r.json()["error"]["code"] == "concurrency_limited"
-        assert comps.limiter.in_flight("tenant-conc") == 2  # the refused batch holds nothing
-        ok = await _post(stack, "/v1/completions", {"model": "sim-model", "prompt": ["a", "b"], "max_tokens": 4},
-                         "tenant-conc/app")
-        assert ok.status_code == 200, ok.text
+        # flow control (issue 17): the batch of 3 waits in the queue, holding no slot, until 3 are free
+        batch = asyncio.ensure_future(_post(stack, "/v1/completions", {"model": "sim-model", "prompt": ["a", "b", "c"],
+                                                                       "max_tokens": 4}, "tenant-conc/app"))
+        await wait_for(lambda: comps.flow.tenant_queued("tenant-conc") == 1, what="the batch waits for 3 slots")
+        assert comps.limiter.in_flight("tenant-conc") == 2  # the waiting batch holds nothing
+        held.pop().release()  # 3 slots free: the batch takes them
+        r = await batch
+        assert r.status_code == 200, r.text
     finally:
         for lease in held:
             lease.release()
-    assert comps.limiter.in_flight("tenant-conc") == 0  # every slot of the batch was released
+    await wait_for(lambda: comps.limiter.in_flight("tenant-conc") == 0, what="every slot of the batch released")
 
 
 async def test_batch_counted_in_tokens_router_policy_and_audit(stack, capture, memlog, monkeypatch):

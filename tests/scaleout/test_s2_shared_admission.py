@@ -56,11 +56,11 @@ class Instances:
 
 @contextlib.asynccontextmanager
 async def instances(tmp: Path, state: dict[str, Any], tenant: dict[str, Any], *, n: int = 3,
-                    replica: ReplicaConfig | None = None) -> AsyncIterator[Instances]:
-    """``n`` gateways with ``state`` and one extra tenant ``tenant-lim`` (limits in ``tenant``)."""
+                    replica: ReplicaConfig | None = None, flow: dict[str, Any] | None = None) -> AsyncIterator[Instances]:
+    """``n`` gateways with ``state`` (and ``flow``) and one extra tenant ``tenant-lim`` (limits in ``tenant``)."""
     cluster = await start_cluster(2, replica or ReplicaConfig(time_scale=100.0, decode_s_per_token=0.02))
     issuer = DemoIssuer(TD)
-    doc = base_config(tmp, cluster.urls, issuer, state=state)
+    doc = base_config(tmp, cluster.urls, issuer, state=state, **({"flow": flow} if flow else {}))
     doc["tenancy"]["tenants"].append({"id": "tenant-lim", "spiffe_ids": [f"spiffe://{TD}/tenant-lim/"],
                                       "models": ["sim-model"], "pools": ["default"], "max_output_tokens": 256,
                                       **tenant})
@@ -125,7 +125,10 @@ async def test_with_in_process_state_three_instances_admit_three_times_the_burst
 
 async def test_concurrency_four_holds_across_three_instances(tmp_path: Path, redis_server) -> None:
     slow = ReplicaConfig(time_scale=1.0, decode_s_per_token=0.02)  # 200 output tokens: ~4 s in flight
-    async with instances(tmp_path, _redis(redis_server.url), {"max_concurrency": 4}, replica=slow) as inst:
+    # no queue: beyond the concurrency a request is refused at once (with a queue it waits holding
+    # no slot: tests/scaleout/test_s2_flow_slots.py)
+    async with instances(tmp_path, _redis(redis_server.url), {"max_concurrency": 4}, replica=slow,
+                         flow={"tenant_max_queued_requests": 0}) as inst:
         first = [asyncio.ensure_future(inst.complete(i, max_tokens=200)) for i in range(4)]
         limiter = inst.gateways[0].limiter
         await wait_for(lambda: _eq(limiter.in_flight("tenant-lim"), 4), what="4 slots held in Redis")
