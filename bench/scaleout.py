@@ -17,7 +17,9 @@ simulated replicas at time scale 8, and gateway processes
    /admin/tenants/<busiest tenant>/rotate-key`` on instance 1; the delay until
    instances 2 and 3 hold the new version (their ``tenancy.state_file``,
    polled every 2 ms; the state file is written when the version is adopted)
-   and the client hit rate over the trace minute before and after.
+   and the client hit rate over the trace minute before and after, beside the
+   same two minutes of the comparison's ``shared`` runs (no rotation; the
+   trace's hit rate grows as the caches warm, so before/after alone says little).
 3. **SIGKILL**: ``shared`` run; half way, SIGKILL instance 3's process group
    (gateway and its audit worker, as a container kill); the others' errors
    after it, the time until instance 1's
@@ -26,10 +28,13 @@ simulated replicas at time scale 8, and gateway processes
    and instance 3's audit chain verified (``audit verify`` per chain) and
    its inference events counted against the requests it completed.
 4. **Redis restart**: ``shared`` run (``on_unavailable: fail_closed``); at
+   one sixth the busiest tenant's key is rotated on instance 1; at
    one third, Redis is stopped, restarted empty 2 s (wall) later on the same
    port; answers by kind while it is down, the time from the restart to each
    instance's next 200, ``/readyz`` and ``prefixgate_state_available`` of
-   every instance afterwards (no instance restarted).
+   every instance afterwards (no instance restarted), and the rotated key
+   version in every instance's state file and in the emptied Redis at the end
+   (re-published, never rolled back).
 
 Writes ``bench/results/scaleout.{json,md}``. Timing figures come from a
 shared 2-core machine (load generator, replicas, Redis and every gateway on
@@ -147,12 +152,15 @@ class Setup:
     redis: Redis
     bounds: Any
     runs: int = 0
+    prefix: str = ""
+    #: per comparison run: client hit rate in the trace minute before / after the middle (no rotation)
+    windows: dict[str, list[tuple[float | None, float | None]]] = dataclasses.field(default_factory=dict)
 
 
 async def start_instances(s: Setup, mode: str, n: int, tag: str, **state: Any) -> list[Instance]:
     """Start ``n`` gateways for ``mode`` (``shared``: one fresh Redis key prefix per run)."""
     s.runs += 1
-    prefix = f"pgb{s.runs}:"
+    prefix = s.prefix = f"pgb{s.runs}:"
     out: list[tuple[dict[str, Any], Path, Path]] = []
     for i in range(n):
         own = s.paths.work / f"{tag}-{s.runs}" / f"inst{i}"
@@ -216,6 +224,10 @@ async def comparison(s: Setup, rounds: int, log: Any) -> dict[str, Any]:
             finally:
                 stop_instances(insts)
             fig = await summary_of(s, mode, result)
+            mid = (s.reqs[-1].timestamp - s.reqs[0].timestamp) / 2
+            fig["hit_minute_before_middle"] = _window_hit(result, mid - 60, mid)
+            fig["hit_minute_after_middle"] = _window_hit(result, mid, mid + 60)
+            s.windows.setdefault(mode, []).append((fig["hit_minute_before_middle"], fig["hit_minute_after_middle"]))
             runs[mode].append(fig)
             log(f"round {r + 1} {mode:11s} hit {fig['hit_rate']:.4f} TTFT p50 {fig['ttft_p50']:.3f} "
                 f"p90 {fig['ttft_p90']:.3f} p99 {fig['ttft_p99']:.3f} errors {fig['errors']}")
@@ -278,6 +290,12 @@ async def rotation(s: Setup, log: Any) -> dict[str, Any]:
            "hit_minute_after": _window_hit(result, at_trace, at_trace + 60),
            "tenant_hit_minute_before": _window_hit(result, at_trace - 60, at_trace, tenant),
            "tenant_hit_minute_after": _window_hit(result, at_trace, at_trace + 60, tenant), "run": fig}
+    base = [w for w in s.windows.get("shared", []) if None not in w]
+    if base:  # the trace warms up: compare with the same minutes of the shared runs without a rotation
+        out["no_rotation_shared_runs_minute_before"] = statistics.median(b for b, _ in base)
+        out["no_rotation_shared_runs_minute_after"] = statistics.median(a for _, a in base)
+        if out["hit_minute_after"] is not None:
+            out["after_minus_no_rotation_after"] = out["hit_minute_after"] - out["no_rotation_shared_runs_minute_after"]
     log(f"rotation: {json.dumps({k: v for k, v in out.items() if k != 'run'})}")
     return out
 
@@ -360,16 +378,32 @@ async def redis_restart(s: Setup, log: Any) -> dict[str, Any]:
     """Stop Redis at one third of the run, restart it empty 2 s later; answers meanwhile, recovery per instance."""
     span = s.reqs[-1].timestamp - s.reqs[0].timestamp
     insts = await start_instances(s, "shared", 3, "redis")
+    tenant = max(s.names, key=s.tenants.count)
+    token = s.issuer.mint(OPERATOR, "prefixgate-admin", 600)
     try:
         task = asyncio.create_task(replay_through(s, insts))
         t0 = time.monotonic()
-        await asyncio.sleep(span / 3 / s.rcfg.time_scale)
+        await asyncio.sleep(span / 6 / s.rcfg.time_scale)
+        async with aiohttp.ClientSession() as http:  # a rotation before the restart must not be rolled back
+            async with http.post(f"{insts[0].admin}/admin/tenants/{tenant}/rotate-key",
+                                 headers={"Authorization": f"Bearer {token}"}) as resp:
+                rotate_status = resp.status
+        await asyncio.sleep(max(0.0, span / 3 / s.rcfg.time_scale - (time.monotonic() - t0)))
+        versions_before = [_key_version(i.state_file, tenant) for i in insts]
         s.redis.stop()
         down_trace = (time.monotonic() - t0) * s.rcfg.time_scale
         await asyncio.sleep(2.0)
         s.redis.start()
         up_trace = (time.monotonic() - t0) * s.rcfg.time_scale
         result = await task
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis.from_url(s.redis.url)
+        try:
+            record = await client.hget(f"{s.prefix}keys:tenants", tenant)
+        finally:
+            await client.aclose()
+        versions_after = [_key_version(i.state_file, tenant) for i in insts]
         async with aiohttp.ClientSession() as http:
             ready = []
             for i in insts:
@@ -393,6 +427,11 @@ async def redis_restart(s: Setup, log: Any) -> dict[str, Any]:
            "after_2s_wall": {"requests": len(late), "ok": sum(r.error is None for r in late),
                              "errors": ReplayResult(late, 1, 0, "", 0).errors_by_kind()},
            "readyz_after": ready, "state_available_after": avail,
+           "rotation_before_restart": {"tenant": tenant, "admin_status": rotate_status,
+                                       "key_version_per_instance_before_restart": versions_before,
+                                       "key_version_per_instance_at_end": versions_after,
+                                       "redis_record_version_at_end": (int(record.split(b":")[0]) if record
+                                                                        else None)},
            "hit_before": _window_hit(result, 0, down_trace), "hit_after": _window_hit(result, up_trace + 16, span + 1),
            "run": fig}
     log(f"redis restart: {json.dumps({k: v for k, v in out.items() if k != 'run'})}")
