@@ -111,3 +111,12 @@ async def test_anchors_need_a_single_chain(tmp_path) -> None:
     root, _, _, pub = await _two_chains(tmp_path)
     code, out = _verify(str(root), "--public-key", str(pub), "--anchors", str(tmp_path))
     assert code == 2 and "--anchors" in out, out
+
+
+async def test_a_directory_without_log_files_does_not_verify(tmp_path) -> None:
+    # before: "files=0 records=0 -> OK", exit 0 (e.g. the parent of worker-*/ before chains were grouped)
+    runner = CliRunner()
+    assert runner.invoke(audit_group, ["keygen", str(tmp_path / "audit.key")]).exit_code == 0
+    (tmp_path / "empty").mkdir()
+    code, out = _verify(str(tmp_path / "empty"), "--public-key", str(tmp_path / "audit.key.pub"))
+    assert code == 1 and "no audit log files found" in out, out
