@@ -12,7 +12,11 @@ import click
 from audit.keys import generate_signing_key, load_public_key
 from audit.verify import verify_files
 from audit.verify_anchors import load_anchors
-from audit.verify_instances import chain_groups, format_instances_report, verify_instances
+from audit.verify_instances import (
+    chain_groups,
+    format_instances_report,
+    verify_instances,
+)
 from audit.verify_report import format_report
 
 #: ``audit verify`` exit status when no problem was found but event records

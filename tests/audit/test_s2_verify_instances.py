@@ -93,7 +93,7 @@ async def test_a_tampered_chain_fails_alone_and_the_combined_result_fails(tmp_pa
 
 
 async def test_an_event_naming_another_instance_and_a_copied_chain_are_reported(tmp_path) -> None:
-    root, w0, w1, pub = await _two_chains(tmp_path)
+    root, w0, _, pub = await _two_chains(tmp_path)
     shutil.copytree(w0, root / "worker-9")  # the same chain (same instance) twice
     result = verify_instances([root], load_public_key(pub))
     assert [p.kind for p in result.problems] == ["duplicate_instance"], result.problems
