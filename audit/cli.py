@@ -12,6 +12,11 @@ import click
 from audit.keys import generate_signing_key, load_public_key
 from audit.verify import verify_files
 from audit.verify_anchors import load_anchors
+from audit.verify_instances import (
+    chain_groups,
+    format_instances_report,
+    verify_instances,
+)
 from audit.verify_report import format_report
 
 #: ``audit verify`` exit status when no problem was found but event records
@@ -34,15 +39,30 @@ def audit_group() -> None:
 def verify_cmd(paths: tuple[str, ...], public_key: str, partial: bool, anchors: tuple[str, ...]) -> None:
     """Verify hash chain and checkpoint signatures of audit FILES/DIRS.
 
+    Several instances' chains at once: each directory given is one chain, a
+    directory holding only ``worker-*/`` (or other) subdirectories with log
+    files gives one chain per subdirectory, plain files together are one
+    chain; each chain is verified on its own, its events must name one
+    instance, no two chains the same; a combined line ends the report
+    (audit/verify_instances.py). ``--anchors`` needs a single chain.
+
     Exit 0: OK; 1: a problem (modified, missing, reordered, truncated per an
-    anchor, bad signature); 3 (with --anchors): no problem, but event records
-    follow the last externally anchored checkpoint (reported as unanchored).
+    anchor, bad signature, instance mismatch); 2: usage; 3 (with --anchors): no
+    problem, but event records follow the last externally anchored checkpoint
+    (reported as unanchored).
     """
+    groups = chain_groups(paths)
+    if len(groups) > 1:
+        if anchors:
+            raise click.UsageError("--anchors checks one chain: give one instance's directory or files")
+        result = verify_instances(paths, load_public_key(public_key), require_genesis=not partial)
+        click.echo(format_instances_report(result))
+        sys.exit({"OK": 0, "UNANCHORED": EXIT_UNANCHORED}.get(result.status, 1))
     found = None
     problems = []
     if anchors:
         found, problems = load_anchors(anchors)
-    report = verify_files(list(paths), load_public_key(public_key), require_genesis=not partial, anchors=found)
+    report = verify_files(groups[0][1], load_public_key(public_key), require_genesis=not partial, anchors=found)
     report.problems.extend(problems)
     click.echo(format_report(report))
     sys.exit({"OK": 0, "UNANCHORED": EXIT_UNANCHORED}.get(report.status, 1))

@@ -95,7 +95,8 @@ def verify_files(
     Returns:
         A :class:`VerifyReport`; problems are in chain order, anchor problems
         last. Content errors and absent paths are reported, not raised;
-        unreadable files raise ``OSError``.
+        no log file at all is a ``missing_file`` problem (an empty or wrong
+        directory never reads as verified); unreadable files raise ``OSError``.
     """
     report = VerifyReport()
     kid = key_id(public_key)
@@ -130,6 +131,9 @@ def verify_files(
             report.problems.append(Problem("missing_file", path.name, None, None, "file given but not found"))
             continue
         loaded.append((path, _load(path, report)))
+    if not loaded and not report.problems:  # nothing to verify is not a verified trail (fail closed)
+        report.problems.append(Problem("missing_file", ", ".join(map(str, paths)) or "-", None, None,
+                                       "no audit log files found"))
     loaded.sort(key=lambda item: item[1][0][1]["seq"] if item[1] else float("inf"))
     names = {p.name for p, _ in loaded}
     report.files = len(loaded)

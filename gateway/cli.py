@@ -1,7 +1,7 @@
 """``prefixgate`` command line (click).
 
     prefixgate serve --config FILE      run the gateway (public + admin listener); --workers N needs state.backend: redis
-    prefixgate audit verify FILE...     check a JSONL audit log's hash chain and checkpoints (--anchors: off-host copies)
+    prefixgate audit verify PATH...     check JSONL audit chains (one per instance directory; --anchors: off-host copies)
     prefixgate audit keygen PATH        write a new Ed25519 checkpoint signing key
     prefixgate policy test [DIR]        compile a Rego directory (default: the shipped one) and run its tests
     prefixgate policy export DIR        copy the shipped policy into DIR (to edit it; then set policy.dir)

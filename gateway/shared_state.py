@@ -251,9 +251,11 @@ class SharedState:
     async def stop(self) -> None:
         """Stop every task, give up the routing lease, close the client."""
         await self.settle()
-        if self._keycheck is not None:
-            await cancel_task(self._keycheck)
-            self._keycheck = None
+        # a late join that finishes while being cancelled has replaced itself by the key-check
+        # task (``_run``'s last step): cancel until no task is left
+        while self._keycheck is not None:
+            task, self._keycheck = self._keycheck, None
+            await cancel_task(task)
         for doc in (self.policy, self.tenants):
             if doc is not None:
                 await doc.aclose()

@@ -102,24 +102,34 @@ def run_workers(cfg: GatewayConfig, config_path: str, workers: int) -> int:
         log.info("listening: %s http://%s:%d (shared by %d workers)", name, host, port, workers)
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", config_path]
     alive: dict[int, int] = {}
-    for i in range(workers):
-        proc = subprocess.Popen([*argv, "--worker-index", str(i)], env=env, pass_fds=fds)
-        alive[proc.pid] = i
-    for s in listeners:  # the workers hold them now
-        s.close()
+    signalled: set[int] = set()
     stopping = False
 
     def stop(signum: int = signal.SIGTERM, _frame: object = None) -> None:
         nonlocal stopping
         stopping = True
         for pid in list(alive):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            if pid not in signalled:
+                signalled.add(pid)
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
 
+    # The handlers go in before the first worker starts: a SIGTERM that arrived while the
+    # workers were being started used to kill the parent (default action, exit -15) and
+    # leave the workers already started running on the inherited sockets.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    for i in range(workers):
+        if stopping:  # stopped while starting: start no more
+            break
+        proc = subprocess.Popen([*argv, "--worker-index", str(i)], env=env, pass_fds=fds)
+        alive[proc.pid] = i
+        if stopping:  # the signal came while this one was being started (not yet in ``alive``)
+            stop()
+    for s in listeners:  # the workers hold them now
+        s.close()
     rc = 0
     while alive:
         try:

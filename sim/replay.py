@@ -66,7 +66,8 @@ class RequestRecord:
     ``late_s`` (client-side delay before sending), ``ttft_s``, ``e2e_s``.
     Token counts are simulator tokens as reported by the server's usage
     chunk. ``error`` is ``None`` or a short kind (``http_429``, ``timeout``,
-    ``connect``, ``stream``, ``no_usage``, ``cancelled``).
+    ``connect``, ``stream``, ``no_usage``, ``cancelled``). ``target``: index
+    of the base URL it was sent to (``replay(base_urls=...)``; 0 otherwise).
     """
 
     index: int
@@ -81,6 +82,7 @@ class RequestRecord:
     completion_tokens: int | None = None
     status: int | None = None
     error: str | None = None
+    target: int = 0
 
 
 @dataclass(slots=True)
@@ -187,9 +189,11 @@ async def _one(
     sem: asyncio.Semaphore,
     headers_for: HeadersFor | None,
     salt_for: SaltFor | None,
+    base_url: str,
+    target: int = 0,
 ) -> RequestRecord:
     scale = cfg.time_scale
-    rec = RequestRecord(req.index, tenant, req.timestamp, sim_prompt_tokens(req))
+    rec = RequestRecord(req.index, tenant, req.timestamp, sim_prompt_tokens(req), target=target)
     delay = t0 + req.timestamp / scale - time.monotonic()
     if delay > 0:
         await asyncio.sleep(delay)
@@ -200,7 +204,7 @@ async def _one(
         rec.late_s = max(0.0, t_send - (t0 + req.timestamp / scale)) * scale
         try:
             async with session.post(
-                f"{cfg.base_url.rstrip('/')}/v1/completions", json=body, headers=headers,
+                f"{base_url.rstrip('/')}/v1/completions", json=body, headers=headers,
                 timeout=aiohttp.ClientTimeout(total=cfg.request_timeout_s),
             ) as resp:
                 rec.status = resp.status
@@ -230,8 +234,13 @@ async def replay(
     *,
     headers_for: HeadersFor | None = None,
     salt_for: SaltFor | None = None,
+    base_urls: Sequence[str] | None = None,
 ) -> ReplayResult:
     """Replay ``reqs`` open-loop against ``cfg.base_url`` and return every request's record.
+
+    ``base_urls``: several gateway instances behind a round-robin client:
+    request ``i`` (in trace order) goes to ``base_urls[i % len(base_urls)]``
+    (its record's ``target`` is that index); default ``[cfg.base_url]``.
 
     ``tenants`` is parallel to ``reqs`` (default: all ``"tenant-a"``; see
     :func:`sim.trace.assign_tenants`). Arrival times are relative to the
@@ -250,14 +259,16 @@ async def replay(
     shifted = [
         TraceRequest(r.index, r.timestamp - base_ts, r.input_length, r.output_length, r.hash_ids) for r in reqs
     ]
+    urls = list(base_urls) if base_urls else [cfg.base_url]
     sem = asyncio.Semaphore(cfg.concurrency)
     conn = aiohttp.TCPConnector(limit=cfg.concurrency, limit_per_host=cfg.concurrency)
     t_start = time.monotonic()
     async with aiohttp.ClientSession(connector=conn) as session:
         t0 = time.monotonic() + 0.05
         tasks = [
-            asyncio.create_task(_one(session, r, t, cfg, t0, sem, headers_for, salt_for))
-            for r, t in zip(shifted, tenants)
+            asyncio.create_task(_one(session, r, t, cfg, t0, sem, headers_for, salt_for,
+                                     urls[i % len(urls)], i % len(urls)))
+            for i, (r, t) in enumerate(zip(shifted, tenants))
         ]
         done, pending = await asyncio.wait(tasks, timeout=cfg.total_timeout_s)
         for task in pending:
