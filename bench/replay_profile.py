@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 import yaml
 
-from bench.overhead import RESULTS, _spawn, audit_timings
+from bench.overhead import REPO, RESULTS, _spawn, audit_timings
 from bench.ttft_split import ttft_sums
 from sim.bounds import tenant_names
 from sim.demo import DemoPaths, bearer_headers, gateway_config, prepare_identity, run_target, start_cluster_proc
@@ -51,7 +51,7 @@ async def run(args: argparse.Namespace) -> str:
     cluster, replicas = await start_cluster_proc(spec, paths)
     urls = [r["url"] for r in replicas]
     out = work / "gateway.prof"
-    lines: list[str] = [f"{args.router}: cell {cell.name!r}, {args.rows} rows, profile {'off' if args.no_profile else 'on'}"]
+    lines: list[str] = [f"{args.router}{' from ' + str(args.tree) if args.tree else ''}: cell {cell.name!r}, {args.rows} rows, profile {'off' if args.no_profile else 'on'}"]
     try:
         gcfg = gateway_config("cache_aware", replicas, names, paths, listen_port=free_port(), admin_port=free_port(),
                               block_size=spec.block_size, index_capacity_blocks=spec.capacity_blocks)
@@ -61,7 +61,7 @@ async def run(args: argparse.Namespace) -> str:
         if pg:
             proc, base = await _spawn("gw", ["bench.replay_profile", "--gateway", str(cfg_path), "--profile-out",
                                              "-" if args.no_profile else str(out), "--gc-out", str(work / "gc.json")],
-                                      paths, gcfg["listen"]["port"], "/readyz")
+                                      paths, gcfg["listen"]["port"], "/readyz", tree=args.tree or REPO)
             probe_path = "/healthz"
         else:
             proc, base = await start_smg_router(urls, paths)
@@ -274,6 +274,9 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--name", default="ts20")
     ap.add_argument("--router", choices=("prefixgate", "smg"), default="prefixgate")
+    ap.add_argument("--tree", type=Path, default=None,
+                    help="serve the gateway from this source tree (an export of another commit, holding a copy "
+                         "of this file as bench/replay_profile.py): before/after")
     ap.add_argument("--probe", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--gateway", help=argparse.SUPPRESS)
     ap.add_argument("--profile-out", help=argparse.SUPPRESS)
