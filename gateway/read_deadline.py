@@ -54,7 +54,7 @@ class ReadDeadline:
         if self._handle is None:
             self._handle = loop.call_at(self._start + self.timeout_s, self._fire)
         try:
-            return await work
+            result = await work
         except asyncio.CancelledError:
             if self._expired:
                 self._expired = False
@@ -63,6 +63,11 @@ class ReadDeadline:
             raise
         finally:
             self._reading = False
+        if self._expired:  # the read swallowed our cancellation: it still took too long (as asyncio.timeout)
+            self._expired = False
+            if task.uncancel() == 0:
+                raise TimeoutError()
+        return result
 
     def _fire(self) -> None:
         self._handle = None

@@ -60,3 +60,19 @@ async def test_errors_of_the_read_are_raised_unchanged() -> None:
 def test_bound_must_be_positive() -> None:
     with pytest.raises(ValueError):
         ReadDeadline(0)
+
+
+async def test_a_read_that_swallows_the_cancellation_still_times_out() -> None:
+    d = ReadDeadline(0.02)
+
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return "swallowed"
+        return "slept"
+
+    with pytest.raises(TimeoutError):
+        await d.read(stubborn())
+    assert not asyncio.current_task().cancelling()
+    d.close()
