@@ -63,4 +63,6 @@ async def main():
                 stop_process(proc)
     finally:
         stop_process(cluster)
-asyncio.run(main())
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -25,6 +25,7 @@ from gateway.client_io import ClientGone, EndingStreamingResponse, unless_client
 from gateway.errors import GatewayError
 from gateway.held import Held
 from gateway.prefix_keys import ChainView, PrefixKeys
+from gateway.read_deadline import ReadDeadline
 from gateway.proxy import UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
 from gateway.replicas import Replica
@@ -258,7 +259,7 @@ class InferencePipeline:
 
     def _stream_response(self, req: InferenceRequest, rec: RequestRecord, held: Held) -> Response:
         scanner = SseScanner(keep_usage_chunk=req.include_usage)
-        read_timeout = self.cfg.upstream.read_timeout_s
+        deadline = ReadDeadline(self.cfg.upstream.read_timeout_s)  # one timer per stream, not one per chunk
         up = held.up
         assert up is not None and held.attempt is not None
 
@@ -271,8 +272,7 @@ class InferencePipeline:
                 if first:
                     yield first
                 while True:
-                    async with asyncio.timeout(read_timeout):
-                        chunk = await up.read_chunk()
+                    chunk = await deadline.read(up.read_chunk())
                     if not chunk:
                         break
                     out = scanner.feed(chunk)
@@ -298,6 +298,7 @@ class InferencePipeline:
                     rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
                 raise
             finally:
+                deadline.close()
                 held.usage = scanner.usage
                 held.relayed = rec.relayed_output = scanner.output_tokens
                 self._end(rec, held)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["EngineSample", "parse_engine_metrics"]
+__all__ = ["EngineSample", "parse_engine_metrics", "read_lines"]
 
 
 @dataclass(frozen=True)
@@ -35,21 +35,42 @@ _SGLANG = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "waiti
            "sglang:token_usage": "kv_usage", "sglang:cache_hit_rate": "prefix_hit_rate"}
 
 
+#: every name :func:`parse_engine_metrics` reads (a line is kept when its metric name starts with one)
+_READ_NAMES = tuple(sorted({*_VLLM, *_SGLANG, "vllm:prefix_cache_hits", "vllm:prefix_cache_queries"}))
+
+
+def read_lines(text: str) -> str:
+    """The lines of Prometheus ``text`` whose metric name starts with a name :func:`parse_engine_metrics`
+    reads: sample lines and their ``# HELP`` / ``# TYPE`` lines, in order, newline-terminated."""
+    keep: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2].startswith(_READ_NAMES):
+                keep.append(line)
+        elif line.lstrip().startswith(_READ_NAMES):
+            keep.append(line)
+    return "\n".join(keep) + "\n" if keep else ""
+
+
 def parse_engine_metrics(text: str) -> EngineSample:
     """Parse Prometheus text exposition of a vLLM or SGLang server.
 
     Values of one name are summed over label sets (one model per replica;
     several ``engine`` labels of a data-parallel server add up). Counters
     ``vllm:prefix_cache_hits`` / ``vllm:prefix_cache_queries`` (with or
-    without ``_total``) give ``prefix_hit_rate``. Unknown names are ignored;
-    malformed text raises :class:`ValueError`.
+    without ``_total``) give ``prefix_hit_rate``. Unknown names are ignored:
+    only the lines of the names read here (samples, ``# HELP`` / ``# TYPE``)
+    reach the Prometheus parser (:func:`read_lines`; an engine's histograms are
+    most of its text and the scrape runs on the gateway's event loop); a
+    malformed line of those names raises :class:`ValueError`.
     """
     from prometheus_client.parser import text_string_to_metric_families
 
     vals: dict[str, float] = {}
     engine = ""
     hits = queries = None
-    for fam in text_string_to_metric_families(text):
+    for fam in text_string_to_metric_families(read_lines(text)):
         for s in fam.samples:
             name = s.name
             if name.endswith("_total"):
