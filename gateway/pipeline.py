@@ -1,7 +1,7 @@
 """The request path of one inference call, top to bottom (DESIGN.md, "the flow").
 
-    authenticate → resolve tenant (+ limits) → parse → prefix keys →
-    authorize (PDP) → route → proxy → audit
+    shed → authenticate → tenant (+ limits, queue room) → parse → prefix keys →
+    authorize (PDP) → queue, route → proxy → audit (after the answer)
 
 Each step is a call into a unit that is tested alone; this module only
 sequences them, maps their errors to HTTP answers and records what happened
@@ -162,8 +162,7 @@ class InferencePipeline:
             rec.status, rec.outcome, rec.error_code = 500, "failed", "internal_error"
             return GatewayError(500, "internal_error", "internal error").response()
         finally:
-            # The one exit path: everything the request holds is given back and its audit
-            # record written, however it ended; a streaming answer does this when it ends.
+            # The one exit path (a stream's ends with it): all held given back, the record written.
             if not held.handed_off:
                 self._end(rec, held)
 
