@@ -3,7 +3,7 @@ per-tenant queue limits and overload shedding (docs/fairness.md, docs/configurat
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["FlowConfig"]
 
@@ -31,7 +31,9 @@ class FlowConfig(BaseModel):
     first is at most this many times the prefix (else it goes cold, recomputing
     the prefix elsewhere); larger keeps more hits at the price of waiting (4: the
     Mooncake replay's hit rate within 5 % of no flow control, docs/fairness.md). Per tenant: ``tenant_max_queued_requests``
-    (429 ``queue_full`` beyond it) and ``tenant_max_queue_wait_s`` (429
+    (429 ``queue_full`` beyond it; must stay below ``shed_max_in_flight_requests``,
+    else one tenant's queue alone could make the gateway shed every tenant's
+    requests) and ``tenant_max_queue_wait_s`` (429
     ``queue_timeout`` past it); queue wait also counts against
     ``upstream.total_timeout_s``.
 
@@ -51,12 +53,19 @@ class FlowConfig(BaseModel):
     replica_max_engine_waiting_requests: int | None = Field(None, ge=0)
     locality_slack_tokens: float = Field(2048.0, ge=0)
     locality_wait_ratio: float = Field(4.0, ge=0)
-    tenant_max_queued_requests: int = Field(1024, ge=0)
+    tenant_max_queued_requests: int = Field(128, ge=0)
     tenant_max_queue_wait_s: float = Field(60.0, gt=0)
     shed_max_in_flight_requests: int = Field(1024, ge=1)
     shed_loop_lag_s: float | None = Field(1.0, gt=0)
     loop_lag_probe_s: float = Field(0.1, gt=0, le=5)
     shed_retry_after_s: int = Field(1, ge=1, le=3600)
+
+    @model_validator(mode="after")
+    def _one_tenant_cannot_trigger_shedding(self) -> "FlowConfig":
+        if self.tenant_max_queued_requests >= self.shed_max_in_flight_requests:
+            raise ValueError("tenant_max_queued_requests must be below shed_max_in_flight_requests "
+                             "(one tenant's queue alone would shed every tenant's requests)")
+        return self
 
     def per_instance(self, bound: int) -> int:
         """This instance's share of a per-replica ``bound``: ceil(bound / instances), at least 1."""

@@ -127,7 +127,7 @@ async def test_queue_wait_limit_is_429_with_retry_after(stack) -> None:
     await asyncio.gather(first, return_exceptions=True)
 
 
-@pytest.mark.parametrize("config_overrides", [{"flow": {"shed_max_in_flight_requests": 2}}])
+@pytest.mark.parametrize("config_overrides", [{"flow": {"shed_max_in_flight_requests": 2, "tenant_max_queued_requests": 1}}])
 async def test_overload_is_shed_before_authentication_and_readyz_says_so(stack, monkeypatch) -> None:
     calls: list[Any] = []
     authn = stack.components.authn
