@@ -379,6 +379,26 @@ async def _start_passthrough(upstream: str, paths: Any) -> tuple[Any, str]:
                         paths, port, "/healthz")
 
 
+def apply_settings(doc: dict[str, Any], settings: Sequence[str]) -> None:
+    """Set ``KEY=VALUE`` pairs in a configuration document, in place.
+
+    ``KEY`` is a dotted path (``routing.policy.calibrate``); missing sections are
+    created; ``VALUE`` is read as YAML (``false``, ``64``, ``null``). Raises
+    ``ValueError`` for a pair without ``=`` or an empty key part.
+    """
+    import yaml
+
+    for item in settings:
+        key, sep, raw = item.partition("=")
+        parts = key.split(".")
+        if not sep or not all(parts):
+            raise ValueError(f"--baseline-set {item!r}: expected KEY=VALUE with a dotted KEY")
+        node = doc
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+
+
 def _second_config(cfg: Mapping[str, Any], paths: Any, name: str) -> dict[str, Any]:
     """``cfg`` for a second gateway beside the first: its own ports and audit directory."""
     from sim.procs import free_port
@@ -474,6 +494,7 @@ async def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print
         if args.baseline:
             base_cfg = _second_config(cfg, paths, "baseline")
             base_cfg["policy"]["dir"] = str(args.baseline / "rego")
+            apply_settings(base_cfg, args.baseline_set)
             bl, bl_url = await _start_baseline(args.baseline, base_cfg, paths)
             procs.append(bl)
         auth = dict(bearer_headers(issuer, ["tenant-a"])("tenant-a"))
@@ -589,6 +610,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-profile", action="store_true", help="skip the profiled stage breakdown")
     ap.add_argument("--baseline", type=Path, help="also run `prefixgate serve` from this source tree "
                     "(e.g. `git archive main | tar -x -C DIR`) as target 'baseline', interleaved")
+    ap.add_argument("--baseline-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a configuration value of the baseline only (dotted key, YAML value; repeatable), "
+                    "e.g. --baseline /path/to/this/tree --baseline-set flow.enabled=false: the cost of a feature")
     ap.add_argument("--keep-workdir", action="store_true", help="keep configs, logs, audit files and the profile")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--name", default="overhead", help="result file stem")
