@@ -35,7 +35,7 @@ class ClickOptions:
     def parse(self, argv: Sequence[str] | None = None) -> SimpleNamespace:
         """Parse ``argv`` (default ``sys.argv[1:]``) into a namespace of option values.
 
-        Values of ``multiple=True`` options are lists. ``--help`` prints the help and raises
+        Values of ``multiple=True`` options are lists. ``-h``/``--help`` prints the help (as argparse did) and raises
         ``SystemExit(0)``; a usage error prints click's message and raises ``SystemExit(2)``.
         """
         def callback(**values: Any) -> SimpleNamespace:
@@ -43,7 +43,8 @@ class ClickOptions:
                                       for k, v in values.items()})
 
         command = click.Command(name=self.prog, params=self.params, callback=callback,
-                                help=self.description, context_settings={"max_content_width": 100})
+                                help=self.description, context_settings={"max_content_width": 100,
+                                                  "help_option_names": ["-h", "--help"]})
         try:
             result = command.main(args=None if argv is None else list(argv), prog_name=self.prog,
                                   standalone_mode=False)
