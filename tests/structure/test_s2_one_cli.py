@@ -1,6 +1,7 @@
 """Issue 11 item 4: one CLI library. Every entry point in the shipped packages and in
 bench/ parses its options with click (product CLIs directly, ``python -m sim.*`` and
-``python -m bench.*`` scripts through :class:`sim.click_options.ClickOptions`); none
+``python -m bench.*`` scripts and tests/support/opa_server.py through
+:class:`sim.click_options.ClickOptions`); none
 imports argparse."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gateway", "routing", "tenancy", "policy", "audit", "sim", "bench")
+PACKAGES = ("gateway", "routing", "tenancy", "policy", "audit", "sim", "bench", "tests/support")
 
 
 def _argparse_imports(path: Path) -> list[int]:
