@@ -26,7 +26,6 @@ what else runs on it.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -37,6 +36,7 @@ from typing import Any
 
 from gateway.admission import Admission
 from gateway.metrics import GatewayMetrics
+from sim.click_options import ClickOptions
 from tenancy.registry import Tenant
 from tenancy.shared import make_limits
 from tenancy.tokenizer import get_tokenizer
@@ -116,12 +116,12 @@ def _markdown(r: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=20000)
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--redis-url", default=None)
-    ap.add_argument("--out", default="bench/results/admission_cost")
-    a = ap.parse_args()
+    ap = ClickOptions(description=__doc__.splitlines()[0])
+    ap.option("--requests", type=int, default=20000)
+    ap.option("--rounds", type=int, default=7)
+    ap.option("--redis-url", default=None)
+    ap.option("--out", default="bench/results/admission_cost")
+    a = ap.parse()
     r = asyncio.run(run(a.requests, a.rounds, a.redis_url))
     Path(f"{a.out}.json").write_text(json.dumps(r, indent=2) + "\n")
     Path(f"{a.out}.md").write_text(_markdown(r))

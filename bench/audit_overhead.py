@@ -28,7 +28,6 @@ written to ``bench/results/audit_overhead.{json,md}``.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -38,7 +37,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+import click
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -216,7 +218,7 @@ async def _round(url: str, token: str, seconds: float, concurrency: int, seq: li
     return {"ok": ok, "errors": err, "wall_s": wall, "rps": ok / wall, "p50_ms": p50 * 1000}
 
 
-async def _main(args: argparse.Namespace) -> dict[str, Any]:
+async def _main(args: SimpleNamespace) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "tests" / "audit"))
     from rsyslog_helper import Rsyslog
 
@@ -314,17 +316,19 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns 0 (the ratio is reported, not enforced)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=4, help="rounds per mode (alternating)")
-    ap.add_argument("--seconds", type=float, default=4.0, help="seconds per round")
-    ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--no-otlp", action="store_true", help="'on' without OTLP logs and trace export (breakdown)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--serve", help=argparse.SUPPRESS)
-    ap.add_argument("--mode", choices=("on", "off"), help=argparse.SUPPRESS)
-    ap.add_argument("--ready-file", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    from sim.click_options import ClickOptions
+
+    ap = ClickOptions(description=__doc__.split("\n\n")[0])
+    ap.option("--rounds", type=int, default=4, help="rounds per mode (alternating)")
+    ap.option("--seconds", type=float, default=4.0, help="seconds per round")
+    ap.option("--concurrency", type=int, default=32)
+    ap.option("--replicas", type=int, default=2)
+    ap.option("--no-otlp", is_flag=True, help="'on' without OTLP logs and trace export (breakdown)")
+    ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
+    ap.option("--serve", hidden=True)
+    ap.option("--mode", type=click.Choice(("on", "off")), hidden=True)
+    ap.option("--ready-file", hidden=True)
+    args = ap.parse(argv)
     if args.serve:
         asyncio.run(_serve(args.serve, args.mode, args.ready_file))
         return 0

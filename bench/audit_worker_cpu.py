@@ -27,7 +27,6 @@ benchmark, not a test: numbers depend on the machine.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
@@ -40,16 +39,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import click
 import orjson
 
-from bench.harness import best_cpu_us
 from audit.cef import format_cef
 from audit.chain import canonical_json, make_record
 from audit.event import AuditEvent, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo
-from audit.scrub import scrub_event
 from audit.ocsf import to_ocsf
 from audit.otlp import SCOPE_NAME, build_request, build_resource
+from audit.scrub import scrub_event
 from audit.syslog import format_rfc5424, frame_octet_counted
+from bench.harness import best_cpu_us
+from sim.click_options import ClickOptions
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "audit_worker_cpu.json"
 _BASE_MS = 1_735_787_045_678  # 2025-01-02T03:04:05.678Z
@@ -218,13 +219,13 @@ def pipeline_cost(events: list[AuditEvent], reps: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; prints and writes the JSON result."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--events", type=int, default=5000)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--pipeline-reps", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--label", default="")
-    args = ap.parse_args(argv)
+    ap = ClickOptions(description=__doc__.splitlines()[0])
+    ap.option("--events", type=int, default=5000)
+    ap.option("--reps", type=int, default=5)
+    ap.option("--pipeline-reps", type=int, default=3)
+    ap.option("--out", type=click.Path(path_type=Path), default=DEFAULT_OUT)
+    ap.option("--label", default="")
+    args = ap.parse(argv)
     events = make_events(args.events)
     digest = hashlib.sha256(b"".join(ev.to_json() for ev in events)).hexdigest()[:16]
     result: dict[str, Any] = {

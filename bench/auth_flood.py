@@ -32,7 +32,6 @@ Results: ``bench/results/auth_flood.{json,md}``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import json
@@ -44,7 +43,10 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+import click
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -244,7 +246,7 @@ async def _phase(url: str, issuer: Any, bad: list[str] | None, seconds: float, r
     return out
 
 
-async def _main(args: argparse.Namespace) -> dict[str, Any]:
+async def _main(args: SimpleNamespace) -> dict[str, Any]:
     import psutil
 
     from sim.cluster import spawn_cluster
@@ -316,14 +318,16 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns 0 (the figures are reported, not enforced)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rate", type=float, default=500.0, help="bad tokens per second")
-    ap.add_argument("--seconds", type=float, default=4.0, help="seconds per phase")
-    ap.add_argument("--probe-rate", type=float, default=20.0, help="fresh valid tokens per second")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--serve", help=argparse.SUPPRESS)
-    ap.add_argument("--ready-file", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    from sim.click_options import ClickOptions
+
+    ap = ClickOptions(description=__doc__.split("\n\n")[0])
+    ap.option("--rate", type=float, default=500.0, help="bad tokens per second")
+    ap.option("--seconds", type=float, default=4.0, help="seconds per phase")
+    ap.option("--probe-rate", type=float, default=20.0, help="fresh valid tokens per second")
+    ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
+    ap.option("--serve", hidden=True)
+    ap.option("--ready-file", hidden=True)
+    args = ap.parse(argv)
     if args.serve:
         asyncio.run(_serve(args.serve, args.ready_file))
         return 0

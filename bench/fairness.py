@@ -39,7 +39,6 @@ shared: the figures are noisy; the ratios measured within one run are what to re
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import json
@@ -52,10 +51,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
 
+from sim.click_options import ClickOptions
 from sim.cluster import spawn_cluster
 from sim.spiffe_issuer import DemoIssuer
 
@@ -252,7 +253,7 @@ FLOW_ON = {"enabled": True, "replica_max_queued_prefill_tokens": 520, "replica_m
 FLOW_OFF = {"enabled": False, "shed_loop_lag_s": None}
 
 
-async def _main(args: argparse.Namespace) -> dict[str, Any]:
+async def _main(args: SimpleNamespace) -> dict[str, Any]:
     issuer = DemoIssuer(TD)
     doc: dict[str, Any] = {"host": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                     "loadavg_start": os.getloadavg()},
@@ -361,17 +362,17 @@ def to_markdown(doc: dict[str, Any]) -> str:
 
 def main() -> None:
     """Run the benchmark and write ``--out`` (.json) and its .md."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--phase-s", type=float, default=15.0)
-    ap.add_argument("--long-words", type=int, default=500)
-    ap.add_argument("--b-rps", type=float, default=1.0)
-    ap.add_argument("--time-scale", type=float, default=4.0)
-    ap.add_argument("--models", default="fifo,chunked")
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
-    ap.add_argument("--runs", type=int, default=3, help="runs; figures are field-wise medians")
-    ap.add_argument("--serve", help=argparse.SUPPRESS)
-    ap.add_argument("--ready-file", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    ap = ClickOptions(description=__doc__.splitlines()[0])
+    ap.option("--phase-s", type=float, default=15.0)
+    ap.option("--long-words", type=int, default=500)
+    ap.option("--b-rps", type=float, default=1.0)
+    ap.option("--time-scale", type=float, default=4.0)
+    ap.option("--models", default="fifo,chunked")
+    ap.option("--out", default=str(DEFAULT_OUT))
+    ap.option("--runs", type=int, default=3, help="runs; figures are field-wise medians")
+    ap.option("--serve", hidden=True)
+    ap.option("--ready-file", hidden=True)
+    args = ap.parse()
     if args.serve:
         asyncio.run(_serve(args.serve, args.ready_file))
         return

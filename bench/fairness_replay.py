@@ -22,7 +22,6 @@ every setting alike. Reported per setting: the field-wise median of TTFT p50/p90
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -32,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from sim.click_options import ClickOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "fairness_replay.json"
@@ -61,13 +62,13 @@ def _run(setting: str, rows: int, out: Path, timeout_s: float) -> dict[str, Any]
 
 def main() -> None:
     """Run the settings ``--runs`` times each, interleaved; write ``--out`` (.json)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--rows", type=int, default=1000)
-    ap.add_argument("--settings", default="off,on,engaged")
-    ap.add_argument("--timeout-s", type=float, default=600.0, help="bound on one run")
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
-    args = ap.parse_args()
+    ap = ClickOptions(description=__doc__.splitlines()[0])
+    ap.option("--runs", type=int, default=3)
+    ap.option("--rows", type=int, default=1000)
+    ap.option("--settings", default="off,on,engaged")
+    ap.option("--timeout-s", type=float, default=600.0, help="bound on one run")
+    ap.option("--out", default=str(DEFAULT_OUT))
+    args = ap.parse()
     settings = [s for s in args.settings.split(",") if s]
     each: dict[str, list[dict[str, Any]]] = {s: [] for s in settings}
     load_start = os.getloadavg()

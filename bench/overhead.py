@@ -55,7 +55,6 @@ whole run takes about 3 minutes (``--runs 3``).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import cProfile
 import json
@@ -69,7 +68,12 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+import click
+
+from sim.click_options import ClickOptions
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -460,7 +464,7 @@ async def _profile(cfg: Mapping[str, Any], paths: Any, headers: Mapping[str, str
             "stages_us_scaled": {k: round(v * scale, 1) for k, v in stages.items()}}
 
 
-async def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
+async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The whole benchmark (see module doc); returns the result document."""
     from sim.bench import start_sglang_router
     from sim.demo import (
@@ -601,26 +605,26 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point (also the passthrough and profiled-gateway children)."""
-    ap = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--sequential", type=int, default=500)
-    ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--stream", action="store_true", help="SSE answers instead of plain JSON")
-    ap.add_argument("--no-profile", action="store_true", help="skip the profiled stage breakdown")
-    ap.add_argument("--baseline", type=Path, help="also run `prefixgate serve` from this source tree "
-                    "(e.g. `git archive main | tar -x -C DIR`) as target 'baseline', interleaved")
-    ap.add_argument("--baseline-set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a configuration value of the baseline only (dotted key, YAML value; repeatable), "
-                    "e.g. --baseline /path/to/this/tree --baseline-set flow.enabled=false: the cost of a feature")
-    ap.add_argument("--keep-workdir", action="store_true", help="keep configs, logs, audit files and the profile")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--name", default="overhead", help="result file stem")
-    ap.add_argument("--passthrough", help=argparse.SUPPRESS)
-    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--profiled-gateway", help=argparse.SUPPRESS)
-    ap.add_argument("--profile-out", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    ap = ClickOptions(prog="python -m bench.overhead", description=__doc__.splitlines()[0])
+    ap.option("--runs", type=int, default=3)
+    ap.option("--sequential", type=int, default=500)
+    ap.option("--clients", type=int, default=64)
+    ap.option("--seconds", type=float, default=8.0)
+    ap.option("--stream", is_flag=True, help="SSE answers instead of plain JSON")
+    ap.option("--no-profile", is_flag=True, help="skip the profiled stage breakdown")
+    ap.option("--baseline", type=click.Path(path_type=Path), help="also run `prefixgate serve` from this source tree "
+              "(e.g. `git archive main | tar -x -C DIR`) as target 'baseline', interleaved")
+    ap.option("--baseline-set", multiple=True, default=[], metavar="KEY=VALUE",
+              help="a configuration value of the baseline only (dotted key, YAML value; repeatable), "
+              "e.g. --baseline /path/to/this/tree --baseline-set flow.enabled=false: the cost of a feature")
+    ap.option("--keep-workdir", is_flag=True, help="keep configs, logs, audit files and the profile")
+    ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
+    ap.option("--name", default="overhead", help="result file stem")
+    ap.option("--passthrough", hidden=True)
+    ap.option("--port", type=int, hidden=True)
+    ap.option("--profiled-gateway", hidden=True)
+    ap.option("--profile-out", hidden=True)
+    args = ap.parse(argv)
     if args.passthrough:
         _run(_serve_passthrough(args.passthrough, args.port))
         return 0

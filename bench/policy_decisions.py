@@ -8,7 +8,6 @@ Writes a table between the bench markers of docs/policy.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import platform
@@ -20,10 +19,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import click
+
 from policy.cache import CachedDecisionPoint, DecisionCache
 from policy.embedded import EmbeddedOpa
 from policy.input import build_policy_input
 from policy.remote import RemoteOpa
+from sim.click_options import ClickOptions
 from sim.procs import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,10 +120,10 @@ def main() -> None:
     from policy import reexec_with_go_gc
 
     reexec_with_go_gc(["-m", "bench.policy_decisions", *sys.argv[1:]])
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-n", type=int, default=5000)
-    parser.add_argument("--doc", type=Path, default=REPO / "docs" / "policy.md")
-    args = parser.parse_args()
+    parser = ClickOptions(description=__doc__)
+    parser.option("-n", type=int, default=5000)
+    parser.option("--doc", type=click.Path(path_type=Path), default=REPO / "docs" / "policy.md")
+    args = parser.parse()
     rows = asyncio.run(run(args.n))
     table = render(rows, args.n)
     print(table)

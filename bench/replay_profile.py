@@ -11,7 +11,6 @@ request). Results: ``bench/results/replay-profile-<name>.txt``.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import io
 import json
@@ -23,14 +22,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import click
 import psutil
 import yaml
 
 from bench.overhead import REPO, RESULTS, _spawn, audit_timings
 from bench.ttft_split import ttft_sums
 from sim.bounds import tenant_names
+from sim.click_options import ClickOptions
 from sim.demo import DemoPaths, bearer_headers, gateway_config, prepare_identity, run_target, start_cluster_proc
 from sim.grid import CELLS, start_smg_router
 from sim.procs import free_port, stop_process
@@ -38,7 +40,7 @@ from sim.replay import ReplayConfig
 from sim.trace import DEFAULT_TRACE_PATH, assign_tenants, load_mooncake
 
 
-async def run(args: argparse.Namespace) -> str:
+async def run(args: SimpleNamespace) -> str:
     """The whole run (module doc); returns the report text."""
     cell = [c for c in CELLS if c.name == args.cell][0]
     work = Path(tempfile.mkdtemp(prefix="replay-prof-"))
@@ -268,20 +270,20 @@ def latency_means(jsonl_dir: Path) -> dict[str, float]:
 
 def main() -> None:
     """Command line (module doc)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cell", default="time scale 20")
-    ap.add_argument("--rows", type=int, default=300)
-    ap.add_argument("--no-profile", action="store_true")
-    ap.add_argument("--name", default="ts20")
-    ap.add_argument("--router", choices=("prefixgate", "smg"), default="prefixgate")
-    ap.add_argument("--tree", type=Path, default=None,
-                    help="serve the gateway from this source tree (an export of another commit, holding a copy "
-                         "of this file as bench/replay_profile.py): before/after")
-    ap.add_argument("--probe", nargs=2, help=argparse.SUPPRESS)
-    ap.add_argument("--gateway", help=argparse.SUPPRESS)
-    ap.add_argument("--profile-out", help=argparse.SUPPRESS)
-    ap.add_argument("--gc-out", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    ap = ClickOptions(description=__doc__.splitlines()[0])
+    ap.option("--cell", default="time scale 20")
+    ap.option("--rows", type=int, default=300)
+    ap.option("--no-profile", is_flag=True)
+    ap.option("--name", default="ts20")
+    ap.option("--router", type=click.Choice(("prefixgate", "smg")), default="prefixgate")
+    ap.option("--tree", type=click.Path(path_type=Path), default=None,
+              help="serve the gateway from this source tree (an export of another commit, holding a copy "
+                   "of this file as bench/replay_profile.py): before/after")
+    ap.option("--probe", nargs=2, hidden=True)
+    ap.option("--gateway", hidden=True)
+    ap.option("--profile-out", hidden=True)
+    ap.option("--gc-out", hidden=True)
+    args = ap.parse()
     if args.probe:
         _probe(*args.probe)
         return

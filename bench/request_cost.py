@@ -36,7 +36,6 @@ else runs on it: report the host's load with the figures).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -50,12 +49,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import click
 
 from gateway.auditing import AuditHub
 from gateway.build import Gateway, build
 from gateway.config import load_config
 from gateway.errors import GatewayError
 from gateway.request import parse_inference_request
+from sim.click_options import ClickOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "request_cost.json"
@@ -311,13 +312,13 @@ def to_markdown(doc: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--isolation-s", type=float, default=15.0, help="seconds per isolation phase (0: skip)")
-    ap.add_argument("--victim-rps", type=float, default=10.0)
-    ap.add_argument("--attacker-rps", type=float, default=5.0)
-    args = ap.parse_args()
+    ap = ClickOptions(description=__doc__.splitlines()[0])
+    ap.option("--reps", type=int, default=5)
+    ap.option("--out", type=click.Path(path_type=Path), default=DEFAULT_OUT)
+    ap.option("--isolation-s", type=float, default=15.0, help="seconds per isolation phase (0: skip)")
+    ap.option("--victim-rps", type=float, default=10.0)
+    ap.option("--attacker-rps", type=float, default=5.0)
+    args = ap.parse()
     doc = run(args.reps)
     if args.isolation_s > 0:
         doc["isolation"] = asyncio.run(_isolation(args.isolation_s, args.victim_rps, args.attacker_rps))

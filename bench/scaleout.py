@@ -42,7 +42,6 @@ the same cores) and are noisy; the hit rate is not a timing figure.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -54,13 +53,16 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
+import click
 
 from audit.keys import load_public_key
 from audit.verify_instances import verify_instances
 from sim.bounds import compute_bounds, tenant_names
+from sim.click_options import ClickOptions
 from sim.demo import (
     TRUST_DOMAIN,
     ClusterSpec,
@@ -467,7 +469,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def run(args: argparse.Namespace, log: Any = print) -> dict[str, Any]:
+async def run(args: SimpleNamespace, log: Any = print) -> dict[str, Any]:
     """Run the phases selected by ``args`` and return the results document."""
     work = Path(tempfile.mkdtemp(prefix="prefixgate-scaleout-"))
     paths = DemoPaths.under(work)
@@ -510,15 +512,15 @@ async def run(args: argparse.Namespace, log: Any = print) -> dict[str, Any]:
 
 def main() -> None:
     """``python -m bench.scaleout``: run and write ``bench/results/<name>.{json,md}``."""
-    ap = argparse.ArgumentParser(prog="python -m bench.scaleout", description=__doc__.split("\n")[0])
-    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE_PATH)
-    ap.add_argument("--rows", type=int, default=500)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--time-scale", type=float, default=8.0)
-    ap.add_argument("--phases", default="rotation,sigkill,redis_restart")
-    ap.add_argument("--name", default="scaleout")
-    ap.add_argument("--keep-workdir", action="store_true")
-    args = ap.parse_args()
+    ap = ClickOptions(prog="python -m bench.scaleout", description=__doc__.split("\n")[0])
+    ap.option("--trace", type=click.Path(path_type=Path), default=DEFAULT_TRACE_PATH)
+    ap.option("--rows", type=int, default=500)
+    ap.option("--rounds", type=int, default=3)
+    ap.option("--time-scale", type=float, default=8.0)
+    ap.option("--phases", default="rotation,sigkill,redis_restart")
+    ap.option("--name", default="scaleout")
+    ap.option("--keep-workdir", is_flag=True)
+    args = ap.parse()
     args.phases = [p for p in args.phases.split(",") if p]
     doc = asyncio.run(run(args))
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,6 @@ benchmark, not a test: numbers depend on the machine (and its load).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -31,12 +30,13 @@ from pathlib import Path
 
 from bench.harness import best_cpu_us
 from gateway.shared_routing import RoutingStream, encode_events
-from routing.policies import build_policy
 from routing.index import InProcessPrefixIndex
 from routing.load import InProcessLoadTracker
+from routing.policies import build_policy
 from routing.router import Router
 from routing.shared import PublishingPrefixIndex, RemoteLoadView, SharedLoadTracker
 from routing.types import RouteRequest
+from sim.click_options import ClickOptions
 from tenancy.keys import KeyRing
 
 REPLICAS = [f"r{i}" for i in range(6)]
@@ -60,11 +60,11 @@ class _Client:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=20000)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default="bench/results/shared_routing_cpu.json")
-    args = ap.parse_args()
+    ap = ClickOptions(description=__doc__.splitlines()[0])
+    ap.option("--requests", type=int, default=20000)
+    ap.option("--reps", type=int, default=5)
+    ap.option("--out", default="bench/results/shared_routing_cpu.json")
+    args = ap.parse()
     reqs = _requests(args.requests)
     policy = build_policy("cache_aware")
 

@@ -45,7 +45,6 @@ The same harness runs as the CI smoke test (``tests/soak``) with
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -60,10 +59,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
+import click
 
+from sim.click_options import ClickOptions
 from sim.demo import (
     MODEL,
     ClusterSpec,
@@ -984,34 +986,34 @@ def write_results(rep: SoakReport, out_dir: Path, name: str) -> tuple[Path, Path
 # --------------------------------------------------------------------------- CLI
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+def _parse(argv: Sequence[str] | None) -> SimpleNamespace:
     d = SoakSettings()
-    ap = argparse.ArgumentParser(prog="python -m bench.soak", description="PrefixGate load and soak benchmark.")
-    ap.add_argument("--steps", default=",".join(f"{r:g}" for r in d.steps), help="ramp rates, req/s")
-    ap.add_argument("--step-s", type=float, default=d.step_s)
-    ap.add_argument("--soak-s", type=float, default=d.soak_s, help="0 = no soak phase")
-    ap.add_argument("--soak-rps", type=float, default=None)
-    ap.add_argument("--soak-fraction", type=float, default=d.soak_fraction)
-    ap.add_argument("--warmup-s", type=float, default=d.warmup_s)
-    ap.add_argument("--idle-s", type=float, default=d.idle_s)
-    ap.add_argument("--sample-s", type=float, default=d.sample_s)
-    ap.add_argument("--p99-factor", type=float, default=d.p99_factor)
-    ap.add_argument("--max-error-rate", type=float, default=d.max_error_rate)
-    ap.add_argument("--policy-timeout-s", type=float, default=None, help="gateway policy.timeout_s override")
-    ap.add_argument("--replicas", type=int, default=d.replicas)
-    ap.add_argument("--time-scale", type=float, default=d.time_scale)
-    ap.add_argument("--max-tokens", type=int, default=d.max_tokens)
-    ap.add_argument("--max-requests", type=int, default=d.max_requests)
-    ap.add_argument("--trace", type=Path, default=d.trace)
-    ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--smoke", action="store_true", help="the CI smoke settings (about 20 s)")
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
-    ap.add_argument("--name", default="soak")
-    ap.add_argument("--keep-workdir", type=Path, default=None, help="use and keep this work directory")
-    return ap.parse_args(argv)
+    ap = ClickOptions(prog="python -m bench.soak", description="PrefixGate load and soak benchmark.")
+    ap.option("--steps", default=",".join(f"{r:g}" for r in d.steps), help="ramp rates, req/s")
+    ap.option("--step-s", type=float, default=d.step_s)
+    ap.option("--soak-s", type=float, default=d.soak_s, help="0 = no soak phase")
+    ap.option("--soak-rps", type=float, default=None)
+    ap.option("--soak-fraction", type=float, default=d.soak_fraction)
+    ap.option("--warmup-s", type=float, default=d.warmup_s)
+    ap.option("--idle-s", type=float, default=d.idle_s)
+    ap.option("--sample-s", type=float, default=d.sample_s)
+    ap.option("--p99-factor", type=float, default=d.p99_factor)
+    ap.option("--max-error-rate", type=float, default=d.max_error_rate)
+    ap.option("--policy-timeout-s", type=float, default=None, help="gateway policy.timeout_s override")
+    ap.option("--replicas", type=int, default=d.replicas)
+    ap.option("--time-scale", type=float, default=d.time_scale)
+    ap.option("--max-tokens", type=int, default=d.max_tokens)
+    ap.option("--max-requests", type=int, default=d.max_requests)
+    ap.option("--trace", type=click.Path(path_type=Path), default=d.trace)
+    ap.option("--seed", type=int, default=d.seed)
+    ap.option("--smoke", is_flag=True, help="the CI smoke settings (about 20 s)")
+    ap.option("--out", type=click.Path(path_type=Path), default=RESULTS_DIR)
+    ap.option("--name", default="soak")
+    ap.option("--keep-workdir", type=click.Path(path_type=Path), default=None, help="use and keep this work directory")
+    return ap.parse(argv)
 
 
-def settings_from_args(args: argparse.Namespace) -> SoakSettings:
+def settings_from_args(args: SimpleNamespace) -> SoakSettings:
     """Build :class:`SoakSettings` from parsed CLI arguments."""
     if args.smoke:
         return smoke_settings()

@@ -31,7 +31,6 @@ CPU is not gateway CPU). Measured:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import platform
@@ -45,6 +44,8 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, set_span_in_context
+
+from sim.click_options import ClickOptions
 from sim.procs import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -176,8 +177,8 @@ def _child_work_cost(requests: int) -> dict[str, float]:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from audit.span_frames import encode_frames, encode_span
     from audit.span_exporter_proc import OtlpRequestEncoder, SpanDecoder, parse_records
+    from audit.span_frames import encode_frames, encode_span
 
     resource = Resource.create({"service.name": "prefixgate-bench"})
     mem = InMemorySpanExporter()
@@ -218,10 +219,10 @@ def _encode_cost(requests: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--requests", type=int, default=4000, help="requests per variant (5 spans each)")
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
+    ap = ClickOptions(description=__doc__.split("\n")[0])
+    ap.option("--requests", type=int, default=4000, help="requests per variant (5 spans each)")
+    ap.option("--repeats", type=int, default=3)
+    args = ap.parse()
     port = free_port()
     coll = multiprocessing.get_context("spawn").Process(target=_collector, args=(port,), daemon=True)
     coll.start()

@@ -24,17 +24,18 @@ Results: ``bench/results/workers_peak.{json,md}``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import statistics
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
 
 from bench.overhead import _Body, closed_loop
+from sim.click_options import ClickOptions
 from sim.cluster import start_cluster
 from sim.demo import DemoPaths, bearer_headers, gateway_config, prepare_identity
 from sim.procs import (
@@ -69,7 +70,7 @@ async def _target(name: str, cfg: dict[str, Any], workers: int, paths: DemoPaths
         stop_process(proc, timeout_s=30)
 
 
-async def run(a: argparse.Namespace) -> dict[str, Any]:
+async def run(a: SimpleNamespace) -> dict[str, Any]:
     cluster = await start_cluster(2, ReplicaConfig(time_scale=1e6, decode_s_per_token=0.0))
     paths = DemoPaths.under(Path(a.work))
     issuer = prepare_identity(paths)
@@ -106,15 +107,15 @@ def _markdown(r: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--redis-url", required=True)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--work", default="/tmp/prefixgate-workers-peak")
-    ap.add_argument("--out", default="bench/results/workers_peak")
-    a = ap.parse_args()
+    ap = ClickOptions(description=__doc__.splitlines()[0])
+    ap.option("--redis-url", required=True)
+    ap.option("--workers", type=int, default=2)
+    ap.option("--rounds", type=int, default=2)
+    ap.option("--clients", type=int, default=32)
+    ap.option("--seconds", type=float, default=8.0)
+    ap.option("--work", default="/tmp/prefixgate-workers-peak")
+    ap.option("--out", default="bench/results/workers_peak")
+    a = ap.parse()
     r = asyncio.run(run(a))
     Path(f"{a.out}.json").write_text(json.dumps(r, indent=2) + "\n")
     Path(f"{a.out}.md").write_text(_markdown(r))

@@ -30,7 +30,6 @@ overhead part ~15 min: ~35-40 min in all on this machine. Results:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -40,9 +39,13 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import click
+
 from sim.bounds import compute_bounds, tenant_names
+from sim.click_options import ClickOptions
 from sim.demo import (
     RESULTS_DIR,
     ClusterSpec,
@@ -199,27 +202,27 @@ async def measure_overhead(
     return out
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m sim.bench", description="PrefixGate vs SGLang router benchmark.")
-    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE_PATH)
-    ap.add_argument("--rows", type=int, default=2000)
-    ap.add_argument("--time-scale", type=float, default=8.0, help="trace seconds per wall second")
-    ap.add_argument("--replicas", type=int, default=6)
-    ap.add_argument("--capacity-blocks", type=int, default=4000)
-    ap.add_argument("--prefill-tokens-per-s", type=float, default=10000.0)
-    ap.add_argument("--tenants", type=int, default=1)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--targets", default=",".join(t.label for t in TARGETS))
-    ap.add_argument("--skip-trace", action="store_true", help="only the overhead part")
-    ap.add_argument("--skip-overhead", action="store_true", help="only the trace part")
-    ap.add_argument("--low-rps", type=float, default=20.0)
-    ap.add_argument("--low-s", type=float, default=30.0)
-    ap.add_argument("--steps", default="50,100,200,400", help="rate steps (requests/s)")
-    ap.add_argument("--step-s", type=float, default=30.0)
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
-    ap.add_argument("--name", default="bench")
-    return ap.parse_args(argv)
+def _parse(argv: Sequence[str] | None) -> SimpleNamespace:
+    ap = ClickOptions(prog="python -m sim.bench", description="PrefixGate vs SGLang router benchmark.")
+    ap.option("--trace", type=click.Path(path_type=Path), default=DEFAULT_TRACE_PATH)
+    ap.option("--rows", type=int, default=2000)
+    ap.option("--time-scale", type=float, default=8.0, help="trace seconds per wall second")
+    ap.option("--replicas", type=int, default=6)
+    ap.option("--capacity-blocks", type=int, default=4000)
+    ap.option("--prefill-tokens-per-s", type=float, default=10000.0)
+    ap.option("--tenants", type=int, default=1)
+    ap.option("--runs", type=int, default=3)
+    ap.option("--seed", type=int, default=0)
+    ap.option("--targets", default=",".join(t.label for t in TARGETS))
+    ap.option("--skip-trace", is_flag=True, help="only the overhead part")
+    ap.option("--skip-overhead", is_flag=True, help="only the trace part")
+    ap.option("--low-rps", type=float, default=20.0)
+    ap.option("--low-s", type=float, default=30.0)
+    ap.option("--steps", default="50,100,200,400", help="rate steps (requests/s)")
+    ap.option("--step-s", type=float, default=30.0)
+    ap.option("--out", type=click.Path(path_type=Path), default=RESULTS_DIR)
+    ap.option("--name", default="bench")
+    return ap.parse(argv)
 
 
 def _targets(spec: str) -> list[Target]:
@@ -232,7 +235,7 @@ def _targets(spec: str) -> list[Target]:
     return out
 
 
-async def run_trace_part(args: argparse.Namespace, targets: Sequence[Target], paths: DemoPaths, issuer: Any,
+async def run_trace_part(args: SimpleNamespace, targets: Sequence[Target], paths: DemoPaths, issuer: Any,
                          log: Callable[[str], None]) -> tuple[list[RouterSummary], dict[str, list[dict[str, Any]]]]:
     """Part 1: ``args.runs`` interleaved runs of every target; returns medians and every run."""
     spec = ClusterSpec(replicas=args.replicas, capacity_blocks=args.capacity_blocks,
@@ -272,7 +275,7 @@ async def run_trace_part(args: argparse.Namespace, targets: Sequence[Target], pa
     return medians, {k: [dataclasses.asdict(s) for s in v] for k, v in per_target.items()}
 
 
-async def run_overhead_part(args: argparse.Namespace, targets: Sequence[Target], paths: DemoPaths, issuer: Any,
+async def run_overhead_part(args: SimpleNamespace, targets: Sequence[Target], paths: DemoPaths, issuer: Any,
                             log: Callable[[str], None]) -> list[OverheadResult]:
     """Part 2: direct path first, then every target (see module doc)."""
     spec = ClusterSpec(replicas=args.replicas, capacity_blocks=args.capacity_blocks,
@@ -318,7 +321,7 @@ def render_overhead(rows: Sequence[OverheadResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> Path:
+async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -> Path:
     """Run both parts and write ``bench.md``/``bench.json``; return the Markdown path."""
     targets = _targets(args.targets)
     work = Path(tempfile.mkdtemp(prefix="prefixgate-bench-"))

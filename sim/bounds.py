@@ -27,12 +27,14 @@ first 2000 rows, 6 replicas x 4000 blocks): see docs/benchmarks.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import click
+
+from sim.click_options import ClickOptions
 from sim.kvcache import BlockCache, block_keys
 from sim.trace import DEFAULT_TRACE_PATH, TraceRequest, assign_tenants, build_prompt, load_mooncake
 from tenancy.tokenizer import WordTokenizer
@@ -134,16 +136,16 @@ def tenant_names(n: int) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: ``python -m sim.bounds --rows 2000 --replicas 6 --capacity-blocks 4000 --tenants 1``."""
-    ap = argparse.ArgumentParser(prog="python -m sim.bounds", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE_PATH)
-    ap.add_argument("--rows", type=int, default=2000)
-    ap.add_argument("--replicas", type=int, default=6)
-    ap.add_argument("--capacity-blocks", type=int, default=4000, help="KV blocks per replica")
-    ap.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    ap.add_argument("--tenants", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", action="store_true", help="print JSON instead of text")
-    args = ap.parse_args(argv)
+    ap = ClickOptions(prog="python -m sim.bounds", description=__doc__.split("\n\n")[0])
+    ap.option("--trace", type=click.Path(path_type=Path), default=DEFAULT_TRACE_PATH)
+    ap.option("--rows", type=int, default=2000)
+    ap.option("--replicas", type=int, default=6)
+    ap.option("--capacity-blocks", type=int, default=4000, help="KV blocks per replica")
+    ap.option("--block-size", type=int, default=16, help="tokens per KV block")
+    ap.option("--tenants", type=int, default=1)
+    ap.option("--seed", type=int, default=0)
+    ap.option("--json", is_flag=True, help="print JSON instead of text")
+    args = ap.parse(argv)
     b = compute_bounds(
         load_mooncake(args.trace, args.rows),
         replicas=args.replicas,

@@ -32,22 +32,24 @@ reused by :mod:`sim.bench`.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
-import shutil
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import click
 import yaml
 
 from sim.bounds import HitRateBounds, compute_bounds, tenant_names
+from sim.click_options import ClickOptions
 from sim.procs import (
     ManagedProcess,
     free_port,
@@ -357,28 +359,28 @@ def audit_summary(paths: DemoPaths, log: Callable[[str], None] = print) -> dict[
             "outcomes": dict(outcomes), "alerts": alerts}
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="prefixgate-sim demo", description="Replay a real trace through PrefixGate, "
-                                 "one run per routing policy, and compare.")
-    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE_PATH)
-    ap.add_argument("--rows", type=int, default=600, help="first N trace rows")
-    ap.add_argument("--time-scale", type=float, default=10.0, help="trace seconds per wall second")
-    ap.add_argument("--replicas", type=int, default=6)
-    ap.add_argument("--capacity-blocks", type=int, default=4000, help="KV blocks (16 tokens) per replica")
-    ap.add_argument("--prefill-tokens-per-s", type=float, default=10000.0, help="real tokens per trace second")
-    ap.add_argument("--tenants", type=int, default=3, help="number of tenants (conversations assigned by seed)")
-    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated routing policies")
-    ap.add_argument("--max-tokens-cap", type=int, default=None, help="cap on max_tokens (default: trace value)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for demo.md / demo.json")
-    ap.add_argument("--name", default="demo", help="result file stem")
-    ap.add_argument("--keep-workdir", action="store_true", help="keep configs, logs and audit files")
-    ap.add_argument("--skew-rows", type=int, default=160,
-                    help="requests of the hot-prefix phase with the load guard off (0: skip)")
-    return ap.parse_args(argv)
+def _parse(argv: Sequence[str] | None) -> SimpleNamespace:
+    ap = ClickOptions(prog="prefixgate-sim demo", description="Replay a real trace through PrefixGate, "
+                      "one run per routing policy, and compare.")
+    ap.option("--trace", type=click.Path(path_type=Path), default=DEFAULT_TRACE_PATH)
+    ap.option("--rows", type=int, default=600, help="first N trace rows")
+    ap.option("--time-scale", type=float, default=10.0, help="trace seconds per wall second")
+    ap.option("--replicas", type=int, default=6)
+    ap.option("--capacity-blocks", type=int, default=4000, help="KV blocks (16 tokens) per replica")
+    ap.option("--prefill-tokens-per-s", type=float, default=10000.0, help="real tokens per trace second")
+    ap.option("--tenants", type=int, default=3, help="number of tenants (conversations assigned by seed)")
+    ap.option("--policies", default=",".join(POLICIES), help="comma-separated routing policies")
+    ap.option("--max-tokens-cap", type=int, default=None, help="cap on max_tokens (default: trace value)")
+    ap.option("--seed", type=int, default=0)
+    ap.option("--out", type=click.Path(path_type=Path), default=RESULTS_DIR, help="directory for demo.md / demo.json")
+    ap.option("--name", default="demo", help="result file stem")
+    ap.option("--keep-workdir", is_flag=True, help="keep configs, logs and audit files")
+    ap.option("--skew-rows", type=int, default=160,
+              help="requests of the hot-prefix phase with the load guard off (0: skip)")
+    return ap.parse(argv)
 
 
-async def run_demo(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[RouterSummary]:
+async def run_demo(args: SimpleNamespace, log: Callable[[str], None] = print) -> list[RouterSummary]:
     """Run the demo described by ``args`` (see :func:`_parse`); return one summary per policy."""
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = set(policies) - set(POLICIES)

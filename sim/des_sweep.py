@@ -13,12 +13,14 @@ scale; it ranks rules, it does not predict the HTTP grid (``sim.grid``).
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import click
+
 from routing.policies import build_policy
+from sim.click_options import ClickOptions
 from sim.des import SGLangLikePolicy, SimConfig, load_trace, pooled_bound, simulate
 
 __all__ = ["SETTINGS", "main", "run_setting"]
@@ -52,10 +54,10 @@ def run_setting(args: tuple[tuple[str, float, int], int]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every setting (2 processes) and write the table to ``--out``."""
-    ap = argparse.ArgumentParser(prog="python -m sim.des_sweep", description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=2000)
-    ap.add_argument("--out", type=Path, default=Path("bench/results/des_sweep.md"))
-    args = ap.parse_args(argv)
+    ap = ClickOptions(prog="python -m sim.des_sweep", description=__doc__.splitlines()[0])
+    ap.option("--rows", type=int, default=2000)
+    ap.option("--out", type=click.Path(path_type=Path), default=Path("bench/results/des_sweep.md"))
+    args = ap.parse(argv)
     head = [f"rows={args.rows} replicas=6 (sim.des_sweep); ratios vs sglang_like in the same setting", "",
             "| model | prefill | KV | policy | TTFT p50 s | p90 | p99 | hit/pooled | req max/mean "
             "| p50 ratio | p90 ratio | p99 ratio |", "|" + "---|" * 12]

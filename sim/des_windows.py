@@ -18,7 +18,6 @@ same windows, so a difference that holds over most windows is the rule's.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from collections.abc import Sequence
@@ -26,7 +25,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import click
+
 from routing.policies import build_policy
+from sim.click_options import ClickOptions
 from sim.des import SGLangLikePolicy, SimConfig, load_trace, pooled_bound, simulate
 
 __all__ = ["SETTINGS", "main", "run_setting"]
@@ -73,13 +75,13 @@ def run_setting(args: tuple[tuple[str, str, dict[str, Any]], int, int, dict[str,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every setting (2 processes) and write the table to ``--out``."""
-    ap = argparse.ArgumentParser(prog="python -m sim.des_windows", description=__doc__.splitlines()[0])
-    ap.add_argument("--windows", type=int, default=8)
-    ap.add_argument("--rows", type=int, default=500)
-    ap.add_argument("--variant", action="append", default=[],
-                    help="NAME=JSON cache_aware parameters (default: the default rule and calibrate=false)")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/des_windows.md"))
-    args = ap.parse_args(argv)
+    ap = ClickOptions(prog="python -m sim.des_windows", description=__doc__.splitlines()[0])
+    ap.option("--windows", type=int, default=8)
+    ap.option("--rows", type=int, default=500)
+    ap.option("--variant", multiple=True, default=[],
+              help="NAME=JSON cache_aware parameters (default: the default rule and calibrate=false)")
+    ap.option("--out", type=click.Path(path_type=Path), default=Path("bench/results/des_windows.md"))
+    args = ap.parse(argv)
     variants = dict(DEFAULT_VARIANTS)
     for v in args.variant:
         name, _, params = v.partition("=")

@@ -23,7 +23,6 @@ defaults.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -33,9 +32,13 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import click
+
 from sim.bounds import compute_bounds, tenant_names
+from sim.click_options import ClickOptions
 from sim.demo import (
     ClusterSpec,
     DemoPaths,
@@ -130,7 +133,7 @@ def _save_cache(path: Path, cache: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-async def run_cell(cell: Cell, args: argparse.Namespace, paths: DemoPaths, issuer: Any,
+async def run_cell(cell: Cell, args: SimpleNamespace, paths: DemoPaths, issuer: Any,
                    cache: dict[str, Any]) -> None:
     """Run every missing (run, router) of ``cell``; store each result in ``cache`` at once."""
     todo = [(run, r) for run in range(args.runs) for r in ROUTERS
@@ -244,21 +247,21 @@ def render_verdicts(cache: dict[str, Any], rows: int, runs: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m sim.grid", description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE_PATH)
-    ap.add_argument("--rows", type=int, default=2000)
-    ap.add_argument("--replicas", type=int, default=6)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cells", default="", help="semicolon-separated cell names (default: all)")
-    ap.add_argument("--cache", type=Path, default=Path("bench/results/grid.json"))
-    ap.add_argument("--out", type=Path, default=Path("bench/results/grid.md"))
-    ap.add_argument("--budget-s", type=float, default=0.0, help="stop starting new cells after this (0: none)")
-    return ap.parse_args(argv)
+def _parse(argv: Sequence[str] | None) -> SimpleNamespace:
+    ap = ClickOptions(prog="python -m sim.grid", description=__doc__.splitlines()[0])
+    ap.option("--trace", type=click.Path(path_type=Path), default=DEFAULT_TRACE_PATH)
+    ap.option("--rows", type=int, default=2000)
+    ap.option("--replicas", type=int, default=6)
+    ap.option("--runs", type=int, default=3)
+    ap.option("--seed", type=int, default=0)
+    ap.option("--cells", default="", help="semicolon-separated cell names (default: all)")
+    ap.option("--cache", type=click.Path(path_type=Path), default=Path("bench/results/grid.json"))
+    ap.option("--out", type=click.Path(path_type=Path), default=Path("bench/results/grid.md"))
+    ap.option("--budget-s", type=float, default=0.0, help="stop starting new cells after this (0: none)")
+    return ap.parse(argv)
 
 
-async def run_grid(args: argparse.Namespace) -> None:
+async def run_grid(args: SimpleNamespace) -> None:
     """Run the selected cells (skipping cached results) and write the table."""
     want = {c.strip() for c in args.cells.split(";") if c.strip()}
     cells = [c for c in CELLS if not want or c.name in want]

@@ -29,7 +29,6 @@ Run: ``python -m tests.support.opa_server --port P --policy-dir rego/``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
 import json
@@ -39,6 +38,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import click
 import uvicorn
 from opa_bindings import OpaEngine, OpaError, OpaUndefinedError
 from starlette.applications import Starlette
@@ -48,6 +48,7 @@ from starlette.routing import Route
 
 from policy.decision import PolicyCompileError
 from policy.loader import build_engine, compile_errors, load_policy_dir
+from sim.click_options import ClickOptions
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -288,12 +289,12 @@ def state_from_dir(policy_dir: str | Path, *, decision_logs: bool = True) -> Opa
 
 def main(argv: list[str] | None = None) -> None:
     """CLI: ``python -m tests.support.opa_server --port P --policy-dir DIR``."""
-    parser = argparse.ArgumentParser(description="OPA REST API subset on the embedded engine (tests only)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8181)
-    parser.add_argument("--policy-dir", default=None)
-    parser.add_argument("--decision-logs", choices=("on", "off"), default="on")
-    args = parser.parse_args(argv)
+    parser = ClickOptions(description="OPA REST API subset on the embedded engine (tests only)")
+    parser.option("--host", default="127.0.0.1")
+    parser.option("--port", type=int, default=8181)
+    parser.option("--policy-dir", default=None)
+    parser.option("--decision-logs", type=click.Choice(("on", "off")), default="on")
+    args = parser.parse(argv)
     logs = args.decision_logs == "on"
     state = state_from_dir(args.policy_dir, decision_logs=logs) if args.policy_dir else OpaServerState(decision_logs=logs)
     uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="warning", access_log=False)
