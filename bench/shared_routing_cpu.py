@@ -72,7 +72,7 @@ def main() -> None:
         router = Router(policy, InProcessPrefixIndex(), InProcessLoadTracker(), 16)
         for r in reqs:
             _, t = router.route(r, REPLICAS)
-            t.first_token()
+            t.first_byte()
             t.finish()
 
     captured: list[object] = []
@@ -90,7 +90,7 @@ def main() -> None:
         router, stream = make_stream()
         for r in reqs:
             _, t = router.route(r, REPLICAS)
-            t.first_token()
+            t.first_byte()
             t.finish()
         captured[:] = list(stream._queue)  # noqa: SLF001 - the bench reads what the writer would send
 
