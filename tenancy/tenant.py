@@ -123,9 +123,9 @@ def config_error(where: str, msg: str) -> TenantConfigError:
 
 
 def _first_error(exc: ValidationError, where: str) -> TenantConfigError:
-    """The first pydantic error of ``exc`` as ``<where>.<loc>: <meaning>`` (id first, then unknown keys)."""
+    """The first pydantic error of ``exc`` as ``<where>.<loc>: <meaning>`` (id first, then unknown keys, as before the schema)."""
     errors = exc.errors()
-    errors.sort(key=lambda e: (0 if e["loc"][:1] == ("id",) else 2 if e["type"] == "extra_forbidden" else 1))
+    errors.sort(key=lambda e: 0 if e["loc"][:1] == ("id",) else 1 if e["type"] == "extra_forbidden" else 2)
     err = errors[0]
     loc = [str(p) for p in err["loc"]]
     if err["type"] == "extra_forbidden":
