@@ -32,44 +32,15 @@ The registry of all tenants and the identity rules that map to them is
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from pydantic import ValidationError
+
 from .spiffe_id import parse_spiffe_id_rule
-
-_TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
-
-_TENANT_KEYS = frozenset(
-    {
-        "id",
-        "spiffe_ids",
-        "models",
-        "pools",
-        "tier",
-        "labels",
-        "rate_rps",
-        "rate_burst",
-        "prompt_tokens_per_s",
-        "prompt_tokens_burst",
-        "output_tokens_per_s",
-        "output_tokens_burst",
-        "max_concurrency",
-        "max_prompt_tokens",
-        "max_output_tokens",
-        "max_prompt_bytes",
-        "max_messages",
-        "max_batch_prompts",
-        "forward_user",
-        "regulated",
-        "data_residency",
-    }
-)
-
+from .tenant_schema import FIELD_MESSAGES, ITEM_MESSAGES, TenantEntry
 
 class TenantConfigError(ValueError):
     """Invalid tenant configuration; the message names the offending field."""
@@ -143,7 +114,7 @@ class Tenant:
         }
 
 
-# -- validation helpers ------------------------------------------------------
+# -- validation --------------------------------------------------------------
 
 
 def config_error(where: str, msg: str) -> TenantConfigError:
@@ -151,112 +122,78 @@ def config_error(where: str, msg: str) -> TenantConfigError:
     return TenantConfigError(f"{where}: {msg}")
 
 
-def _opt_positive_number(doc: Mapping[str, Any], key: str, where: str) -> float | None:
-    v = doc.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise config_error(f"{where}.{key}", "must be a positive finite number")
-    return float(v)
+def _first_error(exc: ValidationError, where: str) -> TenantConfigError:
+    """The first pydantic error of ``exc`` as ``<where>.<loc>: <meaning>`` (id first, then unknown keys, as before the schema)."""
+    errors = exc.errors()
+    errors.sort(key=lambda e: 0 if e["loc"][:1] == ("id",) else 1 if e["type"] == "extra_forbidden" else 2)
+    err = errors[0]
+    loc = [str(p) for p in err["loc"]]
+    if err["type"] == "extra_forbidden":
+        return config_error(".".join([where, *loc]), "unknown field")
+    key = loc[0] if loc else ""
+    if len(loc) >= 2 and loc[1].isdigit() and key in ITEM_MESSAGES:
+        return config_error(f"{where}.{key}.{loc[1]}", ITEM_MESSAGES[key])
+    return config_error(f"{where}.{key}" if key else where, FIELD_MESSAGES.get(key, err["msg"]))
 
 
-def _opt_rate_and_burst(doc: Mapping[str, Any], rate_key: str, burst_key: str,
-                        where: str) -> tuple[float | None, float | None]:
-    """A token bucket's optional rate and burst (positive numbers); a burst needs its rate."""
-    rate = _opt_positive_number(doc, rate_key, where)
-    burst = _opt_positive_number(doc, burst_key, where)
-    if burst is not None and rate is None:
+def _check_burst(entry: TenantEntry, rate_key: str, burst_key: str, where: str) -> None:
+    if getattr(entry, burst_key) is not None and getattr(entry, rate_key) is None:
         raise config_error(f"{where}.{burst_key}", f"needs {rate_key}")
-    return rate, burst
 
 
-def _opt_positive_int(doc: Mapping[str, Any], key: str, where: str) -> int | None:
-    v = doc.get(key)
-    if v is None:
+def _burst(rate: float | None, burst: float | None) -> float | None:
+    if rate is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise config_error(f"{where}.{key}", "must be a positive integer")
-    return v
-
-
-def _name_set(doc: Mapping[str, Any], key: str, where: str) -> frozenset[str]:
-    v = doc.get(key, [])
-    if not isinstance(v, (list, tuple)):
-        raise config_error(f"{where}.{key}", "must be a list of names")
-    for i, item in enumerate(v):
-        if not isinstance(item, str) or not _NAME_RE.match(item):
-            raise config_error(f"{where}.{key}.{i}", "must be a name of [A-Za-z0-9._:/@+-], at most 128 chars")
-    return frozenset(v)
+    return float(burst) if burst is not None else max(1.0, float(rate))
 
 
 def parse_tenant(doc: Any, index: int) -> Tenant:
     """Validate entry ``index`` of the ``tenants`` list and build its :class:`Tenant`.
 
-    Unknown keys are refused. Raises :class:`TenantConfigError` naming the bad field
+    The entry is validated with the pydantic schema :class:`tenancy.tenant_schema.TenantEntry`
+    (unknown keys refused). Raises :class:`TenantConfigError` naming the bad field
     (``tenants.<index>.<key>``)."""
     where = f"tenants.{index}"  # dotted, as pydantic locations (docs/configuration.md)
     if not isinstance(doc, Mapping):
         raise config_error(where, "must be a mapping")
-    tid = doc.get("id")
-    if not isinstance(tid, str) or not _TENANT_ID_RE.match(tid):
-        raise config_error(f"{where}.id", "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-    unknown = sorted(set(doc) - _TENANT_KEYS)
-    if unknown:
-        raise config_error(f"{where}.{unknown[0]}", "unknown field")
-    raw_ids = doc.get("spiffe_ids")
-    if not isinstance(raw_ids, (list, tuple)) or not raw_ids:
-        raise config_error(f"{where}.spiffe_ids", "must be a non-empty list of SPIFFE IDs or prefixes")
+    try:
+        entry = TenantEntry.model_validate(dict(doc))
+    except ValidationError as exc:
+        raise _first_error(exc, where) from None
     rules: list[str] = []
-    for i, rid in enumerate(raw_ids):
+    for i, rid in enumerate(entry.spiffe_ids):
         try:
             rules.append(canonical_rule(*split_rule(rid)))
         except ValueError as exc:
             raise config_error(f"{where}.spiffe_ids.{i}", f"invalid SPIFFE ID or prefix ({exc})") from None
-    tier = doc.get("tier", "standard")
-    if not isinstance(tier, str) or not _NAME_RE.match(tier):
-        raise config_error(f"{where}.tier", "must be a non-empty name")
-    labels = doc.get("labels", {})
-    if not isinstance(labels, Mapping) or not all(
-        isinstance(k, str) and k and isinstance(v, str) for k, v in labels.items()
-    ):
-        raise config_error(f"{where}.labels", "must map non-empty strings to strings")
-    regulated = doc.get("regulated", False)
-    if not isinstance(regulated, bool):
-        raise config_error(f"{where}.regulated", "must be true or false")
-    residency = doc.get("data_residency")
-    if residency is not None and (not isinstance(residency, str) or not _NAME_RE.match(residency)):
-        raise config_error(f"{where}.data_residency", "must be a region name")
-    rate, burst = _opt_rate_and_burst(doc, "rate_rps", "rate_burst", where)
-    ptps, pburst = _opt_rate_and_burst(doc, "prompt_tokens_per_s", "prompt_tokens_burst", where)
-    otps, oburst = _opt_rate_and_burst(doc, "output_tokens_per_s", "output_tokens_burst", where)
-    concurrency = _opt_positive_int(doc, "max_concurrency", where)
-    batch = _opt_positive_int(doc, "max_batch_prompts", where)
+    _check_burst(entry, "rate_rps", "rate_burst", where)
+    _check_burst(entry, "prompt_tokens_per_s", "prompt_tokens_burst", where)
+    _check_burst(entry, "output_tokens_per_s", "output_tokens_burst", where)
+    batch, concurrency = entry.max_batch_prompts, entry.max_concurrency
     if batch is not None and concurrency is not None and batch > concurrency:
         raise config_error(f"{where}.max_batch_prompts",
                    f"{batch} is larger than max_concurrency {concurrency} (each prompt of a batch takes a slot)")
-    forward_user = doc.get("forward_user")
-    if forward_user is not None and forward_user not in ("drop", "pseudonym"):
-        raise config_error(f"{where}.forward_user", "must be 'drop' or 'pseudonym'")
+    as_float = lambda v: None if v is None else float(v)  # noqa: E731
     return Tenant(
-        id=tid,
-        models=_name_set(doc, "models", where),
-        pools=_name_set(doc, "pools", where),
-        tier=tier,
-        labels=MappingProxyType(dict(labels)),
-        rate_rps=rate,
-        rate_burst=(burst if burst is not None else max(1.0, rate)) if rate is not None else None,
-        prompt_tokens_per_s=ptps,
-        prompt_tokens_burst=(pburst if pburst is not None else max(1.0, ptps)) if ptps is not None else None,
-        output_tokens_per_s=otps,
-        output_tokens_burst=(oburst if oburst is not None else max(1.0, otps)) if otps is not None else None,
+        id=entry.id,
+        models=frozenset(entry.models),
+        pools=frozenset(entry.pools),
+        tier=entry.tier,
+        labels=MappingProxyType(dict(entry.labels)),
+        rate_rps=as_float(entry.rate_rps),
+        rate_burst=_burst(entry.rate_rps, entry.rate_burst),
+        prompt_tokens_per_s=as_float(entry.prompt_tokens_per_s),
+        prompt_tokens_burst=_burst(entry.prompt_tokens_per_s, entry.prompt_tokens_burst),
+        output_tokens_per_s=as_float(entry.output_tokens_per_s),
+        output_tokens_burst=_burst(entry.output_tokens_per_s, entry.output_tokens_burst),
         max_concurrency=concurrency,
-        max_prompt_tokens=_opt_positive_int(doc, "max_prompt_tokens", where),
-        max_output_tokens=_opt_positive_int(doc, "max_output_tokens", where),
-        max_prompt_bytes=_opt_positive_int(doc, "max_prompt_bytes", where),
-        max_messages=_opt_positive_int(doc, "max_messages", where),
+        max_prompt_tokens=entry.max_prompt_tokens,
+        max_output_tokens=entry.max_output_tokens,
+        max_prompt_bytes=entry.max_prompt_bytes,
+        max_messages=entry.max_messages,
         max_batch_prompts=batch,
-        forward_user=forward_user,
-        regulated=regulated,
-        data_residency=residency,
+        forward_user=entry.forward_user,
+        regulated=entry.regulated,
+        data_residency=entry.data_residency,
         spiffe_ids=tuple(dict.fromkeys(rules)),
     )

@@ -1,0 +1,77 @@
+"""The pydantic schema of one ``tenancy.tenants`` entry (:class:`TenantEntry`).
+
+Field shapes and limits live here; :func:`tenancy.tenant.parse_tenant` validates an
+entry with it and turns the first pydantic error into a
+:class:`tenancy.tenant.TenantConfigError` reading ``tenants.<i>.<key>: <meaning>``
+(docs/configuration.md). Unknown keys are refused (``extra="forbid"``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$"
+
+_Name = Annotated[StrictStr, Field(pattern=NAME_PATTERN)]
+_PositiveNumber = Annotated[StrictInt | StrictFloat, Field(gt=0, allow_inf_nan=False)]
+_PositiveInt = Annotated[StrictInt, Field(gt=0)]
+
+#: The meaning reported for a bad value of each field (by top-level key).
+FIELD_MESSAGES: dict[str, str] = {
+    "id": "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63}",
+    "spiffe_ids": "must be a non-empty list of SPIFFE IDs or prefixes",
+    "models": "must be a list of names",
+    "pools": "must be a list of names",
+    "tier": "must be a non-empty name",
+    "labels": "must map non-empty strings to strings",
+    "regulated": "must be true or false",
+    "data_residency": "must be a region name",
+    "forward_user": "must be 'drop' or 'pseudonym'",
+    **{k: "must be a positive finite number" for k in (
+        "rate_rps", "rate_burst", "prompt_tokens_per_s", "prompt_tokens_burst",
+        "output_tokens_per_s", "output_tokens_burst")},
+    **{k: "must be a positive integer" for k in (
+        "max_concurrency", "max_prompt_tokens", "max_output_tokens",
+        "max_prompt_bytes", "max_messages", "max_batch_prompts")},
+}
+#: The meaning reported for a bad list element (``<key>.<i>``).
+ITEM_MESSAGES: dict[str, str] = {
+    "models": "must be a name of [A-Za-z0-9._:/@+-], at most 128 chars",
+    "pools": "must be a name of [A-Za-z0-9._:/@+-], at most 128 chars",
+    "spiffe_ids": "must be a SPIFFE ID or prefix (a string)",
+}
+
+
+class TenantEntry(BaseModel):
+    """One ``tenancy.tenants`` entry as written in the configuration (units: docs/tenancy.md).
+
+    Values are checked strictly (no string-to-number coercion, booleans are not numbers).
+    Cross-field rules (a burst needs its rate, ``max_batch_prompts`` <= ``max_concurrency``)
+    and SPIFFE-rule parsing are applied by :func:`tenancy.tenant.parse_tenant`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: Annotated[StrictStr, Field(pattern=TENANT_ID_PATTERN)]
+    spiffe_ids: Annotated[list[StrictStr], Field(min_length=1)]
+    models: list[_Name] = []
+    pools: list[_Name] = []
+    tier: _Name = "standard"
+    labels: dict[Annotated[StrictStr, Field(min_length=1)], StrictStr] = {}
+    rate_rps: _PositiveNumber | None = None
+    rate_burst: _PositiveNumber | None = None
+    prompt_tokens_per_s: _PositiveNumber | None = None
+    prompt_tokens_burst: _PositiveNumber | None = None
+    output_tokens_per_s: _PositiveNumber | None = None
+    output_tokens_burst: _PositiveNumber | None = None
+    max_concurrency: _PositiveInt | None = None
+    max_prompt_tokens: _PositiveInt | None = None
+    max_output_tokens: _PositiveInt | None = None
+    max_prompt_bytes: _PositiveInt | None = None
+    max_messages: _PositiveInt | None = None
+    max_batch_prompts: _PositiveInt | None = None
+    forward_user: Literal["drop", "pseudonym"] | None = None
+    regulated: StrictBool = False
+    data_residency: _Name | None = None
