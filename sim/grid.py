@@ -191,16 +191,7 @@ def render(cache: dict[str, Any], rows: int, runs: int) -> str:
         "| p99 ratio | req max/mean | errors |"),
         "|" + "---|" * 13,
     ]
-    for cell in CELLS:
-        med: dict[str, RouterSummary] = {}
-        for router in ROUTERS:
-            got = [RouterSummary(**cache[k]) for run in range(runs)
-                   if (k := _key(cell, rows, run, router)) in cache]
-            if got:
-                med[router] = median_summary(got)
-        if len(med) < 2:
-            continue
-        pg, sg = med["prefixgate"], med["smg"]
+    for cell, pg, sg in _cell_medians(cache, rows, runs):
         for router, s in (("prefixgate", pg), ("smg", sg)):
             ratios = (f"| {_ratio(pg.ttft_p50, sg.ttft_p50)} | {_ratio(pg.ttft_p90, sg.ttft_p90)} "
                       f"| {_ratio(pg.ttft_p99, sg.ttft_p99)} ") if router == "prefixgate" else "| | | "
@@ -211,6 +202,22 @@ def render(cache: dict[str, Any], rows: int, runs: int) -> str:
                 f"| {s.ttft_p90 or 0:.3f} | {s.ttft_p99 or 0:.3f} {ratios}| {imb:.2f} "
                 f"| {sum(s.errors.values())} |")
     return "\n".join(lines) + "\n"
+
+
+def _cell_medians(cache: dict[str, Any], rows: int, runs: int) -> list[tuple[Any, RouterSummary, RouterSummary]]:
+    """Per cell with both routers measured: ``(cell, PrefixGate's median, SGLang's median)``
+    over the runs found in ``cache``, in grid order."""
+    out = []
+    for cell in CELLS:
+        med: dict[str, RouterSummary] = {}
+        for router in ROUTERS:
+            got = [RouterSummary(**cache[k]) for run in range(runs)
+                   if (k := _key(cell, rows, run, router)) in cache]
+            if got:
+                med[router] = median_summary(got)
+        if len(med) == 2:
+            out.append((cell, med["prefixgate"], med["smg"]))
+    return out
 
 
 def _yes(ok: bool) -> str:
@@ -224,16 +231,7 @@ def render_verdicts(cache: dict[str, Any], rows: int, runs: int) -> str:
     scale 20`` also the target p50, p90 and p99 each <= 0.6x SGLang's."""
     lines = ["| cell | runs | hit >= 0.95 pooled | p50 < SGLang | p99 <= 1.05x | max/mean <= 1.2 | ts20 target (all <= 0.6x) |",
              "|" + "---|" * 7]
-    for cell in CELLS:
-        med: dict[str, RouterSummary] = {}
-        for router in ROUTERS:
-            got = [RouterSummary(**cache[k]) for run in range(runs)
-                   if (k := _key(cell, rows, run, router)) in cache]
-            if got:
-                med[router] = median_summary(got)
-        if len(med) < 2:
-            continue
-        pg, sg = med["prefixgate"], med["smg"]
+    for cell, pg, sg in _cell_medians(cache, rows, runs):
         imb = pg.requests_max / pg.requests_mean if pg.requests_mean else float("nan")
         target = "-"
         if cell.name == "time scale 20":
