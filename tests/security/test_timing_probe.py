@@ -48,7 +48,10 @@ def replica_cfg() -> ReplicaConfig:
 
 @pytest.fixture
 def config_overrides() -> dict[str, Any]:
-    return {"routing": {"policy": "cache_aware", "block_size": 16, "index_capacity_blocks": 20000}}
+    # health: generous probe bounds; on a loaded CI machine two 1 s probe timeouts once marked the only
+    # replica down mid-probe (503), which says nothing about timing across tenants
+    return {"routing": {"policy": "cache_aware", "block_size": 16, "index_capacity_blocks": 20000},
+            "health": {"timeout_s": 10.0, "unhealthy_after": 5}}
 
 
 def text(tag: str) -> str:
