@@ -89,6 +89,9 @@ def base_config(tmp: Path, urls: list[str], issuer: DemoIssuer, **over: Any) -> 
         "identity": {"audience": "prefixgate", "trust_domains": {TD: {"bundle_file": str(bundle)}}},
         "policy": {"mode": "embedded", "dir": str(ROOT / "rego")},
         "audit": {},
+        # the stack runs the client, the replicas and the gateway on one event loop: its lag
+        # measures the test harness too, so lag-based shedding is off here (tests of it set it)
+        "flow": {"shed_loop_lag_s": None},
     }
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(cfg.get(k), dict):
