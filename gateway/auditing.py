@@ -30,6 +30,7 @@ from audit.tracing import begin_request_trace, end_request_trace, incoming_links
 from gateway.record import RequestRecord
 
 if TYPE_CHECKING:
+    from audit.config_schema import AuditSection
     from opentelemetry.sdk.trace import TracerProvider
     from prometheus_client import CollectorRegistry
 
@@ -102,40 +103,40 @@ class AuditHub:
         self._emit_row = getattr(log, "emit_request_row", None)
 
     @classmethod
-    def from_config(cls, section: Mapping[str, Any], *, router_factor: float = 1.25,
+    def from_config(cls, section: "Mapping[str, Any] | AuditSection", *, router_factor: float = 1.25,
                     tracing: Mapping[str, Any] | None = None) -> "AuditHub":
         """Build the audit log (``audit.config.build_audit``), the concentration
         monitor (thresholds relative to the router's load-guard factor) and the
-        tracer from config. The ``concentration`` sub-section holds
+        tracer from config. ``section``: ``GatewayConfig.audit`` (an
+        :class:`audit.config_schema.AuditSection`) or the same as a mapping.
+        The ``concentration`` sub-section holds
         :class:`audit.concentration.ConcentrationMonitor` keyword arguments.
 
-        Raises ``ValueError`` (``audit.config.AuditConfigError``) when no sink is
-        configured: the gateway never serves without an audit trail.
+        Raises ``ValueError`` (``audit.config.AuditConfigError``) when a key is
+        invalid or no sink is configured: the gateway never serves without an audit trail.
         """
         from prometheus_client import CollectorRegistry
 
         from audit.concentration import ConcentrationMonitor
         from audit.config import AuditConfigError, build_audit
+        from audit.config_schema import parse_audit
         from audit.tracing import setup_tracing
 
-        doc = dict(section)
-        conc = dict(doc.pop("concentration", {}) or {})
-        worker = doc.pop("worker", "process")
+        model = parse_audit(section)
+        doc = model.worker_section()
         if not doc:
             raise AuditConfigError("audit: configure at least one sink and a spill directory")
         registry = CollectorRegistry()
-        if worker == "process":
+        if model.worker == "process":
             from audit.remote import RemoteAuditLog
 
-            build_audit(doc, validate_only=True)  # a bad config fails here, before any start
+            build_audit(model, validate_only=True)  # a bad config fails here, before any start
             log = RemoteAuditLog(doc, registry=registry)
-        elif worker == "inline":
-            log = build_audit(doc, registry=registry)
         else:
-            raise AuditConfigError(f"audit.worker must be 'process' or 'inline', not {worker!r}")
+            log = build_audit(model, registry=registry)
         admin_registry = CollectorRegistry()
-        monitor = ConcentrationMonitor(load_guard_factor=router_factor, on_alert=log.emit,
-                                       registry=registry, admin_registry=admin_registry, **conc)
+        monitor = ConcentrationMonitor(load_guard_factor=router_factor, on_alert=log.emit, registry=registry,
+                                       admin_registry=admin_registry, **model.concentration_kwargs())
         tc = dict(tracing or {})
         exporter = tc.get("exporter") or "none"
         provider = setup_tracing(None if exporter == "none" else exporter, endpoint=tc.get("otlp_endpoint"),

@@ -24,6 +24,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from audit.config_schema import AuditSection
 from gateway.config_base import ConfigError, ConfigSection
 from gateway.config_http import LimitsConfig, ListenConfig, ServerConfig, UpstreamConfig
 from gateway.config_identity import IdentityConfig, TrustDomainConfig  # noqa: F401 (re-exported)
@@ -60,7 +61,7 @@ class GatewayConfig(BaseSettings):
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
     identity: IdentityConfig = Field(default_factory=IdentityConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
-    audit: dict[str, Any] = Field(default_factory=dict)
+    audit: AuditSection = Field(default_factory=AuditSection)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     state: StateConfig = Field(default_factory=StateConfig)
     flow: FlowConfig = Field(default_factory=FlowConfig)

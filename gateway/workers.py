@@ -24,7 +24,6 @@ parent stop the others and exit 1 (a supervisor restarts the whole gateway).
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import signal
@@ -34,6 +33,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from audit.config_schema import AuditSection
 from gateway.config import GatewayConfig
 from gateway.server import bind_listener
 
@@ -48,7 +48,7 @@ log = logging.getLogger("prefixgate")
 def worker_config(cfg: GatewayConfig, index: int, host: str | None = None) -> GatewayConfig:
     """``cfg`` for worker ``index``: its own audit directories and file, ``audit.instance`` =
     ``<host>/w<index>`` (``host``: this machine's name by default). Other sections unchanged."""
-    audit: dict[str, Any] = copy.deepcopy(cfg.audit)
+    audit: dict[str, Any] = cfg.audit.model_dump(exclude_unset=True)
     suffix = f"worker-{index}"
     for section in ("jsonl", "spill"):
         sub = audit.get(section)
@@ -58,7 +58,7 @@ def worker_config(cfg: GatewayConfig, index: int, host: str | None = None) -> Ga
     if isinstance(ocsf, dict) and ocsf.get("file"):
         ocsf["file"] = f"{ocsf['file']}.{suffix}"
     audit["instance"] = f"{host or socket.gethostname()}/w{index}"
-    return cfg.model_copy(update={"audit": audit})
+    return cfg.model_copy(update={"audit": AuditSection.model_validate(audit)})
 
 
 def catch_early_stop() -> Callable[[], bool]:
