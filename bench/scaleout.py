@@ -65,7 +65,7 @@ from sim.bounds import compute_bounds, tenant_names
 from sim.click_options import ClickOptions
 from bench.harness import DemoStack, start_demo_stack
 from sim.demo import TRUST_DOMAIN, ClusterSpec, DemoPaths
-from sim.procs import ManagedProcess, free_port, stop_process
+from sim.procs import ManagedProcess, free_port, stop_process, wait_for_port
 from sim.replay import ReplayConfig, ReplayResult, replay
 from sim.report import fetch_replica_stats, percentile, reset_replicas, summarize
 from sim.trace import DEFAULT_TRACE_PATH, TraceRequest, assign_tenants, load_mooncake
@@ -75,6 +75,7 @@ RESULTS_DIR = REPO_ROOT / "bench" / "results"
 OPERATOR = f"spiffe://{TRUST_DOMAIN}/ops/admin"
 MODES = ("one", "shared", "independent")
 LEASE_TTL_S = 10.0
+REDIS_PING = b"*1\r\n$4\r\nPING\r\n"
 
 
 class Redis:
@@ -91,23 +92,15 @@ class Redis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        """Start and wait until ``PING`` answers (RuntimeError after 15 s)."""
+        """Start and wait until ``PING`` answers (:class:`sim.procs.ProcessStartError`, a RuntimeError,
+        when it exits or after 15 s)."""
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         self.work.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(self.work)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 15
-        import socket
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    s.sendall(b"*1\r\n$4\r\nPING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not answer PING")
+        wait_for_port(self.port, popen=self.proc, timeout_s=15, send=REDIS_PING, expect=b"+PONG",
+                      what="redis-server")
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 5 s."""

@@ -26,6 +26,8 @@ __all__ = [
     "ProcessStartError",
     "ManagedProcess",
     "free_port",
+    "port_answers",
+    "wait_for_port",
     "start_process",
     "stop_process",
     "wait_for_url",
@@ -70,6 +72,48 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def port_answers(port: int, *, host: str = "127.0.0.1", send: bytes = b"", expect: bytes = b"",
+                 timeout_s: float = 0.5) -> bool:
+    """True when a TCP connection to ``host:port`` opens within ``timeout_s`` seconds and, when
+    ``send`` is given, the first reply to it (up to 64 bytes) starts with ``expect``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as s:
+            if not send:
+                return True
+            s.sendall(send)
+            return s.recv(64).startswith(expect)
+    except OSError:
+        return False
+
+
+def wait_for_port(port: int, *, popen: subprocess.Popen[bytes] | None = None, timeout_s: float = 15.0,
+                  send: bytes = b"", expect: bytes = b"", what: str = "server", log_path: Path | None = None,
+                  interval_s: float = 0.05) -> None:
+    """Block until :func:`port_answers` on ``127.0.0.1:port`` (with ``send``/``expect``), polling
+    every ``interval_s`` seconds, for a server started as ``popen`` (a plain ``Popen``, not a
+    :class:`ManagedProcess`, for servers with their own logging).
+
+    Raises :class:`ProcessStartError` (a RuntimeError) naming ``what`` when ``popen`` exits
+    first or ``timeout_s`` seconds pass; the message ends with the last 2000 bytes of
+    ``log_path`` when given."""
+    deadline = time.monotonic() + timeout_s
+    problem = f"{what} did not answer on port {port} within {timeout_s:g} s"
+    while time.monotonic() < deadline:
+        if popen is not None and popen.poll() is not None:
+            problem = f"{what} exited with {popen.returncode}"
+            break
+        if port_answers(port, send=send, expect=expect):
+            return
+        time.sleep(interval_s)
+    tail = ""
+    if log_path is not None:
+        try:
+            tail = ": " + log_path.read_bytes()[-2000:].decode("utf-8", "replace")
+        except OSError:
+            pass
+    raise ProcessStartError(problem + tail)
 
 
 def python_module_cmd(module: str, *args: str) -> list[str]:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from sim.procs import free_port
+from sim.procs import free_port, port_answers
 from tests.support.waiting import wait_for_sync
 
 __all__ = ["REDIS_SERVER", "RedisServer", "require_redis_server"]
@@ -44,12 +43,7 @@ def require_redis_server() -> str:
 
 def _ping(port: int) -> bool:
     """True when a RESP ``PING`` on ``127.0.0.1:port`` answers ``+PONG``."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-            s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return s.recv(64).startswith(b"+PONG")
-    except OSError:
-        return False
+    return port_answers(port, send=b"*1\r\n$4\r\nPING\r\n", expect=b"+PONG")
 
 
 class RedisServer:
