@@ -65,7 +65,7 @@ from sim.bounds import compute_bounds, tenant_names
 from sim.click_options import ClickOptions
 from bench.harness import DemoStack, start_demo_stack
 from sim.demo import TRUST_DOMAIN, ClusterSpec, DemoPaths
-from sim.procs import ManagedProcess, free_port, stop_process, wait_for_port
+from sim.procs import ManagedProcess, free_port, stop_process, terminate_popen, wait_for_port
 from sim.replay import ReplayConfig, ReplayResult, replay
 from sim.report import fetch_replica_stats, percentile, reset_replicas, summarize
 from sim.trace import DEFAULT_TRACE_PATH, TraceRequest, assign_tenants, load_mooncake
@@ -104,13 +104,7 @@ class Redis:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 5 s."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate_popen(self.proc, 5.0)
         self.proc = None
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "wait_for_port",
     "start_process",
     "stop_process",
+    "terminate_popen",
     "wait_for_url",
     "wait_for_json_file",
     "python_module_cmd",
@@ -180,6 +181,22 @@ def stop_process(proc: ManagedProcess, timeout_s: float = 5.0) -> int | None:
         proc._log_fh.close()
         proc._log_fh = None
     return code
+
+
+def terminate_popen(popen: subprocess.Popen[bytes] | None, timeout_s: float = 5.0) -> int | None:
+    """Stop a plain ``Popen`` child (not its process group: see :func:`stop_process`): SIGTERM,
+    wait ``timeout_s`` seconds, then SIGKILL and wait again. Does nothing when ``popen`` is None
+    or has exited. Returns the exit code (None when nothing was stopped).
+
+    Raises :class:`subprocess.TimeoutExpired` when it has not exited ``timeout_s`` s after SIGKILL."""
+    if popen is None or popen.poll() is not None:
+        return None
+    popen.terminate()
+    try:
+        return popen.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        return popen.wait(timeout_s)
 
 
 async def wait_for_url(

@@ -21,7 +21,7 @@ input(type="imtcp" port="{port}" address="127.0.0.1" ruleset="audit" SupportOcte
 """
 
 
-from sim.procs import free_port, wait_for_port  # noqa: E402 - the one free_port of tests and benches
+from sim.procs import free_port, terminate_popen, wait_for_port  # noqa: E402 - the one free_port of tests and benches
 
 
 class Rsyslog:
@@ -53,12 +53,7 @@ class Rsyslog:
             self.proc.wait(5)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        terminate_popen(self.proc, 5.0)
 
     def lines(self) -> list[str]:
         return self.out.read_text(errors="replace").splitlines() if self.out.exists() else []

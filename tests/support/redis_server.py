@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.procs import free_port, port_answers
+from sim.procs import free_port, port_answers, terminate_popen
 from tests.support.waiting import wait_for_sync
 
 __all__ = ["REDIS_SERVER", "RedisServer", "require_redis_server"]
@@ -93,14 +93,7 @@ class RedisServer:
     def stop(self) -> None:
         """Stop the server (SIGTERM, SIGKILL after 10 s); idempotent."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        terminate_popen(proc, 10.0)
 
     def _tail(self) -> str:
         try:
