@@ -5,6 +5,7 @@ of an isolated stage."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -19,7 +20,8 @@ if TYPE_CHECKING:  # sim.demo is imported where used: a bench child serving a ga
     from sim.procs import ManagedProcess
     from sim.replay import HeadersFor
 
-__all__ = ["DemoStack", "best_cpu_us", "serve_public", "serve_until_sigterm", "start_demo_stack"]
+__all__ = ["DemoStack", "best_cpu_us", "loadavg_text", "serve_public", "serve_until_sigterm", "start_demo_stack",
+           "write_json_and_markdown"]
 
 
 @dataclass
@@ -117,3 +119,16 @@ def best_cpu_us(fn: Callable[[], None], reps: int, n: int) -> float:
         dt = time.process_time_ns() - t0
         best = dt if best is None or dt < best else best
     return (best or 0) / n / 1000.0
+
+
+def loadavg_text(loadavg: Sequence[float]) -> str:
+    """The 1, 5 and 15 minute load averages (``os.getloadavg()``) as ``"1.2, 0.9, 0.7"``."""
+    return ", ".join(f"{x:.1f}" for x in loadavg)
+
+
+def write_json_and_markdown(stem: str | Path, doc: Mapping[str, Any], markdown: str) -> None:
+    """Write ``<stem>.json`` (``doc``, indented by 2, newline at the end) and ``<stem>.md``
+    (``markdown``), then print ``markdown``. The folder must exist; raises OSError otherwise."""
+    Path(f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    Path(f"{stem}.md").write_text(markdown)
+    print(markdown)
