@@ -64,6 +64,7 @@ from audit.verify_instances import verify_instances
 from sim.bounds import compute_bounds, tenant_names
 from sim.click_options import ClickOptions
 from bench.harness import DemoStack, start_demo_stack
+from bench.soak import count_audit_events
 from sim.demo import TRUST_DOMAIN, ClusterSpec, DemoPaths
 from sim.procs import ManagedProcess, free_port, stop_process, terminate_popen, wait_for_port
 from sim.replay import ReplayConfig, ReplayResult, replay
@@ -306,16 +307,9 @@ async def _metric(http: aiohttp.ClientSession, base: str, name: str) -> float | 
 
 
 def _inference_events(audit_dir: Path) -> int:
-    n = 0
-    for f in sorted(audit_dir.glob("*.jsonl")):
-        for raw in f.read_bytes().splitlines():
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue
-            if rec.get("type") == "event" and rec.get("body", {}).get("kind") == "inference":
-                n += 1
-    return n
+    """Inference event records in the audit chain in ``audit_dir`` (repeats of an event id counted)."""
+    events, repeats, _, _ = count_audit_events(audit_dir)
+    return len(events) + repeats
 
 
 async def sigkill(s: Setup, log: Any) -> dict[str, Any]:
