@@ -66,7 +66,8 @@ from sim.click_options import ClickOptions
 from bench.harness import DemoStack, start_demo_stack
 from bench.soak import count_audit_events
 from sim.demo import TRUST_DOMAIN, ClusterSpec, DemoPaths
-from sim.procs import ManagedProcess, free_port, stop_process, terminate_popen, wait_for_port
+from sim.procs import ManagedProcess, stop_process
+from sim.redis_server import REDIS_SERVER, RedisServer
 from sim.replay import ReplayConfig, ReplayResult, replay
 from sim.report import fetch_replica_stats, percentile, reset_replicas, summarize
 from sim.trace import DEFAULT_TRACE_PATH, TraceRequest, assign_tenants, load_mooncake
@@ -76,37 +77,6 @@ RESULTS_DIR = REPO_ROOT / "bench" / "results"
 OPERATOR = f"spiffe://{TRUST_DOMAIN}/ops/admin"
 MODES = ("one", "shared", "independent")
 LEASE_TTL_S = 10.0
-REDIS_PING = b"*1\r\n$4\r\nPING\r\n"
-
-
-class Redis:
-    """A ``redis-server`` child on a free loopback port, no persistence; :meth:`start` again restarts it empty."""
-
-    def __init__(self, work: Path) -> None:
-        self.work = work
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0``."""
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        """Start and wait until ``PING`` answers (:class:`sim.procs.ProcessStartError`, a RuntimeError,
-        when it exits or after 15 s)."""
-        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-        self.work.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.work)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_port(self.port, popen=self.proc, timeout_s=15, send=REDIS_PING, expect=b"+PONG",
-                      what="redis-server")
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 5 s."""
-        terminate_popen(self.proc, 5.0)
-        self.proc = None
 
 
 @dataclasses.dataclass
@@ -129,7 +99,7 @@ class Setup:
     names: list[str]
     tenants: list[str]
     rcfg: ReplayConfig
-    redis: Redis
+    redis: RedisServer
     bounds: Any
     runs: int = 0
     prefix: str = ""
@@ -463,8 +433,8 @@ async def run(args: SimpleNamespace, log: Any = print) -> dict[str, Any]:
     tenants = assign_tenants(reqs, names, 0)
     bounds = compute_bounds(reqs, replicas=spec.replicas, capacity_blocks=spec.capacity_blocks,
                             block_size=spec.block_size, tenants=names, seed=0)
-    redis = Redis(work / "redis")
-    redis.start()
+    (work / "redis").mkdir(parents=True, exist_ok=True)
+    redis = RedisServer(REDIS_SERVER or "/usr/bin/redis-server", work / "redis").start()
     stack = await start_demo_stack(work, spec)
     span = reqs[-1].timestamp - reqs[0].timestamp
     rcfg = ReplayConfig(base_url="", time_scale=spec.time_scale, total_timeout_s=span / spec.time_scale * 3 + 60)
