@@ -27,13 +27,12 @@ what else runs on it.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
+from bench.harness import loadavg_text, write_json_and_markdown
 from gateway.admission import Admission
 from gateway.metrics import GatewayMetrics
 from sim.click_options import ClickOptions
@@ -110,7 +109,7 @@ def _markdown(r: dict[str, Any]) -> str:
     return (f"# Admission cost per request (bench/admission_cost.py)\n\n"
             f"{r['rounds']} interleaved rounds of {r['requests_per_round']} requests (redis: a tenth), "
             f"median; process CPU µs per request (redis wall: elapsed µs). {r['cpus']} CPUs, load average "
-            f"{', '.join(f'{x:.1f}' for x in r['loadavg'])} (shared machine).\n\n"
+            f"{loadavg_text(r['loadavg'])} (shared machine).\n\n"
             f"| variant | µs / request |\n|---|---|\n{rows}\n\n"
             f"memory (async admission) / sync in-process: {r['memory_over_sync']:.3f}\n")
 
@@ -123,9 +122,7 @@ def main() -> None:
     ap.option("--out", default="bench/results/admission_cost")
     a = ap.parse()
     r = asyncio.run(run(a.requests, a.rounds, a.redis_url))
-    Path(f"{a.out}.json").write_text(json.dumps(r, indent=2) + "\n")
-    Path(f"{a.out}.md").write_text(_markdown(r))
-    print(_markdown(r))
+    write_json_and_markdown(a.out, r, _markdown(r))
 
 
 if __name__ == "__main__":

@@ -1,19 +1,83 @@
-"""Pieces every benchmark uses: serving a gateway in a bench's child process, and
-best-of-N CPU timing of an isolated stage."""
+"""Pieces every benchmark uses: the demo stack (identity, simulated replicas, gateway
+processes), serving a gateway in a bench's child process, and best-of-N CPU timing
+of an isolated stage."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # sim.demo is imported where used: a bench child serving a gateway does not load it
     from gateway.build import Gateway
     from gateway.server import GatewayServer
+    from sim.demo import ClusterSpec, DemoPaths
+    from sim.procs import ManagedProcess
+    from sim.replay import HeadersFor
 
-__all__ = ["best_cpu_us", "serve_public", "serve_until_sigterm"]
+__all__ = ["DemoStack", "best_cpu_us", "loadavg_text", "serve_public", "serve_until_sigterm", "start_demo_stack",
+           "write_json_and_markdown"]
+
+
+@dataclass
+class DemoStack:
+    """What a bench's gateways stand in front of: the demo files under one work directory
+    (:class:`sim.demo.DemoPaths`), the token ``issuer`` (:func:`sim.demo.prepare_identity`)
+    and the simulated replicas (``python -m sim.cluster``: its process and ready document
+    ``[{replica_id, url}]``). Made by :func:`start_demo_stack`; :meth:`stop` ends the replicas."""
+
+    paths: DemoPaths
+    issuer: Any
+    cluster: ManagedProcess
+    replicas: list[dict[str, str]]
+
+    def gateway_config(self, tenants: Sequence[str], **kw: Any) -> dict[str, Any]:
+        """The demo gateway config (:func:`sim.demo.gateway_config`, ``cache_aware``) for these
+        replicas and ``tenants``, public and admin listeners on free loopback ports; ``kw`` as there."""
+        from sim.demo import gateway_config
+        from sim.procs import free_port
+
+        return gateway_config("cache_aware", self.replicas, tenants, self.paths, listen_port=free_port(),
+                              admin_port=free_port(), **kw)
+
+    async def start_gateway(self, name: str, config: Mapping[str, Any],
+                            timeout_s: float = 30.0) -> tuple[ManagedProcess, str]:
+        """Start a gateway process on ``config`` and wait for ``/readyz`` (:func:`sim.demo.start_gateway`).
+
+        Returns the process and its public base URL; raises :class:`sim.procs.ProcessStartError`."""
+        from sim.demo import start_gateway
+
+        return await start_gateway(name, config, self.paths, timeout_s=timeout_s)
+
+    def headers_for(self, tenants: Sequence[str]) -> HeadersFor:
+        """``headers_for(tenant)``: a JWT-SVID bearer header per tenant workload (:func:`sim.demo.bearer_headers`)."""
+        from sim.demo import bearer_headers
+
+        return bearer_headers(self.issuer, tenants)
+
+    def stop(self) -> None:
+        """Stop the replica cluster's process group (the work directory stays)."""
+        from sim.procs import stop_process
+
+        stop_process(self.cluster)
+
+
+async def start_demo_stack(work: Path, spec: ClusterSpec) -> DemoStack:
+    """Lay out the demo files under ``work``, write the identity (master secret, trust bundle)
+    and start the simulated replicas of ``spec``.
+
+    Raises :class:`sim.procs.ProcessStartError` when the cluster exits or is not ready in 30 s."""
+    from sim.demo import DemoPaths, prepare_identity, start_cluster_proc
+
+    paths = DemoPaths.under(work)
+    issuer = prepare_identity(paths)
+    cluster, replicas = await start_cluster_proc(spec, paths)
+    return DemoStack(paths, issuer, cluster, replicas)
 
 
 async def serve_public(gateway: Gateway, *, freeze: bool = False) -> tuple[GatewayServer, asyncio.Task[None], int]:
@@ -55,3 +119,16 @@ def best_cpu_us(fn: Callable[[], None], reps: int, n: int) -> float:
         dt = time.process_time_ns() - t0
         best = dt if best is None or dt < best else best
     return (best or 0) / n / 1000.0
+
+
+def loadavg_text(loadavg: Sequence[float]) -> str:
+    """The 1, 5 and 15 minute load averages (``os.getloadavg()``) as ``"1.2, 0.9, 0.7"``."""
+    return ", ".join(f"{x:.1f}" for x in loadavg)
+
+
+def write_json_and_markdown(stem: str | Path, doc: Mapping[str, Any], markdown: str) -> None:
+    """Write ``<stem>.json`` (``doc``, indented by 2, newline at the end) and ``<stem>.md``
+    (``markdown``), then print ``markdown``. The folder must exist; raises OSError otherwise."""
+    Path(f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    Path(f"{stem}.md").write_text(markdown)
+    print(markdown)

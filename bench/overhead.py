@@ -466,23 +466,15 @@ async def _profile(cfg: Mapping[str, Any], paths: Any, headers: Mapping[str, str
 
 async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The whole benchmark (see module doc); returns the result document."""
+    from bench.harness import start_demo_stack
     from sim.bench import start_sglang_router
-    from sim.demo import (
-        ClusterSpec,
-        DemoPaths,
-        bearer_headers,
-        gateway_config,
-        prepare_identity,
-        start_cluster_proc,
-        start_gateway,
-    )
-    from sim.procs import free_port, stop_process
+    from sim.demo import ClusterSpec
+    from sim.procs import stop_process
 
     t_start = time.monotonic()
-    paths = DemoPaths.under(Path(tempfile.mkdtemp(prefix="pg-overhead-")))
-    issuer = prepare_identity(paths)
-    spec = ClusterSpec(replicas=1, time_scale=1e6, decode_s_per_token=0.0)
-    cluster, replicas = await start_cluster_proc(spec, paths)
+    stack = await start_demo_stack(Path(tempfile.mkdtemp(prefix="pg-overhead-")),
+                                   ClusterSpec(replicas=1, time_scale=1e6, decode_s_per_token=0.0))
+    paths, cluster, replicas = stack.paths, stack.cluster, stack.replicas
     bodies = _Body(args.stream)
     procs: list[Any] = []
     try:
@@ -491,9 +483,8 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
         procs.append(smg)
         pt, pt_url = await _start_passthrough(direct_url, paths)
         procs.append(pt)
-        cfg = gateway_config("cache_aware", replicas, ["tenant-a"], paths, listen_port=free_port(),
-                             admin_port=free_port())
-        pg, pg_url = await start_gateway("prefixgate", cfg, paths)
+        cfg = stack.gateway_config(["tenant-a"])
+        pg, pg_url = await stack.start_gateway("prefixgate", cfg)
         procs.append(pg)
         if args.baseline:
             base_cfg = _second_config(cfg, paths, "baseline")
@@ -501,7 +492,7 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
             apply_settings(base_cfg, args.baseline_set)
             bl, bl_url = await _start_baseline(args.baseline, base_cfg, paths)
             procs.append(bl)
-        auth = dict(bearer_headers(issuer, ["tenant-a"])("tenant-a"))
+        auth = dict(stack.headers_for(["tenant-a"])("tenant-a"))
         plain = {"Content-Type": "application/json"}
         targets = {
             "direct": (direct_url, plain, _Cpu(cluster.pid)),

@@ -175,34 +175,23 @@ def _pct(values: list[float], q: float) -> float | None:
 async def _isolation(phase_s: float, victim_rps: float, attacker_rps: float) -> dict[str, Any]:
     """Run the isolation phases (module docstring) and return their figures."""
     from bench.soak import read_proc
-    from sim.demo import (
-        ClusterSpec,
-        DemoPaths,
-        bearer_headers,
-        gateway_config,
-        prepare_identity,
-        start_cluster_proc,
-        start_gateway,
-    )
-    from sim.procs import free_port, stop_process
+    from bench.harness import start_demo_stack
+    from sim.demo import ClusterSpec
+    from sim.procs import stop_process
 
     with tempfile.TemporaryDirectory(prefix="prefixgate-isolation-") as d:
-        paths = DemoPaths.under(Path(d))
-        issuer = prepare_identity(paths)
+        stack = await start_demo_stack(Path(d), ClusterSpec(replicas=2, time_scale=100.0, stream_chunk_tokens=16))
         attacker, victim = "tenant-a", "tenant-b"
-        headers_for = bearer_headers(issuer, [attacker, victim])
-        cluster, replicas = await start_cluster_proc(
-            ClusterSpec(replicas=2, time_scale=100.0, stream_chunk_tokens=16), paths)
+        headers_for = stack.headers_for([attacker, victim])
         gw = None
         try:
-            cfg = gateway_config("cache_aware", replicas, [attacker, victim], paths, listen_port=free_port(),
-                                 admin_port=free_port())
+            cfg = stack.gateway_config([attacker, victim])
             a_cfg, b_cfg = cfg["tenancy"]["tenants"]
             a_cfg.update(rate_rps=attacker_rps, rate_burst=attacker_rps, max_prompt_tokens=100,
                          max_output_tokens=16, max_concurrency=16, prompt_tokens_per_s=2000,
                          output_tokens_per_s=2000)
             b_cfg.update(max_output_tokens=16)
-            gw, base = await start_gateway("gateway", cfg, paths)
+            gw, base = await stack.start_gateway("gateway", cfg)
             bodies = [(name, ep, raw) for name, (ep, raw) in _bodies().items() if "baseline" not in name]
             victim_raw = json.dumps({"model": "sim-model", "prompt": VICTIM_PROMPT, "max_tokens": 16}).encode()
             conn = aiohttp.TCPConnector(limit=0)
@@ -250,7 +239,7 @@ async def _isolation(phase_s: float, victim_rps: float, attacker_rps: float) -> 
         finally:
             if gw is not None:
                 stop_process(gw)
-            stop_process(cluster)
+            stack.stop()
 
     def lat(res: list[tuple[int, float, str]]) -> list[float]:
         return [ms for status, ms, _ in res if status == 200]

@@ -63,17 +63,11 @@ from audit.keys import load_public_key
 from audit.verify_instances import verify_instances
 from sim.bounds import compute_bounds, tenant_names
 from sim.click_options import ClickOptions
-from sim.demo import (
-    TRUST_DOMAIN,
-    ClusterSpec,
-    DemoPaths,
-    bearer_headers,
-    gateway_config,
-    prepare_identity,
-    start_cluster_proc,
-    start_gateway,
-)
-from sim.procs import ManagedProcess, free_port, stop_process
+from bench.harness import DemoStack, start_demo_stack
+from bench.soak import count_audit_events
+from sim.demo import TRUST_DOMAIN, ClusterSpec, DemoPaths
+from sim.procs import ManagedProcess, stop_process
+from sim.redis_server import REDIS_SERVER, RedisServer
 from sim.replay import ReplayConfig, ReplayResult, replay
 from sim.report import fetch_replica_stats, percentile, reset_replicas, summarize
 from sim.trace import DEFAULT_TRACE_PATH, TraceRequest, assign_tenants, load_mooncake
@@ -83,50 +77,6 @@ RESULTS_DIR = REPO_ROOT / "bench" / "results"
 OPERATOR = f"spiffe://{TRUST_DOMAIN}/ops/admin"
 MODES = ("one", "shared", "independent")
 LEASE_TTL_S = 10.0
-
-
-class Redis:
-    """A ``redis-server`` child on a free loopback port, no persistence; :meth:`start` again restarts it empty."""
-
-    def __init__(self, work: Path) -> None:
-        self.work = work
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0``."""
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        """Start and wait until ``PING`` answers (RuntimeError after 15 s)."""
-        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-        self.work.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.work)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 15
-        import socket
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    s.sendall(b"*1\r\n$4\r\nPING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not answer PING")
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 5 s."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
 
 
 @dataclasses.dataclass
@@ -142,21 +92,34 @@ class Instance:
 
 @dataclasses.dataclass
 class Setup:
-    """What every run shares: paths, identity, replicas, the trace rows and their tenants."""
+    """What every run shares: paths, identity, replicas (the stack), the trace rows and their tenants."""
 
-    paths: DemoPaths
-    issuer: Any
-    replicas: list[dict[str, str]]
+    stack: DemoStack
     reqs: list[TraceRequest]
     names: list[str]
     tenants: list[str]
     rcfg: ReplayConfig
-    redis: Redis
+    redis: RedisServer
     bounds: Any
     runs: int = 0
     prefix: str = ""
     #: per comparison run: client hit rate in the trace minute before / after the middle (no rotation)
     windows: dict[str, list[tuple[float | None, float | None]]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def paths(self) -> DemoPaths:
+        """The stack's demo files."""
+        return self.stack.paths
+
+    @property
+    def issuer(self) -> Any:
+        """The stack's token issuer."""
+        return self.stack.issuer
+
+    @property
+    def replicas(self) -> list[dict[str, str]]:
+        """The stack's replicas ``[{replica_id, url}]``."""
+        return self.stack.replicas
 
 
 async def start_instances(s: Setup, mode: str, n: int, tag: str, **state: Any) -> list[Instance]:
@@ -167,8 +130,7 @@ async def start_instances(s: Setup, mode: str, n: int, tag: str, **state: Any) -
     for i in range(n):
         own = s.paths.work / f"{tag}-{s.runs}" / f"inst{i}"
         own.mkdir(parents=True, exist_ok=True)
-        cfg = gateway_config("cache_aware", s.replicas, s.names, s.paths, listen_port=free_port(),
-                             admin_port=free_port())
+        cfg = s.stack.gateway_config(s.names)
         cfg["tenancy"]["state_file"] = str(own / "keystate.json")
         cfg["tenancy"]["operators"] = [OPERATOR]
         cfg["audit"]["jsonl"]["dir"] = str(own / "audit")
@@ -179,7 +141,7 @@ async def start_instances(s: Setup, mode: str, n: int, tag: str, **state: Any) -
             cfg["state"] = {"backend": "redis", "url": s.redis.url, "key_prefix": prefix,
                             "lease_ttl_s": LEASE_TTL_S, **state}
         out.append((cfg, own / "keystate.json", own / "audit"))
-    procs = await asyncio.gather(*(start_gateway(f"gw-{tag}-{s.runs}-{i}", cfg, s.paths, timeout_s=90)
+    procs = await asyncio.gather(*(s.stack.start_gateway(f"gw-{tag}-{s.runs}-{i}", cfg, timeout_s=90)
                                    for i, (cfg, _, _) in enumerate(out)), return_exceptions=True)
     started = [p for p in procs if not isinstance(p, BaseException)]
     if len(started) != n:
@@ -199,7 +161,7 @@ def stop_instances(insts: list[Instance]) -> None:
 async def replay_through(s: Setup, insts: list[Instance]) -> ReplayResult:
     """Reset the replicas and replay the rows round robin over ``insts``."""
     await reset_replicas([r["url"] for r in s.replicas])
-    return await replay(s.reqs, s.rcfg, s.tenants, headers_for=bearer_headers(s.issuer, s.names),
+    return await replay(s.reqs, s.rcfg, s.tenants, headers_for=s.stack.headers_for(s.names),
                         base_urls=[i.base for i in insts])
 
 
@@ -315,16 +277,9 @@ async def _metric(http: aiohttp.ClientSession, base: str, name: str) -> float | 
 
 
 def _inference_events(audit_dir: Path) -> int:
-    n = 0
-    for f in sorted(audit_dir.glob("*.jsonl")):
-        for raw in f.read_bytes().splitlines():
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue
-            if rec.get("type") == "event" and rec.get("body", {}).get("kind") == "inference":
-                n += 1
-    return n
+    """Inference event records in the audit chain in ``audit_dir`` (repeats of an event id counted)."""
+    events, repeats, _, _ = count_audit_events(audit_dir)
+    return len(events) + repeats
 
 
 async def sigkill(s: Setup, log: Any) -> dict[str, Any]:
@@ -472,20 +427,18 @@ def to_markdown(doc: dict[str, Any]) -> str:
 async def run(args: SimpleNamespace, log: Any = print) -> dict[str, Any]:
     """Run the phases selected by ``args`` and return the results document."""
     work = Path(tempfile.mkdtemp(prefix="prefixgate-scaleout-"))
-    paths = DemoPaths.under(work)
-    issuer = prepare_identity(paths)
     spec = ClusterSpec(replicas=6, time_scale=args.time_scale)
     reqs = load_mooncake(args.trace, args.rows)
     names = tenant_names(3)
     tenants = assign_tenants(reqs, names, 0)
     bounds = compute_bounds(reqs, replicas=spec.replicas, capacity_blocks=spec.capacity_blocks,
                             block_size=spec.block_size, tenants=names, seed=0)
-    redis = Redis(work / "redis")
-    redis.start()
-    cluster, replicas = await start_cluster_proc(spec, paths)
+    (work / "redis").mkdir(parents=True, exist_ok=True)
+    redis = RedisServer(REDIS_SERVER or "/usr/bin/redis-server", work / "redis").start()
+    stack = await start_demo_stack(work, spec)
     span = reqs[-1].timestamp - reqs[0].timestamp
     rcfg = ReplayConfig(base_url="", time_scale=spec.time_scale, total_timeout_s=span / spec.time_scale * 3 + 60)
-    s = Setup(paths, issuer, replicas, reqs, names, tenants, rcfg, redis, bounds)
+    s = Setup(stack, reqs, names, tenants, rcfg, redis, bounds)
     doc: dict[str, Any] = {"meta": {
         "rows": len(reqs), "trace_span_s": span, "tenants": len(names), "replicas": spec.replicas,
         "time_scale": spec.time_scale, "rounds": args.rounds, "lease_ttl_s": LEASE_TTL_S,
@@ -501,7 +454,7 @@ async def run(args: SimpleNamespace, log: Any = print) -> dict[str, Any]:
             if phase in args.phases:
                 doc[phase] = await fn(s, log)
     finally:
-        stop_process(cluster)
+        stack.stop()
         redis.stop()
         if args.keep_workdir:
             log(f"work directory kept: {work}")

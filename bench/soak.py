@@ -66,23 +66,9 @@ import aiohttp
 import click
 
 from sim.click_options import ClickOptions
-from sim.demo import (
-    MODEL,
-    ClusterSpec,
-    DemoPaths,
-    bearer_headers,
-    gateway_config,
-    prepare_identity,
-    start_cluster_proc,
-    start_gateway,
-)
-from sim.procs import (
-    ManagedProcess,
-    ProcessStartError,
-    free_port,
-    python_module_cmd,
-    stop_process,
-)
+from bench.harness import start_demo_stack
+from sim.demo import MODEL, ClusterSpec
+from sim.procs import ManagedProcess, ProcessStartError, python_module_cmd, stop_process
 from sim.trace import DEFAULT_TRACE_PATH, TraceRequest, assign_tenants, build_prompt, load_mooncake
 
 __all__ = [
@@ -675,12 +661,11 @@ def audit_check(jsonl_dir: Path, public_key: Path, outcomes: Sequence[RequestOut
 # --------------------------------------------------------------------------- processes
 
 
-async def start_cluster(settings: SoakSettings, paths: DemoPaths) -> tuple[ManagedProcess, list[dict[str, str]]]:
-    """Spawn ``python -m sim.cluster`` with the settings' replica timing; return it and its ready document."""
-    spec = ClusterSpec(replicas=settings.replicas, capacity_blocks=settings.capacity_blocks,
+def cluster_spec(settings: SoakSettings) -> ClusterSpec:
+    """The simulated replica cluster of ``settings`` (count, KV blocks, timing)."""
+    return ClusterSpec(replicas=settings.replicas, capacity_blocks=settings.capacity_blocks,
                        time_scale=settings.time_scale, stream_chunk_tokens=settings.stream_chunk_tokens,
                        decode_s_per_token=settings.decode_s_per_token)
-    return await start_cluster_proc(spec, paths)
 
 
 async def terminate_gateway(proc: ManagedProcess, timeout_s: float = 45.0) -> tuple[int | None, float]:
@@ -760,13 +745,12 @@ async def run_soak(settings: SoakSettings, log: Callable[[str], None] = print,
     t_run = time.monotonic()
     own_work = workdir is None
     work = Path(tempfile.mkdtemp(prefix="prefixgate-soak-")) if workdir is None else workdir
-    paths = DemoPaths.under(work)
     rows = load_mooncake(settings.trace, settings.trace_rows)
     names = [f"tenant-{chr(ord('a') + i)}" for i in range(settings.tenants)]
     tenants = assign_tenants(rows, names, settings.seed)
-    issuer = prepare_identity(paths)
-    headers_for = bearer_headers(issuer, names)
-    cluster, replicas = await start_cluster(settings, paths)
+    stack = await start_demo_stack(work, cluster_spec(settings))
+    paths, replicas = stack.paths, stack.replicas
+    headers_for = stack.headers_for(names)
     gw: ManagedProcess | None = None
     sampler: ProcSampler | None = None
     steps: list[StepResult] = []
@@ -778,13 +762,12 @@ async def run_soak(settings: SoakSettings, log: Callable[[str], None] = print,
     fds_detail: dict[str, dict[str, int]] = {}
     outcomes: list[RequestOutcome] = []
     try:
-        cfg = gateway_config("cache_aware", replicas, names, paths, listen_port=free_port(),
-                             admin_port=free_port(), index_capacity_blocks=settings.capacity_blocks)
+        cfg = stack.gateway_config(names, index_capacity_blocks=settings.capacity_blocks)
         cfg["upstream"] = {"first_byte_timeout_s": settings.request_timeout_s,
                            "total_timeout_s": settings.request_timeout_s * 2}
         if settings.policy_timeout_s is not None:
             cfg["policy"]["timeout_s"] = settings.policy_timeout_s
-        gw, base = await start_gateway("gateway", cfg, paths)
+        gw, base = await stack.start_gateway("gateway", cfg)
         ports = ([cfg["listen"]["port"], cfg["admin"]["port"]],
                  [int(r["url"].rsplit(":", 1)[1].split("/")[0]) for r in replicas])
 
@@ -858,7 +841,7 @@ async def run_soak(settings: SoakSettings, log: Callable[[str], None] = print,
             await sampler.stop()
         if gw is not None:
             stop_process(gw)
-        stop_process(cluster)
+        stack.stop()
         if own_work:
             shutil.rmtree(work, ignore_errors=True)
     samples = sampler.samples if sampler else []

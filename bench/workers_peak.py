@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from bench.harness import loadavg_text, write_json_and_markdown
 from bench.overhead import _Body, closed_loop
 from sim.click_options import ClickOptions
 from sim.cluster import start_cluster
@@ -101,7 +102,7 @@ def _markdown(r: dict[str, Any]) -> str:
     return (f"# serve --workers: peak rate (bench/workers_peak.py)\n\n"
             f"{r['clients']} closed-loop clients x {r['seconds']} s per target, {r['rounds']} interleaved rounds; "
             f"load generator and replicas on the same {r['cpus']}-CPU machine (shared with other jobs; load "
-            f"average after the run {', '.join(f'{x:.1f}' for x in r['loadavg'])}).\n\n"
+            f"average after the run {loadavg_text(r['loadavg'])}).\n\n"
             f"| target | median req/s | runs | errors |\n|---|---|---|---|\n{rows}\n\n"
             f"workers / one redis process: {r['workers_over_one']:.2f}\n")
 
@@ -117,9 +118,7 @@ def main() -> None:
     ap.option("--out", default="bench/results/workers_peak")
     a = ap.parse()
     r = asyncio.run(run(a))
-    Path(f"{a.out}.json").write_text(json.dumps(r, indent=2) + "\n")
-    Path(f"{a.out}.md").write_text(_markdown(r))
-    print(_markdown(r))
+    write_json_and_markdown(a.out, r, _markdown(r))
 
 
 if __name__ == "__main__":

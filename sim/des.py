@@ -38,7 +38,8 @@ import heapq
 import json
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ __all__ = [
     "pooled_bound",
     "infinite_bound",
     "main",
+    "write_setting_table",
 ]
 
 REPLICA_MODELS = ("fifo", "chunked")
@@ -429,6 +431,22 @@ def format_table(results: Sequence[PolicyResult]) -> str:
             f"{r.predicted_rate:.3f} | {r.req_imbalance:.2f} | {r.prefill_imbalance:.2f} |"
         )
     return "\n".join(lines)
+
+
+def write_setting_table(head: Sequence[str], run_setting: Callable[[Any], list[str]], jobs: Iterable[Any],
+                        out: Path, processes: int = 2) -> str:
+    """Markdown table of a settings sweep (``sim.des_sweep``, ``sim.des_windows``), written to ``out``.
+
+    ``run_setting(job)`` (a picklable module-level function) gives the rows of one
+    job; the jobs run in ``processes`` worker processes, their rows kept in job
+    order under ``head`` (title, blank line, column line, separator). Creates
+    ``out``'s folder; returns the text written (lines joined by newlines, one at the end)."""
+    with ProcessPoolExecutor(processes) as ex:
+        rows = [line for block in ex.map(run_setting, jobs) for line in block]
+    text = "\n".join([*head, *rows]) + "\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    return text
 
 
 TUNING_GRID: dict[str, tuple[float, ...]] = {

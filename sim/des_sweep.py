@@ -14,14 +14,13 @@ scale; it ranks rules, it does not predict the HTTP grid (``sim.grid``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import click
 
 from routing.policies import build_policy
 from sim.click_options import ClickOptions
-from sim.des import SGLangLikePolicy, SimConfig, load_trace, pooled_bound, simulate
+from sim.des import SGLangLikePolicy, SimConfig, load_trace, pooled_bound, simulate, write_setting_table
 
 __all__ = ["SETTINGS", "main", "run_setting"]
 
@@ -61,12 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     head = [f"rows={args.rows} replicas=6 (sim.des_sweep); ratios vs sglang_like in the same setting", "",
             "| model | prefill | KV | policy | TTFT p50 s | p90 | p99 | hit/pooled | req max/mean "
             "| p50 ratio | p90 ratio | p99 ratio |", "|" + "---|" * 12]
-    with ProcessPoolExecutor(2) as ex:
-        rows = [line for block in ex.map(run_setting, [(s, args.rows) for s in SETTINGS]) for line in block]
-    text = "\n".join(head + rows) + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    print(text)
+    print(write_setting_table(head, run_setting, [(s, args.rows) for s in SETTINGS], args.out))
     return 0
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ import click
 
 from routing.policies import build_policy
 from sim.click_options import ClickOptions
-from sim.des import SGLangLikePolicy, SimConfig, load_trace, pooled_bound, simulate
+from sim.des import SGLangLikePolicy, SimConfig, load_trace, pooled_bound, simulate, write_setting_table
 
 __all__ = ["SETTINGS", "main", "run_setting"]
 
@@ -92,12 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                "| hit/pooled min | p50 ratio mean |")
     head = [title, "", columns, "|" + "---|" * 9]
     jobs = [(s, args.windows, args.rows, variants) for s in SETTINGS]
-    with ProcessPoolExecutor(2) as ex:
-        lines = [line for block in ex.map(run_setting, jobs) for line in block]
-    text = "\n".join(head + lines) + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    print(text)
+    print(write_setting_table(head, run_setting, jobs, args.out))
     return 0
 
 

@@ -26,8 +26,11 @@ __all__ = [
     "ProcessStartError",
     "ManagedProcess",
     "free_port",
+    "port_answers",
+    "wait_for_port",
     "start_process",
     "stop_process",
+    "terminate_popen",
     "wait_for_url",
     "wait_for_json_file",
     "python_module_cmd",
@@ -70,6 +73,48 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def port_answers(port: int, *, host: str = "127.0.0.1", send: bytes = b"", expect: bytes = b"",
+                 timeout_s: float = 0.5) -> bool:
+    """True when a TCP connection to ``host:port`` opens within ``timeout_s`` seconds and, when
+    ``send`` is given, the first reply to it (up to 64 bytes) starts with ``expect``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as s:
+            if not send:
+                return True
+            s.sendall(send)
+            return s.recv(64).startswith(expect)
+    except OSError:
+        return False
+
+
+def wait_for_port(port: int, *, popen: subprocess.Popen[bytes] | None = None, timeout_s: float = 15.0,
+                  send: bytes = b"", expect: bytes = b"", what: str = "server", log_path: Path | None = None,
+                  interval_s: float = 0.05) -> None:
+    """Block until :func:`port_answers` on ``127.0.0.1:port`` (with ``send``/``expect``), polling
+    every ``interval_s`` seconds, for a server started as ``popen`` (a plain ``Popen``, not a
+    :class:`ManagedProcess`, for servers with their own logging).
+
+    Raises :class:`ProcessStartError` (a RuntimeError) naming ``what`` when ``popen`` exits
+    first or ``timeout_s`` seconds pass; the message ends with the last 2000 bytes of
+    ``log_path`` when given."""
+    deadline = time.monotonic() + timeout_s
+    problem = f"{what} did not answer on port {port} within {timeout_s:g} s"
+    while time.monotonic() < deadline:
+        if popen is not None and popen.poll() is not None:
+            problem = f"{what} exited with {popen.returncode}"
+            break
+        if port_answers(port, send=send, expect=expect):
+            return
+        time.sleep(interval_s)
+    tail = ""
+    if log_path is not None:
+        try:
+            tail = ": " + log_path.read_bytes()[-2000:].decode("utf-8", "replace")
+        except OSError:
+            pass
+    raise ProcessStartError(problem + tail)
 
 
 def python_module_cmd(module: str, *args: str) -> list[str]:
@@ -136,6 +181,22 @@ def stop_process(proc: ManagedProcess, timeout_s: float = 5.0) -> int | None:
         proc._log_fh.close()
         proc._log_fh = None
     return code
+
+
+def terminate_popen(popen: subprocess.Popen[bytes] | None, timeout_s: float = 5.0) -> int | None:
+    """Stop a plain ``Popen`` child (not its process group: see :func:`stop_process`): SIGTERM,
+    wait ``timeout_s`` seconds, then SIGKILL and wait again. Does nothing when ``popen`` is None
+    or has exited. Returns the exit code (None when nothing was stopped).
+
+    Raises :class:`subprocess.TimeoutExpired` when it has not exited ``timeout_s`` s after SIGKILL."""
+    if popen is None or popen.poll() is not None:
+        return None
+    popen.terminate()
+    try:
+        return popen.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        return popen.wait(timeout_s)
 
 
 async def wait_for_url(

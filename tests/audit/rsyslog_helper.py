@@ -4,9 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 RSYSLOGD = shutil.which("rsyslogd") or "/usr/sbin/rsyslogd"
@@ -23,7 +21,7 @@ input(type="imtcp" port="{port}" address="127.0.0.1" ruleset="audit" SupportOcte
 """
 
 
-from sim.procs import free_port  # noqa: E402 - the one free_port of tests and benches
+from sim.procs import free_port, terminate_popen, wait_for_port  # noqa: E402 - the one free_port of tests and benches
 
 
 class Rsyslog:
@@ -46,16 +44,8 @@ class Rsyslog:
             [RSYSLOGD, "-n", "-f", str(self.conf), "-i", str(self.pidfile)],
             stdout=subprocess.DEVNULL, stderr=open(self.tmp / "rsyslogd.err", "ab"),
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"rsyslogd exited: {(self.tmp / 'rsyslogd.err').read_text()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("rsyslogd did not listen")
+        wait_for_port(self.port, popen=self.proc, timeout_s=timeout_s, what="rsyslogd",
+                      log_path=self.tmp / "rsyslogd.err")
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -63,12 +53,7 @@ class Rsyslog:
             self.proc.wait(5)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        terminate_popen(self.proc, 5.0)
 
     def lines(self) -> list[str]:
         return self.out.read_text(errors="replace").splitlines() if self.out.exists() else []

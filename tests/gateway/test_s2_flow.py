@@ -13,33 +13,20 @@ from gateway.config_flow import FlowConfig
 from gateway.metrics import GatewayMetrics
 from gateway.overload import OverloadGuard
 from policy.input import build_policy_input
-from sim.replica import ReplicaConfig
+from tests.support.flow import (  # noqa: F401 - replica_cfg, n_replicas: this module's stack fixtures
+    PROMPT,
+    n_replicas,
+    one_running_one_queued,
+    post,
+    queued,
+    replica_cfg,
+    running,
+)
 from tests.support.waiting import wait_for
-
-PROMPT = " ".join(f"w{i}" for i in range(40))
-
-
-@pytest.fixture
-def replica_cfg() -> ReplicaConfig:
-    """Slow decode (50 ms per output token, unscaled) so requests stay running while we look."""
-    return ReplicaConfig(time_scale=1.0, decode_s_per_token=0.05, stream_chunk_tokens=4)
-
-
-@pytest.fixture
-def n_replicas() -> int:
-    return 1
 
 
 def body(max_tokens: int = 20, prompt: str = PROMPT) -> dict[str, Any]:
     return {"model": "sim-model", "prompt": prompt, "max_tokens": max_tokens}
-
-
-def running(stack) -> int:
-    return stack.components.router.loads.snapshot("r0").running_requests
-
-
-def queued(stack) -> int:
-    return len(stack.components.flow.queue)
 
 
 def capture_records(stack, monkeypatch) -> list[Any]:
@@ -54,8 +41,7 @@ def capture_records(stack, monkeypatch) -> list[Any]:
 async def test_requests_beyond_replica_room_wait_at_the_gateway(stack, monkeypatch) -> None:
     recs = capture_records(stack, monkeypatch)
     seen: list[int] = []
-    tasks = [asyncio.ensure_future(stack.client.post("/v1/completions", json=body(), headers=stack.auth()))
-             for _ in range(3)]
+    tasks = [post(stack) for _ in range(3)]
     await wait_for(lambda: queued(stack) == 2 and running(stack) == 1, what="one running, two queued")
 
     async def watch() -> None:
@@ -73,11 +59,7 @@ async def test_requests_beyond_replica_room_wait_at_the_gateway(stack, monkeypat
 
 @pytest.mark.parametrize("config_overrides", [{"flow": {"replica_max_running_requests": 1}}])
 async def test_client_that_leaves_is_removed_from_the_queue_at_once(stack) -> None:
-    first = asyncio.ensure_future(stack.client.post("/v1/completions", json=body(max_tokens=400),
-                                                    headers=stack.auth()))
-    await wait_for(lambda: running(stack) == 1, what="first request running")
-    second = asyncio.ensure_future(stack.client.post("/v1/completions", json=body(), headers=stack.auth()))
-    await wait_for(lambda: queued(stack) == 1, what="second request queued")
+    first, second = await one_running_one_queued(stack, 400)
     second.cancel()  # the client hangs up while queued
     await asyncio.gather(second, return_exceptions=True)
     await wait_for(lambda: queued(stack) == 0, what="queue emptied")
@@ -90,11 +72,7 @@ async def test_client_that_leaves_is_removed_from_the_queue_at_once(stack) -> No
 @pytest.mark.parametrize("config_overrides", [{"flow": {"replica_max_running_requests": 1,
                                                         "tenant_max_queued_requests": 1}}])
 async def test_queue_full_is_429_with_retry_after(stack) -> None:
-    first = asyncio.ensure_future(stack.client.post("/v1/completions", json=body(max_tokens=200),
-                                                    headers=stack.auth()))
-    await wait_for(lambda: running(stack) == 1, what="first request running")
-    second = asyncio.ensure_future(stack.client.post("/v1/completions", json=body(), headers=stack.auth()))
-    await wait_for(lambda: queued(stack) == 1, what="second request queued")
+    first, second = await one_running_one_queued(stack, 200)
     r = await stack.client.post("/v1/completions", json=body(), headers=stack.auth())
     assert r.status_code == 429
     assert int(r.headers["Retry-After"]) >= 1
@@ -105,8 +83,7 @@ async def test_queue_full_is_429_with_retry_after(stack) -> None:
                                 headers={**stack.auth(), "content-type": "application/json"})
     assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
     # another tenant's queue is its own: tenant-b is queued, not refused
-    third = asyncio.ensure_future(stack.client.post("/v1/completions", json=body(),
-                                                    headers=stack.auth("tenant-b/app")))
+    third = post(stack, workload="tenant-b/app")
     await wait_for(lambda: stack.components.flow.tenant_queued("tenant-b") == 1, what="tenant-b queued")
     for t in (first, second, third):
         t.cancel()
@@ -116,8 +93,7 @@ async def test_queue_full_is_429_with_retry_after(stack) -> None:
 @pytest.mark.parametrize("config_overrides", [{"flow": {"replica_max_running_requests": 1,
                                                         "tenant_max_queue_wait_s": 0.3}}])
 async def test_queue_wait_limit_is_429_with_retry_after(stack) -> None:
-    first = asyncio.ensure_future(stack.client.post("/v1/completions", json=body(max_tokens=200),
-                                                    headers=stack.auth()))
+    first = post(stack, 200)
     await wait_for(lambda: running(stack) == 1, what="first request running")
     r = await stack.client.post("/v1/completions", json=body(), headers=stack.auth())
     assert r.status_code == 429 and r.json()["error"]["code"] == "queue_timeout"
@@ -138,8 +114,7 @@ async def test_overload_is_shed_before_authentication_and_readyz_says_so(stack, 
         return await orig(request)
 
     monkeypatch.setattr(authn, "authenticate", counting)
-    busy = [asyncio.ensure_future(stack.client.post("/v1/completions", json=body(max_tokens=400),
-                                                    headers=stack.auth())) for _ in range(2)]
+    busy = [post(stack, 400) for _ in range(2)]
     await wait_for(lambda: stack.components.overload.in_flight == 2, what="two requests in flight")
     n_auth = len(calls)
     r = await stack.client.post("/v1/completions", json=body())  # no credentials at all

@@ -15,11 +15,9 @@ from typing import Any
 
 import pytest
 
-from sim.replica import ReplicaConfig
 from tests.conftest import TD
+from tests.support.flow import n_replicas, post, replica_cfg  # noqa: F401 - n_replicas, replica_cfg: stack fixtures
 from tests.support.waiting import wait_for
-
-PROMPT = " ".join(f"w{i}" for i in range(40))
 
 
 def _tenants(max_concurrency: int) -> list[dict[str, Any]]:
@@ -31,21 +29,8 @@ def _tenants(max_concurrency: int) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.fixture
-def replica_cfg() -> ReplicaConfig:
-    """Slow decode (50 ms per output token, unscaled) so requests stay running while we look."""
-    return ReplicaConfig(time_scale=1.0, decode_s_per_token=0.05, stream_chunk_tokens=4)
-
-
-@pytest.fixture
-def n_replicas() -> int:
-    return 1
-
-
 def _post(stack: Any, tenant: str, max_tokens: int) -> asyncio.Future[Any]:
-    return asyncio.ensure_future(stack.client.post(
-        "/v1/completions", json={"model": "sim-model", "prompt": PROMPT, "max_tokens": max_tokens},
-        headers=stack.auth(f"{tenant}/app")))
+    return post(stack, max_tokens, f"{tenant}/app")
 
 
 def _slots(stack: Any) -> int:

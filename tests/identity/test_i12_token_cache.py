@@ -20,13 +20,13 @@
 from __future__ import annotations
 
 import base64
+import functools
 from typing import Any
 
 import jwt
 import pytest
 
 from gateway.identity import (
-    AuthenticationError,
     JwtSvidVerifier,
     Reason,
     StaticBundleSource,
@@ -35,20 +35,11 @@ from gateway.identity import (
     parse_bundle,
 )
 from sim.spiffe_issuer import DemoIssuer
+from tests.support.verifier import AUD, T0, Clock, impostor_bundle, make_verifier, refused, verify
 
 TD = "cache.example"
 SID = f"spiffe://{TD}/ns/t/sa/app"
-AUD = "prefixgate"
 N256 = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
-T0 = 1_900_000_000.0
-
-
-class Clock:
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def b64d(seg: str) -> bytes:
@@ -73,26 +64,7 @@ def decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def setup(clock: Clock, alg: str = "ES256", **kw: Any) -> tuple[DemoIssuer, StaticBundleSource, JwtSvidVerifier]:
-    iss = DemoIssuer(TD, alg=alg)
-    src = StaticBundleSource(parse_bundle(TD, iss.bundle()))
-    store = TrustBundleStore({TD: src})
-    kw.setdefault("leeway_s", 0)
-    return iss, src, JwtSvidVerifier(store, AUD, [TD], clock=clock, **kw)
-
-
-def refused(v: JwtSvidVerifier, token: str, **kw: Any) -> AuthenticationError:
-    import asyncio
-
-    with pytest.raises(AuthenticationError) as ei:
-        asyncio.run(v.verify(token, **kw))
-    return ei.value
-
-
-def verify(v: JwtSvidVerifier, token: str, **kw: Any) -> Any:
-    import asyncio
-
-    return asyncio.run(v.verify(token, **kw))
+setup = functools.partial(make_verifier, TD)
 
 
 def cheap_bad_tokens(iss: DemoIssuer, other: DemoIssuer) -> dict[str, str]:
@@ -209,13 +181,7 @@ def test_key_replaced_under_the_same_kid_is_not_served_from_the_cache() -> None:
     verify(v, token)
     # same kid, other key material (a broken or malicious publisher): the cached
     # verdict was made with the old key and must not survive
-    impostor = DemoIssuer(TD)
-    jwk = impostor.public_jwk()
-    jwk["kid"] = iss.kid
-    bundle = iss.bundle()
-    bundle["keys"] = [jwk]
-    bundle["spiffe_sequence"] += 1
-    src.replace(parse_bundle(TD, bundle))
+    src.replace(parse_bundle(TD, impostor_bundle(iss)))
     assert len(v.cache) == 0
     err = refused(v, token)
     assert err.reason == Reason.BAD_SIGNATURE

@@ -9,35 +9,17 @@ a repeated string only once.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from typing import Any
 
 import pytest
 
 import gateway.identity.jwtsvid as jwtsvid_mod
-from gateway.identity import (
-    AuthenticationError,
-    JwtSvidVerifier,
-    Reason,
-    StaticBundleSource,
-    TrustBundleStore,
-    VerifiedTokenCache,
-    parse_bundle,
-)
-from sim.spiffe_issuer import DemoIssuer
+from gateway.identity import Reason, VerifiedTokenCache, parse_bundle
+from tests.support.verifier import AUD, T0, Clock, impostor_bundle, make_verifier, refused, verify
 
 TD = "fast.example"
 SID = f"spiffe://{TD}/ns/t/sa/app"
-AUD = "prefixgate"
-T0 = 1_900_000_000.0
-
-
-class Clock:
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture
@@ -54,21 +36,7 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def setup(clock: Clock, **kw: Any) -> tuple[DemoIssuer, StaticBundleSource, JwtSvidVerifier]:
-    iss = DemoIssuer(TD)
-    src = StaticBundleSource(parse_bundle(TD, iss.bundle()))
-    kw.setdefault("leeway_s", 0)
-    return iss, src, JwtSvidVerifier(TrustBundleStore({TD: src}), AUD, [TD], clock=clock, **kw)
-
-
-def verify(v: JwtSvidVerifier, token: str) -> Any:
-    return asyncio.run(v.verify(token))
-
-
-def refused(v: JwtSvidVerifier, token: str) -> AuthenticationError:
-    with pytest.raises(AuthenticationError) as ei:
-        asyncio.run(v.verify(token))
-    return ei.value
+setup = functools.partial(make_verifier, TD)
 
 
 def test_a_repeated_token_is_decoded_once(parses: list[str]) -> None:
@@ -123,13 +91,7 @@ def test_keys_changed_without_the_listener_is_a_miss_on_the_fast_path(monkeypatc
     iss, src, v = setup(clock)
     token = iss.mint(SID, AUD, now=T0)
     verify(v, token)
-    impostor = DemoIssuer(TD)
-    jwk = impostor.public_jwk()
-    jwk["kid"] = iss.kid
-    bundle = iss.bundle()
-    bundle["keys"] = [jwk]
-    bundle["spiffe_sequence"] += 1
-    src.replace(parse_bundle(TD, bundle))  # same kid, other key: the cached verdict is void
+    src.replace(parse_bundle(TD, impostor_bundle(iss)))  # same kid, other key: the cached verdict is void
     assert v.cache.spelling(token) is not None
     err = refused(v, token)
     assert err.reason == Reason.BAD_SIGNATURE and v.signature_checks == 2

@@ -16,52 +16,27 @@ import socket
 from pathlib import Path
 
 import aiohttp
-import yaml
 
 from audit.jsonl import list_log_files
 from bench.soak import verify_audit
-from sim.cluster import start_cluster
-from sim.demo import DemoPaths, bearer_headers, gateway_config, prepare_identity
-from sim.procs import (
-    free_port,
-    python_module_cmd,
-    start_process,
-    stop_process,
-    wait_for_url,
-)
-from sim.replica import ReplicaConfig
+from sim.demo import bearer_headers
+from sim.procs import stop_process, wait_for_url
 from tests.support.waiting import wait_for
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
+from tests.support.workers import children, running, start_workers_gateway
 
 
 async def test_two_workers_share_the_sockets_the_limits_and_keep_their_own_audit_chains(
         tmp_path: Path, redis_server) -> None:
-    cluster = await start_cluster(2, ReplicaConfig(time_scale=100.0))
-    paths = DemoPaths.under(tmp_path / "work")
-    issuer = prepare_identity(paths)
-    headers = bearer_headers(issuer, ["tenant-a"])("tenant-a")
-    port = free_port()
-    cfg = gateway_config("cache_aware", cluster.ready_doc(), ["tenant-a"], paths, listen_port=port,
-                         admin_port=free_port())
-    cfg["tenancy"]["tenants"][0].update(rate_rps=0.001, rate_burst=10)
-    cfg["state"] = {"backend": "redis", "url": redis_server.url, "key_prefix": "pgw:"}
-    cfg_path = paths.work / "gateway.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    proc = start_process("gateway", python_module_cmd("gateway.cli", "serve", "--config", str(cfg_path),
-                                                      "--workers", "2"), paths.logs)
-    base = f"http://127.0.0.1:{port}"
+    gw = await start_workers_gateway(tmp_path, redis_server.url, "pgw:", replicas=2,
+                                     tenant={"rate_rps": 0.001, "rate_burst": 10})
+    cluster, paths, proc, base = gw.cluster, gw.paths, gw.proc, gw.base
+    headers = bearer_headers(gw.issuer, ["tenant-a"])("tenant-a")
     try:
         await wait_for_url(f"{base}/readyz", timeout_s=60, proc=proc)
-        await wait_for(lambda: len(_children(proc.pid)) == 2, timeout_s=30, what="two worker processes")
+        await wait_for(lambda: len(children(proc.pid)) == 2, timeout_s=30, what="two worker processes")
         await wait_for(lambda: proc.log_path.read_text().count("prefixgate: ready:") == 2, timeout_s=60,
                        what="both workers ready")
-        workers = _children(proc.pid)
+        workers = children(proc.pid)
         statuses = []
         for i in range(30):  # a new connection each time: either worker may accept it
             async with aiohttp.ClientSession() as s:
@@ -72,7 +47,7 @@ async def test_two_workers_share_the_sockets_the_limits_and_keep_their_own_audit
         os.kill(proc.pid, signal.SIGTERM)
         await wait_for(lambda: not proc.alive(), timeout_s=60, what="parent exits after SIGTERM")
         assert proc.popen.returncode == 0, proc.log_tail()
-        assert not any(Path(f"/proc/{w}").exists() and _state(w) != "Z" for w in workers)
+        assert not any(running(w) for w in workers)
     finally:
         stop_process(proc)
         await cluster.stop()
@@ -93,18 +68,10 @@ async def test_two_workers_share_the_sockets_the_limits_and_keep_their_own_audit
 async def test_sigterm_while_the_workers_are_still_starting_stops_them_cleanly(tmp_path: Path, redis_server) -> None:
     # before the fix a worker that got SIGTERM before its event loop's handlers died of it
     # (exit -15) and the parent exited 1
-    cluster = await start_cluster(1, ReplicaConfig(time_scale=100.0))
-    paths = DemoPaths.under(tmp_path / "work")
-    prepare_identity(paths)
-    cfg = gateway_config("cache_aware", cluster.ready_doc(), ["tenant-a"], paths, listen_port=free_port(),
-                         admin_port=free_port())
-    cfg["state"] = {"backend": "redis", "url": redis_server.url, "key_prefix": "pgw2:"}
-    cfg_path = paths.work / "gateway.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    proc = start_process("gateway", python_module_cmd("gateway.cli", "serve", "--config", str(cfg_path),
-                                                      "--workers", "2"), paths.logs)
+    gw = await start_workers_gateway(tmp_path, redis_server.url, "pgw2:")
+    cluster, paths, proc = gw.cluster, gw.paths, gw.proc
     try:
-        await wait_for(lambda: len(_children(proc.pid)) == 2, timeout_s=30, what="two worker processes")
+        await wait_for(lambda: len(children(proc.pid)) == 2, timeout_s=30, what="two worker processes")
         os.kill(proc.pid, signal.SIGTERM)
         await wait_for(lambda: not proc.alive(), timeout_s=60, what="parent exits after SIGTERM")
         assert proc.popen.returncode == 0, proc.log_tail()
@@ -116,10 +83,3 @@ async def test_sigterm_while_the_workers_are_still_starting_stops_them_cleanly(t
         if list_log_files(jsonl) if jsonl.exists() else []:
             code, text, unsealed = verify_audit(jsonl, paths.signing_key.with_name(paths.signing_key.name + ".pub"))
             assert code == 0 and unsealed == 0, text
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2]
-    except OSError:
-        return "Z"
