@@ -50,6 +50,10 @@ MAX_TOKEN_CHARS = 64
 MIN_MESSAGE_BYTES = 10
 # a word piece, a symbol, or a whitespace run too long to be a free separator
 _TOKEN_RE = re.compile(r"\w{1,%d}|[^\w\s]|\s{%d,}" % (MAX_TOKEN_CHARS, MAX_TOKEN_CHARS + 1), re.UNICODE)
+# the same tokens of an ASCII text, scanned as bytes (session 3: the tokens need no str.encode each,
+# ~25% less per prompt). On ASCII, str's \w is [A-Za-z0-9_] and str's \s is bytes' \s plus \x1c-\x1f.
+_ASCII_TOKEN_RE = re.compile(rb"[A-Za-z0-9_]{1,%d}|[^A-Za-z0-9_\s\x1c-\x1f]|[\s\x1c-\x1f]{%d,}"
+                             % (MAX_TOKEN_CHARS, MAX_TOKEN_CHARS + 1))
 
 
 class TokenizerError(ValueError):
@@ -122,16 +126,17 @@ class WordTokenizer:
         ``UnicodeEncodeError`` for a lone surrogate in a token.
         """
         stop = None if limit is None else max(0, limit) + 1
+        found: list[str] | list[bytes]
         if stop is None or len(text) <= MAX_TOKEN_CHARS * stop:
             # a text this short holds O(stop) tokens: one C-level scan (issue 14: ~2x faster)
-            found = _TOKEN_RE.findall(text)
+            found = _ASCII_TOKEN_RE.findall(text.encode("ascii")) if text.isascii() else _TOKEN_RE.findall(text)
         else:  # a long text: scan only as far as needed
             found = [m.group() for m in itertools.islice(_TOKEN_RE.finditer(text), stop)]
         if stop is not None:
             del found[stop:]
         step = MAX_TOKEN_CHARS
         if found and max(map(len, found)) > step:  # only a long blank run is longer: 64-character pieces
-            pieces: list[str] = []
+            pieces: list[Any] = []
             for m in found:
                 if len(m) > step:
                     pieces.extend(m[i:i + step] for i in range(0, min(len(m), step * (stop or len(m))), step))
@@ -141,6 +146,8 @@ class WordTokenizer:
             if stop is not None:
                 del found[stop:]
         # C-level iteration only (session 3: ~10x less than a Python loop with BLAKE2b per token)
+        if found and isinstance(found[0], bytes):
+            return list(map(zlib.crc32, found))
         return list(map(zlib.crc32, map(str.encode, found)))
 
     def max_text_bytes(self, tokens: int) -> int:

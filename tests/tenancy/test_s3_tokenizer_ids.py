@@ -77,3 +77,27 @@ def test_no_state_is_kept_between_calls() -> None:
     assert vars(tok) == before
     with pytest.raises(TypeError):
         WordTokenizer(cache_size=16)  # type: ignore[call-arg]
+
+
+# ASCII texts take a bytes scan (no str.encode per token): every ASCII character class matters,
+# in particular \x1c-\x1f, which str's \s matches and bytes' \s does not
+_ascii_pieces = st.one_of(
+    st.text(alphabet=st.characters(max_codepoint=127), max_size=30),
+    st.text(alphabet="aZ09_", min_size=60, max_size=140),
+    st.sampled_from([" " * 65, "\x1c" * 64, "\x1f" + " " * 64, "\t\n\r\x0b\x0c" * 14, "\x1d\x1e" * 33]),
+)
+ascii_texts = st.lists(_ascii_pieces, max_size=30).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(ascii_texts, limits)
+def test_ascii_texts_give_the_same_tokens(text: str, limit: int | None) -> None:
+    assert text.isascii()
+    assert WordTokenizer().encode(text, limit) == reference_ids(text, limit)
+
+
+def test_every_ascii_character_alone_and_in_context() -> None:
+    tok = WordTokenizer()
+    for c in map(chr, range(128)):
+        for text in (c, f"a{c}b", c * 65, f"x{c * 70}y"):
+            assert tok.encode(text) == reference_ids(text), repr(text)
