@@ -40,7 +40,8 @@ def reference_ids(text: str, limit: int | None = None) -> list[int]:
 
 _pieces = st.one_of(
     st.text(alphabet="ab1_é\U0001d400", min_size=1, max_size=150),  # words, some longer than 64
-    st.sampled_from([" ", "\n", "\t ", " " * 64, " " * 65, " " * 200, "\u3000" * 70, "\u2028\u00a0" * 40]),
+    st.sampled_from([" ", "\n", "\t ", " " * 64, " " * 65, " " * 200, "\u3000" * 70, "\u2028\u00a0" * 40,
+                     "\n" * 70, "é\n" + "\n \u3000" * 30]),
     st.text(alphabet="!?.,<|>-—", min_size=1, max_size=5),            # symbols
     st.text(max_size=20).filter(lambda s: not any(0xD800 <= ord(c) < 0xE000 for c in s)),
 )
@@ -101,3 +102,9 @@ def test_every_ascii_character_alone_and_in_context() -> None:
     for c in map(chr, range(128)):
         for text in (c, f"a{c}b", c * 65, f"x{c * 70}y"):
             assert tok.encode(text) == reference_ids(text), repr(text)
+
+
+def test_a_lone_surrogate_is_refused_as_before() -> None:
+    for text in ("a \udc80 b", "\udc80", "é \ud800", "x" + " " * 70 + "\udc80"):
+        with pytest.raises(UnicodeEncodeError):
+            WordTokenizer().encode(text)
