@@ -36,13 +36,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import orjson
+
+from audit.ids import uuid4_str
 
 SCHEMA_VERSION = "4"
 #: Versions :meth:`AuditEvent.from_dict` reads ("1" and "2" through :func:`upgrade_event_dict`).
@@ -209,8 +210,8 @@ def iso_ms(epoch_ms: int) -> str:
 
 
 def new_event_id() -> str:
-    """A random UUID (v4) string; receivers de-duplicate on it."""
-    return str(uuid.uuid4())
+    """A random UUID (v4) string; receivers de-duplicate on it (batched ``os.urandom``: :mod:`audit.ids`)."""
+    return uuid4_str()
 
 
 @dataclass(frozen=True, slots=True)

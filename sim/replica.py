@@ -91,7 +91,7 @@ _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.7
 _PREFILL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                     20.0, 40.0, 80.0, 160.0, 640.0)
 
-# One tokenizer per process: its memo of word ids is shared by every replica.
+# One tokenizer per process (it keeps no state between calls), the gateway's own: same ids.
 _TOKENIZER = WordTokenizer()
 
 

@@ -3,7 +3,7 @@ batch accounting in the limiter and the router, the user pseudonym."""
 
 from __future__ import annotations
 
-import hashlib
+import zlib
 import secrets
 from typing import Any
 
@@ -28,7 +28,8 @@ MIB = 1 << 20
 
 
 def _blake(word: str) -> int:
-    return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=4).digest(), "big")
+    """A token's id (session 3: CRC-32, name ``word-crc32-v2``; was BLAKE2b-32)."""
+    return zlib.crc32(word.encode())
 
 
 # ------------------------------------------------------------------ tokenizer

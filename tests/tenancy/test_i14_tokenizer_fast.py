@@ -1,9 +1,10 @@
 """Issue 14: the faster WordTokenizer.encode (one C-level regex scan, hashing inlined) yields
-exactly the ids of the original token-by-token scan, with and without a limit."""
+exactly the ids of the original token-by-token scan, with and without a limit. (Session 3: the
+ids are CRC-32 digests, name ``word-crc32-v2``; the token strings are unchanged.)"""
 
 from __future__ import annotations
 
-import hashlib
+import zlib
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,7 +24,7 @@ def reference_encode(text: str, limit: int | None) -> list[int]:
         else:
             pieces = [m]
         for piece in pieces:
-            out.append(int.from_bytes(hashlib.blake2b(piece.encode("utf-8"), digest_size=4).digest(), "big"))
+            out.append(zlib.crc32(piece.encode("utf-8")))
             if stop is not None and len(out) >= stop:
                 return out
     return out
@@ -43,7 +44,6 @@ limits = st.one_of(st.none(), st.integers(min_value=-1, max_value=70))
 @given(texts, limits)
 def test_fast_encode_equals_reference(text: str, limit: int | None) -> None:
     assert WordTokenizer().encode(text, limit) == reference_encode(text, limit)
-    assert WordTokenizer(cache_size=16).encode(text, limit) == reference_encode(text, limit)
 
 
 def test_long_text_with_a_small_limit_takes_the_bounded_scan() -> None:
