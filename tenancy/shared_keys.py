@@ -111,6 +111,9 @@ class SharedKeyState:
         self._publish = client.register_script(_LUA_PUBLISH)
         self._task: asyncio.Task[None] | None = None
         self._last_master_rejected: str | None = None
+        #: the generation of the ``#master`` record this instance last stored or found authentic: once
+        #: overtaken by a local rotation not yet announced, that record is stale, not a rollback
+        self._confirmed = 0
         self.rejected = 0
         self.adopted = 0
         self.master_adopted = 0
@@ -172,7 +175,8 @@ class SharedKeyState:
     async def publish_master(self) -> bool:
         """Announce the ring's master generation (after ``rotate-master`` here), MAC'd under the
         new master's subkey, and make its key-check the stored one. Returns True if Redis moved."""
-        moved = await self._store(MASTER_FIELD, self._ring.master_generation, 0)
+        self._confirmed = self._ring.master_generation
+        moved = await self._store(MASTER_FIELD, self._confirmed, 0)
         await self._client.set(f"{self._prefix}keys:check", self.key_check())
         return moved
 
@@ -213,6 +217,7 @@ class SharedKeyState:
             if self._verify(MASTER_FIELD, raw, self._keys()[:1]) is not None:  # started with the new secret
                 self._ring.adopt_master(gen)
                 self.master_adopted += 1
+                self._confirmed = gen
                 return True
             secret = None
             if self._loader is not None:
@@ -225,6 +230,7 @@ class SharedKeyState:
             if key is not None and self._verify(MASTER_FIELD, raw, (key,)) is not None:
                 self._ring.adopt_master(gen, secret)
                 self.master_adopted += 1
+                self._confirmed = gen
                 log.warning("shared state: adopted master generation %d", gen)
                 return True
             self.master_pending = gen
@@ -232,11 +238,13 @@ class SharedKeyState:
                                      "source: provision the new secret, or the record is forged")
             return False
         if raw is not None and gen == local and self._verify(MASTER_FIELD, raw, self._keys()[:1]) is not None:
+            self._confirmed = gen
             return True
-        if raw is not None:
+        if raw is not None and not (gen == self._confirmed and gen < local):  # not our own, since overtaken
             self._reject_master(raw, "lower generation" if gen is not None and gen < local else "unauthenticated")
         if raw is not None or local > 1:  # generation 1 has nothing to announce
             await self._store(MASTER_FIELD, local, 0)  # absent, lower or forged: never rolled back
+            self._confirmed = local
         return True
 
     async def sync(self) -> int:

@@ -155,3 +155,47 @@ async def test_lower_or_forged_generations_are_ignored_counted_and_healed(redis_
         assert again.adopt_master(1) is False and again.master_generation == 2
     finally:
         await raw.aclose()
+
+
+async def test_a_second_rotation_raises_no_alert_on_its_own_stale_record(redis_server) -> None:
+    # between a local rotation and its announcement, this instance's sync sees its own previous
+    # record (lower than its generation): stale, healed without an alert; other lower ones are counted
+    m1, m2, m3 = (os.urandom(32) for _ in range(3))
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        ring = KeyRing(m1)
+        rs = SharedKeyState(raw, PREFIX, None, ring)
+        await rs.join()
+        ring.rotate_master(m2)
+        await rs.publish_master()
+        ring.rotate_master(m3)  # not announced yet
+        await rs.sync()
+        assert rs.rejected == 0 and (await raw.hget(HASH, MASTER_FIELD)).startswith(b"3:0:")
+    finally:
+        await raw.aclose()
+
+
+async def test_documents_under_a_master_in_grace_are_re_published_without_an_alert(redis_server) -> None:
+    from gateway.shared_docs import DOCS_MAC_INFO, SharedDocument, state_metrics
+
+    m1, m2 = os.urandom(32), os.urandom(32)
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        ring = KeyRing(m1)
+        adopted: list[int] = []
+
+        async def apply(version: int, body: object) -> None:
+            adopted.append(version)
+
+        doc = SharedDocument(raw, PREFIX, "tenants", lambda: ring.mac_subkeys(DOCS_MAC_INFO), lambda: 1, apply,
+                             state_metrics(None), local_body=lambda: {"tenants": []})
+        assert await doc.publish(1, {"tenants": []})
+        ring.rotate_master(m2)  # the stored record is now under the master in grace
+        assert await doc.sync() is False
+        assert doc.rejected == 0 and not adopted
+        # re-published under the new master: a ring holding only m2 authenticates it
+        only_new = SharedDocument(raw, PREFIX, "tenants", KeyRing(m2).mac_subkeys(DOCS_MAC_INFO)[0], lambda: 0,
+                                  apply, state_metrics(None))
+        assert await only_new.remote_version() == 1
+    finally:
+        await raw.aclose()
