@@ -77,7 +77,10 @@ class InferenceRoutes:
             nonlocal emitted
             if emitted < len(pending) and message["type"] == "http.response.body" and not message.get("more_body"):
                 emitted = self._emit(pending, emitted)
-                recorder.hand_off()
+                try:
+                    recorder.hand_off()
+                except Exception:  # a bug: the events stay queued (timer flush); the answer still goes out
+                    log.exception("handing audit events to the worker failed")
             await send(message)
 
         token = AFTER_SEND.set(pending)

@@ -4,7 +4,7 @@ Recording may wait until the answer is sent (issue 14): while a request is
 served by :class:`gateway.inference_asgi.InferenceRoutes`, :data:`AFTER_SEND`
 holds a list in that request's task context and :meth:`Recorder.record`
 appends the record to it. The front hands the records' audit events to the
-audit worker (:meth:`Recorder.audit`, :meth:`Recorder.hand_off`) just before
+audit worker (:meth:`Recorder.emit`, :meth:`Recorder.hand_off`) just before
 the answer's last body part, and writes their metrics and concentration
 observations (:meth:`Recorder.finish`) after it (issue 16: an answer that
 completed at the client has its event in the worker's pipe, which outlives a
