@@ -199,3 +199,26 @@ async def test_documents_under_a_master_in_grace_are_re_published_without_an_ale
         assert await only_new.remote_version() == 1
     finally:
         await raw.aclose()
+
+
+async def test_routing_entries_of_a_lagging_instance_are_accepted_during_the_grace(tmp_path, redis_server) -> None:
+    from routing.types import RouteRequest
+    from tests.scaleout.s2_instances import REPLICAS, shared_instances
+
+    async with shared_instances(tmp_path, 2, redis_server.url) as (a, b):
+        b.keyring.rotate_master(os.urandom(32))  # b follows a new master; a lags (not provisioned yet)
+        for n in range(4):
+            tokens = [1000 * n + i for i in range(16 * 4)]
+            chain = a.keyring.prefix_chain("tenant-a", tokens, 16).current
+            _, ticket = a.router.route(RouteRequest("tenant-a", chain, len(tokens), 32, 16), REPLICAS)
+            ticket.finish()
+        await a.shared.routing.flush()
+        await wait_for(lambda: b.shared.routing.applied >= 4 * 3, what="b applied a's entries (old master, in grace)")
+        assert b.shared.routing.rejected == 0
+        # the other way round is the documented residual: the lagging instance cannot check the new master's
+        tokens = list(range(16 * 4))
+        chain = b.keyring.prefix_chain("tenant-a", tokens, 16).current
+        _, ticket = b.router.route(RouteRequest("tenant-a", chain, len(tokens), 32, 16), REPLICAS)
+        ticket.finish()
+        await b.shared.routing.flush()
+        await wait_for(lambda: a.shared.routing.rejected >= 1, what="a rejects b's new-master entries")
