@@ -290,6 +290,14 @@ class RemoteAuditLog(WorkerProcess):
             self._flush_scheduled = True
             asyncio.get_running_loop().call_later(self._flush_interval, self._flush)
 
+    def flush_now(self) -> None:
+        """Write every queued event frame to the worker's pipe now (one ``write``), without waiting for
+        ``flush_interval_s``: the gateway calls it before an answer's last byte, so that a gateway
+        SIGKILLed after answering has already handed the answer's event to the worker (which
+        outlives it and closes the trail on stdin EOF). What the pipe does not take at once (worker
+        more than a pipe buffer behind), or while no worker runs, stays in this process's backlog."""
+        self._flush()
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         if not self._out:

@@ -20,7 +20,7 @@ Protocol (newline-delimited JSON, UTF-8; one object per line):
 * stdout: ``{"t":"ready","pid":P}`` once the sinks are built and started, or
   ``{"t":"error","type":NAME,"message":TEXT}`` and exit status 2;
   ``{"t":"status","ack":SEQ,"accepting":B,"dropped":N,"spill":BYTES}``
-  after each read chunk and whenever it changes (SEQ = highest event that has
+  after a read chunk if it changed, and whenever it changes (SEQ = highest event that has
   left this process's memory for every sink: delivered or written to the
   sink's spill file, see :class:`_AckTracker`); ``{"t":"reply","id":K,"ok":B}`` for a drain;
   ``{"t":"metrics","text":EXPOSITION}`` every second (Prometheus text of the
@@ -102,6 +102,16 @@ class _AckTracker:
         self._ack = 0
         #: frames refused as malformed (reported as dropped events: must stay 0)
         self.bad_frames = 0
+        #: the last status frame sent (one is sent only when it changed: the gateway hands an
+        #: answer's event over at once, so a read per answer must not cost a status per answer)
+        self.last_status: dict[str, Any] | None = None
+
+    def report(self, out: "_Out", force: bool = False) -> None:
+        """Send the status frame if it changed since the last one (or ``force``)."""
+        status = _status(self.audit, self)
+        if force or status != self.last_status:
+            out.send(status)
+            self.last_status = status
 
     def emitted(self, seq: int) -> None:
         """Record that frame ``seq`` was handed to ``audit.emit``."""
@@ -123,12 +133,8 @@ async def _report_loop(out: _Out, registry: CollectorRegistry, audit: Any, track
     metrics every ``METRICS_PERIOD_S``."""
     loop = asyncio.get_running_loop()
     next_metrics = 0.0
-    last: dict[str, Any] | None = None
     while True:
-        status = _status(audit, tracker)
-        if status != last:
-            out.send(status)
-            last = status
+        tracker.report(out)
         if loop.time() >= next_metrics:
             out.send({"t": "metrics", "text": generate_latest(registry).decode()})
             next_metrics = loop.time() + METRICS_PERIOD_S
@@ -177,7 +183,7 @@ async def run() -> int:
                         tracker.emitted(int(frame["s"]))
                     elif t == "drain":
                         ok = await audit.drain(float(frame.get("timeout", 10.0)))
-                        out.send(_status(audit, tracker))
+                        tracker.report(out, force=True)
                         out.send({"t": "reply", "id": frame["id"], "ok": ok})
                     elif t == "close":
                         close_timeout = float(frame.get("timeout", 10.0))
@@ -187,13 +193,13 @@ async def run() -> int:
                     # a frame the gateway cannot have meant: say so, count it as lost, never guess
                     tracker.bad_frames += 1
                     log.error("audit worker: malformed frame refused (%s)", type(exc).__name__)
-            out.send(_status(audit, tracker))
+            tracker.report(out)
             if stop:
                 break
     finally:
         metrics.cancel()
         await audit.close(close_timeout)
-        out.send(_status(audit, tracker))
+        tracker.report(out, force=True)
         out.send({"t": "metrics", "text": generate_latest(registry).decode()})
         out.send({"t": "closed"})
         for _ in range(200):  # let the last frames reach the pipe (bounded: 2 s)

@@ -95,9 +95,10 @@ class Admin:
 
         routes: list[BaseRoute] = []
         tc = self.config.tenancy
-        # with shared state, every instance must switch master secrets together: not supported yet (501)
-        master_loader = (None if self.config.state.backend == "redis"
-                         else lambda: load_master_secret(tc.master_secret_file, tc.master_secret_env))
+        # with shared state the others follow through the master-generation record (tenancy/shared_keys.py)
+        def master_loader() -> bytes:
+            return load_master_secret(tc.master_secret_file, tc.master_secret_env)
+
         routes += tenancy_routes(
             self.keyring, self.reload_registry, authorize, master_loader=master_loader,
             on_change=on_change, registry=self.admission.registry,

@@ -269,7 +269,20 @@ class AuditHub:
 
     # -- events
     def record_request(self, rec: RequestRecord) -> None:
-        """One audit event (and spans, and a concentration observation) for a finished request.
+        """One audit event (and spans, and a concentration observation) for a finished request:
+        :meth:`emit_request` then :meth:`observe_request`."""
+        self.emit_request(rec)
+        self.observe_request(rec)
+
+    def hand_off(self) -> None:
+        """Write the events emitted so far to the audit worker's pipe now (a log without
+        ``flush_now``, e.g. the inline one, keeps its own schedule)."""
+        flush = getattr(self.log, "flush_now", None)
+        if flush is not None:
+            flush()
+
+    def emit_request(self, rec: RequestRecord) -> None:
+        """The request's spans end and its one audit event is emitted.
 
         The event leaves as a request row (:mod:`audit.request_event`): the audit
         worker, or the in-process log, builds the :class:`AuditEvent` from it."""
@@ -295,6 +308,9 @@ class AuditHub:
             self._emit_row(row)
         elif self.log is not None:
             self.log.emit(request_event(row))
+
+    def observe_request(self, rec: RequestRecord) -> None:
+        """The concentration monitor's observation of a finished request (allowed and routed only)."""
         if self.monitor is not None and rec.replica and rec.outcome == "allowed":
             prompt = rec.prompt_tokens or 0
             predicted = rec.predicted_prefix_tokens or 0

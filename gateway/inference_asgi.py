@@ -8,10 +8,14 @@ method, the lifespan) goes to the Starlette app unchanged, which answers 404
 and 405 as before. The framing guard (gateway/framing.py) stays in front of
 both, and the head bounds (gateway/http_guard.py) stay in the server.
 
-The request's metrics and audit event are written after its answer was
-handed to the server (:data:`gateway.recording.AFTER_SEND`): the client's
-bytes go out first; the tokens, leases and reservation are still given back
-before the answer, as the pipeline does.
+The request's audit event is handed to the audit worker just before the
+answer's last body part (the final ``http.response.body``: the whole body of
+a plain answer, the empty closing part of a stream), so that an answer that
+completed at the client is in the worker's pipe even if this process is
+SIGKILLed right after (issue 16; docs/audit.md, "What a SIGKILL can lose").
+Its metrics and concentration observation are written after the answer
+(:data:`gateway.recording.AFTER_SEND`, issue 14); the tokens, leases and
+reservation are still given back before the answer, as the pipeline does.
 """
 
 from __future__ import annotations
@@ -65,14 +69,38 @@ class InferenceRoutes:
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:
         pending: list[RequestRecord] = []
+        emitted = 0
+        recorder = self.recorder
+
+        async def send_after_audit(message: MutableMapping[str, Any]) -> None:
+            # the last body part leaves only once the events of the records made so far are in the pipe
+            nonlocal emitted
+            if emitted < len(pending) and message["type"] == "http.response.body" and not message.get("more_body"):
+                emitted = self._emit(pending, emitted)
+                try:
+                    recorder.hand_off()
+                except Exception:  # a bug: the events stay queued (timer flush); the answer still goes out
+                    log.exception("handing audit events to the worker failed")
+            await send(message)
+
         token = AFTER_SEND.set(pending)
         try:
             response = await self.pipeline.handle(Request(scope, receive, send), endpoint)  # type: ignore[arg-type]
-            await response(scope, receive, send)
+            await response(scope, receive, send_after_audit)
         finally:
             AFTER_SEND.reset(token)
-            for rec in pending:  # however the call ended: every record is written
+            self._emit(pending, emitted)  # however the call ended: every event is written
+            for rec in pending:
                 try:
-                    self.recorder.record(rec)
+                    recorder.finish(rec)
                 except Exception:  # a bug: the answer is out; never lose the other records
                     log.exception("recording request %s failed", rec.request_id)
+
+    def _emit(self, pending: list[RequestRecord], start: int) -> int:
+        """Emit the audit events of ``pending[start:]``; returns ``len(pending)``."""
+        for rec in pending[start:]:
+            try:
+                self.recorder.emit(rec)
+            except Exception:  # a bug: never lose the other records
+                log.exception("auditing request %s failed", rec.request_id)
+        return len(pending)

@@ -3,9 +3,12 @@
 Recording may wait until the answer is sent (issue 14): while a request is
 served by :class:`gateway.inference_asgi.InferenceRoutes`, :data:`AFTER_SEND`
 holds a list in that request's task context and :meth:`Recorder.record`
-appends the record to it; the front records it right after the last byte of
-the answer was handed to the server (or however the call ended). Everywhere
-else it records at once.
+appends the record to it. The front hands the records' audit events to the
+audit worker (:meth:`Recorder.emit`, :meth:`Recorder.hand_off`) just before
+the answer's last body part, and writes their metrics and concentration
+observations (:meth:`Recorder.finish`) after it (issue 16: an answer that
+completed at the client has its event in the worker's pipe, which outlives a
+SIGKILLed gateway). Everywhere else it records at once.
 """
 
 from __future__ import annotations
@@ -31,11 +34,24 @@ class Recorder:
 
     def record(self, rec: RequestRecord) -> None:
         """Metrics + one audit event + concentration monitor for a finished request
-        (deferred to after the answer when :data:`AFTER_SEND` holds a list)."""
+        (deferred to the answer's end when :data:`AFTER_SEND` holds a list)."""
         pending = AFTER_SEND.get()
         if pending is not None:
             pending.append(rec)
             return
+        self.audit.emit_request(rec)
+        self.finish(rec)
+
+    def emit(self, rec: RequestRecord) -> None:
+        """The request's audit event (and spans), queued for the audit log; see :meth:`hand_off`."""
+        self.audit.emit_request(rec)
+
+    def hand_off(self) -> None:
+        """Write the queued audit events to the audit worker's pipe now (one write)."""
+        self.audit.hand_off()
+
+    def finish(self, rec: RequestRecord) -> None:
+        """The request's metrics and concentration observation (after :meth:`emit`)."""
         m = self.metrics
         m.requests.labels(rec.endpoint, str(rec.status), rec.outcome).inc()
         m.request_seconds.labels(rec.endpoint).observe((rec.t_end or rec.t0) - rec.t0)
@@ -49,4 +65,4 @@ class Recorder:
             m.prefix_tokens.labels("predicted").inc(rec.predicted_prefix_tokens or 0)
             if rec.delivered_prefix_tokens is not None:
                 m.prefix_tokens.labels("delivered").inc(rec.delivered_prefix_tokens)
-        self.audit.record_request(rec)
+        self.audit.observe_request(rec)

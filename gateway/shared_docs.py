@@ -26,7 +26,7 @@ import hmac
 import json
 import logging
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
@@ -75,7 +75,9 @@ class SharedDocument:
     """One named, versioned JSON document shared through Redis (see module doc).
 
     ``client``: :class:`redis.asyncio.Redis`; ``name``: e.g. ``policy``;
-    ``mac_key``: the 32-byte HKDF subkey (:data:`DOCS_MAC_INFO`);
+    ``mac_key``: the 32-byte HKDF subkey (:data:`DOCS_MAC_INFO`), or a callable
+    giving the subkeys accepted now, the one to MAC with first (a record
+    under a master still in grace is adopted and re-published under the current one);
     ``local_version()``: the version this instance holds; ``apply(version, body)``:
     adopt a higher document (async; raising leaves the version unchanged and
     is retried at the next poll); ``metrics``: from :func:`state_metrics`;
@@ -84,14 +86,14 @@ class SharedDocument:
     record (an emptied Redis is healed, never rolls anything back).
     """
 
-    def __init__(self, client: Any, key_prefix: str, name: str, mac_key: bytes,
+    def __init__(self, client: Any, key_prefix: str, name: str, mac_key: bytes | Callable[[], Sequence[bytes]],
                  local_version: Callable[[], int], apply: Callable[[int, Any], Awaitable[None]],
                  metrics: _StateMetrics, *, local_body: Callable[[], Any] | None = None,
                  poll_s: float = 1.0) -> None:
         self._client = client
         self._prefix = key_prefix
         self.name = name
-        self._mac_key = mac_key
+        self._mac_keys: Callable[[], Sequence[bytes]] = mac_key if callable(mac_key) else (lambda: (mac_key,))
         self._local_version = local_version
         self._apply = apply
         self._local_body = local_body
@@ -113,17 +115,19 @@ class SharedDocument:
         """The change channel (shared by every document)."""
         return f"{self._prefix}docs:changed"
 
-    def _mac(self, version: int, body: str) -> str:
+    def _mac(self, version: int, body: str, key: bytes | None = None) -> str:
         msg = (length_prefixed(self._prefix) + length_prefixed(self.name) + struct.pack(">Q", version)
                + body.encode())
-        return hmac.new(self._mac_key, msg, hashlib.sha256).hexdigest()
+        return hmac.new(key if key is not None else self._mac_keys()[0], msg, hashlib.sha256).hexdigest()
 
-    def _verify(self, raw: str) -> tuple[int, Any] | None:
+    def _verify(self, raw: str, current_only: bool = False) -> tuple[int, Any] | None:
         parts = raw.split(":", 2)
         if len(parts) != 3 or not parts[0].isdigit():
             return None
         version = int(parts[0])
-        if version < 1 or not hmac.compare_digest(parts[1], self._mac(version, parts[2])):
+        keys = self._mac_keys()
+        if version < 1 or not any(hmac.compare_digest(parts[1], self._mac(version, parts[2], k))
+                                  for k in (keys[:1] if current_only else keys)):
             return None
         try:
             return version, json.loads(parts[2])
@@ -141,7 +145,7 @@ class SharedDocument:
         """
         text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         cur = await self._get()
-        forged = cur if cur is not None and self._verify(cur) is None else ""
+        forged = cur if cur is not None and self._verify(cur, current_only=True) is None else ""
         record = f"{version}:{self._mac(version, text)}:{text}"
         return bool(await self._script(keys=[self.key], args=[version, record, self.channel, self.name, forged]))
 
@@ -160,7 +164,8 @@ class SharedDocument:
         local = self._local_version()
         if rec is not None and rec[0] < local:
             self._reject(cur or "", "lower")
-        if rec is None or rec[0] < local:
+        stale = rec is not None and cur is not None and self._verify(cur, current_only=True) is None
+        if rec is None or rec[0] < local or (stale and rec[0] == local):  # stale: a master in grace
             await self._heal(local)
             return False
         version, body = rec

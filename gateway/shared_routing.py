@@ -42,7 +42,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -151,7 +151,9 @@ class RoutingStream:
 
     ``client``: :class:`redis.asyncio.Redis`; ``key_prefix``: ``state.key_prefix``;
     ``instance_id``: this process's id; ``mac_key``: 32-byte subkey
-    (HKDF of the master secret, :data:`ROUTING_MAC_INFO`); ``index``: the
+    (HKDF of the master secret, :data:`ROUTING_MAC_INFO`), or a callable giving
+    the subkeys accepted now, the one to MAC with first (they follow a master
+    rotation: :meth:`tenancy.keys.KeyRing.mac_subkeys`); ``index``: the
     inner (non-emitting) prefix index; ``loads``: the router's
     :class:`SharedLoadTracker` (its ``remote`` view is fed here);
     ``replica_ids``: replicas whose local load is published;
@@ -161,14 +163,15 @@ class RoutingStream:
     :meth:`emit` is the callback to give the routing wrappers.
     """
 
-    def __init__(self, client: Any, key_prefix: str, instance_id: str, mac_key: bytes, index: PrefixIndex,
+    def __init__(self, client: Any, key_prefix: str, instance_id: str,
+                 mac_key: bytes | Callable[[], Sequence[bytes]], index: PrefixIndex,
                  loads: SharedLoadTracker, replica_ids: Iterable[str], *, lease_ttl_s: float,
                  max_entries: int = 10_000, batch_events: int = 256, queue_max: int = 100_000,
                  registry: CollectorRegistry | None = None) -> None:
         self._client = client
         self._prefix = key_prefix
         self.instance_id = instance_id
-        self._mac_key = mac_key
+        self._mac_keys: Callable[[], Sequence[bytes]] = mac_key if callable(mac_key) else (lambda: (mac_key,))
         self._index = index
         self._loads = loads
         self.remote: RemoteLoadView = loads.remote
@@ -196,9 +199,9 @@ class RoutingStream:
     def _alive_key(self, instance_id: str) -> str:
         return f"{self._prefix}routing:alive:{instance_id}"
 
-    def _mac(self, instance_id: str, body: bytes) -> str:
+    def _mac(self, instance_id: str, body: bytes, key: bytes | None = None) -> str:
         msg = length_prefixed(self._prefix) + length_prefixed(instance_id) + body
-        return hmac.new(self._mac_key, msg, hashlib.sha256).hexdigest()
+        return hmac.new(key if key is not None else self._mac_keys()[0], msg, hashlib.sha256).hexdigest()
 
     # -- publishing --------------------------------------------------------
     def emit(self, event: RoutingEvent | Observed) -> None:
@@ -249,7 +252,7 @@ class RoutingStream:
         try:
             if not (isinstance(inst, str) and isinstance(body, bytes) and isinstance(mac, str)):
                 raise ValueError("fields")
-            if not hmac.compare_digest(mac, self._mac(inst, body)):
+            if not any(hmac.compare_digest(mac, self._mac(inst, body, k)) for k in self._mac_keys()):
                 raise ValueError("mac")
             if inst == self.instance_id:
                 return 0

@@ -4,15 +4,16 @@ versions and salt epochs (:mod:`tenancy.shared_keys`), the policy set and the te
 registry (:mod:`gateway.shared_docs`), the concentration windows (:mod:`gateway.shared_alerts`). Built by :func:`gateway.build.build` only for the
 Redis backend; the memory default never imports this module.
 
-Subkeys (HKDF-SHA256 of the master secret; the secret itself never leaves the process):
+Subkeys (HKDF-SHA256 of the master secret in use, and of a previous one still in grace after
+a master rotation; the secret itself never leaves the process):
 ``pg-shared-state-mac-v1`` (key records, key-check), ``pg-shared-routing-mac-v1``
 (routing entries), ``pg-shared-docs-mac-v1`` (policy and registry records).
 
 Start order: join (key-check: a different master secret refuses to start), adopt the
 key records, rebuild routing from the stream, adopt the policy and registry
 documents, then run their tasks. Operator changes through the admin API are
-published by :meth:`SharedState.on_operator_change` (key and salt rotations, registry
-reloads) and by a policy-store listener (policy changes).
+published by :meth:`SharedState.on_operator_change` (key and salt rotations, the master
+generation, registry reloads) and by a policy-store listener (policy changes).
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ from gateway.shared_routing import ROUTING_MAC_INFO, RoutingStream, new_instance
 from routing.index import PrefixIndex
 from routing.load import LoadTracker
 from routing.shared import PublishingPrefixIndex, RemoteLoadView, SharedLoadTracker
-from tenancy.keys import KeyRing
-from tenancy.salt import hkdf_sha256
+from tenancy.keys import KeyRing, load_master_secret
 from tenancy.shared import redis_client
 from tenancy.shared_keys import SharedKeyState
 from tenancy.shared_store import cancel_task
@@ -49,7 +49,7 @@ class SharedState:
     """Every shared piece of one gateway instance (see module doc).
 
     ``config``: the gateway configuration (``state`` section used);
-    ``master_secret``: only HKDF subkeys are kept; ``keyring``: the
+    ``master_secret``: unused (the HKDF subkeys come from ``keyring`` and follow its master); ``keyring``: the
     instance's key ring; ``registry``: where the metrics go (the public
     registry: no tenant or replica names); ``client``: a ready
     :class:`redis.asyncio.Redis` (default: :func:`tenancy.shared.redis_client`,
@@ -59,19 +59,30 @@ class SharedState:
     def __init__(self, config: GatewayConfig, master_secret: bytes, keyring: KeyRing,
                  registry: CollectorRegistry, *, client: Any = None) -> None:
         sc = config.state
+        del master_secret  # the subkeys come from ``keyring`` (they follow a master rotation)
         self.config = config
         self._own_client = client is None
         self.client = client if client is not None else redis_client(sc)
         self.instance_id = new_instance_id()
         self.prefix = sc.key_prefix
         self.poll_s = sc.sync_poll_s
-        self._routing_key = hkdf_sha256(master_secret, ROUTING_MAC_INFO)
-        self._docs_key = hkdf_sha256(master_secret, DOCS_MAC_INFO)
-        self.keys = SharedKeyState(self.client, self.prefix, master_secret, keyring, poll_s=sc.sync_poll_s)
+        # the subkeys follow the key ring's master (current first, then masters in grace)
+        self._routing_key = lambda: keyring.mac_subkeys(ROUTING_MAC_INFO)
+        self._docs_key = lambda: keyring.mac_subkeys(DOCS_MAC_INFO)
+        tc = config.tenancy
+        self.keys = SharedKeyState(self.client, self.prefix, None, keyring, poll_s=sc.sync_poll_s,
+                                   master_loader=lambda: load_master_secret(tc.master_secret_file,
+                                                                            tc.master_secret_env))
         self._registry = registry
         self.metrics = state_metrics(registry)
-        Gauge("prefixgate_shared_key_records_rejected", "Key records ignored for a bad MAC or shape",
+        Gauge("prefixgate_shared_key_records_rejected",
+              "Key and master-generation records ignored for a bad MAC, shape or a lower generation",
               registry=registry).set_function(lambda: self.keys.rejected)
+        Gauge("prefixgate_shared_master_generation_pending",
+              "A higher master generation announced that this instance's secret source cannot authenticate "
+              "(0: none)", registry=registry).set_function(lambda: self.keys.master_pending)
+        Gauge("prefixgate_master_generation", "The master generation in use",
+              registry=registry).set_function(lambda: keyring.master_generation)
         self.routing: RoutingStream | None = None
         self.policy: SharedDocument | None = None
         self.tenants: SharedDocument | None = None
@@ -145,6 +156,9 @@ class SharedState:
         try:
             if action in ("tenant.rotate_key", "tenant.rotate_salt"):
                 await self.keys.publish(str(record["tenant_id"]))
+            elif action == "keys.rotate_master":
+                await self.keys.publish_master()  # the generation only: the others load their own secret
+                await self.keys.sync()  # re-MAC the tenant records under the new master
             elif action == "tenants.reload" and self.tenants is not None and self._admin is not None:
                 version = max(self.registry_version, await self.tenants.remote_version()) + 1
                 self.registry_version = version

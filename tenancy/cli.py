@@ -165,9 +165,9 @@ def rotate_master(config_path: str) -> None:
     if not ctx.master_file:
         raise click.UsageError("tenancy.master_secret_file is not configured "
                                "(a master secret from the environment is rotated by whoever sets it)")
-    ring = ctx.keyring()  # the current secret must load (fail before touching anything)
+    ctx.keyring()  # the current secret must load (fail before touching anything)
     new = secrets.token_hex(NEW_MASTER_BYTES).encode()  # text: the loader strips one trailing newline
-    ring.rotate_master(new)  # validates length and difference; in memory only
+    KeyRing(new)  # validates the length; in memory only (the generation moves when a gateway applies it)
     target = Path(ctx.master_file)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:

@@ -13,7 +13,7 @@ keys use it at once, while :meth:`KeyRing.lookup_keys` and
 (cache locality survives the rotation). :meth:`KeyRing.rotate_master`
 re-derives every tenant from a new master secret, keeping the old master's
 keys for the same grace period. Grace is in-process only (the prefix index
-is in memory too). Key versions and salt epochs persist in a JSON state file
+is in memory too). Key versions, salt epochs and the master generation persist in a JSON state file
 (:mod:`tenancy.state`); derived keys and secrets are never written.
 
 The master secret comes from a file (refused if group/world accessible) or an
@@ -123,6 +123,8 @@ class KeyRing:
                 raise KeyRingError(str(exc)) from exc
         else:
             self._state = KeyState()
+        self._generation = self._state.master_generation
+        self._subkeys: dict[tuple[int, bytes], bytes] = {}
 
     # -- introspection ---------------------------------------------------
     @property
@@ -132,7 +134,7 @@ class KeyRing:
 
     @property
     def master_generation(self) -> int:
-        """Number of master secrets this process has used (1 at start)."""
+        """The master generation in use (>= 1; persisted in the state file, never lowered)."""
         return self._generation
 
     def key_version(self, tenant_id: str) -> int:
@@ -223,21 +225,64 @@ class KeyRing:
         ``grace_s`` seconds; cache salts change at once (a master rotation
         deliberately turns replica caches cold). Refuses a short secret (``KeyRingError``)
         or the secret already in use (:class:`MasterUnchanged`, compared in
-        constant time). Returns the new master generation number.
+        constant time). The new generation is persisted before it is used
+        (``KeyRingError`` if the state file cannot be written: nothing applied).
+        Returns the new master generation number.
         """
         check_master_secret(new_secret)
         with self._lock:
             if hmac.compare_digest(new_secret, self._master):
                 raise MasterUnchanged("new master secret equals the current one")
-            versions = {tid: ts.key_version for tid, ts in self._state.tenants.items()}
-            self._retired_masters.append(
-                _Retired(self._generation, self._master, versions, self._clock() + self._grace_s)
-            )
-            self._master = bytes(new_secret)
-            self._generation += 1
-            self._salt_cache.clear()
-            self._user_cache.clear()
+            self._switch_master(new_secret, self._generation + 1)
             return self._generation
+
+    def adopt_master(self, generation: int, secret: bytes | None = None) -> bool:
+        """Move to master ``generation`` announced by another instance (issue 16), with ``secret``.
+
+        Forward only: a ``generation`` not above the current one changes nothing
+        (returns False). ``secret`` None or equal to the one in use (an
+        instance started with the new secret) only raises the generation
+        number; otherwise this is :meth:`rotate_master` to that generation
+        (grace as there). Persisted first; raises :class:`KeyRingError` as
+        :meth:`rotate_master` does. The caller checked that ``secret`` is the
+        announced generation's (tenancy/shared_keys.py). Returns True if applied.
+        """
+        with self._lock:
+            if generation <= self._generation:
+                return False
+            if secret is None or hmac.compare_digest(secret, self._master):
+                self._save(KeyState(tenants=self._state.tenants, master_generation=generation))
+                self._generation = generation
+            else:
+                check_master_secret(secret)
+                self._switch_master(secret, generation)
+            return True
+
+    def mac_subkeys(self, info: bytes) -> tuple[bytes, ...]:
+        """HKDF-SHA256 subkeys (32 bytes) for ``info`` of the current master, then of the retired
+        masters still in grace (newest first): the keys of shared-state MACs (issue 16). Cached."""
+        from tenancy.salt import hkdf_sha256
+
+        with self._lock:
+            self._expire(self._clock())
+            out = []
+            for gen, master in [(self._generation, self._master)] + [
+                    (r.generation, r.master) for r in reversed(self._retired_masters)]:
+                key = self._subkeys.get((gen, info))
+                if key is None:
+                    key = self._subkeys[(gen, info)] = hkdf_sha256(master, info)
+                out.append(key)
+            return tuple(out)
+
+    def _switch_master(self, new_secret: bytes, generation: int) -> None:
+        self._save(KeyState(tenants=self._state.tenants, master_generation=generation))
+        versions = {tid: ts.key_version for tid, ts in self._state.tenants.items()}
+        self._retired_masters.append(
+            _Retired(self._generation, self._master, versions, self._clock() + self._grace_s))
+        self._master = bytes(new_secret)
+        self._generation = generation
+        self._salt_cache.clear()
+        self._user_cache.clear()
 
     def adopt(self, tenant_id: str, key_version: int, salt_epoch: int) -> bool:
         """Move ``tenant_id`` forward to a key version / salt epoch seen on another instance.
@@ -316,7 +361,9 @@ class KeyRing:
     def _commit(self, tenant_id: str, new: TenantState) -> None:
         tenants = dict(self._state.tenants)
         tenants[tenant_id] = new
-        candidate = KeyState(tenants=tenants)
+        self._save(KeyState(tenants=tenants, master_generation=self._state.master_generation))
+
+    def _save(self, candidate: KeyState) -> None:
         if self._state_path is not None:
             try:
                 save_state(self._state_path, candidate)
@@ -329,6 +376,7 @@ class KeyRing:
         if expired:
             self._retired_masters = [r for r in self._retired_masters if r.generation not in expired]
             self._cache = {ck: tk for ck, tk in self._cache.items() if ck[0] not in expired}
+            self._subkeys = {ck: k for ck, k in self._subkeys.items() if ck[0] not in expired}
         for tid in list(self._grace):
             kept = [g for g in self._grace[tid] if g.expires_at > now]
             if kept:

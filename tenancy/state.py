@@ -1,11 +1,14 @@
-"""Small persistent state of the key ring: key versions and salt epochs.
+"""Small persistent state of the key ring: key versions, salt epochs, the master generation.
 
 Only *numbers* are stored, never a key or a secret. The file survives
 restarts so that a rotated tenant key (or salt) is not silently rolled back.
 Layout (JSON)::
 
-    {"format": 1,
+    {"format": 1, "master_generation": 2,
      "tenants": {"<tenant id>": {"key_version": 2, "salt_epoch": 0}}}
+
+``master_generation`` (>= 1; absent in older files: 1) is the highest master
+generation this instance has used or adopted (issue 16: it never goes back).
 
 Writes are atomic: a temporary file in the same directory, ``fsync``, then
 ``os.replace`` (POSIX rename is atomic), created with mode 0600.
@@ -37,14 +40,16 @@ class TenantState:
 
 @dataclass
 class KeyState:
-    """All persisted key-ring counters, by tenant id."""
+    """All persisted key-ring counters: by tenant id, and the master generation (>= 1)."""
 
     tenants: dict[str, TenantState] = field(default_factory=dict)
+    master_generation: int = 1
 
     def to_json(self) -> dict:
         """Return the JSON-able document of this state."""
         return {
             "format": _FORMAT,
+            "master_generation": self.master_generation,
             "tenants": {
                 tid: {"key_version": ts.key_version, "salt_epoch": ts.salt_epoch}
                 for tid, ts in sorted(self.tenants.items())
@@ -85,7 +90,8 @@ def load_state(path: str) -> KeyState:
             key_version=_int_field(entry, "key_version", 1, f"tenants.{tid}"),
             salt_epoch=_int_field(entry, "salt_epoch", 0, f"tenants.{tid}"),
         )
-    return KeyState(tenants=tenants)
+    generation = _int_field(doc, "master_generation", 1, "state") if "master_generation" in doc else 1
+    return KeyState(tenants=tenants, master_generation=generation)
 
 
 def save_state(path: str, state: KeyState) -> None:

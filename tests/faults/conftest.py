@@ -25,11 +25,11 @@ class RecordingHub(AuditHub):
         super().__init__(None)
         self.records: list[dict[str, Any]] = []
 
-    def record_request(self, rec: Any) -> None:
+    def emit_request(self, rec: Any) -> None:
         self.records.append({"request_id": rec.request_id, "outcome": rec.outcome, "status": rec.status,
                              "error_code": rec.error_code, "attempts": rec.attempts, "replica": rec.replica,
                              "tenant": rec.tenant_id})
-        super().record_request(rec)
+        super().emit_request(rec)
 
 
 @pytest.fixture

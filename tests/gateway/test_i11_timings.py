@@ -52,13 +52,13 @@ async def test_policy_time_is_the_decision_alone(stack: Any, monkeypatch: Any) -
 async def test_audit_event_names_the_first_byte_and_each_stage(stack: Any) -> None:
     events: list[Any] = []
     hub = stack.components.audit
-    original = hub.record_request
+    original = hub.emit_request  # the event (issue 16: emitted before the answer's last part)
 
     def capture(rec: Any) -> None:
         events.append(rec)
         original(rec)
 
-    hub.record_request = capture  # type: ignore[method-assign]
+    hub.emit_request = capture  # type: ignore[method-assign]
     r = await stack.client.post("/v1/completions", headers=stack.auth(),
                                 json={"model": "sim-model", "prompt": "alpha beta " * 40, "max_tokens": 2})
     assert r.status_code == 200, r.text

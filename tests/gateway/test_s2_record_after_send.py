@@ -1,10 +1,13 @@
 """Issue 14: the inference routes are served without Starlette's per-request
-routing, and a request's metrics and audit event are written after its answer
-was handed to the server — always exactly once, however the call ended.
+routing, and a request's metrics are written after its answer was handed to
+the server; issue 16: its audit event is emitted (and handed to the audit
+worker) just before the answer's last body part — each exactly once, however
+the call ended.
 
 The public app is called as ASGI directly (the stack's components, real
-replicas), with a ``send`` that logs what went out, and a spy on the audit
-hub's ``record_request`` that logs when the record was written.
+replicas), with a ``send`` that logs what went out, and spies on the audit
+hub's ``emit_request`` (the event) and ``observe_request`` (the after-answer
+step, with the metrics) that log when each ran.
 """
 
 from __future__ import annotations
@@ -33,13 +36,18 @@ async def _call(stack: Stack, monkeypatch: pytest.MonkeyPatch, scope: dict[str, 
     log: list[str] = []
     sent: list[dict[str, Any]] = []
     hub = stack.components.audit
-    real = hub.record_request
+    real_emit, real_observe = hub.emit_request, hub.observe_request
 
-    def spy(rec: Any) -> None:
+    def spy_emit(rec: Any) -> None:
+        log.append(f"audited {rec.status}")
+        real_emit(rec)
+
+    def spy_observe(rec: Any) -> None:
         log.append(f"recorded {rec.status}")
-        real(rec)
+        real_observe(rec)
 
-    monkeypatch.setattr(hub, "record_request", spy)
+    monkeypatch.setattr(hub, "emit_request", spy_emit)
+    monkeypatch.setattr(hub, "observe_request", spy_observe)
     app = build_public_app(stack.components, manage_lifecycle=False)
     messages = [{"type": "http.request", "body": BODY, "more_body": False}]
 
@@ -66,20 +74,20 @@ async def _call(stack: Stack, monkeypatch: pytest.MonkeyPatch, scope: dict[str, 
 async def test_answer_goes_out_before_the_record(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     log, sent = await _call(stack, monkeypatch, _scope("/v1/completions", stack.auth()))
     assert sent[0]["status"] == 200
-    assert log == ["http.response.start", "http.response.body", "recorded 200"]
+    assert log == ["http.response.start", "audited 200", "http.response.body", "recorded 200"]
 
 
 async def test_refusal_goes_out_before_the_record(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     log, sent = await _call(stack, monkeypatch, _scope("/v1/chat/completions", {}))
     assert sent[0]["status"] == 401
     assert json.loads(sent[1]["body"])["error"]["code"] == "missing_token"
-    assert log == ["http.response.start", "http.response.body", "recorded 401"]
+    assert log == ["http.response.start", "audited 401", "http.response.body", "recorded 401"]
 
 
 async def test_record_written_once_when_the_answer_cannot_be_sent(stack: Stack,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     log, _ = await _call(stack, monkeypatch, _scope("/v1/completions", stack.auth()), fail_send=True)
-    assert log == ["send failed", "recorded 200"]
+    assert log == ["send failed", "audited 200", "recorded 200"]
 
 
 async def test_other_routes_still_answer_through_starlette(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -47,8 +47,8 @@ async def test_a_rotation_through_the_admin_api_reaches_the_other_instances(trio
         # published by the admin call itself (not left to the next poll)
         assert (await raw.hget(f"{PREFIX}keys:tenants", "tenant-a")).startswith(b"2:0:")
         assert (await admin.post("/admin/tenants/tenant-a/rotate-salt")).status_code == 200
-        # every instance must switch master secrets together: refused with shared state
-        assert (await admin.post("/admin/keys/rotate-master")).status_code == 501
+        # shared by then (test_s3_master_generation.py); here the file still holds the same secret
+        assert (await admin.post("/admin/keys/rotate-master")).status_code == 409
     await raw.aclose()
     for gw in (b, c):  # Pub/Sub carries it; the 1 s poll is the fallback
         await wait_for(lambda gw=gw: (gw.keyring.key_version("tenant-a"), gw.keyring.salt_epoch("tenant-a")) == (2, 1),
@@ -120,9 +120,11 @@ async def test_forged_or_lower_records_are_ignored_counted_and_alerted(trio, red
                 v1 = await raw.get(f"{PREFIX}docs:policy")
         await wait_for(lambda: b.pdp.store.version == 2, what="v2 adopted")
         # lower: an authentic but older record replayed into Redis is ignored, counted, and healed
+        before = sum(gw.shared.policy.rejected for gw in trio)
         await raw.set(f"{PREFIX}docs:policy", v1)
         await raw.publish(f"{PREFIX}docs:changed", "policy")
-        await wait_for(lambda: b.shared.policy.rejected >= 2, what="lower policy rejected")
+        # whichever instance reads it first counts it and heals it (the others may then read v2)
+        await wait_for(lambda: sum(gw.shared.policy.rejected for gw in trio) > before, what="lower policy rejected")
         assert b.pdp.store.version == 2 and "t2" in b.pdp.store.get_data(TIERS)
         assert "ignored a policy record (lower)" in caplog.text
         async def healed() -> bool:
