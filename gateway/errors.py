@@ -24,7 +24,10 @@ class GatewayError(Exception):
     ``permission_error``, ``rate_limit_error``, ``server_error``…);
     ``headers``: extra response headers (``Retry-After``, ``WWW-Authenticate``);
     ``extra``: extra top-level fields of the error object (e.g. ``decision_id``).
-    ``outcome``: the audit outcome this refusal records.
+    ``outcome``: the audit outcome this refusal records; ``record``: fields of the
+    request's :class:`gateway.record.RequestRecord` this refusal sets for its audit event
+    (e.g. flow control's queue figures: ``queue_wait_ms``, ``virtual_tokens``, ``reason``),
+    never sent to the client.
     """
 
     def __init__(
@@ -38,6 +41,7 @@ class GatewayError(Exception):
         headers: dict[str, str] | None = None,
         extra: dict[str, Any] | None = None,
         outcome: str | None = None,
+        record: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -48,6 +52,7 @@ class GatewayError(Exception):
         self.headers = headers or {}
         self.extra = extra or {}
         self.outcome = outcome or _default_outcome(status)
+        self.record = record or {}
 
     def body(self) -> dict[str, Any]:
         """Return the OpenAI-style error body (a JSON-serialisable dict)."""
