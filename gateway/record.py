@@ -89,10 +89,12 @@ class RequestRecord:
 
     def refused(self, err: GatewayError) -> None:
         """The request ended with ``err``: its status, outcome, code and the record fields it
-        carries (``err.record``, e.g. queue figures; names of this class's fields)."""
+        carries (``err.record``, e.g. queue figures; names of this class's fields). A ``reason``
+        already set (the policy decision's) is kept: the error code tells the refusal then."""
         self.status, self.outcome, self.error_code = err.status, err.outcome, err.code
         for name, value in err.record.items():
-            setattr(self, name, value)
+            if name != "reason" or self.reason is None:
+                setattr(self, name, value)
 
     def ms(self, start: float | None, end: float | None) -> float | None:
         """Milliseconds between two perf-counter stamps (None if either is missing)."""
