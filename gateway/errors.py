@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 __all__ = ["GatewayError"]
 
@@ -60,9 +60,25 @@ class GatewayError(Exception):
         err.update(self.extra)
         return {"error": err}
 
-    def response(self) -> JSONResponse:
-        """Return the Starlette response for this error."""
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self) -> Response:
+        """Return the Starlette response for this error (``application/json``). The body of an
+        error without ``extra`` fields is rendered once and reused (a flood of the same 429
+        costs no JSON encoding per request); the bytes are exactly :class:`JSONResponse`'s."""
+        if self.extra:
+            return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        key = (self.code, self.message, self.err_type, self.param)
+        content = _BODIES.get(key)
+        if content is None:
+            content = JSONResponse(self.body()).body
+            if len(_BODIES) >= _BODIES_MAX:
+                _BODIES.clear()
+            _BODIES[key] = content
+        return Response(content, status_code=self.status, headers=self.headers, media_type="application/json")
+
+
+#: rendered bodies of errors without ``extra`` fields, by (code, message, type, param); bounded
+_BODIES: dict[tuple[str, str, str, str | None], bytes] = {}
+_BODIES_MAX = 1024
 
 
 def _default_type(status: int) -> str:
