@@ -237,8 +237,9 @@ class FlowControl:
         is at ``max_concurrency`` (it waits for a slot, not for a replica), else ``queue_full``."""
         if self.slot_gate.at_concurrency(tenant_id):
             self.metrics.flow_refused.labels("concurrency").inc()
-            return self._refusal(too_many(1.0, "concurrency_limited",
-                                          "tenant concurrent request limit reached and no room in its queue"), tenant_id, 0.0)
+            err = too_many(1.0, "concurrency_limited",
+                           "tenant concurrent request limit reached and no room in its queue")
+            return self._refusal(err, tenant_id, 0.0)
         self.metrics.flow_refused.labels("queue_full").inc()
         return self._refusal(too_many(self._retry_after(), "queue_full", _FULL), tenant_id, 0.0)
 
@@ -247,7 +248,8 @@ class FlowControl:
         ``queue_wait_ms`` (``waited_s`` queued), the tenant's ``virtual_tokens`` and, as the
         event's ``policy.reason``, its queue length against its bound (and the wait bound)."""
         q = self.queue.queued(tenant_id)
-        err.record = {"queue_wait_ms": round(waited_s * 1000.0, 3), "virtual_tokens": round(self.queue.counter(tenant_id), 1),
+        err.record = {"queue_wait_ms": round(waited_s * 1000.0, 3),
+                      "virtual_tokens": round(self.queue.counter(tenant_id), 1),
                       "reason": f"{q} queued (bound {self.cfg.tenant_max_queued_requests}), "
                                 f"wait bound {self.cfg.tenant_max_queue_wait_s:g} s"}
         return err
