@@ -35,7 +35,12 @@ class FlowConfig(BaseModel):
     else one tenant's queue alone could make the gateway shed every tenant's
     requests) and ``tenant_max_queue_wait_s`` (429
     ``queue_timeout`` past it); queue wait also counts against
-    ``upstream.total_timeout_s``.
+    ``upstream.total_timeout_s``. ``tenant_max_in_flight_requests``: one tenant's
+    requests in this process past authentication (queued, being parsed, running,
+    streaming), whatever its ``max_concurrency`` (429 ``in_flight_limited`` at the
+    door beyond it); must stay below ``shed_max_in_flight_requests`` so that one
+    tenant alone cannot make the gateway shed every tenant's requests (review
+    finding R2-1); None: a quarter of ``shed_max_in_flight_requests`` (256 by default).
 
     Overload shedding (before authentication, 503 ``overloaded`` with
     ``Retry-After``; ``/readyz`` not ready meanwhile): ``shed_max_in_flight_requests``
@@ -55,7 +60,8 @@ class FlowConfig(BaseModel):
     locality_wait_ratio: float = Field(4.0, ge=0)
     tenant_max_queued_requests: int = Field(128, ge=0)
     tenant_max_queue_wait_s: float = Field(60.0, gt=0)
-    shed_max_in_flight_requests: int = Field(1024, ge=1)
+    tenant_max_in_flight_requests: int | None = Field(None, ge=1)
+    shed_max_in_flight_requests: int = Field(1024, ge=2)
     shed_loop_lag_s: float | None = Field(1.0, gt=0)
     loop_lag_probe_s: float = Field(0.1, gt=0, le=5)
     shed_retry_after_s: int = Field(1, ge=1, le=3600)
@@ -65,7 +71,16 @@ class FlowConfig(BaseModel):
         if self.tenant_max_queued_requests >= self.shed_max_in_flight_requests:
             raise ValueError("tenant_max_queued_requests must be below shed_max_in_flight_requests "
                              "(one tenant's queue alone would shed every tenant's requests)")
+        if self.tenant_max_in_flight_requests is None:
+            self.tenant_max_in_flight_requests = max(1, self.shed_max_in_flight_requests // 4)
+        elif self.tenant_max_in_flight_requests >= self.shed_max_in_flight_requests:
+            raise ValueError("tenant_max_in_flight_requests must be below shed_max_in_flight_requests "
+                             "(one tenant's requests alone would shed every tenant's requests)")
         return self
+
+    def tenant_in_flight_bound(self) -> int:
+        """``tenant_max_in_flight_requests`` as validated (its default filled in), requests."""
+        return self.tenant_max_in_flight_requests or max(1, self.shed_max_in_flight_requests // 4)
 
     def per_instance(self, bound: int) -> int:
         """This instance's share of a per-replica ``bound``: ceil(bound / instances), at least 1."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 __all__ = ["GatewayError"]
 
@@ -24,7 +24,10 @@ class GatewayError(Exception):
     ``permission_error``, ``rate_limit_error``, ``server_error``…);
     ``headers``: extra response headers (``Retry-After``, ``WWW-Authenticate``);
     ``extra``: extra top-level fields of the error object (e.g. ``decision_id``).
-    ``outcome``: the audit outcome this refusal records.
+    ``outcome``: the audit outcome this refusal records; ``record``: fields of the
+    request's :class:`gateway.record.RequestRecord` this refusal sets for its audit event
+    (e.g. flow control's queue figures: ``queue_wait_ms``, ``virtual_tokens``, ``reason``),
+    never sent to the client.
     """
 
     def __init__(
@@ -38,6 +41,7 @@ class GatewayError(Exception):
         headers: dict[str, str] | None = None,
         extra: dict[str, Any] | None = None,
         outcome: str | None = None,
+        record: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -48,6 +52,7 @@ class GatewayError(Exception):
         self.headers = headers or {}
         self.extra = extra or {}
         self.outcome = outcome or _default_outcome(status)
+        self.record = record or {}
 
     def body(self) -> dict[str, Any]:
         """Return the OpenAI-style error body (a JSON-serialisable dict)."""
@@ -55,9 +60,25 @@ class GatewayError(Exception):
         err.update(self.extra)
         return {"error": err}
 
-    def response(self) -> JSONResponse:
-        """Return the Starlette response for this error."""
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self) -> Response:
+        """Return the Starlette response for this error (``application/json``). The body of an
+        error without ``extra`` fields is rendered once and reused (a flood of the same 429
+        costs no JSON encoding per request); the bytes are exactly :class:`JSONResponse`'s."""
+        if self.extra:
+            return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        key = (self.code, self.message, self.err_type, self.param)
+        content = _BODIES.get(key)
+        if content is None:
+            content = JSONResponse(self.body()).body
+            if len(_BODIES) >= _BODIES_MAX:
+                _BODIES.clear()
+            _BODIES[key] = content
+        return Response(content, status_code=self.status, headers=self.headers, media_type="application/json")
+
+
+#: rendered bodies of errors without ``extra`` fields, by (code, message, type, param); bounded
+_BODIES: dict[tuple[str, str, str, str | None], bytes] = {}
+_BODIES_MAX = 1024
 
 
 def _default_type(status: int) -> str:

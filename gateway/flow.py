@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.admission import SlotClaim, too_many
 from gateway.errors import GatewayError
+from gateway.flow_load import NotifyingLoadTracker
 from gateway.flow_slots import SlotGate
 from gateway.config_flow import FlowConfig
 from gateway.metrics import GatewayMetrics
@@ -27,7 +28,7 @@ from gateway.periodic import PeriodicTask
 from gateway.replicas import ReplicaSet
 from routing.calibration import Calibration
 from routing.fairness import FairQueue, Placement
-from routing.load import LoadTicket, LoadTracker
+from routing.load import LoadTicket
 from routing.router import Router
 from routing.types import Candidate, ReplicaLoad, RouteChoice, RouteRequest
 from tenancy.registry import Tenant
@@ -37,49 +38,7 @@ __all__ = ["FlowControl", "NotifyingLoadTracker", "Release", "RECHECK_S"]
 
 #: seconds between rechecks of the queue while requests wait (besides every load release)
 RECHECK_S = 0.25
-
-
-class _NotifyingTicket:
-    """A load ticket that calls ``on_release`` after each release of its inner ticket."""
-
-    __slots__ = ("_inner", "_on_release", "replica_id")
-
-    def __init__(self, inner: LoadTicket, on_release: Callable[[], None]) -> None:
-        self._inner = inner
-        self._on_release = on_release
-        self.replica_id = inner.replica_id
-
-    @property
-    def active(self) -> bool:
-        return self._inner.active
-
-    def first_byte(self) -> None:
-        self._inner.first_byte()
-        self._on_release()
-
-    def finish(self) -> None:
-        was = self._inner.active
-        self._inner.finish()
-        if was:
-            self._on_release()
-
-
-class NotifyingLoadTracker:
-    """A :class:`routing.load.LoadTracker` that calls ``on_release`` (set after building) whenever
-    a ticket gives load back, so the dispatcher runs when a replica gains room."""
-
-    def __init__(self, inner: LoadTracker) -> None:
-        self.inner = inner
-        self.on_release: Callable[[], None] = lambda: None
-
-    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1) -> LoadTicket:
-        """Charge the inner tracker; the ticket notifies on release."""
-        return _NotifyingTicket(self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests),
-                                lambda: self.on_release())
-
-    def snapshot(self, replica_id: str) -> ReplicaLoad:
-        """The inner tracker's snapshot."""
-        return self.inner.snapshot(replica_id)
+_FULL = "this tenant has too many requests waiting; retry later"
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +142,7 @@ class FlowControl:
         queued = self.queue.queued(tenant_id)
         if queued and queued >= self.cfg.tenant_max_queued_requests:
             self.metrics.flow_refused.labels("queue_full").inc()
-            raise too_many(self._retry_after(), "queue_full", "this tenant has too many requests waiting; retry later")
+            raise self._refusal(too_many(self._retry_after(), "queue_full", _FULL), tenant_id, 0.0)
 
     async def release(self, tenant: Tenant, req: RouteRequest, candidate_ids: list[str],
                       alt_chains: Sequence[Sequence[bytes]], deadline: float,
@@ -232,11 +191,10 @@ class FlowControl:
             if self.queue.remove(tid, w):
                 by_wait = cfg.tenant_max_queue_wait_s <= deadline - w.t0 - 1e-9
                 self.metrics.flow_refused.labels("queue_timeout" if by_wait else "deadline").inc()
-                if by_wait:
-                    raise too_many(self._retry_after(), "queue_timeout",
-                                   "the request waited too long for a replica; retry later") from None
-                raise GatewayError(504, "upstream_timeout",
-                                   "no replica had room (or the tenant no free slot) before the deadline") from None
+                err = (too_many(self._retry_after(), "queue_timeout", "the request waited too long for a replica; "
+                                "retry later") if by_wait else GatewayError(504, "upstream_timeout",
+                       "no replica had room (or the tenant no free slot) before the deadline"))
+                raise self._refusal(err, tid, time.perf_counter() - w.t0) from None
         except BaseException:
             if not self.queue.remove(tid, w) and w.result is not None:
                 w.result[1].finish()  # released as the client left: give the load back
@@ -279,10 +237,22 @@ class FlowControl:
         is at ``max_concurrency`` (it waits for a slot, not for a replica), else ``queue_full``."""
         if self.slot_gate.at_concurrency(tenant_id):
             self.metrics.flow_refused.labels("concurrency").inc()
-            return too_many(1.0, "concurrency_limited",
-                            "tenant concurrent request limit reached and no room in its queue")
+            err = too_many(1.0, "concurrency_limited",
+                           "tenant concurrent request limit reached and no room in its queue")
+            return self._refusal(err, tenant_id, 0.0)
         self.metrics.flow_refused.labels("queue_full").inc()
-        return too_many(self._retry_after(), "queue_full", "this tenant has too many requests waiting; retry later")
+        return self._refusal(too_many(self._retry_after(), "queue_full", _FULL), tenant_id, 0.0)
+
+    def _refusal(self, err: GatewayError, tenant_id: str, waited_s: float) -> GatewayError:
+        """``err`` with the queue figures its audit event records (:attr:`GatewayError.record`):
+        ``queue_wait_ms`` (``waited_s`` queued), the tenant's ``virtual_tokens`` and, as the
+        event's ``policy.reason``, its queue length against its bound (and the wait bound)."""
+        q = self.queue.queued(tenant_id)
+        err.record = {"queue_wait_ms": round(waited_s * 1000.0, 3),
+                      "virtual_tokens": round(self.queue.counter(tenant_id), 1),
+                      "reason": f"{q} queued (bound {self.cfg.tenant_max_queued_requests}), "
+                                f"wait bound {self.cfg.tenant_max_queue_wait_s:g} s"}
+        return err
 
     def _retry_after(self) -> float:
         """Retry-After for a queue refusal: about the queue wait bound's half, at least 1 s."""

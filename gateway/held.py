@@ -31,11 +31,12 @@ class Held:
     verdict), :meth:`release` that and the lease. Both are idempotent; the
     request's one exit path (``InferencePipeline._end``) calls them.
     ``handed_off``: a streaming answer owns the ending; ``started``: its body
-    began; ``ended``: the request was ended.
+    began; ``ended``: the request was ended; ``tenant``: the tenant whose
+    in-flight count (gateway/overload.py) the request holds, once counted.
     """
 
     __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
-                 "reservation", "progress", "relayed")
+                 "reservation", "progress", "relayed", "tenant")
 
     def __init__(self) -> None:
         self.lease: Lease | SharedLease | None = None
@@ -50,6 +51,7 @@ class Held:
         self.reservation: Reservation | None = None
         self.progress = "none"
         self.relayed = 0
+        self.tenant: str | None = None
 
     def end_attempt(self) -> None:
         """Close the upstream response, finish the load ticket, release the breaker attempt."""

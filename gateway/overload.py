@@ -4,6 +4,12 @@ requests 503 ``overloaded`` with ``Retry-After`` before any authentication or bo
 Two signals, both of this process: inference requests in flight (entered and not ended) and the
 event loop's lag (how late a periodic probe wakes up, smoothed). :meth:`OverloadGuard.shed` is a
 counter comparison and a prebuilt answer; ``/readyz`` reports the overload (not ready) meanwhile.
+
+Shedding cannot tell tenants apart (it runs before authentication), so one tenant alone must not
+reach its bound (review finding R2-1): right after the tenant is resolved,
+:meth:`OverloadGuard.enter_tenant` refuses (429 ``in_flight_limited``) a request of a tenant that
+already has ``flow.tenant_max_in_flight_requests`` requests in flight here, a bound the
+configuration keeps below ``flow.shed_max_in_flight_requests``.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ class OverloadGuard:
         self.probe_s = cfg.loop_lag_probe_s
         self.retry_after_s = cfg.shed_retry_after_s
         self.metrics = metrics
+        self.max_tenant = cfg.tenant_in_flight_bound()
         self.in_flight = 0
+        self.tenant_in_flight: dict[str, int] = {}
         self.lag_s = 0.0
         self._task: asyncio.Task[None] | None = None
 
@@ -58,9 +66,29 @@ class OverloadGuard:
         """A request was let in."""
         self.in_flight += 1
 
-    def leave(self) -> None:
-        """A request that was let in ended."""
+    def enter_tenant(self, tenant_id: str) -> str:
+        """The request let in is ``tenant_id``'s: count it, returning ``tenant_id`` (hand it to
+        :meth:`leave`). Raises :class:`GatewayError` 429 ``in_flight_limited`` (``Retry-After``
+        ``flow.shed_retry_after_s``; not counted) when the tenant already has
+        ``tenant_max_in_flight_requests`` requests in flight in this process."""
+        n = self.tenant_in_flight.get(tenant_id, 0)
+        if n >= self.max_tenant:
+            self.metrics.flow_refused.labels("in_flight").inc()
+            raise GatewayError(429, "in_flight_limited", "this tenant has too many requests in flight; retry later",
+                               headers={"Retry-After": str(self.retry_after_s)}, outcome="rate_limited",
+                               record={"reason": f"{n} in flight (bound {self.max_tenant})"})
+        self.tenant_in_flight[tenant_id] = n + 1
+        return tenant_id
+
+    def leave(self, tenant_id: str | None = None) -> None:
+        """A request that was let in ended (``tenant_id``: the one :meth:`enter_tenant` counted it for)."""
         self.in_flight = max(0, self.in_flight - 1)
+        if tenant_id is not None:
+            n = self.tenant_in_flight.get(tenant_id, 0) - 1
+            if n > 0:
+                self.tenant_in_flight[tenant_id] = n
+            else:
+                self.tenant_in_flight.pop(tenant_id, None)
 
     def problems(self) -> list[str]:
         """``/readyz`` problems: the overload, if any."""

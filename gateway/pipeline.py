@@ -14,7 +14,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator
-from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -42,8 +41,6 @@ from routing.types import RouteChoice
 from tenancy.registry import Tenant
 
 __all__ = ["InferencePipeline", "RequestRecord", "ClientGone"]
-
-T = TypeVar("T")
 
 log = logging.getLogger("prefixgate")
 
@@ -87,6 +84,7 @@ class InferencePipeline:
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
             tenant = adm.resolve_tenant(identity)
             rec.tenant_id = tenant.id
+            held.tenant = gw.overload.enter_tenant(tenant.id)  # its requests in flight stay below the shed bound
             if gw.flow is not None:  # a tenant whose queue is full is refused before any further work
                 gw.flow.check_queue_room(tenant.id)
             held.lease = await adm.admit(tenant, slot=gw.flow is None)  # flow control: slot at release
@@ -148,7 +146,7 @@ class InferencePipeline:
             # 6+7 route and proxy, retrying on another replica before the first byte
             return await self._route_and_proxy(request, req, rec, tenant, route_req, chains, allowed, body, held)
         except GatewayError as err:
-            rec.status, rec.outcome, rec.error_code = err.status, err.outcome, err.code
+            rec.refused(err)  # status, outcome, code and the refusal's figures (queue state)
             return err.response()
         except ClientGone:
             # The client hung up before any answer: nobody reads a response; 499 is for the record.
@@ -345,7 +343,7 @@ class InferencePipeline:
         if held.ended:
             return
         held.ended = True
-        self.gw.overload.leave()
+        self.gw.overload.leave(held.tenant)
         try:
             held.release()
         finally:

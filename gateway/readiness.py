@@ -119,26 +119,3 @@ def configuration_warnings(registry: TenantRegistry, replicas: list[ReplicaConfi
             out.append(f"tenant {t.id}: regulated, but no replica in its pools has labels.data_residency "
                        f"{t.data_residency!r} (its requests are denied no_entitled_replica)")
     return out
-
-
-def shedding_warnings(registry: TenantRegistry, shed_max_in_flight_requests: int,
-                      tenant_max_queued_requests: int) -> list[str]:
-    """Tenants that alone can reach the gateway's overload-shedding bound (logged at start,
-    never fatal; docs/fairness.md, "Overload shedding").
-
-    Shedding (``flow.shed_max_in_flight_requests``, gateway/overload.py) runs before
-    authentication and so cannot tell tenants apart: a tenant whose requests in flight are not
-    bounded below it — no ``max_concurrency``, or ``max_concurrency`` plus its queue
-    (``flow.tenant_max_queued_requests``) at or above the bound — can make the gateway answer
-    503 ``overloaded`` to every tenant. One message per such tenant."""
-    out: list[str] = []
-    for t in registry.tenants():
-        if t.max_concurrency is None:
-            out.append(f"tenant {t.id}: no max_concurrency; its requests in flight alone can reach "
-                       f"flow.shed_max_in_flight_requests ({shed_max_in_flight_requests}) and make the gateway "
-                       f"shed every tenant's requests (503 overloaded)")
-        elif t.max_concurrency + tenant_max_queued_requests >= shed_max_in_flight_requests:
-            out.append(f"tenant {t.id}: max_concurrency {t.max_concurrency} + flow.tenant_max_queued_requests "
-                       f"{tenant_max_queued_requests} reaches flow.shed_max_in_flight_requests "
-                       f"({shed_max_in_flight_requests}): it alone can make the gateway shed every tenant's requests")
-    return out

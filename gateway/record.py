@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit.ids import uuid4_hex
+from gateway.errors import GatewayError
 from tenancy.ledger import Settlement
 
 __all__ = ["RequestRecord", "refusal_record", "new_request_id"]
@@ -85,6 +86,15 @@ class RequestRecord:
     queue_wait_ms: float | None = None
     virtual_tokens: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def refused(self, err: GatewayError) -> None:
+        """The request ended with ``err``: its status, outcome, code and the record fields it
+        carries (``err.record``, e.g. queue figures; names of this class's fields). A ``reason``
+        already set (the policy decision's) is kept: the error code tells the refusal then."""
+        self.status, self.outcome, self.error_code = err.status, err.outcome, err.code
+        for name, value in err.record.items():
+            if name != "reason" or self.reason is None:
+                setattr(self, name, value)
 
     def ms(self, start: float | None, end: float | None) -> float | None:
         """Milliseconds between two perf-counter stamps (None if either is missing)."""

@@ -33,7 +33,6 @@ from gateway.app import build_admin_app, build_public_app
 from gateway.build import Gateway, build
 from gateway.config import GatewayConfig, LimitsConfig
 from gateway.http_guard import guarded_protocol
-from gateway.readiness import shedding_warnings
 
 __all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener", "run_serving", "DEFAULT_HTTP_PARSER"]
 
@@ -179,9 +178,6 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
             bind_listener(host, port).close()
     c = build(cfg, config_path=config_path)
     for problem in c.configuration_warnings():
-        log.warning("configuration: %s", problem)
-    for problem in shedding_warnings(c.registry, cfg.flow.shed_max_in_flight_requests,
-                                     cfg.flow.tenant_max_queued_requests):
         log.warning("configuration: %s", problem)
     await c.start()
     freeze_startup_objects()

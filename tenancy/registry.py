@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -43,6 +43,10 @@ def _covers(rule: str, other: str) -> bool:
     return False
 
 
+#: SPIFFE IDs whose tenant a registry snapshot remembers (the request path resolves every request)
+RESOLVED_MAX = 4096
+
+
 @dataclass(frozen=True)
 class _Snapshot:
     tenants: Mapping[str, Tenant]
@@ -50,6 +54,10 @@ class _Snapshot:
     prefixes: Mapping[str, str]
     op_exact: frozenset[str]
     op_prefixes: frozenset[str]
+    #: SPIFFE ID -> tenant id (or None) already resolved against this snapshot: a plain dict
+    #: (single operations atomic across threads), emptied when it reaches RESOLVED_MAX; a reload
+    #: builds a new snapshot, so entries never outlive the rules that produced them
+    resolved: dict[str, str | None] = field(default_factory=dict)
 
 
 def _build(tenants_cfg: Any, operators: Iterable[str]) -> _Snapshot:
@@ -140,7 +148,14 @@ class TenantRegistry:
         """Return the tenant of ``spiffe_id`` by longest matching rule, or None
         (also None for a malformed ID: fail closed)."""
         snap = self._snap
-        tid = _match(spiffe_id, snap.exact, snap.prefixes)
+        memo = snap.resolved
+        if spiffe_id in memo:
+            tid = memo[spiffe_id]
+        else:
+            tid = _match(spiffe_id, snap.exact, snap.prefixes)
+            if len(memo) >= RESOLVED_MAX:
+                memo.clear()
+            memo[spiffe_id] = tid
         return snap.tenants.get(tid) if tid is not None else None
 
     def get(self, tenant_id: str) -> Tenant | None:

@@ -114,7 +114,8 @@ async def test_overload_is_shed_before_authentication_and_readyz_says_so(stack, 
         return await orig(request)
 
     monkeypatch.setattr(authn, "authenticate", counting)
-    busy = [post(stack, 400) for _ in range(2)]
+    # two tenants: one alone cannot reach the bound (its cap, flow.tenant_max_in_flight_requests, is 1 here)
+    busy = [post(stack, 400, f"{t}/app") for t in ("tenant-a", "tenant-b")]
     await wait_for(lambda: stack.components.overload.in_flight == 2, what="two requests in flight")
     n_auth = len(calls)
     r = await stack.client.post("/v1/completions", json=body())  # no credentials at all
