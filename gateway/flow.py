@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.admission import SlotClaim, too_many
 from gateway.errors import GatewayError
+from gateway.flow_notify import NotifyingLoadTracker
 from gateway.flow_slots import SlotGate
 from gateway.config_flow import FlowConfig
 from gateway.metrics import GatewayMetrics
@@ -27,7 +28,7 @@ from gateway.periodic import PeriodicTask
 from gateway.replicas import ReplicaSet
 from routing.calibration import Calibration
 from routing.fairness import FairQueue, Placement
-from routing.load import LoadTicket, LoadTracker
+from routing.load import LoadTicket
 from routing.router import Router
 from routing.types import Candidate, ReplicaLoad, RouteChoice, RouteRequest
 from tenancy.registry import Tenant
@@ -37,49 +38,6 @@ __all__ = ["FlowControl", "NotifyingLoadTracker", "Release", "RECHECK_S"]
 
 #: seconds between rechecks of the queue while requests wait (besides every load release)
 RECHECK_S = 0.25
-
-
-class _NotifyingTicket:
-    """A load ticket that calls ``on_release`` after each release of its inner ticket."""
-
-    __slots__ = ("_inner", "_on_release", "replica_id")
-
-    def __init__(self, inner: LoadTicket, on_release: Callable[[], None]) -> None:
-        self._inner = inner
-        self._on_release = on_release
-        self.replica_id = inner.replica_id
-
-    @property
-    def active(self) -> bool:
-        return self._inner.active
-
-    def first_byte(self) -> None:
-        self._inner.first_byte()
-        self._on_release()
-
-    def finish(self) -> None:
-        was = self._inner.active
-        self._inner.finish()
-        if was:
-            self._on_release()
-
-
-class NotifyingLoadTracker:
-    """A :class:`routing.load.LoadTracker` that calls ``on_release`` (set after building) whenever
-    a ticket gives load back, so the dispatcher runs when a replica gains room."""
-
-    def __init__(self, inner: LoadTracker) -> None:
-        self.inner = inner
-        self.on_release: Callable[[], None] = lambda: None
-
-    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1) -> LoadTicket:
-        """Charge the inner tracker; the ticket notifies on release."""
-        return _NotifyingTicket(self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests),
-                                lambda: self.on_release())
-
-    def snapshot(self, replica_id: str) -> ReplicaLoad:
-        """The inner tracker's snapshot."""
-        return self.inner.snapshot(replica_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,11 +160,12 @@ class FlowControl:
         """
         cfg, tid = self.cfg, tenant.id
         w = _Waiting(tid, self.weights.weight(tenant.tier), req, candidate_ids, alt_chains, slots)
-        self.queue.push(tid, w, w.weight)
-        self._pump()
-        if w.result is None and w.error is None and self.queue.queued(tid) > cfg.tenant_max_queued_requests:
-            self.queue.remove(tid, w)  # it would wait behind too many of its own
-            raise self._queue_full(tid)
+        if len(self.queue) or not self._release_now(w):
+            self.queue.push(tid, w, w.weight)
+            self._pump()
+            if w.result is None and w.error is None and self.queue.queued(tid) > cfg.tenant_max_queued_requests:
+                self.queue.remove(tid, w)  # it would wait behind too many of its own
+                raise self._queue_full(tid)
         ends = time.perf_counter() + min(cfg.tenant_max_queue_wait_s, deadline - time.perf_counter())
         while True:
             if w.result is None and w.error is None:
@@ -323,19 +282,41 @@ class FlowControl:
                     self.slot_gate.asking(w.tenant_id)
                     w.position = self.queue.position(w.tenant_id, w)
             self.queue.remove(w.tenant_id, w)
-            try:
-                choice, ticket = self.router.route(w.req, w.room, w.alt_chains)
-            except Exception as exc:  # a bug or a vanished replica: the request answers, the queue goes on
-                if w.slot_pending:
-                    self._asked(w.tenant_id, None)
-                w.error = GatewayError(503, "no_replica", "no healthy replica is allowed for this request")
-                w.error.__cause__ = exc
-            else:
-                w.result = (choice, ticket)
-                w.charged = max(0, w.req.prompt_tokens - choice.predicted_prefix_tokens)
-                self.queue.charge(w.tenant_id, w.charged)
+            self._route(w)
             if w.future is not None and not w.future.done():
                 w.future.set_result(None)
+
+    def _release_now(self, w: _Waiting) -> bool:
+        """The fast path while nothing is queued: release ``w`` at once where the dispatcher would
+        (same placement, slot and counters: :meth:`FairQueue.pass_through`), without the queue.
+        False: ``w`` must be queued (no room, no slot, or a slot that needs Redis's answer)."""
+        slots = w.slots
+        if slots is not None and not slots.local:
+            return False
+        self.slot_gate.new_round()
+        if self._place(w, set(self.replica_set.routable_ids())) is None:
+            return False
+        if slots is not None:
+            if not slots.take_now(w.req.sequences):
+                return False  # at its concurrency: it waits in its queue for a slot
+            w.slots = None
+        self.queue.pass_through(w.tenant_id, w.weight)
+        self._route(w)
+        return True
+
+    def _route(self, w: _Waiting) -> None:
+        """Route the released ``w`` among ``w.room``: its result and counter charge, or its error."""
+        try:
+            choice, ticket = self.router.route(w.req, w.room, w.alt_chains)
+        except Exception as exc:  # a bug or a vanished replica: the request answers, the queue goes on
+            if w.slot_pending:
+                self._asked(w.tenant_id, None)
+            w.error = GatewayError(503, "no_replica", "no healthy replica is allowed for this request")
+            w.error.__cause__ = exc
+        else:
+            w.result = (choice, ticket)
+            w.charged = max(0, w.req.prompt_tokens - choice.predicted_prefix_tokens)
+            self.queue.charge(w.tenant_id, w.charged)
 
     def _place(self, w: _Waiting, routable: set[str]) -> Placement:
         """Where ``w`` could go now (:data:`routing.fairness.Placement`); sets ``w.room``."""

@@ -1,0 +1,54 @@
+"""A load tracker that wakes the flow-control dispatcher whenever a replica gains room
+(:class:`NotifyingLoadTracker`; gateway/flow.py, docs/fairness.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from routing.load import LoadTicket, LoadTracker
+from routing.types import ReplicaLoad
+
+__all__ = ["NotifyingLoadTracker"]
+
+
+class _NotifyingTicket:
+    """A load ticket that calls ``on_release`` after each release of its inner ticket."""
+
+    __slots__ = ("_inner", "_on_release", "replica_id")
+
+    def __init__(self, inner: LoadTicket, on_release: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_release = on_release
+        self.replica_id = inner.replica_id
+
+    @property
+    def active(self) -> bool:
+        return self._inner.active
+
+    def first_byte(self) -> None:
+        self._inner.first_byte()
+        self._on_release()
+
+    def finish(self) -> None:
+        was = self._inner.active
+        self._inner.finish()
+        if was:
+            self._on_release()
+
+
+class NotifyingLoadTracker:
+    """A :class:`routing.load.LoadTracker` that calls ``on_release`` (set after building) whenever
+    a ticket gives load back, so the dispatcher runs when a replica gains room."""
+
+    def __init__(self, inner: LoadTracker) -> None:
+        self.inner = inner
+        self.on_release: Callable[[], None] = lambda: None
+
+    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1) -> LoadTicket:
+        """Charge the inner tracker; the ticket notifies on release."""
+        return _NotifyingTicket(self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests),
+                                lambda: self.on_release())
+
+    def snapshot(self, replica_id: str) -> ReplicaLoad:
+        """The inner tracker's snapshot."""
+        return self.inner.snapshot(replica_id)
