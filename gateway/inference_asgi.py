@@ -8,10 +8,12 @@ method, the lifespan) goes to the Starlette app unchanged, which answers 404
 and 405 as before. The framing guard (gateway/framing.py) stays in front of
 both, and the head bounds (gateway/http_guard.py) stay in the server.
 
-The request's metrics and audit event are written after its answer was
-handed to the server (:data:`gateway.recording.AFTER_SEND`): the client's
-bytes go out first; the tokens, leases and reservation are still given back
-before the answer, as the pipeline does.
+A plain answer's end (tokens, lease, load ticket and breaker attempt given
+back, reservation settled) and every request's metrics and audit event run
+after its answer was handed to the server (:data:`gateway.recording.AFTER_SEND`):
+the client's bytes go out first. Nothing is awaited between the last send
+and that work, so the next request on this event loop (the same client's
+next one included) finds it done.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from typing import Any
 from starlette.requests import Request
 
 from gateway.pipeline import InferencePipeline
-from gateway.record import RequestRecord
 from gateway.recording import AFTER_SEND, Recorder
 
 __all__ = ["INFERENCE_PATHS", "InferenceRoutes"]
@@ -44,7 +45,7 @@ class InferenceRoutes:
 
     ``app``: the Starlette app of every other route (and the lifespan);
     ``pipeline``: serves the inference calls; ``recorder``: writes the
-    records deferred until the answer is sent. A request is served here when
+    records deferred until the answer is sent (the recorder itself defers them). A request is served here when
     its ``type`` is ``http``, its method ``POST``, its ``root_path`` empty and
     its ``path`` one of :data:`INFERENCE_PATHS` exactly (as Starlette's
     router matches them, trailing-slash redirects off).
@@ -64,15 +65,15 @@ class InferenceRoutes:
         await self.app(scope, receive, send)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:
-        pending: list[RequestRecord] = []
+        pending: list[Callable[[], None]] = []
         token = AFTER_SEND.set(pending)
         try:
             response = await self.pipeline.handle(Request(scope, receive, send), endpoint)  # type: ignore[arg-type]
             await response(scope, receive, send)
         finally:
             AFTER_SEND.reset(token)
-            for rec in pending:  # however the call ended: every record is written
+            for work in pending:  # however the call ended: every end and record runs, in order
                 try:
-                    self.recorder.record(rec)
+                    work()
                 except Exception:  # a bug: the answer is out; never lose the other records
-                    log.exception("recording request %s failed", rec.request_id)
+                    log.exception("ending or recording a request after its answer failed")

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator
-from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,6 +27,7 @@ from gateway.prefix_keys import ChainView, PrefixKeys
 from gateway.read_deadline import ReadDeadline
 from gateway.proxy import UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
+from gateway.recording import after_send
 from gateway.replicas import Replica
 from gateway.request import (
     Endpoint,
@@ -42,8 +42,6 @@ from routing.types import RouteChoice
 from tenancy.registry import Tenant
 
 __all__ = ["InferencePipeline", "RequestRecord", "ClientGone"]
-
-T = TypeVar("T")
 
 log = logging.getLogger("prefixgate")
 
@@ -162,8 +160,9 @@ class InferencePipeline:
             rec.status, rec.outcome, rec.error_code = 500, "failed", "internal_error"
             return GatewayError(500, "internal_error", "internal error").response()
         finally:
-            # The one exit path (a stream's ends with it): all held given back, the record written.
-            if not held.handed_off:
+            # The one exit path (a stream's ends with it): all held given back, the record written;
+            # a plain answer's end runs right after the answer is sent (gateway/recording.py).
+            if not held.handed_off and not after_send(lambda: self._end(rec, held)):
                 self._end(rec, held)
 
     @staticmethod

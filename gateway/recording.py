@@ -1,25 +1,37 @@
 """The last step of every request: its metrics and its one audit event.
 
-Recording may wait until the answer is sent (issue 14): while a request is
-served by :class:`gateway.inference_asgi.InferenceRoutes`, :data:`AFTER_SEND`
-holds a list in that request's task context and :meth:`Recorder.record`
-appends the record to it; the front records it right after the last byte of
-the answer was handed to the server (or however the call ended). Everywhere
-else it records at once.
+Ending a request may wait until the answer is sent (issue 14): while a
+request is served by :class:`gateway.inference_asgi.InferenceRoutes`,
+:data:`AFTER_SEND` holds a list in that request's task context;
+:func:`after_send` appends work to it (the pipeline's end of a plain answer,
+:meth:`Recorder.record`) and the front runs it right after the last byte of
+the answer was handed to the server (or however the call ended), with no
+await in between. Everywhere else the work runs at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 
 from gateway.auditing import AuditHub
 from gateway.metrics import GatewayMetrics
 from gateway.record import RequestRecord
 
-__all__ = ["AFTER_SEND", "Recorder"]
+__all__ = ["AFTER_SEND", "Recorder", "after_send"]
 
-#: Records of the current request to write once its answer is sent (``None``: record at once).
-AFTER_SEND: ContextVar[list[RequestRecord] | None] = ContextVar("prefixgate_after_send", default=None)
+#: Work of the current request to run once its answer is sent (``None``: run it at once).
+AFTER_SEND: ContextVar[list[Callable[[], None]] | None] = ContextVar("prefixgate_after_send", default=None)
+
+
+def after_send(work: Callable[[], None]) -> bool:
+    """Defer ``work`` until the current request's answer is sent: True when deferred, False when
+    no front defers (the caller runs it now)."""
+    pending = AFTER_SEND.get()
+    if pending is None:
+        return False
+    pending.append(work)
+    return True
 
 
 class Recorder:
@@ -32,9 +44,7 @@ class Recorder:
     def record(self, rec: RequestRecord) -> None:
         """Metrics + one audit event + concentration monitor for a finished request
         (deferred to after the answer when :data:`AFTER_SEND` holds a list)."""
-        pending = AFTER_SEND.get()
-        if pending is not None:
-            pending.append(rec)
+        if after_send(lambda: self.record(rec)):
             return
         m = self.metrics
         m.requests.labels(rec.endpoint, str(rec.status), rec.outcome).inc()
