@@ -29,13 +29,7 @@ from gateway.proxy import UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
 from gateway.recording import after_send
 from gateway.replicas import Replica
-from gateway.request import (
-    Endpoint,
-    InferenceRequest,
-    JsonObject,
-    parse_inference_request,
-    read_body,
-)
+from gateway.request import Endpoint, InferenceRequest, JsonObject, parse_inference_request, read_body
 from gateway.sse import SseProtocolError, SseScanner, error_event
 from routing.policies import RouteRequest
 from routing.types import RouteChoice
@@ -375,6 +369,8 @@ class InferencePipeline:
             self.gw.router.observe_delivered(choice, rec.delivered_prefix_tokens)
         if choice is not None and self.gw.flow is not None and rec.tenant_id:  # the VTC's output share
             self.gw.flow.charge_output(rec.tenant_id, rec.output_tokens or rec.relayed_output or 0)
+        if self.gw.calibration is not None:  # the first-byte observations queued on the answer's path
+            self.gw.calibration.flush()
         rec.t_end = time.perf_counter()
         self.gw.recorder.record(rec)
 

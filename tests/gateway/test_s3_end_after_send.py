@@ -87,3 +87,23 @@ async def test_one_slot_tenant_sequential(stack: Stack) -> None:
                                     headers={**stack.auth(), "content-type": "application/json"})
         assert r.status_code == 200, r.text
     assert stack.components.limiter.in_flight("tenant-a") == 0
+
+
+async def test_calibration_fit_is_updated_after_the_answer(stack: Stack) -> None:
+    cal = stack.components.calibration
+    assert cal is not None  # cache_aware calibrates by default
+    seen: list[int] = []
+    app = build_public_app(stack.components, manage_lifecycle=False)
+    messages = [{"type": "http.request", "body": BODY, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        seen.append(cal.pending)
+
+    before = sum(cal._estimator(r.id).samples for r in stack.components.replica_set.all())
+    await app(_scope("/v1/completions", stack.auth()), receive, send)
+    assert seen == [1, 1]  # the first byte's observation waits while the answer goes out
+    assert cal.pending == 0
+    assert sum(cal.estimator(r.id).samples for r in stack.components.replica_set.all()) == before + 1
