@@ -24,7 +24,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import format_span_id, format_trace_id
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 # OpenTelemetry semantic conventions (HTTP stable, gen_ai development)
@@ -174,8 +175,15 @@ def end_request_trace(rt: RequestTrace, end_ns: int, attributes: Mapping[str, An
 
 
 def request_trace_headers(rt: RequestTrace, headers: dict[str, str]) -> None:
-    """Write ``rt``'s ``traceparent`` (W3C Trace Context) into ``headers``."""
-    _PROPAGATOR.inject(headers, context=trace.set_span_in_context(NonRecordingSpan(rt.context)))
+    """Write ``rt``'s ``traceparent`` (and a non-empty ``tracestate``; W3C Trace Context) into
+    ``headers``: exactly what the W3C propagator's ``inject`` writes for that span context,
+    without building a context per request (tests/audit/test_s3_trace_headers.py)."""
+    sc = rt.context
+    if sc == trace.INVALID_SPAN_CONTEXT:
+        return
+    headers["traceparent"] = f"00-{format_trace_id(sc.trace_id)}-{format_span_id(sc.span_id)}-{sc.trace_flags:02x}"
+    if sc.trace_state:
+        headers["tracestate"] = sc.trace_state.to_header()
 
 
 def memory_exporter() -> InMemorySpanExporter | None:
@@ -187,8 +195,9 @@ def incoming_links(headers: Mapping[str, str]) -> list[Link]:
     """A span link to the client's ``traceparent`` (if valid), never a parent.
     ``tracestate``/``baggage`` are ignored. Header names are case-insensitive."""
     lowered = {k.lower(): v for k, v in headers.items()}
-    carrier = {"traceparent": lowered["traceparent"]} if "traceparent" in lowered else {}
-    ctx = _PROPAGATOR.extract(carrier)
+    if "traceparent" not in lowered:  # the propagator would find no context: no link
+        return []
+    ctx = _PROPAGATOR.extract({"traceparent": lowered["traceparent"]})
     sc = trace.get_current_span(ctx).get_span_context()
     if not sc.is_valid:
         return []

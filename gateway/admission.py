@@ -277,6 +277,11 @@ class SlotClaim:
         self.tenant = tenant
         self.lease = lease
 
+    @property
+    def local(self) -> bool:
+        """True when :meth:`take_now` always answers True or False (the in-process limiter)."""
+        return bool(self._adm.local)
+
     def take_now(self, n: int) -> bool | None:
         """Take ``n`` slots now if that needs no await (see class doc)."""
         adm = self._adm

@@ -318,6 +318,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         route_index, loads = shared.wrap_routing(index, loads, [r.id for r in config.replicas])
     if getattr(rc.policy, "calibrate", False):
         calibration = Calibration(prior_rate=rc.policy.prefill_tokens_per_s)
+        calibration.defer_observations(True)  # applied after the answer is sent (pipeline _complete) or on a read
         loads = CalibratingLoadTracker(loads, calibration, time.monotonic)
     notifying = NotifyingLoadTracker(loads)  # wakes the flow-control dispatcher when a replica gains room
     router = Router(policy, route_index, notifying, rc.block_size, calibration)

@@ -161,11 +161,12 @@ class FlowControl:
         """
         cfg, tid = self.cfg, tenant.id
         w = _Waiting(tid, self.weights.weight(tenant.tier), req, candidate_ids, alt_chains, slots)
-        self.queue.push(tid, w, w.weight)
-        self._pump()
-        if w.result is None and w.error is None and self.queue.queued(tid) > cfg.tenant_max_queued_requests:
-            self.queue.remove(tid, w)  # it would wait behind too many of its own
-            raise self._queue_full(tid)
+        if len(self.queue) or not self._release_now(w):
+            self.queue.push(tid, w, w.weight)
+            self._pump()
+            if w.result is None and w.error is None and self.queue.queued(tid) > cfg.tenant_max_queued_requests:
+                self.queue.remove(tid, w)  # it would wait behind too many of its own
+                raise self._queue_full(tid)
         ends = time.perf_counter() + min(cfg.tenant_max_queue_wait_s, deadline - time.perf_counter())
         while True:
             if w.result is None and w.error is None:
@@ -293,19 +294,41 @@ class FlowControl:
                     self.slot_gate.asking(w.tenant_id)
                     w.position = self.queue.position(w.tenant_id, w)
             self.queue.remove(w.tenant_id, w)
-            try:
-                choice, ticket = self.router.route(w.req, w.room, w.alt_chains)
-            except Exception as exc:  # a bug or a vanished replica: the request answers, the queue goes on
-                if w.slot_pending:
-                    self._asked(w.tenant_id, None)
-                w.error = GatewayError(503, "no_replica", "no healthy replica is allowed for this request")
-                w.error.__cause__ = exc
-            else:
-                w.result = (choice, ticket)
-                w.charged = max(0, w.req.prompt_tokens - choice.predicted_prefix_tokens)
-                self.queue.charge(w.tenant_id, w.charged)
+            self._route(w)
             if w.future is not None and not w.future.done():
                 w.future.set_result(None)
+
+    def _release_now(self, w: _Waiting) -> bool:
+        """The fast path while nothing is queued: release ``w`` at once where the dispatcher would
+        (same placement, slot and counters: :meth:`FairQueue.pass_through`), without the queue.
+        False: ``w`` must be queued (no room, no slot, or a slot that needs Redis's answer)."""
+        slots = w.slots
+        if slots is not None and not slots.local:
+            return False
+        self.slot_gate.new_round()
+        if self._place(w, set(self.replica_set.routable_ids())) is None:
+            return False
+        if slots is not None:
+            if not slots.take_now(w.req.sequences):
+                return False  # at its concurrency: it waits in its queue for a slot
+            w.slots = None
+        self.queue.pass_through(w.tenant_id, w.weight)
+        self._route(w)
+        return True
+
+    def _route(self, w: _Waiting) -> None:
+        """Route the released ``w`` among ``w.room``: its result and counter charge, or its error."""
+        try:
+            choice, ticket = self.router.route(w.req, w.room, w.alt_chains)
+        except Exception as exc:  # a bug or a vanished replica: the request answers, the queue goes on
+            if w.slot_pending:
+                self._asked(w.tenant_id, None)
+            w.error = GatewayError(503, "no_replica", "no healthy replica is allowed for this request")
+            w.error.__cause__ = exc
+        else:
+            w.result = (choice, ticket)
+            w.charged = max(0, w.req.prompt_tokens - choice.predicted_prefix_tokens)
+            self.queue.charge(w.tenant_id, w.charged)
 
     def _place(self, w: _Waiting, routable: set[str]) -> Placement:
         """Where ``w`` could go now (:data:`routing.fairness.Placement`); sets ``w.room``."""

@@ -8,14 +8,17 @@ method, the lifespan) goes to the Starlette app unchanged, which answers 404
 and 405 as before. The framing guard (gateway/framing.py) stays in front of
 both, and the head bounds (gateway/http_guard.py) stay in the server.
 
+A plain answer's end (tokens, lease, load ticket and breaker attempt given
+back, reservation settled) and every request's metrics run after its answer
+was handed to the server (:data:`gateway.recording.AFTER_SEND`, issue 14).
 The request's audit event is handed to the audit worker just before the
 answer's last body part (the final ``http.response.body``: the whole body of
-a plain answer, the empty closing part of a stream), so that an answer that
-completed at the client is in the worker's pipe even if this process is
-SIGKILLed right after (issue 16; docs/audit.md, "What a SIGKILL can lose").
-Its metrics and concentration observation are written after the answer
-(:data:`gateway.recording.AFTER_SEND`, issue 14); the tokens, leases and
-reservation are still given back before the answer, as the pipeline does.
+a plain answer, the empty closing part of a stream): the work deferred until
+then runs first (so a plain answer's end has written its record), so that an
+answer that completed at the client is in the worker's pipe even if this
+process is SIGKILLed right after (issue 16; docs/audit.md, "What a SIGKILL
+can lose"). Nothing is awaited between the last send and the rest of the
+work, so the next request on this event loop finds it done.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from typing import Any
 from starlette.requests import Request
 
 from gateway.pipeline import InferencePipeline
-from gateway.record import RequestRecord
 from gateway.recording import AFTER_SEND, Recorder
 
 __all__ = ["INFERENCE_PATHS", "InferenceRoutes"]
@@ -48,7 +50,7 @@ class InferenceRoutes:
 
     ``app``: the Starlette app of every other route (and the lifespan);
     ``pipeline``: serves the inference calls; ``recorder``: writes the
-    records deferred until the answer is sent. A request is served here when
+    records deferred until the answer is sent (the recorder itself defers them). A request is served here when
     its ``type`` is ``http``, its method ``POST``, its ``root_path`` empty and
     its ``path`` one of :data:`INFERENCE_PATHS` exactly (as Starlette's
     router matches them, trailing-slash redirects off).
@@ -68,15 +70,15 @@ class InferenceRoutes:
         await self.app(scope, receive, send)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:
-        pending: list[RequestRecord] = []
-        emitted = 0
+        pending: list[Callable[[], None]] = []
+        ran = 0
         recorder = self.recorder
 
         async def send_after_audit(message: MutableMapping[str, Any]) -> None:
-            # the last body part leaves only once the events of the records made so far are in the pipe
-            nonlocal emitted
-            if emitted < len(pending) and message["type"] == "http.response.body" and not message.get("more_body"):
-                emitted = self._emit(pending, emitted)
+            # the last body part leaves only once the deferred ends ran and their events are in the pipe
+            nonlocal ran
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                ran = _run(pending, ran, len(pending))
                 try:
                     recorder.hand_off()
                 except Exception:  # a bug: the events stay queued (timer flush); the answer still goes out
@@ -89,18 +91,17 @@ class InferenceRoutes:
             await response(scope, receive, send_after_audit)
         finally:
             AFTER_SEND.reset(token)
-            self._emit(pending, emitted)  # however the call ended: every event is written
-            for rec in pending:
-                try:
-                    recorder.finish(rec)
-                except Exception:  # a bug: the answer is out; never lose the other records
-                    log.exception("recording request %s failed", rec.request_id)
+            # however the call ended: every end and record runs, in order (work appended while
+            # running, e.g. a record's metrics after its end, runs too)
+            while ran < len(pending):
+                ran = _run(pending, ran, len(pending))
 
-    def _emit(self, pending: list[RequestRecord], start: int) -> int:
-        """Emit the audit events of ``pending[start:]``; returns ``len(pending)``."""
-        for rec in pending[start:]:
-            try:
-                self.recorder.emit(rec)
-            except Exception:  # a bug: never lose the other records
-                log.exception("auditing request %s failed", rec.request_id)
-        return len(pending)
+
+def _run(pending: list[Callable[[], None]], start: int, stop: int) -> int:
+    """Run ``pending[start:stop]`` in order, each guarded; returns ``stop``."""
+    for work in pending[start:stop]:
+        try:
+            work()
+        except Exception:  # a bug: the answer is out; never lose the other records
+            log.exception("ending or recording a request after its answer failed")
+    return stop

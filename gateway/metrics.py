@@ -12,10 +12,67 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["GatewayMetrics", "BoundChildren"]
+__all__ = ["GatewayMetrics", "BoundChildren", "CounterBatch"]
 
 #: Bound on cached labelled children per family (tenants x outcomes, replicas x pools, ...).
 CHILD_CACHE_MAX = 4096
+
+
+class CounterBatch:
+    """Counter increments added up per child and handed to prometheus_client at the next read (issue 14).
+
+    A request adds to ~15 counters; ``Counter.inc`` checks, locks and adds each time (~1 µs). Here
+    an increment is a dict addition; :meth:`flush` makes one ``inc`` per child. Registered first
+    in each registry (a collector that yields nothing), it flushes whenever that registry is
+    collected: every scrape and every ``get_sample_value`` sees every increment made before it.
+    One event loop (the gateway's): not for increments from other threads.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[Any, float] = {}
+
+    @property
+    def pending(self) -> int:
+        """Children with increments not yet handed over."""
+        return len(self._pending)
+
+    def child(self, counter: Any) -> _BatchedCounter:
+        """A stand-in for ``counter`` (a ``Counter`` child or an unlabelled ``Counter``) whose
+        ``inc`` goes through this batch; other attributes are the counter's."""
+        return _BatchedCounter(counter, self)
+
+    def flush(self) -> None:
+        """Hand every pending sum to its counter."""
+        pending, self._pending = self._pending, {}
+        for counter, amount in pending.items():
+            counter.inc(amount)
+
+    def collect(self) -> list[Any]:
+        """The collector protocol: flush, yield no metric."""
+        self.flush()
+        return []
+
+    def describe(self) -> list[Any]:
+        """No metric names of its own."""
+        return []
+
+
+class _BatchedCounter:
+    __slots__ = ("counter", "_batch")
+
+    def __init__(self, counter: Any, batch: CounterBatch) -> None:
+        self.counter = counter
+        self._batch = batch
+
+    def inc(self, amount: float = 1) -> None:
+        """Add ``amount`` (>= 0, else :class:`ValueError` as ``Counter.inc``) at the next flush."""
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        pending = self._batch._pending
+        pending[self.counter] = pending.get(self.counter, 0) + amount
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.counter, name)
 
 
 class BoundChildren:
@@ -29,17 +86,20 @@ class BoundChildren:
     family's own (``collect``, ``remove``, ...); ``remove``/``clear`` also drop the cache.
     """
 
-    __slots__ = ("family", "_children")
+    __slots__ = ("family", "_children", "_batch")
 
-    def __init__(self, family: Any) -> None:
+    def __init__(self, family: Any, batch: CounterBatch | None = None) -> None:
         self.family = family
         self._children: dict[tuple[Any, ...], Any] = {}
+        self._batch = batch  # a Counter family: its children increment through the batch
 
     def labels(self, *values: Any) -> Any:
         """The child of these positional label values (as ``family.labels(*values)``)."""
         child = self._children.get(values)
         if child is None:
             child = self.family.labels(*values)
+            if self._batch is not None:
+                child = self._batch.child(child)
             if len(self._children) >= CHILD_CACHE_MAX:
                 self._children.clear()
             self._children[values] = child
@@ -68,10 +128,13 @@ class GatewayMetrics:
         self.public = CollectorRegistry(auto_describe=True)
         self.admin = CollectorRegistry(auto_describe=True)
         p, a = self.public, self.admin
+        self.batch = CounterBatch()  # counters' increments, flushed first whenever a registry is read
+        p.register(self.batch)
+        a.register(self.batch)
         self.requests = BoundChildren(Counter(
             "prefixgate_requests", "Inference requests by endpoint, HTTP status and audit outcome",
             ["endpoint", "status", "outcome"], registry=p,
-        ))
+        ), self.batch)
         self.request_seconds = BoundChildren(Histogram(
             "prefixgate_request_duration_seconds", "Whole request duration", ["endpoint"],
             buckets=_LAT_BUCKETS, registry=p,
@@ -80,19 +143,20 @@ class GatewayMetrics:
             "prefixgate_time_to_first_byte_seconds", "Time from request arrival to the first upstream byte",
             ["endpoint"], buckets=_LAT_BUCKETS, registry=p,
         ))
-        self.prompt_tokens = Counter("prefixgate_prompt_tokens", "Prompt tokens of routed requests", registry=p)
+        self.prompt_tokens = self.batch.child(
+            Counter("prefixgate_prompt_tokens", "Prompt tokens of routed requests", registry=p))
         self.prefix_tokens = BoundChildren(Counter(
             "prefixgate_prefix_tokens",
             "Prefix tokens: available (best over allowed replicas), predicted (chosen replica), "
             "delivered (replica-reported cached_tokens)", ["kind"], registry=p,
-        ))
+        ), self.batch)
         self.upstream_failures = BoundChildren(Counter(
             "prefixgate_upstream_failures", "Upstream call failures by kind", ["kind"], registry=p,
-        ))
+        ), self.batch)
         self.healthy_replicas = Gauge("prefixgate_healthy_replicas", "Replicas currently healthy", registry=p)
         self.policy_cache = BoundChildren(Counter(
             "prefixgate_policy_cache_lookups", "Decision cache lookups", ["result"], registry=p,
-        ))
+        ), self.batch)
         self.audit_dropped = Gauge("prefixgate_audit_dropped_events", "Audit events dropped (must stay 0)", registry=p)
         # shared state (issue 16, tenancy/shared_failover.py): 1 while Redis answers (always 1 for memory)
         self.state_available = Gauge("prefixgate_state_available",
@@ -111,7 +175,7 @@ class GatewayMetrics:
             "Admission decisions taken while the shared state was unavailable, by state.on_unavailable "
             "behaviour (refused: 503; local: limits / state.instances_expected in this process)",
             ["behaviour"], registry=p,
-        ))
+        ), self.batch)
         # flow control (gateway/flow.py, gateway/overload.py)
         self.flow_queued = Gauge("prefixgate_flow_queued_requests", "Requests queued at the gateway", registry=p)
         self.flow_queue_wait_seconds = Histogram(
@@ -121,11 +185,11 @@ class GatewayMetrics:
         self.flow_refused = BoundChildren(Counter(
             "prefixgate_flow_refused", "Requests refused by the gateway's queue (queue_full, concurrency, queue_timeout, "
             "deadline)", ["reason"], registry=p,
-        ))
+        ), self.batch)
         self.shed_requests = BoundChildren(Counter(
             "prefixgate_shed_requests", "Requests shed before authentication (in_flight, loop_lag)", ["reason"],
             registry=p,
-        ))
+        ), self.batch)
         # admin-only series (name replicas and tenants)
         self.tenant_queued = BoundChildren(Gauge(
             "prefixgate_tenant_queued_requests", "Requests queued at the gateway per tenant", ["tenant"], registry=a,
@@ -136,7 +200,7 @@ class GatewayMetrics:
         ))
         self.replica_requests = BoundChildren(Counter(
             "prefixgate_replica_requests", "Requests routed per replica", ["replica", "pool"], registry=a,
-        ))
+        ), self.batch)
         self.replica_load_tokens = BoundChildren(Gauge(
             "prefixgate_replica_load_tokens", "Queued prefill plus in-flight decode tokens per replica",
             ["replica"], registry=a,
@@ -145,24 +209,24 @@ class GatewayMetrics:
                                                    ["replica"], registry=a))
         self.tenant_requests = BoundChildren(Counter(
             "prefixgate_tenant_requests", "Requests per tenant and outcome", ["tenant", "outcome"], registry=a,
-        ))
+        ), self.batch)
         # token ledger (tenancy/ledger.py): tokens by tenant and kind (prompt, output)
         self.tenant_tokens_reserved = BoundChildren(Counter(
             "prefixgate_tenant_tokens_reserved", "Tokens reserved at admission (prompt; output = max_tokens x "
             "sequences)", ["tenant", "kind"], registry=a,
-        ))
+        ), self.batch)
         self.tenant_tokens_charged = BoundChildren(Counter(
             "prefixgate_tenant_tokens_charged", "Tokens charged when requests ended (replica usage, else tokens "
             "relayed, else the reservation)", ["tenant", "kind"], registry=a,
-        ))
+        ), self.batch)
         self.tenant_tokens_refunded = BoundChildren(Counter(
             "prefixgate_tenant_tokens_refunded", "Reserved tokens given back (reserved and not used)",
             ["tenant", "kind"], registry=a,
-        ))
+        ), self.batch)
         self.tenant_charges = BoundChildren(Counter(
             "prefixgate_tenant_charges", "Requests settled per tenant and charge basis (usage, relayed, refused, "
             "reservation, not_dispatched)", ["tenant", "basis"], registry=a,
-        ))
+        ), self.batch)
 
     def watch_state(self, limits: Any) -> None:
         """Read the shared limits' queue and lease counters at every scrape

@@ -27,14 +27,9 @@ from gateway.prefix_keys import ChainView, PrefixKeys
 from gateway.read_deadline import ReadDeadline
 from gateway.proxy import UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
+from gateway.recording import after_send
 from gateway.replicas import Replica
-from gateway.request import (
-    Endpoint,
-    InferenceRequest,
-    JsonObject,
-    parse_inference_request,
-    read_body,
-)
+from gateway.request import Endpoint, InferenceRequest, JsonObject, parse_inference_request, read_body
 from gateway.sse import SseProtocolError, SseScanner, error_event
 from routing.policies import RouteRequest
 from routing.types import RouteChoice
@@ -160,8 +155,9 @@ class InferencePipeline:
             rec.status, rec.outcome, rec.error_code = 500, "failed", "internal_error"
             return GatewayError(500, "internal_error", "internal error").response()
         finally:
-            # The one exit path (a stream's ends with it): all held given back, the record written.
-            if not held.handed_off:
+            # The one exit path (a stream's ends with it): all held given back, the record written;
+            # a plain answer's end runs right after the answer is sent (gateway/recording.py).
+            if not held.handed_off and not after_send(lambda: self._end(rec, held)):
                 self._end(rec, held)
 
     @staticmethod
@@ -374,6 +370,9 @@ class InferencePipeline:
             self.gw.router.observe_delivered(choice, rec.delivered_prefix_tokens)
         if choice is not None and self.gw.flow is not None and rec.tenant_id:  # the VTC's output share
             self.gw.flow.charge_output(rec.tenant_id, rec.output_tokens or rec.relayed_output or 0)
+        cal = self.gw.calibration
+        if cal is not None and not after_send(cal.flush):  # the first-byte observations queued on the answer's path
+            cal.flush()
         rec.t_end = time.perf_counter()
         self.gw.recorder.record(rec)
 

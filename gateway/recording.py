@@ -1,28 +1,43 @@
 """The last step of every request: its metrics and its one audit event.
 
-Recording may wait until the answer is sent (issue 14): while a request is
-served by :class:`gateway.inference_asgi.InferenceRoutes`, :data:`AFTER_SEND`
-holds a list in that request's task context and :meth:`Recorder.record`
-appends the record to it. The front hands the records' audit events to the
-audit worker (:meth:`Recorder.emit`, :meth:`Recorder.hand_off`) just before
-the answer's last body part, and writes their metrics and concentration
-observations (:meth:`Recorder.finish`) after it (issue 16: an answer that
-completed at the client has its event in the worker's pipe, which outlives a
-SIGKILLed gateway). Everywhere else it records at once.
+Ending a request may wait until the answer is sent (issue 14): while a
+request is served by :class:`gateway.inference_asgi.InferenceRoutes`,
+:data:`AFTER_SEND` holds a list in that request's task context;
+:func:`after_send` appends work to it (the pipeline's end of a plain answer)
+and :meth:`Recorder.record` queues the request's audit event at once and
+appends its metrics and concentration observation (:meth:`Recorder.finish`).
+Just before the answer's last body part the front runs the work deferred so
+far (so a plain answer's end has produced its record) and hands the queued
+audit events to the audit worker (:meth:`Recorder.hand_off`); the rest runs
+right after that part was handed to the server, with no await in between
+(issue 16: an answer that completed at the client has its event in the
+worker's pipe, which outlives a SIGKILLed gateway). Everywhere else the work
+runs at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 
 from gateway.auditing import AuditHub
 from gateway.metrics import GatewayMetrics
 from gateway.record import RequestRecord
 
-__all__ = ["AFTER_SEND", "Recorder"]
+__all__ = ["AFTER_SEND", "Recorder", "after_send"]
 
-#: Records of the current request to write once its answer is sent (``None``: record at once).
-AFTER_SEND: ContextVar[list[RequestRecord] | None] = ContextVar("prefixgate_after_send", default=None)
+#: Work of the current request to run once its answer is sent (``None``: run it at once).
+AFTER_SEND: ContextVar[list[Callable[[], None]] | None] = ContextVar("prefixgate_after_send", default=None)
+
+
+def after_send(work: Callable[[], None]) -> bool:
+    """Defer ``work`` until the current request's answer is sent: True when deferred, False when
+    no front defers (the caller runs it now)."""
+    pending = AFTER_SEND.get()
+    if pending is None:
+        return False
+    pending.append(work)
+    return True
 
 
 class Recorder:
@@ -34,12 +49,11 @@ class Recorder:
 
     def record(self, rec: RequestRecord) -> None:
         """Metrics + one audit event + concentration monitor for a finished request
-        (deferred to the answer's end when :data:`AFTER_SEND` holds a list)."""
-        pending = AFTER_SEND.get()
-        if pending is not None:
-            pending.append(rec)
-            return
+        (the event queued now, the rest deferred to after the answer when :data:`AFTER_SEND`
+        holds a list)."""
         self.audit.emit_request(rec)
+        if after_send(lambda: self.finish(rec)):
+            return
         self.finish(rec)
 
     def emit(self, rec: RequestRecord) -> None:

@@ -91,19 +91,27 @@ class ReplicaEstimate:
 
 
 def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
-    """Solve the n x n system ``m x = v`` by Gaussian elimination with partial pivoting."""
+    """Solve the n x n system ``m x = v`` by Gaussian elimination with partial pivoting
+    (the first row of largest magnitude); ``None`` when a pivot is below 1e-12."""
     n = len(v)
     a = [row[:] + [v[i]] for i, row in enumerate(m)]
     for col in range(n):
-        piv = max(range(col, n), key=lambda r: abs(a[r][col]))
-        if abs(a[piv][col]) < 1e-12:
+        piv, best = col, abs(a[col][col])
+        for r in range(col + 1, n):
+            x = abs(a[r][col])
+            if x > best:
+                piv, best = r, x
+        if best < 1e-12:
             return None
         a[col], a[piv] = a[piv], a[col]
+        ac = a[col]
+        d = ac[col]
         for r in range(n):
             if r != col:
-                f = a[r][col] / a[col][col]
+                ar = a[r]
+                f = ar[col] / d
                 for k in range(col, n + 1):
-                    a[r][k] -= f * a[col][k]
+                    ar[k] -= f * ac[k]
     return [a[i][n] / a[i][i] for i in range(n)]
 
 
@@ -140,19 +148,14 @@ class PrefillRateEstimator:
         self._abs_res = 0.0  # EW mean absolute residual (s)
         self._theta: list[float] | None = None
 
-    def _prior(self) -> tuple[list[list[float]], list[float]]:
-        w = self.prior_weight
-        b0 = _SCALE / self.prior_rate
-        # ridge: a toward 0 (tiny), b toward b0, (c - b) toward 0 (a FIFO replica)
-        m = [[1e-6, 0.0, 0.0], [0.0, 2 * w, -w], [0.0, -w, w]]
-        v = [0.0, w * b0, 0.0]
-        return m, v
-
     def _fit(self) -> list[float] | None:
-        pm, pv = self._prior()
-        m = [[self._xx[i][j] + pm[i][j] for j in range(_N)] for i in range(_N)]
-        v = [self._xy[i] + pv[i] for i in range(_N)]
-        return _solve(m, v)
+        # the statistics plus a weak ridge prior of weight w: a toward 0 (tiny), b toward
+        # b0 = 1 / prior rate, (c - b) toward 0 (a FIFO replica); unrolled
+        w = self.prior_weight
+        (x00, x01, x02), (x10, x11, x12), (x20, x21, x22) = self._xx
+        y0, y1, y2 = self._xy
+        m = [[x00 + 1e-6, x01 + 0.0, x02 + 0.0], [x10 + 0.0, x11 + 2 * w, x12 + -w], [x20 + 0.0, x21 + -w, x22 + w]]
+        return _solve(m, [y0 + 0.0, y1 + w * (_SCALE / self.prior_rate), y2 + 0.0])
 
     @staticmethod
     def _features(uncached: float, queued: float, shared: float | None) -> list[float]:
@@ -167,7 +170,7 @@ class PrefillRateEstimator:
         if th is None:
             return None
         x = self._features(uncached_tokens, queued_tokens, shared_wait_tokens)
-        return sum(t * xi for t, xi in zip(th, x))
+        return 0.0 + th[0] * x[0] + th[1] * x[1] + th[2] * x[2]  # = sum(...) on CPython 3.11, left to right
 
     def observe(self, uncached_tokens: float, queued_tokens: float, ttft_s: float,
                 shared_wait_tokens: float | None = None) -> None:
@@ -176,11 +179,15 @@ class PrefillRateEstimator:
         part of the queue that delays it on a shared replica, ``min(q, k·u)``;
         ``None``: unknown, the whole queue). Non-finite or negative values
         are ignored."""
-        if not all(math.isfinite(x) and x >= 0 for x in (uncached_tokens, queued_tokens, ttft_s)):
+        isfinite = math.isfinite
+        if not (isfinite(uncached_tokens) and uncached_tokens >= 0 and isfinite(queued_tokens)
+                and queued_tokens >= 0 and isfinite(ttft_s) and ttft_s >= 0):
             return
         x = self._features(uncached_tokens, queued_tokens, shared_wait_tokens)
+        x0, x1, x2 = x
         y = ttft_s
-        pred = self.predict(uncached_tokens, queued_tokens, shared_wait_tokens)
+        th = self._theta
+        pred = None if th is None else 0.0 + th[0] * x0 + th[1] * x1 + th[2] * x2  # = predict()
         if pred is not None and self.samples >= self.min_samples:
             bound = self.clip_k * max(self._abs_res, 1e-3 + 0.01 * abs(pred))
             r = max(-bound, min(bound, y - pred))
@@ -189,13 +196,23 @@ class PrefillRateEstimator:
         elif pred is not None:
             self._abs_res = 0.8 * self._abs_res + 0.2 * abs(y - pred)
         lam = self.forget
-        for i in range(_N):
-            for j in range(_N):
-                self._xx[i][j] = lam * self._xx[i][j] + x[i] * x[j]
-            self._xy[i] = lam * self._xy[i] + x[i] * y
+        r0, r1, r2 = self._xx  # exponentially weighted x·xᵀ and x·y (unrolled)
+        r0[0] = lam * r0[0] + x0 * x0
+        r0[1] = lam * r0[1] + x0 * x1
+        r0[2] = lam * r0[2] + x0 * x2
+        r1[0] = lam * r1[0] + x1 * x0
+        r1[1] = lam * r1[1] + x1 * x1
+        r1[2] = lam * r1[2] + x1 * x2
+        r2[0] = lam * r2[0] + x2 * x0
+        r2[1] = lam * r2[1] + x2 * x1
+        r2[2] = lam * r2[2] + x2 * x2
+        xy = self._xy
+        xy[0] = lam * xy[0] + x0 * y
+        xy[1] = lam * xy[1] + x1 * y
+        xy[2] = lam * xy[2] + x2 * y
         self.samples += 1
         th = self._fit()
-        if th is not None and all(math.isfinite(t) for t in th):
+        if th is not None and isfinite(th[0]) and isfinite(th[1]) and isfinite(th[2]):
             self._theta = th
 
     def estimate(self) -> ReplicaEstimate | None:
@@ -233,18 +250,55 @@ class Calibration:
         self._est: dict[str, PrefillRateEstimator] = {}
         self._engine: dict[str, EngineSample] = {}
         self._external: dict[str, float] = {}
+        self._defer = False
+        self._pending: list[tuple[str, float, float, float, float | None]] = []
 
-    def estimator(self, replica_id: str) -> PrefillRateEstimator:
-        """The estimator of ``replica_id`` (created on first use)."""
+    #: deferred first-byte observations held at most (then they are applied at once)
+    MAX_PENDING = 256
+
+    def defer_observations(self, on: bool) -> None:
+        """With ``on``, :meth:`observe_first_byte` only queues the observation; it is applied,
+        in order, by :meth:`flush` or before any read (:meth:`estimate`, :meth:`estimator`,
+        :meth:`forget_replica`), so every read sees exactly what it would have seen (the gateway
+        flushes after the answer is sent). Off: pending ones are applied now."""
+        if not on:
+            self.flush()
+        self._defer = on
+
+    @property
+    def pending(self) -> int:
+        """First-byte observations queued and not yet applied."""
+        return len(self._pending)
+
+    def flush(self) -> None:
+        """Apply the queued first-byte observations in arrival order."""
+        pending = self._pending
+        if pending:
+            self._pending = []
+            for rid, u, q, y, s in pending:
+                self._estimator(rid).observe(u, q, y, s)
+
+    def _estimator(self, replica_id: str) -> PrefillRateEstimator:
         e = self._est.get(replica_id)
         if e is None:
             e = self._est[replica_id] = PrefillRateEstimator(self.prior_rate, **self._kw)  # type: ignore[arg-type]
         return e
 
+    def estimator(self, replica_id: str) -> PrefillRateEstimator:
+        """The estimator of ``replica_id`` (created on first use), queued observations applied."""
+        self.flush()
+        return self._estimator(replica_id)
+
     def observe_first_byte(self, replica_id: str, uncached_tokens: float, queued_tokens: float,
                            ttft_s: float, shared_wait_tokens: float | None = None) -> None:
-        """One first-byte observation (see :meth:`PrefillRateEstimator.observe`)."""
-        self.estimator(replica_id).observe(uncached_tokens, queued_tokens, ttft_s, shared_wait_tokens)
+        """One first-byte observation (see :meth:`PrefillRateEstimator.observe`; queued while
+        :meth:`defer_observations` is on, at most :attr:`MAX_PENDING`)."""
+        if self._defer:
+            self._pending.append((replica_id, uncached_tokens, queued_tokens, ttft_s, shared_wait_tokens))
+            if len(self._pending) >= self.MAX_PENDING:
+                self.flush()
+            return
+        self._estimator(replica_id).observe(uncached_tokens, queued_tokens, ttft_s, shared_wait_tokens)
 
     def observe_engine(self, replica_id: str, sample: EngineSample, own_requests: int | None = None) -> None:
         """Store the latest engine metrics of ``replica_id``; with
@@ -261,6 +315,8 @@ class Calibration:
         """The replica's estimate with its last engine sample; ``None`` while
         neither is known (the estimate fields hold the prior until
         ``min_samples`` first bytes were seen)."""
+        if self._pending:
+            self.flush()
         est = self._est.get(replica_id)
         e = est.estimate() if est is not None else None
         eng = self._engine.get(replica_id)
@@ -275,6 +331,7 @@ class Calibration:
 
     def forget_replica(self, replica_id: str) -> None:
         """Drop everything learnt about ``replica_id`` (it restarted or was removed)."""
+        self.flush()
         self._est.pop(replica_id, None)
         self._engine.pop(replica_id, None)
         self._external.pop(replica_id, None)

@@ -132,6 +132,22 @@ class FairQueue(Generic[T]):
         t.queue.append(_Entry(item, next(self._seq)))
         self._queued += 1
 
+    def pass_through(self, tenant_id: str, weight: float = 1.0) -> None:
+        """A request of ``tenant_id`` released at once while nothing is queued: the counter
+        changes of :meth:`push` then :meth:`remove` of it (the lift; the floor it leaves), without
+        the queue. Raises :class:`ValueError` on a non-positive weight or when anything is queued."""
+        if not weight > 0:
+            raise ValueError("weight must be > 0")
+        if self._queued:
+            raise ValueError("pass_through needs an empty queue")
+        t = self._t.get(tenant_id)
+        if t is None:
+            t = self._t[tenant_id] = _Tenant(counter=self._floor)
+        t.weight = float(weight)
+        if t.counter < self._floor:
+            t.counter = self._floor
+        self._floor = t.counter
+
     def remove(self, tenant_id: str, item: T) -> bool:
         """Take ``item`` out of the queue (a client that left, a request past its wait);
         True when it was queued."""

@@ -43,10 +43,6 @@ def _covers(rule: str, other: str) -> bool:
     return False
 
 
-#: SPIFFE IDs whose tenant a registry snapshot remembers (the request path resolves every request)
-RESOLVED_MAX = 4096
-
-
 @dataclass(frozen=True)
 class _Snapshot:
     tenants: Mapping[str, Tenant]
@@ -54,10 +50,6 @@ class _Snapshot:
     prefixes: Mapping[str, str]
     op_exact: frozenset[str]
     op_prefixes: frozenset[str]
-    #: SPIFFE ID -> tenant id (or None) already resolved against this snapshot: a plain dict
-    #: (single operations atomic across threads), emptied when it reaches RESOLVED_MAX; a reload
-    #: builds a new snapshot, so entries never outlive the rules that produced them
-    resolved: dict[str, str | None] = field(default_factory=dict)
 
 
 def _build(tenants_cfg: Any, operators: Iterable[str]) -> _Snapshot:
@@ -116,6 +108,10 @@ def _match(spiffe_id: str, exact: Mapping[str, Any], prefixes: Mapping[str, Any]
     return None
 
 
+#: SPIFFE IDs whose tenant :meth:`TenantRegistry.resolve` remembers per snapshot (then it starts over)
+RESOLVE_MEMO_MAX = 4096
+
+
 class TenantRegistry:
     """Immutable-snapshot registry of tenants and operator identities.
 
@@ -127,6 +123,9 @@ class TenantRegistry:
     def __init__(self, snapshot: _Snapshot) -> None:
         self._snap = snapshot
         self._lock = threading.Lock()
+        # spiffe_id -> tenant (or None) of one snapshot; a reload swaps the snapshot, so a stale
+        # memo is never read (it is replaced on the next resolve)
+        self._memo: tuple[_Snapshot, dict[str, Tenant | None]] = (snapshot, {})
 
     @classmethod
     def from_config(cls, tenants: list[dict], *, operators: Iterable[str] = ()) -> TenantRegistry:
@@ -148,15 +147,25 @@ class TenantRegistry:
         """Return the tenant of ``spiffe_id`` by longest matching rule, or None
         (also None for a malformed ID: fail closed)."""
         snap = self._snap
-        memo = snap.resolved
-        if spiffe_id in memo:
-            tid = memo[spiffe_id]
-        else:
-            tid = _match(spiffe_id, snap.exact, snap.prefixes)
-            if len(memo) >= RESOLVED_MAX:
-                memo.clear()
-            memo[spiffe_id] = tid
-        return snap.tenants.get(tid) if tid is not None else None
+        memo_snap, memo = self._memo
+        if memo_snap is not snap:
+            memo = {}
+            self._memo = (snap, memo)
+        try:
+            return memo[spiffe_id]
+        except KeyError:
+            pass
+        tid = _match(spiffe_id, snap.exact, snap.prefixes)
+        tenant = snap.tenants.get(tid) if tid is not None else None
+        if len(memo) >= RESOLVE_MEMO_MAX:
+            memo.clear()
+        memo[spiffe_id] = tenant
+        return tenant
+
+    def memo_size(self) -> int:
+        """SPIFFE IDs remembered by :meth:`resolve` for the current snapshot (at most
+        :data:`RESOLVE_MEMO_MAX`)."""
+        return len(self._memo[1])
 
     def get(self, tenant_id: str) -> Tenant | None:
         """Return the tenant named ``tenant_id`` or None."""

@@ -29,8 +29,8 @@ def test_unknown_and_malformed_ids_stay_unresolved() -> None:
 
 
 def test_the_memory_is_bounded(monkeypatch) -> None:
-    monkeypatch.setattr(reg_mod, "RESOLVED_MAX", 8)
+    monkeypatch.setattr(reg_mod, "RESOLVE_MEMO_MAX", 8)
     reg = TenantRegistry.from_config([_tenant("a", "spiffe://example.org/team/")])
     for i in range(50):
         assert reg.resolve(f"spiffe://example.org/team/w{i}").id == "a"
-    assert len(reg._snap.resolved) <= 8
+    assert reg.memo_size() <= 8
