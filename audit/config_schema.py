@@ -190,7 +190,7 @@ def _problem(err: Any, data: Any) -> str:
             continue  # a tag
         node = node.get(part) if isinstance(node, Mapping) else None
         parts.append(str(part))
-    msg = str(err["msg"]).removeprefix("Value error, ")
+    msg = "unknown field" if err["type"] == "extra_forbidden" else str(err["msg"]).removeprefix("Value error, ")
     return f"{'.'.join(parts)}: {msg}"
 
 

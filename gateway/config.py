@@ -120,9 +120,11 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
 
 
 def _problem(err: Any, data: Any) -> str:
-    """One pydantic error as ``dotted.key: message`` (no ``Value error,`` prefix; a rule over
+    """One pydantic error as ``dotted.key: message`` (no ``Value error,`` prefix; a key no
+    schema knows reads ``unknown field``, as docs/configuration.md promises; a rule over
     the whole file, with no key of its own, is just its message)."""
-    msg = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    msg = ("unknown field" if err["type"] == "extra_forbidden"
+           else str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, "))
     path = ".".join(str(p) for p in _key_path(err["loc"], data))
     return f"{path}: {msg}" if path else msg
 
