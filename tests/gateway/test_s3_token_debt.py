@@ -197,3 +197,20 @@ def test_word_tokenizer_byte_bound_refuses_only_what_cannot_fit() -> None:
         worst = ("x" * 64 + " " * 64) * (cap + 1)  # cap + 1 longest tokens with the longest free separators
         assert len(tok.encode(worst, cap)) == cap + 1
         assert len(worst.encode()) <= tok.max_text_bytes(cap + 1)
+
+
+@pytest.mark.parametrize("mode", ["local", "fail_closed"])
+def test_with_redis_only_the_local_view_of_an_outage_is_read(mode: str) -> None:
+    from tenancy.shared_failover import Availability, FailoverLedger
+
+    av = Availability(lambda: None, mode=mode, instances=2, probe_interval_s=1.0)
+    led = FailoverLedger(shared=None, availability=av)  # type: ignore[arg-type]  # never called here
+    t = Tenant(id="t", spiffe_ids=("spiffe://x.test/t/",), prompt_tokens_per_s=10.0, prompt_tokens_burst=100)
+    led.local.reserve(av.scaled(t), 500, 0)
+    assert led.prompt_room(t) is None  # Redis answers: the shared level is not read (no extra round trip)
+    av.available = False
+    room = led.prompt_room(t)
+    if mode == "fail_closed":
+        assert room is None  # refused 503 anyway at the reservation
+    else:
+        assert room is not None and room.cap == 0 and room.burst == 50.0  # the local bucket, limits / instances
