@@ -19,6 +19,7 @@ from policy.decision import Decision
 from tenancy.bounds import RequestBounds, request_bounds
 from tenancy.ledger import InProcessLedger, Reservation, Settlement, charge_for
 from tenancy.limits import ConcurrencyLimited, Lease, RateLimited, TenantLimiter, clamp_max_tokens
+from tenancy.prompt_room import PromptRoom, min_tokens
 from tenancy.registry import Tenant, TenantRegistry
 from tenancy.shared import SharedLimits, StateUnavailable
 from tenancy.shared_failover import FailoverLedger, FailoverLimiter
@@ -161,15 +162,29 @@ class Admission:
             raise too_many(exc.retry_after_s, "concurrency_limited",
                            "tenant concurrent request limit reached (each prompt of a batch takes a slot)") from None
 
-    def prompt_tokens(self, bounds: RequestBounds, req: InferenceRequest) -> tuple[list[int], int]:
+    def prompt_room(self, tenant: Tenant) -> PromptRoom | None:
+        """What ``tenant``'s prompt-token bucket admits now, read before tokenizing (review R3-2;
+        :mod:`tenancy.prompt_room`). ``None``: any prompt (no limit, a full bucket, or the Redis
+        backend while Redis answers: the shared level is not read, the reservation decides)."""
+        return self.ledger.prompt_room(tenant)
+
+    def prompt_tokens(self, bounds: RequestBounds, req: InferenceRequest,
+                      room: PromptRoom | None = None) -> tuple[list[int], int]:
         """Size-check and tokenize each sequence of ``req``; return (tokens to hash, total prompt tokens).
 
         Cheapest first: each sequence's UTF-8 size (with the chat request's
         tools and other token-bearing fields, ``req.extra_text``) against
-        ``max_prompt_bytes`` (400 ``prompt_too_large``, nothing tokenized),
-        then tokens with early stop at ``max_prompt_tokens + 1`` (400
-        ``context_length_exceeded``). The tokens to hash are the prompt's
-        own (``extra_text`` is counted, never hashed).
+        ``max_prompt_bytes`` (400 ``prompt_too_large``, nothing tokenized);
+        with ``room`` (:meth:`prompt_room`), the request's size against the
+        tokenizer's byte bound of ``room.cap`` tokens (429 ``token_rate_limited``,
+        nothing tokenized: the size alone proves more tokens than the bucket
+        admits); then tokens with early stop at ``min(max_prompt_tokens,
+        tokens the bucket still admits) + 1``: over ``max_prompt_tokens``, 400
+        ``context_length_exceeded``; else over the bucket, 429
+        ``token_rate_limited`` with ``Retry-After``. So the work is
+        O(min(max_prompt_tokens, room.cap)) tokens, and an admitted count is
+        exact. The tokens to hash are the prompt's own (``extra_text`` is
+        counted, never hashed).
         """
         limit, max_bytes = bounds.max_prompt_tokens, bounds.max_prompt_bytes
         if max_bytes is not None:
@@ -177,20 +192,35 @@ class Admission:
                 if size > max_bytes:
                     raise GatewayError(400, "prompt_too_large",
                                        f"prompt has {size} bytes; this tenant's limit is {max_bytes}", param=None)
+        texts = len(req.prompts) + (1 if req.extra_text else 0)
+        if room is not None and sum(req.prompt_bytes) > self.tokenizer.max_text_bytes(room.cap + texts - 1):
+            raise self._over_room(room, room.cap + 1, req, texts)
         hashed: list[int] = []
         total = 0
         for i, text in enumerate(req.prompts):
-            ids = self.tokenizer.encode(text, limit)
+            lim = limit
+            if room is not None:
+                lim = room.cap - total if limit is None else min(limit, room.cap - total)
+            ids = self.tokenizer.encode(text, lim)
             n = len(ids)
             if i == 0 and req.extra_text:
-                n += len(self.tokenizer.encode(req.extra_text, None if limit is None else max(0, limit - n)))
-            if limit is not None and n > limit:
-                raise GatewayError(400, "context_length_exceeded",
-                                   f"prompt has more than {limit} tokens; this tenant's limit is {limit}"
-                                   + (" per prompt" if len(req.prompts) > 1 else ""))
+                n += len(self.tokenizer.encode(req.extra_text, None if lim is None else max(0, lim - n)))
+            if lim is not None and n > lim:
+                if limit is not None and n > limit:
+                    raise GatewayError(400, "context_length_exceeded",
+                                       f"prompt has more than {limit} tokens; this tenant's limit is {limit}"
+                                       + (" per prompt" if len(req.prompts) > 1 else ""))
+                assert room is not None  # only the bucket's room can make lim < n <= limit
+                raise self._over_room(room, total + n, req, texts)
             hashed.extend(ids)
             total += n
         return hashed, total
+
+    def _over_room(self, room: PromptRoom, at_least: int, req: InferenceRequest, texts: int) -> GatewayError:
+        """429 ``token_rate_limited`` for a prompt of more than ``room.cap`` tokens (at least
+        ``at_least``, or what its size proves); ``Retry-After``: until the bucket admits that."""
+        at_least = max(at_least, min_tokens(self.tokenizer, sum(req.prompt_bytes), texts))
+        return too_many(room.wait_s(at_least), "token_rate_limited", "tenant prompt-token rate exceeded")
 
     async def check_prompt(self, tenant: Tenant, prompt_tokens: int, sequences: int = 1,
                      output_tokens: int = 0) -> Reservation:

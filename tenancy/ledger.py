@@ -63,17 +63,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tenancy.limits import RateLimited, TokenBucket
+from tenancy.prompt_room import PromptRoom
 from tenancy.registry import Tenant
 
-__all__ = [
-    "BASES",
-    "InProcessLedger",
-    "LedgerTotals",
-    "Reservation",
-    "Settlement",
-    "TokenLedger",
-    "charge_for",
-]
+__all__ = ["BASES", "InProcessLedger", "LedgerTotals", "Reservation", "Settlement", "TokenLedger", "charge_for"]
 
 #: Every charge basis, in the order of the table above.
 BASES = ("usage", "relayed", "refused", "reservation", "not_dispatched")
@@ -319,6 +312,17 @@ class InProcessLedger(TokenLedger):
             st.totals.open_reservations += 1
         return _InProcessReservation(self, tenant.id, prompt_tokens, output_tokens)
 
+    def prompt_room(self, tenant: Tenant, now: float | None = None) -> PromptRoom | None:
+        """The prompt bucket's :class:`~tenancy.prompt_room.PromptRoom` (review R3-2); ``None``: any prompt fits."""
+        now = self._clock() if now is None else now
+        with self._lock:
+            st = self._tenants.get(tenant.id)  # None: never reserved, a full bucket
+            if st is None or (b := _sync_bucket(st.prompt, tenant.prompt_tokens_per_s, tenant.prompt_tokens_burst,
+                                                now)) is None or b.refill(now) >= b.burst:
+                return None
+            st.prompt = b
+            return PromptRoom(max(0, int(b.level)), b.level, b.burst, b.rate)
+
     def totals(self) -> Mapping[str, LedgerTotals]:
         with self._lock:
             return {tid: LedgerTotals(dict(b.totals.reserved), dict(b.totals.charged), dict(b.totals.refunded),
@@ -331,9 +335,7 @@ class InProcessLedger(TokenLedger):
         with self._lock:
             st = self._tenants.get(tenant_id)
             bucket = None if st is None else (st.prompt if kind == "prompt" else st.output)
-            if bucket is None:
-                return None
-            return bucket.refill(now)
+            return None if bucket is None else bucket.refill(now)
 
     def forget(self, keep: set[str]) -> None:
         """Drop state of tenants not in ``keep`` with no open reservation (after a reload)."""

@@ -36,6 +36,7 @@ from typing import Any
 
 from tenancy.ledger import InProcessLedger, LedgerTotals, Reservation
 from tenancy.limits import Lease, LimitExceeded, TenantLimiter
+from tenancy.prompt_room import PromptRoom
 from tenancy.registry import Tenant
 from tenancy.shared_ledger import RedisLedger
 from tenancy.shared_limiter import RedisTenantLimiter, SharedLease
@@ -279,6 +280,14 @@ class FailoverLedger:
         if self.av.mode == "fail_closed":
             raise self.av.refuse()
         return self.local.reserve(self.av.local(tenant), prompt_tokens, output_tokens)
+
+    def prompt_room(self, tenant: Tenant) -> PromptRoom | None:
+        """The prompt bucket's room before tokenizing (review R3-2), from the local view only:
+        while Redis answers, ``None`` (reading the shared level would cost a round trip; the
+        reservation still decides); during an outage in ``local`` mode, the local bucket's."""
+        if self.av.available or self.av.mode != "local":
+            return None
+        return self.local.prompt_room(self.av.scaled(tenant))
 
     async def totals(self) -> Mapping[str, LedgerTotals]:
         """The shared totals (what was reserved locally during an outage is not in them)."""
