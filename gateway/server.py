@@ -34,7 +34,8 @@ from gateway.build import Gateway, build
 from gateway.config import GatewayConfig, LimitsConfig
 from gateway.http_guard import guarded_protocol
 
-__all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener", "run_serving", "DEFAULT_HTTP_PARSER"]
+__all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener", "bind_listeners", "ListenerUnavailable",
+           "run_serving", "DEFAULT_HTTP_PARSER"]
 
 DRAIN_TIMEOUT_S = 30
 #: uvicorn's HTTP/1.1 parser unless configured (``server.http_parser``): the C parser.
@@ -127,6 +128,34 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+class ListenerUnavailable(OSError):
+    """A listening address cannot be bound. ``str()`` names the listener, its
+    configuration section and the address, then the system's reason, e.g.
+    ``public listener (listen) 127.0.0.1:8080: Address already in use``."""
+
+    def __init__(self, name: str, section: str, host: str, port: int, exc: OSError) -> None:
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        super().__init__(exc.errno, f"{name} listener ({section}) {where}: {exc.strerror or exc}")
+
+
+def bind_listeners(cfg: GatewayConfig) -> list[socket.socket]:
+    """Bind the public listener (``listen``) then the admin one (``admin``, if configured) with
+    :func:`bind_listener`. Raises :class:`ListenerUnavailable` naming the listener that
+    failed (the sockets already bound are closed first)."""
+    targets = [("public", "listen", cfg.listen.host, cfg.listen.port)]
+    if cfg.admin is not None:
+        targets.append(("admin", "admin", cfg.admin.host, cfg.admin.port))
+    bound: list[socket.socket] = []
+    for name, section, host, port in targets:
+        try:
+            bound.append(bind_listener(host, port))
+        except OSError as exc:
+            for sock in bound:
+                sock.close()
+            raise ListenerUnavailable(name, section, host, port, exc) from exc
+    return bound
+
+
 def freeze_startup_objects() -> None:
     """Move every object alive after start-up (modules, policy engine, tenant
     registry, tokenizer, routing tables) out of the cyclic GC's reach
@@ -160,7 +189,8 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
     """Bind both listeners, build and start components, serve until a signal, then drain and stop.
 
     Both addresses are probed *first*: a second gateway started by mistake on
-    the same ports fails with ``OSError`` before it opens the audit log
+    the same ports fails with :class:`ListenerUnavailable` (an ``OSError`` naming
+    the listener and host:port) before it opens the audit log
     directory of the running one (which is also guarded by a lock).
     ``sockets``: listening sockets already bound by a parent process
     (``serve --workers N``, :mod:`gateway.workers`): public first, then admin;
@@ -170,12 +200,9 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
     # Probe both addresses first (then release them for uvicorn to bind): handing
     # uvicorn pre-bound sockets instead added a ~40 ms p99 stall at 50 req/s
     # (bench/results/bench_overhead.md), so only the check is done here.
-    addresses = [(cfg.listen.host, cfg.listen.port)]
-    if cfg.admin is not None:
-        addresses.append((cfg.admin.host, cfg.admin.port))
-    for host, port in addresses if sockets is None else ():
-        if port:
-            bind_listener(host, port).close()
+    if sockets is None:
+        for sock in bind_listeners(cfg):
+            sock.close()
     c = build(cfg, config_path=config_path)
     for problem in c.configuration_warnings():
         log.warning("configuration: %s", problem)
