@@ -209,13 +209,14 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
     await c.start()
     freeze_startup_objects()
     pending = {"public"} | ({"admin"} if cfg.admin is not None else set())
+    announcing: list[asyncio.Task[None]] = []
 
     def started(server: GatewayServer) -> None:
         for address in server.addresses():
             log.info("listening: %s %s", server.name, address)
         pending.discard(server.name)
         if not pending:
-            log.info("ready: %s", startup_summary(c))
+            announcing.append(asyncio.ensure_future(announce_ready(c)))
 
     http = cfg.server.http_parser
     servers = [GatewayServer(uvicorn_config(build_public_app(c, manage_lifecycle=False),
@@ -246,10 +247,29 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
         stop_all()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
+        for task in announcing:
+            task.cancel()
         await c.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         log.info("stopped: audit flushed, exiting")
+
+
+async def announce_ready(c: Gateway, retry_s: float = 1.0) -> None:
+    """Log ``ready: <startup_summary>`` once the trust bundles have loaded (R3-13).
+
+    Called when every listener listens. Loads each trust domain's bundle
+    (``Readiness.bundle_problems``: what ``/readyz`` checks, refreshed only
+    when due), so the ready line never precedes the first bundle load. While
+    no bundle is usable it logs one warning naming the problem and retries
+    every ``retry_s`` seconds (``/readyz`` answers 503 meanwhile)."""
+    problems = await c.readiness.bundle_problems()
+    if problems:
+        log.warning("not ready yet: %s (retrying every %g s)", "; ".join(problems), retry_s)
+    while problems:
+        await asyncio.sleep(retry_s)
+        problems = await c.readiness.bundle_problems()
+    log.info("ready: %s", startup_summary(c))
 
 
 def startup_summary(c: Gateway) -> str:
