@@ -80,7 +80,7 @@ class GatewayServer(uvicorn.Server):
 
 
 def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | None = None,
-                   **kw: object) -> uvicorn.Config:
+                   max_connections_per_source: int | None = None, **kw: object) -> uvicorn.Config:
     """uvicorn settings shared by both listeners (no proxy headers, no server header).
 
     ``kw`` overrides or adds ``uvicorn.Config`` arguments. The HTTP parser is
@@ -93,14 +93,17 @@ def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | 
     The parser name is replaced by the protocol class of
     :func:`gateway.http_guard.guarded_protocol`, which bounds request heads
     (``limits.max_header_bytes``, ``limits.header_read_timeout_s``; the
-    defaults of :class:`LimitsConfig` when ``limits`` is None);
+    defaults of :class:`LimitsConfig` when ``limits`` is None) and, when
+    ``max_connections_per_source`` is set (``server.max_connections_per_source``),
+    the open connections per source IP of this listener;
     ``limits.max_connections`` becomes uvicorn's ``limit_concurrency``.
     """
     limits = limits or LimitsConfig()
     parser = kw.pop("http", DEFAULT_HTTP_PARSER)
     if isinstance(parser, str):
         parser = guarded_protocol(parser, max_header_bytes=limits.max_header_bytes,
-                                  header_read_timeout_s=limits.header_read_timeout_s)
+                                  header_read_timeout_s=limits.header_read_timeout_s,
+                                  max_connections_per_source=max_connections_per_source)
     kw["http"] = parser
     kw.setdefault("h11_max_incomplete_event_size", limits.max_header_bytes)
     kw.setdefault("limit_concurrency", limits.max_connections)
@@ -218,13 +221,14 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
         if not pending:
             announcing.append(asyncio.ensure_future(announce_ready(c)))
 
-    http = cfg.server.http_parser
+    http, per_source = cfg.server.http_parser, cfg.server.max_connections_per_source
     servers = [GatewayServer(uvicorn_config(build_public_app(c, manage_lifecycle=False),
                                             cfg.listen.host, cfg.listen.port, http=http,
-                                            limits=cfg.limits), "public", started)]
+                                            limits=cfg.limits, max_connections_per_source=per_source),
+                             "public", started)]
     if cfg.admin is not None:
         servers.append(GatewayServer(uvicorn_config(build_admin_app(c), cfg.admin.host, cfg.admin.port, http=http,
-                                                    limits=cfg.limits),
+                                                    limits=cfg.limits, max_connections_per_source=per_source),
                                      "admin", started))
     loop = asyncio.get_running_loop()
 
