@@ -23,9 +23,15 @@ class ServerConfig(ConfigSection):
     Python, slower). Both enforce the same framing rules (gateway/framing.py,
     tests/hostile/test_i10_http_framing.py); they differ only in how some
     malformed requests are refused (httptools answers its own 400 and closes).
+
+    ``max_connections_per_source``: per listener, the most open connections
+    from one source IP (the socket peer); one more answers a JSON 503
+    ``too_many_connections`` at once and is closed (gateway/http_guard.py).
+    ``None`` (default): no per-source cap, only ``limits.max_connections``.
     """
 
     http_parser: Literal["httptools", "h11"] = "httptools"
+    max_connections_per_source: int | None = Field(None, ge=1)
 
 
 class LimitsConfig(ConfigSection):

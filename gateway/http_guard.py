@@ -31,6 +31,15 @@ and ``http="httptools"`` enforce, before any routing or authentication:
 If a response is still in progress when a too-large pipelined head arrives,
 nothing can be answered: the connection is closed.
 
+- ``max_connections_per_source`` (``server.max_connections_per_source``,
+  off by default): the most open connections from one source IP address
+  (the socket peer) on this listener. One more is answered at once, before
+  any byte is read, with **503** (JSON error, code ``too_many_connections``,
+  ``Connection: close``) and closed (a client that already sent its request
+  may see a reset instead). Counted per listener class in
+  ``guard_source_counts`` (``connection_made`` / ``connection_lost``); a
+  connection without an IP peer (a Unix socket) is not counted (review R3-6).
+
 Hooks, public method names of uvicorn's protocol classes only (written
 against uvicorn 0.54; pyproject pins ``uvicorn>=0.30,<0.60``; the hooks are
 checked by tests/hostile/test_i10_header_limits.py::test_uvicorn_hook_points_exist):
@@ -58,11 +67,12 @@ DEFAULT_MAX_HEADER_BYTES = 16 * 1024
 DEFAULT_HEADER_READ_TIMEOUT_S = 10.0
 PARSERS = ("h11", "httptools")
 
-_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
 def _refusal(status: int, code: str, message: str) -> bytes:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
+    err_type = "server_error" if status >= 500 else "invalid_request_error"
+    body = json.dumps({"error": {"message": message, "type": err_type,
                                  "code": code, "param": None}}).encode()
     return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
             b"connection: close\r\n\r\n" % (status, _REASONS[status], len(body))) + body
@@ -72,21 +82,56 @@ class _HeadGuard:
     """Mixin over a uvicorn HTTP protocol: bound each request head's size and read time.
 
     Class attributes (set by :func:`guarded_protocol`): ``guard_max_header_bytes``
-    (bytes, >= 1) and ``guard_header_read_timeout_s`` (seconds, > 0).
+    (bytes, >= 1), ``guard_header_read_timeout_s`` (seconds, > 0) and
+    ``guard_max_connections_per_source`` (connections, >= 1, or None: no cap).
     """
 
     guard_max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     guard_header_read_timeout_s: float = DEFAULT_HEADER_READ_TIMEOUT_S
+    guard_max_connections_per_source: int | None = None
+    #: open connections per source IP of this listener (a fresh dict per :func:`guarded_protocol` class)
+    guard_source_counts: dict[str, int] = {}
 
     # state (names prefixed guard_ so they cannot collide with uvicorn's)
     guard_waiting: bool
     guard_head_bytes: int
     guard_timer: asyncio.TimerHandle | None
+    guard_source: str | None
 
     def guard_init(self) -> None:
         self.guard_waiting = True
         self.guard_head_bytes = 0
         self.guard_timer = None
+        self.guard_source = None
+
+    # -- connections per source
+    def guard_admit_source(self, transport: asyncio.Transport) -> bool:
+        """Count this connection against its source IP; False (answered 503 and closed) above the cap."""
+        cap = self.guard_max_connections_per_source
+        peer = transport.get_extra_info("peername")
+        if cap is None or not isinstance(peer, tuple) or not peer:
+            return True
+        source = str(peer[0])
+        counts = self.guard_source_counts
+        held = counts.get(source, 0)
+        if held >= cap:
+            transport.write(_refusal(503, "too_many_connections",
+                                     f"too many open connections from this address (limit {cap}); retry later"))
+            transport.close()
+            return False
+        counts[source] = held + 1
+        self.guard_source = source
+        return True
+
+    def guard_release_source(self) -> None:
+        source, self.guard_source = self.guard_source, None
+        if source is not None:
+            counts = self.guard_source_counts
+            left = counts.get(source, 1) - 1
+            if left > 0:
+                counts[source] = left
+            else:
+                counts.pop(source, None)
 
     # -- head state
     def guard_head_done(self) -> None:
@@ -166,10 +211,12 @@ class _HeadGuard:
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.guard_init()
         super().connection_made(transport)  # type: ignore[misc]
-        self.guard_start_timer()
+        if self.guard_admit_source(transport):
+            self.guard_start_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.guard_cancel_timer()
+        self.guard_release_source()
         super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:
@@ -230,18 +277,25 @@ _BASES: dict[str, type] = {"h11": GuardedH11Protocol, "httptools": GuardedHttpTo
 
 
 def guarded_protocol(parser: str, *, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
-                     header_read_timeout_s: float = DEFAULT_HEADER_READ_TIMEOUT_S) -> type[asyncio.Protocol]:
+                     header_read_timeout_s: float = DEFAULT_HEADER_READ_TIMEOUT_S,
+                     max_connections_per_source: int | None = None) -> type[asyncio.Protocol]:
     """Return a uvicorn HTTP protocol class (for ``uvicorn.Config(http=...)``) that bounds request heads.
 
     ``parser``: ``"h11"`` or ``"httptools"``; ``max_header_bytes``: bytes of
-    one request head, >= 1; ``header_read_timeout_s``: seconds, > 0.
-    Raises :class:`ValueError` for another parser or out-of-range bounds.
+    one request head, >= 1; ``header_read_timeout_s``: seconds, > 0;
+    ``max_connections_per_source``: open connections per source IP, >= 1, or
+    None (no cap); each class returned counts its own connections (one class
+    per listener). Raises :class:`ValueError` for another parser or out-of-range bounds.
     """
     if parser not in _BASES:
         raise ValueError(f"unknown HTTP parser {parser!r} (expected one of {PARSERS})")
     if max_header_bytes < 1 or header_read_timeout_s <= 0:
         raise ValueError("max_header_bytes must be >= 1 and header_read_timeout_s > 0")
+    if max_connections_per_source is not None and max_connections_per_source < 1:
+        raise ValueError("max_connections_per_source must be >= 1 (or None)")
     base = _BASES[parser]
     return type(base.__name__, (base,), {"guard_max_header_bytes": max_header_bytes,
                                          "guard_header_read_timeout_s": header_read_timeout_s,
+                                         "guard_max_connections_per_source": max_connections_per_source,
+                                         "guard_source_counts": {},
                                          "__doc__": base.__doc__})

@@ -32,6 +32,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from gateway import json_fast
 from gateway.errors import GatewayError
+from tenancy.bounds import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 from tenancy.tokenizer import TokenizerError, prompt_text
 
 __all__ = ["InferenceRequest", "read_body", "parse_inference_request", "Endpoint", "JsonObject"]
@@ -82,8 +83,10 @@ class _Sampling(_Base):
     @field_validator("stop")
     @classmethod
     def _stop(cls, v: Any) -> Any:
-        if isinstance(v, list) and len(v) > 4:
-            raise ValueError("at most 4 stop sequences")
+        if isinstance(v, list) and len(v) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        if any(len(s) > MAX_STOP_CHARS for s in ([v] if isinstance(v, str) else v or ())):
+            raise ValueError(f"each stop sequence may have at most {MAX_STOP_CHARS} characters")
         return v
 
     @field_validator("max_tokens", "n", mode="before")
@@ -132,7 +135,8 @@ class InferenceRequest:
     fields that become prompt tokens upstream (``tools``, ``tool_choice``,
     ``response_format``, message ``name``/``tool_call_id``/``tool_calls``),
     counted with the first sequence, never hashed; ``prompt_bytes``: UTF-8
-    bytes per sequence (the first includes ``extra_text``).
+    bytes per sequence (the first includes ``extra_text`` and the ``stop``
+    sequences, which are bounded by bytes only: they are not prompt tokens).
     """
 
     endpoint: Endpoint
@@ -234,6 +238,12 @@ def _extra_text(body: dict[str, Any]) -> str:
     if not extra:
         return ""
     return json.dumps(extra, ensure_ascii=False, separators=(",", ":"))
+
+
+def _stop_bytes(stop: str | list[str] | None) -> int:
+    """UTF-8 bytes of the ``stop`` sequences (0 if none); counted in the first sequence's prompt bytes."""
+    items = [stop] if isinstance(stop, str) else stop or []
+    return sum(len(s.encode("utf-8")) for s in items)
 
 
 def json_items_bound(raw: bytes) -> int:
@@ -346,7 +356,7 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
             extra = ""
         # JSON escapes can carry lone surrogates, which no tokenizer can encode
         sizes = [len(t.encode("utf-8")) for t in prompts]
-        sizes[0] += len(extra.encode("utf-8"))
+        sizes[0] += len(extra.encode("utf-8")) + _stop_bytes(body.get("stop"))
     except TokenizerError as exc:
         raise GatewayError(400, "invalid_request", str(exc)) from None
     except UnicodeEncodeError:

@@ -34,7 +34,8 @@ from gateway.build import Gateway, build
 from gateway.config import GatewayConfig, LimitsConfig
 from gateway.http_guard import guarded_protocol
 
-__all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener", "run_serving", "DEFAULT_HTTP_PARSER"]
+__all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener", "bind_listeners", "ListenerUnavailable",
+           "run_serving", "DEFAULT_HTTP_PARSER"]
 
 DRAIN_TIMEOUT_S = 30
 #: uvicorn's HTTP/1.1 parser unless configured (``server.http_parser``): the C parser.
@@ -79,7 +80,7 @@ class GatewayServer(uvicorn.Server):
 
 
 def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | None = None,
-                   **kw: object) -> uvicorn.Config:
+                   max_connections_per_source: int | None = None, **kw: object) -> uvicorn.Config:
     """uvicorn settings shared by both listeners (no proxy headers, no server header).
 
     ``kw`` overrides or adds ``uvicorn.Config`` arguments. The HTTP parser is
@@ -92,14 +93,17 @@ def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | 
     The parser name is replaced by the protocol class of
     :func:`gateway.http_guard.guarded_protocol`, which bounds request heads
     (``limits.max_header_bytes``, ``limits.header_read_timeout_s``; the
-    defaults of :class:`LimitsConfig` when ``limits`` is None);
+    defaults of :class:`LimitsConfig` when ``limits`` is None) and, when
+    ``max_connections_per_source`` is set (``server.max_connections_per_source``),
+    the open connections per source IP of this listener;
     ``limits.max_connections`` becomes uvicorn's ``limit_concurrency``.
     """
     limits = limits or LimitsConfig()
     parser = kw.pop("http", DEFAULT_HTTP_PARSER)
     if isinstance(parser, str):
         parser = guarded_protocol(parser, max_header_bytes=limits.max_header_bytes,
-                                  header_read_timeout_s=limits.header_read_timeout_s)
+                                  header_read_timeout_s=limits.header_read_timeout_s,
+                                  max_connections_per_source=max_connections_per_source)
     kw["http"] = parser
     kw.setdefault("h11_max_incomplete_event_size", limits.max_header_bytes)
     kw.setdefault("limit_concurrency", limits.max_connections)
@@ -125,6 +129,34 @@ def bind_listener(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+class ListenerUnavailable(OSError):
+    """A listening address cannot be bound. ``str()`` names the listener, its
+    configuration section and the address, then the system's reason, e.g.
+    ``public listener (listen) 127.0.0.1:8080: Address already in use``."""
+
+    def __init__(self, name: str, section: str, host: str, port: int, exc: OSError) -> None:
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        super().__init__(exc.errno, f"{name} listener ({section}) {where}: {exc.strerror or exc}")
+
+
+def bind_listeners(cfg: GatewayConfig) -> list[socket.socket]:
+    """Bind the public listener (``listen``) then the admin one (``admin``, if configured) with
+    :func:`bind_listener`. Raises :class:`ListenerUnavailable` naming the listener that
+    failed (the sockets already bound are closed first)."""
+    targets = [("public", "listen", cfg.listen.host, cfg.listen.port)]
+    if cfg.admin is not None:
+        targets.append(("admin", "admin", cfg.admin.host, cfg.admin.port))
+    bound: list[socket.socket] = []
+    for name, section, host, port in targets:
+        try:
+            bound.append(bind_listener(host, port))
+        except OSError as exc:
+            for sock in bound:
+                sock.close()
+            raise ListenerUnavailable(name, section, host, port, exc) from exc
+    return bound
 
 
 def freeze_startup_objects() -> None:
@@ -160,7 +192,8 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
     """Bind both listeners, build and start components, serve until a signal, then drain and stop.
 
     Both addresses are probed *first*: a second gateway started by mistake on
-    the same ports fails with ``OSError`` before it opens the audit log
+    the same ports fails with :class:`ListenerUnavailable` (an ``OSError`` naming
+    the listener and host:port) before it opens the audit log
     directory of the running one (which is also guarded by a lock).
     ``sockets``: listening sockets already bound by a parent process
     (``serve --workers N``, :mod:`gateway.workers`): public first, then admin;
@@ -170,33 +203,32 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
     # Probe both addresses first (then release them for uvicorn to bind): handing
     # uvicorn pre-bound sockets instead added a ~40 ms p99 stall at 50 req/s
     # (bench/results/bench_overhead.md), so only the check is done here.
-    addresses = [(cfg.listen.host, cfg.listen.port)]
-    if cfg.admin is not None:
-        addresses.append((cfg.admin.host, cfg.admin.port))
-    for host, port in addresses if sockets is None else ():
-        if port:
-            bind_listener(host, port).close()
+    if sockets is None:
+        for sock in bind_listeners(cfg):
+            sock.close()
     c = build(cfg, config_path=config_path)
     for problem in c.configuration_warnings():
         log.warning("configuration: %s", problem)
     await c.start()
     freeze_startup_objects()
     pending = {"public"} | ({"admin"} if cfg.admin is not None else set())
+    announcing: list[asyncio.Task[None]] = []
 
     def started(server: GatewayServer) -> None:
         for address in server.addresses():
             log.info("listening: %s %s", server.name, address)
         pending.discard(server.name)
         if not pending:
-            log.info("ready: %s", startup_summary(c))
+            announcing.append(asyncio.ensure_future(announce_ready(c)))
 
-    http = cfg.server.http_parser
+    http, per_source = cfg.server.http_parser, cfg.server.max_connections_per_source
     servers = [GatewayServer(uvicorn_config(build_public_app(c, manage_lifecycle=False),
                                             cfg.listen.host, cfg.listen.port, http=http,
-                                            limits=cfg.limits), "public", started)]
+                                            limits=cfg.limits, max_connections_per_source=per_source),
+                             "public", started)]
     if cfg.admin is not None:
         servers.append(GatewayServer(uvicorn_config(build_admin_app(c), cfg.admin.host, cfg.admin.port, http=http,
-                                                    limits=cfg.limits),
+                                                    limits=cfg.limits, max_connections_per_source=per_source),
                                      "admin", started))
     loop = asyncio.get_running_loop()
 
@@ -219,10 +251,29 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
         stop_all()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
+        for task in announcing:
+            task.cancel()
         await c.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         log.info("stopped: audit flushed, exiting")
+
+
+async def announce_ready(c: Gateway, retry_s: float = 1.0) -> None:
+    """Log ``ready: <startup_summary>`` once the trust bundles have loaded (R3-13).
+
+    Called when every listener listens. Loads each trust domain's bundle
+    (``Readiness.bundle_problems``: what ``/readyz`` checks, refreshed only
+    when due), so the ready line never precedes the first bundle load. While
+    no bundle is usable it logs one warning naming the problem and retries
+    every ``retry_s`` seconds (``/readyz`` answers 503 meanwhile)."""
+    problems = await c.readiness.bundle_problems()
+    if problems:
+        log.warning("not ready yet: %s (retrying every %g s)", "; ".join(problems), retry_s)
+    while problems:
+        await asyncio.sleep(retry_s)
+        problems = await c.readiness.bundle_problems()
+    log.info("ready: %s", startup_summary(c))
 
 
 def startup_summary(c: Gateway) -> str:

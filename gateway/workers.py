@@ -35,7 +35,7 @@ from typing import Any
 
 from audit.config_schema import AuditSection
 from gateway.config import GatewayConfig
-from gateway.server import bind_listener
+from gateway.server import bind_listeners
 
 __all__ = ["ENV_LISTEN_FDS", "catch_early_stop", "inherited_sockets", "run_workers", "worker_config"]
 
@@ -90,10 +90,9 @@ def inherited_sockets(env: dict[str, str] | None = None) -> list[socket.socket]:
 def run_workers(cfg: GatewayConfig, config_path: str, workers: int) -> int:
     """Bind the listeners, start ``workers`` worker processes, wait for them; return the exit code.
 
-    Raises :class:`OSError` when a listening address is taken (before any worker starts)."""
-    listeners = [bind_listener(cfg.listen.host, cfg.listen.port)]
-    if cfg.admin is not None:
-        listeners.append(bind_listener(cfg.admin.host, cfg.admin.port))
+    Raises :class:`gateway.server.ListenerUnavailable` (an :class:`OSError` naming the listener
+    and its address) when a listening address is taken (before any worker starts)."""
+    listeners = bind_listeners(cfg)
     fds = [s.fileno() for s in listeners]
     env = {**os.environ, ENV_LISTEN_FDS: ",".join(map(str, fds))}
     names = ["public", "admin"]

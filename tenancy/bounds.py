@@ -7,7 +7,8 @@ first (docs/tenancy.md, "Request bounds")::
     max_batch_prompts  elements of a list ``prompt`` (each one is a sequence)
     max_messages       chat messages                   ┐ counted on the parsed JSON,
                                                        ┘ before schema validation
-    max_prompt_bytes   UTF-8 bytes that become prompt tokens (per sequence)
+    max_prompt_bytes   UTF-8 bytes that become prompt tokens (per sequence),
+                       plus the ``stop`` sequences (with the first sequence)
     max_prompt_tokens  tokens per sequence; tokenizing stops after limit + 1
 
 Defaults never refuse what the token limit allows: they are derived from
@@ -22,10 +23,18 @@ from dataclasses import dataclass
 from tenancy.registry import Tenant
 from tenancy.tokenizer import Tokenizer
 
-__all__ = ["RequestBounds", "request_bounds", "DEFAULT_MAX_BATCH_PROMPTS"]
+__all__ = ["RequestBounds", "request_bounds", "DEFAULT_MAX_BATCH_PROMPTS",
+           "MAX_STOP_SEQUENCES", "MAX_STOP_CHARS", "STOP_BYTES_ALLOWANCE"]
 
 #: Elements of a list ``prompt`` allowed when the tenant sets nothing (and its concurrency allows).
 DEFAULT_MAX_BATCH_PROMPTS = 16
+
+#: ``stop`` sequences a request may give (OpenAI's limit) and characters per sequence (R3-8).
+MAX_STOP_SEQUENCES = 4
+MAX_STOP_CHARS = 256
+#: UTF-8 bytes the ``stop`` sequences can add to a request's prompt bytes (4 bytes per character at most);
+#: the derived ``max_prompt_bytes`` adds it, so a default bound never refuses what the token limit allows.
+STOP_BYTES_ALLOWANCE = MAX_STOP_SEQUENCES * MAX_STOP_CHARS * 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +58,8 @@ def request_bounds(tenant: Tenant, tokenizer: Tokenizer, *, max_messages_ceiling
     * ``max_prompt_bytes``: the tenant's value, else
       ``tokenizer.max_text_bytes(max_prompt_tokens + 1)`` (the extra token
       covers the second text a chat request counts: its tools and other
-      token-bearing fields), else ``None``.
+      token-bearing fields) + :data:`STOP_BYTES_ALLOWANCE` (the ``stop``
+      sequences are counted in the bytes, not in the tokens), else ``None``.
     * ``max_messages``: the tenant's value, else
       ``tokenizer.max_messages(max_prompt_tokens)``; never above the gateway
       ceiling ``max_messages_ceiling`` (``limits.max_messages``).
@@ -59,7 +69,7 @@ def request_bounds(tenant: Tenant, tokenizer: Tokenizer, *, max_messages_ceiling
     tokens = tenant.max_prompt_tokens
     pbytes = tenant.max_prompt_bytes
     if pbytes is None and tokens is not None:
-        pbytes = tokenizer.max_text_bytes(tokens + 1)
+        pbytes = tokenizer.max_text_bytes(tokens + 1) + STOP_BYTES_ALLOWANCE
     messages = tenant.max_messages
     if messages is None:
         messages = tokenizer.max_messages(tokens) if tokens is not None else max_messages_ceiling

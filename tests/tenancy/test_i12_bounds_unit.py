@@ -114,7 +114,7 @@ def _tenant(**kw: Any) -> Tenant:
 def test_default_bounds_are_derived_from_the_token_limit() -> None:
     tok = WordTokenizer()
     b = request_bounds(_tenant(max_prompt_tokens=100), tok, max_messages_ceiling=2048)
-    assert b.max_prompt_bytes == 7 * 64 * 102 and b.max_messages == 20 and b.max_batch_prompts == 16
+    assert b.max_prompt_bytes == 7 * 64 * 102 + 4096 and b.max_messages == 20 and b.max_batch_prompts == 16
     b = request_bounds(_tenant(), tok, max_messages_ceiling=2048)
     assert b.max_prompt_bytes is None and b.max_messages == 2048
     b = request_bounds(_tenant(max_prompt_tokens=10**6, max_concurrency=4), tok, max_messages_ceiling=2048)
