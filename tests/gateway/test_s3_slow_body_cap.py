@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.conftest import TD
 from tests.support.waiting import wait_for
 
 SHED = 8
@@ -27,8 +28,15 @@ EXCESS = SHED + 2  # more slow-body requests beyond the cap than the shedding bo
 BODY = json.dumps({"model": "sim-model", "prompt": "hello there", "max_tokens": 2}).encode()
 
 
-def _flow(enabled: bool) -> dict[str, Any]:
-    return {"flow": {"enabled": enabled, "shed_max_in_flight_requests": SHED, "tenant_max_in_flight_requests": CAP,
+def _flow(enabled: bool, max_concurrency: int | None = None) -> dict[str, Any]:
+    over: dict[str, Any] = {}
+    if max_concurrency is not None:  # a tenant-a whose max_concurrency is above the cap
+        over["tenancy"] = {"tenants": [
+            {"id": "tenant-a", "spiffe_ids": [f"spiffe://{TD}/tenant-a/"], "models": ["sim-model"],
+             "pools": ["default"], "max_concurrency": max_concurrency},
+            {"id": "tenant-b", "spiffe_ids": [f"spiffe://{TD}/tenant-b/"], "models": ["sim-model"],
+             "pools": ["default"]}]}
+    return over | {"flow": {"enabled": enabled, "shed_max_in_flight_requests": SHED, "tenant_max_in_flight_requests": CAP,
                      "tenant_max_queued_requests": 2, "shed_loop_lag_s": None},
             # long enough that neither the held bodies nor the refusals' drains end during the test
             "limits": {"body_read_timeout_s": 60}}
@@ -50,10 +58,11 @@ def _sample(metrics: str, name: str) -> float:
                if ln.startswith(name + "{") or ln.startswith(name + " "))
 
 
-@pytest.mark.parametrize("config_overrides", [_flow(True), _flow(False)], ids=["flow-on", "flow-off"])
+@pytest.mark.parametrize("config_overrides", [_flow(True), _flow(False), _flow(False, max_concurrency=16)],
+                         ids=["flow-on", "flow-off", "flow-off-max-concurrency-16"])
 async def test_slow_bodies_past_the_cap_are_refused_and_never_reach_the_shedding_bound(stack: Any) -> None:
     guard = stack.components.overload
-    token_a = stack.token("tenant-a/app")  # no max_concurrency: only the in-flight cap bounds it
+    token_a = stack.token("tenant-a/app")  # no max_concurrency, or one above the cap: the cap bounds it
     conns = []
     try:
         for _ in range(CAP):
