@@ -32,7 +32,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.overload import OverloadGuard
 from gateway.pep import DecisionPoint, PolicyEnforcementPoint, build_decision_point
 from gateway.prefix_keys import PrefixKeys
-from gateway.readiness import Readiness, configuration_warnings
+from gateway.readiness import Readiness, configuration_warnings, limit_warnings
 from gateway.recording import Recorder
 from gateway.replicas import Replica, ReplicaSet
 from gateway.upstream import Upstream
@@ -231,6 +231,10 @@ class Gateway:
     def configuration_warnings(self) -> list[str]:
         """Tenant entries that load but cannot be served as written (see :func:`configuration_warnings`)."""
         return configuration_warnings(self.registry, self.config.replicas, self.admission.served_models)
+
+    def limit_warnings(self) -> list[str]:
+        """Tenants without a prompt-token limit (see :func:`gateway.readiness.limit_warnings`)."""
+        return limit_warnings(self.registry)
 
 
 def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: str | None = None) -> Gateway:

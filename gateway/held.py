@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.overload import OverloadGuard
 from gateway.proxy import UpstreamStream
 from gateway.replicas import Attempt
 from routing.load import LoadTicket
@@ -32,11 +33,13 @@ class Held:
     request's one exit path (``InferencePipeline._end``) calls them.
     ``handed_off``: a streaming answer owns the ending; ``started``: its body
     began; ``ended``: the request was ended; ``tenant``: the tenant whose
-    in-flight count (gateway/overload.py) the request holds, once counted.
+    in-flight count (gateway/overload.py) the request holds, once counted;
+    ``left``: its in-flight counts were given back (a refusal gives them back at
+    once, before its answer waits for an unread body to drain: review R3-1).
     """
 
     __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
-                 "reservation", "progress", "relayed", "tenant")
+                 "reservation", "progress", "relayed", "tenant", "left")
 
     def __init__(self) -> None:
         self.lease: Lease | SharedLease | None = None
@@ -52,6 +55,13 @@ class Held:
         self.progress = "none"
         self.relayed = 0
         self.tenant: str | None = None
+        self.left = False
+
+    def leave(self, guard: OverloadGuard) -> None:
+        """Give back the request's in-flight counts to ``guard`` (once; idempotent)."""
+        if not self.left:
+            self.left = True
+            guard.leave(self.tenant)
 
     def end_attempt(self) -> None:
         """Close the upstream response, finish the load ticket, release the breaker attempt."""

@@ -142,6 +142,7 @@ class InferencePipeline:
             return await self._route_and_proxy(request, req, rec, tenant, route_req, chains, allowed, body, held)
         except GatewayError as err:
             rec.refused(err)  # status, outcome, code and the refusal's figures (queue state)
+            held.leave(gw.overload)  # not while the early answer waits for an unread body to drain (R3-1)
             return err.response()
         except ClientGone:
             # The client hung up before any answer: nobody reads a response; 499 is for the record.
@@ -339,7 +340,7 @@ class InferencePipeline:
         if held.ended:
             return
         held.ended = True
-        self.gw.overload.leave(held.tenant)
+        held.leave(self.gw.overload)
         try:
             held.release()
         finally:

@@ -35,7 +35,7 @@ from gateway.config import GatewayConfig, LimitsConfig
 from gateway.http_guard import guarded_protocol
 
 __all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener", "bind_listeners", "ListenerUnavailable",
-           "run_serving", "DEFAULT_HTTP_PARSER"]
+           "run_serving", "DEFAULT_HTTP_PARSER", "log_start_warnings"]
 
 DRAIN_TIMEOUT_S = 30
 #: uvicorn's HTTP/1.1 parser unless configured (``server.http_parser``): the C parser.
@@ -186,6 +186,16 @@ def run_serving(main: Coroutine[Any, Any, T]) -> T:
         return runner.run(main)
 
 
+def log_start_warnings(c: Gateway) -> None:
+    """Log, one WARNING line each, the configuration's tenant entries that cannot be served as
+    written (``configuration: ...``) and the tenants without a prompt-token limit (``limits: ...``,
+    review R3-4)."""
+    for problem in c.configuration_warnings():
+        log.warning("configuration: %s", problem)
+    for problem in c.limit_warnings():
+        log.warning("limits: %s", problem)
+
+
 async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
                 sockets: list[socket.socket] | None = None,
                 stop_requested: Callable[[], bool] | None = None) -> None:
@@ -207,8 +217,7 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
         for sock in bind_listeners(cfg):
             sock.close()
     c = build(cfg, config_path=config_path)
-    for problem in c.configuration_warnings():
-        log.warning("configuration: %s", problem)
+    log_start_warnings(c)
     await c.start()
     freeze_startup_objects()
     pending = {"public"} | ({"admin"} if cfg.admin is not None else set())

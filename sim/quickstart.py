@@ -11,7 +11,10 @@
 so that ``prefixgate serve --config DIR/gateway.yaml`` serves at once, in
 front of the replicas ``prefixgate-sim replicas --config DIR/gateway.yaml``
 starts. Two tenants, ``acme`` and ``globex``, each own the workloads under
-``spiffe://<trust domain>/<tenant>/``; ``ops/admin`` is the operator.
+``spiffe://<trust domain>/<tenant>/``; ``ops/admin`` is the operator. Each
+tenant gets request and token limits (rate, concurrency, prompt size, prompt
+and output tokens per second) and flow control bounds the prompt tokens
+queued at a replica (review findings R3-3, R3-4).
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from sim.spiffe_issuer import BUNDLE_FILE, STATE_FILE, create_trust_domain, load
 __all__ = ["InitResult", "init_gateway_dir", "QUICKSTART_TRUST_DOMAIN", "TENANTS"]
 
 QUICKSTART_TRUST_DOMAIN = "quickstart.test"
+
+#: predicted uncached prompt tokens queued at one replica (``flow.replica_max_queued_prefill_tokens``):
+#: twice the tenants' ``max_prompt_tokens`` (8192)
+PREFILL_TOKENS = 16384
 
 #: (tenant id, tier, models) of the tenants ``init`` configures.
 TENANTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -63,6 +70,12 @@ identity:
   trust_domains:
     {td}: {{bundle_file: "{dir}/trust-domain/{bundle}"}}
 
+flow:                        # flow control (docs/fairness.md)
+  # predicted uncached prompt tokens dispatched to one replica and not yet
+  # prefilled: beyond it requests wait in the fair per-tenant queues, so one
+  # tenant's long prompts cannot hold every replica (2 x max_prompt_tokens)
+  replica_max_queued_prefill_tokens: {prefill}
+
 policy:
   mode: embedded             # no `dir`: the policy installed with PrefixGate
 
@@ -80,7 +93,15 @@ _TENANT = """\
       pools: [default]
       tier: {tier}            # its token cap comes from the policy data (tiers)
       rate_rps: 50
-      max_concurrency: 16"""
+      max_concurrency: 16
+      # token limits: without them one request may carry a prompt up to
+      # limits.max_body_bytes, and prompt tokens/s are unbounded (docs/tenancy.md)
+      max_prompt_tokens: 8192       # per prompt; longer answers 400
+      max_output_tokens: 4096       # the policy's tier cap may clamp lower
+      prompt_tokens_per_s: 20000    # token buckets (429 over them)
+      prompt_tokens_burst: 65536
+      output_tokens_per_s: 8000     # max_tokens x sequences reserved at admission
+      output_tokens_burst: 32768"""
 
 
 @dataclass(frozen=True)
@@ -131,7 +152,7 @@ def init_gateway_dir(directory: str | os.PathLike[str], *, trust_domain: str = Q
         generate_signing_key(signing)
     (root / "audit").mkdir(exist_ok=True)
     text = _TEMPLATE.format(
-        cfg=cfg, dir=root, td=trust_domain, port=port, admin_port=admin_port, bundle=BUNDLE_FILE,
+        cfg=cfg, dir=root, td=trust_domain, prefill=PREFILL_TOKENS, port=port, admin_port=admin_port, bundle=BUNDLE_FILE,
         replicas="\n".join(_REPLICA.format(i=i, port=replica_base_port + i) for i in range(replicas)) + "\n",
         tenants="\n".join(_TENANT.format(tid=t, td=trust_domain, tier=tier, models=", ".join(models))
                           for t, tier, models in TENANTS) + "\n",
