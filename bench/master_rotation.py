@@ -28,8 +28,9 @@ from typing import Any
 
 import aiohttp
 
-from bench.scaleout import OPERATOR, Redis
+from bench.scaleout import OPERATOR
 from sim.click_options import ClickOptions
+from sim.redis_server import REDIS_SERVER, RedisServer
 from sim.demo import (
     ClusterSpec,
     DemoPaths,
@@ -62,7 +63,8 @@ def _provision(path: Path, secret: str) -> None:
 async def run(rotations: int) -> dict[str, Any]:
     """Start Redis, replicas and three gateways; rotate ``rotations`` times; return the figures."""
     work = Path(tempfile.mkdtemp(prefix="pg-master-rotation-"))
-    redis = Redis(work / "redis")
+    (work / "redis").mkdir()
+    redis = RedisServer(REDIS_SERVER, work / "redis")
     redis.start()
     paths = DemoPaths.under(work / "demo")
     issuer = prepare_identity(paths)
