@@ -63,6 +63,7 @@ from sim.spiffe_issuer import DemoIssuer
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "fairness.json"
 TD = "bench.fairness.test"
+OPERATOR = f"spiffe://{TD}/ops/admin"
 _words = itertools.count()
 
 
@@ -90,12 +91,12 @@ def _config(tmp: Path, url: str, issuer: DemoIssuer, flow: dict[str, Any], tiers
                for t, tier in (("a", "standard"), ("b", "standard"), ("gold", "premium"), ("std", "standard"),
                                ("f", "standard"))]
     return {
-        "listen": {"host": "127.0.0.1", "port": 0}, "admin": None,
+        "listen": {"host": "127.0.0.1", "port": 0}, "admin": {"host": "127.0.0.1", "port": 0},
         "replicas": [{"id": "r0", "url": url}],
         "routing": {"policy": "cache_aware", "block_size": 16},
         "health": {"interval_s": 1.0},
         "tenancy": {"master_secret_file": str(secret), "master_secret_env": None, "tenants": tenants,
-                    "tier_weights": tiers},
+                    "tier_weights": tiers, "operators": [OPERATOR]},
         "identity": {"trust_domains": {TD: {"bundle_file": str(bundle)}}},
         "policy": {"mode": "embedded", "dir": str(ROOT / "rego")},
         "upstream": {"total_timeout_s": 120, "first_byte_timeout_s": 60},
@@ -105,8 +106,8 @@ def _config(tmp: Path, url: str, issuer: DemoIssuer, flow: dict[str, Any], tiers
 
 
 async def _serve(config_file: str, ready_file: str) -> None:
-    """Child process: one gateway (public listener, no audit sinks) until SIGTERM; its port goes
-    to ``ready_file``."""
+    """Child process: one gateway (public and admin listeners, no audit sinks) until SIGTERM; their
+    ports go to ``ready_file``."""
     from bench.harness import serve_public, serve_until_sigterm
     from gateway.auditing import AuditHub
     from gateway.build import build
@@ -115,18 +116,21 @@ async def _serve(config_file: str, ready_file: str) -> None:
     comps = build(load_config(config_file), audit=AuditHub(None))
     await comps.start()
     server, task, port = await serve_public(comps)
-    Path(ready_file).write_text(json.dumps({"port": port}))
+    admin, admin_task, admin_port = await serve_public(comps, admin=True)
+    Path(ready_file).write_text(json.dumps({"port": port, "admin_port": admin_port}))
     await serve_until_sigterm(server, task)
+    admin.should_exit = True
+    await admin_task
     await comps.stop()
 
 
 class _Gateway:
     """A gateway child process (``--serve``) for one phase."""
 
-    def __init__(self, tmp: Path, cfg: dict[str, Any]) -> None:
-        self.tmp, self.cfg = tmp, cfg
+    def __init__(self, tmp: Path, cfg: dict[str, Any], operator_token: str) -> None:
+        self.tmp, self.cfg, self.operator_token = tmp, cfg, operator_token
         self.proc: subprocess.Popen[bytes] | None = None
-        self.url = ""
+        self.url = self.admin_url = ""
 
     async def __aenter__(self) -> _Gateway:
         import yaml
@@ -146,12 +150,15 @@ class _Gateway:
                 self.proc.kill()
                 raise RuntimeError(f"gateway did not start: {(self.tmp / f'{name}.log').read_text()[-2000:]}")
             await asyncio.sleep(0.05)
-        self.url = f"http://127.0.0.1:{json.loads(ready.read_text())['port']}"
+        ports = json.loads(ready.read_text())
+        self.url, self.admin_url = (f"http://127.0.0.1:{ports[k]}" for k in ("port", "admin_port"))
         return self
 
     async def metric(self, session: aiohttp.ClientSession, name: str) -> float | None:
-        """One sample of the gateway's public /metrics."""
-        async with session.get(self.url + "/metrics") as r:
+        """One sample of the gateway's ``/admin/metrics`` (as an operator: queue figures are
+        operators-only, R3-5)."""
+        async with session.get(self.admin_url + "/admin/metrics",
+                               headers={"Authorization": f"Bearer {self.operator_token}"}) as r:
             for line in (await r.text()).splitlines():
                 if line.startswith(name + " "):
                     return float(line.split()[1])
@@ -218,7 +225,7 @@ async def _phase(tmp: Path, replica_url: str, issuer: DemoIssuer, flow: dict[str
                  tiers: dict[str, float] | None = None) -> dict[str, Any]:
     """Run one phase; ``heavy``: (tenant, concurrent streams, prompt words) looping senders."""
     cfg = _config(tmp, replica_url, issuer, flow, tiers or {})
-    async with _Gateway(tmp, cfg) as g:
+    async with _Gateway(tmp, cfg, issuer.mint(OPERATOR, "prefixgate-admin", ttl_s=600)) as g:
         tokens = {t: issuer.mint(f"spiffe://{TD}/{t}/app", "prefixgate", ttl_s=600) for t in ("a", "b", "gold", "std", "f")}
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as s:

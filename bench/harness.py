@@ -80,18 +80,21 @@ async def start_demo_stack(work: Path, spec: ClusterSpec) -> DemoStack:
     return DemoStack(paths, issuer, cluster, replicas)
 
 
-async def serve_public(gateway: Gateway, *, freeze: bool = False) -> tuple[GatewayServer, asyncio.Task[None], int]:
-    """Serve ``gateway``'s public app (lifecycle left to the caller) on 127.0.0.1, a free port.
+async def serve_public(gateway: Gateway, *, freeze: bool = False,
+                       admin: bool = False) -> tuple[GatewayServer, asyncio.Task[None], int]:
+    """Serve ``gateway``'s public app (lifecycle left to the caller) on 127.0.0.1, a free port;
+    ``admin``: its admin app instead (operators only; ``/admin/metrics``).
 
     ``freeze``: freeze the startup objects out of the cyclic GC first, as
     :func:`gateway.server.serve` does. Returns ``(server, serving task, port)`` once it
     listens; raises RuntimeError when the server ends before it listens."""
-    from gateway.app import build_public_app
+    from gateway.app import build_admin_app, build_public_app
     from gateway.server import GatewayServer, freeze_startup_objects, uvicorn_config
 
     if freeze:
         freeze_startup_objects()
-    server = GatewayServer(uvicorn_config(build_public_app(gateway, manage_lifecycle=False), "127.0.0.1", 0))
+    app = build_admin_app(gateway) if admin else build_public_app(gateway, manage_lifecycle=False)
+    server = GatewayServer(uvicorn_config(app, "127.0.0.1", 0))
     task = asyncio.ensure_future(server.serve())
     while not server.started:
         if task.done():

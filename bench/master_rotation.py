@@ -10,7 +10,8 @@ the delay from its answer until instances 2 and 3 have written the new
 ``master_generation`` to their state files (which ``KeyRing.adopt_master``
 writes before it uses the new master) is polled every 2 ms. At the end each
 instance's ``prefixgate_master_generation`` and
-``prefixgate_shared_key_records_rejected`` are read from ``/metrics`` and every
+``prefixgate_shared_key_records_rejected`` are read from ``/admin/metrics`` (as an
+operator: operators-only since R3-5) and every
 answer's status is counted. Writes ``bench/results/<name>.json``.
 """
 
@@ -27,8 +28,9 @@ from typing import Any
 
 import aiohttp
 
-from bench.scaleout import OPERATOR, Redis
+from bench.scaleout import OPERATOR
 from sim.click_options import ClickOptions
+from sim.redis_server import REDIS_SERVER, RedisServer
 from sim.demo import (
     ClusterSpec,
     DemoPaths,
@@ -61,7 +63,8 @@ def _provision(path: Path, secret: str) -> None:
 async def run(rotations: int) -> dict[str, Any]:
     """Start Redis, replicas and three gateways; rotate ``rotations`` times; return the figures."""
     work = Path(tempfile.mkdtemp(prefix="pg-master-rotation-"))
-    redis = Redis(work / "redis")
+    (work / "redis").mkdir()
+    redis = RedisServer(REDIS_SERVER, work / "redis")
     redis.start()
     paths = DemoPaths.under(work / "demo")
     issuer = prepare_identity(paths)
@@ -130,7 +133,8 @@ async def run(rotations: int) -> dict[str, Any]:
         metrics = {}
         async with aiohttp.ClientSession() as s:
             for i, inst in enumerate(insts):
-                text = await (await s.get(inst[1] + "/metrics")).text()
+                text = await (await s.get(inst[2] + "/admin/metrics",
+                                          headers={"Authorization": f"Bearer {token}"})).text()
                 metrics[f"instance{i + 1}"] = [line for line in text.splitlines() if line.startswith(
                     ("prefixgate_master_generation ", "prefixgate_shared_key_records_rejected ",
                      "prefixgate_shared_master_generation_pending "))]

@@ -264,9 +264,13 @@ async def rotation(s: Setup, log: Any) -> dict[str, Any]:
     return out
 
 
-async def _metric(http: aiohttp.ClientSession, base: str, name: str) -> float | None:
+async def _metric(http: aiohttp.ClientSession, s: Setup, inst: Instance, name: str) -> float | None:
+    """One sample of ``inst``'s ``/admin/metrics`` (as an operator: the shared-state figures are
+    operators-only, R3-5), None when it does not answer."""
+    headers = {"Authorization": f"Bearer {s.issuer.mint(OPERATOR, 'prefixgate-admin', 60)}"}
     try:
-        async with http.get(f"{base}/metrics", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+        async with http.get(f"{inst.admin}/admin/metrics", headers=headers,
+                            timeout=aiohttp.ClientTimeout(total=2)) as resp:
             text = await resp.text()
     except (aiohttp.ClientError, TimeoutError):
         return None
@@ -294,14 +298,14 @@ async def sigkill(s: Setup, log: Any) -> dict[str, Any]:
         async with aiohttp.ClientSession() as http:
             # the gauge counts the *other* instances whose load instance 1 holds: 2 before the kill
             t_wait = time.monotonic()
-            while (before := await _metric(http, insts[0].base, "prefixgate_shared_routing_instances")) != 2 \
+            while (before := await _metric(http, s, insts[0], "prefixgate_shared_routing_instances")) != 2 \
                     and time.monotonic() - t_wait < 2 * LEASE_TTL_S:
                 await asyncio.sleep(0.05)
             os.killpg(insts[2].proc.popen.pid, signal.SIGKILL)
             t_kill = time.monotonic()
             at_trace = (t_kill - t_wait) * s.rcfg.time_scale + at_trace
             while time.monotonic() - t_kill < 3 * LEASE_TTL_S:
-                if await _metric(http, insts[0].base, "prefixgate_shared_routing_instances") == 1:
+                if await _metric(http, s, insts[0], "prefixgate_shared_routing_instances") == 1:
                     expired_after = time.monotonic() - t_kill
                     break
                 await asyncio.sleep(0.05)
@@ -367,7 +371,7 @@ async def redis_restart(s: Setup, log: Any) -> dict[str, Any]:
             for i in insts:
                 async with http.get(f"{i.base}/readyz") as resp:
                     ready.append(resp.status)
-            avail = [await _metric(http, i.base, "prefixgate_state_available") for i in insts]
+            avail = [await _metric(http, s, i, "prefixgate_state_available") for i in insts]
     finally:
         stop_instances(insts)
     fig = await summary_of(s, "redis", result)

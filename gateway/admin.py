@@ -2,8 +2,9 @@
 tenancy (keys, salts, registry reload) and policy management, and the
 operator views of replicas and routing.
 
-Every admin route needs a JWT-SVID for the admin audience from a configured
-operator SPIFFE ID; anything else is 401/403 and is audited as a refusal.
+Every admin request, whatever its path, needs a JWT-SVID for the admin audience
+from a configured operator SPIFFE ID, checked before routing (R3-9); anything
+else is 401/403 with the public listener's codes and is audited as a refusal.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ from routing.router import Router
 from tenancy.keys import KeyRing, load_master_secret
 from tenancy.registry import TenantRegistry
 
-__all__ = ["Admin", "record_refusal"]
+__all__ = ["Admin", "record_refusal", "OPERATOR_SCOPE_KEY"]
+
+#: ASGI scope key where the admin gate leaves the operator it admitted (set by no client)
+OPERATOR_SCOPE_KEY = "prefixgate.operator"
 
 
 def record_refusal(audit: AuditHub, authn: Authenticator, request: Request, endpoint: str, err: GatewayError,
@@ -64,21 +68,38 @@ class Admin:
         #: the last tenants section applied (``{"tenants", "operators"}``), None before any reload
         self.last_tenancy: dict[str, Any] | None = None
 
-    async def authorize_operator(self, request: Request) -> WorkloadIdentity:
-        """Admin listener guard: a JWT-SVID for the admin audience from an operator.
+    async def authenticate_operator(self, request: Request) -> WorkloadIdentity:
+        """The admin listener's gate, run before routing (R3-9): a JWT-SVID for the admin
+        audience from an operator, whatever the path, so an unknown path and a real one answer alike.
 
-        Raises ``HTTPException`` 401 (no/invalid credential) or 403 (not an operator).
-        """
+        Raises :class:`GatewayError` with the public listener's status and code for the same
+        failure (401 ``missing_token`` / ``audience`` / ...; 403 ``not_an_operator``), audited
+        as a refusal of endpoint ``admin`` (the path is client-chosen)."""
         try:
             identity = await self.authn.authenticate(request)
         except GatewayError as err:
-            record_refusal(self.audit, self.authn, request, "admin", err)  # the path is client-chosen
-            raise HTTPException(err.status, err.message, headers=err.headers) from None
+            record_refusal(self.audit, self.authn, request, "admin", err)
+            raise
         if not self.admission.registry.is_operator(str(identity.spiffe_id)):
             err = GatewayError(403, "not_an_operator", "operator identity required")
             record_refusal(self.audit, self.authn, request, "admin", err, identity=identity)
-            raise HTTPException(403, "operator identity required")
+            raise err
+        request.scope[OPERATOR_SCOPE_KEY] = identity
         return identity
+
+    async def authorize_operator(self, request: Request) -> WorkloadIdentity:
+        """Admin route guard: the operator the gate (:meth:`authenticate_operator`) admitted,
+        else the same check here.
+
+        Raises ``HTTPException`` 401 (no/invalid credential) or 403 (not an operator).
+        """
+        identity = request.scope.get(OPERATOR_SCOPE_KEY)
+        if isinstance(identity, WorkloadIdentity):
+            return identity
+        try:
+            return await self.authenticate_operator(request)
+        except GatewayError as err:
+            raise HTTPException(err.status, err.message, headers=err.headers) from None
 
     def routes(self) -> list[BaseRoute]:
         """Operator routes of tenancy (keys, salts, registry) and policy management."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, model_not_found
 from gateway.identity import WorkloadIdentity
 from gateway.metrics import GatewayMetrics
 from gateway.request import InferenceRequest
@@ -131,11 +131,17 @@ class Admission:
         """The tenant's effective per-request bounds (see :mod:`tenancy.bounds`)."""
         return request_bounds(tenant, self.tokenizer, max_messages_ceiling=self.max_messages)
 
-    def check_model(self, model: str) -> None:
-        """404 ``model_not_found`` for a model the gateway does not serve (the name is client-chosen:
-        never copied into the audit trail)."""
+    def check_model(self, model: str, tenant: Tenant) -> None:
+        """404 ``model_not_found`` for a model the gateway does not serve, and the same 404
+        (same body, raised at the same step) for a served model ``tenant`` is not entitled to
+        (``tenancy.tenants[].models``): the answer is no oracle for other tenants' model names
+        (R3-7). The audit event keeps the true reason: ``reason_code`` ``model_not_entitled``,
+        outcome ``denied``, the (served) model name. An unknown name is client-chosen: never
+        copied into the audit trail."""
         if model not in self.served_models:
-            raise GatewayError(404, "model_not_found", "the requested model does not exist", param="model")
+            raise model_not_found()
+        if model not in tenant.models:
+            raise model_not_found(record={"reason_code": "model_not_entitled", "model": model}, outcome="denied")
 
     async def admit_sequences(self, tenant: Tenant, lease: Lease | SharedLease, sequences: int, *,
                               slots: bool = True) -> None:

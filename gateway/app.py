@@ -3,12 +3,15 @@
 Public: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming
 and plain), ``GET /v1/models`` (authenticated; only the tenant's models),
 ``GET /healthz`` (liveness), ``GET /readyz`` (ready to route), ``GET
-/metrics`` (Prometheus; no tenant names, SPIFFE IDs or replica ids).
+/metrics`` (Prometheus, unauthenticated: liveness and overload figures only;
+``metrics.public_endpoint: off`` removes it; R3-5).
 
-Admin (a separate listener; every route needs a JWT-SVID for the admin
-audience from a configured operator SPIFFE ID, anything else 401/403):
+Admin (a separate listener; every request, whatever its path, needs a JWT-SVID
+for the admin audience from a configured operator SPIFFE ID, checked before
+routing, anything else 401/403 with the public listener's codes; R3-9):
 tenant key and salt rotation, registry reload, policy and data management,
-``GET /admin/metrics`` (per replica and tenant), ``GET /admin/replicas``,
+``GET /admin/metrics`` (every metric: request counts, tokens, latencies,
+concentration, audit, per replica and tenant), ``GET /admin/replicas``,
 ``GET /admin/routing``.
 """
 
@@ -24,8 +27,9 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
-from gateway.admin import record_refusal
+from gateway.admin import Admin, record_refusal
 from gateway.build import Gateway
 from gateway.errors import GatewayError
 from gateway.framing import ASGIApp, FramingGuard, drain_cap
@@ -76,7 +80,7 @@ def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
 
     async def metrics(request: Request) -> Response:
         c.readiness.refresh_gauges()
-        return Response(generate_latest(c.metrics.public) + c.audit.public_metrics_text(), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(c.metrics.public), media_type=CONTENT_TYPE_LATEST)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -94,8 +98,9 @@ def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
         Route("/v1/models", models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
     ]
+    if c.config.metrics.public_endpoint == "minimal":
+        routes.append(Route("/metrics", metrics, methods=["GET"]))
     starlette = _no_slash_redirects(Starlette(routes=routes, lifespan=lifespan,
                                               exception_handlers={HTTPException: _http_exc}))
     limits = c.config.limits
@@ -109,7 +114,8 @@ def build_admin_app(c: Gateway) -> Starlette:
     async def admin_metrics(request: Request) -> Response:
         await c.admin.authorize_operator(request)
         c.readiness.refresh_gauges()
-        return Response(generate_latest(c.metrics.admin) + c.audit.admin_metrics_text(), media_type=CONTENT_TYPE_LATEST)
+        text = generate_latest(c.metrics.public) + generate_latest(c.metrics.admin) + c.audit.admin_metrics_text()
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     async def replicas(request: Request) -> Response:
         await c.admin.authorize_operator(request)
@@ -125,8 +131,33 @@ def build_admin_app(c: Gateway) -> Starlette:
         Route("/admin/routing", routing, methods=["GET"]),
         *c.admin.routes(),
     ]
-    return _no_slash_redirects(Starlette(routes=routes, middleware=_middleware(c),
+    middleware = [*_middleware(c), Middleware(OperatorGate, admin=c.admin)]
+    return _no_slash_redirects(Starlette(routes=routes, middleware=middleware,
                                          exception_handlers={HTTPException: _http_exc, Exception: _internal_error}))
+
+
+class OperatorGate:
+    """ASGI middleware of the admin listener: authenticate the operator before routing (R3-9).
+
+    Every HTTP request, whatever its path or method, first passes
+    :meth:`gateway.admin.Admin.authenticate_operator`; a failure is answered here with its
+    :class:`GatewayError` (the public listener's status and code for the same failure), so an
+    unknown path and a real one answer alike until the caller is an operator. Routing (404,
+    405) happens only after. Sits inside the framing guard (bodies drained before early answers).
+    """
+
+    def __init__(self, app: ASGIApp, admin: Admin) -> None:
+        self.app = app
+        self.admin = admin
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                await self.admin.authenticate_operator(Request(scope, receive))
+            except GatewayError as err:
+                await err.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

@@ -41,7 +41,7 @@ class AuditEventLog(Protocol):
     """What the hub needs of an audit log: :class:`audit.log.AuditLog` (inline) or
     :class:`audit.remote.RemoteAuditLog` (the worker process). A log that also has
     ``emit_request_row(row)`` gets request rows (:mod:`audit.request_event`) instead of
-    built events, and one with ``worker_metrics_text`` (bytes) adds it to the public metrics."""
+    built events, and one with ``worker_metrics_text`` (bytes) adds it to the admin metrics."""
 
     @property
     def accepting(self) -> bool:
@@ -94,7 +94,9 @@ class AuditHub:
         self.monitor = monitor
         self.tracer = tracer or trace.get_tracer("prefixgate")
         self._admin_registries = tuple(admin_registries)
-        #: set by from_config: the public metrics registries and the TracerProvider
+        #: set by from_config: the audit log's, tracing's and pool-level concentration metrics
+        #: (served with the admin metrics since R3-5; the name says what they do not carry:
+        #: tenants, SPIFFE IDs, replicas) and the TracerProvider
         self.public_registries: tuple[CollectorRegistry, ...] = ()
         self.provider: TracerProvider | None = None
         self.emitted = 0
@@ -175,16 +177,15 @@ class AuditHub:
         """Active concentration alerts, for the policy input."""
         return [] if self.monitor is None else list(self.monitor.active_alerts())
 
-    def public_metrics_text(self) -> bytes:
-        """Public exposition of the audit log and pool-level concentration metrics
-        (sink and pool names only; no tenants, SPIFFE IDs or replicas); with the
-        audit worker process, also the worker's last metrics report."""
-        worker_text = getattr(self.log, "worker_metrics_text", b"")
-        return b"".join(generate_latest(r) for r in self.public_registries) + worker_text
-
     def admin_metrics_text(self) -> bytes:
-        """Admin-only exposition of the audit and concentration registries."""
-        return b"".join(generate_latest(r) for r in self._admin_registries)
+        """Exposition of every audit metric, for the admin listener's ``/admin/metrics`` only
+        (R3-5): the audit log's (events emitted and delivered, sinks, spill), tracing's, the
+        pool-level concentration figures (HHI, prefix hit rate, active alerts: they move with
+        other tenants' traffic and prefix reuse), the per-replica ones, and with the audit
+        worker process its last metrics report. Nothing of it is on the public ``/metrics``."""
+        worker_text = getattr(self.log, "worker_metrics_text", b"")
+        return (b"".join(generate_latest(r) for r in self.public_registries) + worker_text
+                + b"".join(generate_latest(r) for r in self._admin_registries))
 
     # -- tracing
     def start_span(self, rec: RequestRecord, headers: Mapping[str, str]) -> None:

@@ -265,7 +265,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         from gateway.shared_state import SharedState
 
         try:
-            shared = SharedState(config, secret, keyring, metrics.public)
+            shared = SharedState(config, secret, keyring, metrics.admin)  # operators only (R3-5)
         except Exception as exc:  # StateSetupError: messages never hold the password
             raise ConfigError(f"invalid configuration: state: {exc}") from None
     del secret

@@ -28,6 +28,7 @@ from audit.config_schema import AuditSection
 from gateway.config_base import ConfigError, ConfigSection
 from gateway.config_http import LimitsConfig, ListenConfig, ServerConfig, UpstreamConfig
 from gateway.config_identity import IdentityConfig, TrustDomainConfig  # noqa: F401 (re-exported)
+from gateway.config_metrics import MetricsConfig  # noqa: F401 (re-exported)
 from gateway.config_policy import PolicyConfig
 from gateway.config_routing import HealthConfig, ReplicaConfig, RoutingConfig
 from gateway.config_flow import FlowConfig
@@ -65,6 +66,7 @@ class GatewayConfig(BaseSettings):
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     state: StateConfig = Field(default_factory=StateConfig)
     flow: FlowConfig = Field(default_factory=FlowConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @classmethod
     def settings_customise_sources(

@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-__all__ = ["GatewayError"]
+__all__ = ["GatewayError", "model_not_found"]
 
 
 class GatewayError(Exception):
@@ -79,6 +79,14 @@ class GatewayError(Exception):
 #: rendered bodies of errors without ``extra`` fields, by (code, message, type, param); bounded
 _BODIES: dict[tuple[str, str, str, str | None], bytes] = {}
 _BODIES_MAX = 1024
+
+
+def model_not_found(*, record: dict[str, Any] | None = None, outcome: str | None = None) -> GatewayError:
+    """The one 404 ``model_not_found`` answer (param ``model``) for a model the gateway does not
+    serve and for one the tenant is not entitled to (R3-7): the client's body is the same;
+    ``record``/``outcome`` (audit only) say which."""
+    return GatewayError(404, "model_not_found", "the requested model does not exist", param="model",
+                        record=record, outcome=outcome)
 
 
 def _default_type(status: int) -> str:

@@ -1,9 +1,12 @@
 """Prometheus metrics of the gateway (prometheus_client registries).
 
-Two registries: ``public`` (served on the public ``/metrics``) carries no
-tenant names, SPIFFE IDs or replica ids — only totals by endpoint, status
-and outcome; ``admin`` (served on the admin listener to operators) carries
-per-replica and per-tenant series. Latencies are in seconds.
+Two registries (R3-5): ``public`` (the public ``/metrics`` under ``metrics.public_endpoint:
+minimal``, no authentication) carries only liveness and overload figures: healthy replicas,
+shared-state availability, requests queued, requests shed, audit events dropped. Nothing in
+it moves with one request's content size, prefix reuse, timing, tenant or replica.
+``admin`` carries everything else: request counts, prompt and prefix tokens, latency
+histograms, upstream failures, decision cache, flow refusals, per-replica and per-tenant
+series; ``GET /admin/metrics`` (operators) serves both registries. Latencies are in seconds.
 """
 
 from __future__ import annotations
@@ -133,29 +136,29 @@ class GatewayMetrics:
         a.register(self.batch)
         self.requests = BoundChildren(Counter(
             "prefixgate_requests", "Inference requests by endpoint, HTTP status and audit outcome",
-            ["endpoint", "status", "outcome"], registry=p,
+            ["endpoint", "status", "outcome"], registry=a,
         ), self.batch)
         self.request_seconds = BoundChildren(Histogram(
             "prefixgate_request_duration_seconds", "Whole request duration", ["endpoint"],
-            buckets=_LAT_BUCKETS, registry=p,
+            buckets=_LAT_BUCKETS, registry=a,
         ))
         self.first_byte_seconds = BoundChildren(Histogram(
             "prefixgate_time_to_first_byte_seconds", "Time from request arrival to the first upstream byte",
-            ["endpoint"], buckets=_LAT_BUCKETS, registry=p,
+            ["endpoint"], buckets=_LAT_BUCKETS, registry=a,
         ))
         self.prompt_tokens = self.batch.child(
-            Counter("prefixgate_prompt_tokens", "Prompt tokens of routed requests", registry=p))
+            Counter("prefixgate_prompt_tokens", "Prompt tokens of routed requests", registry=a))
         self.prefix_tokens = BoundChildren(Counter(
             "prefixgate_prefix_tokens",
             "Prefix tokens: available (best over allowed replicas), predicted (chosen replica), "
-            "delivered (replica-reported cached_tokens)", ["kind"], registry=p,
+            "delivered (replica-reported cached_tokens)", ["kind"], registry=a,
         ), self.batch)
         self.upstream_failures = BoundChildren(Counter(
-            "prefixgate_upstream_failures", "Upstream call failures by kind", ["kind"], registry=p,
+            "prefixgate_upstream_failures", "Upstream call failures by kind", ["kind"], registry=a,
         ), self.batch)
         self.healthy_replicas = Gauge("prefixgate_healthy_replicas", "Replicas currently healthy", registry=p)
         self.policy_cache = BoundChildren(Counter(
-            "prefixgate_policy_cache_lookups", "Decision cache lookups", ["result"], registry=p,
+            "prefixgate_policy_cache_lookups", "Decision cache lookups", ["result"], registry=a,
         ), self.batch)
         self.audit_dropped = Gauge("prefixgate_audit_dropped_events", "Audit events dropped (must stay 0)", registry=p)
         # shared state (issue 16, tenancy/shared_failover.py): 1 while Redis answers (always 1 for memory)
@@ -166,25 +169,25 @@ class GatewayMetrics:
         self._state_writer = Gauge(
             "prefixgate_state_queued_updates",
             "Releases and settlements of this process waiting for Redis (pending) or dropped because the "
-            "queue was full while Redis was unreachable (dropped, must stay 0)", ["kind"], registry=p)
+            "queue was full while Redis was unreachable (dropped, must stay 0)", ["kind"], registry=a)
         self._state_lost_slots = Gauge(
             "prefixgate_state_lost_slots", "Concurrency slots found expired when renewed (their request went on "
-            "without a slot: Redis was unreachable longer than state.lease_ttl_s, or restarted empty)", registry=p)
+            "without a slot: Redis was unreachable longer than state.lease_ttl_s, or restarted empty)", registry=a)
         self.state_unavailable_admissions = BoundChildren(Counter(
             "prefixgate_state_unavailable_admissions",
             "Admission decisions taken while the shared state was unavailable, by state.on_unavailable "
             "behaviour (refused: 503; local: limits / state.instances_expected in this process)",
-            ["behaviour"], registry=p,
+            ["behaviour"], registry=a,
         ), self.batch)
         # flow control (gateway/flow.py, gateway/overload.py)
         self.flow_queued = Gauge("prefixgate_flow_queued_requests", "Requests queued at the gateway", registry=p)
         self.flow_queue_wait_seconds = Histogram(
             "prefixgate_flow_queue_wait_seconds", "Time requests waited in the gateway's queue before release",
-            buckets=(0.001,) + _LAT_BUCKETS, registry=p,
+            buckets=(0.001,) + _LAT_BUCKETS, registry=a,
         )
         self.flow_refused = BoundChildren(Counter(
             "prefixgate_flow_refused", "Requests refused by the gateway's queue (queue_full, concurrency, queue_timeout, "
-            "deadline)", ["reason"], registry=p,
+            "deadline)", ["reason"], registry=a,
         ), self.batch)
         self.shed_requests = BoundChildren(Counter(
             "prefixgate_shed_requests", "Requests shed before authentication (in_flight, loop_lag)", ["reason"],

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.auditing import AuditHub
 from gateway.config import ConfigError, PolicyConfig
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, model_not_found
 from gateway.identity import WorkloadIdentity
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import Replica
@@ -196,8 +196,13 @@ class PolicyEnforcementPoint:
 
     @staticmethod
     def enforce(decision: Decision) -> None:
-        """Raise the client's 403 for a deny (its reason code; :func:`denial_message`)."""
+        """Raise the client's 403 for a deny (its reason code; :func:`denial_message`). A
+        ``model_not_entitled`` deny (a policy stricter than ``tenancy.tenants[].models``, which
+        :meth:`gateway.admission.Admission.check_model` already enforces) answers the unknown
+        model's 404 ``model_not_found`` body instead (R3-7); the audit keeps the decision."""
         if not decision.allow:
+            if decision.reason_code == "model_not_entitled":
+                raise model_not_found(outcome="denied")
             raise GatewayError(403, decision.reason_code or "denied",
                                denial_message(decision.reason_code, decision.reason),
                                extra={"decision_id": decision.decision_id}, outcome="denied")

@@ -50,8 +50,8 @@ class SharedState:
 
     ``config``: the gateway configuration (``state`` section used);
     ``master_secret``: unused (the HKDF subkeys come from ``keyring`` and follow its master); ``keyring``: the
-    instance's key ring; ``registry``: where the metrics go (the public
-    registry: no tenant or replica names); ``client``: a ready
+    instance's key ring; ``registry``: where the metrics go (the admin
+    registry: operators only, R3-5; no tenant or replica names); ``client``: a ready
     :class:`redis.asyncio.Redis` (default: :func:`tenancy.shared.redis_client`,
     closed by :meth:`stop`). Raises :class:`tenancy.shared.StateSetupError`.
     """

@@ -54,6 +54,17 @@ class Stack:
     def auth(self, workload: str = "tenant-a/app", **kw: Any) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token(workload, **kw)}"}
 
+    def operator_auth(self) -> dict[str, str]:
+        """An operator's credential for the admin listener (``ops/admin``, audience ``prefixgate-admin``)."""
+        return {"Authorization": f"Bearer {self.token('ops/admin', 'prefixgate-admin')}"}
+
+    async def admin_metrics(self) -> str:
+        """The admin listener's ``GET /admin/metrics`` as an operator: every metric (R3-5; the public
+        ``/metrics`` has only liveness and overload figures)."""
+        r = await self.client.get(f"{self.admin_url}/admin/metrics", headers=self.operator_auth())
+        assert r.status_code == 200, r.text
+        return r.text
+
 
 def base_config(tmp: Path, urls: list[str], issuer: DemoIssuer, **over: Any) -> dict[str, Any]:
     secret = tmp / "master.key"

@@ -17,15 +17,15 @@ def test_increments_are_seen_by_every_read_after_them() -> None:
         m.prompt_tokens.inc(64)
         m.tenant_tokens_charged.labels("t", "prompt").inc(10)
     assert m.batch.pending == 3  # three children, five requests: nothing handed over yet
-    assert m.public.get_sample_value("prefixgate_requests_total",
-                                     {"endpoint": "/v1/completions", "status": "200", "outcome": "allowed"}) == 5
-    assert m.public.get_sample_value("prefixgate_prompt_tokens_total") == 320
+    assert m.admin.get_sample_value("prefixgate_requests_total",
+                                    {"endpoint": "/v1/completions", "status": "200", "outcome": "allowed"}) == 5
+    assert m.admin.get_sample_value("prefixgate_prompt_tokens_total") == 320
     assert m.batch.pending == 0  # one batch for both registries: any read hands everything over
     assert 'prefixgate_tenant_tokens_charged_total{kind="prompt",tenant="t"} 50.0' in generate_latest(m.admin).decode()
     m.tenant_tokens_charged.labels("t", "prompt").inc(1)
     assert 'prefixgate_tenant_tokens_charged_total{kind="prompt",tenant="t"} 51.0' in generate_latest(m.admin).decode()
     m.prefix_tokens.labels("delivered").inc(0)
-    assert m.public.get_sample_value("prefixgate_prefix_tokens_total", {"kind": "delivered"}) == 0
+    assert m.admin.get_sample_value("prefixgate_prefix_tokens_total", {"kind": "delivered"}) == 0
 
 
 def test_negative_increment_is_refused_at_once() -> None:

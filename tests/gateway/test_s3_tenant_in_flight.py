@@ -73,7 +73,7 @@ async def test_one_tenant_flooding_past_the_shedding_bound_gets_429_and_others_a
     assert guard.in_flight < SHED and guard.reason() is None
     r_b = await post(token_b, 4)  # another tenant is still served
     assert r_b.status_code == 200, r_b.text
-    metrics = (await stack.client.get("/metrics")).text
+    metrics = await stack.admin_metrics()  # flow refusals: operators only (R3-5)
     shed = [ln for ln in metrics.splitlines() if ln.startswith("prefixgate_shed_requests_total{")]
     assert all(ln.endswith(" 0.0") for ln in shed), shed  # nothing was shed
     assert f'prefixgate_flow_refused_total{{reason="in_flight"}} {float(3 * SHED)}' in metrics

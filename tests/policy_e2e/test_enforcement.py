@@ -47,22 +47,22 @@ async def test_entitled_request_is_routed(stack: Any, audit_log: Any, pdp_mode: 
     assert ev.policy.decision_id and ev.policy.reason_code == "allowed"
 
 
-async def test_unentitled_model_is_denied_with_reason_code_and_decision_id(
+async def test_unentitled_model_is_answered_as_unknown_and_audited_as_denied(
     stack: Any, audit_log: Any, pdp_mode: str
 ) -> None:
     r = await stack.client.post("/v1/completions", headers=stack.auth("tenant-a/app"),
                                 json=body(model="other-model"))
-    assert r.status_code == 403, r.text
+    # R3-7: the unknown model's 404, so the answer confirms no other tenant's model name;
+    # refused at the model check (tenancy.tenants[].models), before the policy is asked
+    assert r.status_code == 404, r.text
     err = r.json()["error"]
-    assert err["code"] == "model_not_entitled"
-    assert err["decision_id"]
-    # the policy's full reason goes only to the audit trail
-    assert "entitled to the model" not in r.text
+    assert err["code"] == "model_not_found" and "decision_id" not in err
+    assert "entitled" not in r.text
     assert replica_requests(stack) == [0, 0, 0]
     (ev,) = request_events(audit_log)
+    # the true reason goes only to the audit trail
     assert ev.outcome.value == "denied" and ev.route.replica is None
-    assert ev.policy.decision_id == err["decision_id"]
-    assert ev.policy.reason_code == "model_not_entitled" and "entitled" in (ev.policy.reason or "")
+    assert ev.policy.reason_code == "model_not_entitled"
 
 
 async def test_regulated_tenant_only_reaches_its_labelled_pool_over_a_replay(
@@ -189,13 +189,13 @@ async def test_decision_cache_hits_across_output_lengths_and_still_clamps(
 ) -> None:
     """Requests that differ only in max_tokens share one decision (the policy
     returns a cap; the gateway clamps), so a replay's varying output lengths
-    do not defeat the cache; the hit is a public metric."""
+    do not defeat the cache; the hit is an admin metric (R3-5)."""
     h = stack.auth("tenant-a/app")
     for mt in (4, 5, 6000):
         assert (await stack.client.post("/v1/completions", headers=h, json=body(mt))).status_code == 200
     ids = {e.policy.decision_id for e in request_events(audit_log)}
     assert len(ids) == 1  # one evaluation, two cache hits (same decision id)
-    lookups = cache_lookups((await stack.client.get("/metrics")).text)
+    lookups = cache_lookups(await stack.admin_metrics())  # operators only (R3-5)
     assert lookups.get("hit") == 2 and lookups.get("miss") == 1
     # tenant-a: registry cap 256 < tier cap 1024 -> the 6000-token request was clamped
     assert max(e.output_tokens or 0 for e in request_events(audit_log)) <= 256

@@ -160,6 +160,7 @@ async def test_registry_reload_clears_the_decision_cache(stack: Any) -> None:
     assert r.status_code == 200, r.text
     assert cache.clears == clears + 1 and len(cache) == 0
     denied = await stack.client.post("/v1/completions", headers=stack.auth(), json=body)
-    assert denied.status_code == 403 and denied.json()["error"]["code"] == "model_not_entitled"
+    # not entitled any more: the unknown model's 404 (review R3-7)
+    assert denied.status_code == 404 and denied.json()["error"]["code"] == "model_not_found"
     models = await stack.client.get("/v1/models", headers=stack.auth())
     assert models.json()["data"] == []

@@ -108,7 +108,7 @@ async def test_forged_or_lower_records_are_ignored_counted_and_alerted(trio, red
         assert b.pdp.store.version == 0 and "evil.rego" not in b.pdp.store.policy_set.modules
         assert "ignored a policy record (unauthenticated)" in caplog.text
         assert b'prefixgate_shared_state_rejected_records_total{kind="policy",reason="unauthenticated"}' \
-            in generate_latest(b.metrics.public)
+            in generate_latest(b.metrics.admin)
         # a real change replaces the forged record (tampering cannot block a change)
         tiers = a.pdp.store.get_data(TIERS)
         for n in (1, 2):

@@ -142,8 +142,8 @@ async def test_forged_routing_entries_are_ignored_and_counted(pair, redis_server
     # the lag of applied entries is exported
     from prometheus_client import generate_latest
 
-    assert b"prefixgate_shared_routing_lag_seconds" in generate_latest(b.metrics.public)
-    assert b"prefixgate_shared_routing_rejected_entries_total 2.0" in generate_latest(b.metrics.public)
+    assert b"prefixgate_shared_routing_lag_seconds" in generate_latest(b.metrics.admin)
+    assert b"prefixgate_shared_routing_rejected_entries_total 2.0" in generate_latest(b.metrics.admin)
 
 
 async def test_another_master_secret_refuses_to_start(tmp_path: Path, redis_server, pair) -> None:
