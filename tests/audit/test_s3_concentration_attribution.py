@@ -89,3 +89,18 @@ def test_gateway_observation_carries_the_tenant() -> None:
         rec.outcome, rec.replica, rec.pool, rec.prompt_tokens = "allowed", "r1", "p", 100
         hub.observe_request(rec)
     assert [a["tenant_id"] for a in mon.active_alerts() if a["kind"] == "replica_concentration"] == ["acme"]
+
+
+def test_attributed_alert_event_round_trips_and_maps_to_ocsf() -> None:
+    from audit.event import AuditEvent
+    from audit.ocsf import to_ocsf, validate_ocsf
+
+    events: list[Any] = []
+    mon = ConcentrationMonitor(window_s=10, hold_s=5, on_alert=events.append, pools={"p": ["r1", "r2"]})
+    _feed(mon, 0.0, 20, {("acme", "r1"): 5.0})
+    ev = next(e for e in events if e.alert["alert_kind"] == "replica_concentration")
+    assert AuditEvent.from_dict(ev.to_dict()) == ev  # schema "4" reader accepts it
+    doc = to_ocsf(ev)
+    validate_ocsf(doc)
+    assert doc["metadata"]["tenant_uid"] == "acme"
+    assert doc["finding_info"]["uid"] == "replica_concentration:p:r1:acme"
