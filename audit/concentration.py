@@ -11,7 +11,13 @@ compared with a baseline over ``baseline_windows`` windows.
 
 Alerts (once per episode, with hysteresis):
 * ``replica_concentration``: a replica's request or prefill share stays above
-  ``share_threshold`` for ``hold_s``;
+  ``share_threshold`` for ``hold_s``. Attributed to tenants (R3-14, :mod:`audit.attribution`):
+  when at most ``attribution_max_tenants`` tenants cover
+  ``attribution_cover_ratio`` of the replica's excess over its fair share,
+  one alert per such tenant (``tenant_id`` set; the shipped policy steers
+  only that tenant's requests away); otherwise one global alert
+  (``tenant_id`` None). While the alert lasts, newly attributed tenants are
+  added (a set that grows beyond the maximum adds the global alert);
 * ``pool_concentration``: HHI* stays above ``index_threshold`` for ``hold_s``;
 * ``cache_miss_spike``: window hit rate < baseline × (1 - hit_drop_ratio)
   for ``hold_s``.
@@ -38,6 +44,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from audit.attribution import attribute_concentration
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
 
 
@@ -48,6 +55,7 @@ class _Obs:
     prefill: int
     prompt: int
     cached: int
+    tenant: str | None = None
 
 
 @dataclass
@@ -61,12 +69,19 @@ class _Pool:
     base_prompt: int = 0
     base_cached: int = 0
     replicas: set[str] = field(default_factory=set)
+    # per (replica, tenant) and per tenant: requests and prefill tokens in the window
+    t_requests: dict[tuple[str, str | None], int] = field(default_factory=lambda: defaultdict(int))
+    t_prefill: dict[tuple[str, str | None], int] = field(default_factory=lambda: defaultdict(int))
+    tenant_requests: dict[str | None, int] = field(default_factory=lambda: defaultdict(int))
+    tenant_prefill: dict[str | None, int] = field(default_factory=lambda: defaultdict(int))
 
 
 @dataclass
 class _Episode:
     since: float | None = None  # breach start (hold timer)
     active_since: float | None = None  # alert raised at
+    tenants: list[str] = field(default_factory=list)  # tenants it is raised for
+    everyone: bool = False  # the global (tenant_id None) alert is raised
 
 
 class ConcentrationMonitor:
@@ -88,6 +103,10 @@ class ConcentrationMonitor:
         pools: configured replica ids per pool (see :meth:`set_pool_members`).
         significance_z: sampling margin of the default share threshold (see
             :meth:`default_share_threshold`); 0 gives plain c/n.
+        attribution_cover_ratio: share (0..1] of a concentrated replica's
+            excess the named tenants must cover (:mod:`audit.attribution`).
+        attribution_max_tenants: most tenants a replica alert names; more
+            needed → a global alert. 0 turns attribution off (always global).
     """
 
     def __init__(
@@ -106,6 +125,8 @@ class ConcentrationMonitor:
         admin_registry: CollectorRegistry | None = None,
         pools: Mapping[str, Iterable[str]] | None = None,
         significance_z: float = 3.0,
+        attribution_cover_ratio: float = 0.8,
+        attribution_max_tenants: int = 3,
     ) -> None:
         if not 0 < clear_ratio < 1:
             raise ValueError("clear_ratio must be in (0, 1)")
@@ -118,6 +139,10 @@ class ConcentrationMonitor:
         self.load_guard_factor = load_guard_factor
         self.min_requests = min_requests
         self.significance_z = significance_z
+        if not 0 < attribution_cover_ratio <= 1 or attribution_max_tenants < 0:
+            raise ValueError("attribution_cover_ratio must be in (0, 1], attribution_max_tenants >= 0")
+        self.attribution_cover_ratio = attribution_cover_ratio
+        self.attribution_max_tenants = attribution_max_tenants
         self.baseline_s = window_s * baseline_windows
         self._on_alert = on_alert
         self._pools: dict[str, _Pool] = defaultdict(_Pool)
@@ -185,16 +210,22 @@ class ConcentrationMonitor:
             "baseline_hit_rate": p.base_cached / p.base_prompt if p.base_prompt else None,
         }
 
-    def observe(self, pool: str, replica: str, prefill_tokens: int, prompt_tokens: int, cached_tokens: int, now: float) -> None:
-        """Record one routed request (tokens; ``now`` in seconds, monotonic)
-        and evaluate the alert conditions and gauges of ``pool``."""
+    def observe(self, pool: str, replica: str, prefill_tokens: int, prompt_tokens: int, cached_tokens: int, now: float,
+                tenant: str | None = None) -> None:
+        """Record one routed request (tokens; ``now`` in seconds, monotonic;
+        ``tenant``: the tenant id, None = unattributed) and evaluate the alert
+        conditions and gauges of ``pool``."""
         p = self._pools[pool]
         p.replicas.add(replica)
-        obs = _Obs(now, replica, prefill_tokens, prompt_tokens, cached_tokens)
+        obs = _Obs(now, replica, prefill_tokens, prompt_tokens, cached_tokens, tenant)
         p.window.append(obs)
         p.baseline.append(obs)
         p.requests[replica] += 1
         p.prefill[replica] += prefill_tokens
+        p.t_requests[(replica, tenant)] += 1
+        p.t_prefill[(replica, tenant)] += prefill_tokens
+        p.tenant_requests[tenant] += 1
+        p.tenant_prefill[tenant] += prefill_tokens
         p.prompt += prompt_tokens
         p.cached += cached_tokens
         p.base_prompt += prompt_tokens
@@ -204,6 +235,7 @@ class ConcentrationMonitor:
             p.requests[old.replica] -= 1
             p.prefill[old.replica] -= old.prefill
             p.prompt -= old.prompt
+            self._forget(p, old)
             p.cached -= old.cached
         while p.baseline and p.baseline[0].t <= now - self.baseline_s:
             old = p.baseline.popleft()
@@ -211,19 +243,48 @@ class ConcentrationMonitor:
             p.base_cached -= old.cached
         self._evaluate(pool, now)
 
+    @staticmethod
+    def _forget(p: _Pool, old: _Obs) -> None:
+        """Take an expired observation out of the per-tenant counts (entries at zero are dropped)."""
+        key = (old.replica, old.tenant)
+        for counts, k, v in ((p.t_requests, key, 1), (p.t_prefill, key, old.prefill),
+                             (p.tenant_requests, old.tenant, 1), (p.tenant_prefill, old.tenant, old.prefill)):
+            left = counts[k] - v  # type: ignore[index]
+            if left > 0:
+                counts[k] = left  # type: ignore[index]
+            else:
+                counts.pop(k, None)  # type: ignore[attr-defined]
+
+    def attribution(self, pool: str, replica: str, by_prefill: bool = False) -> tuple[str, ...] | None:
+        """The tenants that explain ``replica``'s concentration in ``pool``'s window
+        (:func:`audit.attribution.attribute_concentration` over requests, or prefill
+        tokens if ``by_prefill``), or None: global (no small set, unattributed traffic,
+        or attribution off)."""
+        if self.attribution_max_tenants == 0:
+            return None
+        p = self._pools[pool]
+        per, totals = (p.t_prefill, p.tenant_prefill) if by_prefill else (p.t_requests, p.tenant_requests)
+        on_replica = {t: float(v) for (r, t), v in per.items() if r == replica}
+        return attribute_concentration(on_replica, totals, len(p.replicas), self.attribution_cover_ratio,
+                                       self.attribution_max_tenants)
+
     # ---- alerts -------------------------------------------------------
     def active_alerts(self) -> list[dict[str, object]]:
         """Active alerts for the policy input: ``{id, kind, pool, replica,
         replica_id, tenant_id, since}``. ``replica_id`` repeats ``replica`` under
-        the name the policy input uses (``policy.input``); ``tenant_id`` is
-        always None (alerts are per pool, not per tenant); ``since`` is the
-        monotonic-clock second the alert was raised at."""
+        the name the policy input uses (``policy.input``); ``tenant_id``: the
+        tenant a ``replica_concentration`` alert is attributed to (id
+        ``kind:pool:replica:tenant``), None for a global alert (id
+        ``kind:pool:replica``; pool and cache-miss alerts are always global);
+        ``since`` is the monotonic-clock second the alert was raised at."""
         out = []
         for (kind, pool, replica), ep in self._episodes.items():
             if ep.active_since is not None:
-                out.append({"id": f"{kind}:{pool}:{replica}", "kind": kind, "pool": pool,
-                            "replica": replica or None, "replica_id": replica or None, "tenant_id": None,
-                            "since": ep.active_since})
+                scopes: list[str | None] = [*ep.tenants, *([None] if ep.everyone else [])]
+                for tenant in scopes:
+                    out.append({"id": _alert_id(kind, pool, replica, tenant), "kind": kind, "pool": pool,
+                                "replica": replica or None, "replica_id": replica or None, "tenant_id": tenant,
+                                "since": ep.active_since})
         return out
 
     def _evaluate(self, pool: str, now: float) -> None:
@@ -245,7 +306,9 @@ class ConcentrationMonitor:
             len(shares), int(st["requests"]))  # type: ignore[call-overload]
         for r in shares:
             value = max(shares[r], pshares[r])
-            self._step(("replica_concentration", pool, r), value >= thr, value < thr * self.clear_ratio, now, value, thr)
+            by_prefill = pshares[r] > shares[r]
+            self._step(("replica_concentration", pool, r), value >= thr, value < thr * self.clear_ratio, now, value, thr,
+                       lambda r=r, bp=by_prefill: self.attribution(pool, r, bp))  # type: ignore[misc]
         hhi = float(st["hhi"])  # type: ignore[arg-type]
         self._step(("pool_concentration", pool, ""), hhi >= self.index_threshold,
                    hhi < self.index_threshold * self.clear_ratio, now, hhi, self.index_threshold)
@@ -271,7 +334,9 @@ class ConcentrationMonitor:
                                                              self._g_pshare.labels(pool, replica))
         return got
 
-    def _step(self, key: tuple[str, str, str], breach: bool, clear: bool, now: float, value: float, threshold: float) -> None:
+    def _step(self, key: tuple[str, str, str], breach: bool, clear: bool, now: float, value: float, threshold: float,
+              attribute: Callable[[], tuple[str, ...] | None] | None = None) -> None:
+        """Hysteresis of one alert; ``attribute`` (replica alerts): the tenants it is raised for (None: global)."""
         ep = self._episodes[key]
         if ep.active_since is None:
             if not breach:
@@ -281,22 +346,49 @@ class ConcentrationMonitor:
                 ep.since = now
             if now - ep.since >= self.hold_s:
                 ep.active_since = now
-                self._emit(key, Outcome.RAISED, value, threshold, now)
+                self._widen(key, ep, attribute() if attribute is not None else None, value, threshold, now)
         elif clear:
+            scopes: list[str | None] = [*ep.tenants, *([None] if ep.everyone else [])]
             ep.active_since = None
             ep.since = None
-            self._emit(key, Outcome.CLEARED, value, threshold, now)
+            ep.tenants, ep.everyone = [], False
+            for tenant in scopes:
+                self._emit(key, Outcome.CLEARED, value, threshold, now, tenant)
+        elif attribute is not None and not ep.everyone:
+            self._widen(key, ep, attribute(), value, threshold, now)
 
-    def _emit(self, key: tuple[str, str, str], outcome: Outcome, value: float, threshold: float, now: float) -> None:
+    def _widen(self, key: tuple[str, str, str], ep: _Episode, tenants: tuple[str, ...] | None, value: float,
+               threshold: float, now: float) -> None:
+        """Raise the alert for ``tenants`` not yet named (None, or more than the
+        attribution maximum in all: the global alert)."""
+        new = [] if tenants is None else [t for t in tenants if t not in ep.tenants]
+        if tenants is None or len(ep.tenants) + len(new) > max(self.attribution_max_tenants, 1):
+            if not ep.everyone:
+                ep.everyone = True
+                self._emit(key, Outcome.RAISED, value, threshold, now, None)
+            return
+        for t in new:
+            ep.tenants.append(t)
+            self._emit(key, Outcome.RAISED, value, threshold, now, t)
+
+    def _emit(self, key: tuple[str, str, str], outcome: Outcome, value: float, threshold: float, now: float,
+              tenant: str | None = None) -> None:
         kind, pool, replica = key
         self._g_alerts.set(len(self.active_alerts()))
         if self._on_alert is None:
             return
-        alert = {"alert_id": f"{kind}:{pool}:{replica}", "alert_kind": kind, "pool": pool,
+        alert = {"alert_id": _alert_id(kind, pool, replica, tenant), "alert_kind": kind, "pool": pool,
                  "value": round(value, 4), "threshold": round(threshold, 4), "observed_at_s": round(now, 3)}
         if replica:
             alert["replica"] = replica
-        self._on_alert(AuditEvent(kind=Kind.ALERT, outcome=outcome, alert=alert))
+        if tenant is not None:
+            alert["tenant_id"] = tenant
+        self._on_alert(AuditEvent(kind=Kind.ALERT, outcome=outcome, alert=alert, tenant=tenant))
+
+
+def _alert_id(kind: str, pool: str, replica: str, tenant: str | None) -> str:
+    """``kind:pool:replica`` for a global alert, ``kind:pool:replica:tenant`` for a tenant's."""
+    return f"{kind}:{pool}:{replica}" if tenant is None else f"{kind}:{pool}:{replica}:{tenant}"
 
 
 __all__ = ["ConcentrationMonitor", "iso_ms"]

@@ -115,6 +115,8 @@ class ConcentrationSection(_Section):
     baseline_windows: Annotated[int, Field(ge=1)] = 10
     pools: dict[str, list[str]] | None = None
     significance_z: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 3.0
+    attribution_cover_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8
+    attribution_max_tenants: Annotated[int, Field(ge=0)] = 3
 
 
 def _summary_tag(value: Any) -> str | None:

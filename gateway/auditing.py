@@ -316,7 +316,7 @@ class AuditHub:
             prompt = rec.prompt_tokens or 0
             predicted = rec.predicted_prefix_tokens or 0
             self.monitor.observe(rec.pool or "", rec.replica, max(0, prompt - predicted), prompt,
-                                 rec.delivered_prefix_tokens or 0, time.monotonic())
+                                 rec.delivered_prefix_tokens or 0, time.monotonic(), tenant=rec.tenant_id)
 
     def record_operator(self, record: Mapping[str, Any]) -> None:
         """One audit event for an operator action (policy/data change, key rotation, reload)."""

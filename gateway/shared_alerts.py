@@ -4,11 +4,12 @@ The policy input reads the active concentration alerts (``AuditHub.active_alerts
 so every instance must judge the traffic of all of them, not its own share.
 Each instance publishes every observation it feeds its
 :class:`audit.concentration.ConcentrationMonitor` (pool, replica, prefill /
-prompt / cached tokens: numbers and ids only) as an :class:`Observed` event on
+prompt / cached tokens, tenant id: numbers and ids only) as an :class:`Observed` event on
 the routing stream (gateway/shared_routing.py); the others feed it to their own
 monitor at the time they receive it. Every monitor then holds the same windows
-(up to the stream lag) and raises the same alerts; each instance audits the
-alerts it raises in its own chain.
+(up to the stream lag) and raises the same alerts, attributed to the same
+tenants (R3-14: the tenant id travels with each observation); each instance
+audits the alerts it raises in its own chain.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ __all__ = ["Observed", "PublishingMonitor"]
 
 @dataclass(frozen=True, slots=True)
 class Observed:
-    """One routed request as the concentration monitor sees it (tokens)."""
+    """One routed request as the concentration monitor sees it (tokens; ``tenant_id``: None = unattributed)."""
 
     pool: str
     replica_id: str
     prefill_tokens: int
     prompt_tokens: int
     cached_tokens: int
+    tenant_id: str | None = None
 
 
 class PublishingMonitor:
@@ -51,15 +53,15 @@ class PublishingMonitor:
         self._clock = clock
 
     def observe(self, pool: str, replica: str, prefill_tokens: int, prompt_tokens: int, cached_tokens: int,
-                now: float) -> None:
+                now: float, tenant: str | None = None) -> None:
         """Observe locally (see ``ConcentrationMonitor.observe``) and emit the observation."""
-        self.inner.observe(pool, replica, prefill_tokens, prompt_tokens, cached_tokens, now)
-        self._emit(Observed(pool, replica, prefill_tokens, prompt_tokens, cached_tokens))
+        self.inner.observe(pool, replica, prefill_tokens, prompt_tokens, cached_tokens, now, tenant=tenant)
+        self._emit(Observed(pool, replica, prefill_tokens, prompt_tokens, cached_tokens, tenant))
 
     def apply(self, event: Observed) -> None:
         """Feed another instance's observation to the inner monitor, at the receive time."""
         self.inner.observe(event.pool, event.replica_id, event.prefill_tokens, event.prompt_tokens,
-                           event.cached_tokens, self._clock())
+                           event.cached_tokens, self._clock(), tenant=event.tenant_id)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

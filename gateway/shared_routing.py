@@ -86,7 +86,7 @@ def encode_events(events: Iterable[RoutingEvent | Observed]) -> bytes:
         elif isinstance(e, LoadDelta):
             out.append(["d", e.replica_id, e.prefill_tokens, e.decode_tokens, e.running_requests])
         elif isinstance(e, Observed):
-            out.append(["o", e.pool, e.replica_id, e.prefill_tokens, e.prompt_tokens, e.cached_tokens])
+            out.append(["o", e.pool, e.replica_id, e.prefill_tokens, e.prompt_tokens, e.cached_tokens, e.tenant_id])
         else:
             out.append(["s", {rid: list(v) for rid, v in e.loads.items()}])
     return json.dumps(out, separators=(",", ":")).encode()
@@ -118,8 +118,9 @@ def decode_events(body: bytes) -> list[RoutingEvent | Observed]:
             out.append(BlocksRecorded(_rid(item[1]), tuple(bytes.fromhex(k) for k in item[2])))
         elif kind == "d" and len(item) == 5:
             out.append(LoadDelta(_rid(item[1]), _int(item[2]), _int(item[3]), _int(item[4])))
-        elif kind == "o" and len(item) == 6:
-            out.append(Observed(_rid(item[1]), _rid(item[2]), _int(item[3]), _int(item[4]), _int(item[5])))
+        elif kind == "o" and len(item) in (6, 7):  # 6: before R3-14 (no tenant id)
+            tenant = _rid(item[6]) if len(item) == 7 and item[6] is not None else None
+            out.append(Observed(_rid(item[1]), _rid(item[2]), _int(item[3]), _int(item[4]), _int(item[5]), tenant))
         elif kind == "s" and len(item) == 2 and isinstance(item[1], dict):
             loads = {}
             for rid, v in item[1].items():

@@ -75,6 +75,11 @@ entitled_replicas contains c.id if {
 concentration_kinds := {"concentration", "replica_concentration"}
 
 # Active concentration alerts: global (tenant_id null) or for this tenant.
+# The monitor attributes a replica's concentration to the few tenants that
+# cause it (R3-14: tenant_id set, one alert per tenant), so their requests are
+# steered away and other tenants keep the replica (and their warm prefixes on
+# it); it raises a global alert only when no small set of tenants explains the
+# concentration (docs/audit.md, "Concentration alerts").
 alerted_replicas contains a.replica_id if {
 	some a in input.alerts
 	a.kind in concentration_kinds

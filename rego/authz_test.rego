@@ -19,6 +19,7 @@ tenants := {
 	"t-reg": {"tier": "premium", "models": ["m1"], "pools": ["default", "eu"], "regulated": true, "data_residency": "eu"},
 	"t-odd": {"tier": "gold", "models": ["m1"], "pools": ["default"], "regulated": false, "data_residency": null},
 	"t-nores": {"tier": "standard", "models": ["m1"], "pools": ["eu"], "regulated": true, "data_residency": null},
+	"t-other": {"tier": "standard", "models": ["m1"], "pools": ["default"], "regulated": false, "data_residency": null},
 }
 
 candidates := [
@@ -203,6 +204,33 @@ test_monitor_replica_concentration_alert_removes_replica if {
 	d := decide(mk_input("t-std", {"alerts": alerts}))
 	d.allow == true
 	not "d1" in d.allowed_replicas
+}
+
+# R3-14: the monitor attributes a replica's concentration to the tenant(s) causing
+# it (tenant_id set, id "replica_concentration:<pool>:<replica>:<tenant>"); only
+# their requests are steered away, every other tenant keeps the replica.
+attributed_alerts := [{"id": "replica_concentration:default:d1:t-std", "kind": "replica_concentration", "replica_id": "d1", "tenant_id": "t-std"}]
+
+test_attributed_replica_concentration_steers_the_named_tenant if {
+	d := decide(mk_input("t-std", {"alerts": attributed_alerts}))
+	d.allow == true
+	d.allowed_replicas == {"d2"}
+}
+
+test_attributed_replica_concentration_keeps_the_replica_for_other_tenants if {
+	d := decide(mk_input("t-other", {"alerts": attributed_alerts}))
+	d.allow == true
+	d.allowed_replicas == {"d1", "d2"}
+}
+
+test_attributed_and_global_alerts_together if {
+	alerts := array.concat(attributed_alerts, [{"id": "replica_concentration:default:d2", "kind": "replica_concentration", "replica_id": "d2", "tenant_id": null}])
+	other := decide(mk_input("t-other", {"alerts": alerts}))
+	other.allowed_replicas == {"d1"}
+
+	# t-std has both replicas alerted: no unalerted one remains, so it keeps both
+	named := decide(mk_input("t-std", {"alerts": alerts}))
+	named.allowed_replicas == {"d1", "d2"}
 }
 
 test_pool_concentration_alert_without_replica_ignored if {

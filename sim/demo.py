@@ -320,7 +320,8 @@ def audit_summary(paths: DemoPaths, log: Callable[[str], None] = print) -> dict[
     """Verify the demo's audit chain and print events by outcome and the alerts.
 
     Returns ``{"verified": bool, "records", "checkpoints", "outcomes": {kind:outcome: n},
-    "alerts": [{outcome, alert_kind, pool, replica, value, threshold}]}``.
+    "alerts": [{outcome, alert_kind, pool, replica, tenant_id, value, threshold}]}``
+    (``tenant_id``: the tenant an attributed alert names, None = all tenants).
     """
     import json
     from collections import Counter
@@ -344,7 +345,7 @@ def audit_summary(paths: DemoPaths, log: Callable[[str], None] = print) -> dict[
             if body["kind"] == "alert":
                 a = body.get("alert", {})
                 alerts.append({"outcome": body["outcome"], **{k: a.get(k) for k in
-                               ("alert_kind", "pool", "replica", "value", "threshold")}})
+                               ("alert_kind", "pool", "replica", "tenant_id", "value", "threshold")}})
     log(f"audit chain: {'verified' if report.ok else 'BROKEN'} ({report.files} files, {report.records} records, "
         f"{report.checkpoints} signed checkpoints)")
     if not report.ok:
@@ -352,7 +353,7 @@ def audit_summary(paths: DemoPaths, log: Callable[[str], None] = print) -> dict[
     log("audit events by kind:outcome: " + ", ".join(f"{k} {n}" for k, n in sorted(outcomes.items())))
     for a in alerts:
         log(f"  alert {a['outcome']}: {a['alert_kind']} pool={a['pool']} replica={a['replica']} "
-            f"value={a['value']} threshold={a['threshold']}")
+            f"tenant={a['tenant_id'] or 'all'} value={a['value']} threshold={a['threshold']}")
     if not any(a["alert_kind"] in ("replica_concentration", "pool_concentration") for a in alerts):
         log("  (no concentration alert)")
     return {"verified": report.ok, "records": report.records, "checkpoints": report.checkpoints,
