@@ -72,12 +72,12 @@ async def test_slow_bodies_past_the_cap_are_refused_and_never_reach_the_shedding
         conns += excess
 
         async def decided() -> bool:  # every excess request refused (429) or shed (503)
-            m = (await stack.client.get("/metrics")).text
+            m = await stack.admin_metrics()
             return _sample(m, 'prefixgate_flow_refused_total{reason="in_flight"}') \
                 + _sample(m, "prefixgate_shed_requests_total") >= EXCESS
 
         await wait_for(decided, what="the excess requests decided")
-        metrics = (await stack.client.get("/metrics")).text
+        metrics = await stack.admin_metrics()
         assert _sample(metrics, "prefixgate_shed_requests_total") == 0, "a tenant's slow bodies made the gateway shed"
         assert _sample(metrics, 'prefixgate_flow_refused_total{reason="in_flight"}') == EXCESS
         # the refused ones hold nothing while their body is drained: only the cap's requests count

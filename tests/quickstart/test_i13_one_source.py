@@ -49,13 +49,16 @@ def _workload(tenant: Any) -> WorkloadIdentity:
 
 async def _allowed(c: Gateway, tenant: Any, model: str) -> tuple[bool, str]:
     req = SimpleNamespace(model=model, max_tokens=16, stream=False, sequences=1)
+    decision = await c.pep.decide(_workload(tenant), tenant, req, 10, c.replica_set.candidates(tenant.pools),
+                                  "/v1/chat/completions")
     try:
-        decision = await c.pep.decide(_workload(tenant), tenant, req, 10, c.replica_set.candidates(tenant.pools),
-                                      "/v1/chat/completions")
         c.pep.enforce(decision)
     except GatewayError as err:
-        assert err.status == 403, (err.status, err.code)
-        return False, err.code
+        # a deny is 403 with its reason code, except model_not_entitled: answered as an unknown
+        # model (404 model_not_found, review R3-7) while the decision keeps the true reason
+        expected = (404, "model_not_found") if decision.reason_code == "model_not_entitled" else (403, decision.reason_code)
+        assert (err.status, err.code) == expected, (err.status, err.code, decision.reason_code)
+        return False, decision.reason_code
     return True, "allowed"
 
 
