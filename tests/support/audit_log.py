@@ -1,13 +1,34 @@
-"""An in-memory stand-in for :class:`audit.log.AuditLog` behind :class:`gateway.auditing.AuditHub`.
+"""Audit hubs for tests: an in-memory stand-in log, or a real hub writing files under a test's folder.
 
 ``AuditHub(ListLog())`` lets a test read every audit event the gateway emitted
-(request and operator events) without sinks on disk.
+(request and operator events) without sinks on disk; :func:`file_audit_hub` builds
+the real hub (signed JSONL sink, spill file) as the gateway does.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-__all__ = ["ListLog"]
+from audit.keys import generate_signing_key
+from gateway.auditing import AuditHub
+
+__all__ = ["ListLog", "file_audit_hub"]
+
+
+def file_audit_hub(tmp: Path, **sections: Any) -> AuditHub:
+    """A real :class:`AuditHub` (``AuditHub.from_config``): a fresh signing key at
+    ``tmp/keys/audit.key``, signed JSONL events under ``tmp/audit`` (a checkpoint every 1 s),
+    spill under ``tmp/spill`` (at most 1 MiB), plus ``sections`` (more ``audit.*`` keys:
+    sinks such as ``ocsf``/``syslog``, ``summary``). Raises FileExistsError when ``tmp/keys``
+    exists, ValueError on an invalid section."""
+    key = tmp / "keys" / "audit.key"
+    key.parent.mkdir()
+    generate_signing_key(key)
+    return AuditHub.from_config({
+        "jsonl": {"dir": str(tmp / "audit"), "signing_key_file": str(key), "checkpoint_s": 1},
+        **sections,
+        "spill": {"dir": str(tmp / "spill"), "max_bytes": 1 << 20},
+    })
 
 
 class ListLog:
