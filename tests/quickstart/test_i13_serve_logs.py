@@ -13,17 +13,12 @@ from pathlib import Path
 
 import httpx
 
-from sim.quickstart import init_gateway_dir
-from tests.support.serve_cli import quickstart_ports, start_replicas_and_gateway, stop, wait_logged
+from tests.support.serve_cli import ready_quickstart
 
 
 def test_serve_logs_listeners_summary_ready_drain_and_exit(tmp_path: Path) -> None:
-    port, admin_port, base = quickstart_ports()
-    res = init_gateway_dir(tmp_path / "gw", port=port, admin_port=admin_port, replicas=1, replica_base_port=base)
-    replicas, gw, rlog, glog = start_replicas_and_gateway(res.config, tmp_path)
-    try:
-        wait_logged(lambda: "replicas ready" in rlog.read_text(), "replicas", replicas, rlog)
-        wait_logged(lambda: "ready: " in glog.read_text(), "gateway ready", gw, glog)
+    with ready_quickstart(tmp_path) as run:
+        port, admin_port, gw, glog = run.port, run.admin_port, run.gw, run.glog
         text = glog.read_text()
         assert f"listening: public http://127.0.0.1:{port}" in text, text
         assert f"listening: admin http://127.0.0.1:{admin_port}" in text, text
@@ -38,5 +33,3 @@ def test_serve_logs_listeners_summary_ready_drain_and_exit(tmp_path: Path) -> No
         text = glog.read_text()
         assert "draining: listeners closed" in text and "stopped: audit flushed, exiting" in text, text
         assert text.index("ready: ") < text.index("draining: ") < text.index("stopped: ")
-    finally:
-        stop(gw, replicas)

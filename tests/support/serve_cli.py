@@ -4,19 +4,24 @@
 :func:`start_replicas_and_gateway` starts ``prefixgate-sim replicas`` and
 ``prefixgate serve`` on an init config, each logging to a file; :func:`wait_logged`
 polls a condition while the process lives; :func:`stop` ends processes with SIGTERM.
+:func:`ready_quickstart` does all of it: init, start, wait for both to log ready, stop.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ENV", "ROOT", "quickstart_ports", "start_replicas_and_gateway", "stop", "wait_logged"]
+from sim.quickstart import init_gateway_dir
+
+__all__ = ["ENV", "ROOT", "QuickstartRun", "quickstart_ports", "ready_quickstart", "start_replicas_and_gateway", "stop", "wait_logged"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The environment of a child process: this tree first on ``PYTHONPATH``.
@@ -81,3 +86,32 @@ def stop(*procs: subprocess.Popen[bytes]) -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+@dataclass
+class QuickstartRun:
+    """A running quickstart: the public and admin ports, the replicas and gateway processes and
+    the gateway's log file (stdout and stderr)."""
+
+    port: int
+    admin_port: int
+    replicas: subprocess.Popen[bytes]
+    gw: subprocess.Popen[bytes]
+    glog: Path
+
+
+@contextlib.contextmanager
+def ready_quickstart(tmp: Path) -> Iterator[QuickstartRun]:
+    """``init_gateway_dir(tmp/"gw")`` (one replica, free ports), then replicas and ``serve`` as
+    :func:`start_replicas_and_gateway` in ``tmp``; yields once the replicas logged ``replicas ready``
+    and the gateway ``ready: `` (each within 60 s, else AssertionError with the log). Stops both
+    processes (:func:`stop`) on exit, whether or not the test stopped the gateway itself."""
+    port, admin_port, base = quickstart_ports()
+    res = init_gateway_dir(tmp / "gw", port=port, admin_port=admin_port, replicas=1, replica_base_port=base)
+    replicas, gw, rlog, glog = start_replicas_and_gateway(res.config, tmp)
+    try:
+        wait_logged(lambda: "replicas ready" in rlog.read_text(), "replicas", replicas, rlog)
+        wait_logged(lambda: "ready: " in glog.read_text(), "gateway ready", gw, glog)
+        yield QuickstartRun(port, admin_port, replicas, gw, glog)
+    finally:
+        stop(gw, replicas)
