@@ -8,22 +8,11 @@ from typing import Any
 
 import pytest
 
-from gateway.auditing import AuditHub
 from gateway.errors import GatewayError
-from tests.support.audit_log import ListLog
+from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
 
 TD = "demo.prefixgate.test"
 PRIVATE = "globex-merger-ft-2027"
-
-
-@pytest.fixture
-def audit_log() -> ListLog:
-    return ListLog()
-
-
-@pytest.fixture
-def audit_hub(audit_log: ListLog) -> AuditHub:
-    return AuditHub(audit_log)
 
 
 @pytest.fixture

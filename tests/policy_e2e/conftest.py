@@ -23,8 +23,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from gateway.auditing import AuditHub
-from tests.support.audit_log import ListLog
+from tests.support.audit_log import audit_hub, audit_log  # noqa: F401 - fixtures
 from tests.support.opa_server import create_app, state_from_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,15 +120,4 @@ def policy_section(pdp_mode: str, opa: OpaThread | None) -> dict[str, Any]:
 def config_overrides(policy_section: dict[str, Any]) -> dict[str, Any]:
     """Shipped policies, the chosen PDP, and a second served model nobody is entitled to."""
     return {"policy": policy_section, "models": ["sim-model", "other-model"]}
-
-
-@pytest.fixture
-def audit_log() -> ListLog:
-    """Every audit event the gateway emits."""
-    return ListLog()
-
-
-@pytest.fixture
-def audit_hub(audit_log: ListLog) -> AuditHub:
-    return AuditHub(audit_log)
 

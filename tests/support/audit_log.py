@@ -2,17 +2,21 @@
 
 ``AuditHub(ListLog())`` lets a test read every audit event the gateway emitted
 (request and operator events) without sinks on disk; :func:`file_audit_hub` builds
-the real hub (signed JSONL sink, spill file) as the gateway does.
+the real hub (signed JSONL sink, spill file) as the gateway does. Import the
+fixtures :func:`audit_log` and :func:`audit_hub` into a test module (or conftest) to run
+its ``stack`` on a :class:`ListLog`.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from audit.keys import generate_signing_key
 from gateway.auditing import AuditHub
 
-__all__ = ["ListLog", "file_audit_hub"]
+__all__ = ["ListLog", "audit_hub", "audit_log", "file_audit_hub"]
 
 
 def file_audit_hub(tmp: Path, **sections: Any) -> AuditHub:
@@ -50,3 +54,15 @@ class ListLog:
 
     async def close(self) -> None:
         return None
+
+
+@pytest.fixture
+def audit_log() -> ListLog:
+    """Every audit event the gateway emits (a fresh :class:`ListLog`)."""
+    return ListLog()
+
+
+@pytest.fixture
+def audit_hub(audit_log: ListLog) -> AuditHub:
+    """The ``stack``'s audit hub over :func:`audit_log`."""
+    return AuditHub(audit_log)
