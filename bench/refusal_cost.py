@@ -18,21 +18,19 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from bench.fairness import TD, _config
+from bench.harness import asgi_post_best_cpu_ns
 from sim.click_options import ClickOptions
 from sim.spiffe_issuer import DemoIssuer
 
 
 async def measure(requests: int, rounds: int) -> dict[str, Any]:
     """(statuses seen, best CPU microseconds per refused request)."""
-    import time
-
     from gateway.app import build_public_app
     from gateway.auditing import AuditHub
     from gateway.build import build
@@ -53,31 +51,10 @@ async def measure(requests: int, rounds: int) -> dict[str, Any]:
     token = issuer.mint(f"spiffe://{TD}/f/app", "prefixgate", ttl_s=600)
     body = json.dumps({"model": "sim-model", "prompt": " ".join(f"w{i}" for i in range(100)),
                        "max_tokens": 8, "stream": True}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "root_path": "",
-             "query_string": b"", "client": ("127.0.0.1", 5555), "server": ("127.0.0.1", 8000),
-             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
-                         (b"content-length", str(len(body)).encode()), (b"authorization", f"Bearer {token}".encode())]}
-    statuses: dict[int, int] = {}
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(msg: MutableMapping[str, Any]) -> None:
-        if msg["type"] == "http.response.start":
-            statuses[msg["status"]] = statuses.get(msg["status"], 0) + 1
-
-    for _ in range(200):  # warm the verified-token cache and the code paths
-        await app(dict(scope), receive, send)
-    best: int | None = None
-    for _ in range(rounds):
-        t0 = time.process_time_ns()
-        for _ in range(requests):
-            await app(dict(scope), receive, send)
-        dt = time.process_time_ns() - t0
-        best = dt if best is None or dt < best else best
+    statuses, ns = await asgi_post_best_cpu_ns(app, body, token, warm=200,  # warm the token cache and code paths
+                                               requests=requests, rounds=rounds)
     await gw.stop()
-    return {"statuses": statuses, "cpu_us_per_refusal": round((best or 0) / requests / 1000.0, 1)}
+    return {"statuses": statuses, "cpu_us_per_refusal": round(ns / 1000.0, 1)}
 
 
 def main() -> None:

@@ -31,13 +31,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from bench.fairness import ROOT, TD, _config
+from bench.harness import asgi_post_best_cpu_ns
 from sim.click_options import ClickOptions
 from sim.spiffe_issuer import DemoIssuer
 
@@ -83,30 +83,9 @@ async def cpu_per_refusal(arm: str, requests: int, rounds: int) -> dict[str, Any
     app = build_public_app(gw, manage_lifecycle=False)
     token = issuer.mint(f"spiffe://{TD}/f/app", "prefixgate", ttl_s=600)
     body = json.dumps({"model": "sim-model", "prompt": HUGE, "max_tokens": 8}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "root_path": "",
-             "query_string": b"", "client": ("127.0.0.1", 5555), "server": ("127.0.0.1", 8000),
-             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
-                         (b"content-length", str(len(body)).encode()), (b"authorization", f"Bearer {token}".encode())]}
-    statuses: dict[int, int] = {}
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(msg: MutableMapping[str, Any]) -> None:
-        if msg["type"] == "http.response.start":
-            statuses[msg["status"]] = statuses.get(msg["status"], 0) + 1
-
-    await app(dict(scope), receive, send)  # warm
-    best: int | None = None
-    for _ in range(rounds):
-        t0 = time.process_time_ns()
-        for _ in range(requests):
-            await app(dict(scope), receive, send)
-        dt = time.process_time_ns() - t0
-        best = dt if best is None or dt < best else best
+    statuses, ns = await asgi_post_best_cpu_ns(app, body, token, warm=1, requests=requests, rounds=rounds)
     await gw.stop()
-    return {"statuses": statuses, "cpu_ms_per_refusal": round((best or 0) / requests / 1e6, 2)}
+    return {"statuses": statuses, "cpu_ms_per_refusal": round(ns / 1e6, 2)}
 
 
 async def _serve(cfg_file: str, ready_file: str, arm: str) -> None:

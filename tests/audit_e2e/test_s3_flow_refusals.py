@@ -25,23 +25,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from e2e_helpers import audit_section, jsonl_events, wait_for  # noqa: E402
 
 from gateway.auditing import AuditHub  # noqa: E402
-from sim.replica import ReplicaConfig  # noqa: E402
-
-PROMPT = " ".join(f"w{i}" for i in range(40))
+from tests.support.flow import PROMPT, n_replicas, replica_cfg  # noqa: E402,F401 - fixtures: one slow replica
 CODES = {"in_flight_limited", "queue_full", "queue_timeout"}
 FLOW = {"replica_max_running_requests": 1, "tenant_max_queued_requests": 1, "tenant_max_queue_wait_s": 0.5,
         "tenant_max_in_flight_requests": 2, "shed_max_in_flight_requests": 16}
-
-
-@pytest.fixture
-def n_replicas() -> int:
-    return 1
-
-
-@pytest.fixture
-def replica_cfg() -> ReplicaConfig:
-    """Slow decode (50 ms per output token, unscaled): a long request keeps the replica full."""
-    return ReplicaConfig(time_scale=1.0, decode_s_per_token=0.05, stream_chunk_tokens=4)
 
 
 @pytest.fixture

@@ -23,6 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.support.audit_log import ListLog
+
 USAGE_20_7 = {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27}
 
 
@@ -257,23 +259,8 @@ async def scripted(n: int) -> AsyncIterator[Scripted]:
         await stop_scripted(s)
 
 
-class CapturingLog:
+class CapturingLog(ListLog):
     """A stand-in audit log for :class:`gateway.auditing.AuditHub`: keeps each emitted event."""
-
-    accepting = True
-    dropped = 0
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    def emit(self, ev: Any) -> None:
-        self.events.append(ev)
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
     def by_request(self, request_id: str) -> Any:
         found = [e for e in self.events if e.request_id == request_id]

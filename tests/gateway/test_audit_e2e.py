@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from audit.keys import generate_signing_key
 from gateway.auditing import AuditHub
+from tests.support.audit_log import file_audit_hub
 
 CANARY = "canaryzebra"
 PROMPT = " ".join([CANARY] + [f"w{i}" for i in range(100)])
@@ -16,13 +16,7 @@ PROMPT = " ".join([CANARY] + [f"w{i}" for i in range(100)])
 
 @pytest.fixture
 def audit_hub(tmp_path: Path) -> AuditHub:
-    key = tmp_path / "keys" / "audit.key"
-    key.parent.mkdir()
-    generate_signing_key(key)
-    return AuditHub.from_config({
-        "jsonl": {"dir": str(tmp_path / "audit"), "signing_key_file": str(key), "checkpoint_s": 1},
-        "spill": {"dir": str(tmp_path / "spill"), "max_bytes": 1 << 20},
-    })
+    return file_audit_hub(tmp_path)
 
 
 def _events(tmp: Path) -> list[dict]:

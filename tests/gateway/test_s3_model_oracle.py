@@ -8,40 +8,11 @@ from typing import Any
 
 import pytest
 
-from gateway.auditing import AuditHub
 from gateway.errors import GatewayError
+from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
 
 TD = "demo.prefixgate.test"
 PRIVATE = "globex-merger-ft-2027"
-
-
-class ListLog:
-    """In-memory audit log: the subset of :class:`audit.log.AuditLog` the hub uses."""
-
-    accepting = True
-    dropped = 0
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    def emit(self, event: Any) -> None:
-        self.events.append(event)
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-
-@pytest.fixture
-def audit_log() -> ListLog:
-    return ListLog()
-
-
-@pytest.fixture
-def audit_hub(audit_log: ListLog) -> AuditHub:
-    return AuditHub(audit_log)
 
 
 @pytest.fixture

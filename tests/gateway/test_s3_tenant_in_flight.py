@@ -15,24 +15,12 @@ from typing import Any
 import pytest
 
 from gateway.config_flow import FlowConfig
-from sim.replica import ReplicaConfig
 from tests.conftest import TD
+from tests.support.flow import PROMPT, n_replicas, replica_cfg  # noqa: F401 - fixtures: one slow replica
 from tests.support.waiting import wait_for
 
-PROMPT = " ".join(f"w{i}" for i in range(40))
 SHED = 8
 CAP = 4
-
-
-@pytest.fixture
-def replica_cfg() -> ReplicaConfig:
-    """Slow decode (50 ms per output token, unscaled): a flooding tenant's requests stay in flight."""
-    return ReplicaConfig(time_scale=1.0, decode_s_per_token=0.05, stream_chunk_tokens=4)
-
-
-@pytest.fixture
-def n_replicas() -> int:
-    return 1
 
 
 def test_default_cap_is_below_the_shedding_bound() -> None:

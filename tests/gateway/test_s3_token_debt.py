@@ -16,34 +16,15 @@ from typing import Any
 
 import pytest
 
-from gateway.auditing import AuditHub
 from tenancy.ledger import InProcessLedger
 from tenancy.prompt_room import PromptRoom, min_tokens
 from tenancy.registry import Tenant
 from tenancy.tokenizer import WordTokenizer
 from tests.conftest import TD
+from tests.support.audit_log import audit_hub, audit_log  # noqa: F401 - fixtures: the stack audits to a ListLog
 from tests.support.waiting import wait_for
 
 RATE = 1 / 60  # one token a minute: the bucket does not refill during a test
-
-
-class _Log:
-    """A stand-in audit log: keeps each emitted event."""
-
-    accepting = True
-    dropped = 0
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    def emit(self, ev: Any) -> None:
-        self.events.append(ev)
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
 
 class _Spy:
@@ -77,16 +58,6 @@ def n_replicas() -> int:
 
 
 @pytest.fixture
-def log() -> _Log:
-    return _Log()
-
-
-@pytest.fixture
-def audit_hub(log: _Log) -> AuditHub:
-    return AuditHub(log)
-
-
-@pytest.fixture
 def config_overrides(tmp_path: Path) -> dict[str, Any]:
     return {"tenancy": {"tenants": [
         _tenant("tenant-a", prompt_tokens_per_s=RATE, prompt_tokens_burst=100),
@@ -116,7 +87,7 @@ def _spy(stack: Any) -> _Spy:
     return spy
 
 
-async def test_a_tenant_in_debt_is_refused_before_its_huge_prompt_is_tokenized(stack: Any, log: _Log) -> None:
+async def test_a_tenant_in_debt_is_refused_before_its_huge_prompt_is_tokenized(stack: Any) -> None:
     spy = _spy(stack)
     r = await _post(stack, "tenant-a", _words(500))  # a full bucket admits it into debt (-400)
     assert r.status_code == 200, r.text
@@ -136,7 +107,7 @@ async def test_a_tenant_in_debt_is_refused_before_its_huge_prompt_is_tokenized(s
     assert spy.calls and all(limit == 0 and produced <= 1 for _, limit, produced in spy.calls), spy.calls
 
 
-async def test_the_tokenizing_work_is_bounded_by_what_the_bucket_admits(stack: Any, log: _Log) -> None:
+async def test_the_tokenizing_work_is_bounded_by_what_the_bucket_admits(stack: Any) -> None:
     spy = _spy(stack)
     r = await _post(stack, "tenant-b", _words(100))  # full bucket (1000): limit = max_prompt_tokens
     assert r.status_code == 200, r.text

@@ -30,8 +30,9 @@ from typing import Any
 import pytest
 
 from gateway.app import build_admin_app, build_public_app
-from gateway.server import GatewayServer, uvicorn_config
+from gateway.server import uvicorn_config
 from tests.hostile.test_i10_http_framing import Resp, _parse_responses
+from tests.support.listeners import serving
 
 CAP = 8192
 TIMEOUT_S = 1.0
@@ -67,31 +68,15 @@ def _recording(app: Any, reached: list[str]) -> Any:
 async def start(stack: Any) -> AsyncIterator[Callable[..., Awaitable[Listener]]]:
     """``await start(parser, which, **limit_updates)``: a fresh listener on 127.0.0.1:0."""
     c = stack.components
-    servers: list[GatewayServer] = []
-    tasks: list[asyncio.Task[Any]] = []
+    async with serving() as serve:
+        async def _start(parser: str, which: str, **updates: Any) -> Listener:
+            limits = c.config.limits.model_copy(update=updates)
+            reached: list[str] = []
+            app = build_public_app(c, manage_lifecycle=False) if which == "public" else build_admin_app(c)
+            addr = await serve(uvicorn_config(_recording(app, reached), "127.0.0.1", 0, http=parser, limits=limits))
+            return Listener(addr, PATHS[which], reached)
 
-    async def _start(parser: str, which: str, **updates: Any) -> Listener:
-        limits = c.config.limits.model_copy(update=updates)
-        reached: list[str] = []
-        app = build_public_app(c, manage_lifecycle=False) if which == "public" else build_admin_app(c)
-        server = GatewayServer(uvicorn_config(_recording(app, reached), "127.0.0.1", 0, http=parser, limits=limits))
-        servers.append(server)
-        task = asyncio.ensure_future(server.serve())
-        tasks.append(task)
-        async with asyncio.timeout(10):
-            while not server.started:
-                if task.done():
-                    raise RuntimeError("listener failed to start")
-                await asyncio.sleep(0.01)
-        host, port = server.servers[0].sockets[0].getsockname()[:2]
-        return Listener((host, port), PATHS[which], reached)
-
-    try:
         yield _start
-    finally:
-        for s in servers:
-            s.should_exit = True
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def head_of_size(path: str, total: int, *, end: bool = True) -> bytes:

@@ -18,10 +18,11 @@ import pytest
 from gateway.app import build_public_app
 from gateway.config import GatewayConfig
 from gateway.http_guard import guarded_protocol
-from gateway.server import GatewayServer, uvicorn_config
+from gateway.server import uvicorn_config
 from tests.hostile.test_i10_header_limits import (  # noqa: F401 - config_overrides is a fixture
     Listener, _recording, close, config_overrides, head_of_size, read_one_response, read_until_closed,
 )
+from tests.support.listeners import serving
 from tests.support.waiting import wait_for
 
 PARSERS = pytest.mark.parametrize("parser", ["h11", "httptools"])
@@ -31,28 +32,16 @@ PARSERS = pytest.mark.parametrize("parser", ["h11", "httptools"])
 async def start(stack: Any) -> Any:
     """``await start(parser, "public", max_connections_per_source=N)``: a public listener on 127.0.0.1:0."""
     c = stack.components
-    servers: list[GatewayServer] = []
-    tasks: list[asyncio.Task[Any]] = []
-
-    async def _start(parser: str, which: str, max_connections_per_source: int | None = None) -> Listener:
-        assert which == "public"
-        reached: list[str] = []
-        app = _recording(build_public_app(c, manage_lifecycle=False), reached)
-        server = GatewayServer(uvicorn_config(app, "127.0.0.1", 0, http=parser, limits=c.config.limits,
+    async with serving() as serve:
+        async def _start(parser: str, which: str, max_connections_per_source: int | None = None) -> Listener:
+            assert which == "public"
+            reached: list[str] = []
+            app = _recording(build_public_app(c, manage_lifecycle=False), reached)
+            addr = await serve(uvicorn_config(app, "127.0.0.1", 0, http=parser, limits=c.config.limits,
                                               max_connections_per_source=max_connections_per_source))
-        servers.append(server)
-        tasks.append(asyncio.ensure_future(server.serve()))
-        await wait_for(lambda: server.started or tasks[-1].done(), timeout_s=10)
-        assert server.started
-        host, port = server.servers[0].sockets[0].getsockname()[:2]
-        return Listener((host, port), "/healthz", reached)
+            return Listener(addr, "/healthz", reached)
 
-    try:
         yield _start
-    finally:
-        for s in servers:
-            s.should_exit = True
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _connect(addr: tuple[str, int], source: str = "127.0.0.1") -> tuple[Any, Any]:

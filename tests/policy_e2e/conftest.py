@@ -5,7 +5,7 @@ points: ``embedded`` (the OPA Go engine in the gateway process) and
 ``remote`` (``tests.support.opa_server`` on loopback, in a thread, reached through
 ``policy.remote.RemoteOpa``). Both load the shipped ``rego/`` directory.
 
-``ListLog`` stands in for :class:`audit.log.AuditLog` behind the gateway's
+``ListLog`` (:mod:`tests.support.audit_log`) stands in for :class:`audit.log.AuditLog` behind the gateway's
 :class:`gateway.auditing.AuditHub`, so tests read every audit event the
 gateway emitted (request and operator events) without sinks on disk.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from gateway.auditing import AuditHub
+from tests.support.audit_log import audit_hub, audit_log  # noqa: F401 - fixtures
 from tests.support.opa_server import create_app, state_from_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,25 +35,6 @@ ADMIN_AUDIENCE = "prefixgate-admin"
 #: Remote-mode decision deadline in tests (s): generous for a loaded 2-CPU CI
 #: box; the slow-OPA test makes the server far slower than this.
 REMOTE_TIMEOUT_S = 0.5
-
-
-class ListLog:
-    """In-memory audit log: the subset of :class:`audit.log.AuditLog` the hub uses."""
-
-    accepting = True
-    dropped = 0
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    def emit(self, event: Any) -> None:
-        self.events.append(event)
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
 
 class SlowApp:
@@ -139,15 +120,4 @@ def policy_section(pdp_mode: str, opa: OpaThread | None) -> dict[str, Any]:
 def config_overrides(policy_section: dict[str, Any]) -> dict[str, Any]:
     """Shipped policies, the chosen PDP, and a second served model nobody is entitled to."""
     return {"policy": policy_section, "models": ["sim-model", "other-model"]}
-
-
-@pytest.fixture
-def audit_log() -> ListLog:
-    """Every audit event the gateway emits."""
-    return ListLog()
-
-
-@pytest.fixture
-def audit_hub(audit_log: ListLog) -> AuditHub:
-    return AuditHub(audit_log)
 

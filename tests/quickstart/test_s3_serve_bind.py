@@ -5,7 +5,6 @@ already in use"). Real CLI in a subprocess, ephemeral ports only (one we hold ou
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -14,25 +13,12 @@ from pathlib import Path
 import pytest
 
 from sim.quickstart import init_gateway_dir
-
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+from tests.support.serve_cli import ENV, quickstart_ports
 
 
 @pytest.mark.parametrize("taken", ["public", "admin"])
 def test_address_in_use_names_the_listener_and_address(tmp_path: Path, taken: str) -> None:
-    port, admin_port, base = _free_ports(3)
+    port, admin_port, base = quickstart_ports()
     res = init_gateway_dir(tmp_path / "gw", port=port, admin_port=admin_port, replicas=1, replica_base_port=base)
     busy = socket.socket()
     busy.bind(("127.0.0.1", port if taken == "public" else admin_port))

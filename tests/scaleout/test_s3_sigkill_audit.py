@@ -20,23 +20,10 @@ from sim.demo import DemoPaths, bearer_headers, gateway_config, prepare_identity
 from sim.procs import free_port, python_module_cmd, start_process, stop_process, wait_for_url
 from sim.replica import ReplicaConfig
 from tests.support.waiting import wait_for
+from tests.support.workers import children, running
 
 CLIENTS = 12
 KILL_AFTER = 120  # answered requests before the SIGKILL
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
 
 
 async def test_sigkill_under_load_loses_no_answered_request_from_the_audit_chain(
@@ -75,8 +62,8 @@ async def test_sigkill_under_load_loses_no_answered_request_from_the_audit_chain
 
     try:
         await wait_for_url(f"{base}/readyz", timeout_s=60, proc=proc)
-        await wait_for(lambda: _children(proc.pid), timeout_s=30, what="the audit worker process")
-        children = _children(proc.pid)
+        await wait_for(lambda: children(proc.pid), timeout_s=30, what="the audit worker process")
+        workers = children(proc.pid)
         tasks = [asyncio.create_task(client(n)) for n in range(CLIENTS)]
         await wait_for(lambda: len(answered) >= KILL_AFTER or any(t.done() for t in tasks), timeout_s=120,
                        what=f"{KILL_AFTER} answered requests")
@@ -85,7 +72,7 @@ async def test_sigkill_under_load_loses_no_answered_request_from_the_audit_chain
         await asyncio.gather(*tasks)
         await wait_for(lambda: not proc.alive(), timeout_s=30, what="the gateway is gone")
         # the worker reads the rest of its pipe, then EOF: it closes the trail (final checkpoint) and exits
-        await wait_for(lambda: all(_gone(c) for c in children), timeout_s=60, what="the audit worker closed")
+        await wait_for(lambda: not any(running(c) for c in workers), timeout_s=60, what="the audit worker closed")
     finally:
         stop_process(proc)
         await cluster.stop()

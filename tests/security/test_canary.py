@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from audit.keys import generate_signing_key
 from gateway.auditing import AuditHub
 from sim.procs import free_port
+from tests.support.audit_log import file_audit_hub
 
 TD = "demo.prefixgate.test"
 CANARY = "canary" + secrets.token_hex(6)
@@ -34,17 +34,13 @@ closed_port = free_port  # free a moment ago: nothing listens there
 
 @pytest.fixture
 def audit_hub(tmp_path: Path) -> AuditHub:
-    key = tmp_path / "keys" / "audit.key"
-    key.parent.mkdir()
-    generate_signing_key(key)
-    return AuditHub.from_config({
-        "jsonl": {"dir": str(tmp_path / "audit"), "signing_key_file": str(key), "checkpoint_s": 1},
-        "ocsf": {"file": str(tmp_path / "ocsf" / "events.ocsf.jsonl")},
+    return file_audit_hub(
+        tmp_path,
+        ocsf={"file": str(tmp_path / "ocsf" / "events.ocsf.jsonl")},
         # a SIEM that is down: its events go to the spill file, which is searched too
-        "syslog": {"host": "127.0.0.1", "port": closed_port(), "protocol": "tcp", "format": "cef"},
-        "spill": {"dir": str(tmp_path / "spill"), "max_bytes": 1 << 20},
-        "summary": False,
-    })
+        syslog={"host": "127.0.0.1", "port": closed_port(), "protocol": "tcp", "format": "cef"},
+        summary=False,
+    )
 
 
 @pytest.fixture

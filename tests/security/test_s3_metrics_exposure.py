@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from audit.keys import generate_signing_key
 from gateway.auditing import AuditHub
+from tests.support.audit_log import file_audit_hub
 
 #: the whole public exposition (metrics.public_endpoint: minimal)
 PUBLIC_FAMILIES = {"prefixgate_healthy_replicas", "prefixgate_audit_dropped_events", "prefixgate_state_available",
@@ -28,13 +28,7 @@ PROMPT = " ".join(f"secretword{i}" for i in range(300))
 @pytest.fixture
 def audit_hub(tmp_path: Path) -> AuditHub:
     """A real audit hub (log, concentration monitor, tracing metrics), as the gateway builds it."""
-    key = tmp_path / "keys" / "audit.key"
-    key.parent.mkdir()
-    generate_signing_key(key)
-    return AuditHub.from_config({
-        "jsonl": {"dir": str(tmp_path / "audit"), "signing_key_file": str(key), "checkpoint_s": 1},
-        "spill": {"dir": str(tmp_path / "spill"), "max_bytes": 1 << 20},
-    })
+    return file_audit_hub(tmp_path)
 
 
 def families(text: str) -> set[str]:

@@ -8,7 +8,8 @@ marker; ``-m "not slow"`` or ``-m "not e2e and not statistical"`` select less.
 * ``e2e``: the test starts servers or processes: it uses a fixture that does
   (a gateway stack, simulated replicas, an OPA stand-in, rsyslogd, a
   collector), or its module starts them itself (``subprocess``, an aiohttp
-  site, the audit worker or span exporter child, rsyslogd).
+  site, the audit worker or span exporter child, rsyslogd, ``tests.support.serve_cli``'s
+  ``ready_quickstart``).
 * ``slow``: measured above ~3 s on a 2-core machine (listed in :data:`SLOW`,
   from ``--durations``); ``PREFIXGATE_AUDIT_OUTAGE_S`` style runs are slow too.
 * ``statistical``: a timing probe that compares samples (modules in
@@ -28,7 +29,8 @@ E2E_FIXTURES = frozenset({
 })
 #: Source fragments of modules that start servers or processes themselves.
 E2E_SOURCE = ("subprocess", "TCPSite(", "Rsyslog(", "RemoteAuditLog(", "OffloadSpanProcessor(", "start_process(",
-              "start_cluster(", "uvicorn.Server", "asyncio.start_server(", "create_subprocess_exec")
+              "start_cluster(", "uvicorn.Server", "asyncio.start_server(", "create_subprocess_exec",
+              "ready_quickstart(")
 #: Modules of timing-probe tests (sample comparisons).
 STATISTICAL = frozenset({"tests/security/test_timing_probe.py"})
 #: Tests measured above ~3 s (``path::name`` without parameters; a whole module as ``path``).
