@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 import psutil
 
-from bench.fairness import FLOW_ON, TD, _config, _Gateway, _loop, _paced, _pct
+from bench.fairness import FLOW_ON, OPERATOR, TD, _config, _Gateway, _loop, _paced, _pct
 from sim.click_options import ClickOptions
 from sim.cluster import spawn_cluster
 from sim.spiffe_issuer import DemoIssuer
@@ -47,7 +47,7 @@ def _cpu_s(pid: int) -> float:
 
 async def _phase(tmp: Path, url: str, issuer: DemoIssuer, senders: int, seconds: float) -> dict[str, Any]:
     """F with ``senders`` concurrent looping 100-word streams, B at 1 request/s."""
-    async with _Gateway(tmp, _config(tmp, url, issuer, FLOOD, {})) as g:
+    async with _Gateway(tmp, _config(tmp, url, issuer, FLOOD, {}), issuer.mint(OPERATOR, "prefixgate-admin", ttl_s=600)) as g:
         assert g.proc is not None
         tok = {t: issuer.mint(f"spiffe://{TD}/{t}/app", "prefixgate", ttl_s=600) for t in ("b", "f")}
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
