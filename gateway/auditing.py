@@ -103,6 +103,9 @@ class AuditHub:
         # the log's request-row entry if it has one (audit.remote.RemoteAuditLog: the worker builds
         # the event); other logs (the in-process AuditLog, test captures) get the built event
         self._emit_row = getattr(log, "emit_request_row", None)
+        # the log's "write queued events to the worker now" (RemoteAuditLog.flush_now); other
+        # logs keep their own schedule: resolved once, not on every answer
+        self._flush_now = getattr(log, "flush_now", None)
 
     @classmethod
     def from_config(cls, section: "Mapping[str, Any] | AuditSection", *, router_factor: float = 1.25,
@@ -278,9 +281,8 @@ class AuditHub:
     def hand_off(self) -> None:
         """Write the events emitted so far to the audit worker's pipe now (a log without
         ``flush_now``, e.g. the inline one, keeps its own schedule)."""
-        flush = getattr(self.log, "flush_now", None)
-        if flush is not None:
-            flush()
+        if self._flush_now is not None:
+            self._flush_now()
 
     def emit_request(self, rec: RequestRecord) -> None:
         """The request's spans end and its one audit event is emitted.

@@ -56,16 +56,12 @@ class Recorder:
             return
         self.finish(rec)
 
-    def emit(self, rec: RequestRecord) -> None:
-        """The request's audit event (and spans), queued for the audit log; see :meth:`hand_off`."""
-        self.audit.emit_request(rec)
-
     def hand_off(self) -> None:
         """Write the queued audit events to the audit worker's pipe now (one write)."""
         self.audit.hand_off()
 
     def finish(self, rec: RequestRecord) -> None:
-        """The request's metrics and concentration observation (after :meth:`emit`)."""
+        """The request's metrics and concentration observation (after its audit event)."""
         m = self.metrics
         m.requests.labels(rec.endpoint, str(rec.status), rec.outcome).inc()
         m.request_seconds.labels(rec.endpoint).observe((rec.t_end or rec.t0) - rec.t0)
