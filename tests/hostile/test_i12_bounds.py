@@ -22,31 +22,13 @@ import pytest
 
 from gateway.auditing import AuditHub
 from tests.support.waiting import wait_for
+from tests.support.audit_log import ListLog as _MemoryLog
 
 TD = "demo.prefixgate.test"  # tests/conftest.py's trust domain
 ROOT = Path(__file__).resolve().parents[2]
 TENANT_IDS = ("tenant-small", "tenant-rate", "tenant-conc", "tenant-two", "tenant-pseudo")
 
 WORDS = " ".join(f"w{i}" for i in range(20))  # 20 tokens
-
-
-class _MemoryLog:
-    """The smallest audit log: keeps every event in memory."""
-
-    accepting = True
-    dropped = 0
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    async def start(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-    def emit(self, event: Any) -> None:
-        self.events.append(event)
 
 
 @pytest.fixture

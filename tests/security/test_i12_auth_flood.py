@@ -27,29 +27,12 @@ import pytest
 
 from gateway.auditing import AuditHub
 from sim.spiffe_issuer import DemoIssuer
+from tests.support.audit_log import ListLog as CaptureLog
 
 TD = "demo.prefixgate.test"
 TENANT = f"spiffe://{TD}/tenant-a/app"
 OPERATOR = f"spiffe://{TD}/ops/admin"
 BODY = {"model": "sim-model", "prompt": "hello from a tenant behind a busy NAT", "max_tokens": 2}
-
-
-class CaptureLog:
-    """A stand-in audit log that keeps every event (the hub's public surface only)."""
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-        self.accepting = True
-        self.dropped = 0
-
-    def emit(self, event: Any) -> None:
-        self.events.append(event)
-
-    async def start(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
 
 
 @pytest.fixture

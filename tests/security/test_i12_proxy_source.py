@@ -26,27 +26,12 @@ import pytest
 
 from gateway.auditing import AuditHub
 from sim.spiffe_issuer import DemoIssuer
+from tests.support.audit_log import ListLog as CaptureLog
 
 TD = "demo.prefixgate.test"
 TENANT = f"spiffe://{TD}/tenant-a/app"
 BODY = {"model": "sim-model", "prompt": "behind the shared proxy", "max_tokens": 2}
 A, B = "198.51.100.7", "198.51.100.8"
-
-
-class CaptureLog:
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-        self.accepting = True
-        self.dropped = 0
-
-    def emit(self, event: Any) -> None:
-        self.events.append(event)
-
-    async def start(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
 
 
 @pytest.fixture
