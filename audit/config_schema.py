@@ -25,6 +25,8 @@ from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
 
+from audit.config_errors import pydantic_problem
+
 __all__ = ["AuditConfigError", "AuditSection", "parse_audit", "section_keys"]
 
 #: shortest syslog message cap accepted (``audit.syslog.MIN_MESSAGE_BYTES``, checked again by the sink)
@@ -179,21 +181,8 @@ def parse_audit(config: Mapping[str, Any] | AuditSection) -> AuditSection:
     try:
         return AuditSection.model_validate(config)
     except ValidationError as exc:
-        raise AuditConfigError("; ".join(_problem(err, config) for err in exc.errors())) from None
-
-
-def _problem(err: Any, data: Any) -> str:
-    """One pydantic error as ``audit.<dotted.key>: <message>``; a union tag pydantic adds to
-    the location (``on`` in ``summary.on.window_s``) is no key of the input and is left out."""
-    parts: list[str] = ["audit"]
-    node, loc = data, list(err["loc"])
-    for i, part in enumerate(loc):
-        if isinstance(node, Mapping) and part not in node and i + 1 < len(loc) and loc[i + 1] in node:
-            continue  # a tag
-        node = node.get(part) if isinstance(node, Mapping) else None
-        parts.append(str(part))
-    msg = "unknown field" if err["type"] == "extra_forbidden" else str(err["msg"]).removeprefix("Value error, ")
-    return f"{'.'.join(parts)}: {msg}"
+        problems = (pydantic_problem(err, config, prefix="audit") for err in exc.errors())
+        raise AuditConfigError("; ".join(problems)) from None
 
 
 def section_keys(model: type[BaseModel], prefix: str = "") -> set[str]:

@@ -68,6 +68,9 @@ class SummaryAggregator:
         self._outcomes = outcomes
         self._summary_only = summary_only_codes
         self._windows: dict[str, _Window] = {}
+        # windows that ended and were replaced by a newer one of their source before a flush
+        # (a late periodic flusher under CPU load): summarized by the next flush, never dropped
+        self._closed: list[tuple[str, _Window]] = []
 
     @property
     def window_s(self) -> float:
@@ -84,6 +87,8 @@ class SummaryAggregator:
             source = OTHER_SOURCE
         win = self._windows.get(source)
         if win is None or event.time_ms - win.start_ms >= self._window_ms:
+            if win is not None and (win.suppressed or win.codes):
+                self._closed.append((source, win))
             win = self._windows[source] = _Window(start_ms=event.time_ms)
         code = event.policy.reason_code if event.policy is not None else None
         if code is not None and code in self._summary_only:
@@ -99,40 +104,43 @@ class SummaryAggregator:
 
     def flush(self, now_ms: int, force: bool = False) -> list[AuditEvent]:
         """Summary events for windows that ended by ``now_ms`` (epoch ms), or
-        for all open windows when ``force`` (shutdown). Closed windows are
-        forgotten."""
-        out: list[AuditEvent] = []
+        for all open windows when ``force`` (shutdown), and for every window that ended
+        and was replaced by a newer one of its source since the last flush (so a late flush
+        loses no count). Summarized windows are forgotten."""
+        ended, self._closed = self._closed, []
         for source in list(self._windows):
             win = self._windows[source]
             if not force and now_ms - win.start_ms < self._window_ms:
                 continue
             del self._windows[source]
-            total = sum(win.suppressed.values())
-            if not total:
-                continue
-            details: dict[str, object] = {
-                "source": source,
-                "window_start": iso_ms(win.start_ms),
-                "window_s": self._window_ms / 1000,
-                "emitted_individually": min(win.seen, self._first_n),
-                "suppressed": total,
-            }
-            for outcome, n in win.suppressed.items():
-                details[f"count_{outcome}"] = n
-            for code, n in win.codes.items():
-                details[f"count_{code}"] = n
-            if win.endpoints:
-                details["top_endpoint"] = win.endpoints.most_common(1)[0][0]
-            out.append(
-                AuditEvent(
-                    kind=Kind.SUMMARY,
-                    outcome=Outcome.SUMMARIZED,
-                    time_ms=now_ms,
-                    client_address=None if source == OTHER_SOURCE else source,
-                    summary=details,
-                )
-            )
-        return out
+            ended.append((source, win))
+        return [ev for source, win in ended if (ev := self._summary(source, win, now_ms)) is not None]
+
+    def _summary(self, source: str, win: _Window, now_ms: int) -> AuditEvent | None:
+        """The summary event of one ended window, ``None`` when it suppressed nothing."""
+        total = sum(win.suppressed.values())
+        if not total:
+            return None
+        details: dict[str, object] = {
+            "source": source,
+            "window_start": iso_ms(win.start_ms),
+            "window_s": self._window_ms / 1000,
+            "emitted_individually": min(win.seen, self._first_n),
+            "suppressed": total,
+        }
+        for outcome, n in win.suppressed.items():
+            details[f"count_{outcome}"] = n
+        for code, n in win.codes.items():
+            details[f"count_{code}"] = n
+        if win.endpoints:
+            details["top_endpoint"] = win.endpoints.most_common(1)[0][0]
+        return AuditEvent(
+            kind=Kind.SUMMARY,
+            outcome=Outcome.SUMMARIZED,
+            time_ms=now_ms,
+            client_address=None if source == OTHER_SOURCE else source,
+            summary=details,
+        )
 
 
 #: ``policy.reason_code`` of the gateway's fail-closed refusal (503 while the

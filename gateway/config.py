@@ -24,6 +24,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from audit.config_errors import pydantic_problem
 from audit.config_schema import AuditSection
 from gateway.config_base import ConfigError, ConfigSection
 from gateway.config_http import LimitsConfig, ListenConfig, ServerConfig, UpstreamConfig
@@ -115,45 +116,10 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     try:
         cfg = GatewayConfig(**data)
     except ValidationError as exc:
-        problems = "; ".join(_problem(err, data) for err in exc.errors())
+        problems = "; ".join(pydantic_problem(err, data) for err in exc.errors())
         raise ConfigError(f"invalid configuration: {problems}") from None
     check_tenancy(cfg.tenancy)
     return cfg
-
-
-def _problem(err: Any, data: Any) -> str:
-    """One pydantic error as ``dotted.key: message`` (no ``Value error,`` prefix; a key no
-    schema knows reads ``unknown field``, as docs/configuration.md promises; a rule over
-    the whole file, with no key of its own, is just its message)."""
-    msg = ("unknown field" if err["type"] == "extra_forbidden"
-           else str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, "))
-    path = ".".join(str(p) for p in _key_path(err["loc"], data))
-    return f"{path}: {msg}" if path else msg
-
-
-def _key_path(loc: tuple[Any, ...], data: Any) -> list[Any]:
-    """The error location as the user's keys: a part pydantic adds that is no
-    key of the input (the tag of a discriminated union, e.g. ``cache_aware``
-    in ``routing.policy.cache_aware.prefix_weight``) is left out when the
-    next part is a key there. Parts of values set from the environment (not
-    in ``data``) are kept as they are."""
-    out: list[Any] = []
-    node = data
-    i = 0
-    while i < len(loc):
-        part = loc[i]
-        if isinstance(node, dict):
-            if part not in node and i + 1 < len(loc) and loc[i + 1] in node:
-                i += 1  # a tag: skip it
-                continue
-            node = node.get(part)
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            node = node[part]
-        else:
-            node = None
-        out.append(part)
-        i += 1
-    return out
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

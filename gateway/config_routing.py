@@ -66,5 +66,6 @@ class HealthConfig(ConfigSection):
     timeout_s: float = Field(1.0, gt=0)
     unhealthy_after: int = Field(2, ge=1)
     healthy_after: int = Field(1, ge=1)
+    passive_grace_s: float = Field(5.0, ge=0)
     breaker_failures: int = Field(3, ge=1)
     breaker_cooldown_s: float = Field(5.0, gt=0)

@@ -7,6 +7,14 @@ down, ``healthy_after`` consecutive passes mark it up again (hysteresis, as in
 Envoy's and Kubernetes' probes). When the body's ``instance_id`` changes, the
 replica restarted and lost its KV cache: ``on_restart(replica_id)`` is called
 so the router forgets that replica's prefix index entries.
+
+Passive health (as Envoy's outlier detection uses real traffic): the probe runs on the
+gateway's own event loop, so a saturated loop can make it time out although the replica is
+fine. A probe that *timed out* is therefore not counted against a replica whose last real
+upstream verdict was a success at most ``passive_grace_s`` seconds ago
+(:meth:`ReplicaSet.answered_recently`); an explicit bad answer (non-200, refused connection,
+bad body) always counts. Real failures are the circuit breaker's: ``breaker_failures``
+consecutive ones open it, and any real failure voids the grace.
 """
 
 from __future__ import annotations
@@ -29,8 +37,9 @@ log = logging.getLogger(__name__)
 
 
 class HealthChecker:
-    """Periodic ``GET /health`` prober; see module doc. Raises
-    :class:`ValueError` on non-positive interval/timeout/thresholds."""
+    """Periodic ``GET /health`` prober; see module doc. ``passive_grace_s`` (seconds, 0 turns
+    it off): how recent a real success must be for a timed-out probe not to count. Raises
+    :class:`ValueError` on non-positive interval/timeout/thresholds or a negative grace."""
 
     def __init__(
         self,
@@ -41,9 +50,13 @@ class HealthChecker:
         unhealthy_after: int = 2,
         healthy_after: int = 1,
         on_restart: Callable[[str], None] | None = None,
+        passive_grace_s: float = 5.0,
     ) -> None:
         if interval_s <= 0 or timeout_s <= 0 or unhealthy_after < 1 or healthy_after < 1:
             raise ValueError("interval_s, timeout_s must be > 0 and thresholds >= 1")
+        if passive_grace_s < 0:
+            raise ValueError("passive_grace_s must be >= 0")
+        self.passive_grace_s = passive_grace_s
         self.replica_set = replica_set
         self.session = session
         self.interval_s = interval_s
@@ -58,27 +71,38 @@ class HealthChecker:
     async def probe(self, replica_id: str) -> str | None:
         """One check of ``replica_id``: returns the reported instance id
         ("" when absent) if the check passed, ``None`` if it failed."""
+        return (await self._probe(replica_id))[0]
+
+    async def _probe(self, replica_id: str) -> tuple[str | None, bool]:
+        """:meth:`probe`'s answer and whether a failure was a timeout (connect or read)."""
         url = self.replica_set.get(replica_id).url.rstrip("/") + "/health"
         try:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
                 if resp.status != 200:
-                    return None
+                    return None, False
                 # a compressing replica (or proxy) is decoded, not failed (issue 10, finding 5)
                 raw = decode_body(await resp.read(), resp.headers.get("Content-Encoding"), 1 << 20)
             body = json.loads(raw)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, ContentCodingError):
-            return None
+        except asyncio.TimeoutError:  # also aiohttp's ServerTimeoutError / ConnectionTimeoutError
+            return None, True
+        except (aiohttp.ClientError, ValueError, ContentCodingError):
+            return None, False
         if not isinstance(body, dict):
-            return None
+            return None, False
         inst = body.get("instance_id")
-        return inst if isinstance(inst, str) else ""
+        return (inst if isinstance(inst, str) else ""), False
 
     async def check_once(self) -> None:
         """Probe every replica concurrently and apply the verdicts."""
         ids = [r.id for r in self.replica_set.all()]
-        results = await asyncio.gather(*(self.probe(rid) for rid in ids))
-        for rid, inst in zip(ids, results):
+        results = await asyncio.gather(*(self._probe(rid) for rid in ids))
+        for rid, (inst, timed_out) in zip(ids, results):
             with contextlib.suppress(UnknownReplicaError):  # removed while probing
+                if (timed_out and self.passive_grace_s > 0
+                        and self.replica_set.answered_recently(rid, self.passive_grace_s)):
+                    log.debug("replica %s: health probe timed out but real traffic succeeded "
+                              "within %.1f s; not counted", rid, self.passive_grace_s)
+                    continue
                 self._apply(rid, inst)
 
     def _apply(self, rid: str, inst: str | None) -> None:

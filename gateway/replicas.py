@@ -65,6 +65,8 @@ class ReplicaState:
     opened_at: float = 0.0
     probe_in_flight: bool = False
     instance_id: str | None = None
+    #: clock time (the set's clock, seconds) of the last real upstream success; None before any
+    last_success_at: float | None = None
 
 
 class ReplicaSet:
@@ -190,6 +192,14 @@ class ReplicaSet:
         st.consecutive_failures = 0
         st.circuit = CircuitState.CLOSED
         st.probe_in_flight = False
+        st.last_success_at = self._clock()
+
+    def answered_recently(self, replica_id: str, within_s: float) -> bool:
+        """Passive health: True when the replica's last real upstream verdict was a success
+        (no failure since) at most ``within_s`` seconds ago. Raises :class:`UnknownReplicaError`."""
+        st = self.state(replica_id)
+        return (st.consecutive_failures == 0 and st.last_success_at is not None
+                and self._clock() - st.last_success_at <= within_s)
 
     def record_failure(self, replica_id: str) -> None:
         """An upstream failure (connect error, timeout, 5xx, broken stream):

@@ -61,6 +61,7 @@ class Upstream:
         self.health = HealthChecker(
             self.replica_set, session, interval_s=h.interval_s, timeout_s=h.timeout_s,
             unhealthy_after=h.unhealthy_after, healthy_after=h.healthy_after, on_restart=self.on_restart,
+            passive_grace_s=h.passive_grace_s,
         )
         await self.health.check_once()
         self.health.start()

@@ -47,11 +47,20 @@ def audit_section(tmp: Path, *, syslog_port: int | None = None, **extra: Any) ->
     return doc
 
 
+def complete_lines(f: Path) -> list[str]:
+    """The newline-terminated lines of ``f`` (without their newlines). A last line the writer has
+    not finished yet (no newline) is left out: a polling reader sees it on its next read. A
+    complete line that is not valid JSON is still the caller's error."""
+    text = f.read_text()
+    return text[: text.rfind("\n") + 1].splitlines()
+
+
 def jsonl_events(tmp: Path) -> list[dict[str, Any]]:
-    """Bodies of the ``event`` records of the JSONL chain files under ``tmp/audit`` (file order)."""
+    """Bodies of the ``event`` records of the JSONL chain files under ``tmp/audit`` (file order;
+    complete lines only, see :func:`complete_lines`)."""
     out = []
     for f in sorted((tmp / "audit").glob("*.jsonl")):
-        for line in f.read_text().splitlines():
+        for line in complete_lines(f):
             rec = json.loads(line)
             if rec.get("type") == "event":
                 out.append(rec["body"])
@@ -59,9 +68,9 @@ def jsonl_events(tmp: Path) -> list[dict[str, Any]]:
 
 
 def ocsf_events(tmp: Path) -> list[dict[str, Any]]:
-    """The OCSF file sink's events."""
+    """The OCSF file sink's events (complete lines only, see :func:`complete_lines`)."""
     f = tmp / "ocsf.jsonl"
-    return [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
+    return [json.loads(line) for line in complete_lines(f)] if f.exists() else []
 
 
 async def set_faults(url: str, **faults: Any) -> None:
