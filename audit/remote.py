@@ -48,6 +48,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from audit.event import AuditEvent, Kind, Outcome
 from audit.request_event import request_event
+from audit.spool import Spool, spool_dir
 from audit.summary import AUDIT_UNAVAILABLE_CODE, RefusalCounter
 from audit.worker_process import AuditWorkerError, WorkerProcess
 
@@ -103,7 +104,9 @@ class RemoteAuditLog(WorkerProcess):
         # the sink's spill, so acknowledgements never wait on a slow (not dead) sink;
         # kept well below the stall limit, else a slow sink would read as a hung worker
         doc["slow_send_s"] = min(float(doc.get("slow_send_s", 1.0)), max_backlog_age_s / 4)
+        self._doc = doc
         self._config = orjson.dumps(doc)
+        self._spool: Spool | None = None  # audit/spool.py, opened by start() when there is a JSONL sink
         self._max_backlog = max_backlog_bytes
         self._hard = max_backlog_bytes + max(int(max_backlog_bytes * headroom), MIN_HEADROOM_BYTES)
         self._restart = (restart_initial_s, restart_max_s)
@@ -205,7 +208,16 @@ class RemoteAuditLog(WorkerProcess):
             AuditWorkerError: the worker refused the config (the message names
                 the worker-side error) or did not become ready in time.
         """
-        await self._spawn()
+        if (d := spool_dir(self._doc)) is not None and self._spool is None:
+            self._spool = Spool(d)  # the worker recovers earlier processes' segments (below ours)
+            self._config = orjson.dumps({**self._doc, "spool": {"dir": str(d), "below": self._spool.first}})
+        try:
+            await self._spawn()
+        except BaseException:
+            if self._spool is not None:
+                self._spool.close(remove=True)  # nothing written yet
+                self._spool = None
+            raise
         self._supervisor = asyncio.create_task(self._supervise(), name="audit-worker-supervisor")
 
     async def drain(self, timeout_s: float = 10.0) -> bool:
@@ -267,6 +279,8 @@ class RemoteAuditLog(WorkerProcess):
         if self._reader_task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(self._reader_task, 2.0)
+        if self._spool is not None:  # all acknowledged: nothing to recover; else the next start's worker does
+            self._spool.close(remove=not self._unacked)
         if self._unacked:
             lost = len(self._unacked)
             self._dropped += lost
@@ -303,6 +317,8 @@ class RemoteAuditLog(WorkerProcess):
         if not self._out:
             return
         data, self._out, self._out_bytes = b"".join(self._out), [], 0
+        if self._spool is not None:  # survives this process and the worker (audit/spool.py)
+            self._spool.write(data)
         if self._worker_alive():
             assert self._proc is not None and self._proc.stdin is not None
             try:
@@ -348,3 +364,5 @@ class RemoteAuditLog(WorkerProcess):
         while self._unacked and self._unacked[0][0] <= seq:
             _, frame, _ = self._unacked.popleft()
             self._backlog -= len(frame)
+        if self._spool is not None:
+            self._spool.acked(seq, self._seq)

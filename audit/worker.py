@@ -41,6 +41,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -48,6 +49,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from audit.event import AuditEvent, EventSchemaError
 from audit.request_event import request_event
+from audit.spool import recover
 
 log = logging.getLogger("prefixgate.audit.worker")
 
@@ -150,8 +152,11 @@ async def run() -> int:
     registry = CollectorRegistry()
     try:
         config = orjson.loads(first)
+        spool = config.pop("spool", None)  # {"dir", "below"}: audit/spool.py (not an audit config key)
         audit = build_audit(config, registry=registry)
         await audit.start()
+        if spool:  # earlier gateway processes' acknowledged events the chain lacks (group kill)
+            await recover(audit, Path(spool["dir"]), Path(config["jsonl"]["dir"]), int(spool["below"]))
     except Exception as exc:  # reported to the gateway, which fails its start with it
         out.send({"t": "error", "type": type(exc).__name__, "message": str(exc)})
         await asyncio.sleep(0.05)

@@ -41,7 +41,7 @@ class WorkerProcess:
     in order, read its status/metrics/reply frames, restart it with backoff.
 
     Uses the log's ``_python``, ``_config``, ``_start_timeout``, ``_restart``,
-    ``_unacked``, ``metrics``, ``_ack``, ``_update_accepting`` and ``emit``."""
+    ``_unacked``, ``_spool``, ``metrics``, ``_ack``, ``_update_accepting`` and ``emit``."""
 
     async def _spawn(self) -> None:
         loop = asyncio.get_running_loop()
@@ -64,6 +64,8 @@ class WorkerProcess:
         self.metrics.up.set(1)
         # resend, in order, what the previous worker had not acknowledged (every
         # frame still in ``_out`` is among them), before anything newer
+        if self._out and self._spool is not None:  # queued while no worker ran: spooled before the resend
+            self._spool.write(b"".join(self._out))
         self._out, self._out_bytes = [], 0
         if self._unacked:
             self._proc.stdin.write(b"".join(frame for _, frame, _ in self._unacked))

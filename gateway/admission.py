@@ -168,11 +168,15 @@ class Admission:
             raise too_many(exc.retry_after_s, "concurrency_limited",
                            "tenant concurrent request limit reached (each prompt of a batch takes a slot)") from None
 
-    def prompt_room(self, tenant: Tenant) -> PromptRoom | None:
+    def prompt_room(self, tenant: Tenant, lease: Lease | SharedLease | None = None) -> PromptRoom | None:
         """What ``tenant``'s prompt-token bucket admits now, read before tokenizing (review R3-2;
-        :mod:`tenancy.prompt_room`). ``None``: any prompt (no limit, a full bucket, or the Redis
-        backend while Redis answers: the shared level is not read, the reservation decides)."""
-        return self.ledger.prompt_room(tenant)
+        :mod:`tenancy.prompt_room`). ``None``: any prompt (no limit, a full bucket). With the Redis
+        backend, ``lease`` (from :meth:`admit`) carries the shared bucket's level read by the admit
+        script (no extra round trip); without it the shared level is not known (``None``)."""
+        led = self.ledger
+        if isinstance(led, InProcessLedger):
+            return led.prompt_room(tenant)
+        return led.prompt_room(tenant, lease)
 
     def prompt_tokens(self, bounds: RequestBounds, req: InferenceRequest,
                       room: PromptRoom | None = None) -> tuple[list[int], int]:

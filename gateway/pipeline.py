@@ -98,7 +98,7 @@ class InferencePipeline:
                 await adm.admit_sequences(tenant, held.lease, req.sequences, slots=gw.flow is None)
             rec.t_parsed = time.perf_counter()
             # 4 prompt checks and prefix keys (byte bound, then tokenize once with early stop)
-            tokens, prompt_tokens = adm.prompt_tokens(bounds, req, adm.prompt_room(tenant))  # R3-2: O(budget)
+            tokens, prompt_tokens = adm.prompt_tokens(bounds, req, adm.prompt_room(tenant, held.lease))  # R3-2: O(budget)
             rec.prompt_tokens = prompt_tokens
             # reserve prompt + max_tokens x sequences before any further work; the end settles it
             output_cap = adm.output_cap(req.max_tokens, tenant)

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from tenancy.registry import Tenant
 from tenancy.tokenizer import Tokenizer
 
-__all__ = ["PromptRoom", "min_tokens"]
+__all__ = ["PromptRoom", "min_tokens", "shared_room"]
 
 
 class PromptRoom(NamedTuple):
@@ -58,3 +59,25 @@ def min_tokens(tokenizer: Tokenizer, nbytes: int, texts: int = 1) -> int:
         else:
             hi = mid
     return hi
+
+
+def shared_room(tenant: Tenant, level: float, rate: float, burst: float, elapsed_s: float) -> PromptRoom | None:
+    """The :class:`PromptRoom` of a shared (Redis) prompt-token bucket read ``elapsed_s`` seconds ago
+    at ``level`` tokens with its stored ``rate`` (tokens/s) and ``burst`` (tokens), as the admit
+    script returns it (issue 16: the early check holds across instances).
+
+    Refilled by ``elapsed_s`` at the stored rate and capped as the ledger's script does (at the
+    stored burst, then at the tenant's burst when its limits changed), so the room is never
+    below what the reservation will find unless other instances spent some since (then the
+    reservation still refuses). ``None``: the tenant has no prompt-token rate, or the bucket is full.
+    """
+    pr = tenant.prompt_tokens_per_s
+    if pr is None:
+        return None
+    pb = tenant.prompt_tokens_burst if tenant.prompt_tokens_burst is not None else max(1.0, pr)
+    level = min(burst, level + max(0.0, elapsed_s) * rate)
+    if rate != pr or burst != pb:
+        level = min(level, pb)
+    if level >= pb:
+        return None
+    return PromptRoom(max(0, int(level)), level, pb, pr)

@@ -281,10 +281,14 @@ class FailoverLedger:
             raise self.av.refuse()
         return self.local.reserve(self.av.local(tenant), prompt_tokens, output_tokens)
 
-    def prompt_room(self, tenant: Tenant) -> PromptRoom | None:
-        """The prompt bucket's room before tokenizing (review R3-2), from the local view only:
-        while Redis answers, ``None`` (reading the shared level would cost a round trip; the
-        reservation still decides); during an outage in ``local`` mode, the local bucket's."""
+    def prompt_room(self, tenant: Tenant, lease: SharedLease | Lease | None = None) -> PromptRoom | None:
+        """The prompt bucket's room before tokenizing (review R3-2). ``lease``: the request's, from
+        :meth:`FailoverLimiter.admit`. Admitted through Redis: the shared bucket's level, read by the
+        admit script in the same round trip (:meth:`SharedLease.prompt_room`; so a tenant in debt
+        through any instance is refused untokenized on every one). Admitted locally during an outage
+        (``local`` mode): the local bucket's. Otherwise ``None`` (the reservation decides)."""
+        if isinstance(lease, SharedLease):
+            return lease.prompt_room(tenant)
         if self.av.available or self.av.mode != "local":
             return None
         return self.local.prompt_room(self.av.scaled(tenant))

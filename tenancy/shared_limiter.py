@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from typing import Any
 
 from tenancy.limits import ConcurrencyLimited, RateLimited, ReleasedOnExit
+from tenancy.prompt_room import PromptRoom, shared_room
 from tenancy.registry import Tenant
 from tenancy.shared_lua import arg as _arg
 from tenancy.shared_lua import wait_reply as _wait
@@ -32,7 +34,7 @@ class SharedLease(ReleasedOnExit):
     usable as ``with`` or ``async with``, like :class:`tenancy.limits.Lease`.
     """
 
-    __slots__ = ("_limiter", "id", "tenant_id", "weight")
+    __slots__ = ("_limiter", "id", "prompt_bucket", "tenant_id", "weight")
 
     def __init__(self, limiter: RedisTenantLimiter, tenant_id: str, lease_id: str) -> None:
         super().__init__()
@@ -40,6 +42,15 @@ class SharedLease(ReleasedOnExit):
         self.id = lease_id
         self.tenant_id = tenant_id
         self.weight = 1
+        #: the shared ledger prompt-token bucket read by the admit script: (level, rate, burst,
+        #: ``time.monotonic()`` at the reply), None when the tenant had no such bucket (a full one)
+        self.prompt_bucket: tuple[float, float, float, float] | None = None
+
+    def prompt_room(self, tenant: Tenant) -> PromptRoom | None:
+        """What the shared prompt-token bucket admits now, from the level read at admission
+        (:func:`tenancy.prompt_room.shared_room`); None: any prompt (no limit, full or absent bucket)."""
+        b = self.prompt_bucket
+        return None if b is None else shared_room(tenant, b[0], b[1], b[2], time.monotonic() - b[3])
 
     def members(self, start: int = 0, stop: int | None = None) -> list[str]:
         """Sorted-set members of slots ``start`` .. ``stop`` (default: all held)."""
@@ -80,10 +91,12 @@ class RedisTenantLimiter:
         need = -1.0 if (burst is not None and 1 > burst) else 1.0
         maxc = -1 if tenant.max_concurrency is None or not slot else tenant.max_concurrency
         reply = await self._s.admit(
-            keys=[self._s.key(tenant.id, "conc"), self._s.key(tenant.id, "req")],
+            keys=[self._s.key(tenant.id, "conc"), self._s.key(tenant.id, "req"), self._s.key(tenant.id, "led:ptok")],
             args=[_arg(now), maxc, _arg(rate), _arg(burst), "1", _arg(need), "1", self._s.lease_ttl_ms,
                   *lease.members()])
         self._raise(reply, "tenant_request_rate")
+        if len(reply) >= 5:  # the ledger's prompt-token bucket, same round trip (early debt check)
+            lease.prompt_bucket = (float(reply[2]), float(reply[3]), float(reply[4]), time.monotonic())
         self._leases[lease.id] = lease
         return lease
 

@@ -60,8 +60,10 @@ local function wait_reply(reason, wait)
 end
 """
 
-# KEYS: conc zset, request bucket. ARGV: now|'', max_conc (-1: none), rate|'' , burst, n, need,
-# drop_unlimited (1: delete the bucket when rate is ''), lease_ttl_ms, member...
+# KEYS: conc zset, request bucket[, ledger prompt-token bucket]. ARGV: now|'', max_conc (-1: none), rate|'' ,
+# burst, n, need, drop_unlimited (1: delete the bucket when rate is ''), lease_ttl_ms, member...
+# Admitted with a third key that exists: {'ok', '0', level refilled to now (not stored), rate, burst} of that
+# bucket, read in the same round trip for the early prompt-token check (tenancy/prompt_room.py shared_room).
 _LUA_ADMIT = _LUA_LIB + r"""
 local now, now_ms = server_now()
 if ARGV[1] ~= '' then now = tonumber(ARGV[1]) end
@@ -78,6 +80,14 @@ end
 local ttl = tonumber(ARGV[8])
 for i = 9, #ARGV do redis.call('ZADD', KEYS[1], now_ms + ttl, ARGV[i]) end
 redis.call('PEXPIRE', KEYS[1], ttl * 3)
+if KEYS[3] then
+  local v = redis.call('HMGET', KEYS[3], 'level', 'updated', 'rate', 'burst')
+  if v[1] then
+    local level, updated, rate, burst = tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
+    if now > updated then level = math.min(burst, level + (now - updated) * rate) end
+    return {'ok', '0', num(level), num(rate), num(burst)}
+  end
+end
 return {'ok', '0'}
 """
 
