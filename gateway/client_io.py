@@ -96,12 +96,16 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
     disconnect and, if it comes first, cancels the calling task (the
     cancellation lands inside ``work``: the watcher runs only while the
     caller is suspended there), which is turned into :class:`ClientGone`. A
-    cancellation from anyone else is passed on unchanged.
+    cancellation from anyone else is passed on unchanged. The watcher is started
+    only once ``work`` suspends (a ``call_soon`` callback, cancelled if ``work``
+    finishes first): work that never waits, e.g. flow control's fast path, costs no
+    task (issue 14).
     """
     task = asyncio.current_task()
     if task is None:  # not in a task: nothing to cancel
         return await work
     gone = False
+    watcher: asyncio.Future[None] | None = None
 
     async def watch() -> None:
         nonlocal gone
@@ -109,7 +113,11 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
         gone = True
         task.cancel()
 
-    watcher = asyncio.ensure_future(watch())
+    def start_watcher() -> None:  # runs only while the caller is suspended in ``work``
+        nonlocal watcher
+        watcher = asyncio.ensure_future(watch())
+
+    starting = task.get_loop().call_soon(start_watcher)
     try:
         result = await work
     except asyncio.CancelledError:
@@ -117,7 +125,9 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
             raise
         raise ClientGone() from None
     finally:
-        watcher.cancel()
+        starting.cancel()
+        if watcher is not None:
+            watcher.cancel()
     if gone:  # ``work`` swallowed the cancellation: the client is gone all the same
         task.uncancel()
         raise ClientGone()
