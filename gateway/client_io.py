@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["ClientGone", "EndingStreamingResponse", "unless_client_leaves"]
+__all__ = ["ClientGone", "EndingStreamingResponse", "WATCH_AFTER_S", "unless_client_leaves"]
 
 T = TypeVar("T")
 
@@ -84,6 +84,10 @@ class EndingStreamingResponse(StreamingResponse):
 _LISTENING_SPECS = frozenset({"2.0", "2.1", "2.2", "2.3"})
 
 
+#: seconds ``work`` may run before :func:`unless_client_leaves` starts listening for a disconnect
+WATCH_AFTER_S = 0.002
+
+
 class ClientGone(Exception):
     """The client disconnected before the answer started (its upstream call is cancelled)."""
 
@@ -97,9 +101,10 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
     cancellation lands inside ``work``: the watcher runs only while the
     caller is suspended there), which is turned into :class:`ClientGone`. A
     cancellation from anyone else is passed on unchanged. The watcher is started
-    only once ``work`` suspends (a ``call_soon`` callback, cancelled if ``work``
-    finishes first): work that never waits, e.g. flow control's fast path, costs no
-    task (issue 14).
+    only once ``work`` has been waiting :data:`WATCH_AFTER_S` (a ``call_later``
+    callback, cancelled if ``work`` finishes first): work that never waits (flow
+    control's fast path) or ends sooner (a short upstream call on a fast replica)
+    costs no task; a client that leaves is noticed at most that much later (issue 14).
     """
     task = asyncio.current_task()
     if task is None:  # not in a task: nothing to cancel
@@ -117,7 +122,7 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
         nonlocal watcher
         watcher = asyncio.ensure_future(watch())
 
-    starting = task.get_loop().call_soon(start_watcher)
+    starting = task.get_loop().call_later(WATCH_AFTER_S, start_watcher)
     try:
         result = await work
     except asyncio.CancelledError:

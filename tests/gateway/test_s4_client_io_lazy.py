@@ -59,3 +59,16 @@ async def test_suspended_work_is_still_cancelled_when_the_client_leaves() -> Non
         await asyncio.wait_for(unless_client_leaves(client, slow()), 5)  # type: ignore[arg-type]
     await leaver
     assert client.receives == 1
+
+
+async def test_work_that_ends_before_the_watch_delay_starts_no_watcher() -> None:
+    client = _Client()
+
+    async def short() -> str:
+        await asyncio.sleep(0)  # suspends, but ends long before WATCH_AFTER_S
+        await asyncio.sleep(0)
+        return "answer"
+
+    assert await unless_client_leaves(client, short()) == "answer"  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    assert client.receives == 0
