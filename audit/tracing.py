@@ -148,6 +148,12 @@ def begin_request_trace(provider: TracerProvider, name: str, links: Sequence[Lin
     return RequestTrace(provider, name, ctx, time.time_ns() if start_ns is None else start_ns, tuple(links), attributes)
 
 
+def records(rt: RequestTrace) -> bool:
+    """True when :func:`end_request_trace` would record ``rt`` (sampled, and its provider has
+    span processors): otherwise the caller need not build the spans' attributes or children."""
+    return bool(rt.context.trace_flags.sampled and _PROCESSORS.get(rt.provider))
+
+
 def end_request_trace(rt: RequestTrace, end_ns: int, attributes: Mapping[str, Any], error: bool,
                       children: Sequence[tuple[str, SpanKind, int, int]]) -> int:
     """Finish ``rt``: its SERVER span (``attributes`` added, status ERROR when

@@ -26,7 +26,7 @@ from starlette.datastructures import Headers
 
 from audit.event import AuditEvent, Identity, Kind, Outcome, new_event_id, now_ms
 from audit.request_event import request_event
-from audit.tracing import begin_request_trace, end_request_trace, incoming_links, request_trace_headers
+from audit.tracing import begin_request_trace, end_request_trace, incoming_links, records, request_trace_headers
 from gateway.record import RequestRecord
 
 if TYPE_CHECKING:
@@ -232,7 +232,7 @@ class AuditHub:
         if rt is None and span is None:
             return None
         wall0 = rec.extra.pop("wall0_ns", time.time_ns())
-        if rt is not None and not rt.context.trace_flags.sampled:  # not recorded: only the trace id
+        if rt is not None and not records(rt):  # not sampled, or nothing exports: only the trace id
             return format(rt.context.trace_id, "032x")
 
         def ns(t: float | None) -> int | None:

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["ClientGone", "EndingStreamingResponse", "unless_client_leaves"]
+__all__ = ["ClientGone", "EndingStreamingResponse", "WATCH_AFTER_S", "unless_client_leaves"]
 
 T = TypeVar("T")
 
@@ -84,6 +84,10 @@ class EndingStreamingResponse(StreamingResponse):
 _LISTENING_SPECS = frozenset({"2.0", "2.1", "2.2", "2.3"})
 
 
+#: seconds ``work`` may run before :func:`unless_client_leaves` starts listening for a disconnect
+WATCH_AFTER_S = 0.002
+
+
 class ClientGone(Exception):
     """The client disconnected before the answer started (its upstream call is cancelled)."""
 
@@ -96,12 +100,17 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
     disconnect and, if it comes first, cancels the calling task (the
     cancellation lands inside ``work``: the watcher runs only while the
     caller is suspended there), which is turned into :class:`ClientGone`. A
-    cancellation from anyone else is passed on unchanged.
+    cancellation from anyone else is passed on unchanged. The watcher is started
+    only once ``work`` has been waiting :data:`WATCH_AFTER_S` (a ``call_later``
+    callback, cancelled if ``work`` finishes first): work that never waits (flow
+    control's fast path) or ends sooner (a short upstream call on a fast replica)
+    costs no task; a client that leaves is noticed at most that much later (issue 14).
     """
     task = asyncio.current_task()
     if task is None:  # not in a task: nothing to cancel
         return await work
     gone = False
+    watcher: asyncio.Future[None] | None = None
 
     async def watch() -> None:
         nonlocal gone
@@ -109,7 +118,11 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
         gone = True
         task.cancel()
 
-    watcher = asyncio.ensure_future(watch())
+    def start_watcher() -> None:  # runs only while the caller is suspended in ``work``
+        nonlocal watcher
+        watcher = asyncio.ensure_future(watch())
+
+    starting = task.get_loop().call_later(WATCH_AFTER_S, start_watcher)
     try:
         result = await work
     except asyncio.CancelledError:
@@ -117,7 +130,9 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
             raise
         raise ClientGone() from None
     finally:
-        watcher.cancel()
+        starting.cancel()
+        if watcher is not None:
+            watcher.cancel()
     if gone:  # ``work`` swallowed the cancellation: the client is gone all the same
         task.uncancel()
         raise ClientGone()

@@ -61,6 +61,8 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.coalesce import CoalescingTransport
+
 __all__ = ["guarded_protocol", "DEFAULT_MAX_HEADER_BYTES", "DEFAULT_HEADER_READ_TIMEOUT_S", "PARSERS"]
 
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
@@ -210,6 +212,8 @@ class _HeadGuard:
     # asyncio.Protocol hooks shared by both parsers (``super()`` is uvicorn's protocol class)
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.guard_init()
+        # one socket write per loop step (a plain answer's head and body leave together; gateway/coalesce.py)
+        transport = CoalescingTransport(transport, asyncio.get_running_loop())  # type: ignore[assignment]
         super().connection_made(transport)  # type: ignore[misc]
         if self.guard_admit_source(transport):
             self.guard_start_timer()

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["MAX_FAST_NESTING", "loads"]
+__all__ = ["MAX_FAST_NESTING", "loads", "loads_checked"]
 
 #: At most this many ``[`` plus ``{`` bytes for the orjson path (far below the
 #: depth at which :func:`json.loads` raises ``RecursionError``).
@@ -28,6 +28,23 @@ MAX_FAST_NESTING = 256
 # digits -> "0", every other byte -> ".": a run of 19 digits becomes _LONG_RUN
 _DIGITS = bytes(0x30 if 0x30 <= i <= 0x39 else 0x2E for i in range(256))
 _LONG_RUN = b"0" * 19
+
+
+def loads_checked(data: bytes, text: str | None = None) -> tuple[Any, bool]:
+    """``(loads(data, text), fast)``: ``fast`` is True when orjson decoded the document.
+
+    A ``fast`` value holds no lone surrogate (orjson refuses the escapes), no ``NaN`` or
+    infinite float (orjson refuses ``NaN``/``Infinity`` and numbers that overflow a double)
+    and no integer of 19 digits or more (those documents go to :mod:`json`): a caller may
+    skip its own check for them (tests/gateway/test_s4_json_checked.py). Raises as :func:`loads`.
+    """
+    if (data.count(b"[") + data.count(b"{") <= MAX_FAST_NESTING
+            and _LONG_RUN not in data.translate(_DIGITS)):
+        try:
+            return orjson.loads(data), True
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data if text is None else text), False
 
 
 def loads(data: bytes, text: str | None = None) -> Any:

@@ -151,6 +151,10 @@ def build_decision_point(pc: PolicyConfig, audit: AuditHub) -> DecisionPoint:
     return DecisionPoint(cached, inner, start=start, stop=stop, store=store, clear=cached.clear)
 
 
+#: most tenants whose policy facts :class:`PolicyEnforcementPoint` keeps (emptied when full)
+_TENANT_FACTS_MAX = 4096
+
+
 class PolicyEnforcementPoint:
     """Builds the policy input, asks the decision point, enforces its answer."""
 
@@ -159,6 +163,8 @@ class PolicyEnforcementPoint:
         self.loads = loads
         self.audit = audit
         self.metrics = metrics
+        # tenant id -> (the Tenant, its policy facts): rebuilt when the registry hands out a new Tenant
+        self._tenant_facts: dict[str, tuple[Tenant, dict[str, Any]]] = {}
 
     async def decide(self, identity: WorkloadIdentity, tenant: Tenant, req: InferenceRequest, prompt_tokens: int,
                      candidates: list[Replica], endpoint: str, queued_requests: int = 0) -> Decision:
@@ -175,8 +181,7 @@ class PolicyEnforcementPoint:
              "load": loads.snapshot(r.id).running_requests}
             for r in candidates
         ]
-        tview = tenant.policy_view()
-        tview["max_tokens"] = tenant.max_output_tokens
+        tview = self.tenant_facts(tenant)
         try:  # issue 14: on a decision-cache hit the input document is never built
             decision = await decide_from_facts(
                 self.pdp.dp,
@@ -193,6 +198,20 @@ class PolicyEnforcementPoint:
             raise GatewayError(503, "policy_unavailable", "the policy decision point is unavailable") from None
         self.metrics.policy_cache.labels("hit" if decision.cached else "miss").inc()
         return decision
+
+    def tenant_facts(self, tenant: Tenant) -> dict[str, Any]:
+        """``tenant.policy_view()`` plus ``max_tokens`` (the policy input's tenant facts), built once per
+        Tenant object (frozen; a registry reload hands out new ones) and kept per tenant id. The
+        dict is shared: callers only read it (``build_policy_input`` copies what it uses)."""
+        got = self._tenant_facts.get(tenant.id)
+        if got is not None and got[0] is tenant:
+            return got[1]
+        tview = tenant.policy_view()
+        tview["max_tokens"] = tenant.max_output_tokens
+        if len(self._tenant_facts) >= _TENANT_FACTS_MAX:
+            self._tenant_facts.clear()
+        self._tenant_facts[tenant.id] = (tenant, tview)
+        return tview
 
     @staticmethod
     def enforce(decision: Decision) -> None:

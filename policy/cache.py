@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from cachetools import TTLCache
@@ -198,16 +199,32 @@ class CachedDecisionPoint:
 
 def _tenant_list(tenant: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
     value = tenant.get(key) or ()
-    if isinstance(value, str) or not isinstance(value, (Sequence, set, frozenset)):
+    if type(value) is not list and (isinstance(value, str) or not isinstance(value, (Sequence, set, frozenset))):
         return None
     for v in value:
-        if not isinstance(v, str):
+        if type(v) is not str and not isinstance(v, str):
             return None
     return tuple(sorted(set(value)))
 
 
 def _count(value: Any, low: int) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and value >= low
+
+
+def _is_mapping(value: Any) -> bool:
+    return type(value) is dict or isinstance(value, Mapping)
+
+
+def _str_labels(labels: Mapping[Any, Any]) -> bool:
+    """True when every key and value of ``labels`` is a string (an empty mapping: True)."""
+    for k, v in labels.items():
+        if not (isinstance(k, str) and isinstance(v, str)):
+            return False
+    return True
+
+
+_INPUT_VERSION: list[Any] = []  # policy.input.INPUT_VERSION, imported on first use
+_FIRST = itemgetter(0)
 
 
 def fast_key(
@@ -222,45 +239,52 @@ def fast_key(
 
     Takes the same arguments as ``build_policy_input`` (without ``now``: time is not in the
     key) and returns exactly ``DecisionCache().key(build_policy_input(...))`` (property test:
-    tests/policy/test_i14_fast_key.py). Returns ``None`` when any fact is missing or mistyped,
+    tests/policy/test_i14_fast_key.py; equal to the session-3 version: tests/policy/test_s4_fast_key.py).
+    Returns ``None`` when any fact is missing or mistyped,
     including fields outside the key (request counts, ``stream``, claims, candidate loads and
     labels): the caller then builds the document, whose validation raises
     :class:`policy.input.PolicyInputError` — a cache hit never skips input validation.
     """
-    from policy.input import INPUT_VERSION  # noqa: PLC0415 (policy.input imports policy.decision only)
+    if not _INPUT_VERSION:
+        from policy.input import INPUT_VERSION  # noqa: PLC0415 (policy.input imports policy.decision only)
 
-    sid, td = identity.get("spiffe_id"), identity.get("trust_domain")
-    claims = identity.get("claims") or {}
-    tid = tenant.get("id")
-    endpoint, model = request.get("endpoint"), request.get("model")
-    if not (isinstance(sid, str) and sid and isinstance(td, str) and td and isinstance(claims, Mapping)
+        _INPUT_VERSION.append(INPUT_VERSION)
+    get = identity.get
+    sid, td = get("spiffe_id"), get("trust_domain")
+    claims = get("claims") or {}
+    tget = tenant.get
+    tid = tget("id")
+    rget = request.get
+    endpoint, model = rget("endpoint"), rget("model")
+    if not (isinstance(sid, str) and sid and isinstance(td, str) and td and _is_mapping(claims)
             and isinstance(tid, str) and tid and isinstance(endpoint, str) and endpoint
             and isinstance(model, str) and model):
         return None
     # fields outside the key are still validated as build_policy_input would
-    pt, mt, seq = request.get("prompt_tokens"), request.get("max_tokens"), request.get("sequences", 1)
-    if not (isinstance(request.get("stream", False), bool) and (pt is None or _count(pt, 0))
+    pt, mt, seq = rget("prompt_tokens"), rget("max_tokens"), rget("sequences", 1)
+    if not (isinstance(rget("stream", False), bool) and (pt is None or _count(pt, 0))
             and (mt is None or _count(mt, 0)) and _count(seq, 1)):
         return None
     models, pools = _tenant_list(tenant, "models"), _tenant_list(tenant, "pools")
-    t_max, regulated, residency = tenant.get("max_tokens"), tenant.get("regulated", False), tenant.get("data_residency")
-    labels = tenant.get("labels") or {}
+    t_max, regulated, residency = tget("max_tokens"), tget("regulated", False), tget("data_residency")
+    labels = tget("labels") or {}
     if (models is None or pools is None or not (t_max is None or _count(t_max, 0))
             or not isinstance(regulated, bool) or not (residency is None or isinstance(residency, str))
-            or not isinstance(labels, Mapping)
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())):
+            or not _is_mapping(labels) or (labels and not _str_labels(labels))):
         return None
     cands = []
     for c in candidates:
-        cid, pool, healthy, load, clabels = (c.get("id"), c.get("pool"), c.get("healthy", False),
-                                             c.get("load", 0), c.get("labels") or {})
+        cget = c.get
+        cid, pool, healthy, load, clabels = (cget("id"), cget("pool"), cget("healthy", False),
+                                             cget("load", 0), cget("labels") or {})
         if not (isinstance(cid, str) and cid and isinstance(pool, str) and pool and isinstance(healthy, bool)
                 and not isinstance(load, bool) and isinstance(load, (int, float)) and math.isfinite(load)
-                and isinstance(clabels, Mapping)
-                and all(isinstance(k, str) and isinstance(v, str) for k, v in clabels.items())):
+                and _is_mapping(clabels) and (not clabels or _str_labels(clabels))):
             return None
         cands.append((cid, pool, healthy, clabels.get("data_residency", _MISSING_KEY)))
-    cands.sort(key=lambda c: c[0])
+    if len(cands) > 1:
+        cands.sort(key=_FIRST)
+    c_ids, c_pools, c_healthy, c_res = zip(*cands) if cands else ((), (), (), ())
     alts = []
     for a in alerts:
         aid, kind = a.get("id"), a.get("kind")
@@ -268,13 +292,12 @@ def fast_key(
             return None
         replica, atid = a.get("replica_id", a.get("replica")), a.get("tenant_id")
         alts.append((aid, kind, replica if isinstance(replica, str) else None, atid if isinstance(atid, str) else None))
-    alts.sort(key=lambda a: a[0])
+    if len(alts) > 1:
+        alts.sort(key=_FIRST)
+    a_ids, a_kinds, a_replicas, a_tenants = zip(*alts) if alts else ((), (), (), ())
     return (
-        INPUT_VERSION, sid, td, tid, str(tenant.get("tier") or ""), models, pools, regulated, residency, t_max,
-        endpoint, model,
-        tuple(c[0] for c in cands), tuple(c[1] for c in cands), tuple(c[2] for c in cands),
-        tuple(c[3] for c in cands),
-        tuple(a[0] for a in alts), tuple(a[1] for a in alts), tuple(a[2] for a in alts), tuple(a[3] for a in alts),
+        _INPUT_VERSION[0], sid, td, tid, str(tget("tier") or ""), models, pools, regulated, residency, t_max,
+        endpoint, model, c_ids, c_pools, c_healthy, c_res, a_ids, a_kinds, a_replicas, a_tenants,
     )
 
 

@@ -1,0 +1,103 @@
+"""One socket write per event-loop step for a server connection (issue 14).
+
+uvicorn writes a response's status line and headers with one ``transport.write``
+and each body part with another; under uvloop every write is a ``send``
+system call at once, and on loopback each send also runs the receiver's TCP
+path and wakes it: a plain answer cost two such sends (profile, session 4:
+~13 % of the gateway's samples in ``RequestResponseCycle.send``).
+:class:`CoalescingTransport` wraps the connection's transport (handed to the
+protocol in ``connection_made``): a write is held until the next write (then
+both leave as one: a plain answer's head and body, written in one task step)
+or, if none follows, until a ``call_soon`` callback at the end of this loop
+step, before the loop next waits for I/O. Nothing is reordered and nothing
+waits for more data: a write goes out in the same loop iteration as before.
+Measured (strace, 2,000 sequential requests): 4.0 -> 3.0 writes and
+4.0 -> 3.65 ``epoll_pwait`` calls per request. ``close`` and ``write_eof`` write what is
+buffered first; ``abort`` drops it (as the transport's own ``abort`` drops
+its buffer). A write on a closing transport is dropped, as the transport
+itself would. Every other attribute is the wrapped transport's.
+
+Audit ordering (issue 16) is unchanged: the request's audit event is handed
+to the audit worker before the last body part is handed to the server, so
+before it reaches this buffer and the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+__all__ = ["CoalescingTransport"]
+
+
+class CoalescingTransport:
+    """An ``asyncio.Transport`` proxy that holds a write until the next one or the end of the loop step.
+
+    ``transport``: the connection's transport; ``loop``: its event loop. Methods
+    other than ``write``, ``writelines``, ``write_eof``, ``close``, ``abort`` and
+    ``get_write_buffer_size`` (which counts the bytes held here) are delegated.
+    """
+
+    __slots__ = ("_transport", "_loop", "_pending", "_scheduled")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+        self._scheduled = False
+
+    @property
+    def transport(self) -> asyncio.Transport:
+        """The wrapped transport."""
+        return self._transport
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Buffer ``data`` until the end of this loop step (dropped if the transport is closing)."""
+        if not data or self._transport.is_closing():
+            return
+        if self._pending:  # a second write in this step (a plain answer's body after its head): out now
+            self._pending.append(bytes(data))
+            self.flush()
+            return
+        self._pending.append(bytes(data))
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def writelines(self, list_of_data: Any) -> None:
+        """``write`` of each item."""
+        for data in list_of_data:
+            self.write(data)
+
+    def flush(self) -> None:
+        """Write what is buffered now (one write; nothing when the transport is closing)."""
+        self._scheduled = False
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        if self._transport.is_closing():
+            return
+        self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def write_eof(self) -> None:
+        """Write what is buffered, then the transport's ``write_eof``."""
+        self.flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        """Write what is buffered, then close (the transport sends its buffer before closing)."""
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        """Drop what is buffered and abort the connection."""
+        self._pending = []
+        self._transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        """The transport's buffered bytes plus those held here."""
+        return self._transport.get_write_buffer_size() + sum(len(p) for p in self._pending)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
