@@ -24,13 +24,23 @@
 Workload per target and run: 50 warm-up requests, then ``--sequential``
 (500) sequential requests on one keep-alive connection (latency p50/p90/p99
 in ms; added p50 = target p50 minus direct p50 *of the same run*), then
-``--clients`` (64) closed-loop clients for ``--seconds`` (8 s): peak rate =
-successful answers per second. Non-streaming completions (``--stream`` for
-SSE), 64-word prompts unique per request, ``max_tokens`` 1. Targets are
-interleaved within a run (the order rotates from run to run) and every
-headline figure is the median over ``--runs`` (3) runs. CPU per request of
-each target's processes (psutil, user + system, all threads and children)
-is read around each phase.
+``--peak-warmup`` (1 s) of unmeasured load and ``--clients`` (64) closed-loop
+clients for ``--seconds`` (8 s): peak rate = successful answers per second,
+with ``--load-generator`` ``python`` (aiohttp in this process) or ``wrk``
+(:mod:`bench.loadgen`; the generator's own cores are reported beside the
+rate). Non-streaming completions (``--stream`` for SSE), 64-word prompts
+unique per request, ``max_tokens`` 1. Every headline figure is the median
+over ``--runs`` (3) runs. CPU per request of each target's processes
+(psutil, user + system, all threads and children) is read around each phase.
+
+Fairness (an A/A run, the same tree in both gateway slots, favoured one slot
+by 7-38 % in session 3): every run starts fresh processes of every target but
+the replica, every gateway slot by the same path (:func:`_start_slot`), in a
+start order drawn for run 1 (``--seed``) and reversed in runs 2 and 3 of
+every 4; targets are measured in the order of :func:`run_order`; each phase
+is cut into ``--slices`` (4) slices measured target after target
+(:func:`measure_run`), each after the targets are idle (:func:`settle`).
+With ``--baseline`` the result has a slot check (:func:`slot_check`).
 
 Then one **profiled** PrefixGate process (same configuration, its own audit
 directory) runs the sequential phase under :mod:`cProfile` (thread CPU time
@@ -186,8 +196,8 @@ def _run(coro: Any) -> Any:
 
 
 # ------------------------------------------------------------------ load
-async def sequential(url: str, headers: Mapping[str, str], n: int, bodies: _Body) -> dict[str, Any]:
-    """``n`` requests one after the other on one keep-alive connection; latencies in ms."""
+async def _sequential_raw(url: str, headers: Mapping[str, str], n: int, bodies: _Body) -> tuple[list[float], int]:
+    """``n`` requests one after the other on one keep-alive connection: (latencies of the 200s in ms, errors)."""
     import aiohttp
 
     lat: list[float] = []
@@ -201,6 +211,12 @@ async def sequential(url: str, headers: Mapping[str, str], n: int, bodies: _Body
                 lat.append((time.perf_counter() - t) * 1000.0)
             else:
                 errors += 1
+    return lat, errors
+
+
+async def sequential(url: str, headers: Mapping[str, str], n: int, bodies: _Body) -> dict[str, Any]:
+    """``n`` requests one after the other on one keep-alive connection; latencies in ms."""
+    lat, errors = await _sequential_raw(url, headers, n, bodies)
     return {"n": n, "errors": errors, **_percentiles(lat)}
 
 
@@ -443,6 +459,64 @@ async def _profile(cfg: Mapping[str, Any], paths: Any, headers: Mapping[str, str
             "stages_us_scaled": {k: round(v * scale, 1) for k, v in stages.items()}}
 
 
+async def measure_run(targets: Mapping[str, tuple[str, Mapping[str, str], _Cpu]], order: Sequence[str],
+                      args: SimpleNamespace, bodies: _Body) -> dict[str, dict[str, Any]]:
+    """One run's measurements of ``targets`` (name -> (base URL, headers, CPU of its processes)).
+
+    Sequential phase: ``WARMUP`` requests per target, then ``args.sequential`` requests cut into
+    ``args.slices`` slices measured target after target (``order``, reversed in odd slices), so
+    that a slow minute of the shared machine hits every target alike. Peak phase likewise:
+    ``args.peak_warmup`` s of unmeasured load per target, then ``args.seconds`` cut into slices.
+    Every slice waits until all targets are idle (:func:`settle`). Returns name ->
+    ``{sequential, sequential_cpu_us, peak, settle_s}``; ``peak`` pools the slices (``rps`` =
+    answers / summed wall; ``loadgen_cores`` likewise) and lists ``slices_rps``."""
+    every_cpu = [t[2] for t in targets.values()]
+    slices = max(1, args.slices)
+    out: dict[str, dict[str, Any]] = {n: {"settle_s": 0.0} for n in order}
+    lat: dict[str, list[float]] = {n: [] for n in order}
+    errs = dict.fromkeys(order, 0)
+    cpu_s = dict.fromkeys(order, 0.0)
+    for name in order:
+        await sequential(targets[name][0] + "/v1/completions", targets[name][1], WARMUP, bodies)
+    for sl in range(slices):
+        n = args.sequential // slices + (1 if sl < args.sequential % slices else 0)
+        for name in (order if sl % 2 == 0 else order[::-1]):
+            base, headers, cpu = targets[name]
+            out[name]["settle_s"] += await settle(every_cpu)
+            before = cpu.seconds()
+            got, e = await _sequential_raw(base + "/v1/completions", headers, n, bodies)
+            cpu_s[name] += cpu.seconds() - before
+            lat[name] += got
+            errs[name] += e
+    for name in order:
+        out[name]["sequential"] = {"n": args.sequential, "errors": errs[name], **_percentiles(lat[name])}
+        out[name]["sequential_cpu_us"] = round(cpu_s[name] * 1e6 / args.sequential, 1) if args.sequential else None
+        if args.peak_warmup > 0:
+            url = targets[name][0] + "/v1/completions"
+            await loadgen.peak(args.load_generator, url, targets[name][1], args.clients, args.peak_warmup, bodies,
+                               wrk_threads=args.wrk_threads)
+    parts: dict[str, list[dict[str, Any]]] = {n: [] for n in order}
+    for sl in range(slices):
+        for name in (order if sl % 2 == 0 else order[::-1]):
+            base, headers, _ = targets[name]
+            out[name]["settle_s"] += await settle(every_cpu)
+            parts[name].append(await loadgen.peak(args.load_generator, base + "/v1/completions", headers,
+                                                  args.clients, args.seconds / slices, bodies,
+                                                  wrk_threads=args.wrk_threads))
+    for name in order:
+        ps = parts[name]
+        wall = sum(p["wall_s"] for p in ps)
+        ok = sum(p["ok"] for p in ps)
+        out[name]["peak"] = {"ok": ok, "errors": sum(p["errors"] for p in ps), "wall_s": round(wall, 3),
+                             "rps": round(ok / wall, 1) if wall else 0.0,
+                             "loadgen_cpu_s": round(sum(p["loadgen_cpu_s"] for p in ps), 3),
+                             "loadgen_cores": round(sum(p["loadgen_cpu_s"] for p in ps) / wall, 3) if wall else None,
+                             "slices_rps": [p["rps"] for p in ps],
+                             **({"latency_ms": [p["latency_ms"] for p in ps]} if "latency_ms" in ps[0] else {})}
+        out[name]["settle_s"] = round(out[name]["settle_s"], 2)
+    return out
+
+
 async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The whole benchmark (see module doc); returns the result document."""
     from bench.harness import start_demo_stack
@@ -495,28 +569,13 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
                 targets = {"direct": (direct_url, plain, _Cpu(cluster.pid)),
                            **{n: (base, {**plain, **auth} if n in trees else plain, _Cpu(proc.pid))
                               for n, (proc, base) in live.items()}}
-                every_cpu = [t[2] for t in targets.values()]
-                for name in order:  # sequential phase of every target, then the peak phase of every target
-                    base, headers, cpu = targets[name]
-                    url = base + "/v1/completions"
-                    settled = await settle(every_cpu)
-                    await sequential(url, headers, WARMUP, bodies)
-                    seq, seq_cpu = await measured(cpu, args.sequential, sequential(url, headers, args.sequential, bodies))
-                    row[name] = {"sequential": seq, "sequential_cpu_us": seq_cpu, "settle_s": [settled]}
+                row.update(await measure_run(targets, order, args, bodies))
                 for name in order:
-                    base, headers, cpu = targets[name]
-                    url = base + "/v1/completions"
-                    row[name]["settle_s"].append(await settle(every_cpu))
-                    if args.peak_warmup > 0:
-                        await loadgen.peak(args.load_generator, url, headers, args.clients, args.peak_warmup, bodies,
-                                           wrk_threads=args.wrk_threads)
-                    pk = await loadgen.peak(args.load_generator, url, headers, args.clients, args.seconds, bodies,
-                                            wrk_threads=args.wrk_threads)
-                    row[name]["peak"] = pk
-                    seq, seq_cpu = row[name]["sequential"], row[name]["sequential_cpu_us"]
+                    seq, seq_cpu, pk = row[name]["sequential"], row[name]["sequential_cpu_us"], row[name]["peak"]
                     log(f"run {run + 1}/{args.runs} {name:12s} p50 {seq['p50_ms']:.3f} p90 {seq['p90_ms']:.3f} "
                         f"p99 {seq['p99_ms']:.3f} ms, CPU {seq_cpu} µs/req; peak {pk['rps']:.0f} req/s "
-                        f"(errors {seq['errors']}+{pk['errors']}; load generator {pk['loadgen_cores']} cores)")
+                        f"(slices {pk['slices_rps']}; errors {seq['errors']}+{pk['errors']}; "
+                        f"load generator {pk['loadgen_cores']} cores)")
             finally:
                 for proc, _ in live.values():
                     stop_process(proc)
@@ -608,7 +667,8 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
         f"Fairness: every run starts fresh processes of every target but the replica (same start path for every "
         f"gateway slot; start order drawn for run 1, seed {doc.get('seed')}, reversed in runs 2 and 3 of every 4); "
         f"targets measured in an order rotated every two runs and reversed in odd runs; the sequential phase of all "
-        f"targets, then the peak phase of all; each phase waits until every target is idle; each peak has "
+        f"targets, then the peak phase of all, each cut into {a.get('slices', 1)} slice(s) measured target after "
+        f"target (order reversed in odd slices); every slice waits until every target is idle; each peak phase has "
         f"{a.get('peak_warmup', 0):g} s of unmeasured warm-up with the same load.", "",
         "| target | p50 ms | p90 ms | p99 ms | added p50 ms | peak req/s | peak / smg | load gen cores | CPU µs/req (sequential) | errors |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -664,6 +724,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--load-generator", type=click.Choice(GENERATORS), default="python",
               help="peak phase: python (aiohttp, in the bench process) or wrk (Debian's C wrk; must be installed)")
     ap.option("--wrk-threads", type=int, default=1, help="wrk threads (--load-generator wrk)")
+    ap.option("--slices", type=int, default=4, help="cut each target's sequential and peak phase into this many "
+              "slices, measured target after target (noise of a shared machine hits every target alike)")
     ap.option("--peak-warmup", type=float, default=1.0, help="unmeasured seconds of the same load before each peak")
     ap.option("--targets", default="", help="comma-separated subset of the targets to measure (default: all), "
               "e.g. prefixgate,baseline for a quick A/A check")

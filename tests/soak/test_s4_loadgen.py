@@ -125,3 +125,44 @@ def test_slot_check_reports_ratios_spread_and_order() -> None:
     assert c["peak_ratio_median"] == 1.0 and c["peak_spread"] == pytest.approx(0.3)
     assert c["peak_ratio_b_second"] == pytest.approx(1.1) and c["peak_ratio_b_first"] == 0.9
     assert c["p50_ratio_median"] == 1.1
+
+
+def test_measure_run_interleaves_slices_of_every_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    calls: list[tuple[str, str, float]] = []
+
+    async def seq_raw(url: str, headers: object, n: int, bodies: object) -> tuple[list[float], int]:
+        calls.append(("seq", url.split("/")[2], n))
+        return [1.0] * n, 0
+
+    async def seq(url: str, headers: object, n: int, bodies: object) -> dict[str, object]:
+        calls.append(("warm", url.split("/")[2], n))
+        return {}
+
+    async def peak(gen: str, url: str, headers: object, clients: int, seconds: float, bodies: object,
+                   **kw: object) -> dict[str, object]:
+        calls.append(("peak", url.split("/")[2], seconds))
+        return {"ok": 100, "errors": 0, "wall_s": seconds, "rps": 100 / seconds, "loadgen_cpu_s": seconds / 2,
+                "loadgen_cores": 0.5}
+
+    async def settle(cpus: object) -> float:
+        return 0.0
+
+    monkeypatch.setattr(overhead, "_sequential_raw", seq_raw)
+    monkeypatch.setattr(overhead, "sequential", seq)
+    monkeypatch.setattr(overhead.loadgen, "peak", peak)
+    monkeypatch.setattr(overhead, "settle", settle)
+    cpu = SimpleNamespace(seconds=lambda: 0.0)
+    targets = {"a": ("http://a", {}, cpu), "b": ("http://b", {}, cpu)}
+    args = SimpleNamespace(slices=2, sequential=5, peak_warmup=0.5, load_generator="python", clients=4,
+                           seconds=2.0, wrk_threads=1)
+    out = asyncio.run(overhead.measure_run(targets, ["a", "b"], args, overhead._Body(False)))
+    measured = [(k, t) for k, t, x in calls if k == "seq" or (k == "peak" and x != 0.5)]  # 0.5 s: warm-up
+    assert measured == [("seq", "a"), ("seq", "b"), ("seq", "b"), ("seq", "a"),
+                        ("peak", "a"), ("peak", "b"), ("peak", "b"), ("peak", "a")]
+    assert sorted(n for k, t, n in calls if k == "seq" and t == "a") == [2, 3]  # 5 requests in 2 slices
+    assert [s for k, t, s in calls if k == "peak" and t == "a"] == [0.5, 1.0, 1.0]  # warm-up, then 2 x 1 s
+    assert out["a"]["sequential"]["n"] == 5 and out["a"]["peak"]["rps"] == 100.0
+    assert out["a"]["peak"]["slices_rps"] == [100.0, 100.0] and out["a"]["peak"]["loadgen_cores"] == 0.5
