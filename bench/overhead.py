@@ -525,6 +525,7 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
     from sim.procs import stop_process
 
     t_start = time.monotonic()
+    load_start = os.getloadavg()
     stack = await start_demo_stack(Path(tempfile.mkdtemp(prefix="pg-overhead-")),
                                    ClusterSpec(replicas=1, time_scale=1e6, decode_s_per_token=0.0))
     paths, cluster, replicas = stack.paths, stack.cluster, stack.replicas
@@ -592,7 +593,7 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
     return {"benchmark": "overhead", "args": {k: (str(v) if isinstance(v, Path) else v)
                                               for k, v in vars(args).items() if k != "out"},
             "cpus": os.cpu_count(), "python": sys.version.split()[0], "wall_s": round(time.monotonic() - t_start, 1),
-            "seed": seed, "summary": summarize(runs, names),
+            "seed": seed, "loadavg": {"start": load_start, "end": os.getloadavg()}, "summary": summarize(runs, names),
             "slot_check": slot_check(runs) if args.baseline else None,
             "runs": runs, "audit_timings_ms": timings, "profile": profile}
 
@@ -660,7 +661,9 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
         f"{a['runs']} runs (median), {a['sequential']} sequential requests then {a['clients']} closed-loop clients "
         f"for {a['seconds']:g} s per target and run; 64-word prompts, max_tokens 1, "
         f"{'streaming' if a['stream'] else 'plain'} answers; {doc['cpus']} CPUs shared by everything, "
-        f"Python {doc['python']}; {doc['wall_s']} s wall.", "",
+        f"Python {doc['python']}; {doc['wall_s']} s wall"
+        + (f"; load average (1 min) {doc['loadavg']['start'][0]:.1f} at the start, {doc['loadavg']['end'][0]:.1f} at "
+           f"the end" if doc.get("loadavg") else "") + ".", "",
         f"Peak phase load generator: {a.get('load_generator', 'python')}"
         + (f" ({a.get('wrk_threads', 1)} thread(s))" if a.get("load_generator") == "wrk" else " (in the bench process)")
         + f", on the same cores; its own CPU during the peak phase is the 'load gen cores' column (1.00 = a whole core). "
