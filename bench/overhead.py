@@ -60,7 +60,7 @@ phase.
 Results: ``bench/results/overhead.{json,md}``. The machine has 2 cores shared
 by the load generator, the replica, the router under test and anything else
 running: absolute figures are noisy; ratios within one run less so. The
-whole run takes about 3 minutes (``--runs 3``).
+whole run takes about 3.5 minutes (``--runs 3``; a minute more with ``--baseline``).
 """
 
 from __future__ import annotations
