@@ -24,13 +24,23 @@
 Workload per target and run: 50 warm-up requests, then ``--sequential``
 (500) sequential requests on one keep-alive connection (latency p50/p90/p99
 in ms; added p50 = target p50 minus direct p50 *of the same run*), then
-``--clients`` (64) closed-loop clients for ``--seconds`` (8 s): peak rate =
-successful answers per second. Non-streaming completions (``--stream`` for
-SSE), 64-word prompts unique per request, ``max_tokens`` 1. Targets are
-interleaved within a run (the order rotates from run to run) and every
-headline figure is the median over ``--runs`` (3) runs. CPU per request of
-each target's processes (psutil, user + system, all threads and children)
-is read around each phase.
+``--peak-warmup`` (1 s) of unmeasured load and ``--clients`` (64) closed-loop
+clients for ``--seconds`` (8 s): peak rate = successful answers per second,
+with ``--load-generator`` ``python`` (aiohttp in this process) or ``wrk``
+(:mod:`bench.loadgen`; the generator's own cores are reported beside the
+rate). Non-streaming completions (``--stream`` for SSE), 64-word prompts
+unique per request, ``max_tokens`` 1. Every headline figure is the median
+over ``--runs`` (3) runs. CPU per request of each target's processes
+(psutil, user + system, all threads and children) is read around each phase.
+
+Fairness (an A/A run, the same tree in both gateway slots, favoured one slot
+by 7-38 % in session 3): every run starts fresh processes of every target but
+the replica, every gateway slot by the same path (:func:`_start_slot`), in a
+start order drawn for run 1 (``--seed``) and reversed in runs 2 and 3 of
+every 4; targets are measured in the order of :func:`run_order`; each phase
+is cut into ``--slices`` (4) slices measured target after target
+(:func:`measure_run`), each after the targets are idle (:func:`settle`).
+With ``--baseline`` the result has a slot check (:func:`slot_check`).
 
 Then one **profiled** PrefixGate process (same configuration, its own audit
 directory) runs the sequential phase under :mod:`cProfile` (thread CPU time
@@ -50,7 +60,7 @@ phase.
 Results: ``bench/results/overhead.{json,md}``. The machine has 2 cores shared
 by the load generator, the replica, the router under test and anything else
 running: absolute figures are noisy; ratios within one run less so. The
-whole run takes about 3 minutes (``--runs 3``).
+whole run takes about 3.5 minutes (``--runs 3``; a minute more with ``--baseline``).
 """
 
 from __future__ import annotations
@@ -60,6 +70,7 @@ import cProfile
 import json
 import os
 import pstats
+import random
 import shutil
 import signal
 import statistics
@@ -73,6 +84,8 @@ from typing import Any
 
 import click
 
+from bench import loadgen
+from bench.loadgen import GENERATORS, _Body, _one
 from sim.click_options import ClickOptions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,33 +196,8 @@ def _run(coro: Any) -> Any:
 
 
 # ------------------------------------------------------------------ load
-def _prompt(n: int) -> str:
-    return " ".join(f"w{n}x{j}" for j in range(64))
-
-
-class _Body:
-    """Request bodies: 64 words unique per request, ``max_tokens`` 1."""
-
-    def __init__(self, stream: bool) -> None:
-        self.n = 0
-        self.stream = stream
-
-    def __call__(self) -> bytes:
-        self.n += 1
-        doc: dict[str, Any] = {"model": "sim-model", "prompt": _prompt(self.n), "max_tokens": 1}
-        if self.stream:
-            doc["stream"] = True
-        return json.dumps(doc).encode()
-
-
-async def _one(session: Any, url: str, headers: Mapping[str, str], body: bytes) -> bool:
-    async with session.post(url, data=body, headers=headers) as resp:
-        await resp.read()
-        return resp.status == 200
-
-
-async def sequential(url: str, headers: Mapping[str, str], n: int, bodies: _Body) -> dict[str, Any]:
-    """``n`` requests one after the other on one keep-alive connection; latencies in ms."""
+async def _sequential_raw(url: str, headers: Mapping[str, str], n: int, bodies: _Body) -> tuple[list[float], int]:
+    """``n`` requests one after the other on one keep-alive connection: (latencies of the 200s in ms, errors)."""
     import aiohttp
 
     lat: list[float] = []
@@ -223,33 +211,13 @@ async def sequential(url: str, headers: Mapping[str, str], n: int, bodies: _Body
                 lat.append((time.perf_counter() - t) * 1000.0)
             else:
                 errors += 1
+    return lat, errors
+
+
+async def sequential(url: str, headers: Mapping[str, str], n: int, bodies: _Body) -> dict[str, Any]:
+    """``n`` requests one after the other on one keep-alive connection; latencies in ms."""
+    lat, errors = await _sequential_raw(url, headers, n, bodies)
     return {"n": n, "errors": errors, **_percentiles(lat)}
-
-
-async def closed_loop(url: str, headers: Mapping[str, str], clients: int, seconds: float,
-                      bodies: _Body) -> dict[str, Any]:
-    """``clients`` closed-loop clients for ``seconds``: successful answers per second."""
-    import aiohttp
-
-    ok = errors = 0
-    stop_at = time.monotonic() + seconds
-
-    async def client(session: Any) -> None:
-        nonlocal ok, errors
-        while time.monotonic() < stop_at:
-            try:
-                if await _one(session, url, headers, bodies()):
-                    ok += 1
-                else:
-                    errors += 1
-            except aiohttp.ClientError:
-                errors += 1
-
-    t0 = time.monotonic()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
-        await asyncio.gather(*(client(session) for _ in range(clients)))
-    wall = time.monotonic() - t0
-    return {"ok": ok, "errors": errors, "wall_s": round(wall, 3), "rps": round(ok / wall, 1)}
 
 
 def _percentiles(lat: Sequence[float]) -> dict[str, float | None]:
@@ -364,8 +332,7 @@ async def _spawn(name: str, args: Sequence[str], paths: Any, port: int, probe: s
     """Start ``python -m ARGS`` (from source ``tree``) and wait until ``GET probe`` on ``port`` is 200."""
     from sim.procs import python_module_cmd, start_process, stop_process, wait_for_url
 
-    proc = start_process(name, python_module_cmd(*args), paths.logs, cwd=tree,
-                         env=None if tree == REPO else {"PYTHONPATH": str(tree)})
+    proc = start_process(name, python_module_cmd(*args), paths.logs, cwd=tree, env={"PYTHONPATH": str(tree)})
     base = f"http://127.0.0.1:{port}"
     try:
         await wait_for_url(base + probe, timeout_s=30.0, proc=proc)
@@ -417,14 +384,42 @@ def _second_config(cfg: Mapping[str, Any], paths: Any, name: str) -> dict[str, A
     return doc
 
 
-async def _start_baseline(tree: Path, cfg: Mapping[str, Any], paths: Any) -> tuple[Any, str]:
-    """``prefixgate serve`` from another source tree (``--baseline``), e.g. an export of main."""
+async def _start_slot(name: str, tree: Path, cfg: Mapping[str, Any], paths: Any) -> tuple[Any, str]:
+    """``prefixgate serve`` from source ``tree`` on ``cfg`` (its own ports and audit directory):
+    the one start path of every PrefixGate slot (``prefixgate``, ``baseline``), so that no slot
+    differs from another in how it was started."""
     import yaml
 
-    cfg_path = paths.work / "baseline.yaml"
+    cfg_path = paths.work / f"{name}.yaml"
     cfg_path.write_text(yaml.safe_dump(dict(cfg), sort_keys=False))
-    return await _spawn("baseline", ["gateway.cli", "serve", "--config", str(cfg_path)], paths,
+    return await _spawn(name, ["gateway.cli", "serve", "--config", str(cfg_path)], paths,
                         cfg["listen"]["port"], "/readyz", tree=tree)
+
+
+def run_order(names: Sequence[str], run: int) -> list[str]:
+    """The target order of run ``run`` (0-based): ``names`` rotated by ``run // 2``, reversed in odd runs.
+
+    Rotation alone keeps neighbours in the same order in every run (``prefixgate`` was always
+    measured just before ``baseline``); runs 2k and 2k+1 use one order and its reverse, so every
+    pair of targets is measured in both orders over any two such runs."""
+    k = (run // 2) % len(names)
+    order = list(names[k:]) + list(names[:k])
+    return order[::-1] if run % 2 else order
+
+
+async def settle(cpus: Sequence[_Cpu], *, idle_cores: float = 0.15, window_s: float = 0.25,
+                 max_s: float = 5.0) -> float:
+    """Wait until the processes of ``cpus`` together use under ``idle_cores`` cores over a
+    ``window_s`` window (e.g. an audit worker still writing the previous peak's events), at most
+    ``max_s`` seconds; returns the seconds waited."""
+    t0 = time.monotonic()
+    while True:
+        before = sum(c.seconds() for c in cpus)
+        await asyncio.sleep(window_s)
+        used = sum(c.seconds() for c in cpus) - before
+        waited = time.monotonic() - t0
+        if used / window_s < idle_cores or waited >= max_s:
+            return round(waited, 2)
 
 
 async def _profile(cfg: Mapping[str, Any], paths: Any, headers: Mapping[str, str], n: int, bodies: _Body,
@@ -464,6 +459,64 @@ async def _profile(cfg: Mapping[str, Any], paths: Any, headers: Mapping[str, str
             "stages_us_scaled": {k: round(v * scale, 1) for k, v in stages.items()}}
 
 
+async def measure_run(targets: Mapping[str, tuple[str, Mapping[str, str], _Cpu]], order: Sequence[str],
+                      args: SimpleNamespace, bodies: _Body) -> dict[str, dict[str, Any]]:
+    """One run's measurements of ``targets`` (name -> (base URL, headers, CPU of its processes)).
+
+    Sequential phase: ``WARMUP`` requests per target, then ``args.sequential`` requests cut into
+    ``args.slices`` slices measured target after target (``order``, reversed in odd slices), so
+    that a slow minute of the shared machine hits every target alike. Peak phase likewise:
+    ``args.peak_warmup`` s of unmeasured load per target, then ``args.seconds`` cut into slices.
+    Every slice waits until all targets are idle (:func:`settle`). Returns name ->
+    ``{sequential, sequential_cpu_us, peak, settle_s}``; ``peak`` pools the slices (``rps`` =
+    answers / summed wall; ``loadgen_cores`` likewise) and lists ``slices_rps``."""
+    every_cpu = [t[2] for t in targets.values()]
+    slices = max(1, args.slices)
+    out: dict[str, dict[str, Any]] = {n: {"settle_s": 0.0} for n in order}
+    lat: dict[str, list[float]] = {n: [] for n in order}
+    errs = dict.fromkeys(order, 0)
+    cpu_s = dict.fromkeys(order, 0.0)
+    for name in order:
+        await sequential(targets[name][0] + "/v1/completions", targets[name][1], WARMUP, bodies)
+    for sl in range(slices):
+        n = args.sequential // slices + (1 if sl < args.sequential % slices else 0)
+        for name in (order if sl % 2 == 0 else order[::-1]):
+            base, headers, cpu = targets[name]
+            out[name]["settle_s"] += await settle(every_cpu)
+            before = cpu.seconds()
+            got, e = await _sequential_raw(base + "/v1/completions", headers, n, bodies)
+            cpu_s[name] += cpu.seconds() - before
+            lat[name] += got
+            errs[name] += e
+    for name in order:
+        out[name]["sequential"] = {"n": args.sequential, "errors": errs[name], **_percentiles(lat[name])}
+        out[name]["sequential_cpu_us"] = round(cpu_s[name] * 1e6 / args.sequential, 1) if args.sequential else None
+        if args.peak_warmup > 0:
+            url = targets[name][0] + "/v1/completions"
+            await loadgen.peak(args.load_generator, url, targets[name][1], args.clients, args.peak_warmup, bodies,
+                               wrk_threads=args.wrk_threads)
+    parts: dict[str, list[dict[str, Any]]] = {n: [] for n in order}
+    for sl in range(slices):
+        for name in (order if sl % 2 == 0 else order[::-1]):
+            base, headers, _ = targets[name]
+            out[name]["settle_s"] += await settle(every_cpu)
+            parts[name].append(await loadgen.peak(args.load_generator, base + "/v1/completions", headers,
+                                                  args.clients, args.seconds / slices, bodies,
+                                                  wrk_threads=args.wrk_threads))
+    for name in order:
+        ps = parts[name]
+        wall = sum(p["wall_s"] for p in ps)
+        ok = sum(p["ok"] for p in ps)
+        out[name]["peak"] = {"ok": ok, "errors": sum(p["errors"] for p in ps), "wall_s": round(wall, 3),
+                             "rps": round(ok / wall, 1) if wall else 0.0,
+                             "loadgen_cpu_s": round(sum(p["loadgen_cpu_s"] for p in ps), 3),
+                             "loadgen_cores": round(sum(p["loadgen_cpu_s"] for p in ps) / wall, 3) if wall else None,
+                             "slices_rps": [p["rps"] for p in ps],
+                             **({"latency_ms": [p["latency_ms"] for p in ps]} if "latency_ms" in ps[0] else {})}
+        out[name]["settle_s"] = round(out[name]["settle_s"], 2)
+    return out
+
+
 async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The whole benchmark (see module doc); returns the result document."""
     from bench.harness import start_demo_stack
@@ -472,67 +525,77 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
     from sim.procs import stop_process
 
     t_start = time.monotonic()
+    load_start = os.getloadavg()
     stack = await start_demo_stack(Path(tempfile.mkdtemp(prefix="pg-overhead-")),
                                    ClusterSpec(replicas=1, time_scale=1e6, decode_s_per_token=0.0))
     paths, cluster, replicas = stack.paths, stack.cluster, stack.replicas
     bodies = _Body(args.stream)
-    procs: list[Any] = []
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    rng = random.Random(seed)
     try:
         direct_url = replicas[0]["url"]
-        smg, smg_url = await start_sglang_router("cache_aware", [direct_url], paths)
-        procs.append(smg)
-        pt, pt_url = await _start_passthrough(direct_url, paths)
-        procs.append(pt)
         cfg = stack.gateway_config(["tenant-a"])
-        pg, pg_url = await stack.start_gateway("prefixgate", cfg)
-        procs.append(pg)
-        if args.baseline:
-            base_cfg = _second_config(cfg, paths, "baseline")
-            base_cfg["policy"]["dir"] = str(args.baseline / "rego")
-            apply_settings(base_cfg, args.baseline_set)
-            bl, bl_url = await _start_baseline(args.baseline, base_cfg, paths)
-            procs.append(bl)
         auth = dict(stack.headers_for(["tenant-a"])("tenant-a"))
         plain = {"Content-Type": "application/json"}
-        targets = {
-            "direct": (direct_url, plain, _Cpu(cluster.pid)),
-            "smg": (smg_url, plain, _Cpu(smg.pid)),
-            "passthrough": (pt_url, plain, _Cpu(pt.pid)),
-            "prefixgate": (pg_url, {**plain, **auth}, _Cpu(pg.pid)),
-        }
-        if args.baseline:
-            targets["baseline"] = (bl_url, {**plain, **auth}, _Cpu(bl.pid))
-        names = list(targets)
+        trees = {"prefixgate": REPO, "baseline": args.baseline}
+        every_name = [*TARGET_NAMES, *(["baseline"] if args.baseline else [])]
+        names = [n for n in every_name if not args.targets or n in args.targets.split(",")]
+        started_names = [n for n in names if n != "direct"]
+        rng.shuffle(started_names)  # the first run's start order is drawn (and recorded)
+        first_audit: Path | None = None
+
+        async def start(name: str, run: int) -> tuple[Any, str]:
+            nonlocal first_audit
+            if name == "smg":
+                return await start_sglang_router("cache_aware", [direct_url], paths)
+            if name == "passthrough":
+                return await _start_passthrough(direct_url, paths)
+            doc = _second_config(cfg, paths, f"{name}-{run}")  # own ports and audit directory per slot and run
+            if name == "baseline":
+                doc["policy"]["dir"] = str(args.baseline / "rego")
+                apply_settings(doc, args.baseline_set)
+            if name == "prefixgate" and first_audit is None:
+                first_audit = Path(doc["audit"]["jsonl"]["dir"])
+            return await _start_slot(f"{name}-{run}", trees[name], doc, paths)
+
         runs: list[dict[str, Any]] = []
         for run in range(args.runs):
-            k = run % len(names)
-            order = names[k:] + names[:k]
-            row: dict[str, Any] = {}
-            for name in order:
-                base, headers, cpu = targets[name]
-                url = base + "/v1/completions"
-                await sequential(url, headers, WARMUP, bodies)
-                seq, seq_cpu = await measured(cpu, args.sequential, sequential(url, headers, args.sequential, bodies))
-                peak = await closed_loop(url, headers, args.clients, args.seconds, bodies)
-                row[name] = {"sequential": seq, "sequential_cpu_us": seq_cpu, "peak": peak}
-                log(f"run {run + 1}/{args.runs} {name:12s} p50 {seq['p50_ms']:.3f} p90 {seq['p90_ms']:.3f} "
-                    f"p99 {seq['p99_ms']:.3f} ms, CPU {seq_cpu} µs/req; peak {peak['rps']:.0f} req/s "
-                    f"(errors {seq['errors']}+{peak['errors']})")
+            order = run_order(names, run)
+            starts = started_names[::-1] if run % 4 in (1, 2) else list(started_names)
+            row: dict[str, Any] = {"order": order, "start_order": starts}
+            live: dict[str, tuple[Any, str]] = {}
+            try:
+                for name in starts:  # fresh processes every run: no slot keeps one process's luck
+                    live[name] = await start(name, run)
+                targets = {"direct": (direct_url, plain, _Cpu(cluster.pid)),
+                           **{n: (base, {**plain, **auth} if n in trees else plain, _Cpu(proc.pid))
+                              for n, (proc, base) in live.items()}}
+                row.update(await measure_run(targets, order, args, bodies))
+                for name in order:
+                    seq, seq_cpu, pk = row[name]["sequential"], row[name]["sequential_cpu_us"], row[name]["peak"]
+                    log(f"run {run + 1}/{args.runs} {name:12s} p50 {seq['p50_ms']:.3f} p90 {seq['p90_ms']:.3f} "
+                        f"p99 {seq['p99_ms']:.3f} ms, CPU {seq_cpu} µs/req; peak {pk['rps']:.0f} req/s "
+                        f"(slices {pk['slices_rps']}; errors {seq['errors']}+{pk['errors']}; "
+                        f"load generator {pk['loadgen_cores']} cores)")
+            finally:
+                for proc, _ in live.values():
+                    stop_process(proc)
             runs.append(row)
-        timings = audit_timings(paths.audit_dir / "jsonl", WARMUP, args.sequential)
+        timings = (audit_timings(first_audit, WARMUP, args.sequential) if first_audit
+                   else {"events": 0})
         profile = None
         if not args.no_profile:
             profile = await _profile(cfg, paths, {**plain, **auth}, args.sequential, bodies, log)
     finally:
-        for p in procs:
-            stop_process(p)
         stop_process(cluster)
         if not args.keep_workdir:
             shutil.rmtree(paths.work, ignore_errors=True)
     return {"benchmark": "overhead", "args": {k: (str(v) if isinstance(v, Path) else v)
                                               for k, v in vars(args).items() if k != "out"},
             "cpus": os.cpu_count(), "python": sys.version.split()[0], "wall_s": round(time.monotonic() - t_start, 1),
-            "summary": summarize(runs, names), "runs": runs, "audit_timings_ms": timings, "profile": profile}
+            "seed": seed, "loadavg": {"start": load_start, "end": os.getloadavg()}, "summary": summarize(runs, names),
+            "slot_check": slot_check(runs) if args.baseline else None,
+            "runs": runs, "audit_timings_ms": timings, "profile": profile}
 
 
 def summarize(runs: Sequence[Mapping[str, Any]], names: Sequence[str] = TARGET_NAMES) -> dict[str, dict[str, float | None]]:
@@ -548,14 +611,46 @@ def summarize(runs: Sequence[Mapping[str, Any]], names: Sequence[str] = TARGET_N
         out[name] = {
             **{k: med([r["sequential"][k] for r in rows]) for k in ("p50_ms", "p90_ms", "p99_ms")},
             "added_p50_ms": med([r[name]["sequential"]["p50_ms"] - r["direct"]["sequential"]["p50_ms"]
-                                 for r in runs if name in r]),
+                                 for r in runs if name in r and "direct" in r]),
             "peak_rps": med([r["peak"]["rps"] for r in rows]),
             "peak_vs_smg": med([r[name]["peak"]["rps"] / r["smg"]["peak"]["rps"] for r in runs
-                                if r["smg"]["peak"]["rps"]]),
+                                if name in r and "smg" in r and r["smg"]["peak"]["rps"]]),
             "cpu_us_per_request": med([r["sequential_cpu_us"] for r in rows]),
+            "loadgen_cores": med([r["peak"].get("loadgen_cores") for r in rows]),
             "errors": sum(r["sequential"]["errors"] + r["peak"]["errors"] for r in rows),
         }
     return out
+
+
+def slot_check(runs: Sequence[Mapping[str, Any]], a: str = "prefixgate", b: str = "baseline") -> dict[str, Any]:
+    """Slot ``b`` over slot ``a`` per run (peak rate ``b/a``, p50 ``b/a``) and whether ``b`` was
+    measured after ``a`` in that run (``runs[i]["order"]``; unknown in older result files).
+
+    With the same tree in both slots (an A/A run) every ratio should be 1: ``peak_spread`` (max
+    minus min of the peak ratios) and ``peak_ratio_median`` say how far the bench is from that;
+    ``peak_ratio_b_second`` / ``peak_ratio_b_first`` (medians) show a measurement-order effect."""
+    rows = []
+    for r in runs:
+        if a not in r or b not in r:
+            continue
+        order, starts = r.get("order"), r.get("start_order")
+        rows.append({"b_started_second": None if not starts else starts.index(b) > starts.index(a),
+                     "peak_ratio": round(r[b]["peak"]["rps"] / r[a]["peak"]["rps"], 3) if r[a]["peak"]["rps"] else None,
+                     "p50_ratio": round(r[b]["sequential"]["p50_ms"] / r[a]["sequential"]["p50_ms"], 3),
+                     "b_second": None if order is None else order.index(b) > order.index(a)})
+    peaks = [x["peak_ratio"] for x in rows if x["peak_ratio"] is not None]
+
+    def med(vals: list[float]) -> float | None:
+        return round(statistics.median(vals), 3) if vals else None
+
+    return {"slots": [a, b], "runs": rows, "peak_ratio_median": med(peaks),
+            "peak_spread": round(max(peaks) - min(peaks), 3) if peaks else None,
+            "p50_ratio_median": med([x["p50_ratio"] for x in rows]),
+            "peak_ratio_b_second": med([x["peak_ratio"] for x in rows if x["b_second"] and x["peak_ratio"]]),
+            "peak_ratio_b_first": med([x["peak_ratio"] for x in rows if x["b_second"] is False and x["peak_ratio"]]),
+            "peak_ratio_b_started_second": med([x["peak_ratio"] for x in rows if x["b_started_second"] and x["peak_ratio"]]),
+            "peak_ratio_b_started_first": med([x["peak_ratio"] for x in rows
+                                               if x["b_started_second"] is False and x["peak_ratio"]])}
 
 
 def to_markdown(doc: Mapping[str, Any]) -> str:
@@ -566,9 +661,20 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
         f"{a['runs']} runs (median), {a['sequential']} sequential requests then {a['clients']} closed-loop clients "
         f"for {a['seconds']:g} s per target and run; 64-word prompts, max_tokens 1, "
         f"{'streaming' if a['stream'] else 'plain'} answers; {doc['cpus']} CPUs shared by everything, "
-        f"Python {doc['python']}; {doc['wall_s']} s wall.", "",
-        "| target | p50 ms | p90 ms | p99 ms | added p50 ms | peak req/s | peak / smg | CPU µs/req (sequential) | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"Python {doc['python']}; {doc['wall_s']} s wall"
+        + (f"; load average (1 min) {doc['loadavg']['start'][0]:.1f} at the start, {doc['loadavg']['end'][0]:.1f} at "
+           f"the end" if doc.get("loadavg") else "") + ".", "",
+        f"Peak phase load generator: {a.get('load_generator', 'python')}"
+        + (f" ({a.get('wrk_threads', 1)} thread(s))" if a.get("load_generator") == "wrk" else " (in the bench process)")
+        + f", on the same cores; its own CPU during the peak phase is the 'load gen cores' column (1.00 = a whole core). "
+        f"Fairness: every run starts fresh processes of every target but the replica (same start path for every "
+        f"gateway slot; start order drawn for run 1, seed {doc.get('seed')}, reversed in runs 2 and 3 of every 4); "
+        f"targets measured in an order rotated every two runs and reversed in odd runs; the sequential phase of all "
+        f"targets, then the peak phase of all, each cut into {a.get('slices', 1)} slice(s) measured target after "
+        f"target (order reversed in odd slices); every slice waits until every target is idle; each peak phase has "
+        f"{a.get('peak_warmup', 0):g} s of unmeasured warm-up with the same load.", "",
+        "| target | p50 ms | p90 ms | p99 ms | added p50 ms | peak req/s | peak / smg | load gen cores | CPU µs/req (sequential) | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def f(v: Any, fmt: str = ".3f") -> str:
@@ -576,8 +682,18 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
 
     for name, s in doc["summary"].items():
         lines.append(f"| {name} | {f(s['p50_ms'])} | {f(s['p90_ms'])} | {f(s['p99_ms'])} | {f(s['added_p50_ms'])} | "
-                     f"{f(s['peak_rps'], '.0f')} | {f(s['peak_vs_smg'], '.2f')} | {f(s['cpu_us_per_request'], '.0f')} | "
+                     f"{f(s['peak_rps'], '.0f')} | {f(s['peak_vs_smg'], '.2f')} | {f(s.get('loadgen_cores'), '.2f')} | "
+                     f"{f(s['cpu_us_per_request'], '.0f')} | "
                      f"{s['errors']} |")
+    c = doc.get("slot_check")
+    if c:
+        per_run = "; ".join(f"{x['peak_ratio']} (baseline measured {'second' if x['b_second'] else 'first'}, "
+                            f"started {'second' if x.get('b_started_second') else 'first'})" for x in c["runs"])
+        lines += ["", f"Slot check, baseline / prefixgate per run (an A/A check when both are the same tree: "
+                  f"every ratio should be 1.00): peak {per_run}; median {c['peak_ratio_median']}, spread "
+                  f"(max - min) {c['peak_spread']}; measured second {c['peak_ratio_b_second']}, measured first "
+                  f"{c['peak_ratio_b_first']}; started second {c.get('peak_ratio_b_started_second')}, started first "
+                  f"{c.get('peak_ratio_b_started_first')}; p50 ratio median {c['p50_ratio_median']}."]
     t = doc["audit_timings_ms"]
     lines += ["", "PrefixGate's own audit timings (median wall ms, first run's sequential phase, "
               f"{t.get('events')} events): authentication {t.get('auth_ms')}, parse {t.get('parse_ms')}, "
@@ -608,6 +724,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--baseline-set", multiple=True, default=[], metavar="KEY=VALUE",
               help="a configuration value of the baseline only (dotted key, YAML value; repeatable), "
               "e.g. --baseline /path/to/this/tree --baseline-set flow.enabled=false: the cost of a feature")
+    ap.option("--load-generator", type=click.Choice(GENERATORS), default="python",
+              help="peak phase: python (aiohttp, in the bench process) or wrk (Debian's C wrk; must be installed)")
+    ap.option("--wrk-threads", type=int, default=1, help="wrk threads (--load-generator wrk)")
+    ap.option("--slices", type=int, default=4, help="cut each target's sequential and peak phase into this many "
+              "slices, measured target after target (noise of a shared machine hits every target alike)")
+    ap.option("--peak-warmup", type=float, default=1.0, help="unmeasured seconds of the same load before each peak")
+    ap.option("--targets", default="", help="comma-separated subset of the targets to measure (default: all), "
+              "e.g. prefixgate,baseline for a quick A/A check")
+    ap.option("--seed", type=int, default=None, help="draws the gateway slots' start order (default: random, recorded)")
     ap.option("--keep-workdir", is_flag=True, help="keep configs, logs, audit files and the profile")
     ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
     ap.option("--name", default="overhead", help="result file stem")
@@ -622,6 +747,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profiled_gateway:
         _serve_profiled(args.profiled_gateway, args.profile_out)
         return 0
+    try:
+        loadgen.require_generator(args.load_generator)
+    except loadgen.WrkMissingError as e:
+        raise SystemExit(f"error: {e}") from None
     import uvloop
 
     doc = uvloop.run(run_bench(args))

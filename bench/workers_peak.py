@@ -1,25 +1,33 @@
 """Peak rate of ``prefixgate serve`` with 1 process and with ``--workers N`` (issue 16; not a test).
 
-``python -m bench.workers_peak --redis-url URL [--workers 2] [--rounds 2] [--clients 32] [--seconds 8]``
+``python -m bench.workers_peak [--redis-url URL] [--workers 2] [--rounds 2] [--clients 32] [--seconds 8]
+[--load-generator python|wrk|python,wrk] [--label TEXT]``
 
 Targets, each a real ``prefixgate serve`` process tree with the demo
 configuration (:func:`sim.demo.gateway_config`: JWT-SVID, embedded OPA,
 ``cache_aware``, JSONL + OCSF audit in the audit worker process) in front of
-two simulated replicas (in this process, time scale 10^6, no decode time):
+two simulated replicas (``python -m sim.cluster`` in its own process, time
+scale 10^6, no decode time):
 
 - ``memory x1``: ``state.backend: memory``, one process (today's default);
 - ``redis x1``: ``state.backend: redis`` on ``--redis-url``, one process;
 - ``redis xN``: the same with ``--workers N``.
 
-The tenant has a request rate and a concurrency limit high enough never to
-refuse, so every request runs the shared-limit scripts. Load:
-``--clients`` closed-loop clients for ``--seconds`` per target
-(:func:`bench.overhead.closed_loop`, 64-word prompts, ``max_tokens`` 1),
-targets interleaved, median over ``--rounds``. The load generator and the
-replicas run in this process on the same machine as the gateway: they take
-CPU from it (reported beside the figures with the load average).
+Without ``--redis-url`` the bench starts its own ``redis-server``
+(:class:`sim.redis_server.RedisServer`). The tenant has a request rate and a
+concurrency limit high enough never to refuse, so every request runs the
+shared-limit scripts. Load: ``--clients`` closed-loop clients (or wrk
+connections) for ``--seconds`` per target and load generator
+(:func:`bench.loadgen.peak`, 64-word prompts, ``max_tokens`` 1), after 1 s of
+unmeasured warm-up with the same generator; targets interleaved (rotated per
+round), generators alternated per round, median over ``--rounds``. The load
+generator, the replicas and Redis run on the same machine as the gateway and
+take CPU from it: the result gives, beside every figure, the cores used by
+the load generator (``python``: this process, which runs nothing else
+meanwhile; ``wrk``: the wrk child), by the gateway's process tree and by the
+replicas over the measured window.
 
-Results: ``bench/results/workers_peak.{json,md}``.
+Results: ``bench/results/<--out>.{json,md}`` (default ``workers_peak``).
 """
 
 from __future__ import annotations
@@ -28,29 +36,36 @@ import asyncio
 import json
 import os
 import statistics
+import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import yaml
 
-from bench.harness import loadavg_text, write_json_and_markdown
-from bench.overhead import _Body, closed_loop
+from bench import loadgen
+from bench.harness import loadavg_text, start_demo_stack, write_json_and_markdown
+from bench.overhead import _Cpu
 from sim.click_options import ClickOptions
-from sim.cluster import start_cluster
-from sim.demo import DemoPaths, bearer_headers, gateway_config, prepare_identity
-from sim.procs import (
-    free_port,
-    python_module_cmd,
-    start_process,
-    stop_process,
-    wait_for_url,
-)
-from sim.replica import ReplicaConfig
+from sim.demo import ClusterSpec, DemoPaths
+from sim.procs import free_port, python_module_cmd, start_process, stop_process, wait_for_url
+
+
+async def _measure(generator: str, url: str, headers: Any, clients: int, seconds: float,
+                   gateway: _Cpu, replicas: _Cpu) -> dict[str, Any]:
+    """One warm-up second, then the measured peak with the gateway's and the replicas' cores beside it."""
+    bodies = loadgen._Body(False)
+    await loadgen.peak(generator, url, headers, clients, 1.0, bodies)  # warm-up: connections, pools, caches
+    g0, r0, t0 = gateway.seconds(), replicas.seconds(), time.monotonic()
+    res = await loadgen.peak(generator, url, headers, clients, seconds, bodies)
+    wall = time.monotonic() - t0
+    return {**{k: v for k, v in res.items() if k != "wrk"}, "gateway_cores": round((gateway.seconds() - g0) / wall, 3),
+            "replica_cores": round((replicas.seconds() - r0) / wall, 3)}
 
 
 async def _target(name: str, cfg: dict[str, Any], workers: int, paths: DemoPaths, headers: Any,
-                  clients: int, seconds: float) -> dict[str, Any]:
+                  a: SimpleNamespace, generators: list[str], replicas: _Cpu) -> dict[str, dict[str, Any]]:
     doc = json.loads(json.dumps(cfg))
     doc["listen"]["port"], doc["admin"]["port"] = free_port(), free_port()
     audit = paths.work / f"audit-{name.replace(' ', '_')}"
@@ -64,59 +79,98 @@ async def _target(name: str, cfg: dict[str, Any], workers: int, paths: DemoPaths
     base = f"http://127.0.0.1:{doc['listen']['port']}"
     try:
         await wait_for_url(f"{base}/readyz", timeout_s=60, proc=proc)
-        bodies = _Body(False)
-        await closed_loop(f"{base}/v1/completions", headers, 4, 1.0, bodies)  # warm-up
-        return await closed_loop(f"{base}/v1/completions", headers, clients, seconds, bodies)
+        gateway = _Cpu(proc.pid)
+        return {g: await _measure(g, f"{base}/v1/completions", headers, a.clients, a.seconds, gateway, replicas)
+                for g in generators}
     finally:
         stop_process(proc, timeout_s=30)
 
 
 async def run(a: SimpleNamespace) -> dict[str, Any]:
-    cluster = await start_cluster(2, ReplicaConfig(time_scale=1e6, decode_s_per_token=0.0))
-    paths = DemoPaths.under(Path(a.work))
-    issuer = prepare_identity(paths)
-    headers = dict(bearer_headers(issuer, ["tenant-a"])("tenant-a"))
-    base = gateway_config("cache_aware", cluster.ready_doc(), ["tenant-a"], paths, listen_port=0, admin_port=0)
+    """Run the rounds of ``a`` (see module doc); returns the result document."""
+    from sim.redis_server import REDIS_SERVER, RedisServer
+
+    generators = [g for g in a.load_generator.split(",") if g]
+    for g in generators:
+        loadgen.require_generator(g)
+    work = Path(tempfile.mkdtemp(prefix="prefixgate-workers-peak-", dir=a.work))
+    redis = None
+    if not a.redis_url:
+        (work / "redis").mkdir(parents=True, exist_ok=True)
+        redis = RedisServer(REDIS_SERVER or "/usr/bin/redis-server", work / "redis").start()
+    redis_url = a.redis_url or redis.url  # type: ignore[union-attr]
+    stack = await start_demo_stack(work, ClusterSpec(replicas=2, time_scale=1e6, decode_s_per_token=0.0))
+    headers = {"Content-Type": "application/json", **dict(stack.headers_for(["tenant-a"])("tenant-a"))}
+    base = stack.gateway_config(["tenant-a"])
     base["tenancy"]["tenants"][0].update(rate_rps=1e6, rate_burst=1e6, max_concurrency=10_000)
-    redis_state = {"backend": "redis", "url": a.redis_url, "key_prefix": "pgpeak:"}
+    redis_state = {"backend": "redis", "url": redis_url, "key_prefix": "pgpeak:"}
     targets = [("memory x1", {**base, "state": {"backend": "memory"}}, 1),
                ("redis x1", {**base, "state": redis_state}, 1),
                (f"redis x{a.workers}", {**base, "state": redis_state}, a.workers)]
-    runs: dict[str, list[dict[str, Any]]] = {t[0]: [] for t in targets}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {g: {t[0]: [] for t in targets} for g in generators}
+    replicas = _Cpu(stack.cluster.pid)
     try:
         for r in range(a.rounds):
+            gens = generators[r % len(generators):] + generators[:r % len(generators)]
             for name, cfg, workers in targets[r % 3:] + targets[:r % 3]:
-                runs[name].append(await _target(name, cfg, workers, paths, headers, a.clients, a.seconds))
-                print(name, runs[name][-1], flush=True)
+                res = await _target(name, cfg, workers, stack.paths, headers, a, gens, replicas)
+                for g, x in res.items():
+                    runs[g][name].append(x)
+                    print(f"round {r + 1} {name:10s} {g:6s} {x['rps']:.0f} req/s, load generator {x['loadgen_cores']} "
+                          f"cores, gateway {x['gateway_cores']}, replicas {x['replica_cores']}, errors {x['errors']}",
+                          flush=True)
     finally:
-        await cluster.stop()
-    med = {k: statistics.median(x["rps"] for x in v) for k, v in runs.items()}
-    return {"runs": runs, "median_rps": med, "clients": a.clients, "seconds": a.seconds, "rounds": a.rounds,
-            "workers_over_one": med[f"redis x{a.workers}"] / med["redis x1"], "loadavg": os.getloadavg(),
-            "cpus": os.cpu_count()}
+        stack.stop()
+        if redis is not None:
+            redis.stop()
+
+    def med(xs: list[dict[str, Any]], key: str) -> float:
+        return round(statistics.median(x[key] for x in xs), 3)
+
+    summary = {g: {name: {k: med(xs, k) for k in ("rps", "loadgen_cores", "gateway_cores", "replica_cores")}
+                   | {"errors": sum(x["errors"] for x in xs)} for name, xs in per.items()} for g, per in runs.items()}
+    return {"label": a.label, "runs": runs, "summary": summary, "clients": a.clients, "seconds": a.seconds,
+            "rounds": a.rounds, "workers": a.workers, "generators": generators,
+            "workers_over_one": {g: round(s[f"redis x{a.workers}"]["rps"] / s["redis x1"]["rps"], 3)
+                                 for g, s in summary.items()},
+            "loadavg": os.getloadavg(), "cpus": os.cpu_count()}
 
 
 def _markdown(r: dict[str, Any]) -> str:
-    rows = "\n".join(f"| {k} | {v:.1f} | {', '.join(str(x['rps']) for x in r['runs'][k])} | "
-                     f"{sum(x['errors'] for x in r['runs'][k])} |" for k, v in r["median_rps"].items())
+    rows = "\n".join(f"| {name} | {g} | {s['rps']:.1f} | {', '.join(str(x['rps']) for x in r['runs'][g][name])} | "
+                     f"{s['loadgen_cores']:.2f} | {s['gateway_cores']:.2f} | {s['replica_cores']:.2f} | {s['errors']} |"
+                     for g, per in r["summary"].items() for name, s in per.items())
+    ratios = "; ".join(f"{g}: {v:.2f}" for g, v in r["workers_over_one"].items())
     return (f"# serve --workers: peak rate (bench/workers_peak.py)\n\n"
-            f"{r['clients']} closed-loop clients x {r['seconds']} s per target, {r['rounds']} interleaved rounds; "
-            f"load generator and replicas on the same {r['cpus']}-CPU machine (shared with other jobs; load "
-            f"average after the run {loadavg_text(r['loadavg'])}).\n\n"
-            f"| target | median req/s | runs | errors |\n|---|---|---|---|\n{rows}\n\n"
-            f"workers / one redis process: {r['workers_over_one']:.2f}\n")
+            f"{r['label']}\n\n"
+            f"{r['clients']} closed-loop clients (wrk: connections) x {r['seconds']} s per target and load generator, "
+            f"{r['rounds']} interleaved rounds; load generator, replicas and Redis on the same {r['cpus']}-CPU machine "
+            f"as the gateway (load average after the run {loadavg_text(r['loadavg'])}). Cores = CPU seconds / wall "
+            f"seconds over the measured window (1.00 = one whole core).\n\n"
+            f"| target | load generator | median req/s | runs | load gen cores | gateway cores | replica cores | "
+            f"errors |\n|---|---|---:|---|---:|---:|---:|---:|\n{rows}\n\n"
+            f"redis x{r['workers']} / redis x1 (median req/s): {ratios}\n")
 
 
 def main() -> None:
-    ap = ClickOptions(description=__doc__.splitlines()[0])
-    ap.option("--redis-url", required=True)
+    """``python -m bench.workers_peak``: run and write ``<--out>.{json,md}``."""
+    ap = ClickOptions(prog="python -m bench.workers_peak", description=__doc__.splitlines()[0])
+    ap.option("--redis-url", default=None, help="default: start a redis-server of our own")
     ap.option("--workers", type=int, default=2)
     ap.option("--rounds", type=int, default=2)
     ap.option("--clients", type=int, default=32)
     ap.option("--seconds", type=float, default=8.0)
-    ap.option("--work", default="/tmp/prefixgate-workers-peak")
+    ap.option("--load-generator", default="python",
+              help="python, wrk, or a comma-separated list (python,wrk): each target measured with each")
+    ap.option("--label", default="Machine: not stated.", help="a line saying where it ran (quiet or shared machine)")
+    ap.option("--work", default=None, help="parent of the work directory (default: the system's temp dir)")
     ap.option("--out", default="bench/results/workers_peak")
     a = ap.parse()
+    try:
+        for g in a.load_generator.split(","):
+            loadgen.require_generator(g)
+    except (loadgen.WrkMissingError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
     r = asyncio.run(run(a))
     write_json_and_markdown(a.out, r, _markdown(r))
 
