@@ -30,10 +30,12 @@ Defaults were tuned with ``sim/des.py`` on the Mooncake conversation trace
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import Field
 
+from routing.filters.dispatch_share import DispatchShareFilter
 from routing.filters.load_guard import LoadGuardFilter
 from routing.params import PolicyParams
 from routing.pickers.least_load import LeastLoadPicker
@@ -42,6 +44,7 @@ from routing.scheduler import Scheduler
 from routing.scorers.decode_load import DecodeLoadScorer
 from routing.scorers.estimated_ttft import EstimatedTTFTScorer
 from routing.scorers.prefix_affinity import PrefixAffinityScorer
+from routing.types import Candidate, RouteChoice, RouteRequest
 
 __all__ = ["CacheAwareConfig", "CacheAwarePolicy"]
 
@@ -71,6 +74,8 @@ class CacheAwareConfig(PolicyParams):
     guard_tokens: bool = True
     calibrate: bool = True
     skip_blocks: int = Field(1, ge=0)
+    dispatch_share_factor: float | None = Field(1.15, ge=1.0)
+    dispatch_window_per_replica: int = Field(200, ge=1)
 
 
 class CacheAwarePolicy(Scheduler):
@@ -89,9 +94,14 @@ class CacheAwarePolicy(Scheduler):
             token_slack=cfg.token_slack,
             calibrated=cfg.calibrate,
         )
+        filters: list[Any] = [guard]
+        self.dispatch_share: DispatchShareFilter | None = None
+        if cfg.dispatch_share_factor is not None:
+            self.dispatch_share = DispatchShareFilter(cfg.dispatch_share_factor, cfg.dispatch_window_per_replica)
+            filters.insert(0, self.dispatch_share)
         super().__init__(
             "cache_aware",
-            filters=[guard],
+            filters=filters,
             scorers=[
                 EstimatedTTFTScorer(rate, cfg.calibrate),
                 DecodeLoadScorer(cfg.decode_weight, rate, cfg.calibrate),
@@ -101,6 +111,14 @@ class CacheAwarePolicy(Scheduler):
             fallback=LeastLoadPicker(cfg.skip_blocks, "guard_fallback_least_load"),
             filtered_cost=math.inf,
         )
+
+    def choose(self, req: RouteRequest, candidates: Sequence[Candidate]) -> RouteChoice:
+        """See :class:`routing.scheduler.Scheduler`; the pick is counted in
+        the dispatch-share guard's window."""
+        choice = super().choose(req, candidates)
+        if self.dispatch_share is not None:
+            self.dispatch_share.record(choice.replica_id)
+        return choice
 
     @property
     def load_factor(self) -> float:
