@@ -1,7 +1,9 @@
 """``cache_aware``: estimated time to first token with a prefix-affinity
 credit, under a bounded-load guard.
 
-Chain: filter :class:`~routing.filters.load_guard.LoadGuardFilter` →
+Chain: filters :class:`~routing.filters.dispatch_share.DispatchShareFilter`
+(placements only; ``dispatch_share_factor: null`` drops it),
+:class:`~routing.filters.load_guard.LoadGuardFilter` →
 scorers :class:`~routing.scorers.estimated_ttft.EstimatedTTFTScorer`,
 :class:`~routing.scorers.decode_load.DecodeLoadScorer`,
 :class:`~routing.scorers.prefix_affinity.PrefixAffinityScorer` → picker
@@ -61,6 +63,10 @@ class CacheAwareConfig(PolicyParams):
     queue weight, :mod:`routing.calibration`, when the router has a
     calibration and every candidate is calibrated; otherwise the constant
     rate and a queue weight of 1). Picker: ``skip_blocks`` (>= 0, tie-break point).
+    Dispatch-share guard (:mod:`routing.filters.dispatch_share`):
+    ``dispatch_share_factor`` (>= 1, bound on a replica's share of the recent
+    dispatches for placements; ``null``: off), ``dispatch_window_requests_per_replica``
+    (>= 1, the sliding window per candidate replica).
     """
 
     name: Literal["cache_aware"] = "cache_aware"
@@ -74,8 +80,8 @@ class CacheAwareConfig(PolicyParams):
     guard_tokens: bool = True
     calibrate: bool = True
     skip_blocks: int = Field(1, ge=0)
-    dispatch_share_factor: float | None = Field(1.15, ge=1.0)
-    dispatch_window_per_replica: int = Field(200, ge=1)
+    dispatch_share_factor: float | None = Field(1.2, ge=1.0)
+    dispatch_window_requests_per_replica: int = Field(200, ge=1)
 
 
 class CacheAwarePolicy(Scheduler):
@@ -97,7 +103,8 @@ class CacheAwarePolicy(Scheduler):
         filters: list[Any] = [guard]
         self.dispatch_share: DispatchShareFilter | None = None
         if cfg.dispatch_share_factor is not None:
-            self.dispatch_share = DispatchShareFilter(cfg.dispatch_share_factor, cfg.dispatch_window_per_replica)
+            self.dispatch_share = DispatchShareFilter(cfg.dispatch_share_factor,
+                                                      cfg.dispatch_window_requests_per_replica)
             filters.insert(0, self.dispatch_share)
         super().__init__(
             "cache_aware",
