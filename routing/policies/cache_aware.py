@@ -1,7 +1,9 @@
 """``cache_aware``: estimated time to first token with a prefix-affinity
 credit, under a bounded-load guard.
 
-Chain: filter :class:`~routing.filters.load_guard.LoadGuardFilter` →
+Chain: filters :class:`~routing.filters.dispatch_share.DispatchShareFilter`
+(placements only; ``dispatch_share_factor: null`` drops it),
+:class:`~routing.filters.load_guard.LoadGuardFilter` →
 scorers :class:`~routing.scorers.estimated_ttft.EstimatedTTFTScorer`,
 :class:`~routing.scorers.decode_load.DecodeLoadScorer`,
 :class:`~routing.scorers.prefix_affinity.PrefixAffinityScorer` → picker
@@ -30,10 +32,12 @@ Defaults were tuned with ``sim/des.py`` on the Mooncake conversation trace
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import Field
 
+from routing.filters.dispatch_share import DispatchShareFilter
 from routing.filters.load_guard import LoadGuardFilter
 from routing.params import PolicyParams
 from routing.pickers.least_load import LeastLoadPicker
@@ -42,6 +46,7 @@ from routing.scheduler import Scheduler
 from routing.scorers.decode_load import DecodeLoadScorer
 from routing.scorers.estimated_ttft import EstimatedTTFTScorer
 from routing.scorers.prefix_affinity import PrefixAffinityScorer
+from routing.types import Candidate, RouteChoice, RouteRequest
 
 __all__ = ["CacheAwareConfig", "CacheAwarePolicy"]
 
@@ -58,6 +63,10 @@ class CacheAwareConfig(PolicyParams):
     queue weight, :mod:`routing.calibration`, when the router has a
     calibration and every candidate is calibrated; otherwise the constant
     rate and a queue weight of 1). Picker: ``skip_blocks`` (>= 0, tie-break point).
+    Dispatch-share guard (:mod:`routing.filters.dispatch_share`):
+    ``dispatch_share_factor`` (>= 1, bound on a replica's share of the recent
+    dispatches for placements; ``null``: off), ``dispatch_window_requests_per_replica``
+    (>= 1, the sliding window per candidate replica).
     """
 
     name: Literal["cache_aware"] = "cache_aware"
@@ -71,6 +80,8 @@ class CacheAwareConfig(PolicyParams):
     guard_tokens: bool = True
     calibrate: bool = True
     skip_blocks: int = Field(1, ge=0)
+    dispatch_share_factor: float | None = Field(1.2, ge=1.0)
+    dispatch_window_requests_per_replica: int = Field(200, ge=1)
 
 
 class CacheAwarePolicy(Scheduler):
@@ -89,9 +100,15 @@ class CacheAwarePolicy(Scheduler):
             token_slack=cfg.token_slack,
             calibrated=cfg.calibrate,
         )
+        filters: list[Any] = [guard]
+        self.dispatch_share: DispatchShareFilter | None = None
+        if cfg.dispatch_share_factor is not None:
+            self.dispatch_share = DispatchShareFilter(cfg.dispatch_share_factor,
+                                                      cfg.dispatch_window_requests_per_replica)
+            filters.insert(0, self.dispatch_share)
         super().__init__(
             "cache_aware",
-            filters=[guard],
+            filters=filters,
             scorers=[
                 EstimatedTTFTScorer(rate, cfg.calibrate),
                 DecodeLoadScorer(cfg.decode_weight, rate, cfg.calibrate),
@@ -101,6 +118,14 @@ class CacheAwarePolicy(Scheduler):
             fallback=LeastLoadPicker(cfg.skip_blocks, "guard_fallback_least_load"),
             filtered_cost=math.inf,
         )
+
+    def choose(self, req: RouteRequest, candidates: Sequence[Candidate]) -> RouteChoice:
+        """See :class:`routing.scheduler.Scheduler`; the pick is counted in
+        the dispatch-share guard's window."""
+        choice = super().choose(req, candidates)
+        if self.dispatch_share is not None:
+            self.dispatch_share.record(choice.replica_id)
+        return choice
 
     @property
     def load_factor(self) -> float:

@@ -57,7 +57,10 @@ PRE_REFACTOR_DECISIONS = {
     "sglang_like": "695e3e65453ac36006bd9af617a1a34337ae39b8389aa8d947f1e6a213719048",
     # s2 (issue 15): the default cache_aware now calibrates (learnt rate and queue weight, shared wait);
     # deliberate rule change, was 292be50e6e6503cb661e516bff0137e263296c6da4c2f94442b81955f02e7ebb
-    "cache_aware": "b7e3af4f4b271048904ddbd905fb7db55e42a80ed9f2be04d33ddb05d7f46f30",
+    # s4 (issue 15): the dispatch-share guard (routing/filters/dispatch_share.py) is on by default;
+    # deliberate rule change, was b7e3af4f4b271048904ddbd905fb7db55e42a80ed9f2be04d33ddb05d7f46f30
+    # (still the hash with dispatch_share_factor: null)
+    "cache_aware": "df6096c72e706aa995fd42bf6c92f59591bdca814f43d8f84179a7b745e75ca5",
 }
 
 
