@@ -228,7 +228,11 @@ def render_verdicts(cache: dict[str, Any], rows: int, runs: int) -> str:
     """Markdown table: the issue's done-when per cell (medians over the runs
     found): PrefixGate hit rate >= 95 % of the pooled bound, TTFT p50 below
     SGLang's, p99 <= 1.05x SGLang's, request max/mean <= 1.2; on ``time
-    scale 20`` also the target p50, p90 and p99 each <= 0.6x SGLang's."""
+    scale 20`` also the target p50, p90 and p99 each <= 0.6x SGLang's.
+
+    max/mean is compared with a 1e-9 tolerance: 100 requests on the busiest
+    of 6 replicas out of 500 is exactly 1.2, which floating point renders
+    as 1.2000000000000002."""
     lines = ["| cell | runs | hit >= 0.95 pooled | p50 < SGLang | p99 <= 1.05x | max/mean <= 1.2 | ts20 target (all <= 0.6x) |",
              "|" + "---|" * 7]
     for cell, pg, sg in _cell_medians(cache, rows, runs):
@@ -241,7 +245,7 @@ def render_verdicts(cache: dict[str, Any], rows: int, runs: int) -> str:
             f"| {cell.name} | {pg.runs} | {_yes((pg.hit_vs_pooled or 0) >= 0.95)} ({pg.hit_vs_pooled or 0:.3f}) "
             f"| {_yes((pg.ttft_p50 or 0) < (sg.ttft_p50 or 0))} ({_ratio(pg.ttft_p50, sg.ttft_p50)}) "
             f"| {_yes((pg.ttft_p99 or 0) <= 1.05 * (sg.ttft_p99 or 0))} ({_ratio(pg.ttft_p99, sg.ttft_p99)}) "
-            f"| {_yes(imb <= 1.2)} ({imb:.3f}) | {target} |")
+            f"| {_yes(imb <= 1.2 + 1e-9)} ({imb:.3f}) | {target} |")
     return "\n".join(lines) + "\n"
 
 
