@@ -143,6 +143,19 @@ class Admission:
         if model not in tenant.models:
             raise model_not_found(record={"reason_code": "model_not_entitled", "model": model}, outcome="denied")
 
+    def check_request(self, req: InferenceRequest, tenant: Tenant) -> None:
+        """The parsed request against the tenant's entitlements: :meth:`check_model`, then
+        400 ``prompt_logprobs_not_allowed`` (param ``echo``) for a completion with ``echo: true``
+        and any ``logprobs`` unless ``tenant.allow_prompt_logprobs`` (R4-12): vLLM then computes
+        log-probabilities for every prompt token (``prompt_logprobs = logprobs``), an engine cost
+        the gateway does not charge. ``echo`` or ``logprobs`` alone are served."""
+        self.check_model(req.model, tenant)
+        body = req.body
+        if body.get("echo") is True and body.get("logprobs") is not None and not tenant.allow_prompt_logprobs:
+            raise GatewayError(400, "prompt_logprobs_not_allowed",
+                               "echo with logprobs (log-probabilities of every prompt token) is not enabled "
+                               "for this tenant; send echo or logprobs alone", param="echo")
+
     async def admit_sequences(self, tenant: Tenant, lease: Lease | SharedLease, sequences: int, *,
                               slots: bool = True) -> None:
         """A batch of ``sequences`` prompts takes that many request units and concurrency slots

@@ -2,7 +2,8 @@
 
 Two registries (R3-5): ``public`` (the public ``/metrics`` under ``metrics.public_endpoint:
 minimal``, no authentication) carries only liveness and overload figures: healthy replicas,
-shared-state availability, requests queued, requests shed, audit events dropped. Nothing in
+shared-state availability, requests shed, audit events dropped (the queue gauge is admin-only,
+R4-11: with the prefill-token bound it moves with prompt lengths). Nothing in
 it moves with one request's content size, prefix reuse, timing, tenant or replica.
 ``admin`` carries everything else: request counts, prompt and prefix tokens, latency
 histograms, upstream failures, decision cache, flow refusals, per-replica and per-tenant
@@ -180,7 +181,9 @@ class GatewayMetrics:
             ["behaviour"], registry=a,
         ), self.batch)
         # flow control (gateway/flow.py, gateway/overload.py)
-        self.flow_queued = Gauge("prefixgate_flow_queued_requests", "Requests queued at the gateway", registry=p)
+        # admin only (R4-11): with the per-replica prefill-token bound the queue forms when the pending
+        # prefill of the requests in flight passes it, so the gauge moves with other tenants' prompt lengths
+        self.flow_queued = Gauge("prefixgate_flow_queued_requests", "Requests queued at the gateway", registry=a)
         self.flow_queue_wait_seconds = Histogram(
             "prefixgate_flow_queue_wait_seconds", "Time requests waited in the gateway's queue before release",
             buckets=(0.001,) + _LAT_BUCKETS, registry=a,

@@ -91,7 +91,7 @@ class InferencePipeline:
                                           max_batch_prompts=bounds.max_batch_prompts,
                                           max_json_items=self.cfg.limits.max_json_items)
             rec.stream = req.stream
-            adm.check_model(req.model, tenant)
+            adm.check_request(req, tenant)  # model entitlement; echo + logprobs (R4-12)
             rec.model = req.model
             rec.sequences = req.sequences
             if req.sequences > 1:  # each prompt of a batch is a request

@@ -28,6 +28,7 @@ FIELD_MESSAGES: dict[str, str] = {
     "tier": "must be a non-empty name",
     "labels": "must map non-empty strings to strings",
     "regulated": "must be true or false",
+    "allow_prompt_logprobs": "must be true or false",
     "data_residency": "must be a region name",
     "forward_user": "must be 'drop' or 'pseudonym'",
     **{k: "must be a positive finite number" for k in (
@@ -73,5 +74,6 @@ class TenantEntry(BaseModel):
     max_messages: _PositiveInt | None = None
     max_batch_prompts: _PositiveInt | None = None
     forward_user: Literal["drop", "pseudonym"] | None = None
+    allow_prompt_logprobs: StrictBool = False
     regulated: StrictBool = False
     data_residency: _Name | None = None

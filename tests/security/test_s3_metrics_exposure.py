@@ -14,14 +14,15 @@ from tests.support.audit_log import file_audit_hub
 
 #: the whole public exposition (metrics.public_endpoint: minimal)
 PUBLIC_FAMILIES = {"prefixgate_healthy_replicas", "prefixgate_audit_dropped_events", "prefixgate_state_available",
-                   "prefixgate_flow_queued_requests", "prefixgate_shed_requests_total"}
+                   "prefixgate_shed_requests_total"}  # the queue gauge moved to admin (R4-11)
 #: families that move with one request's size, prefix reuse, timing, tenant or replica
 SENSITIVE = ("prefixgate_prompt_tokens", "prefixgate_prefix_tokens", "prefixgate_requests_total",
              "prefixgate_request_duration_seconds", "prefixgate_time_to_first_byte_seconds",
              "prefixgate_pool_prefix_hit_rate", "prefixgate_pool_concentration_hhi",
              "prefixgate_concentration_alerts_active", "prefixgate_upstream_failures",
              "prefixgate_policy_cache_lookups", "prefixgate_flow_queue_wait_seconds", "prefixgate_flow_refused",
-             "prefixgate_audit_events_emitted", "prefixgate_tenant_", "prefixgate_replica_")
+             "prefixgate_audit_events_emitted", "prefixgate_tenant_", "prefixgate_replica_",
+             "prefixgate_flow_queued_requests")
 PROMPT = " ".join(f"secretword{i}" for i in range(300))
 
 
