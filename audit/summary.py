@@ -1,12 +1,16 @@
-"""Flood aggregation: per-source, per-window summaries of noisy outcomes.
+"""Flood aggregation: per-source, per-tenant, per-window summaries of noisy outcomes.
 
 A credential-stuffing client or a broken integration can send thousands of
 unauthenticated / rejected requests per second; writing one audit event for
 each would let an attacker fill the audit pipeline (and make the gateway fail
 closed). :class:`SummaryAggregator` lets the first ``first_n`` such events of
-a source per window through individually and counts the rest; when the
-window closes it yields one ``kind="summary"`` event per source that had
-suppressed events. Refusals whose reason code is in ``summary_only_codes``
+a key per window through individually and counts the rest; when the window
+closes it yields one ``kind="summary"`` event per key that had suppressed
+events. The key is (source address, tenant, SPIFFE ID): one tenant's refusals
+from a shared address (NAT, shared node) never use up another tenant's (or
+the unauthenticated requests') ``first_n`` (R4-3), and each summary names its
+tenant (``"unauthenticated"`` when none), its identity and its counts per
+HTTP status and reason code. Refusals whose reason code is in ``summary_only_codes``
 (default: the gateway's per-source block, ``too_many_unauthenticated``) are
 never written individually: they exist only as the count in their source's
 summary, one event per source per window (issue 12, finding 1).
@@ -16,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from audit.event import AuditEvent, Kind, Outcome, PolicyInfo, iso_ms
+from audit.event import AuditEvent, Identity, Kind, Outcome, PolicyInfo, iso_ms
 
 #: Outcomes that are aggregated (others always pass through).
 DEFAULT_AGGREGATED = frozenset({Outcome.UNAUTHENTICATED, Outcome.REJECTED, Outcome.RATE_LIMITED})
@@ -24,6 +28,10 @@ DEFAULT_AGGREGATED = frozenset({Outcome.UNAUTHENTICATED, Outcome.REJECTED, Outco
 #: (the gateway's 429 to a source that spent its budget of failed signature checks).
 DEFAULT_SUMMARY_ONLY = frozenset({"too_many_unauthenticated"})
 OTHER_SOURCE = "*other*"
+#: ``summary.tenant`` of a summary of requests without a tenant (no or no valid credential)
+NO_TENANT = "unauthenticated"
+#: aggregation key: (source address, tenant or None, SPIFFE ID or None)
+_Key = tuple[str, "str | None", "str | None"]
 
 
 @dataclass
@@ -33,23 +41,30 @@ class _Window:
     suppressed: Counter[str] = field(default_factory=Counter)
     endpoints: Counter[str] = field(default_factory=Counter)
     codes: Counter[str] = field(default_factory=Counter)
+    statuses: Counter[int] = field(default_factory=Counter)
+    reasons: Counter[str] = field(default_factory=Counter)
+    trust_domain: str | None = None
 
 
 class SummaryAggregator:
-    """Per-source windowed aggregation of flood outcomes.
+    """Per-(source, tenant, identity) windowed aggregation of flood outcomes.
 
     Args:
-        window_s: window length in seconds (windows are aligned per source to
+        window_s: window length in seconds (windows are aligned per key to
             its first event).
-        first_n: events per source and window passed through individually.
-        max_sources: sources tracked per window; further sources share the
-            bucket ``"*other*"`` (bounded memory under spoofed-source floods).
+        first_n: events per key and window passed through individually.
+        max_sources: keys (source, tenant, SPIFFE ID) tracked at once; further
+            keys share the source ``"*other*"`` per tenant, without identity
+            (bounded memory under many-source floods: at most ``max_sources`` +
+            one bucket per tenant + one unauthenticated bucket; tenants come
+            from the registry, never from the client).
         outcomes: outcomes subject to aggregation.
         summary_only_codes: reason codes (``policy.reason_code``) of events
             that are always counted, never passed individually (they do not
             use up ``first_n``); the summary holds ``count_<code>`` for them.
 
-    The source is the event's ``client_address`` (or ``"unknown"``).
+    The source is the event's ``client_address`` (or ``"unknown"``); tenant and
+    SPIFFE ID are the event's (set by the gateway only once verified).
     """
 
     def __init__(
@@ -67,29 +82,34 @@ class SummaryAggregator:
         self._max_sources = max_sources
         self._outcomes = outcomes
         self._summary_only = summary_only_codes
-        self._windows: dict[str, _Window] = {}
-        # windows that ended and were replaced by a newer one of their source before a flush
+        self._windows: dict[_Key, _Window] = {}
+        # windows that ended and were replaced by a newer one of their key before a flush
         # (a late periodic flusher under CPU load): summarized by the next flush, never dropped
-        self._closed: list[tuple[str, _Window]] = []
+        self._closed: list[tuple[_Key, _Window]] = []
 
     @property
     def window_s(self) -> float:
         """Window length in seconds."""
         return self._window_ms / 1000
 
+    @property
+    def open_windows(self) -> int:
+        """Keys with an open window (bounded: see ``max_sources``)."""
+        return len(self._windows)
+
     def offer(self, event: AuditEvent) -> AuditEvent | None:
         """Return ``event`` if it should be emitted now, ``None`` if counted
-        into the source's summary. Uses ``event.time_ms`` as the clock."""
+        into its key's summary. Uses ``event.time_ms`` as the clock."""
         if event.outcome not in self._outcomes:
             return event
-        source = event.client_address or "unknown"
-        if source not in self._windows and len(self._windows) >= self._max_sources:
-            source = OTHER_SOURCE
-        win = self._windows.get(source)
+        key: _Key = (event.client_address or "unknown", event.tenant, event.identity.spiffe_id)
+        if key not in self._windows and len(self._windows) >= self._max_sources:
+            key = (OTHER_SOURCE, event.tenant, None)
+        win = self._windows.get(key)
         if win is None or event.time_ms - win.start_ms >= self._window_ms:
             if win is not None and (win.suppressed or win.codes):
-                self._closed.append((source, win))
-            win = self._windows[source] = _Window(start_ms=event.time_ms)
+                self._closed.append((key, win))
+            win = self._windows[key] = _Window(start_ms=event.time_ms, trust_domain=event.identity.trust_domain)
         code = event.policy.reason_code if event.policy is not None else None
         if code is not None and code in self._summary_only:
             win.codes[code] += 1
@@ -100,6 +120,11 @@ class SummaryAggregator:
         win.suppressed[event.outcome.value] += 1
         if event.endpoint:
             win.endpoints[event.endpoint] += 1
+        if event.status_code is not None:
+            win.statuses[event.status_code] += 1
+        reason = code or event.error_code
+        if reason:
+            win.reasons[reason] += 1
         return None
 
     def flush(self, now_ms: int, force: bool = False) -> list[AuditEvent]:
@@ -108,21 +133,29 @@ class SummaryAggregator:
         and was replaced by a newer one of its source since the last flush (so a late flush
         loses no count). Summarized windows are forgotten."""
         ended, self._closed = self._closed, []
-        for source in list(self._windows):
-            win = self._windows[source]
+        for key in list(self._windows):
+            win = self._windows[key]
             if not force and now_ms - win.start_ms < self._window_ms:
                 continue
-            del self._windows[source]
-            ended.append((source, win))
-        return [ev for source, win in ended if (ev := self._summary(source, win, now_ms)) is not None]
+            del self._windows[key]
+            ended.append((key, win))
+        return [ev for key, win in ended if (ev := self._summary(key, win, now_ms)) is not None]
 
-    def _summary(self, source: str, win: _Window, now_ms: int) -> AuditEvent | None:
-        """The summary event of one ended window, ``None`` when it suppressed nothing."""
+    def _summary(self, key: _Key, win: _Window, now_ms: int) -> AuditEvent | None:
+        """The summary event of one ended window, ``None`` when it suppressed nothing.
+
+        ``summary``: ``source``, ``tenant`` (``"unauthenticated"`` when none), ``spiffe_id``
+        (when one), ``window_start``, ``window_s``, ``emitted_individually``, ``suppressed``,
+        ``count_<outcome>``, ``count_status_<http status>``, ``count_code_<reason code>``,
+        ``count_<summary-only code>``, ``top_endpoint``; the event's ``tenant``, ``identity``
+        and ``client_address`` are the key's."""
         total = sum(win.suppressed.values())
         if not total:
             return None
+        source, tenant, spiffe_id = key
         details: dict[str, object] = {
             "source": source,
+            "tenant": tenant or NO_TENANT,
             "window_start": iso_ms(win.start_ms),
             "window_s": self._window_ms / 1000,
             "emitted_individually": min(win.seen, self._first_n),
@@ -132,6 +165,12 @@ class SummaryAggregator:
             details[f"count_{outcome}"] = n
         for code, n in win.codes.items():
             details[f"count_{code}"] = n
+        for status, n in win.statuses.items():
+            details[f"count_status_{status}"] = n
+        for reason, n in win.reasons.items():
+            details[f"count_code_{reason}"] = n
+        if spiffe_id is not None:
+            details["spiffe_id"] = spiffe_id
         if win.endpoints:
             details["top_endpoint"] = win.endpoints.most_common(1)[0][0]
         return AuditEvent(
@@ -139,6 +178,8 @@ class SummaryAggregator:
             outcome=Outcome.SUMMARIZED,
             time_ms=now_ms,
             client_address=None if source == OTHER_SOURCE else source,
+            tenant=tenant,
+            identity=Identity(spiffe_id, win.trust_domain) if spiffe_id is not None else Identity(),
             summary=details,
         )
 

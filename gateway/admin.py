@@ -37,10 +37,15 @@ OPERATOR_SCOPE_KEY = "prefixgate.operator"
 
 
 def record_refusal(audit: AuditHub, authn: Authenticator, request: Request, endpoint: str, err: GatewayError,
-                   identity: WorkloadIdentity | None = None) -> None:
-    """Audit a refusal on a non-inference endpoint (``/v1/models``, the admin listener)."""
+                   identity: WorkloadIdentity | None = None, tenant: str | None = None) -> None:
+    """Audit a refusal on a non-inference endpoint (``/v1/models``, the admin listener, an
+    unrouted path) and give ``err`` the event's ``X-Request-Id`` header (R4-5): build its answer
+    after this call. ``tenant``: the caller's tenant when resolved (the event's ``tenant``)."""
     sid, td = (str(identity.spiffe_id), identity.trust_domain) if identity is not None else (None, None)
-    audit.record_request(refusal_record(endpoint, authn.source(request), err.status, err.outcome, err.code, sid, td))
+    rec = refusal_record(endpoint, authn.source(request), err.status, err.outcome, err.code, sid, td)
+    rec.tenant_id = tenant
+    err.headers = {**err.headers, "X-Request-Id": rec.request_id}
+    audit.record_request(rec)
 
 
 class Admin:

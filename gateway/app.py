@@ -32,11 +32,16 @@ from starlette.types import Receive, Scope, Send
 from gateway.admin import Admin, record_refusal
 from gateway.build import Gateway
 from gateway.errors import GatewayError
+from gateway.exact_path import ExactPath
 from gateway.framing import ASGIApp, FramingGuard, drain_cap
 from gateway.inference_asgi import InferenceRoutes
 from gateway.pipeline import InferencePipeline
 
-__all__ = ["build_public_app", "build_admin_app"]
+__all__ = ["build_public_app", "build_admin_app", "UNROUTED_ENDPOINT"]
+
+#: ``endpoint`` of the audit event of a request to an unknown path or with a wrong method
+#: (the path itself is client-chosen and never logged)
+UNROUTED_ENDPOINT = "unrouted"
 
 
 def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
@@ -59,11 +64,12 @@ def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
         return await pipeline.handle(request, "chat")
 
     async def models(request: Request) -> Response:
+        identity = None
         try:
             identity = await c.authn.authenticate(request)
             tenant = c.admission.resolve_tenant(identity)
         except GatewayError as err:
-            record_refusal(c.audit, c.authn, request, "/v1/models", err)
+            record_refusal(c.audit, c.authn, request, "/v1/models", err, identity)
             return err.response()
         data = [{"id": m, "object": "model", "owned_by": "prefixgate", "created": 0}
                 for m in c.admission.listed_models(tenant)]
@@ -101,8 +107,22 @@ def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
     ]
     if c.config.metrics.public_endpoint == "minimal":
         routes.append(Route("/metrics", metrics, methods=["GET"]))
+    async def unrouted(request: Request, exc: Exception) -> Response:
+        """404/405 (unknown path, wrong method): audited like every refusal (R4-4), with the
+        caller's identity and tenant when its credential is valid (the answer stays 404/405)."""
+        err = _gateway_error(exc)
+        if err.status in (404, 405):
+            identity, tenant = None, None
+            try:
+                identity = await c.authn.authenticate(request)
+                tenant = c.admission.resolve_tenant(identity).id
+            except GatewayError:
+                pass
+            record_refusal(c.audit, c.authn, request, UNROUTED_ENDPOINT, err, identity, tenant)
+        return err.response()
+
     starlette = _no_slash_redirects(Starlette(routes=routes, lifespan=lifespan,
-                                              exception_handlers={HTTPException: _http_exc}))
+                                              exception_handlers={HTTPException: unrouted}))
     limits = c.config.limits
     return FramingGuard(InferenceRoutes(starlette, pipeline, c.recorder),
                         max_drain_bytes=drain_cap(limits.max_body_bytes), drain_timeout_s=limits.body_read_timeout_s)
@@ -131,7 +151,7 @@ def build_admin_app(c: Gateway) -> Starlette:
         Route("/admin/routing", routing, methods=["GET"]),
         *c.admin.routes(),
     ]
-    middleware = [*_middleware(c), Middleware(OperatorGate, admin=c.admin)]
+    middleware = [*_middleware(c), Middleware(OperatorGate, admin=c.admin), Middleware(ExactPath)]
     return _no_slash_redirects(Starlette(routes=routes, middleware=middleware,
                                          exception_handlers={HTTPException: _http_exc, Exception: _internal_error}))
 
@@ -180,10 +200,14 @@ def _no_slash_redirects(app: Starlette) -> Starlette:
     return app
 
 
-async def _http_exc(request: Request, exc: Exception) -> Response:
+def _gateway_error(exc: Exception) -> GatewayError:
+    """The :class:`GatewayError` of a Starlette ``HTTPException`` (routing's 404/405, a guard's 401/403)."""
     assert isinstance(exc, HTTPException)
     code = {401: "unauthenticated", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}.get(
         exc.status_code, "error"
     )
-    headers = dict(exc.headers or {})
-    return GatewayError(exc.status_code, code, str(exc.detail), headers=headers).response()
+    return GatewayError(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}))
+
+
+async def _http_exc(request: Request, exc: Exception) -> Response:
+    return _gateway_error(exc).response()

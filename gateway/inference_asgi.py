@@ -29,6 +29,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from gateway.exact_path import exact_path
 from gateway.pipeline import InferencePipeline
 from gateway.recording import AFTER_SEND, Recorder
 
@@ -41,6 +42,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: path -> pipeline endpoint, served for POST only
 INFERENCE_PATHS: dict[str, str] = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+#: the same by the raw path as sent (R4-6: ``/v1/chat%2Fcompletions`` is not the chat route)
+_RAW_PATHS: dict[bytes, str] = {p.encode("ascii"): e for p, e in INFERENCE_PATHS.items()}
 
 log = logging.getLogger("prefixgate")
 
@@ -52,8 +55,10 @@ class InferenceRoutes:
     ``pipeline``: serves the inference calls; ``recorder``: writes the
     records deferred until the answer is sent (the recorder itself defers them). A request is served here when
     its ``type`` is ``http``, its method ``POST``, its ``root_path`` empty and
-    its ``path`` one of :data:`INFERENCE_PATHS` exactly (as Starlette's
-    router matches them, trailing-slash redirects off).
+    its ``raw_path`` (the path as sent, not percent-decoded; ``path`` when the server
+    gives none) one of :data:`INFERENCE_PATHS` exactly (R4-6); every other request
+    reaches ``app`` with ``path`` set to the raw path (:func:`gateway.exact_path.exact_path`),
+    so Starlette's router matches it exactly too (trailing-slash redirects off).
     """
 
     def __init__(self, app: ASGIApp, pipeline: InferencePipeline, recorder: Recorder) -> None:
@@ -62,11 +67,14 @@ class InferenceRoutes:
         self.recorder = recorder
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            endpoint = INFERENCE_PATHS.get(scope["path"])
-            if endpoint is not None:
-                await self._serve(scope, receive, send, endpoint)
-                return
+        if scope["type"] == "http":
+            if scope["method"] == "POST" and not scope.get("root_path"):
+                raw = scope.get("raw_path")
+                endpoint = INFERENCE_PATHS.get(scope["path"]) if raw is None else _RAW_PATHS.get(raw)
+                if endpoint is not None:
+                    await self._serve(scope, receive, send, endpoint)
+                    return
+            exact_path(scope)  # the other routes are matched on the raw path too (R4-6)
         await self.app(scope, receive, send)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:

@@ -143,6 +143,7 @@ class InferencePipeline:
         except GatewayError as err:
             rec.refused(err)  # status, outcome, code and the refusal's figures (queue state)
             held.leave(gw.overload)  # not while the early answer waits for an unread body to drain (R3-1)
+            err.headers = {**err.headers, "X-Request-Id": rec.request_id}  # R4-5: the refusal's event id
             return err.response()
         except ClientGone:
             # The client hung up before any answer: nobody reads a response; 499 is for the record.
@@ -154,7 +155,8 @@ class InferencePipeline:
         except Exception:  # a bug: answer 500 but never lose the audit record
             log.exception("unhandled error in request %s", rec.request_id)
             rec.status, rec.outcome, rec.error_code = 500, "failed", "internal_error"
-            return GatewayError(500, "internal_error", "internal error").response()
+            return GatewayError(500, "internal_error", "internal error",
+                                headers={"X-Request-Id": rec.request_id}).response()
         finally:
             # The one exit path (a stream's ends with it): all held given back, the record written;
             # a plain answer's end runs right after the answer is sent (gateway/recording.py).
