@@ -70,7 +70,7 @@ class LimitsConfig(ConfigSection):
     max_json_depth: int = Field(32, ge=4, le=256)
     max_output_tokens: int = Field(32768, ge=1)
     max_messages: int = Field(2048, ge=1)
-    max_prompt_tokens: int | None = Field(16384, ge=1)
+    max_prompt_tokens: int | None = Field(8192, ge=1)
     max_json_items: int = Field(65536, ge=64)
     max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
     header_read_timeout_s: float = Field(10.0, gt=0)

@@ -17,7 +17,7 @@ def _tenant(**kw: Any):
 
 
 def test_default_ceiling_is_documented_value() -> None:
-    assert LimitsConfig().max_prompt_tokens == 16384
+    assert LimitsConfig().max_prompt_tokens == 8192
     assert LimitsConfig(max_prompt_tokens=None).max_prompt_tokens is None
 
 
@@ -34,10 +34,10 @@ def test_ceiling_applies_only_to_tenants_that_set_none() -> None:
 
 async def test_tenant_without_limit_is_refused_over_the_gateway_ceiling(stack) -> None:
     auth = stack.auth("tenant-b/app")  # tenant-b sets no max_prompt_tokens (tests/conftest.py)
-    over = {"model": "sim-model", "prompt": "x " * 16385, "max_tokens": 1}
+    over = {"model": "sim-model", "prompt": "x " * 8193, "max_tokens": 1}
     r = await stack.client.post("/v1/completions", json=over, headers={**auth, **JSON})
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["code"] == "context_length_exceeded" and "16384" in r.json()["error"]["message"]
-    ok = {"model": "sim-model", "prompt": "x " * 16000, "max_tokens": 1}
+    assert r.json()["error"]["code"] == "context_length_exceeded" and "8192" in r.json()["error"]["message"]
+    ok = {"model": "sim-model", "prompt": "x " * 8000, "max_tokens": 1}
     r = await stack.client.post("/v1/completions", json=ok, headers={**auth, **JSON})
     assert r.status_code == 200, r.text
