@@ -65,7 +65,7 @@ class Admission:
 
     def __init__(self, registry: TenantRegistry, limits: SharedLimits, tokenizer: Tokenizer,
                  served_models: Iterable[str], metrics: GatewayMetrics, *,
-                 max_messages: int, max_output_tokens: int) -> None:
+                 max_messages: int, max_output_tokens: int, default_max_prompt_tokens: int | None = None) -> None:
         self.registry = registry
         self.limits = limits
         self.local = limits.backend == "memory"
@@ -75,6 +75,7 @@ class Admission:
         self.served_models = frozenset(served_models)
         self.metrics = metrics
         self.max_messages = max_messages
+        self.default_max_prompt_tokens = default_max_prompt_tokens  # limits.max_prompt_tokens
         self.max_output_tokens = max_output_tokens
 
     def replace_registry(self, registry: TenantRegistry) -> None:
@@ -129,7 +130,8 @@ class Admission:
 
     def request_bounds(self, tenant: Tenant) -> RequestBounds:
         """The tenant's effective per-request bounds (see :mod:`tenancy.bounds`)."""
-        return request_bounds(tenant, self.tokenizer, max_messages_ceiling=self.max_messages)
+        return request_bounds(tenant, self.tokenizer, max_messages_ceiling=self.max_messages,
+                              default_max_prompt_tokens=self.default_max_prompt_tokens)
 
     def check_model(self, model: str, tenant: Tenant) -> None:
         """404 ``model_not_found`` for a model the gateway does not serve, and the same 404
@@ -259,7 +261,7 @@ class Admission:
         """
         if prompt_tokens == 0:
             raise GatewayError(400, "invalid_request", "prompt must not be empty", param="prompt")
-        limit = tenant.max_prompt_tokens
+        limit = tenant.max_prompt_tokens if tenant.max_prompt_tokens is not None else self.default_max_prompt_tokens
         if limit is not None and prompt_tokens > limit * max(1, sequences):
             raise GatewayError(400, "context_length_exceeded",
                                f"prompt has {prompt_tokens} tokens; this tenant's limit is {limit}")

@@ -278,6 +278,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         limits.availability.on_local_decision = metrics.state_unavailable_admissions.labels("local").inc
         metrics.watch_state(limits)
     admission = Admission(registry, limits, get_tokenizer(config.routing.tokenizer), config.models, metrics, max_messages=config.limits.max_messages,
+                          default_max_prompt_tokens=config.limits.max_prompt_tokens,
                           max_output_tokens=config.limits.max_output_tokens)
     rc = config.routing
     keys = PrefixKeys(keyring, block_size=rc.block_size, max_prefix_blocks=rc.max_prefix_blocks,

@@ -45,6 +45,9 @@ class LimitsConfig(ConfigSection):
     ``max_messages``: gateway-wide ceiling of chat messages per request (a
     tenant's own bound, derived or set, is never above it); counted on the
     parsed JSON before schema validation (400 ``too_many_messages``).
+    ``max_prompt_tokens``: tokens per prompt of a tenant that sets no
+    ``max_prompt_tokens`` of its own (``null``: none, the body size cap only);
+    a tenant's own value stands, higher or lower (400 ``context_length_exceeded``).
     ``max_json_items``: ceiling of JSON values per body (bounded from above
     by counting ``{``, ``[`` and ``,`` bytes before decoding; 400
     ``too_many_json_items``): decoding, validating and rendering cost grows
@@ -67,6 +70,7 @@ class LimitsConfig(ConfigSection):
     max_json_depth: int = Field(32, ge=4, le=256)
     max_output_tokens: int = Field(32768, ge=1)
     max_messages: int = Field(2048, ge=1)
+    max_prompt_tokens: int | None = Field(8192, ge=1)
     max_json_items: int = Field(65536, ge=64)
     max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
     header_read_timeout_s: float = Field(10.0, gt=0)

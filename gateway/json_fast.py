@@ -12,15 +12,21 @@ orjson answers the common case; the documents where it could differ go to
   bits as a float, :mod:`json` as an int);
 * more than :data:`MAX_FAST_NESTING` opening brackets (:mod:`json`'s
   recursion limit then applies as before; orjson nests to 1024 levels).
+
+:func:`loads_checked` with ``max_int_digits`` (session 4, R4-2) refuses an
+integer literal of more than that many digits with :class:`IntegerTooLong`
+instead of decoding it: CPython's str->int (and a later int->str) is
+quadratic in the digits (~20 ms for 240 integers of 4,299 digits). Digit runs
+inside strings and float literals (linear to read) are not affected.
 """
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
-__all__ = ["MAX_FAST_NESTING", "loads", "loads_checked"]
+__all__ = ["MAX_FAST_NESTING", "IntegerTooLong", "loads", "loads_checked"]
 
 #: At most this many ``[`` plus ``{`` bytes for the orjson path (far below the
 #: depth at which :func:`json.loads` raises ``RecursionError``).
@@ -30,21 +36,53 @@ _DIGITS = bytes(0x30 if 0x30 <= i <= 0x39 else 0x2E for i in range(256))
 _LONG_RUN = b"0" * 19
 
 
-def loads_checked(data: bytes, text: str | None = None) -> tuple[Any, bool]:
+class IntegerTooLong(ValueError):
+    """An integer literal has more digits than the caller's ``max_int_digits`` (its sign aside)."""
+
+    def __init__(self, max_digits: int) -> None:
+        super().__init__(f"an integer literal has more than {max_digits} digits")
+        self.max_digits = max_digits
+
+
+def _bounded_int(max_digits: int) -> Callable[[str], int]:
+    def parse_int(literal: str) -> int:
+        if len(literal) - literal.startswith("-") > max_digits:
+            raise IntegerTooLong(max_digits)
+        return int(literal)
+    return parse_int
+
+
+def loads_checked(data: bytes, text: str | None = None, *, max_int_digits: int | None = None,
+                  max_depth: int | None = None) -> tuple[Any, bool]:
     """``(loads(data, text), fast)``: ``fast`` is True when orjson decoded the document.
 
     A ``fast`` value holds no lone surrogate (orjson refuses the escapes), no ``NaN`` or
     infinite float (orjson refuses ``NaN``/``Infinity`` and numbers that overflow a double)
     and no integer of 19 digits or more (those documents go to :mod:`json`): a caller may
-    skip its own check for them (tests/gateway/test_s4_json_checked.py). Raises as :func:`loads`.
+    skip its own check for them (tests/gateway/test_s4_json_checked.py). Raises as :func:`loads`,
+    and with ``max_int_digits`` (>= 19) :class:`IntegerTooLong` for an integer literal of more
+    digits, before converting it (only documents holding a run of that many + 1 digits pay a
+    Python call per integer; tests/gateway/test_s4_parse_bounds.py). ``max_depth`` (at most
+    :data:`MAX_FAST_NESTING`): the caller refuses values nested deeper, so orjson may read a
+    document of many brackets (R4-1: 21,000 content parts, ~20 ms with :mod:`json`); only a
+    document nested deeper than ``max_depth`` can then decode where :mod:`json` would raise.
     """
-    if (data.count(b"[") + data.count(b"{") <= MAX_FAST_NESTING
-            and _LONG_RUN not in data.translate(_DIGITS)):
-        try:
-            return orjson.loads(data), True
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(data if text is None else text), False
+    mapped = None
+    fast_ok = max_depth is not None and max_depth <= MAX_FAST_NESTING
+    if fast_ok or data.count(b"[") + data.count(b"{") <= MAX_FAST_NESTING:
+        mapped = data.translate(_DIGITS)
+        if _LONG_RUN not in mapped:
+            try:
+                return orjson.loads(data), True
+            except orjson.JSONDecodeError:
+                pass
+    src = data if text is None else text
+    if max_int_digits is not None:
+        if mapped is None:
+            mapped = data.translate(_DIGITS)
+        if b"0" * (max_int_digits + 1) in mapped:
+            return json.loads(src, parse_int=_bounded_int(max_int_digits)), False
+    return json.loads(src), False
 
 
 def loads(data: bytes, text: str | None = None) -> Any:

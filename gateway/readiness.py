@@ -123,13 +123,14 @@ def configuration_warnings(registry: TenantRegistry, replicas: list[ReplicaConfi
 
 def limit_warnings(registry: TenantRegistry) -> list[str]:
     """Tenants without a prompt-token limit (logged at start, never fatal; review R3-4): one line per
-    tenant naming what it lacks, ``max_prompt_tokens`` (one prompt is then bounded only by
-    ``limits.max_body_bytes``) and/or ``prompt_tokens_per_s`` (its prompt tokens per second
+    tenant naming what it lacks, ``max_prompt_tokens`` (one prompt is then bounded only by the
+    gateway default ``limits.max_prompt_tokens``, if set, and ``limits.max_body_bytes``) and/or ``prompt_tokens_per_s`` (its prompt tokens per second
     unbounded). Empty when every tenant has both."""
     out: list[str] = []
     for t in registry.tenants():
         missing = [k for k in ("max_prompt_tokens", "prompt_tokens_per_s") if getattr(t, k) is None]
         if missing:
             out.append(f"tenant {t.id}: no {' and no '.join(missing)}: its prompts are bounded only by "
-                       "limits.max_body_bytes and its rate in requests (docs/tenancy.md, token limits)")
+                       "limits.max_prompt_tokens (if set), limits.max_body_bytes and its rate in requests "
+                       "(docs/tenancy.md, token limits)")
     return out

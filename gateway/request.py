@@ -13,7 +13,7 @@ nothing or the workload's pseudonym in its place (docs/configuration.md,
 ``forward_user``).
 
 Cheap bounds come before the costly steps (issue 12): the number of chat
-messages and of list-``prompt`` elements is checked on the decoded JSON
+messages (content parts included, R4-1) and of list-``prompt`` elements is checked on the decoded JSON
 before schema validation, and the request carries, per sequence, the UTF-8
 size of everything that becomes prompt tokens upstream, so the pipeline can
 refuse an oversized prompt before tokenizing it.
@@ -35,13 +35,16 @@ from gateway.errors import GatewayError
 from tenancy.bounds import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 from tenancy.tokenizer import TokenizerError, prompt_text
 
-__all__ = ["InferenceRequest", "read_body", "parse_inference_request", "Endpoint", "JsonObject"]
+__all__ = ["InferenceRequest", "read_body", "parse_inference_request", "Endpoint", "JsonObject", "MAX_INT_DIGITS"]
 
 Endpoint = Literal["chat", "completions"]
 
 #: A decoded JSON object (request and response bodies, ``usage``).
 JsonObject = dict[str, Any]
 MAX_TOKENS_CEILING = 1 << 20
+#: Digits of an integer literal anywhere in a body (R4-2; ``seed`` goes up to 2**64 - 1): a longer one
+#: answers 400 ``number_too_long`` unconverted (CPython's str->int and int->str are quadratic).
+MAX_INT_DIGITS = 20
 CLOSE = {"Connection": "close"}
 
 
@@ -294,6 +297,9 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     Raises :class:`GatewayError` 400 with code ``invalid_json`` (not UTF-8,
     not JSON, not an object, nested deeper than ``max_depth``),
     ``too_many_messages`` (more chat messages than ``max_messages``),
+    ``too_many_content_parts`` (messages, each counted once per part of a list
+    ``content``, above ``max_messages``), ``number_too_long`` (an integer literal
+    of more than :data:`MAX_INT_DIGITS` digits anywhere, refused before conversion),
     ``batch_too_large`` (a list ``prompt`` of more than ``max_batch_prompts``
     elements) — both counted before schema validation —, ``too_many_json_items``
     (:func:`json_items_bound` above ``max_json_items``, counted before decoding) or
@@ -311,25 +317,35 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
         raise GatewayError(400, "invalid_json", "request body is not valid UTF-8") from None
     try:
         # = json.loads(text), faster; ``checked``: orjson read it (no lone surrogate, no non-finite number)
-        data, checked = json_fast.loads_checked(raw, text)
+        data, checked = json_fast.loads_checked(raw, text, max_int_digits=MAX_INT_DIGITS, max_depth=max_depth)
+    except json_fast.IntegerTooLong:
+        raise GatewayError(400, "number_too_long",
+                           f"request body holds an integer of more than {MAX_INT_DIGITS} digits") from None
     except RecursionError:
         raise GatewayError(400, "invalid_json", "request body is nested too deeply") from None
     except ValueError:
         raise GatewayError(400, "invalid_json", "request body is not valid JSON") from None
     if not isinstance(data, dict):
         raise GatewayError(400, "invalid_json", "request body must be a JSON object")
-    if not _depth_ok(data, max_depth):
-        raise GatewayError(400, "invalid_json", f"request body is nested deeper than {max_depth}")
     messages, prompt = data.get("messages"), data.get("prompt")
     if endpoint == "chat" and max_messages is not None and isinstance(messages, list) and len(messages) > max_messages:
         raise GatewayError(400, "too_many_messages",
                            f"messages has {len(messages)} entries; this tenant's limit is {max_messages}",
                            param="messages")
+    if endpoint == "chat" and max_messages is not None and isinstance(messages, list):
+        # R4-1: a list content counts once per part (a string once); before the depth walk (every value)
+        units = sum(len(c) if isinstance(m, dict) and isinstance(c := m.get("content"), list) and c else 1
+                    for m in messages)
+        if units > max_messages:
+            raise GatewayError(400, "too_many_content_parts", f"messages hold {units} messages and content parts "
+                               f"together; this tenant's limit is {max_messages}", param="messages")
     if (endpoint == "completions" and max_batch_prompts is not None and isinstance(prompt, list)
             and len(prompt) > max_batch_prompts):
         raise GatewayError(400, "batch_too_large",
                            f"prompt is a batch of {len(prompt)} prompts; this tenant's limit is {max_batch_prompts}",
                            param="prompt")
+    if not _depth_ok(data, max_depth):
+        raise GatewayError(400, "invalid_json", f"request body is nested deeper than {max_depth}")
     model_cls = ChatBody if endpoint == "chat" else CompletionBody
     try:
         parsed = model_cls.model_validate(data)

@@ -52,8 +52,12 @@ class RequestBounds:
     max_batch_prompts: int
 
 
-def request_bounds(tenant: Tenant, tokenizer: Tokenizer, *, max_messages_ceiling: int) -> RequestBounds:
+def request_bounds(tenant: Tenant, tokenizer: Tokenizer, *, max_messages_ceiling: int,
+                   default_max_prompt_tokens: int | None = None) -> RequestBounds:
     """Compute ``tenant``'s effective bounds under ``tokenizer``.
+
+    * ``max_prompt_tokens``: the tenant's value, else ``default_max_prompt_tokens``
+      (``limits.max_prompt_tokens``, s4: so no tenant is bounded only by the body size).
 
     * ``max_prompt_bytes``: the tenant's value, else
       ``tokenizer.max_text_bytes(max_prompt_tokens + 1)`` (the extra token
@@ -66,7 +70,7 @@ def request_bounds(tenant: Tenant, tokenizer: Tokenizer, *, max_messages_ceiling
     * ``max_batch_prompts``: the tenant's value, else
       min(:data:`DEFAULT_MAX_BATCH_PROMPTS`, ``max_concurrency``).
     """
-    tokens = tenant.max_prompt_tokens
+    tokens = tenant.max_prompt_tokens if tenant.max_prompt_tokens is not None else default_max_prompt_tokens
     pbytes = tenant.max_prompt_bytes
     if pbytes is None and tokens is not None:
         pbytes = tokenizer.max_text_bytes(tokens + 1) + STOP_BYTES_ALLOWANCE

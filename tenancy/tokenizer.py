@@ -41,11 +41,16 @@ __all__ = [
     "prompt_text",
     "get_tokenizer",
     "MAX_TOKEN_CHARS",
+    "FAST_SCAN_CHARS_PER_TOKEN",
     "MIN_MESSAGE_BYTES",
 ]
 
 #: Longest word-tokenizer token, in characters (longer words and whitespace runs are split).
 MAX_TOKEN_CHARS = 64
+#: ``encode(text, limit)`` scans at most this many characters per token of ``limit + 1`` in one C-level
+#: pass (s4: was :data:`MAX_TOKEN_CHARS`, so 64 one-character tokens per allowed token); a text whose
+#: slice holds fewer tokens is scanned match by match, ``limit + 1`` matches at most.
+FAST_SCAN_CHARS_PER_TOKEN = 4
 #: Every rendered chat message has at least this many UTF-8 bytes (``"<|user|>\\n" + "\\n"``).
 MIN_MESSAGE_BYTES = 10
 # a word piece, a symbol, or a whitespace run too long to be a free separator
@@ -120,18 +125,25 @@ class WordTokenizer:
     def encode(self, text: str, limit: int | None = None) -> list[int]:
         """Return one id per token of ``text`` (empty list for blank text).
 
-        With ``limit`` (>= 0) the scan stops after ``limit + 1`` tokens, so the
+        With ``limit`` (>= 0) the scan stops after ``limit + 1`` tokens and reads
+        at most :data:`FAST_SCAN_CHARS_PER_TOKEN` x (``limit + 1``) tokens, so the
         work is O(limit) whatever the size of ``text``: a result longer than
         ``limit`` means "more than ``limit`` tokens". Raises
         ``UnicodeEncodeError`` for a lone surrogate in a token.
         """
         stop = None if limit is None else max(0, limit) + 1
         found: list[str] | list[bytes]
-        if stop is None or len(text) <= MAX_TOKEN_CHARS * stop:
+        if stop is None or len(text) <= FAST_SCAN_CHARS_PER_TOKEN * stop:
             # a text this short holds O(stop) tokens: one C-level scan (issue 14: ~2x faster)
             found = _ASCII_TOKEN_RE.findall(text.encode("ascii")) if text.isascii() else _TOKEN_RE.findall(text)
-        else:  # a long text: scan only as far as needed
-            found = [m.group() for m in itertools.islice(_TOKEN_RE.finditer(text), stop)]
+        else:
+            # s4: one C-level scan of the first FAST_SCAN_CHARS_PER_TOKEN x stop characters (at most
+            # that many tokens, whatever the text); only the last match can differ from the whole text's
+            # (cut by the slice end), so more than ``stop`` matches are the text's first ``stop`` tokens
+            head = text[:FAST_SCAN_CHARS_PER_TOKEN * stop]
+            found = _ASCII_TOKEN_RE.findall(head.encode("ascii")) if head.isascii() else _TOKEN_RE.findall(head)
+            if len(found) <= stop:  # long tokens/blank runs: scan only as far as needed (stop matches)
+                found = [m.group() for m in itertools.islice(_TOKEN_RE.finditer(text), stop)]
         if stop is not None:
             del found[stop:]
         if not found:

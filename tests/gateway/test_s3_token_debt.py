@@ -63,7 +63,7 @@ def config_overrides(tmp_path: Path) -> dict[str, Any]:
         _tenant("tenant-a", prompt_tokens_per_s=RATE, prompt_tokens_burst=100),
         _tenant("tenant-b", prompt_tokens_per_s=RATE, prompt_tokens_burst=1000, max_prompt_tokens=5000),
         _tenant("tenant-c"),
-    ]}}
+    ]}, "limits": {"max_prompt_tokens": None}}  # s4: no gateway default, so tenant-a/c have no token bound at all
 
 
 def _words(n: int) -> str:

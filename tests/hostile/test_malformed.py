@@ -50,7 +50,7 @@ CASES: list[tuple[str, str, bytes, int, str, str, str | None, str]] = [
      "invalid_request", "invalid_request_error", "max_tokens", "max_tokens"),
     ("max_tokens_huge", "completions",
      b'{"model": "sim-model", "prompt": "x", "max_tokens": 100000000000000000000000000000}', 400,
-     "invalid_request", "invalid_request_error", "max_tokens", "max_tokens"),
+     "number_too_long", "invalid_request_error", None, "more than 20 digits"),  # s4 R4-2: refused undecoded
     ("max_tokens_string", "completions", b'{"model": "sim-model", "prompt": "x", "max_tokens": "12"}', 400,
      "invalid_request", "invalid_request_error", "max_tokens", "max_tokens"),
     ("max_tokens_float", "completions", b'{"model": "sim-model", "prompt": "x", "max_tokens": 12.0}', 400,
@@ -85,7 +85,9 @@ CASES: list[tuple[str, str, bytes, int, str, str, str | None, str]] = [
      "invalid_request", "invalid_request_error", "seed", "seed"),
     ("seed_huge_int", "completions",
      b'{"model": "sim-model", "prompt": "x", "seed": 100000000000000000000000000000000}', 400,
-     "invalid_request", "invalid_request_error", "seed", "seed"),
+     "number_too_long", "invalid_request_error", None, "more than 20 digits"),  # s4 R4-2
+    ("seed_just_over_64_bits", "completions", b'{"model": "sim-model", "prompt": "x", "seed": 18446744073709551616}',
+     400, "invalid_request", "invalid_request_error", "seed", "seed"),
     ("temperature_out_of_range", "completions", b'{"model": "sim-model", "prompt": "x", "temperature": 9}',
      400, "invalid_request", "invalid_request_error", "temperature", "temperature"),
     ("too_many_stops", "completions",
