@@ -239,18 +239,22 @@ def _gateway(config_file: str, profile_out: str, gc_out: str) -> None:
             pauses[info["generation"]].append(1e3 * (time.perf_counter() - on["t"]))
 
     gc.callbacks.append(cb)
-    sampler = _BusySampler()
+    # the sampler thread wakes every 2 ms and takes the GIL: only with the profiler (it inflates the wall figures)
+    sampler = _BusySampler() if profile_out != "-" else None
     orig = signal.signal
 
     def hooked(sig: int, handler: Any) -> Any:  # wrap bench.overhead's start/stop handlers
         def wrapped(*a: Any) -> None:
-            on["active"] = sampler.active = sig == signal.SIGUSR1
+            on["active"] = sig == signal.SIGUSR1
+            if sampler is not None:
+                sampler.active = on["active"]
             if profile_out != "-":
                 handler(*a)
             if sig == signal.SIGUSR2:
                 Path(gc_out).write_text(json.dumps({g: [len(v), round(sum(v), 1), round(max(v, default=0), 1)]
                                                     for g, v in pauses.items()}))
-                Path(gc_out + ".busy.txt").write_text(sampler.report())
+                if sampler is not None:
+                    Path(gc_out + ".busy.txt").write_text(sampler.report())
         return orig(sig, wrapped)
 
     signal.signal = hooked  # type: ignore[assignment]

@@ -62,6 +62,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.coalesce import CoalescingTransport
+from gateway.send_order import SEND_ORDER
 
 __all__ = ["guarded_protocol", "DEFAULT_MAX_HEADER_BYTES", "DEFAULT_HEADER_READ_TIMEOUT_S", "PARSERS"]
 
@@ -236,6 +237,7 @@ class GuardedHttpToolsProtocol(_HeadGuard, HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         """httptools parser callback: the head is complete (then uvicorn's handling)."""
         self.guard_head_done()
+        SEND_ORDER.stamp(self.scope)  # before uvicorn starts its task (gateway/send_order.py)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -269,6 +271,8 @@ class GuardedH11Protocol(_HeadGuard, H11Protocol):
         idle = self.conn.their_state is h11.IDLE
         if self.cycle is not cycle_before:
             self.guard_head_done()
+            if self.cycle is not None:
+                SEND_ORDER.stamp(self.cycle.scope)  # its task runs later (gateway/send_order.py)
         if idle and not self.guard_waiting:
             self.guard_head_expected(len(self.conn.trailing_data[0]))
             if self.guard_head_bytes > self.guard_max_header_bytes:

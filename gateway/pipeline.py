@@ -28,6 +28,7 @@ from gateway.read_deadline import ReadDeadline
 from gateway.proxy import UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
 from gateway.recording import after_send
+from gateway.send_order import SEND_ORDER
 from gateway.replicas import Replica
 from gateway.request import Endpoint, InferenceRequest, JsonObject, parse_inference_request, read_body
 from gateway.sse import SseProtocolError, SseScanner, error_event
@@ -70,6 +71,7 @@ class InferencePipeline:
         held = Held()
         gw.audit.start_span(rec, request.headers)
         try:
+            await SEND_ORDER.wait_turn(request.scope)  # a burst's earlier sends go first (gateway/send_order.py)
             if not gw.audit.accepting:  # fail closed: no audit trail, no service
                 raise GatewayError(503, "audit_unavailable", "audit trail unavailable; refusing to serve without it")
             # 1 authenticate (gateway/authn.py)

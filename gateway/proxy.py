@@ -33,6 +33,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from gateway.send_order import SEND_ORDER
+
 __all__ = ["UpstreamFailure", "UpstreamStream", "open_upstream", "make_session", "INSTANCE_HEADER",
            "BodyDecoder", "ContentCodingError", "decode_body", "UPSTREAM_DEFAULT_HEADERS"]
 
@@ -234,6 +236,7 @@ async def open_upstream(
         async with asyncio.timeout(first_byte_timeout_s):
             # orjson encodes the validated body ~25x faster than aiohttp's json= (json.dumps + a
             # JsonPayload); the session already sends UPSTREAM_DEFAULT_HEADERS on every call.
+            SEND_ORDER.sending()  # requests queued before now let this body's writer go first
             resp = await session.post(url, data=orjson.dumps(body), headers={**headers, **_JSON_TYPE},
                                       allow_redirects=False)
             encoding = resp.headers.get("Content-Encoding")
