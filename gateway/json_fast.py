@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import orjson
 
-__all__ = ["MAX_FAST_NESTING", "IntegerTooLong", "loads", "loads_checked"]
+__all__ = ["MAX_FAST_NESTING", "IntegerTooLong", "loads", "loads_checked", "loads_object"]
 
 #: At most this many ``[`` plus ``{`` bytes for the orjson path (far below the
 #: depth at which :func:`json.loads` raises ``RecursionError``).
@@ -100,3 +100,15 @@ def loads(data: bytes, text: str | None = None) -> Any:
         except orjson.JSONDecodeError:
             pass
     return json.loads(data if text is None else text)
+
+
+def loads_object(data: bytes) -> dict[str, Any]:
+    """:func:`loads` of a document that must be a JSON object (an SSE event, a replica's error body).
+
+    Raises what :func:`loads` raises, and ValueError ("not a JSON object") for a valid
+    document of another type.
+    """
+    obj = loads(data)
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    return obj

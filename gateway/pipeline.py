@@ -324,7 +324,7 @@ class InferencePipeline:
                 data = up.first_chunk + await up.read_rest()
             else:
                 data = await unless_client_leaves(request, read_rest())
-            obj = _json_object(data)
+            obj = json_fast.loads_object(data)
         except ClientGone:
             rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
             return Response(status_code=499)
@@ -382,18 +382,11 @@ class InferencePipeline:
         self.gw.recorder.record(rec)
 
 
-def _json_object(data: bytes) -> JsonObject:
-    obj = json_fast.loads(data)  # = json.loads(data), faster
-    if not isinstance(obj, dict):
-        raise ValueError("not a JSON object")
-    return obj
-
-
 def _passthrough_error(fail: UpstreamFailure) -> GatewayError:
     """A replica's 4xx (the client's fault) is passed on with its message, never its raw body."""
     message = "the replica rejected the request"
     try:
-        obj = _json_object(fail.body)
+        obj = json_fast.loads_object(fail.body)
         m = obj.get("error", {}).get("message")
         if isinstance(m, str) and len(m) <= 500:
             message = m
