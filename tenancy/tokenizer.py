@@ -54,10 +54,13 @@ FAST_SCAN_CHARS_PER_TOKEN = 4
 #: Every rendered chat message has at least this many UTF-8 bytes (``"<|user|>\\n" + "\\n"``).
 MIN_MESSAGE_BYTES = 10
 # a word piece, a symbol, or a whitespace run too long to be a free separator
-_TOKEN_RE = re.compile(r"\w{1,%d}|[^\w\s]|\s{%d,}" % (MAX_TOKEN_CHARS, MAX_TOKEN_CHARS + 1), re.UNICODE)
+# (a blank run is tried only where it starts, ``(?<!\s)``: without it every position inside a run of
+# <= 64 blanks rescanned the rest of the run, 64x the work per blank; review R4b-1. Same tokens: a
+# match can never start inside a run, since a run long enough is matched whole from its start.)
+_TOKEN_RE = re.compile(r"\w{1,%d}|[^\w\s]|(?<!\s)\s{%d,}" % (MAX_TOKEN_CHARS, MAX_TOKEN_CHARS + 1), re.UNICODE)
 # the same tokens of an ASCII text, scanned as bytes (session 3: the tokens need no str.encode each,
 # ~25% less per prompt). On ASCII, str's \w is [A-Za-z0-9_] and str's \s is bytes' \s plus \x1c-\x1f.
-_ASCII_TOKEN_RE = re.compile(rb"[A-Za-z0-9_]{1,%d}|[^A-Za-z0-9_\s\x1c-\x1f]|[\s\x1c-\x1f]{%d,}"
+_ASCII_TOKEN_RE = re.compile(rb"[A-Za-z0-9_]{1,%d}|[^A-Za-z0-9_\s\x1c-\x1f]|(?<![\s\x1c-\x1f])[\s\x1c-\x1f]{%d,}"
                              % (MAX_TOKEN_CHARS, MAX_TOKEN_CHARS + 1))
 
 
