@@ -81,7 +81,7 @@ def base_config(tmp: Path, urls: list[str], issuer: DemoIssuer, **over: Any) -> 
              "labels": {"data_residency": "eu"} if i == len(urls) - 1 and len(urls) > 2 else {}}
             for i, u in enumerate(urls)
         ],
-        "health": {"interval_s": 0.2, "timeout_s": 0.5, "unhealthy_after": 1, "healthy_after": 1},
+        "health": {"interval_s": 0.2, "timeout_s": 2.0, "unhealthy_after": 1, "healthy_after": 1},
         "upstream": {"first_byte_timeout_s": 5, "read_timeout_s": 5, "total_timeout_s": 10},
         "tenancy": {
             "master_secret_file": str(secret),
