@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 
 class HealthChecker:
     """Periodic ``GET /health`` prober; see module doc. ``passive_grace_s`` (seconds, 0 turns
-    it off): how recent a real success must be for a timed-out probe not to count. Raises
+    it off): how recent a real success must be for a timed-out probe not to count;
+    ``on_ignored_timeout(replica_id)`` is called for each probe timeout so ignored (a metric, so
+    that a replica whose probes keep timing out is visible although it stays routable). Raises
     :class:`ValueError` on non-positive interval/timeout/thresholds or a negative grace."""
 
     def __init__(
@@ -51,6 +53,7 @@ class HealthChecker:
         healthy_after: int = 1,
         on_restart: Callable[[str], None] | None = None,
         passive_grace_s: float = 5.0,
+        on_ignored_timeout: Callable[[str], None] | None = None,
     ) -> None:
         if interval_s <= 0 or timeout_s <= 0 or unhealthy_after < 1 or healthy_after < 1:
             raise ValueError("interval_s, timeout_s must be > 0 and thresholds >= 1")
@@ -64,6 +67,7 @@ class HealthChecker:
         self.unhealthy_after = unhealthy_after
         self.healthy_after = healthy_after
         self.on_restart = on_restart
+        self.on_ignored_timeout = on_ignored_timeout
         self._fails: dict[str, int] = {}
         self._passes: dict[str, int] = {}
         self._loop = PeriodicTask(self.check_once, interval_s, "health check")
@@ -102,6 +106,8 @@ class HealthChecker:
                         and self.replica_set.answered_recently(rid, self.passive_grace_s)):
                     log.debug("replica %s: health probe timed out but real traffic succeeded "
                               "within %.1f s; not counted", rid, self.passive_grace_s)
+                    if self.on_ignored_timeout is not None:
+                        self.on_ignored_timeout(rid)
                     continue
                 self._apply(rid, inst)
 

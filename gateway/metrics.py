@@ -211,6 +211,11 @@ class GatewayMetrics:
             "prefixgate_replica_load_tokens", "Queued prefill plus in-flight decode tokens per replica",
             ["replica"], registry=a,
         ))
+        self.health_probe_timeouts_ignored = BoundChildren(Counter(
+            "prefixgate_health_probe_timeouts_ignored", "Health probes that timed out but were not counted "
+            "against the replica because real traffic succeeded within health.passive_grace_s",
+            ["replica"], registry=a,
+        ), self.batch)
         self.replica_healthy = BoundChildren(Gauge("prefixgate_replica_healthy", "1 when the replica is healthy",
                                                    ["replica"], registry=a))
         self.tenant_requests = BoundChildren(Counter(

@@ -62,6 +62,7 @@ class Upstream:
             self.replica_set, session, interval_s=h.interval_s, timeout_s=h.timeout_s,
             unhealthy_after=h.unhealthy_after, healthy_after=h.healthy_after, on_restart=self.on_restart,
             passive_grace_s=h.passive_grace_s,
+            on_ignored_timeout=lambda rid: self.metrics.health_probe_timeouts_ignored.labels(rid).inc(),
         )
         await self.health.check_once()
         self.health.start()
