@@ -70,6 +70,24 @@ def test_a_long_integer_after_an_escaped_backslash_is_still_refused() -> None:
     assert exc.value.code == "number_too_long"
 
 
+def test_a_long_integer_is_refused_without_decoding(monkeypatch) -> None:
+    """R4b-2 residual: 60,000 small integers, then one of 21 digits: refused at once, not after a Python
+    ``parse_int`` call for each of the 60,000 (~12 ms); a long float literal is still read."""
+    calls = []
+    real = json_fast.json.loads
+    monkeypatch.setattr(json_fast.json, "loads", lambda *a, **k: calls.append(k) or real(*a, **k))
+    doc = '{"s":"%s","n":[%s,%s]}' % ("5" * 30, ",".join(["1"] * 60000), "9" * 21)
+    with pytest.raises(json_fast.IntegerTooLong):
+        json_fast.loads_checked(doc.encode(), doc, max_int_digits=MAX_INT_DIGITS)
+    assert calls == []  # before: json.loads(parse_int=...) read the 60,000 first
+    for doc in ('[%s.5,1,2,\n -%s]' % ("9" * 25, "8" * 21), '{"a":1e%s,"b":"%s","c": %s}' % ("0" * 22, "7" * 22, "6" * 22)):
+        with pytest.raises(json_fast.IntegerTooLong):  # a long float first, the long integer later
+            json_fast.loads_checked(doc.encode(), doc, max_int_digits=MAX_INT_DIGITS)
+    for number in ("9" * 21 + ".5", "1." + "9" * 30, "1e" + "0" * 25, "-" + "9" * 21 + "E2"):
+        doc = '{"n":[1,%s]}' % number
+        assert json_fast.loads_checked(doc.encode(), doc, max_int_digits=MAX_INT_DIGITS)[0] == json.loads(doc)
+
+
 def _old_loads_checked(data: bytes, text: str):
     """The decoder's answer before s5 (the oracle): json with the parse_int check when a run is anywhere."""
     if b"0" * (MAX_INT_DIGITS + 1) in data.translate(json_fast._DIGITS):
@@ -99,4 +117,6 @@ def test_same_answer_as_before_on_valid_and_broken_documents(value, tail, cut) -
     text = (text[:-cut] if cut else text) + tail
     raw = text.encode()
     got = _outcome(lambda: json_fast.loads_checked(raw, text, max_int_digits=MAX_INT_DIGITS)[0])
-    assert got == _outcome(_old_loads_checked, raw, text)
+    want = _outcome(_old_loads_checked, raw, text)
+    if got != want:  # only change: a long integer after the point where json finds a document broken
+        assert got == ("IntegerTooLong", None) and want == ("JSONDecodeError", None), (got, want)
