@@ -31,6 +31,9 @@ OTHER_SOURCE = "*other*"
 #: ``summary.tenant`` of a summary of requests without a tenant (no or no valid credential)
 NO_TENANT = "unauthenticated"
 #: aggregation key: (source address, tenant or None, SPIFFE ID or None)
+#: keys each tenant may open beyond a full ``max_sources`` table (s5, review R4b-2): a tenant that
+#: fills the table with its own sources or SPIFFE IDs leaves every other tenant's first keys intact
+RESERVED_KEYS_PER_TENANT = 16
 _Key = tuple[str, "str | None", "str | None"]
 
 
@@ -56,8 +59,12 @@ class SummaryAggregator:
         max_sources: keys (source, tenant, SPIFFE ID) tracked at once; further
             keys share the source ``"*other*"`` per tenant, without identity
             (bounded memory under many-source floods: at most ``max_sources`` +
-            one bucket per tenant + one unauthenticated bucket; tenants come
-            from the registry, never from the client).
+            ``reserved_per_tenant`` + 1 per tenant + one unauthenticated bucket;
+            tenants come from the registry, never from the client).
+        reserved_per_tenant: keys a tenant may still open once ``max_sources``
+            keys are open, while it holds fewer (s5, R4b-2: one tenant with
+            10,000 SPIFFE IDs no longer strips other tenants' keys of source and
+            identity); not for requests without a tenant.
         outcomes: outcomes subject to aggregation.
         summary_only_codes: reason codes (``policy.reason_code``) of events
             that are always counted, never passed individually (they do not
@@ -74,15 +81,18 @@ class SummaryAggregator:
         max_sources: int = 10_000,
         outcomes: frozenset[Outcome] = DEFAULT_AGGREGATED,
         summary_only_codes: frozenset[str] = DEFAULT_SUMMARY_ONLY,
+        reserved_per_tenant: int = RESERVED_KEYS_PER_TENANT,
     ) -> None:
-        if window_s <= 0 or first_n < 0 or max_sources < 1:
-            raise ValueError("window_s > 0, first_n >= 0, max_sources >= 1 required")
+        if window_s <= 0 or first_n < 0 or max_sources < 1 or reserved_per_tenant < 0:
+            raise ValueError("window_s > 0, first_n >= 0, max_sources >= 1, reserved_per_tenant >= 0 required")
         self._window_ms = int(window_s * 1000)
         self._first_n = first_n
         self._max_sources = max_sources
         self._outcomes = outcomes
         self._summary_only = summary_only_codes
         self._windows: dict[_Key, _Window] = {}
+        self._reserved = reserved_per_tenant
+        self._tenant_keys: Counter[str | None] = Counter()  # open keys per tenant
         # windows that ended and were replaced by a newer one of their key before a flush
         # (a late periodic flusher under CPU load): summarized by the next flush, never dropped
         self._closed: list[tuple[_Key, _Window]] = []
@@ -103,9 +113,12 @@ class SummaryAggregator:
         if event.outcome not in self._outcomes:
             return event
         key: _Key = (event.client_address or "unknown", event.tenant, event.identity.spiffe_id)
-        if key not in self._windows and len(self._windows) >= self._max_sources:
+        if key not in self._windows and len(self._windows) >= self._max_sources and (
+                event.tenant is None or self._tenant_keys[event.tenant] >= self._reserved):
             key = (OTHER_SOURCE, event.tenant, None)
         win = self._windows.get(key)
+        if win is None:
+            self._tenant_keys[event.tenant] += 1
         if win is None or event.time_ms - win.start_ms >= self._window_ms:
             if win is not None and (win.suppressed or win.codes):
                 self._closed.append((key, win))
@@ -138,6 +151,9 @@ class SummaryAggregator:
             if not force and now_ms - win.start_ms < self._window_ms:
                 continue
             del self._windows[key]
+            self._tenant_keys[key[1]] -= 1
+            if not self._tenant_keys[key[1]]:
+                del self._tenant_keys[key[1]]
             ended.append((key, win))
         return [ev for key, win in ended if (ev := self._summary(key, win, now_ms)) is not None]
 

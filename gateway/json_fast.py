@@ -17,11 +17,20 @@ orjson answers the common case; the documents where it could differ go to
 integer literal of more than that many digits with :class:`IntegerTooLong`
 instead of decoding it: CPython's str->int (and a later int->str) is
 quadratic in the digits (~20 ms for 240 integers of 4,299 digits). Digit runs
-inside strings and float literals (linear to read) are not affected.
+inside strings and float literals (linear to read) are not affected. Since
+session 5 (review R4b-2) it looks for long runs outside strings only
+(:func:`_digits_outside_strings`): a 21-digit run inside a string sent the
+whole body to :mod:`json` with a Python ``parse_int`` call per integer
+(60,000 small integers: 0.6 -> 12 ms); an integer literal of more digits outside
+strings is refused before anything is decoded (:func:`_integer_literal`), so a
+document that :mod:`json` finds broken before that literal now answers
+:class:`IntegerTooLong` too.
 """
 from __future__ import annotations
 
 import json
+import re
+from functools import lru_cache
 from typing import Any, Callable
 
 import orjson
@@ -52,6 +61,32 @@ def _bounded_int(max_digits: int) -> Callable[[str], int]:
     return parse_int
 
 
+def _outside_strings(data: bytes, mapped: bytes) -> bytes | None:
+    """``data`` without the contents of its strings (each string becomes one blank), or None.
+
+    ``mapped``: ``data.translate(_DIGITS)``.
+    Exact for valid JSON and for the valid prefix of invalid JSON (where :mod:`json` reads): in JSON a
+    backslash escapes the next byte and only occurs in strings, so dropping ``\\\\`` pairs, then ``\\"``,
+    leaves only the quotes that delimit strings. None (not worth it) when there are more than 4 quotes
+    per possible integer: splitting then costs more than :mod:`json`'s ``parse_int`` call per integer saves.
+    """
+    if b"\\" in data:
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    # integers at most: values (commas and openings) and digits; single-byte counts (a b".0" count is slow)
+    ints = min(data.count(b",") + data.count(b"[") + data.count(b"{"), mapped.count(b"0"))
+    if data.count(b'"') > 4 * ints + 4:
+        return None
+    return b" ".join(data.split(b'"')[0::2])
+
+
+@lru_cache(maxsize=4)
+def _integer_literal(digits: int) -> re.Pattern[bytes]:
+    """An integer literal of ``digits`` or more digits where a JSON value starts (document start, or
+    after ``[``, ``,``, ``:`` and blanks) in a text without strings: not a float's part (no ``.``,
+    ``e``, ``E`` after it). Exact for valid JSON and for the valid prefix of invalid JSON."""
+    return re.compile(rb"(?:\A|[\[,:])\s*+-?[0-9]{%d,}+(?![.eE])" % digits)
+
+
 def loads_checked(data: bytes, text: str | None = None, *, max_int_digits: int | None = None,
                   max_depth: int | None = None) -> tuple[Any, bool]:
     """``(loads(data, text), fast)``: ``fast`` is True when orjson decoded the document.
@@ -61,17 +96,21 @@ def loads_checked(data: bytes, text: str | None = None, *, max_int_digits: int |
     and no integer of 19 digits or more (those documents go to :mod:`json`): a caller may
     skip its own check for them (tests/gateway/test_s4_json_checked.py). Raises as :func:`loads`,
     and with ``max_int_digits`` (>= 19) :class:`IntegerTooLong` for an integer literal of more
-    digits, before converting it (only documents holding a run of that many + 1 digits pay a
-    Python call per integer; tests/gateway/test_s4_parse_bounds.py). ``max_depth`` (at most
+    digits, before converting it (s5: found in the body without its strings, before decoding; only a
+    body with more than 4 quotes per possible integer still goes to :mod:`json` with a Python call
+    per integer; tests/gateway/test_s4_parse_bounds.py, test_s5_parse_bounds_b.py). ``max_depth`` (at most
     :data:`MAX_FAST_NESTING`): the caller refuses values nested deeper, so orjson may read a
     document of many brackets (R4-1: 21,000 content parts, ~20 ms with :mod:`json`); only a
     document nested deeper than ``max_depth`` can then decode where :mod:`json` would raise.
     """
-    mapped = None
+    mapped = outside = outside_map = None
     fast_ok = max_depth is not None and max_depth <= MAX_FAST_NESTING
     if fast_ok or data.count(b"[") + data.count(b"{") <= MAX_FAST_NESTING:
         mapped = data.translate(_DIGITS)
-        if _LONG_RUN not in mapped:
+        # s5 (review R4b-2): a long digit run inside a string (an id, a number in a prompt) is text
+        if _LONG_RUN in mapped and (outside := _outside_strings(data, mapped)) is not None:
+            outside_map = outside.translate(_DIGITS)
+        if _LONG_RUN not in mapped or (outside_map is not None and _LONG_RUN not in outside_map):
             try:
                 return orjson.loads(data), True
             except orjson.JSONDecodeError:
@@ -80,8 +119,14 @@ def loads_checked(data: bytes, text: str | None = None, *, max_int_digits: int |
     if max_int_digits is not None:
         if mapped is None:
             mapped = data.translate(_DIGITS)
-        if b"0" * (max_int_digits + 1) in mapped:
-            return json.loads(src, parse_int=_bounded_int(max_int_digits)), False
+        too_long = b"0" * (max_int_digits + 1)
+        if too_long in mapped:
+            if outside is None or outside_map is None:  # not split: json, checking each integer
+                return json.loads(src, parse_int=_bounded_int(max_int_digits)), False
+            if (first := outside_map.find(too_long)) >= 0:  # from the value holding the first long run
+                start = max(outside.rfind(b"[", 0, first), outside.rfind(b",", 0, first), outside.rfind(b":", 0, first))
+                if _integer_literal(max_int_digits + 1).search(outside, max(0, start)):
+                    raise IntegerTooLong(max_int_digits)  # s5: unread (json would have read up to it first)
     return json.loads(src), False
 
 

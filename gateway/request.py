@@ -32,7 +32,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from gateway import json_fast
 from gateway.errors import GatewayError
-from tenancy.bounds import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
+from tenancy.bounds import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, chat_units
 from tenancy.tokenizer import TokenizerError, prompt_text
 
 __all__ = ["InferenceRequest", "read_body", "parse_inference_request", "Endpoint", "JsonObject", "MAX_INT_DIGITS"]
@@ -298,7 +298,7 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     not JSON, not an object, nested deeper than ``max_depth``),
     ``too_many_messages`` (more chat messages than ``max_messages``),
     ``too_many_content_parts`` (messages, each counted once per part of a list
-    ``content``, above ``max_messages``), ``number_too_long`` (an integer literal
+    ``content`` and once per tool call, above ``max_messages``), ``number_too_long`` (an integer literal
     of more than :data:`MAX_INT_DIGITS` digits anywhere, refused before conversion),
     ``batch_too_large`` (a list ``prompt`` of more than ``max_batch_prompts``
     elements) — both counted before schema validation —, ``too_many_json_items``
@@ -333,12 +333,10 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
                            f"messages has {len(messages)} entries; this tenant's limit is {max_messages}",
                            param="messages")
     if endpoint == "chat" and max_messages is not None and isinstance(messages, list):
-        # R4-1: a list content counts once per part (a string once); before the depth walk (every value)
-        units = sum(len(c) if isinstance(m, dict) and isinstance(c := m.get("content"), list) and c else 1
-                    for m in messages)
-        if units > max_messages:
-            raise GatewayError(400, "too_many_content_parts", f"messages hold {units} messages and content parts "
-                               f"together; this tenant's limit is {max_messages}", param="messages")
+        # R4-1, R4b-2: content parts and tool calls count too (tenancy.bounds.chat_units); before the depth walk
+        if (units := chat_units(messages)) > max_messages:
+            raise GatewayError(400, "too_many_content_parts", f"messages hold {units} messages, content parts and "
+                               f"tool calls together; this tenant's limit is {max_messages}", param="messages")
     if (endpoint == "completions" and max_batch_prompts is not None and isinstance(prompt, list)
             and len(prompt) > max_batch_prompts):
         raise GatewayError(400, "batch_too_large",

@@ -19,11 +19,12 @@ Defaults never refuse what the token limit allows: they are derived from
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tenancy.registry import Tenant
 from tenancy.tokenizer import Tokenizer
 
-__all__ = ["RequestBounds", "request_bounds", "DEFAULT_MAX_BATCH_PROMPTS",
+__all__ = ["RequestBounds", "request_bounds", "chat_units", "DEFAULT_MAX_BATCH_PROMPTS",
            "MAX_STOP_SEQUENCES", "MAX_STOP_CHARS", "STOP_BYTES_ALLOWANCE"]
 
 #: Elements of a list ``prompt`` allowed when the tenant sets nothing (and its concurrency allows).
@@ -88,3 +89,20 @@ def request_bounds(tenant: Tenant, tokenizer: Tokenizer, *, max_messages_ceiling
         max_messages=max(1, min(messages, max_messages_ceiling)),
         max_batch_prompts=max(1, batch),
     )
+
+
+def chat_units(messages: list[Any]) -> int:
+    """What chat ``messages`` (decoded JSON, before schema validation) count against ``max_messages``.
+
+    Each message counts once per part of a list ``content`` (a string: once; R4-1) plus once per
+    entry of a list ``tool_calls`` (s5, review R4b-2: 5,000 tool calls in one message were read and
+    validated uncounted), and at least once; anything that is not an object counts once. Every tool
+    call renders as a JSON object of dozens of prompt tokens, so the derived bound (5 tokens a
+    message) refuses no tool calls that the token limit admits.
+    """
+    units = 0
+    for m in messages:
+        c, calls = (m.get("content"), m.get("tool_calls")) if isinstance(m, dict) else (None, None)
+        n = (len(c) if isinstance(c, list) else isinstance(c, str)) + (len(calls) if isinstance(calls, list) else 0)
+        units += max(1, n)
+    return units
