@@ -10,7 +10,9 @@ events. The key is (source address, tenant, SPIFFE ID): one tenant's refusals
 from a shared address (NAT, shared node) never use up another tenant's (or
 the unauthenticated requests') ``first_n`` (R4-3), and each summary names its
 tenant (``"unauthenticated"`` when none), its identity and its counts per
-HTTP status and reason code. Refusals whose reason code is in ``summary_only_codes``
+HTTP status and reason code. Events of the endpoints in ``summarized_endpoints``
+(default: ``/v1/models``, a read that costs no tokens) are aggregated whatever their
+outcome, so a listing flood is summarised too (R5-4). Refusals whose reason code is in ``summary_only_codes``
 (default: the gateway's per-source block, ``too_many_unauthenticated``) are
 never written individually: they exist only as the count in their source's
 summary, one event per source per window (issue 12, finding 1).
@@ -27,6 +29,10 @@ DEFAULT_AGGREGATED = frozenset({Outcome.UNAUTHENTICATED, Outcome.REJECTED, Outco
 #: ``policy.reason_code`` values that are only ever counted, never passed individually
 #: (the gateway's 429 to a source that spent its budget of failed signature checks).
 DEFAULT_SUMMARY_ONLY = frozenset({"too_many_unauthenticated"})
+#: ``endpoint`` values whose events are aggregated whatever their outcome: reads that cost no
+#: tokens and change nothing, so a flood of successful ones is summarised like refusals (R5-4:
+#: the gateway's ``GET /v1/models``, :data:`gateway.listing.MODELS_ENDPOINT`).
+DEFAULT_SUMMARIZED_ENDPOINTS = frozenset({"/v1/models"})
 OTHER_SOURCE = "*other*"
 #: ``summary.tenant`` of a summary of requests without a tenant (no or no valid credential)
 NO_TENANT = "unauthenticated"
@@ -69,6 +75,8 @@ class SummaryAggregator:
         summary_only_codes: reason codes (``policy.reason_code``) of events
             that are always counted, never passed individually (they do not
             use up ``first_n``); the summary holds ``count_<code>`` for them.
+        summarized_endpoints: ``endpoint`` values whose events are aggregated
+            whatever their outcome (successful listings: ``count_allowed``).
 
     The source is the event's ``client_address`` (or ``"unknown"``); tenant and
     SPIFFE ID are the event's (set by the gateway only once verified).
@@ -82,6 +90,7 @@ class SummaryAggregator:
         outcomes: frozenset[Outcome] = DEFAULT_AGGREGATED,
         summary_only_codes: frozenset[str] = DEFAULT_SUMMARY_ONLY,
         reserved_per_tenant: int = RESERVED_KEYS_PER_TENANT,
+        summarized_endpoints: frozenset[str] = DEFAULT_SUMMARIZED_ENDPOINTS,
     ) -> None:
         if window_s <= 0 or first_n < 0 or max_sources < 1 or reserved_per_tenant < 0:
             raise ValueError("window_s > 0, first_n >= 0, max_sources >= 1, reserved_per_tenant >= 0 required")
@@ -90,6 +99,7 @@ class SummaryAggregator:
         self._max_sources = max_sources
         self._outcomes = outcomes
         self._summary_only = summary_only_codes
+        self._endpoints = summarized_endpoints
         self._windows: dict[_Key, _Window] = {}
         self._reserved = reserved_per_tenant
         self._tenant_keys: Counter[str | None] = Counter()  # open keys per tenant
@@ -110,7 +120,7 @@ class SummaryAggregator:
     def offer(self, event: AuditEvent) -> AuditEvent | None:
         """Return ``event`` if it should be emitted now, ``None`` if counted
         into its key's summary. Uses ``event.time_ms`` as the clock."""
-        if event.outcome not in self._outcomes:
+        if event.outcome not in self._outcomes and event.endpoint not in self._endpoints:
             return event
         key: _Key = (event.client_address or "unknown", event.tenant, event.identity.spiffe_id)
         if key not in self._windows and len(self._windows) >= self._max_sources and (

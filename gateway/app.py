@@ -1,7 +1,8 @@
 """The Starlette applications: the public listener and the admin listener.
 
 Public: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming
-and plain), ``GET /v1/models`` (authenticated; only the tenant's models),
+and plain), ``GET /v1/models`` (authenticated, audited, one unit of the tenant's request rate;
+only the tenant's models: gateway/listing.py),
 ``GET /healthz`` (liveness), ``GET /readyz`` (ready to route), ``GET
 /metrics`` (Prometheus, unauthenticated: liveness and overload figures only;
 ``metrics.public_endpoint: off`` removes it; R3-5).
@@ -35,6 +36,7 @@ from gateway.errors import GatewayError
 from gateway.exact_path import ExactPath
 from gateway.framing import ASGIApp, FramingGuard, drain_cap
 from gateway.inference_asgi import InferenceRoutes
+from gateway.listing import list_models
 from gateway.pipeline import InferencePipeline
 
 __all__ = ["build_public_app", "build_admin_app", "UNROUTED_ENDPOINT"]
@@ -64,16 +66,7 @@ def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
         return await pipeline.handle(request, "chat")
 
     async def models(request: Request) -> Response:
-        identity = None
-        try:
-            identity = await c.authn.authenticate(request)
-            tenant = c.admission.resolve_tenant(identity)
-        except GatewayError as err:
-            record_refusal(c.audit, c.authn, request, "/v1/models", err, identity)
-            return err.response()
-        data = [{"id": m, "object": "model", "owned_by": "prefixgate", "created": 0}
-                for m in c.admission.listed_models(tenant)]
-        return JSONResponse({"object": "list", "data": data})
+        return await list_models(c, request)  # audited, one rate unit (R5-4)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})

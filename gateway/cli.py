@@ -37,6 +37,11 @@ def main(log_level: str) -> None:
               help="Internal: run as worker i of --workers N on the inherited listening sockets.")
 def serve(config_path: str, workers: int, worker_index: int | None) -> None:
     """Run the gateway until SIGINT/SIGTERM; drains in-flight requests on shutdown."""
+    from gateway.import_names import collision_message
+
+    collision = collision_message()  # before importing `policy`: it may be another project's (R5-9)
+    if collision:
+        raise click.ClickException(collision)
     from policy import reexec_with_go_gc
 
     reexec_with_go_gc(["-m", "gateway.cli", *sys.argv[1:]])

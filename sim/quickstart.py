@@ -46,14 +46,18 @@ _TEMPLATE = """\
 #   prefixgate-sim replicas --config {cfg}   # the replicas named below
 #   prefixgate serve --config {cfg}          # the gateway
 #   prefixgate-sim token {dir} spiffe://{td}/acme/app   # a JWT-SVID for tenant acme
+#   prefixgate-sim token {dir} spiffe://{td}/ops/admin --aud prefixgate-admin   # the operator's, admin listener
 
 # public listener: /v1/*, /healthz, /readyz, /metrics
 listen: {{host: 127.0.0.1, port: {port}}}
-# admin listener: operators only (a JWT-SVID for identity.admin_audience)
+# admin listener: operators only (a JWT-SVID for identity.admin_audience, default prefixgate-admin,
+# from an ID in tenancy.operators)
 admin: {{host: 127.0.0.1, port: {admin_port}}}
 
 models: [sim-model]          # models the gateway serves; each tenant lists its own below
 
+# In front of real models also set `routing: {{tokenizer: "hf:/path/tokenizer.json"}}` (the served
+# model's): with the default `word` tokenizer every token bound counts word tokens (docs/configuration.md).
 replicas:                    # OpenAI-compatible upstreams (vLLM, SGLang, or the simulator)
 {replicas}
 tenancy:
