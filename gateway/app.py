@@ -118,7 +118,8 @@ def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
                                               exception_handlers={HTTPException: unrouted}))
     limits = c.config.limits
     return FramingGuard(InferenceRoutes(starlette, pipeline, c.recorder),
-                        max_drain_bytes=drain_cap(limits.max_body_bytes), drain_timeout_s=limits.body_read_timeout_s)
+                        max_drain_bytes=drain_cap(limits.max_body_bytes), drain_timeout_s=limits.body_read_timeout_s,
+                        budget=c.body_budget)
 
 
 def build_admin_app(c: Gateway) -> Starlette:
@@ -182,7 +183,7 @@ def _middleware(c: Gateway) -> list[Middleware]:
     """The framing guard (gateway/framing.py) of both listeners, sized from ``limits``."""
     limits = c.config.limits
     return [Middleware(FramingGuard, max_drain_bytes=drain_cap(limits.max_body_bytes),
-                       drain_timeout_s=limits.body_read_timeout_s)]
+                       drain_timeout_s=limits.body_read_timeout_s, budget=c.body_budget)]
 
 
 def _no_slash_redirects(app: Starlette) -> Starlette:

@@ -19,6 +19,7 @@ from gateway.admin import Admin
 from gateway.admission import Admission
 from gateway.auditing import AuditHub
 from gateway.authn import Authenticator
+from gateway.body_budget import BodyBudget
 from gateway.config import ConfigError, GatewayConfig
 from gateway.flow import FlowControl, NotifyingLoadTracker
 from gateway.health import HealthChecker
@@ -197,6 +198,8 @@ class Gateway:
     lifecycles: Lifecycles = field(repr=False)
     #: the Redis-shared state (``state.backend: redis``), else None
     shared: SharedState | None = None
+    #: request-body bytes being read, both listeners (``limits.max_buffered_body_bytes``; gateway/framing.py)
+    body_budget: BodyBudget | None = None
 
     # the state that changes while running lives in its owner; these read it
     @property
@@ -360,6 +363,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         readiness=Readiness(lambda: lifecycles.started, replica_set, hub, pdp, router.loads, metrics, bundles,
                             limits.availability, overload=overload, flow=flow),
         flow=flow, overload=overload, lifecycles=lifecycles, shared=shared,
+        body_budget=BodyBudget(config.limits.max_buffered_body_bytes, config.limits.max_buffered_body_bytes_per_source),
     )
 
 

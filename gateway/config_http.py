@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gateway.config_base import ConfigSection
 
@@ -63,6 +63,21 @@ class LimitsConfig(ConfigSection):
     ``max_connections``: per listener, open connections plus running
     requests beyond which a new request answers 503 (uvicorn's
     ``limit_concurrency``).
+    ``max_body_chunks``: a chunked request body may have at most this many
+    chunks plus one per 1024 body bytes received so far (chunks of 1 KiB or
+    more always pass); the chunk past the bound answers 400
+    ``body_too_fragmented`` and closes, before its data is handled
+    (gateway/body_guard.py; a body's parser cost stays per byte, review R5-1).
+    Trailer fields of a chunked body answer 400 ``trailers_not_allowed``
+    (R5-5).
+
+    Memory of bodies being read, per gateway process, both listeners
+    (gateway/body_budget.py, review R5-3): ``max_buffered_body_bytes``: body
+    bytes the app may hold for requests whose body is not complete yet;
+    ``max_buffered_body_bytes_per_source``: the share of one source address
+    (socket peer). A body part past either answers 503
+    ``body_budget_exhausted`` with ``Retry-After`` and closes. The per-source
+    share must hold one body of ``max_body_bytes`` and not exceed the total.
     """
 
     max_body_bytes: int = Field(1 << 20, ge=1024)
@@ -75,6 +90,15 @@ class LimitsConfig(ConfigSection):
     max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
     header_read_timeout_s: float = Field(10.0, gt=0)
     max_connections: int = Field(2048, ge=1)
+    max_body_chunks: int = Field(256, ge=16, le=1 << 20)
+    max_buffered_body_bytes: int = Field(256 << 20, ge=1 << 20)
+    max_buffered_body_bytes_per_source: int = Field(64 << 20, ge=1024)
+
+    @model_validator(mode="after")
+    def _budget_fits(self) -> LimitsConfig:
+        if not self.max_body_bytes <= self.max_buffered_body_bytes_per_source <= self.max_buffered_body_bytes:
+            raise ValueError("need max_body_bytes <= max_buffered_body_bytes_per_source <= max_buffered_body_bytes")
+        return self
 
 
 class UpstreamConfig(ConfigSection):

@@ -27,15 +27,31 @@ which differ in what they accept:
    the cap, still arriving at the deadline, more bytes than the cap, or
    ``Expect: 100-continue`` not yet granted) is not read; the answer carries
    ``Connection: close`` and the server closes the connection after it.
+
+3. **Bound the body bytes the app holds** (review R5-3): with a
+   :class:`gateway.body_budget.BodyBudget`, every body part the app reads is
+   taken from the budget under the request's source address (the socket peer)
+   and given back when the body is complete or the request ends; a part that
+   does not fit answers **503** ``body_budget_exhausted`` (``Retry-After``:
+   ``ceil(drain_timeout_s)``, ``Connection: close``; raised from the app's
+   ``receive``, so the app reports and audits it) and the rest of that body is
+   not drained.
+
+A body refused by the HTTP protocol while the app reads it (gateway/body_guard.py:
+too fragmented, trailers) reaches the app as that refusal (its 400 and code)
+rather than as a client disconnect.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from gateway.body_budget import BodyBudget
+from gateway.body_guard import REFUSED_SCOPE_KEY
 from gateway.errors import GatewayError
 
 __all__ = ["FramingGuard", "framing_problem", "drain_cap"]
@@ -85,7 +101,8 @@ def framing_problem(headers: list[tuple[bytes, bytes]]) -> str | None:
 class _Body:
     """What the guard knows about one request's body."""
 
-    __slots__ = ("declared", "complete", "received", "receive_called", "in_receive", "expect_continue")
+    __slots__ = ("declared", "complete", "received", "receive_called", "in_receive", "expect_continue",
+                 "held", "refused")
 
     def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
         self.declared: int | None = None
@@ -102,6 +119,8 @@ class _Body:
         self.received = 0
         self.receive_called = False
         self.in_receive = False
+        self.held = 0  # bytes taken from the body budget for the app's reads
+        self.refused = False  # a refusal of the body itself: never drained
 
     def saw(self, message: Message) -> None:
         if message["type"] == "http.request":
@@ -118,16 +137,20 @@ class FramingGuard:
     ``max_drain_bytes``: the most body bytes (read by the app plus drained)
     the guard reads before an answer (see :func:`drain_cap`);
     ``drain_timeout_s``: draining stops this many seconds after the request
-    reached the guard (use ``limits.body_read_timeout_s``). Non-HTTP scopes
-    pass through untouched.
+    reached the guard (use ``limits.body_read_timeout_s``); ``budget``: the
+    process's :class:`gateway.body_budget.BodyBudget` (None: bodies read are
+    not bounded beyond ``max_body_bytes`` each). Non-HTTP scopes pass through untouched.
     """
 
-    def __init__(self, app: ASGIApp, *, max_drain_bytes: int, drain_timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp, *, max_drain_bytes: int, drain_timeout_s: float,
+                 budget: BodyBudget | None = None) -> None:
         if max_drain_bytes < 0 or drain_timeout_s <= 0:
             raise ValueError("max_drain_bytes must be >= 0 and drain_timeout_s > 0")
         self.app = app
         self.max_drain_bytes = max_drain_bytes
         self.drain_timeout_s = drain_timeout_s
+        self.budget = budget
+        self.retry_after = str(max(1, math.ceil(drain_timeout_s)))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -141,6 +164,9 @@ class FramingGuard:
             return
         body = _Body(headers)
         deadline = asyncio.get_running_loop().time() + self.drain_timeout_s
+        budget = self.budget
+        client = scope.get("client")
+        source = str(client[0]) if client else ""
 
         async def guarded_receive() -> Message:
             body.receive_called = True
@@ -150,6 +176,22 @@ class FramingGuard:
             finally:
                 body.in_receive = False
             body.saw(message)
+            if message["type"] != "http.request":
+                code = scope.get(REFUSED_SCOPE_KEY)
+                if code is not None:  # the protocol refused the body (gateway/body_guard.py) and closed
+                    body.refused = True
+                    raise GatewayError(400, code, "request body refused", headers={"Connection": "close"})
+            elif budget is not None:
+                n = len(message.get("body", b""))
+                if n and not budget.take(source, n):
+                    body.refused = True
+                    raise GatewayError(503, "body_budget_exhausted",
+                                       "too many request bodies being received; retry later",
+                                       headers={"Retry-After": self.retry_after, "Connection": "close"})
+                body.held += n
+                if body.complete:  # the app has the whole body: its parts are no longer in flight here
+                    budget.give(source, body.held)
+                    body.held = 0
             return message
 
         async def guarded_send(message: Message) -> None:
@@ -159,11 +201,15 @@ class FramingGuard:
                     message["headers"] = _with_close(message.get("headers") or [])
             await send(message)
 
-        await self.app(scope, guarded_receive, guarded_send)
+        try:
+            await self.app(scope, guarded_receive, guarded_send)
+        finally:
+            if body.held and budget is not None:
+                budget.give(source, body.held)
 
     async def _drain(self, body: _Body, receive: Receive, deadline: float) -> bool:
         """Read and discard the rest of the body; True when all of it was read."""
-        if body.in_receive:  # another task of the app is reading: leave the connection to close
+        if body.in_receive or body.refused:  # another task reads / the body itself was refused: close
             return False
         if body.expect_continue and not body.receive_called:
             return False  # the client waits for "100 Continue" and has sent nothing: do not invite it

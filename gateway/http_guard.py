@@ -54,14 +54,15 @@ protocol's ``conn``. A completed head is seen as a new ``cycle``
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.body_guard import DEFAULT_MAX_BODY_CHUNKS, BodyGuard, GuardedH11Connection, refusal_bytes
 from gateway.coalesce import CoalescingTransport
+from gateway.log_aggregate import note_peer
 from gateway.send_order import SEND_ORDER
 
 __all__ = ["guarded_protocol", "DEFAULT_MAX_HEADER_BYTES", "DEFAULT_HEADER_READ_TIMEOUT_S", "PARSERS"]
@@ -70,15 +71,7 @@ DEFAULT_MAX_HEADER_BYTES = 16 * 1024
 DEFAULT_HEADER_READ_TIMEOUT_S = 10.0
 PARSERS = ("h11", "httptools")
 
-_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
-
-
-def _refusal(status: int, code: str, message: str) -> bytes:
-    err_type = "server_error" if status >= 500 else "invalid_request_error"
-    body = json.dumps({"error": {"message": message, "type": err_type,
-                                 "code": code, "param": None}}).encode()
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-            b"connection: close\r\n\r\n" % (status, _REASONS[status], len(body))) + body
+_refusal = refusal_bytes
 
 
 class _HeadGuard:
@@ -225,18 +218,26 @@ class _HeadGuard:
         super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:
+        note_peer(self.client)  # type: ignore[attr-defined]  # for the aggregated "Invalid HTTP request" line
         self.guard_feed(data)
 
 
-class GuardedHttpToolsProtocol(_HeadGuard, HttpToolsProtocol):
-    """uvicorn's httptools protocol with the request-head bounds of :class:`_HeadGuard`."""
+class GuardedHttpToolsProtocol(BodyGuard, _HeadGuard, HttpToolsProtocol):
+    """uvicorn's httptools protocol with the request-head bounds of :class:`_HeadGuard`
+    and the body framing bounds of :class:`gateway.body_guard.BodyGuard`."""
 
     def guard_parse(self, data: bytes) -> None:
+        if self.guard_waiting:
+            HttpToolsProtocol.data_received(self, data)
+            return
+        progress = self.guard_progress
         HttpToolsProtocol.data_received(self, data)
+        self.guard_body_fed(progress, len(data))
 
     def on_headers_complete(self) -> None:
         """httptools parser callback: the head is complete (then uvicorn's handling)."""
         self.guard_head_done()
+        self.guard_body_reset()
         SEND_ORDER.stamp(self.scope)  # before uvicorn starts its task (gateway/send_order.py)
         super().on_headers_complete()
 
@@ -246,12 +247,19 @@ class GuardedHttpToolsProtocol(_HeadGuard, HttpToolsProtocol):
         self.guard_head_expected()
 
 
-class GuardedH11Protocol(_HeadGuard, H11Protocol):
-    """uvicorn's h11 protocol with the request-head bounds of :class:`_HeadGuard`.
+class GuardedH11Protocol(BodyGuard, _HeadGuard, H11Protocol):
+    """uvicorn's h11 protocol with the request-head bounds of :class:`_HeadGuard`
+    and the body framing bounds of :class:`gateway.body_guard.BodyGuard` (through
+    :class:`gateway.body_guard.GuardedH11Connection`).
 
     A head is awaited while h11's ``their_state`` is ``IDLE``; it is complete
     when uvicorn has made a new ``cycle`` for it.
     """
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if not isinstance(self.conn, GuardedH11Connection):
+            self.conn = GuardedH11Connection(self.conn, self)  # type: ignore[assignment]
+        super().connection_made(transport)
 
     def guard_parse(self, data: bytes) -> None:
         before = self.cycle
@@ -286,19 +294,23 @@ _BASES: dict[str, type] = {"h11": GuardedH11Protocol, "httptools": GuardedHttpTo
 
 def guarded_protocol(parser: str, *, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
                      header_read_timeout_s: float = DEFAULT_HEADER_READ_TIMEOUT_S,
-                     max_connections_per_source: int | None = None) -> type[asyncio.Protocol]:
+                     max_connections_per_source: int | None = None,
+                     max_body_chunks: int = DEFAULT_MAX_BODY_CHUNKS) -> type[asyncio.Protocol]:
     """Return a uvicorn HTTP protocol class (for ``uvicorn.Config(http=...)``) that bounds request heads.
 
     ``parser``: ``"h11"`` or ``"httptools"``; ``max_header_bytes``: bytes of
     one request head, >= 1; ``header_read_timeout_s``: seconds, > 0;
     ``max_connections_per_source``: open connections per source IP, >= 1, or
     None (no cap); each class returned counts its own connections (one class
-    per listener). Raises :class:`ValueError` for another parser or out-of-range bounds.
+    per listener); ``max_body_chunks``: chunks of a chunked body before it must
+    average 1 KiB per chunk (gateway/body_guard.py), >= 1. Raises :class:`ValueError` for another parser or out-of-range bounds.
     """
     if parser not in _BASES:
         raise ValueError(f"unknown HTTP parser {parser!r} (expected one of {PARSERS})")
     if max_header_bytes < 1 or header_read_timeout_s <= 0:
         raise ValueError("max_header_bytes must be >= 1 and header_read_timeout_s > 0")
+    if max_body_chunks < 1:
+        raise ValueError("max_body_chunks must be >= 1")
     if max_connections_per_source is not None and max_connections_per_source < 1:
         raise ValueError("max_connections_per_source must be >= 1 (or None)")
     base = _BASES[parser]
@@ -306,4 +318,5 @@ def guarded_protocol(parser: str, *, max_header_bytes: int = DEFAULT_MAX_HEADER_
                                          "guard_header_read_timeout_s": header_read_timeout_s,
                                          "guard_max_connections_per_source": max_connections_per_source,
                                          "guard_source_counts": {},
+                                         "guard_max_body_chunks": max_body_chunks,
                                          "__doc__": base.__doc__})

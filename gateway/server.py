@@ -33,6 +33,7 @@ from gateway.app import build_admin_app, build_public_app
 from gateway.build import Gateway, build
 from gateway.config import GatewayConfig, LimitsConfig
 from gateway.http_guard import guarded_protocol
+from gateway.log_aggregate import install as install_log_aggregation
 
 __all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener", "bind_listeners", "ListenerUnavailable",
            "run_serving", "DEFAULT_HTTP_PARSER", "log_start_warnings"]
@@ -96,22 +97,28 @@ def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | 
     defaults of :class:`LimitsConfig` when ``limits`` is None) and, when
     ``max_connections_per_source`` is set (``server.max_connections_per_source``),
     the open connections per source IP of this listener;
-    ``limits.max_connections`` becomes uvicorn's ``limit_concurrency``.
+    ``limits.max_connections`` becomes uvicorn's ``limit_concurrency``;
+    ``limits.max_body_chunks`` bounds chunked bodies (gateway/body_guard.py).
+    uvicorn's per-request warning lines are aggregated per window
+    (:mod:`gateway.log_aggregate`, installed on ``uvicorn.error``).
     """
     limits = limits or LimitsConfig()
     parser = kw.pop("http", DEFAULT_HTTP_PARSER)
     if isinstance(parser, str):
         parser = guarded_protocol(parser, max_header_bytes=limits.max_header_bytes,
                                   header_read_timeout_s=limits.header_read_timeout_s,
-                                  max_connections_per_source=max_connections_per_source)
+                                  max_connections_per_source=max_connections_per_source,
+                                  max_body_chunks=limits.max_body_chunks)
     kw["http"] = parser
     kw.setdefault("h11_max_incomplete_event_size", limits.max_header_bytes)
     kw.setdefault("limit_concurrency", limits.max_connections)
     kw.setdefault("loop", "uvloop")
-    return uvicorn.Config(
+    config = uvicorn.Config(
         app, host=host, port=port, proxy_headers=False, server_header=False, access_log=False,
         lifespan="off", timeout_graceful_shutdown=DRAIN_TIMEOUT_S, log_level="warning", **kw,  # type: ignore[arg-type]
     )
+    install_log_aggregation()  # after uvicorn configured its loggers (R5-11)
+    return config
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

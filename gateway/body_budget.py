@@ -1,0 +1,62 @@
+"""A process-wide budget of request-body bytes being read by the app (review R5-3).
+
+The app accumulates a request body in memory until it is complete (up to
+``limits.max_body_bytes``); a client that sends all but the last byte and then
+waits is answered 408 only after ``limits.body_read_timeout_s``, having pinned
+that memory (250 such 1 MiB bodies from one tenant: +243 MiB RSS, nothing
+charged). :class:`BodyBudget` bounds the bytes of bodies being read, across
+both listeners of one gateway process, to ``limits.max_buffered_body_bytes``,
+and the share of one source address (the socket peer) to
+``limits.max_buffered_body_bytes_per_source``. The framing guard
+(gateway/framing.py) takes each body part the app reads from it and gives a
+body's bytes back once the body is complete or the request ends; a part that
+does not fit is refused **503** ``body_budget_exhausted`` (``Retry-After``,
+``Connection: close``). Bodies drained and discarded (before an early answer)
+are not counted: they are not held.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BodyBudget"]
+
+
+class BodyBudget:
+    """Bytes held per source and in total, with ceilings.
+
+    ``total_bytes``: ceiling of all held bytes (>= 1); ``per_source_bytes``:
+    ceiling of one source's held bytes (1 <= per_source_bytes <= total_bytes).
+    Raises :class:`ValueError` otherwise. Not thread-safe (one event loop).
+    """
+
+    __slots__ = ("total_bytes", "per_source_bytes", "held", "_by_source")
+
+    def __init__(self, total_bytes: int, per_source_bytes: int) -> None:
+        if total_bytes < 1 or not 1 <= per_source_bytes <= total_bytes:
+            raise ValueError("need total_bytes >= 1 and 1 <= per_source_bytes <= total_bytes")
+        self.total_bytes = total_bytes
+        self.per_source_bytes = per_source_bytes
+        self.held = 0
+        self._by_source: dict[str, int] = {}
+
+    def take(self, source: str, n: int) -> bool:
+        """Hold ``n`` more bytes (>= 0) for ``source``; False (nothing held) if either ceiling would be passed."""
+        mine = self._by_source.get(source, 0) + n
+        if mine > self.per_source_bytes or self.held + n > self.total_bytes:
+            return False
+        self._by_source[source] = mine
+        self.held += n
+        return True
+
+    def give(self, source: str, n: int) -> None:
+        """Release ``n`` bytes held for ``source`` (at most what it holds)."""
+        mine = self._by_source.get(source, 0)
+        n = min(n, mine)
+        if mine - n > 0:
+            self._by_source[source] = mine - n
+        else:
+            self._by_source.pop(source, None)
+        self.held -= n
+
+    def held_by(self, source: str) -> int:
+        """Bytes held for ``source``."""
+        return self._by_source.get(source, 0)

@@ -1,0 +1,92 @@
+"""Review R5-11: uvicorn's "Invalid HTTP request received." is logged once per window with
+its source and a count of the repeats, not once per malformed request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from gateway.log_aggregate import RepeatedLineFilter, note_peer
+from gateway.server import uvicorn_config
+from tests.support.listeners import serving
+from tests.support.waiting import wait_for
+
+MSG = "Invalid HTTP request received."
+
+
+class Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def logger() -> Any:
+    lg = logging.getLogger("test.s5.aggregate")
+    cap = Capture()
+    lg.addHandler(cap)
+    lg.propagate = False
+    yield lg, cap
+    lg.removeHandler(cap)
+    lg.filters.clear()
+
+
+def test_one_line_per_window_then_a_summary_with_sources(logger):
+    lg, cap = logger
+    now = [0.0]
+    lg.addFilter(RepeatedLineFilter(window_s=10, clock=lambda: now[0]))
+    for i in range(1000):
+        note_peer((f"10.0.0.{i % 3}", 1000 + i))
+        lg.warning(MSG)
+    assert len(cap.lines) == 1 and "from 10.0.0.0" in cap.lines[0]
+    lg.warning("something else")  # other lines pass untouched
+    assert cap.lines[-1] == "something else"
+    now[0] = 11.0  # no event loop here: the summary goes out before the next window's first line
+    note_peer(("10.0.0.9", 1))
+    lg.warning(MSG)
+    assert len(cap.lines) == 4
+    assert "999 more times" in cap.lines[2] and "10.0.0.0 x333" in cap.lines[2]
+    assert "from 10.0.0.9" in cap.lines[3]
+
+
+async def test_summary_goes_out_at_the_end_of_the_window(logger):
+    lg, cap = logger
+    lg.addFilter(RepeatedLineFilter(window_s=0.2))
+    note_peer(("10.1.1.1", 1))
+    for _ in range(50):
+        lg.warning(MSG)
+    await wait_for(lambda: len(cap.lines) == 2, timeout_s=5, what="window summary")
+    assert "49 more times" in cap.lines[1] and "10.1.1.1 x49" in cap.lines[1]
+
+
+async def test_malformed_requests_on_a_listener_log_one_line(stack):
+    cap = Capture()
+    uv = logging.getLogger("uvicorn.error")
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("never reached")
+
+    try:
+        async with serving() as serve:
+            addr = await serve(uvicorn_config(app, "127.0.0.1", 0, http="httptools",
+                                              limits=stack.components.config.limits))
+            uv.addHandler(cap)  # after uvicorn configured its loggers (that drops their handlers)
+            for f in uv.filters:  # a fresh window for this test (another test may have used the filter)
+                if isinstance(f, RepeatedLineFilter):
+                    f._windows.clear()
+            for _ in range(50):
+                reader, writer = await asyncio.open_connection(*addr)
+                writer.write(b"CONNECT x:1 HTTP/1.1\r\nHost: x\r\n\r\n")
+                await writer.drain()
+                assert (await reader.read(200)).startswith(b"HTTP/1.1 400")
+                writer.close()
+    finally:
+        uv.removeHandler(cap)
+    invalid = [line for line in cap.lines if line.startswith("Invalid HTTP request")]
+    assert len(invalid) == 1 and "from 127.0.0.1" in invalid[0]
