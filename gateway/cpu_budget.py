@@ -40,6 +40,7 @@ from typing import ParamSpec, TypeVar
 
 from gateway.admission import too_many
 from gateway.config_http import LimitsConfig
+from gateway.metrics import GatewayMetrics
 from tenancy.limits import TokenBucket
 from tenancy.registry import Tenant
 
@@ -56,15 +57,17 @@ class CpuBudget:
     ``None``: no budget) and ``limits.refused_cpu_burst_ms`` (capacity, CPU milliseconds),
     overridden per tenant by :attr:`Tenant.refused_cpu_ms_per_s` /
     :attr:`Tenant.refused_cpu_burst_ms`. ``clock``: monotonic seconds (the refill);
-    ``cpu_clock``: the calling thread's CPU seconds (the measurement).
+    ``cpu_clock``: the calling thread's CPU seconds (the measurement). ``metrics``: each charge is
+    counted in ``prefixgate_tenant_refused_cpu_seconds_total{tenant}``.
     """
 
     def __init__(self, limits: LimitsConfig, *, clock: Callable[[], float] = time.monotonic,
-                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
+                 cpu_clock: Callable[[], float] = time.thread_time, metrics: GatewayMetrics | None = None) -> None:
         self.rate_ms = limits.refused_cpu_ms_per_s
         self.burst_ms = limits.refused_cpu_burst_ms
         self.clock = clock
         self.cpu_clock = cpu_clock
+        self.metrics = metrics
         self._buckets: dict[str, TokenBucket] = {}
 
     def _rate_burst(self, tenant: Tenant) -> tuple[float, float] | None:
@@ -107,6 +110,8 @@ class CpuBudget:
         elif (b.rate, b.burst) != rb:  # a registry reload changed it
             b.reconfigure(*rb, now)
         b.try_take(cpu_s, now, allow_debt=True, need=-math.inf)  # always taken: debt allowed
+        if self.metrics is not None:
+            self.metrics.tenant_refused_cpu.labels(tenant.id).inc(cpu_s)
 
     def meter(self, tenant: Tenant) -> CpuMeter:
         """:meth:`check` ``tenant`` (429 when in debt), then a :class:`CpuMeter` for one of its requests."""

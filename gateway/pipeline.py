@@ -54,7 +54,7 @@ class InferencePipeline:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
         self.cfg = gateway.config
-        self.cpu = CpuBudget(self.cfg.limits)  # refused requests' preparation CPU, per tenant (R5-8)
+        self.cpu = CpuBudget(self.cfg.limits, metrics=gateway.metrics)  # refused requests' CPU per tenant (R5-8)
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Serve one inference request; always returns a response, never raises."""

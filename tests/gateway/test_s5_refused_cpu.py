@@ -84,6 +84,10 @@ async def test_tenant_in_cpu_debt_refused_before_parse_other_tenant_served(stack
     assert len(ev) == 1 and ev[0].status_code == 429 and ev[0].error_code == "cpu_budget_exhausted"
     r = await stack.client.post("/v1/completions", json=SMALL, headers=hog)  # in debt: even a cheap one waits
     assert r.status_code == 429 and r.json()["error"]["code"] == "cpu_budget_exhausted"
+    metrics = await stack.admin_metrics()
+    line = next(x for x in metrics.splitlines()
+                if x.startswith('prefixgate_tenant_refused_cpu_seconds_total{tenant="tenant-hog"}'))
+    assert float(line.split()[-1]) > 0
     for body in (SMALL, OVER, SMALL):  # the other tenant: its own budget, untouched
         r = await stack.client.post("/v1/completions", json=body, headers=ok)
         assert r.status_code in (200, 400), r.text
