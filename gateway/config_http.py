@@ -52,6 +52,12 @@ class LimitsConfig(ConfigSection):
     by counting ``{``, ``[`` and ``,`` bytes before decoding; 400
     ``too_many_json_items``): decoding, validating and rendering cost grows
     with the number of values, not the bytes.
+    ``refused_cpu_ms_per_s`` / ``refused_cpu_burst_ms``: each tenant's budget of
+    gateway CPU for preparing requests that end refused (parse, tokenize, prefix
+    keys; CPU milliseconds refilled per second / bucket capacity in CPU
+    milliseconds; per process; ``null`` rate: no budget); a tenant in debt answers
+    429 ``cpu_budget_exhausted`` before its body is read (gateway/cpu_budget.py).
+    Per-tenant overrides: ``tenants[].refused_cpu_ms_per_s`` / ``refused_cpu_burst_ms``.
 
     Connection-level bounds, enforced on BOTH listeners under both HTTP
     parsers before any route or authentication (gateway/http_guard.py):
@@ -87,6 +93,8 @@ class LimitsConfig(ConfigSection):
     max_messages: int = Field(2048, ge=1)
     max_prompt_tokens: int | None = Field(8192, ge=1)
     max_json_items: int = Field(65536, ge=64)
+    refused_cpu_ms_per_s: float | None = Field(100.0, gt=0)
+    refused_cpu_burst_ms: float = Field(250.0, gt=0)
     max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
     header_read_timeout_s: float = Field(10.0, gt=0)
     max_connections: int = Field(2048, ge=1)

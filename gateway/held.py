@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.cpu_budget import NO_METER, CpuMeter
 from gateway.overload import OverloadGuard
 from gateway.proxy import UpstreamStream
 from gateway.replicas import Attempt
@@ -35,11 +36,12 @@ class Held:
     began; ``ended``: the request was ended; ``tenant``: the tenant whose
     in-flight count (gateway/overload.py) the request holds, once counted;
     ``left``: its in-flight counts were given back (a refusal gives them back at
-    once, before its answer waits for an unread body to drain: review R3-1).
+    once, before its answer waits for an unread body to drain: review R3-1); ``cpu``: the
+    request's preparation CPU meter (gateway/cpu_budget.py; a refusal charges it).
     """
 
     __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
-                 "reservation", "progress", "relayed", "tenant", "left")
+                 "reservation", "progress", "relayed", "tenant", "left", "cpu")
 
     def __init__(self) -> None:
         self.lease: Lease | SharedLease | None = None
@@ -56,6 +58,7 @@ class Held:
         self.relayed = 0
         self.tenant: str | None = None
         self.left = False
+        self.cpu: CpuMeter = NO_METER
 
     def leave(self, guard: OverloadGuard) -> None:
         """Give back the request's in-flight counts to ``guard`` (once; idempotent)."""

@@ -238,6 +238,10 @@ class GatewayMetrics:
             "prefixgate_tenant_charges", "Requests settled per tenant and charge basis (usage, relayed, refused, "
             "reservation, not_dispatched)", ["tenant", "basis"], registry=a,
         ), self.batch)
+        self.tenant_refused_cpu = BoundChildren(Counter(  # gateway/cpu_budget.py (R5-8)
+            "prefixgate_tenant_refused_cpu_seconds", "Gateway CPU (loop thread) of refused requests' parse and "
+            "tokenize, charged to each tenant's refused_cpu budget", ["tenant"], registry=a,
+        ), self.batch)
 
     def watch_state(self, limits: Any) -> None:
         """Read the shared limits' queue and lease counters at every scrape

@@ -21,6 +21,7 @@ from starlette.responses import Response
 from gateway import json_fast
 from gateway.build import Gateway
 from gateway.client_io import ClientGone, EndingStreamingResponse, unless_client_leaves
+from gateway.cpu_budget import CpuBudget
 from gateway.errors import GatewayError
 from gateway.held import Held
 from gateway.prefix_keys import ChainView, PrefixKeys
@@ -53,6 +54,7 @@ class InferencePipeline:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
         self.cfg = gateway.config
+        self.cpu = CpuBudget(self.cfg.limits, metrics=gateway.metrics)  # refused requests' CPU per tenant (R5-8)
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Serve one inference request; always returns a response, never raises."""
@@ -81,6 +83,7 @@ class InferencePipeline:
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
             tenant = adm.resolve_tenant(identity)
             rec.tenant_id = tenant.id
+            held.cpu = self.cpu.meter(tenant)  # 429 cpu_budget_exhausted while in debt, before the body
             held.tenant = gw.overload.enter_tenant(tenant.id)  # its requests in flight stay below the shed bound
             if gw.flow is not None:  # a tenant whose queue is full is refused before any further work
                 gw.flow.check_queue_room(tenant.id)
@@ -88,10 +91,9 @@ class InferencePipeline:
             bounds = adm.request_bounds(tenant)
             # 3 parse (message and batch counts are checked before schema validation; gateway/request.py)
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
-            req = parse_inference_request(raw, endpoint, self.cfg.limits.max_json_depth,
-                                          max_messages=bounds.max_messages,
-                                          max_batch_prompts=bounds.max_batch_prompts,
-                                          max_json_items=self.cfg.limits.max_json_items)
+            req = held.cpu.run(parse_inference_request, raw, endpoint, self.cfg.limits.max_json_depth,
+                               max_messages=bounds.max_messages, max_batch_prompts=bounds.max_batch_prompts,
+                               max_json_items=self.cfg.limits.max_json_items)
             rec.stream = req.stream
             adm.check_request(req, tenant)  # model entitlement; echo + logprobs (R4-12)
             rec.model = req.model
@@ -100,7 +102,7 @@ class InferencePipeline:
                 await adm.admit_sequences(tenant, held.lease, req.sequences, slots=gw.flow is None)
             rec.t_parsed = time.perf_counter()
             # 4 prompt checks and prefix keys (byte bound, then tokenize once with early stop)
-            tokens, prompt_tokens = adm.prompt_tokens(bounds, req, adm.prompt_room(tenant, held.lease))  # R3-2: O(budget)
+            tokens, prompt_tokens = held.cpu.run(adm.prompt_tokens, bounds, req, adm.prompt_room(tenant, held.lease))
             rec.prompt_tokens = prompt_tokens
             # reserve prompt + max_tokens x sequences before any further work; the end settles it
             output_cap = adm.output_cap(req.max_tokens, tenant)
@@ -144,6 +146,7 @@ class InferencePipeline:
             return await self._route_and_proxy(request, req, rec, tenant, route_req, chains, allowed, body, held)
         except GatewayError as err:
             rec.refused(err)  # status, outcome, code and the refusal's figures (queue state)
+            held.cpu.refused()  # its preparation CPU, charged to the tenant's budget
             held.leave(gw.overload)  # not while the early answer waits for an unread body to drain (R3-1)
             err.headers = {**err.headers, "X-Request-Id": rec.request_id}  # R4-5: the refusal's event id
             return err.response()

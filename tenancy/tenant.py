@@ -18,6 +18,8 @@ typo never silently drops a limit)::
         prompt_tokens_burst: 200000      # default max(1, prompt_tokens_per_s)
         output_tokens_per_s: 20000       # output tokens/s (max_tokens x sequences reserved); omitted = unlimited
         output_tokens_burst: 80000       # default max(1, output_tokens_per_s)
+        refused_cpu_ms_per_s: 100        # gateway CPU ms/s for refused requests; default limits.refused_cpu_ms_per_s
+        refused_cpu_burst_ms: 250        # its bucket, CPU ms; default limits.refused_cpu_burst_ms
         max_concurrency: 16
         max_prompt_tokens: 32768
         max_output_tokens: 4096
@@ -66,7 +68,9 @@ class Tenant:
     Rates are per second (``rate_rps`` requests/s, ``prompt_tokens_per_s``
     prompt tokens/s, ``output_tokens_per_s`` output tokens/s, reserved as
     ``max_tokens`` x sequences at admission: :mod:`tenancy.ledger`); bursts are bucket capacities in requests / tokens;
-    ``None`` means unlimited. ``max_prompt_tokens`` / ``max_output_tokens``
+    ``None`` means unlimited. ``refused_cpu_ms_per_s`` / ``refused_cpu_burst_ms``: the
+    tenant's budget of gateway CPU for refused requests (ms/s, ms; ``None``: the
+    ``limits.refused_cpu_*`` defaults; gateway/cpu_budget.py). ``max_prompt_tokens`` / ``max_output_tokens``
     are per request (per sequence of a batch), in tokens. ``max_prompt_bytes``
     (UTF-8 bytes of what becomes prompt tokens), ``max_messages`` (chat
     messages) and ``max_batch_prompts`` (elements of a list ``prompt``) are
@@ -90,6 +94,8 @@ class Tenant:
     prompt_tokens_burst: float | None = None
     output_tokens_per_s: float | None = None
     output_tokens_burst: float | None = None
+    refused_cpu_ms_per_s: float | None = None
+    refused_cpu_burst_ms: float | None = None
     max_concurrency: int | None = None
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
@@ -189,6 +195,8 @@ def parse_tenant(doc: Any, index: int) -> Tenant:
         prompt_tokens_burst=_burst(entry.prompt_tokens_per_s, entry.prompt_tokens_burst),
         output_tokens_per_s=as_float(entry.output_tokens_per_s),
         output_tokens_burst=_burst(entry.output_tokens_per_s, entry.output_tokens_burst),
+        refused_cpu_ms_per_s=as_float(entry.refused_cpu_ms_per_s),
+        refused_cpu_burst_ms=as_float(entry.refused_cpu_burst_ms),
         max_concurrency=concurrency,
         max_prompt_tokens=entry.max_prompt_tokens,
         max_output_tokens=entry.max_output_tokens,

@@ -33,7 +33,7 @@ FIELD_MESSAGES: dict[str, str] = {
     "forward_user": "must be 'drop' or 'pseudonym'",
     **{k: "must be a positive finite number" for k in (
         "rate_rps", "rate_burst", "prompt_tokens_per_s", "prompt_tokens_burst",
-        "output_tokens_per_s", "output_tokens_burst")},
+        "output_tokens_per_s", "output_tokens_burst", "refused_cpu_ms_per_s", "refused_cpu_burst_ms")},
     **{k: "must be a positive integer" for k in (
         "max_concurrency", "max_prompt_tokens", "max_output_tokens",
         "max_prompt_bytes", "max_messages", "max_batch_prompts")},
@@ -67,6 +67,8 @@ class TenantEntry(BaseModel):
     prompt_tokens_burst: _PositiveNumber | None = None
     output_tokens_per_s: _PositiveNumber | None = None
     output_tokens_burst: _PositiveNumber | None = None
+    refused_cpu_ms_per_s: _PositiveNumber | None = None
+    refused_cpu_burst_ms: _PositiveNumber | None = None
     max_concurrency: _PositiveInt | None = None
     max_prompt_tokens: _PositiveInt | None = None
     max_output_tokens: _PositiveInt | None = None

@@ -1,0 +1,164 @@
+"""A per-tenant budget of gateway CPU for refused requests (review R5-8).
+
+Preparing a request (parsing its body, tokenizing its prompts, deriving its prefix keys)
+runs on the event loop without yielding. An accepted request pays for that work in
+prompt tokens (the tenant's token buckets); a refused one (``400
+context_length_exceeded``, ``429 token_rate_limited``, a policy denial...) is charged
+nothing there. Before this budget, one tenant looping refused 1 MiB requests (37-71 ms of
+CPU each) queued enough work in front of the loop-lag probe to make the gateway shed
+every tenant (``flow.shed_loop_lag_s``) and report not ready.
+
+So each tenant has a token bucket (:class:`tenancy.limits.TokenBucket`, the one the
+request-rate limits use) of CPU-seconds: it refills at ``limits.refused_cpu_ms_per_s``
+and holds at most ``limits.refused_cpu_burst_ms`` (per-tenant overrides:
+``tenants[].refused_cpu_ms_per_s`` / ``refused_cpu_burst_ms``). The preparation's CPU
+is measured with :func:`time.thread_time` (the loop thread's CPU, not wall time: a
+request waiting for its turn is not charged for the others' work) around its two
+synchronous steps, parsing and tokenizing (prefix keys come after the prompt tokens are
+reserved and cost O(those tokens): not metered; 4 clock reads, ~5 µs a request); a refused
+request's measured CPU is taken from the bucket, which may go into debt. Accepted
+requests are not charged: they pay in tokens, and a budget sized for refusals would
+otherwise throttle a tenant's legitimate large prompts.
+A tenant whose bucket is in debt is refused ``429 cpu_budget_exhausted`` with
+``Retry-After`` right after authentication (before its body is read) and again before its
+body is parsed (a body read awaits, and the tenant's other requests may have been charged
+meanwhile), so one tenant's refused work is bounded by the rate plus the burst and at most
+one request's preparation beyond it (with ``state.backend: redis``, whose steps await
+between parse and tokenize: one per request of the tenant in flight).
+
+The budget is per gateway process (CPU is per process), also under ``state.backend:
+redis``. Used from the event-loop thread only (no lock). A bucket exists only for a tenant
+once charged (at most one per configured tenant; a removed tenant's stays, a few bytes).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from gateway.admission import too_many
+from gateway.config_http import LimitsConfig
+from gateway.metrics import GatewayMetrics
+from tenancy.limits import TokenBucket
+from tenancy.registry import Tenant
+
+__all__ = ["CpuBudget", "CpuMeter", "NO_METER"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class CpuBudget:
+    """Per-tenant buckets of CPU-seconds for the preparation of refused requests.
+
+    ``limits``: ``limits.refused_cpu_ms_per_s`` (refill, CPU milliseconds per second;
+    ``None``: no budget) and ``limits.refused_cpu_burst_ms`` (capacity, CPU milliseconds),
+    overridden per tenant by :attr:`Tenant.refused_cpu_ms_per_s` /
+    :attr:`Tenant.refused_cpu_burst_ms`. ``clock``: monotonic seconds (the refill);
+    ``cpu_clock``: the calling thread's CPU seconds (the measurement). ``metrics``: each charge is
+    counted in ``prefixgate_tenant_refused_cpu_seconds_total{tenant}``.
+    """
+
+    def __init__(self, limits: LimitsConfig, *, clock: Callable[[], float] = time.monotonic,
+                 cpu_clock: Callable[[], float] = time.thread_time, metrics: GatewayMetrics | None = None) -> None:
+        self.rate_ms = limits.refused_cpu_ms_per_s
+        self.burst_ms = limits.refused_cpu_burst_ms
+        self.clock = clock
+        self.cpu_clock = cpu_clock
+        self.metrics = metrics
+        self._buckets: dict[str, TokenBucket] = {}
+
+    def _rate_burst(self, tenant: Tenant) -> tuple[float, float] | None:
+        """``tenant``'s (rate CPU-s/s, burst CPU-s), or ``None`` (no budget)."""
+        rate = tenant.refused_cpu_ms_per_s if tenant.refused_cpu_ms_per_s is not None else self.rate_ms
+        if rate is None:
+            return None
+        burst = tenant.refused_cpu_burst_ms if tenant.refused_cpu_burst_ms is not None else self.burst_ms
+        return rate / 1000.0, burst / 1000.0
+
+    def check(self, tenant: Tenant) -> None:
+        """Raise 429 ``cpu_budget_exhausted`` (``Retry-After``: seconds until the bucket is out
+        of debt, at least 1) when ``tenant``'s bucket is in debt; else return. A tenant never
+        charged has no bucket yet (a full one): a dictionary miss, the common case."""
+        b = self._buckets.get(tenant.id)
+        if b is None:
+            return
+        wait = b.try_take(0.0, self.clock(), allow_debt=True, need=0.0)  # takes nothing; 0.0: level >= 0
+        if wait > 0:
+            rb = self._rate_burst(tenant)  # a registry reload may have lifted or changed the budget
+            if rb is None:
+                del self._buckets[tenant.id]
+                return
+            if (b.rate, b.burst) != rb:
+                b.reconfigure(*rb, self.clock())
+                self.check(tenant)
+                return
+            raise too_many(wait, "cpu_budget_exhausted",
+                           "tenant budget of gateway CPU for refused requests exhausted")
+
+    def charge(self, tenant: Tenant, cpu_s: float) -> None:
+        """Take ``cpu_s`` CPU-seconds from ``tenant``'s bucket (the level may go negative)."""
+        rb = self._rate_burst(tenant)
+        if rb is None or cpu_s <= 0:
+            return
+        now = self.clock()
+        b = self._buckets.get(tenant.id)
+        if b is None:
+            b = self._buckets[tenant.id] = TokenBucket(*rb, now)
+        elif (b.rate, b.burst) != rb:  # a registry reload changed it
+            b.reconfigure(*rb, now)
+        b.try_take(cpu_s, now, allow_debt=True, need=-math.inf)  # always taken: debt allowed
+        if self.metrics is not None:
+            self.metrics.tenant_refused_cpu.labels(tenant.id).inc(cpu_s)
+
+    def meter(self, tenant: Tenant) -> CpuMeter:
+        """:meth:`check` ``tenant`` (429 when in debt), then a :class:`CpuMeter` for one of its requests."""
+        self.check(tenant)
+        return CpuMeter(self, tenant)
+
+
+class CpuMeter:
+    """The preparation CPU of one request of ``tenant``: :meth:`run` measures a synchronous
+    step, :meth:`refused` charges the sum to the tenant's budget (once). ``cpu_s``: CPU
+    seconds measured so far."""
+
+    __slots__ = ("budget", "tenant", "cpu_s", "charged", "rechecked")
+
+    def __init__(self, budget: CpuBudget | None, tenant: Tenant | None) -> None:
+        self.budget = budget
+        self.tenant = tenant
+        self.cpu_s = 0.0
+        self.charged = False
+        self.rechecked = False
+
+    def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Return ``fn(*args, **kwargs)`` (a synchronous step: no await inside), its thread CPU
+        added to :attr:`cpu_s`, also when it raises. The first call raises 429
+        ``cpu_budget_exhausted`` first, running nothing, when the tenant's bucket is in debt
+        now (the body read before it awaited: the tenant's other requests may have been charged)."""
+        budget = self.budget
+        if budget is None:
+            return fn(*args, **kwargs)
+        if not self.rechecked:
+            self.rechecked = True
+            assert self.tenant is not None
+            budget.check(self.tenant)
+        clock = budget.cpu_clock
+        t0 = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.cpu_s += clock() - t0
+
+    def refused(self) -> None:
+        """The request was refused: charge its measured CPU to the tenant's budget (once)."""
+        if self.budget is not None and not self.charged:
+            self.charged = True
+            assert self.tenant is not None
+            self.budget.charge(self.tenant, self.cpu_s)
+
+
+#: The meter of a request whose tenant is not known yet: runs steps unmeasured, charges nothing.
+NO_METER = CpuMeter(None, None)
