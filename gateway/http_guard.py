@@ -61,6 +61,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.client_io import LOSS_KEY, ConnectionLoss
 from gateway.coalesce import CoalescingTransport
 from gateway.send_order import SEND_ORDER
 
@@ -106,6 +107,7 @@ class _HeadGuard:
         self.guard_head_bytes = 0
         self.guard_timer = None
         self.guard_source = None
+        self.guard_loss = ConnectionLoss()  # fired by connection_lost; in every request scope (gateway/client_io.py)
 
     # -- connections per source
     def guard_admit_source(self, transport: asyncio.Transport) -> bool:
@@ -223,6 +225,7 @@ class _HeadGuard:
         self.guard_cancel_timer()
         self.guard_release_source()
         super().connection_lost(exc)  # type: ignore[misc]
+        self.guard_loss.fire()  # after uvicorn marked the cycle disconnected: cancels work awaiting the client
 
     def data_received(self, data: bytes) -> None:
         self.guard_feed(data)
@@ -238,6 +241,7 @@ class GuardedHttpToolsProtocol(_HeadGuard, HttpToolsProtocol):
         """httptools parser callback: the head is complete (then uvicorn's handling)."""
         self.guard_head_done()
         SEND_ORDER.stamp(self.scope)  # before uvicorn starts its task (gateway/send_order.py)
+        self.scope[LOSS_KEY] = self.guard_loss
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -273,6 +277,7 @@ class GuardedH11Protocol(_HeadGuard, H11Protocol):
             self.guard_head_done()
             if self.cycle is not None:
                 SEND_ORDER.stamp(self.cycle.scope)  # its task runs later (gateway/send_order.py)
+                self.cycle.scope[LOSS_KEY] = self.guard_loss
         if idle and not self.guard_waiting:
             self.guard_head_expected(len(self.conn.trailing_data[0]))
             if self.guard_head_bytes > self.guard_max_header_bytes:
