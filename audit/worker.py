@@ -215,12 +215,19 @@ async def run() -> int:
 
 
 def main() -> int:
-    """Entry point of ``python -m audit.worker``."""
+    """Entry point of ``python -m audit.worker``: :func:`run` on a uvloop event loop (asyncio's own
+    where uvloop is not installed), like the gateway. The worker wakes once per answer; measured
+    ~175 -> ~135 us of worker CPU per event (notes/s5-cost.md)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(stream=sys.stderr, level=os.environ.get("PREFIXGATE_AUDIT_WORKER_LOG", "WARNING"),
                         format="%(asctime)s audit-worker %(levelname)s %(message)s")
-    return asyncio.run(run())
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        return asyncio.run(run())
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(run())
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ that ends its request however its ASGI call ends."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -11,9 +12,57 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["ClientGone", "EndingStreamingResponse", "WATCH_AFTER_S", "unless_client_leaves"]
+__all__ = ["ClientGone", "ConnectionLoss", "EndingStreamingResponse", "LOSS_KEY", "WATCH_AFTER_S",
+           "unless_client_leaves"]
 
 T = TypeVar("T")
+log = logging.getLogger("gateway.client_io")
+
+#: the ASGI scope key holding the connection's :class:`ConnectionLoss` (set by the guarded listener)
+LOSS_KEY = "prefixgate.connection_loss"
+
+
+class ConnectionLoss:
+    """Callbacks run once, when a client connection is lost (issue 14).
+
+    The guarded listener (gateway/http_guard.py) makes one per connection, puts it in every
+    request scope of that connection under :data:`LOSS_KEY` and calls :meth:`fire` from the
+    protocol's ``connection_lost``. :func:`unless_client_leaves` registers a callback while its
+    work runs, instead of a timer and a watcher task reading ``receive``. Use from the event
+    loop's thread only."""
+
+    __slots__ = ("lost", "_callbacks")
+
+    def __init__(self) -> None:
+        self.lost = False
+        self._callbacks: set[Callable[[], None]] = set()
+
+    def add(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` (no arguments) when the connection is lost; False (not added) if it already was."""
+        if self.lost:
+            return False
+        self._callbacks.add(callback)
+        return True
+
+    def discard(self, callback: Callable[[], None]) -> None:
+        """Forget ``callback`` (no error if it is not there)."""
+        self._callbacks.discard(callback)
+
+    def pending(self) -> int:
+        """Callbacks registered and not yet called."""
+        return len(self._callbacks)
+
+    def fire(self) -> None:
+        """The connection is lost: call every callback once (each guarded; errors are logged)."""
+        if self.lost:
+            return
+        self.lost = True
+        callbacks, self._callbacks = self._callbacks, set()
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a bug in one callback must not keep the others from running
+                log.exception("connection-loss callback failed")
 
 
 class EndingStreamingResponse(StreamingResponse):
@@ -29,8 +78,9 @@ class EndingStreamingResponse(StreamingResponse):
 
     Under ASGI < 2.4 (uvicorn's servers say 2.3) Starlette streams in an anyio
     task group beside a disconnect listener; here the stream runs in the
-    calling task and one asyncio watcher cancels it when the client
-    disconnects (as :func:`unless_client_leaves`): the same ending — the
+    calling task and is cancelled when the client disconnects — told by the
+    guarded listener's :class:`ConnectionLoss` in the scope, or else by one
+    asyncio watcher reading ``receive`` (as :func:`unless_client_leaves`): the same ending — the
     stream is cancelled at its current ``await`` and the call returns — for
     less work per answer. ASGI >= 2.4 and websockets go to Starlette.
     """
@@ -43,7 +93,7 @@ class EndingStreamingResponse(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             if scope["type"] == "http" and scope.get("asgi", {}).get("spec_version", "2.0") in _LISTENING_SPECS:
-                await self._stream_until_disconnect(receive, send)
+                await self._stream_until_disconnect(receive, send, scope.get(LOSS_KEY))
             else:
                 await super().__call__(scope, receive, send)
         finally:
@@ -53,27 +103,34 @@ class EndingStreamingResponse(StreamingResponse):
                 self._on_end()
 
 
-    async def _stream_until_disconnect(self, receive: Receive, send: Send) -> None:
-        """``stream_response(send)`` in this task, cancelled if ``receive`` reports a disconnect first."""
+    async def _stream_until_disconnect(self, receive: Receive, send: Send, loss: ConnectionLoss | None) -> None:
+        """``stream_response(send)`` in this task, cancelled if the client disconnects first: told by
+        ``loss`` (the guarded listener's, not yet fired: no task) or else by a watcher reading ``receive``."""
         task = asyncio.current_task()
         assert task is not None
         gone = False
 
-        async def watch() -> None:
+        def on_lost() -> None:
             nonlocal gone
-            while (await receive())["type"] != "http.disconnect":
-                pass
             gone = True
             task.cancel()
 
-        watcher = asyncio.ensure_future(watch())
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            on_lost()
+
+        watcher = asyncio.ensure_future(watch()) if loss is None or not loss.add(on_lost) else None
         try:
             await self.stream_response(send)
         except asyncio.CancelledError:
             if not gone or task.uncancel() > 0:  # not (only) ours: pass it on
                 raise
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            elif loss is not None:
+                loss.discard(on_lost)
         if gone and task.cancelling():  # the stream swallowed our cancellation after finishing
             task.uncancel()
         if self.background is not None:
@@ -105,11 +162,37 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
     callback, cancelled if ``work`` finishes first): work that never waits (flow
     control's fast path) or ends sooner (a short upstream call on a fast replica)
     costs no task; a client that leaves is noticed at most that much later (issue 14).
+    On the guarded listener (the request's scope holds a :class:`ConnectionLoss` under
+    :data:`LOSS_KEY`, not yet fired) neither timer nor watcher is used: the protocol's
+    ``connection_lost`` cancels the calling task at once (a callback registered while ``work``
+    runs); a connection already lost takes the timer/watcher path (``receive`` reports it).
     """
     task = asyncio.current_task()
     if task is None:  # not in a task: nothing to cancel
         return await work
     gone = False
+    scope = getattr(request, "scope", None)
+    loss = scope.get(LOSS_KEY) if scope is not None else None
+    if loss is not None and not loss.lost:  # the guarded listener tells us: no timer, no task
+
+        def on_lost() -> None:  # runs only while the caller is suspended in ``work``
+            nonlocal gone
+            gone = True
+            task.cancel()
+
+        loss.add(on_lost)
+        try:
+            result = await work
+        except asyncio.CancelledError:
+            if not gone or task.uncancel() > 0:  # not (only) ours: someone else cancelled the request too
+                raise
+            raise ClientGone() from None
+        finally:
+            loss.discard(on_lost)
+        if gone:  # ``work`` swallowed the cancellation: the client is gone all the same
+            task.uncancel()
+            raise ClientGone()
+        return result
     watcher: asyncio.Future[None] | None = None
 
     async def watch() -> None:

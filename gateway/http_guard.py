@@ -61,6 +61,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.body_guard import DEFAULT_MAX_BODY_CHUNKS, BodyGuard, GuardedH11Connection, refusal_bytes
+from gateway.client_io import LOSS_KEY, ConnectionLoss
 from gateway.coalesce import CoalescingTransport
 from gateway.log_aggregate import note_peer
 from gateway.send_order import SEND_ORDER
@@ -99,6 +100,7 @@ class _HeadGuard:
         self.guard_head_bytes = 0
         self.guard_timer = None
         self.guard_source = None
+        self.guard_loss = ConnectionLoss()  # fired by connection_lost; in every request scope (gateway/client_io.py)
 
     # -- connections per source
     def guard_admit_source(self, transport: asyncio.Transport) -> bool:
@@ -216,6 +218,7 @@ class _HeadGuard:
         self.guard_cancel_timer()
         self.guard_release_source()
         super().connection_lost(exc)  # type: ignore[misc]
+        self.guard_loss.fire()  # after uvicorn marked the cycle disconnected: cancels work awaiting the client
 
     def data_received(self, data: bytes) -> None:
         note_peer(self.client)  # type: ignore[attr-defined]  # for the aggregated "Invalid HTTP request" line
@@ -239,6 +242,7 @@ class GuardedHttpToolsProtocol(BodyGuard, _HeadGuard, HttpToolsProtocol):
         self.guard_head_done()
         self.guard_body_reset()
         SEND_ORDER.stamp(self.scope)  # before uvicorn starts its task (gateway/send_order.py)
+        self.scope[LOSS_KEY] = self.guard_loss
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -281,6 +285,7 @@ class GuardedH11Protocol(BodyGuard, _HeadGuard, H11Protocol):
             self.guard_head_done()
             if self.cycle is not None:
                 SEND_ORDER.stamp(self.cycle.scope)  # its task runs later (gateway/send_order.py)
+                self.cycle.scope[LOSS_KEY] = self.guard_loss
         if idle and not self.guard_waiting:
             self.guard_head_expected(len(self.conn.trailing_data[0]))
             if self.guard_head_bytes > self.guard_max_header_bytes:
