@@ -54,6 +54,7 @@ class DispatchShareFilter:
         self._window = window_per_replica
         self._recent: deque[str] = deque()
         self._counts: Counter[str] = Counter()
+        self._cap = math.inf
 
     def filter(self, req: RouteRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
         """The candidates whose recent count + 1 <= ``ceil(factor · (recent
@@ -62,15 +63,23 @@ class DispatchShareFilter:
         ``candidates`` is not: the least-used candidate always fits."""
         n = len(candidates)
         if n < 2:
+            self._cap = math.inf
             return list(candidates)
         self._window = self.window_per_replica * n
         best = max(c.matched_blocks for c in candidates)
         holders = best > min(c.matched_blocks for c in candidates)
         counts = self._counts
         total = sum(counts[c.replica_id] for c in candidates) + 1
-        cap = math.ceil(self.factor * total / n)
+        cap = self._cap = math.ceil(self.factor * total / n)
         return [c for c in candidates
                 if counts[c.replica_id] + 1 <= cap or (holders and c.matched_blocks == best)]
+
+    def within_share(self, candidate: Candidate) -> bool:
+        """True when ``candidate``'s recent count + 1 is within the cap of the
+        last :meth:`filter` call (the same request's; the load guard runs
+        after this filter). Used by ``cache_aware`` to give the load guard's
+        prefix-saving credit only where the share bound has room."""
+        return self._counts[candidate.replica_id] + 1 <= self._cap
 
     def record(self, replica_id: str) -> None:
         """Count one dispatch to ``replica_id``; the oldest beyond the window are forgotten."""

@@ -21,12 +21,30 @@ would delay this request (its learnt queue weight, :mod:`routing.calibration`):
 the slack a replica gets is derived from how it is seen to prefill. Its
 running requests then also count the requests its engine reported beyond
 this router's own (``ReplicaEstimate.external_requests``: other clients).
+
+With ``prefix_credit`` (``cache_aware``, session 5: the candidates within
+their dispatch share,
+:meth:`routing.filters.dispatch_share.DispatchShareFilter.within_share`), a
+candidate it accepts is credited with the work its cached prefix saves:
+``saved`` = its matched prompt tokens minus those of the least-matching
+candidate (the tokens a move elsewhere would
+add to the cluster's work, and the duplicate blocks it would make some
+replica hold), ``f = saved / unit``. Its request bound's deviation from the
+mean is scaled by ``1 / (1 - f)`` (``running + 1 <= ceil((1 + (request_factor
+- 1) / (1 - f)) · mean)``) and its token load after the request is counted
+without ``saved``. A candidate that saves nothing is held to the bounds as
+before, so placements (every candidate matches alike) are unchanged, and so
+is a candidate ``prefix_credit`` refuses (over its share of recent
+dispatches: the credit may not push a replica's request count past the share
+bound); a follow-up turn whose history saves most of its work is no longer
+taken from it by a bound of a few requests at light load (docs/routing.md,
+"Prefix-saving load guard").
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from routing.hashing import prefix_tokens
 from routing.scorers._rates import rates_and_queue_weights
@@ -39,7 +57,9 @@ class LoadGuardFilter:
     """Bounded-load filter (see module doc). ``request_factor`` >= 1;
     ``token_factor`` >= 1 or ``None`` (no token bound); ``slack_requests``,
     ``token_slack`` >= 0; ``calibrated``: weigh queued tokens by the learnt
-    queue weight (module doc). Raises :class:`ValueError` out of range."""
+    queue weight (module doc); ``prefix_credit``: which candidates get the
+    prefix-saving credit (module doc; ``None``: none). Raises
+    :class:`ValueError` out of range."""
 
     name = "load_guard"
 
@@ -50,6 +70,7 @@ class LoadGuardFilter:
         slack_requests: float = 0.0,
         token_slack: float = 0.0,
         calibrated: bool = False,
+        prefix_credit: Callable[[Candidate], bool] | None = None,
     ) -> None:
         if request_factor < 1.0 or (token_factor is not None and token_factor < 1.0):
             raise ValueError("load factors must be >= 1")
@@ -60,26 +81,43 @@ class LoadGuardFilter:
         self.slack_requests = slack_requests
         self.token_slack = token_slack
         self.calibrated = calibrated
+        self.prefix_credit = prefix_credit
 
     def filter(self, req: RouteRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
         """The candidates within both bounds, order kept (may be empty)."""
         if not candidates:
             return []
         n = len(candidates)
+        uncached = {c.replica_id: req.prompt_tokens - prefix_tokens(req, c.matched_blocks) for c in candidates}
+        unit = max(1, req.prompt_tokens + req.max_tokens)
+        worst = max(uncached.values())
+        credit = self.prefix_credit
+        saved = {c.replica_id: worst - uncached[c.replica_id] if credit is not None and credit(c) else 0
+                 for c in candidates}
         running = {c.replica_id: c.load.running_requests + self._external(c) for c in candidates}
-        total_req = sum(running.values()) + 1
-        req_cap = math.ceil(self.request_factor * total_req / n)
-        keep = [c for c in candidates if running[c.replica_id] + 1 <= req_cap]
+        mean_req = (sum(running.values()) + 1) / n
+        keep = [c for c in candidates
+                if running[c.replica_id] + 1 <= self._request_cap(saved[c.replica_id] / unit, mean_req)]
         if self.token_factor is None or not keep:
             return keep
-        uncached = {c.replica_id: req.prompt_tokens - prefix_tokens(req, c.matched_blocks) for c in candidates}
         load = self._token_loads(candidates, uncached)
         cost = min(uncached.values()) + req.max_tokens
-        unit = max(1, req.prompt_tokens + req.max_tokens)
         mean = (sum(load.values()) + cost) / n
         tok_cap = math.ceil(self.token_factor * mean / unit) * unit
         tok_cap += self.slack_requests * unit + self.token_slack
-        return [c for c in keep if load[c.replica_id] + uncached[c.replica_id] + req.max_tokens <= tok_cap]
+        return [c for c in keep
+                if load[c.replica_id] + uncached[c.replica_id] + req.max_tokens - saved[c.replica_id] <= tok_cap]
+
+    def _request_cap(self, saved_fraction: float, mean: float) -> float:
+        """``ceil(factor · mean)`` running requests, ``factor`` = ``request_factor``
+        with its deviation from 1 scaled by ``1 / (1 - f)`` (``f`` in [0, 1),
+        the fraction of the request's work the candidate's prefix saves; ``f =
+        1``, a prompt wholly cached and ``max_tokens`` 0, has no bound)."""
+        if saved_fraction <= 0:
+            return math.ceil(self.request_factor * mean)
+        if saved_fraction >= 1:
+            return math.inf
+        return math.ceil((1 + (self.request_factor - 1) / (1 - saved_fraction)) * mean)
 
     def _external(self, c: Candidate) -> float:
         """Requests the replica's engine reported beyond this router's own

@@ -3,7 +3,8 @@ credit, under a bounded-load guard.
 
 Chain: filters :class:`~routing.filters.dispatch_share.DispatchShareFilter`
 (placements only; ``dispatch_share_factor: null`` drops it),
-:class:`~routing.filters.load_guard.LoadGuardFilter` →
+:class:`~routing.filters.load_guard.LoadGuardFilter` (a prefix holder within its
+dispatch share is credited with the work its prefix saves, session 5) →
 scorers :class:`~routing.scorers.estimated_ttft.EstimatedTTFTScorer`,
 :class:`~routing.scorers.decode_load.DecodeLoadScorer`,
 :class:`~routing.scorers.prefix_affinity.PrefixAffinityScorer` → picker
@@ -93,18 +94,21 @@ class CacheAwarePolicy(Scheduler):
         cfg = self.config = config if config is not None else CacheAwareConfig(**params)
         rate = cfg.prefill_tokens_per_s
         request_factor = cfg.max_load_factor if cfg.max_request_factor is None else cfg.max_request_factor
+        self.dispatch_share: DispatchShareFilter | None = None
+        if cfg.dispatch_share_factor is not None:
+            self.dispatch_share = DispatchShareFilter(cfg.dispatch_share_factor,
+                                                      cfg.dispatch_window_requests_per_replica)
         guard = LoadGuardFilter(
             request_factor=request_factor,
             token_factor=cfg.max_load_factor if cfg.guard_tokens else None,
             slack_requests=cfg.slack_requests,
             token_slack=cfg.token_slack,
             calibrated=cfg.calibrate,
+            # session 5: a prefix holder within its dispatch share is credited with the work its prefix saves
+            prefix_credit=self.dispatch_share.within_share if self.dispatch_share is not None else None,
         )
         filters: list[Any] = [guard]
-        self.dispatch_share: DispatchShareFilter | None = None
-        if cfg.dispatch_share_factor is not None:
-            self.dispatch_share = DispatchShareFilter(cfg.dispatch_share_factor,
-                                                      cfg.dispatch_window_requests_per_replica)
+        if self.dispatch_share is not None:
             filters.insert(0, self.dispatch_share)
         super().__init__(
             "cache_aware",

@@ -60,6 +60,7 @@ PRE_REFACTOR_DECISIONS = {
     # s4 (issue 15): the dispatch-share guard (routing/filters/dispatch_share.py) is on by default;
     # deliberate rule change, was b7e3af4f4b271048904ddbd905fb7db55e42a80ed9f2be04d33ddb05d7f46f30
     # (still the hash with dispatch_share_factor: null)
+    # s5: the load guard's prefix-saving credit (routing/filters/load_guard.py) changes no decision here
     "cache_aware": "df6096c72e706aa995fd42bf6c92f59591bdca814f43d8f84179a7b745e75ca5",
 }
 
