@@ -15,7 +15,8 @@ on the next loop iteration).
 Semantics are those of separate calls: each script is atomic on its own,
 calls leave in the order they were made, each caller gets its own reply or
 error (a script error to its caller only; a connection error or timeout to
-every caller of the batch, as each would have had it). A call whose caller
+every caller of the batch, as each would have had it, and to the calls
+queued behind it, which would have met the same Redis). A call whose caller
 was cancelled before the batch left is not sent. A script Redis does not
 hold (``NOSCRIPT``: a restarted, emptied Redis) is loaded and the calls
 that needed it are sent again; no ``SCRIPT EXISTS`` round trip per batch.
@@ -117,7 +118,10 @@ class ScriptBatcher:
                 c.future.cancel()
             raise
         except Exception as exc:  # noqa: BLE001 - the connection failed: every caller gets it
-            for c in batch:
+            # and so do the calls queued behind it (sent next, each would wait for the same dead or
+            # hung Redis, up to its own timeout)
+            behind, self._pending = self._pending, []
+            for c in (*batch, *behind):
                 if not c.future.done():
                     c.future.set_exception(exc)
             return

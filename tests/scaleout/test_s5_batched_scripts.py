@@ -145,3 +145,33 @@ async def test_every_caller_of_a_batch_gets_the_connection_error(redis_server) -
     finally:
         await limits.aclose()
 
+
+
+async def test_calls_queued_behind_a_batch_that_timed_out_fail_with_it(redis_server) -> None:
+    """A hung Redis (SIGSTOP): the calls queued while the first batch waited for its reply are not
+    sent after it (each would wait its own timeout): they get the same error, one batch in all."""
+    import os
+    import signal
+
+    from tenancy.shared_failover import unavailable_errors
+
+    limits: SharedLimits = make_limits(StateConfig(backend="redis", url=redis_server.url, key_prefix="pgb:",
+                                                   command_timeout_s=0.3))
+    try:
+        t = Tenant(id="acme", max_concurrency=10)
+        await limits.limiter.admit(t)
+        store = limits._store
+        assert store is not None
+        sent = store.batcher.batches
+        os.kill(redis_server.proc.pid, signal.SIGSTOP)
+        try:
+            first = asyncio.ensure_future(limits.limiter.admit(t))
+            await wait_for(lambda: store.batcher.batches > sent)  # the first batch is in flight
+            behind = [asyncio.ensure_future(limits.limiter.admit(t)) for _ in range(3)]
+            outcomes = await asyncio.gather(first, *behind, return_exceptions=True)
+        finally:
+            os.kill(redis_server.proc.pid, signal.SIGCONT)
+        assert all(isinstance(o, unavailable_errors()) for o in outcomes), outcomes
+        assert store.batcher.batches == sent + 1
+    finally:
+        await limits.aclose()
