@@ -41,6 +41,11 @@ the JSON. Background traffic (lease renewal, routing snapshots) is included.
 that tree (``@base``), interleaved with this tree's in every round, for an
 A/B in one run on a shared machine. ``--targets`` picks a subset.
 
+Also per target: the serve processes' cores apart from the rest of the tree
+(audit worker, span exporter), their CPU µs per answered request, and the
+ceiling ``cpus x serve / (serve + rest)`` that everything else on the
+machine puts on ``xN / x1`` (see :func:`_cpu_per_request`).
+
 Results: ``bench/results/<--out>.{json,md}`` (default ``workers_peak``).
 """
 
@@ -229,9 +234,32 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
             mem = s.get("memory x1")
             if mem and many and mem["rps"]:
                 ratios.setdefault(g, {})[f"redis x{a.workers}{suffix} / memory x1"] = round(many["rps"] / mem["rps"], 3)
-    return {"label": a.label, "runs": runs, "summary": summary, "clients": a.clients, "seconds": a.seconds,
+    return {"label": a.label, "runs": runs, "summary": summary, "cpu_per_request": _cpu_per_request(summary), "clients": a.clients, "seconds": a.seconds,
             "rounds": a.rounds, "workers": a.workers, "generators": generators, "baseline": a.baseline,
             "ratios": ratios, "loadavg": os.getloadavg(), "cpus": os.cpu_count()}
+
+
+def _cpu_per_request(summary: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per generator and target: µs of CPU per answered request of the serve processes, of the rest
+    (audit worker, replicas, redis-server, load generator), and the ceiling they put on ``xN / x1``
+    on this machine: ``cpus x serve / (serve + rest)`` of the one-process target (its serve process
+    saturates one core; N processes share all cores with the rest), i.e. if N processes paid what one
+    pays per request."""
+    out: dict[str, dict[str, Any]] = {}
+    cpus = os.cpu_count() or 1
+    for g, per in summary.items():
+        for name, x in per.items():
+            if not x.get("rps"):
+                continue
+            us = 1e6 / x["rps"]
+            serve = (x.get("serve_cores") or 0) * us
+            rest = ((x.get("gateway_cores") or 0) - (x.get("serve_cores") or 0) + (x.get("replica_cores") or 0)
+                    + (x.get("redis_cores") or 0) + (x.get("loadgen_cores") or 0)) * us
+            row = {"serve_us": round(serve), "rest_us": round(rest), "total_us": round(serve + rest)}
+            if " x1" in name and serve + rest > 0:
+                row["ceiling_xN_over_x1"] = round(cpus * serve / (serve + rest), 2)
+            out.setdefault(g, {})[name] = row
+    return out
 
 
 def _markdown(r: dict[str, Any]) -> str:
@@ -256,7 +284,13 @@ def _markdown(r: dict[str, Any]) -> str:
             f"| target | load generator | median req/s | runs | load gen cores | gateway cores (serve processes) | "
             f"serve µs/req | replica cores | redis cores | redis cmds/req | redis reads/req | errors |\n"
             f"|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n{rows}\n\n"
-            f"median req/s ratios: {ratios}\n")
+            f"median req/s ratios: {ratios}\n\n"
+            f"CPU per answered request (µs; serve processes / rest = audit worker, replicas, redis-server, load "
+            f"generator) and, for one process, the ceiling on xN / x1 on {r['cpus']} CPUs if N processes paid the "
+            f"same per request (cpus x serve / (serve + rest)):\n\n"
+            + "\n".join(f"- {g} {name}: serve {c['serve_us']}, rest {c['rest_us']}, total {c['total_us']}"
+                        + (f"; ceiling {c['ceiling_xN_over_x1']}" if "ceiling_xN_over_x1" in c else "")
+                        for g, per in r.get("cpu_per_request", {}).items() for name, c in per.items()) + "\n")
 
 
 def main() -> None:
