@@ -210,6 +210,9 @@ async def comparison(s: Setup, rounds: int, log: Any, modes: tuple[str, ...] = M
                 fig = await summary_of(s, mode, result)
                 fig["hit_minute_before_middle"] = _window_hit(result, mid - 60, mid)
                 fig["hit_minute_after_middle"] = _window_hit(result, mid, mid + 60)
+                busiest = max(s.names, key=s.tenants.count)  # the tenant a rotation run rotates
+                fig["tenant_hit_minute_before_middle"] = _window_hit(result, mid - 60, mid, busiest)
+                fig["tenant_hit_minute_after_middle"] = _window_hit(result, mid, mid + 60, busiest)
             s.windows.setdefault(mode, []).append((fig["hit_minute_before_middle"], fig["hit_minute_after_middle"]))
             runs[mode].append(fig)
             log(f"round {r + 1} {mode:11s} hit {fig['hit_rate']:.4f} TTFT p50 {fig['ttft_p50']:.3f} "
@@ -241,6 +244,10 @@ def rotation_rounds(shared: list[dict[str, Any]], rotate: list[dict[str, Any]],
     before = [diff(r["hit_minute_before_middle"], n["hit_minute_before_middle"]) for r, n in zip(rotate, shared)]
     own = [diff(r["hit_minute_after_middle"], r["hit_minute_before_middle"]) for r in rotate]
     own_norot = [diff(n["hit_minute_after_middle"], n["hit_minute_before_middle"]) for n in shared]
+    t_after = [diff(r.get("tenant_hit_minute_after_middle"), n.get("tenant_hit_minute_after_middle"))
+               for r, n in zip(rotate, shared)]
+    t_before = [diff(r.get("tenant_hit_minute_before_middle"), n.get("tenant_hit_minute_before_middle"))
+                for r, n in zip(rotate, shared)]
 
     def med(xs: list[float | None]) -> float | None:
         vals = [x for x in xs if x is not None]
@@ -252,6 +259,10 @@ def rotation_rounds(shared: list[dict[str, Any]], rotate: list[dict[str, Any]],
             "shared_after_minus_before": own_norot, "median_shared_after_minus_before": med(own_norot),
             "tenant_hit_minute_before_after": [(r.get("tenant_hit_minute_before"), r.get("tenant_hit_minute_after"))
                                                for r in rotations],
+            "shared_tenant_hit_minute_before_after": [(n.get("tenant_hit_minute_before_middle"),
+                                                       n.get("tenant_hit_minute_after_middle")) for n in shared],
+            "tenant_after_minus_shared_tenant_after": t_after, "median_tenant_after": med(t_after),
+            "tenant_before_minus_shared_tenant_before": t_before, "median_tenant_before": med(t_before),
             "seen_after_answer_ms": [r.get("seen_after_answer") for r in rotations]}
 
 
@@ -299,6 +310,8 @@ async def rotation(s: Setup, log: Any, compare: bool = True) -> dict[str, Any]:
     fig = await summary_of(s, "rotate", result)
     fig["hit_minute_before_middle"] = _window_hit(result, at_trace - 60, at_trace)
     fig["hit_minute_after_middle"] = _window_hit(result, at_trace, at_trace + 60)
+    fig["tenant_hit_minute_before_middle"] = _window_hit(result, at_trace - 60, at_trace, tenant)
+    fig["tenant_hit_minute_after_middle"] = _window_hit(result, at_trace, at_trace + 60, tenant)
     delays = {f"instance{k + 1}_ms": round((t - t_answer) * 1000, 1) for k, t in seen.items()}
     out = {"tenant": tenant, "admin_status": status, "new_version": body.get("key_version", body),
            "at_trace_s": at_trace, "admin_call_ms": round((t_answer - t_sent) * 1000, 1),
