@@ -20,13 +20,24 @@ simulated replicas at time scale 8, and gateway processes
    and the client hit rate over the trace minute before and after, beside the
    same two minutes of the comparison's ``shared`` runs (no rotation; the
    trace's hit rate grows as the caches warm, so before/after alone says little).
+   With ``--modes ...,rotate`` a rotation run is also one of the comparison's
+   interleaved set-ups, so each round has a ``shared`` run without and a
+   ``rotate`` run with the rotation: per round, the minute after minus the
+   same minute of that round's ``shared`` run, and the same for the minute
+   *before* (identical set-ups up to then: the window's noise floor), median
+   over rounds.
 3. **SIGKILL**: ``shared`` run; half way, SIGKILL instance 3's process group
    (gateway and its audit worker, as a container kill); the others' errors
    after it, the time until instance 1's
    ``prefixgate_shared_routing_instances`` reads 2 (instance 3's load is
    dropped at that moment, docs/scale-out.md) against ``state.lease_ttl_s``,
    and instance 3's audit chain verified (``audit verify`` per chain) and
-   its inference events counted against the requests it completed.
+   its inference events counted against the requests it completed; then
+   instance 3 is started again on the same directories (its audit worker
+   recovers what the spool holds and the chain lacks, docs/audit.md) and
+   stopped, and the chains are verified again: every request instance 3
+   answered 200 must have a 200 inference event in its chain (matched per
+   tenant, prompt and output tokens).
 4. **Redis restart**: ``shared`` run (``on_unavailable: fail_closed``); at
    one sixth the busiest tenant's key is rotated on instance 1; at
    one third, Redis is stopped, restarted empty 2 s (wall) later on the same
@@ -88,6 +99,7 @@ class Instance:
     admin: str
     state_file: Path
     audit_dir: Path
+    cfg: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -148,7 +160,7 @@ async def start_instances(s: Setup, mode: str, n: int, tag: str, **state: Any) -
         for proc, _ in started:
             stop_process(proc)
         raise next(p for p in procs if isinstance(p, BaseException))
-    return [Instance(proc, base, f"http://127.0.0.1:{cfg['admin']['port']}", sf, ad)
+    return [Instance(proc, base, f"http://127.0.0.1:{cfg['admin']['port']}", sf, ad, cfg)
             for (proc, base), (cfg, sf, ad) in zip(started, out)]
 
 
@@ -176,33 +188,82 @@ async def summary_of(s: Setup, label: str, result: ReplayResult) -> dict[str, An
             "late_p99_s": percentile([r.late_s for r in result.records], 99)}
 
 
-async def comparison(s: Setup, rounds: int, log: Any) -> dict[str, Any]:
-    """Interleaved rounds of one / shared / independent; per-run figures and medians."""
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+async def comparison(s: Setup, rounds: int, log: Any, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
+    """Interleaved rounds of ``modes`` (one / shared / independent, and ``rotate``: a shared run with
+    the key rotation half way); per-run figures and medians."""
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    rotations: list[dict[str, Any]] = []
+    mid = (s.reqs[-1].timestamp - s.reqs[0].timestamp) / 2
     for r in range(rounds):
-        order = MODES[r % 3:] + MODES[:r % 3]
+        order = modes[r % len(modes):] + modes[:r % len(modes)]
         for mode in order:
-            insts = await start_instances(s, mode, 1 if mode == "one" else 3, mode)
-            try:
-                result = await replay_through(s, insts)
-            finally:
-                stop_instances(insts)
-            fig = await summary_of(s, mode, result)
-            mid = (s.reqs[-1].timestamp - s.reqs[0].timestamp) / 2
-            fig["hit_minute_before_middle"] = _window_hit(result, mid - 60, mid)
-            fig["hit_minute_after_middle"] = _window_hit(result, mid, mid + 60)
+            if mode == "rotate":
+                rot = await rotation(s, log, compare=False)
+                rotations.append(rot)
+                fig = rot["run"]
+            else:
+                insts = await start_instances(s, mode, 1 if mode == "one" else 3, mode)
+                try:
+                    result = await replay_through(s, insts)
+                finally:
+                    stop_instances(insts)
+                fig = await summary_of(s, mode, result)
+                fig["hit_minute_before_middle"] = _window_hit(result, mid - 60, mid)
+                fig["hit_minute_after_middle"] = _window_hit(result, mid, mid + 60)
+                busiest = max(s.names, key=s.tenants.count)  # the tenant a rotation run rotates
+                fig["tenant_hit_minute_before_middle"] = _window_hit(result, mid - 60, mid, busiest)
+                fig["tenant_hit_minute_after_middle"] = _window_hit(result, mid, mid + 60, busiest)
             s.windows.setdefault(mode, []).append((fig["hit_minute_before_middle"], fig["hit_minute_after_middle"]))
             runs[mode].append(fig)
             log(f"round {r + 1} {mode:11s} hit {fig['hit_rate']:.4f} TTFT p50 {fig['ttft_p50']:.3f} "
-                f"p90 {fig['ttft_p90']:.3f} p99 {fig['ttft_p99']:.3f} errors {fig['errors']}")
+                f"p90 {fig['ttft_p90']:.3f} p99 {fig['ttft_p99']:.3f} errors {fig['errors']} minute before/after "
+                f"middle {fig['hit_minute_before_middle']} / {fig['hit_minute_after_middle']}")
     med = {m: {k: statistics.median(x[k] for x in runs[m]) for k in ("hit_rate", "ttft_p50", "ttft_p90", "ttft_p99")}
-           for m in MODES}
-    one = med["one"]
-    return {"runs": runs, "median": med,
-            "shared_vs_one": {"hit_rate_diff": med["shared"]["hit_rate"] - one["hit_rate"],
-                              "ttft_p50_ratio": med["shared"]["ttft_p50"] / one["ttft_p50"]},
-            "independent_vs_one": {"hit_rate_diff": med["independent"]["hit_rate"] - one["hit_rate"],
-                                   "ttft_p50_ratio": med["independent"]["ttft_p50"] / one["ttft_p50"]}}
+           for m in modes}
+    out: dict[str, Any] = {"runs": runs, "median": med}
+    one = med.get("one")
+    for m in ("shared", "independent"):
+        if one is not None and m in med:
+            out[f"{m}_vs_one"] = {"hit_rate_diff": med[m]["hit_rate"] - one["hit_rate"],
+                                  "ttft_p50_ratio": med[m]["ttft_p50"] / one["ttft_p50"]}
+    if rotations and "shared" in runs:
+        out["rotation_rounds"] = rotation_rounds(runs["shared"], runs["rotate"], rotations)
+        log(f"rotation rounds: {json.dumps(out['rotation_rounds'])}")
+    return out
+
+
+def rotation_rounds(shared: list[dict[str, Any]], rotate: list[dict[str, Any]],
+                    rotations: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per round: the rotation run's minute after (before) the middle minus the same minute of that
+    round's shared run without a rotation; medians. The minute *before* compares two identical set-ups
+    (the rotation comes later): its spread is the window's noise floor."""
+    def diff(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else round(a - b, 4)
+
+    after = [diff(r["hit_minute_after_middle"], n["hit_minute_after_middle"]) for r, n in zip(rotate, shared)]
+    before = [diff(r["hit_minute_before_middle"], n["hit_minute_before_middle"]) for r, n in zip(rotate, shared)]
+    own = [diff(r["hit_minute_after_middle"], r["hit_minute_before_middle"]) for r in rotate]
+    own_norot = [diff(n["hit_minute_after_middle"], n["hit_minute_before_middle"]) for n in shared]
+    t_after = [diff(r.get("tenant_hit_minute_after_middle"), n.get("tenant_hit_minute_after_middle"))
+               for r, n in zip(rotate, shared)]
+    t_before = [diff(r.get("tenant_hit_minute_before_middle"), n.get("tenant_hit_minute_before_middle"))
+                for r, n in zip(rotate, shared)]
+
+    def med(xs: list[float | None]) -> float | None:
+        vals = [x for x in xs if x is not None]
+        return round(statistics.median(vals), 4) if vals else None
+
+    return {"after_minus_shared_after": after, "median_after_minus_shared_after": med(after),
+            "before_minus_shared_before": before, "median_before_minus_shared_before": med(before),
+            "rotation_after_minus_before": own, "median_rotation_after_minus_before": med(own),
+            "shared_after_minus_before": own_norot, "median_shared_after_minus_before": med(own_norot),
+            "tenant_hit_minute_before_after": [(r.get("tenant_hit_minute_before"), r.get("tenant_hit_minute_after"))
+                                               for r in rotations],
+            "shared_tenant_hit_minute_before_after": [(n.get("tenant_hit_minute_before_middle"),
+                                                       n.get("tenant_hit_minute_after_middle")) for n in shared],
+            "tenant_after_minus_shared_tenant_after": t_after, "median_tenant_after": med(t_after),
+            "tenant_before_minus_shared_tenant_before": t_before, "median_tenant_before": med(t_before),
+            "seen_after_answer_ms": [r.get("seen_after_answer") for r in rotations]}
 
 
 def _window_hit(result: ReplayResult, lo: float, hi: float, tenant: str | None = None) -> float | None:
@@ -220,8 +281,9 @@ def _key_version(path: Path, tenant: str) -> int:
         return 1
 
 
-async def rotation(s: Setup, log: Any) -> dict[str, Any]:
-    """Rotate the busiest tenant's key on instance 1 half way; delay until 2 and 3 hold it; hit rate around it."""
+async def rotation(s: Setup, log: Any, compare: bool = True) -> dict[str, Any]:
+    """Rotate the busiest tenant's key on instance 1 half way; delay until 2 and 3 hold it; hit rate around it
+    (``compare``: beside the same minutes of the comparison's shared runs)."""
     tenant = max(s.names, key=s.tenants.count)
     span = s.reqs[-1].timestamp - s.reqs[0].timestamp
     at_trace = span / 2
@@ -246,6 +308,10 @@ async def rotation(s: Setup, log: Any) -> dict[str, Any]:
     finally:
         stop_instances(insts)
     fig = await summary_of(s, "rotate", result)
+    fig["hit_minute_before_middle"] = _window_hit(result, at_trace - 60, at_trace)
+    fig["hit_minute_after_middle"] = _window_hit(result, at_trace, at_trace + 60)
+    fig["tenant_hit_minute_before_middle"] = _window_hit(result, at_trace - 60, at_trace, tenant)
+    fig["tenant_hit_minute_after_middle"] = _window_hit(result, at_trace, at_trace + 60, tenant)
     delays = {f"instance{k + 1}_ms": round((t - t_answer) * 1000, 1) for k, t in seen.items()}
     out = {"tenant": tenant, "admin_status": status, "new_version": body.get("key_version", body),
            "at_trace_s": at_trace, "admin_call_ms": round((t_answer - t_sent) * 1000, 1),
@@ -255,7 +321,7 @@ async def rotation(s: Setup, log: Any) -> dict[str, Any]:
            "tenant_hit_minute_before": _window_hit(result, at_trace - 60, at_trace, tenant),
            "tenant_hit_minute_after": _window_hit(result, at_trace, at_trace + 60, tenant), "run": fig}
     base = [w for w in s.windows.get("shared", []) if None not in w]
-    if base:  # the trace warms up: compare with the same minutes of the shared runs without a rotation
+    if base and compare:  # the trace warms up: compare with the same minutes of the shared runs without a rotation
         out["no_rotation_shared_runs_minute_before"] = statistics.median(b for b, _ in base)
         out["no_rotation_shared_runs_minute_after"] = statistics.median(a for _, a in base)
         if out["hit_minute_after"] is not None:
@@ -313,6 +379,12 @@ async def sigkill(s: Setup, log: Any) -> dict[str, Any]:
     finally:
         stop_instances(insts)
     fig = await summary_of(s, "kill", result)
+    events_before_restart = _inference_events(insts[2].audit_dir)
+    # start instance 3 again on the same directories: its audit worker recovers the spool before ready
+    t_restart = time.monotonic()
+    proc, _ = await s.stack.start_gateway(f"gw-kill-{s.runs}-2-restarted", insts[2].cfg, timeout_s=90)
+    ready_after = time.monotonic() - t_restart
+    stop_process(proc, timeout_s=30)  # SIGTERM: drain, seal the chain
     kill_trace = at_trace
     after = [r for r in result.records if r.scheduled_s >= kill_trace + 1.0]
     others = [r for r in after if r.target != 2]
@@ -321,6 +393,9 @@ async def sigkill(s: Setup, log: Any) -> dict[str, Any]:
     rep = verify_instances([i.audit_dir for i in insts], load_public_key(pub))
     chains = {c.label: {"status": c.report.status, "records": c.report.records,
                         "problems": [f"{p.kind}: {p.detail}" for p in c.report.problems]} for c in rep.chains}
+    events, _, _, _ = count_audit_events(insts[2].audit_dir)
+    acked = [r for r in completed_by_3 if r.status == 200]
+    coverage = _acknowledged_coverage(acked, events)
     out = {"lease_ttl_s": LEASE_TTL_S, "instances_seen_before": before,
            "load_dropped_after_s": None if expired_after is None else round(expired_after, 2),
            "others_after_kill": {"requests": len(others), "ok": sum(r.error is None for r in others),
@@ -329,10 +404,37 @@ async def sigkill(s: Setup, log: Any) -> dict[str, Any]:
                                  "errors": dict(ReplayResult([r for r in after if r.target == 2], 1, 0, "", 0)
                                                 .errors_by_kind())},
            "killed_instance_completed_ok": len(completed_by_3),
+           "killed_instance_inference_events_before_restart": events_before_restart,
            "killed_instance_inference_events": _inference_events(insts[2].audit_dir),
+           "restarted_ready_after_s": round(ready_after, 2), "acknowledged_coverage": coverage,
            "audit_chains": chains, "run": fig}
     log(f"sigkill: {json.dumps({k: v for k, v in out.items() if k != 'run'})}")
     return out
+
+
+def _acknowledged_coverage(acked: list[Any], events: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Every acknowledged (200) request of an instance against the 200 inference events of its chain:
+    matched one to one on (tenant, prompt tokens, output tokens), else on the tenant alone; what stays
+    unmatched is missing from the chain."""
+    from collections import Counter
+
+    ok_events = [e for e in events.values() if e.get("status_code") == 200]
+    exact = Counter((e.get("tenant"), e.get("prompt_tokens"), e.get("output_tokens")) for e in ok_events)
+    loose: Counter[Any] = Counter()
+    missing_exact = 0
+    for r in acked:
+        k = (r.tenant, r.prompt_tokens, r.completion_tokens)
+        if exact[k] > 0:
+            exact[k] -= 1
+        else:
+            missing_exact += 1
+            loose[r.tenant] += 1
+    spare = Counter()
+    for (tenant, _, _), n in exact.items():
+        spare[tenant] += n
+    missing = sum(max(0, n - spare[t]) for t, n in loose.items())
+    return {"acknowledged": len(acked), "events_200": len(ok_events), "unmatched_exact": missing_exact,
+            "missing": missing}
 
 
 async def redis_restart(s: Setup, log: Any) -> dict[str, Any]:
@@ -411,15 +513,19 @@ def to_markdown(doc: dict[str, Any]) -> str:
     c = doc.get("comparison")
     if c:
         lines += ["| set-up | hit rate | TTFT p50 (s) | TTFT p90 (s) | TTFT p99 (s) | runs (hit) |", "|---|---|---|---|---|---|"]
-        for mode in MODES:
+        for mode in c["median"]:
             md = c["median"][mode]
             per = ", ".join(f"{x['hit_rate']:.4f}" for x in c["runs"][mode])
             lines.append(f"| {mode} | {md['hit_rate']:.4f} | {md['ttft_p50']:.3f} | {md['ttft_p90']:.3f} | "
                          f"{md['ttft_p99']:.3f} | {per} |")
-        sv, iv = c["shared_vs_one"], c["independent_vs_one"]
-        lines += ["", (f"shared vs one: hit rate {sv['hit_rate_diff']:+.4f} (target within 0.01), TTFT p50 "
-                      f"x{sv['ttft_p50_ratio']:.3f} (target within 10 %); independent (sharing off) vs one: hit rate "
-                      f"{iv['hit_rate_diff']:+.4f}, TTFT p50 x{iv['ttft_p50_ratio']:.3f}."), ""]
+        sv, iv = c.get("shared_vs_one"), c.get("independent_vs_one")
+        if sv and iv:
+            lines += ["", (f"shared vs one: hit rate {sv['hit_rate_diff']:+.4f} (target within 0.01), TTFT p50 "
+                          f"x{sv['ttft_p50_ratio']:.3f} (target within 10 %); independent (sharing off) vs one: hit "
+                          f"rate {iv['hit_rate_diff']:+.4f}, TTFT p50 x{iv['ttft_p50_ratio']:.3f}."), ""]
+        if c.get("rotation_rounds"):
+            lines += ["## Key rotation, interleaved rounds", "", "```json",
+                      json.dumps(c["rotation_rounds"], indent=1, sort_keys=True), "```", ""]
     for key, title in (("rotation", "Key rotation on instance 1"), ("sigkill", "SIGKILL of instance 3"),
                        ("redis_restart", "Redis restarted (empty) mid-run")):
         if key in doc:
@@ -453,7 +559,7 @@ async def run(args: SimpleNamespace, log: Any = print) -> dict[str, Any]:
                    "the same cores): timing figures are noisy."}}
     try:
         if args.rounds > 0:
-            doc["comparison"] = await comparison(s, args.rounds, log)
+            doc["comparison"] = await comparison(s, args.rounds, log, getattr(args, "modes", MODES))
         for phase, fn in (("rotation", rotation), ("sigkill", sigkill), ("redis_restart", redis_restart)):
             if phase in args.phases:
                 doc[phase] = await fn(s, log)
@@ -475,10 +581,14 @@ def main() -> None:
     ap.option("--rounds", type=int, default=3)
     ap.option("--time-scale", type=float, default=8.0)
     ap.option("--phases", default="rotation,sigkill,redis_restart")
+    ap.option("--modes", default="one,shared,independent",
+              help="comparison set-ups, interleaved: one, shared, independent, rotate (a shared run with the key "
+                   "rotation; needs shared)")
     ap.option("--name", default="scaleout")
     ap.option("--keep-workdir", is_flag=True)
     args = ap.parse()
     args.phases = [p for p in args.phases.split(",") if p]
+    args.modes = tuple(m for m in args.modes.split(",") if m)
     doc = asyncio.run(run(args))
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / f"{args.name}.json").write_text(json.dumps(doc, indent=1, sort_keys=True, default=str))

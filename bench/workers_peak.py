@@ -1,7 +1,7 @@
 """Peak rate of ``prefixgate serve`` with 1 process and with ``--workers N`` (issue 16; not a test).
 
 ``python -m bench.workers_peak [--redis-url URL] [--workers 2] [--rounds 2] [--clients 32] [--seconds 8]
-[--load-generator python|wrk|python,wrk] [--label TEXT]``
+[--load-generator python|wrk|python,wrk] [--targets memory,redis1,redisN] [--baseline DIR] [--label TEXT]``
 
 Targets, each a real ``prefixgate serve`` process tree with the demo
 configuration (:func:`sim.demo.gateway_config`: JWT-SVID, embedded OPA,
@@ -26,6 +26,25 @@ take CPU from it: the result gives, beside every figure, the cores used by
 the load generator (``python``: this process, which runs nothing else
 meanwhile; ``wrk``: the wrk child), by the gateway's process tree and by the
 replicas over the measured window.
+
+Redis beside every figure (the Redis targets): ``redis cores``, the
+redis-server process's CPU over the measured window (``/proc/<pid>/stat``
+through psutil, the pid from ``INFO server``; None when Redis is not on
+this host), ``cmds/req`` (``INFO commandstats`` calls, all commands, over
+requests answered) and ``reads/req`` (``INFO stats``
+``total_reads_processed``: the server's socket reads, about one per client
+round trip, a pipeline being one), plus each command's calls per request in
+the JSON. Background traffic (lease renewal, routing snapshots) is included.
+
+``--baseline DIR`` (another source tree, e.g. ``git worktree add`` or
+``git archive BASE | tar -x -C DIR``): the Redis targets are also run from
+that tree (``@base``), interleaved with this tree's in every round, for an
+A/B in one run on a shared machine. ``--targets`` picks a subset.
+
+Also per target: the serve processes' cores apart from the rest of the tree
+(audit worker, span exporter), their CPU µs per answered request, and the
+ceiling ``cpus x serve / (serve + rest)`` that everything else on the
+machine puts on ``xN / x1`` (see :func:`_cpu_per_request`).
 
 Results: ``bench/results/<--out>.{json,md}`` (default ``workers_peak``).
 """
@@ -52,20 +71,80 @@ from sim.demo import ClusterSpec, DemoPaths
 from sim.procs import free_port, python_module_cmd, start_process, stop_process, wait_for_url
 
 
+class _RedisStats:
+    """Counters of one redis-server: command calls (``INFO commandstats``), socket reads
+    (``INFO stats`` ``total_reads_processed``) and the process's CPU seconds (psutil on the pid of
+    ``INFO server``; None when that pid is not on this host)."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+        self.cpu: _Cpu | None = None
+        try:
+            pid = int(self.client.info("server")["process_id"])
+            self.cpu = _Cpu(pid, children=False)
+            self.cpu.seconds()
+        except Exception:  # noqa: BLE001 - remote Redis: no CPU figure
+            self.cpu = None
+
+    def sample(self) -> dict[str, Any]:
+        stats = self.client.info("commandstats")
+        calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+        return {"calls": calls, "reads": int(self.client.info("stats")["total_reads_processed"]),
+                "cpu_s": None if self.cpu is None else self.cpu.seconds()}
+
+    @staticmethod
+    def per_request(a: dict[str, Any], b: dict[str, Any], requests: int, wall: float) -> dict[str, Any]:
+        n = max(1, requests)
+        calls = {k: round((v - a["calls"].get(k, 0)) / n, 3) for k, v in b["calls"].items()
+                 if v - a["calls"].get(k, 0) > 0 and k not in ("info",)}
+        return {"redis_cores": None if b["cpu_s"] is None else round((b["cpu_s"] - a["cpu_s"]) / wall, 3),
+                "redis_cmds_per_req": round(sum(calls.values()), 3),
+                "redis_reads_per_req": round((b["reads"] - a["reads"] - 2) / n, 3), "redis_calls_per_req": calls}
+
+
+class _TreeCpu(_Cpu):
+    """:class:`bench.overhead._Cpu` of a ``prefixgate serve`` tree, also split: ``serve_seconds`` the
+    gateway processes (command line ``gateway.cli``: the one process, or the parent and its workers),
+    the rest (audit worker, span exporter) being ``seconds() - serve_seconds()``."""
+
+    def serve_seconds(self) -> float:
+        import psutil
+
+        total = 0.0
+        for p in [self.proc, *self.proc.children(recursive=True)]:
+            try:
+                if "gateway.cli" in " ".join(p.cmdline()):
+                    t = p.cpu_times()
+                    total += t.user + t.system
+            except psutil.Error:
+                pass
+        return total
+
+
 async def _measure(generator: str, url: str, headers: Any, clients: int, seconds: float,
-                   gateway: _Cpu, replicas: _Cpu) -> dict[str, Any]:
-    """One warm-up second, then the measured peak with the gateway's and the replicas' cores beside it."""
+                   gateway: _TreeCpu, replicas: _Cpu, redis: _RedisStats | None) -> dict[str, Any]:
+    """One warm-up second, then the measured peak with the gateway's, the replicas' and Redis's cores
+    (and Redis commands and reads per request) beside it."""
     bodies = loadgen._Body(False)
     await loadgen.peak(generator, url, headers, clients, 1.0, bodies)  # warm-up: connections, pools, caches
-    g0, r0, t0 = gateway.seconds(), replicas.seconds(), time.monotonic()
+    r_before = redis.sample() if redis is not None else None
+    g0, s0, r0, t0 = gateway.seconds(), gateway.serve_seconds(), replicas.seconds(), time.monotonic()
     res = await loadgen.peak(generator, url, headers, clients, seconds, bodies)
     wall = time.monotonic() - t0
-    return {**{k: v for k, v in res.items() if k != "wrk"}, "gateway_cores": round((gateway.seconds() - g0) / wall, 3),
-            "replica_cores": round((replicas.seconds() - r0) / wall, 3)}
+    out = {**{k: v for k, v in res.items() if k != "wrk"}, "gateway_cores": round((gateway.seconds() - g0) / wall, 3),
+           "serve_cores": round((gateway.serve_seconds() - s0) / wall, 3),
+           "replica_cores": round((replicas.seconds() - r0) / wall, 3)}
+    out["serve_us_per_req"] = round(out["serve_cores"] * wall * 1e6 / max(1, int(res["ok"])), 1)
+    if redis is not None and r_before is not None:
+        out |= _RedisStats.per_request(r_before, redis.sample(), int(res["ok"]) + int(res["errors"]), wall)
+    return out
 
 
 async def _target(name: str, cfg: dict[str, Any], workers: int, paths: DemoPaths, headers: Any,
-                  a: SimpleNamespace, generators: list[str], replicas: _Cpu) -> dict[str, dict[str, Any]]:
+                  a: SimpleNamespace, generators: list[str], replicas: _Cpu, redis: _RedisStats | None,
+                  tree: Path | None = None) -> dict[str, dict[str, Any]]:
     doc = json.loads(json.dumps(cfg))
     doc["listen"]["port"], doc["admin"]["port"] = free_port(), free_port()
     audit = paths.work / f"audit-{name.replace(' ', '_')}"
@@ -75,12 +154,15 @@ async def _target(name: str, cfg: dict[str, Any], workers: int, paths: DemoPaths
     path = paths.work / f"{name.replace(' ', '_')}.yaml"
     path.write_text(yaml.safe_dump(doc))
     args = ["serve", "--config", str(path)] + (["--workers", str(workers)] if workers > 1 else [])
-    proc = start_process(name.replace(" ", "_"), python_module_cmd("gateway.cli", *args), paths.logs)
+    env = None if tree is None else {"PYTHONPATH": str(tree)}
+    proc = start_process(name.replace(" ", "_").replace("@", ""), python_module_cmd("gateway.cli", *args), paths.logs,
+                         env=env, cwd=tree)
     base = f"http://127.0.0.1:{doc['listen']['port']}"
     try:
         await wait_for_url(f"{base}/readyz", timeout_s=60, proc=proc)
-        gateway = _Cpu(proc.pid)
-        return {g: await _measure(g, f"{base}/v1/completions", headers, a.clients, a.seconds, gateway, replicas)
+        gateway = _TreeCpu(proc.pid)
+        return {g: await _measure(g, f"{base}/v1/completions", headers, a.clients, a.seconds, gateway, replicas,
+                                  redis if cfg["state"]["backend"] == "redis" else None)
                 for g in generators}
     finally:
         stop_process(proc, timeout_s=30)
@@ -104,52 +186,111 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
     base = stack.gateway_config(["tenant-a"])
     base["tenancy"]["tenants"][0].update(rate_rps=1e6, rate_burst=1e6, max_concurrency=10_000)
     redis_state = {"backend": "redis", "url": redis_url, "key_prefix": "pgpeak:"}
-    targets = [("memory x1", {**base, "state": {"backend": "memory"}}, 1),
-               ("redis x1", {**base, "state": redis_state}, 1),
-               (f"redis x{a.workers}", {**base, "state": redis_state}, a.workers)]
+    all_targets = {"memory": [("memory x1", {**base, "state": {"backend": "memory"}}, 1, None)],
+                   "redis1": [("redis x1", {**base, "state": redis_state}, 1, None)],
+                   "redisN": [(f"redis x{a.workers}", {**base, "state": redis_state}, a.workers, None)]}
+    if a.baseline:
+        tree = Path(a.baseline).resolve()
+        all_targets["redis1"].append(("redis x1 @base", {**base, "state": redis_state}, 1, tree))
+        all_targets["redisN"].append((f"redis x{a.workers} @base", {**base, "state": redis_state}, a.workers, tree))
+    targets = [t for k in a.targets.split(",") if k for t in all_targets[k]]
+    rstats = _RedisStats(redis_url)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {g: {t[0]: [] for t in targets} for g in generators}
     replicas = _Cpu(stack.cluster.pid)
     try:
         for r in range(a.rounds):
             gens = generators[r % len(generators):] + generators[:r % len(generators)]
-            for name, cfg, workers in targets[r % 3:] + targets[:r % 3]:
-                res = await _target(name, cfg, workers, stack.paths, headers, a, gens, replicas)
+            k = r % len(targets)
+            for name, cfg, workers, tree in targets[k:] + targets[:k]:
+                res = await _target(name, cfg, workers, stack.paths, headers, a, gens, replicas, rstats, tree)
                 for g, x in res.items():
                     runs[g][name].append(x)
-                    print(f"round {r + 1} {name:10s} {g:6s} {x['rps']:.0f} req/s, load generator {x['loadgen_cores']} "
-                          f"cores, gateway {x['gateway_cores']}, replicas {x['replica_cores']}, errors {x['errors']}",
-                          flush=True)
+                    extra = (f", redis {x['redis_cores']} cores, {x['redis_cmds_per_req']} cmds/req, "
+                             f"{x['redis_reads_per_req']} reads/req" if "redis_cores" in x else "")
+                    print(f"round {r + 1} {name:15s} {g:6s} {x['rps']:.0f} req/s, load generator {x['loadgen_cores']} "
+                          f"cores, gateway {x['gateway_cores']} (serve {x['serve_cores']}, "
+                          f"{x['serve_us_per_req']} µs/req), replicas {x['replica_cores']}{extra}, "
+                          f"errors {x['errors']}", flush=True)
     finally:
         stack.stop()
         if redis is not None:
             redis.stop()
 
-    def med(xs: list[dict[str, Any]], key: str) -> float:
-        return round(statistics.median(x[key] for x in xs), 3)
+    def med(xs: list[dict[str, Any]], key: str) -> float | None:
+        vals = [x[key] for x in xs if x.get(key) is not None]
+        return round(statistics.median(vals), 3) if vals else None
 
-    summary = {g: {name: {k: med(xs, k) for k in ("rps", "loadgen_cores", "gateway_cores", "replica_cores")}
+    keys = ("rps", "loadgen_cores", "gateway_cores", "serve_cores", "serve_us_per_req", "replica_cores",
+            "redis_cores", "redis_cmds_per_req", "redis_reads_per_req")
+    summary = {g: {name: {k: med(xs, k) for k in keys}
                    | {"errors": sum(x["errors"] for x in xs)} for name, xs in per.items()} for g, per in runs.items()}
-    return {"label": a.label, "runs": runs, "summary": summary, "clients": a.clients, "seconds": a.seconds,
-            "rounds": a.rounds, "workers": a.workers, "generators": generators,
-            "workers_over_one": {g: round(s[f"redis x{a.workers}"]["rps"] / s["redis x1"]["rps"], 3)
-                                 for g, s in summary.items()},
-            "loadavg": os.getloadavg(), "cpus": os.cpu_count()}
+    ratios: dict[str, dict[str, float]] = {}
+    for g, s in summary.items():
+        for suffix in ("", " @base"):
+            one, many = s.get("redis x1" + suffix), s.get(f"redis x{a.workers}" + suffix)
+            if one and many and one["rps"]:
+                ratios.setdefault(g, {})[f"redis x{a.workers}{suffix} / redis x1{suffix}"] = round(
+                    many["rps"] / one["rps"], 3)
+            mem = s.get("memory x1")
+            if mem and many and mem["rps"]:
+                ratios.setdefault(g, {})[f"redis x{a.workers}{suffix} / memory x1"] = round(many["rps"] / mem["rps"], 3)
+    return {"label": a.label, "runs": runs, "summary": summary, "cpu_per_request": _cpu_per_request(summary), "clients": a.clients, "seconds": a.seconds,
+            "rounds": a.rounds, "workers": a.workers, "generators": generators, "baseline": a.baseline,
+            "ratios": ratios, "loadavg": os.getloadavg(), "cpus": os.cpu_count()}
+
+
+def _cpu_per_request(summary: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per generator and target: µs of CPU per answered request of the serve processes, of the rest
+    (audit worker, replicas, redis-server, load generator), and the ceiling they put on ``xN / x1``
+    on this machine: ``cpus x serve / (serve + rest)`` of the one-process target (its serve process
+    saturates one core; N processes share all cores with the rest), i.e. if N processes paid what one
+    pays per request."""
+    out: dict[str, dict[str, Any]] = {}
+    cpus = os.cpu_count() or 1
+    for g, per in summary.items():
+        for name, x in per.items():
+            if not x.get("rps"):
+                continue
+            us = 1e6 / x["rps"]
+            serve = (x.get("serve_cores") or 0) * us
+            rest = ((x.get("gateway_cores") or 0) - (x.get("serve_cores") or 0) + (x.get("replica_cores") or 0)
+                    + (x.get("redis_cores") or 0) + (x.get("loadgen_cores") or 0)) * us
+            row = {"serve_us": round(serve), "rest_us": round(rest), "total_us": round(serve + rest)}
+            if " x1" in name and serve + rest > 0:
+                row["ceiling_xN_over_x1"] = round(cpus * serve / (serve + rest), 2)
+            out.setdefault(g, {})[name] = row
+    return out
 
 
 def _markdown(r: dict[str, Any]) -> str:
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
     rows = "\n".join(f"| {name} | {g} | {s['rps']:.1f} | {', '.join(str(x['rps']) for x in r['runs'][g][name])} | "
-                     f"{s['loadgen_cores']:.2f} | {s['gateway_cores']:.2f} | {s['replica_cores']:.2f} | {s['errors']} |"
+                     f"{f(s['loadgen_cores'])} | {f(s['gateway_cores'])} ({f(s['serve_cores'])}) | "
+                     f"{s['serve_us_per_req']:.0f} | {f(s['replica_cores'])} | "
+                     f"{f(s['redis_cores'])} | {f(s['redis_cmds_per_req'])} | {f(s['redis_reads_per_req'])} | "
+                     f"{s['errors']} |"
                      for g, per in r["summary"].items() for name, s in per.items())
-    ratios = "; ".join(f"{g}: {v:.2f}" for g, v in r["workers_over_one"].items())
+    ratios = "; ".join(f"{g}: {k} {v:.2f}" for g, per in r["ratios"].items() for k, v in per.items())
+    base = f"\n@base: the Redis targets run from {r['baseline']}.\n" if r.get("baseline") else ""
     return (f"# serve --workers: peak rate (bench/workers_peak.py)\n\n"
             f"{r['label']}\n\n"
             f"{r['clients']} closed-loop clients (wrk: connections) x {r['seconds']} s per target and load generator, "
             f"{r['rounds']} interleaved rounds; load generator, replicas and Redis on the same {r['cpus']}-CPU machine "
             f"as the gateway (load average after the run {loadavg_text(r['loadavg'])}). Cores = CPU seconds / wall "
-            f"seconds over the measured window (1.00 = one whole core).\n\n"
-            f"| target | load generator | median req/s | runs | load gen cores | gateway cores | replica cores | "
-            f"errors |\n|---|---|---:|---|---:|---:|---:|---:|\n{rows}\n\n"
-            f"redis x{r['workers']} / redis x1 (median req/s): {ratios}\n")
+            f"seconds over the measured window (1.00 = one whole core); redis cmds and reads per request from "
+            f"INFO commandstats / total_reads_processed (module doc).\n{base}\n"
+            f"| target | load generator | median req/s | runs | load gen cores | gateway cores (serve processes) | "
+            f"serve µs/req | replica cores | redis cores | redis cmds/req | redis reads/req | errors |\n"
+            f"|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n{rows}\n\n"
+            f"median req/s ratios: {ratios}\n\n"
+            f"CPU per answered request (µs; serve processes / rest = audit worker, replicas, redis-server, load "
+            f"generator) and, for one process, the ceiling on xN / x1 on {r['cpus']} CPUs if N processes paid the "
+            f"same per request (cpus x serve / (serve + rest)):\n\n"
+            + "\n".join(f"- {g} {name}: serve {c['serve_us']}, rest {c['rest_us']}, total {c['total_us']}"
+                        + (f"; ceiling {c['ceiling_xN_over_x1']}" if "ceiling_xN_over_x1" in c else "")
+                        for g, per in r.get("cpu_per_request", {}).items() for name, c in per.items()) + "\n")
 
 
 def main() -> None:
@@ -162,6 +303,9 @@ def main() -> None:
     ap.option("--seconds", type=float, default=8.0)
     ap.option("--load-generator", default="python",
               help="python, wrk, or a comma-separated list (python,wrk): each target measured with each")
+    ap.option("--targets", default="memory,redis1,redisN",
+              help="comma-separated subset of memory, redis1 (one process), redisN (--workers)")
+    ap.option("--baseline", default=None, help="another source tree: its Redis targets run beside this tree's")
     ap.option("--label", default="Machine: not stated.", help="a line saying where it ran (quiet or shared machine)")
     ap.option("--work", default=None, help="parent of the work directory (default: the system's temp dir)")
     ap.option("--out", default="bench/results/workers_peak")

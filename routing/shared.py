@@ -184,13 +184,17 @@ class SharedLoadTracker:
         return _SharedTicket(ticket, self._emit, prefill_tokens, decode_tokens, requests)
 
     def snapshot(self, replica_id: str) -> ReplicaLoad:
-        """Local load plus every other live instance's load on ``replica_id``."""
+        """Local load plus every other live instance's load on ``replica_id``.
+
+        ``prefilling_requests``: this instance's, plus, while the others hold prefill
+        tokens there, their running requests (the events carry no prefilling count; all of
+        them may still be prefilling, so ``shared_wait_tokens`` stays an upper bound)."""
         mine = self.local.snapshot(replica_id)
         p, d, r = self.remote.total(replica_id)
         if not (p or d or r):
             return mine
         return ReplicaLoad(replica_id, mine.queued_prefill_tokens + p, mine.decode_tokens + d,
-                           mine.running_requests + r)
+                           mine.running_requests + r, mine.prefilling_requests + (r if p else 0))
 
     def local_snapshot(self, replica_ids: Iterable[str]) -> LoadSnapshot:
         """This instance's own load on ``replica_ids`` (what it publishes as its lease heartbeat)."""

@@ -155,6 +155,7 @@ class SharedLimits:
             await self.availability.aclose()
         if self._store is not None:
             await self._store.writer.aclose()
+            await self._store.batcher.aclose()
             if self._owns_client:
                 await self._store.client.aclose()
 

@@ -8,6 +8,7 @@ and queued on the store's writer (the ledger's "never block" rule).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from tenancy.ledger import LedgerReservation, LedgerTotals, Settlement
 from tenancy.limits import RateLimited
@@ -96,8 +97,7 @@ class RedisLedger:
 
     def _adjust(self, tenant_id: str, d_prompt: int, d_output: int, mode: str, s: Settlement | None) -> None:
         st = self._s
-        keys = [st.key(tenant_id, "led:ptok"), st.key(tenant_id, "led:otok"), st.key(tenant_id, "led:tot")]
-        args = [d_prompt, d_output, mode]
+        args: list[Any] = ["a", d_prompt, d_output, mode]
         if s is not None:
             args += [s.charged_prompt, s.charged_output, s.refunded_prompt, s.refunded_output]
         else:
@@ -105,5 +105,5 @@ class RedisLedger:
         # the settle time: refill to it before applying (InProcessLedger._adjust); taken now, not
         # when the queued update runs
         args.append(_arg(None if self._clock is None else self._clock()))
-        st.writer.submit(lambda pipe: st.adjust(keys=keys, args=args, client=pipe))
+        st.writer.submit(st.update_keys(tenant_id), args)
 

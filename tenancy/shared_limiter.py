@@ -206,10 +206,10 @@ class RedisTenantLimiter:
 
     def _release(self, lease: SharedLease) -> None:
         self._leases.pop(lease.id, None)
-        key, members = self._s.key(lease.tenant_id, "conc"), lease.members()
+        members = lease.members()
         if not members:  # admitted without a slot and never given one
             return
-        self._s.writer.submit(lambda pipe: pipe.zrem(key, *members))
+        self._s.writer.submit(self._s.update_keys(lease.tenant_id), ["r", len(members), *members])
 
     @staticmethod
     def _raise(reply: list[Any], rate_reason: str) -> None:

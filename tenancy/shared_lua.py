@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["ADJUST", "ADMIT", "COUNT", "LEVEL", "RENEW", "RESERVE", "TAKE", "arg", "wait_reply"]
+__all__ = ["ADJUST", "ADMIT", "APPLY", "COUNT", "LEVEL", "RENEW", "RESERVE", "TAKE", "arg", "wait_reply"]
 
 # Shared helpers: a bucket is a hash {level, updated, rate, burst}; numbers travel as %.17g strings
 # (exact doubles; a Lua number returned as a reply would be truncated to an integer).
@@ -168,35 +168,80 @@ redis.call('HINCRBY', KEYS[3], 'open', 1)
 return {'ok', '0'}
 """
 
-# KEYS: prompt bucket, output bucket, totals. ARGV: d_prompt, d_output, mode (lower|settle),
-# charged_prompt, charged_output, refunded_prompt, refunded_output, now|''.
-# tenancy/ledger.py InProcessLedger._adjust: refill to the settle time first (what accrued since the
-# last take must not absorb an overshoot), then debt or a refund capped at the burst.
-_LUA_ADJUST = _LUA_LIB + r"""
-local now = server_now()
-if ARGV[8] ~= '' then now = tonumber(ARGV[8]) end
-local deltas = {tonumber(ARGV[1]), tonumber(ARGV[2])}
-for i = 1, 2 do
-  local d = deltas[i]
-  if d ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then
-    local v = redis.call('HMGET', KEYS[i], 'rate', 'burst')
-    local rate, burst = tonumber(v[1]), tonumber(v[2])
-    local level, updated = load(KEYS[i], rate, burst, now)
-    if d > 0 then level = level - d else level = math.min(burst, level - d) end
-    store(KEYS[i], level, updated, rate, burst)
+# adjust(prompt bucket, output bucket, totals, a, now): a = {d_prompt, d_output, mode (lower|settle),
+# charged_prompt, charged_output, refunded_prompt, refunded_output}. tenancy/ledger.py
+# InProcessLedger._adjust: refill to the settle time first (what accrued since the last take must not
+# absorb an overshoot), then debt or a refund capped at the burst.
+_LUA_ADJUST_FN = r"""
+local function adjust(kp, ko, kt, a, now)
+  local deltas = {tonumber(a[1]), tonumber(a[2])}
+  local buckets = {kp, ko}
+  for i = 1, 2 do
+    local d = deltas[i]
+    if d ~= 0 and redis.call('EXISTS', buckets[i]) == 1 then
+      local v = redis.call('HMGET', buckets[i], 'rate', 'burst')
+      local rate, burst = tonumber(v[1]), tonumber(v[2])
+      local level, updated = load(buckets[i], rate, burst, now)
+      if d > 0 then level = level - d else level = math.min(burst, level - d) end
+      store(buckets[i], level, updated, rate, burst)
+    end
   end
-end
-if ARGV[3] == 'lower' then
-  redis.call('HINCRBY', KEYS[3], 'refunded_output', -deltas[2])
+  if a[3] == 'lower' then
+    redis.call('HINCRBY', kt, 'refunded_output', -deltas[2])
+    return 1
+  end
+  local open = tonumber(redis.call('HGET', kt, 'open') or '0')
+  redis.call('HSET', kt, 'open', math.max(0, open - 1))
+  redis.call('HINCRBY', kt, 'charged_prompt', a[4])
+  redis.call('HINCRBY', kt, 'charged_output', a[5])
+  redis.call('HINCRBY', kt, 'refunded_prompt', a[6])
+  redis.call('HINCRBY', kt, 'refunded_output', a[7])
   return 1
 end
-local open = tonumber(redis.call('HGET', KEYS[3], 'open') or '0')
-redis.call('HSET', KEYS[3], 'open', math.max(0, open - 1))
-redis.call('HINCRBY', KEYS[3], 'charged_prompt', ARGV[4])
-redis.call('HINCRBY', KEYS[3], 'charged_output', ARGV[5])
-redis.call('HINCRBY', KEYS[3], 'refunded_prompt', ARGV[6])
-redis.call('HINCRBY', KEYS[3], 'refunded_output', ARGV[7])
-return 1
+"""
+
+# KEYS: prompt bucket, output bucket, totals. ARGV: d_prompt, d_output, mode (lower|settle),
+# charged_prompt, charged_output, refunded_prompt, refunded_output, now|''. One adjust().
+_LUA_ADJUST = _LUA_LIB + _LUA_ADJUST_FN + r"""
+local now = server_now()
+if ARGV[8] ~= '' then now = tonumber(ARGV[8]) end
+return adjust(KEYS[1], KEYS[2], KEYS[3], ARGV, now)
+"""
+
+# The writer's queued updates of one tenant, in order, in one call (tenancy/shared_store.py Writer).
+# KEYS: conc zset, prompt bucket, output bucket, totals (all of one tenant). ARGV: a list of updates,
+# each 'r', n, member x n (release: ZREM of a lease's slots) or 'a', then ADJUST's 8 arguments (a
+# settle or a lower). Each update runs protected: one Redis refuses is skipped, the others applied.
+# Returns the number of updates refused.
+_LUA_APPLY = _LUA_LIB + _LUA_ADJUST_FN + r"""
+local refused = 0
+local i = 1
+local server = nil
+while i <= #ARGV do
+  if ARGV[i] == 'r' then
+    local n = tonumber(ARGV[i + 1])
+    local j = i + 2
+    while j < i + 2 + n do
+      local last = math.min(j + 999, i + 1 + n)
+      if not pcall(redis.call, 'ZREM', KEYS[1], unpack(ARGV, j, last)) then refused = refused + 1 end
+      j = last + 1
+    end
+    i = i + 2 + n
+  elseif ARGV[i] == 'a' then
+    local a = {ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7]}
+    local now
+    if ARGV[i + 8] ~= '' then now = tonumber(ARGV[i + 8])
+    else
+      if server == nil then server = server_now() end
+      now = server
+    end
+    if not pcall(adjust, KEYS[2], KEYS[3], KEYS[4], a, now) then refused = refused + 1 end
+    i = i + 9
+  else
+    return redis.error_reply('APPLY: unknown update ' .. tostring(ARGV[i]))
+  end
+end
+return refused
 """
 
 
@@ -211,5 +256,5 @@ def wait_reply(reply: list[Any]) -> tuple[str, float]:
     return reason, (math.inf if raw == "inf" else float(raw))
 
 
-ADMIT, RENEW, COUNT, TAKE, LEVEL, RESERVE, ADJUST = (_LUA_ADMIT, _LUA_RENEW, _LUA_COUNT, _LUA_TAKE, _LUA_LEVEL,
-                                                     _LUA_RESERVE, _LUA_ADJUST)
+ADMIT, RENEW, COUNT, TAKE, LEVEL, RESERVE, ADJUST, APPLY = (_LUA_ADMIT, _LUA_RENEW, _LUA_COUNT, _LUA_TAKE,
+                                                            _LUA_LEVEL, _LUA_RESERVE, _LUA_ADJUST, _LUA_APPLY)

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tenancy import shared_lua as lua
+from tenancy.shared_batch import BatchedScript, ScriptBatcher
 from tenancy.private_file import read_private_file
 
 __all__ = ["StateSetupError", "Store", "Writer", "cancel_task", "follow_changes", "redis_client"]
@@ -74,28 +75,35 @@ async def follow_changes(client: Any, channel: str, sync: Callable[[], Awaitable
 class Writer:
     """FIFO of Redis updates that must not block their caller (releases, settlements).
 
-    An update is a coroutine function ``op(pipe)`` that queues its commands on
-    a Redis pipeline (``pipe``, non-transactional). One task drains the queue
-    in order, up to ``BATCH`` updates per round trip; a batch that fails to
-    reach Redis is retried (backoff up to 1 s) until it succeeds or the writer
-    is closed, an update that Redis refuses by itself (a script error) is
-    logged and dropped. ``pending`` counts queued updates; at most
-    ``max_pending`` are held (Redis unreachable for long): a further update
-    is dropped and counted in ``dropped`` (a dropped release costs nothing
-    lasting, its slot expires with the lease TTL; a dropped settlement leaves
-    the reservation's tokens taken).
+    An update is ``(keys, args)``: the four keys of one tenant (concurrency
+    set, ledger prompt and output buckets, ledger totals) and that update's
+    arguments of the ``APPLY`` script (:mod:`tenancy.shared_lua`: a release
+    ``['r', n, member...]`` or a settle / lower ``['a', ...]``). One task
+    drains the queue: up to ``BATCH`` queued updates at a time, one ``APPLY``
+    call per tenant holding all of that tenant's updates in order, the calls
+    of a drain sent in one pipeline with the request path's script calls
+    (:class:`tenancy.shared_batch.ScriptBatcher`), so a release and a settle
+    cost no round trip of their own. A call that fails to reach Redis is
+    retried (its updates go back to the head of the queue, in order; backoff
+    up to 1 s) until it succeeds or the writer is closed; an update that Redis
+    refuses by itself (a script error) is logged and dropped (``refused``).
+    ``pending`` counts queued updates; at most ``max_pending`` are held
+    (Redis unreachable for long): a further update is dropped and counted in
+    ``dropped`` (a dropped release costs nothing lasting, its slot expires
+    with the lease TTL; a dropped settlement leaves the reservation's tokens
+    taken).
     """
 
     BATCH = 256
 
-    def __init__(self, client: Any, max_pending: int = 10_000) -> None:
+    def __init__(self, apply: Callable[..., Awaitable[Any]], max_pending: int = 10_000) -> None:
         if max_pending < 1:
             raise ValueError("max_pending must be >= 1")
-        self.client = client
+        self.apply = apply
         self.max_pending = max_pending
         self.dropped = 0
         self.refused = 0
-        self._queue: deque[Callable[[Any], Any]] = deque()
+        self._queue: deque[tuple[tuple[str, ...], list[Any]]] = deque()
         self._event = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -107,14 +115,14 @@ class Writer:
         """Updates queued and not yet applied."""
         return len(self._queue)
 
-    def submit(self, op: Callable[[Any], Any]) -> None:
-        """Queue ``op`` (a coroutine function of a pipeline); starts the drain task on first use."""
+    def submit(self, keys: tuple[str, ...], args: list[Any]) -> None:
+        """Queue one update (see the class doc); starts the drain task on first use."""
         if len(self._queue) >= self.max_pending:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
                 log.error("shared state: %d queued updates dropped (Redis unreachable, queue full)", self.dropped)
             return
-        self._queue.append(op)
+        self._queue.append((keys, args))
         self._idle.clear()
         self._event.set()
         if self._task is None or self._task.done():
@@ -128,28 +136,39 @@ class Writer:
                 self._event.clear()
                 await self._event.wait()
                 continue
-            batch = [self._queue[i] for i in range(min(self.BATCH, len(self._queue)))]
+            batch = [self._queue.popleft() for _ in range(min(self.BATCH, len(self._queue)))]
+            groups: dict[tuple[str, ...], list[tuple[tuple[str, ...], list[Any]]]] = {}
+            for update in batch:
+                groups.setdefault(update[0], []).append(update)
             try:
-                pipe = self.client.pipeline(transaction=False)
-                for op in batch:
-                    await op(pipe)
-                results = await pipe.execute(raise_on_error=False)
+                results = await asyncio.gather(
+                    *(self.apply(keys=list(k), args=[a for u in us for a in u[1]]) for k, us in groups.items()),
+                    return_exceptions=True)
             except asyncio.CancelledError:
+                self._queue.extendleft(reversed(batch))
                 raise
-            except Exception as exc:  # noqa: BLE001 - Redis down: retry, never drop silently
+            failed: list[tuple[tuple[str, ...], list[Any]]] = []
+            first_error: BaseException | None = None
+            for us, res in zip(groups.values(), results, strict=True):
+                if isinstance(res, asyncio.CancelledError):
+                    raise res
+                if isinstance(res, _unreachable()):
+                    failed.extend(us)
+                    first_error = first_error or res
+                elif isinstance(res, BaseException):  # Redis refused the call itself (a script error)
+                    self.refused += len(us)
+                    log.error("shared state: Redis refused %d queued updates (%s)", len(us), res.__class__.__name__)
+                elif res:
+                    self.refused += int(res)
+                    log.error("shared state: Redis refused %d queued updates", int(res))
+            if failed:
+                self._queue.extendleft(reversed(failed))  # back to the head, in order
                 self.failures += 1
-                log.warning("shared state update failed (%s); retrying", exc.__class__.__name__)
+                log.warning("shared state update failed (%s); retrying", first_error.__class__.__name__)
                 await asyncio.sleep(backoff)
                 backoff = min(1.0, backoff * 2)
                 continue
             backoff = 0.05
-            for _ in batch:
-                self._queue.popleft()
-            errors = [r for r in results if isinstance(r, Exception)]
-            if errors:
-                self.refused += len(errors)
-                log.error("shared state: Redis refused %d queued updates (%s)", len(errors),
-                          errors[0].__class__.__name__)
 
     async def flush(self) -> None:
         """Wait until every queued update is applied."""
@@ -160,6 +179,14 @@ class Writer:
         if self._task is not None:
             await cancel_task(self._task)
             self._task = None
+
+
+def _unreachable() -> tuple[type[BaseException], ...]:
+    """Errors that mean "Redis did not get or answer the call" (retry), not "Redis refused it"."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    return (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError)
 
 
 class Store:
@@ -174,18 +201,31 @@ class Store:
         self.client = client
         self.prefix = key_prefix
         self.lease_ttl_ms = max(1, int(lease_ttl_s * 1000))
-        self.admit = client.register_script(lua.ADMIT)
-        self.renew = client.register_script(lua.RENEW)
-        self.count = client.register_script(lua.COUNT)
-        self.take = client.register_script(lua.TAKE)
-        self.reserve = client.register_script(lua.RESERVE)
-        self.adjust = client.register_script(lua.ADJUST)
-        self.level = client.register_script(lua.LEVEL)
-        self.writer = Writer(client, max_pending)
+        self._update_keys: dict[str, tuple[str, str, str, str]] = {}
+        #: the request path's script calls (and the writer's) leave in pipelined batches, one per loop tick
+        self.batcher = ScriptBatcher(client)
+        self.admit = BatchedScript(self.batcher, client.register_script(lua.ADMIT))
+        self.renew = BatchedScript(self.batcher, client.register_script(lua.RENEW))
+        self.count = BatchedScript(self.batcher, client.register_script(lua.COUNT))
+        self.take = BatchedScript(self.batcher, client.register_script(lua.TAKE))
+        self.reserve = BatchedScript(self.batcher, client.register_script(lua.RESERVE))
+        self.level = BatchedScript(self.batcher, client.register_script(lua.LEVEL))
+        self.writer = Writer(BatchedScript(self.batcher, client.register_script(lua.APPLY)), max_pending)
 
     def key(self, tenant_id: str, name: str) -> str:
         """``<prefix>{t:<tenant>}:<name>``."""
         return f"{self.prefix}{{t:{tenant_id}}}:{name}"
+
+    def update_keys(self, tenant_id: str) -> tuple[str, str, str, str]:
+        """The keys of one tenant's queued updates (:class:`Writer`): concurrency set, ledger
+        prompt and output buckets, ledger totals."""
+        keys = self._update_keys.get(tenant_id)
+        if keys is None:
+            if len(self._update_keys) > 4096:
+                self._update_keys.clear()
+            keys = self._update_keys[tenant_id] = (self.key(tenant_id, "conc"), self.key(tenant_id, "led:ptok"),
+                                                   self.key(tenant_id, "led:otok"), self.key(tenant_id, "led:tot"))
+        return keys
 
 
 def _read_password_file(path: str) -> str:

@@ -1,0 +1,159 @@
+"""Script calls to Redis made in one event-loop tick sent as one pipeline (issue 16, round trips).
+
+Every admitted request makes up to three Redis script calls on its path
+(admit, reserve, the flow-control slot) and each used to be its own round
+trip: one ``send`` and one ``recv`` system call in the gateway, one read
+and one write in ``redis-server``. Under load many requests are between two
+of those steps in the same loop tick. :class:`ScriptBatcher` queues the
+calls and sends what was queued as one non-transactional pipeline of
+``EVALSHA`` commands (redis-py's public ``pipeline`` / ``evalsha``): one
+write, one read, one reply parse per batch. While a batch is in flight the
+next calls queue up and leave together when it is answered, so the batch
+size follows the load and an idle gateway adds no wait (a lone call leaves
+on the next loop iteration).
+
+Semantics are those of separate calls: each script is atomic on its own,
+calls leave in the order they were made, each caller gets its own reply or
+error (a script error to its caller only; a connection error or timeout to
+every caller of the batch, as each would have had it, and to the calls
+queued behind it, which would have met the same Redis). A call whose caller
+was cancelled before the batch left is not sent. A script Redis does not
+hold (``NOSCRIPT``: a restarted, emptied Redis) is loaded and the calls
+that needed it are sent again; no ``SCRIPT EXISTS`` round trip per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["BatchedScript", "ScriptBatcher"]
+
+
+class _Call:
+    __slots__ = ("script", "keys", "args", "future")
+
+    def __init__(self, script: Any, keys: Sequence[Any], args: Sequence[Any], future: asyncio.Future[Any]) -> None:
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self.future = future
+
+
+class ScriptBatcher:
+    """Queues ``EVALSHA`` calls of registered scripts and sends them in pipelined batches.
+
+    ``client``: a :class:`redis.asyncio.Redis`; ``max_batch``: the most calls
+    in one pipeline (more wait for the next). Counters: ``batches`` sent,
+    ``calls`` sent (``calls / batches`` is the mean batch size).
+    """
+
+    def __init__(self, client: Any, max_batch: int = 256) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        self.client = client
+        self.max_batch = max_batch
+        self.batches = 0
+        self.calls = 0
+        self._pending: list[_Call] = []
+        self._scheduled = False
+        self._in_flight = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def call(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run ``script`` (a :class:`redis.commands.core.AsyncScript` of ``client``) with ``keys`` and
+        ``args`` in the next batch; return its reply. Raises what Redis or the connection raised
+        (:class:`redis.exceptions.RedisError`, ``OSError``, ``asyncio.TimeoutError``)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._pending.append(_Call(script, keys, args, fut))
+        if not self._scheduled and not self._in_flight:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+        batch = [c for c in batch if not c.future.done()]  # its caller gave up before it left
+        if not batch:
+            if self._pending:
+                self._flush()
+            return
+        self._in_flight = True
+        task = asyncio.get_running_loop().create_task(self._send(batch), name="prefixgate-state-batch")
+        self._tasks.add(task)
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._in_flight = False
+        if self._pending and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    async def _execute(self, batch: list[_Call]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for c in batch:
+            pipe.evalsha(c.script.sha, len(c.keys), *c.keys, *c.args)
+        self.batches += 1
+        self.calls += len(batch)
+        return list(await pipe.execute(raise_on_error=False))
+
+    async def _send(self, batch: list[_Call]) -> None:
+        from redis.exceptions import NoScriptError
+
+        try:
+            results = await self._execute(batch)
+            missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+            if missing:  # an emptied Redis: load what is missing, send those calls again
+                for script in {id(batch[i].script): batch[i].script for i in missing}.values():
+                    await self.client.script_load(script.script)
+                again = await self._execute([batch[i] for i in missing])
+                for i, r in zip(missing, again, strict=True):
+                    results[i] = r
+        except asyncio.CancelledError:
+            for c in batch:
+                c.future.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - the connection failed: every caller gets it
+            # and so do the calls queued behind it (sent next, each would wait for the same dead or
+            # hung Redis, up to its own timeout)
+            behind, self._pending = self._pending, []
+            for c in (*batch, *behind):
+                if not c.future.done():
+                    c.future.set_exception(exc)
+            return
+        for c, r in zip(batch, results, strict=True):
+            if c.future.done():
+                continue
+            if isinstance(r, BaseException):
+                c.future.set_exception(r)
+            else:
+                c.future.set_result(r)
+
+    async def aclose(self) -> None:
+        """Cancel batches in flight (their callers get ``CancelledError``) and drop queued calls."""
+        for c in self._pending:
+            c.future.cancel()
+        self._pending.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class BatchedScript:
+    """A registered script whose calls go through a :class:`ScriptBatcher`:
+    ``await s(keys=[...], args=[...])`` as redis-py's ``AsyncScript``; ``script`` is that one."""
+
+    __slots__ = ("batcher", "script")
+
+    def __init__(self, batcher: ScriptBatcher, script: Any) -> None:
+        self.batcher = batcher
+        self.script = script
+
+    async def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
+        """The script's reply (see :meth:`ScriptBatcher.call`)."""
+        return await self.batcher.call(self.script, keys, args)
