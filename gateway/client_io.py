@@ -182,17 +182,9 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
 
         loss.add(on_lost)
         try:
-            result = await work
-        except asyncio.CancelledError:
-            if not gone or task.uncancel() > 0:  # not (only) ours: someone else cancelled the request too
-                raise
-            raise ClientGone() from None
+            return await _cancelled_means_gone(task, work, lambda: gone)
         finally:
             loss.discard(on_lost)
-        if gone:  # ``work`` swallowed the cancellation: the client is gone all the same
-            task.uncancel()
-            raise ClientGone()
-        return result
     watcher: asyncio.Future[None] | None = None
 
     async def watch() -> None:
@@ -207,16 +199,24 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
 
     starting = task.get_loop().call_later(WATCH_AFTER_S, start_watcher)
     try:
-        result = await work
-    except asyncio.CancelledError:
-        if not gone or task.uncancel() > 0:  # not (only) ours: someone else cancelled the request too
-            raise
-        raise ClientGone() from None
+        return await _cancelled_means_gone(task, work, lambda: gone)
     finally:
         starting.cancel()
         if watcher is not None:
             watcher.cancel()
-    if gone:  # ``work`` swallowed the cancellation: the client is gone all the same
+
+
+async def _cancelled_means_gone(task: asyncio.Task[Any], work: Awaitable[T], gone: Callable[[], bool]) -> T:
+    """Await ``work`` in ``task``; a cancellation that ``gone()`` says came from the client's
+    departure becomes :class:`ClientGone` (and is taken back with ``uncancel``); any other
+    cancellation is passed on. ``work`` that swallowed our cancellation still raises ClientGone."""
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        if not gone() or task.uncancel() > 0:  # not (only) ours: someone else cancelled the request too
+            raise
+        raise ClientGone() from None
+    if gone():  # ``work`` swallowed the cancellation: the client is gone all the same
         task.uncancel()
         raise ClientGone()
     return result
