@@ -6,8 +6,12 @@ waits is answered 408 only after ``limits.body_read_timeout_s``, having pinned
 that memory (250 such 1 MiB bodies from one tenant: +243 MiB RSS, nothing
 charged). :class:`BodyBudget` bounds the bytes of bodies being read, across
 both listeners of one gateway process, to ``limits.max_buffered_body_bytes``,
-and the share of one source address (the socket peer) to
-``limits.max_buffered_body_bytes_per_source``. The framing guard
+and the share of one owner to ``limits.max_buffered_body_bytes_per_tenant``: the request's
+tenant once authentication resolved it (the pipeline names it in the scope under
+:data:`OWNER_SCOPE_KEY` before reading the body), else its source address (the socket
+peer). Per tenant, not per address (second review pass, R5b-1): behind NAT or a proxy that
+hides client addresses every tenant shares one address, and one tenant's held bodies
+refused the others'. The framing guard
 (gateway/framing.py) takes each body part the app reads from it and gives a
 body's bytes back once the body is complete or the request ends; a part that
 does not fit is refused **503** ``body_budget_exhausted`` (``Retry-After``,
@@ -17,46 +21,57 @@ are not counted: they are not held.
 
 from __future__ import annotations
 
-__all__ = ["BodyBudget"]
+__all__ = ["BodyBudget", "OWNER_SCOPE_KEY", "owner_of"]
+
+#: ASGI scope key under which the pipeline names the request's tenant before reading its body
+OWNER_SCOPE_KEY = "prefixgate.body_owner"
+
+
+def owner_of(scope: dict, source: str) -> str:
+    """The budget share a body part of this request is taken from: ``tenant:<id>`` once the
+    pipeline named the tenant in ``scope``, else ``source:<address>``."""
+    tenant = scope.get(OWNER_SCOPE_KEY)
+    return f"tenant:{tenant}" if tenant is not None else f"source:{source}"
 
 
 class BodyBudget:
     """Bytes held per source and in total, with ceilings.
 
-    ``total_bytes``: ceiling of all held bytes (>= 1); ``per_source_bytes``:
-    ceiling of one source's held bytes (1 <= per_source_bytes <= total_bytes).
+    ``total_bytes``: ceiling of all held bytes (>= 1); ``share_bytes``:
+    ceiling of one owner's held bytes (1 <= share_bytes <= total_bytes); an owner is
+    a string from :func:`owner_of`.
     Raises :class:`ValueError` otherwise. Not thread-safe (one event loop).
     """
 
-    __slots__ = ("total_bytes", "per_source_bytes", "held", "_by_source")
+    __slots__ = ("total_bytes", "share_bytes", "held", "_by_owner")
 
-    def __init__(self, total_bytes: int, per_source_bytes: int) -> None:
-        if total_bytes < 1 or not 1 <= per_source_bytes <= total_bytes:
-            raise ValueError("need total_bytes >= 1 and 1 <= per_source_bytes <= total_bytes")
+    def __init__(self, total_bytes: int, share_bytes: int) -> None:
+        if total_bytes < 1 or not 1 <= share_bytes <= total_bytes:
+            raise ValueError("need total_bytes >= 1 and 1 <= share_bytes <= total_bytes")
         self.total_bytes = total_bytes
-        self.per_source_bytes = per_source_bytes
+        self.share_bytes = share_bytes
         self.held = 0
-        self._by_source: dict[str, int] = {}
+        self._by_owner: dict[str, int] = {}
 
     def take(self, source: str, n: int) -> bool:
         """Hold ``n`` more bytes (>= 0) for ``source``; False (nothing held) if either ceiling would be passed."""
-        mine = self._by_source.get(source, 0) + n
-        if mine > self.per_source_bytes or self.held + n > self.total_bytes:
+        mine = self._by_owner.get(source, 0) + n
+        if mine > self.share_bytes or self.held + n > self.total_bytes:
             return False
-        self._by_source[source] = mine
+        self._by_owner[source] = mine
         self.held += n
         return True
 
     def give(self, source: str, n: int) -> None:
         """Release ``n`` bytes held for ``source`` (at most what it holds)."""
-        mine = self._by_source.get(source, 0)
+        mine = self._by_owner.get(source, 0)
         n = min(n, mine)
         if mine - n > 0:
-            self._by_source[source] = mine - n
+            self._by_owner[source] = mine - n
         else:
-            self._by_source.pop(source, None)
+            self._by_owner.pop(source, None)
         self.held -= n
 
     def held_by(self, source: str) -> int:
         """Bytes held for ``source``."""
-        return self._by_source.get(source, 0)
+        return self._by_owner.get(source, 0)

@@ -363,7 +363,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         readiness=Readiness(lambda: lifecycles.started, replica_set, hub, pdp, router.loads, metrics, bundles,
                             limits.availability, overload=overload, flow=flow),
         flow=flow, overload=overload, lifecycles=lifecycles, shared=shared,
-        body_budget=BodyBudget(config.limits.max_buffered_body_bytes, config.limits.max_buffered_body_bytes_per_source),
+        body_budget=BodyBudget(config.limits.max_buffered_body_bytes, config.limits.max_buffered_body_bytes_per_tenant),
     )
 
 

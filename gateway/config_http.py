@@ -80,9 +80,9 @@ class LimitsConfig(ConfigSection):
     Memory of bodies being read, per gateway process, both listeners
     (gateway/body_budget.py, review R5-3): ``max_buffered_body_bytes``: body
     bytes the app may hold for requests whose body is not complete yet;
-    ``max_buffered_body_bytes_per_source``: the share of one source address
-    (socket peer). A body part past either answers 503
-    ``body_budget_exhausted`` with ``Retry-After`` and closes. The per-source
+    ``max_buffered_body_bytes_per_tenant``: the share of one tenant
+    (of one source address while no tenant is known; R5b-1). A body part past either answers 503
+    ``body_budget_exhausted`` with ``Retry-After`` and closes. The per-tenant
     share must hold one body of ``max_body_bytes`` and not exceed the total.
     """
 
@@ -100,12 +100,12 @@ class LimitsConfig(ConfigSection):
     max_connections: int = Field(2048, ge=1)
     max_body_chunks: int = Field(256, ge=16, le=1 << 20)
     max_buffered_body_bytes: int = Field(256 << 20, ge=1 << 20)
-    max_buffered_body_bytes_per_source: int = Field(64 << 20, ge=1024)
+    max_buffered_body_bytes_per_tenant: int = Field(64 << 20, ge=1024)
 
     @model_validator(mode="after")
     def _budget_fits(self) -> LimitsConfig:
-        if not self.max_body_bytes <= self.max_buffered_body_bytes_per_source <= self.max_buffered_body_bytes:
-            raise ValueError("need max_body_bytes <= max_buffered_body_bytes_per_source <= max_buffered_body_bytes")
+        if not self.max_body_bytes <= self.max_buffered_body_bytes_per_tenant <= self.max_buffered_body_bytes:
+            raise ValueError("need max_body_bytes <= max_buffered_body_bytes_per_tenant <= max_buffered_body_bytes")
         return self
 
 

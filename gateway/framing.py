@@ -30,7 +30,7 @@ which differ in what they accept:
 
 3. **Bound the body bytes the app holds** (review R5-3): with a
    :class:`gateway.body_budget.BodyBudget`, every body part the app reads is
-   taken from the budget under the request's source address (the socket peer)
+   taken from the budget under its owner (the tenant the pipeline named, else the source address)
    and given back when the body is complete or the request ends; a part that
    does not fit answers **503** ``body_budget_exhausted`` (``Retry-After``:
    ``ceil(drain_timeout_s)``, ``Connection: close``; raised from the app's
@@ -50,7 +50,7 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gateway.body_budget import BodyBudget
+from gateway.body_budget import BodyBudget, owner_of
 from gateway.body_guard import REFUSED_SCOPE_KEY
 from gateway.errors import GatewayError
 
@@ -102,7 +102,7 @@ class _Body:
     """What the guard knows about one request's body."""
 
     __slots__ = ("declared", "complete", "received", "receive_called", "in_receive", "expect_continue",
-                 "held", "refused")
+                 "held", "owner", "refused")
 
     def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
         self.declared: int | None = None
@@ -120,6 +120,7 @@ class _Body:
         self.receive_called = False
         self.in_receive = False
         self.held = 0  # bytes taken from the body budget for the app's reads
+        self.owner: str | None = None  # the budget share they are taken from (set at the first part)
         self.refused = False  # a refusal of the body itself: never drained
 
     def saw(self, message: Message) -> None:
@@ -183,14 +184,16 @@ class FramingGuard:
                     raise GatewayError(400, code, "request body refused", headers={"Connection": "close"})
             elif budget is not None:
                 n = len(message.get("body", b""))
-                if n and not budget.take(source, n):
+                if body.owner is None:
+                    body.owner = owner_of(scope, source)
+                if n and not budget.take(body.owner, n):
                     body.refused = True
                     raise GatewayError(503, "body_budget_exhausted",
                                        "too many request bodies being received; retry later",
                                        headers={"Retry-After": self.retry_after, "Connection": "close"})
                 body.held += n
                 if body.complete:  # the app has the whole body: its parts are no longer in flight here
-                    budget.give(source, body.held)
+                    budget.give(body.owner, body.held)
                     body.held = 0
             return message
 
@@ -204,8 +207,8 @@ class FramingGuard:
         try:
             await self.app(scope, guarded_receive, guarded_send)
         finally:
-            if body.held and budget is not None:
-                budget.give(source, body.held)
+            if body.held and budget is not None and body.owner is not None:
+                budget.give(body.owner, body.held)
 
     async def _drain(self, body: _Body, receive: Receive, deadline: float) -> bool:
         """Read and discard the rest of the body; True when all of it was read."""

@@ -27,7 +27,11 @@ __all__ = ["RepeatedLineFilter", "install", "note_peer", "AGGREGATED_MESSAGES", 
 
 #: uvicorn's warning lines logged once per request (uvicorn 0.54, ``uvicorn.protocols.http``)
 AGGREGATED_MESSAGES = frozenset({"Invalid HTTP request received.", "Unsupported upgrade request.",
-                                 "Exceeded concurrency limit."})
+                                 "Exceeded concurrency limit.",
+                                 # after "Unsupported upgrade request." for every `Upgrade: websocket`
+                                 # request (no WebSocket library installed; second review pass R5b-5)
+                                 "No supported WebSocket library detected. Please use \"pip install "
+                                 "'uvicorn[standard]'\", or install 'websockets' or 'wsproto' manually."})
 DEFAULT_WINDOW_S = 10.0
 _PEER: list[object] = [None]
 

@@ -21,6 +21,7 @@ from starlette.responses import Response
 from gateway import json_fast
 from gateway.build import Gateway
 from gateway.client_io import ClientGone, EndingStreamingResponse, unless_client_leaves
+from gateway.body_budget import OWNER_SCOPE_KEY
 from gateway.cpu_budget import CpuBudget
 from gateway.errors import GatewayError
 from gateway.held import Held
@@ -90,6 +91,7 @@ class InferencePipeline:
             held.lease = await adm.admit(tenant, slot=gw.flow is None)  # flow control: slot at release
             bounds = adm.request_bounds(tenant)
             # 3 parse (message and batch counts are checked before schema validation; gateway/request.py)
+            request.scope[OWNER_SCOPE_KEY] = tenant.id  # its held body counts against its share (R5b-1)
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
             req = held.cpu.run(parse_inference_request, raw, endpoint, self.cfg.limits.max_json_depth,
                                max_messages=bounds.max_messages, max_batch_prompts=bounds.max_batch_prompts,

@@ -40,9 +40,9 @@ def test_budget_take_and_give():
 
 def test_limits_relation_is_checked():
     with pytest.raises(ValueError):
-        LimitsConfig(max_body_bytes=1 << 20, max_buffered_body_bytes_per_source=(1 << 20) - 1)
+        LimitsConfig(max_body_bytes=1 << 20, max_buffered_body_bytes_per_tenant=(1 << 20) - 1)
     with pytest.raises(ValueError):
-        LimitsConfig(max_buffered_body_bytes=1 << 20, max_buffered_body_bytes_per_source=2 << 20)
+        LimitsConfig(max_buffered_body_bytes=1 << 20, max_buffered_body_bytes_per_tenant=2 << 20)
     LimitsConfig()  # the defaults fit
 
 
@@ -80,12 +80,13 @@ async def test_part_past_the_source_share_answers_503_not_drained():
 
 
 async def test_one_source_cannot_take_another_sources_room():
+    """Requests with no tenant named in the scope (the pipeline names it before reading) share by source."""
     budget = BodyBudget(64 * KiB, 8 * KiB)
     guard = FramingGuard(reading_app, max_drain_bytes=1 << 20, drain_timeout_s=10, budget=budget)
     stuck = asyncio.Event()
 
     async def hold_receive() -> dict[str, Any]:  # 8 KiB then a body that never completes
-        if budget.held_by("10.0.0.1") < 8 * KiB:
+        if budget.held_by("source:10.0.0.1") < 8 * KiB:
             return {"type": "http.request", "body": b"x" * 4 * KiB, "more_body": True}
         stuck.set()
         await asyncio.Event().wait()
@@ -131,7 +132,7 @@ async def test_protocol_refusal_reaches_the_app_as_its_code():
 @pytest.fixture
 def config_overrides() -> dict[str, Any]:
     return {"limits": {"max_body_bytes": 64 * KiB, "max_buffered_body_bytes": 1 << 20,
-                       "max_buffered_body_bytes_per_source": 128 * KiB}}
+                       "max_buffered_body_bytes_per_tenant": 128 * KiB}}
 
 
 async def test_almost_complete_bodies_from_one_source_hold_at_most_its_share(stack):
@@ -158,6 +159,37 @@ async def test_almost_complete_bodies_from_one_source_hold_at_most_its_share(sta
         assert resp.status == 503 and json.loads(resp.body)["error"]["code"] == "body_budget_exhausted"
         assert resp.headers["retry-after"] == ["10"]
         assert budget.held <= 128 * KiB
+    finally:
+        for _, writer in conns:
+            writer.close()
+    await wait_for(lambda: budget.held == 0, timeout_s=15, what="budget given back")
+
+
+async def test_a_tenants_held_bodies_do_not_refuse_another_tenant_at_the_same_address(stack):
+    """R5b-1 (second review pass): the share is per tenant, not per source address. tenant-a fills
+    its 128 KiB share from 127.0.0.1 with bodies one byte short; tenant-b, from the same
+    address (as behind NAT or a proxy), is still served; tenant-a's next body is refused."""
+    host, port = stack.url.removeprefix("http://").split(":")
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway.test\r\nAuthorization: Bearer {stack.token()}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {64 * KiB}\r\n\r\n").encode()
+    budget = stack.components.body_budget
+    conns = []
+    try:
+        for i in range(2):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(head + b"x" * (64 * KiB - 1))
+            await writer.drain()
+            conns.append((reader, writer))
+            await wait_for(lambda i=i: budget.held >= (i + 1) * (64 * KiB - 1), timeout_s=10, what="body held")
+        assert budget.held_by("tenant:tenant-a") >= 2 * (64 * KiB - 1)
+        r = await stack.client.post("/v1/chat/completions", headers=stack.auth("tenant-b/app"),
+                                    json={"model": "sim-model", "max_tokens": 2,
+                                          "messages": [{"role": "user", "content": "x " * 2000}]})
+        assert r.status_code == 200, r.text
+        r = await stack.client.post("/v1/chat/completions", headers=stack.auth("tenant-a/app"),
+                                    json={"model": "sim-model", "max_tokens": 2,
+                                          "messages": [{"role": "user", "content": "x " * 2000}]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "body_budget_exhausted"
     finally:
         for _, writer in conns:
             writer.close()

@@ -90,3 +90,34 @@ async def test_malformed_requests_on_a_listener_log_one_line(stack):
         uv.removeHandler(cap)
     invalid = [line for line in cap.lines if line.startswith("Invalid HTTP request")]
     assert len(invalid) == 1 and "from 127.0.0.1" in invalid[0]
+
+
+async def test_websocket_upgrade_requests_log_one_line_of_each_kind(stack):
+    """R5b-5: each `Upgrade: websocket` request made uvicorn log two lines (unsupported upgrade,
+    no WebSocket library); both are aggregated."""
+    cap = Capture()
+    uv = logging.getLogger("uvicorn.error")
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    try:
+        async with serving() as serve:
+            addr = await serve(uvicorn_config(app, "127.0.0.1", 0, http="httptools",
+                                              limits=stack.components.config.limits))
+            uv.addHandler(cap)
+            for f in uv.filters:
+                if isinstance(f, RepeatedLineFilter):
+                    f._windows.clear()
+            for _ in range(20):
+                reader, writer = await asyncio.open_connection(*addr)
+                writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+                await writer.drain()
+                assert (await reader.read(200)).startswith(b"HTTP/1.1 200")
+                writer.close()
+    finally:
+        uv.removeHandler(cap)
+    nolib = [line for line in cap.lines if line.startswith("No supported WebSocket")]
+    upgrade = [line for line in cap.lines if line.startswith("Unsupported upgrade")]
+    assert len(nolib) == 1 and len(upgrade) == 1
