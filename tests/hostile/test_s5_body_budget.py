@@ -135,62 +135,69 @@ def config_overrides() -> dict[str, Any]:
                        "max_buffered_body_bytes_per_tenant": 128 * KiB}}
 
 
+class HeldBodies:
+    """Connections of tenant-a holding 64 KiB bodies one byte short (the budget keeps their parts)."""
+
+    def __init__(self, stack: Any) -> None:
+        self.host, port = stack.url.removeprefix("http://").split(":")
+        self.port = int(port)
+        self.head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway.test\r\n"
+                     f"Authorization: Bearer {stack.token()}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {64 * KiB}\r\n\r\n").encode()
+        self.budget = stack.components.body_budget
+        self.conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def send(self) -> asyncio.StreamReader:
+        """Open one more connection and send all but the last body byte; its reader."""
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        self.conns.append((reader, writer))
+        writer.write(self.head + b"x" * (64 * KiB - 1))
+        await writer.drain()
+        return reader
+
+    async def hold(self, n: int) -> None:
+        """:meth:`send` ``n`` bodies, each waited for until the budget holds its parts."""
+        for _ in range(n):
+            before = self.budget.held
+            await self.send()
+            await wait_for(lambda: self.budget.held >= before + 64 * KiB - 1, timeout_s=10, what="body held")
+
+    async def close(self) -> None:
+        """Close every connection and wait until the budget is given back."""
+        for _, writer in self.conns:
+            writer.close()
+        await wait_for(lambda: self.budget.held == 0, timeout_s=15, what="budget given back")
+
+
 async def test_almost_complete_bodies_from_one_source_hold_at_most_its_share(stack):
     """R5-3 end to end: authenticated bodies that stop one byte short; the third from the same
     source passes its 128 KiB share and answers 503 at once (not 408 after the body timeout)."""
-    host, port = stack.url.removeprefix("http://").split(":")
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway.test\r\nAuthorization: Bearer {stack.token()}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {64 * KiB}\r\n\r\n").encode()
-    budget = stack.components.body_budget
-    conns = []
+    held = HeldBodies(stack)
     try:
-        for i in range(2):
-            reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(head + b"x" * (64 * KiB - 1))
-            await writer.drain()
-            conns.append((reader, writer))
-            await wait_for(lambda i=i: budget.held >= (i + 1) * (64 * KiB - 1), timeout_s=10, what="body held")
-        reader, writer = await asyncio.open_connection(host, int(port))
-        conns.append((reader, writer))
-        writer.write(head + b"x" * (64 * KiB - 1))
+        await held.hold(2)
+        reader = await held.send()
         async with asyncio.timeout(5):  # well before body_read_timeout_s (10 s)
             raw = await reader.read(65536)
         resp = _parse_responses(raw)[0]
         assert resp.status == 503 and json.loads(resp.body)["error"]["code"] == "body_budget_exhausted"
         assert resp.headers["retry-after"] == ["10"]
-        assert budget.held <= 128 * KiB
+        assert held.budget.held <= 128 * KiB
     finally:
-        for _, writer in conns:
-            writer.close()
-    await wait_for(lambda: budget.held == 0, timeout_s=15, what="budget given back")
+        await held.close()
 
 
 async def test_a_tenants_held_bodies_do_not_refuse_another_tenant_at_the_same_address(stack):
     """R5b-1 (second review pass): the share is per tenant, not per source address. tenant-a fills
     its 128 KiB share from 127.0.0.1 with bodies one byte short; tenant-b, from the same
     address (as behind NAT or a proxy), is still served; tenant-a's next body is refused."""
-    host, port = stack.url.removeprefix("http://").split(":")
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway.test\r\nAuthorization: Bearer {stack.token()}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {64 * KiB}\r\n\r\n").encode()
-    budget = stack.components.body_budget
-    conns = []
+    held = HeldBodies(stack)
+    chat = {"model": "sim-model", "max_tokens": 2, "messages": [{"role": "user", "content": "x " * 2000}]}
     try:
-        for i in range(2):
-            reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(head + b"x" * (64 * KiB - 1))
-            await writer.drain()
-            conns.append((reader, writer))
-            await wait_for(lambda i=i: budget.held >= (i + 1) * (64 * KiB - 1), timeout_s=10, what="body held")
-        assert budget.held_by("tenant:tenant-a") >= 2 * (64 * KiB - 1)
-        r = await stack.client.post("/v1/chat/completions", headers=stack.auth("tenant-b/app"),
-                                    json={"model": "sim-model", "max_tokens": 2,
-                                          "messages": [{"role": "user", "content": "x " * 2000}]})
+        await held.hold(2)
+        assert held.budget.held_by("tenant:tenant-a") >= 2 * (64 * KiB - 1)
+        r = await stack.client.post("/v1/chat/completions", headers=stack.auth("tenant-b/app"), json=chat)
         assert r.status_code == 200, r.text
-        r = await stack.client.post("/v1/chat/completions", headers=stack.auth("tenant-a/app"),
-                                    json={"model": "sim-model", "max_tokens": 2,
-                                          "messages": [{"role": "user", "content": "x " * 2000}]})
+        r = await stack.client.post("/v1/chat/completions", headers=stack.auth("tenant-a/app"), json=chat)
         assert r.status_code == 503 and r.json()["error"]["code"] == "body_budget_exhausted"
     finally:
-        for _, writer in conns:
-            writer.close()
-    await wait_for(lambda: budget.held == 0, timeout_s=15, what="budget given back")
+        await held.close()

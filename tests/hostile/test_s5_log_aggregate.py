@@ -65,13 +65,12 @@ async def test_summary_goes_out_at_the_end_of_the_window(logger):
     assert "49 more times" in cap.lines[1] and "10.1.1.1 x49" in cap.lines[1]
 
 
-async def test_malformed_requests_on_a_listener_log_one_line(stack):
+async def uvicorn_lines(stack: Any, app: Any, request: bytes, n: int, answer: bytes) -> list[str]:
+    """Send ``request`` ``n`` times, each on a fresh connection, to a uvicorn listener of ``app``
+    configured as the gateway's (httptools); each answer starts with ``answer``. The lines
+    ``uvicorn.error`` logged meanwhile, through a fresh window of the aggregating filter."""
     cap = Capture()
     uv = logging.getLogger("uvicorn.error")
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        raise AssertionError("never reached")
-
     try:
         async with serving() as serve:
             addr = await serve(uvicorn_config(app, "127.0.0.1", 0, http="httptools",
@@ -80,44 +79,35 @@ async def test_malformed_requests_on_a_listener_log_one_line(stack):
             for f in uv.filters:  # a fresh window for this test (another test may have used the filter)
                 if isinstance(f, RepeatedLineFilter):
                     f._windows.clear()
-            for _ in range(50):
+            for _ in range(n):
                 reader, writer = await asyncio.open_connection(*addr)
-                writer.write(b"CONNECT x:1 HTTP/1.1\r\nHost: x\r\n\r\n")
+                writer.write(request)
                 await writer.drain()
-                assert (await reader.read(200)).startswith(b"HTTP/1.1 400")
+                assert (await reader.read(200)).startswith(answer)
                 writer.close()
     finally:
         uv.removeHandler(cap)
-    invalid = [line for line in cap.lines if line.startswith("Invalid HTTP request")]
+    return cap.lines
+
+
+async def test_malformed_requests_on_a_listener_log_one_line(stack):
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("never reached")
+
+    lines = await uvicorn_lines(stack, app, b"CONNECT x:1 HTTP/1.1\r\nHost: x\r\n\r\n", 50, b"HTTP/1.1 400")
+    invalid = [line for line in lines if line.startswith("Invalid HTTP request")]
     assert len(invalid) == 1 and "from 127.0.0.1" in invalid[0]
 
 
 async def test_websocket_upgrade_requests_log_one_line_of_each_kind(stack):
     """R5b-5: each `Upgrade: websocket` request made uvicorn log two lines (unsupported upgrade,
     no WebSocket library); both are aggregated."""
-    cap = Capture()
-    uv = logging.getLogger("uvicorn.error")
-
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    try:
-        async with serving() as serve:
-            addr = await serve(uvicorn_config(app, "127.0.0.1", 0, http="httptools",
-                                              limits=stack.components.config.limits))
-            uv.addHandler(cap)
-            for f in uv.filters:
-                if isinstance(f, RepeatedLineFilter):
-                    f._windows.clear()
-            for _ in range(20):
-                reader, writer = await asyncio.open_connection(*addr)
-                writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-                await writer.drain()
-                assert (await reader.read(200)).startswith(b"HTTP/1.1 200")
-                writer.close()
-    finally:
-        uv.removeHandler(cap)
-    nolib = [line for line in cap.lines if line.startswith("No supported WebSocket")]
-    upgrade = [line for line in cap.lines if line.startswith("Unsupported upgrade")]
+    upgrade_request = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+    lines = await uvicorn_lines(stack, app, upgrade_request, 20, b"HTTP/1.1 200")
+    nolib = [line for line in lines if line.startswith("No supported WebSocket")]
+    upgrade = [line for line in lines if line.startswith("Unsupported upgrade")]
     assert len(nolib) == 1 and len(upgrade) == 1
