@@ -21,6 +21,7 @@ from gateway.auditing import AuditHub
 from gateway.authn import Authenticator
 from gateway.body_budget import BodyBudget
 from gateway.config import ConfigError, GatewayConfig
+from gateway.cpu_budget import CpuBudget
 from gateway.flow import FlowControl, NotifyingLoadTracker
 from gateway.health import HealthChecker
 from gateway.identity import (
@@ -196,6 +197,8 @@ class Gateway:
     flow: FlowControl | None
     overload: OverloadGuard
     lifecycles: Lifecycles = field(repr=False)
+    #: each tenant's budget of CPU for refused requests (``limits.refused_cpu_ms_per_s``; gateway/cpu_budget.py)
+    cpu_budget: CpuBudget = field(repr=False)
     #: the Redis-shared state (``state.backend: redis``), else None
     shared: SharedState | None = None
     #: request-body bytes being read, both listeners (``limits.max_buffered_body_bytes``; gateway/framing.py)
@@ -364,6 +367,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
                             limits.availability, overload=overload, flow=flow),
         flow=flow, overload=overload, lifecycles=lifecycles, shared=shared,
         body_budget=BodyBudget(config.limits.max_buffered_body_bytes, config.limits.max_buffered_body_bytes_per_tenant),
+        cpu_budget=CpuBudget(config.limits, metrics=metrics),
     )
 
 

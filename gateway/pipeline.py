@@ -22,7 +22,6 @@ from gateway import json_fast
 from gateway.build import Gateway
 from gateway.client_io import ClientGone, EndingStreamingResponse, unless_client_leaves
 from gateway.body_budget import OWNER_SCOPE_KEY
-from gateway.cpu_budget import CpuBudget
 from gateway.errors import GatewayError
 from gateway.held import Held
 from gateway.prefix_keys import ChainView, PrefixKeys
@@ -55,7 +54,7 @@ class InferencePipeline:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
         self.cfg = gateway.config
-        self.cpu = CpuBudget(self.cfg.limits, metrics=gateway.metrics)  # refused requests' CPU per tenant (R5-8)
+        self.cpu = gateway.cpu_budget  # refused requests' CPU per tenant (R5-8)
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Serve one inference request; always returns a response, never raises."""
