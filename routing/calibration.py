@@ -53,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from routing.engine_metrics import EngineSample, parse_engine_metrics
-from routing.linsolve import solve as _solve
+from routing.linsolve import solve3 as _solve
 from routing.types import ReplicaLoad
 
 __all__ = [

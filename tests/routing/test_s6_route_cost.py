@@ -190,3 +190,15 @@ def test_rates_helper_unchanged_for_partly_calibrated_sets() -> None:
     est = ReplicaEstimate(500.0, 0.5, 0.0, 30)
     cands = [Candidate("a", ReplicaLoad("a"), 0, est), Candidate("b", ReplicaLoad("b"), 0, None)]
     assert rates_and_queue_weights(cands, 100.0, True) == {"a": (100.0, 1.0), "b": (100.0, 1.0)}
+
+
+_entry = st.one_of(st.just(0.0), st.floats(-1e6, 1e6), st.floats(-1e-11, 1e-11), st.floats(-1.0, 1.0))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.lists(_entry, min_size=3, max_size=3), min_size=3, max_size=3),
+       st.lists(st.floats(-1e3, 1e3), min_size=3, max_size=3))
+def test_unrolled_3x3_solve_is_the_general_solve_bit_for_bit(m: list[list[float]], v: list[float]) -> None:
+    from routing.linsolve import solve, solve3
+
+    assert repr(solve3(m, v)) == repr(solve(m, v))  # repr: NaN and -0.0 compare too
