@@ -48,7 +48,7 @@ from audit.attribution import attribute_concentration
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
 
 
-@dataclass
+@dataclass(slots=True)
 class _Obs:
     t: float
     replica: str
@@ -197,8 +197,7 @@ class ConcentrationMonitor:
                 "hhi": hhi, "hit_rate": hit, "baseline_hit_rate": base}
 
     @staticmethod
-    def _stats(p: _Pool) -> tuple[int, dict[str, float], dict[str, float], float, float, float | None,
-                                  float | None]:
+    def _stats(p: _Pool) -> tuple[int, dict[str, float], dict[str, float], float, float, float | None, float | None]:
         """:meth:`stats` as a tuple (no dict per observation)."""
         total = sum(p.requests.values())
         total_prefill = sum(p.prefill.values())
@@ -248,14 +247,10 @@ class ConcentrationMonitor:
     @staticmethod
     def _forget(p: _Pool, old: _Obs) -> None:
         """Take an expired observation out of the per-tenant counts (entries at zero are dropped)."""
-        key = (old.replica, old.tenant)
-        for counts, k, v in ((p.t_requests, key, 1), (p.t_prefill, key, old.prefill),
-                             (p.tenant_requests, old.tenant, 1), (p.tenant_prefill, old.tenant, old.prefill)):
-            left = counts[k] - v  # type: ignore[index]
-            if left > 0:
-                counts[k] = left  # type: ignore[index]
-            else:
-                counts.pop(k, None)  # type: ignore[attr-defined]
+        _drop(p.t_requests, (old.replica, old.tenant), 1)
+        _drop(p.t_prefill, (old.replica, old.tenant), old.prefill)
+        _drop(p.tenant_requests, old.tenant, 1)
+        _drop(p.tenant_prefill, old.tenant, old.prefill)
 
     def attribution(self, pool: str, replica: str, by_prefill: bool = False) -> tuple[str, ...] | None:
         """The tenants that explain ``replica``'s concentration in ``pool``'s window
@@ -386,6 +381,15 @@ class ConcentrationMonitor:
         if tenant is not None:
             alert["tenant_id"] = tenant
         self._on_alert(AuditEvent(kind=Kind.ALERT, outcome=outcome, alert=alert, tenant=tenant))
+
+
+def _drop(counts: dict, key: object, v: int) -> None:  # type: ignore[type-arg]
+    """Subtract ``v`` from ``counts[key]``; an entry at or below zero is dropped."""
+    left = counts[key] - v
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def _alert_id(kind: str, pool: str, replica: str, tenant: str | None) -> str:
