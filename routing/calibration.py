@@ -191,8 +191,9 @@ class PrefillRateEstimator:
         if th is not None and isfinite(th[0]) and isfinite(th[1]) and isfinite(th[2]):
             self._theta = th
 
-    def estimate(self) -> ReplicaEstimate | None:
-        """The bounded estimate (module doc), or ``None`` before ``min_samples``."""
+    def estimate(self, engine: EngineSample | None = None, external_requests: float = 0.0) -> ReplicaEstimate | None:
+        """The bounded estimate (module doc), or ``None`` before ``min_samples``; ``engine`` and
+        ``external_requests`` are set on it as given (:meth:`Calibration.estimate`)."""
         th = self._theta
         if th is None or self.samples < self.min_samples:
             return None
@@ -207,6 +208,8 @@ class PrefillRateEstimator:
             queue_weight=min(1.0, max(0.0, qw)),
             overhead_s=min(self.max_overhead_s, max(0.0, th[0])),
             samples=self.samples,
+            engine=engine,
+            external_requests=external_requests,
         )
 
 
@@ -310,14 +313,11 @@ class Calibration:
         return out
 
     def _build(self, est: PrefillRateEstimator | None, eng: EngineSample | None, ext: float) -> ReplicaEstimate | None:
-        e = est.estimate() if est is not None else None
-        if e is None:
-            if eng is None:
-                return None
+        e = est.estimate(eng, ext) if est is not None else None  # one ReplicaEstimate, not a copy of one
+        if e is None and eng is not None:
             return ReplicaEstimate(self.prior_rate, 1.0, 0.0, est.samples if est else 0, eng, calibrated=False,
                                    external_requests=ext)
-        return ReplicaEstimate(e.prefill_tokens_per_s, e.queue_weight, e.overhead_s, e.samples, eng,
-                               external_requests=ext)
+        return e
 
     def forget_replica(self, replica_id: str) -> None:
         """Drop everything learnt about ``replica_id`` (it restarted or was removed)."""

@@ -120,7 +120,13 @@ class LoadGuardFilter:
             return []
         if self.token_factor is None:
             return [c]
-        load = self._token_loads((c,), {c.replica_id: uncached})[c.replica_id]
+        est = c.estimate  # _token_loads of one candidate (rates_and_queue_weights: its own estimate or 1.0)
+        w = est.queue_weight if self.calibrated and est is not None and est.calibrated else 1.0
+        if w >= 1.0:
+            load = c.load.tokens
+        else:
+            s = c.load.shared_wait_tokens(uncached)
+            load = s + w * (c.load.queued_prefill_tokens - s) + c.load.decode_tokens
         mean = (0 + load + (uncached + req.max_tokens)) / 1
         tok_cap = math.ceil(self.token_factor * mean / unit) * unit
         tok_cap += self.slack_requests * unit + self.token_slack
