@@ -48,7 +48,7 @@ from audit.attribution import attribute_concentration
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
 
 
-@dataclass
+@dataclass(slots=True)
 class _Obs:
     t: float
     replica: str
@@ -159,6 +159,7 @@ class ConcentrationMonitor:
         # replicas are few and never forgotten, like the gauges' own children)
         self._pool_children: dict[str, tuple[Gauge, Gauge, Gauge]] = {}
         self._replica_children: dict[tuple[str, str], tuple[Gauge, Gauge]] = {}
+        self._set_values: dict[Gauge, float] = {}  # the value each child above was last set to
         for pool, members in (pools or {}).items():
             self.set_pool_members(pool, members)
 
@@ -191,7 +192,13 @@ class ConcentrationMonitor:
     def stats(self, pool: str) -> dict[str, object]:
         """Current window stats of ``pool``: requests, shares, prefill_shares,
         max_mean_ratio, hhi, hit_rate, baseline_hit_rate."""
-        p = self._pools[pool]
+        total, shares, pshares, ratio, hhi, hit, base = self._stats(self._pools[pool])
+        return {"requests": total, "shares": shares, "prefill_shares": pshares, "max_mean_ratio": ratio,
+                "hhi": hhi, "hit_rate": hit, "baseline_hit_rate": base}
+
+    @staticmethod
+    def _stats(p: _Pool) -> tuple[int, dict[str, float], dict[str, float], float, float, float | None, float | None]:
+        """:meth:`stats` as a tuple (no dict per observation)."""
         total = sum(p.requests.values())
         total_prefill = sum(p.prefill.values())
         n = max(len(p.replicas), 1)
@@ -200,15 +207,9 @@ class ConcentrationMonitor:
         hhi = sum(s * s for s in shares.values())
         hhi_norm = (hhi - 1 / n) / (1 - 1 / n) if n > 1 and total else (1.0 if total else 0.0)
         mean = total / n
-        return {
-            "requests": total,
-            "shares": shares,
-            "prefill_shares": pshares,
-            "max_mean_ratio": (max(p.requests.values(), default=0) / mean) if mean else 0.0,
-            "hhi": max(hhi_norm, 0.0),
-            "hit_rate": p.cached / p.prompt if p.prompt else None,
-            "baseline_hit_rate": p.base_cached / p.base_prompt if p.base_prompt else None,
-        }
+        return (total, shares, pshares, (max(p.requests.values(), default=0) / mean) if mean else 0.0,
+                max(hhi_norm, 0.0), p.cached / p.prompt if p.prompt else None,
+                p.base_cached / p.base_prompt if p.base_prompt else None)
 
     def observe(self, pool: str, replica: str, prefill_tokens: int, prompt_tokens: int, cached_tokens: int, now: float,
                 tenant: str | None = None) -> None:
@@ -246,14 +247,10 @@ class ConcentrationMonitor:
     @staticmethod
     def _forget(p: _Pool, old: _Obs) -> None:
         """Take an expired observation out of the per-tenant counts (entries at zero are dropped)."""
-        key = (old.replica, old.tenant)
-        for counts, k, v in ((p.t_requests, key, 1), (p.t_prefill, key, old.prefill),
-                             (p.tenant_requests, old.tenant, 1), (p.tenant_prefill, old.tenant, old.prefill)):
-            left = counts[k] - v  # type: ignore[index]
-            if left > 0:
-                counts[k] = left  # type: ignore[index]
-            else:
-                counts.pop(k, None)  # type: ignore[attr-defined]
+        _drop(p.t_requests, (old.replica, old.tenant), 1)
+        _drop(p.t_prefill, (old.replica, old.tenant), old.prefill)
+        _drop(p.tenant_requests, old.tenant, 1)
+        _drop(p.tenant_prefill, old.tenant, old.prefill)
 
     def attribution(self, pool: str, replica: str, by_prefill: bool = False) -> tuple[str, ...] | None:
         """The tenants that explain ``replica``'s concentration in ``pool``'s window
@@ -288,31 +285,31 @@ class ConcentrationMonitor:
         return out
 
     def _evaluate(self, pool: str, now: float) -> None:
-        st = self.stats(pool)
+        total, shares, pshares, ratio, hhi_st, hit_st, base_st = self._stats(self._pools[pool])
+        last = self._set_values  # a gauge is set only when its value changed (same scrape, no lock per call)
         g_index, g_hit, g_ratio = self._pool_gauges(pool)
-        g_index.set(st["hhi"])  # type: ignore[arg-type]
-        if st["hit_rate"] is not None:
-            g_hit.set(st["hit_rate"])  # type: ignore[arg-type]
-        g_ratio.set(st["max_mean_ratio"])  # type: ignore[arg-type]
-        shares: dict[str, float] = st["shares"]  # type: ignore[assignment]
-        pshares: dict[str, float] = st["prefill_shares"]  # type: ignore[assignment]
+        for g, v in ((g_index, hhi_st), (g_hit, hit_st), (g_ratio, ratio)):
+            if v is not None and last.get(g) != v:
+                g.set(v)
+                last[g] = v
         for r in shares:
-            g_share, g_pshare = self._replica_gauges(pool, r)
-            g_share.set(shares[r])
-            g_pshare.set(pshares[r])
-        if int(st["requests"]) < self.min_requests or len(shares) < 2:  # type: ignore[call-overload]
+            for g, v in zip(self._replica_gauges(pool, r), (shares[r], pshares[r])):
+                if last.get(g) != v:
+                    g.set(v)
+                    last[g] = v
+        if int(total) < self.min_requests or len(shares) < 2:
             return
         thr = self.share_threshold if self.share_threshold is not None else self.default_share_threshold(
-            len(shares), int(st["requests"]))  # type: ignore[call-overload]
+            len(shares), int(total))
         for r in shares:
             value = max(shares[r], pshares[r])
             by_prefill = pshares[r] > shares[r]
             self._step(("replica_concentration", pool, r), value >= thr, value < thr * self.clear_ratio, now, value, thr,
                        lambda r=r, bp=by_prefill: self.attribution(pool, r, bp))  # type: ignore[misc]
-        hhi = float(st["hhi"])  # type: ignore[arg-type]
+        hhi = float(hhi_st)
         self._step(("pool_concentration", pool, ""), hhi >= self.index_threshold,
                    hhi < self.index_threshold * self.clear_ratio, now, hhi, self.index_threshold)
-        hit, base = st["hit_rate"], st["baseline_hit_rate"]
+        hit, base = hit_st, base_st
         if hit is not None and base:
             low = base * (1 - self.hit_drop_ratio)
             ok = base * (1 - self.hit_drop_ratio * self.clear_ratio)
@@ -384,6 +381,15 @@ class ConcentrationMonitor:
         if tenant is not None:
             alert["tenant_id"] = tenant
         self._on_alert(AuditEvent(kind=Kind.ALERT, outcome=outcome, alert=alert, tenant=tenant))
+
+
+def _drop(counts: dict, key: object, v: int) -> None:  # type: ignore[type-arg]
+    """Subtract ``v`` from ``counts[key]``; an entry at or below zero is dropped."""
+    left = counts[key] - v
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def _alert_id(kind: str, pool: str, replica: str, tenant: str | None) -> str:

@@ -46,6 +46,7 @@ class NotifyingLoadTracker:
     def __init__(self, inner: LoadTracker) -> None:
         self.inner = inner
         self.on_release: Callable[[], None] = lambda: None
+        self.snapshot = inner.snapshot  # type: ignore[method-assign]  # the inner tracker's, no frame per call
 
     def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1) -> LoadTicket:
         """Charge the inner tracker; the ticket notifies on release."""

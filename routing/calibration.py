@@ -53,6 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from routing.engine_metrics import EngineSample, parse_engine_metrics
+from routing.linsolve import solve3 as _solve
 from routing.types import ReplicaLoad
 
 __all__ = [
@@ -88,31 +89,6 @@ class ReplicaEstimate:
     engine: EngineSample | None = None
     calibrated: bool = True
     external_requests: float = 0.0
-
-
-def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
-    """Solve the n x n system ``m x = v`` by Gaussian elimination with partial pivoting
-    (the first row of largest magnitude); ``None`` when a pivot is below 1e-12."""
-    n = len(v)
-    a = [row[:] + [v[i]] for i, row in enumerate(m)]
-    for col in range(n):
-        piv, best = col, abs(a[col][col])
-        for r in range(col + 1, n):
-            x = abs(a[r][col])
-            if x > best:
-                piv, best = r, x
-        if best < 1e-12:
-            return None
-        a[col], a[piv] = a[piv], a[col]
-        ac = a[col]
-        d = ac[col]
-        for r in range(n):
-            if r != col:
-                ar = a[r]
-                f = ar[col] / d
-                for k in range(col, n + 1):
-                    ar[k] -= f * ac[k]
-    return [a[i][n] / a[i][i] for i in range(n)]
 
 
 _N = 3  # features: 1, own + shared work u + s (s = min(q, k·u)), the rest of the queue q - s
@@ -215,8 +191,9 @@ class PrefillRateEstimator:
         if th is not None and isfinite(th[0]) and isfinite(th[1]) and isfinite(th[2]):
             self._theta = th
 
-    def estimate(self) -> ReplicaEstimate | None:
-        """The bounded estimate (module doc), or ``None`` before ``min_samples``."""
+    def estimate(self, engine: EngineSample | None = None, external_requests: float = 0.0) -> ReplicaEstimate | None:
+        """The bounded estimate (module doc), or ``None`` before ``min_samples``; ``engine`` and
+        ``external_requests`` are set on it as given (:meth:`Calibration.estimate`)."""
         th = self._theta
         if th is None or self.samples < self.min_samples:
             return None
@@ -231,6 +208,8 @@ class PrefillRateEstimator:
             queue_weight=min(1.0, max(0.0, qw)),
             overhead_s=min(self.max_overhead_s, max(0.0, th[0])),
             samples=self.samples,
+            engine=engine,
+            external_requests=external_requests,
         )
 
 
@@ -252,6 +231,10 @@ class Calibration:
         self._external: dict[str, float] = {}
         self._defer = False
         self._pending: list[tuple[str, float, float, float, float | None]] = []
+        # the last estimate per replica with what it was built from (estimator, its sample count,
+        # engine sample, external requests): rebuilt only when one of them changed
+        self._built: dict[str, tuple[PrefillRateEstimator | None, int, EngineSample | None, float,
+                                     ReplicaEstimate | None]] = {}
 
     #: deferred first-byte observations held at most (then they are applied at once)
     MAX_PENDING = 256
@@ -318,16 +301,23 @@ class Calibration:
         if self._pending:
             self.flush()
         est = self._est.get(replica_id)
-        e = est.estimate() if est is not None else None
         eng = self._engine.get(replica_id)
         ext = self._external.get(replica_id, 0.0)
-        if e is None:
-            if eng is None:
-                return None
+        samples = est.samples if est is not None else 0
+        built = self._built.get(replica_id)
+        # an estimator changes only by an accepted observation, which counts a sample
+        if built is not None and built[0] is est and built[1] == samples and built[2] is eng and built[3] == ext:
+            return built[4]
+        out = self._build(est, eng, ext)
+        self._built[replica_id] = (est, samples, eng, ext, out)
+        return out
+
+    def _build(self, est: PrefillRateEstimator | None, eng: EngineSample | None, ext: float) -> ReplicaEstimate | None:
+        e = est.estimate(eng, ext) if est is not None else None  # one ReplicaEstimate, not a copy of one
+        if e is None and eng is not None:
             return ReplicaEstimate(self.prior_rate, 1.0, 0.0, est.samples if est else 0, eng, calibrated=False,
                                    external_requests=ext)
-        return ReplicaEstimate(e.prefill_tokens_per_s, e.queue_weight, e.overhead_s, e.samples, eng,
-                               external_requests=ext)
+        return e
 
     def forget_replica(self, replica_id: str) -> None:
         """Drop everything learnt about ``replica_id`` (it restarted or was removed)."""
@@ -335,6 +325,7 @@ class Calibration:
         self._est.pop(replica_id, None)
         self._engine.pop(replica_id, None)
         self._external.pop(replica_id, None)
+        self._built.pop(replica_id, None)
 
 
 class _CalibratingTicket:
@@ -384,6 +375,7 @@ class CalibratingLoadTracker:
         self.inner = inner
         self.calibration = calibration
         self.clock = clock
+        self.snapshot = inner.snapshot  # type: ignore[attr-defined,method-assign]  # no frame per call
 
     def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int,
                  requests: int = 1) -> _CalibratingTicket:

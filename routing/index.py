@@ -155,16 +155,25 @@ class InProcessPrefixIndex:
         lru = self._lru.get(replica_id)
         if lru is None:
             lru = self._lru[replica_id] = OrderedDict()
-        chain = keys[: self._capacity]
-        for k in reversed(chain):
+        cap = self._capacity
+        owners_of = self._owners
+        for k in reversed(keys[:cap]):
             if k in lru:
                 lru.move_to_end(k)
             else:
                 lru[k] = None
-                self._owners.setdefault(k, set()).add(replica_id)
-        while len(lru) > self._capacity:
+                owners = owners_of.get(k)
+                if owners is None:
+                    owners_of[k] = {replica_id}
+                else:
+                    owners.add(replica_id)
+        while len(lru) > cap:
             old, _ = lru.popitem(last=False)
-            self._drop_owner(old, replica_id)
+            owners = owners_of.get(old)  # _drop_owner, inline (a few evictions per request when full)
+            if owners is not None:
+                owners.discard(replica_id)
+                if not owners:
+                    del owners_of[old]
             self._evictions += 1
 
     def forget_replica(self, replica_id: str) -> None:

@@ -61,13 +61,14 @@ class LoadTracker(Protocol):
 
 
 class _Counters:
-    __slots__ = ("prefill", "decode", "running", "prefilling")
+    __slots__ = ("prefill", "decode", "running", "prefilling", "snap")
 
     def __init__(self) -> None:
         self.prefill = 0
         self.decode = 0
         self.running = 0
         self.prefilling = 0
+        self.snap: ReplicaLoad | None = None  # the last snapshot, until a counter changes (immutable: shared)
 
 
 class Ticket:
@@ -132,14 +133,19 @@ class InProcessLoadTracker:
         c.decode += decode_tokens
         c.running += requests
         c.prefilling += requests
+        c.snap = None
         return Ticket(self, replica_id, prefill_tokens, decode_tokens, requests)
 
     def snapshot(self, replica_id: str) -> ReplicaLoad:
-        """Current load of ``replica_id`` (all zero for an unknown replica)."""
+        """Current load of ``replica_id`` (all zero for an unknown replica). The same (immutable)
+        object is returned until the replica's counters change (no rebuild per call)."""
         c = self._c.get(replica_id)
         if c is None:
             return ReplicaLoad(replica_id)
-        return ReplicaLoad(replica_id, c.prefill, c.decode, c.running, c.prefilling)
+        snap = c.snap
+        if snap is None:
+            snap = c.snap = ReplicaLoad(replica_id, c.prefill, c.decode, c.running, c.prefilling)
+        return snap
 
     def release(self, replica_id: str, prefill: int, decode: int, running: int, prefilling: int = 0) -> None:
         """Give back ``prefill``/``decode`` tokens, ``running`` requests and
@@ -152,3 +158,4 @@ class InProcessLoadTracker:
         c.decode = max(0, c.decode - decode)
         c.running = max(0, c.running - running)
         c.prefilling = max(0, c.prefilling - prefilling)
+        c.snap = None

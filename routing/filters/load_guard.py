@@ -88,6 +88,8 @@ class LoadGuardFilter:
         if not candidates:
             return []
         n = len(candidates)
+        if n == 1:
+            return self._one(req, candidates[0])
         uncached = {c.replica_id: req.prompt_tokens - prefix_tokens(req, c.matched_blocks) for c in candidates}
         unit = max(1, req.prompt_tokens + req.max_tokens)
         worst = max(uncached.values())
@@ -107,6 +109,28 @@ class LoadGuardFilter:
         tok_cap += self.slack_requests * unit + self.token_slack
         return [c for c in keep
                 if load[c.replica_id] + uncached[c.replica_id] + req.max_tokens - saved[c.replica_id] <= tok_cap]
+
+    def _one(self, req: RouteRequest, c: Candidate) -> list[Candidate]:
+        """:meth:`filter` of one candidate, the same operations without the per-id dicts: it is
+        its own least-matching candidate (it saves nothing) and the sums are of one term."""
+        uncached = req.prompt_tokens - prefix_tokens(req, c.matched_blocks)
+        unit = max(1, req.prompt_tokens + req.max_tokens)
+        running = c.load.running_requests + self._external(c)
+        if not running + 1 <= self._request_cap(0 / unit, (0 + running + 1) / 1):
+            return []
+        if self.token_factor is None:
+            return [c]
+        est = c.estimate  # _token_loads of one candidate (rates_and_queue_weights: its own estimate or 1.0)
+        w = est.queue_weight if self.calibrated and est is not None and est.calibrated else 1.0
+        if w >= 1.0:
+            load = c.load.tokens
+        else:
+            s = c.load.shared_wait_tokens(uncached)
+            load = s + w * (c.load.queued_prefill_tokens - s) + c.load.decode_tokens
+        mean = (0 + load + (uncached + req.max_tokens)) / 1
+        tok_cap = math.ceil(self.token_factor * mean / unit) * unit
+        tok_cap += self.slack_requests * unit + self.token_slack
+        return [c] if load + uncached + req.max_tokens - 0 <= tok_cap else []
 
     def _request_cap(self, saved_fraction: float, mean: float) -> float:
         """``ceil(factor · mean)`` running requests, ``factor`` = ``request_factor``

@@ -27,6 +27,8 @@ class LeastLoadPicker:
     def pick(self, req: RouteRequest, candidates: Sequence[Candidate], eligible: Sequence[Candidate],
              scores: Mapping[str, float]) -> Pick:
         """The least loaded of ``eligible``."""
+        if len(eligible) == 1:  # min() of one element: no key (no rendezvous hash) needed
+            return Pick(eligible[0], self.reason)
         point = request_point(req, self.skip_blocks)
         chosen = min(
             eligible,

@@ -30,11 +30,14 @@ class LowestCostPicker:
     def pick(self, req: RouteRequest, candidates: Sequence[Candidate], eligible: Sequence[Candidate],
              scores: Mapping[str, float]) -> Pick:
         """The cheapest of ``eligible`` and why (see module doc)."""
-        point = request_point(req, self.skip_blocks)
-        chosen = min(
-            eligible,
-            key=lambda c: (scores[c.replica_id], -c.matched_blocks, tiebreak(point, c.replica_id), c.replica_id),
-        )
+        if len(eligible) == 1:  # min() of one element: no key (no rendezvous hash) needed
+            chosen = eligible[0]
+        else:
+            point = request_point(req, self.skip_blocks)
+            chosen = min(
+                eligible,
+                key=lambda c: (scores[c.replica_id], -c.matched_blocks, tiebreak(point, c.replica_id), c.replica_id),
+            )
         best = max(c.matched_blocks for c in candidates)
         kept = {c.replica_id for c in eligible}
         if chosen.matched_blocks == best and best > 0:
