@@ -61,7 +61,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.body_guard import (
-    DEFAULT_MAX_BODY_CHUNKS, WIRE_SCOPE_KEY, BodyGuard, GuardedH11Connection, refusal_bytes,
+    DEFAULT_MAX_BODY_CHUNKS, WIRE_SCOPE_KEY, BodyGuard, BodyWire, GuardedH11Connection, refusal_bytes,
 )
 from gateway.client_io import LOSS_KEY, ConnectionLoss
 from gateway.coalesce import CoalescingTransport
@@ -117,6 +117,7 @@ class _HeadGuard:
         self.guard_timer = None
         self.guard_source = None
         self.guard_loss = ConnectionLoss()  # fired by connection_lost; in every request scope (gateway/client_io.py)
+        self.guard_wire = BodyWire()  # this connection's own (the class default is shared)
 
     # -- connections per source
     def guard_admit_source(self, transport: asyncio.Transport) -> bool:

@@ -13,7 +13,8 @@ The approach of nginx (``lingering_close``, ``lingering_time``,
 ``lingering_timeout``) instead: send the answer, shut down the write side
 (the client sees the answer and a FIN), then read and *discard* what the client
 still sends, without parsing it, for a bounded time and number of bytes, then
-close. :class:`LingeringTransport` wraps the connection's transport (as given to
+close (measured, 8 MiB in 1 KiB chunks before a 401 on loopback: ~18 ms of CPU parsed
+under httptools, ~78 ms under h11; ~3.4 ms discarded). :class:`LingeringTransport` wraps the connection's transport (as given to
 uvicorn's protocol); its ``close`` does that when the protocol's
 ``guard_body_unfinished()`` says a request body is still being received:
 
