@@ -59,6 +59,7 @@ from typing import Any
 from gateway.body_budget import BodyBudget, owner_of
 from gateway.body_guard import REFUSED_SCOPE_KEY, WIRE_SCOPE_KEY, BodyWire
 from gateway.errors import GatewayError
+from gateway.lingering import lingering_cap
 
 __all__ = ["FramingGuard", "framing_problem", "drain_cap", "DEFAULT_MAX_DRAIN_BYTES"]
 
@@ -69,14 +70,13 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _DIGITS = re.compile(rb"[0-9]+")
-MIN_DRAIN_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_DRAIN_BYTES = 64 * 1024
 
 
 def drain_cap(max_body_bytes: int) -> int:
     """max(4 x ``max_body_bytes``, 8 MiB): the default of ``limits.lingering_close_bytes`` (bytes a
     lingering close discards; until R5b-2 the most body bytes parsed to answer an early refusal)."""
-    return max(4 * max_body_bytes, MIN_DRAIN_BYTES)
+    return lingering_cap(None, max_body_bytes)
 
 
 def framing_problem(headers: list[tuple[bytes, bytes]]) -> str | None:
