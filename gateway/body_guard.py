@@ -83,9 +83,10 @@ def refusal_bytes(status: int, code: str, message: str) -> bytes:
 
 class BodyWire:
     """Wire bytes of one request body handed to the parser (payload plus chunk framing:
-    chunk-size lines with their extensions, CRLFs), counted from the first read after the
-    request head (the rest of the head's own read, at most ``max_header_bytes``, is not
-    counted; a pipelined request's bytes read together with the body's end are)."""
+    chunk-size lines with their extensions, CRLFs): the bytes after the head's blank line in
+    the read that ended the head, then every read until the body ends (a pipelined request's
+    bytes read together with the body's end are counted too). Counted by the protocol
+    (gateway/http_guard.py); the framing guard (gateway/framing.py) reads it from the scope."""
 
     __slots__ = ("bytes",)
 
