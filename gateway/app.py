@@ -34,7 +34,7 @@ from gateway.admin import Admin, record_refusal
 from gateway.build import Gateway
 from gateway.errors import GatewayError
 from gateway.exact_path import ExactPath
-from gateway.framing import ASGIApp, FramingGuard, drain_cap
+from gateway.framing import ASGIApp, FramingGuard
 from gateway.inference_asgi import InferenceRoutes
 from gateway.listing import list_models
 from gateway.pipeline import InferencePipeline
@@ -118,7 +118,7 @@ def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
                                               exception_handlers={HTTPException: unrouted}))
     limits = c.config.limits
     return FramingGuard(InferenceRoutes(starlette, pipeline, c.recorder),
-                        max_drain_bytes=drain_cap(limits.max_body_bytes), drain_timeout_s=limits.body_read_timeout_s,
+                        max_drain_bytes=limits.max_drain_bytes, drain_timeout_s=limits.body_read_timeout_s,
                         budget=c.body_budget)
 
 
@@ -182,7 +182,7 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 def _middleware(c: Gateway) -> list[Middleware]:
     """The framing guard (gateway/framing.py) of both listeners, sized from ``limits``."""
     limits = c.config.limits
-    return [Middleware(FramingGuard, max_drain_bytes=drain_cap(limits.max_body_bytes),
+    return [Middleware(FramingGuard, max_drain_bytes=limits.max_drain_bytes,
                        drain_timeout_s=limits.body_read_timeout_s, budget=c.body_budget)]
 
 

@@ -47,14 +47,18 @@ from typing import Any
 
 import h11
 
-__all__ = ["BodyGuard", "GuardedH11Connection", "refusal_bytes", "REFUSED_SCOPE_KEY",
-           "DEFAULT_MAX_BODY_CHUNKS", "MIN_AVERAGE_CHUNK_BYTES"]
+__all__ = ["BodyGuard", "GuardedH11Connection", "BodyWire", "refusal_bytes", "REFUSED_SCOPE_KEY", "WIRE_SCOPE_KEY",
+           "DEFAULT_MAX_BODY_CHUNKS", "MIN_AVERAGE_CHUNK_BYTES", "FRAMING_BYTES_PER_CHUNK"]
 
 DEFAULT_MAX_BODY_CHUNKS = 256
 #: a chunked body may have one chunk per this many body bytes, beyond ``max_body_chunks``
 MIN_AVERAGE_CHUNK_BYTES = 1024
 #: ASGI scope key: the error code of a refusal the protocol answered while the app was reading the body
 REFUSED_SCOPE_KEY = "prefixgate.body_refused"
+#: ASGI scope key: the request's :class:`BodyWire` (wire bytes of its body, framing included)
+WIRE_SCOPE_KEY = "prefixgate.body_wire"
+#: framing bytes allowed per chunk (size line, CRLFs, a short extension) beyond ``max_header_bytes`` per body
+FRAMING_BYTES_PER_CHUNK = 32
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large",
             503: b"Service Unavailable"}
@@ -77,6 +81,19 @@ def refusal_bytes(status: int, code: str, message: str) -> bytes:
             b"connection: close\r\n\r\n" % (status, _REASONS[status], len(body))) + body
 
 
+class BodyWire:
+    """Wire bytes of one request body handed to the parser (payload plus chunk framing:
+    chunk-size lines with their extensions, CRLFs): the bytes after the head's blank line in
+    the read that ended the head, then every read until the body ends (a pipelined request's
+    bytes read together with the body's end are counted too). Counted by the protocol
+    (gateway/http_guard.py); the framing guard (gateway/framing.py) reads it from the scope."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
 class BodyRefused(Exception):
     """Raised from an httptools callback to stop the parser after the guard answered."""
 
@@ -94,11 +111,24 @@ class BodyGuard:
     guard_body_bytes: int = 0
     guard_quiet_bytes: int = 0
     guard_progress: int = 0
+    guard_wire: BodyWire = BodyWire()
 
     def guard_body_reset(self) -> None:
         self.guard_chunks = 0
         self.guard_body_bytes = 0
         self.guard_quiet_bytes = 0
+        self.guard_wire = BodyWire()
+
+    def guard_framing_too_large(self) -> bool:
+        """After body bytes were fed: True (answered 400 and closing) when the body's framing bytes
+        (wire bytes minus payload) pass ``max_header_bytes + FRAMING_BYTES_PER_CHUNK x chunks`` (R5b-3)."""
+        framing = self.guard_wire.bytes - self.guard_body_bytes
+        allowed = self.guard_max_header_bytes + FRAMING_BYTES_PER_CHUNK * self.guard_chunks  # type: ignore[attr-defined]
+        if framing <= allowed:
+            return False
+        self.guard_refuse_body("chunk_framing_too_large",
+                               f"chunk framing larger than {FRAMING_BYTES_PER_CHUNK} bytes per chunk")
+        return True
 
     def guard_chunk_too_many(self) -> bool:
         """Count one chunk; True (answered 400 and closing) when it passes the bound."""
@@ -121,7 +151,7 @@ class BodyGuard:
         if cycle is None or not cycle.response_started:
             transport.write(refusal_bytes(400, code, message))
         self.logger = _QUIET  # uvicorn's own line for the parser stop that follows (we answered)
-        transport.close()
+        getattr(transport, "close_now", transport.close)()  # no lingering close for a malformed body
 
     # -- httptools parser callbacks (uvicorn's HttpToolsProtocol is next in the MRO)
     def on_chunk_header(self) -> None:
@@ -145,8 +175,14 @@ class BodyGuard:
         raise BodyRefused()
 
     def guard_body_fed(self, progress_before: int, fed: int) -> None:
-        """After handing ``fed`` body bytes to httptools: bound framing bytes that yielded nothing."""
-        if self.guard_progress != progress_before or self.guard_waiting:  # type: ignore[attr-defined]
+        """After handing ``fed`` body bytes to httptools: bound framing bytes that yielded nothing,
+        and framing bytes in total (:meth:`guard_framing_too_large`)."""
+        if self.guard_waiting:  # type: ignore[attr-defined]
+            self.guard_quiet_bytes = 0
+            return
+        if self.guard_framing_too_large():
+            return
+        if self.guard_progress != progress_before:
             self.guard_quiet_bytes = 0
             return
         self.guard_quiet_bytes += fed
@@ -191,6 +227,10 @@ class GuardedH11Connection:
             self._refused = True
             return h11.NEED_DATA
         return event
+
+    def stop(self) -> None:
+        """The request was refused: :meth:`next_event` answers ``h11.NEED_DATA`` from now on."""
+        self._refused = True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)

@@ -38,10 +38,22 @@ class LimitsConfig(ConfigSection):
     """Request-size and timing limits of the public listener.
 
     ``max_body_bytes``: request bodies larger than this answer 413 before they
-    are read in full (the rest is then drained, up to max(4 x this, 8 MiB),
-    so the client can read the 413: gateway/framing.py). ``body_read_timeout_s``:
-    a client that trickles its body longer than this answers 408; it also
-    bounds that drain. ``max_json_depth``: deeper JSON answers 400.
+    are read in full. ``body_read_timeout_s``: a client that trickles its body
+    longer than this answers 408; it also bounds the drain below.
+
+    Early answers (401, 429, 413, ... before the body is read; gateway/framing.py,
+    gateway/lingering.py, review R5b-2): ``max_drain_bytes``: the rest of a body
+    is read and discarded before the answer, keeping the connection, while the
+    body's wire bytes (payload plus chunk framing) stay within this; past it the
+    answer carries ``Connection: close`` and the connection closes *lingering*:
+    write side shut down after the answer, what the client still sends discarded
+    unparsed for at most ``lingering_close_bytes`` wire bytes (``null``:
+    max(4 x ``max_body_bytes``, 8 MiB); 0: close at once) and
+    ``lingering_close_s`` seconds, then closed, so a client uploading its whole
+    body before reading still reads the answer.
+    A chunked body's framing (chunk-size lines with extensions, CRLFs) may take at
+    most ``max_header_bytes`` + 32 bytes per chunk; more answers 400
+    ``chunk_framing_too_large`` (R5b-3). ``max_json_depth``: deeper JSON answers 400.
     ``max_messages``: gateway-wide ceiling of chat messages per request (a
     tenant's own bound, derived or set, is never above it); counted on the
     parsed JSON before schema validation (400 ``too_many_messages``).
@@ -101,6 +113,9 @@ class LimitsConfig(ConfigSection):
     max_body_chunks: int = Field(256, ge=16, le=1 << 20)
     max_buffered_body_bytes: int = Field(256 << 20, ge=1 << 20)
     max_buffered_body_bytes_per_tenant: int = Field(64 << 20, ge=1024)
+    max_drain_bytes: int = Field(64 << 10, ge=0)
+    lingering_close_bytes: int | None = Field(None, ge=0)
+    lingering_close_s: float = Field(5.0, gt=0)
 
     @model_validator(mode="after")
     def _budget_fits(self) -> LimitsConfig:

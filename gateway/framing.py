@@ -18,15 +18,21 @@ which differ in what they accept:
 
 2. **Make early answers readable** (issue 10, finding 6). When the app
    answers before it has read the whole request body (413 over the size
-   cap, 401, 405, ...), the guard first reads and discards the rest of the
-   body — at most ``max_drain_bytes`` bytes in total and only until
-   ``drain_timeout_s`` seconds after the request arrived — and only then
-   sends the answer. A client that uploads its whole body before reading
-   (``httpx``, the OpenAI SDK's transport) then reads the answer instead of
-   a connection reset. A body that cannot be drained (declared larger than
-   the cap, still arriving at the deadline, more bytes than the cap, or
-   ``Expect: 100-continue`` not yet granted) is not read; the answer carries
-   ``Connection: close`` and the server closes the connection after it.
+   cap, 401, 405, ...), the guard first reads and discards the rest of a
+   small body — at most ``max_drain_bytes`` body *wire* bytes in total
+   (payload plus chunk framing: size lines, extensions, CRLFs, as counted
+   by the protocol, gateway/body_guard.py ``BodyWire``; review R5b-3) and
+   only until ``drain_timeout_s`` seconds after the request arrived — and
+   only then sends the answer, keeping the connection. A body that cannot be
+   drained so (declared larger than the cap, still arriving at the deadline,
+   more bytes than the cap, or ``Expect: 100-continue`` not yet granted) is
+   not parsed further; the answer carries ``Connection: close`` and the
+   protocol then closes *lingering* (gateway/lingering.py: half-close, the
+   rest discarded unparsed within ``limits.lingering_close_bytes`` /
+   ``lingering_close_s``), so a client that uploads its whole body before
+   reading (``httpx``, the OpenAI SDK's transport) still reads the answer
+   instead of a connection reset (review R5b-2: a parsed drain of 8 MiB in
+   1 KiB chunks cost ~12 ms of CPU per refusal).
 
 3. **Bound the body bytes the app holds** (review R5-3): with a
    :class:`gateway.body_budget.BodyBudget`, every body part the app reads is
@@ -51,10 +57,11 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from gateway.body_budget import BodyBudget, owner_of
-from gateway.body_guard import REFUSED_SCOPE_KEY
+from gateway.body_guard import REFUSED_SCOPE_KEY, WIRE_SCOPE_KEY, BodyWire
 from gateway.errors import GatewayError
+from gateway.lingering import lingering_cap
 
-__all__ = ["FramingGuard", "framing_problem", "drain_cap"]
+__all__ = ["FramingGuard", "framing_problem", "drain_cap", "DEFAULT_MAX_DRAIN_BYTES"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -63,12 +70,13 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _DIGITS = re.compile(rb"[0-9]+")
-MIN_DRAIN_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_DRAIN_BYTES = 64 * 1024
 
 
 def drain_cap(max_body_bytes: int) -> int:
-    """The most request-body bytes read to answer an early refusal: max(4 x ``max_body_bytes``, 8 MiB)."""
-    return max(4 * max_body_bytes, MIN_DRAIN_BYTES)
+    """max(4 x ``max_body_bytes``, 8 MiB): the default of ``limits.lingering_close_bytes`` (bytes a
+    lingering close discards; until R5b-2 the most body bytes parsed to answer an early refusal)."""
+    return lingering_cap(None, max_body_bytes)
 
 
 def framing_problem(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -102,9 +110,10 @@ class _Body:
     """What the guard knows about one request's body."""
 
     __slots__ = ("declared", "complete", "received", "receive_called", "in_receive", "expect_continue",
-                 "held", "owner", "refused")
+                 "held", "owner", "refused", "wire")
 
-    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+    def __init__(self, headers: list[tuple[bytes, bytes]], wire: BodyWire | None) -> None:
+        self.wire = wire  # the protocol's count of the body's wire bytes (None: not served by it)
         self.declared: int | None = None
         chunked = False
         self.expect_continue = False
@@ -123,6 +132,11 @@ class _Body:
         self.owner: str | None = None  # the budget share they are taken from (set at the first part)
         self.refused = False  # a refusal of the body itself: never drained
 
+    def read_bytes(self) -> int:
+        """Body bytes read so far: the wire count (framing included) when known, else the payload."""
+        wire = self.wire
+        return self.received if wire is None else max(self.received, wire.bytes)
+
     def saw(self, message: Message) -> None:
         if message["type"] == "http.request":
             self.received += len(message.get("body", b""))
@@ -135,8 +149,8 @@ class _Body:
 class FramingGuard:
     """ASGI middleware: refuse ambiguous framing, drain unread bodies before early answers.
 
-    ``max_drain_bytes``: the most body bytes (read by the app plus drained)
-    the guard reads before an answer (see :func:`drain_cap`);
+    ``max_drain_bytes``: the most body wire bytes (read by the app plus drained,
+    framing included) the guard reads before an answer (``limits.max_drain_bytes``);
     ``drain_timeout_s``: draining stops this many seconds after the request
     reached the guard (use ``limits.body_read_timeout_s``); ``budget``: the
     process's :class:`gateway.body_budget.BodyBudget` (None: bodies read are
@@ -163,7 +177,7 @@ class FramingGuard:
             err = GatewayError(400, "invalid_framing", problem, headers={"Connection": "close"})
             await err.response()(scope, receive, send)
             return
-        body = _Body(headers)
+        body = _Body(headers, scope.get(WIRE_SCOPE_KEY))
         deadline = asyncio.get_running_loop().time() + self.drain_timeout_s
         budget = self.budget
         client = scope.get("client")
@@ -219,7 +233,7 @@ class FramingGuard:
         if body.declared is not None and body.declared > self.max_drain_bytes:
             return False
         remaining = deadline - asyncio.get_running_loop().time()
-        if remaining <= 0:
+        if remaining <= 0 or body.read_bytes() > self.max_drain_bytes:
             return False
         try:
             async with asyncio.timeout(remaining):
@@ -228,7 +242,7 @@ class FramingGuard:
                     if message["type"] != "http.request":
                         return False
                     body.saw(message)
-                    if body.received > self.max_drain_bytes:
+                    if body.read_bytes() > self.max_drain_bytes:
                         return False
         except TimeoutError:
             return False

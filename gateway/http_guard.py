@@ -60,9 +60,12 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.body_guard import DEFAULT_MAX_BODY_CHUNKS, BodyGuard, GuardedH11Connection, refusal_bytes
+from gateway.body_guard import (
+    DEFAULT_MAX_BODY_CHUNKS, WIRE_SCOPE_KEY, BodyGuard, BodyWire, GuardedH11Connection, refusal_bytes,
+)
 from gateway.client_io import LOSS_KEY, ConnectionLoss
 from gateway.coalesce import CoalescingTransport
+from gateway.lingering import DEFAULT_LINGERING_CLOSE_BYTES, DEFAULT_LINGERING_CLOSE_S, LingeringTransport
 from gateway.log_aggregate import note_peer
 from gateway.send_order import SEND_ORDER
 
@@ -73,6 +76,16 @@ DEFAULT_HEADER_READ_TIMEOUT_S = 10.0
 PARSERS = ("h11", "httptools")
 
 _refusal = refusal_bytes
+
+
+def _rest_after_head(tail: bytes, piece: bytes) -> int:
+    """Bytes of ``piece`` after the head's ending blank line (``tail``: up to 3 head bytes fed
+    before ``piece``); 0 when it is not found."""
+    i = (tail + piece[:3]).find(b"\r\n\r\n")
+    if i >= 0:
+        return len(piece) - (i + 4 - len(tail))
+    i = piece.find(b"\r\n\r\n")
+    return len(piece) - (i + 4) if i >= 0 else 0
 
 
 class _HeadGuard:
@@ -86,6 +99,8 @@ class _HeadGuard:
     guard_max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     guard_header_read_timeout_s: float = DEFAULT_HEADER_READ_TIMEOUT_S
     guard_max_connections_per_source: int | None = None
+    guard_lingering_close_bytes: int = DEFAULT_LINGERING_CLOSE_BYTES
+    guard_lingering_close_s: float = DEFAULT_LINGERING_CLOSE_S
     #: open connections per source IP of this listener (a fresh dict per :func:`guarded_protocol` class)
     guard_source_counts: dict[str, int] = {}
 
@@ -94,6 +109,7 @@ class _HeadGuard:
     guard_head_bytes: int
     guard_timer: asyncio.TimerHandle | None
     guard_source: str | None
+    guard_head_tail: bytes = b""  # the last 3 bytes of the head fed so far (its end may span two reads)
 
     def guard_init(self) -> None:
         self.guard_waiting = True
@@ -101,6 +117,7 @@ class _HeadGuard:
         self.guard_timer = None
         self.guard_source = None
         self.guard_loss = ConnectionLoss()  # fired by connection_lost; in every request scope (gateway/client_io.py)
+        self.guard_wire = BodyWire()  # this connection's own (the class default is shared)
 
     # -- connections per source
     def guard_admit_source(self, transport: asyncio.Transport) -> bool:
@@ -199,28 +216,48 @@ class _HeadGuard:
                 return
             end = min(len(data), offset + allowance)
             self.guard_head_bytes += end - offset
-            self.guard_parse(data if offset == 0 and end == len(data) else data[offset:end])
+            piece = data if offset == 0 and end == len(data) else data[offset:end]
+            tail, self.guard_head_tail = self.guard_head_tail, piece[-3:]
+            self.guard_parse(piece)
+            if not self.guard_waiting:  # the head ended in this piece: the rest of it is body wire (R5b-3)
+                self.guard_head_tail = b""
+                self.guard_wire.bytes += _rest_after_head(tail, piece)  # type: ignore[attr-defined]
+                self.guard_framing_check()
             offset = end
 
     def guard_parse(self, data: bytes) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def guard_framing_check(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
     # asyncio.Protocol hooks shared by both parsers (``super()`` is uvicorn's protocol class)
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.guard_init()
         # one socket write per loop step (a plain answer's head and body leave together; gateway/coalesce.py)
-        transport = CoalescingTransport(transport, asyncio.get_running_loop())  # type: ignore[assignment]
+        loop = asyncio.get_running_loop()
+        transport = CoalescingTransport(transport, loop)  # type: ignore[assignment]
+        # closing while a request body still arrives: half-close, discard, bounded (gateway/lingering.py, R5b-2)
+        transport = LingeringTransport(transport, loop, self, max_bytes=self.guard_lingering_close_bytes,  # type: ignore[arg-type, assignment]
+                                       timeout_s=self.guard_lingering_close_s)
         super().connection_made(transport)  # type: ignore[misc]
         if self.guard_admit_source(transport):
             self.guard_start_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.guard_cancel_timer()
+        lingering = self.transport  # type: ignore[attr-defined]
+        if isinstance(lingering, LingeringTransport):
+            lingering.connection_lost()
         self.guard_release_source()
         super().connection_lost(exc)  # type: ignore[misc]
         self.guard_loss.fire()  # after uvicorn marked the cycle disconnected: cancels work awaiting the client
 
     def data_received(self, data: bytes) -> None:
+        transport = self.transport  # type: ignore[attr-defined]
+        if transport.lingering:  # closing: what the client still sends is dropped unparsed
+            transport.discard(data)
+            return
         note_peer(self.client)  # type: ignore[attr-defined]  # for the aggregated "Invalid HTTP request" line
         self.guard_feed(data)
 
@@ -234,8 +271,18 @@ class GuardedHttpToolsProtocol(BodyGuard, _HeadGuard, HttpToolsProtocol):
             HttpToolsProtocol.data_received(self, data)
             return
         progress = self.guard_progress
+        self.guard_wire.bytes += len(data)
         HttpToolsProtocol.data_received(self, data)
         self.guard_body_fed(progress, len(data))
+
+    def guard_body_unfinished(self) -> bool:
+        """True while a request body is being received (its head parsed, its end not yet)."""
+        return not self.guard_waiting
+
+    def guard_framing_check(self) -> None:
+        """While a body arrives: refuse it when its framing bytes pass the bound (R5b-3)."""
+        if self.guard_body_unfinished():
+            self.guard_framing_too_large()
 
     def on_headers_complete(self) -> None:
         """httptools parser callback: the head is complete (then uvicorn's handling)."""
@@ -243,6 +290,7 @@ class GuardedHttpToolsProtocol(BodyGuard, _HeadGuard, HttpToolsProtocol):
         self.guard_body_reset()
         SEND_ORDER.stamp(self.scope)  # before uvicorn starts its task (gateway/send_order.py)
         self.scope[LOSS_KEY] = self.guard_loss
+        self.scope[WIRE_SCOPE_KEY] = self.guard_wire
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -267,8 +315,22 @@ class GuardedH11Protocol(BodyGuard, _HeadGuard, H11Protocol):
 
     def guard_parse(self, data: bytes) -> None:
         before = self.cycle
+        in_body = not self.guard_waiting
+        if in_body:
+            self.guard_wire.bytes += len(data)
         H11Protocol.data_received(self, data)
         self.guard_sync(before)
+        if in_body:
+            self.guard_framing_check()
+
+    def guard_framing_check(self) -> None:
+        """While a body arrives: refuse it when its framing bytes pass the bound (R5b-3)."""
+        if self.guard_body_unfinished() and self.guard_framing_too_large():
+            self.conn.stop()
+
+    def guard_body_unfinished(self) -> bool:
+        """True while a request body is being received (h11's ``their_state`` is ``SEND_BODY``)."""
+        return self.conn.their_state is h11.SEND_BODY
 
     def on_response_complete(self) -> None:
         """uvicorn hook: the response is sent; h11 may start the next cycle on buffered bytes."""
@@ -286,6 +348,7 @@ class GuardedH11Protocol(BodyGuard, _HeadGuard, H11Protocol):
             if self.cycle is not None:
                 SEND_ORDER.stamp(self.cycle.scope)  # its task runs later (gateway/send_order.py)
                 self.cycle.scope[LOSS_KEY] = self.guard_loss
+                self.cycle.scope[WIRE_SCOPE_KEY] = self.guard_wire
         if idle and not self.guard_waiting:
             self.guard_head_expected(len(self.conn.trailing_data[0]))
             if self.guard_head_bytes > self.guard_max_header_bytes:
@@ -300,7 +363,9 @@ _BASES: dict[str, type] = {"h11": GuardedH11Protocol, "httptools": GuardedHttpTo
 def guarded_protocol(parser: str, *, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
                      header_read_timeout_s: float = DEFAULT_HEADER_READ_TIMEOUT_S,
                      max_connections_per_source: int | None = None,
-                     max_body_chunks: int = DEFAULT_MAX_BODY_CHUNKS) -> type[asyncio.Protocol]:
+                     max_body_chunks: int = DEFAULT_MAX_BODY_CHUNKS,
+                     lingering_close_bytes: int = DEFAULT_LINGERING_CLOSE_BYTES,
+                     lingering_close_s: float = DEFAULT_LINGERING_CLOSE_S) -> type[asyncio.Protocol]:
     """Return a uvicorn HTTP protocol class (for ``uvicorn.Config(http=...)``) that bounds request heads.
 
     ``parser``: ``"h11"`` or ``"httptools"``; ``max_header_bytes``: bytes of
@@ -308,7 +373,9 @@ def guarded_protocol(parser: str, *, max_header_bytes: int = DEFAULT_MAX_HEADER_
     ``max_connections_per_source``: open connections per source IP, >= 1, or
     None (no cap); each class returned counts its own connections (one class
     per listener); ``max_body_chunks``: chunks of a chunked body before it must
-    average 1 KiB per chunk (gateway/body_guard.py), >= 1. Raises :class:`ValueError` for another parser or out-of-range bounds.
+    average 1 KiB per chunk (gateway/body_guard.py), >= 1; ``lingering_close_bytes`` (bytes, >= 0;
+    0: no lingering) and ``lingering_close_s`` (seconds, > 0): the bounds of the discard when a
+    connection is closed while a request body still arrives (gateway/lingering.py). Raises :class:`ValueError` for another parser or out-of-range bounds.
     """
     if parser not in _BASES:
         raise ValueError(f"unknown HTTP parser {parser!r} (expected one of {PARSERS})")
@@ -316,6 +383,8 @@ def guarded_protocol(parser: str, *, max_header_bytes: int = DEFAULT_MAX_HEADER_
         raise ValueError("max_header_bytes must be >= 1 and header_read_timeout_s > 0")
     if max_body_chunks < 1:
         raise ValueError("max_body_chunks must be >= 1")
+    if lingering_close_bytes < 0 or lingering_close_s <= 0:
+        raise ValueError("lingering_close_bytes must be >= 0 and lingering_close_s > 0")
     if max_connections_per_source is not None and max_connections_per_source < 1:
         raise ValueError("max_connections_per_source must be >= 1 (or None)")
     base = _BASES[parser]
@@ -324,4 +393,6 @@ def guarded_protocol(parser: str, *, max_header_bytes: int = DEFAULT_MAX_HEADER_
                                          "guard_max_connections_per_source": max_connections_per_source,
                                          "guard_source_counts": {},
                                          "guard_max_body_chunks": max_body_chunks,
+                                         "guard_lingering_close_bytes": lingering_close_bytes,
+                                         "guard_lingering_close_s": lingering_close_s,
                                          "__doc__": base.__doc__})

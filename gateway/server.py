@@ -33,6 +33,7 @@ from gateway.app import build_admin_app, build_public_app
 from gateway.build import Gateway, build
 from gateway.config import GatewayConfig, LimitsConfig
 from gateway.http_guard import guarded_protocol
+from gateway.lingering import lingering_cap
 from gateway.log_aggregate import install as install_log_aggregation
 
 __all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener", "bind_listeners", "ListenerUnavailable",
@@ -108,7 +109,9 @@ def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | 
         parser = guarded_protocol(parser, max_header_bytes=limits.max_header_bytes,
                                   header_read_timeout_s=limits.header_read_timeout_s,
                                   max_connections_per_source=max_connections_per_source,
-                                  max_body_chunks=limits.max_body_chunks)
+                                  max_body_chunks=limits.max_body_chunks,
+                                  lingering_close_bytes=lingering_cap(limits.lingering_close_bytes, limits.max_body_bytes),
+                                  lingering_close_s=limits.lingering_close_s)
     kw["http"] = parser
     kw.setdefault("h11_max_incomplete_event_size", limits.max_header_bytes)
     kw.setdefault("limit_concurrency", limits.max_connections)

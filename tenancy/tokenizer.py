@@ -72,9 +72,39 @@ _SPARSE_TOKEN_RE = re.compile(r"(?:\s{1,%d}+(?!\s))?(\w{1,%d}|[^\w\s]|\s{%d,})"
 _ASCII_SPARSE_TOKEN_RE = re.compile(rb"(?:[\s\x1c-\x1f]{1,%d}+(?![\s\x1c-\x1f]))?"
                                     rb"([A-Za-z0-9_]{1,%d}|[^A-Za-z0-9_\s\x1c-\x1f]|[\s\x1c-\x1f]{%d,})"
                                     % (MAX_TOKEN_CHARS, MAX_TOKEN_CHARS, MAX_TOKEN_CHARS + 1))
+# the same tokens of a text of Latin-1 characters only (U+0000..U+00FF), scanned as its Latin-1 bytes
+# (session 6, review R5b-4: NBSP/NEL blank runs cost ~1.5x ASCII ones through the str patterns, whose
+# \s and \w test each character's Unicode category; here both are byte sets, as in the ASCII patterns).
+# The sets are str's \w and \s restricted to Latin-1, computed from them, so the tokens are the same.
+_L1_WORD = re.escape("".join(chr(c) for c in range(256) if re.match(r"\w", chr(c))).encode("latin-1"))
+_L1_BLANK = re.escape("".join(chr(c) for c in range(256) if re.match(r"\s", chr(c))).encode("latin-1"))
+_LATIN1_TOKEN_RE = re.compile(b"[%s]{1,%d}|[^%s%s]|(?<![%s])[%s]{%d,}" % (
+    _L1_WORD, MAX_TOKEN_CHARS, _L1_WORD, _L1_BLANK, _L1_BLANK, _L1_BLANK, MAX_TOKEN_CHARS + 1))
+_LATIN1_SPARSE_TOKEN_RE = re.compile(b"(?:[%s]{1,%d}+(?![%s]))?([%s]{1,%d}|[^%s%s]|[%s]{%d,})" % (
+    _L1_BLANK, MAX_TOKEN_CHARS, _L1_BLANK, _L1_WORD, MAX_TOKEN_CHARS, _L1_WORD, _L1_BLANK, _L1_BLANK,
+    MAX_TOKEN_CHARS + 1))
 # one word run, one blank run or one symbol: no token crosses its end, so a text cut there tokenizes
 # as the two halves' tokens in a row (a cut inside a word or a blank run may change the tokens)
 _CLASS_RUN_RE = re.compile(r"\w+|\s+|[^\w\s]")
+
+
+def _find_tokens(text: str, first: bool) -> list[str] | list[bytes]:
+    """The tokens of ``text`` (long blank runs not yet cut) with the first-slice (``first``) or the
+    sparse patterns: ASCII bytes for an ASCII text, str for a Latin-1 text (scanned as its Latin-1
+    bytes), else the str patterns."""
+    if text.isascii():
+        return (_ASCII_TOKEN_RE if first else _ASCII_SPARSE_TOKEN_RE).findall(text.encode("ascii"))
+    try:
+        raw = text.encode("latin-1")  # a copy for a text of Latin-1 characters only; fails fast otherwise
+    except UnicodeEncodeError:
+        return (_TOKEN_RE if first else _SPARSE_TOKEN_RE).findall(text)
+    got = (_LATIN1_TOKEN_RE if first else _LATIN1_SPARSE_TOKEN_RE).findall(raw)
+    if not got:
+        return []
+    if max(map(len, got)) > MAX_TOKEN_CHARS:  # a long blank run may hold a line break: one by one
+        return list(map(bytes.decode, got, itertools.repeat("latin-1")))
+    # no other token holds a line break: decode all at once, split again
+    return b"\n".join(got).decode("latin-1").split("\n")
 
 
 def _first_tokens(text: str, stop: int) -> list[str] | list[bytes]:
@@ -92,19 +122,18 @@ def _first_tokens(text: str, stop: int) -> list[str] | list[bytes]:
     """
     cap = min(len(text), 2 * MAX_TOKEN_CHARS * (stop + 1) + 1)
     size = FAST_SCAN_CHARS_PER_TOKEN * stop
-    words, ascii_words = _TOKEN_RE, _ASCII_TOKEN_RE
+    first = True
     parts: list[Any] = []
     pos = count = 0
     while pos < cap:
         end = pos + size
         end = cap if end >= cap else _CLASS_RUN_RE.match(text, end - 1, cap).end()
-        piece = text[pos:end]
-        got = ascii_words.findall(piece.encode("ascii")) if piece.isascii() else words.findall(piece)
+        got = _find_tokens(text[pos:end], first)
         parts.append(got)
         count += len(got)
         if count > stop:
             break
-        pos, words, ascii_words = end, _SPARSE_TOKEN_RE, _ASCII_SPARSE_TOKEN_RE
+        pos, first = end, False
     if len(parts) == 1:
         return parts[0]
     if len({type(p[0]) for p in parts if p}) > 1:  # ASCII and other slices: all str
@@ -188,7 +217,7 @@ class WordTokenizer:
         found: list[str] | list[bytes]
         if stop is None or len(text) <= FAST_SCAN_CHARS_PER_TOKEN * stop:
             # a text this short holds O(stop) tokens: one C-level scan (issue 14: ~2x faster)
-            found = _ASCII_TOKEN_RE.findall(text.encode("ascii")) if text.isascii() else _TOKEN_RE.findall(text)
+            found = _find_tokens(text, True)
         else:
             found = _first_tokens(text, stop)
         if stop is not None:

@@ -44,7 +44,8 @@ PATHS = {"public": "/healthz", "admin": "/admin/replicas"}  # admin: 401 without
 
 @pytest.fixture
 def config_overrides() -> dict[str, Any]:
-    return {"limits": {"max_header_bytes": CAP, "header_read_timeout_s": TIMEOUT_S}}
+    # max_drain_bytes: a refused 64 KiB body is drained and the connection kept (R5b-2 default: 64 KiB)
+    return {"limits": {"max_header_bytes": CAP, "header_read_timeout_s": TIMEOUT_S, "max_drain_bytes": 1 << 20}}
 
 
 @dataclass
