@@ -10,8 +10,8 @@ are there.
   that finds none free waits for one (its caller's deadline bounds the wait:
   ``asyncio.timeout`` around the call), and an idle connection to another
   replica is closed to make room before waiting.
-- Idle connections are reused newest first and dropped after
-  :data:`IDLE_KEEPALIVE_S` seconds (below uvicorn's default 5 s keep-alive,
+- Idle connections are reused newest first and closed after
+  :data:`IDLE_KEEPALIVE_S` seconds (one timer per pool sweeps them) (below uvicorn's default 5 s keep-alive,
   which vLLM and SGLang servers use, so the gateway seldom picks a
   connection the replica is closing). A reused connection the replica closed
   before sending any byte of the answer is retried once on a new connection;
@@ -90,6 +90,7 @@ class UpstreamPool:
         self._open = 0
         self._conns: set[UpstreamConnection] = set()
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._sweep_timer: asyncio.TimerHandle | None = None
 
     @property
     def open_connections(self) -> int:
@@ -153,6 +154,9 @@ class UpstreamPool:
     async def close(self) -> None:
         """Close every connection; later requests raise RuntimeError."""
         self.closed = True
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
         for conn in list(self._conns):
             conn.abort()
         self._idle.clear()
@@ -234,9 +238,25 @@ class UpstreamPool:
         if self.closed:
             conn.abort()
             return
-        conn.idle_since = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        conn.idle_since = loop.time()
         self._idle.setdefault(origin.key, deque()).append(conn)
+        if self._sweep_timer is None:
+            self._sweep_timer = loop.call_later(self.keepalive_s, self._sweep)
         self._wake_one()
+
+    def _sweep(self) -> None:
+        """Close idle connections older than ``keepalive_s``; again later while any stay idle."""
+        self._sweep_timer = None
+        loop = asyncio.get_running_loop()
+        oldest_ok = loop.time() - self.keepalive_s
+        left = False
+        for q in self._idle.values():
+            while q and (q[0].idle_since <= oldest_ok or q[0].closed):
+                q.popleft().abort()
+            left = left or bool(q)
+        if left and not self.closed:
+            self._sweep_timer = loop.call_later(self.keepalive_s, self._sweep)
 
     def _closed(self, conn: UpstreamConnection) -> None:
         self._conns.discard(conn)

@@ -373,3 +373,20 @@ async def test_header_injection_and_unsupported_methods_are_refused() -> None:
     head = pool.head("POST", "http://127.0.0.1:1/x?q=1", {"content-length": "99", "Host": "evil"}, 3)
     assert head == b"POST /x?q=1 HTTP/1.1\r\nHost: 127.0.0.1:1\r\nContent-Length: 3\r\n\r\n"
     await pool.close()
+
+
+async def test_idle_connections_are_closed_after_the_keepalive(serve) -> None:
+    rep = await serve(answer(ok()))
+    pool = UpstreamPool(4, 2.0, keepalive_s=0.05)
+    try:
+        resp = await pool.request("POST", rep.url + "/x", b"{}")
+        assert await resp.read_chunk() == OK_BODY
+        resp.close()
+        assert pool.idle_connections == 1
+        await wait_for(lambda: pool.open_connections == 0)
+        await wait_for(rep.closed.is_set)
+        resp = await pool.request("POST", rep.url + "/x", b"{}")  # a new one
+        resp.close()
+        assert rep.connections == 2
+    finally:
+        await pool.close()
