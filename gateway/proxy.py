@@ -13,8 +13,9 @@ the client's fault, never counted against the replica), ``protocol``
 (502, retryable before the first byte).
 
 Content coding (issue 10, finding 5): every upstream request asks for
-``Accept-Encoding: identity`` (the pool's default header; the client's own ``Accept-Encoding`` is never forwarded). A replica
--- or a proxy in front of it -- that compresses anyway is decoded here, for
+``Accept-Encoding: identity`` (the pool's default header; the client's own
+``Accept-Encoding`` is never forwarded). A replica -- or a proxy in front of
+it -- that compresses anyway is decoded here, for
 plain and streamed (SSE) answers alike: ``gzip``/``x-gzip`` and ``deflate``
 (zlib-wrapped, or raw deflate as some servers send it) through the standard
 library's ``zlib``, incrementally and with a bound on the decoded size
@@ -160,8 +161,8 @@ class UpstreamStream:
     """An upstream response whose first body chunk has arrived.
 
     ``first_chunk``: the (decoded) bytes read so far; ``response``: the open
-    :class:`gateway.upstream_conn.UpstreamResponse` (read the rest with :meth:`read_chunk` or
-    :meth:`read_rest`, which undo any ``Content-Encoding``; close it when
+    :class:`gateway.upstream_conn.UpstreamResponse` (read the rest with
+    :meth:`read_chunk` or :meth:`read_rest`, which undo any ``Content-Encoding``; close it when
     done); ``instance_id``: the replica's instance id header, if any.
     """
 
