@@ -111,7 +111,8 @@ STAGES: dict[str, tuple[tuple[str, str], ...]] = {
 #: Functions nested in another stage's function but belonging to this stage: (stage, parent stage, function).
 _NESTED = (("spans", "audit event", ("gateway/auditing.py", "_end_spans")),)
 #: Loop-invoked callbacks, by file, added to a stage.
-_CALLBACK_STAGE = (("/aiohttp/", "upstream client"), ("/audit/", "audit event"), ("/opentelemetry/", "spans"))
+_CALLBACK_STAGE = (("/aiohttp/", "upstream client"), ("/gateway/upstream_conn.py", "upstream client"),
+                   ("/audit/", "audit event"), ("/opentelemetry/", "spans"))
 
 
 # ------------------------------------------------------------------ children: passthrough, profiled gateway
@@ -135,19 +136,22 @@ def passthrough_app(upstream: str) -> Any:
         session = state.get("session")
         if session is None:  # created in the serving loop, once
             session = state["session"] = make_session(256, 5.0, 30.0)
-        resp = await session.post(upstream + request.url.path, data=body,
-                                           headers={"Content-Type": "application/json"})
-        if resp.content_type == "text/event-stream":
+        resp = await session.request("POST", upstream + request.url.path, body,
+                                     {"Content-Type": "application/json"})
+        media = resp.headers.get("content-type", "application/octet-stream").split(";")[0]
+        if media == "text/event-stream":
             async def relay() -> Any:
                 try:
-                    async for chunk in resp.content.iter_any():
+                    while chunk := await resp.read_chunk():
                         yield chunk
                 finally:
-                    resp.release()
-            return StreamingResponse(relay(), status_code=resp.status, media_type=resp.content_type)
-        data = await resp.read()
-        resp.release()
-        return Response(data, status_code=resp.status, media_type=resp.content_type)
+                    resp.close()
+            return StreamingResponse(relay(), status_code=resp.status, media_type=media)
+        parts = []
+        while chunk := await resp.read_chunk():
+            parts.append(chunk)
+        resp.close()
+        return Response(b"".join(parts), status_code=resp.status, media_type=media)
 
     async def healthz(request: Request) -> Response:
         return Response(b"ok")

@@ -1,4 +1,6 @@
-"""Upstream calls to replicas (pipeline step 7): one pooled aiohttp session.
+"""Upstream calls to replicas (pipeline step 7): one connection pool
+(:class:`gateway.upstream_pool.UpstreamPool`, HTTP/1.1 keep-alive on
+``httptools``; why not aiohttp: docs/architecture.md, "Upstream client").
 
 ``open_upstream`` sends the request and waits for the *first body chunk*
 (bounded by the caller's budget: ``first_byte_timeout_s`` for streams, the
@@ -11,9 +13,9 @@ the client's fault, never counted against the replica), ``protocol``
 (502, retryable before the first byte).
 
 Content coding (issue 10, finding 5): every upstream request asks for
-``Accept-Encoding: identity`` (aiohttp's default would advertise gzip and
-deflate; the client's own ``Accept-Encoding`` is never forwarded). A replica
--- or a proxy in front of it -- that compresses anyway is decoded here, for
+``Accept-Encoding: identity`` (the pool's default header; the client's own
+``Accept-Encoding`` is never forwarded). A replica -- or a proxy in front of
+it -- that compresses anyway is decoded here, for
 plain and streamed (SSE) answers alike: ``gzip``/``x-gzip`` and ``deflate``
 (zlib-wrapped, or raw deflate as some servers send it) through the standard
 library's ``zlib``, incrementally and with a bound on the decoded size
@@ -30,15 +32,18 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import orjson
 
 from gateway.send_order import SEND_ORDER
+from gateway.upstream_conn import UpstreamConnectionLost, UpstreamProtocolError, UpstreamResponse
+from gateway.upstream_pool import UpstreamConnectError, UpstreamPool
 
 __all__ = ["UpstreamFailure", "UpstreamStream", "open_upstream", "make_session", "INSTANCE_HEADER",
            "BodyDecoder", "ContentCodingError", "decode_body", "UPSTREAM_DEFAULT_HEADERS"]
 
 INSTANCE_HEADER = "X-Instance-Id"
+_INSTANCE_KEY = INSTANCE_HEADER.lower()
+_ERROR_BODY_MAX = 65536
 UPSTREAM_DEFAULT_HEADERS = {"Accept-Encoding": "identity"}
 _JSON_TYPE = {"Content-Type": "application/json"}
 MAX_DECODED_BYTES = 256 << 20
@@ -156,12 +161,12 @@ class UpstreamStream:
     """An upstream response whose first body chunk has arrived.
 
     ``first_chunk``: the (decoded) bytes read so far; ``response``: the open
-    aiohttp response (read the rest with :meth:`read_chunk` or
-    :meth:`read_rest`, which undo any ``Content-Encoding``; close it when
+    :class:`gateway.upstream_conn.UpstreamResponse` (read the rest with
+    :meth:`read_chunk` or :meth:`read_rest`, which undo any ``Content-Encoding``; close it when
     done); ``instance_id``: the replica's instance id header, if any.
     """
 
-    response: aiohttp.ClientResponse
+    response: UpstreamResponse
     first_chunk: bytes
     instance_id: str | None
     decoder: BodyDecoder = field(default_factory=lambda: BodyDecoder(None))
@@ -171,10 +176,11 @@ class UpstreamStream:
         """The next decoded bytes of the body, b"" at its end.
 
         Raises :class:`ContentCodingError` on corrupt or truncated compressed
-        data and aiohttp errors on a broken connection.
+        data, :class:`gateway.upstream_conn.UpstreamConnectionLost` or
+        :class:`gateway.upstream_conn.UpstreamProtocolError` on a broken answer.
         """
         while not self.finished:
-            raw = await self.response.content.readany()
+            raw = await self.response.read_chunk()
             if not raw:
                 self.finished = True
                 return self.decoder.finish()
@@ -192,33 +198,38 @@ class UpstreamStream:
 
     def body_received(self) -> bool:
         """True when the whole raw body has arrived (:meth:`read_rest` then returns without waiting)."""
-        return self.finished or self.response.content.at_eof()
+        return self.finished or self.response.complete
 
     def close(self) -> None:
-        """Abort the upstream connection (cancels the replica's work)."""
+        """Drop the answer; one not yet whole aborts its connection (cancels the replica's work)."""
         self.response.close()
 
 
-def make_session(pool_size: int, connect_timeout_s: float, read_timeout_s: float) -> aiohttp.ClientSession:
-    """Return the gateway's one pooled upstream session (call inside a running loop).
+def make_session(pool_size: int, connect_timeout_s: float, read_timeout_s: float) -> UpstreamPool:
+    """Return the gateway's one upstream connection pool (call inside a running loop).
 
-    ``pool_size``: max connections overall; timeouts in seconds. No
-    automatic retries, no redirects followed, no cookies kept.
+    ``pool_size``: max connections overall; ``connect_timeout_s`` in seconds.
+    ``read_timeout_s`` is not used here: the first-byte wait and the per-chunk
+    read wait are bounded by the pipeline (first_byte_timeout_s, read_timeout_s).
+    No retries (but one on a kept-alive connection closed under the request),
+    no redirects, no cookies, no decompression (BodyDecoder does it).
     """
-    connector = aiohttp.TCPConnector(limit=pool_size, limit_per_host=0, enable_cleanup_closed=True)
-    # No sock_read here: the first-byte wait and the per-chunk read wait are bounded
-    # separately by the pipeline (first_byte_timeout_s, read_timeout_s).
-    timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=None)
-    # Accept-Encoding: identity on every call (health checks included); compressed answers
-    # that arrive anyway are decoded by BodyDecoder, not by aiohttp (auto_decompress off).
-    return aiohttp.ClientSession(
-        connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
-        headers=UPSTREAM_DEFAULT_HEADERS,
-    )
+    del read_timeout_s
+    return UpstreamPool(pool_size, connect_timeout_s, default_headers=UPSTREAM_DEFAULT_HEADERS)
+
+
+async def _read_error_body(resp: UpstreamResponse) -> bytes:
+    """At most ``_ERROR_BODY_MAX`` bytes of an error answer's body."""
+    parts: list[bytes] = []
+    size = 0
+    while size < _ERROR_BODY_MAX and (chunk := await resp.read_chunk()):
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)[:_ERROR_BODY_MAX]
 
 
 async def open_upstream(
-    session: aiohttp.ClientSession,
+    session: UpstreamPool,
     url: str,
     body: dict[str, Any],
     headers: dict[str, str],
@@ -229,26 +240,24 @@ async def open_upstream(
     Returns an :class:`UpstreamStream` for a 200 answer. Raises
     :class:`UpstreamFailure` on connection errors, on no first byte within
     ``first_byte_timeout_s`` seconds, on a non-200 status (its body read,
-    at most 64 KiB) and on an empty body. Cancellation closes the connection.
+    at most 64 KiB), on a broken or undecodable answer and on an empty body.
+    Cancellation closes the connection.
     """
-    resp: aiohttp.ClientResponse | None = None
+    resp: UpstreamResponse | None = None
     try:
         async with asyncio.timeout(first_byte_timeout_s):
-            # orjson encodes the validated body ~25x faster than aiohttp's json= (json.dumps + a
-            # JsonPayload); the session already sends UPSTREAM_DEFAULT_HEADERS on every call.
-            SEND_ORDER.sending()  # requests queued before now let this body's writer go first
-            resp = await session.post(url, data=orjson.dumps(body), headers={**headers, **_JSON_TYPE},
-                                      allow_redirects=False)
-            encoding = resp.headers.get("Content-Encoding")
+            SEND_ORDER.sending()  # counted for gateway/send_order.py (the body is written at once, no task)
+            resp = await session.request("POST", url, orjson.dumps(body), {**headers, **_JSON_TYPE})
+            encoding = resp.headers.get("content-encoding")
             if resp.status != 200:
-                data = await resp.content.read(65536)
+                data = await _read_error_body(resp)
                 resp.close()
                 try:  # only to read the error message; anything undecodable passes on as no message
-                    data = decode_body(data, encoding, 65536)
+                    data = decode_body(data, encoding, _ERROR_BODY_MAX)
                 except ContentCodingError:
                     data = b""
                 raise UpstreamFailure("status", f"replica answered {resp.status}", status=resp.status, body=data)
-            up = UpstreamStream(response=resp, first_chunk=b"", instance_id=resp.headers.get(INSTANCE_HEADER),
+            up = UpstreamStream(response=resp, first_chunk=b"", instance_id=resp.headers.get(_INSTANCE_KEY),
                                 decoder=BodyDecoder(encoding))
             first = await up.read_chunk()
             if not first:
@@ -259,17 +268,16 @@ async def open_upstream(
         if resp is not None:
             resp.close()
         raise UpstreamFailure("timeout", "replica sent no first byte in time") from None
-    except aiohttp.ClientConnectorError as exc:
-        raise UpstreamFailure("connect", f"cannot connect to replica: {exc.os_error.strerror or 'refused'}",
-                              reached=False) from None
-    except aiohttp.ClientError as exc:
+    except UpstreamConnectError as exc:
+        raise UpstreamFailure("connect", f"cannot connect to replica: {exc}", reached=False) from None
+    except (UpstreamConnectionLost, OSError) as exc:
         if resp is not None:
             resp.close()
         raise UpstreamFailure("connect", f"replica connection failed: {type(exc).__name__}") from None
-    except ContentCodingError as exc:
+    except (UpstreamProtocolError, ContentCodingError) as exc:
         if resp is not None:
             resp.close()
-        raise UpstreamFailure("protocol", f"replica answer cannot be decoded: {exc}") from None
+        raise UpstreamFailure("protocol", f"replica answer cannot be read: {exc}") from None
     except asyncio.CancelledError:
         if resp is not None:
             resp.close()

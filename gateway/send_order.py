@@ -31,6 +31,15 @@ the earlier requests of a burst sooner.
 One counter per process (:data:`SEND_ORDER`): the gateway runs one event loop;
 two gateways in one process (tests) share it, which at worst costs a few
 extra yields.
+
+Since session 6 the upstream client is the gateway's own pool
+(gateway/upstream_pool.py), which writes head and body in one
+``transport.write`` inside :func:`gateway.proxy.open_upstream` with no writer
+task: on a kept-alive connection the body is on the socket before the next
+request's pipeline starts, and the yields above matter only for a request
+that had to open a new connection first (its write comes after the connect).
+The mechanism is kept (notes/s6-upclient.md: to be re-measured under a
+trace replay before it is removed).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The upstream edge: the HTTP session to the replicas, active health checks,
-the engine-metrics poller (calibration), and what one upstream call's outcome
-means for the replica's circuit breaker and the router's view of it.
+"""The upstream edge: the connection pool to the replicas (request path), active
+health checks and the engine-metrics poller (calibration) on a small aiohttp
+session of their own, and what one upstream call's outcome means for the
+replica's circuit breaker and the router's view of it.
 """
 
 from __future__ import annotations
@@ -13,21 +14,37 @@ from gateway.config import HealthConfig, UpstreamConfig
 from gateway.engine_metrics import EngineMetricsPoller
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
-from gateway.proxy import UpstreamFailure, make_session
+from gateway.proxy import UPSTREAM_DEFAULT_HEADERS, UpstreamFailure, make_session
 from gateway.replicas import Attempt, ReplicaSet
+from gateway.upstream_pool import UpstreamPool
 from routing.calibration import Calibration
 from routing.router import Router
 
-__all__ = ["Upstream"]
+__all__ = ["Upstream", "make_probe_session"]
+
+#: most connections of the probe session (one probe per replica at a time)
+PROBE_POOL_SIZE = 16
 
 log = logging.getLogger("prefixgate")
 
 
-class Upstream:
-    """Session, health checks and breaker verdicts over ``replica_set`` (a :class:`gateway.build.Lifecycle`).
+def make_probe_session(connect_timeout_s: float) -> aiohttp.ClientSession:
+    """The aiohttp session of health checks and the engine-metrics poller (call inside a running loop):
+    at most :data:`PROBE_POOL_SIZE` connections, ``Accept-Encoding: identity``, no cookies, no
+    decompression (compressed answers are decoded by gateway.proxy.BodyDecoder)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=PROBE_POOL_SIZE, limit_per_host=0, enable_cleanup_closed=True),
+        timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=None),
+        cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, headers=UPSTREAM_DEFAULT_HEADERS)
 
-    ``session`` and ``health`` exist between :meth:`start` and :meth:`stop`
-    (None before); ``engine_metrics`` only when ``calibration`` is on.
+
+class Upstream:
+    """Pool, health checks and breaker verdicts over ``replica_set`` (a :class:`gateway.build.Lifecycle`).
+
+    ``session`` (the request path's :class:`gateway.upstream_pool.UpstreamPool`),
+    ``probe_session`` (aiohttp, health checks and poller) and ``health`` exist
+    between :meth:`start` and :meth:`stop` (None before); ``engine_metrics``
+    only when ``calibration`` is on.
     """
 
     def __init__(self, replica_set: ReplicaSet, router: Router, metrics: GatewayMetrics, upstream: UpstreamConfig,
@@ -37,18 +54,21 @@ class Upstream:
         self.metrics = metrics
         self.calibration = calibration
         self._ucfg, self._hcfg = upstream, health
-        self.session: aiohttp.ClientSession | None = None
+        self.session: UpstreamPool | None = None
+        self.probe_session: aiohttp.ClientSession | None = None
         self.health: HealthChecker | None = None
         self.engine_metrics: EngineMetricsPoller | None = None
 
-    def open_session(self) -> aiohttp.ClientSession:
-        """Open the upstream HTTP session (idempotent)."""
+    def open_session(self) -> UpstreamPool:
+        """Open the upstream pool and the probe session (idempotent); returns the pool."""
+        u = self._ucfg
         if self.session is None or self.session.closed:
-            u = self._ucfg
             self.session = make_session(u.pool_size, u.connect_timeout_s, u.read_timeout_s)
+        if self.probe_session is None or self.probe_session.closed:
+            self.probe_session = make_probe_session(u.connect_timeout_s)
         return self.session
 
-    def require_session(self) -> aiohttp.ClientSession:
+    def require_session(self) -> UpstreamPool:
         """The open session; raises RuntimeError before :meth:`start`."""
         if self.session is None:
             raise RuntimeError("the gateway was not started")
@@ -56,7 +76,9 @@ class Upstream:
 
     async def start(self) -> None:
         """Open the session, probe every replica once, then start the periodic checks (and poller)."""
-        session = self.open_session()
+        self.open_session()
+        session = self.probe_session
+        assert session is not None
         h = self._hcfg
         self.health = HealthChecker(
             self.replica_set, session, interval_s=h.interval_s, timeout_s=h.timeout_s,
@@ -81,8 +103,12 @@ class Upstream:
             if self.engine_metrics is not None:
                 await self.engine_metrics.stop()
         finally:
-            if self.session is not None:
-                await self.session.close()
+            try:
+                if self.session is not None:
+                    await self.session.close()
+            finally:
+                if self.probe_session is not None:
+                    await self.probe_session.close()
 
     def on_restart(self, replica_id: str) -> None:
         """A replica restarted (lost its KV cache): drop its prefix index entries."""

@@ -1,0 +1,266 @@
+"""Client CPU per upstream request for HTTP client libraries (not a test).
+
+``python -m bench.upstream_clients [--clients aiohttp,prefixgate,...] [--python PY] [--rounds 9] [--requests 1000]``
+
+What the gateway's upstream call costs the gateway's own CPU, per client
+library: a raw loopback keep-alive server (uvloop + httptools, a fixed 190 B
+JSON answer with ``Content-Length``) pinned to one CPU, each client in its
+own process pinned to another, on uvloop, sequential ``POST`` (~300 B JSON
+body, the gateway's headers) + full read on one kept-alive connection; the
+figure is the client process's CPU (user + system, all its threads, so a
+Rust runtime thread counts) per request, best of ``--rounds`` rounds of
+``--requests``, after 200 warm-up requests. ``--python`` runs the clients
+with another interpreter (a throwaway venv holding the candidate libraries;
+it needs ``uvloop``, ``httptools`` and ``click``, and this tree on
+``PYTHONPATH``, which this script sets). A client whose library is missing
+is reported as such. Session 6 figures: docs/architecture.md, "Upstream
+client"; docs/benchmarks.md, "Session 6: upstream client".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sim.click_options import ClickOptions
+
+REPO = Path(__file__).resolve().parents[1]
+CLIENTS = ("bare", "prefixgate", "aiohttp", "pyreqwest", "rnet", "aiosonic", "httpcore", "niquests")
+ANSWER = (b'{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant",'
+          b'"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":64,"completion_tokens":1,'
+          b'"total_tokens":65}}')
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "w " * 64}], "max_tokens": 1}).encode()
+HEADERS = {"X-Request-Id": "0123456789abcdef", "Content-Type": "application/json", "Accept-Encoding": "identity"}
+
+One = Callable[[], Awaitable[None]]
+
+
+def serve(port_file: Path) -> None:
+    """The raw replica: answers every request with :data:`ANSWER`; writes its port to ``port_file``."""
+    import httptools
+    import uvloop
+
+    resp = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nX-Instance-Id: i1\r\n\r\n"
+            % len(ANSWER) + ANSWER)
+
+    class Proto(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.t, self.p = transport, httptools.HttpRequestParser(self)
+
+        def data_received(self, data: bytes) -> None:
+            self.p.feed_data(data)
+
+        def on_message_complete(self) -> None:
+            self.t.write(resp)
+
+    async def main() -> None:
+        srv = await asyncio.get_running_loop().create_server(Proto, "127.0.0.1", 0)
+        port_file.write_text(str(srv.sockets[0].getsockname()[1]))
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+async def _client(name: str, url: str) -> tuple[One, Callable[[], Any]]:
+    """(one request + full read, close) for client ``name``; ImportError when its library is missing."""
+    if name == "prefixgate":
+        from gateway.upstream_pool import UpstreamPool
+
+        pool = UpstreamPool(256, 5.0)
+
+        async def one() -> None:
+            r = await pool.request("POST", url, BODY, HEADERS)
+            parts = []
+            while c := await r.read_chunk():
+                parts.append(c)
+            r.close()
+            assert r.status == 200 and parts
+        return one, pool.close
+    if name == "bare":
+        import httptools
+
+        loop = asyncio.get_running_loop()
+
+        class C(asyncio.Protocol):
+            parts: list[bytes]
+            fut: asyncio.Future[bytes]
+            p: Any
+
+            def data_received(self, d: bytes) -> None:
+                self.p.feed_data(d)
+
+            def on_body(self, b: bytes) -> None:
+                self.parts.append(b)
+
+            def on_message_complete(self) -> None:
+                self.fut.set_result(b"".join(self.parts))
+
+        host, port = url.split("//")[1].split("/")[0].split(":")
+        t, c = await loop.create_connection(C, host, int(port))
+        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                + b"".join(k.encode() + b": " + v.encode() + b"\r\n" for k, v in HEADERS.items()))
+
+        async def one() -> None:
+            c.parts, c.fut, c.p = [], loop.create_future(), httptools.HttpResponseParser(c)
+            t.write(head + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
+            assert await c.fut and c.p.get_status_code() == 200
+        return one, t.close
+    if name == "aiohttp":
+        import aiohttp
+
+        s = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256), auto_decompress=False,
+                                  timeout=aiohttp.ClientTimeout(total=None, connect=5))
+
+        async def one() -> None:
+            r = await s.post(url, data=BODY, headers=HEADERS, allow_redirects=False)
+            assert await r.read() and r.status == 200
+        return one, s.close
+    if name == "pyreqwest":
+        from datetime import timedelta
+
+        from pyreqwest.client import ClientBuilder
+
+        cl = ClientBuilder().max_connections(256).connect_timeout(timedelta(seconds=5)).http1_only().build()
+
+        async def one() -> None:
+            r = await cl.post(url).headers(HEADERS).body_bytes(BODY).build().send()
+            assert await r.bytes() and r.status == 200
+        return one, cl.close
+    if name == "rnet":
+        import rnet
+
+        rc = rnet.Client()
+
+        async def one() -> None:
+            r = await rc.post(url, body=BODY, headers=HEADERS)
+            assert await r.bytes()
+        return one, lambda: None
+    if name == "aiosonic":
+        import aiosonic
+
+        ac = aiosonic.HTTPClient()
+
+        async def one() -> None:
+            r = await ac.post(url, data=BODY, headers=HEADERS)
+            assert await r.content() and r.status_code == 200
+        return one, lambda: None
+    if name == "httpcore":
+        import httpcore
+
+        hp = httpcore.AsyncConnectionPool(max_connections=256)
+
+        async def one() -> None:
+            r = await hp.request("POST", url, headers=list(HEADERS.items()), content=BODY)
+            assert r.status == 200 and r.content
+        return one, hp.aclose
+    if name == "niquests":
+        import niquests
+
+        ns = niquests.AsyncSession()
+
+        async def one() -> None:
+            r = await ns.post(url, data=BODY, headers=HEADERS)
+            assert r.status_code == 200 and r.content
+        return one, ns.close
+    raise ValueError(f"unknown client {name!r}")
+
+
+def measure(name: str, port: int, rounds: int, requests: int) -> dict[str, Any]:
+    """Run client ``name`` in this process: {client, cpu_us, wall_us} (best of ``rounds``) or {client, error}."""
+    import uvloop
+
+    async def run() -> dict[str, Any]:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        try:
+            one, close = await _client(name, url)
+        except ImportError as exc:
+            return {"client": name, "error": f"not installed ({exc.name})"}
+        for _ in range(200):
+            await one()
+        cpu = wall = float("inf")
+        for _ in range(rounds):
+            c0, w0 = time.process_time(), time.perf_counter()
+            for _ in range(requests):
+                await one()
+            cpu = min(cpu, (time.process_time() - c0) / requests * 1e6)
+            wall = min(wall, (time.perf_counter() - w0) / requests * 1e6)
+        done = close()
+        if asyncio.iscoroutine(done):
+            await done
+        return {"client": name, "cpu_us": round(cpu, 1), "wall_us": round(wall, 1)}
+
+    return uvloop.run(run())
+
+
+def _pin(cpu: int | None) -> list[str]:
+    return ["taskset", "-c", str(cpu)] if cpu is not None and os.cpu_count() and os.cpu_count() > 1 else []
+
+
+def run_all(clients: Sequence[str], python: str, rounds: int, requests: int, pin: bool) -> list[dict[str, Any]]:
+    """Start the server (last CPU), then each client in turn (CPU 0); returns one result per client."""
+    ncpu = os.cpu_count() or 1
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    port_file = REPO / "bench" / "results" / ".upstream_clients.port"
+    port_file.parent.mkdir(parents=True, exist_ok=True)
+    port_file.unlink(missing_ok=True)
+    server = subprocess.Popen([*_pin(ncpu - 1 if pin else None), python, "-m", "bench.upstream_clients",
+                               "--serve", str(port_file)], env=env)
+    try:
+        deadline = time.monotonic() + 20
+        while not port_file.exists() or not port_file.read_text():
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the raw replica did not start")
+            time.sleep(0.05)
+        port = port_file.read_text()
+        out = []
+        for name in clients:
+            proc = subprocess.run([*_pin(0 if pin else None), python, "-m", "bench.upstream_clients", "--client",
+                                   name, "--port", port, "--rounds", str(rounds), "--requests", str(requests)],
+                                  env=env, capture_output=True, text=True, timeout=600)
+            lines = proc.stdout.strip().splitlines()
+            res = json.loads(lines[-1]) if proc.returncode == 0 and lines else {
+                "client": name, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+            print(json.dumps(res), flush=True)
+            out.append(res)
+        return out
+    finally:
+        server.terminate()
+        server.wait(10)
+        port_file.unlink(missing_ok=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    ap = ClickOptions(prog="python -m bench.upstream_clients", description=__doc__.splitlines()[0])
+    ap.option("--clients", default=",".join(CLIENTS), help="comma-separated, from: " + ", ".join(CLIENTS))
+    ap.option("--python", default=sys.executable, help="interpreter that runs the server and the clients")
+    ap.option("--rounds", type=int, default=9)
+    ap.option("--requests", type=int, default=1000)
+    ap.option("--no-pin", is_flag=True, help="do not pin server and clients to CPUs")
+    ap.option("--serve", default=None, help="(internal) run the raw replica, port written to this file")
+    ap.option("--client", default=None, help="(internal) measure this client in this process")
+    ap.option("--port", type=int, default=0, help="(internal) the raw replica's port")
+    args = ap.parse(argv)
+    if args.serve:
+        serve(Path(args.serve))
+        return 0
+    if args.client:
+        print(json.dumps(measure(args.client, args.port, args.rounds, args.requests)))
+        return 0
+    names = [c for c in args.clients.split(",") if c]
+    for n in names:
+        if n not in CLIENTS:
+            raise SystemExit(f"unknown client {n!r}")
+    run_all(names, args.python, args.rounds, args.requests, not args.no_pin)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,353 @@
+"""One keep-alive HTTP/1.1 connection to a replica and the response read on it (issue 14).
+
+Why not a library: aiohttp's ``session.post`` + read costs 119-145 µs of
+client CPU per request on loopback; the fastest maintained alternative
+measured (pyreqwest) 95-106 µs; this module's parser is the one uvicorn
+already trusts on the server side (``httptools``, llhttp): ~30-40 µs
+(docs/architecture.md, "Upstream client"; bench/upstream_clients.py).
+
+Framing is strict, because a replica (or whatever answers on its address)
+is outside the gateway's trust boundary:
+
+- a response with both ``Content-Length`` and ``Transfer-Encoding``, with
+  two ``Content-Length`` headers, or with a ``Transfer-Encoding`` other than
+  ``chunked`` is refused (:class:`UpstreamProtocolError`), as is any chunk
+  framing llhttp rejects;
+- the status line and headers are bounded (:data:`MAX_HEAD_BYTES` bytes,
+  :data:`MAX_HEADERS` fields); ``101`` (upgrade) is refused, other ``1xx``
+  interim answers are skipped;
+- bytes after the end of the answer, or while no request is outstanding,
+  close the connection;
+- a connection goes back to the pool only when its answer arrived whole, the
+  replica allowed keep-alive (no ``Connection: close``, not HTTP/1.0 without
+  keep-alive, not delimited by close) and the request was fully written; an
+  answer closed, cancelled or failed before its end aborts the connection.
+
+The body is buffered per response up to :data:`HIGH_WATER` bytes before the
+socket stops being read (flow control for slow SSE clients).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import httptools
+
+__all__ = ["UpstreamConnection", "UpstreamResponse", "UpstreamProtocolError", "UpstreamConnectionLost",
+           "MAX_HEAD_BYTES", "MAX_HEADERS", "HIGH_WATER", "LOW_WATER"]
+
+#: most bytes of status line + headers of one answer
+MAX_HEAD_BYTES = 64 << 10
+#: most header fields of one answer
+MAX_HEADERS = 100
+#: buffered, unread body bytes of one answer above which the socket is not read
+HIGH_WATER = 1 << 20
+#: buffered body bytes below which reading resumes
+LOW_WATER = 256 << 10
+
+
+class UpstreamProtocolError(Exception):
+    """The replica's answer breaks HTTP/1.1 framing or the gateway's bounds (the connection is closed)."""
+
+
+class UpstreamConnectionLost(Exception):
+    """The connection closed before the answer was complete.
+
+    ``received_any``: whether any byte of the answer arrived (false on a
+    kept-alive connection the replica closed before reading the request:
+    the pool then retries once on a new connection).
+    """
+
+    def __init__(self, message: str, received_any: bool) -> None:
+        super().__init__(message)
+        self.received_any = received_any
+
+
+class UpstreamResponse:
+    """One answer: ``status`` (int) and ``headers`` (lower-case name -> value; repeated fields joined
+    with ``", "``) once :meth:`wait_head` returned, then the raw body by :meth:`read_chunk`.
+
+    ``complete``: the whole body arrived (it may still be buffered here).
+    Always :meth:`close` it: before ``complete`` that aborts the connection.
+    """
+
+    __slots__ = ("status", "headers", "complete", "_conn", "_chunks", "_buffered", "_error", "_waiter",
+                 "_head_seen", "_closed")
+
+    def __init__(self, conn: UpstreamConnection) -> None:
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.complete = False
+        self._conn: UpstreamConnection | None = conn
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._head_seen = False
+        self._closed = False
+
+    async def wait_head(self) -> None:
+        """Wait for the status line and headers; raises the connection's error if it failed first."""
+        while not self._head_seen:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    async def read_chunk(self) -> bytes:
+        """All body bytes buffered so far (waiting for some), b"" at the end of the body.
+
+        Raises :class:`UpstreamProtocolError` or :class:`UpstreamConnectionLost`
+        when the answer breaks off; :class:`RuntimeError` after :meth:`close`.
+        """
+        while True:
+            if self._chunks:
+                data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+                self._chunks.clear()
+                self._buffered = 0
+                if self._conn is not None:
+                    self._conn.resume()
+                return data
+            if self._error is not None:
+                raise self._error
+            if self.complete:
+                return b""
+            if self._closed:
+                raise RuntimeError("the upstream response was closed")
+            await self._wait()
+
+    def at_eof(self) -> bool:
+        """True when the whole body arrived and was read."""
+        return self.complete and not self._chunks
+
+    def close(self) -> None:
+        """Drop the answer; an unfinished one aborts its connection (never reused). Idempotent."""
+        self._closed = True
+        self._chunks.clear()
+        conn, self._conn = self._conn, None
+        if conn is not None and not self.complete:
+            conn.abort()
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        self._wake()
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.complete and self._error is None:
+            self._error = exc
+        self._conn = None
+        self._wake()
+
+    def _finish(self) -> None:
+        self.complete = True
+        self._conn = None
+        self._wake()
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """An asyncio protocol carrying one request at a time (no pipelining).
+
+    ``on_idle(conn)``: called when an answer ended cleanly and the
+    connection may be reused; ``on_closed(conn)``: called once when it
+    closes (either way). ``reused``: it carried an answer before;
+    ``idle_since``: loop time it became idle.
+    """
+
+    def __init__(self, on_idle: Callable[[UpstreamConnection], None],
+                 on_closed: Callable[[UpstreamConnection], None]) -> None:
+        self._on_idle, self._on_closed = on_idle, on_closed
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reused = False
+        self.idle_since = 0.0
+        self.counted = False  # the pool counted it in its limit (set by the pool)
+        self._resp: UpstreamResponse | None = None
+        self._parser: Any = None
+        self._paused = False
+        self._reset_message()
+
+    def _reset_message(self) -> None:
+        self._head_bytes = 0
+        self._received = False
+        self._headers_done = False
+        self._message_done = False
+        self._interim = False
+        self._keep_alive = False
+        self._until_close = False
+        self._poisoned = False
+        self._header_count = 0
+        self._header_size = 0
+
+    # ----------------------------------------------------------------- use
+    def send(self, data: bytes) -> UpstreamResponse:
+        """Write one whole request (head and body in ``data``); returns its :class:`UpstreamResponse`.
+
+        Raises RuntimeError when the connection is closed or busy.
+        """
+        if self.closed or self.transport is None or self._resp is not None:
+            raise RuntimeError("upstream connection not idle")
+        self._reset_message()
+        resp = self._resp = UpstreamResponse(self)
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport.write(data)
+        return resp
+
+    def usable(self) -> bool:
+        """Idle and open (a closed or half-closed socket is noticed by the loop as connection_lost)."""
+        return not self.closed and self._resp is None and self.transport is not None \
+            and not self.transport.is_closing()
+
+    def abort(self) -> None:
+        """Close at once (no reuse); the current answer, if any, fails."""
+        if self.transport is not None:
+            self.transport.abort()
+        self._closed_now(UpstreamConnectionLost("upstream connection aborted", self._received))
+
+    def resume(self) -> None:
+        """The reader drained the buffer: read the socket again if it was paused."""
+        if self._paused and self.transport is not None and not self.closed:
+            self._paused = False
+            self.transport.resume_reading()
+
+    # ----------------------------------------------------------------- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
+        self.transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport is not a subclass
+
+    def data_received(self, data: bytes) -> None:  # noqa: D102
+        resp = self._resp
+        if resp is None:  # nothing asked: unsolicited bytes (or a late answer): never reuse
+            self.abort()
+            return
+        self._received = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._protocol_error("upgrade answers are not accepted")
+            return
+        except httptools.HttpParserError as exc:
+            cause = exc.__cause__ or exc.__context__
+            self._protocol_error(str(cause) if isinstance(cause, UpstreamProtocolError) else f"bad framing: {exc}")
+            return
+        if not self._headers_done:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._protocol_error(f"answer head larger than {MAX_HEAD_BYTES} bytes")
+                return
+        if self._message_done:
+            self._end_of_answer(resp)
+        elif resp._buffered > HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool | None:  # noqa: D102
+        return None  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
+        resp = self._resp
+        if resp is not None and self._headers_done and self._until_close and not self._message_done:
+            resp._finish()  # a body delimited by the end of the connection
+            self._resp = None
+        self._closed_now(UpstreamConnectionLost("replica closed the connection", self._received))
+
+    # ----------------------------------------------------------------- httptools callbacks
+    def on_message_begin(self) -> None:  # noqa: D102
+        if self._message_done:  # a second answer to one request
+            self._poisoned = True
+            raise UpstreamProtocolError("data after the end of the answer")
+
+    def on_header(self, name: bytes, value: bytes) -> None:  # noqa: D102
+        self._header_count += 1
+        if self._header_count > MAX_HEADERS:
+            raise UpstreamProtocolError(f"more than {MAX_HEADERS} header fields")
+        self._header_size += len(name) + len(value) + 4
+        if self._header_size > MAX_HEAD_BYTES:
+            raise UpstreamProtocolError(f"answer head larger than {MAX_HEAD_BYTES} bytes")
+        resp = self._resp
+        assert resp is not None
+        key = name.decode("latin-1").lower()
+        val = value.decode("latin-1")
+        if key in resp.headers:
+            if key == "content-length":
+                raise UpstreamProtocolError("repeated Content-Length")
+            resp.headers[key] += ", " + val
+        else:
+            resp.headers[key] = val
+
+    def on_headers_complete(self) -> None:  # noqa: D102
+        resp = self._resp
+        assert resp is not None
+        status = self._parser.get_status_code()
+        if status == 101:
+            raise UpstreamProtocolError("upgrade answers are not accepted")
+        if 100 <= status < 200:  # interim answer: skip it, the real one follows
+            self._interim = True
+            resp.headers = {}
+            self._header_count = self._header_size = 0
+            return
+        te = resp.headers.get("transfer-encoding")
+        if te is not None:
+            if "content-length" in resp.headers:
+                raise UpstreamProtocolError("both Content-Length and Transfer-Encoding")
+            if te.strip().lower() != "chunked":
+                raise UpstreamProtocolError(f"unsupported Transfer-Encoding {te!r}")
+        self._until_close = te is None and "content-length" not in resp.headers and status not in (204, 304)
+        self._keep_alive = self._parser.should_keep_alive() and not self._until_close
+        self._headers_done = True
+        resp.status = status
+        resp._head_seen = True
+        resp._wake()
+
+    def on_body(self, body: bytes) -> None:  # noqa: D102
+        resp = self._resp
+        assert resp is not None
+        resp._feed(body)
+
+    def on_message_complete(self) -> None:  # noqa: D102
+        if self._interim:
+            self._interim = False
+            self._head_bytes = 0
+            return
+        self._message_done = True
+
+    # ----------------------------------------------------------------- internals
+    def _end_of_answer(self, resp: UpstreamResponse) -> None:
+        resp._finish()
+        self._resp = None
+        t = self.transport
+        if self._keep_alive and not self._poisoned and t is not None and t.get_write_buffer_size() == 0:
+            self.reused = True
+            if self._paused:
+                self.resume()
+            self._on_idle(self)
+        else:
+            self.abort()
+
+    def _protocol_error(self, message: str) -> None:
+        if self._message_done and self._resp is not None:  # the answer itself was whole
+            self._resp._finish()
+            self._resp = None
+        if self.transport is not None:
+            self.transport.abort()
+        self._closed_now(UpstreamProtocolError(message))
+
+    def _closed_now(self, exc: BaseException) -> None:
+        resp, self._resp = self._resp, None
+        if resp is not None:
+            resp._fail(exc)
+        if not self.closed:
+            self.closed = True
+            self._on_closed(self)

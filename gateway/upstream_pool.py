@@ -1,0 +1,276 @@
+"""The gateway's pool of keep-alive connections to the replicas (issue 14).
+
+:class:`UpstreamPool` replaces aiohttp's ``ClientSession`` on the request
+path (gateway/proxy.py); health checks and the engine-metrics poller keep a
+small aiohttp session (gateway/upstream.py). Connections are
+:class:`gateway.upstream_conn.UpstreamConnection`; framing and reuse rules
+are there.
+
+- At most ``limit`` connections open at once, idle ones included; a request
+  that finds none free waits for one (its caller's deadline bounds the wait:
+  ``asyncio.timeout`` around the call), and an idle connection to another
+  replica is closed to make room before waiting.
+- Idle connections are reused newest first and closed after
+  :data:`IDLE_KEEPALIVE_S` seconds (one timer per pool sweeps them) (below uvicorn's default 5 s keep-alive,
+  which vLLM and SGLang servers use, so the gateway seldom picks a
+  connection the replica is closing). A reused connection the replica closed
+  before sending any byte of the answer is retried once on a new connection;
+  nothing else is retried here (the pipeline retries on other replicas).
+- Connecting is bounded by ``connect_timeout_s`` (``TimeoutError``); a
+  refused or unreachable address raises :class:`UpstreamConnectError`.
+- Every request carries ``default_headers`` (``Accept-Encoding: identity``),
+  a ``Host`` and a ``Content-Length``; header names or values containing CR
+  or LF are refused (ValueError). Methods: POST and GET only (no HEAD: its
+  answer has no body, which the parser would have to be told).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+from gateway.upstream_conn import UpstreamConnection, UpstreamConnectionLost, UpstreamResponse
+
+__all__ = ["UpstreamPool", "UpstreamConnectError", "IDLE_KEEPALIVE_S"]
+
+#: seconds an idle connection may be reused
+IDLE_KEEPALIVE_S = 4.0
+
+
+class UpstreamConnectError(Exception):
+    """No connection could be made (refused, unreachable, name not resolved): the request never left."""
+
+
+class _Origin(NamedTuple):
+    key: tuple[str, str, int]
+    host: str
+    port: int
+    tls: bool
+    target: str  # path and query
+    host_header: str
+
+
+@lru_cache(maxsize=1024)
+def _origin(url: str) -> _Origin:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
+    host = parts.hostname
+    shown = f"[{host}]" if ":" in host else host
+    host_header = shown if port == (443 if tls else 80) else f"{shown}:{port}"
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return _Origin((parts.scheme, host, port), host, port, tls, target, host_header)
+
+
+class UpstreamPool:
+    """Pooled HTTP/1.1 client. ``limit``: most open connections; ``connect_timeout_s``: seconds;
+    ``default_headers``: sent on every request (the caller's headers override them by name).
+
+    Use inside one running event loop; :meth:`close` ends every connection.
+    """
+
+    def __init__(self, limit: int, connect_timeout_s: float, *, default_headers: Mapping[str, str] | None = None,
+                 keepalive_s: float = IDLE_KEEPALIVE_S, ssl_context: ssl.SSLContext | None = None) -> None:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        self.limit = limit
+        self.connect_timeout_s = connect_timeout_s
+        self.keepalive_s = keepalive_s
+        self.closed = False
+        self._defaults = {k.lower(): (k, v) for k, v in (default_headers or {}).items()}
+        self._ssl = ssl_context
+        self._idle: dict[tuple[str, str, int], deque[UpstreamConnection]] = {}
+        self._open = 0
+        self._conns: set[UpstreamConnection] = set()
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._sweep_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open or being opened (busy and idle)."""
+        return self._open
+
+    @property
+    def idle_connections(self) -> int:
+        """Connections open and waiting for a request."""
+        return sum(len(q) for q in self._idle.values())
+
+    def head(self, method: str, url: str, headers: Mapping[str, str], body_len: int) -> bytes:
+        """The request head (bytes) for ``method`` ``url`` with ``headers`` and a body of ``body_len`` bytes."""
+        if method not in ("POST", "GET"):
+            raise ValueError(f"unsupported method {method!r}")
+        o = _origin(url)
+        fields = dict(self._defaults)
+        for k, v in headers.items():
+            fields[k.lower()] = (k, v)
+        fields.pop("host", None)
+        fields.pop("content-length", None)
+        fields.pop("transfer-encoding", None)
+        lines = [f"{method} {o.target} HTTP/1.1", f"Host: {o.host_header}"]
+        lines.extend(f"{k}: {v}" for k, v in fields.values())
+        lines.append(f"Content-Length: {body_len}")
+        text = "\r\n".join(lines)
+        if text.count("\n") != len(lines) - 1 or text.count("\r") != len(lines) - 1:
+            raise ValueError("header names and values must not contain CR or LF")
+        return text.encode("latin-1") + b"\r\n\r\n"
+
+    async def request(self, method: str, url: str, body: bytes = b"",
+                      headers: Mapping[str, str] | None = None) -> UpstreamResponse:
+        """Send one request and wait for the answer's status and headers.
+
+        Returns the :class:`UpstreamResponse` (read its body, then close it).
+        Raises :class:`UpstreamConnectError` (no connection), ``TimeoutError``
+        (connect timeout), :class:`gateway.upstream_conn.UpstreamConnectionLost`,
+        :class:`gateway.upstream_conn.UpstreamProtocolError`, ValueError (bad
+        URL, method or header), RuntimeError (pool closed). Cancelling it
+        aborts the connection in use.
+        """
+        data = self.head(method, url, headers or {}, len(body)) + body
+        origin = _origin(url)
+        fresh = False
+        while True:
+            conn = await self._acquire(origin, fresh)
+            resp = conn.send(data)
+            try:
+                await resp.wait_head()
+            except UpstreamConnectionLost as exc:
+                resp.close()
+                if conn.reused and not exc.received_any and not fresh:
+                    fresh = True  # the replica closed a kept-alive connection as we used it: once more
+                    continue
+                raise
+            except BaseException:
+                resp.close()
+                raise
+            return resp
+
+    async def close(self) -> None:
+        """Close every connection; later requests raise RuntimeError."""
+        self.closed = True
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
+        for conn in list(self._conns):
+            conn.abort()
+        self._idle.clear()
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+
+    # ----------------------------------------------------------------- internals
+    async def _acquire(self, origin: _Origin, fresh: bool) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.closed:
+                raise RuntimeError("the upstream pool is closed")
+            idle = self._idle.get(origin.key)
+            if idle:
+                oldest_ok = loop.time() - self.keepalive_s
+                while idle and (idle[0].idle_since < oldest_ok or not idle[0].usable()):
+                    idle.popleft().abort()
+                if idle and not fresh:
+                    conn = idle.pop()
+                    if conn.usable():
+                        return conn
+                    conn.abort()
+                    continue
+            if self._open < self.limit or self._evict_idle():
+                return await self._connect(origin)
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # woken but leaving: pass the turn on
+                raise
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    def _evict_idle(self) -> bool:
+        """Close the oldest live idle connection (any replica) to make room; False when there is none."""
+        while True:
+            oldest: deque[UpstreamConnection] | None = None
+            for q in self._idle.values():
+                if q and (oldest is None or q[0].idle_since < oldest[0].idle_since):
+                    oldest = q
+            if oldest is None:
+                return False
+            conn = oldest.popleft()
+            if not conn.closed:
+                conn.abort()
+                return self._open < self.limit
+
+    async def _connect(self, origin: _Origin) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        self._open += 1
+        try:
+            ctx = None
+            if origin.tls:
+                ctx = self._ssl = self._ssl or ssl.create_default_context()
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: UpstreamConnection(lambda c: self._idled(c, origin), self._closed),
+                    origin.host, origin.port, ssl=ctx, server_hostname=origin.host if ctx else None)
+        except OSError as exc:
+            self._release_slot()
+            raise UpstreamConnectError(exc.strerror or type(exc).__name__) from None
+        except BaseException:
+            self._release_slot()
+            raise
+        conn.counted = True
+        self._conns.add(conn)
+        if self.closed:
+            conn.abort()
+            raise RuntimeError("the upstream pool is closed")
+        return conn
+
+    def _idled(self, conn: UpstreamConnection, origin: _Origin) -> None:
+        if self.closed:
+            conn.abort()
+            return
+        loop = asyncio.get_running_loop()
+        conn.idle_since = loop.time()
+        self._idle.setdefault(origin.key, deque()).append(conn)
+        if self._sweep_timer is None:
+            self._sweep_timer = loop.call_later(self.keepalive_s, self._sweep)
+        self._wake_one()
+
+    def _sweep(self) -> None:
+        """Close idle connections older than ``keepalive_s``; again later while any stay idle."""
+        self._sweep_timer = None
+        loop = asyncio.get_running_loop()
+        oldest_ok = loop.time() - self.keepalive_s
+        left = False
+        for q in self._idle.values():
+            while q and (q[0].idle_since <= oldest_ok or q[0].closed):
+                q.popleft().abort()
+            left = left or bool(q)
+        if left and not self.closed:
+            self._sweep_timer = loop.call_later(self.keepalive_s, self._sweep)
+
+    def _closed(self, conn: UpstreamConnection) -> None:
+        self._conns.discard(conn)
+        if conn.counted:
+            conn.counted = False
+            self._release_slot()
+
+    def _release_slot(self) -> None:
+        self._open -= 1
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                return
