@@ -42,7 +42,10 @@ that tree (``@base``), interleaved with this tree's in every round, for an
 A/B in one run on a shared machine. ``--targets`` picks a subset.
 
 Also per target: the serve processes' cores apart from the rest of the tree
-(audit worker, span exporter), their CPU µs per answered request, and the
+(audit worker, span exporter) and each serve process's own cores
+(``worker_cores``: with ``--workers`` the kernel may hand most of the load
+generator's connections to one worker, and such a run measures one worker),
+their CPU µs per answered request, and the
 ceiling ``cpus x serve / (serve + rest)`` that everything else on the
 machine puts on ``xN / x1`` (see :func:`_cpu_per_request`).
 
