@@ -42,7 +42,10 @@ that tree (``@base``), interleaved with this tree's in every round, for an
 A/B in one run on a shared machine. ``--targets`` picks a subset.
 
 Also per target: the serve processes' cores apart from the rest of the tree
-(audit worker, span exporter), their CPU µs per answered request, and the
+(audit worker, span exporter) and each serve process's own cores
+(``worker_cores``: with ``--workers`` the kernel may hand most of the load
+generator's connections to one worker, and such a run measures one worker),
+their CPU µs per answered request, and the
 ceiling ``cpus x serve / (serve + rest)`` that everything else on the
 machine puts on ``xN / x1`` (see :func:`_cpu_per_request`).
 
@@ -110,17 +113,22 @@ class _TreeCpu(_Cpu):
     the rest (audit worker, span exporter) being ``seconds() - serve_seconds()``."""
 
     def serve_seconds(self) -> float:
+        return sum(self.per_serve().values())
+
+    def per_serve(self) -> dict[int, float]:
+        """CPU seconds of each gateway process (pid -> seconds): the parent of ``--workers`` idles, so
+        the split shows how the kernel spread the load generator's connections over the workers."""
         import psutil
 
-        total = 0.0
+        out: dict[int, float] = {}
         for p in [self.proc, *self.proc.children(recursive=True)]:
             try:
                 if "gateway.cli" in " ".join(p.cmdline()):
                     t = p.cpu_times()
-                    total += t.user + t.system
+                    out[p.pid] = t.user + t.system
             except psutil.Error:
                 pass
-        return total
+        return out
 
 
 async def _measure(generator: str, url: str, headers: Any, clients: int, seconds: float,
@@ -131,11 +139,16 @@ async def _measure(generator: str, url: str, headers: Any, clients: int, seconds
     await loadgen.peak(generator, url, headers, clients, 1.0, bodies)  # warm-up: connections, pools, caches
     r_before = redis.sample() if redis is not None else None
     g0, s0, r0, t0 = gateway.seconds(), gateway.serve_seconds(), replicas.seconds(), time.monotonic()
+    w0 = gateway.per_serve()
     res = await loadgen.peak(generator, url, headers, clients, seconds, bodies)
     wall = time.monotonic() - t0
+    w1 = gateway.per_serve()
     out = {**{k: v for k, v in res.items() if k != "wrk"}, "gateway_cores": round((gateway.seconds() - g0) / wall, 3),
            "serve_cores": round((gateway.serve_seconds() - s0) / wall, 3),
-           "replica_cores": round((replicas.seconds() - r0) / wall, 3)}
+           "replica_cores": round((replicas.seconds() - r0) / wall, 3),
+           # each gateway process's cores, busiest first (the --workers parent's ~0 dropped)
+           "worker_cores": sorted((round((w1[k] - w0.get(k, 0.0)) / wall, 3) for k in w1
+                                   if (w1[k] - w0.get(k, 0.0)) / wall >= 0.02), reverse=True)}
     out["serve_us_per_req"] = round(out["serve_cores"] * wall * 1e6 / max(1, int(res["ok"])), 1)
     if redis is not None and r_before is not None:
         out |= _RedisStats.per_request(r_before, redis.sample(), int(res["ok"]) + int(res["errors"]), wall)
@@ -209,7 +222,8 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
                              f"{x['redis_reads_per_req']} reads/req" if "redis_cores" in x else "")
                     print(f"round {r + 1} {name:15s} {g:6s} {x['rps']:.0f} req/s, load generator {x['loadgen_cores']} "
                           f"cores, gateway {x['gateway_cores']} (serve {x['serve_cores']}, "
-                          f"{x['serve_us_per_req']} µs/req), replicas {x['replica_cores']}{extra}, "
+                          f"{x['serve_us_per_req']} µs/req; per process {x['worker_cores']}), "
+                          f"replicas {x['replica_cores']}{extra}, "
                           f"errors {x['errors']}", flush=True)
     finally:
         stack.stop()
@@ -285,6 +299,11 @@ def _markdown(r: dict[str, Any]) -> str:
             f"serve µs/req | replica cores | redis cores | redis cmds/req | redis reads/req | errors |\n"
             f"|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n{rows}\n\n"
             f"median req/s ratios: {ratios}\n\n"
+            f"cores of each serve process per run (busiest first; the kernel hands each new connection to "
+            f"one worker, so a skewed split caps xN): "
+            + "; ".join(f"{g} {name}: " + " | ".join(str(x.get("worker_cores", "-")) for x in xs)
+                        for g, per in r["runs"].items() for name, xs in per.items() if " x1" not in name)
+            + "\n\n"
             f"CPU per answered request (µs; serve processes / rest = audit worker, replicas, redis-server, load "
             f"generator) and, for one process, the ceiling on xN / x1 on {r['cpus']} CPUs if N processes paid the "
             f"same per request (cpus x serve / (serve + rest)):\n\n"

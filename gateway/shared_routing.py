@@ -17,6 +17,19 @@ shape are ignored and counted; an instance's own entries are skipped.
 Trimmed with ``XADD MAXLEN ~ state.stream_max_entries``; read in batches
 (``XREAD COUNT``), so the lag is bounded by the trim length.
 
+**Cadence** (session 6): the writer sends at most one entry per
+``write_interval_s`` and the reader, after a read that found entries, waits
+``read_interval_s`` before the next one: under load each ``XADD`` carries the
+events of many requests and each ``XREAD`` returns many entries (a round trip
+and a reply parse cost ~60-100 µs of gateway CPU each, a request makes ~4
+events), while an idle instance still sends its first event at once and its
+blocked ``XREAD`` returns at the first entry. Under load an event reaches the
+others within about ``write_interval_s + read_interval_s`` plus a round trip.
+The idle ``XREAD BLOCK`` stays under the client's reply timeout
+(``read_block_ms``), so an idle reader does not time out, drop its connection
+and back off. An entry naming this instance is skipped before its MAC is
+computed (it would be skipped after it anyway; nothing from it is applied).
+
 **Rebuild**: a starting instance reads the stream from its first entry
 (every chain still there and the latest snapshots); a reconnecting one goes
 on after the last entry it applied.
@@ -35,9 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
-import json
 import logging
 import secrets
 import time
@@ -45,6 +56,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.shared_alerts import Observed
@@ -89,7 +101,7 @@ def encode_events(events: Iterable[RoutingEvent | Observed]) -> bytes:
             out.append(["o", e.pool, e.replica_id, e.prefill_tokens, e.prompt_tokens, e.cached_tokens, e.tenant_id])
         else:
             out.append(["s", {rid: list(v) for rid, v in e.loads.items()}])
-    return json.dumps(out, separators=(",", ":")).encode()
+    return orjson.dumps(out)
 
 
 def _rid(v: Any) -> str:
@@ -106,7 +118,10 @@ def _int(v: Any) -> int:
 
 def decode_events(body: bytes) -> list[RoutingEvent | Observed]:
     """Parse a body of :func:`encode_events`; raises ``ValueError`` for any other shape."""
-    raw = json.loads(body)
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:  # a ValueError subclass; named for the reader
+        raise ValueError("body") from exc
     if not isinstance(raw, list):
         raise ValueError("body")
     out: list[RoutingEvent | Observed] = []
@@ -160,7 +175,11 @@ class RoutingStream:
     ``replica_ids``: replicas whose local load is published;
     ``lease_ttl_s``: ``state.lease_ttl_s``; ``max_entries``: stream trim
     length; ``queue_max``: events queued before new ones are dropped
-    (counted); ``registry``: where the metrics are registered.
+    (counted); ``registry``: where the metrics are registered;
+    ``write_interval_s`` / ``read_interval_s``: the least time between two
+    ``XADD`` / two ``XREAD`` that found entries (seconds, >= 0; module doc,
+    "Cadence"); ``read_block_ms``: how long an idle ``XREAD`` blocks (keep it
+    under the client's reply timeout; default ``lease_ttl_s / 4``).
     :meth:`emit` is the callback to give the routing wrappers.
     """
 
@@ -168,7 +187,10 @@ class RoutingStream:
                  mac_key: bytes | Callable[[], Sequence[bytes]], index: PrefixIndex,
                  loads: SharedLoadTracker, replica_ids: Iterable[str], *, lease_ttl_s: float,
                  max_entries: int = 10_000, batch_events: int = 256, queue_max: int = 100_000,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, write_interval_s: float = 0.01,
+                 read_interval_s: float = 0.01, read_block_ms: int | None = None) -> None:
+        if write_interval_s < 0 or read_interval_s < 0:
+            raise ValueError("write_interval_s and read_interval_s must be >= 0")
         self._client = client
         self._prefix = key_prefix
         self.instance_id = instance_id
@@ -180,6 +202,9 @@ class RoutingStream:
         self._ttl = float(lease_ttl_s)
         self._max_entries = max_entries
         self._batch = batch_events
+        self._write_interval = float(write_interval_s)
+        self._read_interval = float(read_interval_s)
+        self._block_ms = max(1, int(read_block_ms)) if read_block_ms is not None else max(100, int(lease_ttl_s * 250))
         self._queue: deque[RoutingEvent | Observed] = deque()
         #: receives other instances' concentration observations (None: they are ignored)
         self.on_observed: Callable[[Observed], None] | None = None
@@ -191,6 +216,9 @@ class RoutingStream:
         self.metrics = _Metrics(registry)
         self.rejected = 0
         self.applied = 0
+        #: ``XADD`` calls made and ``XREAD`` calls that returned entries (entries per call = batching)
+        self.writes = 0
+        self.reads = 0
 
     @property
     def stream(self) -> str:
@@ -202,7 +230,7 @@ class RoutingStream:
 
     def _mac(self, instance_id: str, body: bytes, key: bytes | None = None) -> str:
         msg = length_prefixed(self._prefix) + length_prefixed(instance_id) + body
-        return hmac.new(key if key is not None else self._mac_keys()[0], msg, hashlib.sha256).hexdigest()
+        return hmac.digest(key if key is not None else self._mac_keys()[0], msg, "sha256").hex()
 
     # -- publishing --------------------------------------------------------
     def emit(self, event: RoutingEvent | Observed) -> None:
@@ -227,6 +255,7 @@ class RoutingStream:
             await self._client.xadd(self.stream, {"i": self.instance_id, "b": body,
                                                   "m": self._mac(self.instance_id, body)},
                                     maxlen=self._max_entries, approximate=True)
+            self.writes += 1
             self.metrics.events.labels("published").inc(len(batch))
         except Exception as exc:  # noqa: BLE001 - Redis down: the next snapshot heals the others' view
             self.metrics.events.labels("dropped").inc(len(batch))
@@ -237,8 +266,12 @@ class RoutingStream:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._queue:
-                await self._write_batch()
+            full = len(self._queue) >= self._batch
+            await self._write_batch()
+            if self._queue:  # emitted while that entry was written, or more than one entry's worth
+                self._wake.set()
+            if self._write_interval and not full:  # what is emitted meanwhile leaves together, in one entry
+                await asyncio.sleep(self._write_interval)
 
     # -- reading -----------------------------------------------------------
     def apply_entry(self, fields: dict[Any, Any]) -> int:
@@ -250,13 +283,13 @@ class RoutingStream:
         inst, body, mac = text("i"), text("b"), text("m")
         if isinstance(body, str):
             body = body.encode()
+        if inst == self.instance_id:  # ours (or claims to be): nothing of it is applied, MAC'd or not
+            return 0
         try:
             if not (isinstance(inst, str) and isinstance(body, bytes) and isinstance(mac, str)):
                 raise ValueError("fields")
             if not any(hmac.compare_digest(mac, self._mac(inst, body, k)) for k in self._mac_keys()):
                 raise ValueError("mac")
-            if inst == self.instance_id:
-                return 0
             events = decode_events(body)
         except ValueError as exc:
             self.rejected += 1
@@ -283,6 +316,7 @@ class RoutingStream:
                 self.last_id = entry_id
                 n += 1
         if n:
+            self.reads += 1
             ms = int(self.last_id.split(b"-")[0] if isinstance(self.last_id, bytes) else self.last_id.split("-")[0])
             self.metrics.lag.set(max(0.0, time.time() + self._clock_offset_s - ms / 1000))
         return n
@@ -299,7 +333,9 @@ class RoutingStream:
     async def _reader(self) -> None:
         while True:
             try:
-                await self.read_once(block_ms=max(100, int(self._ttl * 250)))
+                n = await self.read_once(block_ms=self._block_ms)
+                if n and n < self._batch and self._read_interval:  # let entries gather (module doc)
+                    await asyncio.sleep(self._read_interval)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - Redis down: keep the local view, retry

@@ -104,7 +104,10 @@ class SharedState:
         shared_loads = SharedLoadTracker(loads, RemoteLoadView(), lambda e: holder[0].emit(e))
         self.routing = RoutingStream(self.client, self.prefix, self.instance_id, self._routing_key, index,
                                      shared_loads, replica_ids, lease_ttl_s=sc.lease_ttl_s,
-                                     max_entries=sc.stream_max_entries, registry=self._registry)
+                                     max_entries=sc.stream_max_entries, registry=self._registry,
+                                     # an idle XREAD BLOCK must end before the reply timeout fires
+                                     read_block_ms=max(10, min(int(sc.lease_ttl_s * 250),
+                                                               int(sc.command_timeout_s * 500))))
         holder.append(self.routing)
         return PublishingPrefixIndex(index, self.routing.emit), shared_loads
 

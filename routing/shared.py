@@ -90,13 +90,23 @@ class RemoteLoadView:
         return set(self._by_instance)
 
     def apply_delta(self, instance_id: str, delta: LoadDelta) -> None:
-        """Add ``delta`` to ``instance_id``'s load on its replica."""
-        per = self._by_instance.setdefault(instance_id, {})
-        cur = per.setdefault(delta.replica_id, [0, 0, 0])
-        new = [max(0, cur[0] + delta.prefill_tokens), max(0, cur[1] + delta.decode_tokens),
-               max(0, cur[2] + delta.running_requests)]
-        self._shift(delta.replica_id, cur, new)
-        per[delta.replica_id] = new
+        """Add ``delta`` to ``instance_id``'s load on its replica (in place: no lists per event)."""
+        rid = delta.replica_id
+        per = self._by_instance.get(instance_id)
+        if per is None:
+            per = self._by_instance[instance_id] = {}
+        cur = per.get(rid)
+        if cur is None:
+            cur = per[rid] = [0, 0, 0]
+        t = self._total.get(rid)
+        if t is None:
+            t = self._total[rid] = [0, 0, 0]
+        for i, d in ((0, delta.prefill_tokens), (1, delta.decode_tokens), (2, delta.running_requests)):
+            v = cur[i] + d
+            if v < 0:
+                v = 0
+            t[i] += v - cur[i]
+            cur[i] = v
 
     def apply_snapshot(self, instance_id: str, snap: LoadSnapshot) -> None:
         """Replace everything held of ``instance_id`` by ``snap``."""
