@@ -154,8 +154,9 @@ class DecisionCache:
         return found
 
     def put(self, key: tuple[Any, ...], decision: Decision) -> None:
-        """Store a decision (as produced, ``cached=False``)."""
-        self._entries[key] = decision
+        """Store a decision, marked as served from cache (``cached=True``, same decision id): every
+        hit returns that one frozen object (its ``as_cached()`` is itself), none is built per hit."""
+        self._entries[key] = decision.as_cached()
 
     def clear(self) -> None:
         """Drop every entry (policy or data changed)."""
