@@ -277,7 +277,8 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
         raise GatewayError(400, "batch_too_large",
                            f"prompt is a batch of {len(prompt)} prompts; this tenant's limit is {max_batch_prompts}",
                            param="prompt")
-    if not _depth_ok(data, max_depth):
+    # a document with at most max_depth brackets (in strings too) nests no deeper: no walk (issue 14)
+    if raw.count(b"[") + raw.count(b"{") > max_depth and not _depth_ok(data, max_depth):
         raise GatewayError(400, "invalid_json", f"request body is nested deeper than {max_depth}")
     model_cls = ChatBody if endpoint == "chat" else CompletionBody
     try:
