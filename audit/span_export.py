@@ -306,6 +306,10 @@ class OffloadSpanProcessor(SpanProcessor):
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         """Nothing to do at span start."""
 
+    #: :func:`audit.tracing.end_request_trace` may hand this processor spans already encoded
+    #: (:func:`audit.span_frames.encode_request_spans`) through :meth:`on_end_encoded`
+    takes_encoded = True
+
     def on_end(self, span: ReadableSpan) -> None:
         """Queue one finished span (never blocks; drops and counts when the
         queue holds ``max_queue_spans``)."""
@@ -321,6 +325,20 @@ class OffloadSpanProcessor(SpanProcessor):
         except Exception:  # noqa: BLE001 -- a malformed span must never break the request path
             self._drop(1, DROP_ENCODE)
             return
+        if n + 1 == self._max_batch:
+            self._wake.set()
+
+    def on_end_encoded(self, encoded: tuple) -> None:
+        """Queue one finished span already encoded (:data:`audit.span_frames.SPAN_FIELDS` order), as
+        :meth:`on_end` does (never blocks; drops and counts when the queue holds ``max_queue_spans``)."""
+        if self._closed:
+            return
+        q = self._queue
+        n = len(q)
+        if n + self._in_flight >= self._max_queue:
+            self._drop(1, DROP_QUEUE_FULL)
+            return
+        q.append(encoded)
         if n + 1 == self._max_batch:
             self._wake.set()
 

@@ -28,6 +28,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace import format_span_id, format_trace_id
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from audit.span_frames import encode_request_spans
+
 # OpenTelemetry semantic conventions (HTTP stable, gen_ai development)
 HTTP_REQUEST_METHOD = "http.request.method"
 HTTP_ROUTE = "http.route"
@@ -107,6 +109,10 @@ def setup_tracing(exporter: str | None, service_name: str = "prefixgate", endpoi
     return provider
 
 
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+
+
 @dataclass(slots=True)
 class RequestTrace:
     """A request's trace, recorded after the fact (see :func:`begin_request_trace`).
@@ -130,7 +136,9 @@ def begin_request_trace(provider: TracerProvider, name: str, links: Sequence[Lin
 
     The trace and span ids come from the provider's id generator and the
     sampling decision from its sampler (a new root: the client's context is
-    only a link); nothing is handed to the processors until
+    only a link; ``ALWAYS_ON`` and ``TraceIdRatioBased``, the samplers of :func:`setup_tracing`,
+    are decided here by their own rule without a ``SamplingResult``, with an empty trace state,
+    as a root has); nothing is handed to the processors until
     :func:`end_request_trace`. The gateway times every stage itself, so the
     SDK's live-span machinery (locks, attribute limits, ``on_start``, per
     attribute validation) would add ~30 us per request for the same exported
@@ -141,10 +149,17 @@ def begin_request_trace(provider: TracerProvider, name: str, links: Sequence[Lin
     """
     if provider not in _PROCESSORS:
         return None
-    trace_id = provider.id_generator.generate_trace_id()
-    result = provider.sampler.should_sample(None, trace_id, name, SpanKind.SERVER, attributes, links)
-    flags = TraceFlags(TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT)
-    ctx = SpanContext(trace_id, provider.id_generator.generate_span_id(), False, flags, result.trace_state)
+    ids = provider.id_generator
+    trace_id = ids.generate_trace_id()
+    sampler = provider.sampler
+    if sampler is ALWAYS_ON:  # setup_tracing's two samplers, decided here (a root: no parent, no trace state)
+        flags, state = _SAMPLED, None
+    elif type(sampler) is TraceIdRatioBased:  # its own rule (TraceIdRatioBased.should_sample)
+        flags, state = (_SAMPLED if trace_id & sampler.TRACE_ID_LIMIT < sampler.bound else _NOT_SAMPLED), None
+    else:
+        result = sampler.should_sample(None, trace_id, name, SpanKind.SERVER, attributes, links)
+        flags, state = (_SAMPLED if result.decision.is_sampled() else _NOT_SAMPLED), result.trace_state
+    ctx = SpanContext(trace_id, ids.generate_span_id(), False, flags, state)
     return RequestTrace(provider, name, ctx, time.time_ns() if start_ns is None else start_ns, tuple(links), attributes)
 
 
@@ -164,8 +179,15 @@ def end_request_trace(rt: RequestTrace, end_ns: int, attributes: Mapping[str, An
     psc = rt.context
     if not processors or not psc.trace_flags.sampled:
         return 0
-    resource = rt.provider.resource
     new_id = rt.provider.id_generator.generate_span_id
+    if all(getattr(p, "takes_encoded", False) for p in processors):  # the offload processor: no SDK spans
+        encoded = encode_request_spans(rt.name, psc, rt.links, {**rt.attributes, **attributes}, rt.start_ns, end_ns,
+                                       error, children, new_id, _SCOPE)
+        for one in encoded:
+            for processor in processors:
+                processor.on_end_encoded(one)
+        return len(encoded)
+    resource = rt.provider.resource
     spans = [ReadableSpan(name=name, context=SpanContext(psc.trace_id, new_id(), False, psc.trace_flags, psc.trace_state),
                           parent=psc, resource=resource, kind=kind, start_time=start, end_time=end,
                           instrumentation_scope=_SCOPE)

@@ -19,10 +19,13 @@ from gateway.config import ConfigError, PolicyConfig
 from gateway.errors import GatewayError, model_not_found
 from gateway.identity import WorkloadIdentity
 from gateway.metrics import GatewayMetrics
+from gateway.pep_key import FactsMemo, candidate_docs
 from gateway.replicas import Replica
 from gateway.request import InferenceRequest
 from policy.decision import Decision, PolicyError
-from policy.cache import decide_from_facts
+from policy.cache import (DEFAULT_KEY_FIELDS, CachedDecisionPoint, alerts_key_part, compose_key, decide_from_facts,
+                          head_key_part)
+from policy.input import build_policy_input
 from routing.filters import PolicyDecisionFilter
 from routing.load import LoadTracker
 from tenancy.registry import Tenant
@@ -151,10 +154,6 @@ def build_decision_point(pc: PolicyConfig, audit: AuditHub) -> DecisionPoint:
     return DecisionPoint(cached, inner, start=start, stop=stop, store=store, clear=cached.clear)
 
 
-#: most tenants whose policy facts :class:`PolicyEnforcementPoint` keeps (emptied when full)
-_TENANT_FACTS_MAX = 4096
-
-
 class PolicyEnforcementPoint:
     """Builds the policy input, asks the decision point, enforces its answer."""
 
@@ -163,8 +162,7 @@ class PolicyEnforcementPoint:
         self.loads = loads
         self.audit = audit
         self.metrics = metrics
-        # tenant id -> (the Tenant, its policy facts): rebuilt when the registry hands out a new Tenant
-        self._tenant_facts: dict[str, tuple[Tenant, dict[str, Any]]] = {}
+        self._memo = FactsMemo()  # tenant facts and key parts per Tenant, candidate key parts per Replica list
 
     async def decide(self, identity: WorkloadIdentity, tenant: Tenant, req: InferenceRequest, prompt_tokens: int,
                      candidates: list[Replica], endpoint: str, queued_requests: int = 0) -> Decision:
@@ -173,27 +171,37 @@ class PolicyEnforcementPoint:
         ``queued_requests``: the tenant's requests waiting in the gateway's queue now
         (``input.request.queued_requests``; flow control, docs/policy.md).
 
+        On a decision-cache hit neither the input document nor the candidates' documents are built
+        (issue 14; the key's tenant and candidate parts are kept per object: gateway/pep_key.py).
+
         Raises :class:`GatewayError` 503 ``policy_unavailable`` when the decision point fails (fail closed).
         """
-        loads = self.loads
-        cand_docs = [
-            {"id": r.id, "pool": r.pool, "labels": dict(r.labels), "healthy": True,
-             "load": loads.snapshot(r.id).running_requests}
-            for r in candidates
-        ]
-        tview = self.tenant_facts(tenant)
-        try:  # issue 14: on a decision-cache hit the input document is never built
-            decision = await decide_from_facts(
-                self.pdp.dp,
-                {"spiffe_id": str(identity.spiffe_id), "trust_domain": identity.trust_domain, "claims": identity.claims},
-                tview,
-                {"endpoint": endpoint, "model": req.model, "prompt_tokens": prompt_tokens,
-                 "max_tokens": req.max_tokens, "stream": req.stream, "sequences": req.sequences,
-                 "queued_requests": queued_requests},
-                cand_docs,
-                self.audit.active_alerts(),
-                time.time(),
-            )
+        tview, tpart = self._memo.tenant(tenant)
+        ident = {"spiffe_id": str(identity.spiffe_id), "trust_domain": identity.trust_domain,
+                 "claims": identity.claims}
+        rq = {"endpoint": endpoint, "model": req.model, "prompt_tokens": prompt_tokens,
+              "max_tokens": req.max_tokens, "stream": req.stream, "sequences": req.sequences,
+              "queued_requests": queued_requests}
+        alerts = self.audit.active_alerts()
+        dp = self.pdp.dp
+        try:
+            key = None
+            if tpart is not None and isinstance(dp, CachedDecisionPoint) and dp.cache.key_fields == DEFAULT_KEY_FIELDS:
+                head, cpart, apart = head_key_part(ident, rq), self._memo.candidates(candidates), alerts_key_part(alerts)
+                if head is not None and cpart is not None and apart is not None:
+                    key = compose_key(head, tpart, cpart, apart)
+            if key is None:  # no cache, or a mistyped fact: the built document's validation decides
+                decision = await decide_from_facts(dp, ident, tview, rq, candidate_docs(candidates, self.loads),
+                                                   alerts, time.time())
+            else:
+                hit = dp.cache.get(key)
+                if hit is not None:
+                    decision = hit.as_cached()
+                else:
+                    doc = build_policy_input(ident, tview, rq, candidate_docs(candidates, self.loads), alerts,
+                                             time.time())
+                    decision = await dp.inner.decide(doc)
+                    dp.cache.put(key, decision)
         except PolicyError:
             raise GatewayError(503, "policy_unavailable", "the policy decision point is unavailable") from None
         self.metrics.policy_cache.labels("hit" if decision.cached else "miss").inc()
@@ -203,15 +211,7 @@ class PolicyEnforcementPoint:
         """``tenant.policy_view()`` plus ``max_tokens`` (the policy input's tenant facts), built once per
         Tenant object (frozen; a registry reload hands out new ones) and kept per tenant id. The
         dict is shared: callers only read it (``build_policy_input`` copies what it uses)."""
-        got = self._tenant_facts.get(tenant.id)
-        if got is not None and got[0] is tenant:
-            return got[1]
-        tview = tenant.policy_view()
-        tview["max_tokens"] = tenant.max_output_tokens
-        if len(self._tenant_facts) >= _TENANT_FACTS_MAX:
-            self._tenant_facts.clear()
-        self._tenant_facts[tenant.id] = (tenant, tview)
-        return tview
+        return self._memo.tenant(tenant)[0]
 
     @staticmethod
     def enforce(decision: Decision) -> None:

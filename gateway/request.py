@@ -25,102 +25,27 @@ import asyncio
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from gateway import json_fast
 from gateway.errors import GatewayError
-from tenancy.bounds import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, chat_units
+from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, CompletionBody
+from tenancy.bounds import chat_units
 from tenancy.tokenizer import TokenizerError, prompt_text
 
-__all__ = ["InferenceRequest", "read_body", "parse_inference_request", "Endpoint", "JsonObject", "MAX_INT_DIGITS"]
+__all__ = ["ChatBody", "CompletionBody", "MAX_TOKENS_CEILING", "InferenceRequest", "read_body", "parse_inference_request", "Endpoint", "JsonObject", "MAX_INT_DIGITS"]
 
 Endpoint = Literal["chat", "completions"]
 
 #: A decoded JSON object (request and response bodies, ``usage``).
 JsonObject = dict[str, Any]
-MAX_TOKENS_CEILING = 1 << 20
 #: Digits of an integer literal anywhere in a body (R4-2; ``seed`` goes up to 2**64 - 1): a longer one
 #: answers 400 ``number_too_long`` unconverted (CPython's str->int and int->str are quadratic).
 MAX_INT_DIGITS = 20
 CLOSE = {"Connection": "close"}
-
-
-class _Base(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-
-class StreamOptions(_Base):
-    include_usage: bool | None = None
-
-
-class TextPart(_Base):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(_Base):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[TextPart], None] = None
-    name: str | None = Field(None, max_length=256)
-    tool_call_id: str | None = Field(None, max_length=256)
-    tool_calls: list[dict[str, Any]] | None = None
-
-
-class _Sampling(_Base):
-    model: str = Field(min_length=1, max_length=256)
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_CEILING)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)
-    n: int = Field(1, ge=1, le=1)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop: Union[str, list[str], None] = None
-    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 64) - 1)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    user: str | None = Field(None, max_length=256)
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: Any) -> Any:
-        if isinstance(v, list) and len(v) > MAX_STOP_SEQUENCES:
-            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
-        if any(len(s) > MAX_STOP_CHARS for s in ([v] if isinstance(v, str) else v or ())):
-            raise ValueError(f"each stop sequence may have at most {MAX_STOP_CHARS} characters")
-        return v
-
-    @field_validator("max_tokens", "n", mode="before")
-    @classmethod
-    def _strict_int(cls, v: Any) -> Any:
-        if isinstance(v, bool) or (v is not None and not isinstance(v, int)):
-            raise ValueError("must be an integer")
-        return v
-
-
-class CompletionBody(_Sampling):
-    prompt: Union[str, list[str]]
-    echo: bool | None = None
-    logprobs: int | None = Field(None, ge=0, le=20)
-
-    @field_validator("prompt")
-    @classmethod
-    def _prompt(cls, v: Any) -> Any:
-        if (isinstance(v, str) and not v) or (isinstance(v, list) and (not v or not any(v))):
-            raise ValueError("prompt must not be empty")
-        return v
-
-
-class ChatBody(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_CEILING)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Union[str, dict[str, Any], None] = None
-    response_format: dict[str, Any] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 @dataclass(slots=True)
@@ -188,14 +113,24 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
             raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes", headers=dict(CLOSE))
     chunks: list[bytes] = []
     size = 0
+    receive = request.receive  # the ASGI messages themselves: no async generator per body (issue 14)
     try:
         async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > max_bytes:
-                    raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes",
-                                       headers=dict(CLOSE))
-                chunks.append(chunk)
+            while True:
+                message = await receive()
+                kind = message["type"]
+                if kind == "http.request":
+                    chunk = message.get("body", b"")
+                    if chunk:
+                        size += len(chunk)
+                        if size > max_bytes:
+                            raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes",
+                                               headers=dict(CLOSE))
+                        chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+                elif kind == "http.disconnect":
+                    raise ClientDisconnect()
     except TimeoutError:
         raise GatewayError(408, "body_timeout", f"request body not received within {timeout_s:g} s",
                            headers=dict(CLOSE)) from None
@@ -342,7 +277,8 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
         raise GatewayError(400, "batch_too_large",
                            f"prompt is a batch of {len(prompt)} prompts; this tenant's limit is {max_batch_prompts}",
                            param="prompt")
-    if not _depth_ok(data, max_depth):
+    # a document with at most max_depth brackets (in strings too) nests no deeper: no walk (issue 14)
+    if raw.count(b"[") + raw.count(b"{") > max_depth and not _depth_ok(data, max_depth):
         raise GatewayError(400, "invalid_json", f"request body is nested deeper than {max_depth}")
     model_cls = ChatBody if endpoint == "chat" else CompletionBody
     try:

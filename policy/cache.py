@@ -38,6 +38,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
+from types import MappingProxyType
 from typing import Any
 
 from cachetools import TTLCache
@@ -144,16 +145,18 @@ class DecisionCache:
 
     def get(self, key: tuple[Any, ...]) -> Decision | None:
         """The live decision for ``key`` (counts a hit or a miss)."""
-        found = self._entries.get(key)
-        if found is None:
+        try:  # one lookup (TTLCache.get looks up twice: __contains__, then __getitem__)
+            found = self._entries[key]
+        except KeyError:  # absent or expired
             self.misses += 1
             return None
         self.hits += 1
         return found
 
     def put(self, key: tuple[Any, ...], decision: Decision) -> None:
-        """Store a decision (as produced, ``cached=False``)."""
-        self._entries[key] = decision
+        """Store a decision, marked as served from cache (``cached=True``, same decision id): every
+        hit returns that one frozen object (its ``as_cached()`` is itself), none is built per hit."""
+        self._entries[key] = decision.as_cached()
 
     def clear(self) -> None:
         """Drop every entry (policy or data changed)."""
@@ -208,11 +211,13 @@ def _tenant_list(tenant: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
 
 
 def _count(value: Any, low: int) -> bool:
+    if type(value) is int:  # the common case, without the isinstance calls
+        return value >= low
     return not isinstance(value, bool) and isinstance(value, int) and value >= low
 
 
 def _is_mapping(value: Any) -> bool:
-    return type(value) is dict or isinstance(value, Mapping)
+    return type(value) is dict or type(value) is MappingProxyType or isinstance(value, Mapping)
 
 
 def _str_labels(labels: Mapping[Any, Any]) -> bool:
@@ -225,6 +230,92 @@ def _str_labels(labels: Mapping[Any, Any]) -> bool:
 
 _INPUT_VERSION: list[Any] = []  # policy.input.INPUT_VERSION, imported on first use
 _FIRST = itemgetter(0)
+
+
+def tenant_key_part(tenant: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The tenant fields of the :func:`fast_key` (``id, tier, models, pools, regulated, data_residency,
+    max_tokens``), or ``None`` when a tenant fact is missing or mistyped (labels included: outside the
+    key, validated as ``build_policy_input`` would). A pure function of ``tenant``: callers may keep it
+    per (immutable) tenant object."""
+    tget = tenant.get
+    tid = tget("id")
+    if not (isinstance(tid, str) and tid):
+        return None
+    models, pools = _tenant_list(tenant, "models"), _tenant_list(tenant, "pools")
+    t_max, regulated, residency = tget("max_tokens"), tget("regulated", False), tget("data_residency")
+    labels = tget("labels") or {}
+    if (models is None or pools is None or not (t_max is None or _count(t_max, 0))
+            or not isinstance(regulated, bool) or not (residency is None or isinstance(residency, str))
+            or not _is_mapping(labels) or (labels and not _str_labels(labels))):
+        return None
+    return (tid, str(tget("tier") or ""), models, pools, regulated, residency, t_max)
+
+
+def candidates_key_part(candidates: Sequence[Mapping[str, Any]]) -> tuple[Any, ...] | None:
+    """The candidate fields of the :func:`fast_key` (``ids, pools, healthy, data_residency labels``, sorted
+    by id), or ``None`` when a candidate fact is missing or mistyped (load and labels included)."""
+    cands = []
+    for c in candidates:
+        cget = c.get
+        cid, pool, healthy, load, clabels = (cget("id"), cget("pool"), cget("healthy", False),
+                                             cget("load", 0), cget("labels") or {})
+        if not (isinstance(cid, str) and cid and isinstance(pool, str) and pool and isinstance(healthy, bool)
+                and not isinstance(load, bool) and isinstance(load, (int, float)) and math.isfinite(load)
+                and _is_mapping(clabels) and (not clabels or _str_labels(clabels))):
+            return None
+        cands.append((cid, pool, healthy, clabels.get("data_residency", _MISSING_KEY)))
+    if len(cands) > 1:
+        cands.sort(key=_FIRST)
+    return tuple(zip(*cands)) if cands else _NO_CANDIDATES
+
+
+_NO_CANDIDATES: tuple[Any, ...] = ((), (), (), ())
+
+
+def alerts_key_part(alerts: Sequence[Mapping[str, Any]]) -> tuple[Any, ...] | None:
+    """The alert fields of the :func:`fast_key` (``ids, kinds, replica ids, tenant ids``, sorted by id),
+    or ``None`` when an alert lacks its id or kind."""
+    if not alerts:
+        return _NO_CANDIDATES
+    alts = []
+    for a in alerts:
+        aid, kind = a.get("id"), a.get("kind")
+        if not (isinstance(aid, str) and aid and isinstance(kind, str) and kind):
+            return None
+        replica, atid = a.get("replica_id", a.get("replica")), a.get("tenant_id")
+        alts.append((aid, kind, replica if isinstance(replica, str) else None, atid if isinstance(atid, str) else None))
+    if len(alts) > 1:
+        alts.sort(key=_FIRST)
+    return tuple(zip(*alts))
+
+
+def head_key_part(identity: Mapping[str, Any], request: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """``(spiffe_id, trust_domain, endpoint, model)`` of the :func:`fast_key`, or ``None`` when an
+    identity or request fact is missing or mistyped (claims, token counts, ``stream`` and
+    ``queued_requests`` included: outside the key, validated as ``build_policy_input`` would)."""
+    get = identity.get
+    sid, td = get("spiffe_id"), get("trust_domain")
+    claims = get("claims") or {}
+    rget = request.get
+    endpoint, model = rget("endpoint"), rget("model")
+    if not (isinstance(sid, str) and sid and isinstance(td, str) and td and _is_mapping(claims)
+            and isinstance(endpoint, str) and endpoint and isinstance(model, str) and model):
+        return None
+    pt, mt, seq, q = rget("prompt_tokens"), rget("max_tokens"), rget("sequences", 1), rget("queued_requests", 0)
+    if not (isinstance(rget("stream", False), bool) and (pt is None or _count(pt, 0))
+            and (mt is None or _count(mt, 0)) and _count(seq, 1) and _count(q, 0)):
+        return None
+    return (sid, td, endpoint, model)
+
+
+def compose_key(head: tuple[Any, ...], tenant_part: tuple[Any, ...], candidates_part: tuple[Any, ...],
+                alerts_part: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The :func:`fast_key` from its four parts (none of them ``None``)."""
+    if not _INPUT_VERSION:
+        from policy.input import INPUT_VERSION  # noqa: PLC0415 (policy.input imports policy.decision only)
+
+        _INPUT_VERSION.append(INPUT_VERSION)
+    return (_INPUT_VERSION[0], head[0], head[1], *tenant_part, head[2], head[3], *candidates_part, *alerts_part)
 
 
 def fast_key(
@@ -244,61 +335,22 @@ def fast_key(
     including fields outside the key (request counts, ``stream``, claims, candidate loads and
     labels): the caller then builds the document, whose validation raises
     :class:`policy.input.PolicyInputError` — a cache hit never skips input validation.
+    Composed of :func:`head_key_part`, :func:`tenant_key_part`, :func:`candidates_key_part` and
+    :func:`alerts_key_part` (a caller may keep the tenant and candidate parts per immutable object).
     """
-    if not _INPUT_VERSION:
-        from policy.input import INPUT_VERSION  # noqa: PLC0415 (policy.input imports policy.decision only)
-
-        _INPUT_VERSION.append(INPUT_VERSION)
-    get = identity.get
-    sid, td = get("spiffe_id"), get("trust_domain")
-    claims = get("claims") or {}
-    tget = tenant.get
-    tid = tget("id")
-    rget = request.get
-    endpoint, model = rget("endpoint"), rget("model")
-    if not (isinstance(sid, str) and sid and isinstance(td, str) and td and _is_mapping(claims)
-            and isinstance(tid, str) and tid and isinstance(endpoint, str) and endpoint
-            and isinstance(model, str) and model):
+    head = head_key_part(identity, request)
+    if head is None:
         return None
-    # fields outside the key are still validated as build_policy_input would
-    pt, mt, seq = rget("prompt_tokens"), rget("max_tokens"), rget("sequences", 1)
-    if not (isinstance(rget("stream", False), bool) and (pt is None or _count(pt, 0))
-            and (mt is None or _count(mt, 0)) and _count(seq, 1)):
+    tpart = tenant_key_part(tenant)
+    if tpart is None:
         return None
-    models, pools = _tenant_list(tenant, "models"), _tenant_list(tenant, "pools")
-    t_max, regulated, residency = tget("max_tokens"), tget("regulated", False), tget("data_residency")
-    labels = tget("labels") or {}
-    if (models is None or pools is None or not (t_max is None or _count(t_max, 0))
-            or not isinstance(regulated, bool) or not (residency is None or isinstance(residency, str))
-            or not _is_mapping(labels) or (labels and not _str_labels(labels))):
+    cpart = candidates_key_part(candidates)
+    if cpart is None:
         return None
-    cands = []
-    for c in candidates:
-        cget = c.get
-        cid, pool, healthy, load, clabels = (cget("id"), cget("pool"), cget("healthy", False),
-                                             cget("load", 0), cget("labels") or {})
-        if not (isinstance(cid, str) and cid and isinstance(pool, str) and pool and isinstance(healthy, bool)
-                and not isinstance(load, bool) and isinstance(load, (int, float)) and math.isfinite(load)
-                and _is_mapping(clabels) and (not clabels or _str_labels(clabels))):
-            return None
-        cands.append((cid, pool, healthy, clabels.get("data_residency", _MISSING_KEY)))
-    if len(cands) > 1:
-        cands.sort(key=_FIRST)
-    c_ids, c_pools, c_healthy, c_res = zip(*cands) if cands else ((), (), (), ())
-    alts = []
-    for a in alerts:
-        aid, kind = a.get("id"), a.get("kind")
-        if not (isinstance(aid, str) and aid and isinstance(kind, str) and kind):
-            return None
-        replica, atid = a.get("replica_id", a.get("replica")), a.get("tenant_id")
-        alts.append((aid, kind, replica if isinstance(replica, str) else None, atid if isinstance(atid, str) else None))
-    if len(alts) > 1:
-        alts.sort(key=_FIRST)
-    a_ids, a_kinds, a_replicas, a_tenants = zip(*alts) if alts else ((), (), (), ())
-    return (
-        _INPUT_VERSION[0], sid, td, tid, str(tget("tier") or ""), models, pools, regulated, residency, t_max,
-        endpoint, model, c_ids, c_pools, c_healthy, c_res, a_ids, a_kinds, a_replicas, a_tenants,
-    )
+    apart = alerts_key_part(alerts)
+    if apart is None:
+        return None
+    return compose_key(head, tpart, cpart, apart)
 
 
 async def decide_from_facts(

@@ -158,6 +158,9 @@ class KeyRing:
         """Return the keys whose chains are recognised now: current first, then
         previous versions still in grace (newest first), without duplicates."""
         with self._lock:
+            if not self._grace and not self._retired_masters:  # no rotation in grace: nothing to expire
+                return [self._derive(self._master, self._generation, tenant_id,
+                                     self._tenant_state(tenant_id).key_version)]
             now = self._clock()
             self._expire(now)
             keys = [self.current(tenant_id)]

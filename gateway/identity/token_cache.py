@@ -117,8 +117,9 @@ class VerifiedTokenCache:
         if self._cache is None:
             self.misses += 1
             return None
-        entry = self._cache.get(name)
-        if entry is None:
+        try:  # one lookup (TLRUCache.get looks up twice: __contains__, then __getitem__)
+            entry = self._cache[name]
+        except KeyError:  # absent or expired
             self.misses += 1
             return None
         if entry.trust_domain != trust_domain or entry.keys_version != keys_version \
