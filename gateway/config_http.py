@@ -58,6 +58,10 @@ class LimitsConfig(ConfigSection):
     milliseconds; per process; ``null`` rate: no budget); a tenant in debt answers
     429 ``cpu_budget_exhausted`` before its body is read (gateway/cpu_budget.py).
     Per-tenant overrides: ``tenants[].refused_cpu_ms_per_s`` / ``refused_cpu_burst_ms``.
+    Since session 6 (R6-1, R6-2) the same bucket is charged, when a request ends, all its preparation
+    CPU if it never reached a replica (refused, or cancelled while queued), else the part above its
+    free allowance: ``prep_cpu_free_ms`` (CPU milliseconds per request) plus
+    ``prep_cpu_free_us_per_token`` (CPU microseconds per prompt token reserved).
 
     Connection-level bounds, enforced on BOTH listeners under both HTTP
     parsers before any route or authentication (gateway/http_guard.py):
@@ -95,6 +99,8 @@ class LimitsConfig(ConfigSection):
     max_json_items: int = Field(65536, ge=64)
     refused_cpu_ms_per_s: float | None = Field(100.0, gt=0)
     refused_cpu_burst_ms: float = Field(250.0, gt=0)
+    prep_cpu_free_ms: float = Field(1.0, ge=0)
+    prep_cpu_free_us_per_token: float = Field(5.0, ge=0)
     max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
     header_read_timeout_s: float = Field(10.0, gt=0)
     max_connections: int = Field(2048, ge=1)
