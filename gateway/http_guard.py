@@ -63,6 +63,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gateway.body_guard import DEFAULT_MAX_BODY_CHUNKS, BodyGuard, GuardedH11Connection, refusal_bytes
 from gateway.client_io import LOSS_KEY, ConnectionLoss
 from gateway.coalesce import CoalescingTransport
+from gateway.head_fields import DEFAULT_MAX_HEADER_FIELDS, HeadFields, refuse_too_many_fields
 from gateway.log_aggregate import note_peer
 from gateway.send_order import SEND_ORDER
 
@@ -86,6 +87,7 @@ class _HeadGuard:
     guard_max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     guard_header_read_timeout_s: float = DEFAULT_HEADER_READ_TIMEOUT_S
     guard_max_connections_per_source: int | None = None
+    guard_max_header_fields: int = DEFAULT_MAX_HEADER_FIELDS  # R6-3 (gateway/head_fields.py)
     #: open connections per source IP of this listener (a fresh dict per :func:`guarded_protocol` class)
     guard_source_counts: dict[str, int] = {}
 
@@ -100,6 +102,7 @@ class _HeadGuard:
         self.guard_head_bytes = 0
         self.guard_timer = None
         self.guard_source = None
+        self.guard_fields = HeadFields(self.guard_max_header_fields)
         self.guard_loss = ConnectionLoss()  # fired by connection_lost; in every request scope (gateway/client_io.py)
 
     # -- connections per source
@@ -135,11 +138,13 @@ class _HeadGuard:
     def guard_head_done(self) -> None:
         self.guard_waiting = False
         self.guard_head_bytes = 0
+        self.guard_fields.reset()
         self.guard_cancel_timer()
 
     def guard_head_expected(self, buffered: int = 0) -> None:
         self.guard_waiting = True
         self.guard_head_bytes = buffered
+        self.guard_fields.reset()
         self.guard_cancel_timer()
         if buffered:
             self.guard_start_timer()
@@ -199,7 +204,12 @@ class _HeadGuard:
                 return
             end = min(len(data), offset + allowance)
             self.guard_head_bytes += end - offset
-            self.guard_parse(data if offset == 0 and end == len(data) else data[offset:end])
+            piece = data if offset == 0 and end == len(data) else data[offset:end]
+            if not self.guard_fields.feed(piece):  # R6-3: 431 past limits.max_header_fields, unparsed
+                self.guard_cancel_timer()
+                return refuse_too_many_fields(transport, self.guard_max_header_fields,
+                                              not self.guard_response_in_progress())
+            self.guard_parse(piece)
             offset = end
 
     def guard_parse(self, data: bytes) -> None:  # pragma: no cover - overridden
@@ -300,7 +310,8 @@ _BASES: dict[str, type] = {"h11": GuardedH11Protocol, "httptools": GuardedHttpTo
 def guarded_protocol(parser: str, *, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
                      header_read_timeout_s: float = DEFAULT_HEADER_READ_TIMEOUT_S,
                      max_connections_per_source: int | None = None,
-                     max_body_chunks: int = DEFAULT_MAX_BODY_CHUNKS) -> type[asyncio.Protocol]:
+                     max_body_chunks: int = DEFAULT_MAX_BODY_CHUNKS,
+                     max_header_fields: int = DEFAULT_MAX_HEADER_FIELDS) -> type[asyncio.Protocol]:
     """Return a uvicorn HTTP protocol class (for ``uvicorn.Config(http=...)``) that bounds request heads.
 
     ``parser``: ``"h11"`` or ``"httptools"``; ``max_header_bytes``: bytes of
@@ -308,7 +319,8 @@ def guarded_protocol(parser: str, *, max_header_bytes: int = DEFAULT_MAX_HEADER_
     ``max_connections_per_source``: open connections per source IP, >= 1, or
     None (no cap); each class returned counts its own connections (one class
     per listener); ``max_body_chunks``: chunks of a chunked body before it must
-    average 1 KiB per chunk (gateway/body_guard.py), >= 1. Raises :class:`ValueError` for another parser or out-of-range bounds.
+    average 1 KiB per chunk (gateway/body_guard.py), >= 1; ``max_header_fields``: header fields of one
+    request head (431 past it, gateway/head_fields.py), >= 1. Raises :class:`ValueError` for another parser or out-of-range bounds.
     """
     if parser not in _BASES:
         raise ValueError(f"unknown HTTP parser {parser!r} (expected one of {PARSERS})")
@@ -324,4 +336,5 @@ def guarded_protocol(parser: str, *, max_header_bytes: int = DEFAULT_MAX_HEADER_
                                          "guard_max_connections_per_source": max_connections_per_source,
                                          "guard_source_counts": {},
                                          "guard_max_body_chunks": max_body_chunks,
+                                         "guard_max_header_fields": max_header_fields,
                                          "__doc__": base.__doc__})
