@@ -61,15 +61,18 @@ class HeadFields:
         if self.ended:
             return True
         if not self.started:
-            data = data.lstrip(b"\r\n")
-            if not data:
-                return True
+            if data[:1] in (b"\r", b"\n"):
+                data = data.lstrip(b"\r\n")
+                if not data:
+                    return True
             self.started = True
-        buf = self.tail + data
-        ends = [p for p in (buf.find(b"\n\r\n"), buf.find(b"\n\n")) if p >= 0]
-        if ends:
+        tail = self.tail
+        buf = tail + data if tail else data
+        end = buf.find(b"\n\r\n")
+        lf2 = buf.find(b"\n\n", 0, end if end >= 0 else len(buf))
+        if lf2 >= 0 or end >= 0:
             self.ended = True
-            self.lines += buf.count(b"\n", len(self.tail), min(ends) + 1) + 1  # + the blank line
+            self.lines += buf.count(b"\n", len(tail), (lf2 if lf2 >= 0 else end) + 1) + 1  # + the blank line
             return self.lines - 2 <= self.max_fields
         self.lines += data.count(b"\n")
         self.tail = buf[-2:]
