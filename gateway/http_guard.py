@@ -221,6 +221,7 @@ class _HeadGuard:
         # one socket write per loop step (a plain answer's head and body leave together; gateway/coalesce.py)
         transport = CoalescingTransport(transport, asyncio.get_running_loop())  # type: ignore[assignment]
         super().connection_made(transport)  # type: ignore[misc]
+        self.guard_loss.abort = transport.abort  # a stalled stream's end (gateway/write_stall.py, N-3)
         if self.guard_admit_source(transport):
             self.guard_start_timer()
 
