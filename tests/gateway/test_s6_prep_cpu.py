@@ -135,8 +135,10 @@ async def _charged(stack: Any, tenant: str) -> float:
 @pytest.fixture
 def config_overrides(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     limits = getattr(request, "param", {})
-    return {"limits": limits, "upstream": {"total_timeout_s": 120}, "tenancy": {"master_secret_file": _secret(tmp_path), "tenants": [
-        _tenant("tenant-a", max_concurrency=1, **TINY), _tenant("tenant-b")]}}
+    tenants = [_tenant("tenant-a", max_concurrency=1, **TINY), _tenant("tenant-b")]
+    # the slot holder must not time out (its refusal would be charged too)
+    return {"limits": limits, "upstream": {"total_timeout_s": 120},
+            "tenancy": {"master_secret_file": _secret(tmp_path), "tenants": tenants}}
 
 
 @pytest.mark.parametrize("config_overrides", [{"prep_cpu_free_ms": 0, "prep_cpu_free_us_per_token": 0}],
