@@ -96,7 +96,7 @@ class SpillSection(_Section):
 
 
 class SummarySection(_Section):
-    """``audit.summary``: flood aggregation of unauthenticated / rejected / rate-limited events."""
+    """``audit.summary``: flood aggregation of unauthenticated / rejected / denied / rate-limited events."""
 
     window_s: _Seconds = 10.0
     first_n: Annotated[int, Field(ge=0)] = 5

@@ -1,7 +1,7 @@
 """Flood aggregation: per-source, per-tenant, per-window summaries of noisy outcomes.
 
 A credential-stuffing client or a broken integration can send thousands of
-unauthenticated / rejected requests per second; writing one audit event for
+unauthenticated / rejected / denied (403) requests per second; writing one audit event for
 each would let an attacker fill the audit pipeline (and make the gateway fail
 closed). :class:`SummaryAggregator` lets the first ``first_n`` such events of
 a key per window through individually and counts the rest; when the window
@@ -24,8 +24,11 @@ from dataclasses import dataclass, field
 
 from audit.event import AuditEvent, Identity, Kind, Outcome, PolicyInfo, iso_ms
 
-#: Outcomes that are aggregated (others always pass through).
-DEFAULT_AGGREGATED = frozenset({Outcome.UNAUTHENTICATED, Outcome.REJECTED, Outcome.RATE_LIMITED})
+#: Outcomes that are aggregated (others always pass through). ``denied`` since session 6 (review R6-4):
+#: a 403 (``not_an_operator`` on the admin listener for any workload's admin-audience token,
+#: ``unknown_workload`` for an unmapped workload, a policy denial) needs no tenant and hits no rate limit,
+#: so one client wrote 22.6 MB of audit in 12 s, one event per request.
+DEFAULT_AGGREGATED = frozenset({Outcome.UNAUTHENTICATED, Outcome.REJECTED, Outcome.RATE_LIMITED, Outcome.DENIED})
 #: ``policy.reason_code`` values that are only ever counted, never passed individually
 #: (the gateway's 429 to a source that spent its budget of failed signature checks).
 DEFAULT_SUMMARY_ONLY = frozenset({"too_many_unauthenticated"})

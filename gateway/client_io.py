@@ -31,11 +31,13 @@ class ConnectionLoss:
     work runs, instead of a timer and a watcher task reading ``receive``. Use from the event
     loop's thread only."""
 
-    __slots__ = ("lost", "_callbacks")
+    __slots__ = ("lost", "_callbacks", "abort")
 
     def __init__(self) -> None:
         self.lost = False
         self._callbacks: set[Callable[[], None]] = set()
+        #: aborts the connection (set by the guarded listener; gateway/write_stall.py uses it)
+        self.abort: Callable[[], None] | None = None
 
     def add(self, callback: Callable[[], None]) -> bool:
         """Call ``callback`` (no arguments) when the connection is lost; False (not added) if it already was."""

@@ -70,11 +70,19 @@ class LimitsConfig(ConfigSection):
     milliseconds; per process; ``null`` rate: no budget); a tenant in debt answers
     429 ``cpu_budget_exhausted`` before its body is read (gateway/cpu_budget.py).
     Per-tenant overrides: ``tenants[].refused_cpu_ms_per_s`` / ``refused_cpu_burst_ms``.
+    Since session 6 (R6-1, R6-2) the same bucket is charged, when a request ends, all its preparation
+    CPU if it never reached a replica (refused, or cancelled while queued), else the part above its
+    free allowance: ``prep_cpu_free_ms`` (CPU milliseconds per request) plus
+    ``prep_cpu_free_us_per_token`` (CPU microseconds per prompt token reserved).
 
     Connection-level bounds, enforced on BOTH listeners under both HTTP
     parsers before any route or authentication (gateway/http_guard.py):
     ``max_header_bytes``: the most bytes of one request head (request line,
     header fields, blank line); larger answers 431 and closes.
+    ``client_write_stall_s``: a streamed answer whose client accepts no bytes for this long is ended
+    (upstream closed, output relayed so far charged; gateway/write_stall.py, session 6 N-3).
+    ``max_header_fields``: the most header fields of one request head; more answer 431
+    ``too_many_header_fields`` and close, before the parser reads them (gateway/head_fields.py, R6-3).
     ``header_read_timeout_s``: a request head must be complete this long
     after the connection opened (or after the first byte of a later request
     on a keep-alive connection); otherwise 408 and close.
@@ -107,7 +115,11 @@ class LimitsConfig(ConfigSection):
     max_json_items: int = Field(65536, ge=64)
     refused_cpu_ms_per_s: float | None = Field(100.0, gt=0)
     refused_cpu_burst_ms: float = Field(250.0, gt=0)
+    prep_cpu_free_ms: float = Field(1.0, ge=0)
+    prep_cpu_free_us_per_token: float = Field(5.0, ge=0)
     max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
+    max_header_fields: int = Field(100, ge=8, le=10_000)
+    client_write_stall_s: float = Field(60.0, gt=0)
     header_read_timeout_s: float = Field(10.0, gt=0)
     max_connections: int = Field(2048, ge=1)
     max_body_chunks: int = Field(256, ge=16, le=1 << 20)

@@ -17,8 +17,17 @@ request waiting for its turn is not charged for the others' work) around its two
 synchronous steps, parsing and tokenizing (prefix keys come after the prompt tokens are
 reserved and cost O(those tokens): not metered; 4 clock reads, ~5 µs a request); a refused
 request's measured CPU is taken from the bucket, which may go into debt. Accepted
-requests are not charged: they pay in tokens, and a budget sized for refusals would
-otherwise throttle a tenant's legitimate large prompts.
+requests pay in tokens; their preparation within the allowance below is not charged, so a
+budget sized for refusals does not throttle a tenant's legitimate large prompts.
+Session 6 (review R6-1, R6-2): refusals were not the only free work. An accepted chat carrying
+an ignored field of 62,000 JSON values cost ~28 ms of preparation for ~8 prompt tokens, and a
+request cancelled by its client while it waited in the flow queue was charged nothing at all. So
+when a request ends (:meth:`CpuMeter.settle`, from :meth:`gateway.held.Held.release`), its
+preparation CPU is charged: all of it when the request never reached a replica (refused,
+cancelled, failed before dispatch: ``Held.progress == "none"``), else only the part above its
+free allowance, ``limits.prep_cpu_free_ms`` + ``limits.prep_cpu_free_us_per_token`` x its
+reserved prompt tokens (1 ms + 5 us/token by default: a plain 64-word prompt, ~0.06 ms, and a
+maximal 8,192-token prompt, <= ~10 ms, are never charged; the junk chat pays ~all of it).
 A tenant whose bucket is in debt is refused ``429 cpu_budget_exhausted`` with
 ``Retry-After`` right after authentication (before its body is read) and again before its
 body is parsed (a body read awaits, and the tenant's other requests may have been charged
@@ -65,6 +74,8 @@ class CpuBudget:
                  cpu_clock: Callable[[], float] = time.thread_time, metrics: GatewayMetrics | None = None) -> None:
         self.rate_ms = limits.refused_cpu_ms_per_s
         self.burst_ms = limits.refused_cpu_burst_ms
+        self.free_s = limits.prep_cpu_free_ms / 1000.0
+        self.free_s_per_token = limits.prep_cpu_free_us_per_token / 1e6
         self.clock = clock
         self.cpu_clock = cpu_clock
         self.metrics = metrics
@@ -121,8 +132,8 @@ class CpuBudget:
 
 class CpuMeter:
     """The preparation CPU of one request of ``tenant``: :meth:`run` measures a synchronous
-    step, :meth:`refused` charges the sum to the tenant's budget (once). ``cpu_s``: CPU
-    seconds measured so far."""
+    step, :meth:`refused` charges the sum to the tenant's budget (once), :meth:`settle` what a
+    request's end owes (once, whichever comes first). ``cpu_s``: CPU seconds measured so far."""
 
     __slots__ = ("budget", "tenant", "cpu_s", "charged", "rechecked")
 
@@ -158,6 +169,22 @@ class CpuMeter:
             self.charged = True
             assert self.tenant is not None
             self.budget.charge(self.tenant, self.cpu_s)
+
+    def settle(self, dispatched: bool, prompt_tokens: int) -> None:
+        """The request ended: charge (once) all its CPU when it was not ``dispatched`` to a replica
+        (R6-2), else what exceeds ``limits.prep_cpu_free_ms`` + ``prep_cpu_free_us_per_token`` x
+        ``prompt_tokens`` (R6-1); nothing if already charged by :meth:`refused`."""
+        budget = self.budget
+        if budget is None or self.charged:
+            return
+        if not dispatched:
+            self.refused()
+            return
+        excess = self.cpu_s - budget.free_s - budget.free_s_per_token * max(0, prompt_tokens)
+        self.charged = True
+        if excess > 0:
+            assert self.tenant is not None
+            budget.charge(self.tenant, excess)
 
 
 #: The meter of a request whose tenant is not known yet: runs steps unmeasured, charges nothing.

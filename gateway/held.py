@@ -37,7 +37,7 @@ class Held:
     in-flight count (gateway/overload.py) the request holds, once counted;
     ``left``: its in-flight counts were given back (a refusal gives them back at
     once, before its answer waits for an unread body to drain: review R3-1); ``cpu``: the
-    request's preparation CPU meter (gateway/cpu_budget.py; a refusal charges it).
+    request's preparation CPU meter (gateway/cpu_budget.py; a refusal charges it, :meth:`release` settles it).
     """
 
     __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
@@ -81,9 +81,14 @@ class Held:
                     self.attempt.release()
 
     def release(self) -> None:
-        """:meth:`end_attempt`, then free the tenant's concurrency slot."""
+        """:meth:`end_attempt`, then free the tenant's concurrency slot, then settle the preparation CPU
+        (:meth:`CpuMeter.settle`: all of it when no replica was reached, R6-2; beyond the allowance else)."""
         try:
             self.end_attempt()
         finally:
-            if self.lease is not None:
-                self.lease.release()
+            try:
+                if self.lease is not None:
+                    self.lease.release()
+            finally:
+                res = self.reservation
+                self.cpu.settle(self.progress != "none", res.prompt_tokens if res is not None else 0)

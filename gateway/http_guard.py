@@ -31,24 +31,18 @@ and ``http="httptools"`` enforce, before any routing or authentication:
 If a response is still in progress when a too-large pipelined head arrives,
 nothing can be answered: the connection is closed.
 
-- ``max_connections_per_source`` (``server.max_connections_per_source``,
-  off by default): the most open connections from one source IP address
-  (the socket peer) on this listener. One more is answered at once, before
-  any byte is read, with **503** (JSON error, code ``too_many_connections``,
-  ``Connection: close``) and closed (a client that already sent its request
-  may see a reset instead). Counted per listener class in
-  ``guard_source_counts`` (``connection_made`` / ``connection_lost``); a
-  connection without an IP peer (a Unix socket) is not counted (review R3-6).
+- ``max_connections_per_source`` (``server.max_connections_per_source``, off by default): open
+  connections per source IP (socket peer) on this listener; one more gets **503** ``too_many_connections``
+  (``Connection: close``) before any byte is read, and is closed (a client that already sent may see a
+  reset). Counted per listener class in ``guard_source_counts``; a Unix-socket peer is not counted (R3-6).
+- ``max_header_fields`` (``limits.max_header_fields``): header fields per head; past it **431**
+  ``too_many_header_fields`` before the parser reads them, and close (R6-3, gateway/head_fields.py).
 
-Hooks, public method names of uvicorn's protocol classes only (written
-against uvicorn 0.54; pyproject pins ``uvicorn>=0.30,<0.60``; the hooks are
-checked by tests/hostile/test_i10_header_limits.py::test_uvicorn_hook_points_exist):
-``connection_made``, ``connection_lost``, ``data_received``,
-``on_response_complete``; for httptools the parser callbacks
-``on_headers_complete`` and ``on_message_complete``; for h11 the public
-h11 ``Connection.their_state`` and ``Connection.trailing_data`` of the
-protocol's ``conn``. A completed head is seen as a new ``cycle``
-(uvicorn's per-request ``RequestResponseCycle``).
+Hooks: public names of uvicorn's protocol classes only (uvicorn 0.54; pyproject pins ``>=0.30,<0.60``;
+checked by tests/hostile/test_i10_header_limits.py::test_uvicorn_hook_points_exist): ``connection_made``,
+``connection_lost``, ``data_received``, ``on_response_complete``; httptools' ``on_headers_complete`` and
+``on_message_complete``; h11's public ``Connection.their_state`` and ``trailing_data`` of the protocol's
+``conn``. A completed head is seen as a new ``cycle`` (uvicorn's ``RequestResponseCycle``).
 """
 
 from __future__ import annotations
@@ -66,6 +60,7 @@ from gateway.body_guard import (
 from gateway.client_io import LOSS_KEY, ConnectionLoss
 from gateway.coalesce import CoalescingTransport
 from gateway.lingering import DEFAULT_LINGERING_CLOSE_BYTES, DEFAULT_LINGERING_CLOSE_S, LingeringTransport
+from gateway.head_fields import DEFAULT_MAX_HEADER_FIELDS, HeadFields, refuse_too_many_fields, rest_after_head
 from gateway.log_aggregate import note_peer
 from gateway.send_order import SEND_ORDER
 
@@ -76,16 +71,6 @@ DEFAULT_HEADER_READ_TIMEOUT_S = 10.0
 PARSERS = ("h11", "httptools")
 
 _refusal = refusal_bytes
-
-
-def _rest_after_head(tail: bytes, piece: bytes) -> int:
-    """Bytes of ``piece`` after the head's ending blank line (``tail``: up to 3 head bytes fed
-    before ``piece``); 0 when it is not found."""
-    i = (tail + piece[:3]).find(b"\r\n\r\n")
-    if i >= 0:
-        return len(piece) - (i + 4 - len(tail))
-    i = piece.find(b"\r\n\r\n")
-    return len(piece) - (i + 4) if i >= 0 else 0
 
 
 class _HeadGuard:
@@ -101,6 +86,7 @@ class _HeadGuard:
     guard_max_connections_per_source: int | None = None
     guard_lingering_close_bytes: int = DEFAULT_LINGERING_CLOSE_BYTES
     guard_lingering_close_s: float = DEFAULT_LINGERING_CLOSE_S
+    guard_max_header_fields: int = DEFAULT_MAX_HEADER_FIELDS  # R6-3 (gateway/head_fields.py)
     #: open connections per source IP of this listener (a fresh dict per :func:`guarded_protocol` class)
     guard_source_counts: dict[str, int] = {}
 
@@ -116,6 +102,7 @@ class _HeadGuard:
         self.guard_head_bytes = 0
         self.guard_timer = None
         self.guard_source = None
+        self.guard_fields = HeadFields(self.guard_max_header_fields)
         self.guard_loss = ConnectionLoss()  # fired by connection_lost; in every request scope (gateway/client_io.py)
         self.guard_wire = BodyWire()  # this connection's own (the class default is shared)
 
@@ -152,11 +139,13 @@ class _HeadGuard:
     def guard_head_done(self) -> None:
         self.guard_waiting = False
         self.guard_head_bytes = 0
+        self.guard_fields.reset()
         self.guard_cancel_timer()
 
     def guard_head_expected(self, buffered: int = 0) -> None:
         self.guard_waiting = True
         self.guard_head_bytes = buffered
+        self.guard_fields.reset()
         self.guard_cancel_timer()
         if buffered:
             self.guard_start_timer()
@@ -217,11 +206,15 @@ class _HeadGuard:
             end = min(len(data), offset + allowance)
             self.guard_head_bytes += end - offset
             piece = data if offset == 0 and end == len(data) else data[offset:end]
+            if not self.guard_fields.feed(piece):  # R6-3: 431 past limits.max_header_fields, unparsed
+                self.guard_cancel_timer()
+                return refuse_too_many_fields(transport, self.guard_max_header_fields,
+                                              not self.guard_response_in_progress())
             tail, self.guard_head_tail = self.guard_head_tail, piece[-3:]
             self.guard_parse(piece)
             if not self.guard_waiting:  # the head ended in this piece: the rest of it is body wire (R5b-3)
                 self.guard_head_tail = b""
-                self.guard_wire.bytes += _rest_after_head(tail, piece)  # type: ignore[attr-defined]
+                self.guard_wire.bytes += rest_after_head(tail, piece)  # type: ignore[attr-defined]
                 self.guard_framing_check()
             offset = end
 
@@ -241,6 +234,7 @@ class _HeadGuard:
         transport = LingeringTransport(transport, loop, self, max_bytes=self.guard_lingering_close_bytes,  # type: ignore[arg-type, assignment]
                                        timeout_s=self.guard_lingering_close_s)
         super().connection_made(transport)  # type: ignore[misc]
+        self.guard_loss.abort = transport.abort  # a stalled stream's end (gateway/write_stall.py, N-3)
         if self.guard_admit_source(transport):
             self.guard_start_timer()
 
@@ -365,7 +359,8 @@ def guarded_protocol(parser: str, *, max_header_bytes: int = DEFAULT_MAX_HEADER_
                      max_connections_per_source: int | None = None,
                      max_body_chunks: int = DEFAULT_MAX_BODY_CHUNKS,
                      lingering_close_bytes: int = DEFAULT_LINGERING_CLOSE_BYTES,
-                     lingering_close_s: float = DEFAULT_LINGERING_CLOSE_S) -> type[asyncio.Protocol]:
+                     lingering_close_s: float = DEFAULT_LINGERING_CLOSE_S,
+                     max_header_fields: int = DEFAULT_MAX_HEADER_FIELDS) -> type[asyncio.Protocol]:
     """Return a uvicorn HTTP protocol class (for ``uvicorn.Config(http=...)``) that bounds request heads.
 
     ``parser``: ``"h11"`` or ``"httptools"``; ``max_header_bytes``: bytes of
@@ -375,18 +370,17 @@ def guarded_protocol(parser: str, *, max_header_bytes: int = DEFAULT_MAX_HEADER_
     per listener); ``max_body_chunks``: chunks of a chunked body before it must
     average 1 KiB per chunk (gateway/body_guard.py), >= 1; ``lingering_close_bytes`` (bytes, >= 0;
     0: no lingering) and ``lingering_close_s`` (seconds, > 0): the bounds of the discard when a
-    connection is closed while a request body still arrives (gateway/lingering.py). Raises :class:`ValueError` for another parser or out-of-range bounds.
+    connection is closed while a request body still arrives (gateway/lingering.py); ``max_header_fields``
+    (>= 1): see above. Raises :class:`ValueError` for another parser or out-of-range bounds.
     """
     if parser not in _BASES:
         raise ValueError(f"unknown HTTP parser {parser!r} (expected one of {PARSERS})")
-    if max_header_bytes < 1 or header_read_timeout_s <= 0:
-        raise ValueError("max_header_bytes must be >= 1 and header_read_timeout_s > 0")
-    if max_body_chunks < 1:
-        raise ValueError("max_body_chunks must be >= 1")
-    if lingering_close_bytes < 0 or lingering_close_s <= 0:
-        raise ValueError("lingering_close_bytes must be >= 0 and lingering_close_s > 0")
-    if max_connections_per_source is not None and max_connections_per_source < 1:
-        raise ValueError("max_connections_per_source must be >= 1 (or None)")
+    bounds = {"max_header_bytes": max_header_bytes >= 1, "header_read_timeout_s": header_read_timeout_s > 0,
+              "max_body_chunks": max_body_chunks >= 1, "max_header_fields": max_header_fields >= 1,
+              "lingering_close_bytes": lingering_close_bytes >= 0, "lingering_close_s": lingering_close_s > 0,
+              "max_connections_per_source": max_connections_per_source is None or max_connections_per_source >= 1}
+    if not all(bounds.values()):
+        raise ValueError(f"out-of-range bound(s): {sorted(k for k, ok in bounds.items() if not ok)} (see the docstring)")
     base = _BASES[parser]
     return type(base.__name__, (base,), {"guard_max_header_bytes": max_header_bytes,
                                          "guard_header_read_timeout_s": header_read_timeout_s,
@@ -395,4 +389,5 @@ def guarded_protocol(parser: str, *, max_header_bytes: int = DEFAULT_MAX_HEADER_
                                          "guard_max_body_chunks": max_body_chunks,
                                          "guard_lingering_close_bytes": lingering_close_bytes,
                                          "guard_lingering_close_s": lingering_close_s,
+                                         "guard_max_header_fields": max_header_fields,
                                          "__doc__": base.__doc__})

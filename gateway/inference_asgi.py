@@ -29,9 +29,11 @@ from typing import Any
 
 from starlette.requests import Request
 
+from gateway.client_io import EndingStreamingResponse
 from gateway.exact_path import exact_path
 from gateway.pipeline import InferencePipeline
 from gateway.recording import AFTER_SEND, Recorder
+from gateway.write_stall import StallBoundedSend, WriteStall, end_stalled
 
 __all__ = ["INFERENCE_PATHS", "InferenceRoutes"]
 
@@ -96,7 +98,16 @@ class InferenceRoutes:
         token = AFTER_SEND.set(pending)
         try:
             response = await self.pipeline.handle(Request(scope, receive, send), endpoint)  # type: ignore[arg-type]
-            await response(scope, receive, send_after_audit)
+            if isinstance(response, EndingStreamingResponse):  # a client that stops reading ends it (N-3)
+                bounded = StallBoundedSend(send_after_audit, self.pipeline.cfg.limits.client_write_stall_s)
+                try:
+                    await response(scope, receive, bounded)
+                except WriteStall:
+                    await end_stalled(scope)
+                finally:
+                    bounded.close()
+            else:
+                await response(scope, receive, send_after_audit)
         finally:
             AFTER_SEND.reset(token)
             # however the call ended: every end and record runs, in order (work appended while

@@ -239,8 +239,8 @@ class GatewayMetrics:
             "reservation, not_dispatched)", ["tenant", "basis"], registry=a,
         ), self.batch)
         self.tenant_refused_cpu = BoundChildren(Counter(  # gateway/cpu_budget.py (R5-8)
-            "prefixgate_tenant_refused_cpu_seconds", "Gateway CPU (loop thread) of refused requests' parse and "
-            "tokenize, charged to each tenant's refused_cpu budget", ["tenant"], registry=a,
+            "prefixgate_tenant_refused_cpu_seconds", "Gateway CPU (loop thread) of parse and tokenize charged to "
+            "each tenant's refused_cpu budget: requests not dispatched, others' beyond limits.prep_cpu_free_*", ["tenant"], registry=a,
         ), self.batch)
 
     def watch_state(self, limits: Any) -> None:

@@ -3,11 +3,10 @@
 ``read_body`` enforces the size cap (from ``Content-Length`` before reading,
 and again while reading, so a lying header cannot get past it) and a read
 timeout (a client that trickles its body is cut off). ``parse_inference_request``
-decodes UTF-8 JSON, bounds its nesting depth and validates it with pydantic
-models of the OpenAI Completions / Chat Completions schemas. Only the fields
-of those models are forwarded upstream: unknown fields, a client-sent
-``cache_salt``, tenant or routing hints are dropped (documented in
-docs/configuration.md), so what reaches a replica always passes the schema.
+decodes UTF-8 JSON, validates it with pydantic models of the OpenAI Completions / Chat Completions
+schemas, then bounds the nesting of its free-form fields. Only the fields of those models are forwarded
+upstream: unknown fields (never walked: R6-1), a client-sent ``cache_salt``, tenant or routing hints
+are dropped (docs/configuration.md), so what reaches a replica always passes the schema.
 The client's ``user`` is validated but never forwarded: the pipeline sends
 nothing or the workload's pseudonym in its place (docs/configuration.md,
 ``forward_user``).
@@ -139,8 +138,12 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
     return b"".join(chunks)
 
 
-def _depth_ok(obj: Any, limit: int) -> bool:
-    stack: list[tuple[Any, int]] = [(obj, 1)]
+def _depth_ok(parsed: BaseModel, limit: int) -> bool:
+    """Whether a validated body's free-form fields (``tools``, ``tool_choice``, ``response_format``, messages'
+    ``tool_calls``: the schema bounds the others) nest at most ``limit`` deep (the body is depth 1). Dropped
+    fields are never walked (R6-1: 62,000 ignored values cost 26 ms); orjson bounds them at 1024 levels."""
+    stack = [(getattr(parsed, k, None), 2) for k in _EXTRA_BODY_FIELDS]
+    stack += [(m.tool_calls, 4) for m in getattr(parsed, "messages", ())]
     while stack:
         cur, d = stack.pop()
         if isinstance(cur, dict):
@@ -224,8 +227,7 @@ def _unforwardable(obj: Any) -> str | None:
 
 
 def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32, *,
-                            max_messages: int | None = None,
-                            max_batch_prompts: int | None = None,
+                            max_messages: int | None = None, max_batch_prompts: int | None = None,
                             max_json_items: int | None = None) -> InferenceRequest:
     """Decode and validate an OpenAI request body for ``endpoint``.
 
@@ -239,9 +241,9 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     elements) — both counted before schema validation —, ``too_many_json_items``
     (:func:`json_items_bound` above ``max_json_items``, counted before decoding) or
     ``invalid_request`` (schema violation; the message names the field, never
-    its value). Validation is strict: JSON types are not coerced (``"stream":
-    "yes"``, ``"max_tokens": "12"`` or ``12.0`` are refused, as OpenAI does),
-    so the forwarded body is exactly what the schema says.
+    its value). Unknown fields are dropped unread (``max_depth`` bounds the forwarded free-form fields,
+    R6-1). Validation is strict: JSON types are not coerced (``"stream": "yes"``, ``"max_tokens": "12"``
+    or ``12.0`` are refused, as OpenAI does), so the forwarded body is exactly what the schema says.
     """
     if max_json_items is not None and json_items_bound(raw) > max_json_items:
         raise GatewayError(400, "too_many_json_items",
@@ -277,15 +279,15 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
         raise GatewayError(400, "batch_too_large",
                            f"prompt is a batch of {len(prompt)} prompts; this tenant's limit is {max_batch_prompts}",
                            param="prompt")
-    # a document with at most max_depth brackets (in strings too) nests no deeper: no walk (issue 14)
-    if raw.count(b"[") + raw.count(b"{") > max_depth and not _depth_ok(data, max_depth):
-        raise GatewayError(400, "invalid_json", f"request body is nested deeper than {max_depth}")
     model_cls = ChatBody if endpoint == "chat" else CompletionBody
-    try:
+    try:  # strict; unknown fields are dropped unread (extra="ignore")
         parsed = model_cls.model_validate(data)
     except ValidationError as exc:
         msg, loc = _validation_message(exc)
         raise GatewayError(400, "invalid_request", msg, param=loc) from None
+    # at most max_depth brackets in the whole body (strings too): nothing nests deeper, no walk (issue 14)
+    if raw.count(b"[") + raw.count(b"{") > max_depth and not _depth_ok(parsed, max_depth):
+        raise GatewayError(400, "invalid_json", f"request body is nested deeper than {max_depth}")
     body = parsed.model_dump(exclude_none=True, exclude_unset=False)
     if body.get("n") == 1:
         body.pop("n")

@@ -99,7 +99,8 @@ def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | 
     ``max_connections_per_source`` is set (``server.max_connections_per_source``),
     the open connections per source IP of this listener;
     ``limits.max_connections`` becomes uvicorn's ``limit_concurrency``;
-    ``limits.max_body_chunks`` bounds chunked bodies (gateway/body_guard.py).
+    ``limits.max_body_chunks`` bounds chunked bodies (gateway/body_guard.py);
+    ``limits.max_header_fields`` the header fields of a head (gateway/head_fields.py).
     uvicorn's per-request warning lines are aggregated per window
     (:mod:`gateway.log_aggregate`, installed on ``uvicorn.error``).
     """
@@ -111,7 +112,8 @@ def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | 
                                   max_connections_per_source=max_connections_per_source,
                                   max_body_chunks=limits.max_body_chunks,
                                   lingering_close_bytes=lingering_cap(limits.lingering_close_bytes, limits.max_body_bytes),
-                                  lingering_close_s=limits.lingering_close_s)
+                                  lingering_close_s=limits.lingering_close_s,
+                                  max_header_fields=limits.max_header_fields)
     kw["http"] = parser
     kw.setdefault("h11_max_incomplete_event_size", limits.max_header_bytes)
     kw.setdefault("limit_concurrency", limits.max_connections)

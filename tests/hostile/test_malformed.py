@@ -33,8 +33,9 @@ CASES: list[tuple[str, str, bytes, int, str, str, str | None, str]] = [
      "invalid_request_error", None, "request body must be a JSON object"),
     ("non_utf8", "completions", b'{"model": "sim-model", "prompt": "\xff\xfe\xfa"}', 400, "invalid_json",
      "invalid_request_error", None, "request body is not valid UTF-8"),
-    ("deep_object", "completions",
-     json.dumps({"model": "sim-model", "prompt": "x", "user_data": _nest(40)}).encode(), 400, "invalid_json",
+    ("deep_object", "chat",  # s6 R6-1: the bound applies to forwarded free-form fields; unknown ones are dropped unread
+     json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "x"}],
+                 "response_format": _nest(40)}).encode(), 400, "invalid_json",
      "invalid_request_error", None, "nested deeper than 32"),
     ("deep_array_recursion", "completions", b'{"model": "sim-model", "x": ' + b"[" * 30000 + b"]" * 30000 + b"}",
      400, "invalid_json", "invalid_request_error", None, "nested"),
