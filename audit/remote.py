@@ -114,6 +114,8 @@ class RemoteAuditLog(WorkerProcess):
         self._python = python or sys.executable
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = _Metrics(self.registry)
+        # read at each scrape instead of set at every flush (issue 14)
+        self.metrics.backlog.set_function(lambda: self._backlog)
         self._seq = 0
         # (seq, frame, monotonic time sent), oldest first
         self._unacked: collections.deque[tuple[int, bytes, float]] = collections.deque()
@@ -194,12 +196,17 @@ class RemoteAuditLog(WorkerProcess):
             self.metrics.dropped.inc()
             log.error("audit worker backlog full: event %s dropped", event_id)
             return
-        self._unacked.append((self._seq, frame, time.monotonic()))
+        now = time.monotonic()
+        self._unacked.append((self._seq, frame, now))
         self._backlog += len(frame)
         self._out.append(frame)
         self._out_bytes += len(frame)
         self._schedule_flush()
-        self._update_accepting()
+        # while accepting, only the backlog size or the oldest event's age can end it here
+        # (the worker's own accepting is re-evaluated where it changes: _read)
+        if (not self._accepting or self._backlog >= self._max_backlog
+                or now - self._unacked[0][2] > self._max_age):
+            self._update_accepting()
 
     async def start(self) -> None:
         """Spawn the worker and wait for it to report ready.
@@ -211,6 +218,7 @@ class RemoteAuditLog(WorkerProcess):
         if (d := spool_dir(self._doc)) is not None and self._spool is None:
             self._spool = Spool(d)  # the worker recovers earlier processes' segments (below ours)
             self._config = orjson.dumps({**self._doc, "spool": {"dir": str(d), "below": self._spool.first}})
+        self._flush_scheduled = False  # a timer armed on an earlier event loop never fires
         try:
             await self._spawn()
         except BaseException:
@@ -297,12 +305,22 @@ class RemoteAuditLog(WorkerProcess):
 
     def _schedule_flush(self) -> None:
         # one pipe write per ``flush_interval_s`` (or per ``FLUSH_BYTES``), not per
-        # event: a write syscall per event cost the gateway more than encoding it
+        # event: a write syscall per event cost the gateway more than encoding it.
+        # The timer is armed only by an event and only when none is armed; a hand-off
+        # (flush_now) leaves an armed timer alone (it was armed before any event now
+        # pending, so it still fires within flush_interval_s of each), and one that
+        # fires with nothing pending is not re-armed: sequential answers arm one timer
+        # per flush interval, not one per answer (issue 14; cancelling it at every
+        # hand-off and arming it again at the next event costs more than letting it fire)
         if self._out_bytes >= FLUSH_BYTES:
             self._flush()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_later(self._flush_interval, self._flush)
+            asyncio.get_running_loop().call_later(self._flush_interval, self._on_flush_timer)
+
+    def _on_flush_timer(self) -> None:
+        self._flush_scheduled = False
+        self._flush()
 
     def flush_now(self) -> None:
         """Write every queued event frame to the worker's pipe now (one ``write``), without waiting for
@@ -313,7 +331,6 @@ class RemoteAuditLog(WorkerProcess):
         self._flush()
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
         if not self._out:
             return
         data, self._out, self._out_bytes = b"".join(self._out), [], 0
@@ -326,7 +343,6 @@ class RemoteAuditLog(WorkerProcess):
             except (ConnectionError, RuntimeError):
                 pass  # the supervisor notices the exit and resends the backlog
         # else: the frames stay in the backlog and are resent to the next worker
-        self.metrics.backlog.set(self._backlog)
 
     def _write_control(self, frame: dict[str, Any]) -> None:
         self._flush()

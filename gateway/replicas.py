@@ -24,6 +24,7 @@ import enum
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from routing.filters import HealthFilter, TenantPoolFilter
 
@@ -77,7 +78,17 @@ class ReplicaSet:
     half-open probe; ``clock``: monotonic seconds (injectable for tests).
     Replicas start healthy (the checker marks them down if they are not).
     Raises :class:`ValueError` on duplicate ids or bad thresholds.
+
+    :attr:`version` (int) goes up on every change that can change which replicas are
+    routable: membership, health verdicts, circuit transitions, half-open probes. The
+    routable set and the candidates per pool set are kept until it moves (issue 14: they are
+    asked for on every request), and not kept at all while any circuit is open (its
+    cool-down turns it half-open with time). The :class:`ReplicaState` objects are this
+    set's: change them through its methods, not by assignment.
     """
+
+    #: bound on cached candidate lists (one per distinct tenant pool set)
+    CANDIDATES_CACHE_MAX = 256
 
     def __init__(
         self,
@@ -94,6 +105,10 @@ class ReplicaSet:
         self._clock = clock
         self._replicas: dict[str, Replica] = {}
         self._state: dict[str, ReplicaState] = {}
+        self.version = 0
+        self._routable: tuple[str, ...] | None = None  # routable ids at _routable_version
+        self._routable_version = -1
+        self._candidates: dict[Any, tuple[Replica, ...]] = {}  # pools -> candidates at _routable_version
         for r in replicas:
             self.add(r)
 
@@ -103,11 +118,13 @@ class ReplicaSet:
             raise ValueError(f"duplicate replica id {replica.id!r}")
         self._replicas[replica.id] = replica
         self._state[replica.id] = ReplicaState()
+        self.version += 1
 
     def remove(self, replica_id: str) -> None:
         """Remove a replica (no error if absent)."""
         self._replicas.pop(replica_id, None)
         self._state.pop(replica_id, None)
+        self.version += 1
 
     def get(self, replica_id: str) -> Replica:
         """The replica called ``replica_id``; raises :class:`UnknownReplicaError`."""
@@ -126,6 +143,7 @@ class ReplicaSet:
         if st.circuit is CircuitState.OPEN and self._clock() - st.opened_at >= self.cooldown_s:
             st.circuit = CircuitState.HALF_OPEN
             st.probe_in_flight = False
+            self.version += 1
         return st
 
     def all(self) -> list[Replica]:
@@ -142,22 +160,43 @@ class ReplicaSet:
         return st.circuit is CircuitState.HALF_OPEN and not st.probe_in_flight
 
     def routable_ids(self, pools: Iterable[str] | None = None) -> list[str]:
-        """Ids of routable replicas, optionally only those in ``pools``."""
-        allowed = None if pools is None else set(pools)
-        return [
-            rid
-            for rid, r in self._replicas.items()
-            if (allowed is None or r.pool in allowed) and self.is_routable(rid)
-        ]
+        """Ids of routable replicas (a new list, insertion order), optionally only those in ``pools``."""
+        ids = self._routable_now()
+        if pools is None:
+            return list(ids)
+        allowed = set(pools)
+        return [rid for rid in ids if self._replicas[rid].pool in allowed]
+
+    def _routable_now(self) -> tuple[str, ...]:
+        """The routable ids, from the cache while :attr:`version` has not moved."""
+        if self._routable_version == self.version and self._routable is not None:
+            return self._routable
+        self._candidates.clear()
+        ids = tuple(rid for rid in list(self._replicas) if self.is_routable(rid))  # may advance circuits
+        if any(st.circuit is CircuitState.OPEN for st in self._state.values()):
+            self._routable = None  # time-dependent (cool-down): not kept
+        else:
+            self._routable, self._routable_version = ids, self.version
+        return ids
 
     def candidates(self, pools: Iterable[str]) -> list[Replica]:
-        """Replicas routable now (healthy, breaker closed) in ``pools`` (all pools when empty).
+        """Replicas routable now (healthy, breaker closed) in ``pools`` (all pools when empty),
+        a new list in insertion order.
 
         Only these go to the policy decision point: a policy can narrow them,
         never widen them (defence in depth against a policy omitting both lists).
         """
+        ids = self._routable_now()
+        cacheable = self._routable is not None and isinstance(pools, (frozenset, tuple))
+        if cacheable and (hit := self._candidates.get(pools)) is not None:
+            return list(hit)
         in_pools = TenantPoolFilter(pools).filter(self.all())
-        return HealthFilter(self.routable_ids()).filter(in_pools)
+        out = HealthFilter(ids).filter(in_pools)
+        if cacheable:
+            if len(self._candidates) >= self.CANDIDATES_CACHE_MAX:
+                self._candidates.clear()
+            self._candidates[pools] = tuple(out)
+        return out
 
     def on_dispatch(self, replica_id: str) -> bool:
         """Call when a request is sent to ``replica_id``: in half-open state
@@ -167,6 +206,7 @@ class ReplicaSet:
         st = self.state(replica_id)
         if st.circuit is CircuitState.HALF_OPEN:
             st.probe_in_flight = True
+            self.version += 1
             return True
         return False
 
@@ -185,13 +225,16 @@ class ReplicaSet:
         st = self.state(replica_id)
         if st.circuit is CircuitState.HALF_OPEN:
             st.probe_in_flight = False
+            self.version += 1
 
     def record_success(self, replica_id: str) -> None:
         """An upstream exchange succeeded: reset failures, close the circuit."""
         st = self.state(replica_id)
+        if st.circuit is not CircuitState.CLOSED or st.probe_in_flight:
+            st.circuit = CircuitState.CLOSED
+            st.probe_in_flight = False
+            self.version += 1
         st.consecutive_failures = 0
-        st.circuit = CircuitState.CLOSED
-        st.probe_in_flight = False
         st.last_success_at = self._clock()
 
     def answered_recently(self, replica_id: str, within_s: float) -> bool:
@@ -211,6 +254,7 @@ class ReplicaSet:
             st.circuit = CircuitState.OPEN
             st.opened_at = self._clock()
             st.probe_in_flight = False
+            self.version += 1
 
     def record_status(self, replica_id: str, status: int) -> None:
         """Classify an upstream HTTP status: 5xx is a replica failure; any
@@ -222,7 +266,10 @@ class ReplicaSet:
 
     def mark_health(self, replica_id: str, healthy: bool) -> None:
         """Set the health-check verdict for ``replica_id``."""
-        self.state(replica_id).healthy = healthy
+        st = self.state(replica_id)
+        if st.healthy != healthy:
+            self.version += 1
+        st.healthy = healthy
 
     def observe_instance(self, replica_id: str, instance_id: str) -> bool:
         """Record the replica's reported ``instance_id``; returns True when it
@@ -235,6 +282,7 @@ class ReplicaSet:
             st.consecutive_failures = 0
             st.circuit = CircuitState.CLOSED
             st.probe_in_flight = False
+            self.version += 1
             return True
         return False
 
