@@ -28,10 +28,16 @@ class ServerConfig(ConfigSection):
     from one source IP (the socket peer); one more answers a JSON 503
     ``too_many_connections`` at once and is closed (gateway/http_guard.py).
     ``None`` (default): no per-source cap, only ``limits.max_connections``.
+
+    ``listener_per_worker``: with ``serve --workers N``, give each worker its own
+    ``SO_REUSEPORT`` public listening socket so the kernel spreads connections
+    across workers (Linux; elsewhere, or ``False``: one socket shared by all
+    workers; gateway/workers.py).
     """
 
     http_parser: Literal["httptools", "h11"] = "httptools"
     max_connections_per_source: int | None = Field(None, ge=1)
+    listener_per_worker: bool = True
 
 
 class LimitsConfig(ConfigSection):

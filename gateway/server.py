@@ -126,14 +126,17 @@ def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | 
     return config
 
 
-def bind_listener(host: str, port: int) -> socket.socket:
-    """Bind a TCP listening socket (SO_REUSEADDR, no SO_REUSEPORT: a second
-    gateway on the same port must fail). Raises :class:`OSError` (e.g.
-    EADDRINUSE) before anything else of the gateway has started."""
+def bind_listener(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """Bind a TCP listening socket (SO_REUSEADDR; SO_REUSEPORT only with ``reuse_port``, for
+    the per-worker sockets of :mod:`gateway.workers`: without it a second gateway on the same
+    port must fail). Raises :class:`OSError` (e.g. EADDRINUSE) before anything else of the
+    gateway has started."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         sock.listen(2048)
         sock.set_inheritable(False)

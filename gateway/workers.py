@@ -1,14 +1,29 @@
-"""``prefixgate serve --workers N``: N gateway processes on one host sharing the listening sockets.
+"""``prefixgate serve --workers N``: N gateway processes on one host, one listening port.
 
-The parent binds the public (and admin) listening sockets once
-(:func:`gateway.server.bind_listener`: no ``SO_REUSEPORT``, so a second
-gateway on the same port still fails), then starts N workers, each a
-``python -m gateway.cli serve --worker-index i`` child that inherits the
-sockets (``pass_fds``; their numbers in ``PREFIXGATE_LISTEN_FDS``) and
-accepts on them; the kernel hands each connection to one of the processes
-waiting in ``accept``. Allowed only with ``state.backend: redis``
-(:func:`gateway.cli.serving_refusal`): tenant limits, the ledger and
-concurrency are shared through Redis (docs/scale-out.md says what else is).
+The parent first binds the public (and admin) address with
+:func:`gateway.server.bind_listener` *without* ``SO_REUSEPORT`` (a probe: it
+fails with :class:`gateway.server.ListenerUnavailable` if anything holds the
+port, e.g. a second gateway). With ``server.listener_per_worker`` (default) on
+Linux it then closes the public probe and binds N public sockets *with*
+``SO_REUSEPORT`` (:func:`bind_worker_listeners`), one per worker: the kernel
+hashes each new connection (its address 4-tuple) to one of them, so a load
+generator opening many connections at once reaches every worker (with one shared
+socket the first worker awake could accept nearly all; notes/s6-workers.md). A
+later gateway's probe bind fails with EADDRINUSE while ours are bound; only a
+process of the same effective UID that also sets ``SO_REUSEPORT`` could join the
+group (the kernel's rule), and between the probe's close and the first
+``SO_REUSEPORT`` bind (microseconds) such a process could slip in
+(docs/scale-out.md). The admin listener stays one socket shared by all workers
+(operator traffic: few connections, no spread needed, and it stays exclusive
+without any window). Elsewhere, or with ``listener_per_worker: false``, every
+worker shares the public probe socket too.
+
+Worker ``i`` is a ``python -m gateway.cli serve --worker-index i`` child that
+gets only its own public socket and the admin one (``pass_fds``; their numbers in
+``PREFIXGATE_LISTEN_FDS``) and accepts on them. Allowed only with
+``state.backend: redis`` (:func:`gateway.cli.serving_refusal`): tenant limits,
+the ledger and concurrency are shared through Redis (docs/scale-out.md says
+what else is).
 
 Each worker has its own audit chain: ``audit.jsonl.dir`` and
 ``audit.spill.dir`` get a ``worker-<i>`` subdirectory, ``audit.ocsf.file`` a
@@ -20,6 +35,9 @@ The parent forwards SIGTERM/SIGINT to every worker (each drains and seals its
 audit log; one still starting stops as soon as it can, see
 :func:`catch_early_stop`) and exits when all have; a worker that exits on its own makes the
 parent stop the others and exit 1 (a supervisor restarts the whole gateway).
+With per-worker sockets, connections already queued in the exiting worker's
+backlog are reset by the kernel when its socket closes (unless the host sets
+``net.ipv4.tcp_migrate_req``); the rest of the gateway stops anyway.
 """
 
 from __future__ import annotations
@@ -35,9 +53,10 @@ from typing import Any
 
 from audit.config_schema import AuditSection
 from gateway.config import GatewayConfig
-from gateway.server import bind_listeners
+from gateway.server import ListenerUnavailable, bind_listener, bind_listeners
 
-__all__ = ["ENV_LISTEN_FDS", "catch_early_stop", "inherited_sockets", "run_workers", "worker_config"]
+__all__ = ["ENV_LISTEN_FDS", "bind_worker_listeners", "catch_early_stop", "inherited_sockets", "per_worker_supported",
+           "run_workers", "worker_config"]
 
 #: Environment variable naming the inherited listening sockets: ``<public fd>[,<admin fd>]``.
 ENV_LISTEN_FDS = "PREFIXGATE_LISTEN_FDS"
@@ -87,18 +106,46 @@ def inherited_sockets(env: dict[str, str] | None = None) -> list[socket.socket]:
     return [socket.socket(fileno=fd) for fd in fds]
 
 
+def per_worker_supported() -> bool:
+    """True where the kernel spreads connections across ``SO_REUSEPORT`` listeners (Linux)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
+def bind_worker_listeners(cfg: GatewayConfig, workers: int) -> tuple[list[socket.socket], list[socket.socket]]:
+    """Bind the listeners of ``workers`` workers: ``(public, admin)``.
+
+    ``public``: ``workers`` ``SO_REUSEPORT`` sockets on one port (``server.listener_per_worker``
+    on Linux), bound after a probe bind without ``SO_REUSEPORT`` that fails if anything holds
+    the port; else one socket shared by all. ``admin``: ``[]`` or one shared socket.
+    Raises :class:`ListenerUnavailable` (every socket already bound is closed first)."""
+    probes = bind_listeners(cfg)  # no SO_REUSEPORT: fails if a gateway (or anything) holds a port
+    public, admin = probes[:1], probes[1:]
+    if workers < 2 or not cfg.server.listener_per_worker or not per_worker_supported():
+        return public, admin
+    port = public[0].getsockname()[1]  # the port the probe got (listen.port 0: a free one)
+    public[0].close()
+    group: list[socket.socket] = []
+    try:
+        for _ in range(workers):
+            group.append(bind_listener(cfg.listen.host, port, reuse_port=True))
+    except OSError as exc:  # taken in the window since the probe closed
+        for sock in group + admin:
+            sock.close()
+        raise ListenerUnavailable("public", "listen", cfg.listen.host, port, exc) from exc
+    return group, admin
+
+
 def run_workers(cfg: GatewayConfig, config_path: str, workers: int) -> int:
     """Bind the listeners, start ``workers`` worker processes, wait for them; return the exit code.
 
     Raises :class:`gateway.server.ListenerUnavailable` (an :class:`OSError` naming the listener
     and its address) when a listening address is taken (before any worker starts)."""
-    listeners = bind_listeners(cfg)
-    fds = [s.fileno() for s in listeners]
-    env = {**os.environ, ENV_LISTEN_FDS: ",".join(map(str, fds))}
-    names = ["public", "admin"]
-    for name, s in zip(names, listeners, strict=False):
+    public, admin = bind_worker_listeners(cfg, workers)
+    per_worker = len(public) > 1
+    for name, s in [("public", public[0]), *(("admin", a) for a in admin)]:
         host, port = s.getsockname()[:2]
-        log.info("listening: %s http://%s:%d (shared by %d workers)", name, host, port, workers)
+        how = "a socket per worker, SO_REUSEPORT" if name == "public" and per_worker else "shared"
+        log.info("listening: %s http://%s:%d (%d workers, %s)", name, host, port, workers, how)
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", config_path]
     alive: dict[int, int] = {}
     signalled: set[int] = set()
@@ -123,11 +170,13 @@ def run_workers(cfg: GatewayConfig, config_path: str, workers: int) -> int:
     for i in range(workers):
         if stopping:  # stopped while starting: start no more
             break
+        fds = [public[i if per_worker else 0].fileno(), *(a.fileno() for a in admin)]
+        env = {**os.environ, ENV_LISTEN_FDS: ",".join(map(str, fds))}
         proc = subprocess.Popen([*argv, "--worker-index", str(i)], env=env, pass_fds=fds)
         alive[proc.pid] = i
         if stopping:  # the signal came while this one was being started (not yet in ``alive``)
             stop()
-    for s in listeners:  # the workers hold them now
+    for s in public + admin:  # the workers hold them now (those of workers never started: closed)
         s.close()
     rc = 0
     while alive:
