@@ -219,7 +219,7 @@ class TenantLimiter:
         """
         now = self._clock() if now is None else now
         with self._lock:
-            st = self._tenants.setdefault(tenant.id, _TenantState())
+            st = self._tenants.get(tenant.id) or self._tenants.setdefault(tenant.id, _TenantState())
             if slot and tenant.max_concurrency is not None and st.in_flight >= tenant.max_concurrency:
                 raise ConcurrencyLimited(1.0, "tenant_concurrency")
             if tenant.rate_rps is not None:
@@ -247,7 +247,7 @@ class TenantLimiter:
         with self._lock:
             if lease.released:
                 return
-            st = self._tenants.setdefault(tenant.id, _TenantState())
+            st = self._tenants.get(tenant.id) or self._tenants.setdefault(tenant.id, _TenantState())
             if tenant.max_concurrency is not None and st.in_flight + n > tenant.max_concurrency:
                 raise ConcurrencyLimited(1.0, "tenant_concurrency")
             st.in_flight += n
@@ -271,7 +271,7 @@ class TenantLimiter:
         with self._lock:
             if lease.released:
                 return
-            st = self._tenants.setdefault(tenant.id, _TenantState())
+            st = self._tenants.get(tenant.id) or self._tenants.setdefault(tenant.id, _TenantState())
             if slots and tenant.max_concurrency is not None and st.in_flight + extra > tenant.max_concurrency:
                 raise ConcurrencyLimited(1.0, "tenant_concurrency")
             if tenant.rate_rps is not None:
@@ -300,7 +300,7 @@ class TenantLimiter:
             return
         now = self._clock() if now is None else now
         with self._lock:
-            st = self._tenants.setdefault(tenant.id, _TenantState())
+            st = self._tenants.get(tenant.id) or self._tenants.setdefault(tenant.id, _TenantState())
             burst = tenant.prompt_tokens_burst or max(1.0, tenant.prompt_tokens_per_s)
             st.prompt_tokens = _bucket(st.prompt_tokens, tenant.prompt_tokens_per_s, burst, now)
             wait = st.prompt_tokens.try_take(n, now, allow_debt=True)

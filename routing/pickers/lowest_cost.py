@@ -33,11 +33,7 @@ class LowestCostPicker:
         if len(eligible) == 1:  # min() of one element: no key (no rendezvous hash) needed
             chosen = eligible[0]
         else:
-            point = request_point(req, self.skip_blocks)
-            chosen = min(
-                eligible,
-                key=lambda c: (scores[c.replica_id], -c.matched_blocks, tiebreak(point, c.replica_id), c.replica_id),
-            )
+            chosen = self._cheapest(req, eligible, scores)
         best = max(c.matched_blocks for c in candidates)
         kept = {c.replica_id for c in eligible}
         if chosen.matched_blocks == best and best > 0:
@@ -49,3 +45,28 @@ class LowestCostPicker:
         else:
             reason = "no_prefix"
         return Pick(chosen, reason)
+
+    def _cheapest(self, req: RouteRequest, eligible: Sequence[Candidate], scores: Mapping[str, float]) -> Candidate:
+        """``min(eligible)`` by (score, -matched blocks, rendezvous hash, id), the hash computed only
+        for the candidates tied on the first two (session 6, issue 14: usually none); a NaN score
+        (no total order) takes the one full-key ``min`` of before, whose answer then depends on order."""
+        best: tuple[float, int] | None = None
+        tied: list[Candidate] = []
+        for c in eligible:
+            s = scores[c.replica_id]
+            if s != s:
+                tied = []
+                break
+            k = (s, -c.matched_blocks)
+            if best is None or k < best:
+                best = k
+                tied = [c]
+            elif k == best:
+                tied.append(c)
+        if len(tied) == 1:
+            return tied[0]
+        point = request_point(req, self.skip_blocks)
+        if not tied:  # a NaN score
+            return min(eligible, key=lambda c: (scores[c.replica_id], -c.matched_blocks, tiebreak(point, c.replica_id),
+                                                c.replica_id))
+        return min(tied, key=lambda c: (tiebreak(point, c.replica_id), c.replica_id))
