@@ -25,7 +25,7 @@ from tests.support.waiting import wait_for
 from tests.support.workers import children, running, start_workers_gateway
 
 
-async def test_two_workers_share_the_sockets_the_limits_and_keep_their_own_audit_chains(
+async def test_two_workers_share_the_port_the_limits_and_keep_their_own_audit_chains(
         tmp_path: Path, redis_server) -> None:
     gw = await start_workers_gateway(tmp_path, redis_server.url, "pgw:", replicas=2,
                                      tenant={"rate_rps": 0.001, "rate_burst": 10})
