@@ -34,54 +34,25 @@ requests gets a sampling margin on top, ``3·sqrt(p(1-p)/N)`` with p = c/n
 short windows does not alert. The monitor must know each pool's replicas
 (:meth:`ConcentrationMonitor.set_pool_members`): a replica that gets no
 traffic at all is otherwise invisible.
+
+Evaluation (issue 14): an observation only updates the window counts; the figures and
+alert checks of its pool run at most once per ``eval_interval_s`` (default 0.05 s) or every
+``EVAL_EVERY`` observations, whichever comes first, and before any read:
+:meth:`~ConcentrationMonitor.active_alerts` (the policy input) runs the pending alert checks,
+:meth:`~ConcentrationMonitor.stats` and a scrape of either registry run the pending gauge
+updates. A hold timer therefore starts up to ``eval_interval_s`` late when nothing reads.
 """
 from __future__ import annotations
 
 import math
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Gauge
 
 from audit.attribution import attribute_concentration
+from audit.concentration_state import _alert_id, _drop, _Episode, _FlushOnCollect, _Obs, _Pool
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
-
-
-@dataclass(slots=True)
-class _Obs:
-    t: float
-    replica: str
-    prefill: int
-    prompt: int
-    cached: int
-    tenant: str | None = None
-
-
-@dataclass
-class _Pool:
-    window: deque[_Obs] = field(default_factory=deque)
-    baseline: deque[_Obs] = field(default_factory=deque)
-    requests: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    prefill: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    prompt: int = 0
-    cached: int = 0
-    base_prompt: int = 0
-    base_cached: int = 0
-    replicas: set[str] = field(default_factory=set)
-    # per (replica, tenant) and per tenant: requests and prefill tokens in the window
-    t_requests: dict[tuple[str, str | None], int] = field(default_factory=lambda: defaultdict(int))
-    t_prefill: dict[tuple[str, str | None], int] = field(default_factory=lambda: defaultdict(int))
-    tenant_requests: dict[str | None, int] = field(default_factory=lambda: defaultdict(int))
-    tenant_prefill: dict[str | None, int] = field(default_factory=lambda: defaultdict(int))
-
-
-@dataclass
-class _Episode:
-    since: float | None = None  # breach start (hold timer)
-    active_since: float | None = None  # alert raised at
-    tenants: list[str] = field(default_factory=list)  # tenants it is raised for
-    everyone: bool = False  # the global (tenant_id None) alert is raised
 
 
 class ConcentrationMonitor:
@@ -107,7 +78,11 @@ class ConcentrationMonitor:
             excess the named tenants must cover (:mod:`audit.attribution`).
         attribution_max_tenants: most tenants a replica alert names; more
             needed → a global alert. 0 turns attribution off (always global).
+        eval_interval_s: seconds (≥ 0) between evaluations of a pool's figures and alert
+            checks (module doc "Evaluation"); 0 evaluates on every observation.
     """
+
+    EVAL_EVERY = 256  # observations of a pool that force an evaluation within eval_interval_s
 
     def __init__(
         self,
@@ -127,6 +102,7 @@ class ConcentrationMonitor:
         significance_z: float = 3.0,
         attribution_cover_ratio: float = 0.8,
         attribution_max_tenants: int = 3,
+        eval_interval_s: float = 0.05,
     ) -> None:
         if not 0 < clear_ratio < 1:
             raise ValueError("clear_ratio must be in (0, 1)")
@@ -143,12 +119,15 @@ class ConcentrationMonitor:
             raise ValueError("attribution_cover_ratio must be in (0, 1], attribution_max_tenants >= 0")
         self.attribution_cover_ratio = attribution_cover_ratio
         self.attribution_max_tenants = attribution_max_tenants
+        self.eval_interval_s = eval_interval_s
         self.baseline_s = window_s * baseline_windows
         self._on_alert = on_alert
         self._pools: dict[str, _Pool] = defaultdict(_Pool)
         self._episodes: dict[tuple[str, str, str], _Episode] = defaultdict(_Episode)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.admin_registry = admin_registry if admin_registry is not None else CollectorRegistry()
+        for reg in (self.registry, self.admin_registry):  # before the gauges: a scrape runs pending updates first
+            reg.register(_FlushOnCollect(self))
         self._g_index = Gauge("prefixgate_pool_concentration_hhi", "Normalised HHI of request shares", ["pool"], registry=self.registry)
         self._g_hit = Gauge("prefixgate_pool_prefix_hit_rate", "cached/prompt tokens in the window", ["pool"], registry=self.registry)
         self._g_alerts = Gauge("prefixgate_concentration_alerts_active", "Active concentration alerts", registry=self.registry)
@@ -192,6 +171,7 @@ class ConcentrationMonitor:
     def stats(self, pool: str) -> dict[str, object]:
         """Current window stats of ``pool``: requests, shares, prefill_shares,
         max_mean_ratio, hhi, hit_rate, baseline_hit_rate."""
+        self.flush(alerts=False)
         total, shares, pshares, ratio, hhi, hit, base = self._stats(self._pools[pool])
         return {"requests": total, "shares": shares, "prefill_shares": pshares, "max_mean_ratio": ratio,
                 "hhi": hhi, "hit_rate": hit, "baseline_hit_rate": base}
@@ -214,8 +194,8 @@ class ConcentrationMonitor:
     def observe(self, pool: str, replica: str, prefill_tokens: int, prompt_tokens: int, cached_tokens: int, now: float,
                 tenant: str | None = None) -> None:
         """Record one routed request (tokens; ``now`` in seconds, monotonic;
-        ``tenant``: the tenant id, None = unattributed) and evaluate the alert
-        conditions and gauges of ``pool``."""
+        ``tenant``: the tenant id, None = unattributed); the pool's alert conditions and
+        gauges are evaluated when due (module doc "Evaluation")."""
         p = self._pools[pool]
         p.replicas.add(replica)
         obs = _Obs(now, replica, prefill_tokens, prompt_tokens, cached_tokens, tenant)
@@ -242,7 +222,17 @@ class ConcentrationMonitor:
             old = p.baseline.popleft()
             p.base_prompt -= old.prompt
             p.base_cached -= old.cached
-        self._evaluate(pool, now)
+        p.last_t, p.dirty_alerts, p.dirty_gauges = now, True, True
+        p.pending += 1
+        if p.pending >= self.EVAL_EVERY or now - p.eval_t >= self.eval_interval_s:
+            self._evaluate(pool, now)
+
+    def flush(self, alerts: bool = True, gauges: bool = True) -> None:
+        """Run the pending alert checks (``alerts``) and/or gauge updates (``gauges``) of every pool,
+        at the time of its last observation (called by the reads; see module doc "Evaluation")."""
+        for pool, p in self._pools.items():
+            if (alerts and p.dirty_alerts) or (gauges and p.dirty_gauges):
+                self._evaluate(pool, p.last_t, alerts=alerts and p.dirty_alerts, gauges=gauges and p.dirty_gauges)
 
     @staticmethod
     def _forget(p: _Pool, old: _Obs) -> None:
@@ -274,6 +264,10 @@ class ConcentrationMonitor:
         ``kind:pool:replica:tenant``), None for a global alert (id
         ``kind:pool:replica``; pool and cache-miss alerts are always global);
         ``since`` is the monotonic-clock second the alert was raised at."""
+        self.flush(gauges=False)
+        return self._active()
+
+    def _active(self) -> list[dict[str, object]]:
         out = []
         for (kind, pool, replica), ep in self._episodes.items():
             if ep.active_since is not None:
@@ -284,8 +278,20 @@ class ConcentrationMonitor:
                                 "since": ep.active_since})
         return out
 
-    def _evaluate(self, pool: str, now: float) -> None:
-        total, shares, pshares, ratio, hhi_st, hit_st, base_st = self._stats(self._pools[pool])
+    def _evaluate(self, pool: str, now: float, alerts: bool = True, gauges: bool = True) -> None:
+        p = self._pools[pool]
+        if alerts and gauges:
+            p.eval_t, p.pending = now, 0
+        p.dirty_alerts &= not alerts
+        p.dirty_gauges &= not gauges
+        total, shares, pshares, ratio, hhi_st, hit_st, base_st = self._stats(p)
+        if gauges:
+            self._set_gauges(pool, shares, pshares, ratio, hhi_st, hit_st)
+        if alerts:
+            self._check(pool, now, total, shares, pshares, hhi_st, hit_st, base_st)
+
+    def _set_gauges(self, pool: str, shares: dict[str, float], pshares: dict[str, float], ratio: float,
+                    hhi_st: float, hit_st: float | None) -> None:
         last = self._set_values  # a gauge is set only when its value changed (same scrape, no lock per call)
         g_index, g_hit, g_ratio = self._pool_gauges(pool)
         for g, v in ((g_index, hhi_st), (g_hit, hit_st), (g_ratio, ratio)):
@@ -297,6 +303,9 @@ class ConcentrationMonitor:
                 if last.get(g) != v:
                     g.set(v)
                     last[g] = v
+
+    def _check(self, pool: str, now: float, total: int, shares: dict[str, float], pshares: dict[str, float],
+               hhi_st: float, hit_st: float | None, base_st: float | None) -> None:
         if int(total) < self.min_requests or len(shares) < 2:
             return
         thr = self.share_threshold if self.share_threshold is not None else self.default_share_threshold(
@@ -371,7 +380,7 @@ class ConcentrationMonitor:
     def _emit(self, key: tuple[str, str, str], outcome: Outcome, value: float, threshold: float, now: float,
               tenant: str | None = None) -> None:
         kind, pool, replica = key
-        self._g_alerts.set(len(self.active_alerts()))
+        self._g_alerts.set(len(self._active()))
         if self._on_alert is None:
             return
         alert = {"alert_id": _alert_id(kind, pool, replica, tenant), "alert_kind": kind, "pool": pool,
@@ -381,20 +390,6 @@ class ConcentrationMonitor:
         if tenant is not None:
             alert["tenant_id"] = tenant
         self._on_alert(AuditEvent(kind=Kind.ALERT, outcome=outcome, alert=alert, tenant=tenant))
-
-
-def _drop(counts: dict, key: object, v: int) -> None:  # type: ignore[type-arg]
-    """Subtract ``v`` from ``counts[key]``; an entry at or below zero is dropped."""
-    left = counts[key] - v
-    if left > 0:
-        counts[key] = left
-    else:
-        counts.pop(key, None)
-
-
-def _alert_id(kind: str, pool: str, replica: str, tenant: str | None) -> str:
-    """``kind:pool:replica`` for a global alert, ``kind:pool:replica:tenant`` for a tenant's."""
-    return f"{kind}:{pool}:{replica}" if tenant is None else f"{kind}:{pool}:{replica}:{tenant}"
 
 
 __all__ = ["ConcentrationMonitor", "iso_ms"]

@@ -119,6 +119,7 @@ class ConcentrationSection(_Section):
     significance_z: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 3.0
     attribution_cover_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8
     attribution_max_tenants: Annotated[int, Field(ge=0)] = 3
+    eval_interval_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.05
 
 
 def _summary_tag(value: Any) -> str | None:

@@ -15,7 +15,8 @@ and holds at most ``limits.refused_cpu_burst_ms`` (per-tenant overrides:
 is measured with :func:`time.thread_time` (the loop thread's CPU, not wall time: a
 request waiting for its turn is not charged for the others' work) around its two
 synchronous steps, parsing and tokenizing (prefix keys come after the prompt tokens are
-reserved and cost O(those tokens): not metered; 4 clock reads, ~5 µs a request); a refused
+reserved and cost O(those tokens): not metered; the two steps are one measured span, 2
+thread-CPU reads a request, see :class:`CpuMeter`); a refused
 request's measured CPU is taken from the bucket, which may go into debt. Accepted
 requests pay in tokens; their preparation within the allowance below is not charged, so a
 budget sized for refusals does not throttle a tenant's legitimate large prompts.
@@ -66,18 +67,21 @@ class CpuBudget:
     ``None``: no budget) and ``limits.refused_cpu_burst_ms`` (capacity, CPU milliseconds),
     overridden per tenant by :attr:`Tenant.refused_cpu_ms_per_s` /
     :attr:`Tenant.refused_cpu_burst_ms`. ``clock``: monotonic seconds (the refill);
-    ``cpu_clock``: the calling thread's CPU seconds (the measurement). ``metrics``: each charge is
+    ``cpu_clock``: the calling thread's CPU seconds (the measurement; a system call, ~1 µs);
+    ``wall_clock``: cheap wall seconds (bounds the gap between steps). ``metrics``: each charge is
     counted in ``prefixgate_tenant_refused_cpu_seconds_total{tenant}``.
     """
 
     def __init__(self, limits: LimitsConfig, *, clock: Callable[[], float] = time.monotonic,
-                 cpu_clock: Callable[[], float] = time.thread_time, metrics: GatewayMetrics | None = None) -> None:
+                 cpu_clock: Callable[[], float] = time.thread_time, metrics: GatewayMetrics | None = None,
+                 wall_clock: Callable[[], float] = time.perf_counter) -> None:
         self.rate_ms = limits.refused_cpu_ms_per_s
         self.burst_ms = limits.refused_cpu_burst_ms
         self.free_s = limits.prep_cpu_free_ms / 1000.0
         self.free_s_per_token = limits.prep_cpu_free_us_per_token / 1e6
         self.clock = clock
         self.cpu_clock = cpu_clock
+        self.wall_clock = wall_clock
         self.metrics = metrics
         self._buckets: dict[str, TokenBucket] = {}
 
@@ -133,16 +137,52 @@ class CpuBudget:
 class CpuMeter:
     """The preparation CPU of one request of ``tenant``: :meth:`run` measures a synchronous
     step, :meth:`refused` charges the sum to the tenant's budget (once), :meth:`settle` what a
-    request's end owes (once, whichever comes first). ``cpu_s``: CPU seconds measured so far."""
+    request's end owes (once, whichever comes first). ``cpu_s``: CPU seconds measured so far.
 
-    __slots__ = ("budget", "tenant", "cpu_s", "charged", "rechecked")
+    Issue 14 (session 6): the thread-CPU clock is a system call (~1 µs here), so the
+    request's :attr:`STEPS` steps (parse, tokenize) are measured as one span: read at the
+    first step's start and the last step's end (2 reads instead of 4). The gap between steps
+    (the request's own checks) is inside the span; when that gap is longer than ``GAP_S`` of
+    wall time (an await may have run other requests: a batch's sequence admission), the
+    span is cut at the next step's start and its CPU bounded by its steps' wall time
+    (``min(CPU of span with gap, wall of its steps)``, never below their CPU). A step that
+    raises, :meth:`refused`, :meth:`settle` and reading :attr:`cpu_s` close the span.
+    """
+
+    __slots__ = ("budget", "tenant", "_cpu", "charged", "rechecked", "_t0", "_w0", "_wend", "_steps")
+
+    STEPS = 2  # synchronous steps of a request's preparation (gateway/pipeline.py: parse, tokenize)
+    GAP_S = 20e-6  # wall seconds between steps up to which the gap stays inside the span
 
     def __init__(self, budget: CpuBudget | None, tenant: Tenant | None) -> None:
         self.budget = budget
         self.tenant = tenant
-        self.cpu_s = 0.0
+        self._cpu = 0.0
         self.charged = False
         self.rechecked = False
+        self._t0: float | None = None  # thread CPU at the open span's start (None: no span open)
+        self._w0 = 0.0  # wall clock at the open span's start
+        self._wend = 0.0  # wall clock at the end of the open span's last step
+        self._steps = 0
+
+    @property
+    def cpu_s(self) -> float:
+        """CPU seconds measured so far (closes an open span)."""
+        self._close()
+        return self._cpu
+
+    def _close(self, exact: bool = False) -> None:
+        """Add the open span's CPU (``exact``: a step just ended inside it, no await since)."""
+        t0 = self._t0
+        if t0 is None:
+            return
+        budget = self.budget
+        assert budget is not None
+        self._t0 = None
+        span = budget.cpu_clock() - t0
+        if not exact and budget.wall_clock() - self._wend > self.GAP_S:
+            span = min(span, self._wend - self._w0)
+        self._cpu += span
 
     def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Return ``fn(*args, **kwargs)`` (a synchronous step: no await inside), its thread CPU
@@ -156,19 +196,34 @@ class CpuMeter:
             self.rechecked = True
             assert self.tenant is not None
             budget.check(self.tenant)
-        clock = budget.cpu_clock
-        t0 = clock()
+        t0 = self._t0
+        if t0 is None:
+            self._w0 = budget.wall_clock()
+            self._t0 = budget.cpu_clock()
+        else:
+            w = budget.wall_clock()
+            if w - self._wend > self.GAP_S:  # a long gap: cut the span here (one read ends it and starts the next)
+                c = budget.cpu_clock()
+                self._cpu += min(c - t0, self._wend - self._w0)
+                self._t0, self._w0 = c, w
         try:
-            return fn(*args, **kwargs)
-        finally:
-            self.cpu_s += clock() - t0
+            out = fn(*args, **kwargs)
+        except BaseException:
+            self._close(exact=True)
+            raise
+        self._steps += 1
+        if self._steps >= self.STEPS:
+            self._close(exact=True)
+        else:
+            self._wend = budget.wall_clock()
+        return out
 
     def refused(self) -> None:
         """The request was refused: charge its measured CPU to the tenant's budget (once)."""
         if self.budget is not None and not self.charged:
             self.charged = True
             assert self.tenant is not None
-            self.budget.charge(self.tenant, self.cpu_s)
+            self.budget.charge(self.tenant, self.cpu_s)  # closes an open span
 
     def settle(self, dispatched: bool, prompt_tokens: int) -> None:
         """The request ended: charge (once) all its CPU when it was not ``dispatched`` to a replica

@@ -301,11 +301,17 @@ async def test_worker_killed_during_a_sink_outage_loses_nothing(tmp_path: Path) 
             ids.append(ev.event_id)
             rlog.emit(ev)
 
+    # conditions with a deadline, no fixed sleeps (it flaked under load with 0.4 s / 0.3 s sleeps;
+    # and ``os.kill(None or 0)`` would signal the whole process group)
     for _ in range(2):
         emit(60)
-        await asyncio.sleep(0.4)  # queued, a send failed, moved to the spill
-        os.kill(rlog.worker_pid or 0, signal.SIGKILL)
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: rlog._worker_alive() and not rlog._unacked and rlog.spill_pending_bytes > 0,  # noqa: SLF001
+                       20, what="events acknowledged and piled up in the worker's spill for the down receiver")
+        pid = rlog.worker_pid
+        assert pid
+        os.kill(pid, signal.SIGKILL)
+        await wait_for(lambda: rlog.worker_pid not in (None, pid) and rlog._worker_alive(),  # noqa: SLF001
+                       20, what="a new audit worker ready")
     emit(40)
     await receiver.start(port)
     try:

@@ -1,0 +1,78 @@
+"""Window state of :class:`audit.concentration.ConcentrationMonitor` (pools, alert episodes) and its helpers."""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from audit.concentration import ConcentrationMonitor
+
+
+@dataclass(slots=True)
+class _Obs:
+    t: float
+    replica: str
+    prefill: int
+    prompt: int
+    cached: int
+    tenant: str | None = None
+
+
+@dataclass
+class _Pool:
+    window: deque[_Obs] = field(default_factory=deque)
+    baseline: deque[_Obs] = field(default_factory=deque)
+    requests: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    prefill: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    prompt: int = 0
+    cached: int = 0
+    base_prompt: int = 0
+    base_cached: int = 0
+    replicas: set[str] = field(default_factory=set)
+    # per (replica, tenant) and per tenant: requests and prefill tokens in the window
+    t_requests: dict[tuple[str, str | None], int] = field(default_factory=lambda: defaultdict(int))
+    t_prefill: dict[tuple[str, str | None], int] = field(default_factory=lambda: defaultdict(int))
+    tenant_requests: dict[str | None, int] = field(default_factory=lambda: defaultdict(int))
+    tenant_prefill: dict[str | None, int] = field(default_factory=lambda: defaultdict(int))
+    last_t: float = 0.0  # time of the last observation
+    eval_t: float = float("-inf")  # time of the last evaluation
+    pending: int = 0  # observations since then
+    dirty_alerts: bool = False  # alert checks / gauges not yet run on the current counts
+    dirty_gauges: bool = False
+
+
+@dataclass
+class _Episode:
+    since: float | None = None  # breach start (hold timer)
+    active_since: float | None = None  # alert raised at
+    tenants: list[str] = field(default_factory=list)  # tenants it is raised for
+    everyone: bool = False  # the global (tenant_id None) alert is raised
+
+
+class _FlushOnCollect:
+    """A collector with no metrics: collecting it runs the monitor's pending evaluations."""
+
+    def __init__(self, monitor: ConcentrationMonitor) -> None:
+        self._monitor = monitor
+
+    def collect(self) -> list[object]:
+        self._monitor.flush()
+        return []
+
+
+def _drop(counts: dict, key: object, v: int) -> None:  # type: ignore[type-arg]
+    """Subtract ``v`` from ``counts[key]``; an entry at or below zero is dropped."""
+    left = counts[key] - v
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+
+
+def _alert_id(kind: str, pool: str, replica: str, tenant: str | None) -> str:
+    """``kind:pool:replica`` for a global alert, ``kind:pool:replica:tenant`` for a tenant's."""
+    return f"{kind}:{pool}:{replica}" if tenant is None else f"{kind}:{pool}:{replica}:{tenant}"
+
+
+__all__ = ["_Obs", "_Pool", "_Episode", "_FlushOnCollect", "_drop", "_alert_id"]
