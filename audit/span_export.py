@@ -315,18 +315,15 @@ class OffloadSpanProcessor(SpanProcessor):
         queue holds ``max_queue_spans``)."""
         if self._closed:
             return
-        q = self._queue
-        n = len(q)
-        if n + self._in_flight >= self._max_queue:
+        if len(self._queue) + self._in_flight >= self._max_queue:  # checked before the encoding's cost
             self._drop(1, DROP_QUEUE_FULL)
             return
         try:
-            q.append(encode_span(span))
+            encoded = encode_span(span)
         except Exception:  # noqa: BLE001 -- a malformed span must never break the request path
             self._drop(1, DROP_ENCODE)
             return
-        if n + 1 == self._max_batch:
-            self._wake.set()
+        self.on_end_encoded(encoded)
 
     def on_end_encoded(self, encoded: tuple) -> None:
         """Queue one finished span already encoded (:data:`audit.span_frames.SPAN_FIELDS` order), as

@@ -8,8 +8,6 @@ escape is left dangling, the next 3 events arrive byte for byte intact.
 """
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import ssl
 import sys
@@ -17,9 +15,6 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 sys.path.insert(0, os.path.dirname(__file__))
 from octet_receiver import OctetReceiver  # noqa: E402
@@ -28,6 +23,7 @@ from audit.cef import format_cef, parse_cef  # noqa: E402
 from audit.config import AuditConfigError, build_audit  # noqa: E402
 from audit.event import AuditEvent, Kind, Outcome  # noqa: E402
 from audit.syslog import SyslogSink, format_rfc5424, truncate_message  # noqa: E402
+from tests.support.tls import self_signed
 from tests.support.waiting import wait_for
 
 CAP = 2048
@@ -51,24 +47,6 @@ def _big_event() -> AuditEvent:
     raise AssertionError("no padding puts a multi-byte character at the cut")
 
 
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_file, key_file = tmp / "cert.pem", tmp / "key.pem"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_file, key_file
-
-
 _until = wait_for
 
 
@@ -76,7 +54,7 @@ _until = wait_for
 async def test_capped_octet_counted_frames_stay_whole_and_valid(tmp_path: Path, protocol: str) -> None:
     server_ctx = client_ctx = None
     if protocol == "tls":
-        cert, key = _self_signed(tmp_path)
+        cert, key = self_signed(tmp_path)
         server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         server_ctx.load_cert_chain(cert, key)
         client_ctx = ssl.create_default_context(cafile=str(cert))
