@@ -11,9 +11,13 @@ h11 a regex match per field, and Starlette builds the header list per request.
 ``Connection: close``) and the connection closed before the parser reads the field past the
 bound. The request line and the blank line that ends the head are not fields; leading blank lines
 (which parsers skip) are not counted; an obsolete folded continuation line counts as a field.
-Bytes after the head's end in the same read (a body, a pipelined request) are not counted; as with
-``max_header_bytes``, a head pipelined inside the same read as the previous one is bounded by
-that read's ``max_header_bytes`` only (gateway/http_guard.py).
+Bytes after the head's end are not counted as this head's: :attr:`HeadFields.end` tells the guard
+where the head ended, the guard hands the parser the head alone and feeds the rest of the read
+round again, so a request pipelined behind a bodiless one in the same read is counted as its own
+head (review R6b-1: a ``GET`` in front of a 1,500-field head got it past the bound). Residual: a
+head pipelined behind a request *body* in the same read, and any pipelined head under the h11
+parser (h11 parses it from its own buffer when the previous response completes), are bounded by
+``max_header_bytes`` only, as before.
 
 Default 100 fields: Envoy's ``max_headers_count`` default and Apache httpd's ``LimitRequestFields``
 default are 100 (Node's ``maxHeadersCount`` is 2,000 but drops the extra fields silently; nginx bounds
@@ -37,10 +41,12 @@ class HeadFields:
 
     :meth:`feed` takes each piece of head bytes in order and returns False once the head holds
     more than ``max_fields`` fields (complete field lines; then the caller refuses it); after the
-    head's end it counts nothing until :meth:`reset` (the next head).
+    head's end it counts nothing until :meth:`reset` (the next head). After each call, :attr:`end`
+    is the offset in that call's ``data`` just past the head's ending blank line when the head ended
+    in it, else -1.
     """
 
-    __slots__ = ("max_fields", "lines", "tail", "started", "ended")
+    __slots__ = ("max_fields", "lines", "tail", "started", "ended", "end")
 
     def __init__(self, max_fields: int) -> None:
         if max_fields < 1:
@@ -54,15 +60,19 @@ class HeadFields:
         self.tail = b""  # the last two bytes of the head fed so far (a blank line may straddle pieces)
         self.started = False  # a byte other than CR/LF was seen
         self.ended = False
+        self.end = -1
 
     def feed(self, data: bytes) -> bool:
         """Count the fields in ``data`` (the next head bytes; may run past the head's end).
         False: more than ``max_fields`` fields."""
+        self.end = -1
         if self.ended:
             return True
+        skipped = 0
         if not self.started:
             if data[:1] in (b"\r", b"\n"):
-                data = data.lstrip(b"\r\n")
+                stripped = data.lstrip(b"\r\n")
+                skipped, data = len(data) - len(stripped), stripped
                 if not data:
                     return True
             self.started = True
@@ -73,6 +83,7 @@ class HeadFields:
         if lf2 >= 0 or end >= 0:
             self.ended = True
             self.lines += buf.count(b"\n", len(tail), (lf2 if lf2 >= 0 else end) + 1) + 1  # + the blank line
+            self.end = skipped + (lf2 + 2 if lf2 >= 0 else end + 3) - len(tail)
             return self.lines - 2 <= self.max_fields
         self.lines += data.count(b"\n")
         self.tail = buf[-2:]

@@ -210,6 +210,9 @@ class _HeadGuard:
                 self.guard_cancel_timer()
                 return refuse_too_many_fields(transport, self.guard_max_header_fields,
                                               not self.guard_response_in_progress())
+            if 0 < (cut := self.guard_fields.end) < len(piece):  # the head alone; the rest goes round (R6b-1)
+                self.guard_head_bytes -= len(piece) - cut
+                end, piece = offset + cut, piece[:cut]
             tail, self.guard_head_tail = self.guard_head_tail, piece[-3:]
             self.guard_parse(piece)
             if not self.guard_waiting:  # the head ended in this piece: the rest of it is body wire (R5b-3)

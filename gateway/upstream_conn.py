@@ -16,8 +16,14 @@ is outside the gateway's trust boundary:
 - the status line and headers are bounded (:data:`MAX_HEAD_BYTES` bytes,
   :data:`MAX_HEADERS` fields); ``101`` (upgrade) is refused, other ``1xx``
   interim answers are skipped;
-- bytes after the end of the answer, or while no request is outstanding,
-  close the connection;
+- bytes after the end of the answer that arrive with it, or while the
+  connection is idle in the pool, close the connection. HTTP/1.1 keep-alive
+  cannot tell a replica's late stray answer (sent after the idle check, while
+  the connection already carries the next request) from that request's own
+  answer: a replica that answers one request twice can hand its second
+  answer to the next request on the connection, whatever its tenant (review
+  R6b-2; no tenant input makes a conforming replica do this; replicas are
+  trusted to speak HTTP/1.1 correctly, docs/security.md);
 - a connection goes back to the pool only when its answer arrived whole, the
   replica allowed keep-alive (no ``Connection: close``, not HTTP/1.0 without
   keep-alive, not delimited by close) and the request was fully written; an
