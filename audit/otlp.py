@@ -56,6 +56,7 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from yarl import URL
 
+from audit.encoded import shared_json
 from audit.event import AuditEvent, Outcome
 from audit.sink import SinkUnavailable
 
@@ -172,7 +173,7 @@ def build_request(
             observed_time_unix_nano=observed_ns,
             severity_number=number,
             severity_text=text,
-            body=common_pb2.AnyValue(string_value=ev.to_json().decode()),
+            body=common_pb2.AnyValue(string_value=shared_json(ev).decode()),
             attributes=attrs,
         )
         if _HAS_EVENT_NAME_FIELD:

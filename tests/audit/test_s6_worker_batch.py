@@ -1,0 +1,85 @@
+"""Session 6 (issue 14): the audit worker's per-event CPU cuts keep every output byte-identical.
+
+* :func:`audit.chain.encode_record` (one body encoding per JSONL record) against
+  ``canonical_json(make_record(...))``;
+* :meth:`AuditEvent.to_dict`'s inlined field loop against :func:`audit.event.json_field`;
+* the scrubber's cache of scanned strings still refuses a secret seen after clean strings.
+"""
+from __future__ import annotations
+
+import pytest
+
+from audit import scrub
+from audit.chain import GENESIS, canonical_json, encode_record, make_record
+from audit.event import AuditEvent, Kind, Outcome, _EVENT_FIELDS, json_field
+from bench.audit_worker_cpu import make_events
+
+
+def _events() -> list[AuditEvent]:
+    evs = make_events(300)
+    evs.append(AuditEvent(kind=Kind.SUMMARY, outcome=Outcome.ALLOWED, tenant="t-ü✓", summary={"n": 3, "x": 1e-05}))
+    evs.append(AuditEvent(kind=Kind.ALERT, outcome=Outcome.CLEARED, alert={"alert_kind": "k", "v": 0.1}))
+    return evs
+
+
+def test_encode_record_matches_make_record_bytes() -> None:
+    prev = GENESIS
+    for seq, ev in enumerate(_events(), 1):
+        body = ev.to_dict()
+        rec = make_record(seq, "event", prev, body)
+        line, digest = encode_record(seq, "event", prev, canonical_json(body))
+        assert line == canonical_json(rec) + b"\n"
+        assert digest == rec["hash"]
+        prev = digest
+
+
+def test_encode_record_refuses_non_int_seq() -> None:
+    with pytest.raises(TypeError):
+        encode_record(True, "event", GENESIS, b"{}")  # type: ignore[arg-type]
+
+
+def test_to_dict_matches_json_field() -> None:
+    for ev in _events():
+        expected = {name: v for name in _EVENT_FIELDS if (v := json_field(ev, name)) is not None}
+        got = ev.to_dict()
+        assert list(got)[2:] == list(expected) and {k: got[k] for k in expected} == expected
+
+
+def test_scanned_string_cache_still_refuses_secrets() -> None:
+    ev = make_events(1)[0]
+    assert scrub.scrub_event(ev)[1] == []
+    assert ev.tenant in scrub._SCANNED_CLEAN
+    bad = AuditEvent(kind=Kind.INFERENCE, outcome=Outcome.ALLOWED, tenant="Bearer abcdefghijklmnop")
+    cleaned, dropped = scrub.scrub_event(bad)
+    assert cleaned.tenant is None and dropped
+    assert "Bearer abcdefghijklmnop" not in scrub._SCANNED_CLEAN
+
+
+def test_shared_json_encodes_once_for_two_sinks_and_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from audit import encoded
+
+    monkeypatch.setattr(encoded, "SHARED_JSON_MAX", 8)
+    monkeypatch.setattr(encoded, "_SHARED", {})
+    evs = _events()[:20]
+    first = [encoded.shared_json(ev) for ev in evs]
+    assert first == [ev.to_json() for ev in evs]
+    assert len(encoded._SHARED) == 8  # oldest dropped first
+    assert encoded.shared_json(evs[-1]) is first[-1]  # the second sink gets the same bytes
+    assert id(evs[-1]) not in encoded._SHARED  # taken twice: removed
+    assert encoded.shared_json(evs[0]) == first[0]  # evicted: encoded again, same bytes
+
+
+class _NoCache(dict):  # type: ignore[type-arg]
+    def get(self, key, default=None):  # noqa: ANN001, ANN201 - always a miss
+        return default
+
+
+def test_cef_precomputed_labels_and_number_shortcut_keep_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from audit import cef
+
+    evs = _events() + [AuditEvent(kind=Kind.INFERENCE, outcome=Outcome.DENIED, tenant="a=b\\c\r\nd", model="m|x",
+                                  prompt_tokens=-3, status_code=403)]
+    fast = [cef.format_cef(ev) for ev in evs]
+    monkeypatch.setattr(cef, "_value", lambda v: cef.escape_extension(v if type(v) is str else str(v)))
+    monkeypatch.setattr(cef, "_LABELS", _NoCache())
+    assert [cef.format_cef(ev) for ev in evs] == fast
