@@ -83,3 +83,17 @@ def test_cef_precomputed_labels_and_number_shortcut_keep_bytes(monkeypatch: pyte
     monkeypatch.setattr(cef, "_value", lambda v: cef.escape_extension(v if type(v) is str else str(v)))
     monkeypatch.setattr(cef, "_LABELS", _NoCache())
     assert [cef.format_cef(ev) for ev in evs] == fast
+
+
+def test_otlp_cached_attributes_keep_payload_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.proto.common.v1 import common_pb2
+
+    from audit import otlp
+
+    evs = _events()
+    scope = common_pb2.InstrumentationScope(name=otlp.SCOPE_NAME, version="t")
+    resource = otlp.build_resource("prefixgate")
+    fast = otlp.build_request(evs, resource, scope, 7).SerializeToString()
+    again = otlp.build_request(evs, resource, scope, 7).SerializeToString()  # every attribute from the cache
+    monkeypatch.setattr(otlp, "_cached_kv", otlp._str_kv)
+    assert fast == again == otlp.build_request(evs, resource, scope, 7).SerializeToString()
