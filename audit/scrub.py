@@ -141,12 +141,15 @@ def _is_clean(event: AuditEvent, max_chars: int) -> bool:
     not sure about (mappings, str/number subclasses, other types, a group of
     an unexpected class) answers False and takes the general path.
     (:func:`_clean_scalar` inlined: one loop, no generator per group.)"""
+    scanned = _SCANNED_CLEAN
     for name in _SCRUB_TOP:
         value = getattr(event, name)
         if value is None:
             continue
         t = type(value)
         if t is str:
+            if value in scanned and len(value) <= max_chars and name != "prefix_fingerprint":
+                continue
             if not _clean_str(name, value, max_chars):
                 return False
             continue
@@ -161,6 +164,8 @@ def _is_clean(event: AuditEvent, max_chars: int) -> bool:
                 continue
             vt = type(v)
             if vt is str:
+                if v in scanned and len(v) <= max_chars:  # a group path is never prefix_fingerprint
+                    continue
                 if not _clean_str(path, v, max_chars):
                     return False
             elif vt not in _NUMBER_TYPES:
