@@ -97,3 +97,36 @@ def test_otlp_cached_attributes_keep_payload_bytes(monkeypatch: pytest.MonkeyPat
     again = otlp.build_request(evs, resource, scope, 7).SerializeToString()  # every attribute from the cache
     monkeypatch.setattr(otlp, "_cached_kv", otlp._str_kv)
     assert fast == again == otlp.build_request(evs, resource, scope, 7).SerializeToString()
+
+
+def test_ocsf_file_one_write_per_batch_same_bytes(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    import asyncio
+
+    import orjson
+
+    from audit import ocsf
+
+    evs = _events()
+    path = tmp_path / "ocsf.jsonl"
+    sink = ocsf.OcsfFileSink(path)
+    writes: list[int] = []
+
+    async def go() -> None:
+        await sink.open()
+        real = sink._fh
+        class Counting:  # counts write calls on the file object
+            def write(self, data: bytes) -> int:
+                writes.append(len(data))
+                return real.write(data)
+            def __getattr__(self, name: str):  # noqa: ANN204
+                return getattr(real, name)
+        sink._fh = Counting()
+        await sink.send(evs[:100])
+        await sink.send(evs[100:])
+        sink._fh = real
+        await sink.close()
+
+    asyncio.run(go())
+    expected = "".join(orjson.dumps(ocsf.to_ocsf(ev), option=orjson.OPT_SORT_KEYS).decode() + "\n" for ev in evs)
+    assert path.read_bytes() == expected.encode("utf-8")
+    assert len(writes) == 2
