@@ -178,21 +178,18 @@ def build_request(
     for ev in events:
         number, text = severity_of(ev)
         kind = ev.kind.value
-        attrs = [
-            _cached_kv("event.name", f"prefixgate.audit.{kind}"),
-            _str_kv("prefixgate.event_id", ev.event_id),
-            _cached_kv("prefixgate.outcome", ev.outcome.value),
-        ]
+        # fields set in place (no intermediate AnyValue/KeyValue objects; same message)
+        rec = records.add(time_unix_nano=ev.time_ms * 1_000_000, observed_time_unix_nano=observed_ns,
+                          severity_number=number, severity_text=text)
+        rec.body.string_value = shared_json(ev).decode()
+        attrs = rec.attributes
+        attrs.append(_cached_kv("event.name", f"prefixgate.audit.{kind}"))
+        kv = attrs.add()
+        kv.key = "prefixgate.event_id"
+        kv.value.string_value = ev.event_id
+        attrs.append(_cached_kv("prefixgate.outcome", ev.outcome.value))
         if ev.tenant:
             attrs.append(_cached_kv("prefixgate.tenant", ev.tenant))
-        rec = records.add(
-            time_unix_nano=ev.time_ms * 1_000_000,
-            observed_time_unix_nano=observed_ns,
-            severity_number=number,
-            severity_text=text,
-            body=common_pb2.AnyValue(string_value=shared_json(ev).decode()),
-            attributes=attrs,
-        )
         if _HAS_EVENT_NAME_FIELD:
             rec.event_name = f"prefixgate.audit.{kind}"
         tid = trace_id_bytes(ev.trace_id)

@@ -130,3 +130,45 @@ def test_ocsf_file_one_write_per_batch_same_bytes(tmp_path, monkeypatch: pytest.
     expected = "".join(orjson.dumps(ocsf.to_ocsf(ev), option=orjson.OPT_SORT_KEYS).decode() + "\n" for ev in evs)
     assert path.read_bytes() == expected.encode("utf-8")
     assert len(writes) == 2
+
+
+def _reference_otlp(evs, resource, scope, observed_ns):  # noqa: ANN001, ANN202 - the pre-session-6 construction
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+    from opentelemetry.proto.common.v1 import common_pb2
+
+    from audit import otlp
+
+    req = logs_service_pb2.ExportLogsServiceRequest()
+    rl = req.resource_logs.add()
+    rl.resource.CopyFrom(resource)
+    sl = rl.scope_logs.add()
+    sl.scope.CopyFrom(scope)
+    for ev in evs:
+        number, text = otlp.severity_of(ev)
+        kind = ev.kind.value
+        attrs = [otlp._str_kv("event.name", f"prefixgate.audit.{kind}"), otlp._str_kv("prefixgate.event_id", ev.event_id),
+                 otlp._str_kv("prefixgate.outcome", ev.outcome.value)]
+        if ev.tenant:
+            attrs.append(otlp._str_kv("prefixgate.tenant", ev.tenant))
+        rec = sl.log_records.add(time_unix_nano=ev.time_ms * 1_000_000, observed_time_unix_nano=observed_ns,
+                                 severity_number=number, severity_text=text,
+                                 body=common_pb2.AnyValue(string_value=ev.to_json().decode()), attributes=attrs)
+        if otlp._HAS_EVENT_NAME_FIELD:
+            rec.event_name = f"prefixgate.audit.{kind}"
+        tid = otlp.trace_id_bytes(ev.trace_id)
+        if tid is not None:
+            rec.trace_id = tid
+    return req
+
+
+def test_otlp_in_place_fields_match_reference_bytes() -> None:
+    from opentelemetry.proto.common.v1 import common_pb2
+
+    from audit import otlp
+
+    evs = _events()
+    scope = common_pb2.InstrumentationScope(name=otlp.SCOPE_NAME, version="t")
+    resource = otlp.build_resource("prefixgate", {"host.name": "h"})
+    expected = _reference_otlp(evs, resource, scope, 9).SerializeToString()
+    assert otlp.build_request(evs, resource, scope, 9).SerializeToString() == expected
+    assert otlp.build_request(evs, resource, scope, 9).SerializeToString() == expected  # cached attributes
