@@ -67,18 +67,38 @@ def cef_severity(event: AuditEvent) -> int:
 _HEADER_PREFIX = "|".join(["CEF:0", escape_header(VENDOR), escape_header(PRODUCT), escape_header(VERSION)]) + "|"
 
 
+#: exact types whose ``str`` never holds a character :func:`escape_extension` changes
+#: (digits, sign, ``.``, ``e``, ``inf``/``nan``, ``True``/``False``): no scan needed
+_NUMERIC: frozenset[type] = frozenset((int, float, bool))
+#: ``keyLabel=escaped(label)`` per ``(key, label)``, built once (labels are constants)
+_LABELS: dict[tuple[str, str], str] = {}
+
+
+def _value(value: object) -> str:
+    """``escape_extension(str(value))`` (skipping the scan for a plain number)."""
+    t = type(value)
+    if t is str:
+        return escape_extension(value)  # type: ignore[arg-type]
+    if t in _NUMERIC:
+        return str(value)
+    return escape_extension(str(value))
+
+
 def _ext(pairs: list[str], key: str, value: object) -> None:
     """Append ``key=escaped(str(value))`` unless ``value`` is None."""
     if value is not None:
-        pairs.append(f"{key}={escape_extension(value if type(value) is str else str(value))}")
+        pairs.append(f"{key}={_value(value)}")
 
 
 def _labeled(pairs: list[str], key: str, label: str, value: object) -> None:
     """Append ``keyLabel=label`` and ``key=value`` unless ``value`` is None
     (a label without its value is never written)."""
     if value is not None:
-        pairs.append(f"{key}Label={escape_extension(label)}")
-        pairs.append(f"{key}={escape_extension(value if type(value) is str else str(value))}")
+        text = _LABELS.get((key, label))
+        if text is None:
+            text = _LABELS[(key, label)] = f"{key}Label={escape_extension(label)}"
+        pairs.append(text)
+        pairs.append(f"{key}={_value(value)}")
 
 
 def format_cef(event: AuditEvent) -> str:

@@ -61,6 +61,24 @@ def make_record(seq: int, rtype: str, prev: str, body: dict[str, Any]) -> dict[s
     return {"seq": seq, "type": rtype, "prev": prev, "body": body, "hash": record_hash(seq, rtype, prev, body)}
 
 
+def encode_record(seq: int, rtype: str, prev: str, body_json: bytes) -> tuple[bytes, str]:
+    """``(line, hash)`` of a chained record whose body is already canonical JSON.
+
+    ``body_json`` must be ``canonical_json(body)``; ``line`` is then byte for byte
+    ``canonical_json(make_record(seq, rtype, prev, body)) + b"\n"`` and ``hash`` its
+    ``hash`` (sorted keys ``body < hash < prev < seq < type``; orjson encodes a nested
+    dict exactly as on its own), so the body is encoded once instead of twice.
+
+    Raises:
+        TypeError: ``seq`` not an ``int`` (a bool or float would encode differently).
+    """
+    if type(seq) is not int:
+        raise TypeError("encode_record: seq must be an int")
+    tail = b',"prev":%b,"seq":%d,"type":%b}' % (orjson.dumps(prev), seq, orjson.dumps(rtype))
+    digest = hashlib.sha256(b'{"body":%b%b' % (body_json, tail)).hexdigest()
+    return b'{"body":%b,"hash":"%b"%b\n' % (body_json, digest.encode(), tail), digest
+
+
 def key_id(public_key: Ed25519PublicKey) -> str:
     """Short id of a signing key: first 16 hex chars of sha256(raw public key)."""
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)

@@ -258,8 +258,21 @@ class AuditEvent:
         """JSON-ready dict; ``None`` values (and empty groups) are omitted,
         enums are their string values. Field order is the dataclass order."""
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "time": iso_ms(self.time_ms)}
+        # json_field inlined for the common types (issue 14: ~40 % of to_dict's CPU was
+        # json_field's calls and abstract isinstance checks); anything else takes json_field
         for name in _EVENT_FIELDS:
-            value = json_field(self, name)
+            value = getattr(self, name)
+            if value is None:
+                continue
+            sub = _GROUP_FIELDS.get(name)
+            if sub is not None:
+                value = {k: v for k in sub if (v := getattr(value, k)) is not None} or None
+            elif type(value) in _PLAIN_TYPES:
+                pass
+            elif type(value) in _ENUM_TYPES:
+                value = value.value
+            else:
+                value = json_field(self, name)
             if value is not None:
                 out[name] = value
         return out
@@ -312,6 +325,10 @@ _GROUP_FIELDS: dict[str, tuple[str, ...]] = {
                       ("latency", Latencies))
 }
 
+#: exact types json_field returns unchanged without the abstract isinstance checks
+_PLAIN_TYPES: frozenset[type] = frozenset((str, int, float, bool))
+_ENUM_TYPES: frozenset[type] = frozenset((Kind, Outcome))
+
 
 def json_field(event: AuditEvent, name: str) -> Any:
     """The JSON-ready value of field ``name`` as :meth:`AuditEvent.to_dict`
@@ -324,6 +341,8 @@ def json_field(event: AuditEvent, name: str) -> Any:
     sub = _GROUP_FIELDS.get(name)
     if sub is not None:
         return {k: v for k in sub if (v := getattr(value, k)) is not None} or None
+    if type(value) in _PLAIN_TYPES:  # exact str/int/float/bool: neither an enum nor a mapping
+        return value
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, Mapping):

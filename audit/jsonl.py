@@ -28,7 +28,8 @@ from typing import IO, Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.dirlock import lock_directory
-from audit.chain import GENESIS, canonical_json, make_record, sign_checkpoint
+from audit.chain import GENESIS, canonical_json, encode_record, make_record, sign_checkpoint
+from audit.encoded import shared_json
 from audit.event import AuditEvent, Kind, Outcome, iso_ms, now_ms
 from audit.sink import SinkUnavailable
 from audit.files import open_append
@@ -135,7 +136,7 @@ class JsonlChainSink:
             await self.open()
         try:
             for ev in events:
-                self._append("event", ev.to_dict())
+                self._append_event(shared_json(ev))
             assert self._fh is not None
             self._fh.flush()
             now = time.time()
@@ -228,6 +229,16 @@ class JsonlChainSink:
         self._head = rec["hash"]
         if rtype != "checkpoint":
             self._since_checkpoint += 1
+
+    def _append_event(self, body_json: bytes) -> None:
+        """:meth:`_append` of an ``event`` record whose body is already canonical JSON
+        (the same bytes, one body encoding: :func:`audit.chain.encode_record`)."""
+        assert self._fh is not None
+        self._seq += 1
+        line, self._head = encode_record(self._seq, "event", self._head, body_json)
+        self._fh.write(line)
+        self._size += len(line)
+        self._since_checkpoint += 1
 
     async def _tick(self) -> None:
         interval = max(self._checkpoint_s / 4, 0.05)

@@ -199,7 +199,7 @@ class OcsfFileSink:
         from audit.sink import SinkUnavailable
 
         try:
-            self._fh = open_append(self.path, text=True)
+            self._fh = open_append(self.path)  # binary: orjson's UTF-8 bytes as they are
         except OSError as exc:
             raise SinkUnavailable(str(exc)) from exc
 
@@ -212,11 +212,14 @@ class OcsfFileSink:
         if self._fh is None:
             await self.open()
         try:
+            lines = []
             for ev in events:
                 data = to_ocsf(ev)
                 if self._validate:
                     validate_ocsf(data)
-                self._fh.write(orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode() + "\n")
+                lines.append(orjson.dumps(data, option=orjson.OPT_SORT_KEYS))
+            lines.append(b"")
+            self._fh.write(b"\n".join(lines))  # one write per batch, same bytes as a line per event
             self._fh.flush()
         except OSError as exc:
             raise SinkUnavailable(str(exc)) from exc

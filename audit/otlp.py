@@ -56,6 +56,7 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from yarl import URL
 
+from audit.encoded import shared_json
 from audit.event import AuditEvent, Outcome
 from audit.sink import SinkUnavailable
 
@@ -127,6 +128,23 @@ def _str_kv(key: str, value: str) -> common_pb2.KeyValue:
     return common_pb2.KeyValue(key=key, value=common_pb2.AnyValue(string_value=value))
 
 
+#: ``KeyValue`` messages of the attribute values that repeat (event name, outcome, tenant),
+#: built once: the repeated field copies a given message, which costs about half of
+#: constructing it (issue 14). Cleared when it reaches ``_KV_CACHE_MAX`` entries.
+_KV_CACHE: dict[tuple[str, str], common_pb2.KeyValue] = {}
+_KV_CACHE_MAX = 1024
+
+
+def _cached_kv(key: str, value: str) -> common_pb2.KeyValue:
+    """:func:`_str_kv` of a value that repeats (the returned message is shared: never mutate it)."""
+    kv = _KV_CACHE.get((key, value))
+    if kv is None:
+        if len(_KV_CACHE) >= _KV_CACHE_MAX:
+            _KV_CACHE.clear()
+        kv = _KV_CACHE[(key, value)] = _str_kv(key, value)
+    return kv
+
+
 def build_resource(service_name: str, attributes: Mapping[str, str] | None = None) -> resource_pb2.Resource:
     """OTLP Resource with ``service.name`` and extra string attributes
     (``service.name`` in ``attributes`` is ignored; the argument wins)."""
@@ -160,21 +178,18 @@ def build_request(
     for ev in events:
         number, text = severity_of(ev)
         kind = ev.kind.value
-        attrs = [
-            _str_kv("event.name", f"prefixgate.audit.{kind}"),
-            _str_kv("prefixgate.event_id", ev.event_id),
-            _str_kv("prefixgate.outcome", ev.outcome.value),
-        ]
+        # fields set in place (no intermediate AnyValue/KeyValue objects; same message)
+        rec = records.add(time_unix_nano=ev.time_ms * 1_000_000, observed_time_unix_nano=observed_ns,
+                          severity_number=number, severity_text=text)
+        rec.body.string_value = shared_json(ev).decode()
+        attrs = rec.attributes
+        attrs.append(_cached_kv("event.name", f"prefixgate.audit.{kind}"))
+        kv = attrs.add()
+        kv.key = "prefixgate.event_id"
+        kv.value.string_value = ev.event_id
+        attrs.append(_cached_kv("prefixgate.outcome", ev.outcome.value))
         if ev.tenant:
-            attrs.append(_str_kv("prefixgate.tenant", ev.tenant))
-        rec = records.add(
-            time_unix_nano=ev.time_ms * 1_000_000,
-            observed_time_unix_nano=observed_ns,
-            severity_number=number,
-            severity_text=text,
-            body=common_pb2.AnyValue(string_value=ev.to_json().decode()),
-            attributes=attrs,
-        )
+            attrs.append(_cached_kv("prefixgate.tenant", ev.tenant))
         if _HAS_EVENT_NAME_FIELD:
             rec.event_name = f"prefixgate.audit.{kind}"
         tid = trace_id_bytes(ev.trace_id)

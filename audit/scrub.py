@@ -102,10 +102,23 @@ _SCRUB_GROUPS: dict[type, tuple[tuple[str, str], ...]] = {
 _PLAIN_NUMBERS = (int, float, bool)
 
 
+#: strings already scanned by ``_ANY_SECRET_RE`` without a match (tenant, model, endpoint,
+#: replica, pool, identity and reason repeat on almost every event); cleared when it
+#: reaches ``_SCANNED_MAX`` entries, so it stays small and holds no event alive
+_SCANNED_CLEAN: set[str] = set()
+_SCANNED_MAX = 4096
+
+
 def _clean_str(path: str, value: str, max_chars: int) -> bool:
     """True iff :func:`_bad_string` would accept ``value`` at ``path``."""
-    if len(value) > max_chars or _ANY_SECRET_RE.search(value) is not None:
+    if len(value) > max_chars:
         return False
+    if value not in _SCANNED_CLEAN:
+        if _ANY_SECRET_RE.search(value) is not None:
+            return False
+        if len(_SCANNED_CLEAN) >= _SCANNED_MAX:
+            _SCANNED_CLEAN.clear()
+        _SCANNED_CLEAN.add(value)
     if path == "prefix_fingerprint":
         return len(value) <= MAX_FINGERPRINT_HEX and _HEX_RE.match(value) is not None
     return True
@@ -126,16 +139,41 @@ def _is_clean(event: AuditEvent, max_chars: int) -> bool:
     """True when :func:`_scrub_event_general` would return ``event`` unchanged
     with nothing dropped, decided without building anything. Anything it is
     not sure about (mappings, str/number subclasses, other types, a group of
-    an unexpected class) answers False and takes the general path."""
+    an unexpected class) answers False and takes the general path.
+    (:func:`_clean_scalar` inlined: one loop, no generator per group.)"""
+    scanned = _SCANNED_CLEAN
     for name in _SCRUB_TOP:
         value = getattr(event, name)
-        sub = _SCRUB_GROUPS.get(type(value))
-        if sub is not None and name in _GROUP_FIELDS:
-            if not all(_clean_scalar(path, getattr(value, attr), max_chars) for attr, path in sub):
+        if value is None:
+            continue
+        t = type(value)
+        if t is str:
+            if value in scanned and len(value) <= max_chars and name != "prefix_fingerprint":
+                continue
+            if not _clean_str(name, value, max_chars):
                 return False
-        elif not _clean_scalar(name, value, max_chars):
+            continue
+        if t in _NUMBER_TYPES:
+            continue
+        sub = _SCRUB_GROUPS.get(t)
+        if sub is None or name not in _GROUP_FIELDS:
             return False
+        for attr, path in sub:
+            v = getattr(value, attr)
+            if v is None:
+                continue
+            vt = type(v)
+            if vt is str:
+                if v in scanned and len(v) <= max_chars:  # a group path is never prefix_fingerprint
+                    continue
+                if not _clean_str(path, v, max_chars):
+                    return False
+            elif vt not in _NUMBER_TYPES:
+                return False
     return True
+
+
+_NUMBER_TYPES: frozenset[type] = frozenset(_PLAIN_NUMBERS)
 
 
 def _scrub_event_general(event: AuditEvent, max_chars: int) -> tuple[AuditEvent, list[tuple[str, str]]]:

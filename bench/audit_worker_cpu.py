@@ -10,13 +10,13 @@ repetitions) of each stage the worker runs, in isolation:
 * ``from_dict``: :meth:`audit.event.AuditEvent.from_dict` of the pipe dict
 * ``scrub_event``: :func:`audit.scrub.scrub_event`
 * ``to_dict``: :meth:`AuditEvent.to_dict`
-* ``jsonl_record``: ``to_dict`` + :func:`audit.chain.make_record` + canonical JSON
-  line (the JSONL sink's ``_append``; sha256 inside ``make_record``)
+* ``jsonl_record``: ``to_json`` + :func:`audit.chain.encode_record` (the JSONL sink's
+  ``_append_event``; sha256 inside ``encode_record``)
 * ``ocsf``: :func:`audit.ocsf.to_ocsf` + ``orjson.dumps`` (OCSF file sink)
 * ``syslog_cef``: :func:`audit.cef.format_cef` + :func:`audit.syslog.format_rfc5424`
   + octet-counted framing (syslog sink)
 * ``otlp_build``: share of :func:`audit.otlp.build_request` per event (batch of 512,
-  ``to_json`` cache cleared first) + ``SerializeToString``
+  shared ``to_json`` cache, :mod:`audit.encoded`, cleared first) + ``SerializeToString``
 * ``pipeline``: the whole worker path, ``from_dict`` + :meth:`audit.log.AuditLog.emit`
   through ``drain`` with JSONL + OCSF + syslog (TCP) + OTLP (HTTP) sinks built by
   :func:`audit.config.build_audit`. The TCP syslog receiver and the OTLP collector run
@@ -43,7 +43,8 @@ import click
 import orjson
 
 from audit.cef import format_cef
-from audit.chain import canonical_json, make_record
+from audit.chain import encode_record
+from audit.encoded import _SHARED
 from audit.event import AuditEvent, Identity, Kind, Latencies, Outcome, PolicyInfo, RouteInfo
 from audit.ocsf import to_ocsf
 from audit.otlp import SCOPE_NAME, build_request, build_resource
@@ -119,9 +120,7 @@ def stage_costs(events: list[AuditEvent], reps: int) -> dict[str, float]:
     def jsonl() -> None:
         prev = "0" * 64
         for seq, ev in enumerate(events, 1):
-            rec = make_record(seq, "event", prev, ev.to_dict())
-            canonical_json(rec) + b"\n"
-            prev = rec["hash"]
+            _line, prev = encode_record(seq, "event", prev, ev.to_json())
 
     def ocsf() -> None:
         for ev in events:
@@ -132,6 +131,7 @@ def stage_costs(events: list[AuditEvent], reps: int) -> dict[str, float]:
             frame_octet_counted(format_rfc5424(ev, format_cef(ev), "bench-host"))
 
     def otlp() -> None:
+        _SHARED.clear()  # the JSONL sink's encodings are not there in this isolated stage
         for i in range(0, n, 512):
             build_request(events[i:i + 512], resource, scope, 1).SerializeToString()
 
