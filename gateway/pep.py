@@ -23,8 +23,7 @@ from gateway.pep_key import FactsMemo, candidate_docs
 from gateway.replicas import Replica
 from gateway.request import InferenceRequest
 from policy.decision import Decision, PolicyError
-from policy.cache import (DEFAULT_KEY_FIELDS, CachedDecisionPoint, alerts_key_part, compose_key, decide_from_facts,
-                          head_key_part)
+from policy.cache import CachedDecisionPoint, alerts_key_part, compose_key, decide_from_facts, head_key_part
 from policy.input import build_policy_input
 from routing.filters import PolicyDecisionFilter
 from routing.load import LoadTracker
@@ -186,22 +185,16 @@ class PolicyEnforcementPoint:
         dp = self.pdp.dp
         try:
             key = None
-            if tpart is not None and isinstance(dp, CachedDecisionPoint) and dp.cache.key_fields == DEFAULT_KEY_FIELDS:
+            if tpart is not None and isinstance(dp, CachedDecisionPoint) and dp.default_keys:
                 head, cpart, apart = head_key_part(ident, rq), self._memo.candidates(candidates), alerts_key_part(alerts)
                 if head is not None and cpart is not None and apart is not None:
                     key = compose_key(head, tpart, cpart, apart)
             if key is None:  # no cache, or a mistyped fact: the built document's validation decides
                 decision = await decide_from_facts(dp, ident, tview, rq, candidate_docs(candidates, self.loads),
                                                    alerts, time.time())
-            else:
-                hit = dp.cache.get(key)
-                if hit is not None:
-                    decision = hit.as_cached()
-                else:
-                    doc = build_policy_input(ident, tview, rq, candidate_docs(candidates, self.loads), alerts,
-                                             time.time())
-                    decision = await dp.inner.decide(doc)
-                    dp.cache.put(key, decision)
+            else:  # the document is built on a miss only
+                decision = await dp.decide_keyed(key, lambda: build_policy_input(
+                    ident, tview, rq, candidate_docs(candidates, self.loads), alerts, time.time()))
         except PolicyError:
             raise GatewayError(503, "policy_unavailable", "the policy decision point is unavailable") from None
         self.metrics.policy_cache.labels("hit" if decision.cached else "miss").inc()

@@ -191,11 +191,25 @@ class CachedDecisionPoint:
         Raises:
             PolicyError: from the inner decision point.
         """
-        key = self.cache.key(input)
+        return await self.decide_keyed(self.cache.key(input), lambda: input)
+
+    @property
+    def default_keys(self) -> bool:
+        """Whether the cache keys on :data:`DEFAULT_KEY_FIELDS` (then :func:`fast_key` is its key)."""
+        return self.cache.key_fields == DEFAULT_KEY_FIELDS
+
+    async def decide_keyed(self, key: tuple[Any, ...], build: Callable[[], dict[str, Any]]) -> Decision:
+        """The cached decision under ``key``, else the inner decision on ``build()`` (the input
+        document, built only on a miss; ``key`` must be its cache key), then cached.
+
+        Raises:
+            PolicyError: from the inner decision point.
+            policy.input.PolicyInputError: from ``build``.
+        """
         hit = self.cache.get(key)
         if hit is not None:
             return hit.as_cached()
-        decision = await self.inner.decide(input)
+        decision = await self.inner.decide(build())
         self.cache.put(key, decision)
         return decision
 
@@ -376,14 +390,9 @@ async def decide_from_facts(
     """
     from policy.input import build_policy_input  # noqa: PLC0415
 
-    if isinstance(dp, CachedDecisionPoint) and dp.cache.key_fields == DEFAULT_KEY_FIELDS:
+    if isinstance(dp, CachedDecisionPoint) and dp.default_keys:
         key = fast_key(identity, tenant, request, candidates, alerts)
         if key is not None:
-            hit = dp.cache.get(key)
-            if hit is not None:
-                return hit.as_cached()
-            doc = build_policy_input(identity, tenant, request, candidates, alerts, now)
-            decision = await dp.inner.decide(doc)
-            dp.cache.put(key, decision)
-            return decision
+            return await dp.decide_keyed(
+                key, lambda: build_policy_input(identity, tenant, request, candidates, alerts, now))
     return await dp.decide(build_policy_input(identity, tenant, request, candidates, alerts, now))

@@ -192,6 +192,31 @@ def test_rates_helper_unchanged_for_partly_calibrated_sets() -> None:
     assert rates_and_queue_weights(cands, 100.0, True) == {"a": (100.0, 1.0), "b": (100.0, 1.0)}
 
 
+def _general_solve(m: list[list[float]], v: list[float]) -> list[float] | None:
+    """The n x n elimination routing/calibration.py used before session 6 (partial pivoting, the
+    first row of largest magnitude; ``None`` when a pivot is below 1e-12): the reference."""
+    n = len(v)
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    for col in range(n):
+        piv, best = col, abs(a[col][col])
+        for r in range(col + 1, n):
+            x = abs(a[r][col])
+            if x > best:
+                piv, best = r, x
+        if best < 1e-12:
+            return None
+        a[col], a[piv] = a[piv], a[col]
+        ac = a[col]
+        d = ac[col]
+        for r in range(n):
+            if r != col:
+                ar = a[r]
+                f = ar[col] / d
+                for k in range(col, n + 1):
+                    ar[k] -= f * ac[k]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
 _entry = st.one_of(st.just(0.0), st.floats(-1e6, 1e6), st.floats(-1e-11, 1e-11), st.floats(-1.0, 1.0))
 
 
@@ -199,6 +224,6 @@ _entry = st.one_of(st.just(0.0), st.floats(-1e6, 1e6), st.floats(-1e-11, 1e-11),
 @given(st.lists(st.lists(_entry, min_size=3, max_size=3), min_size=3, max_size=3),
        st.lists(st.floats(-1e3, 1e3), min_size=3, max_size=3))
 def test_unrolled_3x3_solve_is_the_general_solve_bit_for_bit(m: list[list[float]], v: list[float]) -> None:
-    from routing.linsolve import solve, solve3
+    from routing.linsolve import solve3
 
-    assert repr(solve3(m, v)) == repr(solve(m, v))  # repr: NaN and -0.0 compare too
+    assert repr(solve3(m, v)) == repr(_general_solve(m, v))  # repr: NaN and -0.0 compare too
