@@ -7,7 +7,7 @@ Until session 7 none of them was audited (uvicorn's 400 line went to stderr, agg
 gateway/log_aggregate.py). Body framing refusals (400 ``body_too_fragmented`` etc.) arrive while
 the app runs the request and are audited with it (gateway/body_guard.py), so they are not here.
 
-Each such refusal becomes one audit event (endpoint ``protocol``, outcome ``rejected``, the status
+Each such refusal becomes one audit event (endpoint ``http_guard``, outcome ``rejected``, the status
 and code, the peer address; never any byte of the request), at a bounded rate:
 
 * per process: a token bucket (:class:`tenancy.limits.TokenBucket`) of
@@ -38,7 +38,7 @@ from tenancy.limits import TokenBucket
 __all__ = ["ProtocolRefusals", "RefusalAudit", "attach", "attach_refusal_audit", "refused", "ENDPOINT", "REPORT_EVERY_S"]
 
 #: the audit event's endpoint for refusals made before any route
-ENDPOINT = "protocol"
+ENDPOINT = "http_guard"  # as the R7-1 upgrade refusals (branch s7-fix, gateway/upgrade_guard.py)
 #: seconds between two WARNING lines about refusals not audited (over the rate)
 REPORT_EVERY_S = 10.0
 #: attribute of the ASGI app object holding its listener's :class:`ProtocolRefusals`

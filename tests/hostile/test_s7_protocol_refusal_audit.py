@@ -1,8 +1,9 @@
 """Session 7 (review R6-4 follow-up): the refusals the connection guard makes before any route —
 431 (head too large, too many header fields), uvicorn's 400 for a head its parser refuses, 503 for
-too many connections from one source, 408 for a head not finished in time — are audited (endpoint ``protocol``, outcome ``rejected``,
-the peer address, never request bytes), at most ``limits.protocol_refusal_audits_per_s`` per
-listener (burst twice that); past it they are counted, not audited. Before: none was audited.
+too many connections from one source, 408 for a head not finished in time — are audited
+(endpoint ``http_guard``, outcome ``rejected``, the peer address, never request bytes), at most
+``limits.protocol_refusal_audits_per_s`` per listener (burst twice that); past it they are counted,
+not audited. Before: none was audited.
 
 Over real loopback sockets, against the stack's own listeners and (408, 503) fresh ones under both
 parsers."""
@@ -45,7 +46,7 @@ async def _exchange(url: str, data: bytes) -> bytes:
 
 
 def _protocol_events(log: ListLog) -> list[Any]:
-    return [e for e in log.events if getattr(e, "endpoint", None) == "protocol"]
+    return [e for e in log.events if getattr(e, "endpoint", None) == "http_guard"]
 
 
 BIG_HEAD = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 40000 + b"\r\n\r\n"
