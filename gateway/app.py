@@ -38,6 +38,7 @@ from gateway.framing import ASGIApp, FramingGuard
 from gateway.inference_asgi import InferenceRoutes
 from gateway.listing import list_models
 from gateway.pipeline import InferencePipeline
+from gateway.protocol_audit import attach_refusal_audit
 
 __all__ = ["build_public_app", "build_admin_app", "UNROUTED_ENDPOINT"]
 
@@ -117,9 +118,9 @@ def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
     starlette = _no_slash_redirects(Starlette(routes=routes, lifespan=lifespan,
                                               exception_handlers={HTTPException: unrouted}))
     limits = c.config.limits
-    return FramingGuard(InferenceRoutes(starlette, pipeline, c.recorder),
+    return attach_refusal_audit(c, FramingGuard(InferenceRoutes(starlette, pipeline, c.recorder),
                         max_drain_bytes=limits.max_drain_bytes, drain_timeout_s=limits.body_read_timeout_s,
-                        budget=c.body_budget)
+                        budget=c.body_budget))
 
 
 def build_admin_app(c: Gateway) -> Starlette:
@@ -146,8 +147,8 @@ def build_admin_app(c: Gateway) -> Starlette:
         *c.admin.routes(),
     ]
     middleware = [*_middleware(c), Middleware(OperatorGate, admin=c.admin), Middleware(ExactPath)]
-    return _no_slash_redirects(Starlette(routes=routes, middleware=middleware,
-                                         exception_handlers={HTTPException: _http_exc, Exception: _internal_error}))
+    return attach_refusal_audit(c, _no_slash_redirects(Starlette(routes=routes, middleware=middleware,
+                                         exception_handlers={HTTPException: _http_exc, Exception: _internal_error})))
 
 
 class OperatorGate:

@@ -309,8 +309,12 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
                                    ic.max_lifetime_s, **cache)
         admin_verifier = JwtSvidVerifier(bundles, ic.admin_audience, ic.trust_domains.keys(),
                                          ic.leeway_s, ic.max_lifetime_s, **cache)
-        authn = Authenticator(verifier, source_limiter, ic.trusted_proxies)
-        admin_authn = Authenticator(admin_verifier, admin_source_limiter, ic.trusted_proxies)
+        authn = Authenticator(verifier, source_limiter, ic.trusted_proxies,
+                              unmapped_limiter=SourceLimiter(rate=ic.unmapped_rps, burst=ic.unmapped_burst),
+                              mapped=lambda sid: admission.registry.resolve(sid) is not None)  # R6-4
+        admin_authn = Authenticator(admin_verifier, admin_source_limiter, ic.trusted_proxies,
+                                    unmapped_limiter=SourceLimiter(rate=ic.unmapped_rps, burst=ic.unmapped_burst),
+                                    mapped=lambda sid: admission.registry.is_operator(sid))
     except ValueError as exc:  # also caught by load_config; a config built otherwise lands here
         raise ConfigError(f"identity: {exc}") from None
     # routing

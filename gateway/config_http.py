@@ -87,6 +87,12 @@ class LimitsConfig(ConfigSection):
     header fields, blank line); larger answers 431 and closes.
     ``client_write_stall_s``: a streamed answer whose client accepts no bytes for this long is ended
     (upstream closed, output relayed so far charged; gateway/write_stall.py, session 6 N-3).
+    ``client_min_read_bytes_per_s``: while a stream waits on its client, the client must read at
+    least this many bytes per second, with ``client_min_read_window_s`` seconds of slack (``null``:
+    no rate bound); ``max_stream_s``: most seconds of one streamed answer (``null``: none) (R6b-3).
+    ``protocol_refusal_audits_per_s``: audit events per second and listener for the refusals the
+    connection guard makes before any route (431, 408, 503, uvicorn's 400; ``null``: none;
+    gateway/protocol_audit.py).
     ``max_header_fields``: the most header fields of one request head; more answer 431
     ``too_many_header_fields`` and close, before the parser reads them (gateway/head_fields.py, R6-3).
     ``header_read_timeout_s``: a request head must be complete this long
@@ -126,6 +132,10 @@ class LimitsConfig(ConfigSection):
     max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
     max_header_fields: int = Field(100, ge=8, le=10_000)
     client_write_stall_s: float = Field(60.0, gt=0)
+    client_min_read_bytes_per_s: float | None = Field(4096.0, gt=0)
+    client_min_read_window_s: float = Field(60.0, gt=0)
+    max_stream_s: float | None = Field(None, gt=0)
+    protocol_refusal_audits_per_s: float | None = Field(50.0, gt=0)
     header_read_timeout_s: float = Field(10.0, gt=0)
     max_connections: int = Field(2048, ge=1)
     max_body_chunks: int = Field(256, ge=16, le=1 << 20)

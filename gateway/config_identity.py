@@ -39,7 +39,10 @@ class IdentityConfig(ConfigSection):
     (``extra="forbid"``). ``unauthenticated_rps``/``unauthenticated_burst``:
     per-source bucket of failed signature checks (a source that spent it gets
     429 instead of a signature check; cheap refusals and cached tokens never
-    touch it). ``verified_token_cache_size``/``verified_token_cache_max_ttl_s``:
+    touch it). ``unmapped_rps``/``unmapped_burst``: per-source bucket of requests whose valid
+    identity the listener does not serve (no tenant on the public listener, not an operator on the
+    admin one); a source that spent it gets 429 ``too_many_unmapped`` instead of the 403 (R6-4).
+    ``verified_token_cache_size``/``verified_token_cache_max_ttl_s``:
     bounds of each listener's verified-token cache (docs/identity.md).
     """
 
@@ -52,6 +55,9 @@ class IdentityConfig(ConfigSection):
     #: per-source budget of FAILED SIGNATURE CHECKS (per listener): rate /s, burst
     unauthenticated_rps: float = Field(1000.0, gt=0)
     unauthenticated_burst: int = Field(2000, ge=1)
+    #: per-source budget of requests by valid identities not served (per listener): rate /s, burst
+    unmapped_rps: float = Field(10.0, gt=0)
+    unmapped_burst: int = Field(50, ge=1)
     #: verified-token cache per listener and audience: entries (0: off), lifetime cap (s)
     verified_token_cache_size: int = Field(10_000, ge=0)
     verified_token_cache_max_ttl_s: float = Field(300.0, gt=0)

@@ -62,6 +62,7 @@ from gateway.coalesce import CoalescingTransport
 from gateway.lingering import DEFAULT_LINGERING_CLOSE_BYTES, DEFAULT_LINGERING_CLOSE_S, LingeringTransport
 from gateway.head_fields import DEFAULT_MAX_HEADER_FIELDS, HeadFields, refuse_too_many_fields, rest_after_head
 from gateway.log_aggregate import note_peer
+from gateway.protocol_audit import RefusalAudit, refused  # audit of the guard's refusals (session 7)
 from gateway.send_order import SEND_ORDER
 
 __all__ = ["guarded_protocol", "DEFAULT_MAX_HEADER_BYTES", "DEFAULT_HEADER_READ_TIMEOUT_S", "PARSERS"]
@@ -207,6 +208,7 @@ class _HeadGuard:
             self.guard_head_bytes += end - offset
             piece = data if offset == 0 and end == len(data) else data[offset:end]
             if not self.guard_fields.feed(piece):  # R6-3: 431 past limits.max_header_fields, unparsed
+                refused(self, 431, "too_many_header_fields")
                 self.guard_cancel_timer()
                 return refuse_too_many_fields(transport, self.guard_max_header_fields,
                                               not self.guard_response_in_progress())
@@ -259,7 +261,7 @@ class _HeadGuard:
         self.guard_feed(data)
 
 
-class GuardedHttpToolsProtocol(BodyGuard, _HeadGuard, HttpToolsProtocol):
+class GuardedHttpToolsProtocol(RefusalAudit, BodyGuard, _HeadGuard, HttpToolsProtocol):
     """uvicorn's httptools protocol with the request-head bounds of :class:`_HeadGuard`
     and the body framing bounds of :class:`gateway.body_guard.BodyGuard`."""
 
@@ -296,7 +298,7 @@ class GuardedHttpToolsProtocol(BodyGuard, _HeadGuard, HttpToolsProtocol):
         self.guard_head_expected()
 
 
-class GuardedH11Protocol(BodyGuard, _HeadGuard, H11Protocol):
+class GuardedH11Protocol(RefusalAudit, BodyGuard, _HeadGuard, H11Protocol):
     """uvicorn's h11 protocol with the request-head bounds of :class:`_HeadGuard`
     and the body framing bounds of :class:`gateway.body_guard.BodyGuard` (through
     :class:`gateway.body_guard.GuardedH11Connection`).

@@ -98,8 +98,8 @@ class InferenceRoutes:
         token = AFTER_SEND.set(pending)
         try:
             response = await self.pipeline.handle(Request(scope, receive, send), endpoint)  # type: ignore[arg-type]
-            if isinstance(response, EndingStreamingResponse):  # a client that stops reading ends it (N-3)
-                bounded = StallBoundedSend(send_after_audit, self.pipeline.cfg.limits.client_write_stall_s)
+            if isinstance(response, EndingStreamingResponse):  # a client that stops or barely reads ends it (N-3, R6b-3)
+                bounded = StallBoundedSend.for_limits(send_after_audit, self.pipeline.cfg.limits)
                 try:
                     await response(scope, receive, bounded)
                 except WriteStall:

@@ -33,6 +33,7 @@ from gateway.send_order import SEND_ORDER
 from gateway.replicas import Replica
 from gateway.request import Endpoint, InferenceRequest, JsonObject, parse_inference_request, read_body
 from gateway.sse import SseProtocolError, SseScanner, error_event
+from gateway.write_stall import ended_code
 from routing.policies import RouteRequest
 from routing.types import RouteChoice
 from tenancy.registry import Tenant
@@ -296,8 +297,8 @@ class InferencePipeline:
                 if scanner.done:  # the client hung up after [DONE]: it got the whole answer
                     rec.outcome = "allowed"
                     held.attempt.succeeded()
-                else:
-                    rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
+                else:  # a client-side bound's code (gateway/write_stall.py, R6b-3) or client_disconnect
+                    rec.outcome, rec.status, rec.error_code = "cancelled", 499, ended_code()
                 raise
             finally:
                 deadline.close()

@@ -17,13 +17,19 @@ is outside the gateway's trust boundary:
   :data:`MAX_HEADERS` fields); ``101`` (upgrade) is refused, other ``1xx``
   interim answers are skipped;
 - bytes after the end of the answer that arrive with it, or while the
-  connection is idle in the pool, close the connection. HTTP/1.1 keep-alive
-  cannot tell a replica's late stray answer (sent after the idle check, while
-  the connection already carries the next request) from that request's own
-  answer: a replica that answers one request twice can hand its second
-  answer to the next request on the connection, whatever its tenant (review
-  R6b-2; no tenant input makes a conforming replica do this; replicas are
-  trusted to speak HTTP/1.1 correctly, docs/security.md);
+  connection is idle in the pool, close the connection; so do unread bytes
+  (or the replica's close) already waiting in the socket when the pool takes
+  the connection for a new request (:meth:`UpstreamConnection.quiet`: one
+  ``poll`` with timeout 0, session 7 R6b-2), which the loop would otherwise
+  hand to the new request as its answer;
+- an answer whose ``X-Request-Id`` differs from the one the request sent is
+  refused (:class:`UpstreamProtocolError`; the connection closes): a
+  replica's late stray answer to the previous request on the connection
+  (review R6b-2). This needs a replica that echoes the header (vLLM with
+  ``--enable-request-id-headers``); without the echo, HTTP/1.1 keep-alive
+  cannot tell a stray answer that arrives after the request was sent from
+  that request's own answer (replicas are trusted to speak HTTP/1.1
+  correctly, docs/security.md);
 - a connection goes back to the pool only when its answer arrived whole, the
   replica allowed keep-alive (no ``Connection: close``, not HTTP/1.0 without
   keep-alive, not delimited by close) and the request was fully written; an
@@ -36,6 +42,7 @@ socket stops being read (flow control for slow SSE clients).
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import Callable
 from typing import Any
 
@@ -184,6 +191,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._resp: UpstreamResponse | None = None
         self._parser: Any = None
         self._paused = False
+        self._expect_id: str | None = None
+        self._poll: Any = None
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -199,14 +208,17 @@ class UpstreamConnection(asyncio.Protocol):
         self._header_size = 0
 
     # ----------------------------------------------------------------- use
-    def send(self, data: bytes) -> UpstreamResponse:
+    def send(self, data: bytes, request_id: str | None = None) -> UpstreamResponse:
         """Write one whole request (head and body in ``data``); returns its :class:`UpstreamResponse`.
+        ``request_id``: the ``X-Request-Id`` the request carries; an answer that echoes another one
+        fails with :class:`UpstreamProtocolError` (R6b-2).
 
         Raises RuntimeError when the connection is closed or busy.
         """
         if self.closed or self.transport is None or self._resp is not None:
             raise RuntimeError("upstream connection not idle")
         self._reset_message()
+        self._expect_id = request_id
         resp = self._resp = UpstreamResponse(self)
         self._parser = httptools.HttpResponseParser(self)
         self.transport.write(data)
@@ -216,6 +228,18 @@ class UpstreamConnection(asyncio.Protocol):
         """Idle and open (a closed or half-closed socket is noticed by the loop as connection_lost)."""
         return not self.closed and self._resp is None and self.transport is not None \
             and not self.transport.is_closing()
+
+    def quiet(self) -> bool:
+        """True when no byte (nor the replica's close) waits unread in the socket: one ``poll`` with
+        timeout 0 (a few µs; call it before reusing an idle connection). True when the socket cannot
+        be polled (no file descriptor)."""
+        poller = self._poll
+        if poller is None:
+            return True
+        try:
+            return not poller.poll(0)
+        except (OSError, ValueError):
+            return False
 
     def abort(self) -> None:
         """Close at once (no reuse); the current answer, if any, fails."""
@@ -232,6 +256,11 @@ class UpstreamConnection(asyncio.Protocol):
     # ----------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
         self.transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport is not a subclass
+        sock = transport.get_extra_info("socket")
+        fd = sock.fileno() if sock is not None else -1
+        if fd >= 0:
+            self._poll = select.poll()
+            self._poll.register(fd, select.POLLIN | select.POLLPRI)
 
     def data_received(self, data: bytes) -> None:  # noqa: D102
         resp = self._resp
@@ -312,6 +341,10 @@ class UpstreamConnection(asyncio.Protocol):
                 raise UpstreamProtocolError(f"unsupported Transfer-Encoding {te!r}")
         self._until_close = te is None and "content-length" not in resp.headers and status not in (204, 304)
         self._keep_alive = self._parser.should_keep_alive() and not self._until_close
+        echo = resp.headers.get("x-request-id")
+        if echo is not None and self._expect_id is not None and echo != self._expect_id:
+            self._poisoned = True
+            raise UpstreamProtocolError("answer to another request (X-Request-Id differs)")
         self._headers_done = True
         resp.status = status
         resp._head_seen = True
@@ -356,4 +389,5 @@ class UpstreamConnection(asyncio.Protocol):
             resp._fail(exc)
         if not self.closed:
             self.closed = True
+            self._poll = None  # the descriptor may be reused by another socket once closed
             self._on_closed(self)

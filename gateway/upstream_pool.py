@@ -10,6 +10,10 @@ are there.
   that finds none free waits for one (its caller's deadline bounds the wait:
   ``asyncio.timeout`` around the call), and an idle connection to another
   replica is closed to make room before waiting.
+- An idle connection is reused only when nothing waits unread in its socket
+  (:meth:`gateway.upstream_conn.UpstreamConnection.quiet`; else it is closed:
+  late bytes would be read as the new request's answer, R6b-2). The request's
+  ``X-Request-Id`` (if any) must match the answer's echo, if any.
 - Idle connections are reused newest first and closed after
   :data:`IDLE_KEEPALIVE_S` seconds (one timer per pool sweeps them) (below uvicorn's default 5 s keep-alive,
   which vLLM and SGLang servers use, so the gateway seldom picks a
@@ -132,12 +136,14 @@ class UpstreamPool:
         URL, method or header), RuntimeError (pool closed). Cancelling it
         aborts the connection in use.
         """
-        data = self.head(method, url, headers or {}, len(body)) + body
+        headers = headers or {}
+        data = self.head(method, url, headers, len(body)) + body
+        rid = headers.get("X-Request-Id") or headers.get("x-request-id")
         origin = _origin(url)
         fresh = False
         while True:
             conn = await self._acquire(origin, fresh)
-            resp = conn.send(data)
+            resp = conn.send(data, rid)
             try:
                 await resp.wait_head()
             except UpstreamConnectionLost as exc:
@@ -178,7 +184,7 @@ class UpstreamPool:
                     idle.popleft().abort()
                 if idle and not fresh:
                     conn = idle.pop()
-                    if conn.usable():
+                    if conn.usable() and conn.quiet():
                         return conn
                     conn.abort()
                     continue

@@ -1,0 +1,141 @@
+"""Audit of the refusals the connection guard makes before any app runs (session 7, R6-4 follow-up).
+
+The guarded listener (gateway/http_guard.py) answers some requests itself, before the ASGI app sees
+them: 431 ``request_header_too_large`` / ``too_many_header_fields``, 408 ``header_timeout``, 503
+``too_many_connections`` and uvicorn's own 400 for a head the parser refuses (``invalid_request``).
+Until session 7 none of them was audited (uvicorn's 400 line went to stderr, aggregated by
+gateway/log_aggregate.py). Body framing refusals (400 ``body_too_fragmented`` etc.) arrive while
+the app runs the request and are audited with it (gateway/body_guard.py), so they are not here.
+
+Each such refusal becomes one audit event (endpoint ``http_guard``, outcome ``rejected``, the status
+and code, the peer address; never any byte of the request), at a bounded rate:
+
+* per process: a token bucket (:class:`tenancy.limits.TokenBucket`) of
+  ``limits.protocol_refusal_audits_per_s`` events per second, burst twice that; refusals past it
+  are counted and reported by one ``prefixgate`` WARNING line per :data:`REPORT_EVERY_S` seconds
+  (``null``: no events at all);
+* per source: the events are ``rejected`` refusals, which the audit's flood aggregation
+  (audit/summary.py) already passes individually only ``first_n`` times per source and window
+  and then sums up (counts kept).
+
+Wiring: :func:`attach` puts a :class:`ProtocolRefusals` on the ASGI app object handed to uvicorn
+(the protocol reads it as ``self.app``: uvicorn's ``config.loaded_app``); :class:`RefusalAudit`,
+first base of the guarded protocol classes, wraps the guard's refusal methods and uvicorn's
+``send_400_response``; :func:`refused` is the call for the one refusal made inline (too many
+header fields). Cost: one method frame per accepted connection (``guard_admit_source``), nothing
+per request or byte.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gateway.record import RequestRecord, refusal_record
+from tenancy.limits import TokenBucket
+
+__all__ = ["ProtocolRefusals", "RefusalAudit", "attach", "attach_refusal_audit", "refused", "ENDPOINT", "REPORT_EVERY_S"]
+
+#: the audit event's endpoint for refusals made before any route
+ENDPOINT = "http_guard"  # as the R7-1 upgrade refusals (branch s7-fix, gateway/upgrade_guard.py)
+#: seconds between two WARNING lines about refusals not audited (over the rate)
+REPORT_EVERY_S = 10.0
+#: attribute of the ASGI app object holding its listener's :class:`ProtocolRefusals`
+_ATTR = "prefixgate_protocol_refusals"
+
+log = logging.getLogger("prefixgate")
+
+
+class ProtocolRefusals:
+    """Audits protocol-level refusals of one listener at most ``per_s`` per second (> 0, burst
+    ``2 × per_s``, at least 1; ``None``: none audited). ``record``: hands a finished
+    :class:`gateway.record.RequestRecord` to the audit (``AuditHub.record_request``);
+    ``clock``: monotonic seconds. Use from the event loop's thread."""
+
+    __slots__ = ("record", "bucket", "clock", "audited", "suppressed", "_unreported", "_reported_at")
+
+    def __init__(self, record: Callable[[RequestRecord], None], per_s: float | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if per_s is not None and not per_s > 0:
+            raise ValueError("per_s must be > 0 or None")
+        self.record = record
+        self.clock = clock
+        now = clock()
+        self.bucket = TokenBucket(per_s, max(1.0, 2 * per_s), now) if per_s is not None else None
+        self.audited = 0
+        self.suppressed = 0
+        self._unreported = 0
+        self._reported_at = now
+
+    def note(self, client: Any, status: int, code: str) -> None:
+        """One refusal ``status`` / ``code`` to ``client`` (uvicorn's ``(host, port)`` or None).
+        Never raises (a failing audit must not break the connection handling)."""
+        now = self.clock()
+        if self.bucket is None or self.bucket.try_take(1, now) > 0:
+            self.suppressed += 1
+            self._unreported += 1
+            if now - self._reported_at >= REPORT_EVERY_S:
+                log.warning("%d protocol-level refusals not audited in the last %.0f s "
+                            "(over limits.protocol_refusal_audits_per_s)", self._unreported, now - self._reported_at)
+                self._unreported, self._reported_at = 0, now
+            return
+        host = client[0] if isinstance(client, tuple) and client else None
+        try:
+            self.record(refusal_record(ENDPOINT, str(host) if host is not None else None, status, "rejected", code))
+            self.audited += 1
+        except Exception:  # a bug or a closed audit: the refusal itself stands
+            log.exception("auditing a protocol-level refusal failed")
+
+
+def attach(app: Any, refusals: ProtocolRefusals) -> Any:
+    """Give the ASGI ``app`` (the object handed to uvicorn) its listener's ``refusals``; returns ``app``."""
+    setattr(app, _ATTR, refusals)
+    return app
+
+
+def attach_refusal_audit(c: Any, app: Any) -> Any:
+    """Attach to ``app`` (a listener's ASGI app) a :class:`ProtocolRefusals` auditing through the
+    gateway ``c``'s audit hub at ``c.config.limits.protocol_refusal_audits_per_s``; returns ``app``."""
+    return attach(app, ProtocolRefusals(c.audit.record_request, c.config.limits.protocol_refusal_audits_per_s))
+
+
+def refused(protocol: Any, status: int, code: str) -> None:
+    """The guard refused a request on ``protocol`` (a uvicorn HTTP protocol: ``app``, ``client``)
+    with ``status`` / ``code``: audit it when its app has :class:`ProtocolRefusals` attached."""
+    refusals = getattr(getattr(protocol, "app", None), _ATTR, None)
+    if refusals is not None:
+        refusals.note(getattr(protocol, "client", None), status, code)
+
+
+class RefusalAudit:
+    """Mixin, first base of a guarded uvicorn protocol class (gateway/http_guard.py): audits the
+    guard's own refusals (:func:`refused`) around the methods that make them."""
+
+    def guard_admit_source(self, transport: Any) -> bool:
+        """As the guard's; a connection refused for its source's count is audited (503)."""
+        admitted: bool = super().guard_admit_source(transport)  # type: ignore[misc]
+        if not admitted:
+            refused(self, 503, "too_many_connections")
+        return admitted
+
+    def guard_timed_out(self) -> None:
+        """As the guard's; a head that timed out after some bytes (answered 408) is audited."""
+        transport = getattr(self, "transport", None)
+        open_before = transport is not None and not transport.is_closing()
+        super().guard_timed_out()  # type: ignore[misc]
+        if open_before and transport.is_closing() and getattr(self, "guard_head_bytes", 0):
+            refused(self, 408, "header_timeout")
+
+    def guard_refuse_too_large(self) -> None:
+        """As the guard's; the refusal (431, or a close behind a response in progress) is audited."""
+        transport = getattr(self, "transport", None)
+        open_before = transport is not None and not transport.is_closing()
+        super().guard_refuse_too_large()  # type: ignore[misc]
+        if open_before:
+            refused(self, 431, "request_header_too_large")
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request its parser refused: audited as 400 ``invalid_request``."""
+        refused(self, 400, "invalid_request")
+        super().send_400_response(msg)  # type: ignore[misc]
