@@ -67,6 +67,7 @@ from gateway.shared_events import coalesce_deltas, decode_events, encode_events
 from routing.index import PrefixIndex
 from routing.shared import RemoteLoadView, RoutingEvent, SharedLoadTracker, apply_event
 from tenancy.salt import length_prefixed
+from tenancy.shared_conn import HeldConnection
 from tenancy.shared_store import cancel_task
 
 __all__ = ["ROUTING_MAC_INFO", "RoutingStream", "decode_events", "encode_events", "new_instance_id"]
@@ -126,6 +127,9 @@ class RoutingStream:
         if write_interval_s < 0 or read_interval_s < 0:
             raise ValueError("write_interval_s and read_interval_s must be >= 0")
         self._client = client
+        # XADD and XREAD (the hot ones) each on a connection of their own, packed without redis-py's
+        # per-call machinery (tenancy/shared_conn.py); the lease's commands go through the client
+        self._wconn, self._rconn = HeldConnection(client), HeldConnection(client)
         self._prefix = key_prefix
         self.instance_id = instance_id
         self._mac_keys: Callable[[], Sequence[bytes]] = mac_key if callable(mac_key) else (lambda: (mac_key,))
@@ -186,9 +190,8 @@ class RoutingStream:
             return
         body = encode_events(coalesce_deltas(batch))
         try:
-            await self._client.xadd(self.stream, {"i": self.instance_id, "b": body,
-                                                  "m": self._mac(self.instance_id, body)},
-                                    maxlen=self._max_entries, approximate=True)
+            await self._wconn.command("XADD", self.stream, "MAXLEN", "~", self._max_entries, "*",
+                                      "i", self.instance_id, "b", body, "m", self._mac(self.instance_id, body))
             self.writes += 1
             self.metrics.events.labels("published").inc(len(batch))
         except Exception as exc:  # noqa: BLE001 - Redis down: the next snapshot heals the others' view
@@ -242,10 +245,12 @@ class RoutingStream:
 
     async def read_once(self, block_ms: int | None = None) -> int:
         """Read and apply one batch after :attr:`last_id`; returns entries read."""
-        resp = await self._client.xread({self.stream: self.last_id}, count=self._batch, block=block_ms)
+        block = () if block_ms is None else ("BLOCK", block_ms)
+        resp = await self._rconn.command("XREAD", "COUNT", self._batch, *block, "STREAMS", self.stream, self.last_id)
         n = 0
-        for _stream, entries in resp or []:
-            for entry_id, fields in entries:
+        for _stream, entries in (resp.items() if isinstance(resp, dict) else resp or []):
+            for entry_id, raw in entries:
+                fields = raw if isinstance(raw, dict) else dict(zip(raw[::2], raw[1::2], strict=True))
                 self.apply_entry(fields)
                 self.last_id = entry_id
                 n += 1
@@ -332,3 +337,5 @@ class RoutingStream:
         with contextlib.suppress(Exception):
             await self.flush()
             await self._client.delete(self._alive_key(self.instance_id))
+        for c in (self._wconn, self._rconn):
+            await c.aclose()

@@ -23,9 +23,9 @@ that needed it are sent again; no ``SCRIPT EXISTS`` round trip per batch.
 
 The batch is packed here (:func:`pack_evalsha`, the bytes redis-py's encoder
 would produce) and sent on one connection the batcher holds from the
-client's pool (at most one batch is in flight, so one suffices) through the
-connection's public ``send_packed_command`` / ``read_response``; one timeout
-(the client's ``socket_timeout``) bounds the reading of a batch's replies.
+client's pool (:class:`tenancy.shared_conn.HeldConnection`; at most one
+batch is in flight, so one suffices); one timeout (the client's
+``socket_timeout``) bounds the reading of a batch's replies.
 Session 7: a redis-py ``Pipeline`` per batch cost a pool checkout with a
 stale-data probe, ``pack_command`` per call, a timeout context per reply
 and its observability hooks, about half of the gateway's extra CPU per
@@ -41,42 +41,16 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from tenancy.shared_conn import HeldConnection, pack
+
 __all__ = ["BatchedScript", "ScriptBatcher", "pack_evalsha"]
 
 
-def _enc(x: Any) -> bytes:
-    # redis-py's Encoder.encode (utf-8, strict): bytes as they are, int/float by repr, str in UTF-8
-    if isinstance(x, bytes):
-        return x
-    if isinstance(x, str):
-        return x.encode()
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return repr(x).encode()
-    raise TypeError(f"invalid script argument type {type(x).__name__}: bytes, str, int or float")
-
-
-def _pack_py(sha: str, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
-    parts = [b"EVALSHA", sha.encode(), str(len(keys)).encode(), *map(_enc, keys), *map(_enc, args)]
-    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
-
-
-try:  # the C packer of hiredis (a dependency: redis[hiredis]): the same bytes, a third of the CPU
-    from hiredis import pack_command as _hiredis_pack
-except ImportError:  # pragma: no cover - hiredis absent: the Python packer
-    _hiredis_pack = None
-
-
 def pack_evalsha(sha: str, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
-    """The RESP request ``EVALSHA sha len(keys) *keys *args`` (bytes); each argument encoded as
-    redis-py encodes it (bytes as is, str as UTF-8, int and float by ``repr``; hiredis's
-    ``pack_command`` when installed, which gives the same bytes). Raises :class:`TypeError` for any
-    other type (bool included)."""
-    if _hiredis_pack is not None:
-        for x in args:
-            if x.__class__ is bool:
-                raise TypeError("invalid script argument type bool")
-        return _hiredis_pack(("EVALSHA", sha, len(keys), *keys, *args))
-    return _pack_py(sha, keys, args)
+    """The RESP request ``EVALSHA sha len(keys) *keys *args`` (:func:`tenancy.shared_conn.pack`:
+    bytes as is, str as UTF-8, int and float by ``repr``). Raises :class:`TypeError` for any other
+    type (bool included)."""
+    return pack(("EVALSHA", sha, len(keys), *keys, *args))
 
 
 class _Call:
@@ -108,7 +82,7 @@ class ScriptBatcher:
         self._scheduled = False
         self._in_flight = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self._conn: Any = None  # the connection batches go on (taken from the pool on first use)
+        self._conn = HeldConnection(client)  # at most one batch is in flight: one connection suffices
 
     async def call(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run ``script`` (a :class:`redis.commands.core.AsyncScript` of ``client``) with ``keys`` and
@@ -150,42 +124,9 @@ class ScriptBatcher:
         self.batches += 1
         self.calls += len(batch)
         try:
-            return await self._exchange(packed, len(batch))
+            return await self._conn.exchange(packed, len(batch))
         except (RedisConnectionError, RedisTimeoutError):  # one retry on a new connection, as Retry(..., 1)
-            return await self._exchange(packed, len(batch))
-
-    async def _exchange(self, packed: bytes, n: int) -> list[Any]:
-        """Send ``packed`` (``n`` commands) on the held connection and read ``n`` replies: a reply,
-        or the :class:`redis.exceptions.ResponseError` Redis answered. Any other failure closes the
-        connection (the next batch connects anew) and is raised as redis-py raises it
-        (a timeout as :class:`redis.exceptions.TimeoutError`)."""
-        import math
-
-        from redis.exceptions import ResponseError
-        from redis.exceptions import TimeoutError as RedisTimeoutError
-
-        pool = self.client.connection_pool
-        if self._conn is None:
-            self._conn = await pool.get_connection()
-        conn = self._conn
-        timeout = pool.connection_kwargs.get("socket_timeout")
-        done = False
-        try:
-            await conn.send_packed_command(packed, check_health=False)
-            out: list[Any] = []
-            async with asyncio.timeout(timeout):
-                for _ in range(n):
-                    try:  # timeout=inf: no per-reply timer, the one above bounds the whole batch
-                        out.append(await conn.read_response(timeout=math.inf))
-                    except ResponseError as exc:  # a script error: that caller's, the stream stays in step
-                        out.append(exc)
-            done = True
-            return out
-        except TimeoutError:
-            raise RedisTimeoutError("Timeout reading from Redis") from None
-        finally:
-            if not done:
-                await conn.disconnect(nowait=True)
+            return await self._conn.exchange(packed, len(batch))
 
     async def _send(self, batch: list[_Call]) -> None:
         from redis.exceptions import NoScriptError
@@ -228,9 +169,7 @@ class ScriptBatcher:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            await self.client.connection_pool.release(conn)
+        await self._conn.aclose()
 
 
 class BatchedScript:

@@ -15,7 +15,8 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from tenancy.shared_batch import BatchedScript, ScriptBatcher, _pack_py, pack_evalsha
+from tenancy.shared_batch import BatchedScript, ScriptBatcher, pack_evalsha
+from tenancy.shared_conn import _pack_py
 
 
 @pytest.fixture
@@ -72,7 +73,8 @@ def test_packing_matches_redis_py_encoding() -> None:
     parts = ("EVALSHA", "sha", 2, "key:é", b"raw", 7, 0.1, "", "x" * 300)
     expected = b"*9\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(enc.encode(a)), enc.encode(a)) for a in parts)
     assert pack_evalsha("sha", ["key:é", b"raw"], [7, 0.1, "", "x" * 300]) == expected
-    assert _pack_py("sha", ["key:é", b"raw"], [7, 0.1, "", "x" * 300]) == expected  # without hiredis
-    for pack in (pack_evalsha, _pack_py):
-        with pytest.raises(TypeError):
-            pack("sha", [], [True])
+    assert _pack_py(parts) == expected  # without hiredis
+    with pytest.raises(TypeError):
+        pack_evalsha("sha", [], [True])
+    with pytest.raises(TypeError):
+        _pack_py(("EVALSHA", "sha", 0, True))
