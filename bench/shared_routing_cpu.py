@@ -1,6 +1,6 @@
 """Micro-benchmark: CPU per request of routing-state sharing (issue 16), without Redis.
 
-``python -m bench.shared_routing_cpu [--requests N] [--reps R] [--out FILE]``
+``python -m bench.shared_routing_cpu [--requests N] [--reps R] [--entry-events E] [--out FILE]``
 
 Routes ``N`` requests (tenant-keyed chains of 8 KV blocks, 64 distinct
 prompts, 6 replicas, cache-aware policy) and measures process CPU time
@@ -13,7 +13,9 @@ repetitions), side by side in one run:
   to the bounded queue of :class:`gateway.shared_routing.RoutingStream` (what the
   request path pays with ``state.backend: redis``; the writer's I/O is not on it);
 * ``encode_and_mac``: the writer's share per request (JSON body + HMAC of batches of
-  256 events, the 4 events of one request);
+  ``--entry-events`` events (default 256), the events of one request; since session 7 an
+  entry's load deltas are summed per replica first, as the writer does:
+  :func:`gateway.shared_events.coalesce_deltas`);
 * ``verify_and_apply``: a receiving instance's share per request (MAC check,
   decode, apply to its index and remote load view).
 
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.harness import best_cpu_us
+from gateway.shared_events import coalesce_deltas
 from gateway.shared_routing import RoutingStream, encode_events
 from routing.index import InProcessPrefixIndex
 from routing.load import InProcessLoadTracker
@@ -63,6 +66,7 @@ def main() -> None:
     ap = ClickOptions(description=__doc__.splitlines()[0])
     ap.option("--requests", type=int, default=20000)
     ap.option("--reps", type=int, default=5)
+    ap.option("--entry-events", type=int, default=256, help="events per stream entry (the writer's batch)")
     ap.option("--out", default="bench/results/shared_routing_cpu.json")
     args = ap.parse()
     reqs = _requests(args.requests)
@@ -102,8 +106,9 @@ def main() -> None:
 
     def run_encode() -> None:
         entries.clear()
-        for i in range(0, len(captured), 256):
-            body = encode_events(captured[i:i + 256])  # type: ignore[arg-type]
+        n = args.entry_events
+        for i in range(0, len(captured), n):
+            body = encode_events(coalesce_deltas(captured[i:i + n]))  # type: ignore[arg-type]
             entries.append({b"i": b"0123456789abcdef", b"b": body,
                             b"m": sender._mac("0123456789abcdef", body).encode()})  # noqa: SLF001
 
@@ -122,6 +127,7 @@ def main() -> None:
     results["verify_and_apply_us"] = _best(run_apply, args.reps, args.requests)
     results["events_per_request"] = round(len(captured) / args.requests, 2)
     out = {"bench": "shared_routing_cpu", "requests": args.requests, "reps": args.reps,
+           "entry_events": args.entry_events,
            "python": platform.python_version(), "machine": platform.machine(),
            "note": "process CPU time, best of reps, microseconds per request; shared 2-core machine",
            "results": results}

@@ -1,7 +1,8 @@
 """Peak rate of ``prefixgate serve`` with 1 process and with ``--workers N`` (issue 16; not a test).
 
 ``python -m bench.workers_peak [--redis-url URL] [--workers 2] [--rounds 2] [--clients 32] [--seconds 8]
-[--load-generator python|wrk|python,wrk] [--targets memory,redis1,redisN] [--baseline DIR] [--label TEXT]``
+[--load-generator python|wrk|python,wrk] [--targets memory,redis1,redisN] [--replica sim|lean|sim,lean]
+[--baseline DIR] [--label TEXT]``
 
 Targets, each a real ``prefixgate serve`` process tree with the demo
 configuration (:func:`sim.demo.gateway_config`: JWT-SVID, embedded OPA,
@@ -12,6 +13,16 @@ scale 10^6, no decode time):
 - ``memory x1``: ``state.backend: memory``, one process (today's default);
 - ``redis x1``: ``state.backend: redis`` on ``--redis-url``, one process;
 - ``redis xN``: the same with ``--workers N``.
+
+Replica fixture (``--replica``, default ``sim,lean``: every target in front
+of each, interleaved in every round): ``sim`` the simulated replicas above
+(aiohttp, KV-cache model; about 230 µs of CPU per request, session 6);
+``lean`` :mod:`bench.lean_replica` (two replicas in one process, asyncio
+``Protocol`` + ``httptools``: the same OpenAI shapes and ``prompt_tokens``,
+no cache model, ``cached_tokens`` 0), whose targets are named ``... [lean]``.
+The lean fixture leaves more of the shared cores to the gateway; it changes
+nothing in the gateway or its configuration, and the results file says
+which fixture each row had.
 
 Without ``--redis-url`` the bench starts its own ``redis-server``
 (:class:`sim.redis_server.RedisServer`). The tenant has a request rate and a
@@ -71,7 +82,7 @@ from bench.harness import loadavg_text, start_demo_stack, write_json_and_markdow
 from bench.overhead import _Cpu
 from sim.click_options import ClickOptions
 from sim.demo import ClusterSpec, DemoPaths
-from sim.procs import free_port, python_module_cmd, start_process, stop_process, wait_for_url
+from sim.procs import free_port, python_module_cmd, start_process, stop_process, wait_for_json_file, wait_for_url
 
 
 class _RedisStats:
@@ -195,26 +206,48 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
         redis = RedisServer(REDIS_SERVER or "/usr/bin/redis-server", work / "redis").start()
     redis_url = a.redis_url or redis.url  # type: ignore[union-attr]
     stack = await start_demo_stack(work, ClusterSpec(replicas=2, time_scale=1e6, decode_s_per_token=0.0))
+    lean = None
     headers = {"Content-Type": "application/json", **dict(stack.headers_for(["tenant-a"])("tenant-a"))}
-    base = stack.gateway_config(["tenant-a"])
-    base["tenancy"]["tenants"][0].update(rate_rps=1e6, rate_burst=1e6, max_concurrency=10_000)
+    fixtures: dict[str, tuple[str, list[dict[str, str]], _Cpu]] = {}
+    try:
+        for kind in [k for k in a.replica.split(",") if k]:
+            if kind == "sim":
+                fixtures[kind] = ("", stack.replicas, _Cpu(stack.cluster.pid))
+            elif kind == "lean":
+                ready = work / "lean-ready.json"
+                lean = start_process("lean_replica", python_module_cmd("bench.lean_replica", "--replicas", "2",
+                                                                       "--ready-file", str(ready)), stack.paths.logs)
+                fixtures[kind] = (" [lean]", list(await wait_for_json_file(ready, proc=lean)), _Cpu(lean.pid))
+            else:
+                raise SystemExit(f"error: --replica: unknown fixture {kind!r} (sim, lean)")
+    except BaseException:
+        stack.stop()
+        if lean is not None:
+            stop_process(lean)
+        raise
     redis_state = {"backend": "redis", "url": redis_url, "key_prefix": "pgpeak:"}
-    all_targets = {"memory": [("memory x1", {**base, "state": {"backend": "memory"}}, 1, None)],
-                   "redis1": [("redis x1", {**base, "state": redis_state}, 1, None)],
-                   "redisN": [(f"redis x{a.workers}", {**base, "state": redis_state}, a.workers, None)]}
-    if a.baseline:
-        tree = Path(a.baseline).resolve()
-        all_targets["redis1"].append(("redis x1 @base", {**base, "state": redis_state}, 1, tree))
-        all_targets["redisN"].append((f"redis x{a.workers} @base", {**base, "state": redis_state}, a.workers, tree))
+    all_targets: dict[str, list[tuple[Any, ...]]] = {"memory": [], "redis1": [], "redisN": []}
+    for suffix, reps, cpu in fixtures.values():
+        base = stack.gateway_config(["tenant-a"])
+        base["replicas"] = [{"id": r["replica_id"], "url": r["url"], "pool": "default", "labels": {}} for r in reps]
+        base["tenancy"]["tenants"][0].update(rate_rps=1e6, rate_burst=1e6, max_concurrency=10_000)
+        all_targets["memory"].append((f"memory x1{suffix}", {**base, "state": {"backend": "memory"}}, 1, None, cpu))
+        all_targets["redis1"].append((f"redis x1{suffix}", {**base, "state": redis_state}, 1, None, cpu))
+        all_targets["redisN"].append((f"redis x{a.workers}{suffix}", {**base, "state": redis_state}, a.workers,
+                                      None, cpu))
+        if a.baseline:
+            tree = Path(a.baseline).resolve()
+            all_targets["redis1"].append((f"redis x1 @base{suffix}", {**base, "state": redis_state}, 1, tree, cpu))
+            all_targets["redisN"].append((f"redis x{a.workers} @base{suffix}", {**base, "state": redis_state},
+                                          a.workers, tree, cpu))
     targets = [t for k in a.targets.split(",") if k for t in all_targets[k]]
     rstats = _RedisStats(redis_url)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {g: {t[0]: [] for t in targets} for g in generators}
-    replicas = _Cpu(stack.cluster.pid)
     try:
         for r in range(a.rounds):
             gens = generators[r % len(generators):] + generators[:r % len(generators)]
             k = r % len(targets)
-            for name, cfg, workers, tree in targets[k:] + targets[:k]:
+            for name, cfg, workers, tree, replicas in targets[k:] + targets[:k]:
                 res = await _target(name, cfg, workers, stack.paths, headers, a, gens, replicas, rstats, tree)
                 for g, x in res.items():
                     runs[g][name].append(x)
@@ -227,6 +260,8 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
                           f"errors {x['errors']}", flush=True)
     finally:
         stack.stop()
+        if lean is not None:
+            stop_process(lean)
         if redis is not None:
             redis.stop()
 
@@ -240,14 +275,16 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
                    | {"errors": sum(x["errors"] for x in xs)} for name, xs in per.items()} for g, per in runs.items()}
     ratios: dict[str, dict[str, float]] = {}
     for g, s in summary.items():
-        for suffix in ("", " @base"):
-            one, many = s.get("redis x1" + suffix), s.get(f"redis x{a.workers}" + suffix)
-            if one and many and one["rps"]:
-                ratios.setdefault(g, {})[f"redis x{a.workers}{suffix} / redis x1{suffix}"] = round(
-                    many["rps"] / one["rps"], 3)
-            mem = s.get("memory x1")
-            if mem and many and mem["rps"]:
-                ratios.setdefault(g, {})[f"redis x{a.workers}{suffix} / memory x1"] = round(many["rps"] / mem["rps"], 3)
+        for fix in ("", " [lean]"):
+            for suffix in ("", " @base"):
+                one, many = s.get(f"redis x1{suffix}{fix}"), s.get(f"redis x{a.workers}{suffix}{fix}")
+                if one and many and one["rps"]:
+                    ratios.setdefault(g, {})[f"redis x{a.workers}{suffix}{fix} / redis x1{suffix}{fix}"] = round(
+                        many["rps"] / one["rps"], 3)
+                mem = s.get(f"memory x1{fix}")
+                if mem and many and mem["rps"]:
+                    ratios.setdefault(g, {})[f"redis x{a.workers}{suffix}{fix} / memory x1{fix}"] = round(
+                        many["rps"] / mem["rps"], 3)
     return {"label": a.label, "runs": runs, "summary": summary, "cpu_per_request": _cpu_per_request(summary), "clients": a.clients, "seconds": a.seconds,
             "rounds": a.rounds, "workers": a.workers, "generators": generators, "baseline": a.baseline,
             "ratios": ratios, "loadavg": os.getloadavg(), "cpus": os.cpu_count()}
@@ -294,7 +331,10 @@ def _markdown(r: dict[str, Any]) -> str:
             f"{r['rounds']} interleaved rounds; load generator, replicas and Redis on the same {r['cpus']}-CPU machine "
             f"as the gateway (load average after the run {loadavg_text(r['loadavg'])}). Cores = CPU seconds / wall "
             f"seconds over the measured window (1.00 = one whole core); redis cmds and reads per request from "
-            f"INFO commandstats / total_reads_processed (module doc).\n{base}\n"
+            f"INFO commandstats / total_reads_processed (module doc). Replica fixture: rows without a suffix "
+            f"stand in front of the simulated replicas (sim.cluster), rows named [lean] in front of "
+            f"bench/lean_replica.py (same OpenAI shapes, no cache model; less CPU taken from the gateway's "
+            f"cores); the gateway and its configuration are the same.\n{base}\n"
             f"| target | load generator | median req/s | runs | load gen cores | gateway cores (serve processes) | "
             f"serve µs/req | replica cores | redis cores | redis cmds/req | redis reads/req | errors |\n"
             f"|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n{rows}\n\n"
@@ -324,6 +364,8 @@ def main() -> None:
               help="python, wrk, or a comma-separated list (python,wrk): each target measured with each")
     ap.option("--targets", default="memory,redis1,redisN",
               help="comma-separated subset of memory, redis1 (one process), redisN (--workers)")
+    ap.option("--replica", default="sim,lean",
+              help="replica fixture(s): sim (sim.cluster), lean (bench.lean_replica), or sim,lean (both, interleaved)")
     ap.option("--baseline", default=None, help="another source tree: its Redis targets run beside this tree's")
     ap.option("--label", default="Machine: not stated.", help="a line saying where it ran (quiet or shared machine)")
     ap.option("--work", default=None, help="parent of the work directory (default: the system's temp dir)")

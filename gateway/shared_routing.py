@@ -29,6 +29,9 @@ The idle ``XREAD BLOCK`` stays under the client's reply timeout
 (``read_block_ms``), so an idle reader does not time out, drop its connection
 and back off. An entry naming this instance is skipped before its MAC is
 computed (it would be skipped after it anyway; nothing from it is applied).
+Session 7: an entry's load deltas leave summed per replica between snapshots
+(:func:`gateway.shared_events.coalesce_deltas`; a whole request's three cancel
+out), and the body codec lives in :mod:`gateway.shared_events`.
 
 **Rebuild**: a starting instance reads the stream from its first entry
 (every chain still there and the latest snapshots); a reconnecting one goes
@@ -56,22 +59,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.shared_alerts import Observed
+from gateway.shared_events import coalesce_deltas, decode_events, encode_events
 
 from routing.index import PrefixIndex
-from routing.shared import (
-    BlocksRecorded,
-    LoadDelta,
-    LoadSnapshot,
-    RemoteLoadView,
-    RoutingEvent,
-    SharedLoadTracker,
-    apply_event,
-)
+from routing.shared import RemoteLoadView, RoutingEvent, SharedLoadTracker, apply_event
 from tenancy.salt import length_prefixed
+from tenancy.shared_conn import HeldConnection
 from tenancy.shared_store import cancel_task
 
 __all__ = ["ROUTING_MAC_INFO", "RoutingStream", "decode_events", "encode_events", "new_instance_id"]
@@ -80,72 +76,11 @@ log = logging.getLogger("prefixgate.state")
 
 #: HKDF ``info`` label of the subkey that MACs routing stream entries.
 ROUTING_MAC_INFO = b"pg-shared-routing-mac-v1"
-_MAX_ID = 128
-_MAX_KEYS = 100_000
 
 
 def new_instance_id() -> str:
     """A fresh random instance id (16 hex characters), one per gateway process start."""
     return secrets.token_hex(8)
-
-
-def encode_events(events: Iterable[RoutingEvent | Observed]) -> bytes:
-    """The JSON body of one stream entry (see module doc)."""
-    out: list[Any] = []
-    for e in events:
-        if isinstance(e, BlocksRecorded):
-            out.append(["b", e.replica_id, [k.hex() for k in e.keys]])
-        elif isinstance(e, LoadDelta):
-            out.append(["d", e.replica_id, e.prefill_tokens, e.decode_tokens, e.running_requests])
-        elif isinstance(e, Observed):
-            out.append(["o", e.pool, e.replica_id, e.prefill_tokens, e.prompt_tokens, e.cached_tokens, e.tenant_id])
-        else:
-            out.append(["s", {rid: list(v) for rid, v in e.loads.items()}])
-    return orjson.dumps(out)
-
-
-def _rid(v: Any) -> str:
-    if not isinstance(v, str) or not 0 < len(v) <= _MAX_ID:
-        raise ValueError("replica id")
-    return v
-
-
-def _int(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or abs(v) > 2**53:
-        raise ValueError("count")
-    return v
-
-
-def decode_events(body: bytes) -> list[RoutingEvent | Observed]:
-    """Parse a body of :func:`encode_events`; raises ``ValueError`` for any other shape."""
-    try:
-        raw = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:  # a ValueError subclass; named for the reader
-        raise ValueError("body") from exc
-    if not isinstance(raw, list):
-        raise ValueError("body")
-    out: list[RoutingEvent | Observed] = []
-    for item in raw:
-        if not isinstance(item, list) or not item:
-            raise ValueError("event")
-        kind = item[0]
-        if kind == "b" and len(item) == 3 and isinstance(item[2], list) and len(item[2]) <= _MAX_KEYS:
-            out.append(BlocksRecorded(_rid(item[1]), tuple(bytes.fromhex(k) for k in item[2])))
-        elif kind == "d" and len(item) == 5:
-            out.append(LoadDelta(_rid(item[1]), _int(item[2]), _int(item[3]), _int(item[4])))
-        elif kind == "o" and len(item) in (6, 7):  # 6: before R3-14 (no tenant id)
-            tenant = _rid(item[6]) if len(item) == 7 and item[6] is not None else None
-            out.append(Observed(_rid(item[1]), _rid(item[2]), _int(item[3]), _int(item[4]), _int(item[5]), tenant))
-        elif kind == "s" and len(item) == 2 and isinstance(item[1], dict):
-            loads = {}
-            for rid, v in item[1].items():
-                if not isinstance(v, list) or len(v) != 3:
-                    raise ValueError("snapshot")
-                loads[_rid(rid)] = (_int(v[0]), _int(v[1]), _int(v[2]))
-            out.append(LoadSnapshot(loads))
-        else:
-            raise ValueError("event kind")
-    return out
 
 
 class _Metrics:
@@ -192,6 +127,9 @@ class RoutingStream:
         if write_interval_s < 0 or read_interval_s < 0:
             raise ValueError("write_interval_s and read_interval_s must be >= 0")
         self._client = client
+        # XADD and XREAD (the hot ones) each on a connection of their own, packed without redis-py's
+        # per-call machinery (tenancy/shared_conn.py); the lease's commands go through the client
+        self._wconn, self._rconn = HeldConnection(client), HeldConnection(client)
         self._prefix = key_prefix
         self.instance_id = instance_id
         self._mac_keys: Callable[[], Sequence[bytes]] = mac_key if callable(mac_key) else (lambda: (mac_key,))
@@ -250,11 +188,10 @@ class RoutingStream:
         batch = [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
         if not batch:
             return
-        body = encode_events(batch)
+        body = encode_events(coalesce_deltas(batch))
         try:
-            await self._client.xadd(self.stream, {"i": self.instance_id, "b": body,
-                                                  "m": self._mac(self.instance_id, body)},
-                                    maxlen=self._max_entries, approximate=True)
+            await self._wconn.command("XADD", self.stream, "MAXLEN", "~", self._max_entries, "*",
+                                      "i", self.instance_id, "b", body, "m", self._mac(self.instance_id, body))
             self.writes += 1
             self.metrics.events.labels("published").inc(len(batch))
         except Exception as exc:  # noqa: BLE001 - Redis down: the next snapshot heals the others' view
@@ -308,10 +245,12 @@ class RoutingStream:
 
     async def read_once(self, block_ms: int | None = None) -> int:
         """Read and apply one batch after :attr:`last_id`; returns entries read."""
-        resp = await self._client.xread({self.stream: self.last_id}, count=self._batch, block=block_ms)
+        block = () if block_ms is None else ("BLOCK", block_ms)
+        resp = await self._rconn.command("XREAD", "COUNT", self._batch, *block, "STREAMS", self.stream, self.last_id)
         n = 0
-        for _stream, entries in resp or []:
-            for entry_id, fields in entries:
+        for _stream, entries in (resp.items() if isinstance(resp, dict) else resp or []):
+            for entry_id, raw in entries:
+                fields = raw if isinstance(raw, dict) else dict(zip(raw[::2], raw[1::2], strict=True))
                 self.apply_entry(fields)
                 self.last_id = entry_id
                 n += 1
@@ -398,3 +337,5 @@ class RoutingStream:
         with contextlib.suppress(Exception):
             await self.flush()
             await self._client.delete(self._alive_key(self.instance_id))
+        for c in (self._wconn, self._rconn):
+            await c.aclose()

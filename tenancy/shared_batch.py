@@ -20,6 +20,19 @@ queued behind it, which would have met the same Redis). A call whose caller
 was cancelled before the batch left is not sent. A script Redis does not
 hold (``NOSCRIPT``: a restarted, emptied Redis) is loaded and the calls
 that needed it are sent again; no ``SCRIPT EXISTS`` round trip per batch.
+
+The batch is packed here (:func:`pack_evalsha`, the bytes redis-py's encoder
+would produce) and sent on one connection the batcher holds from the
+client's pool (:class:`tenancy.shared_conn.HeldConnection`; at most one
+batch is in flight, so one suffices); one timeout (the client's
+``socket_timeout``) bounds the reading of a batch's replies.
+Session 7: a redis-py ``Pipeline`` per batch cost a pool checkout with a
+stale-data probe, ``pack_command`` per call, a timeout context per reply
+and its observability hooks, about half of the gateway's extra CPU per
+Redis-backed request. A connection that fails (closed by a Redis restart,
+timed out) is closed and the batch sent once more on a new one, as the
+client's ``Retry(NoBackoff(), 1)`` did for the pipeline; the second failure
+goes to the callers.
 """
 
 from __future__ import annotations
@@ -28,7 +41,16 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["BatchedScript", "ScriptBatcher"]
+from tenancy.shared_conn import HeldConnection, pack
+
+__all__ = ["BatchedScript", "ScriptBatcher", "pack_evalsha"]
+
+
+def pack_evalsha(sha: str, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
+    """The RESP request ``EVALSHA sha len(keys) *keys *args`` (:func:`tenancy.shared_conn.pack`:
+    bytes as is, str as UTF-8, int and float by ``repr``). Raises :class:`TypeError` for any other
+    type (bool included)."""
+    return pack(("EVALSHA", sha, len(keys), *keys, *args))
 
 
 class _Call:
@@ -60,6 +82,7 @@ class ScriptBatcher:
         self._scheduled = False
         self._in_flight = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._conn = HeldConnection(client)  # at most one batch is in flight: one connection suffices
 
     async def call(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run ``script`` (a :class:`redis.commands.core.AsyncScript` of ``client``) with ``keys`` and
@@ -94,12 +117,16 @@ class ScriptBatcher:
             asyncio.get_running_loop().call_soon(self._flush)
 
     async def _execute(self, batch: list[_Call]) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        for c in batch:
-            pipe.evalsha(c.script.sha, len(c.keys), *c.keys, *c.args)
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
+        packed = b"".join(pack_evalsha(c.script.sha, c.keys, c.args) for c in batch)
         self.batches += 1
         self.calls += len(batch)
-        return list(await pipe.execute(raise_on_error=False))
+        try:
+            return await self._conn.exchange(packed, len(batch))
+        except (RedisConnectionError, RedisTimeoutError):  # one retry on a new connection, as Retry(..., 1)
+            return await self._conn.exchange(packed, len(batch))
 
     async def _send(self, batch: list[_Call]) -> None:
         from redis.exceptions import NoScriptError
@@ -142,6 +169,7 @@ class ScriptBatcher:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._conn.aclose()
 
 
 class BatchedScript:

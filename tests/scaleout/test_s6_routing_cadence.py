@@ -48,7 +48,10 @@ async def test_events_emitted_over_many_loop_ticks_leave_in_few_entries(redis_se
         await a.stop()
         entries = await client.xrange(a.stream)
         events = [e for _, f in entries for e in decode_events(f[b"b"])]
-        assert [e.prefill_tokens for e in events if isinstance(e, LoadDelta)] == list(range(100))  # all, in order
+        # all of them (session 7: the deltas of one entry leave summed per replica, gateway/shared_events.py)
+        deltas = [e for e in events if isinstance(e, LoadDelta)]
+        assert sum(e.prefill_tokens for e in deltas) == sum(range(100))
+        assert sum(e.running_requests for e in deltas) == 100
         # the lease tick's snapshot entry is one more
         assert a.writes <= elapsed / 0.05 + 3, (a.writes, elapsed)
     finally:
