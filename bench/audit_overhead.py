@@ -317,7 +317,12 @@ async def _main(args: SimpleNamespace) -> dict[str, Any]:
         rs = [r for r in rounds if r["mode"] == mode and "cpu_ms_per_request" in r]
         for k in (rs[0]["cpu_ms_per_request"] if rs else {}):
             cpu.setdefault(k, {})[mode] = round(sum(r["cpu_ms_per_request"][k] for r in rs) / len(rs), 4)
-    result = {
+    own = {"off": ("gateway_off",), "on": ("gateway_on", "audit_worker", "span_exporter"),
+           "base": ("gateway_base", "audit_worker_base", "span_exporter_base")}
+    total = {m: sum(v.get(m, 0.0) for k, v in cpu.items() if k in own[m] or k in ("replicas", "rsyslogd",
+             "loadgen_and_collector")) for m in own if any(m in v for v in cpu.values())}
+    result = {  # cpu_ratio: off/on CPU ms per request of all the bench's processes (both cores the bound)
+        "cpu_ratio": {m: round(total["off"] / t, 3) for m, t in total.items() if m != "off" and t},
         "ratio_on_over_off": round(ratio, 3),
         "baseline": str(args.baseline) if args.baseline else None,
         "ratio_baseline_on_over_off": round(base_ratio, 3) if base_ratio is not None else None,
@@ -367,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         f"on {result['rps_on']} req/s, off {result['rps_off']} req/s; "
         f"{args.rounds} alternating rounds of {args.seconds:g} s per mode, concurrency {args.concurrency}, "
         f"{result['cpus']} CPUs, Python {result['python']}.",
+        f"CPU-model ratio (off / on CPU per request, all processes; load-robust): {result['cpu_ratio']}.",
         f"rsyslog lines received: {result['rsyslog_lines_received']}; OTLP posts: {result['otlp_posts']}; "
         f"gateway exit: {result['gateway_exit']}",
         "",
