@@ -88,6 +88,72 @@ def check_records(records: Any) -> list[list[Any]]:
             raise FrameError("span record has the wrong shape")
     return records
 
+def _set_attributes(field: Any, attrs: Mapping[str, Any] | None) -> None:
+    """Append ``attrs`` (wire values) to a repeated ``KeyValue`` field in place: the same
+    messages as ``field.extend(pb_attributes(attrs))`` builds (str/bool/int/float set
+    directly, anything else through :func:`_any_value`); nulls left out."""
+    if not attrs:
+        return
+    add = field.add
+    for k, v in attrs.items():
+        if v is None:
+            continue
+        f = _ANY_FIELD.get(type(v))
+        if f is not None:
+            kv = add()
+            kv.key = k
+            setattr(kv.value, f, v)
+        else:
+            add(key=k, value=_any_value(v))
+
+
+def _fill_span(span: Any, name: Any, t_hi: Any, t_lo: Any, span_id: Any, tstate: Any, parent_id: Any,
+               parent_remote: Any, kind: Any, start: Any, end: Any, attrs: Any, code: Any, desc: Any, links: Any,
+               events: Any, d_attrs: Any, d_events: Any, d_links: Any) -> None:
+    """Fill a freshly added ``Span`` message in place from one wire record's fields: the message
+    ``Span(**kw)`` built from the same record before session 7 (a ``None`` leaves the field
+    unset, as a ``None`` keyword did), without the keyword dicts (tests/audit/test_s7_span_encode.py).
+
+    Raises:
+        FrameError, KeyError, TypeError, ValueError, AttributeError, OverflowError: a malformed
+            record (the caller removes the partly filled span and counts it).
+    """
+    span.trace_id = ((t_hi << 64) | t_lo).to_bytes(16, "big")
+    span.span_id = span_id.to_bytes(8, "big")
+    if tstate is not None:
+        span.trace_state = tstate
+    if parent_id is not None:
+        span.parent_span_id = parent_id.to_bytes(8, "big")
+    if name is not None:
+        span.name = name
+    span.kind = _KINDS[kind].value + 1
+    if start is not None:
+        span.start_time_unix_nano = start
+    if end is not None:
+        span.end_time_unix_nano = end
+    _set_attributes(span.attributes, attrs)
+    if events:
+        add_event = span.events.add
+        for en, ets, ea in events:
+            add_event(name=en, time_unix_nano=ets, attributes=pb_attributes(ea))
+    if links:
+        add_link = span.links.add
+        for lh, ll, lsid, _lf, lrem, la in links:
+            add_link(trace_id=((lh << 64) | ll).to_bytes(16, "big"), span_id=lsid.to_bytes(8, "big"),
+                     attributes=pb_attributes(la), flags=_FLAGS_REMOTE if lrem else _FLAGS_LOCAL)
+    status = span.status
+    status.SetInParent()  # always present, as the SDK's encoder writes it
+    status.code = _CODES[code].value
+    if code == _STATUS_ERROR and isinstance(desc, str):
+        status.message = desc
+    if d_attrs is not None:
+        span.dropped_attributes_count = d_attrs
+    if d_events is not None:
+        span.dropped_events_count = d_events
+    if d_links is not None:
+        span.dropped_links_count = d_links
+    span.flags = _FLAGS_REMOTE if parent_remote and parent_id is not None else _FLAGS_LOCAL
+
 
 class OtlpRequestEncoder:
     """Builds the OTLP/HTTP ``ExportTraceServiceRequest`` body for a batch of
@@ -123,6 +189,8 @@ class OtlpRequestEncoder:
         bad = 0
         good = 0
         for f in records:
+            spans = None
+            n = 0
             try:
                 (name, t_hi, t_lo, span_id, _flags, tstate, parent_id, parent_remote, kind, start, end, attrs,
                  code, desc, links, events, s_name, s_version, s_schema, d_attrs, d_events, d_links) = f
@@ -137,33 +205,15 @@ class OtlpRequestEncoder:
                             ss.scope.version = s_version
                         ss.schema_url = key[2]
                     spans = scopes[key] = ss.spans
-                kw = dict(
-                    trace_id=((t_hi << 64) | t_lo).to_bytes(16, "big"), span_id=span_id.to_bytes(8, "big"),
-                    trace_state=tstate,
-                    parent_span_id=parent_id.to_bytes(8, "big") if parent_id is not None else None,
-                    name=name, kind=_KINDS[kind].value + 1, start_time_unix_nano=start, end_time_unix_nano=end,
-                    attributes=pb_attributes(attrs),
-                    events=[{"name": en, "time_unix_nano": ets, "attributes": pb_attributes(ea)}
-                            for en, ets, ea in events] if events else None,
-                    links=[{"trace_id": ((lh << 64) | ll).to_bytes(16, "big"), "span_id": lsid.to_bytes(8, "big"),
-                            "attributes": pb_attributes(la), "flags": _FLAGS_REMOTE if lrem else _FLAGS_LOCAL}
-                           for lh, ll, lsid, _lf, lrem, la in links] if links else None,
-                    status={"code": _CODES[code].value,
-                            "message": desc if code == _STATUS_ERROR and isinstance(desc, str) else None},
-                    dropped_attributes_count=d_attrs, dropped_events_count=d_events, dropped_links_count=d_links,
-                    flags=_FLAGS_REMOTE if parent_remote and parent_id is not None else _FLAGS_LOCAL,
-                )
+                n = len(spans)
+                _fill_span(spans.add(), name, t_hi, t_lo, span_id, tstate, parent_id, parent_remote, kind, start,
+                           end, attrs, code, desc, links, events, d_attrs, d_events, d_links)
             except (FrameError, KeyError, TypeError, ValueError, AttributeError, OverflowError):
+                if spans is not None and len(spans) > n:
+                    del spans[n:]  # the partly built span
                 bad += 1
                 continue
-            n = len(spans)
-            try:
-                spans.add(**kw)
-                good += 1
-            except (TypeError, ValueError):
-                if len(spans) > n:
-                    del spans[n:]
-                bad += 1
+            good += 1
         if not good:
             return b"", bad
         # an emptied scope (all its records bad) would differ from the SDK's output

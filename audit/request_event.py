@@ -59,8 +59,10 @@ def _ms(start: Any, end: Any) -> float | None:
     return round((end - start) * 1000.0, 3)
 
 
-def request_event(row: Sequence[Any]) -> AuditEvent:
-    """The audit event of a request row (:data:`REQUEST_ROW_FIELDS` order).
+def request_event(row: Sequence[Any], instance: str | None = None) -> AuditEvent:
+    """The audit event of a request row (:data:`REQUEST_ROW_FIELDS` order), stamped with
+    ``instance`` (``audit.instance``; the audit log stamps an event that has none, by a
+    ``dataclasses.replace`` the worker saves by passing it here).
 
     An unknown ``outcome`` string becomes ``failed``; outcome
     ``unauthenticated`` makes an ``auth`` event, every other an ``inference``
@@ -105,4 +107,5 @@ def request_event(row: Sequence[Any]) -> AuditEvent:
         client_address=client_address,
         trace_id=trace_id,
         prefix_fingerprint=prefix_fingerprint,
+        instance=instance,
     )

@@ -48,7 +48,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -337,6 +337,25 @@ class OffloadSpanProcessor(SpanProcessor):
             return
         q.append(encoded)
         if n + 1 == self._max_batch:
+            self._wake.set()
+
+    def on_end_encoded_many(self, spans: Sequence[tuple]) -> None:
+        """Queue a request's spans already encoded, in one call: what :meth:`on_end_encoded` does
+        for each in turn (those past ``max_queue_spans`` dropped and counted; the writer woken
+        when a batch of ``max_batch`` is queued), without a call per span."""
+        if self._closed:
+            return
+        q = self._queue
+        n = len(q)
+        k = len(spans)
+        room = self._max_queue - n - self._in_flight
+        if room < k:
+            self._drop(k - max(room, 0), DROP_QUEUE_FULL)
+            if room <= 0:
+                return
+            spans = spans[:room]
+        q.extend(spans)
+        if n < self._max_batch <= n + len(spans):
             self._wake.set()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:

@@ -183,9 +183,13 @@ def end_request_trace(rt: RequestTrace, end_ns: int, attributes: Mapping[str, An
     if all(getattr(p, "takes_encoded", False) for p in processors):  # the offload processor: no SDK spans
         encoded = encode_request_spans(rt.name, psc, rt.links, {**rt.attributes, **attributes}, rt.start_ns, end_ns,
                                        error, children, new_id, _SCOPE)
-        for one in encoded:
-            for processor in processors:
-                processor.on_end_encoded(one)
+        for processor in processors:
+            many = getattr(processor, "on_end_encoded_many", None)
+            if many is not None:  # the offload processor: the request's spans in one call
+                many(encoded)
+            else:
+                for one in encoded:
+                    processor.on_end_encoded(one)
         return len(encoded)
     resource = rt.provider.resource
     spans = [ReadableSpan(name=name, context=SpanContext(psc.trace_id, new_id(), False, psc.trace_flags, psc.trace_state),

@@ -24,7 +24,9 @@ Load: closed loop, ``--concurrency`` clients, non-streaming completions of a
 4. Rounds alternate off/on (``--rounds`` each, ``--seconds`` per round) so
 both see the same machine state; throughput is successful requests per
 second. Result: the ratio on/off of the summed throughput (target >= 0.8),
-written to ``bench/results/audit_overhead.{json,md}``.
+written to ``bench/results/<--name>.{json,md}``. ``--baseline DIR`` (another source
+tree, e.g. ``git archive main | tar -x -C DIR``) adds a third gateway of that tree
+with the "on" config, in the same rotation: an A/B of two trees against one "off".
 """
 from __future__ import annotations
 
@@ -81,24 +83,25 @@ async def _serve(config_file: str, mode: str, ready_file: str) -> None:
 
 
 # ------------------------------------------------------------------ helpers
-def _process_groups(off_pid: int, on_pid: int, cluster: Any, rsyslog: Any) -> dict[str, list[Any]]:
-    """psutil handles per role: each gateway, its children (the audit worker, the
-    span exporter), the replicas, rsyslogd, and this process (load generator
-    and the dummy OTLP collector)."""
+def _process_groups(pids: dict[str, int], cluster: Any, rsyslog: Any) -> dict[str, list[Any]]:
+    """psutil handles per role: each gateway (``pids``: mode -> pid), the children of the
+    "on" ones (the audit worker, the span exporter; suffixed ``_base`` for the baseline
+    tree's), the replicas, rsyslogd, and this process (load generator and the dummy OTLP collector)."""
     import psutil
 
     def children(pid: int, marker: str) -> list[Any]:
         return [c for c in psutil.Process(pid).children(recursive=True) if marker in " ".join(c.cmdline())]
 
-    groups = {
-        "gateway_off": [psutil.Process(off_pid)],
-        "gateway_on": [psutil.Process(on_pid)],
-        "audit_worker": children(on_pid, "audit.worker"),
-        "span_exporter": children(on_pid, "audit.span_exporter_proc"),
+    groups = {f"gateway_{mode}": [psutil.Process(pid)] for mode, pid in pids.items()}
+    for mode, suffix in (("on", ""), ("base", "_base")):
+        if mode in pids:
+            groups["audit_worker" + suffix] = children(pids[mode], "audit.worker")
+            groups["span_exporter" + suffix] = children(pids[mode], "audit.span_exporter_proc")
+    groups.update({
         "replicas": [psutil.Process(cluster.proc.pid)] if getattr(cluster, "proc", None) is not None else [],
         "rsyslogd": [psutil.Process(rsyslog.proc.pid)] if getattr(rsyslog, "proc", None) is not None else [],
         "loadgen_and_collector": [psutil.Process()],
-    }
+    })
     return groups
 
 
@@ -164,15 +167,17 @@ def _config(work: Path, urls: list[str], bundle: Path, audit: dict[str, Any], tr
     }
 
 
-def _start_gateway(work: Path, name: str, cfg: dict[str, Any], mode: str) -> tuple[subprocess.Popen[bytes], str]:
+def _start_gateway(work: Path, name: str, cfg: dict[str, Any], mode: str,
+                   tree: Path = REPO) -> tuple[subprocess.Popen[bytes], str]:
+    """One gateway child of ``tree`` (this source tree, or ``--baseline``'s) serving ``cfg``."""
     import yaml
 
     cfg_file = work / f"{name}.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg))
     ready = work / f"{name}.ready"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", str(cfg_file), "--mode", mode,
-                             "--ready-file", str(ready)], cwd=str(REPO), env=env,
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    proc = subprocess.Popen([sys.executable, str(tree / "bench" / "audit_overhead.py"), "--serve", str(cfg_file),
+                             "--mode", mode, "--ready-file", str(ready)], cwd=str(tree), env=env,
                             stdout=open(work / f"{name}.log", "ab"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while not ready.exists():
@@ -257,14 +262,25 @@ async def _main(args: SimpleNamespace) -> dict[str, Any]:
         procs.append(p_off)
         p_on, url_on = _start_gateway(work, "gw-on", on_cfg, "on")
         procs.append(p_on)
+        urls = {"off": url_off, "on": url_on}
+        pids = {"off": p_off.pid, "on": p_on.pid}
+        if args.baseline is not None:  # the same "on" config served by another source tree
+            base_cfg = _config(work, cluster.urls, bundle, {**audit_on, "jsonl": {**audit_on["jsonl"],
+                               "dir": str(work / "audit-base")}, "spill": {"dir": str(work / "spill-base")}},
+                               tracing_on)
+            p_base, urls["base"] = _start_gateway(work, "gw-base", base_cfg, "on", tree=args.baseline.resolve())
+            procs.append(p_base)
+            pids["base"] = p_base.pid
         token = issuer.mint(f"spiffe://{TD}/tenant-a/bench", "prefixgate", 3600)
-        groups = _process_groups(p_off.pid, p_on.pid, cluster, rsyslog)
+        groups = _process_groups(pids, cluster, rsyslog)
         seq = [0]
-        for url in (url_off, url_on):  # warm-up (policy engine, connection pools)
+        for url in urls.values():  # warm-up (policy engine, connection pools)
             await _round(url, token, 1.0, args.concurrency, seq)
         rounds: list[dict[str, Any]] = []
+        modes = list(urls)
         for i in range(args.rounds):
-            order = [("off", url_off), ("on", url_on)] if i % 2 == 0 else [("on", url_on), ("off", url_off)]
+            k = i % len(modes)  # rotate the order: every mode runs first, middle, last as often
+            order = [(m, urls[m]) for m in (modes[k:] + modes[:k])[::(-1 if i % 2 else 1)]]
             for mode, url in order:
                 before = _cpu_times(groups)
                 r = await _round(url, token, args.seconds, args.concurrency, seq)
@@ -286,7 +302,7 @@ async def _main(args: SimpleNamespace) -> dict[str, Any]:
         received = len(rsyslog.lines())
         rsyslog.stop()
     done = {}
-    for name in ("gw-off", "gw-on"):
+    for name in ("gw-off", "gw-on", "gw-base"):
         f = work / f"{name}.ready.done"
         done[name] = json.loads(f.read_text()) if f.exists() else None
     on_ok = sum(r["ok"] for r in rounds if r["mode"] == "on")
@@ -294,13 +310,22 @@ async def _main(args: SimpleNamespace) -> dict[str, Any]:
     on_wall = sum(r["wall_s"] for r in rounds if r["mode"] == "on")
     off_wall = sum(r["wall_s"] for r in rounds if r["mode"] == "off")
     ratio = (on_ok / on_wall) / (off_ok / off_wall) if off_ok else float("nan")
+    base = [r for r in rounds if r["mode"] == "base"]
+    base_ratio = (sum(r["ok"] for r in base) / sum(r["wall_s"] for r in base)) / (off_ok / off_wall) if base else None
     cpu: dict[str, dict[str, float]] = {}
-    for mode in ("off", "on"):
+    for mode in ("off", "on", "base"):
         rs = [r for r in rounds if r["mode"] == mode and "cpu_ms_per_request" in r]
         for k in (rs[0]["cpu_ms_per_request"] if rs else {}):
             cpu.setdefault(k, {})[mode] = round(sum(r["cpu_ms_per_request"][k] for r in rs) / len(rs), 4)
-    result = {
+    own = {"off": ("gateway_off",), "on": ("gateway_on", "audit_worker", "span_exporter"),
+           "base": ("gateway_base", "audit_worker_base", "span_exporter_base")}
+    total = {m: sum(v.get(m, 0.0) for k, v in cpu.items() if k in own[m] or k in ("replicas", "rsyslogd",
+             "loadgen_and_collector")) for m in own if any(m in v for v in cpu.values())}
+    result = {  # cpu_ratio: off/on CPU ms per request of all the bench's processes (both cores the bound)
+        "cpu_ratio": {m: round(total["off"] / t, 3) for m, t in total.items() if m != "off" and t},
         "ratio_on_over_off": round(ratio, 3),
+        "baseline": str(args.baseline) if args.baseline else None,
+        "ratio_baseline_on_over_off": round(base_ratio, 3) if base_ratio is not None else None,
         "cpu_ms_per_request": cpu,
         "rps_on": round(on_ok / on_wall, 1), "rps_off": round(off_ok / off_wall, 1),
         "rounds": rounds, "concurrency": args.concurrency, "seconds_per_round": args.seconds,
@@ -324,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.option("--concurrency", type=int, default=32)
     ap.option("--replicas", type=int, default=2)
     ap.option("--no-otlp", is_flag=True, help="'on' without OTLP logs and trace export (breakdown)")
+    ap.option("--baseline", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="another source tree: its gateway serves the 'on' config too (mode 'base'), interleaved")
+    ap.option("--name", default="audit_overhead", help="result file stem under --out")
     ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
     ap.option("--serve", hidden=True)
     ap.option("--mode", type=click.Choice(("on", "off")), hidden=True)
@@ -334,14 +362,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = asyncio.run(_main(args))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "audit_overhead.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2))
     md = [
         "# Audit and tracing overhead (gateway throughput, all sinks on vs off)",
         "",
         f"ratio on/off: **{result['ratio_on_over_off']}** (target >= 0.8); "
+        + (f"baseline tree on/off: **{result['ratio_baseline_on_over_off']}** ({result['baseline']}); "
+           if result["baseline"] else "") +
         f"on {result['rps_on']} req/s, off {result['rps_off']} req/s; "
         f"{args.rounds} alternating rounds of {args.seconds:g} s per mode, concurrency {args.concurrency}, "
         f"{result['cpus']} CPUs, Python {result['python']}.",
+        f"CPU-model ratio (off / on CPU per request, all processes; load-robust): {result['cpu_ratio']}.",
         f"rsyslog lines received: {result['rsyslog_lines_received']}; OTLP posts: {result['otlp_posts']}; "
         f"gateway exit: {result['gateway_exit']}",
         "",
@@ -351,12 +382,13 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "CPU per successful request (ms, user + system, all threads; mean over the rounds of each mode):",
         "",
-        "| process | off rounds | on rounds |",
-        "|---|---|---|",
-        *[f"| {k} | {v['off']:.3f} | {v['on']:.3f} |" for k, v in result["cpu_ms_per_request"].items()],
+        "| process | off rounds | on rounds |" + (" baseline on rounds |" if result["baseline"] else ""),
+        "|---|---|---|" + ("---|" if result["baseline"] else ""),
+        *[f"| {k} | " + " | ".join(f"{v[m]:.3f}" for m in ("off", "on", "base") if m in v) + " |"
+          for k, v in result["cpu_ms_per_request"].items()],
         "",
     ]
-    (args.out / "audit_overhead.md").write_text("\n".join(md))
+    (args.out / f"{args.name}.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0
 

@@ -310,7 +310,7 @@ class AuditHub:
         if self._emit_row is not None:
             self._emit_row(row)
         elif self.log is not None:
-            self.log.emit(request_event(row))
+            self.log.emit(request_event(row, getattr(self.log, "instance", None)))
 
     def observe_request(self, rec: RequestRecord) -> None:
         """The concentration monitor's observation of a finished request (allowed and routed only)."""

@@ -1,0 +1,144 @@
+"""Audit worker CPU per event under a steady feed, this tree vs another, interleaved (not a test).
+
+``python -m bench.audit_worker_feed [--baseline DIR] [--rate 800] [--seconds 6] [--rounds 4]``
+
+What ``bench.audit_worker_cpu``'s pipeline leaves out: the worker *process* fed as the
+gateway feeds it, one request row per answer, each handed to the pipe at once
+(``RemoteAuditLog.emit_request_row`` + ``flush_now``), ``--rate`` answers per second
+spread evenly. Sinks: JSONL hash chain (1 s checkpoints), OCSF file, CEF over TCP,
+OTLP logs over HTTP, spill (the receivers run in a child process whose CPU is not
+counted). Per round one feeder process per tree (``PYTHONPATH`` = that tree, so its
+``audit.remote`` and ``audit.worker`` run), rounds alternate the order. Reported: the
+worker's CPU (psutil, user + system) in µs per event, and the feeder's (the gateway
+side of the hand-off). Results: ``bench/results/<--name>.{json,md}``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _row(i: int) -> list[Any]:
+    t = time.perf_counter()
+    return [str(uuid.uuid4()), int(time.time() * 1000), "allowed", f"{i:032x}",
+            "spiffe://demo.prefixgate.test/tenant-a/bench", "demo.prefixgate.test", "tenant-a",
+            str(uuid.uuid4()), "allow", "tenant may use pool", "/v1/completions", "sim-model", 100, 4, 1,
+            104, 104, 100, 4, 4, "tokens", None, "r0", "default", "cache_aware", 64, 64, 64, 1200.0,
+            t, t + 1e-4, t + 2e-4, t + 3e-4, t + 4e-4, t + 5e-4, t + 2e-3, t + 3e-3,
+            200, "127.0.0.1", f"{i:032x}", f"{i * 7:032x}", None, 0.0]
+
+
+async def _feed(args: dict[str, Any]) -> dict[str, Any]:
+    import psutil
+
+    from audit.keys import generate_signing_key
+    from audit.remote import RemoteAuditLog
+
+    work = Path(args["work"])
+    generate_signing_key(work / "audit.key")
+    doc = {"jsonl": {"dir": str(work / "audit"), "signing_key_file": str(work / "audit.key"), "checkpoint_s": 1},
+           "ocsf": {"file": str(work / "ocsf.jsonl")},
+           "syslog": {"host": "127.0.0.1", "port": args["syslog_port"], "protocol": "tcp", "format": "cef"},
+           "otlp": {"endpoint": f"http://127.0.0.1:{args['otlp_port']}/v1/logs"},
+           "spill": {"dir": str(work / "spill")}}
+    log = RemoteAuditLog(doc)
+    await log.start()
+    worker = psutil.Process(log.worker_pid)
+    me = psutil.Process()
+    for i in range(200):  # warm-up
+        log.emit_request_row(_row(i))
+        log.flush_now()
+        await asyncio.sleep(0.002)
+    await log.drain(30)
+    loop = asyncio.get_running_loop()
+    n = int(args["rate"] * args["seconds"])
+    w0, m0 = worker.cpu_times(), me.cpu_times()
+    t0 = loop.time()
+    for i in range(n):
+        log.emit_request_row(_row(i))
+        log.flush_now()
+        delay = t0 + (i + 1) / args["rate"] - loop.time()
+        await asyncio.sleep(max(delay, 0))
+    ok = await log.drain(60)
+    w1, m1 = worker.cpu_times(), me.cpu_times()
+    await log.close()
+    return {"events": n, "drained": ok, "dropped": log.dropped,
+            "worker_us": round((w1.user + w1.system - w0.user - w0.system) * 1e6 / n, 1),
+            "feeder_us": round((m1.user + m1.system - m0.user - m0.system) * 1e6 / n, 1)}
+
+
+def _round(tree: Path, ports: tuple[int, int], rate: float, seconds: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="pg-feed-") as work:
+        arg = json.dumps({"work": work, "syslog_port": ports[0], "otlp_port": ports[1], "rate": rate,
+                          "seconds": seconds})
+        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", arg], cwd=str(tree),
+                             env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, check=True, timeout=300)
+        return json.loads(out.stdout.splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI (see the module doc); returns 0."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        print(json.dumps(asyncio.run(_feed(json.loads(argv[1])))))
+        return 0
+    import multiprocessing as mp
+
+    import click
+
+    from bench.audit_worker_cpu import _receivers
+    from sim.click_options import ClickOptions
+
+    ap = ClickOptions(description=__doc__.splitlines()[0])
+    ap.option("--baseline", type=click.Path(path_type=Path, file_okay=False), default=None)
+    ap.option("--rate", type=float, default=800.0, help="answers per second")
+    ap.option("--seconds", type=float, default=6.0)
+    ap.option("--rounds", type=int, default=4)
+    ap.option("--name", default="audit_worker_feed")
+    ap.option("--out", type=click.Path(path_type=Path), default=REPO / "bench" / "results")
+    args = ap.parse(argv)
+    parent, child = mp.Pipe()
+    recv = mp.get_context("spawn").Process(target=_receivers, args=(child,), daemon=True)
+    recv.start()
+    trees = {"this": REPO} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
+    rows: list[dict[str, Any]] = []
+    try:
+        ports = parent.recv()
+        for i in range(args.rounds):
+            for name in (list(trees) if i % 2 == 0 else list(trees)[::-1]):
+                r = _round(trees[name], ports, args.rate, args.seconds) | {"tree": name, "round": i}
+                rows.append(r)
+                print(r, flush=True)
+    finally:
+        recv.kill()
+        recv.join(5)
+    med = {name: {k: statistics.median(r[k] for r in rows if r["tree"] == name) for k in ("worker_us", "feeder_us")}
+           for name in trees}
+    result = {"rate": args.rate, "seconds": args.seconds, "rounds": rows, "median": med,
+              "baseline": str(args.baseline) if args.baseline else None}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    md = [f"# Audit worker CPU under a steady feed ({args.rate:g} answers/s, {args.seconds:g} s x {args.rounds})", "",
+          "| tree | worker µs/event (median) | feeder µs/event (median) |", "|---|---|---|",
+          *[f"| {k} | {v['worker_us']} | {v['feeder_us']} |" for k, v in med.items()], "",
+          "| round | tree | worker µs | feeder µs | dropped | drained |", "|---|---|---|---|---|---|",
+          *[f"| {r['round']} | {r['tree']} | {r['worker_us']} | {r['feeder_us']} | {r['dropped']} | {r['drained']} |"
+            for r in rows], ""]
+    (args.out / f"{args.name}.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
