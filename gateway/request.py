@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from gateway import json_fast
+from gateway.body_guard import BODY_COMPLETE_KEY
 from gateway.errors import GatewayError
 from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, CompletionBody
 from tenancy.bounds import chat_units
@@ -110,13 +111,22 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
             raise GatewayError(400, "invalid_content_length", "invalid Content-Length header", headers=dict(CLOSE))
         if declared > max_bytes:
             raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes", headers=dict(CLOSE))
+    receive = request.receive  # the ASGI messages themselves: no async generator per body (issue 14)
+    first = None
+    if request.scope.pop(BODY_COMPLETE_KEY, False):  # the protocol holds all of it: this receive cannot wait
+        first = await receive()  # so no timer (issue 14); anything unexpected goes on below, timed
+        if first["type"] == "http.request" and not first.get("more_body", False):
+            whole = first.get("body", b"")
+            if len(whole) > max_bytes:
+                raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes", headers=dict(CLOSE))
+            return whole
     chunks: list[bytes] = []
     size = 0
-    receive = request.receive  # the ASGI messages themselves: no async generator per body (issue 14)
     try:
         async with asyncio.timeout(timeout_s):
             while True:
-                message = await receive()
+                message = await receive() if first is None else first
+                first = None
                 kind = message["type"]
                 if kind == "http.request":
                     chunk = message.get("body", b"")
