@@ -32,6 +32,7 @@ from starlette.requests import ClientDisconnect, Request
 from gateway import json_fast
 from gateway.body_guard import BODY_COMPLETE_KEY
 from gateway.errors import GatewayError
+from gateway.request_fast import plain_completion
 from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, CompletionBody
 from tenancy.bounds import chat_units
 from tenancy.tokenizer import TokenizerError, prompt_text
@@ -289,6 +290,48 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
         raise GatewayError(400, "batch_too_large",
                            f"prompt is a batch of {len(prompt)} prompts; this tenant's limit is {max_batch_prompts}",
                            param="prompt")
+    fast = plain_completion(data) if checked and endpoint == "completions" else None
+    if fast is not None:  # the commonest body, as the schema reads it (gateway/request_fast.py, issue 14)
+        body, model, stream, include_usage = fast, fast["model"], fast["stream"], False
+        max_tokens = fast.get("max_tokens")
+    else:
+        body, model, stream, max_tokens, include_usage = _validated(raw, data, endpoint, max_depth, checked)
+    try:
+        ptext = prompt_text(endpoint, body)
+        if endpoint == "chat":
+            prompts: tuple[str, ...] = (ptext,)
+            extra = _extra_text(body)
+        else:
+            p = body["prompt"]
+            prompts = (p,) if isinstance(p, str) else tuple(p)
+            extra = ""
+        # JSON escapes can carry lone surrogates, which no tokenizer can encode
+        sizes = [len(t.encode("utf-8")) for t in prompts]
+        sizes[0] += len(extra.encode("utf-8")) + _stop_bytes(body.get("stop"))
+    except TokenizerError as exc:
+        raise GatewayError(400, "invalid_request", str(exc)) from None
+    except UnicodeEncodeError:
+        raise GatewayError(400, "invalid_request", "the prompt contains invalid Unicode (a lone surrogate)") from None
+    return InferenceRequest(
+        endpoint=endpoint,
+        model=model,
+        stream=stream,
+        max_tokens=max_tokens,
+        include_usage=include_usage,
+        body=body,
+        text=ptext,
+        prompts=prompts,
+        extra_text=extra,
+        prompt_bytes=tuple(sizes),
+    )
+
+
+def _validated(raw: bytes, data: dict[str, Any], endpoint: Endpoint, max_depth: int,
+               checked: bool) -> tuple[dict[str, Any], str, bool, int | None, bool]:
+    """Schema validation of a decoded body (pydantic, strict; unknown fields dropped unread):
+    ``(body to forward, model, stream, max_tokens, include_usage)``. Raises :class:`GatewayError`
+    400 ``invalid_request`` (schema; invalid Unicode or a non-finite number where ``checked`` is False)
+    or ``invalid_json`` (nested deeper than ``max_depth``)."""
     model_cls = ChatBody if endpoint == "chat" else CompletionBody
     try:  # strict; unknown fields are dropped unread (extra="ignore")
         parsed = model_cls.model_validate(data)
@@ -309,22 +352,6 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     if problem is not None:
         raise GatewayError(400, "invalid_request", "the request holds a number that is not finite "
                            "(NaN, Infinity or out of range)")
-    try:
-        ptext = prompt_text(endpoint, body)
-        if endpoint == "chat":
-            prompts: tuple[str, ...] = (ptext,)
-            extra = _extra_text(body)
-        else:
-            p = body["prompt"]
-            prompts = (p,) if isinstance(p, str) else tuple(p)
-            extra = ""
-        # JSON escapes can carry lone surrogates, which no tokenizer can encode
-        sizes = [len(t.encode("utf-8")) for t in prompts]
-        sizes[0] += len(extra.encode("utf-8")) + _stop_bytes(body.get("stop"))
-    except TokenizerError as exc:
-        raise GatewayError(400, "invalid_request", str(exc)) from None
-    except UnicodeEncodeError:
-        raise GatewayError(400, "invalid_request", "the prompt contains invalid Unicode (a lone surrogate)") from None
     max_tokens = parsed.max_tokens
     if endpoint == "chat":
         mct = getattr(parsed, "max_completion_tokens", None)
@@ -332,15 +359,4 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
             max_tokens = mct if max_tokens is None else min(max_tokens, mct)
         body.pop("max_completion_tokens", None)
     include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-    return InferenceRequest(
-        endpoint=endpoint,
-        model=parsed.model,
-        stream=parsed.stream,
-        max_tokens=max_tokens,
-        include_usage=include_usage,
-        body=body,
-        text=ptext,
-        prompts=prompts,
-        extra_text=extra,
-        prompt_bytes=tuple(sizes),
-    )
+    return body, parsed.model, parsed.stream, max_tokens, include_usage
