@@ -256,7 +256,8 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     R6-1). Validation is strict: JSON types are not coerced (``"stream": "yes"``, ``"max_tokens": "12"``
     or ``12.0`` are refused, as OpenAI does), so the forwarded body is exactly what the schema says.
     """
-    if max_json_items is not None and json_items_bound(raw) > max_json_items:
+    # the bound is at most len(raw) + 1: a body that short needs no count (issue 14)
+    if max_json_items is not None and len(raw) >= max_json_items and json_items_bound(raw) > max_json_items:
         raise GatewayError(400, "too_many_json_items",
                            f"request body holds more than {max_json_items} JSON values")
     try:
