@@ -209,11 +209,14 @@ class FramingGuard:
                 n = len(message.get("body", b""))
                 if body.owner is None:
                     body.owner = owner_of(scope, source)
-                if n and not budget.take(body.owner, n):
+                whole = body.complete and not body.held  # all of it in this part: taken and given back at once
+                if n and not (budget.fits(body.owner, n) if whole else budget.take(body.owner, n)):
                     body.refused = True
                     raise GatewayError(503, "body_budget_exhausted",
                                        "too many request bodies being received; retry later",
                                        headers={"Retry-After": self.retry_after, "Connection": "close"})
+                if whole:
+                    return message
                 body.held += n
                 if body.complete:  # the app has the whole body: its parts are no longer in flight here
                     budget.give(body.owner, body.held)

@@ -35,3 +35,19 @@ def test_one_pass_matches_framing_problem(headers: list[tuple[bytes, bytes]]) ->
         chunked = any(n == b"transfer-encoding" for n, _ in headers)
         assert body.complete == (not chunked and not body.declared)
         assert body.expect_continue == any(n == b"expect" and v.strip().lower() == b"100-continue" for n, v in headers)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 50), st.integers(1, 50), st.integers(0, 60), st.integers(0, 60), st.integers(0, 60))
+def test_fits_is_takes_verdict(total: int, share: int, held_mine: int, held_other: int, n: int) -> None:
+    from gateway.body_budget import BodyBudget
+
+    if share > total:
+        share, total = total, share
+    budget = BodyBudget(total, share)
+    budget.take("other", held_other)
+    budget.take("mine", held_mine)
+    before = (budget.held, budget.held_by("mine"))
+    verdict = budget.fits("mine", n)
+    assert (budget.held, budget.held_by("mine")) == before
+    assert verdict == budget.take("mine", n)
