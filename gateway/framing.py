@@ -57,7 +57,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from gateway.body_budget import BodyBudget, owner_of
-from gateway.body_guard import REFUSED_SCOPE_KEY, WIRE_SCOPE_KEY, BodyWire
+from gateway.body_guard import PLAIN_LENGTH_KEY, REFUSED_SCOPE_KEY, WIRE_SCOPE_KEY, BodyWire
 from gateway.errors import GatewayError
 from gateway.lingering import lingering_cap
 
@@ -111,7 +111,7 @@ class _Body:
     """What the guard knows about one request's body."""
 
     __slots__ = ("declared", "complete", "received", "receive_called", "in_receive", "expect_continue",
-                 "held", "owner", "refused", "wire", "problem")
+                 "held", "owner", "refused", "wire", "problem", "plain")
 
     def __init__(self, headers: list[tuple[bytes, bytes]], wire: BodyWire | None) -> None:
         """Reads the framing fields in one pass over ``headers``; :attr:`problem`: :func:`framing_problem`
@@ -131,7 +131,9 @@ class _Body:
         if not encodings and len(lengths) == 1 and lengths[0].isdigit():  # bytes: ASCII digits only
             self.problem: str | None = None  # the usual request: one plain Content-Length
             self.declared = int(lengths[0])
+            self.plain = True
         else:
+            self.plain = False
             self.problem = _problem(lengths, encodings)
             if lengths and self.problem is None:
                 self.declared = int(lengths[0].split(b",")[0].strip())
@@ -187,6 +189,8 @@ class FramingGuard:
             err = GatewayError(400, "invalid_framing", body.problem, headers={"Connection": "close"})
             await err.response()(scope, receive, send)
             return
+        if body.plain:
+            scope[PLAIN_LENGTH_KEY] = body.declared
         deadline = asyncio.get_running_loop().time() + self.drain_timeout_s
         budget = self.budget
         client = scope.get("client")

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from gateway import json_fast
-from gateway.body_guard import BODY_COMPLETE_KEY
+from gateway.body_guard import BODY_COMPLETE_KEY, PLAIN_LENGTH_KEY
 from gateway.errors import GatewayError
 from gateway.request_fast import plain_completion
 from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, CompletionBody
@@ -97,8 +97,14 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
     connection is never reused after them. Before such an answer goes out,
     the framing guard (gateway/framing.py) reads and discards what is left
     of the body within its bounds, so a client still uploading can read it.
+    Behind the framing guard, a single all-digits ``Content-Length`` is taken from its reading
+    (``PLAIN_LENGTH_KEY`` in the scope) instead of the headers; when the protocol already holds the
+    whole body (``BODY_COMPLETE_KEY``, httptools) it is read without a timer (issue 14).
     """
-    lengths = request.headers.getlist("content-length")
+    plain = request.scope.get(PLAIN_LENGTH_KEY)  # the framing guard's reading of one plain field (issue 14)
+    lengths = request.headers.getlist("content-length") if plain is None else ()
+    if plain is not None and plain > max_bytes:
+        raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes", headers=dict(CLOSE))
     if lengths:
         if len(set(lengths)) > 1:
             raise GatewayError(400, "conflicting_content_length", "conflicting Content-Length headers",

@@ -169,3 +169,28 @@ async def test_read_body_results_do_not_depend_on_the_flag(complete: bool) -> No
     with pytest.raises(GatewayError) as err:
         await read_body(_request(whole, complete), MAX_BODY, BODY_TIMEOUT_S)
     assert (err.value.status, err.value.code) == (413, "body_too_large")
+
+
+class _NoHeaders(Request):
+    @property
+    def headers(self) -> Any:  # type: ignore[override]
+        raise AssertionError("read_body read the headers again")
+
+
+@pytest.mark.parametrize("declared", [0, 7, MAX_BODY, MAX_BODY + 1])
+async def test_read_body_takes_the_framing_guards_plain_length(declared: int) -> None:
+    from gateway.body_guard import PLAIN_LENGTH_KEY
+
+    outcomes = []
+    for use_key in (False, True):
+        scope: dict[str, Any] = {"type": "http", "method": "POST", "path": "/x",
+                                 "headers": [(b"content-length", str(declared).encode())]}
+        if use_key:
+            scope[PLAIN_LENGTH_KEY] = declared
+        receive = _Scripted({"type": "http.request", "body": b"x" * min(declared, 7), "more_body": False})
+        request = (_NoHeaders if use_key else Request)(scope, receive)
+        try:
+            outcomes.append(await read_body(request, MAX_BODY, BODY_TIMEOUT_S))
+        except GatewayError as err:
+            outcomes.append((err.status, err.code, err.headers))
+    assert outcomes[0] == outcomes[1]

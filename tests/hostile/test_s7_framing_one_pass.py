@@ -51,3 +51,14 @@ def test_fits_is_takes_verdict(total: int, share: int, held_mine: int, held_othe
     verdict = budget.fits("mine", n)
     assert (budget.held, budget.held_by("mine")) == before
     assert verdict == budget.take("mine", n)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_fields)
+def test_plain_length_is_one_digits_field(headers: list[tuple[bytes, bytes]]) -> None:
+    body = _Body(headers, None)
+    lengths = [v for n, v in headers if n == b"content-length"]
+    encodings = [v for n, v in headers if n == b"transfer-encoding"]
+    assert body.plain == (not encodings and len(lengths) == 1 and lengths[0].isdigit())
+    if body.plain:
+        assert body.problem is None and body.declared == int(lengths[0])
