@@ -299,8 +299,8 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
                            param="prompt")
     fast = plain_completion(data) if checked and endpoint == "completions" else None
     if fast is not None:  # the commonest body, as the schema reads it (gateway/request_fast.py, issue 14)
-        body, model, stream, include_usage = fast, fast["model"], fast["stream"], False
-        max_tokens = fast.get("max_tokens")
+        body, model, stream, max_tokens = fast, fast["model"], fast["stream"], fast.get("max_tokens")
+        include_usage = bool(fast.get("stream_options", {}).get("include_usage"))
     else:
         body, model, stream, max_tokens, include_usage = _validated(raw, data, endpoint, max_depth, checked)
     try:

@@ -1,13 +1,15 @@
 """The plainest completions body validated without pydantic (issue 14).
 
-:func:`plain_completion` answers, for a decoded ``/v1/completions`` body holding only ``model``,
-``prompt`` (one string), ``max_tokens`` and ``stream`` with the plainest valid values, the dict that
-``CompletionBody.model_validate(data).model_dump(exclude_none=True)`` gives without ``n`` (which
-:func:`gateway.request.parse_inference_request` drops when it is 1), keys in the same order. For
-anything else (another field, another type, a value out of the schema's bounds) it answers None
-and the caller validates with pydantic as before, whose error message stands: a body refused
-there is refused exactly as before. It never accepts what the schema refuses
-(hypothesis: tests/gateway/test_s7_request_fast.py compares both on bodies in and around that shape).
+:func:`plain_completion` answers, for a decoded ``/v1/completions`` body whose schema fields are only
+``model``, ``prompt`` (one string), ``max_tokens``, ``stream`` and ``stream_options`` with the plainest
+valid values (other fields, unknown to the schema, are dropped unread as the schema drops them: a
+``cache_salt``, routing hints), the dict that ``CompletionBody.model_validate(data).model_dump(
+exclude_none=True)`` gives without ``n`` (which :func:`gateway.request.parse_inference_request` drops
+when it is 1), keys in the same order. For anything else (another schema field, another type, a value
+out of the schema's bounds) it answers None and the caller validates with pydantic as before, whose
+error message stands: a body refused there is refused exactly as before. It never accepts what the
+schema refuses (hypothesis: tests/gateway/test_s7_request_fast.py compares both on bodies in and
+around that shape).
 """
 
 from __future__ import annotations
@@ -18,21 +20,26 @@ from gateway.request_schema import MAX_TOKENS_CEILING, CompletionBody
 
 __all__ = ["plain_completion", "FAST_KEYS"]
 
-#: the fields a body may hold to take the shortcut
-FAST_KEYS = frozenset({"model", "prompt", "max_tokens", "stream"})
+#: the schema fields a body may hold to take the shortcut
+FAST_KEYS = frozenset({"model", "prompt", "max_tokens", "stream", "stream_options"})
+_OTHER_FIELDS = frozenset(CompletionBody.model_fields) - FAST_KEYS  # any of these: pydantic
 _MODEL_MAX_CHARS = 256  # CompletionBody.model: min_length 1, max_length 256
-assert set(CompletionBody.model_fields) >= FAST_KEYS
+assert FAST_KEYS <= set(CompletionBody.model_fields)
+assert not any(f.alias for f in CompletionBody.model_fields.values())
 
 
 def plain_completion(data: dict[str, Any]) -> dict[str, Any] | None:
-    """``{"model", ["max_tokens",] "stream", "prompt"}`` as the schema validates ``data``, or None.
+    """``{"model", ["max_tokens",] "stream", ["stream_options",] "prompt"}`` as the schema validates
+    ``data``, or None.
 
     ``data``: a decoded JSON object from orjson (``gateway.json_fast.loads_checked``'s ``fast``
     case: no lone surrogate, no non-finite number). ``model``: a string of 1-256 characters;
     ``prompt``: a non-empty string; ``max_tokens`` (optional, null allowed): an int (not a bool) in
-    1..``MAX_TOKENS_CEILING``; ``stream`` (optional): a bool. Raises nothing.
+    1..``MAX_TOKENS_CEILING``; ``stream`` (optional): a bool; ``stream_options`` (optional, null
+    allowed): an object whose ``include_usage`` is absent, null or a bool (its other keys are dropped);
+    no other schema field. Raises nothing.
     """
-    if not data.keys() <= FAST_KEYS:
+    if not _OTHER_FIELDS.isdisjoint(data):
         return None
     model = data.get("model")
     prompt = data.get("prompt")
@@ -42,8 +49,20 @@ def plain_completion(data: dict[str, Any]) -> dict[str, Any] | None:
     stream = data.get("stream", False)
     if type(stream) is not bool:
         return None
-    if max_tokens is None:
-        return {"model": model, "stream": stream, "prompt": prompt}
-    if type(max_tokens) is not int or not 1 <= max_tokens <= MAX_TOKENS_CEILING:
+    if max_tokens is not None and (type(max_tokens) is not int or not 1 <= max_tokens <= MAX_TOKENS_CEILING):
         return None
-    return {"model": model, "max_tokens": max_tokens, "stream": stream, "prompt": prompt}
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens} if max_tokens is not None else {"model": model}
+    body["stream"] = stream
+    options = data.get("stream_options")
+    if options is not None:
+        if type(options) is not dict:
+            return None
+        usage = options.get("include_usage")
+        if usage is None:
+            body["stream_options"] = {}
+        elif type(usage) is bool:
+            body["stream_options"] = {"include_usage": usage}
+        else:
+            return None
+    body["prompt"] = prompt
+    return body

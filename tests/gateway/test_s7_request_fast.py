@@ -27,7 +27,8 @@ _ints = st.one_of(st.integers(-3, 3), st.integers(MAX_TOKENS_CEILING - 2, MAX_TO
 _values = st.one_of(st.none(), st.booleans(), _ints, st.floats(allow_nan=False, allow_infinity=False),
                     st.text(max_size=4), st.text(min_size=250, max_size=260), st.just(""),
                     st.lists(st.text(max_size=3), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=1))
-_keys = st.sampled_from(["model", "prompt", "max_tokens", "stream", "n", "user", "temperature", "x", "echo"])
+_keys = st.sampled_from(["model", "prompt", "max_tokens", "stream", "n", "user", "temperature", "x", "echo",
+                         "stream_options", "seed", "stop", "logprobs", "top_p"])
 
 
 def _plain() -> st.SearchStrategy[dict[str, Any]]:
@@ -36,7 +37,13 @@ def _plain() -> st.SearchStrategy[dict[str, Any]]:
                             st.none(), st.integers()),
          "prompt": st.one_of(st.text(max_size=20), st.lists(st.text(max_size=3), max_size=2), st.none())},
         optional={"max_tokens": st.one_of(_ints, st.none(), st.booleans(), st.floats(0, 5), st.text(max_size=2)),
-                  "stream": st.one_of(st.booleans(), st.none(), st.integers(0, 1), st.text(max_size=2))})
+                  "stream": st.one_of(st.booleans(), st.none(), st.integers(0, 1), st.text(max_size=2)),
+                  "stream_options": st.one_of(st.none(), st.integers(0, 1), st.lists(st.booleans(), max_size=1),
+                                              st.fixed_dictionaries({}, optional={
+                                                  "include_usage": st.one_of(st.booleans(), st.none(), st.integers(0, 1),
+                                                                             st.text(max_size=1)),
+                                                  "zz": _values})),
+                  "cache_salt": _values})
     return st.tuples(base, st.dictionaries(_keys, _values, max_size=2)).map(
         lambda t: {**t[0], **t[1]} if t[1] and t[1].keys().isdisjoint({"model"}) else t[0])
 
@@ -67,13 +74,23 @@ def test_shortcut_equals_the_schema_or_declines(data: dict[str, Any]) -> None:
     {"model": "m", "prompt": "hello", "max_tokens": 1},
     {"model": "m", "prompt": "hello", "max_tokens": None, "stream": True},
     {"model": "m" * 256, "prompt": "é", "max_tokens": MAX_TOKENS_CEILING, "stream": False},
+    {"model": "m", "prompt": "p", "max_tokens": 9, "stream": True, "stream_options": {"include_usage": True},
+     "cache_salt": "s"},
+    {"model": "m", "prompt": "p", "stream_options": {"include_usage": None, "other": [1]}, "hint": {"a": 1}},
 ])
 def test_plain_bodies_take_the_shortcut(data: dict[str, Any]) -> None:
     assert plain_completion(data) == _schema(data)
 
 
-def test_parse_of_a_plain_body_does_not_call_pydantic_and_matches_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    raw = json.dumps({"model": "sim-model", "prompt": "a b c", "max_tokens": 3, "stream": True}).encode()
+@pytest.mark.parametrize("doc", [
+    {"model": "sim-model", "prompt": "a b c", "max_tokens": 3, "stream": True},
+    {"model": "sim-model", "prompt": "a b c", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True},
+     "cache_salt": "tenant-salt"},
+    {"model": "sim-model", "prompt": "a b c", "stream_options": {"include_usage": False}},
+])
+def test_parse_of_a_plain_body_does_not_call_pydantic_and_matches_it(monkeypatch: pytest.MonkeyPatch,
+                                                                    doc: dict[str, Any]) -> None:
+    raw = json.dumps(doc).encode()
     fast = parse_inference_request(raw, "completions")
     calls: list[int] = []
     real = request_mod.plain_completion
@@ -98,6 +115,8 @@ def test_parse_of_a_plain_body_does_not_call_pydantic_and_matches_it(monkeypatch
     {"model": "m", "prompt": "p", "max_tokens": MAX_TOKENS_CEILING + 1},
     {"model": "m", "prompt": "p", "stream": None},
     {"model": "m", "prompt": "p", "stream": 1},
+    {"model": "m", "prompt": "p", "stream_options": {"include_usage": 1}},
+    {"model": "m", "prompt": "p", "stream_options": []},
 ])
 def test_refusals_are_unchanged(doc: dict[str, Any]) -> None:
     raw = json.dumps(doc).encode()
