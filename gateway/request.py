@@ -32,7 +32,7 @@ from starlette.requests import ClientDisconnect, Request
 from gateway import json_fast
 from gateway.body_guard import BODY_COMPLETE_KEY, PLAIN_LENGTH_KEY
 from gateway.errors import GatewayError
-from gateway.request_fast import plain_completion
+from gateway.request_fast import plain_chat, plain_completion
 from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, CompletionBody
 from tenancy.bounds import chat_units
 from tenancy.tokenizer import TokenizerError, prompt_text
@@ -297,7 +297,7 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
         raise GatewayError(400, "batch_too_large",
                            f"prompt is a batch of {len(prompt)} prompts; this tenant's limit is {max_batch_prompts}",
                            param="prompt")
-    fast = plain_completion(data) if checked and endpoint == "completions" else None
+    fast = None if not checked else plain_chat(data) if endpoint == "chat" else plain_completion(data)
     if fast is not None:  # the commonest body, as the schema reads it (gateway/request_fast.py, issue 14)
         body, model, stream, max_tokens = fast, fast["model"], fast["stream"], fast.get("max_tokens")
         include_usage = bool(fast.get("stream_options", {}).get("include_usage"))

@@ -1,4 +1,4 @@
-"""The plainest completions body validated without pydantic (issue 14).
+"""The plainest completions and chat bodies validated without pydantic (issue 14).
 
 :func:`plain_completion` answers, for a decoded ``/v1/completions`` body whose schema fields are only
 ``model``, ``prompt`` (one string), ``max_tokens``, ``stream`` and ``stream_options`` with the plainest
@@ -9,23 +9,30 @@ when it is 1), keys in the same order. For anything else (another schema field, 
 out of the schema's bounds) it answers None and the caller validates with pydantic as before, whose
 error message stands: a body refused there is refused exactly as before. It never accepts what the
 schema refuses (hypothesis: tests/gateway/test_s7_request_fast.py compares both on bodies in and
-around that shape).
+around that shape). :func:`plain_chat` does the same for a chat body whose messages are plain
+``{role, content}`` objects with string (or no) content.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
-from gateway.request_schema import MAX_TOKENS_CEILING, CompletionBody
+from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, ChatMessage, CompletionBody
 
-__all__ = ["plain_completion", "FAST_KEYS"]
+__all__ = ["plain_completion", "plain_chat", "FAST_KEYS", "FAST_CHAT_KEYS"]
 
-#: the schema fields a body may hold to take the shortcut
+#: the schema fields a completions body may hold to take the shortcut
 FAST_KEYS = frozenset({"model", "prompt", "max_tokens", "stream", "stream_options"})
+#: the same for a chat body
+FAST_CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "stream", "stream_options"})
 _OTHER_FIELDS = frozenset(CompletionBody.model_fields) - FAST_KEYS  # any of these: pydantic
-_MODEL_MAX_CHARS = 256  # CompletionBody.model: min_length 1, max_length 256
-assert FAST_KEYS <= set(CompletionBody.model_fields)
-assert not any(f.alias for f in CompletionBody.model_fields.values())
+_OTHER_CHAT_FIELDS = frozenset(ChatBody.model_fields) - FAST_CHAT_KEYS
+_OTHER_MESSAGE_FIELDS = frozenset(ChatMessage.model_fields) - {"role", "content"}
+_ROLES = frozenset(get_args(ChatMessage.model_fields["role"].annotation))
+_MODEL_MAX_CHARS = 256  # model: min_length 1, max_length 256
+assert FAST_KEYS <= set(CompletionBody.model_fields) and FAST_CHAT_KEYS <= set(ChatBody.model_fields)
+assert _ROLES and all(type(r) is str for r in _ROLES)
+assert not any(f.alias for m in (CompletionBody, ChatBody, ChatMessage) for f in m.model_fields.values())
 
 
 def plain_completion(data: dict[str, Any]) -> dict[str, Any] | None:
@@ -41,9 +48,50 @@ def plain_completion(data: dict[str, Any]) -> dict[str, Any] | None:
     """
     if not _OTHER_FIELDS.isdisjoint(data):
         return None
-    model = data.get("model")
     prompt = data.get("prompt")
-    if type(model) is not str or not 0 < len(model) <= _MODEL_MAX_CHARS or type(prompt) is not str or not prompt:
+    if type(prompt) is not str or not prompt:
+        return None
+    body = _sampling(data)
+    if body is not None:
+        body["prompt"] = prompt
+    return body
+
+
+def plain_chat(data: dict[str, Any]) -> dict[str, Any] | None:
+    """``{"model", ["max_tokens",] "stream", ["stream_options",] "messages"}`` as the schema validates
+    ``data``, or None: as :func:`plain_completion`, with ``messages`` (a non-empty list) in place of
+    ``prompt``, each an object whose schema fields are only ``role`` (one of the schema's roles) and
+    ``content`` (a string, null or absent; other keys dropped). Raises nothing.
+    """
+    if not _OTHER_CHAT_FIELDS.isdisjoint(data):
+        return None
+    messages = data.get("messages")
+    if type(messages) is not list or not messages:
+        return None
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if type(m) is not dict or not _OTHER_MESSAGE_FIELDS.isdisjoint(m):
+            return None
+        role, content = m.get("role"), m.get("content")
+        if type(role) is not str or role not in _ROLES:
+            return None
+        if content is None:
+            out.append({"role": role})
+        elif type(content) is str:
+            out.append({"role": role, "content": content})
+        else:
+            return None
+    body = _sampling(data)
+    if body is not None:
+        body["messages"] = out
+    return body
+
+
+def _sampling(data: dict[str, Any]) -> dict[str, Any] | None:
+    """``model``, ``max_tokens``, ``stream`` and ``stream_options`` of ``data`` as the schema dumps them
+    (that order, nulls left out), or None when one of them is not of the plainest valid form."""
+    model = data.get("model")
+    if type(model) is not str or not 0 < len(model) <= _MODEL_MAX_CHARS:
         return None
     max_tokens = data.get("max_tokens")
     stream = data.get("stream", False)
@@ -64,5 +112,4 @@ def plain_completion(data: dict[str, Any]) -> dict[str, Any] | None:
             body["stream_options"] = {"include_usage": usage}
         else:
             return None
-    body["prompt"] = prompt
     return body

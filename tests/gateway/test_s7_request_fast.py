@@ -48,6 +48,14 @@ def _plain() -> st.SearchStrategy[dict[str, Any]]:
         lambda t: {**t[0], **t[1]} if t[1] and t[1].keys().isdisjoint({"model"}) else t[0])
 
 
+_valid = st.fixed_dictionaries(
+    {"model": st.text(min_size=1, max_size=5), "prompt": st.text(min_size=1, max_size=8)},
+    optional={"max_tokens": st.one_of(st.integers(1, 3), st.none()), "stream": st.booleans(),
+              "stream_options": st.one_of(st.none(), st.fixed_dictionaries({}, optional={
+                  "include_usage": st.one_of(st.booleans(), st.none()), "x": _values})),
+              "cache_salt": _values, "hint": _values})
+
+
 def _schema(data: dict[str, Any]) -> dict[str, Any] | None:
     try:
         body = CompletionBody.model_validate(data).model_dump(exclude_none=True, exclude_unset=False)
@@ -59,7 +67,7 @@ def _schema(data: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @settings(max_examples=600, deadline=None)
-@given(_plain())
+@given(st.one_of(_plain(), _valid))
 def test_shortcut_equals_the_schema_or_declines(data: dict[str, Any]) -> None:
     data = json.loads(json.dumps(data))  # what the parser hands it: a decoded JSON object
     fast = plain_completion(data)
