@@ -265,7 +265,7 @@ class GuardedHttpToolsProtocol(BodyGuard, _HeadGuard, HttpToolsProtocol):
         """httptools parser callback: the request is complete; the next head is awaited."""
         super().on_message_complete()
         cycle = self.cycle
-        if cycle is not None and cycle.scope is self.scope and not cycle.more_body:  # read_body needs no timer
+        if cycle is not None and cycle.scope is self.scope and not getattr(cycle, "more_body", True):  # no read timer
             self.scope[BODY_COMPLETE_KEY] = True  # type: ignore[literal-required]
         self.guard_head_expected()
 

@@ -194,3 +194,14 @@ async def test_read_body_takes_the_framing_guards_plain_length(declared: int) ->
         except GatewayError as err:
             outcomes.append((err.status, err.code, err.headers))
     assert outcomes[0] == outcomes[1]
+
+
+def test_uvicorn_cycle_attributes_the_body_flag_reads_exist() -> None:
+    """``on_message_complete`` reads the cycle's ``scope`` and ``more_body`` (uvicorn's
+    RequestResponseCycle); an upgrade that renamed them fails here (the guard then keeps the timer)."""
+    import inspect
+
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    source = inspect.getsource(RequestResponseCycle.__init__)
+    assert "self.scope = scope" in source and "self.more_body = True" in source
