@@ -47,8 +47,9 @@ from typing import Any
 
 import h11
 
-__all__ = ["BodyGuard", "GuardedH11Connection", "BodyWire", "refusal_bytes", "REFUSED_SCOPE_KEY", "WIRE_SCOPE_KEY", "BODY_COMPLETE_KEY", "PLAIN_LENGTH_KEY",
-           "DEFAULT_MAX_BODY_CHUNKS", "MIN_AVERAGE_CHUNK_BYTES", "FRAMING_BYTES_PER_CHUNK"]
+__all__ = ["BodyGuard", "GuardedH11Connection", "BodyWire", "refusal_bytes", "REFUSED_SCOPE_KEY", "WIRE_SCOPE_KEY",
+           "BODY_COMPLETE_KEY", "PLAIN_LENGTH_KEY", "DEFAULT_MAX_BODY_CHUNKS", "MIN_AVERAGE_CHUNK_BYTES",
+           "FRAMING_BYTES_PER_CHUNK"]
 
 DEFAULT_MAX_BODY_CHUNKS = 256
 #: a chunked body may have one chunk per this many body bytes, beyond ``max_body_chunks``
