@@ -62,6 +62,11 @@ class BodyBudget:
         self.held += n
         return True
 
+    def fits(self, source: str, n: int) -> bool:
+        """Whether :meth:`take` of ``n`` bytes (>= 0) for ``source`` would succeed; holds nothing (a
+        body complete in one part is taken and given back at once: the same verdict, issue 14)."""
+        return self._by_owner.get(source, 0) + n <= self.share_bytes and self.held + n <= self.total_bytes
+
     def give(self, source: str, n: int) -> None:
         """Release ``n`` bytes held for ``source`` (at most what it holds)."""
         mine = self._by_owner.get(source, 0)

@@ -48,7 +48,8 @@ from typing import Any
 import h11
 
 __all__ = ["BodyGuard", "GuardedH11Connection", "BodyWire", "refusal_bytes", "REFUSED_SCOPE_KEY", "WIRE_SCOPE_KEY",
-           "DEFAULT_MAX_BODY_CHUNKS", "MIN_AVERAGE_CHUNK_BYTES", "FRAMING_BYTES_PER_CHUNK"]
+           "BODY_COMPLETE_KEY", "PLAIN_LENGTH_KEY", "DEFAULT_MAX_BODY_CHUNKS", "MIN_AVERAGE_CHUNK_BYTES",
+           "FRAMING_BYTES_PER_CHUNK"]
 
 DEFAULT_MAX_BODY_CHUNKS = 256
 #: a chunked body may have one chunk per this many body bytes, beyond ``max_body_chunks``
@@ -57,6 +58,12 @@ MIN_AVERAGE_CHUNK_BYTES = 1024
 REFUSED_SCOPE_KEY = "prefixgate.body_refused"
 #: ASGI scope key: the request's :class:`BodyWire` (wire bytes of its body, framing included)
 WIRE_SCOPE_KEY = "prefixgate.body_wire"
+#: ASGI scope key, True once the protocol holds the request's whole body (httptools ``on_message_complete``):
+#: the app's first ``receive`` then returns it all without waiting (gateway/request.py ``read_body``, issue 14)
+BODY_COMPLETE_KEY = "prefixgate.body_complete"
+#: ASGI scope key: the request's one plain ``Content-Length`` (digits only, a single field), as the framing
+#: guard read it (gateway/framing.py); ``read_body`` then reads no header again (issue 14)
+PLAIN_LENGTH_KEY = "prefixgate.plain_content_length"
 #: framing bytes allowed per chunk (size line, CRLFs, a short extension) beyond ``max_header_bytes`` per body
 FRAMING_BYTES_PER_CHUNK = 32
 

@@ -57,7 +57,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from gateway.body_budget import BodyBudget, owner_of
-from gateway.body_guard import REFUSED_SCOPE_KEY, WIRE_SCOPE_KEY, BodyWire
+from gateway.body_guard import PLAIN_LENGTH_KEY, REFUSED_SCOPE_KEY, WIRE_SCOPE_KEY, BodyWire
 from gateway.errors import GatewayError
 from gateway.lingering import lingering_cap
 
@@ -88,13 +88,14 @@ def framing_problem(headers: list[tuple[bytes, bytes]]) -> str | None:
     ``Content-Length`` that is not ``1*DIGIT``; differing ``Content-Length``
     values (identical repeats count as one, RFC 9110 section 8.6).
     """
-    lengths: list[bytes] = []
-    encodings: list[bytes] = []
-    for name, value in headers:
-        if name == b"content-length":
-            lengths += [v.strip() for v in value.split(b",")]
-        elif name == b"transfer-encoding":
-            encodings += [v.strip().lower() for v in value.split(b",")]
+    return _problem([v for n, v in headers if n == b"content-length"],
+                    [v for n, v in headers if n == b"transfer-encoding"])
+
+
+def _problem(length_fields: list[bytes], encoding_fields: list[bytes]) -> str | None:
+    """:func:`framing_problem` of the raw ``Content-Length`` and ``Transfer-Encoding`` field values."""
+    lengths = [v.strip() for value in length_fields for v in value.split(b",")]
+    encodings = [v.strip().lower() for value in encoding_fields for v in value.split(b",")]
     if encodings and lengths:
         return "Content-Length and Transfer-Encoding must not be sent together"
     if encodings and encodings != [b"chunked"]:
@@ -110,21 +111,33 @@ class _Body:
     """What the guard knows about one request's body."""
 
     __slots__ = ("declared", "complete", "received", "receive_called", "in_receive", "expect_continue",
-                 "held", "owner", "refused", "wire")
+                 "held", "owner", "refused", "wire", "problem", "plain")
 
     def __init__(self, headers: list[tuple[bytes, bytes]], wire: BodyWire | None) -> None:
+        """Reads the framing fields in one pass over ``headers``; :attr:`problem`: :func:`framing_problem`
+        of them (the other fields are meaningful only when it is None)."""
         self.wire = wire  # the protocol's count of the body's wire bytes (None: not served by it)
         self.declared: int | None = None
-        chunked = False
         self.expect_continue = False
+        lengths: list[bytes] = []
+        encodings: list[bytes] = []
         for name, value in headers:
             if name == b"content-length":
-                self.declared = int(value.split(b",")[0].strip())
+                lengths.append(value)
             elif name == b"transfer-encoding":
-                chunked = True
+                encodings.append(value)
             elif name == b"expect" and value.strip().lower() == b"100-continue":
                 self.expect_continue = True
-        self.complete = not chunked and not self.declared
+        if not encodings and len(lengths) == 1 and lengths[0].isdigit():  # bytes: ASCII digits only
+            self.problem: str | None = None  # the usual request: one plain Content-Length
+            self.declared = int(lengths[0])
+            self.plain = True
+        else:
+            self.plain = False
+            self.problem = _problem(lengths, encodings)
+            if lengths and self.problem is None:
+                self.declared = int(lengths[0].split(b",")[0].strip())
+        self.complete = not encodings and not self.declared
         self.received = 0
         self.receive_called = False
         self.in_receive = False
@@ -171,13 +184,13 @@ class FramingGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = scope.get("headers") or []
-        problem = framing_problem(headers)
-        if problem is not None:
-            err = GatewayError(400, "invalid_framing", problem, headers={"Connection": "close"})
+        body = _Body(scope.get("headers") or [], scope.get(WIRE_SCOPE_KEY))
+        if body.problem is not None:
+            err = GatewayError(400, "invalid_framing", body.problem, headers={"Connection": "close"})
             await err.response()(scope, receive, send)
             return
-        body = _Body(headers, scope.get(WIRE_SCOPE_KEY))
+        if body.plain:
+            scope[PLAIN_LENGTH_KEY] = body.declared
         deadline = asyncio.get_running_loop().time() + self.drain_timeout_s
         budget = self.budget
         client = scope.get("client")
@@ -200,11 +213,14 @@ class FramingGuard:
                 n = len(message.get("body", b""))
                 if body.owner is None:
                     body.owner = owner_of(scope, source)
-                if n and not budget.take(body.owner, n):
+                whole = body.complete and not body.held  # all of it in this part: taken and given back at once
+                if n and not (budget.fits(body.owner, n) if whole else budget.take(body.owner, n)):
                     body.refused = True
                     raise GatewayError(503, "body_budget_exhausted",
                                        "too many request bodies being received; retry later",
                                        headers={"Retry-After": self.retry_after, "Connection": "close"})
+                if whole:
+                    return message
                 body.held += n
                 if body.complete:  # the app has the whole body: its parts are no longer in flight here
                     budget.give(body.owner, body.held)

@@ -55,7 +55,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.body_guard import (
-    DEFAULT_MAX_BODY_CHUNKS, WIRE_SCOPE_KEY, BodyGuard, BodyWire, GuardedH11Connection, refusal_bytes,
+    BODY_COMPLETE_KEY, DEFAULT_MAX_BODY_CHUNKS, WIRE_SCOPE_KEY, BodyGuard, BodyWire, GuardedH11Connection, refusal_bytes,
 )
 from gateway.client_io import LOSS_KEY, ConnectionLoss
 from gateway.coalesce import CoalescingTransport
@@ -64,6 +64,7 @@ from gateway.head_fields import DEFAULT_MAX_HEADER_FIELDS, HeadFields, refuse_to
 from gateway.log_aggregate import note_peer
 from gateway.protocol_audit import RefusalAudit, refused  # audit of the guard's refusals (session 7)
 from gateway.send_order import SEND_ORDER
+from gateway.source_cap import SourceCap
 
 __all__ = ["guarded_protocol", "DEFAULT_MAX_HEADER_BYTES", "DEFAULT_HEADER_READ_TIMEOUT_S", "PARSERS"]
 
@@ -74,7 +75,7 @@ PARSERS = ("h11", "httptools")
 _refusal = refusal_bytes
 
 
-class _HeadGuard:
+class _HeadGuard(SourceCap):
     """Mixin over a uvicorn HTTP protocol: bound each request head's size and read time.
 
     Class attributes (set by :func:`guarded_protocol`): ``guard_max_header_bytes``
@@ -84,18 +85,14 @@ class _HeadGuard:
 
     guard_max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     guard_header_read_timeout_s: float = DEFAULT_HEADER_READ_TIMEOUT_S
-    guard_max_connections_per_source: int | None = None
     guard_lingering_close_bytes: int = DEFAULT_LINGERING_CLOSE_BYTES
     guard_lingering_close_s: float = DEFAULT_LINGERING_CLOSE_S
     guard_max_header_fields: int = DEFAULT_MAX_HEADER_FIELDS  # R6-3 (gateway/head_fields.py)
-    #: open connections per source IP of this listener (a fresh dict per :func:`guarded_protocol` class)
-    guard_source_counts: dict[str, int] = {}
 
     # state (names prefixed guard_ so they cannot collide with uvicorn's)
     guard_waiting: bool
     guard_head_bytes: int
     guard_timer: asyncio.TimerHandle | None
-    guard_source: str | None
     guard_head_tail: bytes = b""  # the last 3 bytes of the head fed so far (its end may span two reads)
 
     def guard_init(self) -> None:
@@ -106,35 +103,6 @@ class _HeadGuard:
         self.guard_fields = HeadFields(self.guard_max_header_fields)
         self.guard_loss = ConnectionLoss()  # fired by connection_lost; in every request scope (gateway/client_io.py)
         self.guard_wire = BodyWire()  # this connection's own (the class default is shared)
-
-    # -- connections per source
-    def guard_admit_source(self, transport: asyncio.Transport) -> bool:
-        """Count this connection against its source IP; False (answered 503 and closed) above the cap."""
-        cap = self.guard_max_connections_per_source
-        peer = transport.get_extra_info("peername")
-        if cap is None or not isinstance(peer, tuple) or not peer:
-            return True
-        source = str(peer[0])
-        counts = self.guard_source_counts
-        held = counts.get(source, 0)
-        if held >= cap:
-            transport.write(_refusal(503, "too_many_connections",
-                                     f"too many open connections from this address (limit {cap}); retry later"))
-            transport.close()
-            return False
-        counts[source] = held + 1
-        self.guard_source = source
-        return True
-
-    def guard_release_source(self) -> None:
-        source, self.guard_source = self.guard_source, None
-        if source is not None:
-            counts = self.guard_source_counts
-            left = counts.get(source, 1) - 1
-            if left > 0:
-                counts[source] = left
-            else:
-                counts.pop(source, None)
 
     # -- head state
     def guard_head_done(self) -> None:
@@ -199,7 +167,6 @@ class _HeadGuard:
             if not self.guard_waiting:  # in a body: the rest as it is (no copy when it is all of it)
                 self.guard_parse(data[offset:] if offset else data)
                 return
-            self.guard_start_timer()
             allowance = self.guard_max_header_bytes - self.guard_head_bytes
             if allowance <= 0:
                 self.guard_refuse_too_large()
@@ -221,6 +188,10 @@ class _HeadGuard:
                 self.guard_head_tail = b""
                 self.guard_wire.bytes += rest_after_head(tail, piece)  # type: ignore[attr-defined]
                 self.guard_framing_check()
+            elif self.guard_head_bytes and not transport.is_closing():
+                # a head still incomplete: its read period runs from this read on (a head read whole in
+                # one piece, the usual case, costs no timer: issue 14)
+                self.guard_start_timer()
             offset = end
 
     def guard_parse(self, data: bytes) -> None:  # pragma: no cover - overridden
@@ -295,6 +266,9 @@ class GuardedHttpToolsProtocol(RefusalAudit, BodyGuard, _HeadGuard, HttpToolsPro
     def on_message_complete(self) -> None:
         """httptools parser callback: the request is complete; the next head is awaited."""
         super().on_message_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope and not getattr(cycle, "more_body", True):  # no read timer
+            self.scope[BODY_COMPLETE_KEY] = True  # type: ignore[literal-required]
         self.guard_head_expected()
 
 

@@ -43,6 +43,8 @@ MAX_FAST_NESTING = 256
 # digits -> "0", every other byte -> ".": a run of 19 digits becomes _LONG_RUN
 _DIGITS = bytes(0x30 if 0x30 <= i <= 0x39 else 0x2E for i in range(256))
 _LONG_RUN = b"0" * 19
+_FAILED = object()  # orjson refused the document
+_FLAT = frozenset({str, int, bool, type(None)})  # values of a flat object that cannot hide a misread integer
 
 
 class IntegerTooLong(ValueError):
@@ -105,16 +107,23 @@ def loads_checked(data: bytes, text: str | None = None, *, max_int_digits: int |
     """
     mapped = outside = outside_map = None
     fast_ok = max_depth is not None and max_depth <= MAX_FAST_NESTING
-    if fast_ok or data.count(b"[") + data.count(b"{") <= MAX_FAST_NESTING:
+    if fast_ok or len(data) <= MAX_FAST_NESTING or data.count(b"[") + data.count(b"{") <= MAX_FAST_NESTING:
+        try:
+            value = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            value = _FAILED
+        # s7: a flat object of strings, ints, bools and nulls (the plainest request body) holds no
+        # float, so no integer orjson read as one (beyond 64 bits: more than 20 digits): json's value
+        if (type(value) is dict and (max_int_digits is None or max_int_digits >= 20)
+                and all(type(v) in _FLAT for v in value.values())):
+            return value, True
         mapped = data.translate(_DIGITS)
         # s5 (review R4b-2): a long digit run inside a string (an id, a number in a prompt) is text
         if _LONG_RUN in mapped and (outside := _outside_strings(data, mapped)) is not None:
             outside_map = outside.translate(_DIGITS)
-        if _LONG_RUN not in mapped or (outside_map is not None and _LONG_RUN not in outside_map):
-            try:
-                return orjson.loads(data), True
-            except orjson.JSONDecodeError:
-                pass
+        if value is not _FAILED and (_LONG_RUN not in mapped
+                                     or (outside_map is not None and _LONG_RUN not in outside_map)):
+            return value, True
     src = data if text is None else text
     if max_int_digits is not None:
         if mapped is None:
@@ -138,7 +147,7 @@ def loads(data: bytes, text: str | None = None) -> Any:
     Raises what :func:`json.loads` raises (``json.JSONDecodeError``,
     ``UnicodeDecodeError``, ``RecursionError``, ...).
     """
-    if (data.count(b"[") + data.count(b"{") <= MAX_FAST_NESTING
+    if ((len(data) <= MAX_FAST_NESTING or data.count(b"[") + data.count(b"{") <= MAX_FAST_NESTING)
             and _LONG_RUN not in data.translate(_DIGITS)):
         try:
             return orjson.loads(data)

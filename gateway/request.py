@@ -30,7 +30,9 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from gateway import json_fast
+from gateway.body_guard import BODY_COMPLETE_KEY, PLAIN_LENGTH_KEY
 from gateway.errors import GatewayError
+from gateway.request_fast import plain_chat, plain_completion
 from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, CompletionBody
 from tenancy.bounds import chat_units
 from tenancy.tokenizer import TokenizerError, prompt_text
@@ -95,8 +97,14 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
     connection is never reused after them. Before such an answer goes out,
     the framing guard (gateway/framing.py) reads and discards what is left
     of the body within its bounds, so a client still uploading can read it.
+    Behind the framing guard, a single all-digits ``Content-Length`` is taken from its reading
+    (``PLAIN_LENGTH_KEY`` in the scope) instead of the headers; when the protocol already holds the
+    whole body (``BODY_COMPLETE_KEY``, httptools) it is read without a timer (issue 14).
     """
-    lengths = request.headers.getlist("content-length")
+    plain = request.scope.get(PLAIN_LENGTH_KEY)  # the framing guard's reading of one plain field (issue 14)
+    lengths = request.headers.getlist("content-length") if plain is None else ()
+    if plain is not None and plain > max_bytes:
+        raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes", headers=dict(CLOSE))
     if lengths:
         if len(set(lengths)) > 1:
             raise GatewayError(400, "conflicting_content_length", "conflicting Content-Length headers",
@@ -110,13 +118,22 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
             raise GatewayError(400, "invalid_content_length", "invalid Content-Length header", headers=dict(CLOSE))
         if declared > max_bytes:
             raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes", headers=dict(CLOSE))
+    receive = request.receive  # the ASGI messages themselves: no async generator per body (issue 14)
+    first = None
+    if request.scope.pop(BODY_COMPLETE_KEY, False):  # the protocol holds all of it: this receive cannot wait
+        first = await receive()  # so no timer (issue 14); anything unexpected goes on below, timed
+        if first["type"] == "http.request" and not first.get("more_body", False):
+            whole = first.get("body", b"")
+            if len(whole) > max_bytes:
+                raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes", headers=dict(CLOSE))
+            return whole
     chunks: list[bytes] = []
     size = 0
-    receive = request.receive  # the ASGI messages themselves: no async generator per body (issue 14)
     try:
         async with asyncio.timeout(timeout_s):
             while True:
-                message = await receive()
+                message = await receive() if first is None else first
+                first = None
                 kind = message["type"]
                 if kind == "http.request":
                     chunk = message.get("body", b"")
@@ -245,7 +262,8 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     R6-1). Validation is strict: JSON types are not coerced (``"stream": "yes"``, ``"max_tokens": "12"``
     or ``12.0`` are refused, as OpenAI does), so the forwarded body is exactly what the schema says.
     """
-    if max_json_items is not None and json_items_bound(raw) > max_json_items:
+    # the bound is at most len(raw) + 1: a body that short needs no count (issue 14)
+    if max_json_items is not None and len(raw) >= max_json_items and json_items_bound(raw) > max_json_items:
         raise GatewayError(400, "too_many_json_items",
                            f"request body holds more than {max_json_items} JSON values")
     try:
@@ -279,6 +297,48 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
         raise GatewayError(400, "batch_too_large",
                            f"prompt is a batch of {len(prompt)} prompts; this tenant's limit is {max_batch_prompts}",
                            param="prompt")
+    fast = None if not checked else plain_chat(data) if endpoint == "chat" else plain_completion(data)
+    if fast is not None:  # the commonest body, as the schema reads it (gateway/request_fast.py, issue 14)
+        body, model, stream, max_tokens = fast, fast["model"], fast["stream"], fast.get("max_tokens")
+        include_usage = bool(fast.get("stream_options", {}).get("include_usage"))
+    else:
+        body, model, stream, max_tokens, include_usage = _validated(raw, data, endpoint, max_depth, checked)
+    try:
+        ptext = prompt_text(endpoint, body)
+        if endpoint == "chat":
+            prompts: tuple[str, ...] = (ptext,)
+            extra = _extra_text(body)
+        else:
+            p = body["prompt"]
+            prompts = (p,) if isinstance(p, str) else tuple(p)
+            extra = ""
+        # JSON escapes can carry lone surrogates, which no tokenizer can encode
+        sizes = [len(t.encode("utf-8")) for t in prompts]
+        sizes[0] += len(extra.encode("utf-8")) + _stop_bytes(body.get("stop"))
+    except TokenizerError as exc:
+        raise GatewayError(400, "invalid_request", str(exc)) from None
+    except UnicodeEncodeError:
+        raise GatewayError(400, "invalid_request", "the prompt contains invalid Unicode (a lone surrogate)") from None
+    return InferenceRequest(
+        endpoint=endpoint,
+        model=model,
+        stream=stream,
+        max_tokens=max_tokens,
+        include_usage=include_usage,
+        body=body,
+        text=ptext,
+        prompts=prompts,
+        extra_text=extra,
+        prompt_bytes=tuple(sizes),
+    )
+
+
+def _validated(raw: bytes, data: dict[str, Any], endpoint: Endpoint, max_depth: int,
+               checked: bool) -> tuple[dict[str, Any], str, bool, int | None, bool]:
+    """Schema validation of a decoded body (pydantic, strict; unknown fields dropped unread):
+    ``(body to forward, model, stream, max_tokens, include_usage)``. Raises :class:`GatewayError`
+    400 ``invalid_request`` (schema; invalid Unicode or a non-finite number where ``checked`` is False)
+    or ``invalid_json`` (nested deeper than ``max_depth``)."""
     model_cls = ChatBody if endpoint == "chat" else CompletionBody
     try:  # strict; unknown fields are dropped unread (extra="ignore")
         parsed = model_cls.model_validate(data)
@@ -299,22 +359,6 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     if problem is not None:
         raise GatewayError(400, "invalid_request", "the request holds a number that is not finite "
                            "(NaN, Infinity or out of range)")
-    try:
-        ptext = prompt_text(endpoint, body)
-        if endpoint == "chat":
-            prompts: tuple[str, ...] = (ptext,)
-            extra = _extra_text(body)
-        else:
-            p = body["prompt"]
-            prompts = (p,) if isinstance(p, str) else tuple(p)
-            extra = ""
-        # JSON escapes can carry lone surrogates, which no tokenizer can encode
-        sizes = [len(t.encode("utf-8")) for t in prompts]
-        sizes[0] += len(extra.encode("utf-8")) + _stop_bytes(body.get("stop"))
-    except TokenizerError as exc:
-        raise GatewayError(400, "invalid_request", str(exc)) from None
-    except UnicodeEncodeError:
-        raise GatewayError(400, "invalid_request", "the prompt contains invalid Unicode (a lone surrogate)") from None
     max_tokens = parsed.max_tokens
     if endpoint == "chat":
         mct = getattr(parsed, "max_completion_tokens", None)
@@ -322,15 +366,4 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
             max_tokens = mct if max_tokens is None else min(max_tokens, mct)
         body.pop("max_completion_tokens", None)
     include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-    return InferenceRequest(
-        endpoint=endpoint,
-        model=parsed.model,
-        stream=parsed.stream,
-        max_tokens=max_tokens,
-        include_usage=include_usage,
-        body=body,
-        text=ptext,
-        prompts=prompts,
-        extra_text=extra,
-        prompt_bytes=tuple(sizes),
-    )
+    return body, parsed.model, parsed.stream, max_tokens, include_usage

@@ -1,0 +1,115 @@
+"""The plainest completions and chat bodies validated without pydantic (issue 14).
+
+:func:`plain_completion` answers, for a decoded ``/v1/completions`` body whose schema fields are only
+``model``, ``prompt`` (one string), ``max_tokens``, ``stream`` and ``stream_options`` with the plainest
+valid values (other fields, unknown to the schema, are dropped unread as the schema drops them: a
+``cache_salt``, routing hints), the dict that ``CompletionBody.model_validate(data).model_dump(
+exclude_none=True)`` gives without ``n`` (which :func:`gateway.request.parse_inference_request` drops
+when it is 1), keys in the same order. For anything else (another schema field, another type, a value
+out of the schema's bounds) it answers None and the caller validates with pydantic as before, whose
+error message stands: a body refused there is refused exactly as before. It never accepts what the
+schema refuses (hypothesis: tests/gateway/test_s7_request_fast.py compares both on bodies in and
+around that shape). :func:`plain_chat` does the same for a chat body whose messages are plain
+``{role, content}`` objects with string (or no) content.
+"""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, ChatMessage, CompletionBody
+
+__all__ = ["plain_completion", "plain_chat", "FAST_KEYS", "FAST_CHAT_KEYS"]
+
+#: the schema fields a completions body may hold to take the shortcut
+FAST_KEYS = frozenset({"model", "prompt", "max_tokens", "stream", "stream_options"})
+#: the same for a chat body
+FAST_CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "stream", "stream_options"})
+_OTHER_FIELDS = frozenset(CompletionBody.model_fields) - FAST_KEYS  # any of these: pydantic
+_OTHER_CHAT_FIELDS = frozenset(ChatBody.model_fields) - FAST_CHAT_KEYS
+_OTHER_MESSAGE_FIELDS = frozenset(ChatMessage.model_fields) - {"role", "content"}
+_ROLES = frozenset(get_args(ChatMessage.model_fields["role"].annotation))
+_MODEL_MAX_CHARS = 256  # model: min_length 1, max_length 256
+assert FAST_KEYS <= set(CompletionBody.model_fields) and FAST_CHAT_KEYS <= set(ChatBody.model_fields)
+assert _ROLES and all(type(r) is str for r in _ROLES)
+assert not any(f.alias for m in (CompletionBody, ChatBody, ChatMessage) for f in m.model_fields.values())
+
+
+def plain_completion(data: dict[str, Any]) -> dict[str, Any] | None:
+    """``{"model", ["max_tokens",] "stream", ["stream_options",] "prompt"}`` as the schema validates
+    ``data``, or None.
+
+    ``data``: a decoded JSON object from orjson (``gateway.json_fast.loads_checked``'s ``fast``
+    case: no lone surrogate, no non-finite number). ``model``: a string of 1-256 characters;
+    ``prompt``: a non-empty string; ``max_tokens`` (optional, null allowed): an int (not a bool) in
+    1..``MAX_TOKENS_CEILING``; ``stream`` (optional): a bool; ``stream_options`` (optional, null
+    allowed): an object whose ``include_usage`` is absent, null or a bool (its other keys are dropped);
+    no other schema field. Raises nothing.
+    """
+    if not _OTHER_FIELDS.isdisjoint(data):
+        return None
+    prompt = data.get("prompt")
+    if type(prompt) is not str or not prompt:
+        return None
+    body = _sampling(data)
+    if body is not None:
+        body["prompt"] = prompt
+    return body
+
+
+def plain_chat(data: dict[str, Any]) -> dict[str, Any] | None:
+    """``{"model", ["max_tokens",] "stream", ["stream_options",] "messages"}`` as the schema validates
+    ``data``, or None: as :func:`plain_completion`, with ``messages`` (a non-empty list) in place of
+    ``prompt``, each an object whose schema fields are only ``role`` (one of the schema's roles) and
+    ``content`` (a string, null or absent; other keys dropped). Raises nothing.
+    """
+    if not _OTHER_CHAT_FIELDS.isdisjoint(data):
+        return None
+    messages = data.get("messages")
+    if type(messages) is not list or not messages:
+        return None
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if type(m) is not dict or not _OTHER_MESSAGE_FIELDS.isdisjoint(m):
+            return None
+        role, content = m.get("role"), m.get("content")
+        if type(role) is not str or role not in _ROLES:
+            return None
+        if content is None:
+            out.append({"role": role})
+        elif type(content) is str:
+            out.append({"role": role, "content": content})
+        else:
+            return None
+    body = _sampling(data)
+    if body is not None:
+        body["messages"] = out
+    return body
+
+
+def _sampling(data: dict[str, Any]) -> dict[str, Any] | None:
+    """``model``, ``max_tokens``, ``stream`` and ``stream_options`` of ``data`` as the schema dumps them
+    (that order, nulls left out), or None when one of them is not of the plainest valid form."""
+    model = data.get("model")
+    if type(model) is not str or not 0 < len(model) <= _MODEL_MAX_CHARS:
+        return None
+    max_tokens = data.get("max_tokens")
+    stream = data.get("stream", False)
+    if type(stream) is not bool:
+        return None
+    if max_tokens is not None and (type(max_tokens) is not int or not 1 <= max_tokens <= MAX_TOKENS_CEILING):
+        return None
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens} if max_tokens is not None else {"model": model}
+    body["stream"] = stream
+    options = data.get("stream_options")
+    if options is not None:
+        if type(options) is not dict:
+            return None
+        usage = options.get("include_usage")
+        if usage is None:
+            body["stream_options"] = {}
+        elif type(usage) is bool:
+            body["stream_options"] = {"include_usage": usage}
+        else:
+            return None
+    return body
