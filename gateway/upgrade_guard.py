@@ -1,0 +1,206 @@
+"""Refuse protocol upgrades and fragments in the request-target before any parser acts on them (R7-1, R7-3).
+
+**R7-1 (request smuggling).** uvicorn's httptools protocol stops at a head carrying ``Connection:
+Upgrade`` + ``Upgrade: <anything>`` (``HttpParserUpgrade``), never hands that request's body to the
+app, and then parses the body bytes as a *new request on the same connection*: a tenant could hide a
+second request (its own headers, ``X-Forwarded-For``, another path) inside a body that a proxy in
+front forwards as a body, so the proxy's ACLs, access log and the gateway's audit source disagree.
+The gateway serves no websocket or h2c, so any request head carrying an ``Upgrade`` header field is
+refused, under both parsers and on both listeners:
+
+- :class:`HeadScan` looks at each request head's bytes as the guard (gateway/http_guard.py) hands
+  them to the parser (``bytes.find`` and one regex search per piece, state kept across reads so a
+  field name split over two reads is found); the piece holding the ``Upgrade`` field name is never
+  handed to the parser, so no parser ever completes such a head;
+- the answer is **400** (JSON error, code ``upgrade_not_supported``) with ``Connection: close``
+  (nothing when a response is still in progress on the connection), the connection is closed
+  *lingering* (gateway/lingering.py: half-close, what the client still sends is discarded unparsed,
+  bounded by ``limits.lingering_close_bytes`` / ``lingering_close_s``), so the body, and any request
+  in it, is never parsed;
+- the refusal is audited (``endpoint`` ``http_guard``, status 400, outcome ``rejected``, the error
+  code, the socket peer as ``client_addr``; no identity: nothing was authenticated) through
+  :func:`head_refusal_auditor`, installed by gateway/server.py;
+- backstop under httptools: a head the scan did not see (one pipelined behind a request body in the
+  same read, which the guard hands to the parser with the body) that the parser reports as an
+  upgrade (``parser.should_upgrade()``) is refused in ``on_headers_complete`` before uvicorn starts a
+  task for it, and the parser is stopped. Under h11 such a head is served as a plain request (h11
+  reads the body as a body: no desync; residual, documented).
+
+**R7-3.** A ``#`` in the request-target (a fragment: never sent on the wire, RFC 9112 section 3.2)
+is refused the same way with code ``invalid_request_target``; both parsers accepted it and served
+``/v1/chat/completions#x`` as the chat route.
+
+Front proxies must not forward ``Upgrade`` / ``Connection: upgrade`` to the gateway
+(docs/security.md, "What PrefixGate leaves to the deployment").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from gateway.body_guard import BodyRefused, refusal_bytes
+from gateway.head_fields import HeadFields
+
+__all__ = ["HeadScan", "ScannedHeadFields", "UpgradeGuard", "head_refusal_auditor", "UPGRADE_CODE",
+           "TARGET_CODE", "GUARD_ENDPOINT"]
+
+UPGRADE_CODE = "upgrade_not_supported"
+TARGET_CODE = "invalid_request_target"
+#: ``endpoint`` of the audit event of a head refused by the HTTP guard
+GUARD_ENDPOINT = "http_guard"
+_MESSAGES = {UPGRADE_CODE: "protocol upgrades (Upgrade header) are not supported",
+             TARGET_CODE: "a request-target must not contain a fragment ('#')"}
+
+#: an ``Upgrade`` field line: its name at a line start (the scan keeps a virtual ``\n`` before a head)
+_FIELD = re.compile(rb"\nupgrade[ \t]*:", re.IGNORECASE)
+#: the start of a line that may still become an ``Upgrade`` field line once more bytes arrive
+_MAYBE = re.compile(rb"\n(?:u(?:p(?:g(?:r(?:a(?:d(?:e[ \t]*)?)?)?)?)?)?)?", re.IGNORECASE)
+
+
+class HeadScan:
+    """Scans one request head fed in pieces for an ``Upgrade`` field and a ``#`` in the request-target.
+
+    :meth:`feed` takes each piece of head bytes (the head's bytes only, in order) and returns the
+    error code to refuse the head with (:data:`UPGRADE_CODE`, :data:`TARGET_CODE`) or None.
+    :meth:`reset` before the next head.
+    """
+
+    __slots__ = ("line", "phase", "started")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """A new head is awaited."""
+        self.line: bytes | None = b"\n"  # the current line so far while it may still be an Upgrade field line
+        self.phase = 0  # request line: 0 before the target, 1 in it, 2 after it
+        self.started = False  # a byte of the request line was seen (parsers skip leading blank lines)
+
+    def feed(self, data: bytes) -> str | None:
+        """The refusal code for the head so far with ``data`` appended, or None."""
+        if self.phase < 2 and self._fragment(data):
+            return TARGET_CODE
+        line = self.line
+        lf = data.find(b"\n")
+        if line is not None:
+            seg = line + (data if lf < 0 else data[:lf])
+            if _FIELD.match(seg):
+                return UPGRADE_CODE
+            if lf < 0:
+                self.line = seg if _MAYBE.fullmatch(seg) else None
+                return None
+        elif lf < 0:
+            return None
+        if _FIELD.search(data, lf):
+            return UPGRADE_CODE
+        last = data[data.rfind(b"\n"):]
+        self.line = last if _MAYBE.fullmatch(last) else None
+        return None
+
+    def _fragment(self, data: bytes) -> bool:
+        i, n = 0, len(data)
+        if self.phase == 0:
+            if not self.started:
+                i = n - len(data.lstrip(b"\r\n"))
+                if i == n:
+                    return False
+                self.started = True
+            sp, lf = data.find(b" ", i), data.find(b"\n", i)
+            if lf >= 0 and (sp < 0 or lf < sp):
+                self.phase = 2  # no target: the parser refuses the line
+                return False
+            if sp < 0:
+                return False
+            self.phase, i = 1, sp + 1
+        sp, lf = data.find(b" ", i), data.find(b"\n", i)
+        end = min(x for x in (sp, lf, n) if x >= 0)
+        if data.find(b"#", i, end) >= 0:
+            return True
+        if end < n:
+            self.phase = 2
+        return False
+
+
+class ScannedHeadFields(HeadFields):
+    """:class:`gateway.head_fields.HeadFields` that also runs a :class:`HeadScan` over the head's
+    bytes; after :meth:`feed`, :attr:`refusal` is the code to refuse the head with, or None."""
+
+    __slots__ = ("scan", "refusal")
+
+    def __init__(self, max_fields: int) -> None:
+        self.scan = HeadScan()
+        self.refusal: str | None = None
+        super().__init__(max_fields)
+
+    def reset(self) -> None:
+        """A new head is awaited."""
+        super().reset()
+        self.scan.reset()
+        self.refusal = None
+
+    def feed(self, data: bytes) -> bool:
+        """:meth:`HeadFields.feed`, and the scan over the part of ``data`` that belongs to the head."""
+        if self.ended:
+            return True
+        ok = super().feed(data)
+        if self.refusal is None:
+            self.refusal = self.scan.feed(data if self.end < 0 else data[:self.end])
+        return ok
+
+
+RefusalHook = Callable[[str, Any], None]
+
+
+class UpgradeGuard:
+    """Mixin over the guarded uvicorn protocols of gateway/http_guard.py (first in their bases).
+
+    ``guard_on_refusal``: called as ``hook(code, client)`` (``client``: uvicorn's ``(host, port)``
+    or None) for each head refused here; set per listener by gateway/server.py (a ``staticmethod``).
+    """
+
+    guard_on_refusal: RefusalHook | None = None
+    guard_head_refused: bool = False
+
+    def guard_refuse_head(self, code: str) -> None:
+        """Answer 400 ``code`` (unless a response is in progress), audit it, close lingering."""
+        self.guard_cancel_timer()  # type: ignore[attr-defined]
+        transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
+        if transport is None or transport.is_closing():
+            return
+        if not self.guard_response_in_progress():  # type: ignore[attr-defined]
+            transport.write(refusal_bytes(400, code, _MESSAGES[code]))
+        hook = self.guard_on_refusal
+        if hook is not None:
+            hook(code, self.client)  # type: ignore[attr-defined]
+        self.guard_head_refused = True  # the close lingers: what follows is discarded unparsed
+        transport.close()
+
+    def guard_body_unfinished(self) -> bool:
+        """True after a refused head (its body may follow: close lingering), else the parser's answer."""
+        return self.guard_head_refused or super().guard_body_unfinished()  # type: ignore[misc]
+
+    def on_headers_complete(self) -> None:
+        """httptools: a head the scan did not see (pipelined behind a body) that asks for an upgrade."""
+        parser = getattr(self, "parser", None)
+        if parser is not None and parser.should_upgrade():
+            self.guard_refuse_head(UPGRADE_CODE)
+            self.logger = logging.getLogger("gateway.body_guard.quiet")  # silenced by gateway/body_guard.py
+            raise BodyRefused()
+        super().on_headers_complete()  # type: ignore[misc]
+
+
+def head_refusal_auditor(audit: Any) -> RefusalHook:
+    """A ``guard_on_refusal`` hook auditing each refused head on ``audit`` (a
+    :class:`gateway.auditing.AuditHub`): endpoint :data:`GUARD_ENDPOINT`, status 400, outcome
+    ``rejected``, the code, the socket peer's host as ``client_addr``."""
+    from gateway.record import refusal_record  # noqa: PLC0415 - keep the protocol module's imports light
+
+    def hook(code: str, client: Any) -> None:
+        host = str(client[0]) if isinstance(client, tuple) and client else "unknown"
+        audit.record_request(refusal_record(GUARD_ENDPOINT, host, 400, "rejected", code))
+
+    return hook
