@@ -185,8 +185,8 @@ class UpgradeGuard:
 
     def on_headers_complete(self) -> None:
         """httptools: a head the scan did not see (pipelined behind a body) that asks for an upgrade."""
-        parser = getattr(self, "parser", None)
-        if parser is not None and parser.should_upgrade():
+        parser = getattr(self, "parser", None)  # CONNECT (also flagged) keeps uvicorn's own 400 for its target
+        if parser is not None and parser.should_upgrade() and parser.get_method() != b"CONNECT":
             self.guard_refuse_head(UPGRADE_CODE)
             self.logger = logging.getLogger("gateway.body_guard.quiet")  # silenced by gateway/body_guard.py
             raise BodyRefused()
