@@ -128,7 +128,8 @@ class Upstream:
 
     def answered(self, replica_id: str, instance_id: str | None, attempt: Attempt | None = None) -> None:
         """A replica started answering (the first byte of a 200); a changed instance id means it
-        restarted. A half-open probe ``attempt`` gets its circuit verdict now (R7-2:
+        restarted. A half-open probe ``attempt`` (given for streams; a plain answer's first byte
+        comes with its end anyway) gets its circuit verdict now (R7-2:
         :meth:`gateway.replicas.Attempt.first_byte`); other attempts' verdicts wait for the end of
         the answer (see the pipeline)."""
         if attempt is not None:
