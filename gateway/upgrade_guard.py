@@ -20,11 +20,14 @@ refused, under both parsers and on both listeners:
 - the refusal is audited (``endpoint`` ``http_guard``, status 400, outcome ``rejected``, the error
   code, the socket peer as ``client_addr``; no identity: nothing was authenticated) through
   :func:`head_refusal_auditor`, installed by gateway/server.py;
-- backstop under httptools: a head the scan did not see (one pipelined behind a request body in the
-  same read, which the guard hands to the parser with the body) that the parser reports as an
-  upgrade (``parser.should_upgrade()``) is refused in ``on_headers_complete`` before uvicorn starts a
-  task for it, and the parser is stopped. Under h11 such a head is served as a plain request (h11
-  reads the body as a body: no desync; residual, documented).
+- backstop for a head the scan did not see (one pipelined in the same read behind a request body,
+  which the guard hands to the parser with the body; under h11 also behind a bodiless request, which
+  h11 parses from its own buffer once the previous response is complete): under httptools a head the
+  parser reports as an upgrade (``parser.should_upgrade()``, CONNECT aside) is refused in
+  ``on_headers_complete`` before uvicorn starts a task for it, and the parser is stopped; under h11 a
+  ``Request`` event with an ``upgrade`` field is refused in ``next_event`` (:class:`UpgradeH11Connection`)
+  before uvicorn sees it. When a response is still in progress nothing is answered: the connection
+  is closed.
 
 **R7-3.** A ``#`` in the request-target (a fragment: never sent on the wire, RFC 9112 section 3.2)
 is refused the same way with code ``invalid_request_target``; both parsers accepted it and served
@@ -42,10 +45,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
 from gateway.body_guard import BodyRefused, refusal_bytes
 from gateway.head_fields import HeadFields
 
-__all__ = ["HeadScan", "ScannedHeadFields", "UpgradeGuard", "head_refusal_auditor", "UPGRADE_CODE",
+__all__ = ["HeadScan", "ScannedHeadFields", "UpgradeGuard", "UpgradeH11Connection", "head_refusal_auditor", "UPGRADE_CODE",
            "TARGET_CODE", "GUARD_ENDPOINT"]
 
 UPGRADE_CODE = "upgrade_not_supported"
@@ -164,33 +170,87 @@ class UpgradeGuard:
 
     guard_on_refusal: RefusalHook | None = None
     guard_head_refused: bool = False
+    guard_deferred: str | None = None  # a refusal to answer once the response in progress is complete
 
-    def guard_refuse_head(self, code: str) -> None:
-        """Answer 400 ``code`` (unless a response is in progress), audit it, close lingering."""
+    def guard_refuse_head(self, code: str, defer: bool = True) -> None:
+        """Refuse the head being received: audit it, answer 400 ``code`` and close lingering. With a
+        response still in progress (a pipelined head) and ``defer``, what the client sends is
+        dropped and the answer goes out once that response is complete; without ``defer``, close."""
         self.guard_cancel_timer()  # type: ignore[attr-defined]
         transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self.guard_deferred is not None:
             return
-        if not self.guard_response_in_progress():  # type: ignore[attr-defined]
-            transport.write(refusal_bytes(400, code, _MESSAGES[code]))
         hook = self.guard_on_refusal
         if hook is not None:
             hook(code, self.client)  # type: ignore[attr-defined]
         self.guard_head_refused = True  # the close lingers: what follows is discarded unparsed
+        if self.guard_response_in_progress():  # type: ignore[attr-defined]
+            if defer:
+                self.guard_deferred = code
+                return
+        else:
+            transport.write(refusal_bytes(400, code, _MESSAGES[code]))
         transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        """Bytes after a deferred refusal are dropped unparsed."""
+        if self.guard_deferred is None:
+            super().data_received(data)  # type: ignore[misc]
+
+    def on_response_complete(self) -> None:
+        """uvicorn hook: the response in progress is complete; a deferred refusal is answered now."""
+        super().on_response_complete()  # type: ignore[misc]
+        code = self.guard_deferred
+        transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
+        if code is not None and not transport.is_closing():
+            transport.write(refusal_bytes(400, code, _MESSAGES[code]))
+            transport.close()
 
     def guard_body_unfinished(self) -> bool:
         """True after a refused head (its body may follow: close lingering), else the parser's answer."""
         return self.guard_head_refused or super().guard_body_unfinished()  # type: ignore[misc]
 
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        """h11: refuse upgrade heads that reach h11 unscanned (:class:`UpgradeH11Connection`)."""
+        super().connection_made(transport)  # type: ignore[misc]
+        if isinstance(self, H11Protocol) and not isinstance(self.conn, UpgradeH11Connection):
+            self.conn = UpgradeH11Connection(self.conn, self)  # type: ignore[assignment]
+
     def on_headers_complete(self) -> None:
         """httptools: a head the scan did not see (pipelined behind a body) that asks for an upgrade."""
         parser = getattr(self, "parser", None)  # CONNECT (also flagged) keeps uvicorn's own 400 for its target
         if parser is not None and parser.should_upgrade() and parser.get_method() != b"CONNECT":
-            self.guard_refuse_head(UPGRADE_CODE)
+            self.guard_refuse_head(UPGRADE_CODE, defer=False)  # the parser stops here: no answer can follow
             self.logger = logging.getLogger("gateway.body_guard.quiet")  # silenced by gateway/body_guard.py
             raise BodyRefused()
         super().on_headers_complete()  # type: ignore[misc]
+
+
+class UpgradeH11Connection:
+    """Wraps a uvicorn h11 protocol's connection: a ``Request`` event carrying an ``upgrade`` field
+    is refused (:meth:`UpgradeGuard.guard_refuse_head`) and ``h11.NEED_DATA`` returned from then on,
+    so uvicorn never starts it. Every other attribute is the wrapped connection's."""
+
+    __slots__ = ("_conn", "_protocol", "_refused")
+
+    def __init__(self, conn: Any, protocol: UpgradeGuard) -> None:
+        self._conn = conn
+        self._protocol = protocol
+        self._refused = False
+
+    def next_event(self) -> Any:
+        """h11's next event, or ``h11.NEED_DATA`` once an upgrade head was refused."""
+        if self._refused:
+            return h11.NEED_DATA
+        event = self._conn.next_event()
+        if type(event) is h11.Request and any(name == b"upgrade" for name, _ in event.headers):
+            self._refused = True
+            self._protocol.guard_refuse_head(UPGRADE_CODE)
+            return h11.NEED_DATA
+        return event
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
 
 
 def head_refusal_auditor(audit: Any) -> RefusalHook:
