@@ -61,10 +61,12 @@ GUARD_ENDPOINT = "http_guard"
 _MESSAGES = {UPGRADE_CODE: "protocol upgrades (Upgrade header) are not supported",
              TARGET_CODE: "a request-target must not contain a fragment ('#')"}
 
-#: an ``Upgrade`` field line: its name at a line start (the scan keeps a virtual ``\n`` before a head)
-_FIELD = re.compile(rb"\nupgrade[ \t]*:", re.IGNORECASE)
-#: the start of a line that may still become an ``Upgrade`` field line once more bytes arrive
-_MAYBE = re.compile(rb"\n(?:u(?:p(?:g(?:r(?:a(?:d(?:e[ \t]*)?)?)?)?)?)?)?", re.IGNORECASE)
+#: an ``Upgrade`` field line (lower-cased): its name at a line start (the scan keeps a virtual ``\n`` before a head)
+_FIELD = re.compile(rb"\nupgrade[ \t]*:")
+#: what may follow the name of an ``Upgrade`` field
+_COLON = re.compile(rb"[ \t]*:")
+#: the start of a line (lower-cased) that may still become an ``Upgrade`` field line once more bytes arrive
+_MAYBE = re.compile(rb"\n(?:u(?:p(?:g(?:r(?:a(?:d(?:e[ \t]*)?)?)?)?)?)?)?")
 
 
 class HeadScan:
@@ -90,10 +92,11 @@ class HeadScan:
         """The refusal code for the head so far with ``data`` appended, or None."""
         if self.phase < 2 and self._fragment(data):
             return TARGET_CODE
+        low = data.lower()  # ASCII only, in C; the searches below are plain finds
         line = self.line
-        lf = data.find(b"\n")
+        lf = low.find(b"\n")
         if line is not None:
-            seg = line + (data if lf < 0 else data[:lf])
+            seg = line + (low if lf < 0 else low[:lf])
             if _FIELD.match(seg):
                 return UPGRADE_CODE
             if lf < 0:
@@ -101,29 +104,36 @@ class HeadScan:
                 return None
         elif lf < 0:
             return None
-        if _FIELD.search(data, lf):
-            return UPGRADE_CODE
-        last = data[data.rfind(b"\n"):]
+        i = low.find(b"\nupgrade", lf)
+        while i >= 0:
+            if _COLON.match(low, i + 8):
+                return UPGRADE_CODE
+            i = low.find(b"\nupgrade", i + 8)
+        last = low[low.rfind(b"\n"):]
         self.line = last if _MAYBE.fullmatch(last) else None
         return None
 
     def _fragment(self, data: bytes) -> bool:
         i, n = 0, len(data)
+        if not n:
+            return False
         if self.phase == 0:
             if not self.started:
-                i = n - len(data.lstrip(b"\r\n"))
-                if i == n:
-                    return False
+                if data[:1] in (b"\r", b"\n"):  # leading blank lines (rare): skipped like the parsers do
+                    i = n - len(data.lstrip(b"\r\n"))
+                    if i == n:
+                        return False
                 self.started = True
-            sp, lf = data.find(b" ", i), data.find(b"\n", i)
-            if lf >= 0 and (sp < 0 or lf < sp):
-                self.phase = 2  # no target: the parser refuses the line
+            sp = data.find(b" ", i)
+            if data.find(b"\n", i, sp if sp >= 0 else n) >= 0:
+                self.phase = 2  # the line ends before a target: the parser refuses it
                 return False
             if sp < 0:
                 return False
             self.phase, i = 1, sp + 1
-        sp, lf = data.find(b" ", i), data.find(b"\n", i)
-        end = min(x for x in (sp, lf, n) if x >= 0)
+        sp = data.find(b" ", i)  # the target ends at the next space (or line end)
+        lf = data.find(b"\n", i, sp if sp >= 0 else n)
+        end = lf if lf >= 0 else sp if sp >= 0 else n
         if data.find(b"#", i, end) >= 0:
             return True
         if end < n:
