@@ -60,11 +60,12 @@ from gateway.body_guard import (
 from gateway.client_io import LOSS_KEY, ConnectionLoss
 from gateway.coalesce import CoalescingTransport
 from gateway.lingering import DEFAULT_LINGERING_CLOSE_BYTES, DEFAULT_LINGERING_CLOSE_S, LingeringTransport
-from gateway.head_fields import DEFAULT_MAX_HEADER_FIELDS, HeadFields, refuse_too_many_fields, rest_after_head
+from gateway.head_fields import DEFAULT_MAX_HEADER_FIELDS, refuse_too_many_fields, rest_after_head
 from gateway.log_aggregate import note_peer
 from gateway.protocol_audit import RefusalAudit, refused  # audit of the guard's refusals (session 7)
 from gateway.send_order import SEND_ORDER
 from gateway.source_cap import SourceCap
+from gateway.upgrade_guard import ScannedHeadFields, UpgradeGuard  # R7-1, R7-3 (hook: 3 lines, marked R7-1)
 
 __all__ = ["guarded_protocol", "DEFAULT_MAX_HEADER_BYTES", "DEFAULT_HEADER_READ_TIMEOUT_S", "PARSERS"]
 
@@ -100,7 +101,7 @@ class _HeadGuard(SourceCap):
         self.guard_head_bytes = 0
         self.guard_timer = None
         self.guard_source = None
-        self.guard_fields = HeadFields(self.guard_max_header_fields)
+        self.guard_fields = ScannedHeadFields(self.guard_max_header_fields)  # R7-1: HeadFields + Upgrade/'#' scan
         self.guard_loss = ConnectionLoss()  # fired by connection_lost; in every request scope (gateway/client_io.py)
         self.guard_wire = BodyWire()  # this connection's own (the class default is shared)
 
@@ -179,6 +180,8 @@ class _HeadGuard(SourceCap):
                 self.guard_cancel_timer()
                 return refuse_too_many_fields(transport, self.guard_max_header_fields,
                                               not self.guard_response_in_progress())
+            if self.guard_fields.refusal:  # R7-1/R7-3: never parsed (gateway/upgrade_guard.py)
+                return self.guard_refuse_head(self.guard_fields.refusal)  # type: ignore[attr-defined]
             if 0 < (cut := self.guard_fields.end) < len(piece):  # the head alone; the rest goes round (R6b-1)
                 self.guard_head_bytes -= len(piece) - cut
                 end, piece = offset + cut, piece[:cut]
@@ -232,7 +235,7 @@ class _HeadGuard(SourceCap):
         self.guard_feed(data)
 
 
-class GuardedHttpToolsProtocol(RefusalAudit, BodyGuard, _HeadGuard, HttpToolsProtocol):
+class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard, HttpToolsProtocol):  # R7-1: UpgradeGuard
     """uvicorn's httptools protocol with the request-head bounds of :class:`_HeadGuard`
     and the body framing bounds of :class:`gateway.body_guard.BodyGuard`."""
 
@@ -272,7 +275,7 @@ class GuardedHttpToolsProtocol(RefusalAudit, BodyGuard, _HeadGuard, HttpToolsPro
         self.guard_head_expected()
 
 
-class GuardedH11Protocol(RefusalAudit, BodyGuard, _HeadGuard, H11Protocol):
+class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard, H11Protocol):  # R7-1: UpgradeGuard
     """uvicorn's h11 protocol with the request-head bounds of :class:`_HeadGuard`
     and the body framing bounds of :class:`gateway.body_guard.BodyGuard` (through
     :class:`gateway.body_guard.GuardedH11Connection`).

@@ -241,7 +241,7 @@ class InferencePipeline:
                 continue
             held.up = up
             budget_used += 1
-            gw.upstream.answered(replica.id, up.instance_id)
+            gw.upstream.answered(replica.id, up.instance_id, held.attempt if req.stream else None)  # R7-2
             rec.t_first_byte = time.perf_counter()
             held.ticket.first_byte()
             if req.stream:

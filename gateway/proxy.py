@@ -8,8 +8,8 @@ total deadline for plain answers): until that chunk has been handed to
 the client nothing is committed, so the caller may still retry on another
 replica. Failures are classified into :class:`UpstreamFailure` kinds that
 map to HTTP answers: ``connect`` (502, retryable), ``timeout`` (504,
-retryable while the deadline allows), ``status`` 5xx (502, retryable), ``status`` 4xx (passed through,
-the client's fault, never counted against the replica), ``protocol``
+retryable while the deadline allows), ``status`` 502/503/504 (502, retryable), ``status`` 4xx and
+other 5xx (passed through, the request's failure, never counted against the replica nor retried; R7-2), ``protocol``
 (502, retryable before the first byte).
 
 Content coding (issue 10, finding 5): every upstream request asks for
@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from gateway.replicas import counts_against_replica, retryable_status
 from gateway.send_order import SEND_ORDER
 from gateway.upstream_conn import UpstreamConnectionLost, UpstreamProtocolError, UpstreamResponse
 from gateway.upstream_pool import UpstreamConnectError, UpstreamPool
@@ -48,6 +49,8 @@ UPSTREAM_DEFAULT_HEADERS = {"Accept-Encoding": "identity"}
 _JSON_TYPE = {"Content-Type": "application/json"}
 MAX_DECODED_BYTES = 256 << 20
 _PIECE = 1 << 20
+#: the error body a plain 500 (or another 5xx that is not a gateway failure) is passed on with (R7-2)
+_REQUEST_FAILED = b'{"error": {"message": "the replica failed to process this request"}}'
 
 
 class ContentCodingError(Exception):
@@ -136,10 +139,10 @@ class UpstreamFailure(Exception):
     ``status``: the replica's HTTP status for ``status`` failures;
     ``body``: the replica's error body (``status`` 4xx only, passed through);
     ``retryable``: another replica may succeed (not for a client-caused
-    4xx; 429 is retried elsewhere); ``replica_fault``: counts against the
-    replica's circuit breaker — false for every answer below 500, 429
-    included (as Envoy's outlier detection counts only 5xx and locally
-    originated errors: connect, timeout, reset); ``reached``: the request
+    4xx nor a plain 500; 429, 502, 503, 504 are retried elsewhere); ``replica_fault``: counts against the
+    replica's circuit breaker — only 502, 503, 504 among statuses (as Envoy's outlier detection
+    ``consecutive_gateway_failure``, with the locally originated errors: connect, timeout, reset;
+    review R7-2: a 500 is the request's failure, :func:`gateway.replicas.counts_against_replica`); ``reached``: the request
     may have reached the replica (false only when no connection could be
     made: the token ledger then charges nothing for this attempt).
     """
@@ -151,9 +154,11 @@ class UpstreamFailure(Exception):
         self.reached = reached
         self.status = status
         self.body = body
-        client_fault = kind == "status" and status is not None and 400 <= status < 500 and status != 429
-        self.retryable = not client_fault
-        self.replica_fault = not (kind == "status" and status is not None and status < 500)
+        answered = kind == "status" and status is not None  # R7-2: gateway/replicas.py classifies statuses
+        self.retryable = not answered or retryable_status(status)  # type: ignore[arg-type]
+        self.replica_fault = not answered or counts_against_replica(status)  # type: ignore[arg-type]
+        if answered and status >= 500 and not self.replica_fault:  # type: ignore[operator]
+            self.body = _REQUEST_FAILED  # passed on as this request's failure, never the engine's text
 
 
 @dataclass(slots=True)

@@ -6,9 +6,16 @@ outcome, and ``failure_threshold`` consecutive upstream failures open the
 replica's circuit for ``cooldown_s`` seconds, after which one half-open probe
 request is let through (success closes the circuit, failure re-opens it) —
 the classic circuit-breaker state machine (Nygard, "Release It!").
-Client-caused 4xx answers prove the replica is alive and never count as
-failures. A replica is routable iff it is healthy and its circuit allows a
-request.
+Only *gateway failures* count against a replica, as Envoy's outlier detection
+``consecutive_gateway_failure``: locally originated errors (connect error,
+timeout, reset, a broken or unreadable answer) and the statuses in
+:data:`GATEWAY_FAILURE_STATUSES` (502, 503, 504). Every other answer, a 4xx
+and a plain 500 included, proves the replica alive and resets the count: a 500
+is what an engine answers to one request it cannot process (a "query of
+death"), so counting it let one tenant's input open every replica's circuit
+for all tenants (review R7-2); it is not retried on another replica either
+(:func:`retryable_status`). A replica is routable iff it is healthy and its
+circuit allows a request.
 
 Every upstream attempt is an :class:`Attempt` (``ReplicaSet.attempt``) that
 takes exactly one verdict: ``succeeded``, ``failed`` or, when it ended with
@@ -28,7 +35,24 @@ from typing import Any
 
 from routing.filters import HealthFilter, TenantPoolFilter
 
-__all__ = ["Attempt", "Replica", "ReplicaSet", "ReplicaState", "CircuitState", "UnknownReplicaError"]
+__all__ = ["Attempt", "Replica", "ReplicaSet", "ReplicaState", "CircuitState", "UnknownReplicaError",
+           "GATEWAY_FAILURE_STATUSES", "counts_against_replica", "retryable_status"]
+
+#: upstream statuses that count against the replica (Envoy's "gateway errors"); any other status does not
+GATEWAY_FAILURE_STATUSES = frozenset({502, 503, 504})
+
+
+def counts_against_replica(status: int) -> bool:
+    """True when an upstream answer with HTTP ``status`` is a replica failure for its circuit
+    breaker: 502, 503, 504 only (R7-2). A 500 and other 5xx are the request's failure."""
+    return status in GATEWAY_FAILURE_STATUSES
+
+
+def retryable_status(status: int) -> bool:
+    """True when an upstream answer with HTTP ``status`` may be retried on another replica: the
+    gateway failures and 429 (the replica shedding load). A 500 is not (R7-2: the same input fails
+    the same way elsewhere, and each retry would cost another replica's engine)."""
+    return status == 429 or status in GATEWAY_FAILURE_STATUSES
 
 
 class UnknownReplicaError(KeyError):
@@ -245,7 +269,7 @@ class ReplicaSet:
                 and self._clock() - st.last_success_at <= within_s)
 
     def record_failure(self, replica_id: str) -> None:
-        """An upstream failure (connect error, timeout, 5xx, broken stream):
+        """An upstream failure (connect error, timeout, 502/503/504, broken stream):
         a failed half-open probe re-opens the circuit; ``failure_threshold``
         consecutive failures open it."""
         st = self.state(replica_id)
@@ -257,9 +281,10 @@ class ReplicaSet:
             self.version += 1
 
     def record_status(self, replica_id: str, status: int) -> None:
-        """Classify an upstream HTTP status: 5xx is a replica failure; any
-        other status (including client-caused 4xx) shows the replica alive."""
-        if status >= 500:
+        """Classify an upstream HTTP status: 502, 503, 504 are replica failures
+        (:func:`counts_against_replica`); any other status (client-caused 4xx,
+        a plain 500) shows the replica alive."""
+        if counts_against_replica(status):
             self.record_failure(replica_id)
         else:
             self.record_success(replica_id)
@@ -311,14 +336,24 @@ class Attempt:
         """True once a verdict (or a release) was applied."""
         return not self._open
 
+    def first_byte(self) -> None:
+        """The replica's 200 answer began (its first body byte arrived). For the half-open probe this
+        is the circuit's verdict (R7-2): the circuit closes now, not at the answer's end, so one long
+        stream cannot hold the replica out of rotation for a whole generation. The attempt itself
+        stays open: the answer's end still gives its verdict (a stream cut later counts one failure
+        on the closed circuit). No effect on other attempts or once settled."""
+        if self.probe and self._open:
+            self.probe = False  # a later release must not free another request's probe
+            self._apply(self._set.record_success)
+
     def succeeded(self) -> None:
-        """The replica gave a complete answer, or an answer that is the
-        client's fault (status below 500): reset its failures, close the circuit."""
+        """The replica gave a complete answer, or an answer that is not a gateway failure (a 4xx,
+        a plain 500: :func:`counts_against_replica`): reset its failures, close the circuit."""
         if self._settle():
             self._apply(self._set.record_success)
 
     def failed(self) -> None:
-        """A replica fault (5xx, timeout, connect error, reset or broken
+        """A replica fault (502/503/504, timeout, connect error, reset or broken
         answer): count it; a failed probe re-opens the circuit."""
         if self._settle():
             self._apply(self._set.record_failure)

@@ -117,8 +117,8 @@ class Upstream:
 
     def failed(self, attempt: Attempt, fail: UpstreamFailure) -> None:
         """Count a failed call and settle its breaker attempt: a replica fault
-        (5xx, timeout, connect error, reset, broken answer) is a failure; an
-        answer below 500 (the client's fault, 429 included) shows the replica
+        (502/503/504, timeout, connect error, reset, broken answer) is a failure; any
+        other answer (the client's fault, 429, a plain 500: R7-2) shows the replica
         alive and is a success (docs/routing.md, "Circuit breaker")."""
         self.metrics.upstream_failures.labels(fail.kind).inc()
         if fail.replica_fault:
@@ -126,8 +126,13 @@ class Upstream:
         else:
             attempt.succeeded()
 
-    def answered(self, replica_id: str, instance_id: str | None) -> None:
-        """A replica started answering; a changed instance id means it restarted.
-        (The breaker verdict waits for the end of the answer: see the pipeline.)"""
+    def answered(self, replica_id: str, instance_id: str | None, attempt: Attempt | None = None) -> None:
+        """A replica started answering (the first byte of a 200); a changed instance id means it
+        restarted. A half-open probe ``attempt`` (given for streams; a plain answer's first byte
+        comes with its end anyway) gets its circuit verdict now (R7-2:
+        :meth:`gateway.replicas.Attempt.first_byte`); other attempts' verdicts wait for the end of
+        the answer (see the pipeline)."""
+        if attempt is not None:
+            attempt.first_byte()
         if instance_id and self.replica_set.observe_instance(replica_id, instance_id):
             self.on_restart(replica_id)

@@ -9,12 +9,17 @@ ways against a real (simulated) replica. Afterwards the probe is no longer in
 flight, the router's load ticket is back to zero, and the breaker holds the
 verdict that ending deserves (docs/routing.md, "Circuit breaker"):
 
-* ``success`` — a complete answer, or an answer below 500 (the client's
-  fault, 429 included; as Envoy's outlier detection): circuit closed;
-* ``failure`` — 5xx, first-byte timeout, refused connection, reset, broken
+* ``success`` — a complete answer, or an answer that is not a gateway failure (the client's
+  4xx, 429, and since R7-2 a plain 500; as Envoy's ``consecutive_gateway_failure``): circuit closed;
+* ``failure`` — 502/503/504, first-byte timeout, refused connection, reset, broken
   or invalid answer: re-opened (then it recovers after the cool-down);
-* ``none`` — the client left, the task was cancelled, the gateway failed:
+* ``first_byte`` — since R7-2 the probe's circuit verdict comes at the first byte of its 200
+  answer: closed then, whatever happens to the stream afterwards (a stream cut later counts one
+  failure on the closed circuit; a client that leaves gives no further verdict);
+* ``none`` — the client left, the task was cancelled, the gateway failed, before the first byte:
   the probe is released and the next request probes.
+
+The circuit is opened with 503s (since R7-2 a 500 no longer counts against a replica).
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ async def replica_429(stack: Any, sim: Any, mp: Any) -> None:
 async def replica_500(stack: Any, sim: Any, mp: Any) -> None:
     await sim.fault(2, status=500)
     r = await post(stack)
-    assert r.status_code == 502, r.text
+    assert r.status_code == 500, r.text  # R7-2: the request's failure, passed on, not retried
 
 
 async def first_byte_timeout(stack: Any, sim: Any, mp: Any) -> None:
@@ -175,7 +180,7 @@ async def gateway_error_after_dispatch(stack: Any, sim: Any, mp: Any) -> None:
 @dataclass(frozen=True)
 class Ending:
     run: Callable[[Any, Any, Any], Awaitable[None]]
-    verdict: str  # "success" | "failure" | "none"
+    verdict: str  # "success" | "failure" | "first_byte" | "first_byte_then_failure" | "none"
 
 
 ENDINGS = {
@@ -183,16 +188,16 @@ ENDINGS = {
     "complete_stream": Ending(complete_stream, "success"),
     "replica_400": Ending(replica_400, "success"),
     "replica_429": Ending(replica_429, "success"),
-    "replica_500": Ending(replica_500, "failure"),
+    "replica_500": Ending(replica_500, "success"),  # R7-2
     "first_byte_timeout": Ending(first_byte_timeout, "failure"),
     "connect_refused": Ending(connect_refused, "failure"),
     "reset_before_first_byte": Ending(reset_before_first_byte, "failure"),
-    "stream_reset_midway": Ending(stream_reset_midway, "failure"),
+    "stream_reset_midway": Ending(stream_reset_midway, "first_byte_then_failure"),  # R7-2
     "invalid_answer": Ending(invalid_answer, "failure"),
     "client_gone_before_answer": Ending(client_gone_before_answer, "none"),
-    "client_gone_mid_stream": Ending(client_gone_mid_stream, "none"),
-    "client_gone_as_the_answer_starts": Ending(client_gone_as_the_answer_starts, "none"),
-    "send_fails_at_response_start": Ending(send_fails_at_response_start, "none"),
+    "client_gone_mid_stream": Ending(client_gone_mid_stream, "first_byte"),  # R7-2: after the first byte
+    "client_gone_as_the_answer_starts": Ending(client_gone_as_the_answer_starts, "first_byte"),
+    "send_fails_at_response_start": Ending(send_fails_at_response_start, "first_byte"),
     "task_cancelled": Ending(task_cancelled, "none"),
     "gateway_error_after_dispatch": Ending(gateway_error_after_dispatch, "none"),
 }
@@ -206,7 +211,7 @@ async def test_every_ending_of_the_half_open_probe_settles_the_breaker(
     c = stack.components
     rs = c.replica_set
     await c.health.stop()  # only the breaker reacts (status faults would also fail /health)
-    await sim.fault(2, status=500)
+    await sim.fault(2, status=503)  # R7-2: a gateway failure (a 500 no longer counts)
     for _ in range(THRESHOLD):
         assert (await post(stack)).status_code == 502
     assert rs.state("r2").circuit is CircuitState.OPEN and not rs.is_routable("r2")
@@ -226,6 +231,9 @@ async def test_every_ending_of_the_half_open_probe_settles_the_breaker(
     st = rs.state("r2")
     if ending.verdict == "success":
         assert st.circuit is CircuitState.CLOSED and st.consecutive_failures == 0 and rs.is_routable("r2")
+    elif ending.verdict.startswith("first_byte"):  # R7-2: closed at the probe's first byte
+        failures = 1 if ending.verdict.endswith("failure") else 0
+        assert st.circuit is CircuitState.CLOSED and st.consecutive_failures == failures and rs.is_routable("r2")
     elif ending.verdict == "failure":
         assert st.consecutive_failures == THRESHOLD + 1 and st.opened_at >= t_probe  # re-opened by the probe
     else:

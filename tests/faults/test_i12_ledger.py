@@ -190,7 +190,7 @@ ENDINGS = [
     ("completed_without_usage", "nousage", False, "read", 200, (P, M), "reservation"),
     ("completed_without_usage_stream", "nousage", True, "read", 200, (P, 3), "relayed"),
     ("client_cancelled_mid_stream", "twothenhold", True, "leave_after_2", 200, (P, 2), "relayed"),
-    ("replica_500", "fail500", False, "read", 502, (P, 0), "refused"),
+    ("replica_500", "fail500", False, "read", 500, (P, 0), "refused"),  # R7-2: passed on, not retried
     ("stream_reset_after_2_chunks", "reset2", True, "cut_after_2", 200, (P, 2), "relayed"),
     ("timeout_before_first_byte", "stallfirst", False, "read", 504, (P, M), "reservation"),
     ("timeout_mid_stream", "twothenhold", True, "read", 200, (P, 2), "relayed"),

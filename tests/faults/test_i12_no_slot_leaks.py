@@ -179,7 +179,7 @@ async def test_no_slot_leaks_whatever_way_requests_end(
     r = await post(stack, body("hold", model="no-such-model"))
     assert r.status_code == 404  # unknown model
     r = await post(stack, body("fail500"))
-    assert r.status_code == 502  # upstream 500 (on both replicas)
+    assert r.status_code == 500  # upstream 500: passed on, not retried (R7-2)
     r = await post(stack, body("hold", model="other-model"))
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"  # not entitled (R3-7)
     r = await post(stack, body("stallfirst"))

@@ -168,7 +168,8 @@ async def test_replica_4xx_passed_through_never_counts_against_health(stack, cap
 
 async def test_replica_5xx_does_count(stack, capture):
     # the counterpart of the test above: the same path with a replica fault moves the breaker
-    capture.reject.update({"r0": 500, "r1": 500})
+    # (a gateway failure: since R7-2 a plain 500 is the request's failure, not the replica's)
+    capture.reject.update({"r0": 503, "r1": 503})
     r = await stack.client.post("/v1/completions", headers=stack.auth(),
                                 json={"model": "sim-model", "prompt": LONG, "max_tokens": 4})
     assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"

@@ -99,13 +99,14 @@ def test_verdict_on_a_removed_replica_is_dropped() -> None:
 @pytest.mark.parametrize(
     ("status", "fault"),
     [(400, False), (404, False), (413, False), (429, False), (499, False),
-     (500, True), (502, True), (503, True), (504, True)],
+     (500, False), (501, False), (502, True), (503, True), (504, True)],  # R7-2: 500 is the request's failure
 )
-def test_only_5xx_statuses_are_replica_faults(status: int, fault: bool) -> None:
-    """As Envoy's outlier detection: 5xx (and locally originated errors) count, nothing below 500."""
+def test_only_gateway_failure_statuses_are_replica_faults(status: int, fault: bool) -> None:
+    """As Envoy's outlier detection (consecutive_gateway_failure): 502/503/504 and locally originated
+    errors count; a 500 does not, and is not retried (review R7-2)."""
     fail = UpstreamFailure("status", f"replica answered {status}", status=status)
     assert fail.replica_fault is fault
-    assert fail.retryable is (status >= 500 or status == 429)
+    assert fail.retryable is (status in (502, 503, 504) or status == 429)
 
 
 @pytest.mark.parametrize("kind", ["connect", "timeout", "protocol"])

@@ -1,0 +1,264 @@
+"""Refuse protocol upgrades and fragments in the request-target before any parser acts on them (R7-1, R7-3).
+
+**R7-1 (request smuggling).** uvicorn's httptools protocol stops at a head carrying ``Connection:
+Upgrade`` + ``Upgrade: <anything>`` (``HttpParserUpgrade``), never hands that request's body to the
+app, and then parses the body bytes as a *new request on the same connection*: a tenant could hide a
+second request (its own headers, ``X-Forwarded-For``, another path) inside a body that a proxy in
+front forwards as a body, so the proxy's ACLs, access log and the gateway's audit source disagree.
+The gateway serves no websocket or h2c, so any request head carrying an ``Upgrade`` header field is
+refused, under both parsers and on both listeners:
+
+- :class:`HeadScan` looks at each request head's bytes as the guard (gateway/http_guard.py) hands
+  them to the parser (``bytes.find`` and one regex search per piece, state kept across reads so a
+  field name split over two reads is found); the piece holding the ``Upgrade`` field name is never
+  handed to the parser, so no parser ever completes such a head;
+- the answer is **400** (JSON error, code ``upgrade_not_supported``) with ``Connection: close``
+  (nothing when a response is still in progress on the connection), the connection is closed
+  *lingering* (gateway/lingering.py: half-close, what the client still sends is discarded unparsed,
+  bounded by ``limits.lingering_close_bytes`` / ``lingering_close_s``), so the body, and any request
+  in it, is never parsed;
+- the refusal is audited (``endpoint`` ``http_guard``, status 400, outcome ``rejected``, the error
+  code, the socket peer as ``client_addr``; no identity: nothing was authenticated) through
+  :func:`gateway.protocol_audit.head_refusal_hook` (the rate bound of the other guard refusals),
+  installed by gateway/server.py;
+- backstop for a head the scan did not see (one pipelined in the same read behind a request body,
+  which the guard hands to the parser with the body; under h11 also behind a bodiless request, which
+  h11 parses from its own buffer once the previous response is complete): under httptools a head the
+  parser reports as an upgrade (``parser.should_upgrade()``, CONNECT aside) is refused in
+  ``on_headers_complete`` before uvicorn starts a task for it, and the parser is stopped; under h11 a
+  ``Request`` event with an ``upgrade`` field is refused in ``next_event`` (:class:`UpgradeH11Connection`)
+  before uvicorn sees it. When a response is still in progress nothing is answered: the connection
+  is closed.
+
+**R7-3.** A ``#`` in the request-target (a fragment: never sent on the wire, RFC 9112 section 3.2)
+is refused the same way with code ``invalid_request_target``; both parsers accepted it and served
+``/v1/chat/completions#x`` as the chat route.
+
+Front proxies must not forward ``Upgrade`` / ``Connection: upgrade`` to the gateway
+(docs/security.md, "What PrefixGate leaves to the deployment").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from gateway.body_guard import BodyRefused, refusal_bytes
+from gateway.head_fields import HeadFields
+
+__all__ = ["HeadScan", "ScannedHeadFields", "UpgradeGuard", "UpgradeH11Connection", "UPGRADE_CODE",
+           "TARGET_CODE", "GUARD_ENDPOINT"]
+
+UPGRADE_CODE = "upgrade_not_supported"
+TARGET_CODE = "invalid_request_target"
+#: ``endpoint`` of the audit event of a head refused by the HTTP guard
+GUARD_ENDPOINT = "http_guard"
+_MESSAGES = {UPGRADE_CODE: "protocol upgrades (Upgrade header) are not supported",
+             TARGET_CODE: "a request-target must not contain a fragment ('#')"}
+
+#: an ``Upgrade`` field line (lower-cased): its name at a line start (the scan keeps a virtual ``\n`` before a head)
+_FIELD = re.compile(rb"\nupgrade[ \t]*:")
+#: what may follow the name of an ``Upgrade`` field
+_COLON = re.compile(rb"[ \t]*:")
+#: the start of a line (lower-cased) that may still become an ``Upgrade`` field line once more bytes arrive
+_MAYBE = re.compile(rb"\n(?:u(?:p(?:g(?:r(?:a(?:d(?:e[ \t]*)?)?)?)?)?)?)?")
+
+
+class HeadScan:
+    """Scans one request head fed in pieces for an ``Upgrade`` field and a ``#`` in the request-target.
+
+    :meth:`feed` takes each piece of head bytes (the head's bytes only, in order) and returns the
+    error code to refuse the head with (:data:`UPGRADE_CODE`, :data:`TARGET_CODE`) or None.
+    :meth:`reset` before the next head.
+    """
+
+    __slots__ = ("line", "phase", "started")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """A new head is awaited."""
+        self.line: bytes | None = b"\n"  # the current line so far while it may still be an Upgrade field line
+        self.phase = 0  # request line: 0 before the target, 1 in it, 2 after it
+        self.started = False  # a byte of the request line was seen (parsers skip leading blank lines)
+
+    def feed(self, data: bytes) -> str | None:
+        """The refusal code for the head so far with ``data`` appended, or None."""
+        if self.phase < 2 and self._fragment(data):
+            return TARGET_CODE
+        low = data.lower()  # ASCII only, in C; the searches below are plain finds
+        line = self.line
+        lf = low.find(b"\n")
+        if line is not None:
+            seg = line + (low if lf < 0 else low[:lf])
+            if _FIELD.match(seg):
+                return UPGRADE_CODE
+            if lf < 0:
+                self.line = seg if _MAYBE.fullmatch(seg) else None
+                return None
+        elif lf < 0:
+            return None
+        i = low.find(b"\nupgrade", lf)
+        while i >= 0:
+            if _COLON.match(low, i + 8):
+                return UPGRADE_CODE
+            i = low.find(b"\nupgrade", i + 8)
+        last = low[low.rfind(b"\n"):]
+        self.line = last if _MAYBE.fullmatch(last) else None
+        return None
+
+    def _fragment(self, data: bytes) -> bool:
+        i, n = 0, len(data)
+        if not n:
+            return False
+        if self.phase == 0:
+            if not self.started:
+                if data[:1] in (b"\r", b"\n"):  # leading blank lines (rare): skipped like the parsers do
+                    i = n - len(data.lstrip(b"\r\n"))
+                    if i == n:
+                        return False
+                self.started = True
+            sp = data.find(b" ", i)
+            if data.find(b"\n", i, sp if sp >= 0 else n) >= 0:
+                self.phase = 2  # the line ends before a target: the parser refuses it
+                return False
+            if sp < 0:
+                return False
+            self.phase, i = 1, sp + 1
+        sp = data.find(b" ", i)  # the target ends at the next space (or line end)
+        lf = data.find(b"\n", i, sp if sp >= 0 else n)
+        end = lf if lf >= 0 else sp if sp >= 0 else n
+        if data.find(b"#", i, end) >= 0:
+            return True
+        if end < n:
+            self.phase = 2
+        return False
+
+
+class ScannedHeadFields(HeadFields):
+    """:class:`gateway.head_fields.HeadFields` that also runs a :class:`HeadScan` over the head's
+    bytes; after :meth:`feed`, :attr:`refusal` is the code to refuse the head with, or None."""
+
+    __slots__ = ("scan", "refusal")
+
+    def __init__(self, max_fields: int) -> None:
+        self.scan = HeadScan()
+        self.refusal: str | None = None
+        super().__init__(max_fields)
+
+    def reset(self) -> None:
+        """A new head is awaited."""
+        super().reset()
+        self.scan.reset()
+        self.refusal = None
+
+    def feed(self, data: bytes) -> bool:
+        """:meth:`HeadFields.feed`, and the scan over the part of ``data`` that belongs to the head."""
+        if self.ended:
+            return True
+        ok = super().feed(data)
+        if self.refusal is None:
+            self.refusal = self.scan.feed(data if self.end < 0 else data[:self.end])
+        return ok
+
+
+RefusalHook = Callable[[str, Any], None]
+
+
+class UpgradeGuard:
+    """Mixin over the guarded uvicorn protocols of gateway/http_guard.py (first in their bases).
+
+    ``guard_on_refusal``: called as ``hook(code, client)`` (``client``: uvicorn's ``(host, port)``
+    or None) for each head refused here; set per listener by gateway/server.py (a ``staticmethod``).
+    """
+
+    guard_on_refusal: RefusalHook | None = None
+    guard_head_refused: bool = False
+    guard_deferred: str | None = None  # a refusal to answer once the response in progress is complete
+
+    def guard_refuse_head(self, code: str, defer: bool = True) -> None:
+        """Refuse the head being received: audit it, answer 400 ``code`` and close lingering. With a
+        response still in progress (a pipelined head) and ``defer``, what the client sends is
+        dropped and the answer goes out once that response is complete; without ``defer``, close."""
+        self.guard_cancel_timer()  # type: ignore[attr-defined]
+        transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
+        if transport is None or transport.is_closing() or self.guard_deferred is not None:
+            return
+        hook = self.guard_on_refusal
+        if hook is not None:
+            hook(code, self.client)  # type: ignore[attr-defined]
+        self.guard_head_refused = True  # the close lingers: what follows is discarded unparsed
+        if self.guard_response_in_progress():  # type: ignore[attr-defined]
+            if defer:
+                self.guard_deferred = code
+                return
+        else:
+            transport.write(refusal_bytes(400, code, _MESSAGES[code]))
+        transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        """Bytes after a deferred refusal are dropped unparsed."""
+        if self.guard_deferred is None:
+            super().data_received(data)  # type: ignore[misc]
+
+    def on_response_complete(self) -> None:
+        """uvicorn hook: the response in progress is complete; a deferred refusal is answered now."""
+        super().on_response_complete()  # type: ignore[misc]
+        code = self.guard_deferred
+        transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
+        if code is not None and not transport.is_closing():
+            transport.write(refusal_bytes(400, code, _MESSAGES[code]))
+            transport.close()
+
+    def guard_body_unfinished(self) -> bool:
+        """True after a refused head (its body may follow: close lingering), else the parser's answer."""
+        return self.guard_head_refused or super().guard_body_unfinished()  # type: ignore[misc]
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        """h11: refuse upgrade heads that reach h11 unscanned (:class:`UpgradeH11Connection`)."""
+        super().connection_made(transport)  # type: ignore[misc]
+        if isinstance(self, H11Protocol) and not isinstance(self.conn, UpgradeH11Connection):
+            self.conn = UpgradeH11Connection(self.conn, self)  # type: ignore[assignment]
+
+    def on_headers_complete(self) -> None:
+        """httptools: a head the scan did not see (pipelined behind a body) that asks for an upgrade."""
+        parser = getattr(self, "parser", None)  # CONNECT (also flagged) keeps uvicorn's own 400 for its target
+        if parser is not None and parser.should_upgrade() and parser.get_method() != b"CONNECT":
+            self.guard_refuse_head(UPGRADE_CODE, defer=False)  # the parser stops here: no answer can follow
+            self.logger = logging.getLogger("gateway.body_guard.quiet")  # silenced by gateway/body_guard.py
+            raise BodyRefused()
+        super().on_headers_complete()  # type: ignore[misc]
+
+
+class UpgradeH11Connection:
+    """Wraps a uvicorn h11 protocol's connection: a ``Request`` event carrying an ``upgrade`` field
+    is refused (:meth:`UpgradeGuard.guard_refuse_head`) and ``h11.NEED_DATA`` returned from then on,
+    so uvicorn never starts it. Every other attribute is the wrapped connection's."""
+
+    __slots__ = ("_conn", "_protocol", "_refused")
+
+    def __init__(self, conn: Any, protocol: UpgradeGuard) -> None:
+        self._conn = conn
+        self._protocol = protocol
+        self._refused = False
+
+    def next_event(self) -> Any:
+        """h11's next event, or ``h11.NEED_DATA`` once an upgrade head was refused."""
+        if self._refused:
+            return h11.NEED_DATA
+        event = self._conn.next_event()
+        if type(event) is h11.Request and any(name == b"upgrade" for name, _ in event.headers):
+            self._refused = True
+            self._protocol.guard_refuse_head(UPGRADE_CODE)
+            return h11.NEED_DATA
+        return event
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
