@@ -77,6 +77,7 @@ class Admission:
         self.max_messages = max_messages
         self.default_max_prompt_tokens = default_max_prompt_tokens  # limits.max_prompt_tokens
         self.max_output_tokens = max_output_tokens
+        self._bounds: dict[str, tuple[Tenant, RequestBounds]] = {}  # request_bounds per Tenant object
 
     def replace_registry(self, registry: TenantRegistry) -> None:
         """Serve ``registry`` from now on and free removed tenants' buckets and ledger state
@@ -129,9 +130,18 @@ class Admission:
         return SlotClaim(self, tenant, lease)
 
     def request_bounds(self, tenant: Tenant) -> RequestBounds:
-        """The tenant's effective per-request bounds (see :mod:`tenancy.bounds`)."""
-        return request_bounds(tenant, self.tokenizer, max_messages_ceiling=self.max_messages,
-                              default_max_prompt_tokens=self.default_max_prompt_tokens)
+        """The tenant's effective per-request bounds (see :mod:`tenancy.bounds`), kept per Tenant
+        object (frozen; a registry reload hands out new objects) and tenant id (issue 14: not
+        rebuilt per request)."""
+        got = self._bounds.get(tenant.id)
+        if got is not None and got[0] is tenant:
+            return got[1]
+        bounds = request_bounds(tenant, self.tokenizer, max_messages_ceiling=self.max_messages,
+                                default_max_prompt_tokens=self.default_max_prompt_tokens)
+        if len(self._bounds) >= 4096:  # bounded like gateway/pep_key.py's memo
+            self._bounds.clear()
+        self._bounds[tenant.id] = (tenant, bounds)
+        return bounds
 
     def check_model(self, model: str, tenant: Tenant) -> None:
         """404 ``model_not_found`` for a model the gateway does not serve, and the same 404
