@@ -205,9 +205,8 @@ class InferencePipeline:
             rec.available_prefix_tokens = choice.available_prefix_tokens
             rec.replica_load_tokens = gw.router.loads.snapshot(replica.id).tokens
             rec.t_route = time.perf_counter()
-            upstream_body = dict(body)
-            if replica.cache_salt:
-                upstream_body["cache_salt"] = gw.keys.cache_salt(tenant)
+            # serialized at once by open_upstream, never changed: copied only to add the salt
+            upstream_body = {**body, "cache_salt": gw.keys.cache_salt(tenant)} if replica.cache_salt else body
             # request id and trace context (never client credentials)
             headers = {"X-Request-Id": rec.request_id}
             gw.audit.inject_trace_headers(headers, rec)
