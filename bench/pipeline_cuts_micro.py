@@ -16,6 +16,8 @@ Cases (one request's share of each):
 * ``admission``: ``Admission.request_bounds``, ``check_prompt`` (ledger reservation and its
   counters), ``lower_reservation``, ``settle`` (memory backend, token limits on);
 * ``pep``: ``PolicyEnforcementPoint.decide`` on a decision-cache hit (2 candidates, no alert);
+* ``flow``: flow control's fast path (``_release_now``: placement check and route, 3 replicas,
+  ``flow.replica_max_queued_prefill_tokens`` set) and the ticket's finish;
 * ``prefix``: ``block_hash_chain`` of 80 tokens (5 blocks of 16) and the audit fingerprint.
 
 Results: ``bench/results/pipeline_cuts_micro-<name>.{json,md}``.
@@ -98,6 +100,18 @@ def step(i):
         co.send(None)
     except StopIteration:
         pass
+print(best(step))
+""",
+    "flow": """
+from gateway.config_flow import FlowConfig
+from gateway.flow import _Waiting
+from tests.gateway.test_s2_flow_dispatch import make, req
+flow = make(FlowConfig(replica_max_queued_prefill_tokens=10**9, replica_max_running_requests=10**6), n=3)
+ids = ["r0", "r1", "r2"]
+def step(i):
+    w = _Waiting("a", 1.0, req(prompt=100, keys=(b"k%d" % (i % 64), b"u%d" % i)), ids, ())
+    flow._release_now(w)
+    w.result[1].finish()
 print(best(step))
 """,
     "prefix": """
