@@ -38,20 +38,25 @@ traffic at all is otherwise invisible.
 Evaluation (issue 14): an observation only updates the window counts; the figures and
 alert checks of its pool run at most once per ``eval_interval_s`` (default 0.05 s) or every
 ``EVAL_EVERY`` observations, whichever comes first, and before any read:
-:meth:`~ConcentrationMonitor.active_alerts` (the policy input) runs the pending alert checks,
-:meth:`~ConcentrationMonitor.stats` and a scrape of either registry run the pending gauge
-updates. A hold timer therefore starts up to ``eval_interval_s`` late when nothing reads.
+:meth:`~ConcentrationMonitor.stats` and a scrape of either registry run the pending checks and
+gauge updates. :meth:`~ConcentrationMonitor.active_alerts` (the policy input, read per request)
+runs the pending alert checks only when the last alert set was computed ``eval_interval_s`` or
+more ago on the monitor's ``clock`` (session 7, bounded staleness): within that bound it returns
+the set computed last, kept until an alert is raised or cleared. A hold timer therefore starts
+up to ``eval_interval_s`` late, and the policy sees an alert up to ``eval_interval_s`` late;
+``eval_interval_s`` 0 checks on every observation and every read.
 """
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Gauge
 
 from audit.attribution import attribute_concentration
-from audit.concentration_state import _alert_id, _drop, _Episode, _FlushOnCollect, _Obs, _Pool
+from audit.concentration_state import _alert_id, _drop, _Episode, _FlushOnCollect, _Obs, _Pool, _forget, pool_stats
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
 
 
@@ -79,7 +84,9 @@ class ConcentrationMonitor:
         attribution_max_tenants: most tenants a replica alert names; more
             needed → a global alert. 0 turns attribution off (always global).
         eval_interval_s: seconds (≥ 0) between evaluations of a pool's figures and alert
-            checks (module doc "Evaluation"); 0 evaluates on every observation.
+            checks (module doc "Evaluation"); 0 evaluates on every observation and read.
+        clock: monotonic seconds, the age of the alert set :meth:`active_alerts` returns
+            (default :func:`time.monotonic`, the clock the gateway's observations use).
     """
 
     EVAL_EVERY = 256  # observations of a pool that force an evaluation within eval_interval_s
@@ -103,6 +110,7 @@ class ConcentrationMonitor:
         attribution_cover_ratio: float = 0.8,
         attribution_max_tenants: int = 3,
         eval_interval_s: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0 < clear_ratio < 1:
             raise ValueError("clear_ratio must be in (0, 1)")
@@ -120,6 +128,8 @@ class ConcentrationMonitor:
         self.attribution_cover_ratio = attribution_cover_ratio
         self.attribution_max_tenants = attribution_max_tenants
         self.eval_interval_s = eval_interval_s
+        self._clock = clock
+        self._alerts: list[dict[str, object]] | None = None  # the active set, until a raise or clear
         self.baseline_s = window_s * baseline_windows
         self._on_alert = on_alert
         self._pools: dict[str, _Pool] = defaultdict(_Pool)
@@ -176,20 +186,7 @@ class ConcentrationMonitor:
         return {"requests": total, "shares": shares, "prefill_shares": pshares, "max_mean_ratio": ratio,
                 "hhi": hhi, "hit_rate": hit, "baseline_hit_rate": base}
 
-    @staticmethod
-    def _stats(p: _Pool) -> tuple[int, dict[str, float], dict[str, float], float, float, float | None, float | None]:
-        """:meth:`stats` as a tuple (no dict per observation)."""
-        total = sum(p.requests.values())
-        total_prefill = sum(p.prefill.values())
-        n = max(len(p.replicas), 1)
-        shares = {r: p.requests.get(r, 0) / total if total else 0.0 for r in p.replicas}
-        pshares = {r: p.prefill.get(r, 0) / total_prefill if total_prefill else 0.0 for r in p.replicas}
-        hhi = sum(s * s for s in shares.values())
-        hhi_norm = (hhi - 1 / n) / (1 - 1 / n) if n > 1 and total else (1.0 if total else 0.0)
-        mean = total / n
-        return (total, shares, pshares, (max(p.requests.values(), default=0) / mean) if mean else 0.0,
-                max(hhi_norm, 0.0), p.cached / p.prompt if p.prompt else None,
-                p.base_cached / p.base_prompt if p.base_prompt else None)
+    _stats = staticmethod(pool_stats)  # :meth:`stats` as a tuple (no dict per observation)
 
     def observe(self, pool: str, replica: str, prefill_tokens: int, prompt_tokens: int, cached_tokens: int, now: float,
                 tenant: str | None = None) -> None:
@@ -216,7 +213,7 @@ class ConcentrationMonitor:
             p.requests[old.replica] -= 1
             p.prefill[old.replica] -= old.prefill
             p.prompt -= old.prompt
-            self._forget(p, old)
+            _forget(p, old)
             p.cached -= old.cached
         while p.baseline and p.baseline[0].t <= now - self.baseline_s:
             old = p.baseline.popleft()
@@ -233,14 +230,6 @@ class ConcentrationMonitor:
         for pool, p in self._pools.items():
             if (alerts and p.dirty_alerts) or (gauges and p.dirty_gauges):
                 self._evaluate(pool, p.last_t, alerts=alerts and p.dirty_alerts, gauges=gauges and p.dirty_gauges)
-
-    @staticmethod
-    def _forget(p: _Pool, old: _Obs) -> None:
-        """Take an expired observation out of the per-tenant counts (entries at zero are dropped)."""
-        _drop(p.t_requests, (old.replica, old.tenant), 1)
-        _drop(p.t_prefill, (old.replica, old.tenant), old.prefill)
-        _drop(p.tenant_requests, old.tenant, 1)
-        _drop(p.tenant_prefill, old.tenant, old.prefill)
 
     def attribution(self, pool: str, replica: str, by_prefill: bool = False) -> tuple[str, ...] | None:
         """The tenants that explain ``replica``'s concentration in ``pool``'s window
@@ -263,9 +252,17 @@ class ConcentrationMonitor:
         tenant a ``replica_concentration`` alert is attributed to (id
         ``kind:pool:replica:tenant``), None for a global alert (id
         ``kind:pool:replica``; pool and cache-miss alerts are always global);
-        ``since`` is the monotonic-clock second the alert was raised at."""
-        self.flush(gauges=False)
-        return self._active()
+        ``since`` is the monotonic-clock second the alert was raised at. The list and its
+        dicts are shared until the next raise or clear: read only. Its checks ran at most
+        ``eval_interval_s`` ago on ``clock`` (module doc "Evaluation")."""
+        now = self._clock()
+        for pool, p in self._pools.items():  # the pending checks of a pool whose set is as old as the bound
+            if p.dirty_alerts and now - p.alerts_t >= self.eval_interval_s:
+                self._evaluate(pool, p.last_t, alerts=True, gauges=False)
+        got = self._alerts
+        if got is None:
+            got = self._alerts = self._active()
+        return got
 
     def _active(self) -> list[dict[str, object]]:
         out = []
@@ -283,6 +280,8 @@ class ConcentrationMonitor:
         if alerts and gauges:
             p.eval_t, p.pending = now, 0
         p.dirty_alerts &= not alerts
+        if alerts:
+            p.alerts_t = self._clock()
         p.dirty_gauges &= not gauges
         total, shares, pshares, ratio, hhi_st, hit_st, base_st = self._stats(p)
         if gauges:
@@ -380,6 +379,7 @@ class ConcentrationMonitor:
     def _emit(self, key: tuple[str, str, str], outcome: Outcome, value: float, threshold: float, now: float,
               tenant: str | None = None) -> None:
         kind, pool, replica = key
+        self._alerts = None  # the active set changed
         self._g_alerts.set(len(self._active()))
         if self._on_alert is None:
             return

@@ -37,6 +37,7 @@ class _Pool:
     tenant_prefill: dict[str | None, int] = field(default_factory=lambda: defaultdict(int))
     last_t: float = 0.0  # time of the last observation
     eval_t: float = float("-inf")  # time of the last evaluation
+    alerts_t: float = float("-inf")  # the monitor's clock at the last alert check
     pending: int = 0  # observations since then
     dirty_alerts: bool = False  # alert checks / gauges not yet run on the current counts
     dirty_gauges: bool = False
@@ -61,6 +62,31 @@ class _FlushOnCollect:
         return []
 
 
+def pool_stats(p: _Pool) -> tuple[int, dict[str, float], dict[str, float], float, float, float | None,
+                                  float | None]:
+    """``(requests, shares, prefill shares, max/mean ratio, normalised HHI, hit rate, baseline hit
+    rate)`` of ``p``'s window (``ConcentrationMonitor.stats`` as a tuple: no dict per observation)."""
+    total = sum(p.requests.values())
+    total_prefill = sum(p.prefill.values())
+    n = max(len(p.replicas), 1)
+    shares = {r: p.requests.get(r, 0) / total if total else 0.0 for r in p.replicas}
+    pshares = {r: p.prefill.get(r, 0) / total_prefill if total_prefill else 0.0 for r in p.replicas}
+    hhi = sum(s * s for s in shares.values())
+    hhi_norm = (hhi - 1 / n) / (1 - 1 / n) if n > 1 and total else (1.0 if total else 0.0)
+    mean = total / n
+    return (total, shares, pshares, (max(p.requests.values(), default=0) / mean) if mean else 0.0,
+            max(hhi_norm, 0.0), p.cached / p.prompt if p.prompt else None,
+            p.base_cached / p.base_prompt if p.base_prompt else None)
+
+
+def _forget(p: _Pool, old: _Obs) -> None:
+    """Take an expired observation out of ``p``'s per-tenant counts (entries at zero are dropped)."""
+    _drop(p.t_requests, (old.replica, old.tenant), 1)
+    _drop(p.t_prefill, (old.replica, old.tenant), old.prefill)
+    _drop(p.tenant_requests, old.tenant, 1)
+    _drop(p.tenant_prefill, old.tenant, old.prefill)
+
+
 def _drop(counts: dict, key: object, v: int) -> None:  # type: ignore[type-arg]
     """Subtract ``v`` from ``counts[key]``; an entry at or below zero is dropped."""
     left = counts[key] - v
@@ -75,4 +101,4 @@ def _alert_id(kind: str, pool: str, replica: str, tenant: str | None) -> str:
     return f"{kind}:{pool}:{replica}" if tenant is None else f"{kind}:{pool}:{replica}:{tenant}"
 
 
-__all__ = ["_Obs", "_Pool", "_Episode", "_FlushOnCollect", "_drop", "_alert_id"]
+__all__ = ["_Obs", "_Pool", "_Episode", "_FlushOnCollect", "_drop", "_forget", "_alert_id", "pool_stats"]

@@ -59,7 +59,7 @@ class Release:
 
 class _Waiting:
     __slots__ = ("tenant_id", "weight", "req", "candidate_ids", "alt_chains", "t0", "future", "result", "room",
-                 "error", "slots", "slot_pending", "charged", "position")
+                 "error", "slots", "slot_pending", "charged", "position", "cands")
 
     def __init__(self, tenant_id: str, weight: float, req: RouteRequest, candidate_ids: list[str],
                  alt_chains: Sequence[Sequence[bytes]], slots: SlotClaim | None = None) -> None:
@@ -77,6 +77,7 @@ class _Waiting:
         self.slot_pending = False  # released, its slots still to be confirmed by Redis
         self.charged = 0  # uncached prompt tokens charged to the tenant's counter at release
         self.position: int | None = None  # arrival order in its tenant's queue (a release undone)
+        self.cands: list[Candidate] | None = None  # the router's candidates its last placement check built
 
 
 class FlowControl:
@@ -313,13 +314,19 @@ class FlowControl:
                 return False  # at its concurrency: it waits in its queue for a slot
             w.slots = None
         self.queue.pass_through(w.tenant_id, w.weight)
-        self._route(w)
+        self._route(w, w.cands)  # nothing awaited or routed since the placement check built them
         return True
 
-    def _route(self, w: _Waiting) -> None:
-        """Route the released ``w`` among ``w.room``: its result and counter charge, or its error."""
+    def _route(self, w: _Waiting, cands: list[Candidate] | None = None) -> None:
+        """Route the released ``w`` among ``w.room``: its result and counter charge, or its error.
+        ``cands``: the router's candidates for ``w.candidate_ids`` built with no routing since
+        (:meth:`_release_now`); those in ``w.room`` are routed among, not built again (issue 14)."""
         try:
-            choice, ticket = self.router.route(w.req, w.room, w.alt_chains)
+            if cands is None:
+                choice, ticket = self.router.route(w.req, w.room, w.alt_chains)
+            else:
+                room = set(w.room)
+                choice, ticket = self.router.route_among(w.req, [c for c in cands if c.replica_id in room])
         except Exception as exc:  # a bug or a vanished replica: the request answers, the queue goes on
             if w.slot_pending:
                 self._asked(w.tenant_id, None)
@@ -332,6 +339,7 @@ class FlowControl:
 
     def _place(self, w: _Waiting, routable: set[str]) -> Placement:
         """Where ``w`` could go now (:data:`routing.fairness.Placement`); sets ``w.room``."""
+        w.cands = None
         if w.slots is not None and self.slot_gate.skipped(w.tenant_id):
             return None
         ids = [rid for rid in w.candidate_ids if rid in routable]
@@ -345,9 +353,9 @@ class FlowControl:
             w.room = room
             if len(room) == len(ids):
                 return "warm"
-            cands = self.router.candidates(w.req, ids, w.alt_chains)
+            cands = w.cands = self.router.candidates(w.req, ids, w.alt_chains)
         else:
-            cands = self.router.candidates(w.req, ids, w.alt_chains)
+            cands = w.cands = self.router.candidates(w.req, ids, w.alt_chains)
             bs = self.router.block_size
             room = [c.replica_id for c in cands
                     if self._has_room(c.load, max(0, w.req.prompt_tokens - c.matched_blocks * bs), w.req.sequences)]

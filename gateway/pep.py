@@ -23,7 +23,7 @@ from gateway.pep_key import FactsMemo, candidate_docs
 from gateway.replicas import Replica
 from gateway.request import InferenceRequest
 from policy.decision import Decision, PolicyError
-from policy.cache import CachedDecisionPoint, alerts_key_part, compose_key, decide_from_facts, head_key_part
+from policy.cache import CachedDecisionPoint, alerts_key_part, compose_key, head_key_fields
 from policy.input import build_policy_input
 from routing.filters import PolicyDecisionFilter
 from routing.load import LoadTracker
@@ -176,25 +176,31 @@ class PolicyEnforcementPoint:
         Raises :class:`GatewayError` 503 ``policy_unavailable`` when the decision point fails (fail closed).
         """
         tview, tpart = self._memo.tenant(tenant)
-        ident = {"spiffe_id": str(identity.spiffe_id), "trust_domain": identity.trust_domain,
-                 "claims": identity.claims}
-        rq = {"endpoint": endpoint, "model": req.model, "prompt_tokens": prompt_tokens,
-              "max_tokens": req.max_tokens, "stream": req.stream, "sequences": req.sequences,
-              "queued_requests": queued_requests}
+        sid, td, claims = str(identity.spiffe_id), identity.trust_domain, identity.claims
+        model, max_tokens, stream, sequences = req.model, req.max_tokens, req.stream, req.sequences
         alerts = self.audit.active_alerts()
         dp = self.pdp.dp
+
+        def build() -> dict[str, Any]:  # the input document: on a miss or a mistyped fact only (issue 14)
+            return build_policy_input(
+                {"spiffe_id": sid, "trust_domain": td, "claims": claims}, tview,
+                {"endpoint": endpoint, "model": model, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens,
+                 "stream": stream, "sequences": sequences, "queued_requests": queued_requests},
+                candidate_docs(candidates, self.loads), alerts, time.time())
+
         try:
             key = None
             if tpart is not None and isinstance(dp, CachedDecisionPoint) and dp.default_keys:
-                head, cpart, apart = head_key_part(ident, rq), self._memo.candidates(candidates), alerts_key_part(alerts)
+                # head_key_part of build()'s identity and request facts, without the dicts
+                head = head_key_fields(sid, td, claims or {}, endpoint, model, prompt_tokens, max_tokens, stream,
+                                       sequences, queued_requests)
+                cpart, apart = self._memo.candidates(candidates), alerts_key_part(alerts)
                 if head is not None and cpart is not None and apart is not None:
                     key = compose_key(head, tpart, cpart, apart)
             if key is None:  # no cache, or a mistyped fact: the built document's validation decides
-                decision = await decide_from_facts(dp, ident, tview, rq, candidate_docs(candidates, self.loads),
-                                                   alerts, time.time())
+                decision = await dp.decide(build())
             else:  # the document is built on a miss only
-                decision = await dp.decide_keyed(key, lambda: build_policy_input(
-                    ident, tview, rq, candidate_docs(candidates, self.loads), alerts, time.time()))
+                decision = await dp.decide_keyed(key, build)
         except PolicyError:
             raise GatewayError(503, "policy_unavailable", "the policy decision point is unavailable") from None
         self.metrics.policy_cache.labels("hit" if decision.cached else "miss").inc()

@@ -13,27 +13,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway import json_fast
 from gateway.build import Gateway
-from gateway.client_io import ClientGone, EndingStreamingResponse, unless_client_leaves
+from gateway.client_io import ClientGone, unless_client_leaves
 from gateway.body_budget import OWNER_SCOPE_KEY
 from gateway.errors import GatewayError
 from gateway.held import Held
 from gateway.prefix_keys import ChainView, PrefixKeys
-from gateway.read_deadline import ReadDeadline
+from gateway.pipeline_answer import failure_error, plain_response, stream_response
 from gateway.proxy import UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
 from gateway.recording import after_send
 from gateway.send_order import SEND_ORDER
 from gateway.replicas import Replica
 from gateway.request import Endpoint, InferenceRequest, JsonObject, parse_inference_request, read_body
-from gateway.sse import SseProtocolError, SseScanner, error_event
-from gateway.write_stall import ended_code
 from routing.policies import RouteRequest
 from routing.types import RouteChoice
 from tenancy.registry import Tenant
@@ -209,9 +205,8 @@ class InferencePipeline:
             rec.available_prefix_tokens = choice.available_prefix_tokens
             rec.replica_load_tokens = gw.router.loads.snapshot(replica.id).tokens
             rec.t_route = time.perf_counter()
-            upstream_body = dict(body)
-            if replica.cache_salt:
-                upstream_body["cache_salt"] = gw.keys.cache_salt(tenant)
+            # serialized at once by open_upstream, never changed: copied only to add the salt
+            upstream_body = {**body, "cache_salt": gw.keys.cache_salt(tenant)} if replica.cache_salt else body
             # request id and trace context (never client credentials)
             headers = {"X-Request-Id": rec.request_id}
             gw.audit.inject_trace_headers(headers, rec)
@@ -245,104 +240,12 @@ class InferencePipeline:
             rec.t_first_byte = time.perf_counter()
             held.ticket.first_byte()
             if req.stream:
-                response = self._stream_response(req, rec, held)
+                response = stream_response(req, rec, held, self.cfg.upstream.read_timeout_s, gw.upstream,
+                                           lambda: self._end(rec, held))
                 held.handed_off = True
                 return response
-            return await self._plain_response(request, rec, held)
-        raise self._failure_error(last)
-
-    def _failure_error(self, fail: UpstreamFailure | None) -> GatewayError:
-        if fail is None:
-            return GatewayError(503, "no_replica", "no healthy replica is allowed for this request")
-        if fail.kind == "status" and not fail.retryable:
-            return _passthrough_error(fail)
-        if fail.kind == "timeout":
-            return GatewayError(504, "upstream_timeout", "the replica did not answer in time")
-        return GatewayError(502, "upstream_error", "the replica failed to answer")
-
-    def _stream_response(self, req: InferenceRequest, rec: RequestRecord, held: Held) -> Response:
-        scanner = SseScanner(keep_usage_chunk=req.include_usage)
-        deadline = ReadDeadline(self.cfg.upstream.read_timeout_s)  # one timer per stream, not one per chunk
-        up = held.up
-        assert up is not None and held.attempt is not None
-
-        async def body() -> AsyncGenerator[bytes, None]:
-            held.started = True
-            held.progress = "streamed"
-            rec.outcome, rec.status = "failed", 200
-            try:
-                first = scanner.feed(up.first_chunk)
-                if first:
-                    yield first
-                while True:
-                    chunk = await deadline.read(up.read_chunk())
-                    if not chunk:
-                        break
-                    out = scanner.feed(chunk)
-                    if out:
-                        yield out
-                rest = scanner.finish()
-                if rest:
-                    yield rest
-                rec.outcome = "allowed"
-                held.attempt.succeeded()
-            except Exception as exc:  # broken SSE, read timeout, connection reset
-                code = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_stream_error"
-                rec.error_code = code
-                self.gw.upstream.failed(held.attempt, UpstreamFailure("protocol", str(exc)))
-                if isinstance(exc, SseProtocolError) and exc.forward:
-                    yield exc.forward  # the valid events before the bad one
-                yield error_event("the replica stream failed before completion", code)
-            except BaseException:
-                if scanner.done:  # the client hung up after [DONE]: it got the whole answer
-                    rec.outcome = "allowed"
-                    held.attempt.succeeded()
-                else:  # a client-side bound's code (gateway/write_stall.py, R6b-3) or client_disconnect
-                    rec.outcome, rec.status, rec.error_code = "cancelled", 499, ended_code()
-                raise
-            finally:
-                deadline.close()
-                held.usage = scanner.usage
-                held.relayed = rec.relayed_output = scanner.output_tokens
-                self._end(rec, held)
-
-        def on_call_end() -> None:
-            if not held.started:  # the client left between the replica's first byte and the answer's start
-                rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
-            self._end(rec, held)
-
-        headers = {"Cache-Control": "no-cache", "X-Request-Id": rec.request_id}
-        return EndingStreamingResponse(body(), on_end=on_call_end, media_type="text/event-stream", headers=headers)
-
-    async def _plain_response(self, request: Request, rec: RequestRecord, held: Held) -> Response:
-        """Read the rest of a plain answer; :meth:`handle`'s exit path ends the request."""
-        up = held.up
-        assert up is not None and held.attempt is not None
-
-        async def read_rest() -> bytes:
-            async with asyncio.timeout(self.cfg.upstream.read_timeout_s):
-                rest = await up.read_rest()
-            return up.first_chunk + rest
-
-        try:
-            if up.body_received():  # a short answer is usually whole by now: nothing left to wait for
-                data = up.first_chunk + await up.read_rest()
-            else:
-                data = await unless_client_leaves(request, read_rest())
-            obj = json_fast.loads_object(data)
-        except ClientGone:
-            rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
-            return Response(status_code=499)
-        except Exception as exc:  # timeout, broken connection, not a JSON object
-            self.gw.upstream.failed(held.attempt, UpstreamFailure("protocol", str(exc)))
-            err = GatewayError(502, "upstream_error", "the replica sent an invalid answer")
-            rec.status, rec.outcome, rec.error_code = 502, "failed", err.code
-            return err.response()
-        held.attempt.succeeded()
-        held.usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
-        rec.status, rec.outcome = 200, "allowed"
-        # parsed only to check it and read usage: the replica's bytes go out unchanged
-        return Response(data, media_type="application/json", headers={"X-Request-Id": rec.request_id})
+            return await plain_response(request, rec, held, self.cfg.upstream.read_timeout_s, gw.upstream)
+        raise failure_error(last)
 
     def _end(self, rec: RequestRecord, held: Held) -> None:
         """End the request (idempotent): give back all it holds, then write its one audit record."""
@@ -385,16 +288,3 @@ class InferencePipeline:
             cal.flush()
         rec.t_end = time.perf_counter()
         self.gw.recorder.record(rec)
-
-
-def _passthrough_error(fail: UpstreamFailure) -> GatewayError:
-    """A replica's 4xx (the client's fault) is passed on with its message, never its raw body."""
-    message = "the replica rejected the request"
-    try:
-        obj = json_fast.loads_object(fail.body)
-        m = obj.get("error", {}).get("message")
-        if isinstance(m, str) and len(m) <= 500:
-            message = m
-    except (ValueError, AttributeError):
-        pass
-    return GatewayError(fail.status or 400, "upstream_rejected", message)

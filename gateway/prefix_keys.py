@@ -7,12 +7,11 @@ fingerprint is a truncated HMAC keyed per tenant (docs/tenancy.md).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Sequence
 
 from gateway.identity import WorkloadIdentity
 from tenancy.keys import KeyRing, PrefixChains
+from tenancy.prefix import hmac_sha256
 from tenancy.registry import Tenant
 
 __all__ = ["ChainView", "PrefixKeys"]
@@ -63,7 +62,7 @@ class PrefixKeys:
         """
         if not chains.current:
             return None
-        return hmac.new(chains.current[0], b"pg-audit-fp-v1", hashlib.sha256).hexdigest()[:16]
+        return hmac_sha256(chains.current[0], b"pg-audit-fp-v1").hex()[:16]  # = hmac.new(...).hexdigest()
 
     def cache_salt(self, tenant: Tenant) -> str:
         """The tenant's upstream ``cache_salt`` (keyed, versioned; see docs/tenancy.md)."""

@@ -307,16 +307,18 @@ def head_key_part(identity: Mapping[str, Any], request: Mapping[str, Any]) -> tu
     """``(spiffe_id, trust_domain, endpoint, model)`` of the :func:`fast_key`, or ``None`` when an
     identity or request fact is missing or mistyped (claims, token counts, ``stream`` and
     ``queued_requests`` included: outside the key, validated as ``build_policy_input`` would)."""
-    get = identity.get
-    sid, td = get("spiffe_id"), get("trust_domain")
-    claims = get("claims") or {}
-    rget = request.get
-    endpoint, model = rget("endpoint"), rget("model")
+    g, r = identity.get, request.get
+    return head_key_fields(g("spiffe_id"), g("trust_domain"), g("claims") or {}, r("endpoint"), r("model"),
+                           r("prompt_tokens"), r("max_tokens"), r("stream", False), r("sequences", 1),
+                           r("queued_requests", 0))
+
+
+def head_key_fields(sid: Any, td: Any, claims: Any, endpoint: Any, model: Any, pt: Any, mt: Any, stream: Any,
+                    seq: Any, q: Any) -> tuple[Any, ...] | None:
+    """:func:`head_key_part` of the facts themselves (no identity or request dict built: issue 14)."""
     if not (isinstance(sid, str) and sid and isinstance(td, str) and td and _is_mapping(claims)
-            and isinstance(endpoint, str) and endpoint and isinstance(model, str) and model):
-        return None
-    pt, mt, seq, q = rget("prompt_tokens"), rget("max_tokens"), rget("sequences", 1), rget("queued_requests", 0)
-    if not (isinstance(rget("stream", False), bool) and (pt is None or _count(pt, 0))
+            and isinstance(endpoint, str) and endpoint and isinstance(model, str) and model
+            and isinstance(stream, bool) and (pt is None or _count(pt, 0))
             and (mt is None or _count(mt, 0)) and _count(seq, 1) and _count(q, 0)):
         return None
     return (sid, td, endpoint, model)

@@ -108,7 +108,12 @@ class Router:
         the first streamed token and ``LoadTicket.finish()`` when done (always).
         Raises :class:`NoCandidateError` when ``candidate_ids`` is empty.
         """
-        cands = self.candidates(req, candidate_ids, alt_key_chains)
+        return self.route_among(req, self.candidates(req, candidate_ids, alt_key_chains))
+
+    def route_among(self, req: RouteRequest, cands: Sequence[Candidate]) -> tuple[RouteChoice, LoadTicket]:
+        """:meth:`route` among candidates already built by :meth:`candidates` with no change to
+        the index, the loads or the calibration since (flow control's fast path builds them for its
+        placement check: issue 14). Raises :class:`NoCandidateError` when ``cands`` is empty."""
         if not cands:
             raise NoCandidateError("no candidate replica")
         choice = self.policy.choose(req, cands)

@@ -288,7 +288,8 @@ class InProcessLedger(TokenLedger):
             raise ValueError("token count must be >= 0")
         now = self._clock() if now is None else now
         with self._lock:
-            st = self._tenants.setdefault(tenant.id, _Buckets())
+            # a _Buckets (three dicts) only when missing, not a throwaway per call (issue 14)
+            st = self._tenants.get(tenant.id) or self._tenants.setdefault(tenant.id, _Buckets())
             st.prompt = _sync_bucket(st.prompt, tenant.prompt_tokens_per_s, tenant.prompt_tokens_burst, now)
             st.output = _sync_bucket(st.output, tenant.output_tokens_per_s, tenant.output_tokens_burst, now)
             waits: list[tuple[float, str]] = []
@@ -346,7 +347,7 @@ class InProcessLedger(TokenLedger):
     # -- called with self._lock held by reservations
     def _adjust(self, tenant_id: str, d_prompt: int, d_output: int, *, lowered: bool = False,
                 settled: Settlement | None = None) -> None:
-        st = self._tenants.setdefault(tenant_id, _Buckets())
+        st = self._tenants.get(tenant_id) or self._tenants.setdefault(tenant_id, _Buckets())
         now = self._clock()
         for bucket, delta in ((st.prompt, d_prompt), (st.output, d_output)):
             if bucket is None or delta == 0:

@@ -21,14 +21,42 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["block_hash_chain", "DEFAULT_DIGEST_SIZE"]
+__all__ = ["block_hash_chain", "DEFAULT_DIGEST_SIZE", "hmac_sha256"]
 
 DEFAULT_DIGEST_SIZE = 16
 _DOMAIN = b"pg-prefix-v1"
 _SHA256_BLOCK = 64
 _IPAD = bytes(x ^ 0x36 for x in range(256))
 _OPAD = bytes(x ^ 0x5C for x in range(256))
+
+
+#: most keys whose HMAC pad states :func:`_pad_states` keeps (emptied when full)
+PAD_STATES_MAX = 1024
+_pads: dict[bytes, tuple[Any, Any]] = {}
+
+
+def _pad_states(key: bytes) -> tuple[Any, Any]:
+    """The SHA-256 states after HMAC's inner and outer padded key blocks (RFC 2104), kept per key
+    (issue 14, session 7: two hash objects and two compressions per request saved; callers only
+    ``copy()`` them). The memo holds the tenant keys' pad states in process memory, as the key
+    ring holds the keys; a rotated key's stay until the memo is emptied."""
+    got = _pads.get(key)
+    if got is None:
+        padded = (hashlib.sha256(key).digest() if len(key) > _SHA256_BLOCK else key).ljust(_SHA256_BLOCK, b"\0")
+        got = (hashlib.sha256(padded.translate(_IPAD)), hashlib.sha256(padded.translate(_OPAD)))
+        if len(_pads) >= PAD_STATES_MAX:
+            _pads.clear()
+        _pads[key] = got
+    return got
+
+
+def hmac_sha256(key: bytes, msg: bytes) -> bytes:
+    """``hmac.new(key, msg, sha256).digest()`` from two one-shot SHA-256 calls (no HMAC object:
+    ~40 % less here, issue 14); for a key used once (not memoised, unlike :func:`_pad_states`)."""
+    padded = (hashlib.sha256(key).digest() if len(key) > _SHA256_BLOCK else key).ljust(_SHA256_BLOCK, b"\0")
+    return hashlib.sha256(padded.translate(_OPAD) + hashlib.sha256(padded.translate(_IPAD) + msg).digest()).digest()
 
 
 def block_hash_chain(
@@ -66,11 +94,7 @@ def block_hash_chain(
     # HMAC-SHA256 (RFC 2104) from two SHA-256 states prepared once per call: each block costs two
     # state copies and digests, ~2x faster than copying an ``hmac.HMAC`` (OpenSSL context) per
     # block; byte-identical to ``hmac.new(key, msg, sha256)`` (tests/tenancy/test_s3_prefix_chain_fast.py)
-    if len(key) > _SHA256_BLOCK:
-        key = hashlib.sha256(key).digest()
-    key = key.ljust(_SHA256_BLOCK, b"\0")
-    inner = hashlib.sha256(key.translate(_IPAD))
-    outer = hashlib.sha256(key.translate(_OPAD))
+    inner, outer = _pad_states(key)
     prev = _DOMAIN + key_id.encode("utf-8")
     out: list[bytes] = []
     append = out.append

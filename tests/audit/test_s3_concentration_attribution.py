@@ -81,7 +81,8 @@ def test_gateway_observation_carries_the_tenant() -> None:
     from gateway.auditing import AuditHub
     from gateway.record import RequestRecord
 
-    mon = ConcentrationMonitor(window_s=10, hold_s=0, min_requests=5, pools={"p": ["r1", "r2"]})
+    mon = ConcentrationMonitor(window_s=10, hold_s=0, min_requests=5, pools={"p": ["r1", "r2"]},
+                               eval_interval_s=0)  # every observation checked (no staleness: session 7)
     hub = AuditHub(None, monitor=mon)
     for i in range(10):
         rec = RequestRecord(request_id=f"r{i}", endpoint="/v1/chat/completions", client_addr=None, t0=0.0,

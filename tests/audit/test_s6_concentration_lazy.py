@@ -52,14 +52,18 @@ def test_reads_see_every_observation() -> None:
 
 
 def test_alerts_fire_and_clear_for_the_policy_read_without_waiting_for_the_interval() -> None:
+    # session 7: a read runs the pending checks once the last set is eval_interval_s old on the
+    # monitor's clock (here the observations' own clock, as in the gateway: time.monotonic)
     alerts: list = []
+    clock = [0.0]
     mon = ConcentrationMonitor(window_s=10, hold_s=1.0, min_requests=4, share_threshold=0.7,
-                               pools={"p": ["a", "b"]}, on_alert=alerts.append, eval_interval_s=3600,
-                               attribution_max_tenants=0)
+                               pools={"p": ["a", "b"]}, on_alert=alerts.append, eval_interval_s=0.05,
+                               attribution_max_tenants=0, clock=lambda: clock[0])
     t = 0.0
     for _ in range(20):  # the policy reads before every request, as gateway/pep.py does
         mon.active_alerts()
         t += 0.1
+        clock[0] = t
         mon.observe("p", "a", 10, 10, 0, t)
     # breach from t=0.4 (4 requests), hold 1 s: raised by the read after the observation at t=1.4
     assert mon.active_alerts()[0]["id"] == "replica_concentration:p:a"  # the read ran the checks
@@ -68,6 +72,7 @@ def test_alerts_fire_and_clear_for_the_policy_read_without_waiting_for_the_inter
     for _ in range(60):  # traffic moves to b; the read sees a's share fall below the clear level
         t += 0.01
         mon.observe("p", "b", 10, 10, 0, t)
+    clock[0] = t + 0.05
     assert not [a for a in mon.active_alerts() if a["replica"] == "a"]
     assert "cleared" in [e.outcome.value for e in alerts]
 

@@ -37,7 +37,8 @@ def monitor() -> ConcentrationMonitor:
     # raise at once (no hold), after 5 requests in the pool's window, at a
     # fixed share of 0.7 (clears below 0.56): independent of the default
     # threshold formula, which the audit package tunes
-    return ConcentrationMonitor(window_s=600, hold_s=0, min_requests=5, share_threshold=0.7)
+    return ConcentrationMonitor(window_s=600, hold_s=0, min_requests=5, share_threshold=0.7,
+                                eval_interval_s=0)  # what the test reads is what the policy reads
 
 
 @pytest.fixture

@@ -195,7 +195,8 @@ async def test_concentration_windows_and_alerts_are_shared(tmp_path: Path, redis
 
     secret = write_secret(tmp_path / "master.key")
     gws = [instance(tmp_path, i, redis_server.url, secret,
-                    audit=AuditHub(None, monitor=ConcentrationMonitor(hold_s=0, min_requests=5)))
+                    audit=AuditHub(None, monitor=ConcentrationMonitor(hold_s=0, min_requests=5,
+                                                                      eval_interval_s=0)))  # no staleness
            for i in range(2)]
     a, b = gws
     try:

@@ -26,7 +26,8 @@ async def test_shared_alert_names_the_same_tenant(tmp_path: Path, redis_server) 
     secret = write_secret(tmp_path / "master.key")
     gws = [instance(tmp_path, i, redis_server.url, secret,
                     audit=AuditHub(None, monitor=ConcentrationMonitor(hold_s=0, min_requests=5,
-                                                                      pools={"default": ["r0", "r1"]})))
+                                                                      pools={"default": ["r0", "r1"]},
+                                                                      eval_interval_s=0)))  # no staleness
            for i in range(2)]
     a, b = gws
     try:

@@ -1,0 +1,175 @@
+"""Micro-benchmark: the session 7 pipeline cuts, this tree vs another, interleaved (not a test).
+
+``python -m bench.pipeline_cuts_micro --baseline DIR [--rounds 3] [--name s7-cost]``
+
+Each case runs in a fresh ``python`` process with ``PYTHONPATH`` set to one tree (this one,
+or ``--baseline``: e.g. ``git archive main | tar -x -C DIR``), the two trees alternating
+``--rounds`` times; a case prints the best of 7 repetitions of a warm loop, in µs of thread
+CPU per request (``time.thread_time``). Reported: the median over the rounds per tree and
+their difference. Warm-loop figures: in the gateway under load the same code costs ~2-3x
+more (cache misses between stages; docs/benchmarks.md, session 6).
+
+Cases (one request's share of each):
+
+* ``alerts``: the policy's read of the active concentration alerts (``AuditHub.active_alerts``)
+  plus one ``ConcentrationMonitor.observe`` (2 replicas, one pool);
+* ``admission``: ``Admission.request_bounds``, ``check_prompt`` (ledger reservation and its
+  counters), ``lower_reservation``, ``settle`` (memory backend, token limits on);
+* ``pep``: ``PolicyEnforcementPoint.decide`` on a decision-cache hit (2 candidates, no alert);
+* ``flow``: flow control's fast path (``_release_now``: placement check and route, 3 replicas,
+  ``flow.replica_max_queued_prefill_tokens`` set) and the ticket's finish;
+* ``prefix``: ``block_hash_chain`` of 80 tokens (5 blocks of 16) and the audit fingerprint.
+
+Results: ``bench/results/pipeline_cuts_micro-<name>.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from sim.click_options import ClickOptions
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+
+_LOOP = """
+import time
+def best(step, n={n}):
+    def run():
+        c0 = time.thread_time()
+        for i in range(n):
+            step(i)
+        return (time.thread_time() - c0) / n * 1e6
+    return min(run() for _ in range(7))
+"""
+
+CASES: dict[str, str] = {
+    "alerts": """
+from audit.concentration import ConcentrationMonitor
+from gateway.auditing import AuditHub
+mon = ConcentrationMonitor(pools={"default": ["r0", "r1"]})
+hub = AuditHub(None, monitor=mon)
+def step(i):
+    hub.active_alerts()
+    mon.observe("default", "r0" if i & 1 else "r1", 100, 128, 28, time.monotonic(), tenant="acme")
+print(best(step))
+""",
+    "admission": """
+from gateway.admission import Admission
+from gateway.config_state import StateConfig
+from gateway.metrics import GatewayMetrics
+from tenancy.registry import Tenant, TenantRegistry
+from tenancy.shared import make_limits
+from tenancy.tokenizer import WordTokenizer
+adm = Admission(TenantRegistry.from_config([]), make_limits(StateConfig()), WordTokenizer(), ["m"],
+                GatewayMetrics(), max_messages=256, max_output_tokens=4096, default_max_prompt_tokens=8192)
+t = Tenant(id="acme", max_prompt_tokens=1000, prompt_tokens_per_s=1e9, output_tokens_per_s=1e9)
+usage = {"prompt_tokens": 80, "completion_tokens": 1}
+def step(i):
+    adm.request_bounds(t)
+    co = adm.check_prompt(t, 80, 1, 16)
+    try:
+        co.send(None)
+    except StopIteration as stop:
+        res = stop.value
+    adm.lower_reservation(res, 1)
+    adm.settle(res, usage=usage, progress="unknown", relayed_output=0)
+print(best(step))
+""",
+    "pep": """
+from tests.policy.test_s6_pep_key import _identity, _pep
+from gateway.replicas import Replica
+from gateway.request import InferenceRequest
+from tenancy.registry import Tenant
+pep = _pep([])[0]
+ident = _identity("spiffe://t/ns/a")
+t = Tenant(id="acme", models=frozenset({"m"}), pools=frozenset({"p"}))
+cands = [Replica("r0", "http://x", pool="p"), Replica("r1", "http://y", pool="p")]
+req = InferenceRequest("completions", "m", False, 5, False, {}, "")
+def step(i):
+    co = pep.decide(ident, t, req, 64, cands, "/v1/completions", 0)
+    try:
+        co.send(None)
+    except StopIteration:
+        pass
+print(best(step))
+""",
+    "flow": """
+from gateway.config_flow import FlowConfig
+from gateway.flow import _Waiting
+from tests.gateway.test_s2_flow_dispatch import make, req
+flow = make(FlowConfig(replica_max_queued_prefill_tokens=10**9, replica_max_running_requests=10**6), n=3)
+ids = ["r0", "r1", "r2"]
+def step(i):
+    w = _Waiting("a", 1.0, req(prompt=100, keys=(b"k%d" % (i % 64), b"u%d" % i)), ids, ())
+    flow._release_now(w)
+    w.result[1].finish()
+print(best(step))
+""",
+    "prefix": """
+from gateway.prefix_keys import ChainView, PrefixKeys
+from tenancy.keys import PrefixChains
+from tenancy.prefix import block_hash_chain
+key = bytes(range(32))
+toks = [(i * 2654435761) & 0xFFFFFFFF for i in range(80)]
+def step(i):
+    ch = block_hash_chain(key, toks, 16, key_id="v1")
+    PrefixKeys.prefix_fingerprint(ChainView(PrefixChains(current=tuple(ch), kid="v1", previous=())))
+print(best(step))
+""",
+}
+
+
+def measure(tree: Path, case: str, n: int) -> float:
+    """µs of thread CPU per request of ``case`` under ``tree`` (best of 7 warm loops of ``n``)."""
+    code = _LOOP.format(n=n) + CASES[case]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True,
+                         check=True, timeout=600)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    ap = ClickOptions(prog="python -m bench.pipeline_cuts_micro", description=__doc__.splitlines()[0])
+    ap.option("--baseline", type=click.Path(path_type=Path), required=True)
+    ap.option("--rounds", type=int, default=3)
+    ap.option("--requests", type=int, default=20000, help="loop length per repetition")
+    ap.option("--case", "cases", multiple=True, type=click.Choice(sorted(CASES)), help="default: all")
+    ap.option("--name", default="s7-cost")
+    args = ap.parse(argv)
+    rows: dict[str, dict[str, list[float]]] = {}
+    for case in args.cases or sorted(CASES):
+        rows[case] = {"this": [], "baseline": []}
+        for r in range(args.rounds):
+            order = (("this", REPO), ("baseline", args.baseline))
+            for name, tree in order if r % 2 == 0 else order[::-1]:
+                rows[case][name].append(measure(Path(tree), case, args.requests))
+    doc = {"benchmark": "pipeline_cuts_micro", "baseline": str(args.baseline), "rounds": args.rounds,
+           "load_average": os.getloadavg(), "cases": rows}
+    lines = [f"# Session 7 pipeline cuts, warm loops (`python -m bench.pipeline_cuts_micro`, baseline "
+             f"{args.baseline})", "",
+             f"µs of thread CPU per request, best of 7 loops of {args.requests}; median of {args.rounds} "
+             f"interleaved rounds; load average {doc['load_average'][0]:.1f}.", "",
+             "| case | baseline µs | this µs | saved µs | rounds (this / baseline) |", "|---|---:|---:|---:|---|"]
+    for case, got in rows.items():
+        b, t = statistics.median(got["baseline"]), statistics.median(got["this"])
+        lines.append(f"| {case} | {b:.2f} | {t:.2f} | {b - t:.2f} | "
+                     f"{', '.join(f'{x:.2f}' for x in got['this'])} / {', '.join(f'{x:.2f}' for x in got['baseline'])} |")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"pipeline_cuts_micro-{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (RESULTS / f"pipeline_cuts_micro-{args.name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

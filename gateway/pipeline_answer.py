@@ -1,0 +1,144 @@
+"""The answer half of one inference call (moved out of :mod:`gateway.pipeline`, session 7):
+relay a streamed (SSE) or plain answer from the replica, and the client's error when no
+replica answered. The pipeline sequences the steps; these functions only read the upstream
+response it opened and write the request's :class:`RequestRecord` and :class:`Held`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway import json_fast
+from gateway.client_io import ClientGone, EndingStreamingResponse, unless_client_leaves
+from gateway.errors import GatewayError
+from gateway.held import Held
+from gateway.proxy import UpstreamFailure
+from gateway.read_deadline import ReadDeadline
+from gateway.record import RequestRecord
+from gateway.request import InferenceRequest
+from gateway.sse import SseProtocolError, SseScanner, error_event
+from gateway.upstream import Upstream
+from gateway.write_stall import ended_code
+
+__all__ = ["failure_error", "passthrough_error", "plain_response", "stream_response"]
+
+
+def failure_error(fail: UpstreamFailure | None) -> GatewayError:
+    """The client's error when no attempt got an answer: 503 ``no_replica`` (no attempt), the
+    replica's own 4xx (:func:`passthrough_error`), 504 ``upstream_timeout`` or 502 ``upstream_error``."""
+    if fail is None:
+        return GatewayError(503, "no_replica", "no healthy replica is allowed for this request")
+    if fail.kind == "status" and not fail.retryable:
+        return passthrough_error(fail)
+    if fail.kind == "timeout":
+        return GatewayError(504, "upstream_timeout", "the replica did not answer in time")
+    return GatewayError(502, "upstream_error", "the replica failed to answer")
+
+
+def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_timeout_s: float,
+                    upstream: Upstream, end: Callable[[], None]) -> Response:
+    """The SSE answer relaying ``held.up`` (checked by :class:`SseScanner`; ``read_timeout_s``
+    seconds at most between upstream chunks). ``end`` (idempotent) ends the request when the
+    stream ends, however it ends."""
+    scanner = SseScanner(keep_usage_chunk=req.include_usage)
+    deadline = ReadDeadline(read_timeout_s)  # one timer per stream, not one per chunk
+    up = held.up
+    assert up is not None and held.attempt is not None
+
+    async def body() -> AsyncGenerator[bytes, None]:
+        held.started = True
+        held.progress = "streamed"
+        rec.outcome, rec.status = "failed", 200
+        try:
+            first = scanner.feed(up.first_chunk)
+            if first:
+                yield first
+            while True:
+                chunk = await deadline.read(up.read_chunk())
+                if not chunk:
+                    break
+                out = scanner.feed(chunk)
+                if out:
+                    yield out
+            rest = scanner.finish()
+            if rest:
+                yield rest
+            rec.outcome = "allowed"
+            held.attempt.succeeded()
+        except Exception as exc:  # broken SSE, read timeout, connection reset
+            code = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_stream_error"
+            rec.error_code = code
+            upstream.failed(held.attempt, UpstreamFailure("protocol", str(exc)))
+            if isinstance(exc, SseProtocolError) and exc.forward:
+                yield exc.forward  # the valid events before the bad one
+            yield error_event("the replica stream failed before completion", code)
+        except BaseException:
+            if scanner.done:  # the client hung up after [DONE]: it got the whole answer
+                rec.outcome = "allowed"
+                held.attempt.succeeded()
+            else:  # a client-side bound's code (gateway/write_stall.py, R6b-3) or client_disconnect
+                rec.outcome, rec.status, rec.error_code = "cancelled", 499, ended_code()
+            raise
+        finally:
+            deadline.close()
+            held.usage = scanner.usage
+            held.relayed = rec.relayed_output = scanner.output_tokens
+            end()
+
+    def on_call_end() -> None:
+        if not held.started:  # the client left between the replica's first byte and the answer's start
+            rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
+        end()
+
+    headers = {"Cache-Control": "no-cache", "X-Request-Id": rec.request_id}
+    return EndingStreamingResponse(body(), on_end=on_call_end, media_type="text/event-stream", headers=headers)
+
+
+async def plain_response(request: Request, rec: RequestRecord, held: Held, read_timeout_s: float,
+                         upstream: Upstream) -> Response:
+    """Read the rest of a plain answer (``read_timeout_s`` at most; answered 499 when the client
+    leaves, 502 when it is not a JSON object); the pipeline's exit path ends the request."""
+    up = held.up
+    assert up is not None and held.attempt is not None
+
+    async def read_rest() -> bytes:
+        async with asyncio.timeout(read_timeout_s):
+            rest = await up.read_rest()
+        return up.first_chunk + rest
+
+    try:
+        if up.body_received():  # a short answer is usually whole by now: nothing left to wait for
+            data = up.first_chunk + await up.read_rest()
+        else:
+            data = await unless_client_leaves(request, read_rest())
+        obj = json_fast.loads_object(data)
+    except ClientGone:
+        rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
+        return Response(status_code=499)
+    except Exception as exc:  # timeout, broken connection, not a JSON object
+        upstream.failed(held.attempt, UpstreamFailure("protocol", str(exc)))
+        err = GatewayError(502, "upstream_error", "the replica sent an invalid answer")
+        rec.status, rec.outcome, rec.error_code = 502, "failed", err.code
+        return err.response()
+    held.attempt.succeeded()
+    held.usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+    rec.status, rec.outcome = 200, "allowed"
+    # parsed only to check it and read usage: the replica's bytes go out unchanged
+    return Response(data, media_type="application/json", headers={"X-Request-Id": rec.request_id})
+
+
+def passthrough_error(fail: UpstreamFailure) -> GatewayError:
+    """A replica's 4xx (the client's fault) is passed on with its message, never its raw body."""
+    message = "the replica rejected the request"
+    try:
+        obj = json_fast.loads_object(fail.body)
+        m = obj.get("error", {}).get("message")
+        if isinstance(m, str) and len(m) <= 500:
+            message = m
+    except (ValueError, AttributeError):
+        pass
+    return GatewayError(fail.status or 400, "upstream_rejected", message)
