@@ -53,14 +53,15 @@ def encode_request_record(name: str, context: Any, links: Sequence[Any], attribu
     kept as given (``SpanKind`` members serialise as their values with orjson); ``attributes``
     is kept, not copied. Never raises on well-formed SDK objects."""
     tid = context.trace_id
+    plain = type(attributes) is dict  # the caller's own dict (end_request_trace's merge): kept as is
     return (
         REQUEST_MARK, name, tid >> 64, tid & _M64, context.span_id, context.trace_flags,
         _trace_state(context.trace_state) if context.trace_state else None, start_ns, end_ns,
-        _attr_dict(attributes), bool(error),
+        (attributes or None) if plain else _attr_dict(attributes), bool(error),
         [(lc.trace_id >> 64, lc.trace_id & _M64, lc.span_id, lc.trace_flags, lc.is_remote, _attr_dict(lk.attributes))
          for lk in links for lc in (lk.context,)] if links else None,
         children, *((scope.name, scope.version, scope.schema_url) if scope else (None, None, None)),
-        getattr(attributes, "dropped", 0), getattr(links, "dropped", 0),
+        0 if plain else getattr(attributes, "dropped", 0), getattr(links, "dropped", 0) if links else 0,
     )
 
 
