@@ -27,6 +27,11 @@ second. Result: the ratio on/off of the summed throughput (target >= 0.8),
 written to ``bench/results/<--name>.{json,md}``. ``--baseline DIR`` (another source
 tree, e.g. ``git archive main | tar -x -C DIR``) adds a third gateway of that tree
 with the "on" config, in the same rotation: an A/B of two trees against one "off".
+Each gateway reports at exit (``gateway_exit``) its emitted events, GC time and ``kernel``: write/read
+system calls, context switches, user/system CPU seconds and the CPU of its non-main threads while serving
+(/proc). ``PG_BENCH_PROFILE=DIR`` also profiles each gateway's event-loop thread with cProfile on the
+thread-CPU clock (``DIR/<mode>-<pid>.prof``; CPU, not wall, so preemption by the other processes is not
+charged to the function that was running; inflates every call, compare shares).
 """
 from __future__ import annotations
 
