@@ -23,6 +23,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import SpanFlags
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import SpanKind, StatusCode
 
+from audit.span_request import REQUEST_MARK, expand_request_record
+
 __all__ = ["FrameError", "OtlpRequestEncoder", "check_records", "pb_attributes"]
 
 
@@ -76,17 +78,33 @@ def pb_attributes(attrs: Mapping[str, Any] | None) -> list[dict[str, Any]] | Non
 
 def check_records(records: Any) -> list[list[Any]]:
     """The span records of one decoded frame, shape-checked (each a list of
-    ``len(SPAN_FIELDS)`` values).
+    ``len(SPAN_FIELDS)`` values); a request record (:mod:`audit.span_request`) is
+    replaced by its spans (:func:`audit.span_request.expand_request_record`, child ids made here).
 
     Raises:
         FrameError: not a list of span records.
     """
     if not isinstance(records, list):
         raise FrameError("frame is not a list")
+    expand = False
     for r in records:
         if not isinstance(r, list) or len(r) != _N_FIELDS:
+            if isinstance(r, list) and r and r[0] == REQUEST_MARK:
+                expand = True  # a request record (audit.span_request): its spans, made here
+                continue
             raise FrameError("span record has the wrong shape")
-    return records
+    if not expand:
+        return records
+    out: list[list[Any]] = []
+    for r in records:
+        if r[0] == REQUEST_MARK:
+            try:
+                out.extend(expand_request_record(r))
+            except (TypeError, ValueError) as exc:
+                raise FrameError(str(exc)) from exc
+        else:
+            out.append(r)
+    return out
 
 def _set_attributes(field: Any, attrs: Mapping[str, Any] | None) -> None:
     """Append ``attrs`` (wire values) to a repeated ``KeyValue`` field in place: the same

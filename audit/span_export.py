@@ -22,7 +22,8 @@ Wire format (one line = one frame, at most ``max_batch`` spans)::
     line 1 (config, JSON object): {"exporter": "otlp"|"console", "endpoint": ..., "headers": {...},
                                    "timeout_s": ..., "resource": {...}, "resource_schema_url": ...,
                                    "flush_interval_s": ..., "max_batch": ...}
-    then:  [span, span, ...]\n    with span = SPAN_FIELDS (see :func:`audit.span_frames.encode_span`)
+    then:  [record, ...]\n    with record = a span (SPAN_FIELDS, :func:`audit.span_frames.encode_span`) or a
+           request (REQUEST_FIELDS, :mod:`audit.span_request`: its spans made by the child)
 
 The config goes on stdin, not argv: collector headers may carry credentials
 and argv is readable by every local user in ``/proc/<pid>/cmdline``.
@@ -32,9 +33,7 @@ and counted when the queue is full, when no child is running (restart gap,
 with backoff), or when a span cannot be encoded. Spans already inside the
 pipe or the child when the child dies are lost without being counted.
 
-This module's one job is the processor and the child's lifecycle (spawn,
-restart with backoff, writer thread, drops); the span encoding and the frame
-format are in :mod:`audit.span_frames`.
+Here: the processor and the child's lifecycle; encoding and frames: :mod:`audit.span_frames`.
 """
 
 from __future__ import annotations
@@ -59,6 +58,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from audit.backoff import Backoff
 from audit.span_frames import encode_frames, encode_span
+from audit.span_request import REQUEST_MARK, span_count
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,8 @@ class OffloadSpanProcessor(SpanProcessor):
         self._max_queue = max_queue_spans
         self._backoff = restart_backoff_s
         self._queue: collections.deque[tuple] = collections.deque()
-        self._in_flight = 0
+        self._in_flight = self._extra_in = self._extra_out = 0  # spans popped, not yet written; request
+        # records' spans beyond one per queued item (added by the producer only, taken by the writer only)
         self._wake = threading.Event()
         self._lock = threading.Lock()  # drop counters, flush waiters, child handle
         self._flush_waiters: list[threading.Event] = []
@@ -286,9 +287,13 @@ class OffloadSpanProcessor(SpanProcessor):
         n = len(q)
         if n == 0:
             return
-        self._in_flight = n  # counted against max_queue_spans before leaving the queue
+        self._in_flight = n + self._extra_in - self._extra_out  # counted against the bound before leaving the queue
         popleft = q.popleft
         batch = [popleft() for _ in range(n)]
+        extra = sum(span_count(r) - 1 for r in batch if r[0] == REQUEST_MARK)  # request records' other spans
+        self._extra_out += extra
+        n += extra
+        self._in_flight = n
         try:
             if proc is None:
                 self._drop(n, DROP_NO_EXPORTER)
@@ -306,8 +311,7 @@ class OffloadSpanProcessor(SpanProcessor):
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         """Nothing to do at span start."""
 
-    #: :func:`audit.tracing.end_request_trace` may hand this processor spans already encoded
-    #: (:func:`audit.span_frames.encode_request_spans`) through :meth:`on_end_encoded`
+    #: :func:`audit.tracing.end_request_trace` hands this processor a request record (:meth:`on_end_request`)
     takes_encoded = True
 
     def on_end(self, span: ReadableSpan) -> None:
@@ -328,35 +332,33 @@ class OffloadSpanProcessor(SpanProcessor):
     def on_end_encoded(self, encoded: tuple) -> None:
         """Queue one finished span already encoded (:data:`audit.span_frames.SPAN_FIELDS` order), as
         :meth:`on_end` does (never blocks; drops and counts when the queue holds ``max_queue_spans``)."""
+        self._enqueue(encoded, 1)
+
+    def on_end_request(self, record: tuple) -> None:
+        """Queue a request's spans as one compact record (:func:`audit.span_request.encode_request_record`;
+        the child expands it): bound, drops and wake counted in the spans it stands for (the whole
+        request dropped when they do not all fit). Called from one thread (the gateway's event loop)."""
+        self._enqueue(record, len(record[12]) + 1)
+
+    def _enqueue(self, item: tuple, k: int) -> None:
         if self._closed:
             return
         q = self._queue
-        n = len(q)
-        if n + self._in_flight >= self._max_queue:
-            self._drop(1, DROP_QUEUE_FULL)
+        queued = len(q) + self._extra_in - self._extra_out  # spans queued
+        if queued + k + self._in_flight > self._max_queue:
+            self._drop(k, DROP_QUEUE_FULL)
             return
-        q.append(encoded)
-        if n + 1 == self._max_batch:
+        q.append(item)
+        if k > 1:
+            self._extra_in += k - 1  # written by the producer only, _extra_out by the writer only
+        if queued < self._max_batch <= queued + k:
             self._wake.set()
 
     def on_end_encoded_many(self, spans: Sequence[tuple]) -> None:
         """Queue a request's spans already encoded, in one call: what :meth:`on_end_encoded` does
-        for each in turn (those past ``max_queue_spans`` dropped and counted; the writer woken
-        when a batch of ``max_batch`` is queued), without a call per span."""
-        if self._closed:
-            return
-        q = self._queue
-        n = len(q)
-        k = len(spans)
-        room = self._max_queue - n - self._in_flight
-        if room < k:
-            self._drop(k - max(room, 0), DROP_QUEUE_FULL)
-            if room <= 0:
-                return
-            spans = spans[:room]
-        q.extend(spans)
-        if n < self._max_batch <= n + len(spans):
-            self._wake.set()
+        for each in turn (those past ``max_queue_spans`` dropped and counted)."""
+        for one in spans:
+            self._enqueue(one, 1)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Push everything queued so far into the pipe. Returns False if the

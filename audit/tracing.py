@@ -25,10 +25,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
-from opentelemetry.trace import format_span_id, format_trace_id
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from audit.span_frames import encode_request_spans
+from audit.span_request import encode_request_record
 
 # OpenTelemetry semantic conventions (HTTP stable, gen_ai development)
 HTTP_REQUEST_METHOD = "http.request.method"
@@ -128,6 +128,8 @@ class RequestTrace:
     start_ns: int
     links: Sequence[Link]
     attributes: dict[str, Any]
+    #: the provider's span processors (the list :func:`setup_tracing` keeps), looked up once at begin
+    processors: Sequence[Any] = ()
 
 
 def begin_request_trace(provider: TracerProvider, name: str, links: Sequence[Link],
@@ -147,7 +149,8 @@ def begin_request_trace(provider: TracerProvider, name: str, links: Sequence[Lin
     Returns None when ``provider`` was not built by
     :func:`setup_tracing` (callers then use the plain tracer API).
     """
-    if provider not in _PROCESSORS:
+    processors = _PROCESSORS.get(provider)
+    if processors is None:
         return None
     ids = provider.id_generator
     trace_id = ids.generate_trace_id()
@@ -160,27 +163,34 @@ def begin_request_trace(provider: TracerProvider, name: str, links: Sequence[Lin
         result = sampler.should_sample(None, trace_id, name, SpanKind.SERVER, attributes, links)
         flags, state = (_SAMPLED if result.decision.is_sampled() else _NOT_SAMPLED), result.trace_state
     ctx = SpanContext(trace_id, ids.generate_span_id(), False, flags, state)
-    return RequestTrace(provider, name, ctx, time.time_ns() if start_ns is None else start_ns, tuple(links), attributes)
+    return RequestTrace(provider, name, ctx, time.time_ns() if start_ns is None else start_ns, tuple(links), attributes,
+                        processors)
 
 
 def records(rt: RequestTrace) -> bool:
     """True when :func:`end_request_trace` would record ``rt`` (sampled, and its provider has
     span processors): otherwise the caller need not build the spans' attributes or children."""
-    return bool(rt.context.trace_flags.sampled and _PROCESSORS.get(rt.provider))
+    return bool(rt.context.trace_flags.sampled and rt.processors)
 
 
 def end_request_trace(rt: RequestTrace, end_ns: int, attributes: Mapping[str, Any], error: bool,
                       children: Sequence[tuple[str, SpanKind, int, int]]) -> int:
     """Finish ``rt``: its SERVER span (``attributes`` added, status ERROR when
     ``error``) and its ``children`` ``(name, kind, start_ns, end_ns)`` go to the
-    provider's span processors as finished ReadableSpans. Returns the number
+    provider's span processors as finished ReadableSpans (the offload processor alone: one
+    compact record, :mod:`audit.span_request`). Returns the number
     of spans recorded (0 when the trace was not sampled)."""
-    processors = _PROCESSORS.get(rt.provider)
+    processors = rt.processors
     psc = rt.context
     if not processors or not psc.trace_flags.sampled:
         return 0
+    if len(processors) == 1 and hasattr(processors[0], "on_end_request"):  # the offload processor: one record,
+        # its children's span ids made by the exporter child (audit.span_request)
+        processors[0].on_end_request(encode_request_record(
+            rt.name, psc, rt.links, {**rt.attributes, **attributes}, rt.start_ns, end_ns, error, children, _SCOPE))
+        return len(children) + 1
     new_id = rt.provider.id_generator.generate_span_id
-    if all(getattr(p, "takes_encoded", False) for p in processors):  # the offload processor: no SDK spans
+    if all(getattr(p, "takes_encoded", False) for p in processors):  # encoded spans, no SDK spans
         encoded = encode_request_spans(rt.name, psc, rt.links, {**rt.attributes, **attributes}, rt.start_ns, end_ns,
                                        error, children, new_id, _SCOPE)
         for processor in processors:
@@ -213,7 +223,7 @@ def request_trace_headers(rt: RequestTrace, headers: dict[str, str]) -> None:
     sc = rt.context
     if sc == trace.INVALID_SPAN_CONTEXT:
         return
-    headers["traceparent"] = f"00-{format_trace_id(sc.trace_id)}-{format_span_id(sc.span_id)}-{sc.trace_flags:02x}"
+    headers["traceparent"] = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"  # format_*_id's digits
     if sc.trace_state:
         headers["tracestate"] = sc.trace_state.to_header()
 

@@ -27,6 +27,11 @@ second. Result: the ratio on/off of the summed throughput (target >= 0.8),
 written to ``bench/results/<--name>.{json,md}``. ``--baseline DIR`` (another source
 tree, e.g. ``git archive main | tar -x -C DIR``) adds a third gateway of that tree
 with the "on" config, in the same rotation: an A/B of two trees against one "off".
+Each gateway reports at exit (``gateway_exit``) its emitted events, GC time and ``kernel``: write/read
+system calls, context switches, user/system CPU seconds and the CPU of its non-main threads while serving
+(/proc). ``PG_BENCH_PROFILE=DIR`` also profiles each gateway's event-loop thread with cProfile on the
+thread-CPU clock (``DIR/<mode>-<pid>.prof``; CPU, not wall, so preemption by the other processes is not
+charged to the function that was running; inflates every call, compare shares).
 """
 from __future__ import annotations
 
@@ -75,11 +80,51 @@ async def _serve(config_file: str, mode: str, ready_file: str) -> None:
     gc.callbacks.append(_gccb)
     server, task, port = await serve_public(comps, freeze=True)  # frozen as gateway.server.serve does
     Path(ready_file).write_text(json.dumps({"port": port}))
+    kernel0 = _kernel_counts()
+    prof_dir = os.environ.get("PG_BENCH_PROFILE")  # differential profile: cProfile of the event-loop thread
+    prof = None
+    if prof_dir:
+        import cProfile
+
+        # thread CPU time, not wall: on a shared machine wall tottime counts preemption by the other processes
+        prof = cProfile.Profile(time.thread_time_ns, 1e-9)
+        prof.enable()
     await serve_until_sigterm(server, task)
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(str(Path(prof_dir) / f"{mode}-{os.getpid()}.prof"))
+        import psutil  # CPU seconds per thread (the event loop's and the audit/span writer threads)
+
+        Path(prof_dir, f"{mode}-{os.getpid()}.threads.json").write_text(json.dumps(
+            {str(t.id): [t.user_time, t.system_time] for t in psutil.Process().threads()}))
+    kernel = {k: v - kernel0.get(k, 0) for k, v in _kernel_counts().items()}  # before stop: serving only
     dropped = comps.audit.dropped
     await comps.stop()
     Path(ready_file + ".done").write_text(json.dumps({"dropped": dropped, "emitted": comps.audit.emitted,
-                                                      "gc_n": gcstat["n"], "gc_s": [round(x, 3) for x in gcstat["t"]]}))
+                                                      "gc_n": gcstat["n"], "gc_s": [round(x, 3) for x in gcstat["t"]],
+                                                      "kernel": kernel}))
+
+
+def _kernel_counts() -> dict[str, float]:
+    """This process's read/write system calls, context switches (all threads), user/system CPU
+    seconds and the CPU seconds of threads other than the main one, so far (Linux /proc; ``{}``
+    elsewhere): the gateway's kernel-side and off-loop cost per request."""
+    import psutil
+
+    out: dict[str, float] = {}
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            k, v = line.split(":")
+            if k in ("syscr", "syscw"):
+                out[k] = int(v)
+        me = psutil.Process()
+        cs, t = me.num_ctx_switches(), me.cpu_times()
+        out.update(ctx_voluntary=cs.voluntary, ctx_involuntary=cs.involuntary, user_s=t.user, system_s=t.system)
+        # CPU of the threads other than the event loop's (the span writer, executors)
+        out["other_threads_s"] = sum(th.user_time + th.system_time for th in me.threads() if th.id != me.pid)
+    except (OSError, ValueError, psutil.Error):
+        pass
+    return out
 
 
 # ------------------------------------------------------------------ helpers

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import click
 import psutil
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -218,11 +219,125 @@ def _encode_cost(requests: int) -> float:
     return (time.process_time() - t0) / len(spans) * 1e6
 
 
+def _request_path_cost(n: int) -> tuple[float, float, float]:  # runs in a child against one tree (source sent with -c)
+    """Gateway CPU (process_time, µs per request) of one request's trace as the hub drives it (begin,
+    ``traceparent``, end with six stage children and nine attributes, into an offload processor that
+    is never started), of the writer thread's frame encoding of what that queued, and of the
+    :class:`gateway.auditing.AuditHub` calls per request (start_span, inject_trace_headers, emit_request)."""
+    import time
+
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.trace import SpanKind
+
+    import audit.tracing as tracing
+    from audit.span_export import OffloadSpanProcessor
+    from audit.span_frames import encode_frames
+
+    provider = tracing.setup_tracing("memory")
+    proc = OffloadSpanProcessor("otlp", Resource({}), endpoint="http://127.0.0.1:9/v1/traces", max_queue_spans=10**9)
+    tracing._PROCESSORS[provider][:] = [proc]  # noqa: SLF001
+    attrs = {"http.response.status_code": 200, "gen_ai.request.model": "m", "gen_ai.usage.input_tokens": 100,
+             "gen_ai.usage.output_tokens": 4, "prefixgate.tenant": "tenant-a", "prefixgate.replica": "r0",
+             "prefixgate.predicted_prefix_tokens": 64, "prefixgate.decision_id": "d" * 32,
+             "prefixgate.outcome": "allowed"}
+    s = time.time_ns()
+    children = [(name, SpanKind.CLIENT if name == "upstream" else SpanKind.INTERNAL, s + i, s + i + 1)
+                for i, name in enumerate(["authenticate", "parse", "prefix_keys", "policy", "route", "upstream"])]
+    t0 = time.process_time()
+    for _ in range(n):
+        rt = tracing.begin_request_trace(provider, "POST /v1/completions", [],
+                                         {"http.request.method": "POST", "http.route": "/v1/completions"}, s)
+        tracing.request_trace_headers(rt, {})
+        if tracing.records(rt):
+            tracing.end_request_trace(rt, s + 100, dict(attrs), False, children)
+    hub = time.process_time() - t0
+    batch = list(proc._queue)  # noqa: SLF001
+    t0 = time.process_time()
+    for i in range(0, len(batch), 512):
+        encode_frames(batch[i:i + 512], 512)
+    frames = time.process_time() - t0
+    # the hub as the pipeline drives it: start_span, inject_trace_headers, emit_request (the audit log's
+    # row hand-off replaced by a list append); the queue drained every 100 requests as the writer would
+    from starlette.datastructures import Headers
+
+    from gateway.auditing import AuditHub
+    from gateway.record import RequestRecord
+
+    rows: list = []
+
+    class _Log:
+        accepting, dropped = True, 0
+        emit_request_row = rows.append
+
+    audit_hub = AuditHub(_Log(), tracer=provider.get_tracer("b"))
+    audit_hub.provider = provider
+    headers = Headers(raw=[(b"content-type", b"application/json"), (b"authorization", b"Bearer x")])
+    recs = []
+    for i in range(n):
+        rec = RequestRecord(request_id=f"r{i}", endpoint="/v1/completions", client_addr="127.0.0.1", t0=1000.0 + i)
+        rec.t_auth, rec.t_parsed, rec.t_keys, rec.t_decided, rec.t_route, rec.t_end = (
+            1000.0 + i + 1e-4 * k for k in range(1, 7))
+        rec.status, rec.outcome, rec.tenant_id, rec.replica, rec.model = 200, "allowed", "tenant-a", "r0", "m"
+        rec.prompt_tokens, rec.output_tokens = 100, 4
+        recs.append(rec)
+    q = proc._queue  # noqa: SLF001
+    q.clear()
+    t0 = time.process_time()
+    for i, rec in enumerate(recs):
+        if i % 100 == 0:
+            q.clear()
+            rows.clear()
+        audit_hub.start_span(rec, headers)
+        audit_hub.inject_trace_headers({}, rec)
+        audit_hub.emit_request(rec)
+    return hub / n * 1e6, frames / n * 1e6, (time.process_time() - t0) / n * 1e6
+
+
+def request_path(baseline: Path, repeats: int, requests: int, name: str) -> str:
+    """``--request-path``: :func:`_request_path_cost` in a child per tree (this one, ``baseline``),
+    interleaved ``repeats`` times; medians to ``bench/results/<name>.{json,md}``. Returns the markdown."""
+    import inspect
+    import os
+    import statistics
+    import subprocess
+    import sys
+
+    src = inspect.getsource(_request_path_cost) + f"\nimport json; print(json.dumps(_request_path_cost({requests})))\n"
+    trees = {"this": Path(__file__).resolve().parents[1], "baseline": baseline.resolve()}
+    runs: dict[str, list[list[float]]] = {k: [] for k in trees}
+    for _ in range(repeats):
+        for k, tree in trees.items():
+            out = subprocess.run([sys.executable, "-c", src], cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)),
+                                 check=True, capture_output=True, text=True).stdout
+            runs[k].append(json.loads(out.strip().splitlines()[-1]))
+    med = {k: [round(statistics.median(r[i] for r in v), 2) for i in (0, 1, 2)] for k, v in runs.items()}
+    doc = {"bench": "span_offload --request-path", "baseline": str(baseline), "requests": requests,
+           "repeats": repeats, "median_us_per_request": med, "runs": runs}
+    (OUT.parent / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    md = "\n".join([
+        f"# Gateway CPU of a request's trace (`python -m bench.span_offload --request-path --baseline {baseline}`)",
+        "", f"{repeats} interleaved runs of {requests} requests per tree, each in its own process; "
+        "medians of process_time per request (µs).", "",
+        "| tree | trace begin + traceparent + end (event-loop thread) | writer thread frame encode | "
+        "hub start_span + inject + emit_request (queue drained every 100) |",
+        "|---|---:|---:|---:|",
+        *[f"| {k} | {v[0]} | {v[1]} | {v[2]} |" for k, v in med.items()], ""])
+    (OUT.parent / f"{name}.md").write_text(md)
+    return md
+
+
 def main() -> None:
     ap = ClickOptions(description=__doc__.split("\n")[0])
     ap.option("--requests", type=int, default=4000, help="requests per variant (5 spans each)")
     ap.option("--repeats", type=int, default=3)
+    ap.option("--request-path", is_flag=True, help="only the gateway CPU of a request's trace, this tree vs --baseline")
+    ap.option("--baseline", type=click.Path(path_type=Path), default=None, help="another source tree (--request-path)")
+    ap.option("--name", default="span_request", help="result file stem (--request-path)")
     args = ap.parse()
+    if args.request_path:
+        print(request_path(args.baseline or Path(__file__).resolve().parents[1], max(args.repeats, 5), 20000,
+                           args.name))
+        return
     port = free_port()
     coll = multiprocessing.get_context("spawn").Process(target=_collector, args=(port,), daemon=True)
     coll.start()

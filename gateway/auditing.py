@@ -77,6 +77,10 @@ class AlertMonitor(Protocol):
         """Declare the replicas of ``pool``."""
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+#: a request's stage spans in order: stage i runs from mark i to mark i + 1 (RequestRecord t0, t_auth,
+#: t_parsed, t_keys, t_decided, t_route, t_end)
+_STAGES = (("authenticate", SpanKind.INTERNAL), ("parse", SpanKind.INTERNAL), ("prefix_keys", SpanKind.INTERNAL),
+           ("policy", SpanKind.INTERNAL), ("route", SpanKind.INTERNAL), ("upstream", SpanKind.CLIENT))
 
 
 class AuditHub:
@@ -199,7 +203,7 @@ class AuditHub:
         :meth:`record_request`; otherwise a live span of ``self.tracer``."""
         if isinstance(headers, Headers):  # case-insensitive already: the one header (the last, as a dict keeps)
             tps = headers.getlist("traceparent")
-            links = incoming_links({"traceparent": tps[-1]} if tps else {})
+            links = incoming_links({"traceparent": tps[-1]}) if tps else []
         else:
             links = incoming_links(headers)
         name = "POST " + rec.endpoint
@@ -235,14 +239,11 @@ class AuditHub:
         if rt is not None and not records(rt):  # not sampled, or nothing exports: only the trace id
             return format(rt.context.trace_id, "032x")
 
-        def ns(t: float | None) -> int | None:
-            return None if t is None else wall0 + int((t - rec.t0) * 1e9)
-
-        stages = [("authenticate", rec.t0, rec.t_auth), ("parse", rec.t_auth, rec.t_parsed),
-                  ("prefix_keys", rec.t_parsed, rec.t_keys), ("policy", rec.t_keys, rec.t_decided),
-                  ("route", rec.t_decided, rec.t_route), ("upstream", rec.t_route, rec.t_end)]
-        children = [(name, SpanKind.CLIENT if name == "upstream" else SpanKind.INTERNAL, ns(a), ns(b))
-                    for name, a, b in stages if a is not None and b is not None]
+        t0 = rec.t0  # each stage mark as epoch ns once (a child's end is the next one's start)
+        marks = [None if t is None else wall0 + int((t - t0) * 1e9)
+                 for t in (t0, rec.t_auth, rec.t_parsed, rec.t_keys, rec.t_decided, rec.t_route, rec.t_end)]
+        children = [(name, kind, a, b) for (name, kind), a, b in zip(_STAGES, marks, marks[1:])
+                    if a is not None and b is not None]
         attrs = {
             "http.response.status_code": rec.status or 0,
             "gen_ai.request.model": rec.model or "",
@@ -255,7 +256,7 @@ class AuditHub:
             "prefixgate.outcome": rec.outcome,
         }
         error = bool(rec.status and rec.status >= 500)
-        end = ns(rec.t_end) or time.time_ns()
+        end = marks[6] or time.time_ns()
         if rt is not None:
             end_request_trace(rt, end, attrs, error, children)
             sc = rt.context
