@@ -107,7 +107,8 @@ async def _served_on_both(stack: Any, fakes: list[Fake], tenant: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["503", "reset"])
-async def test_one_tenants_failures_open_only_its_own_circuits(stack: Any, fakes: list[Fake], mode: str) -> None:
+async def test_one_tenants_failures_open_only_its_own_circuits(stack: Any, fakes: list[Fake], mode: str,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     rs = stack.components.replica_set
     fakes[0].mode = fakes[1].mode = mode
     await wait_for(lambda: rs.routable_ids() == ["f0", "f1"], what="fake replicas healthy")
@@ -118,6 +119,7 @@ async def test_one_tenants_failures_open_only_its_own_circuits(stack: Any, fakes
             r = await stack.client.post("/v1/completions", json=completion(f"POISON {round_} {i}"),
                                         headers=stack.auth("tenant-a/app"))
             a_statuses.append(r.status_code)
+            assert r.status_code in (502, 503) and "this input" not in r.text  # never the replica's own text
         r = await stack.client.post("/v1/completions", json=completion(f"hello {round_}"),
                                     headers=stack.auth("tenant-b/app"))
         assert r.status_code == 200, r.text  # before R7b-1: 503 no_replica
@@ -132,6 +134,11 @@ async def test_one_tenants_failures_open_only_its_own_circuits(stack: Any, fakes
     assert r.status_code == 503 and r.json()["error"]["code"] == "no_replica"
     r = await stack.client.post("/v1/completions", json=completion("hello"), headers=stack.auth("tenant-b/app"))
     assert r.status_code == 200, r.text
+    opened = [r.getMessage() for r in caplog.records if "circuit opened for tenant" in r.getMessage()]
+    assert opened and all("tenant-a" in m and "POISON" not in m for m in opened)  # ids only, no prompt text
+    text = await stack.admin_metrics()
+    assert 'prefixgate_tenant_circuits_opened_total{replica="f0",tenant="tenant-a"} 1.0' in text
+    assert 'tenant="tenant-b"' not in text.split("prefixgate_tenant_circuits_opened_total", 1)[1].split("# HELP")[0]
     # after the cool-down tenant-a's circuits close: a normal request of its own is served
     async def a_served() -> bool:
         r = await stack.client.post("/v1/completions", json=completion("fine"), headers=stack.auth("tenant-a/app"))
