@@ -216,6 +216,11 @@ class GatewayMetrics:
             "against the replica because real traffic succeeded within health.passive_grace_s",
             ["replica"], registry=a,
         ), self.batch)
+        self.tenant_circuits_opened = BoundChildren(Counter(
+            "prefixgate_tenant_circuits_opened", "Circuits opened for one (replica, tenant) pair only: the "
+            "tenant's requests failed on the replica while other tenants' succeeded (R7b-1)",
+            ["replica", "tenant"], registry=a,
+        ), self.batch)
         self.replica_healthy = BoundChildren(Gauge("prefixgate_replica_healthy", "1 when the replica is healthy",
                                                    ["replica"], registry=a))
         self.tenant_requests = BoundChildren(Counter(

@@ -108,7 +108,7 @@ class InferencePipeline:
             chains = gw.keys.prefix_chains(tenant, tokens)
             rec.prefix_fingerprint = PrefixKeys.prefix_fingerprint(chains)
             # candidates: routable replicas in the tenant's pools (gateway/replicas.py)
-            candidates = gw.replica_set.candidates(tenant.pools)
+            candidates = gw.replica_set.candidates(tenant.pools, tenant.id)  # R7b-1
             if not candidates:
                 raise GatewayError(503, "no_replica", "no healthy replica is available for this tenant")
             rec.t_keys = time.perf_counter()
@@ -199,7 +199,7 @@ class InferencePipeline:
                 choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
             held.choice = choice
             replica = gw.replica_set.get(choice.replica_id)
-            held.attempt = gw.replica_set.attempt(replica.id)
+            held.attempt = gw.replica_set.attempt(replica.id, tenant.id)  # R7b-1
             rec.replica, rec.pool, rec.routing_policy = replica.id, replica.pool, choice.policy
             rec.predicted_prefix_tokens = choice.predicted_prefix_tokens
             rec.available_prefix_tokens = choice.available_prefix_tokens

@@ -32,7 +32,7 @@ def failure_error(fail: UpstreamFailure | None) -> GatewayError:
     replica's own 4xx (:func:`passthrough_error`), 504 ``upstream_timeout`` or 502 ``upstream_error``."""
     if fail is None:
         return GatewayError(503, "no_replica", "no healthy replica is allowed for this request")
-    if fail.kind == "status" and not fail.retryable:
+    if fail.kind == "status" and not fail.retryable and not fail.replica_fault:  # not a 503 left unretried (R7b-1)
         return passthrough_error(fail)
     if fail.kind == "timeout":
         return GatewayError(504, "upstream_timeout", "the replica did not answer in time")

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.tenant_breaker import TenantBreaker
 from routing.filters import HealthFilter, TenantPoolFilter
 
 __all__ = ["Attempt", "Replica", "ReplicaSet", "ReplicaState", "CircuitState", "UnknownReplicaError",
@@ -127,6 +128,7 @@ class ReplicaSet:
         self.failure_threshold = failure_threshold
         self.cooldown_s = cooldown_s
         self._clock = clock
+        self.tenants = TenantBreaker(failure_threshold, cooldown_s, clock=clock)  # R7b-1, gateway/tenant_breaker.py
         self._replicas: dict[str, Replica] = {}
         self._state: dict[str, ReplicaState] = {}
         self.version = 0
@@ -148,6 +150,7 @@ class ReplicaSet:
         """Remove a replica (no error if absent)."""
         self._replicas.pop(replica_id, None)
         self._state.pop(replica_id, None)
+        self.tenants.forget(replica_id)
         self.version += 1
 
     def get(self, replica_id: str) -> Replica:
@@ -203,9 +206,9 @@ class ReplicaSet:
             self._routable, self._routable_version = ids, self.version
         return ids
 
-    def candidates(self, pools: Iterable[str]) -> list[Replica]:
+    def candidates(self, pools: Iterable[str], tenant_id: str | None = None) -> list[Replica]:
         """Replicas routable now (healthy, breaker closed) in ``pools`` (all pools when empty),
-        a new list in insertion order.
+        a new list in insertion order; without those whose circuit for ``tenant_id`` is open (R7b-1).
 
         Only these go to the policy decision point: a policy can narrow them,
         never widen them (defence in depth against a policy omitting both lists).
@@ -213,13 +216,15 @@ class ReplicaSet:
         ids = self._routable_now()
         cacheable = self._routable is not None and isinstance(pools, (frozenset, tuple))
         if cacheable and (hit := self._candidates.get(pools)) is not None:
-            return list(hit)
-        in_pools = TenantPoolFilter(pools).filter(self.all())
-        out = HealthFilter(ids).filter(in_pools)
-        if cacheable:
-            if len(self._candidates) >= self.CANDIDATES_CACHE_MAX:
-                self._candidates.clear()
-            self._candidates[pools] = tuple(out)
+            out = list(hit)
+        else:
+            out = HealthFilter(ids).filter(TenantPoolFilter(pools).filter(self.all()))
+            if cacheable:
+                if len(self._candidates) >= self.CANDIDATES_CACHE_MAX:
+                    self._candidates.clear()
+                self._candidates[pools] = tuple(out)
+        if tenant_id is not None and self.tenants.any_open():
+            out = [r for r in out if not self.tenants.blocked(r.id, tenant_id)]
         return out
 
     def on_dispatch(self, replica_id: str) -> bool:
@@ -234,13 +239,13 @@ class ReplicaSet:
             return True
         return False
 
-    def attempt(self, replica_id: str) -> Attempt:
-        """Dispatch one upstream attempt to ``replica_id`` (:meth:`on_dispatch`)
+    def attempt(self, replica_id: str, tenant_id: str | None = None) -> Attempt:
+        """Dispatch one upstream attempt of ``tenant_id``'s request to ``replica_id`` (:meth:`on_dispatch`)
         and return its :class:`Attempt`, which must be settled however the
         attempt ends (use it as a context manager, or call
         :meth:`Attempt.release` in a ``finally``). Raises
         :class:`UnknownReplicaError`."""
-        return Attempt(self, replica_id, self.on_dispatch(replica_id))
+        return Attempt(self, replica_id, self.on_dispatch(replica_id), tenant_id)
 
     def release_probe(self, replica_id: str) -> None:
         """The request chosen as the half-open probe ended without a verdict
@@ -323,11 +328,12 @@ class Attempt:
     replica removed meanwhile are dropped (never raise).
     """
 
-    __slots__ = ("replica_id", "probe", "_set", "_open")
+    __slots__ = ("replica_id", "probe", "tenant_id", "retry", "_set", "_open")
 
-    def __init__(self, replica_set: ReplicaSet, replica_id: str, probe: bool) -> None:
+    def __init__(self, replica_set: ReplicaSet, replica_id: str, probe: bool, tenant_id: str | None = None) -> None:
         self.replica_id = replica_id
         self.probe = probe
+        self.tenant_id, self.retry = tenant_id, True  # whose request; False: do not retry elsewhere (R7b-1)
         self._set = replica_set
         self._open = True
 
@@ -345,18 +351,27 @@ class Attempt:
         if self.probe and self._open:
             self.probe = False  # a later release must not free another request's probe
             self._apply(self._set.record_success)
+            self._set.tenants.succeeded(self.replica_id, self.tenant_id)
 
     def succeeded(self) -> None:
         """The replica gave a complete answer, or an answer that is not a gateway failure (a 4xx,
         a plain 500: :func:`counts_against_replica`): reset its failures, close the circuit."""
         if self._settle():
             self._apply(self._set.record_success)
+            self._set.tenants.succeeded(self.replica_id, self.tenant_id)
 
     def failed(self) -> None:
-        """A replica fault (502/503/504, timeout, connect error, reset or broken
-        answer): count it; a failed probe re-opens the circuit."""
+        """A replica fault (502/503/504, timeout, connect error, reset or broken answer): count it
+        (a failed probe re-opens the circuit) unless it is attributed to the request's tenant
+        (R7b-1, gateway/tenant_breaker.py): then only the (replica, tenant) pair counts it, a probe
+        is released, and :attr:`retry` turns False from the pair's second failure on."""
         if self._settle():
-            self._apply(self._set.record_failure)
+            verdict = self._set.tenants.failed(self.replica_id, self.tenant_id)
+            self.retry = verdict.retry
+            if not verdict.attributed:
+                self._apply(self._set.record_failure)
+            elif self.probe:
+                self._apply(self._set.release_probe)
 
     def release(self) -> None:
         """No verdict on the replica (client gone, cancelled, gateway error):

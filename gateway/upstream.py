@@ -58,6 +58,7 @@ class Upstream:
         self.probe_session: aiohttp.ClientSession | None = None
         self.health: HealthChecker | None = None
         self.engine_metrics: EngineMetricsPoller | None = None
+        replica_set.tenants.on_open = self.tenant_circuit_opened  # R7b-1
 
     def open_session(self) -> UpstreamPool:
         """Open the upstream pool and the probe session (idempotent); returns the pool."""
@@ -123,8 +124,17 @@ class Upstream:
         self.metrics.upstream_failures.labels(fail.kind).inc()
         if fail.replica_fault:
             attempt.failed()
+            if not attempt.retry:  # R7b-1: the tenant's streak on this replica; no second replica
+                fail.retryable = False
         else:
             attempt.succeeded()
+
+    def tenant_circuit_opened(self, replica_id: str, tenant_id: str) -> None:
+        """One tenant's failures on ``replica_id`` opened the circuit of that (replica, tenant) pair
+        only (R7b-1, gateway/tenant_breaker.py): audit line (ids only, never prompt text) and metric."""
+        self.metrics.tenant_circuits_opened.labels(replica_id, tenant_id).inc()
+        log.warning("replica %s: circuit opened for tenant %s only (its requests failed there while other "
+                    "tenants' succeeded)", replica_id, tenant_id)
 
     def answered(self, replica_id: str, instance_id: str | None, attempt: Attempt | None = None) -> None:
         """A replica started answering (the first byte of a 200); a changed instance id means it
