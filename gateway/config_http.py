@@ -91,8 +91,8 @@ class LimitsConfig(ConfigSection):
     least this many bytes per second, with ``client_min_read_window_s`` seconds of slack (``null``:
     no rate bound); ``max_stream_s``: most seconds of one streamed answer (``null``: none) (R6b-3).
     ``protocol_refusal_audits_per_s``: audit events per second and listener for the refusals the
-    connection guard makes before any route (431, 408, 503, uvicorn's 400; ``null``: none;
-    gateway/protocol_audit.py).
+    connection guard makes before any route (431, 408, 503, uvicorn's 400, upgrade/fragment 400;
+    ``null``: none; a tenth of it per source first, R7b-3; gateway/protocol_audit.py).
     ``max_header_fields``: the most header fields of one request head; more answer 431
     ``too_many_header_fields`` and close, before the parser reads them (gateway/head_fields.py, R6-3).
     ``header_read_timeout_s``: a request head must be complete this long
