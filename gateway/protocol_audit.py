@@ -201,6 +201,9 @@ class RefusalAudit:
             refused(self, 431, "request_header_too_large")
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to a request its parser refused: audited as 400 ``invalid_request``."""
-        refused(self, 400, "invalid_request")
+        """uvicorn's answer to a request its parser refused: audited as 400 ``invalid_request``
+        (not when the guard already answered and is closing: a parser stop it caused, R7b-2)."""
+        transport = getattr(self, "transport", None)
+        if transport is None or not transport.is_closing():
+            refused(self, 400, "invalid_request")
         super().send_400_response(msg)  # type: ignore[misc]
