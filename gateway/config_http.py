@@ -33,11 +33,17 @@ class ServerConfig(ConfigSection):
     ``SO_REUSEPORT`` public listening socket so the kernel spreads connections
     across workers (Linux; elsewhere, or ``False``: one socket shared by all
     workers; gateway/workers.py).
+
+    ``client_send_buffer_bytes``: SO_SNDBUF of each accepted client socket (bytes, >= 4096; Linux
+    doubles it), so the kernel cannot absorb a whole answer for a client that reads nothing and the
+    read-rate rules (``limits.client_min_read_bytes_per_s``) see the client (R7b-4); ``None``: the
+    kernel's default (autotuned, up to ``tcp_wmem`` max, often 4 MiB; gateway/send_buffer.py).
     """
 
     http_parser: Literal["httptools", "h11"] = "httptools"
     max_connections_per_source: int | None = Field(None, ge=1)
     listener_per_worker: bool = True
+    client_send_buffer_bytes: int | None = Field(131072, ge=4096)
 
 
 class LimitsConfig(ConfigSection):
