@@ -33,11 +33,17 @@ class ServerConfig(ConfigSection):
     ``SO_REUSEPORT`` public listening socket so the kernel spreads connections
     across workers (Linux; elsewhere, or ``False``: one socket shared by all
     workers; gateway/workers.py).
+
+    ``client_send_buffer_bytes``: SO_SNDBUF of each accepted client socket (bytes, >= 4096; Linux
+    doubles it), so the kernel cannot absorb a whole answer for a client that reads nothing and the
+    read-rate rules (``limits.client_min_read_bytes_per_s``) see the client (R7b-4); ``None``: the
+    kernel's default (autotuned, up to ``tcp_wmem`` max, often 4 MiB; gateway/send_buffer.py).
     """
 
     http_parser: Literal["httptools", "h11"] = "httptools"
     max_connections_per_source: int | None = Field(None, ge=1)
     listener_per_worker: bool = True
+    client_send_buffer_bytes: int | None = Field(131072, ge=4096)
 
 
 class LimitsConfig(ConfigSection):
@@ -91,8 +97,8 @@ class LimitsConfig(ConfigSection):
     least this many bytes per second, with ``client_min_read_window_s`` seconds of slack (``null``:
     no rate bound); ``max_stream_s``: most seconds of one streamed answer (``null``: none) (R6b-3).
     ``protocol_refusal_audits_per_s``: audit events per second and listener for the refusals the
-    connection guard makes before any route (431, 408, 503, uvicorn's 400; ``null``: none;
-    gateway/protocol_audit.py).
+    connection guard makes before any route (431, 408, 503, uvicorn's 400, upgrade/fragment 400;
+    ``null``: none; a tenth of it per source first, R7b-3; gateway/protocol_audit.py).
     ``max_header_fields``: the most header fields of one request head; more answer 431
     ``too_many_header_fields`` and close, before the parser reads them (gateway/head_fields.py, R6-3).
     ``header_read_timeout_s``: a request head must be complete this long

@@ -85,7 +85,7 @@ class GatewayServer(uvicorn.Server):
 
 def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | None = None,
                    max_connections_per_source: int | None = None, on_head_refusal: RefusalHook | None = None,
-                   **kw: object) -> uvicorn.Config:
+                   client_send_buffer_bytes: int | None = None, **kw: object) -> uvicorn.Config:
     """uvicorn settings shared by both listeners (no proxy headers, no server header).
 
     ``kw`` overrides or adds ``uvicorn.Config`` arguments. The HTTP parser is
@@ -105,7 +105,9 @@ def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | 
     ``limits.max_body_chunks`` bounds chunked bodies (gateway/body_guard.py);
     ``limits.max_header_fields`` the header fields of a head (gateway/head_fields.py);
     ``on_head_refusal(code, client)`` is called for each head refused for an ``Upgrade`` field or a
-    fragment in its target (gateway/protocol_audit.py: :func:`head_refusal_hook` audits them).
+    fragment in its target (gateway/protocol_audit.py: :func:`head_refusal_hook` audits them);
+    ``client_send_buffer_bytes`` (``server.client_send_buffer_bytes``; None: kernel default) is each
+    accepted socket's SO_SNDBUF (gateway/send_buffer.py).
     uvicorn's per-request warning lines are aggregated per window
     (:mod:`gateway.log_aggregate`, installed on ``uvicorn.error``).
     """
@@ -120,6 +122,7 @@ def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | 
                                   lingering_close_s=limits.lingering_close_s,
                                   max_header_fields=limits.max_header_fields)
         parser.guard_on_refusal = staticmethod(on_head_refusal) if on_head_refusal else None  # type: ignore[attr-defined]
+        parser.guard_client_send_buffer_bytes = client_send_buffer_bytes  # type: ignore[attr-defined]
     kw["http"] = parser
     kw.setdefault("h11_max_incomplete_event_size", limits.max_header_bytes)
     kw.setdefault("limit_concurrency", limits.max_connections)
@@ -270,13 +273,15 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
     servers = [GatewayServer(uvicorn_config(public_app,  # audited at the protocol-refusal rate bound
                                             cfg.listen.host, cfg.listen.port, http=http,
                                             limits=cfg.limits, max_connections_per_source=per_source,
-                                            on_head_refusal=head_refusal_hook(public_app)),
+                                            on_head_refusal=head_refusal_hook(public_app),
+                                            client_send_buffer_bytes=cfg.server.client_send_buffer_bytes),
                              "public", started)]
     if cfg.admin is not None:
         admin_app = build_admin_app(c)
         servers.append(GatewayServer(uvicorn_config(admin_app, cfg.admin.host, cfg.admin.port, http=http,
                                                     limits=cfg.limits, max_connections_per_source=per_source,
-                                                    on_head_refusal=head_refusal_hook(admin_app)),
+                                                    on_head_refusal=head_refusal_hook(admin_app),
+                                                    client_send_buffer_bytes=cfg.server.client_send_buffer_bytes),
                                      "admin", started))
     loop = asyncio.get_running_loop()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+from gateway import send_buffer
 from gateway.body_guard import refusal_bytes
 
 __all__ = ["SourceCap"]
@@ -23,9 +24,13 @@ class SourceCap:
     #: open connections per source IP of this listener (a fresh dict per guarded protocol class)
     guard_source_counts: dict[str, int] = {}
     guard_source: str | None = None
+    #: ``server.client_send_buffer_bytes`` (bytes, or None: kernel default), set by gateway/server.py
+    guard_client_send_buffer_bytes: int | None = None
 
     def guard_admit_source(self, transport: asyncio.Transport) -> bool:
-        """Count this connection against its source IP; False (answered 503 and closed) above the cap."""
+        """Bound the socket's send buffer (gateway/send_buffer.py, R7b-4); count this connection
+        against its source IP; False (answered 503 and closed) above the cap."""
+        send_buffer.apply_to_transport(transport, self.guard_client_send_buffer_bytes)
         cap = self.guard_max_connections_per_source
         peer = transport.get_extra_info("peername")
         if cap is None or not isinstance(peer, tuple) or not peer:

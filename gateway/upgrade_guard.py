@@ -27,8 +27,9 @@ refused, under both parsers and on both listeners:
   parser reports as an upgrade (``parser.should_upgrade()``, CONNECT aside) is refused in
   ``on_headers_complete`` before uvicorn starts a task for it, and the parser is stopped; under h11 a
   ``Request`` event with an ``upgrade`` field is refused in ``next_event`` (:class:`UpgradeH11Connection`)
-  before uvicorn sees it. When a response is still in progress nothing is answered: the connection
-  is closed.
+  before uvicorn sees it. When a response is still in progress, what the client sends after the
+  refused head is dropped unparsed, that response completes, then the 400 is sent and the
+  connection closes (both parsers; R7b-2: httptools closed at once, losing the answer in progress).
 
 **R7-3.** A ``#`` in the request-target (a fragment: never sent on the wire, RFC 9112 section 3.2)
 is refused the same way with code ``invalid_request_target``; both parsers accepted it and served
@@ -213,9 +214,16 @@ class UpgradeGuard:
         super().on_response_complete()  # type: ignore[misc]
         code = self.guard_deferred
         transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
-        if code is not None and not transport.is_closing():
+        # a request pipelined before the refused head (httptools) now runs: answer after it too
+        if code is not None and not transport.is_closing() and not self.guard_response_in_progress():  # type: ignore[attr-defined]
             transport.write(refusal_bytes(400, code, _MESSAGES[code]))
             transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's 400 after a parser stop: nothing after a refused head (answered, or deferred
+        behind the response in progress, R7b-2): neither sent nor audited."""
+        if not self.guard_head_refused:
+            super().send_400_response(msg)  # type: ignore[misc]
 
     def guard_body_unfinished(self) -> bool:
         """True after a refused head (its body may follow: close lingering), else the parser's answer."""
@@ -231,7 +239,9 @@ class UpgradeGuard:
         """httptools: a head the scan did not see (pipelined behind a body) that asks for an upgrade."""
         parser = getattr(self, "parser", None)  # CONNECT (also flagged) keeps uvicorn's own 400 for its target
         if parser is not None and parser.should_upgrade() and parser.get_method() != b"CONNECT":
-            self.guard_refuse_head(UPGRADE_CODE, defer=False)  # the parser stops here: no answer can follow
+            # R7b-2: the parser stops here (nothing after this head is parsed); with a response in
+            # progress the refusal is deferred: that response completes, then the 400 and the close
+            self.guard_refuse_head(UPGRADE_CODE)
             self.logger = logging.getLogger("gateway.body_guard.quiet")  # silenced by gateway/body_guard.py
             raise BodyRefused()
         super().on_headers_complete()  # type: ignore[misc]
