@@ -32,6 +32,9 @@ __all__ = ["TenantBreaker", "TenantVerdict"]
 DEFAULT_WINDOW_S = 60.0
 #: default bound on tracked tenants per replica
 DEFAULT_MAX_TENANTS = 1024
+#: seconds a recorded success stands before a later one is written again (per-request cost: one
+#: TTLCache read instead of a read and a re-set; the evidence window is shortened by at most this)
+REFRESH_S = 1.0
 
 
 @dataclass(slots=True)
@@ -88,12 +91,18 @@ class TenantBreaker:
         return table
 
     def succeeded(self, replica_id: str, tenant_id: str | None) -> None:
-        """``tenant_id``'s request got a non-failure answer from ``replica_id``: its streak ends."""
+        """``tenant_id``'s request got a non-failure answer from ``replica_id``: its streak ends.
+        A success within :data:`REFRESH_S` of the pair's last recorded success (no failure between)
+        changes nothing and is not written again."""
         if tenant_id is None:
             return
+        now = self._clock()
         table = self._table(replica_id)
-        entry = table.get(tenant_id) or _Entry()
-        entry.last_ok, entry.last_at, entry.streak = True, self._clock(), 0
+        entry = table.get(tenant_id)
+        if entry is not None and entry.last_ok and now - entry.last_at < REFRESH_S:
+            return  # nothing to change but a success time under REFRESH_S old: skip the TTLCache re-set
+        entry = entry or _Entry()
+        entry.last_ok, entry.last_at, entry.streak = True, now, 0
         table[tenant_id] = entry  # re-set: refreshes its expiry
 
     def failed(self, replica_id: str, tenant_id: str | None) -> TenantVerdict:
