@@ -106,15 +106,14 @@ class RedisTenantLimiter:
         return None
 
     async def take_slots(self, tenant: Tenant, lease: SharedLease, n: int) -> None:
-        """Take ``n`` concurrency slots for ``lease`` (see TenantLimiter.take_slots): the admit
-        script with no rate bucket, so only the tenant's slot count is checked and added to."""
+        """Take ``n`` concurrency slots for ``lease`` (see TenantLimiter.take_slots): the slot script
+        (``tenancy.shared_lua.SLOT``), so only the tenant's slot count is checked and added to."""
         if n <= 0 or lease.released:
             return
         maxc = -1 if tenant.max_concurrency is None else tenant.max_concurrency
-        reply = await self._s.admit(
-            keys=[self._s.key(tenant.id, "conc"), self._s.key(tenant.id, "req")],
-            args=["", maxc, "", "", "0", "0", "0", self._s.lease_ttl_ms,
-                  *lease.members(lease.weight, lease.weight + n)])
+        reply = await self._s.slot(
+            keys=[self._s.key(tenant.id, "conc")],
+            args=[maxc, self._s.lease_ttl_ms, *lease.members(lease.weight, lease.weight + n)])
         self._raise(reply, "tenant_request_rate")
         lease.weight += n
         if lease.released:  # released while we waited: free the new slots too
