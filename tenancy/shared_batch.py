@@ -33,6 +33,10 @@ Redis-backed request. A connection that fails (closed by a Redis restart,
 timed out) is closed and the batch sent once more on a new one, as the
 client's ``Retry(NoBackoff(), 1)`` did for the pipeline; the second failure
 goes to the callers.
+Session 8: :meth:`ScriptBatcher.command` queues any non-blocking command
+beside the scripts (the routing stream's ``XADD`` and busy ``XREAD``,
+gateway/shared_routing.py), so under load those make no round trip of
+their own either.
 """
 
 from __future__ import annotations
