@@ -74,6 +74,9 @@ __all__ = ["ROUTING_MAC_INFO", "RoutingStream", "decode_events", "encode_events"
 
 log = logging.getLogger("prefixgate.state")
 
+#: entries one batched ``XREAD`` takes (session 8: it rides a script batch; see RoutingStream.read_once)
+_BATCHED_READ_ENTRIES = 16
+
 #: HKDF ``info`` label of the subkey that MACs routing stream entries.
 ROUTING_MAC_INFO = b"pg-shared-routing-mac-v1"
 
@@ -251,8 +254,12 @@ class RoutingStream:
         """Read and apply one batch after :attr:`last_id`; returns entries read. ``batched`` (no
         ``block_ms``): the ``XREAD`` rides the script batcher's next batch, when there is one."""
         block = () if block_ms is None else ("BLOCK", block_ms)
-        cmd = ("XREAD", "COUNT", self._batch, *block, "STREAMS", self.stream, self.last_id)
-        if batched and block_ms is None and self._batcher is not None:
+        batched = batched and block_ms is None and self._batcher is not None
+        # a batched read takes few entries: its reply comes before the script replies batched after
+        # it, and all of them must arrive within one reply timeout (a full read is followed by another)
+        count = min(self._batch, _BATCHED_READ_ENTRIES) if batched else self._batch
+        cmd = ("XREAD", "COUNT", count, *block, "STREAMS", self.stream, self.last_id)
+        if batched:
             resp = await self._batcher.command(*cmd)
         else:
             resp = await self._rconn.command(*cmd)
@@ -284,10 +291,12 @@ class RoutingStream:
             try:
                 if busy and self._batcher is not None:
                     n = await self.read_once(None, batched=True)
+                    full = n >= min(self._batch, _BATCHED_READ_ENTRIES)
                 else:
                     n = await self.read_once(block_ms=self._block_ms)
+                    full = n >= self._batch
                 busy = n > 0
-                if n and n < self._batch and self._read_interval:  # let entries gather (module doc)
+                if n and not full and self._read_interval:  # let entries gather (module doc)
                     await asyncio.sleep(self._read_interval)
             except asyncio.CancelledError:
                 raise

@@ -83,3 +83,30 @@ async def test_a_failed_batched_read_falls_back_to_the_blocking_read(redis_serve
     finally:
         await reader.stop()
         await client.aclose()
+
+
+async def test_a_reader_behind_catches_up_in_small_batched_reads(redis_server) -> None:
+    """A batched XREAD takes at most 16 entries (its reply precedes the script replies batched after
+    it); a reader 60 entries behind catches up in several reads, every entry applied in order."""
+    client = aioredis.Redis.from_url(redis_server.url)
+    rb = ScriptBatcher(client)
+    writer = _stream(client, "w" * 16, None, write_interval_s=0)
+    reader = _stream(client, "r" * 16, rb, read_interval_s=0.3, read_block_ms=200)
+    try:
+        await writer.tick()
+        await writer.flush()
+        await reader.start()
+        writer.emit(LoadDelta("r0", 1, 0, 1))
+        await writer.flush()
+        await wait_for(lambda: reader.remote.total("r0") == (1, 0, 1), what="first entry (blocking read)")
+        reads_before = reader.reads
+        for i in range(60):  # while the reader waits its read interval: it falls 60 entries behind
+            writer.emit(LoadDelta("r0", 0, i, 0))
+            await writer.flush()
+        await wait_for(lambda: reader.remote.total("r0") == (1, sum(range(60)), 1), what="all 60 entries applied")
+        assert reader.reads - reads_before >= 4  # 60 entries, at most 16 per read
+        assert rb.calls >= 4
+    finally:
+        await reader.stop()
+        await rb.aclose()
+        await client.aclose()
