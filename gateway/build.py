@@ -330,7 +330,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
     calibration: Calibration | None = None
     loads: LoadTracker = InProcessLoadTracker()
     if shared is not None:  # the other instances' chains and load, through Redis
-        route_index, loads = shared.wrap_routing(index, loads, [r.id for r in config.replicas])
+        route_index, loads = shared.wrap_routing(index, loads, [r.id for r in config.replicas], batcher=limits.batcher)
     if getattr(rc.policy, "calibrate", False):
         calibration = Calibration(prior_rate=rc.policy.prefill_tokens_per_s)
         calibration.defer_observations(True)  # applied after the answer is sent (pipeline _complete) or on a read

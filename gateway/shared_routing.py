@@ -74,6 +74,9 @@ __all__ = ["ROUTING_MAC_INFO", "RoutingStream", "decode_events", "encode_events"
 
 log = logging.getLogger("prefixgate.state")
 
+#: entries one batched ``XREAD`` takes (session 8: it rides a script batch; see RoutingStream.read_once)
+_BATCHED_READ_ENTRIES = 16
+
 #: HKDF ``info`` label of the subkey that MACs routing stream entries.
 ROUTING_MAC_INFO = b"pg-shared-routing-mac-v1"
 
@@ -123,13 +126,16 @@ class RoutingStream:
                  loads: SharedLoadTracker, replica_ids: Iterable[str], *, lease_ttl_s: float,
                  max_entries: int = 10_000, batch_events: int = 256, queue_max: int = 100_000,
                  registry: CollectorRegistry | None = None, write_interval_s: float = 0.01,
-                 read_interval_s: float = 0.01, read_block_ms: int | None = None) -> None:
+                 read_interval_s: float = 0.01, read_block_ms: int | None = None, batcher: Any = None) -> None:
         if write_interval_s < 0 or read_interval_s < 0:
             raise ValueError("write_interval_s and read_interval_s must be >= 0")
         self._client = client
         # XADD and XREAD (the hot ones) each on a connection of their own, packed without redis-py's
         # per-call machinery (tenancy/shared_conn.py); the lease's commands go through the client
         self._wconn, self._rconn = HeldConnection(client), HeldConnection(client)
+        # session 8: with the limits' script batcher, XADD and the XREADs of a busy reader ride its
+        # batches (no round trip of their own under load); the idle XREAD BLOCK stays on _rconn
+        self._batcher = batcher
         self._prefix = key_prefix
         self.instance_id = instance_id
         self._mac_keys: Callable[[], Sequence[bytes]] = mac_key if callable(mac_key) else (lambda: (mac_key,))
@@ -190,8 +196,9 @@ class RoutingStream:
             return
         body = encode_events(coalesce_deltas(batch))
         try:
-            await self._wconn.command("XADD", self.stream, "MAXLEN", "~", self._max_entries, "*",
-                                      "i", self.instance_id, "b", body, "m", self._mac(self.instance_id, body))
+            cmd = ("XADD", self.stream, "MAXLEN", "~", self._max_entries, "*",
+                   "i", self.instance_id, "b", body, "m", self._mac(self.instance_id, body))
+            await (self._wconn.command(*cmd) if self._batcher is None else self._batcher.command(*cmd))
             self.writes += 1
             self.metrics.events.labels("published").inc(len(batch))
         except Exception as exc:  # noqa: BLE001 - Redis down: the next snapshot heals the others' view
@@ -243,10 +250,19 @@ class RoutingStream:
         self.metrics.events.labels("applied").inc(len(events))
         return len(events)
 
-    async def read_once(self, block_ms: int | None = None) -> int:
-        """Read and apply one batch after :attr:`last_id`; returns entries read."""
+    async def read_once(self, block_ms: int | None = None, *, batched: bool = False) -> int:
+        """Read and apply one batch after :attr:`last_id`; returns entries read. ``batched`` (no
+        ``block_ms``): the ``XREAD`` rides the script batcher's next batch, when there is one."""
         block = () if block_ms is None else ("BLOCK", block_ms)
-        resp = await self._rconn.command("XREAD", "COUNT", self._batch, *block, "STREAMS", self.stream, self.last_id)
+        batched = batched and block_ms is None and self._batcher is not None
+        # a batched read takes few entries: its reply comes before the script replies batched after
+        # it, and all of them must arrive within one reply timeout (a full read is followed by another)
+        count = min(self._batch, _BATCHED_READ_ENTRIES) if batched else self._batch
+        cmd = ("XREAD", "COUNT", count, *block, "STREAMS", self.stream, self.last_id)
+        if batched:
+            resp = await self._batcher.command(*cmd)
+        else:
+            resp = await self._rconn.command(*cmd)
         n = 0
         for _stream, entries in (resp.items() if isinstance(resp, dict) else resp or []):
             for entry_id, raw in entries:
@@ -270,14 +286,22 @@ class RoutingStream:
                 return total
 
     async def _reader(self) -> None:
+        busy = False  # the last read found entries: the next one (no BLOCK) can ride a script batch
         while True:
             try:
-                n = await self.read_once(block_ms=self._block_ms)
-                if n and n < self._batch and self._read_interval:  # let entries gather (module doc)
+                if busy and self._batcher is not None:
+                    n = await self.read_once(None, batched=True)
+                    full = n >= min(self._batch, _BATCHED_READ_ENTRIES)
+                else:
+                    n = await self.read_once(block_ms=self._block_ms)
+                    full = n >= self._batch
+                busy = n > 0
+                if n and not full and self._read_interval:  # let entries gather (module doc)
                     await asyncio.sleep(self._read_interval)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - Redis down: keep the local view, retry
+                busy = False
                 log.warning("routing stream read failed (%s)", exc.__class__.__name__)
                 await asyncio.sleep(min(1.0, self._ttl / 4))
 
@@ -334,6 +358,7 @@ class RoutingStream:
     async def stop(self) -> None:
         """Flush queued events (best effort), stop the tasks and give up the lease."""
         await self._cancel()
+        self._batcher = None  # the last entries on our own connection: the limits may be closed first
         with contextlib.suppress(Exception):
             await self.flush()
             await self._client.delete(self._alive_key(self.instance_id))

@@ -92,12 +92,14 @@ class SharedState:
         self._keycheck: asyncio.Task[None] | None = None
 
     # -- wiring (build time) -------------------------------------------------
-    def wrap_routing(self, index: PrefixIndex, loads: LoadTracker, replica_ids: list[str]) -> tuple[PrefixIndex,
-                                                                                                   LoadTracker]:
+    def wrap_routing(self, index: PrefixIndex, loads: LoadTracker, replica_ids: list[str], *,
+                     batcher: Any = None) -> tuple[PrefixIndex, LoadTracker]:
         """The router's index and load tracker: ``index``/``loads`` plus the others' events.
 
         Returns ``(publishing index, shared load tracker)``; ``index`` keeps
-        receiving the other instances' chains.
+        receiving the other instances' chains. ``batcher``: the limits' script batcher
+        (:attr:`tenancy.shared.SharedLimits.batcher`), whose batches then carry the routing
+        stream's ``XADD`` and busy ``XREAD`` (None: their own round trips).
         """
         sc = self.config.state
         holder: list[RoutingStream] = []
@@ -107,7 +109,8 @@ class SharedState:
                                      max_entries=sc.stream_max_entries, registry=self._registry,
                                      # an idle XREAD BLOCK must end before the reply timeout fires
                                      read_block_ms=max(10, min(int(sc.lease_ttl_s * 250),
-                                                               int(sc.command_timeout_s * 500))))
+                                                               int(sc.command_timeout_s * 500))),
+                                     batcher=batcher)
         holder.append(self.routing)
         return PublishingPrefixIndex(index, self.routing.emit), shared_loads
 

@@ -81,6 +81,7 @@ from tenancy.shared_failover import (
     FailoverLimiter,
     StateUnavailable,
 )
+from tenancy.shared_batch import ScriptBatcher
 from tenancy.shared_ledger import RedisLedger, RedisReservation
 from tenancy.shared_limiter import RedisTenantLimiter, SharedLease
 from tenancy.shared_store import StateSetupError, Store, Writer, redis_client
@@ -127,6 +128,12 @@ class SharedLimits:
     def writer(self) -> Writer | None:
         """The queue of releases and settlements (None for ``memory``)."""
         return None if self._store is None else self._store.writer
+
+    @property
+    def batcher(self) -> ScriptBatcher | None:
+        """The script batcher of the request path (None for ``memory``): other non-blocking
+        commands may ride its batches (:meth:`tenancy.shared_batch.ScriptBatcher.command`)."""
+        return None if self._store is None else self._store.batcher
 
     def _redis_limiter(self) -> RedisTenantLimiter | None:
         lim = self.limiter.shared if isinstance(self.limiter, FailoverLimiter) else self.limiter

@@ -33,6 +33,10 @@ Redis-backed request. A connection that fails (closed by a Redis restart,
 timed out) is closed and the batch sent once more on a new one, as the
 client's ``Retry(NoBackoff(), 1)`` did for the pipeline; the second failure
 goes to the callers.
+Session 8: :meth:`ScriptBatcher.command` queues any non-blocking command
+beside the scripts (the routing stream's ``XADD`` and busy ``XREAD``,
+gateway/shared_routing.py), so under load those make no round trip of
+their own either.
 """
 
 from __future__ import annotations
@@ -57,10 +61,13 @@ class _Call:
     __slots__ = ("script", "keys", "args", "future")
 
     def __init__(self, script: Any, keys: Sequence[Any], args: Sequence[Any], future: asyncio.Future[Any]) -> None:
-        self.script = script
+        self.script = script  # None: ``args`` is one packed command (ScriptBatcher.command)
         self.keys = keys
         self.args = args
         self.future = future
+
+    def packed(self) -> bytes:
+        return self.args if self.script is None else pack_evalsha(self.script.sha, self.keys, self.args)
 
 
 class ScriptBatcher:
@@ -96,6 +103,21 @@ class ScriptBatcher:
             loop.call_soon(self._flush)
         return await fut
 
+    async def command(self, *args: Any) -> Any:
+        """Run one command that never blocks the server (e.g. ``XADD``, ``XREAD`` without ``BLOCK``)
+        in the next batch, beside the script calls (session 8: the routing stream rides the request
+        path's round trips instead of making its own); its reply, raw as
+        :meth:`tenancy.shared_conn.HeldConnection.command` gives it. Raises as :meth:`call`. A
+        blocking command would hold every call batched with it: never send one here."""
+        packed = pack(args)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._pending.append(_Call(None, (), packed, fut))  # type: ignore[arg-type]
+        if not self._scheduled and not self._in_flight:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return await fut
+
     def _flush(self) -> None:
         self._scheduled = False
         batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
@@ -120,7 +142,7 @@ class ScriptBatcher:
         from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import TimeoutError as RedisTimeoutError
 
-        packed = b"".join(pack_evalsha(c.script.sha, c.keys, c.args) for c in batch)
+        packed = b"".join(c.packed() for c in batch)
         self.batches += 1
         self.calls += len(batch)
         try:
@@ -133,7 +155,7 @@ class ScriptBatcher:
 
         try:
             results = await self._execute(batch)
-            missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+            missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError) and batch[i].script is not None]
             if missing:  # an emptied Redis: load what is missing, send those calls again
                 for script in {id(batch[i].script): batch[i].script for i in missing}.values():
                     await self.client.script_load(script.script)

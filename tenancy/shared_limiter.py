@@ -8,6 +8,7 @@ Same semantics as :class:`tenancy.limits.TenantLimiter` (tests compare them),
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import secrets
 import time
@@ -74,6 +75,10 @@ class RedisTenantLimiter:
     def __init__(self, store: Store) -> None:
         self._s = store
         self._leases: dict[str, SharedLease] = {}
+        # lease ids: a random 12-hex prefix per limiter (unique across instances and restarts) and a
+        # counter; session 8: one urandom system call per admission was a few µs of it
+        self._id_prefix = secrets.token_hex(6)
+        self._id_next = itertools.count()
         self._renewer: asyncio.Task[None] | None = None
         #: slots found expired when renewed (their request went on without a slot)
         self.lost_slots = 0
@@ -83,7 +88,7 @@ class RedisTenantLimiter:
     async def admit(self, tenant: Tenant, now: float | None = None, *, slot: bool = True) -> SharedLease:
         """Admit one request of ``tenant``; return its :class:`SharedLease` (see TenantLimiter.admit;
         ``slot=False``: the request unit only, the slot comes with :meth:`take_slots`)."""
-        lease = SharedLease(self, tenant.id, secrets.token_hex(8))
+        lease = SharedLease(self, tenant.id, f"{self._id_prefix}{next(self._id_next):x}")
         if not slot:
             lease.weight = 0
         rate = tenant.rate_rps
@@ -106,15 +111,14 @@ class RedisTenantLimiter:
         return None
 
     async def take_slots(self, tenant: Tenant, lease: SharedLease, n: int) -> None:
-        """Take ``n`` concurrency slots for ``lease`` (see TenantLimiter.take_slots): the admit
-        script with no rate bucket, so only the tenant's slot count is checked and added to."""
+        """Take ``n`` concurrency slots for ``lease`` (see TenantLimiter.take_slots): the slot script
+        (``tenancy.shared_lua.SLOT``), so only the tenant's slot count is checked and added to."""
         if n <= 0 or lease.released:
             return
         maxc = -1 if tenant.max_concurrency is None else tenant.max_concurrency
-        reply = await self._s.admit(
-            keys=[self._s.key(tenant.id, "conc"), self._s.key(tenant.id, "req")],
-            args=["", maxc, "", "", "0", "0", "0", self._s.lease_ttl_ms,
-                  *lease.members(lease.weight, lease.weight + n)])
+        reply = await self._s.slot(
+            keys=[self._s.key(tenant.id, "conc")],
+            args=[maxc, self._s.lease_ttl_ms, *lease.members(lease.weight, lease.weight + n)])
         self._raise(reply, "tenant_request_rate")
         lease.weight += n
         if lease.released:  # released while we waited: free the new slots too

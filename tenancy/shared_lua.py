@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["ADJUST", "ADMIT", "APPLY", "COUNT", "LEVEL", "RENEW", "RESERVE", "TAKE", "arg", "wait_reply"]
+__all__ = ["ADJUST", "ADMIT", "APPLY", "COUNT", "LEVEL", "RENEW", "RESERVE", "SLOT", "TAKE", "arg", "wait_reply"]
 
 # Shared helpers: a bucket is a hash {level, updated, rate, burst}; numbers travel as %.17g strings
 # (exact doubles; a Lua number returned as a reply would be truncated to an integer).
@@ -54,6 +54,16 @@ local function take(key, rate, burst, now, n, need)
   store(key, level, updated, rate, burst)
   return wait
 end
+-- ZADD key score ARGV[first..] in calls of at most 500 members (unpack stays far below Lua's C stack limit)
+local function zadd_all(key, score, first)
+  local i = first
+  while i <= #ARGV do
+    local z = {}
+    for j = i, math.min(i + 499, #ARGV) do z[#z + 1] = score; z[#z + 1] = ARGV[j] end
+    redis.call('ZADD', key, unpack(z))
+    i = i + 500
+  end
+end
 local function wait_reply(reason, wait)
   if wait < 0 then return {reason, 'inf'} end
   return {reason, num(wait)}
@@ -64,12 +74,14 @@ end
 # burst, n, need, drop_unlimited (1: delete the bucket when rate is ''), lease_ttl_ms, member...
 # Admitted with a third key that exists: {'ok', '0', level refilled to now (not stored), rate, burst} of that
 # bucket, read in the same round trip for the early prompt-token check (tenancy/prompt_room.py shared_room).
+# Session 8: with no member to add and no count to check (a request admitted without its slot, flow
+# control), the slot set is not touched (no prune, no expiry renewal: nothing of it is read or added).
 _LUA_ADMIT = _LUA_LIB + r"""
 local now, now_ms = server_now()
 if ARGV[1] ~= '' then now = tonumber(ARGV[1]) end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 local maxc = tonumber(ARGV[2])
 local members = #ARGV - 8
+if maxc >= 0 or members > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms) end
 if maxc >= 0 and redis.call('ZCARD', KEYS[1]) + members > maxc then return {'concurrency', '1'} end
 if ARGV[3] ~= '' then
   local wait = take(KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[4]), now, tonumber(ARGV[5]), tonumber(ARGV[6]))
@@ -77,9 +89,11 @@ if ARGV[3] ~= '' then
 elseif ARGV[7] == '1' then
   redis.call('DEL', KEYS[2])
 end
-local ttl = tonumber(ARGV[8])
-for i = 9, #ARGV do redis.call('ZADD', KEYS[1], now_ms + ttl, ARGV[i]) end
-redis.call('PEXPIRE', KEYS[1], ttl * 3)
+if members > 0 then
+  local ttl = tonumber(ARGV[8])
+  zadd_all(KEYS[1], now_ms + ttl, 9)
+  redis.call('PEXPIRE', KEYS[1], ttl * 3)
+end
 if KEYS[3] then
   local v = redis.call('HMGET', KEYS[3], 'level', 'updated', 'rate', 'burst')
   if v[1] then
@@ -87,6 +101,34 @@ if KEYS[3] then
     if now > updated then level = math.min(burst, level + (now - updated) * rate) end
     return {'ok', '0', num(level), num(rate), num(burst)}
   end
+end
+return {'ok', '0'}
+"""
+
+# Session 8: the concurrency slots of an admitted request (TenantLimiter.take_slots), alone: what ADMIT
+# did with no rate bucket, without its bucket library. KEYS: conc zset. ARGV: max_conc (-1: none),
+# lease_ttl_ms, member... Returns {'ok', '0'} or {'concurrency', '1'} (nothing added).
+_LUA_SLOT = r"""
+-- ZADD key score ARGV[first..] in calls of at most 500 members (unpack stays far below Lua's C stack limit)
+local function zadd_all(key, score, first)
+  local i = first
+  while i <= #ARGV do
+    local z = {}
+    for j = i, math.min(i + 499, #ARGV) do z[#z + 1] = score; z[#z + 1] = ARGV[j] end
+    redis.call('ZADD', key, unpack(z))
+    i = i + 500
+  end
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+local maxc = tonumber(ARGV[1])
+local members = #ARGV - 2
+if maxc >= 0 and redis.call('ZCARD', KEYS[1]) + members > maxc then return {'concurrency', '1'} end
+if members > 0 then
+  local ttl = tonumber(ARGV[2])
+  zadd_all(KEYS[1], now_ms + ttl, 3)
+  redis.call('PEXPIRE', KEYS[1], ttl * 3)
 end
 return {'ok', '0'}
 """
@@ -141,9 +183,10 @@ local specs = {{KEYS[1], ARGV[2], ARGV[3], ARGV[4], 'tenant_prompt_tokens'},
                {KEYS[2], ARGV[5], ARGV[6], ARGV[7], 'tenant_output_tokens'}}
 local levels = {}
 local maxwait, reason = 0, nil
+local unlimited = {}
 for i, s in ipairs(specs) do
   if s[2] == '' then
-    redis.call('DEL', s[1])
+    unlimited[#unlimited + 1] = s[1]
   else
     local rate, burst, n = tonumber(s[2]), tonumber(s[3]), tonumber(s[4])
     local level, updated = load(s[1], rate, burst, now)
@@ -157,13 +200,15 @@ for i, s in ipairs(specs) do
     end
   end
 end
+if #unlimited > 0 then redis.call('DEL', unpack(unlimited)) end
 if reason ~= nil then return {reason, num(maxwait)} end
 for i, s in ipairs(specs) do
   local b = levels[i]
   if b then store(s[1], b[1] - b[5], b[2], b[3], b[4]) end
 end
-redis.call('HINCRBY', KEYS[3], 'reserved_prompt', ARGV[4])
-redis.call('HINCRBY', KEYS[3], 'reserved_output', ARGV[7])
+-- a zero increment is not written: an absent field reads as 0 (RedisLedger.totals)
+if tonumber(ARGV[4]) ~= 0 then redis.call('HINCRBY', KEYS[3], 'reserved_prompt', ARGV[4]) end
+if tonumber(ARGV[7]) ~= 0 then redis.call('HINCRBY', KEYS[3], 'reserved_output', ARGV[7]) end
 redis.call('HINCRBY', KEYS[3], 'open', 1)
 return {'ok', '0'}
 """
@@ -187,15 +232,16 @@ local function adjust(kp, ko, kt, a, now)
     end
   end
   if a[3] == 'lower' then
-    redis.call('HINCRBY', kt, 'refunded_output', -deltas[2])
+    if deltas[2] ~= 0 then redis.call('HINCRBY', kt, 'refunded_output', -deltas[2]) end
     return 1
   end
   local open = tonumber(redis.call('HGET', kt, 'open') or '0')
   redis.call('HSET', kt, 'open', math.max(0, open - 1))
-  redis.call('HINCRBY', kt, 'charged_prompt', a[4])
-  redis.call('HINCRBY', kt, 'charged_output', a[5])
-  redis.call('HINCRBY', kt, 'refunded_prompt', a[6])
-  redis.call('HINCRBY', kt, 'refunded_output', a[7])
+  -- a zero increment is not written: an absent field reads as 0 (RedisLedger.totals)
+  local fields = {'charged_prompt', 'charged_output', 'refunded_prompt', 'refunded_output'}
+  for k = 1, 4 do
+    if tonumber(a[k + 3]) ~= 0 then redis.call('HINCRBY', kt, fields[k], a[k + 3]) end
+  end
   return 1
 end
 """
@@ -258,3 +304,4 @@ def wait_reply(reply: list[Any]) -> tuple[str, float]:
 
 ADMIT, RENEW, COUNT, TAKE, LEVEL, RESERVE, ADJUST, APPLY = (_LUA_ADMIT, _LUA_RENEW, _LUA_COUNT, _LUA_TAKE,
                                                             _LUA_LEVEL, _LUA_RESERVE, _LUA_ADJUST, _LUA_APPLY)
+SLOT = _LUA_SLOT

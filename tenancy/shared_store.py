@@ -205,6 +205,7 @@ class Store:
         #: the request path's script calls (and the writer's) leave in pipelined batches, one per loop tick
         self.batcher = ScriptBatcher(client)
         self.admit = BatchedScript(self.batcher, client.register_script(lua.ADMIT))
+        self.slot = BatchedScript(self.batcher, client.register_script(lua.SLOT))
         self.renew = BatchedScript(self.batcher, client.register_script(lua.RENEW))
         self.count = BatchedScript(self.batcher, client.register_script(lua.COUNT))
         self.take = BatchedScript(self.batcher, client.register_script(lua.TAKE))

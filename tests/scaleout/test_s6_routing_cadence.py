@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.shared_alerts import Observed
 from gateway.shared_routing import RoutingStream, decode_events, encode_events
 from routing.index import InProcessPrefixIndex
 from routing.load import InProcessLoadTracker
@@ -90,8 +91,12 @@ async def test_an_idle_reader_does_not_time_out(tmp_path: Path, redis_server, ca
     async with shared_instances(tmp_path, 2, redis_server.url) as (a, b):
         await asyncio.sleep(1.5)  # idle on purpose: the condition under test is "nothing happens"
         assert not [r for r in caplog.records if "routing stream read failed" in r.getMessage()]
-        a.shared.routing.emit(LoadDelta("r0", 7, 0, 1))
-        await wait_for(lambda: b.shared.routing.remote.total("r0")[0] == 7, what="delta after an idle spell")
+        # an observation, not a load delta: the 1.5 s sleep ends on a lease tick, whose load snapshot
+        # (local load: 0) could follow a made-up delta in the same entry and replace it (session 8)
+        seen: list[Observed] = []
+        b.shared.routing.on_observed = seen.append
+        a.shared.routing.emit(Observed("p", "r0", 7, 7, 0, None))
+        await wait_for(lambda: seen == [Observed("p", "r0", 7, 7, 0, None)], what="an entry after an idle spell")
 
 
 async def test_an_entry_naming_this_instance_is_never_applied(redis_server) -> None:
