@@ -196,9 +196,9 @@ async def run() -> int:
                         tracker.emitted(int(frame["s"]))
                         if spans is not None and "x" in frame:
                             spans.request(frame["r"], frame["x"])
-                    elif t == "x":  # a request's spans alone (its event went as an "e" frame)
-                        if spans is not None:
-                            spans.request(frame["r"], frame["x"])
+                    elif t == "x":  # a request's spans alone (its event went as an "e" frame): never
+                        if spans is not None:  # a lost event, whatever its shape (refused in WorkerSpans)
+                            spans.request(frame.get("r"), frame.get("x"))
                     elif t == "e":
                         audit.emit(AuditEvent.from_dict(frame["e"]))
                         tracker.emitted(int(frame["s"]))

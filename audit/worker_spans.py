@@ -47,7 +47,7 @@ class WorkerSpans:
         """Queue the spans of one request (its decoded row and span extra); never raises."""
         try:
             record = row_span_record(row, extra)
-        except (ValueError, TypeError, IndexError, KeyError) as exc:
+        except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
             self.refused += 1
             log.error("audit worker: a request's span extra refused (%s)", type(exc).__name__)
             return

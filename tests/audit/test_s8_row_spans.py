@@ -151,3 +151,23 @@ async def test_worker_exports_the_spans_of_the_rows(tmp_path: Path, collector) -
     assert all(r.get("service.name") == "prefixgate" for r, _, _ in col.spans)
     await wait_for(lambda: len([e for e in jsonl_events(tmp_path) if e.get("kind") == "inference"]) >= 3)
     assert sorted(e["trace_id"] for e in jsonl_events(tmp_path) if e.get("kind") == "inference") == sorted(ids)
+
+
+async def test_a_malformed_span_extra_loses_no_audit_event(tmp_path: Path, collector) -> None:  # noqa: F811
+    _, url = collector
+    hub = AuditHub.from_config(audit_section(tmp_path), tracing={"exporter": "otlp", "otlp_endpoint": url})
+    log = hub.log
+    sent = []
+    hub._emit_row = lambda row, spans=None: sent.append(row) or log.emit_request_row(row, ["bad", 1, 2, None, None])
+    await hub.start()
+    try:
+        rec = RequestRecord(request_id="r-bad", endpoint="/v1/completions", client_addr=None, t0=time.perf_counter())
+        hub.start_span(rec, {})
+        rec.t_end, rec.status, rec.outcome = time.perf_counter(), 200, "allowed"
+        hub.emit_request(rec)
+        hub.hand_off()
+        assert await log.drain(10.0)
+    finally:
+        await hub.close()
+    assert [e["event_id"] for e in jsonl_events(tmp_path) if e.get("kind") == "inference"] == [sent[0][0]]
+    assert hub.dropped == 0
