@@ -219,9 +219,12 @@ async def run() -> int:
                 break
     finally:
         metrics.cancel()
+        # the span export stops beside the audit log's close (its exporter child may wait on a slow
+        # collector for seconds), so that the whole close stays within the gateway's wait for it
+        spans_closed = asyncio.create_task(spans.close()) if spans is not None else None
         await audit.close(close_timeout)
-        if spans is not None:
-            await spans.close()
+        if spans_closed is not None:
+            await spans_closed
         tracker.report(out, force=True)
         out.send({"t": "metrics", "text": generate_latest(registry).decode()})
         out.send({"t": "closed"})
