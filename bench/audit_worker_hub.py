@@ -9,8 +9,9 @@ of one request, with the real parts: :meth:`gateway.auditing.AuditHub.from_confi
 audit worker process (JSONL chain + OCSF + spill), tracing ``otlp`` with offload (to a dummy
 collector in this process, answering 200 with an empty response), and per request ``start_span``,
 ``accepting``, ``active_alerts``, ``inject_trace_headers``, ``emit_request``, ``hand_off`` (the
-durability writes) and ``observe_request``, yielding to the event loop every 16 requests (acks,
-flush timers). Measured: the process's own CPU (psutil user + system, every thread: the event
+durability writes) and ``observe_request``, sleeping 4 ms every 16 requests (acks, flush timers;
+at most ~4,000 requests/s, a rate the worker keeps up with; while the trail does not accept, it
+waits). Measured: the process's own CPU (psutil user + system, every thread: the event
 loop's and the span writer thread if any; not the children) and the event-loop thread's alone
 (``time.thread_time``), µs per request; trees interleaved, medians. Results:
 ``bench/results/<name>.{json,md}``.
@@ -65,8 +66,8 @@ def _hub_cost(n: int, work: str, endpoint: str) -> list[float]:  # runs in a chi
                     rec = RequestRecord(request_id=f"r{i}", endpoint="/v1/completions", client_addr="127.0.0.1",
                                         t0=time.perf_counter())
                     hub.start_span(rec, {})
-                    if not hub.accepting:
-                        raise RuntimeError("audit trail not accepting")
+                    while not hub.accepting:  # the worker fell behind (a loaded machine): let it catch up
+                        await asyncio.sleep(0.05)
                     hub.active_alerts()
                     hub.inject_trace_headers({}, rec)
                     rec.t_auth = rec.t_parsed = rec.t_keys = rec.t_decided = rec.t_route = time.perf_counter()
@@ -78,8 +79,8 @@ def _hub_cost(n: int, work: str, endpoint: str) -> list[float]:  # runs in a chi
                     hub.emit_request(rec)
                     hub.hand_off()
                     hub.observe_request(rec)
-                    if i % 16 == 15:
-                        await asyncio.sleep(0)
+                    if i % 16 == 15:  # at most ~4,000 requests/s: the worker keeps up (backlog and age stay low)
+                        await asyncio.sleep(0.004)
                 c1, t1 = me.cpu_times(), time.thread_time()
             assert hub.dropped == 0
             return [((c1.user + c1.system) - (c0.user + c0.system)) / n * 1e6, (t1 - t0) / n * 1e6]
@@ -120,7 +121,9 @@ def run(baseline: Path, repeats: int, requests: int, name: str, out: Path) -> st
             with tempfile.TemporaryDirectory(prefix="pg-hub-") as work:
                 env = dict(os.environ, PYTHONPATH=str(trees[k]))
                 res = subprocess.run([sys.executable, "-c", src, str(requests), work, endpoint], cwd=trees[k], env=env,
-                                     check=True, capture_output=True, text=True)
+                                     capture_output=True, text=True)
+            if res.returncode:
+                raise SystemExit(f"{k} failed:\n{res.stderr[-3000:]}")
             runs[k].append(json.loads(res.stdout.strip().splitlines()[-1]))
             print(f"round {r + 1}/{repeats} {k}: process {runs[k][-1][0]:.1f} µs/req, "
                   f"event loop {runs[k][-1][1]:.1f}", flush=True)
