@@ -171,3 +171,25 @@ async def test_a_malformed_span_extra_loses_no_audit_event(tmp_path: Path, colle
         await hub.close()
     assert [e["event_id"] for e in jsonl_events(tmp_path) if e.get("kind") == "inference"] == [sent[0][0]]
     assert hub.dropped == 0
+
+
+async def test_close_with_a_dead_collector_leaves_no_exporter_child(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1/traces"
+    hub = AuditHub.from_config(audit_section(tmp_path), tracing={"exporter": "otlp", "otlp_endpoint": url})
+    await hub.start()
+    for i in range(50):
+        rec = RequestRecord(request_id=f"r{i}", endpoint="/v1/completions", client_addr=None, t0=time.perf_counter())
+        hub.start_span(rec, {})
+        rec.t_end, rec.status, rec.outcome = time.perf_counter(), 200, "allowed"
+        hub.emit_request(rec)
+        hub.hand_off()
+    await wait_for(lambda: any("audit.span_exporter_proc" in " ".join(c.cmdline())
+                               for c in psutil.Process().children(recursive=True)))
+    kids = psutil.Process().children(recursive=True)
+    await hub.close()
+    await wait_for(lambda: not [k for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE])
+    assert hub.dropped == 0
