@@ -178,16 +178,30 @@ class RemoteAuditLog(WorkerProcess):
         self._seq += 1
         self._send(b'{"t":"e","s":%d,"e":%b}\n' % (self._seq, event.to_json()), event.event_id)
 
-    def emit_request_row(self, row: Sequence[Any]) -> None:
+    def emit_request_row(self, row: Sequence[Any], spans: Sequence[Any] | None = None) -> None:
         """Send a request's audit event as its request row (:mod:`audit.request_event`):
         the worker builds the event; this side encodes one flat array. Same
         delivery as :meth:`emit`; while the trail is not accepting, the event is
-        built here and goes through :meth:`emit` (refusal counting)."""
+        built here and goes through :meth:`emit` (refusal counting).
+
+        ``spans``: the request's span extra (:mod:`audit.row_spans`; the config's ``spans``
+        section: the worker exports the request's spans), sent in the row's frame (``"x"``): a
+        resent frame may export the spans again (best-effort telemetry, like every span). While
+        not accepting, it goes in a frame of its own, without sequence number, backlog or resend."""
         if not self._accepting:
             self.emit(request_event(row))
+            if spans is not None:
+                frame = b'{"t":"x","r":%b,"x":%b}\n' % (orjson.dumps(row), orjson.dumps(spans))
+                self._out.append(frame)
+                self._out_bytes += len(frame)
+                self._schedule_flush()
             return
         self._seq += 1
-        self._send(b'{"t":"r","s":%d,"r":%b}\n' % (self._seq, orjson.dumps(row)), row[0])
+        if spans is None:
+            self._send(b'{"t":"r","s":%d,"r":%b}\n' % (self._seq, orjson.dumps(row)), row[0])
+        else:
+            self._send(b'{"t":"r","s":%d,"r":%b,"x":%b}\n' % (self._seq, orjson.dumps(row), orjson.dumps(spans)),
+                       row[0])
 
     def _send(self, frame: bytes, event_id: str | None) -> None:
         """Queue one event frame (sequence number already taken) for the worker."""

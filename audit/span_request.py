@@ -26,7 +26,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from audit.span_frames import _attr_dict, _trace_state
 
-__all__ = ["REQUEST_FIELDS", "REQUEST_MARK", "encode_request_record", "expand_request_record",
+__all__ = ["REQUEST_FIELDS", "REQUEST_MARK", "encode_links", "encode_request_record", "expand_request_record",
            "random_span_id", "span_count"]
 
 _M64 = (1 << 64) - 1
@@ -58,11 +58,19 @@ def encode_request_record(name: str, context: Any, links: Sequence[Any], attribu
         REQUEST_MARK, name, tid >> 64, tid & _M64, context.span_id, context.trace_flags,
         _trace_state(context.trace_state) if context.trace_state else None, start_ns, end_ns,
         (attributes or None) if plain else _attr_dict(attributes), bool(error),
-        [(lc.trace_id >> 64, lc.trace_id & _M64, lc.span_id, lc.trace_flags, lc.is_remote, _attr_dict(lk.attributes))
-         for lk in links for lc in (lk.context,)] if links else None,
+        encode_links(links),
         children, *((scope.name, scope.version, scope.schema_url) if scope else (None, None, None)),
         0 if plain else getattr(attributes, "dropped", 0), getattr(links, "dropped", 0) if links else 0,
     )
+
+
+def encode_links(links: Sequence[Any]) -> list[tuple] | None:
+    """A span's links as request-record values, ``(trace_id_hi, trace_id_lo, span_id, trace_flags,
+    is_remote, attributes)`` each (None: no link)."""
+    if not links:
+        return None
+    return [(lc.trace_id >> 64, lc.trace_id & _M64, lc.span_id, lc.trace_flags, lc.is_remote, _attr_dict(lk.attributes))
+            for lk in links for lc in (lk.context,)]
 
 
 def span_count(record: Sequence[Any]) -> int:

@@ -82,11 +82,9 @@ def setup_tracing(exporter: str | None, service_name: str = "prefixgate", endpoi
     if not 0.0 <= sample_ratio <= 1.0:
         raise TracingConfigError(f"sample_ratio must be within 0..1, not {sample_ratio!r}")
     sampler = ALWAYS_ON if sample_ratio >= 1.0 else TraceIdRatioBased(sample_ratio)
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}), sampler=sampler)
+    provider = TracerProvider(resource=tracing_resource(service_name), sampler=sampler)
     _PROCESSORS[provider] = processors = []
-    if exporter == "otlp":
-        if importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is None:
-            raise TracingConfigError("install opentelemetry-exporter-otlp-proto-http for exporter='otlp'")
+    check_exporter(exporter)
     if exporter in ("otlp", "console") and offload:
         from audit.span_export import OffloadSpanProcessor
         processor = OffloadSpanProcessor(exporter, provider.resource, endpoint=endpoint, registry=registry)
@@ -107,6 +105,18 @@ def setup_tracing(exporter: str | None, service_name: str = "prefixgate", endpoi
     if set_global:
         trace.set_tracer_provider(provider)
     return provider
+
+
+def tracing_resource(service_name: str = "prefixgate") -> Resource:
+    """The resource of :func:`setup_tracing`'s providers (``service.name`` plus the SDK's and the
+    ``OTEL_RESOURCE_ATTRIBUTES`` environment's attributes)."""
+    return Resource.create({"service.name": service_name})
+
+
+def check_exporter(exporter: str | None) -> None:
+    """Raise :class:`TracingConfigError` when ``exporter`` is ``"otlp"`` and its package is missing."""
+    if exporter == "otlp" and importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is None:
+        raise TracingConfigError("install opentelemetry-exporter-otlp-proto-http for exporter='otlp'")
 
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)

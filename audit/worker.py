@@ -17,7 +17,9 @@ Protocol (newline-delimited JSON, UTF-8; one object per line):
   may hold collector credentials).
 * stdin, then: ``{"t":"e","s":SEQ,"e":EVENT}`` (an event as
   :meth:`audit.event.AuditEvent.to_dict`, SEQ increasing), ``{"t":"r","s":SEQ,"r":ROW}``
-  (a request's event as its flat row, :mod:`audit.request_event`; built here),
+  (a request's event as its flat row, :mod:`audit.request_event`; built here; with ``"x":EXTRA``
+  its span extra, the request's spans built and exported here: :mod:`audit.worker_spans`),
+  ``{"t":"x","r":ROW,"x":EXTRA}`` (spans only),
   ``{"t":"drain","id":K,"timeout":S}``, ``{"t":"close","timeout":S}``.
 * stdout: ``{"t":"ready","pid":P}`` once the sinks are built and started, or
   ``{"t":"error","type":NAME,"message":TEXT}`` and exit status 2;
@@ -155,8 +157,14 @@ async def run() -> int:
     try:
         config = orjson.loads(first)
         spool = config.pop("spool", None)  # {"dir", "below"}: audit/spool.py (not an audit config key)
+        spans_cfg = config.pop("spans", None)  # audit/worker_spans.py (not an audit config key)
+        spans = None
         audit = build_audit(config, registry=registry)
         await audit.start()
+        if spans_cfg:  # the gateway's request spans, built here from the rows (audit/row_spans.py)
+            from audit.worker_spans import WorkerSpans
+
+            spans = WorkerSpans(spans_cfg, registry)
         if spool:  # earlier gateway processes' acknowledged events the chain lacks (group kill)
             await recover(audit, Path(spool["dir"]), Path(config["jsonl"]["dir"]), int(spool["below"]))
     except Exception as exc:  # reported to the gateway, which fails its start with it
@@ -186,6 +194,11 @@ async def run() -> int:
                     if t == "r":  # built with the instance already stamped (no replace in emit)
                         audit.emit(request_event(frame["r"], instance))
                         tracker.emitted(int(frame["s"]))
+                        if spans is not None and "x" in frame:
+                            spans.request(frame["r"], frame["x"])
+                    elif t == "x":  # a request's spans alone (its event went as an "e" frame): never
+                        if spans is not None:  # a lost event, whatever its shape (refused in WorkerSpans)
+                            spans.request(frame.get("r"), frame.get("x"))
                     elif t == "e":
                         audit.emit(AuditEvent.from_dict(frame["e"]))
                         tracker.emitted(int(frame["s"]))
@@ -206,7 +219,12 @@ async def run() -> int:
                 break
     finally:
         metrics.cancel()
+        # the span export stops beside the audit log's close (its exporter child may wait on a slow
+        # collector for seconds), so that the whole close stays within the gateway's wait for it
+        spans_closed = asyncio.create_task(spans.close()) if spans is not None else None
         await audit.close(close_timeout)
+        if spans_closed is not None:
+            await spans_closed
         tracker.report(out, force=True)
         out.send({"t": "metrics", "text": generate_latest(registry).decode()})
         out.send({"t": "closed"})

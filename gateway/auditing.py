@@ -26,6 +26,7 @@ from starlette.datastructures import Headers
 
 from audit.event import AuditEvent, Identity, Kind, Outcome, new_event_id, now_ms
 from audit.request_event import request_event
+from audit.row_spans import span_attributes, span_extra, stage_children
 from audit.tracing import begin_request_trace, end_request_trace, incoming_links, records, request_trace_headers
 from gateway.record import RequestRecord
 
@@ -77,10 +78,6 @@ class AlertMonitor(Protocol):
         """Declare the replicas of ``pool``."""
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-#: a request's stage spans in order: stage i runs from mark i to mark i + 1 (RequestRecord t0, t_auth,
-#: t_parsed, t_keys, t_decided, t_route, t_end)
-_STAGES = (("authenticate", SpanKind.INTERNAL), ("parse", SpanKind.INTERNAL), ("prefix_keys", SpanKind.INTERNAL),
-           ("policy", SpanKind.INTERNAL), ("route", SpanKind.INTERNAL), ("upstream", SpanKind.CLIENT))
 
 
 class AuditHub:
@@ -104,6 +101,9 @@ class AuditHub:
         self.public_registries: tuple[CollectorRegistry, ...] = ()
         self.provider: TracerProvider | None = None
         self.emitted = 0
+        #: set by from_config when the audit worker process exports the request spans (audit/row_spans.py):
+        #: a sampled request's row then carries its span extra and no span is built here
+        self.worker_spans = False
         # the log's request-row entry if it has one (audit.remote.RemoteAuditLog: the worker builds
         # the event); other logs (the in-process AuditLog, test captures) get the built event
         self._emit_row = getattr(log, "emit_request_row", None)
@@ -129,13 +129,24 @@ class AuditHub:
         from audit.concentration import ConcentrationMonitor
         from audit.config import AuditConfigError, build_audit
         from audit.config_schema import parse_audit
-        from audit.tracing import setup_tracing
+        from audit.tracing import check_exporter, setup_tracing, tracing_resource
 
         model = parse_audit(section)
         doc = model.worker_section()
         if not doc:
             raise AuditConfigError("audit: configure at least one sink and a spill directory")
         registry = CollectorRegistry()
+        tc = dict(tracing or {})
+        exporter = tc.get("exporter") or "none"
+        # the audit worker process builds and exports the request spans from the rows (audit/row_spans.py);
+        # the gateway's provider then only makes ids and sampling decisions
+        worker_spans = model.worker == "process" and exporter in ("otlp", "console") and bool(tc.get("offload", True))
+        if worker_spans:
+            check_exporter(exporter)
+            resource = tracing_resource()  # the provider's own (setup_tracing below)
+            doc = {**doc, "spans": {"exporter": exporter, "endpoint": tc.get("otlp_endpoint"),
+                                    "resource": dict(resource.attributes),
+                                    "resource_schema_url": resource.schema_url or None}}
         if model.worker == "process":
             from audit.remote import RemoteAuditLog
 
@@ -143,17 +154,16 @@ class AuditHub:
             log = RemoteAuditLog(doc, registry=registry)
         else:
             log = build_audit(model, registry=registry)
+        provider = setup_tracing(None if exporter == "none" or worker_spans else exporter,
+                                 endpoint=tc.get("otlp_endpoint"), offload=bool(tc.get("offload", True)),
+                                 registry=registry, sample_ratio=float(tc.get("sample_ratio", 1.0)))
         admin_registry = CollectorRegistry()
         monitor = ConcentrationMonitor(load_guard_factor=router_factor, on_alert=log.emit, registry=registry,
                                        admin_registry=admin_registry, **model.concentration_kwargs())
-        tc = dict(tracing or {})
-        exporter = tc.get("exporter") or "none"
-        provider = setup_tracing(None if exporter == "none" else exporter, endpoint=tc.get("otlp_endpoint"),
-                                 offload=bool(tc.get("offload", True)), registry=registry,
-                                 sample_ratio=float(tc.get("sample_ratio", 1.0)))
         hub = cls(log, monitor, provider.get_tracer("prefixgate"), admin_registries=(admin_registry,))
         hub.public_registries = (registry,)
         hub.provider = provider
+        hub.worker_spans = worker_spans
         return hub
 
     # -- lifecycle
@@ -230,33 +240,29 @@ class AuditHub:
         if span is not None:
             _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
 
-    def _end_spans(self, rec: RequestRecord) -> str | None:
+    def _end_spans(self, rec: RequestRecord) -> tuple[str | None, tuple | None]:
+        """End the request's trace: ``(trace id as 32 hex digits or None, span extra or None)``. With
+        :attr:`worker_spans` a sampled trace's spans are not built here: the span extra
+        (:func:`audit.row_spans.span_extra`) goes with the request row and the audit worker builds them."""
         rt = rec.extra.pop("trace", None)
         span = rec.extra.pop("span", None)
         if rt is None and span is None:
-            return None
-        wall0 = rec.extra.pop("wall0_ns", time.time_ns())
-        if rt is not None and not records(rt):  # not sampled, or nothing exports: only the trace id
-            return format(rt.context.trace_id, "032x")
+            return None, None
+        wall0 = rec.extra.pop("wall0_ns", None)
+        if wall0 is None:
+            wall0 = time.time_ns()
+        if rt is not None and not records(rt):  # not sampled, or nothing exports here: only the trace id
+            sc = rt.context
+            if self.worker_spans and sc.trace_flags.sampled:  # the worker exports its spans
+                return format(sc.trace_id, "032x"), span_extra(sc, wall0, rt.links)
+            return format(sc.trace_id, "032x"), None
 
-        t0 = rec.t0  # each stage mark as epoch ns once (a child's end is the next one's start)
-        marks = [None if t is None else wall0 + int((t - t0) * 1e9)
-                 for t in (t0, rec.t_auth, rec.t_parsed, rec.t_keys, rec.t_decided, rec.t_route, rec.t_end)]
-        children = [(name, kind, a, b) for (name, kind), a, b in zip(_STAGES, marks, marks[1:])
-                    if a is not None and b is not None]
-        attrs = {
-            "http.response.status_code": rec.status or 0,
-            "gen_ai.request.model": rec.model or "",
-            "gen_ai.usage.input_tokens": rec.prompt_tokens or 0,
-            "gen_ai.usage.output_tokens": rec.output_tokens or 0,
-            "prefixgate.tenant": rec.tenant_id or "",
-            "prefixgate.replica": rec.replica or "",
-            "prefixgate.predicted_prefix_tokens": rec.predicted_prefix_tokens or 0,
-            "prefixgate.decision_id": rec.decision_id or "",
-            "prefixgate.outcome": rec.outcome,
-        }
+        children, end = stage_children(wall0, (rec.t0, rec.t_auth, rec.t_parsed, rec.t_keys, rec.t_decided,
+                                               rec.t_route, rec.t_end))
+        attrs = span_attributes(rec.status, rec.model, rec.prompt_tokens, rec.output_tokens, rec.tenant_id,
+                                rec.replica, rec.predicted_prefix_tokens, rec.decision_id, rec.outcome)
         error = bool(rec.status and rec.status >= 500)
-        end = marks[6] or time.time_ns()
+        end = end or time.time_ns()
         if rt is not None:
             end_request_trace(rt, end, attrs, error, children)
             sc = rt.context
@@ -270,7 +276,7 @@ class AuditHub:
                 span.set_status(Status(StatusCode.ERROR))
             span.end(end_time=end)
             sc = span.get_span_context()
-        return format(sc.trace_id, "032x") if sc.is_valid else None
+        return (format(sc.trace_id, "032x") if sc.is_valid else None), None
 
     # -- events
     def record_request(self, rec: RequestRecord) -> None:
@@ -290,7 +296,7 @@ class AuditHub:
 
         The event leaves as a request row (:mod:`audit.request_event`): the audit
         worker, or the in-process log, builds the :class:`AuditEvent` from it."""
-        trace_id = self._end_spans(rec)
+        trace_id, spans = self._end_spans(rec)
         s = rec.settlement
         if s is None:
             reserved = charged = prompt_charged = output_charged = basis = None
@@ -308,7 +314,9 @@ class AuditHub:
             rec.status, rec.client_addr, trace_id, rec.prefix_fingerprint, rec.virtual_tokens, rec.queue_wait_ms,
         )
         self.emitted += 1
-        if self._emit_row is not None:
+        if spans is not None:  # worker_spans: the log is a RemoteAuditLog
+            self._emit_row(row, spans)
+        elif self._emit_row is not None:
             self._emit_row(row)
         elif self.log is not None:
             self.log.emit(request_event(row, getattr(self.log, "instance", None)))

@@ -25,7 +25,7 @@ def test_no_exporter_builds_no_span_but_keeps_the_trace_id(monkeypatch):
     monkeypatch.setattr(auditing, "end_request_trace", lambda *a, **k: calls.append(a) or 0)
     rec = _finished(hub)
     want = format(rec.extra["trace"].context.trace_id, "032x")
-    assert hub._end_spans(rec) == want
+    assert hub._end_spans(rec) == (want, None)
     assert calls == []  # nothing records spans: none built
 
 
@@ -33,7 +33,7 @@ def test_memory_exporter_still_gets_the_server_span_and_its_children():
     hub = AuditHub(None)
     hub.provider = setup_tracing("memory")
     rec = _finished(hub)
-    trace_id = hub._end_spans(rec)
+    trace_id, _ = hub._end_spans(rec)
     spans = memory_exporter().get_finished_spans()
     assert {s.name for s in spans} >= {"POST /v1/completions", "authenticate", "upstream"}
     assert all(format(s.context.trace_id, "032x") == trace_id for s in spans)

@@ -1,0 +1,104 @@
+"""A request's spans built by the audit worker from its request row (issue 14, session 8).
+
+The request row (:mod:`audit.request_event`) already holds everything the request's seven
+spans are made of: the stage stamps, status, model, token counts, tenant, replica, decision
+id, outcome and trace id. So when the audit worker process exports the spans
+(:class:`audit.span_export.OffloadSpanProcessor` in the worker, ``spans`` in its config), the
+gateway adds only the server span's own values to the row's frame, the *span extra*
+``[span_id, trace_flags, start_ns, links, trace_state]`` (:func:`span_extra`), and the worker
+makes the compact request record (:func:`row_span_record`, :mod:`audit.span_request`) the
+gateway used to make: no span attributes, children or record are built, and no span writer
+thread runs, in the gateway process.
+
+:func:`stage_children` and :func:`span_attributes` are the one definition of a request's
+children and attributes, used by both paths (``gateway.auditing.AuditHub`` builds them
+in-process when no worker exports spans), so the exported spans are the same either way
+(tests/audit/test_s8_row_spans.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry.trace import SpanKind
+
+from audit.request_event import REQUEST_ROW_FIELDS
+from audit.span_request import REQUEST_MARK, encode_links
+
+__all__ = ["STAGES", "row_span_record", "span_attributes", "span_extra", "stage_children"]
+
+_M64 = (1 << 64) - 1
+#: a request's stage spans in order: stage i runs from mark i to mark i + 1 (RequestRecord t0, t_auth,
+#: t_parsed, t_keys, t_decided, t_route, t_end)
+STAGES = (("authenticate", SpanKind.INTERNAL), ("parse", SpanKind.INTERNAL), ("prefix_keys", SpanKind.INTERNAL),
+          ("policy", SpanKind.INTERNAL), ("route", SpanKind.INTERNAL), ("upstream", SpanKind.CLIENT))
+#: the instrumentation scope of the request spans (audit.tracing._SCOPE): name, version, schema url
+SCOPE = ("prefixgate", None, "")
+
+_I = {name: i for i, name in enumerate(REQUEST_ROW_FIELDS)}
+_MARKS = tuple(_I[n] for n in ("t0", "t_auth", "t_parsed", "t_keys", "t_decided", "t_route", "t_end"))
+_ATTRS = tuple(_I[n] for n in ("status_code", "model", "prompt_tokens", "output_tokens", "tenant", "replica",
+                                "predicted_prefix_tokens", "decision_id", "outcome"))
+_TRACE, _ENDPOINT, _TIME_MS = _I["trace_id"], _I["endpoint"], _I["time_ms"]
+
+
+def stage_children(wall0_ns: int, stamps: Sequence[float | None]
+                   ) -> tuple[list[tuple[str, SpanKind, int, int]], int | None]:
+    """The children ``(name, kind, start_ns, end_ns)`` of a request's server span and its end (epoch ns;
+    None when ``t_end`` is missing). ``stamps``: the seven ``time.perf_counter()`` marks (t0 first, t_end
+    last, None where a stage did not run); ``wall0_ns``: the server span's start, the epoch ns of t0. A
+    stage is a child when both its marks exist."""
+    t0 = stamps[0]
+    marks = [None if t is None else wall0_ns + int((t - t0) * 1e9) for t in stamps]
+    children = [(name, kind, a, b) for (name, kind), a, b in zip(STAGES, marks, marks[1:])
+                if a is not None and b is not None]
+    return children, marks[6]
+
+
+def span_attributes(status: int | None, model: str | None, prompt_tokens: int | None, output_tokens: int | None,
+                    tenant: str | None, replica: str | None, predicted: int | None, decision_id: str | None,
+                    outcome: str) -> dict[str, Any]:
+    """The server span's attributes set at its end (HTTP and gen_ai semantic conventions, PrefixGate's own)."""
+    return {
+        "http.response.status_code": status or 0,
+        "gen_ai.request.model": model or "",
+        "gen_ai.usage.input_tokens": prompt_tokens or 0,
+        "gen_ai.usage.output_tokens": output_tokens or 0,
+        "prefixgate.tenant": tenant or "",
+        "prefixgate.replica": replica or "",
+        "prefixgate.predicted_prefix_tokens": predicted or 0,
+        "prefixgate.decision_id": decision_id or "",
+        "prefixgate.outcome": outcome,
+    }
+
+
+def span_extra(context: Any, start_ns: int, links: Sequence[Any]) -> tuple:
+    """The span extra of a sampled request trace (module doc): ``context`` its server span's
+    SpanContext, ``start_ns`` its start (epoch ns), ``links`` its ``opentelemetry.trace.Link`` s."""
+    state = context.trace_state
+    return (context.span_id, int(context.trace_flags), start_ns, encode_links(links),
+            ",".join(f"{k}={v}" for k, v in state.items()) if state else None)
+
+
+def row_span_record(row: Sequence[Any], extra: Sequence[Any]) -> tuple:
+    """The compact request record (:data:`audit.span_request.REQUEST_FIELDS`) of a request row
+    (:data:`audit.request_event.REQUEST_ROW_FIELDS`, as decoded from its frame) and its span extra:
+    what ``audit.tracing.end_request_trace`` hands the offload processor for the same request. A
+    missing ``t_end`` ends the server span at the row's ``time_ms``.
+
+    Raises:
+        ValueError, TypeError: a row without a trace id, or an extra of the wrong shape.
+    """
+    span_id, flags, start_ns, links, state = extra
+    if type(span_id) is not int or type(flags) is not int or type(start_ns) is not int:
+        raise ValueError("span extra: span_id, trace_flags and start_ns must be ints")
+    tid = int(row[_TRACE], 16)
+    endpoint = row[_ENDPOINT]
+    children, end = stage_children(start_ns, [row[i] for i in _MARKS])
+    status = row[_ATTRS[0]]
+    attributes = {"http.request.method": "POST", "http.route": endpoint,
+                  **span_attributes(*(row[i] for i in _ATTRS))}
+    return (REQUEST_MARK, "POST " + endpoint, tid >> 64, tid & _M64, span_id, flags, state, start_ns,
+            end if end is not None else row[_TIME_MS] * 1_000_000, attributes, bool(status and status >= 500),
+            [tuple(x) for x in links] if links else None, children, *SCOPE, 0, 0)
