@@ -32,6 +32,9 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from tenancy.plain_words import MAX_TOKEN_CHARS as _PLAIN_MAX_CHARS
+from tenancy.plain_words import plain_words
+
 __all__ = [
     "Tokenizer",
     "WordTokenizer",
@@ -47,6 +50,7 @@ __all__ = [
 
 #: Longest word-tokenizer token, in characters (longer words and whitespace runs are split).
 MAX_TOKEN_CHARS = 64
+assert _PLAIN_MAX_CHARS == MAX_TOKEN_CHARS
 #: ``encode(text, limit)`` scans at most this many characters per token of ``limit + 1`` in one C-level
 #: pass (s4: was :data:`MAX_TOKEN_CHARS`, so 64 one-character tokens per allowed token); a text whose
 #: slice holds fewer tokens is read on in slices of that size (s5; s4: match by match).
@@ -90,10 +94,13 @@ _CLASS_RUN_RE = re.compile(r"\w+|\s+|[^\w\s]")
 
 def _find_tokens(text: str, first: bool) -> list[str] | list[bytes]:
     """The tokens of ``text`` (long blank runs not yet cut) with the first-slice (``first``) or the
-    sparse patterns: ASCII bytes for an ASCII text, str for a Latin-1 text (scanned as its Latin-1
-    bytes), else the str patterns."""
+    sparse patterns: ASCII bytes for an ASCII text (words and blanks only: :func:`tenancy.plain_words.plain_words`), str
+    for a Latin-1 text (scanned as its Latin-1 bytes), else the str patterns."""
     if text.isascii():
-        return (_ASCII_TOKEN_RE if first else _ASCII_SPARSE_TOKEN_RE).findall(text.encode("ascii"))
+        raw = text.encode("ascii")
+        if first and (words := plain_words(raw)) is not None:
+            return words
+        return (_ASCII_TOKEN_RE if first else _ASCII_SPARSE_TOKEN_RE).findall(raw)
     try:
         raw = text.encode("latin-1")  # a copy for a text of Latin-1 characters only; fails fast otherwise
     except UnicodeEncodeError:
