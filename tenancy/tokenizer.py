@@ -94,13 +94,10 @@ _CLASS_RUN_RE = re.compile(r"\w+|\s+|[^\w\s]")
 
 def _find_tokens(text: str, first: bool) -> list[str] | list[bytes]:
     """The tokens of ``text`` (long blank runs not yet cut) with the first-slice (``first``) or the
-    sparse patterns: ASCII bytes for an ASCII text (words and blanks only: :func:`tenancy.plain_words.plain_words`), str
-    for a Latin-1 text (scanned as its Latin-1 bytes), else the str patterns."""
+    sparse patterns: ASCII bytes for an ASCII text, str for a Latin-1 text (scanned as its Latin-1
+    bytes), else the str patterns."""
     if text.isascii():
-        raw = text.encode("ascii")
-        if first and (words := plain_words(raw)) is not None:
-            return words
-        return (_ASCII_TOKEN_RE if first else _ASCII_SPARSE_TOKEN_RE).findall(raw)
+        return (_ASCII_TOKEN_RE if first else _ASCII_SPARSE_TOKEN_RE).findall(text.encode("ascii"))
     try:
         raw = text.encode("latin-1")  # a copy for a text of Latin-1 characters only; fails fast otherwise
     except UnicodeEncodeError:
@@ -223,6 +220,11 @@ class WordTokenizer:
         stop = None if limit is None else max(0, limit) + 1
         found: list[str] | list[bytes]
         if stop is None or len(text) <= FAST_SCAN_CHARS_PER_TOKEN * stop:
+            # ASCII words and blanks only: bytes.split() gives the pattern's tokens (tenancy/plain_words.py)
+            if text.isascii() and (words := plain_words(text.encode("ascii"))) is not None:
+                if stop is not None:
+                    del words[stop:]
+                return list(map(zlib.crc32, words))
             # a text this short holds O(stop) tokens: one C-level scan (issue 14: ~2x faster)
             found = _find_tokens(text, True)
         else:

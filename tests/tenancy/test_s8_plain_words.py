@@ -34,8 +34,20 @@ def test_plain_words_equals_the_ascii_pattern(text: str) -> None:
     got = plain_words(raw)
     if got is not None:  # accepted: exactly the pattern's tokens
         assert got == tk._ASCII_TOKEN_RE.findall(raw)
-    # and encode, shortcut or not, equals the reference of the pattern alone
-    assert tk._find_tokens(text, True) == tk._ASCII_TOKEN_RE.findall(raw)
+    # and encode, shortcut or not, equals the reference of the pattern alone, with and without a limit
+    for limit in (None, 0, 3, 200):
+        assert tk.WordTokenizer().encode(text, limit) == _reference(text, limit)
+
+
+def _reference(text: str, limit: int | None) -> list[int]:
+    """Every token of the str pattern, long ones cut into 64-character pieces, the first limit + 1."""
+    out: list[str] = []
+    for m in tk._TOKEN_RE.finditer(text):
+        g = m.group()
+        out.extend(g[i:i + tk.MAX_TOKEN_CHARS] for i in range(0, len(g), tk.MAX_TOKEN_CHARS))
+    if limit is not None:
+        del out[limit + 1:]
+    return [tk.WordTokenizer.token_id(t) for t in out]
 
 
 def test_plain_words_takes_the_benchmark_prompt_and_refuses_what_it_cannot_read() -> None:
