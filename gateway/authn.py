@@ -112,15 +112,11 @@ class Authenticator:
             return peer or "unknown"
         return attested_client(peer, request.headers.getlist("x-forwarded-for"), self.trusted_proxies)
 
-    async def authenticate(self, request: Request, source: str | None = None) -> WorkloadIdentity:
-        """Return the caller's identity or raise :class:`GatewayError`.
-
-        ``source``: :meth:`source` of this ``request`` when the caller has it already (the pipeline's
-        record), else it is computed here."""
+    async def authenticate(self, request: Request) -> WorkloadIdentity:
+        """Return the caller's identity or raise :class:`GatewayError`."""
         client_host = _peer(request)
         peer = client_host or "unknown"
-        if source is None:
-            source = self._source(request, client_host)
+        source = self._source(request, client_host)
         # 1. A JWT-SVID is always required, on every listener; a forwarded
         #    certificate never stands in for it (issue 10, finding 1).
         auths = request.headers.getlist("authorization")

@@ -74,7 +74,7 @@ class InferencePipeline:
             if not gw.audit.accepting:  # fail closed: no audit trail, no service
                 raise GatewayError(503, "audit_unavailable", "audit trail unavailable; refusing to serve without it")
             # 1 authenticate (gateway/authn.py)
-            identity = await gw.authn.authenticate(request, rec.client_addr)  # its source, computed once
+            identity = await gw.authn.authenticate(request)
             rec.spiffe_id, rec.trust_domain = str(identity.spiffe_id), identity.trust_domain
             rec.t_auth = time.perf_counter()
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
