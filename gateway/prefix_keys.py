@@ -26,7 +26,8 @@ class ChainView:
     def __init__(self, chains: PrefixChains) -> None:
         self.current = chains.current
         self.kid = chains.kid
-        self._prev = tuple(chain for _, chain in chains.previous)
+        prev = chains.previous
+        self._prev = tuple([chain for _, chain in prev]) if prev else ()
 
     def previous_chains(self) -> tuple[tuple[bytes, ...], ...]:
         """Chains under older key versions still in their grace period."""
@@ -49,8 +50,9 @@ class PrefixKeys:
 
     def prefix_chains(self, tenant: Tenant, tokens: Sequence[int]) -> ChainView:
         """The tenant-keyed HMAC block-hash chains of ``tokens`` (current + grace versions)."""
-        limit = self.max_prefix_blocks * self.block_size
-        return ChainView(self.keyring.prefix_chain(tenant.id, tokens[:limit], self.block_size))
+        # at most max_prefix_blocks blocks: = tokens[:max_prefix_blocks * block_size], without the copy
+        return ChainView(self.keyring.prefix_chain(tenant.id, tokens, self.block_size,
+                                                   max_blocks=self.max_prefix_blocks))
 
     @staticmethod
     def prefix_fingerprint(chains: ChainView) -> str | None:

@@ -301,6 +301,10 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     if fast is not None:  # the commonest body, as the schema reads it (gateway/request_fast.py, issue 14)
         body, model, stream, max_tokens = fast, fast["model"], fast["stream"], fast.get("max_tokens")
         include_usage = bool(fast.get("stream_options", {}).get("include_usage"))
+        if endpoint == "completions":  # one non-empty str prompt, no stop, no extra text (session 8):
+            p = fast["prompt"]  # what the general path below gives; orjson read it: no lone surrogate
+            return InferenceRequest(endpoint, model, stream, max_tokens, include_usage, body, p, (p,), "",
+                                    (len(p.encode("utf-8")),))
     else:
         body, model, stream, max_tokens, include_usage = _validated(raw, data, endpoint, max_depth, checked)
     try:

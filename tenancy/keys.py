@@ -54,19 +54,12 @@ from tenancy.salt import derive_salt_key
 from tenancy.state import KeyState, TenantState, load_state, save_state
 
 __all__ = [
-    "KeyRingError",
-    "MasterUnchanged",
-    "MIN_MASTER_SECRET_BYTES",
-    "PREFIX_KEY_INFO",
-    "TenantKey",
-    "PrefixChains",
-    "KeyRing",
-    "load_master_secret",
-    "derive_prefix_key",
-    "key_id",
-    "USER_KEY_INFO",
-    "user_pseudonym",
+    "KeyRingError", "MasterUnchanged", "MIN_MASTER_SECRET_BYTES", "PREFIX_KEY_INFO", "TenantKey", "PrefixChains",
+    "KeyRing", "load_master_secret", "derive_prefix_key", "key_id", "USER_KEY_INFO", "user_pseudonym",
 ]
+
+#: the state of a tenant never rotated; shared, never changed (every change commits a new TenantState)
+_UNROTATED = TenantState()
 
 
 @dataclass
@@ -193,18 +186,17 @@ class KeyRing:
         one chain; during one, one extra chain per recognised old version.
         """
         keys = self.lookup_keys(tenant_id)
-        chains = [
-            (
-                k.kid,
-                tuple(
-                    block_hash_chain(
-                        k.key, tokens, block_size, key_id=k.kid, digest_size=digest_size, max_blocks=max_blocks
-                    )
-                ),
-            )
-            for k in keys
-        ]
-        return PrefixChains(kid=chains[0][0], current=chains[0][1], previous=tuple(chains[1:]))
+        first = keys[0]
+        current = tuple(block_hash_chain(first.key, tokens, block_size, key_id=first.kid, digest_size=digest_size,
+                                         max_blocks=max_blocks))
+        if len(keys) == 1:  # outside a grace period (issue 14: no list of pairs per request)
+            return PrefixChains(first.kid, current)
+        previous = tuple(
+            (k.kid, tuple(block_hash_chain(k.key, tokens, block_size, key_id=k.kid, digest_size=digest_size,
+                                           max_blocks=max_blocks)))
+            for k in keys[1:]
+        )
+        return PrefixChains(first.kid, current, previous)
 
     def rotate_tenant(self, tenant_id: str) -> TenantKey:
         """Start a new prefix-key version for ``tenant_id`` and persist it.
@@ -359,7 +351,7 @@ class KeyRing:
 
     # -- internals ---------------------------------------------------------
     def _tenant_state(self, tenant_id: str) -> TenantState:
-        return self._state.tenants.get(tenant_id) or TenantState()
+        return self._state.tenants.get(tenant_id) or _UNROTATED
 
     def _commit(self, tenant_id: str, new: TenantState) -> None:
         tenants = dict(self._state.tenants)

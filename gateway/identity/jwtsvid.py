@@ -54,7 +54,7 @@ from .bundle_parse import (
     UnknownTrustDomain,
 )
 from .jws_compact import MAX_TOKEN_BYTES, _signature_len, canonical_name
-from .jwtsvid_claims import ParsedToken, check_claims, parse_token
+from .jwtsvid_claims import ParsedToken, check_claims, parse_token, time_claims, times_ok
 from .spiffe_id import WorkloadIdentity, parse_trust_domain
 from .token_cache import DEFAULT_MAX_TTL_S as DEFAULT_CACHE_MAX_TTL_S
 from .token_cache import DEFAULT_MAXSIZE as DEFAULT_CACHE_SIZE
@@ -205,9 +205,12 @@ class JwtSvidVerifier:
         if memo is not None:
             # this exact string verified before: its parse and name are taken from the
             # cache's memo; time claims, audience, bundle, kid and entry are checked as below
-            name, parsed = memo
+            name, (parsed, times) = memo  # type: ignore[misc]
             assert isinstance(parsed, ParsedToken)
-            self._check_claims(parsed)
+            # its audience and lifetime passed before, with this verifier; the time tests again, against now
+            # (session 8: no claims parsed again); a failure takes the full check for the refusal's reason
+            if not times_ok(times, now=self._clock(), leeway_s=self.leeway_s, max_lifetime_s=self.max_lifetime_s):
+                self._check_claims(parsed)
             td = parsed.spiffe_id.trust_domain
             bundle, version = await self._bundle(td, parsed.kid)
             if bundle.get(parsed.kid) is None:  # as self._key would refuse it
@@ -224,14 +227,14 @@ class JwtSvidVerifier:
         name = canonical_name(token.rpartition(".")[0], p.signature, p.alg)
         hit = self.cache.get(name, td, version)
         if hit is not None:
-            self.cache.remember_spelling(token, name, p)
+            self.cache.remember_spelling(token, name, (p, time_claims(p)))
             return hit
         if before_signature is not None:
             before_signature()
         self._check_signature(p, pyjwk)
         identity = self._identity(p, key.kid, exp)
         self.cache.put(name, identity, version)
-        self.cache.remember_spelling(token, name, p)
+        self.cache.remember_spelling(token, name, (p, time_claims(p)))
         return identity
 
     async def _bundle(self, td: str, kid: str) -> tuple[TrustBundle, object]:

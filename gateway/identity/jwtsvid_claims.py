@@ -110,3 +110,24 @@ def check_claims(p: ParsedToken, *, now: float, leeway_s: float, max_lifetime_s:
     if audience not in auds:
         raise _fail(Reason.AUDIENCE, "token audience does not include this gateway")
     return exp
+
+
+def time_claims(p: ParsedToken) -> tuple[float, float | None, float | None]:
+    """``(exp, nbf, iat)`` of a token that passed :func:`check_claims` (so ``exp`` is a number and the
+    others numbers or absent), kept with its spelling in the verified-token cache (session 8)."""
+    c = p.claims
+    exp = _number(c, "exp")
+    assert exp is not None
+    return exp, _number(c, "nbf"), _number(c, "iat")
+
+
+def times_ok(times: tuple[float, float | None, float | None], *, now: float, leeway_s: float,
+             max_lifetime_s: float) -> bool:
+    """Whether :func:`check_claims`'s tests that depend on ``now`` pass, for the :func:`time_claims` of a
+    token that passed all of them before under the same verifier (its audience and ``exp - iat`` do not
+    change with time). The same comparisons, in the same order; False: call :func:`check_claims` for
+    the refusal's reason."""
+    exp, nbf, iat = times
+    lw = leeway_s
+    return not (exp <= now - lw or (nbf is not None and nbf > now + lw) or (iat is not None and iat > now + lw)
+                or exp - now > max_lifetime_s + lw)

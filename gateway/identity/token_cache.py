@@ -35,8 +35,10 @@ and the caller still applies the forwarded-certificate binding.
   naming it are pure functions of the string (and of the verifier's fixed
   configuration), so on a repeat the verifier takes both from the memo
   (:meth:`VerifiedTokenCache.spelling`) instead of decoding the token again;
-  it still checks the time claims and audience against now, the bundle
-  version and the ``kid``, and the entry itself (:meth:`get`) decides. The
+  it still checks the time claims against now (session 8: from the numbers
+  kept with the parsed token; audience and ``exp - iat`` passed with the
+  same verifier and do not change), the bundle version and the ``kid``, and
+  the entry itself (:meth:`get`) decides. The
   memo holds at most ``maxsize`` strings; when full, strings whose entry is
   gone are dropped (all of them if none is).
 """

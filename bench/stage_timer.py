@@ -1,0 +1,246 @@
+"""In-situ time per call of the pipeline's steps before routing, in a serving gateway (not a test).
+
+``python -m bench.stage_timer [--requests 2000] [--rounds 3] [--out DIR] [--name NAME]``
+
+Issue 14, session 8. The audit events' stage timings (``latency``: authentication, parse, prefix
+keys, policy; wall ms between the pipeline's marks) hold more than the step they are named after:
+``authentication`` runs from the record's start (span start, send-order turn, the audit check) to
+the identity; ``parse`` holds admission (tenant, CPU meter, limits) and the body read;
+``prefix keys`` holds tokenizing, the token-ledger reservation and the candidates. cProfile
+inflates the pure-Python steps ~4x. This benchmark answers "which call costs what, in situ"
+instead: one ``prefixgate serve`` process (the :mod:`bench.gateway_cpu_ab` configuration: JWT-SVID,
+HMAC chain, embedded OPA, JSONL + OCSF audit), started by a child entry point that wraps each
+listed function (:data:`TARGETS`) with a ``time.perf_counter_ns`` pair (about 0.1 µs each) before
+serving, then ``--requests`` sequential requests (64 unique words, ``max_tokens`` 1) per round.
+Reported per function: calls per request and the median and 25th percentile of its wall time per
+call in µs (medians drop the preemptions of a shared machine; a coroutine's figure includes its
+awaits), and the median of each audit stage window. Results: ``bench/results/<name>.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import inspect
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bench.overhead import REPO, RESULTS, WARMUP, _Body, _second_config, sequential
+from sim.click_options import ClickOptions
+
+#: (module, attribute path) of each function timed; class attributes are patched on the class.
+TARGETS: tuple[tuple[str, str], ...] = (
+    ("gateway.auditing", "AuditHub.start_span"),
+    ("gateway.send_order", "SendOrder.wait_turn"),
+    ("gateway.authn", "Authenticator.authenticate"),
+    ("gateway.authn", "extract_bearer"),
+    ("gateway.identity.jwtsvid", "JwtSvidVerifier.verify"),
+    ("gateway.identity.jwtsvid", "JwtSvidVerifier._check_claims"),
+    ("gateway.identity.jwtsvid", "JwtSvidVerifier._bundle"),
+    ("gateway.identity.token_cache", "VerifiedTokenCache.get"),
+    ("gateway.admission", "Admission.resolve_tenant"),
+    ("gateway.admission", "Admission.admit"),
+    ("gateway.admission", "Admission.request_bounds"),
+    ("gateway.admission", "Admission.check_request"),
+    ("gateway.admission", "Admission.prompt_room"),
+    ("gateway.admission", "Admission.prompt_tokens"),
+    ("gateway.admission", "Admission.check_prompt"),
+    ("gateway.cpu_budget", "CpuBudget.meter"),
+    ("gateway.pipeline", "read_body"),
+    ("gateway.pipeline", "parse_inference_request"),
+    ("tenancy.tokenizer", "WordTokenizer.encode"),
+    ("gateway.prefix_keys", "PrefixKeys.prefix_chains"),
+    ("tenancy.keys", "KeyRing.lookup_keys"),
+    ("tenancy.keys", "block_hash_chain"),
+    ("gateway.replicas", "ReplicaSet.candidates"),
+    ("gateway.pep", "PolicyEnforcementPoint.decide"),
+    ("gateway.pep", "head_key_fields"),
+    ("policy.cache", "CachedDecisionPoint.decide_keyed"),
+    ("gateway.auditing", "AuditHub.active_alerts"),
+)
+
+
+def _wrap(fn: Any, samples: list[int]) -> Any:
+    clock = time.perf_counter_ns
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def timed_async(*a: Any, **k: Any) -> Any:
+            t = clock()
+            try:
+                return await fn(*a, **k)
+            finally:
+                samples.append(clock() - t)
+        return timed_async
+
+    @functools.wraps(fn)
+    def timed(*a: Any, **k: Any) -> Any:
+        t = clock()
+        try:
+            return fn(*a, **k)
+        finally:
+            samples.append(clock() - t)
+    return timed
+
+
+def _install() -> dict[str, list[int]]:
+    """Wrap every function of :data:`TARGETS` that exists in this tree; returns name -> samples (ns)."""
+    out: dict[str, list[int]] = {}
+    for mod_name, path in TARGETS:
+        try:
+            owner: Any = importlib.import_module(mod_name)
+        except ImportError:
+            continue
+        *parents, attr = path.split(".")
+        for p in parents:
+            owner = getattr(owner, p, None)
+        raw = owner.__dict__.get(attr) if owner is not None and hasattr(owner, "__dict__") else None
+        if raw is None:
+            continue
+        samples: list[int] = []
+        if isinstance(raw, staticmethod):
+            setattr(owner, attr, staticmethod(_wrap(raw.__func__, samples)))
+        else:
+            setattr(owner, attr, _wrap(raw, samples))
+        out[f"{mod_name}:{path}"] = samples
+    return out
+
+
+def _child(config_file: str, out_file: str) -> None:
+    """``prefixgate serve`` with the wrappers; SIGUSR1 clears the samples, SIGUSR2 writes them."""
+    from gateway.config import load_config
+    from gateway.server import run_serving, serve
+    from policy import reexec_with_go_gc
+
+    reexec_with_go_gc(["-m", "bench.stage_timer", *sys.argv[1:]])
+    samples = _install()
+
+    def clear(*_: Any) -> None:
+        for s in samples.values():
+            s.clear()
+
+    def dump(*_: Any) -> None:
+        Path(out_file + ".tmp").write_text(json.dumps(samples))
+        os.replace(out_file + ".tmp", out_file)
+
+    signal.signal(signal.SIGUSR1, clear)
+    signal.signal(signal.SIGUSR2, dump)
+    run_serving(serve(load_config(config_file), config_path=config_file))
+
+
+async def run(requests: int, rounds: int) -> dict[str, Any]:
+    """The measurement (module doc); returns the result document."""
+    from bench.overhead import _spawn
+    from sim.demo import ClusterSpec, DemoPaths, bearer_headers, gateway_config, prepare_identity, start_cluster_proc
+    from sim.procs import free_port, stop_process
+
+    paths = DemoPaths.under(Path(tempfile.mkdtemp(prefix="pg-stage-timer-")))
+    issuer = prepare_identity(paths)
+    cluster, replicas = await start_cluster_proc(ClusterSpec(replicas=1, time_scale=1e6, decode_s_per_token=0.0),
+                                                 paths)
+    proc = None
+    try:
+        import yaml
+
+        cfg = gateway_config("cache_aware", replicas, ["tenant-a"], paths, listen_port=free_port(),
+                             admin_port=free_port())
+        doc = _second_config(cfg, paths, "timed")
+        cfg_path = paths.work / "timed.yaml"
+        cfg_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        out = paths.work / "samples.json"
+        proc, base = await _spawn("timed", ["bench.stage_timer", "--child", str(cfg_path), "--samples-out", str(out)],
+                                  paths, doc["listen"]["port"], "/readyz")
+        headers = {"Content-Type": "application/json", **dict(bearer_headers(issuer, ["tenant-a"])("tenant-a"))}
+        bodies = _Body(False)
+        url = base + "/v1/completions"
+        await sequential(url, headers, WARMUP * 4, bodies)
+        per_round: list[dict[str, list[int]]] = []
+        for _ in range(rounds):
+            os.kill(proc.pid, signal.SIGUSR1)
+            await asyncio.sleep(0.2)
+            await sequential(url, headers, requests, bodies)
+            out.unlink(missing_ok=True)
+            os.kill(proc.pid, signal.SIGUSR2)
+            deadline = time.monotonic() + 30
+            while not out.exists() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            per_round.append(json.loads(out.read_text()))
+        windows = _windows(doc)
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        stop_process(cluster)
+        shutil.rmtree(paths.work, ignore_errors=True)
+    rows = {}
+    for name in per_round[0]:
+        meds = [statistics.median(r[name]) / 1000 for r in per_round if r[name]]
+        q1 = [statistics.quantiles(r[name], n=4)[0] / 1000 for r in per_round if len(r[name]) > 1]
+        rows[name] = {"calls_per_request": round(statistics.median(len(r[name]) / requests for r in per_round), 2),
+                      "median_us": round(statistics.median(meds), 2) if meds else None,
+                      "q1_us": round(statistics.median(q1), 2) if q1 else None}
+    return {"benchmark": "stage_timer", "requests_per_round": requests, "rounds": rounds, "functions": rows,
+            "audit_windows_ms": windows}
+
+
+def _windows(doc: dict[str, Any]) -> dict[str, float]:
+    """Median of each ``latency`` field of the audit events written so far (wall ms)."""
+    vals: dict[str, list[float]] = {}
+    for f in Path(doc["audit"]["jsonl"]["dir"]).glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            lat = rec.get("body", {}).get("latency") if rec.get("type") == "event" else None
+            if not isinstance(lat, dict):
+                continue
+            for k, v in lat.items():
+                if isinstance(v, (int, float)):
+                    vals.setdefault(k, []).append(v)
+    return {k: round(statistics.median(v), 4) for k, v in vals.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    ap = ClickOptions(prog="python -m bench.stage_timer", description=__doc__.splitlines()[0])
+    ap.option("--requests", type=int, default=2000)
+    ap.option("--rounds", type=int, default=3)
+    ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
+    ap.option("--name", default="stage_timer")
+    ap.option("--child", hidden=True)
+    ap.option("--samples-out", hidden=True)
+    args = ap.parse(argv)
+    if args.child:
+        _child(args.child, args.samples_out)
+        return 0
+    import uvloop
+
+    doc = uvloop.run(run(args.requests, args.rounds))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    lines = [f"# In-situ time per call (`python -m bench.stage_timer`, tree {REPO})", "",
+             f"{args.rounds} rounds of {args.requests} sequential requests; wall µs per call, median of the "
+             "rounds' medians (a coroutine's includes its awaits).", "",
+             "| function | calls/request | median µs | q1 µs |", "|---|---:|---:|---:|"]
+    for name, row in doc["functions"].items():
+        lines.append(f"| `{name}` | {row['calls_per_request']} | {row['median_us']} | {row['q1_us']} |")
+    lines += ["", "Audit stage windows (median wall ms): " + ", ".join(
+        f"{k} {v}" for k, v in doc["audit_windows_ms"].items())]
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
