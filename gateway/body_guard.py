@@ -160,6 +160,12 @@ class BodyGuard:
         self.logger = _QUIET  # uvicorn's own line for the parser stop that follows (we answered)
         getattr(transport, "close_now", transport.close)()  # no lingering close for a malformed body
 
+    def guard_h11_request(self, event: h11.Request) -> bool:
+        """h11: a request head was parsed (``event``); the body state starts over. True: served
+        (mixins before this one in the protocol's bases may refuse it and return False)."""
+        self.guard_body_reset()
+        return True
+
     # -- httptools parser callbacks (uvicorn's HttpToolsProtocol is next in the MRO)
     def on_chunk_header(self) -> None:
         """httptools callback: a chunk-size line was parsed (before the chunk's data)."""
@@ -200,7 +206,9 @@ class BodyGuard:
 
 
 class GuardedH11Connection:
-    """Wraps the ``h11.Connection`` of a uvicorn h11 protocol: bounds chunks and refuses trailers.
+    """Wraps the ``h11.Connection`` of a uvicorn h11 protocol (its one wrapper): bounds chunks, refuses
+    trailers, and hands each ``Request`` event to the protocol's :meth:`BodyGuard.guard_h11_request`
+    first (the upgrade guard refuses heads there, gateway/upgrade_guard.py).
 
     ``conn``: the protocol's connection; ``protocol``: the :class:`BodyGuard`
     protocol. :meth:`next_event` answers ``h11.NEED_DATA`` once the request is
@@ -228,7 +236,9 @@ class GuardedH11Connection:
                 return h11.NEED_DATA
             proto.guard_body_bytes += len(event.data)
         elif kind is h11.Request:
-            self._protocol.guard_body_reset()
+            if not self._protocol.guard_h11_request(event):  # refused (gateway/upgrade_guard.py)
+                self._refused = True
+                return h11.NEED_DATA
         elif kind is h11.EndOfMessage and event.headers:
             self._protocol.guard_refuse_body("trailers_not_allowed", "trailer fields are not accepted")
             self._refused = True

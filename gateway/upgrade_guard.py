@@ -18,16 +18,16 @@ refused, under both parsers and on both listeners:
   bounded by ``limits.lingering_close_bytes`` / ``lingering_close_s``), so the body, and any request
   in it, is never parsed;
 - the refusal is audited (``endpoint`` ``http_guard``, status 400, outcome ``rejected``, the error
-  code, the socket peer as ``client_addr``; no identity: nothing was authenticated) through
-  :func:`gateway.protocol_audit.head_refusal_hook` (the rate bound of the other guard refusals),
-  installed by gateway/server.py;
+  code, the socket peer as ``client_addr``; no identity: nothing was authenticated) by the guard
+  itself through :func:`gateway.protocol_audit.refused` (the rate bound of the other guard refusals);
 - backstop for a head the scan did not see (one pipelined in the same read behind a request body,
   which the guard hands to the parser with the body; under h11 also behind a bodiless request, which
   h11 parses from its own buffer once the previous response is complete): under httptools a head the
   parser reports as an upgrade (``parser.should_upgrade()``, CONNECT aside) is refused in
   ``on_headers_complete`` before uvicorn starts a task for it, and the parser is stopped; under h11 a
-  ``Request`` event with an ``upgrade`` field is refused in ``next_event`` (:class:`UpgradeH11Connection`)
-  before uvicorn sees it. When a response is still in progress, what the client sends after the
+  ``Request`` event with an ``upgrade`` field is refused by :meth:`UpgradeGuard.guard_h11_request`,
+  which the protocol's one h11 connection wrapper (gateway/body_guard.py ``GuardedH11Connection``)
+  calls before uvicorn sees the event. When a response is still in progress, what the client sends after the
   refused head is dropped unparsed, that response completes, then the 400 is sent and the
   connection closes (both parsers; R7b-2: httptools closed at once, losing the answer in progress).
 
@@ -44,17 +44,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable
-from typing import Any
 
 import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.body_guard import BodyRefused, refusal_bytes
 from gateway.head_fields import HeadFields
+from gateway.protocol_audit import refused
 
-__all__ = ["HeadScan", "ScannedHeadFields", "UpgradeGuard", "UpgradeH11Connection", "UPGRADE_CODE",
-           "TARGET_CODE", "GUARD_ENDPOINT"]
+__all__ = ["HeadScan", "ScannedHeadFields", "UpgradeGuard", "UPGRADE_CODE", "TARGET_CODE", "GUARD_ENDPOINT"]
 
 UPGRADE_CODE = "upgrade_not_supported"
 TARGET_CODE = "invalid_request_target"
@@ -170,17 +167,13 @@ class ScannedHeadFields(HeadFields):
         return ok
 
 
-RefusalHook = Callable[[str, Any], None]
-
-
 class UpgradeGuard:
     """Mixin over the guarded uvicorn protocols of gateway/http_guard.py (first in their bases).
 
-    ``guard_on_refusal``: called as ``hook(code, client)`` (``client``: uvicorn's ``(host, port)``
-    or None) for each head refused here; set per listener by gateway/server.py (a ``staticmethod``).
+    Each head refused here is audited as 400 with its code (:func:`gateway.protocol_audit.refused`:
+    the listener's :class:`gateway.protocol_audit.ProtocolRefusals`, when its app has one attached).
     """
 
-    guard_on_refusal: RefusalHook | None = None
     guard_head_refused: bool = False
     guard_deferred: str | None = None  # a refusal to answer once the response in progress is complete
 
@@ -192,9 +185,7 @@ class UpgradeGuard:
         transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
         if transport is None or transport.is_closing() or self.guard_deferred is not None:
             return
-        hook = self.guard_on_refusal
-        if hook is not None:
-            hook(code, self.client)  # type: ignore[attr-defined]
+        refused(self, 400, code)
         self.guard_head_refused = True  # the close lingers: what follows is discarded unparsed
         if self.guard_response_in_progress():  # type: ignore[attr-defined]
             if defer:
@@ -229,11 +220,13 @@ class UpgradeGuard:
         """True after a refused head (its body may follow: close lingering), else the parser's answer."""
         return self.guard_head_refused or super().guard_body_unfinished()  # type: ignore[misc]
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        """h11: refuse upgrade heads that reach h11 unscanned (:class:`UpgradeH11Connection`)."""
-        super().connection_made(transport)  # type: ignore[misc]
-        if isinstance(self, H11Protocol) and not isinstance(self.conn, UpgradeH11Connection):
-            self.conn = UpgradeH11Connection(self.conn, self)  # type: ignore[assignment]
+    def guard_h11_request(self, event: h11.Request) -> bool:
+        """h11: a request head was parsed (its ``Request`` event, before uvicorn sees it); False when it is
+        refused here (an ``Upgrade`` field the scan did not see: a head h11 parsed from its own buffer)."""
+        if any(name == b"upgrade" for name, _ in event.headers):
+            self.guard_refuse_head(UPGRADE_CODE)
+            return False
+        return super().guard_h11_request(event)  # type: ignore[misc, no-any-return]
 
     def on_headers_complete(self) -> None:
         """httptools: a head the scan did not see (pipelined behind a body) that asks for an upgrade."""
@@ -246,29 +239,3 @@ class UpgradeGuard:
             raise BodyRefused()
         super().on_headers_complete()  # type: ignore[misc]
 
-
-class UpgradeH11Connection:
-    """Wraps a uvicorn h11 protocol's connection: a ``Request`` event carrying an ``upgrade`` field
-    is refused (:meth:`UpgradeGuard.guard_refuse_head`) and ``h11.NEED_DATA`` returned from then on,
-    so uvicorn never starts it. Every other attribute is the wrapped connection's."""
-
-    __slots__ = ("_conn", "_protocol", "_refused")
-
-    def __init__(self, conn: Any, protocol: UpgradeGuard) -> None:
-        self._conn = conn
-        self._protocol = protocol
-        self._refused = False
-
-    def next_event(self) -> Any:
-        """h11's next event, or ``h11.NEED_DATA`` once an upgrade head was refused."""
-        if self._refused:
-            return h11.NEED_DATA
-        event = self._conn.next_event()
-        if type(event) is h11.Request and any(name == b"upgrade" for name, _ in event.headers):
-            self._refused = True
-            self._protocol.guard_refuse_head(UPGRADE_CODE)
-            return h11.NEED_DATA
-        return event
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
