@@ -51,7 +51,7 @@ from gateway.body_guard import BodyRefused, refusal_bytes
 from gateway.head_fields import HeadFields
 from gateway.protocol_audit import refused
 
-__all__ = ["HeadScan", "ScannedHeadFields", "UpgradeGuard", "UPGRADE_CODE", "TARGET_CODE", "GUARD_ENDPOINT"]
+__all__ = ["HeadScan", "ScannedHeadFields", "whole_head_is_plain", "UpgradeGuard", "UPGRADE_CODE", "TARGET_CODE", "GUARD_ENDPOINT"]
 
 UPGRADE_CODE = "upgrade_not_supported"
 TARGET_CODE = "invalid_request_target"
@@ -140,15 +140,35 @@ class HeadScan:
         return False
 
 
+def whole_head_is_plain(head: bytes) -> tuple[bool, bool]:
+    """For a complete head (``head``: its bytes from the request line's first byte, not a CR or LF,
+    to its blank line): ``(plain, body)``. ``plain``: no ``#`` in its request line and no line
+    starting with ``upgrade`` (any case), so :class:`HeadScan` finds nothing to refuse (when it is
+    False, run the scan). ``body``: the head has exactly one ``Content-Length`` field, written
+    ``content-length:`` (any case) at a line start, whose value is digits and not 0, and no
+    ``Transfer-Encoding``: a body follows the head for both parsers (session 8)."""
+    low = head.lower()
+    if head.find(b"#", 0, head.find(b"\n")) >= 0 or b"\nupgrade" in low or low.startswith(b"upgrade"):
+        return False, False
+    i = low.find(b"\ncontent-length:")
+    if i < 0 or b"transfer-encoding" in low or low.find(b"\ncontent-length:", i + 16) >= 0:
+        return True, False
+    value = low[i + 16:low.find(b"\n", i + 16)].strip()
+    return True, value.isdigit() and value.strip(b"0") != b""
+
+
 class ScannedHeadFields(HeadFields):
     """:class:`gateway.head_fields.HeadFields` that also runs a :class:`HeadScan` over the head's
-    bytes; after :meth:`feed`, :attr:`refusal` is the code to refuse the head with, or None."""
+    bytes; after :meth:`feed`, :attr:`refusal` is the code to refuse the head with, or None, and
+    :attr:`body` is True when the head, complete in that one piece, declares a body
+    (:func:`whole_head_is_plain`; False when not known)."""
 
-    __slots__ = ("scan", "refusal")
+    __slots__ = ("scan", "refusal", "body")
 
     def __init__(self, max_fields: int) -> None:
         self.scan = HeadScan()
         self.refusal: str | None = None
+        self.body = False
         super().__init__(max_fields)
 
     def reset(self) -> None:
@@ -156,14 +176,21 @@ class ScannedHeadFields(HeadFields):
         super().reset()
         self.scan.reset()
         self.refusal = None
+        self.body = False
 
     def feed(self, data: bytes) -> bool:
         """:meth:`HeadFields.feed`, and the scan over the part of ``data`` that belongs to the head."""
         if self.ended:
             return True
+        fresh = not self.started
         ok = super().feed(data)
+        end = self.end
         if self.refusal is None:
-            self.refusal = self.scan.feed(data if self.end < 0 else data[:self.end])
+            if fresh and end > 0 and data[0] not in b"\r\n":  # the usual head: whole in one read (issue 14)
+                plain, self.body = whole_head_is_plain(data[:end])
+                if plain:
+                    return ok
+            self.refusal = self.scan.feed(data if end < 0 else data[:end])
         return ok
 
 
