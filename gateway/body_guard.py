@@ -160,6 +160,11 @@ class BodyGuard:
         self.logger = _QUIET  # uvicorn's own line for the parser stop that follows (we answered)
         getattr(transport, "close_now", transport.close)()  # no lingering close for a malformed body
 
+    def guard_h11_head_bytes(self, pending: bytes) -> bool:
+        """h11: ``pending`` (unparsed bytes) starts the next head; True: h11 may parse it (mixins before
+        this one may refuse it and return False)."""
+        return True
+
     def guard_h11_request(self, event: h11.Request) -> bool:
         """h11: a request head was parsed (``event``); the body state starts over. True: served
         (mixins before this one in the protocol's bases may refuse it and return False)."""
@@ -227,7 +232,16 @@ class GuardedH11Connection:
         """h11's next event, or ``h11.NEED_DATA`` when the body guard refused the request."""
         if self._refused:
             return h11.NEED_DATA
-        event = self._conn.next_event()
+        conn, proto = self._conn, self._protocol
+        # a whole head the guard fed (or bytes pipelined unscanned, behind the response just completed) is
+        # checked once before h11 parses it (R7b-5: folds; gateway/upgrade_guard.py); a head still arriving
+        # is not copied read after read
+        if conn.their_state is h11.IDLE and (not proto.guard_waiting or proto.guard_fields.ended):
+            pending = conn.trailing_data[0]
+            if pending and not proto.guard_h11_head_bytes(pending):
+                self._refused = True
+                return h11.NEED_DATA
+        event = conn.next_event()
         kind = type(event)
         if kind is h11.Data:
             proto = self._protocol

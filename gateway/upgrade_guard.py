@@ -48,17 +48,22 @@ import re
 import h11
 
 from gateway.body_guard import BodyRefused, refusal_bytes
-from gateway.head_fields import HeadFields
+from gateway.head_fields import HeadFields, folded_head
 from gateway.protocol_audit import refused
 
-__all__ = ["HeadScan", "ScannedHeadFields", "whole_head_is_plain", "UpgradeGuard", "UPGRADE_CODE", "TARGET_CODE", "GUARD_ENDPOINT"]
+__all__ = ["HeadScan", "ScannedHeadFields", "whole_head_is_plain", "UpgradeGuard", "UPGRADE_CODE", "TARGET_CODE",
+           "INVALID_CODE", "GUARD_ENDPOINT"]
 
 UPGRADE_CODE = "upgrade_not_supported"
 TARGET_CODE = "invalid_request_target"
+#: a head the parser refuses behind a response in progress, and a folded head line under h11 (httptools
+#: refuses folds itself: uvicorn's 400, audited ``invalid_request`` too)
+INVALID_CODE = "invalid_request"
 #: ``endpoint`` of the audit event of a head refused by the HTTP guard
 GUARD_ENDPOINT = "http_guard"
 _MESSAGES = {UPGRADE_CODE: "protocol upgrades (Upgrade header) are not supported",
-             TARGET_CODE: "a request-target must not contain a fragment ('#')"}
+             TARGET_CODE: "a request-target must not contain a fragment ('#')",
+             INVALID_CODE: "invalid HTTP request (e.g. obsolete line folding in its head)"}
 
 #: an ``Upgrade`` field line (lower-cased): its name at a line start (the scan keeps a virtual ``\n`` before a head)
 _FIELD = re.compile(rb"\nupgrade[ \t]*:")
@@ -239,9 +244,15 @@ class UpgradeGuard:
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's 400 after a parser stop: nothing after a refused head (answered, or deferred
-        behind the response in progress, R7b-2): neither sent nor audited."""
-        if not self.guard_head_refused:
-            super().send_400_response(msg)  # type: ignore[misc]
+        behind the response in progress, R7b-2): neither sent nor audited. A head the parser refuses
+        while a response is in progress (pipelined) is refused as :data:`INVALID_CODE` after that
+        response (session 8: uvicorn's 400 went out at once and the answer in progress was lost)."""
+        if self.guard_head_refused:
+            return
+        if self.guard_response_in_progress():  # type: ignore[attr-defined]
+            self.guard_refuse_head(INVALID_CODE)
+            return
+        super().send_400_response(msg)  # type: ignore[misc]
 
     def guard_body_unfinished(self) -> bool:
         """True after a refused head (its body may follow: close lingering), else the parser's answer."""
@@ -249,19 +260,38 @@ class UpgradeGuard:
 
     def guard_h11_request(self, event: h11.Request) -> bool:
         """h11: a request head was parsed (its ``Request`` event, before uvicorn sees it); False when it is
-        refused here (an ``Upgrade`` field the scan did not see: a head h11 parsed from its own buffer)."""
+        refused here (an ``Upgrade`` field or a ``#`` in the target the scan did not see: a head h11 parsed
+        from its own buffer)."""
         if any(name == b"upgrade" for name, _ in event.headers):
             self.guard_refuse_head(UPGRADE_CODE)
             return False
+        if b"#" in event.target:  # session 8: a pipelined head's fragment, as the first head's (R7-3)
+            self.guard_refuse_head(TARGET_CODE)
+            return False
         return super().guard_h11_request(event)  # type: ignore[misc, no-any-return]
 
+    def guard_h11_head_bytes(self, pending: bytes) -> bool:
+        """h11: ``pending`` (bytes h11 holds, not yet parsed) starts the next head; False when it is refused
+        here: obsolete line folding (a head line starting with SP or HT, RFC 9112 section 5.2), which h11
+        would join into the field before and httptools refuses (R7b-5: both parsers now answer 400)."""
+        if folded_head(pending):
+            self.guard_refuse_head(INVALID_CODE)
+            return False
+        return True
+
     def on_headers_complete(self) -> None:
-        """httptools: a head the scan did not see (pipelined behind a body) that asks for an upgrade."""
+        """httptools: a head the scan did not see (pipelined behind a body) that asks for an upgrade or
+        has a ``#`` in its target (uvicorn's ``url``, as sent)."""
         parser = getattr(self, "parser", None)  # CONNECT (also flagged) keeps uvicorn's own 400 for its target
+        code = None
         if parser is not None and parser.should_upgrade() and parser.get_method() != b"CONNECT":
+            code = UPGRADE_CODE
+        elif b"#" in getattr(self, "url", b""):  # session 8: as the first head's (R7-3)
+            code = TARGET_CODE
+        if code is not None:
             # R7b-2: the parser stops here (nothing after this head is parsed); with a response in
             # progress the refusal is deferred: that response completes, then the 400 and the close
-            self.guard_refuse_head(UPGRADE_CODE)
+            self.guard_refuse_head(code)
             self.logger = logging.getLogger("gateway.body_guard.quiet")  # silenced by gateway/body_guard.py
             raise BodyRefused()
         super().on_headers_complete()  # type: ignore[misc]
