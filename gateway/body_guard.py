@@ -33,8 +33,8 @@ disconnect; the refusal's code is left in the request's ASGI scope under
 
 Hooks (public names only): httptools parser callbacks ``on_chunk_header``,
 ``on_body`` and ``on_header`` of uvicorn's protocol; for h11 the public
-``h11.Connection.next_event`` of the protocol's ``conn`` (wrapped by
-:class:`GuardedH11Connection`) and h11's ``Data.chunk_start`` and
+``h11.Connection.next_event``, ``their_state`` and ``trailing_data`` of the protocol's ``conn`` (wrapped
+by :class:`GuardedH11Connection`, the connection's one wrapper) and h11's ``Data.chunk_start`` and
 ``EndOfMessage.headers``.
 """
 

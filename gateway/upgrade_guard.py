@@ -244,12 +244,13 @@ class UpgradeGuard:
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's 400 after a parser stop: nothing after a refused head (answered, or deferred
-        behind the response in progress, R7b-2): neither sent nor audited. A head the parser refuses
+        behind the response in progress, R7b-2): neither sent nor audited. A next head the parser refuses
         while a response is in progress (pipelined) is refused as :data:`INVALID_CODE` after that
         response (session 8: uvicorn's 400 went out at once and the answer in progress was lost)."""
         if self.guard_head_refused:
             return
-        if self.guard_response_in_progress():  # type: ignore[attr-defined]
+        # a next head (not the body of the request being answered: that one's 400 goes out at once, as before)
+        if self.guard_waiting and self.guard_response_in_progress():  # type: ignore[attr-defined]
             self.guard_refuse_head(INVALID_CODE)
             return
         super().send_400_response(msg)  # type: ignore[misc]
