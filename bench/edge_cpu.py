@@ -100,9 +100,12 @@ raws = [bodies() for _ in range(REQUESTS)]
 auth = b"Bearer " + b"x" * 600
 reqs = [b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: wrk\r\nAuthorization: " + auth
         + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(r) + r for r in raws]
-app = passthrough() if KIND == "passthrough" else FramingGuard(
-    InferenceRoutes(None, Pipeline(), Recorder()), max_drain_bytes=65536, drain_timeout_s=30.0,
-    budget=BodyBudget(1 << 30, 1 << 28))
+def prefixgate():
+    framing = dict(max_drain_bytes=65536, drain_timeout_s=30.0, budget=BodyBudget(1 << 30, 1 << 28))
+    if hasattr(FramingGuard, "open"):  # session 8 on: the routes in front of the framing guard
+        return InferenceRoutes(FramingGuard(None, **framing), Pipeline(), Recorder())
+    return FramingGuard(InferenceRoutes(None, Pipeline(), Recorder()), **framing)
+app = passthrough() if KIND == "passthrough" else prefixgate()
 
 async def main():
     loop = asyncio.get_running_loop()

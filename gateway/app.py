@@ -50,9 +50,9 @@ UNROUTED_ENDPOINT = "unrouted"
 def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
     """Return the public ASGI app over ``c``.
 
-    The framing guard in front of :class:`gateway.inference_asgi.InferenceRoutes`:
-    the two inference routes straight to the pipeline, every other route (and
-    the lifespan) to a Starlette app.
+    :class:`gateway.inference_asgi.InferenceRoutes`: the two inference routes
+    straight to the pipeline under the framing guard's rules, every other route
+    (and the lifespan) to the framing guard in front of a Starlette app.
 
     With ``manage_lifecycle`` the app's lifespan starts and stops ``c``
     (upstream session, health checks, audit sinks); the CLI turns it off
@@ -118,9 +118,9 @@ def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
     starlette = _no_slash_redirects(Starlette(routes=routes, lifespan=lifespan,
                                               exception_handlers={HTTPException: unrouted}))
     limits = c.config.limits
-    return attach_refusal_audit(c, FramingGuard(InferenceRoutes(starlette, pipeline, c.recorder),
-                        max_drain_bytes=limits.max_drain_bytes, drain_timeout_s=limits.body_read_timeout_s,
-                        budget=c.body_budget))
+    framed = FramingGuard(starlette, max_drain_bytes=limits.max_drain_bytes,
+                          drain_timeout_s=limits.body_read_timeout_s, budget=c.body_budget)
+    return attach_refusal_audit(c, InferenceRoutes(framed, pipeline, c.recorder))
 
 
 def build_admin_app(c: Gateway) -> Starlette:

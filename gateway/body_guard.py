@@ -33,8 +33,8 @@ disconnect; the refusal's code is left in the request's ASGI scope under
 
 Hooks (public names only): httptools parser callbacks ``on_chunk_header``,
 ``on_body`` and ``on_header`` of uvicorn's protocol; for h11 the public
-``h11.Connection.next_event`` of the protocol's ``conn`` (wrapped by
-:class:`GuardedH11Connection`) and h11's ``Data.chunk_start`` and
+``h11.Connection.next_event``, ``their_state`` and ``trailing_data`` of the protocol's ``conn`` (wrapped
+by :class:`GuardedH11Connection`, the connection's one wrapper) and h11's ``Data.chunk_start`` and
 ``EndOfMessage.headers``.
 """
 
@@ -160,6 +160,17 @@ class BodyGuard:
         self.logger = _QUIET  # uvicorn's own line for the parser stop that follows (we answered)
         getattr(transport, "close_now", transport.close)()  # no lingering close for a malformed body
 
+    def guard_h11_head_bytes(self, pending: bytes) -> bool:
+        """h11: ``pending`` (unparsed bytes) starts the next head; True: h11 may parse it (mixins before
+        this one may refuse it and return False)."""
+        return True
+
+    def guard_h11_request(self, event: h11.Request) -> bool:
+        """h11: a request head was parsed (``event``); the body state starts over. True: served
+        (mixins before this one in the protocol's bases may refuse it and return False)."""
+        self.guard_body_reset()
+        return True
+
     # -- httptools parser callbacks (uvicorn's HttpToolsProtocol is next in the MRO)
     def on_chunk_header(self) -> None:
         """httptools callback: a chunk-size line was parsed (before the chunk's data)."""
@@ -200,7 +211,9 @@ class BodyGuard:
 
 
 class GuardedH11Connection:
-    """Wraps the ``h11.Connection`` of a uvicorn h11 protocol: bounds chunks and refuses trailers.
+    """Wraps the ``h11.Connection`` of a uvicorn h11 protocol (its one wrapper): bounds chunks, refuses
+    trailers, and hands each ``Request`` event to the protocol's :meth:`BodyGuard.guard_h11_request`
+    first (the upgrade guard refuses heads there, gateway/upgrade_guard.py).
 
     ``conn``: the protocol's connection; ``protocol``: the :class:`BodyGuard`
     protocol. :meth:`next_event` answers ``h11.NEED_DATA`` once the request is
@@ -219,7 +232,16 @@ class GuardedH11Connection:
         """h11's next event, or ``h11.NEED_DATA`` when the body guard refused the request."""
         if self._refused:
             return h11.NEED_DATA
-        event = self._conn.next_event()
+        conn, proto = self._conn, self._protocol
+        # a whole head the guard fed (or bytes pipelined unscanned, behind the response just completed) is
+        # checked once before h11 parses it (R7b-5: folds; gateway/upgrade_guard.py); a head still arriving
+        # is not copied read after read
+        if conn.their_state is h11.IDLE and (not proto.guard_waiting or proto.guard_fields.ended):
+            pending = conn.trailing_data[0]
+            if pending and not proto.guard_h11_head_bytes(pending):
+                self._refused = True
+                return h11.NEED_DATA
+        event = conn.next_event()
         kind = type(event)
         if kind is h11.Data:
             proto = self._protocol
@@ -228,7 +250,9 @@ class GuardedH11Connection:
                 return h11.NEED_DATA
             proto.guard_body_bytes += len(event.data)
         elif kind is h11.Request:
-            self._protocol.guard_body_reset()
+            if not self._protocol.guard_h11_request(event):  # refused (gateway/upgrade_guard.py)
+                self._refused = True
+                return h11.NEED_DATA
         elif kind is h11.EndOfMessage and event.headers:
             self._protocol.guard_refuse_body("trailers_not_allowed", "trailer fields are not accepted")
             self._refused = True

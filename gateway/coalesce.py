@@ -95,6 +95,10 @@ class CoalescingTransport:
         self._pending = []
         self._transport.abort()
 
+    def is_closing(self) -> bool:
+        """The wrapped transport's ``is_closing`` (asked several times per request: not delegated by lookup)."""
+        return self._transport.is_closing()
+
     def get_write_buffer_size(self) -> int:
         """The transport's buffered bytes plus those held here."""
         return self._transport.get_write_buffer_size() + sum(len(p) for p in self._pending)

@@ -61,7 +61,7 @@ from gateway.body_guard import PLAIN_LENGTH_KEY, REFUSED_SCOPE_KEY, WIRE_SCOPE_K
 from gateway.errors import GatewayError
 from gateway.lingering import lingering_cap
 
-__all__ = ["FramingGuard", "framing_problem", "drain_cap", "DEFAULT_MAX_DRAIN_BYTES"]
+__all__ = ["FramingGuard", "FramedRequest", "framing_problem", "drain_cap", "DEFAULT_MAX_DRAIN_BYTES"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -107,21 +107,30 @@ def _problem(length_fields: list[bytes], encoding_fields: list[bytes]) -> str | 
     return None
 
 
-class _Body:
-    """What the guard knows about one request's body."""
+class FramedRequest:
+    """One HTTP request under the framing guard: what the guard knows about its body, its guarded
+    ``receive`` and the check before its answer starts (one object per request, no closures).
+
+    Made by :meth:`FramingGuard.open`. :attr:`problem`: :func:`framing_problem` of its head (the
+    other fields are meaningful only when it is None). :meth:`receive` is the ``receive`` to hand
+    the app; :meth:`start` the check an ``http.response.start`` message passes before it is sent;
+    :meth:`release` gives back what the body budget still holds (call once the request ends).
+    """
 
     __slots__ = ("declared", "complete", "received", "receive_called", "in_receive", "expect_continue",
-                 "held", "owner", "refused", "wire", "problem", "plain")
+                 "held", "owner", "refused", "wire", "problem", "plain", "guard", "scope", "_receive", "deadline")
 
-    def __init__(self, headers: list[tuple[bytes, bytes]], wire: BodyWire | None) -> None:
-        """Reads the framing fields in one pass over ``headers``; :attr:`problem`: :func:`framing_problem`
-        of them (the other fields are meaningful only when it is None)."""
-        self.wire = wire  # the protocol's count of the body's wire bytes (None: not served by it)
+    def __init__(self, guard: FramingGuard, scope: Scope, receive: Receive) -> None:
+        """Reads the framing fields in one pass over the scope's ``headers``."""
+        self.guard = guard
+        self.scope = scope
+        self._receive = receive
+        self.wire: BodyWire | None = scope.get(WIRE_SCOPE_KEY)  # the protocol's count of the body's wire bytes
         self.declared: int | None = None
         self.expect_continue = False
         lengths: list[bytes] = []
         encodings: list[bytes] = []
-        for name, value in headers:
+        for name, value in scope.get("headers") or ():
             if name == b"content-length":
                 lengths.append(value)
             elif name == b"transfer-encoding":
@@ -144,6 +153,7 @@ class _Body:
         self.held = 0  # bytes taken from the body budget for the app's reads
         self.owner: str | None = None  # the budget share they are taken from (set at the first part)
         self.refused = False  # a refusal of the body itself: never drained
+        self.deadline = 0.0  # drain deadline (loop clock), set by FramingGuard.open
 
     def read_bytes(self) -> int:
         """Body bytes read so far: the wire count (framing included) when known, else the payload."""
@@ -158,6 +168,56 @@ class _Body:
         else:  # http.disconnect: nothing more will arrive
             self.complete = True
 
+    async def receive(self) -> Message:
+        """The app's ``receive``: body parts counted and taken from the body budget; a body the
+        protocol refused, or one past the budget, raises :class:`GatewayError` (module doc)."""
+        self.receive_called = True
+        self.in_receive = True
+        try:
+            message = await self._receive()
+        finally:
+            self.in_receive = False
+        self.saw(message)
+        if message["type"] != "http.request":
+            code = self.scope.get(REFUSED_SCOPE_KEY)
+            if code is not None:  # the protocol refused the body (gateway/body_guard.py) and closed
+                self.refused = True
+                raise GatewayError(400, code, "request body refused", headers={"Connection": "close"})
+            return message
+        budget = self.guard.budget
+        if budget is not None:
+            n = len(message.get("body", b""))
+            if self.owner is None:
+                client = self.scope.get("client")
+                self.owner = owner_of(self.scope, str(client[0]) if client else "")
+            whole = self.complete and not self.held  # all of it in this part: taken and given back at once
+            if n and not (budget.fits(self.owner, n) if whole else budget.take(self.owner, n)):
+                self.refused = True
+                raise GatewayError(503, "body_budget_exhausted", "too many request bodies being received; retry later",
+                                   headers={"Retry-After": self.guard.retry_after, "Connection": "close"})
+            if whole:
+                return message
+            self.held += n
+            if self.complete:  # the app has the whole body: its parts are no longer in flight here
+                budget.give(self.owner, self.held)
+                self.held = 0
+        return message
+
+    async def start(self, message: Message) -> Message:
+        """``message`` (an ``http.response.start``) as it may be sent: the rest of an unread body is
+        drained first (:meth:`FramingGuard._drain`); one that cannot be gets ``Connection: close``."""
+        if self.complete or await self.guard._drain(self, self._receive, self.deadline):
+            return message
+        message = dict(message)
+        message["headers"] = _with_close(message.get("headers") or [])
+        return message
+
+    def release(self) -> None:
+        """Give back what the body budget holds for this request (idempotent)."""
+        if self.held and self.guard.budget is not None and self.owner is not None:
+            self.guard.budget.give(self.owner, self.held)
+            self.held = 0
+
 
 class FramingGuard:
     """ASGI middleware: refuse ambiguous framing, drain unread bodies before early answers.
@@ -168,6 +228,8 @@ class FramingGuard:
     reached the guard (use ``limits.body_read_timeout_s``); ``budget``: the
     process's :class:`gateway.body_budget.BodyBudget` (None: bodies read are
     not bounded beyond ``max_body_bytes`` each). Non-HTTP scopes pass through untouched.
+    :meth:`open` and :meth:`refuse` serve an app that sends through its own single ``send``
+    wrapper (gateway/inference_asgi.py) with the same rules.
     """
 
     def __init__(self, app: ASGIApp, *, max_drain_bytes: int, drain_timeout_s: float,
@@ -180,67 +242,42 @@ class FramingGuard:
         self.budget = budget
         self.retry_after = str(max(1, math.ceil(drain_timeout_s)))
 
+    def open(self, scope: Scope, receive: Receive) -> FramedRequest:
+        """The :class:`FramedRequest` of an ``http`` scope that reached the guard now. When its
+        :attr:`FramedRequest.problem` is not None, answer it with :meth:`refuse` and nothing else."""
+        framed = FramedRequest(self, scope, receive)
+        if framed.problem is None:
+            if framed.plain:
+                scope[PLAIN_LENGTH_KEY] = framed.declared
+            framed.deadline = asyncio.get_running_loop().time() + self.drain_timeout_s
+        return framed
+
+    @staticmethod
+    async def refuse(framed: FramedRequest, send: Send) -> None:
+        """Answer 400 ``invalid_framing`` (``Connection: close``) for a request whose framing is refused."""
+        err = GatewayError(400, "invalid_framing", framed.problem or "invalid framing", headers={"Connection": "close"})
+        await err.response()(framed.scope, framed._receive, send)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        body = _Body(scope.get("headers") or [], scope.get(WIRE_SCOPE_KEY))
-        if body.problem is not None:
-            err = GatewayError(400, "invalid_framing", body.problem, headers={"Connection": "close"})
-            await err.response()(scope, receive, send)
+        framed = self.open(scope, receive)
+        if framed.problem is not None:
+            await self.refuse(framed, send)
             return
-        if body.plain:
-            scope[PLAIN_LENGTH_KEY] = body.declared
-        deadline = asyncio.get_running_loop().time() + self.drain_timeout_s
-        budget = self.budget
-        client = scope.get("client")
-        source = str(client[0]) if client else ""
-
-        async def guarded_receive() -> Message:
-            body.receive_called = True
-            body.in_receive = True
-            try:
-                message = await receive()
-            finally:
-                body.in_receive = False
-            body.saw(message)
-            if message["type"] != "http.request":
-                code = scope.get(REFUSED_SCOPE_KEY)
-                if code is not None:  # the protocol refused the body (gateway/body_guard.py) and closed
-                    body.refused = True
-                    raise GatewayError(400, code, "request body refused", headers={"Connection": "close"})
-            elif budget is not None:
-                n = len(message.get("body", b""))
-                if body.owner is None:
-                    body.owner = owner_of(scope, source)
-                whole = body.complete and not body.held  # all of it in this part: taken and given back at once
-                if n and not (budget.fits(body.owner, n) if whole else budget.take(body.owner, n)):
-                    body.refused = True
-                    raise GatewayError(503, "body_budget_exhausted",
-                                       "too many request bodies being received; retry later",
-                                       headers={"Retry-After": self.retry_after, "Connection": "close"})
-                if whole:
-                    return message
-                body.held += n
-                if body.complete:  # the app has the whole body: its parts are no longer in flight here
-                    budget.give(body.owner, body.held)
-                    body.held = 0
-            return message
 
         async def guarded_send(message: Message) -> None:
-            if message["type"] == "http.response.start" and not body.complete:
-                if not await self._drain(body, receive, deadline):
-                    message = dict(message)
-                    message["headers"] = _with_close(message.get("headers") or [])
+            if message["type"] == "http.response.start" and not framed.complete:
+                message = await framed.start(message)
             await send(message)
 
         try:
-            await self.app(scope, guarded_receive, guarded_send)
+            await self.app(scope, framed.receive, guarded_send)
         finally:
-            if body.held and budget is not None and body.owner is not None:
-                budget.give(body.owner, body.held)
+            framed.release()
 
-    async def _drain(self, body: _Body, receive: Receive, deadline: float) -> bool:
+    async def _drain(self, body: FramedRequest, receive: Receive, deadline: float) -> bool:
         """Read and discard the rest of the body; True when all of it was read."""
         if body.in_receive or body.refused:  # another task reads / the body itself was refused: close
             return False

@@ -31,7 +31,7 @@ import asyncio
 
 from gateway.body_guard import refusal_bytes
 
-__all__ = ["HeadFields", "DEFAULT_MAX_HEADER_FIELDS", "refuse_too_many_fields", "rest_after_head"]
+__all__ = ["HeadFields", "DEFAULT_MAX_HEADER_FIELDS", "refuse_too_many_fields", "rest_after_head", "folded_head"]
 
 DEFAULT_MAX_HEADER_FIELDS = 100
 
@@ -109,3 +109,14 @@ def rest_after_head(tail: bytes, piece: bytes) -> int:
         return len(piece) - (i + 4 - len(tail))
     i = piece.find(b"\r\n\r\n")
     return len(piece) - (i + 4) if i >= 0 else 0
+
+
+def folded_head(data: bytes) -> bool:
+    """True when the request head at the start of ``data`` (up to its blank line, or all of ``data`` while
+    it has none) has a line starting with SP or HT: obsolete line folding (RFC 9112 section 5.2; leading
+    blank lines, which parsers skip, are not looked at)."""
+    data = data.lstrip(b"\r\n") if data[:1] in (b"\r", b"\n") else data
+    end = data.find(b"\n\r\n")
+    lf2 = data.find(b"\n\n", 0, end if end >= 0 else len(data))
+    head = data[:lf2 if lf2 >= 0 else end] if (lf2 >= 0 or end >= 0) else data
+    return b"\n " in head or b"\n\t" in head

@@ -106,11 +106,11 @@ class _HeadGuard(SourceCap):
         self.guard_wire = BodyWire()  # this connection's own (the class default is shared)
 
     # -- head state
-    def guard_head_done(self) -> None:
+    def guard_head_done(self) -> None:  # the fields scan is reset once, when the next head is expected
         self.guard_waiting = False
         self.guard_head_bytes = 0
-        self.guard_fields.reset()
-        self.guard_cancel_timer()
+        if self.guard_timer is not None:
+            self.guard_cancel_timer()
 
     def guard_head_expected(self, buffered: int = 0) -> None:
         self.guard_waiting = True
@@ -182,7 +182,11 @@ class _HeadGuard(SourceCap):
                                               not self.guard_response_in_progress())
             if self.guard_fields.refusal:  # R7-1/R7-3: never parsed (gateway/upgrade_guard.py)
                 return self.guard_refuse_head(self.guard_fields.refusal)  # type: ignore[attr-defined]
-            if 0 < (cut := self.guard_fields.end) < len(piece):  # the head alone; the rest goes round (R6b-1)
+            if 0 < (cut := self.guard_fields.end) < len(piece):
+                if piece is data and self.guard_fields.body and self.guard_parse_with_body(data, len(data) - cut):
+                    self.guard_head_tail = b""  # a head and its body's start: one parse (session 8)
+                    return
+                # the head alone; the rest goes round (R6b-1)
                 self.guard_head_bytes -= len(piece) - cut
                 end, piece = offset + cut, piece[:cut]
             tail, self.guard_head_tail = self.guard_head_tail, piece[-3:]
@@ -199,6 +203,11 @@ class _HeadGuard(SourceCap):
 
     def guard_parse(self, data: bytes) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def guard_parse_with_body(self, data: bytes, body_bytes: int) -> bool:
+        """Parse a whole head and the ``body_bytes`` after it, which it declares as body, in one parser
+        call; False: not done here (h11: the head goes alone first). Either way such bytes go unscanned."""
+        return False
 
     def guard_framing_check(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -239,6 +248,8 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard
     """uvicorn's httptools protocol with the request-head bounds of :class:`_HeadGuard`
     and the body framing bounds of :class:`gateway.body_guard.BodyGuard`."""
 
+    guard_head_wire = 0  # body bytes fed with the head, credited to its BodyWire when the head completes
+
     def guard_parse(self, data: bytes) -> None:
         if self.guard_waiting:
             HttpToolsProtocol.data_received(self, data)
@@ -247,6 +258,17 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard
         self.guard_wire.bytes += len(data)
         HttpToolsProtocol.data_received(self, data)
         self.guard_body_fed(progress, len(data))
+
+    def guard_parse_with_body(self, data: bytes, body_bytes: int) -> bool:
+        """A head and the start of its body in one ``feed_data`` (issue 14: one parser call per request
+        instead of two); the body's wire bytes go to the request's count as its head completes."""
+        progress = self.guard_progress
+        self.guard_head_wire = body_bytes
+        HttpToolsProtocol.data_received(self, data)
+        self.guard_head_wire = 0
+        if not self.transport.is_closing():
+            self.guard_body_fed(progress, body_bytes)
+        return True
 
     def guard_body_unfinished(self) -> bool:
         """True while a request body is being received (its head parsed, its end not yet)."""
@@ -261,6 +283,8 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard
         """httptools parser callback: the head is complete (then uvicorn's handling)."""
         self.guard_head_done()
         self.guard_body_reset()
+        if self.guard_head_wire:  # the body bytes parsed together with this head (guard_parse_with_body)
+            self.guard_wire.bytes, self.guard_head_wire = self.guard_head_wire, 0
         SEND_ORDER.stamp(self.scope)  # before uvicorn starts its task (gateway/send_order.py)
         self.scope[LOSS_KEY] = self.guard_loss
         self.scope[WIRE_SCOPE_KEY] = self.guard_wire

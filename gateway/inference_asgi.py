@@ -4,9 +4,13 @@
 the ASGI call to :meth:`gateway.pipeline.InferencePipeline.handle`: no
 Starlette router (route matching over every route), exception middlewares or
 endpoint wrappers per request. Every other request (any other path or
-method, the lifespan) goes to the Starlette app unchanged, which answers 404
-and 405 as before. The framing guard (gateway/framing.py) stays in front of
-both, and the head bounds (gateway/http_guard.py) stay in the server.
+method, the lifespan) goes to the framing guard (gateway/framing.py) in front
+of the Starlette app, which answers 404 and 405 as before. The inference
+routes apply the same framing guard themselves (:meth:`FramingGuard.open`:
+ambiguous framing refused first, the body counted against the body budget,
+an unread body drained before an early answer), so that an answer passes one
+``send`` wrapper here instead of one per layer (session 8). The head bounds
+(gateway/http_guard.py) stay in the server.
 
 A plain answer's end (tokens, lease, load ticket and breaker attempt given
 back, reservation settled) and every request's metrics run after its answer
@@ -19,6 +23,9 @@ answer that completed at the client is in the worker's pipe even if this
 process is SIGKILLed right after (issue 16; docs/audit.md, "What a SIGKILL
 can lose"). Nothing is awaited between the last send and the rest of the
 work, so the next request on this event loop finds it done.
+
+A plain answer (a Starlette ``Response`` whose class keeps ``Response.__call__``) is sent as its
+two ASGI messages directly, as ``Response.__call__`` would send them.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import Response
 
 from gateway.client_io import EndingStreamingResponse
 from gateway.exact_path import exact_path
+from gateway.framing import FramedRequest, FramingGuard
 from gateway.pipeline import InferencePipeline
 from gateway.recording import AFTER_SEND, Recorder
 from gateway.write_stall import StallBoundedSend, WriteStall, end_stalled
@@ -38,14 +47,16 @@ from gateway.write_stall import StallBoundedSend, WriteStall, end_stalled
 __all__ = ["INFERENCE_PATHS", "InferenceRoutes"]
 
 Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: path -> pipeline endpoint, served for POST only
 INFERENCE_PATHS: dict[str, str] = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 #: the same by the raw path as sent (R4-6: ``/v1/chat%2Fcompletions`` is not the chat route)
 _RAW_PATHS: dict[bytes, str] = {p.encode("ascii"): e for p, e in INFERENCE_PATHS.items()}
+_RESPONSE_CALL = Response.__call__
 
 log = logging.getLogger("prefixgate")
 
@@ -53,17 +64,20 @@ log = logging.getLogger("prefixgate")
 class InferenceRoutes:
     """ASGI app: the inference routes to ``pipeline``, everything else to ``app``.
 
-    ``app``: the Starlette app of every other route (and the lifespan);
-    ``pipeline``: serves the inference calls; ``recorder``: writes the
-    records deferred until the answer is sent (the recorder itself defers them). A request is served here when
-    its ``type`` is ``http``, its method ``POST``, its ``root_path`` empty and
-    its ``raw_path`` (the path as sent, not percent-decoded; ``path`` when the server
-    gives none) one of :data:`INFERENCE_PATHS` exactly (R4-6); every other request
-    reaches ``app`` with ``path`` set to the raw path (:func:`gateway.exact_path.exact_path`),
-    so Starlette's router matches it exactly too (trailing-slash redirects off).
+    ``app``: the :class:`gateway.framing.FramingGuard` in front of the Starlette app of every other
+    route (and the lifespan); its rules (and budget) guard the inference routes too. ``pipeline``:
+    serves the inference calls; ``recorder``: writes the records deferred until the answer is sent
+    (the recorder itself defers them). A request is served here when its ``type`` is ``http``, its
+    method ``POST``, its ``root_path`` empty and its ``raw_path`` (the path as sent, not
+    percent-decoded; ``path`` when the server gives none) one of :data:`INFERENCE_PATHS` exactly
+    (R4-6); every other request reaches ``app`` with ``path`` set to the raw path
+    (:func:`gateway.exact_path.exact_path`), so Starlette's router matches it exactly too
+    (trailing-slash redirects off). Raises :class:`TypeError` when ``app`` is not a FramingGuard.
     """
 
-    def __init__(self, app: ASGIApp, pipeline: InferencePipeline, recorder: Recorder) -> None:
+    def __init__(self, app: FramingGuard, pipeline: InferencePipeline, recorder: Recorder) -> None:
+        if not isinstance(app, FramingGuard):
+            raise TypeError("InferenceRoutes needs the FramingGuard of the other routes as its app")
         self.app = app
         self.pipeline = pipeline
         self.recorder = recorder
@@ -74,20 +88,31 @@ class InferenceRoutes:
                 raw = scope.get("raw_path")
                 endpoint = INFERENCE_PATHS.get(scope["path"]) if raw is None else _RAW_PATHS.get(raw)
                 if endpoint is not None:
-                    await self._serve(scope, receive, send, endpoint)
+                    framed = self.app.open(scope, receive)
+                    if framed.problem is not None:
+                        await self.app.refuse(framed, send)
+                        return
+                    try:
+                        await self._serve(framed, send, endpoint)
+                    finally:
+                        framed.release()
                     return
             exact_path(scope)  # the other routes are matched on the raw path too (R4-6)
         await self.app(scope, receive, send)
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:
+    async def _serve(self, framed: FramedRequest, send: Send, endpoint: str) -> None:
         pending: list[Callable[[], None]] = []
         ran = 0
         recorder = self.recorder
 
-        async def send_after_audit(message: MutableMapping[str, Any]) -> None:
-            # the last body part leaves only once the deferred ends ran and their events are in the pipe
+        async def send_one(message: Message) -> None:
+            # the framing guard's check before the answer starts; the last body part leaves only once
+            # the deferred ends ran and their events are in the pipe
             nonlocal ran
-            if message["type"] == "http.response.body" and not message.get("more_body"):
+            if message["type"] == "http.response.start":
+                if not framed.complete:
+                    message = await framed.start(message)
+            elif not message.get("more_body"):
                 ran = _run(pending, ran, len(pending))
                 try:
                     recorder.hand_off()
@@ -95,19 +120,24 @@ class InferenceRoutes:
                     log.exception("handing audit events to the worker failed")
             await send(message)
 
+        scope, receive = framed.scope, framed.receive
         token = AFTER_SEND.set(pending)
         try:
             response = await self.pipeline.handle(Request(scope, receive, send), endpoint)  # type: ignore[arg-type]
             if isinstance(response, EndingStreamingResponse):  # a client that stops or barely reads ends it (N-3, R6b-3)
-                bounded = StallBoundedSend.for_limits(send_after_audit, self.pipeline.cfg.limits)
+                bounded = StallBoundedSend.for_limits(send_one, self.pipeline.cfg.limits)
                 try:
                     await response(scope, receive, bounded)
                 except WriteStall:
                     await end_stalled(scope)
                 finally:
                     bounded.close()
+            elif type(response).__call__ is _RESPONSE_CALL and response.background is None:
+                await send_one({"type": "http.response.start", "status": response.status_code,
+                                "headers": response.raw_headers})
+                await send_one({"type": "http.response.body", "body": response.body})
             else:
-                await response(scope, receive, send_after_audit)
+                await response(scope, receive, send_one)
         finally:
             AFTER_SEND.reset(token)
             # however the call ended: every end and record runs, in order (work appended while

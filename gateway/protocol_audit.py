@@ -23,13 +23,14 @@ and code, the peer address; never any byte of the request), at a bounded rate:
 * the events are ``rejected`` refusals, which the audit's flood aggregation (audit/summary.py)
   passes individually only ``first_n`` times per source and window and then sums up.
 
-Wiring: :func:`attach` puts a :class:`ProtocolRefusals` on the ASGI app object handed to uvicorn
-(the protocol reads it as ``self.app``: uvicorn's ``config.loaded_app``); :class:`RefusalAudit`,
-first base of the guarded protocol classes, wraps the guard's refusal methods and uvicorn's
-``send_400_response``; :func:`refused` is the call for the one refusal made inline (too many
-header fields); :func:`head_refusal_hook` is the hook for the heads gateway/upgrade_guard.py refuses
-(``Upgrade`` field, ``#`` in the target). Cost: one method frame per accepted connection (``guard_admit_source``), nothing
-per request or byte.
+Wiring, one way: :func:`attach` puts a :class:`ProtocolRefusals` on the ASGI app object handed to
+uvicorn (the protocol reads it as ``self.app``: uvicorn's ``config.loaded_app``), and every refusal
+of the guard is audited with :func:`refused` on the protocol: :class:`RefusalAudit`, a base of the
+guarded protocol classes, wraps the guard's refusal methods and uvicorn's ``send_400_response``;
+the refusals made inline (too many header fields, gateway/http_guard.py; the heads
+gateway/upgrade_guard.py refuses: ``Upgrade`` field, ``#`` in the target) call :func:`refused`
+themselves. Cost: one method frame per accepted connection (``guard_admit_source``), nothing per
+request or byte.
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ from cachetools import LRUCache
 from gateway.record import RequestRecord, refusal_record
 from tenancy.limits import TokenBucket
 
-__all__ = ["ProtocolRefusals", "RefusalAudit", "attach", "attach_refusal_audit", "refused", "head_refusal_hook", "ENDPOINT", "REPORT_EVERY_S"]
+__all__ = ["ProtocolRefusals", "RefusalAudit", "attach", "attach_refusal_audit", "refusals_of", "refused", "ENDPOINT",
+           "REPORT_EVERY_S"]
 
 #: the audit event's endpoint for refusals made before any route
 ENDPOINT = "http_guard"  # as the R7-1 upgrade refusals (branch s7-fix, gateway/upgrade_guard.py)
@@ -153,22 +155,15 @@ def attach_refusal_audit(c: Any, app: Any) -> Any:
     return attach(app, ProtocolRefusals(c.audit.record_request, c.config.limits.protocol_refusal_audits_per_s))
 
 
-def head_refusal_hook(app: Any) -> Callable[[str, Any], None]:
-    """The ``on_head_refusal(code, client)`` hook of gateway/server.py for the listener serving ``app``
-    (which :func:`attach_refusal_audit` prepared): each head the guard refuses for an ``Upgrade`` field
-    or a fragment in its target (gateway/upgrade_guard.py, R7-1/R7-3) is audited as 400 ``code``
-    through the same rate bound as the other refusals here. Raises ValueError when ``app`` has no
-    :class:`ProtocolRefusals` attached."""
-    refusals = getattr(app, _ATTR, None)
-    if refusals is None:
-        raise ValueError("the app has no ProtocolRefusals attached (attach_refusal_audit)")
-    return lambda code, client: refusals.note(client, 400, code)
+def refusals_of(app: Any) -> ProtocolRefusals | None:
+    """The :class:`ProtocolRefusals` attached to ``app`` (:func:`attach`), or None."""
+    return getattr(app, _ATTR, None)
 
 
 def refused(protocol: Any, status: int, code: str) -> None:
     """The guard refused a request on ``protocol`` (a uvicorn HTTP protocol: ``app``, ``client``)
     with ``status`` / ``code``: audit it when its app has :class:`ProtocolRefusals` attached."""
-    refusals = getattr(getattr(protocol, "app", None), _ATTR, None)
+    refusals = refusals_of(getattr(protocol, "app", None))
     if refusals is not None:
         refusals.note(getattr(protocol, "client", None), status, code)
 

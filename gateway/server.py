@@ -35,8 +35,6 @@ from gateway.config import GatewayConfig, LimitsConfig
 from gateway.http_guard import guarded_protocol
 from gateway.lingering import lingering_cap
 from gateway.log_aggregate import install as install_log_aggregation
-from gateway.protocol_audit import head_refusal_hook
-from gateway.upgrade_guard import RefusalHook
 
 __all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener", "bind_listeners", "ListenerUnavailable",
            "run_serving", "DEFAULT_HTTP_PARSER", "log_start_warnings"]
@@ -84,7 +82,7 @@ class GatewayServer(uvicorn.Server):
 
 
 def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | None = None,
-                   max_connections_per_source: int | None = None, on_head_refusal: RefusalHook | None = None,
+                   max_connections_per_source: int | None = None,
                    client_send_buffer_bytes: int | None = None, **kw: object) -> uvicorn.Config:
     """uvicorn settings shared by both listeners (no proxy headers, no server header).
 
@@ -104,8 +102,8 @@ def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | 
     ``limits.max_connections`` becomes uvicorn's ``limit_concurrency``;
     ``limits.max_body_chunks`` bounds chunked bodies (gateway/body_guard.py);
     ``limits.max_header_fields`` the header fields of a head (gateway/head_fields.py);
-    ``on_head_refusal(code, client)`` is called for each head refused for an ``Upgrade`` field or a
-    fragment in its target (gateway/protocol_audit.py: :func:`head_refusal_hook` audits them);
+    the guard's refusals are audited through the :class:`gateway.protocol_audit.ProtocolRefusals`
+    attached to ``app`` (gateway/app.py; none attached: not audited);
     ``client_send_buffer_bytes`` (``server.client_send_buffer_bytes``; None: kernel default) is each
     accepted socket's SO_SNDBUF (gateway/send_buffer.py).
     uvicorn's per-request warning lines are aggregated per window
@@ -121,7 +119,6 @@ def uvicorn_config(app: object, host: str, port: int, *, limits: LimitsConfig | 
                                   lingering_close_bytes=lingering_cap(limits.lingering_close_bytes, limits.max_body_bytes),
                                   lingering_close_s=limits.lingering_close_s,
                                   max_header_fields=limits.max_header_fields)
-        parser.guard_on_refusal = staticmethod(on_head_refusal) if on_head_refusal else None  # type: ignore[attr-defined]
         parser.guard_client_send_buffer_bytes = client_send_buffer_bytes  # type: ignore[attr-defined]
     kw["http"] = parser
     kw.setdefault("h11_max_incomplete_event_size", limits.max_header_bytes)
@@ -269,18 +266,15 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
             announcing.append(asyncio.ensure_future(announce_ready(c)))
 
     http, per_source = cfg.server.http_parser, cfg.server.max_connections_per_source
-    public_app = build_public_app(c, manage_lifecycle=False)  # heads refused by the guard (R7-1, R7-3):
-    servers = [GatewayServer(uvicorn_config(public_app,  # audited at the protocol-refusal rate bound
+    # both apps carry their listener's protocol-refusal audit (gateway/protocol_audit.py)
+    servers = [GatewayServer(uvicorn_config(build_public_app(c, manage_lifecycle=False),
                                             cfg.listen.host, cfg.listen.port, http=http,
                                             limits=cfg.limits, max_connections_per_source=per_source,
-                                            on_head_refusal=head_refusal_hook(public_app),
                                             client_send_buffer_bytes=cfg.server.client_send_buffer_bytes),
                              "public", started)]
     if cfg.admin is not None:
-        admin_app = build_admin_app(c)
-        servers.append(GatewayServer(uvicorn_config(admin_app, cfg.admin.host, cfg.admin.port, http=http,
+        servers.append(GatewayServer(uvicorn_config(build_admin_app(c), cfg.admin.host, cfg.admin.port, http=http,
                                                     limits=cfg.limits, max_connections_per_source=per_source,
-                                                    on_head_refusal=head_refusal_hook(admin_app),
                                                     client_send_buffer_bytes=cfg.server.client_send_buffer_bytes),
                                      "admin", started))
     loop = asyncio.get_running_loop()

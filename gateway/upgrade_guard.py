@@ -18,16 +18,16 @@ refused, under both parsers and on both listeners:
   bounded by ``limits.lingering_close_bytes`` / ``lingering_close_s``), so the body, and any request
   in it, is never parsed;
 - the refusal is audited (``endpoint`` ``http_guard``, status 400, outcome ``rejected``, the error
-  code, the socket peer as ``client_addr``; no identity: nothing was authenticated) through
-  :func:`gateway.protocol_audit.head_refusal_hook` (the rate bound of the other guard refusals),
-  installed by gateway/server.py;
+  code, the socket peer as ``client_addr``; no identity: nothing was authenticated) by the guard
+  itself through :func:`gateway.protocol_audit.refused` (the rate bound of the other guard refusals);
 - backstop for a head the scan did not see (one pipelined in the same read behind a request body,
   which the guard hands to the parser with the body; under h11 also behind a bodiless request, which
   h11 parses from its own buffer once the previous response is complete): under httptools a head the
   parser reports as an upgrade (``parser.should_upgrade()``, CONNECT aside) is refused in
   ``on_headers_complete`` before uvicorn starts a task for it, and the parser is stopped; under h11 a
-  ``Request`` event with an ``upgrade`` field is refused in ``next_event`` (:class:`UpgradeH11Connection`)
-  before uvicorn sees it. When a response is still in progress, what the client sends after the
+  ``Request`` event with an ``upgrade`` field is refused by :meth:`UpgradeGuard.guard_h11_request`,
+  which the protocol's one h11 connection wrapper (gateway/body_guard.py ``GuardedH11Connection``)
+  calls before uvicorn sees the event. When a response is still in progress, what the client sends after the
   refused head is dropped unparsed, that response completes, then the 400 is sent and the
   connection closes (both parsers; R7b-2: httptools closed at once, losing the answer in progress).
 
@@ -44,24 +44,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable
-from typing import Any
 
 import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.body_guard import BodyRefused, refusal_bytes
-from gateway.head_fields import HeadFields
+from gateway.head_fields import HeadFields, folded_head
+from gateway.protocol_audit import refused
 
-__all__ = ["HeadScan", "ScannedHeadFields", "UpgradeGuard", "UpgradeH11Connection", "UPGRADE_CODE",
-           "TARGET_CODE", "GUARD_ENDPOINT"]
+__all__ = ["HeadScan", "ScannedHeadFields", "whole_head_is_plain", "UpgradeGuard", "UPGRADE_CODE", "TARGET_CODE",
+           "INVALID_CODE", "GUARD_ENDPOINT"]
 
 UPGRADE_CODE = "upgrade_not_supported"
 TARGET_CODE = "invalid_request_target"
+#: a head the parser refuses behind a response in progress, and a folded head line under h11 (httptools
+#: refuses folds itself: uvicorn's 400, audited ``invalid_request`` too)
+INVALID_CODE = "invalid_request"
 #: ``endpoint`` of the audit event of a head refused by the HTTP guard
 GUARD_ENDPOINT = "http_guard"
 _MESSAGES = {UPGRADE_CODE: "protocol upgrades (Upgrade header) are not supported",
-             TARGET_CODE: "a request-target must not contain a fragment ('#')"}
+             TARGET_CODE: "a request-target must not contain a fragment ('#')",
+             INVALID_CODE: "invalid HTTP request (e.g. obsolete line folding in its head)"}
 
 #: an ``Upgrade`` field line (lower-cased): its name at a line start (the scan keeps a virtual ``\n`` before a head)
 _FIELD = re.compile(rb"\nupgrade[ \t]*:")
@@ -143,15 +145,35 @@ class HeadScan:
         return False
 
 
+def whole_head_is_plain(head: bytes) -> tuple[bool, bool]:
+    """For a complete head (``head``: its bytes from the request line's first byte, not a CR or LF,
+    to its blank line): ``(plain, body)``. ``plain``: no ``#`` in its request line and no line
+    starting with ``upgrade`` (any case), so :class:`HeadScan` finds nothing to refuse (when it is
+    False, run the scan). ``body``: the head has exactly one ``Content-Length`` field, written
+    ``content-length:`` (any case) at a line start, whose value is digits and not 0, and no
+    ``Transfer-Encoding``: a body follows the head for both parsers (session 8)."""
+    low = head.lower()
+    if head.find(b"#", 0, head.find(b"\n")) >= 0 or b"\nupgrade" in low or low.startswith(b"upgrade"):
+        return False, False
+    i = low.find(b"\ncontent-length:")
+    if i < 0 or b"transfer-encoding" in low or low.find(b"\ncontent-length:", i + 16) >= 0:
+        return True, False
+    value = low[i + 16:low.find(b"\n", i + 16)].strip()
+    return True, value.isdigit() and value.strip(b"0") != b""
+
+
 class ScannedHeadFields(HeadFields):
     """:class:`gateway.head_fields.HeadFields` that also runs a :class:`HeadScan` over the head's
-    bytes; after :meth:`feed`, :attr:`refusal` is the code to refuse the head with, or None."""
+    bytes; after :meth:`feed`, :attr:`refusal` is the code to refuse the head with, or None, and
+    :attr:`body` is True when the head, complete in that one piece, declares a body
+    (:func:`whole_head_is_plain`; False when not known)."""
 
-    __slots__ = ("scan", "refusal")
+    __slots__ = ("scan", "refusal", "body")
 
     def __init__(self, max_fields: int) -> None:
         self.scan = HeadScan()
         self.refusal: str | None = None
+        self.body = False
         super().__init__(max_fields)
 
     def reset(self) -> None:
@@ -159,28 +181,31 @@ class ScannedHeadFields(HeadFields):
         super().reset()
         self.scan.reset()
         self.refusal = None
+        self.body = False
 
     def feed(self, data: bytes) -> bool:
         """:meth:`HeadFields.feed`, and the scan over the part of ``data`` that belongs to the head."""
         if self.ended:
             return True
+        fresh = not self.started
         ok = super().feed(data)
+        end = self.end
         if self.refusal is None:
-            self.refusal = self.scan.feed(data if self.end < 0 else data[:self.end])
+            if fresh and end > 0 and data[0] not in b"\r\n":  # the usual head: whole in one read (issue 14)
+                plain, self.body = whole_head_is_plain(data[:end])
+                if plain:
+                    return ok
+            self.refusal = self.scan.feed(data if end < 0 else data[:end])
         return ok
-
-
-RefusalHook = Callable[[str, Any], None]
 
 
 class UpgradeGuard:
     """Mixin over the guarded uvicorn protocols of gateway/http_guard.py (first in their bases).
 
-    ``guard_on_refusal``: called as ``hook(code, client)`` (``client``: uvicorn's ``(host, port)``
-    or None) for each head refused here; set per listener by gateway/server.py (a ``staticmethod``).
+    Each head refused here is audited as 400 with its code (:func:`gateway.protocol_audit.refused`:
+    the listener's :class:`gateway.protocol_audit.ProtocolRefusals`, when its app has one attached).
     """
 
-    guard_on_refusal: RefusalHook | None = None
     guard_head_refused: bool = False
     guard_deferred: str | None = None  # a refusal to answer once the response in progress is complete
 
@@ -192,9 +217,7 @@ class UpgradeGuard:
         transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
         if transport is None or transport.is_closing() or self.guard_deferred is not None:
             return
-        hook = self.guard_on_refusal
-        if hook is not None:
-            hook(code, self.client)  # type: ignore[attr-defined]
+        refused(self, 400, code)
         self.guard_head_refused = True  # the close lingers: what follows is discarded unparsed
         if self.guard_response_in_progress():  # type: ignore[attr-defined]
             if defer:
@@ -221,54 +244,56 @@ class UpgradeGuard:
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's 400 after a parser stop: nothing after a refused head (answered, or deferred
-        behind the response in progress, R7b-2): neither sent nor audited."""
-        if not self.guard_head_refused:
-            super().send_400_response(msg)  # type: ignore[misc]
+        behind the response in progress, R7b-2): neither sent nor audited. A next head the parser refuses
+        while a response is in progress (pipelined) is refused as :data:`INVALID_CODE` after that
+        response (session 8: uvicorn's 400 went out at once and the answer in progress was lost)."""
+        if self.guard_head_refused:
+            return
+        # a next head (not the body of the request being answered: that one's 400 goes out at once, as before)
+        if self.guard_waiting and self.guard_response_in_progress():  # type: ignore[attr-defined]
+            self.guard_refuse_head(INVALID_CODE)
+            return
+        super().send_400_response(msg)  # type: ignore[misc]
 
     def guard_body_unfinished(self) -> bool:
         """True after a refused head (its body may follow: close lingering), else the parser's answer."""
         return self.guard_head_refused or super().guard_body_unfinished()  # type: ignore[misc]
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        """h11: refuse upgrade heads that reach h11 unscanned (:class:`UpgradeH11Connection`)."""
-        super().connection_made(transport)  # type: ignore[misc]
-        if isinstance(self, H11Protocol) and not isinstance(self.conn, UpgradeH11Connection):
-            self.conn = UpgradeH11Connection(self.conn, self)  # type: ignore[assignment]
+    def guard_h11_request(self, event: h11.Request) -> bool:
+        """h11: a request head was parsed (its ``Request`` event, before uvicorn sees it); False when it is
+        refused here (an ``Upgrade`` field or a ``#`` in the target the scan did not see: a head h11 parsed
+        from its own buffer)."""
+        if any(name == b"upgrade" for name, _ in event.headers):
+            self.guard_refuse_head(UPGRADE_CODE)
+            return False
+        if b"#" in event.target:  # session 8: a pipelined head's fragment, as the first head's (R7-3)
+            self.guard_refuse_head(TARGET_CODE)
+            return False
+        return super().guard_h11_request(event)  # type: ignore[misc, no-any-return]
+
+    def guard_h11_head_bytes(self, pending: bytes) -> bool:
+        """h11: ``pending`` (bytes h11 holds, not yet parsed) starts the next head; False when it is refused
+        here: obsolete line folding (a head line starting with SP or HT, RFC 9112 section 5.2), which h11
+        would join into the field before and httptools refuses (R7b-5: both parsers now answer 400)."""
+        if folded_head(pending):
+            self.guard_refuse_head(INVALID_CODE)
+            return False
+        return True
 
     def on_headers_complete(self) -> None:
-        """httptools: a head the scan did not see (pipelined behind a body) that asks for an upgrade."""
+        """httptools: a head the scan did not see (pipelined behind a body) that asks for an upgrade or
+        has a ``#`` in its target (uvicorn's ``url``, as sent)."""
         parser = getattr(self, "parser", None)  # CONNECT (also flagged) keeps uvicorn's own 400 for its target
+        code = None
         if parser is not None and parser.should_upgrade() and parser.get_method() != b"CONNECT":
+            code = UPGRADE_CODE
+        elif b"#" in getattr(self, "url", b""):  # session 8: as the first head's (R7-3)
+            code = TARGET_CODE
+        if code is not None:
             # R7b-2: the parser stops here (nothing after this head is parsed); with a response in
             # progress the refusal is deferred: that response completes, then the 400 and the close
-            self.guard_refuse_head(UPGRADE_CODE)
+            self.guard_refuse_head(code)
             self.logger = logging.getLogger("gateway.body_guard.quiet")  # silenced by gateway/body_guard.py
             raise BodyRefused()
         super().on_headers_complete()  # type: ignore[misc]
 
-
-class UpgradeH11Connection:
-    """Wraps a uvicorn h11 protocol's connection: a ``Request`` event carrying an ``upgrade`` field
-    is refused (:meth:`UpgradeGuard.guard_refuse_head`) and ``h11.NEED_DATA`` returned from then on,
-    so uvicorn never starts it. Every other attribute is the wrapped connection's."""
-
-    __slots__ = ("_conn", "_protocol", "_refused")
-
-    def __init__(self, conn: Any, protocol: UpgradeGuard) -> None:
-        self._conn = conn
-        self._protocol = protocol
-        self._refused = False
-
-    def next_event(self) -> Any:
-        """h11's next event, or ``h11.NEED_DATA`` once an upgrade head was refused."""
-        if self._refused:
-            return h11.NEED_DATA
-        event = self._conn.next_event()
-        if type(event) is h11.Request and any(name == b"upgrade" for name, _ in event.headers):
-            self._refused = True
-            self._protocol.guard_refuse_head(UPGRADE_CODE)
-            return h11.NEED_DATA
-        return event
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)

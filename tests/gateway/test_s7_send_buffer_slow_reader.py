@@ -6,16 +6,13 @@ the stream completed as 200 with every token "relayed" to a client that got none
 
 from __future__ import annotations
 
-import asyncio
-import json
-import socket
 from typing import Any
 
 import pytest
 
 from gateway.app import build_public_app
 from gateway.server import uvicorn_config
-from tests.gateway.test_s7_slow_reader import FAST_REPLICA, MAX_TOKENS, SLOW, _request_id
+from tests.gateway.test_s7_slow_reader import FAST_REPLICA, MAX_TOKENS, SLOW, _request_id, ask_for_stream
 from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
 from tests.support.listeners import serving
 from tests.support.waiting import wait_for
@@ -32,24 +29,8 @@ async def test_a_client_reading_nothing_is_ended_under_a_bounded_send_buffer(sta
     async with serving() as serve:
         host, port = await serve(uvicorn_config(build_public_app(c, manage_lifecycle=False), "127.0.0.1", 0,
                                                 limits=c.config.limits, client_send_buffer_bytes=16384))
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
-        loop = asyncio.get_running_loop()
+        sock, head = await ask_for_stream(host, port, stack.auth()["Authorization"])
         try:
-            await loop.sock_connect(sock, (host, port))
-            body = json.dumps({"model": "sim-model", "prompt": "tell me everything", "max_tokens": MAX_TOKENS,
-                               "stream": True}).encode()
-            await loop.sock_sendall(sock, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                                    b"Content-Type: application/json\r\n"
-                                    + f"Authorization: {stack.auth()['Authorization']}\r\n".encode()
-                                    + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-            head = b""
-            async with asyncio.timeout(20):
-                while b"\r\n\r\n" not in head:
-                    part = await loop.sock_recv(sock, 1)
-                    assert part, "closed before the answer's head"
-                    head += part
             rid = _request_id(head)
             # the client now reads nothing at all
             events = await wait_for(lambda: [e for e in audit_log.events if getattr(e, "request_id", None) == rid],

@@ -44,27 +44,37 @@ SLOW_REPLICA = ReplicaConfig(time_scale=100.0, decode_s_per_token=0.4, stream_ch
 FAST_REPLICA = ReplicaConfig(time_scale=100.0, decode_s_per_token=0.02, stream_chunk_tokens=1)
 
 
-async def _open_stream(stack: Any) -> tuple[socket.socket, bytes]:
-    """A raw client socket (4 KiB receive buffer; the gateway's send buffer 4 KiB too) that asked
-    for a long stream; returns it and the answer head it read."""
-    host, port = stack.url.removeprefix("http://").split(":")
-    stack.servers[0].servers[0].sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+async def ask_for_stream(host: str, port: int, authorization: str) -> tuple[socket.socket, bytes]:
+    """A raw non-blocking client socket (4 KiB receive buffer) connected to ``host:port`` that asked
+    for a ``MAX_TOKENS`` stream; returns it and the answer head it read (byte by byte, 20 s at most)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, (host, int(port)))
-    body = json.dumps({"model": "sim-model", "prompt": "tell me everything", "max_tokens": MAX_TOKENS,
-                       "stream": True}).encode()
-    await loop.sock_sendall(sock, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                            + f"Authorization: {stack.auth()['Authorization']}\r\n".encode()
-                            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    head = b""
-    async with asyncio.timeout(20):
-        while b"\r\n\r\n" not in head:
-            part = await loop.sock_recv(sock, 1)
-            assert part, "closed before the answer's head"
-            head += part
+    try:
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(sock, (host, port))
+        body = json.dumps({"model": "sim-model", "prompt": "tell me everything", "max_tokens": MAX_TOKENS,
+                           "stream": True}).encode()
+        await loop.sock_sendall(sock, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                + f"Authorization: {authorization}\r\n".encode()
+                                + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        head = b""
+        async with asyncio.timeout(20):
+            while b"\r\n\r\n" not in head:
+                part = await loop.sock_recv(sock, 1)
+                assert part, "closed before the answer's head"
+                head += part
+    except BaseException:
+        sock.close()  # the caller gets no socket to close
+        raise
+    return sock, head
+
+
+async def _open_stream(stack: Any) -> tuple[socket.socket, bytes]:
+    """:func:`ask_for_stream` at the stack's listener, whose send buffer is 4 KiB too; the answer is 200."""
+    host, port = stack.url.removeprefix("http://").split(":")
+    stack.servers[0].servers[0].sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    sock, head = await ask_for_stream(host, int(port), stack.auth()["Authorization"])
     assert head.startswith(b"HTTP/1.1 200"), head
     return sock, head
 

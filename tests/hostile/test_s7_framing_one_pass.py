@@ -1,5 +1,5 @@
 """Session 7, issue 14: the framing guard reads a request's framing fields in one pass over its head
-(:class:`gateway.framing._Body`) with the same verdict as :func:`gateway.framing.framing_problem`
+(:class:`gateway.framing.FramedRequest`) with the same verdict as :func:`gateway.framing.framing_problem`
 and the same declared length as before, for any mix of Content-Length / Transfer-Encoding / Expect fields."""
 
 from __future__ import annotations
@@ -7,7 +7,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.framing import _Body, framing_problem
+from gateway.framing import FramedRequest, FramingGuard, framing_problem
+
+
+def _Body(headers: list[tuple[bytes, bytes]], wire: None) -> FramedRequest:
+    """The framing guard's view of a request with ``headers``."""
+    return FramedRequest(FramingGuard(None, max_drain_bytes=0, drain_timeout_s=1), {"headers": headers}, None)  # type: ignore[arg-type]
 
 _values = st.one_of(st.sampled_from([b"0", b"12", b"012", b" 12 ", b"12, 12", b"12,13", b"", b"-1", b"1_2",
                                      b"\xd9\xa1", b"chunked", b"Chunked", b"gzip, chunked", b"chunked, chunked",

@@ -23,7 +23,7 @@ import pytest
 
 from gateway.app import build_admin_app, build_public_app
 from gateway.server import uvicorn_config
-from gateway.protocol_audit import head_refusal_hook
+from gateway.protocol_audit import attach, refusals_of
 from gateway.upgrade_guard import TARGET_CODE, UPGRADE_CODE, HeadScan
 from tests.hostile.test_i10_header_limits import (  # noqa: F401 - config_overrides: fixture
     LISTENERS, PARSERS, Listener, _parse_responses, _recording, close, config_overrides, read_one_response,
@@ -46,8 +46,8 @@ async def start(stack: Any) -> AsyncIterator[Callable[..., Awaitable[Listener]]]
         async def _start(parser: str, which: str) -> Listener:
             reached: list[str] = []
             app = build_public_app(c, manage_lifecycle=False) if which == "public" else build_admin_app(c)
-            addr = await serve(uvicorn_config(_recording(app, reached), "127.0.0.1", 0, http=parser,
-                                              limits=c.config.limits, on_head_refusal=head_refusal_hook(app)))
+            audited = attach(_recording(app, reached), refusals_of(app))  # the app's refusal audit, kept
+            addr = await serve(uvicorn_config(audited, "127.0.0.1", 0, http=parser, limits=c.config.limits))
             return Listener(addr, INNER[which][1], reached)
 
         yield _start

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from gateway.protocol_audit import ProtocolRefusals, head_refusal_hook, attach
+from gateway.protocol_audit import ProtocolRefusals, attach, refused
 
 
 class Clock:
@@ -39,17 +39,23 @@ def test_noisy_source_is_bounded_individually():
     assert pr.suppressed == 400 - len(recs)
 
 
-def test_head_refusal_hook_counts_per_source():
+def test_guard_refusals_count_per_source():
+    """The guard's refusals (gateway/upgrade_guard.py calls ``refused`` on its protocol) go through the
+    ProtocolRefusals attached to the protocol's app: a flood from one source hides no other source's."""
     pr, recs, clock = _make()
 
     class App:
         pass
 
-    hook = head_refusal_hook(attach(App(), pr))
+    class Protocol:
+        def __init__(self, client: tuple[str, int]) -> None:
+            self.app, self.client = attach(App(), pr), client
+
+    noisy = Protocol(("10.0.0.1", 1))
     for _ in range(300):
-        hook("invalid_request", ("10.0.0.1", 1))
-    hook("upgrade_not_supported", ("10.0.0.9", 1))
-    assert any(r.client_addr == "10.0.0.9" for r in recs)
+        refused(noisy, 400, "invalid_request")
+    refused(Protocol(("10.0.0.9", 1)), 400, "upgrade_not_supported")
+    assert any(r.client_addr == "10.0.0.9" and r.error_code == "upgrade_not_supported" for r in recs)
 
 
 def test_warning_names_top_sources():
