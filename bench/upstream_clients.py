@@ -15,6 +15,17 @@ it needs ``uvloop``, ``httptools`` and ``click``, and this tree on
 ``PYTHONPATH``, which this script sets). A client whose library is missing
 is reported as such. Session 6 figures: docs/architecture.md, "Upstream
 client"; docs/benchmarks.md, "Session 6: upstream client".
+
+Session 8: client ``gateway`` is the gateway's own upstream half as the
+pipeline runs it (``open_upstream`` inside ``unless_client_leaves``, then
+``plain_response``: first-byte budget, answer checked as a JSON object,
+usage read, the client's ``Response`` built; the breaker verdict a no-op
+stub); ``prefixgate`` is the pool alone (the passthrough's upstream call),
+``bare`` the floor. ``--baseline DIR`` runs each client from this tree and
+from ``DIR`` (e.g. ``git archive main | tar -x -C DIR``), alternating for
+``--ab-rounds`` rounds (one process per round and tree; this script, that
+tree's packages), and reports the median CPU per tree and the median
+per-round difference (``--name``: ``bench/results/upstream_clients-NAME.{json,md}``).
 """
 
 from __future__ import annotations
@@ -281,6 +292,7 @@ def run_ab(clients: Sequence[str], baseline: Path, python: str, ab_rounds: int, 
     Written to ``bench/results/upstream_clients-<name>.{json,md}`` when ``name`` is given."""
     trees = {"this": REPO, "baseline": baseline}
     per: dict[str, dict[str, list[float]]] = {c: {"this": [], "baseline": []} for c in clients}
+    walls: dict[str, dict[str, list[float]]] = {c: {"this": [], "baseline": []} for c in clients}
 
     def work(port: str) -> None:
         for r in range(ab_rounds):
@@ -290,6 +302,7 @@ def run_ab(clients: Sequence[str], baseline: Path, python: str, ab_rounds: int, 
                     if "error" in res:
                         raise RuntimeError(f"{c} ({t}): {res['error']}")
                     per[c][t].append(res["cpu_us"])
+                    walls[c][t].append(res["wall_us"])
             print(json.dumps({"round": r, **{c: {t: v[-1] for t, v in per[c].items()} for c in clients}}), flush=True)
 
     _with_server(python, pin, work)
@@ -299,6 +312,8 @@ def run_ab(clients: Sequence[str], baseline: Path, python: str, ab_rounds: int, 
         diffs = [x - y for x, y in zip(a, b)]
         summary[c] = {"this_median": round(statistics.median(a), 1), "baseline_median": round(statistics.median(b), 1),
                       "diff_median": round(statistics.median(diffs), 1), "lower_rounds": sum(d < 0 for d in diffs),
+                      "this_wall_median": round(statistics.median(walls[c]["this"]), 1),
+                      "baseline_wall_median": round(statistics.median(walls[c]["baseline"]), 1),
                       "this": a, "baseline": b}
     doc = {"baseline": str(baseline), "ab_rounds": ab_rounds, "rounds": rounds, "requests": requests,
            "load_1min": os.getloadavg()[0], "clients": summary}
@@ -309,11 +324,12 @@ def run_ab(clients: Sequence[str], baseline: Path, python: str, ab_rounds: int, 
                  f"{ab_rounds} alternating rounds; per round and tree one process, best of {rounds} x {requests} "
                  f"sequential requests, client CPU µs/request (user + system); load (1 min) at the end "
                  f"{doc['load_1min']:.1f}.", "",
-                 "| client | this (median) | baseline (median) | median per-round difference | rounds lower |",
-                 "|---|---:|---:|---:|---:|"]
+                 "| client | this (median) | baseline (median) | median per-round difference | rounds lower | "
+                 "wall µs this / baseline (median of bests) |",
+                 "|---|---:|---:|---:|---:|---:|"]
         for c, v in summary.items():
             lines.append(f"| {c} | {v['this_median']} | {v['baseline_median']} | {v['diff_median']:+} | "
-                         f"{v['lower_rounds']} of {ab_rounds} |")
+                         f"{v['lower_rounds']} of {ab_rounds} | {v['this_wall_median']} / {v['baseline_wall_median']} |")
         out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return doc
 

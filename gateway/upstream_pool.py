@@ -7,9 +7,14 @@ small aiohttp session (gateway/upstream.py). Connections are
 are there.
 
 - At most ``limit`` connections open at once, idle ones included; a request
-  that finds none free waits for one (its caller's deadline bounds the wait:
-  ``asyncio.timeout`` around the call), and an idle connection to another
-  replica is closed to make room before waiting.
+  that finds none free waits for one (bounded by its ``deadline``, or by the
+  caller's ``asyncio.timeout`` around the call), and an idle connection to
+  another replica is closed to make room before waiting.
+- A request's ``deadline`` (session 8) also bounds the answer's waits until
+  the caller clears it at the first byte: one timer per pool for all of them
+  (:mod:`gateway.upstream_deadline`), not an ``asyncio.timeout`` per call.
+- The request head is a per-(method, URL) template (request line, ``Host``,
+  default headers) plus the request's own headers and ``Content-Length``.
 - An idle connection is reused only when nothing waits unread in its socket
   (:meth:`gateway.upstream_conn.UpstreamConnection.quiet`; else it is closed:
   late bytes would be read as the new request's answer, R6b-2). The request's
