@@ -129,7 +129,8 @@ class UpstreamPool:
         Request line, ``Host`` and the default headers come from a per-(method, URL) template made
         once (session 8); only the caller's headers and the ``Content-Length`` are formatted per
         request. A caller header that overrides a default (or names ``Host``, ``Content-Length``,
-        ``Transfer-Encoding``, which are the pool's) takes the general path: same head either way.
+        ``Transfer-Encoding``, which are the pool's), or a name given twice in different cases, takes
+        the general path: same head either way.
         Raises ValueError for another method than POST/GET, a bad URL or CR/LF in a header.
         """
         prefix = self._prefixes.get((method, url))
@@ -137,9 +138,12 @@ class UpstreamPool:
             prefix = self._prefix(method, url)
         own = self._own_names
         parts = []
+        names = set()
         for k, v in headers.items():
-            if k.lower() in own:
+            name = k.lower()
+            if name in own or name in names:  # overrides a default, or a name twice (the general path merges)
                 return self._head_general(method, url, headers, body_len)
+            names.add(name)
             parts.append(f"{k}: {v}\r\n")
         parts.append(f"Content-Length: {body_len}\r\n\r\n")
         text = "".join(parts)
