@@ -15,6 +15,17 @@ it needs ``uvloop``, ``httptools`` and ``click``, and this tree on
 ``PYTHONPATH``, which this script sets). A client whose library is missing
 is reported as such. Session 6 figures: docs/architecture.md, "Upstream
 client"; docs/benchmarks.md, "Session 6: upstream client".
+
+Session 8: client ``gateway`` is the gateway's own upstream half as the
+pipeline runs it (``open_upstream`` inside ``unless_client_leaves``, then
+``plain_response``: first-byte budget, answer checked as a JSON object,
+usage read, the client's ``Response`` built; the breaker verdict a no-op
+stub); ``prefixgate`` is the pool alone (the passthrough's upstream call),
+``bare`` the floor. ``--baseline DIR`` runs each client from this tree and
+from ``DIR`` (e.g. ``git archive main | tar -x -C DIR``), alternating for
+``--ab-rounds`` rounds (one process per round and tree; this script, that
+tree's packages), and reports the median CPU per tree and the median
+per-round difference (``--name``: ``bench/results/upstream_clients-NAME.{json,md}``).
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -32,7 +44,7 @@ from typing import Any
 from sim.click_options import ClickOptions
 
 REPO = Path(__file__).resolve().parents[1]
-CLIENTS = ("bare", "prefixgate", "aiohttp", "pyreqwest", "rnet", "aiosonic", "httpcore", "niquests")
+CLIENTS = ("bare", "prefixgate", "gateway", "aiohttp", "pyreqwest", "rnet", "aiosonic", "httpcore", "niquests")
 ANSWER = (b'{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant",'
           b'"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":64,"completion_tokens":1,'
           b'"total_tokens":65}}')
@@ -83,6 +95,42 @@ async def _client(name: str, url: str) -> tuple[One, Callable[[], Any]]:
             r.close()
             assert r.status == 200 and parts
         return one, pool.close
+    if name == "gateway":  # the gateway's upstream half: open_upstream (in unless_client_leaves) + plain_response
+        from gateway.client_io import LOSS_KEY, ConnectionLoss, unless_client_leaves
+        from gateway.held import Held
+        from gateway.pipeline_answer import plain_response
+        from gateway.proxy import make_session, open_upstream
+        from gateway.record import RequestRecord
+
+        gpool = make_session(256, 5.0, 30.0)
+        body = json.loads(BODY)
+        rec = RequestRecord(request_id="0123456789abcdef0123456789abcdef", endpoint="/v1/chat/completions",
+                            client_addr="127.0.0.1", t0=0.0)
+        trace = "00-0123456789abcdef0123456789abcdef-0123456789abcdef-01"
+
+        class _Req:  # the guarded listener's scope: a ConnectionLoss per connection
+            scope = {LOSS_KEY: ConnectionLoss()}
+
+        class _Attempt:  # the breaker attempt's verdicts (gateway/replicas.py): not this path's cost
+            retry = True
+
+            def succeeded(self) -> None:
+                pass
+
+            def release(self) -> None:
+                pass
+
+        req, attempt = _Req(), _Attempt()
+
+        async def one() -> None:
+            held = Held()
+            held.attempt = attempt  # type: ignore[assignment]
+            headers = {"X-Request-Id": rec.request_id, "traceparent": trace}
+            held.up = await unless_client_leaves(req, open_upstream(gpool, url, body, headers, 30.0))  # type: ignore[arg-type]
+            resp = await plain_response(req, rec, held, 30.0, None)  # type: ignore[arg-type]
+            held.end_attempt()
+            assert resp.status_code == 200 and held.usage
+        return one, gpool.close
     if name == "bare":
         import httptools
 
@@ -203,11 +251,23 @@ def _pin(cpu: int | None) -> list[str]:
     return ["taskset", "-c", str(cpu)] if cpu is not None and os.cpu_count() and os.cpu_count() > 1 else []
 
 
-def run_all(clients: Sequence[str], python: str, rounds: int, requests: int, pin: bool) -> list[dict[str, Any]]:
-    """Start the server (last CPU), then each client in turn (CPU 0); returns one result per client."""
+def _measure_in(tree: Path, name: str, python: str, port: str, rounds: int, requests: int,
+                pin: bool) -> dict[str, Any]:
+    """One client process with ``tree`` first on ``PYTHONPATH`` (this script runs from this tree)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run([*_pin(0 if pin else None), python, str(REPO / "bench" / "upstream_clients.py"),
+                           "--client", name, "--port", port, "--rounds", str(rounds), "--requests", str(requests)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    lines = proc.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if proc.returncode == 0 and lines else {
+        "client": name, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+
+
+def _with_server(python: str, pin: bool, work: Callable[[str], Any]) -> Any:
+    """Start the raw replica (last CPU), run ``work(port)``, stop the replica."""
     ncpu = os.cpu_count() or 1
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    port_file = REPO / "bench" / "results" / ".upstream_clients.port"
+    port_file = REPO / "bench" / "results" / f".upstream_clients.{os.getpid()}.port"
     port_file.parent.mkdir(parents=True, exist_ok=True)
     port_file.unlink(missing_ok=True)
     server = subprocess.Popen([*_pin(ncpu - 1 if pin else None), python, "-m", "bench.upstream_clients",
@@ -218,22 +278,73 @@ def run_all(clients: Sequence[str], python: str, rounds: int, requests: int, pin
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError("the raw replica did not start")
             time.sleep(0.05)
-        port = port_file.read_text()
-        out = []
-        for name in clients:
-            proc = subprocess.run([*_pin(0 if pin else None), python, "-m", "bench.upstream_clients", "--client",
-                                   name, "--port", port, "--rounds", str(rounds), "--requests", str(requests)],
-                                  env=env, capture_output=True, text=True, timeout=600)
-            lines = proc.stdout.strip().splitlines()
-            res = json.loads(lines[-1]) if proc.returncode == 0 and lines else {
-                "client": name, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
-            print(json.dumps(res), flush=True)
-            out.append(res)
-        return out
+        return work(port_file.read_text())
     finally:
         server.terminate()
         server.wait(10)
         port_file.unlink(missing_ok=True)
+
+
+def run_ab(clients: Sequence[str], baseline: Path, python: str, ab_rounds: int, rounds: int, requests: int,
+           pin: bool, name: str | None) -> dict[str, Any]:
+    """Each client from this tree and from ``baseline``, alternating (A B, B A, ...) for ``ab_rounds``;
+    per client the median CPU µs/request of each tree and the median per-round difference (this − baseline).
+    Written to ``bench/results/upstream_clients-<name>.{json,md}`` when ``name`` is given."""
+    trees = {"this": REPO, "baseline": baseline}
+    per: dict[str, dict[str, list[float]]] = {c: {"this": [], "baseline": []} for c in clients}
+    walls: dict[str, dict[str, list[float]]] = {c: {"this": [], "baseline": []} for c in clients}
+
+    def work(port: str) -> None:
+        for r in range(ab_rounds):
+            for c in clients:
+                for t in (("this", "baseline") if r % 2 == 0 else ("baseline", "this")):
+                    res = _measure_in(trees[t], c, python, port, rounds, requests, pin)
+                    if "error" in res:
+                        raise RuntimeError(f"{c} ({t}): {res['error']}")
+                    per[c][t].append(res["cpu_us"])
+                    walls[c][t].append(res["wall_us"])
+            print(json.dumps({"round": r, **{c: {t: v[-1] for t, v in per[c].items()} for c in clients}}), flush=True)
+
+    _with_server(python, pin, work)
+    summary = {}
+    for c in clients:
+        a, b = per[c]["this"], per[c]["baseline"]
+        diffs = [x - y for x, y in zip(a, b)]
+        summary[c] = {"this_median": round(statistics.median(a), 1), "baseline_median": round(statistics.median(b), 1),
+                      "diff_median": round(statistics.median(diffs), 1), "lower_rounds": sum(d < 0 for d in diffs),
+                      "this_wall_median": round(statistics.median(walls[c]["this"]), 1),
+                      "baseline_wall_median": round(statistics.median(walls[c]["baseline"]), 1),
+                      "this": a, "baseline": b}
+    doc = {"baseline": str(baseline), "ab_rounds": ab_rounds, "rounds": rounds, "requests": requests,
+           "load_1min": os.getloadavg()[0], "clients": summary}
+    if name:
+        out = REPO / "bench" / "results" / f"upstream_clients-{name}"
+        out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+        lines = [f"# Upstream client CPU, this tree vs `{baseline}` (`python -m bench.upstream_clients --baseline`)", "",
+                 f"{ab_rounds} alternating rounds; per round and tree one process, best of {rounds} x {requests} "
+                 f"sequential requests, client CPU µs/request (user + system); load (1 min) at the end "
+                 f"{doc['load_1min']:.1f}.", "",
+                 "| client | this (median) | baseline (median) | median per-round difference | rounds lower | "
+                 "wall µs this / baseline (median of bests) |",
+                 "|---|---:|---:|---:|---:|---:|"]
+        for c, v in summary.items():
+            lines.append(f"| {c} | {v['this_median']} | {v['baseline_median']} | {v['diff_median']:+} | "
+                         f"{v['lower_rounds']} of {ab_rounds} | {v['this_wall_median']} / {v['baseline_wall_median']} |")
+        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return doc
+
+
+def run_all(clients: Sequence[str], python: str, rounds: int, requests: int, pin: bool) -> list[dict[str, Any]]:
+    """Start the server (last CPU), then each client in turn (CPU 0); returns one result per client."""
+    def work(port: str) -> list[dict[str, Any]]:
+        out = []
+        for name in clients:
+            res = _measure_in(REPO, name, python, port, rounds, requests, pin)
+            print(json.dumps(res), flush=True)
+            out.append(res)
+        return out
+
+    return _with_server(python, pin, work)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -244,6 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--rounds", type=int, default=9)
     ap.option("--requests", type=int, default=1000)
     ap.option("--no-pin", is_flag=True, help="do not pin server and clients to CPUs")
+    ap.option("--baseline", default=None, help="A/B: also run each client from this source tree, alternating")
+    ap.option("--ab-rounds", type=int, default=6, help="A/B: alternating rounds")
+    ap.option("--name", default=None, help="A/B: results to bench/results/upstream_clients-NAME.{json,md}")
     ap.option("--serve", default=None, help="(internal) run the raw replica, port written to this file")
     ap.option("--client", default=None, help="(internal) measure this client in this process")
     ap.option("--port", type=int, default=0, help="(internal) the raw replica's port")
@@ -258,6 +372,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in names:
         if n not in CLIENTS:
             raise SystemExit(f"unknown client {n!r}")
+    if args.baseline:
+        doc = run_ab(names, Path(args.baseline), args.python, args.ab_rounds, args.rounds, args.requests,
+                     not args.no_pin, args.name)
+        for c, v in doc["clients"].items():
+            print(json.dumps({"client": c, **{k: v[k] for k in ("this_median", "baseline_median", "diff_median",
+                                                                "lower_rounds")}}))
+        return 0
     run_all(names, args.python, args.rounds, args.requests, not args.no_pin)
     return 0
 

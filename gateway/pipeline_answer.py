@@ -111,10 +111,12 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
         return up.first_chunk + rest
 
     try:
-        if up.body_received():  # a short answer is usually whole by now: nothing left to wait for
-            data = up.first_chunk + await up.read_rest()
-        else:
-            data = await unless_client_leaves(request, read_rest())
+        data = up.whole_body()  # a short answer is usually whole by now: nothing left to wait for
+        if data is None:
+            if up.body_received():
+                data = up.first_chunk + await up.read_rest()
+            else:
+                data = await unless_client_leaves(request, read_rest())
         obj = json_fast.loads_object(data)
     except ClientGone:
         rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
@@ -125,7 +127,8 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
         rec.status, rec.outcome, rec.error_code = 502, "failed", err.code
         return err.response()
     held.attempt.succeeded()
-    held.usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+    usage = obj.get("usage")
+    held.usage = usage if isinstance(usage, dict) else None
     rec.status, rec.outcome = 200, "allowed"
     # parsed only to check it and read usage: the replica's bytes go out unchanged
     return Response(data, media_type="application/json", headers={"X-Request-Id": rec.request_id})

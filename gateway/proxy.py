@@ -70,15 +70,19 @@ class BodyDecoder:
     """
 
     def __init__(self, content_encoding: str | None, max_bytes: int = MAX_DECODED_BYTES) -> None:
-        codings = [c.strip().lower() for c in (content_encoding or "").split(",")]
+        self.max_bytes = max_bytes
+        self.total = 0
+        self._pending = b""
+        if content_encoding is None:  # the common case (the gateway asks for identity): bytes pass through
+            self.coding: str | None = None
+            self._z: Any = None
+            return
+        codings = [c.strip().lower() for c in content_encoding.split(",")]
         codings = [c for c in codings if c and c != "identity"]
         if len(codings) > 1 or (codings and codings[0] not in ("gzip", "x-gzip", "deflate")):
             raise ContentCodingError(f"unsupported Content-Encoding {content_encoding!r}")
-        self.coding: str | None = codings[0] if codings else None
-        self.max_bytes = max_bytes
-        self.total = 0
-        self._z: Any = zlib.decompressobj(wbits=31) if self.coding in ("gzip", "x-gzip") else None
-        self._pending = b""
+        self.coding = codings[0] if codings else None
+        self._z = zlib.decompressobj(wbits=31) if self.coding in ("gzip", "x-gzip") else None
 
     def feed(self, data: bytes) -> bytes:
         """Decode the next piece of the body; returns what it decodes to (possibly b"")."""
@@ -194,6 +198,16 @@ class UpstreamStream:
                 return out
         return b""
 
+    def whole_body(self) -> bytes | None:
+        """The whole decoded body at once when no wait and no decoding is left (an identity answer
+        already whole): ``first_chunk`` plus what is buffered; else None (use :meth:`read_rest`)."""
+        resp = self.response
+        if self.decoder.coding is not None or not resp.complete or self.finished:
+            return None
+        rest = resp.take_buffered()
+        self.finished = True
+        return self.first_chunk + rest if rest else self.first_chunk
+
     async def read_rest(self) -> bytes:
         """The rest of the decoded body (after ``first_chunk``)."""
         parts: list[bytes] = []
@@ -250,25 +264,27 @@ async def open_upstream(
     """
     resp: UpstreamResponse | None = None
     try:
-        async with asyncio.timeout(first_byte_timeout_s):
-            SEND_ORDER.sending()  # counted for gateway/send_order.py (the body is written at once, no task)
-            resp = await session.request("POST", url, orjson.dumps(body), {**headers, **_JSON_TYPE})
-            encoding = resp.headers.get("content-encoding")
-            if resp.status != 200:
-                data = await _read_error_body(resp)
-                resp.close()
-                try:  # only to read the error message; anything undecodable passes on as no message
-                    data = decode_body(data, encoding, _ERROR_BODY_MAX)
-                except ContentCodingError:
-                    data = b""
-                raise UpstreamFailure("status", f"replica answered {resp.status}", status=resp.status, body=data)
-            up = UpstreamStream(response=resp, first_chunk=b"", instance_id=resp.headers.get(_INSTANCE_KEY),
-                                decoder=BodyDecoder(encoding))
-            first = await up.read_chunk()
-            if not first:
-                resp.close()
-                raise UpstreamFailure("protocol", "replica closed the response without a body")
-            up.first_chunk = first
+        # the budget: one timer per pool for every call's deadline, not an asyncio.timeout per call (session 8)
+        deadline = asyncio.get_running_loop().time() + first_byte_timeout_s
+        SEND_ORDER.sending()  # counted for gateway/send_order.py (the body is written at once, no task)
+        resp = await session.request("POST", url, orjson.dumps(body), {**headers, **_JSON_TYPE}, deadline=deadline)
+        encoding = resp.headers.get("content-encoding")
+        if resp.status != 200:
+            data = await _read_error_body(resp)
+            resp.close()
+            try:  # only to read the error message; anything undecodable passes on as no message
+                data = decode_body(data, encoding, _ERROR_BODY_MAX)
+            except ContentCodingError:
+                data = b""
+            raise UpstreamFailure("status", f"replica answered {resp.status}", status=resp.status, body=data)
+        up = UpstreamStream(response=resp, first_chunk=b"", instance_id=resp.headers.get(_INSTANCE_KEY),
+                            decoder=BodyDecoder(encoding))
+        first = await up.read_chunk()
+        if not first:
+            resp.close()
+            raise UpstreamFailure("protocol", "replica closed the response without a body")
+        resp.clear_deadline()  # the rest is bounded by the caller (read_timeout_s)
+        up.first_chunk = first
     except TimeoutError:
         if resp is not None:
             resp.close()

@@ -48,6 +48,8 @@ from typing import Any
 
 import httptools
 
+from gateway.upstream_response import UpstreamResponse
+
 __all__ = ["UpstreamConnection", "UpstreamResponse", "UpstreamProtocolError", "UpstreamConnectionLost",
            "MAX_HEAD_BYTES", "MAX_HEADERS", "HIGH_WATER", "LOW_WATER"]
 
@@ -76,99 +78,6 @@ class UpstreamConnectionLost(Exception):
     def __init__(self, message: str, received_any: bool) -> None:
         super().__init__(message)
         self.received_any = received_any
-
-
-class UpstreamResponse:
-    """One answer: ``status`` (int) and ``headers`` (lower-case name -> value; repeated fields joined
-    with ``", "``) once :meth:`wait_head` returned, then the raw body by :meth:`read_chunk`.
-
-    ``complete``: the whole body arrived (it may still be buffered here).
-    Always :meth:`close` it: before ``complete`` that aborts the connection.
-    """
-
-    __slots__ = ("status", "headers", "complete", "_conn", "_chunks", "_buffered", "_error", "_waiter",
-                 "_head_seen", "_closed")
-
-    def __init__(self, conn: UpstreamConnection) -> None:
-        self.status = 0
-        self.headers: dict[str, str] = {}
-        self.complete = False
-        self._conn: UpstreamConnection | None = conn
-        self._chunks: list[bytes] = []
-        self._buffered = 0
-        self._error: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._head_seen = False
-        self._closed = False
-
-    async def wait_head(self) -> None:
-        """Wait for the status line and headers; raises the connection's error if it failed first."""
-        while not self._head_seen:
-            if self._error is not None:
-                raise self._error
-            await self._wait()
-
-    async def read_chunk(self) -> bytes:
-        """All body bytes buffered so far (waiting for some), b"" at the end of the body.
-
-        Raises :class:`UpstreamProtocolError` or :class:`UpstreamConnectionLost`
-        when the answer breaks off; :class:`RuntimeError` after :meth:`close`.
-        """
-        while True:
-            if self._chunks:
-                data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
-                self._chunks.clear()
-                self._buffered = 0
-                if self._conn is not None:
-                    self._conn.resume()
-                return data
-            if self._error is not None:
-                raise self._error
-            if self.complete:
-                return b""
-            if self._closed:
-                raise RuntimeError("the upstream response was closed")
-            await self._wait()
-
-    def at_eof(self) -> bool:
-        """True when the whole body arrived and was read."""
-        return self.complete and not self._chunks
-
-    def close(self) -> None:
-        """Drop the answer; an unfinished one aborts its connection (never reused). Idempotent."""
-        self._closed = True
-        self._chunks.clear()
-        conn, self._conn = self._conn, None
-        if conn is not None and not self.complete:
-            conn.abort()
-
-    async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    def _feed(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._buffered += len(data)
-        self._wake()
-
-    def _fail(self, exc: BaseException) -> None:
-        if not self.complete and self._error is None:
-            self._error = exc
-        self._conn = None
-        self._wake()
-
-    def _finish(self) -> None:
-        self.complete = True
-        self._conn = None
-        self._wake()
 
 
 class UpstreamConnection(asyncio.Protocol):

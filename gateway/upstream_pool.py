@@ -7,9 +7,14 @@ small aiohttp session (gateway/upstream.py). Connections are
 are there.
 
 - At most ``limit`` connections open at once, idle ones included; a request
-  that finds none free waits for one (its caller's deadline bounds the wait:
-  ``asyncio.timeout`` around the call), and an idle connection to another
-  replica is closed to make room before waiting.
+  that finds none free waits for one (bounded by its ``deadline``, or by the
+  caller's ``asyncio.timeout`` around the call), and an idle connection to
+  another replica is closed to make room before waiting.
+- A request's ``deadline`` (session 8) also bounds the answer's waits until
+  the caller clears it at the first byte: one timer per pool for all of them
+  (:mod:`gateway.upstream_deadline`), not an ``asyncio.timeout`` per call.
+- The request head is a per-(method, URL) template (request line, ``Host``,
+  default headers) plus the request's own headers and ``Content-Length``.
 - An idle connection is reused only when nothing waits unread in its socket
   (:meth:`gateway.upstream_conn.UpstreamConnection.quiet`; else it is closed:
   late bytes would be read as the new request's answer, R6b-2). The request's
@@ -39,11 +44,14 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from gateway.upstream_conn import UpstreamConnection, UpstreamConnectionLost, UpstreamResponse
+from gateway.upstream_deadline import DeadlineWatch
 
 __all__ = ["UpstreamPool", "UpstreamConnectError", "IDLE_KEEPALIVE_S"]
 
 #: seconds an idle connection may be reused
 IDLE_KEEPALIVE_S = 4.0
+#: most cached (method, URL) head templates per pool (the replicas' URLs: a handful)
+_MAX_TEMPLATES = 256
 
 
 class UpstreamConnectError(Exception):
@@ -95,6 +103,10 @@ class UpstreamPool:
         self._conns: set[UpstreamConnection] = set()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._sweep_timer: asyncio.TimerHandle | None = None
+        self._deadlines = DeadlineWatch()
+        self._prefixes: dict[tuple[str, str], bytes] = {}
+        # header names the general head path must see: a default's, or one the pool writes itself
+        self._own_names = frozenset(self._defaults) | {"host", "content-length", "transfer-encoding"}
 
     @property
     def open_connections(self) -> int:
@@ -106,8 +118,49 @@ class UpstreamPool:
         """Connections open and waiting for a request."""
         return sum(len(q) for q in self._idle.values())
 
+    @property
+    def deadlines_pending(self) -> int:
+        """Calls whose deadline is still watched (0 once every call got its first byte or ended)."""
+        return self._deadlines.pending
+
     def head(self, method: str, url: str, headers: Mapping[str, str], body_len: int) -> bytes:
-        """The request head (bytes) for ``method`` ``url`` with ``headers`` and a body of ``body_len`` bytes."""
+        """The request head (bytes) for ``method`` ``url`` with ``headers`` and a body of ``body_len`` bytes.
+
+        Request line, ``Host`` and the default headers come from a per-(method, URL) template made
+        once (session 8); only the caller's headers and the ``Content-Length`` are formatted per
+        request. A caller header that overrides a default (or names ``Host``, ``Content-Length``,
+        ``Transfer-Encoding``, which are the pool's), or a name given twice in different cases, takes
+        the general path: same head either way.
+        Raises ValueError for another method than POST/GET, a bad URL or CR/LF in a header.
+        """
+        prefix = self._prefixes.get((method, url))
+        if prefix is None:
+            prefix = self._prefix(method, url)
+        own = self._own_names
+        parts = []
+        names = set()
+        for k, v in headers.items():
+            name = k.lower()
+            if name in own or name in names:  # overrides a default, or a name twice (the general path merges)
+                return self._head_general(method, url, headers, body_len)
+            names.add(name)
+            parts.append(f"{k}: {v}\r\n")
+        parts.append(f"Content-Length: {body_len}\r\n\r\n")
+        text = "".join(parts)
+        if text.count("\n") != len(parts) + 1 or text.count("\r") != len(parts) + 1:
+            raise ValueError("header names and values must not contain CR or LF")
+        return prefix + text.encode("latin-1")
+
+    def _prefix(self, method: str, url: str) -> bytes:
+        """Request line, ``Host`` and default headers of ``method`` ``url``, checked, cached per pool."""
+        text = self._head_general(method, url, {}, 0)
+        prefix = text[:text.rindex(b"Content-Length: ")]
+        if len(self._prefixes) >= _MAX_TEMPLATES:
+            self._prefixes.clear()
+        self._prefixes[(method, url)] = prefix
+        return prefix
+
+    def _head_general(self, method: str, url: str, headers: Mapping[str, str], body_len: int) -> bytes:
         if method not in ("POST", "GET"):
             raise ValueError(f"unsupported method {method!r}")
         o = _origin(url)
@@ -126,12 +179,15 @@ class UpstreamPool:
         return text.encode("latin-1") + b"\r\n\r\n"
 
     async def request(self, method: str, url: str, body: bytes = b"",
-                      headers: Mapping[str, str] | None = None) -> UpstreamResponse:
+                      headers: Mapping[str, str] | None = None, *, deadline: float | None = None) -> UpstreamResponse:
         """Send one request and wait for the answer's status and headers.
 
         Returns the :class:`UpstreamResponse` (read its body, then close it).
+        ``deadline`` (loop time, seconds; None: none): the wait for a connection and the answer's
+        waits raise ``TimeoutError`` once it passes, until the caller calls the response's
+        ``clear_deadline()`` (one timer per pool: :mod:`gateway.upstream_deadline`).
         Raises :class:`UpstreamConnectError` (no connection), ``TimeoutError``
-        (connect timeout), :class:`gateway.upstream_conn.UpstreamConnectionLost`,
+        (connect timeout, deadline), :class:`gateway.upstream_conn.UpstreamConnectionLost`,
         :class:`gateway.upstream_conn.UpstreamProtocolError`, ValueError (bad
         URL, method or header), RuntimeError (pool closed). Cancelling it
         aborts the connection in use.
@@ -140,10 +196,19 @@ class UpstreamPool:
         data = self.head(method, url, headers, len(body)) + body
         rid = headers.get("X-Request-Id") or headers.get("x-request-id")
         origin = _origin(url)
+        loop = asyncio.get_running_loop()
         fresh = False
         while True:
-            conn = await self._acquire(origin, fresh)
+            conn = None if fresh else self._take_idle(origin, loop)
+            if conn is None:
+                if deadline is None:
+                    conn = await self._acquire(origin, fresh)
+                else:
+                    async with asyncio.timeout_at(deadline):
+                        conn = await self._acquire(origin, fresh)
             resp = conn.send(data, rid)
+            if deadline is not None:
+                resp.watch_deadline(self._deadlines, deadline, loop)
             try:
                 await resp.wait_head()
             except UpstreamConnectionLost as exc:
@@ -160,6 +225,7 @@ class UpstreamPool:
     async def close(self) -> None:
         """Close every connection; later requests raise RuntimeError."""
         self.closed = True
+        self._deadlines.close()
         if self._sweep_timer is not None:
             self._sweep_timer.cancel()
             self._sweep_timer = None
@@ -172,22 +238,28 @@ class UpstreamPool:
                 w.set_result(None)
 
     # ----------------------------------------------------------------- internals
+    def _take_idle(self, origin: _Origin, loop: asyncio.AbstractEventLoop) -> UpstreamConnection | None:
+        """The newest live, quiet idle connection to ``origin`` (stale, closing or noisy ones are closed), or None."""
+        idle = self._idle.get(origin.key)
+        if not idle:
+            return None
+        oldest_ok = loop.time() - self.keepalive_s
+        while idle and (idle[0].idle_since < oldest_ok or not idle[0].usable()):
+            idle.popleft().abort()
+        while idle:
+            conn = idle.pop()
+            if conn.usable() and conn.quiet():
+                return conn
+            conn.abort()
+        return None
+
     async def _acquire(self, origin: _Origin, fresh: bool) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         while True:
             if self.closed:
                 raise RuntimeError("the upstream pool is closed")
-            idle = self._idle.get(origin.key)
-            if idle:
-                oldest_ok = loop.time() - self.keepalive_s
-                while idle and (idle[0].idle_since < oldest_ok or not idle[0].usable()):
-                    idle.popleft().abort()
-                if idle and not fresh:
-                    conn = idle.pop()
-                    if conn.usable() and conn.quiet():
-                        return conn
-                    conn.abort()
-                    continue
+            if not fresh and (conn := self._take_idle(origin, loop)) is not None:
+                return conn
             if self._open < self.limit or self._evict_idle():
                 return await self._connect(origin)
             waiter = loop.create_future()
@@ -246,7 +318,10 @@ class UpstreamPool:
             return
         loop = asyncio.get_running_loop()
         conn.idle_since = loop.time()
-        self._idle.setdefault(origin.key, deque()).append(conn)
+        q = self._idle.get(origin.key)
+        if q is None:
+            q = self._idle[origin.key] = deque()
+        q.append(conn)
         if self._sweep_timer is None:
             self._sweep_timer = loop.call_later(self.keepalive_s, self._sweep)
         self._wake_one()
