@@ -105,9 +105,34 @@ class FlowControl:
             self.metrics.flow_refused.labels("queue_full").inc()
             raise self._refusal(too_many(self._retry_after(), "queue_full", _FULL), tenant_id, 0.0)
 
+    def release_now(self, tenant: Tenant, req: RouteRequest, candidate_ids: list[str],
+                    alt_chains: Sequence[Sequence[bytes]], slots: SlotClaim | None = None) -> Release | None:
+        """:meth:`release` when it needs no wait: nothing is queued, a replica among ``candidate_ids``
+        has room now and the tenant a slot without asking Redis. Returns the :class:`Release`, or None
+        when the request must wait: then call :meth:`release` with ``tried=True`` (it queues the
+        request without checking again). Synchronous (issue 14): the common case costs no coroutine
+        and no disconnect watch, as nothing is awaited. Raises what :meth:`release` raises at once
+        (503 ``no_replica`` when routing failed)."""
+        if len(self.queue):
+            return None
+        w = Waiting(tenant.id, self.weights.weight(tenant.tier), req, candidate_ids, alt_chains, slots)
+        if not self._release_now(w):
+            return None
+        return self._released(w)
+
+    def _released(self, w: Waiting) -> Release:
+        """The :class:`Release` of ``w``, routed (raises its routing error); the queue-wait metric."""
+        if w.error is not None:
+            raise w.error
+        assert w.result is not None
+        choice, ticket = w.result
+        wait = time.perf_counter() - w.t0
+        self.metrics.flow_queue_wait_seconds.observe(wait)
+        return Release(choice, ticket, wait, self.queue.counter(w.tenant_id))
+
     async def release(self, tenant: Tenant, req: RouteRequest, candidate_ids: list[str],
                       alt_chains: Sequence[Sequence[bytes]], deadline: float,
-                      slots: SlotClaim | None = None) -> Release:
+                      slots: SlotClaim | None = None, *, tried: bool = False) -> Release:
         """Wait for ``req``'s turn and a replica with room among ``candidate_ids``; route it there.
 
         ``deadline``: ``time.perf_counter()`` time by which the request must be sent
@@ -118,11 +143,12 @@ class FlowControl:
         ``tenant_max_queued_requests`` queued), 429 ``queue_timeout`` (waited
         ``tenant_max_queue_wait_s``), 504 ``upstream_timeout`` (the deadline passed while queued),
         503 ``state_unavailable`` (Redis did not answer for the slot).
-        Cancelled (the client left): the request leaves the queue at once.
+        Cancelled (the client left): the request leaves the queue at once. ``tried``: :meth:`release_now`
+        just answered None for this request (no await since): queue it without that check again.
         """
         cfg, tid = self.cfg, tenant.id
         w = Waiting(tid, self.weights.weight(tenant.tier), req, candidate_ids, alt_chains, slots)
-        if len(self.queue) or not self._release_now(w):
+        if tried or len(self.queue) or not self._release_now(w):
             self.queue.push(tid, w, w.weight)
             self._pump()
             if w.result is None and w.error is None and self.queue.queued(tid) > cfg.tenant_max_queued_requests:
@@ -137,10 +163,7 @@ class FlowControl:
             assert w.result is not None
             if not w.slot_pending or await self._confirm_slots(w):
                 break
-        choice, ticket = w.result
-        wait = time.perf_counter() - w.t0
-        self.metrics.flow_queue_wait_seconds.observe(wait)
-        return Release(choice, ticket, wait, self.queue.counter(tid))
+        return self._released(w)
 
     async def _wait(self, w: Waiting, ends: float, deadline: float) -> None:
         """Wait (until ``ends``) for the dispatcher to release ``w``; the refusals of :meth:`release`."""
