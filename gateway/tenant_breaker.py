@@ -9,9 +9,13 @@ than ``window_s`` seconds, the replica is demonstrably serving others and the fa
 *attributed* to the failing tenant: it counts against the (replica, tenant) pair only, never against
 the shared circuit. ``threshold`` consecutive attributed failures open a circuit for that pair for
 ``cooldown_s`` seconds (that tenant's requests are not routed to that replica); after the cool-down
-the pair is routable again and one more failure re-opens it. A failure with no such evidence (one
-tenant only, or every tenant failing: a real replica fault) is not attributed and counts against the
-shared circuit as before.
+the pair is routable again and one more failure re-opens it. A failure while another tenant's last
+verdict on the replica (within ``window_s``) is a failure too, and none a success, is the replica's:
+it counts against the shared circuit (a real fault shows in several tenants' requests), as does a
+failure of no known tenant. A failure with no other tenant seen on the replica within ``window_s``
+(start-up, or a replica only one tenant uses) is *held* against the pair as well (session 8, the
+R7b-1 residual): the shared circuit opens only on failures of two or more tenants, as Envoy's outlier
+detection keeps locally originated failures apart; a held failure may still be retried elsewhere.
 
 Memory is bounded: per replica a :class:`cachetools.TTLCache` of at most ``max_tenants`` entries,
 each expiring ``window_s + cooldown_s`` seconds after its last update. Pure logic, no I/O; the
@@ -52,13 +56,15 @@ class TenantVerdict:
     """What one failure meant. ``attributed``: counted against the (replica, tenant) pair only,
     not against the shared circuit; ``streak``: the pair's consecutive failures including this one;
     ``opened``: this failure opened the pair's circuit; ``retry``: the request may be retried on
-    another replica (False once an attributed streak is 2 or more: one request must not spread its
-    damage over every replica)."""
+    another replica (False once an attributed streak with ``evidence`` is 2 or more: one request must
+    not spread its damage over every replica); ``evidence``: another tenant's last verdict on the
+    replica is a recent success (False with ``attributed``: held, no other tenant seen; module doc)."""
 
     attributed: bool
     streak: int
     opened: bool
     retry: bool
+    evidence: bool = False
 
 
 class TenantBreaker:
@@ -112,20 +118,26 @@ class TenantBreaker:
             return TenantVerdict(False, 0, False, True)
         now = self._clock()
         table = self._table(replica_id)
-        others_fine = any(t != tenant_id and e.last_ok and now - e.last_at <= self.window_s
-                          for t, e in list(table.items()))
+        others_fine = others_failing = False
+        for t, e in list(table.items()):
+            if t != tenant_id and now - e.last_at <= self.window_s:
+                if e.last_ok:
+                    others_fine = True
+                else:
+                    others_failing = True
+        attributed = others_fine or not others_failing  # with evidence, or held: no other tenant seen
         entry = table.get(tenant_id) or _Entry()
         entry.last_ok, entry.last_at = False, now
         entry.streak += 1
         opened = False
-        if others_fine and entry.streak >= self.threshold and entry.open_until <= now:
+        if attributed and entry.streak >= self.threshold and entry.open_until <= now:
             entry.open_until, opened = now + self.cooldown_s, True
             self.open_until_max = max(self.open_until_max, entry.open_until)
             self.blocked_pairs += 1
         table[tenant_id] = entry
         if opened and self.on_open is not None:
             self.on_open(replica_id, tenant_id)
-        return TenantVerdict(others_fine, entry.streak, opened, not (others_fine and entry.streak >= 2))
+        return TenantVerdict(attributed, entry.streak, opened, not (others_fine and entry.streak >= 2), others_fine)
 
     def blocked(self, replica_id: str, tenant_id: str | None) -> bool:
         """True while the (``replica_id``, ``tenant_id``) circuit is open (its cool-down not over)."""
@@ -134,6 +146,12 @@ class TenantBreaker:
         table = self._replicas.get(replica_id)
         entry = table.get(tenant_id) if table is not None else None
         return entry is not None and entry.open_until > self._clock()
+
+    def streak(self, replica_id: str, tenant_id: str) -> int:
+        """The (``replica_id``, ``tenant_id``) pair's consecutive failures (0 when not tracked)."""
+        table = self._replicas.get(replica_id)
+        entry = table.get(tenant_id) if table is not None else None
+        return entry.streak if entry is not None else 0
 
     def any_open(self) -> bool:
         """True when some pair may still be open (O(1): the routing fast path asks it per request)."""
