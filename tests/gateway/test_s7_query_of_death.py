@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from gateway.replicas import CircuitState
-from sim.procs import free_port
+from tests.support.fake_replicas import base_app, completion, n_replicas, serving  # noqa: F401 - n_replicas: fixture
 from tests.support.waiting import wait_for
 
 
@@ -42,9 +42,6 @@ def _chunk(text: str) -> bytes:
 
 
 def _app(fake: Fake) -> web.Application:
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"instance_id": "i-" + fake.url[-5:]}, status=200 if fake.healthy else 503)
-
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         prompt = str(body.get("prompt", ""))
@@ -66,35 +63,17 @@ def _app(fake: Fake) -> web.Application:
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_get("/health", health)
+    app = base_app(fake)
     app.router.add_post("/v1/completions", completions)
     return app
 
 
 @pytest.fixture
 async def fakes() -> AsyncIterator[list[Fake]]:
-    out: list[Fake] = []
-    runners = []
-    for _ in range(3):
-        fake = Fake()
-        runner = web.AppRunner(_app(fake))
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        fake.url = f"http://127.0.0.1:{port}"
-        out.append(fake)
-        runners.append(runner)
-    yield out
-    for f in out:
-        f.hold.set()
-    for runner in runners:
-        await runner.cleanup()
-
-
-@pytest.fixture
-def n_replicas() -> int:
-    return 1  # the simulated cluster is not used here
+    async with serving([Fake() for _ in range(3)], _app) as out:
+        yield out
+        for f in out:
+            f.hold.set()
 
 
 @pytest.fixture
@@ -111,9 +90,6 @@ def config_overrides(fakes: list[Fake]) -> dict[str, Any]:
 #: two tenants whose failures together are a replica's fault (one tenant alone is held to its own pairs)
 TENANTS = ("tenant-a/app", "tenant-b/app")
 
-
-def completion(prompt: str, **kw: Any) -> dict[str, Any]:
-    return {"model": "sim-model", "prompt": prompt, "max_tokens": 4, **kw}
 
 
 async def test_one_tenants_500s_neither_open_the_circuits_nor_are_retried(stack: Any, fakes: list[Fake]) -> None:
