@@ -20,7 +20,8 @@ import pytest
 from aiohttp import web
 
 from gateway.replicas import CircuitState
-from tests.support.fake_replicas import base_app, completion, n_replicas, serving  # noqa: F401 - n_replicas: fixture
+from tests.support.fake_replicas import (  # noqa: F401 - n_replicas: this module's stack fixture
+    PLAIN_ANSWER, base_app, completion, n_replicas, serving)
 from tests.support.waiting import wait_for
 
 
@@ -50,9 +51,7 @@ def _app(fake: Fake) -> web.Application:
             return web.json_response({"error": {"message": "engine crashed on this input (internal trace)",
                                                 "type": "server_error"}}, status=fake.poison_status)
         if not body.get("stream"):
-            return web.json_response({"id": "c", "object": "text_completion", "created": 0, "model": "sim-model",
-                                      "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
-                                      "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+            return web.json_response(PLAIN_ANSWER)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         await resp.write(_chunk("first"))
@@ -63,9 +62,7 @@ def _app(fake: Fake) -> web.Application:
         await resp.write_eof()
         return resp
 
-    app = base_app(fake)
-    app.router.add_post("/v1/completions", completions)
-    return app
+    return base_app(fake, completions)
 
 
 @pytest.fixture

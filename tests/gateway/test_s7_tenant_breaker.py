@@ -17,7 +17,8 @@ import pytest
 from aiohttp import web
 
 from gateway.replicas import CircuitState
-from tests.support.fake_replicas import base_app, completion, n_replicas, serving  # noqa: F401 - n_replicas: fixture
+from tests.support.fake_replicas import (  # noqa: F401 - n_replicas: this module's stack fixture
+    PLAIN_ANSWER, base_app, completion, n_replicas, serving)
 from tests.support.waiting import wait_for
 
 
@@ -44,13 +45,9 @@ def _app(fake: Fake) -> web.Application:
                 raise web.HTTPServiceUnavailable()  # never reaches the client: the connection is gone
             return web.json_response({"error": {"message": "overloaded by this input"}}, status=503)
         fake.ok += 1
-        return web.json_response({"id": "c", "object": "text_completion", "created": 0, "model": "sim-model",
-                                  "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
-                                  "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+        return web.json_response(PLAIN_ANSWER)
 
-    app = base_app(fake)
-    app.router.add_post("/v1/completions", completions)
-    return app
+    return base_app(fake, completions)
 
 
 @pytest.fixture

@@ -2,13 +2,13 @@
 review R7-2's query of death and R7b-1's per-tenant attribution.
 
 A test module defines its fake's switches (a dataclass with ``url`` and ``healthy``) and an app
-factory that adds its ``/v1/completions`` to :func:`base_app`; its ``fakes`` fixture calls
+factory that gives :func:`base_app` its ``/v1/completions`` handler; its ``fakes`` fixture calls
 :func:`serving` with them. Import :func:`n_replicas` (the simulated cluster is not used) into the
 module; :func:`completion` is a completion body for the fake model.
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol, TypeVar
 
@@ -17,7 +17,7 @@ from aiohttp import web
 
 from sim.procs import free_port
 
-__all__ = ["FakeSwitches", "base_app", "completion", "n_replicas", "serving"]
+__all__ = ["PLAIN_ANSWER", "FakeSwitches", "base_app", "completion", "n_replicas", "serving"]
 
 
 class FakeSwitches(Protocol):
@@ -30,13 +30,22 @@ class FakeSwitches(Protocol):
 F = TypeVar("F", bound=FakeSwitches)
 
 
-def base_app(fake: FakeSwitches) -> web.Application:
-    """An app with ``GET /health`` (200 with an instance id while ``fake.healthy``, else 503)."""
+#: a fake replica's plain (non-streamed) completion answer
+PLAIN_ANSWER: dict[str, Any] = {"id": "c", "object": "text_completion", "created": 0, "model": "sim-model",
+                                "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
+                                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+
+
+def base_app(fake: FakeSwitches, completions: Callable[[web.Request], Awaitable[web.StreamResponse]]
+             ) -> web.Application:
+    """An app with ``GET /health`` (200 with an instance id while ``fake.healthy``, else 503) and
+    ``POST /v1/completions`` answered by ``completions``."""
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"instance_id": "i-" + fake.url[-5:]}, status=200 if fake.healthy else 503)
 
     app = web.Application()
     app.router.add_get("/health", health)
+    app.router.add_post("/v1/completions", completions)
     return app
 
 
