@@ -212,9 +212,8 @@ async def test_every_ending_of_the_half_open_probe_settles_the_breaker(
     rs = c.replica_set
     await c.health.stop()  # only the breaker reacts (status faults would also fail /health)
     await sim.fault(2, status=503)  # R7-2: a gateway failure (a 500 no longer counts)
-    assert (await post(stack)).status_code == 502  # the regulated tenant alone: held to its own pair (R7b-1)
-    for _ in range(THRESHOLD):  # a second tenant fails there too: the replica's fault opens its circuit
-        rs.attempt("r2", "tenant-other").failed()
+    for _ in range(THRESHOLD):
+        assert (await post(stack)).status_code == 502
     assert rs.state("r2").circuit is CircuitState.OPEN and not rs.is_routable("r2")
     assert (await post(stack)).status_code == 503  # open: the replica is not tried
     await sim.fault(2)

@@ -176,5 +176,4 @@ async def test_replica_5xx_does_count(stack, capture):
     assert len(capture.seen) == 2  # retried once, on the other allowed replica, never on r2
     assert {c.replica for c in capture.seen} == {"r0", "r1"}
     rs = stack.components.replica_set
-    # one tenant alone on them: each failure counts against its own (replica, tenant) pair (R7b-1)
-    assert rs.tenants.streak("r0", "tenant-a") == 1 and rs.tenants.streak("r1", "tenant-a") == 1
+    assert rs.state("r0").consecutive_failures == 1 and rs.state("r1").consecutive_failures == 1

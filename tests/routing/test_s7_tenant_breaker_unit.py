@@ -51,10 +51,9 @@ def test_failures_of_every_tenant_open_the_shared_circuit() -> None:
     assert rs.state("r0").circuit is CircuitState.OPEN
 
 
-def test_no_tenant_counts_against_the_replica() -> None:
-    """(A tenant alone is held against its own pair since session 8: tests/routing/test_s8_tenant_breaker_startup.py.)"""
+def test_one_tenant_alone_or_no_tenant_counts_against_the_replica() -> None:
     rs = ReplicaSet([Replica("r0", "http://r0")], failure_threshold=2, cooldown_s=5.0, clock=Clock())
-    rs.attempt("r0").failed()
+    rs.attempt("r0", "a").failed()
     rs.attempt("r0").failed()
     assert rs.state("r0").circuit is CircuitState.OPEN
 
@@ -64,7 +63,7 @@ def test_stale_success_of_another_tenant_is_no_evidence() -> None:
     tb = TenantBreaker(2, 1.0, window_s=10.0, clock=clock)
     tb.succeeded("r0", "b")
     clock.t += 11.0
-    assert not tb.failed("r0", "a").evidence  # held (session 8), not attributed with evidence
+    assert not tb.failed("r0", "a").attributed
 
 
 def test_table_is_bounded_and_entries_expire() -> None:
