@@ -18,7 +18,12 @@ Cases (one request's share of each):
 * ``pep``: ``PolicyEnforcementPoint.decide`` on a decision-cache hit (2 candidates, no alert);
 * ``flow``: flow control's fast path (``_release_now``: placement check and route, 3 replicas,
   ``flow.replica_max_queued_prefill_tokens`` set) and the ticket's finish;
-* ``prefix``: ``block_hash_chain`` of 80 tokens (5 blocks of 16) and the audit fingerprint.
+* ``prefix``: ``block_hash_chain`` of 80 tokens (5 blocks of 16) and the audit fingerprint;
+* ``route_step``, ``route_step3`` (session 8): the pipeline's route step as each tree's pipeline runs it
+  (flow control on, ``cache_aware``, calibration, a :class:`ConnectionLoss` in the scope as on the
+  guarded listener; 1 or 3 replicas): the release (``release_now`` where the tree has it, else
+  ``release`` under ``unless_client_leaves``), the breaker attempt, first byte, finish and the
+  calibration flush; 64-word prompts of 4 blocks, the first shared by 1 in 64 requests.
 
 Results: ``bench/results/pipeline_cuts_micro-<name>.{json,md}``.
 """
@@ -104,7 +109,10 @@ print(best(step))
 """,
     "flow": """
 from gateway.config_flow import FlowConfig
-from gateway.flow import _Waiting
+try:
+    from gateway.flow_waiting import Waiting as _Waiting
+except ImportError:  # a tree before session 8's split
+    from gateway.flow import _Waiting
 from tests.gateway.test_s2_flow_dispatch import make, req
 flow = make(FlowConfig(replica_max_queued_prefill_tokens=10**9, replica_max_running_requests=10**6), n=3)
 ids = ["r0", "r1", "r2"]
@@ -127,10 +135,67 @@ print(best(step))
 """,
 }
 
+_ROUTE_STEP = """
+import asyncio
+from routing.calibration import CalibratingLoadTracker, Calibration
+from routing.load import InProcessLoadTracker
+from routing.index import InProcessPrefixIndex
+from routing.config import policy_from_config
+from routing.policies.cache_aware import CacheAwareConfig
+from routing.router import Router
+from routing.types import RouteRequest
+from gateway.flow import FlowControl, NotifyingLoadTracker
+from gateway.config_flow import FlowConfig
+from gateway.replicas import ReplicaSet, Replica
+from gateway.metrics import GatewayMetrics
+from gateway.client_io import ConnectionLoss, LOSS_KEY, unless_client_leaves
+from tenancy.tiers import TierWeights
+from tenancy.registry import Tenant
+cal = Calibration(prior_rate=10000.0)
+cal.defer_observations(True)
+loads = NotifyingLoadTracker(CalibratingLoadTracker(InProcessLoadTracker(), cal, time.monotonic))
+router = Router(policy_from_config(CacheAwareConfig()), InProcessPrefixIndex(4000), loads, 16, cal)
+rs = ReplicaSet([Replica(f"r{i}", f"http://127.0.0.1:{9 + i}", "default", {}, True) for i in range(__R__)],
+                failure_threshold=3, cooldown_s=5)
+flow = FlowControl(FlowConfig(), router, rs, GatewayMetrics(), TierWeights({}), cal)
+loads.on_release = flow.on_load_released
+t = Tenant(id="acme")
+class Req:
+    scope = {LOSS_KEY: ConnectionLoss()}
+request = Req()
+fast = hasattr(flow, "release_now")
+async def step(i):
+    remaining = rs.candidates(("default",), "acme")
+    r = RouteRequest(tenant_id="acme", block_keys=[b"k%d" % (i % 64), b"u%d" % i, b"v%d" % i, b"w%d" % i],
+                     prompt_tokens=70, max_tokens=1, block_size=16, sequences=1)
+    ids = [x.id for x in remaining]
+    rel = flow.release_now(t, r, ids, (), None) if fast else None
+    if rel is None:
+        kw = {"tried": True} if fast else {}
+        rel = await unless_client_leaves(request, flow.release(t, r, ids, (), 1e18, None, **kw))
+    choice, ticket, _, _ = rel.as_record()
+    att = rs.attempt(choice.replica_id, "acme")
+    ticket.first_byte()
+    att.succeeded()
+    ticket.finish()
+    cal.flush()
+async def main(n):
+    best = 1e9
+    for _ in range(7):
+        c0 = time.thread_time()
+        for i in range(n):
+            await step(i)
+        best = min(best, (time.thread_time() - c0) / n * 1e6)
+    print(best)
+asyncio.run(main(__N__))
+"""
+CASES["route_step"] = _ROUTE_STEP.replace("__R__", "1")
+CASES["route_step3"] = _ROUTE_STEP.replace("__R__", "3")
+
 
 def measure(tree: Path, case: str, n: int) -> float:
     """µs of thread CPU per request of ``case`` under ``tree`` (best of 7 warm loops of ``n``)."""
-    code = _LOOP.format(n=n) + CASES[case]
+    code = _LOOP.format(n=n) + CASES[case].replace("__N__", str(n))
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True,
                          check=True, timeout=600)

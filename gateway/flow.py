@@ -16,68 +16,29 @@ import asyncio
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from gateway.admission import SlotClaim, too_many
 from gateway.errors import GatewayError
 from gateway.flow_load import NotifyingLoadTracker
+from gateway.flow_room import ReplicaRoom, warmth
 from gateway.flow_slots import SlotGate
+from gateway.flow_waiting import Release, Waiting
 from gateway.config_flow import FlowConfig
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import PeriodicTask
 from gateway.replicas import ReplicaSet
 from routing.calibration import Calibration
 from routing.fairness import FairQueue, Placement
-from routing.load import LoadTicket
 from routing.router import Router
-from routing.types import Candidate, ReplicaLoad, RouteChoice, RouteRequest
+from routing.types import Candidate, RouteRequest
 from tenancy.registry import Tenant
 from tenancy.tiers import TierWeights
 
-__all__ = ["FlowControl", "NotifyingLoadTracker", "Release", "RECHECK_S"]
+__all__ = ["FlowControl", "NotifyingLoadTracker", "Release", "RECHECK_S", "Waiting"]
 
 #: seconds between rechecks of the queue while requests wait (besides every load release)
 RECHECK_S = 0.25
 _FULL = "this tenant has too many requests waiting; retry later"
-
-
-@dataclass(frozen=True, slots=True)
-class Release:
-    """A request released to a replica: the router's ``choice`` and load ``ticket``,
-    ``queue_wait_s`` (seconds queued at the gateway) and the tenant's ``virtual_tokens``
-    (its VTC counter after the release, weighted tokens)."""
-
-    choice: RouteChoice
-    ticket: LoadTicket
-    queue_wait_s: float
-    virtual_tokens: float
-
-    def as_record(self) -> tuple[RouteChoice, LoadTicket, float, float]:
-        """(choice, ticket, queue wait in ms, virtual tokens) rounded for the request record."""
-        return self.choice, self.ticket, round(self.queue_wait_s * 1000.0, 3), round(self.virtual_tokens, 1)
-
-
-class _Waiting:
-    __slots__ = ("tenant_id", "weight", "req", "candidate_ids", "alt_chains", "t0", "future", "result", "room",
-                 "error", "slots", "slot_pending", "charged", "position", "cands")
-
-    def __init__(self, tenant_id: str, weight: float, req: RouteRequest, candidate_ids: list[str],
-                 alt_chains: Sequence[Sequence[bytes]], slots: SlotClaim | None = None) -> None:
-        self.tenant_id = tenant_id
-        self.weight = weight
-        self.req = req
-        self.candidate_ids = candidate_ids
-        self.alt_chains = alt_chains
-        self.t0 = time.perf_counter()
-        self.future: asyncio.Future[None] | None = None
-        self.result: tuple[RouteChoice, LoadTicket] | None = None
-        self.room: list[str] = []
-        self.error: BaseException | None = None
-        self.slots = slots  # the tenant's concurrency slots, taken at release
-        self.slot_pending = False  # released, its slots still to be confirmed by Redis
-        self.charged = 0  # uncached prompt tokens charged to the tenant's counter at release
-        self.position: int | None = None  # arrival order in its tenant's queue (a release undone)
-        self.cands: list[Candidate] | None = None  # the router's candidates its last placement check built
 
 
 class FlowControl:
@@ -92,10 +53,9 @@ class FlowControl:
         self.metrics = metrics
         self.weights = weights
         self.calibration = calibration
-        self.queue: FairQueue[_Waiting] = FairQueue(locality_slack_tokens=cfg.locality_slack_tokens)
-        self._max_running = cfg.per_instance(cfg.replica_max_running_requests)
-        p = cfg.replica_max_queued_prefill_tokens
-        self._max_prefill = cfg.per_instance(p) if p is not None else None
+        self.queue: FairQueue[Waiting] = FairQueue(locality_slack_tokens=cfg.locality_slack_tokens)
+        self.replica_room = ReplicaRoom(cfg, calibration)  # per-replica bounds (gateway/flow_room.py)
+        self._max_prefill = self.replica_room.max_prefill
         self._pump_scheduled = False
         self.slot_gate = SlotGate()  # tenants skipped for want of a concurrency slot
         # room also appears without a load release (a replica back to health, an engine that
@@ -145,9 +105,34 @@ class FlowControl:
             self.metrics.flow_refused.labels("queue_full").inc()
             raise self._refusal(too_many(self._retry_after(), "queue_full", _FULL), tenant_id, 0.0)
 
+    def release_now(self, tenant: Tenant, req: RouteRequest, candidate_ids: list[str],
+                    alt_chains: Sequence[Sequence[bytes]], slots: SlotClaim | None = None) -> Release | None:
+        """:meth:`release` when it needs no wait: nothing is queued, a replica among ``candidate_ids``
+        has room now and the tenant a slot without asking Redis. Returns the :class:`Release`, or None
+        when the request must wait: then call :meth:`release` with ``tried=True`` (it queues the
+        request without checking again). Synchronous (issue 14): the common case costs no coroutine
+        and no disconnect watch, as nothing is awaited. Raises what :meth:`release` raises at once
+        (503 ``no_replica`` when routing failed)."""
+        if len(self.queue):
+            return None
+        w = Waiting(tenant.id, self.weights.weight(tenant.tier), req, candidate_ids, alt_chains, slots)
+        if not self._release_now(w):
+            return None
+        return self._released(w)
+
+    def _released(self, w: Waiting) -> Release:
+        """The :class:`Release` of ``w``, routed (raises its routing error); the queue-wait metric."""
+        if w.error is not None:
+            raise w.error
+        assert w.result is not None
+        choice, ticket = w.result
+        wait = time.perf_counter() - w.t0
+        self.metrics.flow_queue_wait_seconds.observe(wait)
+        return Release(choice, ticket, wait, self.queue.counter(w.tenant_id))
+
     async def release(self, tenant: Tenant, req: RouteRequest, candidate_ids: list[str],
                       alt_chains: Sequence[Sequence[bytes]], deadline: float,
-                      slots: SlotClaim | None = None) -> Release:
+                      slots: SlotClaim | None = None, *, tried: bool = False) -> Release:
         """Wait for ``req``'s turn and a replica with room among ``candidate_ids``; route it there.
 
         ``deadline``: ``time.perf_counter()`` time by which the request must be sent
@@ -158,11 +143,12 @@ class FlowControl:
         ``tenant_max_queued_requests`` queued), 429 ``queue_timeout`` (waited
         ``tenant_max_queue_wait_s``), 504 ``upstream_timeout`` (the deadline passed while queued),
         503 ``state_unavailable`` (Redis did not answer for the slot).
-        Cancelled (the client left): the request leaves the queue at once.
+        Cancelled (the client left): the request leaves the queue at once. ``tried``: :meth:`release_now`
+        just answered None for this request (no await since): queue it without that check again.
         """
         cfg, tid = self.cfg, tenant.id
-        w = _Waiting(tid, self.weights.weight(tenant.tier), req, candidate_ids, alt_chains, slots)
-        if len(self.queue) or not self._release_now(w):
+        w = Waiting(tid, self.weights.weight(tenant.tier), req, candidate_ids, alt_chains, slots)
+        if tried or len(self.queue) or not self._release_now(w):
             self.queue.push(tid, w, w.weight)
             self._pump()
             if w.result is None and w.error is None and self.queue.queued(tid) > cfg.tenant_max_queued_requests:
@@ -177,12 +163,9 @@ class FlowControl:
             assert w.result is not None
             if not w.slot_pending or await self._confirm_slots(w):
                 break
-        choice, ticket = w.result
-        wait = time.perf_counter() - w.t0
-        self.metrics.flow_queue_wait_seconds.observe(wait)
-        return Release(choice, ticket, wait, self.queue.counter(tid))
+        return self._released(w)
 
-    async def _wait(self, w: _Waiting, ends: float, deadline: float) -> None:
+    async def _wait(self, w: Waiting, ends: float, deadline: float) -> None:
         """Wait (until ``ends``) for the dispatcher to release ``w``; the refusals of :meth:`release`."""
         cfg, tid = self.cfg, w.tenant_id
         w.future = asyncio.get_running_loop().create_future()
@@ -204,7 +187,7 @@ class FlowControl:
                     self._asked(tid, None)
             raise
 
-    async def _confirm_slots(self, w: _Waiting) -> bool:
+    async def _confirm_slots(self, w: Waiting) -> bool:
         """A request released while its slots needed Redis's answer: True when taken; when the
         tenant is at its concurrency (other instances hold the slots) give the replica load and
         the counter charge back and put the request back in its place in its tenant's queue
@@ -299,7 +282,7 @@ class FlowControl:
             if w.future is not None and not w.future.done():
                 w.future.set_result(None)
 
-    def _release_now(self, w: _Waiting) -> bool:
+    def _release_now(self, w: Waiting) -> bool:
         """The fast path while nothing is queued: release ``w`` at once where the dispatcher would
         (same placement, slot and counters: :meth:`FairQueue.pass_through`), without the queue.
         False: ``w`` must be queued (no room, no slot, or a slot that needs Redis's answer)."""
@@ -317,7 +300,7 @@ class FlowControl:
         self._route(w, w.cands)  # nothing awaited or routed since the placement check built them
         return True
 
-    def _route(self, w: _Waiting, cands: list[Candidate] | None = None) -> None:
+    def _route(self, w: Waiting, cands: list[Candidate] | None = None) -> None:
         """Route the released ``w`` among ``w.room``: its result and counter charge, or its error.
         ``cands``: the router's candidates for ``w.candidate_ids`` built with no routing since
         (:meth:`_release_now`); those in ``w.room`` are routed among, not built again (issue 14)."""
@@ -337,7 +320,7 @@ class FlowControl:
             w.charged = max(0, w.req.prompt_tokens - choice.predicted_prefix_tokens)
             self.queue.charge(w.tenant_id, w.charged)
 
-    def _place(self, w: _Waiting, routable: set[str]) -> Placement:
+    def _place(self, w: Waiting, routable: set[str]) -> Placement:
         """Where ``w`` could go now (:data:`routing.fairness.Placement`); sets ``w.room``."""
         w.cands = None
         if w.slots is not None and self.slot_gate.skipped(w.tenant_id):
@@ -347,7 +330,7 @@ class FlowControl:
             return None
         if self._max_prefill is None:
             loads = self.router.loads
-            room = [rid for rid in ids if self._has_room(loads.snapshot(rid), 0, w.req.sequences)]
+            room = [rid for rid in ids if self.replica_room.has_room(loads.snapshot(rid), 0, w.req.sequences)]
             if not room:
                 return None
             w.room = room
@@ -357,44 +340,10 @@ class FlowControl:
         else:
             cands = w.cands = self.router.candidates(w.req, ids, w.alt_chains)
             bs = self.router.block_size
-            room = [c.replica_id for c in cands
-                    if self._has_room(c.load, max(0, w.req.prompt_tokens - c.matched_blocks * bs), w.req.sequences)]
+            has_room, prompt, seqs = self.replica_room.has_room, w.req.prompt_tokens, w.req.sequences
+            room = [c.replica_id for c in cands if has_room(c.load, max(0, prompt - c.matched_blocks * bs), seqs)]
             if not room:
                 return None
             w.room = room
-        return _warmth(cands, set(room), self.router.block_size, w.req.prompt_tokens, self._max_prefill,
-                       self.cfg.locality_wait_ratio)
-
-    def _has_room(self, load: ReplicaLoad, uncached: int, sequences: int) -> bool:
-        """Room on one replica for one more request (an empty replica always has room)."""
-        if load.running_requests and load.running_requests + sequences > self._max_running:
-            return False
-        mp = self._max_prefill
-        if mp is not None and load.queued_prefill_tokens and load.queued_prefill_tokens + uncached > mp:
-            return False
-        bound = self.cfg.replica_max_engine_waiting_requests
-        if bound is not None and self.calibration is not None:
-            est = self.calibration.estimate(load.replica_id)
-            eng = est.engine if est is not None else None
-            if eng is not None and eng.waiting is not None and eng.waiting >= bound and load.running_requests:
-                return False
-        return True
-
-
-def _warmth(cands: list[Candidate], room: set[str], block_size: int, prompt_tokens: int,
-            max_prefill: int | None, wait_ratio: float = 4.0) -> Placement:
-    """``warm`` when a replica holding the request's longest cached prefix has room (or there
-    is no cached prefix to lose). Otherwise compare, in prefill tokens, recomputing the prefix
-    elsewhere (``cold``) with waiting for the least-loaded warm replica to regain room: the
-    prefill it must drain first (its queued prefill tokens beyond what leaves room for this
-    request under ``max_prefill``, or all of them without a token bound). Waiting is cheaper:
-    ``None`` (the request is not placed now; others are released meanwhile; its tenant's wait
-    bound still applies) while that drain is at most ``wait_ratio`` times the prefix."""
-    best = max((c.matched_blocks for c in cands), default=0)
-    if best == 0 or any(c.matched_blocks == best and c.replica_id in room for c in cands):
-        return "warm"
-    prefix = best * block_size
-    uncached = max(0, prompt_tokens - prefix)
-    drain = min(c.load.queued_prefill_tokens + (uncached - max_prefill if max_prefill is not None else 0)
-                for c in cands if c.matched_blocks == best)
-    return None if prefix * wait_ratio >= drain else "cold"
+        return warmth(cands, set(room), self.router.block_size, w.req.prompt_tokens, self._max_prefill,
+                      self.cfg.locality_wait_ratio)

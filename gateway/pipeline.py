@@ -192,8 +192,12 @@ class InferencePipeline:
             held.end_attempt()  # the previous attempt's verdict was given; give back what it held
             rec.attempts += 1
             if gw.flow is not None and rec.attempts == 1:  # the tenant's fair turn and a replica with room
-                rel = await unless_client_leaves(request, gw.flow.release(tenant, route_req, [r.id for r in remaining],
-                    chains.previous_chains(), deadline, gw.admission.slot_claim(tenant, held.lease)))  # retries do not wait
+                ids, alt = [r.id for r in remaining], chains.previous_chains()
+                slots = gw.admission.slot_claim(tenant, held.lease)
+                rel = gw.flow.release_now(tenant, route_req, ids, alt, slots)  # nothing queued, room now: no wait
+                if rel is None:  # retries do not wait
+                    rel = await unless_client_leaves(
+                        request, gw.flow.release(tenant, route_req, ids, alt, deadline, slots, tried=True))
                 choice, held.ticket, rec.queue_wait_ms, rec.virtual_tokens = rel.as_record()
             else:
                 choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())

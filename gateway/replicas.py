@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.replica_attempt import Attempt, UnknownReplicaError
 from gateway.tenant_breaker import TenantBreaker
 from routing.filters import HealthFilter, TenantPoolFilter
 
@@ -54,10 +55,6 @@ def retryable_status(status: int) -> bool:
     gateway failures and 429 (the replica shedding load). A 500 is not (R7-2: the same input fails
     the same way elsewhere, and each retry would cost another replica's engine)."""
     return status == 429 or status in GATEWAY_FAILURE_STATUSES
-
-
-class UnknownReplicaError(KeyError):
-    """Raised for a replica id that is not in the set."""
 
 
 @dataclass(frozen=True)
@@ -315,82 +312,3 @@ class ReplicaSet:
             self.version += 1
             return True
         return False
-
-
-class Attempt:
-    """One upstream attempt on one replica, from dispatch to its verdict.
-
-    Made by :meth:`ReplicaSet.attempt`. The first of :meth:`succeeded`,
-    :meth:`failed` and :meth:`release` settles it; later calls do nothing, so
-    the code that knows the verdict gives it and one ``finally`` (or the
-    ``with`` block's exit) releases whatever ended without one. ``probe`` is
-    True when this attempt is the replica's half-open probe. Verdicts on a
-    replica removed meanwhile are dropped (never raise).
-    """
-
-    __slots__ = ("replica_id", "probe", "tenant_id", "retry", "_set", "_open")
-
-    def __init__(self, replica_set: ReplicaSet, replica_id: str, probe: bool, tenant_id: str | None = None) -> None:
-        self.replica_id = replica_id
-        self.probe = probe
-        self.tenant_id, self.retry = tenant_id, True  # whose request; False: do not retry elsewhere (R7b-1)
-        self._set = replica_set
-        self._open = True
-
-    @property
-    def settled(self) -> bool:
-        """True once a verdict (or a release) was applied."""
-        return not self._open
-
-    def first_byte(self) -> None:
-        """The replica's 200 answer began (its first body byte arrived). For the half-open probe this
-        is the circuit's verdict (R7-2): the circuit closes now, not at the answer's end, so one long
-        stream cannot hold the replica out of rotation for a whole generation. The attempt itself
-        stays open: the answer's end still gives its verdict (a stream cut later counts one failure
-        on the closed circuit). No effect on other attempts or once settled."""
-        if self.probe and self._open:
-            self.probe = False  # a later release must not free another request's probe
-            self._apply(self._set.record_success)
-            self._set.tenants.succeeded(self.replica_id, self.tenant_id)
-
-    def succeeded(self) -> None:
-        """The replica gave a complete answer, or an answer that is not a gateway failure (a 4xx,
-        a plain 500: :func:`counts_against_replica`): reset its failures, close the circuit."""
-        if self._settle():
-            self._apply(self._set.record_success)
-            self._set.tenants.succeeded(self.replica_id, self.tenant_id)
-
-    def failed(self) -> None:
-        """A replica fault (502/503/504, timeout, connect error, reset or broken answer): count it
-        (a failed probe re-opens the circuit) unless it is attributed to the request's tenant
-        (R7b-1, gateway/tenant_breaker.py): then only the (replica, tenant) pair counts it, a probe
-        is released, and :attr:`retry` turns False from the pair's second failure on."""
-        if self._settle():
-            verdict = self._set.tenants.failed(self.replica_id, self.tenant_id)
-            self.retry = verdict.retry
-            if not verdict.attributed:
-                self._apply(self._set.record_failure)
-            elif self.probe:
-                self._apply(self._set.release_probe)
-
-    def release(self) -> None:
-        """No verdict on the replica (client gone, cancelled, gateway error):
-        if this attempt was the half-open probe, let the next request probe."""
-        if self._settle() and self.probe:
-            self._apply(self._set.release_probe)
-
-    def _settle(self) -> bool:
-        was_open, self._open = self._open, False
-        return was_open
-
-    def _apply(self, fn: Callable[[str], None]) -> None:
-        try:
-            fn(self.replica_id)
-        except UnknownReplicaError:
-            pass
-
-    def __enter__(self) -> Attempt:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()

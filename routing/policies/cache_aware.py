@@ -40,6 +40,7 @@ from pydantic import Field
 
 from routing.filters.dispatch_share import DispatchShareFilter
 from routing.filters.load_guard import LoadGuardFilter
+from routing.hashing import prefix_tokens
 from routing.params import PolicyParams
 from routing.pickers.least_load import LeastLoadPicker
 from routing.pickers.lowest_cost import LowestCostPicker
@@ -122,6 +123,7 @@ class CacheAwarePolicy(Scheduler):
             fallback=LeastLoadPicker(cfg.skip_blocks, "guard_fallback_least_load"),
             filtered_cost=math.inf,
         )
+        self._own_chain = (self.filters, self.scorers, self.picker, self.fallback, self.filtered_cost)
 
     def _costs(self, req: RouteRequest, candidates: Sequence[Candidate]) -> dict[str, float]:
         """The three scorers' summed costs in one pass (one rate lookup instead of three dicts per
@@ -156,10 +158,33 @@ class CacheAwarePolicy(Scheduler):
     def choose(self, req: RouteRequest, candidates: Sequence[Candidate]) -> RouteChoice:
         """See :class:`routing.scheduler.Scheduler`; the pick is counted in
         the dispatch-share guard's window."""
-        choice = super().choose(req, candidates)
+        if len(candidates) == 1 and (self.filters, self.scorers, self.picker, self.fallback,
+                                     self.filtered_cost) == self._own_chain:
+            choice = self._choose_one(req, candidates)
+        else:
+            choice = super().choose(req, candidates)
         if self.dispatch_share is not None:
             self.dispatch_share.record(choice.replica_id)
         return choice
+
+    def _choose_one(self, req: RouteRequest, cands: Sequence[Candidate]) -> RouteChoice:
+        """:meth:`Scheduler.choose` of one candidate through this chain, without the generic steps
+        (issue 14: one replica is common): the same filters, costs, reason and scores, the picker's
+        rule written for one eligible candidate (it is its own best prefix) and the fallback's when the
+        guard keeps nobody (tests/routing/test_s8_choose_one.py against the generic chain)."""
+        c = cands[0]
+        kept: Sequence[Candidate] = cands
+        for f in self.filters:  # the dispatch-share filter keeps one candidate and resets its cap
+            kept = f.filter(req, kept)
+        scores = self._costs(req, cands)
+        matched = prefix_tokens(req, c.matched_blocks)
+        if kept:
+            reason = "best_prefix" if c.matched_blocks > 0 else "no_prefix"
+        else:
+            scores[c.replica_id] = math.inf  # filtered_cost
+            reason = self.fallback.pick(req, cands, cands, scores).reason  # type: ignore[union-attr]
+        return RouteChoice(replica_id=c.replica_id, policy=self.name, predicted_prefix_tokens=matched,
+                           available_prefix_tokens=matched, reason=reason, scores=scores)
 
     @property
     def load_factor(self) -> float:

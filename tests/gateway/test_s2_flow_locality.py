@@ -1,4 +1,4 @@
-"""Issue 17: the locality rule's wait ratio (``flow.locality_wait_ratio``, gateway/flow.py ``_warmth``).
+"""Issue 17: the locality rule's wait ratio (``flow.locality_wait_ratio``, gateway/flow_room.py ``warmth``).
 
 A request whose prefix replica is full waits for it while the prefill that replica must drain
 first is at most ``ratio`` x the prefix; beyond that it goes cold (recomputes the prefix on a
@@ -7,7 +7,7 @@ replica with room)."""
 from __future__ import annotations
 
 from gateway.config_flow import FlowConfig
-from gateway.flow import _warmth
+from gateway.flow_room import warmth as _warmth
 from routing.types import Candidate, ReplicaLoad
 
 BS = 16

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config_flow import FlowConfig
-from gateway.flow import FlowControl, _Waiting
+from gateway.flow import FlowControl
+from gateway.flow_waiting import Waiting as _Waiting
 from routing.router import Router
 from tenancy.registry import Tenant
 from tests.gateway.test_s2_flow_dispatch import make, req

@@ -20,7 +20,8 @@ import pytest
 from aiohttp import web
 
 from gateway.replicas import CircuitState
-from sim.procs import free_port
+from tests.support.fake_replicas import (  # noqa: F401 - n_replicas: this module's stack fixture
+    PLAIN_ANSWER, base_app, completion, n_replicas, serving)
 from tests.support.waiting import wait_for
 
 
@@ -42,9 +43,6 @@ def _chunk(text: str) -> bytes:
 
 
 def _app(fake: Fake) -> web.Application:
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"instance_id": "i-" + fake.url[-5:]}, status=200 if fake.healthy else 503)
-
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         prompt = str(body.get("prompt", ""))
@@ -53,9 +51,7 @@ def _app(fake: Fake) -> web.Application:
             return web.json_response({"error": {"message": "engine crashed on this input (internal trace)",
                                                 "type": "server_error"}}, status=fake.poison_status)
         if not body.get("stream"):
-            return web.json_response({"id": "c", "object": "text_completion", "created": 0, "model": "sim-model",
-                                      "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
-                                      "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+            return web.json_response(PLAIN_ANSWER)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         await resp.write(_chunk("first"))
@@ -66,35 +62,15 @@ def _app(fake: Fake) -> web.Application:
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_post("/v1/completions", completions)
-    return app
+    return base_app(fake, completions)
 
 
 @pytest.fixture
 async def fakes() -> AsyncIterator[list[Fake]]:
-    out: list[Fake] = []
-    runners = []
-    for _ in range(3):
-        fake = Fake()
-        runner = web.AppRunner(_app(fake))
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        fake.url = f"http://127.0.0.1:{port}"
-        out.append(fake)
-        runners.append(runner)
-    yield out
-    for f in out:
-        f.hold.set()
-    for runner in runners:
-        await runner.cleanup()
-
-
-@pytest.fixture
-def n_replicas() -> int:
-    return 1  # the simulated cluster is not used here
+    async with serving([Fake() for _ in range(3)], _app) as out:
+        yield out
+        for f in out:
+            f.hold.set()
 
 
 @pytest.fixture
@@ -108,8 +84,6 @@ def config_overrides(fakes: list[Fake]) -> dict[str, Any]:
     }
 
 
-def completion(prompt: str, **kw: Any) -> dict[str, Any]:
-    return {"model": "sim-model", "prompt": prompt, "max_tokens": 4, **kw}
 
 
 async def test_one_tenants_500s_neither_open_the_circuits_nor_are_retried(stack: Any, fakes: list[Fake]) -> None:

@@ -17,7 +17,8 @@ import pytest
 from aiohttp import web
 
 from gateway.replicas import CircuitState
-from sim.procs import free_port
+from tests.support.fake_replicas import (  # noqa: F401 - n_replicas: this module's stack fixture
+    PLAIN_ANSWER, base_app, completion, n_replicas, serving)
 from tests.support.waiting import wait_for
 
 
@@ -34,9 +35,6 @@ class Fake:
 
 
 def _app(fake: Fake) -> web.Application:
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"instance_id": "i-" + fake.url[-5:]}, status=200 if fake.healthy else 503)
-
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         if fake.fail_all or "POISON" in str(body.get("prompt", "")):
@@ -47,37 +45,15 @@ def _app(fake: Fake) -> web.Application:
                 raise web.HTTPServiceUnavailable()  # never reaches the client: the connection is gone
             return web.json_response({"error": {"message": "overloaded by this input"}}, status=503)
         fake.ok += 1
-        return web.json_response({"id": "c", "object": "text_completion", "created": 0, "model": "sim-model",
-                                  "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
-                                  "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+        return web.json_response(PLAIN_ANSWER)
 
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_post("/v1/completions", completions)
-    return app
+    return base_app(fake, completions)
 
 
 @pytest.fixture
 async def fakes() -> AsyncIterator[list[Fake]]:
-    out: list[Fake] = []
-    runners = []
-    for _ in range(2):
-        fake = Fake()
-        runner = web.AppRunner(_app(fake))
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        fake.url = f"http://127.0.0.1:{port}"
-        out.append(fake)
-        runners.append(runner)
-    yield out
-    for runner in runners:
-        await runner.cleanup()
-
-
-@pytest.fixture
-def n_replicas() -> int:
-    return 1  # the simulated cluster is not used here
+    async with serving([Fake() for _ in range(2)], _app) as out:
+        yield out
 
 
 @pytest.fixture
@@ -89,9 +65,6 @@ def config_overrides(fakes: list[Fake]) -> dict[str, Any]:
                    "breaker_failures": 3, "breaker_cooldown_s": 1.5},
     }
 
-
-def completion(prompt: str) -> dict[str, Any]:
-    return {"model": "sim-model", "prompt": prompt, "max_tokens": 4}
 
 
 async def _served_on_both(stack: Any, fakes: list[Fake], tenant: str) -> None:

@@ -4,14 +4,7 @@ steady stream of successes keeps the evidence alive (expiry refreshed at least e
 from __future__ import annotations
 
 from gateway.tenant_breaker import REFRESH_S, TenantBreaker
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.routing.test_s7_tenant_breaker_unit import Clock
 
 
 def test_steady_successes_keep_the_evidence_past_window_and_cooldown() -> None:

@@ -7,6 +7,8 @@ from gateway.tenant_breaker import TenantBreaker
 
 
 class Clock:
+    """Monotonic seconds for the breakers, 100.0 at first; set ``t`` to move it."""
+
     def __init__(self) -> None:
         self.t = 100.0
 
