@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.tenant_breaker import TenantBreaker
+from gateway.tenant_breaker import DEFAULT_WINDOW_S, TenantBreaker
 from routing.filters import HealthFilter, TenantPoolFilter
 
 __all__ = ["Attempt", "Replica", "ReplicaSet", "ReplicaState", "CircuitState", "UnknownReplicaError",
@@ -100,7 +100,8 @@ class ReplicaSet:
 
     ``failure_threshold``: consecutive upstream failures that open the
     circuit; ``cooldown_s``: seconds before an open circuit admits one
-    half-open probe; ``clock``: monotonic seconds (injectable for tests).
+    half-open probe; ``clock``: monotonic seconds (injectable for tests);
+    ``tenant_window_s``: the per-(replica, tenant) evidence window (gateway/tenant_breaker.py).
     Replicas start healthy (the checker marks them down if they are not).
     Raises :class:`ValueError` on duplicate ids or bad thresholds.
 
@@ -122,13 +123,14 @@ class ReplicaSet:
         failure_threshold: int = 5,
         cooldown_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        tenant_window_s: float = DEFAULT_WINDOW_S,
     ) -> None:
         if failure_threshold < 1 or cooldown_s < 0:
             raise ValueError("failure_threshold must be >= 1 and cooldown_s >= 0")
         self.failure_threshold = failure_threshold
         self.cooldown_s = cooldown_s
         self._clock = clock
-        self.tenants = TenantBreaker(failure_threshold, cooldown_s, clock=clock)  # R7b-1, gateway/tenant_breaker.py
+        self.tenants = TenantBreaker(failure_threshold, cooldown_s, window_s=tenant_window_s, clock=clock)  # R8-2
         self._replicas: dict[str, Replica] = {}
         self._state: dict[str, ReplicaState] = {}
         self.version = 0
@@ -353,20 +355,21 @@ class Attempt:
             self._apply(self._set.record_success)
             self._set.tenants.succeeded(self.replica_id, self.tenant_id)
 
-    def succeeded(self) -> None:
+    def succeeded(self, served: bool = True) -> None:
         """The replica gave a complete answer, or an answer that is not a gateway failure (a 4xx,
-        a plain 500: :func:`counts_against_replica`): reset its failures, close the circuit."""
+        a plain 500: :func:`counts_against_replica`): reset its failures, close the circuit.
+        ``served``: a 2xx; False: no evidence for the tenant breaker that the replica serves (R8-4)."""
         if self._settle():
             self._apply(self._set.record_success)
-            self._set.tenants.succeeded(self.replica_id, self.tenant_id)
+            self._set.tenants.succeeded(self.replica_id, self.tenant_id, served)
 
-    def failed(self) -> None:
+    def failed(self, reached: bool = True) -> None:
         """A replica fault (502/503/504, timeout, connect error, reset or broken answer): count it
         (a failed probe re-opens the circuit) unless it is attributed to the request's tenant
-        (R7b-1, gateway/tenant_breaker.py): then only the (replica, tenant) pair counts it, a probe
-        is released, and :attr:`retry` turns False from the pair's second failure on."""
+        (gateway/tenant_breaker.py): then only the (replica, tenant) pair counts it and a probe is
+        released. ``reached`` False (no connection: nothing sent) is never attributed (R8-2)."""
         if self._settle():
-            verdict = self._set.tenants.failed(self.replica_id, self.tenant_id)
+            verdict = self._set.tenants.failed(self.replica_id, self.tenant_id if reached else None)
             self.retry = verdict.retry
             if not verdict.attributed:
                 self._apply(self._set.record_failure)

@@ -147,3 +147,15 @@ def test_window_is_validated() -> None:
     import pytest
     with pytest.raises(ValueError):
         TenantBreaker(3, 5.0, window_s=-1.0)
+
+
+def test_a_request_never_sent_counts_against_the_replica_whoever_sent_it() -> None:
+    """No connection could be made (``reached`` False): the tenant's input cannot be the cause, so the
+    failure is the replica's at once (as Envoy counts locally originated connect failures per host)."""
+    rs = _set(Clock())
+    for _ in range(3):
+        att = rs.attempt("r0", "a")
+        att.failed(reached=False)
+        assert att.retry
+    assert rs.state("r0").circuit is CircuitState.OPEN
+    assert rs.tenants.streak("r0", "a") == 0
