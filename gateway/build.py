@@ -323,6 +323,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         [Replica(r.id, r.url, r.pool, dict(r.labels), r.cache_salt) for r in config.replicas],
         failure_threshold=config.health.breaker_failures,
         cooldown_s=config.health.breaker_cooldown_s,
+        tenant_window_s=config.health.breaker_tenant_window_s,
     )
     index = InProcessPrefixIndex(rc.index_capacity_blocks)
     route_index: PrefixIndex = index

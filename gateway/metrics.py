@@ -218,7 +218,7 @@ class GatewayMetrics:
         ), self.batch)
         self.tenant_circuits_opened = BoundChildren(Counter(
             "prefixgate_tenant_circuits_opened", "Circuits opened for one (replica, tenant) pair only: the "
-            "tenant's requests failed on the replica while other tenants' succeeded (R7b-1)",
+            "tenant's requests failed on the replica and no other tenant's failure corroborated a replica fault (R8-2)",
             ["replica", "tenant"], registry=a,
         ), self.batch)
         self.replica_healthy = BoundChildren(Gauge("prefixgate_replica_healthy", "1 when the replica is healthy",

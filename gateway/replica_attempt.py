@@ -53,20 +53,21 @@ class Attempt:
             self._apply(self._set.record_success)
             self._set.tenants.succeeded(self.replica_id, self.tenant_id)
 
-    def succeeded(self) -> None:
+    def succeeded(self, served: bool = True) -> None:
         """The replica gave a complete answer, or an answer that is not a gateway failure (a 4xx,
-        a plain 500: :func:`counts_against_replica`): reset its failures, close the circuit."""
+        a plain 500: :func:`counts_against_replica`): reset its failures, close the circuit.
+        ``served``: a 2xx; False: no evidence for the tenant breaker that the replica serves (R8-4)."""
         if self._settle():
             self._apply(self._set.record_success)
-            self._set.tenants.succeeded(self.replica_id, self.tenant_id)
+            self._set.tenants.succeeded(self.replica_id, self.tenant_id, served)
 
-    def failed(self) -> None:
+    def failed(self, reached: bool = True) -> None:
         """A replica fault (502/503/504, timeout, connect error, reset or broken answer): count it
         (a failed probe re-opens the circuit) unless it is attributed to the request's tenant
-        (R7b-1, gateway/tenant_breaker.py): then only the (replica, tenant) pair counts it, a probe
-        is released, and :attr:`retry` turns False from the pair's second failure on."""
+        (gateway/tenant_breaker.py): then only the (replica, tenant) pair counts it and a probe is
+        released. ``reached`` False (no connection: nothing sent) is never attributed (R8-2)."""
         if self._settle():
-            verdict = self._set.tenants.failed(self.replica_id, self.tenant_id)
+            verdict = self._set.tenants.failed(self.replica_id, self.tenant_id if reached else None)
             self.retry = verdict.retry
             if not verdict.attributed:
                 self._apply(self._set.record_failure)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.replica_attempt import Attempt, UnknownReplicaError
-from gateway.tenant_breaker import TenantBreaker
+from gateway.tenant_breaker import DEFAULT_WINDOW_S, TenantBreaker
 from routing.filters import HealthFilter, TenantPoolFilter
 
 __all__ = ["Attempt", "Replica", "ReplicaSet", "ReplicaState", "CircuitState", "UnknownReplicaError",
@@ -97,7 +97,8 @@ class ReplicaSet:
 
     ``failure_threshold``: consecutive upstream failures that open the
     circuit; ``cooldown_s``: seconds before an open circuit admits one
-    half-open probe; ``clock``: monotonic seconds (injectable for tests).
+    half-open probe; ``clock``: monotonic seconds (injectable for tests);
+    ``tenant_window_s``: the per-(replica, tenant) evidence window (gateway/tenant_breaker.py).
     Replicas start healthy (the checker marks them down if they are not).
     Raises :class:`ValueError` on duplicate ids or bad thresholds.
 
@@ -119,13 +120,14 @@ class ReplicaSet:
         failure_threshold: int = 5,
         cooldown_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        tenant_window_s: float = DEFAULT_WINDOW_S,
     ) -> None:
         if failure_threshold < 1 or cooldown_s < 0:
             raise ValueError("failure_threshold must be >= 1 and cooldown_s >= 0")
         self.failure_threshold = failure_threshold
         self.cooldown_s = cooldown_s
         self._clock = clock
-        self.tenants = TenantBreaker(failure_threshold, cooldown_s, clock=clock)  # R7b-1, gateway/tenant_breaker.py
+        self.tenants = TenantBreaker(failure_threshold, cooldown_s, window_s=tenant_window_s, clock=clock)  # R8-2
         self._replicas: dict[str, Replica] = {}
         self._state: dict[str, ReplicaState] = {}
         self.version = 0

@@ -1,21 +1,44 @@
-"""Per-(replica, tenant) attribution of replica failures (review R7b-1).
+"""Per-(replica, tenant) attribution of replica failures (reviews R7b-1, R8-2, R8-4).
 
 The replica's shared circuit (:class:`gateway.replicas.ReplicaSet`) counts gateway failures
 (502/503/504, connect error, timeout, reset, broken answer). One tenant whose *input* makes the
-engine fail that way (a "query of death" answered 503, or a dropped connection) would open every
+engine fail that way (a "query of death" answered 503, or a dropped connection) must not open a
 replica's shared circuit for every tenant. So each failure is first offered to a
-:class:`TenantBreaker`: when another tenant's last verdict on the same replica is a success no older
-than ``window_s`` seconds, the replica is demonstrably serving others and the failure is
-*attributed* to the failing tenant: it counts against the (replica, tenant) pair only, never against
-the shared circuit. ``threshold`` consecutive attributed failures open a circuit for that pair for
-``cooldown_s`` seconds (that tenant's requests are not routed to that replica); after the cool-down
-the pair is routable again and one more failure re-opens it. A failure with no such evidence (one
-tenant only, or every tenant failing: a real replica fault) is not attributed and counts against the
-shared circuit as before.
+:class:`TenantBreaker`, which decides whose failure it is:
+
+* **corroborated** (the replica's): another tenant's last verdict on the same replica is also a
+  gateway failure, no older than ``window_s`` seconds and later than the replica's last 2xx answer
+  (to any tenant). Failures of two distinct tenants' inputs with nothing served between them are
+  evidence against the replica: the failure counts against the shared circuit (and the pair's
+  streak). A failure with no tenant known is always the replica's.
+* otherwise **attributed** (the pair's): it counts against the (replica, tenant) pair only, never
+  against the shared circuit — also when nothing is known about other tenants (start-up, a quiet
+  replica: review R8-2; session 7 attributed only while another tenant's success was <= 60 s old,
+  so one tenant alone opened every shared circuit). ``threshold`` consecutive failures of the pair
+  open a circuit for that pair for ``cooldown_s`` seconds (that tenant's requests are not routed to
+  that replica); after the cool-down the pair is routable again and one more failure re-opens it.
+  A real fault seen by one tenant alone thus takes the replica out for that tenant (it is
+  protected); the shared circuit opens once a second tenant fails there too, and the active health
+  check (gateway/health.py) marks a replica whose ``/health`` fails down for everyone.
+
+Only a **2xx** answer (``succeeded(..., served=True)``) is evidence that the replica serves: it ends
+the tenant's streak and voids earlier failures as corroboration. Any other answer that is not a
+gateway failure (4xx, 429, a plain 500: ``served=False``) proves the HTTP server alive, not the
+engine: it is neither evidence nor a reset of the tenant's streak (review R8-4: a tenant's 400s from
+a broken replica made every other tenant's failures there "its own", and unretried).
+
+Retry: an attributed failure is not retried on another replica once the pair's streak is 2 or more
+*and* another tenant got a 2xx on that replica within ``window_s`` (the input is then the likely
+cause; one request must not spread its damage over every replica). Without that evidence (one
+tenant alone: a poison input and a real fault look alike) the failure may be retried, as a shared
+failure may.
 
 Memory is bounded: per replica a :class:`cachetools.TTLCache` of at most ``max_tenants`` entries,
-each expiring ``window_s + cooldown_s`` seconds after its last update. Pure logic, no I/O; the
-``on_open(replica_id, tenant_id)`` callback (audit log line, metric) is called when a pair opens.
+each expiring ``window_s + cooldown_s`` seconds after its last update, plus one int per replica.
+Pure logic, no I/O; the ``on_open(replica_id, tenant_id)`` callback (audit log line, metric) is
+called when a pair opens. Compare Envoy's outlier detection (``consecutive_gateway_failure``,
+``split_external_local_origin_errors``): it ejects a host on consecutive failures whatever request
+caused them; it has no notion of whose request failed (docs/routing.md).
 """
 
 from __future__ import annotations
@@ -26,9 +49,10 @@ from dataclasses import dataclass
 
 from cachetools import TTLCache
 
-__all__ = ["TenantBreaker", "TenantVerdict"]
+__all__ = ["TenantBreaker", "TenantVerdict", "DEFAULT_WINDOW_S"]
 
-#: default seconds a success of another tenant on the replica is evidence that the replica is fine
+#: default seconds a tenant's verdict on a replica stands as evidence (a 2xx: the replica serves
+#: others; a failure: corroborates another tenant's failure). Config ``health.breaker_tenant_window_s``
 DEFAULT_WINDOW_S = 60.0
 #: default bound on tracked tenants per replica
 DEFAULT_MAX_TENANTS = 1024
@@ -39,21 +63,23 @@ REFRESH_S = 1.0
 
 @dataclass(slots=True)
 class _Entry:
-    """One (replica, tenant) pair: its last verdict, failure streak and open-until time."""
+    """One (replica, tenant) pair: its last verdict (2xx or gateway failure), failure streak and
+    open-until time."""
 
     last_ok: bool = True
     last_at: float = 0.0
     streak: int = 0
     open_until: float = 0.0
+    seq: int = 0  # the breaker's verdict number of its last failure (orders it against 2xx answers)
 
 
 @dataclass(frozen=True, slots=True)
 class TenantVerdict:
     """What one failure meant. ``attributed``: counted against the (replica, tenant) pair only,
-    not against the shared circuit; ``streak``: the pair's consecutive failures including this one;
-    ``opened``: this failure opened the pair's circuit; ``retry``: the request may be retried on
-    another replica (False once an attributed streak is 2 or more: one request must not spread its
-    damage over every replica)."""
+    not against the shared circuit (False: corroborated by another tenant's failure, or no tenant);
+    ``streak``: the pair's consecutive failures including this one; ``opened``: this failure opened
+    the pair's circuit; ``retry``: the request may be retried on another replica (False once an
+    attributed streak is 2 or more while another tenant is served there)."""
 
     attributed: bool
     streak: int
@@ -62,11 +88,11 @@ class TenantVerdict:
 
 
 class TenantBreaker:
-    """Consecutive failures per (replica, tenant), with per-pair circuits.
+    """Consecutive failures per (replica, tenant), with per-pair circuits (see module doc).
 
     ``threshold`` (>= 1) attributed consecutive failures open a pair for ``cooldown_s`` seconds;
-    ``window_s``: how recent another tenant's success must be; ``max_tenants``: entries per replica;
-    ``clock``: monotonic seconds. Tenant ``None`` (no tenant known) is never attributed.
+    ``window_s``: how long a tenant's last verdict stands as evidence; ``max_tenants``: entries per
+    replica; ``clock``: monotonic seconds. Tenant ``None`` (no tenant known) is never attributed.
     Raises :class:`ValueError` for a threshold below 1 or a negative time.
     """
 
@@ -80,6 +106,8 @@ class TenantBreaker:
         self.on_open = on_open
         self._clock = clock
         self._replicas: dict[str, TTLCache[str, _Entry]] = {}
+        self._seq = 0  # verdicts numbered in order: "later than the last 2xx" without clock ties
+        self._served_seq: dict[str, int] = {}  # replica -> number of its last 2xx (any tenant)
         self.blocked_pairs = 0  # pairs ever opened (for tests and notes)
         self.open_until_max = 0.0  # no pair is open once the clock passes this (routing fast path)
 
@@ -90,10 +118,16 @@ class TenantBreaker:
                                                           timer=self._clock)
         return table
 
-    def succeeded(self, replica_id: str, tenant_id: str | None) -> None:
-        """``tenant_id``'s request got a non-failure answer from ``replica_id``: its streak ends.
-        A success within :data:`REFRESH_S` of the pair's last recorded success (no failure between)
-        changes nothing and is not written again."""
+    def succeeded(self, replica_id: str, tenant_id: str | None, served: bool = True) -> None:
+        """``tenant_id``'s request got an answer from ``replica_id`` that is not a gateway failure.
+        ``served`` (a 2xx answer, or the first byte of a 200 stream): evidence that the replica
+        serves, and the tenant's streak ends. ``served=False`` (4xx, 429, a plain 500): changes
+        nothing here (R8-4). A success within :data:`REFRESH_S` of the pair's last recorded success
+        (no failure between) is not written again."""
+        if not served:
+            return
+        self._seq += 1
+        self._served_seq[replica_id] = self._seq
         if tenant_id is None:
             return
         now = self._clock()
@@ -107,25 +141,36 @@ class TenantBreaker:
 
     def failed(self, replica_id: str, tenant_id: str | None) -> TenantVerdict:
         """``tenant_id``'s request failed on ``replica_id`` (a gateway failure); returns the
-        :class:`TenantVerdict`. Opens the pair (and calls ``on_open``) at ``threshold``."""
+        :class:`TenantVerdict`. Opens the pair (and calls ``on_open``) at ``threshold`` attributed
+        consecutive failures. O(tenants tracked on the replica)."""
         if tenant_id is None:
             return TenantVerdict(False, 0, False, True)
         now = self._clock()
         table = self._table(replica_id)
-        others_fine = any(t != tenant_id and e.last_ok and now - e.last_at <= self.window_s
-                          for t, e in list(table.items()))
+        horizon = now - self.window_s
+        served_seq = self._served_seq.get(replica_id, 0)  # a failure before it corroborates nothing
+        others_served = corroborated = False
+        for t, e in list(table.items()):
+            if t == tenant_id or e.last_at < horizon:
+                continue
+            if e.last_ok:
+                others_served = True
+            elif e.seq > served_seq:
+                corroborated = True
+        self._seq += 1
         entry = table.get(tenant_id) or _Entry()
-        entry.last_ok, entry.last_at = False, now
+        entry.last_ok, entry.last_at, entry.seq = False, now, self._seq
         entry.streak += 1
-        opened = False
-        if others_fine and entry.streak >= self.threshold and entry.open_until <= now:
+        attributed, opened = not corroborated, False
+        if attributed and entry.streak >= self.threshold and entry.open_until <= now:
             entry.open_until, opened = now + self.cooldown_s, True
             self.open_until_max = max(self.open_until_max, entry.open_until)
             self.blocked_pairs += 1
         table[tenant_id] = entry
         if opened and self.on_open is not None:
             self.on_open(replica_id, tenant_id)
-        return TenantVerdict(others_fine, entry.streak, opened, not (others_fine and entry.streak >= 2))
+        return TenantVerdict(attributed, entry.streak, opened,
+                             not (attributed and others_served and entry.streak >= 2))
 
     def blocked(self, replica_id: str, tenant_id: str | None) -> bool:
         """True while the (``replica_id``, ``tenant_id``) circuit is open (its cool-down not over)."""
@@ -135,6 +180,12 @@ class TenantBreaker:
         entry = table.get(tenant_id) if table is not None else None
         return entry is not None and entry.open_until > self._clock()
 
+    def streak(self, replica_id: str, tenant_id: str | None) -> int:
+        """The (``replica_id``, ``tenant_id``) pair's consecutive gateway failures (0 if unknown)."""
+        table = self._replicas.get(replica_id)
+        entry = table.get(tenant_id) if table is not None and tenant_id is not None else None
+        return entry.streak if entry is not None else 0
+
     def any_open(self) -> bool:
         """True when some pair may still be open (O(1): the routing fast path asks it per request)."""
         return self.open_until_max > self._clock()
@@ -142,3 +193,4 @@ class TenantBreaker:
     def forget(self, replica_id: str) -> None:
         """Drop everything known about ``replica_id`` (removed, or restarted)."""
         self._replicas.pop(replica_id, None)
+        self._served_seq.pop(replica_id, None)

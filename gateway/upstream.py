@@ -123,18 +123,18 @@ class Upstream:
         alive and is a success (docs/routing.md, "Circuit breaker")."""
         self.metrics.upstream_failures.labels(fail.kind).inc()
         if fail.replica_fault:
-            attempt.failed()
+            attempt.failed(fail.reached)  # R8-2: a request never sent is no tenant's doing
             if not attempt.retry:  # R7b-1: the tenant's streak on this replica; no second replica
                 fail.retryable = False
         else:
-            attempt.succeeded()
+            attempt.succeeded(served=False)  # R8-4: alive, but no evidence that it serves
 
     def tenant_circuit_opened(self, replica_id: str, tenant_id: str) -> None:
         """One tenant's failures on ``replica_id`` opened the circuit of that (replica, tenant) pair
-        only (R7b-1, gateway/tenant_breaker.py): audit line (ids only, never prompt text) and metric."""
+        only (R7b-1, R8-2: gateway/tenant_breaker.py): audit line (ids only, never prompt text) and metric."""
         self.metrics.tenant_circuits_opened.labels(replica_id, tenant_id).inc()
-        log.warning("replica %s: circuit opened for tenant %s only (its requests failed there while other "
-                    "tenants' succeeded)", replica_id, tenant_id)
+        log.warning("replica %s: circuit opened for tenant %s only (its requests failed there; no other "
+                    "tenant's failure corroborates a replica fault)", replica_id, tenant_id)
 
     def answered(self, replica_id: str, instance_id: str | None, attempt: Attempt | None = None) -> None:
         """A replica started answering (the first byte of a 200); a changed instance id means it

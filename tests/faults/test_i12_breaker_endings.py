@@ -212,6 +212,9 @@ async def test_every_ending_of_the_half_open_probe_settles_the_breaker(
     rs = c.replica_set
     await c.health.stop()  # only the breaker reacts (status faults would also fail /health)
     await sim.fault(2, status=503)  # R7-2: a gateway failure (a 500 no longer counts)
+    # R8-2: the shared circuit opens (and a failed probe re-opens it) on failures of two tenants; only
+    # tenant-reg may use r2, so a second tenant's failure is given through the breaker's API
+    rs.attempt("r2", "tenant-x").failed()
     for _ in range(THRESHOLD):
         assert (await post(stack)).status_code == 502
     assert rs.state("r2").circuit is CircuitState.OPEN and not rs.is_routable("r2")
@@ -232,8 +235,11 @@ async def test_every_ending_of_the_half_open_probe_settles_the_breaker(
     if ending.verdict == "success":
         assert st.circuit is CircuitState.CLOSED and st.consecutive_failures == 0 and rs.is_routable("r2")
     elif ending.verdict.startswith("first_byte"):  # R7-2: closed at the probe's first byte
+        # a stream cut after the first byte counts one failure of tenant-reg's (replica, tenant) pair:
+        # the first byte was a 2xx after tenant-x's failure, so nothing corroborates it (R8-2)
         failures = 1 if ending.verdict.endswith("failure") else 0
-        assert st.circuit is CircuitState.CLOSED and st.consecutive_failures == failures and rs.is_routable("r2")
+        assert st.circuit is CircuitState.CLOSED and st.consecutive_failures == 0 and rs.is_routable("r2")
+        assert rs.tenants.streak("r2", "tenant-reg") == failures
     elif ending.verdict == "failure":
         assert st.consecutive_failures == THRESHOLD + 1 and st.opened_at >= t_probe  # re-opened by the probe
     else:

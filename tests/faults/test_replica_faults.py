@@ -130,7 +130,8 @@ async def test_reset_mid_stream_ends_with_error_event(stack, sim):
     assert error_of(evs[-1])["code"] == "upstream_stream_error"
     assert sim.counter("requests") == 1
     rid = stack.components.audit.records[-1]["replica"]
-    assert stack.components.replica_set.state(rid).consecutive_failures >= 1
+    # counted: against the (replica, tenant) pair, one tenant alone (R8-2: not the shared circuit)
+    assert stack.components.replica_set.tenants.streak(rid, "tenant-a") >= 1
 
 
 async def test_reset_before_first_byte_non_stream_is_retried(stack, sim):
@@ -179,6 +180,9 @@ async def test_breaker_opens_then_half_open_probe_closes_it(stack, sim):
     rs = stack.components.replica_set
     reg = "tenant-reg/app"  # only r2 (pool eu) may serve it
     await sim.fault(2, stall_before_first_byte_s=5)  # /health stays fine: only the breaker can react
+    # R8-2: the shared circuit opens on failures of two tenants; no second tenant may use pool eu here,
+    # so a second tenant's failure is given through the breaker's API
+    rs.attempt("r2", "tenant-x").failed()
     for i in range(2):
         r = await stack.client.post("/v1/completions", json=body(i), headers=stack.auth(reg))
         assert r.status_code == 504

@@ -103,13 +103,16 @@ async def test_one_tenants_500s_neither_open_the_circuits_nor_are_retried(stack:
 
 @pytest.mark.parametrize("status", [502, 503])
 async def test_gateway_failures_still_open_the_circuits(stack: Any, fakes: list[Fake], status: int) -> None:
+    """Gateway failures of two tenants open the shared circuits (session 8, R8-2: one tenant's
+    alone open only its own pairs, tests/gateway/test_s8_breaker_e2e.py)."""
     rs = stack.components.replica_set
     await wait_for(lambda: {"f0", "f1"} <= set(rs.routable_ids()), what="fake replicas healthy")
     fakes[0].poison_status = fakes[1].poison_status = status
-    for i in range(3):
-        r = await stack.client.post("/v1/completions", json=completion(f"POISON {i}"), headers=stack.auth("tenant-a/app"))
-        assert r.status_code in (502, 503), r.text
-    assert fakes[0].poison_hits + fakes[1].poison_hits == 6  # retried on the other replica
+    for i in range(2):
+        for tenant in ("tenant-a/app", "tenant-b/app"):
+            r = await stack.client.post("/v1/completions", json=completion(f"POISON {i}"), headers=stack.auth(tenant))
+            assert r.status_code in (502, 503), r.text
+    assert fakes[0].poison_hits + fakes[1].poison_hits == 8  # each retried on the other replica
     assert not {"f0", "f1"} & set(rs.routable_ids())
     r = await stack.client.post("/v1/completions", json=completion("hello"), headers=stack.auth("tenant-b/app"))
     assert r.status_code == 503 and r.json()["error"]["code"] == "no_replica"
@@ -120,8 +123,9 @@ async def test_half_open_probe_closes_the_circuit_at_its_first_byte(stack: Any, 
     fakes[1].healthy = False  # one replica in the pool: f0
     await wait_for(lambda: rs.routable_ids(["default"]) == ["f0"], what="f1 down, f0 up")
     fakes[0].poison_status = 503
-    for i in range(3):
-        await stack.client.post("/v1/completions", json=completion(f"POISON {i}"), headers=stack.auth("tenant-a/app"))
+    for i in range(2):  # two tenants' failures (R8-2): the shared circuit opens
+        for tenant in ("tenant-a/app", "tenant-b/app"):
+            await stack.client.post("/v1/completions", json=completion(f"POISON {i}"), headers=stack.auth(tenant))
     assert rs.state("f0").circuit is not CircuitState.CLOSED
     await wait_for(lambda: rs.state("f0").circuit is CircuitState.HALF_OPEN, what="cool-down over")
     async with stack.client.stream("POST", "/v1/completions", headers=stack.auth("tenant-a/app"),

@@ -176,4 +176,6 @@ async def test_replica_5xx_does_count(stack, capture):
     assert len(capture.seen) == 2  # retried once, on the other allowed replica, never on r2
     assert {c.replica for c in capture.seen} == {"r0", "r1"}
     rs = stack.components.replica_set
-    assert rs.state("r0").consecutive_failures == 1 and rs.state("r1").consecutive_failures == 1
+    # one tenant alone: counted against its (replica, tenant) pairs, not the shared circuits (R8-2)
+    assert rs.tenants.streak("r0", "tenant-a") == 1 and rs.tenants.streak("r1", "tenant-a") == 1
+    assert rs.state("r0").consecutive_failures == 0 and rs.state("r1").consecutive_failures == 0

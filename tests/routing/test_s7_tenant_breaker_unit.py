@@ -51,19 +51,28 @@ def test_failures_of_every_tenant_open_the_shared_circuit() -> None:
     assert rs.state("r0").circuit is CircuitState.OPEN
 
 
-def test_one_tenant_alone_or_no_tenant_counts_against_the_replica() -> None:
+def test_no_tenant_counts_against_the_replica_one_tenant_alone_does_not() -> None:
+    """Session 8 (R8-2): one tenant alone counts against its (replica, tenant) pair only; a verdict
+    with no tenant still counts against the shared circuit."""
     rs = ReplicaSet([Replica("r0", "http://r0")], failure_threshold=2, cooldown_s=5.0, clock=Clock())
     rs.attempt("r0", "a").failed()
+    rs.attempt("r0", "a").failed()
+    assert rs.state("r0").circuit is CircuitState.CLOSED and rs.tenants.blocked("r0", "a")
+    rs.attempt("r0").failed()
     rs.attempt("r0").failed()
     assert rs.state("r0").circuit is CircuitState.OPEN
 
 
 def test_stale_success_of_another_tenant_is_no_evidence() -> None:
+    """A success older than the window no longer blames the failing tenant's input: its failures
+    stay its pair's (R8-2) but are retried elsewhere (no evidence that the input is the cause)."""
     clock = Clock()
     tb = TenantBreaker(2, 1.0, window_s=10.0, clock=clock)
     tb.succeeded("r0", "b")
+    assert tb.failed("r0", "a").attributed and not tb.failed("r0", "a").retry  # fresh: a's input
     clock.t += 11.0
-    assert not tb.failed("r0", "a").attributed
+    verdicts = [tb.failed("r0", "c") for _ in range(2)]
+    assert all(v.attributed and v.retry for v in verdicts)
 
 
 def test_table_is_bounded_and_entries_expire() -> None:
