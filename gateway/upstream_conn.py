@@ -130,6 +130,12 @@ class UpstreamResponse:
                 raise RuntimeError("the upstream response was closed")
             await self._wait()
 
+    def take_buffered(self) -> bytes:
+        """Body bytes received, not yet read, without waiting; reading stays paused (gateway/stream_charge.py)."""
+        data, self._buffered = b"".join(self._chunks), 0
+        self._chunks.clear()
+        return data
+
     def at_eof(self) -> bool:
         """True when the whole body arrived and was read."""
         return self.complete and not self._chunks
