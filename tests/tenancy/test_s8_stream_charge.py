@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from typing import Any
 
 import httpx
 import pytest
 
+from gateway.app import build_public_app
 from gateway.proxy import UpstreamStream
+from gateway.server import uvicorn_config
 from gateway.sse import SseScanner
 from gateway.stream_charge import settle_client_end
 from gateway.upstream_conn import HIGH_WATER, UpstreamResponse
 from sim.replica import ReplicaConfig
 from tenancy.ledger import charge_for
-from tests.gateway.test_s7_slow_reader import MAX_TOKENS, TENANTS, UPSTREAM, _open_stream, _request_id
+from tests.gateway.test_s7_slow_reader import MAX_TOKENS, TENANTS, UPSTREAM, _request_id
 from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
+from tests.support.listeners import serving
 from tests.support.waiting import wait_for
 
 #: the whole answer (4096 one-token events, ~0.8 MB) generated in ~0.1 s: far faster than the client reads
@@ -46,15 +50,48 @@ async def _replica_stats(url: str) -> dict[str, Any]:
         return (await client.get(f"{url}/sim/stats")).json()
 
 
-@pytest.mark.parametrize(("config_overrides", "replica_cfg"), [(CONFIG, INSTANT_REPLICA)])
-async def test_a_client_that_stops_reading_pays_the_generated_output(stack: Any, audit_log: ListLog) -> None:  # noqa: F811
-    url = stack.cluster.urls[0]
-    sock, head = await _open_stream(stack)
-    rid = _request_id(head)
+async def _open_stream_on(addr: tuple[str, int], stack: Any) -> tuple[socket.socket, bytes]:
+    """As tests/gateway/test_s7_slow_reader.py's ``_open_stream``, on the listener at ``addr``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
     loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, addr)
+    body = json.dumps({"model": "sim-model", "prompt": "tell me everything", "max_tokens": MAX_TOKENS,
+                       "stream": True}).encode()
+    await loop.sock_sendall(sock, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            + f"Authorization: {stack.auth()['Authorization']}\r\n".encode()
+                            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    head = b""
+    async with asyncio.timeout(20):
+        while b"\r\n\r\n" not in head:
+            part = await loop.sock_recv(sock, 1)
+            assert part, "closed before the answer's head"
+            head += part
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return sock, head
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+@pytest.mark.parametrize(("config_overrides", "replica_cfg"), [(CONFIG, INSTANT_REPLICA)])
+async def test_a_client_that_stops_reading_pays_the_generated_output(stack: Any, audit_log: ListLog,  # noqa: F811
+                                                                     parser: str) -> None:
+    url = stack.cluster.urls[0]
+    c = stack.components
+    loop = asyncio.get_running_loop()
+    async with serving() as serve:
+        addr = await serve(uvicorn_config(build_public_app(c, manage_lifecycle=False), "127.0.0.1", 0, http=parser,
+                                          limits=c.config.limits, client_send_buffer_bytes=16384))
+        sock, head = await _open_stream_on(addr, stack)
+        rid = _request_id(head)
+        done = await _read_a_little_then_close_when_generated(loop, sock, url)
+        await _assert_charged_generated(stack, audit_log, rid, done)
+
+
+async def _read_a_little_then_close_when_generated(loop: Any, sock: socket.socket, url: str) -> dict[str, Any]:
+    done: dict[str, Any] = {}
     try:
         await loop.sock_recv(sock, 1024)  # a little of the answer, then nothing
-        done: dict[str, Any] = {}
 
         async def finished() -> bool:
             done.update(await _replica_stats(url))
@@ -65,6 +102,10 @@ async def test_a_client_that_stops_reading_pays_the_generated_output(stack: Any,
                 await asyncio.sleep(0.02)
     finally:
         sock.close()  # the client leaves with most of the answer unread
+    return done
+
+
+async def _assert_charged_generated(stack: Any, audit_log: ListLog, rid: str, done: dict[str, Any]) -> None:  # noqa: F811
     ledger = stack.components.ledger
     await wait_for(lambda: ledger.totals()["tenant-a"].open_reservations == 0, timeout_s=30,
                    what="the stream ended, its reservation settled")
