@@ -271,8 +271,9 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard
         return True
 
     def guard_body_unfinished(self) -> bool:
-        """True while a request body is being received (its head parsed, its end not yet)."""
-        return not self.guard_waiting
+        """True while a request body is being received (its head parsed, its end not yet), or after a
+        head refused by gateway/upgrade_guard.py (its body may follow: close lingering; S8)."""
+        return not self.guard_waiting or self.guard_head_refused
 
     def guard_framing_check(self) -> None:
         """While a body arrives: refuse it when its framing bytes pass the bound (R5b-3)."""
@@ -329,8 +330,9 @@ class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard, H11P
             self.conn.stop()
 
     def guard_body_unfinished(self) -> bool:
-        """True while a request body is being received (h11's ``their_state`` is ``SEND_BODY``)."""
-        return self.conn.their_state is h11.SEND_BODY
+        """True while a request body is being received (h11's ``their_state`` is ``SEND_BODY``), or after
+        a head refused by gateway/upgrade_guard.py (its body may follow: close lingering; S8)."""
+        return self.conn.their_state is h11.SEND_BODY or self.guard_head_refused
 
     def on_response_complete(self) -> None:
         """uvicorn hook: the response is sent; h11 may start the next cycle on buffered bytes."""

@@ -21,6 +21,7 @@ from gateway.read_deadline import ReadDeadline
 from gateway.record import RequestRecord
 from gateway.request import InferenceRequest
 from gateway.sse import SseProtocolError, SseScanner, error_event
+from gateway.stream_charge import settle_client_end  # R8-3
 from gateway.upstream import Upstream
 from gateway.write_stall import ended_code
 
@@ -82,11 +83,16 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
                 held.attempt.succeeded()
             else:  # a client-side bound's code (gateway/write_stall.py, R6b-3) or client_disconnect
                 rec.outcome, rec.status, rec.error_code = "cancelled", 499, ended_code()
+                rec.relayed_output = scanner.output_tokens
+                if not settle_client_end(held.up, scanner):  # R8-3: charge what the replica sent
+                    held.progress = "unknown"  # held back by the client: the whole reservation
             raise
         finally:
             deadline.close()
             held.usage = scanner.usage
-            held.relayed = rec.relayed_output = scanner.output_tokens
+            held.relayed = scanner.output_tokens  # received from the replica (>= relayed, R8-3)
+            if rec.relayed_output is None:
+                rec.relayed_output = scanner.output_tokens
             end()
 
     def on_call_end() -> None:

@@ -23,7 +23,7 @@ refused, under both parsers and on both listeners:
 - backstop for a head the scan did not see (one pipelined in the same read behind a request body,
   which the guard hands to the parser with the body; under h11 also behind a bodiless request, which
   h11 parses from its own buffer once the previous response is complete): under httptools a head the
-  parser reports as an upgrade (``parser.should_upgrade()``, CONNECT aside) is refused in
+  parser reports as an upgrade (``parser.should_upgrade()``) is refused in
   ``on_headers_complete`` before uvicorn starts a task for it, and the parser is stopped; under h11 a
   ``Request`` event with an ``upgrade`` field is refused by :meth:`UpgradeGuard.guard_h11_request`,
   which the protocol's one h11 connection wrapper (gateway/body_guard.py ``GuardedH11Connection``)
@@ -33,7 +33,18 @@ refused, under both parsers and on both listeners:
 
 **R7-3.** A ``#`` in the request-target (a fragment: never sent on the wire, RFC 9112 section 3.2)
 is refused the same way with code ``invalid_request_target``; both parsers accepted it and served
-``/v1/chat/completions#x`` as the chat route.
+``/v1/chat/completions#x`` as the chat route. Since R8-5 the backstops refuse it too (httptools: the
+parser's URL, uvicorn's public ``url``, in ``on_headers_complete``; h11: the ``Request`` event's target).
+
+**R8-1 (request smuggling through CONNECT).** llhttp treats *any* ``CONNECT`` head as an upgrade
+(``should_upgrade()``): uvicorn started the app for ``CONNECT /v1/chat/completions`` (405) and then
+parsed its ``Content-Length`` body as the next request. The gateway never tunnels, so the scan
+refuses the ``CONNECT`` method (the request line's method token, exactly ``CONNECT``: methods are
+case-sensitive, and only that token makes llhttp or h11 switch) the same way, code
+``method_not_supported`` (400, ``Connection: close``, lingering close, audited); the backstops
+refuse a ``CONNECT`` head they see (httptools: method ``CONNECT`` in ``on_headers_complete``, also
+authority-form, which uvicorn used to answer with its own 400; h11: a ``Request`` event with method
+``CONNECT``).
 
 Front proxies must not forward ``Upgrade`` / ``Connection: upgrade`` to the gateway
 (docs/security.md, "What PrefixGate leaves to the deployment").
@@ -44,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from typing import Any
 
 import h11
 
@@ -52,10 +64,11 @@ from gateway.head_fields import HeadFields, folded_head
 from gateway.protocol_audit import refused
 
 __all__ = ["HeadScan", "ScannedHeadFields", "whole_head_is_plain", "UpgradeGuard", "UPGRADE_CODE", "TARGET_CODE",
-           "INVALID_CODE", "GUARD_ENDPOINT"]
+           "CONNECT_CODE", "INVALID_CODE", "GUARD_ENDPOINT", "backstop_code", "h11_request_code"]
 
 UPGRADE_CODE = "upgrade_not_supported"
 TARGET_CODE = "invalid_request_target"
+CONNECT_CODE = "method_not_supported"  # R8-1
 #: a head the parser refuses behind a response in progress, and a folded head line under h11 (httptools
 #: refuses folds itself: uvicorn's 400, audited ``invalid_request`` too)
 INVALID_CODE = "invalid_request"
@@ -63,8 +76,11 @@ INVALID_CODE = "invalid_request"
 GUARD_ENDPOINT = "http_guard"
 _MESSAGES = {UPGRADE_CODE: "protocol upgrades (Upgrade header) are not supported",
              TARGET_CODE: "a request-target must not contain a fragment ('#')",
-             INVALID_CODE: "invalid HTTP request (e.g. obsolete line folding in its head)"}
+             INVALID_CODE: "invalid HTTP request (e.g. obsolete line folding in its head)",
+             CONNECT_CODE: "the CONNECT method is not supported (the gateway does not tunnel)"}
 
+#: ``#`` as an int: ``int in bytes`` is a plain byte search (``b"#" in bytes`` goes through the buffer protocol, ~6x slower)
+_HASH = ord("#")
 #: an ``Upgrade`` field line (lower-cased): its name at a line start (the scan keeps a virtual ``\n`` before a head)
 _FIELD = re.compile(rb"\nupgrade[ \t]*:")
 #: what may follow the name of an ``Upgrade`` field
@@ -74,14 +90,15 @@ _MAYBE = re.compile(rb"\n(?:u(?:p(?:g(?:r(?:a(?:d(?:e[ \t]*)?)?)?)?)?)?)?")
 
 
 class HeadScan:
-    """Scans one request head fed in pieces for an ``Upgrade`` field and a ``#`` in the request-target.
+    """Scans one request head fed in pieces for an ``Upgrade`` field, a ``#`` in the request-target
+    and the ``CONNECT`` method.
 
     :meth:`feed` takes each piece of head bytes (the head's bytes only, in order) and returns the
-    error code to refuse the head with (:data:`UPGRADE_CODE`, :data:`TARGET_CODE`) or None.
-    :meth:`reset` before the next head.
+    error code to refuse the head with (:data:`UPGRADE_CODE`, :data:`TARGET_CODE`,
+    :data:`CONNECT_CODE`) or None. :meth:`reset` before the next head.
     """
 
-    __slots__ = ("line", "phase", "started")
+    __slots__ = ("line", "phase", "started", "method")
 
     def __init__(self) -> None:
         self.reset()
@@ -91,11 +108,12 @@ class HeadScan:
         self.line: bytes | None = b"\n"  # the current line so far while it may still be an Upgrade field line
         self.phase = 0  # request line: 0 before the target, 1 in it, 2 after it
         self.started = False  # a byte of the request line was seen (parsers skip leading blank lines)
+        self.method = b""  # the request line's method token so far (at most 8 bytes: enough to tell CONNECT)
 
     def feed(self, data: bytes) -> str | None:
         """The refusal code for the head so far with ``data`` appended, or None."""
-        if self.phase < 2 and self._fragment(data):
-            return TARGET_CODE
+        if self.phase < 2 and (code := self._request_line(data)):
+            return code
         low = data.lower()  # ASCII only, in C; the searches below are plain finds
         line = self.line
         lf = low.find(b"\n")
@@ -117,43 +135,50 @@ class HeadScan:
         self.line = last if _MAYBE.fullmatch(last) else None
         return None
 
-    def _fragment(self, data: bytes) -> bool:
+    def _request_line(self, data: bytes) -> str | None:
+        """The request line's part of the scan: :data:`CONNECT_CODE` once the method token is complete
+        and is ``CONNECT`` (R8-1), :data:`TARGET_CODE` for a ``#`` in the target (R7-3), else None."""
         i, n = 0, len(data)
         if not n:
-            return False
+            return None
         if self.phase == 0:
             if not self.started:
                 if data[:1] in (b"\r", b"\n"):  # leading blank lines (rare): skipped like the parsers do
                     i = n - len(data.lstrip(b"\r\n"))
                     if i == n:
-                        return False
+                        return None
                 self.started = True
             sp = data.find(b" ", i)
             if data.find(b"\n", i, sp if sp >= 0 else n) >= 0:
                 self.phase = 2  # the line ends before a target: the parser refuses it
-                return False
+                return None
+            if len(self.method) < 8:
+                self.method += data[i:min(sp if sp >= 0 else n, i + 8)]
             if sp < 0:
-                return False
+                return None
+            if self.method == b"CONNECT":
+                return CONNECT_CODE
             self.phase, i = 1, sp + 1
         sp = data.find(b" ", i)  # the target ends at the next space (or line end)
         lf = data.find(b"\n", i, sp if sp >= 0 else n)
         end = lf if lf >= 0 else sp if sp >= 0 else n
         if data.find(b"#", i, end) >= 0:
-            return True
+            return TARGET_CODE
         if end < n:
             self.phase = 2
-        return False
+        return None
 
 
 def whole_head_is_plain(head: bytes) -> tuple[bool, bool]:
     """For a complete head (``head``: its bytes from the request line's first byte, not a CR or LF,
-    to its blank line): ``(plain, body)``. ``plain``: no ``#`` in its request line and no line
-    starting with ``upgrade`` (any case), so :class:`HeadScan` finds nothing to refuse (when it is
-    False, run the scan). ``body``: the head has exactly one ``Content-Length`` field, written
+    to its blank line): ``(plain, body)``. ``plain``: no ``#`` in its request line, no line
+    starting with ``upgrade`` (any case) and not the ``CONNECT`` method, so :class:`HeadScan` finds
+    nothing to refuse (when it is False, run the scan). ``body``: the head has exactly one ``Content-Length`` field, written
     ``content-length:`` (any case) at a line start, whose value is digits and not 0, and no
     ``Transfer-Encoding``: a body follows the head for both parsers (session 8)."""
     low = head.lower()
-    if head.find(b"#", 0, head.find(b"\n")) >= 0 or b"\nupgrade" in low or low.startswith(b"upgrade"):
+    if (head.find(b"#", 0, head.find(b"\n")) >= 0 or b"\nupgrade" in low or low.startswith(b"upgrade")
+            or head.startswith(b"CONNECT")):  # R8-1: the scan refuses CONNECT
         return False, False
     i = low.find(b"\ncontent-length:")
     if i < 0 or b"transfer-encoding" in low or low.find(b"\ncontent-length:", i + 16) >= 0:
@@ -255,19 +280,13 @@ class UpgradeGuard:
             return
         super().send_400_response(msg)  # type: ignore[misc]
 
-    def guard_body_unfinished(self) -> bool:
-        """True after a refused head (its body may follow: close lingering), else the parser's answer."""
-        return self.guard_head_refused or super().guard_body_unfinished()  # type: ignore[misc]
-
     def guard_h11_request(self, event: h11.Request) -> bool:
         """h11: a request head was parsed (its ``Request`` event, before uvicorn sees it); False when it is
         refused here (an ``Upgrade`` field or a ``#`` in the target the scan did not see: a head h11 parsed
         from its own buffer)."""
-        if any(name == b"upgrade" for name, _ in event.headers):
-            self.guard_refuse_head(UPGRADE_CODE)
-            return False
-        if b"#" in event.target:  # session 8: a pipelined head's fragment, as the first head's (R7-3)
-            self.guard_refuse_head(TARGET_CODE)
+        code = h11_request_code(event)  # Upgrade, CONNECT (R8-1), '#' (R8-5, as the first head's R7-3)
+        if code is not None:
+            self.guard_refuse_head(code)
             return False
         return super().guard_h11_request(event)  # type: ignore[misc, no-any-return]
 
@@ -281,14 +300,10 @@ class UpgradeGuard:
         return True
 
     def on_headers_complete(self) -> None:
-        """httptools: a head the scan did not see (pipelined behind a body) that asks for an upgrade or
-        has a ``#`` in its target (uvicorn's ``url``, as sent)."""
-        parser = getattr(self, "parser", None)  # CONNECT (also flagged) keeps uvicorn's own 400 for its target
-        code = None
-        if parser is not None and parser.should_upgrade() and parser.get_method() != b"CONNECT":
-            code = UPGRADE_CODE
-        elif b"#" in getattr(self, "url", b""):  # session 8: as the first head's (R7-3)
-            code = TARGET_CODE
+        """httptools: a head the scan did not see (pipelined behind a body) that asks for an upgrade,
+        uses ``CONNECT`` (R8-1) or has a ``#`` in its target (R8-5)."""
+        parser = getattr(self, "parser", None)
+        code = backstop_code(parser, self.url) if parser is not None else None  # type: ignore[attr-defined]
         if code is not None:
             # R7b-2: the parser stops here (nothing after this head is parsed); with a response in
             # progress the refusal is deferred: that response completes, then the 400 and the close
@@ -297,3 +312,21 @@ class UpgradeGuard:
             raise BodyRefused()
         super().on_headers_complete()  # type: ignore[misc]
 
+
+def backstop_code(parser: Any, url: bytes) -> str | None:
+    """httptools backstop: the refusal code for a completed head the scan did not see, or None.
+    ``parser``: the ``httptools.HttpRequestParser`` at ``on_headers_complete``; ``url``: the
+    request-target as the parser reported it (uvicorn's ``url``). llhttp flags every ``CONNECT`` as an
+    upgrade, so the method is read only for a flagged head (one C call per request otherwise)."""
+    if parser.should_upgrade():
+        return CONNECT_CODE if parser.get_method() == b"CONNECT" else UPGRADE_CODE
+    return TARGET_CODE if _HASH in url else None
+
+
+def h11_request_code(event: h11.Request) -> str | None:
+    """h11 backstop: the refusal code for a ``Request`` event the scan did not see, or None."""
+    if event.method == b"CONNECT":
+        return CONNECT_CODE
+    if any(name == b"upgrade" for name, _ in event.headers):
+        return UPGRADE_CODE
+    return TARGET_CODE if _HASH in event.target else None

@@ -33,7 +33,7 @@ full bucket into debt), plus what replicas report beyond the reservation
 basis              when                                           charge
 =================  =============================================  ==========
 ``usage``          the replica reported usage                     its prompt + completion tokens
-``relayed``        no usage; a stream relayed some output          reserved prompt + output relayed
+``relayed``        no usage; a stream relayed some output          reserved prompt + output received (R8-3)
 ``refused``        no usage; the replica answered an error status  reserved prompt
 ``reservation``    no usage; progress unknown (timeout, cancelled  the whole reservation
                    while waiting, plain answer without usage)

@@ -94,7 +94,9 @@ async def test_malformed_requests_on_a_listener_log_one_line(stack):
     async def app(scope: Any, receive: Any, send: Any) -> None:
         raise AssertionError("never reached")
 
-    lines = await uvicorn_lines(stack, app, b"CONNECT x:1 HTTP/1.1\r\nHost: x\r\n\r\n", 50, b"HTTP/1.1 400")
+    # a head the parser refuses (since R8-1 a CONNECT head is refused by the HTTP guard before uvicorn sees it)
+    lines = await uvicorn_lines(stack, app, b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n", 50,
+                                b"HTTP/1.1 400")
     invalid = [line for line in lines if line.startswith("Invalid HTTP request")]
     assert len(invalid) == 1 and "from 127.0.0.1" in invalid[0]
 
