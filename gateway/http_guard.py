@@ -330,8 +330,7 @@ class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard, H11P
             self.conn.stop()
 
     def guard_body_unfinished(self) -> bool:
-        """True while a request body is being received (h11's ``their_state`` is ``SEND_BODY``), or after
-        a head refused by gateway/upgrade_guard.py (its body may follow: close lingering; S8)."""
+        """True while a body is being received (h11 ``SEND_BODY``) or after a refused head (R8-7: close lingering)."""
         return self.conn.their_state is h11.SEND_BODY or self.guard_head_refused
 
     def on_response_complete(self) -> None:
