@@ -233,6 +233,8 @@ class GuardedH11Connection:
         if self._refused:
             return h11.NEED_DATA
         conn, proto = self._conn, self._protocol
+        if conn.their_state is h11.MUST_CLOSE:  # R8b-1: bytes after a `Connection: close` request are no request
+            return h11.NEED_DATA
         # a whole head the guard fed (or bytes pipelined unscanned, behind the response just completed) is
         # checked once before h11 parses it (R7b-5: folds; gateway/upgrade_guard.py); a head still arriving
         # is not copied read after read

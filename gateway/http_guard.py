@@ -301,13 +301,10 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard
 
 
 class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard, H11Protocol):  # R7-1: UpgradeGuard
-    """uvicorn's h11 protocol with the request-head bounds of :class:`_HeadGuard`
-    and the body framing bounds of :class:`gateway.body_guard.BodyGuard` (through
-    :class:`gateway.body_guard.GuardedH11Connection`).
-
-    A head is awaited while h11's ``their_state`` is ``IDLE``; it is complete
-    when uvicorn has made a new ``cycle`` for it.
-    """
+    """uvicorn's h11 protocol with the request-head bounds of :class:`_HeadGuard` and the body framing
+    bounds of :class:`gateway.body_guard.BodyGuard` (through :class:`gateway.body_guard.GuardedH11Connection`).
+    A head is awaited while h11's ``their_state`` is ``IDLE``; it is complete when uvicorn has made a new
+    ``cycle`` for it. Bytes after a ``Connection: close`` request (``MUST_CLOSE``) are dropped (R8b-1)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if not isinstance(self.conn, GuardedH11Connection):
@@ -315,6 +312,8 @@ class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard, H11P
         super().connection_made(transport)
 
     def guard_parse(self, data: bytes) -> None:
+        if self.conn.their_state is h11.MUST_CLOSE:
+            return  # R8b-1: not buffered
         before = self.cycle
         in_body = not self.guard_waiting
         if in_body:
