@@ -13,9 +13,23 @@ from typing import Any
 
 __all__ = ["ADJUST", "ADMIT", "APPLY", "COUNT", "LEVEL", "RENEW", "RESERVE", "SLOT", "TAKE", "arg", "wait_reply"]
 
+# ZADD of the lease members of a request (ADMIT, SLOT)
+_LUA_ZADD_ALL = r"""
+-- ZADD key score ARGV[first..] in calls of at most 500 members (unpack stays far below Lua's C stack limit)
+local function zadd_all(key, score, first)
+  local i = first
+  while i <= #ARGV do
+    local z = {}
+    for j = i, math.min(i + 499, #ARGV) do z[#z + 1] = score; z[#z + 1] = ARGV[j] end
+    redis.call('ZADD', key, unpack(z))
+    i = i + 500
+  end
+end
+"""
+
 # Shared helpers: a bucket is a hash {level, updated, rate, burst}; numbers travel as %.17g strings
 # (exact doubles; a Lua number returned as a reply would be truncated to an integer).
-_LUA_LIB = r"""
+_LUA_LIB = _LUA_ZADD_ALL + r"""
 local function num(x) return string.format('%.17g', x) end
 local function server_now()
   local t = redis.call('TIME')
@@ -53,16 +67,6 @@ local function take(key, rate, burst, now, n, need)
   else wait = (need - level) / rate end
   store(key, level, updated, rate, burst)
   return wait
-end
--- ZADD key score ARGV[first..] in calls of at most 500 members (unpack stays far below Lua's C stack limit)
-local function zadd_all(key, score, first)
-  local i = first
-  while i <= #ARGV do
-    local z = {}
-    for j = i, math.min(i + 499, #ARGV) do z[#z + 1] = score; z[#z + 1] = ARGV[j] end
-    redis.call('ZADD', key, unpack(z))
-    i = i + 500
-  end
 end
 local function wait_reply(reason, wait)
   if wait < 0 then return {reason, 'inf'} end
@@ -108,17 +112,7 @@ return {'ok', '0'}
 # Session 8: the concurrency slots of an admitted request (TenantLimiter.take_slots), alone: what ADMIT
 # did with no rate bucket, without its bucket library. KEYS: conc zset. ARGV: max_conc (-1: none),
 # lease_ttl_ms, member... Returns {'ok', '0'} or {'concurrency', '1'} (nothing added).
-_LUA_SLOT = r"""
--- ZADD key score ARGV[first..] in calls of at most 500 members (unpack stays far below Lua's C stack limit)
-local function zadd_all(key, score, first)
-  local i = first
-  while i <= #ARGV do
-    local z = {}
-    for j = i, math.min(i + 499, #ARGV) do z[#z + 1] = score; z[#z + 1] = ARGV[j] end
-    redis.call('ZADD', key, unpack(z))
-    i = i + 500
-  end
-end
+_LUA_SLOT = _LUA_ZADD_ALL + r"""
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
