@@ -22,6 +22,7 @@ from sim.procs import free_port
 from tests.gateway.test_s7_tenant_breaker import Fake, _served_on_both, completion
 from tests.gateway.test_s7_tenant_breaker import _app as _s7_app
 from tests.support.waiting import wait_for
+from tests.gateway.test_s7_tenant_breaker import config_overrides  # noqa: F401 - fixture (two fakes, breaker 3 / 1.5 s)
 
 
 def _app(fake: Fake) -> web.Application:
@@ -63,14 +64,6 @@ def n_replicas() -> int:
     return 1  # the simulated cluster is not used here
 
 
-@pytest.fixture
-def config_overrides(fakes: list[Fake]) -> dict[str, Any]:
-    return {
-        "replicas": [{"id": "f0", "url": fakes[0].url, "pool": "default"},
-                     {"id": "f1", "url": fakes[1].url, "pool": "default"}],
-        "health": {"interval_s": 0.1, "timeout_s": 2.0, "unhealthy_after": 1, "healthy_after": 1,
-                   "breaker_failures": 3, "breaker_cooldown_s": 1.5},
-    }
 
 
 async def _post(stack: Any, tenant: str, prompt: str) -> int:

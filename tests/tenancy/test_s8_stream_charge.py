@@ -28,7 +28,7 @@ from gateway.stream_charge import settle_client_end
 from gateway.upstream_conn import HIGH_WATER, UpstreamResponse
 from sim.replica import ReplicaConfig
 from tenancy.ledger import charge_for
-from tests.gateway.test_s7_slow_reader import MAX_TOKENS, TENANTS, UPSTREAM, _request_id
+from tests.gateway.test_s7_slow_reader import MAX_TOKENS, TENANTS, UPSTREAM, _request_id, ask_for_stream
 from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
 from tests.support.listeners import serving
 from tests.support.waiting import wait_for
@@ -50,28 +50,6 @@ async def _replica_stats(url: str) -> dict[str, Any]:
         return (await client.get(f"{url}/sim/stats")).json()
 
 
-async def _open_stream_on(addr: tuple[str, int], stack: Any) -> tuple[socket.socket, bytes]:
-    """As tests/gateway/test_s7_slow_reader.py's ``_open_stream``, on the listener at ``addr``."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, addr)
-    body = json.dumps({"model": "sim-model", "prompt": "tell me everything", "max_tokens": MAX_TOKENS,
-                       "stream": True}).encode()
-    await loop.sock_sendall(sock, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                            + f"Authorization: {stack.auth()['Authorization']}\r\n".encode()
-                            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    head = b""
-    async with asyncio.timeout(20):
-        while b"\r\n\r\n" not in head:
-            part = await loop.sock_recv(sock, 1)
-            assert part, "closed before the answer's head"
-            head += part
-    assert head.startswith(b"HTTP/1.1 200"), head
-    return sock, head
-
-
 @pytest.mark.parametrize("parser", ["httptools", "h11"])
 @pytest.mark.parametrize(("config_overrides", "replica_cfg"), [(CONFIG, INSTANT_REPLICA)])
 async def test_a_client_that_stops_reading_pays_the_generated_output(stack: Any, audit_log: ListLog,  # noqa: F811
@@ -82,7 +60,8 @@ async def test_a_client_that_stops_reading_pays_the_generated_output(stack: Any,
     async with serving() as serve:
         addr = await serve(uvicorn_config(build_public_app(c, manage_lifecycle=False), "127.0.0.1", 0, http=parser,
                                           limits=c.config.limits, client_send_buffer_bytes=16384))
-        sock, head = await _open_stream_on(addr, stack)
+        sock, head = await ask_for_stream(*addr, stack.auth()['Authorization'])
+        assert head.startswith(b"HTTP/1.1 200"), head
         rid = _request_id(head)
         done = await _read_a_little_then_close_when_generated(loop, sock, url)
         await _assert_charged_generated(stack, audit_log, rid, done)
