@@ -73,6 +73,9 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
     deadline = ReadDeadline(read_timeout_s)  # one timer per stream, not one per chunk
     up = held.up
     assert up is not None and held.attempt is not None
+    # an identity answer's raw chunks are its decoded ones: read them from the response itself (one
+    # coroutine layer less per chunk; session 9); a coded one goes through the stream's decoder
+    read = up.response.read_chunk if up.decoder.coding is None else up.read_chunk
 
     async def body() -> AsyncGenerator[bytes, None]:
         held.started = True
@@ -83,8 +86,9 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
             if first:
                 yield first
             while True:
-                chunk = await deadline.read(up.read_chunk())
+                chunk = await deadline.read(read())
                 if not chunk:
+                    up.finished = True  # as UpstreamStream.read_chunk marks the end
                     break
                 out = scanner.feed(chunk)
                 if out:
