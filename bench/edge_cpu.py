@@ -10,7 +10,8 @@ lingering transports), then either
 * **prefixgate**: the framing guard (gateway/framing.py) and the inference routes
   (gateway/inference_asgi.py) over a stub pipeline that reads the body (``read_body``), parses it
   (``parse_inference_request``), parses a replica's answer (``json_fast.loads_object``) and answers
-  it (a Starlette ``Response`` with ``X-Request-Id``), as the real pipeline does; or
+  it (``gateway.pipeline_answer.PlainAnswer`` where the tree has it, else a Starlette ``Response``,
+  with ``X-Request-Id``), as the real pipeline does; or
 * **passthrough**: bench/overhead.py's feature-less Starlette app's edge (router, ``request.body()``,
   ``Response``), without its upstream call.
 
@@ -54,6 +55,10 @@ from gateway.http_guard import guarded_protocol
 from gateway.inference_asgi import InferenceRoutes
 from gateway.request import parse_inference_request, read_body
 from gateway import json_fast
+try:
+    from gateway.pipeline_answer import PlainAnswer
+except ImportError:  # a tree before session 9
+    PlainAnswer = None
 
 UP = (b'{"id":"cmpl-1","object":"text_completion","created":1,"model":"sim-model","choices":[{"index":0,'
       b'"text":" w","finish_reason":"length"}],"usage":{"prompt_tokens":64,"completion_tokens":1,'
@@ -69,6 +74,8 @@ class Pipeline:
         raw = await read_body(request, 1 << 20, 30.0)
         parse_inference_request(raw, endpoint, 32, max_messages=64, max_batch_prompts=16, max_json_items=10000)
         json_fast.loads_object(UP)
+        if PlainAnswer is not None:  # session 9 on: the pipeline's own plain answer
+            return PlainAnswer(UP, "0123456789abcdef")
         return Response(UP, media_type="application/json", headers={"X-Request-Id": "0123456789abcdef"})
 
 def passthrough():

@@ -19,6 +19,12 @@ Cases (one request's share of each):
 * ``flow``: flow control's fast path (``_release_now``: placement check and route, 3 replicas,
   ``flow.replica_max_queued_prefill_tokens`` set) and the ticket's finish;
 * ``prefix``: ``block_hash_chain`` of 80 tokens (5 blocks of 16) and the audit fingerprint;
+* ``plain_answer`` (session 9): the plain path of one request after its routing decision, without
+  sockets: the inference routes (framing guard, body read) over a stub pipeline that runs
+  ``open_upstream`` (inside ``unless_client_leaves``) on a stub pool whose answer (the sim replica's
+  ~250 B JSON) is whole when its head arrives, ``plain_response`` and ``Held.end_attempt``, then the
+  answer's two ASGI messages to a no-op ``send``;
+* ``sse_event`` (session 9): ``SseScanner.feed`` of one LF-only chat chunk event (~170 B);
 * ``route_step``, ``route_step3`` (session 8): the pipeline's route step as each tree's pipeline runs it
   (flow control on, ``cache_aware``, calibration, a :class:`ConnectionLoss` in the scope as on the
   guarded listener; 1 or 3 replicas): the release (``release_now`` where the tree has it, else
@@ -188,6 +194,97 @@ async def main(n):
         best = min(best, (time.thread_time() - c0) / n * 1e6)
     print(best)
 asyncio.run(main(__N__))
+"""
+_PLAIN_ANSWER = """
+import asyncio
+from gateway.body_budget import BodyBudget
+from gateway.body_guard import BODY_COMPLETE_KEY
+from gateway.client_io import ConnectionLoss, LOSS_KEY, unless_client_leaves
+from gateway.framing import FramingGuard
+from gateway.held import Held
+from gateway.inference_asgi import InferenceRoutes
+from gateway.pipeline_answer import plain_response
+from gateway.proxy import open_upstream
+from gateway.record import RequestRecord
+from gateway.request import read_body
+from gateway.upstream_response import UpstreamResponse
+UP = (b'{"id":"cmpl-1","object":"text_completion","created":1,"model":"sim-model","choices":[{"index":0,'
+      b'"text":" w","finish_reason":"length"}],"usage":{"prompt_tokens":64,"completion_tokens":1,'
+      b'"total_tokens":65,"prompt_tokens_details":{"cached_tokens":0}}}')
+BODY = {"model": "sim-model", "prompt": " ".join("w%d" % i for i in range(64)), "max_tokens": 1}
+RAW = b'{"model":"sim-model","prompt":"' + b" ".join(b"w%d" % i for i in range(64)) + b'","max_tokens":1}'
+class Conn:
+    def resume(self): pass
+    def abort(self): pass
+class Pool:  # the replica's answer is whole when its head arrives (a short answer in one read)
+    async def request(self, method, url, data, headers, deadline=None):
+        r = UpstreamResponse(Conn())
+        r.status, r.headers = 200, {"content-type": "application/json", "content-length": str(len(UP))}
+        r._head_seen = True
+        r._feed(UP)
+        r._finish()
+        return r
+class Attempt:
+    retry = True
+    def succeeded(self, served=True): pass
+    def release(self): pass
+class Limits: client_write_stall_s = 10.0
+class Cfg: limits = Limits()
+class Recorder:
+    def hand_off(self): pass
+pool, attempt = Pool(), Attempt()
+rec = RequestRecord(request_id="0123456789abcdef0123456789abcdef", endpoint="/v1/completions",
+                    client_addr="127.0.0.1", t0=0.0)
+class Pipeline:
+    cfg = Cfg()
+    async def handle(self, request, endpoint):
+        await read_body(request, 1 << 20, 30.0)
+        held = Held()
+        held.attempt = attempt
+        headers = {"X-Request-Id": rec.request_id, "traceparent": "00-0123456789abcdef0123456789abcdef-0123456789abcdef-01"}
+        held.up = await unless_client_leaves(request, open_upstream(pool, "http://r/v1/completions", BODY, headers, 30.0))
+        resp = await plain_response(request, rec, held, 30.0, None)
+        held.end_attempt()
+        return resp
+framing = dict(max_drain_bytes=65536, drain_timeout_s=30.0, budget=BodyBudget(1 << 30, 1 << 28))
+routes = InferenceRoutes(FramingGuard(None, **framing), Pipeline(), Recorder())
+HEADERS = [(b"host", b"gw"), (b"authorization", b"Bearer " + b"x" * 600), (b"content-type", b"application/json"),
+           (b"content-length", str(len(RAW)).encode())]
+sent = []
+async def send(message):
+    sent.append(message)
+async def step(i):
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "root_path": "", "headers": HEADERS, "client": ("127.0.0.1", 5555),
+             "server": ("127.0.0.1", 8080), LOSS_KEY: ConnectionLoss(), BODY_COMPLETE_KEY: True}
+    msgs = [{"type": "http.request", "body": RAW, "more_body": False}]
+    async def receive():
+        return msgs.pop() if msgs else {"type": "http.disconnect"}
+    await routes(scope, receive, send)
+    assert sent[-1]["body"] == UP
+    sent.clear()
+async def main(n):
+    best = 1e9
+    for _ in range(7):
+        c0 = time.thread_time()
+        for i in range(n):
+            await step(i)
+        best = min(best, (time.thread_time() - c0) / n * 1e6)
+    print(best)
+asyncio.run(main(__N__))
+"""
+CASES["plain_answer"] = _PLAIN_ANSWER
+
+CASES["sse_event"] = """
+from gateway.sse import SseScanner
+s = SseScanner(keep_usage_chunk=False)
+s.feed(b": ok\\n\\n")
+EV = (b'data: {"id":"cmpl-1","object":"chat.completion.chunk","created":1,"model":"sim-model","choices":'
+      b'[{"index":0,"delta":{"content":" w"},"finish_reason":null}]}\\n\\n')
+def step(i):
+    s.feed(EV)
+print(best(step))
 """
 CASES["route_step"] = _ROUTE_STEP.replace("__R__", "1")
 CASES["route_step3"] = _ROUTE_STEP.replace("__R__", "3")

@@ -24,8 +24,9 @@ process is SIGKILLed right after (issue 16; docs/audit.md, "What a SIGKILL
 can lose"). Nothing is awaited between the last send and the rest of the
 work, so the next request on this event loop finds it done.
 
-A plain answer (a Starlette ``Response`` whose class keeps ``Response.__call__``) is sent as its
-two ASGI messages directly, as ``Response.__call__`` would send them.
+A plain answer (a Starlette ``Response`` whose class keeps ``Response.__call__``, e.g. the
+pipeline's :class:`gateway.pipeline_answer.PlainAnswer`) is sent as its two ASGI messages
+directly, as ``Response.__call__`` would send them, with the wrapper's two steps inline (session 9).
 """
 
 from __future__ import annotations
@@ -105,19 +106,22 @@ class InferenceRoutes:
         ran = 0
         recorder = self.recorder
 
-        async def send_one(message: Message) -> None:
-            # the framing guard's check before the answer starts; the last body part leaves only once
-            # the deferred ends ran and their events are in the pipe
+        def before_last_part() -> None:
+            # the last body part leaves only once the deferred ends ran and their events are in the pipe
             nonlocal ran
+            ran = _run(pending, ran, len(pending))
+            try:
+                recorder.hand_off()
+            except Exception:  # a bug: the events stay queued (timer flush); the answer still goes out
+                log.exception("handing audit events to the worker failed")
+
+        async def send_one(message: Message) -> None:
+            # the framing guard's check before the answer starts; then the last body part's order
             if message["type"] == "http.response.start":
                 if not framed.complete:
                     message = await framed.start(message)
             elif not message.get("more_body"):
-                ran = _run(pending, ran, len(pending))
-                try:
-                    recorder.hand_off()
-                except Exception:  # a bug: the events stay queued (timer flush); the answer still goes out
-                    log.exception("handing audit events to the worker failed")
+                before_last_part()
             await send(message)
 
         scope, receive = framed.scope, framed.receive
@@ -133,9 +137,14 @@ class InferenceRoutes:
                 finally:
                     bounded.close()
             elif type(response).__call__ is _RESPONSE_CALL and response.background is None:
-                await send_one({"type": "http.response.start", "status": response.status_code,
-                                "headers": response.raw_headers})
-                await send_one({"type": "http.response.body", "body": response.body})
+                # send_one's two steps inline (no wrapper call per message; session 9)
+                start: Message = {"type": "http.response.start", "status": response.status_code,
+                                  "headers": response.raw_headers}
+                if not framed.complete:
+                    start = await framed.start(start)
+                await send(start)
+                before_last_part()
+                await send({"type": "http.response.body", "body": response.body})
             else:
                 await response(scope, receive, send_one)
         finally:

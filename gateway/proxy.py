@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -130,6 +130,11 @@ class BodyDecoder:
             raise ContentCodingError(f"decoded body larger than {self.max_bytes} bytes")
 
 
+#: the identity decoder (no ``Content-Encoding``): stateless (``feed`` returns its bytes, ``finish`` b"",
+#: nothing counted), so every identity answer shares this one (session 9: no decoder per answer)
+IDENTITY = BodyDecoder(None)
+
+
 def decode_body(data: bytes, content_encoding: str | None, max_bytes: int = MAX_DECODED_BYTES) -> bytes:
     """Decode a complete body ``data`` sent with ``content_encoding``; raises :class:`ContentCodingError`."""
     dec = BodyDecoder(content_encoding, max_bytes)
@@ -178,7 +183,7 @@ class UpstreamStream:
     response: UpstreamResponse
     first_chunk: bytes
     instance_id: str | None
-    decoder: BodyDecoder = field(default_factory=lambda: BodyDecoder(None))
+    decoder: BodyDecoder = IDENTITY
     finished: bool = False
 
     async def read_chunk(self) -> bytes:
@@ -277,9 +282,13 @@ async def open_upstream(
             except ContentCodingError:
                 data = b""
             raise UpstreamFailure("status", f"replica answered {resp.status}", status=resp.status, body=data)
-        up = UpstreamStream(response=resp, first_chunk=b"", instance_id=resp.headers.get(_INSTANCE_KEY),
-                            decoder=BodyDecoder(encoding))
-        first = await up.read_chunk()
+        up = UpstreamStream(resp, b"", resp.headers.get(_INSTANCE_KEY),
+                            IDENTITY if encoding is None else BodyDecoder(encoding))
+        if encoding is None:  # identity (asked for): the raw chunk is the decoded one, one layer less
+            first = await resp.read_chunk()
+            up.finished = not first
+        else:
+            first = await up.read_chunk()
         if not first:
             resp.close()
             raise UpstreamFailure("protocol", "replica closed the response without a body")

@@ -78,6 +78,14 @@ class SseScanner:
 
         Raises :class:`SseProtocolError` on an invalid event.
         """
+        if (self._started and not self._buf and not self._cr_end and not self._data and type(chunk) is bytes
+                and b"\r" not in chunk):
+            return self._feed_lf(chunk)  # the common case: whole LF-only events (session 9)
+        return self._feed_general(chunk)
+
+    def _feed_general(self, chunk: bytes) -> bytes:
+        """:meth:`feed` for any chunk in any state (line ends CRLF, LF or CR; a CR split from its LF;
+        the BOM; a partial line or event buffered)."""
         out: list[bytes] = []
         if self._cr_end and chunk:
             self._cr_end = False
@@ -132,6 +140,38 @@ class SseScanner:
         if len(buf) > self.max_event_bytes:
             raise SseProtocolError("upstream event too large")
         return b"".join(out)
+
+    def _feed_lf(self, chunk: bytes) -> bytes:
+        """:meth:`feed` of a ``chunk`` without CR when nothing is pending (no partial line or event, no CR
+        just read, the BOM check done): its lines end with LF only, so they are ``chunk.split(b"\n")``
+        (no regular expression, no copy per line); same fields, dispatches, forwarded bytes, errors and
+        state as the general path (tests/gateway/test_s9_sse_lf.py compares them)."""
+        out: list[bytes] = []
+        lines = chunk.split(b"\n")
+        start = pos = 0
+        for line in lines[:-1]:  # the last piece has no LF: the start of a line still being read
+            pos += len(line) + 1
+            if line:
+                if line[:1] != b":":  # not a comment (as _field)
+                    name, sep, value = line.partition(b":")
+                    if name == b"data":
+                        self._data.append(value[1:] if sep and value[:1] == b" " else value)
+                continue
+            try:
+                keep = self._dispatch()
+            except SseProtocolError as exc:
+                exc.forward = b"".join(out)
+                self._buf += chunk  # as the general path leaves it: the chunk buffered, nothing consumed
+                raise
+            if keep:
+                out.append(chunk[start:pos])
+            start = pos
+        if start < len(chunk):  # a partial event (or line) stays buffered, its complete lines read
+            self._buf += chunk[start:] if start else chunk
+            self._pos = pos - start
+            if len(self._buf) > self.max_event_bytes:
+                raise SseProtocolError("upstream event too large")
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def finish(self) -> bytes:
         """Check the end of the stream; return the last bytes to forward (whitespace after
