@@ -10,7 +10,7 @@ defaults left out, ``oneof`` members always written), with the parts that repeat
 (attribute keys and common values, span names, constant tails) cached.
 
 Only the plain shapes take this path: str / bool / int (int64) / float attribute
-values, no span events, links without attributes. Anything else raises
+values (of spans and links), no span events. Anything else raises
 :class:`NotPlain` and the caller builds that one message with the generated
 classes as before, so every record is encoded exactly as before
 (tests/audit/test_s9_otlp_pb.py compares the bytes with the generated messages'
@@ -155,7 +155,7 @@ def span_message(trace_id: bytes, span_id: object, tstate: object, parent_id: ob
     ``flags``: the ``flags`` field (context is-remote bits). Times in epoch ns (0 or None: unset).
 
     Raises:
-        NotPlain: a value of another type or range, a link with attributes (the caller falls back).
+        NotPlain: a value of another type or range (the caller falls back).
     """
     parts = [b"\x0a\x10", trace_id, b"\x12\x08", _id(span_id, 8)]
     if tstate:
@@ -180,12 +180,12 @@ def span_message(trace_id: bytes, span_id: object, tstate: object, parent_id: ob
     if links:
         for link in links:
             lh, ll, lsid, _lf, lrem, la = link
-            if la or type(lrem) is not bool:
+            if type(lrem) is not bool or la and type(la) is not dict:
                 raise NotPlain("link")
             if type(lh) is not int or type(ll) is not int:
                 raise NotPlain("link id")
             body = (b"\x0a\x10" + ((lh << 64) | ll).to_bytes(16, "big") + b"\x12\x08" + _id(lsid, 8)
-                    + b"\x35" + _pack_i(0x300 if lrem else 0x100))
+                    + (attributes_field(b"\x22", la) if la else b"") + b"\x35" + _pack_i(0x300 if lrem else 0x100))
             parts.append(len_field(b"\x6a", body))
     parts.append(_count(b"\x70", d_links))
     if message is not None:

@@ -12,6 +12,7 @@ Sending the body is :mod:`audit.otlp_traces`.
 
 from __future__ import annotations
 
+import binascii
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import SpanKind, StatusCode
 
 from audit.otlp_pb import NotPlain, len_field, span_message
-from audit.span_request import REQUEST_MARK, expand_request_record
+from audit.span_request import BYTES_MARK, REQUEST_MARK, expand_request_record, span_count
 
 __all__ = ["FrameError", "OtlpRequestEncoder", "check_records", "pb_attributes"]
 
@@ -97,6 +98,8 @@ def check_records(records: Any) -> list[list[Any]]:
             if isinstance(r, list) and r and r[0] == REQUEST_MARK:
                 expand = True  # a request record (audit.span_request): its spans, made here
                 continue
+            if isinstance(r, list) and len(r) == 6 and r[0] == BYTES_MARK and type(r[0]) is int:
+                continue  # a bytes record: spans already encoded (OtlpRequestEncoder takes them as they are)
             raise FrameError("span record has the wrong shape")
     if not expand:
         return records
@@ -271,11 +274,28 @@ class OtlpRequestEncoder:
 
     def encode(self, records: Sequence[Sequence[Any]]) -> tuple[bytes, int]:
         """Serialised request for ``records``. Returns ``(body, n_bad)``: a
-        record that cannot be encoded is left out and counted; the body is
-        empty when no record could be encoded."""
+        record that cannot be encoded is left out and counted (a bytes record,
+        :data:`audit.span_request.BYTES_MARK`, as its spans: its bytes are added as
+        they are); the body is empty when no record could be encoded."""
         scopes: dict[tuple | None, list[bytes]] = {}
         bad = 0
+        good = False
         for f in records:
+            if type(f) is list and len(f) == 6 and f[0] == BYTES_MARK and type(f[0]) is int:
+                try:  # spans already encoded as ScopeSpans.spans fields (audit.row_spans.row_span_bytes)
+                    _, _n, s_name, s_version, s_schema, data = f
+                    key = (s_name, s_version, s_schema or "") if s_name is not None else None
+                    self._scope_head(key)
+                    raw = binascii.a2b_base64(data, strict_mode=True)
+                except (binascii.Error, TypeError, ValueError, AttributeError):
+                    bad += span_count(f)
+                    continue
+                spans = scopes.get(key)
+                if spans is None:
+                    spans = scopes[key] = []
+                spans.append(raw)
+                good = True
+                continue
             try:
                 key, body = self._plain(f)
             except (NotPlain, TypeError, ValueError, KeyError, AttributeError, OverflowError, struct.error):
@@ -287,15 +307,16 @@ class OtlpRequestEncoder:
             spans = scopes.get(key)
             if spans is None:
                 spans = scopes[key] = []
-            spans.append(body)
-        if len(records) == bad:
+            spans.append(len_field(b"\x12", body))
+            good = True
+        if not good:
             return b"", bad
         parts = [self._resource_field]
         for key, spans in scopes.items():
             if not spans:  # an emptied scope (all its records bad) would differ from the SDK's output
                 continue
             scope, url = self._scope_head(key)
-            parts.append(len_field(b"\x12", b"".join([scope, *[len_field(b"\x12", s) for s in spans], url])))
+            parts.append(len_field(b"\x12", b"".join([scope, *spans, url])))
         parts.append(self._schema_field)
         return len_field(b"\x0a", b"".join(parts)), bad
 

@@ -18,17 +18,19 @@ in-process when no worker exports spans), so the exported spans are the same eit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.trace import SpanKind
 
 from audit.request_event import REQUEST_ROW_FIELDS
-from audit.span_request import REQUEST_MARK, encode_links
+from audit.otlp_pb import len_field, span_message
+from audit.span_request import REQUEST_MARK, encode_links, random_span_id
 
-__all__ = ["STAGES", "row_span_record", "span_attributes", "span_extra", "stage_children"]
+__all__ = ["STAGES", "row_span_bytes", "row_span_record", "span_attributes", "span_extra", "stage_children"]
 
 _M64 = (1 << 64) - 1
+_FLAGS_LOCAL = 0x100  # Span.flags: SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK (a local parent, or none)
 #: a request's stage spans in order: stage i runs from mark i to mark i + 1 (RequestRecord t0, t_auth,
 #: t_parsed, t_keys, t_decided, t_route, t_end)
 STAGES = (("authenticate", SpanKind.INTERNAL), ("parse", SpanKind.INTERNAL), ("prefix_keys", SpanKind.INTERNAL),
@@ -102,3 +104,38 @@ def row_span_record(row: Sequence[Any], extra: Sequence[Any]) -> tuple:
     return (REQUEST_MARK, "POST " + endpoint, tid >> 64, tid & _M64, span_id, flags, state, start_ns,
             end if end is not None else row[_TIME_MS] * 1_000_000, attributes, bool(status and status >= 500),
             [tuple(x) for x in links] if links else None, children, *SCOPE, 0, 0)
+
+
+_SERVER_KIND1 = SpanKind.SERVER.value + 1
+_ERROR_CODE = 2  # opentelemetry-proto Status.StatusCode STATUS_CODE_ERROR
+
+
+def row_span_bytes(row: Sequence[Any], extra: Sequence[Any],
+                   new_span_id: Callable[[], int] = random_span_id) -> tuple[bytes, int]:
+    """``(bytes, number of spans)``: a request's spans as OTLP ``Span`` bytes (session 9), each as a ``ScopeSpans.spans`` field
+    (``0x12``, length, the message), children first (ids from ``new_span_id()`` in order), then the
+    server span: exactly the spans the span exporter child used to encode from :func:`row_span_record`
+    (:func:`audit.span_request.expand_request_record`, :class:`audit.otlp_trace_request.OtlpRequestEncoder`;
+    tests/audit/test_s9_row_span_bytes.py), without the record, its JSON trip or its expansion. The
+    scope is :data:`SCOPE`.
+
+    Raises:
+        audit.otlp_pb.NotPlain, ValueError, TypeError, OverflowError: a row, extra or attribute outside
+            the plain shape (the caller takes :func:`row_span_record`'s path, which decides).
+    """
+    span_id, flags, start_ns, links, state = extra
+    if type(span_id) is not int or type(flags) is not int or type(start_ns) is not int:
+        raise ValueError("span extra: span_id, trace_flags and start_ns must be ints")
+    tid = int(row[_TRACE], 16).to_bytes(16, "big")
+    endpoint = row[_ENDPOINT]
+    name = "POST " + endpoint
+    children, end = stage_children(start_ns, [row[i] for i in _MARKS])
+    status = row[_ATTRS[0]]
+    attributes = {"http.request.method": "POST", "http.route": endpoint, **span_attributes(*(row[i] for i in _ATTRS))}
+    out = [len_field(b"\x12", span_message(tid, new_span_id(), state, span_id, cname, kind.value + 1, a, b, None, 0,
+                                           None, None, 0, 0, _FLAGS_LOCAL))
+           for cname, kind, a, b in children]
+    out.append(len_field(b"\x12", span_message(
+        tid, span_id, state, None, name, _SERVER_KIND1, start_ns, end if end is not None else row[_TIME_MS] * 1_000_000,
+        attributes, _ERROR_CODE if status and status >= 500 else 0, None, links, 0, 0, _FLAGS_LOCAL)))
+    return b"".join(out), len(out)
