@@ -17,7 +17,10 @@ OTLP tracing: the worker config gets a ``spans`` section (OTLP/HTTP to the same 
 ``/v1/traces``) and every row frame carries its span extra (``"x"``, :mod:`audit.row_spans`), so
 the worker builds and exports each request's seven spans through its span exporter child,
 whose CPU (psutil, user + system; the worker's child) is reported as ``exporter_us``.
-``--same`` runs this tree twice per round (an A/A: the noise of the figures).
+``--same`` runs this tree twice per round (an A/A: the noise of the figures). ``slow sends``: sends
+that ran over ``slow_send_s`` (the worker's metrics, per sink), whose events then went through the
+sink's spill file (written, read back, decoded, sent again): on a loaded machine this roughly
+doubles the worker's CPU per event, so the medians are also given over the rounds without any.
 """
 from __future__ import annotations
 
@@ -55,7 +58,8 @@ async def _feed(args: dict[str, Any]) -> dict[str, Any]:
 
     work = Path(args["work"])
     generate_signing_key(work / "audit.key")
-    doc = {"jsonl": {"dir": str(work / "audit"), "signing_key_file": str(work / "audit.key"), "checkpoint_s": 1},
+    doc = {"jsonl": {"dir": str(work / "audit"), "signing_key_file": str(work / "audit.key"),
+                     "checkpoint_s": args.get("checkpoint_s", 1)},
            "ocsf": {"file": str(work / "ocsf.jsonl")},
            "syslog": {"host": "127.0.0.1", "port": args["syslog_port"], "protocol": "tcp", "format": "cef"},
            "otlp": {"endpoint": f"http://127.0.0.1:{args['otlp_port']}/v1/logs"},
@@ -100,17 +104,24 @@ async def _feed(args: dict[str, Any]) -> dict[str, Any]:
     if spans:
         await asyncio.sleep(1.2)  # the spans of the last rows reach the collector
     w1, m1, x1 = worker.cpu_times(), me.cpu_times(), cpu(exporter)
+    await asyncio.sleep(1.1)  # the worker's next metrics report
+    lines = [line for line in log.worker_metrics_text.decode().splitlines()
+             if line.startswith("prefixgate_audit_slow_sends_total{") and not line.endswith(" 0.0")]
+    slow = {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in lines}  # sink -> slow sends
     await log.close()
-    return {"events": n, "drained": ok, "dropped": log.dropped,
+    # slow_sends: sends that ran over slow_send_s, so their events went through the spill (written, read back,
+    # sent again: extra worker CPU); a loaded machine's receivers cause them, compare rounds without
+    return {"events": n, "drained": ok, "dropped": log.dropped, "slow_sends": slow,
             "worker_us": round((w1.user + w1.system - w0.user - w0.system) * 1e6 / n, 1),
             "exporter_us": round((x1 - x0) * 1e6 / n, 1),
             "feeder_us": round((m1.user + m1.system - m0.user - m0.system) * 1e6 / n, 1)}
 
 
-def _round(tree: Path, ports: tuple[int, int], rate: float, seconds: float, spans: bool = False) -> dict[str, Any]:
+def _round(tree: Path, ports: tuple[int, int], rate: float, seconds: float, spans: bool = False,
+           checkpoint_s: float = 1.0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pg-feed-") as work:
         arg = json.dumps({"work": work, "syslog_port": ports[0], "otlp_port": ports[1], "rate": rate,
-                          "seconds": seconds, "spans": spans})
+                          "seconds": seconds, "spans": spans, "checkpoint_s": checkpoint_s})
         out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", arg], cwd=str(tree),
                              env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, check=True, timeout=300)
         return json.loads(out.stdout.splitlines()[-1])
@@ -135,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.option("--seconds", type=float, default=6.0)
     ap.option("--rounds", type=int, default=4)
     ap.option("--spans", is_flag=True, help="row frames carry span extras; the worker exports the spans")
+    ap.option("--checkpoint-s", type=float, default=1.0, help="JSONL checkpoint interval (bench.audit_overhead: 1)")
     ap.option("--same", is_flag=True, help="A/A: this tree twice per round (no --baseline)")
     ap.option("--name", default="audit_worker_feed")
     ap.option("--out", type=click.Path(path_type=Path), default=REPO / "bench" / "results")
@@ -150,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         ports = parent.recv()
         for i in range(args.rounds):
             for name in (list(trees) if i % 2 == 0 else list(trees)[::-1]):
-                r = _round(trees[name], ports, args.rate, args.seconds, args.spans) | {"tree": name, "round": i}
+                r = _round(trees[name], ports, args.rate, args.seconds, args.spans, args.checkpoint_s) | {"tree": name, "round": i}
                 rows.append(r)
                 print(r, flush=True)
     finally:
@@ -164,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         next(r[k] for r in rows if r["tree"] == name and r["round"] == i)
         - next(r[k] for r in rows if r["tree"] == names[0] and r["round"] == i) for i in range(args.rounds))
         for k in keys} for name in names[1:]}
+    quiet = {name: [r for r in rows if r["tree"] == name and not r.get("slow_sends")] for name in trees}
+    med_quiet = {name: {k: statistics.median(r[k] for r in rs) for k in keys} if rs else None for name, rs in quiet.items()}
     result = {"rate": args.rate, "seconds": args.seconds, "spans": args.spans, "rounds": rows, "median": med,
+              "median_rounds_without_slow_sends": med_quiet,
               "median_round_difference_vs_this": diff,
               "baseline": str(args.baseline) if args.baseline else None}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -173,11 +188,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{', spans' if args.spans else ''})", "",
           "| tree | worker µs/event (median) | span exporter µs/event | feeder µs/event (median) |", "|---|---|---|---|",
           *[f"| {k} | {v['worker_us']} | {v['exporter_us']} | {v['feeder_us']} |" for k, v in med.items()], "",
+          *[f"Rounds without slow sends ({len(quiet[k])}): worker {v['worker_us']}, exporter {v['exporter_us']}, "
+            f"feeder {v['feeder_us']} µs/event (medians)." for k, v in med_quiet.items() if v], "",
           *[f"Median per-round difference {k} − this: worker {v['worker_us']:+.1f}, exporter {v['exporter_us']:+.1f}, "
             f"feeder {v['feeder_us']:+.1f} µs/event." for k, v in diff.items()], "",
-          "| round | tree | worker µs | exporter µs | feeder µs | dropped | drained |", "|---|---|---|---|---|---|---|",
+          "| round | tree | worker µs | exporter µs | feeder µs | dropped | drained | slow sends |",
+          "|---|---|---|---|---|---|---|---|",
           *[f"| {r['round']} | {r['tree']} | {r['worker_us']} | {r['exporter_us']} | {r['feeder_us']} | {r['dropped']} "
-            f"| {r['drained']} |" for r in rows], ""]
+            f"| {r['drained']} | {r.get('slow_sends', '')} |" for r in rows], ""]
     (args.out / f"{args.name}.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0
