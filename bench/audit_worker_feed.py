@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{', spans' if args.spans else ''})", "",
           "| tree | worker µs/event (median) | span exporter µs/event | feeder µs/event (median) |", "|---|---|---|---|",
           *[f"| {k} | {v['worker_us']} | {v['exporter_us']} | {v['feeder_us']} |" for k, v in med.items()], "",
-          *[f"Rounds without slow sends ({len(quiet[k])}): worker {v['worker_us']}, exporter {v['exporter_us']}, "
+          *[f"{k}, rounds without slow sends ({len(quiet[k])}): worker {v['worker_us']}, exporter {v['exporter_us']}, "
             f"feeder {v['feeder_us']} µs/event (medians)." for k, v in med_quiet.items() if v], "",
           *[f"Median per-round difference {k} − this: worker {v['worker_us']:+.1f}, exporter {v['exporter_us']:+.1f}, "
             f"feeder {v['feeder_us']:+.1f} µs/event." for k, v in diff.items()], "",
