@@ -330,7 +330,10 @@ class OtlpLogSink:
 
     async def _export(self, events: Sequence[AuditEvent]) -> None:
         assert self._session is not None
-        body = build_request(events, self._resource, self._scope, time.time_ns()).SerializeToString()
+        from audit.otlp_log_request import encode_logs_request  # imports this module: not at its top
+
+        # build_request's bytes, written directly (session 9)
+        body = encode_logs_request(events, self._resource, self._scope, time.time_ns())
         if self._compression == "gzip":
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)
         try:

@@ -18,17 +18,20 @@ in-process when no worker exports spans), so the exported spans are the same eit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import struct
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.trace import SpanKind
 
 from audit.request_event import REQUEST_ROW_FIELDS
-from audit.span_request import REQUEST_MARK, encode_links
+from audit.otlp_pb import NotPlain, len_field, span_message
+from audit.span_request import REQUEST_MARK, encode_links, random_span_id
 
-__all__ = ["STAGES", "row_span_record", "span_attributes", "span_extra", "stage_children"]
+__all__ = ["STAGES", "row_span_bytes", "row_span_record", "span_attributes", "span_extra", "stage_children"]
 
 _M64 = (1 << 64) - 1
+_FLAGS_LOCAL = 0x100  # Span.flags: SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK (a local parent, or none)
 #: a request's stage spans in order: stage i runs from mark i to mark i + 1 (RequestRecord t0, t_auth,
 #: t_parsed, t_keys, t_decided, t_route, t_end)
 STAGES = (("authenticate", SpanKind.INTERNAL), ("parse", SpanKind.INTERNAL), ("prefix_keys", SpanKind.INTERNAL),
@@ -102,3 +105,56 @@ def row_span_record(row: Sequence[Any], extra: Sequence[Any]) -> tuple:
     return (REQUEST_MARK, "POST " + endpoint, tid >> 64, tid & _M64, span_id, flags, state, start_ns,
             end if end is not None else row[_TIME_MS] * 1_000_000, attributes, bool(status and status >= 500),
             [tuple(x) for x in links] if links else None, children, *SCOPE, 0, 0)
+
+
+_SERVER_KIND1 = SpanKind.SERVER.value + 1
+_ERROR_CODE = 2  # opentelemetry-proto Status.StatusCode STATUS_CODE_ERROR
+_pack_times = struct.Struct("<BQBQ").pack  # Span fields 7 and 8 (start, end: fixed64)
+#: a child span's last fields: an empty status (15) and flags (16, fixed32) of a local parent
+_CHILD_TAIL = b"\x7a\x00\x85\x01" + struct.pack("<I", _FLAGS_LOCAL)
+#: each stage's name (5) and kind (6) fields
+_STAGE_HEADS = {name: len_field(b"\x2a", name.encode()) + b"\x30" + bytes((kind.value + 1,)) for name, kind in STAGES}
+
+
+def row_span_bytes(row: Sequence[Any], extra: Sequence[Any],
+                   new_span_id: Callable[[], int] = random_span_id) -> tuple[bytes, int]:
+    """``(bytes, number of spans)``: a request's spans as OTLP ``Span`` bytes (session 9), each as a
+    ``ScopeSpans.spans`` field (``0x12``, length, the message), children first (ids from ``new_span_id()``
+    in order), then the server span: exactly the spans the span exporter child used to encode from
+    :func:`row_span_record` (:func:`audit.span_request.expand_request_record`,
+    :class:`audit.otlp_trace_request.OtlpRequestEncoder`; tests/audit/test_s9_row_span_bytes.py), without
+    the record, its JSON trip or its expansion. The scope is :data:`SCOPE`. A child is its ids, times and
+    its stage's name and kind around constant bytes; the server span is :func:`audit.otlp_pb.span_message`.
+
+    Raises:
+        audit.otlp_pb.NotPlain, ValueError, TypeError, OverflowError, struct.error: a row, extra or
+            attribute outside the plain shape (the caller takes :func:`row_span_record`'s path, which decides).
+    """
+    span_id, flags, start_ns, links, state = extra
+    if type(span_id) is not int or type(flags) is not int or type(start_ns) is not int:
+        raise ValueError("span extra: span_id, trace_flags and start_ns must be ints")
+    tid = int(row[_TRACE], 16).to_bytes(16, "big")
+    endpoint = row[_ENDPOINT]
+    name = "POST " + endpoint
+    children, end = stage_children(start_ns, [row[i] for i in _MARKS])
+    status = row[_ATTRS[0]]
+    attributes = {"http.request.method": "POST", "http.route": endpoint, **span_attributes(*(row[i] for i in _ATTRS))}
+    out = []
+    if children:
+        if state:
+            if type(state) is not str:
+                raise NotPlain("trace_state")
+            parent = len_field(b"\x1a", state.encode()) + b"\x22\x08" + span_id.to_bytes(8, "big")
+        else:
+            parent = b"\x22\x08" + span_id.to_bytes(8, "big")
+        head = b"\x0a\x10" + tid + b"\x12\x08"
+        for cname, _kind, a, b in children:
+            if not a or not b:  # a zero time is left out of the message: the general encoder
+                raise NotPlain("time")
+            body = b"".join((head, new_span_id().to_bytes(8, "big"), parent, _STAGE_HEADS[cname],
+                             _pack_times(0x39, a, 0x41, b), _CHILD_TAIL))
+            out.append(len_field(b"\x12", body))
+    out.append(len_field(b"\x12", span_message(
+        tid, span_id, state, None, name, _SERVER_KIND1, start_ns, end if end is not None else row[_TIME_MS] * 1_000_000,
+        attributes, _ERROR_CODE if status and status >= 500 else 0, None, links, 0, 0, _FLAGS_LOCAL)))
+    return b"".join(out), len(out)

@@ -10,28 +10,25 @@ a child process (:mod:`audit.span_exporter_proc`) that builds the OTLP
 request with opentelemetry-proto (the same bytes as the SDK's encoder) and
 POSTs it per the OTLP/HTTP spec (:mod:`audit.otlp_traces`).
 
-Why a thread and not asyncio for the pipe: the processor is called by the
-SDK from whatever thread ends a span and has no event loop of its own; a
-blocking ``os.write`` in a dedicated thread releases the GIL while the kernel
-copies, needs no loop integration, and a slow or stuck child only stalls that
-thread (the in-memory queue is bounded, so the gateway then drops spans
-instead of blocking).
+Why a thread: the SDK calls the processor from whatever thread ends a span (no event loop);
+a blocking ``os.write`` there releases the GIL while the kernel copies, and a stuck child only
+stalls that thread (the queue is bounded: spans are dropped, never blocking the gateway).
 
 Wire format (one line = one frame, at most ``max_batch`` spans)::
 
     line 1 (config, JSON object): {"exporter": "otlp"|"console", "endpoint": ..., "headers": {...},
                                    "timeout_s": ..., "resource": {...}, "resource_schema_url": ...,
                                    "flush_interval_s": ..., "max_batch": ...}
-    then:  [record, ...]\n    with record = a span (SPAN_FIELDS, :func:`audit.span_frames.encode_span`) or a
-           request (REQUEST_FIELDS, :mod:`audit.span_request`: its spans made by the child)
+    then:  [record, ...]\n    with record = a span (SPAN_FIELDS, :func:`audit.span_frames.encode_span`), a
+           request (REQUEST_FIELDS, :mod:`audit.span_request`: its spans made by the child) or a bytes
+           record (``BYTES_MARK``: spans already encoded as OTLP bytes, ``otlp`` only; session 9)
 
 The config goes on stdin, not argv: collector headers may carry credentials
 and argv is readable by every local user in ``/proc/<pid>/cmdline``.
 
-Delivery is best effort (telemetry, unlike audit events): spans are dropped
-and counted when the queue is full, when no child is running (restart gap,
-with backoff), or when a span cannot be encoded. Spans already inside the
-pipe or the child when the child dies are lost without being counted.
+Delivery is best effort (telemetry, unlike audit events): spans are dropped and counted when the
+queue is full, when no child is running (restart gap, with backoff), or when a span cannot be
+encoded. Spans already inside the pipe or the child when the child dies are lost uncounted.
 
 Here: the processor and the child's lifecycle; encoding and frames: :mod:`audit.span_frames`.
 """
@@ -39,7 +36,9 @@ Here: the processor and the child's lifecycle; encoding and frames: :mod:`audit.
 from __future__ import annotations
 
 import collections
+import contextlib
 import fcntl
+from binascii import b2a_base64
 import logging
 import os
 import signal
@@ -58,7 +57,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from audit.backoff import Backoff
 from audit.span_frames import encode_frames, encode_span
-from audit.span_request import REQUEST_MARK, span_count
+from audit.span_request import BYTES_MARK, span_count
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +171,7 @@ class OffloadSpanProcessor(SpanProcessor):
     @property
     def child_pid(self) -> int | None:
         """pid of the current child process, or None."""
-        proc = self._proc
-        return proc.pid if proc is not None else None
+        return proc.pid if (proc := self._proc) is not None else None
 
     def _drop(self, n: int, reason: str) -> None:
         if n <= 0:
@@ -208,10 +206,8 @@ class OffloadSpanProcessor(SpanProcessor):
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         assert proc.stdin is not None
         fd = proc.stdin.fileno()
-        try:
+        with contextlib.suppress(OSError):
             fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_SIZE)
-        except OSError:
-            pass
         try:
             self._write_all(fd, orjson.dumps(self._config, option=orjson.OPT_APPEND_NEWLINE))
         except OSError:
@@ -229,11 +225,9 @@ class OffloadSpanProcessor(SpanProcessor):
             view = view[n:]
 
     def _close_child(self, proc: subprocess.Popen[bytes], kill: bool) -> None:
-        try:
+        with contextlib.suppress(OSError):
             if proc.stdin is not None:
                 proc.stdin.close()
-        except OSError:
-            pass
         if kill:
             proc.kill()
         try:
@@ -276,10 +270,8 @@ class OffloadSpanProcessor(SpanProcessor):
                 w.set()
             if stopping:
                 if proc is not None:
-                    try:
+                    with contextlib.suppress(OSError):
                         proc.stdin.close()  # type: ignore[union-attr]
-                    except OSError:
-                        pass
                 return
 
     def _push(self, proc: subprocess.Popen[bytes] | None) -> None:
@@ -290,7 +282,7 @@ class OffloadSpanProcessor(SpanProcessor):
         self._in_flight = n + self._extra_in - self._extra_out  # counted against the bound before leaving the queue
         popleft = q.popleft
         batch = [popleft() for _ in range(n)]
-        extra = sum(span_count(r) - 1 for r in batch if r[0] == REQUEST_MARK)  # request records' other spans
+        extra = sum(span_count(r) - 1 for r in batch if type(r[0]) is int)  # request / bytes records' other spans
         self._extra_out += extra
         n += extra
         self._in_flight = n
@@ -339,6 +331,11 @@ class OffloadSpanProcessor(SpanProcessor):
         the child expands it): bound, drops and wake counted in the spans it stands for (the whole
         request dropped when they do not all fit). Called from one thread (the gateway's event loop)."""
         self._enqueue(record, len(record[12]) + 1)
+
+    def on_end_span_bytes(self, data: bytes, k: int, scope: tuple) -> None:
+        """Queue ``k`` spans of ``scope`` (name, version, url) encoded as ``ScopeSpans.spans`` fields (``data``,
+        :func:`audit.row_spans.row_span_bytes`; ``otlp`` child only) as a bytes record (``BYTES_MARK``)."""
+        self._enqueue((BYTES_MARK, k, *scope, b2a_base64(data, newline=False).decode("ascii")), k)
 
     def _enqueue(self, item: tuple, k: int) -> None:
         if self._closed:

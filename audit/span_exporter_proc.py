@@ -44,6 +44,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from audit.otlp_trace_request import FrameError, OtlpRequestEncoder, check_records, pb_attributes
 from audit.otlp_traces import OtlpHttpSender, OtlpHttpSettings
+from audit.span_request import span_count
 
 __all__ = [
     "ExportLoop",
@@ -238,6 +239,11 @@ def build_pipeline(cfg: Mapping[str, Any], env: Mapping[str, str] | None = None)
     raise ValueError(f"unknown exporter {kind!r}")
 
 
+def _weight(item: Any) -> int:
+    """Spans an item of the export loop stands for: a bytes record its count, anything else 1."""
+    return span_count(item) if type(item) is list and len(item) == 6 else 1
+
+
 class ExportLoop:
     """Batching: export when ``max_batch`` spans are pending or every
     ``flush_interval_s`` seconds (``BatchSpanProcessor`` semantics).
@@ -249,33 +255,45 @@ class ExportLoop:
         self.max_batch = max_batch
         self.flush_interval_s = flush_interval_s
         self.pending: list[Any] = []
+        self.pending_spans = 0  # spans in ``pending`` (a bytes record stands for several)
         self.exported = 0
         self.failed = 0
 
     def add(self, spans: list[Any]) -> None:
         """Queue spans; export full batches now."""
         self.pending.extend(spans)
-        while len(self.pending) >= self.max_batch:
-            batch, self.pending = self.pending[:self.max_batch], self.pending[self.max_batch:]
-            self._send(batch)
+        self.pending_spans += sum(map(_weight, spans))
+        while self.pending_spans >= self.max_batch:
+            self._send(self._take())
 
     def flush(self) -> None:
-        """Export everything pending, in batches of ``max_batch``."""
+        """Export everything pending, in batches of ``max_batch`` spans (a bytes record is not split)."""
         while self.pending:
-            batch, self.pending = self.pending[:self.max_batch], self.pending[self.max_batch:]
-            self._send(batch)
+            self._send(self._take())
+
+    def _take(self) -> list[Any]:
+        """The oldest items holding up to ``max_batch`` spans (at least one item)."""
+        n = w = 0
+        pending = self.pending
+        while n < len(pending) and (n == 0 or w + _weight(pending[n]) <= self.max_batch):
+            w += _weight(pending[n])
+            n += 1
+        batch, self.pending = pending[:n], pending[n:]
+        self.pending_spans -= w
+        return batch
 
     def _send(self, batch: Sequence[Any]) -> None:
+        n = sum(map(_weight, batch))
         try:
             result = self._export(batch)
         except Exception as exc:  # noqa: BLE001 -- an exporter bug must not end the child
-            log.warning("span export raised %s (%d spans lost)", type(exc).__name__, len(batch))
+            log.warning("span export raised %s (%d spans lost)", type(exc).__name__, n)
             result = SpanExportResult.FAILURE
         if result == SpanExportResult.SUCCESS:
-            self.exported += len(batch)
+            self.exported += n
         else:
-            self.failed += len(batch)
-            log.warning("span export failed (%d spans lost, %d total)", len(batch), self.failed)
+            self.failed += n
+            log.warning("span export failed (%d spans lost, %d total)", n, self.failed)
 
 
 def run(fd: int = 0) -> int:

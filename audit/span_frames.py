@@ -136,8 +136,10 @@ def encode_frames(spans: Sequence[tuple], max_batch: int) -> tuple[bytes, int]:
                 try:
                     orjson.dumps(s, default=_default)
                     good.append(s)
-                except TypeError:  # a request record (audit.span_request) counts its spans
-                    bad += len(s[12]) + 1 if s[0] == 0 and len(s) == 18 else 1
+                except TypeError:  # a request or bytes record (audit.span_request) counts its spans
+                    from audit.span_request import span_count  # imports this module
+
+                    bad += span_count(s)
             if good:
                 out.append(orjson.dumps(good, default=_default, option=orjson.OPT_APPEND_NEWLINE))
     return b"".join(out), bad

@@ -26,12 +26,16 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from audit.span_frames import _attr_dict, _trace_state
 
-__all__ = ["REQUEST_FIELDS", "REQUEST_MARK", "encode_links", "encode_request_record", "expand_request_record",
+__all__ = ["BYTES_MARK", "REQUEST_FIELDS", "REQUEST_MARK", "encode_links", "encode_request_record", "expand_request_record",
            "random_span_id", "span_count"]
 
 _M64 = (1 << 64) - 1
 #: first field of a request record
 REQUEST_MARK = 0
+#: first field of a bytes record ``[BYTES_MARK, n_spans, scope_name, scope_version, scope_schema_url, base64]``:
+#: ``n_spans`` spans already encoded as ``ScopeSpans.spans`` fields (session 9: the audit worker's request
+#: spans, :func:`audit.row_spans.row_span_bytes`), base64 (standard alphabet) so that the frame stays JSON
+BYTES_MARK = 1
 #: field order of one request record (documentation; positions are fixed)
 REQUEST_FIELDS = (
     "mark", "name", "trace_id_hi", "trace_id_lo", "span_id", "trace_flags", "trace_state", "start_ns", "end_ns",
@@ -74,8 +78,15 @@ def encode_links(links: Sequence[Any]) -> list[tuple] | None:
 
 
 def span_count(record: Sequence[Any]) -> int:
-    """Spans a queued record stands for: 1 for a span record, 1 + its children for a request record."""
-    return len(record[12]) + 1 if record[0] == REQUEST_MARK and len(record) == _N else 1
+    """Spans a queued record stands for: 1 for a span record, 1 + its children for a request record,
+    ``n_spans`` for a bytes record."""
+    first = record[0]
+    if type(first) is int:
+        if first == REQUEST_MARK and len(record) == _N:
+            return len(record[12]) + 1
+        if first == BYTES_MARK and len(record) == 6 and type(record[1]) is int and record[1] > 0:
+            return record[1]
+    return 1
 
 
 def random_span_id() -> int:

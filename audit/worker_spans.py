@@ -19,7 +19,7 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 
-from audit.row_spans import row_span_record
+from audit.row_spans import SCOPE, row_span_bytes, row_span_record
 from audit.span_export import OffloadSpanProcessor
 
 __all__ = ["WorkerSpans"]
@@ -40,11 +40,24 @@ class WorkerSpans:
         self.processor = OffloadSpanProcessor(str(config["exporter"]), resource, endpoint=config.get("endpoint"),
                                               registry=registry)
         self.processor.start()
+        self._bytes = config["exporter"] == "otlp"  # the otlp child takes spans as OTLP bytes
         #: span extras refused as malformed (their spans are not exported)
         self.refused = 0
 
     def request(self, row: Sequence[Any], extra: Sequence[Any]) -> None:
-        """Queue the spans of one request (its decoded row and span extra); never raises."""
+        """Queue the spans of one request (its decoded row and span extra); never raises.
+
+        For the ``otlp`` exporter the spans leave as their OTLP bytes (:func:`audit.row_spans.row_span_bytes`,
+        session 9: no record, JSON trip or expansion in the exporter child); a request outside that
+        path's plain shape, and every request for ``console``, as its compact record."""
+        if self._bytes:
+            try:
+                data, n = row_span_bytes(row, extra)
+            except Exception:  # noqa: BLE001 -- the record path below decides (refused or exported)
+                pass
+            else:
+                self.processor.on_end_span_bytes(data, n, SCOPE)
+                return
         try:
             record = row_span_record(row, extra)
         except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:

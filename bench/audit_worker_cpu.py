@@ -159,6 +159,7 @@ def _receivers(conn: Any) -> None:
 
         app = web.Application()
         app.router.add_post("/v1/logs", handle)
+        app.router.add_post("/v1/traces", handle)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
