@@ -1,6 +1,6 @@
 """In-process A/B of ``WordTokenizer.encode``: this tree against another tree's (not a test).
 
-``python -m bench.tokenizer_ab --baseline /tmp/s9-base [--rounds 15] [--number 2000]``
+``python -m bench.tokenizer_ab --baseline /tmp/s9-base [--rounds 15] [--number 2000] [--name s9-core]``
 
 The baseline's ``tenancy/tokenizer.py`` is loaded under another module name in the same process
 (its absolute imports resolve to this tree's modules), and A (baseline), B (this tree) and A' (the
@@ -8,20 +8,26 @@ baseline again: the A/A noise) run alternately, ``--rounds`` rounds of ``--numbe
 thread-CPU µs per call, medians of the rounds and the median of the per-round B − A and A' − A
 differences. Texts: the overhead bench's 64-word prompt (words and blanks), 64-word ASCII prose with
 punctuation, a rendered two-message chat of that prose, and the prose with one "é" (Latin-1 path).
-Results are printed as a markdown table.
+Results: ``bench/results/tokenizer_ab-<name>.md`` (and printed).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
+import os
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import click
+
+from sim.click_options import ClickOptions
+
 from tenancy.tokenizer import WordTokenizer, render_chat
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _load(tree: str) -> Callable[[str, int | None], list[int]]:
@@ -64,14 +70,19 @@ def _cpu_us(fn: Callable[[str, int | None], list[int]], text: str, number: int) 
     return (time.thread_time_ns() - t0) / number / 1e3
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--baseline", required=True)
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--number", type=int, default=2000)
-    a = ap.parse_args()
-    base, this = _load(a.baseline), WordTokenizer().encode
-    print(f"| text | A base µs | B this µs | median B − A | A' − A (A/A) | rounds B < A |\n|---|---:|---:|---:|---:|---|")
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    ap = ClickOptions(prog="python -m bench.tokenizer_ab", description=__doc__.splitlines()[0])
+    ap.option("--baseline", type=click.Path(path_type=Path), required=True)
+    ap.option("--rounds", type=int, default=15)
+    ap.option("--number", type=int, default=2000, help="calls per text and round")
+    ap.option("--name", default="s9-core")
+    a = ap.parse(argv)
+    base, this = _load(str(a.baseline)), WordTokenizer().encode
+    lines = [f"# WordTokenizer.encode, in-process A/B (`python -m bench.tokenizer_ab`, baseline {a.baseline})", "",
+             f"Thread-CPU µs per call, {a.rounds} rounds of {a.number} calls per text, A B A' alternating; "
+             f"load average {os.getloadavg()[0]:.1f} at the end.", "",
+             "| text | A base µs | B this µs | median B − A | A' − A (A/A) | rounds B < A |", "|---|---:|---:|---:|---:|---|"]
     for name, text in texts().items():
         assert base(text, 8192) == this(text, 8192), name
         ra, rb, ra2 = [], [], []
@@ -81,9 +92,13 @@ def main() -> None:
             ra2.append(_cpu_us(base, text, a.number))
         d = [b - x for b, x in zip(rb, ra)]
         d0 = [y - x for y, x in zip(ra2, ra)]
-        print(f"| {name} | {statistics.median(ra):.2f} | {statistics.median(rb):.2f} | {statistics.median(d):+.2f} "
-              f"| {statistics.median(d0):+.2f} | {sum(x < 0 for x in d)} of {a.rounds} |")
+        lines.append(f"| {name} | {statistics.median(ra):.2f} | {statistics.median(rb):.2f} | "
+                     f"{statistics.median(d):+.2f} | {statistics.median(d0):+.2f} | {sum(x < 0 for x in d)} of {a.rounds} |")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"tokenizer_ab-{a.name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
