@@ -7,7 +7,8 @@ The baseline's ``tenancy/tokenizer.py`` is loaded under another module name in t
 baseline again: the A/A noise) run alternately, ``--rounds`` rounds of ``--number`` calls per text;
 thread-CPU µs per call, medians of the rounds and the median of the per-round B − A and A' − A
 differences. Texts: the overhead bench's 64-word prompt (words and blanks), 64-word ASCII prose with
-punctuation, a rendered two-message chat of that prose, and the prose with one "é" (Latin-1 path).
+punctuation, a rendered two-message chat of that prose, the prose with one "é" (Latin-1), and two
+texts outside Latin-1 (CJK; English with an em dash and curly quotes).
 Results: ``bench/results/tokenizer_ab-<name>.md`` (and printed).
 """
 
@@ -60,6 +61,8 @@ def texts() -> dict[str, str]:
         "chat (2 messages)": render_chat([{"role": "system", "content": _prose(rng, 16)},
                                           {"role": "user", "content": prose}]),
         "prose + é": prose + " café",
+        "CJK with punctuation": "日本語のテキスト、句読点あり。" * 10,
+        "English + em dash and curly quotes": "Hello, world — “quoted” text with an em dash. " * 8,
     }
 
 

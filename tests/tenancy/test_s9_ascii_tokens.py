@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import tenancy.tokenizer as tk
-from tenancy.plain_words import MAX_SYMBOL_KINDS, SPLIT_BLANKS, WORD_BYTES, ascii_tokens, plain_words
+from tenancy.plain_words import MAX_SYMBOL_KINDS, SPLIT_BLANKS, WORD_BYTES, ascii_tokens, latin1_tokens, plain_words
 
 _WORD = st.text(st.sampled_from(list(WORD_BYTES.decode())), min_size=1, max_size=70)
 _BLANK = st.text(st.sampled_from(list(SPLIT_BLANKS.decode()) + ["\x1c", "\x1f"]), min_size=1, max_size=70)
@@ -27,10 +27,19 @@ def _prose() -> st.SearchStrategy[str]:
     return st.lists(st.tuples(word, sep).map("".join), max_size=40).map("".join)
 
 
+def _latin1_prose() -> st.SearchStrategy[str]:
+    """Accented words, Latin-1 symbols and blanks (NBSP, NEL, \\x1c: the patterns' cases) between them."""
+    letters = st.sampled_from(list("abcdeéèêàçñöüßÀÉØøÿªº²µ_0"))
+    word = st.tuples(st.text(st.sampled_from(list("«¿¡(\"'")), max_size=1), st.text(letters, min_size=1, max_size=70),
+                     st.text(st.sampled_from(list(".,;:!?»)©°\x80\x9f")), max_size=2)).map("".join)
+    sep = st.sampled_from([" ", " ", "\n", " \xa0", "\x85", "\t", " " * 64, " " * 65, "\x1c"])
+    return st.lists(st.tuples(word, sep).map("".join), max_size=30).map("".join)
+
+
 def _texts() -> st.SearchStrategy[str]:
     runs = st.lists(st.one_of(_WORD, _BLANK, st.text(_SYMBOL, min_size=1, max_size=4)), max_size=14).map("".join)
     return st.one_of(
-        _prose(), runs,
+        _prose(), runs, _latin1_prose(),
         st.text(st.sampled_from([chr(c) for c in range(128)]), max_size=300),
         st.text(max_size=200),  # any Unicode (the shortcut is not taken: the patterns decide)
         st.text(st.sampled_from([chr(c) for c in range(256)]), max_size=200),
@@ -61,6 +70,11 @@ def _reference(text: str, limit: int | None) -> list[int]:
 @example("<|user|>\nhi there\n")
 @example("".join(chr(c) for c in range(33, 127)))
 @example("\x00\x01 a\x7f")
+@example("é" * 64 + ",")
+@example("é" * 65 + ",")
+@example("café," + " " * 64 + "b")
+@example("café," + " " * 65 + "b")
+@example("naïve\x85x")
 def test_ascii_tokens_equals_the_patterns(text: str) -> None:
     if text.isascii():
         raw = text.encode("ascii")
@@ -69,8 +83,17 @@ def test_ascii_tokens_equals_the_patterns(text: str) -> None:
             assert got == tk._ASCII_TOKEN_RE.findall(raw)
         if plain_words(raw) is not None:  # the s8 shortcut's texts are all still accepted
             assert got == plain_words(raw)
+    l1 = latin1_tokens(text)
+    if l1 is not None:  # accepted: the str pattern's tokens, as UTF-8
+        assert l1 == [m.encode("utf-8") for m in tk._TOKEN_RE.findall(text)]
     for limit in (None, 0, 3, 200):
         assert tk.WordTokenizer().encode(text, limit) == _reference(text, limit)
+
+
+def test_latin1_tokens_takes_accented_prose() -> None:
+    assert latin1_tokens("Ça va, «très» bien") == [t.encode("utf-8") for t in ["Ça", "va", ",", "«", "très", "»", "bien"]]
+    assert latin1_tokens("a\xa0b") is None  # NBSP: a blank bytes.split() does not know
+    assert latin1_tokens("日本") is None  # not Latin-1
 
 
 def test_ascii_tokens_takes_prose_and_refuses_what_it_cannot_read() -> None:
