@@ -19,7 +19,7 @@ from gateway.request import InferenceRequest
 from policy.decision import Decision
 from tenancy.bounds import RequestBounds, request_bounds
 from tenancy.ledger import InProcessLedger, Reservation, Settlement, charge_for
-from tenancy.limits import ConcurrencyLimited, Lease, RateLimited, TenantLimiter, clamp_max_tokens
+from tenancy.limits import ConcurrencyLimited, Lease, RateLimited, TenantLimiter
 from tenancy.prompt_room import PromptRoom, min_tokens
 from tenancy.registry import Tenant, TenantRegistry
 from tenancy.shared import SharedLimits, StateUnavailable
@@ -44,9 +44,21 @@ def too_many(retry_after_s: float, code: str, message: str) -> GatewayError:
 
 
 def clamp_output(requested: int | None, tenant_cap: int | None, policy_cap: int | None, gateway_cap: int) -> int:
-    """Output-token cap: request → min(tenant cap, policy cap, gateway cap); absent → that cap (at least 1)."""
-    cap = clamp_max_tokens(requested, tenant_cap, policy_cap, default=gateway_cap)
-    return max(1, min(cap, gateway_cap))
+    """Output-token cap: request → min(tenant cap, policy cap, gateway cap); absent → that cap (at least 1).
+
+    = ``max(1, min(clamp_max_tokens(requested, tenant_cap, policy_cap, default=gateway_cap), gateway_cap))``
+    without its lists (session 9; hypothesis: tests/gateway/test_s9_clamp_output.py): the smallest of the
+    values given. Raises :class:`ValueError` for a non-positive or boolean ``requested``, as it does."""
+    if requested is not None and (isinstance(requested, bool) or requested <= 0):
+        raise ValueError("max_tokens must be a positive integer")
+    cap = gateway_cap
+    if requested is not None and requested < cap:
+        cap = requested
+    if tenant_cap is not None and tenant_cap < cap:
+        cap = tenant_cap
+    if policy_cap is not None and policy_cap < cap:
+        cap = policy_cap
+    return cap if cap >= 1 else 1
 
 
 class Admission:

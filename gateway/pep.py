@@ -180,14 +180,6 @@ class PolicyEnforcementPoint:
         model, max_tokens, stream, sequences = req.model, req.max_tokens, req.stream, req.sequences
         alerts = self.audit.active_alerts()
         dp = self.pdp.dp
-
-        def build() -> dict[str, Any]:  # the input document: on a miss or a mistyped fact only (issue 14)
-            return build_policy_input(
-                {"spiffe_id": sid, "trust_domain": td, "claims": claims}, tview,
-                {"endpoint": endpoint, "model": model, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens,
-                 "stream": stream, "sequences": sequences, "queued_requests": queued_requests},
-                candidate_docs(candidates, self.loads), alerts, time.time())
-
         try:
             key = None
             if tpart is not None and isinstance(dp, CachedDecisionPoint) and dp.default_keys:
@@ -197,10 +189,24 @@ class PolicyEnforcementPoint:
                 cpart, apart = self._memo.candidates(candidates), alerts_key_part(alerts)
                 if head is not None and cpart is not None and apart is not None:
                     key = compose_key(head, tpart, cpart, apart)
+                    # a hit: no input document, no closure, no coroutine (session 9; = decide_keyed's hit)
+                    hit = dp.cache.get(key)
+                    if hit is not None:
+                        decision = hit.as_cached()
+                        self.metrics.policy_cache.labels("hit").inc()
+                        return decision
+
+            def build() -> dict[str, Any]:  # the input document: on a miss or a mistyped fact only (issue 14)
+                return build_policy_input(
+                    {"spiffe_id": sid, "trust_domain": td, "claims": claims}, tview,
+                    {"endpoint": endpoint, "model": model, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens,
+                     "stream": stream, "sequences": sequences, "queued_requests": queued_requests},
+                    candidate_docs(candidates, self.loads), alerts, time.time())
+
             if key is None:  # no cache, or a mistyped fact: the built document's validation decides
                 decision = await dp.decide(build())
-            else:  # the document is built on a miss only
-                decision = await dp.decide_keyed(key, build)
+            else:  # the miss get() just counted: the document is built now
+                decision = await dp.decide_missed(key, build)
         except PolicyError:
             raise GatewayError(503, "policy_unavailable", "the policy decision point is unavailable") from None
         self.metrics.policy_cache.labels("hit" if decision.cached else "miss").inc()

@@ -207,8 +207,12 @@ class CachedDecisionPoint:
             policy.input.PolicyInputError: from ``build``.
         """
         hit = self.cache.get(key)
-        if hit is not None:
-            return hit.as_cached()
+        return hit.as_cached() if hit is not None else await self.decide_missed(key, build)
+
+    async def decide_missed(self, key: tuple[Any, ...], build: Callable[[], dict[str, Any]]) -> Decision:
+        """:meth:`decide_keyed` after ``self.cache.get(key)`` missed (and counted it): the inner decision on
+        ``build()``, then cached. For a caller that looks the hit up itself (gateway/pep.py: on a hit no
+        closure, no coroutine; session 9). Raises as :meth:`decide_keyed`."""
         decision = await self.inner.decide(build())
         self.cache.put(key, decision)
         return decision
@@ -354,19 +358,10 @@ def fast_key(
     Composed of :func:`head_key_part`, :func:`tenant_key_part`, :func:`candidates_key_part` and
     :func:`alerts_key_part` (a caller may keep the tenant and candidate parts per immutable object).
     """
-    head = head_key_part(identity, request)
-    if head is None:
-        return None
-    tpart = tenant_key_part(tenant)
-    if tpart is None:
-        return None
-    cpart = candidates_key_part(candidates)
-    if cpart is None:
-        return None
-    apart = alerts_key_part(alerts)
-    if apart is None:
-        return None
-    return compose_key(head, tpart, cpart, apart)
+    head, tpart = head_key_part(identity, request), tenant_key_part(tenant)  # pure: no short cut needed
+    cpart = candidates_key_part(candidates) if head is not None and tpart is not None else None
+    apart = alerts_key_part(alerts) if cpart is not None else None
+    return None if apart is None else compose_key(head, tpart, cpart, apart)  # type: ignore[arg-type]
 
 
 async def decide_from_facts(

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from tenancy.plain_words import MAX_TOKEN_CHARS as _PLAIN_MAX_CHARS
-from tenancy.plain_words import plain_words
+from tenancy.plain_words import ascii_tokens, latin1_tokens
 
 __all__ = [
     "Tokenizer",
@@ -220,8 +220,11 @@ class WordTokenizer:
         stop = None if limit is None else max(0, limit) + 1
         found: list[str] | list[bytes]
         if stop is None or len(text) <= FAST_SCAN_CHARS_PER_TOKEN * stop:
-            # ASCII words and blanks only: bytes.split() gives the pattern's tokens (tenancy/plain_words.py)
-            if text.isascii() and (words := plain_words(text.encode("ascii"))) is not None:
+            # ASCII words, symbols and blanks: bytes.split() of the text with its symbols spaced out gives
+            # the pattern's tokens (tenancy/plain_words.py; s8: words and blanks only, s9: prose too)
+            # (s9: a Latin-1 text the same way on its Latin-1 bytes; its tokens come back as UTF-8)
+            words = ascii_tokens(text.encode("ascii")) if text.isascii() else latin1_tokens(text)
+            if words is not None:
                 if stop is not None:
                     del words[stop:]
                 return list(map(zlib.crc32, words))

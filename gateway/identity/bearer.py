@@ -117,9 +117,12 @@ def extract_bearer(authorization: str | None) -> str:
     ``malformed_authorization_header`` (400) for another scheme or shape.
     The scheme is case-insensitive (RFC 6750 2.1, RFC 9110 11.1).
     """
-    if authorization is None or not authorization.strip() or authorization.strip().lower() == "bearer":
+    value = "" if authorization is None else authorization.strip()
+    # ``lower()`` never shortens a string: only a value of at most 6 characters can lower to "bearer"
+    # (session 9: the whole token is no longer lowered and stripped three times per request)
+    if not value or (len(value) <= 6 and value.lower() == "bearer"):
         raise _fail(Reason.MISSING_TOKEN, "no bearer token")
-    parts = authorization.strip().split(" ")
+    parts = value.split(" ")
     if len(parts) != 2 or parts[0].lower() != "bearer" or not parts[1]:
         raise _fail(Reason.MALFORMED_HEADER, "expected 'Authorization: Bearer <JWT-SVID>'")
     return parts[1]

@@ -75,6 +75,11 @@ class TrustBundleStore:
         """The current bundle of ``trust_domain`` (refreshed if due)."""
         return await self.source(trust_domain).get()
 
+    def current(self, trust_domain: str) -> TrustBundle | None:
+        """The domain's bundle when no refresh is due (:meth:`TrustBundleSource.current`), else None.
+        Raises :class:`UnknownTrustDomain` and, for a stale bundle, :class:`BundleUnavailable`."""
+        return self.source(trust_domain).current()
+
     async def refresh_for_unknown_kid(self, trust_domain: str) -> TrustBundle:
         """Give the domain's source a chance to pick up a rotated-in key."""
         return await self.source(trust_domain).refresh_for_unknown_kid()

@@ -174,6 +174,17 @@ class TrustBundleSource(abc.ABC):
             return await self.refresh(only_if_due=True)
         return self._serve(now)
 
+    def current(self) -> TrustBundle | None:
+        """What :meth:`get` answers when no refresh is due now, without awaiting; ``None`` when one
+        is due (or nothing is loaded): the caller then awaits :meth:`get` (issue 14, session 9: a
+        verified-token cache hit builds no coroutine for the bundle). Raises
+        :class:`BundleUnavailable` as :meth:`get` does for a bundle stale past ``max_stale_s``. A
+        subclass that overrides :meth:`get` overrides this too."""
+        now = self._clock()
+        if self._bundle is None or self._refresh_due(now):
+            return None
+        return self._serve(now)
+
     async def refresh_for_unknown_kid(self) -> TrustBundle:
         """Called when a token names a kid the bundle lacks (a rotation may
         have happened). Default: same as :meth:`get`."""

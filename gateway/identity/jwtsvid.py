@@ -212,7 +212,8 @@ class JwtSvidVerifier:
             if not times_ok(times, now=self._clock(), leeway_s=self.leeway_s, max_lifetime_s=self.max_lifetime_s):
                 self._check_claims(parsed)
             td = parsed.spiffe_id.trust_domain
-            bundle, version = await self._bundle(td, parsed.kid)
+            # no refresh due and the kid known: no coroutine (session 9); else the awaited path
+            bundle, version = self._bundle_now(td, parsed.kid) or await self._bundle(td, parsed.kid)
             if bundle.get(parsed.kid) is None:  # as self._key would refuse it
                 raise _fail(Reason.UNKNOWN_KID, "no key with this kid in the token's trust domain")
             hit = self.cache.get(name, td, version)
@@ -236,6 +237,20 @@ class JwtSvidVerifier:
         self.cache.put(name, identity, version)
         self.cache.remember_spelling(token, name, (p, time_claims(p)))
         return identity
+
+    def _bundle_now(self, td: str, kid: str) -> tuple[TrustBundle, object] | None:
+        """:meth:`_bundle`'s answer when it needs no await (no refresh due, ``kid`` in the bundle), else None.
+
+        Raises what :meth:`_bundle` raises for an unknown domain or a stale bundle."""
+        try:
+            bundle = self.store.current(td)
+            if bundle is None or bundle.get(kid) is None:
+                return None
+            return bundle, self.store.generation(td)
+        except UnknownTrustDomain:
+            raise _fail(Reason.FOREIGN_TRUST_DOMAIN, "no trust bundle for the token's trust domain") from None
+        except (BundleUnavailable, BundleError):
+            raise _fail(Reason.BUNDLE_UNAVAILABLE, "trust bundle unavailable; try again later") from None
 
     async def _bundle(self, td: str, kid: str) -> tuple[TrustBundle, object]:
         """The current bundle of ``td`` (one early refresh when it lacks ``kid``) and its keys version.
