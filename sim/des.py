@@ -230,7 +230,7 @@ def _pct(sorted_vals: Sequence[float], p: float) -> float:
 
 
 def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: SimConfig = SimConfig(),
-             calibration: Calibration | None = None) -> PolicyResult:
+             calibration: Calibration | None = None, ttft_out: list[float] | None = None) -> PolicyResult:
     """Replay ``reqs`` through a fresh :class:`Router` with ``policy`` on
     ``cfg.replicas`` simulated replicas; returns a :class:`PolicyResult`.
 
@@ -238,7 +238,8 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
     config has ``calibrate`` on), the router's load tracker is a
     :class:`routing.calibration.CalibratingLoadTracker` on the simulated
     clock (first-byte times feed it) and the candidates carry its estimates;
-    without, the router uses the configured constants."""
+    without, the router uses the configured constants. ``ttft_out`` (optional,
+    session 9) is filled with each request's TTFT (s), in the order of ``reqs``."""
     ids = [f"r{i}" for i in range(cfg.replicas)]
     if calibration is None and getattr(getattr(policy, "config", None), "calibrate", False):
         calibration = Calibration(prior_rate=policy.config.prefill_tokens_per_s)  # type: ignore[attr-defined]
@@ -268,6 +269,8 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
     t_last = {r: 0.0 for r in ids}
     version = {r: 0 for r in ids}
 
+    if ttft_out is not None:
+        ttft_out[:] = [math.nan] * len(reqs)
     for i, r in enumerate(reqs):
         events.append((r.arrival, ARRIVE, i, i, ""))
     heapq.heapify(events)
@@ -322,6 +325,8 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
     def first_byte(i: int, rid: str, now: float) -> None:
         nonlocal seq
         ttft.append(now - reqs[i].arrival)
+        if ttft_out is not None:
+            ttft_out[i] = now - reqs[i].arrival
         tickets[i].first_byte()  # type: ignore[union-attr]
         seq += 1
         heapq.heappush(events, (now + reqs[i].output_tokens * cfg.decode_s_per_token, FINISH, seq, i, rid))
