@@ -15,31 +15,56 @@ Mooncake trace, 6 replicas, it runs:
   uncached prompt (the configured rate only scales all candidates alike), so
   it shows what a perfect queue-time estimate would change;
 * ``no_share_guard``: ``cache_aware`` without the dispatch-share guard
-  (request max/mean is then not bounded: above the grid's 1.2).
+  (request max/mean is then not bounded: above the grid's 1.2);
+* ``externality``: ``cache_aware`` with ``queue_externality_weight: 1``
+  (:mod:`routing.scorers.queue_externality`: each request also pays the delay
+  its prefill adds to the requests that will queue behind it);
+* ``late_binding_1``, ``late_binding_3``: ``cache_aware`` behind one
+  arrival-order queue at the gateway, a request routed only among the
+  replicas with fewer than 1 (3) requests before their first byte
+  (``SimConfig.hold_prefilling``);
+* ``central_fifo``: a reference, not a router: one arrival-order queue in
+  front of ``replicas`` servers sharing one pooled cache (every prefix
+  cached anywhere is a hit), each request served by the first server free.
+  It has no placement loss and keeps the arrival order.
 
 Per rule, means over the windows: TTFT p25, p50, mean, p75, p90, p99; the
 share of requests served within 0.5x, 1x and 1.5x of ``cache_aware``'s own
 p50 (where the CDFs cross); request and prefill-busy max/mean; hit rate over
-the pooled-cache bound. The p50 ratio is against ``smg_like`` in the same
-window.
+the pooled-cache bound; ``overtaken``: the share of request pairs arriving at
+least 2 s apart whose later request got its first byte first (0 for a
+single FIFO queue with equal service times). The p50 ratio is against
+``smg_like`` in the same window.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import math
+
 import click
 
 from routing.policies import build_policy
 from sim.click_options import ClickOptions
-from sim.des import SGLangLikePolicy, SimConfig, load_trace, pooled_bound, simulate, write_setting_table
+from sim.des import (
+    BlockLRU,
+    SGLangLikePolicy,
+    SimConfig,
+    SimRequest,
+    load_trace,
+    pooled_bound,
+    simulate,
+    write_setting_table,
+)
 from sim.des_smg import SMGLikePolicy
 
-__all__ = ["RULES", "SETTINGS", "main", "run_setting", "summarise"]
+__all__ = ["RULES", "SETTINGS", "central_fifo", "main", "overtaken", "run_setting", "summarise"]
 
 #: (label, SimConfig keyword arguments)
 SETTINGS: tuple[tuple[str, dict[str, Any]], ...] = tuple(
@@ -50,17 +75,58 @@ SETTINGS: tuple[tuple[str, dict[str, Any]], ...] = tuple(
                       ("kv x0.5", {"capacity_blocks": 2000}), ("kv x2", {"capacity_blocks": 8000}))
 )
 
-#: rule name -> factory(replica model)
-RULES: dict[str, Callable[[str], Any]] = {
-    "smg_like": lambda model: SMGLikePolicy(model),
-    "sglang_like": lambda model: SGLangLikePolicy(),
-    "cache_aware": lambda model: build_policy("cache_aware", {}),
-    "exact_wait": lambda model: build_policy("cache_aware", {"calibrate": False}),
-    "no_share_guard": lambda model: build_policy("cache_aware", {"dispatch_share_factor": None}),
+#: rule name -> (factory(replica model), SimConfig overrides); ``central_fifo`` is run apart
+RULES: dict[str, tuple[Callable[[str], Any], dict[str, Any]]] = {
+    "smg_like": (lambda model: SMGLikePolicy(model), {}),
+    "sglang_like": (lambda model: SGLangLikePolicy(), {}),
+    "cache_aware": (lambda model: build_policy("cache_aware", {}), {}),
+    "exact_wait": (lambda model: build_policy("cache_aware", {"calibrate": False}), {}),
+    "no_share_guard": (lambda model: build_policy("cache_aware", {"dispatch_share_factor": None}), {}),
+    "externality": (lambda model: build_policy("cache_aware", {"queue_externality_weight": 1.0}), {}),
+    "late_binding_1": (lambda model: build_policy("cache_aware", {}), {"hold_prefilling": 1}),
+    "late_binding_3": (lambda model: build_policy("cache_aware", {}), {"hold_prefilling": 3}),
+    "central_fifo": (lambda model: None, {}),
 }
 
-_COLS = ("p25", "p50", "mean", "p75", "p90", "p99", "le_half", "le_p50", "le_1.5", "req_mm", "busy_mm", "hit_pooled",
-         "p50_ratio")
+_COLS = ("p25", "p50", "mean", "p75", "p90", "p99", "le_half", "le_p50", "le_1.5", "overtaken", "req_mm", "busy_mm",
+         "hit_pooled", "p50_ratio")
+
+
+def central_fifo(reqs: Sequence[SimRequest], cfg: SimConfig) -> tuple[list[float], float]:
+    """The ``central_fifo`` reference (module doc): per-request TTFT (s, in the order of ``reqs``,
+    which must be in arrival order) and the token hit rate, with ``cfg.replicas`` servers
+    sharing one LRU of ``cfg.replicas · cfg.capacity_blocks`` blocks and FIFO prefill timing."""
+    cache = BlockLRU(cfg.capacity_blocks * cfg.replicas)
+    free = [0.0] * cfg.replicas
+    out: list[float] = []
+    hit = total = 0
+    for r in reqs:
+        start = max(heapq.heappop(free), r.arrival)
+        cached = min(cache.match(r.keys) * cfg.block_size, r.prompt_tokens)
+        cache.insert(r.keys)
+        hit += cached
+        total += r.prompt_tokens
+        end = start + cfg.prefill_overhead_s + (r.prompt_tokens - cached) * cfg.token_scale / cfg.prefill_tokens_per_s
+        heapq.heappush(free, end)
+        out.append(end - r.arrival)
+    return out, hit / max(1, total)
+
+
+def overtaken(arrivals: Sequence[float], ttfts: Sequence[float], gap_s: float = 2.0) -> float:
+    """Share of pairs (i, j) with ``arrivals[j] - arrivals[i] >= gap_s`` (s; ``arrivals``
+    non-decreasing) whose later request had its first byte first; 0.0 with no such pair."""
+    fb = [a + t for a, t in zip(arrivals, ttfts)]
+    pairs = late = 0
+    n = len(fb)
+    j0 = 0
+    for i in range(n):
+        j0 = max(j0, i + 1)
+        while j0 < n and arrivals[j0] - arrivals[i] < gap_s:
+            j0 += 1
+        pairs += n - j0
+        fi = fb[i]
+        late += sum(1 for j in range(j0, n) if fb[j] < fi)
+    return late / pairs if pairs else 0.0
 
 
 def _q(vals: Sequence[float], p: float) -> float:
@@ -94,21 +160,32 @@ def run_setting(args: tuple[tuple[str, dict[str, Any]], int, int, Sequence[str]]
         pooled = pooled_bound(reqs, cfg.capacity_blocks * cfg.replicas)
         runs: dict[str, tuple[Any, list[float]]] = {}
         for name in ("smg_like", "cache_aware", *rules):
-            if name not in runs:
-                out: list[float] = []
-                runs[name] = (simulate(name, RULES[name](cfg.replica_model), reqs, cfg, ttft_out=out), out)
+            if name in runs or name == "central_fifo":
+                continue
+            make, over = RULES[name]
+            out: list[float] = []
+            runs[name] = (simulate(name, make(cfg.replica_model), reqs, dataclasses.replace(cfg, **over),
+                                   ttft_out=out), out)
         ref = runs["cache_aware"][0].ttft_p50
+        smg_p50 = runs["smg_like"][0].ttft_p50
+        arrivals = [r.arrival for r in reqs]
         for name in rules:
-            res, out = runs[name]
+            if name == "central_fifo":
+                out, hit = central_fifo(reqs, cfg)
+                extra = {"req_mm": math.nan, "busy_mm": math.nan, "hit_pooled": hit / pooled}
+            else:
+                res, out = runs[name]
+                extra = {"req_mm": res.req_imbalance, "busy_mm": res.prefill_imbalance,
+                         "hit_pooled": res.hit_rate / pooled}
             row = summarise(out, ref)
-            row.update(req_mm=res.req_imbalance, busy_mm=res.prefill_imbalance, hit_pooled=res.hit_rate / pooled,
-                       p50_ratio=res.ttft_p50 / runs["smg_like"][0].ttft_p50)
+            row.update(extra, overtaken=overtaken(arrivals, out))
+            row["p50_ratio"] = row["p50"] / smg_p50
             acc[name].append(row)
     lines = []
     for name in rules:
         mean = {c: statistics.fmean(r[c] for r in acc[name]) for c in _COLS}
         lines.append(f"| {label} | {name} | " + " | ".join(
-            f"{mean[c]:.2f}" if c not in ("hit_pooled",) else f"{mean[c]:.3f}" for c in _COLS) + " |")
+            f"{mean[c]:.3f}" if c in ("hit_pooled", "overtaken") else f"{mean[c]:.2f}" for c in _COLS) + " |")
     return lines
 
 

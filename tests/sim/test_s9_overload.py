@@ -10,7 +10,7 @@ import pytest
 from routing.policies import build_policy
 from routing.types import Candidate, ReplicaLoad, RouteRequest
 from sim.des import SimConfig, load_trace, simulate
-from sim.des_overload import RULES, run_setting, summarise
+from sim.des_overload import RULES, overtaken, run_setting, summarise
 from sim.des_smg import SMGLikePolicy
 
 
@@ -85,4 +85,30 @@ def test_one_overload_setting_has_a_row_per_rule() -> None:
     assert [r[1] for r in rows] == list(RULES)
     assert rows[0][-1] == "1.00"
     for r in rows:
-        assert all(0.0 <= float(x) <= 1.0 for x in r[8:11])
+        assert all(0.0 <= float(x) <= 1.0 for x in r[8:12])
+    central = rows[list(RULES).index("central_fifo")]
+    assert float(central[11]) < 0.05  # one queue: a later request overtakes only by a shorter prefill
+
+
+def test_late_binding_holds_requests_in_arrival_order() -> None:
+    """With one replica a gateway-side queue changes nothing (one FIFO queue either way); a hold
+    as deep as the trace is no hold; on 4 replicas holding every request until a replica's prefill
+    is free changes placements (it may not wait for the prefix holder). A hold below 1 is refused."""
+    reqs = load_trace(rows=150)
+    policy = lambda: build_policy("cache_aware", {})  # noqa: E731
+    one = [simulate("ca", policy(), reqs, SimConfig(replicas=1, hold_prefilling=h)) for h in (None, 1)]
+    assert (one[0].ttft_p50, one[0].ttft_p99, one[0].hit_rate) == (one[1].ttft_p50, one[1].ttft_p99, one[1].hit_rate)
+    free, deep, held = (simulate("ca", policy(), reqs, SimConfig(replicas=4, hold_prefilling=h))
+                        for h in (None, len(reqs) + 1, 1))
+    assert (free.ttft_p50, free.hit_rate) == (deep.ttft_p50, deep.hit_rate)
+    assert held.hit_rate != free.hit_rate
+    with pytest.raises(ValueError):
+        SimConfig(hold_prefilling=0)
+
+
+def test_overtaken_counts_later_arrivals_served_first() -> None:
+    """Arrivals 0, 3, 6 s; first bytes at 10, 5, 7 s: of the three pairs >= 2 s apart, (0, 3)
+    and (0, 6) were overtaken; with a gap of 4 s only (0, 6) counts, and it was overtaken."""
+    assert overtaken([0.0, 3.0, 6.0], [10.0, 2.0, 1.0]) == pytest.approx(2 / 3)
+    assert overtaken([0.0, 3.0, 6.0], [10.0, 2.0, 1.0], gap_s=4.0) == 1.0
+    assert overtaken([0.0, 1.0], [1.0, 1.0]) == 0.0
