@@ -37,7 +37,7 @@ import hashlib
 import heapq
 import json
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -57,6 +57,7 @@ from routing.types import Candidate, RouteChoice, RouteRequest
 __all__ = [
     "SimConfig",
     "SimRequest",
+    "BlockLRU",
     "PolicyResult",
     "SGLangLikePolicy",
     "load_trace",
@@ -78,7 +79,11 @@ class SimConfig:
     """Timing and cache model. Times in seconds, rates in real tokens/s,
     ``block_size`` and capacity in simulator tokens / blocks;
     ``replica_model`` ``fifo`` or ``chunked`` (module doc; raises
-    :class:`ValueError` otherwise)."""
+    :class:`ValueError` otherwise). ``hold_prefilling`` (session 9, late
+    binding; ``None``: off): requests wait in one arrival-order queue in front
+    of the router and are routed, head first, only among the replicas with
+    fewer than this many requests dispatched and not yet at their first byte
+    (a gateway-side queue, as flow control's room check would hold them)."""
 
     replicas: int = 6
     block_size: int = 16
@@ -88,10 +93,13 @@ class SimConfig:
     prefill_overhead_s: float = 0.005
     decode_s_per_token: float = 0.02
     replica_model: str = "fifo"
+    hold_prefilling: int | None = None
 
     def __post_init__(self) -> None:
         if self.replica_model not in REPLICA_MODELS:
             raise ValueError(f"replica_model must be one of {', '.join(REPLICA_MODELS)}")
+        if self.hold_prefilling is not None and self.hold_prefilling < 1:
+            raise ValueError("hold_prefilling must be >= 1 or None")
 
 
 @dataclass(frozen=True)
@@ -145,8 +153,9 @@ def load_trace(path: Path = DEFAULT_TRACE, rows: int = 2000, block_size: int = 1
     return out
 
 
-class _BlockCache:
-    """Replica-side LRU prefix cache (same eviction order as the index)."""
+class BlockLRU:
+    """Replica-side LRU prefix cache (same eviction order as the index): ``match(keys)``
+    gives the number of leading keys held, ``insert(keys)`` touches them (capacity in blocks)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -230,7 +239,7 @@ def _pct(sorted_vals: Sequence[float], p: float) -> float:
 
 
 def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: SimConfig = SimConfig(),
-             calibration: Calibration | None = None) -> PolicyResult:
+             calibration: Calibration | None = None, ttft_out: list[float] | None = None) -> PolicyResult:
     """Replay ``reqs`` through a fresh :class:`Router` with ``policy`` on
     ``cfg.replicas`` simulated replicas; returns a :class:`PolicyResult`.
 
@@ -238,7 +247,8 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
     config has ``calibrate`` on), the router's load tracker is a
     :class:`routing.calibration.CalibratingLoadTracker` on the simulated
     clock (first-byte times feed it) and the candidates carry its estimates;
-    without, the router uses the configured constants."""
+    without, the router uses the configured constants. ``ttft_out`` (optional,
+    session 9) is filled with each request's TTFT (s), in the order of ``reqs``."""
     ids = [f"r{i}" for i in range(cfg.replicas)]
     if calibration is None and getattr(getattr(policy, "config", None), "calibrate", False):
         calibration = Calibration(prior_rate=policy.config.prefill_tokens_per_s)  # type: ignore[attr-defined]
@@ -247,7 +257,7 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
     if calibration is not None:
         loads = CalibratingLoadTracker(loads, calibration, lambda: clock[0])
     router = Router(policy, InProcessPrefixIndex(cfg.capacity_blocks), loads, cfg.block_size, calibration)
-    caches = {r: _BlockCache(cfg.capacity_blocks) for r in ids}
+    caches = {r: BlockLRU(cfg.capacity_blocks) for r in ids}
     queues: dict[str, list[int]] = {r: [] for r in ids}
     qhead = {r: 0 for r in ids}
     busy = {r: False for r in ids}
@@ -268,6 +278,8 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
     t_last = {r: 0.0 for r in ids}
     version = {r: 0 for r in ids}
 
+    if ttft_out is not None:
+        ttft_out[:] = [math.nan] * len(reqs)
     for i, r in enumerate(reqs):
         events.append((r.arrival, ARRIVE, i, i, ""))
     heapq.heapify(events)
@@ -322,27 +334,43 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
     def first_byte(i: int, rid: str, now: float) -> None:
         nonlocal seq
         ttft.append(now - reqs[i].arrival)
+        if ttft_out is not None:
+            ttft_out[i] = now - reqs[i].arrival
         tickets[i].first_byte()  # type: ignore[union-attr]
         seq += 1
         heapq.heappush(events, (now + reqs[i].output_tokens * cfg.decode_s_per_token, FINISH, seq, i, rid))
+
+    held: deque[int] = deque()
+    hold = cfg.hold_prefilling
+
+    def dispatch(i: int, cand: Sequence[str], now: float) -> None:
+        r = reqs[i]
+        rq = RouteRequest("t0", r.keys, r.prompt_tokens, r.output_tokens, cfg.block_size)
+        choice, ticket = router.route(rq, cand)
+        choices[i], tickets[i] = choice, ticket
+        rid = choice.replica_id
+        served[rid] += 1
+        if chunked:
+            advance(rid, now)
+            active[rid][i] = lookup(rid, i, insert=False)
+            schedule(rid, now)
+        else:
+            queues[rid].append(i)
+            start_next(rid, now)
+
+    def dispatch_held(now: float) -> None:
+        while held:
+            room = ids if hold is None else [r for r in ids if loads.snapshot(r).prefilling_requests < hold]
+            if not room:
+                return
+            dispatch(held.popleft(), room, now)
 
     while events:
         now, kind, _, i, rid = heapq.heappop(events)
         clock[0] = now
         if kind == ARRIVE:
-            r = reqs[i]
-            rq = RouteRequest("t0", r.keys, r.prompt_tokens, r.output_tokens, cfg.block_size)
-            choice, ticket = router.route(rq, ids)
-            choices[i], tickets[i] = choice, ticket
-            rid = choice.replica_id
-            served[rid] += 1
-            if chunked:
-                advance(rid, now)
-                active[rid][i] = lookup(rid, i, insert=False)
-                schedule(rid, now)
-            else:
-                queues[rid].append(i)
-                start_next(rid, now)
+            held.append(i)
+            dispatch_held(now)
         elif kind == PREFILL_DONE:
             if chunked:
                 rid, _, ver = rid.partition("#")
@@ -357,6 +385,8 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
                 busy[rid] = False
                 first_byte(i, rid, now)
                 start_next(rid, now)
+            if held:
+                dispatch_held(now)
         else:
             tickets[i].finish()  # type: ignore[union-attr]
 
@@ -380,7 +410,7 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
 def pooled_bound(reqs: Sequence[SimRequest], capacity_blocks: int, block_size: int = 16) -> float:
     """Token-weighted hit rate of ONE LRU holding ``capacity_blocks`` (all
     replicas' capacity pooled), replayed in arrival order."""
-    cache = _BlockCache(capacity_blocks)
+    cache = BlockLRU(capacity_blocks)
     hit = tot = 0
     for r in reqs:
         hit += min(cache.match(r.keys) * block_size, r.prompt_tokens)

@@ -116,8 +116,11 @@ async def start_smg_router(worker_urls: Sequence[str], paths: DemoPaths, policy:
     return proc, base
 
 
-def _key(cell: Cell, rows: int, run: int, router: str) -> str:
-    return f"{cell.name}|rows={rows}|run={run}|{router}"
+def _key(cell: Cell, rows: int, run: int, router: str, pg_params: str = "") -> str:
+    """Cache key of one result; PrefixGate run with non-default ``--pg-params`` (JSON text) is
+    stored under its own key, so variants never mix with the defaults (smg's key is unchanged)."""
+    suffix = f"|{pg_params}" if pg_params and router == "prefixgate" else ""
+    return f"{cell.name}|rows={rows}|run={run}|{router}{suffix}"
 
 
 def _load_cache(path: Path) -> dict[str, Any]:
@@ -136,8 +139,9 @@ def _save_cache(path: Path, cache: dict[str, Any]) -> None:
 async def run_cell(cell: Cell, args: SimpleNamespace, paths: DemoPaths, issuer: Any,
                    cache: dict[str, Any]) -> None:
     """Run every missing (run, router) of ``cell``; store each result in ``cache`` at once."""
+    pg = getattr(args, "pg_params", "")
     todo = [(run, r) for run in range(args.runs) for r in ROUTERS
-            if _key(cell, args.rows, run, r) not in cache]
+            if _key(cell, args.rows, run, r, pg) not in cache]
     if not todo:
         return
     spec = cell.spec(args.replicas)
@@ -160,7 +164,8 @@ async def run_cell(cell: Cell, args: SimpleNamespace, paths: DemoPaths, issuer: 
             else:
                 gcfg = gateway_config("cache_aware", replicas, names, paths, listen_port=free_port(),
                                       admin_port=free_port(), block_size=spec.block_size,
-                                      index_capacity_blocks=spec.capacity_blocks)
+                                      index_capacity_blocks=spec.capacity_blocks,
+                                      params=json.loads(pg) if pg else None)
                 proc, base = await start_gateway("gateway-cache_aware", gcfg, paths)
             try:
                 summary, _ = await run_target(
@@ -169,7 +174,7 @@ async def run_cell(cell: Cell, args: SimpleNamespace, paths: DemoPaths, issuer: 
                     salt_for=(lambda t: t) if router == "smg" else None)
             finally:
                 stop_process(proc)
-            cache[_key(cell, args.rows, run, router)] = dataclasses.asdict(summary)
+            cache[_key(cell, args.rows, run, router, pg)] = dataclasses.asdict(summary)
             _save_cache(args.cache, cache)
             print(f"  {cell.name:24s} run {run} {router:10s} hit {summary.hit_rate or 0:.3f} "
                   f"p50 {summary.ttft_p50 or 0:.3f} p99 {summary.ttft_p99 or 0:.3f} "
@@ -184,14 +189,14 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}"
 
 
-def render(cache: dict[str, Any], rows: int, runs: int) -> str:
+def render(cache: dict[str, Any], rows: int, runs: int, pg_params: str = "") -> str:
     """Markdown table of every cell with results in ``cache`` (medians over the runs found)."""
     lines = [
         ("| cell | runs | router | hit rate | hit/pooled | TTFT p50 | p90 | p99 | p50 ratio PG/SGL | p90 ratio "
         "| p99 ratio | req max/mean | errors |"),
         "|" + "---|" * 13,
     ]
-    for cell, pg, sg in _cell_medians(cache, rows, runs):
+    for cell, pg, sg in _cell_medians(cache, rows, runs, pg_params):
         for router, s in (("prefixgate", pg), ("smg", sg)):
             ratios = (f"| {_ratio(pg.ttft_p50, sg.ttft_p50)} | {_ratio(pg.ttft_p90, sg.ttft_p90)} "
                       f"| {_ratio(pg.ttft_p99, sg.ttft_p99)} ") if router == "prefixgate" else "| | | "
@@ -204,7 +209,8 @@ def render(cache: dict[str, Any], rows: int, runs: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cell_medians(cache: dict[str, Any], rows: int, runs: int) -> list[tuple[Any, RouterSummary, RouterSummary]]:
+def _cell_medians(cache: dict[str, Any], rows: int, runs: int,
+                  pg_params: str = "") -> list[tuple[Any, RouterSummary, RouterSummary]]:
     """Per cell with both routers measured: ``(cell, PrefixGate's median, SGLang's median)``
     over the runs found in ``cache``, in grid order."""
     out = []
@@ -212,7 +218,7 @@ def _cell_medians(cache: dict[str, Any], rows: int, runs: int) -> list[tuple[Any
         med: dict[str, RouterSummary] = {}
         for router in ROUTERS:
             got = [RouterSummary(**cache[k]) for run in range(runs)
-                   if (k := _key(cell, rows, run, router)) in cache]
+                   if (k := _key(cell, rows, run, router, pg_params)) in cache]
             if got:
                 med[router] = median_summary(got)
         if len(med) == 2:
@@ -224,7 +230,7 @@ def _yes(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
 
-def render_verdicts(cache: dict[str, Any], rows: int, runs: int) -> str:
+def render_verdicts(cache: dict[str, Any], rows: int, runs: int, pg_params: str = "") -> str:
     """Markdown table: the issue's done-when per cell (medians over the runs
     found): PrefixGate hit rate >= 95 % of the pooled bound, TTFT p50 below
     SGLang's, p99 <= 1.05x SGLang's, request max/mean <= 1.2; on ``time
@@ -235,7 +241,7 @@ def render_verdicts(cache: dict[str, Any], rows: int, runs: int) -> str:
     as 1.2000000000000002."""
     lines = ["| cell | runs | hit >= 0.95 pooled | p50 < SGLang | p99 <= 1.05x | max/mean <= 1.2 | ts20 target (all <= 0.6x) |",
              "|" + "---|" * 7]
-    for cell, pg, sg in _cell_medians(cache, rows, runs):
+    for cell, pg, sg in _cell_medians(cache, rows, runs, pg_params):
         imb = pg.requests_max / pg.requests_mean if pg.requests_mean else float("nan")
         target = "-"
         if cell.name == "time scale 20":
@@ -260,6 +266,7 @@ def _parse(argv: Sequence[str] | None) -> SimpleNamespace:
     ap.option("--cache", type=click.Path(path_type=Path), default=Path("bench/results/grid.json"))
     ap.option("--out", type=click.Path(path_type=Path), default=Path("bench/results/grid.md"))
     ap.option("--budget-s", type=float, default=0.0, help="stop starting new cells after this (0: none)")
+    ap.option("--pg-params", default="", help="JSON cache_aware parameters for PrefixGate (default: its defaults)")
     return ap.parse(argv)
 
 
@@ -280,9 +287,13 @@ async def run_grid(args: SimpleNamespace) -> None:
             await run_cell(cell, args, paths, issuer, cache)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    table = render(cache, args.rows, args.runs) + "\n" + render_verdicts(cache, args.rows, args.runs)
+    table = (render(cache, args.rows, args.runs, args.pg_params) + "\n"
+             + render_verdicts(cache, args.rows, args.runs, args.pg_params))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(f"rows={args.rows} runs={args.runs} replicas={args.replicas}\n\n{table}", encoding="utf-8")
+    head = f"rows={args.rows} runs={args.runs} replicas={args.replicas}"
+    if args.pg_params:
+        head += f" prefixgate params={args.pg_params}"
+    args.out.write_text(f"{head}\n\n{table}", encoding="utf-8")
     print(table)
 
 

@@ -7,7 +7,8 @@ Chain: filters :class:`~routing.filters.dispatch_share.DispatchShareFilter`
 dispatch share is credited with the work its prefix saves, session 5) →
 scorers :class:`~routing.scorers.estimated_ttft.EstimatedTTFTScorer`,
 :class:`~routing.scorers.decode_load.DecodeLoadScorer`,
-:class:`~routing.scorers.prefix_affinity.PrefixAffinityScorer` → picker
+:class:`~routing.scorers.prefix_affinity.PrefixAffinityScorer` (and, opt-in,
+:class:`~routing.scorers.queue_externality.QueueExternalityScorer`) → picker
 :class:`~routing.pickers.lowest_cost.LowestCostPicker`; fallback
 :class:`~routing.pickers.least_load.LeastLoadPicker` when the guard keeps
 nobody (reason ``guard_fallback_least_load``).
@@ -48,6 +49,7 @@ from routing.scheduler import Scheduler
 from routing.scorers.decode_load import DecodeLoadScorer
 from routing.scorers.estimated_ttft import EstimatedTTFTScorer
 from routing.scorers.prefix_affinity import PrefixAffinityScorer
+from routing.scorers.queue_externality import QueueExternalityScorer, externality_cost
 from routing.scorers._rates import rates_and_queue_weights
 from routing.types import Candidate, RouteChoice, RouteRequest
 
@@ -70,6 +72,8 @@ class CacheAwareConfig(PolicyParams):
     ``dispatch_share_factor`` (>= 1, bound on a replica's share of the recent
     dispatches for placements; ``null``: off), ``dispatch_window_requests_per_replica``
     (>= 1, the sliding window per candidate replica).
+    ``queue_externality_weight`` (>= 0; 0, the default, leaves the scorer out):
+    :mod:`routing.scorers.queue_externality` (session 9, opt-in).
     """
 
     name: Literal["cache_aware"] = "cache_aware"
@@ -85,6 +89,7 @@ class CacheAwareConfig(PolicyParams):
     skip_blocks: int = Field(1, ge=0)
     dispatch_share_factor: float | None = Field(1.2, ge=1.0)
     dispatch_window_requests_per_replica: int = Field(200, ge=1)
+    queue_externality_weight: float = Field(0.0, ge=0)
 
 
 class CacheAwarePolicy(Scheduler):
@@ -109,9 +114,11 @@ class CacheAwarePolicy(Scheduler):
             # session 5: a prefix holder within its dispatch share is credited with the work its prefix saves
             prefix_credit=self.dispatch_share.within_share if self.dispatch_share is not None else None,
         )
-        self._own_scorers = (EstimatedTTFTScorer(rate, cfg.calibrate),
-                             DecodeLoadScorer(cfg.decode_weight, rate, cfg.calibrate),
-                             PrefixAffinityScorer(cfg.prefix_weight, rate, cfg.calibrate))
+        self._own_scorers: tuple[Any, ...] = (EstimatedTTFTScorer(rate, cfg.calibrate),
+                                              DecodeLoadScorer(cfg.decode_weight, rate, cfg.calibrate),
+                                              PrefixAffinityScorer(cfg.prefix_weight, rate, cfg.calibrate))
+        if cfg.queue_externality_weight > 0:
+            self._own_scorers += (QueueExternalityScorer(cfg.queue_externality_weight, rate, cfg.calibrate),)
         filters: list[Any] = [guard]
         if self.dispatch_share is not None:
             filters.insert(0, self.dispatch_share)
@@ -130,11 +137,12 @@ class CacheAwarePolicy(Scheduler):
         scorer): per candidate the same floating-point operations, summed in the same order, as
         :meth:`routing.scheduler.Scheduler._costs` over :class:`EstimatedTTFTScorer`,
         :class:`DecodeLoadScorer`, :class:`PrefixAffinityScorer` (tests/routing/test_s6_route_cost.py)."""
-        ttft, decode, affinity = self._own_scorers
-        if (self.scorers != self._own_scorers or decode.prefill_tokens_per_s != ttft.prefill_tokens_per_s
-                or affinity.prefill_tokens_per_s != ttft.prefill_tokens_per_s
-                or decode.calibrated != ttft.calibrated or affinity.calibrated != ttft.calibrated):
+        ttft, decode, affinity, *extra = self._own_scorers
+        if (self.scorers != self._own_scorers or any(
+                s.prefill_tokens_per_s != ttft.prefill_tokens_per_s or s.calibrated != ttft.calibrated
+                for s in (decode, affinity, *extra))):
             return super()._costs(req, candidates)  # scorers replaced or changed after construction
+        ew = extra[0].weight if extra else 0.0
         rw = rates_and_queue_weights(candidates, ttft.prefill_tokens_per_s, ttft.calibrated)
         dw, aw = decode.weight, affinity.weight
         prompt, block = req.prompt_tokens, req.block_size
@@ -152,6 +160,8 @@ class CacheAwarePolicy(Scheduler):
                 cost = (load.queued_prefill_tokens + u) / rate
             cost += dw * load.decode_tokens / rate
             cost += -(aw * matched / rate)
+            if ew:
+                cost += externality_cost(ew, w, load.prefilling_requests, u, rate)
             out[rid] = cost
         return out
 
