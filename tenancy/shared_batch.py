@@ -22,10 +22,10 @@ hold (``NOSCRIPT``: a restarted, emptied Redis) is loaded and the calls
 that needed it are sent again; no ``SCRIPT EXISTS`` round trip per batch.
 
 The batch is packed here (:func:`pack_evalsha`, the bytes redis-py's encoder
-would produce) and sent on one connection the batcher holds from the
-client's pool (:class:`tenancy.shared_conn.HeldConnection`; at most one
+would produce) and sent on one connection the batcher holds, made like the
+client pool's (:class:`tenancy.shared_conn.HeldConnection`; at most one
 batch is in flight, so one suffices); one timeout (the client's
-``socket_timeout``) bounds the reading of a batch's replies.
+``socket_timeout``) bounds the sending and the reading of a batch's replies.
 Session 7: a redis-py ``Pipeline`` per batch cost a pool checkout with a
 stale-data probe, ``pack_command`` per call, a timeout context per reply
 and its observability hooks, about half of the gateway's extra CPU per
@@ -37,6 +37,9 @@ Session 8: :meth:`ScriptBatcher.command` queues any non-blocking command
 beside the scripts (the routing stream's ``XADD`` and busy ``XREAD``,
 gateway/shared_routing.py), so under load those make no round trip of
 their own either.
+Session 9: :meth:`ScriptBatcher.call` and :meth:`ScriptBatcher.command` are
+plain functions returning the reply's future (the caller awaits it): no
+coroutine frames per call between the caller and the future.
 """
 
 from __future__ import annotations
