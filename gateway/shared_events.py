@@ -78,8 +78,9 @@ def encode_events(events: Iterable[RoutingEvent | Observed]) -> bytes:
     for e in events:
         if isinstance(e, BlocksRecorded):
             keys = e.keys
-            size = len(keys[0]) if keys else 0
-            if 0 < size <= _MAX_KEY_BYTES and all(len(k) == size for k in keys):
+            sizes = set(map(len, keys))  # one length for all: the joined form
+            size = sizes.pop() if len(sizes) == 1 else 0
+            if 0 < size <= _MAX_KEY_BYTES:
                 out.append(["k", e.replica_id, size, b"".join(keys).hex()])
             else:
                 out.append(["b", e.replica_id, [k.hex() for k in keys]])
