@@ -2,18 +2,19 @@
 one entry's load deltas (issue 16).
 
 :func:`encode_events` / :func:`decode_events`: the JSON body of one entry
-(``["k", replica, key bytes, hex of the keys joined]``, ``["b", replica, [hex key, ...]]``,
-``["d", replica, prefill, decode,
+(``["b", replica, [hex key, ...]]``, ``["d", replica, prefill, decode,
 running]``, ``["o", pool, replica, prefill, prompt, cached, tenant]``,
 ``["s", {replica: [prefill, decode, running]}]``); decoding checks every
 shape and raises ``ValueError`` for anything else.
 
-Session 9: a chain whose keys all have one length (every chain of
-:func:`tenancy.prefix.block_hash_chain`) travels as ``"k"``: one hex string
-of the joined keys and the key length, decoded by one ``bytes.fromhex`` and
-one ``struct`` unpack instead of one ``fromhex`` per key. ``"b"`` is still read (and written for a
-chain of mixed lengths). An instance from before session 9 rejects (and
-counts) entries holding ``"k"``: run one version on a stream.
+Session 9: the wire form is unchanged (instances of earlier sessions read
+what this one writes and the other way round), but a chain whose hex keys
+all have one even length (every chain of
+:func:`tenancy.prefix.block_hash_chain`) is decoded by one ``bytes.fromhex``
+of the joined keys and one ``struct`` unpack instead of one ``fromhex`` per
+key; any other chain (or one whose joined form does not come out at exactly
+the keys' bytes, e.g. with whitespace ``fromhex`` skips) is decoded key by
+key as before, with the same result or error.
 
 :func:`coalesce_deltas` (session 7): a request emits three load deltas
 (dispatch, first byte, end), and under load the writer's 10 ms entry holds
@@ -44,7 +45,6 @@ __all__ = ["coalesce_deltas", "decode_events", "encode_events"]
 
 _MAX_ID = 128
 _MAX_KEYS = 100_000
-_MAX_KEY_BYTES = 64
 
 
 def coalesce_deltas(events: Iterable[RoutingEvent | Observed]) -> list[RoutingEvent | Observed]:
@@ -77,13 +77,7 @@ def encode_events(events: Iterable[RoutingEvent | Observed]) -> bytes:
     out: list[Any] = []
     for e in events:
         if isinstance(e, BlocksRecorded):
-            keys = e.keys
-            sizes = set(map(len, keys))  # one length for all: the joined form
-            size = sizes.pop() if len(sizes) == 1 else 0
-            if 0 < size <= _MAX_KEY_BYTES:
-                out.append(["k", e.replica_id, size, b"".join(keys).hex()])
-            else:
-                out.append(["b", e.replica_id, [k.hex() for k in keys]])
+            out.append(["b", e.replica_id, [k.hex() for k in e.keys]])
         elif isinstance(e, LoadDelta):
             out.append(["d", e.replica_id, e.prefill_tokens, e.decode_tokens, e.running_requests])
         elif isinstance(e, Observed):
@@ -93,7 +87,7 @@ def encode_events(events: Iterable[RoutingEvent | Observed]) -> bytes:
     return orjson.dumps(out)
 
 
-_CACHED_CHAIN = 4096  # longer chains (none of the router's: it caps them at the index capacity) are sliced
+_CACHED_CHAIN = 4096  # longer chains (none of the router's: it caps them at the index capacity): key by key
 _SPLITTERS: dict[tuple[int, int], struct.Struct] = {}
 
 
@@ -106,6 +100,20 @@ def _splitter(size: int, n: int) -> struct.Struct:
             _SPLITTERS.clear()
         s = _SPLITTERS[(size, n)] = struct.Struct(f"{size}s" * n)
     return s
+
+
+def _chain(hexkeys: list[Any]) -> tuple[bytes, ...]:
+    """The keys of a ``"b"`` event: the same tuple (or error) as ``bytes.fromhex`` per key."""
+    n = len(hexkeys)
+    if 0 < n <= _CACHED_CHAIN and all(k.__class__ is str for k in hexkeys):
+        lengths = set(map(len, hexkeys))
+        if len(lengths) == 1:
+            width = lengths.pop()
+            if width and not width % 2:
+                raw = bytes.fromhex("".join(hexkeys))
+                if len(raw) == n * (width // 2):  # no character skipped: the same split as key by key
+                    return _splitter(width // 2, n).unpack(raw)
+    return tuple(bytes.fromhex(k) for k in hexkeys)
 
 
 def _rid(v: Any) -> str:
@@ -133,17 +141,8 @@ def decode_events(body: bytes) -> list[RoutingEvent | Observed]:
         if not isinstance(item, list) or not item:
             raise ValueError("event")
         kind = item[0]
-        if kind == "k" and len(item) == 4 and isinstance(item[3], str):
-            size = _int(item[2])
-            raw = bytes.fromhex(item[3])
-            if not 0 < size <= _MAX_KEY_BYTES or len(raw) % size or len(raw) // size > _MAX_KEYS:
-                raise ValueError("chain")
-            n = len(raw) // size
-            keys = (_splitter(size, n).unpack(raw) if n <= _CACHED_CHAIN
-                    else tuple([raw[i:i + size] for i in range(0, len(raw), size)]))
-            out.append(BlocksRecorded(_rid(item[1]), keys))
-        elif kind == "b" and len(item) == 3 and isinstance(item[2], list) and len(item[2]) <= _MAX_KEYS:
-            out.append(BlocksRecorded(_rid(item[1]), tuple(bytes.fromhex(k) for k in item[2])))
+        if kind == "b" and len(item) == 3 and isinstance(item[2], list) and len(item[2]) <= _MAX_KEYS:
+            out.append(BlocksRecorded(_rid(item[1]), _chain(item[2])))
         elif kind == "d" and len(item) == 5:
             out.append(LoadDelta(_rid(item[1]), _int(item[2]), _int(item[3]), _int(item[4])))
         elif kind == "o" and len(item) in (6, 7):  # 6: before R3-14 (no tenant id)

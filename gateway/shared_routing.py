@@ -9,8 +9,7 @@ one task; entries are read by another.
 
 **Stream** ``P routing:events`` (``P`` = ``state.key_prefix``): one entry
 per batch of events (up to ``batch_events``), fields ``i`` (instance id),
-``b`` (JSON body: ``["k", replica, key bytes, joined hex keys]`` (session 9; ``["b", replica,
-[hex key, ...]]`` before, still read), ``["d", replica,
+``b`` (JSON body: ``["b", replica, [hex key, ...]]``, ``["d", replica,
 prefill, decode, running]``, ``["s", {replica: [prefill, decode, running]}]``)
 and ``m`` (hex HMAC-SHA256 under the HKDF subkey ``pg-shared-routing-mac-v1``
 over the prefix, the instance id and the body). Entries with a bad MAC or
