@@ -7,15 +7,6 @@ running]``, ``["o", pool, replica, prefill, prompt, cached, tenant]``,
 ``["s", {replica: [prefill, decode, running]}]``); decoding checks every
 shape and raises ``ValueError`` for anything else.
 
-Session 9: the wire form is unchanged (instances of earlier sessions read
-what this one writes and the other way round), but a chain whose hex keys
-all have one even length (every chain of
-:func:`tenancy.prefix.block_hash_chain`) is decoded by one ``bytes.fromhex``
-of the joined keys and one ``struct`` unpack instead of one ``fromhex`` per
-key; any other chain (or one whose joined form does not come out at exactly
-the keys' bytes, e.g. with whitespace ``fromhex`` skips) is decoded key by
-key as before, with the same result or error.
-
 :func:`coalesce_deltas` (session 7): a request emits three load deltas
 (dispatch, first byte, end), and under load the writer's 10 ms entry holds
 many requests whose three deltas cancel out. A reader applies an entry as a
@@ -32,7 +23,6 @@ deltas (trimmed from the stream), which its next snapshot corrects anyway.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable
 from typing import Any
 
@@ -87,35 +77,6 @@ def encode_events(events: Iterable[RoutingEvent | Observed]) -> bytes:
     return orjson.dumps(out)
 
 
-_CACHED_CHAIN = 4096  # longer chains (none of the router's: it caps them at the index capacity): key by key
-_SPLITTERS: dict[tuple[int, int], struct.Struct] = {}
-
-
-def _splitter(size: int, n: int) -> struct.Struct:
-    """``struct`` format of ``n`` keys of ``size`` bytes: one ``unpack`` splits a joined chain into a
-    tuple of ``bytes`` (cached; at most 1024 shapes kept)."""
-    s = _SPLITTERS.get((size, n))
-    if s is None:
-        if len(_SPLITTERS) >= 1024:
-            _SPLITTERS.clear()
-        s = _SPLITTERS[(size, n)] = struct.Struct(f"{size}s" * n)
-    return s
-
-
-def _chain(hexkeys: list[Any]) -> tuple[bytes, ...]:
-    """The keys of a ``"b"`` event: the same tuple (or error) as ``bytes.fromhex`` per key."""
-    n = len(hexkeys)
-    if 0 < n <= _CACHED_CHAIN and all(k.__class__ is str for k in hexkeys):
-        lengths = set(map(len, hexkeys))
-        if len(lengths) == 1:
-            width = lengths.pop()
-            if width and not width % 2:
-                raw = bytes.fromhex("".join(hexkeys))
-                if len(raw) == n * (width // 2):  # no character skipped: the same split as key by key
-                    return _splitter(width // 2, n).unpack(raw)
-    return tuple(bytes.fromhex(k) for k in hexkeys)
-
-
 def _rid(v: Any) -> str:
     if not isinstance(v, str) or not 0 < len(v) <= _MAX_ID:
         raise ValueError("replica id")
@@ -142,7 +103,7 @@ def decode_events(body: bytes) -> list[RoutingEvent | Observed]:
             raise ValueError("event")
         kind = item[0]
         if kind == "b" and len(item) == 3 and isinstance(item[2], list) and len(item[2]) <= _MAX_KEYS:
-            out.append(BlocksRecorded(_rid(item[1]), _chain(item[2])))
+            out.append(BlocksRecorded(_rid(item[1]), tuple(bytes.fromhex(k) for k in item[2])))
         elif kind == "d" and len(item) == 5:
             out.append(LoadDelta(_rid(item[1]), _int(item[2]), _int(item[3]), _int(item[4])))
         elif kind == "o" and len(item) in (6, 7):  # 6: before R3-14 (no tenant id)

@@ -6,24 +6,16 @@
   sending and every reply, and the pool's connections are left alone.
 - :class:`tenancy.shared_batch.ScriptBatcher` ``call`` / ``command`` return the reply's future
   (no coroutine per call); a call whose caller is cancelled before its batch leaves is not sent.
-- Routing stream chains keep their wire form; one whose hex keys have one even length is decoded
-  by one ``fromhex`` of the joined keys and a ``struct`` unpack, with the same keys or error as
-  key by key.
 """
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
-import orjson
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.shared_alerts import Observed
-from gateway.shared_events import coalesce_deltas, decode_events, encode_events
-from routing.shared import BlocksRecorded, LoadDelta, LoadSnapshot
 from tenancy.shared_batch import BatchedScript, ScriptBatcher
 from tenancy.shared_conn import HeldConnection
 
@@ -118,53 +110,3 @@ async def test_batched_calls_return_futures_and_a_cancelled_call_is_not_sent(cli
             b.command("SET", "pg-s9-x", True)
     finally:
         await b.aclose()
-
-
-def _events() -> list:
-    ev: list = []
-    for i in range(20):
-        rid = f"r{i % 3}"
-        ev += [BlocksRecorded(rid, tuple(os.urandom(16) for _ in range(1 + i % 9))), LoadDelta(rid, 100, 0, 1),
-               Observed("p", rid, 100, 100, 3, "t1"), LoadDelta(rid, -100, 1, 0)]
-        if i == 7:
-            ev.append(LoadSnapshot({"r0": (1, 2, 3)}))
-    return coalesce_deltas(ev)
-
-
-def _old_decode(hexkeys: list) -> tuple:
-    return tuple(bytes.fromhex(k) for k in hexkeys)
-
-
-def test_chains_keep_their_wire_form_and_decode_to_the_same_events() -> None:
-    ev = _events() + [BlocksRecorded("r1", tuple(os.urandom(32) for _ in range(5000))),  # longer than cached
-                      BlocksRecorded("r2", (b"\x01" * 8, b"\x02" * 12))]  # mixed lengths
-    body = encode_events(ev)
-    for item in orjson.loads(body):
-        if item[0] == "b":
-            assert all(isinstance(k, str) for k in item[2])  # one hex string per key, as before
-    assert decode_events(body) == ev
-
-
-@pytest.mark.parametrize("hexkeys", [
-    ["0102", "0304"],
-    ["01 02", "0304"],          # whitespace fromhex skips: key by key, the same keys
-    ["01 0", "3040"],           # a pair split by whitespace: the same error
-    ["0x01", "0304"],           # not hex
-    ["012", "345"],             # odd widths: joined would be valid hex, key by key is not
-    ["", ""],                   # empty keys
-    ["AbCd", "abcd"],           # upper case
-])
-def test_a_joined_decode_gives_what_key_by_key_gave(hexkeys) -> None:
-    body = orjson.dumps([["b", "r1", hexkeys]])
-    try:
-        want = [BlocksRecorded("r1", _old_decode(hexkeys))]
-    except ValueError:
-        with pytest.raises(ValueError):
-            decode_events(body)
-        return
-    assert decode_events(body) == want
-
-
-def test_a_key_that_is_not_a_string_is_refused() -> None:
-    with pytest.raises((TypeError, ValueError)):
-        decode_events(orjson.dumps([["b", "r1", ["0102", 7]]]))
