@@ -110,3 +110,23 @@ async def test_batched_calls_return_futures_and_a_cancelled_call_is_not_sent(cli
             b.command("SET", "pg-s9-x", True)
     finally:
         await b.aclose()
+
+
+def test_a_chain_key_that_is_not_a_string_is_a_bad_shape_not_a_reader_crash() -> None:
+    """R9-S1: ``bytes.fromhex(7)`` raised ``TypeError`` out of ``apply_entry``; the reader did not
+    advance past the entry and read it again after every back-off (an entry with a valid MAC only)."""
+    from gateway.shared_events import decode_events
+    from gateway.shared_routing import RoutingStream
+    from routing.index import InProcessPrefixIndex
+    from routing.load import InProcessLoadTracker
+    from routing.shared import RemoteLoadView, SharedLoadTracker
+
+    with pytest.raises(ValueError):
+        decode_events(b'[["b","r0",["0102",7]]]')
+    key = bytes(range(32))
+    loads = SharedLoadTracker(InProcessLoadTracker(), RemoteLoadView(), lambda e: None)
+    s = RoutingStream(None, "pgs9:", "a" * 16, key, InProcessPrefixIndex(10), loads, ["r0"], lease_ttl_s=10)
+    other, body = "b" * 16, b'[["b","r0",[7]]]'
+    mac = s._mac(other, body)  # noqa: SLF001 - a valid MAC, as another instance would write it
+    assert s.apply_entry({b"i": other.encode(), b"b": body, b"m": mac.encode()}) == 0
+    assert s.rejected == 1
