@@ -80,6 +80,8 @@ def _own_connection(pool: Any) -> Any:
     connect_timeout = kw.get("socket_connect_timeout") or kw.get("socket_timeout")
     kw["socket_timeout"] = None
     kw["socket_connect_timeout"] = connect_timeout
+    if "orig_socket_timeout" in kw:  # what a maintenance-notification reset would restore: none either
+        kw["orig_socket_timeout"] = None
     return pool.connection_class(**kw)
 
 
