@@ -103,7 +103,11 @@ def decode_events(body: bytes) -> list[RoutingEvent | Observed]:
             raise ValueError("event")
         kind = item[0]
         if kind == "b" and len(item) == 3 and isinstance(item[2], list) and len(item[2]) <= _MAX_KEYS:
-            out.append(BlocksRecorded(_rid(item[1]), tuple(bytes.fromhex(k) for k in item[2])))
+            try:
+                keys = tuple(bytes.fromhex(k) for k in item[2])
+            except TypeError:  # a key that is not a string (R9-S1): a bad shape, not a crash of the reader
+                raise ValueError("chain") from None
+            out.append(BlocksRecorded(_rid(item[1]), keys))
         elif kind == "d" and len(item) == 5:
             out.append(LoadDelta(_rid(item[1]), _int(item[2]), _int(item[3]), _int(item[4])))
         elif kind == "o" and len(item) in (6, 7):  # 6: before R3-14 (no tenant id)

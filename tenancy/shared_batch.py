@@ -22,10 +22,10 @@ hold (``NOSCRIPT``: a restarted, emptied Redis) is loaded and the calls
 that needed it are sent again; no ``SCRIPT EXISTS`` round trip per batch.
 
 The batch is packed here (:func:`pack_evalsha`, the bytes redis-py's encoder
-would produce) and sent on one connection the batcher holds from the
-client's pool (:class:`tenancy.shared_conn.HeldConnection`; at most one
+would produce) and sent on one connection the batcher holds, made like the
+client pool's (:class:`tenancy.shared_conn.HeldConnection`; at most one
 batch is in flight, so one suffices); one timeout (the client's
-``socket_timeout``) bounds the reading of a batch's replies.
+``socket_timeout``) bounds the sending and the reading of a batch's replies.
 Session 7: a redis-py ``Pipeline`` per batch cost a pool checkout with a
 stale-data probe, ``pack_command`` per call, a timeout context per reply
 and its observability hooks, about half of the gateway's extra CPU per
@@ -37,6 +37,9 @@ Session 8: :meth:`ScriptBatcher.command` queues any non-blocking command
 beside the scripts (the routing stream's ``XADD`` and busy ``XREAD``,
 gateway/shared_routing.py), so under load those make no round trip of
 their own either.
+Session 9: :meth:`ScriptBatcher.call` and :meth:`ScriptBatcher.command` are
+plain functions returning the reply's future (the caller awaits it): no
+coroutine frames per call between the caller and the future.
 """
 
 from __future__ import annotations
@@ -91,32 +94,31 @@ class ScriptBatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._conn = HeldConnection(client)  # at most one batch is in flight: one connection suffices
 
-    async def call(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run ``script`` (a :class:`redis.commands.core.AsyncScript` of ``client``) with ``keys`` and
-        ``args`` in the next batch; return its reply. Raises what Redis or the connection raised
-        (:class:`redis.exceptions.RedisError`, ``OSError``, ``asyncio.TimeoutError``)."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        self._pending.append(_Call(script, keys, args, fut))
-        if not self._scheduled and not self._in_flight:
-            self._scheduled = True
-            loop.call_soon(self._flush)
-        return await fut
+    def call(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> asyncio.Future[Any]:
+        """Queue ``script`` (a :class:`redis.commands.core.AsyncScript` of ``client``) with ``keys`` and
+        ``args`` for the next batch; returns the future of its reply (await it). Its error is what
+        Redis or the connection raised (:class:`redis.exceptions.RedisError`, ``OSError``,
+        ``asyncio.TimeoutError``). Session 9: a plain function returning the future, not a
+        coroutine (one coroutine layer less per call; cancelling the awaiting task cancels the
+        future, and a cancelled call is not sent, as before)."""
+        return self._queue(_Call(script, keys, args, asyncio.get_running_loop().create_future()))
 
-    async def command(self, *args: Any) -> Any:
-        """Run one command that never blocks the server (e.g. ``XADD``, ``XREAD`` without ``BLOCK``)
-        in the next batch, beside the script calls (session 8: the routing stream rides the request
-        path's round trips instead of making its own); its reply, raw as
-        :meth:`tenancy.shared_conn.HeldConnection.command` gives it. Raises as :meth:`call`. A
-        blocking command would hold every call batched with it: never send one here."""
+    def command(self, *args: Any) -> asyncio.Future[Any]:
+        """Queue one command that never blocks the server (e.g. ``XADD``, ``XREAD`` without ``BLOCK``)
+        for the next batch, beside the script calls (session 8: the routing stream rides the request
+        path's round trips instead of making its own); returns the future of its reply, raw as
+        :meth:`tenancy.shared_conn.HeldConnection.command` gives it. Errors as :meth:`call`; a bad
+        argument type raises :class:`TypeError` here. A blocking command would hold every call
+        batched with it: never send one here."""
         packed = pack(args)
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        self._pending.append(_Call(None, (), packed, fut))  # type: ignore[arg-type]
+        return self._queue(_Call(None, (), packed, asyncio.get_running_loop().create_future()))  # type: ignore[arg-type]
+
+    def _queue(self, call: _Call) -> asyncio.Future[Any]:
+        self._pending.append(call)
         if not self._scheduled and not self._in_flight:
             self._scheduled = True
-            loop.call_soon(self._flush)
-        return await fut
+            call.future.get_loop().call_soon(self._flush)
+        return call.future
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -204,6 +206,6 @@ class BatchedScript:
         self.batcher = batcher
         self.script = script
 
-    async def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
-        """The script's reply (see :meth:`ScriptBatcher.call`)."""
-        return await self.batcher.call(self.script, keys, args)
+    def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> asyncio.Future[Any]:
+        """The future of the script's reply (see :meth:`ScriptBatcher.call`; await it)."""
+        return self.batcher.call(self.script, keys, args)
