@@ -46,6 +46,15 @@ refuse a ``CONNECT`` head they see (httptools: method ``CONNECT`` in ``on_header
 authority-form, which uvicorn used to answer with its own 400; h11: a ``Request`` event with method
 ``CONNECT``).
 
+**S9-L1 (methods).** Since session 9 the scan refuses every method token outside :data:`METHODS` (the
+standard methods without ``CONNECT``) the same way, code ``method_not_supported``: methods are
+case-sensitive (RFC 9110 section 9.1), so ``connect`` is not ``CONNECT``; httptools refused lower-case and
+unknown tokens itself (uvicorn's text 400) while h11 routed them to the app (405/404, ``PRI * HTTP/2.0``
+then a second 400 for the preface's ``SM`` line). Both parsers now answer one 400, close and audit alike.
+A head whose start reached the parser unscanned (behind a body's end in one read) is checked when it
+completes (:func:`unscanned_code`: method and field count; h11: its buffered bytes get the whole scan
+before h11 parses them).
+
 Front proxies must not forward ``Upgrade`` / ``Connection: upgrade`` to the gateway
 (docs/security.md, "What PrefixGate leaves to the deployment").
 """
@@ -64,11 +73,20 @@ from gateway.head_fields import HeadFields, folded_head
 from gateway.protocol_audit import refused
 
 __all__ = ["HeadScan", "ScannedHeadFields", "whole_head_is_plain", "UpgradeGuard", "UPGRADE_CODE", "TARGET_CODE",
-           "CONNECT_CODE", "INVALID_CODE", "GUARD_ENDPOINT", "backstop_code", "h11_request_code"]
+           "CONNECT_CODE", "INVALID_CODE", "FIELDS_CODE", "GUARD_ENDPOINT", "METHODS", "backstop_code",
+           "h11_request_code", "unscanned_code"]
 
 UPGRADE_CODE = "upgrade_not_supported"
 TARGET_CODE = "invalid_request_target"
-CONNECT_CODE = "method_not_supported"  # R8-1
+CONNECT_CODE = "method_not_supported"  # R8-1; since S9-L1 any method outside :data:`METHODS`
+#: more header fields than ``limits.max_header_fields`` (R6-3; 431, gateway/head_fields.py)
+FIELDS_CODE = "too_many_header_fields"
+#: the methods a parser is let parse (S9-L1): RFC 9110 section 9.3 without CONNECT (the gateway never tunnels),
+#: and PATCH (RFC 5789). Methods are case-sensitive: ``connect``, ``Get``, ``PRI`` (the HTTP/2 preface) and
+#: extension methods are refused before a parser completes the head, so both parsers answer them alike
+#: (httptools refused lower-case and unknown tokens itself, h11 routed them). The routes use GET/POST (public)
+#: and GET/POST/PUT/DELETE (admin); the app answers 405 for a standard method a path does not serve.
+METHODS = frozenset((b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"TRACE", b"PATCH"))
 #: a head the parser refuses behind a response in progress, and a folded head line under h11 (httptools
 #: refuses folds itself: uvicorn's 400, audited ``invalid_request`` too)
 INVALID_CODE = "invalid_request"
@@ -77,7 +95,14 @@ GUARD_ENDPOINT = "http_guard"
 _MESSAGES = {UPGRADE_CODE: "protocol upgrades (Upgrade header) are not supported",
              TARGET_CODE: "a request-target must not contain a fragment ('#')",
              INVALID_CODE: "invalid HTTP request (e.g. obsolete line folding in its head)",
-             CONNECT_CODE: "the CONNECT method is not supported (the gateway does not tunnel)"}
+             CONNECT_CODE: "method not supported (GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH; "
+                           "no CONNECT: the gateway does not tunnel)"}
+#: every start of a method of :data:`METHODS` (a method token split over reads)
+_PREFIXES = frozenset(m[:i] for m in METHODS for i in range(len(m) + 1))
+#: the methods of the usual head (the whole-head fast path: one C call; issue 14)
+_USUAL = (b"POST ", b"GET ")
+#: the status of a refusal code (400 when not listed)
+_STATUS = {FIELDS_CODE: 431}
 
 #: ``#`` as an int: ``int in bytes`` is a plain byte search (``b"#" in bytes`` goes through the buffer protocol, ~6x slower)
 _HASH = ord("#")
@@ -154,9 +179,9 @@ class HeadScan:
                 return None
             if len(self.method) < 8:
                 self.method += data[i:min(sp if sp >= 0 else n, i + 8)]
-            if sp < 0:
-                return None
-            if self.method == b"CONNECT":
+            if sp < 0:  # the token goes on in a later read: refused once it is no method's start (llhttp
+                return None if self.method in _PREFIXES else CONNECT_CODE  # refuses a wrong first byte at once)
+            if self.method not in METHODS:  # R8-1 CONNECT; S9-L1 any other method
                 return CONNECT_CODE
             self.phase, i = 1, sp + 1
         sp = data.find(b" ", i)  # the target ends at the next space (or line end)
@@ -172,13 +197,13 @@ class HeadScan:
 def whole_head_is_plain(head: bytes) -> tuple[bool, bool]:
     """For a complete head (``head``: its bytes from the request line's first byte, not a CR or LF,
     to its blank line): ``(plain, body)``. ``plain``: no ``#`` in its request line, no line
-    starting with ``upgrade`` (any case) and not the ``CONNECT`` method, so :class:`HeadScan` finds
+    starting with ``upgrade`` (any case) and the method ``POST`` or ``GET`` (any other goes through the scan), so :class:`HeadScan` finds
     nothing to refuse (when it is False, run the scan). ``body``: the head has exactly one ``Content-Length`` field, written
     ``content-length:`` (any case) at a line start, whose value is digits and not 0, and no
     ``Transfer-Encoding``: a body follows the head for both parsers (session 8)."""
     low = head.lower()
     if (head.find(b"#", 0, head.find(b"\n")) >= 0 or b"\nupgrade" in low or low.startswith(b"upgrade")
-            or head.startswith(b"CONNECT")):  # R8-1: the scan refuses CONNECT
+            or not head.startswith(_USUAL)):  # R8-1, S9-L1: another method goes through the scan
         return False, False
     i = low.find(b"\ncontent-length:")
     if i < 0 or b"transfer-encoding" in low or low.find(b"\ncontent-length:", i + 16) >= 0:
@@ -193,12 +218,13 @@ class ScannedHeadFields(HeadFields):
     :attr:`body` is True when the head, complete in that one piece, declares a body
     (:func:`whole_head_is_plain`; False when not known)."""
 
-    __slots__ = ("scan", "refusal", "body")
+    __slots__ = ("scan", "refusal", "body", "unseen")
 
     def __init__(self, max_fields: int) -> None:
         self.scan = HeadScan()
         self.refusal: str | None = None
         self.body = False
+        self.unseen = False  # the head's start reached the parser unscanned (:meth:`mid_head`)
         super().__init__(max_fields)
 
     def reset(self) -> None:
@@ -207,6 +233,17 @@ class ScannedHeadFields(HeadFields):
         self.scan.reset()
         self.refusal = None
         self.body = False
+        self.unseen = False
+
+    def mid_head(self, last: bytes) -> None:
+        """The head's start went to the parser unscanned (pipelined behind a body's end in one read; ``last``:
+        the last bytes handed to it): what follows is scanned as the rest of a head, never as a request line
+        (S9-L3: the method rule would refuse a middle's first word); the parser's backstop checks the whole
+        head when it completes (:func:`unscanned_code`)."""
+        self.started = self.scan.started = self.unseen = True
+        self.scan.phase = 2
+        self.scan.line = b"\n" if last.endswith(b"\n") else None
+        self.tail = last[-2:]
 
     def feed(self, data: bytes) -> bool:
         """:meth:`HeadFields.feed`, and the scan over the part of ``data`` that belongs to the head."""
@@ -232,6 +269,7 @@ class UpgradeGuard:
     """
 
     guard_head_refused: bool = False
+    guard_pending_scan: bytes = b""  # h11: unscanned pipelined bytes scanned by guard_h11_head_bytes (S9-L3)
     guard_deferred: str | None = None  # a refusal to answer once the response in progress is complete
 
     def guard_refuse_head(self, code: str, defer: bool = True) -> None:
@@ -242,15 +280,24 @@ class UpgradeGuard:
         transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
         if transport is None or transport.is_closing() or self.guard_deferred is not None:
             return
-        refused(self, 400, code)
+        cycle = self.cycle  # type: ignore[attr-defined]
+        if self.guard_waiting and cycle is not None and not cycle.keep_alive:  # type: ignore[attr-defined]
+            return  # bytes after a request that closes the connection are no request (RFC 9112 section 9.6): dropped
+        refused(self, _STATUS.get(code, 400), code)
         self.guard_head_refused = True  # the close lingers: what follows is discarded unparsed
         if self.guard_response_in_progress():  # type: ignore[attr-defined]
             if defer:
                 self.guard_deferred = code
                 return
         else:
-            transport.write(refusal_bytes(400, code, _MESSAGES[code]))
+            transport.write(self.guard_refusal(code))
         transport.close()
+
+    def guard_refusal(self, code: str) -> bytes:
+        """The answer to a head refused with ``code``."""
+        if code == FIELDS_CODE:
+            return refusal_bytes(431, code, f"request head has more than {self.guard_max_header_fields} header fields")  # type: ignore[attr-defined]
+        return refusal_bytes(400, code, _MESSAGES[code])
 
     def data_received(self, data: bytes) -> None:
         """Bytes after a deferred refusal are dropped unparsed."""
@@ -264,7 +311,7 @@ class UpgradeGuard:
         transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
         # a request pipelined before the refused head (httptools) now runs: answer after it too
         if code is not None and not transport.is_closing() and not self.guard_response_in_progress():  # type: ignore[attr-defined]
-            transport.write(refusal_bytes(400, code, _MESSAGES[code]))
+            transport.write(self.guard_refusal(code))
             transport.close()
 
     def send_400_response(self, msg: str) -> None:
@@ -293,7 +340,17 @@ class UpgradeGuard:
     def guard_h11_head_bytes(self, pending: bytes) -> bool:
         """h11: ``pending`` (bytes h11 holds, not yet parsed) starts the next head; False when it is refused
         here: obsolete line folding (a head line starting with SP or HT, RFC 9112 section 5.2), which h11
-        would join into the field before and httptools refuses (R7b-5: both parsers now answer 400)."""
+        would join into the field before and httptools refuses (R7b-5: both parsers now answer 400). Bytes
+        pipelined behind the request just answered went to h11 unscanned: they get the first head's scan and
+        field count here (S9-L3), the state kept for the rest of the head (``guard_pending_scan``)."""
+        if not self.guard_waiting:  # type: ignore[attr-defined]
+            fields = self.guard_fields  # type: ignore[attr-defined]
+            fields.reset()
+            code = fields.refusal if fields.feed(pending) else FIELDS_CODE
+            self.guard_pending_scan = pending  # gateway/http_guard.py guard_sync keeps the scan's state
+            if code is not None:
+                self.guard_refuse_head(code)
+                return False
         if folded_head(pending):
             self.guard_refuse_head(INVALID_CODE)
             return False
@@ -304,6 +361,8 @@ class UpgradeGuard:
         uses ``CONNECT`` (R8-1) or has a ``#`` in its target (R8-5)."""
         parser = getattr(self, "parser", None)
         code = backstop_code(parser, self.url) if parser is not None else None  # type: ignore[attr-defined]
+        if code is None and parser is not None and (not (f := self.guard_fields).started or f.unseen):  # type: ignore[attr-defined]
+            code = unscanned_code(parser, self.headers, self.guard_max_header_fields)  # type: ignore[attr-defined]
         if code is not None:
             # R7b-2: the parser stops here (nothing after this head is parsed); with a response in
             # progress the refusal is deferred: that response completes, then the 400 and the close
@@ -323,9 +382,19 @@ def backstop_code(parser: Any, url: bytes) -> str | None:
     return TARGET_CODE if _HASH in url else None
 
 
+def unscanned_code(parser: Any, headers: list[Any], max_fields: int) -> str | None:
+    """httptools backstop for a completed head whose start the scan did not see (pipelined behind a body's end
+    in one read): its method (:data:`METHODS`; llhttp refuses lower-case and unknown tokens itself) and its
+    field count (``headers``: uvicorn's list of the head's fields, ``max_fields``: ``limits.max_header_fields``),
+    as for a first head (S9-L1, S9-L3); the code or None."""
+    if parser.get_method() not in METHODS:
+        return CONNECT_CODE
+    return FIELDS_CODE if len(headers) > max_fields else None
+
+
 def h11_request_code(event: h11.Request) -> str | None:
     """h11 backstop: the refusal code for a ``Request`` event the scan did not see, or None."""
-    if event.method == b"CONNECT":
+    if event.method not in METHODS:
         return CONNECT_CODE
     if any(name == b"upgrade" for name, _ in event.headers):
         return UPGRADE_CODE
