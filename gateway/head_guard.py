@@ -14,7 +14,7 @@ from gateway.head_fields import DEFAULT_MAX_HEADER_FIELDS, rest_after_head
 from gateway.lingering import DEFAULT_LINGERING_CLOSE_BYTES, DEFAULT_LINGERING_CLOSE_S, LingeringTransport
 from gateway.log_aggregate import note_peer
 from gateway.source_cap import SourceCap
-from gateway.upgrade_guard import FIELDS_CODE, ScannedHeadFields
+from gateway.head_scan import FIELDS_CODE, ScannedHeadFields
 
 __all__ = ["HeadGuard", "DEFAULT_MAX_HEADER_BYTES", "DEFAULT_HEADER_READ_TIMEOUT_S"]
 

@@ -88,15 +88,7 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, HeadGuard,
         progress = self.guard_progress
         self.guard_wire.bytes += len(data)
         HttpToolsProtocol.data_received(self, data)
-        self.guard_body_fed(progress, len(data))
-        self.guard_unscanned_start(data)
-
-    def guard_unscanned_start(self, data: bytes) -> None:
-        """After body bytes ``data`` were parsed: a next head that began in them and is not complete yet
-        (uvicorn's ``scope`` is a new message's, its ``cycle`` still the last head's) is scanned on as the
-        rest of a head (S9-L3, gateway/upgrade_guard.py ``ScannedHeadFields.mid_head``)."""
-        if self.guard_waiting and (cycle := self.cycle) is not None and self.scope is not cycle.scope:
-            self.guard_fields.mid_head(data)
+        self.guard_body_fed(progress, len(data), data)
 
     def guard_parse_with_body(self, data: bytes, body_bytes: int) -> bool:
         """A head and the start of its body in one ``feed_data`` (issue 14: one parser call per request
@@ -106,8 +98,7 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, HeadGuard,
         HttpToolsProtocol.data_received(self, data)
         self.guard_head_wire = 0
         if not self.transport.is_closing():
-            self.guard_body_fed(progress, body_bytes)
-            self.guard_unscanned_start(data)
+            self.guard_body_fed(progress, body_bytes, data)
         return True
 
     def guard_body_unfinished(self) -> bool:
