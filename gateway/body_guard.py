@@ -192,11 +192,16 @@ class BodyGuard:
         self.guard_refuse_body("trailers_not_allowed", "trailer fields are not accepted")
         raise BodyRefused()
 
-    def guard_body_fed(self, progress_before: int, fed: int) -> None:
-        """After handing ``fed`` body bytes to httptools: bound framing bytes that yielded nothing,
-        and framing bytes in total (:meth:`guard_framing_too_large`)."""
+    def guard_body_fed(self, progress_before: int, fed: int, data: bytes = b"") -> None:
+        """After handing ``fed`` body bytes to httptools (in ``data``): bound framing bytes that yielded nothing,
+        and framing bytes in total (:meth:`guard_framing_too_large`). When the body ended in ``data`` and a
+        next head began after it, unfinished (uvicorn's ``scope`` is a new message's while its ``cycle`` is
+        still the last head's), the rest of that head is scanned as the rest of a head (S9-L3,
+        gateway/upgrade_guard.py ``ScannedHeadFields.mid_head``)."""
         if self.guard_waiting:  # type: ignore[attr-defined]
             self.guard_quiet_bytes = 0
+            if (cycle := self.cycle) is not None and self.scope is not cycle.scope:  # type: ignore[attr-defined]
+                self.guard_fields.mid_head(data)  # type: ignore[attr-defined]
             return
         if self.guard_framing_too_large():
             return

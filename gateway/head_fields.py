@@ -14,10 +14,13 @@ bound. The request line and the blank line that ends the head are not fields; le
 Bytes after the head's end are not counted as this head's: :attr:`HeadFields.end` tells the guard
 where the head ended, the guard hands the parser the head alone and feeds the rest of the read
 round again, so a request pipelined behind a bodiless one in the same read is counted as its own
-head (review R6b-1: a ``GET`` in front of a 1,500-field head got it past the bound). Residual: a
-head pipelined behind a request *body* in the same read, and any pipelined head under the h11
-parser (h11 parses it from its own buffer when the previous response completes), are bounded by
-``max_header_bytes`` only, as before.
+head (review R6b-1: a ``GET`` in front of a 1,500-field head got it past the bound). A head
+pipelined behind a request *body* in the same read, and any pipelined head under the h11 parser (h11
+parses it from its own buffer when the previous response completes), were bounded by
+``max_header_bytes`` only until session 9 (S9-L3): h11's buffered head is counted (and scanned) before
+h11 parses it (gateway/upgrade_guard.py ``guard_h11_head_bytes``); under httptools the head behind a
+body's end is parsed with that read and refused when it completes (uvicorn's field list counted in
+``on_headers_complete``, ``unscanned_code``): 431 after the answer in progress, before the app.
 
 Default 100 fields: Envoy's ``max_headers_count`` default and Apache httpd's ``LimitRequestFields``
 default are 100 (Node's ``maxHeadersCount`` is 2,000 but drops the extra fields silently; nginx bounds

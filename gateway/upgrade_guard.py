@@ -46,6 +46,15 @@ refuse a ``CONNECT`` head they see (httptools: method ``CONNECT`` in ``on_header
 authority-form, which uvicorn used to answer with its own 400; h11: a ``Request`` event with method
 ``CONNECT``).
 
+**S9-L1 (methods).** Since session 9 the scan refuses every method token outside :data:`METHODS` (the
+standard methods without ``CONNECT``) the same way, code ``method_not_supported``: methods are
+case-sensitive (RFC 9110 section 9.1), so ``connect`` is not ``CONNECT``; httptools refused lower-case and
+unknown tokens itself (uvicorn's text 400) while h11 routed them to the app (405/404, ``PRI * HTTP/2.0``
+then a second 400 for the preface's ``SM`` line). Both parsers now answer one 400, close and audit alike.
+A head whose start reached the parser unscanned (behind a body's end in one read) is checked when it
+completes (:func:`unscanned_code`: method and field count; h11: its buffered bytes get the whole scan
+before h11 parses them).
+
 Front proxies must not forward ``Upgrade`` / ``Connection: upgrade`` to the gateway
 (docs/security.md, "What PrefixGate leaves to the deployment").
 """
@@ -54,21 +63,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from typing import Any
 
 import h11
 
 from gateway.body_guard import BodyRefused, refusal_bytes
-from gateway.head_fields import HeadFields, folded_head
+from gateway.head_fields import folded_head
+from gateway.head_scan import (  # the scan (re-exported: tests and gateway/head_guard.py import it from here)
+    CONNECT_CODE, FIELDS_CODE, METHODS, TARGET_CODE, UPGRADE_CODE, HeadScan, ScannedHeadFields, whole_head_is_plain)
 from gateway.protocol_audit import refused
 
 __all__ = ["HeadScan", "ScannedHeadFields", "whole_head_is_plain", "UpgradeGuard", "UPGRADE_CODE", "TARGET_CODE",
-           "CONNECT_CODE", "INVALID_CODE", "GUARD_ENDPOINT", "backstop_code", "h11_request_code"]
+           "CONNECT_CODE", "INVALID_CODE", "FIELDS_CODE", "GUARD_ENDPOINT", "METHODS", "backstop_code",
+           "h11_request_code", "unscanned_code"]
 
-UPGRADE_CODE = "upgrade_not_supported"
-TARGET_CODE = "invalid_request_target"
-CONNECT_CODE = "method_not_supported"  # R8-1
 #: a head the parser refuses behind a response in progress, and a folded head line under h11 (httptools
 #: refuses folds itself: uvicorn's 400, audited ``invalid_request`` too)
 INVALID_CODE = "invalid_request"
@@ -77,151 +85,13 @@ GUARD_ENDPOINT = "http_guard"
 _MESSAGES = {UPGRADE_CODE: "protocol upgrades (Upgrade header) are not supported",
              TARGET_CODE: "a request-target must not contain a fragment ('#')",
              INVALID_CODE: "invalid HTTP request (e.g. obsolete line folding in its head)",
-             CONNECT_CODE: "the CONNECT method is not supported (the gateway does not tunnel)"}
+             CONNECT_CODE: "method not supported (GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH; "
+                           "no CONNECT: the gateway does not tunnel)"}
+#: the status of a refusal code (400 when not listed)
+_STATUS = {FIELDS_CODE: 431}
 
-#: ``#`` as an int: ``int in bytes`` is a plain byte search (``b"#" in bytes`` goes through the buffer protocol, ~6x slower)
+#: ``#`` as an int (a plain byte search in ``url``)
 _HASH = ord("#")
-#: an ``Upgrade`` field line (lower-cased): its name at a line start (the scan keeps a virtual ``\n`` before a head)
-_FIELD = re.compile(rb"\nupgrade[ \t]*:")
-#: what may follow the name of an ``Upgrade`` field
-_COLON = re.compile(rb"[ \t]*:")
-#: the start of a line (lower-cased) that may still become an ``Upgrade`` field line once more bytes arrive
-_MAYBE = re.compile(rb"\n(?:u(?:p(?:g(?:r(?:a(?:d(?:e[ \t]*)?)?)?)?)?)?)?")
-
-
-class HeadScan:
-    """Scans one request head fed in pieces for an ``Upgrade`` field, a ``#`` in the request-target
-    and the ``CONNECT`` method.
-
-    :meth:`feed` takes each piece of head bytes (the head's bytes only, in order) and returns the
-    error code to refuse the head with (:data:`UPGRADE_CODE`, :data:`TARGET_CODE`,
-    :data:`CONNECT_CODE`) or None. :meth:`reset` before the next head.
-    """
-
-    __slots__ = ("line", "phase", "started", "method")
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        """A new head is awaited."""
-        self.line: bytes | None = b"\n"  # the current line so far while it may still be an Upgrade field line
-        self.phase = 0  # request line: 0 before the target, 1 in it, 2 after it
-        self.started = False  # a byte of the request line was seen (parsers skip leading blank lines)
-        self.method = b""  # the request line's method token so far (at most 8 bytes: enough to tell CONNECT)
-
-    def feed(self, data: bytes) -> str | None:
-        """The refusal code for the head so far with ``data`` appended, or None."""
-        if self.phase < 2 and (code := self._request_line(data)):
-            return code
-        low = data.lower()  # ASCII only, in C; the searches below are plain finds
-        line = self.line
-        lf = low.find(b"\n")
-        if line is not None:
-            seg = line + (low if lf < 0 else low[:lf])
-            if _FIELD.match(seg):
-                return UPGRADE_CODE
-            if lf < 0:
-                self.line = seg if _MAYBE.fullmatch(seg) else None
-                return None
-        elif lf < 0:
-            return None
-        i = low.find(b"\nupgrade", lf)
-        while i >= 0:
-            if _COLON.match(low, i + 8):
-                return UPGRADE_CODE
-            i = low.find(b"\nupgrade", i + 8)
-        last = low[low.rfind(b"\n"):]
-        self.line = last if _MAYBE.fullmatch(last) else None
-        return None
-
-    def _request_line(self, data: bytes) -> str | None:
-        """The request line's part of the scan: :data:`CONNECT_CODE` once the method token is complete
-        and is ``CONNECT`` (R8-1), :data:`TARGET_CODE` for a ``#`` in the target (R7-3), else None."""
-        i, n = 0, len(data)
-        if not n:
-            return None
-        if self.phase == 0:
-            if not self.started:
-                if data[:1] in (b"\r", b"\n"):  # leading blank lines (rare): skipped like the parsers do
-                    i = n - len(data.lstrip(b"\r\n"))
-                    if i == n:
-                        return None
-                self.started = True
-            sp = data.find(b" ", i)
-            if data.find(b"\n", i, sp if sp >= 0 else n) >= 0:
-                self.phase = 2  # the line ends before a target: the parser refuses it
-                return None
-            if len(self.method) < 8:
-                self.method += data[i:min(sp if sp >= 0 else n, i + 8)]
-            if sp < 0:
-                return None
-            if self.method == b"CONNECT":
-                return CONNECT_CODE
-            self.phase, i = 1, sp + 1
-        sp = data.find(b" ", i)  # the target ends at the next space (or line end)
-        lf = data.find(b"\n", i, sp if sp >= 0 else n)
-        end = lf if lf >= 0 else sp if sp >= 0 else n
-        if data.find(b"#", i, end) >= 0:
-            return TARGET_CODE
-        if end < n:
-            self.phase = 2
-        return None
-
-
-def whole_head_is_plain(head: bytes) -> tuple[bool, bool]:
-    """For a complete head (``head``: its bytes from the request line's first byte, not a CR or LF,
-    to its blank line): ``(plain, body)``. ``plain``: no ``#`` in its request line, no line
-    starting with ``upgrade`` (any case) and not the ``CONNECT`` method, so :class:`HeadScan` finds
-    nothing to refuse (when it is False, run the scan). ``body``: the head has exactly one ``Content-Length`` field, written
-    ``content-length:`` (any case) at a line start, whose value is digits and not 0, and no
-    ``Transfer-Encoding``: a body follows the head for both parsers (session 8)."""
-    low = head.lower()
-    if (head.find(b"#", 0, head.find(b"\n")) >= 0 or b"\nupgrade" in low or low.startswith(b"upgrade")
-            or head.startswith(b"CONNECT")):  # R8-1: the scan refuses CONNECT
-        return False, False
-    i = low.find(b"\ncontent-length:")
-    if i < 0 or b"transfer-encoding" in low or low.find(b"\ncontent-length:", i + 16) >= 0:
-        return True, False
-    value = low[i + 16:low.find(b"\n", i + 16)].strip()
-    return True, value.isdigit() and value.strip(b"0") != b""
-
-
-class ScannedHeadFields(HeadFields):
-    """:class:`gateway.head_fields.HeadFields` that also runs a :class:`HeadScan` over the head's
-    bytes; after :meth:`feed`, :attr:`refusal` is the code to refuse the head with, or None, and
-    :attr:`body` is True when the head, complete in that one piece, declares a body
-    (:func:`whole_head_is_plain`; False when not known)."""
-
-    __slots__ = ("scan", "refusal", "body")
-
-    def __init__(self, max_fields: int) -> None:
-        self.scan = HeadScan()
-        self.refusal: str | None = None
-        self.body = False
-        super().__init__(max_fields)
-
-    def reset(self) -> None:
-        """A new head is awaited."""
-        super().reset()
-        self.scan.reset()
-        self.refusal = None
-        self.body = False
-
-    def feed(self, data: bytes) -> bool:
-        """:meth:`HeadFields.feed`, and the scan over the part of ``data`` that belongs to the head."""
-        if self.ended:
-            return True
-        fresh = not self.started
-        ok = super().feed(data)
-        end = self.end
-        if self.refusal is None:
-            if fresh and end > 0 and data[0] not in b"\r\n":  # the usual head: whole in one read (issue 14)
-                plain, self.body = whole_head_is_plain(data[:end])
-                if plain:
-                    return ok
-            self.refusal = self.scan.feed(data if end < 0 else data[:end])
-        return ok
 
 
 class UpgradeGuard:
@@ -232,6 +102,7 @@ class UpgradeGuard:
     """
 
     guard_head_refused: bool = False
+    guard_pending_scan: bytes = b""  # h11: unscanned pipelined bytes scanned by guard_h11_head_bytes (S9-L3)
     guard_deferred: str | None = None  # a refusal to answer once the response in progress is complete
 
     def guard_refuse_head(self, code: str, defer: bool = True) -> None:
@@ -242,15 +113,24 @@ class UpgradeGuard:
         transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
         if transport is None or transport.is_closing() or self.guard_deferred is not None:
             return
-        refused(self, 400, code)
+        cycle = self.cycle  # type: ignore[attr-defined]
+        if self.guard_waiting and cycle is not None and not cycle.keep_alive:  # type: ignore[attr-defined]
+            return  # bytes after a request that closes the connection are no request (RFC 9112 section 9.6): dropped
+        refused(self, _STATUS.get(code, 400), code)
         self.guard_head_refused = True  # the close lingers: what follows is discarded unparsed
         if self.guard_response_in_progress():  # type: ignore[attr-defined]
             if defer:
                 self.guard_deferred = code
                 return
         else:
-            transport.write(refusal_bytes(400, code, _MESSAGES[code]))
+            transport.write(self.guard_refusal(code))
         transport.close()
+
+    def guard_refusal(self, code: str) -> bytes:
+        """The answer to a head refused with ``code``."""
+        if code == FIELDS_CODE:
+            return refusal_bytes(431, code, f"request head has more than {self.guard_max_header_fields} header fields")  # type: ignore[attr-defined]
+        return refusal_bytes(400, code, _MESSAGES[code])
 
     def data_received(self, data: bytes) -> None:
         """Bytes after a deferred refusal are dropped unparsed."""
@@ -264,7 +144,7 @@ class UpgradeGuard:
         transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
         # a request pipelined before the refused head (httptools) now runs: answer after it too
         if code is not None and not transport.is_closing() and not self.guard_response_in_progress():  # type: ignore[attr-defined]
-            transport.write(refusal_bytes(400, code, _MESSAGES[code]))
+            transport.write(self.guard_refusal(code))
             transport.close()
 
     def send_400_response(self, msg: str) -> None:
@@ -293,7 +173,17 @@ class UpgradeGuard:
     def guard_h11_head_bytes(self, pending: bytes) -> bool:
         """h11: ``pending`` (bytes h11 holds, not yet parsed) starts the next head; False when it is refused
         here: obsolete line folding (a head line starting with SP or HT, RFC 9112 section 5.2), which h11
-        would join into the field before and httptools refuses (R7b-5: both parsers now answer 400)."""
+        would join into the field before and httptools refuses (R7b-5: both parsers now answer 400). Bytes
+        pipelined behind the request just answered went to h11 unscanned: they get the first head's scan and
+        field count here (S9-L3), the state kept for the rest of the head (``guard_pending_scan``)."""
+        if not self.guard_waiting:  # type: ignore[attr-defined]
+            fields = self.guard_fields  # type: ignore[attr-defined]
+            fields.reset()
+            code = fields.refusal if fields.feed(pending) else FIELDS_CODE
+            self.guard_pending_scan = pending  # gateway/http_guard.py guard_sync keeps the scan's state
+            if code is not None:
+                self.guard_refuse_head(code)
+                return False
         if folded_head(pending):
             self.guard_refuse_head(INVALID_CODE)
             return False
@@ -304,6 +194,8 @@ class UpgradeGuard:
         uses ``CONNECT`` (R8-1) or has a ``#`` in its target (R8-5)."""
         parser = getattr(self, "parser", None)
         code = backstop_code(parser, self.url) if parser is not None else None  # type: ignore[attr-defined]
+        if code is None and parser is not None and (not (f := self.guard_fields).started or f.unseen):  # type: ignore[attr-defined]
+            code = unscanned_code(parser, self.headers, self.guard_max_header_fields)  # type: ignore[attr-defined]
         if code is not None:
             # R7b-2: the parser stops here (nothing after this head is parsed); with a response in
             # progress the refusal is deferred: that response completes, then the 400 and the close
@@ -323,9 +215,19 @@ def backstop_code(parser: Any, url: bytes) -> str | None:
     return TARGET_CODE if _HASH in url else None
 
 
+def unscanned_code(parser: Any, headers: list[Any], max_fields: int) -> str | None:
+    """httptools backstop for a completed head whose start the scan did not see (pipelined behind a body's end
+    in one read): its method (:data:`METHODS`; llhttp refuses lower-case and unknown tokens itself) and its
+    field count (``headers``: uvicorn's list of the head's fields, ``max_fields``: ``limits.max_header_fields``),
+    as for a first head (S9-L1, S9-L3); the code or None."""
+    if parser.get_method() not in METHODS:
+        return CONNECT_CODE
+    return FIELDS_CODE if len(headers) > max_fields else None
+
+
 def h11_request_code(event: h11.Request) -> str | None:
     """h11 backstop: the refusal code for a ``Request`` event the scan did not see, or None."""
-    if event.method == b"CONNECT":
+    if event.method not in METHODS:
         return CONNECT_CODE
     if any(name == b"upgrade" for name, _ in event.headers):
         return UPGRADE_CODE

@@ -86,7 +86,7 @@ async def test_nothing_is_written_to_a_closing_transport() -> None:
 
 
 async def test_a_plain_answer_leaves_the_guarded_server_in_one_send(monkeypatch) -> None:
-    import gateway.http_guard as http_guard
+    import gateway.head_guard as head_guard  # connection_made lives there since session 9
     from gateway.server import uvicorn_config
     from tests.support.listeners import serving
 
@@ -100,7 +100,7 @@ async def test_a_plain_answer_leaves_the_guarded_server_in_one_send(monkeypatch)
                 flushed.append(b"".join(self._pending))
             super().flush()
 
-    monkeypatch.setattr(http_guard, "CoalescingTransport", Spy)
+    monkeypatch.setattr(head_guard, "CoalescingTransport", Spy)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":

@@ -51,7 +51,7 @@ def _protocol_events(log: ListLog) -> list[Any]:
 
 BIG_HEAD = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 40000 + b"\r\n\r\n"
 MANY_FIELDS = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"".join(b"f%d: v\r\n" % i for i in range(150)) + b"\r\n"
-GARBAGE = b"NOT AN HTTP REQUEST\x00\r\n\r\n"
+GARBAGE = b"GET / HTTP/1.1\r\nNOT A FIELD\x00\r\n\r\n"  # a standard method: the parser refuses it (S9-L1: "NOT" would be method_not_supported)
 
 
 async def test_guard_refusals_are_audited_on_both_listeners(stack: Any, audit_log: ListLog) -> None:  # noqa: F811

@@ -174,7 +174,7 @@ async def test_framing_sweep_never_serves_the_request_in_a_body(start: Any, stac
     (b"CONNECT /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n", CONNECT_CODE),
     (b"\r\nCONNECT gateway.test:443 HTTP/1.1\r\nHost: a\r\n\r\n", CONNECT_CODE),
     (b"CONNECT /a#b HTTP/1.1\r\n\r\n", CONNECT_CODE),
-    (b"CONNECTX / HTTP/1.1\r\nHost: a\r\n\r\n", None),
+    (b"CONNECTX / HTTP/1.1\r\nHost: a\r\n\r\n", CONNECT_CODE),  # S9-L1: no standard method either
     (b"GET /CONNECT HTTP/1.1\r\nHost: a\r\nX: CONNECT / HTTP/1.1\r\n\r\n", None),
     (b"POST / HTTP/1.1\r\nHost: a\r\n\r\n", None),
 ])
