@@ -1,7 +1,7 @@
 """The OTLP/HTTP logs request body of a batch of audit events, written directly (issue 14, session 9).
 
 :func:`encode_logs_request` returns exactly the bytes of
-``audit.otlp.build_request(events, resource, scope, observed_ns).SerializeToString()`` (the mapping
+``audit.otlp_log_build.build_request(events, resource, scope, observed_ns).SerializeToString()`` (the mapping
 of each event to its ``LogRecord``: :mod:`audit.otlp`'s module doc) without filling a generated
 message per event: each ``LogRecord`` is written with :mod:`audit.otlp_pb` (the repeated
 attributes cached, the event's canonical JSON body used as it is), ~4x cheaper in the audit
@@ -20,7 +20,7 @@ from opentelemetry.proto.resource.v1 import resource_pb2
 
 from audit.encoded import shared_json
 from audit.event import AuditEvent
-from audit.otlp import _HAS_EVENT_NAME_FIELD, build_request, severity_of, trace_id_bytes
+from audit.otlp_log_build import HAS_EVENT_NAME_FIELD, build_request, severity_of, trace_id_bytes
 from audit.otlp_pb import key_value, len_field
 
 __all__ = ["encode_logs_request"]
@@ -44,7 +44,7 @@ def _parts(ev: AuditEvent) -> tuple[bytes, bytes, bytes, bytes]:
         if tenant:
             tail += len_field(b"\x32", key_value("prefixgate.tenant", tenant))
         hit = (severity, len_field(b"\x32", key_value("event.name", name)), tail,
-               len_field(b"\x62", name.encode()) if _HAS_EVENT_NAME_FIELD else b"")
+               len_field(b"\x62", name.encode()) if HAS_EVENT_NAME_FIELD else b"")
         if len(_HEADS) >= 1024:
             _HEADS.clear()
         _HEADS[key] = hit  # type: ignore[assignment]
@@ -75,7 +75,7 @@ def _record(ev: AuditEvent, observed: bytes) -> bytes:
 def encode_logs_request(events: Sequence[AuditEvent], resource: resource_pb2.Resource,
                         scope: common_pb2.InstrumentationScope, observed_ns: int) -> bytes:
     """The serialised ``ExportLogsServiceRequest`` of ``events`` (see the module doc); arguments as
-    :func:`audit.otlp.build_request`'s. Raises what ``build_request`` raises for an event it refuses."""
+    :func:`audit.otlp_log_build.build_request`'s. Raises what ``build_request`` raises for an event it refuses."""
     observed = b"\x59" + _pack_q(observed_ns) if observed_ns else b""
     records = []
     for ev in events:

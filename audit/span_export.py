@@ -290,7 +290,7 @@ class OffloadSpanProcessor(SpanProcessor):
             if proc is None:
                 self._drop(n, DROP_NO_EXPORTER)
                 return
-            data, bad = encode_frames(batch, self._max_batch)
+            data, bad = encode_frames(batch, self._max_batch, span_count)
             self._drop(bad, DROP_ENCODE)
             try:
                 self._write_all(proc.stdin.fileno(), data)  # type: ignore[union-attr]

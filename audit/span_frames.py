@@ -9,7 +9,7 @@ Used by :class:`audit.span_export.OffloadSpanProcessor`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -119,11 +119,18 @@ def _default(obj: Any) -> Any:
     raise TypeError(type(obj).__name__)
 
 
-def encode_frames(spans: Sequence[tuple], max_batch: int) -> tuple[bytes, int]:
+def _one(record: Sequence[Any]) -> int:
+    return 1
+
+
+def encode_frames(spans: Sequence[Any], max_batch: int,
+                  span_count: Callable[[Sequence[Any]], int] = _one) -> tuple[bytes, int]:
     """Serialise encoded spans into newline-terminated orjson frames of at
     most ``max_batch`` spans. Returns ``(data, n_unencodable)``: a span that
     orjson rejects (e.g. an int attribute beyond 64 bits) is left out and
-    counted (a request record as the spans it stands for), the rest of its frame still goes."""
+    counted as ``span_count(record)`` spans (the exporter passes
+    :func:`audit.span_request.span_count`: a request record counts the spans it stands for),
+    the rest of its frame still goes."""
     out: list[bytes] = []
     bad = 0
     for i in range(0, len(spans), max_batch):
@@ -137,8 +144,6 @@ def encode_frames(spans: Sequence[tuple], max_batch: int) -> tuple[bytes, int]:
                     orjson.dumps(s, default=_default)
                     good.append(s)
                 except TypeError:  # a request or bytes record (audit.span_request) counts its spans
-                    from audit.span_request import span_count  # imports this module
-
                     bad += span_count(s)
             if good:
                 out.append(orjson.dumps(good, default=_default, option=orjson.OPT_APPEND_NEWLINE))

@@ -88,10 +88,11 @@ def test_cef_precomputed_labels_and_number_shortcut_keep_bytes(monkeypatch: pyte
 def test_otlp_cached_attributes_keep_payload_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     from opentelemetry.proto.common.v1 import common_pb2
 
-    from audit import otlp
+    from audit import otlp_log_build as otlp  # the record builder (audit.otlp's sink uses it)
+    from audit.otlp import SCOPE_NAME
 
     evs = _events()
-    scope = common_pb2.InstrumentationScope(name=otlp.SCOPE_NAME, version="t")
+    scope = common_pb2.InstrumentationScope(name=SCOPE_NAME, version="t")
     resource = otlp.build_resource("prefixgate")
     fast = otlp.build_request(evs, resource, scope, 7).SerializeToString()
     again = otlp.build_request(evs, resource, scope, 7).SerializeToString()  # every attribute from the cache
@@ -136,7 +137,8 @@ def _reference_otlp(evs, resource, scope, observed_ns):  # noqa: ANN001, ANN202 
     from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
     from opentelemetry.proto.common.v1 import common_pb2
 
-    from audit import otlp
+    from audit import otlp_log_build as otlp  # the record builder (audit.otlp's sink uses it)
+    from audit.otlp import SCOPE_NAME
 
     req = logs_service_pb2.ExportLogsServiceRequest()
     rl = req.resource_logs.add()
@@ -153,7 +155,7 @@ def _reference_otlp(evs, resource, scope, observed_ns):  # noqa: ANN001, ANN202 
         rec = sl.log_records.add(time_unix_nano=ev.time_ms * 1_000_000, observed_time_unix_nano=observed_ns,
                                  severity_number=number, severity_text=text,
                                  body=common_pb2.AnyValue(string_value=ev.to_json().decode()), attributes=attrs)
-        if otlp._HAS_EVENT_NAME_FIELD:
+        if otlp.HAS_EVENT_NAME_FIELD:
             rec.event_name = f"prefixgate.audit.{kind}"
         tid = otlp.trace_id_bytes(ev.trace_id)
         if tid is not None:
@@ -164,10 +166,11 @@ def _reference_otlp(evs, resource, scope, observed_ns):  # noqa: ANN001, ANN202 
 def test_otlp_in_place_fields_match_reference_bytes() -> None:
     from opentelemetry.proto.common.v1 import common_pb2
 
-    from audit import otlp
+    from audit import otlp_log_build as otlp  # the record builder (audit.otlp's sink uses it)
+    from audit.otlp import SCOPE_NAME
 
     evs = _events()
-    scope = common_pb2.InstrumentationScope(name=otlp.SCOPE_NAME, version="t")
+    scope = common_pb2.InstrumentationScope(name=SCOPE_NAME, version="t")
     resource = otlp.build_resource("prefixgate", {"host.name": "h"})
     expected = _reference_otlp(evs, resource, scope, 9).SerializeToString()
     assert otlp.build_request(evs, resource, scope, 9).SerializeToString() == expected

@@ -97,7 +97,7 @@ def test_request_records_count_their_spans_against_the_bound_and_wake() -> None:
 def test_an_unencodable_request_record_counts_all_its_spans() -> None:
     rec = _rec(2)
     bad = rec[:9] + ({"big": 1 << 70},) + rec[10:]
-    data, n_bad = encode_frames([_rec(1), bad], 512)
+    data, n_bad = encode_frames([_rec(1), bad], 512, span_count)  # as the exporter calls it
     assert n_bad == 3 and len(orjson.loads(data)) == 1
 
 
