@@ -1,10 +1,9 @@
 """Request-head bounds for both listeners, under both HTTP parsers (issue 10 follow-up).
 
-uvicorn's httptools parser accepts a request head of any size (a 16 MB header
-field was answered 200; unfinished 32 MiB heads stayed buffered), and neither
-parser bounds the time a client may take to send a head: a connection that
-stops partway through a head stays open forever (uvicorn's keep-alive timer
-only runs between a response and the next request's first byte).
+uvicorn's httptools parser accepts a request head of any size (a 16 MB header field was answered 200;
+unfinished 32 MiB heads stayed buffered), and neither parser bounds the time a client may take to send a
+head: a connection that stops partway through a head stays open forever (uvicorn's keep-alive timer only
+runs between a response and the next request's first byte).
 
 This module makes the uvicorn protocol classes uvicorn uses for ``http="h11"``
 and ``http="httptools"`` enforce, before any routing or authentication:
@@ -28,8 +27,8 @@ and ``http="httptools"`` enforce, before any routing or authentication:
   (pipelining) gets a new period once that response is complete; it never
   cuts the response.
 
-If a response is still in progress when a too-large pipelined head arrives,
-nothing can be answered: the connection is closed.
+If a response is still in progress when a too-large pipelined head arrives, nothing can be answered: the
+connection is closed (behind a request closing the connection, reading stops instead: gateway/drop_guard.py).
 
 - ``max_connections_per_source`` (``server.max_connections_per_source``, off by default): open
   connections per source IP (socket peer) on this listener; one more gets **503** ``too_many_connections``
@@ -59,6 +58,7 @@ from gateway.body_guard import (
 )
 from gateway.client_io import LOSS_KEY, ConnectionLoss
 from gateway.coalesce import CoalescingTransport
+from gateway.drop_guard import DropGuard  # R9-1: no read-and-drop at line rate behind an answer in progress
 from gateway.lingering import DEFAULT_LINGERING_CLOSE_BYTES, DEFAULT_LINGERING_CLOSE_S, LingeringTransport
 from gateway.head_fields import DEFAULT_MAX_HEADER_FIELDS, refuse_too_many_fields, rest_after_head
 from gateway.log_aggregate import note_peer
@@ -163,7 +163,7 @@ class _HeadGuard(SourceCap):
         transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
         offset = 0
         while offset < len(data):
-            if transport.is_closing():
+            if transport.is_closing() or transport.held:  # held: the rest is dropped (R9-1, gateway/lingering.py)
                 return
             if not self.guard_waiting:  # in a body: the rest as it is (no copy when it is all of it)
                 self.guard_parse(data[offset:] if offset else data)
@@ -244,7 +244,7 @@ class _HeadGuard(SourceCap):
         self.guard_feed(data)
 
 
-class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard, HttpToolsProtocol):  # R7-1: UpgradeGuard
+class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard, _HeadGuard, HttpToolsProtocol):  # R7-1, R9-1
     """uvicorn's httptools protocol with the request-head bounds of :class:`_HeadGuard`
     and the body framing bounds of :class:`gateway.body_guard.BodyGuard`."""
 
@@ -300,7 +300,7 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard
         self.guard_head_expected()
 
 
-class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard, H11Protocol):  # R7-1: UpgradeGuard
+class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard, _HeadGuard, H11Protocol):  # R7-1, R9-1
     """uvicorn's h11 protocol with the request-head bounds of :class:`_HeadGuard` and the body framing
     bounds of :class:`gateway.body_guard.BodyGuard` (through :class:`gateway.body_guard.GuardedH11Connection`).
     A head is awaited while h11's ``their_state`` is ``IDLE``; it is complete when uvicorn has made a new
@@ -313,7 +313,7 @@ class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, _HeadGuard, H11P
 
     def guard_parse(self, data: bytes) -> None:
         if self.conn.their_state is h11.MUST_CLOSE:
-            return  # R8b-1: not buffered
+            return self.transport.hold_reading()  # R8b-1: not buffered; R9-1: nor read on (gateway/lingering.py)
         before = self.cycle
         in_body = not self.guard_waiting
         if in_body:

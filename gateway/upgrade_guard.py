@@ -247,15 +247,18 @@ class UpgradeGuard:
         if self.guard_response_in_progress():  # type: ignore[attr-defined]
             if defer:
                 self.guard_deferred = code
-                return
+                return transport.hold_reading()  # type: ignore[attr-defined]  # R9-1 (gateway/drop_guard.py)
         else:
             transport.write(refusal_bytes(400, code, _MESSAGES[code]))
         transport.close()
 
     def data_received(self, data: bytes) -> None:
-        """Bytes after a deferred refusal are dropped unparsed."""
-        if self.guard_deferred is None:
+        """Bytes after a deferred refusal are dropped unparsed and reading stops until the close (R9-1:
+        not read at line rate while the answer in progress lasts); once closing, the linger counts them."""
+        if self.guard_deferred is None or self.transport.lingering:  # type: ignore[attr-defined]
             super().data_received(data)  # type: ignore[misc]
+        else:
+            self.transport.hold_reading()  # type: ignore[attr-defined]
 
     def on_response_complete(self) -> None:
         """uvicorn hook: the response in progress is complete; a deferred refusal is answered now."""
