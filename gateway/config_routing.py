@@ -69,4 +69,4 @@ class HealthConfig(ConfigSection):
     passive_grace_s: float = Field(5.0, ge=0)
     breaker_failures: int = Field(3, ge=1)
     breaker_cooldown_s: float = Field(5.0, gt=0)
-    breaker_tenant_window_s: float = Field(60.0, gt=0)  # R8-2, gateway/tenant_breaker.py
+    breaker_tenant_window_s: float = Field(60.0, gt=0)  # R8-2, R9-2 (failures add up in it), gateway/tenant_breaker.py

@@ -112,7 +112,7 @@ class HeadGuard(SourceCap):
         transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
         offset = 0
         while offset < len(data):
-            if transport.is_closing():
+            if transport.is_closing() or transport.held:  # held: the rest is dropped (R9-1, gateway/lingering.py)
                 return
             if not self.guard_waiting:  # in a body: the rest as it is (no copy when it is all of it)
                 self.guard_parse(data[offset:] if offset else data)

@@ -63,6 +63,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.body_guard import BODY_COMPLETE_KEY, DEFAULT_MAX_BODY_CHUNKS, WIRE_SCOPE_KEY, BodyGuard, GuardedH11Connection
 from gateway.client_io import LOSS_KEY
+from gateway.drop_guard import DropGuard  # R9-1: no read-and-drop at line rate behind an answer in progress
 from gateway.head_fields import DEFAULT_MAX_HEADER_FIELDS
 from gateway.head_guard import DEFAULT_HEADER_READ_TIMEOUT_S, DEFAULT_MAX_HEADER_BYTES, HeadGuard
 from gateway.lingering import DEFAULT_LINGERING_CLOSE_BYTES, DEFAULT_LINGERING_CLOSE_S
@@ -75,7 +76,7 @@ __all__ = ["guarded_protocol", "DEFAULT_MAX_HEADER_BYTES", "DEFAULT_HEADER_READ_
 PARSERS = ("h11", "httptools")
 
 
-class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, HeadGuard, HttpToolsProtocol):  # R7-1: UpgradeGuard
+class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard, HeadGuard, HttpToolsProtocol):  # R7-1, R9-1
     """uvicorn's httptools protocol with the request-head bounds of :class:`gateway.head_guard.HeadGuard`
     and the body framing bounds of :class:`gateway.body_guard.BodyGuard`."""
 
@@ -131,7 +132,7 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, HeadGuard,
         self.guard_head_expected()
 
 
-class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, HeadGuard, H11Protocol):  # R7-1: UpgradeGuard
+class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard, HeadGuard, H11Protocol):  # R7-1, R9-1
     """uvicorn's h11 protocol with the request-head bounds of :class:`gateway.head_guard.HeadGuard` and the body framing
     bounds of :class:`gateway.body_guard.BodyGuard` (through :class:`gateway.body_guard.GuardedH11Connection`).
     A head is awaited while h11's ``their_state`` is ``IDLE``; it is complete when uvicorn has made a new
@@ -144,7 +145,7 @@ class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, HeadGuard, H11Pr
 
     def guard_parse(self, data: bytes) -> None:
         if self.conn.their_state is h11.MUST_CLOSE:
-            return  # R8b-1: not buffered
+            return self.transport.hold_reading()  # R8b-1: not buffered; R9-1: nor read on (gateway/lingering.py)
         before = self.cycle
         in_body = not self.guard_waiting
         if in_body:

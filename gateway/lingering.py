@@ -25,7 +25,15 @@ uvicorn's protocol); its ``close`` does that when the protocol's
   ``timeout_s`` seconds have passed since the close began, or when the client
   closes its side (asyncio closes the transport on EOF).
 
-``close`` of a connection with no body in progress, a second ``close``,
+Holding (review R9-1): :meth:`LingeringTransport.hold_reading` stops reading until the close, for
+bytes that would only be dropped while an answer is still in progress (after a ``Connection: close``
+request under h11; behind a pipelined head refused until that answer is complete): they stay in the
+kernel's buffers and the client's send blocks, as uvicorn does for a pipelined request, instead of
+being read and discarded at line rate for as long as the answer lasts. Such a connection's ``close``
+lingers as above (bytes may be waiting: closing with unread bytes would reset it and could cost the
+client the end of its answer), bounded the same way.
+
+``close`` of a connection with no body in progress and no held reading, a second ``close``,
 ``close_now`` (used for bodies refused for their framing, gateway/body_guard.py)
 and ``abort`` close at once. A transport that cannot half-close closes at once.
 """
@@ -64,7 +72,7 @@ class LingeringTransport:
     """
 
     __slots__ = ("_transport", "_loop", "_protocol", "_max_bytes", "_timeout_s", "_closing", "_timer",
-                 "lingering", "discarded")
+                 "lingering", "discarded", "held")
 
     def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop, protocol: _BodyState, *,
                  max_bytes: int = DEFAULT_LINGERING_CLOSE_BYTES,
@@ -78,6 +86,7 @@ class LingeringTransport:
         self._timer: asyncio.TimerHandle | None = None
         self.lingering = False  # bytes received now are discarded (see :meth:`discard`)
         self.discarded = 0  # wire bytes discarded while lingering
+        self.held = False  # reading stopped until the close (:meth:`hold_reading`)
 
     def is_closing(self) -> bool:
         """True once ``close`` or ``abort`` was called (or the wrapped transport is closing)."""
@@ -90,7 +99,7 @@ class LingeringTransport:
             self._finish()
             return
         self._closing = True
-        if self._max_bytes <= 0 or not self._protocol.guard_body_unfinished():
+        if self._max_bytes <= 0 or not (self.held or self._protocol.guard_body_unfinished()):
             self._transport.close()
             return
         try:
@@ -104,6 +113,16 @@ class LingeringTransport:
             return
         self.lingering = True
         self._timer = self._loop.call_later(self._timeout_s, self._finish)
+
+    def hold_reading(self) -> None:
+        """Stop reading until the close (R9-1): what the client sends next would only be dropped (an
+        answer is still in progress); the close then lingers. Safe to call again (a flow-control
+        resume in between, e.g. uvicorn's after a pipelined answer, is undone by the next call)."""
+        self.held = True
+        try:
+            self._transport.pause_reading()
+        except (RuntimeError, AttributeError):  # closing, or a transport that cannot pause: left as it is
+            pass
 
     def close_now(self) -> None:
         """Close without lingering (a request refused for its framing: not worth keeping readable)."""

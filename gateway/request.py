@@ -31,6 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from gateway import json_fast
 from gateway.body_guard import BODY_COMPLETE_KEY, PLAIN_LENGTH_KEY
+from gateway.content_coding import refuse_content_coding
 from gateway.errors import GatewayError
 from gateway.request_fast import plain_chat, plain_completion
 from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, CompletionBody
@@ -100,7 +101,10 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
     Behind the framing guard, a single all-digits ``Content-Length`` is taken from its reading
     (``PLAIN_LENGTH_KEY`` in the scope) instead of the headers; when the protocol already holds the
     whole body (``BODY_COMPLETE_KEY``, httptools) it is read without a timer (issue 14).
+    Raises 415 (``unsupported_content_encoding``) for a ``Content-Encoding`` other than ``identity``,
+    before any body byte is read (gateway/content_coding.py, R9-4).
     """
+    refuse_content_coding(request.scope["headers"])
     plain = request.scope.get(PLAIN_LENGTH_KEY)  # the framing guard's reading of one plain field (issue 14)
     lengths = request.headers.getlist("content-length") if plain is None else ()
     if plain is not None and plain > max_bytes:

@@ -1,4 +1,4 @@
-"""Per-(replica, tenant) attribution of replica failures (reviews R7b-1, R8-2, R8-4).
+"""Per-(replica, tenant) attribution of replica failures (reviews R7b-1, R8-2, R8-4, R9-2).
 
 The replica's shared circuit (:class:`gateway.replicas.ReplicaSet`) counts gateway failures
 (502/503/504, connect error, timeout, reset, broken answer). One tenant whose *input* makes the
@@ -14,15 +14,24 @@ replica's shared circuit for every tenant. So each failure is first offered to a
 * otherwise **attributed** (the pair's): it counts against the (replica, tenant) pair only, never
   against the shared circuit — also when nothing is known about other tenants (start-up, a quiet
   replica: review R8-2; session 7 attributed only while another tenant's success was <= 60 s old,
-  so one tenant alone opened every shared circuit). ``threshold`` consecutive failures of the pair
-  open a circuit for that pair for ``cooldown_s`` seconds (that tenant's requests are not routed to
-  that replica); after the cool-down the pair is routable again and one more failure re-opens it.
+  so one tenant alone opened every shared circuit). ``threshold`` consecutive failures of the pair,
+  or ``threshold`` attributed failures of the pair within ``window_s`` seconds *whatever 2xx answers
+  came between* (review R9-2: one valid request after each poison one ended the streak, so the pair
+  never opened and the poison reached the replica at the tenant's full rate), open a circuit for
+  that pair for ``cooldown_s`` seconds (that tenant's requests are not routed to that replica);
+  after the cool-down the pair is routable again and one more failure re-opens it while
+  ``threshold`` of its attributed failures are still within the window (or its streak was not
+  ended). A tenant meeting ``threshold`` attributed failures within the window on a replica, among
+  any number of 2xx answers, thus avoids that replica for the cool-down (for a replica flaky for that
+  tenant alone, the outlier ejection it would get anyway; corroborated failures were the replica's
+  and do not add up here).
   A real fault seen by one tenant alone thus takes the replica out for that tenant (it is
   protected); the shared circuit opens once a second tenant fails there too, and the active health
   check (gateway/health.py) marks a replica whose ``/health`` fails down for everyone.
 
 Only a **2xx** answer (``succeeded(..., served=True)``) is evidence that the replica serves: it ends
-the tenant's streak and voids earlier failures as corroboration. Any other answer that is not a
+the tenant's streak (not its failures within the window, R9-2) and voids earlier failures as
+corroboration. Any other answer that is not a
 gateway failure (4xx, 429, a plain 500: ``served=False``) proves the HTTP server alive, not the
 engine: it is neither evidence nor a reset of the tenant's streak (review R8-4: a tenant's 400s from
 a broken replica made every other tenant's failures there "its own", and unretried).
@@ -33,19 +42,22 @@ cause; one request must not spread its damage over every replica). Without that 
 tenant alone: a poison input and a real fault look alike) the failure may be retried, as a shared
 failure may.
 
-Memory is bounded: per replica a :class:`cachetools.TTLCache` of at most ``max_tenants`` entries,
-each expiring ``window_s + cooldown_s`` seconds after its last update, plus one int per replica.
+Memory is bounded: per replica a :class:`cachetools.TTLCache` of at most ``max_tenants`` entries
+(each with at most ``threshold`` failure times), each expiring ``window_s + cooldown_s`` seconds after
+its last update, plus one int per replica.
 Pure logic, no I/O; the ``on_open(replica_id, tenant_id)`` callback (audit log line, metric) is
 called when a pair opens. Compare Envoy's outlier detection (``consecutive_gateway_failure``,
 ``split_external_local_origin_errors``): it ejects a host on consecutive failures whatever request
-caused them; it has no notion of whose request failed (docs/routing.md).
+caused them (and is bypassed by interleaved successes the same way; its ``failure_percentage``
+detection is the ratio form of the window count); it has no notion of whose request failed
+(docs/routing.md).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cachetools import TTLCache
 
@@ -63,14 +75,15 @@ REFRESH_S = 1.0
 
 @dataclass(slots=True)
 class _Entry:
-    """One (replica, tenant) pair: its last verdict (2xx or gateway failure), failure streak and
-    open-until time."""
+    """One (replica, tenant) pair: its last verdict (2xx or gateway failure), failure streak, open-until
+    time and the times of its last ``threshold`` attributed failures (oldest first; R9-2)."""
 
     last_ok: bool = True
     last_at: float = 0.0
     streak: int = 0
     open_until: float = 0.0
     seq: int = 0  # the breaker's verdict number of its last failure (orders it against 2xx answers)
+    failures: list[float] = field(default_factory=list)  # not reset by a 2xx (R9-2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +101,12 @@ class TenantVerdict:
 
 
 class TenantBreaker:
-    """Consecutive failures per (replica, tenant), with per-pair circuits (see module doc).
+    """Failures per (replica, tenant), with per-pair circuits (see module doc).
 
-    ``threshold`` (>= 1) attributed consecutive failures open a pair for ``cooldown_s`` seconds;
-    ``window_s``: how long a tenant's last verdict stands as evidence; ``max_tenants``: entries per
+    ``threshold`` (>= 1) consecutive failures, or ``threshold`` failures within ``window_s`` whatever
+    2xx came between, open the pair (when the failure is attributed) for ``cooldown_s`` seconds;
+    ``window_s``: how long a tenant's last verdict stands as evidence and the span over which its
+    failures add up; ``max_tenants``: entries per
     replica; ``clock``: monotonic seconds. Tenant ``None`` (no tenant known) is never attributed.
     Raises :class:`ValueError` for a threshold below 1 or a negative time.
     """
@@ -141,8 +156,9 @@ class TenantBreaker:
 
     def failed(self, replica_id: str, tenant_id: str | None) -> TenantVerdict:
         """``tenant_id``'s request failed on ``replica_id`` (a gateway failure); returns the
-        :class:`TenantVerdict`. Opens the pair (and calls ``on_open``) at ``threshold`` attributed
-        consecutive failures. O(tenants tracked on the replica)."""
+        :class:`TenantVerdict`. Opens the pair (and calls ``on_open``) when this failure is attributed and
+        the pair has ``threshold`` consecutive failures or ``threshold`` failures within ``window_s``
+        (R9-2). O(tenants tracked on the replica)."""
         if tenant_id is None:
             return TenantVerdict(False, 0, False, True)
         now = self._clock()
@@ -162,7 +178,13 @@ class TenantBreaker:
         entry.last_ok, entry.last_at, entry.seq = False, now, self._seq
         entry.streak += 1
         attributed, opened = not corroborated, False
-        if attributed and entry.streak >= self.threshold and entry.open_until <= now:
+        times = entry.failures  # R9-2: the pair's attributed failures, whatever 2xx came between
+        if attributed:
+            times.append(now)
+            if len(times) > self.threshold:
+                del times[0]
+        in_window = len(times) >= self.threshold and times[0] >= horizon
+        if attributed and (entry.streak >= self.threshold or in_window) and entry.open_until <= now:
             entry.open_until, opened = now + self.cooldown_s, True
             self.open_until_max = max(self.open_until_max, entry.open_until)
             self.blocked_pairs += 1

@@ -71,6 +71,7 @@ from gateway.body_guard import BodyRefused, refusal_bytes
 from gateway.head_fields import folded_head
 from gateway.head_scan import (  # the scan (re-exported: tests and gateway/head_guard.py import it from here)
     CONNECT_CODE, FIELDS_CODE, METHODS, TARGET_CODE, UPGRADE_CODE, HeadScan, ScannedHeadFields, whole_head_is_plain)
+from gateway.host_field import HOST_CODE, HOST_MESSAGE, fields_host_refused  # R9-3
 from gateway.protocol_audit import refused
 
 __all__ = ["HeadScan", "ScannedHeadFields", "whole_head_is_plain", "UpgradeGuard", "UPGRADE_CODE", "TARGET_CODE",
@@ -86,7 +87,8 @@ _MESSAGES = {UPGRADE_CODE: "protocol upgrades (Upgrade header) are not supported
              TARGET_CODE: "a request-target must not contain a fragment ('#')",
              INVALID_CODE: "invalid HTTP request (e.g. obsolete line folding in its head)",
              CONNECT_CODE: "method not supported (GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH; "
-                           "no CONNECT: the gateway does not tunnel)"}
+                           "no CONNECT: the gateway does not tunnel)",
+             HOST_CODE: HOST_MESSAGE}
 #: the status of a refusal code (400 when not listed)
 _STATUS = {FIELDS_CODE: 431}
 
@@ -115,13 +117,15 @@ class UpgradeGuard:
             return
         cycle = self.cycle  # type: ignore[attr-defined]
         if self.guard_waiting and cycle is not None and not cycle.keep_alive:  # type: ignore[attr-defined]
-            return  # bytes after a request that closes the connection are no request (RFC 9112 section 9.6): dropped
+            # bytes after a request that closes the connection are no request (RFC 9112 section 9.6): dropped,
+            # and no more are read until the close (R9-1, gateway/drop_guard.py)
+            return transport.hold_reading()  # type: ignore[attr-defined]
         refused(self, _STATUS.get(code, 400), code)
         self.guard_head_refused = True  # the close lingers: what follows is discarded unparsed
         if self.guard_response_in_progress():  # type: ignore[attr-defined]
             if defer:
                 self.guard_deferred = code
-                return
+                return transport.hold_reading()  # type: ignore[attr-defined]  # R9-1 (gateway/drop_guard.py)
         else:
             transport.write(self.guard_refusal(code))
         transport.close()
@@ -133,9 +137,12 @@ class UpgradeGuard:
         return refusal_bytes(400, code, _MESSAGES[code])
 
     def data_received(self, data: bytes) -> None:
-        """Bytes after a deferred refusal are dropped unparsed."""
-        if self.guard_deferred is None:
+        """Bytes after a deferred refusal are dropped unparsed and reading stops until the close (R9-1:
+        not read at line rate while the answer in progress lasts); once closing, the linger counts them."""
+        if self.guard_deferred is None or self.transport.lingering:  # type: ignore[attr-defined]
             super().data_received(data)  # type: ignore[misc]
+        else:
+            self.transport.hold_reading()  # type: ignore[attr-defined]
 
     def on_response_complete(self) -> None:
         """uvicorn hook: the response in progress is complete; a deferred refusal is answered now."""
@@ -196,6 +203,11 @@ class UpgradeGuard:
         code = backstop_code(parser, self.url) if parser is not None else None  # type: ignore[attr-defined]
         if code is None and parser is not None and (not (f := self.guard_fields).started or f.unseen):  # type: ignore[attr-defined]
             code = unscanned_code(parser, self.headers, self.guard_max_header_fields)  # type: ignore[attr-defined]
+        hosts = self.guard_fields.hosts  # type: ignore[attr-defined]
+        if code is None and hosts is not True and parser is not None:  # R9-3: Host fields (gateway/host_field.py)
+            # a head read whole was counted by the scan; one not (several reads, behind a body): its fields, here
+            if hosts is False or fields_host_refused(self.headers, parser.get_http_version()):  # type: ignore[attr-defined]
+                code = HOST_CODE
         if code is not None:
             # R7b-2: the parser stops here (nothing after this head is parsed); with a response in
             # progress the refusal is deferred: that response completes, then the 400 and the close
