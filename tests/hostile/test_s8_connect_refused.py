@@ -35,6 +35,19 @@ parsers = pytest.mark.parametrize("parser", PARSERS)
 listeners = pytest.mark.parametrize("which", LISTENERS)
 
 
+#: the requests a pipelined head can follow in one read: no body, a Content-Length body, a chunked body
+FRONTS = ("bodiless", "with_body", "chunked_body")
+
+
+def front_request(first: str) -> bytes:
+    """The bytes of one :data:`FRONTS` request to ``/healthz``."""
+    if first == "bodiless":
+        return request("GET", "/healthz", {})
+    if first == "with_body":
+        return request("POST", "/healthz", {}, b"{}")
+    return b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+
+
 def _inner(stack: Any, which: str) -> bytes:
     """A complete request the listener's app would serve (with credentials) and a proxy-chosen XFF."""
     auth = stack.auth("tenant-a/app") if which == "public" else {}
@@ -76,18 +89,13 @@ async def test_connect_with_a_body_is_refused_before_any_parse(start: Any, stack
 
 
 @parsers
-@pytest.mark.parametrize("first", ["bodiless", "with_body", "chunked_body"])
+@pytest.mark.parametrize("first", FRONTS)
 async def test_connect_pipelined_in_the_same_write_is_not_smuggled(start: Any, stack: Any, audit_log: ListLog,
                                                                    parser: str, first: str) -> None:
     """A CONNECT head pipelined behind another request in the same read (the scan does not see it behind
     a body; h11 parses it from its own buffer): the backstops refuse it after the answers in progress."""
     lst = await start(parser, "public")
-    if first == "bodiless":
-        front = request("GET", "/healthz", {})
-    elif first == "with_body":
-        front = request("POST", "/healthz", {}, b"{}")
-    else:
-        front = b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    front = front_request(first)
     data, closed = await exchange(lst.addr, [front + connect_smuggle(stack, "public")])
     responses = _parse_responses(data)
     assert closed

@@ -32,6 +32,7 @@ from tests.hostile.test_i10_header_limits import PARSERS, Listener, _parse_respo
 from tests.hostile.test_i10_header_limits import config_overrides  # noqa: F401 - fixture
 from tests.hostile.test_s6_header_fields import head_with_fields
 from tests.hostile.test_s7_upgrade_refused import CHAT, INNER, exchange, guard_events, request
+from tests.hostile.test_s8_connect_refused import FRONTS, front_request
 from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
 from tests.support.listeners import serving
 
@@ -130,16 +131,11 @@ async def test_a_lower_case_connect_pipelined_behind_a_request_is_refused(
 
 
 @parsers
-@pytest.mark.parametrize("first", ["bodiless", "with_body", "chunked_body"])
+@pytest.mark.parametrize("first", FRONTS)
 async def test_a_pipelined_head_is_bounded_by_the_field_count(start: Any, audit_log: ListLog, parser: str,
                                                              first: str) -> None:
     lst = await start(parser, "public", max_header_fields=MAXF)
-    if first == "bodiless":
-        front = request("GET", "/healthz", {})
-    elif first == "with_body":
-        front = request("POST", "/healthz", {}, b"{}")
-    else:
-        front = b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    front = front_request(first)
     data, closed = await exchange(lst.addr, [front + head_with_fields("/healthz", MAXF * 10)])
     statuses = [r.status for r in _parse_responses(data)]
     assert closed
