@@ -157,7 +157,8 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
         return Response(status_code=499)
     except Exception as exc:  # timeout, broken connection, not a JSON object
         upstream.failed(held.attempt, UpstreamFailure("protocol", str(exc)))
-        err = GatewayError(502, "upstream_error", "the replica sent an invalid answer")
+        err = GatewayError(502, "upstream_error", "the replica sent an invalid answer",
+                           headers={"X-Request-Id": rec.request_id})  # R4-5, R9b-1: the answer names its event
         rec.status, rec.outcome, rec.error_code = 502, "failed", err.code
         return err.response()
     held.attempt.succeeded()

@@ -11,6 +11,8 @@ import time
 import pytest
 
 from gateway.replicas import CircuitState
+from tests.gateway.test_s4_error_answers_audited import by_request_id
+from tests.support.audit_log import audit_hub, audit_log  # noqa: F401 - fixtures
 from tests.support.waiting import wait_for
 
 LONG = " ".join(f"w{i}" for i in range(96))
@@ -143,7 +145,7 @@ async def test_reset_before_first_byte_non_stream_is_retried(stack, sim):
     assert sim.counter("requests", (2,)) == 0
 
 
-async def test_invalid_json_stream_and_plain(stack, sim):
+async def test_invalid_json_stream_and_plain(stack, sim, audit_log):  # noqa: F811
     for i in range(3):
         await sim.fault(i, invalid_json=True)
     status, evs, _ = await stream(stack)
@@ -154,6 +156,8 @@ async def test_invalid_json_stream_and_plain(stack, sim):
     assert r.json()["error"] == {"message": "the replica sent an invalid answer", "type": "server_error",
                                  "code": "upstream_error", "param": None}
     assert "cmpl-broken" not in r.text
+    # R9b-1: the 502 names its audit event like every other answer (R4-5)
+    assert by_request_id(audit_log, r.headers.get("x-request-id")).status_code == 502
 
 
 async def test_broken_sse_ends_with_error_event(stack, sim):
