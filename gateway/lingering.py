@@ -33,6 +33,13 @@ being read and discarded at line rate for as long as the answer lasts. Such a co
 lingers as above (bytes may be waiting: closing with unread bytes would reset it and could cost the
 client the end of its answer), bounded the same way.
 
+Unsent bytes at the close (review R9b-3): closing a transport waits until its write buffer has gone
+out, and a client that never reads kept a connection whose whole answer was already buffered (so no
+write-stall rule applied any more) open for ever, its descriptor and buffer with it. Every close
+now checks, each ``timeout_s``, that the unsent bytes went down since the last check, and aborts the
+connection when they did not (a client that reads, however slowly, keeps its answer; one that
+stopped is cut after ``timeout_s``).
+
 ``close`` of a connection with no body in progress and no held reading, a second ``close``,
 ``close_now`` (used for bodies refused for their framing, gateway/body_guard.py)
 and ``abort`` close at once. A transport that cannot half-close closes at once.
@@ -72,7 +79,7 @@ class LingeringTransport:
     """
 
     __slots__ = ("_transport", "_loop", "_protocol", "_max_bytes", "_timeout_s", "_closing", "_timer",
-                 "lingering", "discarded", "held")
+                 "lingering", "discarded", "held", "_drain_timer", "_unsent")
 
     def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop, protocol: _BodyState, *,
                  max_bytes: int = DEFAULT_LINGERING_CLOSE_BYTES,
@@ -87,6 +94,8 @@ class LingeringTransport:
         self.lingering = False  # bytes received now are discarded (see :meth:`discard`)
         self.discarded = 0  # wire bytes discarded while lingering
         self.held = False  # reading stopped until the close (:meth:`hold_reading`)
+        self._drain_timer: asyncio.TimerHandle | None = None  # R9b-3: the close's unsent-bytes check
+        self._unsent = 0
 
     def is_closing(self) -> bool:
         """True once ``close`` or ``abort`` was called (or the wrapped transport is closing)."""
@@ -100,16 +109,16 @@ class LingeringTransport:
             return
         self._closing = True
         if self._max_bytes <= 0 or not (self.held or self._protocol.guard_body_unfinished()):
-            self._transport.close()
+            self._close_bounded()
             return
         try:
             if not self._transport.can_write_eof():
-                self._transport.close()
+                self._close_bounded()
                 return
             self._transport.write_eof()  # the answer written so far leaves first, then FIN
             self._transport.resume_reading()
         except (OSError, RuntimeError, AttributeError):
-            self._transport.close()
+            self._close_bounded()
             return
         self.lingering = True
         self._timer = self._loop.call_later(self._timeout_s, self._finish)
@@ -141,14 +150,36 @@ class LingeringTransport:
             self._timer.cancel()
             self._timer = None
         if not self._transport.is_closing():
-            self._transport.close()
+            self._close_bounded()
+
+    def _close_bounded(self) -> None:
+        """Close the wrapped transport; while bytes are still unsent, check their progress (R9b-3)."""
+        self._transport.close()
+        self._check_unsent()
+
+    def _check_unsent(self) -> None:
+        self._drain_timer = None
+        try:
+            unsent = self._transport.get_write_buffer_size()
+        except (AttributeError, RuntimeError):  # a transport without a write buffer: nothing to bound
+            return
+        if not unsent:
+            return
+        if self._unsent and unsent >= self._unsent:  # nothing went out for timeout_s: the client stopped
+            self._transport.abort()
+            return
+        self._unsent = unsent
+        self._drain_timer = self._loop.call_later(self._timeout_s, self._check_unsent)
 
     def connection_lost(self) -> None:
-        """The connection is gone: stop the linger timer."""
+        """The connection is gone: stop the linger and unsent-bytes timers."""
         self.lingering = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
 
     def abort(self) -> None:
         """Abort at once (no lingering)."""
