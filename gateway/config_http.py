@@ -86,6 +86,10 @@ class LimitsConfig(ConfigSection):
     CPU if it never reached a replica (refused, or cancelled while queued), else the part above its
     free allowance: ``prep_cpu_free_ms`` (CPU milliseconds per request) plus
     ``prep_cpu_free_us_per_token`` (CPU microseconds per prompt token reserved).
+    Since session 10 (R10-4) a plain answer of ``answer_cpu_meter_bytes`` or more is parsed under
+    the meter, and its CPU above ``prep_cpu_free_ms`` plus ``answer_cpu_free_us_per_token`` x the
+    answer's completion tokens is charged to the same bucket at once (``logprobs`` answers cost
+    ~20 us of parsing per token with 20 alternatives, ~0.02 without).
 
     Connection-level bounds, enforced on BOTH listeners under both HTTP
     parsers before any route or authentication (gateway/http_guard.py):
@@ -135,6 +139,8 @@ class LimitsConfig(ConfigSection):
     refused_cpu_burst_ms: float = Field(250.0, gt=0)
     prep_cpu_free_ms: float = Field(1.0, ge=0)
     prep_cpu_free_us_per_token: float = Field(5.0, ge=0)
+    answer_cpu_free_us_per_token: float = Field(5.0, ge=0)
+    answer_cpu_meter_bytes: int = Field(64 * 1024, ge=0)
     max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
     max_header_fields: int = Field(100, ge=8, le=10_000)
     client_write_stall_s: float = Field(60.0, gt=0)

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from gateway.admission import too_many
 from gateway.config_http import LimitsConfig
@@ -79,6 +79,8 @@ class CpuBudget:
         self.burst_ms = limits.refused_cpu_burst_ms
         self.free_s = limits.prep_cpu_free_ms / 1000.0
         self.free_s_per_token = limits.prep_cpu_free_us_per_token / 1e6
+        self.answer_free_s_per_token = limits.answer_cpu_free_us_per_token / 1e6
+        self.answer_meter_bytes = limits.answer_cpu_meter_bytes
         self.clock = clock
         self.cpu_clock = cpu_clock
         self.wall_clock = wall_clock
@@ -240,6 +242,37 @@ class CpuMeter:
         if excess > 0:
             assert self.tenant is not None
             budget.charge(self.tenant, excess)
+
+    def check_answer(self, parse: Callable[[bytes], dict[str, Any]], data: bytes) -> dict[str, Any]:
+        """``parse(data)``: a replica's plain answer (``data``, bytes) checked; raises what ``parse`` raises.
+
+        Review R10-4 (session 10): the gateway parses a plain answer on the event loop to check it and
+        read its ``usage``, and its cost grows with what the tenant asked for (``top_logprobs: 20``:
+        a 4,096-token answer is ~5.9 MB, ~84 ms of CPU, against ~0.1 ms without alternatives). An
+        answer of ``limits.answer_cpu_meter_bytes`` or more is parsed under the thread-CPU clock, and
+        the part of that CPU above ``limits.prep_cpu_free_ms`` + ``limits.answer_cpu_free_us_per_token``
+        x its ``usage.completion_tokens`` (0 when it has none or does not parse) is charged to the
+        tenant's budget at once, whether the parse succeeds or raises: the tenant's next requests
+        answer 429 ``cpu_budget_exhausted`` while it is in debt. Smaller answers (every answer without
+        alternatives up to ~10,000 tokens) are parsed unmeasured: no clock read on the common path.
+        """
+        budget = self.budget
+        if budget is None or len(data) < budget.answer_meter_bytes:
+            return parse(data)
+        c0 = budget.cpu_clock()
+        tokens = 0
+        try:
+            obj = parse(data)
+            usage = obj.get("usage")
+            if isinstance(usage, dict) and type(usage.get("completion_tokens")) is int:
+                tokens = max(0, usage["completion_tokens"])
+            return obj
+        finally:
+            spent = budget.cpu_clock() - c0
+            excess = spent - budget.free_s - budget.answer_free_s_per_token * tokens
+            if excess > 0:
+                assert self.tenant is not None
+                budget.charge(self.tenant, excess)
 
 
 #: The meter of a request whose tenant is not known yet: runs steps unmeasured, charges nothing.

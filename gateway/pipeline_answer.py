@@ -151,7 +151,7 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
                 data = up.first_chunk + await up.read_rest()
             else:
                 data = await unless_client_leaves(request, read_rest())
-        obj = json_fast.loads_object(data)
+        obj = held.cpu.check_answer(json_fast.loads_answer, data)  # R10-4: metered when large
     except ClientGone:
         rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
         return Response(status_code=499)

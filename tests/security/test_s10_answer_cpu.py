@@ -1,0 +1,108 @@
+"""Review R10-4 (session 10): one tenant's ``top_logprobs`` answers cost the gateway's event loop
+~84-175 ms each to check, charged to no budget. A fake replica (aiohttp, in this file) answers a
+completion with ``ALTERNATIVES`` log-probabilities per token when the request asks for them.
+
+Before the fix a large answer was parsed unmetered (and with :mod:`json`, the bracket guard of
+:func:`gateway.json_fast.loads` refusing orjson): the tenant's next requests were served. After it,
+the parse's CPU above the free allowance is charged to the tenant's CPU budget, so its next request
+answers 429 ``cpu_budget_exhausted`` while another tenant is served.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gateway import json_fast
+from tests.support.fake_replicas import (  # noqa: F401 - n_replicas: this module's stack fixture
+    PLAIN_ANSWER, base_app, completion, n_replicas, serving)
+
+TOKENS = 2048
+ALTERNATIVES = 20
+
+
+def logprobs_answer(tokens: int = TOKENS, alternatives: int = ALTERNATIVES) -> dict[str, Any]:
+    """A vLLM-shaped completion answer with ``alternatives`` log-probabilities per token."""
+    top = [{f"tok{t}_{a}": -1.5 - a / 7 for a in range(alternatives)} for t in range(tokens)]
+    return {"id": "c", "object": "text_completion", "created": 0, "model": "sim-model",
+            "choices": [{"index": 0, "text": " x" * tokens, "finish_reason": "length",
+                         "logprobs": {"tokens": [f"tok{t}" for t in range(tokens)],
+                                      "token_logprobs": [-0.5] * tokens, "text_offset": list(range(tokens)),
+                                      "top_logprobs": top}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": tokens + 3}}
+
+
+@dataclass
+class Fake:
+    url: str = ""
+    healthy: bool = True
+    big: bytes = b""
+
+
+def _app(fake: Fake) -> web.Application:
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if body.get("logprobs"):
+            return web.Response(body=fake.big, content_type="application/json")
+        return web.json_response(PLAIN_ANSWER)
+    return base_app(fake, completions)
+
+
+@pytest.fixture
+async def fakes() -> AsyncIterator[list[Fake]]:
+    async with serving([Fake(big=json.dumps(logprobs_answer()).encode())], _app) as out:
+        yield out
+
+
+@pytest.fixture
+def config_overrides(fakes: list[Fake]) -> dict[str, Any]:
+    # no free allowance per token and a small bucket: one large answer puts the tenant in debt
+    return {"replicas": [{"id": "f0", "url": fakes[0].url, "pool": "default"}],
+            "limits": {"answer_cpu_free_us_per_token": 0.0, "prep_cpu_free_ms": 0.0,
+                       "refused_cpu_ms_per_s": 0.001, "refused_cpu_burst_ms": 1.0}}
+
+
+async def _post(stack: Any, tenant: str, body: dict[str, Any]) -> Any:
+    return await stack.client.post("/v1/completions", json=body, headers=stack.auth(f"{tenant}/app"))
+
+
+async def test_a_large_answer_is_charged_to_its_tenant(stack: Any, fakes: list[Fake]) -> None:
+    first = await _post(stack, "tenant-a", completion("hello", logprobs=ALTERNATIVES))
+    assert first.status_code == 200, first.text
+    assert first.content == fakes[0].big  # forwarded unchanged
+    metrics = await stack.admin_metrics()
+    charged = [line for line in metrics.splitlines()
+               if line.startswith('prefixgate_tenant_refused_cpu_seconds_total{tenant="tenant-a"}')]
+    assert charged and float(charged[0].split()[-1]) > 0.0005  # the parse's CPU, beyond the 0 allowance
+    again = await _post(stack, "tenant-a", completion("hello"))
+    assert again.status_code == 429, again.text
+    assert again.json()["error"]["code"] == "cpu_budget_exhausted"
+    other = await _post(stack, "tenant-b", completion("hello"))
+    assert other.status_code == 200, other.text
+
+
+async def test_small_answers_are_not_metered(stack: Any) -> None:
+    for _ in range(5):
+        r = await _post(stack, "tenant-a", completion("hello"))
+        assert r.status_code == 200, r.text
+
+
+def test_loads_answer_takes_orjson_whatever_the_bracket_count_and_json_for_what_orjson_refuses() -> None:
+    big = json.dumps(logprobs_answer(512, 20)).encode()
+    assert big.count(b"{") + big.count(b"[") > json_fast.MAX_FAST_NESTING
+    assert json_fast.loads_answer(big) == json.loads(big)
+    nan = b'{"usage": {"completion_tokens": 1}, "lp": [-Infinity, NaN]}'
+    out = json_fast.loads_answer(nan)
+    assert out["lp"][0] == -math.inf and math.isnan(out["lp"][1])
+    for bad in (b"[1, 2]", b"not json", b'{"a": '):
+        with pytest.raises(ValueError):
+            json_fast.loads_answer(bad)
+    deep = b"[" * 5000 + b"]" * 5000
+    with pytest.raises((ValueError, RecursionError)):
+        json_fast.loads_answer(b'{"a": ' + deep + b"}")
