@@ -154,11 +154,13 @@ class TenantBreaker:
         entry.last_ok, entry.last_at, entry.streak = True, now, 0
         table[tenant_id] = entry  # re-set: refreshes its expiry
 
-    def failed(self, replica_id: str, tenant_id: str | None) -> TenantVerdict:
+    def failed(self, replica_id: str, tenant_id: str | None, vouched: bool = False) -> TenantVerdict:
         """``tenant_id``'s request failed on ``replica_id`` (a gateway failure); returns the
         :class:`TenantVerdict`. Opens the pair (and calls ``on_open``) when this failure is attributed and
         the pair has ``threshold`` consecutive failures or ``threshold`` failures within ``window_s``
-        (R9-2). O(tenants tracked on the replica)."""
+        (R9-2). ``vouched``: the gateway's own verification probe of the replica passed recently
+        (gateway/replica_verify.py, S9-L4): no other tenant's failure corroborates this one, it is
+        attributed. O(tenants tracked on the replica)."""
         if tenant_id is None:
             return TenantVerdict(False, 0, False, True)
         now = self._clock()
@@ -171,7 +173,7 @@ class TenantBreaker:
                 continue
             if e.last_ok:
                 others_served = True
-            elif e.seq > served_seq:
+            elif e.seq > served_seq and not vouched:
                 corroborated = True
         self._seq += 1
         entry = table.get(tenant_id) or _Entry()
