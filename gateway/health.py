@@ -40,6 +40,8 @@ __all__ = ["HealthChecker", "completion_probe", "PROBE_PROMPT"]
 
 #: the prompt of the gateway's verification completion (gateway text, never a tenant's)
 PROBE_PROMPT = "ping"
+#: most bytes of a verification answer read (and decoded)
+PROBE_MAX_BYTES = 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ async def completion_probe(session: aiohttp.ClientSession, url: str, model: str,
     """One ``POST {url}/v1/completions`` of the gateway's own (``model``, :data:`PROBE_PROMPT`,
     ``max_tokens`` 1, temperature 0, not streamed, no tenant, no cache salt), bounded by ``timeout_s``
     seconds in total: True when the replica answers 200 with a JSON object holding a ``choices`` list
-    (compressed answers decoded, at most 1 MiB), False for anything else (status, timeout, connection
+    (compressed answers decoded; at most :data:`PROBE_MAX_BYTES` read and decoded), False for anything else (status, timeout, connection
     error, bad body). Never raises for the replica's doing."""
     body = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0, "stream": False}
     try:
@@ -56,7 +58,12 @@ async def completion_probe(session: aiohttp.ClientSession, url: str, model: str,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 return False
-            raw = decode_body(await resp.read(), resp.headers.get("Content-Encoding"), 1 << 20)
+            data = bytearray()
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                data += chunk
+                if len(data) > PROBE_MAX_BYTES:  # a one-token answer is small: no replica makes us buffer more
+                    return False
+            raw = decode_body(bytes(data), resp.headers.get("Content-Encoding"), PROBE_MAX_BYTES)
         answer = json.loads(raw)
     except (asyncio.TimeoutError, aiohttp.ClientError, ValueError, ContentCodingError):
         return False

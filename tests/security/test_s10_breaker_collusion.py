@@ -338,3 +338,24 @@ async def test_completion_probe_is_bounded_by_its_timeout() -> None:
         async with aiohttp.ClientSession() as session:
             assert await completion_probe(session, fake.url, "m", 0.2) is False
         release.set()
+
+
+async def test_completion_probe_reads_a_bounded_answer() -> None:
+    import aiohttp
+
+    from gateway.health import PROBE_MAX_BYTES
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        for _ in range(PROBE_MAX_BYTES // 65536 + 2):
+            await resp.write(b" " * 65536)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    fake = Fake()
+    async with serving([fake], lambda _f: app):
+        async with aiohttp.ClientSession() as session:
+            assert await completion_probe(session, fake.url, "m", 5.0) is False
