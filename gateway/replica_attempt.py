@@ -69,7 +69,8 @@ class Attempt:
         counted against the shared circuit on tenants' evidence goes through
         :meth:`ReplicaSet.corroborated_failure` (the gateway verifies before the circuit opens), and
         while the gateway's own verification probe of the replica stands as passed every tenant failure
-        there is attributed (session 10, S9-L4)."""
+        there is attributed (session 10, S9-L4); a failure that opens the tenant's own pair asks for a
+        verification too (:meth:`ReplicaSet.pair_opened`)."""
         if self._settle():
             tenant = self.tenant_id if reached else None
             vouched = tenant is not None and self._set.vouched(self.replica_id)  # S9-L4: the gateway's probe passed
@@ -79,6 +80,8 @@ class Attempt:
                 self._apply(self._set.record_failure if tenant is None else self._set.corroborated_failure)
             elif self.probe:
                 self._apply(self._set.release_probe)
+            if verdict.opened:  # one tenant's pair opened: is the replica failing for everyone? (session 10)
+                self._apply(self._set.pair_opened)
 
     def release(self) -> None:
         """No verdict on the replica (client gone, cancelled, gateway error):

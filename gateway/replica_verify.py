@@ -11,7 +11,9 @@ shared circuit, it sends one request of its own (gateway/health.py ``completion_
 completion of a served model, under no tenant, bounded by a timeout) and the circuit opens only if
 that fails too. If it passes, the replica serves: the failures stay with their tenants' per-(replica,
 tenant) circuits, and for :attr:`VerifyGate.interval_s` after that pass every tenant failure there
-is attributed to its tenant without another probe.
+is attributed to its tenant without another probe. The opening of one tenant's own pair asks the
+same question (``ReplicaSet.pair_opened``): a real fault that ``/health`` misses and one tenant alone
+meets then opens the shared circuit without waiting for a second tenant.
 
 :class:`VerifyGate` is the bound on those probes, pure logic: at most **one in flight per replica**
 and at least ``interval_s`` seconds from the end of one probe to the start of the next on one

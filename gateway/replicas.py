@@ -326,6 +326,17 @@ class ReplicaSet:
         elif gate is not Gate.PASSED:  # START (sent) or HOLD: the probe's verdict decides
             st.consecutive_failures += 1
 
+    def pair_opened(self, replica_id: str) -> None:
+        """One tenant's own failures opened its (replica, tenant) circuit on ``replica_id``: when the
+        shared circuit is closed and the verification gate allows one, start a verification probe, so
+        that a real fault that ``/health`` misses and only one tenant meets opens the shared circuit
+        (if the gateway's own request fails there too, :meth:`verified`) instead of waiting for a
+        second tenant (session 10). No effect without a verifier, during a verification's interval, or
+        when none can be sent. Raises :class:`UnknownReplicaError`."""
+        if (self.verifier is not None and self.state(replica_id).circuit is CircuitState.CLOSED
+                and self.verify.decide(replica_id) is Gate.START):
+            self._start_verify(replica_id)
+
     def _start_verify(self, replica_id: str) -> bool:
         assert self.verifier is not None
         self.verify.began(replica_id)

@@ -26,9 +26,11 @@ replica's shared circuit for every tenant. So each failure is first offered to a
   tenant alone, the outlier ejection it would get anyway; corroborated failures were the replica's
   and do not add up here).
   A real fault seen by one tenant alone thus takes the replica out for that tenant (it is
-  protected); the shared circuit opens once a second tenant fails there too and the gateway's own
-  verification request fails as well (session 10, S9-L4: two colluding tenants corroborate each
-  other; gateway/replica_verify.py), and the active health check (gateway/health.py) marks a
+  protected); since session 10 its pair's opening makes the gateway verify the replica with a
+  request of its own, which opens the shared circuit if it fails too; a second tenant's failure there
+  corroborates, and opens the shared circuit once the gateway's own verification request fails as
+  well (S9-L4: two colluding tenants corroborate each other; gateway/replica_verify.py), and the
+  active health check (gateway/health.py) marks a
   replica whose ``/health`` fails down for everyone. While the gateway's verification of a replica
   stands as passed (``failed(..., vouched=True)``) no failure there is corroborated.
 

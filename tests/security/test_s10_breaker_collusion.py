@@ -151,6 +151,25 @@ async def test_a_real_fault_still_opens_the_shared_circuit(stack: Any, fakes: li
     assert await _post(stack, "tenant-c/app", "hello") == 200
 
 
+async def test_a_real_fault_met_by_one_tenant_alone_opens_the_shared_circuit(stack: Any, fakes: list[Fake]) -> None:
+    """Session 8/9 residual: a replica failing every request that ``/health`` does not see, used by one
+    tenant alone, stayed in the shared rotation until a second tenant failed there. Now the opening of
+    that tenant's pair makes the gateway send its own request, which fails too: the shared circuit
+    opens, and another tenant is never sent there. Before: f0's shared circuit CLOSED."""
+    rs = stack.components.replica_set
+    await wait_for(lambda: rs.routable_ids() == ["f0", "f1"], what="fake replicas healthy")
+    fakes[0].fail_all = True
+    for i in range(8):
+        assert await _post(stack, "tenant-a/app", f"a {i}") == 200  # retried on f1
+    assert rs.tenants.blocked("f0", "tenant-a")
+    await wait_for(lambda: rs.state("f0").circuit is CircuitState.OPEN, what="f0's shared circuit open")
+    assert len(fakes[0].probes) == 1
+    ok_f0 = fakes[0].ok
+    for i in range(4):
+        assert await _post(stack, "tenant-c/app", f"c {i}") == 200
+    assert fakes[0].ok == ok_f0 and rs.state("f1").circuit is CircuitState.CLOSED
+
+
 async def test_one_probe_in_flight_per_replica_whatever_the_tenants_do(stack: Any, fakes: list[Fake]) -> None:
     """The gateway's probe held unanswered while the colluders keep failing: still one probe per
     replica; the circuit stays closed meanwhile (failures retried elsewhere) and follows its verdict."""
@@ -217,6 +236,24 @@ def test_tenant_evidence_waits_for_the_gateways_probe() -> None:
     clock.t += 5.0  # the interval has passed: the next would-open failure asks again
     _collude(rs, 6)
     assert calls == ["r0", "r0"]
+
+
+def test_a_pair_opening_asks_the_gateways_probe() -> None:
+    """One tenant alone: its pair opens at the threshold and the gateway verifies; a failed verdict
+    opens the shared circuit, a passed one leaves it closed (the failures were the tenant's)."""
+    for ok, expected in ((False, CircuitState.OPEN), (True, CircuitState.CLOSED)):
+        clock = Clock()
+        rs, calls = _set(clock)
+        for _ in range(3):
+            rs.attempt("r0", "a").failed()
+        assert rs.tenants.blocked("r0", "a") and calls == ["r0"]
+        assert rs.state("r0").circuit is CircuitState.CLOSED
+        rs.verified("r0", ok)
+        assert rs.state("r0").circuit is expected and rs.tenants.blocked("r0", "a")
+        for t in ("b", "c", "d"):  # more pairs opening within the interval: no further probe
+            for _ in range(3):
+                rs.attempt("r0", t).failed()
+        assert calls == ["r0"]
 
 
 def test_a_failed_probe_opens_and_stands_for_the_interval() -> None:
