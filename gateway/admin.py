@@ -5,6 +5,10 @@ operator views of replicas and routing.
 Every admin request, whatever its path, needs a JWT-SVID for the admin audience
 from a configured operator SPIFFE ID, checked before routing (R3-9); anything
 else is 401/403 with the public listener's codes and is audited as a refusal.
+An operator's request with a ``Content-Encoding`` other than ``identity`` (a policy,
+data or registry upload, or any other) is then refused 415 ``unsupported_content_encoding``
+before its body is read, as on the public listener (gateway/content_coding.py, R9-4; session
+10), and audited the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from gateway.admission import Admission
 from gateway.auditing import AuditHub
 from gateway.authn import Authenticator
 from gateway.config import GatewayConfig, load_config
+from gateway.content_coding import refuse_content_coding
 from gateway.errors import GatewayError
 from gateway.identity import WorkloadIdentity
 from gateway.pep import DecisionPoint
@@ -79,7 +84,11 @@ class Admin:
 
         Raises :class:`GatewayError` with the public listener's status and code for the same
         failure (401 ``missing_token`` / ``audience`` / ...; 403 ``not_an_operator``), audited
-        as a refusal of endpoint ``admin`` (the path is client-chosen)."""
+        as a refusal of endpoint ``admin`` (the path is client-chosen). Then an operator's request with a
+        ``Content-Encoding`` other than ``identity``: 415 ``unsupported_content_encoding`` with
+        ``Accept-Encoding: identity``, before any body byte is read, audited the same way with the
+        operator's identity (session 10: the R9-4 rule of the public listener; the uploads were read
+        as identity whatever the field said)."""
         try:
             identity = await self.authn.authenticate(request)
         except GatewayError as err:
@@ -89,6 +98,11 @@ class Admin:
             err = GatewayError(403, "not_an_operator", "operator identity required")
             record_refusal(self.audit, self.authn, request, "admin", err, identity=identity)
             raise err
+        try:
+            refuse_content_coding(request.scope["headers"])
+        except GatewayError as err:
+            record_refusal(self.audit, self.authn, request, "admin", err, identity=identity)
+            raise
         request.scope[OPERATOR_SCOPE_KEY] = identity
         return identity
 

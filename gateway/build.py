@@ -354,7 +354,8 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         for pool in {r.pool for r in config.replicas}:
             hub.monitor.set_pool_members(pool, [r.id for r in config.replicas if r.pool == pool])
     pdp = build_decision_point(config.policy, hub)
-    upstream = Upstream(replica_set, router, metrics, config.upstream, config.health, calibration)
+    upstream = Upstream(replica_set, router, metrics, config.upstream, config.health, calibration,
+                        probe_model=config.models[0] if config.models else None)  # S9-L4 verification
     admin = Admin(config, config_path, admin_authn, admission, keyring, pdp, hub, replica_set, router, index)
     members: list[Lifecycle] = [_LimitsLifecycle(limits), upstream, pdp, _AuditLifecycle(hub),
                                 _BundlesLifecycle(bundles), overload, *([flow] if flow is not None else [])]

@@ -13,7 +13,9 @@ read, so after authentication and admission, and audited like the pipeline's oth
 **415** ``unsupported_content_encoding`` with ``Accept-Encoding: identity`` for any coding other
 than ``identity`` (case-insensitive; an empty field counts as none). The framing guard
 (gateway/framing.py) then drains a small unread body or closes the connection, as for a 413. No
-decompression ever happens here (no zip-bomb surface).
+decompression ever happens here (no zip-bomb surface). The admin listener applies the same rule to
+every operator request (policy, data and registry uploads included) in its gate, after the operator
+check (gateway/admin.py ``Admin.authenticate_operator``, session 10).
 """
 
 from __future__ import annotations

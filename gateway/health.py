@@ -15,6 +15,11 @@ upstream verdict was a success at most ``passive_grace_s`` seconds ago
 (:meth:`ReplicaSet.answered_recently`); an explicit bad answer (non-200, refused connection,
 bad body) always counts. Real failures are the circuit breaker's: ``breaker_failures``
 consecutive ones open it, and any real failure voids the grace.
+
+:func:`completion_probe` is the gateway's own one-token completion, sent before tenants' evidence
+alone opens a replica's shared circuit (gateway/replica_verify.py, session 10, S9-L4): ``/health``
+is answered by an engine's API server even when its engine fails every request, so it cannot tell
+a real fault from colluding tenants' poison.
 """
 
 from __future__ import annotations
@@ -31,9 +36,38 @@ from gateway.proxy import ContentCodingError, decode_body
 from gateway.replicas import ReplicaSet, UnknownReplicaError
 from gateway.periodic import PeriodicTask
 
-__all__ = ["HealthChecker"]
+__all__ = ["HealthChecker", "completion_probe", "PROBE_PROMPT"]
+
+#: the prompt of the gateway's verification completion (gateway text, never a tenant's)
+PROBE_PROMPT = "ping"
+#: most bytes of a verification answer read (and decoded)
+PROBE_MAX_BYTES = 1 << 20
 
 log = logging.getLogger(__name__)
+
+
+async def completion_probe(session: aiohttp.ClientSession, url: str, model: str, timeout_s: float) -> bool:
+    """One ``POST {url}/v1/completions`` of the gateway's own (``model``, :data:`PROBE_PROMPT`,
+    ``max_tokens`` 1, temperature 0, not streamed, no tenant, no cache salt), bounded by ``timeout_s``
+    seconds in total: True when the replica answers 200 with a JSON object holding a ``choices`` list
+    (compressed answers decoded; at most :data:`PROBE_MAX_BYTES` read and decoded), False for anything else (status, timeout, connection
+    error, bad body). Never raises for the replica's doing."""
+    body = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0, "stream": False}
+    try:
+        async with session.post(url.rstrip("/") + "/v1/completions", json=body,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            if resp.status != 200:
+                return False
+            data = bytearray()
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                data += chunk
+                if len(data) > PROBE_MAX_BYTES:  # a one-token answer is small: no replica makes us buffer more
+                    return False
+            raw = decode_body(bytes(data), resp.headers.get("Content-Encoding"), PROBE_MAX_BYTES)
+        answer = json.loads(raw)
+    except (asyncio.TimeoutError, aiohttp.ClientError, ValueError, ContentCodingError):
+        return False
+    return isinstance(answer, dict) and isinstance(answer.get("choices"), list)
 
 
 class HealthChecker:

@@ -65,14 +65,23 @@ class Attempt:
         """A replica fault (502/503/504, timeout, connect error, reset or broken answer): count it
         (a failed probe re-opens the circuit) unless it is attributed to the request's tenant
         (gateway/tenant_breaker.py): then only the (replica, tenant) pair counts it and a probe is
-        released. ``reached`` False (no connection: nothing sent) is never attributed (R8-2)."""
+        released. ``reached`` False (no connection: nothing sent) is never attributed (R8-2). A failure
+        counted against the shared circuit on tenants' evidence goes through
+        :meth:`ReplicaSet.corroborated_failure` (the gateway verifies before the circuit opens), and
+        while the gateway's own verification probe of the replica stands as passed every tenant failure
+        there is attributed (session 10, S9-L4); a failure that opens the tenant's own pair asks for a
+        verification too (:meth:`ReplicaSet.pair_opened`)."""
         if self._settle():
-            verdict = self._set.tenants.failed(self.replica_id, self.tenant_id if reached else None)
+            tenant = self.tenant_id if reached else None
+            vouched = tenant is not None and self._set.vouched(self.replica_id)  # S9-L4: the gateway's probe passed
+            verdict = self._set.tenants.failed(self.replica_id, tenant, vouched=vouched)
             self.retry = verdict.retry
-            if not verdict.attributed:
-                self._apply(self._set.record_failure)
+            if not verdict.attributed:  # tenant evidence is verified by the gateway's own probe first (S9-L4)
+                self._apply(self._set.record_failure if tenant is None else self._set.corroborated_failure)
             elif self.probe:
                 self._apply(self._set.release_probe)
+            if verdict.opened:  # one tenant's pair opened: is the replica failing for everyone? (session 10)
+                self._apply(self._set.pair_opened)
 
     def release(self) -> None:
         """No verdict on the replica (client gone, cancelled, gateway error):

@@ -23,6 +23,11 @@ no verdict on the replica (the client left, the task was cancelled, the
 gateway failed), ``release`` — which is also what leaving it as a context
 manager does, so no way an attempt ends can leave a half-open probe in
 flight for good (see docs/routing.md, "Circuit breaker").
+
+A failure that tenants' evidence alone would make open the circuit (corroborated by another
+tenant's failure: gateway/tenant_breaker.py) opens it only once the gateway's own verification
+probe failed too (:meth:`ReplicaSet.corroborated_failure`, gateway/replica_verify.py; session 10,
+S9-L4: two colluding tenants opened it for everyone).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.replica_attempt import Attempt, UnknownReplicaError
+from gateway.replica_verify import MIN_INTERVAL_S, Gate, VerifyGate
 from gateway.tenant_breaker import DEFAULT_WINDOW_S, TenantBreaker
 from routing.filters import HealthFilter, TenantPoolFilter
 
@@ -98,7 +104,12 @@ class ReplicaSet:
     ``failure_threshold``: consecutive upstream failures that open the
     circuit; ``cooldown_s``: seconds before an open circuit admits one
     half-open probe; ``clock``: monotonic seconds (injectable for tests);
-    ``tenant_window_s``: the per-(replica, tenant) evidence window (gateway/tenant_breaker.py).
+    ``tenant_window_s``: the per-(replica, tenant) evidence window (gateway/tenant_breaker.py);
+    ``verify_interval_s``: seconds between two verification probes of one replica (default
+    max(``cooldown_s``, 1 s); gateway/replica_verify.py). :attr:`verifier` (None: no verification,
+    tenant evidence opens the circuit as before) is set by the upstream edge: called with a replica
+    id, it returns True once it has started a verification probe whose verdict it will give to
+    :meth:`verified`, False when it cannot send one.
     Replicas start healthy (the checker marks them down if they are not).
     Raises :class:`ValueError` on duplicate ids or bad thresholds.
 
@@ -121,6 +132,7 @@ class ReplicaSet:
         cooldown_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         tenant_window_s: float = DEFAULT_WINDOW_S,
+        verify_interval_s: float | None = None,
     ) -> None:
         if failure_threshold < 1 or cooldown_s < 0:
             raise ValueError("failure_threshold must be >= 1 and cooldown_s >= 0")
@@ -128,6 +140,9 @@ class ReplicaSet:
         self.cooldown_s = cooldown_s
         self._clock = clock
         self.tenants = TenantBreaker(failure_threshold, cooldown_s, window_s=tenant_window_s, clock=clock)  # R8-2
+        interval = max(cooldown_s, MIN_INTERVAL_S) if verify_interval_s is None else verify_interval_s
+        self.verify = VerifyGate(interval, clock)  # S9-L4
+        self.verifier: Callable[[str], bool] | None = None
         self._replicas: dict[str, Replica] = {}
         self._state: dict[str, ReplicaState] = {}
         self.version = 0
@@ -150,6 +165,7 @@ class ReplicaSet:
         self._replicas.pop(replica_id, None)
         self._state.pop(replica_id, None)
         self.tenants.forget(replica_id)
+        self.verify.forget(replica_id)
         self.version += 1
 
     def get(self, replica_id: str) -> Replica:
@@ -282,6 +298,68 @@ class ReplicaSet:
             st.circuit = CircuitState.OPEN
             st.opened_at = self._clock()
             st.probe_in_flight = False
+            self.version += 1
+
+    def vouched(self, replica_id: str) -> bool:
+        """True while the gateway's own verification probe of ``replica_id`` passed within the
+        verification interval (then tenant failures there are attributed to their tenants, S9-L4)."""
+        return self.verifier is not None and self.verify.vouched(replica_id)
+
+    def corroborated_failure(self, replica_id: str) -> None:
+        """A gateway failure that tenants' evidence counts against the replica (corroborated by another
+        tenant's failure, gateway/tenant_breaker.py). Counted like :meth:`record_failure`, but when it
+        would open the circuit (the count reaches ``failure_threshold``, or it is the half-open probe)
+        the gateway verifies first (S9-L4): a verification probe is started (at most one in flight,
+        ``verify_interval_s`` apart: :class:`gateway.replica_verify.VerifyGate`) and the circuit stays
+        as it is until :meth:`verified` (a half-open circuit keeps its probe slot, so nothing else is
+        sent meanwhile); a probe that failed within the interval opens it at once; one that passed
+        leaves the failure to its tenant. Without a :attr:`verifier`, or when none can be sent:
+        :meth:`record_failure`. Raises :class:`UnknownReplicaError`."""
+        st = self.state(replica_id)
+        opens = st.circuit is CircuitState.HALF_OPEN or st.consecutive_failures + 1 >= self.failure_threshold
+        if self.verifier is None or st.circuit is CircuitState.OPEN or not opens:
+            self.record_failure(replica_id)
+            return
+        gate = self.verify.decide(replica_id)
+        if gate is Gate.FAILED or (gate is Gate.START and not self._start_verify(replica_id)):
+            self.record_failure(replica_id)
+        elif gate is not Gate.PASSED:  # START (sent) or HOLD: the probe's verdict decides
+            st.consecutive_failures += 1
+
+    def pair_opened(self, replica_id: str) -> None:
+        """One tenant's own failures opened its (replica, tenant) circuit on ``replica_id``: when the
+        shared circuit is closed and the verification gate allows one, start a verification probe, so
+        that a real fault that ``/health`` misses and only one tenant meets opens the shared circuit
+        (if the gateway's own request fails there too, :meth:`verified`) instead of waiting for a
+        second tenant (session 10). No effect without a verifier, during a verification's interval, or
+        when none can be sent. Raises :class:`UnknownReplicaError`."""
+        if (self.verifier is not None and self.state(replica_id).circuit is CircuitState.CLOSED
+                and self.verify.decide(replica_id) is Gate.START):
+            self._start_verify(replica_id)
+
+    def _start_verify(self, replica_id: str) -> bool:
+        assert self.verifier is not None
+        self.verify.began(replica_id)
+        if self.verifier(replica_id):
+            return True
+        self.verify.ended(replica_id, False)
+        return False
+
+    def verified(self, replica_id: str, ok: bool) -> None:
+        """The verification probe of ``replica_id`` ended: ``ok`` (the replica served the gateway's own
+        request) resets its failure count, closes a half-open circuit held for it and counts as a 2xx
+        for the tenant table (tenants' earlier failures no longer corroborate each other); a failure
+        opens the circuit (unless already open). No effect for an unknown replica."""
+        self.verify.ended(replica_id, ok)
+        st = self._state.get(replica_id)
+        if st is None:
+            return
+        if ok:
+            self.tenants.succeeded(replica_id, None)
+            if st.circuit is not CircuitState.OPEN:
+                self.record_success(replica_id)
+        elif st.circuit is not CircuitState.OPEN:
+            st.circuit, st.opened_at, st.probe_in_flight = CircuitState.OPEN, self._clock(), False
             self.version += 1
 
     def record_status(self, replica_id: str, status: int) -> None:

@@ -26,8 +26,13 @@ replica's shared circuit for every tenant. So each failure is first offered to a
   tenant alone, the outlier ejection it would get anyway; corroborated failures were the replica's
   and do not add up here).
   A real fault seen by one tenant alone thus takes the replica out for that tenant (it is
-  protected); the shared circuit opens once a second tenant fails there too, and the active health
-  check (gateway/health.py) marks a replica whose ``/health`` fails down for everyone.
+  protected); since session 10 its pair's opening makes the gateway verify the replica with a
+  request of its own, which opens the shared circuit if it fails too; a second tenant's failure there
+  corroborates, and opens the shared circuit once the gateway's own verification request fails as
+  well (S9-L4: two colluding tenants corroborate each other; gateway/replica_verify.py), and the
+  active health check (gateway/health.py) marks a
+  replica whose ``/health`` fails down for everyone. While the gateway's verification of a replica
+  stands as passed (``failed(..., vouched=True)``) no failure there is corroborated.
 
 Only a **2xx** answer (``succeeded(..., served=True)``) is evidence that the replica serves: it ends
 the tenant's streak (not its failures within the window, R9-2) and voids earlier failures as
@@ -154,11 +159,13 @@ class TenantBreaker:
         entry.last_ok, entry.last_at, entry.streak = True, now, 0
         table[tenant_id] = entry  # re-set: refreshes its expiry
 
-    def failed(self, replica_id: str, tenant_id: str | None) -> TenantVerdict:
+    def failed(self, replica_id: str, tenant_id: str | None, vouched: bool = False) -> TenantVerdict:
         """``tenant_id``'s request failed on ``replica_id`` (a gateway failure); returns the
         :class:`TenantVerdict`. Opens the pair (and calls ``on_open``) when this failure is attributed and
         the pair has ``threshold`` consecutive failures or ``threshold`` failures within ``window_s``
-        (R9-2). O(tenants tracked on the replica)."""
+        (R9-2). ``vouched``: the gateway's own verification probe of the replica passed recently
+        (gateway/replica_verify.py, S9-L4): no other tenant's failure corroborates this one, it is
+        attributed. O(tenants tracked on the replica)."""
         if tenant_id is None:
             return TenantVerdict(False, 0, False, True)
         now = self._clock()
@@ -171,7 +178,7 @@ class TenantBreaker:
                 continue
             if e.last_ok:
                 others_served = True
-            elif e.seq > served_seq:
+            elif e.seq > served_seq and not vouched:
                 corroborated = True
         self._seq += 1
         entry = table.get(tenant_id) or _Entry()

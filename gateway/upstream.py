@@ -2,17 +2,25 @@
 health checks and the engine-metrics poller (calibration) on a small aiohttp
 session of their own, and what one upstream call's outcome means for the
 replica's circuit breaker and the router's view of it.
+
+It is also the replica set's verifier (session 10, S9-L4): before tenants' evidence alone opens a
+replica's shared circuit, it sends the gateway's own one-token completion there
+(gateway/health.py ``completion_probe``) in a task of its own, bounded by
+:data:`VERIFY_TIMEOUT_S` (or ``health.timeout_s`` if longer; at most ``upstream.first_byte_timeout_s``), and gives the verdict to
+:meth:`gateway.replicas.ReplicaSet.verified`; the replica set bounds how often
+(gateway/replica_verify.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import aiohttp
 
 from gateway.config import HealthConfig, UpstreamConfig
 from gateway.engine_metrics import EngineMetricsPoller
-from gateway.health import HealthChecker
+from gateway.health import HealthChecker, completion_probe
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import UPSTREAM_DEFAULT_HEADERS, UpstreamFailure, make_session
 from gateway.replicas import Attempt, ReplicaSet
@@ -24,6 +32,8 @@ __all__ = ["Upstream", "make_probe_session"]
 
 #: most connections of the probe session (one probe per replica at a time)
 PROBE_POOL_SIZE = 16
+#: seconds (at least) a verification completion may take: a one-token answer behind a queue (S9-L4)
+VERIFY_TIMEOUT_S = 5.0
 
 log = logging.getLogger("prefixgate")
 
@@ -42,13 +52,15 @@ class Upstream:
     """Pool, health checks and breaker verdicts over ``replica_set`` (a :class:`gateway.build.Lifecycle`).
 
     ``session`` (the request path's :class:`gateway.upstream_pool.UpstreamPool`),
-    ``probe_session`` (aiohttp, health checks and poller) and ``health`` exist
+    ``probe_session`` (aiohttp, health checks, poller and verification probes) and ``health`` exist
     between :meth:`start` and :meth:`stop` (None before); ``engine_metrics``
-    only when ``calibration`` is on.
+    only when ``calibration`` is on. ``probe_model``: the model the verification completion asks
+    for (a served model; None: ``GET /health`` is the verification, which misses a dead engine behind
+    a live API server).
     """
 
     def __init__(self, replica_set: ReplicaSet, router: Router, metrics: GatewayMetrics, upstream: UpstreamConfig,
-                 health: HealthConfig, calibration: Calibration | None) -> None:
+                 health: HealthConfig, calibration: Calibration | None, probe_model: str | None = None) -> None:
         self.replica_set = replica_set
         self.router = router
         self.metrics = metrics
@@ -59,6 +71,11 @@ class Upstream:
         self.health: HealthChecker | None = None
         self.engine_metrics: EngineMetricsPoller | None = None
         replica_set.tenants.on_open = self.tenant_circuit_opened  # R7b-1
+        self.probe_model = probe_model
+        #: a one-token answer slower than a stream's first-byte deadline fails real requests too
+        self.verify_timeout_s = min(upstream.first_byte_timeout_s, max(health.timeout_s, VERIFY_TIMEOUT_S))
+        self._verifying: set[asyncio.Task[None]] = set()
+        replica_set.verifier = self.verify  # S9-L4
 
     def open_session(self) -> UpstreamPool:
         """Open the upstream pool and the probe session (idempotent); returns the pool."""
@@ -97,7 +114,10 @@ class Upstream:
             self.engine_metrics.start()
 
     async def stop(self) -> None:
-        """Stop the checks and the poller, close the session."""
+        """Stop the checks, the poller and verification probes, close the session."""
+        for task in list(self._verifying):
+            task.cancel()
+        await asyncio.gather(*self._verifying, return_exceptions=True)
         try:
             if self.health is not None:
                 await self.health.stop()
@@ -128,6 +148,42 @@ class Upstream:
                 fail.retryable = False
         else:
             attempt.succeeded(served=False)  # R8-4: alive, but no evidence that it serves
+
+    def verify(self, replica_id: str) -> bool:
+        """The replica set's verifier (S9-L4): start the gateway's own verification probe of
+        ``replica_id`` in a task (its verdict goes to :meth:`ReplicaSet.verified`); False when none can
+        be sent (no running loop, the probe session not open), so the failure counts as before. The
+        replica set calls it at most once per replica at a time and ``verify_interval_s`` apart."""
+        session = self.probe_session
+        if session is None or session.closed:
+            return False
+        try:
+            task = asyncio.get_running_loop().create_task(self._verify(replica_id, session))
+        except RuntimeError:
+            return False
+        self._verifying.add(task)
+        task.add_done_callback(self._verifying.discard)
+        return True
+
+    async def _verify(self, replica_id: str, session: aiohttp.ClientSession) -> None:
+        ok = False
+        try:
+            url = self.replica_set.get(replica_id).url
+            if self.probe_model is not None:
+                ok = await completion_probe(session, url, self.probe_model, self.verify_timeout_s)
+            elif self.health is not None:
+                ok = await asyncio.wait_for(self.health.probe(replica_id), self.verify_timeout_s) is not None
+        except Exception:  # an unknown replica, a bug: no verdict that the replica serves
+            log.exception("replica %s: verification probe failed to run", replica_id)
+        finally:  # also when cancelled (stop): the probe slot is always given back
+            self.replica_set.verified(replica_id, ok)
+        if ok:
+            log.warning("replica %s: tenants' failures there were not confirmed by the gateway's own request "
+                        "(it was served); the shared circuit stays closed, the failures stay with the tenants",
+                        replica_id)
+        else:
+            log.warning("replica %s: the gateway's own request failed there too; its shared circuit opens",
+                        replica_id)
 
     def tenant_circuit_opened(self, replica_id: str, tenant_id: str) -> None:
         """One tenant's failures on ``replica_id`` opened the circuit of that (replica, tenant) pair

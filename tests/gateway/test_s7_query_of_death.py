@@ -34,6 +34,7 @@ class Fake:
     healthy: bool = True
     poison_hits: int = 0
     hold: asyncio.Event = field(default_factory=asyncio.Event)
+    fail_all: bool = False  # every completion answers poison_status (the gateway's own probe too)
 
 
 def _chunk(text: str) -> bytes:
@@ -46,8 +47,8 @@ def _app(fake: Fake) -> web.Application:
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         prompt = str(body.get("prompt", ""))
-        if "POISON" in prompt:
-            fake.poison_hits += 1
+        if "POISON" in prompt or fake.fail_all:
+            fake.poison_hits += "POISON" in prompt
             return web.json_response({"error": {"message": "engine crashed on this input (internal trace)",
                                                 "type": "server_error"}}, status=fake.poison_status)
         if not body.get("stream"):
@@ -104,16 +105,19 @@ async def test_one_tenants_500s_neither_open_the_circuits_nor_are_retried(stack:
 @pytest.mark.parametrize("status", [502, 503])
 async def test_gateway_failures_still_open_the_circuits(stack: Any, fakes: list[Fake], status: int) -> None:
     """Gateway failures of two tenants open the shared circuits (session 8, R8-2: one tenant's
-    alone open only its own pairs, tests/gateway/test_s8_breaker_e2e.py)."""
+    alone open only its own pairs, tests/gateway/test_s8_breaker_e2e.py) when the replicas fail the
+    gateway's own request too (session 10, S9-L4: input-specific failures stay with the tenants,
+    tests/security/test_s10_breaker_collusion.py)."""
     rs = stack.components.replica_set
     await wait_for(lambda: {"f0", "f1"} <= set(rs.routable_ids()), what="fake replicas healthy")
     fakes[0].poison_status = fakes[1].poison_status = status
+    fakes[0].fail_all = fakes[1].fail_all = True
     for i in range(2):
         for tenant in ("tenant-a/app", "tenant-b/app"):
             r = await stack.client.post("/v1/completions", json=completion(f"POISON {i}"), headers=stack.auth(tenant))
             assert r.status_code in (502, 503), r.text
     assert fakes[0].poison_hits + fakes[1].poison_hits == 8  # each retried on the other replica
-    assert not {"f0", "f1"} & set(rs.routable_ids())
+    await wait_for(lambda: not {"f0", "f1"} & set(rs.routable_ids()), what="both shared circuits open")
     r = await stack.client.post("/v1/completions", json=completion("hello"), headers=stack.auth("tenant-b/app"))
     assert r.status_code == 503 and r.json()["error"]["code"] == "no_replica"
 
@@ -122,11 +126,12 @@ async def test_half_open_probe_closes_the_circuit_at_its_first_byte(stack: Any, 
     rs = stack.components.replica_set
     fakes[1].healthy = False  # one replica in the pool: f0
     await wait_for(lambda: rs.routable_ids(["default"]) == ["f0"], what="f1 down, f0 up")
-    fakes[0].poison_status = 503
+    fakes[0].poison_status, fakes[0].fail_all = 503, True  # a real fault: the gateway's own probe fails too (S9-L4)
     for i in range(2):  # two tenants' failures (R8-2): the shared circuit opens
         for tenant in ("tenant-a/app", "tenant-b/app"):
             await stack.client.post("/v1/completions", json=completion(f"POISON {i}"), headers=stack.auth(tenant))
-    assert rs.state("f0").circuit is not CircuitState.CLOSED
+    await wait_for(lambda: rs.state("f0").circuit is not CircuitState.CLOSED, what="f0's shared circuit open")
+    fakes[0].fail_all = False
     await wait_for(lambda: rs.state("f0").circuit is CircuitState.HALF_OPEN, what="cool-down over")
     async with stack.client.stream("POST", "/v1/completions", headers=stack.auth("tenant-a/app"),
                                    json=completion("HOLD", stream=True)) as held:
