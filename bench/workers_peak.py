@@ -55,8 +55,11 @@ A/B in one run on a shared machine. ``--targets`` picks a subset.
 Also per target: the serve processes' cores apart from the rest of the tree
 (audit worker, span exporter) and each serve process's own cores
 (``worker_cores``: with ``--workers`` the kernel may hand most of the load
-generator's connections to one worker, and such a run measures one worker),
-their CPU µs per answered request, and the
+generator's connections to one worker, and such a run measures one worker;
+``worker_conns``: the connections each holds one second into the window), their
+CPU µs per answered request, their context switches per answered request
+(``serve_wakeups_per_req``: voluntary, the event loop went idle and was woken;
+``serve_preempted_per_req``: involuntary, another process took the core), and the
 ceiling ``cpus x serve / (serve + rest)`` that everything else on the
 machine puts on ``xN / x1`` (see :func:`_cpu_per_request`).
 
@@ -142,6 +145,21 @@ class _TreeCpu(_Cpu):
                 pass
         return v, i
 
+    def conns(self, port: int) -> list[int]:
+        """Client connections each gateway process holds on ``port`` now (busiest first; the kernel's
+        ``SO_REUSEPORT`` hash of each connection picks its worker), processes holding none left out."""
+        import psutil
+
+        out = []
+        for p in [self.proc, *self.proc.children(recursive=True)]:
+            try:
+                if "gateway.cli" in " ".join(p.cmdline()):
+                    out.append(sum(1 for c in p.net_connections("tcp")
+                                   if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED))
+            except psutil.Error:
+                pass
+        return sorted((n for n in out if n), reverse=True)
+
     def per_serve(self) -> dict[int, float]:
         """CPU seconds of each gateway process (pid -> seconds): the parent of ``--workers`` idles, so
         the split shows how the kernel spread the load generator's connections over the workers."""
@@ -167,7 +185,10 @@ async def _measure(generator: str, url: str, headers: Any, clients: int, seconds
     r_before = redis.sample() if redis is not None else None
     g0, s0, r0, t0 = gateway.seconds(), gateway.serve_seconds(), replicas.seconds(), time.monotonic()
     w0, x0 = gateway.per_serve(), gateway.switches()
-    res = await loadgen.peak(generator, url, headers, clients, seconds, bodies)
+    run = asyncio.ensure_future(loadgen.peak(generator, url, headers, clients, seconds, bodies))
+    await asyncio.sleep(min(1.0, seconds / 2))  # mid-window: the load generator's connections are open
+    conns = await asyncio.to_thread(gateway.conns, int(url.split(":")[2].split("/")[0]))
+    res = await run
     wall = time.monotonic() - t0
     w1, x1 = gateway.per_serve(), gateway.switches()
     out = {**{k: v for k, v in res.items() if k != "wrk"}, "gateway_cores": round((gateway.seconds() - g0) / wall, 3),
@@ -175,7 +196,8 @@ async def _measure(generator: str, url: str, headers: Any, clients: int, seconds
            "replica_cores": round((replicas.seconds() - r0) / wall, 3),
            # each gateway process's cores, busiest first (the --workers parent's ~0 dropped)
            "worker_cores": sorted((round((w1[k] - w0.get(k, 0.0)) / wall, 3) for k in w1
-                                   if (w1[k] - w0.get(k, 0.0)) / wall >= 0.02), reverse=True)}
+                                   if (w1[k] - w0.get(k, 0.0)) / wall >= 0.02), reverse=True),
+           "worker_conns": conns}
     out["serve_us_per_req"] = round(out["serve_cores"] * wall * 1e6 / max(1, int(res["ok"])), 1)
     # session 10: serve processes' wakeups (voluntary switches) and preemptions per answered request
     out["serve_wakeups_per_req"], out["serve_preempted_per_req"] = (
@@ -275,7 +297,8 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
                     print(f"round {r + 1} {name:15s} {g:6s} {x['rps']:.0f} req/s, load generator {x['loadgen_cores']} "
                           f"cores, gateway {x['gateway_cores']} (serve {x['serve_cores']}, "
                           f"{x['serve_us_per_req']} µs/req, {x['serve_wakeups_per_req']} wakeups and "
-                          f"{x['serve_preempted_per_req']} preemptions/req; per process {x['worker_cores']}), "
+                          f"{x['serve_preempted_per_req']} preemptions/req; per process {x['worker_cores']}, "
+                          f"connections {x['worker_conns']}), "
                           f"replicas {x['replica_cores']}{extra}, "
                           f"errors {x['errors']}", flush=True)
     finally:

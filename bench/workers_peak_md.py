@@ -38,7 +38,8 @@ def markdown(r: dict[str, Any]) -> str:
             f"median req/s ratios: {ratios}\n\n"
             f"cores of each serve process per run (busiest first; the kernel hands each new connection to "
             f"one worker, so a skewed split caps xN): "
-            + "; ".join(f"{g} {name}: " + " | ".join(str(x.get("worker_cores", "-")) for x in xs)
+            + "; ".join(f"{g} {name}: " + " | ".join(f"{x.get('worker_cores', '-')} (connections "
+                                                     f"{x.get('worker_conns', '-')})" for x in xs)
                         for g, per in r["runs"].items() for name, xs in per.items() if " x1" not in name)
             + "\n\nserve processes' context switches per answered request (median; wakeups = voluntary: the "
             "event loop went idle and was woken; preempted = involuntary): "
