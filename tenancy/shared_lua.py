@@ -76,7 +76,8 @@ end
 
 # KEYS: conc zset, request bucket[, ledger prompt-token bucket (session 10: passed only for a tenant with a
 # prompt-token rate: tenancy/prompt_room.py shared_room ignores it otherwise)].
-# ARGV: now|'', max_conc (-1: none), rate|'', burst, n, need, drop_unlimited (1: delete the bucket when rate is ''), lease_ttl_ms, member...
+# ARGV: now|'', max_conc (-1: none), rate|'', burst, n, need, drop_unlimited (1: delete the bucket when rate
+# is ''), lease_ttl_ms, member...
 # Admitted with a third key that exists: {'ok', '0', level refilled to now (not stored), rate, burst} of that
 # bucket, read in the same round trip for the early prompt-token check (tenancy/prompt_room.py shared_room).
 # Session 8: with no member to add and no count to check (a request admitted without its slot, flow
