@@ -55,8 +55,11 @@ A/B in one run on a shared machine. ``--targets`` picks a subset.
 Also per target: the serve processes' cores apart from the rest of the tree
 (audit worker, span exporter) and each serve process's own cores
 (``worker_cores``: with ``--workers`` the kernel may hand most of the load
-generator's connections to one worker, and such a run measures one worker),
-their CPU µs per answered request, and the
+generator's connections to one worker, and such a run measures one worker;
+``worker_conns``: the connections each holds one second into the window), their
+CPU µs per answered request, their context switches per answered request
+(``serve_wakeups_per_req``: voluntary, the event loop went idle and was woken;
+``serve_preempted_per_req``: involuntary, another process took the core), and the
 ceiling ``cpus x serve / (serve + rest)`` that everything else on the
 machine puts on ``xN / x1`` (see :func:`_cpu_per_request`).
 
@@ -78,7 +81,8 @@ from typing import Any
 import yaml
 
 from bench import loadgen
-from bench.harness import loadavg_text, start_demo_stack, write_json_and_markdown
+from bench.harness import start_demo_stack, write_json_and_markdown
+from bench.workers_peak_md import markdown as _markdown
 from bench.overhead import _Cpu
 from sim.click_options import ClickOptions
 from sim.demo import ClusterSpec, DemoPaths
@@ -126,6 +130,36 @@ class _TreeCpu(_Cpu):
     def serve_seconds(self) -> float:
         return sum(self.per_serve().values())
 
+    def switches(self) -> tuple[int, int]:
+        """Context switches of the gateway processes (voluntary: the process blocked, i.e. its event
+        loop went idle and was woken; involuntary: preempted by another runnable process)."""
+        import psutil
+
+        v = i = 0
+        for p in [self.proc, *self.proc.children(recursive=True)]:
+            try:
+                if "gateway.cli" in " ".join(p.cmdline()):
+                    c = p.num_ctx_switches()
+                    v, i = v + c.voluntary, i + c.involuntary
+            except psutil.Error:
+                pass
+        return v, i
+
+    def conns(self, port: int) -> list[int]:
+        """Client connections each gateway process holds on ``port`` now (busiest first; the kernel's
+        ``SO_REUSEPORT`` hash of each connection picks its worker), processes holding none left out."""
+        import psutil
+
+        out = []
+        for p in [self.proc, *self.proc.children(recursive=True)]:
+            try:
+                if "gateway.cli" in " ".join(p.cmdline()):
+                    out.append(sum(1 for c in p.net_connections("tcp")
+                                   if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED))
+            except psutil.Error:
+                pass
+        return sorted((n for n in out if n), reverse=True)
+
     def per_serve(self) -> dict[int, float]:
         """CPU seconds of each gateway process (pid -> seconds): the parent of ``--workers`` idles, so
         the split shows how the kernel spread the load generator's connections over the workers."""
@@ -150,17 +184,24 @@ async def _measure(generator: str, url: str, headers: Any, clients: int, seconds
     await loadgen.peak(generator, url, headers, clients, 1.0, bodies)  # warm-up: connections, pools, caches
     r_before = redis.sample() if redis is not None else None
     g0, s0, r0, t0 = gateway.seconds(), gateway.serve_seconds(), replicas.seconds(), time.monotonic()
-    w0 = gateway.per_serve()
-    res = await loadgen.peak(generator, url, headers, clients, seconds, bodies)
+    w0, x0 = gateway.per_serve(), gateway.switches()
+    run = asyncio.ensure_future(loadgen.peak(generator, url, headers, clients, seconds, bodies))
+    await asyncio.sleep(min(1.0, seconds / 2))  # mid-window: the load generator's connections are open
+    conns = await asyncio.to_thread(gateway.conns, int(url.split(":")[2].split("/")[0]))
+    res = await run
     wall = time.monotonic() - t0
-    w1 = gateway.per_serve()
+    w1, x1 = gateway.per_serve(), gateway.switches()
     out = {**{k: v for k, v in res.items() if k != "wrk"}, "gateway_cores": round((gateway.seconds() - g0) / wall, 3),
            "serve_cores": round((gateway.serve_seconds() - s0) / wall, 3),
            "replica_cores": round((replicas.seconds() - r0) / wall, 3),
            # each gateway process's cores, busiest first (the --workers parent's ~0 dropped)
            "worker_cores": sorted((round((w1[k] - w0.get(k, 0.0)) / wall, 3) for k in w1
-                                   if (w1[k] - w0.get(k, 0.0)) / wall >= 0.02), reverse=True)}
+                                   if (w1[k] - w0.get(k, 0.0)) / wall >= 0.02), reverse=True),
+           "worker_conns": conns}
     out["serve_us_per_req"] = round(out["serve_cores"] * wall * 1e6 / max(1, int(res["ok"])), 1)
+    # session 10: serve processes' wakeups (voluntary switches) and preemptions per answered request
+    out["serve_wakeups_per_req"], out["serve_preempted_per_req"] = (
+        round((b - a) / max(1, int(res["ok"])), 3) for a, b in zip(x0, x1))
     if redis is not None and r_before is not None:
         out |= _RedisStats.per_request(r_before, redis.sample(), int(res["ok"]) + int(res["errors"]), wall)
     return out
@@ -255,7 +296,9 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
                              f"{x['redis_reads_per_req']} reads/req" if "redis_cores" in x else "")
                     print(f"round {r + 1} {name:15s} {g:6s} {x['rps']:.0f} req/s, load generator {x['loadgen_cores']} "
                           f"cores, gateway {x['gateway_cores']} (serve {x['serve_cores']}, "
-                          f"{x['serve_us_per_req']} µs/req; per process {x['worker_cores']}), "
+                          f"{x['serve_us_per_req']} µs/req, {x['serve_wakeups_per_req']} wakeups and "
+                          f"{x['serve_preempted_per_req']} preemptions/req; per process {x['worker_cores']}, "
+                          f"connections {x['worker_conns']}), "
                           f"replicas {x['replica_cores']}{extra}, "
                           f"errors {x['errors']}", flush=True)
     finally:
@@ -270,7 +313,8 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
         return round(statistics.median(vals), 3) if vals else None
 
     keys = ("rps", "loadgen_cores", "gateway_cores", "serve_cores", "serve_us_per_req", "replica_cores",
-            "redis_cores", "redis_cmds_per_req", "redis_reads_per_req")
+            "redis_cores", "redis_cmds_per_req", "redis_reads_per_req", "serve_wakeups_per_req",
+            "serve_preempted_per_req")
     summary = {g: {name: {k: med(xs, k) for k in keys}
                    | {"errors": sum(x["errors"] for x in xs)} for name, xs in per.items()} for g, per in runs.items()}
     ratios: dict[str, dict[str, float]] = {}
@@ -311,45 +355,6 @@ def _cpu_per_request(summary: dict[str, dict[str, dict[str, Any]]]) -> dict[str,
                 row["ceiling_xN_over_x1"] = round(cpus * serve / (serve + rest), 2)
             out.setdefault(g, {})[name] = row
     return out
-
-
-def _markdown(r: dict[str, Any]) -> str:
-    def f(x: float | None) -> str:
-        return "-" if x is None else f"{x:.2f}"
-
-    rows = "\n".join(f"| {name} | {g} | {s['rps']:.1f} | {', '.join(str(x['rps']) for x in r['runs'][g][name])} | "
-                     f"{f(s['loadgen_cores'])} | {f(s['gateway_cores'])} ({f(s['serve_cores'])}) | "
-                     f"{s['serve_us_per_req']:.0f} | {f(s['replica_cores'])} | "
-                     f"{f(s['redis_cores'])} | {f(s['redis_cmds_per_req'])} | {f(s['redis_reads_per_req'])} | "
-                     f"{s['errors']} |"
-                     for g, per in r["summary"].items() for name, s in per.items())
-    ratios = "; ".join(f"{g}: {k} {v:.2f}" for g, per in r["ratios"].items() for k, v in per.items())
-    base = f"\n@base: the Redis targets run from {r['baseline']}.\n" if r.get("baseline") else ""
-    return (f"# serve --workers: peak rate (bench/workers_peak.py)\n\n"
-            f"{r['label']}\n\n"
-            f"{r['clients']} closed-loop clients (wrk: connections) x {r['seconds']} s per target and load generator, "
-            f"{r['rounds']} interleaved rounds; load generator, replicas and Redis on the same {r['cpus']}-CPU machine "
-            f"as the gateway (load average after the run {loadavg_text(r['loadavg'])}). Cores = CPU seconds / wall "
-            f"seconds over the measured window (1.00 = one whole core); redis cmds and reads per request from "
-            f"INFO commandstats / total_reads_processed (module doc). Replica fixture: rows without a suffix "
-            f"stand in front of the simulated replicas (sim.cluster), rows named [lean] in front of "
-            f"bench/lean_replica.py (same OpenAI shapes, no cache model; less CPU taken from the gateway's "
-            f"cores); the gateway and its configuration are the same.\n{base}\n"
-            f"| target | load generator | median req/s | runs | load gen cores | gateway cores (serve processes) | "
-            f"serve µs/req | replica cores | redis cores | redis cmds/req | redis reads/req | errors |\n"
-            f"|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n{rows}\n\n"
-            f"median req/s ratios: {ratios}\n\n"
-            f"cores of each serve process per run (busiest first; the kernel hands each new connection to "
-            f"one worker, so a skewed split caps xN): "
-            + "; ".join(f"{g} {name}: " + " | ".join(str(x.get("worker_cores", "-")) for x in xs)
-                        for g, per in r["runs"].items() for name, xs in per.items() if " x1" not in name)
-            + "\n\n"
-            f"CPU per answered request (µs; serve processes / rest = audit worker, replicas, redis-server, load "
-            f"generator) and, for one process, the ceiling on xN / x1 on {r['cpus']} CPUs if N processes paid the "
-            f"same per request (cpus x serve / (serve + rest)):\n\n"
-            + "\n".join(f"- {g} {name}: serve {c['serve_us']}, rest {c['rest_us']}, total {c['total_us']}"
-                        + (f"; ceiling {c['ceiling_xN_over_x1']}" if "ceiling_xN_over_x1" in c else "")
-                        for g, per in r.get("cpu_per_request", {}).items() for name, c in per.items()) + "\n")
 
 
 def main() -> None:

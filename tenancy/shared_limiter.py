@@ -95,8 +95,11 @@ class RedisTenantLimiter:
         burst = (tenant.rate_burst or max(1.0, rate)) if rate is not None else None
         need = -1.0 if (burst is not None and 1 > burst) else 1.0
         maxc = -1 if tenant.max_concurrency is None or not slot else tenant.max_concurrency
+        keys = [self._s.key(tenant.id, "conc"), self._s.key(tenant.id, "req")]
+        if tenant.prompt_tokens_per_s is not None:  # the early check reads it (shared_room); else no HMGET
+            keys.append(self._s.key(tenant.id, "led:ptok"))
         reply = await self._s.admit(
-            keys=[self._s.key(tenant.id, "conc"), self._s.key(tenant.id, "req"), self._s.key(tenant.id, "led:ptok")],
+            keys=keys,
             args=[_arg(now), maxc, _arg(rate), _arg(burst), "1", _arg(need), "1", self._s.lease_ttl_ms,
                   *lease.members()])
         self._raise(reply, "tenant_request_rate")

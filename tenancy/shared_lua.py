@@ -74,8 +74,10 @@ local function wait_reply(reason, wait)
 end
 """
 
-# KEYS: conc zset, request bucket[, ledger prompt-token bucket]. ARGV: now|'', max_conc (-1: none), rate|'' ,
-# burst, n, need, drop_unlimited (1: delete the bucket when rate is ''), lease_ttl_ms, member...
+# KEYS: conc zset, request bucket[, ledger prompt-token bucket (session 10: passed only for a tenant with a
+# prompt-token rate: tenancy/prompt_room.py shared_room ignores it otherwise)].
+# ARGV: now|'', max_conc (-1: none), rate|'', burst, n, need, drop_unlimited (1: delete the bucket when rate
+# is ''), lease_ttl_ms, member...
 # Admitted with a third key that exists: {'ok', '0', level refilled to now (not stored), rate, burst} of that
 # bucket, read in the same round trip for the early prompt-token check (tenancy/prompt_room.py shared_room).
 # Session 8: with no member to add and no count to check (a request admitted without its slot, flow
@@ -170,7 +172,8 @@ return num(level)
 # KEYS: prompt bucket, output bucket, totals, tenants set.
 # ARGV: now|'', prate|'', pburst, p, orate|'', oburst, o, tenant id
 _LUA_RESERVE = _LUA_LIB + r"""
-local now = server_now()
+-- session 10: the server clock only when a limited bucket needs it (no TIME for unlimited tokens)
+local now = nil
 if ARGV[1] ~= '' then now = tonumber(ARGV[1]) end
 redis.call('SADD', KEYS[4], ARGV[8])
 local specs = {{KEYS[1], ARGV[2], ARGV[3], ARGV[4], 'tenant_prompt_tokens'},
@@ -183,6 +186,7 @@ for i, s in ipairs(specs) do
     unlimited[#unlimited + 1] = s[1]
   else
     local rate, burst, n = tonumber(s[2]), tonumber(s[3]), tonumber(s[4])
+    if now == nil then now = server_now() end
     local level, updated = load(s[1], rate, burst, now)
     store(s[1], level, updated, rate, burst)
     levels[i] = {level, updated, rate, burst, n}
@@ -229,8 +233,8 @@ local function adjust(kp, ko, kt, a, now)
     if deltas[2] ~= 0 then redis.call('HINCRBY', kt, 'refunded_output', -deltas[2]) end
     return 1
   end
-  local open = tonumber(redis.call('HGET', kt, 'open') or '0')
-  redis.call('HSET', kt, 'open', math.max(0, open - 1))
+  -- open = max(0, open - 1) in one call (session 10; was HGET + HSET): HSET only below 0
+  if redis.call('HINCRBY', kt, 'open', -1) < 0 then redis.call('HSET', kt, 'open', 0) end
   -- a zero increment is not written: an absent field reads as 0 (RedisLedger.totals)
   local fields = {'charged_prompt', 'charged_output', 'refunded_prompt', 'refunded_output'}
   for k = 1, 4 do
