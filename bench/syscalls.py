@@ -14,7 +14,6 @@ shared machine. Needs ``strace`` (``apt-get install strace``) and ptrace permiss
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import re
@@ -57,7 +56,7 @@ async def _count(pid: int, url: str, headers: dict[str, str], n: int, bodies: An
     return parse_strace_summary(out.read_text())
 
 
-async def run(args: argparse.Namespace) -> dict[str, dict[str, int]]:
+async def run(args: Any) -> dict[str, dict[str, int]]:
     """Start the targets, count their system calls; {target: {syscall: calls}}."""
     from bench.harness import start_demo_stack
     from bench.loadgen import _Body
@@ -99,12 +98,14 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: print a table of system calls per request (calls / ``--requests``)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--requests", type=int, default=300)
-    ap.add_argument("--targets", default="prefixgate,passthrough")
-    ap.add_argument("--baseline", default=None)
-    ap.add_argument("--stream", action="store_true")
-    args = ap.parse_args(argv)
+    from sim.click_options import ClickOptions
+
+    ap = ClickOptions(prog="python -m bench.syscalls", description=__doc__.splitlines()[0])
+    ap.option("--requests", type=int, default=300, help="sequential requests traced per target")
+    ap.option("--targets", default="prefixgate,passthrough", help="comma-separated: prefixgate, passthrough, baseline")
+    ap.option("--baseline", default=None, help="source tree of target 'baseline' (e.g. a copy of main)")
+    ap.option("--stream", is_flag=True, help="SSE answers instead of plain JSON")
+    args = ap.parse(argv)
     if shutil.which("strace") is None:
         print("strace not installed", file=sys.stderr)
         return 2
