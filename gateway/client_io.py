@@ -31,10 +31,14 @@ class ConnectionLoss:
     work runs, instead of a timer and a watcher task reading ``receive``. Use from the event
     loop's thread only."""
 
-    __slots__ = ("lost", "_callbacks", "abort")
+    __slots__ = ("lost", "_callbacks", "abort", "loop")
 
     def __init__(self) -> None:
         self.lost = False
+        #: the connection's event loop, noted at its first use by :func:`unless_client_leaves` (session 10:
+        #: ``asyncio.current_task()`` without a loop looks the running loop up, a ``getpid`` system call on
+        #: CPython 3.11; with it, a dict lookup)
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._callbacks: set[Callable[[], None]] = set()
         #: aborts the connection (set by the guarded listener; gateway/write_stall.py uses it)
         self.abort: Callable[[], None] | None = None
@@ -108,7 +112,7 @@ class EndingStreamingResponse(StreamingResponse):
     async def _stream_until_disconnect(self, receive: Receive, send: Send, loss: ConnectionLoss | None) -> None:
         """``stream_response(send)`` in this task, cancelled if the client disconnects first: told by
         ``loss`` (the guarded listener's, not yet fired: no task) or else by a watcher reading ``receive``."""
-        task = asyncio.current_task()
+        task = _current_task(loss)
         assert task is not None
         gone = False
 
@@ -169,12 +173,12 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
     ``connection_lost`` cancels the calling task at once (a callback registered while ``work``
     runs); a connection already lost takes the timer/watcher path (``receive`` reports it).
     """
-    task = asyncio.current_task()
+    scope = getattr(request, "scope", None)
+    loss = scope.get(LOSS_KEY) if scope is not None else None
+    task = _current_task(loss)
     if task is None:  # not in a task: nothing to cancel
         return await work
     gone = False
-    scope = getattr(request, "scope", None)
-    loss = scope.get(LOSS_KEY) if scope is not None else None
     if loss is not None and not loss.lost:  # the guarded listener tells us: no timer, no task
 
         def on_lost() -> None:  # runs only while the caller is suspended in ``work``
@@ -206,6 +210,17 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
         starting.cancel()
         if watcher is not None:
             watcher.cancel()
+
+
+def _current_task(loss: ConnectionLoss | None) -> asyncio.Task[Any] | None:
+    """``asyncio.current_task()``; with ``loss``, on the connection's loop noted there (looked up once per
+    connection: on CPython 3.11 each running-loop lookup is a ``getpid`` system call; session 10)."""
+    if loss is None:
+        return asyncio.current_task()
+    loop = loss.loop
+    if loop is None:
+        loop = loss.loop = asyncio.get_running_loop()
+    return asyncio.current_task(loop)
 
 
 async def _cancelled_means_gone(task: asyncio.Task[Any], work: Awaitable[T], gone: Callable[[], bool]) -> T:

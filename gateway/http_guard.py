@@ -112,6 +112,12 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard,
         if self.guard_body_unfinished():
             self.guard_framing_too_large()
 
+    def on_response_complete(self) -> None:
+        """uvicorn hook: the answer is complete; its last write leaves now (:func:`flush_answer`), then
+        uvicorn's handling (a deferred refusal, the keep-alive timer)."""
+        flush_answer(self.transport)
+        super().on_response_complete()
+
     def on_headers_complete(self) -> None:
         """httptools parser callback: the head is complete (then uvicorn's handling)."""
         self.guard_head_done()
@@ -165,7 +171,9 @@ class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard, HeadG
         return self.conn.their_state is h11.SEND_BODY or self.guard_head_refused
 
     def on_response_complete(self) -> None:
-        """uvicorn hook: the response is sent; h11 may start the next cycle on buffered bytes."""
+        """uvicorn hook: the response is sent (its last write leaves now: :func:`flush_answer`); h11 may
+        start the next cycle on buffered bytes."""
+        flush_answer(self.transport)
         before = self.cycle
         super().on_response_complete()
         self.guard_sync(before)
@@ -188,6 +196,20 @@ class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard, HeadG
                 self.guard_refuse_too_large()
         elif not idle and self.guard_waiting:
             self.guard_head_done()
+
+
+def flush_answer(transport: Any) -> None:
+    """Write what the connection's transport holds back (gateway/coalesce.py) now that an answer is complete.
+
+    Session 10 (issue 14): the coalescing transport holds a lone write until the end of the loop step.
+    A streamed answer's last write (the chunk terminator ``0\r\n\r\n``, after its last part) then
+    waited for one more loop round (an ``epoll_pwait`` and every callback queued meanwhile) before the
+    client could see the answer end (strace, ``python -m bench.syscalls --stream``). Nothing follows a
+    complete answer in its step, so it leaves at once; a plain answer's head and body already left as one
+    write. ``transport`` None (connection lost) or without ``flush``: nothing."""
+    flush = getattr(transport, "flush", None)
+    if flush is not None:
+        flush()
 
 
 _BASES: dict[str, type] = {"h11": GuardedH11Protocol, "httptools": GuardedHttpToolsProtocol}

@@ -197,5 +197,12 @@ class LingeringTransport:
         for data in list_of_data:
             self.write(data)
 
+    def flush(self) -> None:
+        """Write now what the wrapped transport holds back (its ``flush``, gateway/coalesce.py; nothing when
+        it has none). Called when an answer is complete (gateway/http_guard.py, session 10)."""
+        flush = getattr(self._transport, "flush", None)
+        if flush is not None:
+            flush()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)

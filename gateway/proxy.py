@@ -270,7 +270,7 @@ async def open_upstream(
     resp: UpstreamResponse | None = None
     try:
         # the budget: one timer per pool for every call's deadline, not an asyncio.timeout per call (session 8)
-        deadline = asyncio.get_running_loop().time() + first_byte_timeout_s
+        deadline = session.time() + first_byte_timeout_s  # the pool's loop clock, no loop lookup (session 10)
         SEND_ORDER.sending()  # counted for gateway/send_order.py (the body is written at once, no task)
         resp = await session.request("POST", url, orjson.dumps(body), {**headers, **_JSON_TYPE}, deadline=deadline)
         encoding = resp.headers.get("content-encoding")

@@ -27,7 +27,7 @@ class ReadDeadline:
     cancellation.
     """
 
-    __slots__ = ("timeout_s", "_loop", "_task", "_start", "_reading", "_handle", "_expired")
+    __slots__ = ("timeout_s", "_loop", "_task", "_start", "_reading", "_handle", "_expired", "_armed_at")
 
     def __init__(self, timeout_s: float) -> None:
         if not timeout_s > 0:
@@ -38,6 +38,7 @@ class ReadDeadline:
         self._start = 0.0
         self._reading = False
         self._handle: asyncio.TimerHandle | None = None
+        self._armed_at = 0.0  # loop time the timer is set for (when ``_handle`` is not None)
         self._expired = False
 
     async def read(self, work: Awaitable[T]) -> T:
@@ -45,14 +46,19 @@ class ReadDeadline:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
+        task = asyncio.current_task(loop)  # the loop given: no running-loop lookup (a getpid on 3.11; session 10)
         if task is None:
             raise RuntimeError("ReadDeadline.read must run in a task")
         self._task = task
-        self._start = loop.time()
+        start = self._start = loop.time()
         self._reading = True
-        if self._handle is None:
-            self._handle = loop.call_at(self._start + self.timeout_s, self._fire)
+        due = start + self.timeout_s
+        handle = self._handle
+        if handle is None or due < self._armed_at:  # none yet, or this read's bound (timeout_s lowered) comes first
+            if handle is not None:
+                handle.cancel()
+            self._armed_at = due
+            self._handle = loop.call_at(due, self._fire)
         try:
             result = await work
         except asyncio.CancelledError:
@@ -75,6 +81,7 @@ class ReadDeadline:
             return  # between reads: the next read arms a timer again
         due = self._start + self.timeout_s
         if self._loop is not None and self._loop.time() < due:
+            self._armed_at = due
             self._handle = self._loop.call_at(due, self._fire)  # a later read: its own bound
             return
         self._expired = True

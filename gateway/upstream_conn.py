@@ -90,8 +90,11 @@ class UpstreamConnection(asyncio.Protocol):
     """
 
     def __init__(self, on_idle: Callable[[UpstreamConnection], None],
-                 on_closed: Callable[[UpstreamConnection], None]) -> None:
+                 on_closed: Callable[[UpstreamConnection], None],
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._on_idle, self._on_closed = on_idle, on_closed
+        #: the event loop it runs on (given by the pool, else noted in ``connection_made``)
+        self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reused = False
@@ -128,7 +131,7 @@ class UpstreamConnection(asyncio.Protocol):
             raise RuntimeError("upstream connection not idle")
         self._reset_message()
         self._expect_id = request_id
-        resp = self._resp = UpstreamResponse(self)
+        resp = self._resp = UpstreamResponse(self, self.loop)
         self._parser = httptools.HttpResponseParser(self)
         self.transport.write(data)
         return resp
@@ -165,6 +168,8 @@ class UpstreamConnection(asyncio.Protocol):
     # ----------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
         self.transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport is not a subclass
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
         sock = transport.get_extra_info("socket")
         fd = sock.fileno() if sock is not None else -1
         if fd >= 0:

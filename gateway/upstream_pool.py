@@ -105,6 +105,9 @@ class UpstreamPool:
         self._sweep_timer: asyncio.TimerHandle | None = None
         self._deadlines = DeadlineWatch()
         self._prefixes: dict[tuple[str, str], bytes] = {}
+        # the loop of the open connections (None while none is open): on CPython 3.11 every
+        # asyncio.get_running_loop() is a getpid system call; a warm request makes none (session 10)
+        self._loop: asyncio.AbstractEventLoop | None = None
         # header names the general head path must see: a default's, or one the pool writes itself
         self._own_names = frozenset(self._defaults) | {"host", "content-length", "transfer-encoding"}
 
@@ -122,6 +125,11 @@ class UpstreamPool:
     def deadlines_pending(self) -> int:
         """Calls whose deadline is still watched (0 once every call got its first byte or ended)."""
         return self._deadlines.pending
+
+    def time(self) -> float:
+        """The event loop's clock (seconds; the time base of ``deadline``): the loop of the pool's open
+        connections, else the running loop's. Call from within the running loop."""
+        return (self._loop or asyncio.get_running_loop()).time()
 
     def head(self, method: str, url: str, headers: Mapping[str, str], body_len: int) -> bytes:
         """The request head (bytes) for ``method`` ``url`` with ``headers`` and a body of ``body_len`` bytes.
@@ -196,7 +204,7 @@ class UpstreamPool:
         data = self.head(method, url, headers, len(body)) + body
         rid = headers.get("X-Request-Id") or headers.get("x-request-id")
         origin = _origin(url)
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         fresh = False
         while True:
             conn = None if fresh else self._take_idle(origin, loop)
@@ -225,6 +233,7 @@ class UpstreamPool:
     async def close(self) -> None:
         """Close every connection; later requests raise RuntimeError."""
         self.closed = True
+        self._loop = None
         self._deadlines.close()
         if self._sweep_timer is not None:
             self._sweep_timer.cancel()
@@ -297,7 +306,7 @@ class UpstreamPool:
                 ctx = self._ssl = self._ssl or ssl.create_default_context()
             async with asyncio.timeout(self.connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: UpstreamConnection(lambda c: self._idled(c, origin), self._closed),
+                    lambda: UpstreamConnection(lambda c: self._idled(c, origin), self._closed, loop),
                     origin.host, origin.port, ssl=ctx, server_hostname=origin.host if ctx else None)
         except OSError as exc:
             self._release_slot()
@@ -307,6 +316,7 @@ class UpstreamPool:
             raise
         conn.counted = True
         self._conns.add(conn)
+        self._loop = loop
         if self.closed:
             conn.abort()
             raise RuntimeError("the upstream pool is closed")
@@ -316,7 +326,7 @@ class UpstreamPool:
         if self.closed:
             conn.abort()
             return
-        loop = asyncio.get_running_loop()
+        loop = conn.loop or asyncio.get_running_loop()
         conn.idle_since = loop.time()
         q = self._idle.get(origin.key)
         if q is None:
@@ -347,6 +357,8 @@ class UpstreamPool:
 
     def _release_slot(self) -> None:
         self._open -= 1
+        if self._open == 0:
+            self._loop = None  # no connection left: the next request looks its loop up again
         self._wake_one()
 
     def _wake_one(self) -> None:

@@ -46,14 +46,19 @@ async def test_a_held_write_leaves_with_the_next_one_or_at_the_end_of_the_step()
     t = CoalescingTransport(raw, asyncio.get_running_loop())  # type: ignore[arg-type]
     t.write(b"HTTP/1.1 200 OK\r\n\r\n")
     assert raw.writes == [] and t.get_write_buffer_size() == 7 + 19  # held
-    t.write(bytearray(b"ab"))  # the next write: both leave now, as one
+    t.write(bytearray(b"ab"))  # session 10: held too, until the answer is complete or the step ends
+    assert raw.writes == [] and t.get_write_buffer_size() == 7 + 21
+    t.flush()  # the answer is complete (gateway/http_guard.py): both leave now, as one
     assert raw.writes == [b"HTTP/1.1 200 OK\r\n\r\nab"]
     t.writelines([b"cd"])
     assert len(raw.writes) == 1
-    await _step()  # nothing followed in this step: it leaves alone
+    await _step()  # nothing else in this step: it leaves alone, at the end of the step
     assert raw.writes == [b"HTTP/1.1 200 OK\r\n\r\nab", b"cd"]
     await _step()
     assert len(raw.writes) == 2
+    from gateway.coalesce import FLUSH_AT
+    t.write(b"x" * FLUSH_AT)  # as much as uvicorn's high-water mark: out at once
+    assert raw.writes[-1] == b"x" * FLUSH_AT and t.get_write_buffer_size() == 7
     assert t.get_extra_info("peername") == ("127.0.0.1", 1)  # delegated
 
 
