@@ -178,11 +178,15 @@ class SpanPoster:
 
     async def _run(self) -> None:
         while True:
-            if self._queued < self.max_batch and not self._closing:
-                with contextlib.suppress(asyncio.TimeoutError):
+            due = self._closing
+            if self._queued < self.max_batch and not due:
+                try:
                     await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
+                except asyncio.TimeoutError:
+                    due = True
             self._wake.clear()
-            while self._queue:  # full batches, then the rest (its interval is over, or closing)
+            # full batches; a partial one only when its interval is over or at close
+            while self._queue and (self._queued >= self.max_batch or due or self._closing):
                 batch, n = self._take()
                 self._in_flight = n
                 try:
