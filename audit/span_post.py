@@ -15,7 +15,8 @@ the spans itself, on its own event loop, with aiohttp (as the OTLP log sink, :mo
   the same bytes as the child built), one POST.
 * The POST follows the OTLP/HTTP specification as :class:`audit.otlp_traces.OtlpHttpSender` does
   (same settings: :class:`audit.otlp_traces.OtlpHttpSettings`, endpoint, headers, timeout,
-  compression, TLS files from the arguments or ``OTEL_EXPORTER_OTLP_*``): 429/502/503/504 and
+  compression, TLS files from the arguments or ``OTEL_EXPORTER_OTLP_*``; proxy variables honoured as
+  ``requests`` did): 429/502/503/504 and
   connection failures retried with a doubling, jittered :class:`audit.backoff.Backoff` (or the
   answer's ``Retry-After`` seconds) within the export timeout; any other status, or the timeout
   spent, drops the batch (counted, ``export_failed``); ``partial_success.rejected_spans`` are
@@ -234,7 +235,8 @@ class SpanPoster:
     async def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=ssl_context(self.settings), limit=2)
-            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
+            # trust_env: HTTP(S)_PROXY / NO_PROXY and .netrc, as the exporter child's requests session had them
+            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers, trust_env=True)
         return self._session
 
     async def _post(self, body: bytes, sent: int) -> bool:
