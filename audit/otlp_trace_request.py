@@ -275,8 +275,8 @@ class OtlpRequestEncoder:
     def encode(self, records: Sequence[Sequence[Any]]) -> tuple[bytes, int]:
         """Serialised request for ``records``. Returns ``(body, n_bad)``: a
         record that cannot be encoded is left out and counted (a bytes record,
-        :data:`audit.span_request.BYTES_MARK`, as its spans: its bytes are added as
-        they are); the body is empty when no record could be encoded."""
+        :data:`audit.span_request.BYTES_MARK`, as its spans: its bytes, base64 text from the pipe or
+        ``bytes`` in the audit worker, are added as they are); the body is empty when no record could be encoded."""
         scopes: dict[tuple | None, list[bytes]] = {}
         bad = 0
         good = False
@@ -286,7 +286,8 @@ class OtlpRequestEncoder:
                     _, _n, s_name, s_version, s_schema, data = f
                     key = (s_name, s_version, s_schema or "") if s_name is not None else None
                     self._scope_head(key)
-                    raw = binascii.a2b_base64(data, strict_mode=True)
+                    # bytes as they are from the audit worker's own sender (audit.span_post), base64 over the pipe
+                    raw = data if type(data) is bytes else binascii.a2b_base64(data, strict_mode=True)
                 except (binascii.Error, TypeError, ValueError, AttributeError):
                     bad += span_count(f)
                     continue

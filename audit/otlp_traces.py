@@ -56,8 +56,11 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "MAX_REQUEST_BYTES",
     "RETRYABLE_STATUSES",
+    "RETRY_BACKOFF_S",
     "OtlpHttpSender",
     "OtlpHttpSettings",
+    "loggable_url",
+    "retry_after_s",
 ]
 
 
@@ -237,7 +240,7 @@ class OtlpHttpSender:
                 self._note_failure(status, False, f"OTLP span export to {self._log_url} failed: {reason} "
                                                   "(not retryable per the OTLP spec; batch dropped)")
                 return False
-            delay = _retry_after_s(retry_after)
+            delay = retry_after_s(retry_after)
             if delay is None:
                 delay = backoff.next() * random.uniform(0.8, 1.2)
             if delay > deadline - time.monotonic() or self._stop.is_set():
@@ -279,7 +282,7 @@ class OtlpHttpSender:
         self._session.close()
 
 
-def _retry_after_s(value: str | None) -> float | None:
+def retry_after_s(value: str | None) -> float | None:
     """A ``Retry-After`` in delta seconds (RFC 9110 10.2.3), or None (absent, a date, malformed)."""
     if value is None:
         return None

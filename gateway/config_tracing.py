@@ -14,8 +14,10 @@ class TracingConfig(ConfigSection):
 
     exporter: Literal["none", "console", "otlp", "memory"] = "none"
     otlp_endpoint: str | None = None
-    #: Encode and export spans in a child process (``audit.span_exporter_proc``)
-    #: instead of a thread of the gateway process (otlp and console only).
+    #: Encode and export spans off the gateway process instead of in a thread of it (otlp and console
+    #: only): with the audit worker process, the worker builds them from the request rows and, for otlp,
+    #: POSTs them itself (``audit.span_post``, session 10); otherwise in a child process
+    #: (``audit.span_exporter_proc``).
     offload: bool = True
     #: Fraction of requests traced (0..1; audit events are never sampled).
     sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
