@@ -30,10 +30,11 @@ from gateway.identity import WorkloadIdentity
 from gateway.pep import DecisionPoint
 from gateway.record import refusal_record
 from gateway.replicas import ReplicaSet
+from gateway.salt_pools import salt_pool_error
 from routing.index import PrefixIndex
 from routing.router import Router
 from tenancy.keys import KeyRing, load_master_secret
-from tenancy.registry import TenantRegistry
+from tenancy.registry import TenantConfigError, TenantRegistry
 
 __all__ = ["Admin", "record_refusal", "OPERATOR_SCOPE_KEY"]
 
@@ -157,8 +158,17 @@ class Admin:
     def apply_registry(self, tenants: list[dict[str, Any]], operators: list[str]) -> TenantRegistry:
         """Serve these tenants and operators (a reload here or on another instance); clears every decision.
 
-        Raises :class:`tenancy.registry.TenantConfigError` (the registry in force stays).
+        The new tenants are checked against the live replica set first with the start-up's
+        salt-pool rule (:func:`gateway.salt_pools.salt_pool_error`, R10-1): a salt-less replica
+        may serve only one tenant's pool.
+
+        Raises :class:`tenancy.registry.TenantConfigError` (the registry in force stays): an
+        invalid tenant list, or one that breaks the salt-pool rule (the reload answers 400).
         """
+        fresh = TenantRegistry.from_config(tenants, operators=operators)  # validates; the one in force stays
+        error = salt_pool_error(self.replica_set.all(), fresh.tenants())
+        if error is not None:
+            raise TenantConfigError(f"tenants: {error}")
         registry = self.admission.registry.reload(tenants, operators=operators)
         self.admission.replace_registry(registry)
         self.pdp.clear_cache()  # tenant facts reach the policy through its input: no decision outlives them

@@ -37,6 +37,7 @@ from gateway.prefix_keys import PrefixKeys
 from gateway.readiness import Readiness, configuration_warnings, limit_warnings
 from gateway.recording import Recorder
 from gateway.replicas import Replica, ReplicaSet
+from gateway.salt_pools import salt_pool_error
 from gateway.upstream import Upstream
 from routing.calibration import CalibratingLoadTracker, Calibration
 from routing.config import policy_from_config
@@ -378,13 +379,8 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
 
 
 def _check_salt_pools(config: GatewayConfig, registry: TenantRegistry) -> None:
-    """A replica without ``cache_salt`` may only serve one tenant (ConfigError otherwise)."""
-    for r in config.replicas:
-        if r.cache_salt:
-            continue
-        users = [t.id for t in registry.tenants() if r.pool in t.pools]
-        if len(users) > 1:
-            raise ConfigError(
-                f"replica {r.id} has cache_salt off but its pool {r.pool!r} serves several tenants "
-                f"({', '.join(sorted(users))}); a salt-less replica may only serve one tenant"
-            )
+    """A replica without ``cache_salt`` may only serve one tenant (ConfigError otherwise;
+    :func:`gateway.salt_pools.salt_pool_error`, also run by every registry change, R10-1)."""
+    error = salt_pool_error(config.replicas, registry.tenants())
+    if error is not None:
+        raise ConfigError(error)

@@ -21,8 +21,14 @@ class ServerConfig(ConfigSection):
 
     ``http_parser``: ``httptools`` (default; C, llhttp) or ``h11`` (pure
     Python, slower). Both enforce the same framing rules (gateway/framing.py,
-    tests/hostile/test_i10_http_framing.py); they differ only in how some
-    malformed requests are refused (httptools answers its own 400 and closes).
+    tests/hostile/test_i10_http_framing.py) and the gateway's head guard
+    refuses the same things under both (Upgrade, ``CONNECT``, ``#`` targets,
+    ``Host`` rules, non-standard methods, the field count). They still differ
+    on some malformed or lenient request forms, each served by one parser and
+    refused (400) by the other: absolute-form targets, double spaces, HTTP/0.9
+    request lines, other protocols and versions, a leading CRLF, repeated equal
+    ``Content-Length``, bare-LF chunk lines, bare-LF request heads (h11 serves,
+    httptools refuses); the table is docs/configuration.md, ``server.http_parser``.
 
     ``max_connections_per_source``: per listener, the most open connections
     from one source IP (the socket peer); one more answers a JSON 503

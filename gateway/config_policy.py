@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config_base import ConfigSection
+
+#: the policy input's top-level fields (policy.input.build_policy_input) and one dotted path under them
+_INPUT_ROOTS = frozenset({"version", "identity", "tenant", "request", "candidates", "alerts", "time"})
+_KEY_PATH = re.compile(r"(?:(?:candidates|alerts)\[\]\.)?[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*")
 
 
 class PolicyConfig(ConfigSection):
@@ -30,6 +35,13 @@ class PolicyConfig(ConfigSection):
     path relative to the working directory. ``versions_dir`` (operator
     policy management writes the active set into ``dir``) needs an explicit
     ``dir``: the installed copy is never written to.
+    ``cache_key_fields``: extra dotted input paths the decision cache keys on
+    (``request.prompt_tokens``, ``tenant.labels.team``, ``candidates[].load``).
+    Embedded mode: added to the paths read from the policy's own modules
+    (R10-2, :mod:`policy.input_refs`). Remote mode, where the gateway cannot see
+    the policy: the decision cache is used only when this is set (``[]``: the
+    remote policy reads the shipped policy's fields only); unset, remote
+    decisions are not cached (start-up WARNING).
     """
 
     mode: Literal["embedded", "remote"] = "embedded"
@@ -42,6 +54,7 @@ class PolicyConfig(ConfigSection):
     offload: bool = False
     cache_ttl_s: float = Field(1.0, ge=0)
     cache_max_entries: int = Field(10000, ge=0)
+    cache_key_fields: list[str] | None = None
     allowed_builtins: list[str] = Field(default_factory=list)
     health_interval_s: float = Field(1.0, gt=0, le=60)
 
@@ -60,6 +73,16 @@ class PolicyConfig(ConfigSection):
         from rego import policy_dir
 
         return str(policy_dir())
+
+    @field_validator("cache_key_fields")
+    @classmethod
+    def _check_key_fields(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            for path in value:
+                if not _KEY_PATH.fullmatch(path) or path.split(".", 1)[0].split("[", 1)[0] not in _INPUT_ROOTS:
+                    raise ValueError(f"cache_key_fields: {path!r} is not a dotted input path under one of "
+                                     f"{', '.join(sorted(_INPUT_ROOTS))} (list elements: candidates[].x)")
+        return value
 
     @field_validator("allowed_builtins")
     @classmethod

@@ -9,9 +9,10 @@ configuration gap (:data:`CONFIG_GAP_CODES`), its reason text.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.auditing import AuditHub
@@ -23,7 +24,7 @@ from gateway.pep_key import FactsMemo, candidate_docs
 from gateway.replicas import Replica
 from gateway.request import InferenceRequest
 from policy.decision import Decision, PolicyError
-from policy.cache import CachedDecisionPoint, alerts_key_part, compose_key, head_key_fields
+from policy.cache import DEFAULT_KEY_FIELDS, CachedDecisionPoint, alerts_key_part, compose_key, head_key_fields
 from policy.input import build_policy_input
 from routing.filters import PolicyDecisionFilter
 from routing.load import LoadTracker
@@ -32,7 +33,10 @@ from tenancy.registry import Tenant
 if TYPE_CHECKING:  # imported only with policy.versions_dir (opa_client)
     from policy.store import PolicyStore
 
-__all__ = ["CONFIG_GAP_CODES", "DecisionPoint", "PolicyEnforcementPoint", "build_decision_point", "denial_message"]
+__all__ = ["CONFIG_GAP_CODES", "DecisionPoint", "PolicyEnforcementPoint", "build_decision_point", "denial_message",
+           "follow_policy_key", "key_fields_with"]
+
+log = logging.getLogger("prefixgate.policy")
 
 #: Denials caused by a gap in the tenant's configuration or the policy data
 #: (rego/authz.rego): their reason names what is missing and is shown to the
@@ -149,8 +153,44 @@ def build_decision_point(pc: PolicyConfig, audit: AuditHub) -> DecisionPoint:
             raise ConfigError(f"policy: {exc}") from None
     if pc.cache_ttl_s <= 0 or pc.cache_max_entries == 0:
         return DecisionPoint(inner, inner, start=start, stop=stop, store=store)
+    if pc.mode == "remote" and pc.cache_key_fields is None:  # the gateway cannot read the policy (R10-2)
+        log.warning("policy: remote mode without policy.cache_key_fields: decisions are not cached "
+                    "(set it to the input paths the remote policy reads, [] for the shipped policy's)")
+        return DecisionPoint(inner, inner, start=start, stop=stop, store=store)
     cached = CachedDecisionPoint(inner, DecisionCache(ttl_s=pc.cache_ttl_s, max_entries=pc.cache_max_entries))
+    if pc.mode == "embedded":  # the key follows the policy's modules, now and after every change (R10-2)
+        follow_policy_key(cached, inner, pc.cache_key_fields or ())
+    elif pc.cache_key_fields:
+        cached.cache.rekey(key_fields_with(pc.cache_key_fields))
     return DecisionPoint(cached, inner, start=start, stop=stop, store=store, clear=cached.clear)
+
+
+def key_fields_with(extra: Sequence[str]) -> tuple[str, ...] | None:
+    """:data:`policy.cache.DEFAULT_KEY_FIELDS` plus the ``extra`` paths it does not cover (``None``:
+    ``time``, different at every request: nothing cached)."""
+    from policy.input_refs import policy_key_fields
+
+    return policy_key_fields({}, extra)
+
+
+def follow_policy_key(cached: CachedDecisionPoint, engine: Any, extra: Sequence[str]) -> None:
+    """Key ``cached`` on the input paths ``engine``'s policy set reads plus ``extra``
+    (:func:`policy.input_refs.policy_key_fields`), now and after every policy change (a
+    directory reload, an operator upload, a set adopted from shared state). A policy whose
+    input use cannot be bounded is not cached (logged once per change)."""
+    from policy.input_refs import policy_key_fields
+
+    def rekey() -> None:
+        fields = policy_key_fields(engine.policy_set.policies(), extra)
+        cached.cache.rekey(fields)
+        if fields is None:
+            log.warning("policy: the policy reads the input in a way the decision cache cannot key on "
+                        "(bare input, input[k], time, ...): decisions are not cached")
+        elif fields != DEFAULT_KEY_FIELDS:
+            log.info("policy: the decision cache also keys on %s", ", ".join(fields[len(DEFAULT_KEY_FIELDS):]))
+
+    rekey()
+    engine.add_change_listener(rekey)
 
 
 class PolicyEnforcementPoint:

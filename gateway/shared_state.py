@@ -87,6 +87,7 @@ class SharedState:
         self.policy: SharedDocument | None = None
         self.tenants: SharedDocument | None = None
         self.registry_version = 0
+        self._refused_registry = 0  # the last tenants version this instance refused (counted once)
         self._admin: Admin | None = None
         self._pending: set[asyncio.Task[Any]] = set()
         self._keycheck: asyncio.Task[None] | None = None
@@ -143,7 +144,16 @@ class SharedState:
         async def apply_tenants(version: int, body: Any) -> None:
             if not isinstance(body, dict) or not isinstance(body.get("tenants"), list):
                 raise ValueError("tenants document")
-            admin.apply_registry(body["tenants"], body.get("operators") or [])
+            try:  # invalid here, e.g. against this instance's replicas (salt-pool rule, R10-1): ignored
+                admin.apply_registry(body["tenants"], body.get("operators") or [])
+            except ValueError as exc:  # TenantConfigError: the registry in force stays; counted, logged once
+                if version != self._refused_registry:
+                    self._refused_registry = version
+                    self.metrics.rejected.labels("tenants", "refused").inc()
+                    if self.tenants is not None:
+                        self.tenants.rejected += 1
+                    log.warning("shared state: ignored tenants version %d (%s)", version, exc)
+                raise
             self.registry_version = version
 
         self.tenants = SharedDocument(self.client, self.prefix, "tenants", self._docs_key,

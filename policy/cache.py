@@ -1,9 +1,12 @@
 """Decision cache in front of a decision point.
 
-A cached decision is reused only for inputs that agree on every DECLARED key
-field (:data:`DEFAULT_KEY_FIELDS`). A policy that reads an input field not in
-the key would be served stale answers, so the key list must grow with the
-policy (pass ``key_fields``). Fields of the shipped policy (rego/authz.rego):
+A cached decision is reused only for inputs that agree on every key field. The key
+follows the policy (R10-2): :func:`policy.input_refs.policy_key_fields` reads the
+policy's modules and gives :data:`DEFAULT_KEY_FIELDS` (the shipped policy's fields;
+:func:`fast_key` then computes the key without building the input), those fields plus
+every other input path the policy reads, or ``None`` (the policy's use of the input
+cannot be bounded: nothing is cached, :meth:`DecisionCache.rekey`). Fields of the
+shipped policy (rego/authz.rego):
 
 - ``version``; ``identity.spiffe_id`` (deny-list), ``identity.trust_domain``
 - ``tenant.id``, ``tenant.tier`` (cap), ``tenant.models`` (entitlement),
@@ -12,18 +15,12 @@ policy (pass ``key_fields``). Fields of the shipped policy (rego/authz.rego):
   tenant registry through the input, so a changed or revoked entitlement is
   a different key at once, never a stale hit
 - ``request.endpoint``, ``request.model`` (entitlement)
-- ``candidates[].id|pool|healthy|labels.data_residency`` (pools, residency,
-  concentration fallback)
+- ``candidates[].id|pool|healthy|labels.data_residency`` (pools, residency, concentration)
 - ``alerts[].id|kind|replica_id|tenant_id`` (concentration rule)
 
-Not in the key (the shipped policy never reads them; a property test,
-tests/policy/test_i13_cache_key.py, varies each and shows the decision
-does not change): ``request.max_tokens`` (the policy returns a cap, it
-does not compare the request against it: the gateway clamps; keying on it
-made almost every demo-replay request a miss, since each asks for its own
-output length), ``request.prompt_tokens``, ``request.stream``,
-``request.sequences``, ``candidates[].load``, other candidate labels,
-``time``, ``identity.claims``, ``tenant.labels``.
+Not in the default key (the shipped policy never reads them; tests/policy/test_i13_cache_key.py):
+``request.max_tokens|prompt_tokens|stream|sequences``, ``candidates[].load``, other candidate
+labels, ``time``, ``identity.claims``, ``tenant.labels``.
 
 Entries expire after a hard TTL (seconds) and the whole cache is cleared on
 every policy or data change (:meth:`DecisionCache.clear`, wired through the
@@ -124,12 +121,19 @@ class DecisionCache:
     ) -> None:
         if ttl_s <= 0 or max_entries <= 0:
             raise ValueError("ttl_s and max_entries must be positive")
-        self.key_fields = tuple(key_fields)
+        self.key_fields: tuple[str, ...] | None = tuple(key_fields)
         self._fields = _compile_fields(self.key_fields)
         self._entries: TTLCache[Any, Decision] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=clock)
         self.hits = 0
         self.misses = 0
         self.clears = 0
+
+    def rekey(self, key_fields: Sequence[str] | None) -> None:
+        """Key on ``key_fields`` from now on (``None``: cache nothing) and drop every entry (R10-2).
+        :data:`DEFAULT_KEY_FIELDS` itself keeps the fast key."""
+        self.key_fields = key_fields if key_fields is None or key_fields is DEFAULT_KEY_FIELDS else tuple(key_fields)
+        self._fields = _compile_fields(self.key_fields or ())
+        self.clear()
 
     def key(self, input: dict[str, Any]) -> tuple[Any, ...]:
         """The cache key of an input document (a hashable tuple)."""
@@ -191,6 +195,8 @@ class CachedDecisionPoint:
         Raises:
             PolicyError: from the inner decision point.
         """
+        if self.cache.key_fields is None:  # a policy whose input use is unbounded: never cached (R10-2)
+            return await self.inner.decide(input)
         return await self.decide_keyed(self.cache.key(input), lambda: input)
 
     @property
@@ -212,9 +218,12 @@ class CachedDecisionPoint:
     async def decide_missed(self, key: tuple[Any, ...], build: Callable[[], dict[str, Any]]) -> Decision:
         """:meth:`decide_keyed` after ``self.cache.get(key)`` missed (and counted it): the inner decision on
         ``build()``, then cached. For a caller that looks the hit up itself (gateway/pep.py: on a hit no
-        closure, no coroutine; session 9). Raises as :meth:`decide_keyed`."""
+        closure, no coroutine; session 9). Not stored when the cache was cleared or rekeyed meanwhile
+        (a decision of the replaced policy). Raises as :meth:`decide_keyed`."""
+        clears = self.cache.clears
         decision = await self.inner.decide(build())
-        self.cache.put(key, decision)
+        if clears == self.cache.clears:
+            self.cache.put(key, decision)
         return decision
 
 
@@ -338,13 +347,8 @@ def compose_key(head: tuple[Any, ...], tenant_part: tuple[Any, ...], candidates_
     return (_INPUT_VERSION[0], head[0], head[1], *tenant_part, head[2], head[3], *candidates_part, *alerts_part)
 
 
-def fast_key(
-    identity: Mapping[str, Any],
-    tenant: Mapping[str, Any],
-    request: Mapping[str, Any],
-    candidates: Sequence[Mapping[str, Any]],
-    alerts: Sequence[Mapping[str, Any]],
-) -> tuple[Any, ...] | None:
+def fast_key(identity: Mapping[str, Any], tenant: Mapping[str, Any], request: Mapping[str, Any],
+             candidates: Sequence[Mapping[str, Any]], alerts: Sequence[Mapping[str, Any]]) -> tuple[Any, ...] | None:
     """The :data:`DEFAULT_KEY_FIELDS` key of the document :func:`policy.input.build_policy_input`
     would build from these facts, computed without building it (issue 14).
 
@@ -364,15 +368,9 @@ def fast_key(
     return None if apart is None else compose_key(head, tpart, cpart, apart)  # type: ignore[arg-type]
 
 
-async def decide_from_facts(
-    dp: Any,
-    identity: Mapping[str, Any],
-    tenant: Mapping[str, Any],
-    request: Mapping[str, Any],
-    candidates: Sequence[Mapping[str, Any]],
-    alerts: Sequence[Mapping[str, Any]],
-    now: float,
-) -> Decision:
+async def decide_from_facts(dp: Any, identity: Mapping[str, Any], tenant: Mapping[str, Any],
+                            request: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
+                            alerts: Sequence[Mapping[str, Any]], now: float) -> Decision:
     """Decide from the facts of ``build_policy_input``; on a decision-cache hit, without building
     the input document (issue 14).
 

@@ -114,7 +114,8 @@ def policy_section(pdp_mode: str, opa: OpaThread | None) -> dict[str, Any]:
     """The gateway's ``policy`` config section for ``pdp_mode``."""
     if opa is None:
         return {"mode": "embedded", "dir": str(REGO_DIR)}
-    return {"mode": "remote", "url": opa.url, "timeout_s": REMOTE_TIMEOUT_S}
+    # the remote OPA runs the shipped rego: the operator opts into the decision cache (R10-2)
+    return {"mode": "remote", "url": opa.url, "timeout_s": REMOTE_TIMEOUT_S, "cache_key_fields": []}
 
 
 @pytest.fixture

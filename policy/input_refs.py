@@ -1,0 +1,179 @@
+"""Which input fields a policy reads: the decision cache's key follows the policy (R10-2).
+
+A cached decision is reused for every input that agrees on the cache's key fields
+(:mod:`policy.cache`), so the key must cover every input field the policy can read.
+:func:`policy_key_fields` derives it from the policy's own modules (OPA's JSON AST,
+:func:`policy.rego_calls.parse_module`), conservatively:
+
+- a module identical (same source text) to a module of the shipped policy
+  (rego/authz.rego) reads the fields of :data:`policy.cache.DEFAULT_KEY_FIELDS` only
+  (property test tests/policy/test_i13_cache_key.py); its one rule that hands an input
+  subtree to other modules, ``tenant := input.tenant``, is followed: a reference to
+  ``tenant.x`` (in its package) or ``data.prefixgate.authz.tenant.x`` reads ``tenant.x``;
+- in any other module every reference rooted at ``input`` reads its static path
+  (``input.request.prompt_tokens`` → ``request.prompt_tokens``;
+  ``input.candidates[_].load`` → ``candidates[].load``); the path stops at the first
+  term it cannot classify (``input.request[k]`` → the whole ``request`` subtree);
+- a use it cannot bound is "the whole input": bare ``input`` (``object.get(input, ...)``,
+  ``walk(input)``, ``x := input``), ``input[k]``, ``with input as ...``, a reference to
+  ``data`` or to the shipped package's document as a whole, a redefinition of one of
+  the shipped package's functions (whose arguments are input elements), and ``time``
+  (a different value at every request). Then nothing is cached.
+
+If every path is inside the default key's fields the key is the default one (the
+gateway's fast key path, issue 14); otherwise it is the default key plus those paths.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from policy.cache import DEFAULT_KEY_FIELDS
+from policy.rego_calls import parse_module
+
+__all__ = ["WHOLE_INPUT", "covered", "module_input_paths", "policy_key_fields", "shipped_modules"]
+
+#: what a module reads when its use of the input cannot be bounded
+WHOLE_INPUT = "*"
+#: the shipped policy's package and its rule that exports an input subtree (``tenant := input.tenant``)
+SHIPPED_PACKAGE = ("prefixgate", "authz")
+_ALIASES = {"tenant": ("tenant",)}
+#: functions of the shipped package (their arguments are input elements: a redefinition reads them)
+_SHIPPED_FUNCTIONS = frozenset({"alert_applies", "pool_permitted"})
+#: lists of the input whose elements a ``[_]`` iterates (``candidates[].load``)
+_LISTS = frozenset({"candidates", "alerts"})
+
+_lock = threading.Lock()
+_shipped: list[frozenset[str]] = []
+_memo: dict[tuple[str, str], frozenset[str]] = {}
+
+
+def shipped_modules() -> frozenset[str]:
+    """The source texts of the shipped policy's modules (``rego/*.rego`` without tests), read once."""
+    with _lock:
+        if not _shipped:
+            from policy.loader import load_policy_dir  # noqa: PLC0415
+            from rego import policy_dir  # noqa: PLC0415
+
+            _shipped.append(frozenset(load_policy_dir(policy_dir()).policies().values()))
+        return _shipped[0]
+
+
+def _path(terms: list[Any], start: tuple[str, ...]) -> str:
+    parts = list(start)
+    for t in terms:
+        kind = t.get("type") if isinstance(t, dict) else None
+        if kind == "string":
+            parts.append(str(t.get("value")))
+        elif kind == "var" and len(parts) == 1 and parts[0] in _LISTS:
+            parts[0] += "[]"
+        else:
+            break
+    if not parts:
+        return WHOLE_INPUT
+    return ".".join(parts).removesuffix("[]")  # a whole element: the whole list
+
+
+class _Scan:
+    def __init__(self, in_shipped_package: bool) -> None:
+        self.local = in_shipped_package
+        self.paths: set[str] = set()
+
+    def ref(self, value: list[Any]) -> None:
+        head = value[0] if value and isinstance(value[0], dict) else {}
+        name = head.get("value") if head.get("type") == "var" else None
+        rest = value[1:]
+        if name == "input":
+            self.paths.add(_path(rest, ()))
+        elif name == "data":
+            static = []
+            for t in rest:
+                if not (isinstance(t, dict) and t.get("type") == "string"):
+                    break
+                static.append(str(t.get("value")))
+            n = len(SHIPPED_PACKAGE)
+            if tuple(static[:n]) == SHIPPED_PACKAGE[:len(static[:n])] and len(static) <= n:
+                self.paths.add(WHOLE_INPUT)  # data, data.prefixgate, the package's whole document
+            elif tuple(static[:n]) == SHIPPED_PACKAGE and static[n] in _ALIASES:
+                self.paths.add(_path(rest[n + 1:], _ALIASES[static[n]]))
+        elif self.local and name in _ALIASES:
+            self.paths.add(_path(rest, _ALIASES[name]))
+        self.walk(rest)
+
+    def walk(self, node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                self.walk(item)
+            return
+        if not isinstance(node, dict):
+            return
+        kind = node.get("type")
+        if kind == "ref" and isinstance(node.get("value"), list):
+            self.ref(node["value"])
+            return
+        if kind == "var":
+            name = node.get("value")
+            if name in ("input", "data"):
+                self.paths.add(WHOLE_INPUT)
+            elif self.local and name in _ALIASES:
+                self.paths.add(".".join(_ALIASES[name]))
+            return
+        for key, value in node.items():
+            if key not in ("location", "comments", "annotations"):
+                self.walk(value)
+
+
+def module_input_paths(module_id: str, source: str) -> frozenset[str]:
+    """The input paths one module reads (dotted, ``a[].b`` for list elements; :data:`WHOLE_INPUT`
+    when unbounded); a shipped module reads :data:`DEFAULT_KEY_FIELDS`. Memoized per (id, source).
+
+    Raises :class:`policy.decision.PolicyCompileError` when the module does not parse."""
+    if source in shipped_modules():
+        return frozenset(DEFAULT_KEY_FIELDS)
+    with _lock:
+        hit = _memo.get((module_id, source))
+    if hit is not None:
+        return hit
+    ast = parse_module(module_id, source)
+    pkg = tuple(str(t.get("value")) for t in ((ast.get("package") or {}).get("path") or [])[1:]
+                if isinstance(t, dict))
+    scan = _Scan(pkg == SHIPPED_PACKAGE)
+    for rule in ast.get("rules") or []:
+        head = (rule.get("head") or {}) if isinstance(rule, dict) else {}
+        if scan.local and head.get("args") and head.get("name") in _SHIPPED_FUNCTIONS:
+            scan.paths.add(WHOLE_INPUT)
+    scan.walk(ast.get("imports") or [])
+    scan.walk(ast.get("rules") or [])
+    found = frozenset(scan.paths)
+    with _lock:
+        if len(_memo) >= 512:
+            _memo.clear()
+        _memo[(module_id, source)] = found
+    return found
+
+
+def covered(path: str, fields: Iterable[str] = DEFAULT_KEY_FIELDS) -> bool:
+    """Whether the subtree at ``path`` is inside one of ``fields`` (equal to it or below it)."""
+    return any(path == f or path.startswith(f + ".") for f in fields)
+
+
+def policy_key_fields(modules: Mapping[str, str], extra: Iterable[str] = ()) -> tuple[str, ...] | None:
+    """The decision-cache key fields for the policy ``modules`` (id -> Rego source, tests excluded)
+    plus the operator's ``extra`` paths (``policy.cache_key_fields``).
+
+    Returns :data:`DEFAULT_KEY_FIELDS` itself (the fast key) when every path read is inside it,
+    the default fields plus the other paths (sorted) otherwise, and ``None`` (do not cache)
+    when a module's use of the input cannot be bounded, reads ``time``, or does not parse
+    (fail closed: a policy the scan cannot read is never served from the cache)."""
+    paths: set[str] = set(extra)
+    try:
+        for module_id, source in modules.items():
+            paths |= module_input_paths(module_id, source)
+    except Exception:  # noqa: BLE001 - PolicyCompileError or anything unexpected: no cache
+        return None
+    if WHOLE_INPUT in paths or any(p == "time" or p.startswith("time.") for p in paths):
+        return None
+    more = sorted(p for p in paths if not covered(p))
+    return DEFAULT_KEY_FIELDS if not more else (*DEFAULT_KEY_FIELDS, *more)
