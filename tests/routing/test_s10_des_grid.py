@@ -1,0 +1,51 @@
+"""Session 10: the grid's cells in the offline simulation (sim/des_grid.py)."""
+
+from __future__ import annotations
+
+import math
+
+from routing import Candidate, ReplicaLoad, RouteRequest
+from routing.policies import build_policy
+from sim.des import SimRequest
+from sim.des_grid import CeilShareFilter, RULES, _with_ceil_guard, cell_config, criteria, salted
+from sim.grid import CELLS
+
+
+def test_every_grid_cell_maps_to_its_setting() -> None:
+    by = {c.name: cell_config(c) for c in CELLS}
+    assert len(by) == 10
+    assert by["prefill x0.5"].prefill_tokens_per_s == 5000.0
+    assert by["kv x0.5"].capacity_blocks == 2000
+    assert by["decode off"].decode_s_per_token == 0.0
+    assert by["chunked, time scale 20"].replica_model == "chunked"
+    assert by["time scale 20"] == by["default"]  # no gateway latency in the DES
+
+
+def test_salting_separates_tenants_and_keeps_one_tenants_chain() -> None:
+    r = SimRequest(0.0, 32, 1, (b"a" * 16, b"b" * 16))
+    x, y, z = salted([r, r, r], ["tenant-a", "tenant-a", "tenant-b"])
+    assert x.keys == y.keys
+    assert not set(x.keys) & set(z.keys)
+    assert len(z.keys) == 2 and z.prompt_tokens == 32
+
+
+def test_criteria_are_the_grids() -> None:
+    smg = {"p50": 10.0, "p99": 20.0, "hit_pooled": 0.9, "req_mm": 1.3}
+    ok = {"p50": 9.9, "p99": 21.0, "hit_pooled": 0.95, "req_mm": 1.2 + 1e-12}
+    assert criteria(ok, smg) == (True, True, True, True)
+    bad = {"p50": 10.0, "p99": 21.01, "hit_pooled": 0.9499, "req_mm": 1.2001}
+    assert criteria(bad, smg) == (False, False, False, False)
+
+
+def test_ceil_variant_keeps_the_old_rounding() -> None:
+    pol = _with_ceil_guard(build_policy("cache_aware", {"dispatch_share_factor": 1.1}))
+    f = pol.dispatch_share
+    assert isinstance(f, CeilShareFilter)
+    for rid in ["a"] * 5 + ["b"] * 5 + ["c"] * 4:
+        f.record(rid)
+    req = RouteRequest("t0", (), 64, 8, 16)
+    cands = [Candidate(r, ReplicaLoad(r), 0) for r in ("a", "b", "c")]
+    # ceil(1.1 * 15 / 3) = 6: everybody fits (the session-10 rule keeps only c)
+    assert math.ceil(1.1 * 15 / 3) == 6
+    assert [c.replica_id for c in f.filter(req, cands)] == ["a", "b", "c"]
+    assert {"smg_like", "ext0", "ext0.5", "ext1", "ext2", "ceil_ext0"} <= set(RULES)
