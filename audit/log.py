@@ -235,7 +235,8 @@ class AuditLog(SpillGate, DeliveryLoop):
                     self._spill_ram(w)
             line = line or encode_line(event)
             self._spill(w, line, event)
-        self._update_accepting()
+        if line is not None or not self._accepting:  # the spill grew (or the gate is shut): check it
+            self._update_accepting()
 
     async def start(self) -> None:
         """Open sinks (failures are retried by the workers) and start one
