@@ -144,6 +144,111 @@ def format_cef(event: AuditEvent) -> str:
             f"{cef_severity(event)}|{' '.join(pairs)}")
 
 
+#: ``escape_extension`` of the values that repeat (tenant, identity, endpoint, model, replica,
+#: reason code, instance): cleared at ``_ESCAPED_MAX`` entries
+_ESCAPED: dict[str, str] = {}
+_ESCAPED_MAX = 4096
+#: per (kind, outcome): the header up to the extension and the ``outcome=`` pair
+_FAST_HEADS: dict[tuple[Kind, Outcome], tuple[str, str]] = {}
+
+
+def _repeated(value: object) -> str:
+    """:func:`_value` of a value that repeats from event to event (cached when a str)."""
+    if type(value) is not str:
+        return _value(value)
+    hit = _ESCAPED.get(value)  # type: ignore[arg-type]
+    if hit is None:
+        if len(_ESCAPED) >= _ESCAPED_MAX:
+            _ESCAPED.clear()
+        hit = _ESCAPED[value] = escape_extension(value)  # type: ignore[index,arg-type]
+    return hit
+
+
+def _label(key: str, label: str) -> str:
+    text = _LABELS.get((key, label))
+    if text is None:
+        text = _LABELS[(key, label)] = f"{key}Label={escape_extension(label)}"
+    return text
+
+
+_L_TENANT, _L_DECISION, _L_REPLICA = _label("cs1", "tenant"), _label("cs2", "decisionId"), _label("cs3", "replica")
+_L_MODEL, _L_FP, _L_REQ = _label("cs4", "model"), _label("cs5", "prefixFingerprint"), _label("cs6", "requestId")
+_L_PROMPT, _L_OUTPUT, _L_STATUS = _label("cn1", "promptTokens"), _label("cn2", "outputTokens"), _label("cn3", "statusCode")
+_L_QUEUE, _L_VT = _label("cfp1", "queueWaitMs"), _label("cfp2", "virtualTokens")
+
+
+def cef_line(event: AuditEvent) -> str:
+    """:func:`format_cef`'s line, built with fewer calls (issue 14, session 10): the header per
+    (kind, outcome) and the escaped values that repeat are cached, the extension written in one
+    pass. Events with kind-specific details (alerts, operator actions, summaries, checkpoints)
+    and enums of an unexpected type take :func:`format_cef`. Same string always
+    (tests/audit/test_s10_fast_formats.py)."""
+    kind, outcome = event.kind, event.outcome
+    if (event.alert or event.operator or event.summary or event.checkpoint
+            or type(kind) is not Kind or type(outcome) is not Outcome):
+        return format_cef(event)
+    head = _FAST_HEADS.get((kind, outcome))
+    if head is None:
+        k, o = kind.value, outcome.value
+        head = _FAST_HEADS[(kind, outcome)] = (
+            f"{_HEADER_PREFIX}{escape_header(f'{k}:{o}')}|{escape_header(f'{k} {o}')}|{_SEVERITY.get(outcome, 5)}|",
+            f"outcome={escape_extension(o)}")
+    identity, policy, route = event.identity, event.policy, event.route
+    p: list[str] = []
+    a = p.append
+    if (v := event.time_ms) is not None:
+        a(f"rt={_value(v)}")
+    if (v := event.event_id) is not None:
+        a(f"externalId={_value(v)}")
+    a(head[1])
+    if (v := event.client_address) is not None:
+        a(f"src={_repeated(v)}")
+    if (v := identity.spiffe_id) is not None:
+        a(f"suser={_repeated(v)}")
+    if (v := identity.trust_domain) is not None:
+        a(f"sntdom={_repeated(v)}")
+    if (v := event.endpoint) is not None:
+        a(f"request={_repeated(v)}")
+    if (v := event.tenant) is not None:
+        a(_L_TENANT)
+        a(f"cs1={_repeated(v)}")
+    if (v := policy.decision_id) is not None:
+        a(_L_DECISION)
+        a(f"cs2={_value(v)}")
+    if (v := route.replica) is not None:
+        a(_L_REPLICA)
+        a(f"cs3={_repeated(v)}")
+    if (v := event.model) is not None:
+        a(_L_MODEL)
+        a(f"cs4={_repeated(v)}")
+    if (v := event.prefix_fingerprint) is not None:
+        a(_L_FP)
+        a(f"cs5={_value(v)}")
+    if (v := event.request_id) is not None:
+        a(_L_REQ)
+        a(f"cs6={_value(v)}")
+    if (v := policy.reason_code) is not None:
+        a(f"reason={_repeated(v)}")
+    if (v := event.prompt_tokens) is not None:
+        a(_L_PROMPT)
+        a(f"cn1={_value(v)}")
+    if (v := event.output_tokens) is not None:
+        a(_L_OUTPUT)
+        a(f"cn2={_value(v)}")
+    if (v := event.status_code) is not None:
+        a(_L_STATUS)
+        a(f"cn3={_value(v)}")
+    if (v := event.latency.queue_wait_ms) is not None:
+        a(_L_QUEUE)
+        a(f"cfp1={_value(v)}")
+    if (v := route.virtual_tokens) is not None:
+        a(_L_VT)
+        a(f"cfp2={_value(v)}")
+    if (v := event.instance) is not None:
+        a(f"deviceExternalId={_repeated(v)}")
+    return head[0] + " ".join(p)
+
+
 _HEADER_SPLIT = re.compile(r"(?<!\\)((?:\\\\)*)\|")
 _EXT_KEY = re.compile(r"(?:^| )([A-Za-z0-9_.\[\]]+)=")
 

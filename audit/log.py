@@ -125,6 +125,8 @@ class AuditLog(SpillGate, DeliveryLoop):
             SinkWorker(s, SpillFile(self._spill_dir / f"{s.name}.spill.jsonl"), queue_size, batch_size) for s in sinks
         ]
         self._accepting = True
+        self._accepting_shown: bool | None = None  # the value the accepting gauge shows
+        self._flush_scheduled = False  # a flush_spills is due this event-loop turn
         self._dropped = 0
         self._n = 0
         # fail-closed refusals counted instead of written
@@ -156,7 +158,9 @@ class AuditLog(SpillGate, DeliveryLoop):
     def durable_n(self) -> int:
         """Highest emit number up to which every event has left memory for
         every sink: delivered, or written to the sink's spill file. What an
-        audit worker may acknowledge (a crash loses nothing at or below it)."""
+        audit worker may acknowledge (a crash loses nothing at or below it).
+        Flushes the spill files' write buffers first (:meth:`flush_spills`)."""
+        self.flush_spills()
         durable = self._n
         for w in self._workers:
             first = w.pending_first_n if w.pending_first_n is not None else (w.queue[0][0] if w.queue else None)
@@ -164,23 +168,45 @@ class AuditLog(SpillGate, DeliveryLoop):
                 durable = min(durable, first - 1)
         return durable
 
+    def flush_spills(self) -> None:
+        """Hand every spill file's buffered lines to the kernel (appends are buffered since
+        session 10: one write per batch of spilled events, not one per event; this runs before
+        :attr:`durable_n` answers and once per event-loop turn after a spill). A failed write
+        counts the buffered lines as dropped, as a failed append of one line did before (they
+        are no longer in memory for the sink); the error is logged."""
+        self._flush_scheduled = False
+        for w in self._workers:
+            if w.spill.dirty:
+                lines = w.spill.unflushed
+                try:
+                    w.spill.flush()
+                except OSError:
+                    log.exception("audit spill write failed for sink %s (%d events)", w.sink.name, lines)
+                    w.spill.discard_unflushed()
+                    for _ in range(lines):
+                        self._count_drop(w)
+
     @property
     def spill_pending_bytes(self) -> int:
         """Undelivered bytes in all spill files."""
         return sum(w.spill.pending_bytes for w in self._workers)
 
-    def emit(self, event: AuditEvent, exclude: Iterable[str] = ()) -> None:
+    def emit(self, event: AuditEvent, exclude: Iterable[str] = (), *, scrubbed: bool = False) -> None:
         """Queue ``event`` for every sink (except names in ``exclude``).
 
         Never blocks and never raises for sink trouble. The event is scrubbed
         first (see :func:`audit.scrub.scrub_event`); refused fields are counted
-        in ``prefixgate_audit_fields_scrubbed_total``.
+        in ``prefixgate_audit_fields_scrubbed_total``. ``scrubbed``: the caller has
+        shown that the scrubber would return ``event`` unchanged (the audit worker:
+        :func:`audit.scrub.row_is_clean` of the request row the event was built from).
         """
         if self.instance is not None and event.instance is None:
             event = dataclasses.replace(event, instance=self.instance)
-        event, dropped = scrub_event(event)
-        for _, reason in dropped:
-            self.metrics.scrubbed.labels(reason).inc()
+            scrubbed = False  # the instance string was not part of the caller's check
+        if not scrubbed:
+            event, dropped = scrub_event(event)
+            for _, reason in dropped:
+                self.metrics.scrubbed.labels(reason).inc()
         if (not self._accepting and event.policy.reason_code == AUDIT_UNAVAILABLE_CODE
                 and event.kind is not Kind.SUMMARY):
             self._count_refusal(event)
@@ -208,8 +234,9 @@ class AuditLog(SpillGate, DeliveryLoop):
                     # what is in memory goes first, so the spill keeps emit order
                     self._spill_ram(w)
             line = line or encode_line(event)
-            self._spill(w, line)
-        self._update_accepting()
+            self._spill(w, line, event)
+        if line is not None or not self._accepting:  # the spill grew (or the gate is shut): check it
+            self._update_accepting()
 
     async def start(self) -> None:
         """Open sinks (failures are retried by the workers) and start one

@@ -25,7 +25,7 @@ from audit.event import (
     new_event_id,
 )
 
-__all__ = ["MAX_STRING_CHARS", "MAX_FINGERPRINT_HEX", "scrub_event"]
+__all__ = ["MAX_STRING_CHARS", "MAX_FINGERPRINT_HEX", "row_is_clean", "scrub_event"]
 
 #: Longest string value (characters) accepted in any event field.
 MAX_STRING_CHARS = 256
@@ -202,3 +202,30 @@ def _scrub_event_general(event: AuditEvent, max_chars: int) -> tuple[AuditEvent,
     if changes.get("event_id", event.event_id) is None:
         changes["event_id"] = new_event_id()
     return (dataclasses.replace(event, **changes) if changes else event), dropped
+
+
+def row_is_clean(row: Any, fingerprint_index: int) -> bool:
+    """True only if every value of a request row (:mod:`audit.request_event`) is None, a plain
+    ``int``/``float``/``bool`` or a ``str`` the scrubber accepts, and the value at
+    ``fingerprint_index`` (``prefix_fingerprint``) is None or short lower-case hex: then
+    :func:`scrub_event` of the row's event returns it unchanged with nothing dropped (every string
+    and number of the event is one of the row's values; stricter than needed for the outcome and
+    the stage stamps). The audit worker checks the flat row (one loop, issue 14, session 10:
+    ~2 µs instead of ~8 for the event's groups) and emits the event without the scrubber when it
+    answers True; False (anything else) takes the scrubber as before. Never raises for a list or
+    tuple ``row``."""
+    scanned = _SCANNED_CLEAN
+    max_chars = MAX_STRING_CHARS
+    for v in row:
+        if v is None:
+            continue
+        t = type(v)
+        if t is str:
+            if len(v) <= max_chars and v in scanned:
+                continue
+            if not _clean_str("", v, max_chars):
+                return False
+        elif t not in _NUMBER_TYPES:
+            return False
+    fp = row[fingerprint_index]
+    return fp is None or (len(fp) <= MAX_FINGERPRINT_HEX and _HEX_RE.match(fp) is not None)

@@ -52,12 +52,14 @@ import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 
 from audit.event import AuditEvent, EventSchemaError
-from audit.request_event import request_event
+from audit.request_event import REQUEST_ROW_FIELDS, request_event
+from audit.scrub import row_is_clean
 from audit.spool import recover
 from audit.worker_stdin import READ_INTERVAL_S, BatchedPipeReader
 
 log = logging.getLogger("prefixgate.audit.worker")
 
+_FP_INDEX = REQUEST_ROW_FIELDS.index("prefix_fingerprint")
 #: Seconds between metrics frames.
 METRICS_PERIOD_S = 1.0
 #: Seconds between checks for a changed status (accepting, dropped, spill bytes).
@@ -174,6 +176,7 @@ async def run() -> int:
     out.send({"t": "ready", "pid": os.getpid()})
     tracker = _AckTracker(audit)
     instance = getattr(audit, "instance", None)
+    instance_clean = row_is_clean((instance, None), 1)  # the one value of the event not in its row
     metrics = asyncio.create_task(_report_loop(out, registry, audit, tracker))
     buf = b""
     close_timeout = 10.0
@@ -192,7 +195,10 @@ async def run() -> int:
                     frame = orjson.loads(line)
                     t = frame["t"]
                     if t == "r":  # built with the instance already stamped (no replace in emit)
-                        audit.emit(request_event(frame["r"], instance))
+                        row = frame["r"]
+                        # the flat row checked instead of the event's groups (audit.scrub.row_is_clean)
+                        audit.emit(request_event(row, instance),
+                                   scrubbed=instance_clean and row_is_clean(row, _FP_INDEX))
                         tracker.emitted(int(frame["s"]))
                         if spans is not None and "x" in frame:
                             spans.request(frame["r"], frame["x"])

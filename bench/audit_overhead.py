@@ -80,6 +80,7 @@ async def _serve(config_file: str, mode: str, ready_file: str) -> None:
     gc.callbacks.append(_gccb)
     server, task, port = await serve_public(comps, freeze=True)  # frozen as gateway.server.serve does
     Path(ready_file).write_text(json.dumps({"port": port}))
+    dumper = asyncio.create_task(_dump_worker_metrics(comps.audit, ready_file + ".worker"))
     kernel0 = _kernel_counts()
     prof_dir = os.environ.get("PG_BENCH_PROFILE")  # differential profile: cProfile of the event-loop thread
     prof = None
@@ -90,6 +91,7 @@ async def _serve(config_file: str, mode: str, ready_file: str) -> None:
         prof = cProfile.Profile(time.thread_time_ns, 1e-9)
         prof.enable()
     await serve_until_sigterm(server, task)
+    dumper.cancel()
     if prof is not None:
         prof.disable()
         prof.dump_stats(str(Path(prof_dir) / f"{mode}-{os.getpid()}.prof"))
@@ -103,6 +105,38 @@ async def _serve(config_file: str, mode: str, ready_file: str) -> None:
     Path(ready_file + ".done").write_text(json.dumps({"dropped": dropped, "emitted": comps.audit.emitted,
                                                       "gc_n": gcstat["n"], "gc_s": [round(x, 3) for x in gcstat["t"]],
                                                       "kernel": kernel}))
+
+
+async def _dump_worker_metrics(hub: Any, path: str) -> None:
+    """Every 0.25 s, the audit worker's last metrics report (``RemoteAuditLog.worker_metrics_text``,
+    Prometheus text) to ``path``: the parent reads its slow sends and spill bytes around each round."""
+    tmp = path + ".tmp"
+    while True:
+        text = getattr(getattr(hub, "log", None), "worker_metrics_text", b"")
+        if text:
+            Path(tmp).write_bytes(text)
+            os.replace(tmp, path)
+        await asyncio.sleep(0.25)
+
+
+#: worker metrics read per round (``_worker_audit``): sink-labelled counters and gauges
+_WORKER_METRICS = {"prefixgate_audit_slow_sends_total": "slow_sends", "prefixgate_audit_spill_bytes": "spill_bytes"}
+
+
+def _worker_audit(ready_file: Path) -> dict[str, dict[str, float]]:
+    """The audit worker's slow sends (counter) and spill bytes (gauge) per sink, from the file
+    :func:`_dump_worker_metrics` writes beside ``ready_file`` (``{}`` without one: an "off" gateway)."""
+    out: dict[str, dict[str, float]] = {}
+    try:
+        text = Path(str(ready_file) + ".worker").read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name in _WORKER_METRICS and 'sink="' in rest:
+            sink = rest.split('sink="', 1)[1].split('"', 1)[0]
+            out.setdefault(_WORKER_METRICS[name], {})[sink] = float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def _kernel_counts() -> dict[str, float]:
@@ -221,7 +255,9 @@ def _start_gateway(work: Path, name: str, cfg: dict[str, Any], mode: str,
     cfg_file.write_text(yaml.safe_dump(cfg))
     ready = work / f"{name}.ready"
     env = dict(os.environ, PYTHONPATH=str(tree))
-    proc = subprocess.Popen([sys.executable, str(tree / "bench" / "audit_overhead.py"), "--serve", str(cfg_file),
+    # this tree's bench script serves every tree's gateway (PYTHONPATH: that tree's packages), so the
+    # baseline's gateway also reports its audit worker's metrics per round (_dump_worker_metrics)
+    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "audit_overhead.py"), "--serve", str(cfg_file),
                              "--mode", mode, "--ready-file", str(ready)], cwd=str(tree), env=env,
                             stdout=open(work / f"{name}.log", "ab"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
@@ -327,13 +363,25 @@ async def _main(args: SimpleNamespace) -> dict[str, Any]:
             k = i % len(modes)  # rotate the order: every mode runs first, middle, last as often
             order = [(m, urls[m]) for m in (modes[k:] + modes[:k])[::(-1 if i % 2 else 1)]]
             for mode, url in order:
+                ready = work / f"gw-{mode}.ready"
+                await asyncio.sleep(1.1)  # the worker's next metrics report (one a second) is in
+                w_before = _worker_audit(ready)
                 before = _cpu_times(groups)
                 r = await _round(url, token, args.seconds, args.concurrency, seq)
                 after = _cpu_times(groups)
+                await asyncio.sleep(1.1)
+                w_after = _worker_audit(ready)
+                # the audit worker's sends over slow_send_s in this round (their events went through the
+                # spill: written, replayed) and its spill bytes after it (session 10)
+                r["worker_slow_sends"] = {k: v - w_before.get("slow_sends", {}).get(k, 0.0)
+                                          for k, v in w_after.get("slow_sends", {}).items()
+                                          if v - w_before.get("slow_sends", {}).get(k, 0.0)}
+                r["worker_spill_bytes"] = {k: v for k, v in w_after.get("spill_bytes", {}).items() if v}
                 r["cpu_ms_per_request"] = {k: round((after[k] - before[k]) * 1000 / max(r["ok"], 1), 4) for k in after}
                 r.update(mode=mode, round=i)
                 rounds.append(r)
-                print(f"round {i} {mode:3s}: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:6.1f} ms  errors {r['errors']}")
+                print(f"round {i} {mode:3s}: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:6.1f} ms  errors {r['errors']}"
+                      f"  slow sends {r['worker_slow_sends']}  spill {r['worker_spill_bytes']}")
     finally:
         for p in procs:
             p.terminate()
@@ -421,9 +469,10 @@ def main(argv: list[str] | None = None) -> int:
         f"rsyslog lines received: {result['rsyslog_lines_received']}; OTLP posts: {result['otlp_posts']}; "
         f"gateway exit: {result['gateway_exit']}",
         "",
-        "| round | mode | req/s | p50 ms | errors |",
-        "|---|---|---|---|---|",
-        *[f"| {r['round']} | {r['mode']} | {r['rps']:.1f} | {r['p50_ms']:.1f} | {r['errors']} |" for r in result["rounds"]],
+        "| round | mode | req/s | p50 ms | errors | worker slow sends | worker spill bytes after |",
+        "|---|---|---|---|---|---|---|",
+        *[f"| {r['round']} | {r['mode']} | {r['rps']:.1f} | {r['p50_ms']:.1f} | {r['errors']} "
+          f"| {r.get('worker_slow_sends') or ''} | {r.get('worker_spill_bytes') or ''} |" for r in result["rounds"]],
         "",
         "CPU per successful request (ms, user + system, all threads; mean over the rounds of each mode):",
         "",
