@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gateway.cpu_budget import NO_METER, CpuMeter
@@ -37,11 +38,13 @@ class Held:
     in-flight count (gateway/overload.py) the request holds, once counted;
     ``left``: its in-flight counts were given back (a refusal gives them back at
     once, before its answer waits for an unread body to drain: review R3-1); ``cpu``: the
-    request's preparation CPU meter (gateway/cpu_budget.py; a refusal charges it, :meth:`release` settles it).
+    request's preparation CPU meter (gateway/cpu_budget.py; a refusal charges it, :meth:`release` settles it);
+    ``prep``: the routed request's work that waits for the replica wait (issue 14, session 10), run
+    once by :meth:`run_prep`.
     """
 
     __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
-                 "reservation", "progress", "relayed", "tenant", "left", "cpu")
+                 "reservation", "progress", "relayed", "tenant", "left", "cpu", "prep")
 
     def __init__(self) -> None:
         self.lease: Lease | SharedLease | None = None
@@ -59,6 +62,13 @@ class Held:
         self.tenant: str | None = None
         self.left = False
         self.cpu: CpuMeter = NO_METER
+        self.prep: Callable[[], None] | None = None
+
+    def run_prep(self) -> None:
+        """Run :attr:`prep` if it has not run (idempotent; an event loop callback or the request's end)."""
+        prep, self.prep = self.prep, None
+        if prep is not None:
+            prep()
 
     def leave(self, guard: OverloadGuard) -> None:
         """Give back the request's in-flight counts to ``guard`` (once; idempotent)."""

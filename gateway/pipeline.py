@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -106,7 +107,7 @@ class InferencePipeline:
             output_cap = adm.output_cap(req.max_tokens, tenant)
             held.reservation = await adm.check_prompt(tenant, prompt_tokens, req.sequences, output_cap * req.sequences)
             chains = gw.keys.prefix_chains(tenant, tokens)
-            rec.prefix_fingerprint = PrefixKeys.prefix_fingerprint(chains)
+            held.prep = lambda: self._prepare(rec, held, chains, None)  # a refusal's record: its fingerprint
             # candidates: routable replicas in the tenant's pools (gateway/replicas.py)
             candidates = gw.replica_set.candidates(tenant.pools, tenant.id)  # R7b-1
             if not candidates:
@@ -124,7 +125,8 @@ class InferencePipeline:
             gw.pep.enforce(decision)
             max_tokens = adm.clamp_max_tokens(req.max_tokens, tenant, decision)
             rec.max_tokens = max_tokens
-            adm.lower_reservation(held.reservation, max_tokens * req.sequences)
+            # not needed to route or write the upstream request: done while the replica works (_prepare)
+            held.prep = lambda: self._prepare(rec, held, chains, max_tokens * req.sequences)
             allowed = gw.pep.allowed_candidates(candidates, decision)
             if not allowed:
                 raise GatewayError(
@@ -220,6 +222,8 @@ class InferencePipeline:
             left = deadline - time.perf_counter()
             budget = max(0.001, min(ucfg.first_byte_timeout_s, left) if req.stream else left)
             progress, held.progress = held.progress, "unknown"  # sent: the replica may be working on it
+            if held.prep is not None:  # runs in the loop's next turn: after the request is written, before the answer
+                asyncio.get_running_loop().call_soon(held.run_prep)
             try:
                 up = await unless_client_leaves(
                     request, open_upstream(gw.upstream.require_session(), replica.url + rec.endpoint, upstream_body, headers, budget))
@@ -251,28 +255,55 @@ class InferencePipeline:
             return await plain_response(request, rec, held, self.cfg.upstream.read_timeout_s, gw.upstream)
         raise failure_error(last)
 
+    def _prepare(self, rec: RequestRecord, held: Held, chains: ChainView, output_tokens: int | None) -> None:
+        """The routed request's work that neither the routing decision nor the upstream request needs
+        (issue 14, session 10: the gateway's CPU is idle while the replica works): the policy's lower
+        ``max_tokens`` held in the ledger (``output_tokens``; None: no decision yet; a refund: holding more
+        for a moment is the safe side; no-op once settled), the record's prefix fingerprint and the audit event's span part. Run once, by
+        :meth:`Held.run_prep`: in the event loop's turn after the upstream request was written, or by
+        :meth:`_end` if the request ends first."""
+        res = held.reservation
+        if res is not None and output_tokens is not None:
+            self.gw.admission.lower_reservation(res, output_tokens)
+        rec.prefix_fingerprint = PrefixKeys.prefix_fingerprint(chains)
+        self.gw.audit.prepare_request(rec)
+
     def _end(self, rec: RequestRecord, held: Held) -> None:
-        """End the request (idempotent): give back all it holds, then write its one audit record."""
+        """End the request (idempotent): settle its tokens and write its one audit record; then give
+        back all it holds. Under a front that defers (gateway/recording.py) the giving back runs right
+        after the answer's last body part was handed to the server, in the same step (nothing awaited
+        in between: the next request on the loop finds the slot free); else at once, after the record."""
         if held.ended:
             return
         held.ended = True
-        held.leave(self.gw.overload)
-        try:
-            held.release()
-        finally:
-            try:
-                self._settle(rec, held)
-            finally:
-                self._complete(rec, held.usage, held.choice)
+        held.run_prep()
+        counted: list[Callable[[], None]] = []
 
-    def _settle(self, rec: RequestRecord, held: Held) -> None:
-        """Reconcile the request's token reservation with what it used (tenancy/ledger.py)."""
+        def give_back() -> None:
+            held.leave(self.gw.overload)
+            try:
+                held.release()
+            finally:
+                for count in counted:  # the settlement's metrics
+                    count()
+
+        deferred = after_send(give_back)
+        try:
+            self._settle(rec, held, counted)
+            self._complete(rec, held.usage, held.choice)
+        finally:
+            if not deferred:
+                give_back()
+
+    def _settle(self, rec: RequestRecord, held: Held, counted: list[Callable[[], None]]) -> None:
+        """Reconcile the request's token reservation with what it used (tenancy/ledger.py); its
+        metrics are appended to ``counted`` (for after the answer)."""
         res = held.reservation
         if res is None:
             return
         try:
             rec.settlement = self.gw.admission.settle(res, usage=held.usage, progress=held.progress,
-                                           relayed_output=held.relayed)
+                                                      relayed_output=held.relayed, counted=counted)
         except Exception:  # a bug: never lose the audit record; the reservation stays charged in full
             log.exception("settling the token reservation of request %s failed", rec.request_id)
 
