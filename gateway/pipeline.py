@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -277,37 +278,40 @@ class InferencePipeline:
             return
         held.ended = True
         held.run_prep()
-        counted: list[Callable[[], None]] = []
+        after: list[Callable[[], None]] = []  # what the record does not need: with the giving back
 
         def give_back() -> None:
             held.leave(self.gw.overload)
             try:
                 held.release()
             finally:
-                for count in counted:  # the settlement's metrics
-                    count()
+                for work in after:
+                    work()
 
         deferred = after_send(give_back)
         try:
-            self._settle(rec, held, counted)
-            self._complete(rec, held.usage, held.choice)
+            self._settle(rec, held, after)
+            self._complete(rec, held.usage, held.choice, after)
         finally:
             if not deferred:
                 give_back()
 
-    def _settle(self, rec: RequestRecord, held: Held, counted: list[Callable[[], None]]) -> None:
+    def _settle(self, rec: RequestRecord, held: Held, after: list[Callable[[], None]]) -> None:
         """Reconcile the request's token reservation with what it used (tenancy/ledger.py); its
-        metrics are appended to ``counted`` (for after the answer)."""
+        metrics are appended to ``after`` (for after the answer)."""
         res = held.reservation
         if res is None:
             return
         try:
             rec.settlement = self.gw.admission.settle(res, usage=held.usage, progress=held.progress,
-                                                      relayed_output=held.relayed, counted=counted)
+                                                      relayed_output=held.relayed, counted=after)
         except Exception:  # a bug: never lose the audit record; the reservation stays charged in full
             log.exception("settling the token reservation of request %s failed", rec.request_id)
 
-    def _complete(self, rec: RequestRecord, usage: JsonObject | None, choice: RouteChoice | None) -> None:
+    def _complete(self, rec: RequestRecord, usage: JsonObject | None, choice: RouteChoice | None,
+                  after: list[Callable[[], None]]) -> None:
+        """The record's answer fields, then the record; the router's and flow control's feedback
+        from the answer is appended to ``after`` (the record does not hold it)."""
         if usage:
             details = usage.get("prompt_tokens_details") or {}
             cached = details.get("cached_tokens") if isinstance(details, dict) else None
@@ -315,9 +319,10 @@ class InferencePipeline:
             out = usage.get("completion_tokens")
             rec.output_tokens = out if isinstance(out, int) else None
         if rec.delivered_prefix_tokens is not None and choice is not None:
-            self.gw.router.observe_delivered(choice, rec.delivered_prefix_tokens)
+            after.append(partial(self.gw.router.observe_delivered, choice, rec.delivered_prefix_tokens))
         if choice is not None and self.gw.flow is not None and rec.tenant_id:  # the VTC's output share
-            self.gw.flow.charge_output(rec.tenant_id, rec.output_tokens or rec.relayed_output or 0)
+            after.append(partial(self.gw.flow.charge_output, rec.tenant_id,
+                                 rec.output_tokens or rec.relayed_output or 0))
         cal = self.gw.calibration
         if cal is not None and not after_send(cal.flush):  # the first-byte observations queued on the answer's path
             cal.flush()

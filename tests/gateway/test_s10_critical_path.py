@@ -6,6 +6,7 @@ refused before it reached a replica still gets all of it in its record."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -39,6 +40,8 @@ async def _serve(stack: Stack, log: list[str]) -> None:
 
     async def send(message: dict[str, Any]) -> None:
         log.append(message["type"])
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            asyncio.get_running_loop().call_soon(log.append, "next turn")  # anything else runs from here on
 
     await app(_scope("/v1/completions", stack.auth()), receive, send)
 
@@ -69,13 +72,33 @@ async def test_bookkeeping_runs_while_the_replica_works(stack: Stack, spied: lis
     for _ in range(4):  # a kept-alive connection to each replica
         await _serve(stack, spied)
     assert spied.index("decided") < spied.index("lowered")
+    await asyncio.sleep(0)
     spied.clear()
     await _serve(stack, spied)
     # the decision before the upstream request; the bookkeeping after it, before the answer is read
     assert spied[:6] == ["decided", "upstream written", "lowered", "prepared", "answer bytes",
                          "http.response.start"], spied
+    assert spied[-1] == "http.response.body"
     assert spied.count("lowered") == 1 and spied.count("prepared") == 1
     assert spied.index("recorded") < spied.index("http.response.body")
+
+
+async def test_feedback_from_the_answer_is_given_before_the_loop_runs_anything_else(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flow control's output charge (the tenant's fair share) and the router's delivered-prefix
+    feedback run after the last body part's send, but in the same step: before any other task."""
+    gw = stack.components
+    assert gw.flow is not None  # on by default
+    log: list[str] = []
+    _spy(gw.flow, "charge_output", log, "charged", monkeypatch)
+    _spy(gw.router, "observe_delivered", log, "observed", monkeypatch)
+    _spy(gw.audit, "emit_request", log, "recorded", monkeypatch)
+    await _serve(stack, log)
+    await asyncio.sleep(0)
+    body = log.index("http.response.body")
+    assert log.index("recorded") < body < log.index("charged") < log.index("next turn"), log
+    if "observed" in log:  # the replica reported cached tokens
+        assert body < log.index("observed") < log.index("next turn")
 
 
 async def test_refused_after_the_keys_keeps_its_fingerprint(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
