@@ -15,7 +15,9 @@ wrapper code in both trees: this file is copied into the baseline tree's ``bench
 missing); ``--rounds`` times, ``--requests`` sequential requests to one then the other
 (alternating which goes first). Reported per tree: medians over the rounds of each round's
 median of ``pre`` (arrival → send), ``post`` (answer → last part sent) and their sum, in wall
-µs and in thread-CPU µs (``time.thread_time_ns``: preemption by other processes excluded).
+µs and in thread-CPU µs (``time.thread_time_ns``: preemption by other processes excluded), and the
+thread CPU of the work off those windows: ``Held.run_prep`` where the tree has it (the replica
+wait) and the request's work after its last part's send returned (the same step).
 The arrival mark is after the HTTP server's parse (the same code in both trees).
 """
 
@@ -50,11 +52,13 @@ class _Marks:
         self.t_in: tuple[int, int] | None = None
         self.t_sent: tuple[int, int] | None = None
         self.t_head: tuple[int, int] | None = None
+        self.t_done: int | None = None
         self.samples: dict[str, list[int]] = {k: [] for k in ("pre_wall", "pre_cpu", "post_wall", "post_cpu",
-                                                               "wait_wall")}
+                                                               "wait_wall", "prep_cpu", "tail_cpu")}
 
     def done(self) -> None:
         now = (_WALL(), _CPU())
+        self.t_done = now[1]
         if self.t_in and self.t_sent and self.t_head:
             s = self.samples
             s["pre_wall"].append(self.t_sent[0] - self.t_in[0])
@@ -81,7 +85,10 @@ def _install() -> _Marks:
             if message["type"] == "http.response.body" and not message.get("more_body"):
                 marks.done()
 
+        marks.t_done = None
         await serve(self, framed, timed_send, endpoint)
+        if marks.t_done is not None:  # the work after the last part's send, in the same step
+            marks.samples["tail_cpu"].append(_CPU() - marks.t_done)
 
     def timed_up_send(self: Any, *a: Any, **k: Any) -> Any:
         out = up_send(self, *a, **k)
@@ -93,6 +100,20 @@ def _install() -> _Marks:
             marks.t_head = (_WALL(), _CPU())
         received(self, data)
 
+    try:  # this tree's work in the replica wait (session 10; absent from older trees)
+        from gateway.held import Held
+        run_prep = Held.run_prep
+    except (ImportError, AttributeError):
+        run_prep = None
+    if run_prep is not None:
+        def timed_prep(self: Any) -> None:
+            if self.prep is None:
+                return
+            t = _CPU()
+            run_prep(self)
+            marks.samples["prep_cpu"].append(_CPU() - t)
+
+        Held.run_prep = timed_prep  # type: ignore[method-assign]
     InferenceRoutes._serve = timed_serve  # type: ignore[method-assign]
     UpstreamConnection.send = timed_up_send  # type: ignore[method-assign]
     UpstreamConnection.data_received = timed_received  # type: ignore[method-assign]
@@ -171,7 +192,7 @@ async def run(baseline: Path, requests: int, rounds: int) -> dict[str, Any]:
                 await asyncio.sleep(0.2)
                 seq = await sequential(urls[name], headers, requests, bodies)
                 s = await _collect(procs[name], outs[name])
-                row = {k: statistics.median(v) / 1000 for k, v in s.items() if v}
+                row = {k: statistics.median(v) / 1000 if v else 0.0 for k, v in s.items()}
                 row["total_wall"] = row["pre_wall"] + row["post_wall"]
                 row["total_cpu"] = row["pre_cpu"] + row["post_cpu"]
                 row["client_p50_us"] = seq["p50_ms"] * 1000
@@ -183,7 +204,8 @@ async def run(baseline: Path, requests: int, rounds: int) -> dict[str, Any]:
             stop_process(p)
         stop_process(cluster)
         shutil.rmtree(paths.work, ignore_errors=True)
-    keys = ["pre_wall", "pre_cpu", "post_wall", "post_cpu", "total_wall", "total_cpu", "wait_wall", "client_p50_us"]
+    keys = ["pre_wall", "pre_cpu", "post_wall", "post_cpu", "total_wall", "total_cpu", "wait_wall", "prep_cpu",
+            "tail_cpu", "client_p50_us"]
     med = {name: {k: round(statistics.median(r[k] for r in rows), 1) for k in keys} for name, rows in per.items()}
     return {"benchmark": "critical_path", "baseline": str(baseline), "requests_per_round": requests,
             "rounds": rounds, "medians_us": med, "per_round": per}
@@ -212,11 +234,13 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"baseline {args.baseline})", "",
              f"{args.rounds} rounds of {args.requests} sequential requests per tree, alternating; µs, median of "
              "the rounds' medians.", "",
-             "| tree | pre wall | pre CPU | post wall | post CPU | total wall | total CPU | replica wait | client p50 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| tree | pre wall | pre CPU | post wall | post CPU | total wall | total CPU | replica wait | "
+             "CPU in the wait | CPU after the last part | client p50 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, m in doc["medians_us"].items():
         lines.append(f"| {name} | {m['pre_wall']} | {m['pre_cpu']} | {m['post_wall']} | {m['post_cpu']} | "
-                     f"{m['total_wall']} | {m['total_cpu']} | {m['wait_wall']} | {m['client_p50_us']} |")
+                     f"{m['total_wall']} | {m['total_cpu']} | {m['wait_wall']} | {m['prep_cpu']} | {m['tail_cpu']} | "
+                     f"{m['client_p50_us']} |")
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
