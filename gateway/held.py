@@ -40,11 +40,12 @@ class Held:
     once, before its answer waits for an unread body to drain: review R3-1); ``cpu``: the
     request's preparation CPU meter (gateway/cpu_budget.py; a refusal charges it, :meth:`release` settles it);
     ``prep``: the routed request's work that waits for the replica wait (issue 14, session 10), run
-    once by :meth:`run_prep`.
+    once by :meth:`run_prep`; ``served``: a plain answer was whole and valid: :meth:`end_attempt` gives
+    the attempt its success verdict (after the answer's last byte, session 10) instead of releasing it.
     """
 
     __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
-                 "reservation", "progress", "relayed", "tenant", "left", "cpu", "prep")
+                 "reservation", "progress", "relayed", "tenant", "left", "cpu", "prep", "served")
 
     def __init__(self) -> None:
         self.lease: Lease | SharedLease | None = None
@@ -63,6 +64,7 @@ class Held:
         self.left = False
         self.cpu: CpuMeter = NO_METER
         self.prep: Callable[[], None] | None = None
+        self.served = False
 
     def run_prep(self) -> None:
         """Run :attr:`prep` if it has not run (idempotent; an event loop callback or the request's end)."""
@@ -77,7 +79,8 @@ class Held:
             guard.leave(self.tenant)
 
     def end_attempt(self) -> None:
-        """Close the upstream response, finish the load ticket, release the breaker attempt."""
+        """Close the upstream response, finish the load ticket, give the breaker attempt its verdict
+        (success when :attr:`served`, else a release: no verdict)."""
         up, self.up = self.up, None
         try:
             if up is not None:
@@ -88,7 +91,10 @@ class Held:
                     self.ticket.finish()
             finally:
                 if self.attempt is not None:
-                    self.attempt.release()
+                    if self.served:
+                        self.attempt.succeeded()
+                    else:
+                        self.attempt.release()
 
     def release(self) -> None:
         """:meth:`end_attempt`, then free the tenant's concurrency slot, then settle the preparation CPU

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.app import build_public_app
+from gateway.replica_attempt import Attempt
 from gateway.upstream_conn import UpstreamConnection
 from tests.conftest import Stack
 from tests.gateway.test_s2_record_after_send import _scope
@@ -85,18 +86,21 @@ async def test_bookkeeping_runs_while_the_replica_works(stack: Stack, spied: lis
 
 async def test_feedback_from_the_answer_is_given_before_the_loop_runs_anything_else(
         stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Flow control's output charge (the tenant's fair share) and the router's delivered-prefix
-    feedback run after the last body part's send, but in the same step: before any other task."""
+    """Flow control's output charge (the tenant's fair share), the router's delivered-prefix
+    feedback and the replica's success verdict (circuit breaker) run after the last body part's
+    send, but in the same step: before any other task."""
     gw = stack.components
     assert gw.flow is not None  # on by default
     log: list[str] = []
     _spy(gw.flow, "charge_output", log, "charged", monkeypatch)
     _spy(gw.router, "observe_delivered", log, "observed", monkeypatch)
     _spy(gw.audit, "emit_request", log, "recorded", monkeypatch)
+    _spy(Attempt, "succeeded", log, "verdict", monkeypatch)
     await _serve(stack, log)
     await asyncio.sleep(0)
     body = log.index("http.response.body")
     assert log.index("recorded") < body < log.index("charged") < log.index("next turn"), log
+    assert body < log.index("verdict") < log.index("next turn") and log.count("verdict") == 1
     if "observed" in log:  # the replica reported cached tokens
         assert body < log.index("observed") < log.index("next turn")
 
