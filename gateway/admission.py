@@ -9,8 +9,8 @@ much work now? Errors are :class:`gateway.errors.GatewayError` (400, 403, 429).
 from __future__ import annotations
 
 import time
-from functools import partial
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from gateway.errors import GatewayError, model_not_found
@@ -115,7 +115,7 @@ class Admission:
 
     def listed_models(self, tenant: Tenant) -> list[str]:
         """The models ``GET /v1/models`` lists for ``tenant`` (sorted): served and in its registry entitlement,
-        the policy's ``input.tenant.models`` too, so the two cannot disagree (tests/quickstart/test_i13_one_source.py)."""
+        which is the policy's ``input.tenant.models`` too (tests/quickstart/test_i13_one_source.py)."""
         return sorted(m for m in self.served_models if m in tenant.models)
 
     async def admit(self, tenant: Tenant, *, slot: bool = True) -> Lease | SharedLease:
@@ -334,17 +334,16 @@ class Admission:
 
     def settle(self, res: Reservation, *, usage: dict[str, object] | None, progress: str,
                relayed_output: int, counted: list[Callable[[], None]] | None = None) -> Settlement:
-        """Reconcile a request's reservation when it ends, however it ended (see
-        :func:`tenancy.ledger.charge_for`); counts the charge and refund per tenant, at once or, with
-        ``counted``, by a call appended to it (the pipeline runs it after the answer's last byte)."""
+        """Reconcile a request's reservation when it ends, however it ended (:func:`tenancy.ledger.charge_for`);
+        count the charge and refund per tenant at once, or append that count to ``counted`` (run after the answer)."""
         prompt, output, basis = charge_for(res.prompt_tokens, res.output_tokens, usage=usage,
                                            progress=progress, relayed_output=relayed_output)
         already = res.settlement
         s = res.settle(prompt, output, basis)
-
-        if already is None:
-            count = partial(self._count_settlement, res.tenant_id, s)
-            count() if counted is None else counted.append(count)  # noqa: B018
+        if already is None and counted is not None:
+            counted.append(partial(self._count_settlement, res.tenant_id, s))
+        elif already is None:
+            self._count_settlement(res.tenant_id, s)
         return s
 
     def _count_settlement(self, tid: str, s: Settlement) -> None:

@@ -259,10 +259,10 @@ class InferencePipeline:
     def _prepare(self, rec: RequestRecord, held: Held, chains: ChainView, output_tokens: int | None) -> None:
         """The routed request's work that neither the routing decision nor the upstream request needs
         (issue 14, session 10: the gateway's CPU is idle while the replica works): the policy's lower
-        ``max_tokens`` held in the ledger (``output_tokens``; None: no decision yet; a refund: holding more
-        for a moment is the safe side; no-op once settled), the record's prefix fingerprint and the audit event's span part. Run once, by
-        :meth:`Held.run_prep`: in the event loop's turn after the upstream request was written, or by
-        :meth:`_end` if the request ends first."""
+        ``max_tokens`` held in the ledger (``output_tokens``; None: no decision yet; a refund: holding
+        more for a moment is the safe side; no-op once settled), the record's prefix fingerprint and
+        the audit event's span part. Run once, by :meth:`Held.run_prep`: in the event loop's turn after
+        the upstream request was written, or by :meth:`_end` if the request ends first."""
         res = held.reservation
         if res is not None and output_tokens is not None:
             self.gw.admission.lower_reservation(res, output_tokens)
@@ -277,7 +277,10 @@ class InferencePipeline:
         if held.ended:
             return
         held.ended = True
-        held.run_prep()
+        try:
+            held.run_prep()
+        except Exception:  # a bug: never lose the audit record nor what the request holds
+            log.exception("preparing the record of request %s failed", rec.request_id)
         after: list[Callable[[], None]] = []  # what the record does not need: with the giving back
 
         def give_back() -> None:
