@@ -9,7 +9,8 @@ much work now? Errors are :class:`gateway.errors.GatewayError` (400, 403, 429).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from gateway.errors import GatewayError, model_not_found
@@ -95,8 +96,7 @@ class Admission:
         self._settled: dict[str, tuple[Any, ...]] = {}
 
     def replace_registry(self, registry: TenantRegistry) -> None:
-        """Serve ``registry`` from now on and free removed tenants' buckets and ledger state
-        (in process; shared buckets expire in Redis on their own)."""
+        """Serve ``registry``; free removed tenants' in-process buckets and ledger state (Redis's expire)."""
         self.registry = registry
         keep = {t.id for t in registry.tenants()}
         self.limiter.forget(keep)
@@ -114,10 +114,8 @@ class Admission:
         return tenant
 
     def listed_models(self, tenant: Tenant) -> list[str]:
-        """The models ``GET /v1/models`` lists for ``tenant``: served by the gateway and in the
-        tenant's registry entitlement (sorted). The policy decides entitlement from the same
-        registry entry (``input.tenant.models``), so the two cannot disagree
-        (tests/quickstart/test_i13_one_source.py)."""
+        """The models ``GET /v1/models`` lists for ``tenant`` (sorted): served and in its registry entitlement,
+        which is the policy's ``input.tenant.models`` too (tests/quickstart/test_i13_one_source.py)."""
         return sorted(m for m in self.served_models if m in tenant.models)
 
     async def admit(self, tenant: Tenant, *, slot: bool = True) -> Lease | SharedLease:
@@ -140,8 +138,7 @@ class Admission:
                            "tenant concurrent request limit reached") from None
 
     def slot_claim(self, tenant: Tenant, lease: Lease) -> SlotClaim:
-        """The concurrency slots ``lease`` (admitted with ``slot=False``) takes when flow control
-        releases its request (gateway/flow.py)."""
+        """The slots ``lease`` (admitted with ``slot=False``) takes when flow control releases it (gateway/flow.py)."""
         return SlotClaim(self, tenant, lease)
 
     def request_bounds(self, tenant: Tenant) -> RequestBounds:
@@ -336,23 +333,25 @@ class Admission:
             self.metrics.tenant_tokens_refunded.labels(res.tenant_id, "output").inc(before - res.output_tokens)
 
     def settle(self, res: Reservation, *, usage: dict[str, object] | None, progress: str,
-               relayed_output: int) -> Settlement:
-        """Reconcile a request's reservation when it ends, however it ended (see
-        :func:`tenancy.ledger.charge_for`); counts the charge and refund per tenant."""
+               relayed_output: int, counted: list[Callable[[], None]] | None = None) -> Settlement:
+        """Reconcile a request's reservation when it ends, however it ended (:func:`tenancy.ledger.charge_for`);
+        count the charge and refund per tenant at once, or append that count to ``counted`` (run after the answer)."""
         prompt, output, basis = charge_for(res.prompt_tokens, res.output_tokens, usage=usage,
                                            progress=progress, relayed_output=relayed_output)
         already = res.settlement
         s = res.settle(prompt, output, basis)
-        if already is None:
-            m, tid = self.metrics, res.tenant_id
-            charged_p, charged_o, refunded_p, refunded_o = self._children(
-                self._settled, tid, (m.tenant_tokens_charged, m.tenant_tokens_refunded))
-            charged_p.inc(s.charged_prompt)
-            charged_o.inc(s.charged_output)
-            refunded_p.inc(s.refunded_prompt)
-            refunded_o.inc(s.refunded_output)
-            m.tenant_charges.labels(tid, s.basis).inc()
+        if already is None and counted is not None:
+            counted.append(partial(self._count_settlement, res.tenant_id, s))
+        elif already is None:
+            self._count_settlement(res.tenant_id, s)
         return s
+
+    def _count_settlement(self, tid: str, s: Settlement) -> None:
+        m = self.metrics
+        for child, n in zip(self._children(self._settled, tid, (m.tenant_tokens_charged, m.tenant_tokens_refunded)),
+                            (s.charged_prompt, s.charged_output, s.refunded_prompt, s.refunded_output)):
+            child.inc(n)
+        m.tenant_charges.labels(tid, s.basis).inc()
 
 
 class SlotClaim:

@@ -240,22 +240,38 @@ class AuditHub:
         if span is not None:
             _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
 
+    def prepare_request(self, rec: RequestRecord) -> None:
+        """Work out the request's span part of its audit event ahead, when it does not depend on how
+        the request ends (a trace not recorded here: only its id, and with :attr:`worker_spans` the
+        span extra): the pipeline calls it while the replica works (issue 14, session 10). The trace
+        stays in ``rec`` for the upstream call's ``traceparent``; :meth:`emit_request` uses the result."""
+        rt = rec.extra.get("trace")
+        if rt is not None and not records(rt):
+            rec.extra["span_part"] = self._static_span_part(rt, rec.extra.get("wall0_ns"))
+
+    def _static_span_part(self, rt: Any, wall0: int | None) -> tuple[str, tuple | None]:
+        sc = rt.context
+        if self.worker_spans and sc.trace_flags.sampled:  # the worker exports its spans
+            return format(sc.trace_id, "032x"), span_extra(sc, time.time_ns() if wall0 is None else wall0, rt.links)
+        return format(sc.trace_id, "032x"), None
+
     def _end_spans(self, rec: RequestRecord) -> tuple[str | None, tuple | None]:
         """End the request's trace: ``(trace id as 32 hex digits or None, span extra or None)``. With
         :attr:`worker_spans` a sampled trace's spans are not built here: the span extra
         (:func:`audit.row_spans.span_extra`) goes with the request row and the audit worker builds them."""
-        rt = rec.extra.pop("trace", None)
-        span = rec.extra.pop("span", None)
+        extra = rec.extra
+        rt = extra.pop("trace", None)
+        span = extra.pop("span", None)
         if rt is None and span is None:
             return None, None
-        wall0 = rec.extra.pop("wall0_ns", None)
+        wall0 = extra.pop("wall0_ns", None)
+        part = extra.pop("span_part", None)
+        if part is not None:  # prepared while the replica worked (prepare_request)
+            return part
+        if rt is not None and not records(rt):  # not sampled, or nothing exports here: only the trace id
+            return self._static_span_part(rt, wall0)
         if wall0 is None:
             wall0 = time.time_ns()
-        if rt is not None and not records(rt):  # not sampled, or nothing exports here: only the trace id
-            sc = rt.context
-            if self.worker_spans and sc.trace_flags.sampled:  # the worker exports its spans
-                return format(sc.trace_id, "032x"), span_extra(sc, wall0, rt.links)
-            return format(sc.trace_id, "032x"), None
 
         children, end = stage_children(wall0, (rec.t0, rec.t_auth, rec.t_parsed, rec.t_keys, rec.t_decided,
                                                rec.t_route, rec.t_end))

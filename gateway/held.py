@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gateway.cpu_budget import NO_METER, CpuMeter
@@ -37,11 +38,14 @@ class Held:
     in-flight count (gateway/overload.py) the request holds, once counted;
     ``left``: its in-flight counts were given back (a refusal gives them back at
     once, before its answer waits for an unread body to drain: review R3-1); ``cpu``: the
-    request's preparation CPU meter (gateway/cpu_budget.py; a refusal charges it, :meth:`release` settles it).
+    request's preparation CPU meter (gateway/cpu_budget.py; a refusal charges it, :meth:`release` settles it);
+    ``prep``: the routed request's work that waits for the replica wait (issue 14, session 10), run
+    once by :meth:`run_prep`; ``served``: a plain answer was whole and valid: :meth:`end_attempt` gives
+    the attempt its success verdict (after the answer's last byte, session 10) instead of releasing it.
     """
 
     __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
-                 "reservation", "progress", "relayed", "tenant", "left", "cpu")
+                 "reservation", "progress", "relayed", "tenant", "left", "cpu", "prep", "served")
 
     def __init__(self) -> None:
         self.lease: Lease | SharedLease | None = None
@@ -59,6 +63,14 @@ class Held:
         self.tenant: str | None = None
         self.left = False
         self.cpu: CpuMeter = NO_METER
+        self.prep: Callable[[], None] | None = None
+        self.served = False
+
+    def run_prep(self) -> None:
+        """Run :attr:`prep` if it has not run (idempotent; an event loop callback or the request's end)."""
+        prep, self.prep = self.prep, None
+        if prep is not None:
+            prep()
 
     def leave(self, guard: OverloadGuard) -> None:
         """Give back the request's in-flight counts to ``guard`` (once; idempotent)."""
@@ -67,7 +79,8 @@ class Held:
             guard.leave(self.tenant)
 
     def end_attempt(self) -> None:
-        """Close the upstream response, finish the load ticket, release the breaker attempt."""
+        """Close the upstream response, finish the load ticket, give the breaker attempt its verdict
+        (success when :attr:`served`, else a release: no verdict)."""
         up, self.up = self.up, None
         try:
             if up is not None:
@@ -78,7 +91,10 @@ class Held:
                     self.ticket.finish()
             finally:
                 if self.attempt is not None:
-                    self.attempt.release()
+                    if self.served:
+                        self.attempt.succeeded()
+                    else:
+                        self.attempt.release()
 
     def release(self) -> None:
         """:meth:`end_attempt`, then free the tenant's concurrency slot, then settle the preparation CPU

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from functools import partial
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -106,7 +108,7 @@ class InferencePipeline:
             output_cap = adm.output_cap(req.max_tokens, tenant)
             held.reservation = await adm.check_prompt(tenant, prompt_tokens, req.sequences, output_cap * req.sequences)
             chains = gw.keys.prefix_chains(tenant, tokens)
-            rec.prefix_fingerprint = PrefixKeys.prefix_fingerprint(chains)
+            held.prep = lambda: self._prepare(rec, held, chains, None)  # a refusal's record: its fingerprint
             # candidates: routable replicas in the tenant's pools (gateway/replicas.py)
             candidates = gw.replica_set.candidates(tenant.pools, tenant.id)  # R7b-1
             if not candidates:
@@ -124,7 +126,8 @@ class InferencePipeline:
             gw.pep.enforce(decision)
             max_tokens = adm.clamp_max_tokens(req.max_tokens, tenant, decision)
             rec.max_tokens = max_tokens
-            adm.lower_reservation(held.reservation, max_tokens * req.sequences)
+            # not needed to route or write the upstream request: done while the replica works (_prepare)
+            held.prep = lambda: self._prepare(rec, held, chains, max_tokens * req.sequences)
             allowed = gw.pep.allowed_candidates(candidates, decision)
             if not allowed:
                 raise GatewayError(
@@ -220,6 +223,8 @@ class InferencePipeline:
             left = deadline - time.perf_counter()
             budget = max(0.001, min(ucfg.first_byte_timeout_s, left) if req.stream else left)
             progress, held.progress = held.progress, "unknown"  # sent: the replica may be working on it
+            if held.prep is not None:  # runs in the loop's next turn: after the request is written, before the answer
+                asyncio.get_running_loop().call_soon(held.run_prep)
             try:
                 up = await unless_client_leaves(
                     request, open_upstream(gw.upstream.require_session(), replica.url + rec.endpoint, upstream_body, headers, budget))
@@ -251,32 +256,65 @@ class InferencePipeline:
             return await plain_response(request, rec, held, self.cfg.upstream.read_timeout_s, gw.upstream)
         raise failure_error(last)
 
+    def _prepare(self, rec: RequestRecord, held: Held, chains: ChainView, output_tokens: int | None) -> None:
+        """The routed request's work that neither the routing decision nor the upstream request needs
+        (issue 14, session 10: the gateway's CPU is idle while the replica works): the policy's lower
+        ``max_tokens`` held in the ledger (``output_tokens``; None: no decision yet; a refund: holding
+        more for a moment is the safe side; no-op once settled), the record's prefix fingerprint and
+        the audit event's span part. Run once, by :meth:`Held.run_prep`: in the event loop's turn after
+        the upstream request was written, or by :meth:`_end` if the request ends first."""
+        res = held.reservation
+        if res is not None and output_tokens is not None:
+            self.gw.admission.lower_reservation(res, output_tokens)
+        rec.prefix_fingerprint = PrefixKeys.prefix_fingerprint(chains)
+        self.gw.audit.prepare_request(rec)
+
     def _end(self, rec: RequestRecord, held: Held) -> None:
-        """End the request (idempotent): give back all it holds, then write its one audit record."""
+        """End the request (idempotent): settle its tokens and write its one audit record; then give
+        back all it holds. Under a front that defers (gateway/recording.py) the giving back runs right
+        after the answer's last body part was handed to the server, in the same step (nothing awaited
+        in between: the next request on the loop finds the slot free); else at once, after the record."""
         if held.ended:
             return
         held.ended = True
-        held.leave(self.gw.overload)
         try:
-            held.release()
-        finally:
-            try:
-                self._settle(rec, held)
-            finally:
-                self._complete(rec, held.usage, held.choice)
+            held.run_prep()
+        except Exception:  # a bug: never lose the audit record nor what the request holds
+            log.exception("preparing the record of request %s failed", rec.request_id)
+        after: list[Callable[[], None]] = []  # what the record does not need: with the giving back
 
-    def _settle(self, rec: RequestRecord, held: Held) -> None:
-        """Reconcile the request's token reservation with what it used (tenancy/ledger.py)."""
+        def give_back() -> None:
+            held.leave(self.gw.overload)
+            try:
+                held.release()
+            finally:
+                for work in after:
+                    work()
+
+        deferred = after_send(give_back)
+        try:
+            self._settle(rec, held, after)
+            self._complete(rec, held.usage, held.choice, after)
+        finally:
+            if not deferred:
+                give_back()
+
+    def _settle(self, rec: RequestRecord, held: Held, after: list[Callable[[], None]]) -> None:
+        """Reconcile the request's token reservation with what it used (tenancy/ledger.py); its
+        metrics are appended to ``after`` (for after the answer)."""
         res = held.reservation
         if res is None:
             return
         try:
             rec.settlement = self.gw.admission.settle(res, usage=held.usage, progress=held.progress,
-                                           relayed_output=held.relayed)
+                                                      relayed_output=held.relayed, counted=after)
         except Exception:  # a bug: never lose the audit record; the reservation stays charged in full
             log.exception("settling the token reservation of request %s failed", rec.request_id)
 
-    def _complete(self, rec: RequestRecord, usage: JsonObject | None, choice: RouteChoice | None) -> None:
+    def _complete(self, rec: RequestRecord, usage: JsonObject | None, choice: RouteChoice | None,
+                  after: list[Callable[[], None]]) -> None:
+        """The record's answer fields, then the record; the router's and flow control's feedback
+        from the answer is appended to ``after`` (the record does not hold it)."""
         if usage:
             details = usage.get("prompt_tokens_details") or {}
             cached = details.get("cached_tokens") if isinstance(details, dict) else None
@@ -284,9 +322,10 @@ class InferencePipeline:
             out = usage.get("completion_tokens")
             rec.output_tokens = out if isinstance(out, int) else None
         if rec.delivered_prefix_tokens is not None and choice is not None:
-            self.gw.router.observe_delivered(choice, rec.delivered_prefix_tokens)
+            after.append(partial(self.gw.router.observe_delivered, choice, rec.delivered_prefix_tokens))
         if choice is not None and self.gw.flow is not None and rec.tenant_id:  # the VTC's output share
-            self.gw.flow.charge_output(rec.tenant_id, rec.output_tokens or rec.relayed_output or 0)
+            after.append(partial(self.gw.flow.charge_output, rec.tenant_id,
+                                 rec.output_tokens or rec.relayed_output or 0))
         cal = self.gw.calibration
         if cal is not None and not after_send(cal.flush):  # the first-byte observations queued on the answer's path
             cal.flush()

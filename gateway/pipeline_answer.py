@@ -161,7 +161,7 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
                            headers={"X-Request-Id": rec.request_id})  # R4-5, R9b-1: the answer names its event
         rec.status, rec.outcome, rec.error_code = 502, "failed", err.code
         return err.response()
-    held.attempt.succeeded()
+    held.served = True  # the replica's success verdict: when the request gives back its attempt (Held.end_attempt)
     usage = obj.get("usage")
     held.usage = usage if isinstance(usage, dict) else None
     rec.status, rec.outcome = 200, "allowed"

@@ -1,0 +1,250 @@
+"""The gateway's own critical path of a sequential request, this tree vs another (not a test).
+
+``python -m bench.critical_path --baseline DIR [--rounds 6] [--requests 400]``
+
+Issue 14, session 10. In the sequential benchmark the gateway's CPU is idle while the replica
+works; only two windows of its work are on the client's latency: from the request's arrival at
+the inference routes (``InferenceRoutes._serve``) to the upstream request's write
+(``UpstreamConnection.send`` returned), and from the replica's answer arriving
+(``UpstreamConnection.data_received``, first call after the send) to the return of the answer's
+last body part's ``send``. Work moved into the replica wait, or after the last part, leaves
+these windows. Two ``prefixgate serve`` processes (this tree, ``--baseline``) run the
+:mod:`bench.stage_timer` configuration (JWT-SVID, HMAC chain, embedded OPA, JSONL + OCSF audit),
+each started by a child entry point that wraps those four methods with clock reads (the same
+wrapper code in both trees: this file is copied into the baseline tree's ``bench/`` when
+missing); ``--rounds`` times, ``--requests`` sequential requests to one then the other
+(alternating which goes first). Reported per tree: medians over the rounds of each round's
+median of ``pre`` (arrival → send), ``post`` (answer → last part sent) and their sum, in wall
+µs and in thread-CPU µs (``time.thread_time_ns``: preemption by other processes excluded), and the
+thread CPU of the work off those windows: ``Held.run_prep`` where the tree has it (the replica
+wait) and the request's work after its last part's send returned (the same step).
+The arrival mark is after the HTTP server's parse (the same code in both trees).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bench.overhead import REPO, RESULTS, WARMUP, _Body, _second_config, sequential
+from sim.click_options import ClickOptions
+
+_WALL = time.perf_counter_ns
+_CPU = time.thread_time_ns
+
+
+class _Marks:
+    """The marks of the request in progress (sequential load: one at a time) and the samples."""
+
+    def __init__(self) -> None:
+        self.t_in: tuple[int, int] | None = None
+        self.t_sent: tuple[int, int] | None = None
+        self.t_head: tuple[int, int] | None = None
+        self.t_done: int | None = None
+        self.samples: dict[str, list[int]] = {k: [] for k in ("pre_wall", "pre_cpu", "post_wall", "post_cpu",
+                                                               "wait_wall", "prep_cpu", "tail_cpu")}
+
+    def done(self) -> None:
+        now = (_WALL(), _CPU())
+        self.t_done = now[1]
+        if self.t_in and self.t_sent and self.t_head:
+            s = self.samples
+            s["pre_wall"].append(self.t_sent[0] - self.t_in[0])
+            s["pre_cpu"].append(self.t_sent[1] - self.t_in[1])
+            s["post_wall"].append(now[0] - self.t_head[0])
+            s["post_cpu"].append(now[1] - self.t_head[1])
+            s["wait_wall"].append(self.t_head[0] - self.t_sent[0])
+        self.t_in = self.t_sent = self.t_head = None
+
+
+def _install() -> _Marks:
+    from gateway.inference_asgi import InferenceRoutes
+    from gateway.upstream_conn import UpstreamConnection
+
+    marks = _Marks()
+    serve, up_send, received = InferenceRoutes._serve, UpstreamConnection.send, UpstreamConnection.data_received
+
+    async def timed_serve(self: Any, framed: Any, send: Any, endpoint: str) -> None:
+        marks.t_in = (_WALL(), _CPU())
+        marks.t_sent = marks.t_head = None
+
+        async def timed_send(message: Any) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                marks.done()
+
+        marks.t_done = None
+        await serve(self, framed, timed_send, endpoint)
+        if marks.t_done is not None:  # the work after the last part's send, in the same step
+            marks.samples["tail_cpu"].append(_CPU() - marks.t_done)
+
+    def timed_up_send(self: Any, *a: Any, **k: Any) -> Any:
+        out = up_send(self, *a, **k)
+        marks.t_sent = (_WALL(), _CPU())
+        return out
+
+    def timed_received(self: Any, data: bytes) -> None:
+        if marks.t_sent is not None and marks.t_head is None:
+            marks.t_head = (_WALL(), _CPU())
+        received(self, data)
+
+    try:  # this tree's work in the replica wait (session 10; absent from older trees)
+        from gateway.held import Held
+        run_prep = Held.run_prep
+    except (ImportError, AttributeError):
+        run_prep = None
+    if run_prep is not None:
+        def timed_prep(self: Any) -> None:
+            if self.prep is None:
+                return
+            t = _CPU()
+            run_prep(self)
+            marks.samples["prep_cpu"].append(_CPU() - t)
+
+        Held.run_prep = timed_prep  # type: ignore[method-assign]
+    InferenceRoutes._serve = timed_serve  # type: ignore[method-assign]
+    UpstreamConnection.send = timed_up_send  # type: ignore[method-assign]
+    UpstreamConnection.data_received = timed_received  # type: ignore[method-assign]
+    return marks
+
+
+def _child(config_file: str, out_file: str) -> None:
+    """``prefixgate serve`` with the marks; SIGUSR1 clears the samples, SIGUSR2 writes them."""
+    from gateway.config import load_config
+    from gateway.server import run_serving, serve
+    from policy import reexec_with_go_gc
+
+    reexec_with_go_gc(["-m", "bench.critical_path", *sys.argv[1:]])
+    marks = _install()
+
+    def clear(*_: Any) -> None:
+        for s in marks.samples.values():
+            s.clear()
+
+    def dump(*_: Any) -> None:
+        Path(out_file + ".tmp").write_text(json.dumps(marks.samples))
+        os.replace(out_file + ".tmp", out_file)
+
+    signal.signal(signal.SIGUSR1, clear)
+    signal.signal(signal.SIGUSR2, dump)
+    run_serving(serve(load_config(config_file), config_path=config_file))
+
+
+async def _collect(proc: Any, out: Path) -> dict[str, list[int]]:
+    out.unlink(missing_ok=True)
+    os.kill(proc.pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 30
+    while not out.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return json.loads(out.read_text())
+
+
+async def run(baseline: Path, requests: int, rounds: int) -> dict[str, Any]:
+    """The measurement (module doc); returns the result document."""
+    import yaml
+
+    from bench.overhead import _spawn
+    from sim.demo import ClusterSpec, DemoPaths, bearer_headers, gateway_config, prepare_identity, start_cluster_proc
+    from sim.procs import free_port, stop_process
+
+    if not (baseline / "bench" / "critical_path.py").exists():
+        shutil.copy(Path(__file__), baseline / "bench" / "critical_path.py")
+    paths = DemoPaths.under(Path(tempfile.mkdtemp(prefix="pg-critical-path-")))
+    issuer = prepare_identity(paths)
+    cluster, replicas = await start_cluster_proc(ClusterSpec(replicas=1, time_scale=1e6, decode_s_per_token=0.0),
+                                                 paths)
+    procs: dict[str, Any] = {}
+    per: dict[str, list[dict[str, float]]] = {"this": [], "baseline": []}
+    try:
+        cfg = gateway_config("cache_aware", replicas, ["tenant-a"], paths, listen_port=free_port(),
+                             admin_port=free_port())
+        urls, outs = {}, {}
+        for name, tree in (("this", REPO), ("baseline", baseline)):
+            doc = _second_config(cfg, paths, name)
+            doc["policy"]["dir"] = str(tree / "rego")
+            cfg_path = paths.work / f"{name}.yaml"
+            cfg_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+            outs[name] = paths.work / f"{name}-samples.json"
+            procs[name], base = await _spawn(name, ["bench.critical_path", "--child", str(cfg_path), "--samples-out",
+                                                    str(outs[name])], paths, doc["listen"]["port"], "/readyz",
+                                             tree=tree)
+            urls[name] = base + "/v1/completions"
+        headers = {"Content-Type": "application/json", **dict(bearer_headers(issuer, ["tenant-a"])("tenant-a"))}
+        bodies = _Body(False)
+        for name in urls:
+            await sequential(urls[name], headers, WARMUP * 4, bodies)
+        for r in range(rounds):
+            order = ["this", "baseline"] if r % 2 == 0 else ["baseline", "this"]
+            for name in order:
+                os.kill(procs[name].pid, signal.SIGUSR1)
+                await asyncio.sleep(0.2)
+                seq = await sequential(urls[name], headers, requests, bodies)
+                s = await _collect(procs[name], outs[name])
+                row = {k: statistics.median(v) / 1000 if v else 0.0 for k, v in s.items()}
+                row["total_wall"] = row["pre_wall"] + row["post_wall"]
+                row["total_cpu"] = row["pre_cpu"] + row["post_cpu"]
+                row["client_p50_us"] = seq["p50_ms"] * 1000
+                row["n"] = len(s["pre_wall"])
+                per[name].append(row)
+                print(name, {k: round(v, 1) for k, v in row.items()}, flush=True)
+    finally:
+        for p in procs.values():
+            stop_process(p)
+        stop_process(cluster)
+        shutil.rmtree(paths.work, ignore_errors=True)
+    keys = ["pre_wall", "pre_cpu", "post_wall", "post_cpu", "total_wall", "total_cpu", "wait_wall", "prep_cpu",
+            "tail_cpu", "client_p50_us"]
+    med = {name: {k: round(statistics.median(r[k] for r in rows), 1) for k in keys} for name, rows in per.items()}
+    return {"benchmark": "critical_path", "baseline": str(baseline), "requests_per_round": requests,
+            "rounds": rounds, "medians_us": med, "per_round": per}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    ap = ClickOptions(prog="python -m bench.critical_path", description=__doc__.splitlines()[0])
+    ap.option("--baseline", type=click.Path(path_type=Path))
+    ap.option("--requests", type=int, default=400)
+    ap.option("--rounds", type=int, default=6)
+    ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
+    ap.option("--name", default="critical_path")
+    ap.option("--child", hidden=True)
+    ap.option("--samples-out", hidden=True)
+    args = ap.parse(argv)
+    if args.child:
+        _child(args.child, args.samples_out)
+        return 0
+    import uvloop
+
+    doc = uvloop.run(run(args.baseline, args.requests, args.rounds))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    lines = [f"# Gateway critical path, sequential (`python -m bench.critical_path`, tree {REPO}, "
+             f"baseline {args.baseline})", "",
+             f"{args.rounds} rounds of {args.requests} sequential requests per tree, alternating; µs, median of "
+             "the rounds' medians.", "",
+             "| tree | pre wall | pre CPU | post wall | post CPU | total wall | total CPU | replica wait | "
+             "CPU in the wait | CPU after the last part | client p50 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, m in doc["medians_us"].items():
+        lines.append(f"| {name} | {m['pre_wall']} | {m['pre_cpu']} | {m['post_wall']} | {m['post_cpu']} | "
+                     f"{m['total_wall']} | {m['total_cpu']} | {m['wait_wall']} | {m['prep_cpu']} | {m['tail_cpu']} | "
+                     f"{m['client_p50_us']} |")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
