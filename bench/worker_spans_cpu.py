@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
