@@ -20,15 +20,15 @@ max/mean <= 1.2 (1e-9 tolerance).
 
 Rules: ``smg_like`` (:class:`sim.des_smg.SMGLikePolicy`); ``extW``: PrefixGate's
 ``cache_aware`` with ``queue_externality_weight: W`` (W 0, 0.5, 1, 2; ``ext0`` is
-the default); ``ceil_extW``: the same with the dispatch-share guard's capacity
-rounded up as before session 10 (:class:`CeilShareFilter`).
+the default). bench/results/des_grid-s10.md was written on branch ``s10-grid``, whose
+dispatch-share guard rounded its capacity down (not merged): there its ``ceil_extW`` rows are
+main's shipped rule (capacity rounded up) and its ``extW`` rows the candidate.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,9 +36,7 @@ from typing import Any
 
 import click
 
-from routing.filters.dispatch_share import DispatchShareFilter
 from routing.policies import build_policy
-from routing.types import Candidate, RouteRequest
 from sim.click_options import ClickOptions
 from sim.des import SimConfig, SimRequest, load_trace, pooled_bound, simulate, write_setting_table
 from sim.des_smg import SMGLikePolicy
@@ -46,33 +44,7 @@ from sim.grid import CELLS, Cell
 from sim.bounds import tenant_names
 from sim.trace import DEFAULT_TRACE_PATH, assign_tenants, load_mooncake
 
-__all__ = ["CeilShareFilter", "RULES", "cell_config", "criteria", "main", "run_cell", "salted"]
-
-
-class CeilShareFilter(DispatchShareFilter):
-    """The dispatch-share guard as it was before session 10: capacity ``ceil(factor · mean)``
-    (:func:`routing.filters.dispatch_share.share_cap` rounds down); for comparison only."""
-
-    def filter(self, req: RouteRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
-        """See :meth:`DispatchShareFilter.filter`, with the old rounding."""
-        n = len(candidates)
-        if n < 2:
-            self._cap = math.inf
-            return list(candidates)
-        self._window = self.window_per_replica * n
-        best = max(c.matched_blocks for c in candidates)
-        holders = best > min(c.matched_blocks for c in candidates)
-        counts = self._counts
-        cap = self._cap = math.ceil(self.factor * (sum(counts[c.replica_id] for c in candidates) + 1) / n)
-        return [c for c in candidates
-                if counts[c.replica_id] + 1 <= cap or (holders and c.matched_blocks == best)]
-
-
-def _with_ceil_guard(policy: Any) -> Any:
-    """``policy`` (``cache_aware``) with its dispatch-share guard switched to :class:`CeilShareFilter`
-    in place (the load guard's ``within_share`` reads the same object's cap)."""
-    policy.dispatch_share.__class__ = CeilShareFilter
-    return policy
+__all__ = ["RULES", "cell_config", "criteria", "main", "run_cell", "salted"]
 
 
 def _ca(**params: Any) -> Callable[[str], Any]:
@@ -87,10 +59,6 @@ RULES: dict[str, Callable[[str], Any]] = {
     "ext1": _ca(queue_externality_weight=1.0),
     "ext2": _ca(queue_externality_weight=2.0),
 }
-for _w in (0.0, 0.5, 1.0):
-    RULES[f"ceil_ext{_w:g}"] = (lambda w: lambda model: _with_ceil_guard(build_policy(
-        "cache_aware", {"queue_externality_weight": w})))(_w)
-
 
 _FIGS = ("p50", "p99", "hit_pooled", "req_mm")
 
@@ -181,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells = [c for c in CELLS if not want or c.name in want]
     head = [f"windows={args.windows} x rows={args.rows} replicas=6 (sim.des_grid); window 0 = the grid's rows; "
             "ratios against smg_like; met: windows meeting hit/p50/p99/max-mean; extW: cache_aware with "
-            "queue_externality_weight W; ceil_extW: the same, dispatch-share capacity rounded up (before session 10)", "",
+            "queue_externality_weight W", "",
             "| cell | rule | w0 p50 (s) | w0 p50 ratio | w0 p99 ratio | w0 hit/pooled | w0 req max/mean "
             "| w0 all four | mean p50 ratio | mean p99 ratio | worst hit/pooled | worst req max/mean | met hit/p50/p99/mm | all four |",
             "|" + "---|" * 14]

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
-from routing import Candidate, ReplicaLoad, RouteRequest
-from routing.policies import build_policy
 from sim.des import SimRequest
-from sim.des_grid import CeilShareFilter, RULES, _with_ceil_guard, cell_config, criteria, salted
+from sim.des_grid import RULES, cell_config, criteria, salted
 from sim.grid import CELLS
 
 
@@ -37,15 +33,5 @@ def test_criteria_are_the_grids() -> None:
     assert criteria(bad, smg) == (False, False, False, False)
 
 
-def test_ceil_variant_keeps_the_old_rounding() -> None:
-    pol = _with_ceil_guard(build_policy("cache_aware", {"dispatch_share_factor": 1.1}))
-    f = pol.dispatch_share
-    assert isinstance(f, CeilShareFilter)
-    for rid in ["a"] * 5 + ["b"] * 5 + ["c"] * 4:
-        f.record(rid)
-    req = RouteRequest("t0", (), 64, 8, 16)
-    cands = [Candidate(r, ReplicaLoad(r), 0) for r in ("a", "b", "c")]
-    # ceil(1.1 * 15 / 3) = 6: everybody fits (the session-10 rule keeps only c)
-    assert math.ceil(1.1 * 15 / 3) == 6
-    assert [c.replica_id for c in f.filter(req, cands)] == ["a", "b", "c"]
-    assert {"smg_like", "ext0", "ext0.5", "ext1", "ext2", "ceil_ext0"} <= set(RULES)
+def test_rules_are_the_smg_imitation_and_the_weights() -> None:
+    assert {"smg_like", "ext0", "ext0.5", "ext1", "ext2"} == set(RULES)
