@@ -48,19 +48,25 @@ async def follow_changes(client: Any, channel: str, sync: Callable[[], Awaitable
                          what: str) -> None:
     """Run ``sync()`` now, then after each message on the Pub/Sub ``channel`` and at least every
     ``poll_s`` seconds, until cancelled. A failed round (Redis down, an apply that raised) is
-    logged as a warning naming ``what``; the local state is kept, the loop waits ``poll_s``,
+    logged as a warning naming ``what`` (once per run of failures of one kind: a record this
+    instance refuses, R10-1, fails every round until a newer one comes; the rounds after the
+    first are logged at debug level); the local state is kept, the loop waits ``poll_s``,
     subscribes again and goes on."""
     pubsub = client.pubsub()
     await pubsub.subscribe(channel)
+    failing: str | None = None  # the failure kind of the current run of failed rounds
     try:
         while True:
             try:
                 await sync()
+                failing = None
                 await pubsub.get_message(ignore_subscribe_messages=True, timeout=poll_s)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - Redis down or apply failed: keep state, retry
-                log.warning("shared %s sync failed (%s)", what, exc.__class__.__name__)
+                kind = exc.__class__.__name__
+                (log.debug if kind == failing else log.warning)("shared %s sync failed (%s)", what, kind)
+                failing = kind
                 await asyncio.sleep(poll_s)
                 with contextlib.suppress(Exception):
                     await pubsub.subscribe(channel)
