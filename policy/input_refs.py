@@ -17,8 +17,12 @@ A cached decision is reused for every input that agrees on the cache's key field
 - a use it cannot bound is "the whole input": bare ``input`` (``object.get(input, ...)``,
   ``walk(input)``, ``x := input``), ``input[k]``, ``with input as ...``, a reference to
   ``data`` or to the shipped package's document as a whole, a redefinition of one of
-  the shipped package's functions (whose arguments are input elements), and ``time``
-  (a different value at every request). Then nothing is cached.
+  the shipped package's functions (whose arguments are input elements), ``time``
+  (a different value at every request), and any call of OPA's non-deterministic built-ins
+  (``time.*``, ``rand.*``, ``uuid.*``, ``http.send``, ``net.*``, ``opa.runtime``; review R10b-3).
+  Then nothing is cached. A reference whose first term is a call, array, object or
+  comprehension (``object.union(input.request, {}).prompt_tokens``, ``[input.request][0].x``)
+  is scanned inside that term too (review R10b-1).
 
 If every path is inside the default key's fields the key is the default one (the
 gateway's fast key path, issue 14); otherwise it is the default key plus those paths.
@@ -42,6 +46,11 @@ SHIPPED_PACKAGE = ("prefixgate", "authz")
 _ALIASES = {"tenant": ("tenant",)}
 #: functions of the shipped package (their arguments are input elements: a redefinition reads them)
 _SHIPPED_FUNCTIONS = frozenset({"alert_applies", "pool_permitted"})
+#: built-in namespaces whose calls can answer differently for the same input (OPA's
+#: non-deterministic built-ins: ``time.now_ns``, ``rand.intn``, ``uuid.rfc4122``, ``http.send``,
+#: ``net.lookup_ip_addr``, ``opa.runtime``); any reference to them (conservatively, the deterministic
+#: ``time.parse_*`` too) means "do not cache" (review R10b-3)
+_NONDETERMINISTIC = frozenset({"time", "rand", "uuid", "http", "net", "opa"})
 #: lists of the input whose elements a ``[_]`` iterates (``candidates[].load``)
 _LISTS = frozenset({"candidates", "alerts"})
 
@@ -100,6 +109,10 @@ class _Scan:
                 self.paths.add(_path(rest[n + 1:], _ALIASES[static[n]]))
         elif self.local and name in _ALIASES:
             self.paths.add(_path(rest, _ALIASES[name]))
+        elif name in _NONDETERMINISTIC:
+            self.paths.add(WHOLE_INPUT)  # a value that changes between requests: never cached (R10b-3)
+        elif name is None:  # a call, array, object or comprehension with a path after it (R10b-1)
+            self.walk(value[0])
         self.walk(rest)
 
     def walk(self, node: Any) -> None:
