@@ -50,6 +50,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from gateway.admission import too_many
 from gateway.config_http import LimitsConfig
+from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from tenancy.limits import TokenBucket
 from tenancy.registry import Tenant
@@ -242,6 +243,27 @@ class CpuMeter:
         if excess > 0:
             assert self.tenant is not None
             budget.charge(self.tenant, excess)
+
+    def answer_refusal(self, size: int) -> GatewayError | None:
+        """The 429 ``cpu_budget_exhausted`` to send instead of checking a plain answer of ``size``
+        bytes, or None (check it with :meth:`check_answer`).
+
+        Review R10b-2 (session 10): :meth:`check_answer` charges a large answer's parse after it ran,
+        so a burst of a tenant's concurrent ``logprobs`` requests, all admitted before the first
+        charge, parsed every answer on the loop (8 answers of 5.9 MB: other tenants waited up to
+        0.9 s). An answer of ``limits.answer_cpu_meter_bytes`` or more whose tenant is in debt
+        when it arrives is now refused unparsed: the tenant's burst costs at most its parses
+        until the bucket is empty, plus the ones in progress. The output is lost to the tenant
+        (its tokens are charged as for any answer whose usage is unknown)."""
+        budget = self.budget
+        if budget is None or size < budget.answer_meter_bytes:
+            return None
+        assert self.tenant is not None
+        try:
+            budget.check(self.tenant)
+        except GatewayError as err:
+            return err
+        return None
 
     def check_answer(self, parse: Callable[[bytes], dict[str, Any]], data: bytes) -> dict[str, Any]:
         """``parse(data)``: a replica's plain answer (``data``, bytes) checked; raises what ``parse`` raises.

@@ -151,7 +151,9 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
                 data = up.first_chunk + await up.read_rest()
             else:
                 data = await unless_client_leaves(request, read_rest())
-        obj = held.cpu.check_answer(json_fast.loads_answer, data)  # R10-4: metered when large
+        refusal = held.cpu.answer_refusal(len(data))  # R10b-2: a large answer of a tenant in debt
+        if refusal is None:
+            obj = held.cpu.check_answer(json_fast.loads_answer, data)  # R10-4: metered when large
     except ClientGone:
         rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
         return Response(status_code=499)
@@ -162,6 +164,10 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
         rec.status, rec.outcome, rec.error_code = 502, "failed", err.code
         return err.response()
     held.served = True  # the replica's success verdict: when the request gives back its attempt (Held.end_attempt)
+    if refusal is not None:  # the replica answered (not its failure); the tenant's CPU budget refuses
+        rec.refused(refusal)
+        refusal.headers = {**refusal.headers, "X-Request-Id": rec.request_id}
+        return refusal.response()
     usage = obj.get("usage")
     held.usage = usage if isinstance(usage, dict) else None
     rec.status, rec.outcome = 200, "allowed"

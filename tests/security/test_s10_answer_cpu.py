@@ -10,10 +10,11 @@ answers 429 ``cpu_budget_exhausted`` while another tenant is served.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from aiohttp import web
 from gateway import json_fast
 from tests.support.fake_replicas import (  # noqa: F401 - n_replicas: this module's stack fixture
     PLAIN_ANSWER, base_app, completion, n_replicas, serving)
+from tests.support.waiting import wait_for
 
 TOKENS = 2048
 ALTERNATIVES = 20
@@ -43,11 +45,17 @@ class Fake:
     url: str = ""
     healthy: bool = True
     big: bytes = b""
+    #: requests whose prompt holds "HOLD" wait for this before answering (R10b-2's burst)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    held: int = 0
 
 
 def _app(fake: Fake) -> web.Application:
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if "HOLD" in str(body.get("prompt")):
+            fake.held += 1
+            await fake.release.wait()
         if body.get("logprobs"):
             return web.Response(body=fake.big, content_type="application/json")
         return web.json_response(PLAIN_ANSWER)
@@ -83,6 +91,32 @@ async def test_a_large_answer_is_charged_to_its_tenant(stack: Any, fakes: list[F
     again = await _post(stack, "tenant-a", completion("hello"))
     assert again.status_code == 429, again.text
     assert again.json()["error"]["code"] == "cpu_budget_exhausted"
+    other = await _post(stack, "tenant-b", completion("hello"))
+    assert other.status_code == 200, other.text
+
+
+def _charged(metrics: str) -> float:
+    lines = [line for line in metrics.splitlines()
+             if line.startswith('prefixgate_tenant_refused_cpu_seconds_total{tenant="tenant-a"}')]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
+async def test_a_burst_admitted_before_the_first_charge_is_refused_unparsed(stack: Any, fakes: list[Fake]) -> None:
+    """R10b-2: a second large answer that arrives once its tenant is in debt is refused (429)
+    without being parsed; the first one was served and charged."""
+    held = asyncio.create_task(_post(stack, "tenant-a", completion("HOLD", logprobs=ALTERNATIVES)))
+    await wait_for(lambda: fakes[0].held == 1, what="the second request at the replica")
+    first = await _post(stack, "tenant-a", completion("hello", logprobs=ALTERNATIVES))
+    assert first.status_code == 200, first.text
+    charged = _charged(await stack.admin_metrics())
+    assert charged > 0
+    fakes[0].release.set()
+    second = await held
+    assert second.status_code == 429, second.text
+    assert second.json()["error"]["code"] == "cpu_budget_exhausted"
+    assert second.headers.get("X-Request-Id")
+    # not parsed: only its preparation (the test gives no free allowance) is charged, far below a parse
+    assert _charged(await stack.admin_metrics()) - charged < charged / 4
     other = await _post(stack, "tenant-b", completion("hello"))
     assert other.status_code == 200, other.text
 
