@@ -94,7 +94,10 @@ async def test_hot_prefix_without_load_guard_raises_alert(stack, tmp_path: Path)
     assert any(a["kind"] == "replica_concentration" and a["replica_id"] == alert["replica"] for a in active)
 
 
-@pytest.mark.parametrize("config_overrides", [GUARD_ON], indirect=True)
+# the per-tenant CPU budget (R5-8/R6-1) is not this test's subject: on a loaded CI machine the
+# thread CPU of tokenizing the trace's long prompts grows and a few requests were refused
+# 429 cpu_budget_exhausted (session 10 CI), which says nothing about the load guard
+@pytest.mark.parametrize("config_overrides", [{**GUARD_ON, "limits": {"refused_cpu_ms_per_s": None}}], indirect=True)
 async def test_real_trace_with_load_guard_raises_none(stack, tmp_path: Path) -> None:
     reqs = load_mooncake(DEFAULT_TRACE_PATH, ROWS)
     tenants = assign_tenants(reqs, ["tenant-a", "tenant-b"], seed=0)

@@ -26,8 +26,9 @@ def test_example_loads_unchanged_and_names_every_section() -> None:
         missing = set(model.model_fields) - set(raw[section])
         # only the alternatives of a choice may be left out (bundle_file vs bundle_url is per trust domain)
         # routing.params is the old key, kept only to answer with a pointer to routing.policy
+        # policy.cache_key_fields: null and [] differ in remote mode (set = opt in to caching, R10-2)
         assert missing <= {"dir", "versions_dir", "url", "token_env", "ca_file", "otlp_endpoint", "offload",
-                           "params"}, (section, missing)
+                           "params", "cache_key_fields"}, (section, missing)
     assert cfg.policy.dir is None  # the installed policy
     text = EXAMPLE.read_text(encoding="utf-8")
     assert sum(1 for line in text.splitlines() if line.lstrip().startswith("#")) >= len(raw)  # commented
