@@ -1,6 +1,6 @@
 """Peak rate of ``prefixgate serve`` with 1 process and with ``--workers N`` (issue 16; not a test).
 
-``python -m bench.workers_peak [--redis-url URL] [--workers 2] [--rounds 2] [--clients 32] [--seconds 8]
+``python -m bench.workers_peak [--redis-url URL] [--workers 2] [--rounds 2] [--clients 32[,64]] [--seconds 8]
 [--load-generator python|wrk|python,wrk] [--targets memory,redis1,redisN] [--replica sim|lean|sim,lean]
 [--baseline DIR] [--label TEXT]``
 
@@ -29,7 +29,12 @@ Without ``--redis-url`` the bench starts its own ``redis-server``
 concurrency limit high enough never to refuse, so every request runs the
 shared-limit scripts. Load: ``--clients`` closed-loop clients (or wrk
 connections) for ``--seconds`` per target and load generator
-(:func:`bench.loadgen.peak`, 64-word prompts, ``max_tokens`` 1), after 1 s of
+(:func:`bench.loadgen.peak`, 64-word prompts, ``max_tokens`` 1; session 11: a
+comma-separated ``--clients 32,64`` measures every target at each count and
+credits each target with its best, its peak over offered concurrency, so one
+process and N processes get the same counts and neither is judged at a
+concurrency that underloads it; ``peaks`` and ``peak_ratios`` in the result),
+after 1 s of
 unmeasured warm-up with the same generator; targets interleaved (rotated per
 round), generators alternated per round, median over ``--rounds``. The load
 generator, the replicas and Redis run on the same machine as the gateway and
@@ -61,7 +66,8 @@ CPU µs per answered request, their context switches per answered request
 (``serve_wakeups_per_req``: voluntary, the event loop went idle and was woken;
 ``serve_preempted_per_req``: involuntary, another process took the core), and the
 ceiling ``cpus x serve / (serve + rest)`` that everything else on the
-machine puts on ``xN / x1`` (see :func:`_cpu_per_request`).
+machine puts on ``xN / x1``, the rest split into audit worker, replicas,
+redis-server and load generator (:func:`bench.workers_peak_calc.cpu_per_request`).
 
 Results: ``bench/results/<--out>.{json,md}`` (default ``workers_peak``).
 """
@@ -82,6 +88,7 @@ import yaml
 
 from bench import loadgen
 from bench.harness import start_demo_stack, write_json_and_markdown
+from bench.workers_peak_calc import client_counts, cpu_per_request, peak_ratios, peaks
 from bench.workers_peak_md import markdown as _markdown
 from bench.overhead import _Cpu
 from sim.click_options import ClickOptions
@@ -208,8 +215,8 @@ async def _measure(generator: str, url: str, headers: Any, clients: int, seconds
 
 
 async def _target(name: str, cfg: dict[str, Any], workers: int, paths: DemoPaths, headers: Any,
-                  a: SimpleNamespace, generators: list[str], replicas: _Cpu, redis: _RedisStats | None,
-                  tree: Path | None = None) -> dict[str, dict[str, Any]]:
+                  a: SimpleNamespace, generators: list[tuple[str, str, int]], replicas: _Cpu,
+                  redis: _RedisStats | None, tree: Path | None = None) -> dict[str, dict[str, Any]]:
     doc = json.loads(json.dumps(cfg))
     doc["listen"]["port"], doc["admin"]["port"] = free_port(), free_port()
     audit = paths.work / f"audit-{name.replace(' ', '_')}"
@@ -226,9 +233,9 @@ async def _target(name: str, cfg: dict[str, Any], workers: int, paths: DemoPaths
     try:
         await wait_for_url(f"{base}/readyz", timeout_s=60, proc=proc)
         gateway = _TreeCpu(proc.pid)
-        return {g: await _measure(g, f"{base}/v1/completions", headers, a.clients, a.seconds, gateway, replicas,
-                                  redis if cfg["state"]["backend"] == "redis" else None)
-                for g in generators}
+        return {key: await _measure(g, f"{base}/v1/completions", headers, clients, a.seconds, gateway, replicas,
+                                    redis if cfg["state"]["backend"] == "redis" else None)
+                for key, g, clients in generators}
     finally:
         stop_process(proc, timeout_s=30)
 
@@ -237,9 +244,13 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
     """Run the rounds of ``a`` (see module doc); returns the result document."""
     from sim.redis_server import REDIS_SERVER, RedisServer
 
-    generators = [g for g in a.load_generator.split(",") if g]
-    for g in generators:
+    base_generators = [g for g in a.load_generator.split(",") if g]
+    for g in base_generators:
         loadgen.require_generator(g)
+    counts = client_counts(a.clients)
+    # session 11: each (generator, client count) is measured on every target; with one count the
+    # result keys are the generators' names as before, with several "<generator> c<count>"
+    generators = [(g if len(counts) == 1 else f"{g} c{n}", g, n) for g in base_generators for n in counts]
     work = Path(tempfile.mkdtemp(prefix="prefixgate-workers-peak-", dir=a.work))
     redis = None
     if not a.redis_url:
@@ -283,7 +294,7 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
                                           a.workers, tree, cpu))
     targets = [t for k in a.targets.split(",") if k for t in all_targets[k]]
     rstats = _RedisStats(redis_url)
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {g: {t[0]: [] for t in targets} for g in generators}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {g[0]: {t[0]: [] for t in targets} for g in generators}
     try:
         for r in range(a.rounds):
             gens = generators[r % len(generators):] + generators[:r % len(generators)]
@@ -294,7 +305,7 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
                     runs[g][name].append(x)
                     extra = (f", redis {x['redis_cores']} cores, {x['redis_cmds_per_req']} cmds/req, "
                              f"{x['redis_reads_per_req']} reads/req" if "redis_cores" in x else "")
-                    print(f"round {r + 1} {name:15s} {g:6s} {x['rps']:.0f} req/s, load generator {x['loadgen_cores']} "
+                    print(f"round {r + 1} {name:15s} {g:9s} {x['rps']:.0f} req/s, load generator {x['loadgen_cores']} "
                           f"cores, gateway {x['gateway_cores']} (serve {x['serve_cores']}, "
                           f"{x['serve_us_per_req']} µs/req, {x['serve_wakeups_per_req']} wakeups and "
                           f"{x['serve_preempted_per_req']} preemptions/req; per process {x['worker_cores']}, "
@@ -329,32 +340,13 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
                 if mem and many and mem["rps"]:
                     ratios.setdefault(g, {})[f"redis x{a.workers}{suffix}{fix} / memory x1{fix}"] = round(
                         many["rps"] / mem["rps"], 3)
-    return {"label": a.label, "runs": runs, "summary": summary, "cpu_per_request": _cpu_per_request(summary), "clients": a.clients, "seconds": a.seconds,
-            "rounds": a.rounds, "workers": a.workers, "generators": generators, "baseline": a.baseline,
-            "ratios": ratios, "loadavg": os.getloadavg(), "cpus": os.cpu_count()}
+    best = peaks(summary, generators)
+    return {"label": a.label, "runs": runs, "summary": summary, "cpu_per_request": cpu_per_request(summary),
+            "clients": counts, "seconds": a.seconds, "rounds": a.rounds, "workers": a.workers,
+            "generators": [g[0] for g in generators], "baseline": a.baseline, "ratios": ratios,
+            "peaks": best, "peak_ratios": peak_ratios(best, a.workers) if len(counts) > 1 else {},
+            "loadavg": os.getloadavg(), "cpus": os.cpu_count()}
 
-
-def _cpu_per_request(summary: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per generator and target: µs of CPU per answered request of the serve processes, of the rest
-    (audit worker, replicas, redis-server, load generator), and the ceiling they put on ``xN / x1``
-    on this machine: ``cpus x serve / (serve + rest)`` of the one-process target (its serve process
-    saturates one core; N processes share all cores with the rest), i.e. if N processes paid what one
-    pays per request."""
-    out: dict[str, dict[str, Any]] = {}
-    cpus = os.cpu_count() or 1
-    for g, per in summary.items():
-        for name, x in per.items():
-            if not x.get("rps"):
-                continue
-            us = 1e6 / x["rps"]
-            serve = (x.get("serve_cores") or 0) * us
-            rest = ((x.get("gateway_cores") or 0) - (x.get("serve_cores") or 0) + (x.get("replica_cores") or 0)
-                    + (x.get("redis_cores") or 0) + (x.get("loadgen_cores") or 0)) * us
-            row = {"serve_us": round(serve), "rest_us": round(rest), "total_us": round(serve + rest)}
-            if " x1" in name and serve + rest > 0:
-                row["ceiling_xN_over_x1"] = round(cpus * serve / (serve + rest), 2)
-            out.setdefault(g, {})[name] = row
-    return out
 
 
 def main() -> None:
@@ -363,7 +355,9 @@ def main() -> None:
     ap.option("--redis-url", default=None, help="default: start a redis-server of our own")
     ap.option("--workers", type=int, default=2)
     ap.option("--rounds", type=int, default=2)
-    ap.option("--clients", type=int, default=32)
+    ap.option("--clients", default="32",
+              help="closed-loop clients (wrk connections); a comma-separated list (32,64) measures every target "
+                   "at each and also reports each target's peak over them")
     ap.option("--seconds", type=float, default=8.0)
     ap.option("--load-generator", default="python",
               help="python, wrk, or a comma-separated list (python,wrk): each target measured with each")

@@ -22,9 +22,19 @@ def markdown(r: dict[str, Any]) -> str:
                      for g, per in r["summary"].items() for name, s in per.items())
     ratios = "; ".join(f"{g}: {k} {v:.2f}" for g, per in r["ratios"].items() for k, v in per.items())
     base = f"\n@base: the Redis targets run from {r['baseline']}.\n" if r.get("baseline") else ""
+    counts = r["clients"] if isinstance(r["clients"], list) else [r["clients"]]
+    clients = ", ".join(map(str, counts)) + (" (every target at each; load generator column: <generator> c<count>)"
+                                             if len(counts) > 1 else "")
+    peak = ""
+    if r.get("peak_ratios"):  # session 11: each target's best over the client counts
+        peak = ("peak over the client counts (median req/s at the best count): "
+                + "; ".join(f"{g} {name} {p['rps']:.1f} (c{p['clients']})" for g, per in r["peaks"].items()
+                            for name, p in per.items())
+                + "\n\npeak ratios: " + "; ".join(f"{g}: {k} {v:.2f}" for g, per in r["peak_ratios"].items()
+                                                   for k, v in per.items()) + "\n\n")
     return (f"# serve --workers: peak rate (bench/workers_peak.py)\n\n"
             f"{r['label']}\n\n"
-            f"{r['clients']} closed-loop clients (wrk: connections) x {r['seconds']} s per target and load generator, "
+            f"{clients} closed-loop clients (wrk: connections) x {r['seconds']} s per target and load generator, "
             f"{r['rounds']} interleaved rounds; load generator, replicas and Redis on the same {r['cpus']}-CPU machine "
             f"as the gateway (load average after the run {loadavg_text(r['loadavg'])}). Cores = CPU seconds / wall "
             f"seconds over the measured window (1.00 = one whole core); redis cmds and reads per request from "
@@ -35,7 +45,7 @@ def markdown(r: dict[str, Any]) -> str:
             f"| target | load generator | median req/s | runs | load gen cores | gateway cores (serve processes) | "
             f"serve µs/req | replica cores | redis cores | redis cmds/req | redis reads/req | errors |\n"
             f"|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n{rows}\n\n"
-            f"median req/s ratios: {ratios}\n\n"
+            f"median req/s ratios: {ratios}\n\n{peak}"
             f"cores of each serve process per run (busiest first; the kernel hands each new connection to "
             f"one worker, so a skewed split caps xN): "
             + "; ".join(f"{g} {name}: " + " | ".join(f"{x.get('worker_cores', '-')} (connections "
@@ -48,6 +58,9 @@ def markdown(r: dict[str, Any]) -> str:
             f"CPU per answered request (µs; serve processes / rest = audit worker, replicas, redis-server, load "
             f"generator) and, for one process, the ceiling on xN / x1 on {r['cpus']} CPUs if N processes paid the "
             f"same per request (cpus x serve / (serve + rest)):\n\n"
-            + "\n".join(f"- {g} {name}: serve {c['serve_us']}, rest {c['rest_us']}, total {c['total_us']}"
+            + "\n".join(f"- {g} {name}: serve {c['serve_us']}, rest {c['rest_us']}"
+                        + (f" (audit {c['audit_us']}, replicas {c['replica_us']}, redis {c['redis_us']}, load "
+                           f"generator {c['loadgen_us']})" if "audit_us" in c else "")
+                        + f", total {c['total_us']}"
                         + (f"; ceiling {c['ceiling_xN_over_x1']}" if "ceiling_xN_over_x1" in c else "")
                         for g, per in r.get("cpu_per_request", {}).items() for name, c in per.items()) + "\n")
