@@ -88,7 +88,7 @@ import yaml
 
 from bench import loadgen
 from bench.harness import start_demo_stack, write_json_and_markdown
-from bench.workers_peak_calc import client_counts, cpu_per_request, peak_ratios, peaks
+from bench.workers_peak_calc import client_counts, cpu_per_request, peak_ratios, peaks, serve_growth
 from bench.workers_peak_md import markdown as _markdown
 from bench.overhead import _Cpu
 from sim.click_options import ClickOptions
@@ -341,7 +341,9 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
                     ratios.setdefault(g, {})[f"redis x{a.workers}{suffix}{fix} / memory x1{fix}"] = round(
                         many["rps"] / mem["rps"], 3)
     best = peaks(summary, generators)
-    return {"label": a.label, "runs": runs, "summary": summary, "cpu_per_request": cpu_per_request(summary),
+    cpu = cpu_per_request(summary)
+    return {"label": a.label, "runs": runs, "summary": summary, "cpu_per_request": cpu,
+            "serve_growth": serve_growth(cpu, a.workers),
             "clients": counts, "seconds": a.seconds, "rounds": a.rounds, "workers": a.workers,
             "generators": [g[0] for g in generators], "baseline": a.baseline, "ratios": ratios,
             "peaks": best, "peak_ratios": peak_ratios(best, a.workers) if len(counts) > 1 else {},

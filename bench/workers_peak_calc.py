@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["client_counts", "cpu_per_request", "peak_ratios", "peaks"]
+__all__ = ["client_counts", "cpu_per_request", "peak_ratios", "peaks", "serve_growth"]
 
 
 def client_counts(text: str | int) -> list[int]:
@@ -75,6 +75,24 @@ def cpu_per_request(summary: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
                    "loadgen_us": round((x.get("loadgen_cores") or 0) * us)}
             if " x1" in name and serve + rest > 0:
                 row["ceiling_xN_over_x1"] = round(cpus * serve / (serve + rest), 2)
+                # session 11: the same with the load generator and the replicas on other cores (only the
+                # gateway's own parts, audit worker and redis-server, share the cores with the serve ones)
+                own = serve + row["audit_us"] + row["redis_us"]
+                if own > 0:
+                    row["ceiling_gateway_parts_only"] = round(cpus * serve / own, 2)
             out.setdefault(g, {})[name] = row
+    return out
+
+
+def serve_growth(cpu: dict[str, dict[str, Any]], workers: int) -> dict[str, dict[str, float]]:
+    """Per generator: serve µs per request of ``redis xN`` over ``redis x1`` (same fixture and tree;
+    session 11: what N processes on shared cores pay more per request than one; 1.0 = nothing)."""
+    out: dict[str, dict[str, float]] = {}
+    for g, per in cpu.items():
+        for name, row in per.items():
+            if workers > 1 and name.startswith(f"redis x{workers}"):
+                one = per.get(name.replace(f"redis x{workers}", "redis x1", 1))
+                if one and one.get("serve_us"):
+                    out.setdefault(g, {})[name] = round(row["serve_us"] / one["serve_us"], 2)
     return out
 

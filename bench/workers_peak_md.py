@@ -63,4 +63,9 @@ def markdown(r: dict[str, Any]) -> str:
                            f"generator {c['loadgen_us']})" if "audit_us" in c else "")
                         + f", total {c['total_us']}"
                         + (f"; ceiling {c['ceiling_xN_over_x1']}" if "ceiling_xN_over_x1" in c else "")
-                        for g, per in r.get("cpu_per_request", {}).items() for name, c in per.items()) + "\n")
+                        + (f" ({c['ceiling_gateway_parts_only']} with the load generator and replicas on "
+                           f"other cores)" if "ceiling_gateway_parts_only" in c else "")
+                        for g, per in r.get("cpu_per_request", {}).items() for name, c in per.items()) + "\n"
+            + ("\nserve µs per request at xN over x1 (what N processes on shared cores pay more each): "
+               + "; ".join(f"{g} {name} {v:.2f}" for g, per in r["serve_growth"].items() for name, v in per.items())
+               + "\n" if r.get("serve_growth") else ""))

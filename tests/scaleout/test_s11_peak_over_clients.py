@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.workers_peak_calc import client_counts, cpu_per_request, peak_ratios, peaks
+from bench.workers_peak_calc import client_counts, cpu_per_request, peak_ratios, peaks, serve_growth
 
 
 def test_client_counts_parse_one_or_a_list_and_refuse_the_rest() -> None:
@@ -39,3 +39,16 @@ def test_cpu_per_request_splits_the_rest_into_its_parts() -> None:
         450, 80, 40, 50, 40)
     assert row["rest_us"] == 80 + 40 + 50 + 40
     assert "ceiling_xN_over_x1" in row
+
+
+def test_gateway_parts_ceiling_and_serve_growth() -> None:
+    cpu = cpu_per_request({"wrk": {"redis x1": {"rps": 2000.0, "serve_cores": 0.9, "gateway_cores": 1.06,
+                                                "replica_cores": 0.08, "redis_cores": 0.1, "loadgen_cores": 0.08},
+                                   "redis x2": {"rps": 2500.0, "serve_cores": 1.4, "gateway_cores": 1.6,
+                                                "replica_cores": 0.1, "redis_cores": 0.15, "loadgen_cores": 0.1}}})
+    one = cpu["wrk"]["redis x1"]
+    # without the load generator and replicas the bound only counts the gateway's own parts
+    assert one["ceiling_gateway_parts_only"] > one["ceiling_xN_over_x1"]
+    assert "ceiling_xN_over_x1" not in cpu["wrk"]["redis x2"]
+    assert serve_growth(cpu, 2) == {"wrk": {"redis x2": round(560 / 450, 2)}}
+    assert serve_growth(cpu, 1) == {}
