@@ -372,6 +372,7 @@ def main() -> None:
     ap.option("--work", default=None, help="parent of the work directory (default: the system's temp dir)")
     ap.option("--out", default="bench/results/workers_peak")
     a = ap.parse()
+    client_counts(a.clients)  # refuses a bad --clients before anything starts
     try:
         for g in a.load_generator.split(","):
             loadgen.require_generator(g)
