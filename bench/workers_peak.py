@@ -50,7 +50,9 @@ this host), ``cmds/req`` (``INFO commandstats`` calls, all commands, over
 requests answered) and ``reads/req`` (``INFO stats``
 ``total_reads_processed``: the server's socket reads, about one per client
 round trip, a pipeline being one), plus each command's calls per request in
-the JSON. Background traffic (lease renewal, routing snapshots) is included.
+the JSON; session 11: the server's execution time per request of the scripts
+(``EVALSHA``, the commands they call included) and of the routing stream
+(``XADD`` + ``XREAD``), from ``INFO commandstats`` ``usec``. Background traffic (lease renewal, routing snapshots) is included.
 
 ``--baseline DIR`` (another source tree, e.g. ``git worktree add`` or
 ``git archive BASE | tar -x -C DIR``): the Redis targets are also run from
@@ -116,7 +118,8 @@ class _RedisStats:
     def sample(self) -> dict[str, Any]:
         stats = self.client.info("commandstats")
         calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
-        return {"calls": calls, "reads": int(self.client.info("stats")["total_reads_processed"]),
+        usec = {k.removeprefix("cmdstat_"): int(v.get("usec", 0)) for k, v in stats.items()}
+        return {"calls": calls, "usec": usec, "reads": int(self.client.info("stats")["total_reads_processed"]),
                 "cpu_s": None if self.cpu is None else self.cpu.seconds()}
 
     @staticmethod
@@ -124,7 +127,13 @@ class _RedisStats:
         n = max(1, requests)
         calls = {k: round((v - a["calls"].get(k, 0)) / n, 3) for k, v in b["calls"].items()
                  if v - a["calls"].get(k, 0) > 0 and k not in ("info",)}
-        return {"redis_cores": None if b["cpu_s"] is None else round((b["cpu_s"] - a["cpu_s"]) / wall, 3),
+        # session 11: the server's own execution time per request (INFO commandstats usec): EVALSHA's
+        # includes the commands its script calls (counted again under their own names), so "scripts" is
+        # the Lua side in full; the rest of redis-server's CPU is socket I/O and its event loop
+        usec = {k: (v - a["usec"].get(k, 0)) / n for k, v in b["usec"].items() if k != "info"}
+        timing = {"redis_scripts_us_per_req": round(usec.get("evalsha", 0.0) + usec.get("eval", 0.0), 2),
+                  "redis_stream_us_per_req": round(usec.get("xadd", 0.0) + usec.get("xread", 0.0), 2)}
+        return {**timing, "redis_cores": None if b["cpu_s"] is None else round((b["cpu_s"] - a["cpu_s"]) / wall, 3),
                 "redis_cmds_per_req": round(sum(calls.values()), 3),
                 "redis_reads_per_req": round((b["reads"] - a["reads"] - 2) / n, 3), "redis_calls_per_req": calls}
 
@@ -324,7 +333,8 @@ async def run(a: SimpleNamespace) -> dict[str, Any]:
         return round(statistics.median(vals), 3) if vals else None
 
     keys = ("rps", "loadgen_cores", "gateway_cores", "serve_cores", "serve_us_per_req", "replica_cores",
-            "redis_cores", "redis_cmds_per_req", "redis_reads_per_req", "serve_wakeups_per_req",
+            "redis_cores", "redis_cmds_per_req", "redis_reads_per_req", "redis_scripts_us_per_req",
+            "redis_stream_us_per_req", "serve_wakeups_per_req",
             "serve_preempted_per_req")
     summary = {g: {name: {k: med(xs, k) for k in keys}
                    | {"errors": sum(x["errors"] for x in xs)} for name, xs in per.items()} for g, per in runs.items()}

@@ -55,7 +55,16 @@ def markdown(r: dict[str, Any]) -> str:
             "event loop went idle and was woken; preempted = involuntary): "
             + "; ".join(f"{g} {name}: {s.get('serve_wakeups_per_req')} / {s.get('serve_preempted_per_req')}"
                         for g, per in r["summary"].items() for name, s in per.items()) + "\n\n"
-            f"CPU per answered request (µs; serve processes / rest = audit worker, replicas, redis-server, load "
+            + ("redis-server execution time per answered request (µs, INFO commandstats usec: the server's wall "
+               "time around each command, so on a busy machine it includes time it was preempted and can exceed "
+               "its CPU; scripts = EVALSHA with the commands they call, stream = XADD + XREAD; on a quiet machine "
+               "the rest of its CPU is socket I/O and its event loop): "
+               + "; ".join(f"{g} {name}: scripts {s.get('redis_scripts_us_per_req')}, stream "
+                           f"{s.get('redis_stream_us_per_req')}" for g, per in r["summary"].items()
+                           for name, s in per.items() if s.get("redis_scripts_us_per_req") is not None)
+               + "\n\n" if any(s.get("redis_scripts_us_per_req") is not None for per in r["summary"].values()
+                               for s in per.values()) else "")
+            + f"CPU per answered request (µs; serve processes / rest = audit worker, replicas, redis-server, load "
             f"generator) and, for one process, the ceiling on xN / x1 on {r['cpus']} CPUs if N processes paid the "
             f"same per request (cpus x serve / (serve + rest)):\n\n"
             + "\n".join(f"- {g} {name}: serve {c['serve_us']}, rest {c['rest_us']}"
