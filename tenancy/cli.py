@@ -187,9 +187,9 @@ def _rotate(config_path: str, tenant_id: str, operation: Callable[[KeyRing, str]
         raise click.ClickException(str(exc)) from None
     finally:
         ring.close()
-    _emit({**record, "actor": "cli", "offline": True})
     click.echo(f"offline change of {ctx.state_file}: applies at the gateway's next start; it is not in the "
-               "audit chain (keep this record)", err=True)
+               "audit chain (keep the record below)", err=True)
+    _emit({**record, "actor": "cli", "offline": True})
 
 
 @keys_group.command("rotate-tenant", help="Start a new prefix-key version for TENANT_ID in the state file "
