@@ -9,11 +9,14 @@ write of the file (any admin rotation) put the old epoch back.
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tenancy.keys import KeyRing, KeyStateInUse
 from tenancy.state import KeyState, TenantState, load_state, save_state
@@ -101,11 +104,6 @@ def test_a_stale_ring_merges_forward_instead_of_overwriting(tmp_path: Path) -> N
 
 
 def test_offline_writes_work_when_no_gateway_holds_the_file_and_say_so(tmp_path: Path) -> None:
-    import os
-    import secrets
-
-    import yaml
-
     master = tmp_path / "master.key"
     master.write_text(secrets.token_hex(32))
     os.chmod(master, 0o600)
