@@ -32,7 +32,7 @@ def main(log_level: str) -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="YAML configuration file (docs/configuration.md).")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Gateway processes on this host; more than 1 needs state.backend: redis (docs/scale-out).")
+              help="Gateway processes on this host; more than 1 needs state.backend: redis (docs/scale-out.md).")
 @click.option("--worker-index", type=click.IntRange(min=0), default=None, hidden=True,
               help="Internal: run as worker i of --workers N on the inherited listening sockets.")
 def serve(config_path: str, workers: int, worker_index: int | None) -> None:

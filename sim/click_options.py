@@ -20,12 +20,15 @@ class ClickOptions:
     """The options of one script, parsed by a ``click.Command`` built from them.
 
     ``prog`` is the name shown in usage lines (default: click's guess from ``sys.argv``);
-    ``description`` is the command's help text.
+    ``description`` is the command's help text; ``show_default``: ``--help`` shows every
+    option's default (click's ``show_default`` context setting).
     """
 
-    def __init__(self, prog: str | None = None, description: str | None = None) -> None:
+    def __init__(self, prog: str | None = None, description: str | None = None, *,
+                 show_default: bool = False) -> None:
         self.prog = prog
         self.description = description
+        self.show_default = show_default
         self.params: list[click.Parameter] = []
 
     def option(self, *decls: str, **attrs: Any) -> None:
@@ -44,7 +47,8 @@ class ClickOptions:
 
         command = click.Command(name=self.prog, params=self.params, callback=callback,
                                 help=self.description, context_settings={"max_content_width": 100,
-                                                  "help_option_names": ["-h", "--help"]})
+                                                  "help_option_names": ["-h", "--help"],
+                                                  "show_default": self.show_default})
         try:
             result = command.main(args=None if argv is None else list(argv), prog_name=self.prog,
                                   standalone_mode=False)

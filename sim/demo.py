@@ -362,17 +362,17 @@ def audit_summary(paths: DemoPaths, log: Callable[[str], None] = print) -> dict[
 
 def _parse(argv: Sequence[str] | None) -> SimpleNamespace:
     ap = ClickOptions(prog="prefixgate-sim demo", description="Replay a real trace through PrefixGate, "
-                      "one run per routing policy, and compare.")
-    ap.option("--trace", type=click.Path(path_type=Path), default=DEFAULT_TRACE_PATH)
+                      "one run per routing policy, and compare.", show_default=True)  # R11-D2
+    ap.option("--trace", type=click.Path(path_type=Path), default=DEFAULT_TRACE_PATH, help="Mooncake trace (JSONL)")
     ap.option("--rows", type=int, default=600, help="first N trace rows")
     ap.option("--time-scale", type=float, default=10.0, help="trace seconds per wall second")
-    ap.option("--replicas", type=int, default=6)
+    ap.option("--replicas", type=int, default=6, help="simulated replicas")
     ap.option("--capacity-blocks", type=int, default=4000, help="KV blocks (16 tokens) per replica")
     ap.option("--prefill-tokens-per-s", type=float, default=10000.0, help="real tokens per trace second")
     ap.option("--tenants", type=int, default=3, help="number of tenants (conversations assigned by seed)")
     ap.option("--policies", default=",".join(POLICIES), help="comma-separated routing policies")
     ap.option("--max-tokens-cap", type=int, default=None, help="cap on max_tokens (default: trace value)")
-    ap.option("--seed", type=int, default=0)
+    ap.option("--seed", type=int, default=0, help="seed of the tenant assignment")
     ap.option("--out", type=click.Path(path_type=Path), default=RESULTS_DIR, help="directory for demo.md / demo.json")
     ap.option("--name", default="demo", help="result file stem")
     ap.option("--keep-workdir", is_flag=True, help="keep configs, logs and audit files")

@@ -14,7 +14,8 @@ keys use it at once, while :meth:`KeyRing.lookup_keys` and
 re-derives every tenant from a new master secret, keeping the old master's
 keys for the same grace period. Grace is in-process only (the prefix index
 is in memory too). Key versions, salt epochs and the master generation persist in a JSON state file
-(:mod:`tenancy.state`); derived keys and secrets are never written.
+(:mod:`tenancy.state`), locked and merged forward at every write (R11-1: :mod:`tenancy.state_lock`,
+:meth:`KeyRing._persist`); derived keys and secrets are never written.
 
 The master secret comes from a file (refused if group/world accessible) or an
 environment variable, never from the configuration file
@@ -30,7 +31,7 @@ import hmac
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tenancy.key_derivation import (
     PREFIX_KEY_INFO,
@@ -51,11 +52,12 @@ from tenancy.master_secret import (
 from tenancy.prefix import DEFAULT_DIGEST_SIZE, block_hash_chain
 from tenancy.salt import cache_salt as _cache_salt
 from tenancy.salt import derive_salt_key
-from tenancy.state import KeyState, TenantState, load_state, save_state
+from tenancy.state import KeyState, TenantState, forward
+from tenancy.state_lock import KeyStateInUse, StateFile
 
 __all__ = [
-    "KeyRingError", "MasterUnchanged", "MIN_MASTER_SECRET_BYTES", "PREFIX_KEY_INFO", "TenantKey", "PrefixChains",
-    "KeyRing", "load_master_secret", "derive_prefix_key", "key_id", "USER_KEY_INFO", "user_pseudonym",
+    "KeyRingError", "KeyStateInUse", "MasterUnchanged", "MIN_MASTER_SECRET_BYTES", "PREFIX_KEY_INFO", "TenantKey",
+    "PrefixChains", "KeyRing", "load_master_secret", "derive_prefix_key", "key_id", "USER_KEY_INFO", "user_pseudonym",
 ]
 
 #: the state of a tenant never rotated; shared, never changed (every change commits a new TenantState)
@@ -83,8 +85,12 @@ class KeyRing:
     ``grace_s``: seconds a previous key version stays recognised after a
     rotation. ``clock``: monotonic seconds (injectable for tests).
     ``state_path``: JSON file keeping key versions and salt epochs across
-    restarts (``None`` keeps them in memory only). Thread-safe.
-    Raises :class:`KeyRingError` for a short secret or an unusable state file.
+    restarts (``None`` keeps them in memory only). ``state_lock``: the state
+    file's lock (:class:`tenancy.state_lock.StateFile`): ``"shared"`` (default,
+    a ring serving traffic, held until :meth:`close`), ``"exclusive"`` (offline
+    command) or ``None`` (read only). Thread-safe. Raises :class:`KeyRingError`
+    for a short secret or an unusable state file, :class:`KeyStateInUse` for a
+    conflicting lock holder, ``ValueError`` for another ``state_lock``.
     """
 
     def __init__(
@@ -94,6 +100,7 @@ class KeyRing:
         grace_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
         state_path: str | None = None,
+        state_lock: str | None = "shared",
     ) -> None:
         check_master_secret(master_secret)
         if grace_s < 0:
@@ -102,22 +109,25 @@ class KeyRing:
         self._generation = 1
         self._grace_s = float(grace_s)
         self._clock = clock
-        self._state_path = state_path
         self._lock = threading.RLock()
         self._retired_masters: list[_Retired] = []
         self._grace: dict[str, list[_GraceKey]] = {}
         self._cache: dict[tuple[int, str, int], TenantKey] = {}
         self._salt_cache: dict[tuple[int, str, int], str] = {}
         self._user_cache: dict[tuple[int, str, str], str] = {}
-        if state_path is not None:
-            try:
-                self._state = load_state(state_path)
-            except Exception as exc:  # StateError
-                raise KeyRingError(str(exc)) from exc
-        else:
-            self._state = KeyState()
+        self._file = None if state_path is None else StateFile(state_path, state_lock)
+        try:
+            self._state = KeyState() if self._file is None else self._file.load()
+        except KeyRingError:
+            self.close()
+            raise
         self._generation = self._state.master_generation
         self._subkeys: dict[tuple[int, bytes], bytes] = {}
+
+    def close(self) -> None:
+        """Release the state file's lock (idempotent; else at garbage collection or exit; retaken to write)."""
+        if self._file is not None:
+            self._file.close()
 
     # -- introspection ---------------------------------------------------
     @property
@@ -157,18 +167,11 @@ class KeyRing:
             now = self._clock()
             self._expire(now)
             keys = [self.current(tenant_id)]
-            for g in reversed(self._grace.get(tenant_id, [])):
-                keys.append(g.key)
+            keys.extend(g.key for g in reversed(self._grace.get(tenant_id, [])))
             for retired in reversed(self._retired_masters):
                 version = retired.versions.get(tenant_id, 1)
                 keys.append(self._derive(retired.master, retired.generation, tenant_id, version))
-            seen: set[str] = set()
-            out: list[TenantKey] = []
-            for k in keys:
-                if k.kid not in seen:
-                    seen.add(k.kid)
-                    out.append(k)
-            return out
+            return list({k.kid: k for k in keys}.values())  # one per kid, first-seen order (a kid names one key)
 
     def prefix_chain(
         self,
@@ -207,10 +210,7 @@ class KeyRing:
         (the rotation is then not applied).
         """
         with self._lock:
-            old = self.current(tenant_id)
-            ts = self._tenant_state(tenant_id)
-            self._commit(tenant_id, TenantState(ts.key_version + 1, ts.salt_epoch))
-            self._grace.setdefault(tenant_id, []).append(_GraceKey(old, self._clock() + self._grace_s))
+            self._persist(_bump(tenant_id, key=1))  # puts the key in use in grace
             return self.current(tenant_id)
 
     def rotate_master(self, new_secret: bytes) -> int:
@@ -228,7 +228,9 @@ class KeyRing:
         with self._lock:
             if hmac.compare_digest(new_secret, self._master):
                 raise MasterUnchanged("new master secret equals the current one")
-            self._switch_master(new_secret, self._generation + 1)
+            versions = {tid: ts.key_version for tid, ts in self._state.tenants.items()}
+            written = self._persist(lambda base: replace(base, master_generation=base.master_generation + 1))
+            self._switch_master(new_secret, written.master_generation, versions)
             return self._generation
 
     def adopt_master(self, generation: int, secret: bytes | None = None) -> bool:
@@ -245,12 +247,15 @@ class KeyRing:
         with self._lock:
             if generation <= self._generation:
                 return False
-            if secret is None or hmac.compare_digest(secret, self._master):
-                self._save(KeyState(tenants=self._state.tenants, master_generation=generation))
+            same = secret is None or hmac.compare_digest(secret, self._master)
+            if not same:
+                check_master_secret(secret)
+            versions = {tid: ts.key_version for tid, ts in self._state.tenants.items()}
+            self._persist(lambda base: replace(base, master_generation=max(base.master_generation, generation)))
+            if same:
                 self._generation = generation
             else:
-                check_master_secret(secret)
-                self._switch_master(secret, generation)
+                self._switch_master(secret, generation, versions)
             return True
 
     def mac_subkeys(self, info: bytes) -> tuple[bytes, ...]:
@@ -269,9 +274,8 @@ class KeyRing:
                 out.append(key)
             return tuple(out)
 
-    def _switch_master(self, new_secret: bytes, generation: int) -> None:
-        self._save(KeyState(tenants=self._state.tenants, master_generation=generation))
-        versions = {tid: ts.key_version for tid, ts in self._state.tenants.items()}
+    def _switch_master(self, new_secret: bytes, generation: int, versions: dict[str, int]) -> None:
+        """In memory only (persisted by the caller first); ``versions``: those in use before."""
         self._retired_masters.append(
             _Retired(self._generation, self._master, versions, self._clock() + self._grace_s))
         self._master = bytes(new_secret)
@@ -292,15 +296,12 @@ class KeyRing:
         """
         if key_version < 1 or salt_epoch < 0:
             raise ValueError("key_version must be >= 1 and salt_epoch >= 0")
+        seen = TenantState(key_version, salt_epoch)
         with self._lock:
             ts = self._tenant_state(tenant_id)
-            new = TenantState(max(ts.key_version, key_version), max(ts.salt_epoch, salt_epoch))
-            if new == ts:
+            if forward(ts, seen) == ts:
                 return False
-            old = self.current(tenant_id)
-            self._commit(tenant_id, new)
-            if new.key_version != ts.key_version:
-                self._grace.setdefault(tenant_id, []).append(_GraceKey(old, self._clock() + self._grace_s))
+            self._persist(_bump(tenant_id, seen=seen))
             return True
 
     def tenant_states(self) -> dict[str, tuple[int, int]]:
@@ -345,26 +346,26 @@ class KeyRing:
         state file cannot be written.
         """
         with self._lock:
-            ts = self._tenant_state(tenant_id)
-            self._commit(tenant_id, TenantState(ts.key_version, ts.salt_epoch + 1))
-            return ts.salt_epoch + 1
+            self._persist(_bump(tenant_id, salt=1))
+            return self._tenant_state(tenant_id).salt_epoch
 
     # -- internals ---------------------------------------------------------
     def _tenant_state(self, tenant_id: str) -> TenantState:
         return self._state.tenants.get(tenant_id) or _UNROTATED
 
-    def _commit(self, tenant_id: str, new: TenantState) -> None:
-        tenants = dict(self._state.tenants)
-        tenants[tenant_id] = new
-        self._save(KeyState(tenants=tenants, master_generation=self._state.master_generation))
-
-    def _save(self, candidate: KeyState) -> None:
-        if self._state_path is not None:
-            try:
-                save_state(self._state_path, candidate)
-            except Exception as exc:  # StateError
-                raise KeyRingError(str(exc)) from exc
-        self._state = candidate
+    def _persist(self, change: Callable[[KeyState], KeyState]) -> KeyState:
+        """Write ``change(base)`` (caller holds ``self._lock``), ``base`` = the ring's view merged forward with
+        the file's, read under its write lock (no number there is lowered; a rotation gets a number never used);
+        adopt the written tenant numbers (the key in use to grace if its version moved); a higher master
+        generation in the file stays there (adopting needs the secret). :class:`KeyRingError`: nothing applied."""
+        mine = replace(self._state, master_generation=max(self._state.master_generation, self._generation))
+        written = change(mine) if self._file is None else self._file.write(mine, change)
+        expires = self._clock() + self._grace_s
+        for tid, ts in written.tenants.items():
+            if ts.key_version != self._tenant_state(tid).key_version:
+                self._grace.setdefault(tid, []).append(_GraceKey(self.current(tid), expires))
+        self._state = written
+        return written
 
     def _expire(self, now: float) -> None:
         expired = {r.generation for r in self._retired_masters if r.expires_at <= now}
@@ -389,3 +390,11 @@ class KeyRing:
                 self._cache.clear()
             self._cache[ck] = tk
         return tk
+
+
+def _bump(tenant_id: str, *, key: int = 0, salt: int = 0, seen: TenantState = _UNROTATED) -> Callable[..., KeyState]:
+    """The change: the tenant's merged numbers moved forward to ``seen``, plus ``key`` / ``salt``."""
+    def change(base: KeyState) -> KeyState:
+        ts = forward(base.tenants.get(tenant_id, _UNROTATED), seen)
+        return replace(base, tenants={**base.tenants, tenant_id: TenantState(ts.key_version + key, ts.salt_epoch + salt)})
+    return change

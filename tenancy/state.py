@@ -12,6 +12,12 @@ generation this instance has used or adopted (issue 16: it never goes back).
 
 Writes are atomic: a temporary file in the same directory, ``fsync``, then
 ``os.replace`` (POSIX rename is atomic), created with mode 0600.
+
+Every number only moves forward (:func:`forward`, :func:`merge_forward`): the one
+rule of the key ring (:meth:`tenancy.keys.KeyRing.adopt`, its writes of this file,
+which merge with what they find there, R11-1) and of the shared state
+(tenancy/shared_keys.py adopts through ``KeyRing.adopt``; its Lua script applies
+the same rule inside Redis).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-__all__ = ["StateError", "TenantState", "KeyState", "load_state", "save_state"]
+__all__ = ["StateError", "TenantState", "KeyState", "forward", "load_state", "merge_forward", "save_state"]
 
 _FORMAT = 1
 
@@ -55,6 +61,19 @@ class KeyState:
                 for tid, ts in sorted(self.tenants.items())
             },
         }
+
+
+def forward(a: TenantState, b: TenantState) -> TenantState:
+    """Field-by-field maximum of two tenant states: a key version or salt epoch never goes back."""
+    return TenantState(max(a.key_version, b.key_version), max(a.salt_epoch, b.salt_epoch))
+
+
+def merge_forward(a: KeyState, b: KeyState) -> KeyState:
+    """Union of the tenants of ``a`` and ``b``, each :func:`forward` of both; the higher master generation."""
+    tenants = dict(a.tenants)
+    for tid, ts in b.tenants.items():
+        tenants[tid] = forward(tenants[tid], ts) if tid in tenants else ts
+    return KeyState(tenants=tenants, master_generation=max(a.master_generation, b.master_generation))
 
 
 def _int_field(doc: dict, name: str, minimum: int, where: str) -> int:
