@@ -48,6 +48,7 @@ SLOW: frozenset[str] = frozenset({
     "tests/hygiene/test_i11_markers.py",  # four collections of the suite, ~30 s
     "tests/scaleout/test_s2_shared_admission.py",  # 3 gateways + redis restarts, 1-5 s per test
     "tests/scaleout/test_s2_workers.py",  # serve --workers 2 as processes, ~10 s
+    "tests/security/test_s11_keys_cli_running_gateway.py",  # a real serve process, ~14 s
 })
 
 _ROOT = Path(__file__).resolve().parents[2]
