@@ -21,6 +21,12 @@ replica, whatever the tenants do; within the interval the last probe's verdict s
 failure: the circuit opens at once). Failures that need no verification open the circuit as before:
 a connection that could not be made (nothing was sent), a failure with no tenant known, and a
 replica set without a verifier (unit tests of the breaker alone).
+
+The bound is per process (review R10b-6, accepted in session 11): ``serve --workers N`` sends at
+most N probes per interval per replica. It is not shared through the state backend because every
+worker needs the probe's *verdict*, synchronously, where the failure is counted: a shared lease
+alone would leave the workers that lose it without one (they would count the failure as before
+S9-L4, or wait on another worker's answer); docs/security.md, session 11.
 """
 
 from __future__ import annotations
