@@ -52,8 +52,8 @@ class NotifyingLoadTracker:
                  tenant: str = "", calibrate: bool = True) -> LoadTicket:
         """Charge the inner tracker (``tenant``, ``calibrate``: see ``LoadTracker.dispatch``); the ticket
         notifies on release."""
-        return _NotifyingTicket(self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests, tenant, calibrate),
-                                lambda: self.on_release())
+        inner = self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests, tenant, calibrate)
+        return _NotifyingTicket(inner, lambda: self.on_release())
 
     def snapshot(self, replica_id: str) -> ReplicaLoad:
         """The inner tracker's snapshot."""

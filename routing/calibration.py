@@ -192,8 +192,8 @@ class PrefillRateEstimator:
         if th is not None and isfinite(th[0]) and isfinite(th[1]) and isfinite(th[2]):
             self._theta = th
             if th[1] > 0 and self.samples >= self.min_samples:
-                b = th[1]
-                self._good = (min(self.prior_rate * self.rate_range, max(self.prior_rate / self.rate_range, _SCALE / b)),
+                b, rate = th[1], self.prior_rate
+                self._good = (min(rate * self.rate_range, max(rate / self.rate_range, _SCALE / b)),
                               min(1.0, max(0.0, th[2] / b)), min(self.max_overhead_s, max(0.0, th[0])))
         return True
 

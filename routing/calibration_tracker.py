@@ -72,7 +72,8 @@ class CalibratingLoadTracker:
         the first byte feeds; ``calibrate`` False: it feeds none (the request has parts the router's
         token count does not predict: R10-3), the inner ticket is returned as is."""
         if not calibrate:
-            return self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests)  # type: ignore[attr-defined,no-any-return]
+            inner = self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests)  # type: ignore[attr-defined]
+            return inner  # type: ignore[no-any-return]
         before: ReplicaLoad = self.inner.snapshot(replica_id)  # type: ignore[attr-defined]
         t = self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests)  # type: ignore[attr-defined]
         return _CalibratingTicket(t, self.calibration, self.clock, before.queued_prefill_tokens, prefill_tokens,

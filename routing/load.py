@@ -126,7 +126,8 @@ class InProcessLoadTracker:
         """Charge one request to ``replica_id``: ``prefill_tokens`` (predicted
         uncached prompt tokens), ``decode_tokens`` (expected output tokens) and
         ``requests`` running requests (the sequences of a batch, default 1);
-        ``tenant``, ``calibrate`` are ignored. Negative values raise :class:`ValueError`. Returns its :class:`Ticket`."""
+        ``tenant``, ``calibrate`` are ignored. Negative values raise
+        :class:`ValueError`. Returns its :class:`Ticket`."""
         if prefill_tokens < 0 or decode_tokens < 0 or requests < 0:
             raise ValueError("token counts must be non-negative")
         c = self._c.get(replica_id)
