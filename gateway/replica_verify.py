@@ -23,10 +23,10 @@ a connection that could not be made (nothing was sent), a failure with no tenant
 replica set without a verifier (unit tests of the breaker alone).
 
 The bound is per process (review R10b-6, accepted in session 11): ``serve --workers N`` sends at
-most N probes per interval per replica. It is not shared through the state backend because every
-worker needs the probe's *verdict*, synchronously, where the failure is counted: a shared lease
-alone would leave the workers that lose it without one (they would count the failure as before
-S9-L4, or wait on another worker's answer); docs/security.md, session 11.
+most N probes per interval per replica. It is not shared through the state backend: a lease alone
+would leave the workers that lose it without the probe's *verdict* (they would count the failure
+as before S9-L4), and sharing the verdict needs an authenticated record, polling while the probe
+runs and wiring through the upstream client, for N-1 fewer probes; docs/security.md, session 11.
 """
 
 from __future__ import annotations
