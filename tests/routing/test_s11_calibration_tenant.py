@@ -152,3 +152,32 @@ def test_fits_per_replica_are_bounded_and_stale_ones_dropped() -> None:
 
 def cal_params(est: PrefillRateEstimator) -> tuple[float, float, float] | None:
     return est.params()
+
+
+@pytest.mark.parametrize("au", [16, 4000])
+def test_through_the_router_one_tenant_does_not_move_the_estimate(au: int) -> None:
+    """The same poisoning through :class:`Router` and the calibrating tracker, with the API of both
+    trees (fails on the old tree by its result: one pooled fit per replica)."""
+    from routing.index import InProcessPrefixIndex
+    from routing.policies import build_policy
+    from routing.router import Router
+
+    def run(attacker: bool) -> float:
+        now = [0.0]
+        cal = Calibration(prior_rate=RATE)
+        loads = CalibratingLoadTracker(InProcessLoadTracker(), cal, lambda: now[0])
+        router = Router(build_policy("cache_aware", {}), InProcessPrefixIndex(1000), loads, 16, cal)
+        rng = random.Random(5)
+        for i in range(400):
+            u, y = _honest(rng)
+            sends = [(f"honest-{i % 3}", u, y)] + ([("attacker", au, 0.8)] if attacker else [])
+            for tenant, tokens, ttft in sends:
+                _, ticket = router.route(RouteRequest(tenant, [], tokens, 4, 16), ["a"])
+                now[0] += ttft
+                ticket.first_byte()
+                ticket.finish()
+        e = cal.estimate("a")
+        assert e is not None and e.calibrated  # before: None for u=16 (the slope lost)
+        return e.prefill_tokens_per_s
+
+    assert 0.85 < run(True) / run(False) < 1.18  # before: 2x slower (u=4000)
