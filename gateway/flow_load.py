@@ -48,10 +48,12 @@ class NotifyingLoadTracker:
         self.on_release: Callable[[], None] = lambda: None
         self.snapshot = inner.snapshot  # type: ignore[method-assign]  # the inner tracker's, no frame per call
 
-    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1) -> LoadTicket:
-        """Charge the inner tracker; the ticket notifies on release."""
-        return _NotifyingTicket(self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests),
-                                lambda: self.on_release())
+    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1,
+                 tenant: str = "", calibrate: bool = True) -> LoadTicket:
+        """Charge the inner tracker (``tenant``, ``calibrate``: see ``LoadTracker.dispatch``); the ticket
+        notifies on release."""
+        inner = self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests, tenant, calibrate)
+        return _NotifyingTicket(inner, lambda: self.on_release())
 
     def snapshot(self, replica_id: str) -> ReplicaLoad:
         """The inner tracker's snapshot."""

@@ -142,6 +142,7 @@ class InferencePipeline:
                 max_tokens=max_tokens * req.sequences,
                 block_size=self.cfg.routing.block_size,
                 sequences=req.sequences,
+                calibrate=not req.extra_text,  # tools / response_format: counted, not hashed (R10-3)
             )
             # 6+7 route and proxy, retrying on another replica before the first byte
             return await self._route_and_proxy(request, req, rec, tenant, route_req, chains, allowed, body, held)

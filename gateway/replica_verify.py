@@ -21,6 +21,12 @@ replica, whatever the tenants do; within the interval the last probe's verdict s
 failure: the circuit opens at once). Failures that need no verification open the circuit as before:
 a connection that could not be made (nothing was sent), a failure with no tenant known, and a
 replica set without a verifier (unit tests of the breaker alone).
+
+The bound is per process (review R10b-6, accepted in session 11): ``serve --workers N`` sends at
+most N probes per interval per replica. It is not shared through the state backend: a lease alone
+would leave the workers that lose it without the probe's *verdict* (they would count the failure
+as before S9-L4), and sharing the verdict needs an authenticated record, polling while the probe
+runs and wiring through the upstream client, for N-1 fewer probes; docs/security.md, session 11.
 """
 
 from __future__ import annotations

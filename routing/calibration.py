@@ -49,12 +49,12 @@ weight), not configured: no engine exports "chunked prefill on" as a metric.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from routing.calibration_tenants import ReplicaFits
+from routing.calibration_tracker import CalibratingLoadTracker  # split out in session 11, re-exported
 from routing.engine_metrics import EngineSample, parse_engine_metrics
 from routing.linsolve import solve3 as _solve
-from routing.types import ReplicaLoad
 
 __all__ = [
     "CalibratingLoadTracker",
@@ -123,6 +123,7 @@ class PrefillRateEstimator:
         self._xy = [0.0] * _N
         self._abs_res = 0.0  # EW mean absolute residual (s)
         self._theta: list[float] | None = None
+        self._good: tuple[float, float, float] | None = None  # the last identified estimate (params())
 
     def _fit(self) -> list[float] | None:
         # the statistics plus a weak ridge prior of weight w: a toward 0 (tiny), b toward
@@ -149,16 +150,16 @@ class PrefillRateEstimator:
         return 0.0 + th[0] * x[0] + th[1] * x[1] + th[2] * x[2]  # = sum(...) on CPython 3.11, left to right
 
     def observe(self, uncached_tokens: float, queued_tokens: float, ttft_s: float,
-                shared_wait_tokens: float | None = None) -> None:
+                shared_wait_tokens: float | None = None) -> bool:
         """Add one observation: ``uncached_tokens``, ``queued_tokens`` (>= 0,
         tokens), the measured ``ttft_s`` (s) and ``shared_wait_tokens`` (the
         part of the queue that delays it on a shared replica, ``min(q, k·u)``;
         ``None``: unknown, the whole queue). Non-finite or negative values
-        are ignored."""
+        are ignored. Returns whether it was taken."""
         isfinite = math.isfinite
         if not (isfinite(uncached_tokens) and uncached_tokens >= 0 and isfinite(queued_tokens)
                 and queued_tokens >= 0 and isfinite(ttft_s) and ttft_s >= 0):
-            return
+            return False
         x = self._features(uncached_tokens, queued_tokens, shared_wait_tokens)
         x0, x1, x2 = x
         y = ttft_s
@@ -190,31 +191,33 @@ class PrefillRateEstimator:
         th = self._fit()
         if th is not None and isfinite(th[0]) and isfinite(th[1]) and isfinite(th[2]):
             self._theta = th
+            if th[1] > 0 and self.samples >= self.min_samples:
+                b, rate = th[1], self.prior_rate
+                self._good = (min(rate * self.rate_range, max(rate / self.rate_range, _SCALE / b)),
+                              min(1.0, max(0.0, th[2] / b)), min(self.max_overhead_s, max(0.0, th[0])))
+        return True
+
+    def params(self) -> tuple[float, float, float] | None:
+        """The bounded ``(rate tokens/s, queue weight, overhead s)`` (module doc), or ``None`` before
+        ``min_samples`` or while the fit never identified a rate. When the latest fit does not (time
+        does not grow with work, e.g. deep overload on a shared replica), the last one that did
+        stands (R10-3: before session 11 the replica lost its estimate, which switched calibration
+        off for every candidate of the pool)."""
+        return self._good
 
     def estimate(self, engine: EngineSample | None = None, external_requests: float = 0.0) -> ReplicaEstimate | None:
-        """The bounded estimate (module doc), or ``None`` before ``min_samples``; ``engine`` and
+        """:meth:`params` as a :class:`ReplicaEstimate` (``None`` when it is); ``engine`` and
         ``external_requests`` are set on it as given (:meth:`Calibration.estimate`)."""
-        th = self._theta
-        if th is None or self.samples < self.min_samples:
+        p = self._good
+        if p is None:
             return None
-        lo, hi = self.prior_rate / self.rate_range, self.prior_rate * self.rate_range
-        b = th[1]
-        if not b > 0:
-            return None  # time does not grow with work (e.g. deep overload on a shared replica): no estimate
-        rate = min(hi, max(lo, _SCALE / b))
-        qw = th[2] / b
-        return ReplicaEstimate(
-            prefill_tokens_per_s=rate,
-            queue_weight=min(1.0, max(0.0, qw)),
-            overhead_s=min(self.max_overhead_s, max(0.0, th[0])),
-            samples=self.samples,
-            engine=engine,
-            external_requests=external_requests,
-        )
+        return ReplicaEstimate(prefill_tokens_per_s=p[0], queue_weight=p[1], overhead_s=p[2], samples=self.samples,
+                               engine=engine, external_requests=external_requests)
 
 
 class Calibration:
-    """Per-replica estimators and the last engine sample of each replica.
+    """Per-replica calibration (per-tenant fits combined by :class:`routing.calibration_tenants.ReplicaFits`)
+    and the last engine sample of each replica.
 
     ``prior_rate``: tokens/s before calibration (the policy's configured
     constant); keyword arguments go to every :class:`PrefillRateEstimator`.
@@ -226,14 +229,15 @@ class Calibration:
             raise ValueError("prior_rate must be > 0")
         self.prior_rate = prior_rate
         self._kw = estimator_kw
-        self._est: dict[str, PrefillRateEstimator] = {}
+        PrefillRateEstimator(prior_rate, **estimator_kw)  # type: ignore[arg-type]  # its ValueError now
+        self._fits: dict[str, ReplicaFits] = {}
         self._engine: dict[str, EngineSample] = {}
         self._external: dict[str, float] = {}
         self._defer = False
-        self._pending: list[tuple[str, float, float, float, float | None]] = []
-        # the last estimate per replica with what it was built from (estimator, its sample count,
-        # engine sample, external requests): rebuilt only when one of them changed
-        self._built: dict[str, tuple[PrefillRateEstimator | None, int, EngineSample | None, float,
+        self._pending: list[tuple[str, str, float, float, float, float | None]] = []
+        # the last estimate per replica with what it was built from (fits, their version, engine
+        # sample, external requests): rebuilt only when one of them changed
+        self._built: dict[str, tuple[ReplicaFits | None, int, EngineSample | None, float,
                                      ReplicaEstimate | None]] = {}
 
     #: deferred first-byte observations held at most (then they are applied at once)
@@ -258,30 +262,41 @@ class Calibration:
         pending = self._pending
         if pending:
             self._pending = []
-            for rid, u, q, y, s in pending:
-                self._estimator(rid).observe(u, q, y, s)
+            for rid, tenant, u, q, y, s in pending:
+                self._replica(rid).observe(tenant, u, q, y, s)
 
-    def _estimator(self, replica_id: str) -> PrefillRateEstimator:
-        e = self._est.get(replica_id)
-        if e is None:
-            e = self._est[replica_id] = PrefillRateEstimator(self.prior_rate, **self._kw)  # type: ignore[arg-type]
-        return e
+    def _replica(self, replica_id: str) -> ReplicaFits:
+        f = self._fits.get(replica_id)
+        if f is None:
+            f = self._fits[replica_id] = ReplicaFits(self._new_estimator)
+        return f
 
-    def estimator(self, replica_id: str) -> PrefillRateEstimator:
-        """The estimator of ``replica_id`` (created on first use), queued observations applied."""
+    def _new_estimator(self) -> PrefillRateEstimator:
+        return PrefillRateEstimator(self.prior_rate, **self._kw)  # type: ignore[arg-type]
+
+    def estimator(self, replica_id: str, tenant: str = "") -> PrefillRateEstimator:
+        """The estimator of ``tenant`` on ``replica_id`` (created on first use), queued observations
+        applied."""
         self.flush()
-        return self._estimator(replica_id)
+        return self._replica(replica_id).estimator(tenant)
+
+    def observations(self, replica_id: str) -> int:
+        """First bytes taken on ``replica_id`` so far (every tenant), queued ones applied."""
+        self.flush()
+        f = self._fits.get(replica_id)
+        return 0 if f is None else f.observations
 
     def observe_first_byte(self, replica_id: str, uncached_tokens: float, queued_tokens: float,
-                           ttft_s: float, shared_wait_tokens: float | None = None) -> None:
-        """One first-byte observation (see :meth:`PrefillRateEstimator.observe`; queued while
+                           ttft_s: float, shared_wait_tokens: float | None = None, tenant: str = "") -> None:
+        """One first-byte observation of ``tenant`` (its configured id; "" when none) on
+        ``replica_id`` (see :meth:`PrefillRateEstimator.observe`; queued while
         :meth:`defer_observations` is on, at most :attr:`MAX_PENDING`)."""
         if self._defer:
-            self._pending.append((replica_id, uncached_tokens, queued_tokens, ttft_s, shared_wait_tokens))
+            self._pending.append((replica_id, tenant, uncached_tokens, queued_tokens, ttft_s, shared_wait_tokens))
             if len(self._pending) >= self.MAX_PENDING:
                 self.flush()
             return
-        self._estimator(replica_id).observe(uncached_tokens, queued_tokens, ttft_s, shared_wait_tokens)
+        self._replica(replica_id).observe(tenant, uncached_tokens, queued_tokens, ttft_s, shared_wait_tokens)
 
     def observe_engine(self, replica_id: str, sample: EngineSample, own_requests: int | None = None) -> None:
         """Store the latest engine metrics of ``replica_id``; with
@@ -295,96 +310,35 @@ class Calibration:
             self._external[replica_id] = max(0.0, total - own_requests)
 
     def estimate(self, replica_id: str) -> ReplicaEstimate | None:
-        """The replica's estimate with its last engine sample; ``None`` while
-        neither is known (the estimate fields hold the prior until
-        ``min_samples`` first bytes were seen)."""
+        """The replica's estimate (the upper-median tenant's fit, R10-3) with its last engine
+        sample; ``None`` while neither is known (the estimate fields hold the prior until a
+        tenant's fit there has ``min_samples`` first bytes)."""
         if self._pending:
             self.flush()
-        est = self._est.get(replica_id)
+        fits = self._fits.get(replica_id)
         eng = self._engine.get(replica_id)
         ext = self._external.get(replica_id, 0.0)
-        samples = est.samples if est is not None else 0
+        version = fits.version if fits is not None else 0
         built = self._built.get(replica_id)
-        # an estimator changes only by an accepted observation, which counts a sample
-        if built is not None and built[0] is est and built[1] == samples and built[2] is eng and built[3] == ext:
+        if built is not None and built[0] is fits and built[1] == version and built[2] is eng and built[3] == ext:
             return built[4]
-        out = self._build(est, eng, ext)
-        self._built[replica_id] = (est, samples, eng, ext, out)
+        out = self._build(fits, eng, ext)
+        self._built[replica_id] = (fits, version, eng, ext, out)
         return out
 
-    def _build(self, est: PrefillRateEstimator | None, eng: EngineSample | None, ext: float) -> ReplicaEstimate | None:
-        e = est.estimate(eng, ext) if est is not None else None  # one ReplicaEstimate, not a copy of one
-        if e is None and eng is not None:
-            return ReplicaEstimate(self.prior_rate, 1.0, 0.0, est.samples if est else 0, eng, calibrated=False,
-                                   external_requests=ext)
-        return e
+    def _build(self, fits: ReplicaFits | None, eng: EngineSample | None, ext: float) -> ReplicaEstimate | None:
+        m = fits.median() if fits is not None else None
+        samples = fits.observations if fits is not None else 0
+        if m is not None:
+            return ReplicaEstimate(m[0], m[1], m[2], samples, eng, external_requests=ext)
+        if eng is not None:
+            return ReplicaEstimate(self.prior_rate, 1.0, 0.0, samples, eng, calibrated=False, external_requests=ext)
+        return None
 
     def forget_replica(self, replica_id: str) -> None:
         """Drop everything learnt about ``replica_id`` (it restarted or was removed)."""
         self.flush()
-        self._est.pop(replica_id, None)
+        self._fits.pop(replica_id, None)
         self._engine.pop(replica_id, None)
         self._external.pop(replica_id, None)
         self._built.pop(replica_id, None)
-
-
-class _CalibratingTicket:
-    """A load ticket that reports its first byte to a :class:`Calibration`."""
-
-    __slots__ = ("_cal", "_clock", "_inner", "_queued", "_shared", "_t0", "_uncached", "replica_id")
-
-    def __init__(self, inner: object, cal: Calibration, clock: Callable[[], float], queued: int,
-                 uncached: int, replica_id: str, shared: int) -> None:
-        self._inner = inner
-        self._cal = cal
-        self._clock = clock
-        self._t0: float | None = clock()
-        self._queued = queued
-        self._shared = shared
-        self._uncached = uncached
-        self.replica_id = replica_id
-
-    @property
-    def active(self) -> bool:
-        """True until :meth:`finish` has been called."""
-        return self._inner.active  # type: ignore[attr-defined,no-any-return]
-
-    def first_byte(self) -> None:
-        """Feed the observation once, then release the prefill part."""
-        if self._t0 is not None and self._inner.active:  # type: ignore[attr-defined]
-            self._cal.observe_first_byte(self.replica_id, self._uncached, self._queued, self._clock() - self._t0,
-                                         self._shared)
-        self._t0 = None
-        self._inner.first_byte()  # type: ignore[attr-defined]
-
-    def finish(self) -> None:
-        """Release everything still held (no observation without a first byte)."""
-        self._t0 = None
-        self._inner.finish()  # type: ignore[attr-defined]
-
-
-class CalibratingLoadTracker:
-    """A :class:`routing.load.LoadTracker` wrapper that times each ticket from
-    dispatch to ``first_byte()`` with ``clock`` (seconds; ``time.monotonic``
-    in the gateway, simulated time in ``sim/des.py``) and feeds ``calibration``
-    with (uncached = the ticket's prefill tokens, queued = the replica's
-    queued prefill tokens before this dispatch, shared wait =
-    :meth:`routing.types.ReplicaLoad.shared_wait_tokens` before it, elapsed)."""
-
-    def __init__(self, inner: object, calibration: Calibration, clock: Callable[[], float]) -> None:
-        self.inner = inner
-        self.calibration = calibration
-        self.clock = clock
-        self.snapshot = inner.snapshot  # type: ignore[attr-defined,method-assign]  # no frame per call
-
-    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int,
-                 requests: int = 1) -> _CalibratingTicket:
-        """See :meth:`routing.load.LoadTracker.dispatch`."""
-        before: ReplicaLoad = self.inner.snapshot(replica_id)  # type: ignore[attr-defined]
-        t = self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests)  # type: ignore[attr-defined]
-        return _CalibratingTicket(t, self.calibration, self.clock, before.queued_prefill_tokens, prefill_tokens,
-                                  replica_id, before.shared_wait_tokens(prefill_tokens))
-
-    def snapshot(self, replica_id: str) -> ReplicaLoad:
-        """See :meth:`routing.load.LoadTracker.snapshot`."""
-        return self.inner.snapshot(replica_id)  # type: ignore[attr-defined,no-any-return]

@@ -51,8 +51,10 @@ class LoadTracker(Protocol):
     fed from outside and keeps these calls local and synchronous.
     """
 
-    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1) -> LoadTicket:
-        """Charge one request to ``replica_id``; returns its ticket."""
+    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1,
+                 tenant: str = "", calibrate: bool = True) -> LoadTicket:
+        """Charge one request to ``replica_id``; returns its ticket. ``tenant`` (its configured id) and
+        ``calibrate`` are for a calibrating tracker (:mod:`routing.calibration`); others ignore them."""
         ...
 
     def snapshot(self, replica_id: str) -> ReplicaLoad:
@@ -119,11 +121,13 @@ class InProcessLoadTracker:
     def __init__(self) -> None:
         self._c: dict[str, _Counters] = {}
 
-    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1) -> Ticket:
+    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1,
+                 tenant: str = "", calibrate: bool = True) -> Ticket:
         """Charge one request to ``replica_id``: ``prefill_tokens`` (predicted
         uncached prompt tokens), ``decode_tokens`` (expected output tokens) and
-        ``requests`` running requests (the sequences of a batch, default 1).
-        Negative values raise :class:`ValueError`. Returns its :class:`Ticket`."""
+        ``requests`` running requests (the sequences of a batch, default 1);
+        ``tenant``, ``calibrate`` are ignored. Negative values raise
+        :class:`ValueError`. Returns its :class:`Ticket`."""
         if prefill_tokens < 0 or decode_tokens < 0 or requests < 0:
             raise ValueError("token counts must be non-negative")
         c = self._c.get(replica_id)

@@ -119,7 +119,7 @@ class Router:
         choice = self.policy.choose(req, cands)
         prefill = max(0, req.prompt_tokens - choice.predicted_prefix_tokens)
         ticket = self.loads.dispatch(choice.replica_id, prefill, max(0, req.max_tokens),
-                                     requests=max(1, req.sequences))
+                                     max(1, req.sequences), req.tenant_id, req.calibrate)
         self.index.record(choice.replica_id, req.block_keys)
         self._requests += 1
         self._prompt += max(0, req.prompt_tokens)

@@ -187,9 +187,11 @@ class SharedLoadTracker:
         self.remote = remote
         self._emit = emit
 
-    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1) -> LoadTicket:
-        """Charge locally (as ``local.dispatch``, same errors) and emit the positive delta."""
-        ticket = self.local.dispatch(replica_id, prefill_tokens, decode_tokens, requests)
+    def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1,
+                 tenant: str = "", calibrate: bool = True) -> LoadTicket:
+        """Charge locally (as ``local.dispatch``, same errors, ``tenant``/``calibrate`` passed on) and
+        emit the positive delta."""
+        ticket = self.local.dispatch(replica_id, prefill_tokens, decode_tokens, requests, tenant, calibrate)
         self._emit(LoadDelta(replica_id, prefill_tokens, decode_tokens, requests))
         return _SharedTicket(ticket, self._emit, prefill_tokens, decode_tokens, requests)
 

@@ -57,7 +57,10 @@ class RouteRequest:
     ``prompt_tokens``: prompt length in tokens (all sequences); ``max_tokens``:
     expected output tokens (all sequences: a batch of n prompts asks for n x
     the per-sequence ``max_tokens``); ``block_size``: tokens per KV block;
-    ``sequences``: sequences the replica runs (elements of a list ``prompt``).
+    ``sequences``: sequences the replica runs (elements of a list ``prompt``);
+    ``calibrate``: False when the request has prompt parts the router counts but does not hash
+    (chat ``tools``, ``response_format``, …): its first byte then does not feed the calibration
+    (R10-3, :mod:`routing.calibration`).
     """
 
     tenant_id: str
@@ -66,6 +69,7 @@ class RouteRequest:
     max_tokens: int
     block_size: int
     sequences: int = 1
+    calibrate: bool = True
 
 
 @dataclass(frozen=True)

@@ -106,12 +106,14 @@ class SimConfig:
 class SimRequest:
     """One trace request in simulator units: ``arrival`` (s), ``prompt_tokens``
     (simulator tokens), ``output_tokens`` (real tokens, decode steps),
-    ``keys`` (block-hash chain over full simulator blocks)."""
+    ``keys`` (block-hash chain over full simulator blocks), ``tenant`` (the router's
+    tenant id: its calibration fits per tenant, session 11)."""
 
     arrival: float
     prompt_tokens: int
     output_tokens: int
     keys: tuple[bytes, ...]
+    tenant: str = "t0"
 
 
 def _trace_block_tokens(input_length: int, i: int, n: int) -> int:
@@ -345,7 +347,7 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
 
     def dispatch(i: int, cand: Sequence[str], now: float) -> None:
         r = reqs[i]
-        rq = RouteRequest("t0", r.keys, r.prompt_tokens, r.output_tokens, cfg.block_size)
+        rq = RouteRequest(r.tenant, r.keys, r.prompt_tokens, r.output_tokens, cfg.block_size)
         choice, ticket = router.route(rq, cand)
         choices[i], tickets[i] = choice, ticket
         rid = choice.replica_id

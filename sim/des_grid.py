@@ -76,7 +76,7 @@ def salted(reqs: Sequence[SimRequest], tenants: Sequence[str]) -> list[SimReques
     for r, t in zip(reqs, tenants, strict=True):
         salt = t.encode()
         out.append(dataclasses.replace(r, keys=tuple(hashlib.blake2b(salt + k, digest_size=16).digest()
-                                                     for k in r.keys)))
+                                                     for k in r.keys), tenant=t))
     return out
 
 

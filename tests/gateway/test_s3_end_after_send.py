@@ -122,8 +122,8 @@ async def test_calibration_fit_is_updated_after_the_answer(stack: Stack) -> None
     async def send(message: dict[str, Any]) -> None:
         seen.append(cal.pending)
 
-    before = sum(cal._estimator(r.id).samples for r in stack.components.replica_set.all())
+    before = sum(cal.observations(r.id) for r in stack.components.replica_set.all())
     await app(_scope("/v1/completions", stack.auth()), receive, send)
     assert seen == [1, 1]  # the first byte's observation waits while the answer goes out
     assert cal.pending == 0
-    assert sum(cal.estimator(r.id).samples for r in stack.components.replica_set.all()) == before + 1
+    assert sum(cal.observations(r.id) for r in stack.components.replica_set.all()) == before + 1
