@@ -16,11 +16,13 @@ window 0 is the grid's own rows. Per cell and rule it reports window 0's
 figures and, over all windows, how many meet each of the grid's four per-cell
 criteria (:func:`sim.grid.render_verdicts`): hit rate >= 0.95 of the pooled
 bound, TTFT p50 below ``smg_like``'s, p99 <= 1.05x ``smg_like``'s, request
-max/mean <= 1.2 (1e-9 tolerance).
+max/mean <= 1.2 (1e-9 tolerance), and which windows miss which criterion (session 11).
 
 Rules: ``smg_like`` (:class:`sim.des_smg.SMGLikePolicy`); ``extW``: PrefixGate's
 ``cache_aware`` with ``queue_externality_weight: W`` (W 0, 0.5, 1, 2; ``ext0`` is
-the default). bench/results/des_grid-s10.md was written on branch ``s10-grid``, whose
+the default); ``rsv_extW``: the same with ``dispatch_share_reserve_next_turn``
+(session 11, :data:`RESERVE_RULES`; not run by default).
+bench/results/des_grid-s10.md was written on branch ``s10-grid``, whose
 dispatch-share guard rounded its capacity down (not merged): there its ``ceil_extW`` rows are
 main's shipped rule (capacity rounded up) and its ``extW`` rows the candidate.
 """
@@ -44,7 +46,7 @@ from sim.grid import CELLS, Cell
 from sim.bounds import tenant_names
 from sim.trace import DEFAULT_TRACE_PATH, assign_tenants, load_mooncake
 
-__all__ = ["RULES", "cell_config", "criteria", "main", "run_cell", "salted"]
+__all__ = ["ALL_RULES", "RESERVE_RULES", "RULES", "cell_config", "criteria", "main", "run_cell", "salted"]
 
 
 def _ca(**params: Any) -> Callable[[str], Any]:
@@ -59,6 +61,13 @@ RULES: dict[str, Callable[[str], Any]] = {
     "ext1": _ca(queue_externality_weight=1.0),
     "ext2": _ca(queue_externality_weight=2.0),
 }
+
+#: session 11: the dispatch-share guard's placements leave room for their own next turn
+RESERVE_RULES: dict[str, Callable[[str], Any]] = {
+    "rsv_ext0": _ca(dispatch_share_reserve_next_turn=True),
+    "rsv_ext0.5": _ca(dispatch_share_reserve_next_turn=True, queue_externality_weight=0.5),
+}
+ALL_RULES: dict[str, Callable[[str], Any]] = {**RULES, **RESERVE_RULES}
 
 _FIGS = ("p50", "p99", "hit_pooled", "req_mm")
 
@@ -100,7 +109,7 @@ def _window(cell: Cell, reqs: list[SimRequest], rows_meta: Sequence[Any], rules:
             run = salted(reqs, assign_tenants(rows_meta, tenant_names(cell.tenants), seed))
         pooled = pooled_bound(run, cfg.capacity_blocks * cfg.replicas)
         for name in rules:
-            res = simulate(name, RULES[name](cfg.replica_model), run, cfg)
+            res = simulate(name, ALL_RULES[name](cfg.replica_model), run, cfg)
             per[name].append({"p50": res.ttft_p50, "p99": res.ttft_p99, "hit_pooled": res.hit_rate / pooled,
                               "req_mm": res.req_imbalance})
     return {n: {f: statistics.median(d[f] for d in v) for f in _FIGS} for n, v in per.items()}
@@ -125,10 +134,12 @@ def run_cell(args: tuple[Cell, int, int, Sequence[str]]) -> list[str]:
         mm_max = max(w[name]["req_mm"] for w in wins)
         hit_min = min(w[name]["hit_pooled"] for w in wins)
         v0 = "yes" if all(criteria(f0, s0)) else "**no**"
+        misses = " ".join(f"{w}{''.join(k for k, o in zip('HPQM', ok[w]) if not o)}"
+                          for w in range(windows) if not all(ok[w])) or "-"
         lines.append(
             f"| {cell.name} | {name} | {f0['p50']:.2f} | {f0['p50'] / s0['p50']:.2f} | {f0['p99'] / s0['p99']:.2f} "
             f"| {f0['hit_pooled']:.3f} | {f0['req_mm']:.3f} | {v0} | {p50r:.2f} | {p99r:.2f} | {hit_min:.3f} | {mm_max:.3f} "
-            f"| {'/'.join(map(str, met))} | {all4}/{windows} |")
+            f"| {'/'.join(map(str, met))} | {all4}/{windows} | {misses} |")
     return lines
 
 
@@ -142,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--out", type=click.Path(path_type=Path), default=Path("bench/results/des_grid.md"))
     args = ap.parse(argv)
     rules = [r.strip() for r in args.rules.split(",") if r.strip()]
-    unknown = [r for r in rules if r not in RULES]
+    unknown = [r for r in rules if r not in ALL_RULES]
     if unknown:
         raise click.BadParameter(f"unknown rules: {', '.join(unknown)}")
     want = {c.strip() for c in args.cells.split(";") if c.strip()}
@@ -151,8 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "ratios against smg_like; met: windows meeting hit/p50/p99/max-mean; extW: cache_aware with "
             "queue_externality_weight W", "",
             "| cell | rule | w0 p50 (s) | w0 p50 ratio | w0 p99 ratio | w0 hit/pooled | w0 req max/mean "
-            "| w0 all four | mean p50 ratio | mean p99 ratio | worst hit/pooled | worst req max/mean | met hit/p50/p99/mm | all four |",
-            "|" + "---|" * 14]
+            "| w0 all four | mean p50 ratio | mean p99 ratio | worst hit/pooled | worst req max/mean | met hit/p50/p99/mm "
+            "| all four | windows missing (H hit, P p50, Q p99, M max/mean) |",
+            "|" + "---|" * 15]
     jobs = [(c, args.windows, args.rows, tuple(rules)) for c in cells]
     print(write_setting_table(head, run_cell, jobs, args.out))
     return 0

@@ -14,6 +14,13 @@ holder anyway (a long queue there); a follow-up turn is never taken away
 from its history by this guard (the token and request guards of
 :class:`routing.filters.load_guard.LoadGuardFilter` still bound it).
 
+With ``reserve_next_turn`` (session 11, opt-in): a placement must leave room
+for its own next turn, ``count + 2 <= cap`` instead of ``count + 1 <= cap``
+(never below ``ceil(total / n)``, so the least-used candidate still fits):
+the next turn of the conversation placed now will come to the same replica,
+exempt as its prefix holder; a placement that fills a replica to exactly its
+capacity makes that turn overshoot it (docs/routing.md, "Session 11").
+
 Why: the cumulative request count per replica follows where conversations
 were *placed* (their later turns follow them). Placements are most requests
 of a conversation trace, and where they land is decided by small
@@ -30,7 +37,16 @@ from collections.abc import Sequence
 
 from routing.types import Candidate, RouteRequest
 
-__all__ = ["DispatchShareFilter"]
+__all__ = ["DispatchShareFilter", "placement_cap"]
+
+
+def placement_cap(cap: int, total: int, n: int, reserve_next_turn: bool) -> int:
+    """The count + 1 a placement may reach: ``cap`` (``ceil(factor · total / n)``), or with
+    ``reserve_next_turn`` one less, but never below ``ceil(total / n)`` (the least-used of ``n``
+    candidates sharing ``total - 1`` dispatches always fits). Counts of dispatches; ``n`` >= 1."""
+    if not reserve_next_turn:
+        return cap
+    return max(cap - 1, -(-total // n))
 
 
 class DispatchShareFilter:
@@ -39,18 +55,20 @@ class DispatchShareFilter:
     ``factor`` >= 1 (``c``); ``window_per_replica`` >= 1 (dispatches
     remembered per candidate replica). :meth:`record` must be called with the
     replica each request went to (:class:`routing.policies.cache_aware.CacheAwarePolicy`
-    does). Raises :class:`ValueError` out of range. Not thread-safe (one
+    does); ``reserve_next_turn`` (module doc, default off). Raises
+    :class:`ValueError` out of range. Not thread-safe (one
     router, one event loop); per router instance (not shared between gateways)."""
 
     name = "dispatch_share"
 
-    def __init__(self, factor: float, window_per_replica: int) -> None:
+    def __init__(self, factor: float, window_per_replica: int, reserve_next_turn: bool = False) -> None:
         if factor < 1.0:
             raise ValueError("dispatch share factor must be >= 1")
         if window_per_replica < 1:
             raise ValueError("dispatch window must be >= 1")
         self.factor = factor
         self.window_per_replica = window_per_replica
+        self.reserve_next_turn = reserve_next_turn
         self._window = window_per_replica
         self._recent: deque[str] = deque()
         self._counts: Counter[str] = Counter()
@@ -58,9 +76,10 @@ class DispatchShareFilter:
 
     def filter(self, req: RouteRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
         """The candidates whose recent count + 1 <= ``ceil(factor · (recent
-        total over the candidates + 1) / n)``, plus the prefix holders (longest
-        match, if some candidate matches less); order kept. Never empty when
-        ``candidates`` is not: the least-used candidate always fits."""
+        total over the candidates + 1) / n)`` (:func:`placement_cap` with
+        ``reserve_next_turn``), plus the prefix holders (longest match, if some
+        candidate matches less); order kept. Never empty when ``candidates`` is
+        not: the least-used candidate always fits."""
         n = len(candidates)
         if n < 2:
             self._cap = math.inf
@@ -71,6 +90,8 @@ class DispatchShareFilter:
         counts = self._counts
         total = sum(counts[c.replica_id] for c in candidates) + 1
         cap = self._cap = math.ceil(self.factor * total / n)
+        if self.reserve_next_turn:
+            cap = placement_cap(cap, total, n, True)
         return [c for c in candidates
                 if counts[c.replica_id] + 1 <= cap or (holders and c.matched_blocks == best)]
 

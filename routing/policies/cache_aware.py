@@ -71,7 +71,9 @@ class CacheAwareConfig(PolicyParams):
     Dispatch-share guard (:mod:`routing.filters.dispatch_share`):
     ``dispatch_share_factor`` (>= 1, bound on a replica's share of the recent
     dispatches for placements; ``null``: off), ``dispatch_window_requests_per_replica``
-    (>= 1, the sliding window per candidate replica).
+    (>= 1, the sliding window per candidate replica),
+    ``dispatch_share_reserve_next_turn`` (a placement leaves room for its own
+    next turn; session 11, opt-in, default off).
     ``queue_externality_weight`` (>= 0; 0, the default, leaves the scorer out):
     :mod:`routing.scorers.queue_externality` (session 9, opt-in).
     """
@@ -89,6 +91,7 @@ class CacheAwareConfig(PolicyParams):
     skip_blocks: int = Field(1, ge=0)
     dispatch_share_factor: float | None = Field(1.2, ge=1.0)
     dispatch_window_requests_per_replica: int = Field(200, ge=1)
+    dispatch_share_reserve_next_turn: bool = False
     queue_externality_weight: float = Field(0.0, ge=0)
 
 
@@ -104,7 +107,8 @@ class CacheAwarePolicy(Scheduler):
         self.dispatch_share: DispatchShareFilter | None = None
         if cfg.dispatch_share_factor is not None:
             self.dispatch_share = DispatchShareFilter(cfg.dispatch_share_factor,
-                                                      cfg.dispatch_window_requests_per_replica)
+                                                      cfg.dispatch_window_requests_per_replica,
+                                                      cfg.dispatch_share_reserve_next_turn)
         guard = LoadGuardFilter(
             request_factor=request_factor,
             token_factor=cfg.max_load_factor if cfg.guard_tokens else None,
