@@ -29,7 +29,6 @@ import os
 import shutil
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -38,8 +37,9 @@ from typing import Any
 
 import click
 
-from bench.overhead import REPO, RESULTS, WARMUP, _Body, _second_config, sequential
-from sim.click_options import ClickOptions
+from bench import sampled_serve
+from bench.overhead import REPO, WARMUP, _Body, _second_config, sequential
+from bench.sampled_serve import collect, options, serve_sampled
 
 _WALL = time.perf_counter_ns
 _CPU = time.thread_time_ns
@@ -120,37 +120,6 @@ def _install() -> _Marks:
     return marks
 
 
-def _child(config_file: str, out_file: str) -> None:
-    """``prefixgate serve`` with the marks; SIGUSR1 clears the samples, SIGUSR2 writes them."""
-    from gateway.config import load_config
-    from gateway.server import run_serving, serve
-    from policy import reexec_with_go_gc
-
-    reexec_with_go_gc(["-m", "bench.critical_path", *sys.argv[1:]])
-    marks = _install()
-
-    def clear(*_: Any) -> None:
-        for s in marks.samples.values():
-            s.clear()
-
-    def dump(*_: Any) -> None:
-        Path(out_file + ".tmp").write_text(json.dumps(marks.samples))
-        os.replace(out_file + ".tmp", out_file)
-
-    signal.signal(signal.SIGUSR1, clear)
-    signal.signal(signal.SIGUSR2, dump)
-    run_serving(serve(load_config(config_file), config_path=config_file))
-
-
-async def _collect(proc: Any, out: Path) -> dict[str, list[int]]:
-    out.unlink(missing_ok=True)
-    os.kill(proc.pid, signal.SIGUSR2)
-    deadline = time.monotonic() + 30
-    while not out.exists() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    return json.loads(out.read_text())
-
-
 async def run(baseline: Path, requests: int, rounds: int) -> dict[str, Any]:
     """The measurement (module doc); returns the result document."""
     import yaml
@@ -159,8 +128,9 @@ async def run(baseline: Path, requests: int, rounds: int) -> dict[str, Any]:
     from sim.demo import ClusterSpec, DemoPaths, bearer_headers, gateway_config, prepare_identity, start_cluster_proc
     from sim.procs import free_port, stop_process
 
-    if not (baseline / "bench" / "critical_path.py").exists():
-        shutil.copy(Path(__file__), baseline / "bench" / "critical_path.py")
+    for own in (Path(__file__), Path(sampled_serve.__file__)):  # the same child code in both trees
+        if not (baseline / "bench" / own.name).exists():
+            shutil.copy(own, baseline / "bench" / own.name)
     paths = DemoPaths.under(Path(tempfile.mkdtemp(prefix="pg-critical-path-")))
     issuer = prepare_identity(paths)
     cluster, replicas = await start_cluster_proc(ClusterSpec(replicas=1, time_scale=1e6, decode_s_per_token=0.0),
@@ -191,7 +161,7 @@ async def run(baseline: Path, requests: int, rounds: int) -> dict[str, Any]:
                 os.kill(procs[name].pid, signal.SIGUSR1)
                 await asyncio.sleep(0.2)
                 seq = await sequential(urls[name], headers, requests, bodies)
-                s = await _collect(procs[name], outs[name])
+                s = await collect(procs[name].pid, outs[name])
                 row = {k: statistics.median(v) / 1000 if v else 0.0 for k, v in s.items()}
                 row["total_wall"] = row["pre_wall"] + row["post_wall"]
                 row["total_cpu"] = row["pre_cpu"] + row["post_cpu"]
@@ -213,17 +183,11 @@ async def run(baseline: Path, requests: int, rounds: int) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
-    ap = ClickOptions(prog="python -m bench.critical_path", description=__doc__.splitlines()[0])
+    ap = options("bench.critical_path", __doc__ or "", requests=400, rounds=6)
     ap.option("--baseline", type=click.Path(path_type=Path))
-    ap.option("--requests", type=int, default=400)
-    ap.option("--rounds", type=int, default=6)
-    ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
-    ap.option("--name", default="critical_path")
-    ap.option("--child", hidden=True)
-    ap.option("--samples-out", hidden=True)
     args = ap.parse(argv)
     if args.child:
-        _child(args.child, args.samples_out)
+        serve_sampled("bench.critical_path", args.child, args.samples_out, lambda: _install().samples)
         return 0
     import uvloop
 

@@ -26,7 +26,6 @@ Results: ``bench/results/<name>.{json,md}``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import statistics

@@ -28,17 +28,14 @@ import os
 import shutil
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import click
-
-from bench.overhead import REPO, RESULTS, WARMUP, _Body, _second_config, sequential
-from sim.click_options import ClickOptions
+from bench.overhead import REPO, WARMUP, _Body, _second_config, sequential
+from bench.sampled_serve import collect, options, serve_sampled
 
 #: (module, attribute path) of each function timed; class attributes are patched on the class. Session 9:
 #: no wrapper around a step a hit no longer calls (``JwtSvidVerifier._bundle``, ``_check_claims``,
@@ -117,28 +114,6 @@ def _install() -> dict[str, list[int]]:
     return out
 
 
-def _child(config_file: str, out_file: str) -> None:
-    """``prefixgate serve`` with the wrappers; SIGUSR1 clears the samples, SIGUSR2 writes them."""
-    from gateway.config import load_config
-    from gateway.server import run_serving, serve
-    from policy import reexec_with_go_gc
-
-    reexec_with_go_gc(["-m", "bench.stage_timer", *sys.argv[1:]])
-    samples = _install()
-
-    def clear(*_: Any) -> None:
-        for s in samples.values():
-            s.clear()
-
-    def dump(*_: Any) -> None:
-        Path(out_file + ".tmp").write_text(json.dumps(samples))
-        os.replace(out_file + ".tmp", out_file)
-
-    signal.signal(signal.SIGUSR1, clear)
-    signal.signal(signal.SIGUSR2, dump)
-    run_serving(serve(load_config(config_file), config_path=config_file))
-
-
 async def run(requests: int, rounds: int) -> dict[str, Any]:
     """The measurement (module doc); returns the result document."""
     from bench.overhead import _spawn
@@ -170,12 +145,7 @@ async def run(requests: int, rounds: int) -> dict[str, Any]:
             os.kill(proc.pid, signal.SIGUSR1)
             await asyncio.sleep(0.2)
             await sequential(url, headers, requests, bodies)
-            out.unlink(missing_ok=True)
-            os.kill(proc.pid, signal.SIGUSR2)
-            deadline = time.monotonic() + 30
-            while not out.exists() and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            per_round.append(json.loads(out.read_text()))
+            per_round.append(await collect(proc.pid, out))
         windows = _windows(doc)
     finally:
         if proc is not None:
@@ -213,16 +183,9 @@ def _windows(doc: dict[str, Any]) -> dict[str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
-    ap = ClickOptions(prog="python -m bench.stage_timer", description=__doc__.splitlines()[0])
-    ap.option("--requests", type=int, default=2000)
-    ap.option("--rounds", type=int, default=3)
-    ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
-    ap.option("--name", default="stage_timer")
-    ap.option("--child", hidden=True)
-    ap.option("--samples-out", hidden=True)
-    args = ap.parse(argv)
+    args = options("bench.stage_timer", __doc__ or "", requests=2000, rounds=3).parse(argv)
     if args.child:
-        _child(args.child, args.samples_out)
+        serve_sampled("bench.stage_timer", args.child, args.samples_out, _install)
         return 0
     import uvloop
 

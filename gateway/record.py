@@ -7,7 +7,6 @@ the admin listener) gets its record from :func:`refusal_record`.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any

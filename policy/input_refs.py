@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from policy.cache import DEFAULT_KEY_FIELDS
-from policy.rego_calls import parse_module
+from policy.rego_calls import AstWalker, ModuleMemo, package_path, parse_module
 
 __all__ = ["WHOLE_INPUT", "covered", "module_input_paths", "policy_key_fields", "shipped_modules"]
 
@@ -56,7 +56,7 @@ _LISTS = frozenset({"candidates", "alerts"})
 
 _lock = threading.Lock()
 _shipped: list[frozenset[str]] = []
-_memo: dict[tuple[str, str], frozenset[str]] = {}
+_memo: ModuleMemo[frozenset[str]] = ModuleMemo()
 
 
 def shipped_modules() -> frozenset[str]:
@@ -85,7 +85,7 @@ def _path(terms: list[Any], start: tuple[str, ...]) -> str:
     return ".".join(parts).removesuffix("[]")  # a whole element: the whole list
 
 
-class _Scan:
+class _Scan(AstWalker):
     def __init__(self, in_shipped_package: bool) -> None:
         self.local = in_shipped_package
         self.paths: set[str] = set()
@@ -115,27 +115,19 @@ class _Scan:
             self.walk(value[0])
         self.walk(rest)
 
-    def walk(self, node: Any) -> None:
-        if isinstance(node, list):
-            for item in node:
-                self.walk(item)
-            return
-        if not isinstance(node, dict):
-            return
+    def visit(self, node: dict[str, Any]) -> bool:
         kind = node.get("type")
         if kind == "ref" and isinstance(node.get("value"), list):
             self.ref(node["value"])
-            return
+            return True
         if kind == "var":
             name = node.get("value")
             if name in ("input", "data"):
                 self.paths.add(WHOLE_INPUT)
             elif self.local and name in _ALIASES:
                 self.paths.add(".".join(_ALIASES[name]))
-            return
-        for key, value in node.items():
-            if key not in ("location", "comments", "annotations"):
-                self.walk(value)
+            return True
+        return False
 
 
 def module_input_paths(module_id: str, source: str) -> frozenset[str]:
@@ -145,26 +137,18 @@ def module_input_paths(module_id: str, source: str) -> frozenset[str]:
     Raises :class:`policy.decision.PolicyCompileError` when the module does not parse."""
     if source in shipped_modules():
         return frozenset(DEFAULT_KEY_FIELDS)
-    with _lock:
-        hit = _memo.get((module_id, source))
-    if hit is not None:
-        return hit
-    ast = parse_module(module_id, source)
-    pkg = tuple(str(t.get("value")) for t in ((ast.get("package") or {}).get("path") or [])[1:]
-                if isinstance(t, dict))
-    scan = _Scan(pkg == SHIPPED_PACKAGE)
+    return _memo.get(module_id, source, lambda: _scan(parse_module(module_id, source)))
+
+
+def _scan(ast: dict[str, Any]) -> frozenset[str]:
+    scan = _Scan(package_path(ast) == SHIPPED_PACKAGE)
     for rule in ast.get("rules") or []:
         head = (rule.get("head") or {}) if isinstance(rule, dict) else {}
         if scan.local and head.get("args") and head.get("name") in _SHIPPED_FUNCTIONS:
             scan.paths.add(WHOLE_INPUT)
     scan.walk(ast.get("imports") or [])
     scan.walk(ast.get("rules") or [])
-    found = frozenset(scan.paths)
-    with _lock:
-        if len(_memo) >= 512:
-            _memo.clear()
-        _memo[(module_id, source)] = found
-    return found
+    return frozenset(scan.paths)
 
 
 def covered(path: str, fields: Iterable[str] = DEFAULT_KEY_FIELDS) -> bool:

@@ -5,13 +5,17 @@ separate, policy-less engine); :func:`analysed_module` walks the whole syntax
 tree and collects every call term, reference statement, membership call and
 ``with`` value, with the enclosing rule, plus the package's own functions and
 import aliases. Deciding which calls are allowed is :mod:`policy.builtins`.
+
+:class:`AstWalker`, :func:`package_path` and :class:`ModuleMemo` are the AST walk, the package
+name and the per-module memo shared with :mod:`policy.input_refs` (the decision cache's key).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from opa_bindings import OpaEngine, OpaError
 
@@ -51,6 +55,73 @@ def parse_module(module_id: str, source: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ walking
 
+#: keys of an AST object that hold no Rego term: source positions, comments, metadata annotations
+SKIP_KEYS = frozenset({"location", "comments", "annotations"})
+
+
+class AstWalker:
+    """Depth-first walk of OPA's JSON AST (:func:`parse_module`'s output): a list item by item, an
+    object through :meth:`visit` and then, unless it answered True, through each value except
+    those of :data:`SKIP_KEYS`. Subclasses override :meth:`visit` (this module's call collector,
+    :mod:`policy.input_refs`'s input-path scan)."""
+
+    def walk(self, node: Any) -> None:
+        """Walk ``node`` (any JSON value) and everything below it."""
+        if isinstance(node, list):
+            for item in node:
+                self.walk(item)
+            return
+        if not isinstance(node, dict) or self.visit(node):
+            return
+        for key, value in node.items():
+            if key not in SKIP_KEYS:
+                self.walk(value)
+
+    def visit(self, node: dict[str, Any]) -> bool:
+        """Look at one object node; True when it is handled (its values are not walked)."""
+        return False
+
+
+def package_path(ast: dict[str, Any]) -> tuple[str, ...]:
+    """The package of a parsed module as names (``package team.routing`` -> ``("team", "routing")``;
+    ``()`` when it has none)."""
+    path = (ast.get("package") or {}).get("path") or []
+    return tuple(str(t.get("value")) for t in path[1:] if isinstance(t, dict))
+
+
+T = TypeVar("T")
+_ABSENT = object()
+
+
+class ModuleMemo(Generic[T]):
+    """What a module's source yields, kept per (module id, source): thread-safe, at most
+    ``max_entries`` entries (cleared whole when full; policy sets are small). The value is
+    computed outside the lock (two threads may both compute it once)."""
+
+    def __init__(self, max_entries: int = 512) -> None:
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, str], T] = {}
+
+    def get(self, module_id: str, source: str, compute: Callable[[], T]) -> T:
+        """The value for (``module_id``, ``source``), from ``compute()`` the first time (what it
+        raises propagates and nothing is kept)."""
+        key = (module_id, source)
+        with self._lock:
+            hit = self._entries.get(key, _ABSENT)
+        if hit is not _ABSENT:
+            return hit  # type: ignore[return-value]
+        value = compute()
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()
+            self._entries[key] = value
+        return value
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 def ref_name(ref: list[Any]) -> tuple[str, bool]:
     """Dotted text of a reference and whether it is static (var then strings)."""
     if not ref or not isinstance(ref[0], dict) or ref[0].get("type") != "var":
@@ -88,23 +159,17 @@ def _rule_name(rule: dict[str, Any]) -> str:
     return str(head.get("name", "?"))
 
 
-class _Walker:
+class _Walker(AstWalker):
     def __init__(self, mod: AnalysedModule) -> None:
         self.mod = mod
         self.rule = "?"
 
-    def walk(self, node: Any) -> None:
-        if isinstance(node, list):
-            for item in node:
-                self.walk(item)
-            return
-        if not isinstance(node, dict):
-            return
+    def visit(self, node: dict[str, Any]) -> bool:
         if node.get("type") == "call" and isinstance(node.get("value"), list) and node["value"]:
             op = node["value"][0]
             self._record(op, "call")
             self.walk(node["value"])
-            return
+            return True
         if "terms" in node:  # an expression (body statement, template part)
             terms = node["terms"]
             if isinstance(terms, list) and terms and isinstance(terms[0], dict) and terms[0].get("type") == "ref":
@@ -112,11 +177,8 @@ class _Walker:
             self.walk(terms)
             for w in node.get("with") or []:
                 self._with(w)
-            return
-        for key, value in node.items():
-            if key in ("comments", "annotations", "location"):
-                continue
-            self.walk(value)
+            return True
+        return False
 
     def _record(self, op: Any, position: str) -> None:
         if isinstance(op, dict) and op.get("type") == "ref" and isinstance(op.get("value"), list):
@@ -145,8 +207,7 @@ class _Walker:
 
 
 def _analyse(module_id: str, ast: dict[str, Any]) -> AnalysedModule:
-    pkg_path = (ast.get("package") or {}).get("path") or []
-    package = ".".join(str(t.get("value")) for t in pkg_path[1:] if isinstance(t, dict))
+    package = ".".join(package_path(ast))
     aliases: dict[str, str] = {}
     for imp in ast.get("imports") or []:
         path = (imp.get("path") or {}).get("value") or []
@@ -175,23 +236,11 @@ def _analyse(module_id: str, ast: dict[str, Any]) -> AnalysedModule:
     return mod
 
 
-_cache_lock = threading.Lock()
-_cache: dict[tuple[str, str], AnalysedModule] = {}
-_CACHE_MAX = 512
+_analysed: ModuleMemo[AnalysedModule] = ModuleMemo()
 
 
 def analysed_module(module_id: str, source: str) -> AnalysedModule:
     """The calls, functions and import aliases of one module (parsed and walked
     once per (id, source); a bounded cache). Raises :class:`PolicyCompileError`
     when the module does not parse."""
-    key = (module_id, source)
-    with _cache_lock:
-        hit = _cache.get(key)
-    if hit is not None:
-        return hit
-    mod = _analyse(module_id, parse_module(module_id, source))
-    with _cache_lock:
-        if len(_cache) >= _CACHE_MAX:
-            _cache.clear()
-        _cache[key] = mod
-    return mod
+    return _analysed.get(module_id, source, lambda: _analyse(module_id, parse_module(module_id, source)))

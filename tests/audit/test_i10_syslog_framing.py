@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from cryptography import x509
 
 sys.path.insert(0, os.path.dirname(__file__))
 from octet_receiver import OctetReceiver  # noqa: E402

@@ -138,7 +138,6 @@ def _reference_otlp(evs, resource, scope, observed_ns):  # noqa: ANN001, ANN202 
     from opentelemetry.proto.common.v1 import common_pb2
 
     from audit import otlp_log_build as otlp  # the record builder (audit.otlp's sink uses it)
-    from audit.otlp import SCOPE_NAME
 
     req = logs_service_pb2.ExportLogsServiceRequest()
     rl = req.resource_logs.add()

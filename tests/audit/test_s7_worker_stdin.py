@@ -6,8 +6,6 @@ import asyncio
 import os
 import threading
 
-import pytest
-
 from audit.worker_stdin import BatchedPipeReader
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from e2e_helpers import TD, audit_section, jsonl_events, wait_for  # noqa: E402
+from e2e_helpers import TD, audit_section, jsonl_events  # noqa: E402
 
 from gateway.auditing import AuditHub  # noqa: E402
 from sim.replay import ReplayConfig, replay  # noqa: E402

@@ -8,8 +8,6 @@ import asyncio
 import json
 import time
 
-import pytest
-
 from gateway.replicas import CircuitState
 from tests.support.waiting import wait_for
 

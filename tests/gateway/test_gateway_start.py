@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.auditing import AuditHub
-from gateway.build import Gateway, build
+from gateway.build import build
 from gateway.config import GatewayConfig
 from sim.spiffe_issuer import DemoIssuer
 

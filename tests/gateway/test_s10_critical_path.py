@@ -17,19 +17,10 @@ from gateway.replica_attempt import Attempt
 from gateway.upstream_conn import UpstreamConnection
 from tests.conftest import Stack
 from tests.gateway.test_s2_record_after_send import _scope
+from tests.support.spies import log_calls
 
 BODY = json.dumps({"model": "sim-model", "prompt": "one two three four five six seven eight nine ten eleven "
                    "twelve thirteen fourteen fifteen sixteen seventeen", "max_tokens": 2}).encode()
-
-
-def _spy(obj: Any, name: str, log: list[str], label: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = getattr(obj, name)
-
-    def spy(*a: Any, **kw: Any) -> Any:
-        log.append(label)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(obj, name, spy)
 
 
 async def _serve(stack: Stack, log: list[str]) -> None:
@@ -51,11 +42,11 @@ async def _serve(stack: Stack, log: list[str]) -> None:
 def spied(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     gw = stack.components
     log: list[str] = []
-    _spy(gw.pep, "decide", log, "decided", monkeypatch)
-    _spy(gw.admission, "lower_reservation", log, "lowered", monkeypatch)
-    _spy(gw.audit, "prepare_request", log, "prepared", monkeypatch)
-    _spy(gw.audit, "emit_request", log, "recorded", monkeypatch)
-    _spy(UpstreamConnection, "send", log, "upstream written", monkeypatch)
+    log_calls(gw.pep, "decide", log, "decided", monkeypatch)
+    log_calls(gw.admission, "lower_reservation", log, "lowered", monkeypatch)
+    log_calls(gw.audit, "prepare_request", log, "prepared", monkeypatch)
+    log_calls(gw.audit, "emit_request", log, "recorded", monkeypatch)
+    log_calls(UpstreamConnection, "send", log, "upstream written", monkeypatch)
     real_received = UpstreamConnection.data_received
 
     def received(self: UpstreamConnection, data: bytes) -> None:
@@ -92,10 +83,10 @@ async def test_feedback_from_the_answer_is_given_before_the_loop_runs_anything_e
     gw = stack.components
     assert gw.flow is not None  # on by default
     log: list[str] = []
-    _spy(gw.flow, "charge_output", log, "charged", monkeypatch)
-    _spy(gw.router, "observe_delivered", log, "observed", monkeypatch)
-    _spy(gw.audit, "emit_request", log, "recorded", monkeypatch)
-    _spy(Attempt, "succeeded", log, "verdict", monkeypatch)
+    log_calls(gw.flow, "charge_output", log, "charged", monkeypatch)
+    log_calls(gw.router, "observe_delivered", log, "observed", monkeypatch)
+    log_calls(gw.audit, "emit_request", log, "recorded", monkeypatch)
+    log_calls(Attempt, "succeeded", log, "verdict", monkeypatch)
     await _serve(stack, log)
     await asyncio.sleep(0)
     body = log.index("http.response.body")

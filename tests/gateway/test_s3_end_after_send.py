@@ -16,18 +16,9 @@ import pytest
 from gateway.app import build_public_app
 from tests.conftest import TD, Stack
 from tests.gateway.test_s2_record_after_send import _scope
+from tests.support.spies import log_calls
 
 BODY = json.dumps({"model": "sim-model", "prompt": "one two three", "max_tokens": 2}).encode()
-
-
-def _spy(obj: Any, name: str, log: list[str], label: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = getattr(obj, name)
-
-    def spy(*a: Any, **kw: Any) -> Any:
-        log.append(label)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(obj, name, spy)
 
 
 async def _serve(stack: Stack, log: list[str], headers: dict[str, str], fail_send: bool = False) -> None:
@@ -56,9 +47,9 @@ async def _serve(stack: Stack, log: list[str], headers: dict[str, str], fail_sen
 def spied(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     gw = stack.components
     log: list[str] = []
-    _spy(gw.admission, "settle", log, "settled", monkeypatch)
-    _spy(gw.audit, "emit_request", log, "recorded", monkeypatch)
-    _spy(gw.audit, "hand_off", log, "handed off", monkeypatch)
+    log_calls(gw.admission, "settle", log, "settled", monkeypatch)
+    log_calls(gw.audit, "emit_request", log, "recorded", monkeypatch)
+    log_calls(gw.audit, "hand_off", log, "handed off", monkeypatch)
     return log
 
 

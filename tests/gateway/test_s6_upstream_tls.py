@@ -7,7 +7,6 @@ import ssl
 from pathlib import Path
 
 import pytest
-from cryptography import x509
 
 from gateway.proxy import UpstreamFailure, make_session, open_upstream
 from gateway.upstream_pool import UpstreamPool

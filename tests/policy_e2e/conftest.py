@@ -110,12 +110,22 @@ def opa(pdp_mode: str) -> Iterator[OpaThread | None]:
 
 
 @pytest.fixture
-def policy_section(pdp_mode: str, opa: OpaThread | None) -> dict[str, Any]:
-    """The gateway's ``policy`` config section for ``pdp_mode``."""
+def policy_cache_ttl_s() -> float | None:
+    """``policy.cache_ttl_s`` of the stack (None: the gateway's default, 1 s). A test that counts
+    decision-cache hits across several requests sets a long one by parametrizing this name: the
+    hard TTL runs on the wall clock, and a loaded CI box took over 1 s for three requests
+    (session 11: the third request missed an expired entry; no cache clear was involved)."""
+    return None
+
+
+@pytest.fixture
+def policy_section(pdp_mode: str, opa: OpaThread | None, policy_cache_ttl_s: float | None) -> dict[str, Any]:
+    """The gateway's ``policy`` config section for ``pdp_mode`` (and ``policy_cache_ttl_s``)."""
+    ttl = {} if policy_cache_ttl_s is None else {"cache_ttl_s": policy_cache_ttl_s}
     if opa is None:
-        return {"mode": "embedded", "dir": str(REGO_DIR)}
+        return {"mode": "embedded", "dir": str(REGO_DIR), **ttl}
     # the remote OPA runs the shipped rego: the operator opts into the decision cache (R10-2)
-    return {"mode": "remote", "url": opa.url, "timeout_s": REMOTE_TIMEOUT_S, "cache_key_fields": []}
+    return {"mode": "remote", "url": opa.url, "timeout_s": REMOTE_TIMEOUT_S, "cache_key_fields": [], **ttl}
 
 
 @pytest.fixture

@@ -12,14 +12,14 @@ cleared) and is audited as an operator event.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.policy_store import policy_store_section
+
 TD = "demo.prefixgate.test"
 OPERATOR = f"spiffe://{TD}/ops/admin"
 ADMIN_AUD = "prefixgate-admin"
@@ -29,9 +29,7 @@ BODY = {"model": "sim-model", "prompt": "admin e2e " + " ".join(f"w{i}" for i in
 
 @pytest.fixture
 def config_overrides(tmp_path: Path) -> dict[str, Any]:
-    active = tmp_path / "rego-active"
-    shutil.copytree(REPO / "rego", active)
-    return {"policy": {"mode": "embedded", "dir": str(active), "versions_dir": str(tmp_path / "versions")}}
+    return {"policy": policy_store_section(tmp_path)}
 
 
 @pytest.fixture

@@ -75,7 +75,6 @@ async def test_monitor_alert_steers_routing_away_from_the_hot_replica(
             break
     assert set(routed(audit_log)) == {"r0", "r1"}
     # One conversation: cache-aware routing keeps its shared prefix on one replica until it is hot.
-    n = len(routed(audit_log))
     for i in range(20):
         await post(stack, audit_log, h, body(i))
         if hot_replicas(monitor):

@@ -186,24 +186,23 @@ def cache_lookups(text: str) -> dict[str, float]:
     return out
 
 
+@pytest.mark.parametrize("policy_cache_ttl_s", [600.0], ids=["ttl600"])
 async def test_decision_cache_hits_across_output_lengths_and_still_clamps(
     stack: Any, audit_log: Any, pdp_mode: str
 ) -> None:
     """Requests that differ only in max_tokens share one decision (the policy
     returns a cap; the gateway clamps), so a replay's varying output lengths
-    do not defeat the cache; the hit is an admin metric (R3-5)."""
+    do not defeat the cache; the hit is an admin metric (R3-5).
+
+    The cache's TTL is long here: the default hard TTL (1 s, wall clock) expired between the
+    first and the third request on a loaded CI box (session 11: same key, no cache clear; the
+    third request was a miss with a new decision id)."""
     h = stack.auth("tenant-a/app")
-    cache = stack.components.pdp.dp.cache
-    clears_before = cache.clears
     for mt in (4, 5, 6000):
         assert (await stack.client.post("/v1/completions", headers=h, json=body(mt))).status_code == 200
     ids = {e.policy.decision_id for e in request_events(audit_log)}
-    # one evaluation, two cache hits (same decision id); a cache clear meanwhile (a policy or
-    # registry change: the decision of the replaced state is not stored, R10-2) costs one more
-    # evaluation (seen once in a full CI run of session 10)
-    clears = cache.clears - clears_before
-    assert 1 <= len(ids) <= 1 + clears, (ids, clears)
+    assert len(ids) == 1  # one evaluation, two cache hits (same decision id)
     lookups = cache_lookups(await stack.admin_metrics())  # operators only (R3-5)
-    assert lookups.get("miss") == len(ids) and lookups.get("hit") == 3 - len(ids)
+    assert lookups.get("hit") == 2 and lookups.get("miss") == 1
     # tenant-a: registry cap 256 < tier cap 1024 -> the 6000-token request was clamped
     assert max(e.output_tokens or 0 for e in request_events(audit_log)) <= 256

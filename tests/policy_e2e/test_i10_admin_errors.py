@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.policy_store import policy_store_section
+
 TD = "demo.prefixgate.test"
 OPERATOR = f"spiffe://{TD}/ops/admin"
 ADMIN_AUD = "prefixgate-admin"
@@ -33,9 +33,7 @@ BIG = 2 * 1024 * 1024
 
 @pytest.fixture
 def config_overrides(tmp_path: Path) -> dict[str, Any]:
-    active = tmp_path / "rego-active"
-    shutil.copytree(REPO / "rego", active)
-    return {"policy": {"mode": "embedded", "dir": str(active), "versions_dir": str(tmp_path / "versions")}}
+    return {"policy": policy_store_section(tmp_path)}
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -211,10 +209,7 @@ async def test_http_send_in_every_position_is_refused_via_the_admin_api(stack: A
 class TestAllowedBuiltinsConfig:
     @pytest.fixture
     def config_overrides(self, tmp_path: Path) -> dict[str, Any]:
-        active = tmp_path / "rego-active"
-        shutil.copytree(REPO / "rego", active)
-        return {"policy": {"mode": "embedded", "dir": str(active), "versions_dir": str(tmp_path / "versions"),
-                           "allowed_builtins": ["time.now_ns"]}}
+        return {"policy": policy_store_section(tmp_path, allowed_builtins=["time.now_ns"])}
 
     async def test_an_extra_builtin_from_config_is_accepted(self, stack: Any) -> None:
         h = {"Authorization": f"Bearer {stack.issuer.mint(OPERATOR, ADMIN_AUD)}"}

@@ -40,7 +40,6 @@ import zipfile
 from pathlib import Path
 
 import httpx
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]

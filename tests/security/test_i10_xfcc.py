@@ -12,7 +12,6 @@ admin route is tried without a JWT-SVID, and nothing an admin route changes
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.policy_store import policy_store_section
+
 TD = "demo.prefixgate.test"
 OPERATOR = f"spiffe://{TD}/ops/admin"
 TENANT_A = f"spiffe://{TD}/tenant-a/app"
@@ -33,13 +33,11 @@ WORKLOADS = "prefixgate/config/workloads"
 
 @pytest.fixture
 def config_overrides(tmp_path: Path) -> dict[str, Any]:
-    active = tmp_path / "rego-active"
-    shutil.copytree(REPO / "rego", active)
     return {
         # the setup: loopback is "the trusted proxy"; a large failure budget
         # so the per-source limiter never answers 429 in this test
         "identity": {"trusted_proxies": ["127.0.0.1/32"], "unauthenticated_burst": 10000},
-        "policy": {"mode": "embedded", "dir": str(active), "versions_dir": str(tmp_path / "versions")},
+        "policy": policy_store_section(tmp_path),
     }
 
 

@@ -11,7 +11,6 @@ applies the same rule: 415 with ``Accept-Encoding: identity``, nothing changed, 
 from __future__ import annotations
 
 import gzip
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,8 @@ import pytest
 
 from gateway.content_coding import CODE
 from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
+from tests.support.policy_store import policy_store_section
 
-REPO = Path(__file__).resolve().parents[2]
 POLICY = "/admin/policies/authz.rego"
 DATA = "/admin/data/prefixgate/config/tiers"
 
@@ -30,9 +29,7 @@ DATA = "/admin/data/prefixgate/config/tiers"
 @pytest.fixture
 def config_overrides(tmp_path: Path) -> dict[str, Any]:
     """A policy store (copied Rego, a versions folder): the admin policy and data routes exist."""
-    active = tmp_path / "rego-active"
-    shutil.copytree(REPO / "rego", active)
-    return {"policy": {"mode": "embedded", "dir": str(active), "versions_dir": str(tmp_path / "versions")}}
+    return {"policy": policy_store_section(tmp_path)}
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from gateway import json_fast
+from tests.support.audit_log import audit_hub, audit_log  # noqa: F401 - fixtures: the stack's audit on a ListLog
 from tests.support.fake_replicas import (  # noqa: F401 - n_replicas: this module's stack fixture
     PLAIN_ANSWER, base_app, completion, n_replicas, serving)
 from tests.support.waiting import wait_for
@@ -101,9 +102,10 @@ def _charged(metrics: str) -> float:
     return float(lines[0].split()[-1]) if lines else 0.0
 
 
-async def test_a_burst_admitted_before_the_first_charge_is_refused_unparsed(stack: Any, fakes: list[Fake]) -> None:
+async def test_a_burst_admitted_before_the_first_charge_is_refused_unparsed(stack: Any, fakes: list[Fake],
+                                                                         audit_log: Any) -> None:
     """R10b-2: a second large answer that arrives once its tenant is in debt is refused (429)
-    without being parsed; the first one was served and charged."""
+    without being parsed, and the refusal is audited with its reason; the first one was served and charged."""
     held = asyncio.create_task(_post(stack, "tenant-a", completion("HOLD", logprobs=ALTERNATIVES)))
     await wait_for(lambda: fakes[0].held == 1, what="the second request at the replica")
     first = await _post(stack, "tenant-a", completion("hello", logprobs=ALTERNATIVES))
@@ -114,7 +116,15 @@ async def test_a_burst_admitted_before_the_first_charge_is_refused_unparsed(stac
     second = await held
     assert second.status_code == 429, second.text
     assert second.json()["error"]["code"] == "cpu_budget_exhausted"
-    assert second.headers.get("X-Request-Id")
+    rid = second.headers.get("X-Request-Id")
+    assert rid
+    # audited: the request's one event carries the refusal's status and reason (session 11)
+    events = await wait_for(lambda: [e for e in audit_log.events if e.request_id == rid],
+                            what="the refused request's audit event")
+    (event,) = events
+    assert event.tenant == "tenant-a"
+    assert (event.status_code, event.error_code) == (429, "cpu_budget_exhausted")
+    assert event.outcome.value == "rate_limited"
     # not parsed: only its preparation (the test gives no free allowance) is charged, far below a parse
     assert _charged(await stack.admin_metrics()) - charged < charged / 4
     other = await _post(stack, "tenant-b", completion("hello"))

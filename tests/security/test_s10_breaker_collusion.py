@@ -17,7 +17,8 @@ requests and ``hold_probes`` keeps them unanswered. Unit cases on a fake clock a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -332,6 +333,19 @@ def test_the_gate() -> None:
 # ------------------------------------------------------------------------ unit: the probe itself
 
 
+@contextlib.asynccontextmanager
+async def _probed(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[tuple[Any, str]]:
+    """A replica whose ``POST /v1/completions`` is ``handler``: ``(aiohttp session, its url)`` to probe it."""
+    import aiohttp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    fake = Fake()
+    async with serving([fake], lambda _f: app):
+        async with aiohttp.ClientSession() as session:
+            yield session, fake.url
+
+
 @pytest.mark.parametrize(("status", "body", "expected"), [
     (200, PLAIN_ANSWER, True),
     (503, {"error": {}}, False),
@@ -340,8 +354,6 @@ def test_the_gate() -> None:
     (404, PLAIN_ANSWER, False),
 ])
 async def test_completion_probe(status: int, body: Any, expected: bool) -> None:
-    import aiohttp
-
     seen: list[Any] = []
 
     async def handler(request: web.Request) -> web.Response:
@@ -350,36 +362,24 @@ async def test_completion_probe(status: int, body: Any, expected: bool) -> None:
             return web.Response(text=body, status=status)
         return web.json_response(body, status=status)
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", handler)
-    fake = Fake()
-    async with serving([fake], lambda _f: app):
-        async with aiohttp.ClientSession() as session:
-            assert await completion_probe(session, fake.url, "m", 2.0) is expected
+    async with _probed(handler) as (session, url):
+        assert await completion_probe(session, url, "m", 2.0) is expected
     assert seen == [{"model": "m", "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0, "stream": False}]
 
 
 async def test_completion_probe_is_bounded_by_its_timeout() -> None:
-    import aiohttp
-
     release = asyncio.Event()
 
     async def handler(request: web.Request) -> web.Response:
         await release.wait()
         return web.json_response(PLAIN_ANSWER)
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", handler)
-    fake = Fake()
-    async with serving([fake], lambda _f: app):
-        async with aiohttp.ClientSession() as session:
-            assert await completion_probe(session, fake.url, "m", 0.2) is False
+    async with _probed(handler) as (session, url):
+        assert await completion_probe(session, url, "m", 0.2) is False
         release.set()
 
 
 async def test_completion_probe_reads_a_bounded_answer() -> None:
-    import aiohttp
-
     from gateway.health import PROBE_MAX_BYTES
 
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -390,9 +390,5 @@ async def test_completion_probe_reads_a_bounded_answer() -> None:
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", handler)
-    fake = Fake()
-    async with serving([fake], lambda _f: app):
-        async with aiohttp.ClientSession() as session:
-            assert await completion_probe(session, fake.url, "m", 5.0) is False
+    async with _probed(handler) as (session, url):
+        assert await completion_probe(session, url, "m", 5.0) is False

@@ -10,23 +10,8 @@ import logging
 import pytest
 
 from tenancy.shared_store import follow_changes
+from tests.support.pubsub import PubSubOnlyClient
 from tests.support.waiting import wait_for
-
-
-class _PubSub:
-    async def subscribe(self, channel: str) -> None:
-        return None
-
-    async def get_message(self, *, ignore_subscribe_messages: bool, timeout: float) -> None:
-        await asyncio.sleep(timeout)
-
-    async def aclose(self) -> None:
-        return None
-
-
-class _Client:
-    def pubsub(self) -> _PubSub:
-        return _PubSub()
 
 
 async def test_a_run_of_one_failure_kind_warns_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -41,7 +26,7 @@ async def test_a_run_of_one_failure_kind_warns_once(caplog: pytest.LogCaptureFix
             raise script[rounds - 1]("refused")
 
     caplog.set_level(logging.DEBUG, logger="prefixgate")
-    task = asyncio.create_task(follow_changes(_Client(), "ch", sync, 0.001, "tenants"))
+    task = asyncio.create_task(follow_changes(PubSubOnlyClient(), "ch", sync, 0.001, "tenants"))
     try:
         await wait_for(lambda: rounds > len(script) + 1, 10.0, step_s=0.005)
     finally:

@@ -3,25 +3,13 @@ documents (tenancy/shared_store.py ``follow_changes``): a first sync that fails 
 between the join and the loop's start) is retried, it no longer ends the loop for good."""
 from __future__ import annotations
 
-import asyncio
-
 from tenancy.keys import KeyRing
 from tenancy.shared_keys import SharedKeyState
+from tests.support.pubsub import PubSubOnlyClient
 from tests.support.waiting import wait_for
 
 
-class _PubSub:
-    async def subscribe(self, channel: str) -> None:
-        return None
-
-    async def get_message(self, *, ignore_subscribe_messages: bool, timeout: float) -> None:
-        await asyncio.sleep(timeout)
-
-    async def aclose(self) -> None:
-        return None
-
-
-class _FlakyRedis:
+class _FlakyRedis(PubSubOnlyClient):
     """``hgetall`` fails ``failures`` times (Redis down), then answers an empty hash."""
 
     def __init__(self, failures: int) -> None:
@@ -30,9 +18,6 @@ class _FlakyRedis:
 
     def register_script(self, source: str) -> object:
         return object()
-
-    def pubsub(self) -> _PubSub:
-        return _PubSub()
 
     async def hgetall(self, key: str) -> dict[bytes, bytes]:
         self.calls += 1

@@ -1,7 +1,6 @@
 """Session 4 (s4-small item 4): WordTokenizer.encode's fast path scans O(limit) characters, same output."""
 from __future__ import annotations
 
-import itertools
 import re
 
 import pytest
