@@ -25,7 +25,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from audit.request_event import REQUEST_ROW_FIELDS
-from audit.otlp_pb import NotPlain, len_field, span_message
+from audit.otlp_pb import NotPlain, key_value, len_field, span_message, varint
 from audit.span_request import REQUEST_MARK, encode_links, random_span_id
 
 __all__ = ["STAGES", "row_span_bytes", "row_span_record", "span_attributes", "span_extra", "stage_children"]
@@ -138,7 +138,6 @@ def row_span_bytes(row: Sequence[Any], extra: Sequence[Any],
     name = "POST " + endpoint
     children, end = stage_children(start_ns, [row[i] for i in _MARKS])
     status = row[_ATTRS[0]]
-    attributes = {"http.request.method": "POST", "http.route": endpoint, **span_attributes(*(row[i] for i in _ATTRS))}
     out = []
     if children:
         if state:
@@ -154,7 +153,100 @@ def row_span_bytes(row: Sequence[Any], extra: Sequence[Any],
             body = b"".join((head, new_span_id().to_bytes(8, "big"), parent, _STAGE_HEADS[cname],
                              _pack_times(0x39, a, 0x41, b), _CHILD_TAIL))
             out.append(len_field(b"\x12", body))
-    out.append(len_field(b"\x12", span_message(
-        tid, span_id, state, None, name, _SERVER_KIND1, start_ns, end if end is not None else row[_TIME_MS] * 1_000_000,
-        attributes, _ERROR_CODE if status and status >= 500 else 0, None, links, 0, 0, _FLAGS_LOCAL)))
+    end_ns = end if end is not None else row[_TIME_MS] * 1_000_000
+    error = bool(status and status >= 500)
+    server = None
+    if not links:  # the plain server span written straight (session 11); anything else: span_message
+        server = _server_span(tid, span_id, state, name, start_ns, end_ns, endpoint, status,
+                              [row[i] for i in _ATTRS[1:]], error)
+    if server is None:
+        attributes = {"http.request.method": "POST", "http.route": endpoint,
+                      **span_attributes(*(row[i] for i in _ATTRS))}
+        server = span_message(tid, span_id, state, None, name, _SERVER_KIND1, start_ns, end_ns, attributes,
+                              _ERROR_CODE if error else 0, None, links, 0, 0, _FLAGS_LOCAL)
+    out.append(len_field(b"\x12", server))
     return b"".join(out), len(out)
+
+
+#: the server span's attribute keys after method and route, in :func:`span_attributes` order, and what
+#: each takes for None (their value types: int, str, int, int, str, str, int, str, str)
+_ATTR_KEYS = ("http.response.status_code", "gen_ai.request.model", "gen_ai.usage.input_tokens",
+              "gen_ai.usage.output_tokens", "prefixgate.tenant", "prefixgate.replica",
+              "prefixgate.predicted_prefix_tokens", "prefixgate.decision_id", "prefixgate.outcome")
+_INT_ATTRS = frozenset((0, 2, 3, 6))
+#: ``b"\x4a" len KeyValue`` (the Span.attributes field) of a (key, str value) that repeats
+_STR_FIELDS: dict[tuple[str, str], bytes] = {}
+_STR_FIELDS_MAX = 4096
+#: each int attribute's key part (``0x0a len key``) and the field's fixed overhead
+_INT_KEYS = {i: len_field(b"\x0a", _ATTR_KEYS[i].encode()) for i in _INT_ATTRS}
+_DECISION_KEY = len_field(b"\x0a", b"prefixgate.decision_id")
+_I63 = 1 << 63
+_pack_q = struct.Struct("<Q").pack
+_pack_i = struct.Struct("<I").pack
+_SERVER_TAIL = b"\x85\x01" + _pack_i(_FLAGS_LOCAL)
+
+
+def _str_field(key: str, value: str) -> bytes:
+    hit = _STR_FIELDS.get((key, value))
+    if hit is None:
+        if len(_STR_FIELDS) >= _STR_FIELDS_MAX:
+            _STR_FIELDS.clear()
+        hit = _STR_FIELDS[(key, value)] = len_field(b"\x4a", key_value(key, value))
+    return hit
+
+
+def _server_span(tid: bytes, span_id: int, state: Any, name: str, start: Any, end: Any, endpoint: Any,
+                 status: Any, values: list[Any], error: bool) -> bytes | None:
+    """:func:`audit.otlp_pb.span_message` of a request's server span without links (the same bytes), with
+    the attributes written from cached parts; None when a value is outside this path's shape (exact
+    ``str`` / ``int`` attributes, times and ids in range): the caller takes ``span_message``."""
+    if (type(start) is not int or type(end) is not int or not 0 < start < 1 << 64 or not 0 < end < 1 << 64
+            or not 0 <= span_id < 1 << 64 or type(endpoint) is not str or (state and type(state) is not str)):
+        return None
+    parts = [b"\x0a\x10", tid, b"\x12\x08", span_id.to_bytes(8, "big")]
+    if state:
+        parts.append(len_field(b"\x1a", state.encode()))
+    parts.append(_name_field(name))
+    parts.append(b"\x30\x02\x39" + _pack_q(start) + b"\x41" + _pack_q(end))
+    parts.append(_str_field("http.request.method", "POST"))
+    parts.append(_str_field("http.route", endpoint))
+    for i, v in enumerate((status, *values)):
+        if i in _INT_ATTRS:
+            if v is None:
+                v = 0
+            elif type(v) is not int or not 0 <= v < _I63:
+                return None
+            body = _INT_KEYS[i] + b"\x12" + _any_int(v)
+            parts.append(len_field(b"\x4a", body))
+        else:
+            if v is None:
+                if i == 8:  # the outcome: left out when None
+                    continue
+                v = ""
+            elif type(v) is not str:
+                return None
+            if i == 7:  # the decision id: unique, not cached
+                parts.append(len_field(b"\x4a", _DECISION_KEY + len_field(b"\x12", len_field(b"\x0a", v.encode()))))
+            else:
+                parts.append(_str_field(_ATTR_KEYS[i], v))
+    parts.append(b"\x7a\x02\x18\x02" if error else b"\x7a\x00")
+    parts.append(_SERVER_TAIL)
+    return b"".join(parts)
+
+
+def _any_int(v: int) -> bytes:
+    """``len AnyValue{int_value: v}`` (the KeyValue's value field after its tag) of an int in [0, 2**63)."""
+    body = b"\x18" + varint(v)
+    return bytes((len(body),)) + body
+
+
+_NAMES: dict[str, bytes] = {}
+
+
+def _name_field(name: str) -> bytes:
+    hit = _NAMES.get(name)
+    if hit is None:
+        if len(_NAMES) >= _STR_FIELDS_MAX:
+            _NAMES.clear()
+        hit = _NAMES[name] = len_field(b"\x2a", name.encode()) if name else b""
+    return hit
