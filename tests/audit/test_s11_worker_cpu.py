@@ -128,3 +128,30 @@ def test_server_span_bytes_equal_span_message(seed: int) -> None:
         assert got.endswith(len_field(b"\x12", want))
         compared += 1
     assert compared > 300
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shared_json_equals_to_json(seed: int) -> None:
+    from audit.encoded import _SHARED, shared_json
+
+    rng = random.Random(seed)
+    for i in range(400):
+        row = _row(rng, i)
+        row[2] = _outcome(rng)
+        for _ in range(rng.randrange(0, 4)):
+            row[rng.randrange(3, len(REQUEST_ROW_FIELDS))] = rng.choice(_ODD)
+        try:
+            ev = request_event(row, rng.choice([None, "host/w1", "ü"]))
+            want = ev.to_json()
+        except (EventSchemaError, TypeError):
+            continue
+        _SHARED.clear()
+        assert shared_json(ev) == want
+    # events with kind-specific details, and odd top-level values, take to_json
+    for ev in (AuditEvent(kind=Kind.ALERT, outcome=Outcome.RAISED, alert={"alert_id": "a", "n": 1}),
+               AuditEvent(kind=Kind.CHECKPOINT, outcome=Outcome.SEALED, checkpoint={"head_seq": 3}),
+               AuditEvent(kind=Kind.INFERENCE, outcome=Outcome.ALLOWED, tenant=Kind.AUTH),  # type: ignore[arg-type]
+               AuditEvent(kind=Kind.INFERENCE, outcome=Outcome.ALLOWED, identity=Identity(None, None),
+                          route=RouteInfo(replica="r0"), latency=Latencies(total_ms=1.5))):
+        _SHARED.clear()
+        assert shared_json(ev) == ev.to_json()
