@@ -40,14 +40,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
-from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.resources import Resource
 
 from audit.backoff import Backoff
 from audit.otlp_trace_request import OtlpRequestEncoder
-from audit.otlp_traces import (MAX_REQUEST_BYTES, RETRY_BACKOFF_S, RETRYABLE_STATUSES, OtlpHttpSettings,
-                               loggable_url, retry_after_s)
+from audit.otlp_traces import (MAX_REQUEST_BYTES, RETRY_BACKOFF_S, RETRYABLE_STATUSES, ExportOutcomes,
+                               OtlpHttpSettings, loggable_url, retry_after_s)
 from audit.span_request import BYTES_MARK
 
 __all__ = ["DROP_EXPORT_FAILED", "DROP_QUEUE_FULL", "DROP_REJECTED", "SpanPoster", "ssl_context"]
@@ -110,7 +108,7 @@ class SpanPoster:
         self._session: aiohttp.ClientSession | None = None
         self._closing = False
         self._log_url = loggable_url(settings.endpoint)
-        self._last_failure: tuple[int | None, bool] | None = None
+        self._outcomes = ExportOutcomes(self._log_url, log)
         headers = {k: v for k, v in settings.headers.items()
                    if k.lower() not in ("content-type", "content-encoding", "content-length")}
         headers["Content-Type"] = _PROTOBUF
@@ -247,7 +245,7 @@ class SpanPoster:
         try:
             session = await self._open()
         except (OSError, ssl.SSLError) as exc:
-            self._note_failure(None, False, f"OTLP span export to {self._log_url}: TLS files unusable "
+            self._outcomes.failure(None, False, f"OTLP span export to {self._log_url}: TLS files unusable "
                                             f"({type(exc).__name__}); batch dropped")
             return False
         data = self._compress(body)
@@ -265,10 +263,10 @@ class SpanPoster:
                     payload = await resp.read()
                     if 200 <= status < 300:
                         self.requests += 1
-                        self._read_partial_success(payload, resp.headers.get("Content-Type", ""))
-                        if self._last_failure is not None:
-                            log.info("OTLP span export to %s recovered", self._log_url)
-                            self._last_failure = None
+                        rejected = self._outcomes.success(payload, resp.headers.get("Content-Type", ""))
+                        if rejected > 0:
+                            self.rejected_spans += rejected
+                            self._drop(rejected, DROP_REJECTED)
                         return True
                     retry_after = resp.headers.get("Retry-After")
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
@@ -278,40 +276,15 @@ class SpanPoster:
                 reason = f"HTTP {status}"
                 retryable = status in RETRYABLE_STATUSES
             if not retryable:
-                self._note_failure(status, False, f"OTLP span export to {self._log_url} failed: {reason} "
+                self._outcomes.failure(status, False, f"OTLP span export to {self._log_url} failed: {reason} "
                                                   "(not retryable per the OTLP spec; batch dropped)")
                 return False
             delay = retry_after_s(retry_after)
             if delay is None:
                 delay = backoff.next() * random.uniform(0.8, 1.2)
             if delay > deadline - loop.time():
-                self._note_failure(status, True, f"OTLP span export to {self._log_url} failed: {reason} "
+                self._outcomes.failure(status, True, f"OTLP span export to {self._log_url} failed: {reason} "
                                                  "(retryable; timeout spent, batch dropped)")
                 return False
             self.retries += 1
             await self._sleep(delay)
-
-    def _read_partial_success(self, payload: bytes, content_type: str) -> None:
-        if not payload or content_type.split(";")[0].strip() != _PROTOBUF:
-            return
-        try:
-            answer = ExportTraceServiceResponse.FromString(payload)
-        except DecodeError:
-            log.warning("OTLP span export to %s: 2xx answer is not an ExportTraceServiceResponse", self._log_url)
-            return
-        rejected = answer.partial_success.rejected_spans
-        if rejected > 0:
-            self.rejected_spans += rejected
-            self._drop(rejected, DROP_REJECTED)
-            msg = answer.partial_success.error_message.replace("\n", " ")[:200]
-            log.warning("OTLP collector at %s rejected %d spans (not retried): %s", self._log_url, rejected, msg)
-
-    def _note_failure(self, status: int | None, retryable: bool, message: str) -> None:
-        """Log once per change of (status, retryable), not every batch."""
-        key = (status, retryable)
-        if key != self._last_failure:
-            log.warning("%s", message)
-            self._last_failure = key
-        else:
-            log.debug("%s", message)
-
