@@ -15,8 +15,8 @@ the spans itself, on its own event loop, with aiohttp (as the OTLP log sink, :mo
   the same bytes as the child built), one POST.
 * The POST follows the OTLP/HTTP specification as :class:`audit.otlp_traces.OtlpHttpSender` does
   (same settings: :class:`audit.otlp_traces.OtlpHttpSettings`, endpoint, headers, timeout,
-  compression, TLS files from the arguments or ``OTEL_EXPORTER_OTLP_*``; proxy variables honoured as
-  ``requests`` did): 429/502/503/504 and
+  compression, TLS files from the arguments or ``OTEL_EXPORTER_OTLP_*``; the environment's proxy,
+  read once, as the log sink: :mod:`audit.http_proxy`): 429/502/503/504 and
   connection failures retried with a doubling, jittered :class:`audit.backoff.Backoff` (or the
   answer's ``Retry-After`` seconds) within the export timeout; any other status, or the timeout
   spent, drops the batch (counted, ``export_failed``); ``partial_success.rejected_spans`` are
@@ -43,6 +43,7 @@ import aiohttp
 from opentelemetry.sdk.resources import Resource
 
 from audit.backoff import Backoff
+from audit.http_proxy import env_proxy
 from audit.otlp_trace_request import OtlpRequestEncoder
 from audit.otlp_traces import (MAX_REQUEST_BYTES, RETRY_BACKOFF_S, RETRYABLE_STATUSES, ExportOutcomes,
                                OtlpHttpSettings, loggable_url, retry_after_s)
@@ -114,6 +115,8 @@ class SpanPoster:
         headers["Content-Type"] = _PROTOBUF
         if settings.compression is not None:
             headers["Content-Encoding"] = settings.compression
+        self._proxy, proxy_auth = env_proxy(settings.endpoint)  # the environment's, read once
+        headers.update(proxy_auth)
         self._headers = headers
         #: spans the collector answered 2xx for; POSTs answered 2xx; retried attempts; spans rejected
         self.exported = self.requests = self.retries = self.rejected_spans = 0
@@ -233,8 +236,9 @@ class SpanPoster:
     async def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=ssl_context(self.settings), limit=2)
-            # trust_env: HTTP(S)_PROXY / NO_PROXY and .netrc, as the exporter child's requests session had them
-            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers, trust_env=True)
+            # the environment's proxy read once (audit.http_proxy), as the OTLP log sink: no trust_env (it
+            # re-read the proxy variables and ~/.netrc in a thread before every POST)
+            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
         return self._session
 
     async def _post(self, body: bytes, sent: int) -> bool:
@@ -258,6 +262,7 @@ class SpanPoster:
             remaining = deadline - loop.time()
             try:
                 async with session.post(self.settings.endpoint, data=data, allow_redirects=False,
+                                        **self._proxy,
                                         timeout=aiohttp.ClientTimeout(total=max(remaining, 0.001))) as resp:
                     status = resp.status
                     payload = await resp.read()
