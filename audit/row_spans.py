@@ -116,14 +116,19 @@ _CHILD_TAIL = b"\x7a\x00\x85\x01" + struct.pack("<I", _FLAGS_LOCAL)
 #: each stage's name (5) and kind (6) fields
 _STAGE_HEADS = {name: len_field(b"\x2a", name.encode()) + b"\x30" + bytes((kind.value + 1,)) for name, kind in STAGES}
 _STAGE_HEAD_LIST = [_STAGE_HEADS[name] for name, _kind in STAGES]
-_M384 = (1 << 384) - 1
 
 
-def _six_ids() -> list[int]:
-    """Six :func:`audit.span_request.random_span_id` values (random, non-zero 64-bit) from one draw."""
-    bits = random.getrandbits(384)
-    ids = [(bits >> (64 * k)) & _M64 for k in range(6)]
-    return ids if all(ids) else [random_span_id() for _ in range(6)]
+_ZERO_ID = bytes(8)
+
+
+def _six_ids() -> list[bytes]:
+    """Six :func:`audit.span_request.random_span_id` values (random, non-zero 64-bit) as 8 big-endian
+    bytes each, from one draw of 48 random bytes."""
+    raw = random.randbytes(48)
+    ids = [raw[0:8], raw[8:16], raw[16:24], raw[24:32], raw[32:40], raw[40:48]]
+    if _ZERO_ID in ids:  # pragma: no cover - 6 * 2**-64
+        return [random_span_id().to_bytes(8, "big") for _ in range(6)]
+    return ids
 
 
 def row_span_bytes(row: Sequence[Any], extra: Sequence[Any],
@@ -160,12 +165,12 @@ def row_span_bytes(row: Sequence[Any], extra: Sequence[Any],
         else:
             parent = b"\x22\x08" + span_id.to_bytes(8, "big")
         head = b"\x0a\x10" + tid + b"\x12\x08"
-        ids = _six_ids() if new_span_id is random_span_id else [new_span_id() for _ in range(6)]
+        ids = _six_ids() if new_span_id is random_span_id else [new_span_id().to_bytes(8, "big") for _ in range(6)]
         for k in range(6):
             a, b = marks[k], marks[k + 1]
             if not a or not b:  # a zero time is left out of the message: the general encoder
                 raise NotPlain("time")
-            out.append(len_field(b"\x12", b"".join((head, ids[k].to_bytes(8, "big"), parent, _STAGE_HEAD_LIST[k],
+            out.append(len_field(b"\x12", b"".join((head, ids[k], parent, _STAGE_HEAD_LIST[k],
                                                     _pack_times(0x39, a, 0x41, b), _CHILD_TAIL))))
         children = None
     else:
@@ -211,6 +216,7 @@ _STR_FIELDS_MAX = 4096
 #: each int attribute's key part (``0x0a len key``) and the field's fixed overhead
 _INT_KEYS = {i: len_field(b"\x0a", _ATTR_KEYS[i].encode()) for i in _INT_ATTRS}
 _DECISION_KEY = len_field(b"\x0a", b"prefixgate.decision_id")
+_METHOD_FIELD = len_field(b"\x4a", key_value("http.request.method", "POST"))
 _I63 = 1 << 63
 _pack_q = struct.Struct("<Q").pack
 _pack_i = struct.Struct("<I").pack
@@ -239,30 +245,47 @@ def _server_span(tid: bytes, span_id: int, state: Any, name: str, start: Any, en
         parts.append(len_field(b"\x1a", state.encode()))
     parts.append(_name_field(name))
     parts.append(b"\x30\x02\x39" + _pack_q(start) + b"\x41" + _pack_q(end))
-    parts.append(_str_field("http.request.method", "POST"))
-    parts.append(_str_field("http.route", endpoint))
-    for i, v in enumerate((status, *values)):
-        if i in _INT_ATTRS:
-            if v is None:
-                v = 0
-            elif type(v) is not int or not 0 <= v < _I63:
-                return None
-            body = _INT_KEYS[i] + b"\x12" + _any_int(v)
-            parts.append(len_field(b"\x4a", body))
-        else:
-            if v is None:
-                if i == 8:  # the outcome: left out when None
-                    continue
-                v = ""
-            elif type(v) is not str:
-                return None
-            if i == 7:  # the decision id: unique, not cached
-                parts.append(len_field(b"\x4a", _DECISION_KEY + len_field(b"\x12", len_field(b"\x0a", v.encode()))))
-            else:
-                parts.append(_str_field(_ATTR_KEYS[i], v))
+    model, prompt, output, tenant, replica, predicted, decision, outcome = values
+    if (type(model) is not str and model is not None or type(tenant) is not str and tenant is not None
+            or type(replica) is not str and replica is not None or type(decision) is not str and decision is not None
+            or type(outcome) is not str and outcome is not None):
+        return None
+    f_status, f_prompt, f_output, f_pred = (_int_field(0, status), _int_field(2, prompt), _int_field(3, output),
+                                            _int_field(6, predicted))
+    if f_status is None or f_prompt is None or f_output is None or f_pred is None:
+        return None
+    parts += (_METHOD_FIELD, _str_field("http.route", endpoint), f_status, _str_field(_ATTR_KEYS[1], model or ""),
+              f_prompt, f_output, _str_field(_ATTR_KEYS[4], tenant or ""), _str_field(_ATTR_KEYS[5], replica or ""),
+              f_pred)
+    # the decision id: unique, not cached
+    parts.append(len_field(b"\x4a", _DECISION_KEY + len_field(b"\x12", len_field(b"\x0a", (decision or "").encode()))))
+    if outcome is not None:  # left out when None
+        parts.append(_str_field(_ATTR_KEYS[8], outcome))
     parts.append(b"\x7a\x02\x18\x02" if error else b"\x7a\x00")
     parts.append(_SERVER_TAIL)
     return b"".join(parts)
+
+
+#: ``b"\x4a" len KeyValue`` of an int attribute per (attribute index, value) that repeats (status
+#: codes, token counts); cleared at ``_STR_FIELDS_MAX`` entries
+_INT_FIELDS: dict[tuple[int, int], bytes] = {}
+
+
+def _int_field(i: int, v: Any) -> bytes | None:
+    """The attributes field of int attribute ``i`` (None counts as 0, as :func:`span_attributes` writes
+    it), or None for a value outside [0, 2**63) or not an exact int (the caller falls back)."""
+    if v is None:
+        v = 0
+    elif type(v) is not int:
+        return None
+    hit = _INT_FIELDS.get((i, v))
+    if hit is None:
+        if not 0 <= v < _I63:
+            return None
+        if len(_INT_FIELDS) >= _STR_FIELDS_MAX:
+            _INT_FIELDS.clear()
+        hit = _INT_FIELDS[(i, v)] = len_field(b"\x4a", _INT_KEYS[i] + b"\x12" + _any_int(v))
+    return hit
 
 
 def _any_int(v: int) -> bytes:

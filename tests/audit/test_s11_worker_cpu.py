@@ -155,3 +155,28 @@ def test_shared_json_equals_to_json(seed: int) -> None:
                           route=RouteInfo(replica="r0"), latency=Latencies(total_ms=1.5))):
         _SHARED.clear()
         assert shared_json(ev) == ev.to_json()
+
+
+def test_default_child_span_ids_are_random_nonzero_and_parented() -> None:
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    rng = random.Random(3)
+    row = _row(rng, 1)
+    t = 100.0
+    for k, name in enumerate(("t0", "t_auth", "t_parsed", "t_keys", "t_decided", "t_route", "t_first_byte", "t_end")):
+        row[REQUEST_ROW_FIELDS.index(name)] = t + k * 0.001  # every stage ran: the one-draw ids
+    extra = (0x1234, 1, 1_764_000_000_000_000_000, None, None)
+    seen = set()
+    for _ in range(50):
+        data, n = row_span_bytes(row, extra)
+        spans = trace_pb2.ScopeSpans.FromString(data).spans
+        assert n == len(spans) == 7
+        children, server = spans[:6], spans[6]
+        assert server.span_id == (0x1234).to_bytes(8, "big") and not server.parent_span_id
+        for c in children:
+            assert c.parent_span_id == server.span_id and c.span_id != bytes(8)
+            seen.add(c.span_id)
+        ids = iter(range(1, 100))
+        same, _ = row_span_bytes(row, extra, ids.__next__)
+        assert len(same) == len(data)
+    assert len(seen) == 300  # fresh ids every time
