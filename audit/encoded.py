@@ -22,7 +22,8 @@ from typing import Any
 
 import orjson
 
-from audit.event import _PLAIN_TYPES, SCHEMA_VERSION, AuditEvent, Kind, Outcome, iso_ms
+from audit import event as _event_module
+from audit.event import _PLAIN_TYPES, AuditEvent, Kind, Outcome, iso_ms
 
 __all__ = ["SHARED_JSON_MAX", "shared_json"]
 
@@ -177,7 +178,7 @@ def _plain_json(ev: AuditEvent) -> bytes | None:
             d["virtual_tokens"] = v
         if d:
             out["route"] = d
-    out["schema_version"] = SCHEMA_VERSION
+    out["schema_version"] = _event_module.SCHEMA_VERSION  # read per call, as to_dict does
     if (v := ev.sequences) is not None:
         if type(v) not in plain:
             return None
