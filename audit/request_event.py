@@ -128,8 +128,9 @@ _EVENT_FIELD_ORDER = (
     "kind", "outcome", "time_ms", "event_id", "request_id", "identity", "tenant", "policy", "endpoint", "model",
     "prompt_tokens", "output_tokens", "sequences", "ledger", "error_code", "route", "latency", "status_code",
     "client_address", "trace_id", "prefix_fingerprint", "operator", "alert", "summary", "checkpoint", "instance")
-if tuple(f.name for f in dataclasses.fields(AuditEvent)) != _EVENT_FIELD_ORDER:  # pragma: no cover
-    raise ImportError("audit.request_event: AuditEvent's fields changed; update request_event")
+if (tuple(f.name for f in dataclasses.fields(AuditEvent)) != _EVENT_FIELD_ORDER
+        or hasattr(AuditEvent, "__post_init__")):  # pragma: no cover - the slots are set without __init__
+    raise ImportError("audit.request_event: AuditEvent's fields or __post_init__ changed; update request_event")
 #: each field's slot setter (the member descriptor's ``__set__``), in that order
 _EVENT_SETTERS = tuple(vars(AuditEvent)[name].__set__ for name in _EVENT_FIELD_ORDER)
 _new = object.__new__
