@@ -139,7 +139,10 @@ def row_span_bytes(row: Sequence[Any], extra: Sequence[Any],
     :func:`row_span_record` (:func:`audit.span_request.expand_request_record`,
     :class:`audit.otlp_trace_request.OtlpRequestEncoder`; tests/audit/test_s9_row_span_bytes.py), without
     the record, its JSON trip or its expansion. The scope is :data:`SCOPE`. A child is its ids, times and
-    its stage's name and kind around constant bytes; the server span is :func:`audit.otlp_pb.span_message`.
+    its stage's name and kind around constant bytes; the server span is :func:`audit.otlp_pb.span_message`'s
+    bytes, written by :func:`_server_span` from cached attribute parts when it has no links and plain values
+    (session 11). With the default ``new_span_id`` and every stage run, the six child ids come from one
+    random draw (:func:`_six_ids`).
 
     Raises:
         audit.otlp_pb.NotPlain, ValueError, TypeError, OverflowError, struct.error: a row, extra or
