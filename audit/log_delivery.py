@@ -63,7 +63,7 @@ class DeliveryLoop:
         rather than wait in memory for the whole outage; later events spill."""
         w.up = False
         self._spill_ram(w)
-        self.metrics.sink_up.labels(w.sink.name).set(0)
+        self.metrics.child("sink_up", w.sink.name).set(0)
 
     async def _deliver(self, w: SinkWorker, batch: list[AuditEvent]) -> bool:
         try:
@@ -76,8 +76,8 @@ class DeliveryLoop:
         if not w.up:
             log.info("audit sink %s back", w.sink.name)
         w.up = True
-        self.metrics.sink_up.labels(w.sink.name).set(1)
-        self.metrics.delivered.labels(w.sink.name).inc(len(batch))
+        self.metrics.child("sink_up", w.sink.name).set(1)
+        self.metrics.child("delivered", w.sink.name).inc(len(batch))
         return True
 
     async def _run(self, w: SinkWorker) -> None:
@@ -106,7 +106,7 @@ class DeliveryLoop:
                         # caught up: no await between this check and the flip
                         w.spill.reset()
                         w.spilling = False
-                        self.metrics.spill_bytes.labels(w.sink.name).set(0)
+                        self.metrics.child("spill_bytes", w.sink.name).set(0)
                         self._update_accepting()
                         continue
                     w.commit_to = end
@@ -132,7 +132,7 @@ class DeliveryLoop:
                 w.pending_first_n = None
                 if w.commit_to is not None:
                     w.spill.commit(w.commit_to)
-                    self.metrics.spill_bytes.labels(w.sink.name).set(w.spill.pending_bytes)
+                    self.metrics.child("spill_bytes", w.sink.name).set(w.spill.pending_bytes)
                     self._update_accepting()
                     w.commit_to = None
                 backoff.reset()

@@ -57,7 +57,7 @@ class SpillGate:
             self._count_drop(w)
             log.exception("audit spill write failed for sink %s", w.sink.name)
             return
-        self.metrics.spill_bytes.labels(w.sink.name).set(w.spill.pending_bytes)
+        self.metrics.child("spill_bytes", w.sink.name).set(w.spill.pending_bytes)
         if not self._flush_scheduled:  # the buffered lines reach the file this event-loop turn
             self._flush_scheduled = True
             try:
@@ -97,13 +97,13 @@ class SpillGate:
             return
         log.warning("audit sink %s slow (send running for more than %g s): spilling its events",
                     w.sink.name, self._slow_send_s)
-        self.metrics.slow_sends.labels(w.sink.name).inc()
+        self.metrics.child("slow_sends", w.sink.name).inc()
         self._spill_ram(w)
         self._update_accepting()
 
     def _count_drop(self, w: SinkWorker) -> None:
         self._dropped += 1
-        self.metrics.dropped.labels(w.sink.name).inc()
+        self.metrics.child("dropped", w.sink.name).inc()
 
     def _update_accepting(self) -> None:
         pending = self.spill_pending_bytes

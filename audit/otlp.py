@@ -35,6 +35,9 @@ trail must not drop silently, so those also raise (events stay in the spill,
 an operator fixes the endpoint or credentials. ``Retry-After`` is only logged:
 :class:`audit.log.AuditLog` owns the backoff.
 
+Proxy: ``http_proxy`` / ``https_proxy`` / ``no_proxy`` of the environment, read once, as the span
+sender (:mod:`audit.http_proxy`; session 11: this sink went direct before); ``~/.netrc`` is not read.
+
 Header values (e.g. a collector's ``Authorization``) and the endpoint's user
 info and query string are never logged.
 """
@@ -55,6 +58,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from yarl import URL
 
 from audit.event import AuditEvent
+from audit.http_proxy import env_proxy
 from audit.otlp_log_build import WARN_OUTCOMES, build_request, build_resource, severity_of, trace_id_bytes
 from audit.otlp_log_request import encode_logs_request
 from audit.sink import SinkUnavailable
@@ -201,6 +205,9 @@ class OtlpLogSink:
         self._resource = build_resource(service_name, resource_attributes)
         self._scope = common_pb2.InstrumentationScope(name=SCOPE_NAME, version=_scope_version())
         self._session: aiohttp.ClientSession | None = None
+        # HTTP(S)_PROXY / NO_PROXY read once, as the span sender does (audit.http_proxy)
+        self._proxy, proxy_auth = env_proxy(endpoint)
+        self._headers.update(proxy_auth)
         self._last_failure: tuple[int | None, bool] | None = None
 
     async def open(self) -> None:
@@ -239,7 +246,8 @@ class OtlpLogSink:
         if self._compression == "gzip":
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)
         try:
-            async with self._session.post(self.endpoint, data=body, headers=self._headers) as resp:
+            async with self._session.post(self.endpoint, data=body, headers=self._headers,
+                                          **self._proxy) as resp:
                 status = resp.status
                 content_type = resp.content_type
                 retry_after = resp.headers.get("Retry-After")

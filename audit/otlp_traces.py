@@ -159,6 +159,48 @@ class OtlpHttpSettings:
                    client_key=_env(env, "CLIENT_KEY"))
 
 
+
+class ExportOutcomes:
+    """What :class:`OtlpHttpSender` and :class:`audit.span_post.SpanPoster` share about an export's
+    outcome (one definition, session 11): a failure is logged once per change of (status, retryable)
+    and at debug level while it repeats; the first success after failures is logged as recovered; a
+    2xx answer's ``partial_success.rejected_spans`` are read, logged with the collector's message
+    (at most 200 characters, one line) and returned. Logs on ``logger`` (each caller keeps its own)."""
+
+    def __init__(self, log_url: str, logger: logging.Logger) -> None:
+        self.log_url = log_url
+        self._log = logger
+        self._last_failure: tuple[int | None, bool] | None = None
+
+    def failure(self, status: int | None, retryable: bool, message: str) -> None:
+        """Log ``message`` (warning) unless the previous failure had the same (status, retryable)."""
+        key = (status, retryable)
+        if key != self._last_failure:
+            self._log.warning("%s", message)
+            self._last_failure = key
+        else:
+            self._log.debug("%s", message)
+
+    def success(self, payload: bytes, content_type: str) -> int:
+        """A 2xx answer with body ``payload``: spans it rejected (0 unless a protobuf
+        ``ExportTraceServiceResponse`` says so; an undecodable one is logged and counts 0)."""
+        if self._last_failure is not None:
+            self._log.info("OTLP span export to %s recovered", self.log_url)
+            self._last_failure = None
+        if not payload or content_type.split(";")[0].strip() != _PROTOBUF:
+            return 0
+        try:
+            answer = ExportTraceServiceResponse.FromString(payload)
+        except DecodeError:
+            self._log.warning("OTLP span export to %s: 2xx answer is not an ExportTraceServiceResponse", self.log_url)
+            return 0
+        rejected = answer.partial_success.rejected_spans
+        if rejected > 0:
+            msg = answer.partial_success.error_message.replace("\n", " ")[:200]
+            self._log.warning("OTLP collector at %s rejected %d spans (not retried): %s", self.log_url, rejected, msg)
+        return rejected
+
+
 class OtlpHttpSender:
     """POST serialized ``ExportTraceServiceRequest`` bodies to an OTLP/HTTP collector.
 
@@ -191,7 +233,7 @@ class OtlpHttpSender:
         self._stop = threading.Event()
         self._sleep = sleep or self._stop.wait
         self._log_url = loggable_url(settings.endpoint)
-        self._last_failure: tuple[int | None, bool] | None = None
+        self._outcomes = ExportOutcomes(self._log_url, log)
         self.rejected_spans = 0
         self.requests = 0
         self.retries = 0
@@ -227,54 +269,27 @@ class OtlpHttpSender:
                 status = resp.status_code
                 if 200 <= status < 300:
                     self.requests += 1
-                    self._read_partial_success(resp)
-                    if self._last_failure is not None:
-                        log.info("OTLP span export to %s recovered", self._log_url)
-                        self._last_failure = None
+                    self.rejected_spans += self._outcomes.success(resp.content, resp.headers.get("Content-Type", ""))
                     return True
                 retryable = status in RETRYABLE_STATUSES
                 retry_after = resp.headers.get("Retry-After")
                 reason = f"HTTP {status}"
                 resp.close()
             if not retryable:
-                self._note_failure(status, False, f"OTLP span export to {self._log_url} failed: {reason} "
+                self._outcomes.failure(status, False, f"OTLP span export to {self._log_url} failed: {reason} "
                                                   "(not retryable per the OTLP spec; batch dropped)")
                 return False
             delay = retry_after_s(retry_after)
             if delay is None:
                 delay = backoff.next() * random.uniform(0.8, 1.2)
             if delay > deadline - time.monotonic() or self._stop.is_set():
-                self._note_failure(status, True, f"OTLP span export to {self._log_url} failed: {reason} "
+                self._outcomes.failure(status, True, f"OTLP span export to {self._log_url} failed: {reason} "
                                                  "(retryable; timeout spent, batch dropped)")
                 return False
             self.retries += 1
             log.debug("OTLP span export to %s: %s, retrying in %.2f s", self._log_url, reason, delay)
             if self._sleep(delay):  # Event.wait: True when shutdown() interrupted the wait
                 return False
-
-    def _read_partial_success(self, resp: requests.Response) -> None:
-        ctype = resp.headers.get("Content-Type", "").split(";")[0].strip()
-        if not resp.content or ctype != _PROTOBUF:
-            return
-        try:
-            answer = ExportTraceServiceResponse.FromString(resp.content)
-        except DecodeError:
-            log.warning("OTLP span export to %s: 2xx answer is not an ExportTraceServiceResponse", self._log_url)
-            return
-        rejected = answer.partial_success.rejected_spans
-        if rejected > 0:
-            self.rejected_spans += rejected
-            msg = answer.partial_success.error_message.replace("\n", " ")[:200]
-            log.warning("OTLP collector at %s rejected %d spans (not retried): %s", self._log_url, rejected, msg)
-
-    def _note_failure(self, status: int | None, retryable: bool, message: str) -> None:
-        """Log once per change of (status, retryable), not every batch."""
-        key = (status, retryable)
-        if key != self._last_failure:
-            log.warning("%s", message)
-            self._last_failure = key
-        else:
-            log.debug("%s", message)
 
     def shutdown(self) -> None:
         """Stop: abort a retry wait, refuse later exports, close the connections. Idempotent."""

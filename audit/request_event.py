@@ -18,6 +18,7 @@ reason code, or the error code when there was no decision.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,6 +49,10 @@ REQUEST_ROW_FIELDS: tuple[str, ...] = (
 _N = len(REQUEST_ROW_FIELDS)
 _OUTCOME_BY_VALUE: dict[str, Outcome] = {o.value: o for o in Outcome}
 _NUMBER = (int, float)
+#: the Identity of each (spiffe_id, trust_domain) seen (frozen, so one object serves every event of a
+#: workload); cleared at ``_IDENTITIES_MAX`` entries
+_IDENTITIES: dict[tuple[Any, Any], Identity] = {}
+_IDENTITIES_MAX = 4096
 
 
 def _ms(start: Any, end: Any) -> float | None:
@@ -84,28 +89,48 @@ def request_event(row: Sequence[Any], instance: str | None = None) -> AuditEvent
      status_code, client_address, trace_id, prefix_fingerprint, virtual_tokens, queue_wait_ms) = row
     if type(event_id) is not str or type(outcome) is not str or type(time_ms) is not int:
         raise EventSchemaError("request row: event_id, outcome or time_ms of the wrong type")
-    return AuditEvent(
-        kind=Kind.AUTH if outcome == "unauthenticated" else Kind.INFERENCE,
-        outcome=_OUTCOME_BY_VALUE.get(outcome, Outcome.FAILED),
-        time_ms=time_ms,
-        event_id=event_id,
-        request_id=request_id,
-        identity=Identity(spiffe_id, trust_domain),
-        tenant=tenant,
-        policy=PolicyInfo(decision_id, reason_code, reason),
-        endpoint=endpoint,
-        model=model,
-        prompt_tokens=prompt_tokens,
-        output_tokens=output_tokens,
-        sequences=sequences,
-        ledger=LedgerInfo(reserved, charged, prompt_charged, output_charged, output_relayed, basis),
-        error_code=error_code,
-        route=RouteInfo(replica, pool, routing_policy, available, predicted, delivered, load, virtual_tokens),
-        latency=Latencies(_ms(t0, t_auth), _ms(t_auth, t_parsed), _ms(t_parsed, t_keys), _ms(t_keys, t_decided),
-                          _ms(t_decided, t_route), _ms(t0, t_first_byte), _ms(t0, t_end), queue_wait_ms),
-        status_code=status_code,
-        client_address=client_address,
-        trace_id=trace_id,
-        prefix_fingerprint=prefix_fingerprint,
-        instance=instance,
-    )
+    if (type(t0) is float and type(t_auth) is float and type(t_parsed) is float and type(t_keys) is float
+            and type(t_decided) is float and type(t_route) is float and type(t_first_byte) is float
+            and type(t_end) is float):  # every stamp set (an answered request): _ms inlined (session 11)
+        latency = Latencies(round((t_auth - t0) * 1000.0, 3), round((t_parsed - t_auth) * 1000.0, 3),
+                            round((t_keys - t_parsed) * 1000.0, 3), round((t_decided - t_keys) * 1000.0, 3),
+                            round((t_route - t_decided) * 1000.0, 3), round((t_first_byte - t0) * 1000.0, 3),
+                            round((t_end - t0) * 1000.0, 3), queue_wait_ms)
+    else:
+        latency = Latencies(_ms(t0, t_auth), _ms(t_auth, t_parsed), _ms(t_parsed, t_keys), _ms(t_keys, t_decided),
+                            _ms(t_decided, t_route), _ms(t0, t_first_byte), _ms(t0, t_end), queue_wait_ms)
+    if type(spiffe_id) is str and type(trust_domain) is str:  # frozen: one object for every event of it
+        identity = _IDENTITIES.get((spiffe_id, trust_domain))
+        if identity is None:
+            if len(_IDENTITIES) >= _IDENTITIES_MAX:
+                _IDENTITIES.clear()
+            identity = _IDENTITIES[(spiffe_id, trust_domain)] = Identity(spiffe_id, trust_domain)
+    else:
+        identity = Identity(spiffe_id, trust_domain)
+    # AuditEvent(kind=..., ..., instance=instance) without its generated __init__ (session 11: a frozen
+    # dataclass sets its 26 fields with object.__setattr__ calls, ~2.4 us; the slots' own setters ~1.3):
+    # the same object (tests/audit/test_s11_worker_cpu.py), every field set, in _EVENT_FIELD_ORDER
+    event = _new(AuditEvent)
+    for setter, value in zip(_EVENT_SETTERS, (
+            Kind.AUTH if outcome == "unauthenticated" else Kind.INFERENCE,
+            _OUTCOME_BY_VALUE.get(outcome, Outcome.FAILED), time_ms, event_id, request_id, identity, tenant,
+            PolicyInfo(decision_id, reason_code, reason), endpoint, model, prompt_tokens, output_tokens, sequences,
+            LedgerInfo(reserved, charged, prompt_charged, output_charged, output_relayed, basis), error_code,
+            RouteInfo(replica, pool, routing_policy, available, predicted, delivered, load, virtual_tokens),
+            latency, status_code, client_address, trace_id, prefix_fingerprint, None, None, None, None, instance)):
+        setter(event, value)
+    return event
+
+
+#: AuditEvent's fields in the order :func:`request_event` passes their values (checked at import: a
+#: field added to, removed from or moved in the event must be handled there)
+_EVENT_FIELD_ORDER = (
+    "kind", "outcome", "time_ms", "event_id", "request_id", "identity", "tenant", "policy", "endpoint", "model",
+    "prompt_tokens", "output_tokens", "sequences", "ledger", "error_code", "route", "latency", "status_code",
+    "client_address", "trace_id", "prefix_fingerprint", "operator", "alert", "summary", "checkpoint", "instance")
+if (tuple(f.name for f in dataclasses.fields(AuditEvent)) != _EVENT_FIELD_ORDER
+        or hasattr(AuditEvent, "__post_init__")):  # pragma: no cover - the slots are set without __init__
+    raise ImportError("audit.request_event: AuditEvent's fields or __post_init__ changed; update request_event")
+#: each field's slot setter (the member descriptor's ``__set__``), in that order
+_EVENT_SETTERS = tuple(vars(AuditEvent)[name].__set__ for name in _EVENT_FIELD_ORDER)
+_new = object.__new__

@@ -18,6 +18,7 @@ in-process when no worker exports spans), so the exported spans are the same eit
 
 from __future__ import annotations
 
+import random
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from audit.request_event import REQUEST_ROW_FIELDS
-from audit.otlp_pb import NotPlain, len_field, span_message
+from audit.otlp_pb import NotPlain, key_value, len_field, span_message, varint
 from audit.span_request import REQUEST_MARK, encode_links, random_span_id
 
 __all__ = ["STAGES", "row_span_bytes", "row_span_record", "span_attributes", "span_extra", "stage_children"]
@@ -114,6 +115,20 @@ _pack_times = struct.Struct("<BQBQ").pack  # Span fields 7 and 8 (start, end: fi
 _CHILD_TAIL = b"\x7a\x00\x85\x01" + struct.pack("<I", _FLAGS_LOCAL)
 #: each stage's name (5) and kind (6) fields
 _STAGE_HEADS = {name: len_field(b"\x2a", name.encode()) + b"\x30" + bytes((kind.value + 1,)) for name, kind in STAGES}
+_STAGE_HEAD_LIST = [_STAGE_HEADS[name] for name, _kind in STAGES]
+
+
+_ZERO_ID = bytes(8)
+
+
+def _six_ids() -> list[bytes]:
+    """Six :func:`audit.span_request.random_span_id` values (random, non-zero 64-bit) as 8 big-endian
+    bytes each, from one draw of 48 random bytes."""
+    raw = random.randbytes(48)
+    ids = [raw[0:8], raw[8:16], raw[16:24], raw[24:32], raw[32:40], raw[40:48]]
+    if _ZERO_ID in ids:  # pragma: no cover - 6 * 2**-64
+        return [random_span_id().to_bytes(8, "big") for _ in range(6)]
+    return ids
 
 
 def row_span_bytes(row: Sequence[Any], extra: Sequence[Any],
@@ -124,7 +139,10 @@ def row_span_bytes(row: Sequence[Any], extra: Sequence[Any],
     :func:`row_span_record` (:func:`audit.span_request.expand_request_record`,
     :class:`audit.otlp_trace_request.OtlpRequestEncoder`; tests/audit/test_s9_row_span_bytes.py), without
     the record, its JSON trip or its expansion. The scope is :data:`SCOPE`. A child is its ids, times and
-    its stage's name and kind around constant bytes; the server span is :func:`audit.otlp_pb.span_message`.
+    its stage's name and kind around constant bytes; the server span is :func:`audit.otlp_pb.span_message`'s
+    bytes, written by :func:`_server_span` from cached attribute parts when it has no links and plain values
+    (session 11). With the default ``new_span_id`` and every stage run, the six child ids come from one
+    random draw (:func:`_six_ids`).
 
     Raises:
         audit.otlp_pb.NotPlain, ValueError, TypeError, OverflowError, struct.error: a row, extra or
@@ -136,10 +154,30 @@ def row_span_bytes(row: Sequence[Any], extra: Sequence[Any],
     tid = int(row[_TRACE], 16).to_bytes(16, "big")
     endpoint = row[_ENDPOINT]
     name = "POST " + endpoint
-    children, end = stage_children(start_ns, [row[i] for i in _MARKS])
+    stamps = [row[i] for i in _MARKS]
     status = row[_ATTRS[0]]
-    attributes = {"http.request.method": "POST", "http.route": endpoint, **span_attributes(*(row[i] for i in _ATTRS))}
     out = []
+    if all(type(t) is float for t in stamps):  # every stage ran (session 11: no child tuples, ids drawn at once)
+        t0 = stamps[0]
+        marks = [start_ns + int((t - t0) * 1e9) for t in stamps]
+        end = marks[6]
+        if state:
+            if type(state) is not str:
+                raise NotPlain("trace_state")
+            parent = len_field(b"\x1a", state.encode()) + b"\x22\x08" + span_id.to_bytes(8, "big")
+        else:
+            parent = b"\x22\x08" + span_id.to_bytes(8, "big")
+        head = b"\x0a\x10" + tid + b"\x12\x08"
+        ids = _six_ids() if new_span_id is random_span_id else [new_span_id().to_bytes(8, "big") for _ in range(6)]
+        for k in range(6):
+            a, b = marks[k], marks[k + 1]
+            if not a or not b:  # a zero time is left out of the message: the general encoder
+                raise NotPlain("time")
+            out.append(len_field(b"\x12", b"".join((head, ids[k], parent, _STAGE_HEAD_LIST[k],
+                                                    _pack_times(0x39, a, 0x41, b), _CHILD_TAIL))))
+        children = None
+    else:
+        children, end = stage_children(start_ns, stamps)
     if children:
         if state:
             if type(state) is not str:
@@ -154,7 +192,118 @@ def row_span_bytes(row: Sequence[Any], extra: Sequence[Any],
             body = b"".join((head, new_span_id().to_bytes(8, "big"), parent, _STAGE_HEADS[cname],
                              _pack_times(0x39, a, 0x41, b), _CHILD_TAIL))
             out.append(len_field(b"\x12", body))
-    out.append(len_field(b"\x12", span_message(
-        tid, span_id, state, None, name, _SERVER_KIND1, start_ns, end if end is not None else row[_TIME_MS] * 1_000_000,
-        attributes, _ERROR_CODE if status and status >= 500 else 0, None, links, 0, 0, _FLAGS_LOCAL)))
+    end_ns = end if end is not None else row[_TIME_MS] * 1_000_000
+    error = bool(status and status >= 500)
+    server = None
+    if not links:  # the plain server span written straight (session 11); anything else: span_message
+        server = _server_span(tid, span_id, state, name, start_ns, end_ns, endpoint, status,
+                              [row[i] for i in _ATTRS[1:]], error)
+    if server is None:
+        attributes = {"http.request.method": "POST", "http.route": endpoint,
+                      **span_attributes(*(row[i] for i in _ATTRS))}
+        server = span_message(tid, span_id, state, None, name, _SERVER_KIND1, start_ns, end_ns, attributes,
+                              _ERROR_CODE if error else 0, None, links, 0, 0, _FLAGS_LOCAL)
+    out.append(len_field(b"\x12", server))
     return b"".join(out), len(out)
+
+
+#: the server span's attribute keys after method and route, in :func:`span_attributes` order, and what
+#: each takes for None (their value types: int, str, int, int, str, str, int, str, str)
+_ATTR_KEYS = ("http.response.status_code", "gen_ai.request.model", "gen_ai.usage.input_tokens",
+              "gen_ai.usage.output_tokens", "prefixgate.tenant", "prefixgate.replica",
+              "prefixgate.predicted_prefix_tokens", "prefixgate.decision_id", "prefixgate.outcome")
+_INT_ATTRS = frozenset((0, 2, 3, 6))
+#: ``b"\x4a" len KeyValue`` (the Span.attributes field) of a (key, str value) that repeats
+_STR_FIELDS: dict[tuple[str, str], bytes] = {}
+_STR_FIELDS_MAX = 4096
+#: each int attribute's key part (``0x0a len key``) and the field's fixed overhead
+_INT_KEYS = {i: len_field(b"\x0a", _ATTR_KEYS[i].encode()) for i in _INT_ATTRS}
+_DECISION_KEY = len_field(b"\x0a", b"prefixgate.decision_id")
+_METHOD_FIELD = len_field(b"\x4a", key_value("http.request.method", "POST"))
+_I63 = 1 << 63
+_pack_q = struct.Struct("<Q").pack
+_pack_i = struct.Struct("<I").pack
+_SERVER_TAIL = b"\x85\x01" + _pack_i(_FLAGS_LOCAL)
+
+
+def _str_field(key: str, value: str) -> bytes:
+    hit = _STR_FIELDS.get((key, value))
+    if hit is None:
+        if len(_STR_FIELDS) >= _STR_FIELDS_MAX:
+            _STR_FIELDS.clear()
+        hit = _STR_FIELDS[(key, value)] = len_field(b"\x4a", key_value(key, value))
+    return hit
+
+
+def _server_span(tid: bytes, span_id: int, state: Any, name: str, start: Any, end: Any, endpoint: Any,
+                 status: Any, values: list[Any], error: bool) -> bytes | None:
+    """:func:`audit.otlp_pb.span_message` of a request's server span without links (the same bytes), with
+    the attributes written from cached parts; None when a value is outside this path's shape (exact
+    ``str`` / ``int`` attributes, times and ids in range): the caller takes ``span_message``."""
+    if (type(start) is not int or type(end) is not int or not 0 < start < 1 << 64 or not 0 < end < 1 << 64
+            or not 0 <= span_id < 1 << 64 or type(endpoint) is not str or (state and type(state) is not str)):
+        return None
+    parts = [b"\x0a\x10", tid, b"\x12\x08", span_id.to_bytes(8, "big")]
+    if state:
+        parts.append(len_field(b"\x1a", state.encode()))
+    parts.append(_name_field(name))
+    parts.append(b"\x30\x02\x39" + _pack_q(start) + b"\x41" + _pack_q(end))
+    model, prompt, output, tenant, replica, predicted, decision, outcome = values
+    if (type(model) is not str and model is not None or type(tenant) is not str and tenant is not None
+            or type(replica) is not str and replica is not None or type(decision) is not str and decision is not None
+            or type(outcome) is not str and outcome is not None):
+        return None
+    f_status, f_prompt, f_output, f_pred = (_int_field(0, status), _int_field(2, prompt), _int_field(3, output),
+                                            _int_field(6, predicted))
+    if f_status is None or f_prompt is None or f_output is None or f_pred is None:
+        return None
+    parts += (_METHOD_FIELD, _str_field("http.route", endpoint), f_status, _str_field(_ATTR_KEYS[1], model or ""),
+              f_prompt, f_output, _str_field(_ATTR_KEYS[4], tenant or ""), _str_field(_ATTR_KEYS[5], replica or ""),
+              f_pred)
+    # the decision id: unique, not cached
+    parts.append(len_field(b"\x4a", _DECISION_KEY + len_field(b"\x12", len_field(b"\x0a", (decision or "").encode()))))
+    if outcome is not None:  # left out when None
+        parts.append(_str_field(_ATTR_KEYS[8], outcome))
+    parts.append(b"\x7a\x02\x18\x02" if error else b"\x7a\x00")
+    parts.append(_SERVER_TAIL)
+    return b"".join(parts)
+
+
+#: ``b"\x4a" len KeyValue`` of an int attribute per (attribute index, value) that repeats (status
+#: codes, token counts); cleared at ``_STR_FIELDS_MAX`` entries
+_INT_FIELDS: dict[tuple[int, int], bytes] = {}
+
+
+def _int_field(i: int, v: Any) -> bytes | None:
+    """The attributes field of int attribute ``i`` (None counts as 0, as :func:`span_attributes` writes
+    it), or None for a value outside [0, 2**63) or not an exact int (the caller falls back)."""
+    if v is None:
+        v = 0
+    elif type(v) is not int:
+        return None
+    hit = _INT_FIELDS.get((i, v))
+    if hit is None:
+        if not 0 <= v < _I63:
+            return None
+        if len(_INT_FIELDS) >= _STR_FIELDS_MAX:
+            _INT_FIELDS.clear()
+        hit = _INT_FIELDS[(i, v)] = len_field(b"\x4a", _INT_KEYS[i] + b"\x12" + _any_int(v))
+    return hit
+
+
+def _any_int(v: int) -> bytes:
+    """``len AnyValue{int_value: v}`` (the KeyValue's value field after its tag) of an int in [0, 2**63)."""
+    body = b"\x18" + varint(v)
+    return bytes((len(body),)) + body
+
+
+_NAMES: dict[str, bytes] = {}
+
+
+def _name_field(name: str) -> bytes:
+    hit = _NAMES.get(name)
+    if hit is None:
+        if len(_NAMES) >= _STR_FIELDS_MAX:
+            _NAMES.clear()
+        hit = _NAMES[name] = len_field(b"\x2a", name.encode()) if name else b""
+    return hit

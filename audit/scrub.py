@@ -35,6 +35,11 @@ MAX_FINGERPRINT_HEX = 32
 _JWT_RE = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.?")
 _SECRET_RE = re.compile(r"-----BEGIN [A-Z ]*KEY-----|\bBearer\s+\S{8,}", re.IGNORECASE)
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
+#: a string of hex digits and dashes (ids: UUIDs, trace ids, fingerprints) holds none of the secret
+#: patterns (each needs a letter beyond a-f: the y/J of "eyJ", the r of "Bearer", "BEGIN ... KEY"):
+#: row_is_clean accepts it without the pattern scan and without caching it (session 11: the unique ids
+#: of every row churned the scanned-values cache)
+_HEX_DASH = re.compile(r"[0-9A-Fa-f-]*").fullmatch
 # matches somewhere iff _JWT_RE or _SECRET_RE does (alternation of both, each
 # with its own flags): the scrubber's one-scan pre-check
 _ANY_SECRET_RE = re.compile(
@@ -221,7 +226,7 @@ def row_is_clean(row: Any, fingerprint_index: int) -> bool:
             continue
         t = type(v)
         if t is str:
-            if len(v) <= max_chars and v in scanned:
+            if len(v) <= max_chars and (v in scanned or _HEX_DASH(v) is not None):
                 continue
             if not _clean_str("", v, max_chars):
                 return False

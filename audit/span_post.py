@@ -15,8 +15,8 @@ the spans itself, on its own event loop, with aiohttp (as the OTLP log sink, :mo
   the same bytes as the child built), one POST.
 * The POST follows the OTLP/HTTP specification as :class:`audit.otlp_traces.OtlpHttpSender` does
   (same settings: :class:`audit.otlp_traces.OtlpHttpSettings`, endpoint, headers, timeout,
-  compression, TLS files from the arguments or ``OTEL_EXPORTER_OTLP_*``; proxy variables honoured as
-  ``requests`` did): 429/502/503/504 and
+  compression, TLS files from the arguments or ``OTEL_EXPORTER_OTLP_*``; the environment's proxy,
+  read once, as the log sink: :mod:`audit.http_proxy`): 429/502/503/504 and
   connection failures retried with a doubling, jittered :class:`audit.backoff.Backoff` (or the
   answer's ``Retry-After`` seconds) within the export timeout; any other status, or the timeout
   spent, drops the batch (counted, ``export_failed``); ``partial_success.rejected_spans`` are
@@ -40,14 +40,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
-from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.resources import Resource
 
 from audit.backoff import Backoff
+from audit.http_proxy import env_proxy
 from audit.otlp_trace_request import OtlpRequestEncoder
-from audit.otlp_traces import (MAX_REQUEST_BYTES, RETRY_BACKOFF_S, RETRYABLE_STATUSES, OtlpHttpSettings,
-                               loggable_url, retry_after_s)
+from audit.otlp_traces import (MAX_REQUEST_BYTES, RETRY_BACKOFF_S, RETRYABLE_STATUSES, ExportOutcomes,
+                               OtlpHttpSettings, loggable_url, retry_after_s)
 from audit.span_request import BYTES_MARK
 
 __all__ = ["DROP_EXPORT_FAILED", "DROP_QUEUE_FULL", "DROP_REJECTED", "SpanPoster", "ssl_context"]
@@ -110,12 +109,14 @@ class SpanPoster:
         self._session: aiohttp.ClientSession | None = None
         self._closing = False
         self._log_url = loggable_url(settings.endpoint)
-        self._last_failure: tuple[int | None, bool] | None = None
+        self._outcomes = ExportOutcomes(self._log_url, log)
         headers = {k: v for k, v in settings.headers.items()
                    if k.lower() not in ("content-type", "content-encoding", "content-length")}
         headers["Content-Type"] = _PROTOBUF
         if settings.compression is not None:
             headers["Content-Encoding"] = settings.compression
+        self._proxy, proxy_auth = env_proxy(settings.endpoint)  # the environment's, read once
+        headers.update(proxy_auth)
         self._headers = headers
         #: spans the collector answered 2xx for; POSTs answered 2xx; retried attempts; spans rejected
         self.exported = self.requests = self.retries = self.rejected_spans = 0
@@ -235,8 +236,9 @@ class SpanPoster:
     async def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=ssl_context(self.settings), limit=2)
-            # trust_env: HTTP(S)_PROXY / NO_PROXY and .netrc, as the exporter child's requests session had them
-            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers, trust_env=True)
+            # the environment's proxy read once (audit.http_proxy), as the OTLP log sink: no trust_env (it
+            # re-read the proxy variables and ~/.netrc in a thread before every POST)
+            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
         return self._session
 
     async def _post(self, body: bytes, sent: int) -> bool:
@@ -247,7 +249,7 @@ class SpanPoster:
         try:
             session = await self._open()
         except (OSError, ssl.SSLError) as exc:
-            self._note_failure(None, False, f"OTLP span export to {self._log_url}: TLS files unusable "
+            self._outcomes.failure(None, False, f"OTLP span export to {self._log_url}: TLS files unusable "
                                             f"({type(exc).__name__}); batch dropped")
             return False
         data = self._compress(body)
@@ -260,15 +262,16 @@ class SpanPoster:
             remaining = deadline - loop.time()
             try:
                 async with session.post(self.settings.endpoint, data=data, allow_redirects=False,
+                                        **self._proxy,
                                         timeout=aiohttp.ClientTimeout(total=max(remaining, 0.001))) as resp:
                     status = resp.status
                     payload = await resp.read()
                     if 200 <= status < 300:
                         self.requests += 1
-                        self._read_partial_success(payload, resp.headers.get("Content-Type", ""))
-                        if self._last_failure is not None:
-                            log.info("OTLP span export to %s recovered", self._log_url)
-                            self._last_failure = None
+                        rejected = self._outcomes.success(payload, resp.headers.get("Content-Type", ""))
+                        if rejected > 0:
+                            self.rejected_spans += rejected
+                            self._drop(rejected, DROP_REJECTED)
                         return True
                     retry_after = resp.headers.get("Retry-After")
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
@@ -278,40 +281,15 @@ class SpanPoster:
                 reason = f"HTTP {status}"
                 retryable = status in RETRYABLE_STATUSES
             if not retryable:
-                self._note_failure(status, False, f"OTLP span export to {self._log_url} failed: {reason} "
+                self._outcomes.failure(status, False, f"OTLP span export to {self._log_url} failed: {reason} "
                                                   "(not retryable per the OTLP spec; batch dropped)")
                 return False
             delay = retry_after_s(retry_after)
             if delay is None:
                 delay = backoff.next() * random.uniform(0.8, 1.2)
             if delay > deadline - loop.time():
-                self._note_failure(status, True, f"OTLP span export to {self._log_url} failed: {reason} "
+                self._outcomes.failure(status, True, f"OTLP span export to {self._log_url} failed: {reason} "
                                                  "(retryable; timeout spent, batch dropped)")
                 return False
             self.retries += 1
             await self._sleep(delay)
-
-    def _read_partial_success(self, payload: bytes, content_type: str) -> None:
-        if not payload or content_type.split(";")[0].strip() != _PROTOBUF:
-            return
-        try:
-            answer = ExportTraceServiceResponse.FromString(payload)
-        except DecodeError:
-            log.warning("OTLP span export to %s: 2xx answer is not an ExportTraceServiceResponse", self._log_url)
-            return
-        rejected = answer.partial_success.rejected_spans
-        if rejected > 0:
-            self.rejected_spans += rejected
-            self._drop(rejected, DROP_REJECTED)
-            msg = answer.partial_success.error_message.replace("\n", " ")[:200]
-            log.warning("OTLP collector at %s rejected %d spans (not retried): %s", self._log_url, rejected, msg)
-
-    def _note_failure(self, status: int | None, retryable: bool, message: str) -> None:
-        """Log once per change of (status, retryable), not every batch."""
-        key = (status, retryable)
-        if key != self._last_failure:
-            log.warning("%s", message)
-            self._last_failure = key
-        else:
-            log.debug("%s", message)
-
