@@ -49,6 +49,7 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 from gateway.admission import too_many
+from gateway.answer_cost import ParseTurns, UnsentAnswers
 from gateway.config_http import LimitsConfig
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
@@ -84,6 +85,10 @@ class CpuBudget:
         self.free_s_per_token = limits.prep_cpu_free_us_per_token / 1e6
         self.answer_free_s_per_token = limits.answer_cpu_free_us_per_token / 1e6
         self.answer_meter_bytes = limits.answer_cpu_meter_bytes
+        self.max_answer_bytes = limits.max_answer_bytes
+        #: large answer parses, one per loop step (R10b-2); unsent answer bytes per tenant (R10b-5)
+        self.turns = ParseTurns()
+        self.unsent = UnsentAnswers(limits.max_unsent_answer_bytes_per_tenant)
         self.clock = clock
         self.cpu_clock = cpu_clock
         self.wall_clock = wall_clock
@@ -138,8 +143,11 @@ class CpuBudget:
             self.metrics.tenant_refused_cpu.labels(tenant.id).inc(cpu_s)
 
     def meter(self, tenant: Tenant) -> CpuMeter:
-        """:meth:`check` ``tenant`` (429 when in debt), then a :class:`CpuMeter` for one of its requests."""
+        """:meth:`check` ``tenant`` (429 when in debt) and its unsent answer bytes (429
+        ``unsent_answers_limited``, :class:`gateway.answer_cost.UnsentAnswers`, session 11), then a
+        :class:`CpuMeter` for one of its requests."""
         self.check(tenant)
+        self.unsent.check(tenant)
         return CpuMeter(self, tenant)
 
 
@@ -260,6 +268,22 @@ class CpuMeter:
         if excess > 0:
             assert self.tenant is not None
             budget.charge(self.tenant, excess)
+
+    def answer_turns(self, size: int) -> ParseTurns | None:
+        """The gateway's :class:`gateway.answer_cost.ParseTurns` when a plain answer of ``size`` bytes is
+        parsed metered (``answer_cpu_meter_bytes`` or more: take a turn first, R10b-2), else None."""
+        budget = self.budget
+        return budget.turns if budget is not None and size >= budget.answer_meter_bytes else None
+
+    @property
+    def answer_limit(self) -> int | None:
+        """``limits.max_answer_bytes``: the most bytes of a plain answer (None: no bound)."""
+        return self.budget.max_answer_bytes if self.budget is not None else None
+
+    def note_unsent(self, scope: Any) -> None:
+        """This request's plain answer was handed to the server on ``scope``'s connection (R10b-5)."""
+        if self.budget is not None and self.tenant is not None:
+            self.budget.unsent.note(self.tenant.id, scope)
 
     def answer_refusal(self, size: int) -> GatewayError | None:
         """The 429 ``cpu_budget_exhausted`` to send instead of checking a plain answer of ``size``
