@@ -180,7 +180,10 @@ class UnsentAnswers:
             return
         loss = scope.get(LOSS_KEY)
         unsent = getattr(loss, "unsent", None)
-        if unsent is None or loss.lost or unsent() <= 0:
+        try:
+            if unsent is None or loss.lost or unsent() <= 0:
+                return
+        except (AttributeError, RuntimeError):  # a closed transport: nothing buffered to bound
             return
         conns = self._held.setdefault(tenant_id, {})
         if loss not in conns:

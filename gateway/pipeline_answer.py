@@ -146,7 +146,13 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
 async def plain_response(request: Request, rec: RequestRecord, held: Held, read_timeout_s: float,
                          upstream: Upstream) -> Response:
     """Read the rest of a plain answer (``read_timeout_s`` at most; answered 499 when the client
-    leaves, 502 when it is not a JSON object); the pipeline's exit path ends the request."""
+    leaves, 502 when it is not a JSON object); the pipeline's exit path ends the request.
+
+    Session 11 (gateway/answer_cost.py): an answer of more than ``limits.max_answer_bytes`` is read no
+    further and answers 502 ``answer_too_large`` (not counted against the replica); one of
+    ``answer_cpu_meter_bytes`` or more waits for its parse turn (one per loop step) before its tenant's
+    debt is checked and it is parsed; one of 64 KiB or more is noted, once sent, in its tenant's
+    unsent answer bytes (``PlainAnswer.after_send``)."""
     up = held.up
     assert up is not None and held.attempt is not None
     limit = held.cpu.answer_limit  # session 11 (R10b-2): limits.max_answer_bytes
