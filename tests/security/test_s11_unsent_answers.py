@@ -88,3 +88,35 @@ async def test_a_tenants_unread_answers_are_bounded(stack: Any, fakes: list[Fake
     await wait_for(lambda: unsent.unsent("tenant-a") == 0, what="the unread connection forgotten")
     again = await stack.client.post("/v1/completions", json=completion("hello"), headers=stack.auth())
     assert again.status_code == 200, again.text
+
+
+def test_unsent_answers_count_each_connection_once_and_forget_drained_or_lost_ones() -> None:
+    from gateway.answer_cost import UnsentAnswers
+    from gateway.client_io import LOSS_KEY, ConnectionLoss
+    from tenancy.registry import Tenant
+
+    buffered = {"a": 300, "b": 500}
+    conns = {}
+    for name in buffered:
+        loss = ConnectionLoss()
+        loss.unsent = lambda name=name: buffered[name]
+        conns[name] = {LOSS_KEY: loss}
+    u = UnsentAnswers(600)
+    u.note("t", conns["a"])
+    u.note("t", conns["a"])  # a second answer on the same keep-alive connection: its buffer counted once
+    assert u.unsent("t") == 300
+    u.check(Tenant(id="t"))
+    u.note("t", conns["b"])
+    assert u.unsent("t") == 800
+    with pytest.raises(Exception) as refused:
+        u.check(Tenant(id="t"))
+    assert getattr(refused.value, "code", None) == "unsent_answers_limited"
+    u.check(Tenant(id="other"))  # another tenant is not concerned
+    buffered["a"] = 0  # drained: forgotten
+    assert u.unsent("t") == 500
+    conns["b"][LOSS_KEY].fire()  # lost: forgotten at once
+    assert u.unsent("t") == 0 and u._held == {}
+    assert conns["a"][LOSS_KEY].pending() == 0  # no callback left behind on the drained connection
+    u.note("t", {})  # a scope without the guarded listener's loss: nothing tracked
+    UnsentAnswers(None).note("t", conns["a"])  # no bound: nothing tracked
+    assert u._held == {}
