@@ -182,16 +182,20 @@ async def test_large_parses_take_turns_with_a_loop_step_between() -> None:
     asyncio.get_running_loop().call_soon(order.append, "other work")  # ready in the same loop step
     await task
     assert order == ["other work", "second parse"]
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    assert ParseTurns.STEPS >= 2  # and what that work woke (one step later) runs before it too
+    for _ in range(ParseTurns.STEPS + 1):
+        await asyncio.sleep(0)
     assert not turns.busy
     # a waiter cancelled after being handed the turn passes it on
     await turns.take()
     waiting = asyncio.create_task(turns.take())
     third = asyncio.create_task(turns.take())
     await asyncio.sleep(0)
+    handed = turns._waiters[0]  # waiting's
     turns.give_back()
-    await asyncio.sleep(0)  # the turn is handed to `waiting`
+    while not handed.done():  # the turn is handed to `waiting`, which has not resumed yet
+        await asyncio.sleep(0)
+    assert not waiting.done()
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
