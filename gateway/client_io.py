@@ -31,7 +31,7 @@ class ConnectionLoss:
     work runs, instead of a timer and a watcher task reading ``receive``. Use from the event
     loop's thread only."""
 
-    __slots__ = ("lost", "_callbacks", "abort", "loop")
+    __slots__ = ("lost", "_callbacks", "abort", "loop", "unsent")
 
     def __init__(self) -> None:
         self.lost = False
@@ -42,6 +42,8 @@ class ConnectionLoss:
         self._callbacks: set[Callable[[], None]] = set()
         #: aborts the connection (set by the guarded listener; gateway/write_stall.py uses it)
         self.abort: Callable[[], None] | None = None
+        #: the bytes its transport still buffers (set by the guarded listener; gateway/answer_cost.py, R10b-5)
+        self.unsent: Callable[[], int] | None = None
 
     def add(self, callback: Callable[[], None]) -> bool:
         """Call ``callback`` (no arguments) when the connection is lost; False (not added) if it already was."""

@@ -96,6 +96,13 @@ class LimitsConfig(ConfigSection):
     the meter, and its CPU above ``prep_cpu_free_ms`` plus ``answer_cpu_free_us_per_token`` x the
     answer's completion tokens is charged to the same bucket at once (``logprobs`` answers cost
     ~20 us of parsing per token with 20 alternatives, ~0.02 without).
+    Session 11 (gateway/answer_cost.py): ``max_answer_bytes``: the most (decoded) bytes of a plain
+    answer; a larger one is not read further (its replica connection is aborted) and answers 502
+    ``answer_too_large`` (``null``: no bound; R10b-2: one answer's parse, on the event loop, is bounded
+    by it); large answers are parsed one per loop step; a streamed answer's parse is sampled and
+    charged to the same bucket (R10b-4). ``max_unsent_answer_bytes_per_tenant``: while a tenant's plain
+    answers of 64 KiB or more hold more than this many bytes the server could not send yet (clients
+    that do not read), its new requests answer 429 ``unsent_answers_limited`` (``null``: no bound; R10b-5).
 
     Connection-level bounds, enforced on BOTH listeners under both HTTP
     parsers before any route or authentication (gateway/http_guard.py):
@@ -147,6 +154,8 @@ class LimitsConfig(ConfigSection):
     prep_cpu_free_us_per_token: float = Field(5.0, ge=0)
     answer_cpu_free_us_per_token: float = Field(5.0, ge=0)
     answer_cpu_meter_bytes: int = Field(64 * 1024, ge=0)
+    max_answer_bytes: int | None = Field(8 << 20, ge=1024)
+    max_unsent_answer_bytes_per_tenant: int | None = Field(32 << 20, ge=0)
     max_header_bytes: int = Field(16 * 1024, ge=1024, le=1 << 20)
     max_header_fields: int = Field(100, ge=8, le=10_000)
     client_write_stall_s: float = Field(60.0, gt=0)

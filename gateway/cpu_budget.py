@@ -15,8 +15,8 @@ and holds at most ``limits.refused_cpu_burst_ms`` (per-tenant overrides:
 is measured with :func:`time.thread_time` (the loop thread's CPU, not wall time: a
 request waiting for its turn is not charged for the others' work) around its two
 synchronous steps, parsing and tokenizing (prefix keys come after the prompt tokens are
-reserved and cost O(those tokens): not metered; the two steps are one measured span, 2
-thread-CPU reads a request, see :class:`CpuMeter`); a refused
+reserved and cost O(those tokens): not metered; the two steps are one measured span, 1
+thread-CPU read a request when it is short, 2 else, see :class:`CpuMeter`); a refused
 request's measured CPU is taken from the bucket, which may go into debt. Accepted
 requests pay in tokens; their preparation within the allowance below is not charged, so a
 budget sized for refusals does not throttle a tenant's legitimate large prompts.
@@ -49,6 +49,7 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 from gateway.admission import too_many
+from gateway.answer_cost import ParseTurns, UnsentAnswers
 from gateway.config_http import LimitsConfig
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
@@ -69,22 +70,32 @@ class CpuBudget:
     overridden per tenant by :attr:`Tenant.refused_cpu_ms_per_s` /
     :attr:`Tenant.refused_cpu_burst_ms`. ``clock``: monotonic seconds (the refill);
     ``cpu_clock``: the calling thread's CPU seconds (the measurement; a system call, ~1 µs);
-    ``wall_clock``: cheap wall seconds (bounds the gap between steps). ``metrics``: each charge is
+    ``wall_clock``: cheap wall seconds (bounds the gap between steps; with ``wall_bounds_cpu``, also a
+    short span's CPU: by default true for the real clocks only, as a fake CPU clock may run ahead of a
+    fake wall clock). ``metrics``: each charge is
     counted in ``prefixgate_tenant_refused_cpu_seconds_total{tenant}``.
     """
 
     def __init__(self, limits: LimitsConfig, *, clock: Callable[[], float] = time.monotonic,
                  cpu_clock: Callable[[], float] = time.thread_time, metrics: GatewayMetrics | None = None,
-                 wall_clock: Callable[[], float] = time.perf_counter) -> None:
+                 wall_clock: Callable[[], float] = time.perf_counter, wall_bounds_cpu: bool | None = None) -> None:
         self.rate_ms = limits.refused_cpu_ms_per_s
         self.burst_ms = limits.refused_cpu_burst_ms
         self.free_s = limits.prep_cpu_free_ms / 1000.0
         self.free_s_per_token = limits.prep_cpu_free_us_per_token / 1e6
         self.answer_free_s_per_token = limits.answer_cpu_free_us_per_token / 1e6
         self.answer_meter_bytes = limits.answer_cpu_meter_bytes
+        self.max_answer_bytes = limits.max_answer_bytes
+        #: large answer parses, one per loop step (R10b-2); unsent answer bytes per tenant (R10b-5)
+        self.turns = ParseTurns()
+        self.unsent = UnsentAnswers(limits.max_unsent_answer_bytes_per_tenant)
         self.clock = clock
         self.cpu_clock = cpu_clock
         self.wall_clock = wall_clock
+        if wall_bounds_cpu is None:  # the real clocks: a thread's CPU never runs ahead of the wall clock
+            wall_bounds_cpu = cpu_clock is time.thread_time and wall_clock is time.perf_counter
+        #: spans up to this many wall seconds are charged their wall time (:attr:`CpuMeter.WALL_EXACT_S`; -1: never)
+        self.wall_exact_s = CpuMeter.WALL_EXACT_S if wall_bounds_cpu else -1.0
         self.metrics = metrics
         self._buckets: dict[str, TokenBucket] = {}
 
@@ -132,8 +143,11 @@ class CpuBudget:
             self.metrics.tenant_refused_cpu.labels(tenant.id).inc(cpu_s)
 
     def meter(self, tenant: Tenant) -> CpuMeter:
-        """:meth:`check` ``tenant`` (429 when in debt), then a :class:`CpuMeter` for one of its requests."""
+        """:meth:`check` ``tenant`` (429 when in debt) and its unsent answer bytes (429
+        ``unsent_answers_limited``, :class:`gateway.answer_cost.UnsentAnswers`, session 11), then a
+        :class:`CpuMeter` for one of its requests."""
         self.check(tenant)
+        self.unsent.check(tenant)
         return CpuMeter(self, tenant)
 
 
@@ -144,7 +158,11 @@ class CpuMeter:
 
     Issue 14 (session 6): the thread-CPU clock is a system call (~1 µs here), so the
     request's :attr:`STEPS` steps (parse, tokenize) are measured as one span: read at the
-    first step's start and the last step's end (2 reads instead of 4). The gap between steps
+    first step's start and the last step's end (2 reads instead of 4). Session 11: a span whose
+    wall time (a vDSO clock, no system call) is at most :attr:`WALL_EXACT_S` is charged that wall
+    time, an upper bound of its CPU (no await inside; the loop thread's preemption within it is
+    the only excess, below 0.2 ms), so the common request reads the thread-CPU clock once; a
+    longer span reads it again and is charged its CPU exactly. The gap between steps
     (the request's own checks) is inside the span; when that gap is longer than ``GAP_S`` of
     wall time (an await may have run other requests: a batch's sequence admission), the
     span is cut at the next step's start and its CPU bounded by its steps' wall time
@@ -156,6 +174,9 @@ class CpuMeter:
 
     STEPS = 2  # synchronous steps of a request's preparation (gateway/pipeline.py: parse, tokenize)
     GAP_S = 20e-6  # wall seconds between steps up to which the gap stays inside the span
+    #: a span no longer than this in wall seconds (no await inside) is charged its wall time, which bounds
+    #: its CPU from above, instead of a second thread-CPU read (session 11: one system call per request)
+    WALL_EXACT_S = 200e-6
 
     def __init__(self, budget: CpuBudget | None, tenant: Tenant | None) -> None:
         self.budget = budget
@@ -182,9 +203,13 @@ class CpuMeter:
         budget = self.budget
         assert budget is not None
         self._t0 = None
-        span = budget.cpu_clock() - t0
-        if not exact and budget.wall_clock() - self._wend > self.GAP_S:
-            span = min(span, self._wend - self._w0)
+        wall = budget.wall_clock()
+        if not exact and wall - self._wend > self.GAP_S:
+            span = min(budget.cpu_clock() - t0, self._wend - self._w0)
+        elif wall - self._w0 <= budget.wall_exact_s:  # session 11: a short span's wall time bounds its CPU
+            span = wall - self._w0
+        else:
+            span = budget.cpu_clock() - t0
         self._cpu += span
 
     def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
@@ -243,6 +268,22 @@ class CpuMeter:
         if excess > 0:
             assert self.tenant is not None
             budget.charge(self.tenant, excess)
+
+    def answer_turns(self, size: int) -> ParseTurns | None:
+        """The gateway's :class:`gateway.answer_cost.ParseTurns` when a plain answer of ``size`` bytes is
+        parsed metered (``answer_cpu_meter_bytes`` or more: take a turn first, R10b-2), else None."""
+        budget = self.budget
+        return budget.turns if budget is not None and size >= budget.answer_meter_bytes else None
+
+    @property
+    def answer_limit(self) -> int | None:
+        """``limits.max_answer_bytes``: the most bytes of a plain answer (None: no bound)."""
+        return self.budget.max_answer_bytes if self.budget is not None else None
+
+    def note_unsent(self, scope: Any) -> None:
+        """This request's plain answer was handed to the server on ``scope``'s connection (R10b-5)."""
+        if self.budget is not None and self.tenant is not None:
+            self.budget.unsent.note(self.tenant.id, scope)
 
     def answer_refusal(self, size: int) -> GatewayError | None:
         """The 429 ``cpu_budget_exhausted`` to send instead of checking a plain answer of ``size``

@@ -170,6 +170,7 @@ class HeadGuard(SourceCap):
                                        timeout_s=self.guard_lingering_close_s)
         super().connection_made(transport)  # type: ignore[misc]
         self.guard_loss.abort = transport.abort  # a stalled stream's end (gateway/write_stall.py, N-3)
+        self.guard_loss.unsent = transport.get_write_buffer_size  # unread answers per tenant (R10b-5)
         if self.guard_admit_source(transport):
             self.guard_start_timer()
 

@@ -145,6 +145,9 @@ class InferenceRoutes:
                 await send(start)
                 before_last_part()
                 await send({"type": "http.response.body", "body": response.body})
+                after = getattr(response, "after_send", None)  # a large answer: its unsent bytes (R10b-5)
+                if after is not None:
+                    after(scope)
             else:
                 await response(scope, receive, send_one)
         finally:

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import json_fast
+from gateway.answer_cost import STREAM_METER_BYTES, UNSENT_MIN_BYTES, StreamCharge
 from gateway.client_io import ClientGone, EndingStreamingResponse, unless_client_leaves
 from gateway.errors import GatewayError
 from gateway.held import Held
-from gateway.proxy import UpstreamFailure
+from gateway.proxy import UpstreamFailure, UpstreamStream
 from gateway.read_deadline import ReadDeadline
 from gateway.record import RequestRecord
 from gateway.request import InferenceRequest
@@ -43,6 +45,8 @@ class PlainAnswer(Response):
     """
 
     media_type = "application/json"
+    #: called with the request's scope once the body was handed to the server (session 11, R10b-5), or None
+    after_send: Callable[[Any], None] | None = None
 
     def __init__(self, body: bytes, request_id: str) -> None:  # noqa: D107 -- Response's fields, set directly
         self.status_code = 200
@@ -77,12 +81,16 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
     # coroutine layer less per chunk; session 9); a coded one goes through the stream's decoder
     read = up.response.read_chunk if up.decoder.coding is None else up.read_chunk
 
+    charge = StreamCharge(held.cpu)  # session 11 (R10b-4): large reads' parse CPU, sampled and charged
+
     async def body() -> AsyncGenerator[bytes, None]:
         held.started = True
         held.progress = "streamed"
         rec.outcome, rec.status = "failed", 200
         try:
-            first = scanner.feed(up.first_chunk)
+            chunk = up.first_chunk
+            first = scanner.feed(chunk) if len(chunk) < STREAM_METER_BYTES else charge.feed(
+                scanner.feed, chunk, scanner.output_tokens)
             if first:
                 yield first
             while True:
@@ -90,7 +98,8 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
                 if not chunk:
                     up.finished = True  # as UpstreamStream.read_chunk marks the end
                     break
-                out = scanner.feed(chunk)
+                out = scanner.feed(chunk) if len(chunk) < STREAM_METER_BYTES else charge.feed(
+                    scanner.feed, chunk, scanner.output_tokens)
                 if out:
                     yield out
             rest = scanner.finish()
@@ -117,6 +126,8 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
             raise
         finally:
             deadline.close()
+            if charge.reads:
+                charge.settle(scanner.output_tokens)
             held.usage = scanner.usage
             held.relayed = scanner.output_tokens  # received from the replica (>= relayed, R8-3)
             if rec.relayed_output is None:
@@ -135,28 +146,47 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
 async def plain_response(request: Request, rec: RequestRecord, held: Held, read_timeout_s: float,
                          upstream: Upstream) -> Response:
     """Read the rest of a plain answer (``read_timeout_s`` at most; answered 499 when the client
-    leaves, 502 when it is not a JSON object); the pipeline's exit path ends the request."""
+    leaves, 502 when it is not a JSON object); the pipeline's exit path ends the request.
+
+    Session 11 (gateway/answer_cost.py): an answer of more than ``limits.max_answer_bytes`` is read no
+    further and answers 502 ``answer_too_large`` (not counted against the replica); one of
+    ``answer_cpu_meter_bytes`` or more waits for its parse turn (one per loop step) before its tenant's
+    debt is checked and it is parsed; one of 64 KiB or more is noted, once sent, in its tenant's
+    unsent answer bytes (``PlainAnswer.after_send``)."""
     up = held.up
     assert up is not None and held.attempt is not None
+    limit = held.cpu.answer_limit  # session 11 (R10b-2): limits.max_answer_bytes
 
     async def read_rest() -> bytes:
         async with asyncio.timeout(read_timeout_s):
-            rest = await up.read_rest()
-        return up.first_chunk + rest
+            return await _read_capped(up, limit)
 
     try:
         data = up.whole_body()  # a short answer is usually whole by now: nothing left to wait for
         if data is None:
             if up.body_received():
-                data = up.first_chunk + await up.read_rest()
+                data = await _read_capped(up, limit)
             else:
                 data = await unless_client_leaves(request, read_rest())
-        refusal = held.cpu.answer_refusal(len(data))  # R10b-2: a large answer of a tenant in debt
-        if refusal is None:
-            obj = held.cpu.check_answer(json_fast.loads_answer, data)  # R10-4: metered when large
+        elif limit is not None and len(data) > limit:
+            raise AnswerTooLarge(limit)
+        turns = held.cpu.answer_turns(len(data))  # session 11: large parses one per loop step (R10b-2)
+        if turns is not None:
+            await turns.take()
+        try:
+            refusal = held.cpu.answer_refusal(len(data))  # R10b-2: a large answer of a tenant in debt
+            if refusal is None:
+                obj = held.cpu.check_answer(json_fast.loads_answer, data)  # R10-4: metered when large
+        finally:
+            if turns is not None:
+                turns.give_back()
     except ClientGone:
         rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
         return Response(status_code=499)
+    except AnswerTooLarge as exc:  # the tenant asked for it: not the replica's failure (no breaker verdict)
+        err = GatewayError(502, "answer_too_large", str(exc), headers={"X-Request-Id": rec.request_id})
+        rec.status, rec.outcome, rec.error_code = 502, "failed", err.code
+        return err.response()
     except Exception as exc:  # timeout, broken connection, not a JSON object
         upstream.failed(held.attempt, UpstreamFailure("protocol", str(exc)))
         err = GatewayError(502, "upstream_error", "the replica sent an invalid answer",
@@ -172,7 +202,34 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
     held.usage = usage if isinstance(usage, dict) else None
     rec.status, rec.outcome = 200, "allowed"
     # parsed only to check it and read usage: the replica's bytes go out unchanged
-    return PlainAnswer(data, rec.request_id)
+    answer = PlainAnswer(data, rec.request_id)
+    if len(data) >= UNSENT_MIN_BYTES:  # R10b-5: its unsent bytes count against its tenant's bound
+        answer.after_send = held.cpu.note_unsent
+    return answer
+
+
+class AnswerTooLarge(ValueError):
+    """A plain answer has more than ``limits.max_answer_bytes`` (``limit``) decoded bytes."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the replica's answer is larger than {limit} bytes (limits.max_answer_bytes); "
+                         "ask for fewer tokens or log-probabilities, or stream it")
+        self.limit = limit
+
+
+async def _read_capped(up: UpstreamStream, limit: int | None) -> bytes:
+    """``up``'s whole decoded body (``first_chunk`` and the rest); raises :class:`AnswerTooLarge` as soon
+    as it passes ``limit`` bytes (None: no bound), reading no further."""
+    parts = [up.first_chunk]
+    size = len(up.first_chunk)
+    if limit is not None and size > limit:
+        raise AnswerTooLarge(limit)
+    while chunk := await up.read_chunk():
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise AnswerTooLarge(limit)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def passthrough_error(fail: UpstreamFailure) -> GatewayError:
