@@ -76,7 +76,7 @@ class InferencePipeline:
             if not gw.audit.accepting:  # fail closed: no audit trail, no service
                 raise GatewayError(503, "audit_unavailable", "audit trail unavailable; refusing to serve without it")
             # 1 authenticate (gateway/authn.py)
-            identity = await gw.authn.authenticate(request)
+            identity = await gw.authn.authenticate(request, rec.client_addr)
             rec.spiffe_id, rec.trust_domain = str(identity.spiffe_id), identity.trust_domain
             rec.t_auth = time.perf_counter()
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
@@ -245,7 +245,10 @@ class InferencePipeline:
                 continue
             held.up = up
             budget_used += 1
-            gw.upstream.answered(replica.id, up.instance_id, held.attempt if req.stream else None)  # R7-2
+            if req.stream:  # R7-2: a probe's verdict at the first byte
+                gw.upstream.answered(replica.id, up.instance_id, held.attempt)
+            else:  # a plain answer's first byte comes with its end: observed with the giving back (session 11)
+                held.answered = partial(gw.upstream.answered, replica.id, up.instance_id)
             rec.t_first_byte = time.perf_counter()
             held.ticket.first_byte()
             if req.stream:
@@ -282,14 +285,19 @@ class InferencePipeline:
         except Exception:  # a bug: never lose the audit record nor what the request holds
             log.exception("preparing the record of request %s failed", rec.request_id)
         after: list[Callable[[], None]] = []  # what the record does not need: with the giving back
+        if held.answered is not None:  # the replica's instance id seen on its plain answer
+            after.append(held.answered)
 
         def give_back() -> None:
             held.leave(self.gw.overload)
             try:
                 held.release()
             finally:
-                for work in after:
-                    work()
+                for work in after:  # each runs (the ledger's refund first): one's bug never skips another
+                    try:
+                        work()
+                    except Exception:
+                        log.exception("ending request %s failed", rec.request_id)
 
         deferred = after_send(give_back)
         try:
