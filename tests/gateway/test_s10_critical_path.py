@@ -17,19 +17,10 @@ from gateway.replica_attempt import Attempt
 from gateway.upstream_conn import UpstreamConnection
 from tests.conftest import Stack
 from tests.gateway.test_s2_record_after_send import _scope
+from tests.support.spies import spy as _spy
 
 BODY = json.dumps({"model": "sim-model", "prompt": "one two three four five six seven eight nine ten eleven "
                    "twelve thirteen fourteen fifteen sixteen seventeen", "max_tokens": 2}).encode()
-
-
-def _spy(obj: Any, name: str, log: list[str], label: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = getattr(obj, name)
-
-    def spy(*a: Any, **kw: Any) -> Any:
-        log.append(label)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(obj, name, spy)
 
 
 async def _serve(stack: Stack, log: list[str]) -> None:

@@ -16,18 +16,9 @@ import pytest
 from gateway.app import build_public_app
 from tests.conftest import TD, Stack
 from tests.gateway.test_s2_record_after_send import _scope
+from tests.support.spies import spy as _spy
 
 BODY = json.dumps({"model": "sim-model", "prompt": "one two three", "max_tokens": 2}).encode()
-
-
-def _spy(obj: Any, name: str, log: list[str], label: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = getattr(obj, name)
-
-    def spy(*a: Any, **kw: Any) -> Any:
-        log.append(label)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(obj, name, spy)
 
 
 async def _serve(stack: Stack, log: list[str], headers: dict[str, str], fail_send: bool = False) -> None:
