@@ -1,6 +1,6 @@
 """In-situ time per call of the pipeline's steps before routing, in a serving gateway (not a test).
 
-``python -m bench.stage_timer [--requests 2000] [--rounds 3] [--out DIR] [--name NAME]``
+``python -m bench.stage_timer [--requests 2000] [--rounds 3] [--set pre|route] [--out DIR] [--name NAME]``
 
 Issue 14, session 8. The audit events' stage timings (``latency``: authentication, parse, prefix
 keys, policy; wall ms between the pipeline's marks) hold more than the step they are named after:
@@ -71,6 +71,36 @@ TARGETS: tuple[tuple[str, str], ...] = (
     ("gateway.auditing", "AuditHub.active_alerts"),
 )
 
+#: session 11: the route window (``t_decided`` → ``t_route``) and the step to the upstream write, per call
+#: (``--set route``); ``InferencePipeline._prepare`` runs in the replica wait (for comparison)
+ROUTE_TARGETS: tuple[tuple[str, str], ...] = (
+    ("gateway.admission", "Admission.clamp_max_tokens"),
+    ("gateway.pep", "PolicyEnforcementPoint.allowed_candidates"),
+    ("gateway.pipeline", "InferencePipeline._upstream_body"),
+    ("gateway.prefix_keys", "PrefixKeys.upstream_user"),
+    ("gateway.admission", "Admission.slot_claim"),
+    ("gateway.flow", "FlowControl.release_now"),
+    ("gateway.flow", "FlowControl._place"),
+    ("gateway.flow", "FlowControl._route"),
+    ("gateway.flow", "FlowControl._released"),
+    ("routing.router", "Router.candidates"),
+    ("routing.router", "Router.route_among"),
+    ("routing.policies.cache_aware", "CacheAwarePolicy.choose"),
+    ("routing.index", "InProcessPrefixIndex.record"),
+    ("routing.index", "InProcessPrefixIndex.match_many"),
+    ("gateway.flow_load", "NotifyingLoadTracker.dispatch"),
+    ("routing.calibration", "Calibration.estimate"),
+    ("gateway.replicas", "ReplicaSet.attempt"),
+    ("gateway.replicas", "ReplicaSet.get"),
+    ("gateway.prefix_keys", "PrefixKeys.cache_salt"),
+    ("gateway.auditing", "AuditHub.inject_trace_headers"),
+    ("gateway.upstream_conn", "UpstreamConnection.send"),
+    ("gateway.pipeline", "InferencePipeline._prepare"),
+    ("gateway.pipeline", "InferencePipeline._end"),
+    ("gateway.pipeline_answer", "plain_response"),
+)
+SETS = {"pre": TARGETS, "route": ROUTE_TARGETS}
+
 
 def _wrap(fn: Any, samples: list[int]) -> Any:
     clock = time.perf_counter_ns
@@ -94,10 +124,10 @@ def _wrap(fn: Any, samples: list[int]) -> Any:
     return timed
 
 
-def _install() -> dict[str, list[int]]:
-    """Wrap every function of :data:`TARGETS` that exists in this tree; returns name -> samples (ns)."""
+def _install(targets: tuple[tuple[str, str], ...] = TARGETS) -> dict[str, list[int]]:
+    """Wrap every function of ``targets`` that exists in this tree; returns name -> samples (ns)."""
     out: dict[str, list[int]] = {}
-    for mod_name, path in TARGETS:
+    for mod_name, path in targets:
         try:
             owner: Any = importlib.import_module(mod_name)
         except ImportError:
@@ -117,14 +147,14 @@ def _install() -> dict[str, list[int]]:
     return out
 
 
-def _child(config_file: str, out_file: str) -> None:
+def _child(config_file: str, out_file: str, target_set: str = "pre") -> None:
     """``prefixgate serve`` with the wrappers; SIGUSR1 clears the samples, SIGUSR2 writes them."""
     from gateway.config import load_config
     from gateway.server import run_serving, serve
     from policy import reexec_with_go_gc
 
     reexec_with_go_gc(["-m", "bench.stage_timer", *sys.argv[1:]])
-    samples = _install()
+    samples = _install(SETS[target_set])
 
     def clear(*_: Any) -> None:
         for s in samples.values():
@@ -139,7 +169,7 @@ def _child(config_file: str, out_file: str) -> None:
     run_serving(serve(load_config(config_file), config_path=config_file))
 
 
-async def run(requests: int, rounds: int) -> dict[str, Any]:
+async def run(requests: int, rounds: int, target_set: str = "pre") -> dict[str, Any]:
     """The measurement (module doc); returns the result document."""
     from bench.overhead import _spawn
     from sim.demo import ClusterSpec, DemoPaths, bearer_headers, gateway_config, prepare_identity, start_cluster_proc
@@ -159,7 +189,8 @@ async def run(requests: int, rounds: int) -> dict[str, Any]:
         cfg_path = paths.work / "timed.yaml"
         cfg_path.write_text(yaml.safe_dump(doc, sort_keys=False))
         out = paths.work / "samples.json"
-        proc, base = await _spawn("timed", ["bench.stage_timer", "--child", str(cfg_path), "--samples-out", str(out)],
+        proc, base = await _spawn("timed", ["bench.stage_timer", "--child", str(cfg_path), "--samples-out", str(out),
+                                            "--set", target_set],
                                   paths, doc["listen"]["port"], "/readyz")
         headers = {"Content-Type": "application/json", **dict(bearer_headers(issuer, ["tenant-a"])("tenant-a"))}
         bodies = _Body(False)
@@ -220,13 +251,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--name", default="stage_timer")
     ap.option("--child", hidden=True)
     ap.option("--samples-out", hidden=True)
+    ap.option("--set", "target_set", type=click.Choice(sorted(SETS)), default="pre")
     args = ap.parse(argv)
     if args.child:
-        _child(args.child, args.samples_out)
+        _child(args.child, args.samples_out, args.target_set)
         return 0
     import uvloop
 
-    doc = uvloop.run(run(args.requests, args.rounds))
+    doc = uvloop.run(run(args.requests, args.rounds, args.target_set))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = [f"# In-situ time per call (`python -m bench.stage_timer`, tree {REPO})", "",

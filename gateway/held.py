@@ -43,11 +43,13 @@ class Held:
     once by :meth:`run_prep`; ``served``: a plain answer was whole and valid: :meth:`end_attempt` gives
     the attempt its success verdict (after the answer's last byte, session 10) instead of releasing it;
     ``answered``: a plain answer's :meth:`gateway.upstream.Upstream.answered` (the replica's instance id), run
-    by the request's end with the giving back (session 11).
+    by the request's end with the giving back (session 11); ``queue_wait_s``: flow control's release's
+    queue wait (seconds), for its metric (observed while the replica works).
     """
 
     __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
-                 "reservation", "progress", "relayed", "tenant", "left", "cpu", "prep", "served", "answered")
+                 "reservation", "progress", "relayed", "tenant", "left", "cpu", "prep", "served", "answered",
+                 "queue_wait_s")
 
     def __init__(self) -> None:
         self.lease: Lease | SharedLease | None = None
@@ -68,6 +70,7 @@ class Held:
         self.prep: Callable[[], None] | None = None
         self.served = False
         self.answered: Callable[[], None] | None = None
+        self.queue_wait_s: float | None = None
 
     def run_prep(self) -> None:
         """Run :attr:`prep` if it has not run (idempotent; an event loop callback or the request's end)."""

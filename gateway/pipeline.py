@@ -202,6 +202,7 @@ class InferencePipeline:
                     rel = await unless_client_leaves(
                         request, gw.flow.release(tenant, route_req, ids, alt, deadline, slots, tried=True))
                 choice, held.ticket, rec.queue_wait_ms, rec.virtual_tokens = rel.as_record()
+                held.queue_wait_s = rel.queue_wait_s  # its metric: while the replica works (_prepare)
             else:
                 choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
             held.choice = choice
@@ -263,14 +264,16 @@ class InferencePipeline:
         """The routed request's work that neither the routing decision nor the upstream request needs
         (issue 14, session 10: the gateway's CPU is idle while the replica works): the policy's lower
         ``max_tokens`` held in the ledger (``output_tokens``; None: no decision yet; a refund: holding
-        more for a moment is the safe side; no-op once settled), the record's prefix fingerprint and
-        the audit event's span part. Run once, by :meth:`Held.run_prep`: in the event loop's turn after
+        more for a moment is the safe side; no-op once settled), the record's prefix fingerprint,
+        the audit event's trace and span part and the flow queue-wait metric (session 11). Run once, by :meth:`Held.run_prep`: in the event loop's turn after
         the upstream request was written, or by :meth:`_end` if the request ends first."""
         res = held.reservation
         if res is not None and output_tokens is not None:
             self.gw.admission.lower_reservation(res, output_tokens)
         rec.prefix_fingerprint = PrefixKeys.prefix_fingerprint(chains)
         self.gw.audit.prepare_request(rec)
+        if held.queue_wait_s is not None and self.gw.flow is not None:
+            self.gw.flow.observe_wait(held.queue_wait_s)
 
     def _end(self, rec: RequestRecord, held: Held) -> None:
         """End the request (idempotent): settle its tokens and write its one audit record; then give

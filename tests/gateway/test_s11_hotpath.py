@@ -7,7 +7,8 @@
 * The token ledger's refund (:meth:`tenancy.ledger.Reservation.settle_later`) and a plain answer's
   ``Upstream.answered`` run after the answer's last body part, before the event loop runs anything
   else; the settlement's numbers (the audit event's) are fixed before it; debt is applied at once.
-* The client's source address is worked out once per request.
+* The client's source address is worked out once per request; flow control's queue-wait metric is
+  observed while the replica works.
 """
 
 from __future__ import annotations
@@ -206,9 +207,17 @@ async def test_the_trace_is_made_while_the_replica_works(stack: Stack, monkeypat
         await _serve(stack, log)
     await asyncio.sleep(0)
     log.clear()
+    spy(stack.components.flow, "observe_wait", log, "wait observed", monkeypatch)
+    hist = stack.components.metrics.flow_queue_wait_seconds
+    before = _count(hist)
     await _serve(stack, log)
-    assert log[:4] == ["decided", "upstream written", "trace made", "answer bytes"], log
-    assert log.count("trace made") == 1
+    assert log[:5] == ["decided", "upstream written", "trace made", "wait observed", "answer bytes"], log
+    assert log.count("trace made") == 1 and log.count("wait observed") == 1
+    assert _count(hist) == before + 1  # the flow queue-wait histogram: one observation per released request
+
+
+def _count(hist: Any) -> float:
+    return next(s.value for m in hist.collect() for s in m.samples if s.name.endswith("_count"))
 
 
 async def test_the_source_is_worked_out_once(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
