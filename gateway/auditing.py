@@ -216,15 +216,11 @@ class AuditHub:
 
     # -- tracing
     def start_span(self, rec: RequestRecord, headers: Mapping[str, str]) -> None:
-        """Open the request's server span (a client ``traceparent`` becomes a link).
-
-        With a provider from :func:`audit.tracing.setup_tracing` the span is a
-        plain :class:`audit.tracing.RequestTrace` finished in
-        :meth:`record_request`, first only its ids and sampling decision (an
-        :class:`audit.tracing.TraceStart`: issue 14, session 11): the links and
-        attributes are made by :meth:`request_trace` (:meth:`prepare_request`,
-        while the replica works, or at the end); otherwise a live span of ``self.tracer``.
-        ``headers`` is read then, not copied (the request's own headers do not change)."""
+        """Open the request's server span (a client ``traceparent`` becomes a link). With a provider from
+        :func:`audit.tracing.setup_tracing` it is a plain :class:`audit.tracing.RequestTrace` finished in
+        :meth:`record_request`, at first only its ids and sampling decision (an :class:`audit.tracing.TraceStart`,
+        issue 14, session 11) made whole by :meth:`request_trace` when its spans are built (``headers`` read
+        then, not copied); otherwise a live span of ``self.tracer``."""
         now = time.time_ns()  # the server span's start; stage times are offsets from it
         rec.extra["wall0_ns"] = now
         provider = self.provider
@@ -260,25 +256,28 @@ class AuditHub:
         if rec is None:
             return
         rt = rec.extra.get("trace")
-        if rt is not None:
-            if type(rt) is TraceStart:  # the ids only: what the finished trace's context writes
-                headers["traceparent"] = rt.traceparent()
-            else:
-                request_trace_headers(rt, headers)
-            return
-        span = rec.extra.get("span")
-        if span is not None:
+        if type(rt) is TraceStart:  # the ids only: what the finished trace's context writes
+            headers["traceparent"] = rt.traceparent()
+        elif rt is not None:
+            request_trace_headers(rt, headers)
+        elif (span := rec.extra.get("span")) is not None:
             _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
 
     def prepare_request(self, rec: RequestRecord) -> None:
-        """Work out the request's span part of its audit event ahead, when it does not depend on how
-        the request ends (a trace not recorded here: only its id, and with :attr:`worker_spans` the
-        span extra): the pipeline calls it while the replica works (issue 14, session 10); the trace
-        is made whole here (:meth:`request_trace`). The trace stays in ``rec`` for the upstream call's
-        ``traceparent``; :meth:`emit_request` uses the result."""
+        """The span part of the request's audit event, ahead, when it does not depend on how the request ends
+        (a trace not recorded here: its id; with :attr:`worker_spans` and sampled, the span extra): called while
+        the replica works (issue 14, session 10); :meth:`emit_request` uses it. The trace stays in ``rec``."""
+        rt = rec.extra.get("trace")
+        if type(rt) is TraceStart and not self._whole(rt):
+            rec.extra["span_part"] = (format(rt.trace_id, "032x"), None)
+            return
         rt = self.request_trace(rec)
         if rt is not None and not records(rt):
             rec.extra["span_part"] = self._static_span_part(rt, rec.extra.get("wall0_ns"))
+
+    def _whole(self, ts: TraceStart) -> bool:
+        """True when ``ts``'s spans are built (here, or by the audit worker from the span extra)."""
+        return bool(ts.flags.sampled and (ts.processors or self.worker_spans))
 
     def _static_span_part(self, rt: Any, wall0: int | None) -> tuple[str, tuple | None]:
         sc = rt.context
@@ -291,6 +290,11 @@ class AuditHub:
         :attr:`worker_spans` a sampled trace's spans are not built here: the span extra
         (:func:`audit.row_spans.span_extra`) goes with the request row and the audit worker builds them."""
         extra = rec.extra
+        rt = extra.get("trace")
+        if type(rt) is TraceStart and not self._whole(rt):  # its id only (not made whole)
+            for key in ("trace", "wall0_ns", "span_part"):
+                extra.pop(key, None)
+            return format(rt.trace_id, "032x"), None
         rt = self.request_trace(rec)
         extra.pop("trace", None)
         span = extra.pop("span", None)

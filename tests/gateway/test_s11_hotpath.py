@@ -42,9 +42,10 @@ TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 @pytest.fixture
 def audit_hub() -> AuditHub:
-    """The stack's hub with a provider of :func:`setup_tracing` (the served gateway's kind)."""
+    """The stack's hub with a provider of :func:`setup_tracing` (the served gateway's kind) whose spans are
+    built (an exporter): the trace is made whole."""
     hub = AuditHub(None)
-    hub.provider = setup_tracing(None)
+    hub.provider = setup_tracing("memory")
     return hub
 
 
@@ -72,10 +73,32 @@ def test_a_provider_not_from_setup_tracing_gets_no_trace_start() -> None:
     assert start_request_trace(TracerProvider(), 1) is None
 
 
+def test_a_trace_nobody_builds_spans_of_is_never_made_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+    spy(auditing, "finish_trace_start", made, "made", monkeypatch)
+    for ratio in (1.0, 0.0):
+        hub = AuditHub(None)
+        hub.provider = setup_tracing(None, sample_ratio=ratio)  # no exporter: spans are not built
+        for prepared in (True, False):  # served (prepared in the wait) or refused (ended first)
+            rec = RequestRecord(request_id="r", endpoint="/v1/completions", client_addr=None, t0=0.0)
+            hub.start_span(rec, Headers(raw=[(b"traceparent", TP.encode())]))
+            sent: dict[str, str] = {}
+            hub.inject_trace_headers(sent, rec)
+            if prepared:
+                hub.prepare_request(rec)
+            assert hub._end_spans(rec) == (sent["traceparent"][3:35], None)
+            assert rec.extra == {}
+    assert made == []
+
+
+@pytest.mark.parametrize("exporter", ["memory", "worker"])
 def test_the_hub_starts_ids_only_and_makes_the_trace_with_the_clients_link_later(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        exporter: str, monkeypatch: pytest.MonkeyPatch) -> None:
     hub = AuditHub(None)
-    hub.provider = setup_tracing(None)
+    if exporter == "memory":  # spans built here
+        hub.provider = setup_tracing("memory")
+    else:  # the audit worker builds them from the span extra (which needs the links)
+        hub.provider, hub.worker_spans = setup_tracing(None), True
     made: list[str] = []
     spy(auditing, "finish_trace_start", made, "made", monkeypatch)
     spy(auditing, "incoming_links", made, "links", monkeypatch)
@@ -99,7 +122,7 @@ def test_the_hub_starts_ids_only_and_makes_the_trace_with_the_clients_link_later
 
 def test_a_request_ending_before_the_wait_still_gets_its_trace() -> None:
     hub = AuditHub(None)
-    hub.provider = setup_tracing(None)
+    hub.provider = setup_tracing("memory")
     rec = RequestRecord(request_id="r", endpoint="/v1/completions", client_addr=None, t0=0.0)
     hub.start_span(rec, {})
     sent: dict[str, str] = {}
