@@ -177,6 +177,59 @@ def begin_request_trace(provider: TracerProvider, name: str, links: Sequence[Lin
                         processors)
 
 
+class TraceStart:
+    """A request trace as the request's path needs it (issue 14, session 11): the server span's ids,
+    its sampling flags and start, nothing else; :func:`finish_trace_start` makes the
+    :class:`RequestTrace` later (while the replica works, or at the request's end), when the links
+    and attributes are known. ``trace_id`` (128-bit) and ``span_id`` (64-bit) from the provider's id
+    generator, never 0; ``flags``: :class:`TraceFlags` (sampled or not; the trace state is empty, as
+    a root's is); ``start_ns``: epoch ns; ``carrier``: what the caller needs to make the links later
+    (the client's headers), kept as it is; ``processors``: as :attr:`RequestTrace.processors`."""
+
+    __slots__ = ("provider", "processors", "trace_id", "span_id", "flags", "start_ns", "carrier")
+
+    def __init__(self, provider: TracerProvider, processors: Sequence[Any], trace_id: int, span_id: int,
+                 flags: TraceFlags, start_ns: int, carrier: Any) -> None:
+        self.provider, self.processors = provider, processors
+        self.trace_id, self.span_id, self.flags = trace_id, span_id, flags
+        self.start_ns, self.carrier = start_ns, carrier
+
+    def traceparent(self) -> str:
+        """The W3C ``traceparent`` of the server span (what :func:`request_trace_headers` writes for
+        the :class:`RequestTrace` that :func:`finish_trace_start` makes of it)."""
+        return "00-%032x-%016x-%02x" % (self.trace_id, self.span_id, self.flags)  # %: ~0.2 µs less than an f-string
+
+
+def start_request_trace(provider: TracerProvider, start_ns: int, carrier: Any = None) -> TraceStart | None:
+    """The ids and sampling decision of a request's SERVER span, as :func:`begin_request_trace` makes
+    them (same id generator calls, same rule for :func:`setup_tracing`'s two samplers), without the
+    span context, links or attributes (~1 µs instead of ~4: issue 14, session 11). Returns None when
+    ``provider`` was not built by :func:`setup_tracing` or its sampler is another one (whose decision
+    may depend on the links and attributes): the caller then uses :func:`begin_request_trace`."""
+    processors = _PROCESSORS.get(provider)
+    if processors is None:
+        return None
+    sampler = provider.sampler
+    if sampler is ALWAYS_ON:
+        ids = provider.id_generator
+        trace_id = ids.generate_trace_id()
+        flags = _SAMPLED
+    elif type(sampler) is TraceIdRatioBased:
+        ids = provider.id_generator
+        trace_id = ids.generate_trace_id()
+        flags = _SAMPLED if trace_id & sampler.TRACE_ID_LIMIT < sampler.bound else _NOT_SAMPLED
+    else:
+        return None
+    return TraceStart(provider, processors, trace_id, ids.generate_span_id(), flags, start_ns, carrier)
+
+
+def finish_trace_start(ts: TraceStart, name: str, links: Sequence[Link], attributes: dict[str, Any]) -> RequestTrace:
+    """The :class:`RequestTrace` of ``ts``: what :func:`begin_request_trace` would have returned with
+    these ``name``, ``links`` and ``attributes`` (kept, not copied) and the same ids and decision."""
+    ctx = SpanContext(ts.trace_id, ts.span_id, False, ts.flags, None)
+    return RequestTrace(ts.provider, name, ctx, ts.start_ns, tuple(links), attributes, ts.processors)
+
+
 def records(rt: RequestTrace) -> bool:
     """True when :func:`end_request_trace` would record ``rt`` (sampled, and its provider has
     span processors): otherwise the caller need not build the spans' attributes or children."""
@@ -233,7 +286,7 @@ def request_trace_headers(rt: RequestTrace, headers: dict[str, str]) -> None:
     sc = rt.context
     if sc == trace.INVALID_SPAN_CONTEXT:
         return
-    headers["traceparent"] = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"  # format_*_id's digits
+    headers["traceparent"] = "00-%032x-%016x-%02x" % (sc.trace_id, sc.span_id, sc.trace_flags)  # format_*_id's digits
     if sc.trace_state:
         headers["tracestate"] = sc.trace_state.to_header()
 

@@ -1,6 +1,6 @@
 """In-situ time per call of the pipeline's steps before routing, in a serving gateway (not a test).
 
-``python -m bench.stage_timer [--requests 2000] [--rounds 3] [--out DIR] [--name NAME]``
+``python -m bench.stage_timer [--requests 2000] [--rounds 3] [--set pre|route] [--out DIR] [--name NAME]``
 
 Issue 14, session 8. The audit events' stage timings (``latency``: authentication, parse, prefix
 keys, policy; wall ms between the pipeline's marks) hold more than the step they are named after:
@@ -33,6 +33,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import click
 
 from bench.overhead import REPO, WARMUP, _Body, _second_config, sequential
 from bench.sampled_serve import collect, options, serve_sampled
@@ -68,6 +70,36 @@ TARGETS: tuple[tuple[str, str], ...] = (
     ("gateway.auditing", "AuditHub.active_alerts"),
 )
 
+#: session 11: the route window (``t_decided`` → ``t_route``) and the step to the upstream write, per call
+#: (``--set route``); ``InferencePipeline._prepare`` runs in the replica wait (for comparison)
+ROUTE_TARGETS: tuple[tuple[str, str], ...] = (
+    ("gateway.admission", "Admission.clamp_max_tokens"),
+    ("gateway.pep", "PolicyEnforcementPoint.allowed_candidates"),
+    ("gateway.pipeline", "InferencePipeline._upstream_body"),
+    ("gateway.prefix_keys", "PrefixKeys.upstream_user"),
+    ("gateway.admission", "Admission.slot_claim"),
+    ("gateway.flow", "FlowControl.release_now"),
+    ("gateway.flow", "FlowControl._place"),
+    ("gateway.flow", "FlowControl._route"),
+    ("gateway.flow", "FlowControl._released"),
+    ("routing.router", "Router.candidates"),
+    ("routing.router", "Router.route_among"),
+    ("routing.policies.cache_aware", "CacheAwarePolicy.choose"),
+    ("routing.index", "InProcessPrefixIndex.record"),
+    ("routing.index", "InProcessPrefixIndex.match_many"),
+    ("gateway.flow_load", "NotifyingLoadTracker.dispatch"),
+    ("routing.calibration", "Calibration.estimate"),
+    ("gateway.replicas", "ReplicaSet.attempt"),
+    ("gateway.replicas", "ReplicaSet.get"),
+    ("gateway.prefix_keys", "PrefixKeys.cache_salt"),
+    ("gateway.auditing", "AuditHub.inject_trace_headers"),
+    ("gateway.upstream_conn", "UpstreamConnection.send"),
+    ("gateway.pipeline", "InferencePipeline._prepare"),
+    ("gateway.pipeline", "InferencePipeline._end"),
+    ("gateway.pipeline_answer", "plain_response"),
+)
+SETS = {"pre": TARGETS, "route": ROUTE_TARGETS}
+
 
 def _wrap(fn: Any, samples: list[int]) -> Any:
     clock = time.perf_counter_ns
@@ -91,10 +123,10 @@ def _wrap(fn: Any, samples: list[int]) -> Any:
     return timed
 
 
-def _install() -> dict[str, list[int]]:
-    """Wrap every function of :data:`TARGETS` that exists in this tree; returns name -> samples (ns)."""
+def _install(targets: tuple[tuple[str, str], ...] = TARGETS) -> dict[str, list[int]]:
+    """Wrap every function of ``targets`` that exists in this tree; returns name -> samples (ns)."""
     out: dict[str, list[int]] = {}
-    for mod_name, path in TARGETS:
+    for mod_name, path in targets:
         try:
             owner: Any = importlib.import_module(mod_name)
         except ImportError:
@@ -114,7 +146,7 @@ def _install() -> dict[str, list[int]]:
     return out
 
 
-async def run(requests: int, rounds: int) -> dict[str, Any]:
+async def run(requests: int, rounds: int, target_set: str = "pre") -> dict[str, Any]:
     """The measurement (module doc); returns the result document."""
     from bench.overhead import _spawn
     from sim.demo import ClusterSpec, DemoPaths, bearer_headers, gateway_config, prepare_identity, start_cluster_proc
@@ -134,7 +166,8 @@ async def run(requests: int, rounds: int) -> dict[str, Any]:
         cfg_path = paths.work / "timed.yaml"
         cfg_path.write_text(yaml.safe_dump(doc, sort_keys=False))
         out = paths.work / "samples.json"
-        proc, base = await _spawn("timed", ["bench.stage_timer", "--child", str(cfg_path), "--samples-out", str(out)],
+        proc, base = await _spawn("timed", ["bench.stage_timer", "--child", str(cfg_path), "--samples-out", str(out),
+                                            "--set", target_set],
                                   paths, doc["listen"]["port"], "/readyz")
         headers = {"Content-Type": "application/json", **dict(bearer_headers(issuer, ["tenant-a"])("tenant-a"))}
         bodies = _Body(False)
@@ -183,13 +216,15 @@ def _windows(doc: dict[str, Any]) -> dict[str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
-    args = options("bench.stage_timer", __doc__ or "", requests=2000, rounds=3).parse(argv)
+    ap = options("bench.stage_timer", __doc__ or "", requests=2000, rounds=3)
+    ap.option("--set", "target_set", type=click.Choice(sorted(SETS)), default="pre")
+    args = ap.parse(argv)
     if args.child:
-        serve_sampled("bench.stage_timer", args.child, args.samples_out, _install)
+        serve_sampled("bench.stage_timer", args.child, args.samples_out, lambda: _install(SETS[args.target_set]))
         return 0
     import uvloop
 
-    doc = uvloop.run(run(args.requests, args.rounds))
+    doc = uvloop.run(run(args.requests, args.rounds, args.target_set))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = [f"# In-situ time per call (`python -m bench.stage_timer`, tree {REPO})", "",

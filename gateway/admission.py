@@ -1,9 +1,8 @@
-"""Admission: tenant resolution, rate and concurrency limits, prompt and token checks,
-the token ledger's reservation and the output-token clamp (``tenancy.limits``,
-``tenancy.ledger``, ``tenancy.bounds``).
+"""Admission: tenant resolution, rate and concurrency limits, prompt and token checks, the token
+ledger's reservation and the output-token clamp (``tenancy.limits``, ``tenancy.ledger``, ``tenancy.bounds``).
 
-Every rule here answers one question: may this tenant's request take this
-much work now? Errors are :class:`gateway.errors.GatewayError` (400, 403, 429).
+Every rule here answers one question: may this tenant's request take this much work now?
+Errors are :class:`gateway.errors.GatewayError` (400, 403, 429).
 """
 
 from __future__ import annotations
@@ -114,16 +113,14 @@ class Admission:
         return tenant
 
     def listed_models(self, tenant: Tenant) -> list[str]:
-        """The models ``GET /v1/models`` lists for ``tenant`` (sorted): served and in its registry entitlement,
-        which is the policy's ``input.tenant.models`` too (tests/quickstart/test_i13_one_source.py)."""
+        """The models ``GET /v1/models`` lists for ``tenant`` (sorted): served and in its registry entitlement (the
+        policy's ``input.tenant.models`` too: tests/quickstart/test_i13_one_source.py)."""
         return sorted(m for m in self.served_models if m in tenant.models)
 
     async def admit(self, tenant: Tenant, *, slot: bool = True) -> Lease | SharedLease:
-        """Check the tenant's request rate and concurrency; returns a lease (release it).
-        429 when limited; 503 ``state_unavailable`` when the shared state does not answer
-        (``state.on_unavailable: fail_closed``). ``slot=False`` (flow control on): the
-        concurrency slot is not taken here but when the request leaves its queue
-        (:meth:`slot_claim`); a tenant at its concurrency may still queue."""
+        """Check the tenant's request rate and concurrency; returns a lease (release it). 429 when limited;
+        503 ``state_unavailable`` when the shared state does not answer (``state.on_unavailable: fail_closed``).
+        ``slot=False`` (flow control on): the slot is taken when the request leaves its queue (:meth:`slot_claim`)."""
         lim = self.limiter
         try:
             if isinstance(lim, TenantLimiter):  # memory: synchronous, no await hop
@@ -334,16 +331,21 @@ class Admission:
 
     def settle(self, res: Reservation, *, usage: dict[str, object] | None, progress: str,
                relayed_output: int, counted: list[Callable[[], None]] | None = None) -> Settlement:
-        """Reconcile a request's reservation when it ends, however it ended (:func:`tenancy.ledger.charge_for`);
-        count the charge and refund per tenant at once, or append that count to ``counted`` (run after the answer)."""
+        """Settle a request's reservation however it ended (:func:`tenancy.ledger.charge_for`), counted per tenant; with
+        ``counted``, the buckets' refund (:meth:`Reservation.settle_later`; debt now) and the count are appended to it."""
         prompt, output, basis = charge_for(res.prompt_tokens, res.output_tokens, usage=usage,
                                            progress=progress, relayed_output=relayed_output)
         already = res.settlement
-        s = res.settle(prompt, output, basis)
-        if already is None and counted is not None:
+        if counted is None:
+            s = res.settle(prompt, output, basis)
+            if already is None:
+                self._count_settlement(res.tenant_id, s)
+            return s
+        s, refund = res.settle_later(prompt, output, basis)
+        if refund is not None:  # the ledger's refund first: it must not wait on a metric's failure
+            counted.append(refund)
+        if already is None:
             counted.append(partial(self._count_settlement, res.tenant_id, s))
-        elif already is None:
-            self._count_settlement(res.tenant_id, s)
         return s
 
     def _count_settlement(self, tid: str, s: Settlement) -> None:

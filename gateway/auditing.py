@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import generate_latest
 from starlette.datastructures import Headers
@@ -27,7 +27,8 @@ from starlette.datastructures import Headers
 from audit.event import AuditEvent, Identity, Kind, Outcome, new_event_id, now_ms
 from audit.request_event import request_event
 from audit.row_spans import span_attributes, span_extra, stage_children
-from audit.tracing import begin_request_trace, end_request_trace, incoming_links, records, request_trace_headers
+from audit.tracing import (RequestTrace, TraceStart, begin_request_trace, end_request_trace, finish_trace_start,
+                           incoming_links, records, request_trace_headers, start_request_trace)
 from gateway.record import RequestRecord
 
 if TYPE_CHECKING:
@@ -78,6 +79,15 @@ class AlertMonitor(Protocol):
         """Declare the replicas of ``pool``."""
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def _client_links(headers: Mapping[str, str]) -> list[Link]:
+    """The span link to the client's ``traceparent`` (:func:`audit.tracing.incoming_links`); from
+    Starlette's headers (case-insensitive already) only the one header is read (the last, as a dict keeps)."""
+    if isinstance(headers, Headers):
+        tps = headers.getlist("traceparent")
+        return incoming_links({"traceparent": tps[-1]}) if tps else []
+    return incoming_links(headers)
 
 
 class AuditHub:
@@ -206,48 +216,68 @@ class AuditHub:
 
     # -- tracing
     def start_span(self, rec: RequestRecord, headers: Mapping[str, str]) -> None:
-        """Open the request's server span (a client ``traceparent`` becomes a link).
-
-        With a provider from :func:`audit.tracing.setup_tracing` the span is a
-        plain :class:`audit.tracing.RequestTrace` finished in
-        :meth:`record_request`; otherwise a live span of ``self.tracer``."""
-        if isinstance(headers, Headers):  # case-insensitive already: the one header (the last, as a dict keeps)
-            tps = headers.getlist("traceparent")
-            links = incoming_links({"traceparent": tps[-1]}) if tps else []
-        else:
-            links = incoming_links(headers)
+        """Open the request's server span (a client ``traceparent`` becomes a link). With a provider from
+        :func:`audit.tracing.setup_tracing` it is a plain :class:`audit.tracing.RequestTrace` finished in
+        :meth:`record_request`, at first only its ids and sampling decision (an :class:`audit.tracing.TraceStart`,
+        issue 14, session 11) made whole by :meth:`request_trace` when its spans are built (``headers`` read
+        then, not copied); otherwise a live span of ``self.tracer``."""
+        now = time.time_ns()  # the server span's start; stage times are offsets from it
+        rec.extra["wall0_ns"] = now
+        provider = self.provider
+        if provider is not None:
+            ts = start_request_trace(provider, now, headers)
+            if ts is not None:
+                rec.extra["trace"] = ts
+                return
+        links = _client_links(headers)
         name = "POST " + rec.endpoint
         attributes = {"http.request.method": "POST", "http.route": rec.endpoint}
-        now = time.time_ns()  # the server span's start; stage times are offsets from it
-        rt = begin_request_trace(self.provider, name, links, attributes, now) if self.provider is not None else None
+        rt = begin_request_trace(provider, name, links, attributes, now) if provider is not None else None
         if rt is not None:
             rec.extra["trace"] = rt
         else:
             rec.extra["span"] = self.tracer.start_span(
                 name, kind=SpanKind.SERVER, links=links, context=trace.set_span_in_context(trace.INVALID_SPAN),
                 start_time=now, attributes=attributes)
-        rec.extra["wall0_ns"] = now
+
+    @staticmethod
+    def request_trace(rec: RequestRecord) -> RequestTrace | None:
+        """The request's :class:`audit.tracing.RequestTrace` (None: no trace, or a live span), made
+        now from its :class:`audit.tracing.TraceStart` if :meth:`start_span` left one (then kept in ``rec``)."""
+        rt = rec.extra.get("trace")
+        if type(rt) is TraceStart:
+            rt = rec.extra["trace"] = finish_trace_start(
+                rt, "POST " + rec.endpoint, _client_links(rt.carrier),
+                {"http.request.method": "POST", "http.route": rec.endpoint})
+        return rt
 
     def inject_trace_headers(self, headers: dict[str, str], rec: RequestRecord | None = None) -> None:
         """Add the gateway's own ``traceparent`` (W3C Trace Context) for the upstream call."""
         if rec is None:
             return
         rt = rec.extra.get("trace")
-        if rt is not None:
+        if type(rt) is TraceStart:  # the ids only: what the finished trace's context writes
+            headers["traceparent"] = rt.traceparent()
+        elif rt is not None:
             request_trace_headers(rt, headers)
-            return
-        span = rec.extra.get("span")
-        if span is not None:
+        elif (span := rec.extra.get("span")) is not None:
             _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
 
     def prepare_request(self, rec: RequestRecord) -> None:
-        """Work out the request's span part of its audit event ahead, when it does not depend on how
-        the request ends (a trace not recorded here: only its id, and with :attr:`worker_spans` the
-        span extra): the pipeline calls it while the replica works (issue 14, session 10). The trace
-        stays in ``rec`` for the upstream call's ``traceparent``; :meth:`emit_request` uses the result."""
+        """The span part of the request's audit event, ahead, when it does not depend on how the request ends
+        (a trace not recorded here: its id; with :attr:`worker_spans` and sampled, the span extra): called while
+        the replica works (issue 14, session 10); :meth:`emit_request` uses it. The trace stays in ``rec``."""
         rt = rec.extra.get("trace")
+        if type(rt) is TraceStart and not self._whole(rt):
+            rec.extra["span_part"] = (format(rt.trace_id, "032x"), None)
+            return
+        rt = self.request_trace(rec)
         if rt is not None and not records(rt):
             rec.extra["span_part"] = self._static_span_part(rt, rec.extra.get("wall0_ns"))
+
+    def _whole(self, ts: TraceStart) -> bool:
+        """True when ``ts``'s spans are built (here, or by the audit worker from the span extra)."""
+        return bool(ts.flags.sampled and (ts.processors or self.worker_spans))
 
     def _static_span_part(self, rt: Any, wall0: int | None) -> tuple[str, tuple | None]:
         sc = rt.context
@@ -260,7 +290,13 @@ class AuditHub:
         :attr:`worker_spans` a sampled trace's spans are not built here: the span extra
         (:func:`audit.row_spans.span_extra`) goes with the request row and the audit worker builds them."""
         extra = rec.extra
-        rt = extra.pop("trace", None)
+        rt = extra.get("trace")
+        if type(rt) is TraceStart and not self._whole(rt):  # its id only (not made whole)
+            for key in ("trace", "wall0_ns", "span_part"):
+                extra.pop(key, None)
+            return format(rt.trace_id, "032x"), None
+        rt = self.request_trace(rec)
+        extra.pop("trace", None)
         span = extra.pop("span", None)
         if rt is None and span is None:
             return None, None

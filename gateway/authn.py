@@ -112,11 +112,11 @@ class Authenticator:
             return peer or "unknown"
         return attested_client(peer, request.headers.getlist("x-forwarded-for"), self.trusted_proxies)
 
-    async def authenticate(self, request: Request) -> WorkloadIdentity:
-        """Return the caller's identity or raise :class:`GatewayError`."""
-        client_host = _peer(request)
-        peer = client_host or "unknown"
-        source = self._source(request, client_host)
+    async def authenticate(self, request: Request, source: str | None = None) -> WorkloadIdentity:
+        """Return the caller's identity or raise :class:`GatewayError`. ``source``: :meth:`source` of
+        ``request`` when the caller has it already (the pipeline's record: not worked out twice)."""
+        if source is None:
+            source = self.source(request)
         # 1. A JWT-SVID is always required, on every listener; a forwarded
         #    certificate never stands in for it (issue 10, finding 1).
         auths = request.headers.getlist("authorization")
@@ -129,7 +129,7 @@ class Authenticator:
             raise auth_error(err) from None
         # 2. A certificate forwarded by a trusted proxy (cheap to parse, read
         #    before the signature is verified): its SPIFFE ID, to bind to.
-        forwarded = self._forwarded(request, peer)
+        forwarded = self._forwarded(request)
         # 3. The JWT-SVID (cheap refusals, then the cache, then the per-source
         #    budget and the signature), then the binding.
         try:
@@ -172,7 +172,7 @@ class Authenticator:
                 outcome="rate_limited",
             )
 
-    def _forwarded(self, request: Request, peer: str) -> SpiffeId | None:
+    def _forwarded(self, request: Request) -> SpiffeId | None:
         """The SPIFFE ID of a certificate forwarded by a trusted proxy, or ``None``.
 
         Ignored (``None``) from any other peer. Raises :class:`GatewayError`
@@ -185,7 +185,7 @@ class Authenticator:
         if not xfcc_values:
             return None
         try:
-            return forwarded_spiffe_id(xfcc_values, peer, self.trusted_proxies,
+            return forwarded_spiffe_id(xfcc_values, _peer(request) or "unknown", self.trusted_proxies,
                                        trust_domains=self.verifier.trust_domains)
         except InvalidXfcc as exc:
             raise auth_error(AuthenticationError(Reason.INVALID_FORWARDED_CERT, str(exc))) from None

@@ -121,14 +121,17 @@ class FlowControl:
         return self._released(w)
 
     def _released(self, w: Waiting) -> Release:
-        """The :class:`Release` of ``w``, routed (raises its routing error); the queue-wait metric."""
+        """The :class:`Release` of ``w``, routed (raises its routing error); its queue wait goes to
+        the metric by :meth:`observe_wait` (the pipeline's, while the replica works: session 11)."""
         if w.error is not None:
             raise w.error
         assert w.result is not None
         choice, ticket = w.result
-        wait = time.perf_counter() - w.t0
-        self.metrics.flow_queue_wait_seconds.observe(wait)
-        return Release(choice, ticket, wait, self.queue.counter(w.tenant_id))
+        return Release(choice, ticket, time.perf_counter() - w.t0, self.queue.counter(w.tenant_id))
+
+    def observe_wait(self, queue_wait_s: float) -> None:
+        """A released request's :attr:`Release.queue_wait_s` into the queue-wait histogram."""
+        self.metrics.flow_queue_wait_seconds.observe(queue_wait_s)
 
     async def release(self, tenant: Tenant, req: RouteRequest, candidate_ids: list[str],
                       alt_chains: Sequence[Sequence[bytes]], deadline: float,

@@ -41,11 +41,15 @@ class Held:
     request's preparation CPU meter (gateway/cpu_budget.py; a refusal charges it, :meth:`release` settles it);
     ``prep``: the routed request's work that waits for the replica wait (issue 14, session 10), run
     once by :meth:`run_prep`; ``served``: a plain answer was whole and valid: :meth:`end_attempt` gives
-    the attempt its success verdict (after the answer's last byte, session 10) instead of releasing it.
+    the attempt its success verdict (after the answer's last byte, session 10) instead of releasing it;
+    ``answered``: a plain answer's :meth:`gateway.upstream.Upstream.answered` (the replica's instance id), run
+    by the request's end with the giving back (session 11); ``queue_wait_s``: flow control's release's
+    queue wait (seconds), for its metric (observed while the replica works).
     """
 
     __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
-                 "reservation", "progress", "relayed", "tenant", "left", "cpu", "prep", "served")
+                 "reservation", "progress", "relayed", "tenant", "left", "cpu", "prep", "served", "answered",
+                 "queue_wait_s")
 
     def __init__(self) -> None:
         self.lease: Lease | SharedLease | None = None
@@ -65,6 +69,8 @@ class Held:
         self.cpu: CpuMeter = NO_METER
         self.prep: Callable[[], None] | None = None
         self.served = False
+        self.answered: Callable[[], None] | None = None
+        self.queue_wait_s: float | None = None
 
     def run_prep(self) -> None:
         """Run :attr:`prep` if it has not run (idempotent; an event loop callback or the request's end)."""

@@ -76,7 +76,7 @@ class InferencePipeline:
             if not gw.audit.accepting:  # fail closed: no audit trail, no service
                 raise GatewayError(503, "audit_unavailable", "audit trail unavailable; refusing to serve without it")
             # 1 authenticate (gateway/authn.py)
-            identity = await gw.authn.authenticate(request)
+            identity = await gw.authn.authenticate(request, rec.client_addr)
             rec.spiffe_id, rec.trust_domain = str(identity.spiffe_id), identity.trust_domain
             rec.t_auth = time.perf_counter()
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
@@ -203,6 +203,7 @@ class InferencePipeline:
                     rel = await unless_client_leaves(
                         request, gw.flow.release(tenant, route_req, ids, alt, deadline, slots, tried=True))
                 choice, held.ticket, rec.queue_wait_ms, rec.virtual_tokens = rel.as_record()
+                held.queue_wait_s = rel.queue_wait_s  # its metric: while the replica works (_prepare)
             else:
                 choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
             held.choice = choice
@@ -246,7 +247,10 @@ class InferencePipeline:
                 continue
             held.up = up
             budget_used += 1
-            gw.upstream.answered(replica.id, up.instance_id, held.attempt if req.stream else None)  # R7-2
+            if req.stream:  # R7-2: a probe's verdict at the first byte
+                gw.upstream.answered(replica.id, up.instance_id, held.attempt)
+            else:  # a plain answer's first byte comes with its end: observed with the giving back (session 11)
+                held.answered = partial(gw.upstream.answered, replica.id, up.instance_id)
             rec.t_first_byte = time.perf_counter()
             held.ticket.first_byte()
             if req.stream:
@@ -261,14 +265,16 @@ class InferencePipeline:
         """The routed request's work that neither the routing decision nor the upstream request needs
         (issue 14, session 10: the gateway's CPU is idle while the replica works): the policy's lower
         ``max_tokens`` held in the ledger (``output_tokens``; None: no decision yet; a refund: holding
-        more for a moment is the safe side; no-op once settled), the record's prefix fingerprint and
-        the audit event's span part. Run once, by :meth:`Held.run_prep`: in the event loop's turn after
+        more for a moment is the safe side; no-op once settled), the record's prefix fingerprint,
+        the audit event's trace and span part and the flow queue-wait metric (session 11). Run once, by :meth:`Held.run_prep`: in the event loop's turn after
         the upstream request was written, or by :meth:`_end` if the request ends first."""
         res = held.reservation
         if res is not None and output_tokens is not None:
             self.gw.admission.lower_reservation(res, output_tokens)
         rec.prefix_fingerprint = PrefixKeys.prefix_fingerprint(chains)
         self.gw.audit.prepare_request(rec)
+        if held.queue_wait_s is not None and self.gw.flow is not None:
+            self.gw.flow.observe_wait(held.queue_wait_s)
 
     def _end(self, rec: RequestRecord, held: Held) -> None:
         """End the request (idempotent): settle its tokens and write its one audit record; then give
@@ -283,14 +289,19 @@ class InferencePipeline:
         except Exception:  # a bug: never lose the audit record nor what the request holds
             log.exception("preparing the record of request %s failed", rec.request_id)
         after: list[Callable[[], None]] = []  # what the record does not need: with the giving back
+        if held.answered is not None:  # the replica's instance id seen on its plain answer
+            after.append(held.answered)
 
         def give_back() -> None:
             held.leave(self.gw.overload)
             try:
                 held.release()
             finally:
-                for work in after:
-                    work()
+                for work in after:  # each runs (the ledger's refund first): one's bug never skips another
+                    try:
+                        work()
+                    except Exception:
+                        log.exception("ending request %s failed", rec.request_id)
 
         deferred = after_send(give_back)
         try:

@@ -60,8 +60,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
 
+from tenancy.charge import charge_for
 from tenancy.limits import RateLimited, TokenBucket
 from tenancy.prompt_room import PromptRoom
 from tenancy.registry import Tenant
@@ -154,6 +155,15 @@ class Reservation(abc.ABC):
         for a negative count or an unknown ``basis``.
         """
 
+    def settle_later(self, prompt_tokens: int, output_tokens: int, basis: str) -> tuple[Settlement, Callable[[], None] | None]:
+        """:meth:`settle` in two steps (issue 14, session 11): the :class:`Settlement` is fixed now
+        (later :meth:`settle` calls return it; :meth:`lower_output` is a no-op) and what gives tokens
+        back to the buckets is returned, to be called once, later (after the answer's last byte):
+        until then the buckets still hold the reservation, the safe side. A charge beyond the
+        reservation in either bucket (debt) is applied now, as :meth:`settle` applies it; then, or when
+        already settled, the second item is None. Raises as :meth:`settle`. Default: :meth:`settle`."""
+        return self.settle(prompt_tokens, output_tokens, basis), None
+
 
 class TokenLedger(abc.ABC):
     """Reserves and reconciles a tenant's prompt and output tokens (see module doc)."""
@@ -239,17 +249,28 @@ class LedgerReservation(Reservation):
             self._apply(0, -refund, None)
 
     def settle(self, prompt_tokens: int, output_tokens: int, basis: str) -> Settlement:
+        return self.settle_later(prompt_tokens, output_tokens, basis, defer=False)[0]
+
+    def settle_later(self, prompt_tokens: int, output_tokens: int, basis: str,
+                     defer: bool = True) -> tuple[Settlement, Callable[[], None] | None]:
         if prompt_tokens < 0 or output_tokens < 0:
             raise ValueError("token count must be >= 0")
         if basis not in BASES:
             raise ValueError(f"unknown charge basis {basis!r}")
         with self._locked():
             if self._settlement is not None:
-                return self._settlement
+                return self._settlement, None
             s = Settlement(self.prompt_tokens, self.output_tokens, prompt_tokens, output_tokens, basis)
             self._settlement = s
-            self._apply(prompt_tokens - self.prompt_tokens, output_tokens - self.output_tokens, s)
-            return s
+            d_prompt, d_output = prompt_tokens - self.prompt_tokens, output_tokens - self.output_tokens
+            if not defer or d_prompt > 0 or d_output > 0:  # debt: at once
+                self._apply(d_prompt, d_output, s)
+                return s, None
+        return s, partial(self._apply_locked, d_prompt, d_output, s)
+
+    def _apply_locked(self, d_prompt: int, d_output: int, settled: Settlement) -> None:
+        with self._locked():
+            self._apply(d_prompt, d_output, settled)
 
 
 class _InProcessReservation(LedgerReservation):
@@ -369,32 +390,3 @@ class InProcessLedger(TokenLedger):
             t.charged["output"] += settled.charged_output
             t.refunded["prompt"] += settled.refunded_prompt
             t.refunded["output"] += settled.refunded_output
-
-
-def charge_for(reserved_prompt: int, reserved_output: int, *, usage: Mapping[str, Any] | None,
-               progress: str, relayed_output: int = 0) -> tuple[int, int, str]:
-    """What one request is charged when it ends: ``(prompt, output, basis)`` in tokens.
-
-    ``usage``: the replica's OpenAI ``usage`` object (or None);
-    ``progress``: how far the request got — ``none`` (never reached a
-    replica), ``refused`` (a replica answered an error status), ``streamed``
-    (an SSE answer started), ``unknown`` (sent to a replica, outcome unknown:
-    timeout, cancelled, a plain answer); ``relayed_output``: output tokens
-    relayed to the client (the SSE scanner's estimate). The rules are the
-    table of the module docstring; a usage object without an integer
-    ``completion_tokens`` counts as no usage.
-    """
-    if usage:
-        out = usage.get("completion_tokens")
-        prompt = usage.get("prompt_tokens")
-        if isinstance(out, int) and not isinstance(out, bool) and out >= 0:
-            if not (isinstance(prompt, int) and not isinstance(prompt, bool) and prompt >= 0):
-                prompt = reserved_prompt
-            return prompt, out, "usage"
-    if progress == "none":
-        return 0, 0, "not_dispatched"
-    if progress == "refused":
-        return reserved_prompt, 0, "refused"
-    if progress == "streamed":
-        return reserved_prompt, max(0, relayed_output), "relayed"
-    return reserved_prompt, reserved_output, "reservation"

@@ -24,7 +24,7 @@ def test_no_exporter_builds_no_span_but_keeps_the_trace_id(monkeypatch):
     calls = []
     monkeypatch.setattr(auditing, "end_request_trace", lambda *a, **k: calls.append(a) or 0)
     rec = _finished(hub)
-    want = format(rec.extra["trace"].context.trace_id, "032x")
+    want = format(hub.request_trace(rec).context.trace_id, "032x")
     assert hub._end_spans(rec) == (want, None)
     assert calls == []  # nothing records spans: none built
 

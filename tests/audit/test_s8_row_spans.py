@@ -84,7 +84,7 @@ def test_the_worker_record_is_the_record_the_gateway_made(status, model, prompt,
     rec.tenant_id, rec.replica, rec.predicted_prefix_tokens, rec.decision_id, rec.outcome = (
         tenant, replica, predicted, decision, outcome)
     old.start_span(rec, headers)
-    rt, wall0 = rec.extra["trace"], rec.extra["wall0_ns"]
+    rt, wall0 = old.request_trace(rec), rec.extra["wall0_ns"]
     twin = dataclasses.replace(rec, extra={"trace": dataclasses.replace(rt, processors=()), "wall0_ns": wall0})
     rec.extra["trace"] = dataclasses.replace(rt, processors=(cap,))
     old.emit_request(rec)

@@ -109,9 +109,9 @@ async def test_overload_is_shed_before_authentication_and_readyz_says_so(stack, 
     authn = stack.components.authn
     orig = authn.authenticate
 
-    async def counting(request: Any) -> Any:
+    async def counting(request: Any, *rest: Any) -> Any:
         calls.append(request)
-        return await orig(request)
+        return await orig(request, *rest)
 
     monkeypatch.setattr(authn, "authenticate", counting)
     # two tenants: one alone cannot reach the bound (its cap, flow.tenant_max_in_flight_requests, is 1 here)
