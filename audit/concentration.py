@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterable, Mapping
 from prometheus_client import CollectorRegistry, Gauge
 
 from audit.attribution import attribute_concentration
-from audit.concentration_state import _alert_id, _drop, _Episode, _FlushOnCollect, _Obs, _Pool, _forget, pool_stats
+from audit.concentration_state import _alert_id, _Episode, _FlushOnCollect, _Obs, _Pool, _forget, pool_stats
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
 
 

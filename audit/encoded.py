@@ -200,4 +200,6 @@ def _plain_json(ev: AuditEvent) -> bytes | None:
         if type(v) not in plain:
             return None
         out["trace_id"] = v
-    return orjson.dumps(out)
+    # sorted again by orjson: a mapping inside a group value keeps insertion order otherwise, and the
+    # chain hashes these bytes as canonical JSON (R11b-4; ~0.3 µs on keys already in order)
+    return orjson.dumps(out, option=orjson.OPT_SORT_KEYS)

@@ -4,7 +4,8 @@ Both OTLP senders of the audit worker, the log sink (:class:`audit.otlp.OtlpLogS
 sender (:class:`audit.span_post.SpanPoster`), send through the proxy the environment names for the
 endpoint's scheme (``http_proxy`` / ``https_proxy``, either case, as ``urllib.request.getproxies``
 reads them; what ``requests`` and the OpenTelemetry SDK exporters honour), unless ``no_proxy``
-covers the endpoint's host (``urllib.request.proxy_bypass``). The environment is read once, when
+covers the endpoint's host (``urllib.request.proxy_bypass``, plus CIDR entries such as
+``10.0.0.0/8`` for an IP-literal host, which ``requests`` honours and urllib ignores: review R11b-3). The environment is read once, when
 the sender is built (aiohttp's ``trust_env`` re-read it, and ``~/.netrc``, in a thread before every
 POST). ``~/.netrc`` is not read: collector credentials go in the ``headers`` setting, proxy
 credentials in the proxy URL. Only ``http://`` proxies (an ``https://`` proxy URL is ignored with a
@@ -12,7 +13,9 @@ warning, as aiohttp does). Proxy credentials are never logged.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
+import os
 import urllib.request
 from typing import Any
 
@@ -22,6 +25,26 @@ from yarl import URL
 __all__ = ["env_proxy"]
 
 log = logging.getLogger(__name__)
+
+
+def _no_proxy_cidr(host: str) -> bool:
+    """Whether ``host`` is an IP address inside a CIDR entry of ``no_proxy`` / ``NO_PROXY``
+    (``10.0.0.0/8``, ``fd00::/8``); names and malformed entries are left to urllib's rule."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    entries = os.environ.get("no_proxy") or os.environ.get("NO_PROXY") or ""
+    for entry in entries.split(","):
+        entry = entry.strip()
+        if "/" not in entry:
+            continue
+        try:
+            if ip in ipaddress.ip_network(entry, strict=False):
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 def env_proxy(endpoint: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -34,7 +57,7 @@ def env_proxy(endpoint: str) -> tuple[dict[str, Any], dict[str, str]]:
     itself). Reads the environment now; never raises for a malformed proxy variable (logged, direct)."""
     url = URL(endpoint)
     proxy = urllib.request.getproxies().get(url.scheme)
-    if not proxy or (url.host and urllib.request.proxy_bypass(url.host)):
+    if not proxy or (url.host and (urllib.request.proxy_bypass(url.host) or _no_proxy_cidr(url.host))):
         return {}, {}
     try:
         purl = URL(proxy)

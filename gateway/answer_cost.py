@@ -176,12 +176,15 @@ class UnsentAnswers:
     drained or lost. The kernel's socket buffer (``server.client_send_buffer_bytes``) comes on top.
     """
 
-    __slots__ = ("limit", "_held")
+    __slots__ = ("limit", "_held", "_owner")
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
         #: tenant id -> {connection's ConnectionLoss: (its unsent-bytes reader, its loss callback)}
         self._held: dict[str, dict[Any, tuple[Callable[[], int], Callable[[], None]]]] = {}
+        #: connection's ConnectionLoss -> the tenant whose answer it carries last (review R11b-1: a
+        #: connection a front proxy reuses for several tenants counts for the last one only)
+        self._owner: dict[Any, str] = {}
 
     def note(self, tenant_id: str, scope: Any) -> None:
         """The answer of ``tenant_id`` to the request of ``scope`` was handed to the server."""
@@ -194,12 +197,26 @@ class UnsentAnswers:
                 return
         except (AttributeError, RuntimeError):  # a closed transport: nothing buffered to bound
             return
+        prev = self._owner.get(loss)
+        if prev is not None and prev != tenant_id:  # HTTP/1.1: the buffer now holds this tenant's answer
+            self._release(prev, loss)
         conns = self._held.setdefault(tenant_id, {})
         if loss not in conns:
             def forget() -> None:
                 self._forget(tenant_id, loss)
             conns[loss] = (unsent, forget)
+            self._owner[loss] = tenant_id
             loss.add(forget)
+
+    def _release(self, tenant_id: str, loss: Any) -> None:
+        conns = self._held.get(tenant_id)
+        entry = conns.pop(loss, None) if conns is not None else None
+        if entry is not None:
+            loss.discard(entry[1])
+        if conns is not None and not conns:
+            del self._held[tenant_id]
+        if self._owner.get(loss) == tenant_id:
+            del self._owner[loss]
 
     def _forget(self, tenant_id: str, loss: Any) -> None:
         conns = self._held.get(tenant_id)
@@ -207,6 +224,8 @@ class UnsentAnswers:
             conns.pop(loss, None)
             if not conns:
                 del self._held[tenant_id]
+        if self._owner.get(loss) == tenant_id:
+            del self._owner[loss]
 
     def unsent(self, tenant_id: str) -> int:
         """Bytes still buffered for ``tenant_id``'s tracked answers (drained connections forgotten)."""
@@ -224,6 +243,8 @@ class UnsentAnswers:
             else:
                 del conns[loss]
                 loss.discard(forget)
+                if self._owner.get(loss) == tenant_id:
+                    del self._owner[loss]
         if not conns:
             del self._held[tenant_id]
         return total

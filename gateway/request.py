@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from gateway import json_fast

@@ -19,7 +19,9 @@ deployment) gets exactly the single fit of before.
 
 Bounds, all O(1) amortised per observation: at most ``max_tenants`` fits per replica (the least
 recently observed one is dropped for a new tenant), a fit not fed for ``stale_after``
-observations of the replica is dropped (its estimate no longer speaks for the replica), and the
+observations of the replica **and** for ``stale_after_s`` seconds is dropped (its estimate no longer
+speaks for the replica; review R11b-2: by observations alone a high-volume tenant pushed every
+quieter tenant's fit out and set the replica's figures alone again), and the
 ready figures are kept sorted (``bisect``, at most ``max_tenants`` entries per figure).
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -36,12 +39,13 @@ if TYPE_CHECKING:  # no import cycle at run time: routing.calibration imports th
 __all__ = ["ReplicaFits"]
 
 class _TenantFit:
-    __slots__ = ("est", "params", "seen")
+    __slots__ = ("est", "params", "seen", "at")
 
     def __init__(self, est: PrefillRateEstimator) -> None:
         self.est = est
         self.params: tuple[float, float, float] | None = None  # in ReplicaFits._sorted while not None
         self.seen = 0  # the replica's observation count at its last observation
+        self.at = 0.0  # the clock's reading (s) at its last observation
 
 
 class ReplicaFits:
@@ -49,16 +53,23 @@ class ReplicaFits:
 
     ``make``: builds a fresh :class:`routing.calibration.PrefillRateEstimator`;
     ``max_tenants`` (>= 1) fits at most; ``stale_after`` (>= 1): observations of the replica after
-    which a tenant's fit that saw none of them is dropped. Raises :class:`ValueError` out of range.
+    which a tenant's fit that saw none of them is dropped, once it also saw none for ``stale_after_s``
+    seconds (>= 0) of ``clock`` (monotonic seconds). Raises :class:`ValueError` out of range.
     ``observations``: first bytes accepted on this replica (all tenants); ``version`` changes
     whenever the combined estimate may have changed. Not thread-safe: one event loop."""
 
-    __slots__ = ("_make", "_fits", "_sorted", "max_tenants", "stale_after", "observations", "version")
+    __slots__ = ("_make", "_fits", "_sorted", "_clock", "max_tenants", "stale_after", "stale_after_s",
+                 "observations", "version")
 
     def __init__(self, make: Callable[[], PrefillRateEstimator], *, max_tenants: int = 32,
-                 stale_after: int = 1000) -> None:
+                 stale_after: int = 1000, stale_after_s: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if max_tenants < 1 or stale_after < 1:
             raise ValueError("max_tenants and stale_after must be >= 1")
+        if not stale_after_s >= 0:
+            raise ValueError("stale_after_s must be >= 0")
+        self._clock = clock
+        self.stale_after_s = stale_after_s
         self._make = make
         self._fits: dict[str, _TenantFit] = {}  # insertion order: least recently observed first
         # per figure (rate, queue weight, overhead), the ready fits' values, sorted
@@ -127,10 +138,12 @@ class ReplicaFits:
         self.observations += 1
         self.version += 1
         f.seen = self.observations
+        f.at = now = self._clock()
         self._place(f, f.est.params())
         # drop the fits no longer fed, oldest first, one per observation (amortised O(1))
         t = next(iter(fits))
-        if fits[t].seen < self.observations - self.stale_after:
+        old = fits[t]
+        if old.seen < self.observations - self.stale_after and now - old.at > self.stale_after_s:
             self._drop(t)
 
     def median(self) -> tuple[float, float, float] | None:

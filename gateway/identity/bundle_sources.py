@@ -77,10 +77,6 @@ class TrustBundleSource(abc.ABC):
         """
         self._listeners.append(callback)
 
-    def current(self) -> TrustBundle | None:
-        """The last accepted bundle without any refresh (may be stale)."""
-        return self._bundle
-
     def _accept(self, bundle: TrustBundle) -> None:
         cur = self._bundle
         if (

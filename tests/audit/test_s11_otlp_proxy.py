@@ -43,6 +43,18 @@ def test_env_proxy_rules(proxy_env: None, monkeypatch: pytest.MonkeyPatch) -> No
     assert env_proxy("https://collector.invalid/v1/logs") == direct
 
 
+def test_no_proxy_cidr_covers_an_ip_collector(proxy_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """R11b-3: ``no_proxy=10.0.0.0/8`` keeps a 10.x collector direct (as ``requests`` does), never through
+    the proxy; a name, an address outside the range and a malformed entry are unaffected."""
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    via = ({"proxy": "http://proxy.example:3128"}, {})
+    monkeypatch.setenv("NO_PROXY", "bogus/99, 10.0.0.0/8,fd00::/8")
+    assert env_proxy("http://10.1.2.3:4318/v1/logs") == ({}, {})
+    assert env_proxy("http://[fd00::5]:4318/v1/logs") == ({}, {})
+    assert env_proxy("http://11.1.2.3:4318/v1/logs") == via
+    assert env_proxy("http://collector.invalid:4318/v1/logs") == via
+
+
 async def _proxy_server(seen: list[tuple[str, str, Any]]) -> tuple[web.AppRunner, int]:
     """A stand-in HTTP proxy: answers every request itself (200, empty body) and records its target."""
     async def handle(request: web.Request) -> web.Response:

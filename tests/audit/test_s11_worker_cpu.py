@@ -157,6 +157,18 @@ def test_shared_json_equals_to_json(seed: int) -> None:
         assert shared_json(ev) == ev.to_json()
 
 
+def test_shared_json_sorts_a_mapping_inside_a_group_as_to_json_does() -> None:
+    """R11b-4: the chain hashes shared_json's bytes as canonical JSON (sorted keys at every depth)."""
+    from audit.encoded import _SHARED, shared_json
+
+    ev = AuditEvent(kind=Kind.INFERENCE, outcome=Outcome.ALLOWED, time_ms=1764640000123,
+                    latency=Latencies(first_byte_ms={"b": 1, "a": 2}))  # type: ignore[arg-type]
+    _SHARED.clear()
+    got = shared_json(ev)
+    assert got == ev.to_json()
+    assert b'{"a":2,"b":1}' in got
+
+
 def test_default_child_span_ids_are_random_nonzero_and_parented() -> None:
     from opentelemetry.proto.trace.v1 import trace_pb2
 

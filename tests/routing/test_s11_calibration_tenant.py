@@ -136,7 +136,8 @@ def test_the_router_passes_the_tenant_and_the_flag_to_the_ticket() -> None:
 def test_fits_per_replica_are_bounded_and_stale_ones_dropped() -> None:
     from routing.calibration_tenants import ReplicaFits  # new in session 11
 
-    fits = ReplicaFits(lambda: PrefillRateEstimator(RATE, min_samples=1), max_tenants=4, stale_after=50)
+    fits = ReplicaFits(lambda: PrefillRateEstimator(RATE, min_samples=1), max_tenants=4, stale_after=50,
+                       stale_after_s=0.0)
     rng = random.Random(4)
     for k in range(10):  # ten tenants, one after the other: never more than four fits
         for _ in range(3):
@@ -148,6 +149,33 @@ def test_fits_per_replica_are_bounded_and_stale_ones_dropped() -> None:
         fits.observe("steady", u, 0.0, y, None)
     assert fits.tenants == 1 and fits.ready == 1
     assert fits.median() == cal_params(fits.estimator("steady"))
+
+
+def test_a_high_volume_tenant_does_not_push_quieter_fits_out() -> None:
+    """Review R11b-2: 1,002 first bytes of one tenant within seconds used to drop every quieter tenant's fit
+    (stale by observations alone) and make the replica's median its own; a fit now goes stale only when
+    it was also not fed for ``stale_after_s`` seconds."""
+    from routing.calibration_tenants import ReplicaFits
+
+    now = [0.0]
+    fits = ReplicaFits(lambda: PrefillRateEstimator(RATE, min_samples=20), clock=lambda: now[0])
+    rng = random.Random(3)
+
+    def feed(tenant: str, n: int, rate: float) -> None:
+        for _ in range(n):
+            u, q = rng.uniform(200, 4000), rng.uniform(0, 2000)
+            fits.observe(tenant, u, q, 0.02 + (u + 0.5 * q) / rate * rng.uniform(0.95, 1.05), None)
+            now[0] += 0.01
+
+    for t in ("a", "b", "c", "d"):
+        feed(t, 40, 8000.0)
+    feed("mallory", 1040, 2000.0)  # ~10 s of one tenant's first bytes, 4x late
+    assert fits.ready == 5
+    rate = fits.median()
+    assert rate is not None and 6000.0 < rate[0] < 11000.0
+    now[0] += 601.0  # the quieter tenants away for ten minutes: their fits go, the liar's volume then rules
+    feed("mallory", 5, 2000.0)
+    assert fits.ready == 1
 
 
 def cal_params(est: PrefillRateEstimator) -> tuple[float, float, float] | None:

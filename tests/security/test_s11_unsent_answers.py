@@ -120,3 +120,37 @@ def test_unsent_answers_count_each_connection_once_and_forget_drained_or_lost_on
     u.note("t", {})  # a scope without the guarded listener's loss: nothing tracked
     UnsentAnswers(None).note("t", conns["a"])  # no bound: nothing tracked
     assert u._held == {}
+
+
+def test_a_connection_reused_for_another_tenant_counts_for_the_last_tenant_only() -> None:
+    """Review R11b-1: behind a pooling front proxy one keep-alive connection carries several tenants'
+    answers in turn; its unsent bytes are the last answer's, so they count against that tenant only."""
+    from gateway.answer_cost import UnsentAnswers
+    from gateway.client_io import LOSS_KEY, ConnectionLoss
+    from tenancy.registry import Tenant
+
+    pool = []
+    for _ in range(5):
+        loss = ConnectionLoss()
+        buf = {"n": 0}
+        loss.unsent = lambda buf=buf: buf["n"]
+        pool.append((loss, buf, {LOSS_KEY: loss}))
+    u = UnsentAnswers(32 << 20)
+    for _loss, buf, scope in pool:  # tenant A's answers, read by its clients afterwards
+        buf["n"] = 8 << 20
+        u.note("tenant-a", scope)
+    for _loss, buf, _scope in pool:
+        buf["n"] = 0
+    for _loss, buf, scope in pool:  # the same connections carry B's answers, which nobody reads
+        buf["n"] = 8 << 20
+        u.note("tenant-b", scope)
+    assert u.unsent("tenant-a") == 0
+    assert u.unsent("tenant-b") == 40 << 20
+    u.check(Tenant(id="tenant-a"))
+    with pytest.raises(Exception) as refused:
+        u.check(Tenant(id="tenant-b"))
+    assert getattr(refused.value, "code", None) == "unsent_answers_limited"
+    for loss, _buf, _scope in pool:  # each connection keeps one loss callback (B's), none of A's
+        assert loss.pending() == 1
+        loss.fire()
+    assert u.unsent("tenant-b") == 0
