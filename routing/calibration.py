@@ -49,6 +49,7 @@ weight), not configured: no engine exports "chunked prefill on" as a metric.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from routing.calibration_tenants import ReplicaFits
@@ -231,6 +232,9 @@ class Calibration:
         self._kw = estimator_kw
         PrefillRateEstimator(prior_rate, **estimator_kw)  # type: ignore[arg-type]  # its ValueError now
         self._fits: dict[str, ReplicaFits] = {}
+        #: monotonic seconds for the per-tenant fits' staleness (review R11b-2); the calibrating load
+        #: tracker sets its own clock here when it is built; None: staleness by observations alone
+        self.clock: Callable[[], float] | None = None
         self._engine: dict[str, EngineSample] = {}
         self._external: dict[str, float] = {}
         self._defer = False
@@ -268,7 +272,7 @@ class Calibration:
     def _replica(self, replica_id: str) -> ReplicaFits:
         f = self._fits.get(replica_id)
         if f is None:
-            f = self._fits[replica_id] = ReplicaFits(self._new_estimator)
+            f = self._fits[replica_id] = ReplicaFits(self._new_estimator, clock=self.clock)
         return f
 
     def _new_estimator(self) -> PrefillRateEstimator:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -54,7 +53,9 @@ class ReplicaFits:
     ``make``: builds a fresh :class:`routing.calibration.PrefillRateEstimator`;
     ``max_tenants`` (>= 1) fits at most; ``stale_after`` (>= 1): observations of the replica after
     which a tenant's fit that saw none of them is dropped, once it also saw none for ``stale_after_s``
-    seconds (>= 0) of ``clock`` (monotonic seconds). Raises :class:`ValueError` out of range.
+    seconds (>= 0) of ``clock`` (monotonic seconds; the gateway's load tracker's clock, see
+    :class:`routing.calibration.Calibration` ``clock``; None: by observations alone, as before review
+    R11b-2). Raises :class:`ValueError` out of range.
     ``observations``: first bytes accepted on this replica (all tenants); ``version`` changes
     whenever the combined estimate may have changed. Not thread-safe: one event loop."""
 
@@ -63,7 +64,7 @@ class ReplicaFits:
 
     def __init__(self, make: Callable[[], PrefillRateEstimator], *, max_tenants: int = 32,
                  stale_after: int = 1000, stale_after_s: float = 600.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         if max_tenants < 1 or stale_after < 1:
             raise ValueError("max_tenants and stale_after must be >= 1")
         if not stale_after_s >= 0:
@@ -138,12 +139,15 @@ class ReplicaFits:
         self.observations += 1
         self.version += 1
         f.seen = self.observations
-        f.at = now = self._clock()
+        clock = self._clock
+        if clock is not None:
+            f.at = clock()
         self._place(f, f.est.params())
         # drop the fits no longer fed, oldest first, one per observation (amortised O(1))
         t = next(iter(fits))
         old = fits[t]
-        if old.seen < self.observations - self.stale_after and now - old.at > self.stale_after_s:
+        if old.seen < self.observations - self.stale_after and (
+                clock is None or f.at - old.at > self.stale_after_s):
             self._drop(t)
 
     def median(self) -> tuple[float, float, float] | None:

@@ -64,6 +64,8 @@ class CalibratingLoadTracker:
         self.inner = inner
         self.calibration = calibration
         self.clock = clock
+        if calibration.clock is None:  # the fits' staleness in this clock's seconds (review R11b-2)
+            calibration.clock = clock
         self.snapshot = inner.snapshot  # type: ignore[attr-defined,method-assign]  # no frame per call
 
     def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int,
