@@ -50,8 +50,9 @@ class StateInUse(StateError):
 
 
 def lock_path(state_path: str) -> str:
-    """The lock file of the state file ``state_path``: ``state_path + ".lock"``."""
-    return state_path + ".lock"
+    """The lock file of the state file ``state_path``: its resolved path (symbolic links followed,
+    so two spellings of one file share one lock: review R11c-3) + ``".lock"``."""
+    return os.path.realpath(state_path) + ".lock"
 
 
 class StateLock:
@@ -141,14 +142,23 @@ def take_exclusive(state_path: str) -> StateLock:
 
 def gateway_running(state_path: str) -> bool | None:
     """Whether some process holds ``state_path``'s lock now (a probe: takes and drops the exclusive
-    lock). None when the lock file cannot be opened (e.g. its directory does not exist)."""
+    lock on a read-only descriptor; a missing lock file means none, and the probe never creates it,
+    so a read-only command run as another user leaves no lock file the gateway cannot open: review
+    R11c-2). None when the lock file exists but cannot be opened."""
     try:
-        lock = take_exclusive(state_path)
-    except StateInUse:
+        fd = os.open(lock_path(state_path), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return True
     except OSError:
         return None
-    lock.close()
+    finally:
+        os.close(fd)
     return False
 
 
@@ -187,10 +197,17 @@ class StateFile:
                 self.lock = take_exclusive(self.path)
         except StateInUse as exc:
             raise KeyStateInUse(str(exc)) from None
-        except OSError as exc:
+        except FileNotFoundError as exc:
             if self.mode == "exclusive":
                 raise KeyRingError(f"cannot lock key state {lock_path(self.path)}: {exc.strerror}") from None
-            # "shared": e.g. the directory does not exist yet; no write can succeed before it does
+            # "shared": the directory does not exist yet; no write of the file can succeed before it
+            # does, and the first write takes the lock (residual: an offline command that creates the
+            # directory and writes meanwhile is merged forward, not refused)
+        except OSError as exc:
+            # any other reason (a lock file another user owns, e.g. left by `sudo prefixgate keys`; not a
+            # regular file): fail closed rather than run without the lock (review R11c-2)
+            raise KeyStateInUse(f"cannot lock key state {lock_path(self.path)}: {exc.strerror}; "
+                                "give the gateway's user read-write access to it") from None
 
     def load(self) -> KeyState:
         """The file's state (empty when missing). Raises :class:`KeyRingError` (unreadable, bad shape)."""

@@ -150,6 +150,35 @@ def test_gateways_share_the_lock_an_offline_writer_excludes_them(tmp_path: Path)
         reader.rotate_salt("acme")
 
 
+def test_two_spellings_of_one_state_file_share_one_lock(tmp_path: Path) -> None:
+    """Review R11c-3: a gateway configured with a symbolic link to the file the CLI names locked
+    another ``.lock`` file, so the CLI's rotation landed while it ran."""
+    real = tmp_path / "keys" / "keystate.json"
+    real.parent.mkdir()
+    link = tmp_path / "state-link.json"
+    link.symlink_to(real)
+    gateway = KeyRing(MASTER, state_path=str(link))
+    try:
+        assert gateway_running(str(real)) is True
+        with pytest.raises(StateInUse):
+            take_exclusive(str(real))
+    finally:
+        gateway.close()
+    assert gateway_running(str(real)) is False
+
+
+def test_the_probe_creates_no_lock_file_and_an_unopenable_one_refuses_a_gateway(tmp_path: Path) -> None:
+    """Review R11c-2: ``keys show`` (the probe) run as another user created a lock file the gateway could
+    not open, and the gateway then started without any lock; now the probe creates nothing and a lock
+    file the gateway cannot open refuses its start."""
+    path = str(tmp_path / "keystate.json")
+    assert gateway_running(path) is False
+    assert not os.path.exists(path + ".lock")
+    os.mkdir(path + ".lock")  # a lock "file" the gateway cannot open read-write (as root a mode does not stop it)
+    with pytest.raises(KeyStateInUse, match="cannot lock key state"):
+        KeyRing(MASTER, state_path=path)
+
+
 _WRITER = """
 import sys
 from tenancy.keys import KeyRing
