@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -24,8 +23,9 @@ from gateway.answer_cost import STREAM_METER_BYTES, ParseTurns, StreamCharge
 from gateway.config_http import LimitsConfig
 from gateway.cpu_budget import CpuBudget
 from tenancy.registry import Tenant
-from tests.security.test_s10_answer_cpu import ALTERNATIVES, logprobs_answer
+from tests.security.test_s10_answer_cpu import ALTERNATIVES
 from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
+from tests.support.logprobs_replica import BigAnswerFake, big_answer_fake, plain_or_big
 from tests.support.fake_replicas import (  # noqa: F401 - n_replicas: this module's stack fixture
     PLAIN_ANSWER, base_app, completion, n_replicas, serving)
 from tests.support.waiting import wait_for
@@ -33,11 +33,7 @@ from tests.support.waiting import wait_for
 STREAM_TOKENS = 2048
 
 
-@dataclass
-class Fake:
-    url: str = ""
-    healthy: bool = True
-    big: bytes = b""
+Fake = BigAnswerFake
 
 
 def _event(t: int) -> bytes:
@@ -63,15 +59,13 @@ def _app(fake: Fake) -> web.Application:
             await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
             await resp.write_eof()
             return resp
-        if body.get("logprobs"):
-            return web.Response(body=fake.big, content_type="application/json")
-        return web.json_response(PLAIN_ANSWER)
+        return plain_or_big(fake, body)
     return base_app(fake, completions)
 
 
 @pytest.fixture
 async def fakes() -> AsyncIterator[list[Fake]]:
-    async with serving([Fake(big=json.dumps(logprobs_answer()).encode())], _app) as out:
+    async with serving([big_answer_fake()], _app) as out:
         yield out
 
 

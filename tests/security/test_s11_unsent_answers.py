@@ -12,39 +12,33 @@ import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from aiohttp import web
 
-from tests.security.test_s10_answer_cpu import ALTERNATIVES, logprobs_answer
+from tests.security.test_s10_answer_cpu import ALTERNATIVES
+from tests.support.logprobs_replica import BigAnswerFake, big_answer_fake, plain_or_big
 from tests.support.fake_replicas import (  # noqa: F401 - n_replicas: this module's stack fixture
-    PLAIN_ANSWER, base_app, completion, n_replicas, serving)
+    base_app, completion, n_replicas, serving)
 from tests.support.waiting import wait_for
 
 LIMIT = 512 * 1024
 
 
-@dataclass
-class Fake:
-    url: str = ""
-    healthy: bool = True
-    big: bytes = b""
+Fake = BigAnswerFake
 
 
 def _app(fake: Fake) -> web.Application:
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        if body.get("logprobs"):
-            return web.Response(body=fake.big, content_type="application/json")
-        return web.json_response(PLAIN_ANSWER)
+        return plain_or_big(fake, body)
     return base_app(fake, completions)
 
 
 @pytest.fixture
 async def fakes() -> AsyncIterator[list[Fake]]:
-    async with serving([Fake(big=json.dumps(logprobs_answer()).encode())], _app) as out:
+    async with serving([big_answer_fake()], _app) as out:
         yield out
 
 
