@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from tests.security.test_s10_answer_cpu import ALTERNATIVES
+from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures: the stack's audit
 from tests.support.logprobs_replica import BigAnswerFake, big_answer_fake, plain_or_big
 from tests.support.fake_replicas import (  # noqa: F401 - n_replicas: this module's stack fixture
     base_app, completion, n_replicas, serving)
@@ -63,7 +64,8 @@ async def _unread_answer(stack: Any) -> socket.socket:
     return sock
 
 
-async def test_a_tenants_unread_answers_are_bounded(stack: Any, fakes: list[Fake]) -> None:
+async def test_a_tenants_unread_answers_are_bounded(stack: Any, fakes: list[Fake],
+                                                    audit_log: ListLog) -> None:  # noqa: F811
     assert len(fakes[0].big) > LIMIT
     # the accepted sockets take little: the answer stays in the server's write buffer
     stack.servers[0].servers[0].sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
@@ -75,6 +77,11 @@ async def test_a_tenants_unread_answers_are_bounded(stack: Any, fakes: list[Fake
         assert r.status_code == 429, r.text  # before: 200, and so on for any number of unread answers
         assert r.json()["error"]["code"] == "unsent_answers_limited"
         assert r.headers.get("Retry-After") == "1"
+        rid = r.headers["X-Request-Id"]
+        events = await wait_for(lambda: [e for e in audit_log.events if getattr(e, "request_id", None) == rid],
+                                what="the refusal's audit event")
+        assert events[0].status_code == 429 and events[0].error_code == "unsent_answers_limited"
+        assert events[0].tenant == "tenant-a"
         other = await stack.client.post("/v1/completions", json=completion("hello"), headers=stack.auth("tenant-b/app"))
         assert other.status_code == 200, other.text
     finally:
