@@ -114,3 +114,4 @@ async def sim(stack: Any, replica_cfg: ReplicaConfig) -> Any:
 @pytest.fixture
 def until() -> Any:
     return wait_for
+

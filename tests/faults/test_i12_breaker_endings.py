@@ -37,6 +37,7 @@ import httpx
 import pytest
 
 from gateway.replicas import CircuitState
+from tests.support.replica_health import stop_health
 
 sys.path.insert(0, os.path.dirname(__file__))
 from i12_asgi import AsgiClient  # noqa: E402
@@ -210,7 +211,7 @@ async def test_every_ending_of_the_half_open_probe_settles_the_breaker(
     ending = ENDINGS[name]
     c = stack.components
     rs = c.replica_set
-    await c.health.stop()  # only the breaker reacts (status faults would also fail /health)
+    await stop_health(stack)  # only the breaker reacts (status faults would also fail /health)
     await sim.fault(2, status=503)  # R7-2: a gateway failure (a 500 no longer counts)
     # R8-2: the shared circuit opens (and a failed probe re-opens it) on failures of two tenants; only
     # tenant-reg may use r2, so a second tenant's failure is given through the breaker's API

@@ -10,6 +10,7 @@ import time
 
 from gateway.replicas import CircuitState
 from tests.support.waiting import wait_for
+from tests.support.replica_health import stop_health
 
 LONG = " ".join(f"w{i}" for i in range(96))
 
@@ -40,7 +41,7 @@ async def stream(stack, workload: str = "tenant-a/app", **kw) -> tuple[int, list
 
 
 async def test_refused_connection_retried_only_on_allowed_replica(stack, sim):
-    await stack.components.health.stop()  # so routing still believes r0 is up
+    await stop_health(stack)  # so routing still believes r0 is up
     await sim.kill(0)
     for i in range(6):
         r = await stack.client.post("/v1/completions", json=body(i), headers=stack.auth())
@@ -53,7 +54,7 @@ async def test_refused_connection_retried_only_on_allowed_replica(stack, sim):
 
 
 async def test_all_allowed_replicas_5xx_never_spill_into_other_pool(stack, sim):
-    await stack.components.health.stop()
+    await stop_health(stack)
     await sim.fault(0, status=503)
     await sim.fault(1, status=503)
     r = await stack.client.post("/v1/completions", json=body(), headers=stack.auth())
@@ -133,7 +134,7 @@ async def test_reset_mid_stream_ends_with_error_event(stack, sim):
 
 
 async def test_reset_before_first_byte_non_stream_is_retried(stack, sim):
-    await stack.components.health.stop()
+    await stop_health(stack)
     await sim.fault(0, reset_mid_stream=True)  # non-streaming: the replica resets before answering
     for i in range(3):
         r = await stack.client.post("/v1/completions", json=body(i), headers=stack.auth())
