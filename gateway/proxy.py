@@ -19,7 +19,9 @@ it -- that compresses anyway is decoded here, for
 plain and streamed (SSE) answers alike: ``gzip``/``x-gzip`` and ``deflate``
 (zlib-wrapped, or raw deflate as some servers send it) through the standard
 library's ``zlib``, incrementally and with a bound on the decoded size
-(``MAX_DECODED_BYTES``). A correctly compressed answer is a normal answer and
+(``MAX_DECODED_BYTES``); each read of an answer decodes at most ``DECODE_PIECE_BYTES`` (session 12,
+R11c-1), so a plain answer's ``limits.max_answer_bytes`` stops a coded answer as it stops an identity
+one (502 ``answer_too_large``, not the replica's failure). A correctly compressed answer is a normal answer and
 never counts against the replica; an unknown coding (``br``, ``zstd``, ...)
 or corrupt compressed data is a ``protocol`` failure (502, retryable) and
 does count, as any answer the gateway cannot read.
@@ -40,7 +42,7 @@ from gateway.upstream_conn import UpstreamConnectionLost, UpstreamProtocolError,
 from gateway.upstream_pool import UpstreamConnectError, UpstreamPool
 
 __all__ = ["UpstreamFailure", "UpstreamStream", "open_upstream", "make_session", "INSTANCE_HEADER",
-           "BodyDecoder", "ContentCodingError", "decode_body", "UPSTREAM_DEFAULT_HEADERS"]
+           "BodyDecoder", "ContentCodingError", "decode_body", "UPSTREAM_DEFAULT_HEADERS", "DECODE_PIECE_BYTES"]
 
 INSTANCE_HEADER = "X-Instance-Id"
 _INSTANCE_KEY = INSTANCE_HEADER.lower()
@@ -48,7 +50,9 @@ _ERROR_BODY_MAX = 65536
 UPSTREAM_DEFAULT_HEADERS = {"Accept-Encoding": "identity"}
 _JSON_TYPE = {"Content-Type": "application/json"}
 MAX_DECODED_BYTES = 256 << 20
-_PIECE = 1 << 20
+#: the most bytes one decoding step produces (:meth:`BodyDecoder.feed_some`; an answer's read hands out at
+#: most this much, so ``limits.max_answer_bytes`` stops a coded answer within one piece: R11c-1)
+DECODE_PIECE_BYTES = 256 << 10
 #: the error body a plain 500 (or another 5xx that is not a gateway failure) is passed on with (R7-2)
 _REQUEST_FAILED = b'{"error": {"message": "the replica failed to process this request"}}'
 
@@ -72,6 +76,8 @@ class BodyDecoder:
     def __init__(self, content_encoding: str | None, max_bytes: int = MAX_DECODED_BYTES) -> None:
         self.max_bytes = max_bytes
         self.total = 0
+        #: coded input is held back (decoding it would pass one piece): ``feed_some(b"")`` goes on
+        self.backlog = False
         self._pending = b""
         if content_encoding is None:  # the common case (the gateway asks for identity): bytes pass through
             self.coding: str | None = None
@@ -85,27 +91,38 @@ class BodyDecoder:
         self._z = zlib.decompressobj(wbits=31) if self.coding in ("gzip", "x-gzip") else None
 
     def feed(self, data: bytes) -> bytes:
-        """Decode the next piece of the body; returns what it decodes to (possibly b"")."""
+        """Decode the next piece of the body whole; returns what it decodes to (possibly b"")."""
         if self.coding is None:
             return data
-        if self._z is None:  # deflate: choose zlib-wrapped or raw from the first two bytes
+        out = [self.feed_some(data)]
+        while self.backlog:
+            out.append(self.feed_some(b""))
+        return b"".join(out)
+
+    def feed_some(self, data: bytes) -> bytes:
+        """Decode at most :data:`DECODE_PIECE_BYTES` of the input held back (:attr:`backlog`) and then
+        ``data`` (session 12, R11c-1: a few coded KiB may inflate to many MiB); the rest is held back for
+        the next call (``feed_some(b"")``). Never decodes more than ``max_bytes`` + 1 bytes in total."""
+        if self.coding is None:
+            return data
+        z = self._z
+        if z is None:  # deflate: choose zlib-wrapped or raw from the first two bytes
             self._pending += data
             if len(self._pending) < 2:
                 return b""
             cmf, flg = self._pending[0], self._pending[1]
             wrapped = cmf & 0x0F == 8 and (cmf * 256 + flg) % 31 == 0
-            self._z = zlib.decompressobj(wbits=15 if wrapped else -15)
+            z = self._z = zlib.decompressobj(wbits=15 if wrapped else -15)
             data, self._pending = self._pending, b""
-        out: list[bytes] = []
+        elif self.backlog:
+            data = z.unconsumed_tail + data
         try:
-            while data:
-                piece = self._z.decompress(data, _PIECE)
-                self._count(piece)
-                out.append(piece)
-                data = self._z.unconsumed_tail
+            piece = z.decompress(data, min(DECODE_PIECE_BYTES, self.max_bytes - self.total + 1))
         except zlib.error:
             raise ContentCodingError("corrupt compressed body") from None
-        return b"".join(out)
+        self.backlog = bool(z.unconsumed_tail)
+        self._count(piece)
+        return piece
 
     def finish(self) -> bytes:
         """The end of the body: return the last decoded bytes; raises if the data was cut short."""
@@ -115,6 +132,7 @@ class BodyDecoder:
             if self._pending:
                 raise ContentCodingError("truncated compressed body")
             return b""
+        held = self.feed(b"") if self.backlog else b""  # counted by feed
         try:
             rest = self._z.flush()
         except zlib.error:
@@ -122,7 +140,7 @@ class BodyDecoder:
         self._count(rest)
         if not self._z.eof:
             raise ContentCodingError("truncated compressed body")
-        return rest
+        return held + rest if held else rest
 
     def _count(self, piece: bytes) -> None:
         self.total += len(piece)
@@ -187,18 +205,24 @@ class UpstreamStream:
     finished: bool = False
 
     async def read_chunk(self) -> bytes:
-        """The next decoded bytes of the body, b"" at its end.
+        """The next decoded bytes of the body, b"" at its end (a coded answer: at most
+        :data:`DECODE_PIECE_BYTES` a call, the rest of a read held back for the next calls).
 
         Raises :class:`ContentCodingError` on corrupt or truncated compressed
         data, :class:`gateway.upstream_conn.UpstreamConnectionLost` or
         :class:`gateway.upstream_conn.UpstreamProtocolError` on a broken answer.
         """
+        dec = self.decoder
+        if dec.backlog:  # coded input held back by the last read: decoded first, one piece a read
+            out = dec.feed_some(b"")
+            if out:
+                return out
         while not self.finished:
             raw = await self.response.read_chunk()
             if not raw:
                 self.finished = True
-                return self.decoder.finish()
-            out = self.decoder.feed(raw)
+                return dec.finish()
+            out = dec.feed_some(raw)
             if out:
                 return out
         return b""
