@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import aiohttp
 
+from gateway.health import read_at_most
 from gateway.proxy import ContentCodingError, decode_body
 from gateway.replicas import ReplicaSet
 from routing.calibration import Calibration, parse_engine_metrics
@@ -54,7 +55,10 @@ class EngineMetricsPoller:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
                 if resp.status != 200:
                     return False
-                raw = decode_body(await resp.read(), resp.headers.get("Content-Encoding"), MAX_METRICS_BYTES)
+                data = await read_at_most(resp, MAX_METRICS_BYTES)  # session 12: was resp.read(), unbounded
+                if data is None:
+                    return False
+                raw = decode_body(data, resp.headers.get("Content-Encoding"), MAX_METRICS_BYTES)
             sample = parse_engine_metrics(raw.decode("utf-8", errors="replace"))
         except (TimeoutError, aiohttp.ClientError, ValueError, ContentCodingError):
             return False

@@ -36,7 +36,7 @@ from gateway.proxy import ContentCodingError, decode_body
 from gateway.replicas import ReplicaSet, UnknownReplicaError
 from gateway.periodic import PeriodicTask
 
-__all__ = ["HealthChecker", "completion_probe", "PROBE_PROMPT"]
+__all__ = ["HealthChecker", "completion_probe", "read_at_most", "PROBE_PROMPT"]
 
 #: the prompt of the gateway's verification completion (gateway text, never a tenant's)
 PROBE_PROMPT = "ping"
@@ -44,6 +44,18 @@ PROBE_PROMPT = "ping"
 PROBE_MAX_BYTES = 1 << 20
 
 log = logging.getLogger(__name__)
+
+
+async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """``resp``'s raw body, read 64 KiB at a time: None as soon as it passes ``limit`` bytes (read no
+    further). The probes' bound on what a replica makes the gateway buffer (session 12: ``resp.read()``
+    buffered a ``/health`` or ``/metrics`` body of any size before its decoded size was checked)."""
+    data = bytearray()
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        data += chunk
+        if len(data) > limit:
+            return None
+    return bytes(data)
 
 
 async def completion_probe(session: aiohttp.ClientSession, url: str, model: str, timeout_s: float) -> bool:
@@ -58,12 +70,10 @@ async def completion_probe(session: aiohttp.ClientSession, url: str, model: str,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 return False
-            data = bytearray()
-            async for chunk in resp.content.iter_chunked(1 << 16):
-                data += chunk
-                if len(data) > PROBE_MAX_BYTES:  # a one-token answer is small: no replica makes us buffer more
-                    return False
-            raw = decode_body(bytes(data), resp.headers.get("Content-Encoding"), PROBE_MAX_BYTES)
+            data = await read_at_most(resp, PROBE_MAX_BYTES)
+            if data is None:  # a one-token answer is small: no replica makes us buffer more
+                return False
+            raw = decode_body(data, resp.headers.get("Content-Encoding"), PROBE_MAX_BYTES)
         answer = json.loads(raw)
     except (asyncio.TimeoutError, aiohttp.ClientError, ValueError, ContentCodingError):
         return False
@@ -118,8 +128,11 @@ class HealthChecker:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
                 if resp.status != 200:
                     return None, False
+                data = await read_at_most(resp, PROBE_MAX_BYTES)  # session 12: was resp.read(), unbounded
+                if data is None:
+                    return None, False
                 # a compressing replica (or proxy) is decoded, not failed (issue 10, finding 5)
-                raw = decode_body(await resp.read(), resp.headers.get("Content-Encoding"), 1 << 20)
+                raw = decode_body(data, resp.headers.get("Content-Encoding"), PROBE_MAX_BYTES)
             body = json.loads(raw)
         except asyncio.TimeoutError:  # also aiohttp's ServerTimeoutError / ConnectionTimeoutError
             return None, True
