@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,15 +94,7 @@ def _child(arg: dict[str, Any]) -> dict[str, Any]:
 
     (work / "keys").mkdir()
     generate_signing_key(work / "keys" / "audit.key")
-    config = {"jsonl": {"dir": str(work / "audit"), "signing_key_file": str(work / "keys" / "audit.key"),
-                        "checkpoint_s": 1},
-              "ocsf": {"file": str(work / "ocsf.jsonl")},
-              "syslog": {"host": "127.0.0.1", "port": arg["syslog_port"], "protocol": "tcp", "format": "cef"},
-              "otlp": {"endpoint": f"http://127.0.0.1:{arg['otlp_port']}/v1/logs"},
-              "spill": {"dir": str(work / "spill")},
-              "spans": {"exporter": "otlp", "endpoint": f"http://127.0.0.1:{arg['otlp_port']}/v1/traces",
-                        "resource": {"service.name": "prefixgate", "telemetry.sdk.language": "python"},
-                        "resource_schema_url": None}}
+    config = arg["config"]  # bench.audit_feed_rounds.worker_config (the parent's tree)
     warm, n, rate = int(arg["warmup"]), int(arg["events"]), float(arg["rate"])
     warm_frames = _frames(make_rows(warm), 1)
     frames = _frames(make_rows(n, warm), warm + 1)
@@ -222,8 +213,11 @@ def _child(arg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run(tree: Path, ports: tuple[int, int], args: Any, profile: str | None) -> dict[str, Any]:
+    from bench.audit_feed_rounds import worker_config
+
     with tempfile.TemporaryDirectory(prefix="pg-aow-") as work:
-        arg = {"work": work, "syslog_port": ports[0], "otlp_port": ports[1], "rate": args.rate,
+        config = worker_config(Path(work), Path(work) / "keys" / "audit.key", ports, spans=True)
+        arg = {"work": work, "config": config, "rate": args.rate,
                "events": args.events, "warmup": args.warmup, "tail": args.tail, "profile": profile}
         res = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(arg)],
                              cwd=str(tree), env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True,
@@ -240,11 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:
         _child(json.loads(argv[1]))
         return 0
-    import multiprocessing as mp
-
     import click
 
-    from bench.audit_worker_cpu import _receivers
+    from bench.audit_feed_rounds import alternate_rounds, feed_trees, paired_medians
     from sim.click_options import ClickOptions
 
     ap = ClickOptions(description=__doc__.splitlines()[0])
@@ -259,34 +251,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.option("--name", default="audit_overhead_worker")
     ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
     args = ap.parse(argv)
-    trees = {"this": REPO} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
-    if args.same:
-        trees = {"this": REPO, "this_again": REPO}
-    parent, child = mp.Pipe()
-    recv = mp.get_context("spawn").Process(target=_receivers, args=(child,), daemon=True)
-    recv.start()
-    rows: list[dict[str, Any]] = []
-    try:
-        ports = parent.recv()
-        for i in range(args.rounds):
-            for name in (list(trees) if i % 2 == 0 else list(trees)[::-1]):
-                prof = None
-                if args.profile:
-                    args.profile.mkdir(parents=True, exist_ok=True)
-                    prof = str(args.profile.resolve() / f"{name}-{i}.prof")
-                r = _run(trees[name], ports, args, prof) | {"tree": name, "round": i}
-                rows.append(r)
-                print(r, flush=True)
-    finally:
-        recv.kill()
-        recv.join(5)
+    trees = feed_trees(REPO, args.baseline, args.same)
+
+    def run(name: str, tree: Path, ports: tuple[int, int], i: int) -> dict[str, Any]:
+        prof = None
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            prof = str(args.profile.resolve() / f"{name}-{i}.prof")
+        return _run(tree, ports, args, prof)
+
+    rows = alternate_rounds(trees, args.rounds, run)
     names = list(trees)
-    keys = ("worker_us", "main_thread_us")
-    med = {t: {k: round(statistics.median(r[k] for r in rows if r["tree"] == t), 2) for k in keys} for t in names}
-    diff = {t: {k: round(statistics.median(
-        next(r[k] for r in rows if r["tree"] == t and r["round"] == i)
-        - next(r[k] for r in rows if r["tree"] == names[0] and r["round"] == i) for i in range(args.rounds)), 2)
-        for k in keys} for t in names[1:]}
+    med, diff = paired_medians(rows, names, ("worker_us", "main_thread_us"), args.rounds, digits=2)
     lower = {t: sum(1 for i in range(args.rounds)
                     if next(r["worker_us"] for r in rows if r["tree"] == names[0] and r["round"] == i)
                     < next(r["worker_us"] for r in rows if r["tree"] == t and r["round"] == i)) for t in names[1:]}

@@ -58,17 +58,8 @@ async def _feed(args: dict[str, Any]) -> dict[str, Any]:
 
     work = Path(args["work"])
     generate_signing_key(work / "audit.key")
-    doc = {"jsonl": {"dir": str(work / "audit"), "signing_key_file": str(work / "audit.key"),
-                     "checkpoint_s": args.get("checkpoint_s", 1)},
-           "ocsf": {"file": str(work / "ocsf.jsonl")},
-           "syslog": {"host": "127.0.0.1", "port": args["syslog_port"], "protocol": "tcp", "format": "cef"},
-           "otlp": {"endpoint": f"http://127.0.0.1:{args['otlp_port']}/v1/logs"},
-           "spill": {"dir": str(work / "spill")}}
+    doc = args["config"]  # bench.audit_feed_rounds.worker_config (the parent's tree)
     spans = bool(args.get("spans"))
-    if spans:  # as gateway.auditing.AuditHub.from_config adds it (tracing exporter otlp, offload)
-        doc["spans"] = {"exporter": "otlp", "endpoint": f"http://127.0.0.1:{args['otlp_port']}/v1/traces",
-                        "resource": {"service.name": "prefixgate", "telemetry.sdk.language": "python"},
-                        "resource_schema_url": None}
     log = RemoteAuditLog(doc)
     await log.start()
     worker = psutil.Process(log.worker_pid)
@@ -119,9 +110,11 @@ async def _feed(args: dict[str, Any]) -> dict[str, Any]:
 
 def _round(tree: Path, ports: tuple[int, int], rate: float, seconds: float, spans: bool = False,
            checkpoint_s: float = 1.0) -> dict[str, Any]:
+    from bench.audit_feed_rounds import worker_config
+
     with tempfile.TemporaryDirectory(prefix="pg-feed-") as work:
-        arg = json.dumps({"work": work, "syslog_port": ports[0], "otlp_port": ports[1], "rate": rate,
-                          "seconds": seconds, "spans": spans, "checkpoint_s": checkpoint_s})
+        config = worker_config(Path(work), Path(work) / "audit.key", ports, spans=spans, checkpoint_s=checkpoint_s)
+        arg = json.dumps({"work": work, "config": config, "rate": rate, "seconds": seconds, "spans": spans})
         out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", arg], cwd=str(tree),
                              env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, check=True, timeout=300)
         return json.loads(out.stdout.splitlines()[-1])
@@ -133,11 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:
         print(json.dumps(asyncio.run(_feed(json.loads(argv[1])))))
         return 0
-    import multiprocessing as mp
-
     import click
 
-    from bench.audit_worker_cpu import _receivers
+    from bench.audit_feed_rounds import alternate_rounds, feed_trees, paired_medians
     from sim.click_options import ClickOptions
 
     ap = ClickOptions(description=__doc__.splitlines()[0])
@@ -151,31 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.option("--name", default="audit_worker_feed")
     ap.option("--out", type=click.Path(path_type=Path), default=REPO / "bench" / "results")
     args = ap.parse(argv)
-    parent, child = mp.Pipe()
-    recv = mp.get_context("spawn").Process(target=_receivers, args=(child,), daemon=True)
-    recv.start()
-    trees = {"this": REPO} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
-    if args.same:
-        trees = {"this": REPO, "this_again": REPO}
-    rows: list[dict[str, Any]] = []
-    try:
-        ports = parent.recv()
-        for i in range(args.rounds):
-            for name in (list(trees) if i % 2 == 0 else list(trees)[::-1]):
-                r = _round(trees[name], ports, args.rate, args.seconds, args.spans, args.checkpoint_s) | {"tree": name, "round": i}
-                rows.append(r)
-                print(r, flush=True)
-    finally:
-        recv.kill()
-        recv.join(5)
+    trees = feed_trees(REPO, args.baseline, args.same)
+    rows = alternate_rounds(trees, args.rounds, lambda name, tree, ports, i: _round(
+        tree, ports, args.rate, args.seconds, args.spans, args.checkpoint_s))
     keys = ("worker_us", "exporter_us", "feeder_us")
-    med = {name: {k: statistics.median(r[k] for r in rows if r["tree"] == name) for k in keys} for name in trees}
-    names = list(trees)
     # per-round difference of each tree against the first (paired: same round, same machine state)
-    diff = {name: {k: statistics.median(
-        next(r[k] for r in rows if r["tree"] == name and r["round"] == i)
-        - next(r[k] for r in rows if r["tree"] == names[0] and r["round"] == i) for i in range(args.rounds))
-        for k in keys} for name in names[1:]}
+    med, diff = paired_medians(rows, list(trees), keys, args.rounds)
     quiet = {name: [r for r in rows if r["tree"] == name and not r.get("slow_sends")] for name in trees}
     med_quiet = {name: {k: statistics.median(r[k] for r in rs) for k in keys} if rs else None for name, rs in quiet.items()}
     result = {"rate": args.rate, "seconds": args.seconds, "spans": args.spans, "rounds": rows, "median": med,
