@@ -1,6 +1,7 @@
 """Review R10-4 (session 10): one tenant's ``top_logprobs`` answers cost the gateway's event loop
-~84-175 ms each to check, charged to no budget. A fake replica (aiohttp, in this file) answers a
-completion with ``ALTERNATIVES`` log-probabilities per token when the request asks for them.
+~84-175 ms each to check, charged to no budget. A fake replica (aiohttp) answers a
+completion with ``ALTERNATIVES`` log-probabilities per token when the request asks for them
+(tests/support/logprobs_replica.py).
 
 Before the fix a large answer was parsed unmetered (and with :mod:`json`, the bracket guard of
 :func:`gateway.json_fast.loads` refusing orjson): the tenant's next requests were served. After it,
@@ -23,29 +24,14 @@ from aiohttp import web
 from gateway import json_fast
 from tests.support.audit_log import audit_hub, audit_log  # noqa: F401 - fixtures: the stack's audit on a ListLog
 from tests.support.fake_replicas import (  # noqa: F401 - n_replicas: this module's stack fixture
-    PLAIN_ANSWER, base_app, completion, n_replicas, serving)
+    base_app, completion, n_replicas, serving)
+from tests.support.logprobs_replica import (
+    ALTERNATIVES, BigAnswerFake, big_answer_body, logprobs_answer, plain_or_big)
 from tests.support.waiting import wait_for
-
-TOKENS = 2048
-ALTERNATIVES = 20
-
-
-def logprobs_answer(tokens: int = TOKENS, alternatives: int = ALTERNATIVES) -> dict[str, Any]:
-    """A vLLM-shaped completion answer with ``alternatives`` log-probabilities per token."""
-    top = [{f"tok{t}_{a}": -1.5 - a / 7 for a in range(alternatives)} for t in range(tokens)]
-    return {"id": "c", "object": "text_completion", "created": 0, "model": "sim-model",
-            "choices": [{"index": 0, "text": " x" * tokens, "finish_reason": "length",
-                         "logprobs": {"tokens": [f"tok{t}" for t in range(tokens)],
-                                      "token_logprobs": [-0.5] * tokens, "text_offset": list(range(tokens)),
-                                      "top_logprobs": top}}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": tokens + 3}}
 
 
 @dataclass
-class Fake:
-    url: str = ""
-    healthy: bool = True
-    big: bytes = b""
+class Fake(BigAnswerFake):
     #: requests whose prompt holds "HOLD" wait for this before answering (R10b-2's burst)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     held: int = 0
@@ -57,15 +43,13 @@ def _app(fake: Fake) -> web.Application:
         if "HOLD" in str(body.get("prompt")):
             fake.held += 1
             await fake.release.wait()
-        if body.get("logprobs"):
-            return web.Response(body=fake.big, content_type="application/json")
-        return web.json_response(PLAIN_ANSWER)
+        return plain_or_big(fake, body)
     return base_app(fake, completions)
 
 
 @pytest.fixture
 async def fakes() -> AsyncIterator[list[Fake]]:
-    async with serving([Fake(big=json.dumps(logprobs_answer()).encode())], _app) as out:
+    async with serving([Fake(big=big_answer_body())], _app) as out:
         yield out
 
 

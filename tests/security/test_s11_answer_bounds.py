@@ -23,9 +23,8 @@ from gateway.answer_cost import STREAM_METER_BYTES, ParseTurns, StreamCharge
 from gateway.config_http import LimitsConfig
 from gateway.cpu_budget import CpuBudget
 from tenancy.registry import Tenant
-from tests.security.test_s10_answer_cpu import ALTERNATIVES
 from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
-from tests.support.logprobs_replica import BigAnswerFake, big_answer_fake, plain_or_big
+from tests.support.logprobs_replica import ALTERNATIVES, BigAnswerFake, big_answer_fake, plain_or_big
 from tests.support.fake_replicas import (  # noqa: F401 - n_replicas: this module's stack fixture
     PLAIN_ANSWER, base_app, completion, n_replicas, serving)
 from tests.support.waiting import wait_for

@@ -15,13 +15,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import web
 
-from tests.security.test_s10_answer_cpu import ALTERNATIVES
 from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures: the stack's audit
-from tests.support.logprobs_replica import BigAnswerFake, big_answer_fake, plain_or_big
+from tests.support.logprobs_replica import ALTERNATIVES, BigAnswerFake, big_answer_fake, plain_app
 from tests.support.fake_replicas import (  # noqa: F401 - n_replicas: this module's stack fixture
-    base_app, completion, n_replicas, serving)
+    completion, n_replicas, serving)
 from tests.support.waiting import wait_for
 
 LIMIT = 512 * 1024
@@ -30,16 +28,9 @@ LIMIT = 512 * 1024
 Fake = BigAnswerFake
 
 
-def _app(fake: Fake) -> web.Application:
-    async def completions(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        return plain_or_big(fake, body)
-    return base_app(fake, completions)
-
-
 @pytest.fixture
 async def fakes() -> AsyncIterator[list[Fake]]:
-    async with serving([big_answer_fake()], _app) as out:
+    async with serving([big_answer_fake()], plain_app) as out:
         yield out
 
 
