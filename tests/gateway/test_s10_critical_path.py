@@ -17,7 +17,7 @@ from gateway.replica_attempt import Attempt
 from gateway.upstream_conn import UpstreamConnection
 from tests.conftest import Stack
 from tests.gateway.test_s2_record_after_send import _scope
-from tests.support.spies import log_calls
+from tests.support.spies import log_answer_bytes, log_calls
 
 BODY = json.dumps({"model": "sim-model", "prompt": "one two three four five six seven eight nine ten eleven "
                    "twelve thirteen fourteen fifteen sixteen seventeen", "max_tokens": 2}).encode()
@@ -47,14 +47,7 @@ def spied(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     log_calls(gw.audit, "prepare_request", log, "prepared", monkeypatch)
     log_calls(gw.audit, "emit_request", log, "recorded", monkeypatch)
     log_calls(UpstreamConnection, "send", log, "upstream written", monkeypatch)
-    real_received = UpstreamConnection.data_received
-
-    def received(self: UpstreamConnection, data: bytes) -> None:
-        if not log or log[-1] != "answer bytes":
-            log.append("answer bytes")
-        real_received(self, data)
-
-    monkeypatch.setattr(UpstreamConnection, "data_received", received)
+    log_answer_bytes(log, monkeypatch)
     return log
 
 

@@ -33,7 +33,7 @@ from tenancy.ledger import InProcessLedger, LedgerReservation
 from tenancy.registry import Tenant
 from tests.conftest import Stack
 from tests.gateway.test_s2_record_after_send import _scope
-from tests.support.spies import log_calls
+from tests.support.spies import log_answer_bytes, log_calls
 
 BODY = json.dumps({"model": "sim-model", "prompt": "one two three four five six seven eight nine ten eleven "
                    "twelve thirteen fourteen fifteen sixteen seventeen", "max_tokens": 2}).encode()
@@ -218,14 +218,7 @@ async def test_the_trace_is_made_while_the_replica_works(stack: Stack, monkeypat
     log_calls(auditing, "finish_trace_start", log, "trace made", monkeypatch)
     log_calls(UpstreamConnection, "send", log, "upstream written", monkeypatch)
     log_calls(stack.components.pep, "decide", log, "decided", monkeypatch)
-    real_received = UpstreamConnection.data_received
-
-    def received(self: UpstreamConnection, data: bytes) -> None:
-        if not log or log[-1] != "answer bytes":
-            log.append("answer bytes")
-        real_received(self, data)
-
-    monkeypatch.setattr(UpstreamConnection, "data_received", received)
+    log_answer_bytes(log, monkeypatch)
     for _ in range(4):  # a kept-alive connection to each replica
         await _serve(stack, log)
     await asyncio.sleep(0)
