@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from gateway.config_flow import FlowConfig
-from tests.conftest import TD
 from tests.support.flow import PROMPT, n_replicas, replica_cfg  # noqa: F401 - fixtures: one slow replica
 from tests.support.waiting import wait_for
 

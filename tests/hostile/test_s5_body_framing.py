@@ -20,7 +20,7 @@ import pytest
 
 from gateway.http_guard import guarded_protocol
 from tests.hostile.test_i10_header_limits import (
-    DEADLINE_S, LISTENERS, PARSERS, Listener, _recording, close, read_until_closed, start,  # noqa: F401 - fixture
+    DEADLINE_S, LISTENERS, PARSERS, close, read_until_closed, start,  # noqa: F401 - start: a fixture
 )
 from tests.hostile.test_i10_http_framing import _parse_responses
 
