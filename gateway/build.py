@@ -38,6 +38,7 @@ from gateway.readiness import Readiness, configuration_warnings, limit_warnings
 from gateway.recording import Recorder
 from gateway.replicas import Replica, ReplicaSet
 from gateway.salt_pools import salt_pool_error
+from gateway.tokenize_thread import TokenizeThread
 from gateway.upstream import Upstream
 from routing.calibration import CalibratingLoadTracker, Calibration
 from routing.config import policy_from_config
@@ -204,6 +205,8 @@ class Gateway:
     shared: SharedState | None = None
     #: request-body bytes being read, both listeners (``limits.max_buffered_body_bytes``; gateway/framing.py)
     body_budget: BodyBudget | None = None
+    #: the thread long prompts are tokenized on (``hf:`` tokenizers only; gateway/tokenize_thread.py, R12-3)
+    tokenize_thread: TokenizeThread | None = None
 
     # the state that changes while running lives in its owner; these read it
     @property
@@ -286,7 +289,8 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
     if limits.availability is not None:  # count what was decided locally during an outage
         limits.availability.on_local_decision = metrics.state_unavailable_admissions.labels("local").inc
         metrics.watch_state(limits)
-    admission = Admission(registry, limits, get_tokenizer(config.routing.tokenizer), config.models, metrics, max_messages=config.limits.max_messages,
+    tokenizer = get_tokenizer(config.routing.tokenizer)
+    admission = Admission(registry, limits, tokenizer, config.models, metrics, max_messages=config.limits.max_messages,
                           default_max_prompt_tokens=config.limits.max_prompt_tokens,
                           max_output_tokens=config.limits.max_output_tokens)
     rc = config.routing
@@ -362,6 +366,10 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
     admin = Admin(config, config_path, admin_authn, admission, keyring, pdp, hub, replica_set, router, index)
     members: list[Lifecycle] = [_LimitsLifecycle(limits), upstream, pdp, _AuditLifecycle(hub),
                                 _BundlesLifecycle(bundles), overload, *([flow] if flow is not None else [])]
+    # R12-3: long prompts of a tokenizer that releases the GIL are tokenized off the event loop
+    tokenize_thread = TokenizeThread() if getattr(tokenizer, "releases_gil", False) else None
+    if tokenize_thread is not None:
+        members.append(tokenize_thread)
     if shared is not None:  # first: an instance whose master secret differs refuses to start
         shared.attach(admin, pdp, hub)
         members.insert(0, shared)
@@ -376,7 +384,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
                             limits.availability, overload=overload, flow=flow),
         flow=flow, overload=overload, lifecycles=lifecycles, shared=shared,
         body_budget=BodyBudget(config.limits.max_buffered_body_bytes, config.limits.max_buffered_body_bytes_per_tenant),
-        cpu_budget=CpuBudget(config.limits, metrics=metrics),
+        cpu_budget=CpuBudget(config.limits, metrics=metrics), tokenize_thread=tokenize_thread,
     )
 
 

@@ -246,6 +246,30 @@ class CpuMeter:
             self._wend = budget.wall_clock()
         return out
 
+    def check_step(self) -> Callable[[], float]:
+        """Before a step that runs on another thread (:class:`gateway.tokenize_thread.TokenizeThread`):
+        raise 429 ``cpu_budget_exhausted`` like :meth:`run` when the tenant is in debt and this is
+        its first step, close the open span, and return the CPU clock to read on that thread."""
+        budget = self.budget
+        if budget is None:
+            return time.thread_time
+        if not self.rechecked:
+            self.rechecked = True
+            assert self.tenant is not None
+            budget.check(self.tenant)
+        self._close()
+        return budget.cpu_clock
+
+    def add_off_loop(self, cpu_s: float, late: bool = False) -> None:
+        """Add ``cpu_s`` CPU seconds a step spent on another thread; ``late``: the request was
+        cancelled while the step ran, so it is charged to the tenant now if its end already
+        charged the rest (a request that never reached a replica pays all its preparation)."""
+        self._steps += 1
+        if late and self.charged and self.budget is not None and self.tenant is not None:
+            self.budget.charge(self.tenant, cpu_s)
+            return
+        self._cpu += cpu_s
+
     def refused(self) -> None:
         """The request was refused: charge its measured CPU to the tenant's budget (once)."""
         if self.budget is not None and not self.charged:

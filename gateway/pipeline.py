@@ -30,6 +30,7 @@ from gateway.proxy import UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
 from gateway.recording import after_send
 from gateway.send_order import SEND_ORDER
+from gateway.tokenize_thread import tokenizes_off_loop
 from gateway.replicas import Replica
 from gateway.request import Endpoint, InferenceRequest, JsonObject, parse_inference_request, read_body
 from routing.policies import RouteRequest
@@ -102,7 +103,11 @@ class InferencePipeline:
                 await adm.admit_sequences(tenant, held.lease, req.sequences, slots=gw.flow is None)
             rec.t_parsed = time.perf_counter()
             # 4 prompt checks and prefix keys (byte bound, then tokenize once with early stop)
-            tokens, prompt_tokens = held.cpu.run(adm.prompt_tokens, bounds, req, adm.prompt_room(tenant, held.lease))
+            if gw.tokenize_thread is None or not tokenizes_off_loop(adm.tokenizer, req):
+                tokens, prompt_tokens = held.cpu.run(adm.prompt_tokens, bounds, req, adm.prompt_room(tenant, held.lease))
+            else:  # R12-3: a long prompt of a GIL-free tokenizer, off the event loop
+                tokens, prompt_tokens = await gw.tokenize_thread.run(
+                    held.cpu, adm.prompt_tokens, bounds, req, adm.prompt_room(tenant, held.lease))
             rec.prompt_tokens = prompt_tokens
             # reserve prompt + max_tokens x sequences before any further work; the end settles it
             output_cap = adm.output_cap(req.max_tokens, tenant)

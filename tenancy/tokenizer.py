@@ -11,8 +11,9 @@ model. Two implementations sit behind one :class:`Tokenizer` protocol:
   split into tokens too (shorter runs separate tokens and count nothing).
   The id is the CRC-32 of the token text, so the same text always yields
   the same ids in every process.
-* :class:`HuggingFaceTokenizer`: wraps a local ``tokenizer.json`` through the
-  ``tokenizers`` package, for deployments whose replicas run a real model.
+* :class:`HuggingFaceTokenizer` (:mod:`tenancy.hf_tokenizer`): wraps a local
+  ``tokenizer.json`` through the ``tokenizers`` package, for deployments whose
+  replicas run a real model.
 
 Chat requests are rendered to one string by :func:`render_chat` before
 tokenizing, so gateway and simulator see identical token sequences.
@@ -32,6 +33,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from tenancy.hf_tokenizer import HuggingFaceTokenizer
 from tenancy.plain_words import MAX_TOKEN_CHARS as _PLAIN_MAX_CHARS
 from tenancy.plain_words import ascii_tokens, latin1_tokens
 
@@ -269,57 +271,6 @@ class WordTokenizer:
     def max_messages(self, tokens: int) -> int:
         """``tokens // 5``: every rendered message holds the 5 tokens ``<`` ``|`` role ``|`` ``>``."""
         return max(1, max(0, tokens) // 5)
-
-
-class HuggingFaceTokenizer:
-    """Adapter for a local HuggingFace ``tokenizer.json`` (package ``tokenizers``).
-
-    Raises :class:`TokenizerError` if the file cannot be loaded. Nothing is
-    downloaded: only a local path is accepted.
-    """
-
-    def __init__(self, path: str) -> None:
-        try:
-            from tokenizers import Tokenizer as _HfTokenizer
-        except ImportError as exc:  # pragma: no cover - dependency is declared
-            raise TokenizerError("package 'tokenizers' is not installed") from exc
-        try:
-            self._tok = _HfTokenizer.from_file(path)
-        except Exception as exc:
-            raise TokenizerError(f"cannot load tokenizer file {path!r}: {exc}") from exc
-        self.name = f"hf:{path}"
-        vocab = self._tok.get_vocab(with_added_tokens=True)
-        #: UTF-8 length of the longest vocabulary entry (an over-estimate of the bytes one
-        #: token covers: byte-level BPE spells a byte as one, sometimes two-byte, character)
-        self.max_token_bytes = max((len(t.encode("utf-8", "surrogatepass")) for t in vocab), default=1) or 1
-
-    def encode(self, text: str, limit: int | None = None) -> list[int]:
-        """Return the model's token ids for ``text`` (no special tokens added).
-
-        With ``limit``: a text larger than :meth:`max_text_bytes` of ``limit``
-        is not encoded at all (``limit + 1`` zeros are returned: "over the
-        limit"); otherwise the ids, cut to ``limit + 1``.
-        """
-        if limit is not None:
-            limit = max(0, limit)
-            if len(text.encode("utf-8", "surrogatepass")) > self.max_text_bytes(limit):
-                return [0] * (limit + 1)
-            return list(self._tok.encode(text, add_special_tokens=False).ids[: limit + 1])
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
-
-    def max_text_bytes(self, tokens: int) -> int:
-        """``tokens`` x the longest vocabulary entry's UTF-8 length.
-
-        A bound for tokenizers that cover every input byte with some token
-        (byte-level BPE, SentencePiece with byte fallback). A tokenizer that
-        drops text (a whitespace pre-tokenizer) or maps any unknown word to
-        one ``[UNK]`` has no byte bound: set ``max_prompt_bytes`` explicitly.
-        """
-        return max(0, tokens) * self.max_token_bytes
-
-    def max_messages(self, tokens: int) -> int:
-        """Messages whose rendering (at least 10 bytes each) fits in :meth:`max_text_bytes`."""
-        return max(1, self.max_text_bytes(tokens) // MIN_MESSAGE_BYTES)
 
 
 def _content_text(content: Any) -> str:
