@@ -293,6 +293,7 @@ class InferencePipeline:
         after: list[Callable[[], None]] = []  # what the record does not need: with the giving back
         if held.answered is not None:  # the replica's instance id seen on its plain answer
             after.append(held.answered)
+        after.append(self.gw.router.flush_records)  # a retry's index record (the first attempt's: in _prepare)
 
         def give_back() -> None:
             held.leave(self.gw.overload)

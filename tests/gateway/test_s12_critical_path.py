@@ -138,3 +138,29 @@ async def test_the_index_record_is_made_while_the_replica_works(stack: Stack, mo
     assert log.count("index recorded") == 1
     blocks = sum(gw.router.index.replica_blocks(r.id) for r in gw.replica_set.all())
     assert blocks > 0  # the served requests' chains are in the index
+
+
+async def test_a_retried_requests_record_is_applied_by_its_end(stack: Stack) -> None:
+    import httpx
+
+    gw = stack.components
+    async with httpx.AsyncClient() as c:  # r0 answers 503: the request is retried on r1
+        await c.post(stack.cluster.urls[0] + "/sim/faults", json={"status": 503})
+    recorded: list[str] = []
+    real = gw.router.index.record
+
+    def record(replica_id: str, keys: Any) -> None:
+        recorded.append(replica_id)
+        real(replica_id, keys)
+
+    gw.router.index.record = record  # type: ignore[method-assign]
+    try:
+        for i in range(6):
+            body = json.dumps({"model": "sim-model", "prompt": f"retry {i} " + "word " * 40, "max_tokens": 2})
+            r = await stack.client.post("/v1/completions", content=body,
+                                        headers={**stack.auth(), "content-type": "application/json"})
+            assert r.status_code == 200, r.text
+            assert gw.router._pending is None  # every attempt's record applied once the request ended
+    finally:
+        del gw.router.index.record
+    assert "r1" in recorded and recorded.count("r0") + recorded.count("r1") >= 6
