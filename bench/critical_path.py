@@ -17,7 +17,10 @@ missing); ``--rounds`` times, ``--requests`` sequential requests to one then the
 median of ``pre`` (arrival → send), ``post`` (answer → last part sent) and their sum, in wall
 µs and in thread-CPU µs (``time.thread_time_ns``: preemption by other processes excluded), and the
 thread CPU of the work off those windows: ``Held.run_prep`` where the tree has it (the replica
-wait) and the request's work after its last part's send returned (the same step).
+wait) and the request's work after its last part's send returned (the same step). Session 12: also
+that work's wall time, the wall time from the last part's send to the next request's first bytes
+being read by the server (a sequential client's next request: when it is shorter than the tail,
+the tail delayed it) and from those bytes to the arrival mark (the server's parse and task start).
 The arrival mark is after the HTTP server's parse (the same code in both trees).
 """
 
@@ -53,12 +56,16 @@ class _Marks:
         self.t_sent: tuple[int, int] | None = None
         self.t_head: tuple[int, int] | None = None
         self.t_done: int | None = None
+        self.t_arrive: int | None = None  # session 12: the request's first bytes at the server (wall)
+        self.done_wall: int | None = None  # the previous request's last part sent (wall)
         self.samples: dict[str, list[int]] = {k: [] for k in ("pre_wall", "pre_cpu", "post_wall", "post_cpu",
-                                                               "wait_wall", "prep_cpu", "tail_cpu")}
+                                                               "wait_wall", "prep_cpu", "tail_cpu", "tail_wall",
+                                                               "gap_wall", "head_wall")}
 
     def done(self) -> None:
         now = (_WALL(), _CPU())
         self.t_done = now[1]
+        self.done_wall = now[0]
         if self.t_in and self.t_sent and self.t_head:
             s = self.samples
             s["pre_wall"].append(self.t_sent[0] - self.t_in[0])
@@ -79,6 +86,11 @@ def _install() -> _Marks:
     async def timed_serve(self: Any, framed: Any, send: Any, endpoint: str) -> None:
         marks.t_in = (_WALL(), _CPU())
         marks.t_sent = marks.t_head = None
+        if marks.t_arrive is not None:  # session 12: server parse and task start; the client's gap before
+            marks.samples["head_wall"].append(marks.t_in[0] - marks.t_arrive)
+            if marks.done_wall is not None:
+                marks.samples["gap_wall"].append(marks.t_arrive - marks.done_wall)
+        marks.t_arrive = None
 
         async def timed_send(message: Any) -> None:
             await send(message)
@@ -89,6 +101,8 @@ def _install() -> _Marks:
         await serve(self, framed, timed_send, endpoint)
         if marks.t_done is not None:  # the work after the last part's send, in the same step
             marks.samples["tail_cpu"].append(_CPU() - marks.t_done)
+            if marks.done_wall is not None:
+                marks.samples["tail_wall"].append(_WALL() - marks.done_wall)
 
     def timed_up_send(self: Any, *a: Any, **k: Any) -> Any:
         out = up_send(self, *a, **k)
@@ -114,6 +128,18 @@ def _install() -> _Marks:
             marks.samples["prep_cpu"].append(_CPU() - t)
 
         Held.run_prep = timed_prep  # type: ignore[method-assign]
+    try:  # session 12: the request's first bytes at the server (absent from older trees: no gap figures)
+        from gateway.http_guard import GuardedHttpToolsProtocol
+        arrived = GuardedHttpToolsProtocol.data_received
+    except (ImportError, AttributeError):
+        arrived = None
+    if arrived is not None:
+        def timed_arrival(self: Any, data: bytes) -> None:
+            if marks.t_arrive is None and marks.t_in is None:
+                marks.t_arrive = _WALL()
+            arrived(self, data)
+
+        GuardedHttpToolsProtocol.data_received = timed_arrival  # type: ignore[method-assign]
     InferenceRoutes._serve = timed_serve  # type: ignore[method-assign]
     UpstreamConnection.send = timed_up_send  # type: ignore[method-assign]
     UpstreamConnection.data_received = timed_received  # type: ignore[method-assign]
@@ -175,7 +201,7 @@ async def run(baseline: Path, requests: int, rounds: int) -> dict[str, Any]:
         stop_process(cluster)
         shutil.rmtree(paths.work, ignore_errors=True)
     keys = ["pre_wall", "pre_cpu", "post_wall", "post_cpu", "total_wall", "total_cpu", "wait_wall", "prep_cpu",
-            "tail_cpu", "client_p50_us"]
+            "tail_cpu", "tail_wall", "gap_wall", "head_wall", "client_p50_us"]
     med = {name: {k: round(statistics.median(r[k] for r in rows), 1) for k in keys} for name, rows in per.items()}
     return {"benchmark": "critical_path", "baseline": str(baseline), "requests_per_round": requests,
             "rounds": rounds, "medians_us": med, "per_round": per}
@@ -199,12 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"{args.rounds} rounds of {args.requests} sequential requests per tree, alternating; µs, median of "
              "the rounds' medians.", "",
              "| tree | pre wall | pre CPU | post wall | post CPU | total wall | total CPU | replica wait | "
-             "CPU in the wait | CPU after the last part | client p50 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "CPU in the wait | CPU after the last part | its wall | next arrival | server head | client p50 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, m in doc["medians_us"].items():
         lines.append(f"| {name} | {m['pre_wall']} | {m['pre_cpu']} | {m['post_wall']} | {m['post_cpu']} | "
                      f"{m['total_wall']} | {m['total_cpu']} | {m['wait_wall']} | {m['prep_cpu']} | {m['tail_cpu']} | "
-                     f"{m['client_p50_us']} |")
+                     f"{m['tail_wall']} | {m['gap_wall']} | {m['head_wall']} | {m['client_p50_us']} |")
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

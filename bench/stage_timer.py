@@ -1,6 +1,6 @@
 """In-situ time per call of the pipeline's steps before routing, in a serving gateway (not a test).
 
-``python -m bench.stage_timer [--requests 2000] [--rounds 3] [--set pre|route] [--out DIR] [--name NAME]``
+``python -m bench.stage_timer [--requests 2000] [--rounds 3] [--set pre|route|post] [--out DIR] [--name NAME]``
 
 Issue 14, session 8. The audit events' stage timings (``latency``: authentication, parse, prefix
 keys, policy; wall ms between the pipeline's marks) hold more than the step they are named after:
@@ -98,7 +98,26 @@ ROUTE_TARGETS: tuple[tuple[str, str], ...] = (
     ("gateway.pipeline", "InferencePipeline._end"),
     ("gateway.pipeline_answer", "plain_response"),
 )
-SETS = {"pre": TARGETS, "route": ROUTE_TARGETS}
+#: session 12: the answer window (the replica's answer → the last part's send) and the end, per call (``--set post``)
+POST_TARGETS: tuple[tuple[str, str], ...] = (
+    ("gateway.pipeline", "plain_response"),
+    ("gateway.json_fast", "loads_answer"),
+    ("gateway.pipeline", "InferencePipeline._end"),
+    ("gateway.pipeline", "InferencePipeline._settle"),
+    ("gateway.pipeline", "InferencePipeline._complete"),
+    ("gateway.admission", "Admission.settle"),
+    ("gateway.recording", "Recorder.record"),
+    ("gateway.recording", "Recorder.hand_off"),
+    ("gateway.recording", "Recorder.finish"),
+    ("gateway.auditing", "AuditHub.emit_request"),
+    ("gateway.auditing", "AuditHub.observe_request"),
+    ("gateway.held", "Held.release"),
+    ("gateway.held", "Held.leave"),
+    ("routing.calibration", "Calibration.flush"),
+    ("gateway.upstream", "Upstream.answered"),
+    ("gateway.upstream_conn", "UpstreamConnection.data_received"),
+)
+SETS = {"pre": TARGETS, "route": ROUTE_TARGETS, "post": POST_TARGETS}
 
 
 def _wrap(fn: Any, samples: list[int]) -> Any:
