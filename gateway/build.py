@@ -344,8 +344,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         calibration.defer_observations(True)  # applied after the answer is sent (pipeline _complete) or on a read
         loads = CalibratingLoadTracker(loads, calibration, time.monotonic)
     notifying = NotifyingLoadTracker(loads)  # wakes the flow-control dispatcher when a replica gains room
-    # the index record is applied in the replica wait (pipeline _prepare) or on the next read (session 12)
-    router = Router(policy, route_index, notifying, rc.block_size, calibration, defer_records=True)
+    router = Router(policy, route_index, notifying, rc.block_size, calibration)
     flow: FlowControl | None = None
     if config.flow.enabled:
         flow = FlowControl(config.flow, router, replica_set, metrics, TierWeights(config.tenancy.tier_weights),

@@ -268,13 +268,11 @@ class InferencePipeline:
 
     def _prepare(self, rec: RequestRecord, held: Held, chains: ChainView, output_tokens: int | None) -> None:
         """The routed request's work that neither the routing decision nor the upstream request needs
-        (issue 14, session 10: the gateway's CPU is idle while the replica works): the router's deferred
-        prefix index record (session 12), the policy's lower
+        (issue 14, session 10: the gateway's CPU is idle while the replica works): the policy's lower
         ``max_tokens`` held in the ledger (``output_tokens``; None: no decision yet; a refund: holding
         more for a moment is the safe side; no-op once settled), the record's prefix fingerprint,
         the audit event's trace and span part and the flow queue-wait metric (session 11). Run once, by :meth:`Held.run_prep`: in the event loop's turn after
         the upstream request was written, or by :meth:`_end` if the request ends first."""
-        self.gw.router.flush_records()  # the routed request's prefix index record (session 12)
         res = held.reservation
         if res is not None and output_tokens is not None:
             self.gw.admission.lower_reservation(res, output_tokens)
@@ -298,7 +296,6 @@ class InferencePipeline:
         after: list[Callable[[], None]] = []  # what the record does not need: with the giving back
         if held.answered is not None:  # the replica's instance id seen on its plain answer
             after.append(held.answered)
-        after.append(self.gw.router.flush_records)  # a retry's index record (the first attempt's: in _prepare)
 
         def give_back() -> None:
             held.leave(self.gw.overload)

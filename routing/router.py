@@ -60,13 +60,10 @@ class Router:
     :class:`ValueError` if not positive). ``calibration`` (optional): its
     per-replica estimates are attached to the candidates (``Candidate.estimate``);
     feed it with a :class:`routing.calibration.CalibratingLoadTracker` as ``loads``.
-    ``defer_records`` (issue 14, session 12): :meth:`route_among` leaves its index record to
-    :meth:`flush_records` (the gateway calls it once the upstream request is written); every read
-    of the index through the router applies it first.
     """
 
     def __init__(self, policy: RoutingPolicy, index: PrefixIndex, loads: LoadTracker, block_size: int,
-                 calibration: Calibration | None = None, *, defer_records: bool = False) -> None:
+                 calibration: Calibration | None = None) -> None:
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         self.calibration = calibration
@@ -83,30 +80,12 @@ class Router:
         self._delivered = 0
         self._over = 0
         self._under = 0
-        #: session 12: route_among leaves its index record for :meth:`flush_records` (the gateway's setting)
-        self.defer_records = defer_records
-        #: the index record of the last routed request, not yet applied (issue 14, session 12)
-        self._pending: tuple[str, Sequence[bytes]] | None = None
-
-    def flush_records(self) -> None:
-        """Apply the prefix index record :meth:`route_among` deferred, if any (idempotent).
-
-        Issue 14, session 12: the chosen replica's keys are recorded in the index after the request
-        left, not before its upstream write: the gateway calls this in the replica wait
-        (``InferencePipeline._prepare``), and every read of the index through the router
-        (:meth:`candidates`, the next :meth:`route_among`, :meth:`forget_replica`) applies it first,
-        so every routing decision sees the same index as when the record was made at once."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            self.index.record(pending[0], pending[1])
 
     def candidates(
         self, req: RouteRequest, candidate_ids: Iterable[str], alt_key_chains: Sequence[Sequence[bytes]] = ()
     ) -> list[Candidate]:
         """Build the policy's candidates: load snapshot and matched blocks,
         the max over ``req.block_keys`` and each chain in ``alt_key_chains``."""
-        if self._pending is not None:
-            self.flush_records()
         ids = list(dict.fromkeys(candidate_ids))
         matched = self.index.match_many(req.block_keys, ids)
         for chain in alt_key_chains:
@@ -125,8 +104,7 @@ class Router:
         healthy), charge its load (prefill tokens = prompt tokens − predicted
         prefix tokens; decode tokens = ``req.max_tokens``; running requests =
         ``req.sequences``) and record its
-        current-version keys in the index (applied by :meth:`flush_records` or the next read through
-        the router: session 12). Call ``LoadTicket.first_byte()`` at
+        current-version keys in the index. Call ``LoadTicket.first_byte()`` at
         the first streamed token and ``LoadTicket.finish()`` when done (always).
         Raises :class:`NoCandidateError` when ``candidate_ids`` is empty.
         """
@@ -138,16 +116,11 @@ class Router:
         placement check: issue 14). Raises :class:`NoCandidateError` when ``cands`` is empty."""
         if not cands:
             raise NoCandidateError("no candidate replica")
-        if self._pending is not None:
-            self.flush_records()
         choice = self.policy.choose(req, cands)
         prefill = max(0, req.prompt_tokens - choice.predicted_prefix_tokens)
         ticket = self.loads.dispatch(choice.replica_id, prefill, max(0, req.max_tokens),
                                      max(1, req.sequences), req.tenant_id, req.calibrate)
-        if self.defer_records:
-            self._pending = (choice.replica_id, req.block_keys)  # applied by flush_records (session 12)
-        else:
-            self.index.record(choice.replica_id, req.block_keys)
+        self.index.record(choice.replica_id, req.block_keys)
         self._requests += 1
         self._prompt += max(0, req.prompt_tokens)
         self._available += choice.available_prefix_tokens
@@ -169,8 +142,7 @@ class Router:
 
     def forget_replica(self, replica_id: str) -> None:
         """The replica lost its cache (restart): drop its index entries (and
-        what the calibration learnt of it). A deferred record is applied first (session 12)."""
-        self.flush_records()
+        what the calibration learnt of it)."""
         self.index.forget_replica(replica_id)
         if self.calibration is not None:
             self.calibration.forget_replica(replica_id)
