@@ -6,8 +6,8 @@ From it: request share and prefill-token share per replica, max/mean ratio,
 and the normalised Herfindahl-Hirschman index
 ``HHI* = (sum s_i^2 - 1/n) / (1 - 1/n)`` over request shares (0 = perfectly
 even over the n replicas seen in the pool, 1 = everything on one replica).
-The prefix-cache hit rate ``cached_tokens / prompt_tokens`` of the window is
-compared with a baseline over ``baseline_windows`` windows.
+The prefix-cache hit rate ``cached_tokens / prompt_tokens`` of the window is compared with a baseline
+over ``baseline_windows`` windows (per-second sums: a second leaves it once all of it is older).
 
 Alerts (once per episode, with hysteresis):
 * ``replica_concentration``: a replica's request or prefill share stays above
@@ -56,7 +56,8 @@ from collections.abc import Callable, Iterable, Mapping
 from prometheus_client import CollectorRegistry, Gauge
 
 from audit.attribution import attribute_concentration
-from audit.concentration_state import _alert_id, _Episode, _FlushOnCollect, _Obs, _Pool, _forget, pool_stats
+from audit.concentration_state import BASELINE_BUCKET_S as BUCKET_S
+from audit.concentration_state import _alert_id, _Episode, _FlushOnCollect, _Pool, _forget, pool_stats
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
 
 
@@ -190,14 +191,17 @@ class ConcentrationMonitor:
 
     def observe(self, pool: str, replica: str, prefill_tokens: int, prompt_tokens: int, cached_tokens: int, now: float,
                 tenant: str | None = None) -> None:
-        """Record one routed request (tokens; ``now`` in seconds, monotonic;
-        ``tenant``: the tenant id, None = unattributed); the pool's alert conditions and
-        gauges are evaluated when due (module doc "Evaluation")."""
+        """Record one routed request (tokens; ``now`` in seconds, monotonic; ``tenant``: the tenant id,
+        None = unattributed); the pool's alert conditions and gauges are evaluated when due (module doc)."""
         p = self._pools[pool]
         p.replicas.add(replica)
-        obs = _Obs(now, replica, prefill_tokens, prompt_tokens, cached_tokens, tenant)
-        p.window.append(obs)
-        p.baseline.append(obs)
+        p.window.append((now, replica, prefill_tokens, prompt_tokens, cached_tokens, tenant))
+        base, bucket = p.baseline, now - now % BUCKET_S  # the hit-rate baseline: sums per bucket
+        if base and base[-1][0] == bucket:
+            base[-1][1] += prompt_tokens
+            base[-1][2] += cached_tokens
+        else:
+            base.append([bucket, prompt_tokens, cached_tokens])
         p.requests[replica] += 1
         p.prefill[replica] += prefill_tokens
         p.t_requests[(replica, tenant)] += 1
@@ -208,17 +212,17 @@ class ConcentrationMonitor:
         p.cached += cached_tokens
         p.base_prompt += prompt_tokens
         p.base_cached += cached_tokens
-        while p.window and p.window[0].t <= now - self.window_s:
-            old = p.window.popleft()
-            p.requests[old.replica] -= 1
-            p.prefill[old.replica] -= old.prefill
-            p.prompt -= old.prompt
+        while p.window and p.window[0][0] <= now - self.window_s:
+            old = p.window.popleft()  # (t, replica, prefill, prompt, cached, tenant)
+            p.requests[old[1]] -= 1
+            p.prefill[old[1]] -= old[2]
+            p.prompt -= old[3]
             _forget(p, old)
-            p.cached -= old.cached
-        while p.baseline and p.baseline[0].t <= now - self.baseline_s:
-            old = p.baseline.popleft()
-            p.base_prompt -= old.prompt
-            p.base_cached -= old.cached
+            p.cached -= old[4]
+        while base and base[0][0] + BUCKET_S <= now - self.baseline_s:  # the whole bucket is older
+            _, gone_prompt, gone_cached = base.popleft()
+            p.base_prompt -= gone_prompt
+            p.base_cached -= gone_cached
         p.last_t, p.dirty_alerts, p.dirty_gauges = now, True, True
         p.pending += 1
         if p.pending >= self.EVAL_EVERY or now - p.eval_t >= self.eval_interval_s:
