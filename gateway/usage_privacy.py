@@ -18,9 +18,11 @@ The gateway's own readers (ledger, audit ``delivered_prefix_tokens``, concentrat
 calibration) read the replica's usage as parsed, before this: they keep the true value.
 
 Cost (issue 14): an answer without the field costs two dictionary lookups. A plain answer with it
-has only its usage object replaced in the replica's bytes (:func:`plain_without_cached`: found from
-the end, checked against the parsed usage, ~2 us); a stream's usage chunk (one small event per stream)
-is written again (:func:`event_without_cached`). Everything else stays byte for byte.
+loses exactly the bytes of ``prompt_tokens_details`` when they are vLLM's compact shape (found from
+the end, :func:`_exact_cut`), else has only its usage object replaced (found from the end, checked
+against the parsed usage: :func:`_usage_span`), else, when neither is certain, is written again
+whole (:func:`plain_without_cached`); a stream's usage chunk (one small event per stream) is written
+again (:func:`event_without_cached`). Everything else stays byte for byte (docs/benchmarks.md, fixr12).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ PASS = "pass"
 DROP = "drop"
 
 _KEY = b'"usage"'
+_DETAILS = b'"prompt_tokens_details":{"cached_tokens":'
 _AFTER_KEY = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*\{")
 #: closing braces tried when looking for the end of the usage object (usage nests one object deep)
 _MAX_CLOSERS = 8
@@ -99,14 +102,39 @@ def _usage_span(data: bytes, usage: dict[str, Any]) -> tuple[int, int] | None:
     return None
 
 
+def _exact_cut(data: bytes, details: dict[str, Any]) -> bytes | None:
+    """The fast path for the shape vLLM and the simulators write (compact, ``prompt_tokens_details``
+    holding ``cached_tokens`` alone, after another usage field or before one): ``data`` without the
+    bytes ``,"prompt_tokens_details":{"cached_tokens":N}`` (or ``"prompt_tokens_details":{...},``), or
+    None when they do not occur exactly once. Such bytes are the replica's own structure, never a
+    string's content (a string cannot hold an unescaped quote: the one before the key must open it), and
+    the parsed usage holds exactly them: an answer with one occurrence has it in its usage object."""
+    n = details.get("cached_tokens")
+    if len(details) != 1 or type(n) is not int:
+        return None
+    field = _DETAILS + str(n).encode() + b"}"  # bytes %-formatting costs ~1 us: concatenated
+    for piece in (b"," + field, field + b","):
+        i = data.rfind(piece)
+        if i >= 0:
+            if data.rfind(piece, 0, i) >= 0:  # not the only one (rfind: forward find is ~6x slower here)
+                return None
+            return data[:i] + data[i + len(piece):]
+    return None
+
+
 def plain_without_cached(data: bytes, obj: dict[str, Any], usage: dict[str, Any]) -> bytes:
     """A plain answer's bytes without ``cached_tokens`` (``data``: the replica's JSON object, ``obj``
     its parse, ``usage``: ``obj["usage"]``). ``data`` itself when there is nothing to drop; else the
     same bytes with only the usage object written again, or, when that object cannot be located with
     certainty (:func:`_usage_span`), the whole answer written again (orjson; never the counter)."""
-    new = usage_without_cached(usage)
-    if new is None:
+    details = usage.get("prompt_tokens_details")
+    if type(details) is not dict or "cached_tokens" not in details:
         return data
+    cut = _exact_cut(data, details)
+    if cut is not None:
+        return cut
+    new = usage_without_cached(usage)
+    assert new is not None
     span = _usage_span(data, usage)
     if span is None:
         return _dumps({**obj, "usage": new})

@@ -115,6 +115,8 @@ def test_setting_per_tenant_with_a_global_default() -> None:
     # other details are kept
     b'{"usage":{"prompt_tokens":5,"prompt_tokens_details":{"audio_tokens":0,"cached_tokens":3}}}',
     # a key written with an escape cannot be located: the whole answer is written again
+    b'{"choices":[],"us\\u0061ge":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens": 3}}}',
+    # the compact shape with an escaped usage key: the details' bytes alone are cut
     b'{"choices":[],"us\\u0061ge":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":3}}}',
     # a later object named usage with other figures (top_logprobs keys are token texts)
     b'{"usage":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":3}},"x":{"usage":{"a":1}}}',
@@ -131,7 +133,9 @@ def test_plain_answer_loses_only_the_counter(data: bytes) -> None:
         usage = {k: rest if k == "prompt_tokens_details" else v for k, v in obj["usage"].items()}
     expected["usage"] = usage
     assert back == expected
-    if data.startswith(b'{"id"') or b"audio" in data:  # located: the bytes before the usage object are kept
+    if b'{"cached_tokens":3}' in data and b'"x"' not in data:  # vLLM's compact shape: only its bytes cut
+        assert out == data.replace(b',"prompt_tokens_details":{"cached_tokens":3}', b"")
+    elif data.startswith(b'{"id"') or b"audio" in data:  # located: the bytes before the usage object are kept
         assert out.startswith(data[:data.rindex(b'"usage"')])
     else:  # not located with certainty (an escaped key; the last object named usage is another): rewritten
         assert out == orjson.dumps(expected)
