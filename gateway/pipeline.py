@@ -117,8 +117,7 @@ class InferencePipeline:
             output_cap = adm.output_cap(req.max_tokens, tenant)
             held.reservation = await adm.check_prompt(tenant, prompt_tokens, req.sequences, output_cap * req.sequences)
             chains = gw.keys.prefix_chains(tenant, tokens)
-            del tokens  # R12-2: a queued request keeps its chains and counts, not its token list or prompt text
-            req.forget_prompt_text()
+            del tokens  # R12-2: a queued request keeps its chains and counts, not its token list
             held.prep = lambda: self._prepare(rec, held, chains, None)  # a refusal's record: its fingerprint
             # candidates: routable replicas in the tenant's pools (gateway/replicas.py)
             candidates = gw.replica_set.candidates(tenant.pools, tenant.id)  # R7b-1
@@ -211,6 +210,7 @@ class InferencePipeline:
                 slots = gw.admission.slot_claim(tenant, held.lease)
                 rel = gw.flow.release_now(tenant, route_req, ids, alt, slots)  # nothing queued, room now: no wait
                 if rel is None:  # retries do not wait
+                    req.forget_prompt_text()  # R12-2: only hashed, never sent: not held while queued
                     rel = await unless_client_leaves(
                         request, gw.flow.release(tenant, route_req, ids, alt, deadline, slots, tried=True,
                                                  body_bytes=held.body_bytes))

@@ -40,6 +40,7 @@ DROP = "drop"
 
 _KEY = b'"usage"'
 _DETAILS = b'"prompt_tokens_details":{"cached_tokens":'
+_COMMA_DETAILS = b"," + _DETAILS
 _AFTER_KEY = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*\{")
 #: closing braces tried when looking for the end of the usage object (usage nests one object deep)
 _MAX_CLOSERS = 8
@@ -112,14 +113,17 @@ def _exact_cut(data: bytes, details: dict[str, Any]) -> bytes | None:
     n = details.get("cached_tokens")
     if len(details) != 1 or type(n) is not int:
         return None
-    field = _DETAILS + str(n).encode() + b"}"  # bytes %-formatting costs ~1 us: concatenated
-    for piece in (b"," + field, field + b","):
+    tail = str(n).encode() + b"}"  # bytes %-formatting costs ~1 us: concatenated
+    piece = _COMMA_DETAILS + tail  # vLLM writes it after the other usage fields
+    i = data.rfind(piece)
+    if i < 0:
+        piece = _DETAILS + tail + b","
         i = data.rfind(piece)
-        if i >= 0:
-            if data.rfind(piece, 0, i) >= 0:  # not the only one (rfind: forward find is ~6x slower here)
-                return None
-            return data[:i] + data[i + len(piece):]
-    return None
+        if i < 0:
+            return None
+    if data.rfind(piece, 0, i) >= 0:  # not the only one (rfind: a forward find is ~6x slower here)
+        return None
+    return data[:i] + data[i + len(piece):]
 
 
 def plain_without_cached(data: bytes, obj: dict[str, Any], usage: dict[str, Any]) -> bytes:
