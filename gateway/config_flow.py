@@ -34,7 +34,11 @@ class FlowConfig(BaseModel):
     (429 ``queue_full`` beyond it; must stay below ``shed_max_in_flight_requests``,
     else one tenant's queue alone could make the gateway shed every tenant's
     requests) and ``tenant_max_queue_wait_s`` (429
-    ``queue_timeout`` past it); queue wait also counts against
+    ``queue_timeout`` past it), ``tenant_max_queued_bytes`` (the body bytes of one
+    tenant's queued requests, summed while they wait: 429 ``queue_full`` beyond it;
+    a tenant with nothing queued may always queue one request; default 64 MiB, as
+    ``limits.max_buffered_body_bytes_per_tenant``: review R12-2, gateway/flow_bytes.py);
+    queue wait also counts against
     ``upstream.total_timeout_s``. ``tenant_max_in_flight_requests``: one tenant's
     requests in this process past authentication (queued, being parsed, running,
     streaming), whatever its ``max_concurrency`` (429 ``in_flight_limited`` at the
@@ -60,6 +64,7 @@ class FlowConfig(BaseModel):
     locality_wait_ratio: float = Field(4.0, ge=0)
     tenant_max_queued_requests: int = Field(128, ge=0)
     tenant_max_queue_wait_s: float = Field(60.0, gt=0)
+    tenant_max_queued_bytes: int = Field(64 << 20, ge=1)
     tenant_max_in_flight_requests: int | None = Field(None, ge=1)
     shed_max_in_flight_requests: int = Field(1024, ge=2)
     shed_loop_lag_s: float | None = Field(1.0, gt=0)

@@ -17,9 +17,17 @@ class TenancyConfig(ConfigSection):
     or ``pseudonym`` (a stable HMAC pseudonym of the authenticated workload,
     see :func:`tenancy.keys.user_pseudonym`); a tenant's own
     ``forward_user`` overrides it.
+    ``usage_cached_tokens``: whether answers relay the replica's
+    ``usage.prompt_tokens_details.cached_tokens`` to clients: ``drop``
+    (default: removed from plain answers and the stream's usage chunk; the
+    exact counter is a cross-tenant prime+probe channel on the shared KV
+    cache, review R12-1, gateway/usage_privacy.py) or ``pass``; a tenant's own
+    ``usage_cached_tokens`` overrides it. The gateway's ledger, audit and
+    routing read the true value either way.
     """
 
     forward_user: Literal["drop", "pseudonym"] = "drop"
+    usage_cached_tokens: Literal["pass", "drop"] = "drop"
     master_secret_file: str | None = None
     master_secret_env: str | None = "PREFIXGATE_MASTER_SECRET"
     state_file: str | None = None

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from gateway.admission import SlotClaim, too_many
 from gateway.errors import GatewayError
+from gateway.flow_bytes import QueuedBytes
 from gateway.flow_load import NotifyingLoadTracker
 from gateway.flow_room import ReplicaRoom, warmth
 from gateway.flow_slots import SlotGate
@@ -58,6 +59,7 @@ class FlowControl:
         self._max_prefill = self.replica_room.max_prefill
         self._pump_scheduled = False
         self.slot_gate = SlotGate()  # tenants skipped for want of a concurrency slot
+        self.queued_bytes = QueuedBytes(cfg.tenant_max_queued_bytes)  # R12-2 (gateway/flow_bytes.py)
         # room also appears without a load release (a replica back to health, an engine that
         # drained its own queue): look again now and then while anything waits
         self._tick = PeriodicTask(self._tick_round, RECHECK_S, "flow-control recheck")
@@ -135,7 +137,7 @@ class FlowControl:
 
     async def release(self, tenant: Tenant, req: RouteRequest, candidate_ids: list[str],
                       alt_chains: Sequence[Sequence[bytes]], deadline: float,
-                      slots: SlotClaim | None = None, *, tried: bool = False) -> Release:
+                      slots: SlotClaim | None = None, *, tried: bool = False, body_bytes: int = 0) -> Release:
         """Wait for ``req``'s turn and a replica with room among ``candidate_ids``; route it there.
 
         ``deadline``: ``time.perf_counter()`` time by which the request must be sent
@@ -148,24 +150,37 @@ class FlowControl:
         503 ``state_unavailable`` (Redis did not answer for the slot).
         Cancelled (the client left): the request leaves the queue at once. ``tried``: :meth:`release_now`
         just answered None for this request (no await since): queue it without that check again.
+        ``body_bytes``: what the request holds while it waits (its body's length), counted against
+        ``tenant_max_queued_bytes`` while it is queued (429 ``queue_full`` beyond it; review R12-2).
         """
         cfg, tid = self.cfg, tenant.id
         w = Waiting(tid, self.weights.weight(tenant.tier), req, candidate_ids, alt_chains, slots)
+        counted = 0
         if tried or len(self.queue) or not self._release_now(w):
             self.queue.push(tid, w, w.weight)
             self._pump()
-            if w.result is None and w.error is None and self.queue.queued(tid) > cfg.tenant_max_queued_requests:
-                self.queue.remove(tid, w)  # it would wait behind too many of its own
-                raise self._queue_full(tid)
-        ends = time.perf_counter() + min(cfg.tenant_max_queue_wait_s, deadline - time.perf_counter())
-        while True:
             if w.result is None and w.error is None:
-                await self._wait(w, ends, deadline)
-            if w.error is not None:
-                raise w.error
-            assert w.result is not None
-            if not w.slot_pending or await self._confirm_slots(w):
-                break
+                if self.queue.queued(tid) > cfg.tenant_max_queued_requests:
+                    self.queue.remove(tid, w)  # it would wait behind too many of its own
+                    raise self._queue_full(tid)
+                if body_bytes:
+                    if not self.queued_bytes.take(tid, body_bytes):
+                        self.queue.remove(tid, w)  # its queued requests hold too many bytes (R12-2)
+                        raise self._bytes_full(tid, body_bytes)
+                    counted = body_bytes
+        try:
+            ends = time.perf_counter() + min(cfg.tenant_max_queue_wait_s, deadline - time.perf_counter())
+            while True:
+                if w.result is None and w.error is None:
+                    await self._wait(w, ends, deadline)
+                if w.error is not None:
+                    raise w.error
+                assert w.result is not None
+                if not w.slot_pending or await self._confirm_slots(w):
+                    break
+        finally:
+            if counted:  # however it leaves the queue: released, refused, timed out, cancelled
+                self.queued_bytes.give_back(tid, counted)
         return self._released(w)
 
     async def _wait(self, w: Waiting, ends: float, deadline: float) -> None:
@@ -228,6 +243,12 @@ class FlowControl:
             err = too_many(1.0, "concurrency_limited",
                            "tenant concurrent request limit reached and no room in its queue")
             return self._refusal(err, tenant_id, 0.0)
+        self.metrics.flow_refused.labels("queue_full").inc()
+        return self._refusal(too_many(self._retry_after(), "queue_full", _FULL), tenant_id, 0.0)
+
+    def _bytes_full(self, tenant_id: str, body_bytes: int) -> GatewayError:
+        """The 429 ``queue_full`` of a request whose ``body_bytes`` would take its tenant's queued
+        requests past ``tenant_max_queued_bytes`` (R12-2): the shape and audit figures of a full queue."""
         self.metrics.flow_refused.labels("queue_full").inc()
         return self._refusal(too_many(self._retry_after(), "queue_full", _FULL), tenant_id, 0.0)
 

@@ -31,6 +31,7 @@ from gateway.record import RequestRecord, new_request_id
 from gateway.recording import after_send
 from gateway.send_order import SEND_ORDER
 from gateway.tokenize_thread import tokenizes_off_loop
+from gateway.usage_privacy import drops_cached
 from gateway.replicas import Replica
 from gateway.request import Endpoint, InferenceRequest, JsonObject, parse_inference_request, read_body
 from routing.policies import RouteRequest
@@ -83,6 +84,7 @@ class InferencePipeline:
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
             tenant = adm.resolve_tenant(identity)
             rec.tenant_id = tenant.id
+            held.drop_cached = drops_cached(tenant.usage_cached_tokens, self.cfg.tenancy.usage_cached_tokens)  # R12-1
             held.cpu = self.cpu.meter(tenant)  # 429 cpu_budget_exhausted while in debt, before the body
             held.tenant = gw.overload.enter_tenant(tenant.id)  # its requests in flight stay below the shed bound
             if gw.flow is not None:  # a tenant whose queue is full is refused before any further work
@@ -95,6 +97,8 @@ class InferencePipeline:
             req = held.cpu.run(parse_inference_request, raw, endpoint, self.cfg.limits.max_json_depth,
                                max_messages=bounds.max_messages, max_batch_prompts=bounds.max_batch_prompts,
                                max_json_items=self.cfg.limits.max_json_items)
+            held.body_bytes = len(raw)  # R12-2: what it holds while queued; the bytes themselves are not kept
+            del raw
             rec.stream = req.stream
             adm.check_request(req, tenant)  # model entitlement; echo + logprobs (R4-12)
             rec.model = req.model
@@ -113,6 +117,7 @@ class InferencePipeline:
             output_cap = adm.output_cap(req.max_tokens, tenant)
             held.reservation = await adm.check_prompt(tenant, prompt_tokens, req.sequences, output_cap * req.sequences)
             chains = gw.keys.prefix_chains(tenant, tokens)
+            del tokens  # R12-2: a queued request keeps its chains and counts, not its token list
             held.prep = lambda: self._prepare(rec, held, chains, None)  # a refusal's record: its fingerprint
             # candidates: routable replicas in the tenant's pools (gateway/replicas.py)
             candidates = gw.replica_set.candidates(tenant.pools, tenant.id)  # R7b-1
@@ -205,8 +210,10 @@ class InferencePipeline:
                 slots = gw.admission.slot_claim(tenant, held.lease)
                 rel = gw.flow.release_now(tenant, route_req, ids, alt, slots)  # nothing queued, room now: no wait
                 if rel is None:  # retries do not wait
+                    req.forget_prompt_text()  # R12-2: only hashed, never sent: not held while queued
                     rel = await unless_client_leaves(
-                        request, gw.flow.release(tenant, route_req, ids, alt, deadline, slots, tried=True))
+                        request, gw.flow.release(tenant, route_req, ids, alt, deadline, slots, tried=True,
+                                                 body_bytes=held.body_bytes))
                 choice, held.ticket, rec.queue_wait_ms, rec.virtual_tokens = rel.as_record()
                 held.queue_wait_s = rel.queue_wait_s  # its metric: while the replica works (_prepare)
             else:

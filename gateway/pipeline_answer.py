@@ -25,6 +25,7 @@ from gateway.request import InferenceRequest
 from gateway.sse import SseProtocolError, SseScanner, error_event
 from gateway.stream_charge import settle_client_end  # R8-3
 from gateway.upstream import Upstream
+from gateway.usage_privacy import plain_without_cached
 from gateway.write_stall import ended_code
 
 __all__ = ["PlainAnswer", "failure_error", "passthrough_error", "plain_response", "stream_response"]
@@ -73,7 +74,7 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
     """The SSE answer relaying ``held.up`` (checked by :class:`SseScanner`; ``read_timeout_s``
     seconds at most between upstream chunks). ``end`` (idempotent) ends the request when the
     stream ends, however it ends."""
-    scanner = SseScanner(keep_usage_chunk=req.include_usage)
+    scanner = SseScanner(keep_usage_chunk=req.include_usage, drop_cached=held.drop_cached)  # R12-1
     deadline = ReadDeadline(read_timeout_s)  # one timer per stream, not one per chunk
     up = held.up
     assert up is not None and held.attempt is not None
@@ -201,7 +202,9 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
     usage = obj.get("usage")
     held.usage = usage if isinstance(usage, dict) else None
     rec.status, rec.outcome = 200, "allowed"
-    # parsed only to check it and read usage: the replica's bytes go out unchanged
+    # parsed only to check it and read usage: the replica's bytes go out unchanged (but R12-1's counter)
+    if held.drop_cached and held.usage is not None and "prompt_tokens_details" in usage:
+        data = plain_without_cached(data, obj, usage)
     answer = PlainAnswer(data, rec.request_id)
     if len(data) >= UNSENT_MIN_BYTES:  # R10b-5: its unsent bytes count against its tenant's bound
         answer.after_send = held.cpu.note_unsent

@@ -85,6 +85,13 @@ class InferenceRequest:
         """Sequences the replica runs for this request (elements of a list ``prompt``; else 1)."""
         return max(1, len(self.prompts))
 
+    def forget_prompt_text(self) -> None:
+        """Drop ``text`` and each prompt's text once tokenized and hashed (they serve nothing else:
+        review R12-2, a queued request should not hold them); :attr:`sequences` keeps its value."""
+        self.text = ""
+        if self.prompts:
+            self.prompts = ("",) * len(self.prompts)
+
 
 async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
     """Read the whole request body, at most ``max_bytes`` bytes within ``timeout_s`` seconds.

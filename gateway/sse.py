@@ -9,7 +9,12 @@ event: the ledger's estimate when no usage arrives, see
 :mod:`tenancy.ledger`) and (d) notice a broken stream (an event that is not
 JSON, an ``error`` object) so the client gets an error event instead of a
 silent truncation. It never rewrites what it forwards: the bytes of each
-complete event go out exactly as they came, line endings, comments and all.
+complete event go out exactly as they came, line endings, comments and all;
+the one exception (``drop_cached``, session 12, review R12-1) is an event whose
+``usage`` holds ``prompt_tokens_details.cached_tokens``: it goes out written
+again without it, as ``data: {...}`` and a blank line
+(:func:`gateway.usage_privacy.event_without_cached`), while :attr:`SseScanner.usage`
+keeps the true value for the gateway.
 
 Parsing follows the WHATWG HTML standard, "Server-sent events", §9.2.6
 "Interpreting an event stream": lines end with CRLF, a lone LF or a lone CR
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import json_fast
+from gateway.usage_privacy import event_without_cached
 
 __all__ = ["DONE", "SseProtocolError", "SseScanner", "error_event"]
 
@@ -52,7 +58,8 @@ class SseScanner:
     """Feed upstream bytes, get back the bytes to forward (unchanged).
 
     ``keep_usage_chunk``: forward the usage-only chunk (the client asked for
-    it). ``max_event_bytes``: an event larger than this is a protocol error.
+    it). ``drop_cached``: forward usage without ``prompt_tokens_details.cached_tokens``
+    (module doc). ``max_event_bytes``: an event larger than this is a protocol error.
     After the stream, ``usage`` holds the last usage object seen (or None),
     ``done`` whether ``[DONE]`` arrived, ``events`` the count of data events
     and ``output_tokens`` the output relayed (estimate: one per choice with
@@ -61,6 +68,7 @@ class SseScanner:
     """
 
     keep_usage_chunk: bool = True
+    drop_cached: bool = False
     max_event_bytes: int = 1 << 20
     usage: dict[str, Any] | None = None
     done: bool = False
@@ -129,9 +137,9 @@ class SseScanner:
                 exc.forward = b"".join(out)
                 raise
             if keep:
-                out.append(bytes(buf[start:end]))
+                out.append(bytes(buf[start:end]) if keep is True else keep)
             if self._cr_end:
-                self._cr_dispatched = 1 if keep else 2
+                self._cr_dispatched = 1 if keep is True else 2  # a rewritten event's CRLF: its own ending
             start = end
         if start:
             del buf[:start]
@@ -164,7 +172,7 @@ class SseScanner:
                 self._buf += chunk  # as the general path leaves it: the chunk buffered, nothing consumed
                 raise
             if keep:
-                out.append(chunk[start:pos])
+                out.append(chunk[start:pos] if keep is True else keep)
             start = pos
         if start < len(chunk):  # a partial event (or line) stays buffered, its complete lines read
             self._buf += chunk[start:] if start else chunk
@@ -192,8 +200,9 @@ class SseScanner:
         if name == b"data":
             self._data.append(value)
 
-    def _dispatch(self) -> bool:
-        """End of an event: check it; return whether to forward it."""
+    def _dispatch(self) -> bool | bytes:
+        """End of an event: check it; return whether to forward it (True: as received), or the
+        bytes to forward instead (its usage without ``cached_tokens``: ``drop_cached``)."""
         if not self._data:
             return True  # comments / retry / id / event lines only
         payload = b"\n".join(self._data)
@@ -218,6 +227,12 @@ class SseScanner:
             self.usage = usage
             if not choices and not self.keep_usage_chunk:
                 return False
+            if self.drop_cached:
+                rewritten = event_without_cached(obj, usage)
+                if rewritten is not None:
+                    if isinstance(choices, list):
+                        self.output_tokens += sum(1 for c in choices if _has_output(c))
+                    return rewritten
         if isinstance(choices, list):
             self.output_tokens += sum(1 for c in choices if _has_output(c))
         return True

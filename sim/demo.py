@@ -226,6 +226,9 @@ def gateway_config(
         "replicas": [{"id": r["replica_id"], "url": r["url"], "pool": "default", "labels": {}} for r in replicas],
         "tenancy": {
             "master_secret_file": str(paths.master_secret),
+            # the benchmark clients read usage.prompt_tokens_details.cached_tokens (sim/replay.py's client
+            # hit rate; bench/scaleout.py's windows): relayed here, dropped by default (review R12-1)
+            "usage_cached_tokens": "pass",
             "tenants": [
                 {"id": t, "spiffe_ids": [f"spiffe://{TRUST_DOMAIN}/{t}/"], "models": [MODEL], "pools": ["default"]}
                 for t in tenants

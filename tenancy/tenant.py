@@ -77,7 +77,10 @@ class Tenant:
     cheap per-request bounds checked before tokenizing; ``None`` takes the
     derived default (docs/tenancy.md, "Request bounds"). ``forward_user``:
     what reaches the replica as the OpenAI ``user`` field (``None``: the
-    gateway default; ``"drop"``; ``"pseudonym"``). ``allow_prompt_logprobs``: a
+    gateway default; ``"drop"``; ``"pseudonym"``). ``usage_cached_tokens``: whether its
+    answers relay ``usage.prompt_tokens_details.cached_tokens`` (``None``: the gateway
+    default, ``tenancy.usage_cached_tokens``; ``"pass"``; ``"drop"``: review R12-1,
+    gateway/usage_privacy.py). ``allow_prompt_logprobs``: a
     completion may ask for ``echo`` with ``logprobs`` (log-probabilities of every prompt
     token, computed by the engine; R4-12); off, it answers 400. ``spiffe_ids`` are the
     identity rules that map to this tenant (prefix rules end in ``/``).
@@ -103,6 +106,7 @@ class Tenant:
     max_messages: int | None = None
     max_batch_prompts: int | None = None
     forward_user: str | None = None
+    usage_cached_tokens: str | None = None
     allow_prompt_logprobs: bool = False
     regulated: bool = False
     data_residency: str | None = None
@@ -204,6 +208,7 @@ def parse_tenant(doc: Any, index: int) -> Tenant:
         max_messages=entry.max_messages,
         max_batch_prompts=batch,
         forward_user=entry.forward_user,
+        usage_cached_tokens=entry.usage_cached_tokens,
         allow_prompt_logprobs=entry.allow_prompt_logprobs,
         regulated=entry.regulated,
         data_residency=entry.data_residency,

@@ -31,6 +31,7 @@ FIELD_MESSAGES: dict[str, str] = {
     "allow_prompt_logprobs": "must be true or false",
     "data_residency": "must be a region name",
     "forward_user": "must be 'drop' or 'pseudonym'",
+    "usage_cached_tokens": "must be 'pass' or 'drop'",
     **{k: "must be a positive finite number" for k in (
         "rate_rps", "rate_burst", "prompt_tokens_per_s", "prompt_tokens_burst",
         "output_tokens_per_s", "output_tokens_burst", "refused_cpu_ms_per_s", "refused_cpu_burst_ms")},
@@ -76,6 +77,7 @@ class TenantEntry(BaseModel):
     max_messages: _PositiveInt | None = None
     max_batch_prompts: _PositiveInt | None = None
     forward_user: Literal["drop", "pseudonym"] | None = None
+    usage_cached_tokens: Literal["pass", "drop"] | None = None
     allow_prompt_logprobs: StrictBool = False
     regulated: StrictBool = False
     data_residency: _Name | None = None

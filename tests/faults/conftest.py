@@ -51,7 +51,8 @@ def stable_secret(tmp_path: Path) -> str:
 @pytest.fixture
 def config_overrides(stable_secret: str) -> dict[str, Any]:
     return {
-        "tenancy": {"master_secret_file": stable_secret},
+        # the replicas' cached_tokens reach the client (the default drops them: review R12-1)
+        "tenancy": {"master_secret_file": stable_secret, "usage_cached_tokens": "pass"},
         "upstream": {"connect_timeout_s": 0.5, "first_byte_timeout_s": 0.5, "read_timeout_s": 0.5,
                      "total_timeout_s": 2.0, "max_attempts": 2},
         "health": {"interval_s": 0.1, "timeout_s": 0.3, "unhealthy_after": 1, "healthy_after": 1,

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 LONG = " ".join(f"w{i}" for i in range(400))
+
+
+@pytest.fixture
+def config_overrides():
+    """The replicas' ``cached_tokens`` reach the client (the default drops them: review R12-1)."""
+    return {"tenancy": {"usage_cached_tokens": "pass"}}
 
 
 def completion(prompt: str = LONG, **kw):

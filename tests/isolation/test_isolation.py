@@ -13,8 +13,15 @@ import secrets
 from typing import Any
 
 import httpx
+import pytest
 
 WORDS = 400  # 25 blocks of 16 tokens
+
+
+@pytest.fixture
+def config_overrides() -> dict[str, Any]:
+    """The replicas' ``cached_tokens`` reach the client (the default drops them: review R12-1)."""
+    return {"tenancy": {"usage_cached_tokens": "pass"}}
 
 
 def prompt(tag: str, n: int = WORDS) -> str:

@@ -23,7 +23,8 @@ WORDS = 320
 
 @pytest.fixture
 def config_overrides() -> dict[str, Any]:
-    return {"identity": {"unauthenticated_burst": 1000}}
+    # the replicas' cached_tokens reach the client (its default drops them: review R12-1)
+    return {"identity": {"unauthenticated_burst": 1000}, "tenancy": {"usage_cached_tokens": "pass"}}
 
 
 def op_headers(stack: Any, audience: str = "prefixgate-admin", who: str = "ops/admin") -> dict[str, str]:
@@ -82,7 +83,7 @@ async def test_tenant_key_rotation_keeps_locality_and_cache(stack: Any) -> None:
     assert stack.components.keyring.key_version("tenant-b") == 1
 
 
-@pytest.mark.parametrize("config_overrides", [{"tenancy": {"key_grace_s": 0}}])
+@pytest.mark.parametrize("config_overrides", [{"tenancy": {"key_grace_s": 0, "usage_cached_tokens": "pass"}}])
 async def test_without_grace_the_index_starts_over(stack: Any) -> None:
     """Contrast: with ``key_grace_s: 0`` the previous version is forgotten at once,
     so the locality kept above is the grace period's doing, not luck."""

@@ -51,7 +51,8 @@ def config_overrides() -> dict[str, Any]:
     # health: generous probe bounds; on a loaded CI machine two 1 s probe timeouts once marked the only
     # replica down mid-probe (503), which says nothing about timing across tenants
     return {"routing": {"policy": "cache_aware", "block_size": 16, "index_capacity_blocks": 20000},
-            "health": {"timeout_s": 10.0, "unhealthy_after": 5}}
+            "health": {"timeout_s": 10.0, "unhealthy_after": 5},
+            "tenancy": {"usage_cached_tokens": "pass"}}  # the client reads cached_tokens (default: dropped, R12-1)
 
 
 def text(tag: str) -> str:

@@ -1,0 +1,155 @@
+"""What a tenant's answers may tell it about the shared KV cache (session 12, review R12-1).
+
+``usage.prompt_tokens_details.cached_tokens`` counts the prompt tokens a replica found in its
+prefix cache. The per-tenant ``cache_salt`` keeps another tenant's blocks from ever being a *hit*,
+but tenants still share each replica's KV *capacity*: a tenant that fills a replica with its own
+blocks, lets a victim run and re-sends its oldest prompt reads, in this exact counter, how many of
+its blocks the victim's prompt evicted (prime+probe; docs/tenancy.md, T1). Per tenant,
+``usage_cached_tokens`` (``tenancy.usage_cached_tokens`` by default: ``drop``) decides whether the
+counter reaches the client:
+
+* ``drop`` (default, fail closed): the answer's top-level ``usage.prompt_tokens_details`` loses its
+  ``cached_tokens`` (and the whole ``prompt_tokens_details`` when nothing else is left in it, which
+  is what vLLM answers without ``--enable-prompt-tokens-details``), in plain JSON answers and in a
+  stream's usage chunk;
+* ``pass``: the replica's answer goes out unchanged.
+
+The gateway's own readers (ledger, audit ``delivered_prefix_tokens``, concentration alerts, routing
+calibration) read the replica's usage as parsed, before this: they keep the true value.
+
+Cost (issue 14): an answer without the field costs two dictionary lookups. A plain answer with it
+loses exactly the bytes of ``prompt_tokens_details`` when they are vLLM's compact shape (found from
+the end, :func:`_exact_cut`), else has only its usage object replaced (found from the end, checked
+against the parsed usage: :func:`_usage_span`), else, when neither is certain, is written again
+whole (:func:`plain_without_cached`); a stream's usage chunk (one small event per stream) is written
+again (:func:`event_without_cached`). Everything else stays byte for byte (docs/benchmarks.md, fixr12).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import orjson
+
+__all__ = ["PASS", "DROP", "drops_cached", "usage_without_cached", "plain_without_cached", "event_without_cached"]
+
+PASS = "pass"
+DROP = "drop"
+
+_KEY = b'"usage"'
+_DETAILS = b'"prompt_tokens_details":{"cached_tokens":'
+_COMMA_DETAILS = b"," + _DETAILS
+_AFTER_KEY = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*\{")
+#: closing braces tried when looking for the end of the usage object (usage nests one object deep)
+_MAX_CLOSERS = 8
+
+
+def drops_cached(tenant_setting: str | None, default: str) -> bool:
+    """Whether a tenant's answers lose ``cached_tokens``: its own ``usage_cached_tokens`` (None: the
+    ``tenancy`` ``default``); anything but ``pass`` drops (fail closed)."""
+    return (tenant_setting or default) != PASS
+
+
+def usage_without_cached(usage: dict[str, Any]) -> dict[str, Any] | None:
+    """``usage`` without ``prompt_tokens_details.cached_tokens`` (a new dict; ``prompt_tokens_details``
+    left out when it held nothing else), or None when there is nothing to drop (no such key)."""
+    details = usage.get("prompt_tokens_details")
+    if type(details) is not dict or "cached_tokens" not in details:
+        return None
+    rest = {k: v for k, v in details.items() if k != "cached_tokens"}
+    if not rest:
+        return {k: v for k, v in usage.items() if k != "prompt_tokens_details"}
+    return {k: rest if k == "prompt_tokens_details" else v for k, v in usage.items()}
+
+
+def _dumps(value: Any) -> bytes:
+    """JSON bytes of ``value`` (orjson; :mod:`json` for what orjson refuses, e.g. an integer beyond 64 bits)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _usage_span(data: bytes, usage: dict[str, Any]) -> tuple[int, int] | None:
+    """(start, end) of the top-level usage object's bytes in the JSON object ``data`` whose parsed
+    ``usage`` is ``usage``; None when not found with certainty.
+
+    The last ``"usage"`` key (OpenAI/vLLM answers end with it) is taken: its quote must not be escaped
+    (a string's content can hold ``\\"usage"``), a ``{`` must follow its colon, the object's end is the
+    first ``}`` that balances the braces, and the slice must parse to exactly ``usage`` (a brace inside
+    a string, another object named usage: not equal, None)."""
+    i = data.rfind(_KEY)
+    if i <= 0 or data[i - 1] == 0x5C:  # a backslash before: inside a string (or too odd to be sure)
+        return None
+    m = _AFTER_KEY.match(data, i + len(_KEY))
+    if m is None:
+        return None
+    start = m.end() - 1
+    pos = start
+    for _ in range(_MAX_CLOSERS):
+        end = data.find(b"}", pos + 1)
+        if end < 0:
+            return None
+        end += 1
+        piece = data[start:end]
+        if piece.count(b"{") == piece.count(b"}"):
+            try:
+                return (start, end) if orjson.loads(piece) == usage else None
+            except orjson.JSONDecodeError:
+                return None
+        pos = end - 1
+    return None
+
+
+def _exact_cut(data: bytes, details: dict[str, Any]) -> bytes | None:
+    """The fast path for the shape vLLM and the simulators write (compact, ``prompt_tokens_details``
+    holding ``cached_tokens`` alone, after another usage field or before one): ``data`` without the
+    bytes ``,"prompt_tokens_details":{"cached_tokens":N}`` (or ``"prompt_tokens_details":{...},``), or
+    None when they do not occur exactly once. Such bytes are the replica's own structure, never a
+    string's content (a string cannot hold an unescaped quote: the one before the key must open it), and
+    the parsed usage holds exactly them: an answer with one occurrence has it in its usage object."""
+    n = details.get("cached_tokens")
+    if len(details) != 1 or type(n) is not int:
+        return None
+    tail = str(n).encode() + b"}"  # bytes %-formatting costs ~1 us: concatenated
+    piece = _COMMA_DETAILS + tail  # vLLM writes it after the other usage fields
+    i = data.rfind(piece)
+    if i < 0:
+        piece = _DETAILS + tail + b","
+        i = data.rfind(piece)
+        if i < 0:
+            return None
+    if data.rfind(piece, 0, i) >= 0:  # not the only one (rfind: a forward find is ~6x slower here)
+        return None
+    return data[:i] + data[i + len(piece):]
+
+
+def plain_without_cached(data: bytes, obj: dict[str, Any], usage: dict[str, Any]) -> bytes:
+    """A plain answer's bytes without ``cached_tokens`` (``data``: the replica's JSON object, ``obj``
+    its parse, ``usage``: ``obj["usage"]``). ``data`` itself when there is nothing to drop; else the
+    same bytes with only the usage object written again, or, when that object cannot be located with
+    certainty (:func:`_usage_span`), the whole answer written again (orjson; never the counter)."""
+    details = usage.get("prompt_tokens_details")
+    if type(details) is not dict or "cached_tokens" not in details:
+        return data
+    cut = _exact_cut(data, details)
+    if cut is not None:
+        return cut
+    new = usage_without_cached(usage)
+    assert new is not None
+    span = _usage_span(data, usage)
+    if span is None:
+        return _dumps({**obj, "usage": new})
+    start, end = span
+    return b"".join((data[:start], _dumps(new), data[end:]))
+
+
+def event_without_cached(obj: dict[str, Any], usage: dict[str, Any]) -> bytes | None:
+    """A stream event (parsed ``obj`` with ``usage``) written again without ``cached_tokens``, as
+    ``data: {...}\\n\\n``; None when there is nothing to drop (forward the event as received)."""
+    new = usage_without_cached(usage)
+    if new is None:
+        return None
+    return b"data: " + _dumps({**obj, "usage": new}) + b"\n\n"
