@@ -9,15 +9,16 @@ the log folder), which used to break every restart started from inside it.
 prepend (https://docs.python.org/3/using/cmdline.html#cmdoption-P); the
 environment variable also reaches the children's own children.
 
-The child must still import the *same* PrefixGate as this process: when the
-directory it came from is not otherwise on ``sys.path`` (a source checkout run
-as ``python -m gateway.cli``, a test tree), it goes first on ``PYTHONPATH``. A
-wheel install (site-packages) and an editable one need nothing added.
+The child must still import the *same* PrefixGate as this process: unless that
+came from site-packages (a wheel install, on every child's path anyway), the
+directory it came from (a source checkout run as ``python -m gateway.cli``, an
+editable install's tree, a test tree) goes first on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
 
 import os
+import site
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,18 +34,18 @@ def python_module_argv(module: str, *args: str) -> list[str]:
     return [sys.executable, "-P", "-m", module, *args]
 
 
-def _found_without_cwd(root: str) -> bool:
-    """True when ``root`` is on ``sys.path`` other than as the entry ``-m``/a script prepended
-    (``sys.path[0]``, unless this process itself runs with the safe path)."""
-    entries = sys.path if sys.flags.safe_path else sys.path[1:]
-    return any(os.path.abspath(p or os.curdir) == root for p in entries)
+def _is_site_dir(root: str) -> bool:
+    """True when ``root`` is one of this interpreter's site-packages directories (a wheel
+    install), which every child has on ``sys.path`` anyway, after the standard library."""
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return any(os.path.realpath(d) == root for d in dirs)
 
 
 def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A copy of ``base`` (default ``os.environ``) with ``PYTHONSAFEPATH=1`` and, when needed
-    (see the module docstring), :data:`PROJECT_ROOT` first on ``PYTHONPATH``."""
+    """A copy of ``base`` (default ``os.environ``) with ``PYTHONSAFEPATH=1`` and, unless it is a
+    site-packages directory (see the module docstring), :data:`PROJECT_ROOT` first on ``PYTHONPATH``."""
     env = dict(os.environ if base is None else base)
     env["PYTHONSAFEPATH"] = "1"
-    if not _found_without_cwd(PROJECT_ROOT):
+    if not _is_site_dir(PROJECT_ROOT):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH", "")) if p)
     return env
