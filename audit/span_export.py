@@ -78,10 +78,13 @@ class SpanExportConfigError(ValueError):
 
 def _child_env() -> dict[str, str]:
     """The child's environment: ours, plus the project root on PYTHONPATH so
-    ``-m audit.span_exporter_proc`` resolves from any working directory."""
+    ``-m audit.span_exporter_proc`` resolves from any working directory, and
+    ``PYTHONSAFEPATH=1`` (with ``-P``) so that it never imports the working
+    directory's ``audit`` (R12-4)."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONSAFEPATH"] = "1"
     return env
 
 
@@ -200,7 +203,7 @@ class OffloadSpanProcessor(SpanProcessor):
         # importing stays pending until the child has set SIG_IGN.
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _CHILD_IGNORED)
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "audit.span_exporter_proc"], stdin=subprocess.PIPE,
+            proc = subprocess.Popen([sys.executable, "-P", "-m", "audit.span_exporter_proc"], stdin=subprocess.PIPE,
                                     env=_child_env(), close_fds=True)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)

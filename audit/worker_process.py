@@ -48,8 +48,9 @@ class WorkerProcess:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        env["PYTHONSAFEPATH"] = "1"  # with -P: never the working directory's `audit` (R12-4)
         self._proc = await asyncio.create_subprocess_exec(
-            self._python, "-m", "audit.worker", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            self._python, "-P", "-m", "audit.worker", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             env=env, limit=1 << 24)
         assert self._proc.stdin is not None
         self._proc.stdin.write(self._config + b"\n")

@@ -42,9 +42,12 @@ def serve(config_path: str, workers: int, worker_index: int | None) -> None:
     collision = collision_message()  # before importing `policy`: it may be another project's (R5-9)
     if collision:
         raise click.ClickException(collision)
+    from gateway.child_python import child_env
     from policy import reexec_with_go_gc
 
-    reexec_with_go_gc(["-m", "gateway.cli", *sys.argv[1:]])
+    # R12-4: the re-exec (and, through PYTHONSAFEPATH, its children) imports PrefixGate
+    # from where this process did, never from the working directory
+    reexec_with_go_gc(["-P", "-m", "gateway.cli", *sys.argv[1:]], child_env())
     from audit.dirlock import AuditDirectoryInUse
     from audit.worker_process import AuditWorkerError
     from gateway.config import ConfigError, load_config

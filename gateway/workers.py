@@ -52,6 +52,7 @@ from collections.abc import Callable
 from typing import Any
 
 from audit.config_schema import AuditSection
+from gateway.child_python import child_env, python_module_argv
 from gateway.config import GatewayConfig
 from gateway.server import ListenerUnavailable, bind_listener, bind_listeners
 
@@ -146,7 +147,7 @@ def run_workers(cfg: GatewayConfig, config_path: str, workers: int) -> int:
         host, port = s.getsockname()[:2]
         how = "a socket per worker, SO_REUSEPORT" if name == "public" and per_worker else "shared"
         log.info("listening: %s http://%s:%d (%d workers, %s)", name, host, port, workers, how)
-    argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", config_path]
+    argv = python_module_argv("gateway.cli", "serve", "--config", config_path)  # -P: R12-4
     alive: dict[int, int] = {}
     signalled: set[int] = set()
     stopping = False
@@ -171,7 +172,7 @@ def run_workers(cfg: GatewayConfig, config_path: str, workers: int) -> int:
         if stopping:  # stopped while starting: start no more
             break
         fds = [public[i if per_worker else 0].fileno(), *(a.fileno() for a in admin)]
-        env = {**os.environ, ENV_LISTEN_FDS: ",".join(map(str, fds))}
+        env = {**child_env(), ENV_LISTEN_FDS: ",".join(map(str, fds))}
         proc = subprocess.Popen([*argv, "--worker-index", str(i)], env=env, pass_fds=fds)
         alive[proc.pid] = i
         if stopping:  # the signal came while this one was being started (not yet in ``alive``)

@@ -223,7 +223,7 @@ def spawn_cluster(n: int, *, host: str = "127.0.0.1", base_port: int = 0, timeou
     ReplicaConfig(**cfg)  # validate before spawning
     tmpdir = tempfile.TemporaryDirectory(prefix="pg-sim-")
     ready = os.path.join(tmpdir.name, "ready.json")
-    argv = [python or sys.executable, "-m", "sim.cluster", "--replicas", str(n), "--host", host,
+    argv = [python or sys.executable, "-P", "-m", "sim.cluster", "--replicas", str(n), "--host", host,
             "--base-port", str(base_port), "--ready-file", ready]
     for k, v in cfg.items():
         argv += [f"--{k.replace('_', '-')}", str(v)]

@@ -34,7 +34,12 @@ __all__ = [
     "wait_for_url",
     "wait_for_json_file",
     "python_module_cmd",
+    "PROJECT_ROOT",
 ]
+
+
+#: the directory holding this process's ``sim`` package (a checkout, or site-packages)
+PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
 
 
 class ProcessStartError(RuntimeError):
@@ -118,8 +123,12 @@ def wait_for_port(port: int, *, popen: subprocess.Popen[bytes] | None = None, ti
 
 
 def python_module_cmd(module: str, *args: str) -> list[str]:
-    """Return ``[sys.executable, "-m", module, *args]`` (the current interpreter, e.g. the venv's)."""
-    return [sys.executable, "-m", module, *args]
+    """Return ``[sys.executable, "-P", "-m", module, *args]`` (the current interpreter, e.g. the venv's).
+
+    ``-P``: the working directory is not put first on ``sys.path``, so a directory there named
+    like one of PrefixGate's packages is never imported instead (R12-4); :func:`start_process`
+    puts :data:`PROJECT_ROOT` on ``PYTHONPATH`` so that a source checkout still resolves."""
+    return [sys.executable, "-P", "-m", module, *args]
 
 
 def start_process(
@@ -132,7 +141,8 @@ def start_process(
 ) -> ManagedProcess:
     """Start ``cmd`` in a new session with stdout+stderr to ``log_dir/name.log``.
 
-    ``env`` entries are added to the current environment. Raises
+    ``env`` entries are added to the current environment, whose ``PYTHONPATH`` starts with
+    :data:`PROJECT_ROOT` (for :func:`python_module_cmd`'s ``-P``). Raises
     :class:`OSError` if the executable cannot be started.
     """
     log_dir = Path(log_dir)
@@ -140,6 +150,7 @@ def start_process(
     log_path = log_dir / f"{name}.log"
     fh = open(log_path, "ab")
     full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, full_env.get("PYTHONPATH", "")) if p)
     if env:
         full_env.update(env)
     try:

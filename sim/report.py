@@ -168,8 +168,16 @@ def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _max_mean(mx: float, mean: float, fmt: str) -> str:
+    """``max/mean (ratio)``, e.g. ``113/100 (1.13)``: the two per-replica figures and their ratio
+    (the balance criterion, at most 1.2 in the grid); ``-`` for the ratio when the mean is 0."""
+    return f"{mx:{fmt}}/{mean:{fmt}} ({_f(mx / mean if mean else None, '.2f')})"
+
+
 def render_markdown(summaries: Sequence[RouterSummary], title: str | None = None) -> str:
-    """Render the side-by-side table (one row per router) as GitHub Markdown."""
+    """Render the side-by-side table (one row per router) as GitHub Markdown. The two
+    ``max/mean`` columns give the busiest replica's and the per-replica mean figure, then
+    their ratio in parentheses (R12-D3)."""
     head = ("| router | ok/req | TTFT p50 | TTFT p90 | TTFT p99 | e2e p50 | e2e p99 | hit rate "
             "| pooled bound | oracle | hit/pooled | req max/mean | prefill busy max/mean (s) | errors |")
     sep = "|" + "---|" * 14
@@ -181,12 +189,13 @@ def render_markdown(summaries: Sequence[RouterSummary], title: str | None = None
             f"| {s.router} | {s.ok}/{s.requests} | {_f(s.ttft_p50, '.3f')} | {_f(s.ttft_p90, '.3f')} "
             f"| {_f(s.ttft_p99, '.3f')} | {_f(s.e2e_p50, '.2f')} | {_f(s.e2e_p99, '.2f')} "
             f"| {_f(s.hit_rate, '.3f')} | {_f(s.pooled_bound, '.3f')} | {_f(s.oracle_bound, '.3f')} "
-            f"| {_f(s.hit_vs_pooled, '.2f')} | {s.requests_max:.0f}/{s.requests_mean:.0f} "
-            f"| {s.prefill_busy_max_s:.1f}/{s.prefill_busy_mean_s:.1f} | {errs} |"
+            f"| {_f(s.hit_vs_pooled, '.2f')} | {_max_mean(s.requests_max, s.requests_mean, '.0f')} "
+            f"| {_max_mean(s.prefill_busy_max_s, s.prefill_busy_mean_s, '.1f')} | {errs} |"
         )
     lines.append("")
     lines.append("Times in trace seconds (wall x time scale). Hit rate = sum cached / sum prompt tokens "
-                 "over the replicas; bounds from `sim.bounds` on the same rows.")
+                 "over the replicas; bounds from `sim.bounds` on the same rows. max/mean: the busiest "
+                 "replica's requests (prefill busy seconds) / the mean over replicas (ratio).")
     return "\n".join(lines) + "\n"
 
 
