@@ -284,9 +284,9 @@ class AuditHub:
         :func:`audit.tracing.finish_trace_start` would make (same span id, flags and start, the
         client's link, a root's empty trace state)."""
         if self.worker_spans and ts.flags.sampled:
-            return format(ts.trace_id, "032x"), (ts.span_id, int(ts.flags), ts.start_ns,
-                                                 encode_links(_client_links(ts.carrier)), None)
-        return format(ts.trace_id, "032x"), None
+            return ts.trace_hex(), (ts.span_id, int(ts.flags), ts.start_ns, encode_links(_client_links(ts.carrier)),
+                                    None)
+        return ts.trace_hex(), None
 
     def _static_span_part(self, rt: Any, wall0: int | None) -> tuple[str, tuple | None]:
         sc = rt.context

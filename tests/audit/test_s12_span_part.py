@@ -99,3 +99,14 @@ def test_an_unsampled_trace_recorded_elsewhere_sends_only_its_id(prepared: bool)
     if prepared:
         hub.prepare_request(rec)
     assert hub._end_spans(rec) == (format(ts.trace_id, "032x"), None)
+
+
+@given(trace_id=st.integers(1, (1 << 128) - 1), span_id=st.integers(1, (1 << 64) - 1), sampled=st.booleans(),
+       made=st.booleans())
+def test_the_trace_hex_is_the_formatted_id_with_or_without_the_header(trace_id: int, span_id: int, sampled: bool,
+                                                                       made: bool) -> None:
+    flags = tracing.TraceFlags(tracing.TraceFlags.SAMPLED if sampled else tracing.TraceFlags.DEFAULT)
+    ts = tracing.TraceStart(None, (), trace_id, span_id, flags, 0, None)  # type: ignore[arg-type]
+    if made:
+        assert ts.traceparent() == ts.traceparent() == f"00-{trace_id:032x}-{span_id:016x}-{int(flags):02x}"
+    assert ts.trace_hex() == format(trace_id, "032x")
