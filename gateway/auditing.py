@@ -266,27 +266,19 @@ class AuditHub:
 
     def prepare_request(self, rec: RequestRecord) -> None:
         """The span part of the request's audit event, ahead, when it does not depend on how the request ends
-        (a trace not recorded here: its id; with :attr:`worker_spans` and sampled, the span extra): called while
-        the replica works (issue 14, session 10); :meth:`emit_request` uses it. The trace stays in ``rec``."""
+        (a trace not recorded here: its id, with :attr:`worker_spans` and sampled the span extra): called while
+        the replica works (issue 14, session 10) for :meth:`emit_request`. The trace stays in ``rec``."""
         rt = rec.extra.get("trace")
         if type(rt) is TraceStart and not (rt.processors and rt.flags.sampled):  # not recorded here: no RequestTrace
             rec.extra["span_part"] = self._start_span_part(rt)
-            return
-        rt = self.request_trace(rec)
-        if rt is not None and not records(rt):
+        elif (rt := self.request_trace(rec)) is not None and not records(rt):
             rec.extra["span_part"] = self._static_span_part(rt, rec.extra.get("wall0_ns"))
 
     def _start_span_part(self, ts: TraceStart) -> tuple[str, tuple | None]:
-        """The span part of a trace whose spans are not recorded in this process (not sampled, or no
-        span processor here): its trace id, and with :attr:`worker_spans` and sampled the span extra, made from the
-        ids directly (issue 14, session 12: no ``SpanContext``/:class:`audit.tracing.RequestTrace` per
-        request): the values :func:`audit.row_spans.span_extra` takes from the trace
-        :func:`audit.tracing.finish_trace_start` would make (same span id, flags and start, the
-        client's link, a root's empty trace state)."""
-        if self.worker_spans and ts.flags.sampled:
-            return ts.trace_hex(), (ts.span_id, int(ts.flags), ts.start_ns, encode_links(_client_links(ts.carrier)),
-                                    None)
-        return ts.trace_hex(), None
+        """The span part of a trace not recorded here, from its ids (session 12: no :class:`RequestTrace`):
+        what :func:`audit.row_spans.span_extra` makes of the trace :func:`finish_trace_start` would make."""
+        return ts.trace_hex(), ((ts.span_id, int(ts.flags), ts.start_ns, encode_links(_client_links(ts.carrier)), None)
+                                if self.worker_spans and ts.flags.sampled else None)
 
     def _static_span_part(self, rt: Any, wall0: int | None) -> tuple[str, tuple | None]:
         sc = rt.context
@@ -303,8 +295,7 @@ class AuditHub:
         if type(rt) is TraceStart and not (rt.processors and rt.flags.sampled):  # not recorded here
             del extra["trace"]
             extra.pop("wall0_ns", None)
-            part = extra.pop("span_part", None)
-            return part if part is not None else self._start_span_part(rt)
+            return extra.pop("span_part", None) or self._start_span_part(rt)
         rt = self.request_trace(rec)
         extra.pop("trace", None)
         span = extra.pop("span", None)
@@ -342,8 +333,7 @@ class AuditHub:
 
     # -- events
     def record_request(self, rec: RequestRecord) -> None:
-        """One audit event (and spans, and a concentration observation) for a finished request:
-        :meth:`emit_request` then :meth:`observe_request`."""
+        """A finished request's audit event and spans (:meth:`emit_request`) and :meth:`observe_request`."""
         self.emit_request(rec)
         self.observe_request(rec)
 
