@@ -186,18 +186,28 @@ class TraceStart:
     a root's is); ``start_ns``: epoch ns; ``carrier``: what the caller needs to make the links later
     (the client's headers), kept as it is; ``processors``: as :attr:`RequestTrace.processors`."""
 
-    __slots__ = ("provider", "processors", "trace_id", "span_id", "flags", "start_ns", "carrier")
+    __slots__ = ("provider", "processors", "trace_id", "span_id", "flags", "start_ns", "carrier", "_tp")
 
     def __init__(self, provider: TracerProvider, processors: Sequence[Any], trace_id: int, span_id: int,
                  flags: TraceFlags, start_ns: int, carrier: Any) -> None:
         self.provider, self.processors = provider, processors
         self.trace_id, self.span_id, self.flags = trace_id, span_id, flags
         self.start_ns, self.carrier = start_ns, carrier
+        self._tp: str | None = None
 
     def traceparent(self) -> str:
         """The W3C ``traceparent`` of the server span (what :func:`request_trace_headers` writes for
-        the :class:`RequestTrace` that :func:`finish_trace_start` makes of it)."""
-        return "00-%032x-%016x-%02x" % (self.trace_id, self.span_id, self.flags)  # %: ~0.2 µs less than an f-string
+        the :class:`RequestTrace` that :func:`finish_trace_start` makes of it); made once."""
+        tp = self._tp
+        if tp is None:  # %: ~0.2 µs less than an f-string
+            tp = self._tp = "00-%032x-%016x-%02x" % (self.trace_id, self.span_id, self.flags)
+        return tp
+
+    def trace_hex(self) -> str:
+        """The trace id as 32 lowercase hex digits (``format(trace_id, "032x")``), cut from the
+        ``traceparent`` when it was made (the request's upstream header; issue 14, session 12)."""
+        tp = self._tp
+        return format(self.trace_id, "032x") if tp is None else tp[3:35]
 
 
 def start_request_trace(provider: TracerProvider, start_ns: int, carrier: Any = None) -> TraceStart | None:

@@ -27,6 +27,7 @@ from starlette.datastructures import Headers
 from audit.event import AuditEvent, Identity, Kind, Outcome, new_event_id, now_ms
 from audit.request_event import request_event
 from audit.row_spans import span_attributes, span_extra, stage_children
+from audit.span_request import encode_links
 from audit.tracing import (RequestTrace, TraceStart, begin_request_trace, end_request_trace, finish_trace_start,
                            incoming_links, records, request_trace_headers, start_request_trace)
 from gateway.record import RequestRecord
@@ -265,19 +266,19 @@ class AuditHub:
 
     def prepare_request(self, rec: RequestRecord) -> None:
         """The span part of the request's audit event, ahead, when it does not depend on how the request ends
-        (a trace not recorded here: its id; with :attr:`worker_spans` and sampled, the span extra): called while
-        the replica works (issue 14, session 10); :meth:`emit_request` uses it. The trace stays in ``rec``."""
+        (a trace not recorded here: its id, with :attr:`worker_spans` and sampled the span extra): called while
+        the replica works (issue 14, session 10) for :meth:`emit_request`. The trace stays in ``rec``."""
         rt = rec.extra.get("trace")
-        if type(rt) is TraceStart and not self._whole(rt):
-            rec.extra["span_part"] = (format(rt.trace_id, "032x"), None)
-            return
-        rt = self.request_trace(rec)
-        if rt is not None and not records(rt):
+        if type(rt) is TraceStart and not (rt.processors and rt.flags.sampled):  # not recorded here: no RequestTrace
+            rec.extra["span_part"] = self._start_span_part(rt)
+        elif (rt := self.request_trace(rec)) is not None and not records(rt):
             rec.extra["span_part"] = self._static_span_part(rt, rec.extra.get("wall0_ns"))
 
-    def _whole(self, ts: TraceStart) -> bool:
-        """True when ``ts``'s spans are built (here, or by the audit worker from the span extra)."""
-        return bool(ts.flags.sampled and (ts.processors or self.worker_spans))
+    def _start_span_part(self, ts: TraceStart) -> tuple[str, tuple | None]:
+        """The span part of a trace not recorded here, from its ids (session 12: no :class:`RequestTrace`):
+        what :func:`audit.row_spans.span_extra` makes of the trace :func:`finish_trace_start` would make."""
+        return ts.trace_hex(), ((ts.span_id, int(ts.flags), ts.start_ns, encode_links(_client_links(ts.carrier)), None)
+                                if self.worker_spans and ts.flags.sampled else None)
 
     def _static_span_part(self, rt: Any, wall0: int | None) -> tuple[str, tuple | None]:
         sc = rt.context
@@ -291,10 +292,10 @@ class AuditHub:
         (:func:`audit.row_spans.span_extra`) goes with the request row and the audit worker builds them."""
         extra = rec.extra
         rt = extra.get("trace")
-        if type(rt) is TraceStart and not self._whole(rt):  # its id only (not made whole)
-            for key in ("trace", "wall0_ns", "span_part"):
-                extra.pop(key, None)
-            return format(rt.trace_id, "032x"), None
+        if type(rt) is TraceStart and not (rt.processors and rt.flags.sampled):  # not recorded here
+            del extra["trace"]
+            extra.pop("wall0_ns", None)
+            return extra.pop("span_part", None) or self._start_span_part(rt)
         rt = self.request_trace(rec)
         extra.pop("trace", None)
         span = extra.pop("span", None)
@@ -332,8 +333,7 @@ class AuditHub:
 
     # -- events
     def record_request(self, rec: RequestRecord) -> None:
-        """One audit event (and spans, and a concentration observation) for a finished request:
-        :meth:`emit_request` then :meth:`observe_request`."""
+        """A finished request's audit event and spans (:meth:`emit_request`) and :meth:`observe_request`."""
         self.emit_request(rec)
         self.observe_request(rec)
 

@@ -12,6 +12,7 @@ series; ``GET /admin/metrics`` (operators) serves both registries. Latencies are
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -34,6 +35,13 @@ class CounterBatch:
 
     def __init__(self) -> None:
         self._pending: dict[Any, float] = {}
+        self._hooks: list[Callable[[], None]] = []
+
+    def on_flush(self, hook: Callable[[], None]) -> None:
+        """Run ``hook()`` at every :meth:`flush`, before the pending increments are handed over: a
+        tally of its own (e.g. :class:`gateway.recording.Recorder`'s per-request counts) adds its sums
+        through this batch's children there, so every read sees them too."""
+        self._hooks.append(hook)
 
     @property
     def pending(self) -> int:
@@ -46,7 +54,9 @@ class CounterBatch:
         return _BatchedCounter(counter, self)
 
     def flush(self) -> None:
-        """Hand every pending sum to its counter."""
+        """Run the :meth:`on_flush` hooks, then hand every pending sum to its counter."""
+        for hook in self._hooks:
+            hook()
         pending, self._pending = self._pending, {}
         for counter, amount in pending.items():
             counter.inc(amount)

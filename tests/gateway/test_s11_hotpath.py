@@ -108,7 +108,8 @@ def test_the_hub_starts_ids_only_and_makes_the_trace_with_the_clients_link_later
     hub.inject_trace_headers(sent, rec)
     assert made == []  # on the request's path: ids, flags and the header only
     hub.prepare_request(rec)  # the replica wait
-    assert made == ["links", "made"]
+    # the worker's span extra is made from the ids and the client's link, without the trace (session 12)
+    assert made == (["links", "made"] if exporter == "memory" else ["links"])
     rt = hub.request_trace(rec)
     assert rt is not None and rt.name == "POST /v1/chat/completions"
     assert rt.attributes == {"http.request.method": "POST", "http.route": "/v1/chat/completions"}
