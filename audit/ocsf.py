@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from audit.event import _GROUP_FIELDS, _PLAIN_TYPES, AuditEvent, Kind, Outcome, json_field
+from audit.encoded import register_consumer, release, shared_body
 from audit.files import open_append
 
 OCSF_VERSION = "1.5.0"
@@ -185,19 +186,13 @@ def _request_const(kind: Kind, outcome: Outcome) -> tuple[dict[str, Any], int, s
     return hit
 
 
-def ocsf_line(event: AuditEvent) -> bytes:
-    """``orjson.dumps(to_ocsf(event), option=OPT_SORT_KEYS)`` (the OCSF file sink's line, no newline),
-    built faster for a request's event (issue 14, session 10): the constant fields per (kind,
-    outcome) made once, ``unmapped.prefixgate`` written inline instead of a :func:`json_field` call
-    per key. Events with kind-specific details (alerts, operator actions, summaries, checkpoints),
-    other kinds and values of unexpected types take :func:`to_ocsf`. Same bytes always
-    (tests/audit/test_s10_fast_formats.py)."""
-    kind, outcome = event.kind, event.outcome
-    if (event.alert is not None or event.operator is not None or event.summary is not None
-            or event.checkpoint is not None or type(kind) is not Kind or type(outcome) is not Outcome
-            or kind not in (Kind.INFERENCE, Kind.AUTH)):
-        return orjson.dumps(to_ocsf(event), option=orjson.OPT_SORT_KEYS)
-    const, class_uid, activity_name = _request_const(kind, outcome)
+#: the keys of ``unmapped.prefixgate`` that a request event can have (:func:`ocsf_line`)
+_PG_KEYS = ("kind", "outcome", *_SCALAR_KEYS, *_GROUP_KEYS)
+
+
+def _prefixgate(event: AuditEvent, kind: Kind, outcome: Outcome) -> dict[str, Any]:
+    """``unmapped.prefixgate`` of a request event read from its fields (:func:`ocsf_line` without a
+    shared dict: an event whose values are not all plain)."""
     pg: dict[str, Any] = {"kind": kind.value, "outcome": outcome.value}
     for name in _SCALAR_KEYS:
         v = getattr(event, name)
@@ -209,6 +204,29 @@ def ocsf_line(event: AuditEvent) -> bytes:
             d = {k: v for k in sub if (v := getattr(g, k)) is not None}
             if d:
                 pg[name] = d
+    return pg
+
+
+def ocsf_line(event: AuditEvent) -> bytes:
+    """``orjson.dumps(to_ocsf(event), option=OPT_SORT_KEYS)`` (the OCSF file sink's line, no newline),
+    built faster for a request's event (issue 14, session 10): the constant fields per (kind,
+    outcome) made once, ``unmapped.prefixgate`` written inline instead of a :func:`json_field` call
+    per key; session 12: ``unmapped.prefixgate`` taken from the event's shared canonical dict
+    (:func:`audit.encoded.shared_body`, built once for the JSONL, OTLP and OCSF sinks). Events with kind-specific details (alerts, operator actions, summaries, checkpoints),
+    other kinds and values of unexpected types take :func:`to_ocsf`. Same bytes always
+    (tests/audit/test_s10_fast_formats.py)."""
+    kind, outcome = event.kind, event.outcome
+    if (event.alert is not None or event.operator is not None or event.summary is not None
+            or event.checkpoint is not None or type(kind) is not Kind or type(outcome) is not Outcome
+            or kind not in (Kind.INFERENCE, Kind.AUTH)):
+        release(event)  # this sink's take of the shared entry, if the other sinks made one
+        return orjson.dumps(to_ocsf(event), option=orjson.OPT_SORT_KEYS)
+    const, class_uid, activity_name = _request_const(kind, outcome)
+    body = shared_body(event)  # the event's canonical dict, shared with the JSONL and OTLP sinks
+    if body is not None:  # unmapped.prefixgate is a part of it (same values, groups without None)
+        pg = {k: v for k in _PG_KEYS if (v := body.get(k)) is not None}
+    else:
+        pg = _prefixgate(event, kind, outcome)
     out = dict(const)
     if event.time_ms is not None:
         out["time"] = event.time_ms
@@ -280,6 +298,8 @@ class OcsfFileSink:
         self.path = path
         self._validate = validate
         self._fh: Any = None
+        if not validate:  # takes every event's shared canonical dict (ocsf_line)
+            register_consumer(self)
 
     async def open(self) -> None:
         """Open the file for appending."""

@@ -57,6 +57,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from yarl import URL
 
+from audit.encoded import register_consumer
 from audit.event import AuditEvent
 from audit.http_proxy import env_proxy
 from audit.otlp_log_build import WARN_OUTCOMES, build_request, build_resource, severity_of, trace_id_bytes
@@ -187,6 +188,7 @@ class OtlpLogSink:
         if max_batch < 1:
             raise ValueError("OTLP max_batch must be >= 1")
         self.name = name
+        register_consumer(self)  # takes every event's shared canonical JSON (LogRecord bodies)
         self.endpoint = endpoint
         #: seconds AuditLog lets events accumulate before a send (one request per batch)
         self.linger_s = linger_s
