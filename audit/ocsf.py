@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from audit.event import _GROUP_FIELDS, _PLAIN_TYPES, AuditEvent, Kind, Outcome, json_field
-from audit.encoded import register_consumer, release, shared_body
+from audit.encoded import OUTCOME_VALUE, register_consumer, release, shared_body
 from audit.files import open_append
 
 OCSF_VERSION = "1.5.0"
@@ -245,7 +245,7 @@ def ocsf_line(event: AuditEvent) -> bytes:
         actor["user"] = {"uid": identity.spiffe_id, "type_id": 99, "type": "Workload", "domain": identity.trust_domain}
     if policy.decision_id or policy.reason_code:
         actor["authorizations"] = [{
-            "decision": outcome.value,
+            "decision": OUTCOME_VALUE[outcome],
             "policy": {k: v for k, v in (("uid", policy.decision_id), ("name", policy.reason_code),
                                          ("desc", policy.reason)) if v},
         }]
