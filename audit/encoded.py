@@ -24,6 +24,7 @@ and groups again; the OCSF sink is the third taker of an entry.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -31,7 +32,8 @@ import orjson
 from audit import event as _event_module
 from audit.event import _PLAIN_TYPES, AuditEvent, Kind, Outcome, iso_ms
 
-__all__ = ["KIND_VALUE", "OUTCOME_VALUE", "SHARED_JSON_MAX", "register_consumer", "release", "shared_body", "shared_json"]
+__all__ = ["KIND_VALUE", "OUTCOME_VALUE", "SHARED_JSON_MAX", "peek", "prerender", "register_consumer", "release",
+           "shared_body", "shared_json", "take_rendered"]
 
 #: ``member.value`` of each kind and outcome (session 12: an enum's ``.value`` is a property, ~0.24 µs;
 #: a dict lookup ~0.03, and the sinks read these several times per event); only for exact enum members
@@ -41,19 +43,78 @@ OUTCOME_VALUE: dict[Outcome, str] = {o: o.value for o in Outcome}
 #: Most events whose encoding is kept for a second sink.
 SHARED_JSON_MAX = 8192
 
-#: id(event) -> [event, canonical JSON bytes, its dict (a plain event) or None, takes left]
+#: id(event) -> [event, canonical JSON bytes, its dict (a plain event) or None, takes left, then the
+#: formats :func:`prerender` made, each in its key's slot]
 _SHARED: dict[int, list[Any]] = {}
 #: the live sinks that take every event's entry once (:func:`register_consumer`); an entry is dropped
 #: after that many counted takes (two when none is registered: the JSONL chain and the OTLP log sink)
 _CONSUMERS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def register_consumer(sink: object) -> None:
+#: format key -> (the live sinks that take it, its render function, its slot in an entry): what
+#: :func:`prerender` makes
+_RENDERERS: dict[str, tuple[weakref.WeakSet[Any], Callable[[AuditEvent], Any], int]] = {}
+
+
+def register_consumer(sink: object, key: str | None = None,
+                      render: Callable[[AuditEvent], Any] | None = None) -> None:
     """Count ``sink`` among the takers of every event's shared entry while it lives (session 12: the
-    JSONL chain, the OTLP log sink and the OCSF file sink each take an event's entry once, so an
-    entry is dropped after as many counted takes as there are live such sinks; a taker more or
-    less only costs an encoding again or keeps an entry until :data:`SHARED_JSON_MAX` evicts it)."""
+    JSONL chain, the OTLP log sink, the OCSF file sink and the CEF syslog sink each take an event's
+    entry once, so an entry is dropped after as many counted takes as there are live such sinks; a
+    taker more or less only costs an encoding again or keeps an entry until :data:`SHARED_JSON_MAX`
+    evicts it). With ``key`` and ``render``: :func:`prerender` also makes ``render(event)`` (the
+    sink's own format of the event, never None, taking nothing from the entry) while such a sink
+    lives, and the sink takes it with :func:`take_rendered`."""
     _CONSUMERS.add(sink)
+    if key is not None and render is not None:
+        live = _RENDERERS.get(key)
+        if live is None:
+            live = _RENDERERS[key] = (weakref.WeakSet(), render, 4 + len(_RENDERERS))
+        live[0].add(sink)
+
+
+def prerender(event: AuditEvent) -> None:
+    """The one pass over an event for every sink (session 12, the audit worker right after
+    ``AuditLog.emit`` queued it): its canonical JSON and dict, and each registered sink's format
+    (:func:`register_consumer`), made while the event is fresh in the CPU's caches instead of by
+    each sink's task up to 0.5 s later (the OTLP sink's records cost ~2x there: in-situ medians,
+    docs/benchmarks.md "Session 12: audit worker"). A render that raises is left out: that sink
+    formats the event itself, as before, and meets the same error. The same bytes either way
+    (tests/audit/test_s12_worker_golden.py)."""
+    hit = _entry(event)
+    for live, render, slot in _RENDERERS.values():
+        if live:
+            try:
+                value = render(event)
+            except Exception:  # noqa: BLE001 -- the sink's own path decides, as without a prerender
+                continue
+            if len(hit) <= slot:
+                hit.extend([None] * (slot + 1 - len(hit)))
+            hit[slot] = value
+    # the dict is not kept (the OCSF line is made): fewer container objects alive until the sinks
+    # take the entry, so the cyclic GC's young collections stay as rare as before (its retained dicts
+    # cost ~4 us/event of GC in the worker bench); a sink that still asks for it reads the event
+    hit[2] = None
+
+
+def take_rendered(event: AuditEvent, key: str) -> Any:
+    """The ``key`` format :func:`prerender` made of ``event`` (a counted take of its entry), or None
+    when there is none (nothing taken: the sink formats the event itself)."""
+    hit = _SHARED.get(id(event))
+    if hit is not None and hit[0] is event:
+        slot = _RENDERERS[key][2] if key in _RENDERERS else 1 << 30
+        if len(hit) > slot:
+            value = hit[slot]
+            if value is not None:
+                _take(hit)
+                return value
+    return None
+
+
+def peek(event: AuditEvent) -> list[Any]:
+    """``event``'s entry ``[event, canonical JSON, dict or None, takes left, ...]`` (made if missing)
+    without taking it: for the render functions of :func:`prerender`. Do not change it."""
+    return _entry(event)
 
 
 def _entry(event: AuditEvent) -> list[Any]:

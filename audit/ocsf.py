@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from audit.event import _GROUP_FIELDS, _PLAIN_TYPES, AuditEvent, Kind, Outcome, json_field
-from audit.encoded import OUTCOME_VALUE, register_consumer, release, shared_body
+from audit.encoded import OUTCOME_VALUE, peek, register_consumer, release, shared_body, take_rendered
 from audit.files import open_append
 
 OCSF_VERSION = "1.5.0"
@@ -212,17 +212,35 @@ def ocsf_line(event: AuditEvent) -> bytes:
     built faster for a request's event (issue 14, session 10): the constant fields per (kind,
     outcome) made once, ``unmapped.prefixgate`` written inline instead of a :func:`json_field` call
     per key; session 12: ``unmapped.prefixgate`` taken from the event's shared canonical dict
-    (:func:`audit.encoded.shared_body`, built once for the JSONL, OTLP and OCSF sinks). Events with kind-specific details (alerts, operator actions, summaries, checkpoints),
-    other kinds and values of unexpected types take :func:`to_ocsf`. Same bytes always
-    (tests/audit/test_s10_fast_formats.py)."""
+    (:func:`audit.encoded.shared_body`, built once for the JSONL, OTLP and OCSF sinks), or the whole
+    line as the audit worker's one pass made it (:func:`audit.encoded.prerender`). Events with
+    kind-specific details (alerts, operator actions, summaries, checkpoints), other kinds and values
+    of unexpected types take :func:`to_ocsf`. Same bytes always (tests/audit/test_s10_fast_formats.py,
+    tests/audit/test_s12_worker_golden.py)."""
+    pre = take_rendered(event, "ocsf")
+    if pre is not None:
+        return pre  # type: ignore[no-any-return]
+    return _ocsf_line(event, True)
+
+
+def render_ocsf(event: AuditEvent) -> bytes:
+    """:func:`ocsf_line` of a request event for :func:`audit.encoded.prerender` (takes nothing from
+    the shared entry). Raises ValueError for any other event (its sink formats it itself)."""
+    return _ocsf_line(event, False)
+
+
+def _ocsf_line(event: AuditEvent, take: bool) -> bytes:
     kind, outcome = event.kind, event.outcome
     if (event.alert is not None or event.operator is not None or event.summary is not None
             or event.checkpoint is not None or type(kind) is not Kind or type(outcome) is not Outcome
             or kind not in (Kind.INFERENCE, Kind.AUTH)):
+        if not take:
+            raise ValueError("not a request event")
         release(event)  # this sink's take of the shared entry, if the other sinks made one
         return orjson.dumps(to_ocsf(event), option=orjson.OPT_SORT_KEYS)
     const, class_uid, activity_name = _request_const(kind, outcome)
-    body = shared_body(event)  # the event's canonical dict, shared with the JSONL and OTLP sinks
+    # the event's canonical dict, shared with the JSONL and OTLP sinks
+    body = shared_body(event) if take else peek(event)[2]
     if body is not None:  # unmapped.prefixgate is a part of it (same values, groups without None)
         pg = {k: v for k in _PG_KEYS if (v := body.get(k)) is not None}
     else:
@@ -298,8 +316,8 @@ class OcsfFileSink:
         self.path = path
         self._validate = validate
         self._fh: Any = None
-        if not validate:  # takes every event's shared canonical dict (ocsf_line)
-            register_consumer(self)
+        if not validate:  # takes every event's shared canonical dict or its prerendered line (ocsf_line)
+            register_consumer(self, "ocsf", render_ocsf)
 
     async def open(self) -> None:
         """Open the file for appending."""

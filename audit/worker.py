@@ -53,6 +53,7 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 
+from audit.encoded import prerender
 from audit.event import AuditEvent, EventSchemaError
 from audit.request_event import REQUEST_ROW_FIELDS, request_event
 from audit.scrub import row_is_clean
@@ -235,9 +236,13 @@ async def run() -> int:
                     t = frame["t"]
                     if t == "r":  # built with the instance already stamped (no replace in emit)
                         row = frame["r"]
+                        event = request_event(row, instance)
                         # the flat row checked instead of the event's groups (audit.scrub.row_is_clean)
-                        audit.emit(request_event(row, instance),
-                                   scrubbed=instance_clean and row_is_clean(row, _FP_INDEX))
+                        clean = instance_clean and row_is_clean(row, _FP_INDEX)
+                        n = audit.emitted_n
+                        audit.emit(event, scrubbed=clean)
+                        if clean and audit.emitted_n != n:  # queued as it is: every sink's format now
+                            prerender(event)  # (one pass while the event is fresh: audit.encoded)
                         tracker.emitted(int(frame["s"]))
                         if spans is not None and "x" in frame:
                             spans.request(frame["r"], frame["x"])
