@@ -228,6 +228,7 @@ async def run() -> int:
             lines = (buf + chunk).split(b"\n")
             buf = lines.pop()
             stop = False
+            fresh: list[AuditEvent] = []
             for line in lines:
                 if not line:
                     continue
@@ -241,8 +242,8 @@ async def run() -> int:
                         clean = instance_clean and row_is_clean(row, _FP_INDEX)
                         n = audit.emitted_n
                         audit.emit(event, scrubbed=clean)
-                        if clean and audit.emitted_n != n:  # queued as it is: every sink's format now
-                            prerender(event)  # (one pass while the event is fresh: audit.encoded)
+                        if clean and audit.emitted_n != n:  # queued as it is: every sink's format made
+                            fresh.append(event)  # after this read (one pass while fresh: audit.encoded)
                         tracker.emitted(int(frame["s"]))
                         if spans is not None and "x" in frame:
                             spans.request(frame["r"], frame["x"])
@@ -253,6 +254,9 @@ async def run() -> int:
                         audit.emit(AuditEvent.from_dict(frame["e"]))
                         tracker.emitted(int(frame["s"]))
                     elif t == "drain":
+                        if fresh:  # before the sinks run
+                            prerender(fresh)
+                            fresh = []
                         ok = await audit.drain(float(frame.get("timeout", 10.0)))
                         tracker.report(out, force=True)
                         out.send({"t": "reply", "id": frame["id"], "ok": ok})
@@ -264,6 +268,8 @@ async def run() -> int:
                     # a frame the gateway cannot have meant: say so, count it as lost, never guess
                     tracker.bad_frames += 1
                     log.error("audit worker: malformed frame refused (%s)", type(exc).__name__)
+            if fresh:
+                prerender(fresh)
             tracker.report(out, paced=True)
             if stop:
                 break
