@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.dirlock import lock_directory
 from audit.chain import GENESIS, canonical_json, encode_record, make_record, sign_checkpoint
-from audit.encoded import register_consumer, shared_json
+from audit.encoded import shared_json
 from audit.event import AuditEvent, Kind, Outcome, iso_ms, now_ms
 from audit.sink import SinkUnavailable
 from audit.files import open_append
@@ -89,7 +89,6 @@ class JsonlChainSink:
         linger_s: float = 0.02,
     ) -> None:
         self.name = name
-        register_consumer(self)  # takes every event's shared canonical JSON (record bodies)
         #: seconds AuditLog lets events accumulate before a send (one write per batch)
         self.linger_s = linger_s
         self.directory = Path(directory)

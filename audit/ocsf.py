@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from audit.event import _GROUP_FIELDS, _PLAIN_TYPES, AuditEvent, Kind, Outcome, json_field
-from audit.encoded import OUTCOME_VALUE, peek, register_consumer, release, shared_body, take_rendered
+from audit.encoded import KIND_VALUE, OUTCOME_VALUE
 from audit.files import open_append
 
 OCSF_VERSION = "1.5.0"
@@ -186,14 +186,20 @@ def _request_const(kind: Kind, outcome: Outcome) -> tuple[dict[str, Any], int, s
     return hit
 
 
-#: the keys of ``unmapped.prefixgate`` that a request event can have (:func:`ocsf_line`)
-_PG_KEYS = ("kind", "outcome", *_SCALAR_KEYS, *_GROUP_KEYS)
-
-
-def _prefixgate(event: AuditEvent, kind: Kind, outcome: Outcome) -> dict[str, Any]:
-    """``unmapped.prefixgate`` of a request event read from its fields (:func:`ocsf_line` without a
-    shared dict: an event whose values are not all plain)."""
-    pg: dict[str, Any] = {"kind": kind.value, "outcome": outcome.value}
+def ocsf_line(event: AuditEvent) -> bytes:
+    """``orjson.dumps(to_ocsf(event), option=OPT_SORT_KEYS)`` (the OCSF file sink's line, no newline),
+    built faster for a request's event (issue 14, session 10): the constant fields per (kind,
+    outcome) made once, ``unmapped.prefixgate`` written inline instead of a :func:`json_field` call
+    per key. Events with kind-specific details (alerts, operator actions, summaries, checkpoints),
+    other kinds and values of unexpected types take :func:`to_ocsf`. Same bytes always
+    (tests/audit/test_s10_fast_formats.py)."""
+    kind, outcome = event.kind, event.outcome
+    if (event.alert is not None or event.operator is not None or event.summary is not None
+            or event.checkpoint is not None or type(kind) is not Kind or type(outcome) is not Outcome
+            or kind not in (Kind.INFERENCE, Kind.AUTH)):
+        return orjson.dumps(to_ocsf(event), option=orjson.OPT_SORT_KEYS)
+    const, class_uid, activity_name = _request_const(kind, outcome)
+    pg: dict[str, Any] = {"kind": KIND_VALUE[kind], "outcome": OUTCOME_VALUE[outcome]}
     for name in _SCALAR_KEYS:
         v = getattr(event, name)
         if v is not None:
@@ -204,47 +210,6 @@ def _prefixgate(event: AuditEvent, kind: Kind, outcome: Outcome) -> dict[str, An
             d = {k: v for k in sub if (v := getattr(g, k)) is not None}
             if d:
                 pg[name] = d
-    return pg
-
-
-def ocsf_line(event: AuditEvent) -> bytes:
-    """``orjson.dumps(to_ocsf(event), option=OPT_SORT_KEYS)`` (the OCSF file sink's line, no newline),
-    built faster for a request's event (issue 14, session 10): the constant fields per (kind,
-    outcome) made once, ``unmapped.prefixgate`` written inline instead of a :func:`json_field` call
-    per key; session 12: ``unmapped.prefixgate`` taken from the event's shared canonical dict
-    (:func:`audit.encoded.shared_body`, built once for the JSONL, OTLP and OCSF sinks), or the whole
-    line as the audit worker's one pass made it (:func:`audit.encoded.prerender`). Events with
-    kind-specific details (alerts, operator actions, summaries, checkpoints), other kinds and values
-    of unexpected types take :func:`to_ocsf`. Same bytes always (tests/audit/test_s10_fast_formats.py,
-    tests/audit/test_s12_worker_golden.py)."""
-    pre = take_rendered(event, "ocsf")
-    if pre is not None:
-        return pre  # type: ignore[no-any-return]
-    return _ocsf_line(event, True)
-
-
-def render_ocsf(event: AuditEvent) -> bytes:
-    """:func:`ocsf_line` of a request event for :func:`audit.encoded.prerender` (takes nothing from
-    the shared entry). Raises ValueError for any other event (its sink formats it itself)."""
-    return _ocsf_line(event, False)
-
-
-def _ocsf_line(event: AuditEvent, take: bool) -> bytes:
-    kind, outcome = event.kind, event.outcome
-    if (event.alert is not None or event.operator is not None or event.summary is not None
-            or event.checkpoint is not None or type(kind) is not Kind or type(outcome) is not Outcome
-            or kind not in (Kind.INFERENCE, Kind.AUTH)):
-        if not take:
-            raise ValueError("not a request event")
-        release(event)  # this sink's take of the shared entry, if the other sinks made one
-        return orjson.dumps(to_ocsf(event), option=orjson.OPT_SORT_KEYS)
-    const, class_uid, activity_name = _request_const(kind, outcome)
-    # the event's canonical dict, shared with the JSONL and OTLP sinks
-    body = shared_body(event) if take else peek(event)[2]
-    if body is not None:  # unmapped.prefixgate is a part of it (same values, groups without None)
-        pg = {k: v for k in _PG_KEYS if (v := body.get(k)) is not None}
-    else:
-        pg = _prefixgate(event, kind, outcome)
     out = dict(const)
     if event.time_ms is not None:
         out["time"] = event.time_ms
@@ -316,8 +281,6 @@ class OcsfFileSink:
         self.path = path
         self._validate = validate
         self._fh: Any = None
-        if not validate:  # takes every event's shared canonical dict or its prerendered line (ocsf_line)
-            register_consumer(self, "ocsf", render_ocsf)
 
     async def open(self) -> None:
         """Open the file for appending."""

@@ -57,11 +57,10 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from yarl import URL
 
-from audit.encoded import register_consumer
 from audit.event import AuditEvent
 from audit.http_proxy import env_proxy
 from audit.otlp_log_build import WARN_OUTCOMES, build_request, build_resource, severity_of, trace_id_bytes
-from audit.otlp_log_request import encode_logs_request, render_record
+from audit.otlp_log_request import encode_logs_request
 from audit.sink import SinkUnavailable
 
 #: the record-building names stay importable from here (they live in :mod:`audit.otlp_log_build`)
@@ -188,8 +187,6 @@ class OtlpLogSink:
         if max_batch < 1:
             raise ValueError("OTLP max_batch must be >= 1")
         self.name = name
-        # takes every event's shared canonical JSON (LogRecord bodies) or its prerendered record
-        register_consumer(self, "otlp", render_record)
         self.endpoint = endpoint
         #: seconds AuditLog lets events accumulate before a send (one request per batch)
         self.linger_s = linger_s

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 
-from audit.encoded import KIND_VALUE, OUTCOME_VALUE, peek, shared_json, take_rendered
+from audit.encoded import KIND_VALUE, OUTCOME_VALUE, shared_json
 from audit.event import AuditEvent, Kind, Outcome
 from audit.otlp_log_build import HAS_EVENT_NAME_FIELD, build_request, severity_of, trace_id_bytes
 from audit.otlp_pb import key_value, len_field
@@ -60,29 +60,19 @@ def _record(ev: AuditEvent, observed: bytes) -> bytes:
     Raises:
         ValueError: ``time_ms`` not a positive int below 2**64 ns (the caller uses the generated message).
     """
-    head, event_name = _record_parts(ev, shared_json(ev))
-    return head + observed + event_name
-
-
-def render_record(ev: AuditEvent) -> tuple[bytes, bytes]:
-    """``(the record's bytes before observed_time_unix_nano, after it)`` for
-    :func:`audit.encoded.prerender` (the worker's one pass; takes nothing from the shared entry).
-    Raises what :func:`_record` raises."""
-    return _record_parts(ev, peek(ev)[1])
-
-
-def _record_parts(ev: AuditEvent, body: bytes) -> tuple[bytes, bytes]:
     t = ev.time_ms
     if type(t) is not int or not 0 < t < 18_446_744_073_709:
         raise ValueError("time_ms outside the direct path")
     severity, name_attr, tail, event_name = _parts(ev)
     eid = ev.event_id.encode()
-    parts = [b"\x09", _pack_q(t * 1_000_000), severity, len_field(b"\x2a", len_field(b"\x0a", body)),
+    parts = [b"\x09", _pack_q(t * 1_000_000), severity, len_field(b"\x2a", len_field(b"\x0a", shared_json(ev))),
              name_attr, len_field(b"\x32", _KEY_EVENT_ID + len_field(b"\x12", len_field(b"\x0a", eid))), tail]
     tid = trace_id_bytes(ev.trace_id)
     if tid is not None:
         parts.append(b"\x4a\x10" + tid)
-    return b"".join(parts), event_name
+    parts.append(observed)
+    parts.append(event_name)
+    return b"".join(parts)
 
 
 def encode_logs_request(events: Sequence[AuditEvent], resource: resource_pb2.Resource,
@@ -92,10 +82,6 @@ def encode_logs_request(events: Sequence[AuditEvent], resource: resource_pb2.Res
     observed = b"\x59" + _pack_q(observed_ns) if observed_ns else b""
     records = []
     for ev in events:
-        pre = take_rendered(ev, "otlp")  # made by the audit worker's one pass (audit.encoded.prerender)
-        if pre is not None:
-            records.append(len_field(b"\x12", pre[0] + observed + pre[1]))
-            continue
         try:
             records.append(len_field(b"\x12", _record(ev, observed)))
         except (ValueError, AttributeError, TypeError, struct.error):

@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 
 from audit.backoff import Backoff
 from audit.cef import cef_line, format_cef
-from audit.encoded import KIND_VALUE, register_consumer, release, take_rendered
+from audit.encoded import KIND_VALUE
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
 from audit.sink import SinkUnavailable
 
@@ -83,13 +83,6 @@ def format_rfc5424(
     """
     return _rfc5424(event, msg, f" {_sd_name(hostname or socket.gethostname())} {_sd_name(app_name)} {_sd_name(procid)} ",
                     facility)
-
-
-def _cef_taken(event: AuditEvent) -> str:
-    """:func:`audit.cef.cef_line` of an event without a prerendered line, counted as this sink's take
-    of its shared entry (if it has one)."""
-    release(event)
-    return cef_line(event)
 
 
 def _rfc5424(event: AuditEvent, msg: str, middle: str, facility: int = FACILITY_LOG_AUDIT) -> bytes:
@@ -187,8 +180,6 @@ class SyslogSink:
         self._ssl = ssl_context if ssl_context is not None else (ssl.create_default_context() if protocol == "tls" else None)
         # format_cef's fast twin (same line: tests/audit/test_s10_fast_formats.py)
         self._formatter = cef_line if formatter is format_cef else formatter
-        if self._formatter is cef_line:  # audit.encoded.prerender makes each event's CEF line
-            register_consumer(self, "cef", cef_line)
         self._middle: str | None = None  # " HOST APP PROCID " of every message
         self._recent: deque[bytes] = deque(maxlen=resend_window)
         self._timeout = connect_timeout_s
@@ -274,10 +265,7 @@ class SyslogSink:
         if middle is None:  # the host name once per sink (format_rfc5424 looks it up per message)
             middle = self._middle = f" {_sd_name(self._hostname or socket.gethostname())} {_sd_name('prefixgate')} - "
         fmt = self._formatter
-        if fmt is cef_line:  # the line the audit worker's one pass made, else made here (a counted take)
-            frames = [_rfc5424(ev, take_rendered(ev, "cef") or _cef_taken(ev), middle) for ev in events]
-        else:
-            frames = [_rfc5424(ev, fmt(ev), middle) for ev in events]
+        frames = [_rfc5424(ev, fmt(ev), middle) for ev in events]
         cap = self.max_message_bytes
         if cap is not None:
             for i, f in enumerate(frames):

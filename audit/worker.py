@@ -53,7 +53,6 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 
-from audit.encoded import prerender
 from audit.event import AuditEvent, EventSchemaError
 from audit.request_event import REQUEST_ROW_FIELDS, request_event
 from audit.scrub import row_is_clean
@@ -228,7 +227,6 @@ async def run() -> int:
             lines = (buf + chunk).split(b"\n")
             buf = lines.pop()
             stop = False
-            fresh: list[AuditEvent] = []
             for line in lines:
                 if not line:
                     continue
@@ -237,13 +235,9 @@ async def run() -> int:
                     t = frame["t"]
                     if t == "r":  # built with the instance already stamped (no replace in emit)
                         row = frame["r"]
-                        event = request_event(row, instance)
                         # the flat row checked instead of the event's groups (audit.scrub.row_is_clean)
-                        clean = instance_clean and row_is_clean(row, _FP_INDEX)
-                        n = audit.emitted_n
-                        audit.emit(event, scrubbed=clean)
-                        if clean and audit.emitted_n != n:  # queued as it is: every sink's format made
-                            fresh.append(event)  # after this read (one pass while fresh: audit.encoded)
+                        audit.emit(request_event(row, instance),
+                                   scrubbed=instance_clean and row_is_clean(row, _FP_INDEX))
                         tracker.emitted(int(frame["s"]))
                         if spans is not None and "x" in frame:
                             spans.request(frame["r"], frame["x"])
@@ -254,9 +248,6 @@ async def run() -> int:
                         audit.emit(AuditEvent.from_dict(frame["e"]))
                         tracker.emitted(int(frame["s"]))
                     elif t == "drain":
-                        if fresh:  # before the sinks run
-                            prerender(fresh)
-                            fresh = []
                         ok = await audit.drain(float(frame.get("timeout", 10.0)))
                         tracker.report(out, force=True)
                         out.send({"t": "reply", "id": frame["id"], "ok": ok})
@@ -268,8 +259,6 @@ async def run() -> int:
                     # a frame the gateway cannot have meant: say so, count it as lost, never guess
                     tracker.bad_frames += 1
                     log.error("audit worker: malformed frame refused (%s)", type(exc).__name__)
-            if fresh:
-                prerender(fresh)
             tracker.report(out, paced=True)
             if stop:
                 break

@@ -13,18 +13,18 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-import pytest
 from opentelemetry.proto.common.v1 import common_pb2
 
 from audit import encoded
+from audit.cef import cef_line
 from audit.chain import GENESIS, encode_record
-from audit.encoded import shared_json, take_rendered
+from audit.encoded import shared_json
 from audit.event import AuditEvent, Identity, Kind, Outcome, PolicyInfo
 from audit.ocsf import OcsfFileSink, ocsf_line
 from audit.otlp import SCOPE_NAME, build_resource
 from audit.otlp_log_request import encode_logs_request
 from audit.request_event import request_event
-from audit.syslog import _cef_taken, _rfc5424, frame_octet_counted
+from audit.syslog import _rfc5424, frame_octet_counted
 
 _HOSTILE = ["a=b", "x|y", "back\\slash", "l1\nl2", "cr\r\nlf", "ü€😀", "", " lead", "=", "\\"]
 
@@ -91,9 +91,7 @@ def _chain_lines(evs: list[AuditEvent]) -> bytes:
 
 
 def _syslog(evs: list[AuditEvent]) -> bytes:
-    """The CEF syslog sink's frames (its ``send``: the prerendered line, else made and taken there)."""
-    return b"".join(frame_octet_counted(_rfc5424(ev, take_rendered(ev, "cef") or _cef_taken(ev), _MIDDLE))
-                    for ev in evs)
+    return b"".join(frame_octet_counted(_rfc5424(ev, cef_line(ev), _MIDDLE)) for ev in evs)
 
 
 def _ocsf(evs: list[AuditEvent]) -> bytes:
@@ -185,54 +183,3 @@ def test_ocsf_sink_file_and_jsonl_chain_verify(tmp_path: Path) -> None:
     bodies = [orjson.loads(line)["body"] for f in list_log_files(tmp_path / "log")
               for line in f.read_bytes().splitlines() if b'"type":"event"' in line]
     assert bodies == [orjson.loads(shared_json(ev)) for ev in evs]
-
-
-def _live_sinks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """One sink of each registered kind (they register their renders while they live), alone: sinks of
-    other tests may still be alive (reference cycles) and would count as takers."""
-    import weakref
-
-    monkeypatch.setattr(encoded, "_CONSUMERS", weakref.WeakSet())
-    monkeypatch.setattr(encoded, "_RENDERERS", {})
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from audit.jsonl import JsonlChainSink
-    from audit.otlp import OtlpLogSink
-    from audit.syslog import SyslogSink
-
-    return [OcsfFileSink(str(tmp_path / "o.jsonl")), SyslogSink("127.0.0.1", 9, protocol="tcp"),
-            OtlpLogSink("http://127.0.0.1:9/v1/logs"),
-            JsonlChainSink(tmp_path / "log", Ed25519PrivateKey.generate(), fsync=False)]
-
-
-def test_prerendered_formats_are_the_golden_bytes_and_every_entry_is_taken(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The worker's one pass (:func:`audit.encoded.prerender` right after emit) makes each live sink's
-    format; the sinks take those, in any order, and give the golden bytes; once every sink took an
-    event its entry is gone (nothing kept until eviction)."""
-    sinks = _live_sinks(tmp_path, monkeypatch)
-    assert len(encoded._CONSUMERS) == 4
-    assert {"ocsf", "cef", "otlp"} <= {k for k, (live, *_) in encoded._RENDERERS.items() if live}
-    for order in (tuple(_SINKS), tuple(reversed(_SINKS)), ("ocsf", "jsonl", "otlp", "syslog")):
-        encoded._SHARED.clear()
-        evs = golden_events()
-        for k in range(0, len(evs), 20):
-            encoded.prerender(evs[k:k + 20])
-        assert all(len(encoded._SHARED[id(ev)]) > 4 for ev in evs[:-3])
-        assert {name: hashlib.sha256(_SINKS[name](evs)).hexdigest() for name in order} == GOLDEN, order
-        # request events: taken by all four sinks (OCSF, CEF, OTLP from the prerender, JSONL its body)
-        left = [encoded._SHARED[id(ev)][0].kind.value for ev in evs if id(ev) in encoded._SHARED]
-        assert set(left) <= {"alert", "operator", "summary"}, left
-    del sinks
-
-
-def test_a_sink_without_a_prerender_takes_the_entry_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Events the worker did not prerender (the gateway's in-process log, events of other kinds): each
-    sink formats them as before, the golden bytes, and the entry goes after the four takes."""
-    sinks = _live_sinks(tmp_path, monkeypatch)
-    assert len(encoded._CONSUMERS) == 4
-    encoded._SHARED.clear()
-    evs = golden_events()
-    assert {name: hashlib.sha256(_SINKS[name](evs)).hexdigest() for name in _SINKS} == GOLDEN
-    assert not any(id(ev) in encoded._SHARED for ev in evs[:-3])
-    del sinks

@@ -7,8 +7,6 @@
 """
 from __future__ import annotations
 
-import weakref
-
 import pytest
 
 from audit import scrub
@@ -62,7 +60,6 @@ def test_shared_json_encodes_once_for_two_sinks_and_stays_bounded(monkeypatch: p
 
     monkeypatch.setattr(encoded, "SHARED_JSON_MAX", 8)
     monkeypatch.setattr(encoded, "_SHARED", {})
-    monkeypatch.setattr(encoded, "_CONSUMERS", weakref.WeakSet())  # no live sink: two takes (session 12)
     evs = _events()[:20]
     first = [encoded.shared_json(ev) for ev in evs]
     assert first == [ev.to_json() for ev in evs]
