@@ -115,8 +115,14 @@ def in_situ(events: int, rate: float) -> dict[str, Any]:
     try:
         ports = parent.recv()
         with tempfile.TemporaryDirectory(prefix="pg-insitu-") as work:
-            arg = {"work": work, "syslog_port": ports[0], "otlp_port": ports[1], "rate": rate, "events": events,
-                   "warmup": 300, "tail": 0.5, "profile": None}
+            arg: dict[str, Any] = {"work": work, "syslog_port": ports[0], "otlp_port": ports[1], "rate": rate,
+                                   "events": events, "warmup": 300, "tail": 0.5, "profile": None}
+            try:  # newer feeds take the worker's config from bench.audit_feed_rounds (same sinks)
+                from bench.audit_feed_rounds import worker_config
+            except ImportError:
+                pass
+            else:
+                arg["config"] = worker_config(Path(work), Path(work) / "keys" / "audit.key", ports, spans=True)
             r, w = os.pipe()
             pid = os.fork()
             if pid == 0:  # the child: the worker on its main thread, stdin/stdout replaced (feed._child)
