@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from audit.event import _GROUP_FIELDS, _PLAIN_TYPES, AuditEvent, Kind, Outcome, json_field
+from audit.encoded import KIND_VALUE, OUTCOME_VALUE
 from audit.files import open_append
 
 OCSF_VERSION = "1.5.0"
@@ -198,7 +199,7 @@ def ocsf_line(event: AuditEvent) -> bytes:
             or kind not in (Kind.INFERENCE, Kind.AUTH)):
         return orjson.dumps(to_ocsf(event), option=orjson.OPT_SORT_KEYS)
     const, class_uid, activity_name = _request_const(kind, outcome)
-    pg: dict[str, Any] = {"kind": kind.value, "outcome": outcome.value}
+    pg: dict[str, Any] = {"kind": KIND_VALUE[kind], "outcome": OUTCOME_VALUE[outcome]}
     for name in _SCALAR_KEYS:
         v = getattr(event, name)
         if v is not None:
@@ -227,7 +228,7 @@ def ocsf_line(event: AuditEvent) -> bytes:
         actor["user"] = {"uid": identity.spiffe_id, "type_id": 99, "type": "Workload", "domain": identity.trust_domain}
     if policy.decision_id or policy.reason_code:
         actor["authorizations"] = [{
-            "decision": outcome.value,
+            "decision": OUTCOME_VALUE[outcome],
             "policy": {k: v for k, v in (("uid", policy.decision_id), ("name", policy.reason_code),
                                          ("desc", policy.reason)) if v},
         }]

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 
-from audit.encoded import shared_json
-from audit.event import AuditEvent
+from audit.encoded import KIND_VALUE, OUTCOME_VALUE, shared_json
+from audit.event import AuditEvent, Kind, Outcome
 from audit.otlp_log_build import HAS_EVENT_NAME_FIELD, build_request, severity_of, trace_id_bytes
 from audit.otlp_pb import key_value, len_field
 
@@ -33,7 +33,10 @@ _TAILS: dict[tuple, bytes] = {}  # (outcome, tenant) -> the attributes after eve
 
 def _parts(ev: AuditEvent) -> tuple[bytes, bytes, bytes, bytes]:
     """``(severity fields, event.name attribute, attributes after the event id, event_name field)``."""
-    kind, outcome, tenant = ev.kind.value, ev.outcome.value, ev.tenant
+    kind, outcome, tenant = ev.kind, ev.outcome, ev.tenant
+    if type(kind) is not Kind or type(outcome) is not Outcome:  # the caller takes the generated message
+        raise ValueError("kind or outcome not an exact enum member")
+    kind, outcome = KIND_VALUE[kind], OUTCOME_VALUE[outcome]
     key = (kind, outcome, tenant)
     hit = _HEADS.get(key)
     if hit is None:

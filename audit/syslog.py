@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 
 from audit.backoff import Backoff
 from audit.cef import cef_line, format_cef
+from audit.encoded import KIND_VALUE
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
 from audit.sink import SinkUnavailable
 
@@ -87,8 +88,10 @@ def format_rfc5424(
 def _rfc5424(event: AuditEvent, msg: str, middle: str, facility: int = FACILITY_LOG_AUDIT) -> bytes:
     """:func:`format_rfc5424` with ``middle`` = ``" HOST APP PROCID "`` already made (the sink makes it
     once: ``socket.gethostname`` and three name filters per event before session 10)."""
-    sev = _SEVERITY.get(event.outcome, 4 if event.kind is Kind.ALERT else 6)
-    return (f"<{facility * 8 + sev}>1 {_timestamp(event.time_ms)}{middle}{event.kind.value} "
+    kind = event.kind
+    sev = _SEVERITY.get(event.outcome, 4 if kind is Kind.ALERT else 6)
+    return (f"<{facility * 8 + sev}>1 {_timestamp(event.time_ms)}{middle}"
+            f"{KIND_VALUE[kind] if type(kind) is Kind else kind.value} "
             f'[audit@32473 eventId="{event.event_id}"] \ufeff{msg.replace(chr(10), " ")}').encode()
 
 
