@@ -22,8 +22,7 @@ Rules: ``smg_like`` (:class:`sim.des_smg.SMGLikePolicy`); ``extW``: PrefixGate's
 ``cache_aware`` with ``queue_externality_weight: W`` (W 0, 0.5, 1, 2; ``ext0`` is
 the default); ``rsv_extW``: the same with ``dispatch_share_reserve_next_turn``
 (session 11, :data:`RESERVE_RULES`; not run by default); ``wb_extW``, ``rsv_wb_extW``: the same
-with ``queue_externality_work_balance`` (session 12, :data:`WORK_BALANCE_RULES`; not run by default),
-``..._fF``: also ``dispatch_share_floor: F``.
+with ``queue_externality_work_balance`` (session 12, :data:`WORK_BALANCE_RULES`; not run by default).
 bench/results/des_grid-s10.md was written on branch ``s10-grid``, whose
 dispatch-share guard rounded its capacity down (not merged): there its ``ceil_extW`` rows are
 main's shipped rule (capacity rounded up) and its ``extW`` rows the candidate.
@@ -75,10 +74,6 @@ WORK_BALANCE_RULES: dict[str, Callable[[str], Any]] = {
     **{f"wb_ext{w:g}": _ca(queue_externality_weight=w, queue_externality_work_balance=True) for w in (0.5, 1.0)},
     **{f"rsv_wb_ext{w:g}": _ca(dispatch_share_reserve_next_turn=True, queue_externality_weight=w,
                                 queue_externality_work_balance=True) for w in (0.5, 0.75, 1.0, 1.5, 2.0)},
-    **{f"rsv_wb_ext{w:g}_f{f:g}": _ca(dispatch_share_reserve_next_turn=True, queue_externality_weight=w,
-                                      queue_externality_work_balance=True, dispatch_share_floor=f)
-       for w in (0.5, 0.75, 1.0) for f in (0.7, 0.8)},
-    "rsv_ext0.5_f0.8": _ca(dispatch_share_reserve_next_turn=True, queue_externality_weight=0.5, dispatch_share_floor=0.8),
 }
 ALL_RULES: dict[str, Callable[[str], Any]] = {**RULES, **RESERVE_RULES}
 #: every rule ``--rules`` accepts

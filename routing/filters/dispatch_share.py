@@ -21,21 +21,6 @@ the next turn of the conversation placed now will come to the same replica,
 exempt as its prefix holder; a placement that fills a replica to exactly its
 capacity makes that turn overshoot it (docs/routing.md, "Session 11").
 
-With ``floor`` (session 12, opt-in; a fraction of the mean, e.g. 0.8): a **placement** (every
-candidate matches alike) goes only to the candidates whose recent count is below ``floor`` times
-the mean recent count, when any is (the least-used first, by the chain's costs among them). The
-cap above bounds a replica's share from the top only; nothing in the chain kept a replica from
-falling far *under* its share. One does under ``queue_externality_weight`` at deep overload: the
-term sorts long prompts onto the replica where few requests wait, so that replica takes few
-requests (93 of 2000 in tests/routing/test_s2_routing_robustness.py's fifo ×0.25 run, where
-each replica must show the calibration >= 250 first bytes). A floor keeps every replica
-observed (its learnt rate, queue weight and cache keep being fed) and its share of the traffic
-bounded below, as the cap bounds it above. Peers: SGLang's cache-aware router leaves its
-prefix-match routing for the least-loaded worker once the load is imbalanced past
-``balance_abs_threshold`` and ``balance_rel_threshold``; llm-d and Envoy's least-request
-balancer (active-request bias) send new work to the least-loaded endpoints. Here only
-placements are moved, so no conversation leaves its history; a follow-up turn is untouched.
-
 Why: the cumulative request count per replica follows where conversations
 were *placed* (their later turns follow them). Placements are most requests
 of a conversation trace, and where they land is decided by small
@@ -76,18 +61,14 @@ class DispatchShareFilter:
 
     name = "dispatch_share"
 
-    def __init__(self, factor: float, window_per_replica: int, reserve_next_turn: bool = False,
-                 floor: float | None = None) -> None:
+    def __init__(self, factor: float, window_per_replica: int, reserve_next_turn: bool = False) -> None:
         if factor < 1.0:
             raise ValueError("dispatch share factor must be >= 1")
-        if floor is not None and not 0.0 < floor <= 1.0:
-            raise ValueError("dispatch share floor must be in (0, 1]")
         if window_per_replica < 1:
             raise ValueError("dispatch window must be >= 1")
         self.factor = factor
         self.window_per_replica = window_per_replica
         self.reserve_next_turn = reserve_next_turn
-        self.floor = floor
         self._window = window_per_replica
         self._recent: deque[str] = deque()
         self._counts: Counter[str] = Counter()
@@ -97,9 +78,8 @@ class DispatchShareFilter:
         """The candidates whose recent count + 1 <= ``ceil(factor · (recent
         total over the candidates + 1) / n)`` (:func:`placement_cap` with
         ``reserve_next_turn``), plus the prefix holders (longest match, if some
-        candidate matches less); with ``floor``, a placement's are only those
-        under the floor when any is (module doc); order kept. Never empty when
-        ``candidates`` is not: the least-used candidate always fits."""
+        candidate matches less); order kept. Never empty when ``candidates`` is
+        not: the least-used candidate always fits."""
         n = len(candidates)
         if n < 2:
             self._cap = math.inf
@@ -112,11 +92,6 @@ class DispatchShareFilter:
         cap = self._cap = math.ceil(self.factor * total / n)
         if self.reserve_next_turn:
             cap = placement_cap(cap, total, n, True)
-        if self.floor is not None and not holders:
-            low = self.floor * (total - 1) / n
-            under = [c for c in candidates if counts[c.replica_id] < low]
-            if under:
-                return under
         return [c for c in candidates
                 if counts[c.replica_id] + 1 <= cap or (holders and c.matched_blocks == best)]
 

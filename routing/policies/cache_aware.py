@@ -76,9 +76,6 @@ class CacheAwareConfig(PolicyParams):
     next turn; session 11, opt-in, default off).
     ``queue_externality_weight`` (>= 0; 0, the default, leaves the scorer out):
     :mod:`routing.scorers.queue_externality` (session 9, opt-in).
-    ``dispatch_share_floor`` (session 12, opt-in, ``null`` the default; in (0, 1]): placements
-    go to the replicas under this fraction of the mean recent share when any is
-    (:mod:`routing.filters.dispatch_share`).
     ``queue_externality_work_balance`` (session 12, opt-in, default off; no effect at weight 0):
     the externality counts a replica's waiting requests at least as its share of the queued work
     (:func:`routing.scorers.queue_externality.work_equivalent_requests`).
@@ -100,7 +97,6 @@ class CacheAwareConfig(PolicyParams):
     dispatch_share_reserve_next_turn: bool = False
     queue_externality_weight: float = Field(0.0, ge=0)
     queue_externality_work_balance: bool = False
-    dispatch_share_floor: float | None = Field(None, gt=0.0, le=1.0)
 
 
 class CacheAwarePolicy(Scheduler):
@@ -116,8 +112,7 @@ class CacheAwarePolicy(Scheduler):
         if cfg.dispatch_share_factor is not None:
             self.dispatch_share = DispatchShareFilter(cfg.dispatch_share_factor,
                                                       cfg.dispatch_window_requests_per_replica,
-                                                      cfg.dispatch_share_reserve_next_turn,
-                                                      cfg.dispatch_share_floor)
+                                                      cfg.dispatch_share_reserve_next_turn)
         guard = LoadGuardFilter(
             request_factor=request_factor,
             token_factor=cfg.max_load_factor if cfg.guard_tokens else None,
