@@ -21,7 +21,8 @@ max/mean <= 1.2 (1e-9 tolerance), and which windows miss which criterion (sessio
 Rules: ``smg_like`` (:class:`sim.des_smg.SMGLikePolicy`); ``extW``: PrefixGate's
 ``cache_aware`` with ``queue_externality_weight: W`` (W 0, 0.5, 1, 2; ``ext0`` is
 the default); ``rsv_extW``: the same with ``dispatch_share_reserve_next_turn``
-(session 11, :data:`RESERVE_RULES`; not run by default).
+(session 11, :data:`RESERVE_RULES`; not run by default); ``wb_extW``, ``rsv_wb_extW``: the same
+with ``queue_externality_work_balance`` (session 12, :data:`WORK_BALANCE_RULES`; not run by default).
 bench/results/des_grid-s10.md was written on branch ``s10-grid``, whose
 dispatch-share guard rounded its capacity down (not merged): there its ``ceil_extW`` rows are
 main's shipped rule (capacity rounded up) and its ``extW`` rows the candidate.
@@ -46,7 +47,7 @@ from sim.grid import CELLS, Cell
 from sim.bounds import tenant_names
 from sim.trace import DEFAULT_TRACE_PATH, assign_tenants, load_mooncake
 
-__all__ = ["ALL_RULES", "RESERVE_RULES", "RULES", "cell_config", "criteria", "main", "run_cell", "salted"]
+__all__ = ["ALL_RULES", "KNOWN_RULES", "RESERVE_RULES", "RULES", "WORK_BALANCE_RULES", "cell_config", "criteria", "main", "run_cell", "salted"]
 
 
 def _ca(**params: Any) -> Callable[[str], Any]:
@@ -67,7 +68,16 @@ RESERVE_RULES: dict[str, Callable[[str], Any]] = {
     "rsv_ext0": _ca(dispatch_share_reserve_next_turn=True),
     "rsv_ext0.5": _ca(dispatch_share_reserve_next_turn=True, queue_externality_weight=0.5),
 }
+#: session 12: the externality counts a replica's waiting requests at least as its share of the queued work
+#: (``queue_externality_work_balance``; :func:`routing.scorers.queue_externality.work_equivalent_requests`)
+WORK_BALANCE_RULES: dict[str, Callable[[str], Any]] = {
+    **{f"wb_ext{w:g}": _ca(queue_externality_weight=w, queue_externality_work_balance=True) for w in (0.5, 1.0)},
+    **{f"rsv_wb_ext{w:g}": _ca(dispatch_share_reserve_next_turn=True, queue_externality_weight=w,
+                                queue_externality_work_balance=True) for w in (0.5, 0.75, 1.0, 1.5, 2.0)},
+}
 ALL_RULES: dict[str, Callable[[str], Any]] = {**RULES, **RESERVE_RULES}
+#: every rule ``--rules`` accepts
+KNOWN_RULES: dict[str, Callable[[str], Any]] = {**ALL_RULES, **WORK_BALANCE_RULES}
 
 _FIGS = ("p50", "p99", "hit_pooled", "req_mm")
 
@@ -109,7 +119,7 @@ def _window(cell: Cell, reqs: list[SimRequest], rows_meta: Sequence[Any], rules:
             run = salted(reqs, assign_tenants(rows_meta, tenant_names(cell.tenants), seed))
         pooled = pooled_bound(run, cfg.capacity_blocks * cfg.replicas)
         for name in rules:
-            res = simulate(name, ALL_RULES[name](cfg.replica_model), run, cfg)
+            res = simulate(name, KNOWN_RULES[name](cfg.replica_model), run, cfg)
             per[name].append({"p50": res.ttft_p50, "p99": res.ttft_p99, "hit_pooled": res.hit_rate / pooled,
                               "req_mm": res.req_imbalance})
     return {n: {f: statistics.median(d[f] for d in v) for f in _FIGS} for n, v in per.items()}
@@ -153,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--out", type=click.Path(path_type=Path), default=Path("bench/results/des_grid.md"))
     args = ap.parse(argv)
     rules = [r.strip() for r in args.rules.split(",") if r.strip()]
-    unknown = [r for r in rules if r not in ALL_RULES]
+    unknown = [r for r in rules if r not in KNOWN_RULES]
     if unknown:
         raise click.BadParameter(f"unknown rules: {', '.join(unknown)}")
     want = {c.strip() for c in args.cells.split(";") if c.strip()}

@@ -49,7 +49,7 @@ from routing.scheduler import Scheduler
 from routing.scorers.decode_load import DecodeLoadScorer
 from routing.scorers.estimated_ttft import EstimatedTTFTScorer
 from routing.scorers.prefix_affinity import PrefixAffinityScorer
-from routing.scorers.queue_externality import QueueExternalityScorer, externality_cost
+from routing.scorers.queue_externality import QueueExternalityScorer, externality_cost, work_equivalent_requests
 from routing.scorers._rates import rates_and_queue_weights
 from routing.types import Candidate, RouteChoice, RouteRequest
 
@@ -76,6 +76,9 @@ class CacheAwareConfig(PolicyParams):
     next turn; session 11, opt-in, default off).
     ``queue_externality_weight`` (>= 0; 0, the default, leaves the scorer out):
     :mod:`routing.scorers.queue_externality` (session 9, opt-in).
+    ``queue_externality_work_balance`` (session 12, opt-in, default off; no effect at weight 0):
+    the externality counts a replica's waiting requests at least as its share of the queued work
+    (:func:`routing.scorers.queue_externality.work_equivalent_requests`).
     """
 
     name: Literal["cache_aware"] = "cache_aware"
@@ -93,6 +96,7 @@ class CacheAwareConfig(PolicyParams):
     dispatch_window_requests_per_replica: int = Field(200, ge=1)
     dispatch_share_reserve_next_turn: bool = False
     queue_externality_weight: float = Field(0.0, ge=0)
+    queue_externality_work_balance: bool = False
 
 
 class CacheAwarePolicy(Scheduler):
@@ -122,7 +126,8 @@ class CacheAwarePolicy(Scheduler):
                                               DecodeLoadScorer(cfg.decode_weight, rate, cfg.calibrate),
                                               PrefixAffinityScorer(cfg.prefix_weight, rate, cfg.calibrate))
         if cfg.queue_externality_weight > 0:
-            self._own_scorers += (QueueExternalityScorer(cfg.queue_externality_weight, rate, cfg.calibrate),)
+            self._own_scorers += (QueueExternalityScorer(cfg.queue_externality_weight, rate, cfg.calibrate,
+                                                         cfg.queue_externality_work_balance),)
         filters: list[Any] = [guard]
         if self.dispatch_share is not None:
             filters.insert(0, self.dispatch_share)
@@ -147,6 +152,7 @@ class CacheAwarePolicy(Scheduler):
                 for s in (decode, affinity, *extra))):
             return super()._costs(req, candidates)  # scorers replaced or changed after construction
         ew = extra[0].weight if extra else 0.0
+        waiting = work_equivalent_requests(candidates) if ew and extra[0].work_balance else None
         rw = rates_and_queue_weights(candidates, ttft.prefill_tokens_per_s, ttft.calibrated)
         dw, aw = decode.weight, affinity.weight
         prompt, block = req.prompt_tokens, req.block_size
@@ -165,7 +171,8 @@ class CacheAwarePolicy(Scheduler):
             cost += dw * load.decode_tokens / rate
             cost += -(aw * matched / rate)
             if ew:
-                cost += externality_cost(ew, w, load.prefilling_requests, u, rate)
+                k = waiting[rid] if waiting is not None else load.prefilling_requests
+                cost += externality_cost(ew, w, k, u, rate)
             out[rid] = cost
         return out
 
