@@ -27,6 +27,8 @@ Sources: the ``tokenizers`` Python API (``Tokenizer.encode``, ``encode_batch``,
 
 from __future__ import annotations
 
+from tenancy.tokenizer_base import MIN_MESSAGE_BYTES, TokenizerError
+
 __all__ = ["HuggingFaceTokenizer", "PROBE_CHARS_PER_TOKEN", "PROBE_MARGIN_TOKENS", "GIL_FREE_CHARS"]
 
 #: the probe slice holds about this many characters per token of ``limit + 1`` (English prose
@@ -45,7 +47,7 @@ class HuggingFaceTokenizer:
     """Adapter for a local HuggingFace ``tokenizer.json`` (package ``tokenizers``).
 
     ``max_token_bytes``: the UTF-8 length of the longest vocabulary entry. Raises
-    :class:`tenancy.tokenizer.TokenizerError` if the file cannot be loaded. Nothing is
+    :class:`tenancy.tokenizer_base.TokenizerError` if the file cannot be loaded. Nothing is
     downloaded: only a local path is accepted. ``releases_gil``: a long text's encode runs
     without the GIL (:data:`GIL_FREE_CHARS`), so callers may run it on a worker thread.
     """
@@ -53,8 +55,6 @@ class HuggingFaceTokenizer:
     releases_gil = True
 
     def __init__(self, path: str) -> None:
-        from tenancy.tokenizer import TokenizerError
-
         try:
             from tokenizers import Tokenizer as _HfTokenizer
         except ImportError as exc:  # pragma: no cover - dependency is declared
@@ -110,8 +110,6 @@ class HuggingFaceTokenizer:
 
     def max_messages(self, tokens: int) -> int:
         """Messages whose rendering (at least 10 bytes each) fits in :meth:`max_text_bytes`."""
-        from tenancy.tokenizer import MIN_MESSAGE_BYTES
-
         return max(1, self.max_text_bytes(tokens) // MIN_MESSAGE_BYTES)
 
 

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from tenancy.hf_tokenizer import HuggingFaceTokenizer
+from tenancy.tokenizer_base import MIN_MESSAGE_BYTES, TokenizerError
 from tenancy.plain_words import MAX_TOKEN_CHARS as _PLAIN_MAX_CHARS
 from tenancy.plain_words import ascii_tokens, latin1_tokens
 
@@ -57,8 +58,6 @@ assert _PLAIN_MAX_CHARS == MAX_TOKEN_CHARS
 #: pass (s4: was :data:`MAX_TOKEN_CHARS`, so 64 one-character tokens per allowed token); a text whose
 #: slice holds fewer tokens is read on in slices of that size (s5; s4: match by match).
 FAST_SCAN_CHARS_PER_TOKEN = 4
-#: Every rendered chat message has at least this many UTF-8 bytes (``"<|user|>\\n" + "\\n"``).
-MIN_MESSAGE_BYTES = 10
 # a word piece, a symbol, or a whitespace run too long to be a free separator
 # (a blank run is tried only where it starts, ``(?<!\s)``: without it every position inside a run of
 # <= 64 blanks rescanned the rest of the run, 64x the work per blank; review R4b-1. Same tokens: a
@@ -145,10 +144,6 @@ def _first_tokens(text: str, stop: int) -> list[str] | list[bytes]:
     if len({type(p[0]) for p in parts if p}) > 1:  # ASCII and other slices: all str
         parts = [list(map(bytes.decode, p)) if p and isinstance(p[0], bytes) else p for p in parts]
     return list(itertools.chain.from_iterable(parts))
-
-
-class TokenizerError(ValueError):
-    """Raised when a tokenizer cannot be built or a prompt cannot be rendered."""
 
 
 @runtime_checkable
