@@ -1,6 +1,6 @@
 """PrefixGate's routing rule against the smg imitation on other public traces, offline (session 12).
 
-``python -m sim.des_traces [--rows 1000] [--workloads ...] [--loads 0.4,0.7,1.0] [--settings ...]
+``python -m sim.des_traces [--rows 1500] [--workloads ...] [--loads 0.4,0.7,1.0] [--settings ...]
 [--rules smg_like,ext0,rsv_ext0.5] [--seeds 3] [--out bench/results/des_traces-s12.md]``
 
 Every routing evaluation before session 12 used one trace (Mooncake's conversation trace).
@@ -10,7 +10,8 @@ This runs the deterministic simulator (:func:`sim.des.simulate`, 6 replicas) on:
 * ``azure-code`` / ``azure-conv``: the Azure 2023 traces (:mod:`sim.trace_azure`), no shared
   prefixes (pure load balancing; seed ``s`` = rows ``s*rows ..``);
 * ``azure-code+sys`` / ``azure-conv+sys``: the same rows with 8 Zipf-weighted tenants, each with a
-  4-block (2,048-token) system prompt (the tenant draw is seeded);
+  4-block (2,048-token) system prompt; a prompt's last block stays its own (the tenant draw is
+  seeded; :func:`sim.trace_azure.with_system_prompts`);
 * ``servegen``: ServeGen m-large per-client sessions (:func:`sim.trace_servegen.synthesize`,
   16 busiest clients of window 0, seeded).
 
@@ -54,7 +55,7 @@ __all__ = ["LOADS", "SETTINGS", "WORKLOADS", "build_workload", "main", "run_cell
 REPLICAS = 6
 DEFAULT_RATE = 10000.0
 LOADS = (0.4, 0.7, 1.0)
-SETTINGS = ("default", "prefill x0.5", "kv x0.5", "chunked")
+SETTINGS = ("default", "prefill x0.5", "decode off", "chunked")
 SYS_TENANTS, SYS_BLOCKS = 8, 4
 CANDIDATE = {"queue_externality_weight": 0.5, "dispatch_share_reserve_next_turn": True}
 
@@ -171,7 +172,7 @@ def run_cell(args: tuple[str, float, str, int, int, tuple[str, ...], tuple[tuple
         m = med[name]
         ok = criteria(m, smg)
         hit_applies = m["pooled"] >= 0.01
-        marks = "".join(k if o else f"**{k.lower()}**" for k, o in zip("HPQM", ok) if k != "H" or hit_applies)
+        marks = "".join(k if o else k.lower() for k, o in zip("HPQM", ok) if k != "H" or hit_applies)
         seeds_ok = sum(all(criteria(a, b)) for a, b in zip(per[name], per["smg_like"]))
         total = sum(picks[name].values())
         pick = " ".join(f"{k} {100 * v / total:.0f}%" for k, v in picks[name].most_common(3))
@@ -193,7 +194,7 @@ def summarize(rows: Sequence[str], rules: Sequence[str]) -> list[str]:
             continue
         mine = [r.split("|")[1:-1] for r in rows if r.split("|")[4].strip() == name]
         bad = [f"{c[0].strip()}/{c[1].strip()}/{c[2].strip()}: "
-               f"{''.join(x.strip('*').upper() for x in c[12].split('**') if x.strip('*').islower())}"
+               f"{''.join(x.upper() for x in c[12].strip() if x.islower())}"
                for c in mine if c[13].strip() != "yes"]
         out.append(f"| {name} | {len(mine) - len(bad)}/{len(mine)} | {'; '.join(bad) or '-'} |")
     return out
@@ -202,7 +203,7 @@ def summarize(rows: Sequence[str], rules: Sequence[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every cell and write the table (every cell, then a per-rule summary) to ``--out``."""
     ap = ClickOptions(prog="python -m sim.des_traces", description=__doc__.splitlines()[0], show_default=True)
-    ap.option("--rows", type=int, default=1000, help="requests per seed")
+    ap.option("--rows", type=int, default=1500, help="requests per seed")
     ap.option("--seeds", type=int, default=3, help="seeds 0..N-1 (trace windows or synthesis seeds)")
     ap.option("--workloads", default=",".join(WORKLOADS), help="comma-separated workload names")
     ap.option("--loads", default=",".join(f"{x:g}" for x in LOADS), help="comma-separated load levels")
@@ -226,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     head = [f"sim.des_traces: rows={args.rows} x seeds={args.seeds}, replicas={REPLICAS}; load = uncached prefill "
             "work / capacity at 10k tokens/s; medians over seeds; ratios against smg_like; criteria letters: "
             "H hit >= 0.95 pooled (only where pooled >= 0.01), P p50 < smg_like, Q p99 <= 1.05x, M req max/mean "
-            f"<= 1.2 (lower case bold = missed); extra rules: {extra or '-'}", "",
+            f"<= 1.2 (lower case = missed); extra rules: {extra or '-'}", "",
             "| workload | load | setting | rule | p50 s | p99 s | p50 ratio | p99 ratio | hit | pooled | req max/mean "
             "| prefill max/mean | criteria | all four | seeds all four | picks (top 3 reasons) |",
             "|" + "---|" * 16]

@@ -3,8 +3,8 @@
 Source: ``github.com/Azure/AzurePublicDataset`` (commit ``b469a113``), files
 ``data/AzureLLMInferenceTrace_code.csv`` and ``..._conv.csv``, described in
 ``AzureLLMInferenceDataset2023.md``; CC-BY 4.0, Patel et al., "Splitwise: Efficient
-generative LLM inference using phase splitting", ISCA 2024. Copies and statistics:
-``/work/shared/traces/SOURCES.md`` section 2.
+generative LLM inference using phase splitting", ISCA 2024. Copied unchanged to ``data/traces/azure-llm-2023/``
+(``data/traces/SOURCES.md``; statistics in the project's shared trace notes, SOURCES.md section 2).
 
 Format: CSV with the header ``TIMESTAMP,ContextTokens,GeneratedTokens``; TIMESTAMP is the
 invocation wall-clock time (``2023-11-16 18:17:03.9799600``, up to 7 fractional digits),
@@ -21,8 +21,9 @@ The trace has **no prefix information**, so the prefix is a model, stated here:
   tenants, drawn with Zipf(1) weights (tenant ``k`` has weight ``1/(k+1)``; the ServeGen
   characterisation in SOURCES.md section 3 has the top client at ~28 % of requests) from a
   generator seeded with ``seed``; each tenant has a system prompt of ``blocks`` 512-token
-  blocks that leads every prompt of that tenant (a shorter prompt shares only its own
-  blocks of it); the rest of the prompt is fresh.
+  blocks that leads every prompt of that tenant, but the last block of a prompt is always
+  the user's own (fresh): a prompt of ``n`` blocks shares ``min(blocks, n - 1)`` of them, so
+  one-block prompts share nothing.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from sim.trace import TRACE_BLOCK_TOKENS, TraceFormatError, TraceRequest
 __all__ = ["AZURE_DIR", "AZURE_CODE", "AZURE_CONV", "HEADER", "load_azure", "parse_timestamp",
            "with_system_prompts", "zipf_tenants"]
 
-AZURE_DIR = Path("/work/shared/traces/azure-llm-2023")
+AZURE_DIR = Path(__file__).resolve().parent.parent / "data" / "traces" / "azure-llm-2023"
 AZURE_CODE = AZURE_DIR / "AzureLLMInferenceTrace_code.csv"
 AZURE_CONV = AZURE_DIR / "AzureLLMInferenceTrace_conv.csv"
 HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -116,7 +117,7 @@ def zipf_tenants(count: int, tenants: int, seed: int) -> list[int]:
 def with_system_prompts(reqs: Sequence[TraceRequest], tenants: int, blocks: int,
                         seed: int) -> tuple[list[TraceRequest], list[str]]:
     """The ``system`` prefix model (module doc): ``reqs`` with their first ``min(blocks,
-    len)`` block ids replaced by their tenant's system-prompt ids, and the tenant names
+    len - 1)`` block ids replaced by their tenant's system-prompt ids, and the tenant names
     (``tenant-<k>``) parallel to them. Raises :class:`ValueError` for ``blocks < 0`` or
     ``tenants < 1``."""
     if blocks < 0:
@@ -124,7 +125,7 @@ def with_system_prompts(reqs: Sequence[TraceRequest], tenants: int, blocks: int,
     who = zipf_tenants(len(reqs), tenants, seed)
     out = []
     for r, k in zip(reqs, who):
-        shared = min(blocks, len(r.hash_ids))
+        shared = min(blocks, len(r.hash_ids) - 1)
         ids = tuple(k * 1024 + j for j in range(shared)) + r.hash_ids[shared:]
         out.append(TraceRequest(r.index, r.timestamp, r.input_length, r.output_length, ids))
     return out, [f"tenant-{k}" for k in who]

@@ -2,7 +2,7 @@
 
 Source: ``github.com/alibaba/ServeGen`` (snapshot ``f891d118``, Apache-2.0; Xiang et al.,
 "ServeGen: Workload Characterization of Large Language Model Serving in Production",
-arXiv:2505.09999). Copies, derivation and statistics: ``/work/shared/traces/SOURCES.md`` section 3.
+arXiv:2505.09999). Copies in ``data/traces/servegen/``; derivation in ``data/traces/SOURCES.md``.
 
 Files read here:
 
@@ -25,7 +25,8 @@ sessions from them with a seed (the prefix model, stated here):
 * lengths: log-normal with median ``p50`` and mean ``mean`` (sigma = sqrt(2 ln(mean/p50)), 0.1
   if ``mean <= p50``), clipped to ``[1, max]``, for the new part of a prompt and the output;
 * prefix: every client has a system prompt of ``system_blocks`` 512-token blocks leading each
-  of its prompts; with probability ``follow`` a request is the next turn of one of the
+  of its prompts (a new session of ``n`` blocks shares ``min(system_blocks, n - 1)``: the last
+  block is the user's own); with probability ``follow`` a request is the next turn of one of the
   client's 4 most recent sessions (chosen uniformly) with fewer than ``max_turns`` turns:
   its prompt is that session's last prompt plus its output plus the new part, so it shares the
   previous prompt's full 512-token blocks (capped at 32,768 tokens, else a new session).
@@ -50,7 +51,7 @@ from sim.trace import TRACE_BLOCK_TOKENS, TraceFormatError, TraceRequest
 __all__ = ["SERVEGEN_DIR", "MLARGE_RATES", "MLARGE_LENGTHS", "OFFLINE_A", "ClientWindow", "LengthStats",
            "load_rates", "load_lengths", "load_servegen_offline", "synthesize"]
 
-SERVEGEN_DIR = Path("/work/shared/traces/servegen")
+SERVEGEN_DIR = Path(__file__).resolve().parent.parent / "data" / "traces" / "servegen"
 MLARGE_RATES = SERVEGEN_DIR / "language_m-large_client_rates_day1.csv"
 MLARGE_LENGTHS = SERVEGEN_DIR / "language_m-large_client_lengths_day1.csv"
 OFFLINE_A = SERVEGEN_DIR / "offline_trace_a_head93.jsonl"
@@ -190,7 +191,7 @@ def synthesize(rates: Sequence[ClientWindow], lengths: dict[tuple[int, int, str]
             keep = list(s[3][: s[1] // TRACE_BLOCK_TOKENS])
         else:
             s, inp = None, add
-            keep = [(c + 1) * (1 << 20) + j for j in range(min(system_blocks, math.ceil(inp / TRACE_BLOCK_TOKENS)))]
+            keep = [(c + 1) * (1 << 20) + j for j in range(min(system_blocks, math.ceil(inp / TRACE_BLOCK_TOKENS) - 1))]
         n = math.ceil(inp / TRACE_BLOCK_TOKENS)
         ids = keep + list(range(fresh, fresh + n - len(keep)))
         fresh += n
