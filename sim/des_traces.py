@@ -57,7 +57,16 @@ DEFAULT_RATE = 10000.0
 LOADS = (0.4, 0.7, 1.0)
 SETTINGS = ("default", "prefill x0.5", "decode off", "chunked")
 SYS_TENANTS, SYS_BLOCKS = 8, 4
-CANDIDATE = {"queue_externality_weight": 0.5, "dispatch_share_reserve_next_turn": True}
+HELP = """PrefixGate's routing rule against the smg imitation on other public traces, offline (session 12).
+
+\b
+Workloads: mooncake (reference), azure-code / azure-conv (Azure 2023: real arrivals and lengths,
+no shared prefixes), azure-code+sys / azure-conv+sys (the same with 8 Zipf tenants, each with a
+2,048-token system prompt), servegen (seeded per-client sessions from ServeGen m-large fits).
+Each runs at every load level (uncached prefill work / 6 replicas' capacity at 10k tokens/s)
+x setting (sim.grid cell names) x seed, 6 replicas, and reports per cell and rule the medians
+over the seeds and the grid's four criteria against smg_like (H hit >= 0.95 pooled, P p50 lower,
+Q p99 <= 1.05x, M request max/mean <= 1.2). Deterministic; about 80 s of CPU by default."""
 
 
 def _single(reqs: list[TraceRequest]) -> tuple[list[TraceRequest], list[str]]:
@@ -202,7 +211,7 @@ def summarize(rows: Sequence[str], rules: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every cell and write the table (every cell, then a per-rule summary) to ``--out``."""
-    ap = ClickOptions(prog="python -m sim.des_traces", description=__doc__.splitlines()[0], show_default=True)
+    ap = ClickOptions(prog="python -m sim.des_traces", description=HELP, show_default=True)
     ap.option("--rows", type=int, default=1500, help="requests per seed")
     ap.option("--seeds", type=int, default=3, help="seeds 0..N-1 (trace windows or synthesis seeds)")
     ap.option("--workloads", default=",".join(WORKLOADS), help="comma-separated workload names")
@@ -211,9 +220,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--rules", default="smg_like,ext0,rsv_ext0.5", help="comma-separated sim.des_grid rule names")
     ap.option("--extra-rule", "extra_rules", multiple=True,
               help='NAME=JSON: a cache_aware rule with these parameters (repeatable)')
-    ap.option("--processes", type=int, default=1)
+    ap.option("--processes", type=int, default=1, help="worker processes (one per cell at a time)")
     ap.option("--out", type=click.Path(path_type=Path), default=Path("bench/results/des_traces-s12.md"))
     args = ap.parse(argv)
+    if any("=" not in e for e in args.extra_rules):
+        raise click.BadParameter("--extra-rule takes NAME=JSON")
     extra = dict(e.split("=", 1) for e in args.extra_rules)
     rules = [r.strip() for r in args.rules.split(",") if r.strip()] + list(extra)
     bad = [r for r in rules if r not in ALL_RULES and r not in extra]
