@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 from gateway.app import build_admin_app, build_public_app
 from gateway.auditing import AuditHub
@@ -33,9 +33,10 @@ from tests.support.markers import pytest_collection_modifyitems  # noqa: F401 - 
 
 # Hypothesis' default deadline (200 ms per example) fails a property test whose example was merely
 # descheduled on a loaded 2-core CI machine ("DeadlineExceeded", then "Flaky: unreliable test timings"
-# when the replay is fast); the properties are about answers, not time. Tests that set their own
-# settings inherit this profile for what they leave out (loaded here, before any test module).
-settings.register_profile("prefixgate", deadline=None)
+# when the replay is fast); the properties are about answers, not time. The "too_slow" health check
+# (data generation timed on the wall clock) fails the same way. Tests that set their own settings
+# inherit this profile for what they leave out (loaded here, before any test module).
+settings.register_profile("prefixgate", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("prefixgate")
 
 TD = "demo.prefixgate.test"
