@@ -136,7 +136,9 @@ async def test_killed_worker_is_restarted_and_unacknowledged_events_are_resent(t
 async def test_backlog_limit_fails_closed_and_refusals_are_summarised(tmp_path: Path) -> None:
     rlog = RemoteAuditLog(_section(tmp_path), max_backlog_bytes=20_000, restart_initial_s=30)
     await rlog.start()
-    os.kill(rlog.worker_pid or 0, signal.SIGKILL)
+    pid = rlog.worker_pid
+    assert pid  # never os.kill(0): that signals the whole process group (pytest too)
+    os.kill(pid, signal.SIGKILL)
     await asyncio.sleep(0.2)  # dead, restart far away
     sent = 0
     while rlog.accepting:
@@ -239,7 +241,8 @@ async def test_dropped_count_survives_a_worker_restart(tmp_path: Path) -> None:
     assert await rlog.drain(10)
     assert rlog.dropped == 1
     old = rlog.worker_pid
-    os.kill(old or 0, signal.SIGKILL)
+    assert old  # never os.kill(0): that signals the whole process group (pytest too)
+    os.kill(old, signal.SIGKILL)
     rlog.emit(_ev(1))
     assert await rlog.drain(20)
     assert rlog.worker_pid != old
@@ -337,10 +340,14 @@ async def test_worker_killed_right_after_taking_events_loses_nothing(tmp_path: P
             ids.append(ev.event_id)
             rlog.emit(ev)
         await asyncio.sleep(0.03)  # the pipe flush (20 ms) and the worker's read, not its 20 ms linger
-        os.kill(rlog.worker_pid or 0, signal.SIGKILL)
-        await asyncio.sleep(0.05)
-        while rlog.worker_pid is not None and not rlog._worker_alive():  # noqa: SLF001 - wait for the restart
-            await asyncio.sleep(0.02)
+        pid = rlog.worker_pid
+        assert pid
+        os.kill(pid, signal.SIGKILL)
+        # wait for the next worker by condition: a fixed 0.05 s left the supervisor, on a loaded machine,
+        # not yet aware of the death, and the next round signalled the reaped pid (ProcessLookupError);
+        # ``os.kill(None or 0)`` would signal the whole process group
+        await wait_for(lambda: rlog.worker_pid not in (None, pid) and rlog._worker_alive(),  # noqa: SLF001
+                       20, what="a new audit worker ready")
     assert await rlog.drain(30)
     chain = [e["event_id"] for e in _events(tmp_path) if e["kind"] == "inference"]
     assert list(dict.fromkeys(chain)) == ids

@@ -45,7 +45,9 @@ async def test_events_handed_over_before_a_group_kill_are_in_the_chain_after_res
     for ev in early:
         rlog.emit(ev)
     assert await rlog.drain(10)  # these are in the chain already: never emitted twice
-    os.kill(rlog.worker_pid or 0, signal.SIGSTOP)
+    pid = rlog.worker_pid
+    assert pid  # never os.kill(0): that signals the whole process group (pytest too)
+    os.kill(pid, signal.SIGSTOP)
     late = [_ev(i) for i in range(5, 25)]
     for ev in late:
         rlog.emit(ev)

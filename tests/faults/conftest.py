@@ -55,7 +55,11 @@ def config_overrides(stable_secret: str) -> dict[str, Any]:
         "tenancy": {"master_secret_file": stable_secret, "usage_cached_tokens": "pass"},
         "upstream": {"connect_timeout_s": 0.5, "first_byte_timeout_s": 0.5, "read_timeout_s": 0.5,
                      "total_timeout_s": 2.0, "max_attempts": 2},
-        "health": {"interval_s": 0.1, "timeout_s": 0.3, "unhealthy_after": 1, "healthy_after": 1,
+        # timeout_s: no test here makes /health hang (faults answer it with a status, or the replica
+        # is killed: refused at once); a 0.3 s probe timed out whenever the shared event loop was held
+        # that long on a loaded machine and, with unhealthy_after 1, marked a replica down mid-test
+        # (503 no_replica instead of the answer under test)
+        "health": {"interval_s": 0.1, "timeout_s": 2.0, "unhealthy_after": 1, "healthy_after": 1,
                    "breaker_failures": 2, "breaker_cooldown_s": 0.5},
     }
 

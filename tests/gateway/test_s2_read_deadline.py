@@ -22,11 +22,13 @@ async def test_a_read_longer_than_the_bound_raises_timeout_and_leaves_no_cancell
 
 
 async def test_quick_reads_over_a_longer_stream_and_pauses_between_reads_do_not_time_out() -> None:
-    d = ReadDeadline(0.05)
+    # each read leaves 0.25 s of room (it was 30 ms: a descheduled or collecting process on a loaded
+    # CI machine could overshoot a 20 ms sleep past a 50 ms bound)
+    d = ReadDeadline(0.3)
     got = []
-    for i in range(8):  # 8 x 20 ms of reads: the whole stream is far past the bound
-        got.append(await d.read(asyncio.sleep(0.02, i)))
-    await asyncio.sleep(0.08)  # between reads (the client reading the answer): not counted
+    for i in range(8):  # 8 x 50 ms of reads: the whole stream is past the bound
+        got.append(await d.read(asyncio.sleep(0.05, i)))
+    await asyncio.sleep(0.35)  # between reads (the client reading the answer): not counted
     got.append(await d.read(asyncio.sleep(0, 8)))
     d.close()
     assert got == list(range(9))

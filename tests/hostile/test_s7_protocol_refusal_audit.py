@@ -82,10 +82,17 @@ async def test_guard_refusal_audits_are_bounded_per_listener(stack: Any, audit_l
     await wait_for(lambda: len(_protocol_events(audit_log)) == 2, what="the admin listener's refusal audited")
 
 
+#: header_read_timeout_s of the listeners whose held connection is timed out (seconds)
+HELD_TIMEOUT_S = 2.0
+
+
 async def test_header_timeouts_and_connections_over_the_source_cap_are_audited(
         stack: Any, audit_log: ListLog) -> None:  # noqa: F811
     c = stack.components
-    limits = c.config.limits.model_copy(update={"header_read_timeout_s": 0.3})
+    # the held connection's 408 timer runs from its accept; the 503 needs it still open when the second
+    # connection is accepted: 0.3 s left too little room on a loaded machine (the held one timed out
+    # first and the second was served 200), 2 s costs ~1.7 s more per parser
+    limits = c.config.limits.model_copy(update={"header_read_timeout_s": HELD_TIMEOUT_S})
     async with serving() as serve:
         for parser in ("httptools", "h11"):
             host, port = await serve(uvicorn_config(build_public_app(c, manage_lifecycle=False), "127.0.0.1", 0,
@@ -93,7 +100,7 @@ async def test_header_timeouts_and_connections_over_the_source_cap_are_audited(
             url = f"http://{host}:{port}"
             held_reader, held = await asyncio.open_connection(host, port)  # the source's one connection
             try:
-                held.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finished: 408 after 0.3 s
+                held.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finished: 408 after HELD_TIMEOUT_S
                 await held.drain()
                 assert (await _exchange(url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")).startswith(b"HTTP/1.1 503")
                 async with asyncio.timeout(10):

@@ -34,7 +34,7 @@ async def test_opa_down_fails_fast(mk: Any) -> None:
         start = time.monotonic()
         with pytest.raises(PolicyUnavailableError):
             await remote.decide(mk())
-        assert time.monotonic() - start < 1.0
+        assert time.monotonic() - start < 2.0  # the 0.05 s deadline, not a 3 s wait (room for a loaded CI box)
 
 
 async def test_opa_slower_than_deadline_fails_fast(mk: Any) -> None:
@@ -52,7 +52,7 @@ async def test_opa_slower_than_deadline_fails_fast(mk: Any) -> None:
             start = time.monotonic()
             with pytest.raises(PolicyUnavailableError):
                 await remote.decide(mk())
-            assert time.monotonic() - start < 1.0
+            assert time.monotonic() - start < 2.0  # the 0.05 s deadline, not a 3 s wait (room for a loaded CI box)
         assert calls == 1  # no retry
     finally:
         await runner.cleanup()

@@ -5,6 +5,7 @@ from aiohttp import web
 
 from gateway.health import HealthChecker
 from gateway.replicas import Replica, ReplicaSet
+from tests.support.waiting import wait_for
 
 
 class FakeReplica:
@@ -44,7 +45,7 @@ async def test_down_up_and_restart_detection() -> None:
         rs = ReplicaSet([Replica("r1", fake.url), Replica("dead", "http://127.0.0.1:1")])
         async with aiohttp.ClientSession() as session:
             hc = HealthChecker(
-                rs, session, interval_s=0.05, timeout_s=1.0, unhealthy_after=2, healthy_after=2, on_restart=restarted.append
+                rs, session, interval_s=0.05, timeout_s=5.0, unhealthy_after=2, healthy_after=2, on_restart=restarted.append
             )
             await hc.check_once()
             assert rs.state("r1").healthy and rs.state("r1").instance_id == "inst-1"
@@ -80,14 +81,10 @@ async def test_periodic_loop_start_stop() -> None:
         rs = ReplicaSet([Replica("r1", fake.url)])
         fake.status = 500
         async with aiohttp.ClientSession() as session:
-            hc = HealthChecker(rs, session, interval_s=0.02, timeout_s=0.5, unhealthy_after=1, healthy_after=1)
+            hc = HealthChecker(rs, session, interval_s=0.02, timeout_s=5.0, unhealthy_after=1, healthy_after=1)
             hc.start()
-            import asyncio
-
-            for _ in range(200):
-                if not rs.state("r1").healthy:
-                    break
-                await asyncio.sleep(0.01)
+            # a condition, not ~2 s of polls: the first check may come late on a loaded machine
+            await wait_for(lambda: not rs.state("r1").healthy, what="the periodic check marks r1 down")
             await hc.stop()
             assert not rs.state("r1").healthy
     finally:

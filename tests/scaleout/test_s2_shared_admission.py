@@ -84,6 +84,13 @@ async def instances(tmp: Path, state: dict[str, Any], tenant: dict[str, Any], *,
         await cluster.stop()
 
 
+#: the state client's command timeout in the outage tests: a stopped redis-server refuses or resets at
+#: once, so the outage is seen without a timeout; 0.3 s made a live Redis "unavailable" whenever the shared
+#: event loop (two or three gateways, replicas, client) was held that long on a loaded machine, and the
+#: counted 200/429/503 answers moved
+CMD_TIMEOUT_S = 2.0
+
+
 def _redis(url: str, **kw: Any) -> dict[str, Any]:
     return {"backend": "redis", "url": url, "key_prefix": "pgs2:", "lease_ttl_s": 2.0, **kw}
 
@@ -157,7 +164,7 @@ def _metric(gw: Gateway, name: str, labels: dict[str, str] | None = None) -> flo
 
 async def test_fail_closed_answers_503_while_redis_is_down_and_recovers_without_restart(
         tmp_path: Path, redis_server) -> None:
-    state = _redis(redis_server.url, on_unavailable="fail_closed", probe_interval_s=0.2, command_timeout_s=0.3)
+    state = _redis(redis_server.url, on_unavailable="fail_closed", probe_interval_s=0.2, command_timeout_s=CMD_TIMEOUT_S)
     async with instances(tmp_path, state, {"rate_rps": 100, "rate_burst": 100}, n=2) as inst:
         assert (await inst.complete(0)).status_code == 200
         redis_server.stop()
@@ -182,7 +189,7 @@ async def _status(coro: Any, want: int) -> bool:
 
 async def test_local_fallback_enforces_the_limit_divided_by_the_instances(tmp_path: Path, redis_server) -> None:
     state = _redis(redis_server.url, on_unavailable="local", instances_expected=3, probe_interval_s=0.2,
-                   command_timeout_s=0.3)
+                   command_timeout_s=CMD_TIMEOUT_S)
     async with instances(tmp_path, state, {"rate_rps": 0.01, "rate_burst": 9}) as inst:
         assert (await inst.complete(0)).status_code == 200  # 1 of the shared 9
         redis_server.stop()
@@ -204,7 +211,7 @@ def _state_up(inst: Instances) -> bool:
 
 async def test_an_instance_started_while_redis_is_down_serves_once_it_answers(tmp_path: Path, redis_server) -> None:
     redis_server.stop()
-    state = _redis(redis_server.url, probe_interval_s=0.2, command_timeout_s=0.3)
+    state = _redis(redis_server.url, probe_interval_s=0.2, command_timeout_s=CMD_TIMEOUT_S)
     async with instances(tmp_path, state, {"rate_rps": 100}, n=1) as inst:
         assert (await inst.complete(0)).status_code == 503
         redis_server.start()

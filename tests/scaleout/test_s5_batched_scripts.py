@@ -134,8 +134,9 @@ async def test_a_caller_cancelled_before_the_batch_leaves_takes_no_slot(setup) -
 async def test_every_caller_of_a_batch_gets_the_connection_error(redis_server) -> None:
     from tenancy.shared_failover import unavailable_errors
 
+    # a stopped server resets at once; the timeout only bounds the live admit before it (0.3 s: load-flaky)
     limits: SharedLimits = make_limits(StateConfig(backend="redis", url=redis_server.url, key_prefix="pgb:",
-                                                   command_timeout_s=0.3))
+                                                   command_timeout_s=2.0))
     try:
         t = Tenant(id="acme", max_concurrency=10)
         await limits.limiter.admit(t)

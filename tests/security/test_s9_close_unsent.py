@@ -56,15 +56,18 @@ async def test_unsent_bytes_that_do_not_go_down_abort_the_connection() -> None:
 
 
 async def test_a_client_that_reads_slowly_keeps_its_answer() -> None:
-    t = _Transport(300_000)
-    lt = LingeringTransport(t, asyncio.get_running_loop(), _Idle(), timeout_s=0.05)
+    # checks every 0.3 s, bytes go out every 0.03 s: about ten steps between two checks. It was one or
+    # two (0.05 s checks): a process descheduled ~20 ms on a loaded machine let a check see no progress
+    # and abort (seen in a loaded run of the security tests)
+    t = _Transport(400_000)
+    lt = LingeringTransport(t, asyncio.get_running_loop(), _Idle(), timeout_s=0.3)
     lt.close()
-    for _ in range(8):  # bytes go out between every two checks
+    for _ in range(40):  # ~1.2 s: bytes go out between every two checks (about four checks)
         await asyncio.sleep(0.03)
-        t.unsent -= 30_000
+        t.unsent -= 10_000
         assert not t.aborted
     t.unsent = 0
-    await asyncio.sleep(0.12)
+    await asyncio.sleep(0.7)  # two more checks with nothing left
     assert not t.aborted
 
 
