@@ -379,6 +379,9 @@ def _second_config(cfg: Mapping[str, Any], paths: Any, name: str) -> dict[str, A
     from sim.procs import free_port
 
     doc = json.loads(json.dumps(cfg))
+    # issue 14 measures the default configuration: answers lose cached_tokens (review R12-1, session 12;
+    # the demo config relays it for its clients), and a baseline tree from before session 12 refuses the key
+    doc["tenancy"].pop("usage_cached_tokens", None)
     doc["listen"]["port"] = free_port()
     doc["admin"]["port"] = free_port()
     prof_dir = paths.work / f"{name}-audit"
