@@ -246,14 +246,15 @@ class CpuMeter:
             self._wend = budget.wall_clock()
         return out
 
-    def check_step(self) -> Callable[[], float]:
+    def check_step(self, always: bool = False) -> Callable[[], float]:
         """Before a step that runs on another thread (:class:`gateway.tokenize_thread.TokenizeThread`):
         raise 429 ``cpu_budget_exhausted`` like :meth:`run` when the tenant is in debt and this is
-        its first step, close the open span, and return the CPU clock to read on that thread."""
+        its first step (``always``: whatever step it is; R12b-1), close the open span, and return the
+        CPU clock to read on that thread."""
         budget = self.budget
         if budget is None:
             return time.thread_time
-        if not self.rechecked:
+        if always or not self.rechecked:
             self.rechecked = True
             assert self.tenant is not None
             budget.check(self.tenant)

@@ -10,9 +10,13 @@ loop serves other requests meanwhile. Shorter prompts, and tokenizers that hold 
 (the default ``word``, pure Python: bounded by its own early stop), stay inline, where a thread
 hop would only add latency.
 
-One thread: big prompts take turns (a second core at most, never the loop's), so one tenant's
-concurrent big prompts can delay another tenant's big prompt, bounded by its concurrency and
-its CPU budget; small prompts never wait for them. The step's CPU is the worker thread's
+One thread: big prompts take turns (a second core at most, never the loop's); small prompts never
+wait for them. Review R12b-1 (session 12): a tenant has at most one step on the thread (queued or
+running); its next step waits on the event loop, for free, and re-checks the tenant's CPU budget
+when its turn comes (429 ``cpu_budget_exhausted`` once the tenant is in debt). Before, one tenant
+could queue a step for each of its requests in flight (up to 256 with flow control on, which
+takes the concurrency slot after tokenizing) and another tenant's big prompt waited behind all of
+them. Now a big prompt waits for at most one step of each other tenant. The step's CPU is the worker thread's
 (``time.thread_time`` there) and is added to the request's :class:`gateway.cpu_budget.CpuMeter`
 like an inline step; a request whose client leaves while its step runs is charged the step's
 CPU when it ends (the thread cannot be interrupted).
@@ -54,13 +58,31 @@ class TokenizeThread:
 
     def __init__(self) -> None:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefixgate-tokenize")
+        #: per tenant id: (its turn lock, steps waiting for or holding it); dropped at zero
+        self._turns: dict[str | None, tuple[asyncio.Lock, int]] = {}
 
     async def run(self, meter: CpuMeter, fn: Callable[..., Any], *args: Any) -> Any:
         """Return ``fn(*args)`` run on the worker thread, its thread CPU added to ``meter``
         (charged to the tenant at once when the request was cancelled meanwhile); re-raises
-        what ``fn`` raised. First raises 429 ``cpu_budget_exhausted`` when ``meter``'s tenant
-        is in debt (:meth:`CpuMeter.check_step`)."""
-        clock = meter.check_step()
+        what ``fn`` raised. Waits for the tenant's previous step to end (one at a time per
+        tenant), then raises 429 ``cpu_budget_exhausted`` when ``meter``'s tenant is in debt
+        (:meth:`CpuMeter.check_step`)."""
+        key = meter.tenant.id if meter.tenant is not None else None
+        lock, users = self._turns.get(key) or (asyncio.Lock(), 0)
+        self._turns[key] = (lock, users + 1)
+        try:
+            async with lock:
+                return await self._step(meter, fn, args)
+        finally:
+            lock, users = self._turns[key]
+            if users <= 1:
+                del self._turns[key]
+            else:
+                self._turns[key] = (lock, users - 1)
+
+    async def _step(self, meter: CpuMeter, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """One step on the thread, the tenant's turn held (see :meth:`run`)."""
+        clock = meter.check_step(always=True)
         fut = asyncio.get_running_loop().run_in_executor(self._pool, _timed, clock, fn, args)
         try:
             cpu_s, out, exc = await asyncio.shield(fut)
@@ -77,5 +99,6 @@ class TokenizeThread:
         """Nothing to open: the thread starts with the first step (a :class:`gateway.build.Lifecycle`)."""
 
     async def stop(self) -> None:
-        """Stop the worker thread once its queued steps are done (idempotent)."""
-        self._pool.shutdown(wait=False)
+        """Stop the worker thread: queued steps are cancelled (their requests get the cancellation),
+        the running one ends (idempotent)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -154,3 +154,59 @@ async def test_a_request_cancelled_while_its_step_runs_is_charged_when_the_step_
 
     assert await wait_for(in_debt, timeout_s=10.0)
     await thread.stop()
+
+
+class _Meter:
+    """A stand-in for :class:`gateway.cpu_budget.CpuMeter`: records the budget checks of its steps and
+    raises 429 at the ``refuse_at``-th one."""
+
+    def __init__(self, tenant_id: str, refuse_at: int | None = None) -> None:
+        from tenancy.registry import Tenant
+
+        self.tenant = Tenant(id=tenant_id)
+        self.checks: list[bool] = []
+        self.refuse_at = refuse_at
+
+    def check_step(self, always: bool = False) -> Any:
+        from gateway.errors import GatewayError
+
+        self.checks.append(always)
+        if self.refuse_at is not None and len(self.checks) == self.refuse_at:
+            raise GatewayError(429, "cpu_budget_exhausted", "in debt")
+        return time.thread_time
+
+    def add_off_loop(self, cpu_s: float, late: bool = False) -> None:
+        pass
+
+
+async def test_one_step_per_tenant_on_the_thread_and_the_budget_rechecked_at_each_turn() -> None:
+    """R12b-1: tenant a's five big prompts no longer all queue on the thread ahead of tenant b's one:
+    b's step runs second, right after a's first; and a's budget is checked at each of its turns (its
+    fourth is refused 429 without running)."""
+    from gateway.errors import GatewayError
+    from gateway.tokenize_thread import TokenizeThread
+
+    thread = TokenizeThread()
+    order: list[str] = []
+    first_started, release_first = threading.Event(), threading.Event()
+
+    def step(name: str) -> str:
+        if name == "a1":
+            first_started.set()
+            release_first.wait(10)
+        order.append(name)
+        return name
+
+    a, b = _Meter("a", refuse_at=4), _Meter("b")
+    a_tasks = [asyncio.ensure_future(thread.run(a, step, f"a{i}")) for i in range(1, 6)]
+    assert await wait_for(first_started.is_set, timeout_s=10.0)
+    b_task = asyncio.ensure_future(thread.run(b, step, "b1"))
+    assert await wait_for(lambda: len(b.checks) == 1, timeout_s=10.0)  # b's step is on the thread's queue
+    release_first.set()
+    assert await b_task == "b1"
+    results = await asyncio.gather(*a_tasks, return_exceptions=True)
+    assert order[:2] == ["a1", "b1"]
+    assert [r if isinstance(r, str) else r.code for r in results] == ["a1", "a2", "a3", "cpu_budget_exhausted", "a5"]
+    assert isinstance(results[3], GatewayError) and "a4" not in order
+    assert a.checks == [True] * 5
+    await thread.stop()

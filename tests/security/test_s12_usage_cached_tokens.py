@@ -162,3 +162,23 @@ def test_stream_usage_chunk_rewritten_split_anywhere(sep: bytes) -> None:
         assert out.replace(b"\r\n", b"\n").count(b"\n\n") == 4  # no extra blank line
     sc = SseScanner()  # pass: byte for byte
     assert sc.feed(stream) == stream
+
+
+@pytest.mark.parametrize("data", [
+    # a nested copy of the usage after the real one (the last "usage" key is not the top-level one)
+    b'{"usage":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens": 3}},'
+    b'"x":{"usage":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens": 3}}}}',
+    # a duplicated top-level key: parsers differ on which one wins, so neither may keep the counter
+    b'{"usage":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":3}},'
+    b'"usage":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":3}}}',
+    b'{"usage":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens": 3}},'
+    b'"usage":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens": 3}}}',
+])
+def test_no_top_level_usage_a_client_may_read_keeps_the_counter(data: bytes) -> None:
+    """R12b-4: the rewrite located the last ``"usage"`` key; when that is not the object a client reads,
+    the whole answer is written again."""
+    obj = orjson.loads(data)
+    out = plain_without_cached(data, obj, obj["usage"])
+    top = json.loads(out, object_pairs_hook=lambda kv: kv)  # the top level's pairs, in order, duplicates kept
+    assert [k for k, _ in top].count("usage") == 1
+    assert all("cached_tokens" not in json.dumps(v) for k, v in top if k == "usage")
