@@ -166,7 +166,7 @@ class FlowControl:
                 if body_bytes:
                     if not self.queued_bytes.take(tid, body_bytes):
                         self.queue.remove(tid, w)  # its queued requests hold too many bytes (R12-2)
-                        raise self._bytes_full(tid, body_bytes)
+                        raise self._bytes_full(tid)
                     counted = body_bytes
         try:
             ends = time.perf_counter() + min(cfg.tenant_max_queue_wait_s, deadline - time.perf_counter())
@@ -243,12 +243,11 @@ class FlowControl:
             err = too_many(1.0, "concurrency_limited",
                            "tenant concurrent request limit reached and no room in its queue")
             return self._refusal(err, tenant_id, 0.0)
-        self.metrics.flow_refused.labels("queue_full").inc()
-        return self._refusal(too_many(self._retry_after(), "queue_full", _FULL), tenant_id, 0.0)
+        return self._bytes_full(tenant_id)
 
-    def _bytes_full(self, tenant_id: str, body_bytes: int) -> GatewayError:
-        """The 429 ``queue_full`` of a request whose ``body_bytes`` would take its tenant's queued
-        requests past ``tenant_max_queued_bytes`` (R12-2): the shape and audit figures of a full queue."""
+    def _bytes_full(self, tenant_id: str) -> GatewayError:
+        """The 429 ``queue_full`` of a full queue, also for a request whose body would take its tenant's
+        queued requests past ``tenant_max_queued_bytes`` (R12-2): same shape, metric and audit figures."""
         self.metrics.flow_refused.labels("queue_full").inc()
         return self._refusal(too_many(self._retry_after(), "queue_full", _FULL), tenant_id, 0.0)
 

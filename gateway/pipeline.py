@@ -107,11 +107,11 @@ class InferencePipeline:
                 await adm.admit_sequences(tenant, held.lease, req.sequences, slots=gw.flow is None)
             rec.t_parsed = time.perf_counter()
             # 4 prompt checks and prefix keys (byte bound, then tokenize once with early stop)
+            room = adm.prompt_room(tenant, held.lease)
             if gw.tokenize_thread is None or not tokenizes_off_loop(adm.tokenizer, req):
-                tokens, prompt_tokens = held.cpu.run(adm.prompt_tokens, bounds, req, adm.prompt_room(tenant, held.lease))
+                tokens, prompt_tokens = held.cpu.run(adm.prompt_tokens, bounds, req, room)
             else:  # R12-3: a long prompt of a GIL-free tokenizer, off the event loop
-                tokens, prompt_tokens = await gw.tokenize_thread.run(
-                    held.cpu, adm.prompt_tokens, bounds, req, adm.prompt_room(tenant, held.lease))
+                tokens, prompt_tokens = await gw.tokenize_thread.run(held.cpu, adm.prompt_tokens, bounds, req, room)
             rec.prompt_tokens = prompt_tokens
             # reserve prompt + max_tokens x sequences before any further work; the end settles it
             output_cap = adm.output_cap(req.max_tokens, tenant)
