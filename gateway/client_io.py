@@ -13,7 +13,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 __all__ = ["ClientGone", "ConnectionLoss", "EndingStreamingResponse", "LOSS_KEY", "WATCH_AFTER_S",
-           "unless_client_leaves"]
+           "scope_loop", "unless_client_leaves"]
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.client_io")
@@ -219,10 +219,27 @@ def _current_task(loss: ConnectionLoss | None) -> asyncio.Task[Any] | None:
     connection: on CPython 3.11 each running-loop lookup is a ``getpid`` system call; session 10)."""
     if loss is None:
         return asyncio.current_task()
+    return asyncio.current_task(_loss_loop(loss))
+
+
+def _loss_loop(loss: ConnectionLoss) -> asyncio.AbstractEventLoop:
     loop = loss.loop
     if loop is None:
         loop = loss.loop = asyncio.get_running_loop()
-    return asyncio.current_task(loop)
+    return loop
+
+
+def scope_loop(scope: Scope) -> asyncio.AbstractEventLoop:
+    """The running event loop, for code running in the ASGI call of ``scope`` (call from that loop's
+    thread only). On the guarded listener the loop noted in the connection's :class:`ConnectionLoss`
+    (:data:`LOSS_KEY`; looked up once per connection, then an attribute read); elsewhere
+    ``asyncio.get_running_loop()``. Session 13: the pipeline's per-request lookup was the gateway's one
+    ``getpid`` system call per request (CPython 3.11 checks the process id on each running-loop lookup).
+    Raises ``RuntimeError`` when no loop runs and the scope has no connection loop noted yet."""
+    loss = scope.get(LOSS_KEY)
+    if loss is None:
+        return asyncio.get_running_loop()
+    return _loss_loop(loss)
 
 
 async def _cancelled_means_gone(task: asyncio.Task[Any], work: Awaitable[T], gone: Callable[[], bool]) -> T:

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.build import Gateway
-from gateway.client_io import ClientGone, unless_client_leaves
+from gateway.client_io import ClientGone, scope_loop, unless_client_leaves
 from gateway.body_budget import OWNER_SCOPE_KEY
 from gateway.errors import GatewayError
 from gateway.held import Held
@@ -238,7 +238,7 @@ class InferencePipeline:
             budget = max(0.001, min(ucfg.first_byte_timeout_s, left) if req.stream else left)
             progress, held.progress = held.progress, "unknown"  # sent: the replica may be working on it
             if held.prep is not None:  # runs in the loop's next turn: after the request is written, before the answer
-                asyncio.get_running_loop().call_soon(held.run_prep)
+                scope_loop(request.scope).call_soon(held.run_prep)  # no getpid per request (session 13)
             try:
                 up = await unless_client_leaves(
                     request, open_upstream(gw.upstream.require_session(), replica.url + rec.endpoint, upstream_body, headers, budget))
