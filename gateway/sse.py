@@ -259,7 +259,6 @@ class SseScanner:
             self.output_tokens += sum(1 for c in choices if _has_output(c))
         return True
 
-
     def _dispatch_withheld(self) -> bool | bytes:
         """:meth:`_dispatch` of an event holding a line that is not forwarded (review R12b-7): False
         (nothing forwarded) without ``data`` lines, else its data lines alone (``data: ...`` each, then a

@@ -63,3 +63,12 @@ def test_config_check_prints_it(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"tenancy": {"usage_cached_tokens": "maybe"}}), encoding="utf-8")
     assert CliRunner().invoke(main, ["config", "check", "--config", str(bad)]).exit_code == 1
+
+
+async def test_a_registry_reload_logs_it_too(stack: Any, caplog: pytest.LogCaptureFixture) -> None:
+    tenants = [{**_tenant("tenant-a", ["default"], "pass"), "spiffe_ids": ["spiffe://demo.prefixgate.test/tenant-a/"]},
+               {**_tenant("tenant-b", ["default"]), "spiffe_ids": ["spiffe://demo.prefixgate.test/tenant-b/"]}]
+    with caplog.at_level("WARNING", logger="prefixgate"):
+        stack.components.admin.apply_registry(tenants, [])
+    got = [r.getMessage() for r in caplog.records if "usage_cached_tokens is pass" in r.getMessage()]
+    assert len(got) == 1 and got[0].startswith("configuration: tenant tenant-a:"), got
