@@ -13,6 +13,7 @@ before its body is read, as on the public listener (gateway/content_coding.py, R
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from gateway.admission import Admission
 from gateway.auditing import AuditHub
 from gateway.authn import Authenticator
 from gateway.config import GatewayConfig, load_config
+from gateway.config_tenancy import shared_pass_warnings
 from gateway.content_coding import refuse_content_coding
 from gateway.errors import GatewayError
 from gateway.identity import WorkloadIdentity
@@ -35,6 +37,8 @@ from routing.index import PrefixIndex
 from routing.router import Router
 from tenancy.keys import KeyRing, load_master_secret
 from tenancy.registry import TenantConfigError, TenantRegistry
+
+log = logging.getLogger("prefixgate")
 
 __all__ = ["Admin", "record_refusal", "OPERATOR_SCOPE_KEY"]
 
@@ -173,6 +177,8 @@ class Admin:
         self.admission.replace_registry(registry)
         self.pdp.clear_cache()  # tenant facts reach the policy through its input: no decision outlives them
         self.last_tenancy = {"tenants": list(tenants), "operators": list(operators)}
+        for warning in shared_pass_warnings(registry.tenants(), self.config.tenancy.usage_cached_tokens):
+            log.warning("configuration: %s", warning)  # R12b-6: as at start
         return registry
 
     def replica_status(self) -> list[dict[str, Any]]:

@@ -18,6 +18,11 @@ Three bounds, each closing a residual of review R10b (docs/security.md):
   all of them (sampled CPU per byte x their bytes) above ``limits.prep_cpu_free_ms`` +
   ``answer_cpu_free_us_per_token`` x the stream's output tokens is charged to the tenant's CPU budget
   while the stream runs: its next requests answer 429 ``cpu_budget_exhausted`` while it is in debt.
+* :func:`metered_rewrite` (session 13, R12b-7): a plain answer written again without
+  ``cached_tokens`` (:func:`gateway.usage_privacy.plain_without_cached`; when the usage object cannot be
+  located, the whole answer, up to ``limits.max_answer_bytes``) is answer work like its parse: for an
+  answer of ``limits.answer_cpu_meter_bytes`` or more it runs under the thread-CPU clock and all of its
+  CPU is charged to the tenant (the parse's free allowance was already given to the parse).
 * :class:`UnsentAnswers` (R10b-5): a plain answer is handed whole to the server, which buffers what
   the client does not read (until R9b-3's no-progress close); the request's concurrency slot was
   given back already. Per tenant, the bytes still buffered for its answers of
@@ -33,7 +38,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gateway.admission import too_many
 from gateway.client_io import LOSS_KEY
@@ -43,7 +48,9 @@ if TYPE_CHECKING:
     from tenancy.registry import Tenant
 
 __all__ = ["ParseTurns", "StreamCharge", "UnsentAnswers", "STREAM_METER_BYTES", "STREAM_SAMPLE_EVERY",
-           "UNSENT_MIN_BYTES"]
+           "UNSENT_MIN_BYTES", "metered_rewrite"]
+
+_T = TypeVar("_T")
 
 #: a stream read of at least this many bytes is metered (an event with 20 ``top_logprobs`` is ~1.4 kB;
 #: one token without alternatives ~0.2 kB: such streams cost ~2.7 us per token, within the free allowance)
@@ -52,6 +59,22 @@ STREAM_METER_BYTES = 1024
 STREAM_SAMPLE_EVERY = 8
 #: plain answers smaller than this are not tracked by :class:`UnsentAnswers` (they fit the kernel's buffers)
 UNSENT_MIN_BYTES = 64 << 10
+
+
+def metered_rewrite(meter: CpuMeter, size: int, work: Callable[..., _T], *args: Any) -> _T:
+    """``work(*args)``: rewriting a plain answer of ``size`` bytes (R12b-7); raises what ``work`` raises.
+
+    Below ``limits.answer_cpu_meter_bytes`` (or without a budget) it runs unmeasured, as the answer's
+    parse does (:meth:`gateway.cpu_budget.CpuMeter.check_answer`); at or above, its thread CPU is
+    charged to ``meter``'s tenant in full, whether ``work`` returns or raises."""
+    budget = meter.budget
+    if budget is None or size < budget.answer_meter_bytes or meter.tenant is None:
+        return work(*args)
+    c0 = budget.cpu_clock()
+    try:
+        return work(*args)
+    finally:
+        budget.charge(meter.tenant, budget.cpu_clock() - c0)
 
 
 class ParseTurns:

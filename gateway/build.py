@@ -34,6 +34,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.overload import OverloadGuard
 from gateway.pep import DecisionPoint, PolicyEnforcementPoint, build_decision_point
 from gateway.prefix_keys import PrefixKeys
+from gateway.config_tenancy import shared_pass_warnings
 from gateway.readiness import Readiness, configuration_warnings, limit_warnings
 from gateway.recording import Recorder
 from gateway.replicas import Replica, ReplicaSet
@@ -240,7 +241,8 @@ class Gateway:
 
     def configuration_warnings(self) -> list[str]:
         """Tenant entries that load but cannot be served as written (see :func:`configuration_warnings`)."""
-        return configuration_warnings(self.registry, self.config.replicas, self.admission.served_models)
+        return (configuration_warnings(self.registry, self.config.replicas, self.admission.served_models)
+                + shared_pass_warnings(self.registry.tenants(), self.config.tenancy.usage_cached_tokens))  # R12b-6
 
     def limit_warnings(self) -> list[str]:
         """Tenants without a prompt-token limit (see :func:`gateway.readiness.limit_warnings`)."""

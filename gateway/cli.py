@@ -6,6 +6,7 @@
     prefixgate policy test [DIR]        compile a Rego directory (default: the shipped one) and run its tests
     prefixgate policy export DIR        copy the shipped policy into DIR (to edit it; then set policy.dir)
     prefixgate keys rotate-tenant ...   operator key operations against the state file
+    prefixgate config check --config F  validate a configuration file and print its warnings
 
 Developer commands (simulated replicas, a demo trust domain, the main job)
 are ``prefixgate-sim`` (sim/cli.py): this CLI never imports the simulator.
@@ -109,6 +110,37 @@ def _add_audit_commands() -> None:
 
 
 _add_audit_commands()
+
+
+@main.group()
+def config() -> None:
+    """Configuration tools."""
+
+
+@config.command("check")
+@click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="YAML configuration file (docs/configuration.md).")
+def config_check(config_path: str) -> None:
+    """Validate the file as ``serve`` would (exit 1 on an error) and print, one line each, the
+    warnings ``serve`` logs at start about its tenants (``configuration:``, ``limits:``): entries that
+    cannot be served as written, tenants without a prompt-token limit, tenants with
+    ``usage_cached_tokens: pass`` sharing a pool (review R12b-6). Starts nothing, reads no secret."""
+    from gateway.config import ConfigError, load_config
+    from gateway.config_tenancy import shared_pass_warnings
+    from gateway.readiness import configuration_warnings, limit_warnings
+    from tenancy.registry import TenantRegistry
+
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    registry = TenantRegistry.from_config(cfg.tenancy.tenants, operators=cfg.tenancy.operators)
+    lines = [f"configuration: {w}" for w in configuration_warnings(registry, cfg.replicas, frozenset(cfg.models))]
+    lines += [f"configuration: {w}" for w in shared_pass_warnings(registry.tenants(), cfg.tenancy.usage_cached_tokens)]
+    lines += [f"limits: {w}" for w in limit_warnings(registry)]
+    for line in lines:
+        click.echo(line)
+    click.echo(f"{config_path}: valid, {len(lines)} warning(s)")
 
 
 @main.group()

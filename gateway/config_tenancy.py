@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -58,3 +59,32 @@ def check_tenancy(tenancy: TenancyConfig) -> None:
         TenantRegistry.from_config(tenancy.tenants, operators=tenancy.operators)
     except TenantConfigError as exc:
         raise ConfigError(f"invalid configuration: tenancy.{exc}") from None
+
+
+def shared_pass_warnings(tenants: Iterable[Any], default: str) -> list[str]:
+    """Tenants that receive ``cached_tokens`` (``usage_cached_tokens: pass``, their own or the
+    ``tenancy`` ``default``) while another tenant is in one of their pools (session 13, review R12b-6):
+    one line each, naming the shared pools and the other tenants. Such a tenant can run review R12-1's
+    prime+probe on the shared KV cache and read those tenants' uncached prompt lengths, whatever their
+    own setting: the risk of ``pass`` is theirs, not the passing tenant's. Logged at start with the
+    ``configuration:`` lines and printed by ``prefixgate config check``; never fatal (the operator chose
+    ``pass``). ``tenants``: :class:`tenancy.tenant.Tenant` (``id``, ``pools``, ``usage_cached_tokens``)."""
+    from gateway.usage_privacy import drops_cached
+
+    listed = list(tenants)
+    in_pool: dict[str, set[str]] = {}
+    for t in listed:
+        for p in t.pools:
+            in_pool.setdefault(p, set()).add(t.id)
+    out: list[str] = []
+    for t in listed:
+        if drops_cached(t.usage_cached_tokens, default):
+            continue
+        shared = sorted(p for p in t.pools if len(in_pool[p]) > 1)
+        if shared:
+            others = sorted(set().union(*(in_pool[p] for p in shared)) - {t.id})
+            out.append(f"tenant {t.id}: usage_cached_tokens is pass while pool(s) {', '.join(shared)} also serve "
+                       f"tenant(s) {', '.join(others)}: it can measure their uncached prompt lengths through "
+                       "cached_tokens (prime+probe on the shared KV cache, review R12-1); give pass only to a "
+                       "tenant whose pools are its own (docs/tenancy.md)")
+    return out

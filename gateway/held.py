@@ -46,13 +46,12 @@ class Held:
     by the request's end with the giving back (session 11); ``queue_wait_s``: flow control's release's
     queue wait (seconds), for its metric (observed while the replica works); ``drop_cached``: the
     answer's ``usage.prompt_tokens_details.cached_tokens`` is not relayed to the client (the tenant's
-    ``usage_cached_tokens``, review R12-1: gateway/usage_privacy.py; True until the tenant is known);
-    ``body_bytes``: the request body's length, what it holds while queued (``flow.tenant_max_queued_bytes``, R12-2).
+    ``usage_cached_tokens``, review R12-1: gateway/usage_privacy.py; True until the tenant is known).
     """
 
     __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
                  "reservation", "progress", "relayed", "tenant", "left", "cpu", "prep", "served", "answered",
-                 "queue_wait_s", "drop_cached", "body_bytes")
+                 "queue_wait_s", "drop_cached")
 
     def __init__(self) -> None:
         self.lease: Lease | SharedLease | None = None
@@ -75,7 +74,6 @@ class Held:
         self.answered: Callable[[], None] | None = None
         self.queue_wait_s: float | None = None
         self.drop_cached = True
-        self.body_bytes = 0
 
     def run_prep(self) -> None:
         """Run :attr:`prep` if it has not run (idempotent; an event loop callback or the request's end)."""

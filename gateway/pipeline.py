@@ -23,6 +23,7 @@ from gateway.build import Gateway
 from gateway.client_io import ClientGone, scope_loop, unless_client_leaves
 from gateway.body_budget import OWNER_SCOPE_KEY
 from gateway.errors import GatewayError
+from gateway.flow_bytes import queued_form, with_salt
 from gateway.held import Held
 from gateway.prefix_keys import ChainView, PrefixKeys
 from gateway.pipeline_answer import failure_error, plain_response, stream_response
@@ -97,7 +98,6 @@ class InferencePipeline:
             req = held.cpu.run(parse_inference_request, raw, endpoint, self.cfg.limits.max_json_depth,
                                max_messages=bounds.max_messages, max_batch_prompts=bounds.max_batch_prompts,
                                max_json_items=self.cfg.limits.max_json_items)
-            held.body_bytes = len(raw)  # R12-2: what it holds while queued; the bytes themselves are not kept
             del raw
             rec.stream = req.stream
             adm.check_request(req, tenant)  # model entitlement; echo + logprobs (R4-12)
@@ -194,7 +194,7 @@ class InferencePipeline:
 
     async def _route_and_proxy(
         self, request: Request, req: InferenceRequest, rec: RequestRecord, tenant: Tenant,
-        route_req: RouteRequest, chains: ChainView, allowed: list[Replica], body: JsonObject, held: Held,
+        route_req: RouteRequest, chains: ChainView, allowed: list[Replica], body: JsonObject | bytes, held: Held,
     ) -> Response:
         gw = self.gw
         ucfg = self.cfg.upstream
@@ -210,10 +210,10 @@ class InferencePipeline:
                 slots = gw.admission.slot_claim(tenant, held.lease)
                 rel = gw.flow.release_now(tenant, route_req, ids, alt, slots)  # nothing queued, room now: no wait
                 if rel is None:  # retries do not wait
-                    req.forget_prompt_text()  # R12-2: only hashed, never sent: not held while queued
+                    body = queued_form(req, body)  # R12-2, R12b-3: it waits holding the bytes it sends, counted
                     rel = await unless_client_leaves(
                         request, gw.flow.release(tenant, route_req, ids, alt, deadline, slots, tried=True,
-                                                 body_bytes=held.body_bytes))
+                                                 body_bytes=len(body)))
                 choice, held.ticket, rec.queue_wait_ms, rec.virtual_tokens = rel.as_record()
                 held.queue_wait_s = rel.queue_wait_s  # its metric: while the replica works (_prepare)
             else:
@@ -227,7 +227,7 @@ class InferencePipeline:
             rec.replica_load_tokens = gw.router.loads.snapshot(replica.id).tokens
             rec.t_route = time.perf_counter()
             # serialized at once by open_upstream, never changed: copied only to add the salt
-            upstream_body = {**body, "cache_salt": gw.keys.cache_salt(tenant)} if replica.cache_salt else body
+            upstream_body = with_salt(body, gw.keys.cache_salt(tenant)) if replica.cache_salt else body
             # request id and trace context (never client credentials)
             headers = {"X-Request-Id": rec.request_id}
             gw.audit.inject_trace_headers(headers, rec)

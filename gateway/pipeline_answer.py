@@ -17,6 +17,7 @@ from gateway import json_fast
 from gateway.answer_cost import STREAM_METER_BYTES, UNSENT_MIN_BYTES, StreamCharge
 from gateway.client_io import ClientGone, EndingStreamingResponse, unless_client_leaves
 from gateway.errors import GatewayError
+from gateway.answer_cost import metered_rewrite
 from gateway.held import Held
 from gateway.proxy import UpstreamFailure, UpstreamStream
 from gateway.read_deadline import ReadDeadline
@@ -204,7 +205,7 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
     rec.status, rec.outcome = 200, "allowed"
     # parsed only to check it and read usage: the replica's bytes go out unchanged (but R12-1's counter)
     if held.drop_cached and held.usage is not None and "prompt_tokens_details" in usage:
-        data = plain_without_cached(data, obj, usage)
+        data = metered_rewrite(held.cpu, len(data), plain_without_cached, data, obj, usage)  # R12b-7: charged
     answer = PlainAnswer(data, rec.request_id)
     if len(data) >= UNSENT_MIN_BYTES:  # R10b-5: its unsent bytes count against its tenant's bound
         answer.after_send = held.cpu.note_unsent

@@ -279,11 +279,12 @@ async def _read_error_body(resp: UpstreamResponse) -> bytes:
 async def open_upstream(
     session: UpstreamPool,
     url: str,
-    body: dict[str, Any],
+    body: dict[str, Any] | bytes,
     headers: dict[str, str],
     first_byte_timeout_s: float,
 ) -> UpstreamStream:
-    """POST ``body`` as JSON to ``url`` and wait for the first body chunk.
+    """POST ``body`` as JSON to ``url`` (bytes: already serialized, a request that waited in the flow
+    queue, gateway/flow_bytes.py ``queued_form``) and wait for the first body chunk.
 
     Returns an :class:`UpstreamStream` for a 200 answer. Raises
     :class:`UpstreamFailure` on connection errors, on no first byte within
@@ -296,7 +297,8 @@ async def open_upstream(
         # the budget: one timer per pool for every call's deadline, not an asyncio.timeout per call (session 8)
         deadline = session.time() + first_byte_timeout_s  # the pool's loop clock, no loop lookup (session 10)
         SEND_ORDER.sending()  # counted for gateway/send_order.py (the body is written at once, no task)
-        resp = await session.request("POST", url, orjson.dumps(body), {**headers, **_JSON_TYPE}, deadline=deadline)
+        data = body if body.__class__ is bytes else orjson.dumps(body)
+        resp = await session.request("POST", url, data, {**headers, **_JSON_TYPE}, deadline=deadline)
         encoding = resp.headers.get("content-encoding")
         if resp.status != 200:
             data = await _read_error_body(resp)

@@ -14,7 +14,14 @@ the one exception (``drop_cached``, session 12, review R12-1) is an event whose
 ``usage`` holds ``prompt_tokens_details.cached_tokens``: it goes out written
 again without it, as ``data: {...}`` and a blank line
 (:func:`gateway.usage_privacy.event_without_cached`), while :attr:`SseScanner.usage`
-keeps the true value for the gateway.
+keeps the true value for the gateway. Lines a client has no use for are not forwarded either (session
+13, review R12b-7): a field other than ``data``, ``event``, ``id`` and ``retry`` (which SSE clients
+ignore, raw readers do not: a replica could put a usage object there) and, with ``drop_cached``, a
+comment or field naming ``cached_tokens``: such an event goes out as its ``data`` lines alone, written
+again (``data: ...`` and a blank line), and one without ``data`` lines not at all. A tenant cannot
+produce either (model output reaches the stream inside a JSON string of a ``data`` line, where a line
+break is escaped); only a replica can, and the replica is trusted with the answer, not with what the
+gateway promises tenants about ``cached_tokens``.
 
 Parsing follows the WHATWG HTML standard, "Server-sent events", §9.2.6
 "Interpreting an event stream": lines end with CRLF, a lone LF or a lone CR
@@ -41,6 +48,9 @@ __all__ = ["DONE", "SseProtocolError", "SseScanner", "error_event"]
 DONE = b"data: [DONE]\n\n"
 _EOL = re.compile(rb"\r\n|\r|\n")
 _BOM = b"\xef\xbb\xbf"
+#: the fields a client may use besides ``data`` (WHATWG §9.2.6); any other field line is not forwarded
+_PLAIN_FIELDS = frozenset((b"event", b"id", b"retry"))
+_CACHED = b"cached_tokens"
 
 
 class SseProtocolError(Exception):
@@ -80,6 +90,7 @@ class SseScanner:
     _cr_end: bool = False  # the last byte read was a CR that ended a line: an LF next belongs to it
     _cr_dispatched: int = 0  # that CR ended an event: 1 kept (forward the LF), 2 dropped (drop it)
     _started: bool = False
+    _withhold: bool = False  # the current event holds a line that is not forwarded (module doc, R12b-7)
 
     def feed(self, chunk: bytes) -> bytes:
         """Consume ``chunk``; return the complete events to forward (possibly b""), unchanged.
@@ -164,6 +175,10 @@ class SseScanner:
                     name, sep, value = line.partition(b":")
                     if name == b"data":
                         self._data.append(value[1:] if sep and value[:1] == b" " else value)
+                    elif name not in _PLAIN_FIELDS or (self.drop_cached and _CACHED in value):
+                        self._withhold = True
+                elif self.drop_cached and _CACHED in line:
+                    self._withhold = True
                 continue
             try:
                 keep = self._dispatch()
@@ -192,17 +207,24 @@ class SseScanner:
         return rest
 
     def _field(self, line: bytes) -> None:
-        if line[:1] == b":":
-            return  # comment
+        if line[:1] == b":":  # comment
+            if self.drop_cached and _CACHED in line:
+                self._withhold = True
+            return
         name, sep, value = line.partition(b":")
         if sep and value[:1] == b" ":
             value = value[1:]
         if name == b"data":
             self._data.append(value)
+        elif name not in _PLAIN_FIELDS or (self.drop_cached and _CACHED in value):
+            self._withhold = True
 
     def _dispatch(self) -> bool | bytes:
         """End of an event: check it; return whether to forward it (True: as received), or the
-        bytes to forward instead (its usage without ``cached_tokens``: ``drop_cached``)."""
+        bytes to forward instead (its usage without ``cached_tokens``: ``drop_cached``; its data lines
+        alone: a withheld line, module doc)."""
+        if self._withhold:
+            return self._dispatch_withheld()
         if not self._data:
             return True  # comments / retry / id / event lines only
         payload = b"\n".join(self._data)
@@ -236,6 +258,19 @@ class SseScanner:
         if isinstance(choices, list):
             self.output_tokens += sum(1 for c in choices if _has_output(c))
         return True
+
+    def _dispatch_withheld(self) -> bool | bytes:
+        """:meth:`_dispatch` of an event holding a line that is not forwarded (review R12b-7): False
+        (nothing forwarded) without ``data`` lines, else its data lines alone (``data: ...`` each, then a
+        blank line; the same data for a client) or what :meth:`_dispatch` writes instead."""
+        self._withhold = False
+        lines = self._data
+        if not lines:
+            return False
+        keep = self._dispatch()
+        if keep is True:
+            return b"".join([b"data: " + d + b"\n" for d in lines]) + b"\n"
+        return keep
 
 
 def _has_output(choice: Any) -> bool:

@@ -16,6 +16,20 @@ entries of ~128 bytes, so at ``max_prompt_tokens`` 8192 that bound (~1 MB) is ab
   does not split there (the tokens at the cut may then differ), "over" needs
   :data:`PROBE_MARGIN_TOKENS` more than the limit; otherwise the whole text is encoded, as
   before, so an accepted prompt's ids never come from a slice.
+* **A second probe sized by the first (session 13, R12-3's residual).** A sparse text (few tokens per
+  character: long runs of ``=``, one long word) holds fewer than ``limit`` tokens in the first slice
+  even when the whole text is far over, and was then encoded whole (1 MiB of ``=``: ~0.9 s of thread
+  CPU with the tests' BPE; byte-pair merging in one huge pre-token costs more per character the longer
+  it is: 300 ns/char at 16 kB, 850 ns/char at 1 MiB). The first slice's density (its tokens per
+  character) now sizes a second slice expected to hold :data:`PROBE_GROWTH` x (``limit`` +
+  :data:`PROBE_MARGIN_TOKENS` + 1) tokens; it is encoded when it is shorter than the text, and more
+  than ``limit`` + :data:`PROBE_MARGIN_TOKENS` tokens there prove "over" as for the first slice. So a
+  text of even density is refused after encoding about 1.25x the characters that hold the limit,
+  whatever its length; a text whose density falls after the first slice (made to defeat the
+  estimate) costs that second slice, shorter than the text, on top of the whole encode as before.
+  Measured: /work/notes/s13-fixes.md.
+  The cut is at a whitespace boundary when there is one near the length, else inside a word (the margin
+  covers its changed tail, as for the first slice).
 * **Large encodes release the GIL.** ``Tokenizer.encode_batch`` runs without the GIL
   (``encode`` holds it), so a text of at least :data:`GIL_FREE_CHARS` characters is encoded
   through it: a caller that runs this on a worker thread (gateway/admission.py,
@@ -29,7 +43,7 @@ from __future__ import annotations
 
 from tenancy.tokenizer_base import MIN_MESSAGE_BYTES, TokenizerError
 
-__all__ = ["HuggingFaceTokenizer", "PROBE_CHARS_PER_TOKEN", "PROBE_MARGIN_TOKENS", "GIL_FREE_CHARS"]
+__all__ = ["HuggingFaceTokenizer", "PROBE_CHARS_PER_TOKEN", "PROBE_MARGIN_TOKENS", "PROBE_GROWTH", "GIL_FREE_CHARS"]
 
 #: the probe slice holds about this many characters per token of ``limit + 1`` (English prose
 #: averages ~4 characters per token; a text that holds fewer tokens per character is encoded whole)
@@ -37,6 +51,8 @@ PROBE_CHARS_PER_TOKEN = 8
 #: tokens above the limit a probe slice must hold to prove "over" (covers a tokenizer whose
 #: tokens at the cut differ from the whole text's: the cut changes only its last piece)
 PROBE_MARGIN_TOKENS = 64
+#: the second probe slice is sized to hold this many times the tokens that prove "over", at the first's density
+PROBE_GROWTH = 1.25
 #: texts of at least this many characters are encoded through ``encode_batch`` (GIL released)
 GIL_FREE_CHARS = 16 * 1024
 #: how far back from the probe length to look for a whitespace boundary, in characters
@@ -83,7 +99,8 @@ class HuggingFaceTokenizer:
         A text larger than :meth:`max_text_bytes` of ``limit`` is not encoded at all; a text
         longer than :data:`PROBE_CHARS_PER_TOKEN` x (``limit + 1``) characters whose probe
         slice holds more than ``limit`` + :data:`PROBE_MARGIN_TOKENS` tokens is not encoded
-        further (module docstring: R12-3).
+        further, nor one whose second slice (sized by the first's density, shorter than the text)
+        does (module docstring: R12-3 and its residual).
         """
         if limit is None:
             return self._ids(text)
@@ -93,9 +110,17 @@ class HuggingFaceTokenizer:
             return over
         probe = PROBE_CHARS_PER_TOKEN * (limit + 1)
         if len(text) > probe:
+            proof = limit + PROBE_MARGIN_TOKENS  # more tokens than this in a slice: "over"
             cut = _whitespace_boundary(text, probe)
-            if len(self._ids(text[:cut])) > limit + PROBE_MARGIN_TOKENS:
+            found = len(self._ids(text[:cut]))
+            if found > proof:
                 return over
+            # R12-3's residual: a sparse text; a second slice sized by the first one's density
+            second = int(cut * PROBE_GROWTH * (proof + 1) / max(1, found))
+            if second < len(text):
+                cut = _whitespace_boundary(text, second)
+                if len(self._ids(text[:cut])) > proof:
+                    return over
         return self._ids(text)[: limit + 1]
 
     def max_text_bytes(self, tokens: int) -> int:
