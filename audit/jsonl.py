@@ -75,6 +75,9 @@ class JsonlChainSink:
         name: sink name (spill file name).
         linger_s: seconds :class:`audit.log.AuditLog` lets events accumulate
             before a send (fewer writes; events wait in memory that long).
+        share_json: keep each event's canonical JSON for a second sink that encodes it
+            (the OTLP log sink: :func:`audit.encoded.shared_json`); False when there is none
+            (:func:`audit.config.build_audit`), so no encoding is kept for nobody.
     """
 
     def __init__(
@@ -87,8 +90,10 @@ class JsonlChainSink:
         fsync: bool = True,
         name: str = "jsonl",
         linger_s: float = 0.02,
+        share_json: bool = True,
     ) -> None:
         self.name = name
+        self.share_json = share_json
         #: seconds AuditLog lets events accumulate before a send (one write per batch)
         self.linger_s = linger_s
         self.directory = Path(directory)
@@ -139,8 +144,9 @@ class JsonlChainSink:
         if self._fh is None:
             await self.open()
         try:
+            keep = self.share_json
             for ev in events:
-                self._append_event(shared_json(ev))
+                self._append_event(shared_json(ev, keep))
             assert self._fh is not None
             self._fh.flush()
             now = time.time()

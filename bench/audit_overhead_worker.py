@@ -62,14 +62,15 @@ def make_rows(n: int, first: int = 0) -> list[list[Any]]:
     return rows
 
 
-def _frames(rows: list[list[Any]], first_seq: int) -> list[bytes]:
+def _frames(rows: list[list[Any]], first_seq: int, spans: bool = True) -> list[bytes]:
     import orjson
 
     out = []
     for k, row in enumerate(rows):
-        extra = (0x1000 + first_seq + k, 1, time.time_ns(), None, None)
-        out.append(orjson.dumps({"t": "r", "s": first_seq + k, "r": row, "x": extra},
-                                option=orjson.OPT_APPEND_NEWLINE))
+        frame: dict[str, Any] = {"t": "r", "s": first_seq + k, "r": row}
+        if spans:  # the span extra (only when the worker builds the request spans)
+            frame["x"] = (0x1000 + first_seq + k, 1, time.time_ns(), None, None)
+        out.append(orjson.dumps(frame, option=orjson.OPT_APPEND_NEWLINE))
     return out
 
 
@@ -96,8 +97,9 @@ def _child(arg: dict[str, Any]) -> dict[str, Any]:
     generate_signing_key(work / "keys" / "audit.key")
     config = arg["config"]  # bench.audit_feed_rounds.worker_config (the parent's tree)
     warm, n, rate = int(arg["warmup"]), int(arg["events"]), float(arg["rate"])
-    warm_frames = _frames(make_rows(warm), 1)
-    frames = _frames(make_rows(n, warm), warm + 1)
+    spans = bool(arg.get("spans", True))
+    warm_frames = _frames(make_rows(warm), 1, spans)
+    frames = _frames(make_rows(n, warm), warm + 1, spans)
     state: dict[str, Any] = {"ack": 0, "ready": threading.Event(), "metrics": b"", "closed": threading.Event()}
     out: dict[str, Any] = {}
     main_ident = threading.get_ident()
@@ -217,8 +219,12 @@ def _run(tree: Path, ports: tuple[int, int], args: Any, profile: str | None) -> 
 
     with tempfile.TemporaryDirectory(prefix="pg-aow-") as work:
         config = worker_config(Path(work), Path(work) / "keys" / "audit.key", ports, spans=True)
+        if args.sinks == "overhead":  # bench.overhead's PrefixGate (sim.demo.gateway_config): chain, OCSF, spill
+            config = {"jsonl": config["jsonl"] | {"checkpoint_s": 10}, "ocsf": config["ocsf"],
+                      "spill": config["spill"]}
         arg = {"work": work, "config": config, "rate": args.rate,
-               "events": args.events, "warmup": args.warmup, "tail": args.tail, "profile": profile}
+               "events": args.events, "warmup": args.warmup, "tail": args.tail, "profile": profile,
+               "spans": args.sinks == "all"}
         res = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(arg)],
                              cwd=str(tree), env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True,
                              timeout=600)
@@ -247,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.option("--warmup", type=int, default=500)
     ap.option("--tail", type=float, default=1.0, help="seconds after the feed inside the window")
     ap.option("--rounds", type=int, default=6)
+    ap.option("--sinks", type=click.Choice(["all", "overhead"]), default="all",
+              help="all: bench.audit_overhead's \"on\" sinks and spans; overhead: bench.overhead's (JSONL chain, "
+                   "OCSF file, spill)")
     ap.option("--profile", type=click.Path(path_type=Path, file_okay=False), default=None)
     ap.option("--name", default="audit_overhead_worker")
     ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
