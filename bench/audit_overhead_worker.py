@@ -1,7 +1,11 @@
 """The audit worker's CPU per event, this tree vs another, as ``bench.audit_overhead``'s "on" gateway feeds it (not a test).
 
 ``python -m bench.audit_overhead_worker [--baseline DIR] [--same] [--rate 1000] [--events 6000] [--rounds 6]
-[--profile DIR]``
+[--sinks all|overhead] [--profile DIR]``
+
+``--sinks overhead`` (session 13): the sinks ``bench.overhead``'s PrefixGate has instead (``sim.demo``'s
+audit section: JSONL hash chain with 10 s checkpoints, OCSF file, spill; no syslog, no OTLP, no spans, so
+the frames carry no span extra).
 
 Each run is one process per tree (``PYTHONPATH`` = that tree, started with THIS tree's script) that runs
 that tree's real ``audit.worker.main()`` on its main thread, with its stdin and stdout replaced by pipes:
@@ -275,14 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     lower = {t: sum(1 for i in range(args.rounds)
                     if next(r["worker_us"] for r in rows if r["tree"] == names[0] and r["round"] == i)
                     < next(r["worker_us"] for r in rows if r["tree"] == t and r["round"] == i)) for t in names[1:]}
-    result = {"bench": "audit_overhead_worker", "rate": args.rate, "events": args.events, "tail_s": args.tail,
+    result = {"bench": "audit_overhead_worker", "sinks": args.sinks, "rate": args.rate, "events": args.events, "tail_s": args.tail,
               "baseline": str(args.baseline) if args.baseline else None, "median": med,
               "median_round_difference_vs_this": diff, "rounds_this_lower": lower, "runs": rows,
               "load_end": os.getloadavg(), "cpus": os.cpu_count()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [f"# Audit worker CPU per event, fed as bench.audit_overhead's \"on\" gateway ({args.rate:g}/s, "
-          f"{args.events} events + {args.tail:g} s per window, {args.rounds} rounds)", "",
+          f"{args.events} events + {args.tail:g} s per window, {args.rounds} rounds, sinks {args.sinks})", "",
           f"Load average at the end: {tuple(round(x, 1) for x in os.getloadavg())}.", "",
           "| tree | worker µs/event, all threads (median) | event-loop thread µs/event |", "|---|---:|---:|",
           *[f"| {t} | {v['worker_us']} | {v['main_thread_us']} |" for t, v in med.items()], "",
