@@ -58,8 +58,10 @@ def build_audit(config: Mapping[str, Any] | AuditSection, registry: CollectorReg
         key_file = Path(j.signing_key_file).resolve()
         if log_dir == key_file.parent or log_dir in key_file.parents:
             raise AuditConfigError("jsonl.signing_key_file must not live inside jsonl.dir")
+        # its encodings kept for the OTLP log sink only when there is one (audit.encoded.shared_json)
+        share = section.otlp is not None and bool(section.otlp.endpoint)
         sinks.append(JsonlChainSink(log_dir, load_signing_key(key_file), rotate_bytes=j.rotate_bytes,
-                                    rotate_s=j.rotate_s, checkpoint_s=j.checkpoint_s))
+                                    rotate_s=j.rotate_s, checkpoint_s=j.checkpoint_s, share_json=share))
     if (o := section.ocsf) is not None and o.file:
         from audit.ocsf import OcsfFileSink
 

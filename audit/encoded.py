@@ -38,14 +38,19 @@ SHARED_JSON_MAX = 8192
 _SHARED: dict[int, tuple[AuditEvent, bytes]] = {}
 
 
-def shared_json(event: AuditEvent) -> bytes:
+def shared_json(event: AuditEvent, keep: bool = True) -> bytes:
     """``event.to_json()`` (canonical JSON bytes, no newline), encoded at most once
-    for two consecutive callers asking for the same object. Never raises beyond
-    what ``to_json`` raises."""
+    for two consecutive callers asking for the same object. ``keep=False``: the caller
+    knows no second caller will ask (the JSONL sink without an OTLP log sink beside it,
+    session 13): an entry already there is still taken, but a new encoding is not kept
+    (a kept entry holds its event alive until 8192 newer ones push it out: ~60k objects
+    the cyclic GC walks again and again). Never raises beyond what ``to_json`` raises."""
     hit = _SHARED.pop(id(event), None)
     if hit is not None and hit[0] is event:
         return hit[1]
     data = _plain_json(event) or event.to_json()
+    if not keep:
+        return data
     if len(_SHARED) >= SHARED_JSON_MAX:
         del _SHARED[next(iter(_SHARED))]
     _SHARED[id(event)] = (event, data)

@@ -18,16 +18,17 @@ __all__ = ["AUDIT_FILE_MODE", "open_append"]
 AUDIT_FILE_MODE = 0o640
 
 
-def open_append(path: Path | str, *, text: bool = False) -> IO[Any]:
+def open_append(path: Path | str, *, text: bool = False, buffering: int = -1) -> IO[Any]:
     """Open ``path`` for appending (created with :data:`AUDIT_FILE_MODE` if missing).
 
-    ``text``: UTF-8 text mode, else binary. Raises :class:`OSError`.
+    ``text``: UTF-8 text mode, else binary. ``buffering``: the write buffer's size in bytes
+    (binary; -1: Python's default, 8 KiB). Raises :class:`OSError`.
     """
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, AUDIT_FILE_MODE)
     try:
         if text:
             return os.fdopen(fd, "a", encoding="utf-8")
-        return os.fdopen(fd, "ab")
+        return os.fdopen(fd, "ab", buffering=buffering)
     except BaseException:
         os.close(fd)
         raise

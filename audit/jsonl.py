@@ -62,6 +62,11 @@ def _last_record(path: Path) -> dict[str, Any] | None:
 
 
 
+#: Bytes of the chain file's write buffer: a batch's records leave in one ``write`` (``send`` flushes at
+#: its end, so nothing stays in it after a send: the acknowledgement rules are unchanged).
+WRITE_BUFFER = 1 << 20
+
+
 class JsonlChainSink:
     """Hash-chained, signed, rotating JSONL audit files.
 
@@ -75,6 +80,9 @@ class JsonlChainSink:
         name: sink name (spill file name).
         linger_s: seconds :class:`audit.log.AuditLog` lets events accumulate
             before a send (fewer writes; events wait in memory that long).
+        share_json: keep each event's canonical JSON for a second sink that encodes it
+            (the OTLP log sink: :func:`audit.encoded.shared_json`); False when there is none
+            (:func:`audit.config.build_audit`), so no encoding is kept for nobody.
     """
 
     def __init__(
@@ -87,8 +95,10 @@ class JsonlChainSink:
         fsync: bool = True,
         name: str = "jsonl",
         linger_s: float = 0.02,
+        share_json: bool = True,
     ) -> None:
         self.name = name
+        self.share_json = share_json
         #: seconds AuditLog lets events accumulate before a send (one write per batch)
         self.linger_s = linger_s
         self.directory = Path(directory)
@@ -139,8 +149,9 @@ class JsonlChainSink:
         if self._fh is None:
             await self.open()
         try:
+            keep = self.share_json
             for ev in events:
-                self._append_event(shared_json(ev))
+                self._append_event(shared_json(ev, keep))
             assert self._fh is not None
             self._fh.flush()
             now = time.time()
@@ -251,7 +262,8 @@ class JsonlChainSink:
 
     def _start_file(self, predecessor: str | None) -> None:
         self._path = self.directory / file_name_for(self._seq + 1)
-        self._fh = open_append(self._path)
+        # one write per send, not one per 8 KiB (~8 records): send flushes at its end (session 13)
+        self._fh = open_append(self._path, buffering=WRITE_BUFFER)
         self._size = self._fh.tell()
         self._opened_at = time.time()
         self._last_checkpoint_at = self._opened_at

@@ -1,7 +1,11 @@
 """The audit worker's CPU per event, this tree vs another, as ``bench.audit_overhead``'s "on" gateway feeds it (not a test).
 
 ``python -m bench.audit_overhead_worker [--baseline DIR] [--same] [--rate 1000] [--events 6000] [--rounds 6]
-[--profile DIR]``
+[--sinks all|overhead] [--profile DIR]``
+
+``--sinks overhead`` (session 13): the sinks ``bench.overhead``'s PrefixGate has instead (``sim.demo``'s
+audit section: JSONL hash chain with 10 s checkpoints, OCSF file, spill; no syslog, no OTLP, no spans, so
+the frames carry no span extra).
 
 Each run is one process per tree (``PYTHONPATH`` = that tree, started with THIS tree's script) that runs
 that tree's real ``audit.worker.main()`` on its main thread, with its stdin and stdout replaced by pipes:
@@ -62,14 +66,15 @@ def make_rows(n: int, first: int = 0) -> list[list[Any]]:
     return rows
 
 
-def _frames(rows: list[list[Any]], first_seq: int) -> list[bytes]:
+def _frames(rows: list[list[Any]], first_seq: int, spans: bool = True) -> list[bytes]:
     import orjson
 
     out = []
     for k, row in enumerate(rows):
-        extra = (0x1000 + first_seq + k, 1, time.time_ns(), None, None)
-        out.append(orjson.dumps({"t": "r", "s": first_seq + k, "r": row, "x": extra},
-                                option=orjson.OPT_APPEND_NEWLINE))
+        frame: dict[str, Any] = {"t": "r", "s": first_seq + k, "r": row}
+        if spans:  # the span extra (only when the worker builds the request spans)
+            frame["x"] = (0x1000 + first_seq + k, 1, time.time_ns(), None, None)
+        out.append(orjson.dumps(frame, option=orjson.OPT_APPEND_NEWLINE))
     return out
 
 
@@ -96,8 +101,9 @@ def _child(arg: dict[str, Any]) -> dict[str, Any]:
     generate_signing_key(work / "keys" / "audit.key")
     config = arg["config"]  # bench.audit_feed_rounds.worker_config (the parent's tree)
     warm, n, rate = int(arg["warmup"]), int(arg["events"]), float(arg["rate"])
-    warm_frames = _frames(make_rows(warm), 1)
-    frames = _frames(make_rows(n, warm), warm + 1)
+    spans = bool(arg.get("spans", True))
+    warm_frames = _frames(make_rows(warm), 1, spans)
+    frames = _frames(make_rows(n, warm), warm + 1, spans)
     state: dict[str, Any] = {"ack": 0, "ready": threading.Event(), "metrics": b"", "closed": threading.Event()}
     out: dict[str, Any] = {}
     main_ident = threading.get_ident()
@@ -217,8 +223,12 @@ def _run(tree: Path, ports: tuple[int, int], args: Any, profile: str | None) -> 
 
     with tempfile.TemporaryDirectory(prefix="pg-aow-") as work:
         config = worker_config(Path(work), Path(work) / "keys" / "audit.key", ports, spans=True)
+        if args.sinks == "overhead":  # bench.overhead's PrefixGate (sim.demo.gateway_config): chain, OCSF, spill
+            config = {"jsonl": config["jsonl"] | {"checkpoint_s": 10}, "ocsf": config["ocsf"],
+                      "spill": config["spill"]}
         arg = {"work": work, "config": config, "rate": args.rate,
-               "events": args.events, "warmup": args.warmup, "tail": args.tail, "profile": profile}
+               "events": args.events, "warmup": args.warmup, "tail": args.tail, "profile": profile,
+               "spans": args.sinks == "all"}
         res = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(arg)],
                              cwd=str(tree), env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True,
                              timeout=600)
@@ -247,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.option("--warmup", type=int, default=500)
     ap.option("--tail", type=float, default=1.0, help="seconds after the feed inside the window")
     ap.option("--rounds", type=int, default=6)
+    ap.option("--sinks", type=click.Choice(["all", "overhead"]), default="all",
+              help="all: bench.audit_overhead's \"on\" sinks and spans; overhead: bench.overhead's (JSONL chain, "
+                   "OCSF file, spill)")
     ap.option("--profile", type=click.Path(path_type=Path, file_okay=False), default=None)
     ap.option("--name", default="audit_overhead_worker")
     ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
@@ -266,14 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     lower = {t: sum(1 for i in range(args.rounds)
                     if next(r["worker_us"] for r in rows if r["tree"] == names[0] and r["round"] == i)
                     < next(r["worker_us"] for r in rows if r["tree"] == t and r["round"] == i)) for t in names[1:]}
-    result = {"bench": "audit_overhead_worker", "rate": args.rate, "events": args.events, "tail_s": args.tail,
+    result = {"bench": "audit_overhead_worker", "sinks": args.sinks, "rate": args.rate, "events": args.events, "tail_s": args.tail,
               "baseline": str(args.baseline) if args.baseline else None, "median": med,
               "median_round_difference_vs_this": diff, "rounds_this_lower": lower, "runs": rows,
               "load_end": os.getloadavg(), "cpus": os.cpu_count()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [f"# Audit worker CPU per event, fed as bench.audit_overhead's \"on\" gateway ({args.rate:g}/s, "
-          f"{args.events} events + {args.tail:g} s per window, {args.rounds} rounds)", "",
+          f"{args.events} events + {args.tail:g} s per window, {args.rounds} rounds, sinks {args.sinks})", "",
           f"Load average at the end: {tuple(round(x, 1) for x in os.getloadavg())}.", "",
           "| tree | worker µs/event, all threads (median) | event-loop thread µs/event |", "|---|---:|---:|",
           *[f"| {t} | {v['worker_us']} | {v['main_thread_us']} |" for t, v in med.items()], "",
