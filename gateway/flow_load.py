@@ -15,13 +15,14 @@ __all__ = ["NotifyingLoadTracker"]
 
 
 class _NotifyingTicket:
-    """A load ticket that calls ``on_release`` after each release of its inner ticket."""
+    """A load ticket that calls its tracker's ``on_release`` (read at each release: it is set after
+    building) after each release of its inner ticket."""
 
-    __slots__ = ("_inner", "_on_release", "replica_id")
+    __slots__ = ("_inner", "_tracker", "replica_id")
 
-    def __init__(self, inner: LoadTicket, on_release: Callable[[], None]) -> None:
+    def __init__(self, inner: LoadTicket, tracker: NotifyingLoadTracker) -> None:
         self._inner = inner
-        self._on_release = on_release
+        self._tracker = tracker  # session 13: no closure per ticket, one frame less per release
         self.replica_id = inner.replica_id
 
     @property
@@ -30,13 +31,13 @@ class _NotifyingTicket:
 
     def first_byte(self) -> None:
         self._inner.first_byte()
-        self._on_release()
+        self._tracker.on_release()
 
     def finish(self) -> None:
         was = self._inner.active
         self._inner.finish()
         if was:
-            self._on_release()
+            self._tracker.on_release()
 
 
 class NotifyingLoadTracker:
@@ -53,7 +54,7 @@ class NotifyingLoadTracker:
         """Charge the inner tracker (``tenant``, ``calibrate``: see ``LoadTracker.dispatch``); the ticket
         notifies on release."""
         inner = self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests, tenant, calibrate)
-        return _NotifyingTicket(inner, lambda: self.on_release())
+        return _NotifyingTicket(inner, self)
 
     def snapshot(self, replica_id: str) -> ReplicaLoad:
         """The inner tracker's snapshot."""

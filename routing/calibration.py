@@ -56,6 +56,7 @@ from routing.calibration_tenants import ReplicaFits
 from routing.calibration_tracker import CalibratingLoadTracker  # split out in session 11, re-exported
 from routing.engine_metrics import EngineSample, parse_engine_metrics
 from routing.linsolve import solve3 as _solve
+from routing.linsolve import solve3_flat as _solve_flat
 
 __all__ = [
     "CalibratingLoadTracker",
@@ -161,41 +162,79 @@ class PrefillRateEstimator:
         if not (isfinite(uncached_tokens) and uncached_tokens >= 0 and isfinite(queued_tokens)
                 and queued_tokens >= 0 and isfinite(ttft_s) and ttft_s >= 0):
             return False
-        x = self._features(uncached_tokens, queued_tokens, shared_wait_tokens)
-        x0, x1, x2 = x
+        # session 13 (issue 14): one flat pass, no list per feature, no builtin call per min/max and the
+        # fit solved from locals (routing.linsolve.solve3_flat): the very same floating-point operations
+        # as _features/_fit/solve3 (``max(a, b)`` is ``b if b > a else a``, ``min(a, b)`` is
+        # ``b if b < a else a``, the same object either way), bit for bit
+        # (tests/routing/test_s3_calibration_fast.py, tests/routing/test_s13_route_calibration.py)
+        if shared_wait_tokens is None:
+            s = queued_tokens
+        else:
+            s = shared_wait_tokens if shared_wait_tokens > 0.0 else 0.0
+            if queued_tokens < s:
+                s = queued_tokens
+        x0 = 1.0
+        x1 = (uncached_tokens + s) / _SCALE
+        x2 = (queued_tokens - s) / _SCALE
         y = ttft_s
         th = self._theta
-        pred = None if th is None else 0.0 + th[0] * x0 + th[1] * x1 + th[2] * x2  # = predict()
-        if pred is not None and self.samples >= self.min_samples:
-            bound = self.clip_k * max(self._abs_res, 1e-3 + 0.01 * abs(pred))
-            r = max(-bound, min(bound, y - pred))
-            y = pred + r
-            self._abs_res = self.forget * self._abs_res + (1 - self.forget) * abs(r)
-        elif pred is not None:
-            self._abs_res = 0.8 * self._abs_res + 0.2 * abs(y - pred)
+        if th is not None:
+            pred = 0.0 + th[0] * x0 + th[1] * x1 + th[2] * x2  # = predict()
+            if self.samples >= self.min_samples:
+                ar = self._abs_res
+                lo = 1e-3 + 0.01 * abs(pred)
+                bound = self.clip_k * (lo if lo > ar else ar)
+                d = y - pred
+                r = d if d < bound else bound
+                if not r > -bound:
+                    r = -bound
+                y = pred + r
+                self._abs_res = self.forget * ar + (1 - self.forget) * abs(r)
+            else:
+                self._abs_res = 0.8 * self._abs_res + 0.2 * abs(y - pred)
         lam = self.forget
         r0, r1, r2 = self._xx  # exponentially weighted x·xᵀ and x·y (unrolled)
-        r0[0] = lam * r0[0] + x0 * x0
-        r0[1] = lam * r0[1] + x0 * x1
-        r0[2] = lam * r0[2] + x0 * x2
-        r1[0] = lam * r1[0] + x1 * x0
-        r1[1] = lam * r1[1] + x1 * x1
-        r1[2] = lam * r1[2] + x1 * x2
-        r2[0] = lam * r2[0] + x2 * x0
-        r2[1] = lam * r2[1] + x2 * x1
-        r2[2] = lam * r2[2] + x2 * x2
+        r0[0] = m00 = lam * r0[0] + x0 * x0
+        r0[1] = m01 = lam * r0[1] + x0 * x1
+        r0[2] = m02 = lam * r0[2] + x0 * x2
+        r1[0] = m10 = lam * r1[0] + x1 * x0
+        r1[1] = m11 = lam * r1[1] + x1 * x1
+        r1[2] = m12 = lam * r1[2] + x1 * x2
+        r2[0] = m20 = lam * r2[0] + x2 * x0
+        r2[1] = m21 = lam * r2[1] + x2 * x1
+        r2[2] = m22 = lam * r2[2] + x2 * x2
         xy = self._xy
-        xy[0] = lam * xy[0] + x0 * y
-        xy[1] = lam * xy[1] + x1 * y
-        xy[2] = lam * xy[2] + x2 * y
+        xy[0] = v0 = lam * xy[0] + x0 * y
+        xy[1] = v1 = lam * xy[1] + x1 * y
+        xy[2] = v2 = lam * xy[2] + x2 * y
         self.samples += 1
-        th = self._fit()
-        if th is not None and isfinite(th[0]) and isfinite(th[1]) and isfinite(th[2]):
-            self._theta = th
-            if th[1] > 0 and self.samples >= self.min_samples:
-                b, rate = th[1], self.prior_rate
-                self._good = (min(rate * self.rate_range, max(rate / self.rate_range, _SCALE / b)),
-                              min(1.0, max(0.0, th[2] / b)), min(self.max_overhead_s, max(0.0, th[0])))
+        # _fit(): the statistics plus the weak ridge prior, solved
+        w = self.prior_weight
+        th = _solve_flat(m00 + 1e-6, m01 + 0.0, m02 + 0.0, v0 + 0.0,
+                         m10 + 0.0, m11 + 2 * w, m12 + -w, v1 + w * (_SCALE / self.prior_rate),
+                         m20 + 0.0, m21 + -w, m22 + w, v2 + 0.0)
+        if th is not None:
+            t0, b, t2 = th
+            if isfinite(t0) and isfinite(b) and isfinite(t2):
+                self._theta = th
+                if b > 0 and self.samples >= self.min_samples:
+                    rate, span = self.prior_rate, self.rate_range
+                    est = _SCALE / b  # min(rate * span, max(rate / span, est)), as conditionals
+                    lo = rate / span
+                    if not est > lo:
+                        est = lo
+                    hi = rate * span
+                    if not est < hi:
+                        est = hi
+                    qw = t2 / b  # min(1.0, max(0.0, qw))
+                    if not qw > 0.0:
+                        qw = 0.0
+                    if not qw < 1.0:
+                        qw = 1.0
+                    oh = t0 if t0 > 0.0 else 0.0  # min(max_overhead_s, max(0.0, t0))
+                    if not oh < self.max_overhead_s:
+                        oh = self.max_overhead_s
+                    self._good = (est, qw, oh)
         return True
 
     def params(self) -> tuple[float, float, float] | None:
