@@ -104,12 +104,8 @@ class DecisionCache:
 
     Args:
         ttl_s: hard time-to-live of an entry, seconds.
-        max_entries: bound on entries (when full, the oldest entry, the one closest to its
-            expiry, goes; before session 13 the least recently used one).
-        Session 13 (issue 14): the entries are a plain ``dict`` of ``(decision, expiry)`` in
-        insertion order, which is expiry order (one TTL for all; a re-put moves the key to the end),
-        instead of ``cachetools.TTLCache`` (four Python calls and an LRU reorder per hit): a hit is
-        one ``dict`` lookup and one clock comparison.
+        max_entries: bound on entries (when full the oldest, closest to expiry, goes). Session 13: a
+            ``dict`` in expiry order, not ``cachetools.TTLCache``: a hit is one lookup, one comparison.
         key_fields: dotted input paths; ``a[].b`` takes ``b`` of every
             element of list ``a`` (in order).
         clock: monotonic clock in seconds (tests inject a fake).
@@ -127,8 +123,7 @@ class DecisionCache:
         self.key_fields: tuple[str, ...] | None = tuple(key_fields)
         self._fields = _compile_fields(self.key_fields)
         self._ttl_s, self._max_entries, self._clock = float(ttl_s), int(max_entries), clock
-        #: key -> (decision, expiry on ``clock``); insertion order is expiry order
-        self._entries: dict[Any, tuple[Decision, float]] = {}
+        self._entries: dict[Any, tuple[Decision, float]] = {}  # key -> (decision, expiry): expiry order
         self.hits = 0
         self.misses = 0
         self.clears = 0
@@ -166,13 +161,10 @@ class DecisionCache:
     def put(self, key: tuple[Any, ...], decision: Decision) -> None:
         """Store a decision, marked as served from cache (``cached=True``, same decision id): every
         hit returns that one frozen object (its ``as_cached()`` is itself), none is built per hit."""
-        now = self._clock()
-        entries = self._entries
+        now, entries = self._clock(), self._entries
         entries.pop(key, None)  # a re-put goes to the end: insertion order stays expiry order
-        while entries:  # the expired entries first, then, when full, the oldest
-            first = next(iter(entries))
-            if now < entries[first][1] and len(entries) < self._max_entries:
-                break
+        # the expired entries first (the oldest are the first to expire), then, when full, the oldest
+        while entries and not (now < entries[first := next(iter(entries))][1] and len(entries) < self._max_entries):
             del entries[first]
         entries[key] = (decision.as_cached(), now + self._ttl_s)
 
@@ -182,10 +174,7 @@ class DecisionCache:
         self.clears += 1
 
     def __len__(self) -> int:
-        """Live entries (the expired ones are dropped first)."""
-        now = self._clock()
-        for k in [k for k, (_, until) in self._entries.items() if not now < until]:
-            del self._entries[k]
+        """Entries held (an expired one until a ``put`` or a lookup of its key drops it)."""
         return len(self._entries)
 
 
