@@ -132,8 +132,10 @@ class Authenticator:
         forwarded = self._forwarded(request)
         # 3. The JWT-SVID (cheap refusals, then the cache, then the per-source
         #    budget and the signature), then the binding.
-        try:
-            identity = await self.verifier.verify(token, before_signature=lambda: self._admit_signature(source))
+        try:  # a verified-token cache hit without a coroutine or closure (session 13), else the full check
+            identity = self.verifier.verify_cached(token)
+            if identity is None:
+                identity = await self.verifier.verify(token, before_signature=lambda: self._admit_signature(source))
         except AuthenticationError as err:
             if err.signature_checked and self.source_limiter is not None:
                 self.source_limiter.charge_failure(source, time.monotonic())  # type: ignore[attr-defined]

@@ -21,7 +21,7 @@ tests/policy/test_s6_pep_key.py (the key equals the built document's key).
 
 from __future__ import annotations
 
-from operator import is_
+from operator import attrgetter, is_
 from typing import Any
 
 from gateway.replicas import Replica
@@ -33,6 +33,7 @@ __all__ = ["FactsMemo", "candidate_docs"]
 
 #: most tenants / candidate lists whose facts :class:`FactsMemo` keeps (each map emptied when full)
 MEMO_MAX = 4096
+_ID = attrgetter("id")
 
 
 def candidate_docs(candidates: list[Replica], loads: LoadTracker | None) -> list[dict[str, Any]]:
@@ -76,7 +77,7 @@ class FactsMemo:
 
     def candidates(self, candidates: list[Replica]) -> tuple[Any, ...] | None:
         """The key part of ``candidates`` (in any order), or ``None`` when a replica fact is mistyped."""
-        ids = tuple([r.id for r in candidates])
+        ids = tuple(map(_ID, candidates))  # session 13: no comprehension frame per request
         got = self._candidates.get(ids)
         if got is not None and len(got[0]) == len(candidates) and all(map(is_, got[0], candidates)):
             return got[1]

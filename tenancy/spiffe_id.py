@@ -20,7 +20,7 @@ project) so that the tenant registry can use it without importing
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "MAX_SPIFFE_ID_BYTES",
@@ -85,9 +85,15 @@ class SpiffeId:
 
     trust_domain: str
     path: str
+    #: the URI string, built once (session 13, issue 14: ``str()`` runs ~4 times per request, and one
+    #: string object keeps its hash for the registry, the decision-cache key and the audit record)
+    _uri: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_uri", f"{SCHEME_PREFIX}{self.trust_domain}{self.path}")
 
     def __str__(self) -> str:
-        return f"{SCHEME_PREFIX}{self.trust_domain}{self.path}"
+        return self._uri
 
     @property
     def uri(self) -> str:

@@ -80,6 +80,19 @@ class TrustBundleStore:
         Raises :class:`UnknownTrustDomain` and, for a stale bundle, :class:`BundleUnavailable`."""
         return self.source(trust_domain).current()
 
+    def current_keys(self, trust_domain: str, kid: str) -> tuple[TrustBundle, tuple[int, int]] | None:
+        """``(bundle, generation)`` of ``trust_domain`` when no refresh is due and its bundle holds ``kid``, else
+        None: :meth:`current` and :meth:`generation` in one call (issue 14, session 13: the verified-token
+        cache hit asks the store once). Raises as :meth:`current` (:class:`UnknownTrustDomain`,
+        :class:`BundleUnavailable` for a bundle stale past its bound)."""
+        source = self._sources.get(trust_domain)
+        if source is None:
+            raise UnknownTrustDomain(f"no trust bundle configured for {trust_domain}")
+        bundle = source.current()
+        if bundle is None or bundle.get(kid) is None:
+            return None
+        return bundle, (self._epochs[trust_domain], source.generation)
+
     async def refresh_for_unknown_kid(self, trust_domain: str) -> TrustBundle:
         """Give the domain's source a chance to pick up a rotated-in key."""
         return await self.source(trust_domain).refresh_for_unknown_kid()

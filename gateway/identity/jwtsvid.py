@@ -185,6 +185,30 @@ class JwtSvidVerifier:
         self._check_signature(p, pyjwk)
         return self._identity(p, key.kid, exp)
 
+    def verify_cached(self, token: str) -> WorkloadIdentity | None:
+        """``token``'s identity when the verified-token cache answers it without awaiting, else ``None``
+        (then :meth:`verify` decides). Issue 14, session 13: a cache hit builds no coroutine.
+
+        The checks of :meth:`verify`'s cache hit, in its order: the exact string's memoised parse and
+        name (:meth:`VerifiedTokenCache.spelling`), the time claims against now, the token's trust
+        domain's current bundle (no refresh due) holding its ``kid``, and the live entry under that
+        domain's current keys version (:meth:`VerifiedTokenCache.get`). ``None`` when the string is not
+        memoised, a refresh is due, the bundle lacks the kid (:meth:`verify` refreshes once) or no live
+        entry exists. Raises :class:`AuthenticationError` as :meth:`verify` does for a token whose time
+        claims fail now, a foreign trust domain or an unavailable bundle (no signature checked).
+        """
+        memo = self.cache.spelling(token)
+        if memo is None:
+            return None
+        name, (parsed, times) = memo  # type: ignore[misc]
+        if not times_ok(times, now=self._clock(), leeway_s=self.leeway_s, max_lifetime_s=self.max_lifetime_s):
+            self._check_claims(parsed)  # type: ignore[arg-type]  # raises the refusal's reason
+        td = parsed.spiffe_id.trust_domain  # type: ignore[attr-defined]
+        now = self._bundle_now(td, parsed.kid)  # type: ignore[attr-defined]
+        if now is None:
+            return None
+        return self.cache.get(name, td, now[1])
+
     async def verify(self, token: str, *, before_signature: Callable[[], None] | None = None) -> WorkloadIdentity:
         """Verify a JWT-SVID and return the authenticated workload.
 
@@ -243,10 +267,7 @@ class JwtSvidVerifier:
 
         Raises what :meth:`_bundle` raises for an unknown domain or a stale bundle."""
         try:
-            bundle = self.store.current(td)
-            if bundle is None or bundle.get(kid) is None:
-                return None
-            return bundle, self.store.generation(td)
+            return self.store.current_keys(td, kid)
         except UnknownTrustDomain:
             raise _fail(Reason.FOREIGN_TRUST_DOMAIN, "no trust bundle for the token's trust domain") from None
         except (BundleUnavailable, BundleError):
