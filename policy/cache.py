@@ -38,6 +38,8 @@ from operator import itemgetter
 from types import MappingProxyType
 from typing import Any
 
+from cachetools import TTLCache
+
 from policy.decision import Decision, DecisionPoint
 
 DEFAULT_KEY_FIELDS: tuple[str, ...] = (
@@ -104,8 +106,7 @@ class DecisionCache:
 
     Args:
         ttl_s: hard time-to-live of an entry, seconds.
-        max_entries: bound on entries (when full the oldest, closest to expiry, goes). Session 13: a
-            ``dict`` in expiry order, not ``cachetools.TTLCache``: a hit is one lookup, one comparison.
+        max_entries: bound on entries (least recently used evicted).
         key_fields: dotted input paths; ``a[].b`` takes ``b`` of every
             element of list ``a`` (in order).
         clock: monotonic clock in seconds (tests inject a fake).
@@ -122,8 +123,7 @@ class DecisionCache:
             raise ValueError("ttl_s and max_entries must be positive")
         self.key_fields: tuple[str, ...] | None = tuple(key_fields)
         self._fields = _compile_fields(self.key_fields)
-        self._ttl_s, self._max_entries, self._clock = float(ttl_s), int(max_entries), clock
-        self._entries: dict[Any, tuple[Decision, float]] = {}  # key -> (decision, expiry): expiry order
+        self._entries: TTLCache[Any, Decision] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=clock)
         self.hits = 0
         self.misses = 0
         self.clears = 0
@@ -149,24 +149,18 @@ class DecisionCache:
 
     def get(self, key: tuple[Any, ...]) -> Decision | None:
         """The live decision for ``key`` (counts a hit or a miss)."""
-        got = self._entries.get(key)
-        if got is not None:
-            if self._clock() < got[1]:
-                self.hits += 1
-                return got[0]
-            del self._entries[key]  # expired
-        self.misses += 1
-        return None
+        try:  # one lookup (TTLCache.get looks up twice: __contains__, then __getitem__)
+            found = self._entries[key]
+        except KeyError:  # absent or expired
+            self.misses += 1
+            return None
+        self.hits += 1
+        return found
 
     def put(self, key: tuple[Any, ...], decision: Decision) -> None:
         """Store a decision, marked as served from cache (``cached=True``, same decision id): every
         hit returns that one frozen object (its ``as_cached()`` is itself), none is built per hit."""
-        now, entries = self._clock(), self._entries
-        entries.pop(key, None)  # a re-put goes to the end: insertion order stays expiry order
-        # the expired entries first (the oldest are the first to expire), then, when full, the oldest
-        while entries and not (now < entries[first := next(iter(entries))][1] and len(entries) < self._max_entries):
-            del entries[first]
-        entries[key] = (decision.as_cached(), now + self._ttl_s)
+        self._entries[key] = decision.as_cached()
 
     def clear(self) -> None:
         """Drop every entry (policy or data changed)."""
@@ -174,7 +168,6 @@ class DecisionCache:
         self.clears += 1
 
     def __len__(self) -> int:
-        """Entries held (an expired one until a ``put`` or a lookup of its key drops it)."""
         return len(self._entries)
 
 
