@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from collections.abc import Sequence
 
 from routing.calibration import Calibration, ReplicaEstimate
@@ -31,7 +32,7 @@ from routing.policies import build_policy
 from sim import des
 from sim.click_options import ClickOptions
 
-__all__ = ["SETTINGS", "ReadRecordingCalibration", "WindowCheck", "check_window", "main", "run_window", "windows"]
+__all__ = ["SETTINGS", "ReadRecordingCalibration", "WindowCheck", "check_window", "main", "run_window", "test_verdict", "windows"]
 
 #: (replica model, prefill speed multiplier) of test_s2's parametrizations
 SETTINGS = (("fifo", 0.25), ("fifo", 4.0), ("chunked", 0.5), ("chunked", 4.0))
@@ -105,6 +106,25 @@ def run_window(params: dict[str, object], reqs: Sequence[des.SimRequest], model:
                        min(weights), max(weights), res.prefill_imbalance, True)
 
 
+def test_verdict(checks: Sequence[WindowCheck]) -> str:
+    """test_s2's verdict on one setting's windows (session 13): every window calibrated, rate error
+    <= 0.20 and, on fifo, the smallest queue weight >= 0.8; over the windows, the mean of the fewest
+    first bytes >= 250 and, on chunked, the mean of the largest queue weight <= 0.4. ``"pass"`` or
+    ``"fail:"`` and the failed parts (``C`` calibrated, ``R`` rate, ``W`` weight, ``S`` mean count)."""
+    out = ""
+    if not all(c.calibrated for c in checks):
+        out += "C"
+    if any(c.rate_error > 0.20 for c in checks):
+        out += "R"
+    if any(c.model == "fifo" and c.min_weight < 0.8 for c in checks):
+        out += "W"
+    if statistics.mean(c.fewest for c in checks) < 250:
+        out += "S"
+    if checks and checks[0].model == "chunked" and statistics.mean(c.max_weight for c in checks) > 0.4:
+        out += "W"
+    return f"fail:{out}" if out else "pass"
+
+
 def windows(count: int, rows: int) -> list[list[des.SimRequest]]:
     """``count`` consecutive ``rows``-row windows of the Mooncake trace, arrivals shifted to 0."""
     trace = des.load_trace(rows=count * rows)
@@ -139,7 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         wname = "min weight" if model == "fifo" else "max weight"
         wfig = [c.min_weight if model == "fifo" else c.max_weight for c in checks]
         print(f"{model} {mult:g}: {' '.join(marks)} | rate error {' '.join(f'{c.rate_error:.2f}' for c in checks)}"
-              f" | {wname} {' '.join(f'{x:.2f}' for x in wfig)}", flush=True)
+              f" | {wname} {' '.join(f'{x:.2f}' for x in wfig)} (mean {statistics.mean(wfig):.2f})"
+              f" | mean fewest {statistics.mean(c.fewest for c in checks):.0f} | test_s2 {test_verdict(checks)}",
+              flush=True)
     return 0
 
 
