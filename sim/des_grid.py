@@ -22,9 +22,7 @@ Rules: ``smg_like`` (:class:`sim.des_smg.SMGLikePolicy`); ``extW``: PrefixGate's
 ``cache_aware`` with ``queue_externality_weight: W`` (W 0, 0.5, 1, 2; ``ext0`` is
 the default); ``rsv_extW``: the same with ``dispatch_share_reserve_next_turn``
 (session 11, :data:`RESERVE_RULES`; not run by default); ``wb_extW``, ``rsv_wb_extW``: the same
-with ``queue_externality_work_balance`` (session 12, :data:`WORK_BALANCE_RULES`; not run by default);
-``rsvb_wb_extW``: ``rsv_wb_extW`` with ``dispatch_share_reserve_only_when_busy`` (session 13,
-:data:`BUSY_RESERVE_RULES`; not run by default).
+with ``queue_externality_work_balance`` (session 12, :data:`WORK_BALANCE_RULES`; not run by default).
 bench/results/des_grid-s10.md was written on branch ``s10-grid``, whose
 dispatch-share guard rounded its capacity down (not merged): there its ``ceil_extW`` rows are
 main's shipped rule (capacity rounded up) and its ``extW`` rows the candidate.
@@ -49,7 +47,7 @@ from sim.grid import CELLS, Cell
 from sim.bounds import tenant_names
 from sim.trace import DEFAULT_TRACE_PATH, assign_tenants, load_mooncake
 
-__all__ = ["ALL_RULES", "BUSY_RESERVE_RULES", "KNOWN_RULES", "RESERVE_RULES", "RULES", "WORK_BALANCE_RULES", "cell_config", "criteria", "main", "run_cell", "salted"]
+__all__ = ["ALL_RULES", "KNOWN_RULES", "RESERVE_RULES", "RULES", "WORK_BALANCE_RULES", "cell_config", "criteria", "main", "run_cell", "salted"]
 
 
 def _ca(**params: Any) -> Callable[[str], Any]:
@@ -77,14 +75,9 @@ WORK_BALANCE_RULES: dict[str, Callable[[str], Any]] = {
     **{f"rsv_wb_ext{w:g}": _ca(dispatch_share_reserve_next_turn=True, queue_externality_weight=w,
                                 queue_externality_work_balance=True) for w in (0.5, 0.75, 1.0, 1.5, 2.0)},
 }
-#: session 13: the reserve only while every candidate has a request prefilling
-#: (``dispatch_share_reserve_only_when_busy``)
-BUSY_RESERVE_RULES: dict[str, Callable[[str], Any]] = {
-    f"rsvb_wb_ext{w:g}": _ca(dispatch_share_reserve_next_turn=True, dispatch_share_reserve_only_when_busy=True,
-                             queue_externality_weight=w, queue_externality_work_balance=True) for w in (0.75, 1.0)}
 ALL_RULES: dict[str, Callable[[str], Any]] = {**RULES, **RESERVE_RULES}
 #: every rule ``--rules`` accepts
-KNOWN_RULES: dict[str, Callable[[str], Any]] = {**ALL_RULES, **WORK_BALANCE_RULES, **BUSY_RESERVE_RULES}
+KNOWN_RULES: dict[str, Callable[[str], Any]] = {**ALL_RULES, **WORK_BALANCE_RULES}
 
 _FIGS = ("p50", "p99", "hit_pooled", "req_mm")
 

@@ -20,10 +20,6 @@ for its own next turn, ``count + 2 <= cap`` instead of ``count + 1 <= cap``
 the next turn of the conversation placed now will come to the same replica,
 exempt as its prefix holder; a placement that fills a replica to exactly its
 capacity makes that turn overshoot it (docs/routing.md, "Session 11").
-With ``reserve_only_when_busy`` as well (session 13, opt-in): the reserve holds only while every
-candidate has a request prefilling (``ReplicaLoad.prefilling_requests`` >= 1). While one is idle the
-placement can start now somewhere, and the tighter cap only moved placements off the cost model's
-choice: at prefill ×2 it cost hit rate (DES grid windows 6 and 22; docs/routing.md, "Session 13").
 
 Why: the cumulative request count per replica follows where conversations
 were *placed* (their later turns follow them). Placements are most requests
@@ -59,14 +55,13 @@ class DispatchShareFilter:
     ``factor`` >= 1 (``c``); ``window_per_replica`` >= 1 (dispatches
     remembered per candidate replica). :meth:`record` must be called with the
     replica each request went to (:class:`routing.policies.cache_aware.CacheAwarePolicy`
-    does); ``reserve_next_turn`` and ``reserve_only_when_busy`` (module doc, default off). Raises
+    does); ``reserve_next_turn`` (module doc, default off). Raises
     :class:`ValueError` out of range. Not thread-safe (one
     router, one event loop); per router instance (not shared between gateways)."""
 
     name = "dispatch_share"
 
-    def __init__(self, factor: float, window_per_replica: int, reserve_next_turn: bool = False,
-                 reserve_only_when_busy: bool = False) -> None:
+    def __init__(self, factor: float, window_per_replica: int, reserve_next_turn: bool = False) -> None:
         if factor < 1.0:
             raise ValueError("dispatch share factor must be >= 1")
         if window_per_replica < 1:
@@ -74,7 +69,6 @@ class DispatchShareFilter:
         self.factor = factor
         self.window_per_replica = window_per_replica
         self.reserve_next_turn = reserve_next_turn
-        self.reserve_only_when_busy = reserve_only_when_busy
         self._window = window_per_replica
         self._recent: deque[str] = deque()
         self._counts: Counter[str] = Counter()
@@ -96,8 +90,7 @@ class DispatchShareFilter:
         counts = self._counts
         total = sum(counts[c.replica_id] for c in candidates) + 1
         cap = self._cap = math.ceil(self.factor * total / n)
-        if self.reserve_next_turn and (not self.reserve_only_when_busy
-                                       or all(c.load.prefilling_requests >= 1 for c in candidates)):
+        if self.reserve_next_turn:
             cap = placement_cap(cap, total, n, True)
         return [c for c in candidates
                 if counts[c.replica_id] + 1 <= cap or (holders and c.matched_blocks == best)]

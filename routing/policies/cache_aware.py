@@ -73,9 +73,7 @@ class CacheAwareConfig(PolicyParams):
     dispatches for placements; ``null``: off), ``dispatch_window_requests_per_replica``
     (>= 1, the sliding window per candidate replica),
     ``dispatch_share_reserve_next_turn`` (a placement leaves room for its own
-    next turn; session 11, opt-in, default off),
-    ``dispatch_share_reserve_only_when_busy`` (that reserve only while every candidate has a request
-    prefilling; session 13, opt-in, default off; no effect without the reserve).
+    next turn; session 11, opt-in, default off).
     ``queue_externality_weight`` (>= 0; 0, the default, leaves the scorer out):
     :mod:`routing.scorers.queue_externality` (session 9, opt-in).
     ``queue_externality_work_balance`` (session 12, opt-in, default off; no effect at weight 0):
@@ -97,7 +95,6 @@ class CacheAwareConfig(PolicyParams):
     dispatch_share_factor: float | None = Field(1.2, ge=1.0)
     dispatch_window_requests_per_replica: int = Field(200, ge=1)
     dispatch_share_reserve_next_turn: bool = False
-    dispatch_share_reserve_only_when_busy: bool = False
     queue_externality_weight: float = Field(0.0, ge=0)
     queue_externality_work_balance: bool = False
 
@@ -115,8 +112,7 @@ class CacheAwarePolicy(Scheduler):
         if cfg.dispatch_share_factor is not None:
             self.dispatch_share = DispatchShareFilter(cfg.dispatch_share_factor,
                                                       cfg.dispatch_window_requests_per_replica,
-                                                      cfg.dispatch_share_reserve_next_turn,
-                                                      cfg.dispatch_share_reserve_only_when_busy)
+                                                      cfg.dispatch_share_reserve_next_turn)
         guard = LoadGuardFilter(
             request_factor=request_factor,
             token_factor=cfg.max_load_factor if cfg.guard_tokens else None,
