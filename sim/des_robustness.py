@@ -32,7 +32,8 @@ from routing.policies import build_policy
 from sim import des
 from sim.click_options import ClickOptions
 
-__all__ = ["SETTINGS", "ReadRecordingCalibration", "WindowCheck", "check_window", "main", "run_window", "test_verdict", "windows"]
+__all__ = ["SETTINGS", "ReadRecordingCalibration", "WindowCheck", "check_window", "main", "run_window", "test_verdict",
+           "windows"]
 
 #: (replica model, prefill speed multiplier) of test_s2's parametrizations
 SETTINGS = (("fifo", 0.25), ("fifo", 4.0), ("chunked", 0.5), ("chunked", 4.0))
