@@ -24,7 +24,9 @@ Two sources, both available from a real engine:
   replica's rate, chunked prefill as vLLM and SGLang run by default), and a
   fixed **overhead** ``a`` (s). A weak prior holds the fit where the data do
   not identify it: ``b`` toward ``1 / prior_rate`` and ``c`` toward ``b``
-  (queue weight 1) with the weight of ``prior_weight`` observations, so a
+  (queue weight 1) with the weight of ``prior_weight`` observations whose
+  features are 1000 tokens each (the weight is in squared feature units: against
+  observations of smaller queues and prompts it counts for more, session 13), so a
   lightly loaded replica (``q`` always 0) keeps the FIFO assumption.
 
   Bounds: the rate is clipped to ``[prior_rate / rate_range, prior_rate ·
@@ -101,7 +103,7 @@ class PrefillRateEstimator:
     with ``s`` the shared wait (:meth:`routing.types.ReplicaLoad.shared_wait_tokens`).
 
     Parameters: ``prior_rate`` (> 0, tokens/s), ``forget`` in (0, 1],
-    ``prior_weight`` (> 0, in observations), ``clip_k`` (> 0), ``min_samples``
+    ``prior_weight`` (> 0, in observations of 1000-token features: module doc), ``clip_k`` (> 0), ``min_samples``
     (>= 1), ``rate_range`` (>= 1), ``max_overhead_s`` (>= 0). Raises
     :class:`ValueError` out of range.
     """
