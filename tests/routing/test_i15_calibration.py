@@ -184,7 +184,9 @@ def test_replica_chunked_short_prompt_overtakes_long_one() -> None:
             await st.prefill([], n)
             done.append(name)
 
-        long = asyncio.create_task(one("long", 1000))
+        # 20000 tokens = 200 ms wall against 0.1 ms: the order survives a loaded host's preemption of
+        # the loop between the two starts (1000 = 10 ms did not at load 12, session 13)
+        long = asyncio.create_task(one("long", 20000))
         await asyncio.sleep(0)
         short = asyncio.create_task(one("short", 10))
         await asyncio.gather(long, short)
