@@ -53,7 +53,7 @@ def test_broken_policy_refused_at_build() -> None:
 
 
 async def test_failed_load_keeps_active_engine(rego_dir: Path, mk: Any) -> None:
-    opa = EmbeddedOpa(rego_dir)
+    opa = EmbeddedOpa(rego_dir, timeout_s=5.0)  # not a deadline test: a loaded host took > 0.05 s (s13)
     before = await opa.decide(mk("tenant-a"))
     broken = opa.policy_set.with_module("authz.rego", "package prefixgate.authz\ndecision := {")
     with pytest.raises(PolicyCompileError):
@@ -64,7 +64,7 @@ async def test_failed_load_keeps_active_engine(rego_dir: Path, mk: Any) -> None:
 
 
 async def test_data_change_swaps_engine(rego_dir: Path, mk: Any) -> None:
-    opa = EmbeddedOpa(rego_dir)
+    opa = EmbeddedOpa(rego_dir, timeout_s=5.0)  # not a deadline test: a loaded host took > 0.05 s (s13)
     ps = opa.policy_set
     tiers = dict(ps.data_docs["prefixgate/config/tiers"])
     tiers["standard"] = {"max_tokens": 77}
@@ -84,7 +84,7 @@ class FakeClock:
 
 async def test_cache_hit_miss_ttl_and_invalidation(rego_dir: Path, mk: Any) -> None:
     clock = FakeClock()
-    opa = EmbeddedOpa(rego_dir)
+    opa = EmbeddedOpa(rego_dir, timeout_s=5.0)  # not a deadline test: a loaded host took > 0.05 s (s13)
     cache = DecisionCache(ttl_s=1.0, clock=clock)
     pdp = CachedDecisionPoint(opa, cache)
 
