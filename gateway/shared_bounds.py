@@ -80,14 +80,28 @@ def _item(event: RoutingEvent | Observed) -> bytes:
     return encode_events((event,))[1:-1]  # one JSON array element, as it appears in a body
 
 
-def _chain_pieces(event: BlocksRecorded, max_bytes: int) -> list[bytes]:
-    """``event``'s chain as items of at most ``max_bytes - 2`` bytes each, deepest piece first."""
+def _chain_bytes(event: RoutingEvent | Observed) -> int:
+    """About the encoded size of ``event``'s chain (0 for other events; keys of one length)."""
+    if event.__class__ is not BlocksRecorded:
+        return 0
+    keys = event.keys  # type: ignore[union-attr]
+    return len(keys) * (2 * len(keys[0]) + 3) if keys else 0
+
+
+def _items(event: RoutingEvent | Observed, max_bytes: int) -> list[bytes]:
+    """``event`` as body items; a chain over ``max_bytes - 2`` bytes in pieces, deepest first (each
+    key encoded once)."""
+    if not isinstance(event, BlocksRecorded):  # never split (module doc)
+        return [_item(event)]
+    if _chain_bytes(event) + 300 <= max_bytes:  # 300: "b", a replica id of <= 128 characters, brackets
+        item = _item(event)
+        if len(item) + 2 <= max_bytes:
+            return [item]
     head = len(_item(BlocksRecorded(event.replica_id, ())))
     per_key = 2 * max((len(k) for k in event.keys), default=16) + 3  # "hex",
     n = max(1, (max_bytes - 2 - head) // per_key)
     keys = event.keys
-    starts = range(0, len(keys), n)
-    return [_item(BlocksRecorded(event.replica_id, keys[s:s + n])) for s in reversed(starts)]
+    return [_item(BlocksRecorded(event.replica_id, keys[s:s + n])) for s in reversed(range(0, len(keys), n))]
 
 
 def split_bodies(events: Sequence[RoutingEvent | Observed], max_bytes: int) -> list[bytes]:
@@ -97,17 +111,17 @@ def split_bodies(events: Sequence[RoutingEvent | Observed], max_bytes: int) -> l
     is cut into consecutive pieces listed deepest first. An event other than a chain that alone is
     larger than ``max_bytes`` (a snapshot of thousands of replicas) gets a body of its own, over the
     bound. Returns ``[]`` for no events; ``max_bytes`` >= 64."""
-    body = encode_events(events)
-    if len(body) <= max_bytes or not events:
-        return [body] if events else []
+    if not events:
+        return []
+    if sum(_chain_bytes(e) for e in events) < max_bytes:  # the common case: one body, encoded once
+        body = encode_events(events)
+        if len(body) <= max_bytes:
+            return [body]
     out: list[bytes] = []
     cur: list[bytes] = []
     size = 2  # the brackets
     for e in events:
-        item = _item(e)
-        items = _chain_pieces(e, max_bytes) if len(item) + 2 > max_bytes and isinstance(e, BlocksRecorded) \
-            else [item]
-        for it in items:
+        for it in _items(e, max_bytes):
             if cur and size + 1 + len(it) > max_bytes:
                 out.append(b"[" + b",".join(cur) + b"]")
                 cur, size = [], 2
