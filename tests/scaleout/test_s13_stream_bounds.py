@@ -206,3 +206,25 @@ async def test_a_long_read_yields_to_the_loop_between_entries(redis_server) -> N
         await reader.stop()
         await writer.stop()
         await client.aclose()
+
+
+async def test_the_state_keys_reach_the_routing_stream(tmp_path: Path, redis_server) -> None:
+    """``state.stream_max_bytes`` / ``state.stream_entry_max_bytes`` of a built instance bound its stream."""
+    secret = write_secret(tmp_path / "master.key")
+    gw = instance(tmp_path, 0, redis_server.url, secret, stream_max_bytes=1 << 20, stream_entry_max_bytes=4096)
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await gw.shared.start()
+        routing = gw.shared.routing
+        assert routing is not None
+        routing.emit(BlocksRecorded("r1", tuple(_keys(1000, 6))))  # 35 kB of chain: 9 entries of <= 4 kB
+        await routing.flush()
+        sizes = [len(f[b"b"]) for _, f in await raw.xrange(routing.stream)]
+        assert len(sizes) >= 9 and max(sizes) <= 4096
+        for i in range(400):  # MAXLEN ~ min(10,000, 1 MiB / 4 KiB = 256): Redis trims whole 100-entry nodes
+            routing.emit(LoadDelta("r0", i + 1, 0, 0))
+            await routing.flush()
+        assert 256 <= await raw.xlen(routing.stream) <= 400
+    finally:
+        await gw.shared.stop()
+        await raw.aclose()
