@@ -25,7 +25,12 @@ class StateConfig(ConfigSection):
     load leaves every view within it). ``sync_poll_s``: how often key,
     policy and registry records are re-read besides the Pub/Sub message
     (0 < s <= 1). ``stream_max_entries``: length the routing event stream
-    is trimmed to (approximately; one entry is a batch of events).
+    is trimmed to (approximately; one entry is a batch of events), at most
+    ``stream_max_bytes // stream_entry_max_bytes`` (R13-1: the stream is
+    bounded by what it costs, in bytes). ``stream_entry_max_bytes``: the
+    largest body of one stream entry (a bigger batch or chain is split;
+    one ``XREAD`` takes 1 MiB / this many entries). ``stream_max_bytes``:
+    the routing stream's byte budget (bodies; gateway/shared_bounds.py).
     ``on_unavailable``: what admission does while
     Redis does not answer: ``fail_closed`` (503 ``state_unavailable`` with
     ``Retry-After``) or ``local`` (each process enforces every tenant's
@@ -50,6 +55,8 @@ class StateConfig(ConfigSection):
     probe_interval_s: float = Field(1.0, gt=0, le=60)
     sync_poll_s: float = Field(1.0, gt=0, le=1)
     stream_max_entries: int = Field(10_000, ge=100, le=10_000_000)
+    stream_entry_max_bytes: int = Field(65_536, ge=4096, le=1 << 20)
+    stream_max_bytes: int = Field(64 << 20, ge=1 << 20, le=1 << 36)
 
     @field_validator("url")
     @classmethod

@@ -14,8 +14,15 @@ prefill, decode, running]``, ``["s", {replica: [prefill, decode, running]}]``)
 and ``m`` (hex HMAC-SHA256 under the HKDF subkey ``pg-shared-routing-mac-v1``
 over the prefix, the instance id and the body). Entries with a bad MAC or
 shape are ignored and counted; an instance's own entries are skipped.
-Trimmed with ``XADD MAXLEN ~ state.stream_max_entries``; read in batches
+Trimmed with ``XADD MAXLEN ~`` (``state.stream_max_entries``, at most
+``state.stream_max_bytes // state.stream_entry_max_bytes``); read in batches
 (``XREAD COUNT``), so the lag is bounded by the trim length.
+
+**Bounds** (session 13, R13-1; :mod:`gateway.shared_bounds`): entries of at most
+``state.stream_entry_max_bytes``, about ``state.stream_max_bytes`` in the stream,
+about 1 MiB per ``XREAD``; the reader yields to the loop between two entries. A
+failed rebuild at start (a reply timeout included) does not stop the instance:
+the reader task catches up in the background (:meth:`RoutingStream.start`).
 
 **Cadence** (session 6): the writer sends at most one entry per
 ``write_interval_s`` and the reader, after a read that found entries, waits
@@ -62,6 +69,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.shared_alerts import Observed
+from gateway.shared_bounds import ReadSizer, split_bodies, stream_max_len
 from gateway.shared_events import coalesce_deltas, decode_events, encode_events
 
 from routing.index import PrefixIndex
@@ -112,7 +120,9 @@ class RoutingStream:
     :class:`SharedLoadTracker` (its ``remote`` view is fed here);
     ``replica_ids``: replicas whose local load is published;
     ``lease_ttl_s``: ``state.lease_ttl_s``; ``max_entries``: stream trim
-    length; ``queue_max``: events queued before new ones are dropped
+    length, at most ``max_bytes // entry_max_bytes`` (``max_bytes``: the
+    stream's byte budget; ``entry_max_bytes``: the largest entry body, module
+    doc "Bounds"); ``queue_max``: events queued before new ones are dropped
     (counted); ``registry``: where the metrics are registered;
     ``write_interval_s`` / ``read_interval_s``: the least time between two
     ``XADD`` / two ``XREAD`` that found entries (seconds, >= 0; module doc,
@@ -125,6 +135,7 @@ class RoutingStream:
                  mac_key: bytes | Callable[[], Sequence[bytes]], index: PrefixIndex,
                  loads: SharedLoadTracker, replica_ids: Iterable[str], *, lease_ttl_s: float,
                  max_entries: int = 10_000, batch_events: int = 256, queue_max: int = 100_000,
+                 max_bytes: int = 64 << 20, entry_max_bytes: int = 65_536,
                  registry: CollectorRegistry | None = None, write_interval_s: float = 0.01,
                  read_interval_s: float = 0.01, read_block_ms: int | None = None, batcher: Any = None) -> None:
         if write_interval_s < 0 or read_interval_s < 0:
@@ -144,8 +155,10 @@ class RoutingStream:
         self.remote: RemoteLoadView = loads.remote
         self._replicas = list(replica_ids)
         self._ttl = float(lease_ttl_s)
-        self._max_entries = max_entries
+        self._entry_max = int(entry_max_bytes)
+        self._max_entries = stream_max_len(max_entries, int(max_bytes), self._entry_max)
         self._batch = batch_events
+        self._sizer = ReadSizer(self._entry_max, batch_events)  # entries one XREAD takes (R13-1)
         self._write_interval = float(write_interval_s)
         self._read_interval = float(read_interval_s)
         self._block_ms = max(1, int(read_block_ms)) if read_block_ms is not None else max(100, int(lease_ttl_s * 250))
@@ -156,6 +169,7 @@ class RoutingStream:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.last_id = b"0-0"
+        self._last_count = self._sizer.count
         self._clock_offset_s = 0.0
         self.metrics = _Metrics(registry)
         self.rejected = 0
@@ -194,12 +208,12 @@ class RoutingStream:
         batch = [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
         if not batch:
             return
-        body = encode_events(coalesce_deltas(batch))
         try:
-            cmd = ("XADD", self.stream, "MAXLEN", "~", self._max_entries, "*",
-                   "i", self.instance_id, "b", body, "m", self._mac(self.instance_id, body))
-            await (self._wconn.command(*cmd) if self._batcher is None else self._batcher.command(*cmd))
-            self.writes += 1
+            for body in split_bodies(coalesce_deltas(batch), self._entry_max):  # R13-1: bounded entries
+                cmd = ("XADD", self.stream, "MAXLEN", "~", self._max_entries, "*",
+                       "i", self.instance_id, "b", body, "m", self._mac(self.instance_id, body))
+                await (self._wconn.command(*cmd) if self._batcher is None else self._batcher.command(*cmd))
+                self.writes += 1
             self.metrics.events.labels("published").inc(len(batch))
         except Exception as exc:  # noqa: BLE001 - Redis down: the next snapshot heals the others' view
             self.metrics.events.labels("dropped").inc(len(batch))
@@ -257,19 +271,25 @@ class RoutingStream:
         batched = batched and block_ms is None and self._batcher is not None
         # a batched read takes few entries: its reply comes before the script replies batched after
         # it, and all of them must arrive within one reply timeout (a full read is followed by another)
-        count = min(self._batch, _BATCHED_READ_ENTRIES) if batched else self._batch
+        count = min(self._sizer.count, _BATCHED_READ_ENTRIES) if batched else self._sizer.count
+        self._last_count = count
         cmd = ("XREAD", "COUNT", count, *block, "STREAMS", self.stream, self.last_id)
         if batched:
             resp = await self._batcher.command(*cmd)
         else:
             resp = await self._rconn.command(*cmd)
-        n = 0
+        n = size = 0
         for _stream, entries in (resp.items() if isinstance(resp, dict) else resp or []):
             for entry_id, raw in entries:
+                if n:  # R13-1: one entry's apply per loop turn (a long read does not hold the loop)
+                    await asyncio.sleep(0)
                 fields = raw if isinstance(raw, dict) else dict(zip(raw[::2], raw[1::2], strict=True))
+                body = fields.get(b"b", fields.get("b"))
+                size += len(body) if isinstance(body, (bytes, str)) else 0
                 self.apply_entry(fields)
                 self.last_id = entry_id
                 n += 1
+        self._sizer.observed(count, n, size)
         if n:
             self.reads += 1
             ms = int(self.last_id.split(b"-")[0] if isinstance(self.last_id, bytes) else self.last_id.split("-")[0])
@@ -277,12 +297,12 @@ class RoutingStream:
         return n
 
     async def rebuild(self) -> int:
-        """Apply every entry still in the stream (start-up); returns entries read."""
+        """Apply every entry still in the stream (start-up); returns entries read; Redis errors raised."""
         total = 0
         while True:
             n = await self.read_once(None)
             total += n
-            if n < self._batch:
+            if n < self._last_count:
                 return total
 
     async def _reader(self) -> None:
@@ -291,10 +311,9 @@ class RoutingStream:
             try:
                 if busy and self._batcher is not None:
                     n = await self.read_once(None, batched=True)
-                    full = n >= min(self._batch, _BATCHED_READ_ENTRIES)
                 else:
                     n = await self.read_once(block_ms=self._block_ms)
-                    full = n >= self._batch
+                full = n >= self._last_count  # as many as asked: more are waiting
                 busy = n > 0
                 if n and not full and self._read_interval:  # let entries gather (module doc)
                     await asyncio.sleep(self._read_interval)
@@ -302,6 +321,7 @@ class RoutingStream:
                 raise
             except Exception as exc:  # noqa: BLE001 - Redis down: keep the local view, retry
                 busy = False
+                self._sizer.failed()
                 log.warning("routing stream read failed (%s)", exc.__class__.__name__)
                 await asyncio.sleep(min(1.0, self._ttl / 4))
 
@@ -338,9 +358,23 @@ class RoutingStream:
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
-        """Rebuild from the stream, renew the lease once, then run the writer, reader and lease tasks."""
-        await self.rebuild()
-        await self.tick()
+        """Rebuild from the stream, renew the lease once, then run the writer, reader and lease tasks.
+
+        A rebuild or renewal that fails for want of an answer from Redis (a reply timeout included)
+        is logged and left to the tasks, which go on after the last entry applied (R13-1)."""
+        from tenancy.shared_failover import unavailable_errors
+
+        try:
+            await self.rebuild()
+        except unavailable_errors() as exc:
+            self._sizer.failed()
+            log.warning("routing stream rebuild at start failed (%s); catching up in the background",
+                        exc.__class__.__name__)
+        try:
+            await self.tick()
+        except unavailable_errors() as exc:
+            log.warning("routing lease renewal at start failed (%s); retried by the lease task",
+                        exc.__class__.__name__)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._writer(), name="prefixgate-routing-writer"),
                        loop.create_task(self._reader(), name="prefixgate-routing-reader"),

@@ -107,7 +107,8 @@ class SharedState:
         shared_loads = SharedLoadTracker(loads, RemoteLoadView(), lambda e: holder[0].emit(e))
         self.routing = RoutingStream(self.client, self.prefix, self.instance_id, self._routing_key, index,
                                      shared_loads, replica_ids, lease_ttl_s=sc.lease_ttl_s,
-                                     max_entries=sc.stream_max_entries, registry=self._registry,
+                                     max_entries=sc.stream_max_entries, max_bytes=sc.stream_max_bytes,
+                                     entry_max_bytes=sc.stream_entry_max_bytes, registry=self._registry,
                                      # an idle XREAD BLOCK must end before the reply timeout fires
                                      read_block_ms=max(10, min(int(sc.lease_ttl_s * 250),
                                                                int(sc.command_timeout_s * 500))),

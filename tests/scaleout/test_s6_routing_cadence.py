@@ -64,7 +64,10 @@ async def test_a_busy_reader_takes_many_entries_per_read(redis_server) -> None:
     XREAD that found entries per read interval (50 ms here)."""
     client = aioredis.Redis.from_url(redis_server.url)
     writer = _stream(client, "w" * 16, write_interval_s=0)
-    reader = _stream(client, "r" * 16, read_interval_s=0.05, read_block_ms=200)
+    # session 13 (R13-1): a read takes 1 MiB / the entry cap entries; a 4 KiB cap keeps the old 256, so
+    # every entry waiting after an interval fits one read (with the 64 KiB default: 16, and a full
+    # read is followed by another at once)
+    reader = _stream(client, "r" * 16, read_interval_s=0.05, read_block_ms=200, entry_max_bytes=4096)
     try:
         await reader.start()
         t0 = time.monotonic()
