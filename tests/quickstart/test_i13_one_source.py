@@ -66,7 +66,12 @@ async def _allowed(c: Gateway, tenant: Any, model: str) -> tuple[bool, str]:
 async def test_models_listing_equals_policy_entitlement(tmp_path: Path, name: str) -> None:
     c = _components(tmp_path, name)
     assert len(c.registry) >= 2
-    assert not c.configuration_warnings(), c.configuration_warnings()
+    warnings = c.configuration_warnings()
+    if name == "demo":  # the demo relays cached_tokens on purpose (its benchmark clients read it): the
+        # pass-sharing warning (R12b-6) is the one it must give, and the only one
+        assert warnings and all("usage_cached_tokens is pass" in w for w in warnings), warnings
+    else:
+        assert not warnings, warnings
     for tenant in c.registry.tenants():
         listed = c.admission.listed_models(tenant)
         assert listed == sorted(c.admission.served_models & tenant.models), tenant.id  # the registry's entitlement
