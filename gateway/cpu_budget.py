@@ -220,12 +220,12 @@ class CpuMeter:
         budget = self.budget
         if budget is None:
             return fn(*args, **kwargs)
-        if not self.rechecked:
-            self.rechecked = True
-            assert self.tenant is not None
-            budget.check(self.tenant)
         t0 = self._t0
         if t0 is None:
+            if not self.rechecked:  # (an open span means a step ran already: checked then)
+                self.rechecked = True
+                assert self.tenant is not None
+                budget.check(self.tenant)
             self._w0 = budget.wall_clock()
             self._t0 = budget.cpu_clock()
         else:
@@ -239,11 +239,16 @@ class CpuMeter:
         except BaseException:
             self._close(exact=True)
             raise
-        self._steps += 1
-        if self._steps >= self.STEPS:
-            self._close(exact=True)
-        else:
-            self._wend = budget.wall_clock()
+        steps = self._steps = self._steps + 1
+        wall = budget.wall_clock()
+        if steps < self.STEPS:
+            self._wend = wall
+            return out
+        t0 = self._t0  # the last step: close the span (_close(exact=True) inlined; session 13)
+        if t0 is not None:
+            self._t0 = None
+            span = wall - self._w0
+            self._cpu += span if span <= budget.wall_exact_s else budget.cpu_clock() - t0
         return out
 
     def check_step(self, always: bool = False) -> Callable[[], float]:
@@ -288,7 +293,9 @@ class CpuMeter:
         if not dispatched:
             self.refused()
             return
-        excess = self.cpu_s - budget.free_s - budget.free_s_per_token * max(0, prompt_tokens)
+        if self._t0 is not None:
+            self._close()
+        excess = self._cpu - budget.free_s - budget.free_s_per_token * max(0, prompt_tokens)
         self.charged = True
         if excess > 0:
             assert self.tenant is not None

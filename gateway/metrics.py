@@ -17,6 +17,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gateway.metrics_hist import TallyHistogram
+
 __all__ = ["GatewayMetrics", "BoundChildren", "CounterBatch"]
 
 #: Bound on cached labelled children per family (tenants x outcomes, replicas x pools, ...).
@@ -149,14 +151,15 @@ class GatewayMetrics:
             "prefixgate_requests", "Inference requests by endpoint, HTTP status and audit outcome",
             ["endpoint", "status", "outcome"], registry=a,
         ), self.batch)
-        self.request_seconds = BoundChildren(Histogram(
+        # per request after its last byte: counted in lists, handed over at collect time (session 13)
+        self.request_seconds = TallyHistogram(
             "prefixgate_request_duration_seconds", "Whole request duration", ["endpoint"],
             buckets=_LAT_BUCKETS, registry=a,
-        ))
-        self.first_byte_seconds = BoundChildren(Histogram(
+        )
+        self.first_byte_seconds = TallyHistogram(
             "prefixgate_time_to_first_byte_seconds", "Time from request arrival to the first upstream byte",
             ["endpoint"], buckets=_LAT_BUCKETS, registry=a,
-        ))
+        )
         self.prompt_tokens = self.batch.child(
             Counter("prefixgate_prompt_tokens", "Prompt tokens of routed requests", registry=a))
         self.prefix_tokens = BoundChildren(Counter(

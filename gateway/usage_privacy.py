@@ -107,10 +107,12 @@ def _usage_span(data: bytes, usage: dict[str, Any]) -> tuple[int, int] | None:
 def _exact_cut(data: bytes, details: dict[str, Any]) -> bytes | None:
     """The fast path for the shape vLLM and the simulators write (compact, ``prompt_tokens_details``
     holding ``cached_tokens`` alone, after another usage field or before one): ``data`` without the
-    bytes ``,"prompt_tokens_details":{"cached_tokens":N}`` (or ``"prompt_tokens_details":{...},``), or
-    None when they do not occur exactly once. Such bytes are the replica's own structure, never a
+    bytes ``,"prompt_tokens_details":{"cached_tokens":N}`` (or ``"prompt_tokens_details":{...},``) last
+    found, or None when they do not occur. Such bytes are the replica's own structure, never a
     string's content (a string cannot hold an unescaped quote: the one before the key must open it), and
-    the parsed usage holds exactly them: an answer with one occurrence has it in its usage object."""
+    the parsed usage holds exactly them: an answer with one occurrence has it in its usage object. Session
+    13: the caller's check that no ``"cached_tokens"`` is left in the result also rejects a second
+    occurrence (it would be left), so there is no separate uniqueness search."""
     n = details.get("cached_tokens")
     if len(details) != 1 or type(n) is not int:
         return None
@@ -122,8 +124,6 @@ def _exact_cut(data: bytes, details: dict[str, Any]) -> bytes | None:
         i = data.rfind(piece)
         if i < 0:
             return None
-    if data.rfind(piece, 0, i) >= 0:  # not the only one (rfind: a forward find is ~6x slower here)
-        return None
     return data[:i] + data[i + len(piece):]
 
 
@@ -135,19 +135,21 @@ def plain_without_cached(data: bytes, obj: dict[str, Any], usage: dict[str, Any]
     details = usage.get("prompt_tokens_details")
     if type(details) is not dict or "cached_tokens" not in details:
         return data
+    out = _exact_cut(data, details)
+    # R12b-4: a cut or span can miss the object a client reads (a nested usage copy after the real one,
+    # a duplicated top-level key, a second compact occurrence): with the key still in the bytes, the next
+    # way is tried, the last one writing the whole answer again
+    if out is not None and _CACHED_KEY not in out:
+        return out  # session 13: the common vLLM shape needs no new usage dict (~1 us of 2.6)
     new = usage_without_cached(usage)
     assert new is not None
-    out = _exact_cut(data, details)
-    if out is None:
-        span = _usage_span(data, usage)
-        if span is not None:
-            start, end = span
-            out = b"".join((data[:start], _dumps(new), data[end:]))
-    # R12b-4: a cut or span can miss the object a client reads (a nested usage copy after the real one,
-    # a duplicated top-level key): with the key still in the bytes, the whole answer is written again
-    if out is None or _CACHED_KEY in out:
-        return _dumps({**obj, "usage": new})
-    return out
+    span = _usage_span(data, usage)
+    if span is not None:
+        start, end = span
+        out = b"".join((data[:start], _dumps(new), data[end:]))
+        if _CACHED_KEY not in out:
+            return out
+    return _dumps({**obj, "usage": new})
 
 
 def event_without_cached(obj: dict[str, Any], usage: dict[str, Any]) -> bytes | None:
