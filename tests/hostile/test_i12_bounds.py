@@ -71,7 +71,10 @@ def config_overrides(capture: Any, tmp_path: Path) -> dict[str, Any]:
             {"id": "r0", "url": capture.urls[0], "pool": "default"},
             {"id": "r1", "url": capture.urls[1], "pool": "default"},
         ],
-        "limits": {"max_body_bytes": 4 << 20},
+        # the per-tenant budget of refused requests' CPU (R5-8/R6-1) is not this module's subject: on a
+        # loaded host the 30 000-message bodies put tenant-small in debt, and its next refusal was a 429
+        # instead of the 400 these tests read (session 13); tests/security covers that budget
+        "limits": {"max_body_bytes": 4 << 20, "refused_cpu_ms_per_s": None},
         "policy": {"mode": "embedded", "dir": str(ROOT / "rego")},  # entitlements come from the registry
     }
 
