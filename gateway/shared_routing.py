@@ -3,20 +3,17 @@
 Every instance appends what its router did (:mod:`routing.shared` events:
 chains recorded, load deltas at dispatch / first byte / end, a load snapshot
 every lease tick) to one stream and applies the other instances' entries to
-its own prefix index and load view. The router itself stays synchronous and
-never waits on Redis: events are queued by a plain callback and written by
-one task; entries are read by another.
+its own prefix index and load view. The router stays synchronous and never waits
+on Redis: a plain callback queues events, one task writes them, another reads.
 
-**Stream** ``P routing:events`` (``P`` = ``state.key_prefix``): one entry
-per batch of events (up to ``batch_events``), fields ``i`` (instance id),
-``b`` (JSON body: ``["b", replica, [hex key, ...]]``, ``["d", replica,
-prefill, decode, running]``, ``["s", {replica: [prefill, decode, running]}]``)
-and ``m`` (hex HMAC-SHA256 under the HKDF subkey ``pg-shared-routing-mac-v1``
-over the prefix, the instance id and the body). Entries with a bad MAC or
-shape are ignored and counted; an instance's own entries are skipped.
-Trimmed with ``XADD MAXLEN ~`` (``state.stream_max_entries``, at most
-``state.stream_max_bytes // state.stream_entry_max_bytes``); read in batches
-(``XREAD COUNT``), so the lag is bounded by the trim length.
+**Stream** ``P routing:events`` (``P`` = ``state.key_prefix``): one entry per
+batch of events (up to ``batch_events``), fields ``i`` (instance id), ``n`` (stamp
+``"<seq>:<ms>"``), ``b`` (JSON body, :mod:`gateway.shared_events`) and ``m`` (hex
+HMAC-SHA256, subkey ``pg-shared-routing-mac-v1``, over the prefix, id, stamp and
+body). Entries with a bad MAC or shape, replayed or older than the stream's
+retention window (session 13, R13-2: :mod:`gateway.shared_replay`) are ignored
+and counted; an instance's own are skipped. Trimmed with ``XADD MAXLEN ~``
+(``state.stream_max_entries``, at most ``stream_max_bytes // stream_entry_max_bytes``).
 
 **Bounds** (session 13, R13-1; :mod:`gateway.shared_bounds`): entries of at most
 ``state.stream_entry_max_bytes``, about ``state.stream_max_bytes`` in the stream,
@@ -24,34 +21,25 @@ about 1 MiB per ``XREAD``; the reader yields to the loop between two entries. A
 failed rebuild at start (a reply timeout included) does not stop the instance:
 the reader task catches up in the background (:meth:`RoutingStream.start`).
 
-**Cadence** (session 6): the writer sends at most one entry per
-``write_interval_s`` and the reader, after a read that found entries, waits
-``read_interval_s`` before the next one: under load each ``XADD`` carries the
-events of many requests and each ``XREAD`` returns many entries (a round trip
-and a reply parse cost ~60-100 µs of gateway CPU each, a request makes ~4
-events), while an idle instance still sends its first event at once and its
-blocked ``XREAD`` returns at the first entry. Under load an event reaches the
-others within about ``write_interval_s + read_interval_s`` plus a round trip.
-The idle ``XREAD BLOCK`` stays under the client's reply timeout
-(``read_block_ms``), so an idle reader does not time out, drop its connection
-and back off. An entry naming this instance is skipped before its MAC is
-computed (it would be skipped after it anyway; nothing from it is applied).
-Session 7: an entry's load deltas leave summed per replica between snapshots
-(:func:`gateway.shared_events.coalesce_deltas`; a whole request's three cancel
-out), and the body codec lives in :mod:`gateway.shared_events`.
+**Cadence** (session 6): at most one ``XADD`` per ``write_interval_s``, and
+``read_interval_s`` between two ``XREAD`` s that found entries: under load each
+carries many requests' events (a round trip costs ~60-100 µs of CPU); an idle
+instance sends its first event at once and its ``XREAD BLOCK`` (``read_block_ms``,
+under the reply timeout) returns at the first entry. An entry naming this
+instance is skipped before its MAC is computed. Session 7: an entry's load
+deltas leave summed per replica between snapshots
+(:func:`gateway.shared_events.coalesce_deltas`, which also holds the body codec).
 
-**Rebuild**: a starting instance reads the stream from its first entry
-(every chain still there and the latest snapshots); a reconnecting one goes
+**Rebuild**: a starting instance reads the stream from its first entry (oldest
+first: every chain still there, the latest snapshots); a reconnecting one goes
 on after the last entry it applied.
 
 **Lease**: every ``lease_ttl_s / 4`` an instance sets ``P routing:alive:<id>``
-(expiring after ``lease_ttl_s / 2``) and publishes its load snapshot; every
-instance drops the load of instances whose key has expired, so a crashed
-instance's load leaves every view within ``lease_ttl_s``.
+(expiring after ``lease_ttl_s / 2``) and publishes its load snapshot; the others
+drop the load of instances whose key expired (gone from every view within ``lease_ttl_s``).
 
-**Lag**: ``prefixgate_shared_routing_lag_seconds`` is the age of the last
-applied entry on the Redis server's clock (entry ids are server
-milliseconds; the local offset to ``TIME`` is re-measured every tick).
+**Lag**: ``prefixgate_shared_routing_lag_seconds``, the age of the last applied
+entry on the Redis server's clock (offset to ``TIME`` re-measured every tick).
 """
 
 from __future__ import annotations
@@ -71,10 +59,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gateway.shared_alerts import Observed
 from gateway.shared_bounds import ReadSizer, split_bodies, stream_max_len
 from gateway.shared_events import coalesce_deltas, decode_events, encode_events
+from gateway.shared_replay import ReplayGuard, entry_mac, parse_stamp, stamp
 
 from routing.index import PrefixIndex
 from routing.shared import RemoteLoadView, RoutingEvent, SharedLoadTracker, apply_event
-from tenancy.salt import length_prefixed
 from tenancy.shared_conn import HeldConnection
 from tenancy.shared_store import cancel_task
 
@@ -101,7 +89,7 @@ class _Metrics:
                               "Routing events: published, applied (others'), dropped (queue full or write failed)",
                               ["result"], registry=reg)
         self.rejected = Counter("prefixgate_shared_routing_rejected_entries",
-                                "Routing stream entries ignored for a bad MAC or shape", registry=reg)
+                                "Routing stream entries ignored: bad MAC/shape, replayed, too old", registry=reg)
         self.lag = Gauge("prefixgate_shared_routing_lag_seconds",
                          "Age of the last applied routing stream entry (Redis server clock)", registry=reg)
         self.instances = Gauge("prefixgate_shared_routing_instances",
@@ -127,7 +115,8 @@ class RoutingStream:
     ``write_interval_s`` / ``read_interval_s``: the least time between two
     ``XADD`` / two ``XREAD`` that found entries (seconds, >= 0; module doc,
     "Cadence"); ``read_block_ms``: how long an idle ``XREAD`` blocks (keep it
-    under the client's reply timeout; default ``lease_ttl_s / 4``).
+    under the client's reply timeout; default ``lease_ttl_s / 4``); ``replay_max_age_s``: entries
+    older than this are refused (default: the retention window, :mod:`gateway.shared_replay`).
     :meth:`emit` is the callback to give the routing wrappers.
     """
 
@@ -137,7 +126,8 @@ class RoutingStream:
                  max_entries: int = 10_000, batch_events: int = 256, queue_max: int = 100_000,
                  max_bytes: int = 64 << 20, entry_max_bytes: int = 65_536,
                  registry: CollectorRegistry | None = None, write_interval_s: float = 0.01,
-                 read_interval_s: float = 0.01, read_block_ms: int | None = None, batcher: Any = None) -> None:
+                 read_interval_s: float = 0.01, read_block_ms: int | None = None, batcher: Any = None,
+                 replay_max_age_s: float | None = None) -> None:
         if write_interval_s < 0 or read_interval_s < 0:
             raise ValueError("write_interval_s and read_interval_s must be >= 0")
         self._client = client
@@ -159,6 +149,8 @@ class RoutingStream:
         self._max_entries = stream_max_len(max_entries, int(max_bytes), self._entry_max)
         self._batch = batch_events
         self._sizer = ReadSizer(self._entry_max, batch_events)  # entries one XREAD takes (R13-1)
+        self._seq = 0  # R13-2: this writer's last entry number; the others' highest applied, and an age bound
+        self._guard = ReplayGuard(replay_max_age_s or (self._max_entries + 128) * self._ttl / 4)
         self._write_interval = float(write_interval_s)
         self._read_interval = float(read_interval_s)
         self._block_ms = max(1, int(read_block_ms)) if read_block_ms is not None else max(100, int(lease_ttl_s * 250))
@@ -186,9 +178,8 @@ class RoutingStream:
     def _alive_key(self, instance_id: str) -> str:
         return f"{self._prefix}routing:alive:{instance_id}"
 
-    def _mac(self, instance_id: str, body: bytes, key: bytes | None = None) -> str:
-        msg = length_prefixed(self._prefix) + length_prefixed(instance_id) + body
-        return hmac.digest(key if key is not None else self._mac_keys()[0], msg, "sha256").hex()
+    def _mac(self, instance_id: str, entry_stamp: str, body: bytes, key: bytes | None = None) -> str:
+        return entry_mac(key if key is not None else self._mac_keys()[0], self._prefix, instance_id, entry_stamp, body)
 
     # -- publishing --------------------------------------------------------
     def emit(self, event: RoutingEvent | Observed) -> None:
@@ -210,8 +201,10 @@ class RoutingStream:
             return
         try:
             for body in split_bodies(coalesce_deltas(batch), self._entry_max):  # R13-1: bounded entries
-                cmd = ("XADD", self.stream, "MAXLEN", "~", self._max_entries, "*",
-                       "i", self.instance_id, "b", body, "m", self._mac(self.instance_id, body))
+                self._seq += 1  # R13-2: one number per entry, pieces of a split batch in their order
+                st = stamp(self._seq, int(time.time() * 1000))
+                cmd = ("XADD", self.stream, "MAXLEN", "~", self._max_entries, "*", "i", self.instance_id,
+                       "n", st, "b", body, "m", self._mac(self.instance_id, st, body))
                 await (self._wconn.command(*cmd) if self._batcher is None else self._batcher.command(*cmd))
                 self.writes += 1
             self.metrics.events.labels("published").inc(len(batch))
@@ -234,21 +227,27 @@ class RoutingStream:
     # -- reading -----------------------------------------------------------
     def apply_entry(self, fields: dict[Any, Any]) -> int:
         """Apply one stream entry's events (skipping this instance's own); returns events applied.
-        An entry with a bad MAC or shape is ignored, counted and logged."""
+        An entry with a bad MAC or shape, replayed or too old is ignored, counted and logged."""
         def text(k: str) -> Any:
             v = fields.get(k.encode(), fields.get(k))
             return v.decode() if isinstance(v, bytes) and k != "b" else v
-        inst, body, mac = text("i"), text("b"), text("m")
+        inst, st, body, mac = text("i"), text("n"), text("b"), text("m")
         if isinstance(body, str):
             body = body.encode()
         if inst == self.instance_id:  # ours (or claims to be): nothing of it is applied, MAC'd or not
             return 0
         try:
-            if not (isinstance(inst, str) and isinstance(body, bytes) and isinstance(mac, str)):
+            if not (isinstance(inst, str) and isinstance(st, str) and isinstance(body, bytes)
+                    and isinstance(mac, str)):
                 raise ValueError("fields")
-            if not any(hmac.compare_digest(mac, self._mac(inst, body, k)) for k in self._mac_keys()):
+            if not any(hmac.compare_digest(mac, self._mac(inst, st, body, k)) for k in self._mac_keys()):
                 raise ValueError("mac")
+            seq, sent_ms = parse_stamp(st)
+            refusal = self._guard.refusal(inst, seq, sent_ms, time.time())
+            if refusal is not None:
+                raise ValueError(refusal)
             events = decode_events(body)
+            self._guard.applied(inst, seq, sent_ms)
         except ValueError as exc:
             self.rejected += 1
             self.metrics.rejected.inc()
@@ -339,6 +338,7 @@ class RoutingStream:
             if gone:
                 log.info("shared routing: dropped the load of %d expired instance(s)", len(gone))
         self.metrics.instances.set(len(self.remote.instances()))
+        self._guard.prune(time.time())
 
     async def _leaser(self) -> None:
         last_ok = time.monotonic()

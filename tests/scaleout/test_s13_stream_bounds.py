@@ -12,7 +12,8 @@ stream is trimmed to its byte budget; a long read yields to the loop between ent
 from __future__ import annotations
 
 import asyncio
-import hmac
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -22,11 +23,11 @@ import redis.asyncio as aioredis
 from gateway.config_state import StateConfig
 from gateway.shared_bounds import READ_REPLY_BYTES, ReadSizer, read_count, split_bodies, stream_max_len
 from gateway.shared_events import decode_events
+from gateway.shared_replay import entry_mac, stamp
 from gateway.shared_routing import ROUTING_MAC_INFO, RoutingStream
 from routing.index import InProcessPrefixIndex
 from routing.load import InProcessLoadTracker
 from routing.shared import BlocksRecorded, LoadDelta, LoadSnapshot, RemoteLoadView, SharedLoadTracker, apply_event
-from tenancy.salt import length_prefixed
 from tests.scaleout.s2_instances import PREFIX, instance, write_secret
 from tests.support.waiting import wait_for
 
@@ -45,16 +46,16 @@ def _stream(client: aioredis.Redis, instance_id: str, prefix: str = "pgs13:", ca
                          lease_ttl_s=10, write_interval_s=0, read_interval_s=0, read_block_ms=100, **kw)
 
 
-def _entry(mac_key: bytes, prefix: str, instance_id: str, body: bytes) -> dict[str, bytes | str]:
-    """One entry as an instance writes it (module doc of gateway/shared_routing.py: the MAC)."""
-    msg = length_prefixed(prefix) + length_prefixed(instance_id) + body
-    return {"i": instance_id, "b": body, "m": hmac.digest(mac_key, msg, "sha256").hex()}
+def _entry(mac_key: bytes, prefix: str, instance_id: str, body: bytes, seq: int = 1) -> dict[str, bytes | str]:
+    """One entry as an instance writes it (gateway/shared_replay.py: the stamp and the MAC; R13-2)."""
+    st = stamp(seq, int(time.time() * 1000))
+    return {"i": instance_id, "n": st, "b": body, "m": entry_mac(mac_key, prefix, instance_id, st, body)}
 
 
-async def _fill(client: aioredis.Redis, stream: str, entry: dict[str, bytes | str], n: int) -> bytes:
+async def _fill(client: aioredis.Redis, stream: str, entry: Callable[[int], dict[str, bytes | str]], n: int) -> bytes:
     pipe = client.pipeline(transaction=False)
-    for _ in range(n):
-        pipe.xadd(stream, entry)
+    for seq in range(1, n + 1):  # a new sequence number each (R13-2: a copy is refused)
+        pipe.xadd(stream, entry(seq))
     ids = await pipe.execute()
     return ids[-1]
 
@@ -71,7 +72,7 @@ async def test_a_stream_whose_full_read_exceeds_the_timeout_does_not_stop_the_st
     body = orjson.dumps([["b", "r1", [k.hex() for k in chain]]])
     assert len(body) > 1_000_000
     mac_key = gw.keyring.mac_subkeys(ROUTING_MAC_INFO)[0]
-    last = await _fill(raw, f"{PREFIX}routing:events", _entry(mac_key, PREFIX, "f" * 16, body), 48)
+    last = await _fill(raw, f"{PREFIX}routing:events", lambda seq: _entry(mac_key, PREFIX, "f" * 16, body, seq), 48)
     try:
         await asyncio.wait_for(gw.shared.start(), 60)  # returns: the instance starts (before: TimeoutError)
         routing = gw.shared.routing

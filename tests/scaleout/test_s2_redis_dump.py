@@ -76,7 +76,9 @@ async def test_redis_holds_no_prompt_token_or_secret(tmp_path: Path, redis_serve
     assert HEX64.match(dump[f"{PREFIX}keys:check"])
     assert all(re.match(r"^\d+:\d+:[0-9a-f]{64}$", v) for v in dump[f"{PREFIX}keys:tenants"].values())
     for entry in dump[f"{PREFIX}routing:events"]:
-        assert set(entry) == {"i", "b", "m"} and HEX64.match(entry["m"]) and re.match(r"^[0-9a-f]{16}$", entry["i"])
+        assert set(entry) == {"i", "n", "b", "m"} and HEX64.match(entry["m"])
+        assert re.match(r"^[0-9a-f]{16}$", entry["i"])
+        assert re.match(r"^\d+:\d+$", entry["n"])  # R13-2: the writer's entry number and time (ms)
         for ev in json.loads(entry["b"]):
             for part in ev[1:]:
                 values = part if isinstance(part, list) else list(part.values()) if isinstance(part, dict) else [part]

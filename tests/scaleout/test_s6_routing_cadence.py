@@ -16,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.shared_alerts import Observed
+from gateway.shared_replay import stamp
 from gateway.shared_routing import RoutingStream, decode_events, encode_events
 from routing.index import InProcessPrefixIndex
 from routing.load import InProcessLoadTracker
@@ -109,21 +110,25 @@ async def test_an_entry_naming_this_instance_is_never_applied(redis_server) -> N
     me = _stream(client, "m" * 16)
     body = encode_events([LoadDelta("r0", 5, 0, 1)])
     try:
-        assert me.apply_entry({b"i": me.instance_id.encode(), b"b": body,
-                               b"m": me._mac(me.instance_id, body).encode()}) == 0
-        assert me.apply_entry({b"i": me.instance_id.encode(), b"b": body, b"m": b"00" * 32}) == 0
+        st = stamp(1, int(time.time() * 1000)).encode()  # R13-2: every entry carries its writer's stamp
+        assert me.apply_entry({b"i": me.instance_id.encode(), b"n": st, b"b": body,
+                               b"m": me._mac(me.instance_id, st.decode(), body).encode()}) == 0
+        assert me.apply_entry({b"i": me.instance_id.encode(), b"n": st, b"b": body, b"m": b"00" * 32}) == 0
         assert me.remote.total("r0") == (0, 0, 0) and me.remote.instances() == set()
         other = "o" * 16
-        assert me.apply_entry({b"i": other.encode(), b"b": body, b"m": b"00" * 32}) == 0 and me.rejected == 1
-        assert me.apply_entry({b"i": other.encode(), b"b": body, b"m": me._mac(other, body).encode()}) == 1
+        assert me.apply_entry({b"i": other.encode(), b"n": st, b"b": body, b"m": b"00" * 32}) == 0
+        assert me.rejected == 1
+        assert me.apply_entry({b"i": other.encode(), b"n": st, b"b": body,
+                               b"m": me._mac(other, st.decode(), body).encode()}) == 1
         assert me.remote.total("r0") == (5, 0, 1)
     finally:
         await client.aclose()
 
 
 def test_mac_and_body_are_what_earlier_instances_wrote_and_read() -> None:
-    """The MAC is HMAC-SHA256 over the same message as before (one-shot ``hmac.digest`` now), and the
-    body (orjson now) is the compact JSON ``json.dumps`` wrote: a rolling upgrade reads both ways."""
+    """The body (orjson now) is the compact JSON ``json.dumps`` wrote; the MAC is HMAC-SHA256 over
+    the prefix, the id, the stamp and the body (session 13, R13-2: the stamp is new, so an entry
+    of a writer before session 13 is refused: a rolling upgrade shares routing state once done)."""
     loads = SharedLoadTracker(InProcessLoadTracker(), RemoteLoadView(), lambda e: None)
     s = RoutingStream(None, "pgs6:", "a" * 16, KEY, InProcessPrefixIndex(10), loads, REPLICAS, lease_ttl_s=10)
     events = [BlocksRecorded("r0", (b"\x01" * 16, b"\xff" * 16)), LoadDelta("r1", 3, -2, 1),
@@ -133,7 +138,7 @@ def test_mac_and_body_are_what_earlier_instances_wrote_and_read() -> None:
                       ["s", {"r0": [1, 2, 3], "r1": [0, 0, 0]}]], separators=(",", ":")).encode()
     assert body == old
     assert decode_events(old) == events
-    msg = length_prefixed("pgs6:") + length_prefixed("a" * 16) + body
-    assert s._mac("a" * 16, body) == hmac.new(KEY, msg, hashlib.sha256).hexdigest()
+    msg = length_prefixed("pgs6:") + length_prefixed("a" * 16) + length_prefixed("7:1000") + body
+    assert s._mac("a" * 16, "7:1000", body) == hmac.new(KEY, msg, hashlib.sha256).hexdigest()
     with pytest.raises(ValueError):
         decode_events(b"\xff not json")

@@ -127,6 +127,7 @@ def test_a_chain_key_that_is_not_a_string_is_a_bad_shape_not_a_reader_crash() ->
     loads = SharedLoadTracker(InProcessLoadTracker(), RemoteLoadView(), lambda e: None)
     s = RoutingStream(None, "pgs9:", "a" * 16, key, InProcessPrefixIndex(10), loads, ["r0"], lease_ttl_s=10)
     other, body = "b" * 16, b'[["b","r0",[7]]]'
-    mac = s._mac(other, body)  # noqa: SLF001 - a valid MAC, as another instance would write it
-    assert s.apply_entry({b"i": other.encode(), b"b": body, b"m": mac.encode()}) == 0
+    st = f"1:{int(time.time() * 1000)}"  # R13-2: the writer's stamp
+    mac = s._mac(other, st, body)  # noqa: SLF001 - a valid MAC, as another instance would write it
+    assert s.apply_entry({b"i": other.encode(), b"n": st.encode(), b"b": body, b"m": mac.encode()}) == 0
     assert s.rejected == 1
