@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import orjson
 
-__all__ = ["MAX_FAST_NESTING", "IntegerTooLong", "loads", "loads_answer", "loads_checked", "loads_object"]
+__all__ = ["MAX_FAST_NESTING", "IntegerTooLong", "dumps", "loads", "loads_answer", "loads_checked", "loads_object"]
 
 #: At most this many ``[`` plus ``{`` bytes for the orjson path (far below the
 #: depth at which :func:`json.loads` raises ``RecursionError``).
@@ -188,3 +188,18 @@ def loads_answer(data: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
     return obj
+
+
+def dumps(value: Any) -> bytes:
+    """UTF-8 JSON bytes of ``value``: orjson's, or :mod:`json`'s for what orjson refuses.
+
+    What the parse accepts must serialize again: an integer beyond 64 bits (up to
+    ``max_int_digits`` digits pass :func:`loads_checked`) makes ``orjson.dumps`` raise
+    ``TypeError``; :mod:`json` writes it (review RV2-2, session 13: a tool schema's
+    ``"maximum": 99999999999999999999`` was a 500 and a logged traceback per request).
+    Raises ``TypeError``/``ValueError`` only for what neither can write.
+    """
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()

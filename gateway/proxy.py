@@ -34,8 +34,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from gateway.json_fast import dumps
 from gateway.replicas import counts_against_replica, retryable_status
 from gateway.send_order import SEND_ORDER
 from gateway.upstream_conn import UpstreamConnectionLost, UpstreamProtocolError, UpstreamResponse
@@ -297,7 +296,7 @@ async def open_upstream(
         # the budget: one timer per pool for every call's deadline, not an asyncio.timeout per call (session 8)
         deadline = session.time() + first_byte_timeout_s  # the pool's loop clock, no loop lookup (session 10)
         SEND_ORDER.sending()  # counted for gateway/send_order.py (the body is written at once, no task)
-        data = body if body.__class__ is bytes else orjson.dumps(body)
+        data = body if body.__class__ is bytes else dumps(body)
         resp = await session.request("POST", url, data, {**headers, **_JSON_TYPE}, deadline=deadline)
         encoding = resp.headers.get("content-encoding")
         if resp.status != 200:

@@ -27,11 +27,12 @@ again (:func:`event_without_cached`). Everything else stays byte for byte (docs/
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 import orjson
+
+from gateway.json_fast import dumps
 
 __all__ = ["PASS", "DROP", "drops_cached", "usage_without_cached", "plain_without_cached", "event_without_cached"]
 
@@ -63,14 +64,6 @@ def usage_without_cached(usage: dict[str, Any]) -> dict[str, Any] | None:
     if not rest:
         return {k: v for k, v in usage.items() if k != "prompt_tokens_details"}
     return {k: rest if k == "prompt_tokens_details" else v for k, v in usage.items()}
-
-
-def _dumps(value: Any) -> bytes:
-    """JSON bytes of ``value`` (orjson; :mod:`json` for what orjson refuses, e.g. an integer beyond 64 bits)."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:
-        return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _usage_span(data: bytes, usage: dict[str, Any]) -> tuple[int, int] | None:
@@ -146,10 +139,10 @@ def plain_without_cached(data: bytes, obj: dict[str, Any], usage: dict[str, Any]
     span = _usage_span(data, usage)
     if span is not None:
         start, end = span
-        out = b"".join((data[:start], _dumps(new), data[end:]))
+        out = b"".join((data[:start], dumps(new), data[end:]))
         if _CACHED_KEY not in out:
             return out
-    return _dumps({**obj, "usage": new})
+    return dumps({**obj, "usage": new})
 
 
 def event_without_cached(obj: dict[str, Any], usage: dict[str, Any]) -> bytes | None:
@@ -158,4 +151,4 @@ def event_without_cached(obj: dict[str, Any], usage: dict[str, Any]) -> bytes | 
     new = usage_without_cached(usage)
     if new is None:
         return None
-    return b"data: " + _dumps({**obj, "usage": new}) + b"\n\n"
+    return b"data: " + dumps({**obj, "usage": new}) + b"\n\n"
