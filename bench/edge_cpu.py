@@ -13,7 +13,10 @@ lingering transports), then either
   it (``gateway.pipeline_answer.PlainAnswer`` where the tree has it, else a Starlette ``Response``,
   with ``X-Request-Id``), as the real pipeline does; or
 * **passthrough**: bench/overhead.py's feature-less Starlette app's edge (router, ``request.body()``,
-  ``Response``), without its upstream call.
+  ``Response``), without its upstream call;
+* **floor** (session 14): the stub pipeline's work (body parse, answer parse, the same answer bytes) on
+  a bare ``asyncio.Protocol`` with httptools (bench/floor_proxy.py's shape): no uvicorn, no ASGI, no
+  guards. PrefixGate's edge minus this is what uvicorn's ASGI cycle and the guards cost.
 
 Requests: ``bench.loadgen``'s bodies (64 unique words, ``max_tokens`` 1) with a 600-byte bearer token,
 fed to the protocol on one keep-alive connection over a fake transport, on uvloop. Each figure is
@@ -40,7 +43,7 @@ from sim.click_options import ClickOptions
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
-TARGETS = ("this", "baseline", "passthrough")
+TARGETS = ("this", "baseline", "passthrough", "floor")
 
 _CHILD = r'''
 import asyncio, sys, time
@@ -112,15 +115,31 @@ def prefixgate():
     if hasattr(FramingGuard, "open"):  # session 8 on: the routes in front of the framing guard
         return InferenceRoutes(FramingGuard(None, **framing), Pipeline(), Recorder())
     return FramingGuard(InferenceRoutes(None, Pipeline(), Recorder()), **framing)
-app = passthrough() if KIND == "passthrough" else prefixgate()
+class Floor(asyncio.Protocol):
+    """The floor (session 14): the stub pipeline's work on a bare httptools protocol, no uvicorn, no ASGI."""
+    def __init__(self):
+        import httptools
+        self.parser = httptools.HttpRequestParser(self); self.body = []
+    def connection_made(self, transport): self.transport = transport
+    def data_received(self, data): self.parser.feed_data(data)
+    def on_message_begin(self): self.body = []
+    def on_body(self, body): self.body.append(body)
+    def on_message_complete(self):
+        raw = b"".join(self.body)
+        parse_inference_request(raw, "completions", 32, max_messages=64, max_batch_prompts=16, max_json_items=10000)
+        json_fast.loads_object(UP)
+        self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Request-Id: 0123456789abcdef"
+                             b"\r\nContent-Length: %d\r\n\r\n" % len(UP) + UP)
+
+app = passthrough() if KIND == "passthrough" else None if KIND == "floor" else prefixgate()
 
 async def main():
     loop = asyncio.get_running_loop()
     cls = guarded_protocol("httptools")
-    config = uvicorn.Config(app, http=cls, proxy_headers=False, lifespan="off", log_level="warning",
+    config = uvicorn.Config(app or passthrough(), http=cls, proxy_headers=False, lifespan="off", log_level="warning",
                             access_log=False, server_header=False)
     config.load()
-    proto = cls(config=config, server_state=ServerState(), app_state={}, _loop=loop)
+    proto = Floor() if KIND == "floor" else cls(config=config, server_state=ServerState(), app_state={}, _loop=loop)
     t = Transport()
     proto.connection_made(t)
     best = float("inf")
@@ -153,6 +172,7 @@ def run(baseline: Path, rounds: int, requests: int) -> dict[str, Any]:
         runs["this"].append(one(REPO, "prefixgate", requests))
         runs["baseline"].append(one(baseline, "prefixgate", requests))
         runs["passthrough"].append(one(REPO, "passthrough", requests))
+        runs["floor"].append(one(REPO, "floor", requests))
         print(f"round {i + 1}/{rounds}: " + ", ".join(f"{t} {runs[t][-1]:.1f}" for t in TARGETS), flush=True)
     return {"baseline": str(baseline), "rounds": rounds, "requests": requests, "runs": runs,
             "median_us": {t: statistics.median(v) for t, v in runs.items()}}
@@ -179,7 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines.append(f"| {t} | {med[t]:.1f} | {', '.join(f'{v:.1f}' for v in doc['runs'][t])} |")
     lines += ["", f"this - baseline: {med['this'] - med['baseline']:+.1f} µs/request; "
               f"PrefixGate's edge beyond the passthrough's: this {med['this'] - med['passthrough']:+.1f}, "
-              f"baseline {med['baseline'] - med['passthrough']:+.1f} µs/request."]
+              f"baseline {med['baseline'] - med['passthrough']:+.1f} µs/request; beyond the floor's (bare "
+              f"protocol): this {med['this'] - med['floor']:+.1f}, passthrough {med['passthrough'] - med['floor']:+.1f}."]
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -90,7 +90,7 @@ from sim.click_options import ClickOptions
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-TARGET_NAMES = ("direct", "smg", "passthrough", "prefixgate")
+TARGET_NAMES = ("direct", "smg", "passthrough", "floor", "prefixgate")
 WARMUP = 50
 
 #: Stage -> functions whose cumulative CPU is that stage's ((file suffix, function name) pairs).
@@ -354,6 +354,14 @@ async def _start_passthrough(upstream: str, paths: Any) -> tuple[Any, str]:
                         paths, port, "/healthz")
 
 
+async def _start_floor(upstream: str, paths: Any) -> tuple[Any, str]:
+    from sim.procs import free_port
+
+    port = free_port()
+    return await _spawn("floor", ["bench.floor_proxy", "--upstream", upstream, "--port", str(port)],
+                        paths, port, "/healthz")
+
+
 def apply_settings(doc: dict[str, Any], settings: Sequence[str]) -> None:
     """Set ``KEY=VALUE`` pairs in a configuration document, in place.
 
@@ -557,6 +565,8 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
                 return await start_sglang_router("cache_aware", [direct_url], paths)
             if name == "passthrough":
                 return await _start_passthrough(direct_url, paths)
+            if name == "floor":
+                return await _start_floor(direct_url, paths)
             doc = _second_config(cfg, paths, f"{name}-{run}")  # own ports and audit directory per slot and run
             if name == "baseline":
                 doc["policy"]["dir"] = str(args.baseline / "rego")
@@ -664,7 +674,7 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
     """The result document as markdown tables."""
     a = doc["args"]
     lines = [
-        "# Per-request overhead: direct, smg, passthrough, PrefixGate (`python -m bench.overhead`)", "",
+        "# Per-request overhead: direct, smg, passthrough, floor, PrefixGate (`python -m bench.overhead`)", "",
         f"{a['runs']} runs (median), {a['sequential']} sequential requests then {a['clients']} closed-loop clients "
         f"for {a['seconds']:g} s per target and run; 64-word prompts, max_tokens 1, "
         f"{'streaming' if a['stream'] else 'plain'} answers; {doc['cpus']} CPUs shared by everything, "

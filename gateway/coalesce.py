@@ -56,7 +56,7 @@ class CoalescingTransport:
         self._transport = transport
         self._loop = loop
         self._pending: list[bytes] = []
-        self._scheduled = False  # an end-of-step callback is queued
+        self._scheduled: asyncio.Handle | None = None  # the queued end-of-step callback
         self._held = 0  # bytes in ``_pending``
 
     @property
@@ -72,9 +72,8 @@ class CoalescingTransport:
         self._held += len(data)
         if self._held >= FLUSH_AT:
             self.flush()
-        elif not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self._end_of_step)
+        elif self._scheduled is None:
+            self._scheduled = self._loop.call_soon(self._end_of_step)
 
     def writelines(self, list_of_data: Any) -> None:
         """``write`` of each item."""
@@ -82,14 +81,19 @@ class CoalescingTransport:
             self.write(data)
 
     def _end_of_step(self) -> None:
-        self._scheduled = False
+        self._scheduled = None
         self.flush()
 
     def flush(self) -> None:
-        """Write what is buffered now (one write; nothing when the transport is closing)."""
+        """Write what is buffered now (one write; nothing when the transport is closing). The end-of-step
+        callback queued for these bytes is cancelled: it would find nothing (session 14: a plain answer
+        is flushed when complete, so its callback was one no-op Python call per request)."""
         pending = self._pending
         if not pending:
             return
+        if self._scheduled is not None:
+            self._scheduled.cancel()
+            self._scheduled = None
         self._pending = []
         self._held = 0
         if self._transport.is_closing():

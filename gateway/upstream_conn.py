@@ -132,7 +132,6 @@ class UpstreamConnection(asyncio.Protocol):
         self._reset_message()
         self._expect_id = request_id
         resp = self._resp = UpstreamResponse(self, self.loop)
-        self._parser = httptools.HttpResponseParser(self)
         self.transport.write(data)
         return resp
 
@@ -168,6 +167,9 @@ class UpstreamConnection(asyncio.Protocol):
     # ----------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
         self.transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport is not a subclass
+        # one parser for the connection's life (session 14: not one per request). A connection is reused only
+        # after an answer ended cleanly (llhttp then waits for the next message); any parse error aborts it.
+        self._parser = httptools.HttpResponseParser(self)
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
         sock = transport.get_extra_info("socket")

@@ -1,0 +1,116 @@
+"""In-process CPU of one upstream answer on a kept-alive :class:`gateway.upstream_conn.UpstreamConnection` (not a test).
+
+``python -m bench.upstream_conn_micro --baseline DIR [--aa DIR] [--rounds 6] [--requests 5000]``
+
+Session 14 (issue 14): what the replica connection's own Python costs per request, without sockets:
+``send`` (the write goes to a transport that drops it), ``data_received`` of a whole answer (status
+line, six header fields as the simulated replica sends them, a 190-byte JSON body) in one piece,
+``wait_head``, ``read_chunk`` to the end and ``close``, on one connection, on uvloop. Each figure
+is the best of 15 passes of ``--requests`` answers in thread CPU µs per answer; each tree runs in
+its own process, the trees interleaved (this, baseline, A/A copy) for ``--rounds`` rounds; the
+medians and the per-round differences are printed and written to
+``bench/results/upstream_conn_micro-<name>.{json,md}``. A warm loop: compare within one run only.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from sim.click_options import ClickOptions
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+
+_CHILD = r'''
+import asyncio, sys, time
+sys.path.insert(0, TREE)
+import uvloop
+from gateway.upstream_conn import UpstreamConnection
+ANSWER = (b'{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant",'
+          b'"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":64,"completion_tokens":1,'
+          b'"total_tokens":65}}')
+RESP = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+        b"Date: Wed, 02 Dec 2026 10:00:00 GMT\r\nServer: Python/3.11 aiohttp/3.9\r\nX-Instance-Id: i1\r\n"
+        b"X-Request-Id: r\r\n\r\n" % len(ANSWER) + ANSWER)
+class T:
+    def write(self, d): pass
+    def is_closing(self): return False
+    def abort(self): pass
+    def get_extra_info(self, n, d=None): return d
+    def get_write_buffer_size(self): return 0
+async def main():
+    loop = asyncio.get_running_loop()
+    conn = UpstreamConnection(lambda c: None, lambda c: None, loop)
+    conn.connection_made(T())
+    best = 1e9
+    for _ in range(15):
+        t0 = time.thread_time_ns()
+        for _ in range(REQUESTS):
+            r = conn.send(b"x", "r")
+            conn.data_received(RESP)
+            await r.wait_head()
+            while await r.read_chunk():
+                pass
+            r.close()
+        best = min(best, (time.thread_time_ns() - t0) / REQUESTS / 1000)
+    print(best)
+uvloop.run(main())
+'''
+
+
+def one(tree: Path, requests: int) -> float:
+    """Best-of-15 µs per answer on the code of ``tree``."""
+    code = f"TREE = {str(tree)!r}\nREQUESTS = {requests}\n" + _CHILD
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=str(tree))
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run(trees: dict[str, Path], rounds: int, requests: int) -> dict[str, Any]:
+    """Interleaved rounds over ``trees`` (label -> source tree); returns the result document."""
+    runs: dict[str, list[float]] = {k: [] for k in trees}
+    for i in range(rounds):
+        for label, tree in trees.items():
+            runs[label].append(one(tree, requests))
+        print(f"round {i + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in runs.items()), flush=True)
+    diffs = {k: [a - b for a, b in zip(runs["this"], v, strict=True)] for k, v in runs.items() if k != "this"}
+    return {"trees": {k: str(v) for k, v in trees.items()}, "rounds": rounds, "requests": requests, "runs": runs,
+            "median_us": {k: statistics.median(v) for k, v in runs.items()},
+            "this_minus_median_us": {k: statistics.median(v) for k, v in diffs.items()}}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    ap = ClickOptions(prog="python -m bench.upstream_conn_micro", description=__doc__.splitlines()[0])
+    ap.option("--baseline", type=click.Path(path_type=Path), required=True)
+    ap.option("--aa", type=click.Path(path_type=Path), default=None, help="a copy of this tree (A/A noise)")
+    ap.option("--rounds", type=int, default=6)
+    ap.option("--requests", type=int, default=5000)
+    ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
+    ap.option("--name", default="upstream_conn_micro")
+    args = ap.parse(argv)
+    trees = {"this": REPO, "baseline": args.baseline.resolve(), **({"aa": args.aa.resolve()} if args.aa else {})}
+    doc = run(trees, args.rounds, args.requests)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    lines = [f"# Upstream connection CPU per answer, in process (`python -m bench.upstream_conn_micro`), {args.name}",
+             "", f"{doc['rounds']} interleaved rounds, best of 15 x {doc['requests']} answers each; thread CPU "
+             "µs/answer (warm loop).", "", "| tree | path | median µs | runs |", "|---|---|---:|---|"]
+    for k, v in doc["runs"].items():
+        lines.append(f"| {k} | `{doc['trees'][k]}` | {doc['median_us'][k]:.2f} | {', '.join(f'{x:.2f}' for x in v)} |")
+    lines += ["", "Median per-round difference, this minus: " + ", ".join(
+        f"{k} {v:+.2f} µs" for k, v in doc["this_minus_median_us"].items()) + "."]
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
