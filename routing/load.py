@@ -15,12 +15,11 @@ Three quantities per replica:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from routing.types import ReplicaLoad
 
-__all__ = ["LoadTracker", "LoadTicket", "InProcessLoadTracker", "ReplicaLoad", "Ticket"]
+__all__ = ["LoadTracker", "LoadTicket", "InProcessLoadTracker", "Notified", "ReplicaLoad", "Ticket"]
 
 
 @runtime_checkable
@@ -40,6 +39,14 @@ class LoadTicket(Protocol):
 
     def finish(self) -> None:
         """Release everything still held (idempotent)."""
+        ...
+
+
+class Notified(Protocol):
+    """What a :class:`Ticket` notifies after each release that gave load back."""
+
+    def on_release(self) -> None:
+        """A replica gained room."""
         ...
 
 
@@ -80,15 +87,15 @@ class Ticket:
     idempotent, so call ``finish`` in a ``finally`` on success, error or
     cancellation.
 
-    ``on_release``: called (no argument) after each release that gave load back (a wrapper's
-    notification without a wrapping ticket; issue 14, session 14).
+    ``notify``: an object whose ``on_release()`` (read at each release) is called after each release
+    that gave load back (a wrapper's notification without a wrapping ticket; issue 14, session 14).
     """
 
     __slots__ = ("replica_id", "prefill_tokens", "decode_tokens", "requests", "_tracker", "_prefill_held", "_held",
-                 "on_release")
+                 "notify")
 
     def __init__(self, tracker: InProcessLoadTracker, replica_id: str, prefill_tokens: int, decode_tokens: int,
-                 requests: int = 1, on_release: Callable[[], None] | None = None) -> None:
+                 requests: int = 1, notify: Notified | None = None) -> None:
         self.replica_id = replica_id
         self.prefill_tokens = prefill_tokens
         self.decode_tokens = decode_tokens
@@ -96,7 +103,7 @@ class Ticket:
         self._tracker = tracker
         self._prefill_held = True
         self._held = True
-        self.on_release = on_release
+        self.notify = notify
 
     @property
     def active(self) -> bool:
@@ -108,8 +115,8 @@ class Ticket:
         if self._prefill_held and self._held:
             self._prefill_held = False
             self._tracker.release(self.replica_id, self.prefill_tokens, 0, 0, self.requests)
-            if self.on_release is not None:
-                self.on_release()
+            if self.notify is not None:
+                self.notify.on_release()
 
     def finish(self) -> None:
         """Release everything still held (decode tokens, the running request,
@@ -121,8 +128,8 @@ class Ticket:
         self._held = False
         self._tracker.release(self.replica_id, self.prefill_tokens if held else 0, self.decode_tokens,
                               self.requests, self.requests if held else 0)
-        if self.on_release is not None:
-            self.on_release()
+        if self.notify is not None:
+            self.notify.on_release()
 
 
 class InProcessLoadTracker:
@@ -132,18 +139,18 @@ class InProcessLoadTracker:
     def __init__(self) -> None:
         self._c: dict[str, _Counters] = {}
 
-    #: :meth:`dispatch` takes ``on_release`` (a notifying wrapper passes its callback, no ticket of its own)
-    takes_on_release = True
+    #: :meth:`dispatch` takes ``notify`` (a notifying wrapper passes itself, no ticket of its own)
+    takes_notify = True
 
     def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1,
-                 tenant: str = "", calibrate: bool = True, on_release: Callable[[], None] | None = None) -> Ticket:
+                 tenant: str = "", calibrate: bool = True, notify: Notified | None = None) -> Ticket:
         """Charge one request to ``replica_id``: ``prefill_tokens`` (predicted
         uncached prompt tokens), ``decode_tokens`` (expected output tokens) and
         ``requests`` running requests (the sequences of a batch, default 1);
-        ``tenant``, ``calibrate`` are ignored; ``on_release``: see :class:`Ticket`. Negative values raise
+        ``tenant``, ``calibrate`` are ignored; ``notify``: see :class:`Ticket`. Negative values raise
         :class:`ValueError`. Returns its :class:`Ticket`."""
         self.charge(replica_id, prefill_tokens, decode_tokens, requests)
-        return Ticket(self, replica_id, prefill_tokens, decode_tokens, requests, on_release)
+        return Ticket(self, replica_id, prefill_tokens, decode_tokens, requests, notify)
 
     def charge(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1) -> None:
         """The counters' part of :meth:`dispatch` (same arguments and errors), for a ticket class of
