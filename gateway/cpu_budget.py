@@ -302,6 +302,14 @@ class CpuMeter:
         budget = self.budget
         return budget.turns if budget is not None and size >= budget.answer_meter_bytes else None
 
+    def answer_bounds(self) -> tuple[int | None, int | None]:
+        """``(limits.max_answer_bytes, limits.answer_cpu_meter_bytes)`` of this request (each None: no
+        bound, no metering): a plain answer smaller than the second is parsed unmetered, without
+        :meth:`answer_turns`, :meth:`answer_refusal` or :meth:`check_answer` (each of which answers
+        "nothing to do" for it; issue 14, session 14: one call on the common path, not four)."""
+        budget = self.budget
+        return (None, None) if budget is None else (budget.max_answer_bytes, budget.answer_meter_bytes)
+
     @property
     def answer_limit(self) -> int | None:
         """``limits.max_answer_bytes``: the most bytes of a plain answer (None: no bound)."""
