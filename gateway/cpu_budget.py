@@ -146,7 +146,8 @@ class CpuBudget:
         """:meth:`check` ``tenant`` (429 when in debt) and its unsent answer bytes (429
         ``unsent_answers_limited``, :class:`gateway.answer_cost.UnsentAnswers`, session 11), then a
         :class:`CpuMeter` for one of its requests."""
-        self.check(tenant)
+        if tenant.id in self._buckets:  # a tenant never charged has no bucket: no check call (session 14)
+            self.check(tenant)
         self.unsent.check(tenant)
         return CpuMeter(self, tenant)
 
@@ -225,7 +226,8 @@ class CpuMeter:
             if not self.rechecked:  # (an open span means a step ran already: checked then)
                 self.rechecked = True
                 assert self.tenant is not None
-                budget.check(self.tenant)
+                if self.tenant.id in budget._buckets:  # never charged: nothing to check (session 14)
+                    budget.check(self.tenant)
             self._w0 = budget.wall_clock()
             self._t0 = budget.cpu_clock()
         else:

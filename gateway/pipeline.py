@@ -207,7 +207,8 @@ class InferencePipeline:
         last: UpstreamFailure | None = None
         budget_used = 0  # connect failures (request never reached a replica) do not use the budget
         while remaining and budget_used < ucfg.max_attempts:
-            held.end_attempt()  # the previous attempt's verdict was given; give back what it held
+            if rec.attempts:  # the previous attempt's verdict was given; give back what it held
+                held.end_attempt()
             rec.attempts += 1
             if gw.flow is not None and rec.attempts == 1:  # the tenant's fair turn and a replica with room
                 ids, alt = [r.id for r in remaining], chains.previous_chains()
