@@ -61,6 +61,7 @@ class Recorder:
         #: (endpoint, status, outcome, tenant, replica or None, pool) -> [requests, prompt, available,
         #: predicted, delivered tokens, requests with delivered tokens]; replica None: not routed
         self._tally: dict[tuple[Any, ...], list[int]] = {}
+        self._hists: dict[str, tuple[Any, Any]] = {}  # endpoint -> (request_seconds, first_byte_seconds) children
         metrics.batch.on_flush(self.flush_tally)
 
     def record(self, rec: RequestRecord) -> None:
@@ -76,13 +77,18 @@ class Recorder:
 
     def finish(self, rec: RequestRecord) -> None:
         """The request's metrics and concentration observation (after its audit event)."""
-        m = self.metrics
         endpoint = rec.endpoint
-        m.request_seconds.labels(endpoint).observe((rec.t_end or rec.t0) - rec.t0)
+        hists = self._hists.get(endpoint)
+        if hists is None:  # the two latency children of an endpoint, looked up once (session 14)
+            m = self.metrics
+            if len(self._hists) >= TALLY_MAX:
+                self._hists.clear()
+            hists = self._hists[endpoint] = (m.request_seconds.labels(endpoint), m.first_byte_seconds.labels(endpoint))
+        hists[0].observe((rec.t_end or rec.t0) - rec.t0)
         replica = rec.replica
         routed = bool(replica) and rec.t_first_byte is not None
         if routed:
-            m.first_byte_seconds.labels(endpoint).observe(rec.t_first_byte - rec.t0)  # type: ignore[operator]
+            hists[1].observe(rec.t_first_byte - rec.t0)  # type: ignore[operator]
         key = (endpoint, rec.status, rec.outcome, rec.tenant_id, replica if routed else None, rec.pool)
         tally = self._tally.get(key)
         if tally is None:
