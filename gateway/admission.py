@@ -298,8 +298,7 @@ class Admission:
                            f"tenant {what}-token rate exceeded") from None
         reserved_prompt, reserved_output = self._children(self._reserved, tenant.id,
                                                            (self.metrics.tenant_tokens_reserved,))
-        reserved_prompt.inc(prompt_tokens)
-        reserved_output.inc(output_tokens)
+        self.metrics.batch.add(((reserved_prompt, prompt_tokens), (reserved_output, output_tokens)))
         return res
 
     @staticmethod
@@ -350,10 +349,9 @@ class Admission:
 
     def _count_settlement(self, tid: str, s: Settlement) -> None:
         m = self.metrics
-        for child, n in zip(self._children(self._settled, tid, (m.tenant_tokens_charged, m.tenant_tokens_refunded)),
-                            (s.charged_prompt, s.charged_output, s.refunded_prompt, s.refunded_output)):
-            child.inc(n)
-        m.tenant_charges.labels(tid, s.basis).inc()
+        cp, co, rp, ro = self._children(self._settled, tid, (m.tenant_tokens_charged, m.tenant_tokens_refunded))
+        m.batch.add(((cp, s.charged_prompt), (co, s.charged_output), (rp, s.refunded_prompt),
+                     (ro, s.refunded_output), (m.tenant_charges.labels(tid, s.basis), 1)))
 
 
 class SlotClaim:

@@ -146,7 +146,8 @@ class CpuBudget:
         """:meth:`check` ``tenant`` (429 when in debt) and its unsent answer bytes (429
         ``unsent_answers_limited``, :class:`gateway.answer_cost.UnsentAnswers`, session 11), then a
         :class:`CpuMeter` for one of its requests."""
-        self.check(tenant)
+        if tenant.id in self._buckets:  # a tenant never charged has no bucket: no check call (session 14)
+            self.check(tenant)
         self.unsent.check(tenant)
         return CpuMeter(self, tenant)
 
@@ -225,7 +226,8 @@ class CpuMeter:
             if not self.rechecked:  # (an open span means a step ran already: checked then)
                 self.rechecked = True
                 assert self.tenant is not None
-                budget.check(self.tenant)
+                if self.tenant.id in budget._buckets:  # never charged: nothing to check (session 14)
+                    budget.check(self.tenant)
             self._w0 = budget.wall_clock()
             self._t0 = budget.cpu_clock()
         else:
@@ -301,6 +303,14 @@ class CpuMeter:
         parsed metered (``answer_cpu_meter_bytes`` or more: take a turn first, R10b-2), else None."""
         budget = self.budget
         return budget.turns if budget is not None and size >= budget.answer_meter_bytes else None
+
+    def answer_bounds(self) -> tuple[int | None, int | None]:
+        """``(limits.max_answer_bytes, limits.answer_cpu_meter_bytes)`` of this request (each None: no
+        bound, no metering): a plain answer smaller than the second is parsed unmetered, without
+        :meth:`answer_turns`, :meth:`answer_refusal` or :meth:`check_answer` (each of which answers
+        "nothing to do" for it; issue 14, session 14: one call on the common path, not four)."""
+        budget = self.budget
+        return (None, None) if budget is None else (budget.max_answer_bytes, budget.answer_meter_bytes)
 
     @property
     def answer_limit(self) -> int | None:

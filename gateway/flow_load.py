@@ -48,11 +48,16 @@ class NotifyingLoadTracker:
         self.inner = inner
         self.on_release: Callable[[], None] = lambda: None
         self.snapshot = inner.snapshot  # type: ignore[method-assign]  # the inner tracker's, no frame per call
+        self._fused = bool(getattr(inner, "takes_notify", False))
 
     def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1,
                  tenant: str = "", calibrate: bool = True) -> LoadTicket:
         """Charge the inner tracker (``tenant``, ``calibrate``: see ``LoadTracker.dispatch``); the ticket
-        notifies on release."""
+        notifies on release: the inner ticket itself, given this tracker as its ``notify``, when the
+        inner tracker ``takes_notify`` (issue 14, session 14: no wrapping ticket), else a wrapper."""
+        if self._fused:
+            return self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests, tenant, calibrate,
+                                       notify=self)  # type: ignore[call-arg]
         inner = self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests, tenant, calibrate)
         return _NotifyingTicket(inner, self)
 

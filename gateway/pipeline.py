@@ -29,7 +29,7 @@ from gateway.prefix_keys import ChainView, PrefixKeys
 from gateway.pipeline_answer import failure_error, plain_response, stream_response
 from gateway.proxy import UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
-from gateway.recording import after_send
+from gateway.recording import AFTER_SEND
 from gateway.send_order import SEND_ORDER
 from gateway.tokenize_thread import tokenizes_off_loop
 from gateway.usage_privacy import drops_cached
@@ -118,7 +118,7 @@ class InferencePipeline:
             held.reservation = await adm.check_prompt(tenant, prompt_tokens, req.sequences, output_cap * req.sequences)
             chains = gw.keys.prefix_chains(tenant, tokens)
             del tokens  # R12-2: a queued request keeps its chains and counts, not its token list
-            held.prep = lambda: self._prepare(rec, held, chains, None)  # a refusal's record: its fingerprint
+            held.prep = partial(self._prepare, rec, held, chains, None)  # a refusal's record: its fingerprint
             # candidates: routable replicas in the tenant's pools (gateway/replicas.py)
             candidates = gw.replica_set.candidates(tenant.pools, tenant.id)  # R7b-1
             if not candidates:
@@ -137,7 +137,7 @@ class InferencePipeline:
             max_tokens = adm.clamp_max_tokens(req.max_tokens, tenant, decision)
             rec.max_tokens = max_tokens
             # not needed to route or write the upstream request: done while the replica works (_prepare)
-            held.prep = lambda: self._prepare(rec, held, chains, max_tokens * req.sequences)
+            held.prep = partial(self._prepare, rec, held, chains, max_tokens * req.sequences)
             allowed = gw.pep.allowed_candidates(candidates, decision)
             if not allowed:
                 raise GatewayError(
@@ -176,9 +176,13 @@ class InferencePipeline:
                                 headers={"X-Request-Id": rec.request_id}).response()
         finally:
             # The one exit path (a stream's ends with it): all held given back, the record written;
-            # a plain answer's end runs right after the answer is sent (gateway/recording.py).
-            if not held.handed_off and not after_send(lambda: self._end(rec, held)):
-                self._end(rec, held)
+            # a plain answer's end runs right before its last body part is sent (gateway/recording.py).
+            if not held.handed_off:
+                pending = AFTER_SEND.get()
+                if pending is None:
+                    self._end(rec, held)
+                else:
+                    pending.append(partial(self._end, rec, held))
 
     @staticmethod
     def _upstream_body(req: InferenceRequest, max_tokens: int, user: str | None) -> JsonObject:
@@ -203,7 +207,8 @@ class InferencePipeline:
         last: UpstreamFailure | None = None
         budget_used = 0  # connect failures (request never reached a replica) do not use the budget
         while remaining and budget_used < ucfg.max_attempts:
-            held.end_attempt()  # the previous attempt's verdict was given; give back what it held
+            if rec.attempts:  # the previous attempt's verdict was given; give back what it held
+                held.end_attempt()
             rec.attempts += 1
             if gw.flow is not None and rec.attempts == 1:  # the tenant's fair turn and a replica with room
                 ids, alt = [r.id for r in remaining], chains.previous_chains()
@@ -267,7 +272,7 @@ class InferencePipeline:
             held.ticket.first_byte()
             if req.stream:
                 response = stream_response(req, rec, held, self.cfg.upstream.read_timeout_s, gw.upstream,
-                                           lambda: self._end(rec, held))
+                                           partial(self._end, rec, held))
                 held.handed_off = True
                 return response
             return await plain_response(request, rec, held, self.cfg.upstream.read_timeout_s, gw.upstream)
@@ -290,38 +295,55 @@ class InferencePipeline:
 
     def _end(self, rec: RequestRecord, held: Held) -> None:
         """End the request (idempotent): settle its tokens and write its one audit record; then give
-        back all it holds. Under a front that defers (gateway/recording.py) the giving back runs right
-        after the answer's last body part was handed to the server, in the same step (nothing awaited
-        in between: the next request on the loop finds the slot free); else at once, after the record."""
+        back all it holds. Under a front that defers (gateway/recording.py) the giving back, the
+        calibration's flush and the record's metrics run as one deferred step right after the answer's
+        last body part was handed to the server (nothing awaited in between: the next request on the
+        loop finds the slot free; issue 14, session 14: one step, not three); else at once, after the record."""
         if held.ended:
             return
         held.ended = True
-        try:
-            held.run_prep()
-        except Exception:  # a bug: never lose the audit record nor what the request holds
-            log.exception("preparing the record of request %s failed", rec.request_id)
+        if held.prep is not None:
+            try:
+                held.run_prep()
+            except Exception:  # a bug: never lose the audit record nor what the request holds
+                log.exception("preparing the record of request %s failed", rec.request_id)
         after: list[Callable[[], None]] = []  # what the record does not need: with the giving back
         if held.answered is not None:  # the replica's instance id seen on its plain answer
             after.append(held.answered)
-
-        def give_back() -> None:
-            held.leave(self.gw.overload)
-            try:
-                held.release()
-            finally:
-                for work in after:  # each runs (the ledger's refund first): one's bug never skips another
-                    try:
-                        work()
-                    except Exception:
-                        log.exception("ending request %s failed", rec.request_id)
-
-        deferred = after_send(give_back)
+        pending = AFTER_SEND.get()
+        recorded = False
         try:
             self._settle(rec, held, after)
             self._complete(rec, held.usage, held.choice, after)
+            recorded = True
         finally:
-            if not deferred:
-                give_back()
+            if pending is None:
+                self._after_answer(rec, held, after, recorded)
+            else:
+                pending.append(partial(self._after_answer, rec, held, after, recorded))
+
+    def _after_answer(self, rec: RequestRecord, held: Held, after: list[Callable[[], None]], recorded: bool) -> None:
+        """Give back all the request holds, then run ``after`` (the ledger's refund first), the
+        calibration's flush and, when ``recorded`` (its audit event was emitted), the record's metrics;
+        each step guarded: one's bug never skips another (nor the others' requests)."""
+        try:
+            held.leave(self.gw.overload)
+            held.release()
+        except Exception:
+            log.exception("ending request %s failed", rec.request_id)
+        for work in after:
+            try:
+                work()
+            except Exception:
+                log.exception("ending request %s failed", rec.request_id)
+        cal = self.gw.calibration
+        try:
+            if cal is not None:
+                cal.flush()  # the first-byte observations queued on the answer's path
+            if recorded:
+                self.gw.recorder.finish(rec)
+        except Exception:
+            log.exception("recording request %s failed", rec.request_id)
 
     def _settle(self, rec: RequestRecord, held: Held, after: list[Callable[[], None]]) -> None:
         """Reconcile the request's token reservation with what it used (tenancy/ledger.py); its
@@ -350,8 +372,5 @@ class InferencePipeline:
         if choice is not None and self.gw.flow is not None and rec.tenant_id:  # the VTC's output share
             after.append(partial(self.gw.flow.charge_output, rec.tenant_id,
                                  rec.output_tokens or rec.relayed_output or 0))
-        cal = self.gw.calibration
-        if cal is not None and not after_send(cal.flush):  # the first-byte observations queued on the answer's path
-            cal.flush()
         rec.t_end = time.perf_counter()
-        self.gw.recorder.record(rec)
+        self.gw.recorder.record(rec)  # its metrics: Recorder.finish, by _after_answer

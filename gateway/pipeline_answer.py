@@ -157,7 +157,7 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
     unsent answer bytes (``PlainAnswer.after_send``)."""
     up = held.up
     assert up is not None and held.attempt is not None
-    limit = held.cpu.answer_limit  # session 11 (R10b-2): limits.max_answer_bytes
+    limit, metered = held.cpu.answer_bounds()  # session 11 (R10b-2): limits.max_answer_bytes; metering from
 
     async def read_rest() -> bytes:
         async with asyncio.timeout(read_timeout_s):
@@ -172,16 +172,20 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
                 data = await unless_client_leaves(request, read_rest())
         elif limit is not None and len(data) > limit:
             raise AnswerTooLarge(limit)
-        turns = held.cpu.answer_turns(len(data))  # session 11: large parses one per loop step (R10b-2)
-        if turns is not None:
-            await turns.take()
-        try:
-            refusal = held.cpu.answer_refusal(len(data))  # R10b-2: a large answer of a tenant in debt
-            if refusal is None:
-                obj = held.cpu.check_answer(json_fast.loads_answer, data)  # R10-4: metered when large
-        finally:
+        refusal = None
+        if metered is None or len(data) < metered:  # the common answer: parsed unmetered (session 14)
+            obj = json_fast.loads_answer(data)
+        else:
+            turns = held.cpu.answer_turns(len(data))  # session 11: large parses one per loop step (R10b-2)
             if turns is not None:
-                turns.give_back()
+                await turns.take()
+            try:
+                refusal = held.cpu.answer_refusal(len(data))  # R10b-2: a large answer of a tenant in debt
+                if refusal is None:
+                    obj = held.cpu.check_answer(json_fast.loads_answer, data)  # R10-4: metered when large
+            finally:
+                if turns is not None:
+                    turns.give_back()
     except ClientGone:
         rec.outcome, rec.status, rec.error_code = "cancelled", 499, "client_disconnect"
         return Response(status_code=499)

@@ -4,8 +4,9 @@ Ending a request may wait until the answer is sent (issue 14): while a
 request is served by :class:`gateway.inference_asgi.InferenceRoutes`,
 :data:`AFTER_SEND` holds a list in that request's task context;
 :func:`after_send` appends work to it (the pipeline's end of a plain answer)
-and :meth:`Recorder.record` queues the request's audit event at once and
-appends its metrics and concentration observation (:meth:`Recorder.finish`).
+and :meth:`Recorder.record` queues the request's audit event at once; its metrics
+and concentration observation (:meth:`Recorder.finish`) run with the request's
+deferred end (gateway/pipeline.py).
 Just before the answer's last body part the front runs the work deferred so
 far (so a plain answer's end has produced its record) and hands the queued
 audit events to the audit worker (:meth:`Recorder.hand_off`); the rest runs
@@ -60,16 +61,15 @@ class Recorder:
         #: (endpoint, status, outcome, tenant, replica or None, pool) -> [requests, prompt, available,
         #: predicted, delivered tokens, requests with delivered tokens]; replica None: not routed
         self._tally: dict[tuple[Any, ...], list[int]] = {}
+        self._hists: dict[str, tuple[Any, Any]] = {}  # endpoint -> (request_seconds, first_byte_seconds) children
         metrics.batch.on_flush(self.flush_tally)
 
     def record(self, rec: RequestRecord) -> None:
-        """Metrics + one audit event + concentration monitor for a finished request
-        (the event queued now, the rest deferred to after the answer when :data:`AFTER_SEND`
-        holds a list)."""
+        """The finished request's one audit event, queued now. Its metrics and concentration
+        observation are the caller's next step (:meth:`finish`: the pipeline runs it with the
+        request's giving back, after the answer when :data:`AFTER_SEND` holds a list; issue 14,
+        session 14: one deferred step per request, not one per part)."""
         self.audit.emit_request(rec)
-        if after_send(lambda: self.finish(rec)):
-            return
-        self.finish(rec)
 
     def hand_off(self) -> None:
         """Write the queued audit events to the audit worker's pipe now (one write)."""
@@ -77,13 +77,18 @@ class Recorder:
 
     def finish(self, rec: RequestRecord) -> None:
         """The request's metrics and concentration observation (after its audit event)."""
-        m = self.metrics
         endpoint = rec.endpoint
-        m.request_seconds.labels(endpoint).observe((rec.t_end or rec.t0) - rec.t0)
+        hists = self._hists.get(endpoint)
+        if hists is None:  # the two latency children of an endpoint, looked up once (session 14)
+            m = self.metrics
+            if len(self._hists) >= TALLY_MAX:
+                self._hists.clear()
+            hists = self._hists[endpoint] = (m.request_seconds.labels(endpoint), m.first_byte_seconds.labels(endpoint))
+        hists[0].observe((rec.t_end or rec.t0) - rec.t0)
         replica = rec.replica
         routed = bool(replica) and rec.t_first_byte is not None
         if routed:
-            m.first_byte_seconds.labels(endpoint).observe(rec.t_first_byte - rec.t0)  # type: ignore[operator]
+            hists[1].observe(rec.t_first_byte - rec.t0)  # type: ignore[operator]
         key = (endpoint, rec.status, rec.outcome, rec.tenant_id, replica if routed else None, rec.pool)
         tally = self._tally.get(key)
         if tally is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from routing.load import LoadTicket
+from routing.load import InProcessLoadTracker, LoadTicket, Notified, Ticket
 from routing.types import ReplicaLoad
 
 if TYPE_CHECKING:
@@ -51,6 +51,43 @@ class _CalibratingTicket:
         self._inner.finish()  # type: ignore[attr-defined]
 
 
+class _FusedCalibratingTicket(Ticket):
+    """One ticket for the calibrating tracker over an :class:`InProcessLoadTracker` (issue 14,
+    session 14: no wrapping ticket, one frame per release instead of three): :class:`Ticket`'s
+    releases and ``notify``, and at the first byte (while the ticket holds its prefill part)
+    the observation :class:`_CalibratingTicket` feeds."""
+
+    __slots__ = ("_cal", "_clock", "_queued", "_shared", "_t0", "_tenant")
+
+    def __init__(self, tracker: InProcessLoadTracker, replica_id: str, prefill_tokens: int, decode_tokens: int,
+                 requests: int, notify: Notified | None, cal: Calibration,
+                 clock: Callable[[], float], queued: int, shared: int, tenant: str) -> None:
+        self.replica_id = replica_id
+        self.prefill_tokens = prefill_tokens
+        self.decode_tokens = decode_tokens
+        self.requests = requests
+        self._tracker = tracker
+        self._prefill_held = True
+        self._held = True
+        self.notify = notify
+        self._cal = cal
+        self._clock = clock
+        self._queued = queued
+        self._shared = shared
+        self._tenant = tenant
+        self._t0 = clock()
+
+    def first_byte(self) -> None:
+        """Feed the observation once (the ticket still holds its prefill part), then release that part."""
+        if self._prefill_held and self._held:
+            self._prefill_held = False
+            self._cal.observe_first_byte(self.replica_id, self.prefill_tokens, self._queued,
+                                         self._clock() - self._t0, self._shared, self._tenant)
+            self._tracker.release(self.replica_id, self.prefill_tokens, 0, 0, self.requests)
+            if self.notify is not None:
+                self.notify.on_release()
+
+
 class CalibratingLoadTracker:
     """A :class:`routing.load.LoadTracker` wrapper that times each ticket from
     dispatch to ``first_byte()`` with ``clock`` (seconds; ``time.monotonic``
@@ -67,12 +104,27 @@ class CalibratingLoadTracker:
         if calibration.clock is None:  # the fits' staleness in this clock's seconds (review R11b-2)
             calibration.clock = clock
         self.snapshot = inner.snapshot  # type: ignore[attr-defined,method-assign]  # no frame per call
+        #: over an in-process tracker: one fused ticket per dispatch, which takes ``notify``
+        self.takes_notify = type(inner) is InProcessLoadTracker
 
     def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int,
-                 requests: int = 1, tenant: str = "", calibrate: bool = True) -> LoadTicket:
+                 requests: int = 1, tenant: str = "", calibrate: bool = True,
+                 notify: Notified | None = None) -> LoadTicket:
         """See :meth:`routing.load.LoadTracker.dispatch`; ``tenant`` (its configured id) is the fit
         the first byte feeds; ``calibrate`` False: it feeds none (the request has parts the router's
-        token count does not predict: R10-3), the inner ticket is returned as is."""
+        token count does not predict: R10-3), the inner ticket is returned as is. ``notify``
+        (only when :attr:`takes_notify`): see :class:`routing.load.Ticket`."""
+        if self.takes_notify:
+            inner: InProcessLoadTracker = self.inner  # type: ignore[assignment]
+            if not calibrate:
+                return inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests, notify=notify)
+            before = inner.snapshot(replica_id)
+            inner.charge(replica_id, prefill_tokens, decode_tokens, requests)
+            return _FusedCalibratingTicket(inner, replica_id, prefill_tokens, decode_tokens, requests, notify,
+                                           self.calibration, self.clock, before.queued_prefill_tokens,
+                                           before.shared_wait_tokens(prefill_tokens), tenant)
+        if notify is not None:
+            raise TypeError("notify needs an in-process inner tracker (takes_notify)")
         if not calibrate:
             inner = self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests)  # type: ignore[attr-defined]
             return inner  # type: ignore[no-any-return]

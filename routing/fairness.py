@@ -90,11 +90,12 @@ class FairQueue(Generic[T]):
         self._t: dict[str, _Tenant[T]] = {}
         self._seq = itertools.count()
         self._floor = 0.0  # counter of the tenant that last emptied its queue
-        self._queued = 0
+        #: requests queued now (as ``len()``; an attribute: no call on the request path, issue 14); read only
+        self.size = 0
 
     # -- state ---------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return self._queued
+        return self.size
 
     def queued(self, tenant_id: str) -> int:
         """Requests of ``tenant_id`` waiting now."""
@@ -130,7 +131,7 @@ class FairQueue(Generic[T]):
             others = [o.counter for tid, o in self._t.items() if o.queue and tid != tenant_id]
             t.counter = max(t.counter, min(others) if others else self._floor)
         t.queue.append(_Entry(item, next(self._seq)))
-        self._queued += 1
+        self.size += 1
 
     def pass_through(self, tenant_id: str, weight: float = 1.0) -> None:
         """A request of ``tenant_id`` released at once while nothing is queued: the counter
@@ -138,7 +139,7 @@ class FairQueue(Generic[T]):
         the queue. Raises :class:`ValueError` on a non-positive weight or when anything is queued."""
         if not weight > 0:
             raise ValueError("weight must be > 0")
-        if self._queued:
+        if self.size:
             raise ValueError("pass_through needs an empty queue")
         t = self._t.get(tenant_id)
         if t is None:
@@ -157,7 +158,7 @@ class FairQueue(Generic[T]):
         for e in t.queue:
             if e.item is item:
                 t.queue.remove(e)
-                self._queued -= 1
+                self.size -= 1
                 if not t.queue:
                     self._floor = t.counter
                 return True
@@ -184,7 +185,7 @@ class FairQueue(Generic[T]):
             position = t.queue[0].seq - 1 if t.queue else next(self._seq)
         at = next((i for i, e in enumerate(t.queue) if e.seq > position), len(t.queue))
         t.queue.insert(at, _Entry(item, position))
-        self._queued += 1
+        self.size += 1
 
     def charge(self, tenant_id: str, tokens: float, weight: float | None = None) -> None:
         """Add ``tokens`` (>= 0; uncached prompt tokens at release, output tokens at the end)

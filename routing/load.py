@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 from routing.types import ReplicaLoad
 
-__all__ = ["LoadTracker", "LoadTicket", "InProcessLoadTracker", "ReplicaLoad", "Ticket"]
+__all__ = ["LoadTracker", "LoadTicket", "InProcessLoadTracker", "Notified", "ReplicaLoad", "Ticket"]
 
 
 @runtime_checkable
@@ -39,6 +39,14 @@ class LoadTicket(Protocol):
 
     def finish(self) -> None:
         """Release everything still held (idempotent)."""
+        ...
+
+
+class Notified(Protocol):
+    """What a :class:`Ticket` notifies after each release that gave load back."""
+
+    def on_release(self) -> None:
+        """A replica gained room."""
         ...
 
 
@@ -77,12 +85,17 @@ class Ticket:
     """Handle of one dispatched request. :meth:`first_byte` releases its
     prefill tokens, :meth:`finish` releases whatever is still held; both are
     idempotent, so call ``finish`` in a ``finally`` on success, error or
-    cancellation."""
+    cancellation.
 
-    __slots__ = ("replica_id", "prefill_tokens", "decode_tokens", "requests", "_tracker", "_prefill_held", "_held")
+    ``notify``: an object whose ``on_release()`` (read at each release) is called after each release
+    that gave load back (a wrapper's notification without a wrapping ticket; issue 14, session 14).
+    """
+
+    __slots__ = ("replica_id", "prefill_tokens", "decode_tokens", "requests", "_tracker", "_prefill_held", "_held",
+                 "notify")
 
     def __init__(self, tracker: InProcessLoadTracker, replica_id: str, prefill_tokens: int, decode_tokens: int,
-                 requests: int = 1) -> None:
+                 requests: int = 1, notify: Notified | None = None) -> None:
         self.replica_id = replica_id
         self.prefill_tokens = prefill_tokens
         self.decode_tokens = decode_tokens
@@ -90,6 +103,7 @@ class Ticket:
         self._tracker = tracker
         self._prefill_held = True
         self._held = True
+        self.notify = notify
 
     @property
     def active(self) -> bool:
@@ -101,6 +115,8 @@ class Ticket:
         if self._prefill_held and self._held:
             self._prefill_held = False
             self._tracker.release(self.replica_id, self.prefill_tokens, 0, 0, self.requests)
+            if self.notify is not None:
+                self.notify.on_release()
 
     def finish(self) -> None:
         """Release everything still held (decode tokens, the running request,
@@ -112,6 +128,8 @@ class Ticket:
         self._held = False
         self._tracker.release(self.replica_id, self.prefill_tokens if held else 0, self.decode_tokens,
                               self.requests, self.requests if held else 0)
+        if self.notify is not None:
+            self.notify.on_release()
 
 
 class InProcessLoadTracker:
@@ -121,13 +139,22 @@ class InProcessLoadTracker:
     def __init__(self) -> None:
         self._c: dict[str, _Counters] = {}
 
+    #: :meth:`dispatch` takes ``notify`` (a notifying wrapper passes itself, no ticket of its own)
+    takes_notify = True
+
     def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1,
-                 tenant: str = "", calibrate: bool = True) -> Ticket:
+                 tenant: str = "", calibrate: bool = True, notify: Notified | None = None) -> Ticket:
         """Charge one request to ``replica_id``: ``prefill_tokens`` (predicted
         uncached prompt tokens), ``decode_tokens`` (expected output tokens) and
         ``requests`` running requests (the sequences of a batch, default 1);
-        ``tenant``, ``calibrate`` are ignored. Negative values raise
+        ``tenant``, ``calibrate`` are ignored; ``notify``: see :class:`Ticket`. Negative values raise
         :class:`ValueError`. Returns its :class:`Ticket`."""
+        self.charge(replica_id, prefill_tokens, decode_tokens, requests)
+        return Ticket(self, replica_id, prefill_tokens, decode_tokens, requests, notify)
+
+    def charge(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1) -> None:
+        """The counters' part of :meth:`dispatch` (same arguments and errors), for a ticket class of
+        the caller's (a subclass of :class:`Ticket` built with this tracker: :mod:`routing.calibration_tracker`)."""
         if prefill_tokens < 0 or decode_tokens < 0 or requests < 0:
             raise ValueError("token counts must be non-negative")
         c = self._c.get(replica_id)
@@ -138,7 +165,6 @@ class InProcessLoadTracker:
         c.running += requests
         c.prefilling += requests
         c.snap = None
-        return Ticket(self, replica_id, prefill_tokens, decode_tokens, requests)
 
     def snapshot(self, replica_id: str) -> ReplicaLoad:
         """Current load of ``replica_id`` (all zero for an unknown replica). The same (immutable)

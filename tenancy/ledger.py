@@ -213,24 +213,27 @@ def _need(bucket: TokenBucket, n: int) -> float:
     return 0.0 if bucket.level >= need else (need - bucket.level) / bucket.rate
 
 
+_NO_LOCK = contextlib.nullcontext()  # stateless and reusable: the lock of a ledger that needs none
+
+
 class LedgerReservation(Reservation):
     """The bookkeeping every ledger's reservation shares: argument checks, the
     lower-only ``lower_output``, the first-call-wins ``settle``. A ledger
     implements :meth:`_apply` (move the difference into its buckets) and may
-    give :meth:`_locked` (a lock around check-and-apply)."""
+    give ``lock`` (a lock around check-and-apply; default: none). Session 14: the lock is an
+    attribute, not a method call per use (issue 14)."""
 
-    def __init__(self, tenant_id: str, prompt: int, output: int) -> None:
+    def __init__(self, tenant_id: str, prompt: int, output: int,
+                 lock: contextlib.AbstractContextManager[object] = _NO_LOCK) -> None:
         self.tenant_id = tenant_id
         self.prompt_tokens = prompt
         self.output_tokens = output
         self._settlement: Settlement | None = None
+        self._lock = lock
 
     @property
     def settlement(self) -> Settlement | None:
         return self._settlement
-
-    def _locked(self) -> contextlib.AbstractContextManager[object]:
-        return contextlib.nullcontext()
 
     @abc.abstractmethod
     def _apply(self, d_prompt: int, d_output: int, settled: Settlement | None) -> None:
@@ -241,7 +244,7 @@ class LedgerReservation(Reservation):
     def lower_output(self, output_tokens: int) -> None:
         if output_tokens < 0:
             raise ValueError("token count must be >= 0")
-        with self._locked():
+        with self._lock:
             if self._settlement is not None or output_tokens >= self.output_tokens:
                 return
             refund = self.output_tokens - output_tokens
@@ -257,7 +260,7 @@ class LedgerReservation(Reservation):
             raise ValueError("token count must be >= 0")
         if basis not in BASES:
             raise ValueError(f"unknown charge basis {basis!r}")
-        with self._locked():
+        with self._lock:
             if self._settlement is not None:
                 return self._settlement, None
             s = Settlement(self.prompt_tokens, self.output_tokens, prompt_tokens, output_tokens, basis)
@@ -269,17 +272,14 @@ class LedgerReservation(Reservation):
         return s, partial(self._apply_locked, d_prompt, d_output, s)
 
     def _apply_locked(self, d_prompt: int, d_output: int, settled: Settlement) -> None:
-        with self._locked():
+        with self._lock:
             self._apply(d_prompt, d_output, settled)
 
 
 class _InProcessReservation(LedgerReservation):
     def __init__(self, ledger: InProcessLedger, tenant_id: str, prompt: int, output: int) -> None:
-        super().__init__(tenant_id, prompt, output)
+        super().__init__(tenant_id, prompt, output, ledger._lock)
         self._ledger = ledger
-
-    def _locked(self) -> contextlib.AbstractContextManager[object]:
-        return self._ledger._lock
 
     def _apply(self, d_prompt: int, d_output: int, settled: Settlement | None) -> None:
         if settled is None:
