@@ -270,12 +270,13 @@ class JsonlChainSink:
             self._ticker = None
         if self._fsyncs:  # their checkpoints are forwarded before the final one
             await asyncio.gather(*list(self._fsyncs), return_exceptions=True)
-        if self._fh is None:
-            return
         try:
-            self.checkpoint()
+            if self._fh is not None:  # None: never opened, closed, or let go after an error (_drop_file)
+                try:
+                    self.checkpoint()
+                finally:
+                    self._close_file()
         finally:
-            self._close_file()
             lock = getattr(self, "_lock_fh", None)
             if lock is not None:
                 lock.close()  # releases the flock

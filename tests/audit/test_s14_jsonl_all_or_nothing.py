@@ -143,3 +143,28 @@ async def test_a_cut_that_fails_continues_the_chain_in_a_new_file(tmp_path: Path
     ids = [r["body"]["request_id"] for r in _records(tmp_path / "log") if r["type"] == "event"]
     assert ids == [f"r{i}" for i in range(20)]
     assert verify_files([tmp_path / "log"], key.public_key()).ok
+
+
+async def test_close_after_the_file_was_let_go_releases_the_directory(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sink whose file was let go (failed cut) and that is closed before another send still releases the
+    log directory's lock: a second sink can open the chain and continue it."""
+    key = Ed25519PrivateKey.generate()
+    sink = JsonlChainSink(tmp_path / "log", key, checkpoint_s=3600, fsync=False)
+    writes = FailingWrites(monkeypatch, 0.0)
+    await sink.open()
+    assert sink._fh is not None
+    writes.fds.add(sink._fh.fileno())
+    await sink.send(_events(5, 0))
+    writes.fail = 1
+    with monkeypatch.context() as m:
+        m.setattr(os, "ftruncate", lambda fd, length: (_ for _ in ()).throw(OSError(errno.EIO, "injected")))
+        with pytest.raises(SinkUnavailable):
+            await sink.send(_events(5, 5))
+    await sink.close()
+    again = JsonlChainSink(tmp_path / "log", key, checkpoint_s=3600, fsync=False)
+    await again.send(_events(5, 5))
+    await again.close()
+    ids = [r["body"]["request_id"] for r in _records(tmp_path / "log") if r["type"] == "event"]
+    assert ids == [f"r{i}" for i in range(10)]
+    assert verify_files([tmp_path / "log"], key.public_key()).ok
