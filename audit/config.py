@@ -35,13 +35,17 @@ __all__ = ["AuditConfigError", "AuditSection", "build_audit"]
 
 
 def build_audit(config: Mapping[str, Any] | AuditSection, registry: CollectorRegistry | None = None,
-                validate_only: bool = False) -> AuditLog | None:
+                validate_only: bool = False, input_batched: bool = False) -> AuditLog | None:
     """Create the AuditLog and its sinks (not started; call ``await log.start()``).
 
     ``config``: the section as a mapping (validated by :func:`audit.config_schema.parse_audit`)
     or an already validated :class:`AuditSection`. ``validate_only``: check the section and
     build the sinks (no side effects: nothing is opened, locked or created) and return None —
     what the gateway does before it hands the section to the audit worker process.
+    ``input_batched``: events come in bursts, all of a burst emitted before the sinks run (the audit
+    worker: one burst per read of its pipe, ``audit.worker_stdin.READ_INTERVAL_S``), so the file and
+    syslog sinks send each burst at once (``linger_s`` 0): the same one write per burst, without a
+    timer wake of their own per burst (session 14). The OTLP log sink keeps its ``linger_s``.
 
     Raises:
         AuditConfigError: a key the schema refuses (``audit.<dotted.key>: <message>``),
@@ -51,6 +55,7 @@ def build_audit(config: Mapping[str, Any] | AuditSection, registry: CollectorReg
     """
     section = parse_audit(config)
     sinks: list[AuditSink] = []
+    linger = {"linger_s": 0.0} if input_batched else {}
     if (j := section.jsonl) is not None:
         from audit.jsonl import JsonlChainSink
 
@@ -61,11 +66,11 @@ def build_audit(config: Mapping[str, Any] | AuditSection, registry: CollectorReg
         # its encodings kept for the OTLP log sink only when there is one (audit.encoded.shared_json)
         share = section.otlp is not None and bool(section.otlp.endpoint)
         sinks.append(JsonlChainSink(log_dir, load_signing_key(key_file), rotate_bytes=j.rotate_bytes,
-                                    rotate_s=j.rotate_s, checkpoint_s=j.checkpoint_s, share_json=share))
+                                    rotate_s=j.rotate_s, checkpoint_s=j.checkpoint_s, share_json=share, **linger))
     if (o := section.ocsf) is not None and o.file:
         from audit.ocsf import OcsfFileSink
 
-        sinks.append(OcsfFileSink(o.file))
+        sinks.append(OcsfFileSink(o.file, **linger))
     if (s := section.syslog) is not None:
         from audit.syslog import SyslogSink, ocsf_payload
         from audit.cef import format_cef
@@ -74,7 +79,7 @@ def build_audit(config: Mapping[str, Any] | AuditSection, registry: CollectorReg
             ctx = ssl.create_default_context(cafile=s.ca_file) if s.protocol == "tls" else None
             sinks.append(SyslogSink(s.host, s.port, s.protocol, ssl_context=ctx,
                                     formatter=format_cef if s.format == "cef" else ocsf_payload,
-                                    max_message_bytes=s.max_message_bytes))
+                                    max_message_bytes=s.max_message_bytes, **linger))
         except (ValueError, OSError) as exc:  # unreadable or invalid ca_file
             raise AuditConfigError(f"syslog: {exc}") from exc
     if (t := section.otlp) is not None and t.endpoint:

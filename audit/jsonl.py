@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -60,11 +61,6 @@ def _last_record(path: Path) -> dict[str, Any] | None:
                     last = json.loads(line)
     return last
 
-
-
-#: Bytes of the chain file's write buffer: a batch's records leave in one ``write`` (``send`` flushes at
-#: its end, so nothing stays in it after a send: the acknowledgement rules are unchanged).
-WRITE_BUFFER = 1 << 20
 
 
 class JsonlChainSink:
@@ -145,22 +141,36 @@ class JsonlChainSink:
                 self._ticker = asyncio.get_running_loop().create_task(self._tick())
 
     async def send(self, events: list[AuditEvent]) -> None:
-        """Append ``events`` as chained records. Raises SinkUnavailable on I/O errors."""
+        """Append ``events`` as chained records. Raises SinkUnavailable on I/O errors.
+
+        All or nothing (RV2-3): the batch's records, and the checkpoint it is due, leave in one
+        :meth:`_write`; if that fails, the file is cut back to its length before the send and the
+        chain state (sequence, head, size) restored, so the delivery loop's retry of the batch writes
+        each record once. A failure after the batch is on disk (rotation) never fails the send."""
         if self._fh is None:
             await self.open()
+        mark = self._mark()
         try:
             keep = self.share_json
-            for ev in events:
-                self._append_event(shared_json(ev, keep))
-            assert self._fh is not None
-            self._fh.flush()
+            lines = [self._event_line(shared_json(ev, keep)) for ev in events]
             now = time.time()
-            if self._size >= self._rotate_bytes or now - self._opened_at >= self._rotate_s:
-                self.rotate()
-            elif now - self._last_checkpoint_at >= self._checkpoint_s:
-                self.checkpoint(background_fsync=True)
+            rotate = self._size >= self._rotate_bytes or now - self._opened_at >= self._rotate_s
+            body = None
+            if rotate or now - self._last_checkpoint_at >= self._checkpoint_s:
+                body = self._checkpoint_body()
+                lines.append(self._line("checkpoint", body))
+            self._write(b"".join(lines), mark)
         except OSError as exc:
             raise SinkUnavailable(f"jsonl write: {exc}") from exc
+        if body is None:
+            return
+        try:  # the records are written: what is left must not make the delivery loop send them again
+            self._checkpointed(body, background_fsync=not rotate)
+            if rotate:
+                self._next_file()
+        except OSError as exc:
+            log.error("audit jsonl: after a written batch: %s (the next send reopens the chain)", exc)
+            self._drop_file()
 
     def checkpoint(self, background_fsync: bool = False) -> dict[str, Any]:
         """Write a signed checkpoint over the chain head now; returns its body.
@@ -170,22 +180,33 @@ class JsonlChainSink:
         more on a busy disk, every ``checkpoint_s``: a stall of every sink and of the pipe),
         and the checkpoint event is handed to ``on_checkpoint`` when it has returned, so the
         off-host copy still never names a head that is not on disk. Rotation and close keep
-        the synchronous ``fsync``."""
+        the synchronous ``fsync``. Raises ``OSError`` (the chain state then is as before the call)."""
         assert self._fh is not None and self._path is not None
-        body = sign_checkpoint(
+        mark = self._mark()
+        body = self._checkpoint_body()
+        self._write(self._line("checkpoint", body), mark)
+        self._checkpointed(body, background_fsync)
+        return body
+
+    def _checkpoint_body(self) -> dict[str, Any]:
+        """The signed body of a checkpoint over the current head (the next record's ``seq`` is its own)."""
+        assert self._path is not None
+        return sign_checkpoint(
             self._key,
             {"file": self._path.name, "head_seq": self._seq, "head": self._head, "time": iso_ms(now_ms())},
         )
-        self._append("checkpoint", body)
-        self._fh.flush()
+
+    def _checkpointed(self, body: dict[str, Any], background_fsync: bool) -> None:
+        """After a checkpoint record is written: the period restarts, fsync (in a thread or here),
+        then the checkpoint is forwarded (:meth:`_forward`)."""
+        assert self._fh is not None
         self._last_checkpoint_at = time.time()
         self._since_checkpoint = 0
         if self._fsync and background_fsync and self._fsync_in_thread(body):
-            return body
+            return
         if self._fsync:
             os.fsync(self._fh.fileno())
         self._forward(body)
-        return body
 
     def _forward(self, body: dict[str, Any]) -> None:
         if self.on_checkpoint is not None:
@@ -222,11 +243,23 @@ class JsonlChainSink:
 
     def rotate(self) -> None:
         """Checkpoint, close the current file and start the next one."""
-        assert self._path is not None
         self.checkpoint()
+        self._next_file()
+
+    def _next_file(self) -> None:
+        """Close the current file (its last record a checkpoint) and start the next one."""
+        assert self._path is not None
         previous = self._path.name
         self._close_file()
         self._start_file(previous)
+
+    def _drop_file(self) -> None:
+        """Let go of the current file after an error outside a batch's write: the next send's
+        :meth:`open` continues the chain from what is on disk, in a new file."""
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            with contextlib.suppress(OSError):
+                fh.close()
 
     async def close(self) -> None:
         """Final checkpoint and close (idempotent)."""
@@ -237,12 +270,13 @@ class JsonlChainSink:
             self._ticker = None
         if self._fsyncs:  # their checkpoints are forwarded before the final one
             await asyncio.gather(*list(self._fsyncs), return_exceptions=True)
-        if self._fh is None:
-            return
         try:
-            self.checkpoint()
+            if self._fh is not None:  # None: never opened, closed, or let go after an error (_drop_file)
+                try:
+                    self.checkpoint()
+                finally:
+                    self._close_file()
         finally:
-            self._close_file()
             lock = getattr(self, "_lock_fh", None)
             if lock is not None:
                 lock.close()  # releases the flock
@@ -262,42 +296,82 @@ class JsonlChainSink:
 
     def _start_file(self, predecessor: str | None) -> None:
         self._path = self.directory / file_name_for(self._seq + 1)
-        # one write per send, not one per 8 KiB (~8 records): send flushes at its end (session 13)
-        self._fh = open_append(self._path, buffering=WRITE_BUFFER)
-        self._size = self._fh.tell()
-        self._opened_at = time.time()
-        self._last_checkpoint_at = self._opened_at
-        self._append("header", {"file": self._path.name, "predecessor": predecessor, "created": iso_ms(now_ms())})
-        self._fh.flush()
+        # unbuffered: every write is one os.write of whole records (_write), nothing is left in a
+        # buffer after a failed one (RV2-3)
+        self._fh = open_append(self._path, buffering=0)
+        try:
+            self._size = os.fstat(self._fh.fileno()).st_size
+            self._opened_at = time.time()
+            self._last_checkpoint_at = self._opened_at
+            self._append("header", {"file": self._path.name, "predecessor": predecessor,
+                                    "created": iso_ms(now_ms())})
+        except OSError:
+            self._drop_file()  # a file without its header is never written to: open() starts it again
+            raise
 
     def _close_file(self) -> None:
         if self._fh is not None:
-            self._fh.flush()
             if self._fsync:
                 os.fsync(self._fh.fileno())
             self._fh.close()
         self._fh = None
 
-    def _append(self, rtype: str, body: dict[str, Any]) -> None:
+    def _mark(self) -> tuple[int, str, int, int]:
+        """The chain state a failed :meth:`_write` restores: (seq, head, size, records since checkpoint)."""
+        return self._seq, self._head, self._size, self._since_checkpoint
+
+    def _write(self, data: bytes, mark: tuple[int, str, int, int]) -> None:
+        """Write ``data`` (whole records) at the end of the file, all of it or none of it.
+
+        ``os.write`` may write part of ``data`` (a full disk); the rest is written in a loop.
+        On ``OSError`` the file is cut back to ``mark``'s size and the chain state restored
+        (a retry then writes the same records once, chained as before), and the error re-raised.
+        If the cut itself fails the file is let go (:meth:`_drop_file`): the next send reopens
+        the chain from what is on disk, in a new file.
+        """
         assert self._fh is not None
+        fd = self._fh.fileno()
+        view = memoryview(data)
+        done = 0
+        try:
+            while done < len(data):
+                n = os.write(fd, view[done:])
+                if n <= 0:
+                    raise OSError(errno.EIO, "audit jsonl: write returned 0")
+                done += n
+        except OSError:
+            self._seq, self._head, self._size, self._since_checkpoint = mark
+            try:
+                os.ftruncate(fd, mark[2])
+            except OSError as exc:
+                log.error("audit jsonl: cannot cut back a failed write (%s): the chain continues in a new file", exc)
+                self._drop_file()
+            raise
+
+    def _line(self, rtype: str, body: dict[str, Any]) -> bytes:
+        """The next record (``rtype``, ``body``) as a line; the chain state moves past it."""
         self._seq += 1
         rec = make_record(self._seq, rtype, self._head, body)
         line = canonical_json(rec) + b"\n"
-        self._fh.write(line)
         self._size += len(line)
         self._head = rec["hash"]
         if rtype != "checkpoint":
             self._since_checkpoint += 1
+        return line
 
-    def _append_event(self, body_json: bytes) -> None:
-        """:meth:`_append` of an ``event`` record whose body is already canonical JSON
-        (the same bytes, one body encoding: :func:`audit.chain.encode_record`)."""
-        assert self._fh is not None
+    def _append(self, rtype: str, body: dict[str, Any]) -> None:
+        """Write one record now (all or nothing, :meth:`_write`)."""
+        mark = self._mark()
+        self._write(self._line(rtype, body), mark)
+
+    def _event_line(self, body_json: bytes) -> bytes:
+        """The next ``event`` record whose body is already canonical JSON, as a line (the same
+        bytes, one body encoding: :func:`audit.chain.encode_record`); the chain state moves past it."""
         self._seq += 1
         line, self._head = encode_record(self._seq, "event", self._head, body_json)
-        self._fh.write(line)
         self._size += len(line)
         self._since_checkpoint += 1
+        return line
 
     async def _tick(self) -> None:
         interval = max(self._checkpoint_s / 4, 0.05)

@@ -119,6 +119,25 @@ _STAGE_HEAD_LIST = [_STAGE_HEADS[name] for name, _kind in STAGES]
 
 
 _ZERO_ID = bytes(8)
+#: per length of the parent part (``trace_state`` field + ``parent_span_id`` field): each stage's
+#: (``struct`` pack of a whole ``ScopeSpans.spans`` field of a child, its constant head up to the trace
+#: id, the stage's name and kind fields); the same bytes as ``len_field(b"\x12", head + id + parent +
+#: stage + times + tail)``
+_CHILD_PACKS: dict[int, list[tuple[Callable[..., bytes], bytes, bytes]]] = {}
+
+
+def _child_packs(parent_len: int) -> list[tuple[Callable[..., bytes], bytes, bytes]]:
+    packs = []
+    for stage in _STAGE_HEAD_LIST:
+        body = 2 + 16 + 2 + 8 + parent_len + len(stage) + 18 + len(_CHILD_TAIL)
+        pre = b"\x12" + varint(body) + b"\x0a\x10"
+        # pre, trace id, span_id tag, span id, parent, stage, start (tag, fixed64), end (tag, fixed64), tail
+        fmt = f"<{len(pre)}s16s2s8s{parent_len}s{len(stage)}sBQBQ{len(_CHILD_TAIL)}s"
+        packs.append((struct.Struct(fmt).pack, pre, stage))
+    if len(_CHILD_PACKS) >= 64:  # pragma: no cover - one entry per distinct trace_state length
+        _CHILD_PACKS.clear()
+    _CHILD_PACKS[parent_len] = packs
+    return packs
 
 
 def _six_ids() -> list[bytes]:
@@ -167,14 +186,14 @@ def row_span_bytes(row: Sequence[Any], extra: Sequence[Any],
             parent = len_field(b"\x1a", state.encode()) + b"\x22\x08" + span_id.to_bytes(8, "big")
         else:
             parent = b"\x22\x08" + span_id.to_bytes(8, "big")
-        head = b"\x0a\x10" + tid + b"\x12\x08"
         ids = _six_ids() if new_span_id is random_span_id else [new_span_id().to_bytes(8, "big") for _ in range(6)]
-        for k in range(6):
+        packs = _CHILD_PACKS.get(len(parent)) or _child_packs(len(parent))
+        for k in range(6):  # each child: one pack of its field tag and length, ids, name, kind, times (session 14)
             a, b = marks[k], marks[k + 1]
             if not a or not b:  # a zero time is left out of the message: the general encoder
                 raise NotPlain("time")
-            out.append(len_field(b"\x12", b"".join((head, ids[k], parent, _STAGE_HEAD_LIST[k],
-                                                    _pack_times(0x39, a, 0x41, b), _CHILD_TAIL))))
+            pack, pre, stage = packs[k]
+            out.append(pack(pre, tid, b"\x12\x08", ids[k], parent, stage, 0x39, a, 0x41, b, _CHILD_TAIL))
         children = None
     else:
         children, end = stage_children(start_ns, stamps)

@@ -34,6 +34,13 @@ from audit.span_request import expand_request_record
 
 __all__ = ["WorkerSpans"]
 
+#: Spans per OTLP POST of the worker's sender (session 14, issue 14; the SDK's batch processor and
+#: :class:`audit.span_post.SpanPoster` default to 512): a request has 7 spans, so at 2,000 requests/s
+#: 512 is ~27 POSTs a second, each an HTTP exchange in this process and in the collector; 2048 is ~7,
+#: of ~300 KB each (the OpenTelemetry Collector's OTLP/HTTP receiver takes request bodies up to 20 MiB by
+#: default). A partial batch still leaves every ``flush_interval_s`` (0.5 s).
+WORKER_SPAN_BATCH = 2048
+
 log = logging.getLogger("prefixgate.audit.worker")
 
 
@@ -76,7 +83,7 @@ class WorkerSpans:
         except ValueError as exc:  # as the exporter child did: no export, every span dropped and counted
             log.error("audit worker: span export off: %s", exc)
             return
-        self.poster = SpanPoster(resource, settings, self._drop)
+        self.poster = SpanPoster(resource, settings, self._drop, max_batch=WORKER_SPAN_BATCH)
         self.poster.start()
 
     def _drop(self, n: int, reason: str) -> None:

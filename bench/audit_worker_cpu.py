@@ -11,7 +11,7 @@ repetitions) of each stage the worker runs, in isolation:
 * ``scrub_event``: :func:`audit.scrub.scrub_event`
 * ``to_dict``: :meth:`AuditEvent.to_dict`
 * ``jsonl_record``: ``to_json`` + :func:`audit.chain.encode_record` (the JSONL sink's
-  ``_append_event``; sha256 inside ``encode_record``)
+  ``_event_line``; sha256 inside ``encode_record``)
 * ``ocsf``: :func:`audit.ocsf.to_ocsf` + ``orjson.dumps`` (OCSF file sink)
 * ``syslog_cef``: :func:`audit.cef.format_cef` + :func:`audit.syslog.format_rfc5424`
   + octet-counted framing (syslog sink)
