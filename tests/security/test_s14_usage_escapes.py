@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from gateway.sse import SseScanner
 from gateway.usage_privacy import event_for_drop, may_name_cached, plain_without_cached, usage_without_cached
-from tests.support.fake_replicas import base_app, completion, n_replicas, serving  # noqa: F401 - fixture
+from tests.support.fake_replicas import base_app, completion, serving
 
 ESC_USAGE = b'{"prompt_tokens":5,"prompt_tokens_details":{"cached\\u005ftokens":3}}'
 #: (a): the real usage escaped, a nested usage copy in vLLM's compact shape before it
@@ -224,6 +224,12 @@ def _app(fake: Fake) -> web.Application:
         await resp.write_eof()
         return resp
     return base_app(fake, completions)
+
+
+@pytest.fixture
+def n_replicas() -> int:
+    """The stack's simulated cluster is not used: one replica."""
+    return 1
 
 
 @pytest.fixture
