@@ -14,9 +14,12 @@ import pytest
 
 from gateway.flow_bytes import chain_bytes
 from tenancy.prefix import block_hash_chain
-from tests.support.flow import n_replicas, post, queued, replica_cfg, running  # noqa: F401 - stack fixtures
+from tests.support import flow as flow_support
+from tests.support.flow import post, queued, running
 from tests.support.waiting import wait_for
 
+n_replicas = flow_support.n_replicas  # the stack's fixtures: one slow replica
+replica_cfg = flow_support.replica_cfg
 PROMPT = " ".join(["a"] * 8190)
 _TENANT = {"spiffe_ids": ["spiffe://demo.prefixgate.test/tenant-a/"], "models": ["sim-model"], "pools": ["default"],
            "max_output_tokens": 4096, "max_prompt_tokens": 200_000}
