@@ -6,7 +6,7 @@
     prefixgate policy test [DIR]        compile a Rego directory (default: the shipped one) and run its tests
     prefixgate policy export DIR        copy the shipped policy into DIR (to edit it; then set policy.dir)
     prefixgate keys rotate-tenant ...   operator key operations against the state file
-    prefixgate config check --config F  validate a configuration file and print its warnings
+    prefixgate config check --config F  validate a configuration file (no secret, no network) and print its warnings
 
 Developer commands (simulated replicas, a demo trust domain, the main job)
 are ``prefixgate-sim`` (sim/cli.py): this CLI never imports the simulator.
@@ -121,11 +121,15 @@ def config() -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="YAML configuration file (docs/configuration.md).")
 def config_check(config_path: str) -> None:
-    """Validate the file as ``serve`` would (exit 1 on an error) and print, one line each, the
-    warnings ``serve`` logs at start about its tenants (``configuration:``, ``limits:``): entries that
-    cannot be served as written, tenants without a prompt-token limit, tenants with
-    ``usage_cached_tokens: pass`` sharing a pool (review R12b-6). Starts nothing, reads no secret."""
+    """Validate the file as ``serve`` would, of what needs no secret or network (exit 1 on an error):
+    the schema, the tenants, the salt-pool rule and the policy (``policy.dir`` loads and compiles;
+    ``policy.url`` set in remote mode; gateway/config_check.py, review RV2-7). Then print, one line
+    each, the warnings ``serve`` logs at start about its tenants (``configuration:``, ``limits:``):
+    entries that cannot be served as written, tenants without a prompt-token limit, tenants with
+    ``usage_cached_tokens: pass`` sharing a pool (review R12b-6). Starts nothing, reads no secret, asks
+    no server (the master secret, Redis, remote trust bundles and policy server are not checked)."""
     from gateway.config import ConfigError, load_config
+    from gateway.config_check import build_time_errors
     from gateway.config_tenancy import shared_pass_warnings
     from gateway.readiness import configuration_warnings, limit_warnings
     from tenancy.registry import TenantRegistry
@@ -135,6 +139,9 @@ def config_check(config_path: str) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     registry = TenantRegistry.from_config(cfg.tenancy.tenants, operators=cfg.tenancy.operators)
+    errors = build_time_errors(cfg, registry)
+    if errors:  # serve refuses the file for these (exit 1)
+        raise click.ClickException("; ".join(errors))
     lines = [f"configuration: {w}" for w in configuration_warnings(registry, cfg.replicas, frozenset(cfg.models))]
     lines += [f"configuration: {w}" for w in shared_pass_warnings(registry.tenants(), cfg.tenancy.usage_cached_tokens)]
     lines += [f"limits: {w}" for w in limit_warnings(registry)]

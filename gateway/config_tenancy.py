@@ -68,21 +68,29 @@ def shared_pass_warnings(tenants: Iterable[Any], default: str) -> list[str]:
     prime+probe on the shared KV cache and read those tenants' uncached prompt lengths, whatever their
     own setting: the risk of ``pass`` is theirs, not the passing tenant's. Logged at start with the
     ``configuration:`` lines and printed by ``prefixgate config check``; never fatal (the operator chose
-    ``pass``). ``tenants``: :class:`tenancy.tenant.Tenant` (``id``, ``pools``, ``usage_cached_tokens``)."""
+    ``pass``). ``tenants``: :class:`tenancy.tenant.Tenant` (``id``, ``pools``, ``usage_cached_tokens``).
+
+    A tenant with empty ``pools`` may be routed to every pool (:class:`routing.filters.TenantPoolFilter`):
+    it shares a pool with every other tenant (session 14, review RV2-4; before, it shared none)."""
     from gateway.usage_privacy import drops_cached
 
     listed = list(tenants)
+    everywhere = {t.id for t in listed if not t.pools}  # routed to every pool (RV2-4)
     in_pool: dict[str, set[str]] = {}
     for t in listed:
         for p in t.pools:
-            in_pool.setdefault(p, set()).add(t.id)
+            in_pool.setdefault(p, set(everywhere)).add(t.id)
     out: list[str] = []
     for t in listed:
         if drops_cached(t.usage_cached_tokens, default):
             continue
-        shared = sorted(p for p in t.pools if len(in_pool[p]) > 1)
-        if shared:
-            others = sorted(set().union(*(in_pool[p] for p in shared)) - {t.id})
+        if t.pools:
+            shared = sorted(p for p in t.pools if len(in_pool[p]) > 1)
+            others = sorted(set().union(*(in_pool[p] for p in shared)) - {t.id}) if shared else []
+        else:  # every pool: every other tenant is in one of them
+            others = sorted(u.id for u in listed if u.id != t.id)
+            shared = ["every pool (its pools is empty)"]
+        if others:
             out.append(f"tenant {t.id}: usage_cached_tokens is pass while pool(s) {', '.join(shared)} also serve "
                        f"tenant(s) {', '.join(others)}: it can measure their uncached prompt lengths through "
                        "cached_tokens (prime+probe on the shared KV cache, review R12-1); give pass only to a "

@@ -6,7 +6,8 @@ bytes, so the count would understate it; the bytes are exactly what is held and 
 :func:`gateway.proxy.open_upstream` sends); the per-tenant body budget
 (``limits.max_buffered_body_bytes_per_tenant``) counts a body only while it is being read, and
 ``flow.tenant_max_queued_requests`` bounds the count, not the bytes. :class:`QueuedBytes` sums, per
-tenant, the serialized upstream body's length of each request while it waits (taken when it is queued, given back when it
+tenant, the serialized upstream body's length and its chains' bytes (:func:`chain_bytes`, session 14,
+review RV2-6) of each request while it waits (taken when it is queued, given back when it
 leaves the queue however it leaves: released to a replica, refused, timed out, cancelled) against
 ``flow.tenant_max_queued_bytes``: a request that would pass it is refused with the 429 ``queue_full``
 of a full queue (:meth:`gateway.flow.FlowControl.release`). A tenant with nothing queued may always
@@ -17,6 +18,7 @@ Event-loop thread only (no locks).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -26,7 +28,7 @@ from gateway.json_fast import dumps
 if TYPE_CHECKING:
     from gateway.request import InferenceRequest
 
-__all__ = ["QueuedBytes", "queued_form", "with_salt"]
+__all__ = ["QueuedBytes", "chain_bytes", "queued_form", "with_salt"]
 
 
 def queued_form(req: InferenceRequest, body: dict[str, Any]) -> bytes:
@@ -48,6 +50,25 @@ def queued_form(req: InferenceRequest, body: dict[str, Any]) -> bytes:
     req.extra_text = ""
     req.forget_prompt_text()
     return data
+
+
+#: bytes one prefix-chain block holds besides its key's own bytes: a bytes object's header (33 B) and
+#: its slot in the chain's list (8 B), rounded up (review RV2-6; tracemalloc: 58 B per 16-byte key)
+_BLOCK_OVERHEAD = 48
+_CHAIN_OVERHEAD = 64  # a list's header
+
+
+def chain_bytes(current: Sequence[bytes], previous: Sequence[Sequence[bytes]] = ()) -> int:
+    """About the bytes a waiting request's prefix chains hold beside its body (session 14, review RV2-6):
+    ``current`` (the chain under the tenant's current key) and ``previous`` (chains under older keys in
+    their grace period), each ``len(key) + 48`` bytes per block plus 64 per chain; counted with the body
+    against ``flow.tenant_max_queued_bytes``. An upper bound of what tracemalloc measures (58 B a block
+    for the default 16-byte keys: 8,190 one-letter tokens hold ~30 kB of chain beside a 16 kB body)."""
+    n = 0
+    for chain in (current, *previous):
+        if chain:
+            n += len(chain) * (len(chain[0]) + _BLOCK_OVERHEAD) + _CHAIN_OVERHEAD
+    return n
 
 
 def with_salt(body: dict[str, Any] | bytes, salt: str) -> dict[str, Any] | bytes:

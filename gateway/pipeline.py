@@ -23,7 +23,7 @@ from gateway.build import Gateway
 from gateway.client_io import ClientGone, scope_loop, unless_client_leaves
 from gateway.body_budget import OWNER_SCOPE_KEY
 from gateway.errors import GatewayError
-from gateway.flow_bytes import queued_form, with_salt
+from gateway.flow_bytes import chain_bytes, queued_form, with_salt
 from gateway.held import Held
 from gateway.prefix_keys import ChainView, PrefixKeys
 from gateway.pipeline_answer import failure_error, plain_response, stream_response
@@ -218,7 +218,7 @@ class InferencePipeline:
                     body = queued_form(req, body)  # R12-2, R12b-3: it waits holding the bytes it sends, counted
                     rel = await unless_client_leaves(
                         request, gw.flow.release(tenant, route_req, ids, alt, deadline, slots, tried=True,
-                                                 body_bytes=len(body)))
+                                                 body_bytes=len(body) + chain_bytes(route_req.block_keys, alt)))
                 choice, held.ticket, rec.queue_wait_ms, rec.virtual_tokens = rel.as_record()
                 held.queue_wait_s = rel.queue_wait_s  # its metric: while the replica works (_prepare)
             else:

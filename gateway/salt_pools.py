@@ -39,13 +39,16 @@ def salt_pool_error(replicas: Iterable[_Replica], tenants: Iterable[_Tenant]) ->
 
     ``replicas``: objects with ``id``, ``pool``, ``cache_salt`` (:class:`gateway.replicas.Replica`
     or the configuration's replica entries); ``tenants``: objects with ``id`` and ``pools``
-    (:class:`tenancy.tenant.Tenant`). A salt-less replica whose pool more than one tenant lists
-    breaks it (replicas in configuration order)."""
+    (:class:`tenancy.tenant.Tenant`). A salt-less replica whose pool more than one tenant may be
+    routed to breaks it (replicas in configuration order). A tenant with empty ``pools`` may be routed
+    to every pool (:class:`routing.filters.TenantPoolFilter`, the router's own rule): it counts in
+    every pool here too (session 14, review RV2-4; before, it counted in none, so a salt-less replica
+    "shared" with a pool-less tenant passed)."""
     tenants = list(tenants)
     for r in replicas:
         if r.cache_salt:
             continue
-        users = sorted({t.id for t in tenants if r.pool in t.pools})
+        users = sorted({t.id for t in tenants if not t.pools or r.pool in t.pools})
         if len(users) > 1:
             return (f"replica {r.id} has cache_salt off but its pool {r.pool!r} serves several tenants "
                     f"({', '.join(users)}); a salt-less replica may only serve one tenant")

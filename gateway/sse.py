@@ -17,8 +17,15 @@ again without it, as ``data: {...}`` and a blank line
 keeps the true value for the gateway. Lines a client has no use for are not forwarded either (session
 13, review R12b-7): a field other than ``data``, ``event``, ``id`` and ``retry`` (which SSE clients
 ignore, raw readers do not: a replica could put a usage object there) and, with ``drop_cached``, a
-comment or field naming ``cached_tokens``: such an event goes out as its ``data`` lines alone, written
-again (``data: ...`` and a blank line), and one without ``data`` lines not at all. A tenant cannot
+comment or field naming ``cached`` (any case) or holding a ``\\u`` escape (a key spelt
+``"cached\\u005ftokens"``: session 14, review RV2-1): such an event goes out written again, its
+``event``/``id``/``retry`` lines that are kept, then its ``data`` lines (``data: ...``), then a blank
+line (session 14, RV2-5: the event type and id survive), and one without either not at all; an event
+whose usage is written again keeps its ``event``/``id``/``retry`` lines the same way. With
+``drop_cached``, a data event with a top-level ``usage`` whose bytes still name ``"cached_tokens"`` or
+hold a ``\\u`` escape once its usage is checked (a duplicated ``usage`` key whose first value holds the
+counter: the parse keeps the last, some clients the first) goes out written again from its parse
+(:func:`gateway.usage_privacy.event_for_drop`, RV2-1). A tenant cannot
 produce either (model output reaches the stream inside a JSON string of a ``data`` line, where a line
 break is escaped); only a replica can, and the replica is trusted with the answer, not with what the
 gateway promises tenants about ``cached_tokens``.
@@ -41,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import json_fast
-from gateway.usage_privacy import event_without_cached
+from gateway.usage_privacy import event_for_drop
 
 __all__ = ["DONE", "SseProtocolError", "SseScanner", "error_event"]
 
@@ -50,7 +57,14 @@ _EOL = re.compile(rb"\r\n|\r|\n")
 _BOM = b"\xef\xbb\xbf"
 #: the fields a client may use besides ``data`` (WHATWG §9.2.6); any other field line is not forwarded
 _PLAIN_FIELDS = frozenset((b"event", b"id", b"retry"))
-_CACHED = b"cached_tokens"
+_CACHED = b"cached"  # any case: a line is lowered first (RV2-1)
+_ESCAPE = b"\\u"  # a JSON escape: the line's bytes need not spell its keys (RV2-1)
+
+
+def _names_counter(line: bytes) -> bool:
+    """Whether a non-data line may carry ``cached_tokens`` to a raw reader: it holds ``cached`` in any
+    case or a ``\\u`` escape (review RV2-1; such lines are rare: keep-alives and event ids do not)."""
+    return _CACHED in line.lower() or _ESCAPE in line
 
 
 class SseProtocolError(Exception):
@@ -90,7 +104,9 @@ class SseScanner:
     _cr_end: bool = False  # the last byte read was a CR that ended a line: an LF next belongs to it
     _cr_dispatched: int = 0  # that CR ended an event: 1 kept (forward the LF), 2 dropped (drop it)
     _started: bool = False
+    _special: bool = False  # the current event holds a field line other than data, or a withheld line
     _withhold: bool = False  # the current event holds a line that is not forwarded (module doc, R12b-7)
+    _fields: list[bytes] = field(default_factory=list)  # its event/id/retry lines kept (RV2-5)
 
     def feed(self, chunk: bytes) -> bytes:
         """Consume ``chunk``; return the complete events to forward (possibly b""), unchanged.
@@ -175,10 +191,10 @@ class SseScanner:
                     name, sep, value = line.partition(b":")
                     if name == b"data":
                         self._data.append(value[1:] if sep and value[:1] == b" " else value)
-                    elif name not in _PLAIN_FIELDS or (self.drop_cached and _CACHED in value):
-                        self._withhold = True
-                elif self.drop_cached and _CACHED in line:
-                    self._withhold = True
+                    else:
+                        self._other(name, line)
+                elif self.drop_cached and _names_counter(line):
+                    self._special = self._withhold = True
                 continue
             try:
                 keep = self._dispatch()
@@ -208,23 +224,32 @@ class SseScanner:
 
     def _field(self, line: bytes) -> None:
         if line[:1] == b":":  # comment
-            if self.drop_cached and _CACHED in line:
-                self._withhold = True
+            if self.drop_cached and _names_counter(line):
+                self._special = self._withhold = True
             return
         name, sep, value = line.partition(b":")
         if sep and value[:1] == b" ":
             value = value[1:]
         if name == b"data":
             self._data.append(value)
-        elif name not in _PLAIN_FIELDS or (self.drop_cached and _CACHED in value):
+        else:
+            self._other(name, line)
+
+    def _other(self, name: bytes, line: bytes) -> None:
+        """A field line other than ``data`` (``name``: its field name): kept for the event's dispatch when
+        it is ``event``/``id``/``retry`` and does not name the counter (``drop_cached``), else withheld."""
+        self._special = True
+        if name in _PLAIN_FIELDS and not (self.drop_cached and _names_counter(line)):
+            self._fields.append(line)
+        else:
             self._withhold = True
 
     def _dispatch(self) -> bool | bytes:
         """End of an event: check it; return whether to forward it (True: as received), or the
         bytes to forward instead (its usage without ``cached_tokens``: ``drop_cached``; its data lines
         alone: a withheld line, module doc)."""
-        if self._withhold:
-            return self._dispatch_withheld()
+        if self._special:
+            return self._dispatch_special()
         if not self._data:
             return True  # comments / retry / id / event lines only
         payload = b"\n".join(self._data)
@@ -249,28 +274,38 @@ class SseScanner:
             self.usage = usage
             if not choices and not self.keep_usage_chunk:
                 return False
-            if self.drop_cached:
-                rewritten = event_without_cached(obj, usage)
-                if rewritten is not None:
-                    if isinstance(choices, list):
-                        self.output_tokens += sum(1 for c in choices if _has_output(c))
-                    return rewritten
+        if self.drop_cached and (usage is not None or "usage" in obj):
+            rewritten = event_for_drop(payload, obj, usage)  # R12-1; RV2-1: a duplicated / escaped key
+            if rewritten is not None:
+                if isinstance(choices, list):
+                    self.output_tokens += sum(1 for c in choices if _has_output(c))
+                return rewritten
         if isinstance(choices, list):
             self.output_tokens += sum(1 for c in choices if _has_output(c))
         return True
 
-    def _dispatch_withheld(self) -> bool | bytes:
-        """:meth:`_dispatch` of an event holding a line that is not forwarded (review R12b-7): False
-        (nothing forwarded) without ``data`` lines, else its data lines alone (``data: ...`` each, then a
-        blank line; the same data for a client) or what :meth:`_dispatch` writes instead."""
-        self._withhold = False
-        lines = self._data
+    def _dispatch_special(self) -> bool | bytes:
+        """:meth:`_dispatch` of an event holding a field line other than ``data`` or a withheld line
+        (review R12b-7): as received when nothing is withheld and its data is not written again; else its
+        kept ``event``/``id``/``retry`` lines (RV2-5) before its data lines (``data: ...`` each, the same
+        data for a client) or what :meth:`_dispatch` writes instead, then a blank line; False (nothing
+        forwarded) when neither is left."""
+        withheld, fields, lines = self._withhold, self._fields, self._data
+        self._special = self._withhold = False
+        if fields:
+            self._fields = []
         if not lines:
-            return False
+            if not withheld:
+                return True  # comments / retry / id / event lines only
+            return b"".join([f + b"\n" for f in fields]) + b"\n" if fields else False
         keep = self._dispatch()
         if keep is True:
-            return b"".join([b"data: " + d + b"\n" for d in lines]) + b"\n"
-        return keep
+            if not withheld:
+                return True
+            keep = b"".join([b"data: " + d + b"\n" for d in lines]) + b"\n"
+        elif keep is False or not fields:
+            return keep
+        return b"".join([f + b"\n" for f in fields]) + keep
 
 
 def _has_output(choice: Any) -> bool:

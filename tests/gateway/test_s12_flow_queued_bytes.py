@@ -12,9 +12,10 @@ from gateway.flow_bytes import QueuedBytes
 from tests.support.flow import n_replicas, queued, replica_cfg, running  # noqa: F401 - stack fixtures
 from tests.support.waiting import wait_for
 
-#: a ~8 kB prompt (800 words): each queued body is ~7.3 kB
+#: a ~8 kB prompt (800 words): each queued body is ~7.3 kB, counted ~10.5 kB with its prefix chain
+#: (session 14, review RV2-6: gateway/flow_bytes.py chain_bytes)
 BIG = " ".join(f"word{i:04d}" for i in range(800))
-BOUND = 25_000  # three such bodies (~7.3 kB each) fit, a fourth does not
+BOUND = 36_000  # three such requests (~10.5 kB each) fit, a fourth does not
 
 
 def test_queued_bytes_take_and_give_back() -> None:

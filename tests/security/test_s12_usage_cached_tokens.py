@@ -116,7 +116,8 @@ def test_setting_per_tenant_with_a_global_default() -> None:
     b'{"usage":{"prompt_tokens":5,"prompt_tokens_details":{"audio_tokens":0,"cached_tokens":3}}}',
     # a key written with an escape cannot be located: the whole answer is written again
     b'{"choices":[],"us\\u0061ge":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens": 3}}}',
-    # the compact shape with an escaped usage key: the details' bytes alone are cut
+    # the compact shape with an escaped usage key: written again whole too (session 14, RV2-1: with an
+    # escape in the bytes, the byte guards cannot tell which object a client reads)
     b'{"choices":[],"us\\u0061ge":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":3}}}',
     # a later object named usage with other figures (top_logprobs keys are token texts)
     b'{"usage":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":3}},"x":{"usage":{"a":1}}}',
@@ -133,7 +134,7 @@ def test_plain_answer_loses_only_the_counter(data: bytes) -> None:
         usage = {k: rest if k == "prompt_tokens_details" else v for k, v in obj["usage"].items()}
     expected["usage"] = usage
     assert back == expected
-    if b'{"cached_tokens":3}' in data and b'"x"' not in data:  # vLLM's compact shape: only its bytes cut
+    if b'{"cached_tokens":3}' in data and b'"x"' not in data and b"\\u" not in data:  # vLLM's shape: cut
         assert out == data.replace(b',"prompt_tokens_details":{"cached_tokens":3}', b"")
     elif data.startswith(b'{"id"') or b"audio" in data:  # located: the bytes before the usage object are kept
         assert out.startswith(data[:data.rindex(b'"usage"')])
