@@ -134,7 +134,7 @@ class Admission:
             raise too_many(exc.retry_after_s, "concurrency_limited",
                            "tenant concurrent request limit reached") from None
 
-    def slot_claim(self, tenant: Tenant, lease: Lease) -> SlotClaim:
+    def slot_claim(self, tenant: Tenant, lease: Lease | SharedLease) -> SlotClaim:
         """The slots ``lease`` (admitted with ``slot=False``) takes when flow control releases it (gateway/flow.py)."""
         return SlotClaim(self, tenant, lease)
 
@@ -368,7 +368,7 @@ class SlotClaim:
 
     __slots__ = ("_adm", "tenant", "lease")
 
-    def __init__(self, admission: Admission, tenant: Tenant, lease: Lease) -> None:
+    def __init__(self, admission: Admission, tenant: Tenant, lease: Lease | SharedLease) -> None:
         self._adm = admission
         self.tenant = tenant
         self.lease = lease
@@ -383,16 +383,16 @@ class SlotClaim:
         adm = self._adm
         if adm.local:
             try:
-                adm.limiter.take_slots(self.tenant, self.lease, n)
+                adm.limiter.take_slots(self.tenant, self.lease, n)  # type: ignore[arg-type]
             except ConcurrencyLimited:
                 return False
             return True
-        return adm.limiter.take_slots_now(self.tenant, self.lease, n)
+        return adm.limiter.take_slots_now(self.tenant, self.lease, n)  # type: ignore[union-attr]
 
     async def take(self, n: int) -> bool:
         """Take ``n`` slots through the shared limiter (see class doc)."""
         try:
-            await self._adm.limiter.take_slots(self.tenant, self.lease, n)
+            await self._adm.limiter.take_slots(self.tenant, self.lease, n)  # type: ignore[misc,arg-type]
         except ConcurrencyLimited:
             return False
         except StateUnavailable as exc:

@@ -96,7 +96,7 @@ class OverloadGuard:
         if why == "in_flight":
             return [f"overloaded: {self.in_flight} requests in flight (bound {self.max_in_flight})"]
         if why == "loop_lag":
-            return [f"overloaded: event loop lag {self.lag_s * 1000:.0f} ms (bound {self.max_lag_s * 1000:.0f} ms)"]
+            return [f"overloaded: event loop lag {self.lag_s * 1000:.0f} ms (bound {self.max_lag_s * 1000:.0f} ms)"]  # type: ignore[operator]
         return []
 
     async def _probe(self) -> None:

@@ -246,7 +246,7 @@ class PolicyEnforcementPoint:
             if key is None:  # no cache, or a mistyped fact: the built document's validation decides
                 decision = await dp.decide(build())
             else:  # the miss get() just counted: the document is built now
-                decision = await dp.decide_missed(key, build)
+                decision = await dp.decide_missed(key, build)  # type: ignore[attr-defined]
         except PolicyError:
             raise GatewayError(503, "policy_unavailable", "the policy decision point is unavailable") from None
         self.metrics.policy_cache.labels("hit" if decision.cached else "miss").inc()

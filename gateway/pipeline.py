@@ -207,10 +207,10 @@ class InferencePipeline:
             rec.attempts += 1
             if gw.flow is not None and rec.attempts == 1:  # the tenant's fair turn and a replica with room
                 ids, alt = [r.id for r in remaining], chains.previous_chains()
-                slots = gw.admission.slot_claim(tenant, held.lease)
+                slots = gw.admission.slot_claim(tenant, held.lease)  # type: ignore[arg-type]
                 rel = gw.flow.release_now(tenant, route_req, ids, alt, slots)  # nothing queued, room now: no wait
                 if rel is None:  # retries do not wait
-                    body = queued_form(req, body)  # R12-2, R12b-3: it waits holding the bytes it sends, counted
+                    body = queued_form(req, body)  # type: ignore[arg-type]  # R12-2, R12b-3: it waits holding the bytes it sends, counted
                     rel = await unless_client_leaves(
                         request, gw.flow.release(tenant, route_req, ids, alt, deadline, slots, tried=True,
                                                  body_bytes=len(body)))

