@@ -109,7 +109,7 @@ async def run(requests: int, work: Path, name: str) -> dict[str, Any]:
         (work / "gw.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
         port, hdr = doc["listen"]["port"], {"Content-Type": "application/json", **auth}
         proc = subprocess.Popen([sys.executable, "-m", "bench.hot_modules", "--child", str(out), str(work / "gw.yaml")],
-                                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=(work / "gw.err").open("wb"))
         try:
             base = f"http://127.0.0.1:{port}"
             await wait_for_url(base + "/readyz", timeout_s=60.0)
