@@ -134,7 +134,7 @@ class Admission:
             raise too_many(exc.retry_after_s, "concurrency_limited",
                            "tenant concurrent request limit reached") from None
 
-    def slot_claim(self, tenant: Tenant, lease: Lease) -> SlotClaim:
+    def slot_claim(self, tenant: Tenant, lease: Lease | SharedLease) -> SlotClaim:
         """The slots ``lease`` (admitted with ``slot=False``) takes when flow control releases it (gateway/flow.py)."""
         return SlotClaim(self, tenant, lease)
 
@@ -366,7 +366,7 @@ class SlotClaim:
 
     __slots__ = ("_adm", "tenant", "lease")
 
-    def __init__(self, admission: Admission, tenant: Tenant, lease: Lease) -> None:
+    def __init__(self, admission: Admission, tenant: Tenant, lease: Lease | SharedLease) -> None:
         self._adm = admission
         self.tenant = tenant
         self.lease = lease

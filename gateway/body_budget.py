@@ -21,13 +21,16 @@ are not counted: they are not held.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 __all__ = ["BodyBudget", "OWNER_SCOPE_KEY", "owner_of"]
 
 #: ASGI scope key under which the pipeline names the request's tenant before reading its body
 OWNER_SCOPE_KEY = "prefixgate.body_owner"
 
 
-def owner_of(scope: dict, source: str) -> str:
+def owner_of(scope: Mapping[str, Any], source: str) -> str:
     """The budget share a body part of this request is taken from: ``tenant:<id>`` once the
     pipeline named the tenant in ``scope``, else ``source:<address>``."""
     tenant = scope.get(OWNER_SCOPE_KEY)

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
 from gateway.admission import too_many
 from gateway.answer_cost import ParseTurns, UnsentAnswers
@@ -177,7 +177,7 @@ class CpuMeter:
     GAP_S = 20e-6  # wall seconds between steps up to which the gap stays inside the span
     #: a span no longer than this in wall seconds (no await inside) is charged its wall time, which bounds
     #: its CPU from above, instead of a second thread-CPU read (session 11: one system call per request)
-    WALL_EXACT_S = 200e-6
+    WALL_EXACT_S: ClassVar[float] = 200e-6
 
     def __init__(self, budget: CpuBudget | None, tenant: Tenant | None) -> None:
         self.budget = budget

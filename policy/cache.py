@@ -91,7 +91,7 @@ def _freeze(value: Any) -> Any:
 
 
 def _compile_fields(fields: Sequence[str]) -> list[tuple[tuple[str, ...], tuple[str, ...] | None]]:
-    compiled = []
+    compiled: list[tuple[tuple[str, ...], tuple[str, ...] | None]] = []
     for f in fields:
         if "[]." in f:
             head, tail = f.split("[].", 1)
