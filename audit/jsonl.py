@@ -146,19 +146,26 @@ class JsonlChainSink:
         All or nothing (RV2-3): the batch's records, and the checkpoint it is due, leave in one
         :meth:`_write`; if that fails, the file is cut back to its length before the send and the
         chain state (sequence, head, size) restored, so the delivery loop's retry of the batch writes
-        each record once. A failure after the batch is on disk (rotation) never fails the send."""
+        each record once. A failure while the lines are built (before anything is written) restores
+        the chain state too and propagates as it is (review R14-1: the next batch would otherwise
+        chain off records that were never written). A failure after the batch is on disk (rotation)
+        never fails the send."""
         if self._fh is None:
             await self.open()
         mark = self._mark()
         try:
             keep = self.share_json
-            lines = [self._event_line(shared_json(ev, keep)) for ev in events]
-            now = time.time()
-            rotate = self._size >= self._rotate_bytes or now - self._opened_at >= self._rotate_s
-            body = None
-            if rotate or now - self._last_checkpoint_at >= self._checkpoint_s:
-                body = self._checkpoint_body()
-                lines.append(self._line("checkpoint", body))
+            try:  # building a line advances the chain state: a failure here (an encoder bug) puts it back
+                lines = [self._event_line(shared_json(ev, keep)) for ev in events]
+                now = time.time()
+                rotate = self._size >= self._rotate_bytes or now - self._opened_at >= self._rotate_s
+                body = None
+                if rotate or now - self._last_checkpoint_at >= self._checkpoint_s:
+                    body = self._checkpoint_body()
+                    lines.append(self._line("checkpoint", body))
+            except BaseException:
+                self._seq, self._head, self._size, self._since_checkpoint = mark
+                raise
             self._write(b"".join(lines), mark)
         except OSError as exc:
             raise SinkUnavailable(f"jsonl write: {exc}") from exc

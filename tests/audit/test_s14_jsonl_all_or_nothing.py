@@ -168,3 +168,35 @@ async def test_close_after_the_file_was_let_go_releases_the_directory(tmp_path: 
     ids = [r["body"]["request_id"] for r in _records(tmp_path / "log") if r["type"] == "event"]
     assert ids == [f"r{i}" for i in range(10)]
     assert verify_files([tmp_path / "log"], key.public_key()).ok
+
+
+async def test_a_line_that_fails_to_build_leaves_the_chain_as_it_was(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review R14-1: an error while a batch's lines are built (an encoder bug, not an OSError) writes
+    nothing and puts the chain state back: the next batch chains off the last record on disk."""
+    import audit.jsonl as jsonl_module
+
+    key = Ed25519PrivateKey.generate()
+    sink = JsonlChainSink(tmp_path / "log", key, checkpoint_s=3600, fsync=False)
+    await sink.open()
+    await sink.send(_events(3, 0))
+    real = jsonl_module.shared_json
+    calls = [0]
+
+    def failing_second(ev: AuditEvent, keep: bool) -> bytes:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise TypeError("injected encoder bug")
+        return real(ev, keep)
+
+    monkeypatch.setattr(jsonl_module, "shared_json", failing_second)
+    with pytest.raises(TypeError):
+        await sink.send(_events(2, 3))
+    monkeypatch.setattr(jsonl_module, "shared_json", real)
+    await sink.send(_events(2, 5))
+    await sink.close()
+    records = [r for r in _records(tmp_path / "log") if r["type"] == "event"]
+    assert [r["body"]["request_id"] for r in records] == ["r0", "r1", "r2", "r5", "r6"]
+    assert [r["seq"] for r in records] == sorted(r["seq"] for r in records)
+    report = verify_files([tmp_path / "log"], key.public_key())
+    assert report.ok, report.problems
