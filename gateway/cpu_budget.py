@@ -97,7 +97,8 @@ class CpuBudget:
         #: spans up to this many wall seconds are charged their wall time (:attr:`CpuMeter.WALL_EXACT_S`; -1: never)
         self.wall_exact_s = CpuMeter.WALL_EXACT_S if wall_bounds_cpu else -1.0
         self.metrics = metrics
-        self._buckets: dict[str, TokenBucket] = {}
+        #: tenant id -> its CPU bucket; a tenant never charged has none (read by :class:`CpuMeter` to skip its check)
+        self.buckets: dict[str, TokenBucket] = {}
 
     def _rate_burst(self, tenant: Tenant) -> tuple[float, float] | None:
         """``tenant``'s (rate CPU-s/s, burst CPU-s), or ``None`` (no budget)."""
@@ -111,14 +112,14 @@ class CpuBudget:
         """Raise 429 ``cpu_budget_exhausted`` (``Retry-After``: seconds until the bucket is out
         of debt, at least 1) when ``tenant``'s bucket is in debt; else return. A tenant never
         charged has no bucket yet (a full one): a dictionary miss, the common case."""
-        b = self._buckets.get(tenant.id)
+        b = self.buckets.get(tenant.id)
         if b is None:
             return
         wait = b.try_take(0.0, self.clock(), allow_debt=True, need=0.0)  # takes nothing; 0.0: level >= 0
         if wait > 0:
             rb = self._rate_burst(tenant)  # a registry reload may have lifted or changed the budget
             if rb is None:
-                del self._buckets[tenant.id]
+                del self.buckets[tenant.id]
                 return
             if (b.rate, b.burst) != rb:
                 b.reconfigure(*rb, self.clock())
@@ -133,9 +134,9 @@ class CpuBudget:
         if rb is None or cpu_s <= 0:
             return
         now = self.clock()
-        b = self._buckets.get(tenant.id)
+        b = self.buckets.get(tenant.id)
         if b is None:
-            b = self._buckets[tenant.id] = TokenBucket(*rb, now)
+            b = self.buckets[tenant.id] = TokenBucket(*rb, now)
         elif (b.rate, b.burst) != rb:  # a registry reload changed it
             b.reconfigure(*rb, now)
         b.try_take(cpu_s, now, allow_debt=True, need=-math.inf)  # always taken: debt allowed
@@ -146,7 +147,7 @@ class CpuBudget:
         """:meth:`check` ``tenant`` (429 when in debt) and its unsent answer bytes (429
         ``unsent_answers_limited``, :class:`gateway.answer_cost.UnsentAnswers`, session 11), then a
         :class:`CpuMeter` for one of its requests."""
-        if tenant.id in self._buckets:  # a tenant never charged has no bucket: no check call (session 14)
+        if tenant.id in self.buckets:  # a tenant never charged has no bucket: no check call (session 14)
             self.check(tenant)
         self.unsent.check(tenant)
         return CpuMeter(self, tenant)
@@ -226,7 +227,7 @@ class CpuMeter:
             if not self.rechecked:  # (an open span means a step ran already: checked then)
                 self.rechecked = True
                 assert self.tenant is not None
-                if self.tenant.id in budget._buckets:  # never charged: nothing to check (session 14)
+                if self.tenant.id in budget.buckets:  # never charged: nothing to check (session 14)
                     budget.check(self.tenant)
             self._w0 = budget.wall_clock()
             self._t0 = budget.cpu_clock()

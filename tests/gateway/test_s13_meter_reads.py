@@ -46,7 +46,7 @@ def test_a_long_request_is_charged_its_cpu_beyond_the_allowance_with_two_reads()
     assert c.cpu_reads == 2
     m.settle(True, 0)
     assert c.cpu_reads == 2
-    assert b._buckets["t"].level == pytest.approx(1.0 - (0.006003 - 0.001))
+    assert b.buckets["t"].level == pytest.approx(1.0 - (0.006003 - 0.001))
 
 
 def test_a_short_request_reads_once_and_a_raising_last_step_is_charged() -> None:
@@ -58,7 +58,7 @@ def test_a_short_request_reads_once_and_a_raising_last_step_is_charged() -> None
         m.run(c.fail, 0.00003)
     assert c.cpu_reads == 1
     m.settle(False, 0)  # never dispatched: all of it
-    assert b._buckets["t"].level == pytest.approx(1.0 - 0.00008)
+    assert b.buckets["t"].level == pytest.approx(1.0 - 0.00008)
 
 
 def test_the_charge_bounds_a_costly_request_on_the_real_clocks() -> None:
@@ -69,6 +69,6 @@ def test_the_charge_bounds_a_costly_request_on_the_real_clocks() -> None:
     m.run(sum, range(300_000))
     c1 = time.thread_time()
     m.refused()
-    charged = 100.0 - b._buckets["t"].level
+    charged = 100.0 - b.buckets["t"].level
     assert (c1 - c0) - 1e-3 <= charged <= (c1 - c0) + 1e-6  # its steps' CPU, within the meter's own work
     assert charged > 2 * CpuMeter.WALL_EXACT_S

@@ -90,12 +90,12 @@ def test_settle_charges_undispatched_in_full_and_dispatched_beyond_the_allowance
     m = b.meter(t)
     m.run(step, 5.0)
     m.settle(True, 1000)  # allowance 1 + 5 = 6 ms > 5 ms: nothing charged, no bucket
-    assert b._buckets == {}
+    assert b.buckets == {}
     m = b.meter(t)
     m.run(step, 9.0)
     m.settle(True, 200)  # allowance 2 ms: 7 ms charged (10 -> 3 ms)
     m.settle(False, 200)  # once
-    assert b._buckets["t"].level == pytest.approx(0.003)
+    assert b.buckets["t"].level == pytest.approx(0.003)
     m = b.meter(t)
     m.run(step, 4.0)
     m.settle(False, 10_000)  # not dispatched: all 4 ms, whatever its tokens -> debt
@@ -107,7 +107,7 @@ def test_settle_charges_undispatched_in_full_and_dispatched_beyond_the_allowance
     m.run(step, 3.0)
     m.refused()
     m.settle(False, 0)  # refused() charged it already
-    assert b._buckets["t"].level == pytest.approx(0.01 - 0.003)
+    assert b.buckets["t"].level == pytest.approx(0.01 - 0.003)
 
 
 # ------------------------------------------------------------------ on the wire
@@ -147,7 +147,7 @@ async def test_accepted_request_pays_preparation_beyond_its_allowance(stack: Any
     junk = _chat(junk=[_nest(30)] * 2000)  # R6-1's body: ~62,000 ignored values, accepted
     r = await stack.client.post("/v1/chat/completions", json=junk, headers=stack.auth("tenant-a/app"))
     assert r.status_code == 200, r.text
-    await wait_for(lambda: stack.components.cpu_budget._buckets.get("tenant-a") is not None, what="charged")
+    await wait_for(lambda: stack.components.cpu_budget.buckets.get("tenant-a") is not None, what="charged")
     assert await _charged(stack, "tenant-a") > 0
     r = await stack.client.post("/v1/chat/completions", json=_chat(), headers=stack.auth("tenant-a/app"))
     assert r.status_code == 429 and r.json()["error"]["code"] == "cpu_budget_exhausted", r.text

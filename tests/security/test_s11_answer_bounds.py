@@ -150,12 +150,12 @@ def test_stream_charge_samples_large_reads_and_charges_beyond_the_allowance() ->
     assert charge.estimate_s() == pytest.approx(0.020)  # 1000 reads x 20 us, from 125 samples
     # 20 ms - 1 ms - 5 us x 1000 tokens = 14 ms charged
     assert charge.charged_s == pytest.approx(0.014)
-    assert budget._buckets["t"].level == pytest.approx(1.0 - 0.014, abs=2e-4)  # plus the meter's own reads
+    assert budget.buckets["t"].level == pytest.approx(1.0 - 0.014, abs=2e-4)  # plus the meter's own reads
     cheap = StreamCharge(budget.meter(Tenant(id="u")))
     for i in range(1000):
         cheap.feed(lambda c: c, chunk, i)
     cheap.settle(1000)
-    assert cheap.charged_s == 0.0 and "u" not in budget._buckets
+    assert cheap.charged_s == 0.0 and "u" not in budget.buckets
 
 
 async def test_large_parses_take_turns_with_a_loop_step_between() -> None:

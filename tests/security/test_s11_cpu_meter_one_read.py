@@ -43,7 +43,7 @@ def test_a_short_request_reads_the_cpu_clock_once_and_is_charged_at_most_its_wal
     assert c.cpu_reads == 1
     assert m.cpu_s == pytest.approx(0.000082)
     m.refused()
-    assert b._buckets["t"].level == pytest.approx(1.0 - 0.000082)
+    assert b.buckets["t"].level == pytest.approx(1.0 - 0.000082)
     assert c.cpu_reads == 1
 
 
