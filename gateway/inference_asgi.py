@@ -109,13 +109,7 @@ class InferenceRoutes:
         def before_last_part() -> None:
             # the last body part leaves only once the deferred ends ran and their events are in the pipe
             nonlocal ran
-            stop = len(pending)
-            for work in pending[ran:stop]:  # _run's loop inline (session 14: one frame less per request)
-                try:
-                    work()
-                except Exception:  # a bug: the answer is out; never lose the other records
-                    log.exception("ending or recording a request after its answer failed")
-            ran = stop
+            ran = _run(pending, ran, len(pending))
             try:
                 recorder.hand_off()
             except Exception:  # a bug: the events stay queued (timer flush); the answer still goes out

@@ -62,14 +62,7 @@ class _FusedCalibratingTicket(Ticket):
     def __init__(self, tracker: InProcessLoadTracker, replica_id: str, prefill_tokens: int, decode_tokens: int,
                  requests: int, notify: Notified | None, cal: Calibration,
                  clock: Callable[[], float], queued: int, shared: int, tenant: str) -> None:
-        self.replica_id = replica_id
-        self.prefill_tokens = prefill_tokens
-        self.decode_tokens = decode_tokens
-        self.requests = requests
-        self._tracker = tracker
-        self._prefill_held = True
-        self._held = True
-        self.notify = notify
+        super().__init__(tracker, replica_id, prefill_tokens, decode_tokens, requests, notify)
         self._cal = cal
         self._clock = clock
         self._queued = queued
@@ -80,12 +73,9 @@ class _FusedCalibratingTicket(Ticket):
     def first_byte(self) -> None:
         """Feed the observation once (the ticket still holds its prefill part), then release that part."""
         if self._prefill_held and self._held:
-            self._prefill_held = False
             self._cal.observe_first_byte(self.replica_id, self.prefill_tokens, self._queued,
                                          self._clock() - self._t0, self._shared, self._tenant)
-            self._tracker.release(self.replica_id, self.prefill_tokens, 0, 0, self.requests)
-            if self.notify is not None:
-                self.notify.on_release()
+            super().first_byte()  # Ticket's release of the prefill part and its notify
 
 
 class CalibratingLoadTracker:
