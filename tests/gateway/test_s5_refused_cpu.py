@@ -98,10 +98,12 @@ class _Clocks:
     def __init__(self) -> None:
         self.now = 100.0
         self.cpu = 0.0
+        self.wall = 50.0  # the meter's wall clock: fake too, so no real gap (a loaded machine) cuts a span
 
 
 def _budget(clocks: _Clocks, **limits: Any) -> CpuBudget:
-    return CpuBudget(LimitsConfig(**limits), clock=lambda: clocks.now, cpu_clock=lambda: clocks.cpu)
+    return CpuBudget(LimitsConfig(**limits), clock=lambda: clocks.now, cpu_clock=lambda: clocks.cpu,
+                     wall_clock=lambda: clocks.wall)
 
 
 def test_bucket_charges_refused_cpu_and_refills() -> None:
