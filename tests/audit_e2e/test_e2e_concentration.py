@@ -84,9 +84,16 @@ async def test_hot_prefix_without_load_guard_raises_alert(stack, tmp_path: Path)
         assert set(statuses) == {200}
         await asyncio.sleep(0.2)
     await stack.components.audit.log.drain()
-    raised = [a for a in _alerts(tmp_path, "replica_concentration") if a["outcome"] == "raised"]
-    assert len(raised) == 1  # once per episode
-    alert = raised[0]["alert"]
+    events = _alerts(tmp_path, "replica_concentration")
+    raised = [a for a in events if a["outcome"] == "raised"]
+    assert raised
+    # once per episode: a second raise of the same alert only after it was cleared (a loaded machine can
+    # stretch the waves' gaps past the window: two episodes, each raised once)
+    state: dict[str, str] = {}
+    for a in events:
+        assert state.get(a["alert"]["alert_id"]) != a["outcome"], a
+        state[a["alert"]["alert_id"]] = a["outcome"]
+    alert = raised[-1]["alert"]
     assert alert["pool"] == "default" and alert["replica"] in {f"r{i}" for i in range(5)}
     # c/n = 1.25/5 plus the sampling margin of a window of 20..60 requests
     assert 1.25 / 5 < alert["threshold"] <= 1.25 / 5 + 3 * (0.25 * 0.75 / 20) ** 0.5 and alert["value"] > 0.9
