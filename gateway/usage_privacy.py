@@ -22,7 +22,7 @@ loses exactly the bytes of ``prompt_tokens_details`` when they are vLLM's compac
 the end, :func:`_exact_cut`), else has only its usage object replaced (found from the end, checked
 against the parsed usage: :func:`_usage_span`), else, when neither is certain, is written again
 whole (:func:`plain_without_cached`); a stream's usage chunk (one small event per stream) is written
-again (:func:`event_without_cached`). Everything else stays byte for byte (docs/benchmarks.md, fixr12).
+again (:func:`event_for_drop`). Everything else stays byte for byte (docs/benchmarks.md, fixr12).
 
 Session 14, review RV2-1: those byte guards read literal keys. JSON lets a key be spelt with ``\\uXXXX``
 escapes (``"cached\\u005ftokens"`` is ``cached_tokens`` to every parser) and a key be repeated (the parse
@@ -195,8 +195,9 @@ def _has_escape(data: bytes) -> bool:
 
 
 def event_without_cached(obj: dict[str, Any], usage: dict[str, Any]) -> bytes | None:
-    """A stream event (parsed ``obj`` with ``usage``) written again without ``cached_tokens``, as
-    ``data: {...}\\n\\n``; None when there is nothing to drop (forward the event as received)."""
+    """A stream event (parsed ``obj`` with ``usage``) written again without its top-level usage's
+    ``cached_tokens``, as ``data: {...}\\n\\n``; None when there is nothing to drop there. Top level only:
+    the stream scanner calls :func:`event_for_drop`, which removes the counter at any depth (R14-2)."""
     new = usage_without_cached(usage)
     if new is None:
         return None
