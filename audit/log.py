@@ -194,12 +194,21 @@ class AuditLog(SpillGate, DeliveryLoop):
     def emit(self, event: AuditEvent, exclude: Iterable[str] = (), *, scrubbed: bool = False) -> None:
         """Queue ``event`` for every sink (except names in ``exclude``).
 
+        An event that ``exclude`` keeps from every sink (a JSONL sink's own checkpoint, forwarded to the
+        other sinks, when it is the only sink) is dropped before anything else: not counted in
+        ``prefixgate_audit_events_emitted_total`` nor in :attr:`emitted_n`, so emitted minus delivered
+        shows no false loss (session 15, review R14-3; docs/audit.md).
+
         Never blocks and never raises for sink trouble. The event is scrubbed
         first (see :func:`audit.scrub.scrub_event`); refused fields are counted
         in ``prefixgate_audit_fields_scrubbed_total``. ``scrubbed``: the caller has
         shown that the scrubber would return ``event`` unchanged (the audit worker:
         :func:`audit.scrub.row_is_clean` of the request row the event was built from).
         """
+        if exclude:
+            exclude = frozenset(exclude)  # read twice (here and below): not a one-shot iterator
+            if all(w.sink.name in exclude for w in self._workers):
+                return  # R14-3: it reaches no sink
         if self.instance is not None and event.instance is None:
             event = dataclasses.replace(event, instance=self.instance)
             scrubbed = False  # the instance string was not part of the caller's check

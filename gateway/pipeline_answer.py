@@ -208,8 +208,8 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
     held.usage = usage if isinstance(usage, dict) else None
     rec.status, rec.outcome = 200, "allowed"
     # parsed only to check it and read usage: the replica's bytes go out unchanged (but R12-1's counter)
-    if held.drop_cached and "usage" in obj and ((held.usage is not None and "prompt_tokens_details" in usage)
-                                               or may_name_cached(data)):  # RV2-1: a duplicated / escaped key
+    if held.drop_cached and ((held.usage is not None and "prompt_tokens_details" in usage)
+                             or may_name_cached(data)):  # RV2-1: a duplicated / escaped key; R14-2: nested
         data = metered_rewrite(held.cpu, len(data), plain_without_cached, data, obj, usage)  # R12b-7: charged
     answer = PlainAnswer(data, rec.request_id)
     if len(data) >= UNSENT_MIN_BYTES:  # R10b-5: its unsent bytes count against its tenant's bound

@@ -22,10 +22,10 @@ comment or field naming ``cached`` (any case) or holding a ``\\u`` escape (a key
 ``event``/``id``/``retry`` lines that are kept, then its ``data`` lines (``data: ...``), then a blank
 line (session 14, RV2-5: the event type and id survive), and one without either not at all; an event
 whose usage is written again keeps its ``event``/``id``/``retry`` lines the same way. With
-``drop_cached``, a data event with a top-level ``usage`` whose bytes still name ``"cached_tokens"`` or
-hold a ``\\u`` escape once its usage is checked (a duplicated ``usage`` key whose first value holds the
-counter: the parse keeps the last, some clients the first) goes out written again from its parse
-(:func:`gateway.usage_privacy.event_for_drop`, RV2-1). A tenant cannot
+``drop_cached``, a data event whose bytes name ``"cached_tokens"`` or hold a ``\\u`` escape (a duplicated
+``usage`` key whose first value holds the counter: the parse keeps the last, some clients the first;
+session 15, R14-2: a copy below the top level) goes out written again from its parse without any
+``cached_tokens`` key (:func:`gateway.usage_privacy.event_for_drop`, RV2-1). A tenant cannot
 produce either (model output reaches the stream inside a JSON string of a ``data`` line, where a line
 break is escaped); only a replica can, and the replica is trusted with the answer, not with what the
 gateway promises tenants about ``cached_tokens``.
@@ -274,7 +274,7 @@ class SseScanner:
             self.usage = usage
             if not choices and not self.keep_usage_chunk:
                 return False
-        if self.drop_cached and (usage is not None or "usage" in obj):
+        if self.drop_cached:  # R14-2: whatever its top-level keys (a nested copy)
             rewritten = event_for_drop(payload, obj, usage)  # R12-1; RV2-1: a duplicated / escaped key
             if rewritten is not None:
                 if isinstance(choices, list):

@@ -22,7 +22,7 @@ loses exactly the bytes of ``prompt_tokens_details`` when they are vLLM's compac
 the end, :func:`_exact_cut`), else has only its usage object replaced (found from the end, checked
 against the parsed usage: :func:`_usage_span`), else, when neither is certain, is written again
 whole (:func:`plain_without_cached`); a stream's usage chunk (one small event per stream) is written
-again (:func:`event_without_cached`). Everything else stays byte for byte (docs/benchmarks.md, fixr12).
+again (:func:`event_for_drop`). Everything else stays byte for byte (docs/benchmarks.md, fixr12).
 
 Session 14, review RV2-1: those byte guards read literal keys. JSON lets a key be spelt with ``\\uXXXX``
 escapes (``"cached\\u005ftokens"`` is ``cached_tokens`` to every parser) and a key be repeated (the parse
@@ -30,6 +30,15 @@ keeps the last value, some clients the first). So an answer or event holding a `
 bytes name ``"cached_tokens"`` while its parse shows no counter, is written again from its parse
 (:func:`may_name_cached`: two byte searches, the cost on answers without either). Replicas write
 non-ASCII text as UTF-8 (vLLM, SGLang): an escape is rare, and the rewrite is charged like any other.
+
+Session 15, review R14-2: a counter below something other than the top-level ``usage`` (a per-choice
+``choices[i].usage``, any nesting) reached a ``drop`` tenant as the replica sent it. Now, whatever the
+top-level keys, an answer or event whose bytes may name the counter (:func:`may_name_cached`) and that the
+fast paths do not leave without it is written again from its parse with *every* ``cached_tokens`` key
+removed at any depth (:func:`without_counter`). Written again rather than refused (502): the rest of the
+answer is valid and the tenant asked for it; the gateway's readers keep the parsed value as before; and
+a refusal would turn a harmless future replica shape (per-choice usage) into an outage for every ``drop``
+tenant. The rewrite is charged like any other (gateway/answer_cost.py ``metered_rewrite``).
 """
 
 from __future__ import annotations
@@ -42,13 +51,16 @@ import orjson
 from gateway.json_fast import dumps
 
 __all__ = ["PASS", "DROP", "drops_cached", "usage_without_cached", "plain_without_cached", "event_without_cached",
-           "may_name_cached", "event_for_drop"]
+           "may_name_cached", "event_for_drop", "without_counter", "written_without_counter"]
 
 PASS = "pass"
 DROP = "drop"
 
 _KEY = b'"usage"'
 _CACHED_KEY = b'"cached_tokens"'
+#: the counter's and its parent's names in a parse (R14-2: removed at any depth)
+_COUNTER = "cached_tokens"
+_DETAILS_NAME = "prompt_tokens_details"
 #: a JSON ``\\uXXXX`` escape: where it occurs, a key's bytes need not be its name (review RV2-1)
 _ESCAPE = b"\\u"
 _DETAILS = b'"prompt_tokens_details":{"cached_tokens":'
@@ -141,14 +153,16 @@ def plain_without_cached(data: bytes, obj: dict[str, Any], usage: Any) -> bytes:
     (a key spelt ``"cached\\u005ftokens"`` reads as ``cached_tokens`` to every JSON parser) is written
     again whole; so is one whose parse shows no counter while its bytes still name it (an earlier
     duplicated ``usage`` or ``prompt_tokens_details`` key: a parser keeping the first value would read
-    it). The caller passes such answers here too (:func:`may_name_cached`)."""
+    it). The caller passes such answers here too (:func:`may_name_cached`), whatever their top-level keys
+    (session 15, R14-2): every rewrite from the parse removes the counter at any depth
+    (:func:`written_without_counter`), so a per-choice or otherwise nested copy does not go out either."""
     details = usage.get("prompt_tokens_details") if type(usage) is dict else None
     if type(details) is not dict or "cached_tokens" not in details:
         if data.rfind(_CACHED_KEY) >= 0 or _has_escape(data):  # RV2-1: a copy the parse does not show
-            return dumps(obj)
+            return written_without_counter(obj)  # R14-2: or one below the top level
         return data
     if _has_escape(data):  # RV2-1: a key the byte guards cannot read; the parse decides
-        return dumps({**obj, "usage": usage_without_cached(usage)})
+        return dumps(without_counter(obj))
     out = _exact_cut(data, details)
     # R12b-4: a cut or span can miss the object a client reads (a nested usage copy after the real one,
     # a duplicated top-level key, a second compact occurrence): with the key still in the bytes, the next
@@ -163,7 +177,7 @@ def plain_without_cached(data: bytes, obj: dict[str, Any], usage: Any) -> bytes:
         out = b"".join((data[:start], dumps(new), data[end:]))
         if out.rfind(_CACHED_KEY) < 0:
             return out
-    return dumps({**obj, "usage": new})
+    return dumps(without_counter(obj))  # R14-2: a copy below the top level goes too
 
 
 def may_name_cached(data: bytes) -> bool:
@@ -181,25 +195,74 @@ def _has_escape(data: bytes) -> bool:
 
 
 def event_without_cached(obj: dict[str, Any], usage: dict[str, Any]) -> bytes | None:
-    """A stream event (parsed ``obj`` with ``usage``) written again without ``cached_tokens``, as
-    ``data: {...}\\n\\n``; None when there is nothing to drop (forward the event as received)."""
+    """A stream event (parsed ``obj`` with ``usage``) written again without its top-level usage's
+    ``cached_tokens``, as ``data: {...}\\n\\n``; None when there is nothing to drop there. Top level only:
+    the stream scanner calls :func:`event_for_drop`, which removes the counter at any depth (R14-2)."""
     new = usage_without_cached(usage)
     if new is None:
         return None
     return b"data: " + dumps({**obj, "usage": new}) + b"\n\n"
 
 
-def event_for_drop(payload: bytes, obj: dict[str, Any], usage: Any) -> bytes | None:
-    """What a stream data event (``payload``: its data, ``obj``: its parse, holding the top-level key
-    ``usage`` = ``usage``, any JSON value) becomes for a ``drop`` tenant, as ``data: {...}\\n\\n``; None:
-    forward it as received. Its usage without ``cached_tokens`` (:func:`event_without_cached`); else,
-    when its bytes may hold a key the parse does not show (:func:`may_name_cached`: a duplicated
-    ``usage`` whose first value holds the counter, an escaped key), the event written again from its
-    parse (review RV2-1)."""
-    if type(usage) is dict:
-        out = event_without_cached(obj, usage)
-        if out is not None:
-            return out
-    if payload.rfind(_CACHED_KEY) >= 0 or _has_escape(payload):
-        return b"data: " + dumps(obj) + b"\n\n"
-    return None
+def event_for_drop(payload: bytes, obj: dict[str, Any], usage: Any = None) -> bytes | None:
+    """What a stream data event (``payload``: its data, ``obj``: its parse) becomes for a ``drop`` tenant,
+    as ``data: {...}\\n\\n``; None: forward it as received (its bytes name no ``"cached_tokens"`` and hold
+    no ``\\u`` escape, so no key of it is the counter: :func:`may_name_cached`, two byte searches). Else
+    the event written again from its parse without any ``cached_tokens`` key
+    (:func:`written_without_counter`): a top-level usage's counter (R12-1), a duplicated ``usage`` whose
+    first value holds it or an escaped key (RV2-1), a copy below the top level (session 15, R14-2).
+    ``usage`` (``obj["usage"]``) is not needed: kept for callers written before R14-2."""
+    if payload.rfind(_CACHED_KEY) < 0 and not _has_escape(payload):
+        return None
+    return b"data: " + written_without_counter(obj) + b"\n\n"
+
+
+def without_counter(obj: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the JSON object ``obj`` (a parse: dicts, lists, scalars) without any ``cached_tokens`` key
+    at any depth, and without a ``prompt_tokens_details`` object that held nothing but that key (vLLM's
+    shape without ``--enable-prompt-tokens-details``, as :func:`usage_without_cached` at the top level).
+    Every other key, value and order is kept. Iterative (no recursion limit: a parse may nest 1,024
+    levels, orjson's bound); copies every container, O(size of ``obj``). Session 15, review R14-2."""
+    out: dict[str, Any] = {}
+    stack: list[tuple[Any, Any]] = [(obj, out)]
+    while stack:
+        src, dst = stack.pop()
+        if type(src) is dict:
+            for k, v in src.items():
+                if k == _COUNTER:
+                    continue
+                t = type(v)
+                if t is dict:
+                    if k == _DETAILS_NAME and len(v) == 1 and _COUNTER in v:
+                        continue
+                    d: dict[str, Any] = {}
+                    dst[k] = d
+                    stack.append((v, d))
+                elif t is list:
+                    lst: list[Any] = []
+                    dst[k] = lst
+                    stack.append((v, lst))
+                else:
+                    dst[k] = v
+        else:
+            for v in src:
+                t = type(v)
+                if t is dict or t is list:
+                    c: Any = {} if t is dict else []
+                    dst.append(c)
+                    stack.append((v, c))
+                else:
+                    dst.append(v)
+    return out
+
+
+def written_without_counter(obj: dict[str, Any]) -> bytes:
+    """``obj`` (a parse) as JSON bytes (:func:`gateway.json_fast.dumps`) without any ``cached_tokens`` key
+    (:func:`without_counter`). The parse is written first; only when those bytes name
+    ``"cached_tokens"`` (a key: the writers spell keys literally; or a string equal to it) is the copy
+    made and written: a rewrite of an answer that holds no counter (an escape alone) costs one write.
+    Raises what :func:`gateway.json_fast.dumps` raises. Session 15, review R14-2."""
+    out = dumps(obj)
+    if out.rfind(_CACHED_KEY) < 0:
+        return out
+    return dumps(without_counter(obj))

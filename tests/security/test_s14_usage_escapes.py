@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.sse import SseScanner
-from gateway.usage_privacy import event_for_drop, may_name_cached, plain_without_cached, usage_without_cached
+from gateway.usage_privacy import event_for_drop, may_name_cached, plain_without_cached, without_counter
 from tests.support.fake_replicas import base_app, completion, serving
 
 ESC_USAGE = b'{"prompt_tokens":5,"prompt_tokens_details":{"cached\\u005ftokens":3}}'
@@ -61,8 +61,7 @@ def _plain(data: bytes) -> bytes:
     """What the pipeline does with a plain answer for a drop tenant (gateway/pipeline_answer.py's gate)."""
     obj = orjson.loads(data)
     usage = obj.get("usage")
-    if "usage" in obj and ((isinstance(usage, dict) and "prompt_tokens_details" in usage)
-                           or may_name_cached(data)):
+    if (isinstance(usage, dict) and "prompt_tokens_details" in usage) or may_name_cached(data):  # R14-2: any keys
         return plain_without_cached(data, obj, usage)
     return data
 
@@ -72,7 +71,7 @@ def test_plain_escaped_or_duplicated_counter_does_not_go_out(data: bytes) -> Non
     assert client_counters(data) != [None, None]  # the shape does carry it
     out = _plain(data)
     assert client_counters(out) == [None, None]  # before: (a) [3, 3], (c) [3, None]
-    assert orjson.loads(out)["choices"] == orjson.loads(data)["choices"]
+    assert orjson.loads(out)["choices"] == without_counter(orjson.loads(data))["choices"]  # R14-2: nested too
 
 
 def _stream(events: bytes, *, drop: bool = True, split: int | None = None) -> bytes:
@@ -169,7 +168,7 @@ def raw_answers(draw: Any) -> bytes:
     real = _obj(usage, sep)
     text = draw(st.sampled_from(['"ok"', '"\\u00e9t\\u00e9"', '"\\\\u005f"', '"cached_tokens"']))
     choice = b'{"index":0,"text":' + text.encode()
-    if draw(st.booleans()):  # a nested usage copy (vLLM's compact piece), which stays as it is
+    if draw(st.booleans()):  # a nested usage copy (vLLM's compact piece), whose counter goes too (R14-2)
         choice += b',"usage":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":3}}'
     top = [(b'"id"', b'"x"'), (b'"choices"', b"[" + choice + b"}]"), (_key("usage", draw), real)]
     top = list(draw(st.permutations(top)))
@@ -189,8 +188,7 @@ def _both(data: bytes) -> tuple[Any, Any]:
 def test_fast_paths_equal_the_full_rewrite_with_escapes_and_duplicated_keys(data: bytes) -> None:
     obj = orjson.loads(data)
     usage = obj["usage"]
-    new = usage_without_cached(usage) if isinstance(usage, dict) else None
-    full = orjson.dumps({**obj, "usage": new if new is not None else usage})  # the full rewrite: no duplicates
+    full = orjson.dumps(without_counter(obj))  # the full rewrite: no duplicates, no counter at any depth (R14-2)
     out = _plain(data)
     assert _both(out) == _both(full)  # first-wins and last-wins clients read what the full rewrite says
     assert client_counters(out) == [None, None]
