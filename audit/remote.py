@@ -352,9 +352,10 @@ class RemoteAuditLog(WorkerProcess):
         data = out[0] if len(out) == 1 else b"".join(out)  # one answer's frame per hand-off, mostly
         if self._spool is not None:  # survives this process and the worker (audit/spool.py)
             self._spool.write(data)
-        if self._worker_alive():
+        proc = self._proc
+        if self._live and proc is not None and proc.returncode is None:  # _worker_alive, inline (session 15)
             try:  # StreamWriter.write's one call, without it (one call less per hand-off)
-                self._proc.stdin.transport.write(data)  # type: ignore[union-attr]
+                proc.stdin.transport.write(data)  # type: ignore[union-attr]
             except (ConnectionError, RuntimeError):
                 pass  # the supervisor notices the exit and resends the backlog
         # else: the frames stay in the backlog and are resent to the next worker

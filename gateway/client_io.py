@@ -189,10 +189,18 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
             task.cancel()
 
         loss.add(on_lost)
-        try:
-            return await _cancelled_means_gone(task, work, lambda: gone)
+        try:  # _cancelled_means_gone's steps inline: one coroutine frame less per upstream call (session 15)
+            result = await work
+        except asyncio.CancelledError:
+            if not gone or task.uncancel() > 0:  # not (only) ours: someone else cancelled the request too
+                raise
+            raise ClientGone() from None
         finally:
             loss.discard(on_lost)
+        if gone:  # ``work`` swallowed the cancellation: the client is gone all the same
+            task.uncancel()
+            raise ClientGone()
+        return result
     watcher: asyncio.Future[None] | None = None
 
     async def watch() -> None:

@@ -158,18 +158,13 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
     up = held.up
     assert up is not None and held.attempt is not None
     limit, metered = held.cpu.answer_bounds()  # session 11 (R10b-2): limits.max_answer_bytes; metering from
-
-    async def read_rest() -> bytes:
-        async with asyncio.timeout(read_timeout_s):
-            return await _read_capped(up, limit)
-
     try:
         data = up.whole_body()  # a short answer is usually whole by now: nothing left to wait for
         if data is None:
             if up.body_received():
                 data = await _read_capped(up, limit)
             else:
-                data = await unless_client_leaves(request, read_rest())
+                data = await unless_client_leaves(request, _read_rest(up, limit, read_timeout_s))
         elif limit is not None and len(data) > limit:
             raise AnswerTooLarge(limit)
         refusal = None
@@ -224,6 +219,12 @@ class AnswerTooLarge(ValueError):
         super().__init__(f"the replica's answer is larger than {limit} bytes (limits.max_answer_bytes); "
                          "ask for fewer tokens or log-probabilities, or stream it")
         self.limit = limit
+
+
+async def _read_rest(up: UpstreamStream, limit: int | None, timeout_s: float) -> bytes:
+    """:func:`_read_capped` within ``timeout_s`` seconds (raises ``TimeoutError`` after them)."""
+    async with asyncio.timeout(timeout_s):
+        return await _read_capped(up, limit)
 
 
 async def _read_capped(up: UpstreamStream, limit: int | None) -> bytes:

@@ -310,7 +310,8 @@ async def open_upstream(
         up = UpstreamStream(resp, b"", resp.headers.get(_INSTANCE_KEY),
                             IDENTITY if encoding is None else BodyDecoder(encoding))
         if encoding is None:  # identity (asked for): the raw chunk is the decoded one, one layer less
-            first = await resp.read_chunk()
+            # what arrived with the head is taken at once, no coroutine (session 15); else wait for it
+            first = resp.take_buffered() or await resp.read_chunk()
             up.finished = not first
         else:
             first = await up.read_chunk()

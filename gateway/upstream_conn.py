@@ -116,8 +116,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._keep_alive = False
         self._until_close = False
         self._poisoned = False
-        self._header_count = 0
-        self._header_size = 0
+        self._fields: list[tuple[bytes, bytes]] = []  # the head's fields as received, read at its end
 
     # ----------------------------------------------------------------- use
     def send(self, data: bytes, request_id: str | None = None) -> UpstreamResponse:
@@ -221,22 +220,12 @@ class UpstreamConnection(asyncio.Protocol):
             raise UpstreamProtocolError("data after the end of the answer")
 
     def on_header(self, name: bytes, value: bytes) -> None:  # noqa: D102
-        self._header_count += 1
-        if self._header_count > MAX_HEADERS:
+        # session 15: only kept here (one call per field from llhttp); counted, bounded and decoded at the
+        # head's end (on_headers_complete). The head's bytes are bounded per read meanwhile (data_received).
+        fields = self._fields
+        fields.append((name, value))
+        if len(fields) > MAX_HEADERS:
             raise UpstreamProtocolError(f"more than {MAX_HEADERS} header fields")
-        self._header_size += len(name) + len(value) + 4
-        if self._header_size > MAX_HEAD_BYTES:
-            raise UpstreamProtocolError(f"answer head larger than {MAX_HEAD_BYTES} bytes")
-        resp = self._resp
-        assert resp is not None
-        key = name.decode("latin-1").lower()
-        val = value.decode("latin-1")
-        if key in resp.headers:
-            if key == "content-length":
-                raise UpstreamProtocolError("repeated Content-Length")
-            resp.headers[key] += ", " + val
-        else:
-            resp.headers[key] = val
 
     def on_headers_complete(self) -> None:  # noqa: D102
         resp = self._resp
@@ -244,11 +233,11 @@ class UpstreamConnection(asyncio.Protocol):
         status = self._parser.get_status_code()
         if status == 101:
             raise UpstreamProtocolError("upgrade answers are not accepted")
-        if 100 <= status < 200:  # interim answer: skip it, the real one follows
+        fields, self._fields = self._fields, []
+        if 100 <= status < 200:  # interim answer: skip it (its fields too), the real one follows
             self._interim = True
-            resp.headers = {}
-            self._header_count = self._header_size = 0
             return
+        resp.headers = _header_map(fields)
         te = resp.headers.get("transfer-encoding")
         if te is not None:
             if "content-length" in resp.headers:
@@ -307,3 +296,26 @@ class UpstreamConnection(asyncio.Protocol):
             self.closed = True
             self._poll = None  # the descriptor may be reused by another socket once closed
             self._on_closed(self)
+
+
+def _header_map(fields: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The answer's header fields (as received: name, value) as lower-case name -> value, repeated
+    names joined with ``", "`` (RFC 9110 section 5.3). Raises :class:`UpstreamProtocolError` when the
+    fields pass :data:`MAX_HEAD_BYTES` (each counted as ``name: value`` and CRLF) or name
+    ``Content-Length`` twice."""
+    headers: dict[str, str] = {}
+    size = 0
+    for name, value in fields:
+        size += len(name) + len(value) + 4
+        key = name.decode("latin-1").lower()
+        val = value.decode("latin-1")
+        old = headers.get(key)
+        if old is None:
+            headers[key] = val
+        elif key == "content-length":
+            raise UpstreamProtocolError("repeated Content-Length")
+        else:
+            headers[key] = old + ", " + val
+    if size > MAX_HEAD_BYTES:
+        raise UpstreamProtocolError(f"answer head larger than {MAX_HEAD_BYTES} bytes")
+    return headers

@@ -83,7 +83,12 @@ class UpstreamResponse:
         while not self._head_seen:
             if self._error is not None:
                 raise self._error
-            await self._wait()
+            # _wait inline: one coroutine frame less on the answer's critical path (session 15)
+            self._waiter = (self._loop or asyncio.get_running_loop()).create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
 
     async def read_chunk(self) -> bytes:
         """All body bytes buffered so far (waiting for some), b"" at the end of the body.

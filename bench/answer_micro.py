@@ -1,0 +1,139 @@
+"""In-process CPU of one plain answer's upstream half, this tree vs others (not a test).
+
+``python -m bench.answer_micro --baseline DIR [--aa DIR] [--rounds 6] [--requests 3000] [--name answer_micro]``
+
+Issue 14, session 15. What the answer path's own Python costs per request without sockets and without the
+machine's noise: ``unless_client_leaves`` (the guarded listener's path: a
+:class:`gateway.client_io.ConnectionLoss` in the scope) around ``open_upstream`` on a real
+:class:`gateway.upstream_pool.UpstreamPool` whose connection (one, kept alive) writes into a transport
+that answers at once, in the next loop step, with the simulated replica's plain answer (status line, seven
+header fields, the 250-byte JSON body with ``usage.prompt_tokens_details``), then ``whole_body``, the
+answer's parse (``json_fast.loads_answer``) and ``close``: the upstream send, the answer's parse by llhttp,
+the wake-up and the ``post`` steps up to the answer's bytes. The transport comes from an event loop
+(uvloop's) whose ``create_connection`` is the only thing replaced (a public method). Each figure is the
+best of 15 passes of ``--requests`` answers in thread CPU µs per answer; each tree in its own process, the
+trees interleaved (this, baseline, A/A copy) for ``--rounds`` rounds; medians and per-round differences
+are written to ``bench/results/<name>.{json,md}``. A warm loop: compare within one run only.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from sim.click_options import ClickOptions
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+
+_CHILD = r'''
+import asyncio, sys, time
+sys.path.insert(0, TREE)
+import uvloop
+from gateway import json_fast
+from gateway.client_io import LOSS_KEY, ConnectionLoss, unless_client_leaves
+from gateway.proxy import make_session, open_upstream
+assert json_fast.__file__.startswith(TREE), json_fast.__file__
+BODY = (b'{"id": "cmpl-5f1e2d3c4b5a69788796a5b4", "object": "text_completion", "created": 1764670000, '
+        b'"model": "sim-model", "choices": [{"index": 0, "text": "lorem", "logprobs": null, "finish_reason": '
+        b'"length"}], "usage": {"prompt_tokens": 64, "completion_tokens": 1, "total_tokens": 65, '
+        b'"prompt_tokens_details": {"cached_tokens": 48}}}')
+ANSWER = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: %d\r\n"
+          b"Date: Wed, 02 Dec 2026 10:00:00 GMT\r\nServer: Python/3.11 aiohttp/3.13.2\r\nX-Instance-Id: i1\r\n"
+          b"X-Sim-Replica: r0\r\nKeep-Alive: timeout=75\r\n\r\n" % len(BODY) + BODY)
+
+class Transport(asyncio.Transport):
+    def __init__(self, proto, loop):
+        super().__init__(); self.proto = proto; self.loop = loop; self.closing = False
+    def write(self, data): self.loop.call_soon(self.proto.data_received, ANSWER)
+    def is_closing(self): return self.closing
+    def abort(self): self.closing = True
+    def close(self): self.closing = True
+    def get_extra_info(self, name, default=None): return default
+    def get_write_buffer_size(self): return 0
+    def pause_reading(self): pass
+    def resume_reading(self): pass
+
+class Loop(uvloop.Loop):
+    async def create_connection(self, factory, host=None, port=None, **kw):
+        proto = factory(); t = Transport(proto, self); proto.connection_made(t); return t, proto
+
+class Req:
+    def __init__(self): self.scope = {LOSS_KEY: ConnectionLoss()}
+
+async def main():
+    pool = make_session(8, 5.0, 30.0)
+    req = Req()
+    url = "http://127.0.0.1:9/v1/completions"
+    body = b'{"model":"sim-model","prompt":"x","max_tokens":1}'
+    best = 1e9
+    for _ in range(15):
+        t0 = time.thread_time_ns()
+        for i in range(REQUESTS):
+            up = await unless_client_leaves(req, open_upstream(pool, url, body, {"X-Request-Id": "r"}, 30.0))
+            data = up.whole_body()
+            json_fast.loads_answer(data)
+            up.close()
+        best = min(best, (time.thread_time_ns() - t0) / REQUESTS / 1000)
+    await pool.close()
+    print(best)
+asyncio.run(main(), loop_factory=Loop) if sys.version_info >= (3, 12) else asyncio.Runner(loop_factory=Loop).run(main())
+'''
+
+
+def one(tree: Path, requests: int) -> float:
+    """Best-of-15 µs per answer on the code of ``tree``."""
+    code = f"TREE = {str(tree)!r}\nREQUESTS = {requests}\n" + _CHILD
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=str(tree))
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run(trees: dict[str, Path], rounds: int, requests: int) -> dict[str, Any]:
+    """Interleaved rounds over ``trees`` (label -> source tree); returns the result document."""
+    runs: dict[str, list[float]] = {k: [] for k in trees}
+    for i in range(rounds):
+        order = list(trees.items()) if i % 2 == 0 else list(reversed(trees.items()))
+        for label, tree in order:
+            runs[label].append(one(tree, requests))
+        print(f"round {i + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in runs.items()), flush=True)
+    diffs = {k: [a - b for a, b in zip(runs["this"], v, strict=True)] for k, v in runs.items() if k != "this"}
+    return {"trees": {k: str(v) for k, v in trees.items()}, "rounds": rounds, "requests": requests, "runs": runs,
+            "median_us": {k: statistics.median(v) for k, v in runs.items()},
+            "this_minus_median_us": {k: statistics.median(v) for k, v in diffs.items()}}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    ap = ClickOptions(prog="python -m bench.answer_micro", description=__doc__.splitlines()[0])
+    ap.option("--baseline", type=click.Path(path_type=Path), required=True)
+    ap.option("--aa", type=click.Path(path_type=Path), default=None, help="a copy of this tree (A/A noise)")
+    ap.option("--rounds", type=int, default=6)
+    ap.option("--requests", type=int, default=3000)
+    ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
+    ap.option("--name", default="answer_micro")
+    args = ap.parse(argv)
+    trees = {"this": REPO, "baseline": args.baseline.resolve(), **({"aa": args.aa.resolve()} if args.aa else {})}
+    doc = run(trees, args.rounds, args.requests)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    lines = [f"# Plain answer's upstream half, CPU per answer in process (`python -m bench.answer_micro`), {args.name}",
+             "", f"{doc['rounds']} interleaved rounds, best of 15 x {doc['requests']} answers each; thread CPU "
+             "µs/answer (warm loop).", "", "| tree | path | median µs | runs |", "|---|---|---:|---|"]
+    for k, v in doc["runs"].items():
+        lines.append(f"| {k} | `{doc['trees'][k]}` | {doc['median_us'][k]:.2f} | {', '.join(f'{x:.2f}' for x in v)} |")
+    lines += ["", "Median per-round difference, this minus: " + ", ".join(
+        f"{k} {v:+.2f} µs" for k, v in doc["this_minus_median_us"].items()) + "."]
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
