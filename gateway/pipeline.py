@@ -61,10 +61,10 @@ class InferencePipeline:
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Serve one inference request; always returns a response, never raises."""
         gw = self.gw
-        shed = gw.overload.shed()  # overloaded: 503 before any authentication or body work
+        shed = gw.overload.shed_or_enter()  # overloaded: 503 before any authentication or body work
         if shed is not None:
             return shed
-        gw.overload.enter()  # left in _end, the one exit path
+        # let in: left in _end, the one exit path
         adm = gw.admission
         rec = RequestRecord(
             request_id=new_request_id(),

@@ -102,3 +102,21 @@ def test_loads_checked_reads_flat_and_other_bodies_as_before(doc: dict[str, Any]
     raw = json.dumps(doc).encode()
     value, fast = json_fast.loads_checked(raw, raw.decode(), max_int_digits=20, max_depth=32)
     assert value == doc and fast is True
+
+
+@pytest.mark.parametrize("below, lag, shed", [(1024, 0.0, False), (1, 0.0, False), (0, 0.0, True), (-1, 0.0, True),
+                                              (1024, 0.8, True), (1, 0.5, False)])
+def test_shed_or_enter_sheds_exactly_when_shed_would(below: int, lag: float, shed: bool) -> None:
+    from gateway.config import FlowConfig
+    from gateway.metrics import GatewayMetrics
+    from gateway.overload import OverloadGuard
+
+    guard = OverloadGuard(FlowConfig(shed_loop_lag_s=0.5), GatewayMetrics())
+    in_flight = guard.max_in_flight - below  # ``below`` requests short of the shedding bound
+    guard.in_flight, guard.lag_s = in_flight, lag
+    assert (guard.reason() is not None) is shed
+    got = guard.shed_or_enter()
+    if shed:
+        assert got is not None and got.status_code == 503 and guard.in_flight == in_flight  # not let in
+    else:
+        assert got is None and guard.in_flight == in_flight + 1
