@@ -256,10 +256,7 @@ class Admission:
                                        + (" per prompt" if len(req.prompts) > 1 else ""))
                 assert room is not None  # only the bucket's room can make lim < n <= limit
                 raise self._over_room(room, total + n, req, texts)
-            if hashed is None:
-                hashed = ids
-            else:
-                hashed.extend(ids)
+            hashed = ids if hashed is None else hashed + ids  # a batch: the sequences' ids in order
             total += n
         return (hashed if hashed is not None else []), total
 
