@@ -239,7 +239,7 @@ class Admission:
         texts = len(req.prompts) + (1 if req.extra_text else 0)
         if room is not None and sum(req.prompt_bytes) > self.tokenizer.max_text_bytes(room.cap + texts - 1):
             raise self._over_room(room, room.cap + 1, req, texts)
-        hashed: list[int] = []
+        hashed: list[int] | None = None  # the first sequence's own list (session 15: no copy of it)
         total = 0
         for i, text in enumerate(req.prompts):
             lim = limit
@@ -256,9 +256,9 @@ class Admission:
                                        + (" per prompt" if len(req.prompts) > 1 else ""))
                 assert room is not None  # only the bucket's room can make lim < n <= limit
                 raise self._over_room(room, total + n, req, texts)
-            hashed.extend(ids)
+            hashed = ids if hashed is None else hashed + ids  # a batch: the sequences' ids in order
             total += n
-        return hashed, total
+        return (hashed if hashed is not None else []), total
 
     def _over_room(self, room: PromptRoom, at_least: int, req: InferenceRequest, texts: int) -> GatewayError:
         """429 ``token_rate_limited`` for a prompt of more than ``room.cap`` tokens (at least

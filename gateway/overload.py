@@ -66,6 +66,15 @@ class OverloadGuard:
         """A request was let in."""
         self.in_flight += 1
 
+    def shed_or_enter(self) -> Response | None:
+        """:meth:`shed`'s 503 answer when overloaded (counted; the request is not let in), else None with the
+        request let in (:meth:`enter`; the exit path calls :meth:`leave`). One call on the request path instead
+        of three (issue 14, session 15); the same tests as :meth:`reason`."""
+        if self.in_flight < self.max_in_flight and (self.max_lag_s is None or self.lag_s <= self.max_lag_s):
+            self.in_flight += 1
+            return None
+        return self.shed()
+
     def enter_tenant(self, tenant_id: str) -> str:
         """The request let in is ``tenant_id``'s: count it, returning ``tenant_id`` (hand it to
         :meth:`leave`). Raises :class:`GatewayError` 429 ``in_flight_limited`` (``Retry-After``

@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from operator import is_
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.auditing import AuditHub
@@ -202,6 +203,8 @@ class PolicyEnforcementPoint:
         self.audit = audit
         self.metrics = metrics
         self._memo = FactsMemo()  # tenant facts and key parts per Tenant, candidate key parts per Replica list
+        # the last allowed_candidates answer: (decision, candidates, allowed), compared by identity
+        self._allowed: tuple[Decision, tuple[Replica, ...], tuple[Replica, ...]] | None = None
 
     async def decide(self, identity: WorkloadIdentity, tenant: Tenant, req: InferenceRequest, prompt_tokens: int,
                      candidates: list[Replica], endpoint: str, queued_requests: int = 0) -> Decision:
@@ -271,7 +274,17 @@ class PolicyEnforcementPoint:
                                denial_message(decision.reason_code, decision.reason),
                                extra={"decision_id": decision.decision_id}, outcome="denied")
 
-    @staticmethod
-    def allowed_candidates(candidates: list[Replica], decision: Decision) -> list[Replica]:
-        """Enforce the decision: keep the candidates the policy allows (replica ids and/or pools)."""
-        return PolicyDecisionFilter(decision.allowed_replicas, decision.allowed_pools).filter(candidates)
+    def allowed_candidates(self, candidates: list[Replica], decision: Decision) -> list[Replica]:
+        """Enforce the decision: keep the candidates the policy allows (replica ids and/or pools); a new list.
+
+        The last answer is kept with its decision and candidates (session 15): a decision-cache hit returns
+        the same frozen :class:`Decision` object, and the candidates are the same frozen ``Replica`` objects
+        while the replica set does not change, so the same inputs (by identity) give the same list without
+        building the filter again."""
+        last = self._allowed
+        if (last is not None and last[0] is decision and len(last[1]) == len(candidates)
+                and all(map(is_, last[1], candidates))):
+            return list(last[2])
+        out = PolicyDecisionFilter(decision.allowed_replicas, decision.allowed_pools).filter(candidates)
+        self._allowed = (decision, tuple(candidates), tuple(out))
+        return out

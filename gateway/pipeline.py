@@ -61,10 +61,10 @@ class InferencePipeline:
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Serve one inference request; always returns a response, never raises."""
         gw = self.gw
-        shed = gw.overload.shed()  # overloaded: 503 before any authentication or body work
+        shed = gw.overload.shed_or_enter()  # overloaded: 503 before any authentication or body work
         if shed is not None:
             return shed
-        gw.overload.enter()  # left in _end, the one exit path
+        # let in: left in _end, the one exit path
         adm = gw.admission
         rec = RequestRecord(
             request_id=new_request_id(),
@@ -99,12 +99,13 @@ class InferencePipeline:
                                max_messages=bounds.max_messages, max_batch_prompts=bounds.max_batch_prompts,
                                max_json_items=self.cfg.limits.max_json_items)
             del raw
+            seqs = req.sequences  # a property: read once (session 15)
             rec.stream = req.stream
             adm.check_request(req, tenant)  # model entitlement; echo + logprobs (R4-12)
             rec.model = req.model
-            rec.sequences = req.sequences
-            if req.sequences > 1:  # each prompt of a batch is a request
-                await adm.admit_sequences(tenant, held.lease, req.sequences, slots=gw.flow is None)
+            rec.sequences = seqs
+            if seqs > 1:  # each prompt of a batch is a request
+                await adm.admit_sequences(tenant, held.lease, seqs, slots=gw.flow is None)
             rec.t_parsed = time.perf_counter()
             # 4 prompt checks and prefix keys (byte bound, then tokenize once with early stop)
             room = adm.prompt_room(tenant, held.lease)
@@ -115,7 +116,7 @@ class InferencePipeline:
             rec.prompt_tokens = prompt_tokens
             # reserve prompt + max_tokens x sequences before any further work; the end settles it
             output_cap = adm.output_cap(req.max_tokens, tenant)
-            held.reservation = await adm.check_prompt(tenant, prompt_tokens, req.sequences, output_cap * req.sequences)
+            held.reservation = await adm.check_prompt(tenant, prompt_tokens, seqs, output_cap * seqs)
             chains = gw.keys.prefix_chains(tenant, tokens)
             del tokens  # R12-2: a queued request keeps its chains and counts, not its token list
             held.prep = partial(self._prepare, rec, held, chains, None)  # a refusal's record: its fingerprint
@@ -137,7 +138,7 @@ class InferencePipeline:
             max_tokens = adm.clamp_max_tokens(req.max_tokens, tenant, decision)
             rec.max_tokens = max_tokens
             # not needed to route or write the upstream request: done while the replica works (_prepare)
-            held.prep = partial(self._prepare, rec, held, chains, max_tokens * req.sequences)
+            held.prep = partial(self._prepare, rec, held, chains, max_tokens * seqs)
             allowed = gw.pep.allowed_candidates(candidates, decision)
             if not allowed:
                 raise GatewayError(
@@ -149,9 +150,9 @@ class InferencePipeline:
                 tenant_id=tenant.id,
                 block_keys=chains.current,
                 prompt_tokens=prompt_tokens,
-                max_tokens=max_tokens * req.sequences,
+                max_tokens=max_tokens * seqs,
                 block_size=self.cfg.routing.block_size,
-                sequences=req.sequences,
+                sequences=seqs,
                 calibrate=not req.extra_text,  # tools / response_format: counted, not hashed (R10-3)
             )
             # 6+7 route and proxy, retrying on another replica before the first byte

@@ -329,10 +329,13 @@ def head_key_part(identity: Mapping[str, Any], request: Mapping[str, Any]) -> tu
 def head_key_fields(sid: Any, td: Any, claims: Any, endpoint: Any, model: Any, pt: Any, mt: Any, stream: Any,
                     seq: Any, q: Any) -> tuple[Any, ...] | None:
     """:func:`head_key_part` of the facts themselves (no identity or request dict built: issue 14)."""
-    if not (isinstance(sid, str) and sid and isinstance(td, str) and td and _is_mapping(claims)
+    if not (isinstance(sid, str) and sid and isinstance(td, str) and td and (type(claims) is dict or _is_mapping(claims))
             and isinstance(endpoint, str) and endpoint and isinstance(model, str) and model
-            and isinstance(stream, bool) and (pt is None or _count(pt, 0))
-            and (mt is None or _count(mt, 0)) and _count(seq, 1) and _count(q, 0)):
+            and isinstance(stream, bool)
+            # session 15: a plain int in range is answered inline (no _count call); anything else asks _count
+            and (pt is None or (type(pt) is int and pt >= 0) or _count(pt, 0))
+            and (mt is None or (type(mt) is int and mt >= 0) or _count(mt, 0))
+            and ((type(seq) is int and seq >= 1) or _count(seq, 1)) and ((type(q) is int and q >= 0) or _count(q, 0))):
         return None
     return (sid, td, endpoint, model)
 

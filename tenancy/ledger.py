@@ -311,8 +311,11 @@ class InProcessLedger(TokenLedger):
         with self._lock:
             # a _Buckets (three dicts) only when missing, not a throwaway per call (issue 14)
             st = self._tenants.get(tenant.id) or self._tenants.setdefault(tenant.id, _Buckets())
-            st.prompt = _sync_bucket(st.prompt, tenant.prompt_tokens_per_s, tenant.prompt_tokens_burst, now)
-            st.output = _sync_bucket(st.output, tenant.output_tokens_per_s, tenant.output_tokens_burst, now)
+            # a tenant without a limit has no bucket (= _sync_bucket's answer, without its call: session 15)
+            st.prompt = None if tenant.prompt_tokens_per_s is None else _sync_bucket(
+                st.prompt, tenant.prompt_tokens_per_s, tenant.prompt_tokens_burst, now)
+            st.output = None if tenant.output_tokens_per_s is None else _sync_bucket(
+                st.output, tenant.output_tokens_per_s, tenant.output_tokens_burst, now)
             waits: list[tuple[float, str]] = []
             for bucket, n, reason in ((st.prompt, prompt_tokens, "tenant_prompt_tokens"),
                                       (st.output, output_tokens, "tenant_output_tokens")):
@@ -336,6 +339,8 @@ class InProcessLedger(TokenLedger):
 
     def prompt_room(self, tenant: Tenant, now: float | None = None) -> PromptRoom | None:
         """The prompt bucket's :class:`~tenancy.prompt_room.PromptRoom` (review R3-2); ``None``: any prompt fits."""
+        if tenant.prompt_tokens_per_s is None:  # no prompt-token limit: what the bucket sync below answers (session 15)
+            return None
         now = self._clock() if now is None else now
         with self._lock:
             st = self._tenants.get(tenant.id)  # None: never reserved, a full bucket

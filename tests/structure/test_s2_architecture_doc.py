@@ -133,7 +133,8 @@ def test_the_flow_lists_the_steps_in_the_order_the_pipeline_calls_them() -> None
     flow = [n for _, names in table_rows(DOC.read_text()) for n in names]
     assert [n for n in flow if n in order] == order
     src = (ROOT / "gateway" / "pipeline.py").read_text()
-    calls = {"OverloadGuard.shed": ".overload.shed(", "Authenticator.authenticate": ".authn.authenticate(",
+    # session 15: the pipeline sheds (then enters) with OverloadGuard.shed_or_enter, one call
+    calls = {"OverloadGuard.shed": ".overload.shed_or_enter(", "Authenticator.authenticate": ".authn.authenticate(",
              "Admission.resolve_tenant": ".resolve_tenant(", "FlowControl.check_queue_room": ".check_queue_room(",
              "Admission.admit": "adm.admit(", "PolicyEnforcementPoint.decide": ".pep.decide(",
              "FlowControl.release": ".flow.release(", "Router.route": ".router.route(",
