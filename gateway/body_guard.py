@@ -178,17 +178,9 @@ class BodyGuard:
         if self.guard_chunk_too_many():
             raise BodyRefused()
 
-    def on_body(self, body: bytes) -> None:
-        """httptools callback: body bytes (counted, then uvicorn's handling)."""
-        self.guard_progress += 1
-        self.guard_body_bytes += len(body)
-        super().on_body(body)  # type: ignore[misc]
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        """httptools callback: a header field; outside a head it is a trailer field (refused)."""
-        if self.guard_waiting:  # type: ignore[attr-defined]
-            super().on_header(name, value)  # type: ignore[misc]
-            return
+    def guard_trailer(self) -> None:
+        """httptools: a header field outside a head is a trailer field: refused (the protocol's ``on_header``,
+        gateway/http_guard.py, calls this; its ``on_body`` counts ``guard_progress`` and ``guard_body_bytes``)."""
         self.guard_refuse_body("trailers_not_allowed", "trailer fields are not accepted")
         raise BodyRefused()
 

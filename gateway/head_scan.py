@@ -11,8 +11,8 @@ import re
 from gateway.head_fields import HeadFields
 from gateway.host_field import head_host_refused  # R9-3
 
-__all__ = ["HeadScan", "ScannedHeadFields", "whole_head_is_plain", "UPGRADE_CODE", "TARGET_CODE", "CONNECT_CODE",
-           "FIELDS_CODE", "METHODS"]
+__all__ = ["HeadScan", "ScannedHeadFields", "whole_head_is_plain", "usual_head", "UPGRADE_CODE", "TARGET_CODE",
+           "CONNECT_CODE", "FIELDS_CODE", "METHODS"]
 
 UPGRADE_CODE = "upgrade_not_supported"
 TARGET_CODE = "invalid_request_target"
@@ -136,6 +136,41 @@ def whole_head_is_plain(head: bytes, low: bytes | None = None) -> tuple[bool, bo
         return True, False
     value = low[i + 16:low.find(b"\n", i + 16)].strip()
     return True, value.isdigit() and value.strip(b"0") != b""
+
+
+def usual_head(data: bytes, max_fields: int) -> int:
+    """The usual request as one read, checked in one function (session 15, issue 14: the server head).
+
+    ``data``: the bytes of one read that starts a new head (nothing of it fed before); ``max_fields``:
+    ``limits.max_header_fields``. Returns the offset just past the head's blank line when ``data`` is a
+    complete head followed by the start of its body and every guard of a head read whole lets it through:
+    the head ends at its first ``\n\r\n`` with no bare ``\n\n`` before it, it has at most ``max_fields``
+    fields (:class:`gateway.head_fields.HeadFields`), :func:`whole_head_is_plain` says ``(True, True)`` (method
+    ``POST``/``GET``, no ``#`` in the request line, no ``upgrade`` line, one plain ``Content-Length`` > 0, no
+    ``Transfer-Encoding``) and it has exactly one ``Host`` field (R9-3); and at least one body byte follows.
+    Else -1: the caller takes the general path (:class:`ScannedHeadFields`), which then decides (refuses,
+    waits for more bytes, or parses the head alone). Never -1 where that path would parse head and body
+    start in one call, never an offset where it would not (tests/hostile/test_s15_edge_usual_head.py
+    compares the two on hostile heads)."""
+    if not data.startswith(_USUAL):
+        return -1
+    end = data.find(b"\n\r\n")
+    if end < 0 or data.find(b"\n\n", 0, end) >= 0 or data.count(b"\n", 0, end) > max_fields:
+        return -1
+    cut = end + 3
+    if cut >= len(data):
+        return -1
+    low = data[:cut].lower()
+    if low.find(b"#", 0, low.find(b"\n")) >= 0 or b"\nupgrade" in low or b"transfer-encoding" in low:
+        return -1
+    i = low.find(b"\ncontent-length:")
+    if i < 0 or low.find(b"\ncontent-length:", i + 16) >= 0:
+        return -1
+    value = low[i + 16:low.find(b"\n", i + 16)].strip()
+    if not value.isdigit() or value.strip(b"0") == b"":
+        return -1
+    i = low.find(b"\nhost:")
+    return cut if i >= 0 and i == low.rfind(b"\nhost:") else -1
 
 
 class ScannedHeadFields(HeadFields):

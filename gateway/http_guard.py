@@ -61,15 +61,18 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.body_guard import BODY_COMPLETE_KEY, DEFAULT_MAX_BODY_CHUNKS, WIRE_SCOPE_KEY, BodyGuard, GuardedH11Connection
+from gateway.body_guard import (BODY_COMPLETE_KEY, DEFAULT_MAX_BODY_CHUNKS, WIRE_SCOPE_KEY, BodyGuard, BodyWire,
+                                GuardedH11Connection)
 from gateway.client_io import LOSS_KEY
 from gateway.drop_guard import DropGuard  # R9-1: no read-and-drop at line rate behind an answer in progress
 from gateway.head_fields import DEFAULT_MAX_HEADER_FIELDS
 from gateway.head_guard import DEFAULT_HEADER_READ_TIMEOUT_S, DEFAULT_MAX_HEADER_BYTES, HeadGuard
+from gateway.head_scan import usual_head
 from gateway.lingering import DEFAULT_LINGERING_CLOSE_BYTES, DEFAULT_LINGERING_CLOSE_S
+from gateway.log_aggregate import note_peer
 from gateway.protocol_audit import RefusalAudit  # audit of the guard's refusals (session 7)
-from gateway.send_order import SEND_ORDER
-from gateway.upgrade_guard import UpgradeGuard  # R7-1, R7-3 (hook: 3 lines, marked R7-1)
+from gateway.send_order import SCOPE_KEY as SENDS_KEY, SEND_ORDER
+from gateway.upgrade_guard import UpgradeGuard, httptools_backstop  # R7-1, R7-3 (hook: 3 lines, marked R7-1)
 
 __all__ = ["guarded_protocol", "DEFAULT_MAX_HEADER_BYTES", "DEFAULT_HEADER_READ_TIMEOUT_S", "PARSERS"]
 
@@ -81,6 +84,24 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard,
     and the body framing bounds of :class:`gateway.body_guard.BodyGuard`."""
 
     guard_head_wire = 0  # body bytes fed with the head, credited to its BodyWire when the head completes
+
+    def data_received(self, data: bytes) -> None:
+        """asyncio hook: the usual request (a new head whole in one read with the start of its body, nothing
+        to refuse: :func:`gateway.head_scan.usual_head`) goes to the parser at once, as the general path
+        (``UpgradeGuard.data_received`` -> ``HeadGuard.guard_feed``) would hand it; anything else takes that
+        path (session 15, issue 14: one Python frame instead of eight before the parser)."""
+        transport = self.transport
+        fields = self.guard_fields
+        if (self.guard_waiting and not fields.started and self.guard_deferred is None and not transport.lingering
+                and not transport.held and len(data) <= self.guard_max_header_bytes
+                and (cut := usual_head(data, self.guard_max_header_fields)) > 0 and not transport.is_closing()):
+            note_peer(self.client)
+            fields.started = fields.ended = fields.body = fields.hosts = True  # as ScannedHeadFields.feed leaves them
+            fields.end = cut
+            self.guard_head_bytes = len(data)
+            self.guard_parse_with_body(data, len(data) - cut)
+            return
+        super().data_received(data)
 
     def guard_parse(self, data: bytes) -> None:
         if self.guard_waiting:
@@ -119,15 +140,37 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard,
         super().on_response_complete()
 
     def on_headers_complete(self) -> None:
-        """httptools parser callback: the head is complete (then uvicorn's handling)."""
-        self.guard_head_done()
-        self.guard_body_reset()
+        """httptools parser callback: the head is complete; the head state ends, the body state starts
+        (``guard_head_done``, ``guard_body_reset``, inline: session 15), the backstop of
+        gateway/upgrade_guard.py refuses what the scan did not see (:func:`httptools_backstop`), then
+        uvicorn's handling."""
+        self.guard_waiting = False
+        self.guard_head_bytes = 0
+        if self.guard_timer is not None:
+            self.guard_cancel_timer()
+        self.guard_chunks = self.guard_body_bytes = self.guard_quiet_bytes = 0
+        wire = self.guard_wire = BodyWire()
         if self.guard_head_wire:  # the body bytes parsed together with this head (guard_parse_with_body)
-            self.guard_wire.bytes, self.guard_head_wire = self.guard_head_wire, 0
-        SEND_ORDER.stamp(self.scope)  # before uvicorn starts its task (gateway/send_order.py)
-        self.scope[LOSS_KEY] = self.guard_loss
-        self.scope[WIRE_SCOPE_KEY] = self.guard_wire
-        super().on_headers_complete()
+            wire.bytes, self.guard_head_wire = self.guard_head_wire, 0
+        scope = self.scope
+        scope[SENDS_KEY] = SEND_ORDER.sends  # before uvicorn starts its task (gateway/send_order.py)
+        scope[LOSS_KEY] = self.guard_loss
+        scope[WIRE_SCOPE_KEY] = wire
+        httptools_backstop(self)  # raises BodyRefused for a refused head
+        HttpToolsProtocol.on_headers_complete(self)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """httptools callback: a header field; outside a head it is a trailer field (refused: body_guard)."""
+        if self.guard_waiting:
+            HttpToolsProtocol.on_header(self, name, value)
+            return
+        self.guard_trailer()
+
+    def on_body(self, body: bytes) -> None:
+        """httptools callback: body bytes (counted: body_guard), then uvicorn's handling."""
+        self.guard_progress += 1
+        self.guard_body_bytes += len(body)
+        HttpToolsProtocol.on_body(self, body)
 
     def on_message_complete(self) -> None:
         """httptools parser callback: the request is complete; the next head is awaited."""
