@@ -181,10 +181,11 @@ class ScannedHeadFields(HeadFields):
     for a head read whole: True when its ``Host`` fields are right, False when the head must be refused
     for them once a parser has accepted it (the parser's own refusals first); None: not checked here."""
 
-    __slots__ = ("scan", "refusal", "body", "unseen", "hosts")
+    __slots__ = ("scan", "scanned", "refusal", "body", "unseen", "hosts")
 
     def __init__(self, max_fields: int) -> None:
         self.scan = HeadScan()
+        self.scanned = False  # the scan's state moved since its last reset
         self.refusal: str | None = None
         self.body = False
         self.unseen = False  # the head's start reached the parser unscanned (:meth:`mid_head`)
@@ -192,12 +193,16 @@ class ScannedHeadFields(HeadFields):
         super().__init__(max_fields)
 
     def reset(self) -> None:
-        """A new head is awaited."""
-        super().reset()
-        self.scan.reset()
+        """A new head is awaited (:meth:`HeadFields.reset` inline, and the scan's reset only when it was fed:
+        session 15, the usual head never is)."""
+        self.lines = 0
+        self.tail = b""
+        self.started = self.ended = self.body = self.unseen = False
+        self.end = -1
+        if self.scanned:
+            self.scan.reset()
+            self.scanned = False
         self.refusal = None
-        self.body = False
-        self.unseen = False
         self.hosts = None
 
     def mid_head(self, last: bytes) -> None:
@@ -205,7 +210,7 @@ class ScannedHeadFields(HeadFields):
         the last bytes handed to it): what follows is scanned as the rest of a head, never as a request line
         (S9-L3: the method rule would refuse a middle's first word); the parser's backstop checks the whole
         head when it completes (:func:`unscanned_code`)."""
-        self.started = self.scan.started = self.unseen = True
+        self.started = self.scan.started = self.unseen = self.scanned = True
         self.scan.phase = 2
         self.scan.line = b"\n" if last.endswith(b"\n") else None
         self.tail = last[-2:]
@@ -226,5 +231,6 @@ class ScannedHeadFields(HeadFields):
                 self.hosts = (i >= 0 and i == low.rfind(b"\nhost:")) or not head_host_refused(head)
                 if plain:
                     return ok
+            self.scanned = True
             self.refusal = self.scan.feed(data if end < 0 else data[:end])
         return ok

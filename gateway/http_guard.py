@@ -77,6 +77,8 @@ from gateway.upgrade_guard import UpgradeGuard, httptools_backstop  # R7-1, R7-3
 __all__ = ["guarded_protocol", "DEFAULT_MAX_HEADER_BYTES", "DEFAULT_HEADER_READ_TIMEOUT_S", "PARSERS"]
 
 PARSERS = ("h11", "httptools")
+#: ``#`` as an int: a plain byte search in uvicorn's ``url`` (R8-5's backstop)
+_HASH = ord("#")
 
 
 class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard, HeadGuard, HttpToolsProtocol):  # R7-1, R9-1
@@ -99,7 +101,14 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard,
             fields.started = fields.ended = fields.body = fields.hosts = True  # as ScannedHeadFields.feed leaves them
             fields.end = cut
             self.guard_head_bytes = len(data)
-            self.guard_parse_with_body(data, len(data) - cut)
+            progress = self.guard_progress
+            self.guard_head_wire = len(data) - cut  # as guard_parse_with_body
+            HttpToolsProtocol.data_received(self, data)
+            self.guard_head_wire = 0
+            if self.guard_waiting and (cycle := self.cycle) is not None and self.scope is cycle.scope:
+                self.guard_quiet_bytes = 0  # the request ended in this read, nothing after it: guard_body_fed's case
+            elif not transport.is_closing():
+                self.guard_body_fed(progress, len(data) - cut, data)
             return
         super().data_received(data)
 
@@ -156,7 +165,10 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard,
         scope[SENDS_KEY] = SEND_ORDER.sends  # before uvicorn starts its task (gateway/send_order.py)
         scope[LOSS_KEY] = self.guard_loss
         scope[WIRE_SCOPE_KEY] = wire
-        httptools_backstop(self)  # raises BodyRefused for a refused head
+        fields = self.guard_fields
+        if (self.parser.should_upgrade() or _HASH in self.url or fields.hosts is not True or not fields.started
+                or fields.unseen):  # what the backstop looks at (else it finds nothing)
+            httptools_backstop(self)  # raises BodyRefused for a refused head
         HttpToolsProtocol.on_headers_complete(self)
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -174,11 +186,16 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard,
 
     def on_message_complete(self) -> None:
         """httptools parser callback: the request is complete; the next head is awaited."""
-        super().on_message_complete()
+        HttpToolsProtocol.on_message_complete(self)
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope and not getattr(cycle, "more_body", True):  # no read timer
             self.scope[BODY_COMPLETE_KEY] = True  # type: ignore[literal-required]
-        self.guard_head_expected()
+        # guard_head_expected(), inline (session 15)
+        self.guard_waiting = True
+        self.guard_head_bytes = 0
+        self.guard_fields.reset()
+        if self.guard_timer is not None:
+            self.guard_cancel_timer()
 
 
 class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard, HeadGuard, H11Protocol):  # R7-1, R9-1
