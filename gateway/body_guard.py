@@ -31,8 +31,9 @@ disconnect; the refusal's code is left in the request's ASGI scope under
 :data:`REFUSED_SCOPE_KEY` so the framing guard (gateway/framing.py) reports it
 (audited with that code) instead of ``client_disconnect``.
 
-Hooks (public names only): httptools parser callbacks ``on_chunk_header``,
-``on_body`` and ``on_header`` of uvicorn's protocol; for h11 the public
+Hooks (public names only): httptools parser callbacks ``on_chunk_header`` (here),
+``on_body`` and ``on_header`` of uvicorn's protocol (in gateway/http_guard.py since session 15, with
+:meth:`BodyGuard.guard_trailer`); for h11 the public
 ``h11.Connection.next_event``, ``their_state`` and ``trailing_data`` of the protocol's ``conn`` (wrapped
 by :class:`GuardedH11Connection`, the connection's one wrapper) and h11's ``Data.chunk_start`` and
 ``EndOfMessage.headers``.

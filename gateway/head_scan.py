@@ -149,9 +149,10 @@ def usual_head(data: bytes, max_fields: int) -> int:
     ``POST``/``GET``, no ``#`` in the request line, no ``upgrade`` line, one plain ``Content-Length`` > 0, no
     ``Transfer-Encoding``) and it has exactly one ``Host`` field (R9-3); and at least one body byte follows.
     Else -1: the caller takes the general path (:class:`ScannedHeadFields`), which then decides (refuses,
-    waits for more bytes, or parses the head alone). Never -1 where that path would parse head and body
-    start in one call, never an offset where it would not (tests/hostile/test_s15_edge_usual_head.py
-    compares the two on hostile heads)."""
+    waits for more bytes, or parses the head alone). Never an offset where that path would not parse head and
+    body start in one call with a right ``Host``; -1 for a few reads it would (bare-LF line ends, leading blank
+    lines, HTTP/1.0 without ``Host``: it then does so itself). tests/hostile/test_s15_edge_usual_head.py compares
+    the two on hostile heads."""
     if not data.startswith(_USUAL):
         return -1
     end = data.find(b"\n\r\n")

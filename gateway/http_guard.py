@@ -50,6 +50,15 @@ checked by tests/hostile/test_i10_header_limits.py::test_uvicorn_hook_points_exi
 ``conn``. A completed head is seen as a new ``cycle`` (uvicorn's ``RequestResponseCycle``). Since session 9
 (S9-L3) also uvicorn's httptools ``headers`` (the head's field list) and ``scope`` (a new one per message,
 from ``on_message_begin``); tests/hostile/test_s9_lows.py fails if either changes meaning.
+
+The usual request (session 15, issue 14): a read that holds a new head whole and the start of its body, with
+nothing any head guard refuses (:func:`gateway.head_scan.usual_head`: one function, the same verdicts as the
+scan's whole-head path), goes from ``GuardedHttpToolsProtocol.data_received`` straight to the parser; every
+other read takes the general path (``UpgradeGuard.data_received`` -> ``HeadGuard.guard_feed``). The httptools
+callbacks call uvicorn's hooks of the same names directly (no ``super()`` chain through the mixins, which
+define none of them), and the head/body state changes and the backstop test are inline. No new hook:
+tests/hostile/test_s15_edge_usual_head.py compares ``usual_head`` with the general path and refuses every
+guarded head in one read under both parsers.
 """
 
 from __future__ import annotations
