@@ -110,6 +110,7 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard,
             fields.started = fields.ended = fields.body = fields.hosts = True  # as ScannedHeadFields.feed leaves them
             fields.end = cut
             self.guard_head_bytes = len(data)
+            self.guard_head_tail = b""  # as guard_feed leaves it after guard_parse_with_body
             progress = self.guard_progress
             self.guard_head_wire = len(data) - cut  # as guard_parse_with_body
             HttpToolsProtocol.data_received(self, data)
