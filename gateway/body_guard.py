@@ -31,8 +31,9 @@ disconnect; the refusal's code is left in the request's ASGI scope under
 :data:`REFUSED_SCOPE_KEY` so the framing guard (gateway/framing.py) reports it
 (audited with that code) instead of ``client_disconnect``.
 
-Hooks (public names only): httptools parser callbacks ``on_chunk_header``,
-``on_body`` and ``on_header`` of uvicorn's protocol; for h11 the public
+Hooks (public names only): httptools parser callbacks ``on_chunk_header`` (here),
+``on_body`` and ``on_header`` of uvicorn's protocol (in gateway/http_guard.py since session 15, with
+:meth:`BodyGuard.guard_trailer`); for h11 the public
 ``h11.Connection.next_event``, ``their_state`` and ``trailing_data`` of the protocol's ``conn`` (wrapped
 by :class:`GuardedH11Connection`, the connection's one wrapper) and h11's ``Data.chunk_start`` and
 ``EndOfMessage.headers``.
@@ -178,17 +179,9 @@ class BodyGuard:
         if self.guard_chunk_too_many():
             raise BodyRefused()
 
-    def on_body(self, body: bytes) -> None:
-        """httptools callback: body bytes (counted, then uvicorn's handling)."""
-        self.guard_progress += 1
-        self.guard_body_bytes += len(body)
-        super().on_body(body)  # type: ignore[misc]
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        """httptools callback: a header field; outside a head it is a trailer field (refused)."""
-        if self.guard_waiting:  # type: ignore[attr-defined]
-            super().on_header(name, value)  # type: ignore[misc]
-            return
+    def guard_trailer(self) -> None:
+        """httptools: a header field outside a head is a trailer field: refused (the protocol's ``on_header``,
+        gateway/http_guard.py, calls this; its ``on_body`` counts ``guard_progress`` and ``guard_body_bytes``)."""
         self.guard_refuse_body("trailers_not_allowed", "trailer fields are not accepted")
         raise BodyRefused()
 

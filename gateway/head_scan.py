@@ -11,8 +11,8 @@ import re
 from gateway.head_fields import HeadFields
 from gateway.host_field import head_host_refused  # R9-3
 
-__all__ = ["HeadScan", "ScannedHeadFields", "whole_head_is_plain", "UPGRADE_CODE", "TARGET_CODE", "CONNECT_CODE",
-           "FIELDS_CODE", "METHODS"]
+__all__ = ["HeadScan", "ScannedHeadFields", "whole_head_is_plain", "usual_head", "UPGRADE_CODE", "TARGET_CODE",
+           "CONNECT_CODE", "FIELDS_CODE", "METHODS"]
 
 UPGRADE_CODE = "upgrade_not_supported"
 TARGET_CODE = "invalid_request_target"
@@ -138,6 +138,42 @@ def whole_head_is_plain(head: bytes, low: bytes | None = None) -> tuple[bool, bo
     return True, value.isdigit() and value.strip(b"0") != b""
 
 
+def usual_head(data: bytes, max_fields: int) -> int:
+    """The usual request as one read, checked in one function (session 15, issue 14: the server head).
+
+    ``data``: the bytes of one read that starts a new head (nothing of it fed before); ``max_fields``:
+    ``limits.max_header_fields``. Returns the offset just past the head's blank line when ``data`` is a
+    complete head followed by the start of its body and every guard of a head read whole lets it through:
+    the head ends at its first ``\n\r\n`` with no bare ``\n\n`` before it, it has at most ``max_fields``
+    fields (:class:`gateway.head_fields.HeadFields`), :func:`whole_head_is_plain` says ``(True, True)`` (method
+    ``POST``/``GET``, no ``#`` in the request line, no ``upgrade`` line, one plain ``Content-Length`` > 0, no
+    ``Transfer-Encoding``) and it has exactly one ``Host`` field (R9-3); and at least one body byte follows.
+    Else -1: the caller takes the general path (:class:`ScannedHeadFields`), which then decides (refuses,
+    waits for more bytes, or parses the head alone). Never an offset where that path would not parse head and
+    body start in one call with a right ``Host``; -1 for a few reads it would (bare-LF line ends, leading blank
+    lines, HTTP/1.0 without ``Host``: it then does so itself). tests/hostile/test_s15_edge_usual_head.py compares
+    the two on hostile heads."""
+    if not data.startswith(_USUAL):
+        return -1
+    end = data.find(b"\n\r\n")
+    if end < 0 or data.find(b"\n\n", 0, end) >= 0 or data.count(b"\n", 0, end) > max_fields:
+        return -1
+    cut = end + 3
+    if cut >= len(data):
+        return -1
+    low = data[:cut].lower()
+    if low.find(b"#", 0, low.find(b"\n")) >= 0 or b"\nupgrade" in low or b"transfer-encoding" in low:
+        return -1
+    i = low.find(b"\ncontent-length:")
+    if i < 0 or low.find(b"\ncontent-length:", i + 16) >= 0:
+        return -1
+    value = low[i + 16:low.find(b"\n", i + 16)].strip()
+    if not value.isdigit() or value.strip(b"0") == b"":
+        return -1
+    i = low.find(b"\nhost:")
+    return cut if i >= 0 and i == low.rfind(b"\nhost:") else -1
+
+
 class ScannedHeadFields(HeadFields):
     """:class:`gateway.head_fields.HeadFields` that also runs a :class:`HeadScan` over the head's
     bytes; after :meth:`feed`, :attr:`refusal` is the code to refuse the head with, or None, and
@@ -146,10 +182,11 @@ class ScannedHeadFields(HeadFields):
     for a head read whole: True when its ``Host`` fields are right, False when the head must be refused
     for them once a parser has accepted it (the parser's own refusals first); None: not checked here."""
 
-    __slots__ = ("scan", "refusal", "body", "unseen", "hosts")
+    __slots__ = ("scan", "scanned", "refusal", "body", "unseen", "hosts")
 
     def __init__(self, max_fields: int) -> None:
         self.scan = HeadScan()
+        self.scanned = False  # the scan's state moved since its last reset
         self.refusal: str | None = None
         self.body = False
         self.unseen = False  # the head's start reached the parser unscanned (:meth:`mid_head`)
@@ -157,12 +194,16 @@ class ScannedHeadFields(HeadFields):
         super().__init__(max_fields)
 
     def reset(self) -> None:
-        """A new head is awaited."""
-        super().reset()
-        self.scan.reset()
+        """A new head is awaited (:meth:`HeadFields.reset` inline, and the scan's reset only when it was fed:
+        session 15, the usual head never is)."""
+        self.lines = 0
+        self.tail = b""
+        self.started = self.ended = self.body = self.unseen = False
+        self.end = -1
+        if self.scanned:
+            self.scan.reset()
+            self.scanned = False
         self.refusal = None
-        self.body = False
-        self.unseen = False
         self.hosts = None
 
     def mid_head(self, last: bytes) -> None:
@@ -170,7 +211,7 @@ class ScannedHeadFields(HeadFields):
         the last bytes handed to it): what follows is scanned as the rest of a head, never as a request line
         (S9-L3: the method rule would refuse a middle's first word); the parser's backstop checks the whole
         head when it completes (:func:`unscanned_code`)."""
-        self.started = self.scan.started = self.unseen = True
+        self.started = self.scan.started = self.unseen = self.scanned = True
         self.scan.phase = 2
         self.scan.line = b"\n" if last.endswith(b"\n") else None
         self.tail = last[-2:]
@@ -191,5 +232,6 @@ class ScannedHeadFields(HeadFields):
                 self.hosts = (i >= 0 and i == low.rfind(b"\nhost:")) or not head_host_refused(head)
                 if plain:
                     return ok
+            self.scanned = True
             self.refusal = self.scan.feed(data if end < 0 else data[:end])
         return ok

@@ -50,6 +50,15 @@ checked by tests/hostile/test_i10_header_limits.py::test_uvicorn_hook_points_exi
 ``conn``. A completed head is seen as a new ``cycle`` (uvicorn's ``RequestResponseCycle``). Since session 9
 (S9-L3) also uvicorn's httptools ``headers`` (the head's field list) and ``scope`` (a new one per message,
 from ``on_message_begin``); tests/hostile/test_s9_lows.py fails if either changes meaning.
+
+The usual request (session 15, issue 14): a read that holds a new head whole and the start of its body, with
+nothing any head guard refuses (:func:`gateway.head_scan.usual_head`: one function, the same verdicts as the
+scan's whole-head path), goes from ``GuardedHttpToolsProtocol.data_received`` straight to the parser; every
+other read takes the general path (``UpgradeGuard.data_received`` -> ``HeadGuard.guard_feed``). The httptools
+callbacks call uvicorn's hooks of the same names directly (no ``super()`` chain through the mixins, which
+define none of them), and the head/body state changes and the backstop test are inline. No new hook:
+tests/hostile/test_s15_edge_usual_head.py compares ``usual_head`` with the general path and refuses every
+guarded head in one read under both parsers.
 """
 
 from __future__ import annotations
@@ -61,19 +70,24 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.body_guard import BODY_COMPLETE_KEY, DEFAULT_MAX_BODY_CHUNKS, WIRE_SCOPE_KEY, BodyGuard, GuardedH11Connection
+from gateway.body_guard import (BODY_COMPLETE_KEY, DEFAULT_MAX_BODY_CHUNKS, WIRE_SCOPE_KEY, BodyGuard, BodyWire,
+                                GuardedH11Connection)
 from gateway.client_io import LOSS_KEY
 from gateway.drop_guard import DropGuard  # R9-1: no read-and-drop at line rate behind an answer in progress
 from gateway.head_fields import DEFAULT_MAX_HEADER_FIELDS
 from gateway.head_guard import DEFAULT_HEADER_READ_TIMEOUT_S, DEFAULT_MAX_HEADER_BYTES, HeadGuard
+from gateway.head_scan import usual_head
 from gateway.lingering import DEFAULT_LINGERING_CLOSE_BYTES, DEFAULT_LINGERING_CLOSE_S
+from gateway.log_aggregate import note_peer
 from gateway.protocol_audit import RefusalAudit  # audit of the guard's refusals (session 7)
-from gateway.send_order import SEND_ORDER
-from gateway.upgrade_guard import UpgradeGuard  # R7-1, R7-3 (hook: 3 lines, marked R7-1)
+from gateway.send_order import SCOPE_KEY as SENDS_KEY, SEND_ORDER
+from gateway.upgrade_guard import UpgradeGuard, httptools_backstop  # R7-1, R7-3 (hook: 3 lines, marked R7-1)
 
 __all__ = ["guarded_protocol", "DEFAULT_MAX_HEADER_BYTES", "DEFAULT_HEADER_READ_TIMEOUT_S", "PARSERS"]
 
 PARSERS = ("h11", "httptools")
+#: ``#`` as an int: a plain byte search in uvicorn's ``url`` (R8-5's backstop)
+_HASH = ord("#")
 
 
 class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard, HeadGuard, HttpToolsProtocol):  # R7-1, R9-1
@@ -81,6 +95,32 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard,
     and the body framing bounds of :class:`gateway.body_guard.BodyGuard`."""
 
     guard_head_wire = 0  # body bytes fed with the head, credited to its BodyWire when the head completes
+
+    def data_received(self, data: bytes) -> None:
+        """asyncio hook: the usual request (a new head whole in one read with the start of its body, nothing
+        to refuse: :func:`gateway.head_scan.usual_head`) goes to the parser at once, as the general path
+        (``UpgradeGuard.data_received`` -> ``HeadGuard.guard_feed``) would hand it; anything else takes that
+        path (session 15, issue 14: one Python frame instead of eight before the parser)."""
+        transport = self.transport
+        fields = self.guard_fields
+        if (self.guard_waiting and not fields.started and self.guard_deferred is None and not transport.lingering
+                and not transport.held and len(data) <= self.guard_max_header_bytes
+                and (cut := usual_head(data, self.guard_max_header_fields)) > 0 and not transport.is_closing()):
+            note_peer(self.client)
+            fields.started = fields.ended = fields.body = fields.hosts = True  # as ScannedHeadFields.feed leaves them
+            fields.end = cut
+            self.guard_head_bytes = len(data)
+            self.guard_head_tail = b""  # as guard_feed leaves it after guard_parse_with_body
+            progress = self.guard_progress
+            self.guard_head_wire = len(data) - cut  # as guard_parse_with_body
+            HttpToolsProtocol.data_received(self, data)
+            self.guard_head_wire = 0
+            if self.guard_waiting and (cycle := self.cycle) is not None and self.scope is cycle.scope:
+                self.guard_quiet_bytes = 0  # the request ended in this read, nothing after it: guard_body_fed's case
+            elif not transport.is_closing():
+                self.guard_body_fed(progress, len(data) - cut, data)
+            return
+        super().data_received(data)
 
     def guard_parse(self, data: bytes) -> None:
         if self.guard_waiting:
@@ -119,23 +159,53 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard,
         super().on_response_complete()
 
     def on_headers_complete(self) -> None:
-        """httptools parser callback: the head is complete (then uvicorn's handling)."""
-        self.guard_head_done()
-        self.guard_body_reset()
+        """httptools parser callback: the head is complete; the head state ends, the body state starts
+        (``guard_head_done``, ``guard_body_reset``, inline: session 15), the backstop of
+        gateway/upgrade_guard.py refuses what the scan did not see (:func:`httptools_backstop`), then
+        uvicorn's handling."""
+        self.guard_waiting = False
+        self.guard_head_bytes = 0
+        if self.guard_timer is not None:
+            self.guard_cancel_timer()
+        self.guard_chunks = self.guard_body_bytes = self.guard_quiet_bytes = 0
+        wire = self.guard_wire = BodyWire()
         if self.guard_head_wire:  # the body bytes parsed together with this head (guard_parse_with_body)
-            self.guard_wire.bytes, self.guard_head_wire = self.guard_head_wire, 0
-        SEND_ORDER.stamp(self.scope)  # before uvicorn starts its task (gateway/send_order.py)
-        self.scope[LOSS_KEY] = self.guard_loss
-        self.scope[WIRE_SCOPE_KEY] = self.guard_wire
-        super().on_headers_complete()
+            wire.bytes, self.guard_head_wire = self.guard_head_wire, 0
+        scope = self.scope
+        scope[SENDS_KEY] = SEND_ORDER.sends  # before uvicorn starts its task (gateway/send_order.py)
+        scope[LOSS_KEY] = self.guard_loss
+        scope[WIRE_SCOPE_KEY] = wire
+        fields = self.guard_fields
+        if (self.parser.should_upgrade() or _HASH in self.url or fields.hosts is not True or not fields.started
+                or fields.unseen):  # what the backstop looks at (else it finds nothing)
+            httptools_backstop(self)  # raises BodyRefused for a refused head
+        HttpToolsProtocol.on_headers_complete(self)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """httptools callback: a header field; outside a head it is a trailer field (refused: body_guard)."""
+        if self.guard_waiting:
+            HttpToolsProtocol.on_header(self, name, value)
+            return
+        self.guard_trailer()
+
+    def on_body(self, body: bytes) -> None:
+        """httptools callback: body bytes (counted: body_guard), then uvicorn's handling."""
+        self.guard_progress += 1
+        self.guard_body_bytes += len(body)
+        HttpToolsProtocol.on_body(self, body)
 
     def on_message_complete(self) -> None:
         """httptools parser callback: the request is complete; the next head is awaited."""
-        super().on_message_complete()
+        HttpToolsProtocol.on_message_complete(self)
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope and not getattr(cycle, "more_body", True):  # no read timer
             self.scope[BODY_COMPLETE_KEY] = True  # type: ignore[literal-required]
-        self.guard_head_expected()
+        # guard_head_expected(), inline (session 15)
+        self.guard_waiting = True
+        self.guard_head_bytes = 0
+        self.guard_fields.reset()
+        if self.guard_timer is not None:
+            self.guard_cancel_timer()
 
 
 class GuardedH11Protocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard, HeadGuard, H11Protocol):  # R7-1, R9-1

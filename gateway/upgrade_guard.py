@@ -76,7 +76,7 @@ from gateway.protocol_audit import refused
 
 __all__ = ["HeadScan", "ScannedHeadFields", "whole_head_is_plain", "UpgradeGuard", "UPGRADE_CODE", "TARGET_CODE",
            "CONNECT_CODE", "INVALID_CODE", "FIELDS_CODE", "GUARD_ENDPOINT", "METHODS", "backstop_code",
-           "h11_request_code", "unscanned_code"]
+           "h11_request_code", "unscanned_code", "httptools_backstop"]
 
 #: a head the parser refuses behind a response in progress, and a folded head line under h11 (httptools
 #: refuses folds itself: uvicorn's 400, audited ``invalid_request`` too)
@@ -196,25 +196,33 @@ class UpgradeGuard:
             return False
         return True
 
-    def on_headers_complete(self) -> None:
-        """httptools: a head the scan did not see (pipelined behind a body) that asks for an upgrade,
-        uses ``CONNECT`` (R8-1) or has a ``#`` in its target (R8-5)."""
-        parser = getattr(self, "parser", None)
-        code = backstop_code(parser, self.url) if parser is not None else None  # type: ignore[attr-defined]
-        if code is None and parser is not None and (not (f := self.guard_fields).started or f.unseen):  # type: ignore[attr-defined]
-            code = unscanned_code(parser, self.headers, self.guard_max_header_fields)  # type: ignore[attr-defined]
-        hosts = self.guard_fields.hosts  # type: ignore[attr-defined]
-        if code is None and hosts is not True and parser is not None:  # R9-3: Host fields (gateway/host_field.py)
-            # a head read whole was counted by the scan; one not (several reads, behind a body): its fields, here
-            if hosts is False or fields_host_refused(self.headers, parser.get_http_version()):  # type: ignore[attr-defined]
-                code = HOST_CODE
-        if code is not None:
-            # R7b-2: the parser stops here (nothing after this head is parsed); with a response in
-            # progress the refusal is deferred: that response completes, then the 400 and the close
-            self.guard_refuse_head(code)
-            self.logger = logging.getLogger("gateway.body_guard.quiet")  # silenced by gateway/body_guard.py
-            raise BodyRefused()
-        super().on_headers_complete()  # type: ignore[misc]
+
+def httptools_backstop(proto: Any) -> None:
+    """httptools, at ``on_headers_complete`` of the guarded protocol ``proto`` (before uvicorn's): a head the scan
+    did not see (pipelined behind a body) that asks for an upgrade, uses ``CONNECT`` (R8-1) or has a ``#`` in its
+    target (R8-5); a head whose start went unscanned (method, field count: :func:`unscanned_code`); a head with
+    a wrong ``Host`` (R9-3). Such a head is refused (:meth:`UpgradeGuard.guard_refuse_head`) and
+    :class:`gateway.body_guard.BodyRefused` raised to stop the parser; nothing otherwise. (A method of
+    :class:`UpgradeGuard` until session 15; called directly, not through ``super()``, to keep the usual request's
+    head short.)"""
+    parser = getattr(proto, "parser", None)
+    if parser is None:
+        return
+    code = backstop_code(parser, proto.url)
+    fields = proto.guard_fields
+    if code is None and (not fields.started or fields.unseen):
+        code = unscanned_code(parser, proto.headers, proto.guard_max_header_fields)
+    hosts = fields.hosts
+    if code is None and hosts is not True:  # R9-3: Host fields (gateway/host_field.py)
+        # a head read whole was counted by the scan; one not (several reads, behind a body): its fields, here
+        if hosts is False or fields_host_refused(proto.headers, parser.get_http_version()):
+            code = HOST_CODE
+    if code is not None:
+        # R7b-2: the parser stops here (nothing after this head is parsed); with a response in
+        # progress the refusal is deferred: that response completes, then the 400 and the close
+        proto.guard_refuse_head(code)
+        proto.logger = logging.getLogger("gateway.body_guard.quiet")  # silenced by gateway/body_guard.py
+        raise BodyRefused()
 
 
 def backstop_code(parser: Any, url: bytes) -> str | None:
