@@ -48,6 +48,9 @@ class NotifyingLoadTracker:
         self.inner = inner
         self.on_release: Callable[[], None] = lambda: None
         self.snapshot = inner.snapshot  # type: ignore[method-assign]  # the inner tracker's, no frame per call
+        tokens = getattr(inner, "tokens", None)
+        if tokens is not None:  # ``snapshot(rid).tokens`` without a snapshot (routing.load.InProcessLoadTracker)
+            self.tokens = tokens
         self._fused = bool(getattr(inner, "takes_notify", False))
 
     def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1,

@@ -229,7 +229,7 @@ class InferencePipeline:
             rec.replica, rec.pool, rec.routing_policy = replica.id, replica.pool, choice.policy
             rec.predicted_prefix_tokens = choice.predicted_prefix_tokens
             rec.available_prefix_tokens = choice.available_prefix_tokens
-            rec.replica_load_tokens = gw.router.loads.snapshot(replica.id).tokens
+            rec.replica_load_tokens = gw.router.load_tokens(replica.id)  # = loads.snapshot(rid).tokens
             rec.t_route = time.perf_counter()
             # serialized at once by open_upstream, never changed: copied only to add the salt
             upstream_body = with_salt(body, gw.keys.cache_salt(tenant)) if replica.cache_salt else body
@@ -283,8 +283,11 @@ class InferencePipeline:
         (issue 14, session 10: the gateway's CPU is idle while the replica works): the policy's lower
         ``max_tokens`` held in the ledger (``output_tokens``; None: no decision yet; a refund: holding
         more for a moment is the safe side; no-op once settled), the record's prefix fingerprint,
-        the audit event's trace and span part and the flow queue-wait metric (session 11). Run once, by :meth:`Held.run_prep`: in the event loop's turn after
+        the audit event's trace and span part and the flow queue-wait metric (session 11), the router's
+        index record (session 15: :meth:`Router.settle`; any read of the index applies it first). Run once,
+        by :meth:`Held.run_prep`: in the event loop's turn after
         the upstream request was written, or by :meth:`_end` if the request ends first."""
+        self.gw.router.settle()
         res = held.reservation
         if res is not None and output_tokens is not None:
             self.gw.admission.lower_reservation(res, output_tokens)

@@ -177,6 +177,13 @@ class InProcessLoadTracker:
             snap = c.snap = ReplicaLoad(replica_id, c.prefill, c.decode, c.running, c.prefilling)
         return snap
 
+    def tokens(self, replica_id: str) -> int:
+        """``snapshot(replica_id).tokens`` (queued prefill + decode tokens; 0 for an unknown replica)
+        without building a snapshot (issue 14, session 15: the request record's load figure, read
+        right after a dispatch changed the counters)."""
+        c = self._c.get(replica_id)
+        return 0 if c is None else c.prefill + c.decode
+
     def release(self, replica_id: str, prefill: int, decode: int, running: int, prefilling: int = 0) -> None:
         """Give back ``prefill``/``decode`` tokens, ``running`` requests and
         ``prefilling`` requests (first byte seen) of ``replica_id`` (floored
