@@ -351,12 +351,18 @@ class FlowControl:
         w.cands = None
         if w.slots is not None and self.slot_gate.skipped(w.tenant_id):
             return None
-        ids = [rid for rid in w.candidate_ids if rid in routable]
+        ids = []  # loops, not comprehensions: no frame each (issue 14, session 15)
+        for rid in w.candidate_ids:
+            if rid in routable:
+                ids.append(rid)
         if not ids:
             return None
         if self._max_prefill is None:
-            loads = self.router.loads
-            room = [rid for rid in ids if self.replica_room.has_room(loads.snapshot(rid), 0, w.req.sequences)]
+            snapshot, has_room, seqs = self.router.loads.snapshot, self.replica_room.has_room, w.req.sequences
+            room = []
+            for rid in ids:
+                if has_room(snapshot(rid), 0, seqs):
+                    room.append(rid)
             if not room:
                 return None
             w.room = room

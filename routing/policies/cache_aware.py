@@ -41,7 +41,6 @@ from pydantic import Field
 
 from routing.filters.dispatch_share import DispatchShareFilter
 from routing.filters.load_guard import LoadGuardFilter
-from routing.hashing import prefix_tokens
 from routing.params import PolicyParams
 from routing.pickers.least_load import LeastLoadPicker
 from routing.pickers.lowest_cost import LowestCostPicker
@@ -176,8 +175,9 @@ class CacheAwarePolicy(Scheduler):
             matched = max(0, min(c.matched_blocks * block, prompt))  # routing.hashing.prefix_tokens
             u = prompt - matched
             if calibrated:
-                s = load.shared_wait_tokens(u)
-                cost = (s + w * (load.queued_prefill_tokens - s) + u) / rate
+                q = load.queued_prefill_tokens
+                s = min(q, load.prefilling_requests * max(0, u))  # load.shared_wait_tokens(u), inline
+                cost = (s + w * (q - s) + u) / rate
             else:
                 cost = (load.queued_prefill_tokens + u) / rate
             cost += dw * load.decode_tokens / rate
@@ -210,7 +210,8 @@ class CacheAwarePolicy(Scheduler):
         for f in self.filters:  # the dispatch-share filter keeps one candidate and resets its cap
             kept = f.filter(req, kept)
         scores = self._costs(req, cands)
-        matched = prefix_tokens(req, c.matched_blocks)
+        prompt, m = req.prompt_tokens, c.matched_blocks * req.block_size
+        matched = max(0, m if m < prompt else prompt)  # prefix_tokens(req, c.matched_blocks), inline
         if kept:
             reason = "best_prefix" if c.matched_blocks > 0 else "no_prefix"
         else:
