@@ -126,8 +126,10 @@ class Ticket:
         held = self._prefill_held
         self._prefill_held = False
         self._held = False
-        self._tracker.release(self.replica_id, self.prefill_tokens if held else 0, self.decode_tokens,
-                              self.requests, self.requests if held else 0)
+        tracker = self._tracker
+        tracker.release(self.replica_id, self.prefill_tokens if held else 0, self.decode_tokens,
+                        self.requests, self.requests if held else 0)
+        tracker.snapshot(self.replica_id)  # built now (the request's end), not by the next decision (session 15)
         if self.notify is not None:
             self.notify.on_release()
 
