@@ -287,7 +287,6 @@ class InferencePipeline:
         index record (session 15: :meth:`Router.settle`; any read of the index applies it first). Run once,
         by :meth:`Held.run_prep`: in the event loop's turn after
         the upstream request was written, or by :meth:`_end` if the request ends first."""
-        self.gw.router.settle()
         res = held.reservation
         if res is not None and output_tokens is not None:
             self.gw.admission.lower_reservation(res, output_tokens)
@@ -295,6 +294,7 @@ class InferencePipeline:
         self.gw.audit.prepare_request(rec)
         if held.queue_wait_s is not None and self.gw.flow is not None:
             self.gw.flow.observe_wait(held.queue_wait_s)
+        self.gw.router.settle()  # last: the record's own preparation never waits on it
 
     def _end(self, rec: RequestRecord, held: Held) -> None:
         """End the request (idempotent): settle its tokens and write its one audit record; then give
