@@ -286,7 +286,7 @@ class FlowControl:
         """Release queued requests in fair order while any can be placed."""
         self._pump_scheduled = False
         self.slot_gate.new_round()
-        routable = set(self.replica_set.routable_ids())
+        routable = self.replica_set.routable_set()
         while self.queue.size:
             sel = self.queue.select(lambda w: self._place(w, routable))
             if sel is None:
@@ -316,7 +316,7 @@ class FlowControl:
         if slots is not None and not slots.local:
             return False
         self.slot_gate.new_round()
-        if self._place(w, set(self.replica_set.routable_ids())) is None:
+        if self._place(w, self.replica_set.routable_set()) is None:
             return False
         if slots is not None:
             if not slots.take_now(w.req.sequences):
@@ -346,17 +346,23 @@ class FlowControl:
             w.charged = max(0, w.req.prompt_tokens - choice.predicted_prefix_tokens)
             self.queue.charge(w.tenant_id, w.charged)
 
-    def _place(self, w: Waiting, routable: set[str]) -> Placement:
+    def _place(self, w: Waiting, routable: frozenset[str]) -> Placement:
         """Where ``w`` could go now (:data:`routing.fairness.Placement`); sets ``w.room``."""
         w.cands = None
         if w.slots is not None and self.slot_gate.skipped(w.tenant_id):
             return None
-        ids = [rid for rid in w.candidate_ids if rid in routable]
+        ids = []  # loops, not comprehensions: no frame each (issue 14, session 15)
+        for rid in w.candidate_ids:
+            if rid in routable:
+                ids.append(rid)
         if not ids:
             return None
         if self._max_prefill is None:
-            loads = self.router.loads
-            room = [rid for rid in ids if self.replica_room.has_room(loads.snapshot(rid), 0, w.req.sequences)]
+            snapshot, has_room, seqs = self.router.loads.snapshot, self.replica_room.has_room, w.req.sequences
+            room = []
+            for rid in ids:
+                if has_room(snapshot(rid), 0, seqs):
+                    room.append(rid)
             if not room:
                 return None
             w.room = room

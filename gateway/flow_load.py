@@ -7,6 +7,7 @@ so queued requests are looked at again as soon as a replica gains room.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from routing.load import LoadTicket, LoadTracker
 from routing.types import ReplicaLoad
@@ -48,7 +49,12 @@ class NotifyingLoadTracker:
         self.inner = inner
         self.on_release: Callable[[], None] = lambda: None
         self.snapshot = inner.snapshot  # type: ignore[method-assign]  # the inner tracker's, no frame per call
+        tokens = getattr(inner, "tokens", None)
+        if tokens is not None:  # ``snapshot(rid).tokens`` without a snapshot (routing.load.InProcessLoadTracker)
+            self.tokens = tokens
         self._fused = bool(getattr(inner, "takes_notify", False))
+        if self._fused:  # :meth:`dispatch` without its own frame (issue 14, session 15): the same call
+            self.dispatch = partial(inner.dispatch, notify=self)  # type: ignore[method-assign,attr-defined]
 
     def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1,
                  tenant: str = "", calibrate: bool = True) -> LoadTicket:

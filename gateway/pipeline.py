@@ -230,7 +230,7 @@ class InferencePipeline:
             rec.replica, rec.pool, rec.routing_policy = replica.id, replica.pool, choice.policy
             rec.predicted_prefix_tokens = choice.predicted_prefix_tokens
             rec.available_prefix_tokens = choice.available_prefix_tokens
-            rec.replica_load_tokens = gw.router.loads.snapshot(replica.id).tokens
+            rec.replica_load_tokens = gw.router.load_tokens(replica.id)  # = loads.snapshot(rid).tokens
             rec.t_route = time.perf_counter()
             # serialized at once by open_upstream, never changed: copied only to add the salt
             upstream_body = with_salt(body, gw.keys.cache_salt(tenant)) if replica.cache_salt else body
@@ -284,7 +284,9 @@ class InferencePipeline:
         (issue 14, session 10: the gateway's CPU is idle while the replica works): the policy's lower
         ``max_tokens`` held in the ledger (``output_tokens``; None: no decision yet; a refund: holding
         more for a moment is the safe side; no-op once settled), the record's prefix fingerprint,
-        the audit event's trace and span part and the flow queue-wait metric (session 11). Run once, by :meth:`Held.run_prep`: in the event loop's turn after
+        the audit event's trace and span part and the flow queue-wait metric (session 11), the router's
+        index record (session 15: :meth:`Router.settle`; any read of the index applies it first). Run once,
+        by :meth:`Held.run_prep`: in the event loop's turn after
         the upstream request was written, or by :meth:`_end` if the request ends first."""
         res = held.reservation
         if res is not None and output_tokens is not None:
@@ -293,6 +295,7 @@ class InferencePipeline:
         self.gw.audit.prepare_request(rec)
         if held.queue_wait_s is not None and self.gw.flow is not None:
             self.gw.flow.observe_wait(held.queue_wait_s)
+        self.gw.router.settle()  # last: the record's own preparation never waits on it
 
     def _end(self, rec: RequestRecord, held: Held) -> None:
         """End the request (idempotent): settle its tokens and write its one audit record; then give

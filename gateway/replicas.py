@@ -149,6 +149,7 @@ class ReplicaSet:
         self._routable: tuple[str, ...] | None = None  # routable ids at _routable_version
         self._routable_version = -1
         self._candidates: dict[Any, tuple[Replica, ...]] = {}  # pools -> candidates at _routable_version
+        self._routable_frozen: frozenset[str] = frozenset()  # set(_routable) (issue 14, session 15)
         for r in replicas:
             self.add(r)
 
@@ -209,6 +210,11 @@ class ReplicaSet:
         allowed = set(pools)
         return [rid for rid in ids if self._replicas[rid].pool in allowed]
 
+    def routable_set(self) -> frozenset[str]:
+        """``set(routable_ids())``, immutable; the same object while the routable ids are kept."""
+        ids = self._routable_now()
+        return self._routable_frozen if ids is self._routable else frozenset(ids)
+
     def _routable_now(self) -> tuple[str, ...]:
         """The routable ids, from the cache while :attr:`version` has not moved."""
         if self._routable_version == self.version and self._routable is not None:
@@ -218,7 +224,7 @@ class ReplicaSet:
         if any(st.circuit is CircuitState.OPEN for st in self._state.values()):
             self._routable = None  # time-dependent (cool-down): not kept
         else:
-            self._routable, self._routable_version = ids, self.version
+            self._routable, self._routable_version, self._routable_frozen = ids, self.version, frozenset(ids)
         return ids
 
     def candidates(self, pools: Iterable[str], tenant_id: str | None = None) -> list[Replica]:

@@ -303,12 +303,16 @@ class Calibration:
         return len(self._pending)
 
     def flush(self) -> None:
-        """Apply the queued first-byte observations in arrival order."""
+        """Apply the queued first-byte observations in arrival order, then build the estimate of each
+        replica they touched (:meth:`estimate`'s own cache, a pure function of what it is built from:
+        the next decision reads it ready; issue 14, session 15: the gateway flushes after the answer)."""
         pending = self._pending
         if pending:
             self._pending = []
             for rid, tenant, u, q, y, s in pending:
                 self._replica(rid).observe(tenant, u, q, y, s)
+            for rid in dict.fromkeys(p[0] for p in pending):
+                self.estimate(rid)
 
     def _replica(self, replica_id: str) -> ReplicaFits:
         f = self._fits.get(replica_id)

@@ -94,6 +94,9 @@ class CalibratingLoadTracker:
         if calibration.clock is None:  # the fits' staleness in this clock's seconds (review R11b-2)
             calibration.clock = clock
         self.snapshot = inner.snapshot  # type: ignore[attr-defined,method-assign]  # no frame per call
+        tokens = getattr(inner, "tokens", None)
+        if tokens is not None:  # the inner tracker's load figure without a snapshot (routing.load)
+            self.tokens = tokens
         #: over an in-process tracker: one fused ticket per dispatch, which takes ``notify``
         self.takes_notify = type(inner) is InProcessLoadTracker
 
@@ -109,10 +112,12 @@ class CalibratingLoadTracker:
             if not calibrate:
                 return inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests, notify=notify)
             before = inner.snapshot(replica_id)
-            inner.charge(replica_id, prefill_tokens, decode_tokens, requests)
+            inner.charge(replica_id, prefill_tokens, decode_tokens, requests)  # raises on negatives
+            queued = before.queued_prefill_tokens  # ReplicaLoad.shared_wait_tokens, inline (prefill >= 0 here)
+            shared = before.prefilling_requests * prefill_tokens
             return _FusedCalibratingTicket(inner, replica_id, prefill_tokens, decode_tokens, requests, notify,
-                                           self.calibration, self.clock, before.queued_prefill_tokens,
-                                           before.shared_wait_tokens(prefill_tokens), tenant)
+                                           self.calibration, self.clock, queued,
+                                           queued if queued < shared else shared, tenant)
         if notify is not None:
             raise TypeError("notify needs an in-process inner tracker (takes_notify)")
         if not calibrate:

@@ -100,6 +100,24 @@ class InProcessPrefixIndex:
         self._lru: dict[str, OrderedDict[bytes, None]] = {}
         self._owners: dict[bytes, set[str]] = {}
         self._evictions = 0
+        self._later: list[tuple[str, Sequence[bytes]]] = []  # :meth:`record_later`'s, in call order
+
+    def record_later(self, replica_id: str, keys: Sequence[bytes]) -> None:
+        """:meth:`record` ``keys`` on ``replica_id``, applied by :meth:`flush` or before any other call of
+        this index reads or changes it (every method but this one applies them first, in call order), so
+        every caller sees exactly the state an immediate :meth:`record` would give (issue 14, session 15:
+        the router's decision does not need its own record; the gateway applies it while the replica
+        works). ``keys`` must not change afterwards (the request's chain: an immutable sequence or a
+        list no one mutates). Same errors as :meth:`record` (none)."""
+        self._later.append((replica_id, keys))
+
+    def flush(self) -> None:
+        """Apply the records :meth:`record_later` queued, in call order (cheap when there are none)."""
+        later = self._later
+        if later:
+            self._later = []
+            for rid, keys in later:
+                self._record(rid, keys)
 
     @property
     def capacity_blocks(self) -> int:
@@ -109,6 +127,8 @@ class InProcessPrefixIndex:
     def match(self, replica_id: str, keys: Sequence[bytes]) -> int:
         """Number of leading blocks of ``keys`` believed cached on ``replica_id``
         (0 for an unknown replica). Does not change LRU order."""
+        if self._later:
+            self.flush()
         lru = self._lru.get(replica_id)
         if not lru:
             return 0
@@ -127,7 +147,9 @@ class InProcessPrefixIndex:
         and the total cost is O(matched depth × replicas). Returns a dict with
         one entry per requested replica id (0 where nothing matches).
         """
-        result = {rid: 0 for rid in replica_ids}
+        if self._later:
+            self.flush()
+        result = dict.fromkeys(replica_ids, 0)  # {rid: 0 for rid in replica_ids}, no comprehension frame
         alive = set(result)
         depth = 0
         for k in keys:
@@ -152,6 +174,11 @@ class InProcessPrefixIndex:
         used; least recently used keys beyond ``capacity_blocks`` are evicted.
         A chain longer than the capacity keeps only its leading blocks.
         """
+        if self._later:
+            self.flush()
+        self._record(replica_id, keys)
+
+    def _record(self, replica_id: str, keys: Sequence[bytes]) -> None:
         lru = self._lru.get(replica_id)
         if lru is None:
             lru = self._lru[replica_id] = OrderedDict()
@@ -179,6 +206,8 @@ class InProcessPrefixIndex:
     def forget_replica(self, replica_id: str) -> None:
         """Drop everything known about ``replica_id`` (its cache was lost,
         e.g. the replica restarted with a new instance id, or it was removed)."""
+        if self._later:
+            self.flush()
         lru = self._lru.pop(replica_id, None)
         if not lru:
             return
@@ -187,11 +216,15 @@ class InProcessPrefixIndex:
 
     def replica_blocks(self, replica_id: str) -> int:
         """Number of blocks currently attributed to ``replica_id``."""
+        if self._later:
+            self.flush()
         lru = self._lru.get(replica_id)
         return len(lru) if lru else 0
 
     def stats(self) -> IndexStats:
         """Snapshot of the index counters (see :class:`IndexStats`)."""
+        if self._later:
+            self.flush()
         return IndexStats(
             replicas=len(self._lru),
             blocks=sum(len(v) for v in self._lru.values()),

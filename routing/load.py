@@ -126,8 +126,10 @@ class Ticket:
         held = self._prefill_held
         self._prefill_held = False
         self._held = False
-        self._tracker.release(self.replica_id, self.prefill_tokens if held else 0, self.decode_tokens,
-                              self.requests, self.requests if held else 0)
+        tracker = self._tracker
+        tracker.release(self.replica_id, self.prefill_tokens if held else 0, self.decode_tokens,
+                        self.requests, self.requests if held else 0)
+        tracker.snapshot(self.replica_id)  # built now (the request's end), not by the next decision (session 15)
         if self.notify is not None:
             self.notify.on_release()
 
@@ -176,6 +178,13 @@ class InProcessLoadTracker:
         if snap is None:
             snap = c.snap = ReplicaLoad(replica_id, c.prefill, c.decode, c.running, c.prefilling)
         return snap
+
+    def tokens(self, replica_id: str) -> int:
+        """``snapshot(replica_id).tokens`` (queued prefill + decode tokens; 0 for an unknown replica)
+        without building a snapshot (issue 14, session 15: the request record's load figure, read
+        right after a dispatch changed the counters)."""
+        c = self._c.get(replica_id)
+        return 0 if c is None else c.prefill + c.decode
 
     def release(self, replica_id: str, prefill: int, decode: int, running: int, prefilling: int = 0) -> None:
         """Give back ``prefill``/``decode`` tokens, ``running`` requests and

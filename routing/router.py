@@ -17,7 +17,7 @@ Counters separate three reasons for a low prefix hit rate:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from routing.calibration import Calibration
@@ -71,6 +71,15 @@ class Router:
         self.index = index
         self.loads = loads
         self.block_size = block_size
+        # an index that defers its records to its next read (or :meth:`settle`): the decision does not
+        # need its own record (issue 14, session 15; :meth:`routing.index.InProcessPrefixIndex.record_later`)
+        self._record = getattr(index, "record_later", None) or index.record
+        self._settle = getattr(index, "flush", None)
+        tokens = getattr(loads, "tokens", None)
+        #: ``replica_id`` → its token load now (``loads.snapshot(replica_id).tokens``: queued prefill +
+        #: decode tokens); without a snapshot when the tracker reads it directly (routing.load)
+        self.load_tokens: Callable[[str], int] = tokens if tokens is not None else (
+            lambda replica_id: loads.snapshot(replica_id).tokens)
         self._requests = 0
         self._prompt = 0
         self._available = 0
@@ -92,10 +101,15 @@ class Router:
             for rid, m in self.index.match_many(chain, ids).items():
                 if m > matched[rid]:
                     matched[rid] = m
-        cal = self.calibration
+        cal, snapshot = self.calibration, self.loads.snapshot
+        out = []  # a loop, not a comprehension: no frame of its own (issue 14, session 15)
         if cal is None:
-            return [Candidate(rid, self.loads.snapshot(rid), matched[rid]) for rid in ids]
-        return [Candidate(rid, self.loads.snapshot(rid), matched[rid], cal.estimate(rid)) for rid in ids]
+            for rid in ids:
+                out.append(Candidate(rid, snapshot(rid), matched[rid]))
+        else:
+            for rid in ids:
+                out.append(Candidate(rid, snapshot(rid), matched[rid], cal.estimate(rid)))
+        return out
 
     def route(
         self, req: RouteRequest, candidate_ids: Iterable[str], alt_key_chains: Sequence[Sequence[bytes]] = ()
@@ -120,12 +134,20 @@ class Router:
         prefill = max(0, req.prompt_tokens - choice.predicted_prefix_tokens)
         ticket = self.loads.dispatch(choice.replica_id, prefill, max(0, req.max_tokens),
                                      max(1, req.sequences), req.tenant_id, req.calibrate)
-        self.index.record(choice.replica_id, req.block_keys)
+        self._record(choice.replica_id, req.block_keys)  # applied before the index's next read
         self._requests += 1
         self._prompt += max(0, req.prompt_tokens)
         self._available += choice.available_prefix_tokens
         self._predicted += choice.predicted_prefix_tokens
         return choice, ticket
+
+    def settle(self) -> None:
+        """Apply the index records :meth:`route_among` left for later (an index with ``record_later``,
+        :class:`routing.index.InProcessPrefixIndex`); any read of the index applies them too, so this
+        only chooses when their CPU is spent (the gateway: while the replica works, ``Held.run_prep``).
+        No-op for an index that records at once."""
+        if self._settle is not None:
+            self._settle()
 
     def observe_delivered(self, choice: RouteChoice, cached_tokens: int) -> None:
         """Record the prefix tokens the replica actually reused for ``choice``

@@ -112,21 +112,28 @@ class LoadGuardFilter:
 
     def _one(self, req: RouteRequest, c: Candidate) -> list[Candidate]:
         """:meth:`filter` of one candidate, the same operations without the per-id dicts: it is
-        its own least-matching candidate (it saves nothing) and the sums are of one term."""
-        uncached = req.prompt_tokens - prefix_tokens(req, c.matched_blocks)
-        unit = max(1, req.prompt_tokens + req.max_tokens)
-        running = c.load.running_requests + self._external(c)
-        if not running + 1 <= self._request_cap(0 / unit, (0 + running + 1) / 1):
+        its own least-matching candidate (it saves nothing) and the sums are of one term. Session 15:
+        :func:`prefix_tokens`, :meth:`_external`, :meth:`_request_cap` (a saved fraction of 0) and the
+        load's properties written inline (no frame each; tests/routing/test_s15_route_equivalence.py)."""
+        prompt, load_ = req.prompt_tokens, c.load
+        m = c.matched_blocks * req.block_size
+        uncached = prompt - max(0, m if m < prompt else prompt)  # prefix_tokens(req, c.matched_blocks)
+        unit = max(1, prompt + req.max_tokens)
+        est = c.estimate
+        # _external(c): the engine's requests beyond this router's own (calibrated only)
+        running = load_.running_requests + (est.external_requests if self.calibrated and est is not None else 0.0)
+        if not running + 1 <= math.ceil(self.request_factor * ((0 + running + 1) / 1)):  # _request_cap(0, mean)
             return []
         if self.token_factor is None:
             return [c]
-        est = c.estimate  # _token_loads of one candidate (rates_and_queue_weights: its own estimate or 1.0)
+        # _token_loads of one candidate (rates_and_queue_weights: its own estimate or 1.0)
         w = est.queue_weight if self.calibrated and est is not None and est.calibrated else 1.0
         if w >= 1.0:
-            load = c.load.tokens
+            load = load_.queued_prefill_tokens + load_.decode_tokens  # ReplicaLoad.tokens
         else:
-            s = c.load.shared_wait_tokens(uncached)
-            load = s + w * (c.load.queued_prefill_tokens - s) + c.load.decode_tokens
+            q = load_.queued_prefill_tokens
+            s = min(q, load_.prefilling_requests * max(0, uncached))  # ReplicaLoad.shared_wait_tokens
+            load = s + w * (q - s) + load_.decode_tokens
         mean = (0 + load + (uncached + req.max_tokens)) / 1
         tok_cap = math.ceil(self.token_factor * mean / unit) * unit
         tok_cap += self.slack_requests * unit + self.token_slack

@@ -41,7 +41,6 @@ from pydantic import Field
 
 from routing.filters.dispatch_share import DispatchShareFilter
 from routing.filters.load_guard import LoadGuardFilter
-from routing.hashing import prefix_tokens
 from routing.params import PolicyParams
 from routing.pickers.least_load import LeastLoadPicker
 from routing.pickers.lowest_cost import LowestCostPicker
@@ -50,7 +49,6 @@ from routing.scorers.decode_load import DecodeLoadScorer
 from routing.scorers.estimated_ttft import EstimatedTTFTScorer
 from routing.scorers.prefix_affinity import PrefixAffinityScorer
 from routing.scorers.queue_externality import QueueExternalityScorer, externality_cost, work_equivalent_requests
-from routing.scorers._rates import rates_and_queue_weights
 from routing.types import Candidate, RouteChoice, RouteRequest
 
 __all__ = ["CacheAwareConfig", "CacheAwarePolicy"]
@@ -146,26 +144,40 @@ class CacheAwarePolicy(Scheduler):
         scorer): per candidate the same floating-point operations, summed in the same order, as
         :meth:`routing.scheduler.Scheduler._costs` over :class:`EstimatedTTFTScorer`,
         :class:`DecodeLoadScorer`, :class:`PrefixAffinityScorer` (tests/routing/test_s6_route_cost.py)."""
-        ttft, decode, affinity, *extra = self._own_scorers
-        if (self.scorers != self._own_scorers or any(
-                s.prefill_tokens_per_s != ttft.prefill_tokens_per_s or s.calibrated != ttft.calibrated
-                for s in (decode, affinity, *extra))):
-            return super()._costs(req, candidates)  # scorers replaced or changed after construction
+        own = self._own_scorers
+        ttft, decode, affinity, *extra = own
+        rate0, calibrated = ttft.prefill_tokens_per_s, ttft.calibrated
+        if self.scorers != own:
+            return super()._costs(req, candidates)  # scorers replaced after construction
+        for s in own:  # a loop, not any(genexpr): no generator frames (session 15)
+            if s.prefill_tokens_per_s != rate0 or s.calibrated != calibrated:
+                return super()._costs(req, candidates)  # scorers changed after construction
         ew = extra[0].weight if extra else 0.0
         waiting = work_equivalent_requests(candidates) if ew and extra[0].work_balance else None
-        rw = rates_and_queue_weights(candidates, ttft.prefill_tokens_per_s, ttft.calibrated)
+        # rates_and_queue_weights(candidates, rate0, calibrated), inline: every candidate's own
+        # estimate when calibrated and all have one, else (rate0, 1.0) for all
+        own_rates = calibrated and len(candidates) > 0
+        if own_rates:
+            for c in candidates:
+                e = c.estimate
+                if e is None or not e.calibrated:
+                    own_rates = False
+                    break
         dw, aw = decode.weight, affinity.weight
         prompt, block = req.prompt_tokens, req.block_size
-        calibrated = ttft.calibrated
         out: dict[str, float] = {}
+        rate, w = rate0, 1.0
         for c in candidates:
             rid, load = c.replica_id, c.load
-            rate, w = rw[rid]
+            if own_rates:
+                e = c.estimate
+                rate, w = e.prefill_tokens_per_s, e.queue_weight  # type: ignore[union-attr]
             matched = max(0, min(c.matched_blocks * block, prompt))  # routing.hashing.prefix_tokens
             u = prompt - matched
             if calibrated:
-                s = load.shared_wait_tokens(u)
-                cost = (s + w * (load.queued_prefill_tokens - s) + u) / rate
+                q = load.queued_prefill_tokens
+                s = min(q, load.prefilling_requests * max(0, u))  # load.shared_wait_tokens(u), inline
+                cost = (s + w * (q - s) + u) / rate
             else:
                 cost = (load.queued_prefill_tokens + u) / rate
             cost += dw * load.decode_tokens / rate
@@ -198,7 +210,8 @@ class CacheAwarePolicy(Scheduler):
         for f in self.filters:  # the dispatch-share filter keeps one candidate and resets its cap
             kept = f.filter(req, kept)
         scores = self._costs(req, cands)
-        matched = prefix_tokens(req, c.matched_blocks)
+        prompt, m = req.prompt_tokens, c.matched_blocks * req.block_size
+        matched = max(0, m if m < prompt else prompt)  # prefix_tokens(req, c.matched_blocks), inline
         if kept:
             reason = "best_prefix" if c.matched_blocks > 0 else "no_prefix"
         else:
