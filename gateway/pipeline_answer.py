@@ -205,7 +205,15 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
     # parsed only to check it and read usage: the replica's bytes go out unchanged (but R12-1's counter)
     if held.drop_cached and ((held.usage is not None and "prompt_tokens_details" in usage)
                              or may_name_cached(data)):  # RV2-1: a duplicated / escaped key; R14-2: nested
-        data = metered_rewrite(held.cpu, len(data), plain_without_cached, data, obj, usage)  # R12b-7: charged
+        try:
+            data = metered_rewrite(held.cpu, len(data), plain_without_cached, data, obj, usage)  # R12b-7: charged
+        except (RecursionError, ValueError, TypeError) as exc:  # S15-6: nested too deep to write again
+            held.served = False  # an answer that cannot be relayed is the replica's failure, as a bad parse
+            upstream.failed(held.attempt, UpstreamFailure("protocol", f"answer not writable: {type(exc).__name__}"))
+            err = GatewayError(502, "upstream_error", "the replica sent an invalid answer",
+                               headers={"X-Request-Id": rec.request_id})
+            rec.status, rec.outcome, rec.error_code = 502, "failed", err.code
+            return err.response()
     answer = PlainAnswer(data, rec.request_id)
     if len(data) >= UNSENT_MIN_BYTES:  # R10b-5: its unsent bytes count against its tenant's bound
         answer.after_send = held.cpu.note_unsent

@@ -217,12 +217,14 @@ class Fake:
 
 
 SHAPES = {"nested": NESTED, "nested-only": NESTED_ONLY, "nested-escaped": NESTED_ESCAPED}
+#: S15-6: 1,002 levels (orjson parses up to 1,024), the counter at the bottom: too deep to write again
+DEEP = b'{"id":"x","d":' + b"[" * 1000 + b'{"cached_tokens":7}' + b"]" * 1000 + b"}"
 
 
 def _app(fake: Fake) -> web.Application:
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        shape = SHAPES[body["prompt"]]
+        shape = DEEP if body["prompt"] == "deep" else SHAPES[body["prompt"]]
         if not body.get("stream"):
             return web.Response(body=shape, content_type="application/json")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -267,3 +269,14 @@ async def test_a_drop_tenant_reads_no_nested_counter_end_to_end(stack: Any, fake
     assert len(events) == 2
     assert "cached_tokens" not in _pairs_keys(payload_of(events[1]))
     assert json.loads(payload_of(events[1])) == _reference(json.loads(SHAPES[prompt]))
+
+
+async def test_an_answer_too_deep_to_write_again_is_a_replica_failure(stack: Any, fakes: list[Fake]) -> None:
+    """S15-6: rewriting raised RecursionError outside the answer's error mapping; now 502 ``upstream_error``
+    with the request's id, the counter not relayed, and the gateway serves the next request."""
+    r = await stack.client.post("/v1/completions", json=completion("deep"), headers=stack.auth("tenant-a/app"))
+    assert r.status_code == 502, r.text
+    assert r.json()["error"]["code"] == "upstream_error"
+    assert b"cached_tokens" not in r.content and r.headers["x-request-id"]
+    r = await stack.client.post("/v1/completions", json=completion("nested"), headers=stack.auth("tenant-a/app"))
+    assert r.status_code == 200, r.text
