@@ -256,7 +256,10 @@ class Admission:
                                        + (" per prompt" if len(req.prompts) > 1 else ""))
                 assert room is not None  # only the bucket's room can make lim < n <= limit
                 raise self._over_room(room, total + n, req, texts)
-            hashed = ids if hashed is None else hashed + ids  # a batch: the sequences' ids in order
+            if hashed is None or i == 1:  # a batch's ids in order: the first prompt's own list, one copy at
+                hashed = ids if hashed is None else hashed + ids  # the second, then extended (R15-1: not a copy
+            else:  # per prompt: quadratic in the batch)
+                hashed.extend(ids)
             total += n
         return (hashed if hashed is not None else []), total
 
@@ -270,8 +273,7 @@ class Admission:
                      output_tokens: int = 0) -> Reservation:
         """Per-request prompt size, then reserve the request's tokens in the ledger (400 / 429).
 
-        ``prompt_tokens`` is the total of all ``sequences`` (the per-sequence
-        limit was checked while counting, :meth:`prompt_tokens`);
+        ``prompt_tokens`` is the total of all ``sequences`` (the per-sequence limit was checked while counting);
         ``output_tokens``: the most output it may produce (``max_tokens`` x
         sequences, before the policy may lower it: :meth:`Reservation.lower_output`).
         Returns the :class:`~tenancy.ledger.Reservation` the request's end

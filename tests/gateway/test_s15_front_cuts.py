@@ -83,7 +83,8 @@ def _req(prompts: tuple[str, ...]) -> Any:
                             "", tuple(len(p) for p in prompts))
 
 
-@pytest.mark.parametrize("prompts, ids", [(("a bb ccc",), [1, 2, 3]), (("a bb", "dddd e"), [1, 2, 4, 1])])
+@pytest.mark.parametrize("prompts, ids", [(("a bb ccc",), [1, 2, 3]), (("a bb", "dddd e"), [1, 2, 4, 1]),
+                                        (("a bb", "dddd e", "ccc a", "bb"), [1, 2, 4, 1, 3, 1, 2])])  # R15-1
 def test_prompt_tokens_gives_every_sequences_ids_in_order(prompts: tuple[str, ...], ids: list[int]) -> None:
     from tenancy.bounds import RequestBounds
 
@@ -120,3 +121,16 @@ def test_shed_or_enter_sheds_exactly_when_shed_would(below: int, lag: float, she
         assert got is not None and got.status_code == 503 and guard.in_flight == in_flight  # not let in
     else:
         assert got is None and guard.in_flight == in_flight + 1
+
+
+def test_shed_or_enter_counts_a_request_shed_lets_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """R15-3: when ``shed`` (its own test) lets in a request the fast test refused, it is counted as let in,
+    so the exit path's ``leave`` does not undercount."""
+    from gateway.config import FlowConfig
+    from gateway.metrics import GatewayMetrics
+    from gateway.overload import OverloadGuard
+
+    guard = OverloadGuard(FlowConfig(shed_loop_lag_s=0.5), GatewayMetrics())
+    guard.in_flight, guard.lag_s = guard.max_in_flight, 0.0  # the fast test refuses
+    monkeypatch.setattr(guard, "shed", lambda: None)  # the two tests disagree
+    assert guard.shed_or_enter() is None and guard.in_flight == guard.max_in_flight + 1
