@@ -271,12 +271,32 @@ async def test_a_drop_tenant_reads_no_nested_counter_end_to_end(stack: Any, fake
     assert json.loads(payload_of(events[1])) == _reference(json.loads(SHAPES[prompt]))
 
 
-async def test_an_answer_too_deep_to_write_again_is_a_replica_failure(stack: Any, fakes: list[Fake]) -> None:
-    """S15-6: rewriting raised RecursionError outside the answer's error mapping; now 502 ``upstream_error``
-    with the request's id, the counter not relayed, and the gateway serves the next request."""
-    r = await stack.client.post("/v1/completions", json=completion("deep"), headers=stack.auth("tenant-a/app"))
+async def test_an_answer_that_cannot_be_written_again_is_a_replica_failure(
+        stack: Any, fakes: list[Fake], monkeypatch: pytest.MonkeyPatch) -> None:
+    """S15-6: a rewrite that raises (``RecursionError`` on an answer nested ~1,000 deep, where the stack
+    allows less) was outside the answer's error mapping; now 502 ``upstream_error`` with the request's id,
+    the counter not relayed, and the gateway serves the next request."""
+    import gateway.pipeline_answer as pipeline_answer
+
+    def too_deep(*_: Any) -> bytes:
+        raise RecursionError("maximum recursion depth exceeded while encoding a JSON object")
+
+    monkeypatch.setattr(pipeline_answer, "plain_without_cached", too_deep)
+    r = await stack.client.post("/v1/completions", json=completion("nested"), headers=stack.auth("tenant-a/app"))
     assert r.status_code == 502, r.text
     assert r.json()["error"]["code"] == "upstream_error"
     assert b"cached_tokens" not in r.content and r.headers["x-request-id"]
+    monkeypatch.undo()
     r = await stack.client.post("/v1/completions", json=completion("nested"), headers=stack.auth("tenant-a/app"))
     assert r.status_code == 200, r.text
+
+
+async def test_a_deep_answer_never_relays_the_counter(stack: Any, fakes: list[Fake]) -> None:
+    """1,002 levels (orjson parses up to 1,024), the counter at the bottom: written again without it, or,
+    where the stack is too shallow to write it again, 502 ``upstream_error``; never the counter."""
+    r = await stack.client.post("/v1/completions", json=completion("deep"), headers=stack.auth("tenant-a/app"))
+    assert b"cached_tokens" not in r.content
+    if r.status_code == 200:
+        assert r.content == DEEP.replace(b'{"cached_tokens":7}', b"{}")
+    else:
+        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error", r.text
