@@ -16,7 +16,7 @@ import pytest
 from gateway.flow_bytes import queued_form, with_salt
 from gateway.request import parse_inference_request
 from tests.support.flow import n_replicas, post, queued, replica_cfg, running  # noqa: F401 - stack fixtures
-from tests.support.waiting import wait_for
+from tests.support.waiting import how_it_ended, wait_for
 
 #: tools holding 8,000 empty objects: ~24 kB of JSON, ~0.6 MB parsed
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": [{}] * 8_000}}}]
@@ -56,7 +56,7 @@ async def test_a_queued_request_holds_about_what_is_counted(stack: Any) -> None:
                                                           headers=stack.auth("tenant-a/app")))
         # queued, or answered/refused instead (then say how, not only that the wait timed out)
         await wait_for(lambda: queued(stack) == 1 or waiting.done(), 120, what="the value-dense request queued")  # tracemalloc is slow
-        assert not waiting.done(), _how_it_ended(waiting)
+        assert not waiting.done(), how_it_ended(waiting)
         gc.collect()
         holding = tracemalloc.get_traced_memory()[0]
         counted = flow.queued_bytes.held("tenant-a")
@@ -73,13 +73,3 @@ async def test_a_queued_request_holds_about_what_is_counted(stack: Any) -> None:
     assert counted > 20_000
     # before: counted ~24 kB (the body's length) while ~0.6 MB stayed pinned
     assert held < 2 * counted + 150_000, (held, counted)
-
-
-def _how_it_ended(fut: "asyncio.Future[Any]") -> str:
-    """What a request that should have queued got instead: its status and error code, or its exception."""
-    if fut.cancelled():
-        return "cancelled"
-    if fut.exception() is not None:
-        return f"raised {fut.exception()!r}"
-    r = fut.result()
-    return f"answered {r.status_code} {r.text[:200]!r}"

@@ -16,7 +16,7 @@ from gateway.flow_bytes import chain_bytes
 from tenancy.prefix import block_hash_chain
 from tests.support import flow as flow_support
 from tests.support.flow import post, queued, running
-from tests.support.waiting import wait_for
+from tests.support.waiting import how_it_ended, wait_for
 
 n_replicas = flow_support.n_replicas  # the stack's fixtures: one slow replica
 replica_cfg = flow_support.replica_cfg
@@ -59,7 +59,7 @@ async def test_a_queued_request_holds_no_more_than_is_counted(stack: Any) -> Non
                                                           headers=stack.auth("tenant-a/app")))
         # queued, or answered/refused instead (then say how, not only that the wait timed out)
         await wait_for(lambda: queued(stack) == 1 or waiting.done(), 120, what="the long prompt queued")  # tracemalloc is slow
-        assert not waiting.done(), _how_it_ended(waiting)
+        assert not waiting.done(), how_it_ended(waiting)
         gc.collect()
         holding = tracemalloc.get_traced_memory()[0]
         counted = flow.queued_bytes.held("tenant-a")
@@ -78,13 +78,3 @@ async def test_a_queued_request_holds_no_more_than_is_counted(stack: Any) -> Non
     assert counted >= len(PROMPT) + 511 * 58, counted
     # a loose check (other tasks allocate while it waits: up to ~27 kB more seen in the full suite)
     assert held <= counted + 30_000, (held, counted)
-
-
-def _how_it_ended(fut: "asyncio.Future[Any]") -> str:
-    """What a request that should have queued got instead: its status and error code, or its exception."""
-    if fut.cancelled():
-        return "cancelled"
-    if fut.exception() is not None:
-        return f"raised {fut.exception()!r}"
-    r = fut.result()
-    return f"answered {r.status_code} {r.text[:200]!r}"

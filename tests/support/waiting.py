@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEFAULT_TIMEOUT_S", "wait_for", "wait_for_sync"]
+__all__ = ["DEFAULT_TIMEOUT_S", "how_it_ended", "wait_for", "wait_for_sync"]
 
 #: Default deadline, seconds.
 DEFAULT_TIMEOUT_S = 10.0
@@ -51,3 +51,13 @@ def wait_for_sync(condition: Callable[[], Any], timeout_s: float = DEFAULT_TIMEO
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(step_s)
+
+
+def how_it_ended(fut: "asyncio.Future[Any]") -> str:
+    """What a request that should have queued got instead: its status and error code, or its exception."""
+    if fut.cancelled():
+        return "cancelled"
+    if fut.exception() is not None:
+        return f"raised {fut.exception()!r}"
+    r = fut.result()
+    return f"answered {r.status_code} {r.text[:200]!r}"
