@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -32,7 +31,8 @@ from gateway.sse import SseScanner
 from gateway.usage_privacy import event_for_drop, may_name_cached, plain_without_cached, without_counter
 from tests.support import audit_log as audit_fixtures
 from tests.support.audit_log import ListLog
-from tests.support.fake_replicas import base_app, completion, serving
+from tests.support import fake_replicas
+from tests.support.fake_replicas import PlainFake, base_app, completion, replicas_of, serving
 from tests.support.waiting import wait_for
 
 #: the review's shapes: a per-choice usage holding the counter, with and without a top-level usage
@@ -213,10 +213,8 @@ def test_no_counter_in_any_spelling_reaches_a_drop_tenant(data: bytes, split: in
 # --- end to end: a replica sending the review's shapes to a drop tenant (the default)
 
 
-@dataclass
-class Fake:
-    url: str = ""
-    healthy: bool = True
+Fake = PlainFake
+n_replicas = fake_replicas.n_replicas  # fixture: the stack's simulated cluster is not used (one replica)
 
 
 SHAPES = {"nested": NESTED, "nested-only": NESTED_ONLY, "nested-escaped": NESTED_ESCAPED}
@@ -241,11 +239,6 @@ def _app(fake: Fake) -> web.Application:
     return base_app(fake, completions)
 
 
-@pytest.fixture
-def n_replicas() -> int:
-    """The stack's simulated cluster is not used: one replica."""
-    return 1
-
 
 @pytest.fixture
 async def fakes() -> AsyncIterator[list[Fake]]:
@@ -255,7 +248,7 @@ async def fakes() -> AsyncIterator[list[Fake]]:
 
 @pytest.fixture
 def config_overrides(fakes: list[Fake]) -> dict[str, Any]:
-    return {"replicas": [{"id": "f0", "url": fakes[0].url, "pool": "default"}]}
+    return replicas_of(fakes)
 
 
 @pytest.mark.parametrize("prompt", sorted(SHAPES))
