@@ -31,6 +31,15 @@ disconnect; the refusal's code is left in the request's ASGI scope under
 :data:`REFUSED_SCOPE_KEY` so the framing guard (gateway/framing.py) reports it
 (audited with that code) instead of ``client_disconnect``.
 
+A request pipelined behind another whose answer is in progress (httptools queues it, its app not
+started) is refused after that answer (review R15-2, session 16): it is taken out of uvicorn's queue
+(never run, nothing of it forwarded), the refusal is audited by the guard (endpoint ``http_guard``,
+its code), what the client sends next is dropped unread, and the 400 and the close follow the last
+answer ahead of it (gateway/upgrade_guard.py ``guard_defer_queued``, as a refused pipelined head,
+R7b-2). Before, the 400 went out at once and closed: the answer in progress was lost and the refusal
+audited nowhere. h11 parses a pipelined request only once the answer before it is complete, so there
+the refusal is the first case's.
+
 Hooks (public names only): httptools parser callbacks ``on_chunk_header`` (here),
 ``on_body`` and ``on_header`` of uvicorn's protocol (in gateway/http_guard.py since session 15, with
 :meth:`BodyGuard.guard_trailer`); for h11 the public
@@ -149,17 +158,27 @@ class BodyGuard:
         return False
 
     def guard_refuse_body(self, code: str, message: str) -> None:
-        """Answer 400 ``code`` (unless a response has started) and close the connection."""
+        """Answer 400 ``code`` (unless a response has started) and close the connection; for a request still
+        queued behind the response in progress (pipelined, httptools), after that response
+        (:meth:`guard_defer_queued`, R15-2). Nothing once the connection closes or a refusal is deferred."""
         transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self.guard_head_refused:  # type: ignore[attr-defined]
             return
         cycle: Any = self.cycle  # type: ignore[attr-defined]
+        if cycle is not None and self.guard_defer_queued(cycle, code, message):
+            self.logger = _QUIET  # uvicorn's own line for the parser stop that follows (the guard answers)
+            return
         if cycle is not None:
             cycle.scope[REFUSED_SCOPE_KEY] = code
         if cycle is None or not cycle.response_started:
             transport.write(refusal_bytes(400, code, message))
         self.logger = _QUIET  # uvicorn's own line for the parser stop that follows (we answered)
         getattr(transport, "close_now", transport.close)()  # no lingering close for a malformed body
+
+    def guard_defer_queued(self, cycle: Any, code: str, message: str) -> bool:
+        """``cycle`` (uvicorn's, of the request whose body is refused) waits behind a response in progress:
+        True when its refusal is deferred behind that response instead (gateway/upgrade_guard.py); here False."""
+        return False
 
     def guard_h11_head_bytes(self, pending: bytes) -> bool:
         """h11: ``pending`` (unparsed bytes) starts the next head; True: h11 may parse it (mixins before

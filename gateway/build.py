@@ -34,7 +34,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.overload import OverloadGuard
 from gateway.pep import DecisionPoint, PolicyEnforcementPoint, build_decision_point
 from gateway.prefix_keys import PrefixKeys
-from gateway.config_tenancy import shared_pass_warnings
+from gateway.config_tenancy import burst_warnings, shared_pass_warnings
 from gateway.readiness import Readiness, configuration_warnings, limit_warnings
 from gateway.recording import Recorder
 from gateway.replicas import Replica, ReplicaSet
@@ -245,8 +245,10 @@ class Gateway:
                 + shared_pass_warnings(self.registry.tenants(), self.config.tenancy.usage_cached_tokens))  # R12b-6
 
     def limit_warnings(self) -> list[str]:
-        """Tenants without a prompt-token limit (see :func:`gateway.readiness.limit_warnings`)."""
-        return limit_warnings(self.registry)
+        """Tenants without a prompt-token limit (:func:`gateway.readiness.limit_warnings`) or whose one request
+        may pass their prompt-token burst (:func:`gateway.config_tenancy.burst_warnings`, review S15-5)."""
+        registry = self.registry
+        return limit_warnings(registry) + burst_warnings(registry.tenants(), self.config.limits.max_prompt_tokens)
 
 
 def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: str | None = None) -> Gateway:

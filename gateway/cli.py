@@ -126,11 +126,12 @@ def config_check(config_path: str) -> None:
     ``policy.url`` set in remote mode; gateway/config_check.py, review RV2-7). Then print, one line
     each, the warnings ``serve`` logs at start about its tenants (``configuration:``, ``limits:``):
     entries that cannot be served as written, tenants without a prompt-token limit, tenants with
-    ``usage_cached_tokens: pass`` sharing a pool (review R12b-6). Starts nothing, reads no secret, asks
+    ``usage_cached_tokens: pass`` sharing a pool (review R12b-6), tenants one request of which may reserve
+    more prompt tokens than their ``prompt_tokens_burst`` (review S15-5). Starts nothing, reads no secret, asks
     no server (the master secret, Redis, remote trust bundles and policy server are not checked)."""
     from gateway.config import ConfigError, load_config
     from gateway.config_check import build_time_errors
-    from gateway.config_tenancy import shared_pass_warnings
+    from gateway.config_tenancy import burst_warnings, shared_pass_warnings
     from gateway.readiness import configuration_warnings, limit_warnings
     from tenancy.registry import TenantRegistry
 
@@ -145,6 +146,7 @@ def config_check(config_path: str) -> None:
     lines = [f"configuration: {w}" for w in configuration_warnings(registry, cfg.replicas, frozenset(cfg.models))]
     lines += [f"configuration: {w}" for w in shared_pass_warnings(registry.tenants(), cfg.tenancy.usage_cached_tokens)]
     lines += [f"limits: {w}" for w in limit_warnings(registry)]
+    lines += [f"limits: {w}" for w in burst_warnings(registry.tenants(), cfg.limits.max_prompt_tokens)]  # S15-5
     for line in lines:
         click.echo(line)
     click.echo(f"{config_path}: valid, {len(lines)} warning(s)")

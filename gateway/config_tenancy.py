@@ -96,3 +96,47 @@ def shared_pass_warnings(tenants: Iterable[Any], default: str) -> list[str]:
                        "cached_tokens (prime+probe on the shared KV cache, review R12-1); give pass only to a "
                        "tenant whose pools are its own (docs/tenancy.md)")
     return out
+
+
+def request_prompt_bound(tenant: Any, default_max_prompt_tokens: int | None) -> int | None:
+    """The most prompt tokens one request of ``tenant`` (a :class:`tenancy.tenant.Tenant`) may reserve:
+    ``max_batch_prompts`` x ``max_prompt_tokens`` (a completions batch; a chat request is one prompt), with
+    the effective values of :func:`tenancy.bounds.request_bounds` (``max_prompt_tokens``: the tenant's, else
+    ``default_max_prompt_tokens`` = ``limits.max_prompt_tokens``; ``max_batch_prompts``: the tenant's, else
+    min(16, ``max_concurrency``)). None when no token limit applies (the body size bounds it). Tokens."""
+    from tenancy.bounds import DEFAULT_MAX_BATCH_PROMPTS
+
+    tokens = tenant.max_prompt_tokens if tenant.max_prompt_tokens is not None else default_max_prompt_tokens
+    if tokens is None:
+        return None
+    batch = tenant.max_batch_prompts
+    if batch is None:
+        batch = DEFAULT_MAX_BATCH_PROMPTS
+        if tenant.max_concurrency is not None:
+            batch = min(batch, tenant.max_concurrency)
+    return max(1, batch) * tokens
+
+
+def burst_warnings(tenants: Iterable[Any], default_max_prompt_tokens: int | None) -> list[str]:
+    """Tenants one request of which may reserve more prompt tokens than their ``prompt_tokens_burst``
+    (review S15-5): one line each. A bucket admits ``n`` tokens when it holds ``min(n, burst)`` and goes
+    into debt (docs/tenancy.md, "Request bounds"), so such a request is served from a full bucket: the
+    per-request bound is :func:`request_prompt_bound`, not the burst. Logged at start with the ``limits:``
+    lines and printed by ``prefixgate config check``; never fatal (the bound is documented; the operator
+    may lower ``max_batch_prompts`` or ``max_prompt_tokens``, or raise the burst). ``tenants``:
+    :class:`tenancy.tenant.Tenant`; ``default_max_prompt_tokens``: ``limits.max_prompt_tokens``. The
+    effective burst is the tenant's ``prompt_tokens_burst``, else max(1, ``prompt_tokens_per_s``)
+    (tenancy/ledger.py); a tenant without ``prompt_tokens_per_s`` has no bucket and no line."""
+    out: list[str] = []
+    for t in tenants:
+        rate = t.prompt_tokens_per_s
+        if rate is None:
+            continue
+        burst = t.prompt_tokens_burst if t.prompt_tokens_burst is not None else max(1.0, rate)
+        bound = request_prompt_bound(t, default_max_prompt_tokens)
+        if bound is not None and bound > burst:
+            out.append(f"tenant {t.id}: one request may reserve {bound} prompt tokens (max_batch_prompts x "
+                       f"max_prompt_tokens), more than its prompt_tokens_burst {burst:g}: it is served from a full "
+                       "bucket, which goes into debt (docs/tenancy.md, per-request bound); lower max_batch_prompts "
+                       "or max_prompt_tokens, or raise prompt_tokens_burst, to keep one request within the burst")
+    return out

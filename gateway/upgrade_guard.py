@@ -106,6 +106,8 @@ class UpgradeGuard:
     guard_head_refused: bool = False
     guard_pending_scan: bytes = b""  # h11: unscanned pipelined bytes scanned by guard_h11_head_bytes (S9-L3)
     guard_deferred: str | None = None  # a refusal to answer once the response in progress is complete
+    guard_deferred_answer: bytes = b""  # R15-2: a queued request's body refusal, written after ...
+    guard_deferred_after: int = 0  # ... this many more responses complete (the one in progress, those queued)
 
     def guard_refuse_head(self, code: str, defer: bool = True) -> None:
         """Refuse the head being received: audit it, answer 400 ``code`` and close lingering. With a
@@ -130,6 +132,30 @@ class UpgradeGuard:
             transport.write(self.guard_refusal(code))
         transport.close()
 
+    def guard_defer_queued(self, cycle: Any, code: str, message: str) -> bool:
+        """R15-2: the body of a request pipelined behind a response in progress is refused (400 ``code``,
+        ``message``: a trailer field, too many chunks, framing bytes; gateway/body_guard.py) while its
+        ``cycle`` (uvicorn's) still waits in uvicorn's httptools ``pipeline``: it is taken out of that queue
+        (its app never runs, nothing of it is forwarded), the refusal is audited (:func:`refused`), what the
+        client sends next is dropped unread (R9-1), and the 400 and the close follow the last response ahead
+        of it (:meth:`on_response_complete`). Before, the 400 went out at once and the connection closed:
+        the answer in progress was lost, and the refusal was audited nowhere. False (nothing done) when
+        ``cycle`` is not queued (its app runs and reports the refusal itself: gateway/framing.py), and
+        always under h11, which parses a pipelined request only once the response before it is complete."""
+        queue = getattr(self, "pipeline", None)  # httptools: deque of (cycle, app), the newest first
+        entry = next((e for e in queue if e[0] is cycle), None) if queue else None
+        if entry is None:
+            return False
+        queue.remove(entry)
+        refused(self, 400, code)
+        self.guard_head_refused = True  # the close lingers; the parser stop that follows is not answered
+        self.guard_deferred = code
+        self.guard_deferred_answer = refusal_bytes(400, code, message)
+        self.guard_deferred_after = 1 + len(queue)  # the response in progress and those queued before it
+        self.guard_cancel_timer()  # type: ignore[attr-defined]
+        self.transport.hold_reading()  # type: ignore[attr-defined]
+        return True
+
     def guard_refusal(self, code: str) -> bytes:
         """The answer to a head refused with ``code``."""
         if code == FIELDS_CODE:
@@ -149,10 +175,18 @@ class UpgradeGuard:
         super().on_response_complete()  # type: ignore[misc]
         code = self.guard_deferred
         transport: asyncio.Transport = self.transport  # type: ignore[attr-defined]
+        if code is None or transport.is_closing():
+            return
+        answer = self.guard_deferred_answer
+        if answer:  # a queued request's body refusal (R15-2): after every response ahead of it
+            self.guard_deferred_after -= 1
+            if self.guard_deferred_after > 0:
+                return
         # a request pipelined before the refused head (httptools) now runs: answer after it too
-        if code is not None and not transport.is_closing() and not self.guard_response_in_progress():  # type: ignore[attr-defined]
-            transport.write(self.guard_refusal(code))
-            transport.close()
+        elif self.guard_response_in_progress():  # type: ignore[attr-defined]
+            return
+        transport.write(answer or self.guard_refusal(code))
+        transport.close()
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's 400 after a parser stop: nothing after a refused head (answered, or deferred

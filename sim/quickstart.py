@@ -101,6 +101,7 @@ _TENANT = """\
       # token limits: without them one request may carry a prompt up to
       # limits.max_body_bytes, and prompt tokens/s are unbounded (docs/tenancy.md)
       max_prompt_tokens: 8192       # per prompt; longer answers 400
+      max_batch_prompts: 8          # x max_prompt_tokens = 65536 = prompt_tokens_burst: one request within it
       max_output_tokens: 4096       # the policy's tier cap may clamp lower
       prompt_tokens_per_s: 20000    # token buckets (429 over them)
       prompt_tokens_burst: 65536

@@ -21,7 +21,10 @@ from gateway.config_http import LimitsConfig
 from gateway.cpu_budget import CpuBudget
 from gateway.errors import GatewayError
 from tenancy.registry import Tenant
-from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
+from tests.support import audit_log as audit_fixtures
+from tests.support.audit_log import ListLog
+
+audit_hub, audit_log = audit_fixtures.audit_hub, audit_fixtures.audit_log  # fixtures: the stack on a ListLog
 
 TD = "demo.prefixgate.test"  # tests/conftest.py's trust domain
 
@@ -66,8 +69,37 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+class _Ticks:
+    """A fake clock: each read is ``step`` seconds after the last (the same for every caller)."""
+
+    def __init__(self, step: float = 1e-6) -> None:
+        self.now = 0.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def tick_clocks(budget: CpuBudget) -> _Ticks:
+    """Give the gateway's CPU budget one ticking clock for both its CPU and wall reads (F15-1, session 16).
+
+    The real thread-CPU clock charges a request's span whatever ran in it on the loop thread: a garbage
+    collection, or a first use's lazy set-up, costs milliseconds of CPU, and the hog's accepted requests
+    (allowance ``limits.prep_cpu_free_ms`` = 1 ms, budget 1e-9 ms) were now and then charged past the
+    allowance, so its third request answered 429 where 400 was expected. With ticks, every span costs a
+    few microseconds (its clock reads): an accepted request stays within the allowance, a refused one is
+    charged more than the budget, whatever else the machine and the process run. ``wall_exact_s`` -1: every
+    span is read on the CPU clock (the documented value for clocks that do not bound each other)."""
+    ticks = _Ticks()
+    budget.cpu_clock = budget.wall_clock = ticks
+    budget.wall_exact_s = -1.0
+    return ticks
+
+
 async def test_tenant_in_cpu_debt_refused_before_parse_other_tenant_served(stack: Any, parses: list[int],
                                                                           audit_log: ListLog) -> None:
+    tick_clocks(stack.components.cpu_budget)
     hog, ok = stack.auth("tenant-hog/app"), stack.auth("tenant-ok/app")
     for _ in range(2):  # accepted requests are paid in tokens: they never use the CPU budget
         r = await stack.client.post("/v1/completions", json=SMALL, headers=hog)

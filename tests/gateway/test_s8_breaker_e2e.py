@@ -18,11 +18,12 @@ import pytest
 from aiohttp import web
 
 from gateway.replicas import CircuitState
-from sim.procs import free_port
 from tests.gateway.test_s7_tenant_breaker import Fake, _served_on_both, completion
 from tests.gateway.test_s7_tenant_breaker import _app as _s7_app
+from tests.support import fake_replicas
+from tests.support.fake_replicas import serving
 from tests.support.waiting import wait_for
-from tests.gateway.test_s7_tenant_breaker import config_overrides  # noqa: F401 - fixture (two fakes, breaker 3 / 1.5 s)
+from tests.gateway import test_s7_tenant_breaker as s7
 
 
 def _app(fake: Fake) -> web.Application:
@@ -43,25 +44,12 @@ def _app(fake: Fake) -> web.Application:
 
 @pytest.fixture
 async def fakes() -> AsyncIterator[list[Fake]]:
-    out: list[Fake] = []
-    runners = []
-    for _ in range(2):
-        fake = Fake()
-        runner = web.AppRunner(_app(fake))
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        fake.url = f"http://127.0.0.1:{port}"
-        out.append(fake)
-        runners.append(runner)
-    yield out
-    for runner in runners:
-        await runner.cleanup()
+    async with serving([Fake() for _ in range(2)], _app) as out:
+        yield out
 
 
-@pytest.fixture
-def n_replicas() -> int:
-    return 1  # the simulated cluster is not used here
+n_replicas = fake_replicas.n_replicas  # fixture: the simulated cluster is not used here
+config_overrides = s7.config_overrides  # fixture (two fakes, breaker 3 / 1.5 s)
 
 
 

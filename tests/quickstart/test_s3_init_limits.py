@@ -37,6 +37,8 @@ def test_init_writes_token_limits_and_the_prefill_bound(tmp_path: Path) -> None:
         assert all(isinstance(t.get(k), int) and t[k] > 0 for k in TOKEN_KEYS), t
         # one prompt of the maximum size fits the prompt bucket and the prefill bound
         assert t["prompt_tokens_burst"] >= t["max_prompt_tokens"]
+        # and one request of the largest batch too (review S15-5: serve warns otherwise)
+        assert t["prompt_tokens_burst"] >= t["max_batch_prompts"] * t["max_prompt_tokens"]
         assert t["output_tokens_burst"] >= t["max_output_tokens"]  # a request without max_tokens reserves this
         assert doc["flow"]["replica_max_queued_prefill_tokens"] >= t["max_prompt_tokens"]
     c = build(load_config(tmp_path / "gw" / "gateway.yaml"), audit=AuditHub(None))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import gzip
 import zlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -22,9 +21,10 @@ from aiohttp import web
 
 import gateway.proxy as proxy
 from gateway.upstream import Upstream
-from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
-from tests.support.fake_replicas import (  # noqa: F401 - n_replicas: this module's stack fixture
-    PLAIN_ANSWER, base_app, completion, n_replicas, serving)
+from tests.support import audit_log as audit_fixtures
+from tests.support.audit_log import ListLog
+from tests.support import fake_replicas
+from tests.support.fake_replicas import PLAIN_ANSWER, PlainFake, base_app, completion, replicas_of, serving
 from tests.support.waiting import wait_for
 
 CAP = 256 * 1024
@@ -39,10 +39,9 @@ def _answer(n: int) -> bytes:
 BOMB = gzip.compress(_answer(INFLATED), 9)
 
 
-@dataclass
-class Fake:
-    url: str = ""
-    healthy: bool = True
+Fake = PlainFake
+audit_hub, audit_log = audit_fixtures.audit_hub, audit_fixtures.audit_log  # fixtures: the stack on a ListLog
+n_replicas = fake_replicas.n_replicas  # fixture: the stack's simulated cluster is not used (one replica)
 
 
 def _app(fake: Fake) -> web.Application:
@@ -62,8 +61,7 @@ async def fakes() -> AsyncIterator[list[Fake]]:
 
 @pytest.fixture
 def config_overrides(fakes: list[Fake]) -> dict[str, Any]:
-    return {"replicas": [{"id": "f0", "url": fakes[0].url, "pool": "default"}],
-            "limits": {"max_answer_bytes": CAP}}
+    return replicas_of(fakes, limits={"max_answer_bytes": CAP})
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -29,7 +28,8 @@ from hypothesis import strategies as st
 
 from gateway.sse import SseScanner
 from gateway.usage_privacy import event_for_drop, may_name_cached, plain_without_cached, without_counter
-from tests.support.fake_replicas import base_app, completion, serving
+from tests.support import fake_replicas
+from tests.support.fake_replicas import PlainFake, base_app, completion, replicas_of, serving
 
 ESC_USAGE = b'{"prompt_tokens":5,"prompt_tokens_details":{"cached\\u005ftokens":3}}'
 #: (a): the real usage escaped, a nested usage copy in vLLM's compact shape before it
@@ -202,10 +202,8 @@ def test_fast_paths_equal_the_full_rewrite_with_escapes_and_duplicated_keys(data
 # --- end to end: a replica sending these shapes, a drop tenant (the default)
 
 
-@dataclass
-class Fake:
-    url: str = ""
-    healthy: bool = True
+Fake = PlainFake
+n_replicas = fake_replicas.n_replicas  # fixture: the stack's simulated cluster is not used (one replica)
 
 
 def _app(fake: Fake) -> web.Application:
@@ -224,11 +222,6 @@ def _app(fake: Fake) -> web.Application:
     return base_app(fake, completions)
 
 
-@pytest.fixture
-def n_replicas() -> int:
-    """The stack's simulated cluster is not used: one replica."""
-    return 1
-
 
 @pytest.fixture
 async def fakes() -> AsyncIterator[list[Fake]]:
@@ -238,7 +231,7 @@ async def fakes() -> AsyncIterator[list[Fake]]:
 
 @pytest.fixture
 def config_overrides(fakes: list[Fake]) -> dict[str, Any]:
-    return {"replicas": [{"id": "f0", "url": fakes[0].url, "pool": "default"}]}
+    return replicas_of(fakes)
 
 
 @pytest.mark.parametrize("prompt", ["shape-a", "shape-c"])

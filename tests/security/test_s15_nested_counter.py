@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -30,7 +29,11 @@ from hypothesis import strategies as st
 
 from gateway.sse import SseScanner
 from gateway.usage_privacy import event_for_drop, may_name_cached, plain_without_cached, without_counter
-from tests.support.fake_replicas import base_app, completion, serving
+from tests.support import audit_log as audit_fixtures
+from tests.support.audit_log import ListLog
+from tests.support import fake_replicas
+from tests.support.fake_replicas import PlainFake, base_app, completion, replicas_of, serving
+from tests.support.waiting import wait_for
 
 #: the review's shapes: a per-choice usage holding the counter, with and without a top-level usage
 NESTED = (b'{"id":"x","choices":[{"index":0,"text":"ok","usage":{"prompt_tokens_details":{"cached_tokens":7}}}],'
@@ -210,10 +213,8 @@ def test_no_counter_in_any_spelling_reaches_a_drop_tenant(data: bytes, split: in
 # --- end to end: a replica sending the review's shapes to a drop tenant (the default)
 
 
-@dataclass
-class Fake:
-    url: str = ""
-    healthy: bool = True
+Fake = PlainFake
+n_replicas = fake_replicas.n_replicas  # fixture: the stack's simulated cluster is not used (one replica)
 
 
 SHAPES = {"nested": NESTED, "nested-only": NESTED_ONLY, "nested-escaped": NESTED_ESCAPED}
@@ -224,7 +225,8 @@ DEEP = b'{"id":"x","d":' + b"[" * 1000 + b'{"cached_tokens":7}' + b"]" * 1000 + 
 def _app(fake: Fake) -> web.Application:
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        shape = DEEP if body["prompt"] == "deep" else SHAPES[body["prompt"]]
+        word = body["prompt"].split(" ")[0]  # the shape's name, then maybe a marker (PROMPT_MARK)
+        shape = DEEP if word == "deep" else SHAPES[word]
         if not body.get("stream"):
             return web.Response(body=shape, content_type="application/json")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -237,11 +239,6 @@ def _app(fake: Fake) -> web.Application:
     return base_app(fake, completions)
 
 
-@pytest.fixture
-def n_replicas() -> int:
-    """The stack's simulated cluster is not used: one replica."""
-    return 1
-
 
 @pytest.fixture
 async def fakes() -> AsyncIterator[list[Fake]]:
@@ -251,7 +248,7 @@ async def fakes() -> AsyncIterator[list[Fake]]:
 
 @pytest.fixture
 def config_overrides(fakes: list[Fake]) -> dict[str, Any]:
-    return {"replicas": [{"id": "f0", "url": fakes[0].url, "pool": "default"}]}
+    return replicas_of(fakes)
 
 
 @pytest.mark.parametrize("prompt", sorted(SHAPES))
@@ -271,32 +268,63 @@ async def test_a_drop_tenant_reads_no_nested_counter_end_to_end(stack: Any, fake
     assert json.loads(payload_of(events[1])) == _reference(json.loads(SHAPES[prompt]))
 
 
+audit_hub, audit_log = audit_fixtures.audit_hub, audit_fixtures.audit_log  # fixtures: the stack on a ListLog
+#: in the prompts of the S15-6 tests only: no audit event may hold it (the gateway never logs prompt text)
+PROMPT_MARK = "s16-prompt-text-mark"
+
+
+async def failure_event(log: ListLog, request_id: str) -> Any:
+    """The one audit event of ``request_id`` (waited for: it is emitted as the request ends)."""
+    events = await wait_for(lambda: [e for e in log.events if getattr(e, "request_id", None) == request_id],
+                            what=f"the audit event of {request_id}")
+    assert len(events) == 1, events
+    return events[0]
+
+
+def assert_replica_failure_audited(event: Any, request_id: str) -> None:
+    """S16 (S15-6's tests did not look at the audit): the 502's event as the client saw it, no prompt text."""
+    assert event.request_id == request_id
+    assert event.status_code == 502 and event.error_code == "upstream_error"
+    assert event.outcome.value == "failed", event.outcome
+    assert event.tenant == "tenant-a" and event.endpoint == "/v1/completions"
+    assert PROMPT_MARK not in json.dumps(event.to_dict())
+
+
 async def test_an_answer_that_cannot_be_written_again_is_a_replica_failure(
-        stack: Any, fakes: list[Fake], monkeypatch: pytest.MonkeyPatch) -> None:
+        stack: Any, fakes: list[Fake], audit_log: ListLog, monkeypatch: pytest.MonkeyPatch) -> None:
     """S15-6: a rewrite that raises (``RecursionError`` on an answer nested ~1,000 deep, where the stack
     allows less) was outside the answer's error mapping; now 502 ``upstream_error`` with the request's id,
-    the counter not relayed, and the gateway serves the next request."""
+    audited with that status, code and id (no prompt text), the counter not relayed, and the gateway serves
+    the next request."""
     import gateway.pipeline_answer as pipeline_answer
 
     def too_deep(*_: Any) -> bytes:
         raise RecursionError("maximum recursion depth exceeded while encoding a JSON object")
 
     monkeypatch.setattr(pipeline_answer, "plain_without_cached", too_deep)
-    r = await stack.client.post("/v1/completions", json=completion("nested"), headers=stack.auth("tenant-a/app"))
+    r = await stack.client.post("/v1/completions", json=completion(f"nested {PROMPT_MARK}"),
+                                headers=stack.auth("tenant-a/app"))
     assert r.status_code == 502, r.text
     assert r.json()["error"]["code"] == "upstream_error"
     assert b"cached_tokens" not in r.content and r.headers["x-request-id"]
+    assert_replica_failure_audited(await failure_event(audit_log, r.headers["x-request-id"]), r.headers["x-request-id"])
     monkeypatch.undo()
     r = await stack.client.post("/v1/completions", json=completion("nested"), headers=stack.auth("tenant-a/app"))
     assert r.status_code == 200, r.text
 
 
-async def test_a_deep_answer_never_relays_the_counter(stack: Any, fakes: list[Fake]) -> None:
+async def test_a_deep_answer_never_relays_the_counter(stack: Any, fakes: list[Fake], audit_log: ListLog) -> None:
     """1,002 levels (orjson parses up to 1,024), the counter at the bottom: written again without it, or,
-    where the stack is too shallow to write it again, 502 ``upstream_error``; never the counter."""
-    r = await stack.client.post("/v1/completions", json=completion("deep"), headers=stack.auth("tenant-a/app"))
+    where the stack is too shallow to write it again, 502 ``upstream_error`` (audited as such); never the
+    counter."""
+    r = await stack.client.post("/v1/completions", json=completion(f"deep {PROMPT_MARK}"),
+                                headers=stack.auth("tenant-a/app"))
     assert b"cached_tokens" not in r.content
+    event = await failure_event(audit_log, r.headers["x-request-id"])
     if r.status_code == 200:
         assert r.content == DEEP.replace(b'{"cached_tokens":7}', b"{}")
+        assert event.status_code == 200 and event.error_code is None
+        assert PROMPT_MARK not in json.dumps(event.to_dict())
     else:
         assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error", r.text
+        assert_replica_failure_audited(event, r.headers["x-request-id"])

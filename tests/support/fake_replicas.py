@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import pytest
@@ -17,7 +18,8 @@ from aiohttp import web
 
 from sim.procs import free_port
 
-__all__ = ["PLAIN_ANSWER", "FakeSwitches", "base_app", "completion", "n_replicas", "serving"]
+__all__ = ["PLAIN_ANSWER", "FakeSwitches", "PlainFake", "base_app", "completion", "n_replicas", "replicas_of",
+           "serving"]
 
 
 class FakeSwitches(Protocol):
@@ -28,6 +30,21 @@ class FakeSwitches(Protocol):
 
 
 F = TypeVar("F", bound=FakeSwitches)
+
+
+@dataclass
+class PlainFake:
+    """A fake replica with no switch of its own: its ``url`` and ``/health``'s answer (session 16: was a
+    copy in each test module whose fake only answers fixed shapes)."""
+
+    url: str = ""
+    healthy: bool = True
+
+
+def replicas_of(fakes: list[Any], **sections: Any) -> dict[str, Any]:
+    """``config_overrides`` pointing the stack at ``fakes`` (replica ``f{i}`` = ``fakes[i]``, pool ``default``),
+    plus ``sections`` (more configuration sections, e.g. ``limits={...}``)."""
+    return {"replicas": [{"id": f"f{i}", "url": f.url, "pool": "default"} for i, f in enumerate(fakes)], **sections}
 
 
 #: a fake replica's plain (non-streamed) completion answer
