@@ -25,6 +25,7 @@ from gateway.body_budget import OWNER_SCOPE_KEY
 from gateway.errors import GatewayError
 from gateway.flow_bytes import chain_bytes, queued_form, with_salt
 from gateway.held import Held
+from gateway.identity import WorkloadIdentity
 from gateway.prefix_keys import ChainView, PrefixKeys
 from gateway.pipeline_answer import failure_error, plain_response, stream_response
 from gateway.proxy import UpstreamFailure, open_upstream
@@ -35,6 +36,7 @@ from gateway.tokenize_thread import tokenizes_off_loop
 from gateway.usage_privacy import drops_cached
 from gateway.replicas import Replica
 from gateway.request import Endpoint, InferenceRequest, JsonObject, parse_inference_request, read_body
+from policy.decision import Decision
 from routing.policies import RouteRequest
 from routing.types import RouteChoice
 from tenancy.registry import Tenant
@@ -79,7 +81,9 @@ class InferencePipeline:
             if not gw.audit.accepting:  # fail closed: no audit trail, no service
                 raise GatewayError(503, "audit_unavailable", "audit trail unavailable; refusing to serve without it")
             # 1 authenticate (gateway/authn.py)
-            identity = await gw.authn.authenticate(request, rec.client_addr)
+            identity = gw.authn.authenticate_now(request, rec.client_addr)  # a cache hit: no coroutine (session 16)
+            if type(identity) is not WorkloadIdentity:
+                identity = await identity
             rec.spiffe_id, rec.trust_domain = str(identity.spiffe_id), identity.trust_domain
             rec.t_auth = time.perf_counter()
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
@@ -126,12 +130,14 @@ class InferencePipeline:
                 raise GatewayError(503, "no_replica", "no healthy replica is available for this tenant")
             rec.t_keys = time.perf_counter()
             # 5 authorize: the decision only (gateway/pep.py)
-            try:
-                decision = await gw.pep.decide(identity, tenant, req, prompt_tokens, candidates, rec.endpoint,
-                                               gw.flow.tenant_queued(tenant.id) if gw.flow is not None else 0)
-            except GatewayError as err:
-                rec.reason_code = err.code  # policy_unavailable
-                raise
+            decision = gw.pep.decide_now(identity, tenant, req, prompt_tokens, candidates, rec.endpoint,
+                                         gw.flow.tenant_queued(tenant.id) if gw.flow is not None else 0)
+            if type(decision) is not Decision:  # not a decision-cache hit (session 16: a hit is no coroutine)
+                try:
+                    decision = await decision
+                except GatewayError as err:
+                    rec.reason_code = err.code  # policy_unavailable
+                    raise
             rec.t_decided = time.perf_counter()
             rec.decision_id, rec.reason_code, rec.reason = decision.decision_id, decision.reason_code, decision.reason
             gw.pep.enforce(decision)

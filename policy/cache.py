@@ -297,13 +297,15 @@ def candidates_key_part(candidates: Sequence[Mapping[str, Any]]) -> tuple[Any, .
 
 
 _NO_CANDIDATES: tuple[Any, ...] = ((), (), (), ())
+#: :func:`alerts_key_part` of no alerts (a caller may use it without the call)
+NO_ALERTS: tuple[Any, ...] = _NO_CANDIDATES
 
 
 def alerts_key_part(alerts: Sequence[Mapping[str, Any]]) -> tuple[Any, ...] | None:
     """The alert fields of the :func:`fast_key` (``ids, kinds, replica ids, tenant ids``, sorted by id),
     or ``None`` when an alert lacks its id or kind."""
     if not alerts:
-        return _NO_CANDIDATES
+        return NO_ALERTS
     alts = []
     for a in alerts:
         aid, kind = a.get("id"), a.get("kind")
