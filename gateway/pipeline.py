@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
+from types import CoroutineType
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -39,6 +40,7 @@ from gateway.request import Endpoint, InferenceRequest, JsonObject, parse_infere
 from policy.decision import Decision
 from routing.policies import RouteRequest
 from routing.types import RouteChoice
+from tenancy.limits import Lease
 from tenancy.registry import Tenant
 
 __all__ = ["InferencePipeline", "RequestRecord", "ClientGone"]
@@ -94,7 +96,8 @@ class InferencePipeline:
             held.tenant = gw.overload.enter_tenant(tenant.id)  # its requests in flight stay below the shed bound
             if gw.flow is not None:  # a tenant whose queue is full is refused before any further work
                 gw.flow.check_queue_room(tenant.id)
-            held.lease = await adm.admit(tenant, slot=gw.flow is None)  # flow control: slot at release
+            lease = adm.admit_now(tenant, slot=gw.flow is None)  # flow control: slot at release
+            held.lease = lease if type(lease) is Lease else await lease  # in-process limiter: no coroutine (s16)
             bounds = adm.request_bounds(tenant)
             # 3 parse (message and batch counts are checked before schema validation; gateway/request.py)
             request.scope[OWNER_SCOPE_KEY] = tenant.id  # its held body counts against its share (R5b-1)
@@ -120,7 +123,8 @@ class InferencePipeline:
             rec.prompt_tokens = prompt_tokens
             # reserve prompt + max_tokens x sequences before any further work; the end settles it
             output_cap = adm.output_cap(req.max_tokens, tenant)
-            held.reservation = await adm.check_prompt(tenant, prompt_tokens, seqs, output_cap * seqs)
+            res = adm.check_prompt_now(tenant, prompt_tokens, seqs, output_cap * seqs)
+            held.reservation = await res if type(res) is CoroutineType else res  # in-process ledger: no coroutine
             chains = gw.keys.prefix_chains(tenant, tokens)
             del tokens  # R12-2: a queued request keeps its chains and counts, not its token list
             held.prep = partial(self._prepare, rec, held, chains, None)  # a refusal's record: its fingerprint
