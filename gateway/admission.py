@@ -78,7 +78,7 @@ class Admission:
 
     def resolve_tenant(self, identity: WorkloadIdentity) -> Tenant:
         """Map a workload to its tenant; raises 403 for an unmapped workload."""
-        tenant = self.registry.resolve(str(identity.spiffe_id))
+        tenant = self.registry.resolve(identity.spiffe_id.uri)
         if tenant is None:
             raise GatewayError(403, "unknown_workload", "this workload is not mapped to any tenant")
         return tenant

@@ -143,7 +143,7 @@ class Authenticator:
         if identity is None:
             return self.authenticate(request, source)
         mapped = self.mapped
-        if mapped is not None and self.unmapped_limiter is not None and not mapped(str(identity.spiffe_id)):
+        if mapped is not None and self.unmapped_limiter is not None and not mapped(identity.spiffe_id.uri):
             self._charge_unmapped(source)
         return identity
 
@@ -180,7 +180,7 @@ class Authenticator:
         except AuthenticationError as err:
             raise auth_error(err) from None
         mapped = self.mapped
-        if mapped is not None and self.unmapped_limiter is not None and not mapped(str(identity.spiffe_id)):
+        if mapped is not None and self.unmapped_limiter is not None and not mapped(identity.spiffe_id.uri):
             self._charge_unmapped(source)
         return identity
 

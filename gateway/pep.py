@@ -232,7 +232,7 @@ class PolicyEnforcementPoint:
         the awaitable (the lookup counted the miss once).
         """
         tview, tpart = self._memo.tenant(tenant)
-        sid, td, claims = str(identity.spiffe_id), identity.trust_domain, identity.claims
+        sid, td, claims = identity.spiffe_id.uri, identity.trust_domain, identity.claims
         model, max_tokens, stream = req.model, req.max_tokens, req.stream
         prompts = req.prompts  # = req.sequences, without the property's call
         sequences = len(prompts) if prompts else 1

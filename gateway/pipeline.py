@@ -86,7 +86,7 @@ class InferencePipeline:
             identity = gw.authn.authenticate_now(request, rec.client_addr)  # a cache hit: no coroutine (session 16)
             if type(identity) is not WorkloadIdentity:
                 identity = await identity
-            rec.spiffe_id, rec.trust_domain = str(identity.spiffe_id), identity.trust_domain
+            rec.spiffe_id, rec.trust_domain = identity.spiffe_id.uri, identity.trust_domain
             rec.t_auth = time.perf_counter()
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
             tenant = adm.resolve_tenant(identity)
