@@ -8,10 +8,12 @@ Errors are :class:`gateway.errors.GatewayError` (400, 403, 429).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
+from types import CoroutineType
 from typing import Any
 
+from gateway.admission_answers import token_limited, clamp_output, state_unavailable, too_many
 from gateway.errors import GatewayError, model_not_found
 from gateway.identity import WorkloadIdentity
 from gateway.metrics import GatewayMetrics
@@ -28,37 +30,6 @@ from tenancy.shared_limiter import SharedLease
 from tenancy.tokenizer import Tokenizer
 
 __all__ = ["Admission", "SlotClaim", "clamp_output", "state_unavailable", "too_many"]
-
-
-def state_unavailable(exc: StateUnavailable) -> GatewayError:
-    """503 ``state_unavailable`` with ``Retry-After``: the shared limits do not answer and
-    ``state.on_unavailable`` is ``fail_closed`` (docs/scale-out.md)."""
-    return GatewayError(503, "state_unavailable", "shared tenant limits are unavailable; retry later",
-                        headers={"Retry-After": exc.retry_after_header})
-
-
-def too_many(retry_after_s: float, code: str, message: str) -> GatewayError:
-    """A 429 with ``Retry-After`` (whole seconds, at least 1)."""
-    return GatewayError(429, code, message, headers={"Retry-After": str(max(1, int(retry_after_s + 0.999)))},
-                        outcome="rate_limited")
-
-
-def clamp_output(requested: int | None, tenant_cap: int | None, policy_cap: int | None, gateway_cap: int) -> int:
-    """Output-token cap: request → min(tenant cap, policy cap, gateway cap); absent → that cap (at least 1).
-
-    = ``max(1, min(clamp_max_tokens(requested, tenant_cap, policy_cap, default=gateway_cap), gateway_cap))``
-    without its lists (session 9; hypothesis: tests/gateway/test_s9_clamp_output.py): the smallest of the
-    values given. Raises :class:`ValueError` for a non-positive or boolean ``requested``, as it does."""
-    if requested is not None and (isinstance(requested, bool) or requested <= 0):
-        raise ValueError("max_tokens must be a positive integer")
-    cap = gateway_cap
-    if requested is not None and requested < cap:
-        cap = requested
-    if tenant_cap is not None and tenant_cap < cap:
-        cap = tenant_cap
-    if policy_cap is not None and policy_cap < cap:
-        cap = policy_cap
-    return cap if cap >= 1 else 1
 
 
 class Admission:
@@ -107,7 +78,7 @@ class Admission:
 
     def resolve_tenant(self, identity: WorkloadIdentity) -> Tenant:
         """Map a workload to its tenant; raises 403 for an unmapped workload."""
-        tenant = self.registry.resolve(str(identity.spiffe_id))
+        tenant = self.registry.resolve(identity.spiffe_id.uri)
         if tenant is None:
             raise GatewayError(403, "unknown_workload", "this workload is not mapped to any tenant")
         return tenant
@@ -121,18 +92,31 @@ class Admission:
         """Check the tenant's request rate and concurrency; returns a lease (release it). 429 when limited;
         503 ``state_unavailable`` when the shared state does not answer (``state.on_unavailable: fail_closed``).
         ``slot=False`` (flow control on): the slot is taken when the request leaves its queue (:meth:`slot_claim`)."""
-        lim = self.limiter
+        if self.local:  # memory: synchronous, no await hop
+            return self.admit_now(tenant, slot=slot)  # type: ignore[return-value]
         try:
-            if isinstance(lim, TenantLimiter):  # memory: synchronous, no await hop
-                return lim.admit(tenant, time.monotonic(), slot=slot)
-            return await lim.admit(tenant, slot=slot)
-        except StateUnavailable as exc:
-            raise self._unavailable(exc) from None
-        except RateLimited as exc:
-            raise too_many(exc.retry_after_s, "rate_limited", "tenant request rate exceeded") from None
-        except ConcurrencyLimited as exc:
-            raise too_many(exc.retry_after_s, "concurrency_limited",
-                           "tenant concurrent request limit reached") from None
+            return await self.limiter.admit(tenant, slot=slot)  # type: ignore[misc]
+        except (StateUnavailable, RateLimited, ConcurrencyLimited) as exc:
+            raise self._limited(exc) from None
+
+    def admit_now(self, tenant: Tenant, *, slot: bool = True) -> Lease | Awaitable[Lease | SharedLease]:
+        """:meth:`admit`'s lease at once with the in-process limiter (no coroutine: issue 14, session 16), else
+        :meth:`admit`'s awaitable (Redis). Raises as :meth:`admit`."""
+        if not self.local:
+            return self.admit(tenant, slot=slot)
+        try:
+            return self.limiter.admit(tenant, time.monotonic(), slot=slot)  # type: ignore[return-value]
+        except (RateLimited, ConcurrencyLimited) as exc:
+            raise self._limited(exc) from None
+
+    def _limited(self, exc: Exception) -> GatewayError:
+        """The answer to a limiter's refusal of a new request (429, or 503 ``state_unavailable``)."""
+        if isinstance(exc, StateUnavailable):
+            return self._unavailable(exc)
+        if isinstance(exc, RateLimited):
+            return too_many(exc.retry_after_s, "rate_limited", "tenant request rate exceeded")
+        assert isinstance(exc, ConcurrencyLimited)
+        return too_many(exc.retry_after_s, "concurrency_limited", "tenant concurrent request limit reached")
 
     def slot_claim(self, tenant: Tenant, lease: Lease | SharedLease) -> SlotClaim:
         """The slots ``lease`` (admitted with ``slot=False``) takes when flow control releases it (gateway/flow.py)."""
@@ -280,6 +264,13 @@ class Admission:
         settles (:meth:`settle`); 429 ``token_rate_limited`` when the tenant's
         prompt- or output-token bucket cannot cover it (nothing is taken then); 503 as :meth:`admit`.
         """
+        got = self.check_prompt_now(tenant, prompt_tokens, sequences, output_tokens)
+        return await got if type(got) is CoroutineType else got  # type: ignore[return-value]
+
+    def check_prompt_now(self, tenant: Tenant, prompt_tokens: int, sequences: int = 1,
+                         output_tokens: int = 0) -> Reservation | Awaitable[Reservation]:
+        """:meth:`check_prompt`'s reservation at once with the in-process ledger (no coroutine: issue 14,
+        session 16), else the awaitable of the Redis ledger's. Raises as :meth:`check_prompt`."""
         if prompt_tokens == 0:
             raise GatewayError(400, "invalid_request", "prompt must not be empty", param="prompt")
         limit = tenant.max_prompt_tokens if tenant.max_prompt_tokens is not None else self.default_max_prompt_tokens
@@ -287,21 +278,29 @@ class Admission:
             raise GatewayError(400, "context_length_exceeded",
                                f"prompt has {prompt_tokens} tokens; this tenant's limit is {limit}")
         led = self.ledger
+        if not isinstance(led, InProcessLedger):
+            return self._reserve_shared(tenant, prompt_tokens, output_tokens)
         try:
-            if isinstance(led, InProcessLedger):
-                res = led.reserve(tenant, prompt_tokens, output_tokens, time.monotonic())
-            else:
-                res = await led.reserve(tenant, prompt_tokens, output_tokens)
+            res = led.reserve(tenant, prompt_tokens, output_tokens, time.monotonic())
+        except RateLimited as exc:
+            raise token_limited(exc) from None
+        self._count_reserved(tenant.id, prompt_tokens, output_tokens)
+        return res
+
+    async def _reserve_shared(self, tenant: Tenant, prompt_tokens: int, output_tokens: int) -> Reservation:
+        try:
+            res = await self.ledger.reserve(tenant, prompt_tokens, output_tokens)  # type: ignore[misc]
         except StateUnavailable as exc:
             raise self._unavailable(exc) from None
         except RateLimited as exc:
-            what = "output" if exc.reason == "tenant_output_tokens" else "prompt"
-            raise too_many(exc.retry_after_s, "token_rate_limited",
-                           f"tenant {what}-token rate exceeded") from None
-        reserved_prompt, reserved_output = self._children(self._reserved, tenant.id,
-                                                           (self.metrics.tenant_tokens_reserved,))
+            raise token_limited(exc) from None
+        self._count_reserved(tenant.id, prompt_tokens, output_tokens)
+        return res  # type: ignore[no-any-return]
+
+    def _count_reserved(self, tid: str, prompt_tokens: int, output_tokens: int) -> None:
+        reserved_prompt, reserved_output = (self._reserved.get(tid)
+                                            or self._children(self._reserved, tid, (self.metrics.tenant_tokens_reserved,)))
         self.metrics.batch.add(((reserved_prompt, prompt_tokens), (reserved_output, output_tokens)))
-        return res
 
     @staticmethod
     def _children(memo: dict[str, tuple[Any, ...]], tenant_id: str, families: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 
@@ -114,6 +114,39 @@ class Authenticator:
             return peer or "unknown"
         return attested_client(peer, request.headers.getlist("x-forwarded-for"), self.trusted_proxies)
 
+    def authenticate_now(self, request: Request, source: str) -> WorkloadIdentity | Awaitable[WorkloadIdentity]:
+        """The caller's identity at once on a verified-token cache hit, else the awaitable of
+        :meth:`authenticate` (the full check; await it). ``source``: :meth:`source` of ``request``.
+
+        Issue 14, session 16: the common request (one ``Authorization`` header, no trusted proxy, a token
+        verified before) builds no coroutine and reads the header from the ASGI scope in one pass. Every
+        check of :meth:`authenticate` still runs on the hit: the bearer shape
+        (:func:`extract_bearer`), :meth:`JwtSvidVerifier.verify_cached` (time claims against now, the
+        trust domain's current bundle holding the ``kid``, the entry under the current keys version)
+        and the unmapped-identity budget (step 4). The forwarded-certificate binding has nothing to
+        bind without a trusted proxy (:meth:`_forwarded` answers ``None``), so with trusted proxies, or
+        for anything else (no or several headers, a refusal, a miss), :meth:`authenticate` decides and
+        answers exactly as before. Raises :class:`GatewayError` only from step 4 (429 ``too_many_unmapped``).
+        """
+        if self.trusted_proxies:
+            return self.authenticate(request, source)
+        value = None
+        for k, v in request.scope["headers"]:  # = headers.getlist("authorization"), one pass, no Headers object
+            if k == b"authorization":
+                if value is not None:  # several: authenticate answers 400
+                    return self.authenticate(request, source)
+                value = v
+        try:
+            identity = self.verifier.verify_cached(extract_bearer(None if value is None else value.decode("latin-1")))
+        except AuthenticationError:  # the same refusal, from the full check (its reason, its charge)
+            return self.authenticate(request, source)
+        if identity is None:
+            return self.authenticate(request, source)
+        mapped = self.mapped
+        if mapped is not None and self.unmapped_limiter is not None and not mapped(identity.spiffe_id.uri):
+            self._charge_unmapped(source)
+        return identity
+
     async def authenticate(self, request: Request, source: str | None = None) -> WorkloadIdentity:
         """Return the caller's identity or raise :class:`GatewayError`. ``source``: :meth:`source` of
         ``request`` when the caller has it already (the pipeline's record: not worked out twice)."""
@@ -147,7 +180,7 @@ class Authenticator:
         except AuthenticationError as err:
             raise auth_error(err) from None
         mapped = self.mapped
-        if mapped is not None and self.unmapped_limiter is not None and not mapped(str(identity.spiffe_id)):
+        if mapped is not None and self.unmapped_limiter is not None and not mapped(identity.spiffe_id.uri):
             self._charge_unmapped(source)
         return identity
 

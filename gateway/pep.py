@@ -25,7 +25,8 @@ from gateway.pep_key import FactsMemo, candidate_docs
 from gateway.replicas import Replica
 from gateway.request import InferenceRequest
 from policy.decision import Decision, PolicyError
-from policy.cache import DEFAULT_KEY_FIELDS, CachedDecisionPoint, alerts_key_part, compose_key, head_key_fields
+from policy.cache import (DEFAULT_KEY_FIELDS, NO_ALERTS, CachedDecisionPoint, alerts_key_part, compose_key,
+                          head_key_fields)
 from policy.input import build_policy_input
 from routing.filters import PolicyDecisionFilter
 from routing.load import LoadTracker
@@ -211,42 +212,61 @@ class PolicyEnforcementPoint:
         """Ask the PDP; returns its decision, allow or deny (:meth:`enforce` answers a deny).
 
         ``queued_requests``: the tenant's requests waiting in the gateway's queue now
-        (``input.request.queued_requests``; flow control, docs/policy.md).
-
-        On a decision-cache hit neither the input document nor the candidates' documents are built
-        (issue 14; the key's tenant and candidate parts are kept per object: gateway/pep_key.py).
+        (``input.request.queued_requests``; flow control, docs/policy.md). :meth:`decide_now`, awaited
+        when it does not answer at once.
 
         Raises :class:`GatewayError` 503 ``policy_unavailable`` when the decision point fails (fail closed).
         """
+        got = self.decide_now(identity, tenant, req, prompt_tokens, candidates, endpoint, queued_requests)
+        return got if type(got) is Decision else await got  # type: ignore[misc]
+
+    def decide_now(self, identity: WorkloadIdentity, tenant: Tenant, req: InferenceRequest, prompt_tokens: int,
+                   candidates: list[Replica], endpoint: str, queued_requests: int = 0,
+                   ) -> Decision | Awaitable[Decision]:
+        """:meth:`decide`'s decision at once on a decision-cache hit, else the awaitable that gets it
+        (await it; it raises :class:`GatewayError` 503 ``policy_unavailable`` when the decision point fails).
+
+        On a hit neither the input document nor the candidates' documents are built, and no coroutine
+        (issue 14; the key's tenant and candidate parts are kept per object: gateway/pep_key.py; session 16:
+        the hit is the key, one cache lookup and its count, nothing built). The key is computed once: a miss hands it to
+        the awaitable (the lookup counted the miss once).
+        """
         tview, tpart = self._memo.tenant(tenant)
-        sid, td, claims = str(identity.spiffe_id), identity.trust_domain, identity.claims
-        model, max_tokens, stream, sequences = req.model, req.max_tokens, req.stream, req.sequences
+        sid, td, claims = identity.spiffe_id.uri, identity.trust_domain, identity.claims
+        model, max_tokens, stream = req.model, req.max_tokens, req.stream
+        prompts = req.prompts  # = req.sequences, without the property's call
+        sequences = len(prompts) if prompts else 1
         alerts = self.audit.active_alerts()
         dp = self.pdp.dp
+        key = None
+        if tpart is not None and isinstance(dp, CachedDecisionPoint) and dp.cache.key_fields == DEFAULT_KEY_FIELDS:
+            # head_key_part of build()'s identity and request facts, without the dicts
+            head = head_key_fields(sid, td, claims or {}, endpoint, model, prompt_tokens, max_tokens, stream,
+                                   sequences, queued_requests)
+            cpart = self._memo.candidates(candidates)
+            apart = alerts_key_part(alerts) if alerts else NO_ALERTS
+            if head is not None and cpart is not None and apart is not None:
+                key = compose_key(head, tpart, cpart, apart)
+                # a hit: no input document, no closure, no coroutine (session 9; = decide_keyed's hit)
+                hit = dp.cache.get(key)
+                if hit is not None:
+                    self.metrics.policy_cache.labels("hit").inc()
+                    return hit if hit.cached else hit.as_cached()  # put() stores it marked: itself
+
+        def build() -> dict[str, Any]:  # the input document: on a miss or a mistyped fact only (issue 14)
+            return build_policy_input(
+                {"spiffe_id": sid, "trust_domain": td, "claims": claims}, tview,
+                {"endpoint": endpoint, "model": model, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens,
+                 "stream": stream, "sequences": sequences, "queued_requests": queued_requests},
+                candidate_docs(candidates, self.loads), alerts, time.time())
+
+        return self._decide_missed(dp, key, build)
+
+    async def _decide_missed(self, dp: Any, key: tuple[Any, ...] | None, build: Callable[[], dict[str, Any]]) -> Decision:
+        """The decision point's answer for a request :meth:`decide_now` did not answer (``key``: its cache key,
+        whose miss was counted; ``None``: no cache or a mistyped fact, the built document's validation decides)."""
         try:
-            key = None
-            if tpart is not None and isinstance(dp, CachedDecisionPoint) and dp.default_keys:
-                # head_key_part of build()'s identity and request facts, without the dicts
-                head = head_key_fields(sid, td, claims or {}, endpoint, model, prompt_tokens, max_tokens, stream,
-                                       sequences, queued_requests)
-                cpart, apart = self._memo.candidates(candidates), alerts_key_part(alerts)
-                if head is not None and cpart is not None and apart is not None:
-                    key = compose_key(head, tpart, cpart, apart)
-                    # a hit: no input document, no closure, no coroutine (session 9; = decide_keyed's hit)
-                    hit = dp.cache.get(key)
-                    if hit is not None:
-                        decision = hit.as_cached()
-                        self.metrics.policy_cache.labels("hit").inc()
-                        return decision
-
-            def build() -> dict[str, Any]:  # the input document: on a miss or a mistyped fact only (issue 14)
-                return build_policy_input(
-                    {"spiffe_id": sid, "trust_domain": td, "claims": claims}, tview,
-                    {"endpoint": endpoint, "model": model, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens,
-                     "stream": stream, "sequences": sequences, "queued_requests": queued_requests},
-                    candidate_docs(candidates, self.loads), alerts, time.time())
-
-            if key is None:  # no cache, or a mistyped fact: the built document's validation decides
+            if key is None:
                 decision = await dp.decide(build())
             else:  # the miss get() just counted: the document is built now
                 decision = await dp.decide_missed(key, build)

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
+from types import CoroutineType
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,6 +26,7 @@ from gateway.body_budget import OWNER_SCOPE_KEY
 from gateway.errors import GatewayError
 from gateway.flow_bytes import chain_bytes, queued_form, with_salt
 from gateway.held import Held
+from gateway.identity import WorkloadIdentity
 from gateway.prefix_keys import ChainView, PrefixKeys
 from gateway.pipeline_answer import failure_error, plain_response, stream_response
 from gateway.proxy import UpstreamFailure, open_upstream
@@ -35,8 +37,10 @@ from gateway.tokenize_thread import tokenizes_off_loop
 from gateway.usage_privacy import drops_cached
 from gateway.replicas import Replica
 from gateway.request import Endpoint, InferenceRequest, JsonObject, parse_inference_request, read_body
+from policy.decision import Decision
 from routing.policies import RouteRequest
 from routing.types import RouteChoice
+from tenancy.limits import Lease
 from tenancy.registry import Tenant
 
 __all__ = ["InferencePipeline", "RequestRecord", "ClientGone"]
@@ -79,8 +83,10 @@ class InferencePipeline:
             if not gw.audit.accepting:  # fail closed: no audit trail, no service
                 raise GatewayError(503, "audit_unavailable", "audit trail unavailable; refusing to serve without it")
             # 1 authenticate (gateway/authn.py)
-            identity = await gw.authn.authenticate(request, rec.client_addr)
-            rec.spiffe_id, rec.trust_domain = str(identity.spiffe_id), identity.trust_domain
+            identity = gw.authn.authenticate_now(request, rec.client_addr)  # a cache hit: no coroutine (session 16)
+            if type(identity) is not WorkloadIdentity:
+                identity = await identity
+            rec.spiffe_id, rec.trust_domain = identity.spiffe_id.uri, identity.trust_domain
             rec.t_auth = time.perf_counter()
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
             tenant = adm.resolve_tenant(identity)
@@ -90,7 +96,8 @@ class InferencePipeline:
             held.tenant = gw.overload.enter_tenant(tenant.id)  # its requests in flight stay below the shed bound
             if gw.flow is not None:  # a tenant whose queue is full is refused before any further work
                 gw.flow.check_queue_room(tenant.id)
-            held.lease = await adm.admit(tenant, slot=gw.flow is None)  # flow control: slot at release
+            lease = adm.admit_now(tenant, slot=gw.flow is None)  # flow control: slot at release
+            held.lease = lease if type(lease) is Lease else await lease  # in-process limiter: no coroutine (s16)
             bounds = adm.request_bounds(tenant)
             # 3 parse (message and batch counts are checked before schema validation; gateway/request.py)
             request.scope[OWNER_SCOPE_KEY] = tenant.id  # its held body counts against its share (R5b-1)
@@ -116,7 +123,8 @@ class InferencePipeline:
             rec.prompt_tokens = prompt_tokens
             # reserve prompt + max_tokens x sequences before any further work; the end settles it
             output_cap = adm.output_cap(req.max_tokens, tenant)
-            held.reservation = await adm.check_prompt(tenant, prompt_tokens, seqs, output_cap * seqs)
+            res = adm.check_prompt_now(tenant, prompt_tokens, seqs, output_cap * seqs)
+            held.reservation = await res if type(res) is CoroutineType else res  # in-process ledger: no coroutine
             chains = gw.keys.prefix_chains(tenant, tokens)
             del tokens  # R12-2: a queued request keeps its chains and counts, not its token list
             held.prep = partial(self._prepare, rec, held, chains, None)  # a refusal's record: its fingerprint
@@ -126,12 +134,14 @@ class InferencePipeline:
                 raise GatewayError(503, "no_replica", "no healthy replica is available for this tenant")
             rec.t_keys = time.perf_counter()
             # 5 authorize: the decision only (gateway/pep.py)
-            try:
-                decision = await gw.pep.decide(identity, tenant, req, prompt_tokens, candidates, rec.endpoint,
-                                               gw.flow.tenant_queued(tenant.id) if gw.flow is not None else 0)
-            except GatewayError as err:
-                rec.reason_code = err.code  # policy_unavailable
-                raise
+            decision = gw.pep.decide_now(identity, tenant, req, prompt_tokens, candidates, rec.endpoint,
+                                         gw.flow.tenant_queued(tenant.id) if gw.flow is not None else 0)
+            if type(decision) is not Decision:  # not a decision-cache hit (session 16: a hit is no coroutine)
+                try:
+                    decision = await decision
+                except GatewayError as err:
+                    rec.reason_code = err.code  # policy_unavailable
+                    raise
             rec.t_decided = time.perf_counter()
             rec.decision_id, rec.reason_code, rec.reason = decision.decision_id, decision.reason_code, decision.reason
             gw.pep.enforce(decision)

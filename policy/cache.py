@@ -297,13 +297,15 @@ def candidates_key_part(candidates: Sequence[Mapping[str, Any]]) -> tuple[Any, .
 
 
 _NO_CANDIDATES: tuple[Any, ...] = ((), (), (), ())
+#: :func:`alerts_key_part` of no alerts (a caller may use it without the call)
+NO_ALERTS: tuple[Any, ...] = _NO_CANDIDATES
 
 
 def alerts_key_part(alerts: Sequence[Mapping[str, Any]]) -> tuple[Any, ...] | None:
     """The alert fields of the :func:`fast_key` (``ids, kinds, replica ids, tenant ids``, sorted by id),
     or ``None`` when an alert lacks its id or kind."""
     if not alerts:
-        return _NO_CANDIDATES
+        return NO_ALERTS
     alts = []
     for a in alerts:
         aid, kind = a.get("id"), a.get("kind")
@@ -329,7 +331,8 @@ def head_key_part(identity: Mapping[str, Any], request: Mapping[str, Any]) -> tu
 def head_key_fields(sid: Any, td: Any, claims: Any, endpoint: Any, model: Any, pt: Any, mt: Any, stream: Any,
                     seq: Any, q: Any) -> tuple[Any, ...] | None:
     """:func:`head_key_part` of the facts themselves (no identity or request dict built: issue 14)."""
-    if not (isinstance(sid, str) and sid and isinstance(td, str) and td and (type(claims) is dict or _is_mapping(claims))
+    if not (isinstance(sid, str) and sid and isinstance(td, str) and td
+            and (type(claims) is dict or type(claims) is MappingProxyType or _is_mapping(claims))
             and isinstance(endpoint, str) and endpoint and isinstance(model, str) and model
             and isinstance(stream, bool)
             # session 15: a plain int in range is answered inline (no _count call); anything else asks _count

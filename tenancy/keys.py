@@ -162,8 +162,8 @@ class KeyRing:
         previous versions still in grace (newest first), without duplicates."""
         with self._lock:
             if not self._grace and not self._retired_masters:  # no rotation in grace: nothing to expire
-                return [self._derive(self._master, self._generation, tenant_id,
-                                     self._tenant_state(tenant_id).key_version)]
+                ts = self._state.tenants.get(tenant_id) or _UNROTATED  # = _tenant_state, without its call (s16)
+                return [self._derive(self._master, self._generation, tenant_id, ts.key_version)]
             now = self._clock()
             self._expire(now)
             keys = [self.current(tenant_id)]

@@ -278,7 +278,10 @@ class LedgerReservation(Reservation):
 
 class _InProcessReservation(LedgerReservation):
     def __init__(self, ledger: InProcessLedger, tenant_id: str, prompt: int, output: int) -> None:
-        super().__init__(tenant_id, prompt, output, ledger._lock)
+        # = LedgerReservation.__init__(tenant_id, prompt, output, ledger._lock), without its call (session 16)
+        self.tenant_id, self.prompt_tokens, self.output_tokens = tenant_id, prompt, output
+        self._settlement: Settlement | None = None
+        self._lock = ledger._lock
         self._ledger = ledger
 
     def _apply(self, d_prompt: int, d_output: int, settled: Settlement | None) -> None:

@@ -169,7 +169,7 @@ class Lease(ReleasedOnExit):
     __slots__ = ("_release", "tenant_id", "weight")
 
     def __init__(self, tenant_id: str, release: Callable[[], None]) -> None:
-        super().__init__()
+        self._done = False  # = ReleasedOnExit.__init__, without its call (one lease per request; session 16)
         self.tenant_id = tenant_id
         self._release = release
         self.weight = 1

@@ -85,20 +85,16 @@ class SpiffeId:
 
     trust_domain: str
     path: str
-    #: the URI string, built once (session 13, issue 14: ``str()`` runs ~4 times per request, and one
-    #: string object keeps its hash for the registry, the decision-cache key and the audit record)
-    _uri: str = field(init=False, repr=False, compare=False)
+    #: the canonical ``spiffe://`` URI string, built once (session 13, issue 14: one string object keeps its
+    #: hash for the registry, the decision-cache key and the audit record; session 16: an attribute, read
+    #: on the request path without the ``__str__`` call)
+    uri: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_uri", f"{SCHEME_PREFIX}{self.trust_domain}{self.path}")
+        object.__setattr__(self, "uri", f"{SCHEME_PREFIX}{self.trust_domain}{self.path}")
 
     def __str__(self) -> str:
-        return self._uri
-
-    @property
-    def uri(self) -> str:
-        """The canonical ``spiffe://`` URI string."""
-        return str(self)
+        return self.uri
 
     @property
     def segments(self) -> tuple[str, ...]:

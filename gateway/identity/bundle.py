@@ -89,7 +89,7 @@ class TrustBundleStore:
         if source is None:
             raise UnknownTrustDomain(f"no trust bundle configured for {trust_domain}")
         bundle = source.current()
-        if bundle is None or bundle.get(kid) is None:
+        if bundle is None or bundle.keys.get(kid) is None:  # = bundle.get(kid), without its call (session 16)
             return None
         return bundle, (self._epochs[trust_domain], source.generation)
 

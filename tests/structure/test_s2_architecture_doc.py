@@ -133,10 +133,11 @@ def test_the_flow_lists_the_steps_in_the_order_the_pipeline_calls_them() -> None
     flow = [n for _, names in table_rows(DOC.read_text()) for n in names]
     assert [n for n in flow if n in order] == order
     src = (ROOT / "gateway" / "pipeline.py").read_text()
-    # session 15: the pipeline sheds (then enters) with OverloadGuard.shed_or_enter, one call
-    calls = {"OverloadGuard.shed": ".overload.shed_or_enter(", "Authenticator.authenticate": ".authn.authenticate(",
+    # session 15: the pipeline sheds (then enters) with OverloadGuard.shed_or_enter, one call; session 16: it
+    # authenticates, admits and decides with the *_now forms (a cache hit, the in-process limiter: no coroutine)
+    calls = {"OverloadGuard.shed": ".overload.shed_or_enter(", "Authenticator.authenticate": ".authn.authenticate_now(",
              "Admission.resolve_tenant": ".resolve_tenant(", "FlowControl.check_queue_room": ".check_queue_room(",
-             "Admission.admit": "adm.admit(", "PolicyEnforcementPoint.decide": ".pep.decide(",
+             "Admission.admit": "adm.admit_now(", "PolicyEnforcementPoint.decide": ".pep.decide_now(",
              "FlowControl.release": ".flow.release(", "Router.route": ".router.route(",
              "open_upstream": "open_upstream(gw", "Held.release": "held.release()",
              "Recorder.record": ".recorder.record("}
