@@ -12,8 +12,8 @@ A/A copy of this) for ``--rounds`` rounds:
 * ``cut_compact``: the same answer compact (vLLM's shape; must not get slower);
 * ``fb_path`` / ``fb_tail``: a plain answer's load ticket (the gateway's trackers: in-process, calibrating
   with deferred observations, notifying) at its first byte's arrival (``post``: ``first_byte()`` where the
-  tree calls it there) and after the last part (the tree's late observation if any, then ``finish()``)
-  (A15-2);
+  tree calls it there) and after the last part (the tree's late observation if any, ``finish()``, the
+  calibration's flush, as ``_after_answer`` runs them) (A15-2);
 * ``sse4``: a ``drop`` tenant's stream read of four delta events (``SseScanner.feed``) (S15-3).
 Medians and per-round differences: ``bench/results/<name>.{json,md}``.
 """
@@ -76,6 +76,7 @@ res = {"cut_spaced": best(cut(SPACED), N), "cut_compact": best(cut(COMPACT), N)}
 
 cal = Calibration(prior_rate=10000.0)
 cal.defer_observations(True)
+cal.MAX_PENDING = 10 ** 9  # the gateway flushes after each answer (fb_tail), never on the path
 notifying = NotifyingLoadTracker(CalibratingLoadTracker(InProcessLoadTracker(), cal, time.monotonic))
 notifying.on_release = lambda: None
 try:
@@ -97,7 +98,7 @@ def fb_tail():
         if type(t) in LATE_FIRST_BYTE:
             t.observe_first_byte_at(p)
         t.finish()
-    cal.flush()
+        cal.flush()  # as the gateway's _after_answer, once per request
 path = tail = 1e9
 for _ in range(9):
     dispatch()
