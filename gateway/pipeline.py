@@ -28,7 +28,7 @@ from gateway.flow_bytes import chain_bytes, queued_form, with_salt
 from gateway.held import Held
 from gateway.identity import WorkloadIdentity
 from gateway.prefix_keys import ChainView, PrefixKeys
-from gateway.pipeline_answer import failure_error, plain_response, stream_response
+from gateway.pipeline_answer import failure_error, plain_response, reads_perf_counter, stream_response
 from gateway.proxy import UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
 from gateway.recording import AFTER_SEND
@@ -38,6 +38,7 @@ from gateway.usage_privacy import drops_cached
 from gateway.replicas import Replica
 from gateway.request import Endpoint, InferenceRequest, JsonObject, parse_inference_request, read_body
 from policy.decision import Decision
+from routing.calibration_tracker import LATE_FIRST_BYTE
 from routing.policies import RouteRequest
 from routing.types import RouteChoice
 from tenancy.limits import Lease
@@ -61,6 +62,14 @@ class InferencePipeline:
         self.gw = gateway
         self.cfg = gateway.config
         self.cpu = gateway.cpu_budget  # refused requests' CPU per tenant (R5-8)
+        cal = gateway.calibration
+        #: a plain answer's load ticket whose first byte waits for the answer's end (session 16, A15-2): its
+        #: first byte comes with its end, so the ticket's finish releases the prefill part with the rest
+        #: and the calibration's observation (``rec.t_first_byte``: the byte's arrival) is fed then
+        #: (:meth:`_after_answer`). None: any ticket (no calibration: nothing to observe); else the ticket
+        #: types that take a late observation when ``perf_counter`` is the calibration's clock, else none
+        self._late_first_byte: frozenset[type] | None = None if cal is None else (
+            LATE_FIRST_BYTE if reads_perf_counter(cal.clock) else frozenset())
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         """Serve one inference request; always returns a response, never raises."""
@@ -280,7 +289,9 @@ class InferencePipeline:
             else:  # a plain answer's first byte comes with its end: observed with the giving back (session 11)
                 held.answered = partial(gw.upstream.answered, replica.id, up.instance_id)
             rec.t_first_byte = time.perf_counter()
-            held.ticket.first_byte()
+            late = self._late_first_byte
+            if req.stream or (late is not None and type(held.ticket) not in late):  # A15-2: else in _after_answer
+                held.ticket.first_byte()
             if req.stream:
                 response = stream_response(req, rec, held, self.cfg.upstream.read_timeout_s, gw.upstream,
                                            partial(self._end, rec, held))
@@ -339,7 +350,14 @@ class InferencePipeline:
     def _after_answer(self, rec: RequestRecord, held: Held, after: list[Callable[[], None]], recorded: bool) -> None:
         """Give back all the request holds, then run ``after`` (the ledger's refund first), the
         calibration's flush and, when ``recorded`` (its audit event was emitted), the record's metrics;
-        each step guarded: one's bug never skips another (nor the others' requests)."""
+        each step guarded: one's bug never skips another (nor the others' requests). A plain answer's
+        first byte is observed first, with its arrival time (session 16, A15-2: ``__init__``)."""
+        ticket = held.ticket
+        if ticket is not None and not rec.stream and rec.t_first_byte is not None and type(ticket) in LATE_FIRST_BYTE:
+            try:
+                ticket.observe_first_byte_at(rec.t_first_byte)  # type: ignore[attr-defined]
+            except Exception:
+                log.exception("observing the first byte of request %s failed", rec.request_id)
         try:
             held.leave(self.gw.overload)
             held.release()

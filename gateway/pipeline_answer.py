@@ -7,6 +7,7 @@ response it opened and write the request's :class:`RequestRecord` and :class:`He
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -29,9 +30,21 @@ from gateway.upstream import Upstream
 from gateway.usage_privacy import may_name_cached, plain_without_cached
 from gateway.write_stall import ended_code
 
-__all__ = ["PlainAnswer", "failure_error", "passthrough_error", "plain_response", "stream_response"]
+__all__ = ["PlainAnswer", "failure_error", "passthrough_error", "plain_response", "reads_perf_counter",
+           "stream_response"]
 
 _JSON_TYPE = (b"content-type", b"application/json")
+#: whether ``time.monotonic`` and ``time.perf_counter`` read the same clock (CPython on Linux and macOS;
+#: every platform since Python 3.13: "Changed in version 3.13: Use the same clock as time.monotonic()")
+_ONE_CLOCK = time.get_clock_info("monotonic").implementation == time.get_clock_info("perf_counter").implementation
+
+
+def reads_perf_counter(clock: Callable[[], float] | None) -> bool:
+    """Whether ``clock``'s readings are ``time.perf_counter()`` readings (the same clock, same seconds):
+    ``time.perf_counter`` itself, or ``time.monotonic`` where both read one clock (``time.get_clock_info``).
+    Then a request record's stamp (``RequestRecord.t_first_byte``) is a reading of ``clock`` as is: the
+    routing calibration's first byte of a plain answer is observed late with it (session 16, A15-2)."""
+    return clock is time.perf_counter or (clock is time.monotonic and _ONE_CLOCK)
 
 
 class PlainAnswer(Response):

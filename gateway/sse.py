@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import json_fast
-from gateway.usage_privacy import event_for_drop
+from gateway.usage_privacy import event_for_drop, may_name_cached
 
 __all__ = ["DONE", "SseProtocolError", "SseScanner", "error_event"]
 
@@ -180,10 +180,17 @@ class SseScanner:
         """:meth:`feed` of a ``chunk`` without CR when nothing is pending (no partial line or event, no CR
         just read, the BOM check done): its lines end with LF only, so they are ``chunk.split(b"\n")``
         (no regular expression, no copy per line); same fields, dispatches, forwarded bytes, errors and
-        state as the general path (tests/gateway/test_s9_sse_lf.py compares them)."""
+        state as the general path (tests/gateway/test_s9_sse_lf.py compares them).
+
+        Session 16 (S15-3): with ``drop_cached``, every event dispatched here has its data lines in
+        ``chunk`` (nothing was pending), and an event's data is its lines' values joined with LF, which
+        is in neither ``"cached_tokens"`` nor ``\\u``: when ``chunk`` holds neither
+        (:func:`gateway.usage_privacy.may_name_cached`, searched once), no event of it does, and their
+        own two searches (:func:`gateway.usage_privacy.event_for_drop`) are skipped (same outcome)."""
         out: list[bytes] = []
         lines = chunk.split(b"\n")
         start = pos = 0
+        clean: bool | None = None  # drop_cached: the chunk names no counter (searched once, at its first event)
         for line in lines[:-1]:  # the last piece has no LF: the start of a line still being read
             pos += len(line) + 1
             if line:
@@ -196,8 +203,10 @@ class SseScanner:
                 elif self.drop_cached and _names_counter(line):
                     self._special = self._withhold = True
                 continue
+            if clean is None:
+                clean = self.drop_cached and not may_name_cached(chunk)
             try:
-                keep = self._dispatch()
+                keep = self._dispatch(clean)
             except SseProtocolError as exc:
                 exc.forward = b"".join(out)
                 self._buf += chunk  # as the general path leaves it: the chunk buffered, nothing consumed
@@ -244,10 +253,11 @@ class SseScanner:
         else:
             self._withhold = True
 
-    def _dispatch(self) -> bool | bytes:
+    def _dispatch(self, clean: bool = False) -> bool | bytes:
         """End of an event: check it; return whether to forward it (True: as received), or the
         bytes to forward instead (its usage without ``cached_tokens``: ``drop_cached``; its data lines
-        alone: a withheld line, module doc)."""
+        alone: a withheld line, module doc). ``clean``: the caller found that the event's data names no
+        ``"cached_tokens"`` and holds no ``\\u`` (:meth:`_feed_lf`), so it is not searched again."""
         if self._special:
             return self._dispatch_special()
         if not self._data:
@@ -274,7 +284,7 @@ class SseScanner:
             self.usage = usage
             if not choices and not self.keep_usage_chunk:
                 return False
-        if self.drop_cached:  # R14-2: whatever its top-level keys (a nested copy)
+        if self.drop_cached and not clean:  # R14-2: whatever its top-level keys (a nested copy)
             rewritten = event_for_drop(payload, obj, usage)  # R12-1; RV2-1: a duplicated / escaped key
             if rewritten is not None:
                 if isinstance(choices, list):

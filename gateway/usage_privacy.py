@@ -18,11 +18,12 @@ The gateway's own readers (ledger, audit ``delivered_prefix_tokens``, concentrat
 calibration) read the replica's usage as parsed, before this: they keep the true value.
 
 Cost (issue 14): an answer without the field costs two dictionary lookups. A plain answer with it
-loses exactly the bytes of ``prompt_tokens_details`` when they are vLLM's compact shape (found from
-the end, :func:`_exact_cut`), else has only its usage object replaced (found from the end, checked
-against the parsed usage: :func:`_usage_span`), else, when neither is certain, is written again
-whole (:func:`plain_without_cached`); a stream's usage chunk (one small event per stream) is written
-again (:func:`event_for_drop`). Everything else stays byte for byte (docs/benchmarks.md, fixr12).
+loses exactly the bytes of ``prompt_tokens_details`` when they are vLLM's shape, compact or with
+whitespace between the tokens (found from the end, :func:`_exact_cut`; session 16, A15-1), else has
+only its usage object replaced (found from the end, checked against the parsed usage:
+:func:`_usage_span`), else, when neither is certain, is written again whole
+(:func:`plain_without_cached`); a stream's usage chunk (one small event per stream) is written again
+(:func:`event_for_drop`). Everything else stays byte for byte (docs/benchmarks.md, fixr12).
 
 Session 14, review RV2-1: those byte guards read literal keys. JSON lets a key be spelt with ``\\uXXXX``
 escapes (``"cached\\u005ftokens"`` is ``cached_tokens`` to every parser) and a key be repeated (the parse
@@ -63,8 +64,14 @@ _COUNTER = "cached_tokens"
 _DETAILS_NAME = "prompt_tokens_details"
 #: a JSON ``\\uXXXX`` escape: where it occurs, a key's bytes need not be its name (review RV2-1)
 _ESCAPE = b"\\u"
-_DETAILS = b'"prompt_tokens_details":{"cached_tokens":'
-_COMMA_DETAILS = b"," + _DETAILS
+_DETAILS_KEY = b'"prompt_tokens_details"'
+_COMMA_DETAILS = b',"prompt_tokens_details":{"cached_tokens":'
+#: RFC 8259 section 2: insignificant whitespace (space, tab, LF, CR), as byte values
+_WS = b" \t\n\r"
+#: ``"prompt_tokens_details": {"cached_tokens": N}`` with any whitespace between the tokens (A15-1)
+_PAIR = re.compile(rb'"prompt_tokens_details"[ \t\r\n]*:[ \t\r\n]*\{[ \t\r\n]*("cached_tokens")[ \t\r\n]*:'
+                   rb'[ \t\r\n]*-?[0-9]+[ \t\r\n]*\}')
+_COMMA_AFTER = re.compile(rb"[ \t\r\n]*,[ \t\r\n]*")
 _AFTER_KEY = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*\{")
 #: closing braces tried when looking for the end of the usage object (usage nests one object deep)
 _MAX_CLOSERS = 8
@@ -120,26 +127,52 @@ def _usage_span(data: bytes, usage: dict[str, Any]) -> tuple[int, int] | None:
 
 
 def _exact_cut(data: bytes, details: dict[str, Any]) -> bytes | None:
-    """The fast path for the shape vLLM and the simulators write (compact, ``prompt_tokens_details``
-    holding ``cached_tokens`` alone, after another usage field or before one): ``data`` without the
-    bytes ``,"prompt_tokens_details":{"cached_tokens":N}`` (or ``"prompt_tokens_details":{...},``) last
-    found, or None when they do not occur. Such bytes are the replica's own structure, never a
-    string's content (a string cannot hold an unescaped quote: the one before the key must open it), and
-    the parsed usage holds exactly them: an answer with one occurrence has it in its usage object. Session
-    13: the caller's check that no ``"cached_tokens"`` is left in the result also rejects a second
-    occurrence (it would be left), so there is no separate uniqueness search."""
-    n = details.get("cached_tokens")
+    """The fast path for the shape vLLM, SGLang and the simulators write (``prompt_tokens_details``
+    holding ``cached_tokens`` alone, after another usage field or before one; compact or with RFC 8259
+    insignificant whitespace, space, tab, LF or CR, between the tokens: Python's ``json.dumps`` and aiohttp's
+    ``json_response`` write ``": "`` and ``", "``; session 16, A15-1): ``data`` without the pair
+    ``"prompt_tokens_details": {"cached_tokens": N}`` holding the last ``"cached_tokens"`` and the comma
+    before it (or after it, when the pair comes first in its object), or None when the bytes there are
+    not exactly that shape (the caller writes the usage or the answer again).
+
+    vLLM's compact form after another member (``,"prompt_tokens_details":{"cached_tokens":N}``) is
+    searched first, as one literal (session 13's cut); any other spacing or order is read token by token.
+    Such bytes are the replica's own structure, never a string's content: the pair's first quote follows
+    a ``,`` or ``{`` (whitespace between), so it is not escaped, and a quote that closed a string could not
+    be followed by ``p``; from there the grammar reads one key and its one-key object. The cut removes
+    that pair and its separator from its object (the rest stays valid JSON), so the result parses to the
+    parse without that key when no other ``"prompt_tokens_details"`` precedes it (a duplicate in the same
+    object would become the parse's value: such an answer is not cut). The caller's check that no
+    ``"cached_tokens"`` is left in the result rejects a cut of any other copy than the last one or a
+    second occurrence (session 13), so there is no separate uniqueness search."""
+    n = details.get(_COUNTER)
     if len(details) != 1 or type(n) is not int:
         return None
-    tail = str(n).encode() + b"}"  # bytes %-formatting costs ~1 us: concatenated
-    piece = _COMMA_DETAILS + tail  # vLLM writes it after the other usage fields
-    i = data.rfind(piece)
-    if i < 0:
-        piece = _DETAILS + tail + b","
-        i = data.rfind(piece)
-        if i < 0:
-            return None
-    return data[:i] + data[i + len(piece):]
+    tail = str(n).encode() + b"}"  # vLLM's compact bytes first: one search (bytes %-formatting costs ~1 us)
+    piece = _COMMA_DETAILS + tail
+    j = data.rfind(piece)
+    if j >= 0:
+        return data[:j] + data[j + len(piece):] if data.find(_DETAILS_KEY) == j + 1 else None
+    i = data.rfind(_CACHED_KEY)
+    j = data.rfind(_DETAILS_KEY, 0, i)
+    if j <= 0:
+        return None
+    m = _PAIR.match(data, j)
+    if m is None or m.start(1) != i:  # whitespace only between the two keys
+        return None
+    if data.find(_DETAILS_KEY) != j:  # an earlier key of that name (a duplicate would take over: not cut)
+        return None
+    k = j - 1
+    while data[k] in _WS and k > 0:  # back over whitespace (usually none or one byte)
+        k -= 1
+    before = data[k]
+    if before == 0x2C:  # ",": the pair follows another member
+        return data[:k] + data[m.end():]
+    if before == 0x7B:  # "{": the pair is the first member, a comma must follow it
+        after = _COMMA_AFTER.match(data, m.end())
+        if after is not None:
+            return data[:j] + data[after.end():]
+    return None
 
 
 def plain_without_cached(data: bytes, obj: dict[str, Any], usage: Any) -> bytes:
@@ -168,7 +201,7 @@ def plain_without_cached(data: bytes, obj: dict[str, Any], usage: Any) -> bytes:
     # a duplicated top-level key, a second compact occurrence): with the key still in the bytes, the next
     # way is tried, the last one writing the whole answer again
     if out is not None and out.rfind(_CACHED_KEY) < 0:  # rfind: ~2x `in` on answers (CPython 3.11)
-        return out  # session 13: the common vLLM shape needs no new usage dict (~1 us of 2.6)
+        return out  # session 13: the common vLLM shape needs no new usage dict (~1 us of 2.6); A15-1: spaced too
     new = usage_without_cached(usage)
     assert new is not None
     span = _usage_span(data, usage)

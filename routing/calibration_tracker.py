@@ -12,7 +12,7 @@ from routing.types import ReplicaLoad
 if TYPE_CHECKING:
     from routing.calibration import Calibration
 
-__all__ = ["CalibratingLoadTracker"]
+__all__ = ["CalibratingLoadTracker", "LATE_FIRST_BYTE"]
 
 
 class _CalibratingTicket:
@@ -45,6 +45,17 @@ class _CalibratingTicket:
         self._t0 = None
         self._inner.first_byte()  # type: ignore[attr-defined]
 
+    def observe_first_byte_at(self, t: float) -> None:
+        """Feed the observation of a first byte that arrived at ``t`` (a reading of the tracker's clock,
+        seconds), once and only while no first byte was observed and the ticket is active; release
+        nothing (the caller finishes the ticket next: :meth:`finish` releases the prefill part with the
+        rest). Session 16, A15-2: a plain answer's first byte comes with its end; the gateway observes it
+        after the answer's last part with the time the byte arrived (the same figure)."""
+        if self._t0 is not None and self._inner.active:  # type: ignore[attr-defined]
+            self._cal.observe_first_byte(self.replica_id, self._uncached, self._queued, t - self._t0,
+                                         self._shared, self._tenant)
+        self._t0 = None
+
     def finish(self) -> None:
         """Release everything still held (no observation without a first byte)."""
         self._t0 = None
@@ -68,14 +79,32 @@ class _FusedCalibratingTicket(Ticket):
         self._queued = queued
         self._shared = shared
         self._tenant = tenant
-        self._t0 = clock()
+        self._t0: float | None = clock()  # None: its first byte was observed
 
     def first_byte(self) -> None:
-        """Feed the observation once (the ticket still holds its prefill part), then release that part."""
+        """Feed the observation once (the ticket still holds its prefill part and no first byte was
+        observed), then release that part."""
         if self._prefill_held and self._held:
-            self._cal.observe_first_byte(self.replica_id, self.prefill_tokens, self._queued,
-                                         self._clock() - self._t0, self._shared, self._tenant)
+            t0 = self._t0
+            if t0 is not None:
+                self._cal.observe_first_byte(self.replica_id, self.prefill_tokens, self._queued,
+                                             self._clock() - t0, self._shared, self._tenant)
             super().first_byte()  # Ticket's release of the prefill part and its notify
+
+    def observe_first_byte_at(self, t: float) -> None:
+        """:meth:`_CalibratingTicket.observe_first_byte_at`: the observation of a first byte at ``t`` (the
+        tracker's clock), once, while the ticket holds its prefill part; nothing released (the caller's
+        :meth:`finish` next releases it all in one step: one release and one notify, not two)."""
+        t0 = self._t0
+        if t0 is not None and self._prefill_held and self._held:
+            self._t0 = None
+            self._cal.observe_first_byte(self.replica_id, self.prefill_tokens, self._queued, t - t0,
+                                         self._shared, self._tenant)
+
+
+#: the ticket types whose first byte can be observed later, with the time it arrived
+#: (:meth:`_CalibratingTicket.observe_first_byte_at`; session 16, A15-2)
+LATE_FIRST_BYTE: frozenset[type] = frozenset((_CalibratingTicket, _FusedCalibratingTicket))
 
 
 class CalibratingLoadTracker:
