@@ -2,7 +2,8 @@
 (:class:`gateway.upstream_pool.UpstreamPool`, HTTP/1.1 keep-alive on
 ``httptools``; why not aiohttp: docs/architecture.md, "Upstream client").
 
-``open_upstream`` sends the request and waits for the *first body chunk*
+``open_upstream`` sends the request (at once on an idle connection, session 16) and its
+awaited result waits for the *first body chunk*
 (bounded by the caller's budget: ``first_byte_timeout_s`` for streams, the
 total deadline for plain answers): until that chunk has been handed to
 the client nothing is committed, so the caller may still retry on another
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import zlib
 from dataclasses import dataclass
+from collections.abc import Generator
 from typing import Any
 
 from gateway.json_fast import dumps
@@ -40,7 +42,7 @@ from gateway.send_order import SEND_ORDER
 from gateway.upstream_conn import UpstreamConnectionLost, UpstreamProtocolError, UpstreamResponse
 from gateway.upstream_pool import UpstreamConnectError, UpstreamPool
 
-__all__ = ["UpstreamFailure", "UpstreamStream", "open_upstream", "make_session", "INSTANCE_HEADER",
+__all__ = ["UpstreamFailure", "UpstreamStream", "UpstreamCall", "open_upstream", "make_session", "INSTANCE_HEADER",
            "BodyDecoder", "ContentCodingError", "decode_body", "UPSTREAM_DEFAULT_HEADERS", "DECODE_PIECE_BYTES"]
 
 INSTANCE_HEADER = "X-Instance-Id"
@@ -275,67 +277,112 @@ async def _read_error_body(resp: UpstreamResponse) -> bytes:
     return b"".join(parts)[:_ERROR_BODY_MAX]
 
 
-async def open_upstream(
+def open_upstream(
     session: UpstreamPool,
     url: str,
     body: dict[str, Any] | bytes,
     headers: dict[str, str],
     first_byte_timeout_s: float,
-) -> UpstreamStream:
+) -> UpstreamCall:
     """POST ``body`` as JSON to ``url`` (bytes: already serialized, a request that waited in the flow
-    queue, gateway/flow_bytes.py ``queued_form``) and wait for the first body chunk.
+    queue, gateway/flow_bytes.py ``queued_form``); await the result (once) for the first body chunk.
 
-    Returns an :class:`UpstreamStream` for a 200 answer. Raises
+    Session 16: the request is written *now*, before this returns, when the pool has an idle
+    connection to the replica (:meth:`UpstreamPool.send_idle`: no coroutine, no await); else when
+    the result is awaited (a new connection, or one freed, first). So the caller's work that the
+    request does not need can run after this call, while the replica works (the pipeline's attempt
+    and record fields), and the result must be awaited (or it is cut off at its deadline).
+
+    The awaited result is an :class:`UpstreamStream` for a 200 answer; awaiting raises
     :class:`UpstreamFailure` on connection errors, on no first byte within
     ``first_byte_timeout_s`` seconds, on a non-200 status (its body read,
     at most 64 KiB), on a broken or undecodable answer and on an empty body.
-    Cancellation closes the connection.
+    Cancellation closes the connection. This call itself raises only ValueError (a header with CR/LF,
+    a bad URL) and RuntimeError (no running loop).
     """
-    resp: UpstreamResponse | None = None
-    try:
-        # the budget: one timer per pool for every call's deadline, not an asyncio.timeout per call (session 8)
-        deadline = session.time() + first_byte_timeout_s  # the pool's loop clock, no loop lookup (session 10)
-        SEND_ORDER.sending()  # counted for gateway/send_order.py (the body is written at once, no task)
-        data = body if body.__class__ is bytes else dumps(body)
-        resp = await session.request("POST", url, data, {**headers, **_JSON_TYPE}, deadline=deadline)
-        encoding = resp.headers.get("content-encoding")
-        if resp.status != 200:
-            data = await _read_error_body(resp)
-            resp.close()
-            try:  # only to read the error message; anything undecodable passes on as no message
-                data = decode_body(data, encoding, _ERROR_BODY_MAX)
-            except ContentCodingError:
-                data = b""
-            raise UpstreamFailure("status", f"replica answered {resp.status}", status=resp.status, body=data)
-        up = UpstreamStream(resp, b"", resp.headers.get(_INSTANCE_KEY),
-                            IDENTITY if encoding is None else BodyDecoder(encoding))
-        if encoding is None:  # identity (asked for): the raw chunk is the decoded one, one layer less
-            # what arrived with the head is taken at once, no coroutine (session 15); else wait for it
-            first = resp.take_buffered() or await resp.read_chunk()
-            up.finished = not first
-        else:
-            first = await up.read_chunk()
-        if not first:
-            resp.close()
-            raise UpstreamFailure("protocol", "replica closed the response without a body")
-        resp.clear_deadline()  # the rest is bounded by the caller (read_timeout_s)
-        up.first_chunk = first
-    except TimeoutError:
-        if resp is not None:
-            resp.close()
-        raise UpstreamFailure("timeout", "replica sent no first byte in time") from None
-    except UpstreamConnectError as exc:
-        raise UpstreamFailure("connect", f"cannot connect to replica: {exc}", reached=False) from None
-    except (UpstreamConnectionLost, OSError) as exc:
-        if resp is not None:
-            resp.close()
-        raise UpstreamFailure("connect", f"replica connection failed: {type(exc).__name__}") from None
-    except (UpstreamProtocolError, ContentCodingError) as exc:
-        if resp is not None:
-            resp.close()
-        raise UpstreamFailure("protocol", f"replica answer cannot be read: {exc}") from None
-    except asyncio.CancelledError:
-        if resp is not None:
-            resp.close()
-        raise
-    return up
+    # the budget: one timer per pool for every call's deadline, not an asyncio.timeout per call (session 8)
+    deadline = session.time() + first_byte_timeout_s  # the pool's loop clock, no loop lookup (session 10)
+    SEND_ORDER.sending()  # counted for gateway/send_order.py (the body is written at once, no task)
+    data = body if body.__class__ is bytes else dumps(body)
+    fields = {**headers, **_JSON_TYPE}
+    # a warm pool's idle connection: written now, no coroutine of the pool's (session 16)
+    written = session.send_idle("POST", url, data, fields, deadline=deadline)
+    return UpstreamCall(session, url, data, fields, deadline, written)
+
+
+class UpstreamCall:
+    """An upstream request begun by :func:`open_upstream` (``written``: its response when it was written
+    at once, else None). Await it once: the first body chunk's :class:`UpstreamStream` (or
+    :class:`UpstreamFailure`)."""
+
+    __slots__ = ("session", "url", "data", "fields", "deadline", "written", "awaited")
+
+    def __init__(self, session: UpstreamPool, url: str, data: bytes, fields: dict[str, str], deadline: float,
+                 written: UpstreamResponse | None) -> None:
+        self.session, self.url, self.data, self.fields = session, url, data, fields
+        self.deadline, self.written, self.awaited = deadline, written, False
+
+    def __await__(self) -> Generator[Any, None, UpstreamStream]:
+        if self.awaited:  # a second await would send the request again
+            raise RuntimeError("an upstream call is awaited once")
+        self.awaited = True
+        return self._first_chunk().__await__()
+
+    async def _first_chunk(self) -> UpstreamStream:
+        resp, self.written = self.written, None
+        session = self.session
+        try:
+            if resp is None:
+                resp = await session.request("POST", self.url, self.data, self.fields, deadline=self.deadline)
+            else:
+                try:
+                    await resp.wait_head()
+                except UpstreamConnectionLost as exc:
+                    resp.close()
+                    if exc.received_any:
+                        raise
+                    # the replica closed the kept-alive connection as it was reused: once more, on a new one
+                    resp = None
+                    resp = await session.request("POST", self.url, self.data, self.fields, deadline=self.deadline,
+                                                 fresh=True)
+            encoding = resp.headers.get("content-encoding")
+            if resp.status != 200:
+                data = await _read_error_body(resp)
+                resp.close()
+                try:  # only to read the error message; anything undecodable passes on as no message
+                    data = decode_body(data, encoding, _ERROR_BODY_MAX)
+                except ContentCodingError:
+                    data = b""
+                raise UpstreamFailure("status", f"replica answered {resp.status}", status=resp.status, body=data)
+            up = UpstreamStream(resp, b"", resp.headers.get(_INSTANCE_KEY),
+                                IDENTITY if encoding is None else BodyDecoder(encoding))
+            if encoding is None:  # identity (asked for): the raw chunk is the decoded one, one layer less
+                # what arrived with the head is taken at once, no coroutine (session 15); else wait for it
+                first = resp.take_buffered() or await resp.read_chunk()
+                up.finished = not first
+            else:
+                first = await up.read_chunk()
+            if not first:
+                resp.close()
+                raise UpstreamFailure("protocol", "replica closed the response without a body")
+            resp.clear_deadline()  # the rest is bounded by the caller (read_timeout_s)
+            up.first_chunk = first
+        except TimeoutError:
+            if resp is not None:
+                resp.close()
+            raise UpstreamFailure("timeout", "replica sent no first byte in time") from None
+        except UpstreamConnectError as exc:
+            raise UpstreamFailure("connect", f"cannot connect to replica: {exc}", reached=False) from None
+        except (UpstreamConnectionLost, OSError) as exc:
+            if resp is not None:
+                resp.close()
+            raise UpstreamFailure("connect", f"replica connection failed: {type(exc).__name__}") from None
+        except (UpstreamProtocolError, ContentCodingError) as exc:
+            if resp is not None:
+                resp.close()
+            raise UpstreamFailure("protocol", f"replica answer cannot be read: {exc}") from None
+        except asyncio.CancelledError:
+            if resp is not None:
+                resp.close()
+            raise
+        return up
