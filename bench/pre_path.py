@@ -8,7 +8,8 @@ arrival at the inference routes -> the upstream request written) in a serving pr
 machine's noise is ±50 µs; this one measures the same window without sockets. Each tree runs in a
 fresh ``python`` process (``PYTHONPATH`` = the tree) that builds a real :class:`gateway.build.Gateway`
 from :func:`sim.demo.gateway_config` (one replica, the serving configuration of ``bench.overhead``:
-JWT-SVID, HMAC chain, embedded OPA, flow control; not started: no health checks, no audit worker) and
+JWT-SVID, HMAC chain, embedded OPA, flow control; only its audit hub started, the worker process taking
+the events; no health checks) and
 its public ASGI app (:func:`gateway.app.build_public_app`), opens its upstream pool on a uvloop loop
 whose ``create_connection`` (a public method, the only thing replaced) gives a transport that answers
 each write in the next loop step with the simulated replica's plain answer, and calls the app with the
@@ -116,16 +117,25 @@ async def one(i):
     async def send(message):
         if message["type"] == "http.response.start":
             statuses.append(message["status"])
+        elif statuses[-1] != 200:
+            statuses.append(message.get("body", b"")[:300])
     mark[0] = 0
     t0 = time.thread_time_ns()
     await app(scope, receive, send)
     t1 = time.thread_time_ns()
     if statuses[-1] != 200 or not mark[0]:
-        raise SystemExit(f"request {i}: status {statuses[-1]}")
+        raise SystemExit(f"request {i}: {statuses[-3:]}")
     return mark[0] - t0, t1 - t0
 
 async def main():
     gw.upstream.open_session()
+    await gw.audit.start()  # the audit worker process: its pipe takes the events (else the log fills and refuses)
+    try:
+        await measure_all()
+    finally:
+        await gw.audit.close()
+
+async def measure_all():
     for i in range(300):
         await one(i % N)
     if PROFILE:
