@@ -241,7 +241,8 @@ class InferencePipeline:
             progress, held.progress = held.progress, "unknown"  # sent: the replica may be working on it
             # written now when a connection is idle (session 16); what follows, up to the await, is not needed
             # to write it and runs while the replica works (no await in between: no other request runs)
-            call = open_upstream(gw.upstream.require_session(), replica.url + rec.endpoint, upstream_body, headers, budget)
+            call = open_upstream(gw.upstream.session or gw.upstream.require_session(),  # raises before start
+                                 replica.url + rec.endpoint, upstream_body, headers, budget)
             held.attempt = gw.replica_set.attempt(replica.id, tenant.id)  # R7b-1 (a half-open probe: this one)
             rec.predicted_prefix_tokens = choice.predicted_prefix_tokens
             rec.available_prefix_tokens = choice.available_prefix_tokens

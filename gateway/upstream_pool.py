@@ -138,7 +138,10 @@ class UpstreamPool:
         conn = self._take_idle(target.origin, loop)
         if conn is None:
             return None
-        return self._send(conn, data, headers, deadline, loop)
+        resp = conn.send(data, headers.get("X-Request-Id") or headers.get("x-request-id"))
+        if deadline is not None:  # after the write: the replica works meanwhile
+            resp.watch_deadline(self._deadlines, deadline, loop)
+        return resp
 
     def _send(self, conn: UpstreamConnection, data: bytes, headers: Mapping[str, str], deadline: float | None,
               loop: asyncio.AbstractEventLoop) -> UpstreamResponse:
@@ -215,11 +218,11 @@ class UpstreamPool:
         if not idle:
             return None
         oldest_ok = loop.time() - self.keepalive_s
-        while idle and (idle[0].idle_since < oldest_ok or not idle[0].usable()):
+        while idle and (idle[0].idle_since < oldest_ok or idle[0].closed):  # stale or closed: the oldest first
             idle.popleft().abort()
         while idle:
             conn = idle.pop()
-            if conn.usable() and conn.quiet():
+            if conn.usable() and conn.quiet():  # open, not closing, nothing unread (R6b-2)
                 return conn
             conn.abort()
         return None
