@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import zlib
 from dataclasses import dataclass
-from collections.abc import Generator
+from collections.abc import Coroutine
 from typing import Any
 
 from gateway.json_fast import dumps
@@ -42,7 +42,7 @@ from gateway.send_order import SEND_ORDER
 from gateway.upstream_conn import UpstreamConnectionLost, UpstreamProtocolError, UpstreamResponse
 from gateway.upstream_pool import UpstreamConnectError, UpstreamPool
 
-__all__ = ["UpstreamFailure", "UpstreamStream", "UpstreamCall", "open_upstream", "make_session", "INSTANCE_HEADER",
+__all__ = ["UpstreamFailure", "UpstreamStream", "open_upstream", "make_session", "INSTANCE_HEADER",
            "BodyDecoder", "ContentCodingError", "decode_body", "UPSTREAM_DEFAULT_HEADERS", "DECODE_PIECE_BYTES"]
 
 INSTANCE_HEADER = "X-Instance-Id"
@@ -283,17 +283,17 @@ def open_upstream(
     body: dict[str, Any] | bytes,
     headers: dict[str, str],
     first_byte_timeout_s: float,
-) -> UpstreamCall:
+) -> Coroutine[Any, Any, UpstreamStream]:
     """POST ``body`` as JSON to ``url`` (bytes: already serialized, a request that waited in the flow
-    queue, gateway/flow_bytes.py ``queued_form``); await the result (once) for the first body chunk.
+    queue, gateway/flow_bytes.py ``queued_form``); await the returned coroutine for the first body chunk.
 
     Session 16: the request is written *now*, before this returns, when the pool has an idle
     connection to the replica (:meth:`UpstreamPool.send_idle`: no coroutine, no await); else when
-    the result is awaited (a new connection, or one freed, first). So the caller's work that the
+    the coroutine is awaited (a new connection, or one freed, first). So the caller's work that the
     request does not need can run after this call, while the replica works (the pipeline's attempt
-    and record fields), and the result must be awaited (or it is cut off at its deadline).
+    and record fields); the coroutine must be awaited (an answer never read is cut off at its deadline).
 
-    The awaited result is an :class:`UpstreamStream` for a 200 answer; awaiting raises
+    Awaited, it returns an :class:`UpstreamStream` for a 200 answer and raises
     :class:`UpstreamFailure` on connection errors, on no first byte within
     ``first_byte_timeout_s`` seconds, on a non-200 status (its body read,
     at most 64 KiB), on a broken or undecodable answer and on an empty body.
@@ -307,82 +307,64 @@ def open_upstream(
     fields = {**headers, **_JSON_TYPE}
     # a warm pool's idle connection: written now, no coroutine of the pool's (session 16)
     written = session.send_idle("POST", url, data, fields, deadline=deadline)
-    return UpstreamCall(session, url, data, fields, deadline, written)
+    return _first_chunk(session, url, data, fields, deadline, written)
 
 
-class UpstreamCall:
-    """An upstream request begun by :func:`open_upstream` (``written``: its response when it was written
-    at once, else None). Await it once: the first body chunk's :class:`UpstreamStream` (or
-    :class:`UpstreamFailure`)."""
-
-    __slots__ = ("session", "url", "data", "fields", "deadline", "written", "awaited")
-
-    def __init__(self, session: UpstreamPool, url: str, data: bytes, fields: dict[str, str], deadline: float,
-                 written: UpstreamResponse | None) -> None:
-        self.session, self.url, self.data, self.fields = session, url, data, fields
-        self.deadline, self.written, self.awaited = deadline, written, False
-
-    def __await__(self) -> Generator[Any, None, UpstreamStream]:
-        if self.awaited:  # a second await would send the request again
-            raise RuntimeError("an upstream call is awaited once")
-        self.awaited = True
-        return self._first_chunk().__await__()
-
-    async def _first_chunk(self) -> UpstreamStream:
-        resp, self.written = self.written, None
-        session = self.session
-        try:
-            if resp is None:
-                resp = await session.request("POST", self.url, self.data, self.fields, deadline=self.deadline)
-            else:
-                try:
-                    await resp.wait_head()
-                except UpstreamConnectionLost as exc:
-                    resp.close()
-                    if exc.received_any:
-                        raise
-                    # the replica closed the kept-alive connection as it was reused: once more, on a new one
-                    resp = None
-                    resp = await session.request("POST", self.url, self.data, self.fields, deadline=self.deadline,
-                                                 fresh=True)
-            encoding = resp.headers.get("content-encoding")
-            if resp.status != 200:
-                data = await _read_error_body(resp)
+async def _first_chunk(session: UpstreamPool, url: str, data: bytes, fields: dict[str, str], deadline: float,
+                       resp: UpstreamResponse | None) -> UpstreamStream:
+    """The rest of :func:`open_upstream`: the request written (``resp``) or sent now, its first body chunk."""
+    try:
+        if resp is None:
+            resp = await session.request("POST", url, data, fields, deadline=deadline)
+        else:
+            try:
+                await resp.wait_head()
+            except UpstreamConnectionLost as exc:
                 resp.close()
-                try:  # only to read the error message; anything undecodable passes on as no message
-                    data = decode_body(data, encoding, _ERROR_BODY_MAX)
-                except ContentCodingError:
-                    data = b""
-                raise UpstreamFailure("status", f"replica answered {resp.status}", status=resp.status, body=data)
-            up = UpstreamStream(resp, b"", resp.headers.get(_INSTANCE_KEY),
-                                IDENTITY if encoding is None else BodyDecoder(encoding))
-            if encoding is None:  # identity (asked for): the raw chunk is the decoded one, one layer less
-                # what arrived with the head is taken at once, no coroutine (session 15); else wait for it
-                first = resp.take_buffered() or await resp.read_chunk()
-                up.finished = not first
-            else:
-                first = await up.read_chunk()
-            if not first:
-                resp.close()
-                raise UpstreamFailure("protocol", "replica closed the response without a body")
-            resp.clear_deadline()  # the rest is bounded by the caller (read_timeout_s)
-            up.first_chunk = first
-        except TimeoutError:
-            if resp is not None:
-                resp.close()
-            raise UpstreamFailure("timeout", "replica sent no first byte in time") from None
-        except UpstreamConnectError as exc:
-            raise UpstreamFailure("connect", f"cannot connect to replica: {exc}", reached=False) from None
-        except (UpstreamConnectionLost, OSError) as exc:
-            if resp is not None:
-                resp.close()
-            raise UpstreamFailure("connect", f"replica connection failed: {type(exc).__name__}") from None
-        except (UpstreamProtocolError, ContentCodingError) as exc:
-            if resp is not None:
-                resp.close()
-            raise UpstreamFailure("protocol", f"replica answer cannot be read: {exc}") from None
-        except asyncio.CancelledError:
-            if resp is not None:
-                resp.close()
-            raise
-        return up
+                if exc.received_any:
+                    raise
+                # the replica closed the kept-alive connection as it was reused: once more, on a new one
+                resp = None
+                resp = await session.request("POST", url, data, fields, deadline=deadline,
+                                             fresh=True)
+        encoding = resp.headers.get("content-encoding")
+        if resp.status != 200:
+            data = await _read_error_body(resp)
+            resp.close()
+            try:  # only to read the error message; anything undecodable passes on as no message
+                data = decode_body(data, encoding, _ERROR_BODY_MAX)
+            except ContentCodingError:
+                data = b""
+            raise UpstreamFailure("status", f"replica answered {resp.status}", status=resp.status, body=data)
+        up = UpstreamStream(resp, b"", resp.headers.get(_INSTANCE_KEY),
+                            IDENTITY if encoding is None else BodyDecoder(encoding))
+        if encoding is None:  # identity (asked for): the raw chunk is the decoded one, one layer less
+            # what arrived with the head is taken at once, no coroutine (session 15); else wait for it
+            first = resp.take_buffered() or await resp.read_chunk()
+            up.finished = not first
+        else:
+            first = await up.read_chunk()
+        if not first:
+            resp.close()
+            raise UpstreamFailure("protocol", "replica closed the response without a body")
+        resp.clear_deadline()  # the rest is bounded by the caller (read_timeout_s)
+        up.first_chunk = first
+    except TimeoutError:
+        if resp is not None:
+            resp.close()
+        raise UpstreamFailure("timeout", "replica sent no first byte in time") from None
+    except UpstreamConnectError as exc:
+        raise UpstreamFailure("connect", f"cannot connect to replica: {exc}", reached=False) from None
+    except (UpstreamConnectionLost, OSError) as exc:
+        if resp is not None:
+            resp.close()
+        raise UpstreamFailure("connect", f"replica connection failed: {type(exc).__name__}") from None
+    except (UpstreamProtocolError, ContentCodingError) as exc:
+        if resp is not None:
+            resp.close()
+        raise UpstreamFailure("protocol", f"replica answer cannot be read: {exc}") from None
+    except asyncio.CancelledError:
+        if resp is not None:
+            resp.close()
+        raise
+    return up
