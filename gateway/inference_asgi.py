@@ -115,21 +115,12 @@ class InferenceRoutes:
             except Exception:  # a bug: the events stay queued (timer flush); the answer still goes out
                 log.exception("handing audit events to the worker failed")
 
-        async def send_one(message: Message) -> None:
-            # the framing guard's check before the answer starts; then the last body part's order
-            if message["type"] == "http.response.start":
-                if not framed.complete:
-                    message = await framed.start(message)
-            elif not message.get("more_body"):
-                before_last_part()
-            await send(message)
-
         scope, receive = framed.scope, framed.receive
         token = AFTER_SEND.set(pending)
         try:
             response = await self.pipeline.handle(Request(scope, receive, send), endpoint)  # type: ignore[arg-type]
             if isinstance(response, EndingStreamingResponse):  # a client that stops or barely reads ends it (N-3, R6b-3)
-                bounded = StallBoundedSend.for_limits(send_one, self.pipeline.cfg.limits)
+                bounded = StallBoundedSend.for_limits(_sender(framed, send, before_last_part), self.pipeline.cfg.limits)
                 try:
                     await response(scope, receive, bounded)
                 except WriteStall:
@@ -149,13 +140,29 @@ class InferenceRoutes:
                 if after is not None:
                     after(scope)
             else:
-                await response(scope, receive, send_one)
+                await response(scope, receive, _sender(framed, send, before_last_part))
         finally:
             AFTER_SEND.reset(token)
             # however the call ended: every end and record runs, in order (work appended while
             # running, e.g. a record's metrics after its end, runs too)
             while ran < len(pending):
                 ran = _run(pending, ran, len(pending))
+
+
+def _sender(framed: FramedRequest, send: Send, before_last_part: Callable[[], None]) -> Send:
+    """The ``send`` of an answer that sends its own messages (a stream, a response class of its own): the
+    framing guard's check before the answer starts, then the last body part's order (made only for such
+    an answer: a plain one sends its two messages inline, session 16)."""
+
+    async def send_one(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            if not framed.complete:
+                message = await framed.start(message)
+        elif not message.get("more_body"):
+            before_last_part()
+        await send(message)
+
+    return send_one
 
 
 def _run(pending: list[Callable[[], None]], start: int, stop: int) -> int:

@@ -223,7 +223,7 @@ class InferencePipeline:
         gw = self.gw
         ucfg = self.cfg.upstream
         deadline = rec.t0 + ucfg.total_timeout_s
-        remaining = list(allowed)
+        remaining = allowed  # never changed in place: a retry makes a new list
         last: UpstreamFailure | None = None
         budget_used = 0  # connect failures (request never reached a replica) do not use the budget
         while remaining and budget_used < ucfg.max_attempts:
@@ -245,11 +245,7 @@ class InferencePipeline:
                 choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
             held.choice = choice
             replica = gw.replica_set.get(choice.replica_id)
-            held.attempt = gw.replica_set.attempt(replica.id, tenant.id)  # R7b-1
             rec.replica, rec.pool, rec.routing_policy = replica.id, replica.pool, choice.policy
-            rec.predicted_prefix_tokens = choice.predicted_prefix_tokens
-            rec.available_prefix_tokens = choice.available_prefix_tokens
-            rec.replica_load_tokens = gw.router.load_tokens(replica.id)  # = loads.snapshot(rid).tokens
             rec.t_route = time.perf_counter()
             # serialized at once by open_upstream, never changed: copied only to add the salt
             upstream_body = with_salt(body, gw.keys.cache_salt(tenant)) if replica.cache_salt else body
@@ -262,11 +258,18 @@ class InferencePipeline:
             left = deadline - time.perf_counter()
             budget = max(0.001, min(ucfg.first_byte_timeout_s, left) if req.stream else left)
             progress, held.progress = held.progress, "unknown"  # sent: the replica may be working on it
+            # written now when a connection is idle (session 16); what follows, up to the await, is not needed
+            # to write it and runs while the replica works (no await in between: no other request runs)
+            call = open_upstream(gw.upstream.session or gw.upstream.require_session(),  # raises before start
+                                 replica.url + rec.endpoint, upstream_body, headers, budget)
+            held.attempt = gw.replica_set.attempt(replica.id, tenant.id)  # R7b-1 (a half-open probe: this one)
+            rec.predicted_prefix_tokens = choice.predicted_prefix_tokens
+            rec.available_prefix_tokens = choice.available_prefix_tokens
+            rec.replica_load_tokens = gw.router.load_tokens(replica.id)  # = loads.snapshot(rid).tokens
             if held.prep is not None:  # runs in the loop's next turn: after the request is written, before the answer
                 scope_loop(request.scope).call_soon(held.run_prep)  # no getpid per request (session 13)
             try:
-                up = await unless_client_leaves(
-                    request, open_upstream(gw.upstream.require_session(), replica.url + rec.endpoint, upstream_body, headers, budget))
+                up = await unless_client_leaves(request, call)
             except UpstreamFailure as fail:
                 last = fail
                 if not fail.reached:

@@ -2,7 +2,8 @@
 (:class:`gateway.upstream_pool.UpstreamPool`, HTTP/1.1 keep-alive on
 ``httptools``; why not aiohttp: docs/architecture.md, "Upstream client").
 
-``open_upstream`` sends the request and waits for the *first body chunk*
+``open_upstream`` sends the request (at once on an idle connection, session 16) and its
+awaited result waits for the *first body chunk*
 (bounded by the caller's budget: ``first_byte_timeout_s`` for streams, the
 total deadline for plain answers): until that chunk has been handed to
 the client nothing is committed, so the caller may still retry on another
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import zlib
 from dataclasses import dataclass
+from collections.abc import Coroutine
 from typing import Any
 
 from gateway.json_fast import dumps
@@ -275,29 +277,56 @@ async def _read_error_body(resp: UpstreamResponse) -> bytes:
     return b"".join(parts)[:_ERROR_BODY_MAX]
 
 
-async def open_upstream(
+def open_upstream(
     session: UpstreamPool,
     url: str,
     body: dict[str, Any] | bytes,
     headers: dict[str, str],
     first_byte_timeout_s: float,
-) -> UpstreamStream:
+) -> Coroutine[Any, Any, UpstreamStream]:
     """POST ``body`` as JSON to ``url`` (bytes: already serialized, a request that waited in the flow
-    queue, gateway/flow_bytes.py ``queued_form``) and wait for the first body chunk.
+    queue, gateway/flow_bytes.py ``queued_form``); await the returned coroutine for the first body chunk.
 
-    Returns an :class:`UpstreamStream` for a 200 answer. Raises
+    Session 16: the request is written *now*, before this returns, when the pool has an idle
+    connection to the replica (:meth:`UpstreamPool.send_idle`: no coroutine, no await); else when
+    the coroutine is awaited (a new connection, or one freed, first). So the caller's work that the
+    request does not need can run after this call, while the replica works (the pipeline's attempt
+    and record fields); the coroutine must be awaited (an answer never read is cut off at its deadline).
+
+    Awaited, it returns an :class:`UpstreamStream` for a 200 answer and raises
     :class:`UpstreamFailure` on connection errors, on no first byte within
     ``first_byte_timeout_s`` seconds, on a non-200 status (its body read,
     at most 64 KiB), on a broken or undecodable answer and on an empty body.
-    Cancellation closes the connection.
+    Cancellation closes the connection. This call itself raises only ValueError (a header with CR/LF,
+    a bad URL) and RuntimeError (no running loop).
     """
-    resp: UpstreamResponse | None = None
+    # the budget: one timer per pool for every call's deadline, not an asyncio.timeout per call (session 8)
+    deadline = session.time() + first_byte_timeout_s  # the pool's loop clock, no loop lookup (session 10)
+    SEND_ORDER.sending()  # counted for gateway/send_order.py (the body is written at once, no task)
+    data = body if body.__class__ is bytes else dumps(body)
+    fields = {**headers, **_JSON_TYPE}
+    # a warm pool's idle connection: written now, no coroutine of the pool's (session 16)
+    written = session.send_idle("POST", url, data, fields, deadline=deadline)
+    return _first_chunk(session, url, data, fields, deadline, written)
+
+
+async def _first_chunk(session: UpstreamPool, url: str, data: bytes, fields: dict[str, str], deadline: float,
+                       resp: UpstreamResponse | None) -> UpstreamStream:
+    """The rest of :func:`open_upstream`: the request written (``resp``) or sent now, its first body chunk."""
     try:
-        # the budget: one timer per pool for every call's deadline, not an asyncio.timeout per call (session 8)
-        deadline = session.time() + first_byte_timeout_s  # the pool's loop clock, no loop lookup (session 10)
-        SEND_ORDER.sending()  # counted for gateway/send_order.py (the body is written at once, no task)
-        data = body if body.__class__ is bytes else dumps(body)
-        resp = await session.request("POST", url, data, {**headers, **_JSON_TYPE}, deadline=deadline)
+        if resp is None:
+            resp = await session.request("POST", url, data, fields, deadline=deadline)
+        else:
+            try:
+                await resp.wait_head()
+            except UpstreamConnectionLost as exc:
+                resp.close()
+                if exc.received_any:
+                    raise
+                # the replica closed the kept-alive connection as it was reused: once more, on a new one
+                resp = None
+                resp = await session.request("POST", url, data, fields, deadline=deadline,
+                                             fresh=True)
         encoding = resp.headers.get("content-encoding")
         if resp.status != 200:
             data = await _read_error_body(resp)

@@ -14,7 +14,11 @@ are there.
   the caller clears it at the first byte: one timer per pool for all of them
   (:mod:`gateway.upstream_deadline`), not an ``asyncio.timeout`` per call.
 - The request head is a per-(method, URL) template (request line, ``Host``,
-  default headers) plus the request's own headers and ``Content-Length``.
+  default headers) plus the request's own headers and ``Content-Length``
+  (:mod:`gateway.upstream_head`).
+- :meth:`UpstreamPool.send_idle` writes a request on an idle connection at once, with no
+  coroutine and no await (session 16: the usual request of a warm gateway); :meth:`UpstreamPool.request`
+  is the general path (it waits for a connection or opens one) and waits for the answer's head.
 - An idle connection is reused only when nothing waits unread in its socket
   (:meth:`gateway.upstream_conn.UpstreamConnection.quiet`; else it is closed:
   late bytes would be read as the new request's answer, R6b-2). The request's
@@ -39,46 +43,20 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import Mapping
-from functools import lru_cache
-from typing import NamedTuple
-from urllib.parse import urlsplit
 
 from gateway.upstream_conn import UpstreamConnection, UpstreamConnectionLost, UpstreamResponse
 from gateway.upstream_deadline import DeadlineWatch
+from gateway.upstream_head import Origin, RequestHeads
 
 __all__ = ["UpstreamPool", "UpstreamConnectError", "IDLE_KEEPALIVE_S"]
 
 #: seconds an idle connection may be reused
 IDLE_KEEPALIVE_S = 4.0
-#: most cached (method, URL) head templates per pool (the replicas' URLs: a handful)
-_MAX_TEMPLATES = 256
+_NO_HEADERS: Mapping[str, str] = {}
 
 
 class UpstreamConnectError(Exception):
     """No connection could be made (refused, unreachable, name not resolved): the request never left."""
-
-
-class _Origin(NamedTuple):
-    key: tuple[str, str, int]
-    host: str
-    port: int
-    tls: bool
-    target: str  # path and query
-    host_header: str
-
-
-@lru_cache(maxsize=1024)
-def _origin(url: str) -> _Origin:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    tls = parts.scheme == "https"
-    port = parts.port or (443 if tls else 80)
-    host = parts.hostname
-    shown = f"[{host}]" if ":" in host else host
-    host_header = shown if port == (443 if tls else 80) else f"{shown}:{port}"
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return _Origin((parts.scheme, host, port), host, port, tls, target, host_header)
 
 
 class UpstreamPool:
@@ -96,7 +74,7 @@ class UpstreamPool:
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_s = keepalive_s
         self.closed = False
-        self._defaults = {k.lower(): (k, v) for k, v in (default_headers or {}).items()}
+        self._heads = RequestHeads(default_headers)
         self._ssl = ssl_context
         self._idle: dict[tuple[str, str, int], deque[UpstreamConnection]] = {}
         self._open = 0
@@ -104,12 +82,9 @@ class UpstreamPool:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._sweep_timer: asyncio.TimerHandle | None = None
         self._deadlines = DeadlineWatch()
-        self._prefixes: dict[tuple[str, str], bytes] = {}
         # the loop of the open connections (None while none is open): on CPython 3.11 every
         # asyncio.get_running_loop() is a getpid system call; a warm request makes none (session 10)
         self._loop: asyncio.AbstractEventLoop | None = None
-        # header names the general head path must see: a default's, or one the pool writes itself
-        self._own_names = frozenset(self._defaults) | {"host", "content-length", "transfer-encoding"}
 
     @property
     def open_connections(self) -> int:
@@ -132,80 +107,72 @@ class UpstreamPool:
         return (self._loop or asyncio.get_running_loop()).time()
 
     def head(self, method: str, url: str, headers: Mapping[str, str], body_len: int) -> bytes:
-        """The request head (bytes) for ``method`` ``url`` with ``headers`` and a body of ``body_len`` bytes.
+        """The request head (bytes) of ``method`` ``url`` with ``headers`` and a body of ``body_len`` bytes
+        (:meth:`gateway.upstream_head.RequestHeads.head`). Raises ValueError for another method than
+        POST/GET, a bad URL or CR/LF in a header."""
+        return self._heads.head(method, url, headers, body_len)
 
-        Request line, ``Host`` and the default headers come from a per-(method, URL) template made
-        once (session 8); only the caller's headers and the ``Content-Length`` are formatted per
-        request. A caller header that overrides a default (or names ``Host``, ``Content-Length``,
-        ``Transfer-Encoding``, which are the pool's), or a name given twice in different cases, takes
-        the general path: same head either way.
-        Raises ValueError for another method than POST/GET, a bad URL or CR/LF in a header.
+    def send_idle(self, method: str, url: str, body: bytes = b"", headers: Mapping[str, str] | None = None, *,
+                  deadline: float | None = None) -> UpstreamResponse | None:
+        """Write one request at once on an idle connection to ``url``'s origin (newest first, as
+        :meth:`request` takes it: live, within the keep-alive, nothing unread in its socket), with no
+        coroutine and no await (session 16); None when there is none (then call :meth:`request`).
+
+        Returns the :class:`UpstreamResponse` of the written request: await its ``wait_head()``, read
+        its body, close it. ``deadline`` as in :meth:`request` (the answer's waits only: no connection
+        is waited for). The connection carried an answer before: when ``wait_head()`` raises
+        :class:`gateway.upstream_conn.UpstreamConnectionLost` with ``received_any`` False, the replica
+        closed it as it was reused; :meth:`request` with ``fresh=True`` sends once more (what
+        :meth:`request` itself does). Raises ValueError (bad URL, method or header; no connection is
+        taken then), nothing else.
         """
-        prefix = self._prefixes.get((method, url))
-        if prefix is None:
-            prefix = self._prefix(method, url)
-        own = self._own_names
-        parts = []
-        names = set()
-        for k, v in headers.items():
-            name = k.lower()
-            if name in own or name in names:  # overrides a default, or a name twice (the general path merges)
-                return self._head_general(method, url, headers, body_len)
-            names.add(name)
-            parts.append(f"{k}: {v}\r\n")
-        parts.append(f"Content-Length: {body_len}\r\n\r\n")
-        text = "".join(parts)
-        if text.count("\n") != len(parts) + 1 or text.count("\r") != len(parts) + 1:
-            raise ValueError("header names and values must not contain CR or LF")
-        return prefix + text.encode("latin-1")
+        loop = self._loop
+        if loop is None:  # no connection open: none idle (and no loop lookup)
+            return None
+        heads = self._heads
+        target = heads.target(method, url)
+        if not self._idle.get(target.origin.key):
+            return None
+        headers = headers or _NO_HEADERS
+        data = heads.head_on(target, method, url, headers, len(body)) + body  # a refused head takes nothing
+        conn = self._take_idle(target.origin, loop)
+        if conn is None:
+            return None
+        resp = conn.send(data, headers.get("X-Request-Id") or headers.get("x-request-id"))
+        if deadline is not None:  # after the write: the replica works meanwhile
+            resp.watch_deadline(self._deadlines, deadline, loop)
+        return resp
 
-    def _prefix(self, method: str, url: str) -> bytes:
-        """Request line, ``Host`` and default headers of ``method`` ``url``, checked, cached per pool."""
-        text = self._head_general(method, url, {}, 0)
-        prefix = text[:text.rindex(b"Content-Length: ")]
-        if len(self._prefixes) >= _MAX_TEMPLATES:
-            self._prefixes.clear()
-        self._prefixes[(method, url)] = prefix
-        return prefix
-
-    def _head_general(self, method: str, url: str, headers: Mapping[str, str], body_len: int) -> bytes:
-        if method not in ("POST", "GET"):
-            raise ValueError(f"unsupported method {method!r}")
-        o = _origin(url)
-        fields = dict(self._defaults)
-        for k, v in headers.items():
-            fields[k.lower()] = (k, v)
-        fields.pop("host", None)
-        fields.pop("content-length", None)
-        fields.pop("transfer-encoding", None)
-        lines = [f"{method} {o.target} HTTP/1.1", f"Host: {o.host_header}"]
-        lines.extend(f"{k}: {v}" for k, v in fields.values())
-        lines.append(f"Content-Length: {body_len}")
-        text = "\r\n".join(lines)
-        if text.count("\n") != len(lines) - 1 or text.count("\r") != len(lines) - 1:
-            raise ValueError("header names and values must not contain CR or LF")
-        return text.encode("latin-1") + b"\r\n\r\n"
+    def _send(self, conn: UpstreamConnection, data: bytes, headers: Mapping[str, str], deadline: float | None,
+              loop: asyncio.AbstractEventLoop) -> UpstreamResponse:
+        """Write ``data`` (head and body) on ``conn``; its answer's waits bounded by ``deadline``."""
+        resp = conn.send(data, headers.get("X-Request-Id") or headers.get("x-request-id"))
+        if deadline is not None:
+            resp.watch_deadline(self._deadlines, deadline, loop)
+        return resp
 
     async def request(self, method: str, url: str, body: bytes = b"",
-                      headers: Mapping[str, str] | None = None, *, deadline: float | None = None) -> UpstreamResponse:
+                      headers: Mapping[str, str] | None = None, *, deadline: float | None = None,
+                      fresh: bool = False) -> UpstreamResponse:
         """Send one request and wait for the answer's status and headers.
 
         Returns the :class:`UpstreamResponse` (read its body, then close it).
         ``deadline`` (loop time, seconds; None: none): the wait for a connection and the answer's
         waits raise ``TimeoutError`` once it passes, until the caller calls the response's
-        ``clear_deadline()`` (one timer per pool: :mod:`gateway.upstream_deadline`).
+        ``clear_deadline()`` (one timer per pool: :mod:`gateway.upstream_deadline`). ``fresh``: on a
+        new connection only (a retry after a kept-alive one was closed under the request:
+        :meth:`send_idle`).
         Raises :class:`UpstreamConnectError` (no connection), ``TimeoutError``
         (connect timeout, deadline), :class:`gateway.upstream_conn.UpstreamConnectionLost`,
         :class:`gateway.upstream_conn.UpstreamProtocolError`, ValueError (bad
         URL, method or header), RuntimeError (pool closed). Cancelling it
         aborts the connection in use.
         """
-        headers = headers or {}
-        data = self.head(method, url, headers, len(body)) + body
-        rid = headers.get("X-Request-Id") or headers.get("x-request-id")
-        origin = _origin(url)
+        headers = headers or _NO_HEADERS
+        target = self._heads.target(method, url)
+        data = self._heads.head_on(target, method, url, headers, len(body)) + body
+        origin = target.origin
         loop = self._loop or asyncio.get_running_loop()
-        fresh = False
         while True:
             conn = None if fresh else self._take_idle(origin, loop)
             if conn is None:
@@ -214,9 +181,7 @@ class UpstreamPool:
                 else:
                     async with asyncio.timeout_at(deadline):
                         conn = await self._acquire(origin, fresh)
-            resp = conn.send(data, rid)
-            if deadline is not None:
-                resp.watch_deadline(self._deadlines, deadline, loop)
+            resp = self._send(conn, data, headers, deadline, loop)
             try:
                 await resp.wait_head()
             except UpstreamConnectionLost as exc:
@@ -247,22 +212,22 @@ class UpstreamPool:
                 w.set_result(None)
 
     # ----------------------------------------------------------------- internals
-    def _take_idle(self, origin: _Origin, loop: asyncio.AbstractEventLoop) -> UpstreamConnection | None:
+    def _take_idle(self, origin: Origin, loop: asyncio.AbstractEventLoop) -> UpstreamConnection | None:
         """The newest live, quiet idle connection to ``origin`` (stale, closing or noisy ones are closed), or None."""
         idle = self._idle.get(origin.key)
         if not idle:
             return None
         oldest_ok = loop.time() - self.keepalive_s
-        while idle and (idle[0].idle_since < oldest_ok or not idle[0].usable()):
+        while idle and (idle[0].idle_since < oldest_ok or idle[0].closed):  # stale or closed: the oldest first
             idle.popleft().abort()
         while idle:
             conn = idle.pop()
-            if conn.usable() and conn.quiet():
+            if conn.usable() and conn.quiet():  # open, not closing, nothing unread (R6b-2)
                 return conn
             conn.abort()
         return None
 
-    async def _acquire(self, origin: _Origin, fresh: bool) -> UpstreamConnection:
+    async def _acquire(self, origin: Origin, fresh: bool) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         while True:
             if self.closed:
@@ -297,7 +262,7 @@ class UpstreamPool:
                 conn.abort()
                 return self._open < self.limit
 
-    async def _connect(self, origin: _Origin) -> UpstreamConnection:
+    async def _connect(self, origin: Origin) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         self._open += 1
         try:
@@ -322,7 +287,7 @@ class UpstreamPool:
             raise RuntimeError("the upstream pool is closed")
         return conn
 
-    def _idled(self, conn: UpstreamConnection, origin: _Origin) -> None:
+    def _idled(self, conn: UpstreamConnection, origin: Origin) -> None:
         if self.closed:
             conn.abort()
             return
