@@ -241,7 +241,8 @@ def _pct(sorted_vals: Sequence[float], p: float) -> float:
 
 
 def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: SimConfig = SimConfig(),
-             calibration: Calibration | None = None, ttft_out: list[float] | None = None) -> PolicyResult:
+             calibration: Calibration | None = None, ttft_out: list[float] | None = None,
+             detail_out: list[dict[str, Any]] | None = None) -> PolicyResult:
     """Replay ``reqs`` through a fresh :class:`Router` with ``policy`` on
     ``cfg.replicas`` simulated replicas; returns a :class:`PolicyResult`.
 
@@ -250,7 +251,11 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
     :class:`routing.calibration.CalibratingLoadTracker` on the simulated
     clock (first-byte times feed it) and the candidates carry its estimates;
     without, the router uses the configured constants. ``ttft_out`` (optional,
-    session 9) is filled with each request's TTFT (s), in the order of ``reqs``."""
+    session 9) is filled with each request's TTFT (s), in the order of ``reqs``. ``detail_out`` (optional,
+    session 16) is filled with one dict per request, in the order of ``reqs``: ``replica``, ``reason`` (the
+    policy's), ``predicted`` / ``available`` prefix tokens (simulator tokens), ``cached`` (delivered),
+    ``prompt``, ``ahead`` (requests before it on its replica at dispatch: queued + in progress), ``prefill``
+    (its own prefill work, s) and ``ttft`` (s)."""
     ids = [f"r{i}" for i in range(cfg.replicas)]
     if calibration is None and getattr(getattr(policy, "config", None), "calibrate", False):
         calibration = Calibration(prior_rate=policy.config.prefill_tokens_per_s)  # type: ignore[attr-defined]
@@ -282,6 +287,8 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
 
     if ttft_out is not None:
         ttft_out[:] = [math.nan] * len(reqs)
+    if detail_out is not None:
+        detail_out[:] = [{} for _ in reqs]
     for i, r in enumerate(reqs):
         events.append((r.arrival, ARRIVE, i, i, ""))
     heapq.heapify(events)
@@ -300,6 +307,8 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
         router.observe_delivered(choices[i], cached)  # type: ignore[arg-type]
         dur = cfg.prefill_overhead_s + (r.prompt_tokens - cached) * cfg.token_scale / cfg.prefill_tokens_per_s
         prefill_busy[rid] += dur
+        if detail_out is not None:
+            detail_out[i].update(cached=cached, prefill=dur)
         return dur
 
     def start_next(rid: str, now: float) -> None:
@@ -338,6 +347,8 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
         ttft.append(now - reqs[i].arrival)
         if ttft_out is not None:
             ttft_out[i] = now - reqs[i].arrival
+        if detail_out is not None:
+            detail_out[i]["ttft"] = now - reqs[i].arrival
         tickets[i].first_byte()  # type: ignore[union-attr]
         seq += 1
         heapq.heappush(events, (now + reqs[i].output_tokens * cfg.decode_s_per_token, FINISH, seq, i, rid))
@@ -352,6 +363,10 @@ def simulate(name: str, policy: RoutingPolicy, reqs: Sequence[SimRequest], cfg: 
         choices[i], tickets[i] = choice, ticket
         rid = choice.replica_id
         served[rid] += 1
+        if detail_out is not None:
+            ahead = len(active[rid]) if chunked else len(queues[rid]) - qhead[rid] + busy[rid]
+            detail_out[i].update(replica=rid, reason=choice.reason, predicted=choice.predicted_prefix_tokens,
+                                 available=choice.available_prefix_tokens, prompt=r.prompt_tokens, ahead=ahead)
         if chunked:
             advance(rid, now)
             active[rid][i] = lookup(rid, i, insert=False)
