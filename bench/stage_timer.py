@@ -75,7 +75,7 @@ TARGETS: tuple[tuple[str, str], ...] = (
 ROUTE_TARGETS: tuple[tuple[str, str], ...] = (
     ("gateway.admission", "Admission.clamp_max_tokens"),
     ("gateway.pep", "PolicyEnforcementPoint.allowed_candidates"),
-    ("gateway.pipeline", "InferencePipeline._upstream_body"),
+    ("gateway.pipeline", "upstream_body"),
     ("gateway.prefix_keys", "PrefixKeys.upstream_user"),
     ("gateway.admission", "Admission.slot_claim"),
     ("gateway.flow", "FlowControl.release_now"),

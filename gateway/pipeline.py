@@ -36,7 +36,7 @@ from gateway.send_order import SEND_ORDER
 from gateway.tokenize_thread import tokenizes_off_loop
 from gateway.usage_privacy import drops_cached
 from gateway.replicas import Replica
-from gateway.request import Endpoint, InferenceRequest, JsonObject, parse_inference_request, read_body
+from gateway.request import Endpoint, InferenceRequest, JsonObject, parse_inference_request, read_body, upstream_body
 from policy.decision import Decision
 from routing.calibration_tracker import LATE_FIRST_BYTE
 from routing.policies import RouteRequest
@@ -164,7 +164,7 @@ class InferencePipeline:
                     503, "no_replica", "no healthy replica is allowed for this request",
                     extra={"decision_id": decision.decision_id},
                 )
-            body = self._upstream_body(req, max_tokens, gw.keys.upstream_user(tenant, identity))
+            body = upstream_body(req, max_tokens, gw.keys.upstream_user(tenant, identity))
             route_req = RouteRequest(
                 tenant_id=tenant.id,
                 block_keys=chains.current,
@@ -203,18 +203,6 @@ class InferencePipeline:
                     self._end(rec, held)
                 else:
                     pending.append(partial(self._end, rec, held))
-
-    @staticmethod
-    def _upstream_body(req: InferenceRequest, max_tokens: int, user: str | None) -> JsonObject:
-        """The body sent upstream: the client's, with the clamped ``max_tokens``, the gateway's
-        ``user`` (or none) and, when streaming, usage in the last chunk."""
-        body = dict(req.body)
-        body["max_tokens"] = max_tokens
-        if user is not None:
-            body["user"] = user
-        if req.stream:
-            body["stream_options"] = {"include_usage": True}
-        return body
 
     async def _route_and_proxy(
         self, request: Request, req: InferenceRequest, rec: RequestRecord, tenant: Tenant,

@@ -38,7 +38,7 @@ from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, CompletionBody
 from tenancy.bounds import chat_units
 from tenancy.tokenizer import TokenizerError, prompt_text
 
-__all__ = ["ChatBody", "CompletionBody", "MAX_TOKENS_CEILING", "InferenceRequest", "read_body", "parse_inference_request", "Endpoint", "JsonObject", "MAX_INT_DIGITS"]
+__all__ = ["ChatBody", "CompletionBody", "MAX_TOKENS_CEILING", "InferenceRequest", "read_body", "parse_inference_request", "Endpoint", "JsonObject", "MAX_INT_DIGITS", "upstream_body"]
 
 Endpoint = Literal["chat", "completions"]
 
@@ -382,3 +382,15 @@ def _validated(raw: bytes, data: dict[str, Any], endpoint: Endpoint, max_depth: 
         body.pop("max_completion_tokens", None)
     include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
     return body, parsed.model, parsed.stream, max_tokens, include_usage
+
+
+def upstream_body(req: InferenceRequest, max_tokens: int, user: str | None) -> JsonObject:
+    """The body sent upstream (a new dict; ``req.body`` is not changed): the client's, with the clamped
+    ``max_tokens`` (tokens), the gateway's ``user`` (or none) and, when streaming, usage in the last chunk."""
+    body = dict(req.body)
+    body["max_tokens"] = max_tokens
+    if user is not None:
+        body["user"] = user
+    if req.stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
