@@ -42,7 +42,7 @@ async def _serve(stack: Stack, log: list[str]) -> None:
 def spied(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     gw = stack.components
     log: list[str] = []
-    log_calls(gw.pep, "decide", log, "decided", monkeypatch)
+    log_calls(gw.pep, "decide_now", log, "decided", monkeypatch)  # s16: the pipeline calls decide_now
     log_calls(gw.admission, "lower_reservation", log, "lowered", monkeypatch)
     log_calls(gw.audit, "prepare_request", log, "prepared", monkeypatch)
     log_calls(gw.audit, "emit_request", log, "recorded", monkeypatch)

@@ -218,7 +218,7 @@ async def test_the_trace_is_made_while_the_replica_works(stack: Stack, monkeypat
     log: list[str] = []
     log_calls(auditing, "finish_trace_start", log, "trace made", monkeypatch)
     log_calls(UpstreamConnection, "send", log, "upstream written", monkeypatch)
-    log_calls(stack.components.pep, "decide", log, "decided", monkeypatch)
+    log_calls(stack.components.pep, "decide_now", log, "decided", monkeypatch)  # s16: decide_now
     log_answer_bytes(log, monkeypatch)
     for _ in range(4):  # a kept-alive connection to each replica
         await _serve(stack, log)
