@@ -52,6 +52,7 @@ from gateway.admission import too_many
 from gateway.answer_cost import ParseTurns, UnsentAnswers
 from gateway.config_http import LimitsConfig
 from gateway.errors import GatewayError
+from gateway.gc_time import GC_TIME, GcTime
 from gateway.metrics import GatewayMetrics
 from tenancy.limits import TokenBucket
 from tenancy.registry import Tenant
@@ -96,6 +97,8 @@ class CpuBudget:
             wall_bounds_cpu = cpu_clock is time.thread_time and wall_clock is time.perf_counter
         #: spans up to this many wall seconds are charged their wall time (:attr:`CpuMeter.WALL_EXACT_S`; -1: never)
         self.wall_exact_s = CpuMeter.WALL_EXACT_S if wall_bounds_cpu else -1.0
+        #: collector CPU subtracted from spans (F16-1; real CPU clock only: a fake one never counts it)
+        self.gc_time = GC_TIME.install() if cpu_clock is time.thread_time else GcTime()
         self.metrics = metrics
         #: tenant id -> its CPU bucket; a tenant never charged has none (read by :class:`CpuMeter` to skip its check)
         self.buckets: dict[str, TokenBucket] = {}
@@ -172,7 +175,7 @@ class CpuMeter:
     raises, :meth:`refused`, :meth:`settle` and reading :attr:`cpu_s` close the span.
     """
 
-    __slots__ = ("budget", "tenant", "_cpu", "charged", "rechecked", "_t0", "_w0", "_wend", "_steps")
+    __slots__ = ("budget", "tenant", "_cpu", "charged", "rechecked", "_t0", "_w0", "_wend", "_steps", "_g0")
 
     STEPS = 2  # synchronous steps of a request's preparation (gateway/pipeline.py: parse, tokenize)
     GAP_S = 20e-6  # wall seconds between steps up to which the gap stays inside the span
@@ -190,6 +193,7 @@ class CpuMeter:
         self._w0 = 0.0  # wall clock at the open span's start
         self._wend = 0.0  # wall clock at the end of the open span's last step
         self._steps = 0
+        self._g0 = 0.0  # collector CPU (gateway/gc_time.py) at the open span's start
 
     @property
     def cpu_s(self) -> float:
@@ -206,13 +210,14 @@ class CpuMeter:
         assert budget is not None
         self._t0 = None
         wall = budget.wall_clock()
+        gc_s = budget.gc_time.total_s - self._g0  # F16-1: the collector's CPU in the span is not the tenant's
         if not exact and wall - self._wend > self.GAP_S:
-            span = min(budget.cpu_clock() - t0, self._wend - self._w0)
+            span = min(budget.cpu_clock() - t0 - gc_s, self._wend - self._w0)
         elif wall - self._w0 <= budget.wall_exact_s:  # session 11: a short span's wall time bounds its CPU
-            span = wall - self._w0
+            span = wall - self._w0 - gc_s
         else:
-            span = budget.cpu_clock() - t0
-        self._cpu += span
+            span = budget.cpu_clock() - t0 - gc_s
+        self._cpu += max(0.0, span)
 
     def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Return ``fn(*args, **kwargs)`` (a synchronous step: no await inside), its thread CPU
@@ -229,14 +234,16 @@ class CpuMeter:
                 assert self.tenant is not None
                 if self.tenant.id in budget.buckets:  # never charged: nothing to check (session 14)
                     budget.check(self.tenant)
+            self._g0 = budget.gc_time.total_s
             self._w0 = budget.wall_clock()
             self._t0 = budget.cpu_clock()
         else:
             w = budget.wall_clock()
             if w - self._wend > self.GAP_S:  # a long gap: cut the span here (one read ends it and starts the next)
                 c = budget.cpu_clock()
-                self._cpu += min(c - t0, self._wend - self._w0)
-                self._t0, self._w0 = c, w
+                g = budget.gc_time.total_s
+                self._cpu += max(0.0, min(c - t0 - (g - self._g0), self._wend - self._w0))  # F16-1
+                self._t0, self._w0, self._g0 = c, w, g
         try:
             out = fn(*args, **kwargs)
         except BaseException:
