@@ -25,7 +25,7 @@ from gateway.admission import Admission
 from gateway.auditing import AuditHub
 from gateway.authn import Authenticator
 from gateway.config import GatewayConfig, load_config
-from gateway.config_tenancy import shared_pass_warnings
+from gateway.config_tenancy import burst_warnings, shared_pass_warnings
 from gateway.content_coding import refuse_content_coding
 from gateway.errors import GatewayError
 from gateway.identity import WorkloadIdentity
@@ -179,6 +179,9 @@ class Admin:
         self.last_tenancy = {"tenants": list(tenants), "operators": list(operators)}
         for warning in shared_pass_warnings(registry.tenants(), self.config.tenancy.usage_cached_tokens):
             log.warning("configuration: %s", warning)  # R12b-6: as at start
+        limits = self.config.limits
+        for warning in burst_warnings(registry.tenants(), limits.max_prompt_tokens, limits.max_output_tokens):
+            log.warning("limits: %s", warning)  # R16-1: as at start
         return registry
 
     def replica_status(self) -> list[dict[str, Any]]:

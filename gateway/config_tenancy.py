@@ -104,20 +104,27 @@ def request_prompt_bound(tenant: Any, default_max_prompt_tokens: int | None) -> 
     the effective values of :func:`tenancy.bounds.request_bounds` (``max_prompt_tokens``: the tenant's, else
     ``default_max_prompt_tokens`` = ``limits.max_prompt_tokens``; ``max_batch_prompts``: the tenant's, else
     min(16, ``max_concurrency``)). None when no token limit applies (the body size bounds it). Tokens."""
-    from tenancy.bounds import DEFAULT_MAX_BATCH_PROMPTS
-
     tokens = tenant.max_prompt_tokens if tenant.max_prompt_tokens is not None else default_max_prompt_tokens
     if tokens is None:
         return None
+    return request_sequences(tenant) * tokens
+
+
+def request_sequences(tenant: Any) -> int:
+    """The most sequences (prompts) one request of ``tenant`` may hold: its ``max_batch_prompts``, else
+    min(16, ``max_concurrency``) (:func:`tenancy.bounds.request_bounds`), at least 1."""
+    from tenancy.bounds import DEFAULT_MAX_BATCH_PROMPTS
+
     batch = tenant.max_batch_prompts
     if batch is None:
         batch = DEFAULT_MAX_BATCH_PROMPTS
         if tenant.max_concurrency is not None:
             batch = min(batch, tenant.max_concurrency)
-    return max(1, batch) * tokens
+    return max(1, batch)
 
 
-def burst_warnings(tenants: Iterable[Any], default_max_prompt_tokens: int | None) -> list[str]:
+def burst_warnings(tenants: Iterable[Any], default_max_prompt_tokens: int | None,
+                   default_max_output_tokens: int | None = None) -> list[str]:
     """Tenants one request of which may reserve more prompt tokens than their ``prompt_tokens_burst``
     (review S15-5): one line each. A bucket admits ``n`` tokens when it holds ``min(n, burst)`` and goes
     into debt (docs/tenancy.md, "Request bounds"), so such a request is served from a full bucket: the
@@ -126,9 +133,23 @@ def burst_warnings(tenants: Iterable[Any], default_max_prompt_tokens: int | None
     may lower ``max_batch_prompts`` or ``max_prompt_tokens``, or raise the burst). ``tenants``:
     :class:`tenancy.tenant.Tenant`; ``default_max_prompt_tokens``: ``limits.max_prompt_tokens``. The
     effective burst is the tenant's ``prompt_tokens_burst``, else max(1, ``prompt_tokens_per_s``)
-    (tenancy/ledger.py); a tenant without ``prompt_tokens_per_s`` has no bucket and no line."""
+    (tenancy/ledger.py); a tenant without ``prompt_tokens_per_s`` has no bucket and no line.
+    Review R16-1: the output bucket follows the same rule; one request reserves ``max_tokens`` x sequences
+    output tokens, at most the effective output cap (the tenant's ``max_output_tokens``, else
+    ``default_max_output_tokens`` = ``limits.max_output_tokens``) x ``max_batch_prompts``, so a line also
+    names a tenant whose ``output_tokens_burst`` (else max(1, ``output_tokens_per_s``)) is below that."""
     out: list[str] = []
     for t in tenants:
+        rate = t.output_tokens_per_s
+        cap = t.max_output_tokens if t.max_output_tokens is not None else default_max_output_tokens
+        if rate is not None and cap is not None:
+            burst = t.output_tokens_burst if t.output_tokens_burst is not None else max(1.0, rate)
+            prompts = request_sequences(t)
+            if cap * prompts > burst:
+                out.append(f"tenant {t.id}: one request may reserve {cap * prompts} output tokens (max_batch_prompts x "
+                           f"max_output_tokens), more than its output_tokens_burst {burst:g}: it is served from a full "
+                           "bucket, which goes into debt (docs/tenancy.md, per-request bound); lower max_batch_prompts "
+                           "or max_output_tokens, or raise output_tokens_burst, to keep one request within the burst")
         rate = t.prompt_tokens_per_s
         if rate is None:
             continue

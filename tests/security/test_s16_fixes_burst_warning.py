@@ -107,3 +107,37 @@ def test_serve_logs_it_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture
         log_start_warnings(c)
     lines = [r.getMessage() for r in caplog.records if "one request may reserve" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith(f"limits: tenant {first['id']}:"), lines
+
+
+# --- review R16-1: the output bucket, and the lines again after a reload
+
+OUT = _tenant("o", max_concurrency=4, max_batch_prompts=4, max_output_tokens=256,
+              output_tokens_per_s=10, output_tokens_burst=10)
+
+
+@pytest.mark.parametrize("entry, default_out, warned", [
+    (OUT, 32768, True),  # 4 x 256 = 1,024 output tokens from a burst of 10 (the review's ledger case)
+    (_tenant("o", max_batch_prompts=4, max_output_tokens=256, output_tokens_per_s=1, output_tokens_burst=1024),
+     32768, False),  # exactly the burst
+    (_tenant("o", max_batch_prompts=4, max_output_tokens=256, output_tokens_per_s=1, output_tokens_burst=1023),
+     32768, True),  # one token over
+    (_tenant("o", max_batch_prompts=2, output_tokens_per_s=5000), 2048, False),  # 2 x 2048 (gateway cap) <= 5000
+    (_tenant("o", max_batch_prompts=3, output_tokens_per_s=5000), 2048, True),  # 3 x 2048 > 5000
+    (_tenant("o", max_batch_prompts=4, max_output_tokens=256), 32768, False),  # no output bucket
+])
+def test_the_output_bound_against_the_output_burst(entry: dict[str, Any], default_out: int, warned: bool) -> None:
+    lines = burst_warnings(_tenants(entry), None, default_out)
+    assert bool(lines) is warned, lines
+    if warned:
+        assert "output tokens" in lines[0] and "output_tokens_burst" in lines[0]
+
+
+def test_a_reload_logs_the_limits_lines_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    result = init_gateway_dir(tmp_path / "gw", port=0, admin_port=0, replicas=1, replica_base_port=9)
+    gw = build(load_config(result.config), audit=AuditHub(None), config_path=str(result.config))
+    entry = dict(OUT, spiffe_ids=[f"spiffe://{result.trust_domain}/o/"])
+    tenants = [*gw.admin.last_tenancy["tenants"], entry] if gw.admin.last_tenancy else [entry]
+    with caplog.at_level(logging.WARNING, logger="prefixgate"):
+        gw.admin.apply_registry(tenants, [])
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("limits: tenant o:")]
+    assert lines and "1024 output tokens" in lines[0]
