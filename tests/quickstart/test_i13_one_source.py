@@ -48,7 +48,7 @@ def _workload(tenant: Any) -> WorkloadIdentity:
 
 
 async def _allowed(c: Gateway, tenant: Any, model: str) -> tuple[bool, str]:
-    req = SimpleNamespace(model=model, max_tokens=16, stream=False, sequences=1)
+    req = SimpleNamespace(model=model, max_tokens=16, stream=False, sequences=1, prompts=("",))  # one sequence (the PEP reads prompts, s16)
     decision = await c.pep.decide(_workload(tenant), tenant, req, 10, c.replica_set.candidates(tenant.pools),
                                   "/v1/chat/completions")
     try:
