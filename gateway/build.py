@@ -247,9 +247,8 @@ class Gateway:
     def limit_warnings(self) -> list[str]:
         """Tenants without a prompt-token limit (:func:`gateway.readiness.limit_warnings`) or whose one request
         may pass their prompt-token burst (:func:`gateway.config_tenancy.burst_warnings`, review S15-5)."""
-        registry = self.registry
-        return limit_warnings(registry) + burst_warnings(registry.tenants(), self.config.limits.max_prompt_tokens,
-                                                          self.config.limits.max_output_tokens)
+        registry, lim = self.registry, self.config.limits
+        return limit_warnings(registry) + burst_warnings(registry.tenants(), lim.max_prompt_tokens, lim.max_output_tokens)
 
 
 def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: str | None = None) -> Gateway:
