@@ -140,24 +140,18 @@ def burst_warnings(tenants: Iterable[Any], default_max_prompt_tokens: int | None
     names a tenant whose ``output_tokens_burst`` (else max(1, ``output_tokens_per_s``)) is below that."""
     out: list[str] = []
     for t in tenants:
-        rate = t.output_tokens_per_s
-        cap = t.max_output_tokens if t.max_output_tokens is not None else default_max_output_tokens
-        if rate is not None and cap is not None:
-            burst = t.output_tokens_burst if t.output_tokens_burst is not None else max(1.0, rate)
-            prompts = request_sequences(t)
-            if cap * prompts > burst:
-                out.append(f"tenant {t.id}: one request may reserve {cap * prompts} output tokens (max_batch_prompts x "
-                           f"max_output_tokens), more than its output_tokens_burst {burst:g}: it is served from a full "
+        out_cap = t.max_output_tokens if t.max_output_tokens is not None else default_max_output_tokens
+        bounds = {"prompt": request_prompt_bound(t, default_max_prompt_tokens),
+                  "output": None if out_cap is None else out_cap * request_sequences(t)}
+        for kind, bound in bounds.items():  # one rule for both buckets (tenancy/ledger.py)
+            rate = getattr(t, f"{kind}_tokens_per_s")
+            if rate is None or bound is None:
+                continue
+            burst = getattr(t, f"{kind}_tokens_burst")
+            burst = burst if burst is not None else max(1.0, rate)
+            if bound > burst:
+                out.append(f"tenant {t.id}: one request may reserve {bound} {kind} tokens (max_batch_prompts x "
+                           f"max_{kind}_tokens), more than its {kind}_tokens_burst {burst:g}: it is served from a full "
                            "bucket, which goes into debt (docs/tenancy.md, per-request bound); lower max_batch_prompts "
-                           "or max_output_tokens, or raise output_tokens_burst, to keep one request within the burst")
-        rate = t.prompt_tokens_per_s
-        if rate is None:
-            continue
-        burst = t.prompt_tokens_burst if t.prompt_tokens_burst is not None else max(1.0, rate)
-        bound = request_prompt_bound(t, default_max_prompt_tokens)
-        if bound is not None and bound > burst:
-            out.append(f"tenant {t.id}: one request may reserve {bound} prompt tokens (max_batch_prompts x "
-                       f"max_prompt_tokens), more than its prompt_tokens_burst {burst:g}: it is served from a full "
-                       "bucket, which goes into debt (docs/tenancy.md, per-request bound); lower max_batch_prompts "
-                       "or max_prompt_tokens, or raise prompt_tokens_burst, to keep one request within the burst")
+                           f"or max_{kind}_tokens, or raise {kind}_tokens_burst, to keep one request within the burst")
     return out
