@@ -88,7 +88,8 @@ def expire(p: _Pool, horizon: float) -> None:
     of its counts, oldest first (per-tenant entries at zero are dropped). One call per expired stretch, not
     five per observation (session 17: at a steady rate one observation expires per request)."""
     window, requests, prefill_of = p.window, p.requests, p.prefill
-    t_requests, t_prefill, tenant_requests, tenant_prefill = p.t_requests, p.t_prefill, p.tenant_requests, p.tenant_prefill
+    t_requests, t_prefill = p.t_requests, p.t_prefill
+    tenant_requests, tenant_prefill = p.tenant_requests, p.tenant_prefill
     while window and window[0][0] <= horizon:
         _, replica, prefill, prompt, cached, tenant = window.popleft()
         requests[replica] -= 1

@@ -1,5 +1,5 @@
-"""The Prometheus metrics an :class:`audit.log.AuditLog` exports (events emitted, dropped, delivered; spill bytes; sink up;
-accepting) and those of the gateway side of the audit worker process (:class:`WorkerLogMetrics`)."""
+"""The Prometheus metrics an :class:`audit.log.AuditLog` exports (events emitted, dropped, delivered; spill bytes;
+sink up; accepting) and those of the gateway side of the audit worker process (:class:`WorkerLogMetrics`)."""
 
 from __future__ import annotations
 

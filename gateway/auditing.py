@@ -29,7 +29,7 @@ from audit.request_event import request_event
 from audit.row_spans import span_attributes, span_extra, stage_children
 from audit.span_request import encode_links
 from audit.tracing import (RequestTrace, TraceStart, begin_request_trace, end_request_trace, finish_trace_start,
-                           incoming_links, records, request_trace_headers, start_request_trace)
+                           incoming_links, records, request_trace_headers, span_processors, start_request_trace)
 from gateway.audit_protocols import AlertMonitor, AuditEventLog
 from gateway.record import RequestRecord
 
@@ -80,6 +80,7 @@ class AuditHub:
         self.public_registries: tuple[CollectorRegistry, ...] = ()
         self.provider: TracerProvider | None = None
         self.emitted = 0
+        self._traced: tuple[Any, Sequence[Any] | None] = (None, None)  # (provider, its span processors)
         #: set by from_config when the audit worker process exports the request spans (audit/row_spans.py):
         #: a sampled request's row then carries its span extra and no span is built here
         self.worker_spans = False
@@ -195,7 +196,10 @@ class AuditHub:
         rec.extra["wall0_ns"] = now
         provider = self.provider
         if provider is not None:
-            ts = start_request_trace(provider, now, headers)
+            known = self._traced
+            if known[0] is not provider:  # the provider's processors, looked up once (session 17)
+                known = self._traced = (provider, span_processors(provider))
+            ts = start_request_trace(provider, now, headers, known[1]) if known[1] is not None else None
             if ts is not None:
                 rec.extra["trace"] = ts
                 return
