@@ -243,7 +243,9 @@ class AuditHub:
         the replica works (issue 14, session 10) for :meth:`emit_request`. The trace stays in ``rec``."""
         rt = rec.extra.get("trace")
         if type(rt) is TraceStart and not (rt.processors and rt.flags.sampled):  # not recorded here: no RequestTrace
-            rec.extra["span_part"] = self._start_span_part(rt)
+            # without a span extra, _start_span_part's value inline (session 17: one call less per request)
+            rec.extra["span_part"] = (self._start_span_part(rt) if self.worker_spans and rt.flags.sampled
+                                      else (rt.trace_hex(), None))
         elif (rt := self.request_trace(rec)) is not None and not records(rt):
             rec.extra["span_part"] = self._static_span_part(rt, rec.extra.get("wall0_ns"))
 
