@@ -52,3 +52,21 @@ def test_workers_above_instances_expected_in_local_mode_are_refused_or_named(
     refused = getattr(res, "exit_code", 0) != 0 and not started
     divisor_ok = bool(started) and started[0][0].state.instances_expected >= 4
     assert refused or divisor_ok or "instances_expected" in said, (res.exit_code, said)
+
+
+@pytest.mark.xfail(strict=True, reason="S17-2: serve --workers 4 leaves flow.instances at 1: each worker admits a "
+                   "replica's whole room (prefill-token and running bounds), 4 x in all, silently")
+def test_workers_above_flow_instances_are_refused_or_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setenv("GOGC", os.environ.get("GOGC", "800"))
+    started: list = []
+    monkeypatch.setattr(gateway.workers, "run_workers", lambda cfg, path, n: started.append((cfg, n)) or 0)
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text(yaml.safe_dump({"state": {"backend": "redis", "url": "redis://127.0.0.1:9/0"},
+                                   "flow": {"replica_max_queued_prefill_tokens": 16384}}))
+    res = CliRunner().invoke(prefixgate, ["serve", "--config", str(cfg), "--workers", "4"])
+    said = (res.output or "") + caplog.text
+    refused = res.exit_code != 0 and not started
+    divisor_ok = bool(started) and started[0][0].flow.instances >= 4
+    assert refused or divisor_ok or "flow.instances" in said, (res.exit_code, said)
