@@ -32,7 +32,7 @@ from gateway.pipeline_answer import failure_error, plain_response, reads_perf_co
 from gateway.proxy import UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
 from gateway.recording import AFTER_SEND
-from gateway.send_order import SEND_ORDER
+from gateway.send_order import SCOPE_KEY as SENDS_AT_HEAD, SEND_ORDER
 from gateway.tokenize_thread import tokenizes_off_loop
 from gateway.usage_privacy import drops_cached
 from gateway.replicas import Replica
@@ -88,7 +88,8 @@ class InferencePipeline:
         held = Held()
         gw.audit.start_span(rec, request.headers)
         try:
-            await SEND_ORDER.wait_turn(request.scope)  # a burst's earlier sends go first (gateway/send_order.py)
+            if request.scope.get(SENDS_AT_HEAD, sends := SEND_ORDER.sends) != sends:  # its turn: no coroutine (s17)
+                await SEND_ORDER.wait_turn(request.scope)  # a burst's earlier sends go first (gateway/send_order.py)
             if not gw.audit.accepting:  # fail closed: no audit trail, no service
                 raise GatewayError(503, "audit_unavailable", "audit trail unavailable; refusing to serve without it")
             # 1 authenticate (gateway/authn.py)
