@@ -16,16 +16,14 @@ from typing import Any
 
 import pytest
 
-from gateway.app import build_public_app
 from gateway.flow_load import NotifyingLoadTracker
 from gateway.pipeline_answer import reads_perf_counter
-from gateway.record import RequestRecord
 from routing.calibration import Calibration, CalibratingLoadTracker
 from routing.calibration_tracker import LATE_FIRST_BYTE
 from routing.load import InProcessLoadTracker
 from routing.shared import LoadDelta, RemoteLoadView, SharedLoadTracker
 from tests.conftest import Stack
-from tests.gateway.test_s2_record_after_send import _scope
+from tests.support.first_byte import one_watched_request
 
 
 class _Clock:
@@ -136,26 +134,7 @@ async def test_gateway_on_redis_observes_the_plain_first_byte_late(stack: Stack,
     gw = stack.components
     cal = gw.calibration
     assert gw.shared is not None and cal is not None and reads_perf_counter(cal.clock)
-    tracker = gw.router.loads.inner  # type: ignore[attr-defined]
-    assert isinstance(tracker, CalibratingLoadTracker) and isinstance(tracker.inner, SharedLoadTracker)
-    dispatched: list[float] = []
-    real_clock = tracker.clock
-
-    def clock() -> float:
-        t = real_clock()
-        dispatched.append(t)
-        return t
-
-    monkeypatch.setattr(tracker, "clock", clock)
-    observed: list[tuple[float, str]] = []
-    sent: list[str] = []
-    real_observe = cal.observe_first_byte
-
-    def observe(rid: str, u: float, q: float, ttft: float, *a: Any) -> None:
-        observed.append((ttft, sent[-1] if sent else "before any part"))
-        real_observe(rid, u, q, ttft, *a)
-
-    monkeypatch.setattr(cal, "observe_first_byte", observe)
+    assert isinstance(gw.router.loads.inner.inner, SharedLoadTracker)  # type: ignore[attr-defined]
     deltas: list[LoadDelta] = []
     real_emit = gw.shared.routing.emit
 
@@ -165,21 +144,8 @@ async def test_gateway_on_redis_observes_the_plain_first_byte_late(stack: Stack,
         real_emit(event)
 
     monkeypatch.setattr(gw.shared.routing, "emit", emit)
-    records: list[RequestRecord] = []
-    real_record = gw.recorder.record
-    monkeypatch.setattr(gw.recorder, "record", lambda rec: (records.append(rec), real_record(rec)))
-    messages = [{"type": "http.request", "body": BODY, "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        return messages.pop(0)
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append("last part" if message["type"] == "http.response.body" and not message.get("more_body")
-                    else message["type"])
-
-    await build_public_app(gw, manage_lifecycle=False)(_scope("/v1/completions", stack.auth()), receive, send)
-    assert len(records) == 1 and records[0].status == 200
-    rec = records[0]
+    rec, observed, dispatched = await one_watched_request(stack, monkeypatch, BODY)
+    assert rec.status == 200
     assert len(observed) == 1
     ttft, when = observed[0]
     assert when == "last part"  # before: "before any part" (observed at the byte's arrival)
