@@ -23,6 +23,7 @@ from routing.calibration_tracker import LATE_FIRST_BYTE
 from routing.load import InProcessLoadTracker
 from routing.shared import LoadDelta, RemoteLoadView, SharedLoadTracker
 from tests.conftest import Stack
+from tests.gateway.test_s16_post_first_byte import _Shared
 from tests.support.first_byte import one_watched_request
 
 
@@ -102,17 +103,8 @@ def test_a_stream_and_an_uncalibrated_request_release_and_wake_as_before() -> No
 
 
 def test_notify_needs_a_tracker_that_takes_it() -> None:
-    class _Plain:  # a tracker that takes no notify: the calibrating tracker does not claim to
-        def __init__(self) -> None:
-            self.inner = InProcessLoadTracker()
-
-        def dispatch(self, *a: Any, **kw: Any) -> Any:
-            return self.inner.dispatch(*a, **kw)
-
-        def snapshot(self, rid: str) -> Any:
-            return self.inner.snapshot(rid)
-
-    tracker = CalibratingLoadTracker(_Plain(), Calibration(prior_rate=1.0), _Clock(0.0))
+    # a tracker that takes no notify (test_s16_post_first_byte's): the calibrating tracker does not claim to
+    tracker = CalibratingLoadTracker(_Shared(), Calibration(prior_rate=1.0), _Clock(0.0))
     assert not tracker.takes_notify
     with pytest.raises(TypeError):
         tracker.dispatch("r1", 1, 1, notify=NotifyingLoadTracker(InProcessLoadTracker()))
