@@ -53,7 +53,9 @@ async def test_a_queued_request_holds_no_more_than_is_counted(stack: Any) -> Non
     # it holds the replica's only running slot until cancelled at the end (205 s of decoding, no upstream
     # deadline or client timeout before): the next request queues, however long it takes to get there
     first = post(stack, HOLDING_TOKENS, timeout=None)
-    await wait_for(lambda: running(stack) == 1, 60, what="first request running")
+    # running, or refused/ended instead (then say how: session 17 saw a base-tree run wait the 60 s here)
+    await wait_for(lambda: running(stack) == 1 or first.done(), 60, what="first request running")
+    assert not first.done(), how_it_ended(first)
     body = {"model": "sim-model", "prompt": PROMPT, "max_tokens": 2}
     gc.collect()
     tracemalloc.start()
