@@ -23,8 +23,9 @@ if TYPE_CHECKING:  # sim.demo is imported where used: a bench child serving a ga
     from sim.procs import ManagedProcess
     from sim.replay import HeadersFor
 
-__all__ = ["ANSWERING_LOOP_CHILD", "DEMO_GATEWAY_CHILD", "DemoStack", "asgi_post_best_cpu_ns", "best_cpu_us", "loadavg_text", "replica_answer",
-           "run_child_json", "serve_public", "serve_until_sigterm", "start_demo_stack", "write_json_and_markdown"]
+__all__ = ["ANSWERING_LOOP_CHILD", "DEMO_GATEWAY_CHILD", "DemoStack", "asgi_post_best_cpu_ns", "best_cpu_us",
+           "loadavg_text", "replica_answer", "run_child_json", "serve_public", "serve_until_sigterm",
+           "start_demo_stack", "write_json_and_markdown"]
 
 #: Source text for a bench's child process (run on any tree, the baseline's too: it imports nothing of this
 #: tree) defining ``Transport`` and ``Loop``: a uvloop loop whose ``create_connection`` (a public method, the

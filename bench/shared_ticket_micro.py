@@ -105,9 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for k, v in runs.items() if k != "this"}
     doc = {"benchmark": "shared_ticket_micro", "trees": {k: str(v) for k, v in trees.items()}, "rounds": args.rounds,
            "requests": args.requests, "runs": runs, "median": med, "this_minus_us": diff}
-    lines = [f"# A plain request's load ticket on the Redis backend's tracker chain (`python -m bench.shared_ticket_micro`), "
-             f"{args.name}", "", f"{args.rounds} interleaved rounds, best of 5 passes of {args.requests} requests; thread "
-             "CPU µs per request; Python calls of one request (dispatch, first byte or late observation, finish).", "",
+    lines = [f"# A plain request's load ticket on the Redis backend's tracker chain "
+             f"(`python -m bench.shared_ticket_micro`), {args.name}", "",
+             f"{args.rounds} interleaved rounds, best of 5 passes of {args.requests} requests; thread CPU µs per "
+             "request; Python calls of one request (dispatch, first byte or late observation, finish).", "",
              "| tree | path | µs | calls |", "|---|---|---:|---:|"]
     for k, m in med.items():
         lines.append(f"| {k} | `{trees[k]}` | {m['us']:.3f} | {m['calls']:.0f} |")

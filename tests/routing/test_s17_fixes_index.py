@@ -1,7 +1,8 @@
 """Session 16 (diff leftover of session 15; reverted in 16 over a load-flaky concentration test, whose cause
 session 17 found in the test, tests/audit_e2e/test_e2e_concentration.py: folded again in 17): the queued
-records of ``InProcessPrefixIndex.record_later`` are applied before every other method of the index reads or changes it, by one rule (``_queued_first``; inline in
-``match_many``, the method on the request's path) instead of the same two lines at the top of each method.
+records of ``InProcessPrefixIndex.record_later`` are applied before every other method of the index reads or
+changes it, by one rule (``_queued_first``; inline in ``match_many``, the method on the request's path)
+instead of the same two lines at the top of each method.
 
 Every public method is checked: after ``record_later`` it answers, and leaves the index, exactly as after an
 immediate ``record``. A public method added without the rule, or missing from :data:`CALLS`, fails here.

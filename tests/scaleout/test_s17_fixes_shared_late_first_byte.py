@@ -120,7 +120,8 @@ def config_overrides(tmp_path: Path, redis_server: Any) -> dict[str, Any]:
 BODY = json.dumps({"model": "sim-model", "prompt": "one two three", "max_tokens": 2}).encode()
 
 
-async def test_gateway_on_redis_observes_the_plain_first_byte_late(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_gateway_on_redis_observes_the_plain_first_byte_late(stack: Stack,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A gateway on Redis: the plain answer's observation is fed after its last part, with the record's
     ``t_first_byte`` minus the dispatch time exactly; its load goes back (and is published) in one step."""
     gw = stack.components
