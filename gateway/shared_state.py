@@ -128,7 +128,7 @@ class SharedState:
             self.routing.on_observed = monitor.apply
         store = pdp.store
         if store is not None and self.config.policy.mode == "embedded":
-            from policy.store import policy_set_document, policy_set_from_document
+            from policy.store_disk import policy_set_document, policy_set_from_document
 
             async def apply_policy(version: int, body: Any) -> None:
                 await store.adopt(version, policy_set_from_document(body), who=f"shared-state:{self.instance_id}")
