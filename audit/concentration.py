@@ -57,7 +57,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from audit.attribution import attribute_concentration
 from audit.concentration_state import BASELINE_BUCKET_S as BUCKET_S
-from audit.concentration_state import _alert_id, _Episode, _FlushOnCollect, _Pool, _forget, pool_stats
+from audit.concentration_state import _alert_id, _Episode, _FlushOnCollect, _Pool, expire, pool_stats
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
 
 
@@ -212,13 +212,9 @@ class ConcentrationMonitor:
         p.cached += cached_tokens
         p.base_prompt += prompt_tokens
         p.base_cached += cached_tokens
-        while p.window and p.window[0][0] <= now - self.window_s:
-            old = p.window.popleft()  # (t, replica, prefill, prompt, cached, tenant)
-            p.requests[old[1]] -= 1
-            p.prefill[old[1]] -= old[2]
-            p.prompt -= old[3]
-            _forget(p, old)
-            p.cached -= old[4]
+        window = p.window
+        if window[0][0] <= now - self.window_s:  # never empty here: this observation was just appended
+            expire(p, now - self.window_s)
         while base and base[0][0] + BUCKET_S <= now - self.baseline_s:  # the whole bucket is older
             _, gone_prompt, gone_cached = base.popleft()
             p.base_prompt -= gone_prompt

@@ -83,22 +83,27 @@ def pool_stats(p: _Pool) -> tuple[int, dict[str, float], dict[str, float], float
             p.base_cached / p.base_prompt if p.base_prompt else None)
 
 
-def _forget(p: _Pool, old: _Obs) -> None:
-    """Take an expired observation out of ``p``'s per-tenant counts (entries at zero are dropped)."""
-    _, replica, prefill, _, _, tenant = old
-    _drop(p.t_requests, (replica, tenant), 1)
-    _drop(p.t_prefill, (replica, tenant), prefill)
-    _drop(p.tenant_requests, tenant, 1)
-    _drop(p.tenant_prefill, tenant, prefill)
-
-
-def _drop(counts: dict, key: object, v: int) -> None:  # type: ignore[type-arg]
-    """Subtract ``v`` from ``counts[key]``; an entry at or below zero is dropped."""
-    left = counts[key] - v
-    if left > 0:
-        counts[key] = left
-    else:
-        counts.pop(key, None)
+def expire(p: _Pool, horizon: float) -> None:
+    """Take the observations of ``p``'s window made at or before ``horizon`` (monotonic s) out of it and out
+    of its counts, oldest first (per-tenant entries at zero are dropped). One call per expired stretch, not
+    five per observation (session 17: at a steady rate one observation expires per request)."""
+    window, requests, prefill_of = p.window, p.requests, p.prefill
+    t_requests, t_prefill = p.t_requests, p.t_prefill
+    tenant_requests, tenant_prefill = p.tenant_requests, p.tenant_prefill
+    while window and window[0][0] <= horizon:
+        _, replica, prefill, prompt, cached, tenant = window.popleft()
+        requests[replica] -= 1
+        prefill_of[replica] -= prefill
+        p.prompt -= prompt
+        p.cached -= cached
+        key = (replica, tenant)
+        for counts, k, v in ((t_requests, key, 1), (t_prefill, key, prefill), (tenant_requests, tenant, 1),
+                             (tenant_prefill, tenant, prefill)):
+            left = counts[k] - v
+            if left > 0:
+                counts[k] = left
+            else:
+                counts.pop(k, None)
 
 
 def _alert_id(kind: str, pool: str, replica: str, tenant: str | None) -> str:
@@ -106,4 +111,4 @@ def _alert_id(kind: str, pool: str, replica: str, tenant: str | None) -> str:
     return f"{kind}:{pool}:{replica}" if tenant is None else f"{kind}:{pool}:{replica}:{tenant}"
 
 
-__all__ = ["_Obs", "_Pool", "_Episode", "_FlushOnCollect", "_drop", "_forget", "_alert_id", "pool_stats"]
+__all__ = ["_Obs", "_Pool", "_Episode", "_FlushOnCollect", "expire", "_alert_id", "pool_stats"]

@@ -46,7 +46,7 @@ def _hex() -> list[str]:
 
 
 class _Stream:
-    """Ids from ``fill`` (a batch maker), one per call; refilled when used up."""
+    """Ids from ``fill`` (a batch maker), one per :meth:`take`; refilled when used up."""
 
     def __init__(self, fill: Callable[[], list[str]]) -> None:
         self._fill = fill
@@ -55,7 +55,8 @@ class _Stream:
     def reset(self) -> None:
         self._it = iter(())
 
-    def __call__(self) -> str:
+    def take(self) -> str:
+        """The stream's next id (a new batch drawn when the last one is used up)."""
         try:
             return next(self._it)
         except StopIteration:
@@ -66,15 +67,11 @@ class _Stream:
 _dashed_stream = _Stream(_dashed)
 _hex_stream = _Stream(_hex)
 
-
-def uuid4_str() -> str:
-    """A random UUID v4 in canonical form (36 characters, ``str(uuid.uuid4())``'s format)."""
-    return _dashed_stream()
-
-
-def uuid4_hex() -> str:
-    """A random UUID v4 as 32 lowercase hex digits (``uuid.uuid4().hex``'s format)."""
-    return _hex_stream()
+#: ``uuid4_str()``: a random UUID v4 in canonical form (36 characters, ``str(uuid.uuid4())``'s format).
+#: ``uuid4_hex()``: a random UUID v4 as 32 lowercase hex digits (``uuid.uuid4().hex``'s format).
+#: Each is its stream's bound :meth:`_Stream.take`: one Python call per id, not two (session 17).
+uuid4_str: Callable[[], str] = _dashed_stream.take
+uuid4_hex: Callable[[], str] = _hex_stream.take
 
 
 def reset() -> None:

@@ -1,4 +1,5 @@
-"""The Prometheus metrics an :class:`audit.log.AuditLog` exports (events emitted, dropped, delivered; spill bytes; sink up; accepting)."""
+"""The Prometheus metrics an :class:`audit.log.AuditLog` exports (events emitted, dropped, delivered; spill bytes;
+sink up; accepting) and those of the gateway side of the audit worker process (:class:`WorkerLogMetrics`)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,16 @@ class AuditLogMetrics:
         if kid is None:
             kid = self._children[(metric, sink)] = getattr(self, metric).labels(sink)
         return kid
+
+
+class WorkerLogMetrics:
+    """Gateway-side metrics of the audit worker (:class:`audit.remote.RemoteAuditLog`: backlog, up, restarts,
+    drops; moved from :mod:`audit.remote` in session 17)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.backlog = Gauge("prefixgate_audit_worker_backlog_bytes",
+                             "Audit bytes sent to the audit worker and not yet acknowledged", registry=registry)
+        self.up = Gauge("prefixgate_audit_worker_up", "1 while the audit worker process runs", registry=registry)
+        self.restarts = Counter("prefixgate_audit_worker_restarts", "Audit worker process restarts", registry=registry)
+        self.dropped = Counter("prefixgate_audit_worker_events_dropped",
+                               "Audit events lost before reaching the worker (must stay 0)", registry=registry)

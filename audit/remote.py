@@ -44,9 +44,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from audit.event import AuditEvent, Kind, Outcome
+from audit.log_metrics import WorkerLogMetrics
 from audit.request_event import request_event
 from audit.spool import Spool, spool_dir
 from audit.summary import AUDIT_UNAVAILABLE_CODE, RefusalCounter
@@ -60,18 +61,6 @@ _dumps, _NL = orjson.dumps, orjson.OPT_APPEND_NEWLINE
 FLUSH_BYTES = 1 << 16
 #: Least backlog headroom (bytes) kept for events of requests already in flight.
 MIN_HEADROOM_BYTES = 1 << 20
-
-
-class _Metrics:
-    """Gateway-side metrics of the audit worker (backlog, up, restarts, drops)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.backlog = Gauge("prefixgate_audit_worker_backlog_bytes",
-                             "Audit bytes sent to the audit worker and not yet acknowledged", registry=registry)
-        self.up = Gauge("prefixgate_audit_worker_up", "1 while the audit worker process runs", registry=registry)
-        self.restarts = Counter("prefixgate_audit_worker_restarts", "Audit worker process restarts", registry=registry)
-        self.dropped = Counter("prefixgate_audit_worker_events_dropped",
-                               "Audit events lost before reaching the worker (must stay 0)", registry=registry)
 
 
 class RemoteAuditLog(WorkerProcess):
@@ -114,7 +103,7 @@ class RemoteAuditLog(WorkerProcess):
         self._start_timeout = start_timeout_s
         self._python = python or sys.executable
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.metrics = _Metrics(self.registry)
+        self.metrics = WorkerLogMetrics(self.registry)
         # read at each scrape instead of set at every flush (issue 14)
         self.metrics.backlog.set_function(lambda: self._backlog)
         self._seq = 0
@@ -148,7 +137,13 @@ class RemoteAuditLog(WorkerProcess):
     def accepting(self) -> bool:
         """False while the worker's spill or the backlog is over its limit, or
         the oldest unacknowledged event is older than ``max_backlog_age_s``
-        (worker hung or stopped): answer 503."""
+        (worker hung or stopped): answer 503. While accepting, only the oldest event's age can
+        have ended it since the last re-evaluation (the backlog grows in :meth:`_send`, the
+        worker's own gate changes in ``_read``, both re-evaluate): that is checked inline
+        (session 17: one call per request, not three)."""
+        unacked = self._unacked
+        if self._accepting and (not unacked or time.monotonic() - unacked[0][2] <= self._max_age):
+            return True
         self._update_accepting()
         return self._accepting
 
@@ -197,12 +192,29 @@ class RemoteAuditLog(WorkerProcess):
                 self._out_bytes += len(frame)
                 self._schedule_flush()
             return
-        self._seq += 1
+        seq = self._seq = self._seq + 1
         # one orjson call per frame (session 10: ~1 us less, same bytes: tests/audit/test_s10_span_handoff.py)
-        if spans is None:
-            self._send(_dumps({"t": "r", "s": self._seq, "r": row}, option=_NL), row[0])
-        else:
-            self._send(_dumps({"t": "r", "s": self._seq, "r": row, "x": spans}, option=_NL), row[0])
+        frame = _dumps({"t": "r", "s": seq, "r": row} if spans is None else {"t": "r", "s": seq, "r": row, "x": spans},
+                       option=_NL)
+        size = len(frame)
+        backlog = self._backlog + size
+        if backlog > self._hard:
+            self._send(frame, row[0])  # dropped and counted there
+            return
+        # session 17: _send and _schedule_flush inline (the same steps in the same order, two calls less)
+        now = time.monotonic()
+        unacked = self._unacked
+        unacked.append((seq, frame, now))
+        self._backlog = backlog
+        self._out.append(frame)
+        out_bytes = self._out_bytes = self._out_bytes + size
+        if out_bytes >= FLUSH_BYTES:
+            self._flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_later(self._flush_interval, self._on_flush_timer)
+        if backlog >= self._max_backlog or now - unacked[0][2] > self._max_age:
+            self._update_accepting()
 
     def _send(self, frame: bytes, event_id: str | None) -> None:
         """Queue one event frame (sequence number already taken) for the worker."""
@@ -242,29 +254,6 @@ class RemoteAuditLog(WorkerProcess):
                 self._spool = None
             raise
         self._supervisor = asyncio.create_task(self._supervise(), name="audit-worker-supervisor")
-
-    async def drain(self, timeout_s: float = 10.0) -> bool:
-        """Wait until the worker has taken every event sent so far and its sinks
-        have delivered everything (queues and spills empty). False on timeout."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while loop.time() < deadline:
-            if self._worker_alive():
-                self._next_id += 1
-                fut: asyncio.Future[bool] = loop.create_future()
-                self._replies[self._next_id] = fut
-                remaining = max(0.01, deadline - loop.time())
-                self._write_control({"t": "drain", "id": self._next_id, "timeout": remaining})
-                try:
-                    ok = await asyncio.wait_for(fut, remaining + 1.0)
-                except (asyncio.TimeoutError, ConnectionError):
-                    ok = False
-                finally:
-                    self._replies.pop(self._next_id, None)
-                if ok and not self._unacked:
-                    return True
-            await asyncio.sleep(0.02)
-        return False
 
     async def close(self, timeout_s: float = 10.0) -> None:
         """Flush refusal summaries, ask the worker to drain and close its sinks
@@ -342,10 +331,9 @@ class RemoteAuditLog(WorkerProcess):
         ``flush_interval_s``: the gateway calls it before an answer's last byte, so that a gateway
         SIGKILLed after answering has already handed the answer's event to the worker (which
         outlives it and closes the trail on stdin EOF). What the pipe does not take at once (worker
-        more than a pipe buffer behind), or while no worker runs, stays in this process's backlog."""
-        self._flush()
-
-    def _flush(self) -> None:
+        more than a pipe buffer behind), or while no worker runs, stays in this process's backlog.
+        The same step as the flush timer's and the byte bound's (``_flush`` is this method: one call
+        per hand-off, session 17)."""
         if not self._out:
             return
         out, self._out, self._out_bytes = self._out, [], 0
@@ -359,6 +347,8 @@ class RemoteAuditLog(WorkerProcess):
             except (ConnectionError, RuntimeError):
                 pass  # the supervisor notices the exit and resends the backlog
         # else: the frames stay in the backlog and are resent to the next worker
+
+    _flush = flush_now
 
     def _write_control(self, frame: dict[str, Any]) -> None:
         self._flush()

@@ -10,6 +10,7 @@ its own trace or choose our trace id). Incoming ``baggage`` is dropped
 from __future__ import annotations
 
 import importlib.util
+import random
 import time
 import weakref
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, TraceIdRatioBased
@@ -120,6 +122,7 @@ def check_exporter(exporter: str | None) -> None:
 
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_getrandbits = random.getrandbits  # what RandomIdGenerator draws ids with
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
 
@@ -210,27 +213,38 @@ class TraceStart:
         return format(self.trace_id, "032x") if tp is None else tp[3:35]
 
 
-def start_request_trace(provider: TracerProvider, start_ns: int, carrier: Any = None) -> TraceStart | None:
+def span_processors(provider: TracerProvider) -> Sequence[Any] | None:
+    """The span processors :func:`setup_tracing` installed on ``provider`` (None: not built by it); a caller
+    that starts many traces on one provider passes them to :func:`start_request_trace` (one lookup)."""
+    return _PROCESSORS.get(provider)
+
+
+def start_request_trace(provider: TracerProvider, start_ns: int, carrier: Any = None,
+                        processors: Sequence[Any] | None = None) -> TraceStart | None:
     """The ids and sampling decision of a request's SERVER span, as :func:`begin_request_trace` makes
-    them (same id generator calls, same rule for :func:`setup_tracing`'s two samplers), without the
-    span context, links or attributes (~1 µs instead of ~4: issue 14, session 11). Returns None when
+    them (the same ids: the SDK's ``RandomIdGenerator`` draws, made here without its two calls, session 17;
+    same rule for :func:`setup_tracing`'s two samplers), without the span context, links or attributes
+    (~1 µs instead of ~4: issue 14, session 11). Returns None when
     ``provider`` was not built by :func:`setup_tracing` or its sampler is another one (whose decision
-    may depend on the links and attributes): the caller then uses :func:`begin_request_trace`."""
-    processors = _PROCESSORS.get(provider)
+    may depend on the links and attributes): the caller then uses :func:`begin_request_trace`.
+    ``processors``: :func:`span_processors` of ``provider`` when the caller has them (else looked up here)."""
     if processors is None:
-        return None
+        processors = _PROCESSORS.get(provider)
+        if processors is None:
+            return None
     sampler = provider.sampler
-    if sampler is ALWAYS_ON:
-        ids = provider.id_generator
-        trace_id = ids.generate_trace_id()
-        flags = _SAMPLED
-    elif type(sampler) is TraceIdRatioBased:
-        ids = provider.id_generator
-        trace_id = ids.generate_trace_id()
-        flags = _SAMPLED if trace_id & sampler.TRACE_ID_LIMIT < sampler.bound else _NOT_SAMPLED
-    else:
+    if sampler is not ALWAYS_ON and type(sampler) is not TraceIdRatioBased:
         return None
-    return TraceStart(provider, processors, trace_id, ids.generate_span_id(), flags, start_ns, carrier)
+    ids = provider.id_generator
+    if type(ids) is RandomIdGenerator:  # its rule (random bits, never the invalid 0) without its two calls
+        trace_id = _getrandbits(128) or ids.generate_trace_id()  # (session 17; 0 has probability 2^-128)
+        span_id = _getrandbits(64) or ids.generate_span_id()
+    else:
+        trace_id = ids.generate_trace_id()
+        span_id = ids.generate_span_id()
+    sampled = sampler is ALWAYS_ON or trace_id & sampler.TRACE_ID_LIMIT < sampler.bound  # type: ignore[attr-defined]
+    flags = _SAMPLED if sampled else _NOT_SAMPLED
+    return TraceStart(provider, processors, trace_id, span_id, flags, start_ns, carrier)
 
 
 def finish_trace_start(ts: TraceStart, name: str, links: Sequence[Link], attributes: dict[str, Any]) -> RequestTrace:

@@ -38,10 +38,35 @@ class AuditWorkerError(RuntimeError):
 class WorkerProcess:
     """The child-process side of :class:`audit.remote.RemoteAuditLog` (a mixin):
     spawn the worker and hand it the config, resend the unacknowledged backlog
-    in order, read its status/metrics/reply frames, restart it with backoff.
+    in order, read its status/metrics/reply frames, restart it with backoff, wait for it to
+    drain (:meth:`drain`, moved here in session 17).
 
     Uses the log's ``_python``, ``_config``, ``_start_timeout``, ``_restart``,
-    ``_unacked``, ``_spool``, ``metrics``, ``_ack``, ``_update_accepting`` and ``emit``."""
+    ``_unacked``, ``_spool``, ``metrics``, ``_ack``, ``_update_accepting``, ``emit``,
+    ``_worker_alive``, ``_write_control``, ``_next_id`` and ``_replies``."""
+
+    async def drain(self, timeout_s: float = 10.0) -> bool:
+        """Wait until the worker has taken every event sent so far and its sinks
+        have delivered everything (queues and spills empty). False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            if self._worker_alive():
+                self._next_id += 1
+                fut: asyncio.Future[bool] = loop.create_future()
+                self._replies[self._next_id] = fut
+                remaining = max(0.01, deadline - loop.time())
+                self._write_control({"t": "drain", "id": self._next_id, "timeout": remaining})
+                try:
+                    ok = await asyncio.wait_for(fut, remaining + 1.0)
+                except (asyncio.TimeoutError, ConnectionError):
+                    ok = False
+                finally:
+                    self._replies.pop(self._next_id, None)
+                if ok and not self._unacked:
+                    return True
+            await asyncio.sleep(0.02)
+        return False
 
     async def _spawn(self) -> None:
         loop = asyncio.get_running_loop()

@@ -350,7 +350,8 @@ class Admission:
 
     def _count_settlement(self, tid: str, s: Settlement) -> None:
         m = self.metrics
-        cp, co, rp, ro = self._children(self._settled, tid, (m.tenant_tokens_charged, m.tenant_tokens_refunded))
+        cp, co, rp, ro = (self._settled.get(tid)  # no _children call once looked up (session 17)
+                          or self._children(self._settled, tid, (m.tenant_tokens_charged, m.tenant_tokens_refunded)))
         m.batch.add(((cp, s.charged_prompt), (co, s.charged_output), (rp, s.refunded_prompt),
                      (ro, s.refunded_output), (m.tenant_charges.labels(tid, s.basis), 1)))
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
@@ -24,12 +24,13 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from prometheus_client import generate_latest
 from starlette.datastructures import Headers
 
-from audit.event import AuditEvent, Identity, Kind, Outcome, new_event_id, now_ms
+from audit.event import AuditEvent, Identity, Kind, Outcome, new_event_id
 from audit.request_event import request_event
 from audit.row_spans import span_attributes, span_extra, stage_children
 from audit.span_request import encode_links
 from audit.tracing import (RequestTrace, TraceStart, begin_request_trace, end_request_trace, finish_trace_start,
-                           incoming_links, records, request_trace_headers, start_request_trace)
+                           incoming_links, records, request_trace_headers, span_processors, start_request_trace)
+from gateway.audit_protocols import AlertMonitor, AuditEventLog
 from gateway.record import RequestRecord
 
 if TYPE_CHECKING:
@@ -40,46 +41,11 @@ if TYPE_CHECKING:
 __all__ = ["AuditHub", "AuditEventLog", "AlertMonitor"]
 
 
-class AuditEventLog(Protocol):
-    """What the hub needs of an audit log: :class:`audit.log.AuditLog` (inline) or
-    :class:`audit.remote.RemoteAuditLog` (the worker process). A log that also has
-    ``emit_request_row(row)`` gets request rows (:mod:`audit.request_event`) instead of
-    built events, and one with ``worker_metrics_text`` (bytes) adds it to the admin metrics."""
-
-    @property
-    def accepting(self) -> bool:
-        """False while the log refuses events (spill full): the gateway answers 503."""
-
-    @property
-    def dropped(self) -> int:
-        """Events lost (must stay 0)."""
-
-    def emit(self, event: AuditEvent, exclude: Iterable[str] = ()) -> None:
-        """Hand one event to the sinks (never waits on a sink)."""
-
-    async def start(self) -> None:
-        """Start the sinks (or the worker process)."""
-
-    async def close(self, timeout_s: float = 10.0) -> None:
-        """Flush every sink and write the final signed checkpoint."""
-
-
-class AlertMonitor(Protocol):
-    """What the hub and the build need of the concentration monitor:
-    :class:`audit.concentration.ConcentrationMonitor`, or
-    :class:`gateway.shared_alerts.PublishingMonitor` around it (``state.backend: redis``)."""
-
-    def observe(self, pool: str, replica: str, prefill_tokens: int, prompt_tokens: int, cached_tokens: int,
-                now: float) -> None:
-        """Record one routed request (tokens; ``now``: monotonic seconds)."""
-
-    def active_alerts(self) -> list[dict[str, object]]:
-        """Active alerts for the policy input."""
-
-    def set_pool_members(self, pool: str, replicas: Iterable[str]) -> None:
-        """Declare the replicas of ``pool``."""
-
 _PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def _nothing() -> None:
+    """:attr:`AuditHub.hand_off` of a log that keeps its own schedule."""
 
 
 def _client_links(headers: Mapping[str, str]) -> list[Link]:
@@ -97,7 +63,9 @@ class AuditHub:
     ``log``: an :class:`audit.log.AuditLog` (or None: events are counted but
     not stored — only for unit tests of other parts); ``monitor``: an
     :class:`audit.concentration.ConcentrationMonitor` or None; ``tracer``:
-    an OpenTelemetry tracer (default: the global provider's).
+    an OpenTelemetry tracer (default: the global provider's). ``hand_off()`` writes the events
+    emitted so far to the audit worker's pipe now: the log's own ``flush_now`` (a log without one,
+    e.g. the inline one, keeps its own schedule: it does nothing).
     """
 
     def __init__(self, log: AuditEventLog | None, monitor: AlertMonitor | None = None,
@@ -112,15 +80,17 @@ class AuditHub:
         self.public_registries: tuple[CollectorRegistry, ...] = ()
         self.provider: TracerProvider | None = None
         self.emitted = 0
+        self._traced: tuple[Any, Sequence[Any] | None] = (None, None)  # (provider, its span processors)
         #: set by from_config when the audit worker process exports the request spans (audit/row_spans.py):
         #: a sampled request's row then carries its span extra and no span is built here
         self.worker_spans = False
         # the log's request-row entry if it has one (audit.remote.RemoteAuditLog: the worker builds
         # the event); other logs (the in-process AuditLog, test captures) get the built event
         self._emit_row = getattr(log, "emit_request_row", None)
-        # the log's "write queued events to the worker now" (RemoteAuditLog.flush_now); other
-        # logs keep their own schedule: resolved once, not on every answer
-        self._flush_now = getattr(log, "flush_now", None)
+        # hand_off is the log's "write queued events to the worker now" itself (RemoteAuditLog.flush_now: one
+        # call per answer, not two; session 17); other logs keep their own schedule: it does nothing
+        flush_now = getattr(log, "flush_now", None)
+        self.hand_off: Callable[[], None] = _nothing if flush_now is None else flush_now
 
     @classmethod
     def from_config(cls, section: "Mapping[str, Any] | AuditSection", *, router_factor: float = 1.25,
@@ -226,7 +196,10 @@ class AuditHub:
         rec.extra["wall0_ns"] = now
         provider = self.provider
         if provider is not None:
-            ts = start_request_trace(provider, now, headers)
+            known = self._traced
+            if known[0] is not provider:  # the provider's processors, looked up once (session 17)
+                known = self._traced = (provider, span_processors(provider))
+            ts = start_request_trace(provider, now, headers, known[1]) if known[1] is not None else None
             if ts is not None:
                 rec.extra["trace"] = ts
                 return
@@ -270,7 +243,9 @@ class AuditHub:
         the replica works (issue 14, session 10) for :meth:`emit_request`. The trace stays in ``rec``."""
         rt = rec.extra.get("trace")
         if type(rt) is TraceStart and not (rt.processors and rt.flags.sampled):  # not recorded here: no RequestTrace
-            rec.extra["span_part"] = self._start_span_part(rt)
+            # without a span extra, _start_span_part's value inline (session 17: one call less per request)
+            rec.extra["span_part"] = (self._start_span_part(rt) if self.worker_spans and rt.flags.sampled
+                                      else (rt.trace_hex(), None))
         elif (rt := self.request_trace(rec)) is not None and not records(rt):
             rec.extra["span_part"] = self._static_span_part(rt, rec.extra.get("wall0_ns"))
 
@@ -337,26 +312,28 @@ class AuditHub:
         self.emit_request(rec)
         self.observe_request(rec)
 
-    def hand_off(self) -> None:
-        """Write the events emitted so far to the audit worker's pipe now (a log without
-        ``flush_now``, e.g. the inline one, keeps its own schedule)."""
-        if self._flush_now is not None:
-            self._flush_now()
-
     def emit_request(self, rec: RequestRecord) -> None:
         """The request's spans end and its one audit event is emitted.
 
         The event leaves as a request row (:mod:`audit.request_event`): the audit
         worker, or the in-process log, builds the :class:`AuditEvent` from it."""
-        trace_id, spans = self._end_spans(rec)
+        extra = rec.extra
+        rt = extra.get("trace")
+        if type(rt) is TraceStart and not (rt.processors and rt.flags.sampled):  # _end_spans' first case, inline
+            del extra["trace"]  # (session 17: the common trace, not recorded here; one call less per event)
+            extra.pop("wall0_ns", None)
+            trace_id, spans = extra.pop("span_part", None) or self._start_span_part(rt)
+        else:
+            trace_id, spans = self._end_spans(rec)
         s = rec.settlement
         if s is None:
             reserved = charged = prompt_charged = output_charged = basis = None
         else:
             reserved, charged, prompt_charged, output_charged, basis = (
                 s.reserved, s.charged, s.charged_prompt, s.charged_output, s.basis)
-        row = (
-            new_event_id(), now_ms(), rec.outcome, rec.request_id, rec.spiffe_id, rec.trust_domain, rec.tenant_id,
+        row = (  # its second field: audit.event.now_ms(), inline
+            new_event_id(), time.time_ns() // 1_000_000, rec.outcome, rec.request_id, rec.spiffe_id, rec.trust_domain,
+            rec.tenant_id,
             rec.decision_id, rec.reason_code or rec.error_code, rec.reason, rec.endpoint, rec.model,
             rec.prompt_tokens, rec.output_tokens, rec.sequences,
             reserved, charged, prompt_charged, output_charged, rec.relayed_output, basis,

@@ -105,8 +105,9 @@ class Authenticator:
     def source(self, request: Request) -> str:
         """The address ``request`` is attributed to (limits, audit): the socket
         peer, or the client a trusted proxy attests (:func:`attested_client`)."""
-        if not self.trusted_proxies:  # = _source's first case, without its call (session 15)
-            return _peer(request) or "unknown"
+        if not self.trusted_proxies:  # = _source's first case, without its call (session 15) nor _peer's (17)
+            client = request.scope.get("client")
+            return (client[0] if client else None) or "unknown"
         return self._source(request, _peer(request))
 
     def _source(self, request: Request, peer: str | None) -> str:

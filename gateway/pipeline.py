@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
+from operator import attrgetter
 from types import CoroutineType
 
 from starlette.requests import Request
@@ -32,7 +33,7 @@ from gateway.pipeline_answer import failure_error, plain_response, reads_perf_co
 from gateway.proxy import UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
 from gateway.recording import AFTER_SEND
-from gateway.send_order import SEND_ORDER
+from gateway.send_order import SCOPE_KEY as SENDS_AT_HEAD, SEND_ORDER
 from gateway.tokenize_thread import tokenizes_off_loop
 from gateway.usage_privacy import drops_cached
 from gateway.replicas import Replica
@@ -49,6 +50,7 @@ __all__ = ["InferencePipeline", "RequestRecord", "ClientGone"]
 log = logging.getLogger("prefixgate")
 
 UPSTREAM_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_ID = attrgetter("id")
 
 
 class InferencePipeline:
@@ -88,7 +90,8 @@ class InferencePipeline:
         held = Held()
         gw.audit.start_span(rec, request.headers)
         try:
-            await SEND_ORDER.wait_turn(request.scope)  # a burst's earlier sends go first (gateway/send_order.py)
+            if request.scope.get(SENDS_AT_HEAD, sends := SEND_ORDER.sends) != sends:  # its turn: no coroutine (s17)
+                await SEND_ORDER.wait_turn(request.scope)  # a burst's earlier sends go first (gateway/send_order.py)
             if not gw.audit.accepting:  # fail closed: no audit trail, no service
                 raise GatewayError(503, "audit_unavailable", "audit trail unavailable; refusing to serve without it")
             # 1 authenticate (gateway/authn.py)
@@ -115,11 +118,10 @@ class InferencePipeline:
                                max_messages=bounds.max_messages, max_batch_prompts=bounds.max_batch_prompts,
                                max_json_items=self.cfg.limits.max_json_items)
             del raw
-            seqs = req.sequences  # a property: read once (session 15)
-            rec.stream = req.stream
+            seqs = len(req.prompts) or 1  # = req.sequences, without the property's call (session 17)
+            rec.stream, rec.sequences = req.stream, seqs
             adm.check_request(req, tenant)  # model entitlement; echo + logprobs (R4-12)
             rec.model = req.model
-            rec.sequences = seqs
             if seqs > 1:  # each prompt of a batch is a request
                 await adm.admit_sequences(tenant, held.lease, seqs, slots=gw.flow is None)
             rec.t_parsed = time.perf_counter()
@@ -219,7 +221,7 @@ class InferencePipeline:
                 held.end_attempt()
             rec.attempts += 1
             if gw.flow is not None and rec.attempts == 1:  # the tenant's fair turn and a replica with room
-                ids, alt = [r.id for r in remaining], chains.previous_chains()
+                ids, alt = list(map(_ID, remaining)), chains.previous_chains()  # no comprehension frame (s17)
                 slots = gw.admission.slot_claim(tenant, held.lease)
                 rel = gw.flow.release_now(tenant, route_req, ids, alt, slots)  # nothing queued, room now: no wait
                 if rel is None:  # retries do not wait
@@ -230,7 +232,7 @@ class InferencePipeline:
                 choice, held.ticket, rec.queue_wait_ms, rec.virtual_tokens = rel.as_record()
                 held.queue_wait_s = rel.queue_wait_s  # its metric: while the replica works (_prepare)
             else:
-                choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
+                choice, held.ticket = gw.router.route(route_req, list(map(_ID, remaining)), chains.previous_chains())
             held.choice = choice
             replica = gw.replica_set.get(choice.replica_id)
             rec.replica, rec.pool, rec.routing_policy = replica.id, replica.pool, choice.policy
@@ -279,8 +281,7 @@ class InferencePipeline:
                 gw.upstream.answered(replica.id, up.instance_id, held.attempt)
             else:  # a plain answer's first byte comes with its end: observed with the giving back (session 11)
                 held.answered = partial(gw.upstream.answered, replica.id, up.instance_id)
-            rec.t_first_byte = time.perf_counter()
-            late = self._late_first_byte
+            rec.t_first_byte, late = time.perf_counter(), self._late_first_byte
             if req.stream or (late is not None and type(held.ticket) not in late):  # A15-2: else in _after_answer
                 held.ticket.first_byte()
             if req.stream:

@@ -218,8 +218,9 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
     # parsed only to check it and read usage: the replica's bytes go out unchanged (but R12-1's counter)
     if held.drop_cached and ((held.usage is not None and "prompt_tokens_details" in usage)
                              or may_name_cached(data)):  # RV2-1: a duplicated / escaped key; R14-2: nested
-        try:
-            data = metered_rewrite(held.cpu, len(data), plain_without_cached, data, obj, usage)  # R12b-7: charged
+        try:  # R12b-7: charged when metered (an answer parsed unmetered is rewritten unmetered: no wrapper, s17)
+            data = (plain_without_cached(data, obj, usage) if metered is None or len(data) < metered
+                    else metered_rewrite(held.cpu, len(data), plain_without_cached, data, obj, usage))
         except (RecursionError, ValueError, TypeError) as exc:  # S15-6: nested too deep to write again
             held.served = False  # an answer that cannot be relayed is the replica's failure, as a bad parse
             upstream.failed(held.attempt, UpstreamFailure("protocol", f"answer not writable: {type(exc).__name__}"))

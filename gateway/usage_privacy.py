@@ -190,11 +190,13 @@ def plain_without_cached(data: bytes, obj: dict[str, Any], usage: Any) -> bytes:
     (session 15, R14-2): every rewrite from the parse removes the counter at any depth
     (:func:`written_without_counter`), so a per-choice or otherwise nested copy does not go out either."""
     details = usage.get("prompt_tokens_details") if type(usage) is dict else None
+    i = data.find(b"\\")  # _has_escape(data), inline (session 17: one call less per answer)
+    escaped = i >= 0 and data.find(_ESCAPE, i) >= 0
     if type(details) is not dict or "cached_tokens" not in details:
-        if data.rfind(_CACHED_KEY) >= 0 or _has_escape(data):  # RV2-1: a copy the parse does not show
+        if escaped or data.rfind(_CACHED_KEY) >= 0:  # RV2-1: a copy the parse does not show
             return written_without_counter(obj)  # R14-2: or one below the top level
         return data
-    if _has_escape(data):  # RV2-1: a key the byte guards cannot read; the parse decides
+    if escaped:  # RV2-1: a key the byte guards cannot read; the parse decides
         return dumps(without_counter(obj))
     out = _exact_cut(data, details)
     # R12b-4: a cut or span can miss the object a client reads (a nested usage copy after the real one,

@@ -22,11 +22,10 @@ Not in the default key (the shipped policy never reads them; tests/policy/test_i
 ``request.max_tokens|prompt_tokens|stream|sequences``, ``candidates[].load``, other candidate
 labels, ``time``, ``identity.claims``, ``tenant.labels``.
 
-Entries expire after a hard TTL (seconds) and the whole cache is cleared on
-every policy or data change (:meth:`DecisionCache.clear`, wired through the
-inner decision point's ``add_change_listener``) and on every tenant
-registry reload (the gateway calls :meth:`CachedDecisionPoint.clear`). A cached decision keeps the
-decision id of the evaluation that produced it and has ``cached=True``.
+Entries expire after a hard TTL (seconds) and the whole cache is cleared on every policy or data
+change (:meth:`DecisionCache.clear`, wired through the inner decision point's ``add_change_listener``)
+and on every tenant registry reload (the gateway calls :meth:`CachedDecisionPoint.clear`). A cached
+decision keeps the decision id of the evaluation that produced it and has ``cached=True``.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from operator import itemgetter
 from types import MappingProxyType
 from typing import Any
 
-from cachetools import TTLCache
+from cachetools import FIFOCache
 
 from policy.decision import Decision, DecisionPoint
 
@@ -105,8 +104,8 @@ class DecisionCache:
     """TTL cache of decisions keyed on declared input fields.
 
     Args:
-        ttl_s: hard time-to-live of an entry, seconds.
-        max_entries: bound on entries (least recently used evicted).
+        ttl_s: hard time-to-live of an entry from its store, seconds (a hit never extends it).
+        max_entries: bound on entries; the oldest stored is evicted first (one TTL: the first to expire).
         key_fields: dotted input paths; ``a[].b`` takes ``b`` of every
             element of list ``a`` (in order).
         clock: monotonic clock in seconds (tests inject a fake).
@@ -123,9 +122,9 @@ class DecisionCache:
             raise ValueError("ttl_s and max_entries must be positive")
         self.key_fields: tuple[str, ...] | None = tuple(key_fields)
         self._fields = _compile_fields(self.key_fields)
-        self._entries: TTLCache[Any, Decision] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=clock)
-        self.hits = 0
-        self.misses = 0
+        self.ttl_s, self._clock = ttl_s, clock
+        self._entries: FIFOCache[Any, tuple[Decision, float]] = FIFOCache(maxsize=max_entries)  # (it, expiry)
+        self.hits = self.misses = 0
         self.clears = 0
 
     def rekey(self, key_fields: Sequence[str] | None) -> None:
@@ -149,9 +148,11 @@ class DecisionCache:
 
     def get(self, key: tuple[Any, ...]) -> Decision | None:
         """The live decision for ``key`` (counts a hit or a miss)."""
-        try:  # one lookup (TTLCache.get looks up twice: __contains__, then __getitem__)
-            found = self._entries[key]
-        except KeyError:  # absent or expired
+        try:  # one FIFOCache lookup (issue 14, session 17: a TTLCache hit was three Python calls)
+            found, expires = self._entries[key]
+        except KeyError:
+            found = expires = None
+        if expires is None or not self._clock() < expires:  # absent or expired (the miss's put replaces it)
             self.misses += 1
             return None
         self.hits += 1
@@ -160,15 +161,15 @@ class DecisionCache:
     def put(self, key: tuple[Any, ...], decision: Decision) -> None:
         """Store a decision, marked as served from cache (``cached=True``, same decision id): every
         hit returns that one frozen object (its ``as_cached()`` is itself), none is built per hit."""
-        self._entries[key] = decision.as_cached()
+        self._entries[key] = (decision.as_cached(), self._clock() + self.ttl_s)
 
     def clear(self) -> None:
         """Drop every entry (policy or data changed)."""
         self._entries.clear()
         self.clears += 1
 
-    def __len__(self) -> int:
-        return len(self._entries)
+    def __len__(self) -> int:  # live entries (an expired one stays until stored again or evicted)
+        return sum(self._clock() < expires for _, expires in self._entries.values())
 
 
 class CachedDecisionPoint:

@@ -313,7 +313,7 @@ class KeyRing:
     def cache_salt(self, tenant_id: str) -> str:
         """Return the tenant's cache salt (vLLM ``cache_salt``); see :mod:`tenancy.salt`."""
         with self._lock:
-            epoch = self._tenant_state(tenant_id).salt_epoch
+            epoch = (self._state.tenants.get(tenant_id) or _UNROTATED).salt_epoch  # = _tenant_state's, no call (s17)
             ck = (self._generation, tenant_id, epoch)
             salt = self._salt_cache.get(ck)
             if salt is None:

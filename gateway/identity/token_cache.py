@@ -20,10 +20,12 @@ found by the admin listener's verifier.
   removed or replaced in the bundle invalidates what it verified, even
   before the change listener cleared the entries.
 * Lifetime: until ``min(exp + leeway_s, verified_at + max_ttl_s)`` on the
-  verifier's clock (Unix seconds), per entry (``cachetools.TLRUCache``).
-* Size: at most ``maxsize`` entries; when full, expired entries go first,
-  then the least recently used (what ``TLRUCache`` does). Only tokens that verified are stored, so only an
-  issuer (not a caller with bad tokens) can make entries.
+  verifier's clock (Unix seconds), per entry: :meth:`VerifiedTokenCache.get` checks it on every hit.
+* Size: at most ``maxsize`` entries (a ``cachetools.FIFOCache``); when full, the oldest stored goes
+  first (its ``max_ttl_s`` cap ends first). Only tokens that verified are stored, so only an
+  issuer (not a caller with bad tokens) can make entries. Issue 14, session 17: a hit is one lookup
+  (``Cache.__getitem__``) and the entry's checks; the ``TLRUCache`` before it cost three Python calls
+  per hit for an expiry the entry's own check repeated.
 
 The verifier still runs every check except the signature on a hit (shape,
 header, trust domain, ``kid`` in the current bundle, time claims, audience),
@@ -49,7 +51,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from cachetools import TLRUCache
+from cachetools import FIFOCache
 
 from .spiffe_id import WorkloadIdentity
 
@@ -95,19 +97,18 @@ class VerifiedTokenCache:
         self.max_ttl_s = float(max_ttl_s)
         self.leeway_s = float(leeway_s)
         self._clock = clock
-        self._cache: TLRUCache[str, _Entry] | None = (
-            TLRUCache(maxsize=self.maxsize, ttu=_time_to_use, timer=clock) if self.maxsize else None
-        )
+        self._cache: FIFOCache[str, _Entry] | None = FIFOCache(maxsize=self.maxsize) if self.maxsize else None
         self.hits = 0
         self.misses = 0
         #: exact token string -> (canonical name, parsed token): see the module doc, "Spellings"
         self._spellings: dict[str, tuple[str, object]] = {}
 
     def __len__(self) -> int:
+        """Live entries (an expired one stays until its name is stored again or it is evicted)."""
         if self._cache is None:
             return 0
-        self._cache.expire()
-        return len(self._cache)
+        now = self._clock()
+        return sum(now < e.expires_at for e in self._cache.values())
 
     def get(self, name: str, trust_domain: str, keys_version: Hashable) -> WorkloadIdentity | None:
         """The identity verified under ``name``, or ``None``.
@@ -119,9 +120,9 @@ class VerifiedTokenCache:
         if self._cache is None:
             self.misses += 1
             return None
-        try:  # one lookup (TLRUCache.get looks up twice: __contains__, then __getitem__)
+        try:  # one lookup (Cache.get looks up twice: __contains__, then __getitem__)
             entry = self._cache[name]
-        except KeyError:  # absent or expired
+        except KeyError:  # absent
             self.misses += 1
             return None
         if entry.trust_domain != trust_domain or entry.keys_version != keys_version \
@@ -190,7 +191,7 @@ class VerifiedTokenCache:
 
     def _drop(self, name: str) -> None:
         assert self._cache is not None
-        try:  # TLRUCache raises KeyError when deleting an entry that just expired
+        try:  # absent already
             del self._cache[name]
         except KeyError:
             pass
@@ -200,7 +201,3 @@ class VerifiedTokenCache:
         if self._cache is not None:
             self._cache.clear()
         self._spellings.clear()
-
-
-def _time_to_use(_key: str, entry: _Entry, _now: float) -> float:
-    return entry.expires_at

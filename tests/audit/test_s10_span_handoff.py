@@ -35,11 +35,11 @@ async def test_request_row_frames_are_the_same_bytes_as_before(tmp_path: Path, s
     rows = [_row(i) for i in range(3)]
     rows[1][6] = "t\u00e9n\u00e4nt \"quoted\" \\ \n"  # escapes and non-ASCII as orjson writes them either way
     rows[2][28] = 1e-300
-    sent: list[bytes] = []
-    log._send = lambda frame, event_id: sent.append(frame)  # type: ignore[method-assign]  # the frame, not the pipe
     for row in rows:
         log.emit_request_row(row, spans)
-    assert sent == [_old_frame(i + 1, row, spans) for i, row in enumerate(rows)]
+    # the frames as queued for the pipe and kept for a resend (session 17: queued by emit_request_row itself)
+    assert [frame for _, frame, _ in log._unacked] == [_old_frame(i + 1, row, spans) for i, row in enumerate(rows)]
+    assert log._out == [_old_frame(i + 1, row, spans) for i, row in enumerate(rows)]
 
 
 async def test_rows_with_span_extras_reach_the_worker(tmp_path: Path) -> None:

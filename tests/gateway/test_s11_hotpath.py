@@ -239,7 +239,7 @@ def _count(hist: Any) -> float:
 
 async def test_the_source_is_worked_out_once(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     log: list[str] = []
-    log_calls(authn, "_peer", log, "peer", monkeypatch)
+    log_calls(authn.Authenticator, "source", log, "peer", monkeypatch)  # s17: source reads the peer without _peer
     r = await stack.client.post("/v1/completions", content=BODY,
                                 headers={**stack.auth(), "content-type": "application/json"})
     assert r.status_code == 200, r.text
