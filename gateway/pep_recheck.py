@@ -11,6 +11,7 @@ leaves the queue the pipeline compares the generation seen before its decision w
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import GatewayError
@@ -20,24 +21,35 @@ from policy.decision import Decision
 if TYPE_CHECKING:
     from gateway.build import Gateway
     from gateway.held import Held
-    from gateway.identity import WorkloadIdentity
     from gateway.record import RequestRecord
-    from gateway.replicas import Replica
     from gateway.request import InferenceRequest, JsonObject
     from routing.policies import RouteRequest
     from tenancy.registry import Tenant
 
-__all__ = ["decide_again", "with_max_tokens"]
+__all__ = ["awaited_decision", "decide_again", "with_max_tokens"]
 
 
-async def decide_again(gw: Gateway, identity: WorkloadIdentity, tenant: Tenant, req: InferenceRequest,
-                       rec: RequestRecord, route_req: RouteRequest, candidates: list[Replica], replica_id: str,
-                       body: JsonObject | bytes, held: Held) -> JsonObject | bytes:
+async def awaited_decision(pending: Awaitable[Decision], rec: RequestRecord) -> Decision:
+    """The decision :meth:`gateway.pep.PolicyEnforcementPoint.decide_now` did not answer at once, awaited;
+    a failure's code (503 ``policy_unavailable``) is recorded in ``rec`` before it is raised.
+
+    Raises:
+        GatewayError: the decision point failed (fail closed).
+    """
+    try:
+        return await pending
+    except GatewayError as err:
+        rec.reason_code = err.code
+        raise
+
+
+async def decide_again(gw: Gateway, held: Held, tenant: Tenant, req: InferenceRequest, rec: RequestRecord,
+                       route_req: RouteRequest, replica_id: str, body: JsonObject | bytes) -> JsonObject | bytes:
     """Decide ``req`` again with the policy now in force and enforce that answer (S17-6).
 
-    Same input as the first decision (the tenant's queued count as of now); a decision-cache hit in
-    the common case. The record takes the new decision (the audit event records the decision
-    enforced). A deny raises its 403 (:meth:`gateway.pep.PolicyEnforcementPoint.enforce`); a replica
+    ``held.decided``: ``(generation, identity, candidates)`` of the first decision. Same input as the
+    first decision (the tenant's queued count as of now); a decision-cache hit in the common case.
+    The record takes the new decision (the audit event records the decision enforced). A deny raises its 403 (:meth:`gateway.pep.PolicyEnforcementPoint.enforce`); a replica
     ``replica_id`` (the one flow control released the request to) the new decision no longer allows
     raises 503 ``no_replica``; a lower ``max_tokens`` cap is written into ``body`` (a dict, or the
     queued JSON bytes) and the ledger's reservation is lowered; a higher one is not taken (the
@@ -50,14 +62,12 @@ async def decide_again(gw: Gateway, identity: WorkloadIdentity, tenant: Tenant, 
         GatewayError: 403 (deny), 503 ``policy_unavailable`` (the decision point fails: fail
             closed), 503 ``no_replica``.
     """
+    assert held.decided is not None
+    _, identity, candidates = held.decided
     decision = gw.pep.decide_now(identity, tenant, req, route_req.prompt_tokens, candidates, rec.endpoint,
                                  gw.flow.tenant_queued(tenant.id) if gw.flow is not None else 0)
     if type(decision) is not Decision:
-        try:
-            decision = await decision  # type: ignore[misc]
-        except GatewayError as err:
-            rec.reason_code = err.code
-            raise
+        decision = await awaited_decision(decision, rec)  # type: ignore[arg-type]
     rec.decision_id, rec.reason_code, rec.reason = decision.decision_id, decision.reason_code, decision.reason
     gw.pep.enforce(decision)
     if all(r.id != replica_id for r in gw.pep.allowed_candidates(candidates, decision)):
