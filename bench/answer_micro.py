@@ -28,12 +28,20 @@ from typing import Any
 
 import click
 
+from bench.harness import ANSWERING_LOOP_CHILD, replica_answer
 from sim.click_options import ClickOptions
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 
-_CHILD = r'''
+BODY = (b'{"id": "cmpl-5f1e2d3c4b5a69788796a5b4", "object": "text_completion", "created": 1764670000, '
+        b'"model": "sim-model", "choices": [{"index": 0, "text": "lorem", "logprobs": null, "finish_reason": '
+        b'"length"}], "usage": {"prompt_tokens": 64, "completion_tokens": 1, "total_tokens": 65, '
+        b'"prompt_tokens_details": {"cached_tokens": 48}}}')
+#: the simulated replica's plain answer (seven header fields), the transport's answer to each write
+ANSWER = replica_answer(BODY, "X-Sim-Replica: r0", "Keep-Alive: timeout=75")
+
+_CHILD_HEAD = r'''
 import asyncio, sys, time
 sys.path.insert(0, TREE)
 import uvloop
@@ -41,30 +49,10 @@ from gateway import json_fast
 from gateway.client_io import LOSS_KEY, ConnectionLoss, unless_client_leaves
 from gateway.proxy import make_session, open_upstream
 assert json_fast.__file__.startswith(TREE), json_fast.__file__
-BODY = (b'{"id": "cmpl-5f1e2d3c4b5a69788796a5b4", "object": "text_completion", "created": 1764670000, '
-        b'"model": "sim-model", "choices": [{"index": 0, "text": "lorem", "logprobs": null, "finish_reason": '
-        b'"length"}], "usage": {"prompt_tokens": 64, "completion_tokens": 1, "total_tokens": 65, '
-        b'"prompt_tokens_details": {"cached_tokens": 48}}}')
-ANSWER = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: %d\r\n"
-          b"Date: Wed, 02 Dec 2026 10:00:00 GMT\r\nServer: Python/3.11 aiohttp/3.13.2\r\nX-Instance-Id: i1\r\n"
-          b"X-Sim-Replica: r0\r\nKeep-Alive: timeout=75\r\n\r\n" % len(BODY) + BODY)
+'''
 
-class Transport(asyncio.Transport):
-    def __init__(self, proto, loop):
-        super().__init__(); self.proto = proto; self.loop = loop; self.closing = False
-    def write(self, data): self.loop.call_soon(self.proto.data_received, ANSWER)
-    def is_closing(self): return self.closing
-    def abort(self): self.closing = True
-    def close(self): self.closing = True
-    def get_extra_info(self, name, default=None): return default
-    def get_write_buffer_size(self): return 0
-    def pause_reading(self): pass
-    def resume_reading(self): pass
-
-class Loop(uvloop.Loop):
-    async def create_connection(self, factory, host=None, port=None, **kw):
-        proto = factory(); t = Transport(proto, self); proto.connection_made(t); return t, proto
-
+#: the rest of the child, after :data:`bench.harness.ANSWERING_LOOP_CHILD`
+_CHILD = r'''
 class Req:
     def __init__(self): self.scope = {LOSS_KEY: ConnectionLoss()}
 
@@ -90,7 +78,8 @@ asyncio.run(main(), loop_factory=Loop) if sys.version_info >= (3, 12) else async
 
 def one(tree: Path, requests: int) -> float:
     """Best-of-15 µs per answer on the code of ``tree``."""
-    code = f"TREE = {str(tree)!r}\nREQUESTS = {requests}\n" + _CHILD
+    code = (f"TREE = {str(tree)!r}\nREQUESTS = {requests}\n" + _CHILD_HEAD + f"ANSWER = {ANSWER!r}\n"
+            + ANSWERING_LOOP_CHILD + _CHILD)
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=str(tree))
     return float(out.stdout.strip().splitlines()[-1])
 

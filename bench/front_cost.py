@@ -21,16 +21,13 @@ events, a noise-free proxy). Warm loops: in a serving gateway the same code cost
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import click
 
+from bench.harness import DEMO_GATEWAY_CHILD, run_child_json
 from sim.click_options import ClickOptions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,15 +43,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 N = int(sys.argv[1])
-paths = DemoPaths.under(Path(tempfile.mkdtemp(prefix="front-cost-")))
-issuer = prepare_identity(paths)
-cfg = gateway_config("cache_aware", [{"replica_id": "r0", "url": "http://127.0.0.1:9"}], ["tenant-a"], paths,
-                     listen_port=1, admin_port=2)
-cfg["tenancy"].pop("usage_cached_tokens", None)
-gw = build(load_config(None, cfg))
-tok = bearer_headers(issuer, ["tenant-a"])("tenant-a")["Authorization"].encode()
-bodies = [json.dumps({"model": "sim-model", "prompt": " ".join(f"w{n}x{j}" for j in range(64)),
-                      "max_tokens": 1}).encode() for n in range(N)]
+WORK_PREFIX = "front-cost-"
+''' + DEMO_GATEWAY_CHILD + r'''
 pipe = InferencePipeline(gw)
 seen = []
 async def stub(request, req, rec, tenant, route_req, chains, allowed, body, held):
@@ -117,12 +107,7 @@ print(json.dumps({"front": {"us": round(best, 3), "calls": calls[0] - 1}}))
 
 def measure(tree: Path, n: int) -> dict[str, dict[str, float]]:
     """One child process on ``tree``: ``{"front": {"us", "calls"}}``. Raises ``RuntimeError`` when it fails."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(n)], env=env, cwd=tree,
-                         capture_output=True, text=True, check=False)
-    if out.returncode:
-        raise RuntimeError(out.stderr[-2000:] + out.stdout[-2000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child_json(tree, _CHILD, str(n))  # type: ignore[no-any-return]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

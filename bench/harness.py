@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -20,8 +23,74 @@ if TYPE_CHECKING:  # sim.demo is imported where used: a bench child serving a ga
     from sim.procs import ManagedProcess
     from sim.replay import HeadersFor
 
-__all__ = ["DemoStack", "asgi_post_best_cpu_ns", "best_cpu_us", "loadavg_text", "serve_public", "serve_until_sigterm", "start_demo_stack",
-           "write_json_and_markdown"]
+__all__ = ["ANSWERING_LOOP_CHILD", "DEMO_GATEWAY_CHILD", "DemoStack", "asgi_post_best_cpu_ns", "best_cpu_us",
+           "loadavg_text", "replica_answer", "run_child_json", "serve_public", "serve_until_sigterm",
+           "start_demo_stack", "write_json_and_markdown"]
+
+#: Source text for a bench's child process (run on any tree, the baseline's too: it imports nothing of this
+#: tree) defining ``Transport`` and ``Loop``: a uvloop loop whose ``create_connection`` (a public method, the
+#: only thing replaced) gives a transport that answers each write, in the next loop step, with the child's
+#: ``ANSWER`` bytes (:func:`replica_answer`). The child imports ``asyncio`` and ``uvloop`` and defines
+#: ``ANSWER`` before it (bench/pre_path.py, bench/answer_micro.py; one copy since session 17).
+ANSWERING_LOOP_CHILD = r'''
+class Transport(asyncio.Transport):
+    def __init__(self, proto, loop):
+        super().__init__(); self.proto = proto; self.loop = loop; self.closing = False
+    def write(self, data): self.loop.call_soon(self.proto.data_received, ANSWER)
+    def writelines(self, parts): self.write(b"".join(parts))
+    def is_closing(self): return self.closing
+    def abort(self): self.closing = True
+    def close(self): self.closing = True
+    def get_extra_info(self, name, default=None): return default
+    def get_write_buffer_size(self): return 0
+    def pause_reading(self): pass
+    def resume_reading(self): pass
+
+class Loop(uvloop.Loop):
+    async def create_connection(self, factory, host=None, port=None, **kw):
+        proto = factory(); t = Transport(proto, self); proto.connection_made(t); return t, proto
+'''
+
+
+#: Source text for a bench's child process (run on any tree, as :data:`ANSWERING_LOOP_CHILD`): the serving
+#: configuration of ``bench.overhead`` (:func:`sim.demo.gateway_config`, ``cache_aware``, one replica ``r0`` at
+#: a closed port, tenant ``tenant-a`` without the cached-token counter) built into ``gw`` under a fresh
+#: temporary directory named ``WORK_PREFIX...``; ``tok``: tenant-a's ``Bearer`` field value (bytes);
+#: ``bodies``: ``N`` distinct 64-word ``/v1/completions`` bodies (bytes). The child defines ``N`` and
+#: ``WORK_PREFIX`` and imports ``json``, ``tempfile``, ``Path``, ``load_config``, ``build`` and
+#: ``DemoPaths, prepare_identity, gateway_config, bearer_headers`` (bench/pre_path.py, bench/front_cost.py).
+DEMO_GATEWAY_CHILD = r'''
+paths = DemoPaths.under(Path(tempfile.mkdtemp(prefix=WORK_PREFIX)))
+issuer = prepare_identity(paths)
+cfg = gateway_config("cache_aware", [{"replica_id": "r0", "url": "http://127.0.0.1:9"}], ["tenant-a"], paths,
+                     listen_port=1, admin_port=2)
+cfg["tenancy"].pop("usage_cached_tokens", None)
+gw = build(load_config(None, cfg))
+tok = bearer_headers(issuer, ["tenant-a"])("tenant-a")["Authorization"].encode()
+bodies = [json.dumps({"model": "sim-model", "prompt": " ".join(f"w{n}x{j}" for j in range(64)),
+                      "max_tokens": 1}).encode() for n in range(N)]
+'''
+
+def replica_answer(body: bytes, *fields: str, content_type: str = "application/json; charset=utf-8",
+                   server: str = "Python/3.11 aiohttp/3.13.2") -> bytes:
+    """A replica's whole HTTP/1.1 200 answer to a plain request, as the simulated replica (aiohttp) sends it:
+    status line, ``Content-Type``, ``Content-Length`` (of ``body``), a fixed ``Date``, ``Server``,
+    ``X-Instance-Id: i1``, then ``fields`` (``"Name: value"`` each, in order), the blank line and ``body``."""
+    head = ["HTTP/1.1 200 OK", f"Content-Type: {content_type}", f"Content-Length: {len(body)}",
+            "Date: Wed, 02 Dec 2026 10:00:00 GMT", f"Server: {server}", "X-Instance-Id: i1", *fields]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+
+
+def run_child_json(tree: Path, code: str, *args: str) -> Any:
+    """Run ``code`` (Python source) with ``args`` in a fresh interpreter on ``tree`` (``PYTHONPATH`` and working
+    directory) and return the JSON document of its last line of output. Raises ``RuntimeError`` (the end of
+    its stderr and stdout) when it exits non-zero."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=tree, capture_output=True, text=True,
+                         check=False)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-3000:] + out.stdout[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @dataclass

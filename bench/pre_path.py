@@ -27,22 +27,26 @@ Warm loop, no kernel send: in a serving gateway the same code costs ~2x more.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
+from bench.harness import ANSWERING_LOOP_CHILD, DEMO_GATEWAY_CHILD, replica_answer, run_child_json
 from sim.click_options import ClickOptions
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 
-_CHILD = r'''
+BODY = (b'{"id":"cmpl-5f1e2d3c4b5a69788796a5b4","object":"text_completion","created":1764670000,'
+        b'"model":"sim-model","choices":[{"index":0,"text":"lorem","logprobs":null,"finish_reason":'
+        b'"length"}],"usage":{"prompt_tokens":64,"completion_tokens":1,"total_tokens":65}}')
+#: the simulated replica's plain answer, the transport's answer to each write
+ANSWER = replica_answer(BODY, "Keep-Alive: timeout=75")
+
+_CHILD_HEAD = r'''
 import asyncio, cProfile, json, logging, sys, tempfile, time
 from pathlib import Path
 import uvloop
@@ -55,41 +59,11 @@ from gateway.upstream_conn import UpstreamConnection
 import gateway
 assert gateway.__file__.startswith(TREE), gateway.__file__
 logging.disable(logging.CRITICAL)
+'''
 
-BODY = (b'{"id":"cmpl-5f1e2d3c4b5a69788796a5b4","object":"text_completion","created":1764670000,'
-        b'"model":"sim-model","choices":[{"index":0,"text":"lorem","logprobs":null,"finish_reason":'
-        b'"length"}],"usage":{"prompt_tokens":64,"completion_tokens":1,"total_tokens":65}}')
-ANSWER = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: %d\r\n"
-          b"Date: Wed, 02 Dec 2026 10:00:00 GMT\r\nServer: Python/3.11 aiohttp/3.13.2\r\nX-Instance-Id: i1\r\n"
-          b"Keep-Alive: timeout=75\r\n\r\n" % len(BODY) + BODY)
-
-class Transport(asyncio.Transport):
-    def __init__(self, proto, loop):
-        super().__init__(); self.proto = proto; self.loop = loop; self.closing = False
-    def write(self, data): self.loop.call_soon(self.proto.data_received, ANSWER)
-    def writelines(self, parts): self.write(b"".join(parts))
-    def is_closing(self): return self.closing
-    def abort(self): self.closing = True
-    def close(self): self.closing = True
-    def get_extra_info(self, name, default=None): return default
-    def get_write_buffer_size(self): return 0
-    def pause_reading(self): pass
-    def resume_reading(self): pass
-
-class Loop(uvloop.Loop):
-    async def create_connection(self, factory, host=None, port=None, **kw):
-        proto = factory(); t = Transport(proto, self); proto.connection_made(t); return t, proto
-
-paths = DemoPaths.under(Path(tempfile.mkdtemp(prefix="pre-path-")))
-issuer = prepare_identity(paths)
-cfg = gateway_config("cache_aware", [{"replica_id": "r0", "url": "http://127.0.0.1:9"}], ["tenant-a"], paths,
-                     listen_port=1, admin_port=2)
-cfg["tenancy"].pop("usage_cached_tokens", None)
-gw = build(load_config(None, cfg))
+#: the rest of the child, after :data:`bench.harness.ANSWERING_LOOP_CHILD`: the gateway (:data:`bench.harness.DEMO_GATEWAY_CHILD`)
+_CHILD = 'WORK_PREFIX = "pre-path-"\n' + DEMO_GATEWAY_CHILD + r'''
 app = build_public_app(gw, manage_lifecycle=False)
-tok = bearer_headers(issuer, ["tenant-a"])("tenant-a")["Authorization"].encode()
-bodies = [json.dumps({"model": "sim-model", "prompt": " ".join(f"w{n}x{j}" for j in range(64)),
-                      "max_tokens": 1}).encode() for n in range(N)]
 loss = ConnectionLoss()
 mark = [0]
 sent = UpstreamConnection.send
@@ -195,13 +169,9 @@ asyncio.Runner(loop_factory=Loop).run(main())
 
 def measure(tree: Path, n: int, profile: str | None = None) -> dict[str, Any]:
     """One child process on ``tree``; returns its JSON line. Raises ``RuntimeError`` when it fails."""
-    code = f"TREE = {str(tree)!r}\nN = {n}\nPROFILE = {profile!r}\nimport statistics\n" + _CHILD
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True,
-                         check=False)
-    if out.returncode:
-        raise RuntimeError(out.stderr[-3000:] + out.stdout[-2000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    code = (f"TREE = {str(tree)!r}\nN = {n}\nPROFILE = {profile!r}\nimport statistics\n" + _CHILD_HEAD
+            + f"ANSWER = {ANSWER!r}\n" + ANSWERING_LOOP_CHILD + _CHILD)
+    return run_child_json(tree, code)  # type: ignore[no-any-return]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

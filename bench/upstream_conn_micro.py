@@ -24,22 +24,23 @@ from typing import Any
 
 import click
 
+from bench.harness import replica_answer
 from sim.click_options import ClickOptions
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
+
+ANSWER = (b'{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant",'
+          b'"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":64,"completion_tokens":1,'
+          b'"total_tokens":65}}')
+#: the whole answer handed to ``data_received`` (six header fields)
+RESP = replica_answer(ANSWER, "X-Request-Id: r", content_type="application/json", server="Python/3.11 aiohttp/3.9")
 
 _CHILD = r'''
 import asyncio, sys, time
 sys.path.insert(0, TREE)
 import uvloop
 from gateway.upstream_conn import UpstreamConnection
-ANSWER = (b'{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant",'
-          b'"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":64,"completion_tokens":1,'
-          b'"total_tokens":65}}')
-RESP = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-        b"Date: Wed, 02 Dec 2026 10:00:00 GMT\r\nServer: Python/3.11 aiohttp/3.9\r\nX-Instance-Id: i1\r\n"
-        b"X-Request-Id: r\r\n\r\n" % len(ANSWER) + ANSWER)
 class T:
     def write(self, d): pass
     def is_closing(self): return False
@@ -68,7 +69,7 @@ uvloop.run(main())
 
 def one(tree: Path, requests: int) -> float:
     """Best-of-15 µs per answer on the code of ``tree``."""
-    code = f"TREE = {str(tree)!r}\nREQUESTS = {requests}\n" + _CHILD
+    code = f"TREE = {str(tree)!r}\nREQUESTS = {requests}\nRESP = {RESP!r}\n" + _CHILD
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=str(tree))
     return float(out.stdout.strip().splitlines()[-1])
 

@@ -127,7 +127,11 @@ class CalibratingLoadTracker:
         if tokens is not None:  # the inner tracker's load figure without a snapshot (routing.load)
             self.tokens = tokens
         #: over an in-process tracker: one fused ticket per dispatch, which takes ``notify``
-        self.takes_notify = type(inner) is InProcessLoadTracker
+        self._fused = type(inner) is InProcessLoadTracker
+        #: :meth:`dispatch` takes ``notify``: fused, or passed on to an inner tracker that takes it (the
+        #: shared one, routing/shared.py: session 17, so the flow-control tracker wraps no ticket and a
+        #: plain answer's first byte is observed late there too, A15-2)
+        self.takes_notify = self._fused or bool(getattr(inner, "takes_notify", False))
 
     def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int,
                  requests: int = 1, tenant: str = "", calibrate: bool = True,
@@ -135,8 +139,9 @@ class CalibratingLoadTracker:
         """See :meth:`routing.load.LoadTracker.dispatch`; ``tenant`` (its configured id) is the fit
         the first byte feeds; ``calibrate`` False: it feeds none (the request has parts the router's
         token count does not predict: R10-3), the inner ticket is returned as is. ``notify``
-        (only when :attr:`takes_notify`): see :class:`routing.load.Ticket`."""
-        if self.takes_notify:
+        (only when :attr:`takes_notify`, else :class:`TypeError`): see :class:`routing.load.Ticket`;
+        passed on to the inner tracker when not fused."""
+        if self._fused:
             inner: InProcessLoadTracker = self.inner  # type: ignore[assignment]
             if not calibrate:
                 return inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests, notify=notify)
@@ -147,13 +152,14 @@ class CalibratingLoadTracker:
             return _FusedCalibratingTicket(inner, replica_id, prefill_tokens, decode_tokens, requests, notify,
                                            self.calibration, self.clock, queued,
                                            queued if queued < shared else shared, tenant)
-        if notify is not None:
-            raise TypeError("notify needs an in-process inner tracker (takes_notify)")
+        if notify is not None and not self.takes_notify:
+            raise TypeError("notify needs an inner tracker that takes it (takes_notify)")
+        kw = {} if notify is None else {"notify": notify}
         if not calibrate:
-            inner = self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests)  # type: ignore[attr-defined]
-            return inner  # type: ignore[no-any-return]
+            plain = self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests, **kw)  # type: ignore
+            return plain  # type: ignore[no-any-return]
         before: ReplicaLoad = self.inner.snapshot(replica_id)  # type: ignore[attr-defined]
-        t = self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests)  # type: ignore[attr-defined]
+        t = self.inner.dispatch(replica_id, prefill_tokens, decode_tokens, requests, **kw)  # type: ignore[attr-defined]
         return _CalibratingTicket(t, self.calibration, self.clock, before.queued_prefill_tokens, prefill_tokens,
                                   replica_id, before.shared_wait_tokens(prefill_tokens), tenant)
 

@@ -22,14 +22,37 @@ each other's entries.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 __all__ = ["PrefixIndex", "InProcessPrefixIndex", "IndexStats", "DEFAULT_CAPACITY_BLOCKS"]
 
 DEFAULT_CAPACITY_BLOCKS = 4000
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _queued_first(method: F, name: str | None = None) -> F:
+    """The one rule of :meth:`InProcessPrefixIndex.record_later` for every method that reads or changes the
+    index: the records queued are applied first, in call order (session 16: it was the first two lines of
+    each such method). :meth:`InProcessPrefixIndex.match_many`, the one on the request's path, runs the
+    same test inline instead of through this wrapper's extra call (tests/routing/test_s16_fixes_index.py
+    checks every public method of the index either way). ``name``: the public name when it is not the
+    method's own (``record`` wraps ``_record``)."""
+
+    @functools.wraps(method)
+    def applied(self: InProcessPrefixIndex, *args: Any, **kwargs: Any) -> Any:
+        if self._later:
+            self.flush()
+        return method(self, *args, **kwargs)
+
+    if name is not None:
+        applied.__name__ = name
+        applied.__qualname__ = applied.__qualname__.rsplit(".", 1)[0] + "." + name
+    return applied  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -104,7 +127,8 @@ class InProcessPrefixIndex:
 
     def record_later(self, replica_id: str, keys: Sequence[bytes]) -> None:
         """:meth:`record` ``keys`` on ``replica_id``, applied by :meth:`flush` or before any other call of
-        this index reads or changes it (every method but this one applies them first, in call order), so
+        this index reads or changes it (every method but this one applies them first, in call order:
+        :func:`_queued_first`), so
         every caller sees exactly the state an immediate :meth:`record` would give (issue 14, session 15:
         the router's decision does not need its own record; the gateway applies it while the replica
         works). ``keys`` must not change afterwards (the request's chain: an immutable sequence or a
@@ -124,11 +148,10 @@ class InProcessPrefixIndex:
         """Per-replica capacity, in KV blocks."""
         return self._capacity
 
+    @_queued_first
     def match(self, replica_id: str, keys: Sequence[bytes]) -> int:
         """Number of leading blocks of ``keys`` believed cached on ``replica_id``
         (0 for an unknown replica). Does not change LRU order."""
-        if self._later:
-            self.flush()
         lru = self._lru.get(replica_id)
         if not lru:
             return 0
@@ -147,7 +170,7 @@ class InProcessPrefixIndex:
         and the total cost is O(matched depth × replicas). Returns a dict with
         one entry per requested replica id (0 where nothing matches).
         """
-        if self._later:
+        if self._later:  # _queued_first's rule, inline: this method is on every request's path (no wrapper call)
             self.flush()
         result = dict.fromkeys(replica_ids, 0)  # {rid: 0 for rid in replica_ids}, no comprehension frame
         alive = set(result)
@@ -167,18 +190,13 @@ class InProcessPrefixIndex:
             result[rid] = depth
         return result
 
-    def record(self, replica_id: str, keys: Sequence[bytes]) -> None:
+    def _record(self, replica_id: str, keys: Sequence[bytes]) -> None:
         """Insert or touch ``keys`` (one request's chain) on ``replica_id``.
 
         Keys are touched deepest-first so the chain's root is most recently
         used; least recently used keys beyond ``capacity_blocks`` are evicted.
         A chain longer than the capacity keeps only its leading blocks.
         """
-        if self._later:
-            self.flush()
-        self._record(replica_id, keys)
-
-    def _record(self, replica_id: str, keys: Sequence[bytes]) -> None:
         lru = self._lru.get(replica_id)
         if lru is None:
             lru = self._lru[replica_id] = OrderedDict()
@@ -203,28 +221,29 @@ class InProcessPrefixIndex:
                     del owners_of[old]
             self._evictions += 1
 
+    #: :meth:`_record` with the queued records applied first (one frame, as before: the wrapper calls the body
+    #: directly; the shared mode's record, routing/shared.py, runs it per request)
+    record = _queued_first(_record, "record")
+
+    @_queued_first
     def forget_replica(self, replica_id: str) -> None:
         """Drop everything known about ``replica_id`` (its cache was lost,
         e.g. the replica restarted with a new instance id, or it was removed)."""
-        if self._later:
-            self.flush()
         lru = self._lru.pop(replica_id, None)
         if not lru:
             return
         for k in lru:
             self._drop_owner(k, replica_id)
 
+    @_queued_first
     def replica_blocks(self, replica_id: str) -> int:
         """Number of blocks currently attributed to ``replica_id``."""
-        if self._later:
-            self.flush()
         lru = self._lru.get(replica_id)
         return len(lru) if lru else 0
 
+    @_queued_first
     def stats(self) -> IndexStats:
         """Snapshot of the index counters (see :class:`IndexStats`)."""
-        if self._later:
-            self.flush()
         return IndexStats(
             replicas=len(self._lru),
             blocks=sum(len(v) for v in self._lru.values()),

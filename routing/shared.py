@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from routing.index import IndexStats, PrefixIndex
-from routing.load import LoadTicket, LoadTracker
+from routing.load import LoadTicket, LoadTracker, Notified
 from routing.types import ReplicaLoad
 
 __all__ = [
@@ -143,13 +143,17 @@ class RemoteLoadView:
 
 
 class _SharedTicket:
-    """A local ticket that also emits the negative deltas of what it releases."""
+    """A local ticket that also emits the negative deltas of what it releases, and calls ``notify``'s
+    ``on_release()`` after each release that gave load back (:class:`routing.load.Ticket`'s rule;
+    session 17: no wrapping ticket of the flow-control tracker, so a calibrating ticket over this one
+    is the ticket the pipeline holds and takes a plain answer's late first byte, A15-2)."""
 
-    __slots__ = ("_decode", "_emit", "_inner", "_prefill", "_prefill_out", "_running", "replica_id")
+    __slots__ = ("_decode", "_emit", "_inner", "_notify", "_prefill", "_prefill_out", "_running", "replica_id")
 
-    def __init__(self, inner: LoadTicket, emit: Emit, prefill: int, decode: int, running: int) -> None:
+    def __init__(self, inner: LoadTicket, emit: Emit, prefill: int, decode: int, running: int,
+                 notify: Notified | None = None) -> None:
         self.replica_id = inner.replica_id
-        self._inner, self._emit = inner, emit
+        self._inner, self._emit, self._notify = inner, emit, notify
         self._prefill, self._decode, self._running = prefill, decode, running
         self._prefill_out = False
 
@@ -163,6 +167,8 @@ class _SharedTicket:
             self._inner.first_byte()
             if self._prefill:
                 self._emit(LoadDelta(self.replica_id, -self._prefill, 0, 0))
+            if self._notify is not None:
+                self._notify.on_release()
 
     def finish(self) -> None:
         if not self._inner.active:
@@ -171,6 +177,8 @@ class _SharedTicket:
         self._prefill_out = True
         self._inner.finish()
         self._emit(LoadDelta(self.replica_id, -prefill, -self._decode, -self._running))
+        if self._notify is not None:
+            self._notify.on_release()
 
 
 class SharedLoadTracker:
@@ -187,13 +195,17 @@ class SharedLoadTracker:
         self.remote = remote
         self._emit = emit
 
+    #: :meth:`dispatch` takes ``notify`` (a notifying or calibrating wrapper passes it: no ticket of its own)
+    takes_notify = True
+
     def dispatch(self, replica_id: str, prefill_tokens: int, decode_tokens: int, requests: int = 1,
-                 tenant: str = "", calibrate: bool = True) -> LoadTicket:
+                 tenant: str = "", calibrate: bool = True, notify: Notified | None = None) -> LoadTicket:
         """Charge locally (as ``local.dispatch``, same errors, ``tenant``/``calibrate`` passed on) and
-        emit the positive delta."""
+        emit the positive delta. ``notify``: called after each release of the returned ticket that
+        gave load back, after its delta is emitted (:class:`routing.load.Ticket`'s ``notify``)."""
         ticket = self.local.dispatch(replica_id, prefill_tokens, decode_tokens, requests, tenant, calibrate)
         self._emit(LoadDelta(replica_id, prefill_tokens, decode_tokens, requests))
-        return _SharedTicket(ticket, self._emit, prefill_tokens, decode_tokens, requests)
+        return _SharedTicket(ticket, self._emit, prefill_tokens, decode_tokens, requests, notify)
 
     def snapshot(self, replica_id: str) -> ReplicaLoad:
         """Local load plus every other live instance's load on ``replica_id``.

@@ -29,6 +29,11 @@ TIME_SCALE = float(os.environ.get("PG_CONC_TIME_SCALE", "10"))
 ROWS = int(os.environ.get("PG_CONC_ROWS", "300"))
 # short windows for a test; the thresholds stay the defaults (share c/n, HHI 0.5)
 CONCENTRATION = {"window_s": 3.0, "hold_s": 2.0, "min_requests": 20}
+# the hot-prefix test's window holds every request of a run of any speed (session 17): with 3 s, waves
+# slowed past ~20 requests per 3 s never reached min_requests (no alert), and the share judged depended
+# on how the waves fell against the window. Its 16 waves of 5 are judged from the 20th request on (4
+# waves); the 12 waves after it take at least 12 x 0.2 s > hold_s, so the raise comes while requests run
+HOT_CONCENTRATION = {**CONCENTRATION, "window_s": 60.0}
 TENANTS = [
     {"id": t, "spiffe_ids": [f"spiffe://{TD}/{t}/"], "models": ["sim-model"], "pools": ["default"],
      "max_output_tokens": 256}
@@ -56,8 +61,14 @@ def config_overrides(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 
 @pytest.fixture
-def audit_hub(tmp_path: Path) -> AuditHub:
-    hub = AuditHub.from_config(audit_section(tmp_path, concentration=CONCENTRATION), router_factor=1.25)
+def concentration() -> dict[str, Any]:
+    """The audit config's ``concentration`` sub-section (a test may parametrize its own)."""
+    return CONCENTRATION
+
+
+@pytest.fixture
+def audit_hub(tmp_path: Path, concentration: dict[str, Any]) -> AuditHub:
+    hub = AuditHub.from_config(audit_section(tmp_path, concentration=concentration), router_factor=1.25)
     # what the gateway should do from its replica config (reported to the lead: components.py)
     hub.monitor.set_pool_members("default", [f"r{i}" for i in range(5)])
     hub.monitor.set_pool_members("eu", ["r5"])
@@ -69,6 +80,7 @@ def _alerts(tmp: Path, kind: str | None = None) -> list[dict[str, Any]]:
             and (kind is None or e["alert"]["alert_kind"] == kind)]
 
 
+@pytest.mark.parametrize("concentration", [HOT_CONCENTRATION])
 @pytest.mark.parametrize("config_overrides", [GUARD_OFF], indirect=True)
 async def test_hot_prefix_without_load_guard_raises_alert(stack, tmp_path: Path) -> None:
     hot = " ".join(f"sys{i}" for i in range(320))  # 20 shared KV blocks
@@ -83,6 +95,9 @@ async def test_hot_prefix_without_load_guard_raises_alert(stack, tmp_path: Path)
         statuses = await asyncio.gather(*(one(wave * 5 + k) for k in range(5)))
         assert set(statuses) == {200}
         await asyncio.sleep(0.2)
+    # the policy's input now (its pending checks run first): read before the log, which then holds every
+    # raise and clear up to this set (no request comes after it, nothing else evaluates the windows)
+    active = {a["id"] for a in stack.components.audit.active_alerts() if a["kind"] == "replica_concentration"}
     await stack.components.audit.log.drain()
     events = _alerts(tmp_path, "replica_concentration")
     raised = [a for a in events if a["outcome"] == "raised"]
@@ -93,12 +108,19 @@ async def test_hot_prefix_without_load_guard_raises_alert(stack, tmp_path: Path)
     for a in events:
         assert state.get(a["alert"]["alert_id"]) != a["outcome"], a
         state[a["alert"]["alert_id"]] = a["outcome"]
-    alert = raised[-1]["alert"]
+    # the FIRST raise judges the guard-off routing: every request in its window was routed while no alert
+    # was active. Once it is raised, the shipped policy steers the tenant off that replica (rego/authz.rego
+    # alerted_replicas), so later raises (the replica the prefix moved to, then both holding it and sharing
+    # the load) and clears depend on how the waves fall against the window (session 17: a later raise's
+    # 0.877 and an alert cleared before the end failed this test on loaded machines)
+    alert = raised[0]["alert"]
     assert alert["pool"] == "default" and alert["replica"] in {f"r{i}" for i in range(5)}
-    # c/n = 1.25/5 plus the sampling margin of a window of 20..60 requests
-    assert 1.25 / 5 < alert["threshold"] <= 1.25 / 5 + 3 * (0.25 * 0.75 / 20) ** 0.5 and alert["value"] > 0.9
-    active = stack.components.audit.active_alerts()
-    assert any(a["kind"] == "replica_concentration" and a["replica_id"] == alert["replica"] for a in active)
+    # c/n = 1.25/5 plus the sampling margin of a window of 20..80 requests; the event rounds to 4 decimals
+    # (a raise at exactly 20 requests: 0.540474 written 0.5405)
+    bound = round(1.25 / 5 + 3 * (0.25 * 0.75 / 20) ** 0.5, 4)
+    assert 1.25 / 5 < alert["threshold"] <= bound and alert["value"] > 0.9
+    # the policy's input holds exactly the alerts raised and not cleared since
+    assert active == {i for i, outcome in state.items() if outcome == "raised"}, (active, state)
 
 
 # the per-tenant CPU budget (R5-8/R6-1) is not this test's subject: on a loaded CI machine the

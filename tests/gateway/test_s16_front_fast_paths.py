@@ -20,17 +20,17 @@ from hypothesis import strategies as st
 from gateway.authn import Authenticator
 from gateway.errors import GatewayError
 from gateway.identity import WorkloadIdentity, parse_bundle
-from gateway.pep import DecisionPoint, PolicyEnforcementPoint
+from gateway.pep import PolicyEnforcementPoint
 from gateway.pep_key import candidate_docs
 from gateway.replicas import Replica
 from gateway.request import InferenceRequest
 from policy.cache import CachedDecisionPoint, DecisionCache
 from policy.decision import Decision
 from policy.input import build_policy_input
-from routing.load import InProcessLoadTracker
 from tenancy.limits import RateLimited
 from tenancy.registry import Tenant
 from tenancy.spiffe_id import parse_spiffe_id
+from tests.support.pep import CountingDecisionPoint, cached_pep
 from tests.support.verifier import AUD, T0, Clock, impostor_bundle, make_verifier, verify
 
 TD = "s16.example"
@@ -144,36 +144,6 @@ def test_behind_a_trusted_proxy_the_binding_decides() -> None:
 
 # -- the decision cache --------------------------------------------------------------------------
 
-class _Counting:
-    def __init__(self) -> None:
-        self.docs: list[dict[str, Any]] = []
-
-    async def decide(self, input: dict[str, Any]) -> Decision:
-        self.docs.append(input)
-        return Decision(True, "allowed", "", None, None, None, f"d{len(self.docs)}")
-
-
-class _Audit:
-    def active_alerts(self) -> list[dict[str, Any]]:
-        return []
-
-
-class _Child:
-    def inc(self) -> None:
-        pass
-
-
-class _Metrics:
-    class policy_cache:  # noqa: N801
-        @staticmethod
-        def labels(_: str) -> _Child:
-            return _Child()
-
-
-async def _none() -> None:
-    return None
-
-
 class _Monotonic:
     def __init__(self) -> None:
         self.t = 100.0
@@ -182,14 +152,11 @@ class _Monotonic:
         return self.t
 
 
-def _pep(ttl_s: float = 5.0) -> tuple[PolicyEnforcementPoint, CachedDecisionPoint, _Counting, _Monotonic, list[Any]]:
-    inner, clock = _Counting(), _Monotonic()
-    cached = CachedDecisionPoint(inner, DecisionCache(ttl_s=ttl_s, clock=clock))
-    keys: list[Any] = []
-    real_get = cached.cache.get
-    cached.cache.get = lambda key: keys.append(key) or real_get(key)  # type: ignore[method-assign]
-    pdp = DecisionPoint(cached, inner, start=_none, stop=_none)  # type: ignore[arg-type]
-    return PolicyEnforcementPoint(pdp, InProcessLoadTracker(), _Audit(), _Metrics()), cached, inner, clock, keys  # type: ignore[arg-type]
+def _pep(ttl_s: float = 5.0) -> tuple[PolicyEnforcementPoint, CachedDecisionPoint, CountingDecisionPoint, _Monotonic,
+                                      list[Any]]:
+    clock = _Monotonic()
+    pep, cached, inner, keys = cached_pep(ttl_s, clock=clock)
+    return pep, cached, inner, clock, keys
 
 
 IDENT = WorkloadIdentity(spiffe_id=parse_spiffe_id("spiffe://t/ns/a"), trust_domain="t")

@@ -13,14 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.app import build_public_app
-from gateway.record import RequestRecord
 from routing.calibration import Calibration, CalibratingLoadTracker
 from gateway.pipeline_answer import reads_perf_counter
 from routing.calibration_tracker import LATE_FIRST_BYTE
 from routing.load import InProcessLoadTracker
 from tests.conftest import Stack
-from tests.gateway.test_s2_record_after_send import _scope
+from tests.support.first_byte import one_watched_request
 
 
 class _Clock:
@@ -120,48 +118,11 @@ BODY = json.dumps({"model": "sim-model", "prompt": "one two three", "max_tokens"
 async def test_gateway_observes_the_arrival_time(stack: Stack, monkeypatch: pytest.MonkeyPatch, stream: bool) -> None:
     """In the gateway: the plain answer's observation is fed after its last part and its first-byte
     time is the record's ``t_first_byte`` minus the dispatch time; a stream's is fed at its first byte."""
-    gw = stack.components
-    cal = gw.calibration
+    cal = stack.components.calibration
     assert cal is not None and reads_perf_counter(cal.clock)
-    tracker = gw.router.loads.inner  # type: ignore[attr-defined]
-    assert isinstance(tracker, CalibratingLoadTracker)
-    dispatched: list[float] = []
-    real_clock = tracker.clock
-
-    def clock() -> float:
-        t = real_clock()
-        dispatched.append(t)
-        return t
-
-    monkeypatch.setattr(tracker, "clock", clock)
-    observed: list[tuple[float, str]] = []
-    sent: list[str] = []
-    real_observe = cal.observe_first_byte
-
-    def observe(rid: str, u: float, q: float, ttft: float, *a: Any) -> None:
-        observed.append((ttft, sent[-1] if sent else "before any part"))
-        real_observe(rid, u, q, ttft, *a)
-
-    monkeypatch.setattr(cal, "observe_first_byte", observe)
-    records: list[RequestRecord] = []
-    real_record = gw.recorder.record
-    monkeypatch.setattr(gw.recorder, "record", lambda rec: (records.append(rec), real_record(rec)))
     body = BODY if not stream else json.dumps({**json.loads(BODY), "stream": True}).encode()
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        return messages.pop(0)
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append("last part" if message["type"] == "http.response.body" and not message.get("more_body")
-                    else message["type"])
-
-    scope = _scope("/v1/completions", stack.auth())
-    scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
-    scope["headers"].append((b"content-length", str(len(body)).encode()))
-    await build_public_app(gw, manage_lifecycle=False)(scope, receive, send)
-    assert len(records) == 1 and records[0].status == 200
-    rec = records[0]
+    rec, observed, dispatched = await one_watched_request(stack, monkeypatch, body)
+    assert rec.status == 200
     assert len(observed) == 1
     ttft, when = observed[0]
     if stream:

@@ -17,8 +17,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from policy.cache import CachedDecisionPoint, DecisionCache, decide_from_facts, fast_key
-from policy.decision import Decision
 from policy.input import PolicyInputError, build_policy_input
+from tests.support.pep import CountingDecisionPoint
 
 NAMES = st.sampled_from(["a", "b", "eu", "us", "sim-model", "\x00missing", ""])
 ANY_SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-2, 3), NAMES, st.floats(allow_nan=True))
@@ -90,17 +90,6 @@ def test_fast_keys_agree_iff_built_keys_agree(a: tuple[Any, ...], b: tuple[Any, 
     assert (fast_key(*a) == fast_key(*b)) == (ka == kb)
 
 
-class _Counting:
-    """A decision point that counts the documents it is asked about."""
-
-    def __init__(self) -> None:
-        self.docs: list[dict[str, Any]] = []
-
-    async def decide(self, input: dict[str, Any]) -> Decision:
-        self.docs.append(input)
-        return Decision(True, "allowed", "", None, None, None, f"d{len(self.docs)}")
-
-
 _FACTS = ({"spiffe_id": "spiffe://t/ns/a", "trust_domain": "t", "claims": {}},
           {"id": "acme", "tier": "standard", "models": ["m"], "pools": ["default"]},
           {"endpoint": "/v1/completions", "model": "m", "prompt_tokens": 3, "max_tokens": 5},
@@ -108,7 +97,7 @@ _FACTS = ({"spiffe_id": "spiffe://t/ns/a", "trust_domain": "t", "claims": {}},
 
 
 async def test_a_hit_builds_no_document(monkeypatch: pytest.MonkeyPatch) -> None:
-    inner = _Counting()
+    inner = CountingDecisionPoint()
     dp = CachedDecisionPoint(inner, DecisionCache(ttl_s=60))
     first = await decide_from_facts(dp, *_FACTS, now=1.0)
     built: list[int] = []
@@ -123,7 +112,7 @@ async def test_a_hit_builds_no_document(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 async def test_a_hit_never_skips_input_validation() -> None:
-    dp = CachedDecisionPoint(_Counting(), DecisionCache(ttl_s=60))
+    dp = CachedDecisionPoint(CountingDecisionPoint(), DecisionCache(ttl_s=60))
     await decide_from_facts(dp, *_FACTS, now=1.0)
     with pytest.raises(PolicyInputError):  # same key, but a field outside it is mistyped
         await decide_from_facts(dp, *_FACTS[:2], {**_FACTS[2], "stream": "yes"}, *_FACTS[3:], now=2.0)

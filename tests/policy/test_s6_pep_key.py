@@ -19,61 +19,21 @@ from hypothesis import strategies as st
 import gateway.pep
 from gateway.identity.spiffe_id import WorkloadIdentity
 from tenancy.spiffe_id import parse_spiffe_id
-from gateway.pep import DecisionPoint, PolicyEnforcementPoint
+from gateway.pep import PolicyEnforcementPoint
 from gateway.pep_key import candidate_docs
 from gateway.replicas import Replica
 from gateway.request import InferenceRequest
 from policy.cache import CachedDecisionPoint, DecisionCache
-from policy.decision import Decision
 from policy.input import build_policy_input
-from routing.load import InProcessLoadTracker
 from tenancy.registry import Tenant
+from tests.support.pep import CountingDecisionPoint, cached_pep
 
 NAMES = st.sampled_from(["a", "b", "eu", "us", "sim-model"])
 
 
-class _Counting:
-    def __init__(self) -> None:
-        self.docs: list[dict[str, Any]] = []
-
-    async def decide(self, input: dict[str, Any]) -> Decision:
-        self.docs.append(input)
-        return Decision(True, "allowed", "", None, None, None, f"d{len(self.docs)}")
-
-
-class _Audit:
-    def __init__(self, alerts: list[dict[str, Any]]) -> None:
-        self.alerts = alerts
-
-    def active_alerts(self) -> list[dict[str, Any]]:
-        return list(self.alerts)
-
-
-class _Child:
-    def inc(self) -> None:
-        pass
-
-
-class _Metrics:
-    class policy_cache:  # noqa: N801
-        @staticmethod
-        def labels(_: str) -> _Child:
-            return _Child()
-
-
-async def _none() -> None:
-    return None
-
-
-def _pep(alerts: list[dict[str, Any]]) -> tuple[PolicyEnforcementPoint, CachedDecisionPoint, _Counting, list[Any]]:
-    inner = _Counting()
-    cached = CachedDecisionPoint(inner, DecisionCache(ttl_s=600))
-    keys: list[Any] = []
-    real_get = cached.cache.get
-    cached.cache.get = lambda key: keys.append(key) or real_get(key)  # type: ignore[method-assign]
-    pdp = DecisionPoint(cached, inner, start=_none, stop=_none)  # type: ignore[arg-type]
-    pep = PolicyEnforcementPoint(pdp, InProcessLoadTracker(), _Audit(alerts), _Metrics())  # type: ignore[arg-type]
-    return pep, cached, inner, keys
+def _pep(alerts: list[dict[str, Any]]) -> tuple[PolicyEnforcementPoint, CachedDecisionPoint, CountingDecisionPoint,
+                                                list[Any]]:
+    return cached_pep(600, alerts)
 
 
 tenants = st.builds(

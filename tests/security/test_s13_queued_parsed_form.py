@@ -15,8 +15,12 @@ import pytest
 
 from gateway.flow_bytes import queued_form, with_salt
 from gateway.request import parse_inference_request
-from tests.support.flow import n_replicas, post, queued, replica_cfg, running  # noqa: F401 - stack fixtures
+from tests.support import flow as flow_support
+from tests.support.flow import HOLD_UNTIL_CANCELLED, HOLDING_TOKENS, post, queued, running
 from tests.support.waiting import how_it_ended, wait_for
+
+n_replicas = flow_support.n_replicas  # the stack's fixtures: one slow replica
+replica_cfg = flow_support.replica_cfg
 
 #: tools holding 8,000 empty objects: ~24 kB of JSON, ~0.6 MB parsed
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": [{}] * 8_000}}}]
@@ -44,16 +48,21 @@ def test_queued_form_is_what_open_upstream_sends_and_drops_the_parsed_form() -> 
     "flow": {"replica_max_running_requests": 1},
     "limits": {"max_prompt_tokens": 200_000},
     "tenancy": {"tenants": [{"id": "tenant-a", **_TENANT}]},
+    **HOLD_UNTIL_CANCELLED,  # the first request runs until cancelled, however slow the machine (session 17)
 }])
 async def test_a_queued_request_holds_about_what_is_counted(stack: Any) -> None:
     flow = stack.components.flow
-    first = post(stack, 2000)  # ~100 s on the replica (cancelled at the end): the next one queues
-    await wait_for(lambda: running(stack) == 1, 60, what="first request running")
+    # it holds the replica's only running slot until cancelled at the end (205 s of decoding, no upstream
+    # deadline or client timeout before): the next request queues, however long it takes to get there
+    first = post(stack, HOLDING_TOKENS, timeout=None)
+    # running, or refused/ended instead (then say how: session 17 saw a base-tree run wait the 60 s here)
+    await wait_for(lambda: running(stack) == 1 or first.done(), 60, what="first request running")
+    assert not first.done(), how_it_ended(first)
     gc.collect()
     tracemalloc.start()
     try:
         waiting = asyncio.ensure_future(stack.client.post("/v1/chat/completions", json=_chat_body(),
-                                                          headers=stack.auth("tenant-a/app")))
+                                                          headers=stack.auth("tenant-a/app"), timeout=None))
         # queued, or answered/refused instead (then say how, not only that the wait timed out)
         await wait_for(lambda: queued(stack) == 1 or waiting.done(), 120, what="the value-dense request queued")  # tracemalloc is slow
         assert not waiting.done(), how_it_ended(waiting)

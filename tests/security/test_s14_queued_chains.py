@@ -15,7 +15,7 @@ import pytest
 from gateway.flow_bytes import chain_bytes
 from tenancy.prefix import block_hash_chain
 from tests.support import flow as flow_support
-from tests.support.flow import post, queued, running
+from tests.support.flow import HOLD_UNTIL_CANCELLED, HOLDING_TOKENS, post, queued, running
 from tests.support.waiting import how_it_ended, wait_for
 
 n_replicas = flow_support.n_replicas  # the stack's fixtures: one slow replica
@@ -46,17 +46,22 @@ def test_chain_bytes_covers_what_a_chain_holds(tokens: int, digest_size: int) ->
     "flow": {"replica_max_running_requests": 1},
     "limits": {"max_prompt_tokens": 200_000},
     "tenancy": {"tenants": [{"id": "tenant-a", **_TENANT}]},
+    **HOLD_UNTIL_CANCELLED,  # the first request runs until cancelled, however slow the machine (session 17)
 }])
 async def test_a_queued_request_holds_no_more_than_is_counted(stack: Any) -> None:
     flow = stack.components.flow
-    first = post(stack, 2000)  # ~100 s on the replica (cancelled at the end): the next one queues
-    await wait_for(lambda: running(stack) == 1, 60, what="first request running")
+    # it holds the replica's only running slot until cancelled at the end (205 s of decoding, no upstream
+    # deadline or client timeout before): the next request queues, however long it takes to get there
+    first = post(stack, HOLDING_TOKENS, timeout=None)
+    # running, or refused/ended instead (then say how: session 17 saw a base-tree run wait the 60 s here)
+    await wait_for(lambda: running(stack) == 1 or first.done(), 60, what="first request running")
+    assert not first.done(), how_it_ended(first)
     body = {"model": "sim-model", "prompt": PROMPT, "max_tokens": 2}
     gc.collect()
     tracemalloc.start()
     try:
         waiting = asyncio.ensure_future(stack.client.post("/v1/completions", json=body,
-                                                          headers=stack.auth("tenant-a/app")))
+                                                          headers=stack.auth("tenant-a/app"), timeout=None))
         # queued, or answered/refused instead (then say how, not only that the wait timed out)
         await wait_for(lambda: queued(stack) == 1 or waiting.done(), 120, what="the long prompt queued")  # tracemalloc is slow
         assert not waiting.done(), how_it_ended(waiting)

@@ -16,7 +16,8 @@ import pytest
 from sim.replica import ReplicaConfig
 from tests.support.waiting import wait_for
 
-__all__ = ["PROMPT", "n_replicas", "one_running_one_queued", "post", "queued", "replica_cfg", "running"]
+__all__ = ["HOLDING_TOKENS", "HOLD_UNTIL_CANCELLED", "PROMPT", "n_replicas", "one_running_one_queued", "post", "queued",
+           "replica_cfg", "running"]
 
 #: A 40-word prompt.
 PROMPT = " ".join(f"w{i}" for i in range(40))
@@ -34,11 +35,29 @@ def n_replicas() -> int:
     return 1
 
 
-def post(stack: Any, max_tokens: int = 20, workload: str = "tenant-a/app") -> asyncio.Future[Any]:
-    """``POST /v1/completions`` (:data:`PROMPT`, ``max_tokens``) as ``workload``, in the background."""
+def post(stack: Any, max_tokens: int = 20, workload: str = "tenant-a/app", **client: Any) -> asyncio.Future[Any]:
+    """``POST /v1/completions`` (:data:`PROMPT`, ``max_tokens``) as ``workload``, in the background;
+    ``client``: more keyword arguments of the httpx call (e.g. ``timeout=None``: the client never gives
+    up, its request ends when the test cancels it or the gateway answers)."""
     return asyncio.ensure_future(stack.client.post(
         "/v1/completions", json={"model": "sim-model", "prompt": PROMPT, "max_tokens": max_tokens},
-        headers=stack.auth(workload)))
+        headers=stack.auth(workload), **client))
+
+
+#: ``upstream`` and ``policy`` overrides for a test whose first request must hold the replica's only running
+#: slot until the test cancels it, however slowly the rest of the test runs (the stack's own upstream
+#: deadlines, 5 s to the first byte and 10 s in all, ended that request early on a loaded machine and let
+#: the request meant to queue run instead: session 17; so can the 2 s connect deadline while tracemalloc
+#: and a load of 12 hold the loop: the request is counted running before it connects), and whose decisions
+#: must not fail closed on the policy deadline under load (the PDP's budget is not these tests' subject)
+HOLD_UNTIL_CANCELLED: dict[str, Any] = {
+    "upstream": {"connect_timeout_s": 600, "first_byte_timeout_s": 600, "read_timeout_s": 600,
+                 "total_timeout_s": 600},
+    "policy": {"timeout_s": 10.0},
+}
+#: ``max_tokens`` of a request that holds the slot: 4096 x 50 ms = 205 s of decoding on :func:`replica_cfg`'s
+#: replica, longer than any wait of a test that cancels it (the tenant's ``max_output_tokens`` must allow it)
+HOLDING_TOKENS = 4096
 
 
 def running(stack: Any) -> int:
