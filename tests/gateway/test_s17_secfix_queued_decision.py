@@ -3,6 +3,7 @@
 a request queued with no change between is dispatched on its first decision (the generation did not move)."""
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,9 @@ import pytest
 
 from gateway.pep_recheck import with_max_tokens
 from tests.support import flow
-from tests.support.flow import one_running_one_queued
+from tests.support.flow import HOLD_UNTIL_CANCELLED, HOLDING_TOKENS, one_running_one_queued, post, queued, running
 from tests.support.policy_store import policy_store_section
+from tests.support.waiting import wait_for
 
 TIERS = "/admin/data/prefixgate/config/tiers"
 
@@ -21,18 +23,28 @@ replica_cfg, n_replicas = flow.replica_cfg, flow.n_replicas  # one slow replica
 
 @pytest.fixture
 def config_overrides(tmp_path: Path) -> dict[str, Any]:
-    return {"flow": {"replica_max_running_requests": 1}, "policy": policy_store_section(tmp_path)}
+    return {**HOLD_UNTIL_CANCELLED, "flow": {"replica_max_running_requests": 1},
+            "policy": {**policy_store_section(tmp_path), **HOLD_UNTIL_CANCELLED["policy"]}}
 
 
 async def test_a_queued_request_takes_a_lowered_token_cap(stack: Any) -> None:
-    first, second = await one_running_one_queued(stack, 30)
+    # the first request holds the replica's only running slot until cancelled (however slow the machine):
+    # the second is still queued when the upload is acknowledged
+    first = post(stack, HOLDING_TOKENS, timeout=None)
+    await wait_for(lambda: running(stack) == 1 or first.done(), 60, what="first request running")
+    assert not first.done()
+    second = post(stack, 20, timeout=None)
     try:
+        await wait_for(lambda: queued(stack) == 1 or second.done(), 60, what="second request queued")
+        assert not second.done()
         gen = stack.components.pdp.generation
         r = await stack.client.put(f"{stack.admin_url}{TIERS}",
                                    content=json.dumps({"standard": {"max_tokens": 3}, "premium": {"max_tokens": 3}}),
                                    headers={**stack.operator_auth(), "Content-Type": "application/json"})
         assert r.status_code == 200, r.text
-        assert stack.components.pdp.generation > gen
+        assert stack.components.pdp.generation > gen and queued(stack) == 1
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
         r = await second
         assert r.status_code == 200, r.text[:200]
         assert r.json()["usage"]["completion_tokens"] <= 3  # asked 20: the new cap was sent upstream
