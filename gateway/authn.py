@@ -34,12 +34,12 @@ see docs/identity.md).
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 
+from gateway.config_identity import trusted_proxy_network
 from gateway.errors import GatewayError
 from tenancy.limits import RateLimited
 from gateway.identity import (
@@ -98,7 +98,7 @@ class Authenticator:
     ) -> None:
         self.verifier = verifier
         self.source_limiter = source_limiter
-        self.trusted_proxies = [ipaddress.ip_network(p, strict=False) for p in (trusted_proxies or [])]
+        self.trusted_proxies = [trusted_proxy_network(p) for p in (trusted_proxies or [])]  # S17-3: strict
         self.unmapped_limiter = unmapped_limiter
         self.mapped = mapped
 

@@ -59,9 +59,15 @@ def serve(config_path: str, workers: int, worker_index: int | None) -> None:
         cfg = load_config(config_path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    refusal = serving_refusal(cfg.state.backend, workers)
+    refusal = serving_refusal(cfg.state.backend, workers, on_unavailable=cfg.state.on_unavailable,
+                              instances_expected=cfg.state.instances_expected)
     if refusal:
         raise click.ClickException(refusal)
+    if worker_index is None and workers > cfg.flow.instances:  # S17-2: a warning (no quota is exceeded)
+        logging.getLogger("prefixgate.cli").warning(
+            "serve --workers %d with flow.instances %d: each worker admits %s of a replica's room "
+            "(docs/scale-out.md); set flow.instances to the number of gateway processes sharing the replicas",
+            workers, cfg.flow.instances, "all" if cfg.flow.instances == 1 else f"1/{cfg.flow.instances}")
     try:
         if worker_index is not None:  # a child of `serve --workers N` (gateway/workers.py)
             from gateway.workers import catch_early_stop, inherited_sockets, worker_config
@@ -85,17 +91,25 @@ def serve(config_path: str, workers: int, worker_index: int | None) -> None:
         raise click.ClickException(f"cannot start the gateway: {exc}") from None
 
 
-def serving_refusal(backend: str, workers: int) -> str | None:
+def serving_refusal(backend: str, workers: int, *, on_unavailable: str = "fail_closed",
+                    instances_expected: int = 1) -> str | None:
     """Why ``serve`` must not start with ``state.backend`` = ``backend`` and ``workers`` processes
     (None: it may start).
 
     Several processes with in-process state would each enforce the whole of
     every tenant's limits (N times the limit), so ``workers > 1`` needs the
-    shared backend (issue 16; docs/scale-out.md says what is shared).
+    shared backend (issue 16; docs/scale-out.md says what is shared). With
+    ``state.on_unavailable: local`` each process enforces the limits divided by
+    ``state.instances_expected`` while Redis is away, so that divisor must count
+    at least this host's ``workers`` (session 17, S17-2).
     """
     if workers > 1 and backend != "redis":
         return (f"serve --workers {workers} needs state.backend: redis (with state.url); with in-process "
                 f"state every worker would enforce each tenant's limits on its own")
+    if backend == "redis" and on_unavailable == "local" and workers > instances_expected:
+        return (f"serve --workers {workers} with state.on_unavailable: local needs state.instances_expected >= "
+                f"{workers} (all processes on all hosts; it is {instances_expected}): during a Redis outage every "
+                f"worker would enforce each tenant's limits divided by {instances_expected}")
     return None
 
 

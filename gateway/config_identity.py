@@ -9,6 +9,32 @@ from pydantic import Field, field_validator, model_validator
 from gateway.config_base import ConfigSection
 
 
+def trusted_proxy_network(p: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """One ``identity.trusted_proxies`` entry as a network, parsed strictly (session 17, S17-3).
+
+    An address (``10.1.2.3``) is its /32 or /128; a network must be written with its host bits
+    clear (``ip_network(strict=True)``: ``10.1.2.3/8`` is a mistake, never silently widened to
+    ``10.0.0.0/8``), and a prefix length 0 (``0.0.0.0/0``, ``::/0``) is refused: every peer would be
+    a trusted proxy, so every client would choose its own source address by writing
+    ``X-Forwarded-For`` (per-source budgets, audit ``client_address``) and its XFCC would be read.
+    Used by the config validator and :class:`gateway.authn.Authenticator` alike.
+
+    Raises:
+        ValueError: not an IP network, host bits set, or prefix length 0; the message names the field.
+    """
+    try:
+        net = ipaddress.ip_network(p, strict=True)
+    except ValueError as exc:
+        if "has host bits set" in str(exc):
+            raise ValueError(f"identity.trusted_proxies: {p!r} has host bits set (write the network, e.g. "
+                             f"{ipaddress.ip_network(p, strict=False)}, or the address alone)") from None
+        raise ValueError(f"identity.trusted_proxies: {p!r} is not an IP network (CIDR)") from None
+    if net.prefixlen == 0:
+        raise ValueError(f"identity.trusted_proxies: {p!r} trusts every peer as a proxy (prefix length 0); "
+                         f"list the proxies' own addresses or networks")
+    return net
+
+
 class TrustDomainConfig(ConfigSection):
     """Where a trust domain's bundle (JWKS) comes from: a file or an HTTPS URL."""
 
@@ -75,10 +101,7 @@ class IdentityConfig(ConfigSection):
     @classmethod
     def _proxies(cls, v: list[str]) -> list[str]:
         for p in v:
-            try:
-                ipaddress.ip_network(p, strict=False)
-            except ValueError:
-                raise ValueError(f"{p!r} is not an IP network (CIDR)") from None
+            trusted_proxy_network(p)
         return v
 
     @model_validator(mode="after")

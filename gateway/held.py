@@ -46,12 +46,15 @@ class Held:
     by the request's end with the giving back (session 11); ``queue_wait_s``: flow control's release's
     queue wait (seconds), for its metric (observed while the replica works); ``drop_cached``: the
     answer's ``usage.prompt_tokens_details.cached_tokens`` is not relayed to the client (the tenant's
-    ``usage_cached_tokens``, review R12-1: gateway/usage_privacy.py; True until the tenant is known).
+    ``usage_cached_tokens``, review R12-1: gateway/usage_privacy.py; True until the tenant is known);
+    ``decided``: ``(policy generation, identity, candidates)`` taken right before the policy decision
+    (session 17, S17-6: a request leaving the flow queue after a policy change is decided again,
+    gateway/pep_recheck.py).
     """
 
     __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
                  "reservation", "progress", "relayed", "tenant", "left", "cpu", "prep", "served", "answered",
-                 "queue_wait_s", "drop_cached")
+                 "queue_wait_s", "drop_cached", "decided")
 
     def __init__(self) -> None:
         self.lease: Lease | SharedLease | None = None
@@ -74,6 +77,7 @@ class Held:
         self.answered: Callable[[], None] | None = None
         self.queue_wait_s: float | None = None
         self.drop_cached = True
+        self.decided: tuple[int, Any, Any] | None = None
 
     def run_prep(self) -> None:
         """Run :attr:`prep` if it has not run (idempotent; an event loop callback or the request's end)."""

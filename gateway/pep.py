@@ -83,13 +83,24 @@ class DecisionPoint:
         self.inner = inner
         self.store = store
         self._start, self._stop, self._clear = start, stop, clear
+        #: moves with every change a decision may depend on: an engine change (upload, adopted set,
+        #: reload) and :meth:`clear_cache` (registry reload); compared when a request leaves the flow
+        #: queue (S17-6, gateway/pep_recheck.py)
+        self.generation = 0
+        add = getattr(inner, "add_change_listener", None)
+        if callable(add):
+            add(self._changed)
+
+    def _changed(self) -> None:
+        self.generation += 1
 
     async def decide(self, input: dict[str, Any]) -> Decision:
         """One decision (see :class:`policy.decision.DecisionPoint`); raises PolicyError."""
         return await self.dp.decide(input)
 
     def clear_cache(self) -> None:
-        """Drop every cached decision (no-op without a decision cache)."""
+        """Drop every cached decision (no-op without a decision cache); moves :attr:`generation`."""
+        self.generation += 1
         if self._clear is not None:
             self._clear()
 

@@ -29,6 +29,7 @@ from gateway.flow_bytes import chain_bytes, queued_form, with_salt
 from gateway.held import Held
 from gateway.identity import WorkloadIdentity
 from gateway.prefix_keys import ChainView, PrefixKeys
+from gateway.pep_recheck import awaited_decision, decide_again
 from gateway.pipeline_answer import failure_error, plain_response, reads_perf_counter, stream_response
 from gateway.proxy import UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
@@ -144,15 +145,11 @@ class InferencePipeline:
             if not candidates:
                 raise GatewayError(503, "no_replica", "no healthy replica is available for this tenant")
             rec.t_keys = time.perf_counter()
-            # 5 authorize: the decision only (gateway/pep.py)
+            held.decided = (gw.pep.pdp.generation, identity, candidates)  # 5 authorize (gateway/pep.py); S17-6
             decision = gw.pep.decide_now(identity, tenant, req, prompt_tokens, candidates, rec.endpoint,
                                          gw.flow.tenant_queued(tenant.id) if gw.flow is not None else 0)
             if type(decision) is not Decision:  # not a decision-cache hit (session 16: a hit is no coroutine)
-                try:
-                    decision = await decision
-                except GatewayError as err:
-                    rec.reason_code = err.code  # policy_unavailable
-                    raise
+                decision = await awaited_decision(decision, rec)  # its 503 policy_unavailable recorded
             rec.t_decided = time.perf_counter()
             rec.decision_id, rec.reason_code, rec.reason = decision.decision_id, decision.reason_code, decision.reason
             gw.pep.enforce(decision)
@@ -231,6 +228,8 @@ class InferencePipeline:
                                                  body_bytes=len(body) + chain_bytes(route_req.block_keys, alt)))
                 choice, held.ticket, rec.queue_wait_ms, rec.virtual_tokens = rel.as_record()
                 held.queue_wait_s = rel.queue_wait_s  # its metric: while the replica works (_prepare)
+                if held.decided[0] != gw.pep.pdp.generation:  # S17-6: the policy changed since its decision
+                    body = await decide_again(gw, held, tenant, req, rec, route_req, choice.replica_id, body)
             else:
                 choice, held.ticket = gw.router.route(route_req, list(map(_ID, remaining)), chains.previous_chains())
             held.choice = choice

@@ -12,7 +12,12 @@ authenticated and *higher* than the version it holds; anything else is
 ignored, counted (``prefixgate_shared_state_rejected_records{kind}``) and
 logged as a warning. Versions only move forward: the Lua script refuses to
 store a version not above the stored one (unless the stored record is the
-one the publisher found forged).
+one the publisher found forged). Two changes made at once on two instances
+get one version; the first stored wins: the other instance finds the stored
+record at its own version with another body and adopts it (``apply`` may
+number it above its own version, which is then published), so every
+instance converges on one document (session 17, S17-1; the losing change is
+logged as an error and counted ``{reason="conflict"}``).
 
 Redis is trusted for counters only: it cannot forge or roll back a document
 (it can withhold one: an instance then keeps what it has).
@@ -52,6 +57,11 @@ redis.call('SET', KEYS[1], ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
 """
+
+
+def _text(body: Any) -> str:
+    """The canonical JSON text of a document body (what is MAC'd and stored)."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
 class _StateMetrics:
@@ -102,6 +112,8 @@ class SharedDocument:
         self._script = client.register_script(_LUA_PUBLISH)
         self._task: asyncio.Task[None] | None = None
         self._last_rejected: str | None = None
+        self._local_text: tuple[int, str | None] | None = None
+        self._last_conflict: str | None = None
         self.rejected = 0
         self.adopted = 0
 
@@ -143,7 +155,7 @@ class SharedDocument:
 
         A stored record that fails its MAC is replaced (tampering cannot block a change).
         """
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        text = _text(body)
         cur = await self._get()
         forged = cur if cur is not None and self._verify(cur, current_only=True) is None else ""
         record = f"{version}:{self._mac(version, text)}:{text}"
@@ -169,13 +181,32 @@ class SharedDocument:
             await self._heal(local)
             return False
         version, body = rec
-        if version == local:
+        if version == local and not self._differs(cur or "", local):
             return False
+        if version == local and cur != self._last_conflict:  # S17-1: two changes raced to one version
+            self._last_conflict = cur  # counted and logged once; the stored one wins everywhere
+            self._metrics.rejected.labels(self.name, "conflict").inc()
+            log.error("shared state: this instance's %s version %d is not the stored one (two changes made "
+                      "at once on two instances); adopting the stored one", self.name, version)
         await self._apply(version, body)
+        self._local_text = None
         self.adopted += 1
         self._metrics.adopted.labels(self.name).inc()
         log.info("shared state: adopted %s version %d", self.name, version)
+        if self._local_version() > version:  # adopted under a new number (apply's choice): share it
+            await self._heal(self._local_version())
         return True
+
+    def _differs(self, raw: str, local: int) -> bool:
+        """True when the stored record (at this instance's version ``local``) holds another body
+        than this instance's (S17-1); the local text is cached per local version."""
+        if self._local_body is None:
+            return False
+        if self._local_text is None or self._local_text[0] != local:
+            body = self._local_body()
+            self._local_text = (local, None if body is None else _text(body))
+        text = self._local_text[1]
+        return text is not None and raw.split(":", 2)[2] != text
 
     async def _heal(self, local: int) -> None:
         body = self._local_body() if self._local_body is not None and local > 0 else None

@@ -128,10 +128,13 @@ class SharedState:
             self.routing.on_observed = monitor.apply
         store = pdp.store
         if store is not None and self.config.policy.mode == "embedded":
-            from policy.store import policy_set_document, policy_set_from_document
+            from policy.store_disk import policy_set_document, policy_set_from_document
 
             async def apply_policy(version: int, body: Any) -> None:
-                await store.adopt(version, policy_set_from_document(body), who=f"shared-state:{self.instance_id}")
+                # S17-1: a set stored at this instance's own version (two changes raced) is adopted as the
+                # next version here, then published by SharedDocument.sync
+                await store.adopt(store.version + 1 if version == store.version else version,
+                                  policy_set_from_document(body), who=f"shared-state:{self.instance_id}")
                 pdp.clear_cache()
 
             self.policy = SharedDocument(self.client, self.prefix, "policy", self._docs_key,
@@ -191,7 +194,8 @@ class SharedState:
             if not await doc.publish(version, body):
                 self.metrics.rejected.labels(doc.name, "conflict").inc()
                 log.error("shared state: %s version %d was not stored (another instance published it or a "
-                          "higher one first)", doc.name, version)
+                          "higher one first); adopting the stored one", doc.name, version)
+                await doc.sync()  # S17-1: converge now, not at the next poll
         except Exception as exc:  # noqa: BLE001
             log.warning("shared state: publishing %s failed (%s)", doc.name, exc.__class__.__name__)
 

@@ -143,7 +143,9 @@ class EmbeddedOpa:
             PolicyCompileError: the set does not compile or calls a built-in
                 outside the allow-list; the active engine stays.
         """
-        engine = self._build(policy_set)
+        self._swap(self._build(policy_set), policy_set)
+
+    def _swap(self, engine: OpaEngine, policy_set: PolicySet) -> None:
         self._engine, self._policy_set = engine, policy_set
         self.revision += 1
         for callback in self._listeners:
@@ -156,8 +158,16 @@ class EmbeddedOpa:
         self.load(load_policy_dir(self._dir, *self._data_files))
 
     async def apply(self, change: Any, policy_set: PolicySet) -> None:
-        """PolicyTarget hook for :class:`policy.store.PolicyStore`: load the set."""
-        self.load(policy_set)
+        """PolicyTarget hook for :class:`policy.store.PolicyStore`: load the set.
+
+        The engine is built in a worker thread (S17-7: a compile takes ~1 s with the shipped
+        policy; the bindings document an engine as usable from any thread, and ctypes releases
+        the GIL), then swapped in on the calling (loop) thread.
+
+        Raises:
+            PolicyCompileError: as :meth:`load`; the active engine stays.
+        """
+        self._swap(await asyncio.to_thread(self._build, policy_set), policy_set)
 
     def evaluate(self, input: dict[str, Any]) -> Any:
         """Evaluate the decision document synchronously; None if undefined.

@@ -10,11 +10,14 @@ version history::
 
 Each change: build the candidate set in memory -> check every call against
 the built-in allow-list (:mod:`policy.builtins`) -> compile it and run every
-Rego test (:func:`policy.rego_test_runner.run_tests`) -> refuse with
-:class:`PolicyRejectedError` on any failure (the active set stays) -> apply
-to the target (embedded engine swap, or remote OPA through its Policy and
-Data APIs) -> write the version and the active file (atomic rename) -> call
-``on_change(record)`` (the gateway forwards it to audit).
+Rego test (:func:`policy.rego_test_runner.run_tests`, in a worker thread)
+-> refuse with :class:`PolicyRejectedError` on any failure (the active set
+stays) -> write the version and the active file under temporary names
+(:mod:`policy.store_disk`) -> apply to the target (embedded engine swap, or
+remote OPA through its Policy and Data APIs) -> rename them in place -> call
+``on_change(record)`` (the gateway forwards it to audit). The candidate is
+built under the store's lock from the set it replaces (S17-4); a change that
+cannot be written is never applied (S17-5).
 
 Remote OPA: an OPA whose paths are owned by bundles refuses Policy/Data API
 writes under those roots (HTTP 4xx); the store then raises
@@ -27,10 +30,10 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import os
+import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -48,6 +51,9 @@ from policy.loader import (
     sha256_text,
 )
 from policy.rego_test_runner import TestReport, run_tests
+from policy.store_disk import StagedFiles, active_files, policy_set_document, set_digest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -137,13 +143,6 @@ class RemoteOpaTarget:
             self._on_applied()
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, "utf-8")
-    os.replace(tmp, path)
-
-
 class PolicyStore:
     """Validated, versioned policy modules and data documents.
 
@@ -230,17 +229,24 @@ class PolicyStore:
 
         Raises:
             ValueError: invalid id. PolicyRejectedError: compile or test
-            failure. PolicyTargetError: the target refused it.
+            failure. PolicyTargetError: the target refused it. OSError: the
+            version or the active file cannot be written (nothing applied).
         """
         check_module_id(module_id)
-        old = self._set.modules.get(module_id)
-        return await self._commit(self._set.with_module(module_id, source), "policy", "put", module_id, old, source, who)
+        return await self._commit(
+            lambda s: (s.with_module(module_id, source), s.modules.get(module_id), source),
+            "policy", "put", module_id, who)
 
     async def delete_policy(self, module_id: str, who: str) -> ChangeRecord:
         """Remove a module (refused if the rest no longer compiles or passes)."""
         check_module_id(module_id)
-        old = self.get_policy(module_id)
-        return await self._commit(self._set.with_module(module_id, None), "policy", "delete", module_id, old, None, who)
+
+        def change(s: PolicySet) -> tuple[PolicySet, str | None, str | None]:
+            if module_id not in s.modules:
+                raise PolicyNotFoundError(module_id)
+            return s.with_module(module_id, None), s.modules[module_id], None
+
+        return await self._commit(change, "policy", "delete", module_id, who)
 
     async def put_data(self, path: str, value: Any, who: str) -> ChangeRecord:
         """Create or replace the data document at ``a/b`` (a JSON object)."""
@@ -248,30 +254,40 @@ class PolicyStore:
         if not isinstance(value, dict):
             raise ValueError("a data document must be a JSON object")
         value = copy.deepcopy(value)
-        old = self._set.data_docs.get(key)
-        old_text = None if old is None else canonical_json(old)
-        return await self._commit(self._set.with_data(key, value), "data", "put", key, old_text, canonical_json(value), who)
+        text = canonical_json(value)
+
+        def change(s: PolicySet) -> tuple[PolicySet, str | None, str | None]:
+            old = s.data_docs.get(key)
+            return s.with_data(key, value), None if old is None else canonical_json(old), text
+
+        return await self._commit(change, "data", "put", key, who)
 
     async def delete_data(self, path: str, who: str) -> ChangeRecord:
         """Remove the data document at ``a/b``."""
         key = "/".join(check_data_path(path))
-        old = canonical_json(self.get_data(key))
-        return await self._commit(self._set.with_data(key, None), "data", "delete", key, old, None, who)
+
+        def change(s: PolicySet) -> tuple[PolicySet, str | None, str | None]:
+            if key not in s.data_docs:
+                raise PolicyNotFoundError(path)
+            return s.with_data(key, None), canonical_json(s.data_docs[key]), None
+
+        return await self._commit(change, "data", "delete", key, who)
 
     async def _commit(
         self,
-        new_set: PolicySet,
+        change: Callable[[PolicySet], tuple[PolicySet, str | None, str | None]],
         kind: Literal["policy", "data"],
         op: Literal["put", "delete"],
         target: str,
-        old_text: str | None,
-        new_text: str | None,
         who: str,
     ) -> ChangeRecord:
+        """One change: ``change(current set) -> (new set, old text, new text)``, run under the lock
+        (S17-4: the candidate is built on the set it replaces); tests off the loop (S17-7)."""
         if not who:
             raise ValueError("a change needs an operator id")
         async with self._lock:
-            report = run_tests(new_set, self._allowed)
+            new_set, old_text, new_text = change(self._set)
+            report = await asyncio.to_thread(run_tests, new_set, self._allowed)
             if not report.ok:
                 raise PolicyRejectedError(f"{kind} {op} {target!r} refused", report)
             record = ChangeRecord(
@@ -284,17 +300,14 @@ class PolicyStore:
                 new_sha256=sha256_text(new_text),
                 time=time.time(),
             )
-            if self._target is not None:
-                await self._target.apply(record, new_set)
             vdir = self.versions_dir / f"{record.version:08d}"
-            if new_text is not None:
-                _atomic_write(vdir / "content", new_text)
-            _atomic_write(vdir / "record.json", json.dumps(record.to_dict(), sort_keys=True))
             active = self.active_dir / target if kind == "policy" else self.active_dir / "data" / f"{target}.json"
-            if new_text is None:
-                active.unlink(missing_ok=True)
-            else:
-                _atomic_write(active, new_text)
+            files: dict[Path, str | None] = {} if new_text is None else {vdir / "content": new_text}
+            files[active] = new_text
+            files[vdir / "record.json"] = json.dumps(record.to_dict(), sort_keys=True)
+            undo = replace(record, op="put" if old_text is not None else "delete",
+                           old_sha256=record.new_sha256, new_sha256=record.old_sha256)
+            await self._persist_and_apply(record, new_set, files, undo)
             self._set, self.version = new_set, record.version
         if self._on_change is not None:
             self._on_change(record)
@@ -302,55 +315,70 @@ class PolicyStore:
             callback(record)
         return record
 
+    async def _persist_and_apply(self, record: ChangeRecord, new_set: PolicySet,
+                                 files: dict[Path, str | None], undo: ChangeRecord) -> None:
+        """Stage ``files``, apply ``new_set`` to the target, then rename (S17-5: nothing in force that
+        is not on disk). A failed write applies nothing; a failed rename re-applies the current set
+        (``undo``: the inverse change) and rewrites its active files, then raises.
+
+        Raises:
+            OSError: the version exists already or a file cannot be written or renamed.
+            PolicyTargetError: the target refused the change (nothing written).
+        """
+        vdir = self.versions_dir / f"{record.version:08d}"
+        if vdir.exists() or vdir.is_symlink():
+            raise FileExistsError(f"policy version directory {vdir} exists already")
+        staged = StagedFiles(files)
+        try:
+            if self._target is not None:
+                await self._target.apply(record, new_set)
+        except BaseException:
+            staged.discard()
+            raise
+        try:
+            staged.commit()
+        except OSError:
+            staged.discard()
+            log.error("policy version %d could not be written; re-applying version %d", record.version, self.version)
+            if self._target is not None:
+                await self._target.apply(undo, self._set)
+            StagedFiles(active_files(self.active_dir, self._set)).commit()
+            raise
+
     async def adopt(self, version: int, policy_set: PolicySet, who: str) -> ChangeRecord | None:
         """Adopt a whole policy set at ``version`` made by another instance (shared state, issue 16).
 
         Ignored (returns None) unless ``version`` is above :attr:`version`
         (forward only). The set is checked against the built-in allow-list,
         compiled and tested exactly as a local change (fail closed:
-        :class:`PolicyRejectedError`, nothing changes), applied to the
-        target, written as the active set and as version ``version``
-        (``op="put"``, ``target="*"``), and handed to ``on_change`` (audit);
-        the change listeners are not called (it is not re-published).
+        :class:`PolicyRejectedError`, nothing changes), staged on disk as the
+        active set and as version ``version`` (``op="put"``, ``target="*"``),
+        applied to the target, renamed in place (as a local change, S17-5),
+        and handed to ``on_change`` (audit); the change listeners are not
+        called (it is not re-published).
+
+        Raises:
+            PolicyRejectedError, PolicyTargetError, OSError: nothing adopted.
         """
         async with self._lock:
             if version <= self.version:
                 return None
-            report = run_tests(policy_set, self._allowed)
+            report = await asyncio.to_thread(run_tests, policy_set, self._allowed)
             if not report.ok:
                 raise PolicyRejectedError(f"shared policy version {version} refused", report)
             record = ChangeRecord(version=version, who=who, kind="policy", op="put", target="*",
-                                  old_sha256=_set_digest(self._set), new_sha256=_set_digest(policy_set),
+                                  old_sha256=set_digest(self._set), new_sha256=set_digest(policy_set),
                                   time=time.time())
-            if self._target is not None:
-                await self._target.apply(record, policy_set)
             vdir = self.versions_dir / f"{version:08d}"
-            _atomic_write(vdir / "content", canonical_json(_set_doc(policy_set)))
-            _atomic_write(vdir / "record.json", json.dumps(record.to_dict(), sort_keys=True))
-            self._write_active(policy_set)
+            files: dict[Path, str | None] = {vdir / "content": canonical_json(policy_set_document(policy_set))}
+            files.update(active_files(self.active_dir, policy_set))
+            files[vdir / "record.json"] = json.dumps(record.to_dict(), sort_keys=True)
+            undo = replace(record, old_sha256=record.new_sha256, new_sha256=record.old_sha256)
+            await self._persist_and_apply(record, policy_set, files, undo)
             self._set, self.version = policy_set, version
         if self._on_change is not None:
             self._on_change(record)
         return record
-
-    def _write_active(self, policy_set: PolicySet) -> None:
-        """Make the active directory hold exactly ``policy_set``."""
-        for path in self.active_dir.glob("*.rego"):
-            if path.name not in policy_set.modules:
-                path.unlink()
-        data_dir = self.active_dir / "data"
-        wanted = {data_dir / f"{k}.json" for k in policy_set.data_docs if k}
-        if data_dir.is_dir():
-            for path in data_dir.rglob("*.json"):
-                if path not in wanted:
-                    path.unlink()
-        for module_id, source in policy_set.modules.items():
-            _atomic_write(self.active_dir / check_module_id(module_id), source)
-        for key, value in policy_set.data_docs.items():
-            target = data_dir / f"{'/'.join(check_data_path(key))}.json" if key else self.active_dir / "data.json"
-            _atomic_write(target, canonical_json(value))
-        if "" not in policy_set.data_docs:
-            (self.active_dir / "data.json").unlink(missing_ok=True)
 
     def history(self) -> list[ChangeRecord]:
         """All committed change records, oldest first."""
@@ -360,36 +388,6 @@ class PolicyStore:
             if rec.is_file():
                 out.append(ChangeRecord(**json.loads(rec.read_text("utf-8"))))
         return out
-
-
-def _set_doc(policy_set: PolicySet) -> dict[str, Any]:
-    return {"modules": dict(policy_set.modules), "data": dict(policy_set.data_docs)}
-
-
-def _set_digest(policy_set: PolicySet) -> str | None:
-    return sha256_text(canonical_json(_set_doc(policy_set)))
-
-
-def policy_set_document(policy_set: PolicySet) -> dict[str, Any]:
-    """The JSON document of a whole set (``{"modules": {id: source}, "data": {path: value}}``), as shared."""
-    return _set_doc(policy_set)
-
-
-def policy_set_from_document(doc: Any) -> PolicySet:
-    """Inverse of :func:`policy_set_document`; raises ``ValueError`` for another shape or an unsafe id/path."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("modules"), dict) or not isinstance(doc.get("data"), dict):
-        raise ValueError("a policy set document needs 'modules' and 'data' objects")
-    modules = {}
-    for k, v in doc["modules"].items():
-        if not isinstance(v, str):
-            raise ValueError("module sources must be strings")
-        modules[check_module_id(k)] = v
-    data = {}
-    for k, v in doc["data"].items():
-        if k:
-            check_data_path(k)
-        data[k] = v
-    return PolicySet(modules=modules, data_docs=data)
 
 
 def check_policy_dir(path: str | Path) -> TestReport:

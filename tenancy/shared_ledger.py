@@ -7,6 +7,7 @@ and queued on the store's writer (the ledger's "never block" rule).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -14,6 +15,7 @@ from tenancy.ledger import LedgerReservation, LedgerTotals, Settlement
 from tenancy.limits import RateLimited
 from tenancy.registry import Tenant
 from tenancy.shared_lua import arg as _arg
+from tenancy.shared_lua import malformed
 from tenancy.shared_lua import wait_reply as _wait
 from tenancy.shared_store import Store
 
@@ -65,7 +67,9 @@ class RedisLedger:
             keys=[s.key(tenant.id, "led:ptok"), s.key(tenant.id, "led:otok"), s.key(tenant.id, "led:tot"),
                   f"{s.prefix}ledger:tenants"],
             args=[_arg(now), _arg(pr), _arg(pb), prompt_tokens, _arg(ore), _arg(ob), output_tokens, tenant.id])
-        reason, wait = _wait(reply)
+        reason, wait = _wait(reply)  # a malformed reply: Redis unavailable (S17-8)
+        if reason not in ("ok", "tenant_prompt_tokens", "tenant_output_tokens"):
+            raise malformed(f"reason {reason!r}")
         if reason != "ok":
             raise RateLimited(wait, reason)
         return RedisReservation(self, tenant.id, prompt_tokens, output_tokens)
@@ -93,7 +97,15 @@ class RedisLedger:
         if now is None and self._clock is not None:
             now = self._clock()
         raw = await self._s.level(keys=[key], args=[_arg(now)])
-        return None if raw is None else float(raw)
+        if raw is None:
+            return None
+        try:
+            level = float(raw.decode("ascii") if isinstance(raw, bytes) else raw)
+        except (UnicodeDecodeError, ValueError, TypeError):
+            raise malformed("not a level") from None
+        if not math.isfinite(level):
+            raise malformed("not a level")
+        return level
 
     def _adjust(self, tenant_id: str, d_prompt: int, d_output: int, mode: str, s: Settlement | None) -> None:
         st = self._s

@@ -18,6 +18,8 @@ from tenancy.limits import ConcurrencyLimited, RateLimited, ReleasedOnExit
 from tenancy.prompt_room import PromptRoom, shared_room
 from tenancy.registry import Tenant
 from tenancy.shared_lua import arg as _arg
+from tenancy.shared_lua import int_reply as _int
+from tenancy.shared_lua import malformed as _malformed
 from tenancy.shared_lua import wait_reply as _wait
 from tenancy.shared_store import Store, cancel_task
 
@@ -172,20 +174,27 @@ class RedisTenantLimiter:
 
     async def in_flight(self, tenant_id: str) -> int:
         """Live concurrency slots of ``tenant_id`` across all instances (expired ones pruned)."""
-        return int(await self._s.count(keys=[self._s.key(tenant_id, "conc")], args=[]))
+        return _int(await self._s.count(keys=[self._s.key(tenant_id, "conc")], args=[]))
 
     async def renew(self) -> int:
         """Extend every unreleased lease of this instance by the lease TTL; return the slots renewed
         (slots found expired already are counted in ``lost_slots``)."""
-        by_tenant: dict[str, list[str]] = {}
+        by_tenant: dict[str, list[SharedLease]] = {}
         for lease in list(self._leases.values()):
             if not lease.released:
-                by_tenant.setdefault(lease.tenant_id, []).extend(lease.members())
+                by_tenant.setdefault(lease.tenant_id, []).append(lease)
         renewed = 0
-        for tid, members in by_tenant.items():
-            held = int(await self._s.renew(keys=[self._s.key(tid, "conc")], args=[self._s.lease_ttl_ms, *members]))
+        for tid, leases in by_tenant.items():
+            members = [m for lease in leases for m in lease.members()]
+            if not members:
+                continue
+            held = _int(await self._s.renew(keys=[self._s.key(tid, "conc")], args=[self._s.lease_ttl_ms, *members]),
+                        0, len(members))
             renewed += held
             self.lost_slots += len(members) - held
+            for lease in leases:  # S17-9: RENEW adds missing members back; one released meanwhile goes again
+                if lease.released:
+                    self._release(lease)
         self.renewals += 1
         return renewed
 
@@ -194,8 +203,25 @@ class RedisTenantLimiter:
         if self._renewer is None or self._renewer.done():
             self._renewer = asyncio.get_running_loop().create_task(self._renew_loop(), name="prefixgate-lease-renewer")
 
+    async def check_eviction_policy(self) -> str | None:
+        """Warn unless Redis's ``maxmemory-policy`` is ``noeviction`` (docs/scale-out.md, S17-9: an
+        evicted slot set or bucket loosens every tenant's limits); return the policy, or None when
+        the ACL user may not read it (``CONFIG GET``), which is logged once as a reminder."""
+        try:
+            policy = (await self._s.client.config_get("maxmemory-policy")).get("maxmemory-policy")
+        except Exception as exc:  # noqa: BLE001 - NoPermissionError (ACL) or a Redis without CONFIG
+            log.warning("cannot read Redis maxmemory-policy (%s): it must be noeviction (docs/scale-out.md)",
+                        exc.__class__.__name__)
+            return None
+        policy = policy.decode() if isinstance(policy, bytes) else policy
+        if policy != "noeviction":
+            log.warning("Redis maxmemory-policy is %s, not noeviction: evicted state keys loosen tenant limits "
+                        "(docs/scale-out.md)", policy)
+        return policy
+
     async def _renew_loop(self) -> None:
         interval = self._s.lease_ttl_ms / 3000
+        await self.check_eviction_policy()
         while True:
             await asyncio.sleep(interval)
             try:
@@ -220,7 +246,11 @@ class RedisTenantLimiter:
 
     @staticmethod
     def _raise(reply: list[Any], rate_reason: str) -> None:
+        """Raise the limit a verdict reply names; a malformed reply raises redis-py's
+        ``InvalidResponse`` (Redis unavailable, S17-8: :func:`tenancy.shared_lua.wait_reply`)."""
         kind, wait = _wait(reply)
+        if kind not in ("ok", "concurrency", "rate"):
+            raise _malformed(f"reason {kind!r}")
         if kind == "ok":
             return
         if kind == "concurrency":

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["ADJUST", "ADMIT", "APPLY", "COUNT", "LEVEL", "RENEW", "RESERVE", "SLOT", "TAKE", "arg", "wait_reply"]
+__all__ = ["ADJUST", "ADMIT", "APPLY", "COUNT", "LEVEL", "RENEW", "RESERVE", "SLOT", "TAKE", "arg", "int_reply", "malformed",
+           "wait_reply"]
 
 # ZADD of the lease members of a request (ADMIT, SLOT)
 _LUA_ZADD_ALL = r"""
@@ -130,13 +131,20 @@ return {'ok', '0'}
 """
 
 # KEYS: conc zset. ARGV: lease_ttl_ms, member... Returns how many members were still held.
+# Session 17 (S17-9): a member found missing (expired, or its set evicted by a Redis eviction policy) is
+# added back: the request it counts is still running here, so the tenant's count is rebuilt within one
+# renewal interval; the missing ones are still counted (RedisTenantLimiter.lost_slots).
 _LUA_RENEW = _LUA_LIB + r"""
 local now, now_ms = server_now()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 local ttl = tonumber(ARGV[1])
 local held = 0
-for i = 2, #ARGV do held = held + redis.call('ZADD', KEYS[1], 'XX', 'CH', now_ms + ttl, ARGV[i]) end
-if held > 0 then redis.call('PEXPIRE', KEYS[1], ttl * 3) end
+for i = 2, #ARGV do
+  local kept = redis.call('ZADD', KEYS[1], 'XX', 'CH', now_ms + ttl, ARGV[i])
+  if kept == 0 then redis.call('ZADD', KEYS[1], now_ms + ttl, ARGV[i]) end
+  held = held + kept
+end
+if #ARGV > 1 then redis.call('PEXPIRE', KEYS[1], ttl * 3) end
 return held
 """
 
@@ -294,10 +302,52 @@ def arg(x: float | None) -> str:
     return "" if x is None else repr(float(x))
 
 
-def wait_reply(reply: list[Any]) -> tuple[str, float]:
-    reason = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-    raw = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
-    return reason, (math.inf if raw == "inf" else float(raw))
+#: The first element of a verdict reply of ADMIT / SLOT / TAKE / RESERVE.
+REASONS = frozenset({"ok", "rate", "concurrency", "tenant_prompt_tokens", "tenant_output_tokens"})
+
+
+def malformed(what: str) -> Exception:
+    """The error for a reply that is not what the script returns: redis-py's ``InvalidResponse``
+    (a :class:`redis.exceptions.RedisError`, i.e. "Redis unavailable" for the failover wrapper,
+    :func:`tenancy.shared_failover.unavailable_errors`), never a tenant's verdict (S17-8)."""
+    from redis.exceptions import InvalidResponse
+
+    return InvalidResponse(f"malformed reply to a state script: {what}")
+
+
+def wait_reply(reply: Any) -> tuple[str, float]:
+    """``(reason, wait seconds)`` of a verdict reply: ``[reason, wait]`` (``wait`` a ``%.17g`` number >= 0
+    or ``inf``), or ADMIT's ``['ok', '0', level, rate, burst]`` (three finite numbers).
+
+    Raises:
+        redis.exceptions.InvalidResponse: any other shape (a wrong service or a broken proxy on
+            ``state.url``): Redis unavailable, not the tenant's limit (S17-8).
+    """
+    if not isinstance(reply, (list, tuple)) or len(reply) not in (2, 5):
+        raise malformed(type(reply).__name__ if not isinstance(reply, (list, tuple)) else f"{len(reply)} elements")
+    try:
+        parts = [x.decode("ascii") if isinstance(x, bytes) else x for x in reply]
+        if not all(isinstance(x, str) for x in parts):
+            raise ValueError
+        reason, wait = parts[0], float(parts[1])
+        extra = [float(x) for x in parts[2:]]
+    except (UnicodeDecodeError, ValueError):
+        raise malformed("not a verdict") from None
+    if (reason not in REASONS or not wait >= 0 or (math.isinf(wait) and parts[1] != "inf")
+            or (extra and (reason != "ok" or not all(math.isfinite(x) for x in extra)))):
+        raise malformed("not a verdict")
+    return reason, wait
+
+
+def int_reply(reply: Any, low: int = 0, high: int | None = None) -> int:
+    """An integer reply of RENEW / COUNT in ``low .. high``.
+
+    Raises:
+        redis.exceptions.InvalidResponse: anything else (S17-8).
+    """
+    if isinstance(reply, bool) or not isinstance(reply, int) or reply < low or (high is not None and reply > high):
+        raise malformed("not a count")
+    return reply
 
 
 ADMIT, RENEW, COUNT, TAKE, LEVEL, RESERVE, ADJUST, APPLY = (_LUA_ADMIT, _LUA_RENEW, _LUA_COUNT, _LUA_TAKE,

@@ -47,8 +47,6 @@ async def test_a_new_request_after_the_upload_is_denied(stack: Any) -> None:
     assert r.status_code == 403 and r.json()["error"]["code"] == "workload_denied"
 
 
-@pytest.mark.xfail(strict=True, reason="S17-6: a request queued before a deny upload is dispatched after the "
-                   "upload's 200 on its old allow decision")
 async def test_a_queued_request_is_not_dispatched_after_a_deny_upload(stack: Any) -> None:
     first, second = await one_running_one_queued(stack, 40)  # the first holds the replica ~2 s
     try:

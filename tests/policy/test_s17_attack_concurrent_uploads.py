@@ -46,8 +46,6 @@ async def test_concurrent_uploads_embedded_both_kept(active: Path, tmp_path: Pat
         opa.close()
 
 
-@pytest.mark.xfail(strict=True, reason="S17-4: with a remote OPA the second of two concurrent uploads is "
-                   "committed on a set without the first (lost update; store, disk and OPA disagree)")
 async def test_concurrent_uploads_remote_both_kept(active: Path, tmp_path: Path, fresh_opa_server: Any) -> None:
     server, state = fresh_opa_server
     async with RemoteOpa(server.url, timeout_s=5.0) as remote:

@@ -26,8 +26,6 @@ def active(tmp_path: Path, rego_dir: Path) -> Path:
     return dst
 
 
-@pytest.mark.xfail(strict=True, reason="S17-7: an upload's compile, Rego tests and engine build run on the "
-                   "event loop thread (every request of the instance waits ~1 s)")
 async def test_the_upload_work_runs_off_the_event_loop(active: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     loop_thread = threading.current_thread()

@@ -40,8 +40,6 @@ async def test_a_refused_upload_leaves_engine_and_store_alone(active: Path, tmp_
         opa.close()
 
 
-@pytest.mark.xfail(strict=True, reason="S17-5: an upload whose version cannot be written answers an error but "
-                   "the engine already decides with it (applied before persisted; store and engine disagree)")
 async def test_an_upload_that_cannot_be_persisted_is_not_in_force(active: Path, tmp_path: Path) -> None:
     opa = EmbeddedOpa(active, timeout_s=5.0)
     try:

@@ -48,8 +48,6 @@ async def test_sequential_changes_on_two_instances_converge(pair) -> None:
     assert _doc(a) == _doc(b)
 
 
-@pytest.mark.xfail(strict=True, reason="S17-1: two acknowledged policy changes made on two instances before "
-                   "either adopted the other's get the same version; the instances never converge")
 async def test_changes_racing_on_two_instances_converge(pair) -> None:
     a, b = pair
     gold = {"tier": "gold", "models": ["sim-model"], "pools": ["default"]}

@@ -40,8 +40,6 @@ async def test_the_concurrency_limit_holds_without_eviction(limits) -> None:
     assert len(leases) == 4
 
 
-@pytest.mark.xfail(strict=True, reason="S17-9: an evicted slot set is never restored: the tenant runs beyond "
-                   "max_concurrency while its requests are in flight")
 async def test_slots_evicted_by_redis_are_restored_by_the_next_renewal(limits, redis_server) -> None:
     t = Tenant(id="acme", max_concurrency=4)
     leases = [await limits.limiter.admit(t) for _ in range(4)]

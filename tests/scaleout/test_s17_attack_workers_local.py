@@ -41,8 +41,6 @@ def test_the_divisor_is_what_local_mode_enforces() -> None:
     assert scaled_tenant(t, 1) is t  # the default divisor: every process gets the whole limit
 
 
-@pytest.mark.xfail(strict=True, reason="S17-2: serve --workers 4 with on_unavailable local starts with "
-                   "instances_expected 1: 4 x every tenant's limits during a Redis outage, no refusal or warning")
 def test_workers_above_instances_expected_in_local_mode_are_refused_or_named(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
@@ -54,8 +52,6 @@ def test_workers_above_instances_expected_in_local_mode_are_refused_or_named(
     assert refused or divisor_ok or "instances_expected" in said, (res.exit_code, said)
 
 
-@pytest.mark.xfail(strict=True, reason="S17-2: serve --workers 4 leaves flow.instances at 1: each worker admits a "
-                   "replica's whole room (prefill-token and running bounds), 4 x in all, silently")
 def test_workers_above_flow_instances_are_refused_or_named(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)

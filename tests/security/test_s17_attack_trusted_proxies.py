@@ -57,9 +57,18 @@ def test_ordinary_proxy_networks_load(net: str) -> None:
     assert load_config(None, {"identity": {"trusted_proxies": [net]}}).identity.trusted_proxies == [net]
 
 
-@pytest.mark.xfail(strict=True, reason="S17-3: trusted_proxies accepts a network trusting every peer, or an "
-                   "address with host bits that silently widens to its network")
 @pytest.mark.parametrize("net", ["0.0.0.0/0", "::/0", "10.1.2.3/8"])
 def test_a_proxy_network_that_trusts_everyone_or_widens_is_refused(net: str) -> None:
     with pytest.raises(ConfigError):
         load_config(None, {"identity": {"trusted_proxies": [net]}})
+
+
+def test_the_authenticator_parses_proxies_as_the_config_does() -> None:
+    """Session 17, helper secfix (S17-3): the same strict rule where the networks are used."""
+    from gateway.authn import Authenticator
+
+    assert [str(n) for n in Authenticator(None, trusted_proxies=["10.1.2.3", "10.0.0.0/8"]).trusted_proxies] == [
+        "10.1.2.3/32", "10.0.0.0/8"]
+    for bad in ("10.1.2.3/8", "0.0.0.0/0", "::/0"):
+        with pytest.raises(ValueError, match="identity.trusted_proxies"):
+            Authenticator(None, trusted_proxies=[bad])  # type: ignore[arg-type]
