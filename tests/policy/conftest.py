@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 import socket
 import threading
 import time
@@ -129,6 +130,14 @@ def ids() -> dict[str, str]:
 def rego_dir() -> Path:
     """The shipped policy directory."""
     return REGO_DIR
+
+
+@pytest.fixture
+def active(tmp_path: Path, rego_dir: Path) -> Path:
+    """A writable copy of the shipped policy directory (a store's active directory)."""
+    dst = tmp_path / "active"
+    shutil.copytree(rego_dir, dst)
+    return dst
 
 
 @pytest.fixture

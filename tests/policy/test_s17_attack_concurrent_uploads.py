@@ -13,11 +13,9 @@ first: what was tested is not what runs, and a restart runs something else again
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from policy.embedded import EmbeddedOpa
 from policy.remote import RemoteOpa
@@ -25,13 +23,6 @@ from policy.store import PolicyStore, RemoteOpaTarget
 
 MOD_A = ("extra_a.rego", "package extra.a\n\nx := 1\n")
 MOD_B = ("extra_b.rego", "package extra.b\n\ny := 2\n")
-
-
-@pytest.fixture
-def active(tmp_path: Path, rego_dir: Path) -> Path:
-    dst = tmp_path / "active"
-    shutil.copytree(rego_dir, dst)
-    return dst
 
 
 async def test_concurrent_uploads_embedded_both_kept(active: Path, tmp_path: Path) -> None:

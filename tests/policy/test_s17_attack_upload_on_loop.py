@@ -6,7 +6,6 @@ the upload took 1.2 s and every tenant's request on both instances waited up to 
 (p50 ~25 ms before). The assertion is on where the work runs, not on time."""
 from __future__ import annotations
 
-import shutil
 import threading
 from pathlib import Path
 
@@ -17,13 +16,6 @@ from policy.embedded import EmbeddedOpa
 from policy.store import PolicyStore
 
 TIERS = "prefixgate/config/tiers"
-
-
-@pytest.fixture
-def active(tmp_path: Path, rego_dir: Path) -> Path:
-    dst = tmp_path / "active"
-    shutil.copytree(rego_dir, dst)
-    return dst
 
 
 async def test_the_upload_work_runs_off_the_event_loop(active: Path, tmp_path: Path,

@@ -10,7 +10,6 @@ once applied, silently drops the unacknowledged change again; a restart loads wh
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,6 @@ from policy.embedded import EmbeddedOpa
 from policy.store import PolicyStore
 
 TIERS = "prefixgate/config/tiers"
-
-
-@pytest.fixture
-def active(tmp_path: Path, rego_dir: Path) -> Path:
-    dst = tmp_path / "active"
-    shutil.copytree(rego_dir, dst)
-    return dst
 
 
 async def test_a_refused_upload_leaves_engine_and_store_alone(active: Path, tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ staged file and no version directory behind; a delete of something missing is re
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,13 +16,6 @@ from policy.embedded import EmbeddedOpa
 from policy.store import PolicyNotFoundError, PolicyStore, PolicyTargetError
 
 TIERS = "prefixgate/config/tiers"
-
-
-@pytest.fixture
-def active(tmp_path: Path, rego_dir: Path) -> Path:
-    dst = tmp_path / "active"
-    shutil.copytree(rego_dir, dst)
-    return dst
 
 
 def _leftovers(root: Path) -> list[Path]:

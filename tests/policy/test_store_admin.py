@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,6 @@ from policy.store import ChangeRecord, PolicyRejectedError, PolicyStore, RemoteO
 LOADED_MACHINE_DEADLINE_S = 5.0
 
 TIERS = "prefixgate/config/tiers"
-
-
-@pytest.fixture
-def active(tmp_path: Path, rego_dir: Path) -> Path:
-    dst = tmp_path / "active"
-    shutil.copytree(rego_dir, dst)
-    return dst
 
 
 async def test_broken_upload_refused_and_decisions_unchanged(active: Path, tmp_path: Path, mk: Any) -> None:
