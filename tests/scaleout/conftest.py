@@ -3,15 +3,20 @@
 ``redis_server``: a :class:`tests.support.redis_server.RedisServer` running
 on a free loopback port (skipped only when the binary is absent and ``CI`` is
 unset; see :func:`tests.support.redis_server.require_redis_server`).
+``limits``: the shared limiter and ledger (:func:`tenancy.shared.make_limits`)
+on that server, keys under :data:`tests.support.redis_server.LIMITS_PREFIX`,
+leases of 5 s; closed after the test.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.redis_server import RedisServer, require_redis_server
+from gateway.config import StateConfig
+from tenancy.shared import SharedLimits, make_limits
+from tests.support.redis_server import LIMITS_PREFIX, RedisServer, require_redis_server
 
 
 @pytest.fixture
@@ -24,3 +29,11 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+async def limits(redis_server: RedisServer) -> AsyncIterator[SharedLimits]:
+    """The shared limiter and ledger on ``redis_server`` (key prefix ``LIMITS_PREFIX``, 5 s leases)."""
+    made = make_limits(StateConfig(backend="redis", url=redis_server.url, key_prefix=LIMITS_PREFIX, lease_ttl_s=5.0))
+    yield made
+    await made.aclose()

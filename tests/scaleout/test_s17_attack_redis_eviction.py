@@ -15,21 +15,9 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.config import StateConfig
 from tenancy.limits import ConcurrencyLimited
 from tenancy.registry import Tenant
-from tenancy.shared import make_limits
-
-
-@pytest.fixture
-async def limits(redis_server):
-    made = make_limits(StateConfig(backend="redis", url=redis_server.url, key_prefix="pgev:", lease_ttl_s=5.0))
-    yield made
-    await made.aclose()
-
-
-async def _slot_keys(raw) -> list[bytes]:
-    return [k async for k in raw.scan_iter("pgev:*") if await raw.type(k) == b"zset"]
+from tests.support.redis_server import slot_keys
 
 
 async def test_the_concurrency_limit_holds_without_eviction(limits) -> None:
@@ -45,7 +33,7 @@ async def test_slots_evicted_by_redis_are_restored_by_the_next_renewal(limits, r
     leases = [await limits.limiter.admit(t) for _ in range(4)]
     raw = aioredis.Redis.from_url(redis_server.url)
     try:
-        keys = await _slot_keys(raw)
+        keys = await slot_keys(raw)
         assert keys
         await raw.delete(*keys)  # what maxmemory-policy allkeys-lru / volatile-lru does to it
         await limits.limiter.renew()  # the periodic renewal of this instance's leases

@@ -7,24 +7,12 @@ import logging
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.config import StateConfig
 from tenancy.limits import ConcurrencyLimited
 from tenancy.registry import Tenant
-from tenancy.shared import make_limits
 from tenancy.shared_failover import unavailable_errors
 from tenancy.shared_ledger import RedisLedger
 from tenancy.shared_lua import int_reply, wait_reply
-
-
-@pytest.fixture
-async def limits(redis_server):
-    made = make_limits(StateConfig(backend="redis", url=redis_server.url, key_prefix="pgsf:", lease_ttl_s=5.0))
-    yield made
-    await made.aclose()
-
-
-async def _slot_keys(raw) -> list[bytes]:
-    return [k async for k in raw.scan_iter("pgsf:*") if await raw.type(k) == b"zset"]
+from tests.support.redis_server import slot_keys
 
 
 async def test_a_rebuilt_slot_set_is_released_in_full(limits, redis_server) -> None:
@@ -33,7 +21,7 @@ async def test_a_rebuilt_slot_set_is_released_in_full(limits, redis_server) -> N
     leases = [await limits.limiter.admit(t) for _ in range(3)]
     raw = aioredis.Redis.from_url(redis_server.url)
     try:
-        await raw.delete(*await _slot_keys(raw))
+        await raw.delete(*await slot_keys(raw))
         lost = limits.limiter.lost_slots
         assert await limits.limiter.renew() == 0
         assert limits.limiter.lost_slots == lost + 3

@@ -17,7 +17,15 @@ import pytest
 
 from sim.redis_server import REDIS_SERVER, RedisServer
 
-__all__ = ["REDIS_SERVER", "RedisServer", "require_redis_server"]
+__all__ = ["LIMITS_PREFIX", "REDIS_SERVER", "RedisServer", "require_redis_server", "slot_keys"]
+
+LIMITS_PREFIX = "pgtest:"
+"""Key prefix of the scale-out tests' ``limits`` fixture (tests/scaleout/conftest.py)."""
+
+
+async def slot_keys(raw, prefix: str = LIMITS_PREFIX) -> list[bytes]:
+    """The slot sets (Redis sorted sets) under ``prefix`` on the client ``raw`` (``redis.asyncio.Redis``)."""
+    return [k async for k in raw.scan_iter(f"{prefix}*") if await raw.type(k) == b"zset"]
 
 
 def require_redis_server() -> str:
