@@ -175,7 +175,7 @@ class Admin:
             raise TenantConfigError(f"tenants: {error}")
         registry = self.admission.registry.reload(tenants, operators=operators)
         self.admission.replace_registry(registry)
-        self.pdp.clear_cache()  # tenant facts reach the policy through its input: no decision outlives them
+        self.pdp.registry_changed()  # generation moved, cache dropped: no decision outlives the old facts
         self.last_tenancy = {"tenants": list(tenants), "operators": list(operators)}
         for warning in shared_pass_warnings(registry.tenants(), self.config.tenancy.usage_cached_tokens):
             log.warning("configuration: %s", warning)  # R12b-6: as at start

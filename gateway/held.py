@@ -47,9 +47,10 @@ class Held:
     queue wait (seconds), for its metric (observed while the replica works); ``drop_cached``: the
     answer's ``usage.prompt_tokens_details.cached_tokens`` is not relayed to the client (the tenant's
     ``usage_cached_tokens``, review R12-1: gateway/usage_privacy.py; True until the tenant is known);
-    ``decided``: ``(policy generation, identity, candidates)`` taken right before the policy decision
-    (session 17, S17-6: a request leaving the flow queue after a policy change is decided again,
-    gateway/pep_recheck.py).
+    ``decided``: ``(policy generation, identity, candidates)`` of the request's decision, the generation
+    read before its tenant was resolved (session 17, S17-6; session 18: an attempt whose decision is
+    older than a policy or registry change is authorized again before its upstream write and this is
+    replaced, gateway/pep_recheck.py).
     """
 
     __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",

@@ -84,8 +84,9 @@ class DecisionPoint:
         self.store = store
         self._start, self._stop, self._clear = start, stop, clear
         #: moves with every change a decision may depend on: an engine change (upload, adopted set,
-        #: reload) and :meth:`clear_cache` (registry reload); compared when a request leaves the flow
-        #: queue (S17-6, gateway/pep_recheck.py)
+        #: reload: the engine's change listeners), :meth:`registry_changed` (a tenant registry reload)
+        #: and :meth:`clear_cache`; compared right before a request's upstream write with the value read
+        #: before its tenant was resolved (S17-6, session 18: gateway/pep_recheck.py)
         self.generation = 0
         add = getattr(inner, "add_change_listener", None)
         if callable(add):
@@ -97,6 +98,13 @@ class DecisionPoint:
     async def decide(self, input: dict[str, Any]) -> Decision:
         """One decision (see :class:`policy.decision.DecisionPoint`); raises PolicyError."""
         return await self.dp.decide(input)
+
+    def registry_changed(self) -> None:
+        """The tenant registry was replaced (an operator's reload, here or on another instance): the
+        tenant facts every decision reads changed. Moves :attr:`generation` (the requests admitted
+        before it are authorized again before their upstream write: tenant resolved again, entitlement,
+        pools, decision; gateway/pep_recheck.py) and drops every cached decision."""
+        self.clear_cache()
 
     def clear_cache(self) -> None:
         """Drop every cached decision (no-op without a decision cache); moves :attr:`generation`."""

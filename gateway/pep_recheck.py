@@ -1,13 +1,17 @@
-"""The policy asked again for a request whose decision is older than a policy change (session 17, S17-6).
+"""The request authorized again when its decision is older than a change (session 17, S17-6; session 18).
 
-The pipeline (gateway/pipeline.py) asks the policy once, before a request waits in the flow-control
-queue for its fair turn and a replica with room (up to ``flow.tenant_max_queue_wait_s``). An operator's
-change acknowledged meanwhile (a policy or data upload, a set adopted from another instance, a registry
-reload: :attr:`gateway.pep.DecisionPoint.generation` moves with each) must hold for the requests already
-queued too: a workload put on the deny-list must not be dispatched on its old allow. When the request
-leaves the queue the pipeline compares the generation seen before its decision with the current one
-(one int compare on the common path) and, when it moved, calls :func:`decide_again`.
-"""
+The pipeline (gateway/pipeline.py) authorizes a request once, before it waits in the flow-control
+queue for its fair turn and a replica with room (up to ``flow.tenant_max_queue_wait_s``) and before
+any retry on another replica. An operator's change
+acknowledged meanwhile (a policy or data upload, a set adopted from another instance, a policy
+directory reload, a registry reload: :attr:`gateway.pep.DecisionPoint.generation` moves with each)
+must hold for the requests already admitted too: a workload put on the deny-list, a model
+entitlement revoked or a tenant's pools narrowed must not be dispatched on the old allow. Right
+before every attempt's upstream write the pipeline compares the generation seen before the
+request's decision with the current one (one int compare on the common path) and, when it moved,
+calls :func:`decide_again`. What follows the compare, :func:`gateway.proxy.open_upstream`, writes at
+once on an idle connection; the upstream pool's own wait for a free connection (at most
+``upstream.max_connections`` per replica busy) is not covered (docs/security.md, "Session 18: recheck")."""
 
 from __future__ import annotations
 
@@ -17,16 +21,20 @@ from typing import TYPE_CHECKING, Any
 from gateway.errors import GatewayError
 from gateway.json_fast import dumps, loads_object
 from policy.decision import Decision
+from routing.filters import TenantPoolFilter
 
 if TYPE_CHECKING:
     from gateway.build import Gateway
     from gateway.held import Held
+    from gateway.prefix_keys import ChainView
     from gateway.record import RequestRecord
+    from gateway.replicas import Replica
     from gateway.request import InferenceRequest, JsonObject
     from routing.policies import RouteRequest
+    from routing.types import RouteChoice
     from tenancy.registry import Tenant
 
-__all__ = ["awaited_decision", "decide_again", "with_max_tokens"]
+__all__ = ["MAX_ROUNDS", "awaited_decision", "decide_again", "with_max_tokens"]
 
 
 async def awaited_decision(pending: Awaitable[Decision], rec: RequestRecord) -> Decision:
@@ -43,43 +51,95 @@ async def awaited_decision(pending: Awaitable[Decision], rec: RequestRecord) -> 
         raise
 
 
-async def decide_again(gw: Gateway, held: Held, tenant: Tenant, req: InferenceRequest, rec: RequestRecord,
-                       route_req: RouteRequest, replica_id: str, body: JsonObject | bytes) -> JsonObject | bytes:
-    """Decide ``req`` again with the policy now in force and enforce that answer (S17-6).
+#: rounds of :func:`decide_again` when the generation moves again during its own await (a decision-cache miss)
+MAX_ROUNDS = 4
 
-    ``held.decided``: ``(generation, identity, candidates)`` of the first decision. Same input as the
-    first decision (the tenant's queued count as of now); a decision-cache hit in the common case.
-    The record takes the new decision (the audit event records the decision enforced). A deny raises its 403 (:meth:`gateway.pep.PolicyEnforcementPoint.enforce`); a replica
-    ``replica_id`` (the one flow control released the request to) the new decision no longer allows
-    raises 503 ``no_replica``; a lower ``max_tokens`` cap is written into ``body`` (a dict, or the
-    queued JSON bytes) and the ledger's reservation is lowered; a higher one is not taken (the
-    narrower of the two holds: the request was admitted and queued with the lower one).
+
+async def decide_again(gw: Gateway, held: Held, req: InferenceRequest, rec: RequestRecord, route_req: RouteRequest,
+                       body: JsonObject | bytes, remaining: list[Replica], choice: RouteChoice, chains: ChainView,
+                       ) -> tuple[JsonObject | bytes, list[Replica], Tenant, RouteChoice]:
+    """Authorize ``req`` again with the registry and the policy now in force and enforce that answer
+    (S17-6; session 18: R17-1, R17-2, R17-5 (c)). Called right before the upstream write of any attempt
+    whose decision is older than the current :attr:`gateway.pep.DecisionPoint.generation`.
+
+    The whole authorization step of the request's admission runs again, as for a fresh request:
+    the workload's tenant is resolved again (403 ``unknown_workload`` when the workload or its tenant
+    is gone; 503 ``tenant_changed`` when the workload now belongs to another tenant: the request was
+    admitted, counted and queued under the first one, a retry is admitted under the new one),
+    :meth:`gateway.admission.Admission.check_request` (the same 404/400 as a fresh request), the
+    candidates are those of the first decision in the tenant's pools now (``TenantPoolFilter``: a
+    reload narrows them, never widens them), the policy decides (``held.decided``: ``(generation,
+    identity, candidates)``; the tenant's queued count as of now) and ``max_tokens`` is clamped with
+    the new tenant and decision. When the generation moves again during this step's own await (a
+    decision-cache miss), the step runs again (at most :data:`MAX_ROUNDS` times, then 503
+    ``policy_unavailable``: fail closed). The record takes the decision enforced (its fields are
+    cleared first: a refusal before the decision records none, as for a fresh request).
+
+    Enforced: a deny raises its 403 (:meth:`gateway.pep.PolicyEnforcementPoint.enforce`); ``remaining``
+    (the attempt's replicas) is narrowed to the new decision's allowed replicas (R17-2: a retry stays
+    inside them); a replica flow control released the request to (``choice``, first attempt with flow
+    control) the new decision no longer allows raises 503 ``no_replica`` (its slot is not moved); a
+    replica the router chose (flow control off, or a retry) is chosen again among the narrowed ones
+    (``chains``: the router's input). A lower ``max_tokens`` cap is written into ``body`` (a dict, or
+    the queued JSON bytes) and the ledger's reservation is lowered; a higher one is not taken (the
+    request was admitted and queued with the lower one).
+
+    The identity is the one the token established when the request arrived: a token that expires
+    while its request waits is not checked again (R17-5 (b), docs/security.md "Session 18: recheck"):
+    authentication is an arrival event (RFC 7519 4.1.4: not *accepted for processing* after ``exp``;
+    Envoy's and OPA-Envoy's checks run once per request at the edge); this step re-authorizes the
+    accepted request, it does not re-authenticate it; the same holds with or without a change.
 
     Returns:
-        the upstream body to send (``body``, or a copy with the lower ``max_tokens``).
+        ``(body, remaining, tenant, choice)``: the upstream body to send (``body``, or a copy with the
+        lower ``max_tokens``), the narrowed replicas, the tenant now, the replica to send to.
 
     Raises:
-        GatewayError: 403 (deny), 503 ``policy_unavailable`` (the decision point fails: fail
-            closed), 503 ``no_replica``.
+        GatewayError: 403 (``unknown_workload``, a deny), 404/400 (:meth:`check_request`), 503
+            ``tenant_changed``, ``policy_unavailable`` (the decision point fails: fail closed) or
+            ``no_replica``.
     """
     assert held.decided is not None
-    _, identity, candidates = held.decided
-    decision = gw.pep.decide_now(identity, tenant, req, route_req.prompt_tokens, candidates, rec.endpoint,
-                                 gw.flow.tenant_queued(tenant.id) if gw.flow is not None else 0)
-    if type(decision) is not Decision:
-        decision = await awaited_decision(decision, rec)  # type: ignore[arg-type]
+    _, identity, first = held.decided
+    gw_pep, adm = gw.pep, gw.admission
+    rec.decision_id = rec.reason_code = rec.reason = None  # superseded: the record takes what is enforced now
+    for _ in range(MAX_ROUNDS):
+        generation = gw_pep.pdp.generation
+        tenant = adm.resolve_tenant(identity)  # 403 unknown_workload
+        if tenant.id != rec.tenant_id:
+            raise GatewayError(503, "tenant_changed", "this workload's tenant changed while the request waited; "
+                               "send it again")
+        adm.check_request(req, tenant)
+        candidates = TenantPoolFilter(tenant.pools).filter(first)
+        if not candidates:
+            raise GatewayError(503, "no_replica", "no healthy replica is available for this tenant")
+        decision = gw_pep.decide_now(identity, tenant, req, route_req.prompt_tokens, candidates, rec.endpoint,
+                                     gw.flow.tenant_queued(tenant.id) if gw.flow is not None else 0)
+        if type(decision) is not Decision:
+            decision = await awaited_decision(decision, rec)  # type: ignore[arg-type]
+        if gw_pep.pdp.generation == generation:
+            break
+    else:
+        raise GatewayError(503, "policy_unavailable", "the policy kept changing while it was asked; retry")
+    held.decided = (generation, identity, candidates)
     rec.decision_id, rec.reason_code, rec.reason = decision.decision_id, decision.reason_code, decision.reason
-    gw.pep.enforce(decision)
-    if all(r.id != replica_id for r in gw.pep.allowed_candidates(candidates, decision)):
-        raise GatewayError(503, "no_replica", "no healthy replica is allowed for this request",
-                           extra={"decision_id": decision.decision_id})
-    max_tokens = gw.admission.clamp_max_tokens(req.max_tokens, tenant, decision)
+    gw_pep.enforce(decision)
+    allowed = {r.id for r in gw_pep.allowed_candidates(candidates, decision)}
+    remaining = [r for r in remaining if r.id in allowed]
+    if choice.replica_id not in allowed:
+        if not remaining or (gw.flow is not None and rec.attempts == 1):  # flow control's slot: not moved
+            raise GatewayError(503, "no_replica", "no healthy replica is allowed for this request",
+                               extra={"decision_id": decision.decision_id})
+        if held.ticket is not None:
+            held.ticket.finish()  # the router's load ticket of the replica it chose first
+        choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
+    max_tokens = adm.clamp_max_tokens(req.max_tokens, tenant, decision)
     if rec.max_tokens is None or max_tokens >= rec.max_tokens:
-        return body
+        return body, remaining, tenant, choice
     rec.max_tokens = max_tokens
     if held.reservation is not None:
-        gw.admission.lower_reservation(held.reservation, max_tokens * route_req.sequences)
-    return with_max_tokens(body, max_tokens)
+        adm.lower_reservation(held.reservation, max_tokens * route_req.sequences)
+    return with_max_tokens(body, max_tokens), remaining, tenant, choice
 
 
 def with_max_tokens(body: JsonObject | bytes, max_tokens: int) -> JsonObject | bytes:

@@ -102,7 +102,7 @@ class InferencePipeline:
             rec.spiffe_id, rec.trust_domain = identity.spiffe_id.uri, identity.trust_domain
             rec.t_auth = time.perf_counter()
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
-            tenant = adm.resolve_tenant(identity)
+            gen, tenant = gw.pep.pdp.generation, adm.resolve_tenant(identity)  # gen: before its facts (R17-1)
             rec.tenant_id = tenant.id
             held.drop_cached = drops_cached(tenant.usage_cached_tokens, self.cfg.tenancy.usage_cached_tokens)  # R12-1
             held.cpu = self.cpu.meter(tenant)  # 429 cpu_budget_exhausted while in debt, before the body
@@ -145,7 +145,7 @@ class InferencePipeline:
             if not candidates:
                 raise GatewayError(503, "no_replica", "no healthy replica is available for this tenant")
             rec.t_keys = time.perf_counter()
-            held.decided = (gw.pep.pdp.generation, identity, candidates)  # 5 authorize (gateway/pep.py); S17-6
+            held.decided = (gen, identity, candidates)  # 5 authorize (gateway/pep.py); S17-6
             decision = gw.pep.decide_now(identity, tenant, req, prompt_tokens, candidates, rec.endpoint,
                                          gw.flow.tenant_queued(tenant.id) if gw.flow is not None else 0)
             if type(decision) is not Decision:  # not a decision-cache hit (session 16: a hit is no coroutine)
@@ -228,10 +228,11 @@ class InferencePipeline:
                                                  body_bytes=len(body) + chain_bytes(route_req.block_keys, alt)))
                 choice, held.ticket, rec.queue_wait_ms, rec.virtual_tokens = rel.as_record()
                 held.queue_wait_s = rel.queue_wait_s  # its metric: while the replica works (_prepare)
-                if held.decided[0] != gw.pep.pdp.generation:  # S17-6: the policy changed since its decision
-                    body = await decide_again(gw, held, tenant, req, rec, route_req, choice.replica_id, body)
             else:
                 choice, held.ticket = gw.router.route(route_req, list(map(_ID, remaining)), chains.previous_chains())
+            if held.decided[0] != gw.pep.pdp.generation:  # a change since its decision: S17-6, R17-1/2, R17-5 (c)
+                body, remaining, tenant, choice = await decide_again(gw, held, req, rec, route_req, body, remaining,
+                                                                     choice, chains)
             held.choice = choice
             replica = gw.replica_set.get(choice.replica_id)
             rec.replica, rec.pool, rec.routing_policy = replica.id, replica.pool, choice.policy
