@@ -139,3 +139,24 @@ async def test_a_target_that_cannot_take_the_undo_is_reported_and_repaired_first
     assert [a[:2] for a in target.applied] == [("put", "extra_a.rego"), ("delete", "extra_a.rego"), ("put", TIERS)]
     assert target.applied[1][2] == before and rec.version == 1
     assert json.loads((tmp_path / "versions" / "00000001" / "record.json").read_text())["target"] == TIERS
+
+
+def test_the_admin_api_answers_a_rolled_back_change_with_its_own_code(
+        active: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from policy.admin import admin_routes
+
+    async def operator(request: Any) -> dict[str, Any]:
+        return {"id": "ops"}
+
+    store = PolicyStore(active, tmp_path / "versions")
+    client = TestClient(Starlette(routes=admin_routes(store, operator)))
+    _fail_nth(monkeypatch, 3)
+    r = client.put("/admin/policies/extra_a.rego", content=EXTRA.encode(), headers={"content-type": "text/plain"})
+    monkeypatch.undo()
+    err = r.json()["error"]
+    assert r.status_code == 500 and err["code"] == "policy_not_persisted"
+    assert err["target_may_hold_change"] is False and "could not be written" in err["message"]
+    assert client.put("/admin/policies/extra_a.rego", content=EXTRA.encode()).json()["result"]["version"] == 1
