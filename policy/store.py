@@ -35,7 +35,7 @@ import copy
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -55,6 +55,7 @@ from policy.rego_test_runner import TestReport, run_tests
 from policy.store_disk import ChangeFiles, PolicyPersistError, active_files, policy_set_document, restore, set_digest
 from policy.store_types import (
     ChangeRecord,
+    PolicyConflictError,
     PolicyNotFoundError,
     PolicyRejectedError,
     PolicyTarget,
@@ -62,8 +63,8 @@ from policy.store_types import (
     RemoteOpaTarget,
 )
 
-__all__ = ["ChangeRecord", "PolicyNotFoundError", "PolicyPersistError", "PolicyRejectedError", "PolicyStore",
-           "PolicyTarget", "PolicyTargetError", "RemoteOpaTarget", "check_policy_dir"]
+__all__ = ["ChangeRecord", "PolicyConflictError", "PolicyNotFoundError", "PolicyPersistError", "PolicyRejectedError",
+           "PolicyStore", "PolicyTarget", "PolicyTargetError", "RemoteOpaTarget", "check_policy_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,13 @@ class PolicyStore:
         self.version = max(versions, default=0)
         self._lock = asyncio.Lock()
         self._listeners: list[Callable[[ChangeRecord], None]] = []
+        self._publisher: Callable[[ChangeRecord, PolicySet], Awaitable[str]] | None = None
+
+    def set_publisher(self, publish: Callable[[ChangeRecord, PolicySet], Awaitable[str]]) -> None:
+        """Publish every change made through this store before it is answered (shared state, SF17-1):
+        ``await publish(record, new set)`` under the store's lock, returning the record's ``shared``
+        value; ``"conflict"`` makes the change raise :class:`PolicyConflictError` (after the audit)."""
+        self._publisher = publish
 
     def add_change_listener(self, callback: Callable[[ChangeRecord], None]) -> None:
         """Call ``callback(record)`` after every change made through this store (not after :meth:`adopt`)."""
@@ -241,10 +249,15 @@ class PolicyStore:
             path = self.active_dir / target if kind == "policy" else self.active_dir / "data" / f"{target}.json"
             await self._persist_and_apply(record, new_set, {path: new_text}, new_text, _inverse(record))
             self._set, self.version = new_set, record.version
+            if self._publisher is not None:  # SF17-1: inside the request, before the answer and the audit
+                record = replace(record, shared=await self._publisher(record, new_set))
         if self._on_change is not None:
             self._on_change(record)
         for callback in self._listeners:
             callback(record)
+        if record.shared == "conflict":
+            raise PolicyConflictError(f"policy version {record.version} was stored by another instance first; "
+                                      "its set is adopted here: retry the change", record)
         return record
 
     async def _persist_and_apply(self, record: ChangeRecord, new_set: PolicySet, active: dict[Path, str | None],

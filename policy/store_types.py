@@ -15,8 +15,8 @@ from policy.decision import PolicyError
 from policy.loader import PolicySet, is_test_module
 from policy.rego_test_runner import TestReport
 
-__all__ = ["ChangeRecord", "PolicyNotFoundError", "PolicyRejectedError", "PolicyTarget", "PolicyTargetError",
-           "RemoteOpaTarget"]
+__all__ = ["ChangeRecord", "PolicyConflictError", "PolicyNotFoundError", "PolicyRejectedError", "PolicyTarget",
+           "PolicyTargetError", "RemoteOpaTarget"]
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,11 @@ class ChangeRecord:
     """One accepted change: ``who`` (operator id), ``kind`` policy|data,
     ``op`` put|delete, ``target`` (policy id or data path), SHA-256 hex
     digests of the old and new content (None when absent), ``version``
-    (monotonic), ``time`` (seconds since the epoch)."""
+    (monotonic), ``time`` (seconds since the epoch). ``shared`` (shared state, issue 16; in the
+    audit record and the admin answer, not in ``record.json``): what publishing it inside the change
+    gave, ``published``, ``conflict`` (another instance stored this version first; this change is
+    replaced by that one and the admin request answers 409, SF17-1) or ``unpublished`` (Redis did not
+    answer; the next sync publishes it); None without shared state and for an adopted set."""
 
     version: int
     who: str
@@ -34,6 +38,7 @@ class ChangeRecord:
     old_sha256: str | None
     new_sha256: str | None
     time: float
+    shared: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible form (for audit and the admin API)."""
@@ -53,6 +58,16 @@ class PolicyRejectedError(PolicyError):
 
 class PolicyTargetError(PolicyError):
     """The decision point refused or failed to apply a validated change."""
+
+
+class PolicyConflictError(PolicyError):
+    """Another gateway instance stored the same policy version first (SF17-1): this instance's change
+    is replaced by the stored one (adopted as the next version); the operator retries. ``record``: the
+    change (``shared="conflict"``), also handed to audit."""
+
+    def __init__(self, message: str, record: ChangeRecord) -> None:
+        super().__init__(message)
+        self.record = record
 
 
 class PolicyNotFoundError(PolicyError, KeyError):
