@@ -249,12 +249,15 @@ class PolicyStore:
             path = self.active_dir / target if kind == "policy" else self.active_dir / "data" / f"{target}.json"
             await self._persist_and_apply(record, new_set, {path: new_text}, new_text, _inverse(record))
             self._set, self.version = new_set, record.version
-            if self._publisher is not None:  # SF17-1: inside the request, before the answer and the audit
-                record = replace(record, shared=await self._publisher(record, new_set))
-        if self._on_change is not None:
-            self._on_change(record)
-        for callback in self._listeners:
-            callback(record)
+            try:  # SF17-1: published inside the request, before the answer and the audit
+                if self._publisher is not None:
+                    record = replace(record, shared="unpublished")
+                    record = replace(record, shared=await self._publisher(record, new_set))
+            finally:  # a committed change is always handed to audit, even if the request is cancelled
+                if self._on_change is not None:
+                    self._on_change(record)
+                for callback in self._listeners:
+                    callback(record)
         if record.shared == "conflict":
             raise PolicyConflictError(f"policy version {record.version} was stored by another instance first; "
                                       "its set is adopted here: retry the change", record)
