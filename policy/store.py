@@ -176,7 +176,10 @@ class PolicyStore:
         Raises:
             ValueError: invalid id. PolicyRejectedError: compile or test
             failure. PolicyTargetError: the target refused it. OSError: the
-            version or the active file cannot be written (nothing applied).
+            version or the active file cannot be written (nothing applied);
+            PolicyPersistError (an OSError): written in part, rolled back.
+            PolicyConflictError: shared state stored another change at this
+            version first (committed here, then replaced by the stored set).
         """
         check_module_id(module_id)
         return await self._commit(
@@ -335,9 +338,10 @@ class PolicyStore:
         compiled and tested exactly as a local change (fail closed:
         :class:`PolicyRejectedError`, nothing changes), staged on disk as the
         active set and as version ``version`` (``op="put"``, ``target="*"``),
-        applied to the target, renamed in place (as a local change, S17-5),
-        and handed to ``on_change`` (audit); the change listeners are not
-        called (it is not re-published).
+        applied to the target, renamed in place and committed (as a local
+        change: :class:`policy.store_disk.ChangeFiles`, rolled back on any
+        failure), and handed to ``on_change`` (audit); the change listeners
+        and the publisher are not called (it is not re-published).
 
         Raises:
             PolicyRejectedError, PolicyTargetError, OSError: nothing adopted.
