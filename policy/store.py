@@ -52,7 +52,15 @@ from policy.loader import (
     sha256_text,
 )
 from policy.rego_test_runner import TestReport, run_tests
-from policy.store_disk import ChangeFiles, PolicyPersistError, active_files, policy_set_document, restore, set_digest
+from policy.store_disk import (
+    ChangeFiles,
+    PolicyPersistError,
+    active_files,
+    pending_version,
+    policy_set_document,
+    restore,
+    set_digest,
+)
 from policy.store_types import (
     ChangeRecord,
     PolicyConflictError,
@@ -119,8 +127,7 @@ class PolicyStore:
                 self._undo = _inverse(ChangeRecord(**rolled))
         self._set = load_policy_dir(self.active_dir)
         check_modules(self._set.modules, self._allowed)
-        versions = [int(p.name) for p in self.versions_dir.iterdir() if p.name.isdigit()]
-        self.version = max(versions, default=0)
+        self.version = max(self._versions(), default=0)
         self._lock = asyncio.Lock()
         self._listeners: list[Callable[[ChangeRecord], None]] = []
         self._publisher: Callable[[ChangeRecord, PolicySet], Awaitable[str]] | None = None
@@ -362,11 +369,16 @@ class PolicyStore:
             self._on_change(record)
         return record
 
+    def _versions(self) -> list[int]:
+        """The committed version numbers on disk (not the one an armed journal holds uncommitted)."""
+        pending = pending_version(self.active_dir)
+        return [int(p.name) for p in self.versions_dir.iterdir() if p.name.isdigit() and int(p.name) != pending]
+
     def history(self) -> list[ChangeRecord]:
         """All committed change records, oldest first."""
         out = []
-        for vdir in sorted(p for p in self.versions_dir.iterdir() if p.name.isdigit()):
-            rec = vdir / "record.json"
+        for version in sorted(self._versions()):
+            rec = self.versions_dir / f"{version:08d}" / "record.json"
             if rec.is_file():
                 out.append(ChangeRecord(**json.loads(rec.read_text("utf-8"))))
         return out

@@ -45,8 +45,8 @@ from policy.loader import (
     sha256_text,
 )
 
-__all__ = ["ChangeFiles", "PolicyPersistError", "StagedFiles", "active_files", "policy_set_document",
-           "policy_set_from_document", "restore", "set_digest"]
+__all__ = ["ChangeFiles", "PolicyPersistError", "StagedFiles", "active_files", "pending_version",
+           "policy_set_document", "policy_set_from_document", "restore", "set_digest"]
 
 _STAGED = ".staged-"
 
@@ -233,6 +233,15 @@ class ChangeFiles:
         except (OSError, ValueError):
             return False
         return True
+
+
+def pending_version(active_dir: Path) -> int | None:
+    """The version of the change an armed journal holds uncommitted (its ``versions/<N>`` may exist
+    and is not part of the history); None without a journal or when it cannot be read."""
+    try:
+        return int(json.loads((active_dir / JOURNAL / "undo.json").read_text("utf-8"))["record"]["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def restore(active_dir: Path, versions_dir: Path) -> dict[str, Any] | None:

@@ -96,3 +96,28 @@ async def test_a_crash_half_way_through_an_adopted_set_is_rolled_back(
     assert (active / "extra_a.rego").exists(), "the crash should leave one file of each set"
     assert '"max_tokens":5' not in (active / "data" / f"{TIERS}.json").read_text()
     await _restart(active, versions, before, 0)
+
+
+async def test_a_restart_that_cannot_roll_back_yet_counts_only_committed_versions(
+        active: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Crash right before the commit (versions/1 renamed, the journal armed), then a start whose disk
+    still fails: the store starts on version 0 and the committed set, and rolls back before its first change."""
+    versions = tmp_path / "versions"
+    store = PolicyStore(active, versions)
+    before = store.policy_set
+    _crash_at(monkeypatch, 4, after=False)
+    with pytest.raises(Crash):
+        await store.put_policy("extra_a.rego", EXTRA, "ops")
+    monkeypatch.undo()
+    assert (versions / "00000001" / "record.json").exists()
+
+    def broken(src: Any, dst: Any) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(policy.store_disk.os, "replace", broken)
+    again = PolicyStore(active, versions)
+    assert again.version == 0 and again.history() == [] and again.policy_set == before
+    monkeypatch.undo()
+    rec = await again.put_policy("extra_b.rego", EXTRA.replace("extra.a", "extra.b"), "ops")
+    assert rec.version == 1 and [r.target for r in again.history()] == ["extra_b.rego"]
+    assert load_policy_dir(active) == again.policy_set and "extra_a.rego" not in again.policy_set.modules
