@@ -80,6 +80,25 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _needed(files: Mapping[Path, str | None]) -> dict[Path, str | None]:
+    """``files`` without what the disk holds already: a path to delete that is absent, a file whose
+    text is the same (a JSON file: the same value, so an operator's formatting stays when unchanged)."""
+    out: dict[Path, str | None] = {}
+    for path, text in files.items():
+        if text is None:
+            if path.exists() or path.is_symlink():
+                out[path] = None
+            continue
+        try:
+            cur = path.read_text("utf-8")
+            same = cur == text or (path.suffix == ".json" and json.loads(cur) == json.loads(text))
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            out[path] = text
+    return out
+
+
 def _write_dir(parent: Path, prefix: str, files: Mapping[str, str]) -> Path:
     """A new directory ``parent/<prefix><random>`` holding ``files`` (name -> text), fsynced."""
     tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
@@ -203,7 +222,7 @@ class ChangeFiles:
             if content is not None:
                 files["content"] = content
             self._staged = _write_dir(versions_dir, f"{_STAGED}{int(record['version']):08d}-", files)
-            self._active = StagedFiles(active)
+            self._active = StagedFiles(_needed(active))
         except OSError:
             self.roll_back()
             raise
@@ -248,7 +267,7 @@ def restore(active_dir: Path, versions_dir: Path) -> dict[str, Any] | None:
     """Roll back an uncommitted change (an armed journal) and remove what staging left behind.
 
     Run at every start (:class:`policy.store.PolicyStore`) and after a failed change. With a journal:
-    the active files are rewritten to its set (:func:`active_files`), the version directory of its
+    the active files that differ are rewritten to its set (:func:`active_files`), the version directory of its
     record removed (written by this uncommitted change: a version is committed only with the journal's
     removal), then the journal removed. Always: staged version directories, ``.*.tmp`` files of the
     active directory and unfinished journal directories are removed.
@@ -269,7 +288,7 @@ def restore(active_dir: Path, versions_dir: Path) -> dict[str, Any] | None:
             record, before = dict(doc["record"]), policy_set_from_document(doc["set"])
         except (KeyError, TypeError) as exc:
             raise ValueError(f"{journal}: unreadable change journal") from exc
-        StagedFiles(active_files(active_dir, before)).commit()
+        StagedFiles(_needed(active_files(active_dir, before))).commit()
         vdir = versions_dir / f"{int(record['version']):08d}"
         if vdir.is_dir() and not vdir.is_symlink():
             shutil.rmtree(vdir)
