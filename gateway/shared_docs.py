@@ -17,7 +17,8 @@ get one version; the first stored wins: the other instance finds the stored
 record at its own version with another body and adopts it (``apply`` may
 number it above its own version, which is then published), so every
 instance converges on one document (session 17, S17-1; the losing change is
-logged as an error and counted ``{reason="conflict"}``).
+logged as an error and counted ``{reason="conflict"}``; a policy change is
+published inside its admin request, so the loser answers 409, session 18, SF17-1).
 
 Redis is trusted for counters only: it cannot forge or roll back a document
 (it can withhold one: an instance then keeps what it has).

@@ -13,7 +13,8 @@ Start order: join (key-check: a different master secret refuses to start), adopt
 key records, rebuild routing from the stream, adopt the policy and registry
 documents, then run their tasks. Operator changes through the admin API are
 published by :meth:`SharedState.on_operator_change` (key and salt rotations, the master
-generation, registry reloads) and by a policy-store listener (policy changes).
+generation, registry reloads) and by the policy store's publisher, inside the admin request (policy
+changes: a change another instance stored first at the same version answers 409, SF17-1).
 """
 
 from __future__ import annotations
@@ -141,9 +142,7 @@ class SharedState:
                                          lambda: store.version, apply_policy, self.metrics,
                                          local_body=lambda: policy_set_document(store.policy_set),
                                          poll_s=self.poll_s)
-            store.add_change_listener(
-                lambda rec: self._spawn(self._publish_doc(self.policy, rec.version,
-                                                          policy_set_document(store.policy_set))))
+            store.set_publisher(self._publish_policy)
 
         async def apply_tenants(version: int, body: Any) -> None:
             if not isinstance(body, dict) or not isinstance(body.get("tenants"), list):
@@ -186,6 +185,29 @@ class SharedState:
         except Exception as exc:  # noqa: BLE001
             log.warning("shared state: publishing %s failed (%s); retried by the next sync",
                         action, exc.__class__.__name__)
+
+    async def _publish_policy(self, record: Any, policy_set: Any) -> str:
+        """Publish a policy change inside its admin request (SF17-1); returns the record's ``shared``:
+        ``published``, ``conflict`` (another instance stored this version first: the stored set is
+        adopted right after, the request answers 409) or ``unpublished`` (Redis error; the next sync
+        re-publishes what Redis lacks)."""
+        from policy.store_disk import policy_set_document
+
+        doc = self.policy
+        if doc is None:
+            return "unpublished"
+        try:
+            if await doc.publish(record.version, policy_set_document(policy_set)):
+                return "published"
+        except Exception as exc:  # noqa: BLE001
+            log.warning("shared state: publishing policy failed (%s); retried by the next sync",
+                        exc.__class__.__name__)
+            return "unpublished"
+        self.metrics.rejected.labels(doc.name, "conflict").inc()
+        log.error("shared state: policy version %d was not stored (another instance published it or a higher one "
+                  "first); the change is answered 409 and the stored set adopted", record.version)
+        self._spawn(doc.sync())  # after the store's lock is released (adopt takes it)
+        return "conflict"
 
     async def _publish_doc(self, doc: SharedDocument | None, version: int, body: Any) -> None:
         if doc is None or body is None:

@@ -13,6 +13,10 @@ without an id is refused with 403 (fail closed).
 - ``GET /admin/data/{path}`` -> ``{"result": document}`` | 404
 - ``PUT /admin/data/{path}`` (JSON object) -> ``{"result": record}`` | 400
 - target failure -> 502 code ``target_refused``
+- shared state: another instance stored the same version first -> 409 code ``conflict`` (this
+  instance adopts that set; the operator retries; ``result`` is the change record, ``shared: conflict``)
+- a validated change that could not be written -> 500 code ``policy_not_persisted`` (rolled back;
+  ``target_may_hold_change`` true when the target may still decide with it, R17-3)
 
 Every error has the public API's shape, ``{"error": {"message", "type",
 "code", "param"}}`` (:func:`error_body`; ``errors`` and ``report`` sit inside
@@ -40,7 +44,14 @@ from starlette.routing import Route
 
 from policy.decision import PolicyError
 from policy.loader import compile_errors, sha256_text
-from policy.store import PolicyNotFoundError, PolicyRejectedError, PolicyStore, PolicyTargetError
+from policy.store import (
+    PolicyConflictError,
+    PolicyNotFoundError,
+    PolicyPersistError,
+    PolicyRejectedError,
+    PolicyStore,
+    PolicyTargetError,
+)
 
 Authorize = Callable[[Request], Awaitable[dict[str, Any]]]
 
@@ -139,6 +150,10 @@ def admin_routes(store: PolicyStore, authorize: Authorize) -> list[Route]:
             return _err(400, "policy_rejected", str(exc), errors=errors, report=exc.report.render())
         except PolicyTargetError as exc:
             return _err(502, "target_refused", str(exc))
+        except PolicyConflictError as exc:  # SF17-1: another instance's change at this version won
+            return _err(409, "conflict", str(exc), result=exc.record.to_dict())
+        except PolicyPersistError as exc:  # R17-3: rolled back; says whether the target may still hold it
+            return _err(500, "policy_not_persisted", str(exc), target_may_hold_change=exc.target_may_hold_change)
         except ValueError as exc:
             return _err(400, "invalid_parameter", str(exc))
         except PolicyError as exc:  # e.g. PolicyCompileError: the change does not build

@@ -6,6 +6,11 @@ Layout of a policy directory (the shipped one is ``rego/``)::
     *_test.rego             Rego unit tests (loaded for tests only)
     data/<a>/<b>/<c>.json   data document mounted at data.a.b.c
     data.json               (optional) document merged at the root
+    .pg-journal/undo.json   (only while a store's change is uncommitted, or after a crash in one)
+
+While ``.pg-journal`` exists, :func:`load_policy_dir` reads the set it records (the set *before*
+an uncommitted change of :class:`policy.store.PolicyStore`, :mod:`policy.store_disk`) instead of
+the files, so every reader sees the last committed set whatever a crash left half renamed.
 
 The embedded engine can only add policies and merge data, so every change
 builds a new engine (:func:`build_engine`) that is swapped in by the caller.
@@ -143,24 +148,27 @@ def load_policy_dir(path: str | Path, *data_files: str | Path) -> PolicySet:
         data_files: extra JSON files merged at the data root.
 
     Raises:
-        PolicyCompileError: unreadable JSON or an invalid file name.
+        PolicyCompileError: unreadable JSON, an invalid file name or an unreadable change journal.
     """
     root = Path(path)
     if not root.is_dir():
         raise PolicyCompileError(f"policy directory {root} does not exist")
-    modules = {p.name: p.read_text("utf-8") for p in sorted(root.glob("*.rego"))}
-    docs: dict[str, Any] = {}
+    committed = _journal_set(root)
+    if committed is not None:
+        modules, docs = dict(committed.modules), dict(committed.data_docs)
+    else:
+        modules, docs = {p.name: p.read_text("utf-8") for p in sorted(root.glob("*.rego"))}, {}
     try:
         data_dir = root / "data"
-        if data_dir.is_dir():
+        if committed is None and data_dir.is_dir():
             for f in sorted(data_dir.rglob("*.json")):
                 rel = f.relative_to(data_dir).with_suffix("").as_posix()
                 check_data_path(rel)
                 docs[rel] = json.loads(f.read_text("utf-8"))
-        root_files = [root / "data.json", *map(Path, data_files)]
+        root_files = [*([] if committed is not None else [root / "data.json"]), *map(Path, data_files)]
         for f in root_files:
             if f.is_file():
-                merged = docs.setdefault("", {})
+                merged = docs[""] = dict(docs.get("", {}))
                 value = json.loads(f.read_text("utf-8"))
                 if not isinstance(value, dict):
                     raise PolicyCompileError(f"{f}: root data must be an object")
@@ -170,6 +178,47 @@ def load_policy_dir(path: str | Path, *data_files: str | Path) -> PolicySet:
     except (ValueError, OSError) as exc:
         raise PolicyCompileError(f"cannot load data: {exc}") from None
     return PolicySet(modules, docs)
+
+
+#: the directory of an uncommitted change's journal inside a policy directory (policy/store_disk.py)
+JOURNAL = ".pg-journal"
+
+
+def _journal_set(root: Path) -> PolicySet | None:
+    """The set an armed journal records (the last committed one), None without a journal.
+
+    Raises:
+        PolicyCompileError: a journal that cannot be read (fail closed: which set is committed is unknown).
+    """
+    journal = root / JOURNAL
+    if not journal.exists():
+        return None
+    try:
+        return policy_set_from_document(json.loads((journal / "undo.json").read_text("utf-8"))["set"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PolicyCompileError(f"{journal}: unreadable change journal ({exc.__class__.__name__})") from None
+
+
+def policy_set_document(policy_set: PolicySet) -> dict[str, Any]:
+    """The JSON document of a whole set (``{"modules": {id: source}, "data": {path: value}}``), as shared."""
+    return {"modules": dict(policy_set.modules), "data": dict(policy_set.data_docs)}
+
+
+def policy_set_from_document(doc: Any) -> PolicySet:
+    """Inverse of :func:`policy_set_document`; raises ``ValueError`` for another shape or an unsafe id/path."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("modules"), dict) or not isinstance(doc.get("data"), dict):
+        raise ValueError("a policy set document needs 'modules' and 'data' objects")
+    modules = {}
+    for k, v in doc["modules"].items():
+        if not isinstance(v, str):
+            raise ValueError("module sources must be strings")
+        modules[check_module_id(k)] = v
+    data = {}
+    for k, v in doc["data"].items():
+        if k:
+            check_data_path(k)
+        data[k] = v
+    return PolicySet(modules=modules, data_docs=data)
 
 
 def build_engine(

@@ -12,12 +12,15 @@ Each change: build the candidate set in memory -> check every call against
 the built-in allow-list (:mod:`policy.builtins`) -> compile it and run every
 Rego test (:func:`policy.rego_test_runner.run_tests`, in a worker thread)
 -> refuse with :class:`PolicyRejectedError` on any failure (the active set
-stays) -> write the version and the active file under temporary names
+stays) -> arm a roll-back journal and stage the version and the active file
 (:mod:`policy.store_disk`) -> apply to the target (embedded engine swap, or
-remote OPA through its Policy and Data APIs) -> rename them in place -> call
-``on_change(record)`` (the gateway forwards it to audit). The candidate is
-built under the store's lock from the set it replaces (S17-4); a change that
-cannot be written is never applied (S17-5).
+remote OPA through its Policy and Data APIs) -> rename them in place and
+commit (the journal removed) -> call ``on_change(record)`` (the gateway
+forwards it to audit). The candidate is built under the store's lock from
+the set it replaces (S17-4); a change that cannot be written is never
+applied (S17-5), and one that fails at any later step is rolled back on the
+target and the disk, by the store at once or by the next start after a
+crash (R17-3, SF17-2: :class:`policy.store_disk.ChangeFiles`).
 
 Remote OPA: an OPA whose paths are owned by bundles refuses Policy/Data API
 writes under those roots (HTTP 4xx); the store then raises
@@ -32,16 +35,14 @@ import copy
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
-
-from opa_client import AsyncOpaClient
+from typing import Any, Literal
 
 from policy.builtins import check_modules
-from policy.decision import PolicyError
 from policy.loader import (
+    JOURNAL,
     PolicySet,
     canonical_json,
     check_data_path,
@@ -51,96 +52,29 @@ from policy.loader import (
     sha256_text,
 )
 from policy.rego_test_runner import TestReport, run_tests
-from policy.store_disk import StagedFiles, active_files, policy_set_document, set_digest
+from policy.store_disk import (
+    ChangeFiles,
+    PolicyPersistError,
+    active_files,
+    pending_version,
+    policy_set_document,
+    restore,
+    set_digest,
+)
+from policy.store_types import (
+    ChangeRecord,
+    PolicyConflictError,
+    PolicyNotFoundError,
+    PolicyRejectedError,
+    PolicyTarget,
+    PolicyTargetError,
+    RemoteOpaTarget,
+)
+
+__all__ = ["ChangeRecord", "PolicyConflictError", "PolicyNotFoundError", "PolicyPersistError", "PolicyRejectedError",
+           "PolicyStore", "PolicyTarget", "PolicyTargetError", "RemoteOpaTarget", "check_policy_dir"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ChangeRecord:
-    """One accepted change: ``who`` (operator id), ``kind`` policy|data,
-    ``op`` put|delete, ``target`` (policy id or data path), SHA-256 hex
-    digests of the old and new content (None when absent), ``version``
-    (monotonic), ``time`` (seconds since the epoch)."""
-
-    version: int
-    who: str
-    kind: Literal["policy", "data"]
-    op: Literal["put", "delete"]
-    target: str
-    old_sha256: str | None
-    new_sha256: str | None
-    time: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-compatible form (for audit and the admin API)."""
-        return asdict(self)
-
-
-class PolicyRejectedError(PolicyError):
-    """A change was refused: it does not compile or a Rego test fails.
-
-    ``report`` is the test report (compile ``errors`` or failing tests).
-    """
-
-    def __init__(self, message: str, report: TestReport) -> None:
-        super().__init__(message)
-        self.report = report
-
-
-class PolicyTargetError(PolicyError):
-    """The decision point refused or failed to apply a validated change."""
-
-
-class PolicyNotFoundError(PolicyError, KeyError):
-    """No policy module or data document with that id/path."""
-
-
-class PolicyTarget(Protocol):
-    """Where accepted changes are applied (EmbeddedOpa implements it)."""
-
-    async def apply(self, change: ChangeRecord, policy_set: PolicySet) -> None:
-        """Apply one change; ``policy_set`` is the complete new set."""
-        ...
-
-
-class RemoteOpaTarget:
-    """Applies changes to a remote OPA through opa-python-client.
-
-    Args:
-        client: a started AsyncOpaClient (e.g. ``RemoteOpa.client``).
-        on_applied: called after each change (e.g. ``RemoteOpa.notify_change``
-            so the decision cache clears).
-
-    Test modules are not pushed. Uploads use ``rego_compat=False`` so the
-    client never rewrites policy text.
-    """
-
-    def __init__(self, client: AsyncOpaClient, on_applied: Callable[[], None] | None = None) -> None:
-        self._client = client
-        self._on_applied = on_applied
-
-    async def apply(self, change: ChangeRecord, policy_set: PolicySet) -> None:
-        """Push one change (raises PolicyTargetError when OPA refuses)."""
-        try:
-            if change.kind == "policy":
-                if is_test_module(change.target):
-                    return
-                if change.op == "put":
-                    await self._client.update_policy_from_string(
-                        policy_set.modules[change.target], change.target, rego_compat=False
-                    )
-                else:
-                    await self._client.delete_policy(change.target)
-            else:
-                if change.op == "put":
-                    await self._client.update_or_create_data(policy_set.data_docs[change.target], change.target)
-                else:
-                    await self._client.delete_data(change.target)
-        except Exception as exc:  # the client raises many unrelated types
-            raise PolicyTargetError(f"remote OPA refused the change: {type(exc).__name__}") from None
-        if self._on_applied is not None:
-            self._on_applied()
 
 
 class PolicyStore:
@@ -178,12 +112,31 @@ class PolicyStore:
         self._target = target
         self._on_change = on_change
         self._allowed = None if allowed_builtins is None else frozenset(allowed_builtins)
+        #: the inverse of a change the target may still hold (re-applied before the next change)
+        self._undo: ChangeRecord | None = None
+        try:  # SF17-2: roll back a change a crash left uncommitted (the loader reads the committed set)
+            rolled = restore(self.active_dir, self.versions_dir)
+        except (OSError, ValueError) as exc:
+            rolled = None
+            log.error("policy: an uncommitted change could not be rolled back yet (%s); retried before the "
+                      "next change", exc.__class__.__name__)
+        if rolled is not None:
+            log.error("policy: version %s was not committed before the process stopped; rolled back",
+                      rolled.get("version"))
+            if target is not None:  # a remote OPA may hold it: give it the committed content back
+                self._undo = _inverse(ChangeRecord(**rolled))
         self._set = load_policy_dir(self.active_dir)
         check_modules(self._set.modules, self._allowed)
-        versions = [int(p.name) for p in self.versions_dir.iterdir() if p.name.isdigit()]
-        self.version = max(versions, default=0)
+        self.version = max(self._versions(), default=0)
         self._lock = asyncio.Lock()
         self._listeners: list[Callable[[ChangeRecord], None]] = []
+        self._publisher: Callable[[ChangeRecord, PolicySet], Awaitable[str]] | None = None
+
+    def set_publisher(self, publish: Callable[[ChangeRecord, PolicySet], Awaitable[str]]) -> None:
+        """Publish every change made through this store before it is answered (shared state, SF17-1):
+        ``await publish(record, new set)`` under the store's lock, returning the record's ``shared``
+        value; ``"conflict"`` makes the change raise :class:`PolicyConflictError` (after the audit)."""
+        self._publisher = publish
 
     def add_change_listener(self, callback: Callable[[ChangeRecord], None]) -> None:
         """Call ``callback(record)`` after every change made through this store (not after :meth:`adopt`)."""
@@ -230,7 +183,10 @@ class PolicyStore:
         Raises:
             ValueError: invalid id. PolicyRejectedError: compile or test
             failure. PolicyTargetError: the target refused it. OSError: the
-            version or the active file cannot be written (nothing applied).
+            version or the active file cannot be written (nothing applied);
+            PolicyPersistError (an OSError): written in part, rolled back.
+            PolicyConflictError: shared state stored another change at this
+            version first (committed here, then replaced by the stored set).
         """
         check_module_id(module_id)
         return await self._commit(
@@ -300,50 +256,86 @@ class PolicyStore:
                 new_sha256=sha256_text(new_text),
                 time=time.time(),
             )
-            vdir = self.versions_dir / f"{record.version:08d}"
-            active = self.active_dir / target if kind == "policy" else self.active_dir / "data" / f"{target}.json"
-            files: dict[Path, str | None] = {} if new_text is None else {vdir / "content": new_text}
-            files[active] = new_text
-            files[vdir / "record.json"] = json.dumps(record.to_dict(), sort_keys=True)
-            undo = replace(record, op="put" if old_text is not None else "delete",
-                           old_sha256=record.new_sha256, new_sha256=record.old_sha256)
-            await self._persist_and_apply(record, new_set, files, undo)
+            path = self.active_dir / target if kind == "policy" else self.active_dir / "data" / f"{target}.json"
+            await self._persist_and_apply(record, new_set, {path: new_text}, new_text, _inverse(record))
             self._set, self.version = new_set, record.version
-        if self._on_change is not None:
-            self._on_change(record)
-        for callback in self._listeners:
-            callback(record)
+            try:  # SF17-1: published inside the request, before the answer and the audit
+                if self._publisher is not None:
+                    record = replace(record, shared="unpublished")
+                    record = replace(record, shared=await self._publisher(record, new_set))
+            finally:  # a committed change is always handed to audit, even if the request is cancelled
+                if self._on_change is not None:
+                    self._on_change(record)
+                for callback in self._listeners:
+                    callback(record)
+        if record.shared == "conflict":
+            raise PolicyConflictError(f"policy version {record.version} was stored by another instance first; "
+                                      "its set is adopted here: retry the change", record)
         return record
 
-    async def _persist_and_apply(self, record: ChangeRecord, new_set: PolicySet,
-                                 files: dict[Path, str | None], undo: ChangeRecord) -> None:
-        """Stage ``files``, apply ``new_set`` to the target, then rename (S17-5: nothing in force that
-        is not on disk). A failed write applies nothing; a failed rename re-applies the current set
-        (``undo``: the inverse change) and rewrites its active files, then raises.
+    async def _persist_and_apply(self, record: ChangeRecord, new_set: PolicySet, active: dict[Path, str | None],
+                                 content: str | None, undo: ChangeRecord) -> None:
+        """Journal and stage the files, apply ``new_set`` to the target, rename and commit
+        (:class:`policy.store_disk.ChangeFiles`; S17-5: nothing in force that is not on disk). A failed
+        write applies nothing; a target refusal or a failed rename or commit gives the target the
+        current set back (``undo``: the inverse change) and rolls the disk back, then raises.
 
         Raises:
-            OSError: the version exists already or a file cannot be written or renamed.
-            PolicyTargetError: the target refused the change (nothing written).
+            OSError: the version exists already or a file cannot be written (nothing applied);
+                PolicyPersistError: written in part, rolled back (it says whether the target may still
+                hold the change). PolicyTargetError: the target refused the change, or an earlier
+                change's roll-back on the target failed again (nothing written).
         """
-        vdir = self.versions_dir / f"{record.version:08d}"
-        if vdir.exists() or vdir.is_symlink():
-            raise FileExistsError(f"policy version directory {vdir} exists already")
-        staged = StagedFiles(files)
+        await self._repair()
+        files = ChangeFiles(self.active_dir, self.versions_dir, record.to_dict(), self._set, active, content)
         try:
             if self._target is not None:
                 await self._target.apply(record, new_set)
         except BaseException:
-            staged.discard()
+            if not files.roll_back():
+                log.error("policy: the disk roll-back of version %d is retried before the next change", record.version)
             raise
         try:
-            staged.commit()
-        except OSError:
-            staged.discard()
-            log.error("policy version %d could not be written; re-applying version %d", record.version, self.version)
+            files.commit()
+        except OSError as exc:
+            raise await self._roll_back(record, undo, files, exc) from exc
+
+    async def _roll_back(self, record: ChangeRecord, undo: ChangeRecord, files: ChangeFiles,
+                         exc: OSError) -> PolicyPersistError:
+        """R17-3: the target gets the current set back and the disk is rolled back, whatever fails."""
+        target_back = self._target is None
+        try:
             if self._target is not None:
                 await self._target.apply(undo, self._set)
-            StagedFiles(active_files(self.active_dir, self._set)).commit()
-            raise
+                target_back = True
+        except Exception as err:  # noqa: BLE001 - reported in the error raised, retried by _repair
+            log.error("policy: re-applying version %d to the target failed (%s)", self.version,
+                      err.__class__.__name__)
+        finally:
+            disk_back = files.roll_back()
+            if not target_back:
+                self._undo = undo
+        msg = (f"policy version {record.version} could not be written ({exc.__class__.__name__}: "
+               f"{exc.strerror or exc}); "
+               + (f"the target decides with version {self.version} again" if target_back else
+                  f"the target may still hold version {record.version} (version {self.version} is re-applied "
+                  "before the next change)")
+               + ("" if disk_back else f"; the disk roll-back is finished before the next change or at the next "
+                  f"start (version {self.version} is what a restart loads)"))
+        log.error("%s", msg)
+        return PolicyPersistError(msg, target_may_hold_change=not target_back, disk_restored=disk_back)
+
+    async def _repair(self) -> None:
+        """Finish the roll-back of an earlier change: the disk (an armed journal) and the target.
+
+        Raises:
+            OSError: the disk still cannot be restored. PolicyTargetError: the target still refuses.
+        """
+        if (self.active_dir / JOURNAL).exists():
+            restore(self.active_dir, self.versions_dir)
+        if self._undo is not None and self._target is not None:
+            await self._target.apply(self._undo, self._set)
+        self._undo = None
 
     async def adopt(self, version: int, policy_set: PolicySet, who: str) -> ChangeRecord | None:
         """Adopt a whole policy set at ``version`` made by another instance (shared state, issue 16).
@@ -353,9 +345,10 @@ class PolicyStore:
         compiled and tested exactly as a local change (fail closed:
         :class:`PolicyRejectedError`, nothing changes), staged on disk as the
         active set and as version ``version`` (``op="put"``, ``target="*"``),
-        applied to the target, renamed in place (as a local change, S17-5),
-        and handed to ``on_change`` (audit); the change listeners are not
-        called (it is not re-published).
+        applied to the target, renamed in place and committed (as a local
+        change: :class:`policy.store_disk.ChangeFiles`, rolled back on any
+        failure), and handed to ``on_change`` (audit); the change listeners
+        and the publisher are not called (it is not re-published).
 
         Raises:
             PolicyRejectedError, PolicyTargetError, OSError: nothing adopted.
@@ -369,25 +362,32 @@ class PolicyStore:
             record = ChangeRecord(version=version, who=who, kind="policy", op="put", target="*",
                                   old_sha256=set_digest(self._set), new_sha256=set_digest(policy_set),
                                   time=time.time())
-            vdir = self.versions_dir / f"{version:08d}"
-            files: dict[Path, str | None] = {vdir / "content": canonical_json(policy_set_document(policy_set))}
-            files.update(active_files(self.active_dir, policy_set))
-            files[vdir / "record.json"] = json.dumps(record.to_dict(), sort_keys=True)
-            undo = replace(record, old_sha256=record.new_sha256, new_sha256=record.old_sha256)
-            await self._persist_and_apply(record, policy_set, files, undo)
+            await self._persist_and_apply(record, policy_set, active_files(self.active_dir, policy_set),
+                                          canonical_json(policy_set_document(policy_set)), _inverse(record))
             self._set, self.version = policy_set, version
         if self._on_change is not None:
             self._on_change(record)
         return record
 
+    def _versions(self) -> list[int]:
+        """The committed version numbers on disk (not the one an armed journal holds uncommitted)."""
+        pending = pending_version(self.active_dir)
+        return [int(p.name) for p in self.versions_dir.iterdir() if p.name.isdigit() and int(p.name) != pending]
+
     def history(self) -> list[ChangeRecord]:
         """All committed change records, oldest first."""
         out = []
-        for vdir in sorted(p for p in self.versions_dir.iterdir() if p.name.isdigit()):
-            rec = vdir / "record.json"
+        for version in sorted(self._versions()):
+            rec = self.versions_dir / f"{version:08d}" / "record.json"
             if rec.is_file():
                 out.append(ChangeRecord(**json.loads(rec.read_text("utf-8"))))
         return out
+
+
+def _inverse(record: ChangeRecord) -> ChangeRecord:
+    """The change that gives the target the set before ``record`` (put back, or delete what it added)."""
+    return replace(record, op="put" if record.old_sha256 is not None else "delete",
+                   old_sha256=record.new_sha256, new_sha256=record.old_sha256)
 
 
 def check_policy_dir(path: str | Path) -> TestReport:

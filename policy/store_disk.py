@@ -1,37 +1,116 @@
-"""Staged writes of a policy change: every file written under a temporary name first, renamed after.
+"""A policy change on disk: staged files, one commit point, and a roll-back journal (S17-5, R17-3, SF17-2).
 
-:class:`policy.store.PolicyStore` stages a change's files (version record, version content, the
-active set's files) *before* it applies the change to its target, and renames them only once the
-target took it (session 17, S17-5: a change in force must be on disk, and a change that cannot be
-written must never be in force). A rename in one directory is atomic (POSIX ``rename(2)``); a change
-of several files is renamed file by file, the version's ``record.json`` last (the file that marks a
-version as committed: :meth:`policy.store.PolicyStore.history` reads only directories that hold it).
+:class:`policy.store.PolicyStore` writes a change through :class:`ChangeFiles`, in this order:
+
+1. **arm the journal**: ``<active_dir>/.pg-journal/undo.json`` records the set in force (the last
+   committed one) and the change's record; written and fsynced in a temporary directory, then renamed
+   in one ``rename(2)``. While it exists, :func:`policy.loader.load_policy_dir` reads that set instead of
+   the files (every reader sees the committed set, whatever a crash left half renamed);
+2. **stage**: the version directory as ``versions/.staged-<N>-*`` (``record.json``, ``content``) and the
+   active files under temporary names (a file that cannot be written: everything removed, nothing applied);
+3. the store applies the change to its target (embedded engine or remote OPA);
+4. **rename** the active files in place (file by file) and the staged version directory to
+   ``versions/<N>`` (one rename);
+5. **commit**: rename the journal away (one rename; then removed).
+
+A failure in 4-5 (or a target refusal in 3) runs :func:`restore`, the same code a restart runs: the
+active files are rewritten to the journal's set, ``versions/<N>`` and the staged files removed, and the
+journal removed last. A crash anywhere before 5 is rolled back by the next start (the change never
+answered 200 nor reached the audit); after 5 the change is committed. This is SQLite's rollback journal
+(https://www.sqlite.org/atomiccommit.html, "hot journal" on open) applied to a directory; a directory
+swap (Kubernetes' AtomicWriter: a ``..data`` symlink renamed over) would turn the operator's policy
+directory into symlinks and needs every file read through them, and ``renameat2(RENAME_EXCHANGE)`` of the
+whole directory fails on a mount point (a container volume).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
+import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from policy.loader import PolicySet, canonical_json, check_data_path, check_module_id, sha256_text
+from policy.loader import (
+    JOURNAL,
+    PolicySet,
+    canonical_json,
+    check_data_path,
+    check_module_id,
+    policy_set_document,
+    policy_set_from_document,
+    sha256_text,
+)
+
+__all__ = ["ChangeFiles", "PolicyPersistError", "StagedFiles", "active_files", "pending_version",
+           "policy_set_document", "policy_set_from_document", "restore", "set_digest"]
+
+_STAGED = ".staged-"
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` through a temporary name and a rename.
+class PolicyPersistError(OSError):
+    """A validated change that could not be written and was rolled back (R17-3).
 
-    Raises:
-        OSError: the directory cannot be made or the file cannot be written.
+    ``target_may_hold_change``: True when giving the target its previous set back failed too (a remote
+    OPA may still decide with the change; the store re-applies the previous set before its next change).
+    ``disk_restored``: False when the active directory or the versions directory could not be put back;
+    the journal then stays, so the loader reads the committed set, and the next change or a restart
+    finishes the roll-back.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    tmp.write_text(text, "utf-8")
-    os.replace(tmp, path)
+
+    def __init__(self, message: str, *, target_may_hold_change: bool, disk_restored: bool) -> None:
+        super().__init__(message)
+        self.target_may_hold_change = target_may_hold_change
+        self.disk_restored = disk_restored
 
 
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp")
+
+
+def _fsync(path: Path) -> None:
+    """fsync a file or a directory (a rename is durable once its directory is)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _needed(files: Mapping[Path, str | None]) -> dict[Path, str | None]:
+    """``files`` without what the disk holds already: a path to delete that is absent, a file whose
+    text is the same (a JSON file: the same value, so an operator's formatting stays when unchanged)."""
+    out: dict[Path, str | None] = {}
+    for path, text in files.items():
+        if text is None:
+            if path.exists() or path.is_symlink():
+                out[path] = None
+            continue
+        try:
+            cur = path.read_text("utf-8")
+            same = cur == text or (path.suffix == ".json" and json.loads(cur) == json.loads(text))
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            out[path] = text
+    return out
+
+
+def _write_dir(parent: Path, prefix: str, files: Mapping[str, str]) -> Path:
+    """A new directory ``parent/<prefix><random>`` holding ``files`` (name -> text), fsynced."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        for name, text in files.items():
+            (tmp / name).write_text(text, "utf-8")
+            _fsync(tmp / name)
+        _fsync(tmp)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
 
 
 class StagedFiles:
@@ -39,7 +118,7 @@ class StagedFiles:
 
     Args:
         files: final path -> text (UTF-8), or None to delete the path at commit. Renamed in this
-            order (put the file that marks the change as committed last).
+            order.
 
     Raises:
         OSError: a directory cannot be made (e.g. a file is in the way), a final path exists as a
@@ -78,7 +157,8 @@ class StagedFiles:
         """Rename every staged file to its final name and delete the paths mapped to None.
 
         Raises:
-            OSError: a rename or delete failed (the files renamed before it stay renamed).
+            OSError: a rename or delete failed (the files renamed before it stay renamed: a
+                :class:`ChangeFiles` journal puts them back).
         """
         for path, text in self._files.items():
             if text is None:
@@ -102,6 +182,123 @@ class StagedFiles:
                 pass
         self._staged = []
         self._made_dirs = []
+
+
+class ChangeFiles:
+    """One change's files, steps 1-2 of the module doc at construction, 4-5 in :meth:`commit`.
+
+    Args:
+        active_dir, versions_dir: the store's directories.
+        record: the change record (JSON object with ``version``), written as ``record.json``.
+        before: the set in force (the journal's roll-back target).
+        active: active-directory path -> text, or None to delete (:func:`active_files` for a whole set).
+        content: the version's ``content`` file (None: none, a delete).
+
+    Raises:
+        FileExistsError: ``versions/<version>`` exists already, or a journal is armed (an earlier
+            roll-back not finished: :func:`restore` first).
+        OSError: a file cannot be written; nothing is left behind and nothing is applied.
+    """
+
+    def __init__(self, active_dir: Path, versions_dir: Path, record: Mapping[str, Any], before: PolicySet,
+                 active: Mapping[Path, str | None], content: str | None) -> None:
+        self.active_dir, self.versions_dir = active_dir, versions_dir
+        self.vdir = versions_dir / f"{int(record['version']):08d}"
+        if self.vdir.exists() or self.vdir.is_symlink():
+            raise FileExistsError(f"policy version directory {self.vdir} exists already")
+        journal = active_dir / JOURNAL
+        if journal.exists():
+            raise FileExistsError(f"{journal}: an earlier change is not rolled back yet")
+        undo = json.dumps({"record": dict(record), "set": policy_set_document(before)}, sort_keys=True)
+        armed = _write_dir(active_dir, f"{JOURNAL}.new-", {"undo.json": undo})
+        try:
+            os.rename(armed, journal)  # 1. armed: readers see ``before`` from here until the commit
+            _fsync(active_dir)
+        except OSError:
+            shutil.rmtree(armed, ignore_errors=True)
+            raise
+        try:  # 2. stage
+            files = {"record.json": json.dumps(dict(record), sort_keys=True)}
+            if content is not None:
+                files["content"] = content
+            self._staged = _write_dir(versions_dir, f"{_STAGED}{int(record['version']):08d}-", files)
+            self._active = StagedFiles(_needed(active))
+        except OSError:
+            self.roll_back()
+            raise
+
+    def commit(self) -> None:
+        """4. rename the active files and the version directory; 5. commit (the journal renamed away).
+
+        Raises:
+            OSError: a rename failed; nothing is committed (call :meth:`roll_back`).
+        """
+        self._active.commit()
+        os.rename(self._staged, self.vdir)
+        _fsync(self.versions_dir)
+        done = self.active_dir / f"{JOURNAL}.old-{secrets.token_hex(4)}"
+        os.rename(self.active_dir / JOURNAL, done)  # the commit point: nothing after it may fail the change
+        try:
+            _fsync(self.active_dir)
+        except OSError:
+            pass
+        shutil.rmtree(done, ignore_errors=True)
+
+    def roll_back(self) -> bool:
+        """Put the disk back to the journal's set (:func:`restore`); True when done, False when the
+        journal stays armed (logged by the caller; the next change or a restart finishes it). Never raises."""
+        try:
+            restore(self.active_dir, self.versions_dir)
+        except (OSError, ValueError):
+            return False
+        return True
+
+
+def pending_version(active_dir: Path) -> int | None:
+    """The version of the change an armed journal holds uncommitted (its ``versions/<N>`` may exist
+    and is not part of the history); None without a journal or when it cannot be read."""
+    try:
+        return int(json.loads((active_dir / JOURNAL / "undo.json").read_text("utf-8"))["record"]["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def restore(active_dir: Path, versions_dir: Path) -> dict[str, Any] | None:
+    """Roll back an uncommitted change (an armed journal) and remove what staging left behind.
+
+    Run at every start (:class:`policy.store.PolicyStore`) and after a failed change. With a journal:
+    the active files that differ are rewritten to its set (:func:`active_files`), the version directory of its
+    record removed (written by this uncommitted change: a version is committed only with the journal's
+    removal), then the journal removed. Always: staged version directories, ``.*.tmp`` files of the
+    active directory and unfinished journal directories are removed.
+
+    Returns:
+        the rolled-back change's record (JSON object), None when no journal was armed.
+
+    Raises:
+        OSError: a file could not be rewritten or removed; the journal stays (the loader keeps reading
+            the committed set) and the next call tries again.
+        ValueError: an unreadable journal (the loader refuses the directory the same way).
+    """
+    journal = active_dir / JOURNAL
+    record = None
+    if journal.exists():
+        try:
+            doc = json.loads((journal / "undo.json").read_text("utf-8"))
+            record, before = dict(doc["record"]), policy_set_from_document(doc["set"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"{journal}: unreadable change journal") from exc
+        StagedFiles(_needed(active_files(active_dir, before))).commit()
+        vdir = versions_dir / f"{int(record['version']):08d}"
+        if vdir.is_dir() and not vdir.is_symlink():
+            shutil.rmtree(vdir)
+        os.rename(journal, active_dir / f"{JOURNAL}.old-{secrets.token_hex(4)}")
+        _fsync(active_dir)
+    for path in (*versions_dir.glob(f"{_STAGED}*"), *active_dir.glob(f"{JOURNAL}.*")):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in active_dir.rglob(".*.tmp"):
+        path.unlink(missing_ok=True)
+    return record
 
 
 def active_files(active_dir: Path, policy_set: PolicySet) -> dict[Path, str | None]:
@@ -137,25 +334,3 @@ def active_files(active_dir: Path, policy_set: PolicySet) -> dict[Path, str | No
 def set_digest(policy_set: PolicySet) -> str | None:
     """SHA-256 hex of the canonical JSON of :func:`policy_set_document` (the ``*`` change records)."""
     return sha256_text(canonical_json(policy_set_document(policy_set)))
-
-
-def policy_set_document(policy_set: PolicySet) -> dict[str, Any]:
-    """The JSON document of a whole set (``{"modules": {id: source}, "data": {path: value}}``), as shared."""
-    return {"modules": dict(policy_set.modules), "data": dict(policy_set.data_docs)}
-
-
-def policy_set_from_document(doc: Any) -> PolicySet:
-    """Inverse of :func:`policy_set_document`; raises ``ValueError`` for another shape or an unsafe id/path."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("modules"), dict) or not isinstance(doc.get("data"), dict):
-        raise ValueError("a policy set document needs 'modules' and 'data' objects")
-    modules = {}
-    for k, v in doc["modules"].items():
-        if not isinstance(v, str):
-            raise ValueError("module sources must be strings")
-        modules[check_module_id(k)] = v
-    data = {}
-    for k, v in doc["data"].items():
-        if k:
-            check_data_path(k)
-        data[k] = v
-    return PolicySet(modules=modules, data_docs=data)

@@ -178,23 +178,38 @@ class RedisTenantLimiter:
 
     async def renew(self) -> int:
         """Extend every unreleased lease of this instance by the lease TTL; return the slots renewed
-        (slots found expired already are counted in ``lost_slots``)."""
+        (slots found expired already are counted in ``lost_slots``).
+
+        Each tenant is renewed on its own: a lost or malformed reply for one tenant (the script may
+        have run) still queues the release of its leases released during the round trip, and the
+        other tenants are renewed (R17-4); the first such error is raised after all of them.
+
+        Raises:
+            redis.exceptions.RedisError: a tenant's renewal failed (the others were attempted).
+        """
         by_tenant: dict[str, list[SharedLease]] = {}
         for lease in list(self._leases.values()):
             if not lease.released:
                 by_tenant.setdefault(lease.tenant_id, []).append(lease)
         renewed = 0
+        failed: Exception | None = None
         for tid, leases in by_tenant.items():
             members = [m for lease in leases for m in lease.members()]
             if not members:
                 continue
-            held = _int(await self._s.renew(keys=[self._s.key(tid, "conc")], args=[self._s.lease_ttl_ms, *members]),
-                        0, len(members))
-            renewed += held
-            self.lost_slots += len(members) - held
-            for lease in leases:  # S17-9: RENEW adds missing members back; one released meanwhile goes again
-                if lease.released:
-                    self._release(lease)
+            try:
+                held = _int(await self._s.renew(keys=[self._s.key(tid, "conc")],
+                                                args=[self._s.lease_ttl_ms, *members]), 0, len(members))
+                renewed += held
+                self.lost_slots += len(members) - held
+            except Exception as exc:  # noqa: BLE001 - the next tenants still renew; raised below
+                failed = failed or exc
+            finally:  # S17-9: RENEW adds missing members back; one released meanwhile goes again
+                for lease in leases:
+                    if lease.released:
+                        self._release(lease)
+        if failed is not None:
+            raise failed
         self.renewals += 1
         return renewed
 

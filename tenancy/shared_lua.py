@@ -133,16 +133,17 @@ return {'ok', '0'}
 # KEYS: conc zset. ARGV: lease_ttl_ms, member... Returns how many members were still held.
 # Session 17 (S17-9): a member found missing (expired, or its set evicted by a Redis eviction policy) is
 # added back: the request it counts is still running here, so the tenant's count is rebuilt within one
-# renewal interval; the missing ones are still counted (RedisTenantLimiter.lost_slots).
+# renewal interval; the missing ones are still counted (RedisTenantLimiter.lost_slots). Session 18: a
+# member is counted held by ZSCORE (``ZADD XX CH`` counted one renewed within the millisecond of its last
+# score, unchanged, as lost).
 _LUA_RENEW = _LUA_LIB + r"""
 local now, now_ms = server_now()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 local ttl = tonumber(ARGV[1])
 local held = 0
 for i = 2, #ARGV do
-  local kept = redis.call('ZADD', KEYS[1], 'XX', 'CH', now_ms + ttl, ARGV[i])
-  if kept == 0 then redis.call('ZADD', KEYS[1], now_ms + ttl, ARGV[i]) end
-  held = held + kept
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then held = held + 1 end
+  redis.call('ZADD', KEYS[1], now_ms + ttl, ARGV[i])
 end
 if #ARGV > 1 then redis.call('PEXPIRE', KEYS[1], ttl * 3) end
 return held

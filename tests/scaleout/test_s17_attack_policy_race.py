@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from policy.store import policy_set_document
+from policy.store import PolicyConflictError, policy_set_document
 from tests.policy.conftest import make_input
 from tests.scaleout.s2_instances import OPERATOR, shared_instances
 from tests.support.waiting import wait_for
@@ -59,8 +59,10 @@ async def test_changes_racing_on_two_instances_converge(pair) -> None:
     ta["gold"] = {"max_tokens": 7}
     tb = b.pdp.store.get_data(TIERS)
     tb["bronze-x"] = {"max_tokens": 5}
-    ra = await a.pdp.store.put_data(TIERS, ta, OPERATOR)  # what PUT /admin/data/... calls; both "200"
-    rb = await b.pdp.store.put_data(TIERS, tb, OPERATOR)
+    ra = await a.pdp.store.put_data(TIERS, ta, OPERATOR)  # what PUT /admin/data/... calls
+    with pytest.raises(PolicyConflictError) as lost:  # session 18 (SF17-1): the loser answers 409, not 200
+        await b.pdp.store.put_data(TIERS, tb, OPERATOR)
+    rb = lost.value.record
     assert ra.version == rb.version == 1
     await a.shared.settle()
     await b.shared.settle()

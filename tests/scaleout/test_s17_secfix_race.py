@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from policy.store import policy_set_document
+from policy.store import PolicyConflictError, policy_set_document
 from tests.policy.conftest import make_input
 from tests.scaleout.s2_instances import OPERATOR, shared_instances
 from tests.support.waiting import wait_for
@@ -28,7 +28,8 @@ async def test_a_raced_change_converges_on_the_first_stored_and_stays(pair) -> N
     tb["bronze-x"] = {"max_tokens": 5}
     await a.pdp.store.put_data(TIERS, ta, OPERATOR)
     await a.shared.settle()  # a's record is stored first
-    await b.pdp.store.put_data(TIERS, tb, OPERATOR)
+    with pytest.raises(PolicyConflictError):  # session 18 (SF17-1): refused inside the request (409)
+        await b.pdp.store.put_data(TIERS, tb, OPERATOR)
     await b.shared.settle()  # b's is refused: b adopts a's as its version 2 and publishes it
     await wait_for(lambda: a.pdp.store.version == b.pdp.store.version == 2, timeout_s=6.0,
                    what="both at version 2")
