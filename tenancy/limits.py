@@ -86,7 +86,9 @@ class TokenBucket:
 
     def refill(self, now: float) -> float:
         """Add what accrued until ``now`` (capped at the burst); return the level."""
-        self._refill(now)
+        if now > self.updated:  # = _refill(now), without its call (issue 14, session 18)
+            self.level = min(self.burst, self.level + (now - self.updated) * self.rate)
+            self.updated = now
         return self.level
 
     def _refill(self, now: float) -> None:
@@ -101,7 +103,9 @@ class TokenBucket:
         succeed: returns ``inf``). With ``allow_debt`` needs ``level >= min(n, burst)``
         (or ``need`` when given, at most the burst) and the level may go negative.
         """
-        self._refill(now)
+        if now > self.updated:  # = _refill(now), without its call (issue 14, session 18: two buckets per request)
+            self.level = min(self.burst, self.level + (now - self.updated) * self.rate)
+            self.updated = now
         if allow_debt:
             need = min(n, self.burst) if need is None else min(need, self.burst)
         else:
