@@ -96,6 +96,16 @@ class TokenBucket:
             self.level = min(self.burst, self.level + (now - self.updated) * self.rate)
             self.updated = now
 
+    def wait_for(self, n: float, now: float) -> float:
+        """Refill to ``now``; seconds until the level reaches ``min(n, burst)`` (0.0: now). Takes nothing
+        (the token ledger checks both its buckets before taking from either: issue 14, session 18, one call
+        per bucket where a refill and a separate check were two)."""
+        if now > self.updated:
+            self.level = min(self.burst, self.level + (now - self.updated) * self.rate)
+            self.updated = now
+        need = min(float(n), self.burst)
+        return 0.0 if self.level >= need else (need - self.level) / self.rate
+
     def try_take(self, n: float, now: float, *, allow_debt: bool = False, need: float | None = None) -> float:
         """Take ``n`` units; return 0.0 on success, else seconds until it would succeed.
 

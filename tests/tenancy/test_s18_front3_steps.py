@@ -121,3 +121,46 @@ def test_token_bucket_inline_refill_equals_session_17(rate: float, burst: float,
         else:
             assert new.try_take(n, now, allow_debt=True, need=0.0) == old.try_take(n, now, allow_debt=True, need=0.0)
         assert (new.level, new.updated) == (old.level, old.updated)
+
+
+def _old_reserve(levels: dict, tenant, prompt: int, output: int, now: float) -> tuple[float, str] | None:  # type: ignore[no-untyped-def]
+    """The session-17 ``InProcessLedger.reserve`` decision on reference buckets: None (taken) or (wait, reason)."""
+    buckets = []
+    for kind, rate, burst, n in (("prompt", tenant.prompt_tokens_per_s, tenant.prompt_tokens_burst, prompt),
+                                 ("output", tenant.output_tokens_per_s, tenant.output_tokens_burst, output)):
+        if rate is None:
+            continue
+        b = levels.setdefault(kind, _Session17Bucket(rate, burst if burst is not None else max(1.0, rate), now))
+        b.refill(now)
+        need = min(float(n), b.burst)
+        buckets.append((b, n, 0.0 if b.level >= need else (need - b.level) / b.rate, f"tenant_{kind}_tokens"))
+    waits = [(w, r) for _, _, w, r in buckets if w > 0]
+    if waits:
+        return max(w for w, _ in waits), waits[0][1]
+    for b, n, _, _ in buckets:
+        b.level -= n
+    return None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.none(), st.floats(0.5, 50)), st.one_of(st.none(), st.integers(1, 60)),
+       st.one_of(st.none(), st.floats(0.5, 50)), st.one_of(st.none(), st.integers(1, 60)),
+       st.lists(st.tuples(st.integers(0, 80), st.integers(0, 80), st.floats(0, 3, allow_nan=False)), max_size=20))
+def test_ledger_reserve_refuses_and_takes_as_session_17(prate, pburst, orate, oburst, calls) -> None:  # type: ignore[no-untyped-def]
+    from tenancy.ledger import InProcessLedger
+    from tenancy.limits import RateLimited
+    from tenancy.registry import Tenant
+    tenant = Tenant(id="acme", models=frozenset({"m"}), prompt_tokens_per_s=prate, prompt_tokens_burst=pburst,
+                    output_tokens_per_s=orate, output_tokens_burst=oburst)
+    led, ref, now = InProcessLedger(), {}, 0.0
+    for prompt, output, dt in calls:
+        now += dt
+        want = _old_reserve(ref, tenant, prompt, output, now)
+        try:
+            led.reserve(tenant, prompt, output, now)
+            got = None
+        except RateLimited as exc:
+            got = (exc.retry_after_s, exc.reason)
+        assert got == want
+        for kind in ("prompt", "output"):
+            assert led.level("acme", kind, now) == (ref[kind].level if kind in ref else None)
