@@ -192,8 +192,8 @@ class Admission:
         backend, ``lease`` (from :meth:`admit`) carries the shared bucket's level read by the admit
         script (no extra round trip); without it the shared level is not known (``None``)."""
         led = self.ledger
-        if isinstance(led, InProcessLedger):
-            return led.prompt_room(tenant)
+        if isinstance(led, InProcessLedger):  # no prompt-token limit: None without its call (s18)
+            return None if tenant.prompt_tokens_per_s is None else led.prompt_room(tenant)
         return led.prompt_room(tenant, lease)
 
     def prompt_tokens(self, bounds: RequestBounds, req: InferenceRequest,
