@@ -138,11 +138,10 @@ class Admission:
 
     def check_model(self, model: str, tenant: Tenant) -> None:
         """404 ``model_not_found`` for a model the gateway does not serve, and the same 404
-        (same body, raised at the same step) for a served model ``tenant`` is not entitled to
-        (``tenancy.tenants[].models``): the answer is no oracle for other tenants' model names
-        (R3-7). The audit event keeps the true reason: ``reason_code`` ``model_not_entitled``,
-        outcome ``denied``, the (served) model name. An unknown name is client-chosen: never
-        copied into the audit trail."""
+        (same body, raised at the same step) for a served model ``tenant`` is not entitled to (``tenancy.tenants[]
+        .models``): the answer is no oracle for other tenants' model names (R3-7). The audit event keeps the reason:
+        ``reason_code`` ``model_not_entitled``, outcome ``denied``, the (served) model name. An unknown name is
+        client-chosen: never copied into the audit trail."""
         if model not in self.served_models:
             raise model_not_found()
         if model not in tenant.models:
@@ -154,7 +153,8 @@ class Admission:
         and any ``logprobs`` unless ``tenant.allow_prompt_logprobs`` (R4-12): vLLM then computes
         log-probabilities for every prompt token (``prompt_logprobs = logprobs``), an engine cost
         the gateway does not charge. ``echo`` or ``logprobs`` alone are served."""
-        self.check_model(req.model, tenant)
+        if (model := req.model) not in tenant.models or model not in self.served_models:  # = check_model (s18:
+            self.check_model(model, tenant)  # its call only when it raises; its served-model test first)
         body = req.body
         if body.get("echo") is True and body.get("logprobs") is not None and not tenant.allow_prompt_logprobs:
             raise GatewayError(400, "prompt_logprobs_not_allowed",
@@ -192,8 +192,8 @@ class Admission:
         backend, ``lease`` (from :meth:`admit`) carries the shared bucket's level read by the admit
         script (no extra round trip); without it the shared level is not known (``None``)."""
         led = self.ledger
-        if isinstance(led, InProcessLedger):
-            return led.prompt_room(tenant)
+        if isinstance(led, InProcessLedger):  # no prompt-token limit: None without its call (s18)
+            return None if tenant.prompt_tokens_per_s is None else led.prompt_room(tenant)
         return led.prompt_room(tenant, lease)
 
     def prompt_tokens(self, bounds: RequestBounds, req: InferenceRequest,

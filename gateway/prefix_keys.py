@@ -16,6 +16,8 @@ from tenancy.registry import Tenant
 
 __all__ = ["ChainView", "PrefixKeys"]
 
+_new_view = object.__new__
+
 
 class ChainView:
     """The prefix chains of one request: ``current`` (indexed) and the
@@ -51,8 +53,12 @@ class PrefixKeys:
     def prefix_chains(self, tenant: Tenant, tokens: Sequence[int]) -> ChainView:
         """The tenant-keyed HMAC block-hash chains of ``tokens`` (current + grace versions)."""
         # at most max_prefix_blocks blocks: = tokens[:max_prefix_blocks * block_size], without the copy
-        return ChainView(self.keyring.prefix_chain(tenant.id, tokens, self.block_size,
-                                                   max_blocks=self.max_prefix_blocks))
+        chains = self.keyring.prefix_chain(tenant.id, tokens, self.block_size, max_blocks=self.max_prefix_blocks)
+        if chains.previous:  # a rotation in grace
+            return ChainView(chains)
+        view = _new_view(ChainView)  # = ChainView(chains) without a grace chain, without its __init__ call (s18)
+        view.current, view.kid, view._prev = chains.current, chains.kid, ()
+        return view
 
     @staticmethod
     def prefix_fingerprint(chains: ChainView) -> str | None:

@@ -33,22 +33,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from tenancy.key_derivation import (
-    PREFIX_KEY_INFO,
-    USER_KEY_INFO,
-    PrefixChains,
-    TenantKey,
-    derive_prefix_key,
-    key_id,
-    user_pseudonym,
-)
-from tenancy.master_secret import (
-    MIN_MASTER_SECRET_BYTES,
-    KeyRingError,
-    MasterUnchanged,
-    check_master_secret,
-    load_master_secret,
-)
+from tenancy.key_derivation import (PREFIX_KEY_INFO, USER_KEY_INFO, PrefixChains, TenantKey, derive_prefix_key,
+                                    key_id, user_pseudonym)
+from tenancy.master_secret import (MIN_MASTER_SECRET_BYTES, KeyRingError, MasterUnchanged, check_master_secret,
+                                   load_master_secret)
 from tenancy.prefix import DEFAULT_DIGEST_SIZE, block_hash_chain
 from tenancy.salt import cache_salt as _cache_salt
 from tenancy.salt import derive_salt_key
@@ -188,11 +176,16 @@ class KeyRing:
         (whose ``ValueError`` it propagates). Outside a grace period this is
         one chain; during one, one extra chain per recognised old version.
         """
-        keys = self.lookup_keys(tenant_id)
-        first = keys[0]
+        with self._lock:  # s18: outside a grace period, = lookup_keys()[0] without its call, list and _derive's call
+            if not self._grace and not self._retired_masters:
+                ck = (self._generation, tenant_id, (self._state.tenants.get(tenant_id) or _UNROTATED).key_version)
+                keys, first = None, self._cache.get(ck) or self._derive(self._master, *ck)
+            else:
+                keys = self.lookup_keys(tenant_id)
+                first = keys[0]
         current = tuple(block_hash_chain(first.key, tokens, block_size, key_id=first.kid, digest_size=digest_size,
                                          max_blocks=max_blocks))
-        if len(keys) == 1:  # outside a grace period (issue 14: no list of pairs per request)
+        if keys is None or len(keys) == 1:  # outside a grace period (issue 14: no list of pairs per request)
             return PrefixChains(first.kid, current)
         previous = tuple(
             (k.kid, tuple(block_hash_chain(k.key, tokens, block_size, key_id=k.kid, digest_size=digest_size,

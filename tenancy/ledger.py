@@ -207,12 +207,6 @@ def _sync_bucket(existing: TokenBucket | None, rate: float | None, burst: float 
     return existing
 
 
-def _need(bucket: TokenBucket, n: int) -> float:
-    """Seconds until ``bucket`` holds ``min(n, burst)`` (0.0: now). Refilled by the caller."""
-    need = min(float(n), bucket.burst)
-    return 0.0 if bucket.level >= need else (need - bucket.level) / bucket.rate
-
-
 _NO_LOCK = contextlib.nullcontext()  # stateless and reusable: the lock of a ledger that needs none
 
 
@@ -315,26 +309,19 @@ class InProcessLedger(TokenLedger):
             # a _Buckets (three dicts) only when missing, not a throwaway per call (issue 14)
             st = self._tenants.get(tenant.id) or self._tenants.setdefault(tenant.id, _Buckets())
             # a tenant without a limit has no bucket (= _sync_bucket's answer, without its call: session 15)
-            st.prompt = None if tenant.prompt_tokens_per_s is None else _sync_bucket(
+            st.prompt = pb = None if tenant.prompt_tokens_per_s is None else _sync_bucket(
                 st.prompt, tenant.prompt_tokens_per_s, tenant.prompt_tokens_burst, now)
-            st.output = None if tenant.output_tokens_per_s is None else _sync_bucket(
+            st.output = ob = None if tenant.output_tokens_per_s is None else _sync_bucket(
                 st.output, tenant.output_tokens_per_s, tenant.output_tokens_burst, now)
-            waits: list[tuple[float, str]] = []
-            for bucket, n, reason in ((st.prompt, prompt_tokens, "tenant_prompt_tokens"),
-                                      (st.output, output_tokens, "tenant_output_tokens")):
-                if bucket is None:
-                    continue
-                bucket.refill(now)
-                wait = _need(bucket, n)
-                if wait > 0:
-                    waits.append((wait, reason))
-            if waits:
-                wait = max(w for w, _ in waits)
-                raise RateLimited(wait, waits[0][1])
-            if st.prompt is not None:
-                st.prompt.level -= prompt_tokens
-            if st.output is not None:
-                st.output.level -= output_tokens
+            # each bucket refilled and checked in one call (TokenBucket.wait_for: session 18)
+            wp = 0.0 if pb is None else pb.wait_for(prompt_tokens, now)
+            wo = 0.0 if ob is None else ob.wait_for(output_tokens, now)
+            if wp > 0 or wo > 0:  # the longer wait; the reason of the first bucket short (prompt, then output)
+                raise RateLimited(max(wp, wo), "tenant_prompt_tokens" if wp > 0 else "tenant_output_tokens")
+            if pb is not None:
+                pb.level -= prompt_tokens
+            if ob is not None:
+                ob.level -= output_tokens
             st.totals.reserved["prompt"] += prompt_tokens
             st.totals.reserved["output"] += output_tokens
             st.totals.open_reservations += 1

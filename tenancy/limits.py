@@ -86,13 +86,25 @@ class TokenBucket:
 
     def refill(self, now: float) -> float:
         """Add what accrued until ``now`` (capped at the burst); return the level."""
-        self._refill(now)
+        if now > self.updated:  # = _refill(now), without its call (issue 14, session 18)
+            self.level = min(self.burst, self.level + (now - self.updated) * self.rate)
+            self.updated = now
         return self.level
 
     def _refill(self, now: float) -> None:
         if now > self.updated:
             self.level = min(self.burst, self.level + (now - self.updated) * self.rate)
             self.updated = now
+
+    def wait_for(self, n: float, now: float) -> float:
+        """Refill to ``now``; seconds until the level reaches ``min(n, burst)`` (0.0: now). Takes nothing
+        (the token ledger checks both its buckets before taking from either: issue 14, session 18, one call
+        per bucket where a refill and a separate check were two)."""
+        if now > self.updated:
+            self.level = min(self.burst, self.level + (now - self.updated) * self.rate)
+            self.updated = now
+        need = min(float(n), self.burst)
+        return 0.0 if self.level >= need else (need - self.level) / self.rate
 
     def try_take(self, n: float, now: float, *, allow_debt: bool = False, need: float | None = None) -> float:
         """Take ``n`` units; return 0.0 on success, else seconds until it would succeed.
@@ -101,7 +113,9 @@ class TokenBucket:
         succeed: returns ``inf``). With ``allow_debt`` needs ``level >= min(n, burst)``
         (or ``need`` when given, at most the burst) and the level may go negative.
         """
-        self._refill(now)
+        if now > self.updated:  # = _refill(now), without its call (issue 14, session 18: two buckets per request)
+            self.level = min(self.burst, self.level + (now - self.updated) * self.rate)
+            self.updated = now
         if allow_debt:
             need = min(n, self.burst) if need is None else min(need, self.burst)
         else:

@@ -94,7 +94,7 @@ def block_hash_chain(
     # HMAC-SHA256 (RFC 2104) from two SHA-256 states prepared once per call: each block costs two
     # state copies and digests, ~2x faster than copying an ``hmac.HMAC`` (OpenSSL context) per
     # block; byte-identical to ``hmac.new(key, msg, sha256)`` (tests/tenancy/test_s3_prefix_chain_fast.py)
-    inner, outer = _pad_states(key)
+    inner, outer = _pads.get(key) or _pad_states(key)  # a memo hit without the call (s18)
     prev = _DOMAIN + key_id.encode("utf-8")
     out: list[bytes] = []
     append = out.append
