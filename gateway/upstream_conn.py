@@ -57,6 +57,7 @@ __all__ = ["UpstreamConnection", "UpstreamResponse", "UpstreamProtocolError", "U
 MAX_HEAD_BYTES = 64 << 10
 #: most header fields of one answer
 MAX_HEADERS = 100
+_MAX_FLAT = 2 * MAX_HEADERS  # the flat field list's length bound (name and value per field)
 #: buffered, unread body bytes of one answer above which the socket is not read
 HIGH_WATER = 1 << 20
 #: buffered body bytes below which reading resumes
@@ -116,7 +117,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._keep_alive = False
         self._until_close = False
         self._poisoned = False
-        self._fields: list[tuple[bytes, bytes]] = []  # the head's fields as received, read at its end
+        #: the head's fields as received, flat (name, value, name, value, ...), read at its end (session 18)
+        self._fields: list[bytes] = []
 
     # ----------------------------------------------------------------- use
     def send(self, data: bytes, request_id: str | None = None) -> UpstreamResponse:
@@ -126,12 +128,24 @@ class UpstreamConnection(asyncio.Protocol):
 
         Raises RuntimeError when the connection is closed or busy.
         """
-        if self.closed or self.transport is None or self._resp is not None:
+        transport = self.transport
+        if self.closed or transport is None or self._resp is not None:
             raise RuntimeError("upstream connection not idle")
-        self._reset_message()
+        # session 18: written first (the replica starts on it), the answer's state set after: no byte of the
+        # answer is handed to this protocol before the event loop's next turn (data_received is a loop callback)
+        transport.write(data)
+        # _reset_message inline (one call less per request)
+        self._head_bytes = 0
+        self._received = False
+        self._headers_done = False
+        self._message_done = False
+        self._interim = False
+        self._keep_alive = False
+        self._until_close = False
+        self._poisoned = False
+        self._fields = []
         self._expect_id = request_id
         resp = self._resp = UpstreamResponse(self, self.loop)
-        self.transport.write(data)
         return resp
 
     def usable(self) -> bool:
@@ -222,9 +236,11 @@ class UpstreamConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:  # noqa: D102
         # session 15: only kept here (one call per field from llhttp); counted, bounded and decoded at the
         # head's end (on_headers_complete). The head's bytes are bounded per read meanwhile (data_received).
+        # session 18: flat (no tuple per field); _header_map decodes all names and all values at once
         fields = self._fields
-        fields.append((name, value))
-        if len(fields) > MAX_HEADERS:
+        fields.append(name)
+        fields.append(value)
+        if len(fields) > _MAX_FLAT:
             raise UpstreamProtocolError(f"more than {MAX_HEADERS} header fields")
 
     def on_headers_complete(self) -> None:  # noqa: D102
@@ -298,14 +314,34 @@ class UpstreamConnection(asyncio.Protocol):
             self._on_closed(self)
 
 
-def _header_map(fields: list[tuple[bytes, bytes]]) -> dict[str, str]:
-    """The answer's header fields (as received: name, value) as lower-case name -> value, repeated
-    names joined with ``", "`` (RFC 9110 section 5.3). Raises :class:`UpstreamProtocolError` when the
-    fields pass :data:`MAX_HEAD_BYTES` (each counted as ``name: value`` and CRLF) or name
-    ``Content-Length`` twice."""
-    headers: dict[str, str] = {}
+def _header_map(fields: list[bytes]) -> dict[str, str]:
+    """The answer's header fields (as received, flat: name, value, name, value, ...) as lower-case
+    name -> value, repeated names joined with ``", "`` (RFC 9110 section 5.3). Raises
+    :class:`UpstreamProtocolError` when the fields pass :data:`MAX_HEAD_BYTES` (each counted as
+    ``name: value`` and CRLF) or name ``Content-Length`` twice.
+
+    Session 18 (issue 14, the answer's ``post``): the usual head (no name twice, no LF inside a name or
+    value) is decoded in one pass: all names joined, decoded and lowered at once, all values joined and
+    decoded at once (C calls only, ~10 instead of ~5 per field); the same map as the field-by-field
+    path, which any other head takes (a count check after the split: the joins' separator never
+    splits a name or a value wrongly)."""
+    n = len(fields) >> 1
+    if n:
+        names = b"\n".join(fields[0::2]).decode("latin-1").lower()
+        values = b"\n".join(fields[1::2]).decode("latin-1")
+        keys = names.split("\n")
+        vals = values.split("\n")
+        if len(keys) == n and len(vals) == n:
+            headers = dict(zip(keys, vals))
+            if len(headers) == n:  # no name twice (the general path joins those, or refuses Content-Length)
+                # sum of len(name) + len(value) + 4 per field: the joins hold n - 1 separators each
+                if len(names) + len(values) + 2 * n + 2 > MAX_HEAD_BYTES:
+                    raise UpstreamProtocolError(f"answer head larger than {MAX_HEAD_BYTES} bytes")
+                return headers
+    headers = {}
     size = 0
-    for name, value in fields:
+    for i in range(0, len(fields) - 1, 2):
+        name, value = fields[i], fields[i + 1]
         size += len(name) + len(value) + 4
         key = name.decode("latin-1").lower()
         val = value.decode("latin-1")
