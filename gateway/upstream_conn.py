@@ -57,7 +57,6 @@ __all__ = ["UpstreamConnection", "UpstreamResponse", "UpstreamProtocolError", "U
 MAX_HEAD_BYTES = 64 << 10
 #: most header fields of one answer
 MAX_HEADERS = 100
-_MAX_FLAT = 2 * MAX_HEADERS  # the flat field list's length bound (name and value per field)
 #: buffered, unread body bytes of one answer above which the socket is not read
 HIGH_WATER = 1 << 20
 #: buffered body bytes below which reading resumes
@@ -117,8 +116,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._keep_alive = False
         self._until_close = False
         self._poisoned = False
-        #: the head's fields as received, flat (name, value, name, value, ...), read at its end (session 18)
-        self._fields: list[bytes] = []
+        self._fields: list[tuple[bytes, bytes]] = []  # the head's fields as received, read at its end
 
     # ----------------------------------------------------------------- use
     def send(self, data: bytes, request_id: str | None = None) -> UpstreamResponse:
@@ -236,11 +234,9 @@ class UpstreamConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:  # noqa: D102
         # session 15: only kept here (one call per field from llhttp); counted, bounded and decoded at the
         # head's end (on_headers_complete). The head's bytes are bounded per read meanwhile (data_received).
-        # session 18: flat (no tuple per field); _header_map decodes all names and all values at once
         fields = self._fields
-        fields.append(name)
-        fields.append(value)
-        if len(fields) > _MAX_FLAT:
+        fields.append((name, value))
+        if len(fields) > MAX_HEADERS:
             raise UpstreamProtocolError(f"more than {MAX_HEADERS} header fields")
 
     def on_headers_complete(self) -> None:  # noqa: D102
@@ -314,34 +310,14 @@ class UpstreamConnection(asyncio.Protocol):
             self._on_closed(self)
 
 
-def _header_map(fields: list[bytes]) -> dict[str, str]:
-    """The answer's header fields (as received, flat: name, value, name, value, ...) as lower-case
-    name -> value, repeated names joined with ``", "`` (RFC 9110 section 5.3). Raises
-    :class:`UpstreamProtocolError` when the fields pass :data:`MAX_HEAD_BYTES` (each counted as
-    ``name: value`` and CRLF) or name ``Content-Length`` twice.
-
-    Session 18 (issue 14, the answer's ``post``): the usual head (no name twice, no LF inside a name or
-    value) is decoded in one pass: all names joined, decoded and lowered at once, all values joined and
-    decoded at once (C calls only, ~10 instead of ~5 per field); the same map as the field-by-field
-    path, which any other head takes (a count check after the split: the joins' separator never
-    splits a name or a value wrongly)."""
-    n = len(fields) >> 1
-    if n:
-        names = b"\n".join(fields[0::2]).decode("latin-1").lower()
-        values = b"\n".join(fields[1::2]).decode("latin-1")
-        keys = names.split("\n")
-        vals = values.split("\n")
-        if len(keys) == n and len(vals) == n:
-            headers = dict(zip(keys, vals))
-            if len(headers) == n:  # no name twice (the general path joins those, or refuses Content-Length)
-                # sum of len(name) + len(value) + 4 per field: the joins hold n - 1 separators each
-                if len(names) + len(values) + 2 * n + 2 > MAX_HEAD_BYTES:
-                    raise UpstreamProtocolError(f"answer head larger than {MAX_HEAD_BYTES} bytes")
-                return headers
-    headers = {}
+def _header_map(fields: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The answer's header fields (as received: name, value) as lower-case name -> value, repeated
+    names joined with ``", "`` (RFC 9110 section 5.3). Raises :class:`UpstreamProtocolError` when the
+    fields pass :data:`MAX_HEAD_BYTES` (each counted as ``name: value`` and CRLF) or name
+    ``Content-Length`` twice."""
+    headers: dict[str, str] = {}
     size = 0
-    for i in range(0, len(fields) - 1, 2):
-        name, value = fields[i], fields[i + 1]
+    for name, value in fields:
         size += len(name) + len(value) + 4
         key = name.decode("latin-1").lower()
         val = value.decode("latin-1")

@@ -1,5 +1,7 @@
-"""Session 18 (upstream3): the answer head's fields are decoded in one pass (gateway/upstream_conn.py
-``_header_map``): the same map and the same refusals as the field-by-field rule, for any fields."""
+"""Session 18 (upstream3): the answer head's field map (gateway/upstream_conn.py ``_header_map``) against
+the rule written out field by field, for any fields (a one-pass decoding was tried against this and
+measured slower: docs/benchmarks.md, "Session 18: upstream3"); and the request is written before its
+answer's state is set (``UpstreamConnection.send``)."""
 
 from __future__ import annotations
 
@@ -29,11 +31,8 @@ def _reference(pairs: list[tuple[bytes, bytes]]) -> dict[str, str]:
     return headers
 
 
-def _flat(pairs: list[tuple[bytes, bytes]]) -> list[bytes]:
-    out: list[bytes] = []
-    for name, value in pairs:
-        out += [name, value]
-    return out
+def _flat(pairs: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return list(pairs)
 
 
 _NAMES = st.sampled_from([b"Content-Type", b"content-type", b"X-Request-Id", b"Content-Length", b"Date",
@@ -58,7 +57,7 @@ def test_one_pass_gives_the_field_by_field_map(pairs: list[tuple[bytes, bytes]])
 
 
 @pytest.mark.parametrize("extra", [-1, 0, 1])
-def test_the_size_bound_is_exact_on_the_one_pass(extra: int) -> None:
+def test_the_size_bound_is_exact(extra: int) -> None:
     # two distinct fields whose "name: value\r\n" lines sum to MAX_HEAD_BYTES + extra
     first = (b"A", b"x" * 10)
     rest = MAX_HEAD_BYTES + extra - (len(first[0]) + len(first[1]) + 4) - (1 + 4)
@@ -75,3 +74,44 @@ def test_a_repeated_content_length_is_refused_and_other_names_joined() -> None:
         _header_map(_flat([(b"Content-Length", b"1"), (b"content-length", b"1")]))
     assert _header_map(_flat([(b"Via", b"a"), (b"VIA", b"b")])) == {"via": "a, b"}
     assert _header_map([]) == {}
+
+
+async def test_send_writes_first_and_the_answer_is_read_whole() -> None:
+    import asyncio
+
+    from gateway.upstream_conn import UpstreamConnection
+
+    written: list[bytes] = []
+    idled: list[object] = []
+
+    class _T:
+        def write(self, data: bytes) -> None:
+            written.append(data)
+
+        def is_closing(self) -> bool:
+            return False
+
+        def abort(self) -> None:
+            pass
+
+        def get_extra_info(self, name: str, default: object = None) -> object:
+            return default
+
+        def get_write_buffer_size(self) -> int:
+            return 0
+
+    conn = UpstreamConnection(idled.append, lambda c: None, asyncio.get_running_loop())
+    conn.connection_made(_T())  # type: ignore[arg-type]
+    for i in range(2):  # the second answer on the same (kept-alive) connection: its state was reset
+        resp = conn.send(b"POST / HTTP/1.1\r\n\r\n", f"r{i}")
+        assert written[-1] == b"POST / HTTP/1.1\r\n\r\n"
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Request-Id: r%d\r\n\r\nok" % i)
+        await resp.wait_head()
+        assert resp.status == 200 and resp.headers["x-request-id"] == f"r{i}"
+        assert await resp.read_chunk() == b"ok" and await resp.read_chunk() == b""
+        assert idled[-1] is conn and len(idled) == i + 1
+    resp = conn.send(b"x", "r9")
+    with pytest.raises(RuntimeError):
+        conn.send(b"y")  # busy: refused, nothing written
+    assert written[-1] == b"x"
+    resp.close()
