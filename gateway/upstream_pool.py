@@ -43,6 +43,7 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import Mapping
+from functools import partial
 
 from gateway.upstream_conn import UpstreamConnection, UpstreamConnectionLost, UpstreamResponse
 from gateway.upstream_deadline import DeadlineWatch
@@ -271,7 +272,7 @@ class UpstreamPool:
                 ctx = self._ssl = self._ssl or ssl.create_default_context()
             async with asyncio.timeout(self.connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: UpstreamConnection(lambda c: self._idled(c, origin), self._closed, loop),
+                    lambda: UpstreamConnection(partial(self._idled, origin=origin), self._closed, loop),
                     origin.host, origin.port, ssl=ctx, server_hostname=origin.host if ctx else None)
         except OSError as exc:
             self._release_slot()
@@ -299,7 +300,8 @@ class UpstreamPool:
         q.append(conn)
         if self._sweep_timer is None:
             self._sweep_timer = loop.call_later(self.keepalive_s, self._sweep)
-        self._wake_one()
+        if self._waiters:  # session 18: no call when no request waits for a connection (the usual case)
+            self._wake_one()
 
     def _sweep(self) -> None:
         """Close idle connections older than ``keepalive_s``; again later while any stay idle."""

@@ -219,7 +219,10 @@ def may_name_cached(data: bytes) -> bool:
     """Whether the JSON bytes ``data`` may hold a key a parser reads as ``cached_tokens`` beyond what
     their parse shows: they name ``"cached_tokens"`` or hold a ``\\u`` escape (two byte searches; review
     RV2-1). False: every key is spelt literally and none is the counter."""
-    return data.rfind(_CACHED_KEY) >= 0 or _has_escape(data)
+    if data.rfind(_CACHED_KEY) >= 0:
+        return True
+    i = data.find(b"\\")  # _has_escape(data), inline (session 18: one call less per plain answer)
+    return i >= 0 and data.find(_ESCAPE, i) >= 0
 
 
 def _has_escape(data: bytes) -> bool:
