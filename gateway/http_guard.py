@@ -73,6 +73,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gateway.body_guard import (BODY_COMPLETE_KEY, DEFAULT_MAX_BODY_CHUNKS, WIRE_SCOPE_KEY, BodyGuard, BodyWire,
                                 GuardedH11Connection)
 from gateway.client_io import LOSS_KEY
+from gateway.edge_usual import UsualRequest, usual_whole  # session 18: the usual request's path
 from gateway.drop_guard import DropGuard  # R9-1: no read-and-drop at line rate behind an answer in progress
 from gateway.head_fields import DEFAULT_MAX_HEADER_FIELDS
 from gateway.head_guard import DEFAULT_HEADER_READ_TIMEOUT_S, DEFAULT_MAX_HEADER_BYTES, HeadGuard
@@ -90,7 +91,8 @@ PARSERS = ("h11", "httptools")
 _HASH = ord("#")
 
 
-class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard, HeadGuard, HttpToolsProtocol):  # R7-1, R9-1
+class GuardedHttpToolsProtocol(UsualRequest, UpgradeGuard, RefusalAudit, BodyGuard, DropGuard, HeadGuard,  # R7-1, R9-1
+                               HttpToolsProtocol):
     """uvicorn's httptools protocol with the request-head bounds of :class:`gateway.head_guard.HeadGuard`
     and the body framing bounds of :class:`gateway.body_guard.BodyGuard`."""
 
@@ -106,6 +108,10 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard,
         if (self.guard_waiting and not fields.started and self.guard_deferred is None and not transport.lingering
                 and not transport.held and len(data) <= self.guard_max_header_bytes
                 and (cut := usual_head(data, self.guard_max_header_fields)) > 0 and not transport.is_closing()):
+            if (self.guard_usual_request and ((cycle := self.cycle) is None or cycle.response_complete)
+                    and usual_whole(data, cut)):  # the whole request, nothing after it (session 18)
+                self.guard_feed_usual(data, cut)
+                return
             note_peer(self.client)
             fields.started = fields.ended = fields.body = fields.hosts = True  # as ScannedHeadFields.feed leaves them
             fields.end = cut
