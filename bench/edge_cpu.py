@@ -1,6 +1,6 @@
 """The HTTP edge's CPU per request, in process: PrefixGate's vs the passthrough's, this tree vs another (not a test).
 
-``python -m bench.edge_cpu --baseline DIR [--rounds 3] [--requests 2000] [--name edge_cpu]``
+``python -m bench.edge_cpu --baseline DIR [--rounds 3] [--requests 2000] [--name edge_cpu] [--split]``
 
 The edge is everything from the socket's bytes to the pipeline and back, without the pipeline's
 own stages (authentication, admission, tokenize, keys, policy, routing, upstream): the guarded
@@ -17,6 +17,13 @@ lingering transports), then either
 * **floor** (session 14): the stub pipeline's work (body parse, answer parse, the same answer bytes) on
   a bare ``asyncio.Protocol`` with httptools (bench/floor_proxy.py's shape): no uvicorn, no ASGI, no
   guards. PrefixGate's edge minus this is what uvicorn's ASGI cycle and the guards cost.
+
+``--split`` (session 18, the split of the edge's cost): ``uvicorn-trivial`` (uvicorn's own
+``HttpToolsProtocol``, no guards, a trivial ASGI app: ``receive`` then a plain answer's two sends),
+``guarded-trivial`` (the guarded protocol, same app) and ``guarded-trivial-usual-off`` (its usual request's
+path off: gateway/edge_usual.py), ``this`` / ``this-usual-off`` (the full PrefixGate edge, path on / off),
+``baseline`` and ``floor``; guarded-trivial - uvicorn-trivial is what the protocol guards cost per request.
+Pass an A/A tree of this code as ``--baseline`` for the noise beside the A/B.
 
 Requests: ``bench.loadgen``'s bodies (64 unique words, ``max_tokens`` 1) with a 600-byte bearer token,
 fed to the protocol on one keep-alive connection over a fake transport, on uvloop. Each figure is

@@ -59,6 +59,12 @@ callbacks call uvicorn's hooks of the same names directly (no ``super()`` chain 
 define none of them), and the head/body state changes and the backstop test are inline. No new hook:
 tests/hostile/test_s15_edge_usual_head.py compares ``usual_head`` with the general path and refuses every
 guarded head in one read under both parsers.
+
+The usual request WHOLE (session 18, gateway/edge_usual.py): when that read is exactly one whole HTTP/1.1
+request (its ``Content-Length`` = the bytes after the head, nothing after it, no ``Expect``/``Connection``,
+plain CRLF spelling) and no answer is in progress, a second parser of the connection with uvicorn's own
+callbacks parses it and the guard work is done once (no per-callback wrapper); ``guard_usual_request = False``
+turns it off.
 """
 
 from __future__ import annotations
