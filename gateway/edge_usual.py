@@ -6,7 +6,8 @@ and the message end went through a guard wrapper (gateway/http_guard.py ``on_hea
 ``on_message_complete``) that only matters while a head is incomplete, a body is chunked or split over
 reads, or a next request is pipelined behind a body. A request that arrives whole is none of these.
 
-**The usual request** (:func:`usual_whole`, decided on facts already checked, never on a guess): one read
+**The usual request** (:func:`gateway.head_scan.usual_head` with ``whole``, in the same pass as its usual-head
+checks; :func:`usual_whole`; decided on facts already checked, never on a guess): one read
 that :func:`gateway.head_scan.usual_head` accepts (a whole head, ``POST``/``GET``, no ``#`` in the request
 line, no ``Upgrade`` line, exactly one plain ``Content-Length`` > 0, no ``Transfer-Encoding``, exactly one
 ``Host``, at most ``max_header_fields`` fields, the read within ``max_header_bytes``) AND
@@ -55,32 +56,17 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.body_guard import BODY_COMPLETE_KEY, WIRE_SCOPE_KEY, BodyWire
 from gateway.client_io import LOSS_KEY
+from gateway.head_scan import usual_head
 from gateway.log_aggregate import note_peer
 from gateway.send_order import SCOPE_KEY as SENDS_KEY, SEND_ORDER
 
 __all__ = ["UsualRequest", "usual_whole"]
 
-_HTTP11 = b" HTTP/1.1\r\n"
-
-
-def usual_whole(data: bytes, cut: int) -> bool:
-    """True when ``data`` (one read; ``cut`` > 0: :func:`gateway.head_scan.usual_head`'s offset past its head)
-    is the usual request whole (module doc): request line ending ``HTTP/1.1``, CRLF lines only, no space or tab
-    before a colon, no folded line, no ``expect`` or
-    ``connection`` in the head (any case), and a ``Content-Length`` equal to ``len(data) - cut``."""
-    nl = data.find(b"\n")
-    if nl < 14 or not data.startswith(_HTTP11, nl - 10):
-        return False
-    head = data[:cut]
-    crlf = head.count(b"\r\n")  # every line ends CRLF: no bare CR, no bare LF
-    if head.count(b"\r") != crlf or head.count(b"\n") != crlf or b" :" in head or b"\t:" in head or b"\n " in head \
-            or b"\n\t" in head:  # odd spellings (space before a colon, an obs-fold line): today's path
-        return False
-    low = head.lower()
-    if b"expect" in low or b"connection" in low:
-        return False
-    i = low.find(b"\ncontent-length:") + 16  # present once, digits: usual_head checked it
-    return int(low[i:low.find(b"\n", i)]) == len(data) - cut
+def usual_whole(data: bytes, max_fields: int) -> int:
+    """The offset past the head when ``data`` (one read) is the usual request whole (module doc), else -1:
+    :func:`gateway.head_scan.usual_head` with ``whole`` (one pass over the head)."""
+    cut = usual_head(data, max_fields, True)
+    return cut if cut > 0 else -1
 
 
 class UsualRequest:
@@ -120,13 +106,12 @@ class UsualRequest:
         finally:
             proto.parser = main
         proto.guard_head_wire = 0
-        if proto.transport.is_closing():  # a parse error (uvicorn's 400) or a refusal: this parser is spent
-            self.guard_usual = None
+        if (cycle := proto.cycle) is None or cycle.scope is not proto.scope or cycle.more_body:
+            self.guard_usual = None  # the message did not complete (a parse error: uvicorn's 400): parser spent
             return
         proto.guard_head_tail = b""
         proto.guard_body_bytes = body
-        if (cycle := proto.cycle) is not None and cycle.scope is proto.scope and not cycle.more_body:
-            proto.scope[BODY_COMPLETE_KEY] = True
+        proto.scope[BODY_COMPLETE_KEY] = True
 
     def guard_usual_headers_complete(self) -> None:
         """The usual parser's ``on_headers_complete``: what gateway/http_guard.py's does for a head read whole

@@ -79,7 +79,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gateway.body_guard import (BODY_COMPLETE_KEY, DEFAULT_MAX_BODY_CHUNKS, WIRE_SCOPE_KEY, BodyGuard, BodyWire,
                                 GuardedH11Connection)
 from gateway.client_io import LOSS_KEY
-from gateway.edge_usual import UsualRequest, usual_whole  # session 18: the usual request's path
+from gateway.edge_usual import UsualRequest  # session 18: the usual request's path
 from gateway.drop_guard import DropGuard  # R9-1: no read-and-drop at line rate behind an answer in progress
 from gateway.head_fields import DEFAULT_MAX_HEADER_FIELDS
 from gateway.head_guard import DEFAULT_HEADER_READ_TIMEOUT_S, DEFAULT_MAX_HEADER_BYTES, HeadGuard
@@ -113,11 +113,12 @@ class GuardedHttpToolsProtocol(UsualRequest, UpgradeGuard, RefusalAudit, BodyGua
         fields = self.guard_fields
         if (self.guard_waiting and not fields.started and self.guard_deferred is None and not transport.lingering
                 and not transport.held and len(data) <= self.guard_max_header_bytes
-                and (cut := usual_head(data, self.guard_max_header_fields)) > 0 and not transport.is_closing()):
-            if (self.guard_usual_request and ((cycle := self.cycle) is None or cycle.response_complete)
-                    and usual_whole(data, cut)):  # the whole request, nothing after it (session 18)
-                self.guard_feed_usual(data, cut)
+                and (cut := usual_head(data, self.guard_max_header_fields, self.guard_usual_request)) != -1
+                and not transport.is_closing()):
+            if cut > 0 and self.guard_usual_request and ((cycle := self.cycle) is None or cycle.response_complete):
+                self.guard_feed_usual(data, cut)  # the whole request, nothing after it (session 18)
                 return
+            cut = abs(cut)  # a usual head (not the whole request, or an answer in progress)
             note_peer(self.client)
             fields.started = fields.ended = fields.body = fields.hosts = True  # as ScannedHeadFields.feed leaves them
             fields.end = cut
