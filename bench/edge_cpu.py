@@ -20,10 +20,9 @@ lingering transports), then either
 
 ``--split`` (session 18, the split of the edge's cost): ``uvicorn-trivial`` (uvicorn's own
 ``HttpToolsProtocol``, no guards, a trivial ASGI app: ``receive`` then a plain answer's two sends),
-``guarded-trivial`` (the guarded protocol, same app) and ``guarded-trivial-usual-off`` (its usual request's
-path off: gateway/edge_usual.py), ``this`` / ``this-usual-off`` (the full PrefixGate edge, path on / off),
-``baseline`` and ``floor``; guarded-trivial - uvicorn-trivial is what the protocol guards cost per request.
-Pass an A/A tree of this code as ``--baseline`` for the noise beside the A/B.
+``guarded-trivial`` (the guarded protocol of gateway/http_guard.py, same app), ``this`` (the full PrefixGate
+edge), ``baseline`` and ``floor``; guarded-trivial - uvicorn-trivial is what the protocol guards cost per
+request. Pass an A/A tree of this code as ``--baseline`` for the noise beside the A/B.
 
 Requests: ``bench.loadgen``'s bodies (64 unique words, ``max_tokens`` 1) with a 600-byte bearer token,
 fed to the protocol on one keep-alive connection over a fake transport, on uvloop. Each figure is
@@ -52,9 +51,8 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 TARGETS = ("this", "baseline", "passthrough", "floor")
 #: ``--split`` (session 18): target -> (tree: "this" or "baseline", child kind)
-SPLIT = {"this": ("this", "prefixgate"), "this-usual-off": ("this", "prefixgate-off"),
-         "baseline": ("baseline", "prefixgate"), "uvicorn-trivial": ("this", "trivial-uvicorn"),
-         "guarded-trivial": ("this", "trivial"), "guarded-trivial-usual-off": ("this", "trivial-off"),
+SPLIT = {"this": ("this", "prefixgate"), "baseline": ("baseline", "prefixgate"),
+         "uvicorn-trivial": ("this", "trivial-uvicorn"), "guarded-trivial": ("this", "trivial"),
          "floor": ("this", "floor")}
 
 _CHILD = r'''
@@ -157,8 +155,6 @@ app = (passthrough() if KIND == "passthrough" else None if KIND == "floor" else 
 async def main():
     loop = asyncio.get_running_loop()
     cls = guarded_protocol("httptools")
-    if KIND.endswith("-off"):  # session 18: the usual request's path off (a tree without it: no such attribute used)
-        cls.guard_usual_request = False
     if KIND == "trivial-uvicorn":  # uvicorn's own protocol, unguarded
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as cls
     config = uvicorn.Config(app or passthrough(), http=cls, proxy_headers=False, lifespan="off", log_level="warning",
@@ -212,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
     ap.option("--name", default="edge_cpu")
     ap.option("--split", is_flag=True, default=False,
-              help="session 18: uvicorn trivial / guarded trivial (usual path on, off) / full edge (on, off)")
+              help="session 18: uvicorn trivial / guarded trivial / full edge / floor")
     args = ap.parse(argv)
     doc = run(args.baseline.resolve(), args.rounds, args.requests, args.split)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -225,12 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for t in doc["runs"]:
         lines.append(f"| {t} | {med[t]:.1f} | {', '.join(f'{v:.1f}' for v in doc['runs'][t])} |")
     if args.split:
-        lines += ["", "Split (µs/request, medians): guards with a trivial app (guarded-trivial - uvicorn-trivial) "
-                  f"{med['guarded-trivial'] - med['uvicorn-trivial']:+.1f}, usual path off "
-                  f"{med['guarded-trivial-usual-off'] - med['uvicorn-trivial']:+.1f}; the usual path's saving: "
-                  f"trivial app {med['guarded-trivial'] - med['guarded-trivial-usual-off']:+.1f}, full edge "
-                  f"{med['this'] - med['this-usual-off']:+.1f}; this - baseline {med['this'] - med['baseline']:+.1f} "
-                  "(run with --baseline an A/A tree of this code for the noise)."]
+        lines += ["", "Split (µs/request, medians): the protocol guards with a trivial app (guarded-trivial - "
+                  f"uvicorn-trivial) {med['guarded-trivial'] - med['uvicorn-trivial']:+.1f}; uvicorn's cycle over the "
+                  f"bare protocol (uvicorn-trivial - floor) {med['uvicorn-trivial'] - med['floor']:+.1f}; the routes, "
+                  f"framing guard and stub pipeline (this - guarded-trivial) {med['this'] - med['guarded-trivial']:+.1f}; "
+                  f"this - baseline {med['this'] - med['baseline']:+.1f} (run with --baseline an A/A tree of this "
+                  "code for the noise)."]
         (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
         return 0

@@ -29,8 +29,6 @@ METHODS = frozenset((b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"
 _PREFIXES = frozenset(m[:i] for m in METHODS for i in range(len(m) + 1))
 #: the methods of the usual head (the whole-head fast path: one C call; issue 14)
 _USUAL = (b"POST ", b"GET ")
-#: the request line's end of the usual request whole (session 18)
-_HTTP11 = b" HTTP/1.1\r\n"
 #: ``#`` as an int: ``int in bytes`` is a plain byte search (``b"#" in bytes`` goes through the buffer protocol, ~6x slower)
 _HASH = ord("#")
 #: an ``Upgrade`` field line (lower-cased): its name at a line start (the scan keeps a virtual ``\n`` before a head)
@@ -140,7 +138,7 @@ def whole_head_is_plain(head: bytes, low: bytes | None = None) -> tuple[bool, bo
     return True, value.isdigit() and value.strip(b"0") != b""
 
 
-def usual_head(data: bytes, max_fields: int, whole: bool = False) -> int:
+def usual_head(data: bytes, max_fields: int) -> int:
     """The usual request as one read, checked in one function (session 15, issue 14: the server head).
 
     ``data``: the bytes of one read that starts a new head (nothing of it fed before); ``max_fields``:
@@ -154,12 +152,7 @@ def usual_head(data: bytes, max_fields: int, whole: bool = False) -> int:
     waits for more bytes, or parses the head alone). Never an offset where that path would not parse head and
     body start in one call with a right ``Host``; -1 for a few reads it would (bare-LF line ends, leading blank
     lines, HTTP/1.0 without ``Host``: it then does so itself). tests/hostile/test_s15_edge_usual_head.py compares
-    the two on hostile heads.
-
-    ``whole`` (session 18, gateway/edge_usual.py): also tell whether ``data`` is the usual request WHOLE: then
-    the offset when it is (request line ending `` HTTP/1.1``, CRLF lines only, no space or tab before a colon,
-    no folded line, no ``expect`` or ``connection`` anywhere in the head, ``Content-Length`` = the bytes after
-    the head), ``-offset`` when it is only a usual head, -1 as above."""
+    the two on hostile heads."""
     if not data.startswith(_USUAL):
         return -1
     end = data.find(b"\n\r\n")
@@ -178,17 +171,7 @@ def usual_head(data: bytes, max_fields: int, whole: bool = False) -> int:
     if not value.isdigit() or value.strip(b"0") == b"":
         return -1
     i = low.find(b"\nhost:")
-    if i < 0 or i != low.rfind(b"\nhost:"):
-        return -1
-    if not whole:
-        return cut
-    nl = low.find(b"\n")
-    crlf = low.count(b"\r\n")
-    if (nl >= 14 and data.startswith(_HTTP11, nl - 10) and int(value) == len(data) - cut and low.count(b"\r") == crlf
-            and low.count(b"\n") == crlf and b" :" not in low and b"\t:" not in low and b"\n " not in low
-            and b"\n\t" not in low and b"expect" not in low and b"connection" not in low):
-        return cut
-    return -cut
+    return cut if i >= 0 and i == low.rfind(b"\nhost:") else -1
 
 
 class ScannedHeadFields(HeadFields):

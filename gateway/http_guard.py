@@ -59,12 +59,6 @@ callbacks call uvicorn's hooks of the same names directly (no ``super()`` chain 
 define none of them), and the head/body state changes and the backstop test are inline. No new hook:
 tests/hostile/test_s15_edge_usual_head.py compares ``usual_head`` with the general path and refuses every
 guarded head in one read under both parsers.
-
-The usual request WHOLE (session 18, gateway/edge_usual.py): when that read is exactly one whole HTTP/1.1
-request (its ``Content-Length`` = the bytes after the head, nothing after it, no ``Expect``/``Connection``,
-plain CRLF spelling) and no answer is in progress, a second parser of the connection with uvicorn's own
-callbacks parses it and the guard work is done once (no per-callback wrapper); ``guard_usual_request = False``
-turns it off.
 """
 
 from __future__ import annotations
@@ -79,7 +73,6 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gateway.body_guard import (BODY_COMPLETE_KEY, DEFAULT_MAX_BODY_CHUNKS, WIRE_SCOPE_KEY, BodyGuard, BodyWire,
                                 GuardedH11Connection)
 from gateway.client_io import LOSS_KEY
-from gateway.edge_usual import UsualRequest  # session 18: the usual request's path
 from gateway.drop_guard import DropGuard  # R9-1: no read-and-drop at line rate behind an answer in progress
 from gateway.head_fields import DEFAULT_MAX_HEADER_FIELDS
 from gateway.head_guard import DEFAULT_HEADER_READ_TIMEOUT_S, DEFAULT_MAX_HEADER_BYTES, HeadGuard
@@ -97,8 +90,7 @@ PARSERS = ("h11", "httptools")
 _HASH = ord("#")
 
 
-class GuardedHttpToolsProtocol(UsualRequest, UpgradeGuard, RefusalAudit, BodyGuard, DropGuard, HeadGuard,  # R7-1, R9-1
-                               HttpToolsProtocol):
+class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard, HeadGuard, HttpToolsProtocol):  # R7-1, R9-1
     """uvicorn's httptools protocol with the request-head bounds of :class:`gateway.head_guard.HeadGuard`
     and the body framing bounds of :class:`gateway.body_guard.BodyGuard`."""
 
@@ -113,12 +105,7 @@ class GuardedHttpToolsProtocol(UsualRequest, UpgradeGuard, RefusalAudit, BodyGua
         fields = self.guard_fields
         if (self.guard_waiting and not fields.started and self.guard_deferred is None and not transport.lingering
                 and not transport.held and len(data) <= self.guard_max_header_bytes
-                and (cut := usual_head(data, self.guard_max_header_fields, self.guard_usual_request)) != -1
-                and not transport.is_closing()):
-            if cut > 0 and self.guard_usual_request and ((cycle := self.cycle) is None or cycle.response_complete):
-                self.guard_feed_usual(data, cut)  # the whole request, nothing after it (session 18)
-                return
-            cut = abs(cut)  # a usual head (not the whole request, or an answer in progress)
+                and (cut := usual_head(data, self.guard_max_header_fields)) > 0 and not transport.is_closing()):
             note_peer(self.client)
             fields.started = fields.ended = fields.body = fields.hosts = True  # as ScannedHeadFields.feed leaves them
             fields.end = cut
