@@ -1,6 +1,6 @@
 """The HTTP edge's CPU per request, in process: PrefixGate's vs the passthrough's, this tree vs another (not a test).
 
-``python -m bench.edge_cpu --baseline DIR [--rounds 3] [--requests 2000] [--name edge_cpu]``
+``python -m bench.edge_cpu --baseline DIR [--rounds 3] [--requests 2000] [--name edge_cpu] [--split]``
 
 The edge is everything from the socket's bytes to the pipeline and back, without the pipeline's
 own stages (authentication, admission, tokenize, keys, policy, routing, upstream): the guarded
@@ -17,6 +17,12 @@ lingering transports), then either
 * **floor** (session 14): the stub pipeline's work (body parse, answer parse, the same answer bytes) on
   a bare ``asyncio.Protocol`` with httptools (bench/floor_proxy.py's shape): no uvicorn, no ASGI, no
   guards. PrefixGate's edge minus this is what uvicorn's ASGI cycle and the guards cost.
+
+``--split`` (session 18, the split of the edge's cost): ``uvicorn-trivial`` (uvicorn's own
+``HttpToolsProtocol``, no guards, a trivial ASGI app: ``receive`` then a plain answer's two sends),
+``guarded-trivial`` (the guarded protocol of gateway/http_guard.py, same app), ``this`` (the full PrefixGate
+edge), ``baseline`` and ``floor``; guarded-trivial - uvicorn-trivial is what the protocol guards cost per
+request. Pass an A/A tree of this code as ``--baseline`` for the noise beside the A/B.
 
 Requests: ``bench.loadgen``'s bodies (64 unique words, ``max_tokens`` 1) with a 600-byte bearer token,
 fed to the protocol on one keep-alive connection over a fake transport, on uvloop. Each figure is
@@ -44,6 +50,10 @@ from sim.click_options import ClickOptions
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 TARGETS = ("this", "baseline", "passthrough", "floor")
+#: ``--split`` (session 18): target -> (tree: "this" or "baseline", child kind)
+SPLIT = {"this": ("this", "prefixgate"), "baseline": ("baseline", "prefixgate"),
+         "uvicorn-trivial": ("this", "trivial-uvicorn"), "guarded-trivial": ("this", "trivial"),
+         "floor": ("this", "floor")}
 
 _CHILD = r'''
 import asyncio, sys, time
@@ -131,11 +141,22 @@ class Floor(asyncio.Protocol):
         self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Request-Id: 0123456789abcdef"
                              b"\r\nContent-Length: %d\r\n\r\n" % len(UP) + UP)
 
-app = passthrough() if KIND == "passthrough" else None if KIND == "floor" else prefixgate()
+class Trivial:
+    """The split's trivial ASGI app (session 18): receive, then a plain answer's two sends."""
+    async def __call__(self, scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json"),
+                    (b"x-request-id", b"0123456789abcdef"), (b"content-length", b"%d" % len(UP))]})
+        await send({"type": "http.response.body", "body": UP})
+
+app = (passthrough() if KIND == "passthrough" else None if KIND == "floor" else Trivial() if KIND.startswith("trivial")
+       else prefixgate())
 
 async def main():
     loop = asyncio.get_running_loop()
     cls = guarded_protocol("httptools")
+    if KIND == "trivial-uvicorn":  # uvicorn's own protocol, unguarded
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as cls
     config = uvicorn.Config(app or passthrough(), http=cls, proxy_headers=False, lifespan="off", log_level="warning",
                             access_log=False, server_header=False)
     config.load()
@@ -165,15 +186,15 @@ def one(tree: Path, kind: str, requests: int) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def run(baseline: Path, rounds: int, requests: int) -> dict[str, Any]:
+def run(baseline: Path, rounds: int, requests: int, split: bool = False) -> dict[str, Any]:
     """The interleaved rounds (module doc); returns the result document."""
-    runs: dict[str, list[float]] = {t: [] for t in TARGETS}
+    plan = SPLIT if split else {"this": ("this", "prefixgate"), "baseline": ("baseline", "prefixgate"),
+                                "passthrough": ("this", "passthrough"), "floor": ("this", "floor")}
+    runs: dict[str, list[float]] = {t: [] for t in plan}
     for i in range(rounds):
-        runs["this"].append(one(REPO, "prefixgate", requests))
-        runs["baseline"].append(one(baseline, "prefixgate", requests))
-        runs["passthrough"].append(one(REPO, "passthrough", requests))
-        runs["floor"].append(one(REPO, "floor", requests))
-        print(f"round {i + 1}/{rounds}: " + ", ".join(f"{t} {runs[t][-1]:.1f}" for t in TARGETS), flush=True)
+        for target, (tree, kind) in plan.items():
+            runs[target].append(one(REPO if tree == "this" else baseline, kind, requests))
+        print(f"round {i + 1}/{rounds}: " + ", ".join(f"{t} {runs[t][-1]:.1f}" for t in plan), flush=True)
     return {"baseline": str(baseline), "rounds": rounds, "requests": requests, "runs": runs,
             "median_us": {t: statistics.median(v) for t, v in runs.items()}}
 
@@ -186,8 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--requests", type=int, default=2000)
     ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
     ap.option("--name", default="edge_cpu")
+    ap.option("--split", is_flag=True, default=False,
+              help="session 18: uvicorn trivial / guarded trivial / full edge / floor")
     args = ap.parse(argv)
-    doc = run(args.baseline.resolve(), args.rounds, args.requests)
+    doc = run(args.baseline.resolve(), args.rounds, args.requests, args.split)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     med = doc["median_us"]
@@ -195,8 +218,18 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"Baseline tree: `{doc['baseline']}`; {doc['rounds']} interleaved rounds, best of 9 x "
              f"{doc['requests']} requests each; thread CPU µs/request (warm loop).", "",
              "| target | median µs/req | runs |", "|---|---:|---|"]
-    for t in TARGETS:
+    for t in doc["runs"]:
         lines.append(f"| {t} | {med[t]:.1f} | {', '.join(f'{v:.1f}' for v in doc['runs'][t])} |")
+    if args.split:
+        lines += ["", "Split (µs/request, medians): the protocol guards with a trivial app (guarded-trivial - "
+                  f"uvicorn-trivial) {med['guarded-trivial'] - med['uvicorn-trivial']:+.1f}; uvicorn's cycle over the "
+                  f"bare protocol (uvicorn-trivial - floor) {med['uvicorn-trivial'] - med['floor']:+.1f}; the routes, "
+                  f"framing guard and stub pipeline (this - guarded-trivial) {med['this'] - med['guarded-trivial']:+.1f}; "
+                  f"this - baseline {med['this'] - med['baseline']:+.1f} (run with --baseline an A/A tree of this "
+                  "code for the noise)."]
+        (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return 0
     lines += ["", f"this - baseline: {med['this'] - med['baseline']:+.1f} µs/request; "
               f"PrefixGate's edge beyond the passthrough's: this {med['this'] - med['passthrough']:+.1f}, "
               f"baseline {med['baseline'] - med['passthrough']:+.1f} µs/request; beyond the floor's (bare "
