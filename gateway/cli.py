@@ -60,7 +60,8 @@ def serve(config_path: str, workers: int, worker_index: int | None) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     refusal = serving_refusal(cfg.state.backend, workers, on_unavailable=cfg.state.on_unavailable,
-                              instances_expected=cfg.state.instances_expected)
+                              instances_expected=cfg.state.instances_expected,
+                              policy_versions=cfg.policy.versions_dir is not None)
     if refusal:
         raise click.ClickException(refusal)
     if worker_index is None and workers > cfg.flow.instances:  # S17-2: a warning (no quota is exceeded)
@@ -92,7 +93,7 @@ def serve(config_path: str, workers: int, worker_index: int | None) -> None:
 
 
 def serving_refusal(backend: str, workers: int, *, on_unavailable: str = "fail_closed",
-                    instances_expected: int = 1) -> str | None:
+                    instances_expected: int = 1, policy_versions: bool = False) -> str | None:
     """Why ``serve`` must not start with ``state.backend`` = ``backend`` and ``workers`` processes
     (None: it may start).
 
@@ -101,7 +102,12 @@ def serving_refusal(backend: str, workers: int, *, on_unavailable: str = "fail_c
     shared backend (issue 16; docs/scale-out.md says what is shared). With
     ``state.on_unavailable: local`` each process enforces the limits divided by
     ``state.instances_expected`` while Redis is away, so that divisor must count
-    at least this host's ``workers`` (session 17, S17-2).
+    at least this host's ``workers`` (session 17, S17-2). ``policy_versions``
+    (``policy.versions_dir`` set: operator policy management writes ``policy.dir``
+    and the version history) refuses ``workers > 1``: the workers of one host
+    would share one directory and history, so a change made through one worker
+    is never adopted by the others (session 18, S18-store-1); run one ``serve``
+    per policy directory instead (docs/scale-out.md).
     """
     if workers > 1 and backend != "redis":
         return (f"serve --workers {workers} needs state.backend: redis (with state.url); with in-process "
@@ -110,6 +116,11 @@ def serving_refusal(backend: str, workers: int, *, on_unavailable: str = "fail_c
         return (f"serve --workers {workers} with state.on_unavailable: local needs state.instances_expected >= "
                 f"{workers} (all processes on all hosts; it is {instances_expected}): during a Redis outage every "
                 f"worker would enforce each tenant's limits divided by {instances_expected}")
+    if workers > 1 and policy_versions:
+        return (f"serve --workers {workers} with policy.versions_dir: the workers would share one policy directory "
+                f"and version history, and a policy change made through one worker would never reach the others; "
+                f"run one serve process per policy.dir/versions_dir (each with --workers 1, sharing state.url), "
+                f"or unset policy.versions_dir")
     return None
 
 
