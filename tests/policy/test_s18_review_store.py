@@ -8,6 +8,13 @@ on the rename path). The target keeps deciding with a change that is neither on 
 history, nor in the audit trail: the S17-5 state again, for the target step. The docstring of
 ``_persist_and_apply`` and /work/notes/s18-store.md say a target refusal gives the target the inverse
 change; the code does not.
+
+R18-4: a change the target refuses (502 ``target_refused``) now runs the journal's roll-back
+(``ChangeFiles.roll_back`` -> ``restore`` -> ``_needed(active_files(active_dir, before))``), which makes the
+WHOLE active directory equal to the store's in-memory set: a ``*.rego`` or ``data/*.json`` file the operator
+placed in ``policy.dir`` since the start (loaded at the next start, docs/policy.md) is deleted, and a data
+file whose value differs is rewritten in canonical JSON. Before session 18 a refusal only discarded the
+staged files. The refused change touched one file; the roll-back should touch only what the change staged.
 """
 from __future__ import annotations
 
@@ -74,3 +81,22 @@ async def test_a_change_the_target_took_but_did_not_confirm_is_taken_back(
     assert rec.version == 1 and audit == [rec]
     assert opa.data[TIERS] == tiers
     assert "extra_a.rego" not in opa.modules, "the target still decides with the change answered 502"
+
+
+class RefusingOpa:
+    """A target that refuses every change (as RemoteOpaTarget maps an OPA 400/500)."""
+
+    async def apply(self, change: ChangeRecord, policy_set: PolicySet) -> None:
+        raise PolicyTargetError("remote OPA refused the change: HTTPStatusError")
+
+
+@pytest.mark.xfail(strict=True, reason="R18-4 a target refusal's roll-back rewrites the whole active directory to "
+                                       "the store's set: an operator's file added since the start is deleted")
+async def test_a_refused_change_leaves_the_operators_other_files_alone(active: Path, tmp_path: Path) -> None:
+    store = PolicyStore(active, tmp_path / "versions", target=RefusingOpa())
+    mine = active / "operator_added.rego"
+    mine.write_text("package operator.added\n\ny := 2\n", "utf-8")  # for the next start
+    with pytest.raises(PolicyTargetError):
+        await store.put_policy("extra_a.rego", EXTRA, "ops")
+    assert not (active / "extra_a.rego").exists() and store.version == 0
+    assert mine.exists(), "the refused change's roll-back deleted a file it never touched"
