@@ -152,11 +152,11 @@ class Admission:
         400 ``prompt_logprobs_not_allowed`` (param ``echo``) for a completion with ``echo: true``
         and any ``logprobs`` unless ``tenant.allow_prompt_logprobs`` (R4-12): vLLM then computes
         log-probabilities for every prompt token (``prompt_logprobs = logprobs``), an engine cost
-        the gateway does not charge. ``echo`` or ``logprobs`` alone are served."""
+        the gateway does not charge. ``echo`` or ``logprobs`` alone are served. Reads no field of
+        ``req.body`` (a queued request's is emptied; session 18, R18-3)."""
         if (model := req.model) not in tenant.models or model not in self.served_models:  # = check_model (s18:
             self.check_model(model, tenant)  # its call only when it raises; its served-model test first)
-        body = req.body
-        if body.get("echo") is True and body.get("logprobs") is not None and not tenant.allow_prompt_logprobs:
+        if req.prompt_logprobs and not tenant.allow_prompt_logprobs:  # a fact of the parse: req.body may be gone
             raise GatewayError(400, "prompt_logprobs_not_allowed",
                                "echo with logprobs (log-probabilities of every prompt token) is not enabled "
                                "for this tenant; send echo or logprobs alone", param="echo")

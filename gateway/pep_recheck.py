@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.errors import GatewayError
 from gateway.json_fast import dumps, loads_object
+from gateway.usage_privacy import drops_cached
 from policy.decision import Decision
 from routing.filters import TenantPoolFilter
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from routing.types import RouteChoice
     from tenancy.registry import Tenant
 
-__all__ = ["MAX_ROUNDS", "awaited_decision", "decide_again", "with_max_tokens"]
+__all__ = ["MAX_ROUNDS", "awaited_decision", "decide_again", "with_fields", "with_max_tokens"]
 
 
 async def awaited_decision(pending: Awaitable[Decision], rec: RequestRecord) -> Decision:
@@ -70,9 +71,10 @@ async def decide_again(gw: Gateway, held: Held, req: InferenceRequest, rec: Requ
     candidates are those of the first decision in the tenant's pools now (``TenantPoolFilter``: a
     reload narrows them, never widens them), the policy decides (``held.decided``: ``(generation,
     identity, candidates)``; the tenant's queued count as of now) and ``max_tokens`` is clamped with
-    the new tenant and decision. When the generation moves again during this step's own await (a
-    decision-cache miss), the step runs again (at most :data:`MAX_ROUNDS` times, then 503
-    ``policy_unavailable``: fail closed). The record takes the decision enforced (its fields are
+    the new tenant and decision; ``held.drop_cached`` (``usage_cached_tokens``) and the upstream ``user``
+    (``forward_user``) are derived again from the tenant now (R18-2). When the generation moves again
+    during this step's own await (a decision-cache miss), the step runs again (at most
+    :data:`MAX_ROUNDS` times, then 503 ``policy_unavailable``: fail closed). The record takes the decision enforced (its fields are
     cleared first: a refusal before the decision records none, as for a fresh request).
 
     Enforced: a deny raises its 403 (:meth:`gateway.pep.PolicyEnforcementPoint.enforce`); ``remaining``
@@ -91,8 +93,8 @@ async def decide_again(gw: Gateway, held: Held, req: InferenceRequest, rec: Requ
     accepted request, it does not re-authenticate it; the same holds with or without a change.
 
     Returns:
-        ``(body, remaining, tenant, choice)``: the upstream body to send (``body``, or a copy with the
-        lower ``max_tokens``), the narrowed replicas, the tenant now, the replica to send to.
+        ``(body, remaining, tenant, choice)``: the upstream body to send (a copy of ``body`` with the
+        ``user`` now and the lower ``max_tokens``, if lower), the narrowed replicas, the tenant now, the replica to send to.
 
     Raises:
         GatewayError: 403 (``unknown_workload``, a deny), 404/400 (:meth:`check_request`), 503
@@ -133,21 +135,30 @@ async def decide_again(gw: Gateway, held: Held, req: InferenceRequest, rec: Requ
         if held.ticket is not None:
             held.ticket.finish()  # the router's load ticket of the replica it chose first
         choice, held.ticket = gw.router.route(route_req, [r.id for r in remaining], chains.previous_chains())
+    # R18-2: what the pipeline derived from the tenant at arrival, derived again from the tenant now
+    held.drop_cached = drops_cached(tenant.usage_cached_tokens, gw.config.tenancy.usage_cached_tokens)
+    changes: dict[str, Any] = {"user": gw.keys.upstream_user(tenant, identity)}  # None: not sent
     max_tokens = adm.clamp_max_tokens(req.max_tokens, tenant, decision)
-    if rec.max_tokens is None or max_tokens >= rec.max_tokens:
-        return body, remaining, tenant, choice
-    rec.max_tokens = max_tokens
-    if held.reservation is not None:
-        adm.lower_reservation(held.reservation, max_tokens * route_req.sequences)
-    return with_max_tokens(body, max_tokens), remaining, tenant, choice
+    if rec.max_tokens is not None and max_tokens < rec.max_tokens:
+        rec.max_tokens = changes["max_tokens"] = max_tokens
+        if held.reservation is not None:
+            adm.lower_reservation(held.reservation, max_tokens * route_req.sequences)
+    return with_fields(body, changes), remaining, tenant, choice
+
+
+def with_fields(body: JsonObject | bytes, changes: dict[str, Any]) -> JsonObject | bytes:
+    """``body`` with each field of ``changes`` set (a value of None removes the field): a new dict, or
+    for the queued JSON bytes (:func:`gateway.flow_bytes.queued_form`) the bytes of the same object with
+    those values changed (key order kept: what :func:`gateway.proxy.open_upstream` would send)."""
+    doc: dict[str, Any] = loads_object(body) if isinstance(body, bytes) else {**body}  # the parse accepted it
+    for name, value in changes.items():
+        if value is None:
+            doc.pop(name, None)
+        else:
+            doc[name] = value
+    return bytes(dumps(doc)) if isinstance(body, bytes) else doc
 
 
 def with_max_tokens(body: JsonObject | bytes, max_tokens: int) -> JsonObject | bytes:
-    """``body`` with ``max_tokens`` replaced: a new dict, or for the queued JSON bytes
-    (:func:`gateway.flow_bytes.queued_form`) the bytes of the same object with that one value changed
-    (key order kept: what :func:`gateway.proxy.open_upstream` would send)."""
-    if isinstance(body, bytes):
-        doc: dict[str, Any] = loads_object(body)  # what the request's own parse accepted
-        doc["max_tokens"] = max_tokens
-        return bytes(dumps(doc))
-    return {**body, "max_tokens": max_tokens}
+    """``body`` with ``max_tokens`` replaced (:func:`with_fields`)."""
+    return with_fields(body, {"max_tokens": max_tokens})

@@ -67,6 +67,8 @@ class InferenceRequest:
     counted with the first sequence, never hashed; ``prompt_bytes``: UTF-8
     bytes per sequence (the first includes ``extra_text`` and the ``stop``
     sequences, which are bounded by bytes only: they are not prompt tokens).
+    ``prompt_logprobs``: ``echo: true`` with any ``logprobs`` (R4-12), a fact of
+    the parse: a queued request's ``body`` is emptied (session 18, R18-3).
     """
 
     endpoint: Endpoint
@@ -79,6 +81,7 @@ class InferenceRequest:
     prompts: tuple[str, ...] = field(default=(), repr=False)
     extra_text: str = field(default="", repr=False)
     prompt_bytes: tuple[int, ...] = ()
+    prompt_logprobs: bool = False
 
     @property
     def sequences(self) -> int:
@@ -345,6 +348,7 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
         prompts=prompts,
         extra_text=extra,
         prompt_bytes=tuple(sizes),
+        prompt_logprobs=body.get("echo") is True and body.get("logprobs") is not None,
     )
 
 

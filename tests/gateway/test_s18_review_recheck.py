@@ -52,8 +52,6 @@ def _cached_in(answer: Any) -> bool:
     return "cached_tokens" in (answer.json()["usage"].get("prompt_tokens_details") or {})
 
 
-@pytest.mark.xfail(strict=True, reason="R18-2 held.drop_cached is not recomputed by decide_again: a reload to "
-                                       "usage_cached_tokens: drop does not hold for a queued request")
 async def test_cached_tokens_dropped_by_a_reload_while_queued_are_not_relayed(stack: Any) -> None:
     await reload(stack, tenant_a(usage_cached_tokens="pass"))
     before = await stack.client.post("/v1/completions", json={"model": "sim-model", "prompt": "hi", "max_tokens": 2},
@@ -74,8 +72,6 @@ async def test_cached_tokens_dropped_by_a_reload_while_queued_are_not_relayed(st
 ECHO = {"model": "sim-model", "prompt": flow.PROMPT, "max_tokens": 2, "echo": True, "logprobs": 1}
 
 
-@pytest.mark.xfail(strict=True, reason="R18-3 decide_again's check_request reads req.body, emptied by queued_form: "
-                                       "the echo+logprobs rule always passes for a queued request")
 async def test_prompt_logprobs_taken_away_while_queued_refuse_the_queued_request(stack: Any) -> None:
     await reload(stack, tenant_a(allow_prompt_logprobs=True, max_output_tokens=HOLDING_TOKENS))
     first = post(stack, HOLDING_TOKENS, timeout=None)
