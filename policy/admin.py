@@ -12,7 +12,8 @@ without an id is refused with 403 (fail closed).
 - ``DELETE /admin/policies/{id}`` -> ``{"result": record}`` | 404 | 400
 - ``GET /admin/data/{path}`` -> ``{"result": document}`` | 404
 - ``PUT /admin/data/{path}`` (JSON object) -> ``{"result": record}`` | 400
-- target failure -> 502 code ``target_refused``
+- target failure -> 502 code ``target_refused`` (``target_may_hold_change`` true when the target may have
+  applied it before failing: the store gives it its set back before the next change, R18-1)
 - shared state: another instance stored the same version first -> 409 code ``conflict`` (this
   instance adopts that set; the operator retries; ``result`` is the change record, ``shared: conflict``)
 - a validated change that could not be written -> 500 code ``policy_not_persisted`` (rolled back;
@@ -149,7 +150,7 @@ def admin_routes(store: PolicyStore, authorize: Authorize) -> list[Route]:
             ]
             return _err(400, "policy_rejected", str(exc), errors=errors, report=exc.report.render())
         except PolicyTargetError as exc:
-            return _err(502, "target_refused", str(exc))
+            return _err(502, "target_refused", str(exc), target_may_hold_change=exc.target_may_hold_change)
         except PolicyConflictError as exc:  # SF17-1: another instance's change at this version won
             return _err(409, "conflict", str(exc), result=exc.record.to_dict())
         except PolicyPersistError as exc:  # R17-3: rolled back; says whether the target may still hold it

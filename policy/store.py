@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -51,12 +50,12 @@ from policy.loader import (
     load_policy_dir,
     sha256_text,
 )
-from policy.rego_test_runner import TestReport, run_tests
+from policy.rego_test_runner import run_tests
 from policy.store_disk import (
     ChangeFiles,
-    PolicyPersistError,
     active_files,
-    pending_version,
+    committed_records,
+    committed_versions,
     policy_set_document,
     restore,
     set_digest,
@@ -65,10 +64,14 @@ from policy.store_types import (
     ChangeRecord,
     PolicyConflictError,
     PolicyNotFoundError,
+    PolicyPersistError,
     PolicyRejectedError,
     PolicyTarget,
     PolicyTargetError,
     RemoteOpaTarget,
+    check_policy_dir,
+    inverse as _inverse,
+    persist_error,
 )
 
 __all__ = ["ChangeRecord", "PolicyConflictError", "PolicyNotFoundError", "PolicyPersistError", "PolicyRejectedError",
@@ -127,10 +130,11 @@ class PolicyStore:
                 self._undo = _inverse(ChangeRecord(**rolled))
         self._set = load_policy_dir(self.active_dir)
         check_modules(self._set.modules, self._allowed)
-        self.version = max(self._versions(), default=0)
+        self.version = max(committed_versions(self.active_dir, self.versions_dir), default=0)
         self._lock = asyncio.Lock()
         self._listeners: list[Callable[[ChangeRecord], None]] = []
         self._publisher: Callable[[ChangeRecord, PolicySet], Awaitable[str]] | None = None
+        self._repairs: set[asyncio.Task[None]] = set()  # R18-1: roll-backs of cancelled changes
 
     def set_publisher(self, publish: Callable[[ChangeRecord, PolicySet], Awaitable[str]]) -> None:
         """Publish every change made through this store before it is answered (shared state, SF17-1):
@@ -277,13 +281,16 @@ class PolicyStore:
                                  content: str | None, undo: ChangeRecord) -> None:
         """Journal and stage the files, apply ``new_set`` to the target, rename and commit
         (:class:`policy.store_disk.ChangeFiles`; S17-5: nothing in force that is not on disk). A failed
-        write applies nothing; a target refusal or a failed rename or commit gives the target the
-        current set back (``undo``: the inverse change) and rolls the disk back, then raises.
+        write applies nothing; a target failure (refused, or applied and its reply lost, or the request
+        cancelled: R18-1) or a failed rename or commit gives the target the current set back (``undo``: the
+        inverse change; after a target failure before the next change, or at once in a task after a cancel)
+        and rolls the disk back (only the paths this change staged, R18-4), then raises.
 
         Raises:
             OSError: the version exists already or a file cannot be written (nothing applied);
                 PolicyPersistError: written in part, rolled back (it says whether the target may still
-                hold the change). PolicyTargetError: the target refused the change, or an earlier
+                hold the change). PolicyTargetError: the target refused or did not confirm the change
+                (``target_may_hold_change`` True: the store re-applies its set first), or an earlier
                 change's roll-back on the target failed again (nothing written).
         """
         await self._repair()
@@ -291,9 +298,15 @@ class PolicyStore:
         try:
             if self._target is not None:
                 await self._target.apply(record, new_set)
-        except BaseException:
+        except BaseException as exc:
             if not files.roll_back():
                 log.error("policy: the disk roll-back of version %d is retried before the next change", record.version)
+            if isinstance(exc, PolicyTargetError):  # R18-1: applied, reply lost: the target may hold it
+                self._undo, exc.target_may_hold_change = undo, True
+                exc.args = (f"{exc}; version {self.version} is re-applied to the target before the next change",)
+            elif not isinstance(exc, Exception):  # cancelled: given back now, in a task nobody cancels
+                self._undo = undo
+                self._repair_soon()
             raise
         try:
             files.commit()
@@ -315,15 +328,23 @@ class PolicyStore:
             disk_back = files.roll_back()
             if not target_back:
                 self._undo = undo
-        msg = (f"policy version {record.version} could not be written ({exc.__class__.__name__}: "
-               f"{exc.strerror or exc}); "
-               + (f"the target decides with version {self.version} again" if target_back else
-                  f"the target may still hold version {record.version} (version {self.version} is re-applied "
-                  "before the next change)")
-               + ("" if disk_back else f"; the disk roll-back is finished before the next change or at the next "
-                  f"start (version {self.version} is what a restart loads)"))
-        log.error("%s", msg)
-        return PolicyPersistError(msg, target_may_hold_change=not target_back, disk_restored=disk_back)
+        err = persist_error(record.version, self.version, exc, target_back=target_back, disk_back=disk_back)
+        log.error("%s", err)
+        return err
+
+    def _repair_soon(self) -> None:
+        """Run :meth:`_repair` under the lock in a task kept referenced (R18-1: after a cancelled change;
+        a failure is logged and retried before the next change)."""
+        async def repair() -> None:
+            async with self._lock:
+                try:
+                    await self._repair()
+                except Exception as err:  # noqa: BLE001 - _undo stays: retried before the next change
+                    log.error("policy: re-applying version %d to the target failed (%s)", self.version,
+                              err.__class__.__name__)
+        task = asyncio.get_running_loop().create_task(repair())
+        self._repairs.add(task)
+        task.add_done_callback(self._repairs.discard)
 
     async def _repair(self) -> None:
         """Finish the roll-back of an earlier change: the disk (an armed journal) and the target.
@@ -369,30 +390,7 @@ class PolicyStore:
             self._on_change(record)
         return record
 
-    def _versions(self) -> list[int]:
-        """The committed version numbers on disk (not the one an armed journal holds uncommitted)."""
-        pending = pending_version(self.active_dir)
-        return [int(p.name) for p in self.versions_dir.iterdir() if p.name.isdigit() and int(p.name) != pending]
-
     def history(self) -> list[ChangeRecord]:
         """All committed change records, oldest first."""
-        out = []
-        for version in sorted(self._versions()):
-            rec = self.versions_dir / f"{version:08d}" / "record.json"
-            if rec.is_file():
-                out.append(ChangeRecord(**json.loads(rec.read_text("utf-8"))))
-        return out
+        return [ChangeRecord(**doc) for doc in committed_records(self.active_dir, self.versions_dir)]
 
-
-def _inverse(record: ChangeRecord) -> ChangeRecord:
-    """The change that gives the target the set before ``record`` (put back, or delete what it added)."""
-    return replace(record, op="put" if record.old_sha256 is not None else "delete",
-                   old_sha256=record.new_sha256, new_sha256=record.old_sha256)
-
-
-def check_policy_dir(path: str | Path) -> TestReport:
-    """Offline check for ``prefixgate policy test DIR``: load, compile, run
-    the Rego tests. ``report.ok`` / ``report.render()`` give the verdict."""
-    from policy.rego_test_runner import run_dir
-
-    return run_dir(path)

@@ -3,7 +3,8 @@
 :class:`policy.store.PolicyStore` writes a change through :class:`ChangeFiles`, in this order:
 
 1. **arm the journal**: ``<active_dir>/.pg-journal/undo.json`` records the set in force (the last
-   committed one) and the change's record; written and fsynced in a temporary directory, then renamed
+   committed one), the change's record and the previous text (or absence) of every active path the change
+   stages (R18-4); written and fsynced in a temporary directory, then renamed
    in one ``rename(2)``. While it exists, :func:`policy.loader.load_policy_dir` reads that set instead of
    the files (every reader sees the committed set, whatever a crash left half renamed);
 2. **stage**: the version directory as ``versions/.staged-<N>-*`` (``record.json``, ``content``) and the
@@ -14,8 +15,8 @@
 5. **commit**: rename the journal away (one rename; then removed).
 
 A failure in 4-5 (or a target refusal in 3) runs :func:`restore`, the same code a restart runs: the
-active files are rewritten to the journal's set, ``versions/<N>`` and the staged files removed, and the
-journal removed last. A crash anywhere before 5 is rolled back by the next start (the change never
+paths the change staged get their previous text back (no other file is touched), ``versions/<N>`` and the
+staged files removed, and the journal removed last. A crash anywhere before 5 is rolled back by the next start (the change never
 answered 200 nor reached the audit); after 5 the change is committed. This is SQLite's rollback journal
 (https://www.sqlite.org/atomiccommit.html, "hot journal" on open) applied to a directory; a directory
 swap (Kubernetes' AtomicWriter: a ``..data`` symlink renamed over) would turn the operator's policy
@@ -45,26 +46,11 @@ from policy.loader import (
     sha256_text,
 )
 
-__all__ = ["ChangeFiles", "PolicyPersistError", "StagedFiles", "active_files", "pending_version",
+__all__ = ["ChangeFiles", "StagedFiles", "active_files", "committed_records", "committed_versions",
+           "pending_version",
            "policy_set_document", "policy_set_from_document", "restore", "set_digest"]
 
 _STAGED = ".staged-"
-
-
-class PolicyPersistError(OSError):
-    """A validated change that could not be written and was rolled back (R17-3).
-
-    ``target_may_hold_change``: True when giving the target its previous set back failed too (a remote
-    OPA may still decide with the change; the store re-applies the previous set before its next change).
-    ``disk_restored``: False when the active directory or the versions directory could not be put back;
-    the journal then stays, so the loader reads the committed set, and the next change or a restart
-    finishes the roll-back.
-    """
-
-    def __init__(self, message: str, *, target_may_hold_change: bool, disk_restored: bool) -> None:
-        super().__init__(message)
-        self.target_may_hold_change = target_may_hold_change
-        self.disk_restored = disk_restored
 
 
 def _tmp_name(path: Path) -> Path:
@@ -209,7 +195,9 @@ class ChangeFiles:
         journal = active_dir / JOURNAL
         if journal.exists():
             raise FileExistsError(f"{journal}: an earlier change is not rolled back yet")
-        undo = json.dumps({"record": dict(record), "set": policy_set_document(before)}, sort_keys=True)
+        needed = _needed(active)
+        undo = json.dumps({"record": dict(record), "set": policy_set_document(before),
+                           "files": _previous(active_dir, needed)}, sort_keys=True)
         armed = _write_dir(active_dir, f"{JOURNAL}.new-", {"undo.json": undo})
         try:
             os.rename(armed, journal)  # 1. armed: readers see ``before`` from here until the commit
@@ -222,7 +210,7 @@ class ChangeFiles:
             if content is not None:
                 files["content"] = content
             self._staged = _write_dir(versions_dir, f"{_STAGED}{int(record['version']):08d}-", files)
-            self._active = StagedFiles(_needed(active))
+            self._active = StagedFiles(needed)
         except OSError:
             self.roll_back()
             raise
@@ -263,11 +251,33 @@ def pending_version(active_dir: Path) -> int | None:
         return None
 
 
+def committed_versions(active_dir: Path, versions_dir: Path) -> list[int]:
+    """The committed version numbers on disk (not the one an armed journal holds uncommitted), unsorted."""
+    pending = pending_version(active_dir)
+    return [int(p.name) for p in versions_dir.iterdir() if p.name.isdigit() and int(p.name) != pending]
+
+
+def committed_records(active_dir: Path, versions_dir: Path) -> list[dict[str, Any]]:
+    """The ``record.json`` documents of the committed versions, oldest first.
+
+    Raises:
+        OSError, ValueError: a record cannot be read or is not JSON.
+    """
+    out = []
+    for version in sorted(committed_versions(active_dir, versions_dir)):
+        rec = versions_dir / f"{version:08d}" / "record.json"
+        if rec.is_file():
+            out.append(json.loads(rec.read_text("utf-8")))
+    return out
+
+
 def restore(active_dir: Path, versions_dir: Path) -> dict[str, Any] | None:
     """Roll back an uncommitted change (an armed journal) and remove what staging left behind.
 
     Run at every start (:class:`policy.store.PolicyStore`) and after a failed change. With a journal:
-    the active files that differ are rewritten to its set (:func:`active_files`), the version directory of its
+    the paths the change staged are given their previous text back (or removed when they were absent;
+    R18-4: no other file of the directory is touched; a journal written before session 18's review
+    fixes, without ``files``, rewrites the whole directory to its set, :func:`active_files`), the version directory of its
     record removed (written by this uncommitted change: a version is committed only with the journal's
     removal), then the journal removed. Always: staged version directories, ``.*.tmp`` files of the
     active directory and unfinished journal directories are removed.
@@ -288,7 +298,9 @@ def restore(active_dir: Path, versions_dir: Path) -> dict[str, Any] | None:
             record, before = dict(doc["record"]), policy_set_from_document(doc["set"])
         except (KeyError, TypeError) as exc:
             raise ValueError(f"{journal}: unreadable change journal") from exc
-        StagedFiles(_needed(active_files(active_dir, before))).commit()
+        files = doc.get("files")  # R18-4: the paths this change staged; a journal without them: the whole set
+        StagedFiles(_needed(active_files(active_dir, before) if files is None else
+                            _journal_files(active_dir, files, journal))).commit()
         vdir = versions_dir / f"{int(record['version']):08d}"
         if vdir.is_dir() and not vdir.is_symlink():
             shutil.rmtree(vdir)
@@ -299,6 +311,42 @@ def restore(active_dir: Path, versions_dir: Path) -> dict[str, Any] | None:
     for path in active_dir.rglob(".*.tmp"):
         path.unlink(missing_ok=True)
     return record
+
+
+def _previous(active_dir: Path, files: Mapping[Path, str | None]) -> dict[str, str | None]:
+    """What the paths a change stages hold now (relative path -> text, None when absent): the journal's
+    roll-back touches only these (R18-4; SQLite's journal holds only the pages a transaction changes).
+
+    Raises:
+        OSError: a path cannot be read (nothing armed yet). ValueError: a file that is not UTF-8 text.
+    """
+    out: dict[str, str | None] = {}
+    for path in files:
+        rel = path.relative_to(active_dir).as_posix()
+        try:
+            out[rel] = path.read_text("utf-8")
+        except FileNotFoundError:
+            out[rel] = None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not UTF-8 text; the change cannot journal it") from exc
+    return out
+
+
+def _journal_files(active_dir: Path, files: Any, journal: Path) -> dict[Path, str | None]:
+    """The journal's ``files`` (relative path -> previous text or None) as paths inside ``active_dir``.
+
+    Raises:
+        ValueError: not an object of relative paths inside the directory to text or null.
+    """
+    if not isinstance(files, dict):
+        raise ValueError(f"{journal}: unreadable change journal")
+    out: dict[Path, str | None] = {}
+    for rel, text in files.items():
+        parts = Path(rel).parts if isinstance(rel, str) else ()
+        if not parts or Path(rel).is_absolute() or ".." in parts or not (text is None or isinstance(text, str)):
+            raise ValueError(f"{journal}: unreadable change journal")
+        out[active_dir.joinpath(*parts)] = text
+    return out
 
 
 def active_files(active_dir: Path, policy_set: PolicySet) -> dict[Path, str | None]:

@@ -6,17 +6,20 @@ Imported through :mod:`policy.store` (which re-exports every name here).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from opa_client import AsyncOpaClient
+from opa_client.errors import DeleteDataError, DeletePolicyError
 
 from policy.decision import PolicyError
 from policy.loader import PolicySet, is_test_module
 from policy.rego_test_runner import TestReport
 
 __all__ = ["ChangeRecord", "PolicyConflictError", "PolicyNotFoundError", "PolicyRejectedError", "PolicyTarget",
-           "PolicyTargetError", "RemoteOpaTarget"]
+           "PolicyPersistError", "PolicyTargetError", "RemoteOpaTarget", "check_policy_dir", "inverse",
+           "persist_error"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,14 @@ class PolicyRejectedError(PolicyError):
 
 
 class PolicyTargetError(PolicyError):
-    """The decision point refused or failed to apply a validated change."""
+    """The decision point refused or failed to apply a validated change.
+
+    ``target_may_hold_change``: True when raised by a change (R18-1): the target may have applied it before
+    failing (a remote OPA whose reply was lost); the store gives it the committed set back before its next
+    change. False for a refused roll-back of an earlier change.
+    """
+
+    target_may_hold_change: bool = False
 
 
 class PolicyConflictError(PolicyError):
@@ -68,6 +78,35 @@ class PolicyConflictError(PolicyError):
     def __init__(self, message: str, record: ChangeRecord) -> None:
         super().__init__(message)
         self.record = record
+
+
+class PolicyPersistError(OSError):
+    """A validated change that could not be written and was rolled back (R17-3).
+
+    ``target_may_hold_change``: True when giving the target its previous set back failed too (a remote
+    OPA may still decide with the change; the store re-applies the previous set before its next change).
+    ``disk_restored``: False when the active directory or the versions directory could not be put back;
+    the journal then stays, so the loader reads the committed set, and the next change or a restart
+    finishes the roll-back.
+    """
+
+    def __init__(self, message: str, *, target_may_hold_change: bool, disk_restored: bool) -> None:
+        super().__init__(message)
+        self.target_may_hold_change = target_may_hold_change
+        self.disk_restored = disk_restored
+
+
+def persist_error(version: int, current: int, exc: OSError, *, target_back: bool,
+                  disk_back: bool) -> PolicyPersistError:
+    """The error of change ``version`` that could not be written (``exc``) and was rolled back to
+    ``current``: whether the target decides with ``current`` again and whether the disk is back."""
+    msg = (f"policy version {version} could not be written ({exc.__class__.__name__}: {exc.strerror or exc}); "
+           + (f"the target decides with version {current} again" if target_back else
+              f"the target may still hold version {version} (version {current} is re-applied before the next "
+              "change)")
+           + ("" if disk_back else f"; the disk roll-back is finished before the next change or at the next "
+              f"start (version {current} is what a restart loads)"))
+    return PolicyPersistError(msg, target_may_hold_change=not target_back, disk_restored=disk_back)
 
 
 class PolicyNotFoundError(PolicyError, KeyError):
@@ -115,7 +154,28 @@ class RemoteOpaTarget:
                     await self._client.update_or_create_data(policy_set.data_docs[change.target], change.target)
                 else:
                     await self._client.delete_data(change.target)
+        except (DeletePolicyError, DeleteDataError) as exc:
+            if exc.expression != _NOT_FOUND:  # R18-1: deleting what OPA does not hold is done (idempotent undo)
+                raise PolicyTargetError(f"remote OPA refused the change: {type(exc).__name__}") from None
         except Exception as exc:  # the client raises many unrelated types
             raise PolicyTargetError(f"remote OPA refused the change: {type(exc).__name__}") from None
         if self._on_applied is not None:
             self._on_applied()
+
+
+#: OPA's error code for a 404 (https://www.openpolicyagent.org/docs/latest/rest-api/#errors)
+_NOT_FOUND = "resource_not_found"
+
+
+def inverse(record: ChangeRecord) -> ChangeRecord:
+    """The change that gives the target the set before ``record`` (put back, or delete what it added)."""
+    return replace(record, op="put" if record.old_sha256 is not None else "delete",
+                   old_sha256=record.new_sha256, new_sha256=record.old_sha256)
+
+
+def check_policy_dir(path: str | Path) -> TestReport:
+    """Offline check for ``prefixgate policy test DIR``: load, compile, run
+    the Rego tests. ``report.ok`` / ``report.render()`` give the verdict."""
+    from policy.rego_test_runner import run_dir
+
+    return run_dir(path)

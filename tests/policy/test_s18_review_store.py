@@ -58,8 +58,6 @@ class LossyOpa:
             raise asyncio.CancelledError()
 
 
-@pytest.mark.xfail(strict=True, reason="R18-1 a target that applied a change whose reply was lost keeps it: "
-                                       "_persist_and_apply rolls back only the disk on a target failure")
 @pytest.mark.parametrize("lose", ["reply", "cancel"])
 async def test_a_change_the_target_took_but_did_not_confirm_is_taken_back(
         active: Path, tmp_path: Path, lose: str) -> None:
@@ -90,8 +88,6 @@ class RefusingOpa:
         raise PolicyTargetError("remote OPA refused the change: HTTPStatusError")
 
 
-@pytest.mark.xfail(strict=True, reason="R18-4 a target refusal's roll-back rewrites the whole active directory to "
-                                       "the store's set: an operator's file added since the start is deleted")
 async def test_a_refused_change_leaves_the_operators_other_files_alone(active: Path, tmp_path: Path) -> None:
     store = PolicyStore(active, tmp_path / "versions", target=RefusingOpa())
     mine = active / "operator_added.rego"
