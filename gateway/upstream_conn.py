@@ -132,16 +132,7 @@ class UpstreamConnection(asyncio.Protocol):
         # session 18: written first (the replica starts on it), the answer's state set after: no byte of the
         # answer is handed to this protocol before the event loop's next turn (data_received is a loop callback)
         transport.write(data)
-        # _reset_message inline (one call less per request)
-        self._head_bytes = 0
-        self._received = False
-        self._headers_done = False
-        self._message_done = False
-        self._interim = False
-        self._keep_alive = False
-        self._until_close = False
-        self._poisoned = False
-        self._fields = []
+        self._reset_message()  # one state, one place (its inline copy saved no measurable time: s18 review)
         self._expect_id = request_id
         resp = self._resp = UpstreamResponse(self, self.loop)
         return resp
