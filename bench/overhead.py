@@ -609,7 +609,8 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
             shutil.rmtree(paths.work, ignore_errors=True)
     return {"benchmark": "overhead", "args": {k: (str(v) if isinstance(v, Path) else v)
                                               for k, v in vars(args).items() if k != "out"},
-            "cpus": os.cpu_count(), "python": sys.version.split()[0], "wall_s": round(time.monotonic() - t_start, 1),
+            "cpus": os.cpu_count(), "python": sys.version.split()[0],
+            "python_executable": os.path.realpath(sys.executable), "wall_s": round(time.monotonic() - t_start, 1),
             "seed": seed, "loadavg": {"start": load_start, "end": os.getloadavg()}, "summary": summarize(runs, names),
             "slot_check": slot_check(runs) if args.baseline else None,
             "runs": runs, "audit_timings_ms": timings, "profile": profile}
@@ -678,7 +679,8 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
         f"{a['runs']} runs (median), {a['sequential']} sequential requests then {a['clients']} closed-loop clients "
         f"for {a['seconds']:g} s per target and run; 64-word prompts, max_tokens 1, "
         f"{'streaming' if a['stream'] else 'plain'} answers; {doc['cpus']} CPUs shared by everything, "
-        f"Python {doc['python']}; {doc['wall_s']} s wall"
+        f"Python {doc['python']} ({doc.get('python_executable', '?')}; every Python target runs on it); "
+        f"{doc['wall_s']} s wall"
         + (f"; load average (1 min) {doc['loadavg']['start'][0]:.1f} at the start, {doc['loadavg']['end'][0]:.1f} at "
            f"the end" if doc.get("loadavg") else "") + ".", "",
         f"Peak phase load generator: {a.get('load_generator', 'python')}"
