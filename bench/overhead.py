@@ -332,11 +332,15 @@ def _find_latency(doc: Any) -> dict[str, Any] | None:
 
 # ------------------------------------------------------------------ orchestration
 async def _spawn(name: str, args: Sequence[str], paths: Any, port: int, probe: str, *,
-                 tree: Path = REPO) -> tuple[Any, str]:
-    """Start ``python -m ARGS`` (from source ``tree``) and wait until ``GET probe`` on ``port`` is 200."""
+                 tree: Path = REPO, python: str | None = None) -> tuple[Any, str]:
+    """Start ``python -m ARGS`` (from source ``tree``; on interpreter ``python``, default this one)
+    and wait until ``GET probe`` on ``port`` is 200."""
     from sim.procs import python_module_cmd, start_process, stop_process, wait_for_url
 
-    proc = start_process(name, python_module_cmd(*args), paths.logs, cwd=tree, env={"PYTHONPATH": str(tree)})
+    cmd = python_module_cmd(*args)
+    if python is not None:
+        cmd[0] = python
+    proc = start_process(name, cmd, paths.logs, cwd=tree, env={"PYTHONPATH": str(tree)})
     base = f"http://127.0.0.1:{port}"
     try:
         await wait_for_url(base + probe, timeout_s=30.0, proc=proc)
@@ -399,16 +403,17 @@ def _second_config(cfg: Mapping[str, Any], paths: Any, name: str) -> dict[str, A
     return doc
 
 
-async def _start_slot(name: str, tree: Path, cfg: Mapping[str, Any], paths: Any) -> tuple[Any, str]:
-    """``prefixgate serve`` from source ``tree`` on ``cfg`` (its own ports and audit directory):
-    the one start path of every PrefixGate slot (``prefixgate``, ``baseline``), so that no slot
-    differs from another in how it was started."""
+async def _start_slot(name: str, tree: Path, cfg: Mapping[str, Any], paths: Any,
+                      python: str | None = None) -> tuple[Any, str]:
+    """``prefixgate serve`` from source ``tree`` on ``cfg`` (its own ports and audit directory) and
+    interpreter ``python`` (None: this one): the one start path of every PrefixGate slot
+    (``prefixgate``, ``baseline``), so that no slot differs from another in how it was started."""
     import yaml
 
     cfg_path = paths.work / f"{name}.yaml"
     cfg_path.write_text(yaml.safe_dump(dict(cfg), sort_keys=False))
     return await _spawn(name, ["gateway.cli", "serve", "--config", str(cfg_path)], paths,
-                        cfg["listen"]["port"], "/readyz", tree=tree)
+                        cfg["listen"]["port"], "/readyz", tree=tree, python=python)
 
 
 def run_order(names: Sequence[str], run: int) -> list[str]:
@@ -573,7 +578,8 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
                 apply_settings(doc, args.baseline_set)
             if name == "prefixgate" and first_audit is None:
                 first_audit = Path(doc["audit"]["jsonl"]["dir"])
-            return await _start_slot(f"{name}-{run}", trees[name], doc, paths)
+            python = args.baseline_python if name == "baseline" else None
+            return await _start_slot(f"{name}-{run}", trees[name], doc, paths, python)
 
         runs: list[dict[str, Any]] = []
         for run in range(args.runs):
@@ -681,6 +687,7 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
         f"{'streaming' if a['stream'] else 'plain'} answers; {doc['cpus']} CPUs shared by everything, "
         f"Python {doc['python']} ({doc.get('python_executable', '?')}; every Python target runs on it); "
         f"{doc['wall_s']} s wall"
+        + (f"; the baseline slot on {a['baseline_python']}" if a.get("baseline_python") else "")
         + (f"; load average (1 min) {doc['loadavg']['start'][0]:.1f} at the start, {doc['loadavg']['end'][0]:.1f} at "
            f"the end" if doc.get("loadavg") else "") + ".", "",
         f"Peak phase load generator: {a.get('load_generator', 'python')}"
@@ -740,6 +747,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--no-profile", is_flag=True, help="skip the profiled stage breakdown")
     ap.option("--baseline", type=click.Path(path_type=Path), help="also run `prefixgate serve` from this source tree "
               "(e.g. `git archive main | tar -x -C DIR`) as target 'baseline', interleaved")
+    ap.option("--baseline-python", default=None, metavar="PATH",
+              help="run the baseline slot on this interpreter (e.g. another venv's bin/python: the interpreter's "
+              "own cost, every other target on this one)")
     ap.option("--baseline-set", multiple=True, default=[], metavar="KEY=VALUE",
               help="a configuration value of the baseline only (dotted key, YAML value; repeatable), "
               "e.g. --baseline /path/to/this/tree --baseline-set flow.enabled=false: the cost of a feature")
