@@ -78,6 +78,8 @@ def _dependency_dir(tmp: Path) -> Path:
     deps.mkdir()
     ours = {"gateway", "tenancy", "policy", "audit", "sim", "rego"}
     for sp in site.getsitepackages():
+        if not Path(sp).is_dir():  # Debian's CPython lists <prefix>/local/lib/python3.X/dist-packages, made on use
+            continue
         for entry in Path(sp).iterdir():
             name = entry.name
             if name in ours or name.startswith(("prefixgate", "__editable__", "_prefixgate")) or name.endswith(".pth"):
