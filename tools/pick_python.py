@@ -11,7 +11,8 @@ build guide names the flags: ``--enable-optimizations`` (PGO) and ``--with-lto``
 
 Rule (first match wins; no timing, so the same machine always gets the same answer):
 
-1. ``$PREFIXGATE_PYTHON`` when set (an operator's explicit choice, checked like the others);
+1. ``$PREFIXGATE_PYTHON`` when set (an operator's explicit choice: when it does not qualify the script
+   says so on stderr and exits 1, never falls back silently);
 2. the distribution's interpreter, ``/usr/bin/python3``;
 3. ``python3`` on ``PATH``.
 
@@ -64,6 +65,10 @@ def pick(paths: Sequence[str], ok: Callable[[str], bool] = qualifies) -> str | N
 
 
 def main() -> int:
+    own = os.environ.get("PREFIXGATE_PYTHON")
+    if own and not (os.path.exists(own) and qualifies(own)):  # an explicit choice is never replaced silently
+        print(f"PREFIXGATE_PYTHON={own}: not a CPython >= 3.11 with venv and ensurepip", file=sys.stderr)
+        return 1
     chosen = pick(candidates(dict(os.environ)))
     if chosen is None:
         return 1

@@ -52,3 +52,10 @@ def test_script_prints_the_operator_choice(tmp_path: pathlib.Path) -> None:
     done = subprocess.run([sys.executable, str(REPO / "tools" / "pick_python.py")], env=env,
                           capture_output=True, text=True, check=True)
     assert done.stdout.strip() == sys.executable
+
+
+def test_a_refused_operator_choice_is_an_error_not_a_silent_fallback(tmp_path: pathlib.Path) -> None:
+    env = {**os.environ, "PREFIXGATE_PYTHON": str(tmp_path / "missing")}
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "pick_python.py")], env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and done.stdout == "" and "PREFIXGATE_PYTHON" in done.stderr
