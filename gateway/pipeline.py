@@ -29,7 +29,6 @@ from gateway.body_budget import OWNER_SCOPE_KEY
 from gateway.errors import GatewayError
 from gateway.flow_bytes import chain_bytes, queued_form, with_salt
 from gateway.held import Held
-from gateway.identity import WorkloadIdentity
 from gateway.prefix_keys import ChainView, PrefixKeys
 from gateway.pep_recheck import awaited_decision, decide_again
 from gateway.pipeline_answer import failure_error, plain_response, reads_perf_counter, stream_response
@@ -98,13 +97,13 @@ class InferencePipeline:
             if not gw.audit.accepting:  # fail closed: no audit trail, no service
                 raise GatewayError(503, "audit_unavailable", "audit trail unavailable; refusing to serve without it")
             # 1 authenticate (gateway/authn.py)
-            identity = gw.authn.authenticate_now(request, rec.client_addr)  # a cache hit: no coroutine (session 16)
-            if type(identity) is not WorkloadIdentity:
-                identity = await identity
+            got = gw.authn.authenticate_now(request, rec.client_addr)  # a cache hit: no coroutine (session 16)
+            identity, found = got if type(got) is tuple else (await got, None)  # found: its tenant (session 19)
             rec.spiffe_id, rec.trust_domain = identity.spiffe_id.uri, identity.trust_domain
             rec.t_auth = time.perf_counter()
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
-            gen, tenant = gw.pep.pdp.generation, adm.resolve_tenant(identity)  # gen: before its facts (R17-1)
+            # gen: before its facts (R17-1); a hit's tenant was found in the same step (no await since)
+            gen, tenant = gw.pep.pdp.generation, found or adm.resolve_tenant(identity)
             rec.tenant_id = tenant.id
             held.drop_cached = drops_cached(tenant.usage_cached_tokens, self.cfg.tenancy.usage_cached_tokens)  # R12-1
             held.cpu = self.cpu.meter(tenant, 1)  # 429 cpu_budget_exhausted while in debt, before the body

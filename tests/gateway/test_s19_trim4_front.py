@@ -37,6 +37,7 @@ from tenancy.shared import make_limits
 from tenancy.tokenizer import WordTokenizer
 
 LIMITS = LimitsConfig()
+TD = "demo.prefixgate.test"
 SERVED = ["m", "served-only"]
 
 
@@ -285,3 +286,44 @@ async def test_served_refusals_keep_their_record_fields(stack: Any, monkeypatch:
         assert (rec.stream, rec.sequences, rec.model, rec.t_parsed is not None) == (stream, seqs, model, parsed)
         if parsed:
             assert rec.t_auth <= rec.t_parsed <= (rec.t_keys or rec.t_end)
+
+
+async def test_the_tenant_authn_found_is_the_one_admission_resolves(stack: Any, monkeypatch: Any) -> None:
+    """F18-1: a verified-token hit hands on the tenant its unmapped-identity check found; the record (tenant,
+    identity, refusal) is what ``Admission.resolve_tenant`` gave, also for an unmapped workload (403) and right
+    after a registry reload that moves the workload to another tenant (the hit's lookup is the new registry's)."""
+    import yaml
+
+    gw = stack.components
+    records: list[Any] = []
+    emit = gw.audit.emit_request
+    monkeypatch.setattr(gw.audit, "emit_request", lambda rec: (records.append(rec), emit(rec)))
+    resolved: list[Any] = []
+    real = gw.admission.resolve_tenant
+    monkeypatch.setattr(gw.admission, "resolve_tenant", lambda identity: resolved.append(1) or real(identity))
+    body = {"model": "sim-model", "prompt": "a b c", "max_tokens": 2}
+    a, stranger = stack.auth(), stack.auth("stranger/app")
+
+    async def post(headers: dict[str, str]) -> tuple[int, Any]:
+        r = await stack.client.post("/v1/completions", json=body, headers=headers)
+        rec = records[-1]
+        return r.status_code, (rec.tenant_id, rec.spiffe_id, rec.status, rec.error_code, rec.outcome)
+
+    sid = f"spiffe://{TD}/tenant-a/app"
+    assert await post(a) == (200, ("tenant-a", sid, 200, None, "allowed"))  # a miss: verified, then resolved
+    assert resolved == [1]
+    assert await post(a) == (200, ("tenant-a", sid, 200, None, "allowed"))  # a hit: the tenant authn found
+    assert resolved == [1]
+    for _ in range(2):  # unmapped (verified once, then a hit): resolve_tenant answers the 403 as before
+        assert await post(stranger) == (403, (None, f"spiffe://{TD}/stranger/app", 403, "unknown_workload", "denied"))
+    p = stack.tmp / "gateway.yaml"
+    doc = yaml.safe_load(p.read_text())
+    for t in doc["tenancy"]["tenants"]:
+        if t["id"] == "tenant-a":
+            t["spiffe_ids"] = [f"spiffe://{TD}/elsewhere/"]
+        if t["id"] == "tenant-b":
+            t["spiffe_ids"] = [*t["spiffe_ids"], f"spiffe://{TD}/tenant-a/"]
+    p.write_text(yaml.safe_dump(doc))
+    r = await stack.client.post(f"{stack.admin_url}/admin/tenants/reload", headers=stack.operator_auth())
+    assert r.status_code == 200, r.text
+    assert await post(a) == (200, ("tenant-b", sid, 200, None, "allowed"))  # a hit, after the reload
