@@ -327,3 +327,4 @@ async def test_the_tenant_authn_found_is_the_one_admission_resolves(stack: Any, 
     r = await stack.client.post(f"{stack.admin_url}/admin/tenants/reload", headers=stack.operator_auth())
     assert r.status_code == 200, r.text
     assert await post(a) == (200, ("tenant-b", sid, 200, None, "allowed"))  # a hit, after the reload
+
