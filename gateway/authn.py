@@ -82,9 +82,10 @@ class Authenticator:
     per source (or ``None``); ``trusted_proxies``: CIDRs of proxies whose
     ``X-Forwarded-For`` names the source and whose forwarded client
     certificate is checked against the JWT-SVID (a binding check, never a
-    credential); ``unmapped_limiter`` and ``mapped`` (SPIFFE ID string -> True when the listener
-    serves it; may be set later, e.g. once the registry exists): the budget of valid identities
-    the listener does not serve, per source (step 4 above; either ``None``: no budget).
+    credential); ``unmapped_limiter`` and ``mapped`` (SPIFFE ID string -> a true value when the listener
+    serves it, e.g. the public listener's tenant, else a false one; may be set later, e.g. once the registry
+    exists): the budget of valid identities the listener does not serve, per source (step 4 above; either
+    ``None``: no budget). :meth:`authenticate_now` hands the true value on (session 19).
     Raises :class:`GatewayError` (401/400/429/503).
     """
 
@@ -94,7 +95,7 @@ class Authenticator:
         source_limiter: object | None = None,
         trusted_proxies: list[str] | None = None,
         unmapped_limiter: object | None = None,
-        mapped: Callable[[str], bool] | None = None,
+        mapped: Callable[[str], object] | None = None,
     ) -> None:
         self.verifier = verifier
         self.source_limiter = source_limiter
@@ -115,9 +116,12 @@ class Authenticator:
             return peer or "unknown"
         return attested_client(peer, request.headers.getlist("x-forwarded-for"), self.trusted_proxies)
 
-    def authenticate_now(self, request: Request, source: str) -> WorkloadIdentity | Awaitable[WorkloadIdentity]:
-        """The caller's identity at once on a verified-token cache hit, else the awaitable of
-        :meth:`authenticate` (the full check; await it). ``source``: :meth:`source` of ``request``.
+    def authenticate_now(self, request: Request, source: str) -> tuple[WorkloadIdentity, object] | Awaitable[
+            WorkloadIdentity]:
+        """``(identity, found)`` at once on a verified-token cache hit, else the awaitable of
+        :meth:`authenticate` (the full check; await it: the identity). ``source``: :meth:`source` of ``request``.
+        ``found``: what ``mapped`` answered for the identity (the public listener's: its tenant, or None), None
+        without the unmapped-identity budget (session 19: the caller need not resolve the SPIFFE ID again).
 
         Issue 14, session 16: the common request (one ``Authorization`` header, no trusted proxy, a token
         verified before) builds no coroutine and reads the header from the ASGI scope in one pass. Every
@@ -144,9 +148,11 @@ class Authenticator:
         if identity is None:
             return self.authenticate(request, source)
         mapped = self.mapped
-        if mapped is not None and self.unmapped_limiter is not None and not mapped(identity.spiffe_id.uri):
+        if mapped is None or self.unmapped_limiter is None:
+            return identity, None
+        if not (found := mapped(identity.spiffe_id.uri)):
             self._charge_unmapped(source)
-        return identity
+        return identity, found
 
     async def authenticate(self, request: Request, source: str | None = None) -> WorkloadIdentity:
         """Return the caller's identity or raise :class:`GatewayError`. ``source``: :meth:`source` of

@@ -322,7 +322,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
                                          ic.leeway_s, ic.max_lifetime_s, **cache)
         authn = Authenticator(verifier, source_limiter, ic.trusted_proxies,
                               unmapped_limiter=SourceLimiter(rate=ic.unmapped_rps, burst=ic.unmapped_burst),
-                              mapped=lambda sid: admission.registry.resolve(sid) is not None)  # R6-4
+                              mapped=lambda sid: admission.registry.resolve(sid))  # R6-4; the tenant (s19)
         admin_authn = Authenticator(admin_verifier, admin_source_limiter, ic.trusted_proxies,
                                     unmapped_limiter=SourceLimiter(rate=ic.unmapped_rps, burst=ic.unmapped_burst),
                                     mapped=lambda sid: admission.registry.is_operator(sid))

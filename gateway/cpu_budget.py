@@ -146,14 +146,14 @@ class CpuBudget:
         if self.metrics is not None:
             self.metrics.tenant_refused_cpu.labels(tenant.id).inc(cpu_s)
 
-    def meter(self, tenant: Tenant) -> CpuMeter:
+    def meter(self, tenant: Tenant, steps: int = 2) -> CpuMeter:
         """:meth:`check` ``tenant`` (429 when in debt) and its unsent answer bytes (429
         ``unsent_answers_limited``, :class:`gateway.answer_cost.UnsentAnswers`, session 11), then a
-        :class:`CpuMeter` for one of its requests."""
+        :class:`CpuMeter` of ``steps`` steps (:attr:`CpuMeter.STEPS`) for one of its requests."""
         if tenant.id in self.buckets:  # a tenant never charged has no bucket: no check call (session 14)
             self.check(tenant)
         self.unsent.check(tenant)
-        return CpuMeter(self, tenant)
+        return CpuMeter(self, tenant, steps)
 
 
 class CpuMeter:
@@ -175,17 +175,20 @@ class CpuMeter:
     raises, :meth:`refused`, :meth:`settle` and reading :attr:`cpu_s` close the span.
     """
 
-    __slots__ = ("budget", "tenant", "_cpu", "charged", "rechecked", "_t0", "_w0", "_wend", "_steps", "_g0")
+    __slots__ = ("budget", "tenant", "_cpu", "charged", "rechecked", "_t0", "_w0", "_wend", "_steps", "_g0", "steps")
 
-    STEPS = 2  # synchronous steps of a request's preparation (gateway/pipeline.py: parse, tokenize)
+    #: synchronous steps of a request's preparation by default (parse, tokenize); ``steps``: this meter's (session
+    #: 19: gateway/pipeline.py's is 1, gateway/admission_front.py's one step; a later step is a span of its own)
+    STEPS = 2
     GAP_S = 20e-6  # wall seconds between steps up to which the gap stays inside the span
     #: a span no longer than this in wall seconds (no await inside) is charged its wall time, which bounds
     #: its CPU from above, instead of a second thread-CPU read (session 11: one system call per request)
     WALL_EXACT_S: ClassVar[float] = 200e-6
 
-    def __init__(self, budget: CpuBudget | None, tenant: Tenant | None) -> None:
+    def __init__(self, budget: CpuBudget | None, tenant: Tenant | None, steps: int = STEPS) -> None:
         self.budget = budget
         self.tenant = tenant
+        self.steps = steps
         self._cpu = 0.0
         self.charged = False
         self.rechecked = False
@@ -250,7 +253,7 @@ class CpuMeter:
             self._close(exact=True)
             raise
         self._steps += 1
-        if self._steps >= self.STEPS:
+        if self._steps >= self.steps:
             self._close(exact=True)  # the last step: one rule for closing a span (its wall read is the step's)
         else:
             self._wend = budget.wall_clock()

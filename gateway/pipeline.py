@@ -21,13 +21,14 @@ from types import CoroutineType
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.admission_answers import clamp_output
+from gateway.admission_front import parse_and_count
 from gateway.build import Gateway
 from gateway.client_io import ClientGone, scope_loop, unless_client_leaves
 from gateway.body_budget import OWNER_SCOPE_KEY
 from gateway.errors import GatewayError
 from gateway.flow_bytes import chain_bytes, queued_form, with_salt
 from gateway.held import Held
-from gateway.identity import WorkloadIdentity
 from gateway.prefix_keys import ChainView, PrefixKeys
 from gateway.pep_recheck import awaited_decision, decide_again
 from gateway.pipeline_answer import failure_error, plain_response, reads_perf_counter, stream_response
@@ -38,7 +39,7 @@ from gateway.send_order import SCOPE_KEY as SENDS_AT_HEAD, SEND_ORDER
 from gateway.tokenize_thread import tokenizes_off_loop
 from gateway.usage_privacy import drops_cached
 from gateway.replicas import Replica
-from gateway.request import Endpoint, InferenceRequest, JsonObject, parse_inference_request, read_body, upstream_body
+from gateway.request import Endpoint, InferenceRequest, JsonObject, read_body, upstream_body
 from policy.decision import Decision
 from routing.calibration_tracker import LATE_FIRST_BYTE
 from routing.policies import RouteRequest
@@ -96,45 +97,43 @@ class InferencePipeline:
             if not gw.audit.accepting:  # fail closed: no audit trail, no service
                 raise GatewayError(503, "audit_unavailable", "audit trail unavailable; refusing to serve without it")
             # 1 authenticate (gateway/authn.py)
-            identity = gw.authn.authenticate_now(request, rec.client_addr)  # a cache hit: no coroutine (session 16)
-            if type(identity) is not WorkloadIdentity:
-                identity = await identity
+            got = gw.authn.authenticate_now(request, rec.client_addr)  # a cache hit: no coroutine (session 16)
+            identity, found = got if type(got) is tuple else (await got, None)  # found: its tenant (session 19)
             rec.spiffe_id, rec.trust_domain = identity.spiffe_id.uri, identity.trust_domain
             rec.t_auth = time.perf_counter()
             # 2 admission: resolve tenant; rate and concurrency limits before any work (gateway/admission.py)
-            gen, tenant = gw.pep.pdp.generation, adm.resolve_tenant(identity)  # gen: before its facts (R17-1)
+            # gen: before its facts (R17-1); a hit's tenant was found in the same step (no await since)
+            gen, tenant = gw.pep.pdp.generation, found or adm.resolve_tenant(identity)
             rec.tenant_id = tenant.id
             held.drop_cached = drops_cached(tenant.usage_cached_tokens, self.cfg.tenancy.usage_cached_tokens)  # R12-1
-            held.cpu = self.cpu.meter(tenant)  # 429 cpu_budget_exhausted while in debt, before the body
+            held.cpu = self.cpu.meter(tenant, 1)  # 429 cpu_budget_exhausted while in debt, before the body
             held.tenant = gw.overload.enter_tenant(tenant.id)  # its requests in flight stay below the shed bound
             if gw.flow is not None:  # a tenant whose queue is full is refused before any further work
                 gw.flow.check_queue_room(tenant.id)
             lease = adm.admit_now(tenant, slot=gw.flow is None)  # flow control: slot at release
             held.lease = lease if type(lease) is Lease else await lease  # in-process limiter: no coroutine (s16)
             bounds = adm.request_bounds(tenant)
-            # 3 parse (message and batch counts are checked before schema validation; gateway/request.py)
+            # 3 parse (gateway/request.py), model entitlement, echo + logprobs (R4-12); 4 prompt checks (byte bound,
+            # then tokenize once with early stop): one metered step (session 19: gateway/admission_front.py)
             request.scope[OWNER_SCOPE_KEY] = tenant.id  # its held body counts against its share (R5b-1)
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
-            req = held.cpu.run(parse_inference_request, raw, endpoint, self.cfg.limits.max_json_depth,
-                               max_messages=bounds.max_messages, max_batch_prompts=bounds.max_batch_prompts,
-                               max_json_items=self.cfg.limits.max_json_items)
+            req, seqs, tokens, prompt_tokens, rec.t_parsed = held.cpu.run(
+                parse_and_count, adm, raw, endpoint, self.cfg.limits, bounds, tenant, held.lease,
+                gw.tokenize_thread is not None)
             del raw
-            seqs = len(req.prompts) or 1  # = req.sequences, without the property's call (session 17)
-            rec.stream, rec.sequences = req.stream, seqs
-            adm.check_request(req, tenant)  # model entitlement; echo + logprobs (R4-12)
-            rec.model = req.model
-            if seqs > 1:  # each prompt of a batch is a request
-                await adm.admit_sequences(tenant, held.lease, seqs, slots=gw.flow is None)
-            rec.t_parsed = time.perf_counter()
-            # 4 prompt checks and prefix keys (byte bound, then tokenize once with early stop)
-            room = adm.prompt_room(tenant, held.lease)
-            if gw.tokenize_thread is None or not tokenizes_off_loop(adm.tokenizer, req):
-                tokens, prompt_tokens = held.cpu.run(adm.prompt_tokens, bounds, req, room)
-            else:  # R12-3: a long prompt of a GIL-free tokenizer, off the event loop
-                tokens, prompt_tokens = await gw.tokenize_thread.run(held.cpu, adm.prompt_tokens, bounds, req, room)
+            rec.stream, rec.sequences, rec.model = req.stream, seqs, req.model
+            if tokens is None:  # a batch or a prompt tokenized off the loop: step by step, as before session 19
+                if seqs > 1:  # each prompt of a batch is a request
+                    await adm.admit_sequences(tenant, held.lease, seqs, slots=gw.flow is None)
+                rec.t_parsed = time.perf_counter()
+                room = adm.prompt_room(tenant, held.lease)
+                if gw.tokenize_thread is None or not tokenizes_off_loop(adm.tokenizer, req):
+                    tokens, prompt_tokens = held.cpu.run(adm.prompt_tokens, bounds, req, room)
+                else:  # R12-3: a long prompt of a GIL-free tokenizer, off the event loop
+                    tokens, prompt_tokens = await gw.tokenize_thread.run(held.cpu, adm.prompt_tokens, bounds, req, room)
             rec.prompt_tokens = prompt_tokens
-            # reserve prompt + max_tokens x sequences before any further work; the end settles it
-            output_cap = adm.output_cap(req.max_tokens, tenant)
+            # reserve prompt + max_tokens x sequences before any further work; the end settles it (s19: clamp_output)
+            output_cap = clamp_output(req.max_tokens, tenant.max_output_tokens, None, adm.max_output_tokens)
             res = adm.check_prompt_now(tenant, prompt_tokens, seqs, output_cap * seqs)
             held.reservation = await res if type(res) is CoroutineType else res  # in-process ledger: no coroutine
             chains = gw.keys.prefix_chains(tenant, tokens)
@@ -153,8 +152,8 @@ class InferencePipeline:
             rec.t_decided = time.perf_counter()
             rec.decision_id, rec.reason_code, rec.reason = decision.decision_id, decision.reason_code, decision.reason
             gw.pep.enforce(decision)
-            max_tokens = adm.clamp_max_tokens(req.max_tokens, tenant, decision)
-            rec.max_tokens = max_tokens
+            rec.max_tokens = max_tokens = clamp_output(req.max_tokens, tenant.max_output_tokens, decision.max_tokens,
+                                                       adm.max_output_tokens)  # = Admission.clamp_max_tokens
             # not needed to route or write the upstream request: done while the replica works (_prepare)
             held.prep = partial(self._prepare, rec, held, chains, max_tokens * seqs)
             allowed = gw.pep.allowed_candidates(candidates, decision)

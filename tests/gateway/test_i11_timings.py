@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import gateway.pipeline as pipeline
+import gateway.admission_front as front
 
 
 async def test_policy_time_is_the_decision_alone(stack: Any, monkeypatch: Any) -> None:
@@ -15,14 +15,14 @@ async def test_policy_time_is_the_decision_alone(stack: Any, monkeypatch: Any) -
     records: list[Any] = []
     record = gw.recorder.record
     monkeypatch.setattr(gw.recorder, "record", lambda rec: (records.append(rec), record(rec)))
-    parse = pipeline.parse_inference_request
+    parse = front.parse_inference_request  # called by the front step (session 19: gateway/admission_front.py)
 
     def parsed(*a: Any, **kw: Any) -> Any:
         out = parse(*a, **kw)
         marks["parsed"] = time.perf_counter()
         return out
 
-    monkeypatch.setattr(pipeline, "parse_inference_request", parsed)
+    monkeypatch.setattr(front, "parse_inference_request", parsed)
     chains = gw.keys.prefix_chains
 
     def hashed(*a: Any, **kw: Any) -> Any:

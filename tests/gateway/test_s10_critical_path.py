@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+import gateway.pipeline as pipeline
+from gateway.admission_answers import clamp_output
 from gateway.app import build_public_app
 from gateway.replica_attempt import Attempt
 from gateway.upstream_conn import UpstreamConnection
@@ -127,7 +129,13 @@ async def test_policy_lowered_hold_is_what_the_request_settles(stack: Stack, mon
         real_emit(rec)
 
     monkeypatch.setattr(gw.audit, "emit_request", emit)
-    monkeypatch.setattr(gw.admission, "clamp_max_tokens", lambda requested, tenant, decision: 1)
+    clamps: list[Any] = []
+
+    def clamp(*args: Any) -> int:  # the clamp after the decision (session 19: called directly) lowers to 1
+        clamps.append(args)
+        return clamp_output(*args) if len(clamps) == 1 else 1
+
+    monkeypatch.setattr(pipeline, "clamp_output", clamp)
     r = await stack.client.post("/v1/completions", content=BODY,
                                 headers={**stack.auth(), "content-type": "application/json"})
     assert r.status_code == 200, r.text

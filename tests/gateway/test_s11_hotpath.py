@@ -87,7 +87,8 @@ def test_a_trace_nobody_builds_spans_of_is_never_made_whole(monkeypatch: pytest.
             if prepared:
                 hub.prepare_request(rec)
             assert hub._end_spans(rec) == (sent["traceparent"][3:35], None)
-            assert rec.extra == {}
+            # nothing of the trace left (session 19: the event id made in the wait stays for emit_request)
+            assert rec.extra == ({"event_id": rec.extra.get("event_id")} if prepared else {})
     assert made == []
 
 

@@ -75,7 +75,7 @@ def test_a_verified_token_is_answered_at_once_a_new_one_is_not() -> None:
     assert inspect.isawaitable(first)  # never verified: the full check (and its signature)
     ident = asyncio.run(first)
     again = auth.authenticate_now(_Req(token), "10.0.0.9")  # type: ignore[arg-type]
-    assert isinstance(again, WorkloadIdentity) and again == ident
+    assert again == (ident, None) and isinstance(ident, WorkloadIdentity)  # session 19: (identity, found)
     assert auth.verifier.signature_checks == 1
 
 
@@ -117,7 +117,8 @@ def test_the_unmapped_budget_is_charged_on_a_hit() -> None:
     iss, _src, auth = _auth(Clock(), unmapped_limiter=_Budget(), mapped=lambda sid: False)
     token = iss.mint(SID, AUD, now=T0)
     verify(auth.verifier, token)
-    assert isinstance(auth.authenticate_now(_Req(token), "10.0.0.9"), WorkloadIdentity)  # type: ignore[arg-type]
+    got = auth.authenticate_now(_Req(token), "10.0.0.9")  # type: ignore[arg-type]
+    assert type(got) is tuple and isinstance(got[0], WorkloadIdentity) and got[1] is False  # mapped's answer
     with pytest.raises(GatewayError) as ei:  # the budget is spent: the hit answers 429 too
         auth.authenticate_now(_Req(token), "10.0.0.9")  # type: ignore[arg-type]
     assert ei.value.status == 429 and ei.value.code == "too_many_unmapped"

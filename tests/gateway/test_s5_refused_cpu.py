@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import gateway.pipeline as pipeline_mod
+import gateway.admission_front as front_mod  # the pipeline parses in its front step (session 19)
 from gateway.config_http import LimitsConfig
 from gateway.cpu_budget import CpuBudget
 from gateway.errors import GatewayError
@@ -59,13 +59,13 @@ SMALL = {"model": "sim-model", "max_tokens": 1, "prompt": "hello there"}
 def parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the pipeline's body parses."""
     calls: list[int] = []
-    real = pipeline_mod.parse_inference_request
+    real = front_mod.parse_inference_request
 
     def spy(raw: bytes, *a: Any, **kw: Any) -> Any:
         calls.append(len(raw))
         return real(raw, *a, **kw)
 
-    monkeypatch.setattr(pipeline_mod, "parse_inference_request", spy)
+    monkeypatch.setattr(front_mod, "parse_inference_request", spy)
     return calls
 
 
