@@ -23,11 +23,7 @@ import pytest
 import yaml
 
 from gateway.auditing import AuditHub
-from gateway.proxy import open_upstream
-
-
-class NotWritten(Exception):
-    """gateway.proxy has none yet."""
+from gateway.proxy import NotWritten, open_upstream
 from gateway.upstream_pool import UpstreamPool
 from tests.support import flow
 from tests.support.audit_log import ListLog
@@ -35,8 +31,6 @@ from tests.support.flow import HOLD_UNTIL_CANCELLED, HOLDING_TOKENS
 from tests.support.policy_store import policy_store_section
 from tests.support.waiting import wait_for
 
-# S19-RC6 open on this commit: every test fails (the stack's three: the request is written on the old decision)
-pytestmark = pytest.mark.xfail(strict=True, reason="S19-RC6: a change during the pool's wait is not seen")
 replica_cfg = flow.replica_cfg  # slow decode (50 ms a token): the holder holds
 WORKLOADS = "/admin/data/prefixgate/config/workloads"
 POOLS = "/admin/data/prefixgate/config/pools"
@@ -259,11 +253,13 @@ async def test_the_pool_gives_the_connection_back_when_the_guard_moved_during_it
     url = "http://127.0.0.1:%d/v1/completions" % server.sockets[0].getsockname()[1]
     p = UpstreamPool(1, 5.0)
     guard = Generation()
+    tasks: list[asyncio.Future[Any]] = []
     try:
         busy = asyncio.ensure_future(p.request("POST", url, b"{}", deadline=p.time() + 30))
         await wait_for(lambda: len(seen) == 1, 10, what="first request at the server")
         waiting = asyncio.ensure_future(p.request("POST", url, b"{}", deadline=p.time() + 30, guard=guard,
                                                   generation=0))
+        tasks += [busy, waiting]
         await wait_for(lambda: p.waiting == 1, 10, what="second request waiting for the connection")
         assert guard.reads == 0
         guard.value = 1  # a change while it waits
@@ -280,6 +276,9 @@ async def test_the_pool_gives_the_connection_back_when_the_guard_moved_during_it
         assert again.status == 200 and len(seen) == 2  # the same guard, now current: written
         again.close()
     finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await p.close()
         server.close()
 
