@@ -45,8 +45,11 @@ def n_replicas() -> int:
 
 
 @pytest.fixture
-def config_overrides(tmp_path: Path) -> dict[str, Any]:
-    return {"flow": {"enabled": False}, "upstream": {**HOLD_UNTIL_CANCELLED["upstream"], "pool_size": 1},
+def config_overrides(tmp_path: Path, request: Any) -> dict[str, Any]:
+    """Flow control off, unless a test sets ``flow_on`` (indirect parametrization: the request leaves the
+    flow queue at once, room on every replica, and then waits in the pool)."""
+    flow_cfg = {"enabled": True} if getattr(request, "param", None) == "flow_on" else {"enabled": False}
+    return {"flow": flow_cfg, "upstream": {**HOLD_UNTIL_CANCELLED["upstream"], "pool_size": 1},
             "policy": {**policy_store_section(tmp_path), **HOLD_UNTIL_CANCELLED["policy"]}}
 
 
@@ -200,6 +203,25 @@ async def test_a_pool_narrowed_while_waiting_sends_it_to_a_replica_still_allowed
     rs = stack.components.replica_set
     assert all(rs.state(rid).consecutive_failures == 0 for rid in IDS)  # the first choice not blamed
     await back_to_idle(stack)
+
+
+@pytest.mark.parametrize("config_overrides", ["flow_on"], indirect=True)
+async def test_flow_controls_released_replica_taken_away_while_waiting_is_refused(
+        stack: Any, monkeypatch: Any) -> None:
+    """Flow control on: the replica flow control released the request to is its slot; a change that takes it
+    away while the request waits for a connection refuses it (503 no_replica, as S17-6), nothing written."""
+    seen: list[int] = []
+
+    async def take_its_replica_away(stack: Any) -> None:
+        loads, states = stack.components.router.loads, stack.cluster.states
+        (mine,) = [rid for rid, st in zip(IDS, states) if loads.snapshot(rid).running_requests > st.running]
+        seen.extend(at_replicas(stack))
+        await reload_tenant_a(stack, pools=["default"] if mine == "r2" else ["eu"])
+
+    answer, rec, choices = await waiting_in_the_pool(stack, monkeypatch, take_its_replica_away)
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "no_replica", answer.text[:200]
+    assert at_replicas(stack) == seen and sum(seen) == 1  # before: 200, written to the replica taken away
+    assert rec.attempts == 1 and len(choices) == 1  # flow control's release only: not routed again
 
 
 async def test_a_cap_lowered_while_waiting_holds_on_the_same_replica(stack: Any, monkeypatch: Any) -> None:
