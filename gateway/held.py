@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.cpu_budget import NO_METER, CpuMeter
 from gateway.overload import OverloadGuard
-from gateway.proxy import UpstreamStream
+from gateway.proxy import UpstreamFailure, UpstreamStream
 from gateway.replicas import Attempt
 from routing.load import LoadTicket
 from routing.types import RouteChoice
 from tenancy.ledger import Reservation
 from tenancy.limits import Lease
 from tenancy.shared_limiter import SharedLease
+
+if TYPE_CHECKING:
+    from gateway.upstream import Upstream
 
 __all__ = ["Held"]
 
@@ -91,6 +94,30 @@ class Held:
         if not self.left:
             self.left = True
             guard.leave(self.tenant)
+
+    def failed(self, fail: UpstreamFailure, progress: str, upstream: Upstream) -> None:
+        """The current attempt failed before the first byte (``fail``): :attr:`progress` as the token ledger
+        must see it (``progress``, as before the attempt, when no connection was made: it cost nothing;
+        ``refused`` when the replica answered an error status: no output; else as set for the attempt), and
+        the attempt's circuit-breaker verdict (:meth:`gateway.upstream.Upstream.failed`)."""
+        if not fail.reached:
+            self.progress = progress
+        elif fail.kind == "status":
+            self.progress = "refused"
+        upstream.failed(self.attempt, fail)  # type: ignore[arg-type]  # set before every attempt's await
+
+    def not_written(self, progress: str) -> bool:
+        """The current attempt's request was never written (session 19, S19-RC6: a policy or registry
+        change while it waited for an upstream connection, :class:`gateway.upstream_pool.NotWritten`; the
+        connection went back to the pool unused): as if the attempt had not been made, its breaker attempt
+        is released without a verdict (no failure counted against the replica, a half-open probe slot freed)
+        and :attr:`progress` is ``progress`` again (as before the attempt). Its load ticket is kept: the
+        attempt is decided again with its choice (gateway/pep_recheck.py). Returns True (the caller's flag)."""
+        self.progress = progress
+        attempt, self.attempt = self.attempt, None
+        if attempt is not None:
+            attempt.release()
+        return True
 
     def end_attempt(self) -> None:
         """Close the upstream response, finish the load ticket, give the breaker attempt its verdict

@@ -10,8 +10,10 @@ entitlement revoked or a tenant's pools narrowed must not be dispatched on the o
 before every attempt's upstream write the pipeline compares the generation seen before the
 request's decision with the current one (one int compare on the common path) and, when it moved,
 calls :func:`decide_again`. What follows the compare, :func:`gateway.proxy.open_upstream`, writes at
-once on an idle connection; the upstream pool's own wait for a free connection (at most
-``upstream.max_connections`` per replica busy) is not covered (docs/security.md, "Session 18: recheck")."""
+once on an idle connection; a request that must wait for one (``upstream.pool_size`` connections
+overall, all busy) is written only if the generation still holds when it has one, else the connection
+goes back unused and the same attempt comes back here (session 19, S19-RC6: the pool's ``guard``,
+gateway/upstream_pool.py; docs/security.md, "Session 19: rc6")."""
 
 from __future__ import annotations
 
@@ -61,7 +63,9 @@ async def decide_again(gw: Gateway, held: Held, req: InferenceRequest, rec: Requ
                        ) -> tuple[JsonObject | bytes, list[Replica], Tenant, RouteChoice]:
     """Authorize ``req`` again with the registry and the policy now in force and enforce that answer
     (S17-6; session 18: R17-1, R17-2, R17-5 (c)). Called right before the upstream write of any attempt
-    whose decision is older than the current :attr:`gateway.pep.DecisionPoint.generation`.
+    whose decision is older than the current :attr:`gateway.pep.DecisionPoint.generation`, and so again for
+    an attempt the upstream pool did not write because the generation moved while it waited for a
+    connection (session 19, S19-RC6: the same attempt, its ``choice`` kept; not counted again, no verdict).
 
     The whole authorization step of the request's admission runs again, as for a fresh request:
     the workload's tenant is resolved again (403 ``unknown_workload`` when the workload or its tenant

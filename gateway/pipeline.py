@@ -32,7 +32,7 @@ from gateway.held import Held
 from gateway.prefix_keys import ChainView, PrefixKeys
 from gateway.pep_recheck import awaited_decision, decide_again
 from gateway.pipeline_answer import failure_error, plain_response, reads_perf_counter, stream_response
-from gateway.proxy import UpstreamFailure, open_upstream
+from gateway.proxy import NotWritten, UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
 from gateway.recording import AFTER_SEND
 from gateway.send_order import SCOPE_KEY as SENDS_AT_HEAD, SEND_ORDER
@@ -211,12 +211,12 @@ class InferencePipeline:
         deadline = rec.t0 + ucfg.total_timeout_s
         remaining = allowed  # never changed in place: a retry makes a new list
         last: UpstreamFailure | None = None
-        budget_used = 0  # connect failures (request never reached a replica) do not use the budget
+        budget_used, redo = 0, False  # connect failures (never reached a replica) do not use the budget
         while remaining and budget_used < ucfg.max_attempts:
-            if rec.attempts:  # the previous attempt's verdict was given; give back what it held
-                held.end_attempt()
-            rec.attempts += 1
-            if gw.flow is not None and rec.attempts == 1:  # the tenant's fair turn and a replica with room
+            if redo:  # S19-RC6: the same attempt, not written: its choice decided again (below), nothing counted
+                redo = False
+            elif gw.flow is not None and not rec.attempts:  # the tenant's fair turn and a replica with room
+                rec.attempts = 1
                 ids, alt = list(map(_ID, remaining)), chains.previous_chains()  # no comprehension frame (s17)
                 slots = gw.admission.slot_claim(tenant, held.lease)
                 rel = gw.flow.release_now(tenant, route_req, ids, alt, slots)  # nothing queued, room now: no wait
@@ -228,6 +228,9 @@ class InferencePipeline:
                 choice, held.ticket, rec.queue_wait_ms, rec.virtual_tokens = rel.as_record()
                 held.queue_wait_s = rel.queue_wait_s  # its metric: while the replica works (_prepare)
             else:
+                if rec.attempts:  # the previous attempt's verdict was given; give back what it held
+                    held.end_attempt()
+                rec.attempts += 1
                 choice, held.ticket = gw.router.route(route_req, list(map(_ID, remaining)), chains.previous_chains())
             if held.decided[0] != gw.pep.pdp.generation:  # a change since its decision: S17-6, R17-1/2, R17-5 (c)
                 body, remaining, tenant, choice = await decide_again(gw, held, req, rec, route_req, body, remaining,
@@ -247,10 +250,10 @@ class InferencePipeline:
             left = deadline - time.perf_counter()
             budget = max(0.001, min(ucfg.first_byte_timeout_s, left) if req.stream else left)
             progress, held.progress = held.progress, "unknown"  # sent: the replica may be working on it
-            # written now when a connection is idle (session 16); what follows, up to the await, is not needed
-            # to write it and runs while the replica works (no await in between: no other request runs)
-            call = open_upstream(gw.upstream.session or gw.upstream.require_session(),  # raises before start
-                                 replica.url + rec.endpoint, upstream_body, headers, budget)
+            # written now on an idle connection (session 16; else when one is free, if the decision's generation
+            # holds then: S19-RC6); what follows up to the await runs while the replica works (nothing else runs)
+            call = open_upstream(gw.upstream.session or gw.upstream.require_session(), replica.url + rec.endpoint,
+                                 upstream_body, headers, budget, gw.pep.pdp, held.decided[0])
             held.attempt = gw.replica_set.attempt(replica.id, tenant.id)  # R7b-1 (a half-open probe: this one)
             rec.predicted_prefix_tokens = choice.predicted_prefix_tokens
             rec.available_prefix_tokens = choice.available_prefix_tokens
@@ -259,15 +262,13 @@ class InferencePipeline:
                 scope_loop(request.scope).call_soon(held.run_prep)  # no getpid per request (session 13)
             try:
                 up = await unless_client_leaves(request, call)
+            except NotWritten:  # S19-RC6: a change while it waited for a connection (given back unused)
+                redo = held.not_written(progress)  # as an attempt never made: no verdict, not counted
+                continue
             except UpstreamFailure as fail:
                 last = fail
-                if not fail.reached:
-                    held.progress = progress  # no connection: this attempt cost nothing
-                elif fail.kind == "status":
-                    held.progress = "refused"  # the replica answered an error: no output
-                gw.upstream.failed(held.attempt, fail)
-                if fail.kind != "connect":
-                    budget_used += 1
+                held.failed(fail, progress, gw.upstream)  # the ledger's progress, the breaker's verdict
+                budget_used += fail.kind != "connect"  # a connect failure (never reached a replica): no budget
                 if not fail.retryable:
                     break
                 remaining = [r for r in remaining if r.id != replica.id]
@@ -297,9 +298,8 @@ class InferencePipeline:
         ``max_tokens`` held in the ledger (``output_tokens``; None: no decision yet; a refund: holding
         more for a moment is the safe side; no-op once settled), the record's prefix fingerprint,
         the audit event's trace and span part and the flow queue-wait metric (session 11), the router's
-        index record (session 15: :meth:`Router.settle`; any read of the index applies it first). Run once,
-        by :meth:`Held.run_prep`: in the event loop's turn after
-        the upstream request was written, or by :meth:`_end` if the request ends first."""
+        index record (session 15: :meth:`Router.settle`; any read of the index applies it first). Run once, by
+        :meth:`Held.run_prep`: in the event loop's turn after the upstream request was written, or by :meth:`_end`."""
         res = held.reservation
         if res is not None and output_tokens is not None:
             self.gw.admission.lower_reservation(res, output_tokens)

@@ -40,9 +40,9 @@ from gateway.json_fast import dumps
 from gateway.replicas import counts_against_replica, retryable_status
 from gateway.send_order import SEND_ORDER
 from gateway.upstream_conn import UpstreamConnectionLost, UpstreamProtocolError, UpstreamResponse
-from gateway.upstream_pool import UpstreamConnectError, UpstreamPool
+from gateway.upstream_pool import NotWritten, UpstreamConnectError, UpstreamPool, Versioned
 
-__all__ = ["UpstreamFailure", "UpstreamStream", "open_upstream", "make_session", "INSTANCE_HEADER",
+__all__ = ["UpstreamFailure", "UpstreamStream", "open_upstream", "NotWritten", "make_session", "INSTANCE_HEADER",
            "BodyDecoder", "ContentCodingError", "decode_body", "UPSTREAM_DEFAULT_HEADERS", "DECODE_PIECE_BYTES"]
 
 INSTANCE_HEADER = "X-Instance-Id"
@@ -283,6 +283,8 @@ def open_upstream(
     body: dict[str, Any] | bytes,
     headers: dict[str, str],
     first_byte_timeout_s: float,
+    guard: Versioned | None = None,
+    generation: int = 0,
 ) -> Coroutine[Any, Any, UpstreamStream]:
     """POST ``body`` as JSON to ``url`` (bytes: already serialized, a request that waited in the flow
     queue, gateway/flow_bytes.py ``queued_form``); await the returned coroutine for the first body chunk.
@@ -292,12 +294,17 @@ def open_upstream(
     the coroutine is awaited (a new connection, or one freed, first). So the caller's work that the
     request does not need can run after this call, while the replica works (the pipeline's attempt
     and record fields); the coroutine must be awaited (an answer never read is cut off at its deadline).
+    A request not written at once is written when the coroutine has a connection, and only while
+    ``guard.generation == generation`` then (session 19, S19-RC6: the caller's authorization, taken at that
+    generation, holds at the moment of the write); else the awaited coroutine raises
+    :class:`gateway.upstream_pool.NotWritten` (nothing sent, the connection back in the pool unused: the
+    caller decides again and sends again). ``guard`` None: no such check.
 
     Awaited, it returns an :class:`UpstreamStream` for a 200 answer and raises
     :class:`UpstreamFailure` on connection errors, on no first byte within
     ``first_byte_timeout_s`` seconds, on a non-200 status (its body read,
     at most 64 KiB), on a broken or undecodable answer and on an empty body.
-    Cancellation closes the connection. This call itself raises only ValueError (a header with CR/LF,
+    Cancellation closes the connection. Raises :class:`NotWritten` as above. This call itself raises only ValueError (a header with CR/LF,
     a bad URL) and RuntimeError (no running loop).
     """
     # the budget: one timer per pool for every call's deadline, not an asyncio.timeout per call (session 8)
@@ -307,15 +314,17 @@ def open_upstream(
     fields = {**headers, **_JSON_TYPE}
     # a warm pool's idle connection: written now, no coroutine of the pool's (session 16)
     written = session.send_idle("POST", url, data, fields, deadline=deadline)
-    return _first_chunk(session, url, data, fields, deadline, written)
+    return _first_chunk(session, url, data, fields, deadline, written, guard, generation)
 
 
 async def _first_chunk(session: UpstreamPool, url: str, data: bytes, fields: dict[str, str], deadline: float,
-                       resp: UpstreamResponse | None) -> UpstreamStream:
-    """The rest of :func:`open_upstream`: the request written (``resp``) or sent now, its first body chunk."""
+                       resp: UpstreamResponse | None, guard: Versioned | None, generation: int) -> UpstreamStream:
+    """The rest of :func:`open_upstream`: the request written (``resp``) or sent now (only while ``guard``
+    holds: :meth:`UpstreamPool.request`), its first body chunk."""
     try:
         if resp is None:
-            resp = await session.request("POST", url, data, fields, deadline=deadline)
+            resp = await session.request("POST", url, data, fields, deadline=deadline, guard=guard,
+                                         generation=generation)
         else:
             try:
                 await resp.wait_head()
@@ -326,7 +335,7 @@ async def _first_chunk(session: UpstreamPool, url: str, data: bytes, fields: dic
                 # the replica closed the kept-alive connection as it was reused: once more, on a new one
                 resp = None
                 resp = await session.request("POST", url, data, fields, deadline=deadline,
-                                             fresh=True)
+                                             fresh=True, guard=guard, generation=generation)
         encoding = resp.headers.get("content-encoding")
         if resp.status != 200:
             data = await _read_error_body(resp)

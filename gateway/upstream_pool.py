@@ -29,6 +29,11 @@ are there.
   connection the replica is closing). A reused connection the replica closed
   before sending any byte of the answer is retried once on a new connection;
   nothing else is retried here (the pipeline retries on other replicas).
+- A request that could not be written at once (it waited for a free connection, or for a new one to
+  open) is written only while its caller's ``guard`` still holds: ``guard.generation`` equal to the
+  generation the caller gave (session 19, S19-RC6: the pipeline's authorization decision must hold at
+  the moment its request is written); else the connection goes back to the pool unused and
+  :class:`NotWritten` is raised. A request written at once (:meth:`UpstreamPool.send_idle`) never reads it.
 - Connecting is bounded by ``connect_timeout_s`` (``TimeoutError``); a
   refused or unreachable address raises :class:`UpstreamConnectError`.
 - Every request carries ``default_headers`` (``Accept-Encoding: identity``),
@@ -44,12 +49,13 @@ import ssl
 from collections import deque
 from collections.abc import Mapping
 from functools import partial
+from typing import Protocol
 
 from gateway.upstream_conn import UpstreamConnection, UpstreamConnectionLost, UpstreamResponse
 from gateway.upstream_deadline import DeadlineWatch
 from gateway.upstream_head import Origin, RequestHeads
 
-__all__ = ["UpstreamPool", "UpstreamConnectError", "IDLE_KEEPALIVE_S"]
+__all__ = ["UpstreamPool", "UpstreamConnectError", "NotWritten", "Versioned", "IDLE_KEEPALIVE_S"]
 
 #: seconds an idle connection may be reused
 IDLE_KEEPALIVE_S = 4.0
@@ -58,6 +64,20 @@ _NO_HEADERS: Mapping[str, str] = {}
 
 class UpstreamConnectError(Exception):
     """No connection could be made (refused, unreachable, name not resolved): the request never left."""
+
+
+class NotWritten(Exception):
+    """A request that waited for a connection was not written: its caller's ``guard`` moved meanwhile
+    (:meth:`UpstreamPool.request`). No byte left; the connection went back to the pool unused (idle,
+    a waiting request woken), so nothing is owed for it: no failure, no answer to read or close."""
+
+
+class Versioned(Protocol):
+    """What a deferred write is guarded by (:meth:`UpstreamPool.request`): an ``int`` ``generation``
+    that moves with every change the caller's request must see before it is written (the pipeline's
+    :class:`gateway.pep.DecisionPoint`)."""
+
+    generation: int
 
 
 class UpstreamPool:
@@ -96,6 +116,11 @@ class UpstreamPool:
     def idle_connections(self) -> int:
         """Connections open and waiting for a request."""
         return sum(len(q) for q in self._idle.values())
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a connection to be freed (the pool at its ``limit``, none idle to close)."""
+        return len(self._waiters)
 
     @property
     def deadlines_pending(self) -> int:
@@ -154,7 +179,7 @@ class UpstreamPool:
 
     async def request(self, method: str, url: str, body: bytes = b"",
                       headers: Mapping[str, str] | None = None, *, deadline: float | None = None,
-                      fresh: bool = False) -> UpstreamResponse:
+                      fresh: bool = False, guard: Versioned | None = None, generation: int = 0) -> UpstreamResponse:
         """Send one request and wait for the answer's status and headers.
 
         Returns the :class:`UpstreamResponse` (read its body, then close it).
@@ -162,8 +187,11 @@ class UpstreamPool:
         waits raise ``TimeoutError`` once it passes, until the caller calls the response's
         ``clear_deadline()`` (one timer per pool: :mod:`gateway.upstream_deadline`). ``fresh``: on a
         new connection only (a retry after a kept-alive one was closed under the request:
-        :meth:`send_idle`).
-        Raises :class:`UpstreamConnectError` (no connection), ``TimeoutError``
+        :meth:`send_idle`). ``guard``: a request that had to wait for a connection (a freed one or a new
+        one) is written only when ``guard.generation == generation`` then (no await in between); else the
+        connection goes back unused and :class:`NotWritten` is raised (session 19, S19-RC6: read only
+        after such a wait, never on a connection taken at once).
+        Raises :class:`NotWritten`, :class:`UpstreamConnectError` (no connection), ``TimeoutError``
         (connect timeout, deadline), :class:`gateway.upstream_conn.UpstreamConnectionLost`,
         :class:`gateway.upstream_conn.UpstreamProtocolError`, ValueError (bad
         URL, method or header), RuntimeError (pool closed). Cancelling it
@@ -182,6 +210,9 @@ class UpstreamPool:
                 else:
                     async with asyncio.timeout_at(deadline):
                         conn = await self._acquire(origin, fresh)
+                if guard is not None and guard.generation != generation:  # changed while it waited: S19-RC6
+                    self._idled(conn, origin)  # unused: idle again (a waiting request is woken), none owed
+                    raise NotWritten("the request's guard moved while it waited for a connection")
             resp = self._send(conn, data, headers, deadline, loop)
             try:
                 await resp.wait_head()

@@ -40,9 +40,10 @@ def upstream_headers(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, str]]:
     seen: list[dict[str, str]] = []
     original = gateway.pipeline.open_upstream
 
-    async def capture(session: Any, url: str, body: dict[str, Any], headers: dict[str, str], timeout_s: float) -> Any:
+    async def capture(session: Any, url: str, body: dict[str, Any], headers: dict[str, str], timeout_s: float,
+                      *guard: Any) -> Any:  # guard: the decision's generation (session 19, S19-RC6)
         seen.append(dict(headers))
-        return await original(session, url, body, headers, timeout_s)
+        return await original(session, url, body, headers, timeout_s, *guard)
 
     monkeypatch.setattr(gateway.pipeline, "open_upstream", capture)
     return seen
