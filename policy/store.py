@@ -329,6 +329,10 @@ class PolicyStore:
         except Exception as err:  # noqa: BLE001 - reported in the error raised, retried by _repair
             log.error("policy: re-applying version %d to the target failed (%s)", self.version,
                       err.__class__.__name__)
+        except BaseException:  # cancelled during the give-back: given back in a task the cancel does not reach
+            assert fix is not None
+            fix.give_back_soon(record, None)
+            raise
         finally:
             disk_back = files.roll_back()
         err = persist_error(record.version, self.version, exc, target_back=target_back, disk_back=disk_back)

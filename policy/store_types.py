@@ -6,7 +6,7 @@ Imported through :mod:`policy.store` (which re-exports every name here).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -18,7 +18,7 @@ from policy.loader import PolicySet, is_test_module
 from policy.rego_test_runner import TestReport
 
 __all__ = ["ChangeRecord", "PolicyConflictError", "PolicyNotFoundError", "PolicyRejectedError", "PolicyTarget",
-           "PolicyPersistError", "PolicyTargetError", "RemoteOpaTarget", "check_policy_dir", "inverse",
+           "PolicyPersistError", "PolicyTargetError", "RemoteOpaTarget", "check_policy_dir",
            "persist_error"]
 
 
@@ -63,7 +63,8 @@ class PolicyTargetError(PolicyError):
     """The decision point refused or failed to apply a validated change.
 
     ``target_may_hold_change``: True when raised by a change (R18-1): the target may have applied it before
-    failing (a remote OPA whose reply was lost); the store gives it the committed set back before its next
+    failing (a remote OPA whose reply was lost); the store gives it the committed set back at once, after the
+    push's outcome (S19-R5, :class:`policy.store_repair.TargetRepair`), and before its next
     change. False for a refused roll-back of an earlier change.
     """
 
@@ -165,12 +166,6 @@ class RemoteOpaTarget:
 
 #: OPA's error code for a 404 (https://www.openpolicyagent.org/docs/latest/rest-api/#errors)
 _NOT_FOUND = "resource_not_found"
-
-
-def inverse(record: ChangeRecord) -> ChangeRecord:
-    """The change that gives the target the set before ``record`` (put back, or delete what it added)."""
-    return replace(record, op="put" if record.old_sha256 is not None else "delete",
-                   old_sha256=record.new_sha256, new_sha256=record.old_sha256)
 
 
 def check_policy_dir(path: str | Path) -> TestReport:

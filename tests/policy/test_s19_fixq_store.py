@@ -120,3 +120,39 @@ def test_restoring_reads_the_committed_set() -> None:
     data = ChangeRecord(version=3, who="ops", kind="data", op="put", target="a/b", old_sha256=None,
                         new_sha256="y", time=0.0)
     assert restoring(data, PolicySet({}, {"a/b": {}})).op == "put" and restoring(data, held).op == "delete"
+
+
+class StuckBackOpa(HeldOpa):
+    """Takes the change at once; its first give-back (a delete) hangs until ``reply`` is set."""
+
+    async def apply(self, change: ChangeRecord, policy_set: PolicySet) -> None:
+        if change.op == "delete" and not self.reply.is_set():
+            self.sent.append((change.op, change.target))
+            self.received.set()
+            await self.reply.wait()
+            self.modules.pop(change.target, None)
+            return
+        self.sent.append((change.op, change.target))
+        if change.op == "put":
+            self.modules[change.target] = policy_set.modules[change.target]
+        else:
+            self.modules.pop(change.target, None)
+
+
+async def test_a_cancel_during_the_give_back_after_a_failed_commit_still_gives_it_back(
+        active: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The review's unregistered note: a cancel that lands while ``_roll_back`` gives the target the committed
+    set back (a failed commit) left it pending until the next change; now a task gives it back at once."""
+    from tests.policy.test_s18_store_commit import _fail_nth
+    opa = StuckBackOpa()
+    store = PolicyStore(active, tmp_path / "versions", target=opa, settle_s=0)
+    _fail_nth(monkeypatch, 3)  # the version directory's rename fails: the change is given back
+    change = asyncio.get_running_loop().create_task(store.put_policy("extra_a.rego", EXTRA, "ops"))
+    await opa.received.wait()  # the give-back is in flight
+    change.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await change
+    monkeypatch.undo()
+    opa.reply.set()
+    assert await _until(lambda: opa.sent.count(("delete", "extra_a.rego")) == 2 and "extra_a.rego" not in opa.modules)
+    assert store.version == 0 and "extra_a.rego" not in store.policy_set.modules
