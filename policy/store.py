@@ -303,7 +303,7 @@ class PolicyStore:
         try:
             if fix is not None:
                 push = fix.start(record, new_set)
-                await asyncio.shield(push)  # cancelled: the push goes on, its give-back waits for its outcome
+                await (asyncio.shield(push) if fix.detached else push)  # a remote push goes on; give-back after it
         except BaseException as exc:
             if not files.roll_back():
                 log.error("policy: the disk roll-back of version %d is retried before the next change", record.version)

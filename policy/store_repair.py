@@ -4,13 +4,14 @@
 A change the target may have applied without the store committing it: its push failed without a
 definite answer (a remote OPA's reply lost: a timeout, a reset), its admin request was cancelled while
 the push was in flight, or the disk commit after it failed and the give-back failed too, or a crash
-left it uncommitted. :class:`TargetRepair` keeps each such change by its key (kind, module id or data
-path) and gives the target the COMMITTED state of that key back (:func:`restoring`: a put of the
+left it uncommitted. (A target that applies nothing once cancelled, the embedded engine, has its push
+cancelled with the request; its give-back is a rebuild of the committed set, with no second pass.)
+:class:`TargetRepair` keeps each such change by its key (kind, module id or data path) and gives the target the COMMITTED state of that key back (:func:`restoring`: a put of the
 committed text, or a delete when the committed set has none), never a stale inverse, so a give-back
 sent late, or twice, is always right.
 
-Ordering (S19-R4): a push runs in a task of its own (:meth:`TargetRepair.start`) that a cancel of the
-admin request does not stop; it ends when the target answers or the target's own client gives up.
+Ordering (S19-R4): a push to a remote target runs in a task of its own (:meth:`TargetRepair.start`) that
+a cancel of the admin request does not stop; it ends when the target answers or the target's own client gives up.
 Every give-back first waits for the pushes still in flight: an HTTP request is not taken back by
 closing the client's side, and a delete sent before the put it undoes reaches OPA first, answers 404
 (done) and the put then lands and stays.
@@ -69,6 +70,8 @@ class TargetRepair:
         self._lock = lock
         self._committed = committed
         self.settle_s = settle_s
+        #: a push runs on after its caller is cancelled (:class:`policy.store_types.PolicyTarget`)
+        self.detached: bool = getattr(target, "applies_after_cancel", True)
         #: (kind, target) -> the change the target may hold (or its inverse: only the key counts)
         self.pending: dict[tuple[str, str], ChangeRecord] = {}
         self._inflight: set[asyncio.Future[None]] = set()
@@ -80,7 +83,8 @@ class TargetRepair:
 
     def start(self, change: ChangeRecord, policy_set: PolicySet) -> asyncio.Future[None]:
         """Apply ``change`` (``policy_set``: the whole new set) in a task of its own, returned: await it through
-        ``asyncio.shield`` (a cancel of the caller does not stop it; :meth:`run` waits for it while it runs)."""
+        ``asyncio.shield`` when :attr:`detached` (a cancel of the caller does not stop it; :meth:`run` waits for
+        it while it runs), else directly (a cancel stops it: it applied nothing)."""
         task = asyncio.ensure_future(self._target.apply(change, policy_set))
         task.add_done_callback(_retrieved)
         self._inflight.add(task)
@@ -99,7 +103,7 @@ class TargetRepair:
     async def _give_back(self, change: ChangeRecord, push: asyncio.Future[None] | None) -> None:
         if push is not None:
             await asyncio.wait({push})
-        unsure = push is None or push.cancelled() or push.exception() is not None
+        unsure = self.detached and (push is None or push.cancelled() or push.exception() is not None)
         for again in (False, True):
             if again:
                 if not unsure or self.settle_s <= 0:

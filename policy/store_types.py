@@ -115,7 +115,11 @@ class PolicyNotFoundError(PolicyError, KeyError):
 
 
 class PolicyTarget(Protocol):
-    """Where accepted changes are applied (EmbeddedOpa implements it)."""
+    """Where accepted changes are applied (EmbeddedOpa implements it). A target may set a class attribute
+    ``applies_after_cancel`` (read with ``getattr``, default True): False when a cancelled ``apply`` has
+    certainly applied nothing (the embedded engine swaps only after its build returns), so the store
+    cancels it with its request; True (a remote server goes on with a request its client gave up on)
+    and the store lets it finish and gives its key back after it (S19-R4)."""
 
     async def apply(self, change: ChangeRecord, policy_set: PolicySet) -> None:
         """Apply one change; ``policy_set`` is the complete new set."""
@@ -133,6 +137,9 @@ class RemoteOpaTarget:
     Test modules are not pushed. Uploads use ``rego_compat=False`` so the
     client never rewrites policy text.
     """
+
+    #: OPA goes on with a request whose client went away (S19-R4, :class:`PolicyTarget`)
+    applies_after_cancel = True
 
     def __init__(self, client: AsyncOpaClient, on_applied: Callable[[], None] | None = None) -> None:
         self._client = client
