@@ -6,9 +6,10 @@ definite answer (a remote OPA's reply lost: a timeout, a reset), its admin reque
 the push was in flight, or the disk commit after it failed and the give-back failed too, or a crash
 left it uncommitted. (A target that applies nothing once cancelled, the embedded engine, has its push
 cancelled with the request; its give-back is a rebuild of the committed set, with no second pass.)
-:class:`TargetRepair` keeps each such change by its key (kind, module id or data path) and gives the target the COMMITTED state of that key back (:func:`restoring`: a put of the
-committed text, or a delete when the committed set has none), never a stale inverse, so a give-back
-sent late, or twice, is always right.
+:class:`TargetRepair` keeps each such change by its key (kind, module id or data path) and gives the
+target the COMMITTED state of that key back (:func:`restoring`: a put of the committed text, or a
+delete when the committed set has none), never a stale inverse, so a give-back sent late, or twice, is
+always right.
 
 Ordering (S19-R4): a push to a remote target runs in a task of its own (:meth:`TargetRepair.start`) that
 a cancel of the admin request does not stop; it ends when the target answers or the target's own client gives up.
