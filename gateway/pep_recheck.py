@@ -25,6 +25,7 @@ from gateway.json_fast import dumps, loads_object
 from gateway.usage_privacy import drops_cached
 from policy.decision import Decision
 from routing.filters import TenantPoolFilter
+from tenancy.bounds import RequestBounds, chat_units
 
 if TYPE_CHECKING:
     from gateway.build import Gateway
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from routing.types import RouteChoice
     from tenancy.registry import Tenant
 
-__all__ = ["MAX_ROUNDS", "awaited_decision", "decide_again", "with_fields", "with_max_tokens"]
+__all__ = ["MAX_ROUNDS", "awaited_decision", "check_kept_bounds", "decide_again", "with_fields", "with_max_tokens"]
 
 
 async def awaited_decision(pending: Awaitable[Decision], rec: RequestRecord) -> Decision:
@@ -72,6 +73,8 @@ async def decide_again(gw: Gateway, held: Held, req: InferenceRequest, rec: Requ
     is gone; 503 ``tenant_changed`` when the workload now belongs to another tenant: the request was
     admitted, counted and queued under the first one, a retry is admitted under the new one),
     :meth:`gateway.admission.Admission.check_request` (the same 404/400 as a fresh request), the
+    tenant's per-request bounds now (:meth:`gateway.admission.Admission.request_bounds`) against the
+    counts the request kept (:func:`check_kept_bounds`, S19-R6: the same 400 as a fresh request), the
     candidates are those of the first decision in the tenant's pools now (``TenantPoolFilter``: a
     reload narrows them, never widens them), the policy decides (``held.decided``: ``(generation,
     identity, candidates)``; the tenant's queued count as of now) and ``max_tokens`` is clamped with
@@ -101,7 +104,8 @@ async def decide_again(gw: Gateway, held: Held, req: InferenceRequest, rec: Requ
         ``user`` now and the lower ``max_tokens``, if lower), the narrowed replicas, the tenant now, the replica to send to.
 
     Raises:
-        GatewayError: 403 (``unknown_workload``, a deny), 404/400 (:meth:`check_request`), 503
+        GatewayError: 403 (``unknown_workload``, a deny), 404/400 (:meth:`check_request`), 400
+            (:func:`check_kept_bounds`), 503
             ``tenant_changed``, ``policy_unavailable`` (the decision point fails: fail closed) or
             ``no_replica``.
     """
@@ -109,13 +113,17 @@ async def decide_again(gw: Gateway, held: Held, req: InferenceRequest, rec: Requ
     _, identity, first = held.decided
     gw_pep, adm = gw.pep, gw.admission
     rec.decision_id = rec.reason_code = rec.reason = None  # superseded: the record takes what is enforced now
+    doc: dict[str, Any] = loads_object(body) if isinstance(body, bytes) else {**body}  # the parse accepted it
     for _ in range(MAX_ROUNDS):
         generation = gw_pep.pdp.generation
         tenant = adm.resolve_tenant(identity)  # 403 unknown_workload
         if tenant.id != rec.tenant_id:
             raise GatewayError(503, "tenant_changed", "this workload's tenant changed while the request waited; "
                                "send it again")
+        bounds = adm.request_bounds(tenant)  # S19-R6: a fresh request's bounds, in a fresh request's order
+        check_kept_bounds(bounds, req, route_req.prompt_tokens, doc.get("messages"), parsed=True)
         adm.check_request(req, tenant)
+        check_kept_bounds(bounds, req, route_req.prompt_tokens, None, parsed=False)
         candidates = TenantPoolFilter(tenant.pools).filter(first)
         if not candidates:
             raise GatewayError(503, "no_replica", "no healthy replica is available for this tenant")
@@ -147,7 +155,49 @@ async def decide_again(gw: Gateway, held: Held, req: InferenceRequest, rec: Requ
         rec.max_tokens = changes["max_tokens"] = max_tokens
         if held.reservation is not None:
             adm.lower_reservation(held.reservation, max_tokens * route_req.sequences)
-    return with_fields(body, changes), remaining, tenant, choice
+    return _changed(doc, changes, isinstance(body, bytes)), remaining, tenant, choice
+
+
+def check_kept_bounds(bounds: RequestBounds, req: InferenceRequest, prompt_tokens: int, messages: Any, *,
+                      parsed: bool) -> None:
+    """The tenant's per-request ``bounds`` (:mod:`tenancy.bounds`) checked again on what a request admitted
+    before a change kept (S19-R6; :func:`decide_again`): ``parsed`` True, the parse's bounds
+    (:func:`gateway.request.parse_inference_request`: ``messages``, the chat messages of the body it sends,
+    against ``max_messages``; its sequences, ``len(req.prompts)``, against ``max_batch_prompts``); False, the
+    prompt's (:meth:`gateway.admission.Admission.prompt_tokens`: each sequence's UTF-8 bytes,
+    ``req.prompt_bytes``, against ``max_prompt_bytes``; ``prompt_tokens``, the request's counted prompt
+    tokens, all sequences, against ``max_prompt_tokens``). A queued request keeps its counts, not its
+    prompt text (R12-2): the token count of each sequence of a batch is not kept, so a batch is refused
+    when its total is above ``max_prompt_tokens`` x sequences (one prompt over the bound beside shorter
+    ones is not found; one sequence: exact, as a fresh request).
+
+    Raises:
+        GatewayError: 400 with a fresh request's code: ``too_many_messages``, ``too_many_content_parts``,
+            ``batch_too_large``, ``prompt_too_large`` or ``context_length_exceeded``.
+    """
+    if parsed:
+        if req.endpoint == "chat" and isinstance(messages, list):
+            limit = bounds.max_messages
+            if len(messages) > limit:
+                raise GatewayError(400, "too_many_messages", f"messages has {len(messages)} entries; this "
+                                   f"tenant's limit is {limit}", param="messages")
+            if (units := chat_units(messages)) > limit:
+                raise GatewayError(400, "too_many_content_parts", f"messages hold {units} messages, content parts "
+                                   f"and tool calls together; this tenant's limit is {limit}", param="messages")
+        if req.endpoint == "completions" and len(req.prompts) > bounds.max_batch_prompts:
+            raise GatewayError(400, "batch_too_large", f"prompt is a batch of {len(req.prompts)} prompts; this "
+                               f"tenant's limit is {bounds.max_batch_prompts}", param="prompt")
+        return
+    max_bytes, limit = bounds.max_prompt_bytes, bounds.max_prompt_tokens
+    if max_bytes is not None:
+        for size in req.prompt_bytes:
+            if size > max_bytes:
+                raise GatewayError(400, "prompt_too_large",
+                                   f"prompt has {size} bytes; this tenant's limit is {max_bytes}", param=None)
+    seqs = len(req.prompts) or 1
+    if limit is not None and prompt_tokens > limit * seqs:
+        raise GatewayError(400, "context_length_exceeded", f"prompt has more than {limit} tokens; this tenant's "
+                           f"limit is {limit}" + (" per prompt" if seqs > 1 else ""))
 
 
 def with_fields(body: JsonObject | bytes, changes: dict[str, Any]) -> JsonObject | bytes:
@@ -155,12 +205,17 @@ def with_fields(body: JsonObject | bytes, changes: dict[str, Any]) -> JsonObject
     for the queued JSON bytes (:func:`gateway.flow_bytes.queued_form`) the bytes of the same object with
     those values changed (key order kept: what :func:`gateway.proxy.open_upstream` would send)."""
     doc: dict[str, Any] = loads_object(body) if isinstance(body, bytes) else {**body}  # the parse accepted it
+    return _changed(doc, changes, isinstance(body, bytes))
+
+
+def _changed(doc: dict[str, Any], changes: dict[str, Any], as_bytes: bool) -> JsonObject | bytes:
+    """``doc`` (a copy the caller owns) with ``changes`` set (:func:`with_fields`), as JSON bytes when ``as_bytes``."""
     for name, value in changes.items():
         if value is None:
             doc.pop(name, None)
         else:
             doc[name] = value
-    return bytes(dumps(doc)) if isinstance(body, bytes) else doc
+    return bytes(dumps(doc)) if as_bytes else doc
 
 
 def with_max_tokens(body: JsonObject | bytes, max_tokens: int) -> JsonObject | bytes:

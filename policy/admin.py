@@ -13,7 +13,8 @@ without an id is refused with 403 (fail closed).
 - ``GET /admin/data/{path}`` -> ``{"result": document}`` | 404
 - ``PUT /admin/data/{path}`` (JSON object) -> ``{"result": record}`` | 400
 - target failure -> 502 code ``target_refused`` (``target_may_hold_change`` true when the target may have
-  applied it before failing: the store gives it its set back before the next change, R18-1)
+  applied it before failing: the store gives it its committed set back now, after the push's outcome, R18-1,
+  S19-R4, S19-R5)
 - shared state: another instance stored the same version first -> 409 code ``conflict`` (this
   instance adopts that set; the operator retries; ``result`` is the change record, ``shared: conflict``)
 - a validated change that could not be written -> 500 code ``policy_not_persisted`` (rolled back;

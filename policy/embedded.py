@@ -87,6 +87,9 @@ class EmbeddedOpa:
         ValueError: ``timeout_s`` is not positive.
     """
 
+    #: a cancelled :meth:`apply` swapped nothing (:class:`policy.store_types.PolicyTarget`, S19-R4)
+    applies_after_cancel = False
+
     def __init__(
         self,
         policy_dir: str | Path | None = None,

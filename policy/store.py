@@ -51,6 +51,7 @@ from policy.loader import (
     sha256_text,
 )
 from policy.rego_test_runner import run_tests
+from policy.store_repair import TargetRepair
 from policy.store_disk import (
     ChangeFiles,
     active_files,
@@ -70,7 +71,6 @@ from policy.store_types import (
     PolicyTargetError,
     RemoteOpaTarget,
     check_policy_dir,
-    inverse as _inverse,
     persist_error,
 )
 
@@ -93,6 +93,8 @@ class PolicyStore:
             list, :data:`policy.builtin_allowlist.DEFAULT_ALLOWED_BUILTINS`). The
             active set is checked at start and every candidate set before it
             is compiled, tested or pushed to the target (remote OPA too).
+        settle_s: seconds after a push of unknown outcome (a lost reply, a cancel) when the target is
+            given the committed state of its key once more (:class:`policy.store_repair.TargetRepair`).
 
     Raises:
         PolicyCompileError: the active directory does not load, or calls a
@@ -107,6 +109,7 @@ class PolicyStore:
         target: PolicyTarget | None = None,
         on_change: Callable[[ChangeRecord], None] | None = None,
         allowed_builtins: Iterable[str] | None = None,
+        settle_s: float = 10.0,
     ) -> None:
         self.active_dir = Path(active_dir)
         self.versions_dir = Path(versions_dir)
@@ -115,8 +118,9 @@ class PolicyStore:
         self._target = target
         self._on_change = on_change
         self._allowed = None if allowed_builtins is None else frozenset(allowed_builtins)
-        #: the inverse of a change the target may still hold (re-applied before the next change)
-        self._undo: ChangeRecord | None = None
+        self._lock = asyncio.Lock()
+        #: changes the target may hold uncommitted, given back (R18-1, S19-R4, S19-R5); None: no target
+        self._repair_target = None if target is None else TargetRepair(target, self._lock, lambda: self._set, settle_s)
         try:  # SF17-2: roll back a change a crash left uncommitted (the loader reads the committed set)
             rolled = restore(self.active_dir, self.versions_dir)
         except (OSError, ValueError) as exc:
@@ -126,15 +130,13 @@ class PolicyStore:
         if rolled is not None:
             log.error("policy: version %s was not committed before the process stopped; rolled back",
                       rolled.get("version"))
-            if target is not None:  # a remote OPA may hold it: give it the committed content back
-                self._undo = _inverse(ChangeRecord(**rolled))
+            if self._repair_target is not None:  # a remote OPA may hold it: give it the committed content back
+                self._repair_target.hold(ChangeRecord(**rolled))
         self._set = load_policy_dir(self.active_dir)
         check_modules(self._set.modules, self._allowed)
         self.version = max(committed_versions(self.active_dir, self.versions_dir), default=0)
-        self._lock = asyncio.Lock()
         self._listeners: list[Callable[[ChangeRecord], None]] = []
         self._publisher: Callable[[ChangeRecord, PolicySet], Awaitable[str]] | None = None
-        self._repairs: set[asyncio.Task[None]] = set()  # R18-1: roll-backs of cancelled changes
 
     def set_publisher(self, publish: Callable[[ChangeRecord, PolicySet], Awaitable[str]]) -> None:
         """Publish every change made through this store before it is answered (shared state, SF17-1):
@@ -261,7 +263,7 @@ class PolicyStore:
                 time=time.time(),
             )
             path = self.active_dir / target if kind == "policy" else self.active_dir / "data" / f"{target}.json"
-            await self._persist_and_apply(record, new_set, {path: new_text}, new_text, _inverse(record))
+            await self._persist_and_apply(record, new_set, {path: new_text}, new_text)
             self._set, self.version = new_set, record.version
             try:  # SF17-1: published inside the request, before the answer and the audit
                 if self._publisher is not None:
@@ -278,85 +280,76 @@ class PolicyStore:
         return record
 
     async def _persist_and_apply(self, record: ChangeRecord, new_set: PolicySet, active: dict[Path, str | None],
-                                 content: str | None, undo: ChangeRecord) -> None:
+                                 content: str | None) -> None:
         """Journal and stage the files, apply ``new_set`` to the target, rename and commit
         (:class:`policy.store_disk.ChangeFiles`; S17-5: nothing in force that is not on disk). A failed
         write applies nothing; a target failure (refused, or applied and its reply lost, or the request
-        cancelled: R18-1) or a failed rename or commit gives the target the current set back (``undo``: the
-        inverse change; after a target failure before the next change, or at once in a task after a cancel)
-        and rolls the disk back (only the paths this change staged, R18-4), then raises.
+        cancelled: R18-1) or a failed rename or commit gives the target the committed state of the
+        change's key back and rolls the disk back (only the paths this change staged, R18-4), then raises.
+        The push runs in a task a cancel does not stop; the give-back runs at once, after the push's
+        outcome is known, and once more after ``settle_s`` when that outcome was not a success (S19-R4,
+        S19-R5: :class:`policy.store_repair.TargetRepair`).
 
         Raises:
             OSError: the version exists already or a file cannot be written (nothing applied);
                 PolicyPersistError: written in part, rolled back (it says whether the target may still
                 hold the change). PolicyTargetError: the target refused or did not confirm the change
-                (``target_may_hold_change`` True: the store re-applies its set first), or an earlier
-                change's roll-back on the target failed again (nothing written).
+                (``target_may_hold_change`` True: the store gives the target its committed set back now),
+                or an earlier change's give-back on the target failed again (nothing written).
         """
         await self._repair()
         files = ChangeFiles(self.active_dir, self.versions_dir, record.to_dict(), self._set, active, content)
+        fix, push = self._repair_target, None
         try:
-            if self._target is not None:
-                await self._target.apply(record, new_set)
+            if fix is not None:
+                push = fix.start(record, new_set)
+                await (asyncio.shield(push) if fix.detached else push)  # a remote push goes on; give-back after it
         except BaseException as exc:
             if not files.roll_back():
                 log.error("policy: the disk roll-back of version %d is retried before the next change", record.version)
-            if isinstance(exc, PolicyTargetError):  # R18-1: applied, reply lost: the target may hold it
-                self._undo, exc.target_may_hold_change = undo, True
-                exc.args = (f"{exc}; version {self.version} is re-applied to the target before the next change",)
-            elif not isinstance(exc, Exception):  # cancelled: given back now, in a task nobody cancels
-                self._undo = undo
-                self._repair_soon()
+            if fix is not None and (isinstance(exc, PolicyTargetError) or not isinstance(exc, Exception)):
+                fix.give_back_soon(record, push)  # R18-1, S19-R4/R5: a lost reply or a cancel; now, in a task
+                if isinstance(exc, PolicyTargetError):
+                    exc.target_may_hold_change = True
+                    exc.args = (f"{exc}; version {self.version} is re-applied to the target now",)
             raise
         try:
             files.commit()
         except OSError as exc:
-            raise await self._roll_back(record, undo, files, exc) from exc
+            raise await self._roll_back(record, files, exc) from exc
 
-    async def _roll_back(self, record: ChangeRecord, undo: ChangeRecord, files: ChangeFiles,
-                         exc: OSError) -> PolicyPersistError:
+    async def _roll_back(self, record: ChangeRecord, files: ChangeFiles, exc: OSError) -> PolicyPersistError:
         """R17-3: the target gets the current set back and the disk is rolled back, whatever fails."""
-        target_back = self._target is None
+        fix, target_back = self._repair_target, self._repair_target is None
         try:
-            if self._target is not None:
-                await self._target.apply(undo, self._set)
+            if fix is not None:
+                fix.hold(record)
+                await fix.run()
                 target_back = True
         except Exception as err:  # noqa: BLE001 - reported in the error raised, retried by _repair
             log.error("policy: re-applying version %d to the target failed (%s)", self.version,
                       err.__class__.__name__)
+        except BaseException:  # cancelled during the give-back: given back in a task the cancel does not reach
+            assert fix is not None
+            fix.give_back_soon(record, None)
+            raise
         finally:
             disk_back = files.roll_back()
-            if not target_back:
-                self._undo = undo
         err = persist_error(record.version, self.version, exc, target_back=target_back, disk_back=disk_back)
         log.error("%s", err)
         return err
 
-    def _repair_soon(self) -> None:
-        """Run :meth:`_repair` under the lock in a task kept referenced (R18-1: after a cancelled change;
-        a failure is logged and retried before the next change)."""
-        async def repair() -> None:
-            async with self._lock:
-                try:
-                    await self._repair()
-                except Exception as err:  # noqa: BLE001 - _undo stays: retried before the next change
-                    log.error("policy: re-applying version %d to the target failed (%s)", self.version,
-                              err.__class__.__name__)
-        task = asyncio.get_running_loop().create_task(repair())
-        self._repairs.add(task)
-        task.add_done_callback(self._repairs.discard)
-
     async def _repair(self) -> None:
-        """Finish the roll-back of an earlier change: the disk (an armed journal) and the target.
+        """Finish the roll-back of an earlier change: the disk (an armed journal) and the target
+        (:meth:`policy.store_repair.TargetRepair.run`: after the pushes in flight).
 
         Raises:
             OSError: the disk still cannot be restored. PolicyTargetError: the target still refuses.
         """
         if (self.active_dir / JOURNAL).exists():
             restore(self.active_dir, self.versions_dir)
-        if self._undo is not None and self._target is not None:
-            await self._target.apply(self._undo, self._set)
-        self._undo = None
+        if self._repair_target is not None:
+            await self._repair_target.run()
 
     async def adopt(self, version: int, policy_set: PolicySet, who: str) -> ChangeRecord | None:
         """Adopt a whole policy set at ``version`` made by another instance (shared state, issue 16).
@@ -384,7 +377,7 @@ class PolicyStore:
                                   old_sha256=set_digest(self._set), new_sha256=set_digest(policy_set),
                                   time=time.time())
             await self._persist_and_apply(record, policy_set, active_files(self.active_dir, policy_set),
-                                          canonical_json(policy_set_document(policy_set)), _inverse(record))
+                                          canonical_json(policy_set_document(policy_set)))
             self._set, self.version = policy_set, version
         if self._on_change is not None:
             self._on_change(record)

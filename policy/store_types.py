@@ -6,7 +6,7 @@ Imported through :mod:`policy.store` (which re-exports every name here).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -18,7 +18,7 @@ from policy.loader import PolicySet, is_test_module
 from policy.rego_test_runner import TestReport
 
 __all__ = ["ChangeRecord", "PolicyConflictError", "PolicyNotFoundError", "PolicyRejectedError", "PolicyTarget",
-           "PolicyPersistError", "PolicyTargetError", "RemoteOpaTarget", "check_policy_dir", "inverse",
+           "PolicyPersistError", "PolicyTargetError", "RemoteOpaTarget", "check_policy_dir",
            "persist_error"]
 
 
@@ -63,7 +63,8 @@ class PolicyTargetError(PolicyError):
     """The decision point refused or failed to apply a validated change.
 
     ``target_may_hold_change``: True when raised by a change (R18-1): the target may have applied it before
-    failing (a remote OPA whose reply was lost); the store gives it the committed set back before its next
+    failing (a remote OPA whose reply was lost); the store gives it the committed set back at once, after the
+    push's outcome (S19-R5, :class:`policy.store_repair.TargetRepair`), and before its next
     change. False for a refused roll-back of an earlier change.
     """
 
@@ -114,7 +115,11 @@ class PolicyNotFoundError(PolicyError, KeyError):
 
 
 class PolicyTarget(Protocol):
-    """Where accepted changes are applied (EmbeddedOpa implements it)."""
+    """Where accepted changes are applied (EmbeddedOpa implements it). A target may set a class attribute
+    ``applies_after_cancel`` (read with ``getattr``, default True): False when a cancelled ``apply`` has
+    certainly applied nothing (the embedded engine swaps only after its build returns), so the store
+    cancels it with its request; True (a remote server goes on with a request its client gave up on)
+    and the store lets it finish and gives its key back after it (S19-R4)."""
 
     async def apply(self, change: ChangeRecord, policy_set: PolicySet) -> None:
         """Apply one change; ``policy_set`` is the complete new set."""
@@ -132,6 +137,9 @@ class RemoteOpaTarget:
     Test modules are not pushed. Uploads use ``rego_compat=False`` so the
     client never rewrites policy text.
     """
+
+    #: OPA goes on with a request whose client went away (S19-R4, :class:`PolicyTarget`)
+    applies_after_cancel = True
 
     def __init__(self, client: AsyncOpaClient, on_applied: Callable[[], None] | None = None) -> None:
         self._client = client
@@ -165,12 +173,6 @@ class RemoteOpaTarget:
 
 #: OPA's error code for a 404 (https://www.openpolicyagent.org/docs/latest/rest-api/#errors)
 _NOT_FOUND = "resource_not_found"
-
-
-def inverse(record: ChangeRecord) -> ChangeRecord:
-    """The change that gives the target the set before ``record`` (put back, or delete what it added)."""
-    return replace(record, op="put" if record.old_sha256 is not None else "delete",
-                   old_sha256=record.new_sha256, new_sha256=record.old_sha256)
 
 
 def check_policy_dir(path: str | Path) -> TestReport:
