@@ -15,6 +15,10 @@ implementations to attack."
 
 Main (6553416): ``UpstreamConnection.connection_lost`` calls ``resp._finish()`` for an until-close
 body whatever ``exc`` is (gateway/upstream_conn.py 212-217), so both cut answers read as complete.
+
+Fixed: a reset fails the answer (``UpstreamConnectionLost``, ``received_any`` true: no retry), and
+over TLS an until-close body is always recorded as incomplete, even after a ``close_notify`` (the
+transports cannot tell the two ends apart); a plain connection's clean close still completes it.
 """
 from __future__ import annotations
 
@@ -110,19 +114,37 @@ async def _read_cut_answer(url: str, go: asyncio.Event) -> None:
         await pool.close()
 
 
-@pytest.mark.xfail(strict=True, reason="S19-R1 an until-close upstream body cut by a TCP reset is read as complete "
-                                       "(connection_lost finishes it whatever exc is)")
 async def test_an_until_close_body_cut_by_a_reset_is_not_complete(replica) -> None:
     url, go = await replica(reset, False)
-    with pytest.raises(UpstreamConnectionLost):
+    with pytest.raises(UpstreamConnectionLost) as err:
         await _read_cut_answer(url, go)
+    assert err.value.received_any  # after the first byte: the pipeline does not retry
 
 
-@pytest.mark.xfail(strict=True, reason="S19-R2 an until-close TLS body ended without close_notify is read as complete "
-                                       "(asyncio/uvloop SSL transports report a TCP FIN as a clean end)")
 async def test_an_until_close_tls_body_without_close_notify_is_not_complete(replica, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     url, go = await replica(no_close_notify, True)
     monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "cert.pem"))  # the default context's roots: the test CA
     with pytest.raises(UpstreamConnectionLost):
+        await _read_cut_answer(url, go)
+
+
+def clean_close(writer: asyncio.StreamWriter) -> None:
+    """End the connection cleanly: FIN (and over TLS, close_notify first)."""
+    writer.close()
+
+
+async def test_an_until_close_tls_body_is_incomplete_even_after_close_notify(replica, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transports report both ends alike, so a TLS until-close body is never taken as complete."""
+    url, go = await replica(clean_close, True)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "cert.pem"))
+    with pytest.raises(UpstreamConnectionLost) as err:
+        await _read_cut_answer(url, go)
+    assert err.value.received_any  # after the first byte: the pipeline does not retry
+
+
+async def test_an_until_close_body_ended_cleanly_on_plain_tcp_is_complete(replica) -> None:
+    url, go = await replica(clean_close, False)
+    with pytest.raises(AssertionError, match="read as complete"):  # RFC 9112 6.3 item 8: the close ends it
         await _read_cut_answer(url, go)
