@@ -18,7 +18,6 @@ inside ``jsonl.dir``; ``otlp.ca_file`` needs an https endpoint; at least one sin
 """
 from __future__ import annotations
 
-import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from audit.keys import load_signing_key
 from audit.log import AuditLog
 from audit.sink import AuditSink
 from audit.summary import SummaryAggregator
+from audit.tls import client_context
 
 __all__ = ["AuditConfigError", "AuditSection", "build_audit"]
 
@@ -76,7 +76,7 @@ def build_audit(config: Mapping[str, Any] | AuditSection, registry: CollectorReg
         from audit.cef import format_cef
 
         try:
-            ctx = ssl.create_default_context(cafile=s.ca_file) if s.protocol == "tls" else None
+            ctx = client_context(s.ca_file) if s.protocol == "tls" else None
             sinks.append(SyslogSink(s.host, s.port, s.protocol, ssl_context=ctx,
                                     formatter=format_cef if s.format == "cef" else ocsf_payload,
                                     max_message_bytes=s.max_message_bytes, **linger))
@@ -88,7 +88,7 @@ def build_audit(config: Mapping[str, Any] | AuditSection, registry: CollectorReg
         if t.ca_file and not t.endpoint.startswith("https://"):
             raise AuditConfigError("otlp.ca_file needs an https:// endpoint")
         try:
-            otlp_ctx = ssl.create_default_context(cafile=t.ca_file) if t.ca_file else None
+            otlp_ctx = client_context(t.ca_file) if t.endpoint.startswith("https://") else None
             sinks.append(OtlpLogSink(endpoint=t.endpoint, headers=dict(t.headers or {}), timeout_s=t.timeout_s,
                                      compression=t.compression, ssl_context=otlp_ctx))
         except (ValueError, OSError) as exc:  # bad endpoint URL, unreadable or invalid ca_file

@@ -62,6 +62,7 @@ from audit.http_proxy import env_proxy
 from audit.otlp_log_build import WARN_OUTCOMES, build_request, build_resource, severity_of, trace_id_bytes
 from audit.otlp_log_request import encode_logs_request
 from audit.sink import SinkUnavailable
+from audit.tls import client_context
 
 #: the record-building names stay importable from here (they live in :mod:`audit.otlp_log_build`)
 __all__ = ["DEFAULT_ENDPOINT", "OtlpExportError", "OtlpLogSink", "SCOPE_NAME", "WARN_OUTCOMES", "build_request",
@@ -213,7 +214,7 @@ class OtlpLogSink:
     async def open(self) -> None:
         """Create the HTTP client session (no connection is made yet)."""
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True)
+            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else client_context())
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
 
     async def send(self, events: list[AuditEvent]) -> None:

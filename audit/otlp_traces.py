@@ -50,6 +50,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.util.re import parse_env_headers
 
 from audit.backoff import Backoff
+from audit.tls import requests_session
 
 __all__ = [
     "DEFAULT_ENDPOINT",
@@ -219,7 +220,7 @@ class OtlpHttpSender:
     def __init__(self, settings: OtlpHttpSettings, *, sleep: Any = None,
                  session: requests.Session | None = None) -> None:
         self.settings = settings
-        self._session = session or requests.Session()
+        self._session = session or requests_session()  # TLS: audit/tls.py (S19-R3)
         self._session.headers.update({k: v for k, v in settings.headers.items()
                                       if k.lower() not in ("content-type", "content-encoding", "content-length")})
         self._session.headers["Content-Type"] = _PROTOBUF

@@ -48,6 +48,7 @@ from audit.otlp_trace_request import OtlpRequestEncoder
 from audit.otlp_traces import (MAX_REQUEST_BYTES, RETRY_BACKOFF_S, RETRYABLE_STATUSES, ExportOutcomes,
                                OtlpHttpSettings, loggable_url, retry_after_s)
 from audit.span_request import BYTES_MARK
+from audit.tls import client_context
 
 __all__ = ["DROP_EXPORT_FAILED", "DROP_QUEUE_FULL", "DROP_REJECTED", "SpanPoster", "ssl_context"]
 
@@ -59,18 +60,14 @@ DROP_REJECTED = "rejected"
 _PROTOBUF = "application/x-protobuf"
 
 
-def ssl_context(settings: OtlpHttpSettings) -> ssl.SSLContext | bool:
+def ssl_context(settings: OtlpHttpSettings) -> ssl.SSLContext:
     """The TLS setup of :class:`audit.otlp_traces.OtlpHttpSender` for aiohttp: the CA file (else the
-    system's defaults, ``True``) and the client certificate and key for mutual TLS.
+    system's roots) and the client certificate and key for mutual TLS, with the floor and
+    forward-secret suites of :func:`audit.tls.client_context` (S19-R3).
 
     Raises:
         OSError, ssl.SSLError: a CA or client file that cannot be read."""
-    if not settings.ca_file and not settings.client_cert:
-        return True
-    ctx = ssl.create_default_context(cafile=settings.ca_file)
-    if settings.client_cert:
-        ctx.load_cert_chain(settings.client_cert, settings.client_key)
-    return ctx
+    return client_context(settings.ca_file, certfile=settings.client_cert, keyfile=settings.client_key)
 
 
 class SpanPoster:

@@ -34,6 +34,7 @@ from audit.cef import cef_line, format_cef
 from audit.encoded import KIND_VALUE
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
 from audit.sink import SinkUnavailable
+from audit.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ class SyslogSink:
         #: seconds AuditLog lets events accumulate before a send (one write per batch)
         self.linger_s = linger_s
         self.host, self.port, self.protocol = host, port, protocol
-        self._ssl = ssl_context if ssl_context is not None else (ssl.create_default_context() if protocol == "tls" else None)
+        self._ssl = ssl_context if ssl_context is not None else (client_context() if protocol == "tls" else None)
         # format_cef's fast twin (same line: tests/audit/test_s10_fast_formats.py)
         self._formatter = cef_line if formatter is format_cef else formatter
         self._middle: str | None = None  # " HOST APP PROCID " of every message

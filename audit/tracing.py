@@ -94,7 +94,11 @@ def setup_tracing(exporter: str | None, service_name: str = "prefixgate", endpoi
         processors.append(processor)
     elif exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        processors.append(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()))
+        from audit.tls import requests_session  # S19-R3: the TLS floor and forward-secret suites
+
+        exporter_obj = OTLPSpanExporter(endpoint=endpoint, session=requests_session()) if endpoint \
+            else OTLPSpanExporter(session=requests_session())
+        processors.append(BatchSpanProcessor(exporter_obj))
     elif exporter == "console":
         processors.append(BatchSpanProcessor(ConsoleSpanExporter()))
     elif exporter == "memory":

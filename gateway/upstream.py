@@ -18,6 +18,7 @@ import logging
 
 import aiohttp
 
+from audit.tls import client_context
 from gateway.config import HealthConfig, UpstreamConfig
 from gateway.engine_metrics import EngineMetricsPoller
 from gateway.health import HealthChecker, completion_probe
@@ -41,9 +42,11 @@ log = logging.getLogger("prefixgate")
 def make_probe_session(connect_timeout_s: float) -> aiohttp.ClientSession:
     """The aiohttp session of health checks and the engine-metrics poller (call inside a running loop):
     at most :data:`PROBE_POOL_SIZE` connections, ``Accept-Encoding: identity``, no cookies, no
-    decompression (compressed answers are decoded by gateway.proxy.BodyDecoder)."""
+    decompression (compressed answers are decoded by gateway.proxy.BodyDecoder); TLS with
+    :func:`audit.tls.client_context`."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=PROBE_POOL_SIZE, limit_per_host=0, enable_cleanup_closed=True),
+        connector=aiohttp.TCPConnector(limit=PROBE_POOL_SIZE, limit_per_host=0, enable_cleanup_closed=True,
+                                       ssl=client_context()),  # https replicas: audit/tls.py (S19-R3)
         timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=None),
         cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, headers=UPSTREAM_DEFAULT_HEADERS)
 

@@ -30,6 +30,12 @@ is outside the gateway's trust boundary:
   cannot tell a stray answer that arrives after the request was sent from
   that request's own answer (replicas are trusted to speak HTTP/1.1
   correctly, docs/security.md);
+- a body delimited by the connection's end (no ``Content-Length``, not
+  chunked) is complete only when a plain-TCP connection closes cleanly: a
+  reset fails it (S19-R1), and over TLS it always fails as incomplete
+  (:class:`UpstreamConnectionLost`, after the parts that arrived): the
+  event loops' SSL transports report an end without ``close_notify`` as a
+  clean one, so completeness cannot be proven (RFC 9112 section 9.8, S19-R2);
 - a connection goes back to the pool only when its answer arrived whole, the
   replica allowed keep-alive (no ``Connection: close``, not HTTP/1.0 without
   keep-alive, not delimited by close) and the request was fully written; an
@@ -105,6 +111,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._paused = False
         self._expect_id: str | None = None
         self._poll: Any = None
+        self._tls = False  # the transport is TLS (noted in connection_made)
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -172,6 +179,7 @@ class UpstreamConnection(asyncio.Protocol):
         # one parser for the connection's life (session 14: not one per request). A connection is reused only
         # after an answer ended cleanly (llhttp then waits for the next message); any parse error aborts it.
         self._parser = httptools.HttpResponseParser(self)
+        self._tls = transport.get_extra_info("ssl_object") is not None
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
         sock = transport.get_extra_info("socket")
@@ -212,8 +220,21 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
         resp = self._resp
         if resp is not None and self._headers_done and self._until_close and not self._message_done:
-            resp._finish()  # a body delimited by the end of the connection
-            self._resp = None
+            # a body delimited by the end of the connection (RFC 9112 sections 6.3 item 8, 8 and 9.8):
+            # complete only on a clean close of a plain connection. A reset (exc) cuts it (S19-R1); over
+            # TLS the end cannot be proven: asyncio's and uvloop's SSL transports report a FIN without
+            # close_notify as a clean end (S19-R2), so it is recorded as incomplete
+            if exc is None and not self._tls:
+                resp._finish()
+                self._resp = None
+            elif exc is None:
+                self._closed_now(UpstreamConnectionLost(
+                    "answer delimited by the connection's end over TLS cannot be proven complete", True))
+                return
+            else:
+                self._closed_now(UpstreamConnectionLost(
+                    f"replica connection ended by {type(exc).__name__}: answer incomplete", self._received))
+                return
         self._closed_now(UpstreamConnectionLost("replica closed the connection", self._received))
 
     # ----------------------------------------------------------------- httptools callbacks

@@ -51,6 +51,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Protocol
 
+from audit.tls import client_context
 from gateway.upstream_conn import UpstreamConnection, UpstreamConnectionLost, UpstreamResponse
 from gateway.upstream_deadline import DeadlineWatch
 from gateway.upstream_head import Origin, RequestHeads
@@ -300,7 +301,7 @@ class UpstreamPool:
         try:
             ctx = None
             if origin.tls:
-                ctx = self._ssl = self._ssl or ssl.create_default_context()
+                ctx = self._ssl = self._ssl or client_context()  # S19-R3: floor and suites of audit/tls.py
             async with asyncio.timeout(self.connect_timeout_s):
                 _, conn = await loop.create_connection(
                     lambda: UpstreamConnection(partial(self._idled, origin=origin), self._closed, loop),

@@ -125,10 +125,10 @@ class RemoteOpa:
             raise ValueError("plaintext http to a non-loopback OPA needs allow_plaintext=True")
         ssl_context = None
         if tls:
-            ssl_context = ssl.create_default_context(cafile=ca_file)
-            ssl_context.minimum_version = ssl.TLSVersion.TLSv1_2
-            if client_cert is not None:
-                ssl_context.load_cert_chain(*client_cert)
+            from audit.tls import client_context  # S19-R3: the TLS 1.2 floor and forward-secret suites
+
+            ssl_context = client_context(ca_file, certfile=client_cert[0] if client_cert else None,
+                                         keyfile=client_cert[1] if client_cert else None)
         self._client = _OpaClient(
             ssl_context=ssl_context,
             pool_size=pool_size,

@@ -245,7 +245,8 @@ def redis_client(cfg: Any) -> Any:
 
     ``url``; ``username``; the password from ``password_file`` (mode 0600,
     checked) or the variable ``password_env``; ``tls_ca_file`` verifies a
-    ``rediss://`` server. Raises :class:`StateSetupError` (messages never
+    ``rediss://`` server (TLS 1.2 floor and forward-secret suites:
+    :mod:`audit.tls`). Raises :class:`StateSetupError` (messages never
     hold the password). Connects lazily (the first command).
     """
     import redis.asyncio as aioredis
@@ -271,6 +272,11 @@ def redis_client(cfg: Any) -> Any:
         kwargs["username"] = cfg.username
     if password is not None:
         kwargs["password"] = password
+    if cfg.url.startswith("rediss://"):  # S19-R3: redis-py builds the context; the floor and suites of audit/tls.py
+        from audit.tls import FORWARD_SECRET_CIPHERS, MINIMUM_VERSION
+
+        kwargs["ssl_min_version"] = MINIMUM_VERSION
+        kwargs["ssl_ciphers"] = FORWARD_SECRET_CIPHERS
     if cfg.tls_ca_file:
         kwargs["ssl_ca_certs"] = cfg.tls_ca_file
         kwargs["ssl_cert_reqs"] = "required"

@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from audit.tls import client_context
+
 from .bundle_parse import MAX_BUNDLE_BYTES, BundleError, BundleUnavailable, TrustBundle, parse_bundle
 from .spiffe_id import parse_trust_domain
 
@@ -298,7 +300,7 @@ class HttpsBundleSource(TrustBundleSource):
         self.retry_s = retry_s
         self.timeout_s = timeout_s
         self.allow_missing_use = allow_missing_use
-        self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
+        self._ssl: ssl.SSLContext = ssl_context if ssl_context is not None else client_context()
         self._session: aiohttp.ClientSession | None = None
         self._next_refresh: float = -math.inf
 

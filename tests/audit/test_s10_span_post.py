@@ -29,6 +29,7 @@ from audit.request_event import REQUEST_ROW_FIELDS
 from audit.row_spans import SCOPE, row_span_bytes, row_span_record
 from audit.span_post import SpanPoster, ssl_context
 from audit.span_request import BYTES_MARK
+from audit.tls import context_problems
 from audit.worker_spans import WorkerSpans
 from tests.audit.test_s9_otlp_pb import _row
 from tests.support.waiting import wait_for
@@ -222,7 +223,9 @@ async def test_an_unusable_endpoint_drops_and_counts(tmp_path) -> None:
 
 
 def test_tls_settings_become_an_ssl_context() -> None:
-    assert ssl_context(OtlpHttpSettings.resolve("https://c:4318/v1/traces", env={})) is True
+    # S19-R3: no longer ``True`` (aiohttp's default, the interpreter's suites): the floor and suites of audit/tls.py
+    plain = ssl_context(OtlpHttpSettings.resolve("https://c:4318/v1/traces", env={}))
+    assert not isinstance(plain, bool) and context_problems(plain) == []
     settings = OtlpHttpSettings.resolve("https://c:4318/v1/traces",
                                         env={"OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": certifi.where()})
     ctx = ssl_context(settings)
