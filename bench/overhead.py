@@ -99,7 +99,7 @@ STAGES: dict[str, tuple[tuple[str, str], ...]] = {
     "parse and validation": (("gateway/request.py", "read_body"), ("gateway/request.py", "parse_inference_request")),
     "tokenize": (("gateway/admission.py", "prompt_tokens"), ("gateway/admission.py", "check_prompt")),
     "HMAC chain": (("gateway/prefix_keys.py", "prefix_chains"), ("gateway/prefix_keys.py", "prefix_fingerprint")),
-    "policy": (("gateway/pep.py", "decide"), ("gateway/admission.py", "clamp_max_tokens"),
+    "policy": (("gateway/pep.py", "decide"), ("gateway/admission_answers.py", "clamp_output"),  # both clamps (session 19)
                ("gateway/pep.py", "allowed_candidates")),
     "route": (("gateway/replicas.py", "candidates"), ("routing/router.py", "route")),
     "upstream client": (("gateway/proxy.py", "open_upstream"), ("gateway/proxy.py", "read_chunk"),
