@@ -20,6 +20,11 @@ class PolicyConfig(ConfigSection):
     ``timeout_s`` is one overall deadline per decision (seconds); past it the
     request fails closed with 503. The default (0.2 s) leaves room for CPU
     contention on small machines; a dedicated deployment can use ~0.05 s.
+    ``push_timeout_s``: remote mode with ``versions_dir``, the total deadline
+    of one policy or data push to OPA (seconds, > 0; default 30): OPA
+    compiles every module on a policy PUT, often longer than a decision's
+    deadline; past it the push is a lost reply (502 ``target_refused``, the
+    change given back; S19-R9). Decisions keep ``timeout_s``.
     ``offload``: evaluate embedded decisions in a worker thread, so a
     runaway evaluation is abandoned at the deadline instead of holding the
     event loop; off by default because the thread hop costs more than a
@@ -51,6 +56,7 @@ class PolicyConfig(ConfigSection):
     token_env: str | None = None
     ca_file: str | None = None
     timeout_s: float = Field(0.2, gt=0)
+    push_timeout_s: float = Field(30.0, gt=0)
     offload: bool = False
     cache_ttl_s: float = Field(1.0, ge=0)
     cache_max_entries: int = Field(10000, ge=0)

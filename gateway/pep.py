@@ -155,6 +155,7 @@ def build_decision_point(pc: PolicyConfig, audit: AuditHub) -> DecisionPoint:
                 raise ConfigError("policy.url is required in remote mode")
             token = os.environ.get(pc.token_env) if pc.token_env else None
             remote = RemoteOpa(pc.url, token=token, ca_file=pc.ca_file, timeout_s=pc.timeout_s,
+                               push_timeout_s=pc.push_timeout_s,  # S19-R9: pushes (RemoteOpa.client) only
                                health_interval_s=pc.health_interval_s, health_timeout_s=max(pc.timeout_s, 0.5))
             inner, start, stop = remote, remote.start, remote.close
     except ConfigError:

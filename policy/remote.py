@@ -8,6 +8,10 @@ per decision through :class:`opa_client.AsyncOpaClient`, with:
   the aiohttp total timeout; any miss raises :class:`PolicyUnavailableError`;
 - one aiohttp session with keep-alive (connection reuse), opened by
   :meth:`RemoteOpa.start` and closed by :meth:`RemoteOpa.close`;
+- a second, small session for policy and data pushes (:attr:`RemoteOpa.client`,
+  ``policy.store.RemoteOpaTarget``) built the same way (same TLS context), with
+  its own total deadline ``push_timeout_s``: OPA compiles every module on a
+  policy PUT, which may take longer than one decision's deadline (S19-R9);
 - TLS configured explicitly: ``https`` verifies against ``ca_file`` (or the
   system store) with hostname checking; ``http`` only to loopback unless
   ``allow_plaintext=True``;
@@ -48,6 +52,9 @@ from policy.decision import (
 )
 
 DEFAULT_DECISION_PATH = "prefixgate/authz/decision"
+#: pooled connections of the push session: pushes are serialized by the store's lock (one in flight,
+#: a give-back beside it at most)
+_PUSH_POOL_SIZE = 2
 
 
 def _is_loopback(host: str) -> bool:
@@ -89,6 +96,9 @@ class RemoteOpa:
         ca_file: PEM trust anchors for the OPA server certificate.
         client_cert: ``(cert_file, key_file)`` for mTLS to OPA.
         timeout_s: overall deadline of one decision, seconds.
+        push_timeout_s: total deadline of one policy or data push (PUT or
+            DELETE through :attr:`client`), seconds, > 0; past it the push
+            is a lost reply (``PolicyTargetError``, S19-R9).
         decision_path: Data API path of the decision document.
         strict_builtin_errors: send ``strict-builtin-errors=true``.
         provenance: ask for ``provenance`` to detect bundle revision changes.
@@ -98,7 +108,7 @@ class RemoteOpa:
         health_timeout_s: deadline of one ``GET /health`` probe (s).
 
     Raises:
-        ValueError: bad URL or plaintext to a remote host.
+        ValueError: bad URL, plaintext to a remote host, or a deadline <= 0.
     """
 
     def __init__(
@@ -109,6 +119,7 @@ class RemoteOpa:
         ca_file: str | None = None,
         client_cert: tuple[str, str] | None = None,
         timeout_s: float = 0.05,
+        push_timeout_s: float = 30.0,
         decision_path: str = DEFAULT_DECISION_PATH,
         strict_builtin_errors: bool = True,
         provenance: bool = False,
@@ -117,6 +128,8 @@ class RemoteOpa:
         health_interval_s: float = 1.0,
         health_timeout_s: float = 1.0,
     ) -> None:
+        if not push_timeout_s > 0:
+            raise ValueError(f"push_timeout_s must be > 0, got {push_timeout_s!r}")
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
             raise ValueError(f"OPA url must be http(s)://host[:port], got {url!r}")
@@ -129,16 +142,10 @@ class RemoteOpa:
 
             ssl_context = client_context(ca_file, certfile=client_cert[0] if client_cert else None,
                                          keyfile=client_cert[1] if client_cert else None)
-        self._client = _OpaClient(
-            ssl_context=ssl_context,
-            pool_size=pool_size,
-            host=parts.hostname,
-            port=parts.port or (443 if tls else 8181),
-            ssl=tls,
-            token=token,
-            retries=0,
-            timeout=timeout_s,
-        )
+        common: dict[str, Any] = dict(ssl_context=ssl_context, host=parts.hostname,
+                                      port=parts.port or (443 if tls else 8181), ssl=tls, token=token, retries=0)
+        self._client = _OpaClient(pool_size=pool_size, timeout=timeout_s, **common)  # decisions, health
+        self._push_client = _OpaClient(pool_size=_PUSH_POOL_SIZE, timeout=push_timeout_s, **common)  # S19-R9
         self._timeout_s = timeout_s
         self._path = decision_path.strip("/")
         params: dict[str, str] = {}
@@ -157,13 +164,23 @@ class RemoteOpa:
 
     @property
     def client(self) -> AsyncOpaClient:
-        """The underlying started client (policy and data management calls)."""
-        return self._client
+        """The started client for policy and data management calls (pushes).
+
+        Its total deadline per request is ``push_timeout_s``, not the
+        decision deadline ``timeout_s`` (S19-R9); decisions use a session of
+        their own, so a push never holds a decision's connection.
+        """
+        return self._push_client
 
     async def start(self) -> None:
-        """Open the HTTP session (idempotent)."""
+        """Open the HTTP sessions, decisions and pushes (idempotent)."""
         if not self._started:
             await self._client.__aenter__()
+            try:
+                await self._push_client.__aenter__()
+            except BaseException:
+                await self._client.close_connection()
+                raise
             self._started = True
 
     async def close(self) -> None:
@@ -173,7 +190,10 @@ class RemoteOpa:
         self._probe, self._health = None, None
         if self._started:
             self._started = False
-            await self._client.close_connection()
+            try:
+                await self._client.close_connection()
+            finally:
+                await self._push_client.close_connection()
 
     async def __aenter__(self) -> RemoteOpa:
         await self.start()
