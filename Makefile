@@ -1,8 +1,9 @@
 # PrefixGate developer tasks. Every target sets up .venv first.
 # The interpreter .venv is built from: tools/pick_python.py prefers the distribution's CPython
-# (built with PGO + LTO; ~25 % less CPU per request than pyenv's default build, docs/benchmarks.md
-# "Session 19"). Override: `make PY=/path/to/python3` or PREFIXGATE_PYTHON=... (taken as given); an existing .venv
-# keeps its interpreter (`rm -rf .venv` to rebuild).
+# (built with PGO + LTO; 8-17 % less gateway CPU per request than pyenv's default build,
+# docs/benchmarks.md "End of the 2026-12-03 session 19"). Override: `make PY=/path/to/python3`
+# or PREFIXGATE_PYTHON=... (taken as given); an existing .venv keeps its interpreter
+# (`rm -rf .venv` to rebuild).
 PY ?= $(or $(PREFIXGATE_PYTHON),$(shell python3 tools/pick_python.py 2>/dev/null || echo python3))
 VENV := .venv
 BIN := $(VENV)/bin

@@ -4,8 +4,9 @@ The interpreter's own build is part of the gateway's per-request cost. A distrib
 (Debian and Ubuntu ``/usr/bin/python3``, Fedora's, the official ``python`` Docker images) is
 compiled with profile-guided optimisation and link-time optimisation and its executable links
 the interpreter statically; a plain ``./configure && make`` (pyenv's default, which also adds
-``--enable-shared``) has neither. On the 2-core CI machine the same Python code ran ~25 % slower
-on pyenv's 3.11.7 than on Debian's 3.11.2 (docs/benchmarks.md, "Session 19"). CPython's own
+``--enable-shared``) has neither. On the 2-core CI machine a Python micro-benchmark ran 25 % slower and
+the gateway used 8-17 % more CPU per request on pyenv's 3.11.7 than on Debian's 3.11.2
+(docs/benchmarks.md, "End of the 2026-12-03 session 19"). CPython's own
 build guide names the flags: ``--enable-optimizations`` (PGO) and ``--with-lto``
 (https://docs.python.org/3/using/configure.html#performance-options).
 
