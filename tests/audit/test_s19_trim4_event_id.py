@@ -9,22 +9,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import pytest
-
-from gateway.auditing import AuditHub
+from tests.support import audit_log as audit_fixtures
 from tests.support.audit_log import ListLog
 
-
-@pytest.fixture
-def audit_log() -> ListLog:
-    """Every audit event the gateway emits."""
-    return ListLog()
-
-
-@pytest.fixture
-def audit_hub(audit_log: ListLog) -> AuditHub:
-    """The stack's audit hub over :func:`audit_log`."""
-    return AuditHub(audit_log)
+audit_log, audit_hub = audit_fixtures.audit_log, audit_fixtures.audit_hub  # the stack on a ListLog
 
 
 async def test_the_event_id_made_in_the_replica_wait_is_the_events(stack: Any, audit_log: ListLog,

@@ -16,11 +16,13 @@ import jwt
 import pytest
 import yaml
 
-from gateway.auditing import AuditHub
 from tests.support import flow
+from tests.support import audit_log as audit_fixtures
 from tests.support.audit_log import ListLog
 from tests.support.flow import HOLD_UNTIL_CANCELLED, HOLDING_TOKENS, post, queued, running
 from tests.support.waiting import wait_for
+
+audit_log, audit_hub = audit_fixtures.audit_log, audit_fixtures.audit_hub  # the stack on a ListLog
 
 replica_cfg, n_replicas = flow.replica_cfg, flow.n_replicas  # one slow replica
 TD = "demo.prefixgate.test"
@@ -30,18 +32,6 @@ TD = "demo.prefixgate.test"
 def config_overrides() -> dict[str, Any]:
     # leeway 0: a token is expired as soon as its exp is past (the R17-5 (b) case waits for that)
     return {**HOLD_UNTIL_CANCELLED, "flow": {"replica_max_running_requests": 1}, "identity": {"leeway_s": 0}}
-
-
-@pytest.fixture
-def audit_log() -> ListLog:
-    """Every audit event the gateway emits."""
-    return ListLog()
-
-
-@pytest.fixture
-def audit_hub(audit_log: ListLog) -> AuditHub:
-    """The stack's audit hub over :func:`audit_log`."""
-    return AuditHub(audit_log)
 
 
 async def reload(stack: Any, change: Any) -> None:

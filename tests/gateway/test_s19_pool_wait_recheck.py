@@ -22,14 +22,16 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.auditing import AuditHub
 from gateway.proxy import NotWritten, open_upstream
 from gateway.upstream_pool import UpstreamPool
 from tests.support import flow
+from tests.support import audit_log as audit_fixtures
 from tests.support.audit_log import ListLog
 from tests.support.flow import HOLD_UNTIL_CANCELLED, HOLDING_TOKENS
 from tests.support.policy_store import policy_store_section
 from tests.support.waiting import wait_for
+
+audit_log, audit_hub = audit_fixtures.audit_log, audit_fixtures.audit_hub  # the stack on a ListLog
 
 replica_cfg = flow.replica_cfg  # slow decode (50 ms a token): the holder holds
 WORKLOADS = "/admin/data/prefixgate/config/workloads"
@@ -51,16 +53,6 @@ def config_overrides(tmp_path: Path, request: Any) -> dict[str, Any]:
     flow_cfg = {"enabled": True} if getattr(request, "param", None) == "flow_on" else {"enabled": False}
     return {"flow": flow_cfg, "upstream": {**HOLD_UNTIL_CANCELLED["upstream"], "pool_size": 1},
             "policy": {**policy_store_section(tmp_path), **HOLD_UNTIL_CANCELLED["policy"]}}
-
-
-@pytest.fixture
-def audit_log() -> ListLog:
-    return ListLog()
-
-
-@pytest.fixture
-def audit_hub(audit_log: ListLog) -> AuditHub:
-    return AuditHub(audit_log)
 
 
 async def reload_tenant_a(stack: Any, **fields: Any) -> None:

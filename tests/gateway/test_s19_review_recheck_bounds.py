@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
-from gateway.auditing import AuditHub
 from tests.gateway.test_s18_recheck_registry import queued_through, reload, tenant_a
 from tests.support import flow
-from tests.support.audit_log import ListLog
+from tests.support import audit_log as audit_fixtures
 from tests.support.flow import HOLD_UNTIL_CANCELLED
+
+audit_log, audit_hub = audit_fixtures.audit_log, audit_fixtures.audit_hub  # the stack on a ListLog
 
 replica_cfg, n_replicas = flow.replica_cfg, flow.n_replicas  # one slow replica
 
@@ -29,16 +30,6 @@ replica_cfg, n_replicas = flow.replica_cfg, flow.n_replicas  # one slow replica
 @pytest.fixture
 def config_overrides() -> dict[str, Any]:
     return {**HOLD_UNTIL_CANCELLED, "flow": {"replica_max_running_requests": 1}}
-
-
-@pytest.fixture
-def audit_log() -> ListLog:
-    return ListLog()
-
-
-@pytest.fixture
-def audit_hub(audit_log: ListLog) -> AuditHub:
-    return AuditHub(audit_log)
 
 
 async def test_a_prompt_bound_lowered_while_queued_refuses_the_queued_request(stack: Any) -> None:
