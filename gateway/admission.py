@@ -13,7 +13,7 @@ from functools import partial
 from types import CoroutineType
 from typing import Any
 
-from gateway.admission_answers import token_limited, clamp_output, state_unavailable, too_many
+from gateway.admission_answers import check_prompt_bytes, clamp_output, state_unavailable, token_limited, too_many
 from gateway.errors import GatewayError, model_not_found
 from gateway.identity import WorkloadIdentity
 from gateway.metrics import GatewayMetrics
@@ -216,10 +216,7 @@ class Admission:
         """
         limit, max_bytes = bounds.max_prompt_tokens, bounds.max_prompt_bytes
         if max_bytes is not None:
-            for size in req.prompt_bytes:
-                if size > max_bytes:
-                    raise GatewayError(400, "prompt_too_large",
-                                       f"prompt has {size} bytes; this tenant's limit is {max_bytes}", param=None)
+            check_prompt_bytes(req.prompt_bytes, max_bytes)
         texts = len(req.prompts) + (1 if req.extra_text else 0)
         if room is not None and sum(req.prompt_bytes) > self.tokenizer.max_text_bytes(room.cap + texts - 1):
             raise self._over_room(room, room.cap + 1, req, texts)

@@ -7,7 +7,7 @@ from gateway.errors import GatewayError
 from tenancy.limits import RateLimited
 from tenancy.shared import StateUnavailable
 
-__all__ = ["clamp_output", "state_unavailable", "token_limited", "too_many"]
+__all__ = ["check_prompt_bytes", "clamp_output", "state_unavailable", "token_limited", "too_many"]
 
 
 def state_unavailable(exc: StateUnavailable) -> GatewayError:
@@ -45,3 +45,13 @@ def clamp_output(requested: int | None, tenant_cap: int | None, policy_cap: int 
     if policy_cap is not None and policy_cap < cap:
         cap = policy_cap
     return cap if cap >= 1 else 1
+
+
+def check_prompt_bytes(prompt_bytes: list[int] | tuple[int, ...], max_bytes: int) -> None:
+    """The tenant's ``max_prompt_bytes`` bound (UTF-8 bytes per sequence): raises 400 ``prompt_too_large``
+    for the first sequence above ``max_bytes``. Checked at arrival (``Admission.prompt_tokens``) and
+    again at a re-decision (gateway/pep_recheck.py, S19-R6)."""
+    for size in prompt_bytes:
+        if size > max_bytes:
+            raise GatewayError(400, "prompt_too_large", f"prompt has {size} bytes; this tenant's limit is {max_bytes}",
+                               param=None)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
+from gateway.admission_answers import check_prompt_bytes
 from gateway.errors import GatewayError
 from gateway.json_fast import dumps, loads_object
 from gateway.usage_privacy import drops_cached
@@ -190,10 +191,7 @@ def check_kept_bounds(bounds: RequestBounds, req: InferenceRequest, prompt_token
         return
     max_bytes, limit = bounds.max_prompt_bytes, bounds.max_prompt_tokens
     if max_bytes is not None:
-        for size in req.prompt_bytes:
-            if size > max_bytes:
-                raise GatewayError(400, "prompt_too_large",
-                                   f"prompt has {size} bytes; this tenant's limit is {max_bytes}", param=None)
+        check_prompt_bytes(req.prompt_bytes, max_bytes)
     seqs = len(req.prompts) or 1
     if limit is not None and prompt_tokens > limit * seqs:
         raise GatewayError(400, "context_length_exceeded", f"prompt has more than {limit} tokens; this tenant's "
