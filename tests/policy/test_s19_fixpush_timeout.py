@@ -22,6 +22,7 @@ from gateway.pep import build_decision_point
 from policy.decision import PolicyUnavailableError
 from policy.remote import RemoteOpa
 from policy.store import PolicyStore, PolicyTargetError, RemoteOpaTarget
+from tests.support.waiting import holds_within
 
 EXTRA = "package extra.a\n\nx := 1\n"
 
@@ -86,15 +87,6 @@ async def held_opa() -> AsyncIterator[HeldOpa]:
     await runner.cleanup()
 
 
-async def _until(cond: Callable[[], bool], bound_s: float = 10.0) -> bool:
-    """Wait for ``cond()`` (polling the loop), at most ``bound_s``; returns whether it held."""
-    try:
-        async with asyncio.timeout(bound_s):
-            while not cond():
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        return False
-    return True
 
 
 async def _push_outlives_a_decision(opa: HeldOpa, decide: Callable[[], Any], push: Any) -> Any:
@@ -133,7 +125,7 @@ async def test_a_push_slower_than_push_timeout_s_is_a_lost_reply_and_given_back(
         with pytest.raises(PolicyTargetError) as err:  # OPA applied the module but never answered
             await store.put_policy("extra_a.rego", EXTRA, "ops")
         assert err.value.target_may_hold_change
-        assert await _until(lambda: "extra_a.rego" in held_opa.deletes), "the lost push was not given back"
+        assert await holds_within(lambda: "extra_a.rego" in held_opa.deletes, 10.0), "the lost push was not given back"
         assert "extra_a.rego" not in held_opa.modules
         assert all(r.target != "extra_a.rego" for r in store.history())  # nothing recorded
 

@@ -24,19 +24,11 @@ from opa_client.errors import DeletePolicyError
 from policy.loader import PolicySet
 from policy.store import PolicyStore, PolicyTargetError, RemoteOpaTarget
 from policy.store_types import ChangeRecord
+from tests.support.waiting import holds_within
 
 EXTRA = "package extra.a\n\nx := 1\n"
 
 
-async def _until(cond, bound_s: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
-    """Wait for ``cond()`` (polling the loop), at most ``bound_s``; returns whether it held."""
-    try:
-        async with asyncio.timeout(bound_s):
-            while not cond():
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        return False
-    return True
 
 
 class SlowOpa:
@@ -79,10 +71,10 @@ async def test_a_cancelled_push_still_in_flight_is_not_left_in_force(active: Pat
     with pytest.raises(asyncio.CancelledError):
         await change
     assert store.version == 0 and "extra_a.rego" not in store.policy_set.modules
-    await _until(lambda: bool(opa.deletes), 1.0)  # main: the store's at-once give-back (a 404: "done")
+    await holds_within(lambda: bool(opa.deletes), 1.0)  # main: the store's at-once give-back (a 404: "done")
     opa.commit.set()  # OPA finishes the PUT it was working on
     await asyncio.gather(*opa.server)
-    await _until(lambda: "extra_a.rego" not in opa.modules)  # whatever give-back a fix runs after it
+    await holds_within(lambda: "extra_a.rego" not in opa.modules, 5.0)  # whatever give-back a fix runs after it
     assert "extra_a.rego" not in opa.modules, "OPA decides with a change the store answered as cancelled"
 
 
@@ -109,5 +101,5 @@ async def test_a_change_whose_reply_was_lost_is_given_back_without_a_next_change
     with pytest.raises(PolicyTargetError) as err:
         await store.put_policy("extra_a.rego", EXTRA, "ops")
     assert err.value.target_may_hold_change
-    assert await _until(lambda: "extra_a.rego" not in opa.modules), \
+    assert await holds_within(lambda: "extra_a.rego" not in opa.modules, 5.0), \
         "the target still holds the change answered 502 (given back only before the next change)"

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEFAULT_TIMEOUT_S", "how_it_ended", "wait_for", "wait_for_sync"]
+__all__ = ["DEFAULT_TIMEOUT_S", "holds_within", "how_it_ended", "wait_for", "wait_for_sync"]
 
 #: Default deadline, seconds.
 DEFAULT_TIMEOUT_S = 10.0
@@ -38,6 +38,16 @@ async def wait_for(condition: Callable[[], Any], timeout_s: float = DEFAULT_TIME
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(step_s)
+
+
+async def holds_within(condition: Callable[[], Any], timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """:func:`wait_for` as a truth value: True as soon as ``condition()`` holds, False once ``timeout_s``
+    seconds passed without it (for a test that asserts with its own message, or only waits)."""
+    try:
+        await wait_for(condition, timeout_s)
+    except AssertionError:
+        return False
+    return True
 
 
 def wait_for_sync(condition: Callable[[], Any], timeout_s: float = DEFAULT_TIMEOUT_S, *,
