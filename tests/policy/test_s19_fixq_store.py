@@ -13,7 +13,8 @@ from policy.loader import PolicySet
 from policy.store import PolicyStore, PolicyTargetError
 from policy.store_repair import restoring
 from policy.store_types import ChangeRecord
-from tests.policy.test_s19_review_store import EXTRA, _until
+from tests.policy.test_s19_review_store import EXTRA
+from tests.support.waiting import holds_within
 
 EXTRA2 = "package extra.a\n\nx := 2\n"
 
@@ -50,12 +51,12 @@ async def test_a_lost_push_that_lands_after_the_give_back_is_given_back_again(ac
     with pytest.raises(PolicyTargetError) as err:
         await store.put_policy("extra_a.rego", EXTRA, "ops")
     assert err.value.target_may_hold_change and "re-applied to the target now" in str(err.value)
-    assert await _until(lambda: ("delete", "extra_a.rego") in opa.sent)  # the at-once give-back (404-like: done)
+    assert await holds_within(lambda: ("delete", "extra_a.rego") in opa.sent)  # the at-once give-back (404-like: done)
     opa.land.set()
     assert opa.late is not None
     await opa.late
     assert "extra_a.rego" in opa.modules  # the late landing
-    assert await _until(lambda: "extra_a.rego" not in opa.modules), "the settle pass did not give it back"
+    assert await holds_within(lambda: "extra_a.rego" not in opa.modules), "the settle pass did not give it back"
     assert store.version == 0
 
 
@@ -67,7 +68,7 @@ async def test_a_settle_pass_gives_back_the_committed_state_never_a_stale_invers
         await store.put_policy("extra_a.rego", EXTRA, "ops")
     rec = await store.put_policy("extra_a.rego", EXTRA2, "ops")  # the operator sends it again: committed
     assert rec.version == 1 and opa.modules["extra_a.rego"] == EXTRA2
-    assert await _until(lambda: opa.sent.count(("put", "extra_a.rego")) == 3)  # change, retry, settle pass
+    assert await holds_within(lambda: opa.sent.count(("put", "extra_a.rego")) == 3)  # change, retry, settle pass
     assert opa.modules["extra_a.rego"] == EXTRA2  # a put of the committed text, not the failed change's delete
 
 
@@ -154,5 +155,5 @@ async def test_a_cancel_during_the_give_back_after_a_failed_commit_still_gives_i
         await change
     monkeypatch.undo()
     opa.reply.set()
-    assert await _until(lambda: opa.sent.count(("delete", "extra_a.rego")) == 2 and "extra_a.rego" not in opa.modules)
+    assert await holds_within(lambda: opa.sent.count(("delete", "extra_a.rego")) == 2 and "extra_a.rego" not in opa.modules)
     assert store.version == 0 and "extra_a.rego" not in store.policy_set.modules
