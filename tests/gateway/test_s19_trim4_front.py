@@ -35,6 +35,7 @@ from tenancy.hf_tokenizer import GIL_FREE_CHARS
 from tenancy.registry import Tenant, TenantRegistry
 from tenancy.shared import make_limits
 from tenancy.tokenizer import WordTokenizer
+from tests.gateway.test_s13_meter_reads import _Clocks  # a CPU and wall clock a test advances
 
 LIMITS = LimitsConfig()
 TD = "demo.prefixgate.test"
@@ -201,19 +202,6 @@ def test_a_prompt_tokenized_off_the_loop_stops_after_the_entitlement() -> None:
     assert _new_front(adm, rec, long, "completions", big, None, thread=True)[0] == "step by step"
     assert _new_front(adm, rec, long, "completions", big, None, thread=False)[1] == GIL_FREE_CHARS // 2
     assert _new_front(adm, rec, _body(), "completions", big, None, thread=True)[1] == 3
-
-
-class _Clocks:
-    def __init__(self) -> None:
-        self.cpu, self.wall, self.cpu_reads = 0.0, 0.0, 0
-
-    def read_cpu(self) -> float:
-        self.cpu_reads += 1
-        return self.cpu
-
-    def work(self, s: float) -> None:
-        self.cpu += s
-        self.wall += s
 
 
 def _budget(c: _Clocks) -> CpuBudget:
