@@ -96,6 +96,9 @@ CELLS = (
     Cell("time scale 20", time_scale=20.0),
     Cell("chunked", replica_model="chunked"),
     Cell("chunked, time scale 20", replica_model="chunked", time_scale=20.0),
+    Cell("prefill x0.5, time scale 20", prefill_tokens_per_s=5000.0, time_scale=20.0),
+    Cell("kv x0.5, time scale 20", capacity_blocks=2000, time_scale=20.0),
+    Cell("8 tenants, time scale 20", tenants=8, time_scale=20.0),
 )
 
 
