@@ -212,7 +212,7 @@ class Admission:
         ``token_rate_limited`` with ``Retry-After``. So the work is
         O(min(max_prompt_tokens, room.cap)) tokens, and an admitted count is
         exact. The tokens to hash are the prompt's own (``extra_text`` is
-        counted, never hashed).
+        counted, never hashed). Sets ``req.longest_prompt_tokens`` (fixq-2).
         """
         limit, max_bytes = bounds.max_prompt_tokens, bounds.max_prompt_bytes
         if max_bytes is not None:
@@ -221,7 +221,7 @@ class Admission:
         if room is not None and sum(req.prompt_bytes) > self.tokenizer.max_text_bytes(room.cap + texts - 1):
             raise self._over_room(room, room.cap + 1, req, texts)
         hashed: list[int] | None = None  # the first sequence's own list (session 15: no copy of it)
-        total = 0
+        total = longest = 0
         for i, text in enumerate(req.prompts):
             lim = limit
             if room is not None:
@@ -242,6 +242,8 @@ class Admission:
             else:  # per prompt: quadratic in the batch)
                 hashed.extend(ids)
             total += n
+            longest = n if n > longest else longest
+        req.longest_prompt_tokens = longest  # fixq-2: what a re-decision checks against max_prompt_tokens
         return (hashed if hashed is not None else []), total
 
     def _over_room(self, room: PromptRoom, at_least: int, req: InferenceRequest, texts: int) -> GatewayError:

@@ -14,6 +14,8 @@ The audit record of a refusal (review of session 18, "left" 1): a refusal raised
 record fields the pipeline's step-by-step order had set before it in ``GatewayError.record`` (read by
 :meth:`gateway.record.RequestRecord.refused`): ``stream`` and ``sequences`` once the body parsed, ``model``
 once the entitlement passed, ``t_parsed`` once the prompt step began. A refusal of the parse itself carries none.
+A bug (any other exception) after the parse is raised as :class:`gateway.errors.StepFailed` ``from`` it, with
+the same fields (session 20, S19-T4-1): the pipeline's 500 ``internal_error`` record keeps them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 
 from gateway.admission import Admission
 from gateway.config_http import LimitsConfig
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, StepFailed
 from gateway.request import Endpoint, InferenceRequest, parse_inference_request
 from gateway.tokenize_thread import tokenizes_off_loop
 from tenancy.bounds import RequestBounds
@@ -47,7 +49,8 @@ def parse_and_count(adm: Admission, raw: bytes, endpoint: Endpoint, limits: Limi
     Returns :data:`Front`: ``t_parsed`` is the perf-counter time after the entitlement (the record's mark).
     Raises what the four steps raise (:class:`GatewayError` 400 ``invalid_json``..., 404 ``model_not_found``,
     400 ``prompt_logprobs_not_allowed``, 400 ``prompt_too_large`` / ``context_length_exceeded``, 429
-    ``token_rate_limited``), each with the record fields described in the module docstring."""
+    ``token_rate_limited``), each with the record fields described in the module docstring;
+    :class:`gateway.errors.StepFailed` (a bug after the parse, with the same fields)."""
     req = parse_inference_request(raw, endpoint, limits.max_json_depth, max_messages=bounds.max_messages,
                                   max_batch_prompts=bounds.max_batch_prompts, max_json_items=limits.max_json_items)
     seqs = len(req.prompts) or 1  # = req.sequences, without the property's call (session 17)
@@ -58,13 +61,19 @@ def parse_and_count(adm: Admission, raw: bytes, endpoint: Endpoint, limits: Limi
     except GatewayError as err:
         err.record = {"stream": req.stream, "sequences": seqs, **err.record}
         raise
-    if seqs > 1 or (thread and tokenizes_off_loop(adm.tokenizer, req)):
-        return req, seqs, None, None, None
-    t_parsed = time.perf_counter()
-    try:  # = adm.prompt_room(tenant, lease): the in-process ledger's None for a tenant without a prompt-token limit
+    except Exception as bug:  # S19-T4-1: a bug's 500 keeps them too
+        raise StepFailed({"stream": req.stream, "sequences": seqs}) from bug
+    t_parsed: float | None = None
+    try:
+        if seqs > 1 or (thread and tokenizes_off_loop(adm.tokenizer, req)):
+            return req, seqs, None, None, None
+        t_parsed = time.perf_counter()
+        # = adm.prompt_room(tenant, lease): the in-process ledger's None for a tenant without a prompt-token limit
         room = None if adm.local and tenant.prompt_tokens_per_s is None else adm.prompt_room(tenant, lease)
         tokens, prompt_tokens = adm.prompt_tokens(bounds, req, room)
     except GatewayError as err:
         err.record = {"stream": req.stream, "sequences": seqs, "model": model, "t_parsed": t_parsed, **err.record}
         raise
+    except Exception as bug:  # S19-T4-1
+        raise StepFailed({"stream": req.stream, "sequences": seqs, "model": model, "t_parsed": t_parsed}) from bug
     return req, seqs, tokens, prompt_tokens, t_parsed

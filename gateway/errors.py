@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-__all__ = ["GatewayError", "model_not_found"]
+__all__ = ["GatewayError", "StepFailed", "model_not_found"]
 
 
 class GatewayError(Exception):
@@ -79,6 +79,18 @@ class GatewayError(Exception):
 #: rendered bodies of errors without ``extra`` fields, by (code, message, type, param); bounded
 _BODIES: dict[tuple[str, str, str, str | None], bytes] = {}
 _BODIES_MAX = 1024
+
+
+class StepFailed(Exception):
+    """A bug (an exception that is not a :class:`GatewayError`) inside a pipeline step that had learnt
+    record fields before it, raised ``from`` the bug (its ``__cause__``, logged with it): ``record`` holds
+    those fields (names of :class:`gateway.record.RequestRecord` fields), which the 500 ``internal_error``'s
+    audit record keeps (:meth:`gateway.record.RequestRecord.failed`; session 20, S19-T4-1), as a
+    :class:`GatewayError`'s ``record`` does for a refusal. The message is fixed: never request content."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        super().__init__("a bug inside a request step (its cause follows)")
+        self.record = record
 
 
 def model_not_found(*, record: dict[str, Any] | None = None, outcome: str | None = None) -> GatewayError:

@@ -113,11 +113,16 @@ class DecisionPoint:
             self._clear()
 
     async def start(self) -> None:
-        """Start the engine (a remote OPA's HTTP session; nothing for the embedded engine)."""
+        """Start the engine (a remote OPA's HTTP session; nothing for the embedded engine), then give it
+        back what a crash mid-change left it (:meth:`policy.store.PolicyStore.start`; session 20, S19-R10)."""
         await self._start()
+        if self.store is not None:
+            await self.store.start()
 
     async def stop(self) -> None:
-        """Close the engine."""
+        """Close the engine (the store's scheduled give-backs cancelled first)."""
+        if self.store is not None:
+            self.store.close()
         await self._stop()
 
     async def health(self) -> tuple[bool, str]:

@@ -167,10 +167,12 @@ def check_kept_bounds(bounds: RequestBounds, req: InferenceRequest, prompt_token
     against ``max_messages``; its sequences, ``len(req.prompts)``, against ``max_batch_prompts``); False, the
     prompt's (:meth:`gateway.admission.Admission.prompt_tokens`: each sequence's UTF-8 bytes,
     ``req.prompt_bytes``, against ``max_prompt_bytes``; ``prompt_tokens``, the request's counted prompt
-    tokens, all sequences, against ``max_prompt_tokens``). A queued request keeps its counts, not its
-    prompt text (R12-2): the token count of each sequence of a batch is not kept, so a batch is refused
-    when its total is above ``max_prompt_tokens`` x sequences (one prompt over the bound beside shorter
-    ones is not found; one sequence: exact, as a fresh request).
+    tokens, against ``max_prompt_tokens``). A queued request keeps its counts, not its prompt text
+    (R12-2): one sequence's count is ``prompt_tokens``; a batch's longest sequence's count is kept in
+    ``req.longest_prompt_tokens`` (set by :meth:`gateway.admission.Admission.prompt_tokens`; session 20,
+    fixq-2), so each prompt is checked against ``max_prompt_tokens`` exactly as at arrival (before: the
+    total against ``max_prompt_tokens`` x sequences, one long prompt beside short ones passed). A batch whose
+    longest count is not known is checked on its total, which bounds every prompt (fail closed).
 
     Raises:
         GatewayError: 400 with a fresh request's code: ``too_many_messages``, ``too_many_content_parts``,
@@ -193,7 +195,8 @@ def check_kept_bounds(bounds: RequestBounds, req: InferenceRequest, prompt_token
     if max_bytes is not None:
         check_prompt_bytes(req.prompt_bytes, max_bytes)
     seqs = len(req.prompts) or 1
-    if limit is not None and prompt_tokens > limit * seqs:
+    longest = req.longest_prompt_tokens if seqs > 1 else None
+    if limit is not None and (prompt_tokens if longest is None else longest) > limit:
         raise GatewayError(400, "context_length_exceeded", f"prompt has more than {limit} tokens; this tenant's "
                            f"limit is {limit}" + (" per prompt" if seqs > 1 else ""))
 

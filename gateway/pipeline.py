@@ -187,9 +187,9 @@ class InferencePipeline:
         except asyncio.CancelledError:
             rec.status, rec.outcome, rec.error_code = 499, "cancelled", "client_disconnect"
             raise
-        except Exception:  # a bug: answer 500 but never lose the audit record
+        except Exception as exc:  # a bug: answer 500 but never lose the audit record
             log.exception("unhandled error in request %s", rec.request_id)
-            rec.status, rec.outcome, rec.error_code = 500, "failed", "internal_error"
+            rec.failed(exc)  # 500 internal_error, with the fields a step learnt before the bug (S19-T4-1)
             return GatewayError(500, "internal_error", "internal error",
                                 headers={"X-Request-Id": rec.request_id}).response()
         finally:

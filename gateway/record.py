@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit.ids import uuid4_hex
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, StepFailed
 from tenancy.ledger import Settlement
 
 __all__ = ["RequestRecord", "refusal_record", "new_request_id"]
@@ -94,6 +94,15 @@ class RequestRecord:
         self.status, self.outcome, self.error_code = err.status, err.outcome, err.code
         for name, value in err.record.items():
             if name != "reason" or self.reason is None:
+                setattr(self, name, value)
+
+    def failed(self, err: Exception) -> None:
+        """The request ended with a bug ``err`` (not a :class:`GatewayError`): 500 ``internal_error``,
+        outcome ``failed``, and, for a :class:`gateway.errors.StepFailed`, the record fields its step had
+        learnt before the bug (``err.record``; session 20, S19-T4-1: a bug keeps what a refusal keeps)."""
+        self.status, self.outcome, self.error_code = 500, "failed", "internal_error"
+        if isinstance(err, StepFailed):
+            for name, value in err.record.items():
                 setattr(self, name, value)
 
     def ms(self, start: float | None, end: float | None) -> float | None:

@@ -54,21 +54,19 @@ CLOSE = {"Connection": "close"}
 class InferenceRequest:
     """A validated inference request.
 
-    ``endpoint``: "chat" or "completions"; ``model``: requested model name;
-    ``stream``: SSE answer wanted; ``max_tokens``: requested output tokens
-    (``None``: not given; the tenant's cap applies); ``include_usage``:
-    the client asked for a usage chunk; ``body``: the schema-checked fields
-    to forward (no ``cache_salt``, no ``user``); ``text``: the prompt text to
-    hash into prefix keys — never logged or exported. ``prompts``: the text of
-    each sequence (a list ``prompt`` is a batch of ``len(prompts)``
-    sequences; chat has one); ``extra_text``: a JSON rendering of the other
-    fields that become prompt tokens upstream (``tools``, ``tool_choice``,
-    ``response_format``, message ``name``/``tool_call_id``/``tool_calls``),
-    counted with the first sequence, never hashed; ``prompt_bytes``: UTF-8
-    bytes per sequence (the first includes ``extra_text`` and the ``stop``
-    sequences, which are bounded by bytes only: they are not prompt tokens).
-    ``prompt_logprobs``: ``echo: true`` with any ``logprobs`` (R4-12), a fact of
-    the parse: a queued request's ``body`` is emptied (session 18, R18-3).
+    ``endpoint``: "chat" or "completions"; ``model``: requested model name; ``stream``: SSE answer wanted;
+    ``max_tokens``: requested output tokens (``None``: not given; the tenant's cap applies); ``include_usage``: the
+    client asked for a usage chunk; ``body``: the schema-checked fields to forward (no ``cache_salt``, no ``user``);
+    ``text``: the prompt text to hash into prefix keys — never logged or exported. ``prompts``: the text of each
+    sequence (a list ``prompt`` is a batch of ``len(prompts)`` sequences; chat has one); ``extra_text``: a JSON
+    rendering of the other fields that become prompt tokens upstream (``tools``, ``tool_choice``,
+    ``response_format``, message ``name``/``tool_call_id``/``tool_calls``), counted with the first sequence, never
+    hashed; ``prompt_bytes``: UTF-8 bytes per sequence (the first includes ``extra_text`` and the ``stop``
+    sequences, which are bounded by bytes only: they are not prompt tokens). ``prompt_logprobs``: ``echo: true``
+    with any ``logprobs`` (R4-12), a fact of the parse: a queued request's ``body`` is emptied (session 18, R18-3).
+    ``longest_prompt_tokens``: the token count of its longest sequence (the first with ``extra_text``'s), set when
+    :meth:`gateway.admission.Admission.prompt_tokens` counted it (None before): kept for the re-decision's
+    ``max_prompt_tokens`` check, which has no prompt text (gateway/pep_recheck.py; session 20, fixq-2).
     """
 
     endpoint: Endpoint
@@ -82,6 +80,7 @@ class InferenceRequest:
     extra_text: str = field(default="", repr=False)
     prompt_bytes: tuple[int, ...] = ()
     prompt_logprobs: bool = False
+    longest_prompt_tokens: int | None = None
 
     @property
     def sequences(self) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 import aiohttp
 
@@ -38,14 +39,23 @@ VERIFY_TIMEOUT_S = 5.0
 
 log = logging.getLogger("prefixgate")
 
+#: whether the probe session asks aiohttp to abort closed TLS transports (``enable_cleanup_closed``: asyncio leaks a
+#: TLS connection whose peer never completes the shutdown, CPython gh-118950). Not on CPython 3.11.1-3.11.3 (Debian
+#: 12's 3.11.2: the shared venv): there ``close()`` of a transport already closed (a peer that closed first) drops
+#: its protocol and a later ``abort()`` raises AttributeError (gh-98539, from python/cpython#98540; fixed in 3.11.4
+#: by #104485). aiohttp's 2-second clean-up swallows it and is never scheduled again, so every later such TLS
+#: connection stays in its list for the session's life (a probe session lives as long as the gateway) and
+#: ``session.close()`` raises it at stop (session 20, FT-2).
+CLEANUP_CLOSED = not (3, 11, 1) <= sys.version_info[:3] < (3, 11, 4)
+
 
 def make_probe_session(connect_timeout_s: float) -> aiohttp.ClientSession:
     """The aiohttp session of health checks and the engine-metrics poller (call inside a running loop):
     at most :data:`PROBE_POOL_SIZE` connections, ``Accept-Encoding: identity``, no cookies, no
     decompression (compressed answers are decoded by gateway.proxy.BodyDecoder); TLS with
-    :func:`audit.tls.client_context`."""
+    :func:`audit.tls.client_context`; closed TLS transports aborted where that is safe (:data:`CLEANUP_CLOSED`)."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=PROBE_POOL_SIZE, limit_per_host=0, enable_cleanup_closed=True,
+        connector=aiohttp.TCPConnector(limit=PROBE_POOL_SIZE, limit_per_host=0, enable_cleanup_closed=CLEANUP_CLOSED,
                                        ssl=client_context()),  # https replicas: audit/tls.py (S19-R3)
         timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=None),
         cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, headers=UPSTREAM_DEFAULT_HEADERS)

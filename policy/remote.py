@@ -25,8 +25,8 @@ Health (for the gateway's ``/readyz``): :meth:`RemoteOpa.health` answers
 from a short-lived cache (``health_interval_s``): a successful decision
 counts as a healthy observation; a failed one (unreachable, non-2xx,
 deadline) drops the cached state so the next readiness call probes OPA's
-``GET /health`` within ``health_timeout_s``. Concurrent callers share one
-probe.
+``GET /health`` within ``health_timeout_s`` (on the decision session, with
+that per-request deadline: S19-FP1). Concurrent callers share one probe.
 """
 
 from __future__ import annotations
@@ -80,11 +80,23 @@ class _OpaClient(AsyncOpaClient):
             limit=self._pool_size,
             keepalive_timeout=30,
         )
-        self._session = aiohttp.ClientSession(
+        self._session = self.http = aiohttp.ClientSession(  # ``http``: ours, for :meth:`health_ok`
             headers=self.headers,
             connector=self._connector,
             timeout=aiohttp.ClientTimeout(total=self.timeout),
         )
+
+    async def health_ok(self, timeout_s: float) -> bool:
+        """Whether OPA's ``GET /health`` answers 200 within ``timeout_s`` seconds, on this client's session: the
+        request's own ``timeout`` (aiohttp's per-request argument) replaces the session's total, which for the
+        decision client is one decision's deadline (session 20, S19-FP1: the probe was cut at ``timeout_s``).
+
+        Raises:
+            TimeoutError: no answer within ``timeout_s``. aiohttp.ClientError, OSError: unreachable.
+        """
+        async with self.http.get(f"{self.schema}{self.host}:{self.port}/health",
+                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            return response.status == 200
 
 
 class RemoteOpa:
@@ -221,12 +233,12 @@ class RemoteOpa:
 
     async def _run_probe(self) -> tuple[bool, str]:
         try:
-            async with asyncio.timeout(self._health_timeout_s):
-                ok = await self._client.check_health()
+            async with asyncio.timeout(self._health_timeout_s):  # its own deadline, not a decision's (S19-FP1)
+                ok = await self._client.health_ok(self._health_timeout_s)
             reason = "" if ok else "OPA health check failed"
         except TimeoutError:
             ok, reason = False, f"OPA health check exceeded {self._health_timeout_s}s"
-        except Exception as exc:  # the client swallows most; be safe
+        except Exception as exc:  # unreachable (aiohttp.ClientError, OSError), or anything else: not ready
             ok, reason = False, f"OPA health check failed: {type(exc).__name__}"
         self._health = (ok, reason, asyncio.get_running_loop().time())
         return ok, reason

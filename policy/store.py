@@ -40,16 +40,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from policy.builtins import check_modules
-from policy.loader import (
-    JOURNAL,
-    PolicySet,
-    canonical_json,
-    check_data_path,
-    check_module_id,
-    is_test_module,
-    load_policy_dir,
-    sha256_text,
-)
+from policy.loader import (JOURNAL, PolicySet, canonical_json, check_data_path, check_module_id, is_test_module,
+                           load_policy_dir, sha256_text)
 from policy.rego_test_runner import run_tests
 from policy.store_repair import TargetRepair
 from policy.store_disk import (
@@ -130,13 +122,26 @@ class PolicyStore:
         if rolled is not None:
             log.error("policy: version %s was not committed before the process stopped; rolled back",
                       rolled.get("version"))
-            if self._repair_target is not None:  # a remote OPA may hold it: give it the committed content back
+            if self._repair_target is not None:  # a remote OPA may hold it: given back by start() (S19-R10)
                 self._repair_target.hold(ChangeRecord(**rolled))
         self._set = load_policy_dir(self.active_dir)
         check_modules(self._set.modules, self._allowed)
         self.version = max(committed_versions(self.active_dir, self.versions_dir), default=0)
         self._listeners: list[Callable[[ChangeRecord], None]] = []
         self._publisher: Callable[[ChangeRecord, PolicySet], Awaitable[str]] | None = None
+
+    async def start(self) -> None:
+        """Give the target back what a crash mid-change left it (S19-R10): the change whose journal this
+        store's construction restored may be in force in a remote OPA; it gets the committed state of that
+        key now (:meth:`policy.store_repair.TargetRepair.at_start`; a failure is logged and retried before
+        the next change). Call it once the target's client is started (:meth:`gateway.pep.DecisionPoint.start`)."""
+        if self._repair_target is not None:
+            await self._repair_target.at_start()
+
+    def close(self) -> None:
+        """Cancel the give-backs still scheduled (call it before the target's client closes)."""
+        if self._repair_target is not None:
+            self._repair_target.close()
 
     def set_publisher(self, publish: Callable[[ChangeRecord, PolicySet], Awaitable[str]]) -> None:
         """Publish every change made through this store before it is answered (shared state, SF17-1):

@@ -22,7 +22,9 @@ store's lock), not at the next change. When the push's outcome is not definite (
 cancelled inside the client), the same key is given back once more ``settle_s`` seconds later: a
 request the target received but had not applied when the client gave up lands within its own
 processing time. A target that cannot be reached keeps the key pending: the store refuses the next
-change until the give-back succeeds (fail closed, :meth:`TargetRepair.run` raises).
+change until the give-back succeeds (fail closed, :meth:`TargetRepair.run` raises). After a crash mid-change
+(a journal restored at start) the same give-back runs when the store starts (:meth:`TargetRepair.at_start`,
+session 20, S19-R10), not at the next change.
 """
 
 from __future__ import annotations
@@ -97,7 +99,30 @@ class TargetRepair:
         under the lock; once more ``settle_s`` later when that outcome is not a success. A failure is logged;
         the key stays pending (the next change retries it first)."""
         self.hold(change)
-        task = asyncio.get_running_loop().create_task(self._give_back(change, push))
+        self._keep(asyncio.get_running_loop().create_task(self._give_back(change, push)))
+
+    async def at_start(self) -> None:
+        """Give back now what the store's start found pending (S19-R10: a journal restored at start, the change
+        a stopped process left uncommitted, :meth:`hold`-ed): a target that applies after a cancel (a remote
+        OPA) may hold it. One pass at once, awaited, under the lock (a failure is logged: the key stays
+        pending, retried before the next change, as after a lost reply), and once more ``settle_s`` later in
+        a task (a push the stopped process sent may still land). A target that applies nothing once its
+        caller stops (the embedded engine) loaded the committed set: nothing to give back (the key stays
+        pending, as before)."""
+        if not self.detached or not self.pending:
+            return
+        changes = list(self.pending.values())
+        await self._pass(changes[0], again=False)  # :meth:`run` gives every pending key back
+        if self.settle_s > 0:
+            for change in changes:
+                self._keep(asyncio.get_running_loop().create_task(self._later(change)))
+
+    def close(self) -> None:
+        """Cancel the give-backs still scheduled (the target's client is closing; the keys stay pending)."""
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -105,19 +130,23 @@ class TargetRepair:
         if push is not None:
             await asyncio.wait({push})
         unsure = self.detached and (push is None or push.cancelled() or push.exception() is not None)
-        for again in (False, True):
+        await self._pass(change, again=False)
+        if unsure and self.settle_s > 0:
+            await self._later(change)
+
+    async def _later(self, change: ChangeRecord) -> None:
+        await asyncio.sleep(self.settle_s)  # a request the target got late lands within its processing time
+        await self._pass(change, again=True)
+
+    async def _pass(self, change: ChangeRecord, *, again: bool) -> None:
+        async with self._lock:
             if again:
-                if not unsure or self.settle_s <= 0:
-                    return
-                await asyncio.sleep(self.settle_s)  # a request the target got late lands within its processing time
-            async with self._lock:
-                if again:
-                    self.hold(change)
-                try:
-                    await self.run()
-                except Exception as err:  # noqa: BLE001 - the key stays pending: retried before the next change
-                    log.error("policy: giving the target its committed %s %r back failed (%s)", change.kind,
-                              change.target, err.__class__.__name__)
+                self.hold(change)
+            try:
+                await self.run()
+            except Exception as err:  # noqa: BLE001 - the key stays pending: retried before the next change
+                log.error("policy: giving the target its committed %s %r back failed (%s)", change.kind,
+                          change.target, err.__class__.__name__)
 
     async def run(self) -> None:
         """Wait for the pushes still in flight, then give the target each pending key's committed state

@@ -59,8 +59,8 @@ def event_of(log: ListLog, answer: Any) -> Any:
 
 
 async def queued_through(stack: Any, change: Any, *, headers: dict[str, str] | None = None,
-                         fresh: bool = True, moves: bool = True) -> tuple[Any, Any]:
-    """A request of tenant-a queued behind one holding the replica; ``change`` (a reload, or any
+                         fresh: bool = True, moves: bool = True, prompt: Any = flow.PROMPT) -> tuple[Any, Any]:
+    """A request of tenant-a (``prompt``) queued behind one holding the replica; ``change`` (a reload, or any
     coroutine function of the stack) made while it waits (``moves``: it moves the decision point's
 generation); then the holder cancelled. Returns the fresh
     request's answer after the change (None when ``fresh`` is false) and the queued request's."""
@@ -69,7 +69,7 @@ generation); then the holder cancelled. Returns the fresh
     await wait_for(lambda: running(stack) == 1 or first.done(), 60, what="first request running")
     assert not first.done()
     second = asyncio.ensure_future(stack.client.post(
-        "/v1/completions", json={"model": "sim-model", "prompt": flow.PROMPT, "max_tokens": 20},
+        "/v1/completions", json={"model": "sim-model", "prompt": prompt, "max_tokens": 20},
         headers=headers or stack.auth(), timeout=None))
     try:
         await wait_for(lambda: queued(stack) == 1 or second.done(), 60, what="second request queued")

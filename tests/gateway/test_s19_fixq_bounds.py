@@ -55,10 +55,11 @@ def test_a_lowered_bound_refuses_with_a_fresh_requests_code(bounds: RequestBound
     assert code(bounds, req, tokens) == expected
 
 
-def test_a_batch_is_checked_on_its_total_its_per_prompt_counts_are_not_kept() -> None:
-    # 8 tokens over two prompts under a bound of 4 a prompt: a fresh request with 7 + 1 would be refused; the
-    # queued one kept only the total (documented: docs/security.md S19-R6)
-    assert code(RequestBounds(4, 1000, 8, 4), completion(5, 5), 8) is None
+def test_a_batch_whose_longest_count_is_not_known_is_checked_on_its_total() -> None:
+    # session 20 (fixq-2): a batch's longest prompt is kept (req.longest_prompt_tokens, tests/gateway/
+    # test_s20_fixreg_bounds.py); unknown, the total bounds every prompt: 8 tokens under a bound of 4 refused
+    assert code(RequestBounds(4, 1000, 8, 4), completion(5, 5), 8) == "context_length_exceeded"
+    assert code(RequestBounds(8, 1000, 8, 4), completion(5, 5), 8) is None
 
 
 def test_chat_messages_are_counted_on_the_body_it_sends() -> None:
