@@ -111,9 +111,14 @@ def compute_bounds(
     block_size: int = 16,
     tenants: Sequence[str] = ("tenant-a",),
     seed: int = 0,
+    assigned: Sequence[str] | None = None,
 ) -> HitRateBounds:
-    """Compute both bounds for ``reqs`` with tenants assigned by :func:`sim.trace.assign_tenants`."""
-    assigned = assign_tenants(reqs, tenants, seed)
+    """Compute both bounds for ``reqs`` with tenants assigned by :func:`sim.trace.assign_tenants`,
+    or, when ``assigned`` (one tenant per request, parallel to ``reqs``) is given, with those
+    (``tenants`` then only names the distinct tenants counted in the result). Raises
+    :class:`ValueError` if ``assigned`` is not parallel to ``reqs``."""
+    if assigned is None:
+        assigned = assign_tenants(reqs, tenants, seed)
     keyed = trace_block_keys(reqs, assigned, block_size)
     return HitRateBounds(
         oracle=oracle_hit_rate(keyed, block_size),

@@ -4,7 +4,8 @@
 [--rules smg_like,ext0,rsv_ext0.5] [--seeds 3] [--out bench/results/des_traces-s12.md]``
 
 Every routing evaluation before session 12 used one trace (Mooncake's conversation trace).
-This runs the deterministic simulator (:func:`sim.des.simulate`, 6 replicas) on:
+This runs the deterministic simulator (:func:`sim.des.simulate`, 6 replicas) on (the workloads
+and :func:`scale_to_load` live in :mod:`sim.workloads`, shared with the live grid ``sim.grid``):
 
 * ``mooncake``: the reference (the grid's trace; seed ``s`` = rows ``s*rows ..``);
 * ``azure-code`` / ``azure-conv``: the Azure 2023 traces (:mod:`sim.trace_azure`), no shared
@@ -46,17 +47,12 @@ from sim.click_options import ClickOptions
 from sim.des import SimRequest, pooled_bound, simulate, to_sim_request, write_setting_table
 from sim.des_grid import ALL_RULES, cell_config, criteria
 from sim.grid import CELLS
-from sim.trace import DEFAULT_TRACE_PATH, TraceRequest, load_mooncake, sim_prompt_tokens
-from sim.trace_azure import AZURE_CODE, AZURE_CONV, load_azure, with_system_prompts
-from sim.trace_servegen import load_lengths, load_rates, synthesize
+from sim.workloads import REPLICAS, WORKLOADS, scale_to_load
 
 __all__ = ["LOADS", "SETTINGS", "WORKLOADS", "build_workload", "main", "run_cell", "scale_to_load"]
 
-REPLICAS = 6
-DEFAULT_RATE = 10000.0
 LOADS = (0.4, 0.7, 1.0)
 SETTINGS = ("default", "prefill x0.5", "decode off", "chunked")
-SYS_TENANTS, SYS_BLOCKS = 8, 4
 HELP = """PrefixGate's routing rule against the smg imitation on other public traces, offline (session 12).
 
 \b
@@ -67,53 +63,6 @@ Each runs at every load level (uncached prefill work / 6 replicas' capacity at 1
 x setting (sim.grid cell names) x seed, 6 replicas, and reports per cell and rule the medians
 over the seeds and the grid's four criteria against smg_like (H hit >= 0.95 pooled, P p50 lower,
 Q p99 <= 1.05x, M request max/mean <= 1.2). Deterministic; about 80 s of CPU by default."""
-
-
-def _single(reqs: list[TraceRequest]) -> tuple[list[TraceRequest], list[str]]:
-    return reqs, ["t0"] * len(reqs)
-
-
-def _rebase(reqs: list[TraceRequest]) -> list[TraceRequest]:
-    t0 = reqs[0].timestamp
-    return [dataclasses.replace(r, timestamp=r.timestamp - t0) for r in reqs]
-
-
-#: workload name -> (seed, rows) -> (requests in arrival order, tenant per request)
-WORKLOADS: dict[str, Callable[[int, int], tuple[list[TraceRequest], list[str]]]] = {
-    "mooncake": lambda seed, rows: _single(_rebase(load_mooncake(DEFAULT_TRACE_PATH, (seed + 1) * rows)[seed * rows:])),
-    "azure-code": lambda seed, rows: _single(load_azure(AZURE_CODE, rows, skip=seed * rows)),
-    "azure-code+sys": lambda seed, rows: with_system_prompts(load_azure(AZURE_CODE, rows, skip=seed * rows),
-                                                             SYS_TENANTS, SYS_BLOCKS, seed),
-    "azure-conv": lambda seed, rows: _single(load_azure(AZURE_CONV, rows, skip=seed * rows)),
-    "azure-conv+sys": lambda seed, rows: with_system_prompts(load_azure(AZURE_CONV, rows, skip=seed * rows),
-                                                             SYS_TENANTS, SYS_BLOCKS, seed),
-    "servegen": lambda seed, rows: synthesize(_rates(), _lengths(), rows=rows, seed=seed),
-}
-
-
-@lru_cache(maxsize=1)
-def _rates() -> Any:
-    return load_rates()
-
-
-@lru_cache(maxsize=1)
-def _lengths() -> Any:
-    return load_lengths()
-
-
-def scale_to_load(reqs: Sequence[TraceRequest], load: float, replicas: int = REPLICAS,
-                  rate: float = DEFAULT_RATE, overhead_s: float = 0.005) -> list[TraceRequest]:
-    """``reqs`` with timestamps multiplied so that their uncached prefill work (``overhead_s`` +
-    real tokens of the simulated prompt / ``rate`` each) over the span is ``load`` x ``replicas``;
-    raises :class:`ValueError` for ``load <= 0`` or fewer than 2 distinct timestamps."""
-    if load <= 0:
-        raise ValueError("load must be > 0")
-    span = reqs[-1].timestamp - reqs[0].timestamp if reqs else 0.0
-    if span <= 0:
-        raise ValueError("need at least two distinct timestamps to scale a load")
-    work = sum(overhead_s + sim_prompt_tokens(r) * 16 / rate for r in reqs)
-    factor = work / (load * replicas * span)
-    return [dataclasses.replace(r, timestamp=(r.timestamp - reqs[0].timestamp) * factor) for r in reqs]
 
 
 @lru_cache(maxsize=64)

@@ -15,6 +15,19 @@ Resumable: every finished (cell, run, router) is stored at once in
 ``--cache`` (JSON); a rerun skips what is there. ``--cells`` picks cells by
 name. The whole table is rendered to ``--out`` (Markdown).
 
+``--workload`` picks the rows (session 20): ``mooncake`` (the default: the first ``--rows``
+rows at their own timestamps, divided by the cell's time scale), or one of the public
+workloads of the offline simulator (:mod:`sim.workloads`, as ``python -m sim.des_traces``
+builds them with seed ``--seed``): ``azure-code+sys``, ``azure-conv+sys`` (Azure 2023 rows,
+8 Zipf tenants with 2,048-token system prompts) and ``servegen`` (ServeGen m-large sessions, a
+tenant per client), whose timestamps are scaled to ``--load`` (default 0.7: uncached prefill
+work at 10k tokens/s over the span / the replicas' capacity; a cell with another prefill speed
+changes it accordingly) before the cell's time scale. Their rows carry their own tenants:
+PrefixGate gets each row's tenant as the authenticated tenant and smg the same tenant as
+``cache_salt``, exactly as in the ``8 tenants`` cell, whose tenant draw they replace (cells
+that set tenants are left out for them). Their results are cached under keys naming the
+workload and load; Mooncake's keys are those of the sessions before.
+
 SGLang's router is ``smg`` (Shepherd Model Gateway, ``python -m
 smg.launch_router``, the successor of ``sglang-router``), policy
 ``cache_aware`` with its defaults; PrefixGate runs ``cache_aware`` with its
@@ -59,11 +72,14 @@ from sim.procs import (
 )
 from sim.replay import ReplayConfig
 from sim.report import RouterSummary, median_summary
-from sim.trace import DEFAULT_TRACE_PATH, assign_tenants, load_mooncake
+from sim.trace import DEFAULT_TRACE_PATH, TraceRequest, assign_tenants, load_mooncake
+from sim.workloads import OWN_TENANTS, WORKLOADS, scale_to_load
 
-__all__ = ["CELLS", "Cell", "main", "start_smg_router"]
+__all__ = ["CELLS", "GRID_WORKLOADS", "Cell", "main", "select_cells", "start_smg_router", "workload_rows"]
 
 ROUTERS = ("prefixgate", "smg")
+GRID_WORKLOADS = ("mooncake", "azure-code+sys", "azure-conv+sys", "servegen")
+DEFAULT_LOAD = 0.7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,11 +135,35 @@ async def start_smg_router(worker_urls: Sequence[str], paths: DemoPaths, policy:
     return proc, base
 
 
-def _key(cell: Cell, rows: int, run: int, router: str, pg_params: str = "") -> str:
+def _key(cell: Cell, rows: int, run: int, router: str, pg_params: str = "", *,
+         workload: str = "mooncake", load: float | None = None) -> str:
     """Cache key of one result; PrefixGate run with non-default ``--pg-params`` (JSON text) is
-    stored under its own key, so variants never mix with the defaults (smg's key is unchanged)."""
+    stored under its own key, so variants never mix with the defaults (smg's key is unchanged).
+    A workload other than ``mooncake`` adds ``|workload=NAME|load=X`` after the cell name;
+    Mooncake's key is the one of the sessions before (their caches stay valid)."""
     suffix = f"|{pg_params}" if pg_params and router == "prefixgate" else ""
-    return f"{cell.name}|rows={rows}|run={run}|{router}{suffix}"
+    wl = "" if workload == "mooncake" else f"|workload={workload}|load={load:g}"
+    return f"{cell.name}{wl}|rows={rows}|run={run}|{router}{suffix}"
+
+
+def _wl(args: SimpleNamespace) -> dict[str, Any]:
+    return {"workload": args.workload, "load": args.load}
+
+
+def workload_rows(args: SimpleNamespace) -> tuple[list[TraceRequest], list[str] | None]:
+    """The rows of ``args.workload`` in arrival order (timestamps in trace seconds) and, for a
+    workload whose rows carry tenants (:data:`sim.workloads.OWN_TENANTS`), their tenants (a
+    parallel list; ``None`` otherwise: the cell's tenants are drawn per run). Mooncake: the
+    first ``args.rows`` rows of ``args.trace``; the others: ``WORKLOADS[name](args.seed,
+    args.rows)`` scaled to ``args.load`` over ``args.replicas`` replicas
+    (:func:`sim.workloads.scale_to_load`). Raises :class:`sim.trace.TraceFormatError` /
+    :class:`OSError` for an unreadable trace, :class:`ValueError` for fewer than 2 distinct
+    timestamps."""
+    if args.workload == "mooncake":
+        return load_mooncake(args.trace, args.rows), None
+    reqs, tenants = WORKLOADS[args.workload](args.seed, args.rows)
+    scaled = scale_to_load(reqs, args.load, replicas=args.replicas)
+    return scaled, (list(tenants) if args.workload in OWN_TENANTS else None)
 
 
 def _load_cache(path: Path) -> dict[str, Any]:
@@ -144,21 +184,21 @@ async def run_cell(cell: Cell, args: SimpleNamespace, paths: DemoPaths, issuer: 
     """Run every missing (run, router) of ``cell``; store each result in ``cache`` at once."""
     pg = getattr(args, "pg_params", "")
     todo = [(run, r) for run in range(args.runs) for r in ROUTERS
-            if _key(cell, args.rows, run, r, pg) not in cache]
+            if _key(cell, args.rows, run, r, pg, **_wl(args)) not in cache]
     if not todo:
         return
     spec = cell.spec(args.replicas)
-    reqs = load_mooncake(args.trace, args.rows)
-    names = tenant_names(cell.tenants)
+    reqs, own = workload_rows(args)
+    names = sorted(set(own)) if own else tenant_names(cell.tenants)
     headers_for = bearer_headers(issuer, names)
     cluster, replicas = await start_cluster_proc(spec, paths)
     urls = [r["url"] for r in replicas]
     try:
         for run, router in todo:
             seed = args.seed + run
-            tenants = assign_tenants(reqs, names, seed)
+            tenants = own or assign_tenants(reqs, names, seed)
             bounds = compute_bounds(reqs, replicas=spec.replicas, capacity_blocks=spec.capacity_blocks,
-                                    block_size=spec.block_size, tenants=names, seed=seed)
+                                    block_size=spec.block_size, tenants=names, seed=seed, assigned=tenants)
             rcfg = ReplayConfig(base_url="", time_scale=spec.time_scale, seed=seed,
                                 total_timeout_s=6 * reqs[-1].timestamp / spec.time_scale + 180)
             t0 = time.monotonic()
@@ -177,7 +217,7 @@ async def run_cell(cell: Cell, args: SimpleNamespace, paths: DemoPaths, issuer: 
                     salt_for=(lambda t: t) if router == "smg" else None)
             finally:
                 stop_process(proc)
-            cache[_key(cell, args.rows, run, router, pg)] = dataclasses.asdict(summary)
+            cache[_key(cell, args.rows, run, router, pg, **_wl(args))] = dataclasses.asdict(summary)
             _save_cache(args.cache, cache)
             print(f"  {cell.name:24s} run {run} {router:10s} hit {summary.hit_rate or 0:.3f} "
                   f"p50 {summary.ttft_p50 or 0:.3f} p99 {summary.ttft_p99 or 0:.3f} "
@@ -192,14 +232,16 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}"
 
 
-def render(cache: dict[str, Any], rows: int, runs: int, pg_params: str = "") -> str:
-    """Markdown table of every cell with results in ``cache`` (medians over the runs found)."""
+def render(cache: dict[str, Any], rows: int, runs: int, pg_params: str = "", *, workload: str = "mooncake",
+           load: float | None = None) -> str:
+    """Markdown table of every cell of ``workload`` (at ``load``) with results in ``cache``
+    (medians over the runs found)."""
     lines = [
         ("| cell | runs | router | hit rate | hit/pooled | TTFT p50 | p90 | p99 | p50 ratio PG/SGL | p90 ratio "
         "| p99 ratio | req max/mean | errors |"),
         "|" + "---|" * 13,
     ]
-    for cell, pg, sg in _cell_medians(cache, rows, runs, pg_params):
+    for cell, pg, sg in _cell_medians(cache, rows, runs, pg_params, workload=workload, load=load):
         for router, s in (("prefixgate", pg), ("smg", sg)):
             ratios = (f"| {_ratio(pg.ttft_p50, sg.ttft_p50)} | {_ratio(pg.ttft_p90, sg.ttft_p90)} "
                       f"| {_ratio(pg.ttft_p99, sg.ttft_p99)} ") if router == "prefixgate" else "| | | "
@@ -212,8 +254,8 @@ def render(cache: dict[str, Any], rows: int, runs: int, pg_params: str = "") -> 
     return "\n".join(lines) + "\n"
 
 
-def _cell_medians(cache: dict[str, Any], rows: int, runs: int,
-                  pg_params: str = "") -> list[tuple[Any, RouterSummary, RouterSummary]]:
+def _cell_medians(cache: dict[str, Any], rows: int, runs: int, pg_params: str = "", *, workload: str = "mooncake",
+                  load: float | None = None) -> list[tuple[Any, RouterSummary, RouterSummary]]:
     """Per cell with both routers measured: ``(cell, PrefixGate's median, SGLang's median)``
     over the runs found in ``cache``, in grid order."""
     out = []
@@ -221,7 +263,7 @@ def _cell_medians(cache: dict[str, Any], rows: int, runs: int,
         med: dict[str, RouterSummary] = {}
         for router in ROUTERS:
             got = [RouterSummary(**cache[k]) for run in range(runs)
-                   if (k := _key(cell, rows, run, router, pg_params)) in cache]
+                   if (k := _key(cell, rows, run, router, pg_params, workload=workload, load=load)) in cache]
             if got:
                 med[router] = median_summary(got)
         if len(med) == 2:
@@ -233,7 +275,8 @@ def _yes(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
 
-def render_verdicts(cache: dict[str, Any], rows: int, runs: int, pg_params: str = "") -> str:
+def render_verdicts(cache: dict[str, Any], rows: int, runs: int, pg_params: str = "", *,
+                    workload: str = "mooncake", load: float | None = None) -> str:
     """Markdown table: the issue's done-when per cell (medians over the runs
     found): PrefixGate hit rate >= 95 % of the pooled bound, TTFT p50 below
     SGLang's, p99 <= 1.05x SGLang's, request max/mean <= 1.2; on ``time
@@ -241,10 +284,10 @@ def render_verdicts(cache: dict[str, Any], rows: int, runs: int, pg_params: str 
 
     max/mean is compared with a 1e-9 tolerance: 100 requests on the busiest
     of 6 replicas out of 500 is exactly 1.2, which floating point renders
-    as 1.2000000000000002."""
+    as 1.2000000000000002. ``workload`` and ``load`` pick the results as in :func:`render`."""
     lines = ["| cell | runs | hit >= 0.95 pooled | p50 < SGLang | p99 <= 1.05x | max/mean <= 1.2 | ts20 target (all <= 0.6x) |",
              "|" + "---|" * 7]
-    for cell, pg, sg in _cell_medians(cache, rows, runs, pg_params):
+    for cell, pg, sg in _cell_medians(cache, rows, runs, pg_params, workload=workload, load=load):
         imb = pg.requests_max / pg.requests_mean if pg.requests_mean else float("nan")
         target = "-"
         if cell.name == "time scale 20":
@@ -270,13 +313,42 @@ def _parse(argv: Sequence[str] | None) -> SimpleNamespace:
     ap.option("--out", type=click.Path(path_type=Path), default=Path("bench/results/grid.md"))
     ap.option("--budget-s", type=float, default=0.0, help="stop starting new cells after this (0: none)")
     ap.option("--pg-params", default="", help="JSON cache_aware parameters for PrefixGate (default: its defaults)")
-    return ap.parse(argv)
+    ap.option("--workload", type=click.Choice(GRID_WORKLOADS), default="mooncake",
+              help="rows to replay (sim.workloads; default: the Mooncake trace)")
+    ap.option("--load", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              help=f"load level of a non-Mooncake workload (default {DEFAULT_LOAD:g})")
+    args = ap.parse(argv)
+    try:
+        if args.workload == "mooncake" and args.load is not None:
+            raise click.UsageError("--load applies to the non-Mooncake workloads; Mooncake keeps its timestamps")
+        if args.workload != "mooncake" and args.load is None:
+            args.load = DEFAULT_LOAD
+        select_cells(args.cells, args.workload)
+    except click.ClickException as exc:
+        exc.show()
+        raise SystemExit(exc.exit_code) from None
+    return args
+
+
+def select_cells(cells: str, workload: str) -> list[Cell]:
+    """The cells named in ``cells`` (semicolon-separated; all if empty), in grid order. For a
+    workload whose rows carry tenants, the cells that set tenants are left out of "all".
+    Raises :class:`click.UsageError` for an unknown cell name, or a named cell that sets
+    tenants with such a workload (its rows' tenants would be replaced)."""
+    want = {c.strip() for c in cells.split(";") if c.strip()}
+    unknown = sorted(want - {c.name for c in CELLS})
+    if unknown:
+        raise click.UsageError(f"unknown cells: {'; '.join(unknown)}")
+    own = workload in OWN_TENANTS
+    clash = [c.name for c in CELLS if c.name in want and own and c.tenants != 1]
+    if clash:
+        raise click.UsageError(f"workload {workload} carries its own tenants; cells {'; '.join(clash)} set tenants")
+    return [c for c in CELLS if (c.name in want if want else not (own and c.tenants != 1))]
 
 
 async def run_grid(args: SimpleNamespace) -> None:
     """Run the selected cells (skipping cached results) and write the table."""
-    want = {c.strip() for c in args.cells.split(";") if c.strip()}
-    cells = [c for c in CELLS if not want or c.name in want]
+    cells = select_cells(args.cells, args.workload)
     cache = _load_cache(args.cache)
     work = Path(tempfile.mkdtemp(prefix="prefixgate-grid-"))
     paths = DemoPaths.under(work)
@@ -290,10 +362,12 @@ async def run_grid(args: SimpleNamespace) -> None:
             await run_cell(cell, args, paths, issuer, cache)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    table = (render(cache, args.rows, args.runs, args.pg_params) + "\n"
-             + render_verdicts(cache, args.rows, args.runs, args.pg_params))
+    table = (render(cache, args.rows, args.runs, args.pg_params, **_wl(args)) + "\n"
+             + render_verdicts(cache, args.rows, args.runs, args.pg_params, **_wl(args)))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    head = f"rows={args.rows} runs={args.runs} replicas={args.replicas}"
+    head = f"workload={args.workload} rows={args.rows} runs={args.runs} replicas={args.replicas}"
+    if args.workload != "mooncake":
+        head += f" load={args.load:g} (uncached prefill work at 10k tokens/s / the replicas' capacity)"
     if args.pg_params:
         head += f" prefixgate params={args.pg_params}"
     args.out.write_text(f"{head}\n\n{table}", encoding="utf-8")
