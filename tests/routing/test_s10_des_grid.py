@@ -9,7 +9,7 @@ from sim.grid import CELLS
 
 def test_every_grid_cell_maps_to_its_setting() -> None:
     by = {c.name: cell_config(c) for c in CELLS}
-    assert len(by) == 13
+    assert len(by) == 14
     assert by["prefill x0.5"].prefill_tokens_per_s == 5000.0
     assert by["kv x0.5"].capacity_blocks == 2000
     assert by["decode off"].decode_s_per_token == 0.0
@@ -17,7 +17,8 @@ def test_every_grid_cell_maps_to_its_setting() -> None:
     assert by["time scale 20"] == by["default"]  # no gateway latency in the DES
     assert by["prefill x0.5, time scale 20"] == by["prefill x0.5"]
     assert by["kv x0.5, time scale 20"] == by["kv x0.5"]
-    assert by["8 tenants, time scale 20"] == by["default"]  # tenants salt keys; not a replica setting
+    assert by["8 tenants, time scale 20"] == by["default"]
+    assert by["time scale 2"] == by["default"]  # tenants salt keys; not a replica setting
 
 
 def test_salting_separates_tenants_and_keeps_one_tenants_chain() -> None:
