@@ -317,6 +317,7 @@ def _parse(argv: Sequence[str] | None) -> SimpleNamespace:
     ap.option("--out", type=click.Path(path_type=Path), default=Path("bench/results/grid.md"))
     ap.option("--budget-s", type=float, default=0.0, help="stop starting new cells after this (0: none)")
     ap.option("--pg-params", default="", help="JSON cache_aware parameters for PrefixGate (default: its defaults)")
+    ap.option("--keep-work", is_flag=True, help="keep the work directory (gateway logs and audit; S20-GT2)")
     ap.option("--workload", type=click.Choice(GRID_WORKLOADS), default="mooncake",
               help="rows to replay (sim.workloads; default: the Mooncake trace)")
     ap.option("--load", type=click.FloatRange(min=0.0, min_open=True), default=None,
@@ -365,7 +366,10 @@ async def run_grid(args: SimpleNamespace) -> None:
                 continue
             await run_cell(cell, args, paths, issuer, cache)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if getattr(args, "keep_work", False):
+            print(f"work directory kept: {work}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     table = (render(cache, args.rows, args.runs, args.pg_params, **_wl(args)) + "\n"
              + render_verdicts(cache, args.rows, args.runs, args.pg_params, **_wl(args)))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -157,3 +157,9 @@ def test_both_routers_get_the_rows_tenants_prefixgate_as_identity_smg_as_salt(
     assert sg["headers_for"] is None and all(sg["salt_for"](t) == t for t in own)
     assert set(cache) == {_key(DEFAULT, 30, 0, r, workload="azure-conv+sys", load=0.7) for r in ("prefixgate", "smg")}
     assert (tmp_path / "c.json").exists()
+
+
+def test_keep_work_is_off_unless_asked() -> None:
+    """S20-GT2: the work directory (gateway logs, audit) is removed unless ``--keep-work`` is given."""
+    assert _parse([]).keep_work is False
+    assert _parse(["--keep-work"]).keep_work is True
