@@ -110,13 +110,19 @@ class SharedDocument:
     below ``local_version()``), for a document whose version is persisted
     apart from its body (the registry: a started instance holds version 0
     but has seen a higher one; a stored record below the floor is refused,
-    counted ``{reason="lower"}`` and logged as a warning, S20-R1).
+    counted ``{reason="lower"}`` and logged as a warning, S20-R1);
+    ``heal_unauthenticated()``: whether :meth:`sync` may overwrite a stored
+    record it cannot authenticate (default: always; False while a higher
+    master generation is pending here: the record may be the new master's,
+    and overwriting it made the rotated instances re-publish it at once, a
+    publish loop until the secret was provisioned, S20-FS1).
     """
 
     def __init__(self, client: Any, key_prefix: str, name: str, mac_key: bytes | Callable[[], Sequence[bytes]],
                  local_version: Callable[[], int], apply: Callable[[int, Any], Awaitable[None]],
                  metrics: _StateMetrics, *, local_body: Callable[[], Any] | None = None,
-                 floor: Callable[[], int] | None = None, poll_s: float = 1.0) -> None:
+                 floor: Callable[[], int] | None = None,
+                 heal_unauthenticated: Callable[[], bool] | None = None, poll_s: float = 1.0) -> None:
         self._client = client
         self._prefix = key_prefix
         self.name = name
@@ -125,6 +131,7 @@ class SharedDocument:
         self._apply = apply
         self._local_body = local_body
         self._floor = floor if floor is not None else local_version
+        self._heal_unauthenticated = heal_unauthenticated if heal_unauthenticated is not None else (lambda: True)
         self._metrics = metrics
         self._poll_s = poll_s
         self._script = client.register_script(_LUA_PUBLISH)
@@ -205,7 +212,8 @@ class SharedDocument:
         stale = rec is not None and cur is not None and self._verify(cur, current_only=True) is None
         # stale: a master in grace; the same body is re-MAC'd, another one at this version is the race (S17-1)
         if rec is None or rec[0] < low or (stale and rec[0] == local and not self._differs(cur or "", local)):
-            await self._heal(local)
+            if rec is not None or cur is None or self._heal_unauthenticated():
+                await self._heal(local)
             return False
         version, body = rec
         if version == local and not self._differs(cur or "", local):

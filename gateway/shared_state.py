@@ -144,7 +144,7 @@ class SharedState:
             self.policy = SharedDocument(self.client, self.prefix, "policy", self._docs_key,
                                          lambda: store.version, apply_policy, self.metrics,
                                          local_body=lambda: policy_set_document(store.policy_set),
-                                         poll_s=self.poll_s)
+                                         heal_unauthenticated=self._no_master_pending, poll_s=self.poll_s)
             store.set_publisher(self._publish_policy)
 
         async def apply_tenants(version: int, body: Any) -> None:
@@ -168,8 +168,13 @@ class SharedState:
         self.tenants = SharedDocument(self.client, self.prefix, "tenants", self._docs_key,
                                       lambda: self.registry_version, apply_tenants, self.metrics,
                                       local_body=lambda: admin.last_tenancy,
-                                      floor=lambda: self._keyring.registry_version, poll_s=self.poll_s)
+                                      floor=lambda: self._keyring.registry_version,
+                                      heal_unauthenticated=self._no_master_pending, poll_s=self.poll_s)
         admin.change_hooks.append(self.on_operator_change)
+
+    def _no_master_pending(self) -> bool:
+        """False while a higher master generation is announced and not applicable here (S20-FS1)."""
+        return not self.keys.master_pending
 
     # -- operator changes ----------------------------------------------------
     async def on_operator_change(self, record: dict[str, Any]) -> None:
