@@ -49,6 +49,7 @@ __all__ = [
     "PrefixChains", "KeyRing", "load_master_secret", "derive_prefix_key", "key_id", "USER_KEY_INFO", "user_pseudonym",
 ]
 
+
 @dataclass
 class _Retired:
     generation: int
@@ -395,4 +396,3 @@ class KeyRing:
                 self._cache.clear()
             self._cache[ck] = tk
         return tk
-
