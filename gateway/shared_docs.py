@@ -11,8 +11,14 @@ missed message or a restarted Redis) and applies it only when it is
 authenticated and *higher* than the version it holds; anything else is
 ignored, counted (``prefixgate_shared_state_rejected_records{kind}``) and
 logged as a warning. Versions only move forward: the Lua script refuses to
-store a version not above the stored one (unless the stored record is the
-one the publisher found forged). Two changes made at once on two instances
+store a version not above the stored one, unless the stored record is the
+one the publisher found forged (it fails *every* subkey accepted here) or
+the same version and body under a master still in grace (re-MAC'd under the
+current one); a record under a master in grace is authentic, so a lower
+version never replaces it (S20-R2). ``floor()`` is the lowest version an
+instance may adopt (the registry's persisted highest version seen: a
+restarted instance refuses an older record replayed into Redis, S20-R1).
+Two changes made at once on two instances
 get one version; the first stored wins: the other instance finds the stored
 record at its own version with another body and adopts it (``apply`` may
 number it above its own version, which is then published), so every
@@ -47,7 +53,8 @@ log = logging.getLogger("prefixgate.state")
 #: HKDF ``info`` label of the subkey that MACs shared documents.
 DOCS_MAC_INFO = b"pg-shared-docs-mac-v1"
 
-# KEYS: record. ARGV: version, record, channel, name, forged ('' or the stored value found forged).
+# KEYS: record. ARGV: version, record, channel, name, replaceable ('' or the stored value this record may replace
+# whatever its version: one found forged, or the same version and body MAC'd under a master in grace).
 # The very record already stored answers 1 and publishes nothing: the client retries a command once when
 # its reply times out (tenancy/shared_store.py), and the retry of a script that ran must not read as a
 # conflict (session 19: CI under load answered a first change 409; the record holds version, MAC and text).
@@ -98,13 +105,24 @@ class SharedDocument:
     is retried at the next poll); ``metrics``: from :func:`state_metrics`;
     ``local_body()``: the document this instance holds (None: nothing to
     share), re-published when Redis lacks it or holds a lower or forged
-    record (an emptied Redis is healed, never rolls anything back).
+    record (an emptied Redis is healed, never rolls anything back);
+    ``floor()``: the lowest version this instance may adopt (default: none
+    below ``local_version()``), for a document whose version is persisted
+    apart from its body (the registry: a started instance holds version 0
+    but has seen a higher one; a stored record below the floor is refused,
+    counted ``{reason="lower"}`` and logged as a warning, S20-R1);
+    ``heal_unauthenticated()``: whether :meth:`sync` may overwrite a stored
+    record it cannot authenticate (default: always; False while a higher
+    master generation is pending here: the record may be the new master's,
+    and overwriting it made the rotated instances re-publish it at once, a
+    publish loop until the secret was provisioned, S20-FS1).
     """
 
     def __init__(self, client: Any, key_prefix: str, name: str, mac_key: bytes | Callable[[], Sequence[bytes]],
                  local_version: Callable[[], int], apply: Callable[[int, Any], Awaitable[None]],
                  metrics: _StateMetrics, *, local_body: Callable[[], Any] | None = None,
-                 poll_s: float = 1.0) -> None:
+                 floor: Callable[[], int] | None = None,
+                 heal_unauthenticated: Callable[[], bool] | None = None, poll_s: float = 1.0) -> None:
         self._client = client
         self._prefix = key_prefix
         self.name = name
@@ -112,6 +130,8 @@ class SharedDocument:
         self._local_version = local_version
         self._apply = apply
         self._local_body = local_body
+        self._floor = floor if floor is not None else local_version
+        self._heal_unauthenticated = heal_unauthenticated if heal_unauthenticated is not None else (lambda: True)
         self._metrics = metrics
         self._poll_s = poll_s
         self._script = client.register_script(_LUA_PUBLISH)
@@ -159,13 +179,19 @@ class SharedDocument:
         """Store ``body`` at ``version`` if above the stored version; returns True when stored, or
         when the same record (version and body) is already stored: a retried publish is not a conflict.
 
-        A stored record that fails its MAC is replaced (tampering cannot block a change).
+        A stored record that fails the MAC under every accepted subkey is replaced (tampering cannot
+        block a change); one under a master still in grace is authentic: replaced only from above, or
+        at its own version by the same body (re-MAC'd under the current master), never by a lower
+        version or another body at its version (that is the race answered 409, S20-R2).
         """
         text = _text(body)
         cur = await self._get()
-        forged = cur if cur is not None and self._verify(cur, current_only=True) is None else ""
+        rec = None if cur is None else self._verify(cur)
+        replaceable = cur if cur is not None and (rec is None or (
+            rec[0] == version and cur.split(":", 2)[2] == text)) else ""
         record = f"{version}:{self._mac(version, text)}:{text}"
-        return bool(await self._script(keys=[self.key], args=[version, record, self.channel, self.name, forged]))
+        return bool(await self._script(keys=[self.key], args=[version, record, self.channel, self.name,
+                                                              replaceable]))
 
     async def remote_version(self) -> int:
         """The authenticated version stored in Redis (0: none or forged)."""
@@ -180,11 +206,14 @@ class SharedDocument:
         if cur is not None and rec is None:
             self._reject(cur, "unauthenticated")
         local = self._local_version()
-        if rec is not None and rec[0] < local:
+        low = max(local, self._floor())  # below: a lower (older, replayed) record
+        if rec is not None and rec[0] < low:
             self._reject(cur or "", "lower")
         stale = rec is not None and cur is not None and self._verify(cur, current_only=True) is None
-        if rec is None or rec[0] < local or (stale and rec[0] == local):  # stale: a master in grace
-            await self._heal(local)
+        # stale: a master in grace; the same body is re-MAC'd, another one at this version is the race (S17-1)
+        if rec is None or rec[0] < low or (stale and rec[0] == local and not self._differs(cur or "", local)):
+            if rec is not None or cur is None or self._heal_unauthenticated():
+                await self._heal(local)
             return False
         version, body = rec
         if version == local and not self._differs(cur or "", local):

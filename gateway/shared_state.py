@@ -31,7 +31,7 @@ from gateway.shared_routing import ROUTING_MAC_INFO, RoutingStream, new_instance
 from routing.index import PrefixIndex
 from routing.load import LoadTracker
 from routing.shared import PublishingPrefixIndex, RemoteLoadView, SharedLoadTracker
-from tenancy.keys import KeyRing, load_master_secret
+from tenancy.keys import KeyRing, KeyRingError, load_master_secret
 from tenancy.shared import redis_client
 from tenancy.shared_keys import SharedKeyState
 from tenancy.shared_store import cancel_task
@@ -87,7 +87,10 @@ class SharedState:
         self.routing: RoutingStream | None = None
         self.policy: SharedDocument | None = None
         self.tenants: SharedDocument | None = None
+        #: the tenants version this instance holds (0 at start: its registry is its configuration file's until
+        #: it adopts or publishes one); the highest ever seen is the key ring's, persisted (S20-R1)
         self.registry_version = 0
+        self._keyring = keyring
         self._refused_registry = 0  # the last tenants version this instance refused (counted once)
         self._admin: Admin | None = None
         self._pending: set[asyncio.Task[Any]] = set()
@@ -141,12 +144,15 @@ class SharedState:
             self.policy = SharedDocument(self.client, self.prefix, "policy", self._docs_key,
                                          lambda: store.version, apply_policy, self.metrics,
                                          local_body=lambda: policy_set_document(store.policy_set),
-                                         poll_s=self.poll_s)
+                                         heal_unauthenticated=self._no_master_pending, poll_s=self.poll_s)
             store.set_publisher(self._publish_policy)
 
         async def apply_tenants(version: int, body: Any) -> None:
             if not isinstance(body, dict) or not isinstance(body.get("tenants"), list):
                 raise ValueError("tenants document")
+            # the highest version seen is persisted before use (as a key version: KeyRing.adopt), also when
+            # refused below; KeyRingError (state file not writable): nothing applied, retried at the next poll
+            self._keyring.adopt_registry_version(version)
             try:  # invalid here, e.g. against this instance's replicas (salt-pool rule, R10-1): ignored
                 admin.apply_registry(body["tenants"], body.get("operators") or [])
             except ValueError as exc:  # TenantConfigError: the registry in force stays; counted, logged once
@@ -161,8 +167,14 @@ class SharedState:
 
         self.tenants = SharedDocument(self.client, self.prefix, "tenants", self._docs_key,
                                       lambda: self.registry_version, apply_tenants, self.metrics,
-                                      local_body=lambda: admin.last_tenancy, poll_s=self.poll_s)
+                                      local_body=lambda: admin.last_tenancy,
+                                      floor=lambda: self._keyring.registry_version,
+                                      heal_unauthenticated=self._no_master_pending, poll_s=self.poll_s)
         admin.change_hooks.append(self.on_operator_change)
+
+    def _no_master_pending(self) -> bool:
+        """False while a higher master generation is announced and not applicable here (S20-FS1)."""
+        return not self.keys.master_pending
 
     # -- operator changes ----------------------------------------------------
     async def on_operator_change(self, record: dict[str, Any]) -> None:
@@ -179,8 +191,13 @@ class SharedState:
                 await self.keys.publish_master()  # the generation only: the others load their own secret
                 await self.keys.sync()  # re-MAC the tenant records under the new master
             elif action == "tenants.reload" and self.tenants is not None and self._admin is not None:
-                version = max(self.registry_version, await self.tenants.remote_version()) + 1
+                version = max(self.registry_version, self._keyring.registry_version,
+                              await self.tenants.remote_version()) + 1
                 self.registry_version = version
+                try:
+                    self._keyring.adopt_registry_version(version)
+                except KeyRingError as exc:  # the reload is applied: share it; only a restart's floor stays lower
+                    log.error("shared state: tenants version %d not persisted (%s); published anyway", version, exc)
                 await self._publish_doc(self.tenants, version, self._admin.last_tenancy)
         except Exception as exc:  # noqa: BLE001
             log.warning("shared state: publishing %s failed (%s); retried by the next sync",

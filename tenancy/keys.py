@@ -40,16 +40,14 @@ from tenancy.master_secret import (MIN_MASTER_SECRET_BYTES, KeyRingError, Master
 from tenancy.prefix import DEFAULT_DIGEST_SIZE, block_hash_chain
 from tenancy.salt import cache_salt as _cache_salt
 from tenancy.salt import derive_salt_key
-from tenancy.state import KeyState, TenantState, forward
+from tenancy.state import UNROTATED as _UNROTATED
+from tenancy.state import KeyState, TenantState, bumped, forward, registry_seen
 from tenancy.state_lock import KeyStateInUse, StateFile
 
 __all__ = [
     "KeyRingError", "KeyStateInUse", "MasterUnchanged", "MIN_MASTER_SECRET_BYTES", "PREFIX_KEY_INFO", "TenantKey",
     "PrefixChains", "KeyRing", "load_master_secret", "derive_prefix_key", "key_id", "USER_KEY_INFO", "user_pseudonym",
 ]
-
-#: the state of a tenant never rotated; shared, never changed (every change commits a new TenantState)
-_UNROTATED = TenantState()
 
 
 @dataclass
@@ -203,7 +201,7 @@ class KeyRing:
         (the rotation is then not applied).
         """
         with self._lock:
-            self._persist(_bump(tenant_id, key=1))  # puts the key in use in grace
+            self._persist(bumped(tenant_id, key=1))  # puts the key in use in grace
             return self.current(tenant_id)
 
     def rotate_master(self, new_secret: bytes) -> int:
@@ -294,7 +292,22 @@ class KeyRing:
             ts = self._tenant_state(tenant_id)
             if forward(ts, seen) == ts:
                 return False
-            self._persist(_bump(tenant_id, seen=seen))
+            self._persist(bumped(tenant_id, seen=seen))
+            return True
+
+    @property
+    def registry_version(self) -> int:
+        """The highest shared tenant-registry version seen (0: none; persisted, never lowered: S20-R1)."""
+        return self._state.registry_version
+
+    def adopt_registry_version(self, version: int) -> bool:
+        """Persist ``version`` as the highest shared tenant-registry version seen (gateway/shared_state.py).
+        Forward only: not above the current one changes nothing (False). :class:`KeyRingError` if the state
+        file cannot be written (nothing applied). Returns True if raised."""
+        with self._lock:
+            if version <= self._state.registry_version:
+                return False
+            self._persist(registry_seen(version))
             return True
 
     def tenant_states(self) -> dict[str, tuple[int, int]]:
@@ -339,7 +352,7 @@ class KeyRing:
         state file cannot be written.
         """
         with self._lock:
-            self._persist(_bump(tenant_id, salt=1))
+            self._persist(bumped(tenant_id, salt=1))
             return self._tenant_state(tenant_id).salt_epoch
 
     # -- internals ---------------------------------------------------------
@@ -383,11 +396,3 @@ class KeyRing:
                 self._cache.clear()
             self._cache[ck] = tk
         return tk
-
-
-def _bump(tenant_id: str, *, key: int = 0, salt: int = 0, seen: TenantState = _UNROTATED) -> Callable[..., KeyState]:
-    """The change: the tenant's merged numbers moved forward to ``seen``, plus ``key`` / ``salt``."""
-    def change(base: KeyState) -> KeyState:
-        ts = forward(base.tenants.get(tenant_id, _UNROTATED), seen)
-        return replace(base, tenants={**base.tenants, tenant_id: TenantState(ts.key_version + key, ts.salt_epoch + salt)})
-    return change

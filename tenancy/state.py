@@ -1,14 +1,20 @@
-"""Small persistent state of the key ring: key versions, salt epochs, the master generation.
+"""Small persistent state of the key ring: key versions, salt epochs, the master generation, and the
+highest shared tenant-registry version seen (issue 16).
 
 Only *numbers* are stored, never a key or a secret. The file survives
 restarts so that a rotated tenant key (or salt) is not silently rolled back.
 Layout (JSON)::
 
-    {"format": 1, "master_generation": 2,
+    {"format": 1, "master_generation": 2, "registry_version": 3,
      "tenants": {"<tenant id>": {"key_version": 2, "salt_epoch": 0}}}
 
 ``master_generation`` (>= 1; absent in older files: 1) is the highest master
 generation this instance has used or adopted (issue 16: it never goes back).
+``registry_version`` (>= 0; absent in older files: 0) is the highest version of the
+shared tenants document (``docs:tenants``, gateway/shared_docs.py) this instance
+has adopted, published or refused as invalid: a (re)started instance refuses an
+authentic but lower record replayed into Redis (S20-R1; an older build reading
+the file ignores the field, and its next write drops it).
 
 Writes are atomic: a temporary file in the same directory, ``fsync``, then
 ``os.replace`` (POSIX rename is atomic), created with mode 0600.
@@ -25,9 +31,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
-__all__ = ["StateError", "TenantState", "KeyState", "forward", "load_state", "merge_forward", "save_state"]
+__all__ = ["StateError", "TenantState", "KeyState", "bumped", "forward", "load_state", "merge_forward",
+           "registry_seen", "save_state", "UNROTATED"]
 
 _FORMAT = 1
 
@@ -46,16 +54,19 @@ class TenantState:
 
 @dataclass
 class KeyState:
-    """All persisted key-ring counters: by tenant id, and the master generation (>= 1)."""
+    """All persisted key-ring counters: by tenant id, the master generation (>= 1) and the highest
+    shared tenant-registry version seen (>= 0)."""
 
     tenants: dict[str, TenantState] = field(default_factory=dict)
     master_generation: int = 1
+    registry_version: int = 0
 
     def to_json(self) -> dict:
         """Return the JSON-able document of this state."""
         return {
             "format": _FORMAT,
             "master_generation": self.master_generation,
+            "registry_version": self.registry_version,
             "tenants": {
                 tid: {"key_version": ts.key_version, "salt_epoch": ts.salt_epoch}
                 for tid, ts in sorted(self.tenants.items())
@@ -69,11 +80,32 @@ def forward(a: TenantState, b: TenantState) -> TenantState:
 
 
 def merge_forward(a: KeyState, b: KeyState) -> KeyState:
-    """Union of the tenants of ``a`` and ``b``, each :func:`forward` of both; the higher master generation."""
+    """Union of the tenants of ``a`` and ``b``, each :func:`forward` of both; the higher master generation
+    and the higher registry version."""
     tenants = dict(a.tenants)
     for tid, ts in b.tenants.items():
         tenants[tid] = forward(tenants[tid], ts) if tid in tenants else ts
-    return KeyState(tenants=tenants, master_generation=max(a.master_generation, b.master_generation))
+    return KeyState(tenants=tenants, master_generation=max(a.master_generation, b.master_generation),
+                    registry_version=max(a.registry_version, b.registry_version))
+
+
+#: the state of a tenant never rotated; shared, never changed (every change commits a new TenantState)
+UNROTATED = TenantState()
+
+
+def bumped(tenant_id: str, *, key: int = 0, salt: int = 0,
+           seen: TenantState = UNROTATED) -> Callable[[KeyState], KeyState]:
+    """The change (for :meth:`tenancy.state_lock.StateFile.write`): the tenant's merged numbers moved
+    :func:`forward` to ``seen``, then ``key`` / ``salt`` added (a rotation)."""
+    def change(base: KeyState) -> KeyState:
+        ts = forward(base.tenants.get(tenant_id, UNROTATED), seen)
+        return replace(base, tenants={**base.tenants, tenant_id: TenantState(ts.key_version + key, ts.salt_epoch + salt)})
+    return change
+
+
+def registry_seen(version: int) -> Callable[[KeyState], KeyState]:
+    """The change: the registry version raised to ``version`` (never lowered: the maximum of both)."""
+    return lambda base: replace(base, registry_version=max(base.registry_version, version))
 
 
 def _int_field(doc: dict, name: str, minimum: int, where: str) -> int:
@@ -110,7 +142,8 @@ def load_state(path: str) -> KeyState:
             salt_epoch=_int_field(entry, "salt_epoch", 0, f"tenants.{tid}"),
         )
     generation = _int_field(doc, "master_generation", 1, "state") if "master_generation" in doc else 1
-    return KeyState(tenants=tenants, master_generation=generation)
+    registry = _int_field(doc, "registry_version", 0, "state") if "registry_version" in doc else 0
+    return KeyState(tenants=tenants, master_generation=generation, registry_version=registry)
 
 
 def save_state(path: str, state: KeyState) -> None:

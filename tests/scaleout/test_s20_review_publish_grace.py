@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import redis.asyncio as aioredis
 
 from gateway.shared_docs import DOCS_MAC_INFO, SharedDocument, state_metrics
@@ -26,8 +25,6 @@ async def _noop(version: int, body: object) -> None:
     return None
 
 
-@pytest.mark.xfail(strict=True, reason="S20-R2: publish treats a record MAC'd under a master in grace as forged "
-                                        "and overwrites a higher version")
 async def test_a_higher_record_under_a_master_in_grace_is_not_overwritten_by_a_lower_version(redis_server) -> None:
     raw = aioredis.Redis.from_url(redis_server.url)
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-import pytest
 import redis.asyncio as aioredis
 import yaml
 
@@ -37,8 +36,6 @@ async def _reload(gw) -> None:
         assert resp.status_code == 200, resp.text
 
 
-@pytest.mark.xfail(strict=True, reason="S20-R1: the registry version is not persisted; a starting instance "
-                                        "adopts a replayed older tenants record")
 async def test_a_replayed_older_tenants_record_does_not_roll_a_restarted_instance_back(tmp_path: Path,
                                                                                         redis_server) -> None:
     secret = write_secret(tmp_path / "master.key")
