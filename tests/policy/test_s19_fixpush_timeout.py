@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from gateway.config import ConfigError
 from gateway.config_policy import PolicyConfig
@@ -23,68 +22,31 @@ from policy.decision import PolicyUnavailableError
 from policy.remote import RemoteOpa
 from policy.store import PolicyStore, PolicyTargetError, RemoteOpaTarget
 from tests.support.waiting import holds_within
+from tests.support.opa_standin import StandInOpa, serving_opa
 
 EXTRA = "package extra.a\n\nx := 1\n"
 
 
-class HeldOpa:
+class HeldOpa(StandInOpa):
     """An OPA stand-in: decisions never answer; a push is applied at once, answered when ``release`` is set."""
 
     def __init__(self) -> None:
-        self.modules: dict[str, str] = {}
-        self.data: dict[str, Any] = {}
+        super().__init__()
         self.release = asyncio.Event()
         self.pushes_seen = asyncio.Event()
-        self.deletes: list[str] = []
-        self.gone = asyncio.Event()  # set at cleanup: every held handler returns
-        self.url = ""
 
-    async def _hold(self) -> None:
+    async def after_push(self) -> None:
         self.pushes_seen.set()
-        waits = [asyncio.ensure_future(self.release.wait()), asyncio.ensure_future(self.gone.wait())]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
+        await self.until(self.release)
 
-    async def put_policy(self, request: web.Request) -> web.Response:
-        self.modules[request.match_info["id"]] = await request.text()  # applied (OPA compiled it) ...
-        await self._hold()  # ... the answer comes only when released
-        return web.json_response({})
-
-    async def delete_policy(self, request: web.Request) -> web.Response:
-        self.deletes.append(request.match_info["id"])
-        if self.modules.pop(request.match_info["id"], None) is None:
-            return web.json_response({"code": "resource_not_found", "message": "no such policy"}, status=404)
-        return web.json_response({})
-
-    async def put_data(self, request: web.Request) -> web.Response:
-        self.data[request.match_info["path"]] = await request.json()
-        await self._hold()
-        return web.Response(status=204)
-
-    async def decide(self, request: web.Request) -> web.Response:
+    async def before_decide(self) -> None:
         await self.gone.wait()  # never answers while the test runs
-        return web.json_response({"result": {"allow": True}})
 
 
 @pytest.fixture
 async def held_opa() -> AsyncIterator[HeldOpa]:
-    opa = HeldOpa()
-    app = web.Application()
-    app.router.add_put("/v1/policies/{id:.*}", opa.put_policy)
-    app.router.add_delete("/v1/policies/{id:.*}", opa.delete_policy)
-    app.router.add_put("/v1/data/{path:.*}", opa.put_data)
-    app.router.add_post("/v1/data/{path:.*}", opa.decide)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    opa.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    yield opa
-    opa.gone.set()
-    await runner.cleanup()
+    async with serving_opa(HeldOpa()) as opa:
+        yield opa
 
 
 

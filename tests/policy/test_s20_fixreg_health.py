@@ -14,53 +14,32 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from aiohttp import web
 
 from policy.decision import PolicyUnavailableError
 from policy.remote import RemoteOpa
+from tests.support.opa_standin import StandInOpa, serving_opa
 
 
-class SlowHealthOpa:
+class SlowHealthOpa(StandInOpa):
     """An OPA stand-in: ``/health`` answers 200 when ``release`` is set; decisions never answer."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.release = asyncio.Event()
         self.health_seen = asyncio.Event()
-        self.gone = asyncio.Event()  # set at cleanup: every held handler returns
-        self.url = ""
 
-    async def _until(self, event: asyncio.Event) -> None:
-        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self.gone.wait())]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-
-    async def health(self, request: web.Request) -> web.Response:
+    async def before_health(self) -> None:
         self.health_seen.set()
-        await self._until(self.release)
-        return web.json_response({})
+        await self.until(self.release)
 
-    async def decide(self, request: web.Request) -> web.Response:
+    async def before_decide(self) -> None:
         await self.gone.wait()
-        return web.json_response({"result": {"allow": True}})
 
 
 @pytest.fixture
 async def opa() -> AsyncIterator[SlowHealthOpa]:
-    stand_in = SlowHealthOpa()
-    app = web.Application()
-    app.router.add_get("/health", stand_in.health)
-    app.router.add_post("/v1/data/{path:.*}", stand_in.decide)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    stand_in.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    yield stand_in
-    stand_in.gone.set()
-    await runner.cleanup()
+    async with serving_opa(SlowHealthOpa()) as stand_in:
+        yield stand_in
 
 
 async def test_a_health_answer_slower_than_a_decision_deadline_is_healthy(opa: SlowHealthOpa) -> None:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from gateway.config_policy import PolicyConfig
 from gateway.pep import build_decision_point
@@ -22,51 +21,18 @@ from policy.loader import JOURNAL
 from policy.remote import RemoteOpa
 from policy.store import PolicyStore, RemoteOpaTarget
 from tests.policy.test_s18_fixstore import Crash, _crash_at_rename
+from tests.support.opa_standin import StandInOpa, serving_opa
 
 EXTRA = "package extra.a\n\nx := 1\n"
 
 
-class Opa:
-    """An OPA stand-in over HTTP: holds the modules it is sent (a DELETE of one it lacks answers 404);
-    ``/health`` answers 200; decisions allow."""
-
-    def __init__(self) -> None:
-        self.modules: dict[str, str] = {}
-        self.deletes: list[str] = []
-        self.url = ""
-
-    async def put_policy(self, request: web.Request) -> web.Response:
-        self.modules[request.match_info["id"]] = await request.text()
-        return web.json_response({})
-
-    async def delete_policy(self, request: web.Request) -> web.Response:
-        self.deletes.append(request.match_info["id"])
-        if self.modules.pop(request.match_info["id"], None) is None:
-            return web.json_response({"code": "resource_not_found", "message": "no such policy"}, status=404)
-        return web.json_response({})
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({})
-
-    async def decide(self, request: web.Request) -> web.Response:
-        return web.json_response({"result": {"allow": True}})
+Opa = StandInOpa  # holds the modules it is sent; /health answers 200; decisions allow
 
 
 @pytest.fixture
 async def opa() -> AsyncIterator[Opa]:
-    stand_in = Opa()
-    app = web.Application()
-    app.router.add_put("/v1/policies/{id:.*}", stand_in.put_policy)
-    app.router.add_delete("/v1/policies/{id:.*}", stand_in.delete_policy)
-    app.router.add_get("/health", stand_in.health)
-    app.router.add_post("/v1/data/{path:.*}", stand_in.decide)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    stand_in.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    yield stand_in
-    await runner.cleanup()
+    async with serving_opa(Opa()) as stand_in:
+        yield stand_in
 
 
 async def _crash_mid_change(active: Path, versions: Path, opa: Opa, monkeypatch: pytest.MonkeyPatch) -> None:
