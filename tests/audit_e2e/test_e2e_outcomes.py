@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -197,7 +198,9 @@ async def test_one_event_per_outcome_in_every_sink(stack, rsyslog: Rsyslog, tmp_
     tokens = [token, stack.token("tenant-c/app"), stack.token("tenant-x/app")]
     for t in tokens:
         assert t not in blob and t.split(".")[1] not in blob and t.split(".")[2] not in blob
-    assert "eyJ" not in blob and "Bearer" not in blob
+    # a JWT's shape (a base64url JSON header, then a dot), not the three letters alone: a random base64
+    # signature in the audit chain holds "eyJ" in ~1 run of a few hundred (session 20, S20-FS5)
+    assert not re.search(r"eyJ[A-Za-z0-9_-]+\.", blob) and "Bearer" not in blob
     for key_file in (stack.tmp / "master.key",):
         secret = key_file.read_bytes()
         assert secret.hex() not in blob and base64.b64encode(secret).decode() not in blob
