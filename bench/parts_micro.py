@@ -1,0 +1,72 @@
+"""Micro-benchmark: CPU of a chat body whose ``content`` is a list of text parts vs the same tokens as strings
+(session 20, S20-R3).
+
+``PYTHONPATH=<tree> python -m bench.parts_micro [--reps 40]`` (run it once per tree: the baseline and yours).
+
+For each body, in process, min and median of ``--reps`` runs (``time.perf_counter``, milliseconds) of each stage
+of the request work that depends on the body's shape: ``parse`` (:func:`gateway.request.parse_inference_request`
+with ``max_messages`` 2,000: chat_units, the schema or the shortcut, the chat template render, sizes),
+``tokens`` (the word tokenizer's ``encode`` of the rendered text and of ``extra_text``), ``forward``
+(:func:`gateway.request.upstream_body` and its orjson encoding, as the proxy sends it). Bodies: one message of
+1,600 one-word text parts; the same words as one string; 1,300 messages of one one-word part; 1,300 string
+messages. Prints a Markdown table. A benchmark, not a test: the figures depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any, Callable
+
+import orjson
+
+from gateway.request import parse_inference_request, upstream_body
+from tenancy.tokenizer import WordTokenizer
+
+_WORDS = [f"w{i % 97}" for i in range(1600)]
+BODIES: dict[str, dict[str, Any]] = {
+    "1 msg x 1,600 parts": {"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": w} for w in _WORDS]}]},
+    "1 msg, 1 string (same words)": {"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": " ".join(_WORDS)}]},
+    "1,300 msgs x 1 part": {"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": w}]} for w in _WORDS[:1300]]},
+    "1,300 string msgs": {"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": w} for w in _WORDS[:1300]]},
+}
+
+
+def _time(fn: Callable[[], Any], reps: int) -> tuple[float, float]:
+    """(min, median) milliseconds of ``reps`` calls of ``fn`` after one warm-up call."""
+    fn()
+    runs = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        runs.append((time.perf_counter() - t0) * 1e3)
+    return min(runs), statistics.median(runs)
+
+
+def main() -> None:
+    """Print one Markdown row per body: min/median ms of parse, tokens and forward."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=40)
+    args = ap.parse_args()
+    tok = WordTokenizer()
+    print("| body | parse ms min/med | tokens ms min/med | forward ms min/med | tokens |")
+    print("|---|---|---|---|---|")
+    for name, doc in BODIES.items():
+        raw = json.dumps(doc).encode()
+        req = parse_inference_request(raw, "chat", max_messages=2000)
+        n = len(tok.encode(req.text)) + (len(tok.encode(req.extra_text)) if req.extra_text else 0)
+        parse = _time(lambda: parse_inference_request(raw, "chat", max_messages=2000), args.reps)
+        tokens = _time(lambda: (tok.encode(req.text), req.extra_text and tok.encode(req.extra_text)), args.reps)
+        fwd = _time(lambda: orjson.dumps(upstream_body(req, 8, None)), args.reps)
+        print(f"| {name} | {parse[0]:.3f}/{parse[1]:.3f} | {tokens[0]:.3f}/{tokens[1]:.3f} | "
+              f"{fwd[0]:.3f}/{fwd[1]:.3f} | {n} |")
+
+
+if __name__ == "__main__":
+    main()
