@@ -16,7 +16,6 @@ messages. Prints a Markdown table. A benchmark, not a test: the figures depend o
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -28,6 +27,7 @@ import orjson
 
 from bench.request_cost import _components, _one
 from gateway.request import parse_inference_request, upstream_body
+from sim.click_options import ClickOptions
 from tenancy.tokenizer import WordTokenizer
 
 _WORDS = [f"w{i % 97}" for i in range(1600)]
@@ -56,9 +56,9 @@ def _time(fn: Callable[[], Any], reps: int) -> tuple[float, float]:
 
 def main() -> None:
     """Print one Markdown row per body: min/median ms of parse, tokens and forward."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=40)
-    args = ap.parse_args()
+    ap = ClickOptions(description=__doc__.splitlines()[0])
+    ap.option("--reps", type=int, default=40)
+    args = ap.parse()
     tok = WordTokenizer()
     print("| body | parse ms min/med | tokens ms min/med | forward ms min/med | to route ms min/med | tokens | outcome |")
     print("|---|---|---|---|---|---|---|")
