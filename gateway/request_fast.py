@@ -10,7 +10,8 @@ out of the schema's bounds) it answers None and the caller validates with pydant
 error message stands: a body refused there is refused exactly as before. It never accepts what the
 schema refuses (hypothesis: tests/gateway/test_s7_request_fast.py compares both on bodies in and
 around that shape). :func:`plain_chat` does the same for a chat body whose messages are plain
-``{role, content}`` objects with string (or no) content.
+``{role, content}`` objects with string (or no) content, or (session 20, S20-R3) content that is a list of
+plain text parts ``{"type": "text", "text": str}`` (tests/gateway/test_s20_parts_fast.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, get_args
 
 from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, ChatMessage, CompletionBody
 
-__all__ = ["plain_completion", "plain_chat", "FAST_KEYS", "FAST_CHAT_KEYS"]
+__all__ = ["plain_completion", "plain_chat", "text_parts", "FAST_KEYS", "FAST_CHAT_KEYS"]
 
 #: the schema fields a completions body may hold to take the shortcut
 FAST_KEYS = frozenset({"model", "prompt", "max_tokens", "stream", "stream_options"})
@@ -61,7 +62,8 @@ def plain_chat(data: dict[str, Any]) -> dict[str, Any] | None:
     """``{"model", ["max_tokens",] "stream", ["stream_options",] "messages"}`` as the schema validates
     ``data``, or None: as :func:`plain_completion`, with ``messages`` (a non-empty list) in place of
     ``prompt``, each an object whose schema fields are only ``role`` (one of the schema's roles) and
-    ``content`` (a string, null or absent; other keys dropped). Raises nothing.
+    ``content`` (a string, null or absent, or a list of text parts: see :func:`text_parts`; other keys
+    dropped). Raises nothing.
     """
     if not _OTHER_CHAT_FIELDS.isdisjoint(data):
         return None
@@ -79,12 +81,34 @@ def plain_chat(data: dict[str, Any]) -> dict[str, Any] | None:
             out.append({"role": role})
         elif type(content) is str:
             out.append({"role": role, "content": content})
+        elif type(content) is list and (parts := text_parts(content)) is not None:
+            out.append({"role": role, "content": parts})
         else:
             return None
     body = _sampling(data)
     if body is not None:
         body["messages"] = out
     return body
+
+
+def text_parts(content: list[Any]) -> list[dict[str, str]] | None:
+    """A message's list ``content`` as the schema dumps it (``[{"type": "text", "text": str}, ...]``, new
+    dicts, that key order; an empty list stays empty, as ``list[TextPart]`` accepts it), or None unless
+    every part is an object of exactly the two keys ``type`` (the string ``"text"``) and ``text`` (a
+    string): extra keys (which the schema would drop), other part types, non-string text, nested lists
+    go to pydantic, whose answer stands (OpenAI chat content parts; ``TextPart`` in
+    gateway/request_schema.py). Raises nothing; O(parts).
+    """
+    out: list[dict[str, str]] = []
+    append = out.append
+    for part in content:
+        if type(part) is not dict or len(part) != 2 or part.get("type") != "text":
+            return None
+        text = part.get("text")
+        if type(text) is not str:
+            return None
+        append({"type": "text", "text": text})
+    return out
 
 
 def _sampling(data: dict[str, Any]) -> dict[str, Any] | None:

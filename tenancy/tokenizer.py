@@ -276,9 +276,10 @@ def _content_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         parts: list[str] = []
-        for part in content:
-            if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                parts.append(part["text"])
+        for part in content:  # ``type(part) is dict`` first: the ABC check costs ~0.1 us a part (S20-R3)
+            if ((type(part) is dict or isinstance(part, Mapping)) and part.get("type") == "text"
+                    and isinstance(text := part.get("text"), str)):
+                parts.append(text)
             else:
                 raise TokenizerError("only text content parts are supported")
         return "\n".join(parts)
