@@ -111,7 +111,10 @@ def base_config(tmp: Path, urls: list[str], issuer: DemoIssuer, **over: Any) -> 
             ],
         },
         "identity": {"audience": "prefixgate", "trust_domains": {TD: {"bundle_file": str(bundle)}}},
-        "policy": {"mode": "embedded", "dir": str(ROOT / "rego")},
+        # the stack's client, replicas and gateway share one event loop, so a decision's wall deadline also
+        # measures the harness: under CI load the 0.2 s default failed a plain request closed (503
+        # policy_unavailable; session 20, CI). Tests of the deadline set their own (tests/policy_e2e).
+        "policy": {"mode": "embedded", "dir": str(ROOT / "rego"), "timeout_s": 5.0},
         "audit": {},
         # the stack runs the client, the replicas and the gateway on one event loop: its lag
         # measures the test harness too, so lag-based shedding is off here (tests of it set it)

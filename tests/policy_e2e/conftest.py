@@ -123,7 +123,8 @@ def policy_section(pdp_mode: str, opa: OpaThread | None, policy_cache_ttl_s: flo
     """The gateway's ``policy`` config section for ``pdp_mode`` (and ``policy_cache_ttl_s``)."""
     ttl = {} if policy_cache_ttl_s is None else {"cache_ttl_s": policy_cache_ttl_s}
     if opa is None:
-        return {"mode": "embedded", "dir": str(REGO_DIR), **ttl}
+        # its own deadline: test_pdp_slow_gives_503_within_the_deadline holds a decision 3 s (the stack's is 5 s)
+        return {"mode": "embedded", "dir": str(REGO_DIR), "timeout_s": 1.0, **ttl}
     # the remote OPA runs the shipped rego: the operator opts into the decision cache (R10-2)
     return {"mode": "remote", "url": opa.url, "timeout_s": REMOTE_TIMEOUT_S, "cache_key_fields": [], **ttl}
 
