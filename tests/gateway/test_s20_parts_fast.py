@@ -24,8 +24,11 @@ import gateway.request as request_mod
 from gateway.request import parse_inference_request
 from gateway.request_fast import plain_chat, text_parts
 from gateway.request_schema import ChatBody
-from gateway.auditing import AuditHub
+from tests.gateway.test_s7_request_fast_chat import _schema  # the schema oracle of the chat shortcut
+from tests.support import audit_log as audit_fixtures
 from tests.support.audit_log import ListLog
+
+audit_log, audit_hub = audit_fixtures.audit_log, audit_fixtures.audit_hub  # the stack on a ListLog
 
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.floats(allow_nan=False, allow_infinity=False),
                      st.text(max_size=4))
@@ -66,16 +69,6 @@ _valid_chat = st.fixed_dictionaries(
          "content": st.one_of(st.lists(_valid_part, max_size=5), _texts, st.none())},
         optional={"extra": _scalars}), min_size=1, max_size=4)},
     optional={"max_tokens": st.one_of(st.integers(1, 3), st.none()), "stream": st.booleans(), "cache_salt": _scalars})
-
-
-def _schema(data: dict[str, Any]) -> dict[str, Any] | None:
-    try:
-        body = ChatBody.model_validate(data).model_dump(exclude_none=True, exclude_unset=False)
-    except ValidationError:
-        return None
-    if body.get("n") == 1:
-        body.pop("n")
-    return body
 
 
 @settings(max_examples=1500, deadline=None)
@@ -187,18 +180,6 @@ def test_refusals_are_unchanged(content: Any) -> None:
         ChatBody.model_validate(doc)
     msg, loc = request_mod._validation_message(exc.value)
     assert (err.value.status, err.value.code, err.value.message) == (400, "invalid_request", msg)
-
-
-@pytest.fixture
-def audit_log() -> ListLog:
-    """Every audit event the ``stack`` emits."""
-    return ListLog()
-
-
-@pytest.fixture
-def audit_hub(audit_log: ListLog) -> AuditHub:
-    """The ``stack``'s audit hub over :func:`audit_log`."""
-    return AuditHub(audit_log)
 
 
 async def _events(log: Any, n: int) -> list[Any]:
