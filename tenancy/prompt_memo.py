@@ -63,7 +63,7 @@ from cachetools import LRUCache
 from tenancy.key_derivation import PrefixChains, TenantKey
 from tenancy.keys import KeyRing
 from tenancy.prefix import DEFAULT_DIGEST_SIZE, block_hash_chain, hmac_sha256
-from tenancy.tokenizer import Tokenizer, WordTokenizer
+from tenancy.tokenizer import MAX_TOKEN_CHARS, Tokenizer, WordTokenizer
 
 __all__ = ["PromptMemo", "MemoIds", "CUT_CHARS", "ENTRY_OVERHEAD_BYTES", "next_cut"]
 
@@ -95,18 +95,18 @@ class MemoIds(list):  # type: ignore[type-arg]
 
 
 class _Plan:
-    """What :meth:`PromptMemo.chains` needs: the lookup's slot and kid, the hit chain digests, and the
-    new segments ``(digest, first char, end char, first token, end token)`` to store."""
+    """What :meth:`PromptMemo.chains` needs: the lookup's slot and kid, the hit's chain digests, and the
+    new entries ``(digest, end char, tokens up to it)`` to store."""
 
     __slots__ = ("slot", "kid", "hit_chain", "new")
 
-    def __init__(self, slot: _Slot, kid: str, hit_chain: list[bytes], new: list[tuple[bytes, int, int, int, int]]):
+    def __init__(self, slot: _Slot, kid: str, hit_chain: list[bytes], new: list[tuple[bytes, int, int]]):
         self.slot, self.kid, self.hit_chain, self.new = slot, kid, hit_chain, new
 
 
 class _Slot:
     """One tenant's entries under one key version: ``hasher`` (keyed BLAKE2b, copied per lookup) and
-    ``entries`` (digest -> ``(first char, end char, first token, ids, chain part)``)."""
+    ``entries`` (digest -> ``(end char, ids up to it, chain digests of its full blocks)``)."""
 
     __slots__ = ("kid", "hasher", "entries")
 
@@ -115,7 +115,7 @@ class _Slot:
         subkey = hmac_sha256(key.key, b"pg-prompt-memo-v1|" + key.kid.encode("utf-8"))
         self.hasher = hashlib.blake2b(key=subkey, digest_size=16, person=_PERSON)
         self.entries: LRUCache[bytes, tuple[Any, ...]] = LRUCache(
-            maxsize=max_bytes, getsizeof=lambda e: max(min_entry_bytes, len(e[3]) * 4 + len(e[4]) * 32
+            maxsize=max_bytes, getsizeof=lambda e: max(min_entry_bytes, len(e[1]) * 4 + len(e[2]) * 32
                                                        + ENTRY_OVERHEAD_BYTES))
 
 
@@ -160,10 +160,11 @@ class PromptMemo:
 
     def encode(self, tenant_id: str, text: str, limit: int | None = None) -> list[int]:
         """``self.tokenizer.encode(text, limit)`` (same ids, same ``limit`` meaning: a result longer than
-        ``limit`` says "more than ``limit`` tokens"), served from ``tenant_id``'s entries for the text's
-        leading segments; a :class:`MemoIds` with a plan for :meth:`chains` when the whole text was read.
-        The plain call for a short text (no cut), a rotation in grace, or the memo off. Raises what the
-        tokenizer raises (``UnicodeEncodeError`` for a lone surrogate in a token)."""
+        ``limit`` says "more than ``limit`` tokens"), the longest leading part of ``text`` ending at a cut
+        served from ``tenant_id``'s entries; a :class:`MemoIds` with a plan for :meth:`chains` when the whole
+        text was read. The plain call for a short text (no cut), a rotation in grace, or the memo off. With
+        ``limit``, cuts past ``2 x 64 x (limit + 2)`` characters are not read (the tokenizer's own bound).
+        Raises what the tokenizer raises (``UnicodeEncodeError`` for a lone surrogate in a token)."""
         tok = self.tokenizer
         if self._slots is None or len(text) < CUT_CHARS + 1:
             return tok.encode(text, limit)
@@ -174,37 +175,38 @@ class PromptMemo:
         slot = self._slot(tenant_id, key)
         entries = slot.entries
         stop = None if limit is None else max(0, limit) + 1
-        ids = MemoIds()
-        ids.plan = None
-        chain: list[bytes] = []
-        new: list[tuple[bytes, int, int, int, int]] = []
+        cap = len(text) if stop is None else min(len(text), 2 * MAX_TOKEN_CHARS * (stop + 1) + 1)
+        cuts: list[int] = []
+        digests: list[bytes] = []
         h = slot.hasher.copy()
-        pos, hits = 0, -1
-        cut = next_cut(text, 0)
-        while cut is not None:
+        pos, cut = 0, next_cut(text, 0)
+        while cut is not None and cut < cap:  # the keyed digest of the text up to each cut: one pass
             h.update(text[pos:cut].encode("utf-8", "surrogatepass"))
-            digest = h.digest()
-            if hits < 0:
-                e = entries.get(digest)
-                if e is not None and e[0] == pos and e[1] == cut and e[2] == len(ids):
-                    ids.extend(e[3])
-                    chain.extend(e[4])
-                    if stop is not None and len(ids) >= stop:
-                        del ids[stop:]
-                        return ids
-                    pos, cut = cut, next_cut(text, cut)
-                    continue
-                hits = len(ids)
-            got = tok.encode(text[pos:cut], None if stop is None else stop - len(ids) - 1)
-            t0 = len(ids)
-            ids.extend(got)
-            if stop is not None and len(ids) >= stop:
-                del ids[stop:]
-                return ids
-            new.append((digest, pos, cut, t0, len(ids)))
+            cuts.append(cut)
+            digests.append(h.digest())
             pos, cut = cut, next_cut(text, cut)
-        if hits < 0:
-            hits = len(ids)
+        hit = len(cuts) - 1
+        while hit >= 0 and (digests[hit] not in entries or entries[digests[hit]][0] != cuts[hit]):
+            hit -= 1  # the longest stored prefix first
+        if hit >= 0:
+            e = entries[digests[hit]]
+            ids, chain, pos = MemoIds(e[1]), list(e[2]), cuts[hit]
+        else:
+            ids, chain, pos = MemoIds(), [], 0
+        ids.plan = None
+        hits = len(ids)
+        if stop is not None and hits >= stop:
+            del ids[stop:]
+            return ids
+        new: list[tuple[bytes, int, int]] = []
+        for j in range(hit + 1, len(cuts)):  # entries at cuts 1, 2, 4, 8, ... and the last one
+            if j & (j + 1) == 0 or j == len(cuts) - 1:
+                ids.extend(tok.encode(text[pos:cuts[j]], None if stop is None else stop - len(ids) - 1))
+                if stop is not None and len(ids) >= stop:
+                    del ids[stop:]
+                    return ids
+                new.append((digests[j], cuts[j], len(ids)))
+                pos = cuts[j]
         ids.extend(tok.encode(text[pos:], None if stop is None else stop - len(ids) - 1))
         if stop is not None and len(ids) >= stop:
             del ids[stop:]
@@ -217,7 +219,7 @@ class PromptMemo:
     def chains(self, tenant_id: str, tokens: Sequence[int]) -> PrefixChains | None:
         """The chains of ``tokens`` (a :class:`MemoIds` of :meth:`encode` for ``tenant_id``) as
         :meth:`tenancy.keys.KeyRing.prefix_chain` gives them (``block_size``, ``max_prefix_blocks``),
-        resumed after the hit blocks, and the new segments stored; None (the caller hashes the plain way)
+        resumed after the hit's blocks, and the new entries stored; None (the caller hashes the plain way)
         for other tokens, a used plan, a rotation in grace or a kid other than the lookup's. Raises
         :class:`ValueError` as :func:`tenancy.prefix.block_hash_chain`."""
         plan = tokens.plan if type(tokens) is MemoIds else None
@@ -231,10 +233,9 @@ class PromptMemo:
         chain = hit + block_hash_chain(key.key, tokens, bs, key_id=key.kid, max_blocks=self.max_prefix_blocks,
                                        first_block=len(hit), seed=hit[-1] if hit else None)
         entries = plan.slot.entries
-        for digest, first, end, t0, t1 in plan.new:
-            entry = (first, end, t0, array("I", tokens[t0:t1]), tuple(chain[t0 // bs: t1 // bs]))
+        for digest, end, n in plan.new:
             try:
-                entries[digest] = entry
+                entries[digest] = (end, array("I", tokens[:n]), tuple(chain[:n // bs]))
             except ValueError:  # larger than the tenant's whole share: not stored
                 pass
         return PrefixChains(key.kid, tuple(chain))
