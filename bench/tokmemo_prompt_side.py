@@ -15,6 +15,10 @@ gateway/admission_front.py and gateway/pipeline.py call them. Variants: ``<tree>
 ``miss-only`` is an adversarial stream: every prompt a fresh text (its first word unique), so nothing
 repeats and the memo only costs. Reported: median and min/max over rounds of CPU µs per request, the
 memo's hit fraction of tokens. A benchmark, not a test (shared machine: the spread is in the table).
+
+The memo was measured and not landed (bench/results/tokmemo-s21-summary.md): the ``memo`` variants need a
+tree of branch ``s21-tokmemo`` at commit 5f9bd9f (``git archive 5f9bd9f | tar -x -C /tmp/memo-tree``); the
+``plain`` variants run on any tree. ``TOKMEMO_BYTES`` sets the memo's bytes per tenant (default 1 MiB).
 """
 
 from __future__ import annotations

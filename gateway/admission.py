@@ -22,7 +22,6 @@ from policy.decision import Decision
 from tenancy.bounds import RequestBounds, request_bounds
 from tenancy.ledger import InProcessLedger, Reservation, Settlement, charge_for
 from tenancy.limits import ConcurrencyLimited, Lease, RateLimited, TenantLimiter
-from tenancy.prompt_memo import PromptMemo
 from tenancy.prompt_room import PromptRoom, min_tokens
 from tenancy.registry import Tenant, TenantRegistry
 from tenancy.shared import SharedLimits, StateUnavailable
@@ -45,9 +44,8 @@ class Admission:
     :class:`InProcessLedger` (memory) or the Redis failover ones
     (:func:`~tenancy.shared.make_limits` with ``failover=True``, as :func:`gateway.build.build` makes them).
     ``registry`` is replaced by :meth:`replace_registry` on an operator's
-    reload; everything else is fixed at build time (``prompt_memo``: tenancy/prompt_memo.py, or None).
+    reload; everything else is fixed at build time.
     """
-    prompt_memo: PromptMemo | None = None  # set by gateway/build.py (session 21)
 
     def __init__(self, registry: TenantRegistry, limits: SharedLimits, tokenizer: Tokenizer,
                  served_models: Iterable[str], metrics: GatewayMetrics, *,
@@ -198,8 +196,8 @@ class Admission:
             return None if tenant.prompt_tokens_per_s is None else led.prompt_room(tenant)
         return led.prompt_room(tenant, lease)
 
-    def prompt_tokens(self, bounds: RequestBounds, req: InferenceRequest, room: PromptRoom | None = None,
-                      encode: Callable[[str, int | None], list[int]] | None = None) -> tuple[list[int], int]:
+    def prompt_tokens(self, bounds: RequestBounds, req: InferenceRequest,
+                      room: PromptRoom | None = None) -> tuple[list[int], int]:
         """Size-check and tokenize each sequence of ``req``; return (tokens to hash, total prompt tokens).
 
         Cheapest first: each sequence's UTF-8 size (with the chat request's
@@ -214,7 +212,7 @@ class Admission:
         ``token_rate_limited`` with ``Retry-After``. So the work is
         O(min(max_prompt_tokens, room.cap)) tokens, and an admitted count is
         exact. The tokens to hash are the prompt's own (``extra_text`` is
-        counted, never hashed). Sets ``req.longest_prompt_tokens`` (fixq-2). ``encode``: the prompts' (same ids).
+        counted, never hashed). Sets ``req.longest_prompt_tokens`` (fixq-2).
         """
         limit, max_bytes = bounds.max_prompt_tokens, bounds.max_prompt_bytes
         if max_bytes is not None:
@@ -228,7 +226,7 @@ class Admission:
             lim = limit
             if room is not None:
                 lim = room.cap - total if limit is None else min(limit, room.cap - total)
-            ids = (encode or self.tokenizer.encode)(text, lim)
+            ids = self.tokenizer.encode(text, lim)
             n = len(ids)
             if i == 0 and req.extra_text:
                 n += len(self.tokenizer.encode(req.extra_text, None if lim is None else max(0, lim - n)))
@@ -370,7 +368,9 @@ class SlotClaim:
     __slots__ = ("_adm", "tenant", "lease")
 
     def __init__(self, admission: Admission, tenant: Tenant, lease: Lease | SharedLease) -> None:
-        self._adm, self.tenant, self.lease = admission, tenant, lease
+        self._adm = admission
+        self.tenant = tenant
+        self.lease = lease
 
     @property
     def local(self) -> bool:

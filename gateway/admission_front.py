@@ -21,7 +21,6 @@ the same fields (session 20, S19-T4-1): the pipeline's 500 ``internal_error`` re
 from __future__ import annotations
 
 import time
-from functools import partial
 
 from gateway.admission import Admission
 from gateway.config_http import LimitsConfig
@@ -71,9 +70,7 @@ def parse_and_count(adm: Admission, raw: bytes, endpoint: Endpoint, limits: Limi
         t_parsed = time.perf_counter()
         # = adm.prompt_room(tenant, lease): the in-process ledger's None for a tenant without a prompt-token limit
         room = None if adm.local and tenant.prompt_tokens_per_s is None else adm.prompt_room(tenant, lease)
-        memo = adm.prompt_memo  # session 21: the tenant's memo of its prompts' leading text (tenancy/prompt_memo.py)
-        encode = None if memo is None else partial(memo.encode, tenant.id)
-        tokens, prompt_tokens = adm.prompt_tokens(bounds, req, room, encode)
+        tokens, prompt_tokens = adm.prompt_tokens(bounds, req, room)
     except GatewayError as err:
         err.record = {"stream": req.stream, "sequences": seqs, "model": model, "t_parsed": t_parsed, **err.record}
         raise

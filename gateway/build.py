@@ -298,8 +298,8 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
                           default_max_prompt_tokens=config.limits.max_prompt_tokens,
                           max_output_tokens=config.limits.max_output_tokens)
     rc = config.routing
-    keys = PrefixKeys.from_config(keyring, tokenizer, rc, config.tenancy)  # with the prompt memo (session 21)
-    admission.prompt_memo = keys.memo
+    keys = PrefixKeys(keyring, block_size=rc.block_size, max_prefix_blocks=rc.max_prefix_blocks,
+                      forward_user=config.tenancy.forward_user)
     # identity
     ic = config.identity
     bundles = TrustBundleStore()

@@ -10,17 +10,6 @@ from pydantic import Field, field_validator
 from gateway.config_base import ConfigError, ConfigSection
 
 
-class PromptMemoConfig(ConfigSection):
-    """``tenancy.prompt_memo``: the per-tenant memo of prompts' leading text (tenancy/prompt_memo.py,
-    docs/tenancy.md "Prompt memo"). ``bytes_per_tenant``: bytes of entries one tenant may hold (0: off);
-    ``entries_per_tenant``: entries one tenant may hold; ``tenants``: tenants with entries at once (least
-    recently used dropped). At most ``tenants x bytes_per_tenant`` bytes in all."""
-
-    bytes_per_tenant: int = Field(1 << 20, ge=0)
-    entries_per_tenant: int = Field(2048, ge=1)
-    tenants: int = Field(128, ge=1)
-
-
 class TenancyConfig(ConfigSection):
     """Tenants and their key material source (never the secret itself).
 
@@ -48,8 +37,6 @@ class TenancyConfig(ConfigSection):
     operators: list[str] = Field(default_factory=list)
     #: weight of each tier in the gateway's fair release (tenancy/tiers.py; unlisted: 1)
     tier_weights: dict[str, float] = Field(default_factory=dict)
-    #: the prompt memo's bounds (session 21)
-    prompt_memo: PromptMemoConfig = Field(default_factory=PromptMemoConfig)
 
     @field_validator("tier_weights")
     @classmethod

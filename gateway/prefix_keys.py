@@ -9,14 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.config_routing import RoutingConfig
-from gateway.config_tenancy import TenancyConfig
 from gateway.identity import WorkloadIdentity
 from tenancy.keys import KeyRing, PrefixChains
 from tenancy.prefix import hmac_sha256
-from tenancy.prompt_memo import MemoIds, PromptMemo
 from tenancy.registry import Tenant
-from tenancy.tokenizer import Tokenizer
 
 __all__ = ["ChainView", "PrefixKeys"]
 
@@ -44,39 +40,20 @@ class PrefixKeys:
     """The prefix-keys step over the key ring.
 
     ``block_size`` and ``max_prefix_blocks`` come from ``routing``;
-    ``forward_user`` is the ``tenancy`` default of a tenant's ``forward_user``;
-    ``memo``: the prompt memo (:mod:`tenancy.prompt_memo`, same block size and cap) whose
-    :class:`~tenancy.prompt_memo.MemoIds` :meth:`prefix_chains` resumes, or None.
+    ``forward_user`` is the ``tenancy`` default of a tenant's ``forward_user``.
     """
 
     def __init__(self, keyring: KeyRing, *, block_size: int, max_prefix_blocks: int,
-                 forward_user: str | None, memo: PromptMemo | None = None) -> None:
+                 forward_user: str | None) -> None:
         self.keyring = keyring
-        self.memo = memo
         self.block_size = block_size
         self.max_prefix_blocks = max_prefix_blocks
         self.forward_user = forward_user
 
-    @classmethod
-    def from_config(cls, keyring: KeyRing, tokenizer: Tokenizer, routing: RoutingConfig,
-                    tenancy: TenancyConfig) -> PrefixKeys:
-        """The step for ``routing`` (block size, prefix cap) and ``tenancy`` (``forward_user``, ``prompt_memo``:
-        a :class:`~tenancy.prompt_memo.PromptMemo` over ``keyring`` and ``tokenizer`` unless off)."""
-        pm = tenancy.prompt_memo
-        memo = PromptMemo(keyring, tokenizer, block_size=routing.block_size, max_prefix_blocks=routing.max_prefix_blocks,
-                          bytes_per_tenant=pm.bytes_per_tenant, entries_per_tenant=pm.entries_per_tenant,
-                          tenants=pm.tenants)
-        return cls(keyring, block_size=routing.block_size, max_prefix_blocks=routing.max_prefix_blocks,
-                   forward_user=tenancy.forward_user, memo=memo if memo.enabled else None)
-
     def prefix_chains(self, tenant: Tenant, tokens: Sequence[int]) -> ChainView:
-        """The tenant-keyed HMAC block-hash chains of ``tokens`` (current + grace versions); token ids of
-        the prompt memo's :meth:`~tenancy.prompt_memo.PromptMemo.encode` resume its hit chain (same chains)."""
-        chains = None
-        if type(tokens) is MemoIds and self.memo is not None:  # session 21: only the blocks after the memo's hit
-            chains = self.memo.chains(tenant.id, tokens)
-        if chains is None:  # at most max_prefix_blocks blocks: = tokens[:max_prefix_blocks * block_size], no copy
-            chains = self.keyring.prefix_chain(tenant.id, tokens, self.block_size, max_blocks=self.max_prefix_blocks)
+        """The tenant-keyed HMAC block-hash chains of ``tokens`` (current + grace versions)."""
+        # at most max_prefix_blocks blocks: = tokens[:max_prefix_blocks * block_size], without the copy
+        chains = self.keyring.prefix_chain(tenant.id, tokens, self.block_size, max_blocks=self.max_prefix_blocks)
         if chains.previous:  # a rotation in grace
             return ChainView(chains)
         view = _new_view(ChainView)  # = ChainView(chains) without a grace chain, without its __init__ call (s18)

@@ -67,22 +67,13 @@ def block_hash_chain(
     key_id: str = "",
     digest_size: int = DEFAULT_DIGEST_SIZE,
     max_blocks: int | None = None,
-    first_block: int = 0,
-    seed: bytes | None = None,
 ) -> list[bytes]:
     """Return the keyed hash chain ``[h_1 … h_n]`` of the full blocks of ``tokens``.
 
     ``key`` is the tenant's secret prefix key (bytes, at least 16),
     ``block_size`` is in tokens, ``key_id`` is mixed into the seed so chains
     of different key versions never collide, ``max_blocks`` bounds the work
-    for very long prompts.
-
-    Resuming (session 21, :mod:`tenancy.prompt_memo`): with ``first_block``
-    ``b`` and ``seed`` ``h_b`` (the chain's digest of block ``b``, 1-based;
-    ``None`` for ``b`` 0) it returns ``[h_{b+1} ...]``, the rest of the same
-    chain (``max_blocks`` still counts from block 1): ``h_i`` depends only on
-    ``h_{i-1}`` and block ``i``, so a chain resumed from its own digest is
-    byte-identical to the whole one's tail. Raises :class:`ValueError` for a short key, a
+    for very long prompts. Raises :class:`ValueError` for a short key, a
     non-positive block size or a digest size outside 8..32 bytes, and
     :class:`struct.error` for a token id outside 0..2**32-1.
     """
@@ -95,18 +86,16 @@ def block_hash_chain(
     n = len(tokens) // block_size
     if max_blocks is not None:
         n = min(n, max_blocks)
-    n -= first_block
     if n <= 0:
         return []
     # all ids packed by one C call, then sliced per block (session 3: no per-block pack)
     width = 4 * block_size
-    skip = first_block * block_size
-    packed = struct.pack(f">{n * block_size}I", *tokens[skip: skip + n * block_size])
+    packed = struct.pack(f">{n * block_size}I", *tokens[: n * block_size])
     # HMAC-SHA256 (RFC 2104) from two SHA-256 states prepared once per call: each block costs two
     # state copies and digests, ~2x faster than copying an ``hmac.HMAC`` (OpenSSL context) per
     # block; byte-identical to ``hmac.new(key, msg, sha256)`` (tests/tenancy/test_s3_prefix_chain_fast.py)
     inner, outer = _pads.get(key) or _pad_states(key)  # a memo hit without the call (s18)
-    prev = _DOMAIN + key_id.encode("utf-8") if seed is None else seed
+    prev = _DOMAIN + key_id.encode("utf-8")
     out: list[bytes] = []
     append = out.append
     for start in range(0, n * width, width):
