@@ -23,7 +23,6 @@ tree of branch ``s21-tokmemo`` at commit 5f9bd9f (``git archive 5f9bd9f | tar -x
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -31,7 +30,10 @@ import subprocess
 import sys
 import time
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
+
+import click
 
 PY = sys.executable
 WORKLOADS = ("mooncake", "azure-conv+sys", "azure-code+sys", "servegen", "miss-only")
@@ -54,7 +56,7 @@ def _rows(workload: str, rows: int) -> tuple[list[str], list[str]]:
     return [build_prompt(r) for r in reqs], list(tenants)
 
 
-def worker(workload: str, rows: int, memo: bool, cut: int | None) -> dict[str, Any]:
+def _measure(workload: str, rows: int, memo: bool, cut: int | None) -> dict[str, Any]:
     """One measurement in this process (its tree on ``PYTHONPATH``)."""
     from gateway.config_routing import RoutingConfig
     from gateway.prefix_keys import PrefixKeys
@@ -93,20 +95,23 @@ def worker(workload: str, rows: int, memo: bool, cut: int | None) -> dict[str, A
     return got
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", nargs=4, metavar=("WORKLOAD", "ROWS", "MEMO", "CUT"))
-    ap.add_argument("--trees", default="base=/tmp/s21-base,this=/work/wt-tokmemo,aa=/tmp/s21-aa-tokmemo")
-    ap.add_argument("--variants", default="base:plain,this:plain,this:memo,aa:memo")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--rows", type=int, default=2000)
-    ap.add_argument("--cut", type=int, default=0, help="override CUT_CHARS (0: the module's)")
-    ap.add_argument("--out", default="")
-    a = ap.parse_args()
+@click.command()
+@click.option("--worker", nargs=4, type=str, default=None, help="WORKLOAD ROWS MEMO CUT (a child's measurement)")
+@click.option("--trees", default="base=/tmp/s21-base,this=/work/wt-tokmemo,aa=/tmp/s21-aa-tokmemo")
+@click.option("--variants", default="base:plain,this:plain,this:memo,aa:memo")
+@click.option("--workloads", default=",".join(WORKLOADS))
+@click.option("--rounds", type=int, default=5)
+@click.option("--rows", type=int, default=2000)
+@click.option("--cut", type=int, default=0, help="override CUT_CHARS (0: the module's)")
+@click.option("--out", default="")
+def main(worker: tuple[str, str, str, str] | None, trees: str, variants: str, workloads: str, rounds: int, rows: int,
+         cut: int, out: str) -> None:
+    """Run the rounds (or, with --worker, one measurement) and print the table."""
+    a = SimpleNamespace(worker=worker, trees=trees, variants=variants, workloads=workloads, rounds=rounds, rows=rows,
+                      cut=cut, out=out)
     if a.worker:
-        w, rows, memo, cut = a.worker
-        print(json.dumps(worker(w, int(rows), memo == "1", int(cut) or None)))
+        w, n, memo, c = a.worker
+        print(json.dumps(_measure(w, int(n), memo == "1", int(c) or None)))
         return
     trees = dict(kv.split("=", 1) for kv in a.trees.split(","))
     variants = a.variants.split(",")
