@@ -151,6 +151,9 @@ async def run(args: SimpleNamespace, log: Any = print) -> dict[str, Any]:
     plain = {"Content-Type": "application/json"}
     auth = {**plain, **dict(stack.headers_for(["tenant-a"])("tenant-a"))}
     trees = {"prefixgate": REPO, "baseline": args.baseline, "aa": args.aa}
+    for item in args.tree:  # NAME=DIR: more source trees (e.g. a variant with one part stubbed: its ceiling)
+        name, _, tree = item.partition("=")
+        trees[name] = Path(tree)
     names = [n for n in args.targets.split(",") if n not in trees or trees[n] is not None]
     live: dict[str, tuple[Any, str]] = {}
     rows: dict[str, dict[int, list[dict[str, Any]]]] = {n: {e: [] for e in events} for n in names}
@@ -323,6 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--targets", default="prefixgate,baseline,aa,smg,passthrough")
     ap.option("--baseline", type=click.Path(path_type=Path), default=None, help="source tree of target 'baseline'")
     ap.option("--aa", type=click.Path(path_type=Path), default=None, help="source tree of target 'aa' (a copy of this)")
+    ap.option("--tree", multiple=True, default=[], metavar="NAME=DIR",
+              help="another `prefixgate serve` target NAME from source tree DIR (repeatable; name it in --targets)")
     ap.option("--profile", type=int, default=0, help="also profile this tree at this many events (0: no profile)")
     ap.option("--keep-workdir", is_flag=True)
     ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
