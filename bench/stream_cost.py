@@ -18,7 +18,8 @@ router) and ``passthrough`` (:func:`bench.overhead.passthrough_app`: the same se
 each upstream chunk with a plain Starlette ``StreamingResponse``: the floor of that stack).
 Per round, per N, per target (order rotated each round, reversed every other N): ``--requests``
 sequential streamed requests on one keep-alive connection after 10 warm-up ones, the process's CPU
-(psutil user + system, the gateway's main process; ``+ children``: with the audit worker) read
+(the scheduler's ns count of every thread of the main process; ``loop thread``: its main thread alone;
+``+ children``: with the audit worker) read
 around them. Figures: the median over rounds of CPU µs per request, and the **per-event** CPU, the
 least-squares slope of CPU per request over N (µs per event).
 
@@ -62,11 +63,12 @@ class _Cpu:
     nanosecond count (``/proc/PID/task/TID/schedstat``, first field: time on a CPU; Linux): psutil's
     ``cpu_times`` counts 10 ms clock ticks, too coarse for a hundred requests of a few hundred µs."""
 
-    def __init__(self, pid: int, children: bool = True) -> None:
+    def __init__(self, pid: int, children: bool = True, main_thread: bool = False) -> None:
         import psutil
 
         self.proc = psutil.Process(pid)
         self.children = children
+        self.main_thread = main_thread  # the event loop's thread only (not OPA's Go threads, the tokenizer's)
 
     def seconds(self) -> float:
         """The CPU seconds so far (a process that ended since counts 0)."""
@@ -81,7 +83,7 @@ class _Cpu:
         total = 0
         for pid in pids:
             try:
-                tids = os.listdir(f"/proc/{pid}/task")
+                tids = [str(pid)] if self.main_thread else os.listdir(f"/proc/{pid}/task")
             except OSError:
                 continue
             for tid in tids:
@@ -166,7 +168,8 @@ async def run(args: SimpleNamespace, log: Any = print) -> dict[str, Any]:
                 live[name] = await _start_passthrough(direct, paths)
             else:
                 live[name] = await _start_slot(name, trees[name], _second_config(cfg, paths, name), paths)
-        cpus = {n: (_Cpu(p.pid, children=False), _Cpu(p.pid)) for n, (p, _) in live.items()}
+        cpus = {n: (_Cpu(p.pid, children=False), _Cpu(p.pid), _Cpu(p.pid, children=False, main_thread=True))
+                for n, (p, _) in live.items()}
         every = [c[1] for c in cpus.values()]
         for name in names:
             for ev in events:
@@ -182,6 +185,7 @@ async def run(args: SimpleNamespace, log: Any = print) -> dict[str, Any]:
                                                           auth if name in trees else plain, args.requests,
                                                           StreamBodies(ev), cpus[name])
                     rows[name][ev].append({"cpu_us": round(used[0], 1), "cpu_all_us": round(used[1], 1),
+                                           "cpu_loop_us": round(used[2], 1),
                                            "p50_ms": round(statistics.median(lat), 3) if lat else None,
                                            "errors": err})
             log(f"round {rnd + 1}/{args.rounds}: " + "; ".join(
@@ -211,10 +215,14 @@ def summarize(rows: Mapping[str, Mapping[int, list[dict[str, Any]]]], events: Se
     for name, by_ev in rows.items():
         med = {e: statistics.median(r["cpu_us"] for r in by_ev[e]) for e in events}
         med_all = {e: statistics.median(r["cpu_all_us"] for r in by_ev[e]) for e in events}
+        med_loop = {e: statistics.median(r["cpu_loop_us"] for r in by_ev[e]) for e in events}
         spread = {e: (min(r["cpu_us"] for r in by_ev[e]), max(r["cpu_us"] for r in by_ev[e])) for e in events}
         rounds = len(next(iter(by_ev.values())))
         per_round = [round(slope(events, [by_ev[e][i]["cpu_us"] for e in events]), 2) for i in range(rounds)]
-        out[name] = {"cpu_us": med, "cpu_all_us": med_all, "spread": spread,
+        loop_rounds = [round(slope(events, [by_ev[e][i]["cpu_loop_us"] for e in events]), 2) for i in range(rounds)]
+        out[name] = {"cpu_us": med, "cpu_all_us": med_all, "cpu_loop_us": med_loop, "spread": spread,
+                     "per_event_loop_us": round(slope(events, [med_loop[e] for e in events]), 2) if len(events) > 1
+                     else None, "per_event_loop_rounds": loop_rounds if len(events) > 1 else [],
                      "per_event_us": round(slope(events, [med[e] for e in events]), 2) if len(events) > 1 else None,
                      "per_event_rounds": per_round if len(events) > 1 else [],
                      "p50_ms": {e: statistics.median(r["p50_ms"] for r in by_ev[e]) for e in events},
@@ -292,13 +300,17 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
              "", f"{a['rounds']} rounds x {a['requests']} sequential requests per target and N; one replica, "
              f"N events of 16 tokens (the first: 1), {a['gap_ms']} ms apart; Python {doc['python']}, {doc['cpus']} CPUs "
              f"shared; load average at the end {doc['loadavg_end'][0]:.1f}. CPU: the target's main process (psutil), "
-             "median over rounds (min-max of rounds); `+children`: with the audit worker.", "",
+             "median over rounds (min-max of rounds); `loop thread`: its main thread alone (the event loop: no Go "
+             "runtime or tokenizer threads); `+children`: with the audit worker.", "",
              "| target | " + " | ".join(f"CPU µs/req, {e} ev" for e in events) + " | per event µs (rounds) | "
+             + " | ".join(f"loop thread {e} ev" for e in events) + " | loop thread per event µs (rounds) | "
              + " | ".join(f"+children {e} ev" for e in events) + " | p50 ms " + "/".join(map(str, events)) + " | errors |",
-             "|---|" + "---:|" * (2 * len(events) + 3)]
+             "|---|" + "---:|" * (3 * len(events) + 4)]
     for name, r in s.items():
         cells = [f"{r['cpu_us'][e]:.0f} ({r['spread'][e][0]:.0f}-{r['spread'][e][1]:.0f})" for e in events]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['per_event_us']} ({', '.join(map(str, r['per_event_rounds']))}) | "
+                     + " | ".join(f"{r['cpu_loop_us'][e]:.0f}" for e in events)
+                     + f" | {r['per_event_loop_us']} ({', '.join(map(str, r['per_event_loop_rounds']))}) | "
                      + " | ".join(f"{r['cpu_all_us'][e]:.0f}" for e in events) + " | "
                      + "/".join(f"{r['p50_ms'][e]:.2f}" for e in events) + f" | {r['errors']} |")
     p = doc.get("profile")

@@ -125,12 +125,19 @@ class SseScanner:
         if (self._started and not self._buf and not self._cr_end and not self._data and type(chunk) is bytes
                 and b"\r" not in chunk):
             shape = self._shape
-            if shape is not None:  # session 21: one whole delta event of the learnt shape: no parse
-                n = shape.output_tokens(chunk)
-                if n is not None and not (self.drop_cached and may_name_cached(chunk)):
-                    self.events += 1
-                    self.output_tokens += n
-                    return chunk
+            if shape is not None and not (self.drop_cached and may_name_cached(chunk)):
+                events, tokens, read = shape.read(chunk)  # session 21: delta events of the learnt shape, unparsed
+                if read:
+                    self.events += events
+                    self.output_tokens += tokens
+                    if read == len(chunk):
+                        return chunk
+                    try:
+                        return chunk[:read] + self._feed_lf(chunk[read:])
+                    except SseProtocolError as exc:  # as if the whole read had been parsed: its events
+                        exc.forward = chunk[:read] + exc.forward  # before the bad one forwarded, and it buffered
+                        self._buf[:0] = chunk[:read]
+                        raise
             return self._feed_lf(chunk)  # the common case: whole LF-only events (session 9)
         return self._feed_general(chunk)
 

@@ -9,7 +9,7 @@ the gateway that scan was ~20 % of a streamed event's CPU (bench/results/stream-
 
 :func:`learn_shape` takes one parsed event and splits its data as ``head + text + tail`` where ``text``
 is the JSON string token of the varying field (``choices[0].text`` or ``choices[0].delta.content``);
-:meth:`EventShape.output_tokens` then reads a chunk that is exactly ``data: head STRING tail\\n\\n``
+:meth:`EventShape.read` then reads the events ``data: head STRING tail\\n\\n`` at the start of a read
 with ``STRING`` a JSON string token without escapes, control bytes or invalid UTF-8: such an event
 parses to the learnt object with only that string changed (JSON's grammar: one string token replaced
 by another), so the scan's outcome is known without the parse: a JSON object, no ``error``, the same
@@ -52,22 +52,36 @@ class EventShape:
     tail: bytes
     counts: tuple[int, int]
 
-    def output_tokens(self, chunk: bytes) -> int | None:
-        """The output tokens of ``chunk`` (one whole event, bytes) when it has this shape (module doc), the
-        count the scanner's parse would give; None when it has not (parse it)."""
-        head, tail = self.head, self.tail
-        if not (chunk.startswith(head) and chunk.endswith(tail)):
-            return None
-        start, end = len(head), len(chunk) - len(tail)
-        if end - start < 2 or _PLAIN_STRING.fullmatch(chunk, start, end) is None:
-            return None
-        text = chunk[start + 1:end - 1]
-        if not text.isascii():
-            try:
-                text.decode()  # json.loads reads UTF-8 (with surrogatepass): strict UTF-8 is a subset
-            except UnicodeDecodeError:
-                return None
-        return self.counts[end - start > 2]
+    def read(self, chunk: bytes) -> tuple[int, int, int]:
+        """Read the whole events of this shape at the start of ``chunk`` (bytes, LF line ends), up to the
+        first that has not this shape (module doc) or is not whole: ``(events, output tokens, bytes read)``,
+        the counts the scanner's parse would give for ``chunk[:bytes read]``; ``(0, 0, 0)`` when the first
+        event is not one of them (parse it). An event of this shape is one ``data`` line: it ends at the first
+        blank line after its start."""
+        head, tail, counts = self.head, self.tail, self.counts
+        h, t = len(head), len(tail)
+        pos = events = tokens = 0
+        size = len(chunk)
+        while pos < size:
+            end = chunk.find(_END, pos) + 2
+            if end < 2 or not (chunk.startswith(head, pos) and chunk.endswith(tail, pos, end)):
+                break
+            start, stop = pos + h, end - t
+            if stop - start < 2 or _PLAIN_STRING.fullmatch(chunk, start, stop) is None:
+                break
+            if stop - start > 2:
+                text = chunk[start + 1:stop - 1]
+                if not text.isascii():
+                    try:
+                        text.decode()  # json.loads reads UTF-8 (with surrogatepass): strict UTF-8 is a subset
+                    except UnicodeDecodeError:
+                        break
+                tokens += counts[1]
+            else:
+                tokens += counts[0]
+            events += 1
+            pos = end
+        return events, tokens, pos
 
 
 def learn_shape(payload: bytes, obj: dict[str, Any], has_output: Callable[[Any], bool]) -> EventShape | None:
@@ -79,8 +93,8 @@ def learn_shape(payload: bytes, obj: dict[str, Any], has_output: Callable[[Any],
     choices = obj.get("choices")
     if type(choices) is not list or len(choices) != 1 or type(choices[0]) is not dict or "error" in obj:
         return None
-    if isinstance(obj.get("usage"), dict) or b"\\" in payload:
-        return None
+    if isinstance(obj.get("usage"), dict) or b"\\" in payload or b"\n" in payload or b"\r" in payload:
+        return None  # an escape in the envelope; data of several lines (an event of this shape is one line)
     choice = choices[0]
     holder: dict[str, Any] = choice
     key = "text"
