@@ -92,9 +92,10 @@ class SseScanner:
     and ``output_tokens`` the output relayed (estimate: one per choice with
     non-empty ``text``, ``delta.content``, ``delta.reasoning_content`` or
     ``delta.tool_calls`` per forwarded event). ``shapes``: from its second data event on, learn the
-    stream's delta-event shape and read a read of exactly one such event without a JSON parse
-    (:mod:`gateway.sse_shape`, session 21: same forwarded bytes, counts, usage and errors; False:
-    every event is parsed, the reference the tests compare with).
+    stream's delta-event shape and read the whole events of that shape at the start of a read without a
+    JSON parse (:mod:`gateway.sse_shape`, session 21: same forwarded bytes, state, counts, usage and
+    errors; a read naming ``cached_tokens`` or holding ``\\u`` is parsed as before for ``drop_cached``;
+    False: every event is parsed, the reference tests/gateway/test_s21_sse_shape.py compares with).
     """
 
     keep_usage_chunk: bool = True
