@@ -15,7 +15,9 @@ A/A copy of this) for ``--rounds`` rounds:
   tree calls it there) and after the last part (the tree's late observation if any, ``finish()``, the
   calibration's flush, as ``_after_answer`` runs them), timed per request with the cost of the clock
   reads (an empty pair) subtracted (A15-2);
-* ``sse4``: a ``drop`` tenant's stream read of four delta events (``SseScanner.feed``) (S15-3).
+* ``sse4``: a ``drop`` tenant's stream read of four delta events (``SseScanner.feed``) (S15-3);
+* ``sse1``: one read of one 16-token delta event, the stream past its second event; ``sse_stream``: a whole
+  32-event stream as the simulated replicas send it (one read per event, fresh scanner), per event (session 21).
 Medians and per-round differences: ``bench/results/<name>.{json,md}``.
 """
 
@@ -111,10 +113,29 @@ sc = SseScanner(keep_usage_chunk=False, drop_cached=True)
 sc.feed(DELTA)
 assert sc.feed(READ) == READ
 res["sse4"] = best(lambda: sc.feed(READ), N)
+
+# session 21: a whole 32-event stream as the simulated replicas send it (16-token deltas, one read each, the
+# gateway's usage event dropped), on a fresh scanner per stream: µs per event
+HEAD = '{"id":"cmpl-0123456789abcdef01234567","object":"text_completion","created":1764763200,"model":"sim-model","choices":[{"index":0,"text":"'
+def ev(text, finish="null"):
+    return ('data: ' + HEAD + text + '","logprobs":null,"finish_reason":' + finish + '}],"usage":null}\n\n').encode()
+STREAM = [ev(" w0")] + [ev("".join(f" w{i}x{j}" for j in range(16))) for i in range(30)] + [ev(" end" * 16, '"length"'),
+          b'data: {"id":"cmpl-0123456789abcdef01234567","object":"text_completion","created":1764763200,"model":"sim-model","choices":[],"usage":{"prompt_tokens":64,"completion_tokens":497,"total_tokens":561}}\n\ndata: [DONE]\n\n']
+def stream():
+    s = SseScanner(keep_usage_chunk=False, drop_cached=True)
+    for c in STREAM:
+        s.feed(c)
+    s.finish()
+    assert s.output_tokens == 32 and s.events == 33, (s.output_tokens, s.events)
+res["sse_stream"] = best(stream, max(1, N // 32)) / 32
+sc1 = SseScanner(keep_usage_chunk=False, drop_cached=True)
+for c in STREAM[:3]:
+    sc1.feed(c)
+res["sse1"] = best(lambda: sc1.feed(STREAM[5]), N)
 print(json.dumps(res))
 '''
 
-FIGURES = ("cut_spaced", "cut_compact", "fb_path", "fb_tail", "sse4")
+FIGURES = ("cut_spaced", "cut_compact", "fb_path", "fb_tail", "sse4", "sse1", "sse_stream")
 
 
 def one(tree: Path, n: int) -> dict[str, float]:

@@ -2,7 +2,8 @@
 
 ``python -m bench.replay_profile [--cell "time scale 20"] [--rows 300] [--no-profile]``: one
 ``sim.grid`` cell's replicas and gateway configuration (PrefixGate, ``cache_aware``, calibrated
-default), the first ROWS Mooncake rows replayed once (streaming) through a gateway run by
+default), the first ROWS Mooncake rows (``--workload NAME [--load X]``: the rows of another workload as
+``sim.grid --workload`` replays them, session 21) replayed once (streaming) through a gateway run by
 ``bench.overhead --profiled-gateway`` (cProfile, thread CPU clock, switched on around the replay
 only). Prints: the gateway process's CPU per request and its share of one core, the client-side
 vs replica-side mean TTFT (the wall ms the gateway adds, as ``bench.ttft_split``), the audit
@@ -34,7 +35,8 @@ from bench.ttft_split import ttft_sums
 from sim.bounds import tenant_names
 from sim.click_options import ClickOptions
 from sim.demo import DemoPaths, bearer_headers, gateway_config, prepare_identity, run_target, start_cluster_proc
-from sim.grid import CELLS, start_smg_router
+from sim.grid import CELLS, start_smg_router, workload_rows
+from sim.workloads import WORKLOADS
 from sim.procs import free_port, stop_process
 from sim.replay import ReplayConfig
 from sim.trace import DEFAULT_TRACE_PATH, assign_tenants, load_mooncake
@@ -47,13 +49,21 @@ async def run(args: SimpleNamespace) -> str:
     paths = DemoPaths.under(work)
     issuer = prepare_identity(paths)
     spec = cell.spec(6)
-    reqs = load_mooncake(DEFAULT_TRACE_PATH, args.rows)
-    names = tenant_names(cell.tenants)
-    tenants = assign_tenants(reqs, names, 0)
+    if args.workload == "mooncake":
+        reqs = load_mooncake(DEFAULT_TRACE_PATH, args.rows)
+        names = tenant_names(cell.tenants)
+        tenants = assign_tenants(reqs, names, 0)
+    else:  # session 21: the live grid's other workloads, rows and tenants exactly as sim.grid replays them
+        reqs, own = workload_rows(SimpleNamespace(workload=args.workload, load=args.load, seed=0, rows=args.rows,
+                                                  replicas=6, trace=DEFAULT_TRACE_PATH))
+        names = sorted(set(own)) if own else tenant_names(cell.tenants)
+        tenants = own or assign_tenants(reqs, names, 0)
     cluster, replicas = await start_cluster_proc(spec, paths)
     urls = [r["url"] for r in replicas]
     out = work / "gateway.prof"
-    lines: list[str] = [f"{args.router}{' from ' + str(args.tree) if args.tree else ''}: cell {cell.name!r}, {args.rows} rows, profile {'off' if args.no_profile else 'on'}"]
+    lines: list[str] = [f"{args.router}{' from ' + str(args.tree) if args.tree else ''}: cell {cell.name!r}, "
+                        f"workload {args.workload}{'' if args.workload == 'mooncake' else f' at load {args.load:g}'}, "
+                        f"{args.rows} rows, profile {'off' if args.no_profile else 'on'}"]
     try:
         gcfg = gateway_config("cache_aware", replicas, names, paths, listen_port=free_port(), admin_port=free_port(),
                               block_size=spec.block_size, index_capacity_blocks=spec.capacity_blocks)
@@ -278,6 +288,9 @@ def main() -> None:
     ap.option("--cell", default="time scale 20")
     ap.option("--rows", type=int, default=300)
     ap.option("--no-profile", is_flag=True)
+    ap.option("--workload", type=click.Choice(("mooncake", *WORKLOADS)), default="mooncake",
+              help="rows to replay, as `python -m sim.grid --workload` (session 21; default: the Mooncake trace)")
+    ap.option("--load", type=float, default=0.7, help="load level of a non-Mooncake workload (sim.workloads)")
     ap.option("--name", default="ts20")
     ap.option("--router", type=click.Choice(("prefixgate", "smg")), default="prefixgate")
     ap.option("--tree", type=click.Path(path_type=Path), default=None,

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import json_fast
+from gateway.sse_shape import EventShape, learn_shape
 from gateway.usage_privacy import event_for_drop, may_name_cached
 
 __all__ = ["DONE", "SseProtocolError", "SseScanner", "error_event"]
@@ -58,6 +59,8 @@ _BOM = b"\xef\xbb\xbf"
 #: the fields a client may use besides ``data`` (WHATWG §9.2.6); any other field line is not forwarded
 _PLAIN_FIELDS = frozenset((b"event", b"id", b"retry"))
 _CACHED = b"cached"  # any case: a line is lowered first (RV2-1)
+#: delta-event shapes one stream may learn (a stream whose events never match stops trying; session 21)
+_MAX_LEARNS = 3
 _ESCAPE = b"\\u"  # a JSON escape: the line's bytes need not spell its keys (RV2-1)
 
 
@@ -88,7 +91,11 @@ class SseScanner:
     ``done`` whether ``[DONE]`` arrived, ``events`` the count of data events
     and ``output_tokens`` the output relayed (estimate: one per choice with
     non-empty ``text``, ``delta.content``, ``delta.reasoning_content`` or
-    ``delta.tool_calls`` per forwarded event).
+    ``delta.tool_calls`` per forwarded event). ``shapes``: from its second data event on, learn the
+    stream's delta-event shape and read the whole events of that shape at the start of a read without a
+    JSON parse (:mod:`gateway.sse_shape`, session 21: same forwarded bytes, state, counts, usage and
+    errors; a read naming ``cached_tokens`` or holding ``\\u`` is parsed as before for ``drop_cached``;
+    False: every event is parsed, the reference tests/gateway/test_s21_sse_shape.py compares with).
     """
 
     keep_usage_chunk: bool = True
@@ -107,6 +114,9 @@ class SseScanner:
     _special: bool = False  # the current event holds a field line other than data, or a withheld line
     _withhold: bool = False  # the current event holds a line that is not forwarded (module doc, R12b-7)
     _fields: list[bytes] = field(default_factory=list)  # its event/id/retry lines kept (RV2-5)
+    shapes: bool = True
+    _shape: EventShape | None = None  # the learnt delta-event shape (gateway/sse_shape.py)
+    _learns: int = _MAX_LEARNS  # shapes still to learn on this stream (each costs a parse of a probe)
 
     def feed(self, chunk: bytes) -> bytes:
         """Consume ``chunk``; return the complete events to forward (possibly b""), unchanged.
@@ -115,6 +125,20 @@ class SseScanner:
         """
         if (self._started and not self._buf and not self._cr_end and not self._data and type(chunk) is bytes
                 and b"\r" not in chunk):
+            shape = self._shape
+            if shape is not None and not (self.drop_cached and may_name_cached(chunk)):
+                events, tokens, read = shape.read(chunk)  # session 21: delta events of the learnt shape, unparsed
+                if read:
+                    self.events += events
+                    self.output_tokens += tokens
+                    if read == len(chunk):
+                        return chunk
+                    try:
+                        return chunk[:read] + self._feed_lf(chunk[read:])
+                    except SseProtocolError as exc:  # as if the whole read had been parsed: its events
+                        exc.forward = chunk[:read] + exc.forward  # before the bad one forwarded, and it buffered
+                        self._buf[:0] = chunk[:read]
+                        raise
             return self._feed_lf(chunk)  # the common case: whole LF-only events (session 9)
         return self._feed_general(chunk)
 
@@ -292,6 +316,9 @@ class SseScanner:
                 return rewritten
         if isinstance(choices, list):
             self.output_tokens += sum(1 for c in choices if _has_output(c))
+            if self._learns and self.events > 1 and self.shapes:  # session 21: from the second data event
+                self._learns -= 1
+                self._shape = learn_shape(payload, obj, _has_output) or self._shape
         return True
 
     def _dispatch_special(self) -> bool | bytes:
