@@ -44,7 +44,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from tenancy.salt import length_prefixed
-from tenancy.shared_store import cancel_task, follow_changes
+from tenancy.shared_store import cancel_task, follow_changes, record_number
 
 __all__ = ["DOCS_MAC_INFO", "SharedDocument", "state_metrics"]
 
@@ -159,9 +159,9 @@ class SharedDocument:
 
     def _verify(self, raw: str, current_only: bool = False) -> tuple[int, Any] | None:
         parts = raw.split(":", 2)
-        if len(parts) != 3 or not parts[0].isdigit():
+        version = record_number(parts[0]) if len(parts) == 3 else None  # ASCII digits only (S21-review-1)
+        if version is None:
             return None
-        version = int(parts[0])
         keys = self._mac_keys()
         if version < 1 or not any(hmac.compare_digest(parts[1], self._mac(version, parts[2], k))
                                   for k in (keys[:1] if current_only else keys)):
