@@ -182,13 +182,17 @@ class SharedDocument:
         A stored record that fails the MAC under every accepted subkey is replaced (tampering cannot
         block a change); one under a master still in grace is authentic: replaced only from above, or
         at its own version by the same body (re-MAC'd under the current master), never by a lower
-        version or another body at its version (that is the race answered 409, S20-R2).
+        version or another body at its version (that is the race answered 409, S20-R2). While
+        ``heal_unauthenticated()`` is False (a higher master pending here) a record this instance cannot
+        authenticate may be the new master's: it is replaced only from above, as an authentic one (S21-review-4:
+        it was replaced whatever its version, a change answered 200 and lost).
         """
         text = _text(body)
         cur = await self._get()
         rec = None if cur is None else self._verify(cur)
-        replaceable = cur if cur is not None and (rec is None or (
-            rec[0] == version and cur.split(":", 2)[2] == text)) else ""
+        forged = cur is not None and rec is None and self._heal_unauthenticated()
+        replaceable = cur if cur is not None and (forged or (
+            rec is not None and rec[0] == version and cur.split(":", 2)[2] == text)) else ""
         record = f"{version}:{self._mac(version, text)}:{text}"
         return bool(await self._script(keys=[self.key], args=[version, record, self.channel, self.name,
                                                               replaceable]))
