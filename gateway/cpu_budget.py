@@ -27,7 +27,7 @@ when a request ends (:meth:`CpuMeter.settle`, from :meth:`gateway.held.Held.rele
 preparation CPU is charged: all of it when the request never reached a replica (refused,
 cancelled, failed before dispatch: ``Held.progress == "none"``), else only the part above its
 free allowance, ``limits.prep_cpu_free_ms`` + ``limits.prep_cpu_free_us_per_token`` x its
-reserved prompt tokens (1 ms + 5 us/token by default: a plain 64-word prompt, ~0.06 ms, and a
+paid prompt tokens (reserved, or the replica's lower count the ledger charged: S21-review-2) (1 ms + 5 us/token by default: a plain 64-word prompt, ~0.06 ms, and a
 maximal 8,192-token prompt, <= ~10 ms, are never charged; the junk chat pays ~all of it).
 A tenant whose bucket is in debt is refused ``429 cpu_budget_exhausted`` with
 ``Retry-After`` right after authentication (before its body is read) and again before its

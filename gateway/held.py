@@ -139,7 +139,9 @@ class Held:
 
     def release(self) -> None:
         """:meth:`end_attempt`, then free the tenant's concurrency slot, then settle the preparation CPU
-        (:meth:`CpuMeter.settle`: all of it when no replica was reached, R6-2; beyond the allowance else)."""
+        (:meth:`CpuMeter.settle`: all of it when no replica was reached, R6-2; beyond the allowance else). The
+        allowance counts the prompt tokens the tenant paid: the reservation's, or the settlement's when it charged
+        fewer (a replica's ``usage`` below the gateway's count: session 21, S21-review-2)."""
         try:
             self.end_attempt()
         finally:
@@ -147,5 +149,9 @@ class Held:
                 if self.lease is not None:
                     self.lease.release()
             finally:
-                res = self.reservation
-                self.cpu.settle(self.progress != "none", res.prompt_tokens if res is not None else 0)
+                res, paid = self.reservation, 0
+                if res is not None:
+                    paid, settled = res.prompt_tokens, res.settlement
+                    if settled is not None and settled.charged_prompt < paid:  # S21-review-2
+                        paid = settled.charged_prompt
+                self.cpu.settle(self.progress != "none", paid)

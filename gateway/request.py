@@ -34,7 +34,7 @@ from gateway.body_guard import BODY_COMPLETE_KEY, PLAIN_LENGTH_KEY
 from gateway.content_coding import refuse_content_coding
 from gateway.errors import GatewayError
 from gateway.request_fast import plain_chat, plain_completion
-from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, CompletionBody
+from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, CompletionBody, schema_error
 from tenancy.bounds import chat_units
 from tenancy.tokenizer import TokenizerError, prompt_text
 
@@ -185,13 +185,6 @@ def _depth_ok(parsed: BaseModel, limit: int) -> bool:
                 return False
             stack.extend((v, d + 1) for v in cur)
     return True
-
-
-def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or None
-    msg = err["msg"]
-    return (f"{loc}: {msg}" if loc else msg), loc
 
 
 _EXTRA_BODY_FIELDS = ("tools", "tool_choice", "response_format")
@@ -361,7 +354,7 @@ def _validated(raw: bytes, data: dict[str, Any], endpoint: Endpoint, max_depth: 
     try:  # strict; unknown fields are dropped unread (extra="ignore")
         parsed = model_cls.model_validate(data)
     except ValidationError as exc:
-        msg, loc = _validation_message(exc)
+        msg, loc = schema_error(exc)
         raise GatewayError(400, "invalid_request", msg, param=loc) from None
     # at most max_depth brackets in the whole body (strings too): nothing nests deeper, no walk (issue 14)
     if raw.count(b"[") + raw.count(b"{") > max_depth and not _depth_ok(parsed, max_depth):

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tenancy.bounds import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 
-__all__ = ["ChatBody", "ChatMessage", "CompletionBody", "MAX_TOKENS_CEILING", "StreamOptions", "TextPart"]
+__all__ = ["ChatBody", "ChatMessage", "CompletionBody", "MAX_TOKENS_CEILING", "StreamOptions", "TextPart",
+           "schema_error"]
 
 MAX_TOKENS_CEILING = 1 << 20
 
@@ -92,3 +93,21 @@ class ChatBody(_Sampling):
     response_format: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+def schema_error(exc: ValidationError) -> tuple[str, str | None]:
+    """``(message, param)`` of a refused body: the first error's dotted location (None for the body itself) and
+    pydantic's message, which names the field, never its value. Of a union (``content``, ``prompt``, ``stop``: one
+    error per branch, the string branch first) the branch that got furthest into the value is named: an image
+    part in a ``content`` list is refused as that part (``messages.0.content.list[TextPart].1.type: Input should
+    be 'text'``), not as "should be a valid string" (session 21, S21-review-3). Raises nothing."""
+    errors = exc.errors()
+    err = errors[0]
+    union = err["loc"][:-1]  # where a union failed, its path: the first error's last element names a branch
+    if union:
+        for other in errors[1:]:
+            if other["loc"][:len(union)] == union and len(other["loc"]) > len(err["loc"]):
+                err = other
+    loc = ".".join(str(p) for p in err["loc"]) or None
+    msg = err["msg"]
+    return (f"{loc}: {msg}" if loc else msg), loc

@@ -44,7 +44,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from tenancy.salt import length_prefixed
-from tenancy.shared_store import cancel_task, follow_changes
+from tenancy.shared_store import cancel_task, follow_changes, record_number
 
 __all__ = ["DOCS_MAC_INFO", "SharedDocument", "state_metrics"]
 
@@ -159,9 +159,9 @@ class SharedDocument:
 
     def _verify(self, raw: str, current_only: bool = False) -> tuple[int, Any] | None:
         parts = raw.split(":", 2)
-        if len(parts) != 3 or not parts[0].isdigit():
+        version = record_number(parts[0]) if len(parts) == 3 else None  # ASCII digits only (S21-review-1)
+        if version is None:
             return None
-        version = int(parts[0])
         keys = self._mac_keys()
         if version < 1 or not any(hmac.compare_digest(parts[1], self._mac(version, parts[2], k))
                                   for k in (keys[:1] if current_only else keys)):
@@ -182,13 +182,17 @@ class SharedDocument:
         A stored record that fails the MAC under every accepted subkey is replaced (tampering cannot
         block a change); one under a master still in grace is authentic: replaced only from above, or
         at its own version by the same body (re-MAC'd under the current master), never by a lower
-        version or another body at its version (that is the race answered 409, S20-R2).
+        version or another body at its version (that is the race answered 409, S20-R2). While
+        ``heal_unauthenticated()`` is False (a higher master pending here) a record this instance cannot
+        authenticate may be the new master's: it is replaced only from above, as an authentic one (S21-review-4:
+        it was replaced whatever its version, a change answered 200 and lost).
         """
         text = _text(body)
         cur = await self._get()
         rec = None if cur is None else self._verify(cur)
-        replaceable = cur if cur is not None and (rec is None or (
-            rec[0] == version and cur.split(":", 2)[2] == text)) else ""
+        forged = cur is not None and rec is None and self._heal_unauthenticated()
+        replaceable = cur if cur is not None and (forged or (
+            rec is not None and rec[0] == version and cur.split(":", 2)[2] == text)) else ""
         record = f"{version}:{self._mac(version, text)}:{text}"
         return bool(await self._script(keys=[self.key], args=[version, record, self.channel, self.name,
                                                               replaceable]))

@@ -58,7 +58,7 @@ from typing import Any
 
 from tenancy.keys import KeyRing, KeyRingError
 from tenancy.salt import hkdf_sha256, length_prefixed
-from tenancy.shared_store import cancel_task, follow_changes
+from tenancy.shared_store import cancel_task, follow_changes, record_number
 
 __all__ = ["MASTER_FIELD", "SharedKeyState", "STATE_MAC_INFO"]
 
@@ -190,10 +190,10 @@ class SharedKeyState:
 
     def _verify(self, field: str, raw: str, keys: tuple[bytes, ...] | None = None) -> tuple[int, int] | None:
         parts = raw.split(":")
-        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+        if len(parts) != 3:
             return None
-        kv, se = int(parts[0]), int(parts[1])
-        if kv < 1:
+        kv, se = record_number(parts[0]), record_number(parts[1])  # ASCII digits only (S21-review-1)
+        if kv is None or se is None or kv < 1:
             return None
         for key in keys if keys is not None else self._keys():
             if hmac.compare_digest(parts[2], self._mac(field, kv, se, key)):
@@ -211,8 +211,7 @@ class SharedKeyState:
         """Adopt or refuse the ``#master`` record; False while a higher generation is pending here."""
         local = self._ring.master_generation
         self.master_pending = 0
-        head = raw.split(":")[0] if raw is not None else ""
-        gen = int(head) if head.isdigit() else None
+        gen = record_number(raw.split(":")[0]) if raw is not None else None  # not ASCII digits: forged
         if raw is not None and gen is not None and gen > local:
             if self._verify(MASTER_FIELD, raw, self._keys()[:1]) is not None:  # started with the new secret
                 self._ring.adopt_master(gen)

@@ -1,8 +1,8 @@
 """The Redis connection of the shared tenant state (issue 16): the client built from the
 ``state`` config, the registered scripts and key names of one instance, the
 background writer that applies updates which must never block a request's end,
-and the two task helpers every shared record uses (:func:`follow_changes`,
-:func:`cancel_task`).
+and the helpers every shared record uses (:func:`follow_changes`,
+:func:`cancel_task`, :func:`record_number`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tenancy import shared_lua as lua
 from tenancy.shared_batch import BatchedScript, ScriptBatcher
 from tenancy.private_file import read_private_file
 
-__all__ = ["StateSetupError", "Store", "Writer", "cancel_task", "follow_changes", "redis_client"]
+__all__ = ["StateSetupError", "Store", "Writer", "cancel_task", "follow_changes", "record_number", "redis_client"]
 
 log = logging.getLogger("prefixgate.state")
 
@@ -31,6 +31,22 @@ class StateSetupError(Exception):
 
 
 # --- task helpers ------------------------------------------------------------------------------
+
+
+#: the largest number a shared record's MAC covers (``struct.pack(">Q")``: versions, epochs, generations)
+_MAX_RECORD_NUMBER = (1 << 64) - 1
+
+
+def record_number(text: str) -> int | None:
+    """The number a version, epoch or generation field of a shared record (read from Redis) holds: ``text``
+    of 1-20 ASCII digits up to 2**64 - 1, else None (the record is then not authentic: ignored, counted and
+    written over like a bad MAC). ``str.isdigit`` alone is not that check: it is also true of ``"\u00b2"``
+    and other Unicode digits, and of more than 4,300 digits, on which ``int()`` raises ``ValueError``, and
+    a record that raised stalled every sync and publish over it (session 21, S21-review-1). Raises nothing."""
+    if not (0 < len(text) <= 20 and text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= _MAX_RECORD_NUMBER else None
 
 
 async def cancel_task(task: asyncio.Task[Any]) -> None:

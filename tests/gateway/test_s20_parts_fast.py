@@ -178,7 +178,7 @@ def test_refusals_are_unchanged(content: Any) -> None:
         parse_inference_request(json.dumps(doc).encode(), "chat")
     with pytest.raises(ValidationError) as exc:
         ChatBody.model_validate(doc)
-    msg, loc = request_mod._validation_message(exc.value)
+    msg, loc = request_mod.schema_error(exc.value)
     assert (err.value.status, err.value.code, err.value.message) == (400, "invalid_request", msg)
 
 

@@ -133,5 +133,5 @@ def test_refusals_are_unchanged(doc: dict[str, Any]) -> None:
     try:
         CompletionBody.model_validate(doc)
     except ValidationError as exc:
-        msg, loc = request_mod._validation_message(exc)
+        msg, loc = request_mod.schema_error(exc)
     assert (err.value.status, err.value.code, err.value.message) == (400, "invalid_request", msg)
