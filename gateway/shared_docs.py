@@ -44,7 +44,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from tenancy.salt import length_prefixed
-from tenancy.shared_store import cancel_task, follow_changes, record_number
+from tenancy.shared_store import cancel_task, follow_changes, mac_matches, record_number, record_text
 
 __all__ = ["DOCS_MAC_INFO", "SharedDocument", "state_metrics"]
 
@@ -163,7 +163,7 @@ class SharedDocument:
         if version is None:
             return None
         keys = self._mac_keys()
-        if version < 1 or not any(hmac.compare_digest(parts[1], self._mac(version, parts[2], k))
+        if version < 1 or not any(mac_matches(parts[1], self._mac(version, parts[2], k))  # S21-fixutf8-2
                                   for k in (keys[:1] if current_only else keys)):
             return None
         try:
@@ -171,9 +171,11 @@ class SharedDocument:
         except ValueError:
             return None
 
-    async def _get(self) -> str | None:
+    async def _get(self) -> tuple[bytes | str | None, str | None]:
+        """The stored record as Redis holds it (None: absent) and as text (:func:`record_text`: a record that
+        is not UTF-8 reads as one no key authenticates, S21-fixutf8-1)."""
         raw = await self._client.get(self.key)
-        return raw.decode() if isinstance(raw, bytes) else raw
+        return raw, None if raw is None else record_text(raw)
 
     async def publish(self, version: int, body: Any) -> bool:
         """Store ``body`` at ``version`` if above the stored version; returns True when stored, or
@@ -188,10 +190,10 @@ class SharedDocument:
         it was replaced whatever its version, a change answered 200 and lost).
         """
         text = _text(body)
-        cur = await self._get()
+        stored, cur = await self._get()
         rec = None if cur is None else self._verify(cur)
         forged = cur is not None and rec is None and self._heal_unauthenticated()
-        replaceable = cur if cur is not None and (forged or (
+        replaceable = stored if cur is not None and (forged or (  # the stored bytes: the script compares them
             rec is not None and rec[0] == version and cur.split(":", 2)[2] == text)) else ""
         record = f"{version}:{self._mac(version, text)}:{text}"
         return bool(await self._script(keys=[self.key], args=[version, record, self.channel, self.name,
@@ -199,13 +201,13 @@ class SharedDocument:
 
     async def remote_version(self) -> int:
         """The authenticated version stored in Redis (0: none or forged)."""
-        cur = await self._get()
+        _, cur = await self._get()
         rec = None if cur is None else self._verify(cur)
         return 0 if rec is None else rec[0]
 
     async def sync(self) -> bool:
         """Adopt the stored document if authenticated and higher than the local one; returns True if adopted."""
-        cur = await self._get()
+        _, cur = await self._get()
         rec = None if cur is None else self._verify(cur)
         if cur is not None and rec is None:
             self._reject(cur, "unauthenticated")

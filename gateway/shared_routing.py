@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import secrets
 import time
@@ -64,7 +63,7 @@ from gateway.shared_replay import ReplayGuard, entry_mac, parse_stamp, stamp
 from routing.index import PrefixIndex
 from routing.shared import RemoteLoadView, RoutingEvent, SharedLoadTracker, apply_event
 from tenancy.shared_conn import HeldConnection
-from tenancy.shared_store import cancel_task
+from tenancy.shared_store import cancel_task, mac_matches, record_text
 
 __all__ = ["ROUTING_MAC_INFO", "RoutingStream", "decode_events", "encode_events", "new_instance_id"]
 
@@ -230,7 +229,7 @@ class RoutingStream:
         An entry with a bad MAC or shape, replayed or too old is ignored, counted and logged."""
         def text(k: str) -> Any:
             v = fields.get(k.encode(), fields.get(k))
-            return v.decode() if isinstance(v, bytes) and k != "b" else v
+            return record_text(v) if isinstance(v, bytes) and k != "b" else v  # not UTF-8: fails (S21-fixutf8-1)
         inst, st, body, mac = text("i"), text("n"), text("b"), text("m")
         if isinstance(body, str):
             body = body.encode()
@@ -240,7 +239,7 @@ class RoutingStream:
             if not (isinstance(inst, str) and isinstance(st, str) and isinstance(body, bytes)
                     and isinstance(mac, str)):
                 raise ValueError("fields")
-            if not any(hmac.compare_digest(mac, self._mac(inst, st, body, k)) for k in self._mac_keys()):
+            if not any(mac_matches(mac, self._mac(inst, st, body, k)) for k in self._mac_keys()):  # S21-fixutf8-2
                 raise ValueError("mac")
             seq, sent_ms = parse_stamp(st)
             refusal = self._guard.refusal(inst, seq, sent_ms, time.time())

@@ -58,7 +58,7 @@ from typing import Any
 
 from tenancy.keys import KeyRing, KeyRingError
 from tenancy.salt import hkdf_sha256, length_prefixed
-from tenancy.shared_store import cancel_task, follow_changes, record_number
+from tenancy.shared_store import cancel_task, follow_changes, mac_matches, record_number, record_text
 
 __all__ = ["MASTER_FIELD", "SharedKeyState", "STATE_MAC_INFO"]
 
@@ -152,11 +152,10 @@ class SharedKeyState:
         key = f"{self._prefix}keys:check"
         await self._client.set(key, mine, nx=True)
         stored = await self._client.get(key)
-        stored = stored.decode() if isinstance(stored, bytes) else stored
-        if stored is not None and hmac.compare_digest(stored, mine):
+        if stored is not None and mac_matches(record_text(stored), mine):  # not UTF-8 or ASCII: another value
             return
         rec = await self._client.hget(self._hash, MASTER_FIELD)
-        parsed = None if rec is None else self._verify(MASTER_FIELD, rec.decode(), self._keys()[:1])
+        parsed = None if rec is None else self._verify(MASTER_FIELD, record_text(rec), self._keys()[:1])
         if parsed is None:
             raise KeyRingError("shared state: the master secret differs from the other instances' "
                                "(key-check mismatch); refusing to join")
@@ -183,9 +182,9 @@ class SharedKeyState:
     async def _store(self, field: str, kv: int, se: int) -> bool:
         record = f"{kv}:{se}:{self._mac(field, kv, se)}"
         cur = await self._client.hget(self._hash, field)
-        cur = cur.decode() if isinstance(cur, bytes) else cur
-        # a forged record (any numbers) must not block the real ones: replace it if still there
-        forged = cur if cur is not None and self._verify(field, cur, self._keys()[:1]) is None else ""
+        # a forged record (any numbers, not UTF-8 included) must not block the real ones: replace it if still
+        # there (the script compares the stored bytes, S21-fixutf8-1)
+        forged = cur if cur is not None and self._verify(field, record_text(cur), self._keys()[:1]) is None else ""
         return bool(await self._publish(keys=[self._hash], args=[field, kv, se, record, self.channel, forged]))
 
     def _verify(self, field: str, raw: str, keys: tuple[bytes, ...] | None = None) -> tuple[int, int] | None:
@@ -196,7 +195,7 @@ class SharedKeyState:
         if kv is None or se is None or kv < 1:
             return None
         for key in keys if keys is not None else self._keys():
-            if hmac.compare_digest(parts[2], self._mac(field, kv, se, key)):
+            if mac_matches(parts[2], self._mac(field, kv, se, key)):  # a non-ASCII MAC: no match (S21-fixutf8-2)
                 return kv, se
         return None
 
@@ -253,8 +252,8 @@ class SharedKeyState:
         MAC are ignored and counted in ``rejected`` (logged as a warning).
         While a higher master generation is pending, tenant records are left alone.
         """
-        raw = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-               for k, v in (await self._client.hgetall(self._hash)).items()}
+        # a field or value that is not UTF-8 reads as a text no record authenticates (S21-fixutf8-1)
+        raw = {record_text(k): record_text(v) for k, v in (await self._client.hgetall(self._hash)).items()}
         if not await self._sync_master(raw.pop(MASTER_FIELD, None)):
             return 0
         keys = self._keys()

@@ -2,13 +2,14 @@
 ``state`` config, the registered scripts and key names of one instance, the
 background writer that applies updates which must never block a request's end,
 and the helpers every shared record uses (:func:`follow_changes`,
-:func:`cancel_task`, :func:`record_number`).
+:func:`cancel_task`, :func:`record_number`, :func:`record_text`, :func:`mac_matches`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import os
 from collections import deque
@@ -19,7 +20,8 @@ from tenancy import shared_lua as lua
 from tenancy.shared_batch import BatchedScript, ScriptBatcher
 from tenancy.private_file import read_private_file
 
-__all__ = ["StateSetupError", "Store", "Writer", "cancel_task", "follow_changes", "record_number", "redis_client"]
+__all__ = ["NOT_UTF8", "StateSetupError", "Store", "Writer", "cancel_task", "follow_changes", "mac_matches",
+           "record_number", "record_text", "redis_client"]
 
 log = logging.getLogger("prefixgate.state")
 
@@ -37,6 +39,10 @@ class StateSetupError(Exception):
 _MAX_RECORD_NUMBER = (1 << 64) - 1
 
 
+#: the start of :func:`record_text`'s text of a value that is not UTF-8 (U+FFFD: not a digit, not ASCII)
+NOT_UTF8 = "\ufffd"
+
+
 def record_number(text: str) -> int | None:
     """The number a version, epoch or generation field of a shared record (read from Redis) holds: ``text``
     of 1-20 ASCII digits up to 2**64 - 1, else None (the record is then not authentic: ignored, counted and
@@ -47,6 +53,31 @@ def record_number(text: str) -> int | None:
         return None
     value = int(text)
     return value if value <= _MAX_RECORD_NUMBER else None
+
+
+def record_text(raw: bytes | str) -> str:
+    """The text of a shared record, field, hash key or stream field as read from Redis (the state
+    client returns bytes): ``raw`` decoded as strict UTF-8. A value that is not UTF-8 (no instance
+    writes one) becomes :data:`NOT_UTF8` followed by its backslash-escaped text: a text no reader
+    authenticates (its first field is not digits, its MAC field not ASCII), so the record is ignored,
+    counted and written over like a bad MAC; a caller that replaces it passes the stored BYTES to the
+    script, which compares them. ``str`` is returned as is. A bare ``decode()`` raised
+    ``UnicodeDecodeError`` out of the reader, which stalled every sync and publish over the record as
+    S21-review-1's digits did (session 21, S21-fixutf8-1). Raises nothing."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return NOT_UTF8 + raw.decode("utf-8", "backslashreplace")
+
+
+def mac_matches(stored: str, expected: str) -> bool:
+    """Whether a MAC (or key-check) field read from Redis equals ``expected`` (hex), in constant time.
+    A ``stored`` field with a non-ASCII character is no match: ``hmac.compare_digest`` raises
+    ``TypeError`` on such a ``str``, which stalled the reader like a bad number (S21-fixutf8-2).
+    Raises nothing for ``str`` arguments."""
+    return stored.isascii() and hmac.compare_digest(stored, expected)
 
 
 async def cancel_task(task: asyncio.Task[Any]) -> None:
