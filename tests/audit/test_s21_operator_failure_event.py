@@ -83,7 +83,8 @@ def test_a_flood_of_failures_of_one_operator_is_summarised() -> None:
     assert len(summaries) == 1
     s = summaries[0].summary or {}
     assert summaries[0].kind is Kind.SUMMARY and summaries[0].identity.spiffe_id == OPERATOR
-    assert (s["suppressed"], s["count_failed"], s["count_status_404"], s["count_code_unknown_tenant"]) == (95, 95, 95, 95)
+    counts = (s["suppressed"], s["count_failed"], s["count_status_404"], s["count_code_unknown_tenant"])
+    assert counts == (95, 95, 95, 95)
     assert s["top_endpoint"] == ROUTE
 
 

@@ -80,7 +80,8 @@ def _target_error() -> PolicyTargetError:
 
 def harness(error: Exception | None) -> tuple[TestClient, list[dict]]:
     failures: list[dict] = []
-    app = Starlette(routes=admin_routes(FakeStore(error), authorize, on_failure=failures.append))  # type: ignore[arg-type]
+    store: Any = FakeStore(error)
+    app = Starlette(routes=admin_routes(store, authorize, on_failure=failures.append))
     return TestClient(app, raise_server_exceptions=False), failures
 
 

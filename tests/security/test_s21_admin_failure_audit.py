@@ -117,6 +117,7 @@ async def test_failed_operator_changes_are_audited_once_each(stack: Any, tmp_pat
     report = verify_files([tmp_path / "audit"], load_public_key(tmp_path / "keys" / "audit.key.pub"))
     assert report.ok, report.problems
     stack.components.audit.log = None  # closed: the fixture's stop() must not close it twice
-    outputs = [tmp_path / "ocsf.jsonl", *sorted((tmp_path / "audit").glob("*")), *sorted((tmp_path / "spill").glob("*"))]
+    outputs = [tmp_path / "ocsf.jsonl", *sorted((tmp_path / "audit").glob("*")),
+               *sorted((tmp_path / "spill").glob("*"))]
     blob = "".join(p.read_text(errors="replace") for p in outputs if p.is_file())
     assert MARKER not in blob and master.read_text().strip() not in blob
