@@ -138,6 +138,9 @@ class Admin:
             for hook in self.change_hooks:
                 await hook(record)
 
+        def on_failure(record: dict[str, Any]) -> None:  # S21-newcomer-3: failed changes are audited too
+            self.audit.record_operator(record)
+
         routes: list[BaseRoute] = []
         tc = self.config.tenancy
         # with shared state the others follow through the master-generation record (tenancy/shared_keys.py)
@@ -146,12 +149,12 @@ class Admin:
 
         routes += tenancy_routes(
             self.keyring, self.reload_registry, authorize, master_loader=master_loader,
-            on_change=on_change, registry=self.admission.registry,
+            on_change=on_change, registry=self.admission.registry, on_failure=on_failure,
         )
         if self.pdp.store is not None:
             from policy.admin import admin_routes as policy_routes
 
-            routes += policy_routes(self.pdp.store, authorize)
+            routes += policy_routes(self.pdp.store, authorize, on_failure=on_failure)
         return routes
 
     def reload_registry(self) -> TenantRegistry:

@@ -361,17 +361,27 @@ class AuditHub:
                                  rec.delivered_prefix_tokens or 0, time.monotonic(), tenant=rec.tenant_id)
 
     def record_operator(self, record: Mapping[str, Any]) -> None:
-        """One audit event for an operator action (policy/data change, key rotation, reload)."""
+        """One audit event for an operator action (policy/data change, key rotation, reload).
+
+        A failure record (``outcome: "failed"``: tenancy.admin / policy.admin ``failure_record``,
+        session 21) also fills the event's ``status_code`` (its ``status``), ``error_code`` and
+        ``endpoint`` (its ``route``, a template): OCSF status Failure with ``status_code`` and
+        ``status_detail``, and the flood aggregation keys and counts them like refusals."""
         ok = record.get("outcome", "succeeded")
         actor = record.get("actor") or record.get("who")
         if isinstance(actor, Mapping):
             actor = actor.get("spiffe_id")
         actor = str(actor) if actor is not None else None
+        failed = ok != "succeeded"
+        status = record.get("status") if failed else None
         event = AuditEvent(
             kind=Kind.OPERATOR,
-            outcome=Outcome.SUCCEEDED if ok == "succeeded" else Outcome.FAILED,
+            outcome=Outcome.FAILED if failed else Outcome.SUCCEEDED,
             identity=Identity(actor, None),
             operator={k: v for k, v in record.items() if isinstance(v, (str, int, float, bool))},
+            status_code=status if isinstance(status, int) else None,
+            error_code=record.get("error_code") if failed else None,
+            endpoint=record.get("route") if failed else None,
         )
         self.emitted += 1
         if self.log is not None:

@@ -20,6 +20,11 @@ without an id is refused with 403 (fail closed).
 - a validated change that could not be written -> 500 code ``policy_not_persisted`` (rolled back;
   ``target_may_hold_change`` true when the target may still decide with it, R17-3)
 
+A failed change request (``PUT``/``DELETE``) of an admitted operator, whatever the
+error (and an unexpected exception, 500 ``internal_error``, re-raised), is handed to
+``on_failure`` as one record (:func:`failure_record`; session 21, S21-newcomer-3); a
+failed read is not (reads stay unaudited).
+
 Every error has the public API's shape, ``{"error": {"message", "type",
 "code", "param"}}`` (:func:`error_body`; ``errors`` and ``report`` sit inside
 ``error`` when present), and leaves the store as it
@@ -36,6 +41,8 @@ Rego test fails, a data document overlapping another), 404, 413
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -58,6 +65,31 @@ from policy.store import (
 Authorize = Callable[[Request], Awaitable[dict[str, Any]]]
 
 MAX_BODY_BYTES = 1024 * 1024
+#: a target (policy id or data path) recorded in a failure record must match this; another is left out
+_TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
+#: error codes whose message is fixed text, recorded in a failure record (a compile error or a
+#: target's answer may quote the uploaded Rego or data, a persist error paths: never recorded)
+_MESSAGE_RECORDED = frozenset({"resource_not_found", "body_too_large", "unsupported_media_type"})
+
+
+def failure_record(kind: str, op: str, target: str, who: str, status: int, code: str, message: str) -> dict[str, Any]:
+    """The record of an operator's policy or data change that failed (session 21, S21-newcomer-3).
+
+    ``{"action": "policy_change", "outcome": "failed", "kind": policy|data, "op": put|delete,
+    "route" (the route template), "actor" (SPIFFE ID), "status" (HTTP), "error_code", "ts"
+    (Unix seconds)}`` plus ``target`` (the policy id or data path, only when it matches
+    ``_TARGET_RE``) and ``message`` only for the codes in ``_MESSAGE_RECORDED`` (fixed texts).
+    Never recorded: the uploaded Rego or data document, its digest, a compile error or test
+    report (they quote the upload), a target's or a persist error's message.
+    """
+    route = "/admin/policies/{id}" if kind == "policy" else "/admin/data/{path}"
+    record: dict[str, Any] = {"action": "policy_change", "ts": time.time(), "outcome": "failed", "kind": kind,
+                              "op": op, "route": route, "actor": who, "status": status, "error_code": code}
+    if _TARGET_RE.match(target) and ".." not in target:
+        record["target"] = target
+    if code in _MESSAGE_RECORDED:
+        record["message"] = message
+    return record
 
 
 def error_body(status: int, code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -121,13 +153,17 @@ def _json(raw: bytes) -> Any:
         raise ValueError("body must be JSON") from None
 
 
-def admin_routes(store: PolicyStore, authorize: Authorize) -> list[Route]:
+def admin_routes(store: PolicyStore, authorize: Authorize,
+                 on_failure: Callable[[dict[str, Any]], Any] | None = None) -> list[Route]:
     """Routes of the policy admin API (see the module docstring).
 
     Args:
         store: the PolicyStore to manage.
         authorize: async ``request -> operator identity`` raising
             ``HTTPException`` 401/403.
+        on_failure: called (sync) with one :func:`failure_record` for each
+            failed ``PUT``/``DELETE`` of an authorized operator (its successes
+            reach the audit as the store's change records).
     """
 
     async def operator(request: Request) -> str:
@@ -139,6 +175,25 @@ def admin_routes(store: PolicyStore, authorize: Authorize) -> list[Route]:
 
     async def guarded(request: Request, fn: Callable[[str], Awaitable[Response]]) -> Response:
         who = await operator(request)
+        try:
+            response = await _answer(fn, who)
+        except Exception:
+            _failed(request, who, 500, "internal_error", "")
+            raise
+        if response.status_code >= 400:
+            error = json.loads(response.body)["error"]  # the error_body this module just rendered
+            _failed(request, who, response.status_code, error["code"], error["message"])
+        return response
+
+    def _failed(request: Request, who: str, status: int, code: str, message: str) -> None:
+        if on_failure is None or request.method not in ("PUT", "DELETE"):
+            return  # reads are not audited
+        params = request.path_params
+        kind, target = ("policy", params["id"]) if "id" in params else ("data", params.get("path", ""))
+        op = "delete" if request.method == "DELETE" else "put"
+        on_failure(failure_record(kind, op, target, who, status, code, message))
+
+    async def _answer(fn: Callable[[str], Awaitable[Response]], who: str) -> Response:
         try:
             return await fn(who)
         except _BadRequest as exc:

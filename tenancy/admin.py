@@ -14,6 +14,10 @@ Routes (all ``POST``; ``authorize(request)`` runs first and must raise
   from the configured file/env — never from the request body
 * ``/admin/tenants/reload``                  re-read tenants via ``registry_loader``
 
+A failed request of an admitted operator (every error below, and an unexpected
+exception, 500 ``internal_error``, re-raised) is handed to ``on_failure`` as one
+*failure record* (:func:`failure_record`; session 21, S21-newcomer-3).
+
 Errors have the public API's shape, ``{"error": {"message", "type", "code",
 "param"}}`` (:func:`error_body`): 400 bad tenant id or
 config (a ``TenantConfigError`` or any ``ValueError`` of the registry
@@ -46,6 +50,7 @@ __all__ = [
     "reload_tenants",
     "admin_routes",
     "error_body",
+    "failure_record",
 ]
 
 Authorize = Callable[[Request], Awaitable[Any]]
@@ -54,6 +59,17 @@ RegistryLoader = Callable[[], "TenantRegistry | Awaitable[TenantRegistry]"]
 MasterLoader = Callable[[], bytes]
 
 _TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: error codes whose message is fixed text (or names only a well-formed tenant id): recorded in a
+#: failure record; every other message (a config file's parse error, a key-ring or state-file error)
+#: may quote config content or paths and is left out
+_MESSAGE_RECORDED = frozenset({"invalid_tenant_id", "unknown_tenant", "no_master_source", "master_unchanged"})
+#: (action, route template) of each route
+_ROUTES = {
+    "rotate_key": ("tenant.rotate_key", "/admin/tenants/{tenant_id}/rotate-key"),
+    "rotate_salt": ("tenant.rotate_salt", "/admin/tenants/{tenant_id}/rotate-salt"),
+    "rotate_master": ("keys.rotate_master", "/admin/keys/rotate-master"),
+    "reload": ("tenants.reload", "/admin/tenants/reload"),
+}
 
 
 class AdminError(Exception):
@@ -123,6 +139,25 @@ async def reload_tenants(registry_loader: RegistryLoader) -> dict:
     return _record("tenants.reload", tenants=len(ids), tenant_ids=ids)
 
 
+def failure_record(action: str, route: str, actor: str | None, status: int, code: str, message: str,
+                   tenant_id: str | None = None) -> dict:
+    """The record of an operator's change request that failed (session 21, S21-newcomer-3).
+
+    ``{"action", "outcome": "failed", "route" (the route template, never the raw path), "actor"
+    (SPIFFE ID), "status" (HTTP), "error_code", "ts" (Unix seconds)}`` plus ``tenant_id`` (the
+    target, only when it matches the tenant-id pattern: a malformed id is not recorded) and
+    ``message`` only for the codes in ``_MESSAGE_RECORDED`` (fixed texts). Never recorded: the
+    message of ``invalid_config`` (a config file's parse error may quote its content) or of
+    ``key_ring_error`` / ``internal_error``, any key, salt or master secret, any request body.
+    """
+    record = _record(action, outcome="failed", route=route, actor=actor, status=status, error_code=code)
+    if tenant_id is not None and _TENANT_ID_RE.match(tenant_id):
+        record["tenant_id"] = tenant_id
+    if code in _MESSAGE_RECORDED:
+        record["message"] = message
+    return record
+
+
 def _actor(principal: Any) -> str | None:
     """The operator's SPIFFE ID from whatever ``authorize`` returned: a string,
     a mapping with ``spiffe_id`` (the gateway's authorize), or an object with a
@@ -165,6 +200,7 @@ def admin_routes(
     master_loader: MasterLoader | None = None,
     on_change: OnChange | None = None,
     registry: TenantRegistry | None = None,
+    on_failure: OnChange | None = None,
 ) -> list[Route]:
     """Return the operator routes (see module doc) for the admin listener.
 
@@ -176,20 +212,39 @@ def admin_routes(
     (sync or async) receives every change record, for audit; if it raises,
     the change has already happened and the error propagates (HTTP 500).
     ``registry``, when given, makes rotations of unknown tenants a 404.
+    ``on_failure(record)`` (sync or async) receives one :func:`failure_record` for
+    each request of an authorized operator that fails (not for a 401/403 of
+    ``authorize``, audited by it); if it raises, the error propagates (HTTP 500).
     """
 
-    async def _run(request: Request, op: Callable[[str | None], Awaitable[dict]]) -> JSONResponse:
+    async def _failed(name: str, principal: Any, tenant_id: str | None, status: int, code: str,
+                      message: str) -> None:
+        if on_failure is not None:
+            action, route = _ROUTES[name]
+            res = on_failure(failure_record(action, route, _actor(principal), status, code, message, tenant_id))
+            if inspect.isawaitable(res):
+                await res
+
+    async def _run(request: Request, op: Callable[[str | None], Awaitable[dict]], name: str) -> JSONResponse:
         principal = await authorize(request)
+        tenant_id = request.path_params.get("tenant_id")
+        record: dict | None = None
         try:
-            record = await op(request.path_params.get("tenant_id"))
+            record = await op(tenant_id)
         except AdminError as exc:
-            return _error(exc.status, exc.code, exc.detail)
+            status, code, message = exc.status, exc.code, exc.detail
         except (TenantConfigError, ValueError) as exc:
             # ValueError: the registry loader's own config errors (e.g. the
             # gateway's ConfigError for a broken config file); nothing changed
-            return _error(400, "invalid_config", str(exc))
+            status, code, message = 400, "invalid_config", str(exc)
         except KeyRingError as exc:
-            return _error(500, "key_ring_error", str(exc))
+            status, code, message = 500, "key_ring_error", str(exc)
+        except Exception:
+            await _failed(name, principal, tenant_id, 500, "internal_error", "")
+            raise
+        if record is None:
+            await _failed(name, principal, tenant_id, status, code, message)
+            return _error(status, code, message)
         record["actor"] = _actor(principal)
         if on_change is not None:
             res = on_change(record)
@@ -208,13 +263,13 @@ def admin_routes(
         async def op(tid: str | None) -> dict:
             return await run_in_threadpool(rotate_tenant_key, keyring, _tenant(tid))
 
-        return await _run(request, op)
+        return await _run(request, op, "rotate_key")
 
     async def rotate_salt(request: Request) -> JSONResponse:
         async def op(tid: str | None) -> dict:
             return await run_in_threadpool(rotate_tenant_salt, keyring, _tenant(tid))
 
-        return await _run(request, op)
+        return await _run(request, op, "rotate_salt")
 
     async def rotate_master(request: Request) -> JSONResponse:
         async def op(_: str | None) -> dict:
@@ -226,13 +281,13 @@ def admin_routes(
             except MasterUnchanged as exc:
                 raise AdminError(409, "master_unchanged", str(exc)) from exc
 
-        return await _run(request, op)
+        return await _run(request, op, "rotate_master")
 
     async def reload(request: Request) -> JSONResponse:
         async def op(_: str | None) -> dict:
             return await reload_tenants(registry_loader)
 
-        return await _run(request, op)
+        return await _run(request, op, "reload")
 
     return [
         Route("/admin/tenants/reload", reload, methods=["POST"]),

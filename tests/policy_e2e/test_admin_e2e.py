@@ -94,7 +94,13 @@ async def test_broken_uploads_are_refused_and_routing_is_unchanged(
     # the replay-level residency rule still holds: tenant-reg only ever reached r2
     reg = [e for e in audit_log.events if e.request_id and e.tenant == "tenant-reg"]
     assert reg and {e.route.replica for e in reg} == {"r2"}
-    assert not any(e.operator.get("target") == "authz.rego" for e in operator_events(audit_log))
+    # no change was committed: no change record; each refused upload is one failed operator event
+    # (session 21, S21-newcomer-3), without the uploaded text
+    events = operator_events(audit_log)
+    assert not any(e.outcome.value == "succeeded" for e in events)
+    assert [(e.outcome.value, e.operator["target"], e.error_code, e.status_code) for e in events] == [
+        ("failed", "authz.rego", "policy_rejected", 400)] * 2
+    assert "broken := {" not in repr([dict(e.operator) for e in events])
 
 
 async def test_accepted_change_takes_effect_and_is_audited(
