@@ -1,7 +1,7 @@
 """Micro-benchmark: thread CPU of :func:`gateway.request.parse_inference_request` on the plain bodies
 (session 21, S21-newcomer-5: the strict-number keyword on the parse must not cost the plain request).
 
-``python -m bench.parse_plain_micro --trees A B C [--rounds 5] [--calls 20000]`` runs each tree in its own
+``python -m bench.parse_plain_micro --trees A --trees B --trees C [--rounds 5] [--calls 20000]`` runs each tree in its own
 process (``PYTHONPATH=<tree>``), interleaved, ``--rounds`` times; each run is the best of 5 passes of
 ``--calls`` parses (``time.thread_time_ns``) per body, in ns per parse. Bodies: ``bench.loadgen``'s chat
 and completion shape (64 words, ``max_tokens`` 1), which orjson decodes (the fast path). Prints the
@@ -10,13 +10,14 @@ a test: the figures depend on the machine and its load.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+
+import click
 
 WORDS = " ".join(f"w{i}" for i in range(64))
 BODIES = {
@@ -43,22 +44,23 @@ def _child(calls: int) -> dict[str, float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trees", nargs="+")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--calls", type=int, default=20000)
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
-    if a.child:
-        print(json.dumps(_child(a.calls)))
+@click.command()
+@click.option("--trees", multiple=True, required=True, help="Source trees to compare (repeat the option).")
+@click.option("--rounds", type=int, default=5, show_default=True)
+@click.option("--calls", type=int, default=20000, show_default=True)
+@click.option("--child", is_flag=True, hidden=True)
+def main(trees: tuple[str, ...], rounds: int, calls: int, child: bool) -> None:
+    """Thread CPU per plain-body parse, per tree (module doc)."""
+    if child:
+        print(json.dumps(_child(calls)))
         return
-    runs: dict[str, list[dict[str, float]]] = {t: [] for t in a.trees}
-    for _ in range(a.rounds):
-        for tree in a.trees:
+    runs: dict[str, list[dict[str, float]]] = {t: [] for t in trees}
+    for _ in range(rounds):
+        for tree in trees:
             env = {**os.environ, "PYTHONPATH": tree}
-            res = subprocess.run([sys.executable, "-m", "bench.parse_plain_micro", "--child", "--calls", str(a.calls)],
-                                 env=env, cwd=tree, capture_output=True, text=True, check=True)
+            res = subprocess.run([sys.executable, "-m", "bench.parse_plain_micro", "--child", "--trees", tree,
+                                  "--calls", str(calls)], env=env, cwd=tree, capture_output=True, text=True,
+                                 check=True)
             runs[tree].append(json.loads(res.stdout))
     print("| tree | body | median ns/parse | spread (max-min) |\n|---|---|---|---|")
     for tree, rs in runs.items():
