@@ -5,6 +5,7 @@ The lead mounts :data:`audit_group` into the main CLI
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -72,9 +73,28 @@ def verify_cmd(paths: tuple[str, ...], public_key: str, partial: bool, anchors: 
 @click.argument("private_key_file", type=click.Path())
 @click.option("--public-key-file", type=click.Path(), default=None)
 def keygen_cmd(private_key_file: str, public_key_file: str | None) -> None:
-    """Create an Ed25519 checkpoint signing key (private mode 0600, public .pub)."""
-    generate_signing_key(private_key_file, public_key_file)
+    """Create an Ed25519 checkpoint signing key (private mode 0600, public .pub). Never overwrites
+    a private key; exit 1 with a one-line error when a file cannot be created (S21-newcomer-1)."""
+    try:
+        generate_signing_key(private_key_file, public_key_file)
+    except OSError as exc:
+        raise click.ClickException(keygen_problem(exc, private_key_file)) from None
     click.echo(f"wrote {private_key_file} and {public_key_file or private_key_file + '.pub'}")
+
+
+
+def keygen_problem(exc: OSError, private_key_file: str) -> str:
+    """The one-line error of ``audit keygen`` for ``exc`` (raised creating a key file; its ``filename``
+    names the file): what is wrong and what to do. Session 21, S21-newcomer-1 (was a traceback)."""
+    path = exc.filename or private_key_file
+    if isinstance(exc, FileExistsError):
+        return (f"{path} already exists: a signing key is never overwritten; choose another path, or move the "
+                f"old key away first (keep its .pub to verify the logs it signed)")
+    if isinstance(exc, FileNotFoundError):
+        directory = os.path.dirname(os.path.abspath(path))
+        return (f"cannot create {path}: the directory {directory} does not exist; create it "
+                f"(e.g. install -d -m 0700 {directory}) or choose another path")
+    return f"cannot create {path}: {exc.strerror or exc}"
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ def generate_signing_key(private_path: str | Path, public_path: str | Path | Non
 
     Raises:
         FileExistsError: the private key file already exists.
+        OSError: a file cannot be created (``FileNotFoundError``: its directory does not exist); when
+            the public key cannot be written the private key just written is removed (session 21,
+            S21-newcomer-1), so the command can be run again.
     """
     private_path = Path(private_path)
     public_path = Path(public_path) if public_path else private_path.with_name(private_path.name + ".pub")
@@ -33,7 +36,12 @@ def generate_signing_key(private_path: str | Path, public_path: str | Path | Non
     with os.fdopen(fd, "wb") as fh:
         fh.write(pem)
     pub = key.public_key()
-    public_path.write_bytes(pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    try:
+        public_path.write_bytes(pub.public_bytes(serialization.Encoding.PEM,
+                                                 serialization.PublicFormat.SubjectPublicKeyInfo))
+    except OSError:
+        private_path.unlink()
+        raise
     return pub
 
 

@@ -46,7 +46,7 @@ from routing.config import policy_from_config
 from routing.index import InProcessPrefixIndex, PrefixIndex
 from routing.load import InProcessLoadTracker, LoadTracker
 from routing.router import Router
-from tenancy.keys import KeyRing, KeyStateInUse, load_master_secret
+from tenancy.keys import KeyRing, KeyStateDirectoryMissing, KeyStateInUse, load_master_secret
 from tenancy.ledger import TokenLedger
 from tenancy.limits import TenantLimiter
 from tenancy.registry import TenantConfigError, TenantRegistry
@@ -271,8 +271,8 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
         registry = TenantRegistry.from_config(config.tenancy.tenants, operators=config.tenancy.operators)
     except TenantConfigError as exc:
         raise ConfigError(f"invalid configuration: tenancy.{exc}") from None
-    except KeyStateInUse as exc:  # an offline `prefixgate keys` write still holds the state file (R11-1)
-        raise ConfigError(f"tenancy.state_file: {exc}") from None
+    except (KeyStateInUse, KeyStateDirectoryMissing) as exc:  # an offline `keys` write holds it (R11-1); its
+        raise ConfigError(f"tenancy.state_file: {exc}") from None  # directory is missing (S21-newcomer-2)
     except Exception as exc:  # KeyRingError: messages never hold secrets
         where = "tenancy.master_secret_file" if config.tenancy.master_secret_file else "tenancy.master_secret_env"
         raise ConfigError(f"invalid configuration: {where}: {exc}") from None

@@ -17,6 +17,8 @@ and re-exported here, so ``from gateway.config import <Section>`` keeps working.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,11 @@ from gateway.config_state import StateConfig
 from gateway.config_tenancy import TenancyConfig, check_tenancy
 from gateway.config_tracing import TracingConfig
 
-__all__ = ["GatewayConfig", "ConfigError", "StateConfig", "load_config", "check_tenancy"]
+__all__ = ["ENV_PREFIX", "GatewayConfig", "ConfigError", "StateConfig", "load_config", "check_tenancy",
+           "unknown_env_sections"]
+
+#: Environment overrides: ``PREFIXGATE__<SECTION>__<FIELD>`` (case-insensitive).
+ENV_PREFIX = "PREFIXGATE__"
 
 
 #: base of the sections (a section added here subclasses it, as before the split)
@@ -48,7 +54,7 @@ class GatewayConfig(BaseSettings):
     """The whole gateway configuration (see docs/configuration.md)."""
 
     model_config = SettingsConfigDict(
-        env_prefix="PREFIXGATE__", env_nested_delimiter="__", extra="forbid", case_sensitive=False
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", case_sensitive=False
     )
 
     listen: ListenConfig = Field(default_factory=ListenConfig)
@@ -94,7 +100,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
 
     ``overrides`` (a nested dict) is merged over the file before the
     environment is applied. Raises :class:`ConfigError` with every validation
-    problem listed by its dotted location.
+    problem listed by its dotted location, and for an environment override whose
+    section is not a top-level key (:func:`unknown_env_sections`).
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -113,6 +120,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         data = loaded
     if overrides:
         data = _merge(data, overrides)
+    if unknown := unknown_env_sections(os.environ):
+        raise ConfigError("invalid configuration: " + "; ".join(unknown))
     try:
         cfg = GatewayConfig(**data)
     except ValidationError as exc:
@@ -129,4 +138,21 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
             out[k] = _merge(out[k], v)
         else:
             out[k] = v
+    return out
+
+
+def unknown_env_sections(environ: Mapping[str, str]) -> list[str]:
+    """One operator-facing line per variable of ``environ`` that starts with :data:`ENV_PREFIX`
+    (case-insensitive) but whose first segment is not a top-level key of :class:`GatewayConfig`
+    (``PREFIXGATE__LIMTS__MAX_BODY_BYTES``): pydantic-settings reads only known top-level keys, so such
+    a variable was ignored silently, ``config check`` included, while a misspelt field inside a known
+    section is an error (session 21, S21-newcomer-4). Empty when there is none; never raises."""
+    known = sorted(GatewayConfig.model_fields)
+    out = []
+    for name in sorted(environ):
+        if name.upper().startswith(ENV_PREFIX):
+            section = name[len(ENV_PREFIX):].split("__", 1)[0].lower()
+            if section not in GatewayConfig.model_fields:
+                out.append(f"environment variable {name}: unknown section {section!r} "
+                           f"(known: {', '.join(known)})")
     return out

@@ -9,7 +9,11 @@ no network, so that a file the command calls valid does not make ``serve`` exit 
   :func:`gateway.pep.build_decision_point` compiles it; in ``remote`` mode ``policy.url`` must be set
   (the server is not asked).
 
-Not checked (they need a secret, a network or a running process): the master secret and key state,
+* ``tenancy.state_file``: its directory must exist (:func:`tenancy.state_lock.missing_directory`; session 21,
+  S21-newcomer-2: ``serve`` refuses to start without it, and before it started and answered every key or
+  salt rotation 500).
+
+Not checked (they need a secret, a network or a running process): the master secret and key state's contents,
 Redis (``state``), trust bundles fetched over HTTPS, a remote policy server, the tokenizer files,
 and the stored versions of ``policy.versions_dir``.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gateway.salt_pools import salt_pool_error
+from tenancy.state_lock import missing_directory
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
@@ -39,6 +44,8 @@ def build_time_errors(cfg: GatewayConfig, registry: TenantRegistry) -> list[str]
     error = policy_error(cfg)
     if error is not None:
         out.append(f"policy: {error}")
+    if cfg.tenancy.state_file and (error := missing_directory(cfg.tenancy.state_file)) is not None:
+        out.append(f"tenancy.state_file: {error}")
     return out
 
 

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import orjson
 
-__all__ = ["MAX_FAST_NESTING", "IntegerTooLong", "dumps", "loads", "loads_answer", "loads_checked", "loads_object"]
+__all__ = ["MAX_FAST_NESTING", "IntegerTooLong", "NonFiniteLiteral", "dumps", "loads", "loads_answer", "loads_checked", "loads_object"]
 
 #: At most this many ``[`` plus ``{`` bytes for the orjson path (far below the
 #: depth at which :func:`json.loads` raises ``RecursionError``).
@@ -53,6 +53,20 @@ class IntegerTooLong(ValueError):
     def __init__(self, max_digits: int) -> None:
         super().__init__(f"an integer literal has more than {max_digits} digits")
         self.max_digits = max_digits
+
+
+class NonFiniteLiteral(ValueError):
+    """A ``NaN``, ``Infinity`` or ``-Infinity`` token outside strings: not JSON (RFC 8259 §6 has no
+    such numbers), which :mod:`json` reads by default and orjson refuses (session 21, S21-newcomer-5)."""
+
+    def __init__(self, literal: str) -> None:
+        super().__init__(f"{literal} is not a JSON value (RFC 8259 allows no NaN or Infinity)")
+        self.literal = literal
+
+
+def _refuse_constant(literal: str) -> Any:
+    """``parse_constant`` for :func:`json.loads`: raises :class:`NonFiniteLiteral` for ``literal``."""
+    raise NonFiniteLiteral(literal)
 
 
 def _bounded_int(max_digits: int) -> Callable[[str], int]:
@@ -90,7 +104,7 @@ def _integer_literal(digits: int) -> re.Pattern[bytes]:
 
 
 def loads_checked(data: bytes, text: str | None = None, *, max_int_digits: int | None = None,
-                  max_depth: int | None = None) -> tuple[Any, bool]:
+                  max_depth: int | None = None, strict_numbers: bool = False) -> tuple[Any, bool]:
     """``(loads(data, text), fast)``: ``fast`` is True when orjson decoded the document.
 
     A ``fast`` value holds no lone surrogate (orjson refuses the escapes), no ``NaN`` or
@@ -104,6 +118,9 @@ def loads_checked(data: bytes, text: str | None = None, *, max_int_digits: int |
     :data:`MAX_FAST_NESTING`): the caller refuses values nested deeper, so orjson may read a
     document of many brackets (R4-1: 21,000 content parts, ~20 ms with :mod:`json`); only a
     document nested deeper than ``max_depth`` can then decode where :mod:`json` would raise.
+    ``strict_numbers`` (session 21, S21-newcomer-5): the :mod:`json` path raises
+    :class:`NonFiniteLiteral` at a ``NaN``/``Infinity``/``-Infinity`` token (orjson already refuses
+    them, so the fast path is unchanged; the same text inside a string is text and stays accepted).
     """
     mapped = outside = outside_map = None
     fast_ok = max_depth is not None and max_depth <= MAX_FAST_NESTING
@@ -125,18 +142,19 @@ def loads_checked(data: bytes, text: str | None = None, *, max_int_digits: int |
                                      or (outside_map is not None and _LONG_RUN not in outside_map)):
             return value, True
     src = data if text is None else text
+    constant = _refuse_constant if strict_numbers else None
     if max_int_digits is not None:
         if mapped is None:
             mapped = data.translate(_DIGITS)
         too_long = b"0" * (max_int_digits + 1)
         if too_long in mapped:
             if outside is None or outside_map is None:  # not split: json, checking each integer
-                return json.loads(src, parse_int=_bounded_int(max_int_digits)), False
+                return json.loads(src, parse_int=_bounded_int(max_int_digits), parse_constant=constant), False
             if (first := outside_map.find(too_long)) >= 0:  # from the value holding the first long run
                 start = max(outside.rfind(b"[", 0, first), outside.rfind(b",", 0, first), outside.rfind(b":", 0, first))
                 if _integer_literal(max_int_digits + 1).search(outside, max(0, start)):
                     raise IntegerTooLong(max_int_digits)  # s5: unread (json would have read up to it first)
-    return json.loads(src), False
+    return json.loads(src, parse_constant=constant), False
 
 
 def loads(data: bytes, text: str | None = None) -> Any:

@@ -255,7 +255,8 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     """Decode and validate an OpenAI request body for ``endpoint``.
 
     Raises :class:`GatewayError` 400 with code ``invalid_json`` (not UTF-8,
-    not JSON, not an object, nested deeper than ``max_depth``),
+    not JSON, a ``NaN``/``Infinity``/``-Infinity`` token anywhere (RFC 8259 §6; S21-newcomer-5),
+    not an object, nested deeper than ``max_depth``),
     ``too_many_messages`` (more chat messages than ``max_messages``),
     ``too_many_content_parts`` (messages, each counted once per part of a list
     ``content`` and once per tool call, above ``max_messages``), ``number_too_long`` (an integer literal
@@ -278,12 +279,16 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
         raise GatewayError(400, "invalid_json", "request body is not valid UTF-8") from None
     try:
         # = json.loads(text), faster; ``checked``: orjson read it (no lone surrogate, no non-finite number)
-        data, checked = json_fast.loads_checked(raw, text, max_int_digits=MAX_INT_DIGITS, max_depth=max_depth)
+        data, checked = json_fast.loads_checked(raw, text, max_int_digits=MAX_INT_DIGITS, max_depth=max_depth,
+                                                strict_numbers=True)
     except json_fast.IntegerTooLong:
         raise GatewayError(400, "number_too_long",
                            f"request body holds an integer of more than {MAX_INT_DIGITS} digits") from None
     except RecursionError:
         raise GatewayError(400, "invalid_json", "request body is nested too deeply") from None
+    except json_fast.NonFiniteLiteral as exc:  # S21-newcomer-5: not JSON, wherever it is (the admin API agrees)
+        raise GatewayError(400, "invalid_json", f"request body is not valid JSON: {exc.literal} is not a JSON "
+                           "value (RFC 8259 allows no NaN or Infinity)") from None
     except ValueError:
         raise GatewayError(400, "invalid_json", "request body is not valid JSON") from None
     if not isinstance(data, dict):

@@ -42,11 +42,12 @@ from tenancy.salt import cache_salt as _cache_salt
 from tenancy.salt import derive_salt_key
 from tenancy.state import UNROTATED as _UNROTATED
 from tenancy.state import KeyState, TenantState, bumped, forward, registry_seen
-from tenancy.state_lock import KeyStateInUse, StateFile
+from tenancy.state_lock import KeyStateDirectoryMissing, KeyStateInUse, StateFile
 
 __all__ = [
-    "KeyRingError", "KeyStateInUse", "MasterUnchanged", "MIN_MASTER_SECRET_BYTES", "PREFIX_KEY_INFO", "TenantKey",
-    "PrefixChains", "KeyRing", "load_master_secret", "derive_prefix_key", "key_id", "USER_KEY_INFO", "user_pseudonym",
+    "KeyRingError", "KeyStateDirectoryMissing", "KeyStateInUse", "MasterUnchanged", "MIN_MASTER_SECRET_BYTES",
+    "PREFIX_KEY_INFO", "TenantKey", "PrefixChains", "KeyRing", "load_master_secret", "derive_prefix_key", "key_id",
+    "USER_KEY_INFO", "user_pseudonym",
 ]
 
 
@@ -75,7 +76,8 @@ class KeyRing:
     file's lock (:class:`tenancy.state_lock.StateFile`): ``"shared"`` (default,
     a ring serving traffic, held until :meth:`close`), ``"exclusive"`` (offline
     command) or ``None`` (read only). Thread-safe. Raises :class:`KeyRingError`
-    for a short secret or an unusable state file, :class:`KeyStateInUse` for a
+    for a short secret or an unusable state file (:class:`KeyStateDirectoryMissing`, a
+    subclass, when its directory does not exist), :class:`KeyStateInUse` for a
     conflicting lock holder, ``ValueError`` for another ``state_lock``.
     """
 

@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterator
 from tenancy.master_secret import KeyRingError
 from tenancy.state import KeyState, StateError, load_state, merge_forward, save_state
 
-__all__ = ["LOCK_MODES", "START_WAIT_S", "KeyStateInUse", "StateFile", "StateInUse", "StateLock", "gateway_running",
-           "hold_shared", "lock_path", "take_exclusive"]
+__all__ = ["LOCK_MODES", "START_WAIT_S", "KeyStateDirectoryMissing", "KeyStateInUse", "StateFile", "StateInUse",
+           "StateLock", "gateway_running", "hold_shared", "lock_path", "missing_directory", "take_exclusive"]
 
 #: Seconds a starting gateway waits for an offline command's exclusive lock to go (it holds it for ms).
 START_WAIT_S = 5.0
@@ -47,6 +47,25 @@ _POLL_S = 0.05
 class StateInUse(StateError):
     """The lock is held in a conflicting mode: a running gateway (for an offline writer) or an
     offline command still writing (for a starting gateway)."""
+
+
+class KeyStateDirectoryMissing(KeyRingError):
+    """The state file's directory does not exist: nothing can lock or write it (S21-newcomer-2)."""
+
+
+def missing_directory(state_path: str) -> str | None:
+    """Why the state file ``state_path`` cannot be locked or written because its directory does not exist
+    (an operator-facing sentence naming the directory and what to create), or None when it exists.
+
+    The gateway never creates it (audit directories it does create): a missing key-state directory is
+    often an unmounted volume, and state written elsewhere would silently lose every rotation at the next
+    start; its owner and mode are the operator's choice (session 21, S21-newcomer-2)."""
+    directory = os.path.dirname(os.path.abspath(state_path))
+    if os.path.isdir(directory):
+        return None
+    return (f"the key-state directory {directory} does not exist: create it for the gateway's user "
+            f"(e.g. install -d -m 0700 -o <gateway user> {directory}), or point tenancy.state_file elsewhere; "
+            f"key and salt rotations cannot be saved to {state_path} until it exists")
 
 
 def lock_path(state_path: str) -> str:
@@ -174,10 +193,11 @@ LOCK_MODES = ("shared", "exclusive", None)
 class StateFile:
     """The key ring's state file (``path``) and its lock, taken per ``mode`` (:data:`LOCK_MODES`).
 
-    ``"shared"``: :func:`hold_shared` now (a missing directory defers it to the
-    first :meth:`write`); ``"exclusive"``: :func:`take_exclusive` now; ``None``:
+    ``"shared"``: :func:`hold_shared` now; ``"exclusive"``: :func:`take_exclusive` now; ``None``:
     no lock, :meth:`write` refuses. Raises :class:`KeyStateInUse` (conflicting
-    holder), :class:`KeyRingError` (an exclusive lock that cannot be created),
+    holder), :class:`KeyStateDirectoryMissing` (the file's directory does not exist, either
+    locking mode: since session 21, S21-newcomer-2, a shared holder no longer defers the lock to
+    the first write), :class:`KeyRingError` (an exclusive lock that cannot be created),
     ``ValueError`` (another mode).
     """
 
@@ -198,11 +218,10 @@ class StateFile:
         except StateInUse as exc:
             raise KeyStateInUse(str(exc)) from None
         except FileNotFoundError as exc:
-            if self.mode == "exclusive":
-                raise KeyRingError(f"cannot lock key state {lock_path(self.path)}: {exc.strerror}") from None
-            # "shared": the directory does not exist yet; no write of the file can succeed before it
-            # does, and the first write takes the lock (residual: an offline command that creates the
-            # directory and writes meanwhile is merged forward, not refused)
+            # S21-newcomer-2: refused in both modes (a gateway used to start and answer every rotation 500)
+            if (missing := missing_directory(self.path)) is not None:
+                raise KeyStateDirectoryMissing(missing) from None
+            raise KeyRingError(f"cannot lock key state {lock_path(self.path)}: {exc.strerror}") from None
         except OSError as exc:
             # any other reason (a lock file another user owns, e.g. left by `sudo prefixgate keys`; not a
             # regular file): fail closed rather than run without the lock (review R11c-2)
@@ -230,9 +249,11 @@ class StateFile:
             with self.lock.writing():
                 written = change(merge_forward(mine, self.load()))
                 save_state(self.path, written)
-        except StateError as exc:
-            raise KeyRingError(str(exc)) from exc
-        except OSError as exc:  # the record lock
+        except (StateError, OSError) as exc:  # OSError: the record lock
+            if (missing := missing_directory(self.path)) is not None:  # removed after the start
+                raise KeyStateDirectoryMissing(missing) from exc
+            if isinstance(exc, StateError):
+                raise KeyRingError(str(exc)) from exc
             raise KeyRingError(f"cannot lock key state {lock_path(self.path)}: {exc.strerror}") from exc
         return written
 

@@ -37,9 +37,11 @@ def test_checked_documents_need_no_unforwardable_walk(value: Any, ascii_only: bo
         assert _unforwardable(got) is None
 
 
-@pytest.mark.parametrize("tool", ['{"x": NaN}', '{"x": 1e999}', '{"x": "\\ud800"}', '{"\\udfff": 1}'])
-def test_parse_still_refuses_what_only_json_reads(tool: str) -> None:
+@pytest.mark.parametrize(("tool", "code"), [('{"x": NaN}', "invalid_json"),  # S21-newcomer-5: not JSON
+                                           ('{"x": 1e999}', "invalid_request"), ('{"x": "\\ud800"}', "invalid_request"),
+                                           ('{"\\udfff": 1}', "invalid_request")])
+def test_parse_still_refuses_what_only_json_reads(tool: str, code: str) -> None:
     raw = ('{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [' + tool + "]}").encode()
     with pytest.raises(GatewayError) as err:
         parse_inference_request(raw, "chat")
-    assert err.value.code == "invalid_request"
+    assert err.value.code == code

@@ -95,7 +95,7 @@ CASES: list[tuple[str, str, bytes, int, str, str, str | None, str]] = [
      b'{"model": "sim-model", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}', 400, "invalid_request",
      "invalid_request_error", "stop", "stop"),
     ("nan_literal", "completions", b'{"model": "sim-model", "prompt": "x", "temperature": NaN}', 400,
-     "invalid_request", "invalid_request_error", "temperature", "temperature"),
+     "invalid_json", "invalid_request_error", None, "NaN is not a JSON value"),  # S21-newcomer-5: not JSON
     ("unknown_model", "completions", b'{"model": "gpt-17", "prompt": "x"}', 404, "model_not_found",
      "invalid_request_error", "model", "the requested model does not exist"),
     ("over_tenant_prompt_limit", "completions",

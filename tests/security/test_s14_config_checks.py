@@ -98,5 +98,7 @@ def test_config_check_passes_a_valid_file_with_its_policy(tmp_path: Path) -> Non
     assert res.exit_code == 0, res.output
     assert ": valid, " in res.output.splitlines()[-1]
     example = Path(__file__).resolve().parents[2] / "examples" / "gateway.yaml"
-    res = CliRunner().invoke(main, ["config", "check", "--config", str(example)])
+    # its state_file is /var/lib/prefixgate/keystate.json: that directory must exist (S21-newcomer-2)
+    env = {"PREFIXGATE__TENANCY__STATE_FILE": str(tmp_path / "keystate.json")}
+    res = CliRunner().invoke(main, ["config", "check", "--config", str(example)], env=env)
     assert res.exit_code == 0, res.output

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -165,8 +166,10 @@ def test_corrupt_state_file_fails_closed(tmp_path) -> None:
 
 
 def test_unwritable_state_does_not_apply_rotation(tmp_path) -> None:
-    path = str(tmp_path / "missing-dir" / "keystate.json")
-    ring = KeyRing(MASTER, state_path=path)
+    (tmp_path / "gone-dir").mkdir()
+    path = str(tmp_path / "gone-dir" / "keystate.json")
+    ring = KeyRing(MASTER, state_path=path)  # a missing directory is refused here since S21-newcomer-2
+    shutil.rmtree(tmp_path / "gone-dir")
     with pytest.raises(KeyRingError):
         ring.rotate_tenant("acme")
     assert ring.current("acme").version == 1
