@@ -133,12 +133,7 @@ class SseScanner:
                     self.output_tokens += tokens
                     if read == len(chunk):
                         return chunk
-                    try:
-                        return chunk[:read] + self._feed_lf(chunk[read:])
-                    except SseProtocolError as exc:  # as if the whole read had been parsed: its events
-                        exc.forward = chunk[:read] + exc.forward  # before the bad one forwarded, and it buffered
-                        self._buf[:0] = chunk[:read]
-                        raise
+                    return self._feed_lf(chunk, read)  # the rest parsed, as if the whole read were (S21-shapereview-1)
             return self._feed_lf(chunk)  # the common case: whole LF-only events (session 9)
         return self._feed_general(chunk)
 
@@ -200,20 +195,24 @@ class SseScanner:
             raise SseProtocolError("upstream event too large")
         return b"".join(out)
 
-    def _feed_lf(self, chunk: bytes) -> bytes:
+    def _feed_lf(self, chunk: bytes, read: int = 0) -> bytes:
         """:meth:`feed` of a ``chunk`` without CR when nothing is pending (no partial line or event, no CR
         just read, the BOM check done): its lines end with LF only, so they are ``chunk.split(b"\n")``
         (no regular expression, no copy per line); same fields, dispatches, forwarded bytes, errors and
-        state as the general path (tests/gateway/test_s9_sse_lf.py compares them).
+        state as the general path (tests/gateway/test_s9_sse_lf.py compares them). ``read``: the length of
+        the whole events at its start already read by the learnt shape (counted, forwarded as received);
+        the rest is read here, and an error's ``forward`` and the buffer are those of the whole chunk
+        (session 21, S21-shapereview-1: the shape path's own handling buffered the read events on an
+        oversize event).
 
         Session 16 (S15-3): with ``drop_cached``, every event dispatched here has its data lines in
         ``chunk`` (nothing was pending), and an event's data is its lines' values joined with LF, which
         is in neither ``"cached_tokens"`` nor ``\\u``: when ``chunk`` holds neither
         (:func:`gateway.usage_privacy.may_name_cached`, searched once), no event of it does, and their
         own two searches (:func:`gateway.usage_privacy.event_for_drop`) are skipped (same outcome)."""
-        out: list[bytes] = []
-        lines = chunk.split(b"\n")
-        start = pos = 0
+        out: list[bytes] = [chunk[:read]] if read else []
+        lines = (chunk[read:] if read else chunk).split(b"\n")
+        start = pos = read
         clean: bool | None = None  # drop_cached: the chunk names no counter (searched once, at its first event)
         for line in lines[:-1]:  # the last piece has no LF: the start of a line still being read
             pos += len(line) + 1
