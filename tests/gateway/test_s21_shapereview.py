@@ -151,3 +151,25 @@ def test_every_two_and_three_read_split_of_a_mixed_stream() -> None:
                 chunks = [raw[:i], raw[i:j], raw[j:]]
                 for keep, drop in ((True, False), (False, True)):
                     assert _run(chunks, keep, drop, limit, True) == _run(chunks, keep, drop, limit, False), (i, j)
+
+
+def test_an_event_a_drop_tenants_rewrite_cannot_write_is_a_protocol_error() -> None:
+    """S21-stream-1: a lone surrogate (raw UTF-8-encoded surrogate bytes, which the parse reads with
+    ``surrogatepass``, or a ``\\ud800`` escape) in an event that a ``drop`` tenant gets written again (a
+    ``\\u`` escape or the counter's name) cannot be encoded: an SseProtocolError whose ``forward`` holds the
+    valid events of the read before it, as for any other malformed event (was: UnicodeEncodeError, and
+    those events lost)."""
+    for bad in (b'data: {"choices":[{"text":"\xed\xa0\x80\\u0041"}]}\n\n', b'data: {"choices":[{"text":"\\ud800"}]}\n\n',
+                b'data: {"choices":[{"text":"\xed\xa0\x80"}],"x":{"cached_tokens":1}}\n\n'):
+        for shapes in (True, False):
+            for general in (False, True):  # the LF-only path and the general one (a CR in the read)
+                scanner = SseScanner(drop_cached=True, shapes=shapes)
+                valid = _delta(b" a") + _delta(b" b")
+                assert scanner.feed(valid) == valid
+                good = _delta(b" c").replace(b"\n\n", b"\r\n\r\n") if general else _delta(b" c")
+                try:
+                    scanner.feed(good + bad)
+                except SseProtocolError as exc:
+                    assert exc.forward == good
+                else:
+                    raise AssertionError("no error")
