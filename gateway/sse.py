@@ -71,7 +71,8 @@ def _names_counter(line: bytes) -> bool:
 
 
 class SseProtocolError(Exception):
-    """The upstream stream is not valid OpenAI SSE (bad JSON, error event, oversize event).
+    """The upstream stream is not valid OpenAI SSE (bad JSON, error event, oversize event, or, for a
+    ``drop_cached`` tenant, an event to be written again that cannot be: a lone surrogate, S21-stream-1).
 
     ``forward``: the complete, valid events of the same :meth:`SseScanner.feed`
     call that came before the bad one (forward them, then the error).
@@ -308,7 +309,10 @@ class SseScanner:
             if not choices and not self.keep_usage_chunk:
                 return False
         if self.drop_cached and not clean:  # R14-2: whatever its top-level keys (a nested copy)
-            rewritten = event_for_drop(payload, obj, usage)  # R12-1; RV2-1: a duplicated / escaped key
+            try:
+                rewritten = event_for_drop(payload, obj, usage)  # R12-1; RV2-1: a duplicated / escaped key
+            except (RecursionError, ValueError, TypeError):  # S21-stream-1: a lone surrogate (as S15-6's plain path)
+                raise SseProtocolError("upstream sent an event that cannot be written again") from None
             if rewritten is not None:
                 if isinstance(choices, list):
                     self.output_tokens += sum(1 for c in choices if _has_output(c))
