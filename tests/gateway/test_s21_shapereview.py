@@ -173,3 +173,21 @@ def test_an_event_a_drop_tenants_rewrite_cannot_write_is_a_protocol_error() -> N
                     assert exc.forward == good
                 else:
                     raise AssertionError("no error")
+
+
+def test_an_oversize_event_forwards_the_valid_events_of_its_read_before_it() -> None:
+    """S21-shapereview-2: an event growing past ``max_event_bytes`` is a protocol error whose ``forward``
+    holds the whole events of the same read before it (they were checked and dispatched; was: b"", the
+    client never got them), in the LF-only path, the general one and the shape path alike."""
+    for shapes in (True, False):
+        for general in (False, True):
+            scanner = SseScanner(max_event_bytes=120, shapes=shapes)
+            valid = _delta(b" a") + _delta(b" b")
+            assert scanner.feed(valid) == valid
+            good = _delta(b" c").replace(b"\n\n", b"\r\n\r\n") if general else _delta(b" c")
+            try:
+                scanner.feed(good + b"data: " + b"x" * 200)
+            except SseProtocolError as exc:
+                assert exc.forward == good
+            else:
+                raise AssertionError("no error")
