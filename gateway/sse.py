@@ -71,7 +71,8 @@ def _names_counter(line: bytes) -> bool:
 
 
 class SseProtocolError(Exception):
-    """The upstream stream is not valid OpenAI SSE (bad JSON, error event, oversize event).
+    """The upstream stream is not valid OpenAI SSE (bad JSON, error event, oversize event, or, for a
+    ``drop_cached`` tenant, an event to be written again that cannot be: a lone surrogate, S21-stream-1).
 
     ``forward``: the complete, valid events of the same :meth:`SseScanner.feed`
     call that came before the bad one (forward them, then the error).
@@ -133,12 +134,7 @@ class SseScanner:
                     self.output_tokens += tokens
                     if read == len(chunk):
                         return chunk
-                    try:
-                        return chunk[:read] + self._feed_lf(chunk[read:])
-                    except SseProtocolError as exc:  # as if the whole read had been parsed: its events
-                        exc.forward = chunk[:read] + exc.forward  # before the bad one forwarded, and it buffered
-                        self._buf[:0] = chunk[:read]
-                        raise
+                    return self._feed_lf(chunk, read)  # the rest parsed, as if the whole read were (S21-shapereview-1)
             return self._feed_lf(chunk)  # the common case: whole LF-only events (session 9)
         return self._feed_general(chunk)
 
@@ -197,23 +193,27 @@ class SseScanner:
             pos -= start
         self._pos = pos
         if len(buf) > self.max_event_bytes:
-            raise SseProtocolError("upstream event too large")
+            raise _too_large(out)
         return b"".join(out)
 
-    def _feed_lf(self, chunk: bytes) -> bytes:
+    def _feed_lf(self, chunk: bytes, read: int = 0) -> bytes:
         """:meth:`feed` of a ``chunk`` without CR when nothing is pending (no partial line or event, no CR
         just read, the BOM check done): its lines end with LF only, so they are ``chunk.split(b"\n")``
         (no regular expression, no copy per line); same fields, dispatches, forwarded bytes, errors and
-        state as the general path (tests/gateway/test_s9_sse_lf.py compares them).
+        state as the general path (tests/gateway/test_s9_sse_lf.py compares them). ``read``: the length of
+        the whole events at its start already read by the learnt shape (counted, forwarded as received);
+        the rest is read here, and an error's ``forward`` and the buffer are those of the whole chunk
+        (session 21, S21-shapereview-1: the shape path's own handling buffered the read events on an
+        oversize event).
 
         Session 16 (S15-3): with ``drop_cached``, every event dispatched here has its data lines in
         ``chunk`` (nothing was pending), and an event's data is its lines' values joined with LF, which
         is in neither ``"cached_tokens"`` nor ``\\u``: when ``chunk`` holds neither
         (:func:`gateway.usage_privacy.may_name_cached`, searched once), no event of it does, and their
         own two searches (:func:`gateway.usage_privacy.event_for_drop`) are skipped (same outcome)."""
-        out: list[bytes] = []
-        lines = chunk.split(b"\n")
-        start = pos = 0
+        out: list[bytes] = [chunk[:read]] if read else []
+        lines = (chunk[read:] if read else chunk).split(b"\n")
+        start = pos = read
         clean: bool | None = None  # drop_cached: the chunk names no counter (searched once, at its first event)
         for line in lines[:-1]:  # the last piece has no LF: the start of a line still being read
             pos += len(line) + 1
@@ -242,7 +242,7 @@ class SseScanner:
             self._buf += chunk[start:] if start else chunk
             self._pos = pos - start
             if len(self._buf) > self.max_event_bytes:
-                raise SseProtocolError("upstream event too large")
+                raise _too_large(out)
         return out[0] if len(out) == 1 else b"".join(out)
 
     def finish(self) -> bytes:
@@ -309,7 +309,10 @@ class SseScanner:
             if not choices and not self.keep_usage_chunk:
                 return False
         if self.drop_cached and not clean:  # R14-2: whatever its top-level keys (a nested copy)
-            rewritten = event_for_drop(payload, obj, usage)  # R12-1; RV2-1: a duplicated / escaped key
+            try:
+                rewritten = event_for_drop(payload, obj, usage)  # R12-1; RV2-1: a duplicated / escaped key
+            except (RecursionError, ValueError, TypeError):  # S21-stream-1: a lone surrogate (as S15-6's plain path)
+                raise SseProtocolError("upstream sent an event that cannot be written again") from None
             if rewritten is not None:
                 if isinstance(choices, list):
                     self.output_tokens += sum(1 for c in choices if _has_output(c))
@@ -343,6 +346,14 @@ class SseScanner:
         elif keep is False or not fields:
             return keep
         return b"".join([f + b"\n" for f in fields]) + keep
+
+
+def _too_large(out: list[bytes]) -> SseProtocolError:
+    """The error for an event past ``max_event_bytes``; its ``forward``: the read's events before it (``out``,
+    checked and dispatched; S21-shapereview-2: they were dropped)."""
+    exc = SseProtocolError("upstream event too large")
+    exc.forward = b"".join(out)
+    return exc
 
 
 def _has_output(choice: Any) -> bool:
