@@ -92,8 +92,8 @@ _STATE = ("usage", "done", "events", "output_tokens", "_buf", "_pos", "_data", "
 
 
 def _state(scanner: SseScanner) -> tuple[Any, ...]:
-    return tuple(bytes(v) if isinstance(v, bytearray) else tuple(v) if isinstance(v, list) else v
-                 for v in (getattr(scanner, n) for n in _STATE))
+    return tuple(bytes(v) if isinstance(v, bytearray) else tuple(v) if isinstance(v, list) else dict(v)
+                 if isinstance(v, dict) else v for v in (getattr(scanner, n) for n in _STATE))
 
 
 def _run(chunks: list[bytes], keep: bool, drop: bool, limit: int, shapes: bool) -> list[Any]:

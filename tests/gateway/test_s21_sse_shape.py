@@ -12,8 +12,9 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gateway.sse import SseProtocolError, SseScanner, _has_output
+from gateway.sse import SseScanner, _has_output
 from gateway.sse_shape import learn_shape
+from tests.gateway.test_s21_shapereview import _run as _run_bounded
 
 #: generated text: plain words, escapes JSON needs (quote, backslash, controls), non-ASCII, the counter's name
 _TEXT = st.one_of(
@@ -97,34 +98,10 @@ def _stream(draw: Any) -> tuple[list[bytes], bool, bool]:
 
 
 #: the scanner's state after each read (all of it but the learnt shape)
-_STATE = ("usage", "done", "events", "output_tokens", "_buf", "_pos", "_data", "_cr_end", "_cr_dispatched",
-          "_started", "_special", "_withhold", "_fields")
-
-
-def _state(scanner: SseScanner) -> tuple[Any, ...]:
-    return tuple(bytes(v) if isinstance(v, bytearray) else tuple(v) if isinstance(v, list) else dict(v)
-                 if isinstance(v, dict) else v for v in (getattr(scanner, n) for n in _STATE))
-
-
 def _run(chunks: list[bytes], keep: bool, drop: bool, shapes: bool) -> list[Any]:
-    scanner = SseScanner(keep_usage_chunk=keep, drop_cached=drop, shapes=shapes)
-    seen: list[Any] = []
-    for chunk in chunks:
-        try:
-            seen.append(("ok", scanner.feed(chunk), _state(scanner)))
-        except SseProtocolError as exc:
-            seen.append(("error", str(exc), exc.forward, _state(scanner)))
-            break
-        except ValueError as exc:  # S21-stream-1: a rewrite of a lone surrogate raises UnicodeEncodeError (both)
-            seen.append(("raised", type(exc).__name__, str(exc)))
-            break
-    else:
-        try:
-            seen.append(("end", scanner.finish()))
-        except SseProtocolError as exc:
-            seen.append(("end error", str(exc)))
-    seen.append((scanner.usage, scanner.done, scanner.events, scanner.output_tokens))
-    return seen
+    """Everything a client and the accounting see of ``chunks`` through one scanner (the shapereview's
+    differential run, at the default event bound)."""
+    return _run_bounded(chunks, keep, drop, 1 << 20, shapes)  # SseScanner's default max_event_bytes
 
 
 @settings(max_examples=600, deadline=None)
