@@ -21,6 +21,7 @@ import pytest
 from audit.keys import load_public_key
 from audit.verify import verify_files
 from gateway.auditing import AuditHub
+from tests.gateway.test_audit_e2e import _events  # the JSONL chain's event bodies
 from tests.support.audit_log import file_audit_hub
 from tests.support.policy_store import policy_store_section
 
@@ -38,16 +39,6 @@ def audit_hub(tmp_path: Path) -> AuditHub:
     # first_n above the test's count: this test is about the events, the flood test about summaries
     return file_audit_hub(tmp_path, ocsf={"file": str(tmp_path / "ocsf.jsonl")},
                           summary={"window_s": 60, "first_n": 100})
-
-
-def _events(tmp: Path) -> list[dict[str, Any]]:
-    out = []
-    for f in sorted((tmp / "audit").glob("*.jsonl")):
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("type") == "event":
-                out.append(rec["body"])
-    return out
 
 
 async def test_failed_operator_changes_are_audited_once_each(stack: Any, tmp_path: Path) -> None:
