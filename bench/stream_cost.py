@@ -51,6 +51,7 @@ import click
 
 from bench.loadgen import _one, _prompt
 from bench.overhead import REPO, RESULTS, _second_config, _spawn, _start_passthrough, _start_slot, settle
+from bench.harness import write_json_and_markdown
 from sim.click_options import ClickOptions
 
 WARMUP = 10
@@ -349,10 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     doc = uvloop.run(run(args))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    md = to_markdown(doc)
-    (args.out / f"{args.name}.md").write_text(md)
-    print(md, end="")
+    write_json_and_markdown(args.out / args.name, doc, to_markdown(doc))
     return 0
 
 
