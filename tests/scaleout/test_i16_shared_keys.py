@@ -5,7 +5,6 @@ import os
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
 
 from tenancy.keys import KeyRing, KeyRingError
 from tenancy.shared_keys import SharedKeyState
@@ -13,14 +12,6 @@ from tests.support.waiting import wait_for
 
 MASTER = os.urandom(32)
 PREFIX = "pgkeys:"
-
-
-@pytest.fixture
-async def clients(redis_server):
-    made = [aioredis.Redis.from_url(redis_server.url) for _ in range(4)]
-    yield made
-    for c in made:
-        await c.aclose()
 
 
 async def test_a_rotation_on_one_instance_reaches_the_others(clients, tmp_path: Path) -> None:

@@ -65,14 +65,6 @@ def test_mac_matches_refuses_a_non_ascii_field_without_raising() -> None:
     assert not mac_matches(record_text(b"\xff" * 64), "ab" * 32)
 
 
-@pytest.fixture
-async def clients(redis_server):
-    made = [aioredis.Redis.from_url(redis_server.url) for _ in range(3)]
-    yield made
-    for c in made:
-        await c.aclose()
-
-
 @pytest.mark.parametrize("bad", BAD_KEY_RECORDS, ids=KEY_IDS)
 async def test_a_tenant_record_not_utf8_is_ignored_counted_and_written_over(clients, bad: bytes) -> None:
     a, b = KeyRing(MASTER), KeyRing(MASTER)

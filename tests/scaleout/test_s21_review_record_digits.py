@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import redis.asyncio as aioredis
 
 from gateway.shared_docs import DOCS_MAC_INFO, SharedDocument, state_metrics
 from tenancy.keys import KeyRing
@@ -32,14 +31,6 @@ BAD_NUMBERS = ["\u00b2", "1\u00b2", "\u0663", "1" * 5000, "\uff11", "99999999999
                                          ("1" * 21, None)] + [(b, None) for b in BAD_NUMBERS])
 def test_record_number_reads_plain_ascii_digits_only(text: str, value: int | None) -> None:
     assert record_number(text) == value
-
-
-@pytest.fixture
-async def clients(redis_server):
-    made = [aioredis.Redis.from_url(redis_server.url) for _ in range(3)]
-    yield made
-    for c in made:
-        await c.aclose()
 
 
 @pytest.mark.parametrize("bad", BAD_NUMBERS)
