@@ -14,7 +14,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:  # sim.demo is imported where used: a bench child serving a gateway does not load it
     from gateway.build import Gateway
@@ -25,7 +27,7 @@ if TYPE_CHECKING:  # sim.demo is imported where used: a bench child serving a ga
 
 __all__ = ["ANSWERING_LOOP_CHILD", "DEMO_GATEWAY_CHILD", "DemoStack", "asgi_post_best_cpu_ns", "best_cpu_us",
            "loadavg_text", "replica_answer", "run_child_json", "serve_public", "serve_until_sigterm",
-           "start_demo_stack", "write_json_and_markdown"]
+           "profiled_window", "start_demo_stack", "write_json_and_markdown"]
 
 #: Source text for a bench's child process (run on any tree, the baseline's too: it imports nothing of this
 #: tree) defining ``Transport`` and ``Loop``: a uvloop loop whose ``create_connection`` (a public method, the
@@ -237,3 +239,18 @@ def write_json_and_markdown(stem: str | Path, doc: Mapping[str, Any], markdown: 
     Path(f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
     Path(f"{stem}.md").write_text(markdown)
     print(markdown)
+
+
+async def profiled_window(pid: int, out: Path, measure: Awaitable[T]) -> T:
+    """Await ``measure`` with the cProfile of the gateway ``pid`` (started as ``bench.overhead
+    --profiled-gateway``) on: SIGUSR1 starts it (its handler runs at the gateway's next bytecode; wait
+    0.2 s, nothing else in flight), SIGUSR2 stops it and writes ``out``, waited for up to 30 s (absent
+    after that: the caller's ``pstats`` read raises). Returns what ``measure`` returned."""
+    os.kill(pid, signal.SIGUSR1)
+    await asyncio.sleep(0.2)
+    got = await measure
+    os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 30
+    while not out.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return got

@@ -85,6 +85,7 @@ from typing import Any
 import click
 
 from bench import loadgen
+from bench.harness import profiled_window
 from bench.loadgen import GENERATORS, _Body, _one
 from sim.click_options import ClickOptions
 
@@ -460,13 +461,7 @@ async def _profile(cfg: Mapping[str, Any], paths: Any, headers: Mapping[str, str
         cpu = _Cpu(proc.pid, children=False)  # the profile covers the gateway process, not the audit worker
         await sequential(url, headers, WARMUP, bodies)
         plain, plain_cpu = await measured(cpu, n, sequential(url, headers, n, bodies))
-        os.kill(proc.pid, signal.SIGUSR1)
-        await asyncio.sleep(0.2)  # the handler runs at the gateway's next bytecode; nothing else is in flight
-        profiled, prof_cpu = await measured(cpu, n, sequential(url, headers, n, bodies))
-        os.kill(proc.pid, signal.SIGUSR2)
-        deadline = time.monotonic() + 30
-        while not out.exists() and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        profiled, prof_cpu = await profiled_window(proc.pid, out, measured(cpu, n, sequential(url, headers, n, bodies)))
     finally:
         stop_process(proc)
     stages = stage_cpu(pstats.Stats(str(out)), n)

@@ -32,12 +32,10 @@ call-heavy code). Results: ``bench/results/<name>.md`` (and ``.json``).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import pstats
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -51,7 +49,7 @@ import click
 
 from bench.loadgen import _one, _prompt
 from bench.overhead import REPO, RESULTS, _second_config, _spawn, _start_passthrough, _start_slot, settle
-from bench.harness import write_json_and_markdown
+from bench.harness import profiled_window, write_json_and_markdown
 from sim.click_options import ClickOptions
 
 WARMUP = 10
@@ -252,14 +250,8 @@ async def profile_events(cfg: Mapping[str, Any], paths: Any, headers: Mapping[st
             cpu = _Cpu(proc.pid, children=False)
             url = base + "/v1/completions"
             await sequential_cpu(url, headers, 3 * WARMUP, StreamBodies(ev), [cpu])
-            os.kill(proc.pid, signal.SIGUSR1)
-            await asyncio.sleep(0.2)
-            used, _, _ = await sequential_cpu(url, headers, n, StreamBodies(ev), [cpu])
+            used, _, _ = await profiled_window(proc.pid, out, sequential_cpu(url, headers, n, StreamBodies(ev), [cpu]))
             cpu_us[ev] = round(used[0], 1)
-            os.kill(proc.pid, signal.SIGUSR2)
-            deadline = time.monotonic() + 30
-            while not out.exists() and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
         finally:
             stop_process(proc)
         stats[ev] = pstats.Stats(str(out))
