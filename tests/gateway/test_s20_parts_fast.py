@@ -25,6 +25,7 @@ from gateway.request import parse_inference_request
 from gateway.request_fast import plain_chat, text_parts
 from gateway.request_schema import ChatBody
 from tests.gateway.test_s7_request_fast_chat import _schema  # the schema oracle of the chat shortcut
+from tests.gateway.test_s7_request_fast_chat import _shortcut_and_schema
 from tests.support import audit_log as audit_fixtures
 from tests.support.audit_log import ListLog
 
@@ -132,20 +133,9 @@ _DOCS = [
 
 @pytest.mark.parametrize("doc", _DOCS)
 def test_parse_does_not_call_pydantic_and_matches_it(monkeypatch: pytest.MonkeyPatch, doc: dict[str, Any]) -> None:
-    raw = json.dumps(doc).encode()
-    fast = parse_inference_request(raw, "chat", max_messages=2000)
-    real = request_mod.plain_chat
-    monkeypatch.setattr(request_mod, "plain_chat", lambda data: None)
-    slow = parse_inference_request(raw, "chat", max_messages=2000)
+    fast, slow = _shortcut_and_schema(monkeypatch, json.dumps(doc).encode(), 2000)
     assert fast == slow and json.dumps(fast.body) == json.dumps(slow.body)
     assert fast.text == slow.text and fast.prompt_bytes == slow.prompt_bytes and fast.extra_text == slow.extra_text
-    monkeypatch.setattr(request_mod, "plain_chat", real)
-
-    def refuse(*a: Any, **k: Any) -> Any:
-        raise AssertionError("pydantic called for a body of text parts")
-
-    monkeypatch.setattr(request_mod.ChatBody, "model_validate", refuse)
-    assert parse_inference_request(raw, "chat", max_messages=2000) == slow
 
 
 @pytest.mark.parametrize("parts, messages, code", [

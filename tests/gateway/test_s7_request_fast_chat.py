@@ -82,19 +82,26 @@ def test_chat_shortcut_equals_the_schema_or_declines(data: dict[str, Any]) -> No
 ])
 def test_parse_of_a_plain_chat_body_does_not_call_pydantic_and_matches_it(monkeypatch: pytest.MonkeyPatch,
                                                                          doc: dict[str, Any]) -> None:
-    raw = json.dumps(doc).encode()
-    fast = parse_inference_request(raw, "chat", max_messages=8)
+    fast, slow = _shortcut_and_schema(monkeypatch, json.dumps(doc).encode(), 8)
+    assert fast == slow and list(fast.body) == list(slow.body)
+
+
+def _shortcut_and_schema(monkeypatch: pytest.MonkeyPatch, raw: bytes, max_messages: int) -> tuple[Any, Any]:
+    """``(parse with the chat shortcut, parse with the shortcut off: pydantic)`` of the chat body ``raw``; also
+    asserts that a third parse, with pydantic's ``model_validate`` refusing to run, equals the pydantic one (the
+    shortcut took the body). ``model_validate`` stays refused for the rest of the test."""
+    fast = parse_inference_request(raw, "chat", max_messages=max_messages)
     real = request_mod.plain_chat
     monkeypatch.setattr(request_mod, "plain_chat", lambda data: None)
-    slow = parse_inference_request(raw, "chat", max_messages=8)
-    assert fast == slow and list(fast.body) == list(slow.body)
+    slow = parse_inference_request(raw, "chat", max_messages=max_messages)
     monkeypatch.setattr(request_mod, "plain_chat", real)
 
     def refuse(*a: Any, **k: Any) -> Any:
-        raise AssertionError("pydantic called for a plain chat body")
+        raise AssertionError("pydantic called for a body the chat shortcut should take")
 
     monkeypatch.setattr(request_mod.ChatBody, "model_validate", refuse)
-    assert parse_inference_request(raw, "chat", max_messages=8) == slow
+    assert parse_inference_request(raw, "chat", max_messages=max_messages) == slow
+    return fast, slow
 
 
 @pytest.mark.parametrize("doc", [
