@@ -157,7 +157,7 @@ def main(events: str, streams: int, rounds: int, name: str) -> None:
             for v in order:
                 row[v] = {n: min([await _pass(v, n, streams) for _ in range(5)]) for n in ns}
             rows.append(row)
-            print(r, {v: {n: round(x, 2) for n, x in row[v].items()} for v, row_v in row.items() for x in [0]})
+            print(r, {v: {n: round(x, 2) for n, x in per_n.items()} for v, per_n in row.items()})
 
     asyncio.run(run())
     md = [f"# Ceiling of a direct streamed-answer send (`python -m bench.stream_layers_micro`), {name}", "",
