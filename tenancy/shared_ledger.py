@@ -7,7 +7,9 @@ and queued on the store's writer (the ledger's "never block" rule).
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,9 +19,17 @@ from tenancy.registry import Tenant
 from tenancy.shared_lua import arg as _arg
 from tenancy.shared_lua import malformed
 from tenancy.shared_lua import wait_reply as _wait
-from tenancy.shared_store import Store
+from tenancy.shared_store import NOT_UTF8, Store, record_number, record_text
+from tenancy.tenant_schema import TENANT_ID_PATTERN
 
 __all__ = ["RedisLedger", "RedisReservation"]
+
+log = logging.getLogger("prefixgate.state")
+_TENANT_ID = re.compile(TENANT_ID_PATTERN)
+
+#: the fields of a tenant's ``led:tot`` hash (the APPLY / RESERVE scripts write them; an absent one is 0)
+_TOTAL_FIELDS = ("reserved_prompt", "reserved_output", "charged_prompt", "charged_output", "refunded_prompt",
+                 "refunded_output", "open")
 
 # --- ledger -------------------------------------------------------------------------------------
 
@@ -49,6 +59,8 @@ class RedisLedger:
     def __init__(self, store: Store, clock: Callable[[], float] | None = None) -> None:
         self._s = store
         self._clock = clock
+        #: members / tenants :meth:`totals` left out (not UTF-8, a field not a number), every read counted
+        self.foreign_totals = 0
 
     async def reserve(self, tenant: Tenant, prompt_tokens: int, output_tokens: int,
                       now: float | None = None) -> RedisReservation:
@@ -75,19 +87,39 @@ class RedisLedger:
         return RedisReservation(self, tenant.id, prompt_tokens, output_tokens)
 
     async def totals(self) -> Mapping[str, LedgerTotals]:
-        """Per-tenant totals across all instances, by tenant id."""
+        """Per-tenant totals (tokens) across all instances, by tenant id.
+
+        Every member of ``ledger:tenants`` and every totals field read is checked with the rules of
+        the shared records (:func:`tenancy.shared_store.record_text`, :func:`record_number`: 1-20
+        ASCII digits up to 2**64 - 1; no script writes anything else): a member that is not UTF-8,
+        or a tenant whose totals hold a field that is not such a number, is left out of the answer,
+        counted in :attr:`foreign_totals` and logged (a tenant id, or a member's length: never its
+        bytes); the other tenants are answered. A bare ``decode()`` / ``int()`` made the whole read
+        raise (session 22, S21-fixutf8-3). Raises only what the Redis client raises."""
         s = self._s
         out: dict[str, LedgerTotals] = {}
         for raw in sorted(await s.client.smembers(f"{s.prefix}ledger:tenants")):
-            tid = raw.decode() if isinstance(raw, bytes) else raw
-            h = {(k.decode() if isinstance(k, bytes) else k): int(v)
-                 for k, v in (await s.client.hgetall(s.key(tid, "led:tot"))).items()}
+            tid = record_text(raw)
+            if tid.startswith(NOT_UTF8):
+                self._foreign("a ledger:tenants member of %d bytes is not UTF-8", len(raw))
+                continue
+            h = {record_text(k): record_text(v) for k, v in (await s.client.hgetall(s.key(tid, "led:tot"))).items()}
+            parsed = {f: record_number(h[f]) for f in _TOTAL_FIELDS if f in h}
+            n = {f: v for f, v in parsed.items() if v is not None}
+            if len(n) != len(parsed):
+                named = tid if _TENANT_ID.match(tid) else f"<{len(raw)} bytes, not a tenant id>"
+                self._foreign("ledger totals of tenant %s hold a field that is not a number", named)
+                continue
             out[tid] = LedgerTotals(
-                {"prompt": h.get("reserved_prompt", 0), "output": h.get("reserved_output", 0)},
-                {"prompt": h.get("charged_prompt", 0), "output": h.get("charged_output", 0)},
-                {"prompt": h.get("refunded_prompt", 0), "output": h.get("refunded_output", 0)},
-                h.get("open", 0))
+                {"prompt": n.get("reserved_prompt", 0), "output": n.get("reserved_output", 0)},
+                {"prompt": n.get("charged_prompt", 0), "output": n.get("charged_output", 0)},
+                {"prompt": n.get("refunded_prompt", 0), "output": n.get("refunded_output", 0)},
+                n.get("open", 0))
         return out
+
+    def _foreign(self, what: str, arg: object) -> None:
+        self.foreign_totals += 1
+        log.warning("shared state: skipped in the ledger totals: " + what, arg)
 
     async def level(self, tenant_id: str, kind: str, now: float | None = None) -> float | None:
         """Level of a tenant's ``prompt`` / ``output`` bucket refilled to ``now`` (None: no bucket).
