@@ -148,8 +148,9 @@ def failure_record(action: str, route: str, actor: str | None, status: int, code
     target, only when it matches the tenant-id pattern: a malformed id is not recorded) and
     ``message`` only for the codes in ``_MESSAGE_RECORDED`` (fixed texts), and ``client_address``
     (the request's source, when ``authorize`` gave one: the event's source; session 22,
-    S21-fixaudit-1). Never recorded: the message of ``invalid_config`` (a config file's parse error may quote its content) or of
-    ``key_ring_error`` / ``internal_error``, any key, salt or master secret, any request body.
+    S21-fixaudit-1). Never recorded: the message of ``invalid_config`` (a config file's parse
+    error may quote its content) or of ``key_ring_error`` / ``internal_error``, any key, salt or
+    master secret, any request body.
     """
     record = _record(action, outcome="failed", route=route, actor=actor, status=status, error_code=code)
     if tenant_id is not None and _TENANT_ID_RE.match(tenant_id):

@@ -30,7 +30,8 @@ def _event_of(log: ListLog, r: Any) -> AuditEvent:
 
 @pytest.mark.parametrize("method,path,status", [
     ("PATCH", "/admin/tenants/tenant-a/rotate-key", 405), ("POST", "/admin/metrics", 405),
-    ("DELETE", "/admin/tenants/reload", 405), ("PUT", "/admin/keys/rotate-master", 405), ("GET", "/admin/no-such-thing", 404), ("POST", "/admin/metrics/", 404),
+    ("DELETE", "/admin/tenants/reload", 405), ("PUT", "/admin/keys/rotate-master", 405),
+    ("GET", "/admin/no-such-thing", 404), ("POST", "/admin/metrics/", 404),
 ])
 async def test_an_operators_unrouted_admin_request_is_an_audited_refusal(
         stack: Any, audit_log: ListLog, method: str, path: str, status: int) -> None:
@@ -61,7 +62,8 @@ async def test_the_gates_refusal_of_an_operator_has_the_same_shape(stack: Any, a
 
 async def test_a_flood_of_unrouted_admin_requests_is_summarised(stack: Any, audit_log: ListLog) -> None:
     for _ in range(30):
-        r = await stack.client.request("PATCH", f"{stack.admin_url}/admin/tenants/reload", headers=stack.operator_auth())
+        r = await stack.client.request("PATCH", f"{stack.admin_url}/admin/tenants/reload",
+                                       headers=stack.operator_auth())
         assert r.status_code == 405
     events = [e for e in audit_log.events if e.endpoint == "admin"]
     assert len(events) == 30
