@@ -93,33 +93,36 @@ class RedisLedger:
         the shared records (:func:`tenancy.shared_store.record_text`, :func:`record_number`: 1-20
         ASCII digits up to 2**64 - 1; no script writes anything else): a member that is not UTF-8,
         or a tenant whose totals hold a field that is not such a number, is left out of the answer,
-        counted in :attr:`foreign_totals` and logged (a tenant id, or a member's length: never its
-        bytes); the other tenants are answered. A bare ``decode()`` / ``int()`` made the whole read
-        raise (session 22, S21-fixutf8-3). Raises only what the Redis client raises."""
+        counted in :attr:`foreign_totals` and logged: one warning per read (the counts, up to three
+        tenant ids, a member that is not one only by its length: never its bytes); the other tenants
+        are answered. A bare ``decode()`` / ``int()`` made the whole read raise (session 22,
+        S21-fixutf8-3). Raises only what the Redis client raises."""
         s = self._s
         out: dict[str, LedgerTotals] = {}
+        not_utf8 = 0
+        not_numbers: list[str] = []
         for raw in sorted(await s.client.smembers(f"{s.prefix}ledger:tenants")):
             tid = record_text(raw)
             if tid.startswith(NOT_UTF8):
-                self._foreign("a ledger:tenants member of %d bytes is not UTF-8", len(raw))
+                not_utf8 += 1
                 continue
             h = {record_text(k): record_text(v) for k, v in (await s.client.hgetall(s.key(tid, "led:tot"))).items()}
             parsed = {f: record_number(h[f]) for f in _TOTAL_FIELDS if f in h}
             n = {f: v for f, v in parsed.items() if v is not None}
             if len(n) != len(parsed):
-                named = tid if _TENANT_ID.match(tid) else f"<{len(raw)} bytes, not a tenant id>"
-                self._foreign("ledger totals of tenant %s hold a field that is not a number", named)
+                not_numbers.append(tid if _TENANT_ID.match(tid) else f"<{len(raw)} bytes, not a tenant id>")
                 continue
             out[tid] = LedgerTotals(
                 {"prompt": n.get("reserved_prompt", 0), "output": n.get("reserved_output", 0)},
                 {"prompt": n.get("charged_prompt", 0), "output": n.get("charged_output", 0)},
                 {"prompt": n.get("refunded_prompt", 0), "output": n.get("refunded_output", 0)},
                 n.get("open", 0))
+        if not_utf8 or not_numbers:
+            self.foreign_totals += not_utf8 + len(not_numbers)
+            log.warning("shared state: ledger totals skipped %d ledger:tenants members that are not UTF-8 and %d "
+                        "tenants whose totals hold a field that is not a number (%s)", not_utf8, len(not_numbers),
+                        ", ".join(not_numbers[:3]) or "-")
         return out
-
-    def _foreign(self, what: str, arg: object) -> None:
-        self.foreign_totals += 1
-        log.warning("shared state: skipped in the ledger totals: " + what, arg)
 
     async def level(self, tenant_id: str, kind: str, now: float | None = None) -> float | None:
         """Level of a tenant's ``prompt`` / ``output`` bucket refilled to ``now`` (None: no bucket).

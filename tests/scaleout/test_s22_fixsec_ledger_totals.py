@@ -2,8 +2,8 @@
 read of every tenant's reserved / charged / refunded tokens) decoded the members of ``ledger:tenants`` with
 a bare ``decode()`` and every totals field with ``int()``: one member that is not UTF-8, or one total that
 is not a number, written into Redis (trusted for counters only) made the whole read raise. Now such a
-member or tenant is skipped, counted (``RedisLedger.foreign_totals``) and logged by length only; the other
-tenants' totals are still answered."""
+member or tenant is skipped, counted (``RedisLedger.foreign_totals``) and logged once per read (tenant ids,
+a foreign member only by its length); the other tenants' totals are still answered."""
 from __future__ import annotations
 
 import logging
@@ -43,6 +43,7 @@ async def test_a_foreign_member_or_total_is_skipped_and_the_rest_answered(
         totals = await limits.ledger.totals()  # before the fix: UnicodeDecodeError / ValueError
     assert dict(totals) == {"acme": _totals_of(7)}
     assert limits.ledger.foreign_totals == 2  # the member and globex's record
+    assert len([r for r in caplog.records if r.name == "prefixgate.state"]) == 1  # one warning per read
     logged = caplog.text
     assert "secret-looking" not in logged and "\\xff" not in logged and "12x" not in logged
     assert "globex" in logged  # a tenant id is named; a foreign member only by its length
