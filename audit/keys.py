@@ -18,14 +18,17 @@ class KeyFileError(ValueError):
 
 
 def generate_signing_key(private_path: str | Path, public_path: str | Path | None = None) -> Ed25519PublicKey:
-    """Create a new Ed25519 key; write the private key (PEM PKCS#8, mode 0600,
-    refuses to overwrite) and the public key (PEM SPKI, default
-    ``<private>.pub``). Returns the public key.
+    """Create a new Ed25519 key; write the private key (PEM PKCS#8, mode 0600) and the public key
+    (PEM SPKI, default ``<private>.pub``), each created exclusively: neither file is ever
+    overwritten. Returns the public key.
 
     Raises:
-        FileExistsError: the private key file already exists.
-        OSError: a file cannot be created (``FileNotFoundError``: its directory does not exist); when
-            the public key cannot be written the private key just written is removed (session 21,
+        FileExistsError: the private key file or the public key file already exists (its
+            ``filename`` names it). An old ``.pub`` left beside a moved-away private key verifies
+            the logs that key signed: it was silently overwritten (session 22, S21-fixnew-1).
+        OSError: a file cannot be created (``FileNotFoundError``: its directory does not exist).
+            Nothing is left half made: when the public key cannot be created or written, the
+            private key just written (and a public key file just created) is removed (session 21,
             S21-newcomer-1), so the command can be run again.
     """
     private_path = Path(private_path)
@@ -36,10 +39,14 @@ def generate_signing_key(private_path: str | Path, public_path: str | Path | Non
     with os.fdopen(fd, "wb") as fh:
         fh.write(pem)
     pub = key.public_key()
+    created = False
     try:
-        public_path.write_bytes(pub.public_bytes(serialization.Encoding.PEM,
-                                                 serialization.PublicFormat.SubjectPublicKeyInfo))
+        with public_path.open("xb") as fh:  # exclusive (O_EXCL): an existing public key stays as it is
+            created = True
+            fh.write(pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     except OSError:
+        if created:
+            public_path.unlink(missing_ok=True)
         private_path.unlink()
         raise
     return pub

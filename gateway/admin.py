@@ -131,7 +131,10 @@ class Admin:
 
         async def authorize(request: Request) -> dict[str, Any]:
             ident = await self.authorize_operator(request)
-            return {"spiffe_id": str(ident.spiffe_id), "trust_domain": ident.trust_domain}
+            # client_address: the request's source (the peer, or the client a trusted proxy attests), put
+            # into a failure record by the routes (session 22, S21-fixaudit-1)
+            return {"spiffe_id": str(ident.spiffe_id), "trust_domain": ident.trust_domain,
+                    "client_address": self.authn.source(request)}
 
         async def on_change(record: dict[str, Any]) -> None:
             self.audit.record_operator(record)

@@ -30,11 +30,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gateway.admin import Admin, record_refusal
+from gateway.admin import OPERATOR_SCOPE_KEY, Admin, record_refusal
 from gateway.build import Gateway
 from gateway.errors import GatewayError
 from gateway.exact_path import ExactPath
 from gateway.framing import ASGIApp, FramingGuard
+from gateway.identity import WorkloadIdentity
 from gateway.inference_asgi import InferenceRoutes
 from gateway.listing import list_models
 from gateway.pipeline import InferencePipeline
@@ -146,9 +147,21 @@ def build_admin_app(c: Gateway) -> Starlette:
         Route("/admin/routing", routing, methods=["GET"]),
         *c.admin.routes(),
     ]
+    async def unrouted(request: Request, exc: Exception) -> Response:
+        """An admitted operator's 404 / 405 (unknown admin path, wrong method: Starlette's router
+        answers them, no route runs) is a refusal of endpoint ``admin`` with the operator's identity,
+        like the gate's 401 / 403 / 415 (session 22, S21-fixaudit-2: before, no event); the path is
+        client-chosen and never logged. Other statuses (a route's guard) are answered as they were."""
+        err = _gateway_error(exc)
+        if err.status in (404, 405):
+            identity = request.scope.get(OPERATOR_SCOPE_KEY)
+            record_refusal(c.audit, c.authn, request, "admin", err,
+                           identity if isinstance(identity, WorkloadIdentity) else None)
+        return err.response()
+
     middleware = [*_middleware(c), Middleware(OperatorGate, admin=c.admin), Middleware(ExactPath)]
     return attach_refusal_audit(c, _no_slash_redirects(Starlette(routes=routes, middleware=middleware,
-                                         exception_handlers={HTTPException: _http_exc, Exception: _internal_error})))
+                                         exception_handlers={HTTPException: unrouted, Exception: _internal_error})))
 
 
 class OperatorGate:
@@ -203,6 +216,3 @@ def _gateway_error(exc: Exception) -> GatewayError:
     )
     return GatewayError(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}))
 
-
-async def _http_exc(request: Request, exc: Exception) -> Response:
-    return _gateway_error(exc).response()

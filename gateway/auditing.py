@@ -365,8 +365,10 @@ class AuditHub:
 
         A failure record (``outcome: "failed"``: tenancy.admin / policy.admin ``failure_record``,
         session 21) also fills the event's ``status_code`` (its ``status``), ``error_code`` and
-        ``endpoint`` (its ``route``, a template): OCSF status Failure with ``status_code`` and
-        ``status_detail``, and the flood aggregation keys and counts them like refusals."""
+        ``endpoint`` (its ``route``, a template) and ``client_address`` (its ``client_address``, the
+        request's source, not repeated in ``operator``; session 22, S21-fixaudit-1): OCSF status
+        Failure with ``status_code`` and ``status_detail``, and the flood aggregation keys (source,
+        SPIFFE ID) and counts them like refusals."""
         ok = record.get("outcome", "succeeded")
         actor = record.get("actor") or record.get("who")
         if isinstance(actor, Mapping):
@@ -374,14 +376,17 @@ class AuditHub:
         actor = str(actor) if actor is not None else None
         failed = ok != "succeeded"
         status = record.get("status") if failed else None
+        source = record.get("client_address")
         event = AuditEvent(
             kind=Kind.OPERATOR,
             outcome=Outcome.FAILED if failed else Outcome.SUCCEEDED,
             identity=Identity(actor, None),
-            operator={k: v for k, v in record.items() if isinstance(v, (str, int, float, bool))},
+            operator={k: v for k, v in record.items() if isinstance(v, (str, int, float, bool))
+                      and k != "client_address"},
             status_code=status if isinstance(status, int) else None,
             error_code=record.get("error_code") if failed else None,
             endpoint=record.get("route") if failed else None,
+            client_address=source if failed and isinstance(source, str) else None,
         )
         self.emitted += 1
         if self.log is not None:

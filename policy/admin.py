@@ -72,14 +72,16 @@ _TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
 _MESSAGE_RECORDED = frozenset({"resource_not_found", "body_too_large", "unsupported_media_type"})
 
 
-def failure_record(kind: str, op: str, target: str, who: str, status: int, code: str, message: str) -> dict[str, Any]:
+def failure_record(kind: str, op: str, target: str, who: str, status: int, code: str, message: str,
+                   client_address: str | None = None) -> dict[str, Any]:
     """The record of an operator's policy or data change that failed (session 21, S21-newcomer-3).
 
     ``{"action": "policy_change", "outcome": "failed", "kind": policy|data, "op": put|delete,
     "route" (the route template), "actor" (SPIFFE ID), "status" (HTTP), "error_code", "ts"
     (Unix seconds)}`` plus ``target`` (the policy id or data path, only when it matches
-    ``_TARGET_RE``) and ``message`` only for the codes in ``_MESSAGE_RECORDED`` (fixed texts).
-    Never recorded: the uploaded Rego or data document, its digest, a compile error or test
+    ``_TARGET_RE``), ``message`` only for the codes in ``_MESSAGE_RECORDED`` (fixed texts), and
+    ``client_address`` (the request's source, when given: the event's source; session 22,
+    S21-fixaudit-1). Never recorded: the uploaded Rego or data document, its digest, a compile error or test
     report (they quote the upload), a target's or a persist error's message.
     """
     route = "/admin/policies/{id}" if kind == "policy" else "/admin/data/{path}"
@@ -89,6 +91,8 @@ def failure_record(kind: str, op: str, target: str, who: str, status: int, code:
         record["target"] = target
     if code in _MESSAGE_RECORDED:
         record["message"] = message
+    if isinstance(client_address, str):
+        record["client_address"] = client_address
     return record
 
 
@@ -159,39 +163,43 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
 
     Args:
         store: the PolicyStore to manage.
-        authorize: async ``request -> operator identity`` raising
-            ``HTTPException`` 401/403.
+        authorize: async ``request -> operator identity`` (a dict with ``spiffe_id`` or ``id``, and
+            optionally ``client_address``, the request's source, recorded in a failure record)
+            raising ``HTTPException`` 401/403.
         on_failure: called (sync) with one :func:`failure_record` for each
             failed ``PUT``/``DELETE`` of an authorized operator (its successes
             reach the audit as the store's change records).
     """
 
-    async def operator(request: Request) -> str:
+    async def operator(request: Request) -> tuple[str, str | None]:
+        """The operator's SPIFFE ID and the request's source address (``client_address`` of what
+        ``authorize`` returned, when a string; session 22, S21-fixaudit-1)."""
         ident = await authorize(request)
         who = ident.get("spiffe_id") or ident.get("id") if isinstance(ident, dict) else None
         if not isinstance(who, str) or not who:
             raise HTTPException(403, "operator identity required")
-        return who
+        source = ident.get("client_address") if isinstance(ident, dict) else None
+        return who, source if isinstance(source, str) else None
 
     async def guarded(request: Request, fn: Callable[[str], Awaitable[Response]]) -> Response:
-        who = await operator(request)
+        who, source = await operator(request)
         try:
             response = await _answer(fn, who)
         except Exception:
-            _failed(request, who, 500, "internal_error", "")
+            _failed(request, who, source, 500, "internal_error", "")
             raise
         if response.status_code >= 400:
             error = json.loads(response.body)["error"]  # the error_body this module just rendered
-            _failed(request, who, response.status_code, error["code"], error["message"])
+            _failed(request, who, source, response.status_code, error["code"], error["message"])
         return response
 
-    def _failed(request: Request, who: str, status: int, code: str, message: str) -> None:
+    def _failed(request: Request, who: str, source: str | None, status: int, code: str, message: str) -> None:
         if on_failure is None or request.method not in ("PUT", "DELETE"):
             return  # reads are not audited
         params = request.path_params
         kind, target = ("policy", params["id"]) if "id" in params else ("data", params.get("path", ""))
         op = "delete" if request.method == "DELETE" else "put"
-        on_failure(failure_record(kind, op, target, who, status, code, message))
+        on_failure(failure_record(kind, op, target, who, status, code, message, source))
 
     async def _answer(fn: Callable[[str], Awaitable[Response]], who: str) -> Response:
         try:

@@ -140,22 +140,33 @@ async def reload_tenants(registry_loader: RegistryLoader) -> dict:
 
 
 def failure_record(action: str, route: str, actor: str | None, status: int, code: str, message: str,
-                   tenant_id: str | None = None) -> dict:
+                   tenant_id: str | None = None, client_address: str | None = None) -> dict:
     """The record of an operator's change request that failed (session 21, S21-newcomer-3).
 
     ``{"action", "outcome": "failed", "route" (the route template, never the raw path), "actor"
     (SPIFFE ID), "status" (HTTP), "error_code", "ts" (Unix seconds)}`` plus ``tenant_id`` (the
     target, only when it matches the tenant-id pattern: a malformed id is not recorded) and
-    ``message`` only for the codes in ``_MESSAGE_RECORDED`` (fixed texts). Never recorded: the
-    message of ``invalid_config`` (a config file's parse error may quote its content) or of
-    ``key_ring_error`` / ``internal_error``, any key, salt or master secret, any request body.
+    ``message`` only for the codes in ``_MESSAGE_RECORDED`` (fixed texts), and ``client_address``
+    (the request's source, when ``authorize`` gave one: the event's source; session 22,
+    S21-fixaudit-1). Never recorded: the message of ``invalid_config`` (a config file's parse
+    error may quote its content) or of ``key_ring_error`` / ``internal_error``, any key, salt or
+    master secret, any request body.
     """
     record = _record(action, outcome="failed", route=route, actor=actor, status=status, error_code=code)
     if tenant_id is not None and _TENANT_ID_RE.match(tenant_id):
         record["tenant_id"] = tenant_id
     if code in _MESSAGE_RECORDED:
         record["message"] = message
+    if isinstance(client_address, str):
+        record["client_address"] = client_address
     return record
+
+
+def _client_address(principal: Any) -> str | None:
+    """The request's source address that ``authorize`` returned with the operator (a mapping's
+    ``client_address``, as the gateway's authorize gives it), else None."""
+    address = principal.get("client_address") if isinstance(principal, Mapping) else None
+    return address if isinstance(address, str) else None
 
 
 def _actor(principal: Any) -> str | None:
@@ -205,8 +216,9 @@ def admin_routes(
     """Return the operator routes (see module doc) for the admin listener.
 
     ``authorize(request)`` is awaited before anything else; whatever it
-    returns (a ``WorkloadIdentity`` or a SPIFFE ID string) is recorded as
-    ``actor``. ``registry_loader()`` re-reads the tenants and returns the
+    returns (a ``WorkloadIdentity``, a SPIFFE ID string, or a mapping with
+    ``spiffe_id`` and optionally ``client_address``) is recorded as ``actor``
+    (and a failure's ``client_address``). ``registry_loader()`` re-reads the tenants and returns the
     registry now in force. ``master_loader()`` returns the new master secret
     (e.g. ``lambda: load_master_secret(file, env)``). ``on_change(record)``
     (sync or async) receives every change record, for audit; if it raises,
@@ -221,7 +233,8 @@ def admin_routes(
                       message: str) -> None:
         if on_failure is not None:
             action, route = _ROUTES[name]
-            res = on_failure(failure_record(action, route, _actor(principal), status, code, message, tenant_id))
+            res = on_failure(failure_record(action, route, _actor(principal), status, code, message, tenant_id,
+                                            _client_address(principal)))
             if inspect.isawaitable(res):
                 await res
 

@@ -7,7 +7,9 @@ and queued on the store's writer (the ledger's "never block" rule).
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,9 +19,17 @@ from tenancy.registry import Tenant
 from tenancy.shared_lua import arg as _arg
 from tenancy.shared_lua import malformed
 from tenancy.shared_lua import wait_reply as _wait
-from tenancy.shared_store import Store
+from tenancy.shared_store import NOT_UTF8, Store, record_number, record_text
+from tenancy.tenant_schema import TENANT_ID_PATTERN
 
 __all__ = ["RedisLedger", "RedisReservation"]
+
+log = logging.getLogger("prefixgate.state")
+_TENANT_ID = re.compile(TENANT_ID_PATTERN)
+
+#: the fields of a tenant's ``led:tot`` hash (the APPLY / RESERVE scripts write them; an absent one is 0)
+_TOTAL_FIELDS = ("reserved_prompt", "reserved_output", "charged_prompt", "charged_output", "refunded_prompt",
+                 "refunded_output", "open")
 
 # --- ledger -------------------------------------------------------------------------------------
 
@@ -49,6 +59,8 @@ class RedisLedger:
     def __init__(self, store: Store, clock: Callable[[], float] | None = None) -> None:
         self._s = store
         self._clock = clock
+        #: members / tenants :meth:`totals` left out (not UTF-8, a field not a number), every read counted
+        self.foreign_totals = 0
 
     async def reserve(self, tenant: Tenant, prompt_tokens: int, output_tokens: int,
                       now: float | None = None) -> RedisReservation:
@@ -75,18 +87,41 @@ class RedisLedger:
         return RedisReservation(self, tenant.id, prompt_tokens, output_tokens)
 
     async def totals(self) -> Mapping[str, LedgerTotals]:
-        """Per-tenant totals across all instances, by tenant id."""
+        """Per-tenant totals (tokens) across all instances, by tenant id.
+
+        Every member of ``ledger:tenants`` and every totals field read is checked with the rules of
+        the shared records (:func:`tenancy.shared_store.record_text`, :func:`record_number`: 1-20
+        ASCII digits up to 2**64 - 1; no script writes anything else): a member that is not UTF-8,
+        or a tenant whose totals hold a field that is not such a number, is left out of the answer,
+        counted in :attr:`foreign_totals` and logged: one warning per read (the counts, up to three
+        tenant ids, a member that is not one only by its length: never its bytes); the other tenants
+        are answered. A bare ``decode()`` / ``int()`` made the whole read raise (session 22,
+        S21-fixutf8-3). Raises only what the Redis client raises."""
         s = self._s
         out: dict[str, LedgerTotals] = {}
+        not_utf8 = 0
+        not_numbers: list[str] = []
         for raw in sorted(await s.client.smembers(f"{s.prefix}ledger:tenants")):
-            tid = raw.decode() if isinstance(raw, bytes) else raw
-            h = {(k.decode() if isinstance(k, bytes) else k): int(v)
-                 for k, v in (await s.client.hgetall(s.key(tid, "led:tot"))).items()}
+            tid = record_text(raw)
+            if tid.startswith(NOT_UTF8):
+                not_utf8 += 1
+                continue
+            h = {record_text(k): record_text(v) for k, v in (await s.client.hgetall(s.key(tid, "led:tot"))).items()}
+            parsed = {f: record_number(h[f]) for f in _TOTAL_FIELDS if f in h}
+            n = {f: v for f, v in parsed.items() if v is not None}
+            if len(n) != len(parsed):
+                not_numbers.append(tid if _TENANT_ID.match(tid) else f"<{len(raw)} bytes, not a tenant id>")
+                continue
             out[tid] = LedgerTotals(
-                {"prompt": h.get("reserved_prompt", 0), "output": h.get("reserved_output", 0)},
-                {"prompt": h.get("charged_prompt", 0), "output": h.get("charged_output", 0)},
-                {"prompt": h.get("refunded_prompt", 0), "output": h.get("refunded_output", 0)},
-                h.get("open", 0))
+                {"prompt": n.get("reserved_prompt", 0), "output": n.get("reserved_output", 0)},
+                {"prompt": n.get("charged_prompt", 0), "output": n.get("charged_output", 0)},
+                {"prompt": n.get("refunded_prompt", 0), "output": n.get("refunded_output", 0)},
+                n.get("open", 0))
+        if not_utf8 or not_numbers:
+            self.foreign_totals += not_utf8 + len(not_numbers)
+            log.warning("shared state: ledger totals skipped %d ledger:tenants members that are not UTF-8 and %d "
+                        "tenants whose totals hold a field that is not a number (%s)", not_utf8, len(not_numbers),
+                        ", ".join(not_numbers[:3]) or "-")
         return out
 
     async def level(self, tenant_id: str, kind: str, now: float | None = None) -> float | None:
