@@ -74,7 +74,8 @@ def verify_cmd(paths: tuple[str, ...], public_key: str, partial: bool, anchors: 
 @click.option("--public-key-file", type=click.Path(), default=None)
 def keygen_cmd(private_key_file: str, public_key_file: str | None) -> None:
     """Create an Ed25519 checkpoint signing key (private mode 0600, public .pub). Never overwrites
-    a private key; exit 1 with a one-line error when a file cannot be created (S21-newcomer-1)."""
+    a key file, private or public (S22-review-2); exit 1 with a one-line error when a file cannot be created
+    (S21-newcomer-1)."""
     try:
         generate_signing_key(private_key_file, public_key_file)
     except OSError as exc:
@@ -87,6 +88,9 @@ def keygen_problem(exc: OSError, private_key_file: str) -> str:
     """The one-line error of ``audit keygen`` for ``exc`` (raised creating a key file; its ``filename``
     names the file): what is wrong and what to do. Session 21, S21-newcomer-1 (was a traceback)."""
     path = exc.filename or private_key_file
+    if isinstance(exc, FileExistsError) and os.path.abspath(path) != os.path.abspath(private_key_file):
+        return (f"{path} already exists: a public key is never overwritten (it may verify the logs an older key "
+                f"signed); choose another --public-key-file, or move it away first")
     if isinstance(exc, FileExistsError):
         return (f"{path} already exists: a signing key is never overwritten; choose another path, or move the "
                 f"old key away first (keep its .pub to verify the logs it signed)")

@@ -23,7 +23,8 @@ def generate_signing_key(private_path: str | Path, public_path: str | Path | Non
     ``<private>.pub``). Returns the public key.
 
     Raises:
-        FileExistsError: the private key file already exists.
+        FileExistsError: the private or the public key file already exists (neither is ever overwritten: the
+            public one may verify older logs, session 22, S22-review-2; the private key just written is removed).
         OSError: a file cannot be created (``FileNotFoundError``: its directory does not exist); when
             the public key cannot be written the private key just written is removed (session 21,
             S21-newcomer-1), so the command can be run again.
@@ -36,12 +37,13 @@ def generate_signing_key(private_path: str | Path, public_path: str | Path | Non
     with os.fdopen(fd, "wb") as fh:
         fh.write(pem)
     pub = key.public_key()
-    try:
-        public_path.write_bytes(pub.public_bytes(serialization.Encoding.PEM,
-                                                 serialization.PublicFormat.SubjectPublicKeyInfo))
+    try:  # never over an existing file: it may be the public key that verifies older logs (S22-review-2)
+        fd = os.open(public_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except OSError:
         private_path.unlink()
         raise
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return pub
 
 
