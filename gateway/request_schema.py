@@ -8,7 +8,7 @@ and :class:`ChatBody`). ``max_tokens`` bounds: 1..:data:`MAX_TOKENS_CEILING`; st
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -18,6 +18,12 @@ __all__ = ["ChatBody", "ChatMessage", "CompletionBody", "MAX_TOKENS_CEILING", "S
            "schema_error"]
 
 MAX_TOKENS_CEILING = 1 << 20
+
+_Item = TypeVar("_Item")
+#: a list validated up to its first bad item (pydantic's ``Field(fail_fast=True)``): a refused list holds one
+#: error, not one per item. pydantic collects them all by default, and ``exc.errors()`` (:func:`schema_error`)
+#: built 65,001 dicts, 160-515 ms of CPU on the event loop, for a 195 kB ``stop`` of numbers (S22-review-1)
+_List = Annotated[list[_Item], Field(fail_fast=True)]
 
 
 class _Base(BaseModel):
@@ -35,10 +41,10 @@ class TextPart(_Base):
 
 class ChatMessage(_Base):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[TextPart], None] = None
+    content: Union[str, _List[TextPart], None] = None
     name: str | None = Field(None, max_length=256)
     tool_call_id: str | None = Field(None, max_length=256)
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: _List[dict[str, Any]] | None = None
 
 
 class _Sampling(_Base):
@@ -49,7 +55,7 @@ class _Sampling(_Base):
     n: int = Field(1, ge=1, le=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: Union[str, list[str], None] = None
+    stop: Union[str, _List[str], None] = None
     seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 64) - 1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
@@ -73,7 +79,7 @@ class _Sampling(_Base):
 
 
 class CompletionBody(_Sampling):
-    prompt: Union[str, list[str]]
+    prompt: Union[str, _List[str]]
     echo: bool | None = None
     logprobs: int | None = Field(None, ge=0, le=20)
 
@@ -86,9 +92,9 @@ class CompletionBody(_Sampling):
 
 
 class ChatBody(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: _List[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_CEILING)
-    tools: list[dict[str, Any]] | None = None
+    tools: _List[dict[str, Any]] | None = None
     tool_choice: Union[str, dict[str, Any], None] = None
     response_format: dict[str, Any] | None = None
     logprobs: bool | None = None
