@@ -45,6 +45,9 @@ class SinkWorker:
         # commit): set when the batch was read from the spill, or copied to it
         self.commit_to: int | None = None
         self.busy = False
+        # a send succeeded in this run: close() waits for such a sink even while it is down
+        # (it may come back); one never reached is not waited for (session 22, S21-newcomer-7)
+        self.delivered_once = False
         # seconds a sink lets events accumulate before a send (sink attribute
         # ``linger_s``; 0 = send what is there): network sinks batch, files don't
         self.linger_s = float(getattr(sink, "linger_s", 0.0) or 0.0)
@@ -75,7 +78,7 @@ class DeliveryLoop:
             return False
         if not w.up:
             log.info("audit sink %s back", w.sink.name)
-        w.up = True
+        w.up = w.delivered_once = True
         self.metrics.child("sink_up", w.sink.name).set(1)
         self.metrics.child("delivered", w.sink.name).inc(len(batch))
         return True

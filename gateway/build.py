@@ -248,7 +248,7 @@ class Gateway:
         """Tenants without a prompt-token limit (:func:`gateway.readiness.limit_warnings`) or whose one request
         may pass their prompt-token burst (:func:`gateway.config_tenancy.burst_warnings`, review S15-5)."""
         registry, lim = self.registry, self.config.limits
-        return limit_warnings(registry) + burst_warnings(registry.tenants(), lim.max_prompt_tokens, lim.max_output_tokens)
+        return limit_warnings(registry, lim.max_prompt_tokens) + burst_warnings(registry.tenants(), lim.max_prompt_tokens, lim.max_output_tokens)
 
 
 def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: str | None = None) -> Gateway:

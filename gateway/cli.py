@@ -170,7 +170,7 @@ def config_check(config_path: str) -> None:
         raise click.ClickException("; ".join(errors))
     lines = [f"configuration: {w}" for w in configuration_warnings(registry, cfg.replicas, frozenset(cfg.models))]
     lines += [f"configuration: {w}" for w in shared_pass_warnings(registry.tenants(), cfg.tenancy.usage_cached_tokens)]
-    lines += [f"limits: {w}" for w in limit_warnings(registry)]
+    lines += [f"limits: {w}" for w in limit_warnings(registry, cfg.limits.max_prompt_tokens)]
     lines += [f"limits: {w}" for w in burst_warnings(registry.tenants(), cfg.limits.max_prompt_tokens, cfg.limits.max_output_tokens)]  # S15-5
     for line in lines:
         click.echo(line)

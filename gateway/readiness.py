@@ -121,16 +121,33 @@ def configuration_warnings(registry: TenantRegistry, replicas: list[ReplicaConfi
     return out
 
 
-def limit_warnings(registry: TenantRegistry) -> list[str]:
-    """Tenants without a prompt-token limit (logged at start, never fatal; review R3-4): one line per
-    tenant naming what it lacks, ``max_prompt_tokens`` (one prompt is then bounded only by the
-    gateway default ``limits.max_prompt_tokens``, if set, and ``limits.max_body_bytes``) and/or ``prompt_tokens_per_s`` (its prompt tokens per second
-    unbounded). Empty when every tenant has both."""
+def limit_warnings(registry: TenantRegistry, default_max_prompt_tokens: int | None) -> list[str]:
+    """Tenants whose prompt tokens are really unbounded (logged at start, never fatal; review R3-4): one
+    line per tenant naming what it lacks. ``default_max_prompt_tokens``: ``limits.max_prompt_tokens``
+    (tokens per prompt of a tenant that sets none; None: no gateway default).
+
+    * no ``max_prompt_tokens`` counts only when the gateway has no default either: one prompt is then
+      bounded only by ``limits.max_body_bytes``. With the default (8192) the tenant is bounded and the
+      line, if any, names the effective bound instead (session 22, S21-newcomer-8: the shipped example
+      warned for two tenants the default bounds);
+    * no ``prompt_tokens_per_s``: its prompt tokens per second are unbounded (there is no gateway-wide
+      token rate), only its rate in requests and its concurrency hold it.
+
+    Empty when every tenant has a per-prompt bound and a prompt-token rate."""
     out: list[str] = []
     for t in registry.tenants():
-        missing = [k for k in ("max_prompt_tokens", "prompt_tokens_per_s") if getattr(t, k) is None]
-        if missing:
-            out.append(f"tenant {t.id}: no {' and no '.join(missing)}: its prompts are bounded only by "
-                       "limits.max_prompt_tokens (if set), limits.max_body_bytes and its rate in requests "
+        per_prompt = t.max_prompt_tokens if t.max_prompt_tokens is not None else default_max_prompt_tokens
+        no_rate = t.prompt_tokens_per_s is None
+        if per_prompt is None and no_rate:
+            out.append(f"tenant {t.id}: no max_prompt_tokens and no prompt_tokens_per_s, and no limits.max_prompt_tokens: "
+                       "its prompts are bounded only by limits.max_body_bytes and its rate in requests "
                        "(docs/tenancy.md, token limits)")
+        elif per_prompt is None:
+            out.append(f"tenant {t.id}: no max_prompt_tokens and no limits.max_prompt_tokens: one prompt is bounded "
+                       "only by limits.max_body_bytes (docs/tenancy.md, token limits)")
+        elif no_rate:
+            source = "max_prompt_tokens" if t.max_prompt_tokens is not None else "limits.max_prompt_tokens"
+            out.append(f"tenant {t.id}: no prompt_tokens_per_s: its prompt tokens per second are bounded only by "
+                       f"its rate in requests and its concurrency (each prompt by {source} {per_prompt}; "
+                       "docs/tenancy.md, token limits)")
     return out

@@ -129,6 +129,16 @@ def base_config(tmp: Path, urls: list[str], issuer: DemoIssuer, **over: Any) -> 
 
 
 @pytest.fixture
+def rsyslogd_binary() -> str:
+    """The ``rsyslogd`` path for the modules that start a real one (``pytestmark =
+    pytest.mark.usefixtures("rsyslogd_binary")``): skipped without it, failed instead under ``CI``
+    (tests/audit/rsyslog_helper.py ``require_rsyslogd``; session 22, S21-newcomer-9)."""
+    from tests.audit.rsyslog_helper import require_rsyslogd
+
+    return require_rsyslogd()
+
+
+@pytest.fixture
 def replica_cfg() -> ReplicaConfig:
     """Fast simulated replicas (time scale 100)."""
     return ReplicaConfig(time_scale=100.0, decode_s_per_token=0.02, stream_chunk_tokens=4)

@@ -1,4 +1,8 @@
-"""Start a real rsyslogd on loopback for the audit tests (own config, pid, work dir)."""
+"""Start a real rsyslogd on loopback for the audit tests (own config, pid, work dir).
+
+:func:`require_rsyslogd` (the ``rsyslogd_binary`` fixture of tests/conftest.py, used by every module
+that starts one): skip without ``rsyslogd``, fail instead under ``CI`` (session 22, S21-newcomer-9;
+the rule of :func:`tests.support.system_deps.require_system_binary`, as for ``redis-server``)."""
 from __future__ import annotations
 
 import os
@@ -22,6 +26,14 @@ input(type="imtcp" port="{port}" address="127.0.0.1" ruleset="audit" SupportOcte
 
 
 from sim.procs import free_port, terminate_popen, wait_for_port  # noqa: E402 - the one free_port of tests and benches
+from tests.support.system_deps import require_system_binary  # noqa: E402
+
+
+def require_rsyslogd() -> str:
+    """Return the ``rsyslogd`` path (:data:`RSYSLOGD`); skip the test when it does not exist, or fail it
+    when ``CI`` is set (:func:`tests.support.system_deps.require_system_binary`)."""
+    return require_system_binary(RSYSLOGD if os.path.exists(RSYSLOGD) else None, "rsyslogd is not installed "
+                                 "(run `make system-deps`, Debian package rsyslog)", "the syslog tests")
 
 
 class Rsyslog:

@@ -117,5 +117,7 @@ def test_each_json_call_refuses_the_token(monkeypatch: Any, name: str, token: st
     raw = PATH_BODIES[name].replace(b"%s", token.encode())
     with pytest.raises(NonFiniteLiteral):
         loads_checked(raw, raw.decode(), max_int_digits=MAX_INT_DIGITS, max_depth=32, strict_numbers=True)
-    assert calls == [["parse_constant", "parse_int"] if "parse_int" in name else ["parse_constant"]]
+    # session 22 (S21-fixnew-2): each call also refuses a float beyond a double (parse_float)
+    assert calls == [["parse_constant", "parse_float", "parse_int"] if "parse_int" in name
+                     else ["parse_constant", "parse_float"]]
     assert loads_checked(raw, raw.decode(), max_int_digits=MAX_INT_DIGITS, max_depth=32)[0]["b"] != 0  # default: read

@@ -38,7 +38,8 @@ def test_checked_documents_need_no_unforwardable_walk(value: Any, ascii_only: bo
 
 
 @pytest.mark.parametrize(("tool", "code"), [('{"x": NaN}', "invalid_json"),  # S21-newcomer-5: not JSON
-                                           ('{"x": 1e999}', "invalid_request"), ('{"x": "\\ud800"}', "invalid_request"),
+                                           ('{"x": 1e999}', "invalid_json"),  # S21-fixnew-2: out of range
+                                           ('{"x": "\\ud800"}', "invalid_request"),
                                            ('{"\\udfff": 1}', "invalid_request")])
 def test_parse_still_refuses_what_only_json_reads(tool: str, code: str) -> None:
     raw = ('{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [' + tool + "]}").encode()

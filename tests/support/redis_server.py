@@ -4,18 +4,16 @@
 ``bench.scaleout``) runs one on a free loopback port with its own temporary
 directory and no persistence, waits until ``PING`` answers and stops it.
 
-:func:`require_redis_server` is the one place that decides whether the tests
-may skip: only when the binary is absent *and* the ``CI`` environment
-variable is unset. Under CI a missing binary is a failure, so a CI job cannot
-silently skip the shared-state tests.
+:func:`require_redis_server` decides whether the tests may skip, by the rule of
+:func:`tests.support.system_deps.require_system_binary` (the syslog tests' too):
+only when the binary is absent *and* the ``CI`` environment variable is unset.
+Under CI a missing binary is a failure, so a CI job cannot silently skip the
+shared-state tests.
 """
 from __future__ import annotations
 
-import os
-
-import pytest
-
 from sim.redis_server import REDIS_SERVER, RedisServer
+from tests.support.system_deps import require_system_binary
 
 __all__ = ["LIMITS_PREFIX", "REDIS_SERVER", "RedisServer", "require_redis_server", "slot_keys"]
 
@@ -30,10 +28,7 @@ async def slot_keys(raw, prefix: str = LIMITS_PREFIX) -> list[bytes]:
 
 def require_redis_server() -> str:
     """Return the ``redis-server`` path; skip the test when it is absent, or
-    fail when it is absent and ``CI`` is set (CI must not skip silently)."""
-    if REDIS_SERVER is not None:
-        return REDIS_SERVER
-    reason = "redis-server is not installed (run `make system-deps`, Debian package redis-server)"
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason}; CI is set, so the shared-state tests may not be skipped", pytrace=False)
-    pytest.skip(reason)
+    fail when it is absent and ``CI`` is set (CI must not skip silently;
+    :func:`tests.support.system_deps.require_system_binary`, shared with the syslog tests)."""
+    return require_system_binary(REDIS_SERVER, "redis-server is not installed (run `make system-deps`, Debian "
+                                 "package redis-server)", "the shared-state tests")
