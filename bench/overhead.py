@@ -92,6 +92,8 @@ from sim.click_options import ClickOptions
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 TARGET_NAMES = ("direct", "smg", "passthrough", "floor", "prefixgate")
+#: measured only when named in ``--targets``: the passthrough and PrefixGate apps under bench/native_front.py
+NATIVE_TARGETS = ("passthrough-native", "prefixgate-native")
 WARMUP = 50
 
 #: Stage -> functions whose cumulative CPU is that stage's ((file suffix, function name) pairs).
@@ -359,6 +361,23 @@ async def _start_passthrough(upstream: str, paths: Any) -> tuple[Any, str]:
                         paths, port, "/healthz")
 
 
+async def _start_native(name: str, run: int, upstream: str, cfg: Mapping[str, Any], paths: Any) -> tuple[Any, str]:
+    """``passthrough-native`` / ``prefixgate-native`` (``cfg``: its own ports and audit directory) under
+    :mod:`bench.native_front` (session 22)."""
+    import yaml
+
+    from sim.procs import free_port
+
+    if name == "passthrough-native":
+        port = free_port()
+        return await _spawn(name, ["bench.native_front", "--passthrough", upstream, "--port", str(port)],
+                            paths, port, "/healthz")
+    cfg_path = paths.work / f"{name}-{run}.yaml"
+    cfg_path.write_text(yaml.safe_dump(dict(cfg), sort_keys=False))
+    return await _spawn(f"{name}-{run}", ["bench.native_front", "--gateway-config", str(cfg_path)], paths,
+                        cfg["listen"]["port"], "/readyz")
+
+
 async def _start_floor(upstream: str, paths: Any) -> tuple[Any, str]:
     from sim.procs import free_port
 
@@ -554,7 +573,8 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
         plain = {"Content-Type": "application/json"}
         trees = {"prefixgate": REPO, "baseline": args.baseline}
         every_name = [*TARGET_NAMES, *(["baseline"] if args.baseline else [])]
-        names = [n for n in every_name if not args.targets or n in args.targets.split(",")]
+        names = [n for n in [*every_name, *NATIVE_TARGETS] if (not args.targets and n in every_name)
+                 or n in args.targets.split(",")]
         started_names = [n for n in names if n != "direct"]
         rng.shuffle(started_names)  # the first run's start order is drawn (and recorded)
         first_audit: Path | None = None
@@ -568,6 +588,8 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
             if name == "floor":
                 return await _start_floor(direct_url, paths)
             doc = _second_config(cfg, paths, f"{name}-{run}")  # own ports and audit directory per slot and run
+            if name in NATIVE_TARGETS:
+                return await _start_native(name, run, direct_url, doc, paths)
             if name == "baseline":
                 doc["policy"]["dir"] = str(args.baseline / "rego")
                 apply_settings(doc, args.baseline_set)
@@ -586,7 +608,7 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
                 for name in starts:  # fresh processes every run: no slot keeps one process's luck
                     live[name] = await start(name, run)
                 targets = {"direct": (direct_url, plain, _Cpu(cluster.pid)),
-                           **{n: (base, {**plain, **auth} if n in trees else plain, _Cpu(proc.pid))
+                           **{n: (base, {**plain, **auth} if n in trees or n == "prefixgate-native" else plain, _Cpu(proc.pid))
                               for n, (proc, base) in live.items()}}
                 row.update(await measure_run(targets, order, args, bodies))
                 for name in order:
@@ -754,8 +776,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--slices", type=int, default=4, help="cut each target's sequential and peak phase into this many "
               "slices, measured target after target (noise of a shared machine hits every target alike)")
     ap.option("--peak-warmup", type=float, default=1.0, help="unmeasured seconds of the same load before each peak")
-    ap.option("--targets", default="", help="comma-separated subset of the targets to measure (default: all), "
-              "e.g. prefixgate,baseline for a quick A/A check")
+    ap.option("--targets", default="", help="comma-separated subset of the targets to measure (default: all but "
+              "passthrough-native and prefixgate-native, bench/native_front.py), e.g. prefixgate,baseline for a quick "
+              "A/A check")
     ap.option("--seed", type=int, default=None, help="draws the gateway slots' start order (default: random, recorded)")
     ap.option("--keep-workdir", is_flag=True, help="keep configs, logs, audit files and the profile")
     ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)
