@@ -20,6 +20,10 @@
   authentication, tenant HMAC prefix chain, embedded OPA, ``cache_aware``
   routing, the audit trail (signed JSONL hash chain + OCSF file, with the
   audit worker process), otherwise the default configuration, one process.
+* **passthrough-native**, **prefixgate-native** (session 22; only when named in ``--targets``): the
+  passthrough app and PrefixGate's public app (same configuration) under :mod:`bench.native_front`, an
+  optimistic uvloop + httptools front without uvicorn's ASGI cycle and without the protocol guards (a
+  lower bound of a native front, not a design; no admin listener).
 
 Workload per target and run: 50 warm-up requests, then ``--sequential``
 (500) sequential requests on one keep-alive connection (latency p50/p90/p99
