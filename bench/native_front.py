@@ -42,7 +42,7 @@ import http
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 from urllib.parse import unquote
 
@@ -52,7 +52,7 @@ from gateway.body_guard import BODY_COMPLETE_KEY, WIRE_SCOPE_KEY, BodyWire
 from gateway.client_io import LOSS_KEY, ConnectionLoss
 from gateway.send_order import SCOPE_KEY as SENDS_KEY, SEND_ORDER
 
-__all__ = ["NativeFront", "serve_app", "main"]
+__all__ = ["NativeFront", "serve_app", "start_front", "start_target", "main"]
 
 Message = MutableMapping[str, Any]
 ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
@@ -145,7 +145,8 @@ class _Connection(asyncio.Protocol):
             name = _METHODS[method] = method.decode("ascii")
         path = raw_path.decode("latin-1")
         self.scope = {
-            "type": "http", "asgi": _ASGI, "http_version": self.parser.get_http_version(), "server": self.front.server_addr,
+            "type": "http", "asgi": _ASGI, "http_version": self.parser.get_http_version(),
+            "server": self.front.server_addr,
             "client": self.client, "scheme": "http", "method": name, "root_path": "",
             "path": unquote(path) if "%" in path else path, "raw_path": raw_path, "query_string": parsed.query or b"",
             "headers": self.headers, "state": {},
@@ -278,6 +279,27 @@ async def start_front(app: ASGIApp, host: str, port: int) -> asyncio.AbstractSer
     server = await asyncio.get_running_loop().create_server(front.protocol, host, port, backlog=2048)
     front.server_addr = tuple(server.sockets[0].getsockname()[:2])  # the bound port when ``port`` is 0
     return server
+
+
+async def start_target(name: str, run: int, upstream: str, cfg: Mapping[str, Any],
+                       paths: Any) -> tuple[Any, str]:
+    """Start bench.overhead's target ``name`` (``passthrough-native`` or ``prefixgate-native``, run ``run``) under
+    this front as a child process, forwarding to ``upstream`` (passthrough) or serving ``cfg`` (a gateway
+    configuration with its own ports and audit directory, as :func:`bench.overhead._second_config` makes);
+    ``paths``: the bench's work paths. Returns (process, base URL) once ``/healthz`` (``/readyz``) answers 200."""
+    import yaml
+
+    from bench.overhead import _spawn
+    from sim.procs import free_port
+
+    if name == "passthrough-native":
+        port = free_port()
+        return await _spawn(name, ["bench.native_front", "--passthrough", upstream, "--port", str(port)],
+                            paths, port, "/healthz")
+    cfg_path = paths.work / f"{name}-{run}.yaml"
+    cfg_path.write_text(yaml.safe_dump(dict(cfg), sort_keys=False))
+    return await _spawn(f"{name}-{run}", ["bench.native_front", "--gateway-config", str(cfg_path)], paths,
+                        cfg["listen"]["port"], "/readyz")
 
 
 def _stop_on_signals() -> asyncio.Event:

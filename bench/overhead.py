@@ -365,23 +365,6 @@ async def _start_passthrough(upstream: str, paths: Any) -> tuple[Any, str]:
                         paths, port, "/healthz")
 
 
-async def _start_native(name: str, run: int, upstream: str, cfg: Mapping[str, Any], paths: Any) -> tuple[Any, str]:
-    """``passthrough-native`` / ``prefixgate-native`` (``cfg``: its own ports and audit directory) under
-    :mod:`bench.native_front` (session 22)."""
-    import yaml
-
-    from sim.procs import free_port
-
-    if name == "passthrough-native":
-        port = free_port()
-        return await _spawn(name, ["bench.native_front", "--passthrough", upstream, "--port", str(port)],
-                            paths, port, "/healthz")
-    cfg_path = paths.work / f"{name}-{run}.yaml"
-    cfg_path.write_text(yaml.safe_dump(dict(cfg), sort_keys=False))
-    return await _spawn(f"{name}-{run}", ["bench.native_front", "--gateway-config", str(cfg_path)], paths,
-                        cfg["listen"]["port"], "/readyz")
-
-
 async def _start_floor(upstream: str, paths: Any) -> tuple[Any, str]:
     from sim.procs import free_port
 
@@ -593,7 +576,9 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
                 return await _start_floor(direct_url, paths)
             doc = _second_config(cfg, paths, f"{name}-{run}")  # own ports and audit directory per slot and run
             if name in NATIVE_TARGETS:
-                return await _start_native(name, run, direct_url, doc, paths)
+                from bench.native_front import start_target
+
+                return await start_target(name, run, direct_url, doc, paths)
             if name == "baseline":
                 doc["policy"]["dir"] = str(args.baseline / "rego")
                 apply_settings(doc, args.baseline_set)

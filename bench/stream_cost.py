@@ -48,8 +48,9 @@ from typing import Any
 import click
 
 from bench.loadgen import _one, _prompt
-from bench.overhead import (NATIVE_TARGETS, REPO, RESULTS, _second_config, _spawn, _start_native, _start_passthrough,
-                            _start_slot, settle)
+from bench.native_front import start_target
+from bench.overhead import (NATIVE_TARGETS, REPO, RESULTS, _second_config, _spawn, _start_passthrough, _start_slot,
+                            settle)
 from bench.harness import profiled_window, write_json_and_markdown
 from sim.click_options import ClickOptions
 
@@ -167,7 +168,7 @@ async def run(args: SimpleNamespace, log: Any = print) -> dict[str, Any]:
             elif name == "passthrough":
                 live[name] = await _start_passthrough(direct, paths)
             elif name in NATIVE_TARGETS:  # session 22: bench/native_front.py
-                live[name] = await _start_native(name, 0, direct, _second_config(cfg, paths, name), paths)
+                live[name] = await start_target(name, 0, direct, _second_config(cfg, paths, name), paths)
             else:
                 live[name] = await _start_slot(name, trees[name], _second_config(cfg, paths, name), paths)
         cpus = {n: (_Cpu(p.pid, children=False), _Cpu(p.pid), _Cpu(p.pid, children=False, main_thread=True))
