@@ -18,6 +18,9 @@ lingering transports), then either
   a bare ``asyncio.Protocol`` with httptools (bench/floor_proxy.py's shape): no uvicorn, no ASGI, no
   guards. PrefixGate's edge minus this is what uvicorn's ASGI cycle and the guards cost.
 
+``--native`` (session 22): ``--split`` plus ``native-trivial`` and ``native-prefixgate``, the trivial app and the
+prefixgate edge's app under the optimistic front of bench/native_front.py (no uvicorn cycle, no guards).
+
 ``--split`` (session 18, the split of the edge's cost): ``uvicorn-trivial`` (uvicorn's own
 ``HttpToolsProtocol``, no guards, a trivial ASGI app: ``receive`` then a plain answer's two sends),
 ``guarded-trivial`` (the guarded protocol of gateway/http_guard.py, same app), ``this`` (the full PrefixGate
@@ -54,6 +57,8 @@ TARGETS = ("this", "baseline", "passthrough", "floor")
 SPLIT = {"this": ("this", "prefixgate"), "baseline": ("baseline", "prefixgate"),
          "uvicorn-trivial": ("this", "trivial-uvicorn"), "guarded-trivial": ("this", "trivial"),
          "floor": ("this", "floor")}
+#: ``--native`` (session 22): the split's targets plus the same two apps under bench/native_front.py
+NATIVE = {**SPLIT, "native-trivial": ("this", "trivial-native"), "native-prefixgate": ("this", "prefixgate-native")}
 
 _CHILD = r'''
 import asyncio, sys, time
@@ -151,6 +156,8 @@ class Trivial:
 
 app = (passthrough() if KIND == "passthrough" else None if KIND == "floor" else Trivial() if KIND.startswith("trivial")
        else prefixgate())
+if KIND.endswith("-native"):  # session 22: the same app under bench/native_front.py (no uvicorn, no guards)
+    from bench.native_front import NativeFront
 
 async def main():
     loop = asyncio.get_running_loop()
@@ -160,7 +167,8 @@ async def main():
     config = uvicorn.Config(app or passthrough(), http=cls, proxy_headers=False, lifespan="off", log_level="warning",
                             access_log=False, server_header=False)
     config.load()
-    proto = Floor() if KIND == "floor" else cls(config=config, server_state=ServerState(), app_state={}, _loop=loop)
+    proto = (Floor() if KIND == "floor" else NativeFront(app, "127.0.0.1", 8080).protocol() if KIND.endswith("-native")
+             else cls(config=config, server_state=ServerState(), app_state={}, _loop=loop))
     t = Transport()
     proto.connection_made(t)
     best = float("inf")
@@ -186,9 +194,9 @@ def one(tree: Path, kind: str, requests: int) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def run(baseline: Path, rounds: int, requests: int, split: bool = False) -> dict[str, Any]:
+def run(baseline: Path, rounds: int, requests: int, split: bool = False, native: bool = False) -> dict[str, Any]:
     """The interleaved rounds (module doc); returns the result document."""
-    plan = SPLIT if split else {"this": ("this", "prefixgate"), "baseline": ("baseline", "prefixgate"),
+    plan = NATIVE if native else SPLIT if split else {"this": ("this", "prefixgate"), "baseline": ("baseline", "prefixgate"),
                                 "passthrough": ("this", "passthrough"), "floor": ("this", "floor")}
     runs: dict[str, list[float]] = {t: [] for t in plan}
     for i in range(rounds):
@@ -209,8 +217,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--name", default="edge_cpu")
     ap.option("--split", is_flag=True, default=False,
               help="session 18: uvicorn trivial / guarded trivial / full edge / floor")
+    ap.option("--native", is_flag=True, default=False,
+              help="session 22: --split plus native-trivial and native-prefixgate (bench/native_front.py)")
     args = ap.parse(argv)
-    doc = run(args.baseline.resolve(), args.rounds, args.requests, args.split)
+    args.split = args.split or args.native
+    doc = run(args.baseline.resolve(), args.rounds, args.requests, args.split, args.native)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     med = doc["median_us"]
@@ -227,6 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"framing guard and stub pipeline (this - guarded-trivial) {med['this'] - med['guarded-trivial']:+.1f}; "
                   f"this - baseline {med['this'] - med['baseline']:+.1f} (run with --baseline an A/A tree of this "
                   "code for the noise)."]
+        if args.native:
+            lines += ["", f"Native front (bench/native_front.py, no guards): native-trivial - floor "
+                      f"{med['native-trivial'] - med['floor']:+.1f}; uvicorn-trivial - native-trivial "
+                      f"{med['uvicorn-trivial'] - med['native-trivial']:+.1f}; this - native-prefixgate "
+                      f"{med['this'] - med['native-prefixgate']:+.1f} (guards + uvicorn's cycle over the native front)."]
         (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
         return 0

@@ -20,6 +20,10 @@
   authentication, tenant HMAC prefix chain, embedded OPA, ``cache_aware``
   routing, the audit trail (signed JSONL hash chain + OCSF file, with the
   audit worker process), otherwise the default configuration, one process.
+* **passthrough-native**, **prefixgate-native** (session 22; only when named in ``--targets``): the
+  passthrough app and PrefixGate's public app (same configuration) under :mod:`bench.native_front`, an
+  optimistic uvloop + httptools front without uvicorn's ASGI cycle and without the protocol guards (a
+  lower bound of a native front, not a design; no admin listener).
 
 Workload per target and run: 50 warm-up requests, then ``--sequential``
 (500) sequential requests on one keep-alive connection (latency p50/p90/p99
@@ -92,6 +96,8 @@ from sim.click_options import ClickOptions
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 TARGET_NAMES = ("direct", "smg", "passthrough", "floor", "prefixgate")
+#: measured only when named in ``--targets``: the passthrough and PrefixGate apps under bench/native_front.py
+NATIVE_TARGETS = ("passthrough-native", "prefixgate-native")
 WARMUP = 50
 
 #: Stage -> functions whose cumulative CPU is that stage's ((file suffix, function name) pairs).
@@ -554,7 +560,8 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
         plain = {"Content-Type": "application/json"}
         trees = {"prefixgate": REPO, "baseline": args.baseline}
         every_name = [*TARGET_NAMES, *(["baseline"] if args.baseline else [])]
-        names = [n for n in every_name if not args.targets or n in args.targets.split(",")]
+        names = [n for n in [*every_name, *NATIVE_TARGETS] if (not args.targets and n in every_name)
+                 or n in args.targets.split(",")]
         started_names = [n for n in names if n != "direct"]
         rng.shuffle(started_names)  # the first run's start order is drawn (and recorded)
         first_audit: Path | None = None
@@ -568,6 +575,10 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
             if name == "floor":
                 return await _start_floor(direct_url, paths)
             doc = _second_config(cfg, paths, f"{name}-{run}")  # own ports and audit directory per slot and run
+            if name in NATIVE_TARGETS:
+                from bench.native_front import start_target
+
+                return await start_target(name, run, direct_url, doc, paths)
             if name == "baseline":
                 doc["policy"]["dir"] = str(args.baseline / "rego")
                 apply_settings(doc, args.baseline_set)
@@ -586,7 +597,7 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
                 for name in starts:  # fresh processes every run: no slot keeps one process's luck
                     live[name] = await start(name, run)
                 targets = {"direct": (direct_url, plain, _Cpu(cluster.pid)),
-                           **{n: (base, {**plain, **auth} if n in trees else plain, _Cpu(proc.pid))
+                           **{n: (base, {**plain, **auth} if n in trees or n == "prefixgate-native" else plain, _Cpu(proc.pid))
                               for n, (proc, base) in live.items()}}
                 row.update(await measure_run(targets, order, args, bodies))
                 for name in order:
@@ -754,8 +765,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--slices", type=int, default=4, help="cut each target's sequential and peak phase into this many "
               "slices, measured target after target (noise of a shared machine hits every target alike)")
     ap.option("--peak-warmup", type=float, default=1.0, help="unmeasured seconds of the same load before each peak")
-    ap.option("--targets", default="", help="comma-separated subset of the targets to measure (default: all), "
-              "e.g. prefixgate,baseline for a quick A/A check")
+    ap.option("--targets", default="", help="comma-separated subset of the targets to measure (default: all but "
+              "passthrough-native and prefixgate-native, bench/native_front.py), e.g. prefixgate,baseline for a quick "
+              "A/A check")
     ap.option("--seed", type=int, default=None, help="draws the gateway slots' start order (default: random, recorded)")
     ap.option("--keep-workdir", is_flag=True, help="keep configs, logs, audit files and the profile")
     ap.option("--out", type=click.Path(path_type=Path), default=RESULTS)

@@ -48,7 +48,9 @@ from typing import Any
 import click
 
 from bench.loadgen import _one, _prompt
-from bench.overhead import REPO, RESULTS, _second_config, _spawn, _start_passthrough, _start_slot, settle
+from bench.native_front import start_target
+from bench.overhead import (NATIVE_TARGETS, REPO, RESULTS, _second_config, _spawn, _start_passthrough, _start_slot,
+                            settle)
 from bench.harness import profiled_window, write_json_and_markdown
 from sim.click_options import ClickOptions
 
@@ -165,6 +167,8 @@ async def run(args: SimpleNamespace, log: Any = print) -> dict[str, Any]:
                 live[name] = await start_sglang_router("cache_aware", [direct], paths)
             elif name == "passthrough":
                 live[name] = await _start_passthrough(direct, paths)
+            elif name in NATIVE_TARGETS:  # session 22: bench/native_front.py
+                live[name] = await start_target(name, 0, direct, _second_config(cfg, paths, name), paths)
             else:
                 live[name] = await _start_slot(name, trees[name], _second_config(cfg, paths, name), paths)
         cpus = {n: (_Cpu(p.pid, children=False), _Cpu(p.pid), _Cpu(p.pid, children=False, main_thread=True))
@@ -172,7 +176,7 @@ async def run(args: SimpleNamespace, log: Any = print) -> dict[str, Any]:
         every = [c[1] for c in cpus.values()]
         for name in names:
             for ev in events:
-                await sequential_cpu(live[name][1] + "/v1/completions", auth if name in trees else plain, WARMUP,
+                await sequential_cpu(live[name][1] + "/v1/completions", auth if name in trees or name == "prefixgate-native" else plain, WARMUP,
                                      StreamBodies(ev), cpus[name])
         for rnd in range(args.rounds):
             k = rnd % len(names)
@@ -181,7 +185,7 @@ async def run(args: SimpleNamespace, log: Any = print) -> dict[str, Any]:
                 for name in (order if i % 2 == 0 else order[::-1]):
                     await settle(every)
                     used, lat, err = await sequential_cpu(live[name][1] + "/v1/completions",
-                                                          auth if name in trees else plain, args.requests,
+                                                          auth if name in trees or name == "prefixgate-native" else plain, args.requests,
                                                           StreamBodies(ev), cpus[name])
                     rows[name][ev].append({"cpu_us": round(used[0], 1), "cpu_all_us": round(used[1], 1),
                                            "cpu_loop_us": round(used[2], 1),
@@ -328,7 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--requests", type=int, default=120, help="sequential requests per target, N and round")
     ap.option("--rounds", type=int, default=3)
     ap.option("--gap-ms", type=float, default=1.0, help="wall ms between the replica's events")
-    ap.option("--targets", default="prefixgate,baseline,aa,smg,passthrough")
+    ap.option("--targets", default="prefixgate,baseline,aa,smg,passthrough",
+              help="also passthrough-native, prefixgate-native (bench/native_front.py, session 22)")
     ap.option("--baseline", type=click.Path(path_type=Path), default=None, help="source tree of target 'baseline'")
     ap.option("--aa", type=click.Path(path_type=Path), default=None, help="source tree of target 'aa' (a copy of this)")
     ap.option("--tree", multiple=True, default=[], metavar="NAME=DIR",
