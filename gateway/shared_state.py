@@ -14,7 +14,8 @@ key records, rebuild routing from the stream, adopt the policy and registry
 documents, then run their tasks. Operator changes through the admin API are
 published by :meth:`SharedState.on_operator_change` (key and salt rotations, the master
 generation, registry reloads) and by the policy store's publisher, inside the admin request (policy
-changes: a change another instance stored first at the same version answers 409, SF17-1).
+changes: a change another instance stored first at the same version answers 409, SF17-1; one not shared
+because a master generation is pending here answers 503 ``master_pending``, as does such a reload, S22-review-3).
 """
 
 from __future__ import annotations
