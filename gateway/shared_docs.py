@@ -205,6 +205,12 @@ class SharedDocument:
         rec = None if cur is None else self._verify(cur)
         return 0 if rec is None else rec[0]
 
+    async def stored_unauthenticated(self) -> bool:
+        """True when Redis holds a record that no accepted subkey authenticates (a forgery, or a newer
+        master's record while that master is pending here: :meth:`sync` then neither adopts nor replaces it)."""
+        _, cur = await self._get()
+        return cur is not None and self._verify(cur) is None
+
     async def sync(self) -> bool:
         """Adopt the stored document if authenticated and higher than the local one; returns True if adopted."""
         _, cur = await self._get()

@@ -14,7 +14,8 @@ key records, rebuild routing from the stream, adopt the policy and registry
 documents, then run their tasks. Operator changes through the admin API are
 published by :meth:`SharedState.on_operator_change` (key and salt rotations, the master
 generation, registry reloads) and by the policy store's publisher, inside the admin request (policy
-changes: a change another instance stored first at the same version answers 409, SF17-1).
+changes: a change another instance stored first at the same version answers 409, SF17-1; one not shared
+because a master generation is pending here answers 503 ``master_pending``, as does such a reload, S22-review-3).
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ class SharedState:
                                          lambda: store.version, apply_policy, self.metrics,
                                          local_body=lambda: policy_set_document(store.policy_set),
                                          heal_unauthenticated=self._no_master_pending, poll_s=self.poll_s)
-            store.set_publisher(self._publish_policy)
+            store.set_publisher(self._publish_policy, pending_master=lambda: self.keys.master_pending)
 
         async def apply_tenants(version: int, body: Any) -> None:
             if not isinstance(body, dict) or not isinstance(body.get("tenants"), list):
@@ -181,9 +182,13 @@ class SharedState:
         """Publish an admin change record's effect: a key or salt rotation, a registry reload.
 
         Redis errors are logged, not raised (the change is made and persisted
-        locally; the next poll re-publishes what Redis lacks).
+        locally; the next poll re-publishes what Redis lacks). A reload not shared because a master generation
+        is pending here raises :class:`tenancy.admin.AdminError` 503 ``master_pending`` (in force here only;
+        the reload answers it, S22-review-3).
         """
-        action = record.get("action")
+        from tenancy.admin import AdminError
+
+        action, unshared = record.get("action"), None
         try:
             if action in ("tenant.rotate_key", "tenant.rotate_salt"):
                 await self.keys.publish(str(record["tenant_id"]))
@@ -198,15 +203,19 @@ class SharedState:
                     self._keyring.adopt_registry_version(version)
                 except KeyRingError as exc:  # the reload is applied: share it; only a restart's floor stays lower
                     log.error("shared state: tenants version %d not persisted (%s); published anyway", version, exc)
-                await self._publish_doc(self.tenants, version, self._admin.last_tenancy)
+                unshared = await self._publish_doc(self.tenants, version, self._admin.last_tenancy)
         except Exception as exc:  # noqa: BLE001
             log.warning("shared state: publishing %s failed (%s); retried by the next sync",
                         action, exc.__class__.__name__)
+        if unshared is not None:
+            raise AdminError(503, "master_pending", unshared)
 
     async def _publish_policy(self, record: Any, policy_set: Any) -> str:
         """Publish a policy change inside its admin request (SF17-1); returns the record's ``shared``:
         ``published``, ``conflict`` (another instance stored this version first: the stored set is
-        adopted right after, the request answers 409) or ``unpublished`` (Redis error; the next sync
+        adopted right after, the request answers 409), ``master_pending`` (not stored, and the stored record
+        cannot be read while a master generation is pending here: the change stays in force on this instance
+        only, the request answers 503, S22-review-3) or ``unpublished`` (Redis error; the next sync
         re-publishes what Redis lacks)."""
         from policy.store_disk import policy_set_document
 
@@ -216,6 +225,8 @@ class SharedState:
         try:
             if await doc.publish(record.version, policy_set_document(policy_set)):
                 return "published"
+            if await self._unreadable_while_pending(doc, record.version):
+                return "master_pending"
         except Exception as exc:  # noqa: BLE001
             log.warning("shared state: publishing policy failed (%s); retried by the next sync",
                         exc.__class__.__name__)
@@ -226,17 +237,36 @@ class SharedState:
         self._spawn(doc.sync())  # after the store's lock is released (adopt takes it)
         return "conflict"
 
-    async def _publish_doc(self, doc: SharedDocument | None, version: int, body: Any) -> None:
+    async def _unreadable_while_pending(self, doc: SharedDocument, version: int) -> bool:
+        """After a refused publish: True (logged as an error) when a master generation is pending here and the
+        stored record is not authenticated here, so this instance can neither replace nor adopt it (S20-FS1):
+        the change is in force on this instance only until that generation is provisioned (S22-review-3)."""
+        if not self.keys.master_pending or not await doc.stored_unauthenticated():
+            return False
+        log.error("shared state: %s version %d is applied on this instance only and not shared: master generation "
+                  "%d is pending here and the stored %s cannot be read; provision it on this instance (it then "
+                  "adopts the stored one)", doc.name, version, self.keys.master_pending, doc.name)
+        return True
+
+    async def _publish_doc(self, doc: SharedDocument | None, version: int, body: Any) -> str | None:
+        """Publish ``body`` at ``version``; returns the message of a change not shared because the master is
+        pending here (S22-review-3), else None (a conflict adopts the stored document, S17-1)."""
         if doc is None or body is None:
-            return
+            return None
         try:
             if not await doc.publish(version, body):
+                if await self._unreadable_while_pending(doc, version):
+                    return (f"{doc.name} version {version} is applied on this instance only and not shared: "
+                            f"master generation {self.keys.master_pending} is announced and not provisioned here, "
+                            f"so the stored {doc.name} cannot be read; provision master generation "
+                            f"{self.keys.master_pending} on this instance (it then adopts the stored {doc.name})")
                 self.metrics.rejected.labels(doc.name, "conflict").inc()
                 log.error("shared state: %s version %d was not stored (another instance published it or a "
                           "higher one first); adopting the stored one", doc.name, version)
                 await doc.sync()  # S17-1: converge now, not at the next poll
         except Exception as exc:  # noqa: BLE001
             log.warning("shared state: publishing %s failed (%s)", doc.name, exc.__class__.__name__)
+        return None
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

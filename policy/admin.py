@@ -17,6 +17,10 @@ without an id is refused with 403 (fail closed).
   S19-R4, S19-R5)
 - shared state: another instance stored the same version first -> 409 code ``conflict`` (this
   instance adopts that set; the operator retries; ``result`` is the change record, ``shared: conflict``)
+- shared state, this instance's master pending (a master rotation not provisioned here yet) and the stored set
+  unreadable here -> 503 code ``master_pending``: the change is applied on this instance only, not shared; the
+  message names the master generation to provision (``result``: the record, ``shared: master_pending``;
+  S22-review-3)
 - a validated change that could not be written -> 500 code ``policy_not_persisted`` (rolled back;
   ``target_may_hold_change`` true when the target may still decide with it, R17-3)
 
@@ -55,6 +59,7 @@ from policy.decision import PolicyError
 from policy.loader import compile_errors, sha256_text
 from policy.store import (
     PolicyConflictError,
+    PolicyMasterPendingError,
     PolicyNotFoundError,
     PolicyPersistError,
     PolicyRejectedError,
@@ -217,6 +222,8 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             return _err(502, "target_refused", str(exc), target_may_hold_change=exc.target_may_hold_change)
         except PolicyConflictError as exc:  # SF17-1: another instance's change at this version won
             return _err(409, "conflict", str(exc), result=exc.record.to_dict())
+        except PolicyMasterPendingError as exc:  # S22-review-3: in force here only, not shared, nothing to adopt
+            return _err(503, "master_pending", str(exc), result=exc.record.to_dict())
         except PolicyPersistError as exc:  # R17-3: rolled back; says whether the target may still hold it
             return _err(500, "policy_not_persisted", str(exc), target_may_hold_change=exc.target_may_hold_change)
         except ValueError as exc:

@@ -56,6 +56,7 @@ from policy.store_disk import (
 from policy.store_types import (
     ChangeRecord,
     PolicyConflictError,
+    PolicyMasterPendingError,
     PolicyNotFoundError,
     PolicyPersistError,
     PolicyRejectedError,
@@ -64,10 +65,12 @@ from policy.store_types import (
     RemoteOpaTarget,
     check_policy_dir,
     persist_error,
+    shared_error,
 )
 
-__all__ = ["ChangeRecord", "PolicyConflictError", "PolicyNotFoundError", "PolicyPersistError", "PolicyRejectedError",
-           "PolicyStore", "PolicyTarget", "PolicyTargetError", "RemoteOpaTarget", "check_policy_dir"]
+__all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
+           "PolicyPersistError", "PolicyRejectedError", "PolicyStore", "PolicyTarget", "PolicyTargetError",
+           "RemoteOpaTarget", "check_policy_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +132,7 @@ class PolicyStore:
         self.version = max(committed_versions(self.active_dir, self.versions_dir), default=0)
         self._listeners: list[Callable[[ChangeRecord], None]] = []
         self._publisher: Callable[[ChangeRecord, PolicySet], Awaitable[str]] | None = None
+        self._pending_master: Callable[[], int] = lambda: 0
 
     async def start(self) -> None:
         """Give the target back what a crash mid-change left it (S19-R10): the change whose journal this
@@ -143,11 +147,13 @@ class PolicyStore:
         if self._repair_target is not None:
             self._repair_target.close()
 
-    def set_publisher(self, publish: Callable[[ChangeRecord, PolicySet], Awaitable[str]]) -> None:
+    def set_publisher(self, publish: Callable[[ChangeRecord, PolicySet], Awaitable[str]],
+                      pending_master: Callable[[], int] | None = None) -> None:
         """Publish every change made through this store before it is answered (shared state, SF17-1):
         ``await publish(record, new set)`` under the store's lock, returning the record's ``shared``
-        value; ``"conflict"`` makes the change raise :class:`PolicyConflictError` (after the audit)."""
-        self._publisher = publish
+        value; ``"conflict"`` raises :class:`PolicyConflictError`, ``"master_pending"`` (S22-review-3)
+        :class:`PolicyMasterPendingError` naming ``pending_master()`` (the generation to provision), after the audit."""
+        self._publisher, self._pending_master = publish, pending_master or self._pending_master
 
     def add_change_listener(self, callback: Callable[[ChangeRecord], None]) -> None:
         """Call ``callback(record)`` after every change made through this store (not after :meth:`adopt`)."""
@@ -279,9 +285,8 @@ class PolicyStore:
                     self._on_change(record)
                 for callback in self._listeners:
                     callback(record)
-        if record.shared == "conflict":
-            raise PolicyConflictError(f"policy version {record.version} was stored by another instance first; "
-                                      "its set is adopted here: retry the change", record)
+        if (err := shared_error(record, self._pending_master())) is not None:
+            raise err
         return record
 
     async def _persist_and_apply(self, record: ChangeRecord, new_set: PolicySet, active: dict[Path, str | None],

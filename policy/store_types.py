@@ -17,9 +17,9 @@ from policy.decision import PolicyError
 from policy.loader import PolicySet, is_test_module
 from policy.rego_test_runner import TestReport
 
-__all__ = ["ChangeRecord", "PolicyConflictError", "PolicyNotFoundError", "PolicyRejectedError", "PolicyTarget",
-           "PolicyPersistError", "PolicyTargetError", "RemoteOpaTarget", "check_policy_dir",
-           "persist_error"]
+__all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
+           "PolicyRejectedError", "PolicyTarget", "PolicyPersistError", "PolicyTargetError", "RemoteOpaTarget",
+           "check_policy_dir", "persist_error", "shared_error"]
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,10 @@ class ChangeRecord:
     (monotonic), ``time`` (seconds since the epoch). ``shared`` (shared state, issue 16; in the
     audit record and the admin answer, not in ``record.json``): what publishing it inside the change
     gave, ``published``, ``conflict`` (another instance stored this version first; this change is
-    replaced by that one and the admin request answers 409, SF17-1) or ``unpublished`` (Redis did not
-    answer; the next sync publishes it); None without shared state and for an adopted set."""
+    replaced by that one and the admin request answers 409, SF17-1), ``master_pending`` (not stored: a
+    higher master generation is pending here and the stored record cannot be authenticated; the change is
+    in force on this instance only and the request answers 503, S22-review-3) or ``unpublished`` (Redis did
+    not answer; the next sync publishes it); None without shared state and for an adopted set."""
 
     version: int
     who: str
@@ -79,6 +81,36 @@ class PolicyConflictError(PolicyError):
     def __init__(self, message: str, record: ChangeRecord) -> None:
         super().__init__(message)
         self.record = record
+
+
+class PolicyMasterPendingError(PolicyError):
+    """A change committed and in force on this instance that shared state did not store (S22-review-3): a
+    higher master generation (``generation``) is announced that this instance's secret source cannot give
+    yet, and the stored record is not authenticated here (it may be the new master's), so it can be neither
+    replaced nor adopted. This instance decides under the change until ``generation`` is provisioned here;
+    then it adopts the stored set (the change is then gone here too: the operator makes it again).
+    ``record``: the change (``shared="master_pending"``), also handed to audit."""
+
+    def __init__(self, message: str, record: ChangeRecord, generation: int) -> None:
+        super().__init__(message)
+        self.record = record
+        self.generation = generation
+
+
+def shared_error(record: ChangeRecord, pending_generation: int) -> PolicyError | None:
+    """The error a committed change answers for its ``record.shared`` (None: answered as made):
+    :class:`PolicyConflictError` for ``conflict`` (SF17-1), :class:`PolicyMasterPendingError` for
+    ``master_pending`` (``pending_generation``: the master generation to provision here, S22-review-3)."""
+    if record.shared == "conflict":
+        return PolicyConflictError(f"policy version {record.version} was stored by another instance first; "
+                                   "its set is adopted here: retry the change", record)
+    if record.shared == "master_pending":
+        return PolicyMasterPendingError(
+            f"policy version {record.version} is applied on this instance only and not shared: master generation "
+            f"{pending_generation} is announced and not provisioned here, so the stored set cannot be read; "
+            f"provision master generation {pending_generation} on this instance (it then adopts the stored set "
+            "and this change is gone: make it again)", record, pending_generation)
+    return None
 
 
 class PolicyPersistError(OSError):

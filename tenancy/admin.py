@@ -23,7 +23,8 @@ Errors have the public API's shape, ``{"error": {"message", "type", "code",
 config (a ``TenantConfigError`` or any ``ValueError`` of the registry
 loader, e.g. an unparsable config file; the registry in force stays), 404
 unknown tenant, 409 master unchanged, 501 no master source, 500
-key-ring/state failure.
+key-ring/state failure; 503 ``master_pending`` (shared state): a reload applied on this instance only, not
+shared, because a master generation is pending here (raised by an ``on_change`` hook, S22-review-3).
 """
 
 from __future__ import annotations
@@ -222,7 +223,8 @@ def admin_routes(
     registry now in force. ``master_loader()`` returns the new master secret
     (e.g. ``lambda: load_master_secret(file, env)``). ``on_change(record)``
     (sync or async) receives every change record, for audit; if it raises,
-    the change has already happened and the error propagates (HTTP 500).
+    the change has already happened and the error propagates (HTTP 500), except an :class:`AdminError`,
+    answered with its status and code and handed to ``on_failure`` (the change is made: e.g. not shared).
     ``registry``, when given, makes rotations of unknown tenants a 404.
     ``on_failure(record)`` (sync or async) receives one :func:`failure_record` for
     each request of an authorized operator that fails (not for a 401/403 of
@@ -260,9 +262,13 @@ def admin_routes(
             return _error(status, code, message)
         record["actor"] = _actor(principal)
         if on_change is not None:
-            res = on_change(record)
-            if inspect.isawaitable(res):
-                await res
+            try:
+                res = on_change(record)
+                if inspect.isawaitable(res):
+                    await res
+            except AdminError as exc:  # made here, and a hook says how it fell short (S22-review-3: not shared)
+                await _failed(name, principal, tenant_id, exc.status, exc.code, exc.detail)
+                return _error(exc.status, exc.code, exc.detail)
         return JSONResponse(record)
 
     def _tenant(tenant_id: str | None) -> str:
