@@ -53,7 +53,7 @@ def parse_and_count(adm: Admission, raw: bytes, endpoint: Endpoint, limits: Limi
     :class:`gateway.errors.StepFailed` (a bug after the parse, with the same fields)."""
     req = parse_inference_request(raw, endpoint, limits.max_json_depth, max_messages=bounds.max_messages,
                                   max_batch_prompts=bounds.max_batch_prompts, max_json_items=limits.max_json_items,
-                                  max_tools=limits.max_tools)
+                                  max_tools=limits.max_tools, max_free_values=bounds.max_free_values)
     seqs = len(req.prompts) or 1  # = req.sequences, without the property's call (session 17)
     try:  # = adm.check_request(req, tenant): it runs (and raises) only when one of its tests fails
         if ((model := req.model) not in tenant.models or model not in adm.served_models

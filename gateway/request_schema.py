@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tenancy.bounds import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 
 __all__ = ["ChatBody", "ChatMessage", "CompletionBody", "MAX_TOKENS_CEILING", "StreamOptions", "TextPart",
-           "schema_error", "too_many_tools"]
+           "schema_error"]
 
 MAX_TOKENS_CEILING = 1 << 20
 
@@ -134,14 +134,3 @@ def schema_error(exc: ValidationError) -> tuple[str, str | None]:
     msg = err["msg"]
     return (f"{loc}: {msg}" if loc else msg), loc
 
-
-def too_many_tools(data: dict[str, Any], max_tools: int | None) -> str | None:
-    """The refusal message when the decoded chat body ``data`` holds a ``tools`` list of more than ``max_tools``
-    entries (``limits.max_tools``; None: no bound), else None. Checked before schema validation: the list's
-    length is read, not its items (S22-review-4: 30,000 tools of one key cost ~110 ms of validation, nesting
-    walk, ``model_dump`` and JSON rendering before ``context_length_exceeded``). OpenAI documents at most 128
-    tools per request. Raises nothing; O(1)."""
-    tools = data.get("tools")
-    if max_tools is None or type(tools) is not list or len(tools) <= max_tools:
-        return None
-    return f"tools has {len(tools)} entries; at most {max_tools} tools per request (limits.max_tools)"
