@@ -47,16 +47,19 @@ def count_values(roots: list[Any], stop: int) -> int:
     return count
 
 
-def free_form_refusal(data: dict[str, Any], max_tools: int | None, max_values: int | None) -> GatewayError | None:
+def free_form_refusal(data: dict[str, Any], max_tools: int | None, max_values: int | None,
+                      body_bytes: int) -> GatewayError | None:
     """The 400 for the decoded chat body ``data`` whose ``tools`` list has more than ``max_tools`` entries
     (``too_many_tools``, param ``tools``), or whose free-form fields (:data:`FREE_FORM_FIELDS`, messages'
     ``tool_calls``) hold more than ``max_values`` keys and values (``too_many_json_items``); else None.
-    ``None`` bounds: not checked. Types are not checked here (the schema does). Raises nothing."""
+    ``None`` bounds: not checked. ``body_bytes``: the length of the JSON text ``data`` was decoded from; each key
+    and value starts at a byte of its own there, so a body of at most ``max_values`` bytes is not walked (an
+    ordinary tool-using body: no cost). Types are not checked here (the schema does). Raises nothing."""
     tools = data.get("tools")
     if max_tools is not None and type(tools) is list and len(tools) > max_tools:
         return GatewayError(400, "too_many_tools", f"tools has {len(tools)} entries; at most {max_tools} tools per "
                             "request (limits.max_tools)", param="tools")
-    if max_values is None:
+    if max_values is None or body_bytes <= max_values:
         return None
     roots = [data[k] for k in FREE_FORM_FIELDS if data.get(k) is not None]
     messages = data.get("messages")

@@ -309,8 +309,8 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
         raise GatewayError(400, "batch_too_large",
                            f"prompt is a batch of {len(prompt)} prompts; this tenant's limit is {max_batch_prompts}",
                            param="prompt")
-    if endpoint == "chat" and (refusal := free_form_refusal(data, max_tools, max_free_values)) is not None:
-        raise refusal  # S22-review-4: before the schema, the nesting walk, model_dump and the rendering
+    if endpoint == "chat" and (refused := free_form_refusal(data, max_tools, max_free_values, len(raw))):
+        raise refused  # S22-review-4: before the schema, the nesting walk, model_dump and the rendering
     fast = None if not checked else plain_chat(data) if endpoint == "chat" else plain_completion(data)
     if fast is not None:  # the commonest body, as the schema reads it (gateway/request_fast.py, issue 14)
         body, model, stream, max_tokens = fast, fast["model"], fast["stream"], fast.get("max_tokens")

@@ -83,10 +83,10 @@ def test_ordinary_tool_bodies_unchanged(n: int) -> None:
 
 
 def test_too_many_tools_reads_only_a_list() -> None:
-    assert free_form_refusal({"tools": "x" * 500}, 1, None) is None  # not a list: the schema's answer stands
-    assert free_form_refusal({"tools": [{}] * 3}, None, None) is None
-    assert free_form_refusal({}, 1, 1) is None
-    assert free_form_refusal({"tools": [{}] * 3}, 2, None).code == "too_many_tools"  # type: ignore[union-attr]
+    assert free_form_refusal({"tools": "x" * 500}, 1, None, 600) is None  # not a list: the schema's answer stands
+    assert free_form_refusal({"tools": [{}] * 3}, None, None, 20) is None
+    assert free_form_refusal({}, 1, 1, 2) is None
+    assert free_form_refusal({"tools": [{}] * 3}, 2, None, 20).code == "too_many_tools"  # type: ignore[union-attr]
 
 
 # the free-form fields' count of values -------------------------------------------------------------------
@@ -192,9 +192,11 @@ def test_each_counted_value_renders_a_token_and_a_byte(tools: list, choice: Any,
     counted = count_values(roots, 10**9)
     assert counted <= len(WordTokenizer().encode(req.extra_text))
     assert counted <= len(req.extra_text.encode("utf-8"))
-    assert free_form_refusal(data, None, counted) is None
+    size = len(json.dumps(data).encode())
+    assert counted <= size  # so a body of at most max_values bytes needs no walk
+    assert free_form_refusal(data, None, counted, size) is None
     if counted:
-        assert free_form_refusal(data, None, counted - 1) is not None
+        assert free_form_refusal(data, None, counted - 1, size) is not None
 
 
 def test_count_values_stops_past_the_bound() -> None:
