@@ -147,8 +147,11 @@ def config() -> None:
               help="YAML configuration file (docs/configuration.md).")
 def config_check(config_path: str) -> None:
     """Validate the file as ``serve`` would, of what needs no secret or network (exit 1 on an error):
-    the schema, the tenants, the salt-pool rule and the policy (``policy.dir`` loads and compiles;
-    ``policy.url`` set in remote mode; gateway/config_check.py, review RV2-7). Then print, one line
+    the schema, the tenants, the salt-pool rule, the policy (``policy.dir`` loads and compiles;
+    ``policy.url`` set in remote mode; gateway/config_check.py, review RV2-7) and that the directory of
+    ``tenancy.state_file`` exists (key and salt rotations are saved there; S22-newcomer-2). For a dry check
+    on a machine without that directory, point it elsewhere for this run only, e.g.
+    ``PREFIXGATE__TENANCY__STATE_FILE=/tmp/pg/keystate.json prefixgate config check --config F``. Then print, one line
     each, the warnings ``serve`` logs at start about its tenants (``configuration:``, ``limits:``):
     entries that cannot be served as written, tenants without a prompt-token limit, tenants with
     ``usage_cached_tokens: pass`` sharing a pool (review R12b-6), tenants one request of which may reserve

@@ -82,6 +82,8 @@ class LimitsConfig(ConfigSection):
     by counting ``{``, ``[`` and ``,`` bytes before decoding; 400
     ``too_many_json_items``): decoding, validating and rendering cost grows
     with the number of values, not the bytes.
+    ``max_tools``: the most entries of a chat body's ``tools`` list (OpenAI's documented bound is 128;
+    ``null``: none); a longer one answers 400 ``too_many_tools`` before schema validation (S22-review-4).
     ``refused_cpu_ms_per_s`` / ``refused_cpu_burst_ms``: each tenant's budget of
     gateway CPU for preparing requests that end refused (parse, tokenize, prefix
     keys; CPU milliseconds refilled per second / bucket capacity in CPU
@@ -148,6 +150,7 @@ class LimitsConfig(ConfigSection):
     max_messages: int = Field(2048, ge=1)
     max_prompt_tokens: int | None = Field(8192, ge=1)
     max_json_items: int = Field(65536, ge=64)
+    max_tools: int | None = Field(128, ge=1)
     refused_cpu_ms_per_s: float | None = Field(100.0, gt=0)
     refused_cpu_burst_ms: float = Field(250.0, gt=0)
     prep_cpu_free_ms: float = Field(1.0, ge=0)

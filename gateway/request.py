@@ -34,6 +34,7 @@ from gateway.body_guard import BODY_COMPLETE_KEY, PLAIN_LENGTH_KEY
 from gateway.content_coding import refuse_content_coding
 from gateway.errors import GatewayError
 from gateway.request_fast import plain_chat, plain_completion
+from gateway.free_form import free_form_refusal
 from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, CompletionBody, schema_error
 from tenancy.bounds import chat_units
 from tenancy.tokenizer import TokenizerError, prompt_text
@@ -251,18 +252,18 @@ def _unforwardable(obj: Any) -> str | None:
 
 def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32, *,
                             max_messages: int | None = None, max_batch_prompts: int | None = None,
-                            max_json_items: int | None = None) -> InferenceRequest:
+                            max_json_items: int | None = None, max_tools: int | None = None,
+                            max_free_values: int | None = None) -> InferenceRequest:
     """Decode and validate an OpenAI request body for ``endpoint``.
 
-    Raises :class:`GatewayError` 400 with code ``invalid_json`` (not UTF-8,
-    not JSON, a ``NaN``/``Infinity``/``-Infinity`` token anywhere (RFC 8259 §6; S21-newcomer-5),
-    not an object, nested deeper than ``max_depth``),
-    ``too_many_messages`` (more chat messages than ``max_messages``),
-    ``too_many_content_parts`` (messages, each counted once per part of a list
-    ``content`` and once per tool call, above ``max_messages``), ``number_too_long`` (an integer literal
-    of more than :data:`MAX_INT_DIGITS` digits anywhere, refused before conversion),
-    ``batch_too_large`` (a list ``prompt`` of more than ``max_batch_prompts``
-    elements) — both counted before schema validation —, ``too_many_json_items``
+    Raises :class:`GatewayError` 400 with code ``invalid_json`` (not UTF-8, not JSON, a ``NaN``/``Infinity``/
+    ``-Infinity`` token anywhere (RFC 8259 §6; S21-newcomer-5), not an object, nested deeper than ``max_depth``),
+    ``too_many_messages`` (more chat messages than ``max_messages``), ``too_many_content_parts`` (messages, each
+    counted once per part of a list ``content`` and once per tool call, above ``max_messages``), ``number_too_long``
+    (an integer literal of more than :data:`MAX_INT_DIGITS` digits anywhere, refused before conversion),
+    ``batch_too_large`` (a list ``prompt`` of more than ``max_batch_prompts`` elements), ``too_many_tools`` /
+    ``too_many_json_items`` (gateway/free_form.py: ``max_tools``, ``max_free_values``) — all counted before
+    schema validation —, ``too_many_json_items``
     (:func:`json_items_bound` above ``max_json_items``, counted before decoding) or
     ``invalid_request`` (schema violation; the message names the field, never
     its value). Unknown fields are dropped unread (``max_depth`` bounds the forwarded free-form fields,
@@ -307,6 +308,8 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
         raise GatewayError(400, "batch_too_large",
                            f"prompt is a batch of {len(prompt)} prompts; this tenant's limit is {max_batch_prompts}",
                            param="prompt")
+    if endpoint == "chat" and (refused := free_form_refusal(data, max_tools, max_free_values, len(raw))):
+        raise refused  # S22-review-4: before the schema, the nesting walk, model_dump and the rendering
     fast = None if not checked else plain_chat(data) if endpoint == "chat" else plain_completion(data)
     if fast is not None:  # the commonest body, as the schema reads it (gateway/request_fast.py, issue 14)
         body, model, stream, max_tokens = fast, fast["model"], fast["stream"], fast.get("max_tokens")

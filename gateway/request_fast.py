@@ -44,7 +44,8 @@ def plain_completion(data: dict[str, Any]) -> dict[str, Any] | None:
     case: no lone surrogate, no non-finite number). ``model``: a string of 1-256 characters;
     ``prompt``: a non-empty string; ``max_tokens`` (optional, null allowed): an int (not a bool) in
     1..``MAX_TOKENS_CEILING``; ``stream`` (optional): a bool; ``stream_options`` (optional, null
-    allowed): an object whose ``include_usage`` is absent, null or a bool (its other keys are dropped);
+    allowed; only with ``stream`` true): an object whose ``include_usage`` is absent, null or a bool (its other
+    keys are dropped);
     no other schema field. Raises nothing.
     """
     if not _OTHER_FIELDS.isdisjoint(data):
@@ -62,8 +63,8 @@ def plain_chat(data: dict[str, Any]) -> dict[str, Any] | None:
     """``{"model", ["max_tokens",] "stream", ["stream_options",] "messages"}`` as the schema validates
     ``data``, or None: as :func:`plain_completion`, with ``messages`` (a non-empty list) in place of
     ``prompt``, each an object whose schema fields are only ``role`` (one of the schema's roles) and
-    ``content`` (a string, null or absent, or a list of text parts: see :func:`text_parts`; other keys
-    dropped). Raises nothing.
+    ``content`` (a string or a list of text parts: see :func:`text_parts`; other keys dropped; null or absent
+    content, which the schema refuses without ``tool_calls``, goes to pydantic). Raises nothing.
     """
     if not _OTHER_CHAT_FIELDS.isdisjoint(data):
         return None
@@ -77,9 +78,7 @@ def plain_chat(data: dict[str, Any]) -> dict[str, Any] | None:
         role, content = m.get("role"), m.get("content")
         if type(role) is not str or role not in _ROLES:
             return None
-        if content is None:
-            out.append({"role": role})
-        elif type(content) is str:
+        if type(content) is str:  # null or absent content: only with tool_calls (pydantic refuses it, S22-newcomer-4)
             out.append({"role": role, "content": content})
         elif type(content) is list and (parts := text_parts(content)) is not None:
             out.append({"role": role, "content": parts})
@@ -127,7 +126,7 @@ def _sampling(data: dict[str, Any]) -> dict[str, Any] | None:
     body["stream"] = stream
     options = data.get("stream_options")
     if options is not None:
-        if type(options) is not dict:
+        if type(options) is not dict or not stream:  # stream_options with stream false: pydantic (S22-newcomer-4)
             return None
         usage = options.get("include_usage")
         if usage is None:

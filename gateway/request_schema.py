@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tenancy.bounds import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 
@@ -46,6 +46,15 @@ class ChatMessage(_Base):
     tool_call_id: str | None = Field(None, max_length=256)
     tool_calls: _List[dict[str, Any]] | None = None
 
+    @model_validator(mode="after")
+    def _null_content(self) -> "ChatMessage":
+        # OpenAI: content is required except in an assistant message with tool_calls (S22-newcomer-4); a strict
+        # engine refuses it after admission (400 upstream_rejected, naming nothing)
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content must not be null or absent (only an assistant message with tool_calls may "
+                             "have no content)")
+        return self
+
 
 class _Sampling(_Base):
     model: str = Field(min_length=1, max_length=256)
@@ -60,6 +69,13 @@ class _Sampling(_Base):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     user: str | None = Field(None, max_length=256)
+
+    @model_validator(mode="after")
+    def _stream_options(self) -> "_Sampling":
+        # OpenAI: 400 "stream_options is only allowed when stream is enabled"; vLLM refuses it too (S22-newcomer-4)
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
 
     @field_validator("stop")
     @classmethod
@@ -117,3 +133,4 @@ def schema_error(exc: ValidationError) -> tuple[str, str | None]:
     loc = ".".join(str(p) for p in err["loc"]) or None
     msg = err["msg"]
     return (f"{loc}: {msg}" if loc else msg), loc
+

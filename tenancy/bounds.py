@@ -10,6 +10,8 @@ first (docs/tenancy.md, "Request bounds")::
     max_prompt_bytes   UTF-8 bytes that become prompt tokens (per sequence),
                        plus the ``stop`` sequences (with the first sequence)
     max_prompt_tokens  tokens per sequence; tokenizing stops after limit + 1
+    max_free_values    JSON values of a chat body's forwarded free-form fields (tools, tool_choice,
+                       response_format, tool_calls), counted on the parsed JSON before schema validation
 
 Defaults never refuse what the token limit allows: they are derived from
 ``max_prompt_tokens`` through the tokenizer's own bounds
@@ -44,13 +46,15 @@ class RequestBounds:
 
     ``max_prompt_tokens`` / ``max_prompt_bytes`` apply to each sequence
     (``None``: unbounded but for the body size cap); ``max_messages`` and
-    ``max_batch_prompts`` always hold a number.
+    ``max_batch_prompts`` always hold a number. ``max_free_values``: JSON values and keys a chat request's
+    forwarded free-form fields may hold (``None``: unbounded but for ``limits.max_json_items``; S22-review-4).
     """
 
     max_prompt_tokens: int | None
     max_prompt_bytes: int | None
     max_messages: int
     max_batch_prompts: int
+    max_free_values: int | None = None
 
 
 def request_bounds(tenant: Tenant, tokenizer: Tokenizer, *, max_messages_ceiling: int,
@@ -70,6 +74,12 @@ def request_bounds(tenant: Tenant, tokenizer: Tokenizer, *, max_messages_ceiling
       ceiling ``max_messages_ceiling`` (``limits.max_messages``).
     * ``max_batch_prompts``: the tenant's value, else
       min(:data:`DEFAULT_MAX_BATCH_PROMPTS`, ``max_concurrency``).
+    * ``max_free_values`` (session 22, S22-review-4): ``max_prompt_bytes`` (each JSON value or key of the
+      free-form fields renders at least one byte of the first sequence's prompt bytes), lowered to
+      ``tokenizer.max_json_values(max_prompt_tokens)`` when the tokenizer has that method (the ``word``
+      tokenizer: each renders at least one token, counted in the first sequence's tokens); ``None`` when
+      both are ``None``. A body over it would be refused ``prompt_too_large`` or ``context_length_exceeded``
+      later, after its validation and rendering; it is refused before them instead.
     """
     tokens = tenant.max_prompt_tokens if tenant.max_prompt_tokens is not None else default_max_prompt_tokens
     pbytes = tenant.max_prompt_bytes
@@ -78,6 +88,10 @@ def request_bounds(tenant: Tenant, tokenizer: Tokenizer, *, max_messages_ceiling
     messages = tenant.max_messages
     if messages is None:
         messages = tokenizer.max_messages(tokens) if tokens is not None else max_messages_ceiling
+    free = pbytes
+    per_value = getattr(tokenizer, "max_json_values", None)  # optional (tenancy.tokenizer.WordTokenizer)
+    if tokens is not None and per_value is not None:
+        free = per_value(tokens) if free is None else min(free, per_value(tokens))
     batch = tenant.max_batch_prompts
     if batch is None:
         batch = DEFAULT_MAX_BATCH_PROMPTS
@@ -88,6 +102,7 @@ def request_bounds(tenant: Tenant, tokenizer: Tokenizer, *, max_messages_ceiling
         max_prompt_bytes=pbytes,
         max_messages=max(1, min(messages, max_messages_ceiling)),
         max_batch_prompts=max(1, batch),
+        max_free_values=free,
     )
 
 

@@ -267,6 +267,18 @@ class WordTokenizer:
         """``tokens // 5``: every rendered message holds the 5 tokens ``<`` ``|`` role ``|`` ``>``."""
         return max(1, max(0, tokens) // 5)
 
+    def max_json_values(self, tokens: int) -> int:
+        """``tokens``: the most JSON values and object keys a compact JSON rendering (no blanks, as
+        ``json.dumps(..., separators=(",", ":"))`` writes it) of at most ``tokens`` tokens can hold.
+
+        Derivation: each value or key starts with a character no token of the one before it holds: ``"``,
+        ``{``, ``[`` (one symbol token each), ``-`` (a symbol) or a word character (``true``, ``false``,
+        ``null``, a digit) after a symbol (``,``, ``:``, ``[``, ``{``), which ends any word run. So every
+        value and key starts a token of its own (session 22, S22-review-4). Optional method: a tokenizer
+        without it is bounded by :meth:`max_text_bytes` only (:func:`tenancy.bounds.request_bounds`).
+        """
+        return max(0, tokens)
+
 
 def _content_text(content: Any) -> str:
     """Flatten an OpenAI message ``content`` (string or list of text parts)."""

@@ -67,7 +67,7 @@ _valid_part = st.fixed_dictionaries({"type": st.just("text"), "text": _texts})
 _valid_chat = st.fixed_dictionaries(
     {"model": st.text(min_size=1, max_size=5), "messages": st.lists(st.fixed_dictionaries(
         {"role": st.sampled_from(["system", "developer", "user", "assistant", "tool"]),
-         "content": st.one_of(st.lists(_valid_part, max_size=5), _texts, st.none())},
+         "content": st.one_of(st.lists(_valid_part, max_size=5), _texts)},  # null: S22-newcomer-4
         optional={"extra": _scalars}), min_size=1, max_size=4)},
     optional={"max_tokens": st.one_of(st.integers(1, 3), st.none()), "stream": st.booleans(), "cache_salt": _scalars})
 
@@ -124,7 +124,7 @@ _DOCS = [
                                                                     {"type": "text", "text": "c"}]}], "max_tokens": 3},
     {"model": "sim-model", "messages": [{"role": "system", "content": "be brief"},
                                         {"role": "user", "content": [{"text": "日本 \U0001f600", "type": "text"}]},
-                                        {"role": "assistant", "content": []}, {"role": "user"}],
+                                        {"role": "assistant", "content": []}, {"role": "user", "content": "d"}],
      "stream": True, "stream_options": {"include_usage": True}, "cache_salt": "s"},
     {"model": "sim-model", "messages": [{"role": "user", "content": [{"type": "text", "text": f"w{i}"}
                                                                     for i in range(1600)]}]},

@@ -53,7 +53,7 @@ def _chat(**extra: Any) -> dict[str, Any]:
 
 def test_dropped_fields_are_not_walked_forwarded_ones_are_bounded() -> None:
     raw = json.dumps(_chat(junk=[_nest(100)] * 50, messages=[{"role": "user", "content": "hi", "junk": _nest(60)}],
-                           stream_options={"junk": _nest(60)})).encode()
+                           stream=True, stream_options={"junk": _nest(60)})).encode()  # stream: S22-newcomer-4
     req = parse_inference_request(raw, "chat", 32, max_messages=64, max_json_items=65536)
     assert "junk" not in req.body and "junk" not in req.body["messages"][0]  # dropped, never forwarded
     for field, value in (("response_format", {"a": _nest(40)}), ("tools", [{"f": _nest(40)}]),

@@ -84,7 +84,9 @@ def test_shortcut_equals_the_schema_or_declines(data: dict[str, Any]) -> None:
     {"model": "m" * 256, "prompt": "é", "max_tokens": MAX_TOKENS_CEILING, "stream": False},
     {"model": "m", "prompt": "p", "max_tokens": 9, "stream": True, "stream_options": {"include_usage": True},
      "cache_salt": "s"},
-    {"model": "m", "prompt": "p", "stream_options": {"include_usage": None, "other": [1]}, "hint": {"a": 1}},
+    # S22-newcomer-4: stream_options only with stream true (the schema refuses it otherwise)
+    {"model": "m", "prompt": "p", "stream": True, "stream_options": {"include_usage": None, "other": [1]},
+     "hint": {"a": 1}},
 ])
 def test_plain_bodies_take_the_shortcut(data: dict[str, Any]) -> None:
     assert plain_completion(data) == _schema(data)
@@ -94,7 +96,7 @@ def test_plain_bodies_take_the_shortcut(data: dict[str, Any]) -> None:
     {"model": "sim-model", "prompt": "a b c", "max_tokens": 3, "stream": True},
     {"model": "sim-model", "prompt": "a b c", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True},
      "cache_salt": "tenant-salt"},
-    {"model": "sim-model", "prompt": "a b c", "stream_options": {"include_usage": False}},
+    {"model": "sim-model", "prompt": "a b c", "stream": True, "stream_options": {"include_usage": False}},
 ])
 def test_parse_of_a_plain_body_does_not_call_pydantic_and_matches_it(monkeypatch: pytest.MonkeyPatch,
                                                                     doc: dict[str, Any]) -> None:

@@ -169,9 +169,14 @@ async def test_tools_count_as_prompt_tokens(stack, capture):
                         "tenant-small/app")
     assert over2.status_code == 400 and over2.json()["error"]["code"] == "context_length_exceeded"
     over3 = await _post(stack, "/v1/chat/completions",
-                        {**body, "response_format": {"type": "json_schema", "schema": {"d": ["y"] * 120}}},
+                        {**body, "response_format": {"type": "json_schema", "schema": {"d": " ".join(["y"] * 120)}}},
                         "tenant-small/app")
     assert over3.status_code == 400 and over3.json()["error"]["code"] == "context_length_exceeded"
+    # S22-review-4: more JSON values than the tenant's prompt tokens are refused before validation and rendering
+    over4 = await _post(stack, "/v1/chat/completions",
+                        {**body, "response_format": {"type": "json_schema", "schema": {"d": ["y"] * 120}}},
+                        "tenant-small/app")
+    assert over4.status_code == 400 and over4.json()["error"]["code"] == "too_many_json_items"
     assert len(capture.seen) == 1
 
 
