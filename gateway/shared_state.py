@@ -225,7 +225,7 @@ class SharedState:
         try:
             if await doc.publish(record.version, policy_set_document(policy_set)):
                 return "published"
-            if await self._unreadable_while_pending(doc, record.version):
+            if await self._unshared_while_pending(doc, record.version) is not None:
                 return "master_pending"
         except Exception as exc:  # noqa: BLE001
             log.warning("shared state: publishing policy failed (%s); retried by the next sync",
@@ -237,16 +237,20 @@ class SharedState:
         self._spawn(doc.sync())  # after the store's lock is released (adopt takes it)
         return "conflict"
 
-    async def _unreadable_while_pending(self, doc: SharedDocument, version: int) -> bool:
-        """After a refused publish: True (logged as an error) when a master generation is pending here and the
-        stored record is not authenticated here, so this instance can neither replace nor adopt it (S20-FS1):
-        the change is in force on this instance only until that generation is provisioned (S22-review-3)."""
-        if not self.keys.master_pending or not await doc.stored_unauthenticated():
-            return False
-        log.error("shared state: %s version %d is applied on this instance only and not shared: master generation "
-                  "%d is pending here and the stored %s cannot be read; provision it on this instance (it then "
-                  "adopts the stored one)", doc.name, version, self.keys.master_pending, doc.name)
-        return True
+    async def _unshared_while_pending(self, doc: SharedDocument, version: int) -> str | None:
+        """After a refused publish: the message (logged as an error, and a reload's answer) when a master
+        generation is pending here and the stored record is not authenticated here, so this instance can neither
+        replace nor adopt it (S20-FS1): the change is in force on this instance only until that generation is
+        provisioned (S22-review-3); else None."""
+        pending = self.keys.master_pending
+        if not pending or not await doc.stored_unauthenticated():
+            return None
+        message = (f"{doc.name} version {version} is applied on this instance only and not shared: master "
+                   f"generation {pending} is announced and not provisioned here, so the stored {doc.name} cannot "
+                   f"be read; provision master generation {pending} on this instance (it then adopts the stored "
+                   f"{doc.name})")
+        log.error("shared state: %s", message)
+        return message
 
     async def _publish_doc(self, doc: SharedDocument | None, version: int, body: Any) -> str | None:
         """Publish ``body`` at ``version``; returns the message of a change not shared because the master is
@@ -255,11 +259,8 @@ class SharedState:
             return None
         try:
             if not await doc.publish(version, body):
-                if await self._unreadable_while_pending(doc, version):
-                    return (f"{doc.name} version {version} is applied on this instance only and not shared: "
-                            f"master generation {self.keys.master_pending} is announced and not provisioned here, "
-                            f"so the stored {doc.name} cannot be read; provision master generation "
-                            f"{self.keys.master_pending} on this instance (it then adopts the stored {doc.name})")
+                if (unshared := await self._unshared_while_pending(doc, version)) is not None:
+                    return unshared
                 self.metrics.rejected.labels(doc.name, "conflict").inc()
                 log.error("shared state: %s version %d was not stored (another instance published it or a "
                           "higher one first); adopting the stored one", doc.name, version)

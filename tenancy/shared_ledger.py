@@ -107,9 +107,8 @@ class RedisLedger:
                 not_utf8 += 1
                 continue
             h = {record_text(k): record_text(v) for k, v in (await s.client.hgetall(s.key(tid, "led:tot"))).items()}
-            parsed = {f: record_number(h[f]) for f in _TOTAL_FIELDS if f in h}
-            n = {f: v for f, v in parsed.items() if v is not None}
-            if len(n) != len(parsed):
+            n = {f: record_number(h[f]) for f in _TOTAL_FIELDS if f in h}
+            if None in n.values():
                 not_numbers.append(tid if _TENANT_ID.match(tid) else f"<{len(raw)} bytes, not a tenant id>")
                 continue
             out[tid] = LedgerTotals(
