@@ -211,13 +211,15 @@ def run_serving(main: Coroutine[Any, Any, T]) -> T:
 
     ``prefixgate serve`` runs :func:`serve` through this; uvloop's C event
     loop costs less per callback and socket operation than asyncio's
-    (bench/overhead.py, docs/benchmarks.md).
+    (bench/overhead.py, docs/benchmarks.md). Its TCP listeners accept every
+    waiting connection per wake-up, not libuv's one per loop iteration
+    (:class:`gateway.accept_batch.BatchAcceptLoop`; session 23).
     """
     try:
-        import uvloop
+        from gateway.accept_batch import BatchAcceptLoop
     except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
         return asyncio.run(main)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    with asyncio.Runner(loop_factory=BatchAcceptLoop) as runner:
         return runner.run(main)
 
 
