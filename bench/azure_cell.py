@@ -257,7 +257,7 @@ def client_split(client: Sequence[Mapping[str, Any]], audit: Mapping[str, Mappin
     """Per request joined on ``X-Request-Id``: before the app (client send -> the gateway's arrival stamp,
     from the gateway's emit time minus its total), the gateway's own arrival -> replica first byte, and after
     it (-> the client's first content event); p50/p90 ms. Wall clocks of one host, ms resolution."""
-    pre, gw, post, head_to_first = [], [], [], []
+    pre, gw, post, head_to_first, pre_new, pre_reused = [], [], [], [], [], []
     for c in client:
         a = audit.get(c.get("request_id") or "")
         lat = (a or {}).get("latency") or {}
@@ -266,6 +266,7 @@ def client_split(client: Sequence[Mapping[str, Any]], audit: Mapping[str, Mappin
         arrival = a["time_ms"] - lat["total_ms"]
         p = arrival - c["send_wall_ms"]
         pre.append(p)
+        (pre_new if "conn_start_ms" in c else pre_reused).append(p)
         c["before_app_ms"], c["app_first_byte_ms"], c["app_total_ms"] = p, lat["first_byte_ms"], lat["total_ms"]
         c["auth_ms"] = lat.get("auth_ms")
         gw.append(lat["first_byte_ms"])
@@ -275,7 +276,8 @@ def client_split(client: Sequence[Mapping[str, Any]], audit: Mapping[str, Mappin
     def q(xs: list[float]) -> dict[str, float | None]:
         return {"p50": _pct(xs, 50), "p90": _pct(xs, 90), "mean": round(statistics.fmean(xs), 2) if xs else None}
 
-    return {"n": len(pre), "before_app_ms": q(pre), "app_to_first_byte_ms": q(gw), "after_first_byte_ms": q(post),
+    return {"n": len(pre), "new_connections": len(pre_new), "before_app_ms": q(pre),
+            "before_app_new_connection_ms": q(pre_new), "before_app_kept_alive_ms": q(pre_reused), "app_to_first_byte_ms": q(gw), "after_first_byte_ms": q(post),
             "client_head_to_first_ms": q(head_to_first)}
 
 
@@ -496,7 +498,9 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
         sp = r.get("client_split") or {}
         if sp.get("n"):
             lines += ["", f"{r['router']} run {r['run']}, {sp['n']} requests joined on X-Request-Id (ms p50/p90/mean): "
-                      + "; ".join(f"{k} {v['p50']:.1f}/{v['p90']:.1f}/{v['mean']}" for k, v in sp.items() if k != "n")]
+                      + f"({sp.get('new_connections')} on new connections): "
+                      + "; ".join(f"{k} {v['p50']:.1f}/{v['p90']:.1f}/{v['mean']}" for k, v in sp.items()
+                                  if isinstance(v, dict) and v.get("p50") is not None)]
     for r in doc["runs"]:
         if r["audit"]:
             a = r["audit"]
