@@ -426,7 +426,7 @@ async def one_run(router: str, cell: Cell, args: SimpleNamespace, reqs: Sequence
         "probe_ms": sampler.probe_summary(),
         "loadgen_lag_ms": {"p50": _pct(lag, 50), "p90": _pct(lag, 90), "max": max(lag) if lag else None},
         "audit": audit_stages(audit) if router != "smg" else {},
-        "client_records": timed,
+        "client_records": timed if args.keep_records else [],
     }
 
 
@@ -534,6 +534,7 @@ def _parse(argv: Sequence[str] | None) -> SimpleNamespace:
     ap.option("--bin-ms", type=float, default=100.0)
     ap.option("--nice-cluster", type=int, default=0)
     ap.option("--max-tokens-cap", type=int, default=0, help="cap every answer's max_tokens (0: the rows' own)")
+    ap.option("--keep-records", is_flag=True, help="--timed: keep every request's record in the JSON")
     ap.option("--timed", is_flag=True, help="own replay noting X-Request-Id: TTFT split joined with the audit trail")
     ap.option("--tree", "trees", multiple=True, help="LABEL=DIR: a router LABEL running prefixgate from DIR")
     ap.option("--name", default="azure-s23-cell")
