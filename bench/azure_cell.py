@@ -577,7 +577,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.trees = dict(t.split("=", 1) for t in args.trees)
     doc = asyncio.run(run(args))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n", encoding="utf-8")
     md = to_markdown(doc)
     (RESULTS / f"{args.name}.md").write_text(md, encoding="utf-8")
     print(md.split("\nTimeline")[0], file=sys.stdout)
