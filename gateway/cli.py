@@ -71,13 +71,14 @@ def serve(config_path: str, workers: int, worker_index: int | None) -> None:
             workers, cfg.flow.instances, "all" if cfg.flow.instances == 1 else f"1/{cfg.flow.instances}")
     try:
         if worker_index is not None:  # a child of `serve --workers N` (gateway/workers.py)
-            from gateway.workers import catch_early_stop, inherited_sockets, worker_config
+            from gateway.workers import catch_early_stop, inherited_sockets, per_worker_supported, worker_config
 
             if cfg.state.backend != "redis":
                 raise click.ClickException("--worker-index needs state.backend: redis")
             stop_requested = catch_early_stop()
             run_serving(run(worker_config(cfg, worker_index), config_path=config_path, sockets=inherited_sockets(),
-                            stop_requested=stop_requested))
+                            stop_requested=stop_requested),
+                        batch_accept=cfg.server.listener_per_worker and per_worker_supported())  # session 23
         elif workers > 1:
             from gateway.workers import run_workers
 

@@ -205,19 +205,26 @@ def freeze_startup_objects() -> None:
         gc.set_threshold(GC_YOUNG_THRESHOLD, *older)
 
 
-def run_serving(main: Coroutine[Any, Any, T]) -> T:
+def run_serving(main: Coroutine[Any, Any, T], *, batch_accept: bool = True) -> T:
     """Run ``main`` to completion on a new uvloop event loop (asyncio's own loop
     where uvloop is not installed, e.g. on Windows) and return its result.
 
     ``prefixgate serve`` runs :func:`serve` through this; uvloop's C event
     loop costs less per callback and socket operation than asyncio's
-    (bench/overhead.py, docs/benchmarks.md).
+    (bench/overhead.py, docs/benchmarks.md). Its TCP listeners accept every
+    waiting connection per wake-up, not libuv's one per loop iteration
+    (:class:`gateway.accept_batch.BatchAcceptLoop`; session 23), unless
+    ``batch_accept`` is False (a worker of ``serve --workers N`` whose public
+    socket is shared with the other workers: there libuv's one accept per
+    iteration spreads a burst over the workers awake).
     """
     try:
         import uvloop
+
+        from gateway.accept_batch import BatchAcceptLoop
     except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
         return asyncio.run(main)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    with asyncio.Runner(loop_factory=BatchAcceptLoop if batch_accept else uvloop.new_event_loop) as runner:
         return runner.run(main)
 
 
