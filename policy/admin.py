@@ -21,6 +21,8 @@ without an id is refused with 403 (fail closed).
   unreadable here -> 503 code ``master_pending``: the change is applied on this instance only, not shared; the
   message names the master generation to provision (``result``: the record, ``shared: master_pending``;
   S22-review-3)
+- shared state: the change was not stored and Redis failed before the stored set could be read -> 503 code
+  ``state_unavailable`` (applied here; whether the stored set replaces it is unknown; S22-fixrot-2)
 - a validated change that could not be written -> 500 code ``policy_not_persisted`` (rolled back;
   ``target_may_hold_change`` true when the target may still decide with it, R17-3)
 
@@ -66,6 +68,7 @@ from policy.store import (
     PolicyStore,
     PolicyTargetError,
 )
+from policy.store_types import PolicySharedStateError
 
 Authorize = Callable[[Request], Awaitable[dict[str, Any]]]
 
@@ -224,6 +227,8 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             return _err(409, "conflict", str(exc), result=exc.record.to_dict())
         except PolicyMasterPendingError as exc:  # S22-review-3: in force here only, not shared, nothing to adopt
             return _err(503, "master_pending", str(exc), result=exc.record.to_dict())
+        except PolicySharedStateError as exc:  # S22-fixrot-2: refused, then Redis failed: fail closed
+            return _err(503, "state_unavailable", str(exc), result=exc.record.to_dict())
         except PolicyPersistError as exc:  # R17-3: rolled back; says whether the target may still hold it
             return _err(500, "policy_not_persisted", str(exc), target_may_hold_change=exc.target_may_hold_change)
         except ValueError as exc:

@@ -23,8 +23,10 @@ Errors have the public API's shape, ``{"error": {"message", "type", "code",
 config (a ``TenantConfigError`` or any ``ValueError`` of the registry
 loader, e.g. an unparsable config file; the registry in force stays), 404
 unknown tenant, 409 master unchanged, 501 no master source, 500
-key-ring/state failure; 503 ``master_pending`` (shared state): a reload applied on this instance only, not
-shared, because a master generation is pending here (raised by an ``on_change`` hook, S22-review-3).
+key-ring/state failure; from an ``on_change`` hook (shared state; the reload is applied here and not shared):
+409 ``conflict`` (another instance stored this tenants version first: its registry is adopted here, S22-fixrot-1),
+503 ``master_pending`` (a master generation is pending here, S22-review-3), 503 ``state_unavailable`` (Redis
+failed before the stored registry could be read, S22-fixrot-2).
 """
 
 from __future__ import annotations
