@@ -35,7 +35,7 @@ Every error has the public API's shape, ``{"error": {"message", "type",
 "code", "param"}}`` (:func:`error_body`; ``errors`` and ``report`` sit inside
 ``error`` when present), and leaves the store as it
 was: 400 ``invalid_parameter`` (bad id or path, non-UTF-8 Rego, bad JSON,
-``NaN``/``Infinity``, nesting too deep, a data document that is not an
+``NaN``/``Infinity``, a number beyond a double such as ``1e400``, nesting too deep, a data document that is not an
 object), 400 ``policy_rejected`` (does not compile, a refused built-in, a
 Rego test fails, a data document overlapping another), 404, 413
 ``body_too_large`` (over :data:`MAX_BODY_BYTES`, checked on
@@ -58,6 +58,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from policy.decision import PolicyError
+from policy.json_numbers import NonFiniteLiteral, finite_float, refuse_constant
 from policy.loader import compile_errors, sha256_text
 from policy.store import (
     PolicyConflictError,
@@ -151,14 +152,13 @@ async def _body(request: Request) -> bytes:
     return bytes(body)
 
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def _json(raw: bytes) -> Any:
-    """Strict JSON: no NaN/Infinity, bounded nesting (ValueError otherwise)."""
+    """Strict JSON: no NaN/Infinity and no number beyond a double (``1e400``: the gateway's rule,
+    :mod:`policy.json_numbers`; session 23, S22-fixops-1), bounded nesting (ValueError otherwise)."""
     try:
-        return json.loads(raw, parse_constant=_no_constants)
+        return json.loads(raw, parse_constant=refuse_constant, parse_float=finite_float)
+    except NonFiniteLiteral as exc:
+        raise ValueError(f"body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ValueError("body nests too deeply") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
