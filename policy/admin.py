@@ -176,7 +176,8 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             raising ``HTTPException`` 401/403.
         on_failure: called (sync) with one :func:`failure_record` for each
             failed ``PUT``/``DELETE`` of an authorized operator (its successes
-            reach the audit as the store's change records).
+            reach the audit as the store's change records, which carry the request's
+            ``client_address`` too: the store's writes take it; session 23, S22-fixsec-2).
     """
 
     async def operator(request: Request) -> tuple[str, str | None]:
@@ -189,10 +190,11 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
         source = ident.get("client_address") if isinstance(ident, dict) else None
         return who, source if isinstance(source, str) else None
 
-    async def guarded(request: Request, fn: Callable[[str], Awaitable[Response]]) -> Response:
+    async def guarded(request: Request, fn: Callable[[str, str | None], Awaitable[Response]]) -> Response:
+        """``fn(operator's SPIFFE ID, request's source)``'s answer; a failed change request audited."""
         who, source = await operator(request)
         try:
-            response = await _answer(fn, who)
+            response = await _answer(fn, who, source)
         except Exception:
             _failed(request, who, source, 500, "internal_error", "")
             raise
@@ -209,9 +211,9 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
         op = "delete" if request.method == "DELETE" else "put"
         on_failure(failure_record(kind, op, target, who, status, code, message, source))
 
-    async def _answer(fn: Callable[[str], Awaitable[Response]], who: str) -> Response:
+    async def _answer(fn: Callable[[str, str | None], Awaitable[Response]], who: str, source: str | None) -> Response:
         try:
-            return await fn(who)
+            return await fn(who, source)
         except _BadRequest as exc:
             return _err(exc.status, exc.code, exc.message)
         except PolicyNotFoundError:
@@ -238,7 +240,7 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             return _err(400, "policy_rejected", str(exc), errors=errors)
 
     async def list_policies(request: Request) -> Response:
-        async def run(who: str) -> Response:
+        async def run(who: str, address: str | None) -> Response:
             return JSONResponse({"result": store.list_policies(), "version": store.version})
 
         return await guarded(request, run)
@@ -246,7 +248,7 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
     async def policy(request: Request) -> Response:
         module_id = request.path_params["id"]
 
-        async def run(who: str) -> Response:
+        async def run(who: str, address: str | None) -> Response:
             if request.method == "GET":
                 raw = store.get_policy(module_id)
                 return JSONResponse({"result": {"id": module_id, "raw": raw, "sha256": sha256_text(raw)}})
@@ -256,9 +258,9 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
                     source = (await _body(request)).decode("utf-8")
                 except UnicodeDecodeError:
                     raise ValueError("policy must be UTF-8") from None
-                record = await store.put_policy(module_id, source, who)
+                record = await store.put_policy(module_id, source, who, client_address=address)
             else:
-                record = await store.delete_policy(module_id, who)
+                record = await store.delete_policy(module_id, who, client_address=address)
             return JSONResponse({"result": record.to_dict()})
 
         return await guarded(request, run)
@@ -266,12 +268,12 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
     async def data(request: Request) -> Response:
         path = request.path_params["path"]
 
-        async def run(who: str) -> Response:
+        async def run(who: str, address: str | None) -> Response:
             if request.method == "GET":
                 return JSONResponse({"result": store.get_data(path)})
             _media_type(request, ("application/json",))
             value = _json(await _body(request))
-            record = await store.put_data(path, value, who)
+            record = await store.put_data(path, value, who, client_address=address)
             return JSONResponse({"result": record.to_dict()})
 
         return await guarded(request, run)

@@ -35,7 +35,10 @@ class ChangeRecord:
     in force on this instance only and the request answers 503, S22-review-3), ``unresolved`` (not stored, and
     Redis failed before the stored record could be read: which of the two is unknown, the request answers 503
     ``state_unavailable``, S22-fixrot-2) or ``unpublished`` (Redis did not answer the publish; the next sync
-    publishes it); None without shared state and for an adopted set."""
+    publishes it); None without shared state and for an adopted set. ``client_address``: the admin
+    request's source (the peer, or the client a trusted proxy attests; session 23, S22-fixsec-2), in the
+    audit record and the admin answer; None for a change made without a request and for an adopted set, and
+    then left out of :meth:`to_dict` (``record.json`` is written before it is set: its format is unchanged)."""
 
     version: int
     who: str
@@ -46,10 +49,14 @@ class ChangeRecord:
     new_sha256: str | None
     time: float
     shared: str | None = None
+    client_address: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-compatible form (for audit and the admin API)."""
-        return asdict(self)
+        """JSON-compatible form (for audit and the admin API); ``client_address`` only when set."""
+        out = asdict(self)
+        if out["client_address"] is None:
+            del out["client_address"]
+        return out
 
 
 class PolicyRejectedError(PolicyError):

@@ -221,7 +221,7 @@ def admin_routes(
     ``authorize(request)`` is awaited before anything else; whatever it
     returns (a ``WorkloadIdentity``, a SPIFFE ID string, or a mapping with
     ``spiffe_id`` and optionally ``client_address``) is recorded as ``actor``
-    (and a failure's ``client_address``). ``registry_loader()`` re-reads the tenants and returns the
+    (and ``client_address`` in the change or failure record; session 23, S22-fixsec-2: successes too). ``registry_loader()`` re-reads the tenants and returns the
     registry now in force. ``master_loader()`` returns the new master secret
     (e.g. ``lambda: load_master_secret(file, env)``). ``on_change(record)``
     (sync or async) receives every change record, for audit; if it raises,
@@ -263,6 +263,8 @@ def admin_routes(
             await _failed(name, principal, tenant_id, status, code, message)
             return _error(status, code, message)
         record["actor"] = _actor(principal)
+        if (address := _client_address(principal)) is not None:  # the source of a success too (S22-fixsec-2)
+            record["client_address"] = address
         if on_change is not None:
             try:
                 res = on_change(record)

@@ -35,7 +35,7 @@ class RecordingStore:
     def __init__(self) -> None:
         self.documents: list[Any] = []
 
-    async def put_data(self, path: str, value: Any, who: str) -> ChangeRecord:
+    async def put_data(self, path: str, value: Any, who: str, *, client_address: str | None = None) -> ChangeRecord:
         self.documents.append(value)
         return ChangeRecord(version=1, who=who, kind="data", op="put", target=path, old_sha256=None,
                             new_sha256=None, time=0.0)
