@@ -258,8 +258,8 @@ class SharedState:
         if unshared is not None:
             return "master_pending", unshared
         self.metrics.rejected.labels(doc.name, "conflict").inc()
-        message = (f"{doc.name} version {version} was stored by another instance first; its {doc.name} is "
-                   f"adopted here: retry {what}")
+        message = (f"{doc.name} version {version} was stored by another instance first; its "
+                   f"{'registry' if doc.name == 'tenants' else 'set'} is adopted here: retry {what}")
         log.error("shared state: %s version %d was not stored (another instance published it or a higher one "
                   "first); %s is answered 409 and the stored %s adopted", doc.name, version, what, doc.name)
         return "conflict", message

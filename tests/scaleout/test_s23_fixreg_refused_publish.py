@@ -50,8 +50,8 @@ async def test_racing_reloads_the_second_answers_409_conflict_and_adopts_the_sto
         resp = await _admin(b, "POST", "/admin/tenants/reload")
         error = resp.json()["error"]
         assert resp.status_code == 409 and error["code"] == "conflict", resp.text  # was 200
-        assert error["message"] == ("tenants version 1 was stored by another instance first; its tenants is "
-                                    "adopted here: retry the reload")
+        assert error["message"] == ("tenants version 1 was stored by another instance first; its registry "
+                                    "is adopted here: retry the reload")
         assert [(r["action"], r.get("outcome", "succeeded")) for r in seen] == [
             ("tenants.reload", "succeeded"), ("tenants.reload", "failed")]  # applied, then replaced
         assert seen[-1]["status"] == 409 and seen[-1]["error_code"] == "conflict"
