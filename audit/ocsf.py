@@ -13,18 +13,17 @@ Class choice (OCSF schema 1.5.0, https://schema.ocsf.io/1.5.0/):
   carried in the **Authorization Result** object ``actor.authorizations[]``
   (``decision`` plus ``policy{uid=decision_id, name=reason_code,
   desc=reason}``) of the API Activity event, which is where OCSF places it.
-* operator actions (policy/data change, key rotation, config reload) →
-  **Entity Management** (3004, IAM), activity Update (3).
+* operator actions (policy/data change, key rotation, config reload) → **Entity Management** (3004, IAM), activity
+  Update (3); the request's source in ``src_endpoint.ip`` (a 3004 attribute; no port is known; S22-fixsec-1).
 * alerts (concentration, cache-miss spike, audit spill full) → **Detection
   Finding** (2004, category 2 Findings), activity Create (1) when raised,
   Close (3) when cleared.
 * flood summaries → the class of the summarised outcome with ``count``.
 
-``type_uid = class_uid * 100 + activity_id``. PrefixGate-specific fields
-(tenant, route, tokens, the token ledger, latencies, fingerprint, the emitting
-``instance``) go to ``unmapped.prefixgate`` (schema "4"'s ``route.virtual_tokens``
-and ``latency.queue_wait_ms`` inside their groups); the gateway's ``error_code`` is also ``status_detail`` when
-the event has no policy reason code.
+``type_uid = class_uid * 100 + activity_id``. PrefixGate-specific fields (tenant, route, tokens, the token
+ledger, latencies, fingerprint, the emitting ``instance``) go to ``unmapped.prefixgate`` (schema "4"'s
+``route.virtual_tokens`` and ``latency.queue_wait_ms`` inside their groups); the gateway's ``error_code`` is also
+``status_detail`` when the event has no policy reason code.
 """
 from __future__ import annotations
 
@@ -157,6 +156,8 @@ def to_ocsf(event: AuditEvent) -> dict[str, Any]:
         out["entity"] = {"name": str(op.get("target", op.get("action", "config"))), "type": str(op.get("action", "config")),
                          "uid": str(op.get("target_id", event.event_id))}
         out["actor"] = actor or {"app_name": "prefixgate-admin"}
+        if src:  # S22-fixsec-1: where the operator's request came from (JSONL, CEF and OTLP carry it too)
+            out["src_endpoint"] = src
     else:  # detection finding
         al = dict(event.alert or {})
         out["finding_info"] = {"uid": str(al.get("alert_id", event.event_id)),

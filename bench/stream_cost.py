@@ -52,48 +52,12 @@ from bench.native_front import start_target
 from bench.overhead import (NATIVE_TARGETS, REPO, RESULTS, _second_config, _spawn, _start_passthrough, _start_slot,
                             settle)
 from bench.harness import profiled_window, write_json_and_markdown
+from bench.sched_cpu import SchedCpu as _Cpu
 from sim.click_options import ClickOptions
 
 WARMUP = 10
 #: output tokens per SSE event after the first (the replicas' ``stream_chunk_tokens``, as in the grid)
 CHUNK_TOKENS = 16
-
-
-class _Cpu:
-    """CPU seconds of a process's threads (and, ``children``, its descendants'), from the scheduler's own
-    nanosecond count (``/proc/PID/task/TID/schedstat``, first field: time on a CPU; Linux): psutil's
-    ``cpu_times`` counts 10 ms clock ticks, too coarse for a hundred requests of a few hundred µs."""
-
-    def __init__(self, pid: int, children: bool = True, main_thread: bool = False) -> None:
-        import psutil
-
-        self.proc = psutil.Process(pid)
-        self.children = children
-        self.main_thread = main_thread  # the event loop's thread only (not OPA's Go threads, the tokenizer's)
-
-    def seconds(self) -> float:
-        """The CPU seconds so far (a process that ended since counts 0)."""
-        import psutil
-
-        pids = [self.proc.pid]
-        if self.children:
-            try:
-                pids += [c.pid for c in self.proc.children(recursive=True)]
-            except psutil.Error:
-                pass
-        total = 0
-        for pid in pids:
-            try:
-                tids = [str(pid)] if self.main_thread else os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue
-            for tid in tids:
-                try:
-                    with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                        total += int(f.read().split()[0])
-                except (OSError, ValueError, IndexError):
-                    pass
-        return total / 1e9
 
 
 class StreamBodies:
@@ -296,7 +260,7 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
     lines = [f"# Streamed answers: gateway CPU per request and per SSE event (`python -m bench.stream_cost`), {a['name']}",
              "", f"{a['rounds']} rounds x {a['requests']} sequential requests per target and N; one replica, "
              f"N events of 16 tokens (the first: 1), {a['gap_ms']} ms apart; Python {doc['python']}, {doc['cpus']} CPUs "
-             f"shared; load average at the end {doc['loadavg_end'][0]:.1f}. CPU: the target's main process (psutil), "
+             f"shared; load average at the end {doc['loadavg_end'][0]:.1f}. CPU: the target's main process (the scheduler's ns count, bench.sched_cpu), "
              "median over rounds (min-max of rounds); `loop thread`: its main thread alone (the event loop: no Go "
              "runtime or tokenizer threads); `+children`: with the audit worker.", "",
              "| target | " + " | ".join(f"CPU µs/req, {e} ev" for e in events) + " | per event µs (rounds) | "

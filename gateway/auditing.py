@@ -365,8 +365,9 @@ class AuditHub:
 
         A failure record (``outcome: "failed"``: tenancy.admin / policy.admin ``failure_record``,
         session 21) also fills the event's ``status_code`` (its ``status``), ``error_code`` and
-        ``endpoint`` (its ``route``, a template) and ``client_address`` (its ``client_address``, the
-        request's source, not repeated in ``operator``; session 22, S21-fixaudit-1): OCSF status
+        ``endpoint`` (its ``route``, a template); any record's ``client_address`` (the request's source, a
+        success's too since session 23, S22-fixsec-2; not repeated in ``operator``; S21-fixaudit-1) is the
+        event's ``client_address`` (OCSF ``src_endpoint.ip``, CEF ``src``). A failure maps to OCSF status
         Failure with ``status_code`` and ``status_detail``, and the flood aggregation keys (source,
         SPIFFE ID) and counts them like refusals."""
         ok = record.get("outcome", "succeeded")
@@ -386,7 +387,7 @@ class AuditHub:
             status_code=status if isinstance(status, int) else None,
             error_code=record.get("error_code") if failed else None,
             endpoint=record.get("route") if failed else None,
-            client_address=source if failed and isinstance(source, str) else None,
+            client_address=source if isinstance(source, str) else None,  # a success's too (S22-fixsec-2)
         )
         self.emitted += 1
         if self.log is not None:

@@ -29,12 +29,15 @@ document that :mod:`json` finds broken before that literal now answers
 from __future__ import annotations
 
 import json
-import math
 import re
 from functools import lru_cache
 from typing import Any, Callable
 
 import orjson
+
+# the strict-number rule (NaN/Infinity, numbers beyond a double) is policy.json_numbers' (shared with the
+# policy admin API, S22-fixops-1); its names stay importable from here
+from policy.json_numbers import NonFiniteLiteral, NumberOutOfRange, finite_float, refuse_constant
 
 __all__ = ["MAX_FAST_NESTING", "IntegerTooLong", "NonFiniteLiteral", "NumberOutOfRange", "dumps", "loads", "loads_answer",
            "loads_checked", "loads_object"]
@@ -55,41 +58,6 @@ class IntegerTooLong(ValueError):
     def __init__(self, max_digits: int) -> None:
         super().__init__(f"an integer literal has more than {max_digits} digits")
         self.max_digits = max_digits
-
-
-class NonFiniteLiteral(ValueError):
-    """A ``NaN``, ``Infinity`` or ``-Infinity`` token outside strings: not JSON (RFC 8259 §6 has no
-    such numbers), which :mod:`json` reads by default and orjson refuses (session 21, S21-newcomer-5)."""
-
-    def __init__(self, literal: str) -> None:
-        super().__init__(f"{literal} is not a JSON value (RFC 8259 allows no NaN or Infinity)")
-        self.literal = literal
-
-
-class NumberOutOfRange(NonFiniteLiteral):
-    """A number literal beyond a double's range (``1e400``, ``-2e308``): :mod:`json` reads it as
-    ``inf``, orjson refuses it ("number is infinity when parsed as double"). RFC 8259 §6 lets an
-    implementation limit the range of numbers; an infinity is not a JSON value either way (session
-    22, S21-fixnew-2: ``temperature: 1e400`` answered "should be less than or equal to 2").
-    ``literal``: the number's first 32 characters."""
-
-    def __init__(self, literal: str) -> None:
-        ValueError.__init__(self, f"number out of range: {literal[:32]} overflows a double (RFC 8259 §6)")
-        self.literal = literal[:32]
-
-
-def _finite_float(literal: str) -> float:
-    """``parse_float`` for :func:`json.loads`: ``float(literal)``; raises :class:`NumberOutOfRange`
-    when that is infinite (an underflow reads as 0.0 or a subnormal, as in orjson)."""
-    value = float(literal)
-    if math.isinf(value):
-        raise NumberOutOfRange(literal)
-    return value
-
-
-def _refuse_constant(literal: str) -> Any:
-    """``parse_constant`` for :func:`json.loads`: raises :class:`NonFiniteLiteral` for ``literal``."""
-    raise NonFiniteLiteral(literal)
 
 
 def _bounded_int(max_digits: int) -> Callable[[str], int]:
@@ -171,8 +139,8 @@ def loads_checked(data: bytes, text: str | None = None, *, max_int_digits: int |
                                      or (outside_map is not None and _LONG_RUN not in outside_map)):
             return value, True
     src = data if text is None else text
-    constant = _refuse_constant if strict_numbers else None
-    floats = _finite_float if strict_numbers and not orjson_read else None  # a long digit run's body: no cost
+    constant = refuse_constant if strict_numbers else None
+    floats = finite_float if strict_numbers and not orjson_read else None  # a long digit run's body: no cost
     if max_int_digits is not None:
         if mapped is None:
             mapped = data.translate(_DIGITS)

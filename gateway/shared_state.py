@@ -13,14 +13,16 @@ Start order: join (key-check: a different master secret refuses to start), adopt
 key records, rebuild routing from the stream, adopt the policy and registry
 documents, then run their tasks. Operator changes through the admin API are
 published by :meth:`SharedState.on_operator_change` (key and salt rotations, the master
-generation, registry reloads) and by the policy store's publisher, inside the admin request (policy
-changes: a change another instance stored first at the same version answers 409, SF17-1; one not shared
-because a master generation is pending here answers 503 ``master_pending``, as does such a reload, S22-review-3).
+generation, registry reloads) and by the policy store's publisher, inside the admin request: a change or
+reload another instance stored first at the same version answers 409 (SF17-1, S22-fixrot-1); one not shared
+because a master generation is pending here 503 ``master_pending`` (S22-review-3), or 503 ``state_unavailable``
+when Redis failed on the read that tells them apart (S22-fixrot-2).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
 __all__ = ["SharedState"]
 
 log = logging.getLogger("prefixgate.state")
+#: the admin error code of a refused publish's ``shared`` value, where they differ
+_CODE = {"unresolved": "state_unavailable"}
 
 
 class SharedState:
@@ -181,14 +185,13 @@ class SharedState:
     async def on_operator_change(self, record: dict[str, Any]) -> None:
         """Publish an admin change record's effect: a key or salt rotation, a registry reload.
 
-        Redis errors are logged, not raised (the change is made and persisted
-        locally; the next poll re-publishes what Redis lacks). A reload not shared because a master generation
-        is pending here raises :class:`tenancy.admin.AdminError` 503 ``master_pending`` (in force here only;
-        the reload answers it, S22-review-3).
-        """
+        Redis errors are logged, not raised (the change is made and persisted locally; the next poll re-publishes
+        what Redis lacks). A reload made here and not shared raises :class:`tenancy.admin.AdminError` (the reload
+        answers and audits it; :meth:`_publish_doc`: 409 ``conflict``, 503 ``master_pending`` or
+        ``state_unavailable``)."""
         from tenancy.admin import AdminError
 
-        action, unshared = record.get("action"), None
+        action, refused = record.get("action"), None
         try:
             if action in ("tenant.rotate_key", "tenant.rotate_salt"):
                 await self.keys.publish(str(record["tenant_id"]))
@@ -203,20 +206,21 @@ class SharedState:
                     self._keyring.adopt_registry_version(version)
                 except KeyRingError as exc:  # the reload is applied: share it; only a restart's floor stays lower
                     log.error("shared state: tenants version %d not persisted (%s); published anyway", version, exc)
-                unshared = await self._publish_doc(self.tenants, version, self._admin.last_tenancy)
+                refused = await self._publish_doc(self.tenants, version, self._admin.last_tenancy)
         except Exception as exc:  # noqa: BLE001
             log.warning("shared state: publishing %s failed (%s); retried by the next sync",
                         action, exc.__class__.__name__)
-        if unshared is not None:
-            raise AdminError(503, "master_pending", unshared)
+        if refused is not None:
+            raise AdminError(*refused)
 
     async def _publish_policy(self, record: Any, policy_set: Any) -> str:
         """Publish a policy change inside its admin request (SF17-1); returns the record's ``shared``:
         ``published``, ``conflict`` (another instance stored this version first: the stored set is
         adopted right after, the request answers 409), ``master_pending`` (not stored, and the stored record
         cannot be read while a master generation is pending here: the change stays in force on this instance
-        only, the request answers 503, S22-review-3) or ``unpublished`` (Redis error; the next sync
-        re-publishes what Redis lacks)."""
+        only, the request answers 503, S22-review-3), ``unresolved`` (not stored, and Redis failed on the read
+        that tells those two apart: the request answers 503 ``state_unavailable``, S22-fixrot-2) or
+        ``unpublished`` (Redis error on the publish; the next sync re-publishes what Redis lacks)."""
         from policy.store_disk import policy_set_document
 
         doc = self.policy
@@ -225,23 +229,46 @@ class SharedState:
         try:
             if await doc.publish(record.version, policy_set_document(policy_set)):
                 return "published"
-            if await self._unshared_while_pending(doc, record.version) is not None:
-                return "master_pending"
         except Exception as exc:  # noqa: BLE001
             log.warning("shared state: publishing policy failed (%s); retried by the next sync",
                         exc.__class__.__name__)
             return "unpublished"
+        shared, _ = await self._refused(doc, record.version, "the change")
+        if shared == "conflict":
+            self._spawn(doc.sync())  # after the store's lock is released (adopt takes it)
+        return shared
+
+    async def _refused(self, doc: SharedDocument, version: int, what: str) -> tuple[str, str]:
+        """After a refused publish of ``doc`` at ``version``: ``(shared, message)``, the message logged as an
+        error (and a reload's answer). ``master_pending``: a master generation is pending here and the stored
+        record is not authenticated here (:meth:`_unshared_while_pending`, S22-review-3); ``unresolved``: Redis
+        failed on that read, so neither is known (fail closed: answered 503 ``state_unavailable``; the next
+        sync adopts the stored record if it can, S22-fixrot-2); else ``conflict`` (counted; the caller adopts
+        the stored record). ``what``: how the message names the change (``the change``, ``the reload``)."""
+        try:
+            unshared = await self._unshared_while_pending(doc, version)
+        except Exception as exc:  # noqa: BLE001 - Redis failed between the refused publish and this read
+            message = (f"{doc.name} version {version} is applied on this instance and was not stored (another "
+                       f"instance stored this version or a higher one first), and shared state failed "
+                       f"({exc.__class__.__name__}) before the stored {doc.name} could be read: whether it "
+                       f"replaces {what} here is decided when shared state answers again; check the {doc.name} "
+                       f"in force, then retry")
+            log.error("shared state: %s", message)
+            return "unresolved", message
+        if unshared is not None:
+            return "master_pending", unshared
         self.metrics.rejected.labels(doc.name, "conflict").inc()
-        log.error("shared state: policy version %d was not stored (another instance published it or a higher one "
-                  "first); the change is answered 409 and the stored set adopted", record.version)
-        self._spawn(doc.sync())  # after the store's lock is released (adopt takes it)
-        return "conflict"
+        message = (f"{doc.name} version {version} was stored by another instance first; its "
+                   f"{'registry' if doc.name == 'tenants' else 'set'} is adopted here: retry {what}")
+        log.error("shared state: %s version %d was not stored (another instance published it or a higher one "
+                  "first); %s is answered 409 and the stored %s adopted", doc.name, version, what, doc.name)
+        return "conflict", message
 
     async def _unshared_while_pending(self, doc: SharedDocument, version: int) -> str | None:
         """After a refused publish: the message (logged as an error, and a reload's answer) when a master
         generation is pending here and the stored record is not authenticated here, so this instance can neither
         replace nor adopt it (S20-FS1): the change is in force on this instance only until that generation is
-        provisioned (S22-review-3); else None."""
+        provisioned (S22-review-3); else None. Raises what the Redis read raises."""
         pending = self.keys.master_pending
         if not pending or not await doc.stored_unauthenticated():
             return None
@@ -252,22 +279,23 @@ class SharedState:
         log.error("shared state: %s", message)
         return message
 
-    async def _publish_doc(self, doc: SharedDocument | None, version: int, body: Any) -> str | None:
-        """Publish ``body`` at ``version``; returns the message of a change not shared because the master is
-        pending here (S22-review-3), else None (a conflict adopts the stored document, S17-1)."""
+    async def _publish_doc(self, doc: SharedDocument | None, version: int, body: Any) -> tuple[int, str, str] | None:
+        """Publish ``body`` at ``version``; returns ``(status, code, message)`` of a reload made here and not
+        shared (:meth:`_refused`: 409 ``conflict``, the stored one adopted at once as a policy change's, S17-1,
+        S22-fixrot-1; 503 ``master_pending``, ``state_unavailable``), else None (stored, or a failed publish)."""
         if doc is None or body is None:
             return None
         try:
-            if not await doc.publish(version, body):
-                if (unshared := await self._unshared_while_pending(doc, version)) is not None:
-                    return unshared
-                self.metrics.rejected.labels(doc.name, "conflict").inc()
-                log.error("shared state: %s version %d was not stored (another instance published it or a "
-                          "higher one first); adopting the stored one", doc.name, version)
-                await doc.sync()  # S17-1: converge now, not at the next poll
+            if await doc.publish(version, body):
+                return None
         except Exception as exc:  # noqa: BLE001
             log.warning("shared state: publishing %s failed (%s)", doc.name, exc.__class__.__name__)
-        return None
+            return None
+        shared, message = await self._refused(doc, version, "the reload")
+        if shared == "conflict":
+            with contextlib.suppress(Exception):  # S17-1: converge now (a Redis error: at the next poll)
+                await doc.sync()
+        return {"conflict": 409}.get(shared, 503), _CODE.get(shared, shared), message
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -21,6 +21,8 @@ without an id is refused with 403 (fail closed).
   unreadable here -> 503 code ``master_pending``: the change is applied on this instance only, not shared; the
   message names the master generation to provision (``result``: the record, ``shared: master_pending``;
   S22-review-3)
+- shared state: the change was not stored and Redis failed before the stored set could be read -> 503 code
+  ``state_unavailable`` (applied here; whether the stored set replaces it is unknown; S22-fixrot-2)
 - a validated change that could not be written -> 500 code ``policy_not_persisted`` (rolled back;
   ``target_may_hold_change`` true when the target may still decide with it, R17-3)
 
@@ -33,7 +35,7 @@ Every error has the public API's shape, ``{"error": {"message", "type",
 "code", "param"}}`` (:func:`error_body`; ``errors`` and ``report`` sit inside
 ``error`` when present), and leaves the store as it
 was: 400 ``invalid_parameter`` (bad id or path, non-UTF-8 Rego, bad JSON,
-``NaN``/``Infinity``, nesting too deep, a data document that is not an
+``NaN``/``Infinity``, a number beyond a double such as ``1e400``, nesting too deep, a data document that is not an
 object), 400 ``policy_rejected`` (does not compile, a refused built-in, a
 Rego test fails, a data document overlapping another), 404, 413
 ``body_too_large`` (over :data:`MAX_BODY_BYTES`, checked on
@@ -56,6 +58,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from policy.decision import PolicyError
+from policy.json_numbers import NonFiniteLiteral, finite_float, refuse_constant
 from policy.loader import compile_errors, sha256_text
 from policy.store import (
     PolicyConflictError,
@@ -66,6 +69,7 @@ from policy.store import (
     PolicyStore,
     PolicyTargetError,
 )
+from policy.store_types import PolicySharedStateError
 
 Authorize = Callable[[Request], Awaitable[dict[str, Any]]]
 
@@ -148,14 +152,13 @@ async def _body(request: Request) -> bytes:
     return bytes(body)
 
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def _json(raw: bytes) -> Any:
-    """Strict JSON: no NaN/Infinity, bounded nesting (ValueError otherwise)."""
+    """Strict JSON: no NaN/Infinity and no number beyond a double (``1e400``: the gateway's rule,
+    :mod:`policy.json_numbers`; session 23, S22-fixops-1), bounded nesting (ValueError otherwise)."""
     try:
-        return json.loads(raw, parse_constant=_no_constants)
+        return json.loads(raw, parse_constant=refuse_constant, parse_float=finite_float)
+    except NonFiniteLiteral as exc:
+        raise ValueError(f"body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ValueError("body nests too deeply") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -173,7 +176,8 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             raising ``HTTPException`` 401/403.
         on_failure: called (sync) with one :func:`failure_record` for each
             failed ``PUT``/``DELETE`` of an authorized operator (its successes
-            reach the audit as the store's change records).
+            reach the audit as the store's change records, which carry the request's
+            ``client_address`` too: the store's writes take it; session 23, S22-fixsec-2).
     """
 
     async def operator(request: Request) -> tuple[str, str | None]:
@@ -186,10 +190,11 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
         source = ident.get("client_address") if isinstance(ident, dict) else None
         return who, source if isinstance(source, str) else None
 
-    async def guarded(request: Request, fn: Callable[[str], Awaitable[Response]]) -> Response:
+    async def guarded(request: Request, fn: Callable[[str, str | None], Awaitable[Response]]) -> Response:
+        """``fn(operator's SPIFFE ID, request's source)``'s answer; a failed change request audited."""
         who, source = await operator(request)
         try:
-            response = await _answer(fn, who)
+            response = await _answer(fn, who, source)
         except Exception:
             _failed(request, who, source, 500, "internal_error", "")
             raise
@@ -206,9 +211,9 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
         op = "delete" if request.method == "DELETE" else "put"
         on_failure(failure_record(kind, op, target, who, status, code, message, source))
 
-    async def _answer(fn: Callable[[str], Awaitable[Response]], who: str) -> Response:
+    async def _answer(fn: Callable[[str, str | None], Awaitable[Response]], who: str, source: str | None) -> Response:
         try:
-            return await fn(who)
+            return await fn(who, source)
         except _BadRequest as exc:
             return _err(exc.status, exc.code, exc.message)
         except PolicyNotFoundError:
@@ -224,6 +229,8 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             return _err(409, "conflict", str(exc), result=exc.record.to_dict())
         except PolicyMasterPendingError as exc:  # S22-review-3: in force here only, not shared, nothing to adopt
             return _err(503, "master_pending", str(exc), result=exc.record.to_dict())
+        except PolicySharedStateError as exc:  # S22-fixrot-2: refused, then Redis failed: fail closed
+            return _err(503, "state_unavailable", str(exc), result=exc.record.to_dict())
         except PolicyPersistError as exc:  # R17-3: rolled back; says whether the target may still hold it
             return _err(500, "policy_not_persisted", str(exc), target_may_hold_change=exc.target_may_hold_change)
         except ValueError as exc:
@@ -233,7 +240,7 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             return _err(400, "policy_rejected", str(exc), errors=errors)
 
     async def list_policies(request: Request) -> Response:
-        async def run(who: str) -> Response:
+        async def run(who: str, address: str | None) -> Response:
             return JSONResponse({"result": store.list_policies(), "version": store.version})
 
         return await guarded(request, run)
@@ -241,7 +248,7 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
     async def policy(request: Request) -> Response:
         module_id = request.path_params["id"]
 
-        async def run(who: str) -> Response:
+        async def run(who: str, address: str | None) -> Response:
             if request.method == "GET":
                 raw = store.get_policy(module_id)
                 return JSONResponse({"result": {"id": module_id, "raw": raw, "sha256": sha256_text(raw)}})
@@ -251,9 +258,9 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
                     source = (await _body(request)).decode("utf-8")
                 except UnicodeDecodeError:
                     raise ValueError("policy must be UTF-8") from None
-                record = await store.put_policy(module_id, source, who)
+                record = await store.put_policy(module_id, source, who, client_address=address)
             else:
-                record = await store.delete_policy(module_id, who)
+                record = await store.delete_policy(module_id, who, client_address=address)
             return JSONResponse({"result": record.to_dict()})
 
         return await guarded(request, run)
@@ -261,12 +268,12 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
     async def data(request: Request) -> Response:
         path = request.path_params["path"]
 
-        async def run(who: str) -> Response:
+        async def run(who: str, address: str | None) -> Response:
             if request.method == "GET":
                 return JSONResponse({"result": store.get_data(path)})
             _media_type(request, ("application/json",))
             value = _json(await _body(request))
-            record = await store.put_data(path, value, who)
+            record = await store.put_data(path, value, who, client_address=address)
             return JSONResponse({"result": record.to_dict()})
 
         return await guarded(request, run)

@@ -44,29 +44,11 @@ from policy.loader import (JOURNAL, PolicySet, canonical_json, check_data_path, 
                            load_policy_dir, sha256_text)
 from policy.rego_test_runner import run_tests
 from policy.store_repair import TargetRepair
-from policy.store_disk import (
-    ChangeFiles,
-    active_files,
-    committed_records,
-    committed_versions,
-    policy_set_document,
-    restore,
-    set_digest,
-)
-from policy.store_types import (
-    ChangeRecord,
-    PolicyConflictError,
-    PolicyMasterPendingError,
-    PolicyNotFoundError,
-    PolicyPersistError,
-    PolicyRejectedError,
-    PolicyTarget,
-    PolicyTargetError,
-    RemoteOpaTarget,
-    check_policy_dir,
-    persist_error,
-    shared_error,
-)
+from policy.store_disk import (ChangeFiles, active_files, committed_records, committed_versions, policy_set_document,
+                               restore, set_digest)
+from policy.store_types import (ChangeRecord, PolicyConflictError, PolicyMasterPendingError, PolicyNotFoundError,
+                                PolicyPersistError, PolicyRejectedError, PolicyTarget, PolicyTargetError,
+                                RemoteOpaTarget, check_policy_dir, persist_error, shared_error)
 
 __all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
            "PolicyPersistError", "PolicyRejectedError", "PolicyStore", "PolicyTarget", "PolicyTargetError",
@@ -194,8 +176,10 @@ class PolicyStore:
 
     # ------------------------------------------------------------ writes
 
-    async def put_policy(self, module_id: str, source: str, who: str) -> ChangeRecord:
-        """Create or replace a module (``*_test.rego`` ids are tests).
+    async def put_policy(self, module_id: str, source: str, who: str, *,
+                         client_address: str | None = None) -> ChangeRecord:
+        """Create or replace a module (``*_test.rego`` ids are tests). ``client_address`` (every write takes it):
+        the admin request's source, put into the record after it is written (audit and answer, S22-fixsec-2).
 
         Raises:
             ValueError: invalid id. PolicyRejectedError: compile or test
@@ -208,9 +192,9 @@ class PolicyStore:
         check_module_id(module_id)
         return await self._commit(
             lambda s: (s.with_module(module_id, source), s.modules.get(module_id), source),
-            "policy", "put", module_id, who)
+            "policy", "put", module_id, who, client_address)
 
-    async def delete_policy(self, module_id: str, who: str) -> ChangeRecord:
+    async def delete_policy(self, module_id: str, who: str, *, client_address: str | None = None) -> ChangeRecord:
         """Remove a module (refused if the rest no longer compiles or passes)."""
         check_module_id(module_id)
 
@@ -219,9 +203,9 @@ class PolicyStore:
                 raise PolicyNotFoundError(module_id)
             return s.with_module(module_id, None), s.modules[module_id], None
 
-        return await self._commit(change, "policy", "delete", module_id, who)
+        return await self._commit(change, "policy", "delete", module_id, who, client_address)
 
-    async def put_data(self, path: str, value: Any, who: str) -> ChangeRecord:
+    async def put_data(self, path: str, value: Any, who: str, *, client_address: str | None = None) -> ChangeRecord:
         """Create or replace the data document at ``a/b`` (a JSON object)."""
         key = "/".join(check_data_path(path))
         if not isinstance(value, dict):
@@ -233,9 +217,9 @@ class PolicyStore:
             old = s.data_docs.get(key)
             return s.with_data(key, value), None if old is None else canonical_json(old), text
 
-        return await self._commit(change, "data", "put", key, who)
+        return await self._commit(change, "data", "put", key, who, client_address)
 
-    async def delete_data(self, path: str, who: str) -> ChangeRecord:
+    async def delete_data(self, path: str, who: str, *, client_address: str | None = None) -> ChangeRecord:
         """Remove the data document at ``a/b``."""
         key = "/".join(check_data_path(path))
 
@@ -244,7 +228,7 @@ class PolicyStore:
                 raise PolicyNotFoundError(path)
             return s.with_data(key, None), canonical_json(s.data_docs[key]), None
 
-        return await self._commit(change, "data", "delete", key, who)
+        return await self._commit(change, "data", "delete", key, who, client_address)
 
     async def _commit(
         self,
@@ -253,6 +237,7 @@ class PolicyStore:
         op: Literal["put", "delete"],
         target: str,
         who: str,
+        client_address: str | None = None,
     ) -> ChangeRecord:
         """One change: ``change(current set) -> (new set, old text, new text)``, run under the lock
         (S17-4: the candidate is built on the set it replaces); tests off the loop (S17-7)."""
@@ -276,6 +261,7 @@ class PolicyStore:
             path = self.active_dir / target if kind == "policy" else self.active_dir / "data" / f"{target}.json"
             await self._persist_and_apply(record, new_set, {path: new_text}, new_text)
             self._set, self.version = new_set, record.version
+            record = replace(record, client_address=client_address)  # written without it (record.json as before)
             try:  # SF17-1: published inside the request, before the answer and the audit
                 if self._publisher is not None:
                     record = replace(record, shared="unpublished")

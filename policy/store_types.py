@@ -18,7 +18,7 @@ from policy.loader import PolicySet, is_test_module
 from policy.rego_test_runner import TestReport
 
 __all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
-           "PolicyRejectedError", "PolicyTarget", "PolicyPersistError", "PolicyTargetError", "RemoteOpaTarget",
+           "PolicyRejectedError", "PolicySharedStateError", "PolicyTarget", "PolicyPersistError", "PolicyTargetError", "RemoteOpaTarget",
            "check_policy_dir", "persist_error", "shared_error"]
 
 
@@ -32,8 +32,13 @@ class ChangeRecord:
     gave, ``published``, ``conflict`` (another instance stored this version first; this change is
     replaced by that one and the admin request answers 409, SF17-1), ``master_pending`` (not stored: a
     higher master generation is pending here and the stored record cannot be authenticated; the change is
-    in force on this instance only and the request answers 503, S22-review-3) or ``unpublished`` (Redis did
-    not answer; the next sync publishes it); None without shared state and for an adopted set."""
+    in force on this instance only and the request answers 503, S22-review-3), ``unresolved`` (not stored, and
+    Redis failed before the stored record could be read: which of the two is unknown, the request answers 503
+    ``state_unavailable``, S22-fixrot-2) or ``unpublished`` (Redis did not answer the publish; the next sync
+    publishes it); None without shared state and for an adopted set. ``client_address``: the admin
+    request's source (the peer, or the client a trusted proxy attests; session 23, S22-fixsec-2), in the
+    audit record and the admin answer; None for a change made without a request and for an adopted set, and
+    then left out of :meth:`to_dict` (``record.json`` is written before it is set: its format is unchanged)."""
 
     version: int
     who: str
@@ -44,10 +49,14 @@ class ChangeRecord:
     new_sha256: str | None
     time: float
     shared: str | None = None
+    client_address: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-compatible form (for audit and the admin API)."""
-        return asdict(self)
+        """JSON-compatible form (for audit and the admin API); ``client_address`` only when set."""
+        out = asdict(self)
+        if out["client_address"] is None:
+            del out["client_address"]
+        return out
 
 
 class PolicyRejectedError(PolicyError):
@@ -97,10 +106,22 @@ class PolicyMasterPendingError(PolicyError):
         self.generation = generation
 
 
+class PolicySharedStateError(PolicyError):
+    """A change committed and in force on this instance that shared state refused to store, after which Redis
+    failed before the stored record could be read (S22-fixrot-2): whether the stored set replaces the change
+    here (a conflict, adopted by the next sync) or cannot be read (a master pending) is unknown; the admin
+    answers 503 ``state_unavailable`` (fail closed). ``record``: the change (``shared="unresolved"``)."""
+
+    def __init__(self, message: str, record: ChangeRecord) -> None:
+        super().__init__(message)
+        self.record = record
+
+
 def shared_error(record: ChangeRecord, pending_generation: int) -> PolicyError | None:
     """The error a committed change answers for its ``record.shared`` (None: answered as made):
     :class:`PolicyConflictError` for ``conflict`` (SF17-1), :class:`PolicyMasterPendingError` for
-    ``master_pending`` (``pending_generation``: the master generation to provision here, S22-review-3)."""
+    ``master_pending`` (``pending_generation``: the master generation to provision here, S22-review-3),
+    :class:`PolicySharedStateError` for ``unresolved`` (S22-fixrot-2)."""
     if record.shared == "conflict":
         return PolicyConflictError(f"policy version {record.version} was stored by another instance first; "
                                    "its set is adopted here: retry the change", record)
@@ -110,6 +131,12 @@ def shared_error(record: ChangeRecord, pending_generation: int) -> PolicyError |
             f"{pending_generation} is announced and not provisioned here, so the stored set cannot be read; "
             f"provision master generation {pending_generation} on this instance (it then adopts the stored set "
             "and this change is gone: make it again)", record, pending_generation)
+    if record.shared == "unresolved":
+        return PolicySharedStateError(
+            f"policy version {record.version} is applied on this instance and was not stored (another instance "
+            "stored this version or a higher one first), and shared state failed before the stored set could be "
+            "read: whether it replaces this change here is decided when shared state answers again; check the "
+            "policy in force, then retry", record)
     return None
 
 

@@ -23,8 +23,10 @@ Errors have the public API's shape, ``{"error": {"message", "type", "code",
 config (a ``TenantConfigError`` or any ``ValueError`` of the registry
 loader, e.g. an unparsable config file; the registry in force stays), 404
 unknown tenant, 409 master unchanged, 501 no master source, 500
-key-ring/state failure; 503 ``master_pending`` (shared state): a reload applied on this instance only, not
-shared, because a master generation is pending here (raised by an ``on_change`` hook, S22-review-3).
+key-ring/state failure; from an ``on_change`` hook (shared state; the reload is applied here and not shared):
+409 ``conflict`` (another instance stored this tenants version first: its registry is adopted here, S22-fixrot-1),
+503 ``master_pending`` (a master generation is pending here, S22-review-3), 503 ``state_unavailable`` (Redis
+failed before the stored registry could be read, S22-fixrot-2).
 """
 
 from __future__ import annotations
@@ -219,7 +221,7 @@ def admin_routes(
     ``authorize(request)`` is awaited before anything else; whatever it
     returns (a ``WorkloadIdentity``, a SPIFFE ID string, or a mapping with
     ``spiffe_id`` and optionally ``client_address``) is recorded as ``actor``
-    (and a failure's ``client_address``). ``registry_loader()`` re-reads the tenants and returns the
+    (and ``client_address`` in the change or failure record; session 23, S22-fixsec-2: successes too). ``registry_loader()`` re-reads the tenants and returns the
     registry now in force. ``master_loader()`` returns the new master secret
     (e.g. ``lambda: load_master_secret(file, env)``). ``on_change(record)``
     (sync or async) receives every change record, for audit; if it raises,
@@ -261,6 +263,8 @@ def admin_routes(
             await _failed(name, principal, tenant_id, status, code, message)
             return _error(status, code, message)
         record["actor"] = _actor(principal)
+        if (address := _client_address(principal)) is not None:  # the source of a success too (S22-fixsec-2)
+            record["client_address"] = address
         if on_change is not None:
             try:
                 res = on_change(record)

@@ -62,13 +62,13 @@ class FakeStore:
         return ChangeRecord(version=1, who=who, kind="policy", op="put", target=target, old_sha256=None,
                             new_sha256=None, time=0.0)
 
-    async def put_policy(self, module_id: str, source: str, who: str) -> ChangeRecord:
+    async def put_policy(self, module_id: str, source: str, who: str, *, client_address: str | None = None) -> ChangeRecord:
         return await self._change(module_id, who)
 
-    async def delete_policy(self, module_id: str, who: str) -> ChangeRecord:
+    async def delete_policy(self, module_id: str, who: str, *, client_address: str | None = None) -> ChangeRecord:
         return await self._change(module_id, who)
 
-    async def put_data(self, path: str, value: Any, who: str) -> ChangeRecord:
+    async def put_data(self, path: str, value: Any, who: str, *, client_address: str | None = None) -> ChangeRecord:
         return await self._change(path, who)
 
 
