@@ -145,6 +145,7 @@ def verify_files(
     head, expect_seq = GENESIS, 0
     prev_file: str | None = None
     seen_checkpoints: dict[int, str] = {}
+    last_kid: str | None = None  # key id of the last verified checkpoint
     since_checkpoint = 0
     first_seq: int | None = None
     last_seq: int | None = None
@@ -208,8 +209,10 @@ def verify_files(
                 else:
                     seen_checkpoints[int(body["head_seq"])] = str(body["head"])
                     report.last_checkpoint = body
-                    by_key = report.checkpoints_by_key
-                    by_key[str(body["key_id"])] = by_key.get(str(body["key_id"]), 0) + 1
+                    by_key, kid = report.checkpoints_by_key, str(body["key_id"])
+                    if by_key and kid != last_kid:
+                        report.key_switches += 1
+                    by_key[kid], last_kid = by_key.get(kid, 0) + 1, kid
                 since_checkpoint = 0
             else:
                 since_checkpoint += 1

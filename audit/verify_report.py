@@ -45,6 +45,8 @@ class VerifyReport:
     unanchored_records: int = 0
     #: verified checkpoints per signing key id, in chain order of first use (S23-newcomer-4)
     checkpoints_by_key: dict[str, int] = field(default_factory=dict)
+    #: times the signing key id changed between consecutive verified checkpoints (one per rotation)
+    key_switches: int = 0
 
     @property
     def ok(self) -> bool:
@@ -80,7 +82,8 @@ def format_report(report: VerifyReport) -> str:
         lines.append(f"  {p.kind} at {where} seq={p.seq}: {p.detail}")
     if len(report.checkpoints_by_key) > 1:
         lines.append("  note: checkpoints signed by several keys (a key rotation): " +
-                     ", ".join(f"key id {k} ({n})" for k, n in report.checkpoints_by_key.items()))
+                     ", ".join(f"key id {k} ({n})" for k, n in report.checkpoints_by_key.items()) +
+                     f"; the key changed {report.key_switches} time(s) in chain order")
     if report.unsealed_records:
         lines.append(f"  note: {report.unsealed_records} record(s) after the last checkpoint are not sealed")
     if report.anchored:

@@ -70,6 +70,7 @@ async def test_log_spanning_a_rotation_verifies_with_both_keys(rotated) -> None:
     assert report.ok, report.problems
     kid_a, kid_b = key_id(rotated["a"].public_key()), key_id(rotated["b"].public_key())
     assert list(report.checkpoints_by_key) == [kid_a, kid_b]  # chain order of first use
+    assert report.key_switches == 1
     assert report.checkpoints == sum(report.checkpoints_by_key.values()) >= 4
     header = json.loads(files[1].read_text().splitlines()[0])
     assert header["body"]["predecessor"] == files[0].name  # the switch is inside one chain
@@ -137,7 +138,7 @@ def test_key_ring_refuses_a_key_id_given_twice() -> None:
 async def test_cli_repeatable_public_key(rotated) -> None:
     d, a_pub, b_pub = str(rotated["dir"]), str(rotated["a_pub"]), str(rotated["b_pub"])
     code, out = _cli(d, "--public-key", a_pub, "--public-key", b_pub)
-    assert code == 0 and "-> OK" in out and "several keys" in out, out
+    assert code == 0 and "-> OK" in out and "several keys" in out and "changed 1 time(s)" in out, out
     code, out = _cli(d, "--public-key", b_pub)  # the old key missing: FAILED, naming its id
     kid_a = key_id(rotated["a"].public_key())
     assert code == 1 and "unknown_key" in out and kid_a in out and "bad_signature" not in out, out
