@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from audit.keys import generate_signing_key, load_public_key
+from audit.keys import KeyFileError, generate_signing_key
 from audit.verify import verify_files
 from audit.verify_anchors import load_anchors
 from audit.verify_instances import (
@@ -18,6 +18,7 @@ from audit.verify_instances import (
     format_instances_report,
     verify_instances,
 )
+from audit.verify_keys import load_key_ring
 from audit.verify_report import format_report
 
 #: ``audit verify`` exit status when no problem was found but event records
@@ -32,12 +33,14 @@ def audit_group() -> None:
 
 @audit_group.command("verify")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-@click.option("--public-key", "public_key", required=True, type=click.Path(exists=True), help="Ed25519 public key (PEM)")
+@click.option("--public-key", "public_keys", required=True, multiple=True, type=click.Path(exists=True),
+              help="Ed25519 public key (PEM), or a directory of *.pub files; repeatable: across a signing-key "
+                   "rotation give the old and the new key, each checkpoint is checked with the key of its key_id")
 @click.option("--partial", is_flag=True, help="first file need not start the chain")
 @click.option("--anchors", "anchors", multiple=True, type=click.Path(),
               help="file (or directory of files) written by another sink holding checkpoint copies: the OCSF "
                    "file, a syslog receiver's file (CEF or OCSF payload), an OTLP JSON export; repeatable")
-def verify_cmd(paths: tuple[str, ...], public_key: str, partial: bool, anchors: tuple[str, ...]) -> None:
+def verify_cmd(paths: tuple[str, ...], public_keys: tuple[str, ...], partial: bool, anchors: tuple[str, ...]) -> None:
     """Verify hash chain and checkpoint signatures of audit FILES/DIRS.
 
     Several instances' chains at once: each directory given is one chain, a
@@ -47,23 +50,32 @@ def verify_cmd(paths: tuple[str, ...], public_key: str, partial: bool, anchors: 
     instance, no two chains the same; a combined line ends the report
     (audit/verify_instances.py). ``--anchors`` needs a single chain.
 
+    Several ``--public-key`` (files or directories of ``*.pub``): each checkpoint is checked
+    with the key of the ``key_id`` it names; a checkpoint whose key id no given key has is
+    ``unknown_key`` (exit 1, naming the id); a key id given twice is a usage error (exit 2),
+    never a silent choice (S23-newcomer-4).
+
     Exit 0: OK; 1: a problem (modified, missing, reordered, truncated per an
     anchor, bad signature, instance mismatch); 2: usage; 3 (with --anchors): no
     problem, but event records follow the last externally anchored checkpoint
     (reported as unanchored).
     """
+    try:
+        ring = load_key_ring(public_keys)
+    except KeyFileError as exc:
+        raise click.BadParameter(str(exc), param_hint="--public-key") from None
     groups = chain_groups(paths)
     if len(groups) > 1:
         if anchors:
             raise click.UsageError("--anchors checks one chain: give one instance's directory or files")
-        result = verify_instances(paths, load_public_key(public_key), require_genesis=not partial)
+        result = verify_instances(paths, ring, require_genesis=not partial)
         click.echo(format_instances_report(result))
         sys.exit({"OK": 0, "UNANCHORED": EXIT_UNANCHORED}.get(result.status, 1))
     found = None
     problems = []
     if anchors:
         found, problems = load_anchors(anchors)
-    report = verify_files(groups[0][1], load_public_key(public_key), require_genesis=not partial, anchors=found)
+    report = verify_files(groups[0][1], ring, require_genesis=not partial, anchors=found)
     report.problems.extend(problems)
     click.echo(format_report(report))
     sys.exit({"OK": 0, "UNANCHORED": EXIT_UNANCHORED}.get(report.status, 1))

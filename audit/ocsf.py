@@ -5,8 +5,7 @@ Class choice (OCSF schema 1.5.0, https://schema.ocsf.io/1.5.0/):
 * inference calls, rejected/rate-limited/cancelled requests, checkpoints →
   **API Activity** (class_uid 6003, category 6 Application Activity),
   activity Create (1) for an inference call, Other (99) for checkpoints.
-* token checks (JWT-SVID), incl. unauthenticated → **Authentication** (3002,
-  category 3 IAM), activity Other (99, "JWT-SVID validation").
+* token checks (JWT-SVID), incl. unauthenticated → **Authentication** (3002, category 3 IAM), activity Other (99).
 * policy decisions: OCSF 1.5 has no per-request authorization-decision
   class; Authorize Session (3003) records privileges given to a new *session*
   and does not fit a PDP verdict per request. The PDP decision is therefore
@@ -44,6 +43,7 @@ _CLASS_NAME = {API_ACTIVITY: "API Activity", AUTHENTICATION: "Authentication",
                ENTITY_MANAGEMENT: "Entity Management", DETECTION_FINDING: "Detection Finding"}
 _CATEGORY_NAME = {6: "Application Activity", 3: "Identity & Access Management", 2: "Findings"}
 _SUCCESS = {Outcome.ALLOWED, Outcome.SUCCEEDED, Outcome.SEALED}
+_STATUS_CAPTION = {0: "Unknown", 1: "Success", 2: "Failure"}  # OCSF base event `status`; 99 Other: our own word
 _SEVERITY = {  # OCSF severity_id: 1 Informational, 2 Low, 3 Medium, 4 High
     Outcome.ALLOWED: 1, Outcome.SUCCEEDED: 1, Outcome.SEALED: 1, Outcome.CLEARED: 1, Outcome.CANCELLED: 1,
     Outcome.RATE_LIMITED: 2, Outcome.REJECTED: 2, Outcome.FAILED: 2, Outcome.SUMMARIZED: 3,
@@ -105,7 +105,7 @@ def to_ocsf(event: AuditEvent) -> dict[str, Any]:
         "severity_id": _SEVERITY.get(event.outcome, 1),
         "time": event.time_ms,
         "status_id": status_id,
-        "status": event.outcome.value,
+        "status": _STATUS_CAPTION.get(status_id, event.outcome.value),  # 99 Other: our own word (S23-newcomer-8)
         "metadata": {
             "version": OCSF_VERSION,
             "product": dict(PRODUCT),
@@ -162,7 +162,7 @@ def to_ocsf(event: AuditEvent) -> dict[str, Any]:
         al = dict(event.alert or {})
         out["finding_info"] = {"uid": str(al.get("alert_id", event.event_id)),
                                "title": str(al.get("alert_kind", "alert")), "types": [str(al.get("alert_kind", "alert"))]}
-        out["status_id"] = 4 if event.outcome is Outcome.CLEARED else 1  # finding status: 1 New, 4 Resolved
+        out["status_id"], out["status"] = (4, "Resolved") if event.outcome is Outcome.CLEARED else (1, "New")  # finding
     return {k: v for k, v in out.items() if v is not None}
 
 

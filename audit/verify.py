@@ -37,11 +37,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-from audit.chain import GENESIS, checkpoint_signature_ok, key_id, record_hash
+from audit.chain import GENESIS, checkpoint_signature_ok, record_hash
 from audit.jsonl import FILE_SUFFIX, list_log_files
 from audit.verify_anchors import normalise_checkpoint
+from audit.verify_keys import TrustedKeys, key_ring
 from audit.verify_report import Problem, VerifyReport
 
 
@@ -69,16 +68,21 @@ def _load(path: Path, report: VerifyReport) -> list[tuple[int, dict[str, Any]]]:
 
 def verify_files(
     paths: Sequence[str | Path],
-    public_key: Ed25519PublicKey,
+    public_key: TrustedKeys,
     off_host_checkpoints: Iterable[dict[str, Any]] = (),
     require_genesis: bool = True,
     anchors: Iterable[dict[str, Any]] | None = None,
 ) -> VerifyReport:
-    """Verify chained audit files (files or directories) against ``public_key``.
+    """Verify chained audit files (files or directories) against ``public_key`` (one key or several).
 
     Args:
         paths: log files and/or directories (all ``audit-*.jsonl`` inside).
-        public_key: the Ed25519 checkpoint verification key.
+        public_key: the Ed25519 checkpoint verification key, or several (an iterable, or a ring
+            from :func:`audit.verify_keys.key_ring`): across a signing-key rotation each
+            checkpoint is checked with the key of the ``key_id`` it names; one whose ``key_id``
+            no given key has is ``unknown_key`` (S23-newcomer-4), one whose signature does not
+            verify with its key is ``bad_signature``. The hash links are checked across the
+            switch like any others.
         off_host_checkpoints: checkpoint bodies received by other sinks; each
             must match the files (same ``head`` at ``head_seq``): a copy past
             the end of the files is ``truncated``, one whose hash differs is
@@ -87,7 +91,7 @@ def verify_files(
         anchors: checkpoint copies read back from other sinks' output
             (:func:`load_anchors`); None = not checked. Like
             ``off_host_checkpoints``, but each signature is checked (a copy
-            with this key's id and a bad signature is ``bad_anchor``, one of
+            with a given key's id and a bad signature is ``bad_anchor``, one of
             another key is ignored and counted in ``anchors_foreign``), and
             the report counts the event records after the last anchored
             checkpoint (``unanchored_records``; status ``UNANCHORED``).
@@ -96,10 +100,11 @@ def verify_files(
         A :class:`VerifyReport`; problems are in chain order, anchor problems
         last. Content errors and absent paths are reported, not raised;
         no log file at all is a ``missing_file`` problem (an empty or wrong
-        directory never reads as verified); unreadable files raise ``OSError``.
+        directory never reads as verified); unreadable files raise ``OSError``;
+        a key id given twice raises :class:`audit.verify_keys.DuplicateKeyError`.
     """
     report = VerifyReport()
-    kid = key_id(public_key)
+    ring = key_ring(public_key)
     checks: list[tuple[dict[str, Any], bool]] = [(dict(cp), False) for cp in off_host_checkpoints]
     if anchors is not None:
         report.anchored = True
@@ -108,9 +113,9 @@ def verify_files(
             where = str(cp.get("source", "?"))
             if norm is None:
                 report.problems.append(Problem("bad_anchor", where, None, None, "checkpoint copy lacks fields"))
-            elif norm["key_id"] != kid:
+            elif norm["key_id"] not in ring:
                 report.anchors_foreign += 1
-            elif not checkpoint_signature_ok(public_key, norm):
+            elif not checkpoint_signature_ok(ring[norm["key_id"]], norm):
                 report.problems.append(Problem("bad_anchor", where, None, norm["head_seq"],
                                                "checkpoint copy signature invalid"))
             else:
@@ -140,6 +145,7 @@ def verify_files(
     head, expect_seq = GENESIS, 0
     prev_file: str | None = None
     seen_checkpoints: dict[int, str] = {}
+    last_kid: str | None = None  # key id of the last verified checkpoint
     since_checkpoint = 0
     first_seq: int | None = None
     last_seq: int | None = None
@@ -187,8 +193,15 @@ def verify_files(
                 report.problems.append(Problem("broken_link", fname, lineno, seq, "prev does not match previous record hash"))
             if rtype == "checkpoint":
                 report.checkpoints += 1
-                if body.get("key_id") != kid or not checkpoint_signature_ok(public_key, body):
-                    report.problems.append(Problem("bad_signature", fname, lineno, seq, "checkpoint signature invalid"))
+                signer = ring.get(body.get("key_id"))  # type: ignore[arg-type]
+                if signer is None:
+                    report.problems.append(Problem(
+                        "unknown_key", fname, lineno, seq,
+                        f"checkpoint signed by key id {body.get('key_id')!s:.40}, which no given public key has "
+                        f"(given: {', '.join(sorted(ring))}); give its public key (--public-key, repeatable)"))
+                elif not checkpoint_signature_ok(signer, body):
+                    report.problems.append(Problem("bad_signature", fname, lineno, seq,
+                                                   f"checkpoint signature invalid (key id {body.get('key_id')})"))
                 elif body.get("head") != prev or body.get("head_seq") != seq - 1:
                     report.problems.append(
                         Problem("checkpoint_mismatch", fname, lineno, seq, "checkpoint head is not the preceding record")
@@ -196,6 +209,10 @@ def verify_files(
                 else:
                     seen_checkpoints[int(body["head_seq"])] = str(body["head"])
                     report.last_checkpoint = body
+                    by_key, kid = report.checkpoints_by_key, str(body["key_id"])
+                    if by_key and kid != last_kid:
+                        report.key_switches += 1
+                    by_key[kid], last_kid = by_key.get(kid, 0) + 1, kid
                 since_checkpoint = 0
             else:
                 since_checkpoint += 1

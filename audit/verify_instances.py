@@ -28,10 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
 from audit.jsonl import list_log_files
 from audit.verify import verify_files
+from audit.verify_keys import TrustedKeys, key_ring
 from audit.verify_report import Problem, VerifyReport, format_report
 
 
@@ -109,13 +108,14 @@ def _instances(paths: list[Path]) -> tuple[dict[str, int], int]:
     return named, without
 
 
-def verify_instances(paths: Sequence[str | Path], public_key: Ed25519PublicKey,
+def verify_instances(paths: Sequence[str | Path], public_key: TrustedKeys,
                      require_genesis: bool = True) -> InstancesReport:
     """Verify each chain found in ``paths`` (see :func:`chain_groups`) on its own, and the instance ids.
 
     Args:
         paths: directories (one per instance, or parents of ``worker-*/``) and/or files.
-        public_key: the Ed25519 checkpoint key (the instances of one deployment share it).
+        public_key: the Ed25519 checkpoint key (the instances of one deployment share it), or
+            several (across a rotation; :func:`audit.verify.verify_files`).
         require_genesis: each chain's first file must start the chain.
 
     Returns:
@@ -124,6 +124,7 @@ def verify_instances(paths: Sequence[str | Path], public_key: Ed25519PublicKey,
         Unreadable files raise ``OSError``.
     """
     out = InstancesReport()
+    public_key = key_ring(public_key)  # a key id given twice raises once, before any chain
     owners: dict[str, str] = {}
     for label, group in chain_groups(paths):
         report = verify_files(group, public_key, require_genesis=require_genesis)

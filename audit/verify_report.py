@@ -14,7 +14,7 @@ from typing import Any
 class Problem:
     """One verification failure. ``line`` is 1-based within ``file``."""
 
-    kind: str  # modified|missing_record|reordered|broken_link|missing_file|bad_signature|checkpoint_mismatch|malformed|off_host_mismatch|truncated|bad_anchor
+    kind: str  # modified|missing_record|reordered|broken_link|missing_file|bad_signature|checkpoint_mismatch|malformed|off_host_mismatch|truncated|bad_anchor|unknown_key
     file: str
     line: int | None
     seq: int | None
@@ -43,6 +43,10 @@ class VerifyReport:
     last_anchored_seq: int | None = None
     #: event records after ``last_anchored_seq`` (all of them when none matched)
     unanchored_records: int = 0
+    #: verified checkpoints per signing key id, in chain order of first use (S23-newcomer-4)
+    checkpoints_by_key: dict[str, int] = field(default_factory=dict)
+    #: times the signing key id changed between consecutive verified checkpoints (one per rotation)
+    key_switches: int = 0
 
     @property
     def ok(self) -> bool:
@@ -76,6 +80,10 @@ def format_report(report: VerifyReport) -> str:
     for p in report.problems:
         where = f"{p.file}:{p.line}" if p.line is not None else p.file
         lines.append(f"  {p.kind} at {where} seq={p.seq}: {p.detail}")
+    if len(report.checkpoints_by_key) > 1:
+        lines.append("  note: checkpoints signed by several keys (a key rotation): " +
+                     ", ".join(f"key id {k} ({n})" for k, n in report.checkpoints_by_key.items()) +
+                     f"; the key changed {report.key_switches} time(s) in chain order")
     if report.unsealed_records:
         lines.append(f"  note: {report.unsealed_records} record(s) after the last checkpoint are not sealed")
     if report.anchored:

@@ -25,16 +25,18 @@ from gateway.admission import Admission
 from gateway.auditing import AuditHub
 from gateway.authn import Authenticator
 from gateway.config import GatewayConfig, load_config
-from gateway.config_tenancy import burst_warnings, shared_pass_warnings
 from gateway.content_coding import refuse_content_coding
 from gateway.errors import GatewayError
 from gateway.identity import WorkloadIdentity
 from gateway.pep import DecisionPoint
 from gateway.record import refusal_record
+from gateway.reload_sections import not_applied_sections
 from gateway.replicas import ReplicaSet
 from gateway.salt_pools import salt_pool_error
+from gateway.tenant_warnings import tenant_warnings
 from routing.index import PrefixIndex
 from routing.router import Router
+from tenancy.admin import ReloadResult
 from tenancy.keys import KeyRing, load_master_secret
 from tenancy.registry import TenantConfigError, TenantRegistry
 
@@ -160,21 +162,35 @@ class Admin:
             routes += policy_routes(self.pdp.store, authorize, on_failure=on_failure)
         return routes
 
-    def reload_registry(self) -> TenantRegistry:
-        """Re-read the tenants from ``config_path``; no decision or limit state outlives a removed tenant."""
+    def reload_registry(self) -> ReloadResult:
+        """Re-read the tenants from ``config_path``; no decision or limit state outlives a removed tenant.
+
+        Returns the registry now in force, the names of the file's sections that differ from the
+        running configuration and were NOT applied (a reload applies ``tenancy.tenants`` and
+        ``tenancy.operators`` only; the rest needs a restart), and the warnings logged about the new
+        tenants (S23-newcomer-5: before, other changes were ignored without a word and a reload logged
+        two of start-up's four kinds of warning). Raises as :meth:`apply_registry`; ``ConfigError``
+        (a ``ValueError``) for a file that does not load.
+        """
         fresh = load_config(self.config_path) if self.config_path else self.config
-        return self.apply_registry(fresh.tenancy.tenants, fresh.tenancy.operators)
+        registry, warnings = self._apply(fresh.tenancy.tenants, fresh.tenancy.operators)
+        return ReloadResult(registry, not_applied_sections(self.config, fresh), warnings)
 
     def apply_registry(self, tenants: list[dict[str, Any]], operators: list[str]) -> TenantRegistry:
         """Serve these tenants and operators (a reload here or on another instance); clears every decision.
 
         The new tenants are checked against the live replica set first with the start-up's
         salt-pool rule (:func:`gateway.salt_pools.salt_pool_error`, R10-1): a salt-less replica
-        may serve only one tenant's pool.
+        may serve only one tenant's pool. Then the warnings start-up logs about its tenants
+        (:func:`gateway.tenant_warnings.tenant_warnings`) are logged for the new set, one WARNING each.
 
         Raises :class:`tenancy.registry.TenantConfigError` (the registry in force stays): an
         invalid tenant list, or one that breaks the salt-pool rule (the reload answers 400).
         """
+        return self._apply(tenants, operators)[0]
+
+    def _apply(self, tenants: list[dict[str, Any]], operators: list[str]) -> tuple[TenantRegistry, list[str]]:
+        """:meth:`apply_registry`, also returning the warning lines it logged."""
         fresh = TenantRegistry.from_config(tenants, operators=operators)  # validates; the one in force stays
         error = salt_pool_error(self.replica_set.all(), fresh.tenants())
         if error is not None:
@@ -183,12 +199,10 @@ class Admin:
         self.admission.replace_registry(registry)
         self.pdp.registry_changed()  # generation moved, cache dropped: no decision outlives the old facts
         self.last_tenancy = {"tenants": list(tenants), "operators": list(operators)}
-        for warning in shared_pass_warnings(registry.tenants(), self.config.tenancy.usage_cached_tokens):
-            log.warning("configuration: %s", warning)  # R12b-6: as at start
-        limits = self.config.limits
-        for warning in burst_warnings(registry.tenants(), limits.max_prompt_tokens, limits.max_output_tokens):
-            log.warning("limits: %s", warning)  # R16-1: as at start
-        return registry
+        warnings = tenant_warnings(registry, self.config, self.admission.served_models)  # as at start (S23-newcomer-5)
+        for line in warnings:
+            log.warning("%s", line)
+        return registry, warnings
 
     def replica_status(self) -> list[dict[str, Any]]:
         """Per-replica health, breaker and load, for operators."""

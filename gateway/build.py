@@ -34,10 +34,10 @@ from gateway.metrics import GatewayMetrics
 from gateway.overload import OverloadGuard
 from gateway.pep import DecisionPoint, PolicyEnforcementPoint, build_decision_point
 from gateway.prefix_keys import PrefixKeys
-from gateway.config_tenancy import burst_warnings, shared_pass_warnings
-from gateway.readiness import Readiness, configuration_warnings, limit_warnings
+from gateway.readiness import Readiness
 from gateway.recording import Recorder
 from gateway.replicas import Replica, ReplicaSet
+from gateway.tenant_warnings import entry_warnings, tenant_limit_warnings
 from gateway.salt_pools import salt_pool_error
 from gateway.tokenize_thread import TokenizeThread
 from gateway.upstream import Upstream
@@ -240,15 +240,13 @@ class Gateway:
         await self.lifecycles.stop()
 
     def configuration_warnings(self) -> list[str]:
-        """Tenant entries that load but cannot be served as written (see :func:`configuration_warnings`)."""
-        return (configuration_warnings(self.registry, self.config.replicas, self.admission.served_models)
-                + shared_pass_warnings(self.registry.tenants(), self.config.tenancy.usage_cached_tokens))  # R12b-6
+        """Tenant entries that load but cannot be served as written (:func:`gateway.tenant_warnings.entry_warnings`)."""
+        return entry_warnings(self.registry, self.config, self.admission.served_models)
 
     def limit_warnings(self) -> list[str]:
-        """Tenants without a prompt-token limit (:func:`gateway.readiness.limit_warnings`) or whose one request
-        may pass their prompt-token burst (:func:`gateway.config_tenancy.burst_warnings`, review S15-5)."""
-        registry, lim = self.registry, self.config.limits
-        return limit_warnings(registry, lim.max_prompt_tokens) + burst_warnings(registry.tenants(), lim.max_prompt_tokens, lim.max_output_tokens)
+        """Tenants without a prompt-token limit or whose one request may pass their prompt-token burst
+        (:func:`gateway.tenant_warnings.tenant_limit_warnings`)."""
+        return tenant_limit_warnings(self.registry, self.config)
 
 
 def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: str | None = None) -> Gateway:

@@ -160,8 +160,7 @@ def config_check(config_path: str) -> None:
     no server (the master secret, Redis, remote trust bundles and policy server are not checked)."""
     from gateway.config import ConfigError, load_config
     from gateway.config_check import build_time_errors
-    from gateway.config_tenancy import burst_warnings, shared_pass_warnings
-    from gateway.readiness import configuration_warnings, limit_warnings
+    from gateway.tenant_warnings import tenant_warnings
     from tenancy.registry import TenantRegistry
 
     try:
@@ -172,10 +171,7 @@ def config_check(config_path: str) -> None:
     errors = build_time_errors(cfg, registry)
     if errors:  # serve refuses the file for these (exit 1)
         raise click.ClickException("; ".join(errors))
-    lines = [f"configuration: {w}" for w in configuration_warnings(registry, cfg.replicas, frozenset(cfg.models))]
-    lines += [f"configuration: {w}" for w in shared_pass_warnings(registry.tenants(), cfg.tenancy.usage_cached_tokens)]
-    lines += [f"limits: {w}" for w in limit_warnings(registry, cfg.limits.max_prompt_tokens)]
-    lines += [f"limits: {w}" for w in burst_warnings(registry.tenants(), cfg.limits.max_prompt_tokens, cfg.limits.max_output_tokens)]  # S15-5
+    lines = tenant_warnings(registry, cfg, cfg.models)  # the lines serve logs at start and a reload logs
     for line in lines:
         click.echo(line)
     click.echo(f"{config_path}: valid, {len(lines)} warning(s)")

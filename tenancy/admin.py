@@ -35,6 +35,7 @@ import inspect
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -51,6 +52,7 @@ __all__ = [
     "rotate_tenant_salt",
     "rotate_master_key",
     "reload_tenants",
+    "ReloadResult",
     "admin_routes",
     "error_body",
     "failure_record",
@@ -58,7 +60,7 @@ __all__ = [
 
 Authorize = Callable[[Request], Awaitable[Any]]
 OnChange = Callable[[dict], Any]
-RegistryLoader = Callable[[], "TenantRegistry | Awaitable[TenantRegistry]"]
+RegistryLoader = Callable[[], "TenantRegistry | ReloadResult | Awaitable[TenantRegistry | ReloadResult]"]
 MasterLoader = Callable[[], bytes]
 
 _TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -128,18 +130,34 @@ def rotate_master_key(keyring: KeyRing, new_secret: bytes) -> dict:
     return _record("keys.rotate_master", master_generation=generation, grace_s=keyring.grace_s)
 
 
+@dataclass(frozen=True)
+class ReloadResult:
+    """What a registry loader may return instead of the bare registry (S23-newcomer-5): the registry
+    now in force, the names of the re-read file's settings that changed but were not applied (a reload
+    applies tenants and operators only), and the warning lines logged about the new tenants."""
+
+    registry: TenantRegistry
+    not_applied: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
 async def reload_tenants(registry_loader: RegistryLoader) -> dict:
     """Call ``registry_loader`` (re-reads config and swaps the registry; may be
     async) and return the record ``action="tenants.reload"``, ``tenants``
-    (count), ``tenant_ids`` (sorted), ``ts``. Propagates ``TenantConfigError``."""
+    (count), ``tenant_ids`` (sorted), ``ts``; when the loader returns a :class:`ReloadResult`,
+    also ``not_applied`` (setting names) and ``warnings`` (lines). Propagates ``TenantConfigError``."""
     if inspect.iscoroutinefunction(registry_loader):
         result = await registry_loader()
     else:
         result = await run_in_threadpool(registry_loader)
     if inspect.isawaitable(result):
         result = await result
+    extra: dict[str, Any] = {}
+    if isinstance(result, ReloadResult):
+        extra = {"not_applied": list(result.not_applied), "warnings": list(result.warnings)}
+        result = result.registry
     ids = [t.id for t in result.tenants()]
-    return _record("tenants.reload", tenants=len(ids), tenant_ids=ids)
+    return _record("tenants.reload", tenants=len(ids), tenant_ids=ids, **extra)
 
 
 def failure_record(action: str, route: str, actor: str | None, status: int, code: str, message: str,

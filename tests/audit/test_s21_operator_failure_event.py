@@ -46,7 +46,7 @@ def test_a_failure_record_is_one_failed_operator_event() -> None:
 def test_the_ocsf_mapping_of_a_failure_is_status_failure() -> None:
     doc = to_ocsf(_event(_failure()))
     assert doc["class_uid"] == ENTITY_MANAGEMENT and doc["activity_name"] == "Update"
-    assert (doc["status_id"], doc["status"]) == (2, "failed")  # OCSF status_id 2: Failure
+    assert (doc["status_id"], doc["status"]) == (2, "Failure")  # OCSF: status = the caption of status_id (S23-newcomer-8)
     assert (doc["status_code"], doc["status_detail"]) == ("404", "unknown_tenant")
     assert doc["actor"]["user"]["uid"] == OPERATOR
     assert doc["unmapped"]["prefixgate"]["operator"]["action"] == "tenant.rotate_key"

@@ -140,4 +140,5 @@ def test_a_reload_logs_the_limits_lines_again(tmp_path: Path, caplog: pytest.Log
     with caplog.at_level(logging.WARNING, logger="prefixgate"):
         gw.admin.apply_registry(tenants, [])
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("limits: tenant o:")]
-    assert lines and "1024 output tokens" in lines[0]
+    # since session 23 (S23-newcomer-5) the reload logs every start-up line, the prompt-rate line first
+    assert any("1024 output tokens" in line for line in lines), lines
