@@ -1,18 +1,36 @@
 """Value types shared by the router, the policies and their plugins.
 
-All frozen dataclasses; no behaviour beyond small derived properties.
+All frozen dataclasses; no behaviour beyond small derived properties. Each writes its fields in an
+``__init__`` of its own (issue 14, session 23): the instance dictionary filled directly, where the
+generated ``__init__`` of a frozen dataclass calls ``object.__setattr__`` once per field (~0.75 µs less
+per object; several are built per routed request). Fields, defaults, equality, hash and repr are the
+dataclass's own (tests/routing/test_s23_value_init.py checks each against the generated ``__init__``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from routing.calibration import ReplicaEstimate
 
 __all__ = ["ReplicaLoad", "RouteRequest", "Candidate", "RouteChoice", "NoCandidateError"]
+
+
+class _NoScores:
+    """The type of :data:`_NO_SCORES`."""
+
+
+#: the instance-dictionary key of a :meth:`RouteChoice.explained_later` choice's pending explanation
+_EXPLAIN = "_explain"
+#: ``RouteChoice``'s ``scores`` when not given (a new empty dict each, as ``field(default_factory=dict)``)
+_NO_SCORES = _NoScores()
+
+
+#: ``explain(req, candidate)`` -> ``(reason, scores)`` of :meth:`RouteChoice.explained_later`
+Explain = Callable[["RouteRequest", "Candidate"], "tuple[str, Mapping[str, float]]"]
 
 
 class NoCandidateError(LookupError):
@@ -31,6 +49,15 @@ class ReplicaLoad:
     decode_tokens: int = 0
     running_requests: int = 0
     prefilling_requests: int = 0
+
+    def __init__(self, replica_id: str, queued_prefill_tokens: int = 0, decode_tokens: int = 0,
+                 running_requests: int = 0, prefilling_requests: int = 0) -> None:
+        d = self.__dict__  # = the frozen dataclass's __init__ (module doc)
+        d["replica_id"] = replica_id
+        d["queued_prefill_tokens"] = queued_prefill_tokens
+        d["decode_tokens"] = decode_tokens
+        d["running_requests"] = running_requests
+        d["prefilling_requests"] = prefilling_requests
 
     def shared_wait_tokens(self, uncached_tokens: int) -> int:
         """Queued prefill tokens that delay a new request of ``uncached_tokens``
@@ -71,6 +98,17 @@ class RouteRequest:
     sequences: int = 1
     calibrate: bool = True
 
+    def __init__(self, tenant_id: str, block_keys: Sequence[bytes], prompt_tokens: int, max_tokens: int,
+                 block_size: int, sequences: int = 1, calibrate: bool = True) -> None:
+        d = self.__dict__  # = the frozen dataclass's __init__ (module doc)
+        d["tenant_id"] = tenant_id
+        d["block_keys"] = block_keys
+        d["prompt_tokens"] = prompt_tokens
+        d["max_tokens"] = max_tokens
+        d["block_size"] = block_size
+        d["sequences"] = sequences
+        d["calibrate"] = calibrate
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -85,6 +123,14 @@ class Candidate:
     matched_blocks: int = 0
     estimate: ReplicaEstimate | None = None
 
+    def __init__(self, replica_id: str, load: ReplicaLoad, matched_blocks: int = 0,
+                 estimate: ReplicaEstimate | None = None) -> None:
+        d = self.__dict__  # = the frozen dataclass's __init__ (module doc)
+        d["replica_id"] = replica_id
+        d["load"] = load
+        d["matched_blocks"] = matched_blocks
+        d["estimate"] = estimate
+
 
 @dataclass(frozen=True)
 class RouteChoice:
@@ -94,7 +140,9 @@ class RouteChoice:
     replica; ``available_prefix_tokens``: best over all candidates (the gap is
     what the load guard gave up); ``reason``: short machine-friendly string;
     ``scores``: per-candidate score (policy specific; lower is better) for
-    debugging.
+    debugging. A choice built by :meth:`explained_later` computes ``reason``
+    and ``scores`` when either is first read (issue 14, session 23: the gateway
+    reads neither).
     """
 
     replica_id: str
@@ -103,3 +151,47 @@ class RouteChoice:
     available_prefix_tokens: int
     reason: str
     scores: Mapping[str, float] = field(default_factory=dict)
+
+    def __init__(self, replica_id: str, policy: str, predicted_prefix_tokens: int, available_prefix_tokens: int,
+                 reason: str, scores: Mapping[str, float] | _NoScores = _NO_SCORES) -> None:
+        d = self.__dict__  # = the frozen dataclass's __init__ (module doc); scores: a new dict when not given
+        d["replica_id"] = replica_id
+        d["policy"] = policy
+        d["predicted_prefix_tokens"] = predicted_prefix_tokens
+        d["available_prefix_tokens"] = available_prefix_tokens
+        d["reason"] = reason
+        d["scores"] = {} if scores is _NO_SCORES else scores
+
+    @classmethod
+    def explained_later(cls, replica_id: str, policy: str, predicted_prefix_tokens: int,
+                        available_prefix_tokens: int, explain: Explain, req: RouteRequest,
+                        candidate: Candidate) -> RouteChoice:
+        """A choice whose ``reason`` and ``scores`` are ``explain(req, candidate)``, run once, when either is
+        first read (``==``, ``repr``, :func:`dataclasses.replace` read them too); until then the instance
+        dictionary holds ``explain`` and its arguments in their place. ``explain`` must be a pure function
+        of its arguments (both immutable), so the values do not depend on when they are read
+        (:meth:`routing.policies.cache_aware.CacheAwarePolicy.choose` for one candidate; its test:
+        tests/routing/test_s23_explained_later.py). An exception of ``explain`` propagates to the read
+        and leaves it pending."""
+        self = cls.__new__(cls)
+        d = self.__dict__
+        d["replica_id"] = replica_id
+        d["policy"] = policy
+        d["predicted_prefix_tokens"] = predicted_prefix_tokens
+        d["available_prefix_tokens"] = available_prefix_tokens
+        d[_EXPLAIN] = (explain, req, candidate)
+        return self
+
+    if not TYPE_CHECKING:  # for the type checker every field is a plain attribute
+        def __getattr__(self, name: str) -> Any:
+            """``reason`` or ``scores`` of a choice made by :meth:`explained_later`, computed on its first read."""
+            d = self.__dict__
+            pending = d.get(_EXPLAIN) if name == "reason" or name == "scores" else None
+            if pending is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            explain, req, candidate = pending
+            reason, scores = explain(req, candidate)
+            del d[_EXPLAIN]
+            d["reason"] = reason
+            d["scores"] = scores
+            return d[name]

@@ -90,8 +90,18 @@ class PrefixChains:
     version still in its grace period, newest first; the router only looks
     these up (to keep locality across a rotation), never inserts them.
     Each chain is a tuple of ``digest_size``-byte hashes, one per full block.
+    Its ``__init__`` fills the instance dictionary directly (one per request: issue 14, session 23,
+    as :mod:`routing.types`); fields, equality, hash and repr are the frozen dataclass's own
+    (tests/routing/test_s23_value_init.py).
     """
 
     kid: str
     current: tuple[bytes, ...]
     previous: tuple[tuple[str, tuple[bytes, ...]], ...] = ()
+
+    def __init__(self, kid: str, current: tuple[bytes, ...],
+                 previous: tuple[tuple[str, tuple[bytes, ...]], ...] = ()) -> None:
+        d = self.__dict__  # = the frozen dataclass's __init__, without object.__setattr__ per field
+        d["kid"] = kid
+        d["current"] = current
+        d["previous"] = previous
