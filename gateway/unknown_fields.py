@@ -75,9 +75,12 @@ def outside_schema(data: dict[str, Any], known: frozenset[str], mode: UnknownFie
 def field_label(name: str) -> str:
     """``name`` (a client's JSON key) as shown to the client: its first :data:`MAX_NAME_CHARS` characters
     (``...`` marks a cut), JSON-escaped to ASCII (``\\uXXXX`` for control, non-ASCII and lone surrogate
-    characters; ``\\"``, ``\\\\``), with ``,`` as ``\\u002c``: printable ASCII, at most 6 x 64 + 3 characters."""
+    characters; ``\\"``, ``\\\\``), with ``,`` as ``\\u002c`` and DEL as ``\\u007f``; the empty key as ``""``:
+    printable ASCII, never empty, at most 6 x 64 + 3 characters."""
+    if not name:
+        return '""'  # the empty key, visible (a quote inside a name is always escaped)
     cut = name[:MAX_NAME_CHARS]
-    label = json.dumps(cut, ensure_ascii=True)[1:-1].replace(",", "\\u002c")
+    label = json.dumps(cut, ensure_ascii=True)[1:-1].replace(",", "\\u002c").replace("\x7f", "\\u007f")
     return label + "..." if len(name) > MAX_NAME_CHARS else label
 
 
