@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway import errors
 from gateway.config_http import LimitsConfig
 from gateway.errors import GatewayError
 from gateway.request import parse_inference_request
@@ -31,6 +32,9 @@ def test_the_default_is_refuse_in_the_config_and_the_parser() -> None:
     assert (exc.value.status, exc.value.code, exc.value.param) == (400, "unsupported_parameter", "guided_json")
     assert exc.value.record == {"reason": "1 field(s) outside the request schema"}
     assert exc.value.client_text  # its body is never cached process-wide
+    before = dict(errors._BODIES)
+    assert json.loads(exc.value.response().body)["error"]["param"] == "guided_json"
+    assert errors._BODIES == before
 
 
 def test_known_sets_are_the_schema_plus_gateway_owned() -> None:
