@@ -105,3 +105,23 @@ def test_drop_parses_as_the_body_without_the_unknown_fields(fields: dict[str, An
         with pytest.raises(GatewayError) as exc:
             _parse({**base, **unknown}, endpoint)
         assert exc.value.code == "unsupported_parameter"
+
+
+_PLAIN_VALUES = st.fixed_dictionaries({}, optional={
+    "model": st.sampled_from(["m", "", 5, "x" * 257]), "prompt": st.sampled_from(["a b", "", ["a"], None]),
+    "messages": st.sampled_from([[{"role": "user", "content": "hi"}], [], [{"role": "x", "content": "y"}], "s"]),
+    "max_tokens": st.sampled_from([1, 0, None, True, 2.0]), "stream": st.sampled_from([True, False, 1, None]),
+    "stream_options": st.sampled_from([{"include_usage": True}, {}, None, 3]), "cache_salt": st.just("s"),
+})
+
+
+@given(_PLAIN_VALUES)
+def test_keys_checked_skips_only_a_test_that_would_pass(data: dict[str, Any]) -> None:
+    """Differential (session 23): for a body whose keys are all in ``PLAIN_*`` (what the parse tests first),
+    ``keys_checked=True`` answers exactly as request_fast's own test of other schema fields does."""
+    from gateway.request_fast import plain_chat, plain_completion
+    from gateway.unknown_fields import PLAIN_CHAT, PLAIN_COMPLETIONS
+    if PLAIN_COMPLETIONS.issuperset(data):
+        assert plain_completion(data, True) == plain_completion(data)
+    if PLAIN_CHAT.issuperset(data):
+        assert plain_chat(data, True) == plain_chat(data)
