@@ -84,6 +84,11 @@ class LimitsConfig(ConfigSection):
     with the number of values, not the bytes.
     ``max_tools``: the most entries of a chat body's ``tools`` list (OpenAI's documented bound is 128;
     ``null``: none); a longer one answers 400 ``too_many_tools`` before schema validation (S22-review-4).
+    ``unknown_fields``: what a top-level body field outside the request schema gets (session 23,
+    S22-newcomer-3; gateway/unknown_fields.py): ``refuse`` (400 ``unsupported_parameter`` naming it, as
+    OpenAI answers) or ``drop`` (forwarded without it; the answer's ``X-PrefixGate-Dropped-Fields-Count`` /
+    ``X-PrefixGate-Dropped-Fields`` headers say how many and which, bounded). ``cache_salt`` is neither:
+    the gateway replaces it.
     ``refused_cpu_ms_per_s`` / ``refused_cpu_burst_ms``: each tenant's budget of
     gateway CPU for preparing requests that end refused (parse, tokenize, prefix
     keys; CPU milliseconds refilled per second / bucket capacity in CPU
@@ -151,6 +156,7 @@ class LimitsConfig(ConfigSection):
     max_prompt_tokens: int | None = Field(8192, ge=1)
     max_json_items: int = Field(65536, ge=64)
     max_tools: int | None = Field(128, ge=1)
+    unknown_fields: Literal["refuse", "drop"] = "refuse"
     refused_cpu_ms_per_s: float | None = Field(100.0, gt=0)
     refused_cpu_burst_ms: float = Field(250.0, gt=0)
     prep_cpu_free_ms: float = Field(1.0, ge=0)

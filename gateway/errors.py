@@ -27,7 +27,9 @@ class GatewayError(Exception):
     ``outcome``: the audit outcome this refusal records; ``record``: fields of the
     request's :class:`gateway.record.RequestRecord` this refusal sets for its audit event
     (e.g. flow control's queue figures: ``queue_wait_ms``, ``virtual_tokens``, ``reason``),
-    never sent to the client.
+    never sent to the client. ``client_text``: the message or ``param`` holds text the client sent (a field
+    name): its body is rendered for this answer alone, never kept in the process-wide cache of bodies (one
+    tenant's text must not make another tenant's answer faster; session 23).
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class GatewayError(Exception):
         extra: dict[str, Any] | None = None,
         outcome: str | None = None,
         record: dict[str, Any] | None = None,
+        client_text: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -53,6 +56,7 @@ class GatewayError(Exception):
         self.extra = extra or {}
         self.outcome = outcome or _default_outcome(status)
         self.record = record or {}
+        self.client_text = client_text
 
     def body(self) -> dict[str, Any]:
         """Return the OpenAI-style error body (a JSON-serialisable dict)."""
@@ -63,8 +67,8 @@ class GatewayError(Exception):
     def response(self) -> Response:
         """Return the Starlette response for this error (``application/json``). The body of an
         error without ``extra`` fields is rendered once and reused (a flood of the same 429
-        costs no JSON encoding per request); the bytes are exactly :class:`JSONResponse`'s."""
-        if self.extra:
+        costs no JSON encoding per request; not one with ``client_text``); the bytes are exactly :class:`JSONResponse`'s."""
+        if self.extra or self.client_text:
             return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
         key = (self.code, self.message, self.err_type, self.param)
         content = _BODIES.get(key)

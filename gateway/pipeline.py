@@ -289,7 +289,7 @@ class InferencePipeline:
                                            partial(self._end, rec, held))
                 held.handed_off = True
                 return response
-            return await plain_response(request, rec, held, self.cfg.upstream.read_timeout_s, gw.upstream)
+            return await plain_response(request, rec, held, self.cfg.upstream.read_timeout_s, gw.upstream, req.dropped)
         raise failure_error(last)
 
     def _prepare(self, rec: RequestRecord, held: Held, chains: ChainView, output_tokens: int | None) -> None:

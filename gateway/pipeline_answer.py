@@ -25,6 +25,7 @@ from gateway.read_deadline import ReadDeadline
 from gateway.record import RequestRecord
 from gateway.request import InferenceRequest
 from gateway.sse import SseProtocolError, SseScanner, error_event
+from gateway.unknown_fields import DroppedFields, dropped_headers
 from gateway.stream_charge import settle_client_end  # R8-3
 from gateway.upstream import Upstream
 from gateway.usage_privacy import may_name_cached, plain_without_cached
@@ -155,13 +156,16 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
         end()
 
     headers = {"Cache-Control": "no-cache", "X-Request-Id": rec.request_id}
+    if req.dropped[0]:  # fields outside the schema, dropped (limits.unknown_fields: drop; session 23)
+        headers.update(dropped_headers(req.dropped))
     return EndingStreamingResponse(body(), on_end=on_call_end, media_type="text/event-stream", headers=headers)
 
 
 async def plain_response(request: Request, rec: RequestRecord, held: Held, read_timeout_s: float,
-                         upstream: Upstream) -> Response:
+                         upstream: Upstream, dropped: DroppedFields = (0, "")) -> Response:
     """Read the rest of a plain answer (``read_timeout_s`` at most; answered 499 when the client
-    leaves, 502 when it is not a JSON object); the pipeline's exit path ends the request.
+    leaves, 502 when it is not a JSON object); the pipeline's exit path ends the request. ``dropped``: the
+    request's fields dropped outside the schema, named in the 200 answer's headers (session 23).
 
     Session 11 (gateway/answer_cost.py): an answer of more than ``limits.max_answer_bytes`` is read no
     further and answers 502 ``answer_too_large`` (not counted against the replica); one of
@@ -229,6 +233,8 @@ async def plain_response(request: Request, rec: RequestRecord, held: Held, read_
             rec.status, rec.outcome, rec.error_code = 502, "failed", err.code
             return err.response()
     answer = PlainAnswer(data, rec.request_id)
+    if dropped[0]:  # limits.unknown_fields: drop (gateway/unknown_fields.py); ASCII values
+        answer.raw_headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in dropped_headers(dropped)]
     if len(data) >= UNSENT_MIN_BYTES:  # R10b-5: its unsent bytes count against its tenant's bound
         answer.after_send = held.cpu.note_unsent
     return answer

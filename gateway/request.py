@@ -1,12 +1,14 @@
 """Reading and validating inference request bodies (pipeline step 3).
 
-``read_body`` enforces the size cap (from ``Content-Length`` before reading,
-and again while reading, so a lying header cannot get past it) and a read
+``read_body`` (gateway/body_read.py, re-exported here) enforces the size cap (from ``Content-Length`` before
+reading, and again while reading, so a lying header cannot get past it) and a read
 timeout (a client that trickles its body is cut off). ``parse_inference_request``
 decodes UTF-8 JSON, validates it with pydantic models of the OpenAI Completions / Chat Completions
 schemas, then bounds the nesting of its free-form fields. Only the fields of those models are forwarded
-upstream: unknown fields (never walked: R6-1), a client-sent ``cache_salt``, tenant or routing hints
-are dropped (docs/configuration.md), so what reaches a replica always passes the schema.
+upstream: a top-level field outside them (tenant or routing hints, vLLM extensions) is refused, or dropped
+and named in the answer's headers (``limits.unknown_fields``, gateway/unknown_fields.py; never walked:
+R6-1); a client-sent ``cache_salt`` is replaced (docs/configuration.md), so what reaches a replica always
+passes the schema.
 The client's ``user`` is validated but never forwarded: the pipeline sends
 nothing or the workload's pseudonym in its place (docs/configuration.md,
 ``forward_user``).
@@ -20,22 +22,21 @@ refuse an oversized prompt before tokenizing it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import ClientDisconnect, Request
 
 from gateway import json_fast
-from gateway.body_guard import BODY_COMPLETE_KEY, PLAIN_LENGTH_KEY
-from gateway.content_coding import refuse_content_coding
+from gateway.body_read import read_body
 from gateway.errors import GatewayError
 from gateway.request_fast import plain_chat, plain_completion
 from gateway.free_form import free_form_refusal
 from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, CompletionBody, schema_error
+from gateway.unknown_fields import (KNOWN_CHAT, KNOWN_COMPLETIONS, PLAIN_CHAT, PLAIN_COMPLETIONS, DroppedFields,
+                                    UnknownFields, outside_schema)
 from tenancy.bounds import chat_units
 from tenancy.tokenizer import TokenizerError, prompt_text
 
@@ -48,7 +49,6 @@ JsonObject = dict[str, Any]
 #: Digits of an integer literal anywhere in a body (R4-2; ``seed`` goes up to 2**64 - 1): a longer one
 #: answers 400 ``number_too_long`` unconverted (CPython's str->int and int->str are quadratic).
 MAX_INT_DIGITS = 20
-CLOSE = {"Connection": "close"}
 
 
 @dataclass(slots=True)
@@ -68,6 +68,8 @@ class InferenceRequest:
     ``longest_prompt_tokens``: the token count of its longest sequence (the first with ``extra_text``'s), set when
     :meth:`gateway.admission.Admission.prompt_tokens` counted it (None before): kept for the re-decision's
     ``max_prompt_tokens`` check, which has no prompt text (gateway/pep_recheck.py; session 20, fixq-2).
+    ``dropped``: the count and answer-header value of the top-level fields dropped outside the schema
+    (``limits.unknown_fields: drop``; :mod:`gateway.unknown_fields`), ``(0, "")`` if none.
     """
 
     endpoint: Endpoint
@@ -82,6 +84,7 @@ class InferenceRequest:
     prompt_bytes: tuple[int, ...] = ()
     prompt_logprobs: bool = False
     longest_prompt_tokens: int | None = None
+    dropped: DroppedFields = (0, "")
 
     @property
     def sequences(self) -> int:
@@ -94,79 +97,6 @@ class InferenceRequest:
         self.text = ""
         if self.prompts:
             self.prompts = ("",) * len(self.prompts)
-
-
-async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
-    """Read the whole request body, at most ``max_bytes`` bytes within ``timeout_s`` seconds.
-
-    Raises :class:`GatewayError` 413 (``body_too_large``) when the
-    ``Content-Length`` header or the bytes actually sent exceed the cap
-    (before reading the rest), 400 for an invalid ``Content-Length``, 408
-    (``body_timeout``) for a body not complete in time, and 400
-    (``client_disconnect``) when the client goes away mid-body. The 413,
-    408 and invalid-length answers carry ``Connection: close``: the
-    connection is never reused after them. Before such an answer goes out,
-    the framing guard (gateway/framing.py) reads and discards what is left
-    of the body within its bounds, so a client still uploading can read it.
-    Behind the framing guard, a single all-digits ``Content-Length`` is taken from its reading
-    (``PLAIN_LENGTH_KEY`` in the scope) instead of the headers; when the protocol already holds the
-    whole body (``BODY_COMPLETE_KEY``, httptools) it is read without a timer (issue 14).
-    Raises 415 (``unsupported_content_encoding``) for a ``Content-Encoding`` other than ``identity``,
-    before any body byte is read (gateway/content_coding.py, R9-4).
-    """
-    refuse_content_coding(request.scope["headers"])
-    plain = request.scope.get(PLAIN_LENGTH_KEY)  # the framing guard's reading of one plain field (issue 14)
-    lengths = request.headers.getlist("content-length") if plain is None else ()
-    if plain is not None and plain > max_bytes:
-        raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes", headers=dict(CLOSE))
-    if lengths:
-        if len(set(lengths)) > 1:
-            raise GatewayError(400, "conflicting_content_length", "conflicting Content-Length headers",
-                               headers=dict(CLOSE))
-        try:
-            declared = int(lengths[0])
-        except ValueError:
-            raise GatewayError(400, "invalid_content_length", "invalid Content-Length header",
-                               headers=dict(CLOSE)) from None
-        if declared < 0:
-            raise GatewayError(400, "invalid_content_length", "invalid Content-Length header", headers=dict(CLOSE))
-        if declared > max_bytes:
-            raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes", headers=dict(CLOSE))
-    receive = request.receive  # the ASGI messages themselves: no async generator per body (issue 14)
-    first = None
-    if request.scope.pop(BODY_COMPLETE_KEY, False):  # the protocol holds all of it: this receive cannot wait
-        first = await receive()  # so no timer (issue 14); anything unexpected goes on below, timed
-        if first["type"] == "http.request" and not first.get("more_body", False):
-            whole = first.get("body", b"")
-            if len(whole) > max_bytes:
-                raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes", headers=dict(CLOSE))
-            return whole
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                message = await receive() if first is None else first
-                first = None
-                kind = message["type"]
-                if kind == "http.request":
-                    chunk = message.get("body", b"")
-                    if chunk:
-                        size += len(chunk)
-                        if size > max_bytes:
-                            raise GatewayError(413, "body_too_large", f"request body exceeds {max_bytes} bytes",
-                                               headers=dict(CLOSE))
-                        chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        break
-                elif kind == "http.disconnect":
-                    raise ClientDisconnect()
-    except TimeoutError:
-        raise GatewayError(408, "body_timeout", f"request body not received within {timeout_s:g} s",
-                           headers=dict(CLOSE)) from None
-    except ClientDisconnect:
-        raise GatewayError(400, "client_disconnect", "client disconnected while sending the body", outcome="cancelled") from None
-    return b"".join(chunks)
 
 
 def _depth_ok(parsed: BaseModel, limit: int) -> bool:
@@ -253,7 +183,8 @@ def _unforwardable(obj: Any) -> str | None:
 def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32, *,
                             max_messages: int | None = None, max_batch_prompts: int | None = None,
                             max_json_items: int | None = None, max_tools: int | None = None,
-                            max_free_values: int | None = None) -> InferenceRequest:
+                            max_free_values: int | None = None,
+                            unknown_fields: UnknownFields = "refuse") -> InferenceRequest:
     """Decode and validate an OpenAI request body for ``endpoint``.
 
     Raises :class:`GatewayError` 400 with code ``invalid_json`` (not UTF-8, not JSON, a ``NaN``/``Infinity``/
@@ -266,8 +197,10 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     schema validation —, ``too_many_json_items``
     (:func:`json_items_bound` above ``max_json_items``, counted before decoding) or
     ``invalid_request`` (schema violation; the message names the field, never
-    its value). Unknown fields are dropped unread (``max_depth`` bounds the forwarded free-form fields,
-    R6-1). Validation is strict: JSON types are not coerced (``"stream": "yes"``, ``"max_tokens": "12"``
+    its value), ``unsupported_parameter`` (``unknown_fields`` ``refuse``: a top-level field outside the schema,
+    checked first after decoding; ``drop``: such fields are dropped unread and counted in
+    :attr:`InferenceRequest.dropped`; gateway/unknown_fields.py). ``max_depth`` bounds the forwarded free-form
+    fields (R6-1). Validation is strict: JSON types are not coerced (``"stream": "yes"``, ``"max_tokens": "12"``
     or ``12.0`` are refused, as OpenAI does), so the forwarded body is exactly what the schema says.
     """
     # the bound is at most len(raw) + 1: a body that short needs no count (issue 14)
@@ -293,6 +226,14 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
         raise GatewayError(400, "invalid_json", "request body is not valid JSON") from None
     if not isinstance(data, dict):
         raise GatewayError(400, "invalid_json", "request body must be a JSON object")
+    # S22-newcomer-3: fields outside the schema; one set test for the plainest bodies (their keys only), which
+    # also spares request_fast its own test of other schema fields (session 23)
+    plain = (PLAIN_CHAT if endpoint == "chat" else PLAIN_COMPLETIONS).issuperset(data)
+    if plain:
+        dropped: DroppedFields = (0, "")
+    else:
+        known = KNOWN_CHAT if endpoint == "chat" else KNOWN_COMPLETIONS
+        dropped = (0, "") if known.issuperset(data) else outside_schema(data, known, unknown_fields)
     messages, prompt = data.get("messages"), data.get("prompt")
     if endpoint == "chat" and max_messages is not None and isinstance(messages, list) and len(messages) > max_messages:
         raise GatewayError(400, "too_many_messages",
@@ -310,14 +251,14 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
                            param="prompt")
     if endpoint == "chat" and (refused := free_form_refusal(data, max_tools, max_free_values, len(raw))):
         raise refused  # S22-review-4: before the schema, the nesting walk, model_dump and the rendering
-    fast = None if not checked else plain_chat(data) if endpoint == "chat" else plain_completion(data)
+    fast = None if not checked else plain_chat(data, plain) if endpoint == "chat" else plain_completion(data, plain)
     if fast is not None:  # the commonest body, as the schema reads it (gateway/request_fast.py, issue 14)
         body, model, stream, max_tokens = fast, fast["model"], fast["stream"], fast.get("max_tokens")
         include_usage = bool(fast.get("stream_options", {}).get("include_usage"))
         if endpoint == "completions":  # one non-empty str prompt, no stop, no extra text (session 8):
             p = fast["prompt"]  # what the general path below gives; orjson read it: no lone surrogate
             return InferenceRequest(endpoint, model, stream, max_tokens, include_usage, body, p, (p,), "",
-                                    (len(p.encode("utf-8")),))
+                                    (len(p.encode("utf-8")),), dropped=dropped)
     else:
         body, model, stream, max_tokens, include_usage = _validated(raw, data, endpoint, max_depth, checked)
     try:
@@ -348,6 +289,7 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
         extra_text=extra,
         prompt_bytes=tuple(sizes),
         prompt_logprobs=body.get("echo") is True and body.get("logprobs") is not None,
+        dropped=dropped,
     )
 
 
@@ -369,6 +311,8 @@ def _validated(raw: bytes, data: dict[str, Any], endpoint: Endpoint, max_depth: 
     body = parsed.model_dump(exclude_none=True, exclude_unset=False)
     if body.get("n") == 1:
         body.pop("n")
+    if body.get("best_of") == 1:  # as n: 1 is every engine's default (session 23)
+        body.pop("best_of")
     body.pop("user", None)  # never forwarded as sent (the pipeline may put a pseudonym in its place)
     # checked here, so nothing fails after admission (orjson already refused both: gateway/json_fast.py)
     problem = None if checked else _unforwardable(body)

@@ -36,7 +36,7 @@ assert _ROLES and all(type(r) is str for r in _ROLES)
 assert not any(f.alias for m in (CompletionBody, ChatBody, ChatMessage) for f in m.model_fields.values())
 
 
-def plain_completion(data: dict[str, Any]) -> dict[str, Any] | None:
+def plain_completion(data: dict[str, Any], keys_checked: bool = False) -> dict[str, Any] | None:
     """``{"model", ["max_tokens",] "stream", ["stream_options",] "prompt"}`` as the schema validates
     ``data``, or None.
 
@@ -46,9 +46,10 @@ def plain_completion(data: dict[str, Any]) -> dict[str, Any] | None:
     1..``MAX_TOKENS_CEILING``; ``stream`` (optional): a bool; ``stream_options`` (optional, null
     allowed; only with ``stream`` true): an object whose ``include_usage`` is absent, null or a bool (its other
     keys are dropped);
-    no other schema field. Raises nothing.
+    no other schema field (``keys_checked``: the caller found every key of ``data`` in :data:`FAST_KEYS` or
+    ``cache_salt``, so this is not tested again; session 23). Raises nothing.
     """
-    if not _OTHER_FIELDS.isdisjoint(data):
+    if not keys_checked and not _OTHER_FIELDS.isdisjoint(data):
         return None
     prompt = data.get("prompt")
     if type(prompt) is not str or not prompt:
@@ -59,14 +60,15 @@ def plain_completion(data: dict[str, Any]) -> dict[str, Any] | None:
     return body
 
 
-def plain_chat(data: dict[str, Any]) -> dict[str, Any] | None:
+def plain_chat(data: dict[str, Any], keys_checked: bool = False) -> dict[str, Any] | None:
     """``{"model", ["max_tokens",] "stream", ["stream_options",] "messages"}`` as the schema validates
     ``data``, or None: as :func:`plain_completion`, with ``messages`` (a non-empty list) in place of
     ``prompt``, each an object whose schema fields are only ``role`` (one of the schema's roles) and
     ``content`` (a string or a list of text parts: see :func:`text_parts`; other keys dropped; null or absent
-    content, which the schema refuses without ``tool_calls``, goes to pydantic). Raises nothing.
+    content, which the schema refuses without ``tool_calls``, goes to pydantic); ``keys_checked`` as for
+    :func:`plain_completion` (:data:`FAST_CHAT_KEYS`). Raises nothing.
     """
-    if not _OTHER_CHAT_FIELDS.isdisjoint(data):
+    if not keys_checked and not _OTHER_CHAT_FIELDS.isdisjoint(data):
         return None
     messages = data.get("messages")
     if type(messages) is not list or not messages:

@@ -1,5 +1,7 @@
 """The OpenAI Completions / Chat Completions body schemas (pydantic, strict: JSON types are not
-coerced; unknown fields are ignored, so only these fields are ever forwarded upstream).
+coerced; only these fields are ever forwarded upstream). A top-level field outside them is refused or
+dropped before validation (``limits.unknown_fields``, gateway/unknown_fields.py); unknown keys nested in a
+message, a content part or ``stream_options`` are ignored here (clients echo whole answer messages back).
 
 Used by :func:`gateway.request.parse_inference_request` (which re-exports :class:`CompletionBody`
 and :class:`ChatBody`). ``max_tokens`` bounds: 1..:data:`MAX_TOKENS_CEILING`; stop sequences:
@@ -18,12 +20,23 @@ __all__ = ["ChatBody", "ChatMessage", "CompletionBody", "MAX_TOKENS_CEILING", "S
            "schema_error"]
 
 MAX_TOKENS_CEILING = 1 << 20
+#: ``logit_bias`` entries (token id -> bias): our bound (session 23); keys are token ids (decimal, at most
+#: :data:`LOGIT_BIAS_ID_DIGITS` digits), values -100..100 (OpenAI's documented range)
+MAX_LOGIT_BIAS_ENTRIES = 300
+LOGIT_BIAS_ID_DIGITS = 9
 
 _Item = TypeVar("_Item")
 #: a list validated up to its first bad item (pydantic's ``Field(fail_fast=True)``): a refused list holds one
 #: error, not one per item. pydantic collects them all by default, and ``exc.errors()`` (:func:`schema_error`)
 #: built 65,001 dicts, 160-515 ms of CPU on the event loop, for a 195 kB ``stop`` of numbers (S22-review-1)
 _List = Annotated[list[_Item], Field(fail_fast=True)]
+
+
+def _integer(v: Any) -> Any:
+    """``v`` unless it is a bool or another non-int (ValueError "must be an integer"); None passes."""
+    if isinstance(v, bool) or (v is not None and not isinstance(v, int)):
+        raise ValueError("must be an integer")
+    return v
 
 
 class _Base(BaseModel):
@@ -69,6 +82,24 @@ class _Sampling(_Base):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     user: str | None = Field(None, max_length=256)
+    #: OpenAI's token id -> bias map (session 23, S22-newcomer-3): bounded, see :meth:`_logit_bias`
+    logit_bias: dict[str, Any] | None = None  # Any: a refused value is named by the field, never by its key
+    #: vLLM / SGLang sampling parameters (not OpenAI's; session 23): per-token numbers, no extra sequences
+    top_k: int | None = Field(None, ge=-1, le=1 << 20)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: Any) -> Any:
+        if v is not None:
+            if len(v) > MAX_LOGIT_BIAS_ENTRIES:
+                raise ValueError(f"at most {MAX_LOGIT_BIAS_ENTRIES} entries")
+            if not all(0 < len(k) <= LOGIT_BIAS_ID_DIGITS and k.isascii() and k.isdigit() for k in v):
+                raise ValueError(f"keys must be token ids (decimal, at most {LOGIT_BIAS_ID_DIGITS} digits)")
+            if not all(type(b) in (int, float) and -100 <= b <= 100 for b in v.values()):
+                raise ValueError("each bias must be a number in -100..100")
+        return v
 
     @model_validator(mode="after")
     def _stream_options(self) -> "_Sampling":
@@ -86,18 +117,24 @@ class _Sampling(_Base):
             raise ValueError(f"each stop sequence may have at most {MAX_STOP_CHARS} characters")
         return v
 
-    @field_validator("max_tokens", "n", mode="before")
+    @field_validator("max_tokens", "n", "top_k", mode="before")
     @classmethod
     def _strict_int(cls, v: Any) -> Any:
-        if isinstance(v, bool) or (v is not None and not isinstance(v, int)):
-            raise ValueError("must be an integer")
-        return v
+        return _integer(v)
 
 
 class CompletionBody(_Sampling):
     prompt: Union[str, _List[str]]
     echo: bool | None = None
     logprobs: int | None = Field(None, ge=0, le=20)
+    #: sequences generated server-side, of which ``n`` are returned: like ``n``, only 1 (each is a sequence the
+    #: tenant would have to be charged for; session 23); dropped when 1, as ``n`` is
+    best_of: int | None = Field(None, ge=1, le=1)
+
+    @field_validator("best_of", mode="before")
+    @classmethod
+    def _strict_best_of(cls, v: Any) -> Any:
+        return _integer(v)
 
     @field_validator("prompt")
     @classmethod
@@ -115,11 +152,13 @@ class ChatBody(_Sampling):
     response_format: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    parallel_tool_calls: bool | None = None
 
 
 def schema_error(exc: ValidationError) -> tuple[str, str | None]:
     """``(message, param)`` of a refused body: the first error's dotted location (None for the body itself) and
-    pydantic's message, which names the field, never its value. Of a union (``content``, ``prompt``, ``stop``: one
+    pydantic's message, which names the field, never its value; ``param`` is that location without union
+    branch tags, the path as the client wrote it (session 23, S22-newcomer-5). Of a union (``content``, ``prompt``, ``stop``: one
     error per branch, the string branch first) the branch that got furthest into the value is named: an image
     part in a ``content`` list is refused as that part (``messages.0.content.list[TextPart].1.type: Input should
     be 'text'``), not as "should be a valid string" (session 21, S21-review-3). Raises nothing."""
@@ -132,5 +171,17 @@ def schema_error(exc: ValidationError) -> tuple[str, str | None]:
                 err = other
     loc = ".".join(str(p) for p in err["loc"]) or None
     msg = err["msg"]
-    return (f"{loc}: {msg}" if loc else msg), loc
+    param = ".".join(str(p) for p in err["loc"] if not _branch_tag(p)) or None
+    return (f"{loc}: {msg}" if loc else msg), param
+
+
+def _branch_tag(part: Any) -> bool:
+    """Whether a pydantic error location element names a union branch (``str``, ``list[str]``,
+    ``list[TextPart]``, ``dict[str,any]``), which is in no client body: the message keeps it, ``param``
+    leaves it out (session 23, S22-newcomer-5). The schema has no field of those names, and no typed dict
+    whose keys (client text) could be taken for one."""
+    return type(part) is str and (part in _SCALAR_TAGS or "[" in part)
+
+
+_SCALAR_TAGS = frozenset({"str", "int", "float", "bool", "none"})
 

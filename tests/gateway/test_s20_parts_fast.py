@@ -189,10 +189,10 @@ async def test_parts_request_routed_counted_and_audited_as_before(stack: Any, au
     auth = {"Authorization": f"Bearer {stack.token()}"}
     taken: list[bool] = []
     real = request_mod.plain_chat
-    monkeypatch.setattr(request_mod, "plain_chat", lambda data: taken.append(True) or real(data))
+    monkeypatch.setattr(request_mod, "plain_chat", lambda data, *a: taken.append(True) or real(data, *a))
     fast = await stack.client.post("/v1/chat/completions", headers=auth, json=doc)
     assert fast.status_code == 200, fast.text
-    monkeypatch.setattr(request_mod, "plain_chat", lambda data: taken.append(False) or None)  # pydantic path
+    monkeypatch.setattr(request_mod, "plain_chat", lambda data, *a: taken.append(False) or None)  # pydantic path
     slow = await stack.client.post("/v1/chat/completions", headers=auth, json=doc)
     assert slow.status_code == 200, slow.text
     assert taken == [True, False]

@@ -93,8 +93,12 @@ async def test_public_listener_answers_invalid_json_and_audits_it(stack: Any, mo
     assert [(rec.status, rec.error_code) for rec in records] == [(400, "invalid_json")]
     # the same words as text are accepted
     ok = template.replace(b"%s", b'"%s"') % token.encode()
-    if b"temperature" in ok or b"top_p" in ok:
-        return  # typed fields: a string there is a schema error, not this rule
+    if b"temperature" in ok or b"top_p" in ok or b"logit_bias" in ok:
+        return  # typed fields (logit_bias since session 23): a string there is a schema error, not this rule
+    if b'"unknown"' in ok:  # session 23: a top-level field outside the schema is refused by default
+        r = await stack.client.post(path, content=ok, headers={**stack.auth(), "content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter", r.text
+        return
     r = await stack.client.post(path, content=ok, headers={**stack.auth(), "content-type": "application/json"})
     assert r.status_code == 200, r.text
 

@@ -7,6 +7,9 @@ not serve) was answered ``messages.0.content.str: Input should be a valid string
 ``messages.0.content.str``), which tells the client that content must be a string, though text parts are served,
 and names neither the part nor what is wrong with it. Now the error of the branch that got furthest into the
 value is named (the first error stands where no branch got further: a number for ``content``).
+
+Session 23 (S22-newcomer-5): the message names the branch (``messages.1.content.list[TextPart].1.type: ...``);
+``param`` is the path in the client's body, without the branch tags (``messages.1.content.1.type``).
 """
 from __future__ import annotations
 
@@ -40,12 +43,30 @@ def _chat(content: object) -> dict:
 ])
 def test_the_branch_that_got_furthest_is_named(endpoint: str, body: dict, param: str, words: str) -> None:
     err = _refusal(endpoint, body)
-    assert err.param == param and err.message.startswith(param + ": ") and words in err.message
+    assert err.message.startswith(param + ": ") and words in err.message
+    assert err.param == _client_path(param)
+
+
+def _client_path(loc: str) -> str:
+    return ".".join(p for p in loc.split(".") if p != "str" and "[" not in p)
 
 
 @pytest.mark.parametrize("endpoint, body, param", [
-    ("chat", _chat(42), "messages.1.content.str"),  # no branch got further: the first error, as before
-    ("completions", {"model": "m", "prompt": 7}, "prompt.str"),
+    ("chat", _chat([{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]),
+     "messages.1.content.1.type"),
+    ("completions", {"model": "m", "prompt": ["a", 5]}, "prompt.1"),
+    ("completions", {"model": "m", "prompt": "x", "stop": ["a", 1]}, "stop.1"),
+    ("chat", _chat(42), "messages.1.content"),
+    ("completions", {"model": "m", "prompt": 7}, "prompt"),
+])
+def test_param_is_the_clients_path_without_branch_tags(endpoint: str, body: dict, param: str) -> None:
+    """S22-newcomer-5: ``list[TextPart]``, ``list[str]``, ``str`` are in no client body."""
+    assert _refusal(endpoint, body).param == param
+
+
+@pytest.mark.parametrize("endpoint, body, param", [
+    ("chat", _chat(42), "messages.1.content"),  # no branch got further: the first error, as before
+    ("completions", {"model": "m", "prompt": 7}, "prompt"),
     ("completions", {"model": "m", "prompt": "x", "temperature": "hot", "seed": "s"}, "temperature"),  # first field
     ("chat", {"model": "m", "temperature": 9, "messages": [{"role": "nobody", "content": "x"}]}, "temperature"),
 ])

@@ -70,6 +70,10 @@ def test_the_derived_byte_bound_leaves_room_for_stop_sequences() -> None:
 def test_engine_specific_guided_decoding_fields_are_not_forwarded() -> None:
     raw = _chat(guided_regex="(a+)+$", guided_json={"type": "object"}, structured_outputs={"regex": "x"},
                 response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": {}}})
-    req = parse_inference_request(raw, "chat")
+    with pytest.raises(GatewayError) as exc:  # session 23: refused by default (limits.unknown_fields)
+        parse_inference_request(raw, "chat")
+    assert exc.value.code == "unsupported_parameter" and exc.value.param == "guided_regex"
+    req = parse_inference_request(raw, "chat", unknown_fields="drop")
+    assert req.dropped == (3, "guided_regex,guided_json,structured_outputs")
     assert set(req.body) == {"model", "messages", "stream", "response_format"}
     assert "json_schema" in req.extra_text  # response_format is counted as prompt tokens

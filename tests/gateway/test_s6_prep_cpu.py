@@ -54,7 +54,8 @@ def _chat(**extra: Any) -> dict[str, Any]:
 def test_dropped_fields_are_not_walked_forwarded_ones_are_bounded() -> None:
     raw = json.dumps(_chat(junk=[_nest(100)] * 50, messages=[{"role": "user", "content": "hi", "junk": _nest(60)}],
                            stream=True, stream_options={"junk": _nest(60)})).encode()  # stream: S22-newcomer-4
-    req = parse_inference_request(raw, "chat", 32, max_messages=64, max_json_items=65536)
+    req = parse_inference_request(raw, "chat", 32, max_messages=64, max_json_items=65536,
+                                  unknown_fields="drop")  # session 23: refused by default (unsupported_parameter)
     assert "junk" not in req.body and "junk" not in req.body["messages"][0]  # dropped, never forwarded
     for field, value in (("response_format", {"a": _nest(40)}), ("tools", [{"f": _nest(40)}]),
                          ("tool_choice", {"a": _nest(40)})):
@@ -141,7 +142,8 @@ def config_overrides(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str
             "tenancy": {"master_secret_file": _secret(tmp_path), "tenants": tenants}}
 
 
-@pytest.mark.parametrize("config_overrides", [{"prep_cpu_free_ms": 0, "prep_cpu_free_us_per_token": 0}],
+@pytest.mark.parametrize("config_overrides", [{"prep_cpu_free_ms": 0, "prep_cpu_free_us_per_token": 0,
+                                               "unknown_fields": "drop"}],  # session 23: junk is accepted, dropped
                          indirect=True)
 async def test_accepted_request_pays_preparation_beyond_its_allowance(stack: Any) -> None:
     junk = _chat(junk=[_nest(30)] * 2000)  # R6-1's body: ~62,000 ignored values, accepted

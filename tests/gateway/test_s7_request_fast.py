@@ -104,7 +104,7 @@ def test_parse_of_a_plain_body_does_not_call_pydantic_and_matches_it(monkeypatch
     fast = parse_inference_request(raw, "completions")
     calls: list[int] = []
     real = request_mod.plain_completion
-    monkeypatch.setattr(request_mod, "plain_completion", lambda data: calls.append(1) or None)
+    monkeypatch.setattr(request_mod, "plain_completion", lambda data, *a: calls.append(1) or None)
     slow = parse_inference_request(raw, "completions")
     assert calls == [1]
     assert fast == slow and list(fast.body) == list(slow.body)

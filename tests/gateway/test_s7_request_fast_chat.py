@@ -94,7 +94,7 @@ def _shortcut_and_schema(monkeypatch: pytest.MonkeyPatch, raw: bytes, max_messag
     shortcut took the body). ``model_validate`` stays refused for the rest of the test."""
     fast = parse_inference_request(raw, "chat", max_messages=max_messages)
     real = request_mod.plain_chat
-    monkeypatch.setattr(request_mod, "plain_chat", lambda data: None)
+    monkeypatch.setattr(request_mod, "plain_chat", lambda data, *a: None)
     slow = parse_inference_request(raw, "chat", max_messages=max_messages)
     monkeypatch.setattr(request_mod, "plain_chat", real)
 

@@ -81,7 +81,8 @@ CASES: list[tuple[str, str, bytes, int, str, str, str | None, str]] = [
     ("stream_int", "chat", b'{"model": "sim-model", "messages": [{"role": "user", "content": "x"}], "stream": 1}',
      400, "invalid_request", "invalid_request_error", "stream", "stream"),
     ("content_number", "chat", b'{"model": "sim-model", "messages": [{"role": "user", "content": 42}]}',
-     400, "invalid_request", "invalid_request_error", "messages.0.content.str", "messages.0.content"),
+     400, "invalid_request", "invalid_request_error", "messages.0.content", "messages.0.content"),  # s23: param
+    # without the union branch; the message keeps it (messages.0.content.str: ...)
     ("seed_out_of_range", "completions", b'{"model": "sim-model", "prompt": "x", "seed": 1e400}', 400,
      "invalid_json", "invalid_request_error", None, "number out of range"),  # S21-fixnew-2: not a double
     ("seed_huge_int", "completions",

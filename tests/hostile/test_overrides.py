@@ -1,6 +1,10 @@
 """A client cannot choose its cache salt, tenant, model or replica: such fields, query
 parameters and headers are dropped and the request proceeds as its authenticated tenant.
-Every assertion is on what actually reached the (recording) replica."""
+Every assertion is on what actually reached the (recording) replica.
+
+Session 23: top-level body fields outside the schema are refused by default (400 ``unsupported_parameter``:
+tests/hostile/test_s23_unknown_fields.py); this module runs with ``limits.unknown_fields: drop`` so that what
+reaches the replica when they are dropped stays checked."""
 
 from __future__ import annotations
 
@@ -29,6 +33,11 @@ HINT_HEADERS = {
 }
 
 
+@pytest.fixture
+def config_overrides(config_overrides):  # the directory's (tests/hostile/conftest.py), in drop mode
+    return {**config_overrides, "limits": {**config_overrides["limits"], "unknown_fields": "drop"}}
+
+
 def salt(stack, tenant_id: str) -> str:
     return stack.components.keys.cache_salt(stack.components.registry.get(tenant_id))
 
@@ -45,7 +54,8 @@ async def test_body_overrides_dropped(stack, capture):
     }
     r = await stack.client.post("/v1/completions", json=body, headers=stack.auth())
     assert r.status_code == 200, r.text
-    [seen] = capture.seen
+    assert r.headers["x-prefixgate-dropped-fields-count"] == str(len(body) - 4)  # all but model, prompt,
+    [seen] = capture.seen  # max_tokens and cache_salt (replaced)
     assert seen.replica in ("r0", "r1")
     fwd = seen.body
     assert fwd["cache_salt"] == salt(stack, "tenant-a") != b_salt

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
-import gateway.request as request_mod
+import gateway.body_read as request_mod  # read_body's module since session 23
 from gateway.body_guard import BODY_COMPLETE_KEY
 from gateway.errors import GatewayError
 from gateway.http_guard import guarded_protocol
@@ -35,7 +35,7 @@ BODY_TIMEOUT_S = 0.5
 
 
 class _Counted:
-    """Stands in for gateway/request.py's ``asyncio`` module: counts its ``timeout`` entries."""
+    """Stands in for gateway/body_read.py's ``asyncio`` module: counts its ``timeout`` entries."""
 
     def __init__(self) -> None:
         self.n = 0
