@@ -87,11 +87,37 @@ def _outside_strings(data: bytes, mapped: bytes) -> bytes | None:
 
 
 @lru_cache(maxsize=4)
-def _integer_literal(digits: int) -> re.Pattern[bytes]:
-    """An integer literal of ``digits`` or more digits where a JSON value starts (document start, or
-    after ``[``, ``,``, ``:`` and blanks) in a text without strings: not a float's part (no ``.``,
-    ``e``, ``E`` after it). Exact for valid JSON and for the valid prefix of invalid JSON."""
-    return re.compile(rb"(?:\A|[\[,:])\s*+-?[0-9]{%d,}+(?![.eE])" % digits)
+def _integer_literal(digits: int) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """``(after, leading)``: an integer literal of ``digits`` or more digits where a JSON value starts,
+    ``after`` a ``[``, ``,`` or ``:`` (and blanks), ``leading`` at the document start, in a text without
+    strings: not a float's part (no ``.``, ``e``, ``E`` after it). Two patterns, not one
+    ``(?:\\A|[\\[,:])...``: a pattern that starts with a character set lets ``re`` skip to the bytes of
+    that set, where the ``\\A`` alternative made it try the whole pattern at every byte (session 23,
+    S23-review-1: ~28 ms per MB of digits, e.g. a float literal of a million digits in an accepted body,
+    -> ~6 ms). Used by :func:`_holds_integer_literal`."""
+    tail = rb"\s*+-?[0-9]{%d,}+(?![.eE])" % digits
+    return re.compile(rb"[\[,:]" + tail), re.compile(tail)
+
+
+def _holds_integer_literal(outside: bytes, pos: int, digits: int) -> bool:
+    """Whether ``outside`` (a text without strings) holds, at or after ``pos``, an integer literal of
+    ``digits`` or more digits where a JSON value starts (:func:`_integer_literal`): what the one pattern
+    ``(?:\\A|[\\[,:])\\s*+-?[0-9]{digits,}+(?![.eE])`` found with ``.search(outside, pos)`` before
+    session 23 (``\\A``: the start of ``outside``, not ``pos``; property test:
+    tests/gateway/test_s23_review_integer_scan.py). Exact for valid JSON and for the valid prefix of
+    invalid JSON. Raises nothing."""
+    after, leading = _integer_literal(digits)
+    return (pos == 0 and leading.match(outside) is not None) or after.search(outside, pos) is not None
+
+
+def _holds_long_integer(outside: bytes, outside_map: bytes, digits: int) -> bool:
+    """Whether ``outside`` (a text without strings, :func:`_outside_strings`; ``outside_map``: its
+    ``translate(_DIGITS)``) holds an integer literal of ``digits`` or more digits, looked for from the value
+    holding the first run of that many digits (none before it can hold one; s5). Raises nothing."""
+    if (first := outside_map.find(b"0" * digits)) < 0:
+        return False
+    start = max(outside.rfind(b"[", 0, first), outside.rfind(b",", 0, first), outside.rfind(b":", 0, first))
+    return _holds_integer_literal(outside, max(0, start), digits)
 
 
 def loads_checked(data: bytes, text: str | None = None, *, max_int_digits: int | None = None,
@@ -101,7 +127,11 @@ def loads_checked(data: bytes, text: str | None = None, *, max_int_digits: int |
     A ``fast`` value holds no lone surrogate (orjson refuses the escapes), no ``NaN`` or
     infinite float (orjson refuses ``NaN``/``Infinity`` and numbers that overflow a double)
     and no integer of 19 digits or more (those documents go to :mod:`json`): a caller may
-    skip its own check for them (tests/gateway/test_s4_json_checked.py). Raises as :func:`loads`,
+    skip its own check for them (tests/gateway/test_s4_json_checked.py). A document orjson read whose
+    runs of 19 or more digits outside strings are all parts of float literals (no integer literal of
+    19 digits or more: :func:`_holds_long_integer`) is orjson's value too (session 23, S23-review-1:
+    decoding it again with :mod:`json` cost ~15-40 ms for a 1 MB body; orjson rounds a float literal
+    of any length as CPython does: tests/gateway/test_s23_review_integer_scan.py). Raises as :func:`loads`,
     and with ``max_int_digits`` (>= 19) :class:`IntegerTooLong` for an integer literal of more
     digits, before converting it (s5: found in the body without its strings, before decoding; only a
     body with more than 4 quotes per possible integer still goes to :mod:`json` with a Python call
@@ -135,8 +165,12 @@ def loads_checked(data: bytes, text: str | None = None, *, max_int_digits: int |
         # s5 (review R4b-2): a long digit run inside a string (an id, a number in a prompt) is text
         if _LONG_RUN in mapped and (outside := _outside_strings(data, mapped)) is not None:
             outside_map = outside.translate(_DIGITS)
+        # S23-review-1: long runs outside strings that are all floats' digits (no integer literal of 19 digits or
+        # more): orjson's value is json's (it rounds a float literal of any length as CPython does), unread again
         if value is not _FAILED and (_LONG_RUN not in mapped
-                                     or (outside_map is not None and _LONG_RUN not in outside_map)):
+                                     or (outside_map is not None and _LONG_RUN not in outside_map)
+                                     or (outside is not None and outside_map is not None
+                                         and not _holds_long_integer(outside, outside_map, len(_LONG_RUN)))):
             return value, True
     src = data if text is None else text
     constant = refuse_constant if strict_numbers else None
@@ -149,10 +183,8 @@ def loads_checked(data: bytes, text: str | None = None, *, max_int_digits: int |
             if outside is None or outside_map is None:  # not split: json, checking each integer
                 return json.loads(src, parse_int=_bounded_int(max_int_digits), parse_constant=constant,
                                   parse_float=floats), False
-            if (first := outside_map.find(too_long)) >= 0:  # from the value holding the first long run
-                start = max(outside.rfind(b"[", 0, first), outside.rfind(b",", 0, first), outside.rfind(b":", 0, first))
-                if _integer_literal(max_int_digits + 1).search(outside, max(0, start)):
-                    raise IntegerTooLong(max_int_digits)  # s5: unread (json would have read up to it first)
+            if _holds_long_integer(outside, outside_map, max_int_digits + 1):
+                raise IntegerTooLong(max_int_digits)  # s5: unread (json would have read up to it first)
     return json.loads(src, parse_constant=constant, parse_float=floats), False
 
 

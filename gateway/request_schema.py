@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from tenancy.bounds import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 
@@ -101,12 +101,15 @@ class _Sampling(_Base):
                 raise ValueError("each bias must be a number in -100..100")
         return v
 
-    @model_validator(mode="after")
-    def _stream_options(self) -> "_Sampling":
-        # OpenAI: 400 "stream_options is only allowed when stream is enabled"; vLLM refuses it too (S22-newcomer-4)
-        if self.stream_options is not None and not self.stream:
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, v: Any, info: ValidationInfo) -> Any:
+        # OpenAI: 400 "stream_options is only allowed when stream is enabled"; vLLM refuses it too (S22-newcomer-4).
+        # A field validator (``stream`` is validated first), so the refusal's param names the field (S23-review-2);
+        # an invalid ``stream`` is not in ``info.data``: its own error comes first
+        if v is not None and info.data.get("stream", True) is False:
             raise ValueError("stream_options is only allowed when stream is true")
-        return self
+        return v
 
     @field_validator("stop")
     @classmethod
