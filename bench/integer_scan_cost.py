@@ -4,10 +4,11 @@ tree on ``PYTHONPATH``.
 
 Bodies (each under the default ``limits.max_body_bytes``, 1 MiB): ``float_1m`` (``temperature`` a float literal
 ``1.`` + 1,000,000 zeros: accepted, 1.0), ``floats_25d`` (an unknown field holding 30,000 floats of 25 digits
-and ``.5``: accepted, dropped), ``plain`` (one user message: must not change). Each goes through
+and ``.5``: accepted and dropped when measured; since session 23's ``limits.unknown_fields: refuse`` default it
+is decoded, then refused 400 ``unsupported_parameter``), ``plain`` (one user message: must not change). Each goes through
 :func:`gateway.admission_front.parse_and_count` with the default limits (``LimitsConfig()``), the word tokenizer
-and ``max_prompt_tokens`` 8192, as a request does between reading its body and admission (``plain`` 100 x
-``reps`` times, the others ``reps`` times). Prints one JSON line: the median CPU ms per body and its outcome.
+and ``max_prompt_tokens`` 8192, as a request does between reading its body and admission
+(:func:`bench.free_form_refusal.measure`). Prints one JSON line: the median CPU ms per body and its outcome.
 
 Usage: ``PYTHONPATH=<tree> python bench/integer_scan_cost.py [reps]``; bench/results/review-s23-integer-scan.md
 runs it on three trees in turn (baseline, this branch, a copy of this branch: the A/A), several rounds.
@@ -15,20 +16,9 @@ runs it on three trees in turn (baseline, this branch, a copy of this branch: th
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-import time
-from typing import Any
 
-from gateway.admission import Admission
-from gateway.admission_front import parse_and_count
-from gateway.config_http import LimitsConfig
-from gateway.config_state import StateConfig
-from gateway.errors import GatewayError
-from gateway.metrics import GatewayMetrics
-from tenancy.registry import Tenant, TenantRegistry
-from tenancy.shared import make_limits
-from tenancy.tokenizer import WordTokenizer
+from bench.free_form_refusal import measure
 
 HEAD = b'{"model":"m","max_tokens":16,"messages":[{"role":"user","content":"What is the weather in Paris today?"}]'
 
@@ -41,24 +31,8 @@ def bodies() -> dict[str, bytes]:
 
 
 def main(reps: int) -> None:
-    adm = Admission(TenantRegistry.from_config([]), make_limits(StateConfig()), WordTokenizer(), ["m"],
-                    GatewayMetrics(), max_messages=2048, max_output_tokens=4096, default_max_prompt_tokens=8192)
-    tenant = Tenant(id="acme", models=frozenset({"m"}))
-    bounds, limits = adm.request_bounds(tenant), LimitsConfig()
-    result: dict[str, Any] = {}
-    for name, raw in bodies().items():
-        times, outcome = [], ""
-        for _ in range(reps if len(raw) > 10_000 else 100 * reps):  # small bodies: 100 x (sub-ms each)
-            t0 = time.thread_time()
-            try:
-                got = parse_and_count(adm, raw, "chat", limits, bounds, tenant, None, False)  # type: ignore[arg-type]
-                outcome = f"ok {got[3]} tokens"
-            except GatewayError as err:
-                outcome = f"{err.status} {err.code}"
-            times.append((time.thread_time() - t0) * 1000)
-        result[name] = {"cpu_ms_median": round(statistics.median(times), 3), "outcome": outcome,
-                        "body_bytes": len(raw)}
-    print(json.dumps(result))
+    """Print :func:`bench.free_form_refusal.measure` of :func:`bodies` as one JSON line."""
+    print(json.dumps(measure(bodies(), reps)))
 
 
 if __name__ == "__main__":
