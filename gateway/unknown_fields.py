@@ -29,7 +29,7 @@ from gateway.errors import GatewayError
 from gateway.request_fast import FAST_CHAT_KEYS, FAST_KEYS
 from gateway.request_schema import ChatBody, CompletionBody
 
-__all__ = ["UnknownFields", "GATEWAY_OWNED", "KNOWN_CHAT", "KNOWN_COMPLETIONS", "PLAIN_CHAT", "PLAIN_COMPLETIONS", "MAX_NAMED", "MAX_NAME_CHARS",
+__all__ = ["UnknownFields", "GATEWAY_OWNED", "KNOWN_CHAT", "KNOWN_COMPLETIONS", "PLAIN_CHAT", "PLAIN_COMPLETIONS", "MAX_NAMED", "MAX_NAME_CHARS", "MAX_LABEL_CHARS",
            "MAX_HEADER_NAME_BYTES", "DROPPED_HEADER", "DROPPED_COUNT_HEADER", "DroppedFields", "outside_schema",
            "field_label", "dropped_headers"]
 
@@ -47,7 +47,9 @@ PLAIN_COMPLETIONS = FAST_KEYS | GATEWAY_OWNED
 MAX_NAMED = 8
 #: characters of one name shown (a longer name is cut and marked with ``...``), before escaping
 MAX_NAME_CHARS = 64
-#: bytes of the names in :data:`DROPPED_HEADER` (one label is at most 6 x 64 + 3 bytes: the first always fits)
+#: escaped characters of one name at most (a ``\\uXXXX`` escape per character of :data:`MAX_NAME_CHARS`)
+MAX_LABEL_CHARS = 6 * MAX_NAME_CHARS
+#: bytes of the names in :data:`DROPPED_HEADER` (one label is at most MAX_LABEL_CHARS + 3 bytes: the first always fits)
 MAX_HEADER_NAME_BYTES = 512
 DROPPED_HEADER = "X-PrefixGate-Dropped-Fields"
 DROPPED_COUNT_HEADER = "X-PrefixGate-Dropped-Fields-Count"
@@ -81,13 +83,22 @@ def outside_schema(data: dict[str, Any], known: frozenset[str], mode: UnknownFie
 def field_label(name: str) -> str:
     """``name`` (a client's JSON key) as shown to the client: its first :data:`MAX_NAME_CHARS` characters
     (``...`` marks a cut), JSON-escaped to ASCII (``\\uXXXX`` for control, non-ASCII and lone surrogate
-    characters; ``\\"``, ``\\\\``), with ``,`` as ``\\u002c`` and DEL as ``\\u007f``; the empty key as ``""``:
-    printable ASCII, never empty, at most 6 x 64 + 3 characters."""
+    characters; ``\\"``, ``\\\\``), with ``,`` as ``\\u002c`` and DEL as ``\\u007f``, cut further while the
+    escaped form is longer than :data:`MAX_LABEL_CHARS` (characters beyond U+FFFF escape to 12 each); the empty
+    key as ``""``: printable ASCII, never empty, at most :data:`MAX_LABEL_CHARS` + 3 characters."""
     if not name:
         return '""'  # the empty key, visible (a quote inside a name is always escaped)
     cut = name[:MAX_NAME_CHARS]
-    label = json.dumps(cut, ensure_ascii=True)[1:-1].replace(",", "\\u002c").replace("\x7f", "\\u007f")
-    return label + "..." if len(name) > MAX_NAME_CHARS else label
+    label = _escaped(cut)
+    while len(label) > MAX_LABEL_CHARS:  # a character beyond U+FFFF escapes to 12 (a UTF-16 surrogate pair)
+        cut = cut[:-1]
+        label = _escaped(cut)
+    return label + "..." if len(cut) < len(name) else label
+
+
+def _escaped(text: str) -> str:
+    """``text`` JSON-escaped to printable ASCII without ``,`` (see :func:`field_label`)."""
+    return json.dumps(text, ensure_ascii=True)[1:-1].replace(",", "\\u002c").replace("\x7f", "\\u007f")
 
 
 def _header_names(names: list[str]) -> str:

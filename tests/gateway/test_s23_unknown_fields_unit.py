@@ -15,7 +15,7 @@ from gateway.config_http import LimitsConfig
 from gateway.errors import GatewayError
 from gateway.request import parse_inference_request
 from gateway.unknown_fields import (GATEWAY_OWNED, KNOWN_CHAT, KNOWN_COMPLETIONS, MAX_HEADER_NAME_BYTES, MAX_NAMED,
-                                    MAX_NAME_CHARS, dropped_headers, field_label, outside_schema)
+                                    MAX_LABEL_CHARS, MAX_NAME_CHARS, dropped_headers, field_label, outside_schema)
 
 PLAIN = {"model": "m", "prompt": "a b c", "max_tokens": 3}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -63,9 +63,17 @@ def test_drop_counts_names_and_forwards_the_rest() -> None:
 def test_a_label_is_printable_ascii_bounded_and_comma_free(name: str) -> None:
     label = field_label(name)
     assert label.isascii() and label.isprintable() and "," not in label and label
-    assert len(label) <= 6 * MAX_NAME_CHARS + 3
+    assert len(label) <= MAX_LABEL_CHARS + 3
     if 0 < len(name) <= MAX_NAME_CHARS and name.isascii() and name.isprintable() and not set(name) & set(',"\\'):
         assert label == name  # an ordinary name is shown as it is
+
+
+def test_a_name_of_characters_beyond_the_bmp_is_cut_to_the_label_bound() -> None:
+    # each escapes to a 12-character surrogate pair: 64 of them were 768 characters (CI's hypothesis example)
+    name = "0000" + "\U00010000" * 40
+    label = field_label(name)
+    assert len(label) <= MAX_LABEL_CHARS + 3 and label.endswith("...") and label.startswith("0000\\ud800\\udc00")
+    assert field_label("\U00010000" * 32) == "\\ud800\\udc00" * 32  # exactly at the bound: not cut
 
 
 @given(st.dictionaries(st.text(max_size=200), st.integers(-9, 9), max_size=40))
