@@ -16,7 +16,7 @@ by :class:`BatchAcceptServer`, which watches each listening socket with ``add_re
 :data:`MAX_ACCEPTS_PER_WAKEUP` connections per wake-up, handing each to uvloop's
 ``connect_accepted_socket`` (asyncio's public API for sockets accepted outside the loop): the same
 transport class, the same protocol factory, so every guard of the listener applies unchanged. Any other
-server (TLS, Unix sockets, other options) is uvloop's own.
+server (Unix sockets, other options) is uvloop's own; a TLS one is refused (TLS ends at the proxy in front).
 """
 
 from __future__ import annotations
@@ -185,13 +185,16 @@ class BatchAcceptLoop(uvloop.Loop):  # type: ignore[misc]
                             port: int | None = None, *, sock: socket.socket | None = None, ssl: Any = None,
                             backlog: int = 100, **kw: Any) -> asyncio.AbstractServer:
         """As ``loop.create_server``; served by :class:`BatchAcceptServer` when it is a plain TCP server
-        (no ``ssl``, no other option, ``sock`` if given a stream socket of an IP family). Raises as
-        ``create_server`` does (:class:`OSError` when an address cannot be bound)."""
-        plain = ssl is None and not kw
+        (no other option, ``sock`` if given a stream socket of an IP family), by uvloop otherwise. Raises as
+        ``create_server`` does (:class:`OSError` when an address cannot be bound), and :class:`ValueError` for
+        ``ssl``: the gateway's listeners serve no TLS (TLS ends at the proxy in front, docs/security.md;
+        tests/security/test_s19_tls_clients.py)."""
+        if ssl is not None:
+            raise ValueError("BatchAcceptLoop serves no TLS listener: TLS ends at the proxy in front of the gateway")
+        plain = not kw
         if plain and sock is not None:
             plain = sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6)
         if not plain:
-            return await super().create_server(protocol_factory, host, port, sock=sock, ssl=ssl,
-                                               backlog=backlog, **kw)
+            return await super().create_server(protocol_factory, host, port, sock=sock, backlog=backlog, **kw)
         sockets = [sock] if sock is not None else bind_tcp(host, port, backlog)
         return BatchAcceptServer(self, protocol_factory, sockets, backlog)

@@ -212,6 +212,19 @@ def test_other_servers_are_uvloops_own(tmp_path: Any) -> None:
         runner.run(main())
 
 
+def test_a_tls_listener_is_refused() -> None:
+    # the gateway serves no TLS (docs/security.md; tests/security/test_s19_tls_clients.py): the loop says so
+    import ssl as ssl_module
+
+    async def main() -> None:
+        ctx = ssl_module.SSLContext(ssl_module.PROTOCOL_TLS_SERVER)
+        with pytest.raises(ValueError, match="no TLS"):
+            await asyncio.get_running_loop().create_server(asyncio.Protocol, "127.0.0.1", 0, ssl=ctx)
+
+    with asyncio.Runner(loop_factory=BatchAcceptLoop) as runner:
+        runner.run(main())
+
+
 class _OutOfFiles(socket.socket):
     failures = 1
 
