@@ -9,9 +9,9 @@ dataclass's own (tests/routing/test_s23_value_init.py checks each against the ge
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from routing.calibration import ReplicaEstimate
@@ -23,14 +23,8 @@ class _NoScores:
     """The type of :data:`_NO_SCORES`."""
 
 
-#: the instance-dictionary key of a :meth:`RouteChoice.explained_later` choice's pending explanation
-_EXPLAIN = "_explain"
 #: ``RouteChoice``'s ``scores`` when not given (a new empty dict each, as ``field(default_factory=dict)``)
 _NO_SCORES = _NoScores()
-
-
-#: ``explain(req, candidate)`` -> ``(reason, scores)`` of :meth:`RouteChoice.explained_later`
-Explain = Callable[["RouteRequest", "Candidate"], "tuple[str, Mapping[str, float]]"]
 
 
 class NoCandidateError(LookupError):
@@ -140,9 +134,7 @@ class RouteChoice:
     replica; ``available_prefix_tokens``: best over all candidates (the gap is
     what the load guard gave up); ``reason``: short machine-friendly string;
     ``scores``: per-candidate score (policy specific; lower is better) for
-    debugging. A choice built by :meth:`explained_later` computes ``reason``
-    and ``scores`` when either is first read (issue 14, session 23: the gateway
-    reads neither).
+    debugging.
     """
 
     replica_id: str
@@ -161,37 +153,3 @@ class RouteChoice:
         d["available_prefix_tokens"] = available_prefix_tokens
         d["reason"] = reason
         d["scores"] = {} if scores is _NO_SCORES else scores
-
-    @classmethod
-    def explained_later(cls, replica_id: str, policy: str, predicted_prefix_tokens: int,
-                        available_prefix_tokens: int, explain: Explain, req: RouteRequest,
-                        candidate: Candidate) -> RouteChoice:
-        """A choice whose ``reason`` and ``scores`` are ``explain(req, candidate)``, run once, when either is
-        first read (``==``, ``repr``, :func:`dataclasses.replace` read them too); until then the instance
-        dictionary holds ``explain`` and its arguments in their place. ``explain`` must be a pure function
-        of its arguments (both immutable), so the values do not depend on when they are read
-        (:meth:`routing.policies.cache_aware.CacheAwarePolicy.choose` for one candidate; its test:
-        tests/routing/test_s23_explained_later.py). An exception of ``explain`` propagates to the read
-        and leaves it pending."""
-        self = cls.__new__(cls)
-        d = self.__dict__
-        d["replica_id"] = replica_id
-        d["policy"] = policy
-        d["predicted_prefix_tokens"] = predicted_prefix_tokens
-        d["available_prefix_tokens"] = available_prefix_tokens
-        d[_EXPLAIN] = (explain, req, candidate)
-        return self
-
-    if not TYPE_CHECKING:  # for the type checker every field is a plain attribute
-        def __getattr__(self, name: str) -> Any:
-            """``reason`` or ``scores`` of a choice made by :meth:`explained_later`, computed on its first read."""
-            d = self.__dict__
-            pending = d.get(_EXPLAIN) if name == "reason" or name == "scores" else None
-            if pending is None:
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            explain, req, candidate = pending
-            reason, scores = explain(req, candidate)
-            del d[_EXPLAIN]
-            d["reason"] = reason
-            d["scores"] = scores
-            return d[name]

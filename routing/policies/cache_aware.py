@@ -126,7 +126,6 @@ class CacheAwarePolicy(Scheduler):
         if cfg.queue_externality_weight > 0:
             self._own_scorers += (QueueExternalityScorer(cfg.queue_externality_weight, rate, cfg.calibrate,
                                                          cfg.queue_externality_work_balance),)
-        self._guard = guard
         filters: list[Any] = [guard]
         if self.dispatch_share is not None:
             filters.insert(0, self.dispatch_share)
@@ -205,33 +204,21 @@ class CacheAwarePolicy(Scheduler):
         """:meth:`Scheduler.choose` of one candidate through this chain, without the generic steps
         (issue 14: one replica is common): the same filters, costs, reason and scores, the picker's
         rule written for one eligible candidate (it is its own best prefix) and the fallback's when the
-        guard keeps nobody (tests/routing/test_s8_choose_one.py against the generic chain).
-
-        Session 23: the one candidate is the choice and its prefix tokens the predicted and available
-        ones whatever the guard and the costs say; they only make the ``reason`` and ``scores``, which
-        :meth:`_explain_one` computes when they are first read (:meth:`RouteChoice.explained_later`; the
-        gateway reads neither). The dispatch-share filter's one effect here, its cap reset, happens now."""
+        guard keeps nobody (tests/routing/test_s8_choose_one.py against the generic chain)."""
         c = cands[0]
-        if self.dispatch_share is not None:  # keeps the one candidate; its cap is reset (state: not deferred)
-            self.dispatch_share.filter(req, cands)
+        kept: Sequence[Candidate] = cands
+        for f in self.filters:  # the dispatch-share filter keeps one candidate and resets its cap
+            kept = f.filter(req, kept)
+        scores = self._costs(req, cands)
         prompt, m = req.prompt_tokens, c.matched_blocks * req.block_size
         matched = max(0, m if m < prompt else prompt)  # prefix_tokens(req, c.matched_blocks), inline
-        return RouteChoice.explained_later(c.replica_id, self.name, matched, matched, self._explain_one, req, c)
-
-    def _explain_one(self, req: RouteRequest, c: Candidate) -> tuple[str, dict[str, float]]:
-        """``(reason, scores)`` of :meth:`_choose_one` for candidate ``c``: the load guard (pure: no state)
-        on the dispatch-share filter's result (``c`` itself), the costs, and the fallback's reason when the
-        guard keeps nobody. A pure function of ``req``, ``c`` (immutable: a load snapshot, an estimate) and
-        this policy's chain, fixed at construction."""
-        cands = (c,)
-        kept = self._guard.filter(req, cands)
-        scores = self._costs(req, cands)
         if kept:
             reason = "best_prefix" if c.matched_blocks > 0 else "no_prefix"
         else:
             scores[c.replica_id] = math.inf  # filtered_cost
             reason = self.fallback.pick(req, cands, cands, scores).reason  # type: ignore[union-attr]
-        return reason, scores
+        return RouteChoice(replica_id=c.replica_id, policy=self.name, predicted_prefix_tokens=matched,
+                           available_prefix_tokens=matched, reason=reason, scores=scores)
 
     @property
     def load_factor(self) -> float:
