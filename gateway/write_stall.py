@@ -82,15 +82,19 @@ class StallBoundedSend:
     ``stall_s`` > 0 seconds per send (else :class:`ValueError`); ``min_rate`` bytes per second of
     the client's reading while the answer waits on it (``None``: no rate bound) with ``window_s``
     seconds of slack (> 0; default ``stall_s``); ``max_s`` seconds
-    of the whole answer from its first send (``None``: none). A call raises :class:`WriteStall`
-    when a bound breaks. Use from one task (the answer's); :meth:`close` when the answer ends."""
+    of the whole answer from its first send (``None``: none). ``body_send``: where a middle body part
+    (``http.response.body`` with ``more_body``) goes instead of ``send`` (None: ``send`` too; session 24:
+    the inference routes' ``send`` wrapper only acts on the start and the last part, so the parts between
+    skip one coroutine layer). A call raises :class:`WriteStall` when a bound breaks. Use from one task
+    (the answer's); :meth:`close` when the answer ends."""
 
-    __slots__ = ("send", "deadline", "stall_s", "min_rate", "window_s", "max_s", "budget", "end_at", "handed",
-                 "taken", "_clock")
+    __slots__ = ("send", "body_send", "deadline", "stall_s", "min_rate", "window_s", "max_s", "budget", "end_at",
+                 "handed", "taken", "_clock")
 
     def __init__(self, send: Send, stall_s: float, min_rate: float | None = None,
-                 max_s: float | None = None, window_s: float | None = None) -> None:
+                 max_s: float | None = None, window_s: float | None = None, body_send: Send | None = None) -> None:
         self.send = send
+        self.body_send = body_send
         self.deadline = ReadDeadline(stall_s)
         self.stall_s = stall_s
         self.min_rate = min_rate
@@ -105,11 +109,12 @@ class StallBoundedSend:
         self._clock: Any = None
 
     @classmethod
-    def for_limits(cls, send: Send, limits: Any) -> StallBoundedSend:
+    def for_limits(cls, send: Send, limits: Any, body_send: Send | None = None) -> StallBoundedSend:
         """The bounds of a :class:`gateway.config_http.LimitsConfig` (``client_write_stall_s``,
-        ``client_min_read_bytes_per_s``, ``client_min_read_window_s``, ``max_stream_s``)."""
+        ``client_min_read_bytes_per_s``, ``client_min_read_window_s``, ``max_stream_s``); ``body_send``: as
+        the constructor's."""
         return cls(send, limits.client_write_stall_s, limits.client_min_read_bytes_per_s, limits.max_stream_s,
-                   limits.client_min_read_window_s)
+                   limits.client_min_read_window_s, body_send)
 
     async def __call__(self, message: Any) -> None:
         clock = self._clock
@@ -131,8 +136,11 @@ class StallBoundedSend:
             wait, code = self._duration_bound(t0, wait, code)
         deadline = self.deadline
         deadline.timeout_s = wait
+        send = self.body_send
+        if send is None or not message.get("more_body") or message["type"] != "http.response.body":
+            send = self.send
         try:
-            await deadline.read(self.send(message))
+            await deadline.read(send(message))
         except TimeoutError:
             self._end(code, f"client accepted nothing for {wait:g} s ({code})")
         if rate is not None:
