@@ -255,3 +255,58 @@ def test_no_shape_is_learnt_from_a_finish_event() -> None:
     assert shapes[-1] is shapes[2] is not None  # learnt at the second data event, kept after the finish
     assert (learning.events, learning.output_tokens, learning.usage) == (plain.events, plain.output_tokens,
                                                                         plain.usage)
+
+
+async def test_a_send_that_waits_continues_under_the_bound_and_one_that_does_not_arms_none() -> None:
+    """StallBoundedSend takes a send's first step itself (session 24): one that returns there arms no timer;
+    one that waits is resumed where it stopped, gets its values and errors through, and is still ended by
+    the stall bound; a cancellation from elsewhere reaches the waiting send unchanged."""
+    loop = asyncio.get_running_loop()
+    log: list[Any] = []
+    gate: asyncio.Future[str] = loop.create_future()
+
+    async def server_send(message: Any) -> None:
+        if message.get("wait") == "gate":
+            log.append(await gate)
+        elif message.get("wait") == "forever":
+            try:
+                await loop.create_future()
+            except asyncio.CancelledError:
+                log.append("send cancelled")
+                raise
+        elif message.get("wait") == "raise":
+            await asyncio.sleep(0)
+            raise ConnectionResetError("gone")
+        elif message.get("wait") == "raise-first":
+            raise OSError("first step")
+        log.append(message["body"])
+
+    bounded = StallBoundedSend(server_send, 0.05)
+    await bounded({"type": "http.response.body", "body": b"a", "more_body": True})
+    assert bounded.deadline._handle is None  # returned in its first step: no bound armed
+    task = asyncio.ensure_future(bounded({"type": "http.response.body", "body": b"b", "wait": "gate"}))
+    await asyncio.sleep(0)
+    gate.set_result("opened")
+    await task
+    assert log == [b"a", "opened", b"b"]
+    with pytest.raises(ConnectionResetError):
+        await bounded({"type": "http.response.body", "body": b"c", "wait": "raise"})
+    with pytest.raises(OSError, match="first step"):
+        await bounded({"type": "http.response.body", "body": b"d", "wait": "raise-first"})
+    other = asyncio.ensure_future(bounded({"type": "http.response.body", "body": b"e", "wait": "forever"}))
+    await asyncio.sleep(0.01)
+    other.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await other
+    assert log[-1] == "send cancelled"
+
+    async def stalled() -> str:
+        try:
+            await StallBoundedSend(server_send, 0.05)({"type": "http.response.body", "body": b"f", "wait": "forever"})
+        except WriteStall as exc:
+            return exc.code
+        return "not ended"
+
+    assert await asyncio.ensure_future(stalled()) == "client_write_stall"
+    assert log[-1] == "send cancelled"
+    bounded.close()
