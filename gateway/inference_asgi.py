@@ -120,7 +120,9 @@ class InferenceRoutes:
         try:
             response = await self.pipeline.handle(Request(scope, receive, send), endpoint)  # type: ignore[arg-type]
             if isinstance(response, EndingStreamingResponse):  # a client that stops or barely reads ends it (N-3, R6b-3)
-                bounded = StallBoundedSend.for_limits(_sender(framed, send, before_last_part), self.pipeline.cfg.limits)
+                # the parts between the start and the last go to the server's send directly (session 24)
+                bounded = StallBoundedSend.for_limits(_sender(framed, send, before_last_part), self.pipeline.cfg.limits,
+                                                      send)
                 try:
                     await response(scope, receive, bounded)
                 except WriteStall:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -72,6 +72,15 @@ class PlainAnswer(Response):
                             (b"content-length", b"%d" % len(body)), _JSON_TYPE]
 
 
+def _bounded_reader(deadline: ReadDeadline, up: UpstreamStream) -> Callable[[], Awaitable[bytes]]:
+    """``up.read_chunk`` (a coded answer's decoded reads) under ``deadline``."""
+
+    async def read() -> bytes:
+        return await deadline.read(up.read_chunk())
+
+    return read
+
+
 def failure_error(fail: UpstreamFailure | None) -> GatewayError:
     """The client's error when no attempt got an answer: 503 ``no_replica`` (no attempt), the
     replica's own 4xx (:func:`passthrough_error`), 504 ``upstream_timeout`` or 502 ``upstream_error``."""
@@ -90,12 +99,17 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
     seconds at most between upstream chunks). ``end`` (idempotent) ends the request when the
     stream ends, however it ends."""
     scanner = SseScanner(keep_usage_chunk=req.include_usage, drop_cached=held.drop_cached)  # R12-1
-    deadline = ReadDeadline(read_timeout_s)  # one timer per stream, not one per chunk
     up = held.up
     assert up is not None and held.attempt is not None
     # an identity answer's raw chunks are its decoded ones: read them from the response itself (one
-    # coroutine layer less per chunk; session 9); a coded one goes through the stream's decoder
-    read = up.response.read_chunk if up.decoder.coding is None else up.read_chunk
+    # coroutine layer less per chunk; session 9), bounded by the response's own timer (session 24); a coded
+    # one goes through the stream's decoder under one ReadDeadline timer per stream
+    deadline = None if up.decoder.coding is None else ReadDeadline(read_timeout_s)
+    if deadline is None:
+        up.response.bound_reads(read_timeout_s)
+        read: Callable[[], Awaitable[bytes]] = up.response.read_chunk
+    else:
+        read = _bounded_reader(deadline, up)
 
     charge = StreamCharge(held.cpu)  # session 11 (R10b-4): large reads' parse CPU, sampled and charged
 
@@ -110,7 +124,7 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
             if first:
                 yield first
             while True:
-                chunk = await deadline.read(read())
+                chunk = await read()
                 if not chunk:
                     up.finished = True  # as UpstreamStream.read_chunk marks the end
                     break
@@ -141,7 +155,8 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
                     held.progress = "unknown"  # held back by the client: the whole reservation
             raise
         finally:
-            deadline.close()
+            if deadline is not None:
+                deadline.close()
             if charge.reads:
                 charge.settle(scanner.output_tokens)
             held.usage = scanner.usage

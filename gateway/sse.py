@@ -319,7 +319,9 @@ class SseScanner:
                 return rewritten
         if isinstance(choices, list):
             self.output_tokens += sum(1 for c in choices if _has_output(c))
-            if self._learns and self.events > 1 and self.shapes:  # session 21: from the second data event
+            # session 21: learnt from the second data event on; session 24: not from an event ending its choice
+            # (one choice, finish_reason set: its stream has no more delta events of that shape to read)
+            if self._learns and self.events > 1 and self.shapes and not _ends_choice(choices):
                 self._learns -= 1
                 self._shape = learn_shape(payload, obj, _has_output) or self._shape
         return True
@@ -354,6 +356,11 @@ def _too_large(out: list[bytes]) -> SseProtocolError:
     exc = SseProtocolError("upstream event too large")
     exc.forward = b"".join(out)
     return exc
+
+
+def _ends_choice(choices: list[Any]) -> bool:
+    """Whether a data event of one choice sets its ``finish_reason`` (the choice's last delta event)."""
+    return len(choices) == 1 and type(choices[0]) is dict and choices[0].get("finish_reason") is not None
 
 
 def _has_output(choice: Any) -> bool:

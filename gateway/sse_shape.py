@@ -39,6 +39,8 @@ __all__ = ["EventShape", "learn_shape"]
 
 #: a JSON string token without escapes or control bytes (RFC 8259 §7: those are the only bytes it needs escaped)
 _PLAIN_STRING = re.compile(rb'"[^"\\\x00-\x1f]*"')
+#: the same token in ASCII only (session 24: such a token needs no UTF-8 check, so no copy of its text)
+_PLAIN_ASCII = re.compile(rb'"[\x20\x21\x23-\x5b\x5d-\x7f]*"')
 _DATA = b"data: "
 _END = b"\n\n"
 _BLANKS = b" \t\n\r"  # JSON's whitespace (RFC 8259 §2)
@@ -70,18 +72,16 @@ class EventShape:
             if end < 2 or not (chunk.startswith(head, pos) and chunk.endswith(tail, pos, end)):
                 break
             start, stop = pos + h, end - t
-            if stop - start < 2 or _PLAIN_STRING.fullmatch(chunk, start, stop) is None:
+            if stop - start < 2:
                 break
-            if stop - start > 2:
-                text = chunk[start + 1:stop - 1]
-                if not text.isascii():
-                    try:
-                        text.decode()  # json.loads reads UTF-8 (with surrogatepass): strict UTF-8 is a subset
-                    except UnicodeDecodeError:
-                        break
-                tokens += counts[1]
-            else:
-                tokens += counts[0]
+            if _PLAIN_ASCII.fullmatch(chunk, start, stop) is None:  # not plain ASCII: the general check
+                if _PLAIN_STRING.fullmatch(chunk, start, stop) is None:
+                    break
+                try:
+                    chunk[start + 1:stop - 1].decode()  # json.loads reads UTF-8 (surrogatepass): strict UTF-8 is within
+                except UnicodeDecodeError:
+                    break
+            tokens += counts[1] if stop - start > 2 else counts[0]
             events += 1
             pos = end
         return events, tokens, pos

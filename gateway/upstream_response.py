@@ -37,7 +37,7 @@ class UpstreamResponse:
     """
 
     __slots__ = ("status", "headers", "complete", "_conn", "_chunks", "_buffered", "_error", "_waiter",
-                 "_head_seen", "_closed", "_watch", "_loop")
+                 "_head_seen", "_closed", "_watch", "_loop", "_read_bound_s", "_read_due", "_read_timer")
 
     def __init__(self, conn: AnswerSource, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.status = 0
@@ -53,6 +53,9 @@ class UpstreamResponse:
         self._watch: DeadlineWatch | None = None
         #: the connection's loop (None: looked up at each wait; session 10, one ``getpid`` less per wait on 3.11)
         self._loop = loop
+        self._read_bound_s: float | None = None  # seconds one read may wait (:meth:`bound_reads`), or None
+        self._read_due = 0.0  # loop time the current wait's bound passes
+        self._read_timer: asyncio.TimerHandle | None = None  # the one timer of the bound (session 24)
 
     def watch_deadline(self, watch: DeadlineWatch, deadline: float, loop: asyncio.AbstractEventLoop) -> None:
         """From now until :meth:`clear_deadline` (or :meth:`close`), once ``loop.time()`` reaches
@@ -90,11 +93,28 @@ class UpstreamResponse:
             finally:
                 self._waiter = None
 
+    def bound_reads(self, timeout_s: float) -> None:
+        """From now on, a :meth:`read_chunk` that waits longer than ``timeout_s`` seconds (loop clock) for
+        body bytes raises ``TimeoutError`` (the connection is left to :meth:`close`, which aborts it).
+
+        Session 24 (issue 14): a streamed answer's read bound (``upstream.read_timeout_s`` between two
+        chunks) was a :class:`gateway.read_deadline.ReadDeadline` around each read: a coroutine, a task
+        lookup and a task cancellation per expiry. Here the bound is one timer per answer (armed at the
+        first wait, re-armed at its fire for the current wait's own bound, as ReadDeadline does) that
+        fails the waiting read's future: a read costs one loop-clock reading. A read that returns buffered
+        bytes does not wait and is not bounded (as before: it returned before any timer could fire). Raises
+        :class:`ValueError` for ``timeout_s`` <= 0."""
+        if not timeout_s > 0:
+            raise ValueError("timeout_s must be > 0")
+        self._read_bound_s = timeout_s
+        self._cancel_read_timer()  # a lower bound than the armed one: armed again at the next wait
+
     async def read_chunk(self) -> bytes:
         """All body bytes buffered so far (waiting for some), b"" at the end of the body.
 
         Raises :class:`UpstreamProtocolError` or :class:`UpstreamConnectionLost`
-        when the answer breaks off; :class:`RuntimeError` after :meth:`close`.
+        when the answer breaks off; :class:`RuntimeError` after :meth:`close`; ``TimeoutError`` when a wait
+        passes the bound of :meth:`bound_reads`.
         """
         while True:
             if self._chunks:
@@ -105,7 +125,18 @@ class UpstreamResponse:
                 return b""
             if self._closed:
                 raise RuntimeError("the upstream response was closed")
-            await self._wait()
+            # _wait inline (session 24: one coroutine frame less per streamed read)
+            loop = self._loop or asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            bound = self._read_bound_s
+            if bound is not None:
+                due = self._read_due = loop.time() + bound
+                if self._read_timer is None:
+                    self._read_timer = loop.call_at(due, self._read_expired, loop)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
 
     def take_buffered(self) -> bytes:
         """The body bytes buffered so far, at once (b"" when none; never waits nor raises)."""
@@ -127,18 +158,32 @@ class UpstreamResponse:
         """Drop the answer; an unfinished one aborts its connection (never reused). Idempotent."""
         self._closed = True
         self._chunks.clear()
+        if self._read_timer is not None:
+            self._cancel_read_timer()
         if self._watch is not None:
             self.clear_deadline()
         conn, self._conn = self._conn, None
         if conn is not None and not self.complete:
             conn.abort()
 
-    async def _wait(self) -> None:
-        self._waiter = (self._loop or asyncio.get_running_loop()).create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
+    def _read_expired(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The read bound's timer (:meth:`bound_reads`): the current wait, if any, fails with ``TimeoutError``
+        once it has waited the bound; a later wait's bound arms the timer again (not waiting: the next wait
+        arms it)."""
+        self._read_timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self._closed:
+            return
+        due = self._read_due
+        if loop.time() < due:
+            self._read_timer = loop.call_at(due, self._read_expired, loop)
+            return
+        waiter.set_exception(TimeoutError())  # as ReadDeadline raised it (no message)
+
+    def _cancel_read_timer(self) -> None:
+        timer, self._read_timer = self._read_timer, None
+        if timer is not None:
+            timer.cancel()
 
     def _wake(self) -> None:
         w = self._waiter
@@ -156,11 +201,15 @@ class UpstreamResponse:
         if not self.complete and self._error is None:
             self._error = exc
         self._conn = None
+        if self._read_timer is not None:
+            self._cancel_read_timer()
         self._wake()
 
     def _finish(self) -> None:
         self.complete = True
         self._conn = None
+        if self._read_timer is not None:  # no wait is left to bound (and the timer would keep this answer alive)
+            self._cancel_read_timer()
         w = self._waiter  # _wake inline (session 18)
         if w is not None and not w.done():
             w.set_result(None)

@@ -26,7 +26,8 @@ bounds (one loop timer per stream: :class:`gateway.read_deadline.ReadDeadline`):
 * ``limits.max_stream_s`` (Envoy's ``max_stream_duration``): the answer's wall-clock time since its
   first send; checked at each send and bounding the wait of each (``stream_duration_exceeded``).
 
-The work per send is two loop-clock reads and a few float operations (issue 14); nothing per byte.
+The work per send is two loop-clock reads and a few float operations (issue 14); nothing per byte. Session 24:
+a send that returns without waiting (the server had room) arms no bound (it could not break one).
 The stream then ends as a client disconnect does: the relay is closed, the upstream response closed
 (the replica sees the connection go), the request's slot and load given back and its tenant charged
 the output tokens relayed so far (ledger basis ``relayed``; audit 499 with the bound's code, read by
@@ -37,7 +38,10 @@ unread buffer to drain, forever.
 from __future__ import annotations
 
 import asyncio
+import types
+from collections.abc import Coroutine, Generator
 from contextvars import ContextVar
+from types import CoroutineType
 from typing import Any
 
 from starlette.types import Scope, Send
@@ -82,15 +86,19 @@ class StallBoundedSend:
     ``stall_s`` > 0 seconds per send (else :class:`ValueError`); ``min_rate`` bytes per second of
     the client's reading while the answer waits on it (``None``: no rate bound) with ``window_s``
     seconds of slack (> 0; default ``stall_s``); ``max_s`` seconds
-    of the whole answer from its first send (``None``: none). A call raises :class:`WriteStall`
-    when a bound breaks. Use from one task (the answer's); :meth:`close` when the answer ends."""
+    of the whole answer from its first send (``None``: none). ``body_send``: where a middle body part
+    (``http.response.body`` with ``more_body``) goes instead of ``send`` (None: ``send`` too; session 24:
+    the inference routes' ``send`` wrapper only acts on the start and the last part, so the parts between
+    skip one coroutine layer). A call raises :class:`WriteStall` when a bound breaks. Use from one task
+    (the answer's); :meth:`close` when the answer ends."""
 
-    __slots__ = ("send", "deadline", "stall_s", "min_rate", "window_s", "max_s", "budget", "end_at", "handed",
-                 "taken", "_clock")
+    __slots__ = ("send", "body_send", "deadline", "stall_s", "min_rate", "window_s", "max_s", "budget", "end_at",
+                 "handed", "taken", "_clock")
 
     def __init__(self, send: Send, stall_s: float, min_rate: float | None = None,
-                 max_s: float | None = None, window_s: float | None = None) -> None:
+                 max_s: float | None = None, window_s: float | None = None, body_send: Send | None = None) -> None:
         self.send = send
+        self.body_send = body_send
         self.deadline = ReadDeadline(stall_s)
         self.stall_s = stall_s
         self.min_rate = min_rate
@@ -105,11 +113,12 @@ class StallBoundedSend:
         self._clock: Any = None
 
     @classmethod
-    def for_limits(cls, send: Send, limits: Any) -> StallBoundedSend:
+    def for_limits(cls, send: Send, limits: Any, body_send: Send | None = None) -> StallBoundedSend:
         """The bounds of a :class:`gateway.config_http.LimitsConfig` (``client_write_stall_s``,
-        ``client_min_read_bytes_per_s``, ``client_min_read_window_s``, ``max_stream_s``)."""
+        ``client_min_read_bytes_per_s``, ``client_min_read_window_s``, ``max_stream_s``); ``body_send``: as
+        the constructor's."""
         return cls(send, limits.client_write_stall_s, limits.client_min_read_bytes_per_s, limits.max_stream_s,
-                   limits.client_min_read_window_s)
+                   limits.client_min_read_window_s, body_send)
 
     async def __call__(self, message: Any) -> None:
         clock = self._clock
@@ -129,12 +138,27 @@ class StallBoundedSend:
                 wait, code = allowed, SLOW_CODE
         if self.max_s is not None:
             wait, code = self._duration_bound(t0, wait, code)
-        deadline = self.deadline
-        deadline.timeout_s = wait
-        try:
-            await deadline.read(self.send(message))
-        except TimeoutError:
-            self._end(code, f"client accepted nothing for {wait:g} s ({code})")
+        send = self.body_send
+        if send is None or not message.get("more_body") or message["type"] != "http.response.body":
+            send = self.send
+        work: Any = send(message)
+        if type(work) is CoroutineType:
+            # session 24: the send's first step is taken here; a send that returns in it (the server had room:
+            # the usual case) cannot have waited, so no bound is armed for it. One that waits continues
+            # under the bound from where it stopped (_resumed), as a whole send under the bound did.
+            try:
+                waiting = work.send(None)
+            except StopIteration:
+                work = None
+            else:
+                work = _resumed(work, waiting)
+        if work is not None:
+            deadline = self.deadline
+            deadline.timeout_s = wait
+            try:
+                await deadline.read(work)
+            except TimeoutError:
+                self._end(code, f"client accepted nothing for {wait:g} s ({code})")
         if rate is not None:
             # the server waits before it writes: past the wait at most WRITE_HIGH_WATER bytes handed
             # before this send are still in the transport's buffer, the rest went to the kernel
@@ -171,6 +195,30 @@ class StallBoundedSend:
     def close(self) -> None:
         """Cancel the timer (idempotent)."""
         self.deadline.close()
+
+
+@types.coroutine
+def _resumed(work: Coroutine[Any, Any, Any], waiting: Any) -> Generator[Any, Any, Any]:
+    """The rest of coroutine ``work``, whose first step yielded ``waiting`` (what it waits on) to its task:
+    awaited, it hands the task what ``work`` yields and resumes ``work`` with what the task sends or throws
+    in (a cancellation too), closing it when closed; its result is ``work``'s (PEP 380's ``yield from``,
+    its first step already taken)."""
+    while True:
+        try:
+            value = yield waiting
+        except GeneratorExit:
+            work.close()
+            raise
+        except BaseException as exc:  # a cancellation (the bound's or anyone's): into the send, as before
+            try:
+                waiting = work.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                waiting = work.send(value)
+            except StopIteration as stop:
+                return stop.value
 
 
 async def end_stalled(scope: Scope) -> None:
