@@ -26,6 +26,7 @@ from gateway.health import HealthChecker, completion_probe
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import UPSTREAM_DEFAULT_HEADERS, UpstreamFailure, make_session
 from gateway.replicas import Attempt, ReplicaSet
+from gateway.send_order import SEND_ORDER
 from gateway.upstream_pool import UpstreamPool
 from routing.calibration import Calibration
 from routing.router import Router
@@ -87,6 +88,7 @@ class Upstream:
         self.probe_model = probe_model
         #: a one-token answer slower than a stream's first-byte deadline fails real requests too
         self.verify_timeout_s = min(upstream.first_byte_timeout_s, max(health.timeout_s, VERIFY_TIMEOUT_S))
+        SEND_ORDER.max_wait_s = upstream.send_order_max_wait_ms / 1000  # the process's one counter (send_order.py)
         self._verifying: set[asyncio.Task[None]] = set()
         replica_set.verifier = self.verify  # S9-L4
 
