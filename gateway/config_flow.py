@@ -51,10 +51,6 @@ class FlowConfig(BaseModel):
     inference requests in this process, or an event-loop lag (smoothed, probed
     every ``loop_lag_probe_s``) above ``shed_loop_lag_s`` (None: off).
     ``shed_retry_after_s``: the ``Retry-After`` of a shed request.
-
-    ``pipeline_slots`` (session 24, S23-azure-2): at most this many requests between their admission (the
-    tenant's limits checked, the whole body read) and their upstream send at once; the others wait in
-    arrival order per tenant, tenants served round robin (gateway/fifo_gate.py). None: no bound.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -74,7 +70,6 @@ class FlowConfig(BaseModel):
     shed_loop_lag_s: float | None = Field(1.0, gt=0)
     loop_lag_probe_s: float = Field(0.1, gt=0, le=5)
     shed_retry_after_s: int = Field(1, ge=1, le=3600)
-    pipeline_slots: int | None = Field(4, ge=1, le=1024)
 
     @model_validator(mode="after")
     def _one_tenant_cannot_trigger_shedding(self) -> "FlowConfig":

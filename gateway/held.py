@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gateway.cpu_budget import NO_METER, CpuMeter
-from gateway.fifo_gate import PipelineGate
 from gateway.overload import OverloadGuard
 from gateway.proxy import UpstreamFailure, UpstreamStream
 from gateway.replicas import Attempt
@@ -54,14 +53,12 @@ class Held:
     ``decided``: ``(policy generation, identity, candidates)`` of the request's decision, the generation
     read before its tenant was resolved (session 17, S17-6; session 18: an attempt whose decision is
     older than a policy or registry change is authorized again before its upstream write and this is
-    replaced, gateway/pep_recheck.py); ``gate``: the FIFO gate whose slot the request holds between its
-    admission and its upstream send (session 24: gateway/fifo_gate.py), given back by :meth:`leave_gate`
-    (at the send) or by :meth:`leave` (any earlier end).
+    replaced, gateway/pep_recheck.py).
     """
 
     __slots__ = ("lease", "ticket", "attempt", "up", "choice", "usage", "handed_off", "started", "ended",
                  "reservation", "progress", "relayed", "tenant", "left", "cpu", "prep", "served", "answered",
-                 "queue_wait_s", "drop_cached", "decided", "gate")
+                 "queue_wait_s", "drop_cached", "decided")
 
     def __init__(self) -> None:
         self.lease: Lease | SharedLease | None = None
@@ -85,7 +82,6 @@ class Held:
         self.queue_wait_s: float | None = None
         self.drop_cached = True
         self.decided: tuple[int, Any, Any] | None = None
-        self.gate: PipelineGate | None = None
 
     def run_prep(self) -> None:
         """Run :attr:`prep` if it has not run (idempotent; an event loop callback or the request's end)."""
@@ -93,17 +89,8 @@ class Held:
         if prep is not None:
             prep()
 
-    def leave_gate(self) -> None:
-        """Give back the request's FIFO gate slot, if it holds one (idempotent; gateway/fifo_gate.py)."""
-        gate, self.gate = self.gate, None
-        if gate is not None:
-            gate.leave()
-
     def leave(self, guard: OverloadGuard) -> None:
-        """Give back the request's FIFO gate slot (:meth:`leave_gate`) and its in-flight counts to ``guard``
-        (once; idempotent)."""
-        if self.gate is not None:
-            self.leave_gate()
+        """Give back the request's in-flight counts to ``guard`` (once; idempotent)."""
         if not self.left:
             self.left = True
             guard.leave(self.tenant)

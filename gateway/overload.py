@@ -20,7 +20,6 @@ from starlette.responses import Response
 
 from gateway.errors import GatewayError
 from gateway.config_flow import FlowConfig
-from gateway.fifo_gate import PipelineGate
 from gateway.metrics import GatewayMetrics
 from tenancy.shared_store import cancel_task
 
@@ -45,8 +44,6 @@ class OverloadGuard:
         self.tenant_in_flight: dict[str, int] = {}
         self.lag_s = 0.0
         self._task: asyncio.Task[None] | None = None
-        #: the FIFO gate in front of admitted requests' pipelines (gateway/fifo_gate.py; None: ``pipeline_slots`` off)
-        self.gate = PipelineGate(cfg.pipeline_slots) if cfg.pipeline_slots is not None else None
 
     def reason(self) -> str | None:
         """Why new requests are shed now (``in_flight`` or ``loop_lag``), None when not overloaded."""

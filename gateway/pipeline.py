@@ -117,8 +117,6 @@ class InferencePipeline:
             # then tokenize once with early stop): one metered step (session 19: gateway/admission_front.py)
             request.scope[OWNER_SCOPE_KEY] = tenant.id  # its held body counts against its share (R5b-1)
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
-            if (gate := gw.overload.gate) is not None and (turn := gate.enter(held, tenant.id)) is not None:
-                await turn  # FIFO up to the upstream send, after its quota and whole body (gateway/fifo_gate.py)
             req, seqs, tokens, prompt_tokens, rec.t_parsed = held.cpu.run(
                 parse_and_count, adm, raw, endpoint, self.cfg.limits, bounds, tenant, held.lease,
                 gw.tokenize_thread is not None)
@@ -208,13 +206,13 @@ class InferencePipeline:
         self, request: Request, req: InferenceRequest, rec: RequestRecord, tenant: Tenant,
         route_req: RouteRequest, chains: ChainView, allowed: list[Replica], body: JsonObject | bytes, held: Held,
     ) -> Response:
-        gw, ucfg = self.gw, self.cfg.upstream
-        deadline, remaining = rec.t0 + ucfg.total_timeout_s, allowed  # remaining: never changed in place (retry: new)
+        gw = self.gw
+        ucfg = self.cfg.upstream
+        deadline = rec.t0 + ucfg.total_timeout_s
+        remaining = allowed  # never changed in place: a retry makes a new list
         last: UpstreamFailure | None = None
         budget_used, redo = 0, False  # connect failures (never reached a replica) do not use the budget
         while remaining and budget_used < ucfg.max_attempts:
-            if held.gate is not None:  # its FIFO slot: for the next request (before a flow queue wait or the send)
-                held.leave_gate()
             if redo:  # S19-RC6: the same attempt, not written: its choice decided again (below), nothing counted
                 redo = False
             elif gw.flow is not None and not rec.attempts:  # the tenant's fair turn and a replica with room
@@ -302,7 +300,8 @@ class InferencePipeline:
         the audit event's trace and span part and the flow queue-wait metric (session 11), the router's
         index record (session 15: :meth:`Router.settle`; any read of the index applies it first). Run once, by
         :meth:`Held.run_prep`: in the event loop's turn after the upstream request was written, or by :meth:`_end`."""
-        if (res := held.reservation) is not None and output_tokens is not None:
+        res = held.reservation
+        if res is not None and output_tokens is not None:
             self.gw.admission.lower_reservation(res, output_tokens)
         rec.prefix_fingerprint = PrefixKeys.prefix_fingerprint(chains)
         self.gw.audit.prepare_request(rec)
@@ -372,7 +371,8 @@ class InferencePipeline:
     def _settle(self, rec: RequestRecord, held: Held, after: list[Callable[[], None]]) -> None:
         """Reconcile the request's token reservation with what it used (tenancy/ledger.py); its
         metrics are appended to ``after`` (for after the answer)."""
-        if (res := held.reservation) is None:
+        res = held.reservation
+        if res is None:
             return
         try:
             rec.settlement = self.gw.admission.settle(res, usage=held.usage, progress=held.progress,
