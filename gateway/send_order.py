@@ -41,7 +41,7 @@ that had to open a new connection first (its write comes after the connect).
 The mechanism is kept (notes/s6-upclient.md: to be re-measured under a
 trace replay before it is removed).
 
-Session 24 (finding S23-azure-2): the yields are bounded by time too. Since
+Session 24 (finding S23-azure-2): the yields can be bounded by time too. Since
 session 23 the listener accepts every waiting connection per wake-up
 (gateway/accept_batch.py), so an overloaded gateway holds its whole backlog
 in the event loop, and each ``sleep(0)`` waits for a full loop iteration
@@ -51,14 +51,18 @@ sharing (every request's pipeline finished about 5 long iterations late;
 audit ``auth_ms`` p50 180-890 ms with one-token answers in the Azure cell at
 time scale 8, 0.05 ms without the yields). The listener also stamps the
 request head's completion time (:data:`HEAD_AT_KEY`, ``time.perf_counter``
-seconds) and :meth:`SendOrder.wait_turn` yields only while less than
-:attr:`SendOrder.max_wait_s` (``upstream.send_order_max_wait_ms``) has passed
-since then: a request whose task starts later than that (the loop is loaded)
-runs its pre-upstream pipeline in its task's first step, so the loaded loop
-serves new requests' pipelines in the order their tasks were started (the
-loop's ready queue: FIFO, arrival order), between the running streams'
-relay callbacks, never holding them back longer than one pipeline's CPU.
+seconds) and, with ``upstream.send_order_max_wait_ms`` set
+(:attr:`SendOrder.max_wait_s`), :meth:`SendOrder.wait_turn` yields only while
+less than that has passed since then: a request whose task starts later (the
+loop is loaded) runs its pre-upstream pipeline in its task's first step, in
+the order the tasks were started (the loop's ready queue: arrival order).
 Unloaded (a task starts within the bound of its head), a burst yields as before.
+**Off by default**: with 2 ms the wait left the app (audit ``auth_ms`` p50
+33-560 ms -> 0.05 ms, arrival -> first byte p50 -30-40 %) but moved before it
+(client send -> arrival at the app rose 2-5x): without the yields every
+admitted pipeline runs back to back in one loop iteration and no first byte
+is read until the batch is done, which the yields' staggering had spread.
+Client TTFT was not resolved on the shared machine (bench/results/fifo-s24-summary.md).
 """
 
 from __future__ import annotations
@@ -79,21 +83,23 @@ HEAD_AT_KEY = "prefixgate.head_at"
 #: the most yields of one :meth:`SendOrder.wait_turn`
 MAX_YIELDS = 4
 
-#: seconds after the head's completion past which a request no longer yields (``upstream.send_order_max_wait_ms``)
-DEFAULT_MAX_WAIT_S = 0.002
+#: seconds after the head's completion past which a request no longer yields (``upstream.send_order_max_wait_ms``;
+#: None: no time bound, the default: session 24 did not resolve a client-side gain, see the module doc)
+DEFAULT_MAX_WAIT_S: float | None = None
 
 
 class SendOrder:
     """Counts upstream sends started; lets a request queued before them yield to their writers.
 
     ``sends``: the number of sends started (an int that only grows). ``max_wait_s``: seconds after a request
-    head's completion (:data:`HEAD_AT_KEY`) past which :meth:`wait_turn` no longer yields (0: never yields).
+    head's completion (:data:`HEAD_AT_KEY`) past which :meth:`wait_turn` no longer yields (0: never yields;
+    None: no time bound, only :data:`MAX_YIELDS`).
     Use from the event loop's thread.
     """
 
     __slots__ = ("sends", "max_wait_s")
 
-    def __init__(self, max_wait_s: float = DEFAULT_MAX_WAIT_S) -> None:
+    def __init__(self, max_wait_s: float | None = DEFAULT_MAX_WAIT_S) -> None:
         self.sends = 0
         self.max_wait_s = max_wait_s
 
@@ -109,14 +115,15 @@ class SendOrder:
 
     async def wait_turn(self, scope: MutableMapping[str, Any]) -> int:
         """Yield to the event loop while sends were started since ``scope`` was stamped (at most
-        :data:`MAX_YIELDS` times) and, when the scope holds the head's time (:data:`HEAD_AT_KEY`), while
-        less than :attr:`max_wait_s` has passed since it (session 24: a loaded loop does not yield);
+        :data:`MAX_YIELDS` times) and, when the scope holds the head's time (:data:`HEAD_AT_KEY`) and
+        :attr:`max_wait_s` is set, while less than that has passed since it (session 24: a loaded loop does not yield);
         return the number of yields (0: none, no wait)."""
         seen = scope.get(SCOPE_KEY)
         if seen is None:
             return 0
         head_at = scope.get(HEAD_AT_KEY)
-        until = float("inf") if head_at is None else head_at + self.max_wait_s
+        bound = self.max_wait_s
+        until = float("inf") if head_at is None or bound is None else head_at + bound
         yields = 0
         while seen != self.sends and yields < MAX_YIELDS and time.perf_counter() < until:
             seen = self.sends

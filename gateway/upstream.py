@@ -88,7 +88,8 @@ class Upstream:
         self.probe_model = probe_model
         #: a one-token answer slower than a stream's first-byte deadline fails real requests too
         self.verify_timeout_s = min(upstream.first_byte_timeout_s, max(health.timeout_s, VERIFY_TIMEOUT_S))
-        SEND_ORDER.max_wait_s = upstream.send_order_max_wait_ms / 1000  # the process's one counter (send_order.py)
+        wait_ms = upstream.send_order_max_wait_ms  # the process's one counter (gateway/send_order.py)
+        SEND_ORDER.max_wait_s = None if wait_ms is None else wait_ms / 1000
         self._verifying: set[asyncio.Task[None]] = set()
         replica_set.verifier = self.verify  # S9-L4
 

@@ -1,5 +1,6 @@
-"""Session 24 (finding S23-azure-2): a loaded gateway serves new requests' pre-upstream pipelines in
-arrival order (FIFO), not interleaved like processor sharing (gateway/send_order.py).
+"""Session 24 (finding S23-azure-2): with ``upstream.send_order_max_wait_ms`` set, a loaded gateway serves new
+requests' pre-upstream pipelines in arrival order, each in one step, not interleaved by the send-order yields
+(gateway/send_order.py; off by default: the client-side gain was not resolved).
 
 Since session 23 the listener accepts every waiting connection at once, so an overloaded gateway holds
 its whole backlog in the event loop. The send-order yields (up to 4 ``sleep(0)`` per request) then cost a
@@ -171,3 +172,12 @@ async def test_the_knob_sets_the_process_bound_and_a_request_is_served(stack: St
         assert r.status_code == 200
     finally:
         SEND_ORDER.max_wait_s = DEFAULT_MAX_WAIT_S  # the process's one counter: as other tests expect it
+
+
+async def test_the_default_has_no_time_bound() -> None:
+    """Off by default (session 24 did not resolve a client-side gain): a request stamped long ago still yields."""
+    order = SendOrder()
+    assert order.max_wait_s is None and DEFAULT_MAX_WAIT_S is None
+    scope = _stamped(order, 1.0)
+    order.sending()
+    assert await order.wait_turn(scope) == 1
