@@ -48,7 +48,7 @@ in the event loop, and each ``sleep(0)`` waits for a full loop iteration
 that runs every other admitted request's step and every running stream's
 relay: with up to 4 yields per request the backlog was served like processor
 sharing (every request's pipeline finished about 5 long iterations late;
-audit ``auth_ms`` p50 180-890 ms with one-token answers in the Azure cell at
+audit ``auth_ms`` p50 55-890 ms with one-token answers in the Azure cell at
 time scale 8, 0.05 ms without the yields). The listener also stamps the
 request head's completion time (:data:`HEAD_AT_KEY`, ``time.perf_counter``
 seconds) and, with ``upstream.send_order_max_wait_ms`` set
