@@ -51,11 +51,6 @@ class FlowConfig(BaseModel):
     inference requests in this process, or an event-loop lag (smoothed, probed
     every ``loop_lag_probe_s``) above ``shed_loop_lag_s`` (None: off).
     ``shed_retry_after_s``: the ``Retry-After`` of a shed request.
-
-    ``pipeline_turns`` (session 24, S23-azure-2): at most this many admitted requests (the tenant's limits
-    checked, the whole body read) start their pipeline up to the upstream send per event-loop iteration; the
-    others wait, oldest first per tenant, tenants round robin, at least a quarter of them let through per
-    iteration (gateway/pipeline_turns.py). None (the default): no bound.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -75,7 +70,6 @@ class FlowConfig(BaseModel):
     shed_loop_lag_s: float | None = Field(1.0, gt=0)
     loop_lag_probe_s: float = Field(0.1, gt=0, le=5)
     shed_retry_after_s: int = Field(1, ge=1, le=3600)
-    pipeline_turns: int | None = Field(None, ge=1, le=1024)
 
     @model_validator(mode="after")
     def _one_tenant_cannot_trigger_shedding(self) -> "FlowConfig":

@@ -203,6 +203,3 @@ class UpstreamConfig(ConfigSection):
     total_timeout_s: float = Field(600.0, gt=0)
     max_attempts: int = Field(2, ge=1, le=5)
     pool_size: int = Field(512, ge=1)
-    #: ms after a request head's completion past which it no longer yields to earlier upstream sends
-    #: (gateway/send_order.py; session 24, S23-azure-2; 0: never yields; None: no time bound, the default)
-    send_order_max_wait_ms: float | None = Field(None, ge=0, le=1000)

@@ -64,7 +64,6 @@ guarded head in one read under both parsers.
 from __future__ import annotations
 
 import asyncio
-from time import perf_counter
 from typing import Any
 
 import h11
@@ -81,7 +80,7 @@ from gateway.head_scan import usual_head
 from gateway.lingering import DEFAULT_LINGERING_CLOSE_BYTES, DEFAULT_LINGERING_CLOSE_S
 from gateway.log_aggregate import note_peer
 from gateway.protocol_audit import RefusalAudit  # audit of the guard's refusals (session 7)
-from gateway.send_order import HEAD_AT_KEY, SCOPE_KEY as SENDS_KEY, SEND_ORDER
+from gateway.send_order import SCOPE_KEY as SENDS_KEY, SEND_ORDER
 from gateway.upgrade_guard import UpgradeGuard, httptools_backstop  # R7-1, R7-3 (hook: 3 lines, marked R7-1)
 
 __all__ = ["guarded_protocol", "DEFAULT_MAX_HEADER_BYTES", "DEFAULT_HEADER_READ_TIMEOUT_S", "PARSERS"]
@@ -174,7 +173,6 @@ class GuardedHttpToolsProtocol(UpgradeGuard, RefusalAudit, BodyGuard, DropGuard,
             wire.bytes, self.guard_head_wire = self.guard_head_wire, 0
         scope = self.scope
         scope[SENDS_KEY] = SEND_ORDER.sends  # before uvicorn starts its task (gateway/send_order.py)
-        scope[HEAD_AT_KEY] = perf_counter()  # its yields end this long after (session 24, S23-azure-2)
         scope[LOSS_KEY] = self.guard_loss
         scope[WIRE_SCOPE_KEY] = wire
         fields = self.guard_fields

@@ -20,7 +20,6 @@ from starlette.responses import Response
 
 from gateway.errors import GatewayError
 from gateway.config_flow import FlowConfig
-from gateway.pipeline_turns import PipelineTurns
 from gateway.metrics import GatewayMetrics
 from tenancy.shared_store import cancel_task
 
@@ -45,8 +44,6 @@ class OverloadGuard:
         self.tenant_in_flight: dict[str, int] = {}
         self.lag_s = 0.0
         self._task: asyncio.Task[None] | None = None
-        #: admitted requests' pipelines: a few start per loop iteration, oldest first (None: ``pipeline_turns`` off)
-        self.turns = PipelineTurns(cfg.pipeline_turns) if cfg.pipeline_turns is not None else None
 
     def reason(self) -> str | None:
         """Why new requests are shed now (``in_flight`` or ``loop_lag``), None when not overloaded."""

@@ -117,8 +117,6 @@ class InferencePipeline:
             # then tokenize once with early stop): one metered step (session 19: gateway/admission_front.py)
             request.scope[OWNER_SCOPE_KEY] = tenant.id  # its held body counts against its share (R5b-1)
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
-            if (turns := gw.overload.turns) is not None and (turn := turns.enter(tenant.id)) is not None:
-                await turn  # loaded: a few pipelines start per loop iteration, oldest first (gateway/pipeline_turns.py)
             req, seqs, tokens, prompt_tokens, rec.t_parsed = held.cpu.run(
                 parse_and_count, adm, raw, endpoint, self.cfg.limits, bounds, tenant, held.lease,
                 gw.tokenize_thread is not None)
@@ -208,8 +206,10 @@ class InferencePipeline:
         self, request: Request, req: InferenceRequest, rec: RequestRecord, tenant: Tenant,
         route_req: RouteRequest, chains: ChainView, allowed: list[Replica], body: JsonObject | bytes, held: Held,
     ) -> Response:
-        gw, ucfg = self.gw, self.cfg.upstream
-        deadline, remaining = rec.t0 + ucfg.total_timeout_s, allowed  # remaining: never changed in place (retry: new)
+        gw = self.gw
+        ucfg = self.cfg.upstream
+        deadline = rec.t0 + ucfg.total_timeout_s
+        remaining = allowed  # never changed in place: a retry makes a new list
         last: UpstreamFailure | None = None
         budget_used, redo = 0, False  # connect failures (never reached a replica) do not use the budget
         while remaining and budget_used < ucfg.max_attempts:

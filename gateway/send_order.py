@@ -41,91 +41,58 @@ that had to open a new connection first (its write comes after the connect).
 The mechanism is kept (notes/s6-upclient.md: to be re-measured under a
 trace replay before it is removed).
 
-Session 24 (finding S23-azure-2): the yields can be bounded by time too. Since
-session 23 the listener accepts every waiting connection per wake-up
-(gateway/accept_batch.py), so an overloaded gateway holds its whole backlog
-in the event loop, and each ``sleep(0)`` waits for a full loop iteration
-that runs every other admitted request's step and every running stream's
-relay: with up to 4 yields per request the backlog was served like processor
-sharing (every request's pipeline finished about 5 long iterations late;
-audit ``auth_ms`` p50 55-890 ms with one-token answers in the Azure cell at
-time scale 8, 0.05 ms without the yields). The listener also stamps the
-request head's completion time (:data:`HEAD_AT_KEY`, ``time.perf_counter``
-seconds) and, with ``upstream.send_order_max_wait_ms`` set
-(:attr:`SendOrder.max_wait_s`), :meth:`SendOrder.wait_turn` yields only while
-less than that has passed since then: a request whose task starts later (the
-loop is loaded) runs its pre-upstream pipeline in its task's first step, in
-the order the tasks were started (the loop's ready queue: arrival order).
-Unloaded (a task starts within the bound of its head), a burst yields as before.
-**Off by default**: with 2 ms the wait left the app (audit ``auth_ms`` p50
-33-560 ms -> 0.05 ms, arrival -> first byte p50 -30-40 %) but moved before it
-(client send -> arrival at the app rose 2-5x): without the yields every
-admitted pipeline runs back to back in one loop iteration and no first byte
-is read until the batch is done, which the yields' staggering had spread.
-Client TTFT was not resolved on the shared machine (bench/results/fifo-s24-summary.md).
+Session 24 (S23-azure-2) re-measured it under overload (the Azure cell at time
+scale 8): without the yields, or with them ended 2 ms after the head, the wait
+leaves the app (audit ``auth_ms`` p50 55-890 ms -> 0.05 ms) but reappears
+before it, because a request's pipeline up to the send is one task step and a
+loaded iteration then runs every admitted pipeline back to back before any
+first byte is read; the yields stagger that batch. Neither that bound nor a
+per-iteration turnstile improved client TTFT (bench/results/fifo-s24-summary.md):
+kept as it is.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import MutableMapping
 from typing import Any
 
-__all__ = ["SendOrder", "SEND_ORDER", "SCOPE_KEY", "HEAD_AT_KEY", "MAX_YIELDS", "DEFAULT_MAX_WAIT_S"]
+__all__ = ["SendOrder", "SEND_ORDER", "SCOPE_KEY", "MAX_YIELDS"]
 
 #: the ASGI scope key holding the send count at the request head's completion
 SCOPE_KEY = "prefixgate.sends_at_head"
 
-#: the ASGI scope key holding the request head's completion time (``time.perf_counter`` seconds; session 24)
-HEAD_AT_KEY = "prefixgate.head_at"
-
 #: the most yields of one :meth:`SendOrder.wait_turn`
 MAX_YIELDS = 4
-
-#: seconds after the head's completion past which a request no longer yields (``upstream.send_order_max_wait_ms``;
-#: None: no time bound, the default: session 24 did not resolve a client-side gain, see the module doc)
-DEFAULT_MAX_WAIT_S: float | None = None
 
 
 class SendOrder:
     """Counts upstream sends started; lets a request queued before them yield to their writers.
 
-    ``sends``: the number of sends started (an int that only grows). ``max_wait_s``: seconds after a request
-    head's completion (:data:`HEAD_AT_KEY`) past which :meth:`wait_turn` no longer yields (0: never yields;
-    None: no time bound, only :data:`MAX_YIELDS`).
-    Use from the event loop's thread.
+    ``sends``: the number of sends started (an int that only grows). Use from the event loop's thread.
     """
 
-    __slots__ = ("sends", "max_wait_s")
+    __slots__ = ("sends",)
 
-    def __init__(self, max_wait_s: float | None = DEFAULT_MAX_WAIT_S) -> None:
+    def __init__(self) -> None:
         self.sends = 0
-        self.max_wait_s = max_wait_s
 
     def stamp(self, scope: MutableMapping[str, Any]) -> None:
-        """Note in ``scope`` (an ASGI scope) the sends started so far and the time (``time.perf_counter``
-        seconds; call when its head is complete)."""
+        """Note in ``scope`` (an ASGI scope) the sends started so far (call when its head is complete)."""
         scope[SCOPE_KEY] = self.sends
-        scope[HEAD_AT_KEY] = time.perf_counter()
 
     def sending(self) -> None:
         """One more upstream send starts now (call just before handing the request to the HTTP client)."""
         self.sends += 1
 
     async def wait_turn(self, scope: MutableMapping[str, Any]) -> int:
-        """Yield to the event loop while sends were started since ``scope`` was stamped (at most
-        :data:`MAX_YIELDS` times) and, when the scope holds the head's time (:data:`HEAD_AT_KEY`) and
-        :attr:`max_wait_s` is set, while less than that has passed since it (session 24: a loaded loop does not yield);
-        return the number of yields (0: none, no wait)."""
+        """Yield to the event loop while sends were started since ``scope`` was stamped
+        (at most :data:`MAX_YIELDS` times); return the number of yields (0: none, no wait)."""
         seen = scope.get(SCOPE_KEY)
         if seen is None:
             return 0
-        head_at = scope.get(HEAD_AT_KEY)
-        bound = self.max_wait_s
-        until = float("inf") if head_at is None or bound is None else head_at + bound
         yields = 0
-        while seen != self.sends and yields < MAX_YIELDS and time.perf_counter() < until:
+        while seen != self.sends and yields < MAX_YIELDS:
             seen = self.sends
             yields += 1
             await asyncio.sleep(0)

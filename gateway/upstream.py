@@ -26,7 +26,6 @@ from gateway.health import HealthChecker, completion_probe
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import UPSTREAM_DEFAULT_HEADERS, UpstreamFailure, make_session
 from gateway.replicas import Attempt, ReplicaSet
-from gateway.send_order import SEND_ORDER
 from gateway.upstream_pool import UpstreamPool
 from routing.calibration import Calibration
 from routing.router import Router
@@ -88,8 +87,6 @@ class Upstream:
         self.probe_model = probe_model
         #: a one-token answer slower than a stream's first-byte deadline fails real requests too
         self.verify_timeout_s = min(upstream.first_byte_timeout_s, max(health.timeout_s, VERIFY_TIMEOUT_S))
-        wait_ms = upstream.send_order_max_wait_ms  # the process's one counter (gateway/send_order.py)
-        SEND_ORDER.max_wait_s = None if wait_ms is None else wait_ms / 1000
         self._verifying: set[asyncio.Task[None]] = set()
         replica_set.verifier = self.verify  # S9-L4
 
