@@ -40,6 +40,15 @@ request's pipeline starts, and the yields above matter only for a request
 that had to open a new connection first (its write comes after the connect).
 The mechanism is kept (notes/s6-upclient.md: to be re-measured under a
 trace replay before it is removed).
+
+Session 24 (S23-azure-2) re-measured it under overload (the Azure cell at time
+scale 8): without the yields, or with them ended 2 ms after the head, the wait
+leaves the app (audit ``auth_ms`` p50 55-890 ms -> 0.05 ms) but reappears
+before it, because a request's pipeline up to the send is one task step and a
+loaded iteration then runs every admitted pipeline back to back before any
+first byte is read; the yields stagger that batch. Neither that bound nor a
+per-iteration turnstile improved client TTFT (bench/results/fifo-s24-summary.md):
+kept as it is.
 """
 
 from __future__ import annotations
