@@ -193,7 +193,8 @@ def verify_files(
                 report.problems.append(Problem("broken_link", fname, lineno, seq, "prev does not match previous record hash"))
             if rtype == "checkpoint":
                 report.checkpoints += 1
-                signer = ring.get(body.get("key_id"))  # type: ignore[arg-type]
+                named_kid = body.get("key_id")  # a tampered file may hold any JSON value here (S24-review-1)
+                signer = ring.get(named_kid) if isinstance(named_kid, str) else None
                 if signer is None:
                     report.problems.append(Problem(
                         "unknown_key", fname, lineno, seq,
