@@ -51,6 +51,22 @@ def _expand(paths: Iterable[str | Path]) -> list[Path]:
     return out
 
 
+def _typed(rec: dict[str, Any]) -> bool:
+    """Whether a record's fields have the types the chain writes (``seq`` an int, not a bool; ``type``,
+    ``prev``, ``hash`` strings; ``body`` an object): the checks below compare and index them."""
+    seq = rec["seq"]
+    return (isinstance(seq, int) and not isinstance(seq, bool) and isinstance(rec["body"], dict)
+            and all(isinstance(rec[k], str) for k in ("type", "prev", "hash")))
+
+
+def _holds_seq_in(seqs: Sequence[int], low: int, high: int) -> bool:
+    """Whether sorted ``seqs`` holds a seq in ``[low, high)``: O(log n) (bisect). Before session 24 the range
+    was walked (``any(s in seqs for s in range(low, high))``), so a tampered record whose seq is far ahead
+    (10**8: 10 s; 10**15: days) kept ``audit verify`` from reporting (S24-review-3)."""
+    i = bisect.bisect_left(seqs, low)
+    return i < len(seqs) and seqs[i] < high
+
+
 def _load(path: Path, report: VerifyReport) -> list[tuple[int, dict[str, Any]]]:
     records = []
     with open(path, "rb") as fh:
@@ -59,6 +75,8 @@ def _load(path: Path, report: VerifyReport) -> list[tuple[int, dict[str, Any]]]:
                 rec = json.loads(raw)
                 if not isinstance(rec, dict) or not {"seq", "type", "prev", "body", "hash"} <= rec.keys():
                     raise ValueError("missing fields")
+                if not _typed(rec):  # S24-review-3: a tampered record's odd types are reported, never a crash
+                    raise ValueError("fields of the wrong type (seq an integer, type/prev/hash strings, body an object)")
             except ValueError as exc:
                 report.problems.append(Problem("malformed", path.name, lineno, None, str(exc)))
                 continue
@@ -151,7 +169,7 @@ def verify_files(
     last_seq: int | None = None
     for index, (path, records) in enumerate(loaded):
         fname = path.name
-        seqs = {r["seq"] for _, r in records}
+        seqs = sorted({r["seq"] for _, r in records})  # sorted: _holds_seq_in
         if records and records[0][1]["type"] != "header":
             report.problems.append(Problem("malformed", fname, records[0][0], None, "file does not start with a header"))
         elif records:
@@ -182,7 +200,7 @@ def verify_files(
                     record_hash(seq, rtype, prev, body, legacy=True) != rec["hash"]:
                 report.problems.append(Problem("modified", fname, lineno, seq, "record hash does not match its content"))
             elif seq != expect_seq:
-                if seq > expect_seq and any(s in seqs for s in range(expect_seq, seq)):
+                if seq > expect_seq and _holds_seq_in(seqs, expect_seq, seq):
                     kind, detail = "reordered", f"seq {seq} where {expect_seq} expected (it appears later)"
                 elif seq > expect_seq:
                     kind, detail = "missing_record", f"records {expect_seq}..{seq - 1} missing"
@@ -193,7 +211,8 @@ def verify_files(
                 report.problems.append(Problem("broken_link", fname, lineno, seq, "prev does not match previous record hash"))
             if rtype == "checkpoint":
                 report.checkpoints += 1
-                signer = ring.get(body.get("key_id"))  # type: ignore[arg-type]
+                named_kid = body.get("key_id")  # a tampered file may hold any JSON value here (S24-review-1)
+                signer = ring.get(named_kid) if isinstance(named_kid, str) else None
                 if signer is None:
                     report.problems.append(Problem(
                         "unknown_key", fname, lineno, seq,

@@ -221,7 +221,8 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     except RecursionError:
         raise GatewayError(400, "invalid_json", "request body is nested too deeply") from None
     except json_fast.NonFiniteLiteral as exc:  # S21-newcomer-5: NaN/Infinity; S21-fixnew-2: 1e400 (NumberOutOfRange)
-        raise GatewayError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+        # client_text: a NumberOutOfRange message quotes the literal (client text): never in the shared body cache
+        raise GatewayError(400, "invalid_json", f"request body is not valid JSON: {exc}", client_text=True) from None
     except ValueError:
         raise GatewayError(400, "invalid_json", "request body is not valid JSON") from None
     if not isinstance(data, dict):
