@@ -51,6 +51,7 @@ Rego test fails, a data document overlapping another), 404, 413
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -99,8 +100,9 @@ def failure_record(kind: str, op: str, target: str, who: str, status: int, code:
     (Unix seconds)}`` plus ``target`` (the policy id or data path, only when it matches
     ``_TARGET_RE``), ``message`` only for the codes in ``_MESSAGE_RECORDED`` (fixed texts), and
     ``client_address`` (the request's source, when given: the event's source; session 22,
-    S21-fixaudit-1). A failed roll-back (session 24): ``op`` ``rollback``, ``route`` :data:`ROLLBACK_ROUTE`, no
-    ``target``, ``rollback_to`` the version asked for when the body named an integer. Never recorded: the uploaded Rego or data document, its digest, a compile error or test
+    S21-fixaudit-1). A failed roll-back (session 24): ``op`` ``rollback``, ``route`` :data:`ROLLBACK_ROUTE`,
+    no ``target``, ``rollback_to`` the version asked for when the body named an integer in 0..2**63-1.
+    Never recorded: the uploaded Rego or data document, its digest, a compile error or test
     report (they quote the upload), a target's or a persist error's message.
     """
     route = ROLLBACK_ROUTE if op == "rollback" else "/admin/policies/{id}" if kind == "policy" else "/admin/data/{path}"
@@ -112,8 +114,8 @@ def failure_record(kind: str, op: str, target: str, who: str, status: int, code:
         record["message"] = message
     if isinstance(client_address, str):
         record["client_address"] = client_address
-    if isinstance(rollback_to, int) and not isinstance(rollback_to, bool):
-        record["rollback_to"] = rollback_to
+    if isinstance(rollback_to, int) and not isinstance(rollback_to, bool) and 0 <= rollback_to < 2**63:
+        record["rollback_to"] = rollback_to  # bounded: the audit encodes 64-bit integers only
     return record
 
 
@@ -310,7 +312,8 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
         async def run(who: str, address: str | None) -> Response:
             limit = _int_param(request, "limit", 50)
             before = _int_param(request, "before", None)
-            return JSONResponse({"result": store.versions(limit=limit, before=before), "version": store.version})
+            listed = await asyncio.to_thread(store.versions, limit=limit, before=before)  # reads files: off the loop
+            return JSONResponse({"result": listed, "version": store.version})
 
         return await guarded(request, run)
 

@@ -169,7 +169,8 @@ def test_admin_routes_list_and_roll_back_with_audit(active: Path, tmp_path: Path
         assert not (active / "extra.rego").exists()
 
         for body, status, code in (({"to": 2}, 400, "invalid_parameter"), ({"to": 9}, 400, "invalid_parameter"),
-                                   ({"version": 0}, 400, "invalid_parameter"), ([0], 400, "invalid_parameter")):
+                                   ({"version": 0}, 400, "invalid_parameter"), ([0], 400, "invalid_parameter"),
+                                   ({"to": 10**30}, 400, "invalid_parameter")):
             r = c.post("/admin/policies/rollback", json=body, headers=h)
             assert (r.status_code, r.json()["error"]["code"]) == (status, code), body
         shutil.rmtree(tmp_path / "versions" / "00000001")             # earlier than 2, and gone
@@ -177,7 +178,8 @@ def test_admin_routes_list_and_roll_back_with_audit(active: Path, tmp_path: Path
         assert (r.status_code, r.json()["error"]["code"]) == (404, "resource_not_found")
         assert c.get("/admin/policies/versions?limit=0", headers=h).status_code == 400
         assert c.get("/admin/policies/versions?limit=x", headers=h).status_code == 400
-    assert len(failures) == 5 and all(f["op"] == "rollback" for f in failures)
+    assert len(failures) == 6 and all(f["op"] == "rollback" for f in failures)
+    assert "rollback_to" not in failures[4]  # 10**30: beyond what the audit encodes, left out
     assert failures[0]["route"] == "/admin/policies/rollback" and failures[0]["rollback_to"] == 2
     assert "rollback_to" not in failures[2] and failures[-1]["status"] == 404
     assert MARKER not in json.dumps(failures) + json.dumps([c.to_dict() for c in changes])
