@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from operator import attrgetter
 
-from audit.event import AuditEvent, Kind, Outcome
+from audit.event import AuditEvent, Kind, Outcome, is_ip_text
 
 VENDOR = "PrefixGate"
 PRODUCT = "gateway"
@@ -99,7 +99,8 @@ _EXTENSION: tuple[tuple[str, str | None, Callable[[AuditEvent], object]], ...] =
     ("rt", None, attrgetter("time_ms")),
     ("externalId", None, attrgetter("event_id")),
     ("outcome", None, attrgetter("outcome.value")),
-    ("src", None, attrgetter("client_address")),
+    ("src", None, lambda e: e.client_address if e.client_address and is_ip_text(e.client_address) else None),
+    ("shost", None, lambda e: e.client_address if e.client_address and not is_ip_text(e.client_address) else None),
     ("suser", None, attrgetter("identity.spiffe_id")),
     ("sntdom", None, attrgetter("identity.trust_domain")),
     ("request", None, attrgetter("endpoint")),
@@ -204,8 +205,8 @@ def cef_line(event: AuditEvent) -> str:
     if (v := event.event_id) is not None:
         a(f"externalId={_value(v)}")
     a(head[1])
-    if (v := event.client_address) is not None:
-        a(f"src={_repeated(v)}")
+    if v := event.client_address:  # an address in src, another source (unknown, unattested@...) in shost
+        a(f"src={_repeated(v)}" if is_ip_text(v) else f"shost={_repeated(v)}")
     if (v := identity.spiffe_id) is not None:
         a(f"suser={_repeated(v)}")
     if (v := identity.trust_domain) is not None:

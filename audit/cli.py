@@ -53,10 +53,11 @@ def verify_cmd(paths: tuple[str, ...], public_keys: tuple[str, ...], partial: bo
     Several ``--public-key`` (files or directories of ``*.pub``): each checkpoint is checked
     with the key of the ``key_id`` it names; a checkpoint whose key id no given key has is
     ``unknown_key`` (exit 1, naming the id); a key id given twice is a usage error (exit 2),
-    never a silent choice (S23-newcomer-4).
+    never a silent choice (S23-newcomer-4). A checkpoint of a key that a file header retired
+    (a key rotation recorded by the sink) is ``retired_key`` (exit 1; session 24, S23-fixverify-1).
 
     Exit 0: OK; 1: a problem (modified, missing, reordered, truncated per an
-    anchor, bad signature, instance mismatch); 2: usage; 3 (with --anchors): no
+    anchor, bad signature, retired key, instance mismatch); 2: usage; 3 (with --anchors): no
     problem, but event records follow the last externally anchored checkpoint
     (reported as unanchored).
     """

@@ -330,6 +330,15 @@ _PLAIN_TYPES: frozenset[type] = frozenset((str, int, float, bool))
 _ENUM_TYPES: frozenset[type] = frozenset((Kind, Outcome))
 
 
+def is_ip_text(address: object) -> bool:
+    """Whether a ``client_address`` can be an IP address literal (only hex digits, ``.`` and ``:``, with a dot
+    or a colon): the gateway's other values (``unknown`` without a peer, ``unattested@<proxy>``, a Unix socket
+    peer) are not. OCSF ``src_endpoint.ip`` and CEF ``src`` take an address only; the rest is a name
+    (``src_endpoint.name``, CEF ``shost``; session 24, S23-fixreg-2). A character test, no parse (request path)."""
+    return (isinstance(address, str) and not address.strip("0123456789abcdefABCDEF.:")
+            and ("." in address or ":" in address))
+
+
 def json_field(event: AuditEvent, name: str) -> Any:
     """The JSON-ready value of field ``name`` as :meth:`AuditEvent.to_dict`
     writes it: None for a missing value or an all-None group (the key is then

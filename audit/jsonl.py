@@ -13,13 +13,20 @@ off-host copy that makes tail truncation detectable).
 The signing key is loaded by the caller from a path configured separately
 from the log directory (someone who can rewrite the logs should not also be
 able to re-sign them).
+
+Key rotation (session 24, S23-fixverify-1): when the chain's last checkpoint
+was signed by another key than this sink's, the header of the file this sink
+opens names that key as retired (``"retires": <old key_id>, "key_id": <new
+key_id>``). The header is chained like any record, so the new key's first
+checkpoint seals it; ``audit verify`` then refuses any checkpoint of the
+retired key after that header (``retired_key``): a leaked old private key can
+no longer sign a forged tail behind the new key's checkpoints.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import errno
-import json
 import logging
 import os
 import time
@@ -30,37 +37,16 @@ from typing import IO, Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.dirlock import lock_directory
-from audit.chain import GENESIS, canonical_json, encode_record, make_record, sign_checkpoint
+from audit.chain import GENESIS, canonical_json, encode_record, key_id, make_record, sign_checkpoint
 from audit.encoded import shared_json
 from audit.event import AuditEvent, Kind, Outcome, iso_ms, now_ms
 from audit.sink import SinkUnavailable
 from audit.files import open_append
+from audit.jsonl_files import FILE_PREFIX, FILE_SUFFIX, file_name_for, list_log_files, retired_keys, tail
+
+__all__ = ["FILE_PREFIX", "FILE_SUFFIX", "JsonlChainSink", "file_name_for", "list_log_files"]
 
 log = logging.getLogger(__name__)
-
-FILE_PREFIX = "audit-"
-FILE_SUFFIX = ".jsonl"
-
-
-def file_name_for(seq: int) -> str:
-    """Log file name whose first record has sequence number ``seq``."""
-    return f"{FILE_PREFIX}{seq:012d}{FILE_SUFFIX}"
-
-
-def list_log_files(directory: Path) -> list[Path]:
-    """Chained log files in ``directory`` in chain order."""
-    return sorted(p for p in Path(directory).glob(f"{FILE_PREFIX}*{FILE_SUFFIX}") if p.is_file())
-
-
-def _last_record(path: Path) -> dict[str, Any] | None:
-    last = None
-    with open(path, "rb") as fh:
-        for line in fh:
-            if line.endswith(b"\n"):
-                with contextlib.suppress(ValueError):
-                    last = json.loads(line)
-    return last
-
 
 
 class JsonlChainSink:
@@ -114,6 +100,9 @@ class JsonlChainSink:
         self._since_checkpoint = 0
         self._ticker: asyncio.Task[None] | None = None
         self._fsyncs: set[asyncio.Future[None]] = set()  # background checkpoint fsyncs running
+        self.key_id = key_id(signing_key.public_key())
+        #: key id the next header retires (the chain's last checkpoint key, when not this sink's: open())
+        self._retires: str | None = None
 
     async def open(self) -> None:
         """Continue the chain found in ``directory`` (new file) or start it."""
@@ -125,14 +114,20 @@ class JsonlChainSink:
             files = list_log_files(self.directory)
             predecessor = None
             if files:
-                last = None
+                last, signer = None, None
                 for candidate in reversed(files):
-                    last = _last_record(candidate)
-                    if last is not None:
-                        predecessor = candidate
+                    found, signed = tail(candidate)
+                    if last is None and found is not None:
+                        last, predecessor = found, candidate
+                    signer = signer or signed
+                    if last is not None and signer is not None:
                         break
                 if last is not None:
                     self._seq, self._head = int(last["seq"]), str(last["hash"])
+                self._retires = signer if signer not in (None, self.key_id) else None
+                if self._retires is not None and self.key_id in retired_keys(files):
+                    log.error("audit jsonl: signing key id %s was retired earlier in this chain; `audit verify` "
+                              "refuses its checkpoints (retired_key): sign with a new key", self.key_id)
             self._start_file(predecessor.name if predecessor else None)
         except OSError as exc:
             raise SinkUnavailable(f"jsonl open: {exc}") from exc
@@ -310,8 +305,11 @@ class JsonlChainSink:
             self._size = os.fstat(self._fh.fileno()).st_size
             self._opened_at = time.time()
             self._last_checkpoint_at = self._opened_at
-            self._append("header", {"file": self._path.name, "predecessor": predecessor,
-                                    "created": iso_ms(now_ms())})
+            header = {"file": self._path.name, "predecessor": predecessor, "created": iso_ms(now_ms())}
+            if self._retires is not None:  # a key rotation: sealed by this key's first checkpoint
+                header.update(retires=self._retires, key_id=self.key_id)
+            self._append("header", header)
+            self._retires = None  # the next files of this run are this key's
         except OSError:
             self._drop_file()  # a file without its header is never written to: open() starts it again
             raise

@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from audit.event import _GROUP_FIELDS, _PLAIN_TYPES, AuditEvent, Kind, Outcome, json_field
+from audit.event import _GROUP_FIELDS, _PLAIN_TYPES, AuditEvent, Kind, Outcome, is_ip_text, json_field
 from audit.encoded import KIND_VALUE, OUTCOME_VALUE
 from audit.files import open_append
 
@@ -134,7 +134,7 @@ def to_ocsf(event: AuditEvent) -> dict[str, Any]:
             "policy": {k: v for k, v in {"uid": event.policy.decision_id, "name": event.policy.reason_code,
                                           "desc": event.policy.reason}.items() if v},
         }]
-    src = {"ip": event.client_address} if event.client_address else {}
+    src = {"ip" if is_ip_text(a) else "name": a} if (a := event.client_address) else {}  # S23-fixreg-2
     if event.summary and event.summary.get("source"):
         src.setdefault("name", str(event.summary["source"]))
     if class_uid == API_ACTIVITY:
@@ -313,7 +313,7 @@ def ocsf_line(event: AuditEvent) -> bytes:
             "policy": {k: v for k, v in (("uid", policy.decision_id), ("name", policy.reason_code),
                                          ("desc", policy.reason)) if v},
         }]
-    src = {"ip": event.client_address} if event.client_address else {"name": "unknown"}
+    src = {"ip" if is_ip_text(a) else "name": a} if (a := event.client_address) else {"name": "unknown"}
     if class_uid == API_ACTIVITY:
         out["api"] = {"operation": event.endpoint or activity_name, "service": _SERVICE}
         out["actor"] = actor or {"app_name": "prefixgate"}

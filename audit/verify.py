@@ -18,6 +18,14 @@ hash differs means a fork or rewrite (``off_host_mismatch``). Event records
 after the last anchored checkpoint are counted as ``unanchored_records`` and
 the report's status is ``UNANCHORED``, never plain ``OK``.
 
+Key rotation (session 24, S23-fixverify-1): a file whose header names a retired key
+(``retires``, written by :class:`audit.jsonl.JsonlChainSink` when the chain's last
+checkpoint was another key's) retires it for the rest of the chain: a later checkpoint
+signed by that key is ``retired_key`` even with a valid signature (a leaked old private
+key signing a forged tail behind the new key's checkpoints). The header is sealed by the
+new key's checkpoints like any record; removing it means rewriting the chain from before
+the rotation, which the new key's anchored copies reveal.
+
 Cannot detect (documented in docs/audit.md): records appended after the last
 externally anchored checkpoint and then removed (reported as unanchored, not
 as missing); without anchors, truncation after the last in-file checkpoint
@@ -164,6 +172,7 @@ def verify_files(
     prev_file: str | None = None
     seen_checkpoints: dict[int, str] = {}
     last_kid: str | None = None  # key id of the last verified checkpoint
+    retired: dict[str, tuple[str, int]] = {}  # key id -> (file, seq) of the header that retired it
     since_checkpoint = 0
     first_seq: int | None = None
     last_seq: int | None = None
@@ -174,6 +183,8 @@ def verify_files(
             report.problems.append(Problem("malformed", fname, records[0][0], None, "file does not start with a header"))
         elif records:
             first_line, first = records[0]
+            if isinstance(first["body"].get("retires"), str):  # a key rotation (session 24)
+                retired.setdefault(first["body"]["retires"], (fname, first["seq"]))
             pred = first["body"].get("predecessor")
             if index == 0 and pred is not None:
                 if require_genesis:
@@ -225,6 +236,13 @@ def verify_files(
                     report.problems.append(
                         Problem("checkpoint_mismatch", fname, lineno, seq, "checkpoint head is not the preceding record")
                     )
+                elif body.get("key_id") in retired:
+                    where, at = retired[str(body["key_id"])]
+                    report.problems.append(Problem(
+                        "retired_key", fname, lineno, seq,
+                        f"checkpoint signed by key id {body['key_id']}, which the header of {where} (seq {at}) "
+                        "retired: a retired key signs nothing after its rotation (a leaked old key forging a tail, "
+                        "or the old key put back in use: rotate to a new key)"))
                 else:
                     seen_checkpoints[int(body["head_seq"])] = str(body["head"])
                     report.last_checkpoint = body
@@ -238,6 +256,7 @@ def verify_files(
             head, expect_seq = rec["hash"], max(seq, expect_seq - 1) + 1
         prev_file = fname
     report.unsealed_records = since_checkpoint
+    report.keys_retired = len(retired)
     for cp, is_anchor in checks:
         hs = cp.get("head_seq")
         where = str(cp.get("source", cp.get("file", "?")))

@@ -14,7 +14,7 @@ from typing import Any
 class Problem:
     """One verification failure. ``line`` is 1-based within ``file``."""
 
-    kind: str  # modified|missing_record|reordered|broken_link|missing_file|bad_signature|checkpoint_mismatch|malformed|off_host_mismatch|truncated|bad_anchor|unknown_key
+    kind: str  # modified|missing_record|reordered|broken_link|missing_file|bad_signature|checkpoint_mismatch|malformed|off_host_mismatch|truncated|bad_anchor|unknown_key|retired_key
     file: str
     line: int | None
     seq: int | None
@@ -47,6 +47,8 @@ class VerifyReport:
     checkpoints_by_key: dict[str, int] = field(default_factory=dict)
     #: times the signing key id changed between consecutive verified checkpoints (one per rotation)
     key_switches: int = 0
+    #: key ids a file header in the range retires (session 24: their later checkpoints are ``retired_key``)
+    keys_retired: int = 0
 
     @property
     def ok(self) -> bool:
@@ -83,7 +85,8 @@ def format_report(report: VerifyReport) -> str:
     if len(report.checkpoints_by_key) > 1:
         lines.append("  note: checkpoints signed by several keys (a key rotation): " +
                      ", ".join(f"key id {k} ({n})" for k, n in report.checkpoints_by_key.items()) +
-                     f"; the key changed {report.key_switches} time(s) in chain order")
+                     f"; the key changed {report.key_switches} time(s) in chain order, "
+                     f"{report.keys_retired} rotation(s) recorded (a retired key may not sign again)")
     if report.unsealed_records:
         lines.append(f"  note: {report.unsealed_records} record(s) after the last checkpoint are not sealed")
     if report.anchored:

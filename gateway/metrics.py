@@ -251,6 +251,11 @@ class GatewayMetrics:
         ), self.batch)
         self.replica_healthy = BoundChildren(Gauge("prefixgate_replica_healthy", "1 when the replica is healthy",
                                                    ["replica"], registry=a))
+        self.no_replica = BoundChildren(Counter(  # gateway/pipeline_answer.py no_candidate_error (session 24)
+            "prefixgate_no_replica", "Requests answered 503 no_replica before the policy, by tenant and cause "
+            "(none_configured: no replica in the tenant's pools; none_healthy: some, none routable)",
+            ["tenant", "cause"], registry=a,
+        ), self.batch)
         self.tenant_requests = BoundChildren(Counter(
             "prefixgate_tenant_requests", "Requests per tenant and outcome", ["tenant", "outcome"], registry=a,
         ), self.batch)

@@ -31,7 +31,7 @@ from gateway.flow_bytes import chain_bytes, queued_form, with_salt
 from gateway.held import Held
 from gateway.prefix_keys import ChainView, PrefixKeys
 from gateway.pep_recheck import awaited_decision, decide_again
-from gateway.pipeline_answer import failure_error, plain_response, reads_perf_counter, stream_response
+from gateway.pipeline_answer import failure_error, no_candidate_error, plain_response, reads_perf_counter, stream_response
 from gateway.proxy import NotWritten, UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
 from gateway.recording import AFTER_SEND
@@ -141,8 +141,8 @@ class InferencePipeline:
             held.prep = partial(self._prepare, rec, held, chains, None)  # a refusal's record: its fingerprint
             # candidates: routable replicas in the tenant's pools (gateway/replicas.py)
             candidates = gw.replica_set.candidates(tenant.pools, tenant.id)  # R7b-1
-            if not candidates:
-                raise GatewayError(503, "no_replica", "no healthy replica is available for this tenant")
+            if not candidates:  # which cause: none configured in its pools, or none healthy (session 24)
+                raise no_candidate_error(gw.replica_set.all(), tenant.pools, tenant.id, gw.metrics)
             rec.t_keys = time.perf_counter()
             held.decided = (gen, identity, candidates)  # 5 authorize (gateway/pep.py); S17-6
             decision = gw.pep.decide_now(identity, tenant, req, prompt_tokens, candidates, rec.endpoint,

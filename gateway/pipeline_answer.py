@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -30,6 +30,7 @@ from gateway.stream_charge import settle_client_end  # R8-3
 from gateway.upstream import Upstream
 from gateway.usage_privacy import may_name_cached, plain_without_cached
 from gateway.write_stall import ended_code
+from routing.filters import TenantPoolFilter
 
 __all__ = ["PlainAnswer", "failure_error", "passthrough_error", "plain_response", "reads_perf_counter",
            "stream_response"]
@@ -79,6 +80,28 @@ def _bounded_reader(deadline: ReadDeadline, up: UpstreamStream) -> Callable[[], 
         return await deadline.read(up.read_chunk())
 
     return read
+
+
+#: 503 ``no_replica`` before the policy: the two causes an operator must tell apart (session 24, S23-newcomer-5)
+NO_REPLICA_CONFIGURED = "no replica is configured in this tenant's pools"
+NO_HEALTHY_REPLICA = "no healthy replica is available for this tenant"
+
+
+def no_candidate_error(replicas: Sequence[Any], pools: Iterable[str], tenant_id: str, metrics: Any) -> GatewayError:
+    """The 503 ``no_replica`` of a tenant with no routable replica in its ``pools`` (``replicas``: every
+    replica of the replica set, any health; called on that refusal only). The client's message says which
+    cause, never naming a pool (:data:`NO_REPLICA_CONFIGURED`: none of ``replicas`` is in the tenant's pools, a
+    configuration gap no retry mends; :data:`NO_HEALTHY_REPLICA`: some are, none routable now: down, circuit
+    open, or open for this tenant). The audit event's ``reason`` says it too and names the tenant's own pools
+    (operators only), and ``prefixgate_no_replica{tenant, cause}`` (``none_configured`` / ``none_healthy``)
+    counts it. Before session 24 both answered "no healthy replica", which read as an outage."""
+    configured = bool(TenantPoolFilter(pools).filter(replicas))
+    cause, message = ("none_healthy", NO_HEALTHY_REPLICA) if configured else ("none_configured", NO_REPLICA_CONFIGURED)
+    metrics.no_replica.labels(tenant_id, cause).inc()
+    named = ", ".join(sorted(pools)) or "all pools"
+    reason = (f"no replica of the tenant's pools ({named}) is routable now" if configured else
+              f"no replica is configured in the tenant's pools ({named})")
+    return GatewayError(503, "no_replica", message, record={"reason": reason})
 
 
 def failure_error(fail: UpstreamFailure | None) -> GatewayError:

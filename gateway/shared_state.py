@@ -22,7 +22,6 @@ when Redis failed on the read that tells them apart (S22-fixrot-2).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -293,8 +292,10 @@ class SharedState:
             return None
         shared, message = await self._refused(doc, version, "the reload")
         if shared == "conflict":
-            with contextlib.suppress(Exception):  # S17-1: converge now (a Redis error: at the next poll)
+            try:  # S17-1: converge now; a Redis error is logged and the next poll adopts it (S23-fixreg-3)
                 await doc.sync()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("shared state: adopting the stored %s failed (%s): the next poll does", doc.name, type(exc).__name__)
         return {"conflict": 409}.get(shared, 503), _CODE.get(shared, shared), message
 
     def _spawn(self, coro: Any) -> None:

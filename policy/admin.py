@@ -11,6 +11,11 @@ without an id is refused with 403 (fail closed).
   400 ``{"error": {"code": "policy_rejected", "errors": [...], "report": str, ...}}``
 - ``DELETE /admin/policies/{id}`` -> ``{"result": record}`` | 404 | 400
 - ``GET /admin/data/{path}`` -> ``{"result": document}`` | 404
+- ``GET /admin/policies/versions?limit=50&before=N`` -> ``{"result": [version entry, newest first], "version"}``
+  (:func:`policy.store_versions.version_entries`: change records and set digests, never policy text; session 24)
+- ``POST /admin/policies/rollback`` (JSON ``{"to": N}``) -> ``{"result": record}`` (``rollback_to`` N, ``target``
+  ``*``) | 400 ``invalid_parameter`` | 404 | 409 ``version_not_restorable`` | 501 ``not_supported`` (remote
+  OPA) | 400 ``policy_rejected`` and the other change errors below (:meth:`policy.store.PolicyStore.rollback`)
 - ``PUT /admin/data/{path}`` (JSON object) -> ``{"result": record}`` | 400
 - target failure -> 502 code ``target_refused`` (``target_may_hold_change`` true when the target may have
   applied it before failing: the store gives it its committed set back now, after the push's outcome, R18-1,
@@ -26,7 +31,7 @@ without an id is refused with 403 (fail closed).
 - a validated change that could not be written -> 500 code ``policy_not_persisted`` (rolled back;
   ``target_may_hold_change`` true when the target may still decide with it, R17-3)
 
-A failed change request (``PUT``/``DELETE``) of an admitted operator, whatever the
+A failed change request (``PUT``/``DELETE``, the roll-back's ``POST``) of an admitted operator, whatever the
 error (and an unexpected exception, 500 ``internal_error``, re-raised), is handed to
 ``on_failure`` as one record (:func:`failure_record`; session 21, S21-newcomer-3); a
 failed read is not (reads stay unaudited).
@@ -46,6 +51,7 @@ Rego test fails, a data document overlapping another), 404, 413
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -68,6 +74,7 @@ from policy.store import (
     PolicyRejectedError,
     PolicyStore,
     PolicyTargetError,
+    PolicyVersionError,
 )
 from policy.store_types import PolicySharedStateError
 
@@ -78,11 +85,14 @@ MAX_BODY_BYTES = 1024 * 1024
 _TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
 #: error codes whose message is fixed text, recorded in a failure record (a compile error or a
 #: target's answer may quote the uploaded Rego or data, a persist error paths: never recorded)
-_MESSAGE_RECORDED = frozenset({"resource_not_found", "body_too_large", "unsupported_media_type"})
+_MESSAGE_RECORDED = frozenset({"resource_not_found", "body_too_large", "unsupported_media_type",
+                               "version_not_restorable", "not_supported"})
+#: the roll-back route (session 24, S23-newcomer-3), audited under this template
+ROLLBACK_ROUTE = "/admin/policies/rollback"
 
 
 def failure_record(kind: str, op: str, target: str, who: str, status: int, code: str, message: str,
-                   client_address: str | None = None) -> dict[str, Any]:
+                   client_address: str | None = None, rollback_to: int | None = None) -> dict[str, Any]:
     """The record of an operator's policy or data change that failed (session 21, S21-newcomer-3).
 
     ``{"action": "policy_change", "outcome": "failed", "kind": policy|data, "op": put|delete,
@@ -90,10 +100,12 @@ def failure_record(kind: str, op: str, target: str, who: str, status: int, code:
     (Unix seconds)}`` plus ``target`` (the policy id or data path, only when it matches
     ``_TARGET_RE``), ``message`` only for the codes in ``_MESSAGE_RECORDED`` (fixed texts), and
     ``client_address`` (the request's source, when given: the event's source; session 22,
-    S21-fixaudit-1). Never recorded: the uploaded Rego or data document, its digest, a compile error or test
+    S21-fixaudit-1). A failed roll-back (session 24): ``op`` ``rollback``, ``route`` :data:`ROLLBACK_ROUTE`,
+    no ``target``, ``rollback_to`` the version asked for when the body named an integer in 0..2**63-1.
+    Never recorded: the uploaded Rego or data document, its digest, a compile error or test
     report (they quote the upload), a target's or a persist error's message.
     """
-    route = "/admin/policies/{id}" if kind == "policy" else "/admin/data/{path}"
+    route = ROLLBACK_ROUTE if op == "rollback" else "/admin/policies/{id}" if kind == "policy" else "/admin/data/{path}"
     record: dict[str, Any] = {"action": "policy_change", "ts": time.time(), "outcome": "failed", "kind": kind,
                               "op": op, "route": route, "actor": who, "status": status, "error_code": code}
     if _TARGET_RE.match(target) and ".." not in target:
@@ -102,6 +114,8 @@ def failure_record(kind: str, op: str, target: str, who: str, status: int, code:
         record["message"] = message
     if isinstance(client_address, str):
         record["client_address"] = client_address
+    if isinstance(rollback_to, int) and not isinstance(rollback_to, bool) and 0 <= rollback_to < 2**63:
+        record["rollback_to"] = rollback_to  # bounded: the audit encodes 64-bit integers only
     return record
 
 
@@ -150,6 +164,16 @@ async def _body(request: Request) -> bytes:
         if len(body) > MAX_BODY_BYTES:
             raise _BadRequest(413, "body_too_large", f"body over {MAX_BODY_BYTES} bytes")
     return bytes(body)
+
+
+def _int_param(request: Request, name: str, default: int | None) -> int | None:
+    """Query parameter ``name`` as a decimal integer >= 0 (``default`` when absent). Raises ValueError."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:
+        raise ValueError(f"{name} must be a decimal integer")
+    return int(raw)
 
 
 def _json(raw: bytes) -> Any:
@@ -204,8 +228,12 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
         return response
 
     def _failed(request: Request, who: str, source: str | None, status: int, code: str, message: str) -> None:
-        if on_failure is None or request.method not in ("PUT", "DELETE"):
+        if on_failure is None or request.method not in ("PUT", "DELETE", "POST"):
             return  # reads are not audited
+        if request.method == "POST":  # the roll-back
+            to = getattr(request.state, "rollback_to", None)
+            on_failure(failure_record("policy", "rollback", "", who, status, code, message, source, to))
+            return
         params = request.path_params
         kind, target = ("policy", params["id"]) if "id" in params else ("data", params.get("path", ""))
         op = "delete" if request.method == "DELETE" else "put"
@@ -216,6 +244,8 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             return await fn(who, source)
         except _BadRequest as exc:
             return _err(exc.status, exc.code, exc.message)
+        except PolicyVersionError as exc:  # a roll-back that cannot be made (session 24)
+            return _err(exc.status, exc.code, str(exc))
         except PolicyNotFoundError:
             return _err(404, "resource_not_found", "no such policy or document")
         except PolicyRejectedError as exc:
@@ -278,7 +308,30 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
 
         return await guarded(request, run)
 
-    return [
+    async def versions(request: Request) -> Response:
+        async def run(who: str, address: str | None) -> Response:
+            limit = _int_param(request, "limit", 50)
+            before = _int_param(request, "before", None)
+            listed = await asyncio.to_thread(store.versions, limit=limit, before=before)  # reads files: off the loop
+            return JSONResponse({"result": listed, "version": store.version})
+
+        return await guarded(request, run)
+
+    async def rollback(request: Request) -> Response:
+        async def run(who: str, address: str | None) -> Response:
+            _media_type(request, ("application/json",))
+            body = _json(await _body(request))
+            if not isinstance(body, dict) or set(body) != {"to"}:
+                raise ValueError('the body must be {"to": <version>}')
+            request.state.rollback_to = body["to"]
+            record = await store.rollback(body["to"], who, client_address=address)
+            return JSONResponse({"result": record.to_dict()})
+
+        return await guarded(request, run)
+
+    return [  # the two fixed paths before /admin/policies/{id}
+        Route("/admin/policies/versions", versions, methods=["GET"]),
+        Route(ROLLBACK_ROUTE, rollback, methods=["POST"]),
         Route("/admin/policies", list_policies, methods=["GET"]),
         Route("/admin/policies/{id}", policy, methods=["GET", "PUT", "DELETE"]),
         Route("/admin/data/{path:path}", data, methods=["GET", "PUT"]),

@@ -89,6 +89,8 @@ class EmbeddedOpa:
 
     #: a cancelled :meth:`apply` swapped nothing (:class:`policy.store_types.PolicyTarget`, S19-R4)
     applies_after_cancel = False
+    #: :meth:`apply` loads the whole new set, whatever the change (a roll-back's ``*`` too; session 24)
+    applies_whole_sets = True
 
     def __init__(
         self,

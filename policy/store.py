@@ -7,6 +7,8 @@ version history::
     versions_dir/00000007/record.json   the ChangeRecord (JSON)
     versions_dir/00000007/content       the new module source / data JSON
                                         (absent for a delete)
+    versions_dir/00000007/set.json      the whole set after the change (session 24:
+                                        what :meth:`PolicyStore.rollback` puts back)
 
 Each change: build the candidate set in memory -> check every call against
 the built-in allow-list (:mod:`policy.builtins`) -> compile it and run every
@@ -40,24 +42,25 @@ from pathlib import Path
 from typing import Any, Literal
 
 from policy.builtins import check_modules
-from policy.loader import (JOURNAL, PolicySet, canonical_json, check_data_path, check_module_id, is_test_module,
-                           load_policy_dir, sha256_text)
+from policy.loader import (JOURNAL, PolicySet, canonical_json, check_data_path, check_module_id, load_policy_dir,
+                           sha256_text)
 from policy.rego_test_runner import run_tests
 from policy.store_repair import TargetRepair
-from policy.store_disk import (ChangeFiles, active_files, committed_records, committed_versions, policy_set_document,
-                               restore, set_digest)
+from policy.store_disk import ChangeFiles, active_files, committed_versions, policy_set_document, restore, set_digest
 from policy.store_types import (ChangeRecord, PolicyConflictError, PolicyMasterPendingError, PolicyNotFoundError,
                                 PolicyPersistError, PolicyRejectedError, PolicyTarget, PolicyTargetError,
-                                RemoteOpaTarget, check_policy_dir, persist_error, shared_error)
+                                PolicyVersionError, RemoteOpaTarget, check_policy_dir, persist_error, shared_error)
+from policy.store_reads import PolicyReads
+from policy.store_versions import keep_start_snapshot, load_version, snapshot_text
 
 __all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
            "PolicyPersistError", "PolicyRejectedError", "PolicyStore", "PolicyTarget", "PolicyTargetError",
-           "RemoteOpaTarget", "check_policy_dir"]
+           "PolicyVersionError", "RemoteOpaTarget", "check_policy_dir"]
 
 log = logging.getLogger(__name__)
 
 
-class PolicyStore:
+class PolicyStore(PolicyReads):
     """Validated, versioned policy modules and data documents.
 
     Args:
@@ -112,6 +115,7 @@ class PolicyStore:
         self._set = load_policy_dir(self.active_dir)
         check_modules(self._set.modules, self._allowed)
         self.version = max(committed_versions(self.active_dir, self.versions_dir), default=0)
+        keep_start_snapshot(self.versions_dir, self.version, self._set)  # what a roll-back to it puts back
         self._listeners: list[Callable[[ChangeRecord], None]] = []
         self._publisher: Callable[[ChangeRecord, PolicySet], Awaitable[str]] | None = None
         self._pending_master: Callable[[], int] = lambda: 0
@@ -145,34 +149,6 @@ class PolicyStore:
     def policy_set(self) -> PolicySet:
         """The active set."""
         return self._set
-
-    # ------------------------------------------------------------ reads
-
-    def list_policies(self) -> list[dict[str, Any]]:
-        """``[{"id", "sha256", "test"}]`` sorted by id."""
-        return [
-            {"id": k, "sha256": sha256_text(v), "test": is_test_module(k)}
-            for k, v in sorted(self._set.modules.items())
-        ]
-
-    def get_policy(self, module_id: str) -> str:
-        """Source of a module. Raises PolicyNotFoundError."""
-        try:
-            return self._set.modules[module_id]
-        except KeyError:
-            raise PolicyNotFoundError(module_id) from None
-
-    def list_data(self) -> list[dict[str, Any]]:
-        """``[{"path", "sha256"}]`` of the data documents."""
-        return [{"path": k, "sha256": sha256_text(canonical_json(v))} for k, v in sorted(self._set.data_docs.items())]
-
-    def get_data(self, path: str) -> Any:
-        """A copy of the data document at ``a/b``. Raises PolicyNotFoundError."""
-        key = "/".join(check_data_path(path))
-        try:
-            return copy.deepcopy(self._set.data_docs[key])
-        except KeyError:
-            raise PolicyNotFoundError(path) from None
 
     # ------------------------------------------------------------ writes
 
@@ -245,34 +221,66 @@ class PolicyStore:
             raise ValueError("a change needs an operator id")
         async with self._lock:
             new_set, old_text, new_text = change(self._set)
-            report = await asyncio.to_thread(run_tests, new_set, self._allowed)
-            if not report.ok:
-                raise PolicyRejectedError(f"{kind} {op} {target!r} refused", report)
-            record = ChangeRecord(
-                version=self.version + 1,
-                who=who,
-                kind=kind,
-                op=op,
-                target=target,
-                old_sha256=sha256_text(old_text),
-                new_sha256=sha256_text(new_text),
-                time=time.time(),
-            )
+            await self._gate(new_set, f"{kind} {op} {target!r} refused")
+            record = ChangeRecord(version=self.version + 1, who=who, kind=kind, op=op, target=target,
+                                  old_sha256=sha256_text(old_text), new_sha256=sha256_text(new_text), time=time.time())
             path = self.active_dir / target if kind == "policy" else self.active_dir / "data" / f"{target}.json"
-            await self._persist_and_apply(record, new_set, {path: new_text}, new_text)
-            self._set, self.version = new_set, record.version
-            record = replace(record, client_address=client_address)  # written without it (record.json as before)
-            try:  # SF17-1: published inside the request, before the answer and the audit
-                if self._publisher is not None:
-                    record = replace(record, shared="unpublished")
-                    record = replace(record, shared=await self._publisher(record, new_set))
-            finally:  # a committed change is always handed to audit, even if the request is cancelled
-                if self._on_change is not None:
-                    self._on_change(record)
-                for callback in self._listeners:
-                    callback(record)
+            record = await self._apply(record, new_set, {path: new_text}, new_text, client_address)
         if (err := shared_error(record, self._pending_master())) is not None:
             raise err
+        return record
+
+    async def rollback(self, to_version: Any, who: str, *, client_address: str | None = None) -> ChangeRecord:
+        """Put the whole set of committed version ``to_version`` back, as the NEW version ``version + 1``
+        (session 24, S23-newcomer-3; :mod:`policy.store_versions`): the stored set is checked against its
+        change record, then it goes through the gate, the disk, the target, the publisher (the same 409
+        race) and the audit of any change. Its record: ``target`` ``*``, ``op`` ``put``, ``old_sha256`` /
+        ``new_sha256`` the digests of the whole sets, ``rollback_to`` ``to_version``.
+
+        Raises:
+            PolicyVersionError: 400/404/409 (:func:`policy.store_versions.load_version`), 501 when the
+            target cannot take a whole set (a remote OPA); nothing changed. Otherwise as :meth:`put_policy`.
+        """
+        if not who:
+            raise ValueError("a change needs an operator id")
+        if self._target is not None and not getattr(self._target, "applies_whole_sets", False):
+            raise PolicyVersionError("roll-back needs the embedded engine: a remote OPA takes one module or "
+                                     "document per request (roll back through its bundle server, or put the "
+                                     "earlier texts back one by one)", 501, "not_supported")
+        async with self._lock:
+            old_set = load_version(self.active_dir, self.versions_dir, to_version, self.version)
+            await self._gate(old_set, f"roll-back to version {to_version} refused")
+            record = ChangeRecord(version=self.version + 1, who=who, kind="policy", op="put", target="*",
+                                  old_sha256=set_digest(self._set), new_sha256=set_digest(old_set), time=time.time(),
+                                  rollback_to=to_version)
+            record = await self._apply(record, old_set, active_files(self.active_dir, old_set),
+                                       snapshot_text(old_set), client_address)
+        if (err := shared_error(record, self._pending_master())) is not None:
+            raise err
+        return record
+
+    async def _gate(self, new_set: PolicySet, refused: str) -> None:
+        """The allow-list, the compile and every Rego test, off the loop (S17-7). Raises PolicyRejectedError."""
+        report = await asyncio.to_thread(run_tests, new_set, self._allowed)
+        if not report.ok:
+            raise PolicyRejectedError(refused, report)
+
+    async def _apply(self, record: ChangeRecord, new_set: PolicySet, active: dict[Path, str | None],
+                     content: str | None, client_address: str | None) -> ChangeRecord:
+        """Under the lock: write, apply and commit ``record`` (:meth:`_persist_and_apply`), then publish it
+        and hand it to audit; returns the record as answered (``client_address``, ``shared``)."""
+        await self._persist_and_apply(record, new_set, active, content)
+        self._set, self.version = new_set, record.version
+        record = replace(record, client_address=client_address)  # written without it (record.json as before)
+        try:  # SF17-1: published inside the request, before the answer and the audit
+            if self._publisher is not None:
+                record = replace(record, shared="unpublished")
+                record = replace(record, shared=await self._publisher(record, new_set))
+        finally:  # a committed change is always handed to audit, even if the request is cancelled
+            if self._on_change is not None:
+                self._on_change(record)
+            for callback in self._listeners:
+                callback(record)
         return record
 
     async def _persist_and_apply(self, record: ChangeRecord, new_set: PolicySet, active: dict[Path, str | None],
@@ -294,7 +302,8 @@ class PolicyStore:
                 or an earlier change's give-back on the target failed again (nothing written).
         """
         await self._repair()
-        files = ChangeFiles(self.active_dir, self.versions_dir, record.to_dict(), self._set, active, content)
+        files = ChangeFiles(self.active_dir, self.versions_dir, record.to_dict(), self._set, active, content,
+                            snapshot_text(new_set))
         fix, push = self._repair_target, None
         try:
             if fix is not None:
@@ -366,9 +375,7 @@ class PolicyStore:
         async with self._lock:
             if version <= self.version:
                 return None
-            report = await asyncio.to_thread(run_tests, policy_set, self._allowed)
-            if not report.ok:
-                raise PolicyRejectedError(f"shared policy version {version} refused", report)
+            await self._gate(policy_set, f"shared policy version {version} refused")
             record = ChangeRecord(version=version, who=who, kind="policy", op="put", target="*",
                                   old_sha256=set_digest(self._set), new_sha256=set_digest(policy_set),
                                   time=time.time())
@@ -378,8 +385,3 @@ class PolicyStore:
         if self._on_change is not None:
             self._on_change(record)
         return record
-
-    def history(self) -> list[ChangeRecord]:
-        """All committed change records, oldest first."""
-        return [ChangeRecord(**doc) for doc in committed_records(self.active_dir, self.versions_dir)]
-

@@ -46,11 +46,13 @@ from policy.loader import (
     sha256_text,
 )
 
-__all__ = ["ChangeFiles", "StagedFiles", "active_files", "committed_records", "committed_versions",
+__all__ = ["SNAPSHOT", "ChangeFiles", "StagedFiles", "active_files", "committed_records", "committed_versions",
            "pending_version",
            "policy_set_document", "policy_set_from_document", "restore", "set_digest"]
 
 _STAGED = ".staged-"
+#: a version's whole set after its change (session 24, S23-newcomer-3: what a roll-back puts back)
+SNAPSHOT = "set.json"
 
 
 def _tmp_name(path: Path) -> Path:
@@ -179,6 +181,8 @@ class ChangeFiles:
         before: the set in force (the journal's roll-back target).
         active: active-directory path -> text, or None to delete (:func:`active_files` for a whole set).
         content: the version's ``content`` file (None: none, a delete).
+        snapshot: the version's ``set.json`` (the whole set after the change, canonical JSON of
+            :func:`policy_set_document`; session 24: what a roll-back to this version puts back), or None.
 
     Raises:
         FileExistsError: ``versions/<version>`` exists already, or a journal is armed (an earlier
@@ -187,7 +191,7 @@ class ChangeFiles:
     """
 
     def __init__(self, active_dir: Path, versions_dir: Path, record: Mapping[str, Any], before: PolicySet,
-                 active: Mapping[Path, str | None], content: str | None) -> None:
+                 active: Mapping[Path, str | None], content: str | None, snapshot: str | None = None) -> None:
         self.active_dir, self.versions_dir = active_dir, versions_dir
         self.vdir = versions_dir / f"{int(record['version']):08d}"
         if self.vdir.exists() or self.vdir.is_symlink():
@@ -209,6 +213,8 @@ class ChangeFiles:
             files = {"record.json": json.dumps(dict(record), sort_keys=True)}
             if content is not None:
                 files["content"] = content
+            if snapshot is not None:
+                files[SNAPSHOT] = snapshot
             self._staged = _write_dir(versions_dir, f"{_STAGED}{int(record['version']):08d}-", files)
             self._active = StagedFiles(needed)
         except OSError:

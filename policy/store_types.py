@@ -18,7 +18,8 @@ from policy.loader import PolicySet, is_test_module
 from policy.rego_test_runner import TestReport
 
 __all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
-           "PolicyRejectedError", "PolicySharedStateError", "PolicyTarget", "PolicyPersistError", "PolicyTargetError", "RemoteOpaTarget",
+           "PolicyRejectedError", "PolicySharedStateError", "PolicyTarget", "PolicyPersistError", "PolicyTargetError",
+           "PolicyVersionError", "RemoteOpaTarget",
            "check_policy_dir", "persist_error", "shared_error"]
 
 
@@ -38,7 +39,10 @@ class ChangeRecord:
     publishes it); None without shared state and for an adopted set. ``client_address``: the admin
     request's source (the peer, or the client a trusted proxy attests; session 23, S22-fixsec-2), in the
     audit record and the admin answer; None for a change made without a request and for an adopted set, and
-    then left out of :meth:`to_dict` (``record.json`` is written before it is set: its format is unchanged)."""
+    then left out of :meth:`to_dict` (``record.json`` is written before it is set: its format is unchanged).
+    ``rollback_to``: for a roll-back (:meth:`policy.store.PolicyStore.rollback`, session 24, S23-newcomer-3), the
+    earlier version whose whole set this version puts back (``target`` ``*``, ``op`` ``put``); None otherwise and
+    then left out of :meth:`to_dict` (every other ``record.json`` keeps its format)."""
 
     version: int
     who: str
@@ -50,12 +54,14 @@ class ChangeRecord:
     time: float
     shared: str | None = None
     client_address: str | None = None
+    rollback_to: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-compatible form (for audit and the admin API); ``client_address`` only when set."""
+        """JSON-compatible form (for audit and the admin API); ``client_address`` and ``rollback_to`` only when set."""
         out = asdict(self)
-        if out["client_address"] is None:
-            del out["client_address"]
+        for optional in ("client_address", "rollback_to"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
 
@@ -68,6 +74,18 @@ class PolicyRejectedError(PolicyError):
     def __init__(self, message: str, report: TestReport) -> None:
         super().__init__(message)
         self.report = report
+
+
+class PolicyVersionError(PolicyError):
+    """A roll-back that cannot be made (session 24, S23-newcomer-3); nothing changed. ``status`` and ``code``
+    are the admin answer's: 404 ``resource_not_found`` (no such version), 409 ``version_not_restorable`` (the
+    version holds no stored set, e.g. committed before session 24, or its stored set does not match its change
+    record), 400 ``invalid_parameter`` (the version in force or a later one), 501 ``not_supported`` (a target
+    that cannot take a whole set: a remote OPA)."""
+
+    def __init__(self, message: str, status: int, code: str) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
 
 
 class PolicyTargetError(PolicyError):
@@ -178,7 +196,9 @@ class PolicyTarget(Protocol):
     ``applies_after_cancel`` (read with ``getattr``, default True): False when a cancelled ``apply`` has
     certainly applied nothing (the embedded engine swaps only after its build returns), so the store
     cancels it with its request; True (a remote server goes on with a request its client gave up on)
-    and the store lets it finish and gives its key back after it (S19-R4)."""
+    and the store lets it finish and gives its key back after it (S19-R4). ``applies_whole_sets`` (default
+    False): True when ``apply`` of a ``*`` change (a whole set: a roll-back) puts exactly that set in force;
+    the store refuses a roll-back to a target without it (session 24)."""
 
     async def apply(self, change: ChangeRecord, policy_set: PolicySet) -> None:
         """Apply one change; ``policy_set`` is the complete new set."""
@@ -199,6 +219,8 @@ class RemoteOpaTarget:
 
     #: OPA goes on with a request whose client went away (S19-R4, :class:`PolicyTarget`)
     applies_after_cancel = True
+    #: the Policy and Data APIs take one key per request: no whole set (a roll-back) is pushed (:class:`PolicyTarget`)
+    applies_whole_sets = False
 
     def __init__(self, client: AsyncOpaClient, on_applied: Callable[[], None] | None = None) -> None:
         self._client = client

@@ -25,6 +25,7 @@ from audit.event import (
     Outcome,
     PolicyInfo,
     RouteInfo,
+    is_ip_text,
     iso_ms,
     new_event_id,
 )
@@ -151,7 +152,10 @@ def _ref_format_cef(event: AuditEvent) -> str:
         name += f" {details['action']}"
     ext: list[tuple[str, object]] = [
         ("rt", event.time_ms), ("externalId", event.event_id), ("outcome", event.outcome.value),
-        ("src", event.client_address), ("suser", event.identity.spiffe_id), ("sntdom", event.identity.trust_domain),
+        # session 24 (S23-fixreg-2): an address in src, any other source (unknown, unattested@...) in shost
+        ("src", event.client_address if event.client_address and is_ip_text(event.client_address) else None),
+        ("shost", event.client_address if event.client_address and not is_ip_text(event.client_address) else None),
+        ("suser", event.identity.spiffe_id), ("sntdom", event.identity.trust_domain),
         ("request", event.endpoint),
         ("cs1Label", "tenant"), ("cs1", event.tenant),
         ("cs2Label", "decisionId"), ("cs2", event.policy.decision_id),

@@ -66,7 +66,8 @@ async def test_a_refused_change_leaves_no_staged_file(active: Path, tmp_path: Pa
     with pytest.raises(PolicyTargetError):
         await store.put_policy("extra_a.rego", "package extra.a\n\nx := 1\n", "ops")
     assert not (active / "extra_a.rego").exists()
-    assert list((tmp_path / "versions").iterdir()) == []
+    # only version 0, the start set a roll-back can put back (session 24): no version 1, nothing staged
+    assert [p.name for p in (tmp_path / "versions").iterdir()] == ["00000000"]
     assert _leftovers(tmp_path) == []
     assert store.history() == [] and store.version == 0
 

@@ -1,0 +1,48 @@
+"""The files of a hash-chained audit log: names, listing, and what :class:`audit.jsonl.JsonlChainSink` reads
+back at open (the chain's last record, the key of its last checkpoint, the keys its headers retire)."""
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FILE_PREFIX", "FILE_SUFFIX", "file_name_for", "list_log_files", "retired_keys", "tail"]
+
+FILE_PREFIX = "audit-"
+FILE_SUFFIX = ".jsonl"
+
+
+def file_name_for(seq: int) -> str:
+    """Log file name whose first record has sequence number ``seq``."""
+    return f"{FILE_PREFIX}{seq:012d}{FILE_SUFFIX}"
+
+
+def list_log_files(directory: Path) -> list[Path]:
+    """Chained log files in ``directory`` in chain order."""
+    return sorted(p for p in Path(directory).glob(f"{FILE_PREFIX}*{FILE_SUFFIX}") if p.is_file())
+
+
+def tail(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(last whole record, key_id of the last checkpoint)`` of a log file (None where there is none)."""
+    last, signer = None, None
+    with open(path, "rb") as fh:
+        for line in fh:
+            if line.endswith(b"\n"):
+                with contextlib.suppress(ValueError):
+                    last = json.loads(line)
+                    body = last.get("body") if isinstance(last, dict) else None
+                    if isinstance(body, dict) and last.get("type") == "checkpoint":
+                        signer = body.get("key_id")
+    return last, signer if isinstance(signer, str) else None
+
+
+def retired_keys(files: list[Path]) -> set[str]:
+    """The key ids the headers of ``files`` retire (their first lines only)."""
+    out: set[str] = set()
+    for path in files:
+        with contextlib.suppress(OSError, ValueError, AttributeError, KeyError, TypeError), open(path, "rb") as fh:
+            retired = json.loads(fh.readline())["body"].get("retires")
+            if isinstance(retired, str):
+                out.add(retired)
+    return out

@@ -1,0 +1,207 @@
+"""The stored versions of a policy set: what a roll-back puts back, and the listing (session 24, S23-newcomer-3).
+
+Every version a :class:`policy.store.PolicyStore` commits from session 24 on holds, besides its
+``record.json`` and ``content``, the WHOLE set after its change (``versions_dir/<N>/set.json``, canonical
+JSON of :func:`policy.loader.policy_set_document`), written in the same staged directory and renamed in
+place with it (:class:`policy.store_disk.ChangeFiles`). That is OPA's bundle model (a bundle is a complete
+snapshot of policy and data with a ``revision``; activating one replaces the whole set, and going back is
+serving an earlier bundle) and Envoy xDS's state of the world (each response holds every resource with
+its ``version_info``; versions only move forward): a roll-back to N is a NEW version whose set is N's,
+checked, applied, recorded and published like any change, never a rewind of the history.
+
+At start the store keeps the set it loaded as the snapshot of the version in force when that version
+has none (:func:`keep_start_snapshot`): on a fresh store that is version 0, ``versions_dir/00000000/set.json``
+(the set loaded at the first start; no ``record.json``: it is not a change); after an upgrade, the
+latest version committed before session 24 (only when the loaded set agrees with its change record).
+Earlier versions of such a history hold no set and cannot be rolled back to (409
+``version_not_restorable``). A snapshot is never rewritten: when the loaded set differs from the
+snapshot of the version in force (the directory was edited outside the admin API), a WARNING says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from policy.loader import PolicySet, canonical_json, policy_set_document, policy_set_from_document, sha256_text
+from policy.store_disk import SNAPSHOT, committed_versions, set_digest
+from policy.store_types import PolicyVersionError
+
+__all__ = ["MAX_LISTED", "keep_start_snapshot", "load_version", "matches_record", "snapshot_text",
+           "version_entries"]
+
+log = logging.getLogger(__name__)
+
+#: the most versions one listing answers (each entry reads its set's file for the digest)
+MAX_LISTED = 100
+
+
+def snapshot_text(policy_set: PolicySet) -> str:
+    """The ``set.json`` text of ``policy_set`` (its SHA-256 is :func:`policy.store_disk.set_digest`)."""
+    return canonical_json(policy_set_document(policy_set))
+
+
+def matches_record(record: Mapping[str, Any], policy_set: PolicySet) -> bool:
+    """Whether ``policy_set`` is the set after ``record``'s change, as far as the record tells: the
+    changed module or data document has the record's ``new_sha256`` (absent for a delete); a whole-set
+    change (``target`` ``*``: adopted or rolled back) has it as the set's digest."""
+    target, new = record.get("target"), record.get("new_sha256")
+    if target == "*":
+        return set_digest(policy_set) == new
+    if record.get("kind") == "policy":
+        return sha256_text(policy_set.modules.get(str(target))) == new
+    value = policy_set.data_docs.get(str(target))
+    return sha256_text(None if value is None else canonical_json(value)) == new
+
+
+def _vdir(versions_dir: Path, version: int) -> Path:
+    return versions_dir / f"{version:08d}"
+
+
+def _record(versions_dir: Path, version: int) -> dict[str, Any] | None:
+    """``record.json`` of ``version`` (None: none, version 0's start snapshot). Raises OSError, ValueError."""
+    path = _vdir(versions_dir, version) / "record.json"
+    if version == 0 and not path.exists():
+        return None
+    doc = json.loads(path.read_text("utf-8"))
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return doc
+
+
+def _snapshot_path(versions_dir: Path, version: int, record: Mapping[str, Any] | None) -> Path | None:
+    """The file holding ``version``'s whole set: ``set.json``, or the ``content`` of a whole-set version
+    committed before session 24 (adopted from another instance); None when there is none."""
+    vdir = _vdir(versions_dir, version)
+    if (vdir / SNAPSHOT).is_file():
+        return vdir / SNAPSHOT
+    if record is not None and record.get("target") == "*" and (vdir / "content").is_file():
+        return vdir / "content"
+    return None
+
+
+def load_version(active_dir: Path, versions_dir: Path, version: Any, current: int) -> PolicySet:
+    """The whole set of committed ``version``, checked against its change record (fail closed).
+
+    Args:
+        version: the requested version (an int from 0 to ``current - 1``; a bool is not an int here).
+        current: the version in force.
+
+    Raises:
+        PolicyVersionError: 400 ``invalid_parameter`` (not an int, negative, the version in force or a
+            later one), 404 ``resource_not_found`` (no such committed version), 409 ``version_not_restorable``
+            (no stored set, an unreadable one, or one whose changed key does not match the record).
+    """
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise PolicyVersionError("'to' must be a version number (an integer >= 0)", 400, "invalid_parameter")
+    if version >= current:
+        raise PolicyVersionError(f"version {version} is not earlier than the version in force ({current})", 400,
+                                 "invalid_parameter")
+    if version not in committed_versions(active_dir, versions_dir):
+        raise PolicyVersionError(f"no policy version {version}", 404, "resource_not_found")
+    try:
+        record = _record(versions_dir, version)
+        path = _snapshot_path(versions_dir, version, record)
+        if path is None:
+            raise PolicyVersionError(f"policy version {version} holds no stored set (committed before session 24, "
+                                     "or version 0 of a store first started before it)", 409, "version_not_restorable")
+        policy_set = policy_set_from_document(json.loads(path.read_text("utf-8")))
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise PolicyVersionError(f"policy version {version}: its stored set cannot be read ({exc.__class__.__name__})",
+                                 409, "version_not_restorable") from None
+    if record is not None and not matches_record(record, policy_set):
+        raise PolicyVersionError(f"policy version {version}: its stored set does not match its change record "
+                                 f"(target {record.get('target')!r})", 409, "version_not_restorable")
+    return policy_set
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``path`` under a temporary name, fsync, rename, fsync the directory. Raises OSError."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def keep_start_snapshot(versions_dir: Path, version: int, loaded: PolicySet) -> str:
+    """At start, make the set loaded restorable as ``version`` (the version in force) when that version has
+    no stored set (module docstring). Never raises: a failure is logged (roll-backs to it are then refused).
+
+    Returns:
+        ``"present"`` (stored and equal to the loaded set), ``"differs"`` (stored and different: logged,
+        kept), ``"written"``, ``"mismatch"`` (not written: the loaded set does not match the version's change
+        record, logged) or ``"failed"`` (could not be read or written, logged).
+    """
+    try:
+        record = _record(versions_dir, version)
+        path = _snapshot_path(versions_dir, version, record)
+        text = snapshot_text(loaded)
+        if path is not None:
+            stored = hashlib.sha256(path.read_bytes()).hexdigest()
+            if stored == sha256_text(text):
+                return "present"
+            log.warning("policy: the active set (sha256 %s) differs from version %d as committed (%s): the policy "
+                        "directory was changed outside the admin API; a roll-back to version %d puts the committed "
+                        "set back", sha256_text(text), version, stored, version)
+            return "differs"
+        if record is not None and not matches_record(record, loaded):
+            log.warning("policy: the active set does not match version %d's change record: not stored as that "
+                        "version's set (a roll-back to it is refused)", version)
+            return "mismatch"
+        _vdir(versions_dir, version).mkdir(exist_ok=True)
+        _write_atomic(_vdir(versions_dir, version) / SNAPSHOT, text)
+        return "written"
+    except (OSError, ValueError) as exc:
+        log.error("policy: the set of version %d could not be stored for roll-backs (%s)", version,
+                  exc.__class__.__name__)
+        return "failed"
+
+
+def version_entries(active_dir: Path, versions_dir: Path, *, limit: int, before: int | None) -> list[dict[str, Any]]:
+    """The committed versions, newest first: at most ``limit`` (1..:data:`MAX_LISTED`) below ``before``.
+
+    Each entry is the version's change record (``version``, ``who``, ``time`` (Unix seconds), ``kind``,
+    ``op``, ``target``, ``old_sha256``, ``new_sha256``, ``rollback_to`` for a roll-back; digests and ids,
+    never policy text) plus ``set_sha256`` (SHA-256 of its stored set, None without one) and ``restorable``.
+    Version 0 (the start set, no record) is ``{"version": 0, "start": true, "set_sha256", "restorable"}``.
+
+    Raises:
+        ValueError: ``limit`` outside 1..MAX_LISTED. OSError: the directory cannot be read.
+    """
+    if not 1 <= limit <= MAX_LISTED:
+        raise ValueError(f"limit must be 1..{MAX_LISTED}")
+    versions = sorted((v for v in committed_versions(active_dir, versions_dir) if before is None or v < before),
+                      reverse=True)[:limit]
+    out = []
+    for version in versions:
+        try:
+            record = _record(versions_dir, version)
+        except (OSError, ValueError):
+            out.append({"version": version, "unreadable": True, "set_sha256": None, "restorable": False})
+            continue
+        entry: dict[str, Any] = {"version": 0, "start": True} if record is None else dict(record)
+        path = _snapshot_path(versions_dir, version, record)
+        try:
+            entry["set_sha256"] = None if path is None else hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            entry["set_sha256"] = None
+        entry["restorable"] = entry["set_sha256"] is not None
+        out.append(entry)
+    return out
