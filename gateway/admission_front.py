@@ -42,7 +42,7 @@ Front = tuple[InferenceRequest, int, list[int] | None, int | None, float | None]
 def parse_and_count(adm: Admission, raw: bytes, endpoint: Endpoint, limits: LimitsConfig, bounds: RequestBounds,
                     tenant: Tenant, lease: Lease | SharedLease, thread: bool) -> Front:
     """Parse ``raw`` (the body of ``endpoint``; ``limits``: ``max_json_depth``, ``max_json_items``, ``max_tools``,
-    ``unknown_fields``; ``bounds``:
+    ``unknown_fields``, ``json_schema`` (with ``tenant``'s ``json_schema_limits``); ``bounds``:
     the tenant's :meth:`Admission.request_bounds`), check it against ``tenant``'s entitlements, then, for one
     sequence tokenized here (``thread``: the gateway has a tokenizer thread, :mod:`gateway.tokenize_thread`),
     its prompt against the tenant's prompt-token room (``lease``: its admission's) and bounds.
@@ -55,7 +55,8 @@ def parse_and_count(adm: Admission, raw: bytes, endpoint: Endpoint, limits: Limi
     req = parse_inference_request(raw, endpoint, limits.max_json_depth, max_messages=bounds.max_messages,
                                   max_batch_prompts=bounds.max_batch_prompts, max_json_items=limits.max_json_items,
                                   max_tools=limits.max_tools, max_free_values=bounds.max_free_values,
-                                  unknown_fields=limits.unknown_fields)
+                                  unknown_fields=limits.unknown_fields, json_schema=limits.json_schema,
+                                  json_schema_tenant=tenant.json_schema_limits)
     seqs = len(req.prompts) or 1  # = req.sequences, without the property's call (session 17)
     try:  # = adm.check_request(req, tenant): it runs (and raises) only when one of its tests fails
         if ((model := req.model) not in tenant.models or model not in adm.served_models
