@@ -37,7 +37,8 @@ from gateway.errors import GatewayError
 from gateway.request_fast import plain_chat, plain_completion
 from gateway.free_form import free_form_refusal
 from gateway.response_format import response_format_refusal
-from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, CompletionBody, schema_error
+from gateway.request_schema import (MAX_TOKENS_CEILING, NAME_PATTERN, ChatBody, CompletionBody, function_name_error,
+                                    schema_error)
 from gateway.unknown_fields import (KNOWN_CHAT, KNOWN_COMPLETIONS, PLAIN_CHAT, PLAIN_COMPLETIONS, DroppedFields,
                                     UnknownFields, outside_schema)
 from tenancy.bounds import chat_units
@@ -314,6 +315,9 @@ def _validated(raw: bytes, data: dict[str, Any], endpoint: Endpoint, max_depth: 
     except ValidationError as exc:
         msg, loc = schema_error(exc)
         raise GatewayError(400, "invalid_request", msg, param=loc) from None
+    if endpoint == "chat" and (where := function_name_error(parsed)) is not None:  # type: ignore[arg-type]
+        raise GatewayError(400, "invalid_request", f"{where}: a function name must match {NAME_PATTERN} (OpenAI's "
+                           "rule)", param=where)  # session 24, S23-newcomer-9
     # at most max_depth brackets in the whole body (strings too): nothing nests deeper, no walk (issue 14)
     if raw.count(b"[") + raw.count(b"{") > max_depth and not _depth_ok(parsed, max_depth):
         raise GatewayError(400, "invalid_json", f"request body is nested deeper than {max_depth}")
