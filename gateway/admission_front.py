@@ -12,8 +12,9 @@ step as before.
 
 The audit record of a refusal (review of session 18, "left" 1): a refusal raised inside the step carries the
 record fields the pipeline's step-by-step order had set before it in ``GatewayError.record`` (read by
-:meth:`gateway.record.RequestRecord.refused`): ``stream`` and ``sequences`` once the body parsed, ``model``
-once the entitlement passed, ``t_parsed`` once the prompt step began. A refusal of the parse itself carries none.
+:meth:`gateway.record.RequestRecord.refused`): ``stream``, ``sequences`` and ``dropped_fields`` (session 24) once the
+body parsed, ``model`` once the entitlement passed, ``t_parsed`` once the prompt step began. A refusal of the parse
+itself carries none.
 A bug (any other exception) after the parse is raised as :class:`gateway.errors.StepFailed` ``from`` it, with
 the same fields (session 20, S19-T4-1): the pipeline's 500 ``internal_error`` record keeps them.
 """
@@ -63,7 +64,7 @@ def parse_and_count(adm: Admission, raw: bytes, endpoint: Endpoint, limits: Limi
                 or (req.prompt_logprobs and not tenant.allow_prompt_logprobs)):
             adm.check_request(req, tenant)
     except GatewayError as err:
-        err.record = {"stream": req.stream, "sequences": seqs, **err.record}
+        err.record = {"stream": req.stream, "sequences": seqs, "dropped_fields": req.dropped[0], **err.record}
         raise
     except Exception as bug:  # S19-T4-1: a bug's 500 keeps them too
         raise StepFailed({"stream": req.stream, "sequences": seqs}) from bug
@@ -76,7 +77,8 @@ def parse_and_count(adm: Admission, raw: bytes, endpoint: Endpoint, limits: Limi
         room = None if adm.local and tenant.prompt_tokens_per_s is None else adm.prompt_room(tenant, lease)
         tokens, prompt_tokens = adm.prompt_tokens(bounds, req, room)
     except GatewayError as err:
-        err.record = {"stream": req.stream, "sequences": seqs, "model": model, "t_parsed": t_parsed, **err.record}
+        err.record = {"stream": req.stream, "sequences": seqs, "model": model, "t_parsed": t_parsed,
+                      "dropped_fields": req.dropped[0], **err.record}
         raise
     except Exception as bug:  # S19-T4-1
         raise StepFailed({"stream": req.stream, "sequences": seqs, "model": model, "t_parsed": t_parsed}) from bug
