@@ -16,8 +16,9 @@ def _body(content: str) -> bytes:
                        "messages": [{"role": "user", "content": content}]}).encode()
 
 
-SHAPES = {"words_1m": _body("hello world, " * 80_000), "chars_1m": _body("x" * 1_040_000),
-          "brackets_1m": _body("[{x}], " * 148_000)}
+#: under limits.max_json_items (65,536): few commas; "brackets" holds 32,000 brackets (the depth shortcut walks)
+SHAPES = {"words_1m": _body("hello world " * 87_000), "chars_1m": _body("x" * 1_040_000),
+          "brackets_1m": _body("[{x}]" * 16_000 + "y" * 960_000)}
 
 
 def main(n: int) -> None:
