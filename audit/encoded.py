@@ -71,6 +71,10 @@ def _plain_json(ev: AuditEvent) -> bytes | None:
         if type(v) not in plain:
             return None
         out["client_address"] = v
+    if (v := ev.dropped_fields) is not None:
+        if type(v) not in plain:
+            return None
+        out["dropped_fields"] = v
     if (v := ev.endpoint) is not None:
         if type(v) not in plain:
             return None

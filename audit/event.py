@@ -1,11 +1,13 @@
-"""Audit event schema (schema_version "4") and the defensive scrubber.
+"""Audit event schema (schema_version "5") and the defensive scrubber.
 
 One :class:`AuditEvent` is written per gateway decision (inference call,
 token check, operator action, alert, flood summary, chain checkpoint). The
 record is flat-ish JSON with a few nested groups; its field names are the
 stable contract for SIEM parsers. Renaming or removing a field bumps
 ``SCHEMA_VERSION``; so does adding one that a strict reader of the previous
-version refuses (``from_dict`` refuses unknown fields). Version "4" (session 2:
+version refuses (``from_dict`` refuses unknown fields). Version "5" (session 24, S23-fields-4) adds one
+optional field, ``dropped_fields``: how many top-level body fields outside the request schema the gateway
+dropped (``limits.unknown_fields: drop``), the count only, never a name. Version "4" (session 2:
 issues 16, 17) adds three optional fields: ``instance`` (the emitting gateway
 process, ``audit.instance``), ``latency.queue_wait_ms`` (milliseconds queued by
 flow control) and ``route.virtual_tokens`` (the tenant's fair-release counter,
@@ -45,9 +47,9 @@ import orjson
 
 from audit.ids import uuid4_str
 
-SCHEMA_VERSION = "4"
+SCHEMA_VERSION = "5"
 #: Versions :meth:`AuditEvent.from_dict` reads ("1" and "2" through :func:`upgrade_event_dict`).
-READABLE_VERSIONS = frozenset({"1", "2", "3", "4"})
+READABLE_VERSIONS = frozenset({"1", "2", "3", "4", "5"})
 #: Versions whose field names :func:`upgrade_event_dict` renames (see ``_RENAMED_V3``).
 _RENAMED_VERSIONS = frozenset({"1", "2"})
 
@@ -216,7 +218,7 @@ new_event_id: Callable[[], str] = uuid4_str
 
 @dataclass(frozen=True, slots=True)
 class AuditEvent:
-    """One audit record, schema version "4".
+    """One audit record, schema version "5".
 
     ``instance`` (optional, added with issue 16, schema "4"): which gateway process
     emitted the event, stamped by :class:`audit.log.AuditLog` when
@@ -253,6 +255,9 @@ class AuditEvent:
     #: the gateway process that emitted it (``audit.instance``, e.g. ``host/w1`` under
     #: ``serve --workers N``); omitted for a single process
     instance: str | None = None
+    #: schema "5" (session 24): top-level body fields dropped outside the request schema (``limits.unknown_fields:
+    #: drop``), a count; omitted when none (names are client text: never here)
+    dropped_fields: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; ``None`` values (and empty groups) are omitted,

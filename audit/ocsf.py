@@ -19,10 +19,10 @@ Class choice (OCSF schema 1.5.0, https://schema.ocsf.io/1.5.0/):
   Close (3) when cleared.
 * flood summaries → the class of the summarised outcome with ``count``.
 
-``type_uid = class_uid * 100 + activity_id``. PrefixGate-specific fields (tenant, route, tokens, the token
-ledger, latencies, fingerprint, the emitting ``instance``) go to ``unmapped.prefixgate`` (schema "4"'s
-``route.virtual_tokens`` and ``latency.queue_wait_ms`` inside their groups); the gateway's ``error_code`` is also
-``status_detail`` when the event has no policy reason code.
+``type_uid = class_uid * 100 + activity_id``. PrefixGate-specific fields (tenant, route, tokens, the token ledger,
+latencies, fingerprint, the emitting ``instance``, schema "5"'s ``dropped_fields``) go to ``unmapped.prefixgate``
+(schema "4"'s ``route.virtual_tokens`` and ``latency.queue_wait_ms`` inside their groups); the gateway's
+``error_code`` is also ``status_detail`` when the event has no policy reason code.
 """
 from __future__ import annotations
 
@@ -47,8 +47,7 @@ _STATUS_CAPTION = {0: "Unknown", 1: "Success", 2: "Failure"}  # OCSF base event 
 _SEVERITY = {  # OCSF severity_id: 1 Informational, 2 Low, 3 Medium, 4 High
     Outcome.ALLOWED: 1, Outcome.SUCCEEDED: 1, Outcome.SEALED: 1, Outcome.CLEARED: 1, Outcome.CANCELLED: 1,
     Outcome.RATE_LIMITED: 2, Outcome.REJECTED: 2, Outcome.FAILED: 2, Outcome.SUMMARIZED: 3,
-    Outcome.DENIED: 3, Outcome.UNAUTHENTICATED: 3, Outcome.RAISED: 4,
-}
+    Outcome.DENIED: 3, Outcome.UNAUTHENTICATED: 3, Outcome.RAISED: 4}
 
 
 class OcsfValidationError(ValueError):
@@ -73,7 +72,7 @@ def _class_and_activity(event: AuditEvent) -> tuple[int, int, str]:
 
 _UNMAPPED_KEYS = ("tenant", "route", "latency", "prompt_tokens", "output_tokens", "sequences", "ledger",
                   "error_code", "prefix_fingerprint", "request_id", "outcome", "kind", "summary", "checkpoint", "operator",
-                  "alert", "instance")
+                  "alert", "instance", "dropped_fields")
 
 
 def _unmapped(event: AuditEvent) -> dict[str, Any]:
@@ -176,7 +175,7 @@ if _GROUP_KEYS != {  # _request_pg names these fields in its code  # pragma: no 
                    "basis")}:
     raise ImportError("audit.ocsf: a route/latency/ledger field changed; update _request_pg")
 _SCALAR_KEYS = ("tenant", "prompt_tokens", "output_tokens", "sequences", "error_code", "prefix_fingerprint",
-                "request_id", "instance")
+                "request_id", "instance", "dropped_fields")
 #: per (kind, outcome) of a request event: the constant top-level fields of :func:`to_ocsf`
 _REQUEST_CONST: dict[tuple[Kind, Outcome], tuple[dict[str, Any], int, str]] = {}
 _PRODUCT_CONST = dict(PRODUCT)
@@ -218,6 +217,8 @@ def _request_pg(event: AuditEvent, kind: Kind, outcome: Outcome) -> dict[str, An
         pg["request_id"] = v if type(v) in plain else json_field(event, "request_id")
     if (v := event.instance) is not None:
         pg["instance"] = v if type(v) in plain else json_field(event, "instance")
+    if (v := event.dropped_fields) is not None:  # schema "5" (session 24)
+        pg["dropped_fields"] = v if type(v) in plain else json_field(event, "dropped_fields")
     if (g := event.route) is not None:
         d: dict[str, Any] = {}
         if (v := g.replica) is not None:
@@ -357,8 +358,7 @@ class OcsfFileSink:
 
     def __init__(self, path: str, name: str = "ocsf", validate: bool = False, linger_s: float = 0.02) -> None:
         self.name = name
-        #: seconds AuditLog lets events accumulate before a send (one write per batch)
-        self.linger_s = linger_s
+        self.linger_s = linger_s  # seconds AuditLog lets events accumulate before a send (one write per batch)
         self.path = path
         self._validate = validate
         self._fh: Any = None

@@ -45,6 +45,7 @@ REQUEST_ROW_FIELDS: tuple[str, ...] = (
     "delivered_prefix_tokens", "load",
     "t0", "t_auth", "t_parsed", "t_keys", "t_decided", "t_route", "t_first_byte", "t_end",
     "status_code", "client_address", "trace_id", "prefix_fingerprint", "virtual_tokens", "queue_wait_ms",
+    "dropped_fields",
 )
 _N = len(REQUEST_ROW_FIELDS)
 _OUTCOME_BY_VALUE: dict[str, Outcome] = {o.value: o for o in Outcome}
@@ -86,7 +87,7 @@ def request_event(row: Sequence[Any], instance: str | None = None) -> AuditEvent
      reserved, charged, prompt_charged, output_charged, output_relayed, basis,
      error_code, replica, pool, routing_policy, available, predicted, delivered, load,
      t0, t_auth, t_parsed, t_keys, t_decided, t_route, t_first_byte, t_end,
-     status_code, client_address, trace_id, prefix_fingerprint, virtual_tokens, queue_wait_ms) = row
+     status_code, client_address, trace_id, prefix_fingerprint, virtual_tokens, queue_wait_ms, dropped_fields) = row
     if type(event_id) is not str or type(outcome) is not str or type(time_ms) is not int:
         raise EventSchemaError("request row: event_id, outcome or time_ms of the wrong type")
     if (type(t0) is float and type(t_auth) is float and type(t_parsed) is float and type(t_keys) is float
@@ -158,6 +159,7 @@ def request_event(row: Sequence[Any], instance: str | None = None) -> AuditEvent
     _s_summary(event, None)
     _s_checkpoint(event, None)
     _s_instance(event, instance)
+    _s_dropped_fields(event, dropped_fields)
     return event
 
 
@@ -181,7 +183,8 @@ def _latencies(auth: Any, parse: Any, keys: Any, policy: Any, route: Any, first_
 _EVENT_FIELD_ORDER = (
     "kind", "outcome", "time_ms", "event_id", "request_id", "identity", "tenant", "policy", "endpoint", "model",
     "prompt_tokens", "output_tokens", "sequences", "ledger", "error_code", "route", "latency", "status_code",
-    "client_address", "trace_id", "prefix_fingerprint", "operator", "alert", "summary", "checkpoint", "instance")
+    "client_address", "trace_id", "prefix_fingerprint", "operator", "alert", "summary", "checkpoint", "instance",
+    "dropped_fields")
 if (tuple(f.name for f in dataclasses.fields(AuditEvent)) != _EVENT_FIELD_ORDER
         or hasattr(AuditEvent, "__post_init__")):  # pragma: no cover - the slots are set without __init__
     raise ImportError("audit.request_event: AuditEvent's fields or __post_init__ changed; update request_event")
@@ -190,7 +193,7 @@ _EVENT_SETTERS = tuple(vars(AuditEvent)[name].__set__ for name in _EVENT_FIELD_O
 (_s_kind, _s_outcome, _s_time_ms, _s_event_id, _s_request_id, _s_identity, _s_tenant, _s_policy, _s_endpoint,
  _s_model, _s_prompt_tokens, _s_output_tokens, _s_sequences, _s_ledger, _s_error_code, _s_route, _s_latency,
  _s_status_code, _s_client_address, _s_trace_id, _s_prefix_fingerprint, _s_operator, _s_alert, _s_summary,
- _s_checkpoint, _s_instance) = _EVENT_SETTERS
+ _s_checkpoint, _s_instance, _s_dropped_fields) = _EVENT_SETTERS
 #: the groups' fields in the order request_event sets them (every field, checked at import like the event's)
 _GROUP_FIELD_ORDER: dict[type, tuple[str, ...]] = {
     PolicyInfo: ("decision_id", "reason_code", "reason"),

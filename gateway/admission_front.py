@@ -12,8 +12,9 @@ step as before.
 
 The audit record of a refusal (review of session 18, "left" 1): a refusal raised inside the step carries the
 record fields the pipeline's step-by-step order had set before it in ``GatewayError.record`` (read by
-:meth:`gateway.record.RequestRecord.refused`): ``stream`` and ``sequences`` once the body parsed, ``model``
-once the entitlement passed, ``t_parsed`` once the prompt step began. A refusal of the parse itself carries none.
+:meth:`gateway.record.RequestRecord.refused`): ``stream``, ``sequences`` and ``dropped_fields`` (session 24) once the
+body parsed, ``model`` once the entitlement passed, ``t_parsed`` once the prompt step began. A refusal of the parse
+itself carries none.
 A bug (any other exception) after the parse is raised as :class:`gateway.errors.StepFailed` ``from`` it, with
 the same fields (session 20, S19-T4-1): the pipeline's 500 ``internal_error`` record keeps them.
 """
@@ -42,7 +43,7 @@ Front = tuple[InferenceRequest, int, list[int] | None, int | None, float | None]
 def parse_and_count(adm: Admission, raw: bytes, endpoint: Endpoint, limits: LimitsConfig, bounds: RequestBounds,
                     tenant: Tenant, lease: Lease | SharedLease, thread: bool) -> Front:
     """Parse ``raw`` (the body of ``endpoint``; ``limits``: ``max_json_depth``, ``max_json_items``, ``max_tools``,
-    ``unknown_fields``; ``bounds``:
+    ``unknown_fields``, ``json_schema`` (with ``tenant``'s ``json_schema_limits``); ``bounds``:
     the tenant's :meth:`Admission.request_bounds`), check it against ``tenant``'s entitlements, then, for one
     sequence tokenized here (``thread``: the gateway has a tokenizer thread, :mod:`gateway.tokenize_thread`),
     its prompt against the tenant's prompt-token room (``lease``: its admission's) and bounds.
@@ -55,14 +56,15 @@ def parse_and_count(adm: Admission, raw: bytes, endpoint: Endpoint, limits: Limi
     req = parse_inference_request(raw, endpoint, limits.max_json_depth, max_messages=bounds.max_messages,
                                   max_batch_prompts=bounds.max_batch_prompts, max_json_items=limits.max_json_items,
                                   max_tools=limits.max_tools, max_free_values=bounds.max_free_values,
-                                  unknown_fields=limits.unknown_fields)
+                                  unknown_fields=limits.unknown_fields, json_schema=limits.json_schema,
+                                  json_schema_tenant=tenant.json_schema_limits)
     seqs = len(req.prompts) or 1  # = req.sequences, without the property's call (session 17)
     try:  # = adm.check_request(req, tenant): it runs (and raises) only when one of its tests fails
         if ((model := req.model) not in tenant.models or model not in adm.served_models
                 or (req.prompt_logprobs and not tenant.allow_prompt_logprobs)):
             adm.check_request(req, tenant)
     except GatewayError as err:
-        err.record = {"stream": req.stream, "sequences": seqs, **err.record}
+        err.record = {"stream": req.stream, "sequences": seqs, "dropped_fields": req.dropped[0], **err.record}
         raise
     except Exception as bug:  # S19-T4-1: a bug's 500 keeps them too
         raise StepFailed({"stream": req.stream, "sequences": seqs}) from bug
@@ -75,7 +77,8 @@ def parse_and_count(adm: Admission, raw: bytes, endpoint: Endpoint, limits: Limi
         room = None if adm.local and tenant.prompt_tokens_per_s is None else adm.prompt_room(tenant, lease)
         tokens, prompt_tokens = adm.prompt_tokens(bounds, req, room)
     except GatewayError as err:
-        err.record = {"stream": req.stream, "sequences": seqs, "model": model, "t_parsed": t_parsed, **err.record}
+        err.record = {"stream": req.stream, "sequences": seqs, "model": model, "t_parsed": t_parsed,
+                      "dropped_fields": req.dropped[0], **err.record}
         raise
     except Exception as bug:  # S19-T4-1
         raise StepFailed({"stream": req.stream, "sequences": seqs, "model": model, "t_parsed": t_parsed}) from bug

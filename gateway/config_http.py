@@ -52,6 +52,21 @@ class ServerConfig(ConfigSection):
     client_send_buffer_bytes: int | None = Field(131072, ge=4096)
 
 
+class JsonSchemaLimits(ConfigSection):
+    """Bounds on a chat body's ``response_format`` schema, which the replica compiles into a grammar before the
+    first token (session 24, S23-fields-2; the walk, the units and the sources of the defaults:
+    gateway/response_format.py). ``max_bytes``: compact JSON bytes of ``response_format``; ``max_depth``: schema
+    levels; ``max_properties``: entries of all ``properties`` maps; ``max_enum_values``: entries of all ``enum``
+    lists; ``max_pattern_chars``: characters of all ``pattern`` strings and ``patternProperties`` keys. More
+    answers 400 ``json_schema_too_complex``. Each is overridden per tenant by ``tenants[].json_schema_limits``."""
+
+    max_bytes: int = Field(65536, ge=64)
+    max_depth: int = Field(20, ge=1, le=256)
+    max_properties: int = Field(5000, ge=1)
+    max_enum_values: int = Field(1000, ge=1)
+    max_pattern_chars: int = Field(1024, ge=0)
+
+
 class LimitsConfig(ConfigSection):
     """Request-size and timing limits of the public listener.
 
@@ -89,6 +104,7 @@ class LimitsConfig(ConfigSection):
     OpenAI answers) or ``drop`` (forwarded without it; the answer's ``X-PrefixGate-Dropped-Fields-Count`` /
     ``X-PrefixGate-Dropped-Fields`` headers say how many and which, bounded). ``cache_salt`` is neither:
     the gateway replaces it.
+    ``json_schema``: bounds on a chat body's ``response_format`` schema (:class:`JsonSchemaLimits`; session 24).
     ``refused_cpu_ms_per_s`` / ``refused_cpu_burst_ms``: each tenant's budget of
     gateway CPU for preparing requests that end refused (parse, tokenize, prefix
     keys; CPU milliseconds refilled per second / bucket capacity in CPU
@@ -157,6 +173,7 @@ class LimitsConfig(ConfigSection):
     max_json_items: int = Field(65536, ge=64)
     max_tools: int | None = Field(128, ge=1)
     unknown_fields: Literal["refuse", "drop"] = "refuse"
+    json_schema: JsonSchemaLimits = Field(default_factory=JsonSchemaLimits)
     refused_cpu_ms_per_s: float | None = Field(100.0, gt=0)
     refused_cpu_burst_ms: float = Field(250.0, gt=0)
     prep_cpu_free_ms: float = Field(1.0, ge=0)

@@ -121,7 +121,7 @@ class InferencePipeline:
                 parse_and_count, adm, raw, endpoint, self.cfg.limits, bounds, tenant, held.lease,
                 gw.tokenize_thread is not None)
             del raw
-            rec.stream, rec.sequences, rec.model = req.stream, seqs, req.model
+            rec.stream, rec.sequences, rec.model, rec.dropped_fields = req.stream, seqs, req.model, req.dropped[0]
             if tokens is None:  # a batch or a prompt tokenized off the loop: step by step, as before session 19
                 if seqs > 1:  # each prompt of a batch is a request
                     await adm.admit_sequences(tenant, held.lease, seqs, slots=gw.flow is None)

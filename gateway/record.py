@@ -43,7 +43,8 @@ class RequestRecord:
     :class:`tenancy.ledger.Settlement` of the request (None: nothing reserved).
     ``queue_wait_ms``: time queued at the gateway before release (flow control; None:
     never queued or flow control off); ``virtual_tokens``: the tenant's virtual token
-    counter right after the release (weighted tokens, :mod:`routing.fairness`).
+    counter right after the release (weighted tokens, :mod:`routing.fairness`). ``dropped_fields``: top-level
+    body fields dropped outside the request schema (``limits.unknown_fields: drop``; None or 0: none; session 24).
     """
 
     request_id: str
@@ -85,6 +86,7 @@ class RequestRecord:
     settlement: Settlement | None = None
     queue_wait_ms: float | None = None
     virtual_tokens: float | None = None
+    dropped_fields: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def refused(self, err: GatewayError) -> None:

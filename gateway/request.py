@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
@@ -34,7 +36,9 @@ from gateway.body_read import read_body
 from gateway.errors import GatewayError
 from gateway.request_fast import plain_chat, plain_completion
 from gateway.free_form import free_form_refusal
-from gateway.request_schema import MAX_TOKENS_CEILING, ChatBody, CompletionBody, schema_error
+from gateway.response_format import response_format_refusal
+from gateway.request_schema import (MAX_TOKENS_CEILING, NAME_PATTERN, ChatBody, CompletionBody, function_name_error,
+                                    schema_error)
 from gateway.unknown_fields import (KNOWN_CHAT, KNOWN_COMPLETIONS, PLAIN_CHAT, PLAIN_COMPLETIONS, DroppedFields,
                                     UnknownFields, outside_schema)
 from tenancy.bounds import chat_units
@@ -49,6 +53,7 @@ JsonObject = dict[str, Any]
 #: Digits of an integer literal anywhere in a body (R4-2; ``seed`` goes up to 2**64 - 1): a longer one
 #: answers 400 ``number_too_long`` unconverted (CPython's str->int and int->str are quadratic).
 MAX_INT_DIGITS = 20
+_NO_OVERRIDES: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(slots=True)
@@ -145,10 +150,11 @@ def json_items_bound(raw: bytes) -> int:
     """Upper bound on the JSON values in ``raw``: ``{`` + ``[`` + ``,`` bytes + 1.
 
     Every value after the first is preceded by a comma or opens its
-    container; bytes inside strings only raise the count. Runs in C
-    (``bytes.count``), before any decoding.
+    container; bytes inside strings only raise the count. Runs in C, before any decoding: the bytes a
+    ``bytes.translate`` deleting those three removes, one pass (session 24, S23-review-3: three
+    ``bytes.count`` passes cost ~3.5-4.3 ms per MB here, one translate ~0.7-1.4 ms; the same number).
     """
-    return raw.count(b",") + raw.count(b"{") + raw.count(b"[") + 1
+    return len(raw) - len(raw.translate(None, b",{[")) + 1
 
 
 def _unforwardable(obj: Any) -> str | None:
@@ -184,7 +190,8 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
                             max_messages: int | None = None, max_batch_prompts: int | None = None,
                             max_json_items: int | None = None, max_tools: int | None = None,
                             max_free_values: int | None = None,
-                            unknown_fields: UnknownFields = "refuse") -> InferenceRequest:
+                            unknown_fields: UnknownFields = "refuse", json_schema: Any = None,
+                            json_schema_tenant: Mapping[str, int] = _NO_OVERRIDES) -> InferenceRequest:
     """Decode and validate an OpenAI request body for ``endpoint``.
 
     Raises :class:`GatewayError` 400 with code ``invalid_json`` (not UTF-8, not JSON, a ``NaN``/``Infinity``/
@@ -193,8 +200,9 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     counted once per part of a list ``content`` and once per tool call, above ``max_messages``), ``number_too_long``
     (an integer literal of more than :data:`MAX_INT_DIGITS` digits anywhere, refused before conversion),
     ``batch_too_large`` (a list ``prompt`` of more than ``max_batch_prompts`` elements), ``too_many_tools`` /
-    ``too_many_json_items`` (gateway/free_form.py: ``max_tools``, ``max_free_values``) — all counted before
-    schema validation —, ``too_many_json_items``
+    ``too_many_json_items`` (gateway/free_form.py: ``max_tools``, ``max_free_values``), ``json_schema_too_complex``
+    (gateway/response_format.py: a chat ``response_format`` over ``json_schema``, ``limits.json_schema``, with the
+    tenant's ``json_schema_tenant`` overrides; None: not checked) — all counted before schema validation —, ``too_many_json_items``
     (:func:`json_items_bound` above ``max_json_items``, counted before decoding) or
     ``invalid_request`` (schema violation; the message names the field, never
     its value), ``unsupported_parameter`` (``unknown_fields`` ``refuse``: a top-level field outside the schema,
@@ -252,6 +260,9 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
                            param="prompt")
     if endpoint == "chat" and (refused := free_form_refusal(data, max_tools, max_free_values, len(raw))):
         raise refused  # S22-review-4: before the schema, the nesting walk, model_dump and the rendering
+    if (endpoint == "chat" and json_schema is not None and "response_format" in data and (refused := (
+            response_format_refusal(data["response_format"], json_schema, json_schema_tenant, len(raw))))):
+        raise refused  # S23-fields-2: the replica's grammar compile, bounded before it is forwarded
     fast = None if not checked else plain_chat(data, plain) if endpoint == "chat" else plain_completion(data, plain)
     if fast is not None:  # the commonest body, as the schema reads it (gateway/request_fast.py, issue 14)
         body, model, stream, max_tokens = fast, fast["model"], fast["stream"], fast.get("max_tokens")
@@ -306,8 +317,12 @@ def _validated(raw: bytes, data: dict[str, Any], endpoint: Endpoint, max_depth: 
     except ValidationError as exc:
         msg, loc = schema_error(exc)
         raise GatewayError(400, "invalid_request", msg, param=loc) from None
-    # at most max_depth brackets in the whole body (strings too): nothing nests deeper, no walk (issue 14)
-    if raw.count(b"[") + raw.count(b"{") > max_depth and not _depth_ok(parsed, max_depth):
+    if endpoint == "chat" and (where := function_name_error(parsed)) is not None:  # type: ignore[arg-type]
+        raise GatewayError(400, "invalid_request", f"{where}: a function name must match {NAME_PATTERN} (OpenAI's "
+                           "rule)", param=where)  # session 24, S23-newcomer-9
+    # at most max_depth brackets in the whole body (strings too): nothing nests deeper, no walk (issue 14); counted
+    # by one translate, not two bytes.count passes (session 24, S23-review-3: the same number, ~2x less CPU)
+    if len(raw) - len(raw.translate(None, b"[{")) > max_depth and not _depth_ok(parsed, max_depth):
         raise GatewayError(400, "invalid_json", f"request body is nested deeper than {max_depth}")
     body = parsed.model_dump(exclude_none=True, exclude_unset=False)
     if body.get("n") == 1:

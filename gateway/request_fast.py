@@ -29,7 +29,8 @@ FAST_CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "stream", "stream
 _OTHER_FIELDS = frozenset(CompletionBody.model_fields) - FAST_KEYS  # any of these: pydantic
 _OTHER_CHAT_FIELDS = frozenset(ChatBody.model_fields) - FAST_CHAT_KEYS
 _OTHER_MESSAGE_FIELDS = frozenset(ChatMessage.model_fields) - {"role", "content"}
-_ROLES = frozenset(get_args(ChatMessage.model_fields["role"].annotation))
+#: roles the shortcut takes: a ``tool`` message needs its ``tool_call_id`` (session 24, S23-newcomer-9): pydantic
+_ROLES = frozenset(get_args(ChatMessage.model_fields["role"].annotation)) - {"tool"}
 _MODEL_MAX_CHARS = 256  # model: min_length 1, max_length 256
 assert FAST_KEYS <= set(CompletionBody.model_fields) and FAST_CHAT_KEYS <= set(ChatBody.model_fields)
 assert _ROLES and all(type(r) is str for r in _ROLES)
@@ -63,7 +64,7 @@ def plain_completion(data: dict[str, Any], keys_checked: bool = False) -> dict[s
 def plain_chat(data: dict[str, Any], keys_checked: bool = False) -> dict[str, Any] | None:
     """``{"model", ["max_tokens",] "stream", ["stream_options",] "messages"}`` as the schema validates
     ``data``, or None: as :func:`plain_completion`, with ``messages`` (a non-empty list) in place of
-    ``prompt``, each an object whose schema fields are only ``role`` (one of the schema's roles) and
+    ``prompt``, each an object whose schema fields are only ``role`` (one of the schema's roles but ``tool``) and
     ``content`` (a string or a list of text parts: see :func:`text_parts`; other keys dropped; null or absent
     content, which the schema refuses without ``tool_calls``, goes to pydantic); ``keys_checked`` as for
     :func:`plain_completion` (:data:`FAST_CHAT_KEYS`). Raises nothing.

@@ -10,20 +10,28 @@ and :class:`ChatBody`). ``max_tokens`` bounds: 1..:data:`MAX_TOKENS_CEILING`; st
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from tenancy.bounds import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 
-__all__ = ["ChatBody", "ChatMessage", "CompletionBody", "MAX_TOKENS_CEILING", "StreamOptions", "TextPart",
-           "schema_error"]
+__all__ = ["ChatBody", "ChatMessage", "CompletionBody", "MAX_TOKENS_CEILING", "NAME_PATTERN", "StreamOptions",
+           "TextPart", "function_name_error", "schema_error"]
 
 MAX_TOKENS_CEILING = 1 << 20
 #: ``logit_bias`` entries (token id -> bias): our bound (session 23); keys are token ids (decimal, at most
 #: :data:`LOGIT_BIAS_ID_DIGITS` digits), values -100..100 (OpenAI's documented range)
 MAX_LOGIT_BIAS_ENTRIES = 300
 LOGIT_BIAS_ID_DIGITS = 9
+
+#: OpenAI's rule for a function name (API reference, Chat Completions, ``tools[].function.name``: "a-z, A-Z, 0-9,
+#: or contain underscores and dashes, with a maximum length of 64"); its API answers 400 ``invalid_value`` "string
+#: does not match pattern ^[a-zA-Z0-9_-]+$" for ``messages[].name``, ``tools[].function.name`` and
+#: ``messages[].tool_calls[].function.name`` alike (session 24, S23-newcomer-9)
+NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+_NAME = re.compile(NAME_PATTERN)
 
 _Item = TypeVar("_Item")
 #: a list validated up to its first bad item (pydantic's ``Field(fail_fast=True)``): a refused list holds one
@@ -55,9 +63,18 @@ class TextPart(_Base):
 class ChatMessage(_Base):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, _List[TextPart], None] = None
-    name: str | None = Field(None, max_length=256)
-    tool_call_id: str | None = Field(None, max_length=256)
+    name: str | None = Field(None, pattern=NAME_PATTERN)  # session 24, S23-newcomer-9 (was any of <= 256 chars)
+    tool_call_id: str | None = Field(None, max_length=256, validate_default=True)
     tool_calls: _List[dict[str, Any]] | None = None
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _tool_call_id(cls, v: Any, info: ValidationInfo) -> Any:
+        # OpenAI: a tool message's tool_call_id is required (API reference, ChatCompletionToolMessageParam; session
+        # 24, S23-newcomer-9): its param names the field. An invalid role is not in info.data: its own error first
+        if v is None and info.data.get("role") == "tool":
+            raise ValueError("a tool message requires tool_call_id (the id of the tool call it answers)")
+        return v
 
     @model_validator(mode="after")
     def _null_content(self) -> "ChatMessage":
@@ -165,6 +182,34 @@ class ChatBody(_Sampling):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     parallel_tool_calls: bool | None = None
+
+
+def function_name_error(body: ChatBody) -> str | None:
+    """The client's path (``tools.3.function.name``, ``tool_choice.function.name``,
+    ``messages.2.tool_calls.0.function.name``) of the first function name of a validated chat ``body`` that is
+    not a string matching :data:`NAME_PATTERN` (OpenAI's rule), or None. A ``function`` that is not an object is
+    left as before (forwarded; the engine answers). O(tools + tool calls); raises nothing (session 24,
+    S23-newcomer-9: names of 100,000 characters were forwarded)."""
+    for i, tool in enumerate(body.tools or ()):
+        if _bad_function(tool):
+            return f"tools.{i}.function.name"
+    if type(body.tool_choice) is dict and _bad_function(body.tool_choice):
+        return "tool_choice.function.name"
+    for i, m in enumerate(body.messages):
+        for j, call in enumerate(m.tool_calls or ()):
+            if _bad_function(call):
+                return f"messages.{i}.tool_calls.{j}.function.name"
+    return None
+
+
+def _bad_function(obj: dict[str, Any]) -> bool:
+    """Whether ``obj`` (a tool, tool choice or tool call) has a ``function`` object whose ``name`` is absent, not
+    a string or outside :data:`NAME_PATTERN`."""
+    fn = obj.get("function")
+    if type(fn) is not dict:
+        return False
+    name = fn.get("name")
+    return type(name) is not str or _NAME.fullmatch(name) is None
 
 
 def schema_error(exc: ValidationError) -> tuple[str, str | None]:

@@ -83,7 +83,9 @@ class Tenant:
     gateway/usage_privacy.py). ``allow_prompt_logprobs``: a
     completion may ask for ``echo`` with ``logprobs`` (log-probabilities of every prompt
     token, computed by the engine; R4-12); off, it answers 400. ``spiffe_ids`` are the
-    identity rules that map to this tenant (prefix rules end in ``/``).
+    identity rules that map to this tenant (prefix rules end in ``/``). ``json_schema_limits``: the tenant's own
+    bounds on a chat body's ``response_format`` schema by name (``max_bytes``, ``max_depth``, ...), each
+    overriding ``limits.json_schema`` (empty: the gateway's; gateway/response_format.py; session 24).
     """
 
     id: str
@@ -111,6 +113,7 @@ class Tenant:
     regulated: bool = False
     data_residency: str | None = None
     spiffe_ids: tuple[str, ...] = ()
+    json_schema_limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def policy_view(self) -> dict[str, Any]:
         """Return a JSON-able summary for policy input and audit (no secrets)."""
@@ -213,4 +216,6 @@ def parse_tenant(doc: Any, index: int) -> Tenant:
         regulated=entry.regulated,
         data_residency=entry.data_residency,
         spiffe_ids=tuple(dict.fromkeys(rules)),
+        json_schema_limits=MappingProxyType(entry.json_schema_limits.model_dump(exclude_none=True)
+                                            if entry.json_schema_limits is not None else {}),
     )

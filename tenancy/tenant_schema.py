@@ -32,6 +32,8 @@ FIELD_MESSAGES: dict[str, str] = {
     "data_residency": "must be a region name",
     "forward_user": "must be 'drop' or 'pseudonym'",
     "usage_cached_tokens": "must be 'pass' or 'drop'",
+    "json_schema_limits": "must map max_bytes, max_depth, max_properties, max_enum_values, max_pattern_chars to "
+                          "positive integers",
     **{k: "must be a positive finite number" for k in (
         "rate_rps", "rate_burst", "prompt_tokens_per_s", "prompt_tokens_burst",
         "output_tokens_per_s", "output_tokens_burst", "refused_cpu_ms_per_s", "refused_cpu_burst_ms")},
@@ -45,6 +47,19 @@ ITEM_MESSAGES: dict[str, str] = {
     "pools": "must be a name of [A-Za-z0-9._:/@+-], at most 128 chars",
     "spiffe_ids": "must be a SPIFFE ID or prefix (a string)",
 }
+
+
+class JsonSchemaLimitsEntry(BaseModel):
+    """A tenant's own bounds on a chat body's ``response_format`` schema (session 24, S23-fields-2), each
+    overriding ``limits.json_schema.<name>`` (units: gateway/response_format.py). Unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_bytes: _PositiveInt | None = None
+    max_depth: _PositiveInt | None = None
+    max_properties: _PositiveInt | None = None
+    max_enum_values: _PositiveInt | None = None
+    max_pattern_chars: Annotated[StrictInt, Field(ge=0)] | None = None
 
 
 class TenantEntry(BaseModel):
@@ -81,3 +96,4 @@ class TenantEntry(BaseModel):
     allow_prompt_logprobs: StrictBool = False
     regulated: StrictBool = False
     data_residency: _Name | None = None
+    json_schema_limits: JsonSchemaLimitsEntry | None = None

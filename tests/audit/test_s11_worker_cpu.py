@@ -32,7 +32,7 @@ def _reference_event(row: list[Any], instance: str | None) -> AuditEvent:
      reserved, charged, prompt_charged, output_charged, output_relayed, basis,
      error_code, replica, pool, routing_policy, available, predicted, delivered, load,
      t0, t_auth, t_parsed, t_keys, t_decided, t_route, t_first_byte, t_end,
-     status_code, client_address, trace_id, prefix_fingerprint, virtual_tokens, queue_wait_ms) = row
+     status_code, client_address, trace_id, prefix_fingerprint, virtual_tokens, queue_wait_ms, dropped_fields) = row
     if type(event_id) is not str or type(outcome) is not str or type(time_ms) is not int:
         raise EventSchemaError("wrong type")
     return AuditEvent(
@@ -47,7 +47,7 @@ def _reference_event(row: list[Any], instance: str | None) -> AuditEvent:
         latency=Latencies(_ms(t0, t_auth), _ms(t_auth, t_parsed), _ms(t_parsed, t_keys), _ms(t_keys, t_decided),
                           _ms(t_decided, t_route), _ms(t0, t_first_byte), _ms(t0, t_end), queue_wait_ms),
         status_code=status_code, client_address=client_address, trace_id=trace_id,
-        prefix_fingerprint=prefix_fingerprint, instance=instance)
+        prefix_fingerprint=prefix_fingerprint, instance=instance, dropped_fields=dropped_fields)
 
 
 def _outcome(rng: random.Random) -> Any:

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
 import audit.tracing as tracing
+from audit.request_event import REQUEST_ROW_FIELDS
 from audit.row_spans import row_span_record
 from gateway.auditing import AuditHub
 from gateway.record import RequestRecord
@@ -115,7 +116,7 @@ def test_an_unsampled_trace_sends_no_span_extra_and_a_missing_end_uses_the_event
 
 def test_a_malformed_span_extra_is_refused() -> None:
     with pytest.raises((ValueError, TypeError)):
-        row_span_record([None] * 43, ["x", 1, 2, None, None])
+        row_span_record([None] * len(REQUEST_ROW_FIELDS), ["x", 1, 2, None, None])
 
 
 async def test_worker_exports_the_spans_of_the_rows(tmp_path: Path, collector) -> None:  # noqa: F811

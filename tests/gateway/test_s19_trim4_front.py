@@ -69,6 +69,7 @@ def _old_front(adm: Admission, rec: RequestRecord, raw: bytes, endpoint: str, te
                                   max_json_items=LIMITS.max_json_items)
     seqs = len(req.prompts) or 1
     rec.stream, rec.sequences = req.stream, seqs
+    rec.dropped_fields = req.dropped[0]  # session 24 (S23-fields-4): the steps record it with the parse's facts
     adm.check_request(req, tenant)
     rec.model = req.model
     if seqs > 1:
@@ -86,7 +87,7 @@ def _new_front(adm: Admission, rec: RequestRecord, raw: bytes, endpoint: str, te
     bounds = adm.request_bounds(tenant)
     req, seqs, tokens, prompt_tokens, rec.t_parsed = parse_and_count(adm, raw, endpoint,  # type: ignore[arg-type]
                                                                      LIMITS, bounds, tenant, lease, thread)
-    rec.stream, rec.sequences, rec.model = req.stream, seqs, req.model
+    rec.stream, rec.sequences, rec.model, rec.dropped_fields = req.stream, seqs, req.model, req.dropped[0]
     if tokens is None:
         assert rec.t_parsed is None
         return "step by step", req.model, seqs

@@ -35,7 +35,8 @@ CASES: list[tuple[str, str, bytes, int, str, str, str | None, str]] = [
      "invalid_request_error", None, "request body is not valid UTF-8"),
     ("deep_object", "chat",  # s6 R6-1: the bound applies to forwarded free-form fields; unknown ones are dropped unread
      json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "x"}],
-                 "response_format": _nest(40)}).encode(), 400, "invalid_json",
+                 # tool_choice: a deep response_format meets limits.json_schema.max_depth first (session 24)
+                 "tool_choice": _nest(40)}).encode(), 400, "invalid_json",
      "invalid_request_error", None, "nested deeper than 32"),
     ("deep_array_recursion", "completions", b'{"model": "sim-model", "x": ' + b"[" * 30000 + b"]" * 30000 + b"}",
      400, "invalid_json", "invalid_request_error", None, "nested"),
