@@ -43,10 +43,10 @@ def audit_group() -> None:
 def verify_cmd(paths: tuple[str, ...], public_keys: tuple[str, ...], partial: bool, anchors: tuple[str, ...]) -> None:
     """Verify hash chain and checkpoint signatures of audit FILES/DIRS.
 
-    Several instances' chains at once: each directory given is one chain, a
-    directory holding only ``worker-*/`` (or other) subdirectories with log
-    files gives one chain per subdirectory, plain files together are one
-    chain; each chain is verified on its own, its events must name one
+    Several instances' chains at once: each directory given is one chain, and
+    each of its subdirectories with log files (``worker-*/``) one more, even
+    beside log files of its own (S24-newcomer-3: none is skipped), plain files
+    together are one chain; each chain is verified on its own, its events must name one
     instance, no two chains the same; a combined line ends the report
     (audit/verify_instances.py). ``--anchors`` needs a single chain.
 
@@ -68,7 +68,9 @@ def verify_cmd(paths: tuple[str, ...], public_keys: tuple[str, ...], partial: bo
     groups = chain_groups(paths)
     if len(groups) > 1:
         if anchors:
-            raise click.UsageError("--anchors checks one chain: give one instance's directory or files")
+            names = ", ".join(label for label, _ in groups)
+            raise click.UsageError(f"--anchors checks one chain, the paths hold {len(groups)} ({names}): "
+                                   f"give one instance's directory or files")
         result = verify_instances(paths, ring, require_genesis=not partial)
         click.echo(format_instances_report(result))
         sys.exit({"OK": 0, "UNANCHORED": EXIT_UNANCHORED}.get(result.status, 1))

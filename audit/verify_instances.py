@@ -16,9 +16,16 @@ paths given into chains, verifies each chain on its own with
   one id, so events could not be attributed).
 
 Grouping (:func:`chain_groups`): every directory given is one chain if it holds
-log files itself; a directory holding none but subdirectories that do (the
-parent of ``worker-*/``) gives one chain per such subdirectory; all plain files
-given form one chain together, as ``audit verify FILE...`` always did.
+log files itself, and each of its subdirectories holding log files (the
+``worker-*/`` of ``serve --workers N``) is one more chain; a directory holding
+none itself but such subdirectories (the parent of ``worker-*/``) gives one
+chain per subdirectory; all plain files given form one chain together, as
+``audit verify FILE...`` always did. A directory reached twice (given, and
+found under a parent given too) is one chain. Before session 24
+(S24-newcomer-3) a directory with log files of its own was that one chain
+only: the ``worker-*/`` chains beside its files (one ``jsonl.dir`` used first
+by one ``serve``, then by ``serve --workers N``) were neither verified nor
+named, and an edited worker record read ``OK``, exit 0.
 """
 
 from __future__ import annotations
@@ -65,21 +72,34 @@ class InstancesReport:
 def chain_groups(paths: Sequence[str | Path]) -> list[tuple[str, list[Path]]]:
     """Split ``paths`` into chains: ``[(label, [path, ...]), ...]`` in the order given.
 
-    A directory with log files is one chain; a directory without but with
-    subdirectories holding log files is one chain per subdirectory (sorted by
-    name); a directory with neither is one (empty) chain, reported by the
-    verifier as missing; all plain files (and absent paths) together are one chain.
+    A directory with log files is one chain, followed by one chain per
+    subdirectory holding log files (sorted by name; one level down, as
+    ``serve --workers N`` writes ``worker-<i>/``); a directory without log
+    files but with such subdirectories is one chain per subdirectory; a
+    directory with neither is one (empty) chain, reported by the verifier as
+    missing; all plain files (and absent paths) together are one chain. A
+    directory met twice (same resolved path) is one chain, where first met.
+    Fails closed (S24-newcomer-3): every chain found under a directory given
+    is verified, none is skipped silently.
     """
     groups: list[tuple[str, list[Path]]] = []
     loose: list[Path] = []
+    seen: set[Path] = set()
+
+    def add(d: Path) -> None:
+        if d.resolve() not in seen:
+            seen.add(d.resolve())
+            groups.append((str(d), [d]))
+
     for p in map(Path, paths):
         if not p.is_dir():
             loose.append(p)
-        elif list_log_files(p):
-            groups.append((str(p), [p]))
-        else:
-            subs = sorted(d for d in p.iterdir() if d.is_dir() and list_log_files(d))
-            groups.extend((str(d), [d]) for d in subs) if subs else groups.append((str(p), [p]))
+            continue
+        subs = sorted(d for d in p.iterdir() if d.is_dir() and list_log_files(d))
+        if list_log_files(p) or not subs:
+            add(p)
+        for d in subs:
+            add(d)
     if loose:
         groups.insert(0, ("files", loose))
     return groups

@@ -38,6 +38,7 @@ from gateway.framing import ASGIApp, FramingGuard
 from gateway.identity import WorkloadIdentity
 from gateway.inference_asgi import InferenceRoutes
 from gateway.listing import list_models
+from gateway.metrics_worker import with_worker_label
 from gateway.pipeline import InferencePipeline
 from gateway.protocol_audit import attach_refusal_audit
 
@@ -48,7 +49,7 @@ __all__ = ["build_public_app", "build_admin_app", "UNROUTED_ENDPOINT"]
 UNROUTED_ENDPOINT = "unrouted"
 
 
-def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
+def build_public_app(c: Gateway, *, manage_lifecycle: bool = True, worker: str | None = None) -> ASGIApp:
     """Return the public ASGI app over ``c``.
 
     :class:`gateway.inference_asgi.InferenceRoutes`: the two inference routes
@@ -58,6 +59,7 @@ def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
     With ``manage_lifecycle`` the app's lifespan starts and stops ``c``
     (upstream session, health checks, audit sinks); the CLI turns it off
     when it runs the admin listener beside it and manages ``c`` itself.
+    ``worker``: as for :func:`build_admin_app`, on the public ``/metrics``.
     """
     pipeline = InferencePipeline(c)
 
@@ -81,7 +83,7 @@ def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
 
     async def metrics(request: Request) -> Response:
         c.readiness.refresh_gauges()
-        return Response(generate_latest(c.metrics.public), media_type=CONTENT_TYPE_LATEST)
+        return Response(with_worker_label(generate_latest(c.metrics.public), worker), media_type=CONTENT_TYPE_LATEST)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -124,14 +126,16 @@ def build_public_app(c: Gateway, *, manage_lifecycle: bool = True) -> ASGIApp:
     return attach_refusal_audit(c, InferenceRoutes(framed, pipeline, c.recorder))
 
 
-def build_admin_app(c: Gateway) -> Starlette:
-    """Return the operator-only admin Starlette app over ``c`` (no lifespan of its own)."""
+def build_admin_app(c: Gateway, *, worker: str | None = None) -> Starlette:
+    """Return the operator-only admin Starlette app over ``c`` (no lifespan of its own). ``worker``: this
+    process's index under ``serve --workers N``, put as a ``worker`` label on every sample of
+    ``/admin/metrics`` (gateway/metrics_worker.py, S24-newcomer-1); None for one process (no label)."""
 
     async def admin_metrics(request: Request) -> Response:
         await c.admin.authorize_operator(request)
         c.readiness.refresh_gauges()
         text = generate_latest(c.metrics.public) + generate_latest(c.metrics.admin) + c.audit.admin_metrics_text()
-        return Response(text, media_type=CONTENT_TYPE_LATEST)
+        return Response(with_worker_label(text, worker), media_type=CONTENT_TYPE_LATEST)
 
     async def replicas(request: Request) -> Response:
         await c.admin.authorize_operator(request)

@@ -77,7 +77,7 @@ def serve(config_path: str, workers: int, worker_index: int | None) -> None:
                 raise click.ClickException("--worker-index needs state.backend: redis")
             stop_requested = catch_early_stop()
             run_serving(run(worker_config(cfg, worker_index), config_path=config_path, sockets=inherited_sockets(),
-                            stop_requested=stop_requested),
+                            stop_requested=stop_requested, worker=str(worker_index)),
                         batch_accept=cfg.server.listener_per_worker and per_worker_supported())  # session 23
         elif workers > 1:
             from gateway.workers import run_workers

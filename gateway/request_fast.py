@@ -44,7 +44,7 @@ def plain_completion(data: dict[str, Any], keys_checked: bool = False) -> dict[s
     ``data``: a decoded JSON object from orjson (``gateway.json_fast.loads_checked``'s ``fast``
     case: no lone surrogate, no non-finite number). ``model``: a string of 1-256 characters;
     ``prompt``: a non-empty string; ``max_tokens`` (optional, null allowed): an int (not a bool) in
-    1..``MAX_TOKENS_CEILING``; ``stream`` (optional): a bool; ``stream_options`` (optional, null
+    1..``MAX_TOKENS_CEILING``; ``stream`` (optional, null = false): a bool; ``stream_options`` (optional, null
     allowed; only with ``stream`` true): an object whose ``include_usage`` is absent, null or a bool (its other
     keys are dropped);
     no other schema field (``keys_checked``: the caller found every key of ``data`` in :data:`FAST_KEYS` or
@@ -120,8 +120,10 @@ def _sampling(data: dict[str, Any]) -> dict[str, Any] | None:
     if type(model) is not str or not 0 < len(model) <= _MODEL_MAX_CHARS:
         return None
     max_tokens = data.get("max_tokens")
-    stream = data.get("stream", False)
-    if type(stream) is not bool:
+    stream = data.get("stream")
+    if stream is None:  # absent or null: the default, as the schema reads it (S24-newcomer-5)
+        stream = False
+    elif type(stream) is not bool:
         return None
     if max_tokens is not None and (type(max_tokens) is not int or not 1 <= max_tokens <= MAX_TOKENS_CEILING):
         return None

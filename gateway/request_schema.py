@@ -146,10 +146,20 @@ class _Sampling(_Base):
             raise ValueError(f"each stop sequence may have at most {MAX_STOP_CHARS} characters")
         return v
 
-    @field_validator("max_tokens", "n", "top_k", mode="before")
+    @field_validator("max_tokens", "top_k", mode="before")
     @classmethod
     def _strict_int(cls, v: Any) -> Any:
         return _integer(v)
+
+    @field_validator("stream", "n", mode="before")
+    @classmethod
+    def _null_is_default(cls, v: Any, info: ValidationInfo) -> Any:
+        # OpenAI's API types both "boolean or null" / "integer or null", null meaning the default (false / 1);
+        # some clients send unset fields as null (session 24, S24-newcomer-5: was 400). Read as the default, so
+        # ``stream`` stays a bool (a null stream with stream_options is refused as stream false is)
+        if v is None:
+            return cls.model_fields[info.field_name].default
+        return _integer(v) if info.field_name == "n" else v
 
 
 class CompletionBody(_Sampling):

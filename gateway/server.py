@@ -240,7 +240,7 @@ def log_start_warnings(c: Gateway) -> None:
 
 async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
                 sockets: list[socket.socket] | None = None,
-                stop_requested: Callable[[], bool] | None = None) -> None:
+                stop_requested: Callable[[], bool] | None = None, worker: str | None = None) -> None:
     """Bind both listeners, build and start components, serve until a signal, then drain and stop.
 
     Both addresses are probed *first*: a second gateway started by mistake on
@@ -250,7 +250,8 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
     ``sockets``: listening sockets already bound by a parent process
     (``serve --workers N``, :mod:`gateway.workers`): public first, then admin;
     nothing is probed or bound then. ``stop_requested()``: True when a signal
-    arrived before this function installed its handlers (stop at once, cleanly).
+    arrived before this function installed its handlers (stop at once, cleanly). ``worker``: the
+    index of a ``serve --workers N`` worker, a ``worker`` label on both metrics endpoints (S24-newcomer-1).
     """
     # Probe both addresses first (then release them for uvicorn to bind): handing
     # uvicorn pre-bound sockets instead added a ~40 ms p99 stall at 50 req/s
@@ -274,13 +275,13 @@ async def serve(cfg: GatewayConfig, *, config_path: str | None = None,
 
     http, per_source = cfg.server.http_parser, cfg.server.max_connections_per_source
     # both apps carry their listener's protocol-refusal audit (gateway/protocol_audit.py)
-    servers = [GatewayServer(uvicorn_config(build_public_app(c, manage_lifecycle=False),
+    servers = [GatewayServer(uvicorn_config(build_public_app(c, manage_lifecycle=False, worker=worker),
                                             cfg.listen.host, cfg.listen.port, http=http,
                                             limits=cfg.limits, max_connections_per_source=per_source,
                                             client_send_buffer_bytes=cfg.server.client_send_buffer_bytes),
                              "public", started)]
     if cfg.admin is not None:
-        servers.append(GatewayServer(uvicorn_config(build_admin_app(c), cfg.admin.host, cfg.admin.port, http=http,
+        servers.append(GatewayServer(uvicorn_config(build_admin_app(c, worker=worker), cfg.admin.host, cfg.admin.port, http=http,
                                                     limits=cfg.limits, max_connections_per_source=per_source,
                                                     client_send_buffer_bytes=cfg.server.client_send_buffer_bytes),
                                      "admin", started))

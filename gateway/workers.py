@@ -29,7 +29,8 @@ Each worker has its own audit chain: ``audit.jsonl.dir`` and
 ``audit.spill.dir`` get a ``worker-<i>`` subdirectory, ``audit.ocsf.file`` a
 ``.worker-<i>`` suffix, and ``audit.instance`` = ``<host>/w<i>`` is stamped
 on every event (:class:`audit.log.AuditLog`); ``prefixgate audit verify``
-checks each worker's directory.
+checks each worker's directory. Every metric sample a worker exposes carries ``worker="<i>"``
+(:mod:`gateway.metrics_worker`; session 24, S24-newcomer-1): a scrape reads one worker.
 
 The parent forwards SIGTERM/SIGINT to every worker (each drains and seals its
 audit log; one still starting stops as soon as it can, see

@@ -123,7 +123,6 @@ def test_parse_of_a_plain_body_does_not_call_pydantic_and_matches_it(monkeypatch
     {"model": "m", "prompt": "p", "max_tokens": 0},
     {"model": "m", "prompt": "p", "max_tokens": True},
     {"model": "m", "prompt": "p", "max_tokens": MAX_TOKENS_CEILING + 1},
-    {"model": "m", "prompt": "p", "stream": None},
     {"model": "m", "prompt": "p", "stream": 1},
     {"model": "m", "prompt": "p", "stream_options": {"include_usage": 1}},
     {"model": "m", "prompt": "p", "stream_options": []},
