@@ -1,0 +1,82 @@
+"""Session 25 review of gateway/response_format.py (session 24's ``limits.json_schema`` bounds).
+
+S25-review-1: a ``response_format`` nested deeper than orjson encodes (255 levels) in a body longer than
+``max_bytes`` fell back to :func:`json.dumps`, whose ``RecursionError`` (about 1,000 levels) escaped
+:func:`gateway.request.parse_inference_request`: an authenticated tenant got 500 ``internal_error`` and a
+traceback in the gateway's log for each such body. After: 400 ``invalid_json`` (the decoder's own "nested too
+deeply"), as any body nested deeper than ``limits.max_json_depth`` answers.
+
+S25-review-2: the walk copied the whole path tuple for every value it pushed (``where + (key,)``), so its work was
+values x nesting depth: a 61 KiB ``response_format`` of 31,000 zeros 250 lists deep cost ~57 ms of CPU on the
+2-core review machine (its decode: 0.3 ms). After: each pushed value links to its parent (O(1)), scalars are not
+pushed, and the path is spelled out only for a refusal. Counted here by the number of tuple elements the walk
+allocates (no timing): bounded by a small multiple of the values, whatever the depth.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.config_http import JsonSchemaLimits, LimitsConfig
+from gateway.errors import GatewayError
+from gateway.request import parse_inference_request
+from gateway.response_format import response_format_refusal
+
+LIMITS = JsonSchemaLimits()
+
+
+def _body(schema_text: str, pad: int) -> bytes:
+    return ('{"model":"m","messages":[{"role":"user","content":"' + "a " * pad + '"}],'
+            '"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"x":' + schema_text +
+            '}}}}').encode()
+
+
+@pytest.mark.parametrize("depth", [300, 1000])
+def test_deep_response_format_in_a_long_body_is_a_400_not_a_crash(depth: int) -> None:
+    raw = _body("[" * depth + "0" + "]" * depth, pad=40000)  # longer than max_bytes: the byte count runs
+    assert len(raw) > LIMITS.max_bytes
+    with pytest.raises(GatewayError) as info:
+        parse_inference_request(raw, "chat", LimitsConfig().max_json_depth, json_schema=LIMITS)
+    assert info.value.status == 400 and info.value.code == "invalid_json"
+
+
+def test_deep_response_format_refusal_itself_raises_nothing() -> None:
+    depth = 1000
+    rf = orjson.loads('{"type":"json_schema","json_schema":{"schema":{"x":' + "[" * depth + "]" * depth + "}}}")
+    err = response_format_refusal(rf, LIMITS, {}, 1 << 30)
+    assert err is not None and err.status == 400 and err.code == "invalid_json"
+
+
+def _walk_allocations(rf: Any) -> int:
+    """Bytes the walk allocates at its peak (tracemalloc), for ``rf`` already decoded."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        assert response_format_refusal(rf, LIMITS, {}, 0) is None
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_walk_work_does_not_grow_with_depth_times_values() -> None:
+    values = 3000
+
+    def rf(depth: int) -> Any:
+        return orjson.loads('{"type":"json_schema","json_schema":{"schema":{"x":' + "[" * depth +
+                            ",".join(["[0]"] * values) + "]" * depth + "}}}")
+
+    shallow, deep = _walk_allocations(rf(2)), _walk_allocations(rf(200))
+    # path tuples of ~200 pointers per value: ~5 MB at depth 200 before the fix; now about the same as shallow
+    assert deep < shallow + 200 * 1024, (shallow, deep)
+
+
+def test_refusal_param_still_names_the_full_path() -> None:
+    schema = {"anyOf": [{"items": [[{"properties": {"a b": {"pattern": "x" * 2000}}}]]}]}
+    err = response_format_refusal({"type": "json_schema", "json_schema": {"schema": schema}}, LIMITS, {}, 0)
+    assert err is not None and err.code == "json_schema_too_complex"
+    assert err.param == 'response_format.json_schema.schema.anyOf.0.items.0.0.properties.a b.pattern'
