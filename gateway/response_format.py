@@ -47,7 +47,7 @@ import orjson
 from gateway.errors import GatewayError
 from gateway.unknown_fields import field_label
 
-__all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal"]
+__all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal", "tool_schema_refusal"]
 
 #: the names of the bounds (``limits.json_schema`` keys, ``tenants[].json_schema_limits`` keys)
 JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_values", "max_pattern_chars")
@@ -88,21 +88,54 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     spec = response_format.get("json_schema")
     if response_format.get("type") == "json_schema" and type(spec) is dict and "schema" in spec:
         root, path = spec["schema"], ("response_format", "json_schema", "schema")
-    return _walk(root, path, bound)
+    return _walk([(root, path)], bound, "response_format")
 
 
-def _walk(root: Any, path: tuple[str, ...], bound: dict[str, int]) -> GatewayError | None:
-    """Walk ``root`` (a schema at ``path``) and refuse the first bound it passes (see the module docstring).
+def tool_schema_refusal(tools: Any, tool_choice: Any, limits: Any, overrides: Mapping[str, int],
+                        body_bytes: int) -> GatewayError | None:
+    """The 400 for a decoded chat body whose ``tool_choice`` forces a call (``"required"`` or a named function, an
+    object) and whose ``tools[].function.parameters`` schemas together pass a bound of :data:`JSON_SCHEMA_BOUNDS`
+    (the same values as :func:`response_format_refusal`), else None (session 25, S25-review-3).
+
+    Why: vLLM compiles those schemas into a grammar before the first token exactly as it compiles a
+    ``response_format`` (docs/features/tool_calling.md, "Named Function Calling" and "Required Function Calling":
+    guided decoding over "the tool parameter object defined by the JSON schema in the ``tools`` parameter"; for
+    ``required`` an ``anyOf`` over every tool), so before this a schema refused in ``response_format`` reached the
+    compiler unbounded as a tool's ``parameters`` with ``tool_choice: "required"``. Every tool's parameters count
+    (for a named choice too: the gateway does not resolve which tool the replica picks; fail closed). ``max_bytes``
+    is the compact JSON of the whole ``tools`` list; ``param`` is the client's path
+    (``tools.0.function.parameters.properties.a.pattern``). ``tool_choice`` ``auto``/``none``/absent: no compile,
+    nothing checked. Types are not checked here (the schema does). Raises nothing."""
+    if type(tools) is not list or not (tool_choice == "required" or type(tool_choice) is dict):
+        return None
+    roots = [(fn["parameters"], ("tools", str(i), "function", "parameters")) for i, tool in enumerate(tools)
+             if type(tool) is dict and type(fn := tool.get("function")) is dict and "parameters" in fn]
+    if not roots:
+        return None
+    bound = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
+    if body_bytes > bound["max_bytes"] and (size := _encoded_bytes(tools)) > bound["max_bytes"]:
+        if size == _TOO_DEEP:
+            return GatewayError(400, "invalid_json", "request body is nested too deeply")
+        return _refused("tools", f"tools is larger than {bound['max_bytes']} bytes as compact JSON, with a "
+                        "tool_choice that makes the replica compile its parameters", "max_bytes", "tools")
+    return _walk(roots[::-1], bound, "tools")
+
+
+def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what: str) -> GatewayError | None:
+    """Walk each schema of ``roots`` (``(schema, path)``, the last first) with shared counts and refuse the first
+    bound they pass (see the module docstring); ``what`` names them in the message and audit reason.
 
     Work: O(1) per JSON container below ``root`` (session 25, S25-review-2: each pushed value links to its parent's
     path node, ``(parent, key)``, instead of copying the whole path tuple, which made the walk values x depth: 57
     ms of CPU for a 61 KiB schema of 31,000 zeros 250 lists deep); scalars are never pushed (their checks are made
     at their key); the path is spelled out only for a refusal (:func:`_param`)."""
     properties = enums = pattern_chars = 0
-    top: _Node = None
-    for name in path:
-        top = (top, name)
-    stack: list[tuple[Any, _Node, int, int]] = [(root, top, 0, _SCHEMA)]
+    stack: list[tuple[Any, _Node, int, int]] = []
+    for root, path in roots:
+        top: _Node = None
+        for name in path:
+            top = (top, name)
+        stack.append((root, top, 0, _SCHEMA))
     while stack:
         cur, where, depth, kind = stack.pop()
         if type(cur) is list:
@@ -113,21 +146,21 @@ def _walk(root: Any, path: tuple[str, ...], bound: dict[str, int]) -> GatewayErr
         if kind != _MAP:
             depth += 1
             if depth > bound["max_depth"]:
-                return _refused(_param(where), f"response_format nests more than {bound['max_depth']} schema levels",
-                                "max_depth")
+                return _refused(_param(where), f"{what} nests more than {bound['max_depth']} schema levels",
+                                "max_depth", what)
         for key, value in cur.items():
             if kind == _MAP:
                 assert where is not None
                 if where[1] == "properties":
                     properties += 1
                     if properties > bound["max_properties"]:
-                        return _refused(_param(where), "response_format has more than "
-                                        f"{bound['max_properties']} properties", "max_properties")
+                        return _refused(_param(where), f"{what} has more than "
+                                        f"{bound['max_properties']} properties", "max_properties", what)
                 elif where[1] == "patternProperties":
                     pattern_chars += len(key)
                     if pattern_chars > bound["max_pattern_chars"]:
-                        return _refused(_param((where, key)), "response_format's patterns have more than "
-                                        f"{bound['max_pattern_chars']} characters together", "max_pattern_chars")
+                        return _refused(_param((where, key)), f"{what}'s patterns have more than "
+                                        f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", what)
                 next_kind = _SCHEMA
             elif kind == _VALUE:
                 next_kind = _VALUE
@@ -135,14 +168,14 @@ def _walk(root: Any, path: tuple[str, ...], bound: dict[str, int]) -> GatewayErr
                 if key == "enum" and type(value) is list:
                     enums += len(value)
                     if enums > bound["max_enum_values"]:
-                        return _refused(_param((where, key)), "response_format has more than "
-                                        f"{bound['max_enum_values']} enum values", "max_enum_values")
+                        return _refused(_param((where, key)), f"{what} has more than "
+                                        f"{bound['max_enum_values']} enum values", "max_enum_values", what)
                 next_kind = _VALUE
             elif key == "pattern" and type(value) is str:
                 pattern_chars += len(value)
                 if pattern_chars > bound["max_pattern_chars"]:
-                    return _refused(_param((where, key)), "response_format's patterns have more than "
-                                    f"{bound['max_pattern_chars']} characters together", "max_pattern_chars")
+                    return _refused(_param((where, key)), f"{what}'s patterns have more than "
+                                    f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", what)
                 continue
             else:
                 next_kind = _MAP if key in _NAME_MAPS and type(value) is dict else _SCHEMA
@@ -179,9 +212,9 @@ def _param(node: _Node) -> str:
     return param if len(param) <= MAX_PARAM_CHARS else param[:MAX_PARAM_CHARS - 3] + "..."
 
 
-def _refused(param: str, message: str, name: str) -> GatewayError:
+def _refused(param: str, message: str, name: str, what: str = "response_format") -> GatewayError:
     """The 400 ``json_schema_too_complex`` naming the bound ``name`` (``limits.json_schema.<name>``) in its message and
-    its audit ``reason`` (no client text there)."""
+    its audit ``reason`` (``what``: ``response_format`` or ``tools``; no client text there)."""
     return GatewayError(400, "json_schema_too_complex", f"{message} (limits.json_schema.{name}, for this tenant); the "
                         "replica compiles it into a grammar before the first token", param=param,
-                        record={"reason": f"response_format over limits.json_schema.{name}"}, client_text=True)
+                        record={"reason": f"{what} over limits.json_schema.{name}"}, client_text=True)

@@ -80,3 +80,54 @@ def test_refusal_param_still_names_the_full_path() -> None:
     err = response_format_refusal({"type": "json_schema", "json_schema": {"schema": schema}}, LIMITS, {}, 0)
     assert err is not None and err.code == "json_schema_too_complex"
     assert err.param == 'response_format.json_schema.schema.anyOf.0.items.0.0.properties.a b.pattern'
+
+
+# S25-review-3: vLLM compiles the tools' parameters of a forced tool call (tool_choice "required" or a named
+# function) into a grammar as it compiles a response_format (docs/features/tool_calling.md); before, a schema
+# refused in response_format was forwarded as a tool's parameters.
+
+_HEAVY = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(a|b)*" * 300}}}
+
+
+def _tools_body(tool_choice: Any, parameters: Any = _HEAVY, tools: int = 2) -> bytes:
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(tools)]}
+    body["tools"][-1]["function"]["parameters"] = parameters
+    if tool_choice is not None:
+        body["tool_choice"] = tool_choice
+    return orjson.dumps(body)
+
+
+def _parse(raw: bytes) -> Any:
+    return parse_inference_request(raw, "chat", LimitsConfig().max_json_depth, json_schema=LIMITS)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "f0"}}])
+def test_forced_tool_call_parameters_are_bounded(tool_choice: Any) -> None:
+    with pytest.raises(GatewayError) as info:
+        _parse(_tools_body(tool_choice))
+    err = info.value
+    assert err.status == 400 and err.code == "json_schema_too_complex" and err.client_text
+    assert err.param == "tools.1.function.parameters.properties.a.pattern"
+    assert "limits.json_schema.max_pattern_chars" in err.message
+    assert err.record == {"reason": "tools over limits.json_schema.max_pattern_chars"}
+
+
+@pytest.mark.parametrize("tool_choice", [None, "auto", "none"])
+def test_unforced_tool_calls_are_not_walked(tool_choice: Any) -> None:
+    assert _parse(_tools_body(tool_choice)).body["tools"][1]["function"]["parameters"] == _HEAVY
+
+
+def test_forced_tool_call_counts_are_shared_across_tools_and_tenant_overrides_apply() -> None:
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3000)}}
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "required",
+                        "tools": [{"type": "function", "function": {"name": f"f{i}", "parameters": wide}}
+                                  for i in range(2)]})
+    with pytest.raises(GatewayError) as info:  # 6000 properties together > 5000
+        parse_inference_request(raw, "chat", 32, json_schema=LIMITS, json_schema_tenant={"max_bytes": 1 << 20})
+    assert info.value.code == "json_schema_too_complex" and "max_properties" in info.value.message
+    assert parse_inference_request(raw, "chat", 32, json_schema=LIMITS,
+                                   json_schema_tenant={"max_bytes": 1 << 20, "max_properties": 6000}).model == "m"
+    with pytest.raises(GatewayError) as info:  # the tools list is over max_bytes (the body is longer)
+        parse_inference_request(raw, "chat", 32, json_schema=LIMITS)
+    assert info.value.param == "tools" and "limits.json_schema.max_bytes" in info.value.message
