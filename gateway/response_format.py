@@ -88,7 +88,7 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     spec = response_format.get("json_schema")
     if response_format.get("type") == "json_schema" and type(spec) is dict and "schema" in spec:
         root, path = spec["schema"], ("response_format", "json_schema", "schema")
-    return _walk([(root, path)], bound, "response_format")
+    return _walk([(root, path)], bound, "response_format", "response_format")
 
 
 def tool_schema_refusal(tools: Any, tool_choice: Any, limits: Any, overrides: Mapping[str, int],
@@ -118,12 +118,13 @@ def tool_schema_refusal(tools: Any, tool_choice: Any, limits: Any, overrides: Ma
             return GatewayError(400, "invalid_json", "request body is nested too deeply")
         return _refused("tools", f"tools is larger than {bound['max_bytes']} bytes as compact JSON, with a "
                         "tool_choice that makes the replica compile its parameters", "max_bytes", "tools")
-    return _walk(roots[::-1], bound, "tools")
+    return _walk(roots[::-1], bound, "tools", "the forced tool call's parameters")
 
 
-def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what: str) -> GatewayError | None:
+def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what: str,
+          subject: str) -> GatewayError | None:
     """Walk each schema of ``roots`` (``(schema, path)``, the last first) with shared counts and refuse the first
-    bound they pass (see the module docstring); ``what`` names them in the message and audit reason.
+    bound they pass (see the module docstring); ``what`` names them in the audit reason, ``subject`` in the message.
 
     Work: O(1) per JSON container below ``root`` (session 25, S25-review-2: each pushed value links to its parent's
     path node, ``(parent, key)``, instead of copying the whole path tuple, which made the walk values x depth: 57
@@ -146,7 +147,7 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what:
         if kind != _MAP:
             depth += 1
             if depth > bound["max_depth"]:
-                return _refused(_param(where), f"{what} nests more than {bound['max_depth']} schema levels",
+                return _refused(_param(where), f"{subject} nests more than {bound['max_depth']} schema levels",
                                 "max_depth", what)
         for key, value in cur.items():
             if kind == _MAP:
@@ -154,12 +155,12 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what:
                 if where[1] == "properties":
                     properties += 1
                     if properties > bound["max_properties"]:
-                        return _refused(_param(where), f"{what} has more than "
+                        return _refused(_param(where), f"{subject} has more than "
                                         f"{bound['max_properties']} properties", "max_properties", what)
                 elif where[1] == "patternProperties":
                     pattern_chars += len(key)
                     if pattern_chars > bound["max_pattern_chars"]:
-                        return _refused(_param((where, key)), f"{what}'s patterns have more than "
+                        return _refused(_param((where, key)), f"{subject} has patterns of more than "
                                         f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", what)
                 next_kind = _SCHEMA
             elif kind == _VALUE:
@@ -168,13 +169,13 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what:
                 if key == "enum" and type(value) is list:
                     enums += len(value)
                     if enums > bound["max_enum_values"]:
-                        return _refused(_param((where, key)), f"{what} has more than "
+                        return _refused(_param((where, key)), f"{subject} has more than "
                                         f"{bound['max_enum_values']} enum values", "max_enum_values", what)
                 next_kind = _VALUE
             elif key == "pattern" and type(value) is str:
                 pattern_chars += len(value)
                 if pattern_chars > bound["max_pattern_chars"]:
-                    return _refused(_param((where, key)), f"{what}'s patterns have more than "
+                    return _refused(_param((where, key)), f"{subject} has patterns of more than "
                                     f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", what)
                 continue
             else:
