@@ -12,7 +12,8 @@ compile has none (vllm-project/vllm#54003, open; PRs #45172, #54090 open), nor h
 (gateway/free_form.py), with :class:`gateway.config_http.JsonSchemaLimits` (``limits.json_schema``; each bound
 overridden per tenant by ``tenants[].json_schema_limits``):
 
-* ``max_bytes``: compact JSON UTF-8 bytes of the whole ``response_format``;
+* ``max_bytes``: compact JSON UTF-8 bytes of the whole ``response_format``, and of its schema once its local ``$ref``
+  are inlined (session 25, S25-review-5: :mod:`gateway.schema_refs`);
 * ``max_depth``: schema levels: nested JSON objects below ``json_schema.schema`` (the schema itself is level 1; the
   name maps ``properties``, ``$defs``, ``definitions``, ``patternProperties``, ``dependentSchemas`` add none, so
   ``{"properties": {"a": {...}}}`` nests ``a`` one level below; objects inside ``enum``/``const`` count too).
@@ -33,6 +34,8 @@ A refusal is 400 ``json_schema_too_complex`` (type ``invalid_request_error``) wh
 what passed the bound (``response_format.json_schema.schema.properties.a.pattern``; keys shown as
 :func:`gateway.unknown_fields.field_label` shows them: bounded, escaped), so its body holds client text
 (``client_text``: rendered per answer, never cached). The audit record's ``reason`` names the bound only.
+Session 25 (S25-review-3): the same bounds apply to the ``tools[].function.parameters`` of a chat body whose
+``tool_choice`` forces a call (:func:`tool_schema_refusal`), which the replica compiles the same way.
 The schema's values are also counted in ``max_free_values`` (gateway/free_form.py) and its rendering in the
 first sequence's prompt bytes (gateway/request.py ``extra_text``), as before.
 """
@@ -45,6 +48,7 @@ from typing import Any, Optional
 import orjson
 
 from gateway.errors import GatewayError
+from gateway.schema_refs import inlined_bytes
 from gateway.unknown_fields import field_label
 
 __all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal", "tool_schema_refusal"]
@@ -88,7 +92,8 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     spec = response_format.get("json_schema")
     if response_format.get("type") == "json_schema" and type(spec) is dict and "schema" in spec:
         root, path = spec["schema"], ("response_format", "json_schema", "schema")
-    return _walk([(root, path)], bound, "response_format", "response_format")
+    return _walk([(root, path)], bound, "response_format", "response_format") or _inlined_refusal(
+        [(root, path)], bound, "response_format", "response_format")
 
 
 def tool_schema_refusal(tools: Any, tool_choice: Any, limits: Any, overrides: Mapping[str, int],
@@ -118,7 +123,27 @@ def tool_schema_refusal(tools: Any, tool_choice: Any, limits: Any, overrides: Ma
             return GatewayError(400, "invalid_json", "request body is nested too deeply")
         return _refused("tools", f"tools is larger than {bound['max_bytes']} bytes as compact JSON, with a "
                         "tool_choice that makes the replica compile its parameters", "max_bytes", "tools")
-    return _walk(roots[::-1], bound, "tools", "the forced tool call's parameters")
+    subject = "the forced tool call's parameters"
+    return _walk(roots[::-1], bound, "tools", subject) or _inlined_refusal(roots, bound, "tools", subject)
+
+
+def _inlined_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what: str,
+                     subject: str) -> GatewayError | None:
+    """``max_bytes`` over the schemas of ``roots`` together once their local ``$ref`` are inlined
+    (:func:`gateway.schema_refs.inlined_bytes`; session 25, S25-review-5: 20 definitions each referring to the
+    next twice, ~1.3 KB within every other bound, inline to 2**20 copies in a compiler that inlines references);
+    ``param`` names the first root over it. Work: none for a schema without top-level definitions and
+    references; else O(nodes + references) and one C encoding per definition reached."""
+    cap, total = bound["max_bytes"], 0
+    for root, path in roots:
+        total += inlined_bytes(root, _encoded_bytes, cap)
+        if total > cap:
+            node: _Node = None
+            for name in path:
+                node = (node, name)
+            return _refused(_param(node), f"{subject} is larger than {cap} bytes as compact JSON once its local "
+                            "$ref are inlined", "max_bytes", what)
+    return None
 
 
 def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what: str,

@@ -131,3 +131,50 @@ def test_forced_tool_call_counts_are_shared_across_tools_and_tenant_overrides_ap
     with pytest.raises(GatewayError) as info:  # the tools list is over max_bytes (the body is longer)
         parse_inference_request(raw, "chat", 32, json_schema=LIMITS)
     assert info.value.param == "tools" and "limits.json_schema.max_bytes" in info.value.message
+
+
+# S25-review-5: local $ref multiply once inlined (outlines-core's build_regex_from_schema inlines every reference);
+# before, a 20-definition chain, each referring to the next twice (~1.3 KB, 3 schema levels), passed every bound.
+
+def _doubling(n: int) -> dict[str, Any]:
+    defs: dict[str, Any] = {f"d{i}": {"type": "object", "properties": {
+        "a": {"$ref": f"#/$defs/d{i + 1}"}, "b": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(n)}
+    defs[f"d{n}"] = {"type": "string"}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def test_references_that_multiply_once_inlined_pass_max_bytes() -> None:
+    schema = _doubling(20)
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    assert len(orjson.dumps(rf)) < 2048
+    err = response_format_refusal(rf, LIMITS, {}, 0)
+    assert err is not None and err.code == "json_schema_too_complex" and "$ref are inlined" in err.message
+    assert err.param == "response_format.json_schema.schema"
+    assert err.record == {"reason": "response_format over limits.json_schema.max_bytes"}
+    assert response_format_refusal(rf, LIMITS, {"max_bytes": 1 << 30}, 0) is None  # the tenant's own bound
+    with pytest.raises(GatewayError) as info:  # a forced tool call's parameters too
+        _parse(_tools_body("required", schema))
+    assert info.value.param == "tools.1.function.parameters" and "$ref are inlined" in info.value.message
+
+
+@pytest.mark.parametrize("schema", [
+    {"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"},
+                                                          "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+     "$ref": "#/$defs/node"},  # recursion: counted once
+    {"definitions": {"a/b": {"type": "string"}}, "properties": {f"p{i}": {"$ref": "#/definitions/a~1b"}
+                                                                 for i in range(50)}},
+    {"$defs": {"a": {"type": "string"}}, "$ref": "https://example.com/remote"},  # not local: the replica's
+])
+def test_ordinary_and_recursive_references_pass(schema: Any) -> None:
+    assert response_format_refusal({"type": "json_schema", "json_schema": {"schema": schema}}, LIMITS, {}, 0) is None
+
+
+def test_inlined_bytes_counts_each_reference_once_per_occurrence() -> None:
+    from gateway.schema_refs import inlined_bytes
+
+    a = {"type": "string", "maxLength": 5}
+    schema = {"$defs": {"a~/": a}, "properties": {"x": {"$ref": "#/$defs/a~0~1"}, "y": {"$ref": "#/$defs/a~0~1/x"}}}
+    size = lambda v: len(orjson.dumps(v))  # noqa: E731
+    assert inlined_bytes(schema, size, 1 << 20) == size(schema) + 2 * size(a)
+    assert inlined_bytes(schema, size, 10) == 11  # capped
+    assert inlined_bytes({"properties": {"x": {"$ref": "#/$defs/a"}}}, size, 1 << 20) == 0  # no definitions
