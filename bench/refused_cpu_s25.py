@@ -27,6 +27,11 @@ BODIES = {
   "lists depth 200 x 7800 zeros": rf('{"x":' + "[" * 200 + ",".join(["0"] * 7800) + "]" * 200 + "}"),
   "8000 empty objects": rf('{"x":[' + ",".join(["{}"] * 8000) + "]}"),
   "pattern over bound": rf('{"pattern":"' + "a" * 2000 + '"}'),
+  "$ref: 20 defs, each refers twice": rf(json.dumps({"$defs": {**{f"d{i}": {"type": "object", "properties": {
+      "a": {"$ref": f"#/$defs/d{i + 1}"}, "b": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(20)},
+      "d20": {"type": "string"}}, "$ref": "#/$defs/d0"})),
+  "$ref: chain of 2000 defs": rf(json.dumps({"$defs": {**{f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(2000)},
+      "d2000": {"type": "string"}}, "$ref": "#/$defs/d0"})),
   "forced tool, depth 200 x 7800": pre + '"tool_choice":"required","tools":[{"type":"function","function":{"name":"f","parameters":{"x":' + "[" * 200 + ",".join(["0"] * 7800) + "]" * 200 + "}}}]}",
 }
 N, ROUNDS = int(sys.argv[4]), int(sys.argv[5])
