@@ -123,7 +123,7 @@ def tool_schema_refusal(tools: Any, tool_choice: Any, limits: Any, overrides: Ma
             return GatewayError(400, "invalid_json", "request body is nested too deeply")
         return _refused("tools", f"tools is larger than {bound['max_bytes']} bytes as compact JSON, with a "
                         "tool_choice that makes the replica compile its parameters", "max_bytes", "tools")
-    subject = "the forced tool call's parameters"
+    subject = "the forced tool call's schema"
     return _walk(roots[::-1], bound, "tools", subject) or _inlined_refusal(roots, bound, "tools", subject)
 
 
