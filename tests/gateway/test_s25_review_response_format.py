@@ -45,8 +45,10 @@ def test_deep_response_format_in_a_long_body_is_a_400_not_a_crash(depth: int) ->
 
 
 def test_deep_response_format_refusal_itself_raises_nothing() -> None:
-    depth = 1000
-    rf = orjson.loads('{"type":"json_schema","json_schema":{"schema":{"x":' + "[" * depth + "]" * depth + "}}}")
+    nested: list[Any] = []
+    for _ in range(100_000):  # deeper than json.dumps encodes under any recursion limit a test run sets
+        nested = [nested]
+    rf = {"type": "json_schema", "json_schema": {"schema": {"x": nested}}}
     err = response_format_refusal(rf, LIMITS, {}, 1 << 30)
     assert err is not None and err.status == 400 and err.code == "invalid_json"
 
