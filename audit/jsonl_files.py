@@ -29,7 +29,7 @@ def tail(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     with open(path, "rb") as fh:
         for line in fh:
             if line.endswith(b"\n"):
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(ValueError, RecursionError):  # S25-review-4: RecursionError too
                     last = json.loads(line)
                     body = last.get("body") if isinstance(last, dict) else None
                     if isinstance(body, dict) and last.get("type") == "checkpoint":
@@ -41,7 +41,8 @@ def retired_keys(files: list[Path]) -> set[str]:
     """The key ids the headers of ``files`` retire (their first lines only)."""
     out: set[str] = set()
     for path in files:
-        with contextlib.suppress(OSError, ValueError, AttributeError, KeyError, TypeError), open(path, "rb") as fh:
+        with contextlib.suppress(OSError, ValueError, AttributeError, KeyError, TypeError, RecursionError), \
+                open(path, "rb") as fh:
             retired = json.loads(fh.readline())["body"].get("retires")
             if isinstance(retired, str):
                 out.add(retired)

@@ -48,7 +48,7 @@ def _checkpoint_bodies(value: Any, depth: int = 0) -> Iterator[dict[str, Any]]:
     elif isinstance(value, str) and value.startswith("{") and '"head_seq"' in value:
         try:
             yield from _checkpoint_bodies(json.loads(value), depth + 1)
-        except ValueError:
+        except (ValueError, RecursionError):  # S25-review-4: a deep line is no checkpoint, not a crash
             return
 
 
@@ -118,7 +118,7 @@ def load_anchors(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]], lis
                 elif "{" in line:
                     try:
                         found = list(_checkpoint_bodies(json.loads(line[line.index("{"):])))
-                    except ValueError:
+                    except (ValueError, RecursionError):  # S25-review-4: RecursionError too
                         found = []
                 for body in found:
                     cp = normalise_checkpoint(body)

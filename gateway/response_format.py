@@ -12,7 +12,8 @@ compile has none (vllm-project/vllm#54003, open; PRs #45172, #54090 open), nor h
 (gateway/free_form.py), with :class:`gateway.config_http.JsonSchemaLimits` (``limits.json_schema``; each bound
 overridden per tenant by ``tenants[].json_schema_limits``):
 
-* ``max_bytes``: compact JSON UTF-8 bytes of the whole ``response_format``;
+* ``max_bytes``: compact JSON UTF-8 bytes of the whole ``response_format``, and of its schema once its local ``$ref``
+  are inlined (session 25, S25-review-5: :mod:`gateway.schema_refs`);
 * ``max_depth``: schema levels: nested JSON objects below ``json_schema.schema`` (the schema itself is level 1; the
   name maps ``properties``, ``$defs``, ``definitions``, ``patternProperties``, ``dependentSchemas`` add none, so
   ``{"properties": {"a": {...}}}`` nests ``a`` one level below; objects inside ``enum``/``const`` count too).
@@ -33,6 +34,8 @@ A refusal is 400 ``json_schema_too_complex`` (type ``invalid_request_error``) wh
 what passed the bound (``response_format.json_schema.schema.properties.a.pattern``; keys shown as
 :func:`gateway.unknown_fields.field_label` shows them: bounded, escaped), so its body holds client text
 (``client_text``: rendered per answer, never cached). The audit record's ``reason`` names the bound only.
+Session 25 (S25-review-3): the same bounds apply to the ``tools[].function.parameters`` of a chat body whose
+``tool_choice`` forces a call (:func:`tool_schema_refusal`), which the replica compiles the same way.
 The schema's values are also counted in ``max_free_values`` (gateway/free_form.py) and its rendering in the
 first sequence's prompt bytes (gateway/request.py ``extra_text``), as before.
 """
@@ -40,14 +43,15 @@ first sequence's prompt bytes (gateway/request.py ``extra_text``), as before.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 import orjson
 
 from gateway.errors import GatewayError
+from gateway.schema_refs import inlined_bytes
 from gateway.unknown_fields import field_label
 
-__all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal"]
+__all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal", "tool_schema_refusal"]
 
 #: the names of the bounds (``limits.json_schema`` keys, ``tenants[].json_schema_limits`` keys)
 JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_values", "max_pattern_chars")
@@ -57,8 +61,12 @@ _NAME_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties
 #: keywords whose value is data (an instance), never a schema: its keys are not keywords
 _DATA = frozenset({"enum", "const", "default", "examples"})
 _SCHEMA, _MAP, _VALUE = 0, 1, 2  # what a walked value is
+#: :func:`_encoded_bytes` of a value nested too deeply to encode (larger than any ``max_bytes``)
+_TOO_DEEP = 1 << 62
 #: the longest ``param`` of a refusal (characters)
 MAX_PARAM_CHARS = 1024
+#: a walked value's path: ``(parent node, key or list index)``, None above the root (session 25, S25-review-2)
+_Node = Optional[tuple[Any, Any]]
 
 
 def response_format_refusal(response_format: Any, limits: Any, overrides: Mapping[str, int],
@@ -74,7 +82,9 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     if type(response_format) is not dict:
         return None
     bound = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
-    if body_bytes > bound["max_bytes"] and _encoded_bytes(response_format) > bound["max_bytes"]:
+    if body_bytes > bound["max_bytes"] and (size := _encoded_bytes(response_format)) > bound["max_bytes"]:
+        if size == _TOO_DEEP:  # S25-review-1: was a RecursionError, a 500 and a traceback; the decoder's own answer
+            return GatewayError(400, "invalid_json", "request body is nested too deeply")
         return _refused("response_format", f"response_format is larger than {bound['max_bytes']} bytes as compact "
                         "JSON", "max_bytes")
     root: Any = response_format
@@ -82,79 +92,155 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     spec = response_format.get("json_schema")
     if response_format.get("type") == "json_schema" and type(spec) is dict and "schema" in spec:
         root, path = spec["schema"], ("response_format", "json_schema", "schema")
-    return _walk(root, path, bound)
+    return _walk([(root, path)], bound, "response_format", "response_format") or _inlined_refusal(
+        [(root, path)], bound, "response_format", "response_format")
 
 
-def _walk(root: Any, path: tuple[str, ...], bound: dict[str, int]) -> GatewayError | None:
-    """Walk ``root`` (a schema at ``path``) and refuse the first bound it passes (see the module docstring)."""
+def tool_schema_refusal(tools: Any, tool_choice: Any, limits: Any, overrides: Mapping[str, int],
+                        body_bytes: int) -> GatewayError | None:
+    """The 400 for a decoded chat body whose ``tool_choice`` forces a call (``"required"`` or a named function, an
+    object) and whose ``tools[].function.parameters`` schemas together pass a bound of :data:`JSON_SCHEMA_BOUNDS`
+    (the same values as :func:`response_format_refusal`), else None (session 25, S25-review-3).
+
+    Why: vLLM compiles those schemas into a grammar before the first token exactly as it compiles a
+    ``response_format`` (docs/features/tool_calling.md, "Named Function Calling" and "Required Function Calling":
+    guided decoding over "the tool parameter object defined by the JSON schema in the ``tools`` parameter"; for
+    ``required`` an ``anyOf`` over every tool), so before this a schema refused in ``response_format`` reached the
+    compiler unbounded as a tool's ``parameters`` with ``tool_choice: "required"``. Every tool's parameters count
+    (for a named choice too: the gateway does not resolve which tool the replica picks; fail closed). ``max_bytes``
+    is the compact JSON of the whole ``tools`` list; ``param`` is the client's path
+    (``tools.0.function.parameters.properties.a.pattern``). ``tool_choice`` ``auto``/``none``/absent: no compile,
+    nothing checked. Types are not checked here (the schema does). Raises nothing."""
+    if type(tools) is not list or not (tool_choice == "required" or type(tool_choice) is dict):
+        return None
+    roots = [(fn["parameters"], ("tools", str(i), "function", "parameters")) for i, tool in enumerate(tools)
+             if type(tool) is dict and type(fn := tool.get("function")) is dict and "parameters" in fn]
+    if not roots:
+        return None
+    bound = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
+    if body_bytes > bound["max_bytes"] and (size := _encoded_bytes(tools)) > bound["max_bytes"]:
+        if size == _TOO_DEEP:
+            return GatewayError(400, "invalid_json", "request body is nested too deeply")
+        return _refused("tools", f"tools is larger than {bound['max_bytes']} bytes as compact JSON, with a "
+                        "tool_choice that makes the replica compile its parameters", "max_bytes", "tools")
+    subject = "the forced tool call's schema"
+    return _walk(roots[::-1], bound, "tools", subject) or _inlined_refusal(roots, bound, "tools", subject)
+
+
+def _inlined_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what: str,
+                     subject: str) -> GatewayError | None:
+    """``max_bytes`` over the schemas of ``roots`` together once their local ``$ref`` are inlined
+    (:func:`gateway.schema_refs.inlined_bytes`; session 25, S25-review-5: 20 definitions each referring to the
+    next twice, ~1.3 KB within every other bound, inline to 2**20 copies in a compiler that inlines references);
+    ``param`` names the first root over it. Work: none for a schema without top-level definitions and
+    references; else O(nodes + references) and one C encoding per definition reached."""
+    cap, total = bound["max_bytes"], 0
+    for root, path in roots:
+        total += inlined_bytes(root, _encoded_bytes, cap)
+        if total > cap:
+            node: _Node = None
+            for name in path:
+                node = (node, name)
+            return _refused(_param(node), f"{subject} is larger than {cap} bytes as compact JSON once its local "
+                            "$ref are inlined", "max_bytes", what)
+    return None
+
+
+def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what: str,
+          subject: str) -> GatewayError | None:
+    """Walk each schema of ``roots`` (``(schema, path)``, the last first) with shared counts and refuse the first
+    bound they pass (see the module docstring); ``what`` names them in the audit reason, ``subject`` in the message.
+
+    Work: O(1) per JSON container below ``root`` (session 25, S25-review-2: each pushed value links to its parent's
+    path node, ``(parent, key)``, instead of copying the whole path tuple, which made the walk values x depth: 57
+    ms of CPU for a 61 KiB schema of 31,000 zeros 250 lists deep); scalars are never pushed (their checks are made
+    at their key); the path is spelled out only for a refusal (:func:`_param`)."""
     properties = enums = pattern_chars = 0
-    stack: list[tuple[Any, tuple[str, ...], int, int]] = [(root, path, 0, _SCHEMA)]
+    stack: list[tuple[Any, _Node, int, int]] = []
+    for root, path in roots:
+        top: _Node = None
+        for name in path:
+            top = (top, name)
+        stack.append((root, top, 0, _SCHEMA))
     while stack:
         cur, where, depth, kind = stack.pop()
         if type(cur) is list:
-            stack.extend((v, where + (str(i),), depth, kind) for i, v in enumerate(cur))
+            stack.extend((v, (where, i), depth, kind) for i, v in enumerate(cur) if type(v) is dict or type(v) is list)
             continue
-        if type(cur) is not dict:
+        if type(cur) is not dict:  # the root only: nothing else that is not a container is pushed
             continue
         if kind != _MAP:
             depth += 1
             if depth > bound["max_depth"]:
-                return _refused(_param(where), f"response_format nests more than {bound['max_depth']} schema levels",
-                                "max_depth")
+                return _refused(_param(where), f"{subject} nests more than {bound['max_depth']} schema levels",
+                                "max_depth", what)
         for key, value in cur.items():
-            at = where + (key,)
             if kind == _MAP:
-                if where[-1] == "properties":
+                assert where is not None
+                if where[1] == "properties":
                     properties += 1
                     if properties > bound["max_properties"]:
-                        return _refused(_param(where), "response_format has more than "
-                                        f"{bound['max_properties']} properties", "max_properties")
-                elif where[-1] == "patternProperties":
+                        return _refused(_param(where), f"{subject} has more than "
+                                        f"{bound['max_properties']} properties", "max_properties", what)
+                elif where[1] == "patternProperties":
                     pattern_chars += len(key)
                     if pattern_chars > bound["max_pattern_chars"]:
-                        return _refused(_param(at), "response_format's patterns have more than "
-                                        f"{bound['max_pattern_chars']} characters together", "max_pattern_chars")
-                stack.append((value, at, depth, _SCHEMA))
+                        return _refused(_param((where, key)), f"{subject} has patterns of more than "
+                                        f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", what)
+                next_kind = _SCHEMA
             elif kind == _VALUE:
-                stack.append((value, at, depth, _VALUE))
+                next_kind = _VALUE
             elif key in _DATA:
                 if key == "enum" and type(value) is list:
                     enums += len(value)
                     if enums > bound["max_enum_values"]:
-                        return _refused(_param(at), "response_format has more than "
-                                        f"{bound['max_enum_values']} enum values", "max_enum_values")
-                stack.append((value, at, depth, _VALUE))
+                        return _refused(_param((where, key)), f"{subject} has more than "
+                                        f"{bound['max_enum_values']} enum values", "max_enum_values", what)
+                next_kind = _VALUE
             elif key == "pattern" and type(value) is str:
                 pattern_chars += len(value)
                 if pattern_chars > bound["max_pattern_chars"]:
-                    return _refused(_param(at), "response_format's patterns have more than "
-                                    f"{bound['max_pattern_chars']} characters together", "max_pattern_chars")
+                    return _refused(_param((where, key)), f"{subject} has patterns of more than "
+                                    f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", what)
+                continue
             else:
-                stack.append((value, at, depth, _MAP if key in _NAME_MAPS and type(value) is dict else _SCHEMA))
+                next_kind = _MAP if key in _NAME_MAPS and type(value) is dict else _SCHEMA
+            if type(value) is dict or type(value) is list:  # a scalar holds nothing more to walk
+                stack.append((value, (where, key), depth, next_kind))
     return None
 
 
 def _encoded_bytes(value: dict[str, Any]) -> int:
-    """Compact JSON UTF-8 bytes of ``value`` (orjson; an integer beyond 64 bits or a lone surrogate, which orjson
-    does not encode, falls back to :func:`json.dumps`)."""
+    """Compact JSON UTF-8 bytes of ``value`` (orjson; an integer beyond 64 bits, a lone surrogate or more than
+    orjson's 255 levels, which orjson does not encode, falls back to :func:`json.dumps`), or :data:`_TOO_DEEP`
+    when ``value`` nests deeper than :func:`json.dumps` encodes (its ``RecursionError``: about 1,000 levels;
+    session 25, S25-review-1)."""
     try:
         return len(orjson.dumps(value))
     except (TypeError, orjson.JSONEncodeError):
         import json
 
-        return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+        try:
+            return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+        except RecursionError:
+            return _TOO_DEEP
 
 
-def _param(path: tuple[str, ...]) -> str:
-    """``path`` as the error's ``param``: dotted, each client key as :func:`field_label` shows it (the fixed
-    names and list indexes are plain ASCII already); cut to :data:`MAX_PARAM_CHARS` (``...`` marks a cut)."""
-    param = ".".join(p if p.isascii() and (p.isidentifier() or p.isdigit()) else field_label(p) for p in path)
+def _param(node: _Node) -> str:
+    """The path of ``node`` as the error's ``param``: dotted, each client key as :func:`field_label` shows it (the
+    fixed names and list indexes are plain ASCII already); cut to :data:`MAX_PARAM_CHARS` (``...`` marks a cut)."""
+    parts: list[str] = []
+    while node is not None:
+        node, key = node
+        parts.append(str(key) if type(key) is int else key)
+    parts.reverse()
+    param = ".".join(p if p.isascii() and (p.isidentifier() or p.isdigit()) else field_label(p) for p in parts)
     return param if len(param) <= MAX_PARAM_CHARS else param[:MAX_PARAM_CHARS - 3] + "..."
 
 
-def _refused(param: str, message: str, name: str) -> GatewayError:
+def _refused(param: str, message: str, name: str, what: str = "response_format") -> GatewayError:
     """The 400 ``json_schema_too_complex`` naming the bound ``name`` (``limits.json_schema.<name>``) in its message and
-    its audit ``reason`` (no client text there)."""
+    its audit ``reason`` (``what``: ``response_format`` or ``tools``; no client text there)."""
     return GatewayError(400, "json_schema_too_complex", f"{message} (limits.json_schema.{name}, for this tenant); the "
                         "replica compiles it into a grammar before the first token", param=param,
-                        record={"reason": f"response_format over limits.json_schema.{name}"}, client_text=True)
+                        record={"reason": f"{what} over limits.json_schema.{name}"}, client_text=True)
