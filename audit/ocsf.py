@@ -11,7 +11,8 @@ Class choice (OCSF schema 1.5.0, https://schema.ocsf.io/1.5.0/):
   and does not fit a PDP verdict per request. The PDP decision is therefore
   carried in the **Authorization Result** object ``actor.authorizations[]``
   (``decision`` plus ``policy{uid=decision_id, name=reason_code,
-  desc=reason}``) of the API Activity event, which is where OCSF places it.
+  desc=reason, version}``: schema "6"'s ``policy.version`` as OCSF's own ``policy.version``, a string)
+  of the API Activity event, which is where OCSF places it.
 * operator actions (policy/data change, key rotation, config reload) → **Entity Management** (3004, IAM), activity
   Update (3); the request's source in ``src_endpoint.ip`` (a 3004 attribute; no port is known; S22-fixsec-1).
 * alerts (concentration, cache-miss spike, audit spill full) → **Detection
@@ -71,6 +72,11 @@ def _class_and_activity(event: AuditEvent) -> tuple[int, int, str]:
     return API_ACTIVITY, 1, "Create"
 
 
+def _version(version: object) -> str | None:
+    """OCSF ``policy.version`` (``string_t``, "The policy version number") of the event's ``policy.version``."""
+    return None if version is None else str(version)
+
+
 def to_ocsf(event: AuditEvent) -> dict[str, Any]:
     """Map an audit event to an OCSF 1.5.0 event dict (see module docstring)."""
     class_uid, activity_id, activity_name = _class_and_activity(event)
@@ -114,7 +120,8 @@ def to_ocsf(event: AuditEvent) -> dict[str, Any]:
         actor["authorizations"] = [{
             "decision": decision,
             "policy": {k: v for k, v in {"uid": event.policy.decision_id, "name": event.policy.reason_code,
-                                          "desc": event.policy.reason}.items() if v},
+                                          "desc": event.policy.reason, "version": _version(event.policy.version)
+                                          }.items() if v},
         }]
     src = {"ip" if is_ip_text(a) else "name": a} if (a := event.client_address) else {}  # S23-fixreg-2
     if event.summary and event.summary.get("source"):
@@ -200,7 +207,7 @@ def ocsf_line(event: AuditEvent) -> bytes:
         actor["authorizations"] = [{
             "decision": OUTCOME_VALUE[outcome],
             "policy": {k: v for k, v in (("uid", policy.decision_id), ("name", policy.reason_code),
-                                         ("desc", policy.reason)) if v},
+                                         ("desc", policy.reason), ("version", _version(policy.version))) if v},
         }]
     src = {"ip" if is_ip_text(a) else "name": a} if (a := event.client_address) else {"name": "unknown"}
     if class_uid == API_ACTIVITY:
