@@ -6,7 +6,7 @@ Header fields escape ``\\`` and ``|`` with a backslash; extension values
 escape ``\\`` and ``=`` with a backslash and encode newlines as ``\\n`` /
 ``\\r``. Extension keys are the standard CEF dictionary names (``rt``,
 ``src``, ``suser``, ``request``, ``outcome``, ``cs1``..``cs6`` with labels,
-``cn1``..``cn3``, ``cfp1``..``cfp3`` with labels, ``deviceExternalId``).
+``cn1``..``cn3``, ``cfp1``..``cfp3`` and ``flexNumber1`` (a Long) with labels, ``deviceExternalId``).
 """
 from __future__ import annotations
 
@@ -117,6 +117,7 @@ _EXTENSION: tuple[tuple[str, str | None, Callable[[AuditEvent], object]], ...] =
     ("cfp1", "queueWaitMs", attrgetter("latency.queue_wait_ms")),
     ("cfp2", "virtualTokens", attrgetter("route.virtual_tokens")),
     ("cfp3", "droppedFields", attrgetter("dropped_fields")),  # schema "5": a count (CEF has cn1..cn3 only)
+    ("flexNumber1", "policyVersion", attrgetter("policy.version")),  # schema "6": CEF's integer (Long) flex field
     ("deviceExternalId", None, attrgetter("instance")),
 )
 
@@ -126,8 +127,8 @@ def format_cef(event: AuditEvent) -> str:
 
     Extension order: ``rt externalId outcome src suser sntdom request``,
     ``cs1..cs6`` (each after its label), ``reason``, ``cn1..cn3`` (each after
-    its label), ``cfp1`` (``queueWaitMs``), ``cfp2`` (``virtualTokens``) and ``cfp3`` (``droppedFields``, schema
-    "5"), each after its label, ``deviceExternalId`` (the emitting ``instance``), ``msg`` (``k=v`` of the
+    its label), ``cfp1`` (``queueWaitMs``), ``cfp2`` (``virtualTokens``), ``cfp3`` (``droppedFields``, schema
+    "5") and ``flexNumber1`` (``policyVersion``, schema "6"), each after its label, ``deviceExternalId`` (the emitting ``instance``), ``msg`` (``k=v`` of the
     kind-specific details, sorted, ``; `` joined); None values and their labels are left out."""
     details = event.alert or event.operator or event.summary or event.checkpoint or {}
     kind, outcome = event.kind.value, event.outcome.value
@@ -180,6 +181,7 @@ _L_TENANT, _L_DECISION, _L_REPLICA = _label("cs1", "tenant"), _label("cs2", "dec
 _L_MODEL, _L_FP, _L_REQ = _label("cs4", "model"), _label("cs5", "prefixFingerprint"), _label("cs6", "requestId")
 _L_PROMPT, _L_OUTPUT, _L_STATUS = _label("cn1", "promptTokens"), _label("cn2", "outputTokens"), _label("cn3", "statusCode")
 _L_QUEUE, _L_VT, _L_DROPPED = _label("cfp1", "queueWaitMs"), _label("cfp2", "virtualTokens"), _label("cfp3", "droppedFields")
+_L_POLICY_VERSION = _label("flexNumber1", "policyVersion")
 
 
 def cef_line(event: AuditEvent) -> str:
@@ -252,6 +254,9 @@ def cef_line(event: AuditEvent) -> str:
     if (v := event.dropped_fields) is not None:
         a(_L_DROPPED)
         a(f"cfp3={_value(v)}")
+    if (v := policy.version) is not None:
+        a(_L_POLICY_VERSION)
+        a(f"flexNumber1={_value(v)}")
     if (v := event.instance) is not None:
         a(f"deviceExternalId={_repeated(v)}")
     return head[0] + " ".join(p)

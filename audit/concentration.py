@@ -23,6 +23,8 @@ Alerts (once per episode, with hysteresis):
   for ``hold_s``.
 An alert clears when its value falls below threshold × ``clear_ratio`` (for
 the hit rate: rises above baseline × (1 - hit_drop_ratio × clear_ratio)).
+Each raise and clear is also one gateway log line (WARNING / INFO, rate-bounded per alert id:
+:mod:`audit.alert_log`, S24-newcomer-8).
 
 Defaults are relative to the router's bounded-load guard factor ``c``
 (consistent hashing with bounded loads, Mirrokni et al. 2018: no replica
@@ -55,9 +57,10 @@ from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from audit.alert_log import AlertLogLines
 from audit.attribution import attribute_concentration
 from audit.concentration_state import BASELINE_BUCKET_S as BUCKET_S
-from audit.concentration_state import _alert_id, _Episode, _FlushOnCollect, _Pool, expire, pool_stats
+from audit.concentration_state import _alert_id, _Episode, _FlushOnCollect, _Pool, alert_fields, expire, pool_stats
 from audit.event import AuditEvent, Kind, Outcome, iso_ms
 
 
@@ -133,6 +136,8 @@ class ConcentrationMonitor:
         self._alerts: list[dict[str, object]] | None = None  # the active set, until a raise or clear
         self.baseline_s = window_s * baseline_windows
         self._on_alert = on_alert
+        #: one log line per raise (WARNING) and clear (INFO), rate-bounded per alert id (:mod:`audit.alert_log`)
+        self.alert_log = AlertLogLines(window_s, clock=clock)
         self._pools: dict[str, _Pool] = defaultdict(_Pool)
         self._episodes: dict[tuple[str, str, str], _Episode] = defaultdict(_Episode)
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -378,18 +383,12 @@ class ConcentrationMonitor:
 
     def _emit(self, key: tuple[str, str, str], outcome: Outcome, value: float, threshold: float, now: float,
               tenant: str | None = None) -> None:
-        kind, pool, replica = key
         self._alerts = None  # the active set changed
         self._g_alerts.set(len(self._active()))
-        if self._on_alert is None:
-            return
-        alert = {"alert_id": _alert_id(kind, pool, replica, tenant), "alert_kind": kind, "pool": pool,
-                 "value": round(value, 4), "threshold": round(threshold, 4), "observed_at_s": round(now, 3)}
-        if replica:
-            alert["replica"] = replica
-        if tenant is not None:
-            alert["tenant_id"] = tenant
-        self._on_alert(AuditEvent(kind=Kind.ALERT, outcome=outcome, alert=alert, tenant=tenant))
+        alert = alert_fields(key, value, threshold, now, tenant)
+        self.alert_log.note(outcome, alert)  # the gateway log's line, rate-bounded (S24-newcomer-8)
+        if self._on_alert is not None:
+            self._on_alert(AuditEvent(kind=Kind.ALERT, outcome=outcome, alert=alert, tenant=tenant))
 
 
 __all__ = ["ConcentrationMonitor", "iso_ms"]

@@ -111,4 +111,20 @@ def _alert_id(kind: str, pool: str, replica: str, tenant: str | None) -> str:
     return f"{kind}:{pool}:{replica}" if tenant is None else f"{kind}:{pool}:{replica}:{tenant}"
 
 
-__all__ = ["_Obs", "_Pool", "_Episode", "_FlushOnCollect", "expire", "_alert_id", "pool_stats"]
+def alert_fields(key: tuple[str, str, str], value: float, threshold: float, now: float,
+                 tenant: str | None) -> dict[str, object]:
+    """The ``alert`` mapping of a ``kind="alert"`` audit event: ``key`` = ``(kind, pool, replica or "")``;
+    ``value``/``threshold``: the figure and its threshold (rounded to 4 places); ``now``: monotonic s;
+    ``tenant``: the tenant an attributed alert names (None: global)."""
+    kind, pool, replica = key
+    alert: dict[str, object] = {"alert_id": _alert_id(kind, pool, replica, tenant), "alert_kind": kind, "pool": pool,
+                                "value": round(value, 4), "threshold": round(threshold, 4),
+                                "observed_at_s": round(now, 3)}
+    if replica:
+        alert["replica"] = replica
+    if tenant is not None:
+        alert["tenant_id"] = tenant
+    return alert
+
+
+__all__ = ["_Obs", "_Pool", "_Episode", "_FlushOnCollect", "expire", "_alert_id", "alert_fields", "pool_stats"]

@@ -157,6 +157,8 @@ def _plain_json(ev: AuditEvent) -> bytes | None:
             d["reason"] = v
         if (v := g.reason_code) is not None:
             d["reason_code"] = v
+        if (v := g.version) is not None:  # schema "6" (session 25)
+            d["version"] = v
         if d:
             out["policy"] = d
     if (v := ev.prefix_fingerprint) is not None:

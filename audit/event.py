@@ -1,11 +1,13 @@
-"""Audit event schema (schema_version "5") and the defensive scrubber.
+"""Audit event schema (schema_version "6") and the defensive scrubber.
 
 One :class:`AuditEvent` is written per gateway decision (inference call,
 token check, operator action, alert, flood summary, chain checkpoint). The
 record is flat-ish JSON with a few nested groups; its field names are the
 stable contract for SIEM parsers. Renaming or removing a field bumps
 ``SCHEMA_VERSION``; so does adding one that a strict reader of the previous
-version refuses (``from_dict`` refuses unknown fields). Version "5" (session 24, S23-fields-4) adds one
+version refuses (``from_dict`` refuses unknown fields). Version "6" (session 25, S24-newcomer-4) adds one
+optional field, ``policy.version``: the policy store's version number of the set that decided (the admin
+API's ``version``; omitted when unknown: a remote OPA, or no ``policy.versions_dir``). Version "5" (session 24, S23-fields-4) adds one
 optional field, ``dropped_fields``: how many top-level body fields outside the request schema the gateway
 dropped (``limits.unknown_fields: drop``), the count only, never a name. Version "4" (session 2:
 issues 16, 17) adds three optional fields: ``instance`` (the emitting gateway
@@ -45,11 +47,12 @@ from typing import Any
 
 import orjson
 
+from audit.event_upgrade import upgrade_event_dict
 from audit.ids import uuid4_str
 
-SCHEMA_VERSION = "5"
+SCHEMA_VERSION = "6"
 #: Versions :meth:`AuditEvent.from_dict` reads ("1" and "2" through :func:`upgrade_event_dict`).
-READABLE_VERSIONS = frozenset({"1", "2", "3", "4", "5"})
+READABLE_VERSIONS = frozenset({"1", "2", "3", "4", "5", "6"})
 #: Versions whose field names :func:`upgrade_event_dict` renames (see ``_RENAMED_V3``).
 _RENAMED_VERSIONS = frozenset({"1", "2"})
 
@@ -101,11 +104,13 @@ class Identity:
 
 @dataclass(frozen=True, slots=True)
 class PolicyInfo:
-    """PDP result: OPA decision id, machine reason code, short human reason."""
+    """PDP result: OPA decision id, machine reason code, short human reason; ``version`` (schema "6"):
+    the policy store's version number of the set that decided (None: unknown, omitted)."""
 
     decision_id: str | None = None
     reason_code: str | None = None
     reason: str | None = None
+    version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +223,7 @@ new_event_id: Callable[[], str] = uuid4_str
 
 @dataclass(frozen=True, slots=True)
 class AuditEvent:
-    """One audit record, schema version "5".
+    """One audit record, schema version "6".
 
     ``instance`` (optional, added with issue 16, schema "4"): which gateway process
     emitted the event, stamped by :class:`audit.log.AuditLog` when
@@ -362,30 +367,6 @@ def json_field(event: AuditEvent, name: str) -> Any:
     if isinstance(value, Mapping):
         return dict(value)
     return value
-#: Version "1"/"2" names → version "3" names: (group or None, old name, new group or None, new name).
-_RENAMED_V3: tuple[tuple[str | None, str, str | None, str], ...] = (
-    (None, "cached_tokens", "route", "delivered_prefix_tokens"),
-    ("route", "prefix_tokens_matched", "route", "predicted_prefix_tokens"),
-    ("route", "prefix_tokens_available", "route", "available_prefix_tokens"),
-    ("latency", "ttft_ms", "latency", "first_byte_ms"),
-)
-
-
-def upgrade_event_dict(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A version "1" or "2" event dict with its fields renamed to version "3" (a new dict;
-    ``schema_version`` stays as read). Unknown fields are left for :meth:`AuditEvent.from_dict` to refuse."""
-    out: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
-    for group, old, new_group, new in _RENAMED_V3:
-        src = out if group is None else out.get(group)
-        if not isinstance(src, dict) or old not in src:
-            continue
-        value = src.pop(old)
-        if group is not None and not src:
-            out.pop(group)
-        dst = out if new_group is None else out.setdefault(new_group, {})
-        if isinstance(dst, dict):
-            dst[new] = value
-    return out
 
 
 # from_dict tables (precomputed once instead of per call)

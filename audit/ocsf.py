@@ -11,7 +11,8 @@ Class choice (OCSF schema 1.5.0, https://schema.ocsf.io/1.5.0/):
   and does not fit a PDP verdict per request. The PDP decision is therefore
   carried in the **Authorization Result** object ``actor.authorizations[]``
   (``decision`` plus ``policy{uid=decision_id, name=reason_code,
-  desc=reason}``) of the API Activity event, which is where OCSF places it.
+  desc=reason, version}``: schema "6"'s ``policy.version`` as OCSF's own ``policy.version``, a string)
+  of the API Activity event, which is where OCSF places it.
 * operator actions (policy/data change, key rotation, config reload) → **Entity Management** (3004, IAM), activity
   Update (3); the request's source in ``src_endpoint.ip`` (a 3004 attribute; no port is known; S22-fixsec-1).
 * alerts (concentration, cache-miss spike, audit spill full) → **Detection
@@ -30,9 +31,10 @@ from typing import Any
 
 import orjson
 
-from audit.event import _GROUP_FIELDS, _PLAIN_TYPES, AuditEvent, Kind, Outcome, is_ip_text, json_field
-from audit.encoded import KIND_VALUE, OUTCOME_VALUE
+from audit.encoded import OUTCOME_VALUE
+from audit.event import AuditEvent, Kind, Outcome, is_ip_text
 from audit.files import open_append
+from audit.ocsf_unmapped import _request_pg, _unmapped
 
 OCSF_VERSION = "1.5.0"
 PRODUCT = {"name": "PrefixGate", "vendor_name": "PrefixGate", "version": "0.1.0"}
@@ -70,22 +72,9 @@ def _class_and_activity(event: AuditEvent) -> tuple[int, int, str]:
     return API_ACTIVITY, 1, "Create"
 
 
-_UNMAPPED_KEYS = ("tenant", "route", "latency", "prompt_tokens", "output_tokens", "sequences", "ledger",
-                  "error_code", "prefix_fingerprint", "request_id", "outcome", "kind", "summary", "checkpoint", "operator",
-                  "alert", "instance", "dropped_fields")
-
-
-def _unmapped(event: AuditEvent) -> dict[str, Any]:
-    """``{"prefixgate": {...}}``: the ``_UNMAPPED_KEYS`` entries of
-    ``event.to_dict()``, built field by field with the same rules (None and
-    empty groups omitted, enums as values, mappings copied) without the
-    whole-event dict."""
-    out: dict[str, Any] = {}
-    for name in _UNMAPPED_KEYS:
-        value = json_field(event, name)
-        if value is not None:
-            out[name] = value
-    return {"prefixgate": out}
+def _version(version: object) -> str | None:
+    """OCSF ``policy.version`` (``string_t``, "The policy version number") of the event's ``policy.version``."""
+    return None if version is None else str(version)
 
 
 def to_ocsf(event: AuditEvent) -> dict[str, Any]:
@@ -131,7 +120,8 @@ def to_ocsf(event: AuditEvent) -> dict[str, Any]:
         actor["authorizations"] = [{
             "decision": decision,
             "policy": {k: v for k, v in {"uid": event.policy.decision_id, "name": event.policy.reason_code,
-                                          "desc": event.policy.reason}.items() if v},
+                                          "desc": event.policy.reason, "version": _version(event.policy.version)
+                                          }.items() if v},
         }]
     src = {"ip" if is_ip_text(a) else "name": a} if (a := event.client_address) else {}  # S23-fixreg-2
     if event.summary and event.summary.get("source"):
@@ -165,17 +155,6 @@ def to_ocsf(event: AuditEvent) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-_GROUP_KEYS = {name: _GROUP_FIELDS[name] for name in ("route", "latency", "ledger")}
-if _GROUP_KEYS != {  # _request_pg names these fields in its code  # pragma: no cover - a schema change
-        "route": ("replica", "pool", "policy", "available_prefix_tokens", "predicted_prefix_tokens",
-                  "delivered_prefix_tokens", "load", "virtual_tokens"),
-        "latency": ("auth_ms", "parse_ms", "keys_ms", "policy_ms", "route_ms", "first_byte_ms", "total_ms",
-                    "queue_wait_ms"),
-        "ledger": ("reserved_tokens", "charged_tokens", "prompt_charged", "output_charged", "output_relayed",
-                   "basis")}:
-    raise ImportError("audit.ocsf: a route/latency/ledger field changed; update _request_pg")
-_SCALAR_KEYS = ("tenant", "prompt_tokens", "output_tokens", "sequences", "error_code", "prefix_fingerprint",
-                "request_id", "instance", "dropped_fields")
 #: per (kind, outcome) of a request event: the constant top-level fields of :func:`to_ocsf`
 _REQUEST_CONST: dict[tuple[Kind, Outcome], tuple[dict[str, Any], int, str]] = {}
 _PRODUCT_CONST = dict(PRODUCT)
@@ -192,90 +171,6 @@ def _request_const(kind: Kind, outcome: Outcome) -> tuple[dict[str, Any], int, s
                                       "category_name", "type_name", "type_uid", "severity_id", "status_id", "status")}
         hit = _REQUEST_CONST[(kind, outcome)] = (const, class_uid, activity_name)
     return hit
-
-
-def _request_pg(event: AuditEvent, kind: Kind, outcome: Outcome) -> dict[str, Any]:
-    """``unmapped.prefixgate`` of a request's event: kind and outcome, the ``_SCALAR_KEYS`` values and
-    the ``_GROUP_KEYS`` groups without their None fields (a group with none left is omitted), each
-    attribute read by name in the code, not by ``getattr`` in a loop (session 13: ~30 calls fewer
-    per event); ``_GROUP_KEYS`` checks at import that the groups still have exactly these fields."""
-    plain = _PLAIN_TYPES
-    pg: dict[str, Any] = {"kind": KIND_VALUE[kind], "outcome": OUTCOME_VALUE[outcome]}
-    if (v := event.tenant) is not None:
-        pg["tenant"] = v if type(v) in plain else json_field(event, "tenant")
-    if (v := event.prompt_tokens) is not None:
-        pg["prompt_tokens"] = v if type(v) in plain else json_field(event, "prompt_tokens")
-    if (v := event.output_tokens) is not None:
-        pg["output_tokens"] = v if type(v) in plain else json_field(event, "output_tokens")
-    if (v := event.sequences) is not None:
-        pg["sequences"] = v if type(v) in plain else json_field(event, "sequences")
-    if (v := event.error_code) is not None:
-        pg["error_code"] = v if type(v) in plain else json_field(event, "error_code")
-    if (v := event.prefix_fingerprint) is not None:
-        pg["prefix_fingerprint"] = v if type(v) in plain else json_field(event, "prefix_fingerprint")
-    if (v := event.request_id) is not None:
-        pg["request_id"] = v if type(v) in plain else json_field(event, "request_id")
-    if (v := event.instance) is not None:
-        pg["instance"] = v if type(v) in plain else json_field(event, "instance")
-    if (v := event.dropped_fields) is not None:  # schema "5" (session 24)
-        pg["dropped_fields"] = v if type(v) in plain else json_field(event, "dropped_fields")
-    if (g := event.route) is not None:
-        d: dict[str, Any] = {}
-        if (v := g.replica) is not None:
-            d["replica"] = v
-        if (v := g.pool) is not None:
-            d["pool"] = v
-        if (v := g.policy) is not None:
-            d["policy"] = v
-        if (v := g.available_prefix_tokens) is not None:
-            d["available_prefix_tokens"] = v
-        if (v := g.predicted_prefix_tokens) is not None:
-            d["predicted_prefix_tokens"] = v
-        if (v := g.delivered_prefix_tokens) is not None:
-            d["delivered_prefix_tokens"] = v
-        if (v := g.load) is not None:
-            d["load"] = v
-        if (v := g.virtual_tokens) is not None:
-            d["virtual_tokens"] = v
-        if d:
-            pg["route"] = d
-    if (g := event.latency) is not None:
-        d = {}
-        if (v := g.auth_ms) is not None:
-            d["auth_ms"] = v
-        if (v := g.parse_ms) is not None:
-            d["parse_ms"] = v
-        if (v := g.keys_ms) is not None:
-            d["keys_ms"] = v
-        if (v := g.policy_ms) is not None:
-            d["policy_ms"] = v
-        if (v := g.route_ms) is not None:
-            d["route_ms"] = v
-        if (v := g.first_byte_ms) is not None:
-            d["first_byte_ms"] = v
-        if (v := g.total_ms) is not None:
-            d["total_ms"] = v
-        if (v := g.queue_wait_ms) is not None:
-            d["queue_wait_ms"] = v
-        if d:
-            pg["latency"] = d
-    if (g := event.ledger) is not None:
-        d = {}
-        if (v := g.reserved_tokens) is not None:
-            d["reserved_tokens"] = v
-        if (v := g.charged_tokens) is not None:
-            d["charged_tokens"] = v
-        if (v := g.prompt_charged) is not None:
-            d["prompt_charged"] = v
-        if (v := g.output_charged) is not None:
-            d["output_charged"] = v
-        if (v := g.output_relayed) is not None:
-            d["output_relayed"] = v
-        if (v := g.basis) is not None:
-            d["basis"] = v
-        if d:
-            pg["ledger"] = d
-    return pg
 
 
 def ocsf_line(event: AuditEvent) -> bytes:
@@ -312,7 +207,7 @@ def ocsf_line(event: AuditEvent) -> bytes:
         actor["authorizations"] = [{
             "decision": OUTCOME_VALUE[outcome],
             "policy": {k: v for k, v in (("uid", policy.decision_id), ("name", policy.reason_code),
-                                         ("desc", policy.reason)) if v},
+                                         ("desc", policy.reason), ("version", _version(policy.version))) if v},
         }]
     src = {"ip" if is_ip_text(a) else "name": a} if (a := event.client_address) else {"name": "unknown"}
     if class_uid == API_ACTIVITY:

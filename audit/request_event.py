@@ -45,7 +45,7 @@ REQUEST_ROW_FIELDS: tuple[str, ...] = (
     "delivered_prefix_tokens", "load",
     "t0", "t_auth", "t_parsed", "t_keys", "t_decided", "t_route", "t_first_byte", "t_end",
     "status_code", "client_address", "trace_id", "prefix_fingerprint", "virtual_tokens", "queue_wait_ms",
-    "dropped_fields",
+    "dropped_fields", "policy_version",
 )
 _N = len(REQUEST_ROW_FIELDS)
 _OUTCOME_BY_VALUE: dict[str, Outcome] = {o.value: o for o in Outcome}
@@ -87,7 +87,8 @@ def request_event(row: Sequence[Any], instance: str | None = None) -> AuditEvent
      reserved, charged, prompt_charged, output_charged, output_relayed, basis,
      error_code, replica, pool, routing_policy, available, predicted, delivered, load,
      t0, t_auth, t_parsed, t_keys, t_decided, t_route, t_first_byte, t_end,
-     status_code, client_address, trace_id, prefix_fingerprint, virtual_tokens, queue_wait_ms, dropped_fields) = row
+     status_code, client_address, trace_id, prefix_fingerprint, virtual_tokens, queue_wait_ms, dropped_fields,
+     policy_version) = row
     if type(event_id) is not str or type(outcome) is not str or type(time_ms) is not int:
         raise EventSchemaError("request row: event_id, outcome or time_ms of the wrong type")
     if (type(t0) is float and type(t_auth) is float and type(t_parsed) is float and type(t_keys) is float
@@ -124,6 +125,7 @@ def request_event(row: Sequence[Any], instance: str | None = None) -> AuditEvent
     _p_decision_id(g, decision_id)
     _p_reason_code(g, reason_code)
     _p_reason(g, reason)
+    _p_version(g, policy_version)
     _s_policy(event, g)
     _s_endpoint(event, endpoint)
     _s_model(event, model)
@@ -196,7 +198,7 @@ _EVENT_SETTERS = tuple(vars(AuditEvent)[name].__set__ for name in _EVENT_FIELD_O
  _s_checkpoint, _s_instance, _s_dropped_fields) = _EVENT_SETTERS
 #: the groups' fields in the order request_event sets them (every field, checked at import like the event's)
 _GROUP_FIELD_ORDER: dict[type, tuple[str, ...]] = {
-    PolicyInfo: ("decision_id", "reason_code", "reason"),
+    PolicyInfo: ("decision_id", "reason_code", "reason", "version"),
     LedgerInfo: ("reserved_tokens", "charged_tokens", "prompt_charged", "output_charged", "output_relayed", "basis"),
     RouteInfo: ("replica", "pool", "policy", "available_prefix_tokens", "predicted_prefix_tokens",
                 "delivered_prefix_tokens", "load", "virtual_tokens"),
@@ -207,7 +209,8 @@ for _cls, _order in _GROUP_FIELD_ORDER.items():
     if (tuple(f.name for f in dataclasses.fields(_cls)) != _order
             or hasattr(_cls, "__post_init__")):  # pragma: no cover - the slots are set without __init__
         raise ImportError(f"audit.request_event: {_cls.__name__}'s fields or __post_init__ changed; update request_event")
-_p_decision_id, _p_reason_code, _p_reason = (vars(PolicyInfo)[n].__set__ for n in _GROUP_FIELD_ORDER[PolicyInfo])
+_p_decision_id, _p_reason_code, _p_reason, _p_version = (vars(PolicyInfo)[n].__set__
+                                                       for n in _GROUP_FIELD_ORDER[PolicyInfo])
 (_l_reserved, _l_charged, _l_prompt_charged, _l_output_charged, _l_output_relayed,
  _l_basis) = (vars(LedgerInfo)[n].__set__ for n in _GROUP_FIELD_ORDER[LedgerInfo])
 (_r_replica, _r_pool, _r_policy, _r_available, _r_predicted, _r_delivered, _r_load,

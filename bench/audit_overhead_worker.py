@@ -62,7 +62,7 @@ def make_rows(n: int, first: int = 0) -> list[list[Any]]:
             t, t + 1e-4, t + 2e-4, t + 3e-4, t + 4e-4, None if denied else t + 5e-4,
             None if denied else t + 2e-3, t + 3e-3,
             403 if denied else 200, "127.0.0.1", uuid.uuid4().hex, f"{(i * 7919) % (1 << 64):016x}" * 2,
-            None if denied else 1234.5, None if denied else 0.0, None])
+            None if denied else 1234.5, None if denied else 0.0, None, None])
     return rows
 
 

@@ -47,7 +47,7 @@ def _row(i: int) -> list[Any]:
             str(uuid.uuid4()), "allow", "tenant may use pool", "/v1/completions", "sim-model", 100, 4, 1,
             104, 104, 100, 4, 4, "tokens", None, "r0", "default", "cache_aware", 64, 64, 64, 1200.0,
             t, t + 1e-4, t + 2e-4, t + 3e-4, t + 4e-4, t + 5e-4, t + 2e-3, t + 3e-3,
-            200, "127.0.0.1", f"{i:032x}", f"{i * 7:032x}", None, 0.0, None]
+            200, "127.0.0.1", f"{i:032x}", f"{i * 7:032x}", None, 0.0, None, 3]
 
 
 async def _feed(args: dict[str, Any]) -> dict[str, Any]:

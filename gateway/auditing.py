@@ -343,7 +343,7 @@ class AuditHub:
             rec.predicted_prefix_tokens, rec.delivered_prefix_tokens, rec.replica_load_tokens,
             rec.t0, rec.t_auth, rec.t_parsed, rec.t_keys, rec.t_decided, rec.t_route, rec.t_first_byte, rec.t_end,
             rec.status, rec.client_addr, trace_id, rec.prefix_fingerprint, rec.virtual_tokens, rec.queue_wait_ms,
-            rec.dropped_fields or None,  # 0: none (omitted from the event)
+            rec.dropped_fields or None, rec.policy_version,  # dropped_fields 0: none (omitted from the event)
         )
         self.emitted += 1
         if spans is not None:  # worker_spans: the log is a RemoteAuditLog

@@ -178,6 +178,8 @@ def build_decision_point(pc: PolicyConfig, audit: AuditHub) -> DecisionPoint:
                                                                              **rec.to_dict()}))
         except Exception as exc:  # PolicyCompileError (e.g. a refused built-in), OSError
             raise ConfigError(f"policy: {exc}") from None
+        if pc.mode == "embedded":  # the set it loaded is the store's version in force; every change relabels it
+            inner.policy_version = store.version  # (S24-newcomer-4: audit events' policy.version)
     if pc.cache_ttl_s <= 0 or pc.cache_max_entries == 0:
         return DecisionPoint(inner, inner, start=start, stop=stop, store=store)
     if pc.mode == "remote" and pc.cache_key_fields is None:  # the gateway cannot read the policy (R10-2)

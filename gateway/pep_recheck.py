@@ -113,7 +113,7 @@ async def decide_again(gw: Gateway, held: Held, req: InferenceRequest, rec: Requ
     assert held.decided is not None
     _, identity, first = held.decided
     gw_pep, adm = gw.pep, gw.admission
-    rec.decision_id = rec.reason_code = rec.reason = None  # superseded: the record takes what is enforced now
+    rec.decided(None)  # superseded: the record takes what is enforced now
     doc: dict[str, Any] = loads_object(body) if isinstance(body, bytes) else {**body}  # the parse accepted it
     for _ in range(MAX_ROUNDS):
         generation = gw_pep.pdp.generation
@@ -137,7 +137,7 @@ async def decide_again(gw: Gateway, held: Held, req: InferenceRequest, rec: Requ
     else:
         raise GatewayError(503, "policy_unavailable", "the policy kept changing while it was asked; retry")
     held.decided = (generation, identity, candidates)
-    rec.decision_id, rec.reason_code, rec.reason = decision.decision_id, decision.reason_code, decision.reason
+    rec.decided(decision)
     gw_pep.enforce(decision)
     allowed = {r.id for r in gw_pep.allowed_candidates(candidates, decision)}
     remaining = [r for r in remaining if r.id in allowed]

@@ -150,7 +150,7 @@ class InferencePipeline:
             if type(decision) is not Decision:  # not a decision-cache hit (session 16: a hit is no coroutine)
                 decision = await awaited_decision(decision, rec)  # its 503 policy_unavailable recorded
             rec.t_decided = time.perf_counter()
-            rec.decision_id, rec.reason_code, rec.reason = decision.decision_id, decision.reason_code, decision.reason
+            rec.decided(decision)
             gw.pep.enforce(decision)
             rec.max_tokens = max_tokens = clamp_output(req.max_tokens, tenant.max_output_tokens, decision.max_tokens,
                                                        adm.max_output_tokens)  # = Admission.clamp_max_tokens

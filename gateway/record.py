@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from audit.ids import uuid4_hex
 from gateway.errors import GatewayError, StepFailed
 from tenancy.ledger import Settlement
+
+if TYPE_CHECKING:
+    from policy.decision import Decision
 
 __all__ = ["RequestRecord", "refusal_record", "new_request_id"]
 
@@ -45,6 +48,7 @@ class RequestRecord:
     never queued or flow control off); ``virtual_tokens``: the tenant's virtual token
     counter right after the release (weighted tokens, :mod:`routing.fairness`). ``dropped_fields``: top-level
     body fields dropped outside the request schema (``limits.unknown_fields: drop``; None or 0: none; session 24).
+    ``policy_version``: the policy store's version that decided (:attr:`policy.decision.Decision.policy_version`).
     """
 
     request_id: str
@@ -87,7 +91,17 @@ class RequestRecord:
     queue_wait_ms: float | None = None
     virtual_tokens: float | None = None
     dropped_fields: int | None = None
+    policy_version: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def decided(self, decision: Decision | None) -> None:
+        """Take ``decision``'s decision id, reason code, reason and policy version (None: clear them, a
+        decision superseded before it is asked again)."""
+        if decision is None:
+            self.decision_id = self.reason_code = self.reason = self.policy_version = None
+        else:
+            self.decision_id, self.reason_code, self.reason = decision.decision_id, decision.reason_code, decision.reason
+            self.policy_version = decision.policy_version
 
     def refused(self, err: GatewayError) -> None:
         """The request ended with ``err``: its status, outcome, code and the record fields it

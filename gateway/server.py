@@ -35,6 +35,7 @@ from gateway.config import GatewayConfig, LimitsConfig
 from gateway.http_guard import guarded_protocol
 from gateway.lingering import lingering_cap
 from gateway.log_aggregate import install as install_log_aggregation
+from gateway.source_cap import uncapped_listener_warnings
 
 __all__ = ["serve", "uvicorn_config", "GatewayServer", "bind_listener", "bind_listeners", "ListenerUnavailable",
            "run_serving", "DEFAULT_HTTP_PARSER", "log_start_warnings"]
@@ -231,11 +232,18 @@ def run_serving(main: Coroutine[Any, Any, T], *, batch_accept: bool = True) -> T
 def log_start_warnings(c: Gateway) -> None:
     """Log, one WARNING line each, the configuration's tenant entries that cannot be served as
     written (``configuration: ...``) and the tenants without a prompt-token limit (``limits: ...``,
-    review R3-4)."""
+    review R3-4) and each listener reachable from other hosts without ``server.max_connections_per_source``
+    (``server: ...``, S24-review-4)."""
     for problem in c.configuration_warnings():
         log.warning("configuration: %s", problem)
     for problem in c.limit_warnings():
         log.warning("limits: %s", problem)
+    cfg = c.config  # S24-review-4: no per-source connection cap on a listener others can reach
+    listeners = [("public", cfg.listen.host)] + ([("admin", cfg.admin.host)] if cfg.admin is not None else [])
+    for problem in uncapped_listener_warnings(listeners, cfg.server.max_connections_per_source,
+                                              cfg.limits.max_connections, cfg.limits.header_read_timeout_s,
+                                              bool(cfg.identity.trusted_proxies)):
+        log.warning("server: %s", problem)
 
 
 async def serve(cfg: GatewayConfig, *, config_path: str | None = None,

@@ -4,16 +4,57 @@ A mixin of the guarded protocol classes of :mod:`gateway.http_guard` (moved out 
 to keep that module under the size bound): one more connection from a source already holding
 ``guard_max_connections_per_source`` gets **503** ``too_many_connections`` (``Connection: close``)
 before any byte is read, and is closed. A Unix-socket peer is not counted.
+
+The cap is off by default; :func:`uncapped_listener_warnings` names each listener that then binds a
+non-loopback address, for one start-up WARNING each (session 25, S24-review-4): Envoy logs the same
+kind of line at start when no downstream connection limit is configured (its overload manager's
+``envoy.resource_monitors.downstream_connections``); nginx ``limit_conn`` and HAProxy stick tables
+(``src_conn_cur``) are off until configured too, because a per-address cap throttles every client
+behind one NAT or one L4 load balancer that does not pass client addresses (docs/security.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+from collections.abc import Iterable
 
 from gateway import send_buffer
 from gateway.body_guard import refusal_bytes
 
-__all__ = ["SourceCap"]
+__all__ = ["SourceCap", "is_loopback_host", "uncapped_listener_warnings"]
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and a loopback IP literal (``127.0.0.0/8``, ``::1``); False for the wildcard
+    (``0.0.0.0``, ``::``, ``""``), any other address and any other host name (it may resolve anywhere)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def uncapped_listener_warnings(listeners: Iterable[tuple[str, str]], cap: int | None, max_connections: int,
+                               header_read_timeout_s: float, trusted_proxies: bool) -> list[str]:
+    """One line per listener ``(name, host)`` that binds a non-loopback host while ``cap``
+    (``server.max_connections_per_source``) is None; none when a cap is set. ``max_connections``:
+    ``limits.max_connections`` (connections per listener); ``header_read_timeout_s``: seconds an idle
+    connection is held; ``trusted_proxies``: ``identity.trusted_proxies`` is set (the line then says the cap
+    counts the proxy, never a forwarded address). Pure: the caller logs them."""
+    if cap is not None:
+        return []
+    proxies = (" identity.trusted_proxies is set: the cap would count each proxy's socket address, never a "
+               "forwarded client address." if trusted_proxies else "")
+    return [f"server.max_connections_per_source is off and the {name} listener binds {host or '*'} (not loopback): "
+            f"one unauthenticated source can hold limits.max_connections ({max_connections}) idle connections "
+            f"for limits.header_read_timeout_s ({header_read_timeout_s:g} s) each and keep every tenant out "
+            f"(review R3-6). Set it (e.g. 64-256) when clients connect directly; behind an L4 load balancer or "
+            f"proxy that does not pass client addresses every client is that one source: cap connections per "
+            f"client there and set this above its connection count, or leave it off (docs/security.md, "
+            f"S24-review-4).{proxies}"
+            for name, host in listeners if not is_loopback_host(host)]
 
 
 class SourceCap:

@@ -52,6 +52,11 @@ class Decision:
     from policy). ``decision_id``: OPA's decision id (uuid4 string), to be
     copied into the audit event. ``cached``: served from a DecisionCache.
     On a deny, the three restriction fields are always ``None``.
+    ``policy_version``: the policy store's version number (``GET /admin/policies`` ``version``) of the
+    set that evaluated it (embedded engine with ``policy.versions_dir``), carried into the audit
+    event's ``policy.version``; None when unknown: a remote OPA (its set can change outside the
+    gateway: OPA's decision log and bundle revision tell it) or no versioned store (session 25,
+    S24-newcomer-4).
     """
 
     allow: bool
@@ -62,6 +67,7 @@ class Decision:
     max_tokens: int | None
     decision_id: str
     cached: bool = False
+    policy_version: int | None = None
 
     def as_cached(self) -> Decision:
         """Copy marked as served from cache (same decision id); ``self`` when already marked.
@@ -69,7 +75,7 @@ class Decision:
         if self.cached:
             return self
         return Decision(self.allow, self.reason_code, self.reason, self.allowed_replicas, self.allowed_pools,
-                        self.max_tokens, self.decision_id, True)
+                        self.max_tokens, self.decision_id, True, self.policy_version)
 
 
 @runtime_checkable
@@ -101,13 +107,14 @@ class _DecisionDoc(BaseModel):
     max_tokens: int | None = Field(default=None, ge=0)
 
 
-def decision_from_result(result: Any, decision_id: str) -> Decision:
+def decision_from_result(result: Any, decision_id: str, policy_version: int | None = None) -> Decision:
     """Validate a policy result and turn it into a :class:`Decision`.
 
     Args:
         result: the decoded value of ``data.prefixgate.authz.decision``, or
             ``None`` when the document is undefined.
         decision_id: the decision id to carry.
+        policy_version: the version of the set that evaluated it (None: unknown).
 
     Returns:
         A Decision; an undefined document (``None``) is a deny with
@@ -125,6 +132,7 @@ def decision_from_result(result: Any, decision_id: str) -> Decision:
             allowed_pools=None,
             max_tokens=None,
             decision_id=decision_id,
+            policy_version=policy_version,
         )
     if not isinstance(result, dict):
         raise PolicyOutputError(f"decision must be an object, got {type(result).__name__}")
@@ -134,7 +142,7 @@ def decision_from_result(result: Any, decision_id: str) -> Decision:
         fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
         raise PolicyOutputError(f"invalid decision document, fields: {fields}") from None
     if not doc.allow:
-        return Decision(False, doc.reason_code, doc.reason, None, None, None, decision_id)
+        return Decision(False, doc.reason_code, doc.reason, None, None, None, decision_id, False, policy_version)
     return Decision(
         allow=True,
         reason_code=doc.reason_code,
@@ -143,6 +151,7 @@ def decision_from_result(result: Any, decision_id: str) -> Decision:
         allowed_pools=None if doc.allowed_pools is None else frozenset(doc.allowed_pools),
         max_tokens=doc.max_tokens,
         decision_id=decision_id,
+        policy_version=policy_version,
     )
 
 

@@ -113,6 +113,10 @@ class EmbeddedOpa:
         self._listeners: list[Callable[[], None]] = []
         self._allowed = None if allowed_builtins is None else frozenset(allowed_builtins)
         self.revision = 0
+        #: the policy store's version of the set in force (:meth:`apply` takes the change's; None: not
+        #: versioned). Set with the engine on the loop thread; :meth:`decide` reads both before an
+        #: evaluation and drops the version when the engine changed during it (offloaded evaluation)
+        self.policy_version: int | None = None
         self._closed = False
         if self._dir is not None:
             policy_set = load_policy_dir(self._dir, *data_files)
@@ -148,10 +152,10 @@ class EmbeddedOpa:
             PolicyCompileError: the set does not compile or calls a built-in
                 outside the allow-list; the active engine stays.
         """
-        self._swap(self._build(policy_set), policy_set)
+        self._swap(self._build(policy_set), policy_set, None)
 
-    def _swap(self, engine: OpaEngine, policy_set: PolicySet) -> None:
-        self._engine, self._policy_set = engine, policy_set
+    def _swap(self, engine: OpaEngine, policy_set: PolicySet, version: int | None) -> None:
+        self._engine, self._policy_set, self.policy_version = engine, policy_set, version
         self.revision += 1
         for callback in self._listeners:
             callback()
@@ -163,7 +167,8 @@ class EmbeddedOpa:
         self.load(load_policy_dir(self._dir, *self._data_files))
 
     async def apply(self, change: Any, policy_set: PolicySet) -> None:
-        """PolicyTarget hook for :class:`policy.store.PolicyStore`: load the set.
+        """PolicyTarget hook for :class:`policy.store.PolicyStore`: load the set, labelled with
+        ``change.version`` (:attr:`policy_version`; a give-back carries the committed version).
 
         The engine is built in a worker thread (S17-7: a compile takes ~1 s with the shipped
         policy; the bindings document an engine as usable from any thread, and ctypes releases
@@ -172,7 +177,7 @@ class EmbeddedOpa:
         Raises:
             PolicyCompileError: as :meth:`load`; the active engine stays.
         """
-        self._swap(await asyncio.to_thread(self._build, policy_set), policy_set)
+        self._swap(await asyncio.to_thread(self._build, policy_set), policy_set, getattr(change, "version", None))
 
     def evaluate(self, input: dict[str, Any]) -> Any:
         """Evaluate the decision document synchronously; None if undefined.
@@ -197,6 +202,7 @@ class EmbeddedOpa:
             PolicyUnavailableError: past the deadline, or the engine is closed.
             PolicyError: evaluation failed or the output has a wrong shape.
         """
+        engine, version = self._engine, self.policy_version  # set together by _swap, on this (loop) thread
         if self._offload:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(EVAL_WORKERS, thread_name_prefix="opa-eval")
@@ -212,7 +218,9 @@ class EmbeddedOpa:
             result = self.evaluate(input)
             if self._timeout_s is not None and time.perf_counter() - t0 > self._timeout_s:
                 raise PolicyUnavailableError(f"embedded OPA decision deadline of {self._timeout_s}s exceeded")
-        return decision_from_result(result, str(uuid.uuid4()))
+        if self._engine is not engine:  # a change was swapped in while a pool thread evaluated: which set
+            version = None  # decided is unknown (every swap installs a new engine object, never an old one)
+        return decision_from_result(result, str(uuid.uuid4()), version)
 
     async def health(self) -> tuple[bool, str]:
         """``(ok, reason)`` for readiness: ready while open with at least one

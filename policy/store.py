@@ -100,7 +100,8 @@ class PolicyStore(PolicyReads):
         self._allowed = None if allowed_builtins is None else frozenset(allowed_builtins)
         self._lock = asyncio.Lock()
         #: changes the target may hold uncommitted, given back (R18-1, S19-R4, S19-R5); None: no target
-        self._repair_target = None if target is None else TargetRepair(target, self._lock, lambda: self._set, settle_s)
+        self._repair_target = None if target is None else TargetRepair(target, self._lock, lambda: self._set, settle_s,
+                                                                       lambda: self.version)
         try:  # SF17-2: roll back a change a crash left uncommitted (the loader reads the committed set)
             rolled = restore(self.active_dir, self.versions_dir)
         except (OSError, ValueError) as exc:

@@ -65,13 +65,16 @@ class TargetRepair:
         lock: the store's lock (a give-back runs under it, as a change does).
         committed: returns the store's committed set now.
         settle_s: seconds after a push of unknown outcome when its key is given back once more (0: not).
+        committed_version: returns the store's committed version now; a give-back carries it as its
+            ``version`` (the embedded engine labels its decisions with it; session 25). None: the change's.
     """
 
     def __init__(self, target: PolicyTarget, lock: asyncio.Lock, committed: Callable[[], PolicySet],
-                 settle_s: float) -> None:
+                 settle_s: float, committed_version: Callable[[], int] | None = None) -> None:
         self._target = target
         self._lock = lock
         self._committed = committed
+        self._committed_version = committed_version
         self.settle_s = settle_s
         #: a push runs on after its caller is cancelled (:class:`policy.store_types.PolicyTarget`)
         self.detached: bool = getattr(target, "applies_after_cancel", True)
@@ -159,5 +162,8 @@ class TargetRepair:
             await asyncio.wait(set(self._inflight))
         for key, change in list(self.pending.items()):
             committed = self._committed()
-            await self._target.apply(restoring(change, committed), committed)
+            back = restoring(change, committed)
+            if self._committed_version is not None:
+                back = replace(back, version=self._committed_version())
+            await self._target.apply(back, committed)
             del self.pending[key]

@@ -32,7 +32,7 @@ def _event(**kw) -> AuditEvent:
 def test_schema_roundtrip_and_time_format():
     ev = _event()
     d = ev.to_dict()
-    assert d["schema_version"] == "5"
+    assert d["schema_version"] == "6"
     assert d["time"] == "2023-11-14T22:13:20.123Z"
     assert d["time_ms"] == 1_700_000_000_123
     assert re.fullmatch(r"[0-9a-f-]{36}", d["event_id"])
@@ -45,7 +45,7 @@ def test_schema_roundtrip_and_time_format():
 def test_from_dict_rejects_unknown_version_and_fields():
     d = _event().to_dict()
     with pytest.raises(EventSchemaError):
-        AuditEvent.from_dict(dict(d, schema_version="6"))
+        AuditEvent.from_dict(dict(d, schema_version="7"))
     with pytest.raises(EventSchemaError):
         AuditEvent.from_dict(dict(d, prompt="hello"))
     with pytest.raises(EventSchemaError):

@@ -101,7 +101,7 @@ def _ref_scrub_event(event: AuditEvent, max_chars: int = 256) -> tuple[AuditEven
 
 
 def _ref_from_dict(data: Mapping[str, Any]) -> AuditEvent:
-    if data.get("schema_version") not in ("1", "2", "3", "4", "5"):
+    if data.get("schema_version") not in ("1", "2", "3", "4", "5", "6"):
         raise EventSchemaError("schema")
     known = {f.name for f in dataclasses.fields(AuditEvent)}
     kwargs: dict[str, Any] = {}
@@ -323,7 +323,7 @@ def test_from_dict_matches_reference(event: AuditEvent) -> None:
 def test_from_dict_refusals_unchanged() -> None:
     base = AuditEvent(Kind.INFERENCE, Outcome.ALLOWED, time_ms=1, event_id="e").to_dict()
     bad = [dict(base, kind="nope"), dict(base, outcome="nope"), dict(base, kind=["x"]), dict(base, extra=1),
-           dict(base, identity={"bogus": 1}), dict(base, route="r"), dict(base, schema_version="6")]
+           dict(base, identity={"bogus": 1}), dict(base, route="r"), dict(base, schema_version="7")]
     for data in bad:
         for fn in (AuditEvent.from_dict, _ref_from_dict):
             try:

@@ -15,7 +15,7 @@ def test_schema_3_fields() -> None:
                     latency=Latencies(auth_ms=1.0, parse_ms=0.5, keys_ms=0.25, policy_ms=0.125, route_ms=0.1,
                                       first_byte_ms=9.0, total_ms=20.0))
     d = ev.to_dict()
-    assert SCHEMA_VERSION == d["schema_version"] == "5"  # "4" (session 2) and "5" (session 24) only added fields
+    assert SCHEMA_VERSION == d["schema_version"] == "6"  # "4" (session 2), "5" (24) and "6" (25) only added fields
     assert d["route"] == {"replica": "r0", "available_prefix_tokens": 64, "predicted_prefix_tokens": 48,
                           "delivered_prefix_tokens": 32}
     assert d["latency"]["first_byte_ms"] == 9.0 and "ttft_ms" not in d["latency"]

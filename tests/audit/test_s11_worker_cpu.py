@@ -32,14 +32,15 @@ def _reference_event(row: list[Any], instance: str | None) -> AuditEvent:
      reserved, charged, prompt_charged, output_charged, output_relayed, basis,
      error_code, replica, pool, routing_policy, available, predicted, delivered, load,
      t0, t_auth, t_parsed, t_keys, t_decided, t_route, t_first_byte, t_end,
-     status_code, client_address, trace_id, prefix_fingerprint, virtual_tokens, queue_wait_ms, dropped_fields) = row
+     status_code, client_address, trace_id, prefix_fingerprint, virtual_tokens, queue_wait_ms, dropped_fields,
+     policy_version) = row
     if type(event_id) is not str or type(outcome) is not str or type(time_ms) is not int:
         raise EventSchemaError("wrong type")
     return AuditEvent(
         kind=Kind.AUTH if outcome == "unauthenticated" else Kind.INFERENCE,
         outcome={o.value: o for o in Outcome}.get(outcome, Outcome.FAILED), time_ms=time_ms, event_id=event_id,
         request_id=request_id, identity=Identity(spiffe_id, trust_domain), tenant=tenant,
-        policy=PolicyInfo(decision_id, reason_code, reason), endpoint=endpoint, model=model,
+        policy=PolicyInfo(decision_id, reason_code, reason, policy_version), endpoint=endpoint, model=model,
         prompt_tokens=prompt_tokens, output_tokens=output_tokens, sequences=sequences,
         ledger=LedgerInfo(reserved, charged, prompt_charged, output_charged, output_relayed, basis),
         error_code=error_code,

@@ -57,7 +57,7 @@ def golden_rows() -> list[list[Any]]:
             403 if denied else (200 if i % 13 else 502), "127.0.0.1" if i % 9 else "::1",
             f"{i * 7919:032x}" if i % 4 else None, f"{(i * 7919) % (1 << 64):016x}" * 2 if i % 6 else None,
             None if denied else 1234.5 + i, None if denied else (0.0 if i % 2 else 0.125 * i),
-            None]  # dropped_fields (schema "5"): none, so the golden bytes stand
+            None, None]  # dropped_fields (schema "5"), policy_version ("6"): none, so the golden bytes stand
         if i % 17 == 4:
             row[4], row[5] = None, None
         if i % 10 == 7:
@@ -125,8 +125,9 @@ GOLDEN = {
 
 @pytest.fixture(autouse=True)
 def _schema_4(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The digests were captured under schema "4"; schema "5" (session 24) only adds ``dropped_fields``, None in
-    every golden event: written as "4", each sink's bytes are the golden ones (what changed is the version alone)."""
+    """The digests were captured under schema "4"; schema "5" (session 24) only adds ``dropped_fields`` and "6"
+    (session 25) ``policy.version``, None in every golden event: written as "4", each sink's bytes are the golden
+    ones (what changed is the version alone)."""
     monkeypatch.setattr(event_mod, "SCHEMA_VERSION", "4")
 
 

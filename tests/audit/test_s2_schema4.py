@@ -24,7 +24,7 @@ def _event(**kw: object) -> AuditEvent:
 
 def test_version_4_carries_the_added_fields() -> None:
     d = _event().to_dict()
-    assert SCHEMA_VERSION == d["schema_version"] == "5"  # "5" (session 24) only added dropped_fields
+    assert SCHEMA_VERSION == d["schema_version"] == "6"  # "5" (24) and "6" (25) only added dropped_fields, policy.version
     assert d["instance"] == "host/w1"
     assert d["latency"]["queue_wait_ms"] == 4.25 and d["route"]["virtual_tokens"] == 123.5
     assert AuditEvent.from_dict(d) == _event()
@@ -38,7 +38,7 @@ def test_a_version_3_event_is_read_as_it_is() -> None:
 
 def test_unknown_versions_and_fields_are_still_refused() -> None:
     with pytest.raises(EventSchemaError):
-        AuditEvent.from_dict({"schema_version": "6", "kind": "inference", "outcome": "allowed"})
+        AuditEvent.from_dict({"schema_version": "7", "kind": "inference", "outcome": "allowed"})
     with pytest.raises(EventSchemaError):
         AuditEvent.from_dict({"schema_version": "4", "kind": "inference", "outcome": "allowed",
                               "cached_tokens": 3})
@@ -59,7 +59,7 @@ async def test_a_chain_with_version_3_and_4_events_verifies(tmp_path, monkeypatc
     await write("new")
     bodies = [json.loads(line)["body"] for f in list_log_files(tmp_path / "log") for line in f.read_text().splitlines()]
     versions = {b["request_id"]: b["schema_version"] for b in bodies if "request_id" in b}
-    assert versions == {"old": "3", "new": "5"}
+    assert versions == {"old": "3", "new": "6"}
     report = verify_files([tmp_path / "log"], key.public_key())
     assert report.ok, report.problems
 

@@ -59,7 +59,7 @@ def _row(rng: random.Random, i: int) -> list[Any]:
             rng.choice(["/v1/completions", "/v1/chat/completions"]), rng.choice(["m", None]),
             rng.choice([0, 100, None]), rng.choice([4, None]), 1, 104, 104, 100, 4, 4, "usage", None,
             rng.choice(["r0", None]), "default", "cache_aware", 64, rng.choice([64, None, 2**40]), 64, 1200.0,
-            *marks[:6], marks[6], marks[7], status, "127.0.0.1", f"{rng.getrandbits(128):032x}", "fp", None, 0.0, None]
+            *marks[:6], marks[6], marks[7], status, "127.0.0.1", f"{rng.getrandbits(128):032x}", "fp", None, 0.0, None, rng.choice([None, 0, 7])]
 
 
 def _request_records(seed: int, n: int) -> list[Any]:

@@ -139,7 +139,7 @@ async def test_one_event_per_outcome_in_every_sink(stack, rsyslog: Rsyslog, tmp_
         ev = by_outcome[outcome][0]
         missing = [f for f in COMMON if f not in ev]
         assert not missing, (outcome, missing)
-        assert ev["schema_version"] == "5" and ev["status_code"] == status, (outcome, ev["status_code"])
+        assert ev["schema_version"] == "6" and ev["status_code"] == status, (outcome, ev["status_code"])
         assert ev["endpoint"] == "/v1/completions" and ev["client_address"] == "127.0.0.1"
         assert ev["time"].endswith("Z") and len(ev["time"]) == len("2025-01-02T03:04:05.678Z")
         assert len(ev["trace_id"]) == 32 and "total_ms" in ev["latency"]

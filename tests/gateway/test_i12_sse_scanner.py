@@ -118,7 +118,7 @@ def test_audit_schema_reads_version_1_events() -> None:
                      ledger=LedgerInfo(reserved_tokens=66, charged_tokens=52, prompt_charged=50, output_charged=2,
                                        output_relayed=2, basis="relayed"))
     d = new.to_dict()
-    assert d["schema_version"] == "5" and d["ledger"]["basis"] == "relayed"
+    assert d["schema_version"] == "6" and d["ledger"]["basis"] == "relayed"
     assert AuditEvent.from_dict(d) == new
     ocsf = to_ocsf(new)
     validate_ocsf(ocsf)
