@@ -23,12 +23,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from audit.atomic_file import write_atomic
 from policy.loader import PolicySet, canonical_json, policy_set_document, policy_set_from_document, sha256_text
 from policy.store_disk import SNAPSHOT, committed_versions, set_digest
 from policy.store_types import PolicyVersionError
@@ -121,25 +120,6 @@ def load_version(active_dir: Path, versions_dir: Path, version: Any, current: in
     return policy_set
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``path`` under a temporary name, fsync, rename, fsync the directory. Raises OSError."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 def keep_start_snapshot(versions_dir: Path, version: int, loaded: PolicySet) -> str:
     """At start, make the set loaded restorable as ``version`` (the version in force) when that version has
     no stored set (module docstring). Never raises: a failure is logged (roll-backs to it are then refused).
@@ -166,7 +146,7 @@ def keep_start_snapshot(versions_dir: Path, version: int, loaded: PolicySet) -> 
                         "version's set (a roll-back to it is refused)", version)
             return "mismatch"
         _vdir(versions_dir, version).mkdir(exist_ok=True)
-        _write_atomic(_vdir(versions_dir, version) / SNAPSHOT, text)
+        write_atomic(_vdir(versions_dir, version) / SNAPSHOT, text.encode("utf-8"))
         return "written"
     except (OSError, ValueError) as exc:
         log.error("policy: the set of version %d could not be stored for roll-backs (%s)", version,
