@@ -232,8 +232,8 @@ class SharedState:
                         exc.__class__.__name__)
             return "unpublished"
         shared, _ = await self._refused(doc, record.version, "the change")
-        if shared == "conflict":
-            self._spawn(doc.sync())  # after the store's lock is released (adopt takes it)
+        if shared == "conflict":  # in a task: after the store's lock is released (adopt takes it)
+            self._spawn(adopt_stored(doc))  # a failure is logged (S24-fixreg-2)
         return shared
 
     async def _refused(self, doc: SharedDocument, version: int, what: str) -> tuple[str, str]:
