@@ -174,6 +174,7 @@ def build_decision_point(pc: PolicyConfig, audit: AuditHub) -> DecisionPoint:
         target = inner if pc.mode == "embedded" else RemoteOpaTarget(inner.client, on_applied=inner.notify_change)
         try:
             store = PolicyStore(pc.resolved_dir(), pc.versions_dir, target=target, allowed_builtins=allowed,
+                                versions_keep=pc.versions_keep,
                                 on_change=lambda rec: audit.record_operator({"action": "policy_change",
                                                                              **rec.to_dict()}))
         except Exception as exc:  # PolicyCompileError (e.g. a refused built-in), OSError

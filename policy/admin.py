@@ -14,8 +14,9 @@ without an id is refused with 403 (fail closed).
 - ``GET /admin/policies/versions?limit=50&before=N`` -> ``{"result": [version entry, newest first], "version"}``
   (:func:`policy.store_versions.version_entries`: change records and set digests, never policy text; session 24)
 - ``POST /admin/policies/rollback`` (JSON ``{"to": N}``) -> ``{"result": record}`` (``rollback_to`` N, ``target``
-  ``*``) | 400 ``invalid_parameter`` | 404 | 409 ``version_not_restorable`` | 501 ``not_supported`` (remote
-  OPA) | 400 ``policy_rejected`` and the other change errors below (:meth:`policy.store.PolicyStore.rollback`)
+  ``*``) | 400 ``invalid_parameter`` | 404 (``version_pruned``: older than the versions kept) | 409
+  ``version_not_restorable`` | 501 ``not_supported`` (remote OPA) | 400 ``policy_rejected`` and the other
+  change errors below (:meth:`policy.store.PolicyStore.rollback`)
 - ``PUT /admin/data/{path}`` (JSON object) -> ``{"result": record}`` | 400
 - target failure -> 502 code ``target_refused`` (``target_may_hold_change`` true when the target may have
   applied it before failing: the store gives it its committed set back now, after the push's outcome, R18-1,
@@ -86,7 +87,7 @@ _TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
 #: error codes whose message is fixed text, recorded in a failure record (a compile error or a
 #: target's answer may quote the uploaded Rego or data, a persist error paths: never recorded)
 _MESSAGE_RECORDED = frozenset({"resource_not_found", "body_too_large", "unsupported_media_type",
-                               "version_not_restorable", "not_supported"})
+                               "version_not_restorable", "version_pruned", "not_supported"})
 #: the roll-back route (session 24, S23-newcomer-3), audited under this template
 ROLLBACK_ROUTE = "/admin/policies/rollback"
 

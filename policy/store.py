@@ -51,7 +51,8 @@ from policy.store_types import (ChangeRecord, PolicyConflictError, PolicyMasterP
                                 PolicyPersistError, PolicyRejectedError, PolicyTarget, PolicyTargetError,
                                 PolicyVersionError, RemoteOpaTarget, check_policy_dir, persist_error, shared_error)
 from policy.store_reads import PolicyReads
-from policy.store_versions import keep_start_snapshot, load_version, snapshot_text
+from policy.store_versions import (DEFAULT_VERSIONS_KEEP, keep_start_snapshot, load_version, prune_versions,
+                                   snapshot_text)
 
 __all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
            "PolicyPersistError", "PolicyRejectedError", "PolicyStore", "PolicyTarget", "PolicyTargetError",
@@ -75,6 +76,9 @@ class PolicyStore(PolicyReads):
             is compiled, tested or pushed to the target (remote OPA too).
         settle_s: seconds after a push of unknown outcome (a lost reply, a cancel) when the target is
             given the committed state of its key once more (:class:`policy.store_repair.TargetRepair`).
+        versions_keep: committed versions kept in ``versions_dir`` (>= 1): the oldest beyond it are pruned
+            after each commit and at start, never the version in force
+            (:func:`policy.store_versions.prune_versions`; session 25).
 
     Raises:
         PolicyCompileError: the active directory does not load, or calls a
@@ -90,6 +94,7 @@ class PolicyStore(PolicyReads):
         on_change: Callable[[ChangeRecord], None] | None = None,
         allowed_builtins: Iterable[str] | None = None,
         settle_s: float = 10.0,
+        versions_keep: int = DEFAULT_VERSIONS_KEEP,
     ) -> None:
         self.active_dir = Path(active_dir)
         self.versions_dir = Path(versions_dir)
@@ -116,6 +121,8 @@ class PolicyStore(PolicyReads):
         check_modules(self._set.modules, self._allowed)
         self.version = max(committed_versions(self.active_dir, self.versions_dir), default=0)
         keep_start_snapshot(self.versions_dir, self.version, self._set)  # what a roll-back to it puts back
+        self._versions_keep = versions_keep
+        prune_versions(self.active_dir, self.versions_dir, versions_keep, self.version)
         self._listeners: list[Callable[[ChangeRecord], None]] = []
         self._publisher: Callable[[ChangeRecord, PolicySet], Awaitable[str]] | None = None
         self._pending_master: Callable[[], int] = lambda: 0
@@ -322,6 +329,7 @@ class PolicyStore(PolicyReads):
             files.commit()
         except OSError as exc:
             raise await self._roll_back(record, files, exc) from exc
+        prune_versions(self.active_dir, self.versions_dir, self._versions_keep, record.version)  # never raises
 
     async def _roll_back(self, record: ChangeRecord, files: ChangeFiles, exc: OSError) -> PolicyPersistError:
         """R17-3: the target gets the current set back and the disk is rolled back, whatever fails."""

@@ -78,7 +78,8 @@ class PolicyRejectedError(PolicyError):
 
 class PolicyVersionError(PolicyError):
     """A roll-back that cannot be made (session 24, S23-newcomer-3); nothing changed. ``status`` and ``code``
-    are the admin answer's: 404 ``resource_not_found`` (no such version), 409 ``version_not_restorable`` (the
+    are the admin answer's: 404 ``resource_not_found`` (no such version) or ``version_pruned`` (older than the
+    versions kept, ``policy.versions_keep``: session 25), 409 ``version_not_restorable`` (the
     version holds no stored set, e.g. committed before session 24, or its stored set does not match its change
     record), 400 ``invalid_parameter`` (the version in force or a later one), 501 ``not_supported`` (a target
     that cannot take a whole set: a remote OPA)."""

@@ -23,20 +23,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import secrets
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from audit.atomic_file import write_atomic
 from policy.loader import PolicySet, canonical_json, policy_set_document, policy_set_from_document, sha256_text
-from policy.store_disk import SNAPSHOT, committed_versions, set_digest
+from policy.store_disk import _STAGED, SNAPSHOT, committed_versions, set_digest
 from policy.store_types import PolicyVersionError
 
-__all__ = ["MAX_LISTED", "keep_start_snapshot", "load_version", "matches_record", "snapshot_text",
-           "version_entries"]
+__all__ = ["DEFAULT_VERSIONS_KEEP", "MAX_LISTED", "keep_start_snapshot", "load_version", "matches_record",
+           "prune_versions", "snapshot_text", "version_entries"]
 
 log = logging.getLogger(__name__)
 
+#: committed versions kept on disk by default (``policy.versions_keep``; session 25, S24-fixreg-3)
+DEFAULT_VERSIONS_KEEP = 100
 #: the most versions one listing answers (each entry reads its set's file for the digest)
 MAX_LISTED = 100
 
@@ -102,7 +107,11 @@ def load_version(active_dir: Path, versions_dir: Path, version: Any, current: in
     if version >= current:
         raise PolicyVersionError(f"version {version} is not earlier than the version in force ({current})", 400,
                                  "invalid_parameter")
-    if version not in committed_versions(active_dir, versions_dir):
+    committed = committed_versions(active_dir, versions_dir)
+    if version not in committed:
+        if committed and version < min(committed):  # session 25: pruned (policy.versions_keep)
+            raise PolicyVersionError(f"policy version {version} is no longer stored: older than the oldest version "
+                                     f"kept ({min(committed)}; policy.versions_keep)", 404, "version_pruned")
         raise PolicyVersionError(f"no policy version {version}", 404, "resource_not_found")
     try:
         record = _record(versions_dir, version)
@@ -185,3 +194,43 @@ def version_entries(active_dir: Path, versions_dir: Path, *, limit: int, before:
         entry["restorable"] = entry["set_sha256"] is not None
         out.append(entry)
     return out
+
+
+def prune_versions(active_dir: Path, versions_dir: Path, keep: int, in_force: int) -> list[int]:
+    """Remove the oldest committed versions beyond the newest ``keep`` (``policy.versions_keep``, >= 1;
+    session 25, S24-fixreg-3), never ``in_force`` (the version in force) nor an uncommitted one. Called after
+    each committed change and at start. Each version directory is first renamed to a staged name (one atomic
+    ``rename(2)``: a version is there whole or gone, never half-removed), then deleted; what a crash leaves
+    under the staged name is removed by the next start (:func:`policy.store_disk.restore`). A roll-back to a
+    pruned version answers 404 ``version_pruned`` (:func:`load_version`). A failure on the disk is logged, not
+    raised (the change stays committed), and the next commit tries again.
+
+    Returns:
+        the versions removed, oldest first.
+
+    Raises:
+        ValueError: ``keep`` < 1 (the configuration refuses it).
+    """
+    if keep < 1:
+        raise ValueError("keep must be >= 1")
+    try:
+        versions = sorted(committed_versions(active_dir, versions_dir))
+    except OSError as exc:
+        log.error("policy: the versions directory cannot be listed to prune it (%s)", exc.__class__.__name__)
+        return []
+    removed: list[int] = []
+    for version in versions[:max(0, len(versions) - keep)]:
+        if version == in_force:
+            continue
+        gone = versions_dir / f"{_STAGED}pruned-{version:08d}-{secrets.token_hex(4)}"
+        try:
+            os.rename(_vdir(versions_dir, version), gone)
+        except OSError as exc:
+            log.error("policy: version %d could not be pruned (%s); retried after the next change", version,
+                      exc.__class__.__name__)
+            break
+        shutil.rmtree(gone, ignore_errors=True)
+        removed.append(version)
+    if removed:
+        log.info("policy: pruned versions %d..%d (policy.versions_keep %d)", removed[0], removed[-1], keep)
+    return removed
