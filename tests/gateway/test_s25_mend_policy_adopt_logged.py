@@ -13,18 +13,16 @@ import pytest
 
 import policy.store_disk
 from gateway.shared_state import SharedState
+from tests.gateway.test_s24_fixreg_reload_adopt_logged import _Doc
+from tests.gateway.test_s24_fixreg_reload_adopt_logged import _State as _TenantsState
 
 SECRET_RULE = "allow if input.tenant == \"secret-tenant-name\""
 
 
-class _PolicyDoc:
+class _PolicyDoc(_Doc):
+    """The stored policy set: its publish refused, its adoption failing with a Redis error."""
+
     name = "policy"
-
-    async def publish(self, version: int, body: Any) -> bool:
-        return False  # refused: another instance stored this version first
-
-    async def sync(self) -> bool:
-        raise ConnectionError("Redis went away")
 
 
 class _State:
@@ -37,8 +35,7 @@ class _State:
         self.policy = _PolicyDoc()
         self._pending: set[Any] = set()
 
-    async def _refused(self, doc: Any, version: int, what: str) -> tuple[str, str]:
-        return "conflict", f"{doc.name} version {version} was stored by another instance first"
+    _refused = _TenantsState._refused  # answers "conflict"
 
 
 async def test_a_failed_adoption_after_a_refused_policy_change_is_logged(caplog: Any,
