@@ -21,6 +21,11 @@ overridden per tenant by ``tenants[].json_schema_limits``):
 * ``max_enum_values``: entries of every ``enum`` list together;
 * ``max_pattern_chars``: characters of every ``pattern`` string and ``patternProperties`` key together.
 
+Session 25 (mend, S24-fields-1): each ``tools[].function.parameters`` schema takes the same walk and bounds
+(:func:`tools_refusal`, ``param`` ``tools.N.function.parameters...``), and ``max_tool_schemas_bytes`` bounds the
+compact JSON bytes of all of them together (default 256 KiB: four ``max_bytes``). A body without ``tools`` costs
+one key test.
+
 OpenAI documents its own limits of a Structured Outputs schema (platform.openai.com/docs/guides/structured-outputs,
 "Supported schemas"): at most 5,000 object properties, 10 levels of object nesting, 1,000 enum values, 120,000
 characters of property names, definition names, enum and const values (first published: 100 properties, 5 levels,
@@ -47,10 +52,11 @@ import orjson
 from gateway.errors import GatewayError
 from gateway.unknown_fields import field_label
 
-__all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal"]
+__all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal", "tools_refusal"]
 
 #: the names of the bounds (``limits.json_schema`` keys, ``tenants[].json_schema_limits`` keys)
-JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_values", "max_pattern_chars")
+JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_values", "max_pattern_chars",
+                      "max_tool_schemas_bytes")
 
 #: keywords whose object maps names to subschemas: the map itself is no schema level
 _NAME_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
@@ -73,7 +79,7 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     then a walk that stops at the first bound passed. Raises nothing."""
     if type(response_format) is not dict:
         return None
-    bound = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
+    bound = _bounds(limits, overrides)
     if body_bytes > bound["max_bytes"] and _encoded_bytes(response_format) > bound["max_bytes"]:
         return _refused("response_format", f"response_format is larger than {bound['max_bytes']} bytes as compact "
                         "JSON", "max_bytes")
@@ -85,8 +91,54 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     return _walk(root, path, bound)
 
 
-def _walk(root: Any, path: tuple[str, ...], bound: dict[str, int]) -> GatewayError | None:
-    """Walk ``root`` (a schema at ``path``) and refuse the first bound it passes (see the module docstring)."""
+def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int], body_bytes: int) -> GatewayError | None:
+    """The 400 for a decoded chat body's ``tools`` whose ``function.parameters`` schemas pass a bound (session 25,
+    S24-fields-1), else None. The replica compiles a tool's parameters into a grammar as it does a
+    ``response_format`` schema (vLLM and SGLang for ``tool_choice`` ``required`` or a named function, and for
+    strict tools), so each tool's ``parameters`` is walked as a ``response_format`` schema is (every bound of
+    ``limits.json_schema``, the schema itself level 1; ``param`` ``tools.N.function.parameters...``), and the
+    compact JSON bytes of all of them together are bounded by ``max_tool_schemas_bytes``.
+
+    ``limits``, ``overrides``: as :func:`response_format_refusal`; ``body_bytes``: the length of the body ``tools``
+    was decoded from (a body no longer than the byte bounds needs no encoding). A ``tools`` that is not a list, an
+    entry or ``function`` that is not an object, ``parameters`` that is not an object: left to the schema. Work:
+    nothing for a body without ``tools`` (the caller's key test); else one walk per tool, and one C encoding per
+    tool only when the body is longer than a byte bound. Raises nothing."""
+    if type(tools) is not list:
+        return None
+    bound = _bounds(limits, overrides)
+    count_bytes = body_bytes > min(bound["max_bytes"], bound["max_tool_schemas_bytes"])
+    total = 0
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if type(tool) is dict else None
+        params = fn.get("parameters") if type(fn) is dict else None
+        if type(params) is not dict:
+            continue
+        path, subject = ("tools", str(i), "function", "parameters"), f"tools[{i}].function.parameters"
+        if count_bytes:
+            size = _encoded_bytes(params)
+            if size > bound["max_bytes"]:
+                return _refused(_param(path), f"{subject} is larger than {bound['max_bytes']} bytes as compact JSON",
+                                "max_bytes", "tools parameters")
+            total += size
+            if total > bound["max_tool_schemas_bytes"]:
+                return _refused(_param(path), "the tools' parameters schemas are larger than "
+                                f"{bound['max_tool_schemas_bytes']} bytes together as compact JSON",
+                                "max_tool_schemas_bytes", "tools parameters")
+        if (refused := _walk(params, path, bound, subject, "tools parameters")) is not None:
+            return refused
+    return None
+
+
+def _bounds(limits: Any, overrides: Mapping[str, int]) -> dict[str, int]:
+    """Every bound of :data:`JSON_SCHEMA_BOUNDS`: the tenant's ``overrides`` first, else ``limits``' attribute."""
+    return {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
+
+
+def _walk(root: Any, path: tuple[str, ...], bound: dict[str, int], subject: str = "response_format",
+          audit: str = "response_format") -> GatewayError | None:
+    """Walk ``root`` (a schema at ``path``) and refuse the first bound it passes (see the module docstring);
+    ``subject`` names the schema in the client's message, ``audit`` in the audit ``reason`` (no client text)."""
     properties = enums = pattern_chars = 0
     stack: list[tuple[Any, tuple[str, ...], int, int]] = [(root, path, 0, _SCHEMA)]
     while stack:
@@ -99,21 +151,21 @@ def _walk(root: Any, path: tuple[str, ...], bound: dict[str, int]) -> GatewayErr
         if kind != _MAP:
             depth += 1
             if depth > bound["max_depth"]:
-                return _refused(_param(where), f"response_format nests more than {bound['max_depth']} schema levels",
-                                "max_depth")
+                return _refused(_param(where), f"{subject} nests more than {bound['max_depth']} schema levels",
+                                "max_depth", audit)
         for key, value in cur.items():
             at = where + (key,)
             if kind == _MAP:
                 if where[-1] == "properties":
                     properties += 1
                     if properties > bound["max_properties"]:
-                        return _refused(_param(where), "response_format has more than "
-                                        f"{bound['max_properties']} properties", "max_properties")
+                        return _refused(_param(where), f"{subject} has more than "
+                                        f"{bound['max_properties']} properties", "max_properties", audit)
                 elif where[-1] == "patternProperties":
                     pattern_chars += len(key)
                     if pattern_chars > bound["max_pattern_chars"]:
-                        return _refused(_param(at), "response_format's patterns have more than "
-                                        f"{bound['max_pattern_chars']} characters together", "max_pattern_chars")
+                        return _refused(_param(at), f"{subject}'s patterns have more than "
+                                        f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", audit)
                 stack.append((value, at, depth, _SCHEMA))
             elif kind == _VALUE:
                 stack.append((value, at, depth, _VALUE))
@@ -121,14 +173,14 @@ def _walk(root: Any, path: tuple[str, ...], bound: dict[str, int]) -> GatewayErr
                 if key == "enum" and type(value) is list:
                     enums += len(value)
                     if enums > bound["max_enum_values"]:
-                        return _refused(_param(at), "response_format has more than "
-                                        f"{bound['max_enum_values']} enum values", "max_enum_values")
+                        return _refused(_param(at), f"{subject} has more than "
+                                        f"{bound['max_enum_values']} enum values", "max_enum_values", audit)
                 stack.append((value, at, depth, _VALUE))
             elif key == "pattern" and type(value) is str:
                 pattern_chars += len(value)
                 if pattern_chars > bound["max_pattern_chars"]:
-                    return _refused(_param(at), "response_format's patterns have more than "
-                                    f"{bound['max_pattern_chars']} characters together", "max_pattern_chars")
+                    return _refused(_param(at), f"{subject}'s patterns have more than "
+                                    f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", audit)
             else:
                 stack.append((value, at, depth, _MAP if key in _NAME_MAPS and type(value) is dict else _SCHEMA))
     return None
@@ -152,9 +204,9 @@ def _param(path: tuple[str, ...]) -> str:
     return param if len(param) <= MAX_PARAM_CHARS else param[:MAX_PARAM_CHARS - 3] + "..."
 
 
-def _refused(param: str, message: str, name: str) -> GatewayError:
+def _refused(param: str, message: str, name: str, audit: str = "response_format") -> GatewayError:
     """The 400 ``json_schema_too_complex`` naming the bound ``name`` (``limits.json_schema.<name>``) in its message and
-    its audit ``reason`` (no client text there)."""
+    its audit ``reason`` (``audit``: what was bounded, a fixed name; no client text there)."""
     return GatewayError(400, "json_schema_too_complex", f"{message} (limits.json_schema.{name}, for this tenant); the "
                         "replica compiles it into a grammar before the first token", param=param,
-                        record={"reason": f"response_format over limits.json_schema.{name}"}, client_text=True)
+                        record={"reason": f"{audit} over limits.json_schema.{name}"}, client_text=True)
