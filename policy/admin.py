@@ -11,8 +11,9 @@ without an id is refused with 403 (fail closed).
   400 ``{"error": {"code": "policy_rejected", "errors": [...], "report": str, ...}}``
 - ``DELETE /admin/policies/{id}`` -> ``{"result": record}`` | 404 | 400
 - ``GET /admin/data/{path}`` -> ``{"result": document}`` | 404
-- ``GET /admin/policies/versions?limit=50&before=N`` -> ``{"result": [version entry, newest first], "version"}``
-  (:func:`policy.store_versions.version_entries`: change records and set digests, never policy text; session 24)
+- ``GET /admin/policies/versions?limit=50&before=N`` -> ``{"result": [version entry, newest first], "version",
+  "active_set_sha256", "in_force_set_sha256", "drift"}`` (:func:`policy.store_versions.version_entries`: change
+  records and set digests, never policy text; session 24; the drift fields: session 25, S25-newcomer-8)
 - ``POST /admin/policies/rollback`` (JSON ``{"to": N}``) -> ``{"result": record}`` (``rollback_to`` N, ``target``
   ``*``) | 400 ``invalid_parameter`` | 404 (``version_pruned``: older than the versions kept) | 409
   ``version_not_restorable`` | 501 ``not_supported`` (remote OPA) | 400 ``policy_rejected`` and the other
@@ -314,7 +315,8 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             limit = _int_param(request, "limit", 50)
             before = _int_param(request, "before", None)
             listed = await asyncio.to_thread(store.versions, limit=limit, before=before)  # reads files: off the loop
-            return JSONResponse({"result": listed, "version": store.version})
+            drift = await asyncio.to_thread(store.drift)  # S25-newcomer-8: the set in force vs its record
+            return JSONResponse({"result": listed, "version": store.version, **drift})
 
         return await guarded(request, run)
 

@@ -242,7 +242,9 @@ class PolicyStore(PolicyReads):
         (session 24, S23-newcomer-3; :mod:`policy.store_versions`): the stored set is checked against its
         change record, then it goes through the gate, the disk, the target, the publisher (the same 409
         race) and the audit of any change. Its record: ``target`` ``*``, ``op`` ``put``, ``old_sha256`` /
-        ``new_sha256`` the digests of the whole sets, ``rollback_to`` ``to_version``.
+        ``new_sha256`` the digests of the whole sets, ``rollback_to`` ``to_version``. ``to_version`` may be the
+        version in force when the active set differs from its stored set (the directory was edited outside the
+        admin API: session 25, S25-newcomer-8); it is then committed as ``version + 1`` like any roll-back.
 
         Raises:
             PolicyVersionError: 400/404/409 (:func:`policy.store_versions.load_version`), 501 when the
@@ -255,7 +257,7 @@ class PolicyStore(PolicyReads):
                                      "document per request (roll back through its bundle server, or put the "
                                      "earlier texts back one by one)", 501, "not_supported")
         async with self._lock:
-            old_set = load_version(self.active_dir, self.versions_dir, to_version, self.version)
+            old_set = load_version(self.active_dir, self.versions_dir, to_version, self.version, self._set)
             await self._gate(old_set, f"roll-back to version {to_version} refused")
             record = ChangeRecord(version=self.version + 1, who=who, kind="policy", op="put", target="*",
                                   old_sha256=set_digest(self._set), new_sha256=set_digest(old_set), time=time.time(),

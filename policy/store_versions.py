@@ -35,7 +35,7 @@ from policy.loader import PolicySet, canonical_json, policy_set_document, policy
 from policy.store_disk import _STAGED, SNAPSHOT, committed_versions, set_digest
 from policy.store_types import PolicyVersionError
 
-__all__ = ["DEFAULT_VERSIONS_KEEP", "MAX_LISTED", "keep_start_snapshot", "load_version", "matches_record",
+__all__ = ["DEFAULT_VERSIONS_KEEP", "MAX_LISTED", "drift_state", "keep_start_snapshot", "load_version", "matches_record",
            "prune_versions", "snapshot_text", "version_entries"]
 
 log = logging.getLogger(__name__)
@@ -90,21 +90,27 @@ def _snapshot_path(versions_dir: Path, version: int, record: Mapping[str, Any] |
     return None
 
 
-def load_version(active_dir: Path, versions_dir: Path, version: Any, current: int) -> PolicySet:
+def load_version(active_dir: Path, versions_dir: Path, version: Any, current: int,
+                 active: PolicySet | None = None) -> PolicySet:
     """The whole set of committed ``version``, checked against its change record (fail closed).
 
     Args:
-        version: the requested version (an int from 0 to ``current - 1``; a bool is not an int here).
+        version: the requested version (an int from 0 to ``current - 1``, or ``current`` itself when
+            ``active`` differs from its stored set; a bool is not an int here).
         current: the version in force.
+        active: the set in force (session 25, S25-newcomer-8): when the policy directory was edited outside
+            the admin API between two starts, it differs from ``current``'s stored set, and ``current``
+            itself may be put back (the drift of :func:`drift_state`).
 
     Raises:
-        PolicyVersionError: 400 ``invalid_parameter`` (not an int, negative, the version in force or a
-            later one), 404 ``resource_not_found`` (no such committed version), 409 ``version_not_restorable``
-            (no stored set, an unreadable one, or one whose changed key does not match the record).
+        PolicyVersionError: 400 ``invalid_parameter`` (not an int, negative, a later version, or the version
+            in force while the active set is its committed set), 404 ``resource_not_found`` (no such
+            committed version), 409 ``version_not_restorable`` (no stored set, an unreadable one, or one
+            whose changed key does not match the record).
     """
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise PolicyVersionError("'to' must be a version number (an integer >= 0)", 400, "invalid_parameter")
-    if version >= current:
+    if version > current or (version == current and active is None):
         raise PolicyVersionError(f"version {version} is not earlier than the version in force ({current})", 400,
                                  "invalid_parameter")
     committed = committed_versions(active_dir, versions_dir)
@@ -126,7 +132,30 @@ def load_version(active_dir: Path, versions_dir: Path, version: Any, current: in
     if record is not None and not matches_record(record, policy_set):
         raise PolicyVersionError(f"policy version {version}: its stored set does not match its change record "
                                  f"(target {record.get('target')!r})", 409, "version_not_restorable")
+    if version == current and active is not None and set_digest(active) == set_digest(policy_set):
+        raise PolicyVersionError(f"version {version} is the version in force and the active set is its committed "
+                                 "set: nothing to put back", 400, "invalid_parameter")
     return policy_set
+
+
+def drift_state(versions_dir: Path, current: int, active: PolicySet) -> dict[str, Any]:
+    """Whether the set in force is the committed set of the version in force (session 25, S25-newcomer-8).
+
+    Returns:
+        ``{"active_set_sha256": SHA-256 of ``active`` (:func:`policy.store_disk.set_digest`),
+        "in_force_set_sha256": SHA-256 of ``current``'s stored set (None: none stored, or unreadable),
+        "drift": True when both are known and differ (the policy directory was edited outside the admin API:
+        a roll-back to ``current`` puts its committed set back), None when ``current`` has no stored set,
+        else False}``. Never raises.
+    """
+    active_sha = set_digest(active)
+    try:
+        path = _snapshot_path(versions_dir, current, _record(versions_dir, current))
+        stored = None if path is None else hashlib.sha256(path.read_bytes()).hexdigest()
+    except (OSError, ValueError):
+        stored = None
+    return {"active_set_sha256": active_sha, "in_force_set_sha256": stored,
+            "drift": None if stored is None else stored != active_sha}
 
 
 def keep_start_snapshot(versions_dir: Path, version: int, loaded: PolicySet) -> str:
