@@ -175,8 +175,7 @@ def build_decision_point(pc: PolicyConfig, audit: AuditHub) -> DecisionPoint:
         try:
             store = PolicyStore(pc.resolved_dir(), pc.versions_dir, target=target, allowed_builtins=allowed,
                                 versions_keep=pc.versions_keep,
-                                on_change=lambda rec: audit.record_operator({"action": "policy_change",
-                                                                             **rec.to_dict()}))
+                                on_change=lambda rec: audit.record_operator(rec.audit_form()))  # S25-newcomer-4
         except Exception as exc:  # PolicyCompileError (e.g. a refused built-in), OSError
             raise ConfigError(f"policy: {exc}") from None
     if pc.cache_ttl_s <= 0 or pc.cache_max_entries == 0:

@@ -64,6 +64,13 @@ class ChangeRecord:
                 del out[optional]
         return out
 
+    def audit_form(self) -> dict[str, Any]:
+        """The operator audit record of this change (``record_operator``): ``action`` ``policy_change``, every
+        field of :meth:`to_dict`, and ``actor`` (= ``who``, the operator's SPIFFE ID) and ``ts`` (= ``time``, Unix
+        seconds), the names tenancy's operator records use (session 25, S25-newcomer-4: one SIEM rule on
+        ``operator.actor`` / ``operator.ts`` for every operator event; ``who`` and ``time`` stay for compatibility)."""
+        return {"action": "policy_change", **self.to_dict(), "actor": self.who, "ts": self.time}
+
 
 class PolicyRejectedError(PolicyError):
     """A change was refused: it does not compile or a Rego test fails.
