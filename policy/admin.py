@@ -102,7 +102,8 @@ def failure_record(kind: str, op: str, target: str, who: str, status: int, code:
     (Unix seconds)}`` plus ``target`` (the policy id or data path, only when it matches
     ``_TARGET_RE``), ``message`` only for the codes in ``_MESSAGE_RECORDED`` (fixed texts), and
     ``client_address`` (the request's source, when given: the event's source; session 22,
-    S21-fixaudit-1). A failed roll-back (session 24): ``op`` ``rollback``, ``route`` :data:`ROLLBACK_ROUTE`,
+    S21-fixaudit-1). A failed roll-back (session 24): ``kind`` ``set`` (session 25, as its success record,
+    S25-newcomer-7), ``op`` ``rollback``, ``route`` :data:`ROLLBACK_ROUTE`,
     no ``target``, ``rollback_to`` the version asked for when the body named an integer in 0..2**63-1.
     Never recorded: the uploaded Rego or data document, its digest, a compile error or test
     report (they quote the upload), a target's or a persist error's message.
@@ -234,7 +235,7 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             return  # reads are not audited
         if request.method == "POST":  # the roll-back
             to = getattr(request.state, "rollback_to", None)
-            on_failure(failure_record("policy", "rollback", "", who, status, code, message, source, to))
+            on_failure(failure_record("set", "rollback", "", who, status, code, message, source, to))  # S25-newcomer-7
             return
         params = request.path_params
         kind, target = ("policy", params["id"]) if "id" in params else ("data", params.get("path", ""))

@@ -241,7 +241,7 @@ class PolicyStore(PolicyReads):
         """Put the whole set of committed version ``to_version`` back, as the NEW version ``version + 1``
         (session 24, S23-newcomer-3; :mod:`policy.store_versions`): the stored set is checked against its
         change record, then it goes through the gate, the disk, the target, the publisher (the same 409
-        race) and the audit of any change. Its record: ``target`` ``*``, ``op`` ``put``, ``old_sha256`` /
+        race) and the audit of any change. Its record: ``kind`` ``set``, ``target`` ``*``, ``op`` ``put``, ``old_sha256`` /
         ``new_sha256`` the digests of the whole sets, ``rollback_to`` ``to_version``. ``to_version`` may be the
         version in force when the active set differs from its stored set (the directory was edited outside the
         admin API: session 25, S25-newcomer-8); it is then committed as ``version + 1`` like any roll-back.
@@ -259,7 +259,7 @@ class PolicyStore(PolicyReads):
         async with self._lock:
             old_set = load_version(self.active_dir, self.versions_dir, to_version, self.version, self._set)
             await self._gate(old_set, f"roll-back to version {to_version} refused")
-            record = ChangeRecord(version=self.version + 1, who=who, kind="policy", op="put", target="*",
+            record = ChangeRecord(version=self.version + 1, who=who, kind="set", op="put", target="*",
                                   old_sha256=set_digest(self._set), new_sha256=set_digest(old_set), time=time.time(),
                                   rollback_to=to_version)
             record = await self._apply(record, old_set, active_files(self.active_dir, old_set),
@@ -373,7 +373,7 @@ class PolicyStore(PolicyReads):
         (forward only). The set is checked against the built-in allow-list,
         compiled and tested exactly as a local change (fail closed:
         :class:`PolicyRejectedError`, nothing changes), staged on disk as the
-        active set and as version ``version`` (``op="put"``, ``target="*"``),
+        active set and as version ``version`` (``kind="set"``, ``op="put"``, ``target="*"``),
         applied to the target, renamed in place and committed (as a local
         change: :class:`policy.store_disk.ChangeFiles`, rolled back on any
         failure), and handed to ``on_change`` (audit); the change listeners
@@ -386,7 +386,7 @@ class PolicyStore(PolicyReads):
             if version <= self.version:
                 return None
             await self._gate(policy_set, f"shared policy version {version} refused")
-            record = ChangeRecord(version=version, who=who, kind="policy", op="put", target="*",
+            record = ChangeRecord(version=version, who=who, kind="set", op="put", target="*",
                                   old_sha256=set_digest(self._set), new_sha256=set_digest(policy_set),
                                   time=time.time())
             await self._persist_and_apply(record, policy_set, active_files(self.active_dir, policy_set),

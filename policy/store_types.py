@@ -25,7 +25,9 @@ __all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "P
 
 @dataclass(frozen=True)
 class ChangeRecord:
-    """One accepted change: ``who`` (operator id), ``kind`` policy|data,
+    """One accepted change: ``who`` (operator id), ``kind`` policy|data|set
+    (``set``: a whole-set version, ``target`` ``*``: a roll-back or a set adopted from another instance, since
+    session 25, S25-newcomer-7; such versions committed before it say ``policy``),
     ``op`` put|delete, ``target`` (policy id or data path), SHA-256 hex
     digests of the old and new content (None when absent), ``version``
     (monotonic), ``time`` (seconds since the epoch). ``shared`` (shared state, issue 16; in the
@@ -46,7 +48,7 @@ class ChangeRecord:
 
     version: int
     who: str
-    kind: Literal["policy", "data"]
+    kind: Literal["policy", "data", "set"]
     op: Literal["put", "delete"]
     target: str
     old_sha256: str | None
