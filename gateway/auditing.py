@@ -107,6 +107,7 @@ class AuditHub:
         """
         from prometheus_client import CollectorRegistry
 
+        from audit.alert_epoch import stamping_observed_epoch
         from audit.concentration import ConcentrationMonitor
         from audit.config import AuditConfigError, build_audit
         from audit.config_schema import parse_audit
@@ -139,7 +140,8 @@ class AuditHub:
                                  endpoint=tc.get("otlp_endpoint"), offload=bool(tc.get("offload", True)),
                                  registry=registry, sample_ratio=float(tc.get("sample_ratio", 1.0)))
         admin_registry = CollectorRegistry()
-        monitor = ConcentrationMonitor(load_guard_factor=router_factor, on_alert=log.emit, registry=registry,
+        monitor = ConcentrationMonitor(load_guard_factor=router_factor, on_alert=stamping_observed_epoch(log.emit),
+                                       registry=registry,  # alert.observed_at_epoch_s: S25-newcomer-5
                                        admin_registry=admin_registry, **model.concentration_kwargs())
         hub = cls(log, monitor, provider.get_tracer("prefixgate"), admin_registries=(admin_registry,))
         hub.public_registries = (registry,)

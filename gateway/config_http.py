@@ -57,14 +57,16 @@ class JsonSchemaLimits(ConfigSection):
     first token (session 24, S23-fields-2; the walk, the units and the sources of the defaults:
     gateway/response_format.py). ``max_bytes``: compact JSON bytes of ``response_format``; ``max_depth``: schema
     levels; ``max_properties``: entries of all ``properties`` maps; ``max_enum_values``: entries of all ``enum``
-    lists; ``max_pattern_chars``: characters of all ``pattern`` strings and ``patternProperties`` keys. More
-    answers 400 ``json_schema_too_complex``. Each is overridden per tenant by ``tenants[].json_schema_limits``."""
+    lists; ``max_pattern_chars``: characters of all ``pattern`` strings and ``patternProperties`` keys. The same
+    bounds apply to each ``tools[].function.parameters`` schema, and ``max_tool_schemas_bytes`` to the compact
+    JSON bytes of all of them together (session 25). More answers 400 ``json_schema_too_complex``. Each is overridden per tenant by ``tenants[].json_schema_limits``."""
 
     max_bytes: int = Field(65536, ge=64)
     max_depth: int = Field(20, ge=1, le=256)
     max_properties: int = Field(5000, ge=1)
     max_enum_values: int = Field(1000, ge=1)
     max_pattern_chars: int = Field(1024, ge=0)
+    max_tool_schemas_bytes: int = Field(262144, ge=64)
 
 
 class LimitsConfig(ConfigSection):

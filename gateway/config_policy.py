@@ -35,6 +35,9 @@ class PolicyConfig(ConfigSection):
     (``policy.builtin_allowlist.DEFAULT_ALLOWED_BUILTINS``; docs/policy.md).
     ``health_interval_s``: remote mode, how long a PDP health result is
     reused by ``/readyz`` (seconds).
+    ``versions_keep``: with ``versions_dir``, how many committed versions are kept (>= 1, default 100):
+    after each change (and at start) the oldest beyond it are pruned, never the version in force; a
+    roll-back to a pruned one answers 404 ``version_pruned`` (session 25, S24-fixreg-3).
     ``dir``: the embedded engine's policy directory; unset (the default) is
     the policy installed with the package (:func:`rego.policy_dir`), never a
     path relative to the working directory. ``versions_dir`` (operator
@@ -52,6 +55,7 @@ class PolicyConfig(ConfigSection):
     mode: Literal["embedded", "remote"] = "embedded"
     dir: str | None = None
     versions_dir: str | None = None
+    versions_keep: int = Field(100, ge=1)
     url: str | None = None
     token_env: str | None = None
     ca_file: str | None = None

@@ -174,8 +174,8 @@ def build_decision_point(pc: PolicyConfig, audit: AuditHub) -> DecisionPoint:
         target = inner if pc.mode == "embedded" else RemoteOpaTarget(inner.client, on_applied=inner.notify_change)
         try:
             store = PolicyStore(pc.resolved_dir(), pc.versions_dir, target=target, allowed_builtins=allowed,
-                                on_change=lambda rec: audit.record_operator({"action": "policy_change",
-                                                                             **rec.to_dict()}))
+                                versions_keep=pc.versions_keep,
+                                on_change=lambda rec: audit.record_operator(rec.audit_form()))  # S25-newcomer-4
         except Exception as exc:  # PolicyCompileError (e.g. a refused built-in), OSError
             raise ConfigError(f"policy: {exc}") from None
         if pc.mode == "embedded":  # the set it loaded is the store's version in force; every change relabels it

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.admission_answers import check_prompt_bytes
 from gateway.errors import GatewayError
 from gateway.json_fast import dumps, loads_object
+from gateway.pipeline_answer import no_candidate_error
 from gateway.usage_privacy import drops_cached
 from policy.decision import Decision
 from routing.filters import TenantPoolFilter
@@ -77,7 +78,8 @@ async def decide_again(gw: Gateway, held: Held, req: InferenceRequest, rec: Requ
     tenant's per-request bounds now (:meth:`gateway.admission.Admission.request_bounds`) against the
     counts the request kept (:func:`check_kept_bounds`, S19-R6: the same 400 as a fresh request), the
     candidates are those of the first decision in the tenant's pools now (``TenantPoolFilter``: a
-    reload narrows them, never widens them), the policy decides (``held.decided``: ``(generation,
+    reload narrows them, never widens them; none: 503 ``no_replica`` with its cause,
+    :func:`gateway.pipeline_answer.no_candidate_error`), the policy decides (``held.decided``: ``(generation,
     identity, candidates)``; the tenant's queued count as of now) and ``max_tokens`` is clamped with
     the new tenant and decision; ``held.drop_cached`` (``usage_cached_tokens``) and the upstream ``user``
     (``forward_user``) are derived again from the tenant now (R18-2). When the generation moves again
@@ -126,8 +128,8 @@ async def decide_again(gw: Gateway, held: Held, req: InferenceRequest, rec: Requ
         adm.check_request(req, tenant)
         check_kept_bounds(bounds, req, route_req.prompt_tokens, None, parsed=False)
         candidates = TenantPoolFilter(tenant.pools).filter(first)
-        if not candidates:
-            raise GatewayError(503, "no_replica", "no healthy replica is available for this tenant")
+        if not candidates:  # which cause, by the first check's rule (session 25, S24-fixreg-1)
+            raise no_candidate_error(gw.replica_set.all(), tenant.pools, tenant.id, gw.metrics)
         decision = gw_pep.decide_now(identity, tenant, req, route_req.prompt_tokens, candidates, rec.endpoint,
                                      gw.flow.tenant_queued(tenant.id) if gw.flow is not None else 0)
         if type(decision) is not Decision:

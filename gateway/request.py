@@ -36,7 +36,7 @@ from gateway.body_read import read_body
 from gateway.errors import GatewayError
 from gateway.request_fast import plain_chat, plain_completion
 from gateway.free_form import free_form_refusal
-from gateway.response_format import response_format_refusal, tool_schema_refusal
+from gateway.response_format import response_format_refusal, tools_refusal
 from gateway.request_schema import (MAX_TOKENS_CEILING, NAME_PATTERN, ChatBody, CompletionBody, function_name_error,
                                     schema_error)
 from gateway.unknown_fields import (KNOWN_CHAT, KNOWN_COMPLETIONS, PLAIN_CHAT, PLAIN_COMPLETIONS, DroppedFields,
@@ -201,9 +201,8 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     (an integer literal of more than :data:`MAX_INT_DIGITS` digits anywhere, refused before conversion),
     ``batch_too_large`` (a list ``prompt`` of more than ``max_batch_prompts`` elements), ``too_many_tools`` /
     ``too_many_json_items`` (gateway/free_form.py: ``max_tools``, ``max_free_values``), ``json_schema_too_complex``
-    (gateway/response_format.py: a chat ``response_format`` over ``json_schema``, ``limits.json_schema``, with the
-    tenant's ``json_schema_tenant`` overrides, and the ``tools`` parameters of a ``tool_choice`` that forces a call,
-    session 25; None: not checked) — all counted before schema validation —, ``too_many_json_items``
+    (gateway/response_format.py: a chat ``response_format`` or a ``tools[].function.parameters`` over
+    ``limits.json_schema``, with the tenant's ``json_schema_tenant`` overrides; None: not checked) — all counted before schema validation —, ``too_many_json_items``
     (:func:`json_items_bound` above ``max_json_items``, counted before decoding) or
     ``invalid_request`` (schema violation; the message names the field, never
     its value), ``unsupported_parameter`` (``unknown_fields`` ``refuse``: a top-level field outside the schema,
@@ -264,9 +263,9 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     if (endpoint == "chat" and json_schema is not None and "response_format" in data and (refused := (
             response_format_refusal(data["response_format"], json_schema, json_schema_tenant, len(raw))))):
         raise refused  # S23-fields-2: the replica's grammar compile, bounded before it is forwarded
-    if (endpoint == "chat" and json_schema is not None and "tools" in data and (refused := tool_schema_refusal(
-            data["tools"], data.get("tool_choice"), json_schema, json_schema_tenant, len(raw)))):
-        raise refused  # S25-review-3: a forced tool call's parameters are compiled as a response_format is
+    if (endpoint == "chat" and json_schema is not None and "tools" in data and (refused := (
+            tools_refusal(data["tools"], json_schema, json_schema_tenant, len(raw))))):
+        raise refused  # S24-fields-1, S25-review-3: each tool's parameters schema is compiled too
     fast = None if not checked else plain_chat(data, plain) if endpoint == "chat" else plain_completion(data, plain)
     if fast is not None:  # the commonest body, as the schema reads it (gateway/request_fast.py, issue 14)
         body, model, stream, max_tokens = fast, fast["model"], fast["stream"], fast.get("max_tokens")

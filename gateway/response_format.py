@@ -34,8 +34,10 @@ A refusal is 400 ``json_schema_too_complex`` (type ``invalid_request_error``) wh
 what passed the bound (``response_format.json_schema.schema.properties.a.pattern``; keys shown as
 :func:`gateway.unknown_fields.field_label` shows them: bounded, escaped), so its body holds client text
 (``client_text``: rendered per answer, never cached). The audit record's ``reason`` names the bound only.
-Session 25 (S25-review-3): the same bounds apply to the ``tools[].function.parameters`` of a chat body whose
-``tool_choice`` forces a call (:func:`tool_schema_refusal`), which the replica compiles the same way.
+Session 25 (S24-fields-1, S25-review-3): each ``tools[].function.parameters`` schema takes the same walk and
+bounds (:func:`tools_refusal`, ``param`` ``tools.N.function.parameters...``), whatever ``tool_choice`` says, and
+``max_tool_schemas_bytes`` bounds the compact JSON bytes of all of them together (default 256 KiB: four
+``max_bytes``). A body without ``tools`` costs one key test.
 The schema's values are also counted in ``max_free_values`` (gateway/free_form.py) and its rendering in the
 first sequence's prompt bytes (gateway/request.py ``extra_text``), as before.
 """
@@ -51,10 +53,11 @@ from gateway.errors import GatewayError
 from gateway.schema_refs import inlined_bytes
 from gateway.unknown_fields import field_label
 
-__all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal", "tool_schema_refusal"]
+__all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal", "tools_refusal"]
 
 #: the names of the bounds (``limits.json_schema`` keys, ``tenants[].json_schema_limits`` keys)
-JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_values", "max_pattern_chars")
+JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_values", "max_pattern_chars",
+                      "max_tool_schemas_bytes")
 
 #: keywords whose object maps names to subschemas: the map itself is no schema level
 _NAME_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
@@ -96,35 +99,63 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
         [(root, path)], bound, "response_format", "response_format")
 
 
-def tool_schema_refusal(tools: Any, tool_choice: Any, limits: Any, overrides: Mapping[str, int],
-                        body_bytes: int) -> GatewayError | None:
-    """The 400 for a decoded chat body whose ``tool_choice`` forces a call (``"required"`` or a named function, an
-    object) and whose ``tools[].function.parameters`` schemas together pass a bound of :data:`JSON_SCHEMA_BOUNDS`
-    (the same values as :func:`response_format_refusal`), else None (session 25, S25-review-3).
+def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int], body_bytes: int) -> GatewayError | None:
+    """The 400 for a decoded chat body's ``tools`` whose ``function.parameters`` schemas pass a bound of
+    :data:`JSON_SCHEMA_BOUNDS`, else None (session 25: S24-fields-1, S25-review-3).
 
-    Why: vLLM compiles those schemas into a grammar before the first token exactly as it compiles a
-    ``response_format`` (docs/features/tool_calling.md, "Named Function Calling" and "Required Function Calling":
-    guided decoding over "the tool parameter object defined by the JSON schema in the ``tools`` parameter"; for
-    ``required`` an ``anyOf`` over every tool), so before this a schema refused in ``response_format`` reached the
-    compiler unbounded as a tool's ``parameters`` with ``tool_choice: "required"``. Every tool's parameters count
-    (for a named choice too: the gateway does not resolve which tool the replica picks; fail closed). ``max_bytes``
-    is the compact JSON of the whole ``tools`` list; ``param`` is the client's path
-    (``tools.0.function.parameters.properties.a.pattern``). ``tool_choice`` ``auto``/``none``/absent: no compile,
-    nothing checked. Types are not checked here (the schema does). Raises nothing."""
-    if type(tools) is not list or not (tool_choice == "required" or type(tool_choice) is dict):
-        return None
-    roots = [(fn["parameters"], ("tools", str(i), "function", "parameters")) for i, tool in enumerate(tools)
-             if type(tool) is dict and type(fn := tool.get("function")) is dict and "parameters" in fn]
-    if not roots:
+    Why: the replica compiles a tool's parameters into a grammar before the first token as it compiles a
+    ``response_format`` (vLLM docs/features/tool_calling.md, "Named Function Calling" and "Required Function
+    Calling": guided decoding over "the tool parameter object defined by the JSON schema in the ``tools``
+    parameter"; for ``required`` an ``anyOf`` over every tool; strict tools under ``auto`` too). Every tool counts
+    whatever ``tool_choice`` says: the gateway does not know which tools a replica compiles (fail closed). Each
+    tool's ``parameters`` is walked as a ``response_format`` schema is (the schema itself level 1; ``param``
+    ``tools.N.function.parameters...``), with the counts of ``max_properties``, ``max_enum_values`` and
+    ``max_pattern_chars`` shared by all tools (``required`` compiles an ``anyOf`` over every tool, S25-review-3);
+    ``max_bytes`` bounds each tool's schema, also with its local ``$ref`` inlined (:func:`_inlined_refusal`), and
+    ``max_tool_schemas_bytes`` the compact JSON bytes of all of them together.
+
+    ``limits``, ``overrides``: as :func:`response_format_refusal`; ``body_bytes``: the length of the body ``tools``
+    was decoded from (a body no longer than the byte bounds needs no encoding). A ``tools`` that is not a list, an
+    entry or ``function`` that is not an object, ``parameters`` that is not an object: left to the schema. Work:
+    nothing for a body without ``tools`` (the caller's key test); else one walk per tool (O(containers)), and one C
+    encoding per tool only when the body is longer than a byte bound. Raises nothing."""
+    if type(tools) is not list:
         return None
     bound = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
-    if body_bytes > bound["max_bytes"] and (size := _encoded_bytes(tools)) > bound["max_bytes"]:
-        if size == _TOO_DEEP:
-            return GatewayError(400, "invalid_json", "request body is nested too deeply")
-        return _refused("tools", f"tools is larger than {bound['max_bytes']} bytes as compact JSON, with a "
-                        "tool_choice that makes the replica compile its parameters", "max_bytes", "tools")
-    subject = "the forced tool call's schema"
-    return _walk(roots[::-1], bound, "tools", subject) or _inlined_refusal(roots, bound, "tools", subject)
+    count_bytes = body_bytes > min(bound["max_bytes"], bound["max_tool_schemas_bytes"])
+    total = 0
+    roots: list[tuple[Any, tuple[str, ...]]] = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if type(tool) is dict else None
+        params = fn.get("parameters") if type(fn) is dict else None
+        if type(params) is not dict:
+            continue
+        path = ("tools", str(i), "function", "parameters")
+        roots.append((params, path))
+        if count_bytes:
+            size = _encoded_bytes(params)
+            if size == _TOO_DEEP:  # S25-review-1: the decoder's own answer, never a RecursionError
+                return GatewayError(400, "invalid_json", "request body is nested too deeply")
+            node: _Node = None
+            for name in path:
+                node = (node, name)
+            if size > bound["max_bytes"]:
+                return _refused(_param(node), f"tools[{i}].function.parameters is larger than {bound['max_bytes']} "
+                                "bytes as compact JSON", "max_bytes", "tools parameters")
+            total += size
+            if total > bound["max_tool_schemas_bytes"]:
+                return _refused(_param(node), "the tools' parameters schemas are larger than "
+                                f"{bound['max_tool_schemas_bytes']} bytes together as compact JSON",
+                                "max_tool_schemas_bytes", "tools parameters")
+    if not roots:
+        return None
+    subject = "tools[].function.parameters"  # counted together: ``required`` compiles an anyOf over every tool
+    if (refused := _walk(roots[::-1], bound, "tools parameters", subject)) is not None:
+        return refused
+    for root in roots:
+        if (refused := _inlined_refusal([root], bound, "tools parameters", subject)) is not None:
+            return refused
+    return None
 
 
 def _inlined_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what: str,

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from gateway.config import GatewayConfig
 from gateway.shared_docs import DOCS_MAC_INFO, SharedDocument, state_metrics
+from gateway.shared_refusal import adopt_stored, admin_answer, refusal
 from gateway.shared_routing import ROUTING_MAC_INFO, RoutingStream, new_instance_id
 from routing.index import PrefixIndex
 from routing.load import LoadTracker
@@ -46,8 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["SharedState"]
 
 log = logging.getLogger("prefixgate.state")
-#: the admin error code of a refused publish's ``shared`` value, where they differ
-_CODE = {"unresolved": "state_unavailable"}
 
 
 class SharedState:
@@ -233,50 +232,14 @@ class SharedState:
                         exc.__class__.__name__)
             return "unpublished"
         shared, _ = await self._refused(doc, record.version, "the change")
-        if shared == "conflict":
-            self._spawn(doc.sync())  # after the store's lock is released (adopt takes it)
+        if shared == "conflict":  # in a task: after the store's lock is released (adopt takes it)
+            self._spawn(adopt_stored(doc))  # a failure is logged (S24-fixreg-2)
         return shared
 
     async def _refused(self, doc: SharedDocument, version: int, what: str) -> tuple[str, str]:
-        """After a refused publish of ``doc`` at ``version``: ``(shared, message)``, the message logged as an
-        error (and a reload's answer). ``master_pending``: a master generation is pending here and the stored
-        record is not authenticated here (:meth:`_unshared_while_pending`, S22-review-3); ``unresolved``: Redis
-        failed on that read, so neither is known (fail closed: answered 503 ``state_unavailable``; the next
-        sync adopts the stored record if it can, S22-fixrot-2); else ``conflict`` (counted; the caller adopts
-        the stored record). ``what``: how the message names the change (``the change``, ``the reload``)."""
-        try:
-            unshared = await self._unshared_while_pending(doc, version)
-        except Exception as exc:  # noqa: BLE001 - Redis failed between the refused publish and this read
-            message = (f"{doc.name} version {version} is applied on this instance and was not stored (another "
-                       f"instance stored this version or a higher one first), and shared state failed "
-                       f"({exc.__class__.__name__}) before the stored {doc.name} could be read: whether it "
-                       f"replaces {what} here is decided when shared state answers again; check the {doc.name} "
-                       f"in force, then retry")
-            log.error("shared state: %s", message)
-            return "unresolved", message
-        if unshared is not None:
-            return "master_pending", unshared
-        self.metrics.rejected.labels(doc.name, "conflict").inc()
-        message = (f"{doc.name} version {version} was stored by another instance first; its "
-                   f"{'registry' if doc.name == 'tenants' else 'set'} is adopted here: retry {what}")
-        log.error("shared state: %s version %d was not stored (another instance published it or a higher one "
-                  "first); %s is answered 409 and the stored %s adopted", doc.name, version, what, doc.name)
-        return "conflict", message
-
-    async def _unshared_while_pending(self, doc: SharedDocument, version: int) -> str | None:
-        """After a refused publish: the message (logged as an error, and a reload's answer) when a master
-        generation is pending here and the stored record is not authenticated here, so this instance can neither
-        replace nor adopt it (S20-FS1): the change is in force on this instance only until that generation is
-        provisioned (S22-review-3); else None. Raises what the Redis read raises."""
-        pending = self.keys.master_pending
-        if not pending or not await doc.stored_unauthenticated():
-            return None
-        message = (f"{doc.name} version {version} is applied on this instance only and not shared: master "
-                   f"generation {pending} is announced and not provisioned here, so the stored {doc.name} cannot "
-                   f"be read; provision master generation {pending} on this instance (it then adopts the stored "
-                   f"{doc.name})")
-        log.error("shared state: %s", message)
-        return message
+        """After a refused publish of ``doc`` at ``version``: ``(shared, message)``
+        (:func:`gateway.shared_refusal.refusal`, with this instance's pending master generation)."""
+        return await refusal(doc, version, what, self.keys.master_pending, self.metrics)
 
     async def _publish_doc(self, doc: SharedDocument | None, version: int, body: Any) -> tuple[int, str, str] | None:
         """Publish ``body`` at ``version``; returns ``(status, code, message)`` of a reload made here and not
@@ -292,11 +255,8 @@ class SharedState:
             return None
         shared, message = await self._refused(doc, version, "the reload")
         if shared == "conflict":
-            try:  # S17-1: converge now; a Redis error is logged and the next poll adopts it (S23-fixreg-3)
-                await doc.sync()
-            except Exception as exc:  # noqa: BLE001
-                log.warning("shared state: adopting the stored %s failed (%s): the next poll does", doc.name, type(exc).__name__)
-        return {"conflict": 409}.get(shared, 503), _CODE.get(shared, shared), message
+            await adopt_stored(doc)  # S17-1: converge now; a Redis error is logged (S23-fixreg-3)
+        return admin_answer(shared, message)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -11,11 +11,13 @@ without an id is refused with 403 (fail closed).
   400 ``{"error": {"code": "policy_rejected", "errors": [...], "report": str, ...}}``
 - ``DELETE /admin/policies/{id}`` -> ``{"result": record}`` | 404 | 400
 - ``GET /admin/data/{path}`` -> ``{"result": document}`` | 404
-- ``GET /admin/policies/versions?limit=50&before=N`` -> ``{"result": [version entry, newest first], "version"}``
-  (:func:`policy.store_versions.version_entries`: change records and set digests, never policy text; session 24)
+- ``GET /admin/policies/versions?limit=50&before=N`` -> ``{"result": [version entry, newest first], "version",
+  "active_set_sha256", "in_force_set_sha256", "drift"}`` (:func:`policy.store_versions.version_entries`: change
+  records and set digests, never policy text; session 24; the drift fields: session 25, S25-newcomer-8)
 - ``POST /admin/policies/rollback`` (JSON ``{"to": N}``) -> ``{"result": record}`` (``rollback_to`` N, ``target``
-  ``*``) | 400 ``invalid_parameter`` | 404 | 409 ``version_not_restorable`` | 501 ``not_supported`` (remote
-  OPA) | 400 ``policy_rejected`` and the other change errors below (:meth:`policy.store.PolicyStore.rollback`)
+  ``*``) | 400 ``invalid_parameter`` | 404 (``version_pruned``: older than the versions kept) | 409
+  ``version_not_restorable`` | 501 ``not_supported`` (remote OPA) | 400 ``policy_rejected`` and the other
+  change errors below (:meth:`policy.store.PolicyStore.rollback`)
 - ``PUT /admin/data/{path}`` (JSON object) -> ``{"result": record}`` | 400
 - target failure -> 502 code ``target_refused`` (``target_may_hold_change`` true when the target may have
   applied it before failing: the store gives it its committed set back now, after the push's outcome, R18-1,
@@ -86,7 +88,7 @@ _TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
 #: error codes whose message is fixed text, recorded in a failure record (a compile error or a
 #: target's answer may quote the uploaded Rego or data, a persist error paths: never recorded)
 _MESSAGE_RECORDED = frozenset({"resource_not_found", "body_too_large", "unsupported_media_type",
-                               "version_not_restorable", "not_supported"})
+                               "version_not_restorable", "version_pruned", "not_supported"})
 #: the roll-back route (session 24, S23-newcomer-3), audited under this template
 ROLLBACK_ROUTE = "/admin/policies/rollback"
 
@@ -100,7 +102,8 @@ def failure_record(kind: str, op: str, target: str, who: str, status: int, code:
     (Unix seconds)}`` plus ``target`` (the policy id or data path, only when it matches
     ``_TARGET_RE``), ``message`` only for the codes in ``_MESSAGE_RECORDED`` (fixed texts), and
     ``client_address`` (the request's source, when given: the event's source; session 22,
-    S21-fixaudit-1). A failed roll-back (session 24): ``op`` ``rollback``, ``route`` :data:`ROLLBACK_ROUTE`,
+    S21-fixaudit-1). A failed roll-back (session 24): ``kind`` ``set`` (session 25, as its success record,
+    S25-newcomer-7), ``op`` ``rollback``, ``route`` :data:`ROLLBACK_ROUTE`,
     no ``target``, ``rollback_to`` the version asked for when the body named an integer in 0..2**63-1.
     Never recorded: the uploaded Rego or data document, its digest, a compile error or test
     report (they quote the upload), a target's or a persist error's message.
@@ -232,7 +235,7 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             return  # reads are not audited
         if request.method == "POST":  # the roll-back
             to = getattr(request.state, "rollback_to", None)
-            on_failure(failure_record("policy", "rollback", "", who, status, code, message, source, to))
+            on_failure(failure_record("set", "rollback", "", who, status, code, message, source, to))  # S25-newcomer-7
             return
         params = request.path_params
         kind, target = ("policy", params["id"]) if "id" in params else ("data", params.get("path", ""))
@@ -313,7 +316,8 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             limit = _int_param(request, "limit", 50)
             before = _int_param(request, "before", None)
             listed = await asyncio.to_thread(store.versions, limit=limit, before=before)  # reads files: off the loop
-            return JSONResponse({"result": listed, "version": store.version})
+            drift = await asyncio.to_thread(store.drift)  # S25-newcomer-8: the set in force vs its record
+            return JSONResponse({"result": listed, "version": store.version, **drift})
 
         return await guarded(request, run)
 

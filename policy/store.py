@@ -51,7 +51,8 @@ from policy.store_types import (ChangeRecord, PolicyConflictError, PolicyMasterP
                                 PolicyPersistError, PolicyRejectedError, PolicyTarget, PolicyTargetError,
                                 PolicyVersionError, RemoteOpaTarget, check_policy_dir, persist_error, shared_error)
 from policy.store_reads import PolicyReads
-from policy.store_versions import keep_start_snapshot, load_version, snapshot_text
+from policy.store_versions import (DEFAULT_VERSIONS_KEEP, keep_start_snapshot, load_version, prune_versions,
+                                   snapshot_text)
 
 __all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
            "PolicyPersistError", "PolicyRejectedError", "PolicyStore", "PolicyTarget", "PolicyTargetError",
@@ -75,6 +76,9 @@ class PolicyStore(PolicyReads):
             is compiled, tested or pushed to the target (remote OPA too).
         settle_s: seconds after a push of unknown outcome (a lost reply, a cancel) when the target is
             given the committed state of its key once more (:class:`policy.store_repair.TargetRepair`).
+        versions_keep: committed versions kept in ``versions_dir`` (>= 1): the oldest beyond it are pruned
+            after each commit and at start, never the version in force
+            (:func:`policy.store_versions.prune_versions`; session 25).
 
     Raises:
         PolicyCompileError: the active directory does not load, or calls a
@@ -90,6 +94,7 @@ class PolicyStore(PolicyReads):
         on_change: Callable[[ChangeRecord], None] | None = None,
         allowed_builtins: Iterable[str] | None = None,
         settle_s: float = 10.0,
+        versions_keep: int = DEFAULT_VERSIONS_KEEP,
     ) -> None:
         self.active_dir = Path(active_dir)
         self.versions_dir = Path(versions_dir)
@@ -117,6 +122,8 @@ class PolicyStore(PolicyReads):
         check_modules(self._set.modules, self._allowed)
         self.version = max(committed_versions(self.active_dir, self.versions_dir), default=0)
         keep_start_snapshot(self.versions_dir, self.version, self._set)  # what a roll-back to it puts back
+        self._versions_keep = versions_keep
+        prune_versions(self.active_dir, self.versions_dir, versions_keep, self.version)
         self._listeners: list[Callable[[ChangeRecord], None]] = []
         self._publisher: Callable[[ChangeRecord, PolicySet], Awaitable[str]] | None = None
         self._pending_master: Callable[[], int] = lambda: 0
@@ -235,8 +242,10 @@ class PolicyStore(PolicyReads):
         """Put the whole set of committed version ``to_version`` back, as the NEW version ``version + 1``
         (session 24, S23-newcomer-3; :mod:`policy.store_versions`): the stored set is checked against its
         change record, then it goes through the gate, the disk, the target, the publisher (the same 409
-        race) and the audit of any change. Its record: ``target`` ``*``, ``op`` ``put``, ``old_sha256`` /
-        ``new_sha256`` the digests of the whole sets, ``rollback_to`` ``to_version``.
+        race) and the audit of any change. Its record: ``kind`` ``set``, ``target`` ``*``, ``op`` ``put``, ``old_sha256`` /
+        ``new_sha256`` the digests of the whole sets, ``rollback_to`` ``to_version``. ``to_version`` may be the
+        version in force when the active set differs from its stored set (the directory was edited outside the
+        admin API: session 25, S25-newcomer-8); it is then committed as ``version + 1`` like any roll-back.
 
         Raises:
             PolicyVersionError: 400/404/409 (:func:`policy.store_versions.load_version`), 501 when the
@@ -249,9 +258,9 @@ class PolicyStore(PolicyReads):
                                      "document per request (roll back through its bundle server, or put the "
                                      "earlier texts back one by one)", 501, "not_supported")
         async with self._lock:
-            old_set = load_version(self.active_dir, self.versions_dir, to_version, self.version)
+            old_set = load_version(self.active_dir, self.versions_dir, to_version, self.version, self._set)
             await self._gate(old_set, f"roll-back to version {to_version} refused")
-            record = ChangeRecord(version=self.version + 1, who=who, kind="policy", op="put", target="*",
+            record = ChangeRecord(version=self.version + 1, who=who, kind="set", op="put", target="*",
                                   old_sha256=set_digest(self._set), new_sha256=set_digest(old_set), time=time.time(),
                                   rollback_to=to_version)
             record = await self._apply(record, old_set, active_files(self.active_dir, old_set),
@@ -323,6 +332,7 @@ class PolicyStore(PolicyReads):
             files.commit()
         except OSError as exc:
             raise await self._roll_back(record, files, exc) from exc
+        prune_versions(self.active_dir, self.versions_dir, self._versions_keep, record.version)  # never raises
 
     async def _roll_back(self, record: ChangeRecord, files: ChangeFiles, exc: OSError) -> PolicyPersistError:
         """R17-3: the target gets the current set back and the disk is rolled back, whatever fails."""
@@ -364,7 +374,7 @@ class PolicyStore(PolicyReads):
         (forward only). The set is checked against the built-in allow-list,
         compiled and tested exactly as a local change (fail closed:
         :class:`PolicyRejectedError`, nothing changes), staged on disk as the
-        active set and as version ``version`` (``op="put"``, ``target="*"``),
+        active set and as version ``version`` (``kind="set"``, ``op="put"``, ``target="*"``),
         applied to the target, renamed in place and committed (as a local
         change: :class:`policy.store_disk.ChangeFiles`, rolled back on any
         failure), and handed to ``on_change`` (audit); the change listeners
@@ -377,7 +387,7 @@ class PolicyStore(PolicyReads):
             if version <= self.version:
                 return None
             await self._gate(policy_set, f"shared policy version {version} refused")
-            record = ChangeRecord(version=version, who=who, kind="policy", op="put", target="*",
+            record = ChangeRecord(version=version, who=who, kind="set", op="put", target="*",
                                   old_sha256=set_digest(self._set), new_sha256=set_digest(policy_set),
                                   time=time.time())
             await self._persist_and_apply(record, policy_set, active_files(self.active_dir, policy_set),

@@ -10,7 +10,7 @@ from typing import Any
 from policy.loader import PolicySet, canonical_json, check_data_path, is_test_module, sha256_text
 from policy.store_disk import committed_records
 from policy.store_types import ChangeRecord, PolicyNotFoundError
-from policy.store_versions import version_entries
+from policy.store_versions import drift_state, version_entries
 
 __all__ = ["PolicyReads"]
 
@@ -20,6 +20,7 @@ class PolicyReads:
 
     active_dir: Path
     versions_dir: Path
+    version: int
     _set: PolicySet
 
     def list_policies(self) -> list[dict[str, Any]]:
@@ -52,6 +53,12 @@ class PolicyReads:
         """The committed versions, newest first (:func:`policy.store_versions.version_entries`: change
         records and set digests, never policy text). Raises ValueError for a bad ``limit``."""
         return version_entries(self.active_dir, self.versions_dir, limit=limit, before=before)
+
+    def drift(self) -> dict[str, Any]:
+        """Whether the active set is the committed set of the version in force (session 25, S25-newcomer-8):
+        ``{"active_set_sha256", "in_force_set_sha256", "drift"}`` (:func:`policy.store_versions.drift_state`;
+        digests only, never policy text). Reads one file; never raises."""
+        return drift_state(self.versions_dir, self.version, self._set)
 
     def history(self) -> list[ChangeRecord]:
         """All committed change records, oldest first."""

@@ -25,7 +25,9 @@ __all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "P
 
 @dataclass(frozen=True)
 class ChangeRecord:
-    """One accepted change: ``who`` (operator id), ``kind`` policy|data,
+    """One accepted change: ``who`` (operator id), ``kind`` policy|data|set
+    (``set``: a whole-set version, ``target`` ``*``: a roll-back or a set adopted from another instance, since
+    session 25, S25-newcomer-7; such versions committed before it say ``policy``),
     ``op`` put|delete, ``target`` (policy id or data path), SHA-256 hex
     digests of the old and new content (None when absent), ``version``
     (monotonic), ``time`` (seconds since the epoch). ``shared`` (shared state, issue 16; in the
@@ -46,7 +48,7 @@ class ChangeRecord:
 
     version: int
     who: str
-    kind: Literal["policy", "data"]
+    kind: Literal["policy", "data", "set"]
     op: Literal["put", "delete"]
     target: str
     old_sha256: str | None
@@ -64,6 +66,13 @@ class ChangeRecord:
                 del out[optional]
         return out
 
+    def audit_form(self) -> dict[str, Any]:
+        """The operator audit record of this change (``record_operator``): ``action`` ``policy_change``, every
+        field of :meth:`to_dict`, and ``actor`` (= ``who``, the operator's SPIFFE ID) and ``ts`` (= ``time``, Unix
+        seconds), the names tenancy's operator records use (session 25, S25-newcomer-4: one SIEM rule on
+        ``operator.actor`` / ``operator.ts`` for every operator event; ``who`` and ``time`` stay for compatibility)."""
+        return {"action": "policy_change", **self.to_dict(), "actor": self.who, "ts": self.time}
+
 
 class PolicyRejectedError(PolicyError):
     """A change was refused: it does not compile or a Rego test fails.
@@ -78,7 +87,8 @@ class PolicyRejectedError(PolicyError):
 
 class PolicyVersionError(PolicyError):
     """A roll-back that cannot be made (session 24, S23-newcomer-3); nothing changed. ``status`` and ``code``
-    are the admin answer's: 404 ``resource_not_found`` (no such version), 409 ``version_not_restorable`` (the
+    are the admin answer's: 404 ``resource_not_found`` (no such version) or ``version_pruned`` (older than the
+    versions kept, ``policy.versions_keep``: session 25), 409 ``version_not_restorable`` (the
     version holds no stored set, e.g. committed before session 24, or its stored set does not match its change
     record), 400 ``invalid_parameter`` (the version in force or a later one), 501 ``not_supported`` (a target
     that cannot take a whole set: a remote OPA)."""

@@ -24,20 +24,24 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
+import secrets
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from audit.atomic_file import write_atomic
 from policy.loader import PolicySet, canonical_json, policy_set_document, policy_set_from_document, sha256_text
-from policy.store_disk import SNAPSHOT, committed_versions, set_digest
+from policy.store_disk import _STAGED, SNAPSHOT, committed_versions, set_digest
 from policy.store_types import PolicyVersionError
 
-__all__ = ["MAX_LISTED", "keep_start_snapshot", "load_version", "matches_record", "snapshot_text",
-           "version_entries"]
+__all__ = ["DEFAULT_VERSIONS_KEEP", "MAX_LISTED", "drift_state", "keep_start_snapshot", "load_version", "matches_record",
+           "prune_versions", "snapshot_text", "version_entries"]
 
 log = logging.getLogger(__name__)
 
+#: committed versions kept on disk by default (``policy.versions_keep``; session 25, S24-fixreg-3)
+DEFAULT_VERSIONS_KEEP = 100
 #: the most versions one listing answers (each entry reads its set's file for the digest)
 MAX_LISTED = 100
 
@@ -86,24 +90,34 @@ def _snapshot_path(versions_dir: Path, version: int, record: Mapping[str, Any] |
     return None
 
 
-def load_version(active_dir: Path, versions_dir: Path, version: Any, current: int) -> PolicySet:
+def load_version(active_dir: Path, versions_dir: Path, version: Any, current: int,
+                 active: PolicySet | None = None) -> PolicySet:
     """The whole set of committed ``version``, checked against its change record (fail closed).
 
     Args:
-        version: the requested version (an int from 0 to ``current - 1``; a bool is not an int here).
+        version: the requested version (an int from 0 to ``current - 1``, or ``current`` itself when
+            ``active`` differs from its stored set; a bool is not an int here).
         current: the version in force.
+        active: the set in force (session 25, S25-newcomer-8): when the policy directory was edited outside
+            the admin API between two starts, it differs from ``current``'s stored set, and ``current``
+            itself may be put back (the drift of :func:`drift_state`).
 
     Raises:
-        PolicyVersionError: 400 ``invalid_parameter`` (not an int, negative, the version in force or a
-            later one), 404 ``resource_not_found`` (no such committed version), 409 ``version_not_restorable``
-            (no stored set, an unreadable one, or one whose changed key does not match the record).
+        PolicyVersionError: 400 ``invalid_parameter`` (not an int, negative, a later version, or the version
+            in force while the active set is its committed set), 404 ``resource_not_found`` (no such
+            committed version), 409 ``version_not_restorable`` (no stored set, an unreadable one, or one
+            whose changed key does not match the record).
     """
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise PolicyVersionError("'to' must be a version number (an integer >= 0)", 400, "invalid_parameter")
-    if version >= current:
+    if version > current or (version == current and active is None):
         raise PolicyVersionError(f"version {version} is not earlier than the version in force ({current})", 400,
                                  "invalid_parameter")
-    if version not in committed_versions(active_dir, versions_dir):
+    committed = committed_versions(active_dir, versions_dir)
+    if version not in committed:
+        if committed and version < min(committed):  # session 25: pruned (policy.versions_keep)
+            raise PolicyVersionError(f"policy version {version} is no longer stored: older than the oldest version "
+                                     f"kept ({min(committed)}; policy.versions_keep)", 404, "version_pruned")
         raise PolicyVersionError(f"no policy version {version}", 404, "resource_not_found")
     try:
         record = _record(versions_dir, version)
@@ -118,26 +132,30 @@ def load_version(active_dir: Path, versions_dir: Path, version: Any, current: in
     if record is not None and not matches_record(record, policy_set):
         raise PolicyVersionError(f"policy version {version}: its stored set does not match its change record "
                                  f"(target {record.get('target')!r})", 409, "version_not_restorable")
+    if version == current and active is not None and set_digest(active) == set_digest(policy_set):
+        raise PolicyVersionError(f"version {version} is the version in force and the active set is its committed "
+                                 "set: nothing to put back", 400, "invalid_parameter")
     return policy_set
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``path`` under a temporary name, fsync, rename, fsync the directory. Raises OSError."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def drift_state(versions_dir: Path, current: int, active: PolicySet) -> dict[str, Any]:
+    """Whether the set in force is the committed set of the version in force (session 25, S25-newcomer-8).
+
+    Returns:
+        ``{"active_set_sha256": SHA-256 of ``active`` (:func:`policy.store_disk.set_digest`),
+        "in_force_set_sha256": SHA-256 of ``current``'s stored set (None: none stored, or unreadable),
+        "drift": True when both are known and differ (the policy directory was edited outside the admin API:
+        a roll-back to ``current`` puts its committed set back), None when ``current`` has no stored set,
+        else False}``. Never raises.
+    """
+    active_sha = set_digest(active)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+        path = _snapshot_path(versions_dir, current, _record(versions_dir, current))
+        stored = None if path is None else hashlib.sha256(path.read_bytes()).hexdigest()
+    except (OSError, ValueError):
+        stored = None
+    return {"active_set_sha256": active_sha, "in_force_set_sha256": stored,
+            "drift": None if stored is None else stored != active_sha}
 
 
 def keep_start_snapshot(versions_dir: Path, version: int, loaded: PolicySet) -> str:
@@ -166,7 +184,7 @@ def keep_start_snapshot(versions_dir: Path, version: int, loaded: PolicySet) -> 
                         "version's set (a roll-back to it is refused)", version)
             return "mismatch"
         _vdir(versions_dir, version).mkdir(exist_ok=True)
-        _write_atomic(_vdir(versions_dir, version) / SNAPSHOT, text)
+        write_atomic(_vdir(versions_dir, version) / SNAPSHOT, text.encode("utf-8"))
         return "written"
     except (OSError, ValueError) as exc:
         log.error("policy: the set of version %d could not be stored for roll-backs (%s)", version,
@@ -205,3 +223,43 @@ def version_entries(active_dir: Path, versions_dir: Path, *, limit: int, before:
         entry["restorable"] = entry["set_sha256"] is not None
         out.append(entry)
     return out
+
+
+def prune_versions(active_dir: Path, versions_dir: Path, keep: int, in_force: int) -> list[int]:
+    """Remove the oldest committed versions beyond the newest ``keep`` (``policy.versions_keep``, >= 1;
+    session 25, S24-fixreg-3), never ``in_force`` (the version in force) nor an uncommitted one. Called after
+    each committed change and at start. Each version directory is first renamed to a staged name (one atomic
+    ``rename(2)``: a version is there whole or gone, never half-removed), then deleted; what a crash leaves
+    under the staged name is removed by the next start (:func:`policy.store_disk.restore`). A roll-back to a
+    pruned version answers 404 ``version_pruned`` (:func:`load_version`). A failure on the disk is logged, not
+    raised (the change stays committed), and the next commit tries again.
+
+    Returns:
+        the versions removed, oldest first.
+
+    Raises:
+        ValueError: ``keep`` < 1 (the configuration refuses it).
+    """
+    if keep < 1:
+        raise ValueError("keep must be >= 1")
+    try:
+        versions = sorted(committed_versions(active_dir, versions_dir))
+    except OSError as exc:
+        log.error("policy: the versions directory cannot be listed to prune it (%s)", exc.__class__.__name__)
+        return []
+    removed: list[int] = []
+    for version in versions[:max(0, len(versions) - keep)]:
+        if version == in_force:
+            continue
+        gone = versions_dir / f"{_STAGED}pruned-{version:08d}-{secrets.token_hex(4)}"
+        try:
+            os.rename(_vdir(versions_dir, version), gone)
+        except OSError as exc:
+            log.error("policy: version %d could not be pruned (%s); retried after the next change", version,
+                      exc.__class__.__name__)
+            break
+        shutil.rmtree(gone, ignore_errors=True)
+        removed.append(version)
+    if removed:
+        log.info("policy: pruned versions %d..%d (policy.versions_keep %d)", removed[0], removed[-1], keep)
+    return removed

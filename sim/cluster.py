@@ -41,6 +41,7 @@ from typing import Any
 import click
 from aiohttp import web
 
+from audit.atomic_file import write_atomic
 from sim.replica import (
     STATE_KEY,
     ReplicaConfig,
@@ -118,10 +119,7 @@ async def start_cluster(n: int, cfg_template: ReplicaConfig | None = None, host:
 
 
 def _write_ready(path: str, doc: list[dict[str, str]]) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(doc).encode("utf-8"), mode=0o644, fsync_dir=False)  # a readiness file
 
 
 async def _serve(n: int, tmpl: ReplicaConfig, host: str, base_port: int, ready_file: str | None) -> None:

@@ -23,7 +23,6 @@ import json
 import os
 import re
 import secrets
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,8 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm, RSAPSSAlgorithm
+
+from audit.atomic_file import write_atomic
 
 _CURVES = {"ES256": ec.SECP256R1, "ES384": ec.SECP384R1, "ES512": ec.SECP521R1}
 _RSA_ALGS = {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"}
@@ -107,18 +108,12 @@ class DemoIssuer:
         }
 
     def write_bundle(self, path: str | os.PathLike[str]) -> None:
-        """Write :meth:`bundle` to ``path`` atomically (temp file + rename)."""
-        target = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.bundle(), f, indent=2)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        """Write :meth:`bundle` to ``path`` atomically, mode 0600 (:func:`audit.atomic_file.write_atomic`).
+
+        Raises:
+            OSError: the file could not be written (the old bundle stays in place).
+        """
+        write_atomic(path, json.dumps(self.bundle(), indent=2).encode("utf-8"))
 
     def mint(
         self,
@@ -182,9 +177,7 @@ def save_trust_domain(issuer: DemoIssuer, directory: str | os.PathLike[str]) -> 
         pem = k.private_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption())
         path = keys / f"{k.kid}.pem"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(pem)
+        write_atomic(path, pem, mode=0o600)  # 0600 even over an existing file (O_CREAT's mode would not)
     state = {"trust_domain": issuer.trust_domain, "alg": issuer.alg, "sequence": issuer.sequence,
              "kids": [k.kid for k in issuer._keys]}
     (root / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")

@@ -42,9 +42,7 @@ master file, unreadable config); 1 key-ring failure (state file unwritable);
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,6 +50,7 @@ from typing import Any
 import click
 import yaml
 
+from audit.atomic_file import write_atomic
 from tenancy.admin import rotate_tenant_key, rotate_tenant_salt
 from tenancy.keys import KeyRing, KeyRingError, KeyStateInUse, load_master_secret
 from tenancy.registry import TenantConfigError, TenantRegistry
@@ -227,17 +226,7 @@ def rotate_master(config_path: str) -> None:
     new = secrets.token_hex(NEW_MASTER_BYTES).encode()  # text: the loader strips one trailing newline
     KeyRing(new)  # validates the length; in memory only (the generation moves when a gateway applies it)
     target = Path(ctx.master_file)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(new)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(target, new, mode=0o600)
     del new
     _emit({"action": "keys.rotate_master", "master_secret_file": str(target), "actor": "cli",
            "gateway_running": ctx.running(), "applied": False,

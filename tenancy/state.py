@@ -16,8 +16,8 @@ has adopted, published or refused as invalid: a (re)started instance refuses an
 authentic but lower record replayed into Redis (S20-R1; an older build reading
 the file ignores the field, and its next write drops it).
 
-Writes are atomic: a temporary file in the same directory, ``fsync``, then
-``os.replace`` (POSIX rename is atomic), created with mode 0600.
+Writes are atomic and durable (:func:`audit.atomic_file.write_atomic`: a temporary file in the same
+directory, ``fsync``, ``os.replace``, ``fsync`` of the directory), mode 0600.
 
 Every number only moves forward (:func:`forward`, :func:`merge_forward`): the one
 rule of the key ring (:meth:`tenancy.keys.KeyRing.adopt`, its writes of this file,
@@ -29,10 +29,10 @@ the same rule inside Redis).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+
+from audit.atomic_file import write_atomic
 
 __all__ = ["StateError", "TenantState", "KeyState", "bumped", "forward", "load_state", "merge_forward",
            "registry_seen", "save_state", "UNROTATED"]
@@ -151,21 +151,8 @@ def save_state(path: str, state: KeyState) -> None:
 
     Raises :class:`StateError` when the directory is not writable.
     """
-    directory = os.path.dirname(os.path.abspath(path))
     data = json.dumps(state.to_json(), indent=2, sort_keys=True).encode("utf-8")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".pg-keystate-", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        write_atomic(path, data, mode=0o600)
     except OSError as exc:
         raise StateError(f"cannot write state file {path!r}: {exc.strerror}") from exc

@@ -86,7 +86,8 @@ def test_refusal_param_still_names_the_full_path() -> None:
 
 # S25-review-3: vLLM compiles the tools' parameters of a forced tool call (tool_choice "required" or a named
 # function) into a grammar as it compiles a response_format (docs/features/tool_calling.md); before, a schema
-# refused in response_format was forwarded as a tool's parameters.
+# refused in response_format was forwarded as a tool's parameters. Merged with S24-fields-1 (mend): every tool's
+# parameters are bounded whatever tool_choice says (strict tools are compiled under "auto" too; fail closed).
 
 _HEAVY = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(a|b)*" * 300}}}
 
@@ -112,12 +113,17 @@ def test_forced_tool_call_parameters_are_bounded(tool_choice: Any) -> None:
     assert err.status == 400 and err.code == "json_schema_too_complex" and err.client_text
     assert err.param == "tools.1.function.parameters.properties.a.pattern"
     assert "limits.json_schema.max_pattern_chars" in err.message
-    assert err.record == {"reason": "tools over limits.json_schema.max_pattern_chars"}
+    assert err.record == {"reason": "tools parameters over limits.json_schema.max_pattern_chars"}
 
 
 @pytest.mark.parametrize("tool_choice", [None, "auto", "none"])
-def test_unforced_tool_calls_are_not_walked(tool_choice: Any) -> None:
-    assert _parse(_tools_body(tool_choice)).body["tools"][1]["function"]["parameters"] == _HEAVY
+def test_unforced_tool_calls_are_bounded_too(tool_choice: Any) -> None:
+    with pytest.raises(GatewayError) as info:
+        _parse(_tools_body(tool_choice))
+    assert info.value.code == "json_schema_too_complex"
+    assert info.value.param == "tools.1.function.parameters.properties.a.pattern"
+    light = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]+$"}}}
+    assert _parse(_tools_body(tool_choice, light)).body["tools"][1]["function"]["parameters"] == light
 
 
 def test_forced_tool_call_counts_are_shared_across_tools_and_tenant_overrides_apply() -> None:
@@ -130,9 +136,9 @@ def test_forced_tool_call_counts_are_shared_across_tools_and_tenant_overrides_ap
     assert info.value.code == "json_schema_too_complex" and "max_properties" in info.value.message
     assert parse_inference_request(raw, "chat", 32, json_schema=LIMITS,
                                    json_schema_tenant={"max_bytes": 1 << 20, "max_properties": 6000}).model == "m"
-    with pytest.raises(GatewayError) as info:  # the tools list is over max_bytes (the body is longer)
+    with pytest.raises(GatewayError) as info:  # one tool's parameters are over max_bytes (the body is longer)
         parse_inference_request(raw, "chat", 32, json_schema=LIMITS)
-    assert info.value.param == "tools" and "limits.json_schema.max_bytes" in info.value.message
+    assert info.value.param == "tools.0.function.parameters" and "limits.json_schema.max_bytes" in info.value.message
 
 
 # S25-review-5: local $ref multiply once inlined (outlines-core's build_regex_from_schema inlines every reference);
