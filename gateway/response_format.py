@@ -86,51 +86,63 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
 
 
 def _walk(root: Any, path: tuple[str, ...], bound: dict[str, int]) -> GatewayError | None:
-    """Walk ``root`` (a schema at ``path``) and refuse the first bound it passes (see the module docstring)."""
+    """Walk ``root`` (a schema at ``path``) and refuse the first bound it passes (see the module docstring).
+
+    Only objects and lists are pushed on the walk's stack (session 25: a scalar popped did nothing, and each push
+    built its path tuple: an ``enum`` of 1,000 strings cost 1,000 of them); the order containers are taken in, and
+    so the first bound found, is the same."""
+    max_depth, max_properties = bound["max_depth"], bound["max_properties"]
+    max_enum_values, max_pattern_chars = bound["max_enum_values"], bound["max_pattern_chars"]
     properties = enums = pattern_chars = 0
     stack: list[tuple[Any, tuple[str, ...], int, int]] = [(root, path, 0, _SCHEMA)]
+    push, pop = stack.append, stack.pop
     while stack:
-        cur, where, depth, kind = stack.pop()
+        cur, where, depth, kind = pop()
         if type(cur) is list:
-            stack.extend((v, where + (str(i),), depth, kind) for i, v in enumerate(cur))
+            for i, v in enumerate(cur):
+                if type(v) is dict or type(v) is list:
+                    push((v, where + (str(i),), depth, kind))
             continue
         if type(cur) is not dict:
             continue
         if kind != _MAP:
             depth += 1
-            if depth > bound["max_depth"]:
-                return _refused(_param(where), f"response_format nests more than {bound['max_depth']} schema levels",
+            if depth > max_depth:
+                return _refused(_param(where), f"response_format nests more than {max_depth} schema levels",
                                 "max_depth")
         for key, value in cur.items():
-            at = where + (key,)
+            container = type(value) is dict or type(value) is list
             if kind == _MAP:
                 if where[-1] == "properties":
                     properties += 1
-                    if properties > bound["max_properties"]:
+                    if properties > max_properties:
                         return _refused(_param(where), "response_format has more than "
-                                        f"{bound['max_properties']} properties", "max_properties")
+                                        f"{max_properties} properties", "max_properties")
                 elif where[-1] == "patternProperties":
                     pattern_chars += len(key)
-                    if pattern_chars > bound["max_pattern_chars"]:
-                        return _refused(_param(at), "response_format's patterns have more than "
-                                        f"{bound['max_pattern_chars']} characters together", "max_pattern_chars")
-                stack.append((value, at, depth, _SCHEMA))
+                    if pattern_chars > max_pattern_chars:
+                        return _refused(_param(where + (key,)), "response_format's patterns have more than "
+                                        f"{max_pattern_chars} characters together", "max_pattern_chars")
+                if container:
+                    push((value, where + (key,), depth, _SCHEMA))
             elif kind == _VALUE:
-                stack.append((value, at, depth, _VALUE))
+                if container:
+                    push((value, where + (key,), depth, _VALUE))
             elif key in _DATA:
                 if key == "enum" and type(value) is list:
                     enums += len(value)
-                    if enums > bound["max_enum_values"]:
-                        return _refused(_param(at), "response_format has more than "
-                                        f"{bound['max_enum_values']} enum values", "max_enum_values")
-                stack.append((value, at, depth, _VALUE))
+                    if enums > max_enum_values:
+                        return _refused(_param(where + (key,)), "response_format has more than "
+                                        f"{max_enum_values} enum values", "max_enum_values")
+                if container:
+                    push((value, where + (key,), depth, _VALUE))
             elif key == "pattern" and type(value) is str:
                 pattern_chars += len(value)
-                if pattern_chars > bound["max_pattern_chars"]:
-                    return _refused(_param(at), "response_format's patterns have more than "
-                                    f"{bound['max_pattern_chars']} characters together", "max_pattern_chars")
-            else:
-                stack.append((value, at, depth, _MAP if key in _NAME_MAPS and type(value) is dict else _SCHEMA))
+                if pattern_chars > max_pattern_chars:
+                    return _refused(_param(where + (key,)), "response_format's patterns have more than "
+                                    f"{max_pattern_chars} characters together", "max_pattern_chars")
+            elif container:
+                push((value, where + (key,), depth, _MAP if key in _NAME_MAPS and type(value) is dict else _SCHEMA))
     return None
 
 
