@@ -43,8 +43,8 @@ def _tool(i: int) -> dict[str, Any]:
 
 
 #: name -> (endpoint, body): the benchmark's completion (bench/loadgen.py's body: 64 words, max_tokens 1), the
-#: chat shortcut's body, chat bodies that go to pydantic (a sampling field; tools and tool messages; a
-#: response_format schema) and a 16-message conversation.
+#: chat shortcut's body, chat bodies that go to pydantic (a sampling field; tools and tool messages; a small
+#: response_format schema; one of 30 properties with 20 enum values each) and a 16-message conversation.
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "completion": ("completions", {"model": "sim-model", "prompt": _text(64, 1), "max_tokens": 1}),
     "chat_plain": ("chat", {"model": "sim-model", "max_tokens": 1, "messages": [
@@ -65,6 +65,10 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
             "name": "answer", "schema": {"type": "object", "properties": {
                 "a": {"type": "string"}, "b": {"type": "integer"}, "c": {"type": "array", "items": {"type": "string"}}},
                 "required": ["a", "b"]}}}}),
+    "chat_schema30": ("chat", {"model": "sim-model", "max_tokens": 16, "messages": [
+        {"role": "user", "content": _text(24, 7)}], "response_format": {"type": "json_schema", "json_schema": {
+            "name": "form", "schema": {"type": "object", "properties": {
+                f"field_{i}": {"type": "string", "enum": [f"v{j}" for j in range(20)]} for i in range(30)}}}}}),
 }
 
 

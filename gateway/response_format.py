@@ -57,6 +57,7 @@ _NAME_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties
 #: keywords whose value is data (an instance), never a schema: its keys are not keywords
 _DATA = frozenset({"enum", "const", "default", "examples"})
 _SCHEMA, _MAP, _VALUE = 0, 1, 2  # what a walked value is
+_CONTAINERS = frozenset({dict, list})
 #: the longest ``param`` of a refusal (characters)
 MAX_PARAM_CHARS = 1024
 
@@ -99,6 +100,8 @@ def _walk(root: Any, path: tuple[str, ...], bound: dict[str, int]) -> GatewayErr
     while stack:
         cur, where, depth, kind = pop()
         if type(cur) is list:
+            if _CONTAINERS.isdisjoint(map(type, cur)):  # strings, numbers (an enum's values): one pass in C
+                continue
             for i, v in enumerate(cur):
                 if type(v) is dict or type(v) is list:
                     push((v, where + (str(i),), depth, kind))
