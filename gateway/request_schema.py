@@ -64,17 +64,9 @@ class ChatMessage(_Base):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, _List[TextPart], None] = None
     name: str | None = Field(None, pattern=NAME_PATTERN)  # session 24, S23-newcomer-9 (was any of <= 256 chars)
-    tool_call_id: str | None = Field(None, max_length=256, validate_default=True)
+    #: required in a ``tool`` message: checked once per body by :meth:`ChatBody._tool_call_ids` (session 25)
+    tool_call_id: str | None = Field(None, max_length=256)
     tool_calls: _List[dict[str, Any]] | None = None
-
-    @field_validator("tool_call_id")
-    @classmethod
-    def _tool_call_id(cls, v: Any, info: ValidationInfo) -> Any:
-        # OpenAI: a tool message's tool_call_id is required (API reference, ChatCompletionToolMessageParam; session
-        # 24, S23-newcomer-9): its param names the field. An invalid role is not in info.data: its own error first
-        if v is None and info.data.get("role") == "tool":
-            raise ValueError("a tool message requires tool_call_id (the id of the tool call it answers)")
-        return v
 
     @model_validator(mode="after")
     def _null_content(self) -> "ChatMessage":
@@ -84,6 +76,26 @@ class ChatMessage(_Base):
             raise ValueError("content must not be null or absent (only an assistant message with tool_calls may "
                              "have no content)")
         return self
+
+
+class _ToolChecked:
+    """The session 24 form of the ``tool_call_id`` rule, a per-message validator: the reference
+    :meth:`ChatBody._tool_call_ids` falls back to for a body that breaks it, so that the error reported (which
+    error of a body with several, its message and location) is that form's. Same class names as the fast
+    models (they appear in pydantic's messages)."""
+
+    class ChatMessage(ChatMessage):
+        tool_call_id: str | None = Field(None, max_length=256, validate_default=True)
+
+        @field_validator("tool_call_id")
+        @classmethod
+        def _tool_call_id(cls, v: Any, info: ValidationInfo) -> Any:
+            # OpenAI: a tool message's tool_call_id is required (API reference, ChatCompletionToolMessageParam;
+            # session 24, S23-newcomer-9): its param names the field. An invalid role is not in info.data: its own
+            # error first
+            if v is None and info.data.get("role") == "tool":
+                raise ValueError("a tool message requires tool_call_id (the id of the tool call it answers)")
+            return v
 
 
 class _Sampling(_Base):
@@ -192,6 +204,43 @@ class ChatBody(_Sampling):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _tool_call_ids(cls, data: Any, handler: Any) -> Any:
+        # OpenAI: a tool message's tool_call_id is required (S23-newcomer-9). Session 24 checked it with a
+        # per-message validator (validate_default: a Python call for every message of every body); here one pass
+        # per validated body (session 25, helper cut). A body that breaks it, or a refused body with a raw tool
+        # message without one, is validated again by that form (_ToolChecked), which raises its error: the same
+        # one (tests/gateway/test_s25_cut_differential.py). Only such a refusal costs a second validation.
+        if cls is not ChatBody:
+            return handler(data)
+        try:
+            body = handler(data)
+        except ValidationError:
+            if _tool_message_without_id(data):
+                _ToolCheckedBody.model_validate(data)
+            raise
+        for m in body.messages:
+            if m.tool_call_id is None and m.role == "tool":
+                _ToolCheckedBody.model_validate(data)
+                raise RuntimeError("the session 24 form accepted a tool message without tool_call_id")
+        return body
+
+
+class _ToolCheckedBody(ChatBody):
+    messages: _List[_ToolChecked.ChatMessage] = Field(min_length=1)
+
+
+_ToolCheckedBody.__name__ = _ToolCheckedBody.__qualname__ = "ChatBody"  # its errors' title, as ChatBody's
+
+
+def _tool_message_without_id(data: Any) -> bool:
+    """Whether decoded body ``data`` has a ``messages`` list holding a ``tool`` message (a dict) whose
+    ``tool_call_id`` is absent or null: the only input the per-message rule refuses."""
+    messages = data.get("messages") if type(data) is dict else None
+    return type(messages) is list and any(
+        type(m) is dict and m.get("role") == "tool" and m.get("tool_call_id") is None for m in messages)
 
 
 def function_name_error(body: ChatBody) -> str | None:

@@ -66,6 +66,7 @@ _DATA = frozenset({"enum", "const", "default", "examples"})
 _SCHEMA, _MAP, _VALUE = 0, 1, 2  # what a walked value is
 #: :func:`_encoded_bytes` of a value nested too deeply to encode (larger than any ``max_bytes``)
 _TOO_DEEP = 1 << 62
+_CONTAINERS = frozenset({dict, list})
 #: the longest ``param`` of a refusal (characters)
 MAX_PARAM_CHARS = 1024
 #: a walked value's path: ``(parent node, key or list index)``, None above the root (session 25, S25-review-2)
@@ -196,6 +197,8 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what:
     while stack:
         cur, where, depth, kind = stack.pop()
         if type(cur) is list:
+            if _CONTAINERS.isdisjoint(map(type, cur)):  # strings, numbers (an enum's values): one pass in C (cut)
+                continue
             stack.extend((v, (where, i), depth, kind) for i, v in enumerate(cur) if type(v) is dict or type(v) is list)
             continue
         if type(cur) is not dict:  # the root only: nothing else that is not a container is pushed
