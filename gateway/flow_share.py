@@ -13,7 +13,8 @@ a tenant alone may use the whole room (work conservation). So a victim's request
 the others' shares (plus one request each), i.e. about ``(1 - its share) x room / prefill rate``.
 
 Cost: one dict lookup per placement check while the tenant holds nothing on a replica (the common
-case); a counter per tenant per replica updated at dispatch and at the prefill's release.
+case); a counter per tenant per replica updated at dispatch and at the prefill's release; the set of
+active tenants is looked through about once per ``tenant_share_idle_s``, not per request.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class TenantShares:
     requests waiting in the fair queue now (a waiting tenant stays active however long it waits);
     ``clock``: monotonic seconds. One event loop; not thread-safe."""
 
-    __slots__ = ("idle_s", "queued", "clock", "held", "holding", "seen", "weights", "weight_sum")
+    __slots__ = ("idle_s", "queued", "clock", "held", "holding", "seen", "weights", "weight_sum", "next_check")
 
     def __init__(self, idle_s: float, queued: Callable[[str], int],
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -90,9 +91,10 @@ class TenantShares:
         self.clock = clock
         self.held: dict[str, dict[str, int]] = {}  # tenant -> replica -> queued prefill tokens
         self.holding: dict[str, int] = {}  # tenant -> its requests whose prefill is still held
-        self.seen: dict[str, float] = {}  # tenant -> last event (clock s), oldest first (insertion order)
+        self.seen: dict[str, float] = {}  # the active tenants -> last request event (clock s)
         self.weights: dict[str, float] = {}  # tenant -> its VTC weight as last seen
         self.weight_sum = 0.0  # the weights of the tenants in ``seen``
+        self.next_check = 0.0  # clock s from which ``seen``'s oldest entry may have expired
 
     @classmethod
     def for_flow(cls, idle_s: float | None, max_prefill: int | None, queued: Callable[[str], int],
@@ -111,15 +113,16 @@ class TenantShares:
     def touch(self, tenant_id: str, weight: float | None = None) -> None:
         """``tenant_id`` had a request event now (``weight``: its VTC weight; None: as last given, 1.0
         for a tenant never given one)."""
-        w = self.weights.get(tenant_id, 1.0) if weight is None else weight
-        old = self.weights.get(tenant_id)
-        self.weights[tenant_id] = w
-        seen = self.seen
-        if seen.pop(tenant_id, None) is None:
+        weights = self.weights
+        old = weights.get(tenant_id)
+        w = (1.0 if old is None else old) if weight is None else weight
+        if tenant_id not in self.seen:
             self.weight_sum += w
         elif old is not None and old != w:
             self.weight_sum += w - old
-        seen[tenant_id] = self.clock()
+        if old != w:
+            weights[tenant_id] = w
+        self.seen[tenant_id] = self.clock()
 
     def take(self, replica_id: str, tenant_id: str, tokens: int, notify: Notified) -> _Hold:
         """Count ``tokens`` (> 0) queued prefill tokens of ``tenant_id`` on ``replica_id``; returns the
@@ -152,25 +155,32 @@ class TenantShares:
 
     def others_weight(self, tenant_id: str) -> float:
         """The summed weights of the active tenants other than ``tenant_id``. Tenants idle for more than
-        ``idle_s`` leave the active set first, unless they still hold a prefill or have a request queued
-        (amortised O(1): only the oldest entries are looked at)."""
+        ``idle_s`` leave the active set first, unless they still hold a prefill or have a request queued.
+        The active set is looked through only when its oldest entry may have expired (``next_check``:
+        the earliest last-seen time plus ``idle_s`` at the last look; events only move times later),
+        so about once per ``idle_s``; otherwise one clock read and a subtraction."""
         seen = self.seen
         if seen:
             now = self.clock()
-            horizon = now - self.idle_s
-            while seen:
-                tid = next(iter(seen))
-                if seen[tid] >= horizon:
-                    break
-                del seen[tid]
-                if tid in self.holding or self.queued(tid):
-                    seen[tid] = now  # still active: seen now (to the end of the order)
-                else:
-                    self.weight_sum -= self.weights.get(tid, 1.0)
-            if not seen:
-                self.weight_sum = 0.0  # no float drift once nobody is active
+            if now >= self.next_check:
+                self._expire(now)
         own = self.weights.get(tenant_id, 0.0) if tenant_id in seen else 0.0
         return max(0.0, self.weight_sum - own)
+
+    def _expire(self, now: float) -> None:
+        """Drop tenants idle past ``idle_s`` (a tenant holding a prefill or queued is seen now instead)."""
+        seen, horizon, earliest = self.seen, now - self.idle_s, now
+        for tid, t in list(seen.items()):
+            if t >= horizon:
+                earliest = min(earliest, t)
+            elif tid in self.holding or self.queued(tid):
+                seen[tid] = now  # still active
+            else:
+                del seen[tid]
+                self.weight_sum -= self.weights.get(tid, 1.0)
+        if not seen:
+            self.weight_sum = 0.0  # no float drift once nobody is active
+        self.next_check = earliest + self.idle_s
 
     def forget(self, keep: set[str]) -> None:
         """Drop the activity (not the held counts: their requests still end) of tenants not in ``keep``."""
