@@ -19,11 +19,12 @@ Prints one line per round and tree, then the median per tree and case (µs/reque
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import sys
+
+import click
 
 CHILD = r"""
 import json, sys, time
@@ -56,19 +57,18 @@ print(json.dumps({"alone_idle": run(["a"], 0), "alone_busy": run(["a"], 8), "two
 """
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tree", action="append", required=True, help="name=path (repeat; same path twice: A/A)")
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--n", type=int, default=20000, help="requests per timing loop")
-    ap.add_argument("--python", default=sys.executable)
-    args = ap.parse_args()
-    trees = [t.split("=", 1) for t in args.tree]
+@click.command(help="A/B + A/A of flow control's release path (module doc).")
+@click.option("--tree", "tree", multiple=True, required=True, help="name=path (repeat; same path twice: A/A)")
+@click.option("--rounds", type=int, default=6, show_default=True)
+@click.option("--n", type=int, default=20000, show_default=True, help="requests per timing loop")
+@click.option("--python", default=sys.executable, show_default=True)
+def main(tree: tuple[str, ...], rounds: int, n: int, python: str) -> None:
+    trees = [t.split("=", 1) for t in tree]
     res: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
-    for r in range(args.rounds):
+    for r in range(rounds):
         order = trees if r % 2 == 0 else trees[::-1]
         for name, path in order:
-            out = subprocess.run([args.python, "-c", CHILD, str(args.n)], cwd=path, env={"PYTHONPATH": path},
+            out = subprocess.run([python, "-c", CHILD, str(n)], cwd=path, env={"PYTHONPATH": path},
                                  capture_output=True, text=True, check=True).stdout
             res[name].append(json.loads(out))
             print(f"round {r} {name}: {out.strip()}", flush=True)
