@@ -46,6 +46,13 @@ class FlowConfig(BaseModel):
     tenant alone cannot make the gateway shed every tenant's requests (review
     finding R2-1); None: a quarter of ``shed_max_in_flight_requests`` (256 by default).
 
+    ``tenant_share_idle_s`` (session 25, finding S25-newcomer-1; gateway/flow_share.py): with a
+    ``replica_max_queued_prefill_tokens`` bound, while another tenant is active one tenant may hold at
+    most its weight's share of a replica's queued-prefill room (a tenant holding nothing there may
+    always place one request; a tenant alone may use it all); a tenant stays active while it has a
+    request queued or a prefill held, and for this many seconds after its last request event
+    (None: no share rule, one tenant may fill every replica's room).
+
     Overload shedding (before authentication, 503 ``overloaded`` with
     ``Retry-After``; ``/readyz`` not ready meanwhile): ``shed_max_in_flight_requests``
     inference requests in this process, or an event-loop lag (smoothed, probed
@@ -60,6 +67,7 @@ class FlowConfig(BaseModel):
     replica_max_running_requests: int = Field(1024, ge=1)
     replica_max_queued_prefill_tokens: int | None = Field(None, ge=1)
     replica_max_engine_waiting_requests: int | None = Field(None, ge=0)
+    tenant_share_idle_s: float | None = Field(5.0, ge=0)
     locality_slack_tokens: float = Field(2048.0, ge=0)
     locality_wait_ratio: float = Field(4.0, ge=0)
     tenant_max_queued_requests: int = Field(128, ge=0)

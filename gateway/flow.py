@@ -22,6 +22,7 @@ from gateway.errors import GatewayError
 from gateway.flow_bytes import QueuedBytes
 from gateway.flow_load import NotifyingLoadTracker
 from gateway.flow_room import ReplicaRoom, warmth
+from gateway.flow_share import TenantShares, room_within_share
 from gateway.flow_slots import SlotGate
 from gateway.flow_waiting import Release, Waiting
 from gateway.config_flow import FlowConfig
@@ -57,6 +58,8 @@ class FlowControl:
         self.queue: FairQueue[Waiting] = FairQueue(locality_slack_tokens=cfg.locality_slack_tokens)
         self.replica_room = ReplicaRoom(cfg, calibration)  # per-replica bounds (gateway/flow_room.py)
         self._max_prefill = self.replica_room.max_prefill
+        # one tenant's share of a replica's prefill room (S25-newcomer-1; gateway/flow_share.py)
+        self.shares = TenantShares.for_flow(cfg.tenant_share_idle_s, self._max_prefill, self.queue.queued, router.loads)
         self._pump_scheduled = False
         self.slot_gate = SlotGate()  # tenants skipped for want of a concurrency slot
         self.queued_bytes = QueuedBytes(cfg.tenant_max_queued_bytes)  # R12-2 (gateway/flow_bytes.py)
@@ -97,6 +100,8 @@ class FlowControl:
     def forget(self, keep: set[str]) -> None:
         """Drop counters of tenants removed by a registry reload."""
         self.queue.forget(keep)
+        if self.shares is not None:
+            self.shares.forget(keep)
 
     # -- the request's side ---------------------------------------------------------------------
     def check_queue_room(self, tenant_id: str) -> None:
@@ -161,6 +166,8 @@ class FlowControl:
         counted = 0
         if tried or self.queue.size or not self._release_now(w):
             self.queue.push(tid, w, w.weight)
+            if self.shares is not None:
+                self.shares.touch(tid, w.weight)  # waiting: the others hold at most their shares
             self._pump()
             if w.result is None and w.error is None:
                 if self.queue.queued(tid) > cfg.tenant_max_queued_requests:
@@ -345,6 +352,8 @@ class FlowControl:
             w.result = (choice, ticket)
             w.charged = max(0, w.req.prompt_tokens - choice.predicted_prefix_tokens)
             self.queue.charge(w.tenant_id, w.charged)
+            if w.charged and self.shares is not None:
+                self.shares.touch(w.tenant_id, w.weight)
 
     def _place(self, w: Waiting, routable: frozenset[str]) -> Placement:
         """Where ``w`` could go now (:data:`routing.fairness.Placement`); sets ``w.room``."""
@@ -373,7 +382,14 @@ class FlowControl:
             cands = w.cands = self.router.candidates(w.req, ids, w.alt_chains)
             bs = self.router.block_size
             has_room, prompt, seqs = self.replica_room.has_room, w.req.prompt_tokens, w.req.sequences
-            room = [c.replica_id for c in cands if has_room(c.load, max(0, prompt - c.matched_blocks * bs), seqs)]
+            shares = self.shares
+            held = shares.held.get(w.tenant_id) if shares is not None else None
+            if held is None:  # the tenant holds no prefill anywhere: no share to check (one lookup)
+                room = [c.replica_id for c in cands if has_room(c.load, max(0, prompt - c.matched_blocks * bs), seqs)]
+            else:
+                assert shares is not None
+                room = room_within_share(shares, w.tenant_id, w.weight, held, cands, bs, prompt, seqs, has_room,
+                                         self._max_prefill)
             if not room:
                 return None
             w.room = room

@@ -76,8 +76,10 @@ identity:
 
 flow:                        # flow control (docs/fairness.md)
   # predicted uncached prompt tokens dispatched to one replica and not yet
-  # prefilled: beyond it requests wait in the fair per-tenant queues, so one
-  # tenant's long prompts cannot hold every replica (2 x max_prompt_tokens)
+  # prefilled (2 x max_prompt_tokens): beyond it requests wait in the fair
+  # per-tenant queues. It bounds each replica's queue, not who fills it: while
+  # another tenant is active, one tenant holds at most its weight's share
+  # (flow.tenant_share_idle_s, default 5 s); a tenant alone may use it all
   replica_max_queued_prefill_tokens: {prefill}
 
 policy:
