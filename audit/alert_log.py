@@ -114,6 +114,15 @@ class AlertLogLines:
         for key in [k for k, v in self._intervals.items() if v.until <= now]:
             self._end(key, now)
 
+    def close(self) -> None:
+        """Write now the summary of every interval with changes not logged yet, ended or not, and forget
+        every interval (the gateway's stop, :meth:`gateway.auditing.AuditHub.close`; session 25,
+        S25-fixops-4: else the last line could say "raised" of an alert that cleared since)."""
+        now = self._clock()
+        for key in list(self._intervals):
+            self._end(key, now)
+        self._intervals.clear()
+
     def _schedule(self, key: str, delay_s: float) -> bool:
         try:
             loop = asyncio.get_running_loop()

@@ -156,7 +156,9 @@ class AuditHub:
             await self.log.start()
 
     async def close(self) -> None:
-        """Flush every sink and write the final signed checkpoint."""
+        """Write pending alert log summaries, flush every sink and write the final signed checkpoint."""
+        if (alert_lines := getattr(self.monitor, "alert_log", None)) is not None:
+            alert_lines.close()  # S25-fixops-4 (audit/alert_log.py)
         if self.log is not None:
             await self.log.close()
         provider = self.provider

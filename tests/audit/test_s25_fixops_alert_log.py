@@ -94,3 +94,32 @@ def test_summary_is_written_by_a_timer_on_the_running_loop(caplog: pytest.LogCap
 def test_interval_must_be_positive() -> None:
     with pytest.raises(ValueError):
         AlertLogLines(window_s=60, interval_s=0)
+
+
+def test_close_writes_the_pending_summary_of_an_interval_not_ended(caplog: pytest.LogCaptureFixture) -> None:
+    """S25-fixops-4 (lead): at the gateway's stop a change counted, not logged, is written at once."""
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    now = [0.0]
+    lines = AlertLogLines(window_s=60, interval_s=60, clock=lambda: now[0])
+    lines.note(Outcome.RAISED, _alert())
+    now[0] = 5.0
+    lines.note(Outcome.CLEARED, _alert())  # inside the interval: counted only
+    assert [r.levelno for r in _lines(caplog)] == [logging.WARNING]
+    lines.close()
+    got = _lines(caplog)
+    assert [r.levelno for r in got] == [logging.WARNING, logging.INFO]
+    assert got[-1].getMessage().startswith("concentration alert cleared (0 raised, 1 cleared")
+    lines.close()  # nothing pending: nothing more
+    assert len(_lines(caplog)) == 2
+
+
+def test_hub_close_writes_the_monitors_pending_alert_lines(caplog: pytest.LogCaptureFixture) -> None:
+    from gateway.auditing import AuditHub
+
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+    now = [0.0]
+    mon = ConcentrationMonitor(window_s=10, hold_s=5, on_alert=lambda _e: None, clock=lambda: now[0])
+    mon.alert_log.note(Outcome.RAISED, _alert())
+    mon.alert_log.note(Outcome.CLEARED, _alert())
+    asyncio.run(AuditHub(None, mon).close())
+    assert [r.levelno for r in _lines(caplog)] == [logging.WARNING, logging.INFO]
