@@ -24,15 +24,23 @@ def list_log_files(directory: Path) -> list[Path]:
 
 
 def tail(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """``(last whole record, key_id of the last checkpoint)`` of a log file (None where there is none)."""
+    """``(last whole record, key_id of the last checkpoint)`` of a log file (None where there is none).
+
+    A whole record is a line that decodes to an object with an integer ``seq`` and a string ``hash``; any
+    other line (a crafted ``[1]``, a ``seq`` that is a string) is skipped here, so the sink continues the
+    chain from the record before it and ``audit verify`` reports the line (session 25, S25-review-10:
+    before, ``int(last["seq"])`` stopped the sink's open with a TypeError)."""
     last, signer = None, None
     with open(path, "rb") as fh:
         for line in fh:
             if line.endswith(b"\n"):
                 with contextlib.suppress(ValueError, RecursionError):  # S25-review-4: RecursionError too
-                    last = json.loads(line)
-                    body = last.get("body") if isinstance(last, dict) else None
-                    if isinstance(body, dict) and last.get("type") == "checkpoint":
+                    rec = json.loads(line)
+                    if type(rec) is not dict or type(rec.get("seq")) is not int or type(rec.get("hash")) is not str:
+                        continue
+                    last = rec
+                    body = rec.get("body")
+                    if isinstance(body, dict) and rec.get("type") == "checkpoint":
                         signer = body.get("key_id")
     return last, signer if isinstance(signer, str) else None
 
