@@ -279,7 +279,7 @@ class PolicyStore(ChangeApplier, PolicyReads):
                      content: str | None, client_address: str | None) -> ChangeRecord:
         """Under the lock: write, apply and commit ``record`` (:meth:`_persist_and_apply`), then publish it
         and hand it to audit; returns the record as answered (``client_address``, ``shared``)."""
-        await self._persist_and_apply(record, new_set, active, content)
+        record = await self._persist_and_apply(record, new_set, active, content)
         self._set, self.version = new_set, record.version
         record = replace(record, client_address=client_address)  # written without it (record.json as before)
         try:  # SF17-1: published inside the request, before the answer and the audit
@@ -316,8 +316,8 @@ class PolicyStore(ChangeApplier, PolicyReads):
             record = ChangeRecord(version=version, who=who, kind="set", op="put", target="*",
                                   old_sha256=set_digest(self._set), new_sha256=set_digest(policy_set),
                                   time=time.time())
-            await self._persist_and_apply(record, policy_set, active_files(self.active_dir, policy_set),
-                                          canonical_json(policy_set_document(policy_set)))
+            record = await self._persist_and_apply(record, policy_set, active_files(self.active_dir, policy_set),
+                                                   canonical_json(policy_set_document(policy_set)))
             self._set, self.version = policy_set, version
         if self._on_change is not None:
             self._on_change(record)

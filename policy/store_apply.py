@@ -2,16 +2,21 @@
 keeps the changes themselves; session 26, policy26): the journal and the staged files
 (:class:`policy.store_disk.ChangeFiles`), the push to the target and the give-back of what was not
 committed (:class:`policy.store_repair.TargetRepair`), the commit and the pruning of old versions.
+
+Every version written here carries ``set_sha256`` in its ``record.json`` (session 26, S25-review-7): the
+SHA-256 of the whole set after the change (:func:`policy.store_disk.set_digest`, the digest of its
+``set.json``), checked whenever the version's stored set is read (:func:`policy.store_versions.matches_record`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from policy.loader import JOURNAL, PolicySet
-from policy.store_disk import ChangeFiles, restore
+from policy.store_disk import ChangeFiles, restore, set_digest
 from policy.store_repair import TargetRepair
 from policy.store_types import ChangeRecord, PolicyPersistError, PolicyTargetError, persist_error
 from policy.store_versions import prune_versions, snapshot_text
@@ -33,7 +38,7 @@ class ChangeApplier:
     _versions_keep: int
 
     async def _persist_and_apply(self, record: ChangeRecord, new_set: PolicySet, active: dict[Path, str | None],
-                                 content: str | None) -> None:
+                                 content: str | None) -> ChangeRecord:
         """Journal and stage the files, apply ``new_set`` to the target, rename and commit
         (:class:`policy.store_disk.ChangeFiles`; S17-5: nothing in force that is not on disk). A failed
         write applies nothing; a target failure (refused, or applied and its reply lost, or the request
@@ -43,6 +48,10 @@ class ChangeApplier:
         outcome is known, and once more after ``settle_s`` when that outcome was not a success (S19-R4,
         S19-R5: :class:`policy.store_repair.TargetRepair`).
 
+        Returns:
+            ``record`` with ``set_sha256``, the digest of ``new_set`` (written in its ``record.json``: session 26,
+            S25-review-7).
+
         Raises:
             OSError: the version exists already or a file cannot be written (nothing applied);
                 PolicyPersistError: written in part, rolled back (it says whether the target may still
@@ -51,6 +60,7 @@ class ChangeApplier:
                 or an earlier change's give-back on the target failed again (nothing written).
         """
         await self._repair()
+        record = replace(record, set_sha256=set_digest(new_set))  # S25-review-7: the whole set is authenticated
         files = ChangeFiles(self.active_dir, self.versions_dir, record.to_dict(), self._set, active, content,
                             snapshot_text(new_set))
         fix, push = self._repair_target, None
@@ -72,6 +82,7 @@ class ChangeApplier:
         except OSError as exc:
             raise await self._roll_back(record, files, exc) from exc
         prune_versions(self.active_dir, self.versions_dir, self._versions_keep, record.version)  # never raises
+        return record
 
     async def _roll_back(self, record: ChangeRecord, files: ChangeFiles, exc: OSError) -> PolicyPersistError:
         """R17-3: the target gets the current set back and the disk is rolled back, whatever fails."""

@@ -44,7 +44,10 @@ class ChangeRecord:
     then left out of :meth:`to_dict` (``record.json`` is written before it is set: its format is unchanged).
     ``rollback_to``: for a roll-back (:meth:`policy.store.PolicyStore.rollback`, session 24, S23-newcomer-3), the
     earlier version whose whole set this version puts back (``target`` ``*``, ``op`` ``put``); None otherwise and
-    then left out of :meth:`to_dict` (every other ``record.json`` keeps its format)."""
+    then left out of :meth:`to_dict` (every other ``record.json`` keeps its format). ``set_sha256`` (session 26,
+    S25-review-7): the SHA-256 of the whole set after the change (:func:`policy.store_disk.set_digest`, the digest
+    of the version's ``set.json``), in the ``record.json`` of every version committed since, checked whenever its
+    stored set is read (a roll-back to it, the start); None (left out of :meth:`to_dict`) in older records."""
 
     version: int
     who: str
@@ -57,11 +60,13 @@ class ChangeRecord:
     shared: str | None = None
     client_address: str | None = None
     rollback_to: int | None = None
+    set_sha256: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-compatible form (for audit and the admin API); ``client_address`` and ``rollback_to`` only when set."""
+        """JSON-compatible form (for audit and the admin API); ``client_address``, ``rollback_to`` and ``set_sha256``
+        only when set."""
         out = asdict(self)
-        for optional in ("client_address", "rollback_to"):
+        for optional in ("client_address", "rollback_to", "set_sha256"):
             if out[optional] is None:
                 del out[optional]
         return out

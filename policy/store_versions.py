@@ -16,6 +16,12 @@ latest version committed before session 24 (only when the loaded set agrees with
 Earlier versions of such a history hold no set and cannot be rolled back to (409
 ``version_not_restorable``). A snapshot is never rewritten: when the loaded set differs from the
 snapshot of the version in force (the directory was edited outside the admin API), a WARNING says so.
+
+Session 26 (policy26, S25-review-7): the ``record.json`` of every version committed since carries ``set_sha256``,
+the SHA-256 of its whole stored set; a stored set is checked against it whenever it is read (a roll-back, the
+start), so a ``set.json`` edited on disk is refused (409 ``version_not_restorable``), not put back. Older
+records keep the check of their changed key only; at start, the set loaded is stored for such a version only
+when it also equals the previous version's stored set in every other key (when that one is stored).
 """
 
 from __future__ import annotations
@@ -54,8 +60,13 @@ def snapshot_text(policy_set: PolicySet) -> str:
 def matches_record(record: Mapping[str, Any], policy_set: PolicySet) -> bool:
     """Whether ``policy_set`` is the set after ``record``'s change, as far as the record tells: the
     changed module or data document has the record's ``new_sha256`` (absent for a delete); a whole-set
-    change (``target`` ``*``: adopted or rolled back) has it as the set's digest."""
+    change (``target`` ``*``: adopted or rolled back) has it as the set's digest; and since session 26
+    (S25-review-7) the whole set has the record's ``set_sha256`` when the record has one (older records:
+    the changed key only)."""
     target, new = record.get("target"), record.get("new_sha256")
+    whole = record.get("set_sha256")
+    if whole is not None and set_digest(policy_set) != whole:
+        return False
     if target == "*":
         return set_digest(policy_set) == new
     if record.get("kind") == "policy":
@@ -104,9 +115,9 @@ def load_version(active_dir: Path, versions_dir: Path, version: Any, current: in
 
     Raises:
         PolicyVersionError: 400 ``invalid_parameter`` (not an int, negative, a later version, or the version
-            in force while the active set is its committed set), 404 ``resource_not_found`` (no such
-            committed version), 409 ``version_not_restorable`` (no stored set, an unreadable one, or one
-            whose changed key does not match the record).
+            in force while the active set is its committed set), 404 ``resource_not_found`` (no such committed version), 409
+            ``version_not_restorable`` (no stored set, an unreadable one, or one that does not match the
+            record: its changed key, and its whole set's ``set_sha256`` when recorded, S25-review-7; logged).
     """
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise PolicyVersionError("'to' must be a version number (an integer >= 0)", 400, "invalid_parameter")
@@ -130,6 +141,9 @@ def load_version(active_dir: Path, versions_dir: Path, version: Any, current: in
         raise PolicyVersionError(f"policy version {version}: its stored set cannot be read ({exc.__class__.__name__})",
                                  409, "version_not_restorable") from None
     if record is not None and not matches_record(record, policy_set):
+        log.error("policy: the stored set of version %d (sha256 %s) does not match its change record (target %r, "
+                  "set_sha256 %s): refused; %s was changed outside the gateway", version, set_digest(policy_set),
+                  record.get("target"), record.get("set_sha256"), path)
         raise PolicyVersionError(f"policy version {version}: its stored set does not match its change record "
                                  f"(target {record.get('target')!r})", 409, "version_not_restorable")
     if version == current and active is not None and set_digest(active) == set_digest(policy_set):
@@ -183,6 +197,11 @@ def keep_start_snapshot(versions_dir: Path, version: int, loaded: PolicySet) -> 
             log.warning("policy: the active set does not match version %d's change record: not stored as that "
                         "version's set (a roll-back to it is refused)", version)
             return "mismatch"
+        if record is not None and not _agrees_with_previous(versions_dir, version, record, loaded):
+            log.warning("policy: the active set differs from version %d's stored set in a key other than version "
+                        "%d's change (%r), or that set cannot be read: not stored as version %d's set (a roll-back "
+                        "to it is refused)", version - 1, version, record.get("target"), version)
+            return "mismatch"
         _vdir(versions_dir, version).mkdir(exist_ok=True)
         write_atomic(_vdir(versions_dir, version) / SNAPSHOT, text.encode("utf-8"))
         return "written"
@@ -192,12 +211,39 @@ def keep_start_snapshot(versions_dir: Path, version: int, loaded: PolicySet) -> 
         return "failed"
 
 
+def _agrees_with_previous(versions_dir: Path, version: int, record: Mapping[str, Any], loaded: PolicySet) -> bool:
+    """Whether ``loaded`` equals the stored set of ``version - 1`` in every key but the one ``record`` changed
+    (session 26, S25-review-7): True when ``record`` authenticates the whole set itself (``set_sha256``, or a
+    whole-set change) or ``version - 1`` has no stored set (a history written before session 24, or pruned:
+    the changed key's check stays the only one); False when that set differs elsewhere, cannot be read, or
+    does not match its own record (fail closed). Raises OSError, ValueError (a record unreadable)."""
+    if record.get("set_sha256") is not None or record.get("target") == "*" or version < 1:
+        return True
+    previous = _record(versions_dir, version - 1) if _vdir(versions_dir, version - 1).is_dir() else None
+    path = _snapshot_path(versions_dir, version - 1, previous)
+    if path is None:
+        return True
+    try:
+        before = policy_set_from_document(json.loads(path.read_text("utf-8")))
+    except (OSError, ValueError):
+        return False
+    if previous is not None and not matches_record(previous, before):
+        return False
+    target = str(record.get("target"))
+
+    def others(s: PolicySet) -> str | None:  # the set without the changed key, canonical (1 is not true)
+        return set_digest(s.with_module(target, None) if record.get("kind") == "policy" else s.with_data(target, None))
+
+    return others(before) == others(loaded)
+
+
 def version_entries(active_dir: Path, versions_dir: Path, *, limit: int, before: int | None) -> list[dict[str, Any]]:
     """The committed versions, newest first: at most ``limit`` (1..:data:`MAX_LISTED`) below ``before``.
 
     Each entry is the version's change record (``version``, ``who``, ``time`` (Unix seconds), ``kind``,
     ``op``, ``target``, ``old_sha256``, ``new_sha256``, ``rollback_to`` for a roll-back; digests and ids,
-    never policy text) plus ``set_sha256`` (SHA-256 of its stored set, None without one) and ``restorable``.
+    never policy text) plus ``set_sha256`` (SHA-256 of its stored set's file, None without one) and ``restorable``
+    (a stored set, and since session 26 one whose file digest is the record's ``set_sha256`` when it has one).
     Version 0 (the start set, no record) is ``{"version": 0, "start": true, "set_sha256", "restorable"}``.
 
     Raises:
@@ -220,7 +266,8 @@ def version_entries(active_dir: Path, versions_dir: Path, *, limit: int, before:
             entry["set_sha256"] = None if path is None else hashlib.sha256(path.read_bytes()).hexdigest()
         except OSError:
             entry["set_sha256"] = None
-        entry["restorable"] = entry["set_sha256"] is not None
+        recorded = None if record is None else record.get("set_sha256")  # S25-review-7: a set.json edited on disk
+        entry["restorable"] = entry["set_sha256"] is not None and recorded in (None, entry["set_sha256"])
         out.append(entry)
     return out
 

@@ -78,6 +78,11 @@ async def test_a_roll_back_goes_through_the_gate_and_fails_closed(active: Path, 
     before = _digests(store)
 
     # another module of version 1's stored set made unbuildable: the record's key still matches, the gate refuses
+    # (session 26: a record with ``set_sha256`` refuses it before the gate, 409, tests/policy/
+    # test_s26_policy26_set_digest.py; a record written before session 26, as made here, keeps the key's check)
+    record = json.loads((versions / "00000001" / "record.json").read_text())
+    del record["set_sha256"]
+    (versions / "00000001" / "record.json").write_text(json.dumps(record))
     snap = json.loads((versions / "00000001" / "set.json").read_text())
     snap["modules"]["broken.rego"] = "package prefixgate.broken\n\nallow if {"
     (versions / "00000001" / "set.json").write_text(json.dumps(snap))
