@@ -19,6 +19,9 @@ without an id is refused with 403 (fail closed).
   ``version_not_restorable`` | 501 ``not_supported`` (remote OPA) | 400 ``policy_rejected`` and the other
   change errors below (:meth:`policy.store.PolicyStore.rollback`)
 - ``PUT /admin/data/{path}`` (JSON object) -> ``{"result": record}`` | 400
+- a ``PUT`` of the text or document in force, or a roll-back to a version whose set is the set in force -> 200
+  ``{"result": <the version in force's listing entry>, "unchanged": true}``: no version committed, nothing
+  applied, published or audited (session 26, S25-review-8; :class:`policy.store.PolicyUnchanged`)
 - target failure -> 502 code ``target_refused`` (``target_may_hold_change`` true when the target may have
   applied it before failing: the store gives it its committed set back now, after the push's outcome, R18-1,
   S19-R4, S19-R5)
@@ -69,6 +72,7 @@ from policy.decision import PolicyError
 from policy.json_numbers import NonFiniteLiteral, finite_float, refuse_constant
 from policy.loader import compile_errors, sha256_text
 from policy.store import (
+    ChangeRecord,
     PolicyConflictError,
     PolicyMasterPendingError,
     PolicyNotFoundError,
@@ -76,6 +80,7 @@ from policy.store import (
     PolicyRejectedError,
     PolicyStore,
     PolicyTargetError,
+    PolicyUnchanged,
     PolicyVersionError,
 )
 from policy.store_types import PolicySharedStateError
@@ -134,6 +139,14 @@ def error_body(status: int, code: str, message: str, **extra: Any) -> dict[str, 
         err_type = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}.get(
             status, "invalid_request_error")
     return {"error": {"message": message, "type": err_type, "code": code, "param": None, **extra}}
+
+
+def _written(record: ChangeRecord | PolicyUnchanged) -> JSONResponse:
+    """200 ``{"result": record}``; a write that changed nothing (session 26, S25-review-8) answers the version in
+    force's entry with ``"unchanged": true`` (no version committed)."""
+    if isinstance(record, PolicyUnchanged):
+        return JSONResponse({"result": record.to_dict(), "unchanged": True})
+    return JSONResponse({"result": record.to_dict()})
 
 
 def _err(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
@@ -294,7 +307,7 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
                 record = await store.put_policy(module_id, source, who, client_address=address)
             else:
                 record = await store.delete_policy(module_id, who, client_address=address)
-            return JSONResponse({"result": record.to_dict()})
+            return _written(record)
 
         return await guarded(request, run)
 
@@ -307,7 +320,7 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             _media_type(request, ("application/json",))
             value = _json(await _body(request))
             record = await store.put_data(path, value, who, client_address=address)
-            return JSONResponse({"result": record.to_dict()})
+            return _written(record)
 
         return await guarded(request, run)
 
@@ -329,7 +342,7 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
                 raise ValueError('the body must be {"to": <version>}')
             request.state.rollback_to = body["to"]
             record = await store.rollback(body["to"], who, client_address=address)
-            return JSONResponse({"result": record.to_dict()})
+            return _written(record)
 
         return await guarded(request, run)
 

@@ -49,14 +49,14 @@ from policy.store_apply import ChangeApplier
 from policy.store_disk import active_files, committed_versions, policy_set_document, restore, set_digest
 from policy.store_types import (ChangeRecord, PolicyConflictError, PolicyMasterPendingError, PolicyNotFoundError,
                                 PolicyPersistError, PolicyRejectedError, PolicyTarget, PolicyTargetError,
-                                PolicyVersionError, RemoteOpaTarget, check_policy_dir, shared_error)
+                                PolicyUnchanged, PolicyVersionError, RemoteOpaTarget, check_policy_dir, shared_error)
 from policy.store_reads import PolicyReads
 from policy.store_versions import (DEFAULT_VERSIONS_KEEP, keep_start_snapshot, load_version, prune_versions,
-                                   snapshot_text)
+                                   snapshot_text, version_entries)
 
 __all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
            "PolicyPersistError", "PolicyRejectedError", "PolicyStore", "PolicyTarget", "PolicyTargetError",
-           "PolicyVersionError", "RemoteOpaTarget", "check_policy_dir"]
+           "PolicyUnchanged", "PolicyVersionError", "RemoteOpaTarget", "check_policy_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,8 @@ class PolicyStore(ChangeApplier, PolicyReads):
         self._listeners: list[Callable[[ChangeRecord], None]] = []
         self._publisher: Callable[[ChangeRecord, PolicySet], Awaitable[str]] | None = None
         self._pending_master: Callable[[], int] = lambda: 0
+        #: ``shared`` of the version in force when this store committed it (None: loaded or adopted)
+        self._in_force_shared: str | None = None
 
     async def start(self) -> None:
         """Give the target back what a crash mid-change left it (S19-R10): the change whose journal this
@@ -161,7 +163,7 @@ class PolicyStore(ChangeApplier, PolicyReads):
     # ------------------------------------------------------------ writes
 
     async def put_policy(self, module_id: str, source: str, who: str, *,
-                         client_address: str | None = None) -> ChangeRecord:
+                         client_address: str | None = None) -> ChangeRecord | PolicyUnchanged:
         """Create or replace a module (``*_test.rego`` ids are tests). ``client_address`` (every write takes it):
         the admin request's source, put into the record after it is written (audit and answer, S22-fixsec-2).
 
@@ -172,13 +174,15 @@ class PolicyStore(ChangeApplier, PolicyReads):
             PolicyPersistError (an OSError): written in part, rolled back.
             PolicyConflictError: shared state stored another change at this
             version first (committed here, then replaced by the stored set).
+            The text in force already: :class:`PolicyUnchanged`, nothing committed (session 26, S25-review-8).
         """
         check_module_id(module_id)
         return await self._commit(
             lambda s: (s.with_module(module_id, source), s.modules.get(module_id), source),
             "policy", "put", module_id, who, client_address)
 
-    async def delete_policy(self, module_id: str, who: str, *, client_address: str | None = None) -> ChangeRecord:
+    async def delete_policy(self, module_id: str, who: str, *,
+                            client_address: str | None = None) -> ChangeRecord | PolicyUnchanged:
         """Remove a module (refused if the rest no longer compiles or passes)."""
         check_module_id(module_id)
 
@@ -189,8 +193,10 @@ class PolicyStore(ChangeApplier, PolicyReads):
 
         return await self._commit(change, "policy", "delete", module_id, who, client_address)
 
-    async def put_data(self, path: str, value: Any, who: str, *, client_address: str | None = None) -> ChangeRecord:
-        """Create or replace the data document at ``a/b`` (a JSON object)."""
+    async def put_data(self, path: str, value: Any, who: str, *,
+                       client_address: str | None = None) -> ChangeRecord | PolicyUnchanged:
+        """Create or replace the data document at ``a/b`` (a JSON object); the document in force already (the same
+        canonical JSON): :class:`PolicyUnchanged`, nothing committed (session 26, S25-review-8)."""
         key = "/".join(check_data_path(path))
         if not isinstance(value, dict):
             raise ValueError("a data document must be a JSON object")
@@ -203,7 +209,8 @@ class PolicyStore(ChangeApplier, PolicyReads):
 
         return await self._commit(change, "data", "put", key, who, client_address)
 
-    async def delete_data(self, path: str, who: str, *, client_address: str | None = None) -> ChangeRecord:
+    async def delete_data(self, path: str, who: str, *,
+                          client_address: str | None = None) -> ChangeRecord | PolicyUnchanged:
         """Remove the data document at ``a/b``."""
         key = "/".join(check_data_path(path))
 
@@ -222,13 +229,16 @@ class PolicyStore(ChangeApplier, PolicyReads):
         target: str,
         who: str,
         client_address: str | None = None,
-    ) -> ChangeRecord:
+    ) -> ChangeRecord | PolicyUnchanged:
         """One change: ``change(current set) -> (new set, old text, new text)``, run under the lock
-        (S17-4: the candidate is built on the set it replaces); tests off the loop (S17-7)."""
+        (S17-4: the candidate is built on the set it replaces); tests off the loop (S17-7). A put of the text
+        already in force (``old text == new text``) commits nothing: :class:`PolicyUnchanged` (S25-review-8)."""
         if not who:
             raise ValueError("a change needs an operator id")
         async with self._lock:
             new_set, old_text, new_text = change(self._set)
+            if old_text == new_text and await self._settled():
+                return self._unchanged(f"{kind} {op} {target!r}", client_address)
             await self._gate(new_set, f"{kind} {op} {target!r} refused")
             record = ChangeRecord(version=self.version + 1, who=who, kind=kind, op=op, target=target,
                                   old_sha256=sha256_text(old_text), new_sha256=sha256_text(new_text), time=time.time())
@@ -238,7 +248,8 @@ class PolicyStore(ChangeApplier, PolicyReads):
             raise err
         return record
 
-    async def rollback(self, to_version: Any, who: str, *, client_address: str | None = None) -> ChangeRecord:
+    async def rollback(self, to_version: Any, who: str, *,
+                       client_address: str | None = None) -> ChangeRecord | PolicyUnchanged:
         """Put the whole set of committed version ``to_version`` back, as the NEW version ``version + 1``
         (session 24, S23-newcomer-3; :mod:`policy.store_versions`): the stored set is checked against its
         change record, then it goes through the gate, the disk, the target, the publisher (the same 409
@@ -246,6 +257,9 @@ class PolicyStore(ChangeApplier, PolicyReads):
         ``new_sha256`` the digests of the whole sets, ``rollback_to`` ``to_version``. ``to_version`` may be the
         version in force when the active set differs from its stored set (the directory was edited outside the
         admin API: session 25, S25-newcomer-8); it is then committed as ``version + 1`` like any roll-back.
+        Session 26 (S25-review-8): when the stored set (checked) is the set in force, nothing is committed and
+        :class:`PolicyUnchanged` is returned (concurrent roll-backs to one version make one version; before,
+        each made a version, and ``to_version`` = the version in force without drift was a 400).
 
         Raises:
             PolicyVersionError: 400/404/409 (:func:`policy.store_versions.load_version`), 501 when the
@@ -259,6 +273,8 @@ class PolicyStore(ChangeApplier, PolicyReads):
                                      "earlier texts back one by one)", 501, "not_supported")
         async with self._lock:
             old_set = load_version(self.active_dir, self.versions_dir, to_version, self.version, self._set)
+            if set_digest(old_set) == set_digest(self._set) and await self._settled():
+                return self._unchanged(f"roll-back to version {to_version}", client_address)
             await self._gate(old_set, f"roll-back to version {to_version} refused")
             record = ChangeRecord(version=self.version + 1, who=who, kind="set", op="put", target="*",
                                   old_sha256=set_digest(self._set), new_sha256=set_digest(old_set), time=time.time(),
@@ -268,6 +284,23 @@ class PolicyStore(ChangeApplier, PolicyReads):
         if (err := shared_error(record, self._pending_master())) is not None:
             raise err
         return record
+
+    async def _settled(self) -> bool:
+        """Whether a write that changes nothing may answer ``unchanged``: the target's pending give-backs are
+        made first (raising as before a change: PolicyTargetError, OSError; the target may differ from the
+        set in force until then), and the version in force must not be one shared state left unshared
+        (``conflict``: its adoption may still be on its way, ``master_pending``, ``unresolved``): such a write
+        is made as a change again, published and answered as before."""
+        await self._repair()
+        return self._in_force_shared not in ("conflict", "master_pending", "unresolved")
+
+    def _unchanged(self, what: str, client_address: str | None) -> PolicyUnchanged:
+        """The answer of a write that changes nothing (session 26, S25-review-8): the version in force and its
+        listing entry; logged at INFO (digests and ids only), not audited (no change)."""
+        listed = version_entries(self.active_dir, self.versions_dir, limit=1, before=self.version + 1)
+        entry = listed[0] if listed and listed[0]["version"] == self.version else {"version": self.version}
+        log.info("policy: %s changes nothing: version %d stays in force", what, self.version)
+        return PolicyUnchanged(self.version, entry, client_address)
 
     async def _gate(self, new_set: PolicySet, refused: str) -> None:
         """The allow-list, the compile and every Rego test, off the loop (S17-7). Raises PolicyRejectedError."""
@@ -287,6 +320,7 @@ class PolicyStore(ChangeApplier, PolicyReads):
                 record = replace(record, shared="unpublished")
                 record = replace(record, shared=await self._publisher(record, new_set))
         finally:  # a committed change is always handed to audit, even if the request is cancelled
+            self._in_force_shared = record.shared
             if self._on_change is not None:
                 self._on_change(record)
             for callback in self._listeners:
@@ -318,7 +352,7 @@ class PolicyStore(ChangeApplier, PolicyReads):
                                   time=time.time())
             record = await self._persist_and_apply(record, policy_set, active_files(self.active_dir, policy_set),
                                                    canonical_json(policy_set_document(policy_set)))
-            self._set, self.version = policy_set, version
+            self._set, self.version, self._in_force_shared = policy_set, version, None
         if self._on_change is not None:
             self._on_change(record)
         return record

@@ -19,7 +19,7 @@ from policy.rego_test_runner import TestReport
 
 __all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
            "PolicyRejectedError", "PolicySharedStateError", "PolicyTarget", "PolicyPersistError", "PolicyTargetError",
-           "PolicyVersionError", "RemoteOpaTarget",
+           "PolicyUnchanged", "PolicyVersionError", "RemoteOpaTarget",
            "check_policy_dir", "persist_error", "shared_error"]
 
 
@@ -77,6 +77,25 @@ class ChangeRecord:
         seconds), the names tenancy's operator records use (session 25, S25-newcomer-4: one SIEM rule on
         ``operator.actor`` / ``operator.ts`` for every operator event; ``who`` and ``time`` stay for compatibility)."""
         return {"action": "policy_change", **self.to_dict(), "actor": self.who, "ts": self.time}
+
+
+@dataclass(frozen=True)
+class PolicyUnchanged:
+    """The answer of a write that would change nothing (session 26, S25-review-8): a ``PUT`` of the text or
+    document already in force, or a roll-back to a version whose stored set is the set in force (five
+    concurrent ``{"to": 3}`` made one version, not five). No version is committed, nothing is applied,
+    published or handed to ``on_change`` (there is no change to audit). ``version``: the version in force;
+    ``entry``: its listing entry (:func:`policy.store_versions.version_entries`: its change record with
+    ``set_sha256`` and ``restorable``; version 0: ``{"version": 0, "start": true, ...}``); ``client_address``:
+    the request's source. The admin answers 200 ``{"result": entry, "unchanged": true}``."""
+
+    version: int
+    entry: dict[str, Any]
+    client_address: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``result`` of the admin answer: a copy of ``entry``."""
+        return dict(self.entry)
 
 
 class PolicyRejectedError(PolicyError):

@@ -106,16 +106,18 @@ def load_version(active_dir: Path, versions_dir: Path, version: Any, current: in
     """The whole set of committed ``version``, checked against its change record (fail closed).
 
     Args:
-        version: the requested version (an int from 0 to ``current - 1``, or ``current`` itself when
-            ``active`` differs from its stored set; a bool is not an int here).
+        version: the requested version (an int from 0 to ``current``; ``current`` itself only with
+            ``active``; a bool is not an int here).
         current: the version in force.
         active: the set in force (session 25, S25-newcomer-8): when the policy directory was edited outside
             the admin API between two starts, it differs from ``current``'s stored set, and ``current``
-            itself may be put back (the drift of :func:`drift_state`).
+            itself may be put back (the drift of :func:`drift_state`). Whether the set returned is the set in
+            force (nothing to change) is the caller's to tell (session 26, S25-review-8: the store answers
+            ``unchanged``; before, ``current`` without drift was a 400 here).
 
     Raises:
-        PolicyVersionError: 400 ``invalid_parameter`` (not an int, negative, a later version, or the version
-            in force while the active set is its committed set), 404 ``resource_not_found`` (no such committed version), 409
+        PolicyVersionError: 400 ``invalid_parameter`` (not an int, negative, a later version, or ``current``
+            without ``active``), 404 ``resource_not_found`` (no such committed version), 409
             ``version_not_restorable`` (no stored set, an unreadable one, or one that does not match the
             record: its changed key, and its whole set's ``set_sha256`` when recorded, S25-review-7; logged).
     """
@@ -146,9 +148,6 @@ def load_version(active_dir: Path, versions_dir: Path, version: Any, current: in
                   record.get("target"), record.get("set_sha256"), path)
         raise PolicyVersionError(f"policy version {version}: its stored set does not match its change record "
                                  f"(target {record.get('target')!r})", 409, "version_not_restorable")
-    if version == current and active is not None and set_digest(active) == set_digest(policy_set):
-        raise PolicyVersionError(f"version {version} is the version in force and the active set is its committed "
-                                 "set: nothing to put back", 400, "invalid_parameter")
     return policy_set
 
 

@@ -135,7 +135,9 @@ async def test_a_target_that_cannot_take_the_undo_is_reported_and_repaired_first
     with pytest.raises(PolicyTargetError):  # the undo is retried first, and still refused: nothing else
         await store.put_data(TIERS, store.get_data(TIERS), "ops")
     assert len(target.applied) == 1 and store.version == 0
-    rec = await store.put_data(TIERS, store.get_data(TIERS), "ops")
+    tiers = store.get_data(TIERS)  # a real change (session 26: the document in force again commits nothing)
+    tiers["standard"] = {**tiers["standard"], "max_tokens": 8}
+    rec = await store.put_data(TIERS, tiers, "ops")
     assert [a[:2] for a in target.applied] == [("put", "extra_a.rego"), ("delete", "extra_a.rego"), ("put", TIERS)]
     assert target.applied[1][2] == before and rec.version == 1
     assert json.loads((tmp_path / "versions" / "00000001" / "record.json").read_text())["target"] == TIERS

@@ -23,7 +23,7 @@ from starlette.testclient import TestClient
 
 from policy.admin import admin_routes
 from policy.embedded import EmbeddedOpa
-from policy.store import ChangeRecord, PolicyRejectedError, PolicyStore, PolicyVersionError
+from policy.store import ChangeRecord, PolicyRejectedError, PolicyStore, PolicyUnchanged, PolicyVersionError
 
 TIERS = "prefixgate/config/tiers"
 OPS = "spiffe://prefixgate.test/ops/alice"
@@ -98,7 +98,8 @@ async def test_a_roll_back_goes_through_the_gate_and_fails_closed(active: Path, 
     with pytest.raises(PolicyVersionError) as missing:
         await store.rollback(1, OPS)
     assert missing.value.status == 409
-    for bad, status in ((2, 400), (7, 400), (-1, 400), (True, 400), ("0", 400)):
+    assert isinstance(await store.rollback(2, OPS), PolicyUnchanged)  # the set in force: 200 unchanged (session 26)
+    for bad, status in ((3, 400), (7, 400), (-1, 400), (True, 400), ("0", 400)):
         with pytest.raises(PolicyVersionError) as exc:
             await store.rollback(bad, OPS)
         assert exc.value.status == status, bad
@@ -173,7 +174,9 @@ def test_admin_routes_list_and_roll_back_with_audit(active: Path, tmp_path: Path
         assert changes[-1].rollback_to == 0 and changes[-1].client_address == "10.0.0.9"
         assert not (active / "extra.rego").exists()
 
-        for body, status, code in (({"to": 2}, 400, "invalid_parameter"), ({"to": 9}, 400, "invalid_parameter"),
+        same = c.post("/admin/policies/rollback", json={"to": 2}, headers=h)  # the version in force: session 26
+        assert (same.status_code, same.json()["unchanged"], same.json()["result"]["version"]) == (200, True, 2)
+        for body, status, code in (({"to": 3}, 400, "invalid_parameter"), ({"to": 9}, 400, "invalid_parameter"),
                                    ({"version": 0}, 400, "invalid_parameter"), ([0], 400, "invalid_parameter"),
                                    ({"to": 10**30}, 400, "invalid_parameter")):
             r = c.post("/admin/policies/rollback", json=body, headers=h)
@@ -185,7 +188,7 @@ def test_admin_routes_list_and_roll_back_with_audit(active: Path, tmp_path: Path
         assert c.get("/admin/policies/versions?limit=x", headers=h).status_code == 400
     assert len(failures) == 6 and all(f["op"] == "rollback" for f in failures)
     assert "rollback_to" not in failures[4]  # 10**30: beyond what the audit encodes, left out
-    assert failures[0]["route"] == "/admin/policies/rollback" and failures[0]["rollback_to"] == 2
+    assert failures[0]["route"] == "/admin/policies/rollback" and failures[0]["rollback_to"] == 3
     assert "rollback_to" not in failures[2] and failures[-1]["status"] == 404
     assert MARKER not in json.dumps(failures) + json.dumps([c.to_dict() for c in changes])
 

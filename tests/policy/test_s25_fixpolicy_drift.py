@@ -23,7 +23,7 @@ from starlette.testclient import TestClient
 
 from policy.admin import admin_routes
 from policy.embedded import EmbeddedOpa
-from policy.store import ChangeRecord, PolicyStore, PolicyVersionError
+from policy.store import ChangeRecord, PolicyStore, PolicyUnchanged, PolicyVersionError
 
 TIERS = "prefixgate/config/tiers"
 OPS = "spiffe://prefixgate.test/ops/alice"
@@ -67,18 +67,19 @@ async def test_a_roll_back_to_the_version_in_force_undoes_a_hand_edit(
                                  "in_force_set_sha256": drift["in_force_set_sha256"], "drift": False}
     assert PolicyStore(active, versions).list_data() == committed     # on disk too
 
-    with pytest.raises(PolicyVersionError) as again:                  # no drift now: nothing to put back
-        await restarted.rollback(2, OPS)
-    assert (again.value.status, again.value.code) == (400, "invalid_parameter")
-    assert restarted.version == 2
+    again = await restarted.rollback(2, OPS)                          # no drift now: nothing to put back
+    assert isinstance(again, PolicyUnchanged) and again.version == 2  # session 26: 200 unchanged (was 400)
+    assert restarted.version == 2 and records == [rec]
 
 
-async def test_the_version_in_force_without_drift_and_a_later_one_stay_refused(active: Path, tmp_path: Path) -> None:
+async def test_the_version_in_force_without_drift_changes_nothing_and_a_later_one_is_refused(
+        active: Path, tmp_path: Path) -> None:
     store = PolicyStore(active, tmp_path / "versions")
-    for bad in (0, 1):                                                # version 0 is in force: no drift
-        with pytest.raises(PolicyVersionError) as exc:
-            await store.rollback(bad, OPS)
-        assert (exc.value.status, exc.value.code) == (400, "invalid_parameter"), bad
+    same = await store.rollback(0, OPS)                               # version 0 is in force: no drift
+    assert isinstance(same, PolicyUnchanged) and same.entry["start"] is True  # session 26 (was 400)
+    with pytest.raises(PolicyVersionError) as exc:
+        await store.rollback(1, OPS)
+    assert (exc.value.status, exc.value.code) == (400, "invalid_parameter")
     assert store.version == 0 and not (tmp_path / "versions" / "00000001").exists()
 
 
@@ -106,5 +107,5 @@ def test_the_versions_listing_shows_the_drift_and_the_route_rolls_it_back(active
         listed = c.get("/admin/policies/versions", headers=h).json()
         assert listed["version"] == 1 and listed["drift"] is False
         assert listed["active_set_sha256"] == listed["result"][0]["set_sha256"] == listed["result"][1]["set_sha256"]
-        r = c.post("/admin/policies/rollback", json={"to": 1}, headers=h)
-        assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_parameter")
+        r = c.post("/admin/policies/rollback", json={"to": 1}, headers=h)  # no drift: nothing to put back
+        assert (r.status_code, r.json()["unchanged"], r.json()["result"]["version"]) == (200, True, 1)  # session 26

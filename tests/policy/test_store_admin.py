@@ -138,6 +138,9 @@ def test_admin_routes_for_operator(active: Path, tmp_path: Path) -> None:
 
     tiers = client.get(f"/admin/data/{TIERS}", headers=h).json()["result"]
     assert "premium" in tiers
+    same = client.put(f"/admin/data/{TIERS}", headers=h, content=json.dumps(tiers))  # session 26: no version
+    assert same.status_code == 200 and same.json()["unchanged"] is True and same.json()["result"]["version"] == 1
+    tiers["standard"] = {**tiers["standard"], "max_tokens": 8}
     put = client.put(f"/admin/data/{TIERS}", headers=h, content=json.dumps(tiers))
     assert put.status_code == 200 and put.json()["result"]["version"] == 2
     assert client.put(f"/admin/data/{TIERS}", headers=h, content=b"[1]").status_code == 400
