@@ -141,7 +141,7 @@ class FlowControl:
 
     def observe_wait(self, queue_wait_s: float) -> None:
         """A released request's :attr:`Release.queue_wait_s` into the queue-wait histogram."""
-        self.metrics.flow_queue_wait_seconds.observe(queue_wait_s)
+        self.metrics.flow_queue_wait.observe(queue_wait_s)
 
     async def release(self, tenant: Tenant, req: RouteRequest, candidate_ids: list[str],
                       alt_chains: Sequence[Sequence[bytes]], deadline: float,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.metrics_hist import TallyHistogram
 
@@ -212,10 +212,13 @@ class GatewayMetrics:
         # admin only (R4-11): with the per-replica prefill-token bound the queue forms when the pending
         # prefill of the requests in flight passes it, so the gauge moves with other tenants' prompt lengths
         self.flow_queued = Gauge("prefixgate_flow_queued_requests", "Requests queued at the gateway", registry=a)
-        self.flow_queue_wait_seconds = Histogram(
+        # session 26 (issue 14): a TallyHistogram (gateway/metrics_hist.py; same exposition), observed through
+        # its one child ``flow_queue_wait`` (no lock, one bisect: flow control observes every released request)
+        self.flow_queue_wait_seconds = TallyHistogram(
             "prefixgate_flow_queue_wait_seconds", "Time requests waited in the gateway's queue before release",
-            buckets=(0.001,) + _LAT_BUCKETS, registry=a,
+            [], buckets=(0.001,) + _LAT_BUCKETS, registry=a,
         )
+        self.flow_queue_wait = self.flow_queue_wait_seconds.labels()
         self.flow_refused = BoundChildren(Counter(
             "prefixgate_flow_refused", "Requests refused by the gateway's queue (queue_full, concurrency, queue_timeout, "
             "deadline)", ["reason"], registry=a,
