@@ -46,15 +46,25 @@ def inlined_bytes(schema: Any, size_of: Callable[[Any], int], cap: int) -> int:
     the caller's byte bound holds). Raises nothing beyond ``size_of``'s errors."""
     if type(schema) is not dict:
         return 0
-    targets = _targets(schema)
+    targets, ref_at, refs = _targets(schema)
     if not targets:
         return 0
-    refs, kids = _owners(schema, targets)
-    return min(_count(id(schema), {**targets, id(schema): schema}, refs, kids, size_of, cap), cap + 1)
+    kids: dict[int, list[int]] = {}
+    if refs is None:  # a reference into the sent schema or below a definition: owners by the nearest target
+        refs, kids = _owners(schema, targets, ref_at)
+    nodes = {**targets, id(schema): schema}
+    total = _acyclic(id(schema), nodes, refs, kids, size_of, cap)
+    if total is None:  # a cycle: counted by strongly connected components
+        total = _count(id(schema), nodes, refs, kids, size_of, cap)
+    return min(total, cap + 1)
 
 
 def _resolve(schema: dict[str, Any], ref: str) -> Any:
     """The node ``ref`` reaches inside ``schema`` (module docstring), or None when it is not local."""
+    where, _, name = ref[2:].partition("/")  # the common ``#/$defs/<name>``: one lookup
+    if ref[:2] == "#/" and where in _MAPS and type(found := schema.get(where)) is dict and name in found:
+        if (type(node := found[name]) is dict or type(node) is list) and "/" not in name and "~" not in name:
+            return node
     base, hashes, fragment = ref.partition("#")
     if not hashes:
         base, fragment = "", ref
@@ -84,29 +94,47 @@ def _step(node: Any, part: str) -> Any:
     return None
 
 
-def _containers(schema: dict[str, Any]) -> list[Any]:
-    """Every object and list of ``schema`` (itself included), each once."""
-    out: list[Any] = []
-    pending: list[Any] = [schema]
+def _targets(schema: dict[str, Any]) -> tuple[dict[int, Any], dict[int, int], dict[int, list[int]] | None]:
+    """``(nodes, ref_at, refs)`` of the schema's local references (each distinct reference text resolved once):
+    ``nodes`` ``{id(target): target}``, ``ref_at`` ``{id(object holding a $ref): id(its target)}``, and when every
+    target is a member of a top-level definitions map (the common case), the ``refs`` of :func:`_owners` (an owner
+    is then the root or the definition holding the reference), else None."""
+    nodes: dict[int, Any] = {}
+    ref_at: dict[int, int] = {}
+    refs: dict[int, list[int]] = {}
+    members: set[int] = set()
+    resolved: dict[str, Any] = {}
+    root = id(schema)
+    pending: list[tuple[Any, int]] = []
+    for k, v in schema.items():
+        if k in _MAPS and type(v) is dict:
+            for sub in v.values():
+                if type(sub) is dict or type(sub) is list:
+                    members.add(id(sub))
+                    pending.append((sub, id(sub)))
+        elif type(v) is dict or type(v) is list:
+            pending.append((v, root))
+    if type(ref := schema.get("$ref")) is str and (node := _resolve(schema, ref)) is not None:
+        nodes[id(node)] = node
+        ref_at[root] = id(node)
+        refs[root] = [id(node)]
     while pending:
-        cur = pending.pop()
-        out.append(cur)
-        values = cur.values() if type(cur) is dict else cur
-        pending.extend(v for v in values if type(v) is dict or type(v) is list)
-    return out
+        cur, owner = pending.pop()
+        if type(cur) is dict:
+            if type(ref := cur.get("$ref")) is str:
+                node = resolved[ref] if ref in resolved else resolved.setdefault(ref, _resolve(schema, ref))
+                if node is not None:
+                    nodes[id(node)] = node
+                    ref_at[id(cur)] = id(node)
+                    refs.setdefault(owner, []).append(id(node))
+            pending.extend((v, owner) for v in cur.values() if type(v) is dict or type(v) is list)
+        else:
+            pending.extend((v, owner) for v in cur if type(v) is dict or type(v) is list)
+    return nodes, ref_at, (refs if members.issuperset(nodes) else None)
 
 
-def _targets(schema: dict[str, Any]) -> dict[int, Any]:
-    """``{id(node): node}`` of the nodes the schema's local references reach."""
-    out: dict[int, Any] = {}
-    for cur in _containers(schema):
-        if type(cur) is dict and type(ref := cur.get("$ref")) is str:
-            if (node := _resolve(schema, ref)) is not None:
-                out[id(node)] = node
-    return out
-
-
-def _owners(schema: dict[str, Any], targets: dict[int, Any]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+def _owners(schema: dict[str, Any], targets: dict[int, Any],
+            ref_at: dict[int, int]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
     """``(refs, kids)``: per owner (the root or a referenced node, by id) the targets of the references it holds
     outside its referenced descendants (one per occurrence), and its nearest referenced descendants. The root's
     top-level definitions maps are owned by nobody: only what refers to them brings them in."""
@@ -122,15 +150,53 @@ def _owners(schema: dict[str, Any], targets: dict[int, Any]) -> tuple[dict[int, 
                 kids.setdefault(owner, []).append(me)
             owner = me
         if type(cur) is dict:
-            if owner is not None and type(ref := cur.get("$ref")) is str:
-                if (node := _resolve(schema, ref)) is not None:
-                    refs.setdefault(owner, []).append(id(node))
-            for k, v in cur.items():
-                if type(v) is dict or type(v) is list:
-                    pending.append((v, None if cur is schema and k in _MAPS else owner))
+            if owner is not None and me in ref_at:
+                refs.setdefault(owner, []).append(ref_at[me])
+            if cur is schema:
+                pending.extend((v, None if k in _MAPS and type(v) is dict else owner) for k, v in cur.items()
+                               if type(v) is dict or type(v) is list)
+            else:
+                pending.extend((v, owner) for v in cur.values() if type(v) is dict or type(v) is list)
         else:
             pending.extend((v, owner) for v in cur if type(v) is dict or type(v) is list)
     return refs, kids
+
+
+def _acyclic(root: int, nodes: dict[int, Any], refs: dict[int, list[int]], kids: dict[int, list[int]],
+             size_of: Callable[[Any], int], cap: int) -> int | None:
+    """The root's inlined bytes when the owners' graph has no cycle (a depth-first count, each node once), else
+    None."""
+    inl: dict[int, int] = {}
+    ext: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[int, bool]] = [(root, False)]
+    while stack:
+        v, expanded = stack.pop()
+        if expanded:
+            added = 0
+            for t in refs.get(v, ()):
+                added += inl[t]
+            for k in kids.get(v, ()):
+                added += ext[k]
+            ext[v] = added = min(added, cap + 1)
+            inl[v] = min(size_of(nodes[v]) + added, cap + 1)
+            on_path.discard(v)
+            continue
+        if v in inl:
+            continue
+        if v in on_path:
+            return None
+        on_path.add(v)
+        stack.append((v, True))
+        for w in refs.get(v, ()):
+            if w in on_path:
+                return None
+            if w not in inl:
+                stack.append((w, False))
+        for w in kids.get(v, ()):
+            if w not in inl:
+                stack.append((w, False))
+    return inl[root]
 
 
 def _count(root: int, nodes: dict[int, Any], refs: dict[int, list[int]], kids: dict[int, list[int]],
