@@ -118,3 +118,32 @@ def test_the_count_bounds_the_built_inlining_of_an_acyclic_schema(edges: list[li
     schema = {"$defs": defs, "anyOf": [{"$ref": f"#/$defs/d{t % n}"} for t in top]}
     built = {k: v for k, v in _inline(schema, defs).items() if k != "$defs"}
     assert inlined_bytes(schema, _size, 1 << 40) >= _size(built)
+
+
+# S26-review26-4: the tools' schemas were bounded once inlined each by max_bytes, never together: 128 tools of ~1 KB
+# raw (128 KiB together, under max_tool_schemas_bytes) each inlining to just under 64 KiB: ~8 MB for the replica.
+
+def _tool(i: int, levels: int) -> dict[str, Any]:
+    schema = _doubling_defs(levels, "#/$defs/d{i}")
+    schema["$defs"][f"d{levels}"] = {"type": "string", "description": "x" * 150}
+    return {"type": "function", "function": {"name": f"f{i}", "parameters": schema}}
+
+
+def test_the_tools_inlined_together_are_bounded_by_max_tool_schemas_bytes() -> None:
+    one = _tool(0, 8)
+    assert LIMITS.max_bytes // 2 < inlined_bytes(one["function"]["parameters"], _size, 1 << 30) <= LIMITS.max_bytes
+    assert tools_refusal([one], LIMITS, {}, 0) is None  # one alone: within both bounds
+    tools = [_tool(i, 8) for i in range(128)]
+    assert _size(tools) < LIMITS.max_tool_schemas_bytes
+    err = tools_refusal(tools, LIMITS, {}, 0)
+    assert err is not None and err.code == "json_schema_too_complex" and err.param == "tools"
+    assert "limits.json_schema.max_tool_schemas_bytes" in err.message and "$ref are inlined" in err.message
+    assert err.record == {"reason": "tools parameters over limits.json_schema.max_tool_schemas_bytes"}
+    assert tools_refusal(tools, LIMITS, {"max_tool_schemas_bytes": 1 << 30}, 0) is None  # the tenant's own bound
+
+
+def test_tools_without_references_are_not_refused_by_the_inlined_sum() -> None:
+    plain = [{"type": "function", "function": {"name": f"f{i}", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "description": "y" * 1500}}}}} for i in range(100)]
+    assert _size(plain) < LIMITS.max_tool_schemas_bytes
+    assert tools_refusal(plain, LIMITS, {}, LIMITS.max_tool_schemas_bytes) is None
