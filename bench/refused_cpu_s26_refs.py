@@ -55,8 +55,8 @@ def nested(levels: int) -> dict:
 
 
 def _bodies() -> dict[str, str]:
-    deep = nested(15)
-    pointers = ["#" + "/properties/a" * (1 + i % 15) for i in range(280)]
+    deep = nested(13)
+    pointers = ["#" + "/properties/a" * (1 + i % 13) for i in range(300)]
     deep_refs = dict(deep, anyOf=[{"$ref": p} for p in pointers])
     ring = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{(i + 1) % 1500}"}]} for i in range(1500)}
     doubling = {f"p{i}": {"anyOf": [{"$ref": f"#/properties/p{i + 1}"}] * 2} for i in range(20)}
@@ -67,9 +67,18 @@ def _bodies() -> dict[str, str]:
                                                         for i in range(6)}}),
         "chain of 2000 defs (S25 worst)": rf({"$defs": {**{f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(2000)},
                                                         "d2000": {"type": "string"}}, "$ref": "#/$defs/d0"}),
-        "280 refs to 15 nested targets": rf(deep_refs),
+        "300 refs to 13 nested targets": rf(deep_refs),
         "ring of 1500 defs": rf({"$defs": ring, "$ref": "#/$defs/d0"}),
         "doubling via #/properties (20)": rf({"type": "object", "properties": doubling}),
+        "cycle A<->B entered 300 times": rf({"$defs": {"A": {"anyOf": [{"$ref": "#/$defs/B"}, {"type": "string",
+                                                 "description": "x" * 10000}]},
+                                                 "B": {"anyOf": [{"$ref": "#/$defs/A"}, {"type": "null"}]}},
+                                                 "anyOf": [{"$ref": "#/$defs/B"}] * 300 + [{"$ref": "#/$defs/A"}]}),
+        "128 tools, each 8 doubling defs": PRE + '"tool_choice":"required","tools":' + json.dumps(
+            [{"type": "function", "function": {"name": f"f{i}", "parameters": {"$defs": {
+                **{f"d{j}": {"anyOf": [{"$ref": f"#/$defs/d{j + 1}"}] * 2} for j in range(8)},
+                "d8": {"type": "string", "description": "x" * 150}}, "$ref": "#/$defs/d0"}}} for i in range(128)],
+            separators=(",", ":")) + "}",
         "3000 refs, 200-part missing tail": rf({"$defs": {"a": {"type": "string"}},
                                                 "anyOf": [{"$ref": "#/$defs/a" + "/x" * 8}] * 3000}),
     }

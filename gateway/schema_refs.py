@@ -53,9 +53,17 @@ def inlined_bytes(schema: Any, size_of: Callable[[Any], int], cap: int) -> int:
     if refs is None:  # a reference into the sent schema or below a definition: owners by the nearest target
         refs, kids = _owners(schema, targets, ref_at)
     nodes = {**targets, id(schema): schema}
-    total = _acyclic(id(schema), nodes, refs, kids, size_of, cap)
+    sizes: dict[int, int] = {}
+
+    def size(node: Any) -> int:  # each node encoded once, whichever count asks
+        key = id(node)
+        if key not in sizes:
+            sizes[key] = size_of(node)
+        return sizes[key]
+
+    total = _acyclic(id(schema), nodes, refs, kids, size, cap)
     if total is None:  # a cycle: counted by strongly connected components
-        total = _count(id(schema), nodes, refs, kids, size_of, cap)
+        total = _count(id(schema), nodes, refs, kids, size, cap)
     return min(total, cap + 1)
 
 
