@@ -147,3 +147,26 @@ def test_tools_without_references_are_not_refused_by_the_inlined_sum() -> None:
         "type": "object", "properties": {"a": {"type": "string", "description": "y" * 1500}}}}} for i in range(100)]
     assert _size(plain) < LIMITS.max_tool_schemas_bytes
     assert tools_refusal(plain, LIMITS, {}, LIMITS.max_tool_schemas_bytes) is None
+
+
+def _inline_pointer(node: Any, root: dict[str, Any]) -> Any:
+    if type(node) is dict:
+        if type(ref := node.get("$ref")) is str and ref.startswith("#/properties/"):
+            return _inline_pointer(root["properties"][ref[len("#/properties/"):]], root)
+        return {k: _inline_pointer(v, root) for k, v in node.items()}
+    if type(node) is list:
+        return [_inline_pointer(v, root) for v in node]
+    return node
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 5), max_size=3), min_size=1, max_size=6))
+def test_the_count_bounds_the_built_inlining_of_pointers_into_the_sent_schema(edges: list[list[int]]) -> None:
+    # property i refers only to properties after it (acyclic); the targets are inside the schema that is sent
+    n = len(edges)
+    props = {f"p{i}": {"anyOf": [{"$ref": f"#/properties/p{j}"} for j in out if i < j < n] + [{"type": "null"}]}
+             for i, out in enumerate(edges)}
+    schema = {"type": "object", "properties": props}
+    built = _inline_pointer(schema, schema)
+    count = inlined_bytes(schema, _size, 1 << 40)
+    assert count >= _size(built) or (count == 0 and built == schema)
