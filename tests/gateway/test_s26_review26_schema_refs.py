@@ -170,3 +170,21 @@ def test_the_count_bounds_the_built_inlining_of_pointers_into_the_sent_schema(ed
     built = _inline_pointer(schema, schema)
     count = inlined_bytes(schema, _size, 1 << 40)
     assert count >= _size(built) or (count == 0 and built == schema)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 5), max_size=3), min_size=1, max_size=6),
+       st.lists(st.integers(0, 5), min_size=1, max_size=5), st.randoms(use_true_random=False))
+def test_the_count_of_any_reference_graph_does_not_depend_on_the_order_of_references(
+        edges: list[list[int]], top: list[int], rnd: Any) -> None:
+    # cycles allowed (S26-review26-2): the same references in another order count the same
+    n = len(edges)
+
+    def schema(order: list[int]) -> dict[str, Any]:
+        defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{j % n}"} for j in out] + [{"type": "null", "title": "t" * i}]}
+                for i, out in enumerate(edges)}
+        return {"$defs": defs, "anyOf": [{"$ref": f"#/$defs/d{t % n}"} for t in order]}
+
+    shuffled = list(top)
+    rnd.shuffle(shuffled)
+    assert inlined_bytes(schema(top), _size, 1 << 40) == inlined_bytes(schema(shuffled), _size, 1 << 40)
