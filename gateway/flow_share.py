@@ -111,11 +111,14 @@ class TenantShares:
         return shares
 
     def touch(self, tenant_id: str, weight: float | None = None) -> None:
-        """``tenant_id`` had a request event now (``weight``: its VTC weight; None: as last given, 1.0
-        for a tenant never given one)."""
+        """``tenant_id`` had a request event now (``weight``: its VTC weight; None: as last given, and
+        nothing for a tenant never given one or dropped by :meth:`forget`: a removed tenant's prefill that
+        ends later does not make it active again, session 26 review26)."""
         weights = self.weights
         old = weights.get(tenant_id)
-        w = (1.0 if old is None else old) if weight is None else weight
+        if weight is None and old is None:
+            return
+        w = old if weight is None else weight
         if tenant_id not in self.seen:
             self.weight_sum += w
         elif old is not None and old != w:
@@ -183,10 +186,13 @@ class TenantShares:
         self.next_check = earliest + self.idle_s
 
     def forget(self, keep: set[str]) -> None:
-        """Drop the activity (not the held counts: their requests still end) of tenants not in ``keep``."""
-        for tid in [t for t in self.seen if t not in keep]:
-            del self.seen[tid]
-            self.weight_sum -= self.weights.pop(tid, 1.0)
+        """Drop the activity and the weight (not the held counts: their requests still end) of tenants not in
+        ``keep``; each registry reload thus leaves no entry of a removed tenant (session 26, review26: an idle
+        removed tenant's weight stayed)."""
+        for tid in [t for t in self.weights if t not in keep]:
+            w = self.weights.pop(tid)
+            if self.seen.pop(tid, None) is not None:
+                self.weight_sum -= w
 
 
 def room_within_share(shares: TenantShares, tenant_id: str, weight: float, held: dict[str, int],

@@ -153,10 +153,38 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int], body_by
     subject = "tools[].function.parameters"  # counted together: ``required`` compiles an anyOf over every tool
     if (refused := _walk(roots[::-1], bound, "tools parameters", subject)) is not None:
         return refused
-    for root in roots:
-        if (refused := _inlined_refusal([root], bound, "tools parameters", subject)) is not None:
-            return refused
-    return None
+    return _tools_inlined_refusal(roots, bound, body_bytes, subject)
+
+
+def _tools_inlined_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], body_bytes: int,
+                           subject: str) -> GatewayError | None:
+    """Each tool's schema over ``max_bytes`` once its local ``$ref`` are inlined (as :func:`_inlined_refusal`), then
+    all of them over ``max_tool_schemas_bytes`` together once inlined (session 26, review26, S26-review26-4: each was
+    bounded by ``max_bytes`` alone, so 128 tools of ~1 KB, each inlining to just under 64 KiB, compiled ~8 MB as
+    ``required``'s ``anyOf``). A schema without references counts its compact bytes, encoded only when the
+    references' sum plus the body's length could pass the bound. Work: one count per schema (O(nodes +
+    references)), at most one C encoding per schema without references."""
+    cap_one, cap_all = bound["max_bytes"], bound["max_tool_schemas_bytes"]
+    counts = []
+    for root, path in roots:
+        n = inlined_bytes(root, _encoded_bytes, max(cap_one, cap_all))
+        if n > cap_one:
+            node: _Node = None
+            for name in path:
+                node = (node, name)
+            return _refused(_param(node), f"{subject} is larger than {cap_one} bytes as compact JSON once its local "
+                            "$ref are inlined", "max_bytes", "tools parameters")
+        counts.append(n)
+    total = sum(counts)
+    if total + body_bytes <= cap_all:
+        return None
+    for (root, _), n in zip(roots, counts):
+        if n == 0:
+            total += _encoded_bytes(root)
+    if total <= cap_all:
+        return None
+    return _refused("tools", f"the tools' parameters schemas are larger than {cap_all} bytes together as compact "
+                    "JSON once their local $ref are inlined", "max_tool_schemas_bytes", "tools parameters")
 
 
 def _inlined_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what: str,

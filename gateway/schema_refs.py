@@ -1,5 +1,5 @@
-"""The size of a JSON schema once its local ``$ref`` are inlined (session 25, S25-review-5), for the bounds of
-gateway/response_format.py.
+"""The size of a JSON schema once its local ``$ref`` are inlined (session 25, S25-review-5; session 26, review26:
+S26-review26-1, -2), for the bounds of gateway/response_format.py.
 
 A grammar compiler that turns a schema into one regular expression inlines each reference by its target
 (outlines-core's ``build_regex_from_schema`` resolves every ``$ref`` and builds its target's expression in
@@ -8,18 +8,30 @@ levels deep, and 2**20 copies of the last one once inlined. A compiler that keep
 (xgrammar) does not multiply them; the gateway cannot tell which the replica runs, so it counts the inlined size
 (fail closed) against ``limits.json_schema.max_bytes``.
 
-Counted, never built: each definition's own compact JSON bytes (one encoding each) plus, for each reference it
-holds, its target's inlined count (memoized, so the work is O(nodes + references)). A reference back into a
-definition still being counted (recursion, which every compiler bounds or keeps as a rule) adds nothing more.
-Local references only: ``#/$defs/<name>`` and ``#/definitions/<name>`` of the schema's own top level (RFC 6901
-escapes ``~1`` ``/`` and ``~0`` ``~``), a pointer below a definition counting as the whole definition (an upper
-bound). Anything else (a remote or unresolvable reference) is left to the replica, which refuses it.
+Which references are local (session 26, S26-review26-1): any the replica's compiler may resolve inside the schema.
+outlines-core (src/json_schema/parsing.rs ``parse_ref``) takes the text after ``#`` (or the whole reference when
+it has no ``#``; a base before ``#`` only when it is the root's ``$id``), splits it on ``/``, drops empty parts and
+looks each part up as an object key: so ``#/properties/a``, ``$defs/a``, ``#$defs/a`` and ``#//$defs/a`` all
+resolve, not only ``#/$defs/<name>``. Here a part is looked up as written, else with RFC 6901's ``~1``/``~0``
+escapes and then its percent-escapes decoded (RFC 6901 section 6), a list by its decimal index; a pointer whose
+tail does not resolve counts as the deepest node it reaches (an upper bound), one whose first part does not
+resolve is not local (the replica refuses it).
+
+Counted, never built: the root's compact JSON bytes, and for each reference reached its target's inlined count.
+A referenced node inside the part of the schema that is sent (the root outside its top-level ``$defs`` /
+``definitions``) brings the expansion of the references it holds into its container's count. References that
+form a cycle (recursion, which every inlining compiler unrolls to a bounded depth, e.g. outlines-core's 3) count
+the cycle's nodes once each plus each reference inside the cycle once more as its target's bytes: the same
+figure from wherever the cycle is entered (session 26, S26-review26-2: a count memoized while a cycle was half
+counted undercounted each later entry to it, in an order the client chose). Work: O(nodes + reference text),
+one C encoding per node reached.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 __all__ = ["inlined_bytes"]
 
@@ -29,79 +41,234 @@ _MAPS = ("$defs", "definitions")
 def inlined_bytes(schema: Any, size_of: Callable[[Any], int], cap: int) -> int:
     """Compact JSON bytes of ``schema`` with its local references inlined (module docstring), at most ``cap + 1``.
 
-    ``size_of``: a value's compact JSON bytes (a C encoding); it is called once for ``schema`` and once per
-    definition that a reference reaches. 0 for a schema without a top-level ``$defs``/``definitions`` object or
-    without a local reference (nothing to inline: the caller's byte bound holds). Work: one pass over the schema
-    (each node once) and one step per definition reached. Raises nothing beyond ``size_of``'s errors."""
+    ``size_of``: a value's compact JSON bytes (a C encoding); it is called once for ``schema`` and once per node
+    that a reference reaches. 0 for a schema that is not an object or holds no local reference (nothing to inline:
+    the caller's byte bound holds). Raises nothing beyond ``size_of``'s errors."""
     if type(schema) is not dict:
         return 0
-    defs: dict[tuple[str, str], Any] = {}
-    for key in _MAPS:
-        if type(found := schema.get(key)) is dict:
-            defs.update(((key, name), sub) for name, sub in found.items())
-    if not defs:
+    targets, ref_at, refs = _targets(schema)
+    if not targets:
         return 0
-    refs_of = _references(schema, defs)
-    top = refs_of.pop(None, None)
-    if not top:
-        return 0
-    counted: dict[Any, int] = {}
-    total = size_of(schema)
-    for target in top:
-        total += _inlined(target, defs, refs_of, counted, size_of, cap)
-        if total > cap:
-            return cap + 1
-    return total
+    kids: dict[int, list[int]] = {}
+    if refs is None:  # a reference into the sent schema or below a definition: owners by the nearest target
+        refs, kids = _owners(schema, targets, ref_at)
+    nodes = {**targets, id(schema): schema}
+    sizes: dict[int, int] = {}
+
+    def size(node: Any) -> int:  # each node encoded once, whichever count asks
+        key = id(node)
+        if key not in sizes:
+            sizes[key] = size_of(node)
+        return sizes[key]
+
+    total = _acyclic(id(schema), nodes, refs, kids, size, cap)
+    if total is None:  # a cycle: counted by strongly connected components
+        total = _count(id(schema), nodes, refs, kids, size, cap)
+    return min(total, cap + 1)
 
 
-def _inlined(start: tuple[str, str], defs: dict[tuple[str, str], Any], refs_of: dict[Any, list[Any]],
-             counted: dict[Any, int], size_of: Callable[[Any], int], cap: int) -> int:
-    """Inlined bytes of definition ``start`` (capped at ``cap + 1``), counting unvisited definitions depth first
-    without recursion; a definition on the current path counts 0 (recursion)."""
-    on_path: set[Any] = set()
-    stack: list[tuple[Any, bool]] = [(start, False)]
-    while stack:
-        key, expanded = stack[-1]
-        if key in counted:
-            stack.pop()
-        elif not expanded:  # first visit: count its references first
-            stack[-1] = (key, True)
-            on_path.add(key)
-            stack.extend((r, False) for r in refs_of.get(key, ()) if r not in counted and r not in on_path)
-        else:
-            total = size_of(defs[key])
-            for r in refs_of.get(key, ()):
-                total += counted.get(r, 0)  # on the path: 0 (recursion)
-            counted[key] = total if total <= cap else cap + 1
-            on_path.discard(key)
-            stack.pop()
-    return counted[start]
+def _resolve(schema: dict[str, Any], ref: str) -> Any:
+    """The node ``ref`` reaches inside ``schema`` (module docstring), or None when it is not local."""
+    where, _, name = ref[2:].partition("/")  # the common ``#/$defs/<name>``: one lookup
+    if ref[:2] == "#/" and where in _MAPS and type(found := schema.get(where)) is dict and name in found:
+        if (type(node := found[name]) is dict or type(node) is list) and "/" not in name and "~" not in name:
+            return node
+    base, hashes, fragment = ref.partition("#")
+    if not hashes:
+        base, fragment = "", ref
+    elif "#" in fragment or (base and base != schema.get("$id")):
+        return None
+    node: Any = schema
+    for i, part in enumerate(p for p in fragment.split("/") if p):
+        nxt = _step(node, part)
+        if nxt is None:
+            return None if i == 0 else node  # the deepest node it reaches: an upper bound of its target
+        node = nxt
+    return node
 
 
-def _references(schema: dict[str, Any], defs: dict[tuple[str, str], Any]) -> dict[Any, list[Any]]:
-    """``{owner: [referred definition, ...]}`` in one pass: ``owner`` is the top-level definition holding the
-    ``$ref`` (None outside the definitions maps), one entry per occurrence."""
-    out: dict[Any, list[Any]] = {}
-    pending: list[tuple[Any, Any]] = [(sub, key) for key, sub in defs.items()]
-    pending += [(v, None) for k, v in schema.items() if k not in _MAPS]
-    if type(ref := schema.get("$ref")) is str and (target := _target(ref)) in defs:
-        out[None] = [target]
+def _step(node: Any, part: str) -> Any:
+    """``node``'s child named by pointer part ``part`` (as written, unescaped, percent-decoded), or None."""
+    if type(node) is dict:
+        for key in (part, part.replace("~1", "/").replace("~0", "~")):
+            if type(found := node.get(key)) is dict or type(found) is list:
+                return found
+        decoded = unquote(part).replace("~1", "/").replace("~0", "~")
+        found = node.get(decoded)
+        return found if type(found) is dict or type(found) is list else None
+    if type(node) is list and part.isdigit() and len(part) < 10 and int(part) < len(node):
+        found = node[int(part)]
+        return found if type(found) is dict or type(found) is list else None
+    return None
+
+
+def _targets(schema: dict[str, Any]) -> tuple[dict[int, Any], dict[int, int], dict[int, list[int]] | None]:
+    """``(nodes, ref_at, refs)`` of the schema's local references (each distinct reference text resolved once):
+    ``nodes`` ``{id(target): target}``, ``ref_at`` ``{id(object holding a $ref): id(its target)}``, and when every
+    target is a member of a top-level definitions map (the common case), the ``refs`` of :func:`_owners` (an owner
+    is then the root or the definition holding the reference), else None."""
+    nodes: dict[int, Any] = {}
+    ref_at: dict[int, int] = {}
+    refs: dict[int, list[int]] = {}
+    members: set[int] = set()
+    resolved: dict[str, Any] = {}
+    root = id(schema)
+    pending: list[tuple[Any, int]] = []
+    for k, v in schema.items():
+        if k in _MAPS and type(v) is dict:
+            for sub in v.values():
+                if type(sub) is dict or type(sub) is list:
+                    members.add(id(sub))
+                    pending.append((sub, id(sub)))
+        elif type(v) is dict or type(v) is list:
+            pending.append((v, root))
+    if type(ref := schema.get("$ref")) is str and (node := _resolve(schema, ref)) is not None:
+        nodes[id(node)] = node
+        ref_at[root] = id(node)
+        refs[root] = [id(node)]
     while pending:
         cur, owner = pending.pop()
-        if type(cur) is list:
-            pending.extend((v, owner) for v in cur if type(v) is dict or type(v) is list)
-        elif type(cur) is dict:
-            if type(ref := cur.get("$ref")) is str and (target := _target(ref)) in defs:
-                out.setdefault(owner, []).append(target)
+        if type(cur) is dict:
+            if type(ref := cur.get("$ref")) is str:
+                node = resolved[ref] if ref in resolved else resolved.setdefault(ref, _resolve(schema, ref))
+                if node is not None:
+                    nodes[id(node)] = node
+                    ref_at[id(cur)] = id(node)
+                    refs.setdefault(owner, []).append(id(node))
             pending.extend((v, owner) for v in cur.values() if type(v) is dict or type(v) is list)
-    return out
+        else:
+            pending.extend((v, owner) for v in cur if type(v) is dict or type(v) is list)
+    return nodes, ref_at, (refs if members.issuperset(nodes) else None)
 
 
-def _target(ref: str) -> tuple[str, str] | None:
-    """``("$defs", name)`` / ``("definitions", name)`` of a local reference (a pointer below a definition reads as
-    the definition), else None."""
-    if not ref.startswith("#/"):
-        return None
-    where, _, rest = ref[2:].partition("/")
-    name = rest.partition("/")[0]
-    return (where, name.replace("~1", "/").replace("~0", "~") if "~" in name else name) if where in _MAPS else None
+def _owners(schema: dict[str, Any], targets: dict[int, Any],
+            ref_at: dict[int, int]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """``(refs, kids)``: per owner (the root or a referenced node, by id) the targets of the references it holds
+    outside its referenced descendants (one per occurrence), and its nearest referenced descendants. The root's
+    top-level definitions maps are owned by nobody: only what refers to them brings them in."""
+    root = id(schema)
+    refs: dict[int, list[int]] = {}
+    kids: dict[int, list[int]] = {}
+    pending: list[tuple[Any, int | None]] = [(schema, root)]
+    while pending:
+        cur, owner = pending.pop()
+        me = id(cur)
+        if me in targets and me != root:
+            if owner is not None:
+                kids.setdefault(owner, []).append(me)
+            owner = me
+        if type(cur) is dict:
+            if owner is not None and me in ref_at:
+                refs.setdefault(owner, []).append(ref_at[me])
+            if cur is schema:
+                pending.extend((v, None if k in _MAPS and type(v) is dict else owner) for k, v in cur.items()
+                               if type(v) is dict or type(v) is list)
+            else:
+                pending.extend((v, owner) for v in cur.values() if type(v) is dict or type(v) is list)
+        else:
+            pending.extend((v, owner) for v in cur if type(v) is dict or type(v) is list)
+    return refs, kids
+
+
+def _acyclic(root: int, nodes: dict[int, Any], refs: dict[int, list[int]], kids: dict[int, list[int]],
+             size_of: Callable[[Any], int], cap: int) -> int | None:
+    """The root's inlined bytes when the owners' graph has no cycle (a depth-first count, each node once), else
+    None."""
+    inl: dict[int, int] = {}
+    ext: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[int, bool]] = [(root, False)]
+    while stack:
+        v, expanded = stack.pop()
+        if expanded:
+            added = 0
+            for t in refs.get(v, ()):
+                added += inl[t]
+            for k in kids.get(v, ()):
+                added += ext[k]
+            ext[v] = added = min(added, cap + 1)
+            inl[v] = min(size_of(nodes[v]) + added, cap + 1)
+            on_path.discard(v)
+            continue
+        if v in inl:
+            continue
+        if v in on_path:
+            return None
+        on_path.add(v)
+        stack.append((v, True))
+        for w in refs.get(v, ()):
+            if w in on_path:
+                return None
+            if w not in inl:
+                stack.append((w, False))
+        for w in kids.get(v, ()):
+            if w not in inl:
+                stack.append((w, False))
+    return inl[root]
+
+
+def _count(root: int, nodes: dict[int, Any], refs: dict[int, list[int]], kids: dict[int, list[int]],
+           size_of: Callable[[Any], int], cap: int) -> int:
+    """The root's inlined bytes: strongly connected components of the owners' graph (edges: references and
+    referenced descendants; Tarjan's algorithm without recursion) counted in reverse topological order."""
+    inl: dict[int, int] = {}  # inlined bytes of a node
+    ext: dict[int, int] = {}  # the bytes its references add, its own excluded
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    comp: list[int] = []
+    out: dict[int, list[int]] = {}  # a node's edges, built once
+    work: list[tuple[int, int]] = [(root, 0)]
+    while work:
+        v, i = work.pop()
+        if i == 0:
+            index[v] = low[v] = len(index)
+            comp.append(v)
+            on_stack.add(v)
+            out[v] = refs.get(v, []) + kids.get(v, [])
+        edges = out[v]
+        if i < len(edges):
+            work.append((v, i + 1))
+            w = edges[i]
+            if w not in index:
+                work.append((w, 0))
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+            continue
+        for w in edges:  # children done: their lows
+            if w in on_stack and w not in inl:
+                low[v] = min(low[v], low[w])
+        if low[v] != index[v]:
+            continue
+        members = []
+        while True:
+            w = comp.pop()
+            on_stack.discard(w)
+            members.append(w)
+            if w == v:
+                break
+        _settle(members, nodes, refs, kids, inl, ext, size_of, cap)
+    return inl[root]
+
+
+def _settle(members: list[int], nodes: dict[int, Any], refs: dict[int, list[int]], kids: dict[int, list[int]],
+            inl: dict[int, int], ext: dict[int, int], size_of: Callable[[Any], int], cap: int) -> None:
+    """Count one strongly connected component (its successors are counted): a node without a cycle exactly; a
+    cycle's nodes once each plus each reference inside it once as its target's bytes, the same for each."""
+    inside = set(members)
+    sizes = {m: size_of(nodes[m]) for m in members}
+    added = 0
+    for m in members:
+        for t in refs.get(m, ()):
+            added += sizes[t] if t in inside else inl[t]
+        for k in kids.get(m, ()):
+            added += 0 if k in inside else ext[k]
+        added = min(added, cap + 1)
+    if len(members) == 1 and members[0] not in refs.get(members[0], ()):
+        m = members[0]
+        ext[m] = added
+        inl[m] = min(sizes[m] + added, cap + 1)
+        return
+    total = min(sum(sizes.values()) + added, cap + 1)
+    for m in members:
+        inl[m] = ext[m] = total
