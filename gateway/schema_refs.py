@@ -88,7 +88,9 @@ def _resolve(schema: dict[str, Any], ref: str) -> Any:
 
 
 def _step(node: Any, part: str) -> Any:
-    """``node``'s child named by pointer part ``part`` (as written, unescaped, percent-decoded), or None."""
+    """``node``'s child named by pointer part ``part`` (as written, unescaped, percent-decoded), or None.
+
+    A list index is ASCII digits only (RFC 6901 section 4, ``array-index``): '²' or '١' name no item."""
     if type(node) is dict:
         for key in (part, part.replace("~1", "/").replace("~0", "~")):
             if type(found := node.get(key)) is dict or type(found) is list:
@@ -96,7 +98,7 @@ def _step(node: Any, part: str) -> Any:
         decoded = unquote(part).replace("~1", "/").replace("~0", "~")
         found = node.get(decoded)
         return found if type(found) is dict or type(found) is list else None
-    if type(node) is list and part.isdigit() and len(part) < 10 and int(part) < len(node):
+    if type(node) is list and part.isascii() and part.isdigit() and len(part) < 10 and int(part) < len(node):
         found = node[int(part)]
         return found if type(found) is dict or type(found) is list else None
     return None

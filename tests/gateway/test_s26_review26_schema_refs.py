@@ -188,3 +188,16 @@ def test_the_count_of_any_reference_graph_does_not_depend_on_the_order_of_refere
     shuffled = list(top)
     rnd.shuffle(shuffled)
     assert inlined_bytes(schema(top), _size, 1 << 40) == inlined_bytes(schema(shuffled), _size, 1 << 40)
+
+
+@pytest.mark.parametrize("part", ["²", "①", "١", "٣"])
+def test_a_non_ascii_digit_index_resolves_nothing_and_raises_nothing(part: str) -> None:
+    """Lead, session 26 final read: ``str.isdigit`` holds for '²' and '①' but ``int`` refuses them (a
+    ValueError escaped the bound as an exception); an RFC 6901 array index is ASCII digits only."""
+    schema = {"type": "object", "properties": {"a": {"$ref": f"#/allOf/{part}"}}, "allOf": [{}, {"type": "string"}]}
+    assert inlined_bytes(schema, _size, 65536) <= 2 * _size(schema)  # an upper bound, no exception
+    assert response_format_refusal(_rf(schema), LIMITS, {}, 0) is None  # a small schema passes, no exception
+    doubling = _doubling_properties(20)
+    doubling["allOf"] = [{"$ref": f"#/allOf/{part}"}]
+    refusal = response_format_refusal(_rf(doubling), LIMITS, {}, 0)  # the rest of the schema is still counted
+    assert refusal is not None and "inlined" in str(refusal)
