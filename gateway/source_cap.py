@@ -26,14 +26,18 @@ __all__ = ["SourceCap", "is_loopback_host", "uncapped_listener_warnings"]
 
 
 def is_loopback_host(host: str) -> bool:
-    """True for ``localhost`` and a loopback IP literal (``127.0.0.0/8``, ``::1``); False for the wildcard
+    """True for ``localhost`` and a loopback IP literal (``127.0.0.0/8``, ``::1``, and ``127.0.0.0/8`` as an
+    IPv4-mapped IPv6 address, ``::ffff:127.0.0.1``: RFC 4291 section 2.5.5.2); False for the wildcard
     (``0.0.0.0``, ``::``, ``""``), any other address and any other host name (it may resolve anywhere)."""
     if host.strip().lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        addr = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return False
+    # Python 3.11's IPv6Address.is_loopback is False for a mapped 127.x address (S26-review26-10)
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return (mapped if mapped is not None else addr).is_loopback
 
 
 def uncapped_listener_warnings(listeners: Iterable[tuple[str, str]], cap: int | None, max_connections: int,

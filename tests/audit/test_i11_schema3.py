@@ -40,3 +40,24 @@ def test_old_names_are_refused_in_a_schema_3_event() -> None:
     with pytest.raises(EventSchemaError):
         AuditEvent.from_dict({"schema_version": "3", "kind": "inference", "outcome": "allowed", "time_ms": 1,
                               "cached_tokens": 3})
+
+
+@pytest.mark.parametrize("version", ["1", "2"])
+def test_an_old_value_whose_new_group_is_not_an_object_is_kept_not_dropped(version: str) -> None:
+    """S26-review26-10 (session 27): ``cached_tokens`` with ``"route": null`` (crafted) stays under its old
+    name in the upgraded dict (before: popped and lost), so the record is refused by name, not read short."""
+    from audit.event_upgrade import upgrade_event_dict
+    old = {"schema_version": version, "kind": "inference", "outcome": "allowed", "time_ms": 1, "event_id": "e",
+           "cached_tokens": 32, "route": None, "latency": {"ttft_ms": 9.0}}
+    up = upgrade_event_dict(old)
+    assert up["cached_tokens"] == 32 and up["route"] is None
+    assert up["latency"] == {"first_byte_ms": 9.0}
+    with pytest.raises(EventSchemaError, match="cached_tokens"):
+        AuditEvent.from_dict(old)
+
+
+def test_a_renamed_field_inside_its_own_group_keeps_the_group() -> None:
+    """The one field of ``route`` renamed in place: the group stays (its only key is replaced)."""
+    from audit.event_upgrade import upgrade_event_dict
+    up = upgrade_event_dict({"schema_version": "2", "route": {"prefix_tokens_matched": 5}})
+    assert up["route"] == {"predicted_prefix_tokens": 5}

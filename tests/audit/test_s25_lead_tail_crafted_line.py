@@ -25,7 +25,9 @@ async def _write(log_dir: Path, key, start: int) -> None:
     await sink.close()
 
 
-@pytest.mark.parametrize("crafted", [b"[1]\n", b'{"seq": "7", "hash": "x"}\n', b'{"seq": 9}\n'])
+@pytest.mark.parametrize("crafted", [b"[1]\n", b'{"seq": "7", "hash": "x"}\n', b'{"seq": 9}\n',
+                                     # S26-review26-10 (session 27): beyond 64 bits, or negative
+                                     b'{"seq": 18446744073709551621, "hash": "x"}\n', b'{"seq": -3, "hash": "x"}\n'])
 async def test_a_crafted_last_line_is_skipped_at_open_and_reported_by_verify(tmp_path: Path, crafted: bytes) -> None:
     generate_signing_key(tmp_path / "k.key")
     key = load_signing_key(tmp_path / "k.key")

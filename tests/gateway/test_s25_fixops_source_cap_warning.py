@@ -24,7 +24,9 @@ from sim.quickstart import init_gateway_dir
 @pytest.mark.parametrize("host, loopback", [
     ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("[::1]", True), ("localhost", True),
     ("LOCALHOST", True), ("0.0.0.0", False), ("::", False), ("", False), ("10.0.0.5", False),
-    ("gateway.internal", False), ("127.0.0.1.example", False)])
+    ("gateway.internal", False), ("127.0.0.1.example", False),
+    # S26-review26-10 (session 27): an IPv4-mapped loopback address is loopback; a mapped other one is not
+    ("::ffff:127.0.0.1", True), ("[::ffff:127.9.0.1]", True), ("::ffff:10.0.0.5", False), ("::ffff:0.0.0.0", False)])
 def test_loopback_hosts(host: str, loopback: bool) -> None:
     assert is_loopback_host(host) is loopback
 
