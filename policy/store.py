@@ -127,6 +127,8 @@ class PolicyStore(ChangeApplier, PolicyReads):
         self._listeners: list[Callable[[ChangeRecord], None]] = []
         self._publisher: Callable[[ChangeRecord, PolicySet], Awaitable[str]] | None = None
         self._pending_master: Callable[[], int] = lambda: 0
+        #: whether the shared state stores (version, set) (None: no shared state; S27-review27-2)
+        self._stored: Callable[[int, PolicySet], Awaitable[bool]] | None = None
         #: ``shared`` of the version in force when this store committed it (None: loaded or adopted)
         self._in_force_shared: str | None = None
 
@@ -144,12 +146,16 @@ class PolicyStore(ChangeApplier, PolicyReads):
             self._repair_target.close()
 
     def set_publisher(self, publish: Callable[[ChangeRecord, PolicySet], Awaitable[str]],
-                      pending_master: Callable[[], int] | None = None) -> None:
+                      pending_master: Callable[[], int] | None = None,
+                      stored: Callable[[int, PolicySet], Awaitable[bool]] | None = None) -> None:
         """Publish every change made through this store before it is answered (shared state, SF17-1):
         ``await publish(record, new set)`` under the store's lock, returning the record's ``shared``
         value; ``"conflict"`` raises :class:`PolicyConflictError`, ``"master_pending"`` (S22-review-3)
-        :class:`PolicyMasterPendingError` naming ``pending_master()`` (the generation to provision), after the audit."""
+        :class:`PolicyMasterPendingError` naming ``pending_master()`` (the generation to provision), after the audit.
+        ``await stored(version, set)``: whether the shared state stores that version with that set (session 27,
+        S27-review27-2): a write that changes nothing here answers ``unchanged`` only then (a Redis error: not)."""
         self._publisher, self._pending_master = publish, pending_master or self._pending_master
+        self._stored = stored
 
     def add_change_listener(self, callback: Callable[[ChangeRecord], None]) -> None:
         """Call ``callback(record)`` after every change made through this store (not after :meth:`adopt`)."""
@@ -290,9 +296,22 @@ class PolicyStore(ChangeApplier, PolicyReads):
         made first (raising as before a change: PolicyTargetError, OSError; the target may differ from the
         set in force until then), and the version in force must not be one shared state left unshared
         (``conflict``: its adoption may still be on its way, ``master_pending``, ``unresolved``): such a write
-        is made as a change again, published and answered as before."""
+        is made as a change again, published and answered as before. With shared state, the version and set in
+        force here must also be the ones it stores (session 27, S27-review27-2: another instance's change stored and
+        not yet adopted here made a write of the local set answer 200 ``unchanged``, then the adoption undid it;
+        made as a change it answers 409 ``conflict`` as before session 26). One read of the shared state; an error
+        there: made as a change (its publish answers as any change's)."""
         await self._repair()
-        return self._in_force_shared not in ("conflict", "master_pending", "unresolved")
+        if self._in_force_shared in ("conflict", "master_pending", "unresolved"):
+            return False
+        if self._stored is None:
+            return True
+        try:
+            return await self._stored(self.version, self._set)
+        except Exception as exc:  # noqa: BLE001 - the write is then made as a change, its publish answers
+            log.warning("policy: the shared state's version could not be read (%s): the write is made as a change",
+                        exc.__class__.__name__)
+            return False
 
     def _unchanged(self, what: str, client_address: str | None) -> PolicyUnchanged:
         """The answer of a write that changes nothing (session 26, S25-review-8): the version in force and its
