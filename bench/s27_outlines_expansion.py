@@ -10,7 +10,6 @@ this tree. Markdown table on stdout. Usage: ``python -m bench.s27_outlines_expan
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from typing import Any
@@ -20,6 +19,7 @@ import orjson
 from gateway.config_http import JsonSchemaLimits
 from gateway.response_format import response_format_refusal
 from gateway.schema_refs import inlined_bytes
+from sim.click_options import ClickOptions
 
 try:
     from outlines_core.json_schema import build_regex_from_schema
@@ -111,11 +111,11 @@ def _index(n: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--index", type=int, default=0, metavar="N",
-                    help="instead: build outlines-core's Index (its automaton) for N optional integer properties "
-                         "with a 37-token vocabulary; print its CPU seconds and the process's peak RSS (MB)")
-    args = ap.parse_args()
+    ap = ClickOptions(prog="python -m bench.s27_outlines_expansion", description=__doc__.splitlines()[0])
+    ap.option("--index", type=int, default=0,
+              help="instead: build outlines-core's Index (its automaton) for N optional integer properties "
+                   "with a 37-token vocabulary; print its CPU seconds and the process's peak RSS (MB)")
+    args = ap.parse(None)
     if args.index:
         _index(args.index)
         return
