@@ -47,14 +47,14 @@ from policy.rego_test_runner import run_tests
 from policy.store_repair import TargetRepair
 from policy.store_apply import ChangeApplier
 from policy.store_disk import active_files, committed_versions, policy_set_document, restore, set_digest
-from policy.store_types import (ChangeRecord, PolicyConflictError, PolicyMasterPendingError, PolicyNotFoundError,
+from policy.store_types import (ChangeRecord, PolicyBaseUnsharedError, PolicyConflictError, PolicyMasterPendingError, PolicyNotFoundError,
                                 PolicyPersistError, PolicyRejectedError, PolicyTarget, PolicyTargetError,
                                 PolicyUnchanged, PolicyVersionError, RemoteOpaTarget, check_policy_dir, shared_error)
 from policy.store_reads import PolicyReads
 from policy.store_versions import (DEFAULT_VERSIONS_KEEP, keep_start_snapshot, load_version, prune_versions,
                                    snapshot_text, version_entries)
 
-__all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
+__all__ = ["ChangeRecord", "PolicyBaseUnsharedError", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
            "PolicyPersistError", "PolicyRejectedError", "PolicyStore", "PolicyTarget", "PolicyTargetError",
            "PolicyUnchanged", "PolicyVersionError", "RemoteOpaTarget", "check_policy_dir"]
 
@@ -242,6 +242,7 @@ class PolicyStore(ChangeApplier, PolicyReads):
         if not who:
             raise ValueError("a change needs an operator id")
         async with self._lock:
+            self._check_base()
             new_set, old_text, new_text = change(self._set)
             if old_text == new_text and await self._settled():
                 return self._unchanged(f"{kind} {op} {target!r}", client_address)
@@ -278,6 +279,7 @@ class PolicyStore(ChangeApplier, PolicyReads):
                                      "document per request (roll back through its bundle server, or put the "
                                      "earlier texts back one by one)", 501, "not_supported")
         async with self._lock:
+            self._check_base()
             old_set = load_version(self.active_dir, self.versions_dir, to_version, self.version, self._set)
             if set_digest(old_set) == set_digest(self._set) and await self._settled():
                 return self._unchanged(f"roll-back to version {to_version}", client_address)
@@ -290,6 +292,24 @@ class PolicyStore(ChangeApplier, PolicyReads):
         if (err := shared_error(record, self._pending_master())) is not None:
             raise err
         return record
+
+    def _check_base(self) -> None:
+        """Refuse a change while the set in force here is not the shared one and its replacement is on its way
+        (session 27, S27-review27-6): with shared state (``stored`` given to :meth:`set_publisher`), after a change
+        answered ``conflict`` or ``unresolved`` and before :meth:`adopt` takes the stored set. Such a change was
+        built on the losing set, numbered above the stored version and stored: another instance's published change
+        was gone everywhere and the change answered 409 was in force. Raises :class:`PolicyBaseUnsharedError`."""
+        shared = self._in_force_shared
+        if self._stored is None or shared not in ("conflict", "unresolved"):
+            return
+        if shared == "conflict":
+            raise PolicyBaseUnsharedError(
+                f"policy version {self.version} in force here lost a race to another instance's change, whose set "
+                "is being adopted here: no change is made on top of it; retry", 409, "conflict")
+        raise PolicyBaseUnsharedError(
+            f"policy version {self.version} in force here was not stored in shared state, and shared state has not "
+            "answered since: no change is made on top of it; check the policy in force, then retry", 503,
+            "state_unavailable")
 
     async def _settled(self) -> bool:
         """Whether a write that changes nothing may answer ``unchanged``: the target's pending give-backs are

@@ -6,7 +6,11 @@ session 26 the same write was made as a change, its publish refused, and it answ
 (SF17-1, tests/scaleout/test_s17_attack_policy_race.py). Now ``unchanged`` needs the shared state to store the
 version in force here with the set in force here; otherwise the write is made as a change, as before.
 
-The interleaving is driven with events: instance b's adoption of a's change is held at its entry while b's
+S27-review27-6 (found in the same read, older than session 26): after b's change lost the race (409), b's next
+change, taken before b adopted the stored set, was built on b's losing set, numbered above the stored version and
+stored: a's published change was gone on every instance. Now it is refused (409 ``conflict``) until the adoption.
+
+The interleavings are driven with events: instance b's adoption of a's change is held at its entry while b's
 operator writes.
 """
 from __future__ import annotations
@@ -17,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from policy.store import ChangeRecord, PolicyConflictError, PolicyUnchanged, policy_set_document
+from policy.store import (ChangeRecord, PolicyBaseUnsharedError, PolicyConflictError, PolicyUnchanged,
+                          policy_set_document)
 from tests.scaleout.s2_instances import OPERATOR, shared_instances
 from tests.support.waiting import wait_for
 
@@ -76,3 +81,33 @@ async def test_a_write_of_the_set_stored_everywhere_is_still_unchanged(pair) -> 
     again = await a.pdp.store.put_data(TIERS, changed, OPERATOR)
     assert isinstance(again, PolicyUnchanged) and again.version == 1
     assert (a.pdp.store.version, b.pdp.store.version) == (1, 1)
+
+
+async def test_a_change_after_a_conflict_is_not_built_on_the_losing_set(pair) -> None:
+    """S27-review27-6: b's change loses the race to a's (409 ``conflict``); b's next change, taken before b adopts
+    a's set (queued on the store's lock while the first published), was built on b's losing set, numbered above
+    the stored version and stored: a's change, answered 200 ``published``, was gone on every instance, and b's
+    first change, answered 409, was in force everywhere."""
+    a, b = pair
+    entered, release = _hold_adoption(b.pdp.store)
+    ta = a.pdp.store.get_data(TIERS)
+    ta["t-a"] = {"max_tokens": 111}
+    assert (await a.pdp.store.put_data(TIERS, ta, OPERATOR)).shared == "published"  # stored as version 1
+    await asyncio.wait_for(entered.wait(), 10.0)  # b is about to adopt a's version 1: held
+    tb = b.pdp.store.get_data(TIERS)
+    tb["t-b1"] = {"max_tokens": 5}
+    with pytest.raises(PolicyConflictError):  # b's version 1 is not stored: 409
+        await b.pdp.store.put_data(TIERS, tb, OPERATOR)
+    tb2 = b.pdp.store.get_data(TIERS)
+    tb2["t-b2"] = {"max_tokens": 6}
+    try:
+        with pytest.raises(PolicyBaseUnsharedError) as refused:  # before: version 2 built on b's losing set, 200
+            await b.pdp.store.put_data(TIERS, tb2, OPERATOR)
+        assert (refused.value.status, refused.value.code) == (409, "conflict") and b.pdp.store.version == 1
+    finally:
+        release.set()
+    await b.shared.settle()
+    await wait_for(lambda: policy_set_document(a.pdp.store.policy_set) == policy_set_document(b.pdp.store.policy_set),
+                   timeout_s=6.0, what="both instances hold the stored set")
+    final = a.pdp.store.get_data(TIERS)
+    assert "t-a" in final and "t-b1" not in final  # a's published change stays; b's refused one is not in force
