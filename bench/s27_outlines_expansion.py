@@ -3,7 +3,8 @@
 For each schema: its compact JSON bytes, the gateway's inlined count (:func:`gateway.schema_refs.inlined_bytes`)
 and verdict (:func:`gateway.response_format.response_format_refusal`, default limits), and, when ``outlines_core``
 imports, the length of the regular expression ``outlines_core.json_schema.build_regex_from_schema`` builds from it
-(the step before its automaton) and that call's CPU; then the gateway's own CPU for the check on crafted schemas. outlines-core is not a dependency of the project: install it
+(the step before its automaton) and that call's CPU; then the gateway's own CPU for the check on crafted schemas.
+outlines-core is not a dependency of the project: install it
 in a scratch environment (``pip install outlines-core==0.2.14``) and put its site-packages on ``PYTHONPATH`` after
 this tree. Markdown table on stdout. Usage: ``python -m bench.s27_outlines_expansion [--index N]``.
 """

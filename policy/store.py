@@ -47,16 +47,17 @@ from policy.rego_test_runner import run_tests
 from policy.store_repair import TargetRepair
 from policy.store_apply import ChangeApplier
 from policy.store_disk import active_files, committed_versions, policy_set_document, restore, set_digest
-from policy.store_types import (ChangeRecord, PolicyBaseUnsharedError, PolicyConflictError, PolicyMasterPendingError, PolicyNotFoundError,
-                                PolicyPersistError, PolicyRejectedError, PolicyTarget, PolicyTargetError,
-                                PolicyUnchanged, PolicyVersionError, RemoteOpaTarget, check_policy_dir, shared_error)
+from policy.store_types import (ChangeRecord, PolicyBaseUnsharedError, PolicyConflictError, PolicyMasterPendingError,
+                                PolicyNotFoundError, PolicyPersistError, PolicyRejectedError, PolicyTarget,
+                                PolicyTargetError, PolicyUnchanged, PolicyVersionError, RemoteOpaTarget,
+                                check_policy_dir, shared_error)
 from policy.store_reads import PolicyReads
 from policy.store_versions import (DEFAULT_VERSIONS_KEEP, keep_start_snapshot, load_version, prune_versions,
                                    snapshot_text, version_entries)
 
-__all__ = ["ChangeRecord", "PolicyBaseUnsharedError", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
-           "PolicyPersistError", "PolicyRejectedError", "PolicyStore", "PolicyTarget", "PolicyTargetError",
-           "PolicyUnchanged", "PolicyVersionError", "RemoteOpaTarget", "check_policy_dir"]
+__all__ = ["ChangeRecord", "PolicyBaseUnsharedError", "PolicyConflictError", "PolicyMasterPendingError",
+           "PolicyNotFoundError", "PolicyPersistError", "PolicyRejectedError", "PolicyStore", "PolicyTarget",
+           "PolicyTargetError", "PolicyUnchanged", "PolicyVersionError", "RemoteOpaTarget", "check_policy_dir"]
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from policy.decision import PolicyError
 from policy.loader import PolicySet, is_test_module
 from policy.rego_test_runner import TestReport
 
-__all__ = ["ChangeRecord", "PolicyBaseUnsharedError", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
-           "PolicyRejectedError", "PolicySharedStateError", "PolicyTarget", "PolicyPersistError", "PolicyTargetError",
-           "PolicyUnchanged", "PolicyVersionError", "RemoteOpaTarget",
+__all__ = ["ChangeRecord", "PolicyBaseUnsharedError", "PolicyConflictError", "PolicyMasterPendingError",
+           "PolicyNotFoundError", "PolicyRejectedError", "PolicySharedStateError", "PolicyTarget",
+           "PolicyPersistError", "PolicyTargetError", "PolicyUnchanged", "PolicyVersionError", "RemoteOpaTarget",
            "check_policy_dir", "persist_error", "shared_error"]
 
 

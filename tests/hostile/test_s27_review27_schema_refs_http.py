@@ -118,9 +118,11 @@ async def test_a_reference_bypass_in_tools_is_refused_and_audited(
 
 
 SMALL = {  # the same reference forms in schemas that stay small once inlined: forwarded whole
-    "non-ascii-index": {"type": "object", "properties": {"a": {"$ref": "#/allOf/²"}}, "allOf": [{}, {"type": "string"}]},
+    "non-ascii-index": {"type": "object", "properties": {"a": {"$ref": "#/allOf/²"}},
+                        "allOf": [{}, {"type": "string"}]},
     "percent": {"$defs": {"a b": {"type": "string"}}, "type": "object", "properties": {"x": {"$ref": "#/$defs/a%20b"}}},
-    "escapes": {"$defs": {"a/b~": {"type": "string"}}, "type": "object", "properties": {"x": {"$ref": "#/$defs/a~1b~0"}}},
+    "escapes": {"$defs": {"a/b~": {"type": "string"}}, "type": "object",
+                "properties": {"x": {"$ref": "#/$defs/a~1b~0"}}},
     "linked-list": {"type": "object", "properties": {"value": {"type": "integer"}, "next": {"$ref": "#"}}},
 }
 

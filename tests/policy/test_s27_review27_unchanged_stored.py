@@ -1,7 +1,8 @@
 """Session 27 review (review27), S27-review27-2: with shared state, a write that changes nothing here answers
 ``unchanged`` only when the shared state stores the version and set in force here; when it stores another (a change
 of another instance not adopted yet) or cannot be read, the write is made as a change and published, answered as
-any change (409 ``conflict`` when the publish is refused). End to end: tests/scaleout/test_s27_review27_unchanged_shared.py.
+any change (409 ``conflict`` when the publish is refused).
+End to end: tests/scaleout/test_s27_review27_unchanged_shared.py.
 
 S27-review27-6: with shared state, after a change answered ``conflict`` or ``unresolved`` and before the stored set is
 adopted, no change is built on the set in force here (409 ``conflict`` / 503 ``state_unavailable``, nothing committed).
