@@ -23,8 +23,12 @@ A referenced node inside the part of the schema that is sent (the root outside i
 form a cycle (recursion, which every inlining compiler unrolls to a bounded depth, e.g. outlines-core's 3) count
 the cycle's nodes once each plus each reference inside the cycle once more as its target's bytes: the same
 figure from wherever the cycle is entered (session 26, S26-review26-2: a count memoized while a cycle was half
-counted undercounted each later entry to it, in an order the client chose). Work: O(nodes + reference text),
-one C encoding per node reached.
+counted undercounted each later entry to it, in an order the client chose). Since session 27 (S27-review27-1) a
+schema with a cycle also counts as unrolled the way outlines-core unrolls it (:data:`REF_LEVELS` nested references
+expanded, the next dropped), the larger figure: a cycle with fan-out ``k`` builds ``k**4`` copies there, and the
+count of its nodes once each let a 140-byte schema through that outlines-core turns into a 6.9 MB regular
+expression. Work: O(nodes + reference text), one C encoding per node reached, and for a cycle
+``REF_LEVELS + 1`` more passes over the nodes reached.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ from urllib.parse import unquote
 __all__ = ["inlined_bytes"]
 
 _MAPS = ("$defs", "definitions")
+#: nested references an inlining compiler expands (session 27, S27-review27-1): outlines-core's ``parse_ref`` refuses
+#: a reference once 3 (``max_recursion_depth``) are open above it, so 4 nest and the 5th is dropped with its property
+REF_LEVELS = 4
 
 
 def inlined_bytes(schema: Any, size_of: Callable[[Any], int], cap: int) -> int:
@@ -62,8 +69,10 @@ def inlined_bytes(schema: Any, size_of: Callable[[Any], int], cap: int) -> int:
         return sizes[key]
 
     total = _acyclic(id(schema), nodes, refs, kids, size, cap)
-    if total is None:  # a cycle: counted by strongly connected components
+    if total is None:  # a cycle: by strongly connected components, and unrolled as outlines-core unrolls it
         total = _count(id(schema), nodes, refs, kids, size, cap)
+        if total <= cap:
+            total = max(total, _unrolled(id(schema), nodes, refs, kids, size, cap))
     return min(total, cap + 1)
 
 
@@ -274,3 +283,53 @@ def _settle(members: list[int], nodes: dict[int, Any], refs: dict[int, list[int]
     total = min(sum(sizes.values()) + added, cap + 1)
     for m in members:
         inl[m] = ext[m] = total
+
+
+def _unrolled(root: int, nodes: dict[int, Any], refs: dict[int, list[int]], kids: dict[int, list[int]],
+              size_of: Callable[[Any], int], cap: int, levels: int = REF_LEVELS) -> int:
+    """The root's inlined bytes with every reference expanded up to ``levels`` nested references and none beyond
+    (session 27, S27-review27-1): what outlines-core builds from a reference cycle. :func:`_count` counts a cycle's
+    nodes about once, but the compiler unrolls it: a root of 140 bytes with 6 optional properties each ``{"$ref":
+    "#"}`` counted 980 bytes and outlines-core 0.2.14 built a 6.9 MB regular expression from it (12 such properties:
+    3,250 bytes counted, k**4 copies built). Level ``d`` (the number of references open above a node) counts
+    ``inl_d(v) = size(v) + sum(inl_{d+1}(t) for v's references t) + sum(ext_d(k) for v's referenced descendants k)``,
+    ``inl_{levels+1} = 0``; each figure capped at ``cap + 1``. Work: ``levels + 1`` passes over the nodes reached
+    and their edges, no recursion."""
+    reach = [root]
+    seen = {root}
+    for v in reach:  # grows while read: every node reachable over references and referenced descendants
+        for w in (*refs.get(v, ()), *kids.get(v, ())):
+            if w not in seen:
+                seen.add(w)
+                reach.append(w)
+    order: list[int] = []  # referenced descendants before the node that holds them (containment is a forest)
+    placed: set[int] = set()
+    for start in reach:
+        if start in placed:
+            continue
+        stack = [(start, False)]
+        while stack:
+            v, done = stack.pop()
+            if done:
+                order.append(v)
+                continue
+            if v in placed:
+                continue
+            placed.add(v)
+            stack.append((v, True))
+            stack.extend((k, False) for k in kids.get(v, ()) if k not in placed)
+    own = {v: size_of(nodes[v]) for v in reach}
+    below = dict.fromkeys(reach, 0)  # inl_{d+1}; none beyond the last level
+    for _ in range(levels + 1):
+        ext: dict[int, int] = {}
+        here: dict[int, int] = {}
+        for v in order:
+            added = 0
+            for t in refs.get(v, ()):
+                added += below[t]
+            for k in kids.get(v, ()):
+                added += ext[k]
+            ext[v] = added = min(added, cap + 1)
+            here[v] = min(own[v] + added, cap + 1)
+        below = here
+    return below[root]

@@ -205,6 +205,17 @@ class SharedDocument:
         rec = None if cur is None else self._verify(cur)
         return 0 if rec is None else rec[0]
 
+    async def holds(self, version: int, body: Any) -> bool:
+        """Whether Redis stores ``body`` at ``version`` (authenticated under an accepted subkey, the same text), or
+        nothing while ``version`` is 0 (nothing was ever shared): this instance's document is the shared one
+        (session 27, S27-review27-2: a write that changes nothing answers ``unchanged`` only then). Raises the
+        client's errors."""
+        _, cur = await self._get()
+        if cur is None:
+            return version == 0
+        rec = self._verify(cur)
+        return rec is not None and rec[0] == version and cur.split(":", 2)[2] == _text(body)
+
     async def stored_unauthenticated(self) -> bool:
         """True when Redis holds a record that no accepted subkey authenticates (a forgery, or a newer
         master's record while that master is pending here: :meth:`sync` then neither adopts nor replaces it)."""

@@ -148,7 +148,12 @@ class SharedState:
                                          lambda: store.version, apply_policy, self.metrics,
                                          local_body=lambda: policy_set_document(store.policy_set),
                                          heal_unauthenticated=self._no_master_pending, poll_s=self.poll_s)
-            store.set_publisher(self._publish_policy, pending_master=lambda: self.keys.master_pending)
+            policy_doc = self.policy
+
+            async def stored(version: int, policy_set: Any) -> bool:  # S27-review27-2: no unchanged while behind
+                return await policy_doc.holds(version, policy_set_document(policy_set))
+
+            store.set_publisher(self._publish_policy, pending_master=lambda: self.keys.master_pending, stored=stored)
 
         async def apply_tenants(version: int, body: Any) -> None:
             if not isinstance(body, dict) or not isinstance(body.get("tenants"), list):

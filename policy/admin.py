@@ -73,6 +73,7 @@ from policy.json_numbers import NonFiniteLiteral, finite_float, refuse_constant
 from policy.loader import compile_errors, sha256_text
 from policy.store import (
     ChangeRecord,
+    PolicyBaseUnsharedError,
     PolicyConflictError,
     PolicyMasterPendingError,
     PolicyNotFoundError,
@@ -271,6 +272,8 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             return _err(400, "policy_rejected", str(exc), errors=errors, report=exc.report.render())
         except PolicyTargetError as exc:
             return _err(502, "target_refused", str(exc), target_may_hold_change=exc.target_may_hold_change)
+        except PolicyBaseUnsharedError as exc:  # S27-review27-6: not built on a set that lost in shared state
+            return _err(exc.status, exc.code, str(exc))
         except PolicyConflictError as exc:  # SF17-1: another instance's change at this version won
             return _err(409, "conflict", str(exc), result=exc.record.to_dict())
         except PolicyMasterPendingError as exc:  # S22-review-3: in force here only, not shared, nothing to adopt

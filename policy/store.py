@@ -47,16 +47,17 @@ from policy.rego_test_runner import run_tests
 from policy.store_repair import TargetRepair
 from policy.store_apply import ChangeApplier
 from policy.store_disk import active_files, committed_versions, policy_set_document, restore, set_digest
-from policy.store_types import (ChangeRecord, PolicyConflictError, PolicyMasterPendingError, PolicyNotFoundError,
-                                PolicyPersistError, PolicyRejectedError, PolicyTarget, PolicyTargetError,
-                                PolicyUnchanged, PolicyVersionError, RemoteOpaTarget, check_policy_dir, shared_error)
+from policy.store_types import (ChangeRecord, PolicyBaseUnsharedError, PolicyConflictError, PolicyMasterPendingError,
+                                PolicyNotFoundError, PolicyPersistError, PolicyRejectedError, PolicyTarget,
+                                PolicyTargetError, PolicyUnchanged, PolicyVersionError, RemoteOpaTarget,
+                                check_policy_dir, shared_error)
 from policy.store_reads import PolicyReads
 from policy.store_versions import (DEFAULT_VERSIONS_KEEP, keep_start_snapshot, load_version, prune_versions,
                                    snapshot_text, version_entries)
 
-__all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
-           "PolicyPersistError", "PolicyRejectedError", "PolicyStore", "PolicyTarget", "PolicyTargetError",
-           "PolicyUnchanged", "PolicyVersionError", "RemoteOpaTarget", "check_policy_dir"]
+__all__ = ["ChangeRecord", "PolicyBaseUnsharedError", "PolicyConflictError", "PolicyMasterPendingError",
+           "PolicyNotFoundError", "PolicyPersistError", "PolicyRejectedError", "PolicyStore", "PolicyTarget",
+           "PolicyTargetError", "PolicyUnchanged", "PolicyVersionError", "RemoteOpaTarget", "check_policy_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,8 @@ class PolicyStore(ChangeApplier, PolicyReads):
         self._listeners: list[Callable[[ChangeRecord], None]] = []
         self._publisher: Callable[[ChangeRecord, PolicySet], Awaitable[str]] | None = None
         self._pending_master: Callable[[], int] = lambda: 0
+        #: whether the shared state stores (version, set) (None: no shared state; S27-review27-2)
+        self._stored: Callable[[int, PolicySet], Awaitable[bool]] | None = None
         #: ``shared`` of the version in force when this store committed it (None: loaded or adopted)
         self._in_force_shared: str | None = None
 
@@ -144,12 +147,16 @@ class PolicyStore(ChangeApplier, PolicyReads):
             self._repair_target.close()
 
     def set_publisher(self, publish: Callable[[ChangeRecord, PolicySet], Awaitable[str]],
-                      pending_master: Callable[[], int] | None = None) -> None:
+                      pending_master: Callable[[], int] | None = None,
+                      stored: Callable[[int, PolicySet], Awaitable[bool]] | None = None) -> None:
         """Publish every change made through this store before it is answered (shared state, SF17-1):
         ``await publish(record, new set)`` under the store's lock, returning the record's ``shared``
         value; ``"conflict"`` raises :class:`PolicyConflictError`, ``"master_pending"`` (S22-review-3)
-        :class:`PolicyMasterPendingError` naming ``pending_master()`` (the generation to provision), after the audit."""
+        :class:`PolicyMasterPendingError` naming ``pending_master()`` (the generation to provision), after the audit.
+        ``await stored(version, set)``: whether the shared state stores that version with that set (session 27,
+        S27-review27-2): a write that changes nothing here answers ``unchanged`` only then (a Redis error: not)."""
         self._publisher, self._pending_master = publish, pending_master or self._pending_master
+        self._stored = stored
 
     def add_change_listener(self, callback: Callable[[ChangeRecord], None]) -> None:
         """Call ``callback(record)`` after every change made through this store (not after :meth:`adopt`)."""
@@ -236,6 +243,7 @@ class PolicyStore(ChangeApplier, PolicyReads):
         if not who:
             raise ValueError("a change needs an operator id")
         async with self._lock:
+            self._check_base()
             new_set, old_text, new_text = change(self._set)
             if old_text == new_text and await self._settled():
                 return self._unchanged(f"{kind} {op} {target!r}", client_address)
@@ -272,6 +280,7 @@ class PolicyStore(ChangeApplier, PolicyReads):
                                      "document per request (roll back through its bundle server, or put the "
                                      "earlier texts back one by one)", 501, "not_supported")
         async with self._lock:
+            self._check_base()
             old_set = load_version(self.active_dir, self.versions_dir, to_version, self.version, self._set)
             if set_digest(old_set) == set_digest(self._set) and await self._settled():
                 return self._unchanged(f"roll-back to version {to_version}", client_address)
@@ -285,14 +294,45 @@ class PolicyStore(ChangeApplier, PolicyReads):
             raise err
         return record
 
+    def _check_base(self) -> None:
+        """Refuse a change while the set in force here is not the shared one and its replacement is on its way
+        (session 27, S27-review27-6): with shared state (``stored`` given to :meth:`set_publisher`), after a change
+        answered ``conflict`` or ``unresolved`` and before :meth:`adopt` takes the stored set. Such a change was
+        built on the losing set, numbered above the stored version and stored: another instance's published change
+        was gone everywhere and the change answered 409 was in force. Raises :class:`PolicyBaseUnsharedError`."""
+        shared = self._in_force_shared
+        if self._stored is None or shared not in ("conflict", "unresolved"):
+            return
+        if shared == "conflict":
+            raise PolicyBaseUnsharedError(
+                f"policy version {self.version} in force here lost a race to another instance's change, whose set "
+                "is being adopted here: no change is made on top of it; retry", 409, "conflict")
+        raise PolicyBaseUnsharedError(
+            f"policy version {self.version} in force here was not stored in shared state, and shared state has not "
+            "answered since: no change is made on top of it; check the policy in force, then retry", 503,
+            "state_unavailable")
+
     async def _settled(self) -> bool:
         """Whether a write that changes nothing may answer ``unchanged``: the target's pending give-backs are
         made first (raising as before a change: PolicyTargetError, OSError; the target may differ from the
         set in force until then), and the version in force must not be one shared state left unshared
         (``conflict``: its adoption may still be on its way, ``master_pending``, ``unresolved``): such a write
-        is made as a change again, published and answered as before."""
+        is made as a change again, published and answered as before. With shared state, the version and set in
+        force here must also be the ones it stores (session 27, S27-review27-2: another instance's change stored and
+        not yet adopted here made a write of the local set answer 200 ``unchanged``, then the adoption undid it;
+        made as a change it answers 409 ``conflict`` as before session 26). One read of the shared state; an error
+        there: made as a change (its publish answers as any change's)."""
         await self._repair()
-        return self._in_force_shared not in ("conflict", "master_pending", "unresolved")
+        if self._in_force_shared in ("conflict", "master_pending", "unresolved"):
+            return False
+        if self._stored is None:
+            return True
+        try:
+            return await self._stored(self.version, self._set)
+        except Exception as exc:  # noqa: BLE001 - the write is then made as a change, its publish answers
+            log.warning("policy: the shared state's version could not be read (%s): the write is made as a change",
+                        exc.__class__.__name__)
+            return False
 
     def _unchanged(self, what: str, client_address: str | None) -> PolicyUnchanged:
         """The answer of a write that changes nothing (session 26, S25-review-8): the version in force and its

@@ -17,9 +17,9 @@ from policy.decision import PolicyError
 from policy.loader import PolicySet, is_test_module
 from policy.rego_test_runner import TestReport
 
-__all__ = ["ChangeRecord", "PolicyConflictError", "PolicyMasterPendingError", "PolicyNotFoundError",
-           "PolicyRejectedError", "PolicySharedStateError", "PolicyTarget", "PolicyPersistError", "PolicyTargetError",
-           "PolicyUnchanged", "PolicyVersionError", "RemoteOpaTarget",
+__all__ = ["ChangeRecord", "PolicyBaseUnsharedError", "PolicyConflictError", "PolicyMasterPendingError",
+           "PolicyNotFoundError", "PolicyRejectedError", "PolicySharedStateError", "PolicyTarget",
+           "PolicyPersistError", "PolicyTargetError", "PolicyUnchanged", "PolicyVersionError", "RemoteOpaTarget",
            "check_policy_dir", "persist_error", "shared_error"]
 
 
@@ -156,6 +156,20 @@ class PolicyMasterPendingError(PolicyError):
         super().__init__(message)
         self.record = record
         self.generation = generation
+
+
+class PolicyBaseUnsharedError(PolicyError):
+    """A change refused before it is built, nothing committed (session 27, S27-review27-6): the set in force on
+    this instance lost a race in shared state (its last change answered ``conflict``, or ``unresolved``) and the
+    stored set is not adopted here yet. A change built on it was numbered above the stored version, stored, and
+    replaced another instance's published change on every instance. ``status`` / ``code``: 409 ``conflict``
+    (retry once the stored set is adopted: at once, or at the next poll) or 503 ``state_unavailable``
+    (``unresolved``: shared state has not answered since)."""
+
+    def __init__(self, message: str, status: int, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
 
 
 class PolicySharedStateError(PolicyError):
