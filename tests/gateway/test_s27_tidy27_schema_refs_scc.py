@@ -1,9 +1,9 @@
 """Session 27 (tidy27, S27-tidy27-1): gateway/schema_refs.py ``_count`` takes the strongly connected components of
 the owners' graph and their order from networkx (``condensation``, ``topological_sort``) instead of its own Tarjan.
 
-Differential: the own Tarjan of sessions 26 (kept below, verbatim but for its name, as the oracle) and the networkx
-count give the same inlined bytes for the same graph, encode the same nodes, and the gateway refuses the same
-schemas with either."""
+Differential: the own Tarjan of session 26 (kept below, verbatim but for its name and comments, as the oracle) and
+the networkx count give the same inlined bytes for the same graph, encode the same nodes, and the gateway refuses
+the same schemas with either."""
 
 from __future__ import annotations
 
