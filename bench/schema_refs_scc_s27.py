@@ -4,18 +4,17 @@ own Tarjan) against maintained graph libraries, on the bodies of bench/refused_c
 Each candidate has ``_count``'s signature and reuses ``_settle`` (the counting rules); only the components and
 their reverse topological order come from the library, through documented calls: networkx ``condensation`` +
 ``topological_sort`` (the tree's ``_count`` since S27-tidy27-1: the whole owners' graph condensed, the reached
-components settled; and a first try condensing the reached subgraph view), rustworkx ``condensation`` + ``topological_sort``, scipy ``connected_components(connection=
-'strong')`` + stdlib ``graphlib.TopologicalSorter`` on the components, igraph ``connected_components(mode='strong')``
-+ ``cluster_graph`` + ``topological_sorting``. The libraries are not project dependencies: install them aside
+components settled; and a first try condensing the reached subgraph view), rustworkx ``condensation`` +
+``topological_sort``, scipy ``connected_components(connection='strong')`` + stdlib ``graphlib.TopologicalSorter``
+on the components, igraph ``connected_components(mode='strong')`` + ``cluster_graph`` + ``topological_sorting``.
+The libraries are not project dependencies but networkx: install them aside
 (``pip install --target DIR networkx rustworkx igraph``) and put DIR after the tree on ``PYTHONPATH``.
 
 ``python bench/schema_refs_scc_s27.py parse OUT ROUNDS N``: in one process, thread CPU
 (``time.thread_time``) of ``gateway.request.parse_inference_request`` per body (:func:`_bodies`) and candidate
-(median of N calls),
-candidates interleaved (order reversed every other round), ``own`` (session 26's Tarjan) twice (``own`` and
-``own'``: the A/A);
-min / median / max over the rounds, and the answer (``ok`` or the error code). Every candidate's answers and
-inlined counts are checked equal first.
+(median of N calls), candidates interleaved (order reversed every other round), ``own`` (session 26's Tarjan)
+twice (``own`` and ``own'``: the A/A); min / median / max over the rounds, and the answer (``ok`` or the error
+code). Every candidate's answers and inlined counts are checked equal first.
 ``python bench/schema_refs_scc_s27.py import OUT ROUNDS``: one fresh child per library and round; thread CPU and
 wall time of ``import LIB`` after ``import gateway.app`` (what a gateway process has loaded), and the RSS added. Run
 it with a tree before S27-tidy27-1 first on ``PYTHONPATH`` (after it, gateway.app has imported networkx already)."""
@@ -214,9 +213,9 @@ def _parse(out_file: str, rounds: int, n: int) -> None:
                 res.setdefault((cname, bname), []).append(statistics.median(times))
             sr._count = own
     load = os.getloadavg()
-    lines = [f"# parse_inference_request thread CPU per call, µs (median of {n} calls; min / median / max over {rounds} "
-             f"interleaved rounds, one process), {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC, loadavg "
-             f"{load[0]:.2f} {load[1]:.2f} (shared 2-core machine)", "# " + " | ".join(names)]
+    lines = [f"# parse_inference_request thread CPU per call, µs (median of {n} calls; min / median / max over "
+             f"{rounds} interleaved rounds, one process), {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC, "
+             f"loadavg {load[0]:.2f} {load[1]:.2f} (shared 2-core machine)", "# " + " | ".join(names)]
     for bname, raw in bodies.items():
         cells = []
         for cname in names:
@@ -233,7 +232,8 @@ rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0, w0 = time.thread_time(), time.perf_counter()
 exec(sys.argv[1])
 t1, w1 = time.thread_time(), time.perf_counter()
-print(json.dumps([(t1 - t0) * 1e3, (w1 - w0) * 1e3, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024]))
+rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps([(t1 - t0) * 1e3, (w1 - w0) * 1e3, (rss1 - rss0) / 1024]))
 '''
 
 

@@ -170,8 +170,8 @@ def _tools_inlined_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict
     for root, path in roots:
         n = inlined_bytes(root, _encoded_bytes, max(cap_one, cap_all))
         if n > cap_one:
-            return _refused(_param(_node(path)), f"{subject} is larger than {cap_one} bytes as compact JSON once its local "
-                            "$ref are inlined", "max_bytes", "tools parameters")
+            return _refused(_param(_node(path)), f"{subject} is larger than {cap_one} bytes as compact JSON once its "
+                            "local $ref are inlined", "max_bytes", "tools parameters")
         counts.append(n)
     total = sum(counts)
     if total + body_bytes <= cap_all:
