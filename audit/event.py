@@ -53,7 +53,7 @@ from audit.ids import uuid4_str
 SCHEMA_VERSION = "6"
 #: Versions :meth:`AuditEvent.from_dict` reads ("1" and "2" through :func:`upgrade_event_dict`).
 READABLE_VERSIONS = frozenset({"1", "2", "3", "4", "5", "6"})
-#: Versions whose field names :func:`upgrade_event_dict` renames (see ``_RENAMED_V3``).
+#: Versions whose field names :func:`upgrade_event_dict` renames (see ``audit.event_upgrade._RENAMED_V3``).
 _RENAMED_VERSIONS = frozenset({"1", "2"})
 
 

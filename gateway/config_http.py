@@ -59,7 +59,9 @@ class JsonSchemaLimits(ConfigSection):
     levels; ``max_properties``: entries of all ``properties`` maps; ``max_enum_values``: entries of all ``enum``
     lists; ``max_pattern_chars``: characters of all ``pattern`` strings and ``patternProperties`` keys. The same
     bounds apply to each ``tools[].function.parameters`` schema, and ``max_tool_schemas_bytes`` to the compact
-    JSON bytes of all of them together (session 25). More answers 400 ``json_schema_too_complex``. Each is overridden per tenant by ``tenants[].json_schema_limits``."""
+    JSON bytes of all of them together (session 25) and to their sum once their local ``$ref`` are inlined
+    (session 26, S26-review26-4); ``max_bytes`` also bounds each schema so inlined (S25-review-5). More answers
+    400 ``json_schema_too_complex``. Each is overridden per tenant by ``tenants[].json_schema_limits``."""
 
     max_bytes: int = Field(65536, ge=64)
     max_depth: int = Field(20, ge=1, le=256)

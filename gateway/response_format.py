@@ -37,7 +37,8 @@ what passed the bound (``response_format.json_schema.schema.properties.a.pattern
 Session 25 (S24-fields-1, S25-review-3): each ``tools[].function.parameters`` schema takes the same walk and
 bounds (:func:`tools_refusal`, ``param`` ``tools.N.function.parameters...``), whatever ``tool_choice`` says, and
 ``max_tool_schemas_bytes`` bounds the compact JSON bytes of all of them together (default 256 KiB: four
-``max_bytes``). A body without ``tools`` costs one key test.
+``max_bytes``), and since session 26 (S26-review26-4) their sum once their local ``$ref`` are inlined. A body
+without ``tools`` costs one key test.
 The schema's values are also counted in ``max_free_values`` (gateway/free_form.py) and its rendering in the
 first sequence's prompt bytes (gateway/request.py ``extra_text``), as before.
 """
@@ -82,7 +83,8 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     ``body_bytes``: the length of the body ``response_format`` was decoded from (a body no longer than
     ``max_bytes`` needs no byte count). Types are not checked here (the schema does); a value that is not an
     object is left to it. Work: one C encoding of ``response_format`` when the body is longer than ``max_bytes``,
-    then a walk that stops at the first bound passed. Raises nothing."""
+    then a walk that stops at the first bound passed, then the inlined count (:func:`_inlined_refusal`). Raises
+    nothing."""
     if type(response_format) is not dict:
         return None
     bound = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
@@ -112,14 +114,15 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int], body_by
     tool's ``parameters`` is walked as a ``response_format`` schema is (the schema itself level 1; ``param``
     ``tools.N.function.parameters...``), with the counts of ``max_properties``, ``max_enum_values`` and
     ``max_pattern_chars`` shared by all tools (``required`` compiles an ``anyOf`` over every tool, S25-review-3);
-    ``max_bytes`` bounds each tool's schema, also with its local ``$ref`` inlined (:func:`_inlined_refusal`), and
-    ``max_tool_schemas_bytes`` the compact JSON bytes of all of them together.
+    ``max_bytes`` bounds each tool's schema, also with its local ``$ref`` inlined, and ``max_tool_schemas_bytes`` the
+    compact JSON bytes of all of them together, and their sum once inlined (:func:`_tools_inlined_refusal`).
 
     ``limits``, ``overrides``: as :func:`response_format_refusal`; ``body_bytes``: the length of the body ``tools``
     was decoded from (a body no longer than the byte bounds needs no encoding). A ``tools`` that is not a list, an
     entry or ``function`` that is not an object, ``parameters`` that is not an object: left to the schema. Work:
-    nothing for a body without ``tools`` (the caller's key test); else one walk per tool (O(containers)), and one C
-    encoding per tool only when the body is longer than a byte bound. Raises nothing."""
+    nothing for a body without ``tools`` (the caller's key test); else one walk per tool (O(containers)), one C
+    encoding per tool only when the body is longer than a byte bound, and the inlined count of each tool
+    (:func:`_tools_inlined_refusal`). Raises nothing."""
     if type(tools) is not list:
         return None
     bound = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
@@ -137,9 +140,7 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int], body_by
             size = _encoded_bytes(params)
             if size == _TOO_DEEP:  # S25-review-1: the decoder's own answer, never a RecursionError
                 return GatewayError(400, "invalid_json", "request body is nested too deeply")
-            node: _Node = None
-            for name in path:
-                node = (node, name)
+            node = _node(path)
             if size > bound["max_bytes"]:
                 return _refused(_param(node), f"tools[{i}].function.parameters is larger than {bound['max_bytes']} "
                                 "bytes as compact JSON", "max_bytes", "tools parameters")
@@ -169,11 +170,8 @@ def _tools_inlined_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict
     for root, path in roots:
         n = inlined_bytes(root, _encoded_bytes, max(cap_one, cap_all))
         if n > cap_one:
-            node: _Node = None
-            for name in path:
-                node = (node, name)
-            return _refused(_param(node), f"{subject} is larger than {cap_one} bytes as compact JSON once its local "
-                            "$ref are inlined", "max_bytes", "tools parameters")
+            return _refused(_param(_node(path)), f"{subject} is larger than {cap_one} bytes as compact JSON once its "
+                            "local $ref are inlined", "max_bytes", "tools parameters")
         counts.append(n)
     total = sum(counts)
     if total + body_bytes <= cap_all:
@@ -192,16 +190,14 @@ def _inlined_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, 
     """``max_bytes`` over the schemas of ``roots`` together once their local ``$ref`` are inlined
     (:func:`gateway.schema_refs.inlined_bytes`; session 25, S25-review-5: 20 definitions each referring to the
     next twice, ~1.3 KB within every other bound, inline to 2**20 copies in a compiler that inlines references);
-    ``param`` names the first root over it. Work: none for a schema without top-level definitions and
-    references; else O(nodes + references) and one C encoding per definition reached."""
+    ``param`` names the first root over it. Work: one pass over each schema's containers to find its local
+    references (any form, session 26, S26-review26-1: not only top-level definitions); with references, O(nodes +
+    references) more and one C encoding per node a reference reaches."""
     cap, total = bound["max_bytes"], 0
     for root, path in roots:
         total += inlined_bytes(root, _encoded_bytes, cap)
         if total > cap:
-            node: _Node = None
-            for name in path:
-                node = (node, name)
-            return _refused(_param(node), f"{subject} is larger than {cap} bytes as compact JSON once its local "
+            return _refused(_param(_node(path)), f"{subject} is larger than {cap} bytes as compact JSON once its local "
                             "$ref are inlined", "max_bytes", what)
     return None
 
@@ -218,10 +214,7 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what:
     properties = enums = pattern_chars = 0
     stack: list[tuple[Any, _Node, int, int]] = []
     for root, path in roots:
-        top: _Node = None
-        for name in path:
-            top = (top, name)
-        stack.append((root, top, 0, _SCHEMA))
+        stack.append((root, _node(path), 0, _SCHEMA))
     while stack:
         cur, where, depth, kind = stack.pop()
         if type(cur) is list:
@@ -288,6 +281,14 @@ def _encoded_bytes(value: dict[str, Any]) -> int:
             return _TOO_DEEP
 
 
+def _node(path: tuple[str, ...]) -> _Node:
+    """The path node of ``path`` (:data:`_Node`: ``(parent node, key)``, None above the root)."""
+    node: _Node = None
+    for name in path:
+        node = (node, name)
+    return node
+
+
 def _param(node: _Node) -> str:
     """The path of ``node`` as the error's ``param``: dotted, each client key as :func:`field_label` shows it (the
     fixed names and list indexes are plain ASCII already); cut to :data:`MAX_PARAM_CHARS` (``...`` marks a cut)."""
@@ -302,7 +303,7 @@ def _param(node: _Node) -> str:
 
 def _refused(param: str, message: str, name: str, what: str = "response_format") -> GatewayError:
     """The 400 ``json_schema_too_complex`` naming the bound ``name`` (``limits.json_schema.<name>``) in its message and
-    its audit ``reason`` (``what``: ``response_format`` or ``tools``; no client text there)."""
+    its audit ``reason`` (``what``: ``response_format`` or ``tools parameters``; no client text there)."""
     return GatewayError(400, "json_schema_too_complex", f"{message} (limits.json_schema.{name}, for this tenant); the "
                         "replica compiles it into a grammar before the first token", param=param,
                         record={"reason": f"{what} over limits.json_schema.{name}"}, client_text=True)

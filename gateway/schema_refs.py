@@ -37,6 +37,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
+import networkx as nx
+
 __all__ = ["inlined_bytes"]
 
 _MAPS = ("$defs", "definitions")
@@ -220,45 +222,25 @@ def _acyclic(root: int, nodes: dict[int, Any], refs: dict[int, list[int]], kids:
 
 def _count(root: int, nodes: dict[int, Any], refs: dict[int, list[int]], kids: dict[int, list[int]],
            size_of: Callable[[Any], int], cap: int) -> int:
-    """The root's inlined bytes: strongly connected components of the owners' graph (edges: references and
-    referenced descendants; Tarjan's algorithm without recursion) counted in reverse topological order."""
+    """The root's inlined bytes: the strongly connected components of the owners' graph (edges: references and
+    referenced descendants) that the root reaches, counted in reverse topological order by :func:`_settle`.
+
+    The components and their order are networkx's (``condensation``: Tarjan's algorithm with Nuutila's changes,
+    without recursion; ``topological_sort``), session 27, S27-tidy27-1 (the own Tarjan it replaced: the same
+    counts, tests/gateway/test_s27_tidy27_schema_refs_scc.py). Raises nothing beyond ``size_of``'s errors."""
+    graph = nx.DiGraph()
+    graph.add_node(root)
+    graph.add_edges_from((v, w) for v, ws in refs.items() for w in ws)
+    graph.add_edges_from((v, w) for v, ws in kids.items() for w in ws)
+    dag = nx.condensation(graph)
+    start = dag.graph["mapping"][root]
+    reached = nx.descendants(dag, start)  # components the root does not reach are not counted (nor encoded)
+    reached.add(start)
     inl: dict[int, int] = {}  # inlined bytes of a node
     ext: dict[int, int] = {}  # the bytes its references add, its own excluded
-    index: dict[int, int] = {}
-    low: dict[int, int] = {}
-    on_stack: set[int] = set()
-    comp: list[int] = []
-    out: dict[int, list[int]] = {}  # a node's edges, built once
-    work: list[tuple[int, int]] = [(root, 0)]
-    while work:
-        v, i = work.pop()
-        if i == 0:
-            index[v] = low[v] = len(index)
-            comp.append(v)
-            on_stack.add(v)
-            out[v] = refs.get(v, []) + kids.get(v, [])
-        edges = out[v]
-        if i < len(edges):
-            work.append((v, i + 1))
-            w = edges[i]
-            if w not in index:
-                work.append((w, 0))
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-            continue
-        for w in edges:  # children done: their lows
-            if w in on_stack and w not in inl:
-                low[v] = min(low[v], low[w])
-        if low[v] != index[v]:
-            continue
-        members = []
-        while True:
-            w = comp.pop()
-            on_stack.discard(w)
-            members.append(w)
-            if w == v:
-                break
-        _settle(members, nodes, refs, kids, inl, ext, size_of, cap)
+    for comp in reversed(list(nx.topological_sort(dag))):
+        if comp in reached:
+            _settle(list(dag.nodes[comp]["members"]), nodes, refs, kids, inl, ext, size_of, cap)
     return inl[root]
 
 

@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from policy.admin import admin_routes
 from policy.embedded import EmbeddedOpa
 from policy.store import ChangeRecord, PolicyRejectedError, PolicyStore, PolicyUnchanged, PolicyVersionError
+from tests.support.policy_store import header_identity
 
 TIERS = "prefixgate/config/tiers"
 OPS = "spiffe://prefixgate.test/ops/alice"
@@ -146,18 +145,11 @@ async def test_an_upgraded_history_keeps_the_set_in_force_restorable(active: Pat
 # ------------------------------------------------------------------ admin routes
 
 
-async def authorize(request: Request) -> dict[str, str]:
-    who = request.headers.get("x-test-spiffe-id")
-    if who is None:
-        raise HTTPException(401, "no identity")
-    return {"spiffe_id": who, "client_address": "10.0.0.9"}
-
-
 def test_admin_routes_list_and_roll_back_with_audit(active: Path, tmp_path: Path) -> None:
     changes: list[ChangeRecord] = []
     failures: list[dict[str, Any]] = []
     store = PolicyStore(active, tmp_path / "versions", on_change=changes.append)
-    app = Starlette(routes=admin_routes(store, authorize, on_failure=failures.append))
+    app = Starlette(routes=admin_routes(store, header_identity, on_failure=failures.append))
     h = {"x-test-spiffe-id": OPS}
     with TestClient(app) as c:
         assert c.post("/admin/policies/rollback", json={"to": 0}).status_code == 401
@@ -200,7 +192,7 @@ def test_a_roll_back_that_loses_the_shared_race_answers_409(active: Path, tmp_pa
         return "conflict" if record.rollback_to is not None else "published"
 
     store.set_publisher(publish)
-    app = Starlette(routes=admin_routes(store, authorize))
+    app = Starlette(routes=admin_routes(store, header_identity))
     h = {"x-test-spiffe-id": OPS}
     with TestClient(app) as c:
         assert c.put("/admin/policies/extra.rego", content=EXTRA, headers=h).status_code == 200

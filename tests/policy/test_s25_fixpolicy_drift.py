@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from policy.admin import admin_routes
 from policy.embedded import EmbeddedOpa
 from policy.store import ChangeRecord, PolicyStore, PolicyUnchanged, PolicyVersionError
+from tests.support.policy_store import header_identity
 
 TIERS = "prefixgate/config/tiers"
 OPS = "spiffe://prefixgate.test/ops/alice"
@@ -83,19 +82,12 @@ async def test_the_version_in_force_without_drift_changes_nothing_and_a_later_on
     assert store.version == 0 and not (tmp_path / "versions" / "00000001").exists()
 
 
-async def authorize(request: Request) -> dict[str, str]:
-    who = request.headers.get("x-test-spiffe-id")
-    if who is None:
-        raise HTTPException(401, "no identity")
-    return {"spiffe_id": who, "client_address": "10.0.0.9"}
-
-
 def test_the_versions_listing_shows_the_drift_and_the_route_rolls_it_back(active: Path, tmp_path: Path) -> None:
     versions = tmp_path / "versions"
     PolicyStore(active, versions)                                     # version 0 stored at the first start
     _edit_tiers_by_hand(active, 8)
     store = PolicyStore(active, versions)
-    app = Starlette(routes=admin_routes(store, authorize))
+    app = Starlette(routes=admin_routes(store, header_identity))
     h = {"x-test-spiffe-id": OPS}
     with TestClient(app) as c:
         listed = c.get("/admin/policies/versions", headers=h).json()

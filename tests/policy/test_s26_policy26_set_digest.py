@@ -19,14 +19,13 @@ from typing import Any
 
 import pytest
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from policy.admin import admin_routes
 from policy.embedded import EmbeddedOpa
 from policy.store import PolicyStore, PolicyVersionError
 from policy.store_versions import keep_start_snapshot
+from tests.support.policy_store import header_identity
 
 TIERS = "prefixgate/config/tiers"
 OPS = "spiffe://prefixgate.test/ops/alice"
@@ -76,18 +75,11 @@ async def test_a_roll_back_refuses_a_stored_set_whose_other_module_was_edited(
     assert record.get("set_sha256") == hashlib.sha256(stored).hexdigest() == rec1.set_sha256  # what was checked
 
 
-async def authorize(request: Request) -> dict[str, str]:
-    who = request.headers.get("x-test-spiffe-id")
-    if who is None:
-        raise HTTPException(401, "no identity")
-    return {"spiffe_id": who, "client_address": "10.0.0.9"}
-
-
 def test_the_admin_roll_back_to_an_edited_set_answers_409_and_is_audited(active: Path, tmp_path: Path) -> None:
     versions = tmp_path / "versions"
     failures: list[dict[str, Any]] = []
     store = PolicyStore(active, versions)
-    app = Starlette(routes=admin_routes(store, authorize, on_failure=failures.append))
+    app = Starlette(routes=admin_routes(store, header_identity, on_failure=failures.append))
     h = {"x-test-spiffe-id": OPS}
     with TestClient(app) as c:
         assert c.put("/admin/policies/extra.rego", content=EXTRA, headers=h).status_code == 200

@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from policy.admin import admin_routes
 from policy.embedded import EmbeddedOpa
 from policy.loader import PolicySet
 from policy.store import ChangeRecord, PolicyStore, PolicyUnchanged
+from tests.support.policy_store import header_identity
 
 TIERS = "prefixgate/config/tiers"
 OPS = "spiffe://prefixgate.test/ops/alice"
@@ -75,19 +74,12 @@ async def test_a_put_of_what_is_in_force_commits_nothing(active: Path, tmp_path:
     assert isinstance(await store.put_policy("extra.rego", EXTRA + "y := 2\n", OPS), ChangeRecord)
 
 
-async def authorize(request: Request) -> dict[str, str]:
-    who = request.headers.get("x-test-spiffe-id")
-    if who is None:
-        raise HTTPException(401, "no identity")
-    return {"spiffe_id": who, "client_address": "10.0.0.9"}
-
-
 def test_the_admin_answers_unchanged_for_a_repeated_roll_back_and_put(active: Path, tmp_path: Path) -> None:
     versions = tmp_path / "versions"
     changes: list[ChangeRecord] = []
     failures: list[dict[str, Any]] = []
     store = PolicyStore(active, versions, on_change=changes.append)
-    app = Starlette(routes=admin_routes(store, authorize, on_failure=failures.append))
+    app = Starlette(routes=admin_routes(store, header_identity, on_failure=failures.append))
     h = {"x-test-spiffe-id": OPS}
     with TestClient(app) as c:
         put = c.put("/admin/policies/extra.rego", content=EXTRA, headers=h)
