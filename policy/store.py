@@ -181,7 +181,6 @@ class PolicyStore(ChangeApplier, PolicyReads):
             PolicyPersistError (an OSError): written in part, rolled back.
             PolicyConflictError: shared state stored another change at this
             version first (committed here, then replaced by the stored set).
-
         Returns:
             The change record; for the text in force already, :class:`PolicyUnchanged` (nothing committed,
             session 26, S25-review-8).
