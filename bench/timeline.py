@@ -27,11 +27,12 @@ aiohttp trace hook adds ``c_sent``, the body handed to the transport) stamps ``c
 the client thread's CPU; records are aligned by index and a gateway ``arrive`` outside its client request
 raises. Per round (``--requests`` per target, targets alternating order): medians of the spans between
 stamps; the share of requests whose client had the whole answer before the gateway ran again after its
-write (it was preempted at the write); the share of N+1 sent (``c_sent``) before N's ``loop_free`` and by
-how much (N's tail on N+1's latency). Reported: the median of the rounds' figures. ``prefixgate-aa`` is a
-second, identical gateway (an A/A); ``prefixgate-defer`` is a sizing variant, not a design: its
-after-answer work (everything ``_serve`` runs after the last part, releases included) runs after the next
-request's upstream write or on a 5 ms timer, an upper bound of what deferring that work can give;
+write (it was preempted at the write); the share of N+1 sent (``c_sent``) before N was done (``loop_free``,
+or N+1's ``arrive`` when that came first) and by how much (N's tail on N+1's latency). Reported: the median
+of the rounds' figures. ``prefixgate-aa`` is a second, identical gateway (an A/A); ``prefixgate-defer`` is a
+sizing variant, not a design: its after-answer work (everything ``_serve`` runs after the last part, releases
+included) runs after the next request's upstream write or on a 5 ms timer, an upper bound of what deferring
+that work can give;
 ``prefixgate-nice``: the gateway's child processes (the audit worker) reniced to 10 by the parent.
 Results: ``bench/results/<name>.{json,md}``.
 """
@@ -253,14 +254,25 @@ async def _client(url: str, headers: Mapping[str, str], n: int, bodies: _Body) -
     return out
 
 
-_SPANS = (("client send (c_start → body handed to the transport)", "c_start", "c_sent"),
-          ("hop to the gateway (→ arrive)", "c_sent", "arrive"), ("send hop (c_start → arrive)", "c_start", "arrive"), ("server head", "arrive", "task"), ("task → app", "task", "app"),
-          ("app → t0", "app", "t0"), ("pipeline pre", "app", "up_written"), ("replica", "up_written", "up_first"),
-          ("answer path", "up_first", "written"), ("up_first → t_end", "up_first", "t_end"),
-          ("t_end → audit handed off", "t_end", "handed_off"), ("audit handed off → written", "handed_off", "written"),
-          ("pipeline window t0 → t_end (audit total_ms)", "t0", "t_end"), ("answer hop + client read", "written", "c_end"),
-          ("busy: written → serve end", "written", "serve_end"), ("busy: written → cycle end", "written", "cycle_end"),
-          ("busy: written → loop free", "written", "loop_free"))
+_SPANS = (
+    ("client send (c_start → body handed to the transport)", "c_start", "c_sent"),
+    ("hop to the gateway (→ arrive)", "c_sent", "arrive"),
+    ("send hop (c_start → arrive)", "c_start", "arrive"),
+    ("server head", "arrive", "task"),
+    ("task → app", "task", "app"),
+    ("app → t0", "app", "t0"),
+    ("pipeline pre", "app", "up_written"),
+    ("replica", "up_written", "up_first"),
+    ("answer path", "up_first", "written"),
+    ("up_first → t_end", "up_first", "t_end"),
+    ("t_end → audit handed off", "t_end", "handed_off"),
+    ("audit handed off → written", "handed_off", "written"),
+    ("pipeline window t0 → t_end (audit total_ms)", "t0", "t_end"),
+    ("answer hop + client read", "written", "c_end"),
+    ("busy: written → serve end", "written", "serve_end"),
+    ("busy: written → cycle end", "written", "cycle_end"),
+    ("busy: written → loop free", "written", "loop_free"),
+)
 
 
 def analyse(client: Sequence[Mapping[str, int]], reqs: Sequence[Mapping[str, int]]) -> dict[str, float]:
@@ -305,7 +317,9 @@ def analyse(client: Sequence[Mapping[str, int]], reqs: Sequence[Mapping[str, int
         out["busy CPU: written → loop free"] = _med(cpu)
     pairs = [(rows[i], rows[i + 1]) for i in range(n - 1) if "loop_free" in rows[i] and "c_sent" in rows[i + 1]]
     # N+1's body was handed to the kernel before the gateway was done with N: N's tail sits on N+1's latency
-    late = [a["loop_free"] - b["c_sent"] for a, b in pairs]
+    # N's done callback may run after N+1's data_received when N+1's bytes were there at the loop's next poll:
+    # the gateway was done with N by the time it read N+1 at the latest
+    late = [min(a["loop_free"], b["arrive"]) - b["c_sent"] for a, b in pairs]
     out["share of N+1 sent while busy with N"] = round(sum(1 for d in late if d > 0) / len(late), 3) if late else 0.0
     out["N+1 sent → N's loop free (when > 0)"] = _med([d for d in late if d > 0])
     out["N's loop free → N+1 sent"] = _med([-d for d in late])

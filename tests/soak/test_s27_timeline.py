@@ -42,3 +42,12 @@ def test_direct_rows_have_client_figures_only() -> None:
     out = analyse([_client(0, 2_000, 20_000), _client(21_000, 23_000, 41_000)], [])
     assert out["client latency"] == 20.0 and out["client turnaround c_end → next c_start"] == 1.0
     assert "share of N+1 sent while busy with N" not in out
+
+
+def test_next_request_read_first_bounds_when_the_gateway_was_done() -> None:
+    # N's done callback ran (40 µs) after N+1's data_received (32 µs): N was done by 32 µs at the latest
+    client = [_client(0, 2_000, 20_000), _client(22_000, 25_000, 45_000)]
+    gateway = [_gateway(3_000, 15_000, 40_000), _gateway(32_000, 40_000, 44_000)]
+    out = analyse(client, gateway)
+    assert out["share of N+1 sent while busy with N"] == 1.0
+    assert out["N+1 sent → N's loop free (when > 0)"] == 7.0  # 32 - 25, not 40 - 25
