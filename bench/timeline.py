@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -343,7 +344,8 @@ async def run(requests: int, rounds: int, targets: Sequence[str] = ("direct", "p
     from sim.demo import ClusterSpec
     from sim.procs import free_port, stop_process
 
-    stack = await start_demo_stack(Path(tempfile.mkdtemp(prefix="pg-timeline-")),
+    work = Path(tempfile.mkdtemp(prefix="pg-timeline-"))
+    stack = await start_demo_stack(work,
                                    ClusterSpec(replicas=1, time_scale=1e6, decode_s_per_token=0.0))
     paths, replicas = stack.paths, stack.replicas
     direct = replicas[0]["url"]
@@ -399,6 +401,7 @@ async def run(requests: int, rounds: int, targets: Sequence[str] = ("direct", "p
         for p in procs.values():
             stop_process(p)
         stack.stop()
+        shutil.rmtree(work, ignore_errors=True)
     keys = sorted({k for rows in per.values() for row in rows for k in row}, key=_key_order)
     med = {name: {k: round(statistics.median(row[k] for row in rows if k in row), 3)
                   for k in keys if any(k in row for row in rows)} for name, rows in per.items()}
