@@ -420,8 +420,8 @@ async def run_demo(args: SimpleNamespace, log: Callable[[str], None] = print) ->
             finally:
                 stop_process(gw)
             summaries.append(summary)
-            log(f"  {policy:16s} hit {summary.hit_rate or 0:.3f}  TTFT p50 {summary.ttft_p50 or 0:.3f}s "
-                f"p99 {summary.ttft_p99 or 0:.3f}s  errors {sum(summary.errors.values())}  "
+            log(f"  {policy:16s} hit {summary.hit_rate or 0:.3f}  TTFT p50 {summary.ttft_p50 or 0:.3f} "
+                f"p99 {summary.ttft_p99 or 0:.3f} trace s (wall s x {spec.time_scale:g})  errors {sum(summary.errors.values())}  "
                 f"({time.monotonic() - t:.0f} s wall)")
         if args.skew_rows > 0:
             await _skew_phase(args.skew_rows, replicas, names, paths, spec, rcfg, headers_for, log)
