@@ -159,7 +159,8 @@ class Admin:
         if self.pdp.store is not None:
             from policy.admin import admin_routes as policy_routes
 
-            routes += policy_routes(self.pdp.store, authorize, on_failure=on_failure)
+            # a write that changed nothing is audited too (session 27, S26-policy26-3): same sink
+            routes += policy_routes(self.pdp.store, authorize, on_failure=on_failure, on_unchanged=on_failure)
         return routes
 
     def reload_registry(self) -> ReloadResult:

@@ -21,7 +21,8 @@ without an id is refused with 403 (fail closed).
 - ``PUT /admin/data/{path}`` (JSON object) -> ``{"result": record}`` | 400
 - a ``PUT`` of the text or document in force, or a roll-back to a version whose set is the set in force -> 200
   ``{"result": <the version in force's listing entry>, "unchanged": true}``: no version committed, nothing
-  applied, published or audited (session 26, S25-review-8; :class:`policy.store.PolicyUnchanged`)
+  applied or published (session 26, S25-review-8; :class:`policy.store.PolicyUnchanged`); audited as an
+  operator event with ``unchanged: true`` since session 27 (``on_unchanged``, S26-policy26-3)
 - target failure -> 502 code ``target_refused`` (``target_may_hold_change`` true when the target may have
   applied it before failing: the store gives it its committed set back now, after the push's outcome, R18-1,
   S19-R4, S19-R5)
@@ -142,10 +143,25 @@ def error_body(status: int, code: str, message: str, **extra: Any) -> dict[str, 
     return {"error": {"message": message, "type": err_type, "code": code, "param": None, **extra}}
 
 
-def _written(record: ChangeRecord | PolicyUnchanged) -> JSONResponse:
+def unchanged_record(kind: str, op: str, target: str, who: str, version: int, client_address: str | None = None,
+                     rollback_to: int | None = None) -> dict[str, Any]:
+    """The operator record of a write that changed nothing (session 27, S26-policy26-3 / S27-review27-4): as
+    :func:`failure_record`'s fields (``action``, ``kind``, ``op``, ``route``, ``actor``, ``ts``, ``target``
+    when it matches ``_TARGET_RE``, ``client_address``, ``rollback_to``) with ``"outcome": "succeeded"``,
+    ``"unchanged": true`` and ``version`` (the version in force, which stays). Never the upload or its digest."""
+    record = failure_record(kind, op, target, who, 200, "", "", client_address, rollback_to)
+    for key in ("status", "error_code"):
+        del record[key]
+    record.update(outcome="succeeded", unchanged=True, version=version)
+    return record
+
+
+def _written(record: ChangeRecord | PolicyUnchanged, request: Request) -> JSONResponse:
     """200 ``{"result": record}``; a write that changed nothing (session 26, S25-review-8) answers the version in
-    force's entry with ``"unchanged": true`` (no version committed)."""
+    force's entry with ``"unchanged": true`` (no version committed) and marks ``request.state.unchanged_version``
+    for the operator record (session 27)."""
     if isinstance(record, PolicyUnchanged):
+        request.state.unchanged_version = record.version
         return JSONResponse({"result": record.to_dict(), "unchanged": True})
     return JSONResponse({"result": record.to_dict()})
 
@@ -207,7 +223,8 @@ def _json(raw: bytes) -> Any:
 
 
 def admin_routes(store: PolicyStore, authorize: Authorize,
-                 on_failure: Callable[[dict[str, Any]], Any] | None = None) -> list[Route]:
+                 on_failure: Callable[[dict[str, Any]], Any] | None = None,
+                 on_unchanged: Callable[[dict[str, Any]], Any] | None = None) -> list[Route]:
     """Routes of the policy admin API (see the module docstring).
 
     Args:
@@ -219,6 +236,9 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             failed ``PUT``/``DELETE`` of an authorized operator (its successes
             reach the audit as the store's change records, which carry the request's
             ``client_address`` too: the store's writes take it; session 23, S22-fixsec-2).
+        on_unchanged: called (sync) with one :func:`unchanged_record` for each write of an authorized
+            operator that changed nothing (200 ``unchanged``; session 27, S26-policy26-3): no version, but
+            the SIEM sees every admin write.
     """
 
     async def operator(request: Request) -> tuple[str, str | None]:
@@ -242,19 +262,26 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
         if response.status_code >= 400:
             error = json.loads(response.body)["error"]  # the error_body this module just rendered
             _failed(request, who, source, response.status_code, error["code"], error["message"])
+        elif on_unchanged is not None and (version := getattr(request.state, "unchanged_version", None)) is not None:
+            kind, op, target = _what(request)
+            to = getattr(request.state, "rollback_to", None)
+            on_unchanged(unchanged_record(kind, op, target, who, version, source, to if op == "rollback" else None))
         return response
+
+    def _what(request: Request) -> tuple[str, str, str]:
+        """``(kind, op, target)`` of a write request: ``("set", "rollback", "")`` for the roll-back."""
+        if request.method == "POST":
+            return "set", "rollback", ""
+        params = request.path_params
+        kind, target = ("policy", params["id"]) if "id" in params else ("data", params.get("path", ""))
+        return kind, "delete" if request.method == "DELETE" else "put", target
 
     def _failed(request: Request, who: str, source: str | None, status: int, code: str, message: str) -> None:
         if on_failure is None or request.method not in ("PUT", "DELETE", "POST"):
             return  # reads are not audited
-        if request.method == "POST":  # the roll-back
-            to = getattr(request.state, "rollback_to", None)
-            on_failure(failure_record("set", "rollback", "", who, status, code, message, source, to))  # S25-newcomer-7
-            return
-        params = request.path_params
-        kind, target = ("policy", params["id"]) if "id" in params else ("data", params.get("path", ""))
-        op = "delete" if request.method == "DELETE" else "put"
-        on_failure(failure_record(kind, op, target, who, status, code, message, source))
+        kind, op, target = _what(request)
+        to = getattr(request.state, "rollback_to", None) if op == "rollback" else None  # S25-newcomer-7
+        on_failure(failure_record(kind, op, target, who, status, code, message, source, to))
 
     async def _answer(fn: Callable[[str, str | None], Awaitable[Response]], who: str, source: str | None) -> Response:
         try:
@@ -310,7 +337,7 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
                 record = await store.put_policy(module_id, source, who, client_address=address)
             else:
                 record = await store.delete_policy(module_id, who, client_address=address)
-            return _written(record)
+            return _written(record, request)
 
         return await guarded(request, run)
 
@@ -323,7 +350,7 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
             _media_type(request, ("application/json",))
             value = _json(await _body(request))
             record = await store.put_data(path, value, who, client_address=address)
-            return _written(record)
+            return _written(record, request)
 
         return await guarded(request, run)
 
@@ -345,7 +372,7 @@ def admin_routes(store: PolicyStore, authorize: Authorize,
                 raise ValueError('the body must be {"to": <version>}')
             request.state.rollback_to = body["to"]
             record = await store.rollback(body["to"], who, client_address=address)
-            return _written(record)
+            return _written(record, request)
 
         return await guarded(request, run)
 
