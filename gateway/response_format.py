@@ -51,6 +51,7 @@ from typing import Any, Optional
 import orjson
 
 from gateway.errors import GatewayError
+from gateway.schema_expansion import regex_chars, required_tools_chars
 from gateway.schema_refs import inlined_bytes
 from gateway.unknown_fields import field_label
 
@@ -58,7 +59,7 @@ __all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal", "tools_refusal"]
 
 #: the names of the bounds (``limits.json_schema`` keys, ``tenants[].json_schema_limits`` keys)
 JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_values", "max_pattern_chars",
-                      "max_tool_schemas_bytes")
+                      "max_tool_schemas_bytes", "max_regex_chars")
 
 #: keywords whose object maps names to subschemas: the map itself is no schema level
 _NAME_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
@@ -99,7 +100,9 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     if response_format.get("type") == "json_schema" and type(spec) is dict and "schema" in spec:
         root, path = spec["schema"], ("response_format", "json_schema", "schema")
     return _walk([(root, path)], bound, "response_format", "response_format") or _inlined_refusal(
-        [(root, path)], bound, "response_format", "response_format")
+        [(root, path)], bound, "response_format", "response_format") or (
+        _regex_refusal(root, path, bound["max_regex_chars"], "response_format", "response_format")
+        if len(path) > 1 else None)
 
 
 def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int], body_bytes: int) -> GatewayError | None:
@@ -154,7 +157,42 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int], body_by
     subject = "tools[].function.parameters"  # counted together: ``required`` compiles an anyOf over every tool
     if (refused := _walk(roots[::-1], bound, "tools parameters", subject)) is not None:
         return refused
-    return _tools_inlined_refusal(roots, bound, body_bytes, subject)
+    return _tools_inlined_refusal(roots, bound, body_bytes, subject) or _tools_regex_refusal(
+        tools, roots, bound["max_regex_chars"], subject)
+
+
+def _regex_refusal(root: Any, path: tuple[str, ...], cap: int | None, what: str, subject: str) -> GatewayError | None:
+    """``max_regex_chars`` (session 27, expand27, S27-review27-3): the 400 when the regular expression an inlining
+    compiler builds from ``root`` (:func:`gateway.schema_expansion.regex_chars`, an upper bound of outlines-core's)
+    is longer than ``cap`` characters; ``cap`` None: off (replicas that compile with xgrammar or llguidance). Work:
+    O(nodes), stopping at the bound."""
+    if cap is None or regex_chars(root, cap) <= cap:
+        return None
+    return _refused(_param(_node(path)), f"{subject} builds a regular expression of more than {cap} characters in a "
+                    "compiler that inlines it (outlines-core)", "max_regex_chars", what)
+
+
+def _tools_regex_refusal(tools: list[Any], roots: list[tuple[Any, tuple[str, ...]]], cap: int | None,
+                         subject: str) -> GatewayError | None:
+    """``max_regex_chars`` over each tool's ``parameters`` (a named ``tool_choice`` compiles it alone), then over
+    vLLM's ``tool_choice: "required"`` schema of all of them (:func:`gateway.schema_expansion.required_tools_chars`:
+    an array whose ``items`` are an ``anyOf`` of every tool, written twice). Every tool counts whatever ``tool_choice``
+    says (fail closed, as the other bounds); ``cap`` None: off."""
+    if cap is None:
+        return None
+    counts: list[tuple[Any, int]] = []
+    for root, path in roots:
+        n = regex_chars(root, cap)
+        if n > cap:
+            return _refused(_param(_node(path)), f"{subject} builds a regular expression of more than {cap} "
+                            "characters in a compiler that inlines it (outlines-core)", "max_regex_chars",
+                            "tools parameters")
+        counts.append((tools[int(path[1])]["function"].get("name"), n))
+    if required_tools_chars(counts) <= cap:
+        return None
+    return _refused("tools", f"the tools' parameters schemas build a regular expression of more than {cap} characters "
+                    "together (tool_choice required) in a compiler that inlines it (outlines-core)",
+                    "max_regex_chars", "tools parameters")
 
 
 def _tools_inlined_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], body_bytes: int,
