@@ -21,6 +21,9 @@ overridden per tenant by ``tenants[].json_schema_limits``):
 * ``max_properties``: entries of every ``properties`` map together;
 * ``max_enum_values``: entries of every ``enum`` list together;
 * ``max_pattern_chars``: characters of every ``pattern`` string and ``patternProperties`` key together.
+* ``max_regex_chars`` (session 27, expand27, S27-review27-3): characters of the regular expression a compiler that
+  inlines the schema (outlines-core) builds from it, an upper bound (:mod:`gateway.schema_expansion`): for a tool,
+  also all the tools together as vLLM's ``tool_choice: "required"`` schema; ``None``: not checked.
 
 OpenAI documents its own limits of a Structured Outputs schema (platform.openai.com/docs/guides/structured-outputs,
 "Supported schemas"): at most 5,000 object properties, 10 levels of object nesting, 1,000 enum values, 120,000
