@@ -102,9 +102,9 @@ def test_reference_cycles_unroll_to_four_levels_and_terminate() -> None:
     counts = [regex_chars(_self_root(k), BIG) for k in range(1, 9)]
     assert counts == sorted(counts)
     assert counts[7] >= 2 ** 4 * counts[3]  # k**4 copies
-    mutual = {"$defs": {"a": {"type": "object", "properties": {"x": {"$ref": "#/$defs/b"}, "y": {"$ref": "#/$defs/b"}}},
-                        "b": {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}, "y": {"$ref": "#/$defs/a"}}}},
-              "$ref": "#/$defs/a"}
+    two = {name: {"type": "object", "properties": {"x": {"$ref": f"#/$defs/{to}"}, "y": {"$ref": f"#/$defs/{to}"}}}
+           for name, to in (("a", "b"), ("b", "a"))}
+    mutual = {"$defs": two, "$ref": "#/$defs/a"}
     assert 0 < regex_chars(mutual, BIG) < BIG
     assert regex_chars({"allOf": [{"$ref": "#"}]}, BIG) == 0  # outlines-core refuses it: nothing built
 
@@ -126,7 +126,8 @@ def test_ordinary_schemas_pass_the_default(name: str) -> None:
     schema = ORDINARY[name]
     assert regex_chars(schema, BIG) <= 150_000  # the largest: 60 optional properties, 131,150
     assert response_format_refusal(_rf(schema), LIMITS, {}, 100) is None
-    assert tools_refusal([{"type": "function", "function": {"name": "f", "parameters": schema}}], LIMITS, {}, 100) is None
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    assert tools_refusal(tools, LIMITS, {}, 100) is None
 
 
 def test_all_ordinary_schemas_as_one_bodys_tools_pass_the_default() -> None:

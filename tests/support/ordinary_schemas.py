@@ -39,7 +39,8 @@ ORDINARY: dict[str, dict[str, Any]] = {
         "name": S, "email": {"type": "string", "format": "email"}, "phone": S, "company": S, "title": S,
         "address": ADDRESS, "tags": {"type": "array", "items": S}, "notes": S,
         "source": {"type": "string", "enum": ["web", "referral", "event", "cold_call", "partner"]},
-        "lead_score": {"type": "integer", "minimum": 0, "maximum": 100}, "birthday": {"type": "string", "format": "date"},
+        "lead_score": {"type": "integer", "minimum": 0, "maximum": 100},
+        "birthday": {"type": "string", "format": "date"},
         "linkedin": {"type": "string", "format": "uri"}, "owner_id": S,
         "status": {"type": "string", "enum": ["new", "contacted", "qualified", "lost", "customer"]},
         "custom_fields": {"type": "object", "additionalProperties": S}}),
@@ -52,7 +53,8 @@ ORDINARY: dict[str, dict[str, Any]] = {
         ["origin", "destination", "depart_date"]),
     "update_settings (60 optional)": _obj({f"setting_{i:02d}_{kind}": {"string": S, "integer": I, "boolean": B}[kind]
                                            for i in range(60) for kind in [("string", "integer", "boolean")[i % 3]]}),
-    "register_user (60 required)": _obj({f"field_{i:02d}": S for i in range(60)}, [f"field_{i:02d}" for i in range(60)]),
+    "register_user (60 required)": _obj({f"field_{i:02d}": S for i in range(60)},
+                                        [f"field_{i:02d}" for i in range(60)]),
     "order (4 levels)": _obj({
         "order_id": S, "created_at": {"type": "string", "format": "date-time"},
         "customer": _obj({"id": S, "name": S, "email": {"type": "string", "format": "email"},
@@ -75,7 +77,8 @@ ORDINARY: dict[str, dict[str, Any]] = {
     "run_sql": _obj({"query": S, "params": {"type": "array", "items": {"anyOf": [S, N, B, {"type": "null"}]}},
                      "timeout_ms": {"type": "integer", "maximum": 60000}, "read_only": B}, ["query"]),
     "create_event": _obj({
-        "title": S, "start": {"type": "string", "format": "date-time"}, "end": {"type": "string", "format": "date-time"},
+        "title": S, "start": {"type": "string", "format": "date-time"},
+        "end": {"type": "string", "format": "date-time"},
         "attendees": {"type": "array", "items": _obj({"email": {"type": "string", "format": "email"},
                                                        "optional": B}, ["email"])},
         "recurrence": _obj({"frequency": {"type": "string", "enum": ["daily", "weekly", "monthly", "yearly"]},
