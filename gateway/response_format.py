@@ -78,7 +78,7 @@ MAX_PARAM_CHARS = 1024
 _Node = Optional[tuple[Any, Any]]
 
 
-def response_format_refusal(response_format: Any, limits: Any, overrides: Mapping[str, int],
+def response_format_refusal(response_format: Any, limits: Any, overrides: Mapping[str, int | None],
                             body_bytes: int) -> GatewayError | None:
     """The 400 for a decoded chat body's ``response_format`` over a bound (see the module docstring), else None.
 
@@ -91,7 +91,7 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     nothing."""
     if type(response_format) is not dict:
         return None
-    bound = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
+    bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
     if body_bytes > bound["max_bytes"] and (size := _encoded_bytes(response_format)) > bound["max_bytes"]:
         if size == _TOO_DEEP:  # S25-review-1: was a RecursionError, a 500 and a traceback; the decoder's own answer
             return GatewayError(400, "invalid_json", "request body is nested too deeply")
@@ -108,7 +108,7 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
         if len(path) > 1 else None)
 
 
-def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int], body_bytes: int) -> GatewayError | None:
+def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | None], body_bytes: int) -> GatewayError | None:
     """The 400 for a decoded chat body's ``tools`` whose ``function.parameters`` schemas pass a bound of
     :data:`JSON_SCHEMA_BOUNDS`, else None (session 25: S24-fields-1, S25-review-3).
 
@@ -131,7 +131,7 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int], body_by
     (:func:`_tools_inlined_refusal`). Raises nothing."""
     if type(tools) is not list:
         return None
-    bound = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
+    bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
     count_bytes = body_bytes > min(bound["max_bytes"], bound["max_tool_schemas_bytes"])
     total = 0
     roots: list[tuple[Any, tuple[str, ...]]] = []
