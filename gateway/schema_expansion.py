@@ -24,6 +24,8 @@ whitespace pattern ``[ ]?``, 4 characters; ``e(x)``: the characters built for ``
   unconstrained at ``depth``; a list of types: each as if alone;
 * anything else (unknown keys only, booleans, other JSON values): nothing (outlines-core refuses it).
 
+Assumed: outlines-core's default whitespace pattern (vLLM's outlines backend passes none; a replica given a longer
+one, e.g. SGLang's ``--constrained-json-whitespace-pattern``, builds more than counted here: lower the bound).
 Each rule above is the exact length outlines-core 0.2.14 builds or more (bench/s27_expand27_estimate.py checks it
 against the real compiler); an error that makes outlines-core skip a property (the 5th nested reference) or refuse the
 schema counts as if it built. Work: each (node, open references) pair once (at most ``REF_LEVELS + 1`` times the
@@ -83,12 +85,13 @@ def regex_chars(schema: Any, cap: int) -> int:
     A value outlines-core refuses counts 0. Raises nothing (orjson's encoding of an ``enum`` / ``const`` value falls
     back to :mod:`json`)."""
     memo: dict[tuple[int, int], int] = {}
+    targets: dict[str, Any] = {}
     stack: list[tuple[Any, int, bool]] = [(schema, 0, False)]
     while stack:
         node, open_refs, ready = stack.pop()
         key = (id(node), open_refs)
         if ready:
-            value = _own(schema, node, open_refs, memo)
+            value = _own(schema, node, open_refs, memo, targets)
             if value > cap:  # every node's count is at least each counted child's: the root's is over too
                 return cap + 1
             memo[key] = value
@@ -96,7 +99,7 @@ def regex_chars(schema: Any, cap: int) -> int:
         if key in memo:
             continue
         stack.append((node, open_refs, True))
-        stack.extend((child, depth, False) for child, depth in _children(schema, node, open_refs)
+        stack.extend((child, depth, False) for child, depth in _children(schema, node, open_refs, targets)
                      if (id(child), depth) not in memo)
     return max(memo[(id(schema), 0)], 0)
 
@@ -120,8 +123,9 @@ def _keyword(node: dict[str, Any]) -> str | None:
     return None
 
 
-def _children(root: Any, node: Any, open_refs: int) -> list[tuple[Any, int]]:
-    """The ``(subschema, open references)`` whose counts ``node``'s count adds (each with weight >= 1)."""
+def _children(root: Any, node: Any, open_refs: int, targets: dict[str, Any]) -> list[tuple[Any, int]]:
+    """The ``(subschema, open references)`` whose counts ``node``'s count adds (each with weight >= 1); ``targets``:
+    the references resolved so far in this count, by text."""
     if type(node) is not dict or not node:
         return []
     word = _keyword(node)
@@ -135,7 +139,9 @@ def _children(root: Any, node: Any, open_refs: int) -> list[tuple[Any, int]]:
         ref = node["$ref"]
         if type(ref) is not str or open_refs >= REF_LEVELS or type(root) is not dict:
             return []
-        target = resolve_ref(root, ref)
+        if ref not in targets:  # each reference text resolved once per count
+            targets[ref] = resolve_ref(root, ref)
+        target = targets[ref]
         return [] if target is None else [(target, open_refs + 1)]
     if word == "type":
         types = node["type"]
@@ -156,7 +162,7 @@ def _upper(node: dict[str, Any], name: str) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
-def _own(root: Any, node: Any, open_refs: int, memo: dict[tuple[int, int], int]) -> int:
+def _own(root: Any, node: Any, open_refs: int, memo: dict[tuple[int, int], int], targets: dict[str, Any]) -> int:
     """``node``'s count from its children's (in ``memo``), uncapped."""
     if type(node) is not dict:
         return 0
@@ -165,7 +171,7 @@ def _own(root: Any, node: Any, open_refs: int, memo: dict[tuple[int, int], int])
     word = _keyword(node)
     if word == "$ref" and open_refs >= REF_LEVELS:
         return _FAIL
-    kids = [memo[(id(c), d)] for c, d in _children(root, node, open_refs)]
+    kids = [memo[(id(c), d)] for c, d in _children(root, node, open_refs, targets)]
     if word == "properties":
         return _properties(node, kids)
     if _FAIL in kids:  # the limit's error goes up to the nearest property, which is dropped
