@@ -87,8 +87,8 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     ``body_bytes``: the length of the body ``response_format`` was decoded from (a body no longer than
     ``max_bytes`` needs no byte count). Types are not checked here (the schema does); a value that is not an
     object is left to it. Work: one C encoding of ``response_format`` when the body is longer than ``max_bytes``,
-    then a walk that stops at the first bound passed, then the inlined count (:func:`_inlined_refusal`). Raises
-    nothing."""
+    then a walk that stops at the first bound passed, then the inlined count (:func:`_inlined_refusal`), then
+    the regular expression's estimate (:func:`_regex_refusal`, O(nodes); session 27). Raises nothing."""
     if type(response_format) is not dict:
         return None
     bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
@@ -128,7 +128,8 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | None], 
     entry or ``function`` that is not an object, ``parameters`` that is not an object: left to the schema. Work:
     nothing for a body without ``tools`` (the caller's key test); else one walk per tool (O(containers)), one C
     encoding per tool only when the body is longer than a byte bound, and the inlined count of each tool
-    (:func:`_tools_inlined_refusal`). Raises nothing."""
+    (:func:`_tools_inlined_refusal`), then each tool's regular expression estimate and their sum
+    (:func:`_tools_regex_refusal`; session 27). Raises nothing."""
     if type(tools) is not list:
         return None
     bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
