@@ -60,8 +60,12 @@ class JsonSchemaLimits(ConfigSection):
     lists; ``max_pattern_chars``: characters of all ``pattern`` strings and ``patternProperties`` keys. The same
     bounds apply to each ``tools[].function.parameters`` schema, and ``max_tool_schemas_bytes`` to the compact
     JSON bytes of all of them together (session 25) and to their sum once their local ``$ref`` are inlined
-    (session 26, S26-review26-4); ``max_bytes`` also bounds each schema so inlined (S25-review-5). More answers
-    400 ``json_schema_too_complex``. Each is overridden per tenant by ``tenants[].json_schema_limits``."""
+    (session 26, S26-review26-4); ``max_bytes`` also bounds each schema so inlined (S25-review-5).
+    ``max_regex_chars`` (session 27, expand27, S27-review27-3): characters of the regular expression a compiler that
+    inlines the schema (outlines-core) builds from each schema, and from the tools together as vLLM's ``tool_choice:
+    "required"`` schema (an upper bound: gateway/schema_expansion.py); ``None``: not checked (replicas that compile
+    with xgrammar or llguidance, which do not expand). More answers 400 ``json_schema_too_complex``. Each is
+    overridden per tenant by ``tenants[].json_schema_limits``."""
 
     max_bytes: int = Field(65536, ge=64)
     max_depth: int = Field(20, ge=1, le=256)
@@ -69,6 +73,7 @@ class JsonSchemaLimits(ConfigSection):
     max_enum_values: int = Field(1000, ge=1)
     max_pattern_chars: int = Field(1024, ge=0)
     max_tool_schemas_bytes: int = Field(262144, ge=64)
+    max_regex_chars: int | None = Field(1_000_000, ge=1)
 
 
 class LimitsConfig(ConfigSection):

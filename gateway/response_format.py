@@ -21,6 +21,9 @@ overridden per tenant by ``tenants[].json_schema_limits``):
 * ``max_properties``: entries of every ``properties`` map together;
 * ``max_enum_values``: entries of every ``enum`` list together;
 * ``max_pattern_chars``: characters of every ``pattern`` string and ``patternProperties`` key together.
+* ``max_regex_chars`` (session 27, expand27, S27-review27-3): characters of the regular expression a compiler that
+  inlines the schema (outlines-core) builds from it, an upper bound (:mod:`gateway.schema_expansion`): for a tool,
+  also all the tools together as vLLM's ``tool_choice: "required"`` schema; ``None``: not checked.
 
 OpenAI documents its own limits of a Structured Outputs schema (platform.openai.com/docs/guides/structured-outputs,
 "Supported schemas"): at most 5,000 object properties, 10 levels of object nesting, 1,000 enum values, 120,000
@@ -51,6 +54,7 @@ from typing import Any, Optional
 import orjson
 
 from gateway.errors import GatewayError
+from gateway.schema_expansion import regex_chars, required_tools_chars
 from gateway.schema_refs import inlined_bytes
 from gateway.unknown_fields import field_label
 
@@ -58,7 +62,7 @@ __all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal", "tools_refusal"]
 
 #: the names of the bounds (``limits.json_schema`` keys, ``tenants[].json_schema_limits`` keys)
 JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_values", "max_pattern_chars",
-                      "max_tool_schemas_bytes")
+                      "max_tool_schemas_bytes", "max_regex_chars")
 
 #: keywords whose object maps names to subschemas: the map itself is no schema level
 _NAME_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
@@ -74,7 +78,7 @@ MAX_PARAM_CHARS = 1024
 _Node = Optional[tuple[Any, Any]]
 
 
-def response_format_refusal(response_format: Any, limits: Any, overrides: Mapping[str, int],
+def response_format_refusal(response_format: Any, limits: Any, overrides: Mapping[str, int | None],
                             body_bytes: int) -> GatewayError | None:
     """The 400 for a decoded chat body's ``response_format`` over a bound (see the module docstring), else None.
 
@@ -83,11 +87,11 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     ``body_bytes``: the length of the body ``response_format`` was decoded from (a body no longer than
     ``max_bytes`` needs no byte count). Types are not checked here (the schema does); a value that is not an
     object is left to it. Work: one C encoding of ``response_format`` when the body is longer than ``max_bytes``,
-    then a walk that stops at the first bound passed, then the inlined count (:func:`_inlined_refusal`). Raises
-    nothing."""
+    then a walk that stops at the first bound passed, then the inlined count (:func:`_inlined_refusal`), then
+    the regular expression's estimate (:func:`_regex_refusal`, O(nodes); session 27). Raises nothing."""
     if type(response_format) is not dict:
         return None
-    bound = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
+    bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
     if body_bytes > bound["max_bytes"] and (size := _encoded_bytes(response_format)) > bound["max_bytes"]:
         if size == _TOO_DEEP:  # S25-review-1: was a RecursionError, a 500 and a traceback; the decoder's own answer
             return GatewayError(400, "invalid_json", "request body is nested too deeply")
@@ -99,10 +103,12 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     if response_format.get("type") == "json_schema" and type(spec) is dict and "schema" in spec:
         root, path = spec["schema"], ("response_format", "json_schema", "schema")
     return _walk([(root, path)], bound, "response_format", "response_format") or _inlined_refusal(
-        [(root, path)], bound, "response_format", "response_format")
+        [(root, path)], bound, "response_format", "response_format") or (
+        _regex_refusal(root, path, bound["max_regex_chars"], "response_format", "response_format")
+        if len(path) > 1 else None)
 
 
-def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int], body_bytes: int) -> GatewayError | None:
+def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | None], body_bytes: int) -> GatewayError | None:
     """The 400 for a decoded chat body's ``tools`` whose ``function.parameters`` schemas pass a bound of
     :data:`JSON_SCHEMA_BOUNDS`, else None (session 25: S24-fields-1, S25-review-3).
 
@@ -122,10 +128,11 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int], body_by
     entry or ``function`` that is not an object, ``parameters`` that is not an object: left to the schema. Work:
     nothing for a body without ``tools`` (the caller's key test); else one walk per tool (O(containers)), one C
     encoding per tool only when the body is longer than a byte bound, and the inlined count of each tool
-    (:func:`_tools_inlined_refusal`). Raises nothing."""
+    (:func:`_tools_inlined_refusal`), then each tool's regular expression estimate and their sum
+    (:func:`_tools_regex_refusal`; session 27). Raises nothing."""
     if type(tools) is not list:
         return None
-    bound = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
+    bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
     count_bytes = body_bytes > min(bound["max_bytes"], bound["max_tool_schemas_bytes"])
     total = 0
     roots: list[tuple[Any, tuple[str, ...]]] = []
@@ -154,7 +161,42 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int], body_by
     subject = "tools[].function.parameters"  # counted together: ``required`` compiles an anyOf over every tool
     if (refused := _walk(roots[::-1], bound, "tools parameters", subject)) is not None:
         return refused
-    return _tools_inlined_refusal(roots, bound, body_bytes, subject)
+    return _tools_inlined_refusal(roots, bound, body_bytes, subject) or _tools_regex_refusal(
+        tools, roots, bound["max_regex_chars"], subject)
+
+
+def _regex_refusal(root: Any, path: tuple[str, ...], cap: int | None, what: str, subject: str) -> GatewayError | None:
+    """``max_regex_chars`` (session 27, expand27, S27-review27-3): the 400 when the regular expression an inlining
+    compiler builds from ``root`` (:func:`gateway.schema_expansion.regex_chars`, an upper bound of outlines-core's)
+    is longer than ``cap`` characters; ``cap`` None: off (replicas that compile with xgrammar or llguidance). Work:
+    O(nodes), stopping at the bound."""
+    if cap is None or regex_chars(root, cap) <= cap:
+        return None
+    return _refused(_param(_node(path)), f"{subject} builds a regular expression of more than {cap} characters in a "
+                    "compiler that inlines it (outlines-core)", "max_regex_chars", what)
+
+
+def _tools_regex_refusal(tools: list[Any], roots: list[tuple[Any, tuple[str, ...]]], cap: int | None,
+                         subject: str) -> GatewayError | None:
+    """``max_regex_chars`` over each tool's ``parameters`` (a named ``tool_choice`` compiles it alone), then over
+    vLLM's ``tool_choice: "required"`` schema of all of them (:func:`gateway.schema_expansion.required_tools_chars`:
+    an array whose ``items`` are an ``anyOf`` of every tool, written twice). Every tool counts whatever ``tool_choice``
+    says (fail closed, as the other bounds); ``cap`` None: off."""
+    if cap is None:
+        return None
+    counts: list[tuple[Any, int]] = []
+    for root, path in roots:
+        n = regex_chars(root, cap)
+        if n > cap:
+            return _refused(_param(_node(path)), f"{subject} builds a regular expression of more than {cap} "
+                            "characters in a compiler that inlines it (outlines-core)", "max_regex_chars",
+                            "tools parameters")
+        counts.append((tools[int(path[1])]["function"].get("name"), n))
+    if required_tools_chars(counts) <= cap:
+        return None
+    return _refused("tools", f"the tools' parameters schemas build a regular expression of more than {cap} characters "
+                    "together (tool_choice required) in a compiler that inlines it (outlines-core)",
+                    "max_regex_chars", "tools parameters")
 
 
 def _tools_inlined_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], body_bytes: int,

@@ -39,7 +39,7 @@ from urllib.parse import unquote
 
 import networkx as nx
 
-__all__ = ["inlined_bytes"]
+__all__ = ["REF_LEVELS", "inlined_bytes", "resolve_ref"]
 
 _MAPS = ("$defs", "definitions")
 #: nested references an inlining compiler expands (session 27, S27-review27-1): outlines-core's ``parse_ref`` refuses
@@ -76,6 +76,14 @@ def inlined_bytes(schema: Any, size_of: Callable[[Any], int], cap: int) -> int:
         if total <= cap:
             total = max(total, _unrolled(id(schema), nodes, refs, kids, size, cap))
     return min(total, cap + 1)
+
+
+def resolve_ref(schema: dict[str, Any], ref: str) -> Any:
+    """The node (a dict or list inside ``schema``) that the local reference ``ref`` reaches, as :func:`inlined_bytes`
+    resolves it (module docstring: any form outlines-core resolves, and a pointer whose tail does not resolve as the
+    deepest node it reaches), or None when it is not local. Raises nothing. Session 27 (expand27): also the targets
+    of :func:`gateway.schema_expansion.regex_chars`."""
+    return _resolve(schema, ref)
 
 
 def _resolve(schema: dict[str, Any], ref: str) -> Any:

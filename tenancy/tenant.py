@@ -85,7 +85,8 @@ class Tenant:
     token, computed by the engine; R4-12); off, it answers 400. ``spiffe_ids`` are the
     identity rules that map to this tenant (prefix rules end in ``/``). ``json_schema_limits``: the tenant's own
     bounds on a chat body's ``response_format`` schema by name (``max_bytes``, ``max_depth``, ...), each
-    overriding ``limits.json_schema`` (empty: the gateway's; gateway/response_format.py; session 24).
+    overriding ``limits.json_schema`` (empty: the gateway's; gateway/response_format.py; session 24); since session
+    27 (expand27) ``max_regex_chars`` may map to None: not checked for this tenant.
     """
 
     id: str
@@ -113,7 +114,7 @@ class Tenant:
     regulated: bool = False
     data_residency: str | None = None
     spiffe_ids: tuple[str, ...] = ()
-    json_schema_limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    json_schema_limits: Mapping[str, int | None] = field(default_factory=lambda: MappingProxyType({}))
 
     def policy_view(self) -> dict[str, Any]:
         """Return a JSON-able summary for policy input and audit (no secrets)."""
@@ -161,6 +162,17 @@ def _burst(rate: float | None, burst: float | None) -> float | None:
     if rate is None:
         return None
     return float(burst) if burst is not None else max(1.0, float(rate))
+
+
+def _json_schema_limits(entry: Any) -> dict[str, int | None]:
+    """A ``json_schema_limits`` entry's values by name: the keys written with a value, and ``max_regex_chars``
+    written as null (None: the bound is off for the tenant; session 27, expand27). Empty for no entry."""
+    if entry is None:
+        return {}
+    out: dict[str, int | None] = entry.model_dump(exclude_none=True)
+    if "max_regex_chars" in entry.model_fields_set and entry.max_regex_chars is None:
+        out["max_regex_chars"] = None
+    return out
 
 
 def parse_tenant(doc: Any, index: int) -> Tenant:
@@ -216,6 +228,5 @@ def parse_tenant(doc: Any, index: int) -> Tenant:
         regulated=entry.regulated,
         data_residency=entry.data_residency,
         spiffe_ids=tuple(dict.fromkeys(rules)),
-        json_schema_limits=MappingProxyType(entry.json_schema_limits.model_dump(exclude_none=True)
-                                            if entry.json_schema_limits is not None else {}),
+        json_schema_limits=MappingProxyType(_json_schema_limits(entry.json_schema_limits)),
     )
