@@ -264,7 +264,7 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
             response_format_refusal(data["response_format"], json_schema, json_schema_tenant, len(raw))))):
         raise refused  # S23-fields-2: the replica's grammar compile, bounded before it is forwarded
     if (endpoint == "chat" and json_schema is not None and "tools" in data and (refused := (
-            tools_refusal(data["tools"], json_schema, json_schema_tenant, len(raw))))):
+            tools_refusal(data["tools"], json_schema, json_schema_tenant, len(raw), data.get("tool_choice"))))):
         raise refused  # S24-fields-1, S25-review-3: each tool's parameters schema is compiled too
     fast = None if not checked else plain_chat(data, plain) if endpoint == "chat" else plain_completion(data, plain)
     if fast is not None:  # the commonest body, as the schema reads it (gateway/request_fast.py, issue 14)

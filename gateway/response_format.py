@@ -108,7 +108,8 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
         if len(path) > 1 else None)
 
 
-def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | None], body_bytes: int) -> GatewayError | None:
+def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | None], body_bytes: int,
+                  tool_choice: Any = "required") -> GatewayError | None:
     """The 400 for a decoded chat body's ``tools`` whose ``function.parameters`` schemas pass a bound of
     :data:`JSON_SCHEMA_BOUNDS`, else None (session 25: S24-fields-1, S25-review-3).
 
@@ -128,8 +129,10 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | None], 
     entry or ``function`` that is not an object, ``parameters`` that is not an object: left to the schema. Work:
     nothing for a body without ``tools`` (the caller's key test); else one walk per tool (O(containers)), one C
     encoding per tool only when the body is longer than a byte bound, and the inlined count of each tool
-    (:func:`_tools_inlined_refusal`), then each tool's regular expression estimate and their sum
-    (:func:`_tools_regex_refusal`; session 27). Raises nothing."""
+    (:func:`_tools_inlined_refusal`), then each tool's regular expression estimate and, only when ``tool_choice``
+    (the body's) is ``"required"``, their sum (:func:`_tools_regex_refusal`; session 27: vLLM builds that one
+    schema of every tool for ``required`` only; the default, for a caller that does not say, counts it). Raises
+    nothing."""
     if type(tools) is not list:
         return None
     bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
@@ -162,7 +165,7 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | None], 
     if (refused := _walk(roots[::-1], bound, "tools parameters", subject)) is not None:
         return refused
     return _tools_inlined_refusal(roots, bound, body_bytes, subject) or _tools_regex_refusal(
-        tools, roots, bound["max_regex_chars"], subject)
+        tools, roots, bound["max_regex_chars"], subject, together=tool_choice == "required")
 
 
 def _regex_refusal(root: Any, path: tuple[str, ...], cap: int | None, what: str, subject: str) -> GatewayError | None:
@@ -177,11 +180,13 @@ def _regex_refusal(root: Any, path: tuple[str, ...], cap: int | None, what: str,
 
 
 def _tools_regex_refusal(tools: list[Any], roots: list[tuple[Any, tuple[str, ...]]], cap: int | None,
-                         subject: str) -> GatewayError | None:
-    """``max_regex_chars`` over each tool's ``parameters`` (a named ``tool_choice`` compiles it alone), then over
-    vLLM's ``tool_choice: "required"`` schema of all of them (:func:`gateway.schema_expansion.required_tools_chars`:
-    an array whose ``items`` are an ``anyOf`` of every tool, written twice). Every tool counts whatever ``tool_choice``
-    says (fail closed, as the other bounds); ``cap`` None: off."""
+                         subject: str, together: bool = True) -> GatewayError | None:
+    """``max_regex_chars`` over each tool's ``parameters`` whatever ``tool_choice`` says (a named ``tool_choice``
+    compiles it alone, a strict tool under ``auto`` too: fail closed), then, when ``together``, over vLLM's
+    ``tool_choice: "required"`` schema of all of them (:func:`gateway.schema_expansion.required_tools_chars`: an
+    array whose ``items`` are an ``anyOf`` of every tool, written twice); only ``required`` builds that schema, so
+    an agent's many tools under ``auto`` are not summed (session 27: 26 ordinary tools sum to ~1.2 M characters).
+    ``cap`` None: off."""
     if cap is None:
         return None
     counts: list[tuple[Any, int]] = []
@@ -192,7 +197,7 @@ def _tools_regex_refusal(tools: list[Any], roots: list[tuple[Any, tuple[str, ...
                             "characters in a compiler that inlines it (outlines-core)", "max_regex_chars",
                             "tools parameters")
         counts.append((tools[int(path[1])]["function"].get("name"), n))
-    if required_tools_chars(counts) <= cap:
+    if not together or required_tools_chars(counts) <= cap:
         return None
     return _refused("tools", f"the tools' parameters schemas build a regular expression of more than {cap} characters "
                     "together (tool_choice required) in a compiler that inlines it (outlines-core)",

@@ -140,6 +140,14 @@ def test_all_ordinary_schemas_as_one_bodys_tools_pass_the_default() -> None:
     err = tools_refusal(twice, LIMITS, {}, 100)
     assert err is not None and (err.param, err.record["reason"]) == (
         "tools", "tools parameters over limits.json_schema.max_regex_chars")
+    assert tools_refusal(twice, LIMITS, {}, 100, "required") is not None
+    # session 27 (lead): only "required" builds the one schema of every tool; an agent's 26 tools under "auto",
+    # no tool_choice, "none" or a named function are checked one by one (each passes)
+    for choice in ("auto", None, "none", {"type": "function", "function": {"name": "get_weather"}}):
+        assert tools_refusal(twice, LIMITS, {}, 100, choice) is None, choice
+    wide = [*twice, {"type": "function", "function": {"name": "wide", "parameters": _arrays(16)}}]
+    err = tools_refusal(wide, LIMITS, {}, 100, "auto")  # one tool over the bound: refused whatever the choice
+    assert err is not None and err.param == f"tools.{len(twice)}.function.parameters"
 
 
 def test_a_tool_over_the_bound_names_its_parameters() -> None:

@@ -119,3 +119,21 @@ async def test_the_bound_is_per_tenant(stack: Any, capture: Any, audit_log: List
     r = await stack.client.post(PATH, json=_chat(**_rf(contact)), headers=stack.auth())
     assert r.status_code == 200, r.text
     assert len(capture.seen) == 2
+
+
+async def test_many_tools_are_summed_only_for_tool_choice_required(stack: Any, capture: Any,
+                                                                  audit_log: ListLog) -> None:  # noqa: F811
+    """Session 27 (lead): vLLM builds one schema of every tool for ``tool_choice: "required"`` only. The nine
+    ordinary tools under 20,000 characters each sum to ~52,000 as ``required``: over tenant-narrow's bound
+    (20,000) then, but forwarded under ``auto`` or without ``tool_choice`` (each tool is still checked alone)."""
+    tools = [{"type": "function", "function": {"name": k.split()[0], "parameters": v}} for k, v in ORDINARY.items()
+             if k.split()[0] in ("get_weather", "math_reasoning", "search_flights", "register_user", "order", "tree",
+                                 "extract_entities", "run_sql", "create_event")]
+    narrow = stack.auth("tenant-narrow/app")
+    for extra in ({"tool_choice": "auto"}, {}):
+        r = await stack.client.post(PATH, json=_chat(tools=tools, **extra), headers=narrow)
+        assert r.status_code == 200, r.text
+    r = await stack.client.post(PATH, json=_chat(tools=tools, tool_choice="required"), headers=narrow)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert "together" in r.json()["error"]["message"]
+    assert len(capture.seen) == 2
