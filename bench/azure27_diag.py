@@ -72,6 +72,25 @@ def _thread_cpu_s(pid: int) -> dict[str, float]:
     return out
 
 
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Set the CPU affinity of every thread of ``pid`` and of its live child processes' threads."""
+    pids = [pid] + [int(st.parent.name) for st in Path("/proc").glob("[0-9]*/stat")
+                    if _ppid(st) == pid]
+    for p in pids:
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                os.sched_setaffinity(int(task.name), cpus)
+            except OSError:
+                pass
+
+
+def _ppid(stat: Path) -> int:
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 def _audit(paths: DemoPaths, since_ms: int) -> list[dict[str, Any]]:
     out = []
     for f in sorted((paths.audit_dir / "jsonl").glob("*.jsonl")):
@@ -119,6 +138,10 @@ async def _main(a: SimpleNamespace) -> dict[str, Any]:
                     if a.pg_flow:
                         gcfg["flow"] = json.loads(a.pg_flow)
                     proc, base = await start_gateway("gateway-cache_aware", gcfg, paths)
+                if a.pin:
+                    _pin(proc.pid, {1})
+                    _pin(cluster.pid, {0})
+                    _pin(os.getpid(), {0})
                 since = int(time.time() * 1000)
                 load0 = os.getloadavg()
                 try:
@@ -153,7 +176,7 @@ async def _main(a: SimpleNamespace) -> dict[str, Any]:
     finally:
         stop_process(cluster)
     return {"cell": a.cell, "workload": a.workload, "load": a.load, "time_scale": spec.time_scale,
-            "pg_params": a.pg_params, "pg_flow": a.pg_flow, "runs": runs}
+            "pg_params": a.pg_params, "pg_flow": a.pg_flow, "pin": a.pin, "runs": runs}
 
 
 def _q(xs: list[float], p: float) -> float:
@@ -227,6 +250,7 @@ def report(files: tuple[Path, ...]) -> None:
 @click.option("--routers", default="prefixgate,smg")
 @click.option("--pg-params", default="")
 @click.option("--pg-flow", default="", help="JSON flow section for PrefixGate (default: its defaults)")
+@click.option("--pin", is_flag=True, help="the router (threads and children) on CPU 1, the cluster and this client on CPU 0")
 @click.option("--out", type=click.Path(path_type=Path), required=True)
 def run(**kw: Any) -> None:
     """Run the diagnosis and write the JSON document to ``--out``."""
