@@ -6,7 +6,8 @@ runs the grid's cell exactly as ``sim.grid`` does (same rows, replicas, gateway 
 TTFT (trace s) and cached tokens, each replica's ``/sim/stats`` (requests, queue wait, prefill busy),
 the CPU seconds of the router, the replica cluster and this (client) process during the replay
 (utime+stime from ``/proc/PID/stat``; the router's per thread from ``/proc/PID/task``
-and its live child processes, such as PrefixGate's audit worker)
+and its live child processes, such as PrefixGate's audit worker; the router's threads' time runnable
+but waiting for a CPU from ``/proc/PID/task/*/schedstat``)
 and, for PrefixGate, its audit events' latency split and route (``latency.*_ms`` wall ms,
 ``route.replica``). Output: one JSON document (no prompt text). ``python -m bench.azure27_diag
 report FILE.json ...`` prints one Markdown row per (run, router) of such documents (TTFT quantiles are
@@ -55,6 +56,18 @@ def _children_cpu_s(pid: int) -> float:
         if int(f[1]) == pid:
             total += (int(f[11]) + int(f[12])) / tick
     return total
+
+
+def _run_queue_wait_s(pid: int) -> float:
+    """Seconds the threads of ``pid`` spent runnable but waiting for a CPU (``/proc/PID/task/*/schedstat``
+    second field, nanoseconds), summed."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
 
 
 def _thread_cpu_s(pid: int) -> dict[str, float]:
@@ -147,12 +160,14 @@ async def _main(a: SimpleNamespace) -> dict[str, Any]:
                 try:
                     cpu0, ccpu0, self0 = _cpu_s(proc.pid), _cpu_s(cluster.pid), _cpu_s(os.getpid())
                     thr0, kids0 = _thread_cpu_s(proc.pid), _children_cpu_s(proc.pid)
+                    rq0 = _run_queue_wait_s(proc.pid)
                     summary, result = await run_target(
                         router, base, urls, reqs, tenants, rcfg, bounds,
                         headers_for=headers_for if router == "prefixgate" else None,
                         salt_for=(lambda t: t) if router == "smg" else None)
                     cpu = _cpu_s(proc.pid) - cpu0
                     kids = _children_cpu_s(proc.pid) - kids0
+                    rq_wait = _run_queue_wait_s(proc.pid) - rq0
                     threads = {k: round(v - thr0.get(k, 0.0), 3) for k, v in _thread_cpu_s(proc.pid).items()}
                     cluster_cpu, client_cpu = _cpu_s(cluster.pid) - ccpu0, _cpu_s(os.getpid()) - self0
                 finally:
@@ -161,7 +176,7 @@ async def _main(a: SimpleNamespace) -> dict[str, Any]:
                 audit = _audit(paths, since) if router == "prefixgate" else []
                 runs.append({
                     "run": run, "router": router, "loadavg_before": load0, "loadavg_after": os.getloadavg(),
-                    "router_cpu_s": cpu, "router_children_cpu_s": kids, "router_thread_cpu_s": {k: v for k, v in threads.items() if v > 0}, "cluster_cpu_s": cluster_cpu, "client_cpu_s": client_cpu, "wall_s": result.wall_s,
+                    "router_cpu_s": cpu, "router_children_cpu_s": kids, "router_run_queue_wait_s": rq_wait, "router_thread_cpu_s": {k: v for k, v in threads.items() if v > 0}, "cluster_cpu_s": cluster_cpu, "client_cpu_s": client_cpu, "wall_s": result.wall_s,
                     "summary": {k: getattr(summary, k) for k in ("hit_rate", "ttft_p50", "ttft_p90", "ttft_p99")},
                     "records": [{"i": r.index, "t": r.tenant, "ttft": r.ttft_s, "late": r.late_s,
                                  "prompt": r.prompt_tokens, "cached": r.cached_tokens, "err": r.error}
@@ -190,7 +205,8 @@ _PRE_ROUTE = ("auth_ms", "parse_ms", "keys_ms", "policy_ms", "route_ms", "queue_
 
 def report_rows(doc: dict[str, Any], label: str) -> list[str]:
     """Markdown rows (the columns of :data:`REPORT_HEAD`) of one ``run`` document ``doc``: per (run, router)
-    the load average before it, router CPU s (its threads above 0.05 s), PrefixGate's audit worker CPU s,
+    the load average before it, router CPU s (its threads above 0.05 s), the router threads' run-queue wait s
+    (None in documents written before that field: "-"), PrefixGate's audit worker CPU s,
     hit rate, TTFT p50 / p90 (trace s) and p50 in wall ms, flow control's ``queue_wait_ms`` p50, the
     pre-route wait ``auth_ms`` p50 / p90, send -> first byte p50 (``first_byte_ms`` minus the pre-route
     latencies, wall ms), the replicas' mean queue wait and prefill (trace s) and requests per replica."""
@@ -210,19 +226,22 @@ def report_rows(doc: dict[str, Any], label: str) -> list[str]:
             au = f"{_q(auth, .5):.1f} / {_q(auth, .9):.1f}"
             up = f"{_q([(x.get('first_byte_ms') or 0) - sum(x.get(k) or 0 for k in _PRE_ROUTE) for x in lat], .5):.1f}"
         kids = r.get("router_children_cpu_s")
+        rqw = r.get("router_run_queue_wait_s")
         kids_s = "-" if kids is None or r["router"] != "prefixgate" else f"{kids:.2f}"
         rows.append(
             f"| {label} | {r['run']} | {r['router']} | {r['loadavg_before'][0]:.2f} "
-            f"| {r['router_cpu_s']:.2f} ({', '.join(f'{v:.2f}' for v in threads)}) | {kids_s} "
+            f"| {r['router_cpu_s']:.2f} ({', '.join(f'{v:.2f}' for v in threads)}) | {'-' if rqw is None else f'{rqw:.2f}'} "
+            f"| {kids_s} "
             f"| {r['summary']['hit_rate']:.3f} | {_q(tt, .5):.3f} / {_q(tt, .9):.3f} | {_q(tt, .5) * 1000 / ts:.1f} "
             f"| {qw} | {au} | {up} | {rq:.3f} / {pf:.3f} | {'/'.join(str(s['requests']) for s in r['replicas'])} |")
     return rows
 
 
-REPORT_HEAD = ("| file | run | router | load before | router CPU s (threads > 0.05 s) | audit worker CPU s | hit "
+REPORT_HEAD = ("| file | run | router | load before | router CPU s (threads > 0.05 s) | router waiting for a CPU s "
+               "| audit worker CPU s | hit "
                "| TTFT p50 / p90 trace s | TTFT p50 wall ms | flow queue_wait p50 ms | pre-route wait (auth_ms) "
                "p50 / p90 ms | send -> first byte p50 ms | replica queue / prefill mean trace s "
-               "| requests per replica |\n" + "|" + "---|" * 14)
+               "| requests per replica |\n" + "|" + "---|" * 15)
 
 
 @click.group()
