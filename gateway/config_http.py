@@ -62,8 +62,8 @@ class JsonSchemaLimits(ConfigSection):
     JSON bytes of all of them together (session 25) and to their sum once their local ``$ref`` are inlined
     (session 26, S26-review26-4); ``max_bytes`` also bounds each schema so inlined (S25-review-5).
     ``max_regex_chars`` (session 27, expand27, S27-review27-3): characters of the regular expression a compiler that
-    inlines the schema (outlines-core) builds from each schema, and from the tools together as vLLM's ``tool_choice:
-    "required"`` schema (an upper bound: gateway/schema_expansion.py); ``None``: not checked (replicas that compile
+    inlines the schema (outlines-core) builds from each schema, and, for a body whose ``tool_choice`` is
+    ``"required"``, from the tools together as vLLM's schema for it (an upper bound: gateway/schema_expansion.py); ``None``: not checked (replicas that compile
     with xgrammar or llguidance, which do not expand). More answers 400 ``json_schema_too_complex``. Each is
     overridden per tenant by ``tenants[].json_schema_limits``."""
 
