@@ -134,8 +134,13 @@ def test_forced_tool_call_counts_are_shared_across_tools_and_tenant_overrides_ap
     with pytest.raises(GatewayError) as info:  # 6000 properties together > 5000
         parse_inference_request(raw, "chat", 32, json_schema=LIMITS, json_schema_tenant={"max_bytes": 1 << 20})
     assert info.value.code == "json_schema_too_complex" and "max_properties" in info.value.message
-    assert parse_inference_request(raw, "chat", 32, json_schema=LIMITS,
-                                   json_schema_tenant={"max_bytes": 1 << 20, "max_properties": 6000}).model == "m"
+    assert parse_inference_request(raw, "chat", 32, json_schema=LIMITS,  # session 27: an xgrammar tenant (no regex)
+                                   json_schema_tenant={"max_bytes": 1 << 20, "max_properties": 6000,
+                                                       "max_regex_chars": None}).model == "m"
+    with pytest.raises(GatewayError) as info:  # session 27: 3,000 optional properties, quadratic in outlines-core
+        parse_inference_request(raw, "chat", 32, json_schema=LIMITS,
+                                json_schema_tenant={"max_bytes": 1 << 20, "max_properties": 6000})
+    assert "limits.json_schema.max_regex_chars" in info.value.message
     with pytest.raises(GatewayError) as info:  # one tool's parameters are over max_bytes (the body is longer)
         parse_inference_request(raw, "chat", 32, json_schema=LIMITS)
     assert info.value.param == "tools.0.function.parameters" and "limits.json_schema.max_bytes" in info.value.message
