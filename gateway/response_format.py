@@ -54,7 +54,7 @@ from typing import Any, Optional
 import orjson
 
 from gateway.errors import GatewayError
-from gateway.schema_expansion import regex_chars, required_tools_chars
+from gateway.schema_expansion import regex_chars, required_schema, required_tools_chars
 from gateway.schema_refs import inlined_bytes
 from gateway.unknown_fields import field_label
 
@@ -197,7 +197,9 @@ def _tools_regex_refusal(tools: list[Any], roots: list[tuple[Any, tuple[str, ...
                             "characters in a compiler that inlines it (outlines-core)", "max_regex_chars",
                             "tools parameters")
         counts.append((tools[int(path[1])]["function"].get("name"), n))
-    if not together or required_tools_chars(counts) <= cap:
+    # the one schema the replica compiles for ``required`` (S27-attack27-2: each tool counted against its own root
+    # missed references across tools and ``#`` meaning the wrapper): counted whole, not as the sum of the tools
+    if not together or required_tools_chars(counts) <= cap and regex_chars(required_schema(tools), cap) <= cap:
         return None
     return _refused("tools", f"the tools' parameters schemas build a regular expression of more than {cap} characters "
                     "together (tool_choice required) in a compiler that inlines it (outlines-core)",

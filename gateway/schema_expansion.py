@@ -13,7 +13,8 @@ whitespace pattern ``[ ]?``, 4 characters; ``e(x)``: the characters built for ``
   comma, ``(...)?``); with none required, the alternatives of every first present property: property ``i`` (of
   ``n``) is written ``n - i`` times (quadratic). Counted here with the largest property first (the largest order);
 * ``allOf`` / ``anyOf`` / ``oneOf`` / ``prefixItems``: their members once each, plus separators;
-* ``enum`` / ``const``: the values' JSON, regex-escaped (counted as Python's ``re.escape``, a superset of Rust's);
+* ``enum`` / ``const``: the values' JSON, regex-escaped (counted as Python's ``re.escape``, a superset of Rust's), and a
+  list or object value's whitespace patterns beside its structural characters (S27-attack27-3);
 * ``$ref``: its target inlined; 4 references nest and the 5th is dropped (``parse_ref``'s ``max_recursion_depth``
   3): :data:`gateway.schema_refs.REF_LEVELS`, the targets found by :func:`gateway.schema_refs.resolve_ref` (a superset
   of the forms outlines-core resolves);
@@ -41,7 +42,7 @@ import orjson
 
 from gateway.schema_refs import REF_LEVELS, resolve_ref
 
-__all__ = ["WHITESPACE_CHARS", "regex_chars", "required_tools_chars"]
+__all__ = ["WHITESPACE_CHARS", "regex_chars", "required_schema", "required_tools_chars"]
 
 #: characters of outlines-core's default whitespace pattern ``[ ]?`` (types.rs ``WHITESPACE``)
 WHITESPACE_CHARS = 4
@@ -115,6 +116,37 @@ def required_tools_chars(tools: list[tuple[Any, int]]) -> int:
     return _ARRAY_BOUNDED + 2 * (1 + len(tools) + members)
 
 
+def required_schema(tools: list[Any]) -> dict[str, Any]:
+    """vLLM's ``tool_choice: "required"`` schema of a body's ``tools`` (a list as decoded; entries that are not
+    function objects are skipped), which the replica compiles as ONE schema (session 27, attack27, S27-attack27-2):
+    an array (``minItems`` 1) whose ``items`` are an object ``anyOf`` of ``{"properties": {"name": {"type":
+    "string", "enum": [name]}, "parameters": parameters}, "required": ["name", "parameters"]}`` per tool, a tool
+    without ``parameters`` getting ``{"type": "object", "properties": {}}``, and every tool's ``$defs`` merged at its
+    top level (the first of two same names kept; vLLM refuses a clash), so that a reference of one tool resolves in
+    another's ``$defs`` and ``#`` is the wrapper, as the replica resolves them. Built of references to the client's
+    dicts (shallow copies without ``$defs``), nothing deep-copied. Raises nothing."""
+    members: list[dict[str, Any]] = []
+    defs: dict[str, Any] = {}
+    for tool in tools:
+        fn = tool.get("function") if type(tool) is dict else None
+        if type(fn) is not dict:
+            continue
+        params = fn.get("parameters")
+        if type(params) is dict and params:
+            if type(own := params.get("$defs")) is dict:
+                for name, value in own.items():
+                    defs.setdefault(name, value)
+                params = {k: v for k, v in params.items() if k != "$defs"}
+        else:
+            params = {"type": "object", "properties": {}}
+        members.append({"properties": {"name": {"type": "string", "enum": [fn.get("name")]}, "parameters": params},
+                        "required": ["name", "parameters"]})
+    wrapper: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": members}}
+    if defs:
+        wrapper["$defs"] = defs
+    return wrapper
+
+
 def _keyword(node: dict[str, Any]) -> str | None:
     """The keyword outlines-core's ``to_regex`` dispatches ``node`` on (its order), or None (refused)."""
     for word in _KEYWORDS:
@@ -178,14 +210,14 @@ def _own(root: Any, node: Any, open_refs: int, memo: dict[tuple[int, int], int],
         return _FAIL
     if word == "allOf":
         return 2 + sum(kids)
-    if word == "anyOf":
-        return 1 + len(kids) + sum(kids)
+    if word == "anyOf":  # ``(a|b)``; an empty list builds ``()`` (S27-attack27-4)
+        return 1 + max(len(kids), 1) + sum(kids)
     if word == "oneOf":
-        return 1 + 5 * len(kids) + sum(kids)
+        return 1 + max(5 * len(kids), 1) + sum(kids)
     if word == "prefixItems":
         return 4 + 2 * _W + sum(kids) + max(len(kids) - 1, 0) * (2 * _W + 1)
     if word in ("enum", "const"):
-        return len(re.escape(_json(node[word])))
+        return _literal(node[word])
     if word == "$ref":
         return sum(kids)
     if word == "type":
@@ -246,6 +278,18 @@ def _type(node: dict[str, Any], name: str, kids: list[int]) -> int:
             return fixed + 2 * kids[-1]
         return nested[1] - _ARRAY + fixed
     return 0
+
+
+def _literal(value: Any) -> int:
+    """An ``enum`` / ``const`` value's characters: its JSON regex-escaped, and for a list or object value (which
+    outlines-core 0.2.14 builds, with its whitespace pattern beside every ``,`` ``:`` ``[`` ``]`` ``{`` ``}``: session
+    27, attack27, S27-attack27-3) two whitespace patterns per such character of its JSON (an upper bound: one inside
+    a string counts too)."""
+    text = _json(value)
+    size = len(re.escape(text))
+    if type(value) is list or type(value) is dict:  # an ``enum``'s own list too: its commas become ``|`` (over)
+        size += 2 * _W * sum(map(text.count, ",:[]{}"))
+    return size
 
 
 def _json(value: Any) -> str:

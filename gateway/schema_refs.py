@@ -89,7 +89,9 @@ def resolve_ref(schema: dict[str, Any], ref: str) -> Any:
 def _resolve(schema: dict[str, Any], ref: str) -> Any:
     """The node ``ref`` reaches inside ``schema`` (module docstring), or None when it is not local."""
     where, _, name = ref[2:].partition("/")  # the common ``#/$defs/<name>``: one lookup
-    if ref[:2] == "#/" and where in _MAPS and type(found := schema.get(where)) is dict and name in found:
+    # never an empty name (session 27, attack27, S27-attack27-1): outlines-core drops empty parts, so ``#/$defs/``
+    # reaches the ``$defs`` map itself, not its ``""`` entry; the general path below resolves it so
+    if ref[:2] == "#/" and where in _MAPS and name and type(found := schema.get(where)) is dict and name in found:
         if (type(node := found[name]) is dict or type(node) is list) and "/" not in name and "~" not in name:
             return node
     base, hashes, fragment = ref.partition("#")
