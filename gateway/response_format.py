@@ -54,7 +54,7 @@ from typing import Any, Optional
 import orjson
 
 from gateway.errors import GatewayError
-from gateway.schema_expansion import regex_chars, required_schema, required_tools_chars
+from gateway.schema_expansion import regex_chars, required_schema
 from gateway.schema_refs import inlined_bytes
 from gateway.unknown_fields import field_label
 
@@ -183,23 +183,20 @@ def _tools_regex_refusal(tools: list[Any], roots: list[tuple[Any, tuple[str, ...
                          subject: str, together: bool = True) -> GatewayError | None:
     """``max_regex_chars`` over each tool's ``parameters`` whatever ``tool_choice`` says (a named ``tool_choice``
     compiles it alone, a strict tool under ``auto`` too: fail closed), then, when ``together``, over vLLM's
-    ``tool_choice: "required"`` schema of all of them (:func:`gateway.schema_expansion.required_tools_chars`: an
-    array whose ``items`` are an ``anyOf`` of every tool, written twice); only ``required`` builds that schema, so
-    an agent's many tools under ``auto`` are not summed (session 27: 26 ordinary tools sum to ~1.2 M characters).
-    ``cap`` None: off."""
+    ``tool_choice: "required"`` schema of all of them (:func:`gateway.schema_expansion.required_schema`: an array
+    whose ``items`` are an ``anyOf`` of every tool, written twice, their ``$defs`` merged); only ``required`` builds
+    that schema, so an agent's many tools under ``auto`` are not counted together (session 27: 26 ordinary tools
+    make ~1.2 M characters). ``cap`` None: off."""
     if cap is None:
         return None
-    counts: list[tuple[Any, int]] = []
     for root, path in roots:
-        n = regex_chars(root, cap)
-        if n > cap:
+        if regex_chars(root, cap) > cap:
             return _refused(_param(_node(path)), f"{subject} builds a regular expression of more than {cap} "
                             "characters in a compiler that inlines it (outlines-core)", "max_regex_chars",
                             "tools parameters")
-        counts.append((tools[int(path[1])]["function"].get("name"), n))
-    # the one schema the replica compiles for ``required`` (S27-attack27-2: each tool counted against its own root
-    # missed references across tools and ``#`` meaning the wrapper): counted whole, not as the sum of the tools
-    if not together or required_tools_chars(counts) <= cap and regex_chars(required_schema(tools), cap) <= cap:
+    # the one schema the replica compiles for ``required``, counted whole (S27-attack27-2: a sum of the tools, each
+    # against its own root, missed references across tools and ``#`` meaning the wrapper; it is no longer computed)
+    if not together or regex_chars(required_schema(tools), cap) <= cap:
         return None
     return _refused("tools", f"the tools' parameters schemas build a regular expression of more than {cap} characters "
                     "together (tool_choice required) in a compiler that inlines it (outlines-core)",
