@@ -137,3 +137,28 @@ async def test_many_tools_are_summed_only_for_tool_choice_required(stack: Any, c
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
     assert "together" in r.json()["error"]["message"]
     assert len(capture.seen) == 2
+
+
+async def test_attack27_shapes_are_refused_and_audited_over_http(stack: Any, capture: Any,
+                                                                 audit_log: ListLog) -> None:  # noqa: F811
+    """S27-attack27-1 (``#/$defs/``: outlines-core builds the map itself, 28.6 M characters from 74 bytes) in a
+    ``response_format``, and S27-attack27-2 (``required``: one tool's references into another's ``$defs``) as
+    tools: 400 ``json_schema_too_complex``, nothing forwarded, one audit event ``rejected`` with the bound. Before:
+    both forwarded (200)."""
+    empty = {"$defs": {"": {"type": "null"}, "type": "object", "depth": 8}, "$ref": "#/$defs/"}
+    r = await stack.client.post(PATH, json=_chat(**_rf(empty)), headers=stack.auth())
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("json_schema_too_complex", S)
+    event = _event(audit_log)
+    assert (event.status_code, event.outcome.value) == (400, "rejected")
+    assert event.policy.reason == "response_format over limits.json_schema.max_regex_chars"
+    a = {"type": "function", "function": {"name": "a", "parameters": {
+        "type": "object", "properties": {f"{SECRET}{i}": {"$ref": "#/$defs/big"} for i in range(4)}}}}
+    b = {"type": "function", "function": {"name": "b", "parameters": {
+        "type": "object", "properties": {}, "$defs": {"big": {"type": "object", "depth": 6}}}}}
+    r = await stack.client.post(PATH, json=_chat(tools=[a, b], tool_choice="required"), headers=stack.auth())
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert capture.seen == []
+    events = [e for e in audit_log.events if e.status_code == 400]
+    assert len(events) == 2 and events[-1].policy.reason == "tools parameters over limits.json_schema.max_regex_chars"
+    assert SECRET not in json.dumps(events[-1].to_dict())
