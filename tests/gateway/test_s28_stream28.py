@@ -1,0 +1,197 @@
+"""Session 28 (issue 14), helper stream28: a live stream's middle parts leave the server connection at once
+(``CoalescingTransport.write_through``, turned on and off by the relay through the scope's ``ConnectionLoss``)
+instead of at the end of their loop step: one ``call_soon`` callback and one loop iteration less per SSE event.
+
+- The transport: while on, a write leaves at once, with anything held before it in one write, in order; a
+  closing transport still gets nothing; off holds writes to the end of the step again.
+- The relay (differential, hypothesis, the streams of tests/gateway/test_s24_relay.py: deltas, finish and
+  usage events, bad JSON, error events, comments, a missing ``[DONE]``, cut anywhere into reads; clean, reset
+  or stalled upstreams): the client's wire bytes (uvicorn's chunked framing written to the transport), the
+  record, usage, relayed count and breaker verdict are those of the relay without write-through, and the
+  connection's write-through is off once the stream ended, however it ended (client gone too).
+- Where it applies: the first part leaves with the head, each middle part in its own step at once (nothing
+  left for the end of the step), the part holding ``[DONE]`` with the chunked terminator."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+
+from gateway.client_io import LOSS_KEY, ConnectionLoss
+from gateway.coalesce import CoalescingTransport
+from gateway.inference_asgi import _sender
+from gateway.pipeline_answer import stream_response
+from gateway.proxy import UpstreamStream
+from gateway.upstream_conn import UpstreamConnectionLost
+from gateway.upstream_response import UpstreamResponse
+from gateway.write_stall import StallBoundedSend
+from tests.gateway.test_s24_relay import _USAGE, _Conn, _delta, _streams
+from tests.gateway.test_s4_coalesce import _Transport
+
+HEAD = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+async def _relay(reads: list[bytes], upstream_end: str, through: bool, *, leave_after: int | None = None,
+                 steps: list[Any] | None = None, one_per_read: bool = False) -> dict[str, Any]:
+    """One stream relayed by :func:`stream_response` to a :class:`CoalescingTransport` over a recording
+    transport, the server's ``send`` writing as uvicorn's chunked framing does; ``through``: the scope's
+    ``ConnectionLoss`` carries the transport's write-through switch (else none, as before session 28).
+    ``leave_after``: the client leaves (the task is cancelled) once that many body parts were sent.
+    ``steps``: appended per body part: whether the coalescer still holds bytes for the end of the step.
+    ``one_per_read``: each piece is read alone (fed once the previous one was taken), as events apart in time."""
+    loop = asyncio.get_running_loop()
+    raw = _Transport()
+    wire = CoalescingTransport(raw, loop)  # type: ignore[arg-type]
+    loss = ConnectionLoss()
+    if through:
+        loss.write_through = wire.write_through
+    resp = UpstreamResponse(_Conn(), loop)
+    resp.status, resp._head_seen = 200, True
+    up = UpstreamStream(resp, reads[0], None)
+    log: list[Any] = []
+    held = SimpleNamespace(up=up, attempt=SimpleNamespace(succeeded=lambda: log.append("succeeded")),
+                           cpu=SimpleNamespace(budget=None), drop_cached=True, started=False, progress=None,
+                           usage=None, relayed=None)
+    rec = SimpleNamespace(outcome=None, status=None, error_code=None, relayed_output=None, request_id="r-1")
+    req = SimpleNamespace(include_usage=False, dropped=(0, ""))
+    failures = SimpleNamespace(failed=lambda attempt, f: log.append(("failed", f.kind, str(f))))
+    response = stream_response(req, rec, held, 0.03 if upstream_end == "stall" else 30.0,  # type: ignore[arg-type]
+                               failures, lambda: log.append("end"))  # type: ignore[arg-type]
+    parts = [0]
+    task = asyncio.current_task()
+
+    async def server_send(message: Any) -> None:  # uvicorn's httptools send, chunked
+        if message["type"] == "http.response.start":
+            wire.write(HEAD)
+            return
+        body, more = message.get("body", b""), message.get("more_body", False)
+        wire.write((b"%x\r\n" % len(body) + body + b"\r\n" if body else b"") + (b"" if more else b"0\r\n\r\n"))
+        if steps is not None:
+            steps.append(bool(wire._pending))
+        parts[0] += 1
+        if leave_after is not None and parts[0] >= leave_after:
+            loop.call_soon(task.cancel)  # type: ignore[union-attr]
+
+    routes_send = _sender(SimpleNamespace(complete=True), server_send, lambda: None)  # type: ignore[arg-type]
+    bounded = StallBoundedSend(routes_send, 30.0, body_send=server_send)
+
+    async def feed() -> None:
+        for piece in reads[1:]:
+            while resp._waiter is None:  # one upstream read per piece, once the relay waits
+                await asyncio.sleep(0)
+            resp._feed(piece)
+            while one_per_read and resp._chunks and not resp._closed:
+                await asyncio.sleep(0)
+        while resp._waiter is None and not resp._closed:
+            await asyncio.sleep(0)
+        if upstream_end == "eof":
+            resp._finish()
+        elif upstream_end == "reset":
+            resp._fail(UpstreamConnectionLost("replica connection ended by ConnectionResetError", True))
+
+    async def receive() -> Any:
+        await loop.create_future()
+
+    feeder = asyncio.ensure_future(feed())
+    ended = "returned"
+    try:
+        await response({"type": "http", "asgi": {"spec_version": "2.3"}, LOSS_KEY: loss}, receive, bounded)
+    except asyncio.CancelledError:
+        ended = "client left"
+        task.uncancel()  # type: ignore[union-attr]
+    finally:
+        bounded.close()
+        feeder.cancel()
+        held.up.close()
+    wire.flush()
+    return {"wire": b"".join(raw.writes), "writes": raw.writes, "log": log, "ended": ended, "through": wire._through,
+            "rec": vars(rec), "held": {k: v for k, v in vars(held).items() if k in ("started", "progress", "usage",
+                                                                                   "relayed")}}
+
+
+async def _step() -> None:
+    """Let the loop run the end-of-step callbacks queued so far."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+
+async def test_write_through_writes_at_once_with_what_is_held_and_off_holds_again() -> None:
+    raw = _Transport()
+    wire = CoalescingTransport(raw, asyncio.get_running_loop())  # type: ignore[arg-type]
+    wire.write(b"head")
+    wire.write_through(True)
+    assert raw.writes == []  # what was held stays held until a write (or the end of the step)
+    wire.write(b"one")
+    assert raw.writes == [b"headone"] and wire._scheduled is None and wire.get_write_buffer_size() == 7
+    wire.write(b"two")
+    assert raw.writes == [b"headone", b"two"] and wire._scheduled is None
+    raw.closing = True
+    wire.write(b"lost")  # a closing transport gets nothing, as before
+    raw.closing = False
+    wire.write_through(False)
+    wire.write(b"three")
+    wire.write(b"four")
+    assert raw.writes == [b"headone", b"two"] and wire._scheduled is not None
+    await _step()
+    assert raw.writes == [b"headone", b"two", b"threefour"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_streams())
+def test_the_client_gets_the_same_bytes_and_the_record_is_the_same(case: tuple[list[bytes], str, str, bool,
+                                                                                bool]) -> None:
+    reads, upstream_end, _, _, _ = case
+
+    async def both() -> tuple[dict[str, Any], dict[str, Any]]:
+        new = await asyncio.ensure_future(_relay(reads, upstream_end, True))
+        old = await asyncio.ensure_future(_relay(reads, upstream_end, False))
+        return new, old
+
+    new, old = asyncio.run(both())
+    assert new["through"] is False  # the connection's next answer is coalesced again
+    assert new["wire"] == old["wire"]
+    assert {k: v for k, v in new.items() if k not in ("writes", "wire")} == {
+        k: v for k, v in old.items() if k not in ("writes", "wire")}
+
+
+def test_middle_parts_leave_at_once_and_the_done_part_with_the_terminator() -> None:
+    events = [_delta("first"), *[_delta(f" w{i}") for i in range(4)], _delta(" end", finish=True),
+              _USAGE + "data: [DONE]\n\n"]
+    reads = [e.encode() for e in events]
+    steps: list[Any] = []
+    out = asyncio.run(_relay(reads, "eof", True, steps=steps, one_per_read=True))
+    old = asyncio.run(_relay(reads, "eof", False, one_per_read=True))
+    assert out["wire"] == old["wire"] and out["ended"] == "returned" and out["through"] is False
+    assert out["rec"]["outcome"] == "allowed" and out["held"]["relayed"] == old["held"]["relayed"] == 6
+    assert out["held"]["usage"]["prompt_tokens_details"] == {"cached_tokens": 3}  # the gateway keeps it
+    # the first part is held for the head's write; each middle part left at once; the [DONE] part is held
+    assert steps[0] is True and steps[1:6] == [False] * 5 and steps[6] is True
+    assert out["writes"][0].startswith(HEAD) and out["writes"][0].endswith(b"first\",\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}\n\n\r\n")
+    # the [DONE] part waited for the end of its step (here the upstream's end came later: the terminator alone)
+    assert out["writes"][-2].endswith(b"data: [DONE]\n\n\r\n") and out["writes"][-1] == b"0\r\n\r\n"
+    assert b"cached_tokens" not in out["wire"]  # drop_cached: the usage event went out without it
+    assert len(out["writes"]) == len(old["writes"]) == 8  # as many writes: none was saved by holding a middle part
+
+
+def test_a_client_that_leaves_mid_stream_leaves_the_connection_coalescing() -> None:
+    reads = [_delta(f" w{i}").encode() for i in range(6)] + [b"data: [DONE]\n\n"]
+    out = asyncio.run(_relay(reads, "eof", True, leave_after=3, one_per_read=True))
+    old = asyncio.run(_relay(reads, "eof", False, leave_after=3, one_per_read=True))
+    assert out["ended"] == old["ended"] == "client left"
+    assert out["through"] is False
+    assert out["wire"] == old["wire"] and out["rec"] == old["rec"] and out["rec"]["status"] == 499
+    assert out["held"] == old["held"]
+
+
+def test_a_broken_stream_sends_its_error_event_with_the_terminator() -> None:
+    reads = [_delta(" a").encode(), _delta(" b").encode(), _delta(" c").encode(), b"data: {not json\n\n"]
+    steps: list[Any] = []
+    out = asyncio.run(_relay(reads, "eof", True, steps=steps, one_per_read=True))
+    old = asyncio.run(_relay(reads, "eof", False, one_per_read=True))
+    assert out["wire"] == old["wire"] and out["rec"] == old["rec"]
+    assert out["rec"]["error_code"] == "upstream_stream_error" and out["through"] is False
+    assert steps[-1] is True  # the error event is held for the terminator's write
+    assert out["writes"][-1].endswith(b"0\r\n\r\n") and b"upstream_stream_error" in out["writes"][-1]
