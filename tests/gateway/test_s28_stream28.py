@@ -195,3 +195,54 @@ def test_a_broken_stream_sends_its_error_event_with_the_terminator() -> None:
     assert out["rec"]["error_code"] == "upstream_stream_error" and out["through"] is False
     assert steps[-1] is True  # the error event is held for the terminator's write
     assert out["writes"][-1].endswith(b"0\r\n\r\n") and b"upstream_stream_error" in out["writes"][-1]
+
+
+async def test_the_guarded_listener_hands_each_request_its_connections_write_through(monkeypatch: Any) -> None:
+    """Wiring (gateway/head_guard.py): a request scope's ``ConnectionLoss.write_through`` is the switch of its
+    connection's coalescing transport; on, a body part leaves by the time uvicorn's send returns; the next answer
+    on the keep-alive connection is coalesced again once it is off."""
+    import gateway.head_guard as head_guard
+    from gateway.server import uvicorn_config
+    from tests.support.listeners import serving
+
+    transports: list[CoalescingTransport] = []
+
+    class Spy(CoalescingTransport):
+        __slots__ = ()
+
+        def __init__(self, *a: Any) -> None:
+            super().__init__(*a)
+            transports.append(self)
+
+    monkeypatch.setattr(head_guard, "CoalescingTransport", Spy)
+    held_after_send: list[bool] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+        loss = scope[LOSS_KEY]
+        assert loss.write_through.__self__ is transports[-1]
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        held_after_send.append(bool(transports[-1]._pending))
+        loss.write_through(True)
+        for part in (b"data: 2\n\n", b"data: 3\n\n"):
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+            held_after_send.append(bool(transports[-1]._pending))
+        loss.write_through(False)
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+        held_after_send.append(bool(transports[-1]._pending))
+        await send({"type": "http.response.body", "body": b""})
+
+    async with serving() as serve:
+        host, port = await serve(uvicorn_config(app, "127.0.0.1", 0, http="httptools"))
+        reader, writer = await asyncio.open_connection(host, port)
+        for _ in range(2):  # keep-alive: the second answer is held per step as the first one's start was
+            writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            body = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 200") and b"data: 2\n\n" in body and b"data: [DONE]\n\n" in body
+        writer.close()
+    assert len(transports) == 1 and not transports[0]._through
+    assert held_after_send == [True, False, False, True] * 2
