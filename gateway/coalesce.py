@@ -25,6 +25,11 @@ longer waits for one more loop round; a plain answer leaves in one write as befo
 first part leaves at the end of its step, as every later part already did (the relay then waits for the
 replica). One ``call_soon`` per loop step with writes, not one per flush.
 
+Session 28 (issue 14): a live stream's parts between its first and the one holding ``[DONE]`` leave at once
+(:meth:`CoalescingTransport.write_through`, switched by the relay, gateway/pipeline_answer.py, through the
+scope's ``ConnectionLoss``): holding them saved no write (the relay writes one part per step, then waits for
+the replica) but cost a ``call_soon`` callback and a loop wake-up (an ``epoll_wait``) per SSE event.
+
 Audit ordering (issue 16) is unchanged: the request's audit event is handed
 to the audit worker before the last body part is handed to the server, so
 before it reaches this buffer and the socket.
