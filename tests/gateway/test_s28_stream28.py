@@ -246,3 +246,93 @@ async def test_the_guarded_listener_hands_each_request_its_connections_write_thr
         writer.close()
     assert len(transports) == 1 and not transports[0]._through
     assert held_after_send == [True, False, False, True] * 2
+
+
+def _sim_stream(chat: bool, texts: list[str]) -> bytes:
+    """The simulator's own SSE answer (``sim.replica``'s shapes): deltas, the finish, the usage event, ``[DONE]``."""
+    from sim.replica import _Shapes, _usage
+
+    shapes = _Shapes(SimpleNamespace(endpoint="chat" if chat else "completions", model="sim-model", stream=True,
+                                     include_usage=True))  # type: ignore[arg-type]
+    events = [shapes.chunk(t, i == 0, i == len(texts) - 1) for i, t in enumerate(texts)]
+    events.append(shapes.usage_chunk(_usage(70, len(texts), 16)))
+    return ("".join(events) + "data: [DONE]\n\n").encode()
+
+
+def _openai_chat_stream(texts: list[str]) -> bytes:
+    """An OpenAI-style chat stream: a role event with empty content, content deltas (with a system fingerprint),
+    a finish event with an empty delta, a usage event without choices, ``[DONE]``."""
+    import json
+
+    def ev(delta: dict[str, Any], finish: str | None = None) -> str:
+        return "data: " + json.dumps({"id": "chatcmpl-AbC", "object": "chat.completion.chunk", "created": 1733,
+                                      "model": "gpt-4o-2024-08-06", "system_fingerprint": "fp_50cad350e4",
+                                      "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                   "finish_reason": finish}], "usage": None},
+                                     separators=(",", ":")) + "\n\n"
+
+    events = [ev({"role": "assistant", "content": "", "refusal": None})] + [ev({"content": t}) for t in texts]
+    events.append(ev({}, "stop"))
+    events.append("data: " + json.dumps({"id": "chatcmpl-AbC", "object": "chat.completion.chunk", "created": 1733,
+                                         "model": "gpt-4o-2024-08-06", "choices": [], "usage": {
+                                             "prompt_tokens": 9, "completion_tokens": len(texts), "total_tokens":
+                                             9 + len(texts), "prompt_tokens_details": {"cached_tokens": 0}}},
+                                        separators=(",", ":")) + "\n\n")
+    return ("".join(events) + "data: [DONE]\n\n").encode()
+
+
+def _reads(raw: bytes, how: str) -> list[bytes]:
+    """``raw`` cut into upstream reads: one event a read, all at once, each event in two, fixed sizes, or the
+    last events with ``[DONE]`` cut inside it."""
+    events = [e + b"\n\n" for e in raw.split(b"\n\n") if e]
+    if how == "event":
+        return events
+    if how == "whole":
+        return [raw]
+    if how == "halves":
+        return [p for e in events for p in (e[:len(e) // 2], e[len(e) // 2:])]
+    if how.startswith("size"):
+        n = int(how[4:])
+        return [raw[i:i + n] for i in range(0, len(raw), n)]
+    assert how == "done-split"
+    cut = len(raw) - len(b"NE]\n\n")
+    return [raw[:len(raw) // 3], raw[len(raw) // 3:cut], raw[cut:]]
+
+
+def test_the_byte_scan_counts_what_the_parse_counts_on_sim_and_openai_streams(monkeypatch: Any) -> None:
+    """The learnt-shape read (no JSON parse of a delta) gives the same forwarded bytes, event count, output-token
+    count, usage and ``[DONE]`` as a scanner that parses every event, on the simulator's completions and chat
+    streams and an OpenAI-style chat stream, read one event a read, several a read, split inside events, and with
+    ``[DONE]`` split; the count is the number of deltas with text; read one event a read (events apart in time),
+    most events are read without a parse."""
+    from gateway import json_fast
+    from gateway.sse import SseScanner
+
+    texts = ["Hello", *[f" tok{i}" for i in range(30)], "", " é 中", ' "quoted"', " end"]
+    parses = [0]
+    loads = json_fast.loads
+
+    def counting(data: Any) -> Any:
+        parses[0] += 1
+        return loads(data)
+
+    monkeypatch.setattr(json_fast, "loads", counting)
+    streams = {"sim-completions": _sim_stream(False, texts), "sim-chat": _sim_stream(True, texts),
+               "openai-chat": _openai_chat_stream(texts)}
+    for name, raw in streams.items():
+        for how in ("event", "whole", "halves", "size7", "size200", "done-split"):
+            for drop in (False, True):
+                got = []
+                for shapes in (True, False):
+                    parses[0] = 0
+                    scanner = SseScanner(keep_usage_chunk=True, drop_cached=drop, shapes=shapes)
+                    out = b"".join(scanner.feed(r) for r in _reads(raw, how)) + scanner.finish()
+                    got.append((out, scanner.events, scanner.output_tokens, scanner.usage, scanner.done, parses[0]))
+                fast, parsed = got
+                assert fast[:5] == parsed[:5], (name, how, drop)
+                assert fast[2] == sum(1 for t in texts if t), (name, how, drop)  # one per delta with text
+                assert fast[4] is True and fast[3]["completion_tokens"] == len(texts)
+                if not drop:
+                    assert fast[0] == raw  # forwarded byte for byte
+                if how == "event":  # whole events at the start of each read: read by shape once learnt
+                    assert fast[5] < parsed[5] // 4, (name, how, drop, fast[5], parsed[5])
