@@ -336,3 +336,52 @@ def test_the_byte_scan_counts_what_the_parse_counts_on_sim_and_openai_streams(mo
                     assert fast[0] == raw  # forwarded byte for byte
                 if how == "event":  # whole events at the start of each read: read by shape once learnt
                     assert fast[5] < parsed[5] // 4, (name, how, drop, fast[5], parsed[5])
+
+
+def test_after_an_event_split_across_reads_the_whole_events_of_a_read_are_read_by_shape(monkeypatch: Any) -> None:
+    """Session 28 (``SseScanner._feed_split``): a read that completes the event buffered from the last read and
+    then holds whole delta events reads those by the learnt shape (before: every event of every such read was
+    parsed, so reads not cut at event boundaries lost the shape for the whole stream). Same outcome as the parse."""
+    from gateway import json_fast
+    from gateway.sse import SseScanner
+
+    texts = ["Hello", *[f" tok{i}" for i in range(200)], " end"]
+    parses = [0]
+    loads = json_fast.loads
+
+    def counting(data: Any) -> Any:
+        parses[0] += 1
+        return loads(data)
+
+    monkeypatch.setattr(json_fast, "loads", counting)
+    for raw in (_sim_stream(False, texts), _sim_stream(True, texts), _openai_chat_stream(texts)):
+        reads = _reads(raw, "size4096")  # ~13 events a read, each read cut inside an event
+        got = []
+        for shapes in (True, False):
+            parses[0] = 0
+            scanner = SseScanner(keep_usage_chunk=False, drop_cached=True, shapes=shapes)
+            out = b"".join(scanner.feed(r) for r in reads) + scanner.finish()
+            got.append((out, scanner.events, scanner.output_tokens, scanner.usage, scanner.done, parses[0]))
+        assert got[0][:5] == got[1][:5] and got[0][2] == len(texts)
+        assert got[1][5] == got[1][1] > 200  # the reference parses every data event
+        # the first read's events (before any shape), then about one parse a read (the split event), probes, usage
+        assert got[0][5] < got[1][5] // 4
+
+
+def test_a_bad_event_after_a_split_one_fails_as_the_parse_does() -> None:
+    """The error of a bad event in a read that completes a split event: the same message, the same events
+    forwarded before it (the completed one and the good deltas), the same scanner state as without the shape."""
+    from tests.gateway.test_s21_shapereview import _run
+
+    events = [_delta(f" w{i}").encode() for i in range(4)]
+    bad = b"data: {not json\n\n"
+    for tail in (bad, b"data: " + b"x" * 300 + b"\n\n"):
+        raw = b"".join(events) + events[0] + tail
+        cut = len(b"".join(events[:3])) + 20  # inside the fourth event
+        chunks = [raw[:cut], raw[cut:]]
+        for limit in (1 << 20, 200):
+            for drop in (False, True):
+                assert _run(chunks, False, drop, limit, True) == _run(chunks, False, drop, limit, False)
+    with_shape = _run([b"".join(events)[:len(b"".join(events)) - 30], b"".join(events)[-30:] + events[0] + bad],
+                      False, False, 1 << 20, True)
+    assert with_shape[-2][0] == "error" and with_shape[-2][2].endswith(events[0])  # forwarded: up to the bad one
