@@ -31,7 +31,7 @@ class ConnectionLoss:
     work runs, instead of a timer and a watcher task reading ``receive``. Use from the event
     loop's thread only."""
 
-    __slots__ = ("lost", "_callbacks", "abort", "loop", "unsent")
+    __slots__ = ("lost", "_callbacks", "abort", "loop", "unsent", "write_through")
 
     def __init__(self) -> None:
         self.lost = False
@@ -44,6 +44,9 @@ class ConnectionLoss:
         self.abort: Callable[[], None] | None = None
         #: the bytes its transport still buffers (set by the guarded listener; gateway/answer_cost.py, R10b-5)
         self.unsent: Callable[[], int] | None = None
+        #: turns its transport's write-through on (True) or off (set by the guarded listener;
+        #: gateway/coalesce.py ``CoalescingTransport.write_through``, session 28); None: no such transport
+        self.write_through: Callable[[bool], None] | None = None
 
     def add(self, callback: Callable[[], None]) -> bool:
         """Call ``callback`` (no arguments) when the connection is lost; False (not added) if it already was."""
@@ -93,12 +96,17 @@ class EndingStreamingResponse(StreamingResponse):
     less work per answer. ASGI >= 2.4 and websockets go to Starlette.
     """
 
+    #: the connection's :class:`ConnectionLoss` once called (the scope's, under :data:`LOSS_KEY`; None: none): the
+    #: body may turn its transport's write-through on and off (``ConnectionLoss.write_through``, session 28)
+    loss: ConnectionLoss | None = None
+
     def __init__(self, content: AsyncGenerator[bytes, None], *, on_end: Callable[[], None], **kw: Any) -> None:
         super().__init__(content, **kw)
         self._on_end = on_end
         self._content = content
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.loss = scope.get(LOSS_KEY)
         try:
             if scope["type"] == "http" and scope.get("asgi", {}).get("spec_version", "2.0") in _LISTENING_SPECS:
                 await self._stream_until_disconnect(receive, send, scope.get(LOSS_KEY))

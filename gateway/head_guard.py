@@ -164,13 +164,15 @@ class HeadGuard(SourceCap):
         self.guard_init()
         # one socket write per loop step (a plain answer's head and body leave together; gateway/coalesce.py)
         loop = asyncio.get_running_loop()
-        transport = CoalescingTransport(transport, loop)  # type: ignore[assignment]
+        coalescing = CoalescingTransport(transport, loop)
+        transport = coalescing  # type: ignore[assignment]
         # closing while a request body still arrives: half-close, discard, bounded (gateway/lingering.py, R5b-2)
         transport = LingeringTransport(transport, loop, self, max_bytes=self.guard_lingering_close_bytes,  # type: ignore[arg-type, assignment]
                                        timeout_s=self.guard_lingering_close_s)
         super().connection_made(transport)  # type: ignore[misc]
         self.guard_loss.abort = transport.abort  # a stalled stream's end (gateway/write_stall.py, N-3)
         self.guard_loss.unsent = transport.get_write_buffer_size  # unread answers per tenant (R10b-5)
+        self.guard_loss.write_through = coalescing.write_through  # a live stream's middle parts (session 28)
         if self.guard_admit_source(transport):
             self.guard_start_timer()
 

@@ -140,6 +140,11 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
         held.started = True
         held.progress = "streamed"
         rec.outcome, rec.status = "failed", 200
+        # session 28: the connection's write-through (gateway/coalesce.py): on for the parts after the first
+        # (which leaves with the head), off for the part holding [DONE] (which leaves with the terminator)
+        loss = response.loss
+        through = None if loss is None else loss.write_through
+        on = False
         try:
             chunk = up.first_chunk
             first = scanner.feed(chunk) if len(chunk) < STREAM_METER_BYTES else charge.feed(
@@ -154,6 +159,9 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
                 out = scanner.feed(chunk) if len(chunk) < STREAM_METER_BYTES else charge.feed(
                     scanner.feed, chunk, scanner.output_tokens)
                 if out:
+                    if on is scanner.done and through is not None:  # a change: on while no [DONE] was read
+                        on = not on
+                        through(on)
                     yield out
             rest = scanner.finish()
             if rest:
@@ -161,6 +169,9 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
             rec.outcome = "allowed"
             held.attempt.succeeded()
         except Exception as exc:  # broken SSE, read timeout, connection reset
+            if on:  # the error event leaves with the terminator
+                on = False
+                through(False)  # type: ignore[misc]
             code = "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_stream_error"
             rec.error_code = code
             upstream.failed(held.attempt, UpstreamFailure("protocol", str(exc)))
@@ -178,6 +189,8 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
                     held.progress = "unknown"  # held back by the client: the whole reservation
             raise
         finally:
+            if on:  # the connection's next answer is held per loop step again
+                through(False)  # type: ignore[misc]
             if deadline is not None:
                 deadline.close()
             if charge.reads:
@@ -196,7 +209,8 @@ def stream_response(req: InferenceRequest, rec: RequestRecord, held: Held, read_
     headers = {"Cache-Control": "no-cache", "X-Request-Id": rec.request_id}
     if req.dropped[0]:  # fields outside the schema, dropped (limits.unknown_fields: drop; session 23)
         headers.update(dropped_headers(req.dropped))
-    return EndingStreamingResponse(body(), on_end=on_call_end, media_type="text/event-stream", headers=headers)
+    response = EndingStreamingResponse(body(), on_end=on_call_end, media_type="text/event-stream", headers=headers)
+    return response
 
 
 async def plain_response(request: Request, rec: RequestRecord, held: Held, read_timeout_s: float,

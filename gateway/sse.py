@@ -61,6 +61,7 @@ _PLAIN_FIELDS = frozenset((b"event", b"id", b"retry"))
 _CACHED = b"cached"  # any case: a line is lowered first (RV2-1)
 #: delta-event shapes one stream may learn (a stream whose events never match stops trying; session 21)
 _MAX_LEARNS = 3
+_TOO_LARGE = "upstream event too large"
 _ESCAPE = b"\\u"  # a JSON escape: the line's bytes need not spell its keys (RV2-1)
 
 
@@ -136,7 +137,43 @@ class SseScanner:
                         return chunk
                     return self._feed_lf(chunk, read)  # the rest parsed, as if the whole read were (S21-shapereview-1)
             return self._feed_lf(chunk)  # the common case: whole LF-only events (session 9)
+        if self._shape is not None and self._buf and not self._cr_end and type(chunk) is bytes and b"\r" not in chunk:
+            return self._feed_split(chunk)  # session 28: an event split across reads, then whole events
         return self._feed_general(chunk)
+
+    def _feed_split(self, chunk: bytes) -> bytes:
+        """:meth:`feed` of an LF-only ``chunk`` that continues the event buffered from the last read, once a shape
+        is learnt (session 28): the chunk up to that event's blank line is read as before (:meth:`_feed_general`),
+        the rest, which starts at an event boundary with nothing pending, by :meth:`feed` (its whole delta events
+        by the learnt shape, without a parse). Same forwarded bytes, counts, usage and errors as
+        :meth:`_feed_general` of the whole chunk, and the same state after an error (the chunk buffered, nothing
+        consumed; tests/gateway/test_s21_sse_shape.py and test_s21_shapereview.py compare with ``shapes=False``).
+        Before, one split event sent every event of every later read of the stream to the parse until a read
+        ended at a boundary."""
+        buf = self._buf
+        if buf[-1:] == b"\n" and chunk[:1] == b"\n":
+            end = 1  # the buffered lines end with LF: this LF is the blank line
+        else:
+            end = chunk.find(b"\n\n") + 2
+            if end < 2:
+                return self._feed_general(chunk)  # the split event goes on
+        if chunk.find(b"\n\n", end) < 0:
+            return self._feed_general(chunk)  # no whole event after the split one: nothing for the shape to read
+        before, pos = bytes(buf), self._pos
+        try:
+            out = self._feed_general(chunk[:end])
+        except SseProtocolError:
+            self._buf, self._pos = bytearray(before + chunk), pos  # as one general read of the chunk leaves it
+            raise
+        if self._buf or self._data or self._cr_end:  # not at an event boundary (cannot happen: defensive)
+            return out + self._feed_general(chunk[end:])
+        try:
+            return out + self.feed(chunk[end:])
+        except SseProtocolError as exc:
+            exc.forward = out + exc.forward
+            if str(exc) != _TOO_LARGE:  # a bad event: the whole chunk buffered (else its tail is, as read)
+                self._buf, self._pos = bytearray(before + chunk), pos
+            raise
 
     def _feed_general(self, chunk: bytes) -> bytes:
         """:meth:`feed` for any chunk in any state (line ends CRLF, LF or CR; a CR split from its LF;
@@ -353,7 +390,7 @@ class SseScanner:
 def _too_large(out: list[bytes]) -> SseProtocolError:
     """The error for an event past ``max_event_bytes``; its ``forward``: the read's events before it (``out``,
     checked and dispatched; S21-shapereview-2: they were dropped)."""
-    exc = SseProtocolError("upstream event too large")
+    exc = SseProtocolError(_TOO_LARGE)
     exc.forward = b"".join(out)
     return exc
 
