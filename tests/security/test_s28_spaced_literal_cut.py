@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gateway import usage_privacy
@@ -119,3 +119,28 @@ def test_the_simulators_answer_takes_the_literal(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(usage_privacy, "_SPACED_DETAILS", b"\x00never\x00")
     assert _exact_cut(data, obj["usage"]["prompt_tokens_details"]) == want
     assert calls == [1]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(spaced_answers(), st.sampled_from(["spaced", "compact", "lines"]))
+def test_usage_event_for_a_drop_tenant_is_one_line_without_the_counter(data: bytes, form: str) -> None:
+    """A stream data event (one line, spaced or compact, or several data lines joined with LF) for a ``drop``
+    tenant: one ``data:`` line, parsing to the full rewrite, naming no counter; one line in, the cut's bytes
+    (so, when the literal can prove it, the replica's bytes less the pair)."""
+    payload = {"spaced": data, "compact": data.replace(b", ", b",").replace(b": ", b":"),
+               "lines": data.replace(b", ", b",\n")}[form]
+    try:
+        obj = orjson.loads(payload)
+    except orjson.JSONDecodeError:  # an LF written inside a string (not a replica's event)
+        assume(False)
+    out = usage_privacy.event_for_drop(payload, obj)
+    if out is None:  # nothing a parser could read as the counter
+        assert not may_name_cached(payload)
+        return
+    assert out[:6] == b"data: " and out[-2:] == b"\n\n"
+    body = out[6:-2]
+    assert b"\n" not in body and b"\r" not in body
+    assert b'"cached_tokens"' not in body
+    assert orjson.loads(body) == without_counter(obj)
+    if form != "lines":
+        assert body == plain_without_cached(payload, obj, obj.get("usage"))
