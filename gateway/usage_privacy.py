@@ -66,6 +66,9 @@ _DETAILS_NAME = "prompt_tokens_details"
 _ESCAPE = b"\\u"
 _DETAILS_KEY = b'"prompt_tokens_details"'
 _COMMA_DETAILS = b',"prompt_tokens_details":{"cached_tokens":'
+#: the same pair as Python's ``json.dumps`` and aiohttp's ``json_response`` write it (``", "``, ``": "``;
+#: the simulated replicas): searched as one literal too (session 28, cut28), before the token-by-token read
+_SPACED_DETAILS = b', "prompt_tokens_details": {"cached_tokens": '
 #: RFC 8259 section 2: insignificant whitespace (space, tab, LF, CR), as byte values
 _WS = b" \t\n\r"
 #: ``"prompt_tokens_details": {"cached_tokens": N}`` with any whitespace between the tokens (A15-1)
@@ -136,7 +139,9 @@ def _exact_cut(data: bytes, details: dict[str, Any]) -> bytes | None:
     not exactly that shape (the caller writes the usage or the answer again).
 
     vLLM's compact form after another member (``,"prompt_tokens_details":{"cached_tokens":N}``) is
-    searched first, as one literal (session 13's cut); any other spacing or order is read token by token.
+    searched first, as one literal (session 13's cut), then the spaced writers' form
+    (``, "prompt_tokens_details": {"cached_tokens": N}``, one literal too: session 28, cut28; the same bytes
+    out as the token-by-token read below); any other spacing or order is read token by token.
     Such bytes are the replica's own structure, never a string's content: the pair's first quote follows
     a ``,`` or ``{`` (whitespace between), so it is not escaped, and a quote that closed a string could not
     be followed by ``p``; from there the grammar reads one key and its one-key object. The cut removes
@@ -153,6 +158,10 @@ def _exact_cut(data: bytes, details: dict[str, Any]) -> bytes | None:
     j = data.rfind(piece)
     if j >= 0:
         return data[:j] + data[j + len(piece):] if data.find(_DETAILS_KEY) == j + 1 else None
+    piece = _SPACED_DETAILS + tail  # session 28 (cut28): the spaced writers' bytes, one search too
+    j = data.rfind(piece)
+    if j >= 0 and data.find(_DETAILS_KEY) == j + 2:  # else (an earlier key of that name): read below, not cut
+        return data[:j] + data[j + len(piece):]
     i = data.rfind(_CACHED_KEY)
     j = data.rfind(_DETAILS_KEY, 0, i)
     if j <= 0:
@@ -249,9 +258,15 @@ def event_for_drop(payload: bytes, obj: dict[str, Any], usage: Any = None) -> by
     the event written again from its parse without any ``cached_tokens`` key
     (:func:`written_without_counter`): a top-level usage's counter (R12-1), a duplicated ``usage`` whose
     first value holds it or an escaped key (RV2-1), a copy below the top level (session 15, R14-2).
+    Session 28 (cut28, issue 14): an event of one data line (``payload`` without LF; a line holds no CR)
+    goes through :func:`plain_without_cached` instead, as a plain answer: the replica's usage chunk loses
+    exactly the counter's pair (the literal cuts, ~1 µs instead of two writes), every other case is
+    written again from its parse as before; either way one line, parsing to the same object.
     ``usage`` (``obj["usage"]``) is not needed: kept for callers written before R14-2."""
     if payload.rfind(_CACHED_KEY) < 0 and not _has_escape(payload):
         return None
+    if payload.find(b"\n") < 0:  # one data line (no CR in a line): a cut of it stays one line (session 28, cut28)
+        return b"data: " + plain_without_cached(payload, obj, obj.get("usage")) + b"\n\n"
     return b"data: " + written_without_counter(obj) + b"\n\n"
 
 
