@@ -19,7 +19,8 @@ seconds, so the worker's fixed per-second costs count at this rate): the process
 (``time.process_time``) minus the feeder's and the drain thread's own CPU
 (``pthread_getcpuclockid``), i.e. the worker's CPU in all its threads, in µs per event; also its
 main (event-loop) thread alone, and (session 28) the whole process's system CPU and minor page faults
-per event (``getrusage``; the feeder's and drain thread's pipe writes and reads included). Rounds alternate the order of the trees; ``--same`` is an A/A (this
+per event (``getrusage``; the feeder's and drain thread's pipe writes and reads included) and its peak
+resident size (``maxrss_mib``, the bench's prepared frames included). Rounds alternate the order of the trees; ``--same`` is an A/A (this
 tree twice). ``--profile DIR``: cProfile of the worker's main thread on the thread-CPU clock, one
 ``.prof`` per run (whole run, warm-up and close included; compare shares). Results:
 ``bench/results/<--name>.{json,md}``.
@@ -195,6 +196,7 @@ def _child(arg: dict[str, Any]) -> dict[str, Any]:
                 # and reads of the pipes): system CPU and minor page faults per event (session 28)
                 "process_sys_us": round((ru1.ru_stime - ru0.ru_stime) * 1e6 / n, 2),
                 "minflt_per_event": round((ru1.ru_minflt - ru0.ru_minflt) / n, 3),
+                "maxrss_mib": round(ru1.ru_maxrss / 1024, 1),  # peak resident size (the bench's frames included)
             })
             out["all_acked"] = wait_ack(warm + n, 30)
             time.sleep(1.1)
