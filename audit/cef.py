@@ -184,10 +184,58 @@ _L_QUEUE, _L_VT, _L_DROPPED = _label("cfp1", "queueWaitMs"), _label("cfp2", "vir
 _L_POLICY_VERSION = _label("flexNumber1", "policyVersion")
 
 
+#: per (client_address, spiffe_id, trust_domain, endpoint, tenant), each an exact ``str`` or None: their
+#: pairs (``src``/``shost``, ``suser``, ``sntdom``, ``request``, ``cs1Label`` and ``cs1``) joined by spaces,
+#: "" when all are None (session 28: one tuple and one look-up instead of up to six calls and f-strings);
+#: per (replica, model): their labelled pairs (``cs3``, ``cs4``); cleared at ``_ESCAPED_MAX`` entries
+_WHO: dict[tuple[object, ...], str] = {}
+_WHERE: dict[tuple[object, object], str] = {}
+_STR_OR_NONE: frozenset[type] = frozenset((str, type(None)))
+
+
+def _who(key: tuple[object, ...]) -> str:
+    """``_WHO``'s value for ``key`` (made and cached on a miss)."""
+    client, spiffe_id, trust_domain, endpoint, tenant = key
+    p: list[str] = []
+    if client:  # an address in src, another source (unknown, unattested@...) in shost
+        p.append(f"src={_repeated(client)}" if is_ip_text(client) else f"shost={_repeated(client)}")
+    if spiffe_id is not None:
+        p.append(f"suser={_repeated(spiffe_id)}")
+    if trust_domain is not None:
+        p.append(f"sntdom={_repeated(trust_domain)}")
+    if endpoint is not None:
+        p.append(f"request={_repeated(endpoint)}")
+    if tenant is not None:
+        p.append(_L_TENANT)
+        p.append(f"cs1={_repeated(tenant)}")
+    if len(_WHO) >= _ESCAPED_MAX:
+        _WHO.clear()
+    text = _WHO[key] = " ".join(p)
+    return text
+
+
+def _where(key: tuple[object, object]) -> str:
+    """``_WHERE``'s value for ``key`` (made and cached on a miss)."""
+    replica, model = key
+    p: list[str] = []
+    if replica is not None:
+        p.append(_L_REPLICA)
+        p.append(f"cs3={_repeated(replica)}")
+    if model is not None:
+        p.append(_L_MODEL)
+        p.append(f"cs4={_repeated(model)}")
+    if len(_WHERE) >= _ESCAPED_MAX:
+        _WHERE.clear()
+    text = _WHERE[key] = " ".join(p)
+    return text
+
+
 def cef_line(event: AuditEvent) -> str:
     """:func:`format_cef`'s line, built with fewer calls (issue 14, session 10): the header per
     (kind, outcome) and the escaped values that repeat are cached, the extension written in one
-    pass. Events with kind-specific details (alerts, operator actions, summaries, checkpoints)
+    pass; session 28: the pairs of the values that repeat together (client, identity, endpoint,
+    tenant; replica, model) cached as one string each, and plain numbers written without a call.
+    Events with kind-specific details (alerts, operator actions, summaries, checkpoints)
     and enums of an unexpected type take :func:`format_cef`. Same string always
     (tests/audit/test_s10_fast_formats.py)."""
     kind, outcome = event.kind, event.outcome
@@ -201,33 +249,51 @@ def cef_line(event: AuditEvent) -> str:
             f"{_HEADER_PREFIX}{escape_header(f'{k}:{o}')}|{escape_header(f'{k} {o}')}|{_SEVERITY.get(outcome, 5)}|",
             f"outcome={escape_extension(o)}")
     identity, policy, route = event.identity, event.policy, event.route
+    numeric, str_or_none = _NUMERIC, _STR_OR_NONE
     p: list[str] = []
     a = p.append
     if (v := event.time_ms) is not None:
-        a(f"rt={_value(v)}")
+        a(f"rt={v}" if type(v) in numeric else f"rt={_value(v)}")
     if (v := event.event_id) is not None:
         a(f"externalId={_value(v)}")
     a(head[1])
-    if v := event.client_address:  # an address in src, another source (unknown, unattested@...) in shost
-        a(f"src={_repeated(v)}" if is_ip_text(v) else f"shost={_repeated(v)}")
-    if (v := identity.spiffe_id) is not None:
-        a(f"suser={_repeated(v)}")
-    if (v := identity.trust_domain) is not None:
-        a(f"sntdom={_repeated(v)}")
-    if (v := event.endpoint) is not None:
-        a(f"request={_repeated(v)}")
-    if (v := event.tenant) is not None:
-        a(_L_TENANT)
-        a(f"cs1={_repeated(v)}")
+    who = (event.client_address, identity.spiffe_id, identity.trust_domain, event.endpoint, event.tenant)
+    if (type(who[0]) in str_or_none and type(who[1]) in str_or_none and type(who[2]) in str_or_none
+            and type(who[3]) in str_or_none and type(who[4]) in str_or_none):
+        text = _WHO.get(who)
+        if text is None:
+            text = _who(who)
+        if text:
+            a(text)
+    else:  # a value of another type: each pair on its own, as format_cef writes it
+        if v := who[0]:
+            a(f"src={_repeated(v)}" if is_ip_text(v) else f"shost={_repeated(v)}")
+        if (v := who[1]) is not None:
+            a(f"suser={_repeated(v)}")
+        if (v := who[2]) is not None:
+            a(f"sntdom={_repeated(v)}")
+        if (v := who[3]) is not None:
+            a(f"request={_repeated(v)}")
+        if (v := who[4]) is not None:
+            a(_L_TENANT)
+            a(f"cs1={_repeated(v)}")
     if (v := policy.decision_id) is not None:
         a(_L_DECISION)
         a(f"cs2={_value(v)}")
-    if (v := route.replica) is not None:
-        a(_L_REPLICA)
-        a(f"cs3={_repeated(v)}")
-    if (v := event.model) is not None:
-        a(_L_MODEL)
-        a(f"cs4={_repeated(v)}")
+    where = (route.replica, event.model)
+    if type(where[0]) in str_or_none and type(where[1]) in str_or_none:
+        text = _WHERE.get(where)
+        if text is None:
+            text = _where(where)
+        if text:
+            a(text)
+    else:
+        if (v := where[0]) is not None:
+            a(_L_REPLICA)
+            a(f"cs3={_repeated(v)}")
+        if (v := where[1]) is not None:
+            a(_L_MODEL)
+            a(f"cs4={_repeated(v)}")
     if (v := event.prefix_fingerprint) is not None:
         a(_L_FP)
         a(f"cs5={_value(v)}")
@@ -238,25 +304,25 @@ def cef_line(event: AuditEvent) -> str:
         a(f"reason={_repeated(v)}")
     if (v := event.prompt_tokens) is not None:
         a(_L_PROMPT)
-        a(f"cn1={_value(v)}")
+        a(f"cn1={v}" if type(v) in numeric else f"cn1={_value(v)}")
     if (v := event.output_tokens) is not None:
         a(_L_OUTPUT)
-        a(f"cn2={_value(v)}")
+        a(f"cn2={v}" if type(v) in numeric else f"cn2={_value(v)}")
     if (v := event.status_code) is not None:
         a(_L_STATUS)
-        a(f"cn3={_value(v)}")
+        a(f"cn3={v}" if type(v) in numeric else f"cn3={_value(v)}")
     if (v := event.latency.queue_wait_ms) is not None:
         a(_L_QUEUE)
-        a(f"cfp1={_value(v)}")
+        a(f"cfp1={v}" if type(v) in numeric else f"cfp1={_value(v)}")
     if (v := route.virtual_tokens) is not None:
         a(_L_VT)
-        a(f"cfp2={_value(v)}")
+        a(f"cfp2={v}" if type(v) in numeric else f"cfp2={_value(v)}")
     if (v := event.dropped_fields) is not None:
         a(_L_DROPPED)
-        a(f"cfp3={_value(v)}")
+        a(f"cfp3={v}" if type(v) in numeric else f"cfp3={_value(v)}")
     if (v := policy.version) is not None:
         a(_L_POLICY_VERSION)
-        a(f"flexNumber1={_value(v)}")
+        a(f"flexNumber1={v}" if type(v) in numeric else f"flexNumber1={_value(v)}")
     if (v := event.instance) is not None:
         a(f"deviceExternalId={_repeated(v)}")
     return head[0] + " ".join(p)

@@ -173,11 +173,52 @@ def _request_const(kind: Kind, outcome: Outcome) -> tuple[dict[str, Any], int, s
     return hit
 
 
+#: session 28: the sub-objects of a request's OCSF record that repeat from event to event, made once per
+#: value (an exact ``str``; any other type is built per event) and shared by the records (never changed after
+#: they are made: each record is encoded at once): ``actor.user`` per (spiffe_id, trust_domain),
+#: ``src_endpoint`` per client address, ``api`` per operation, ``dst_endpoint`` per replica; each cleared
+#: at ``_SHARED_MAX`` entries
+_USERS: dict[tuple[str, Any], dict[str, Any]] = {}
+_SRCS: dict[str, dict[str, Any]] = {}
+_APIS: dict[str, dict[str, Any]] = {}
+_DSTS: dict[str, dict[str, Any]] = {}
+_SHARED_MAX = 4096
+_UNKNOWN_SRC = {"name": "unknown"}
+
+
+def _user(spiffe_id: Any, trust_domain: Any) -> dict[str, Any]:
+    """``actor.user`` of an identity (cached when both values are exact str, or the domain None)."""
+    user = {"uid": spiffe_id, "type_id": 99, "type": "Workload", "domain": trust_domain}
+    if type(spiffe_id) is str and (trust_domain is None or type(trust_domain) is str):
+        if len(_USERS) >= _SHARED_MAX:
+            _USERS.clear()
+        _USERS[(spiffe_id, trust_domain)] = user
+    return user
+
+
+def _src(address: Any) -> dict[str, Any]:
+    """``src_endpoint`` of a client address (cached when an exact str)."""
+    src = {"ip" if is_ip_text(address) else "name": address}
+    if type(address) is str:
+        if len(_SRCS) >= _SHARED_MAX:
+            _SRCS.clear()
+        _SRCS[address] = src
+    return src
+
+
+def _shared(cache: dict[str, dict[str, Any]], key: str, value: dict[str, Any]) -> dict[str, Any]:
+    if len(cache) >= _SHARED_MAX:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 def ocsf_line(event: AuditEvent) -> bytes:
     """``orjson.dumps(to_ocsf(event), option=OPT_SORT_KEYS)`` (the OCSF file sink's line, no newline),
     built faster for a request's event (issue 14, session 10): the constant fields per (kind,
     outcome) made once, ``unmapped.prefixgate`` written inline instead of a :func:`json_field` call
-    per key. Events with kind-specific details (alerts, operator actions, summaries, checkpoints),
+    per key; session 28: the sub-objects that repeat (user, source, api, destination) made once per
+    value. Events with kind-specific details (alerts, operator actions, summaries, checkpoints),
     other kinds and values of unexpected types take :func:`to_ocsf`. Same bytes always
     (tests/audit/test_s10_fast_formats.py)."""
     kind, outcome = event.kind, event.outcome
@@ -201,21 +242,41 @@ def ocsf_line(event: AuditEvent) -> bytes:
     elif event.error_code:
         out["status_detail"] = event.error_code
     actor: dict[str, Any] = {}
-    if identity.spiffe_id:
-        actor["user"] = {"uid": identity.spiffe_id, "type_id": 99, "type": "Workload", "domain": identity.trust_domain}
+    if sid := identity.spiffe_id:
+        dom = identity.trust_domain
+        user = _USERS.get((sid, dom)) if type(sid) is str and (dom is None or type(dom) is str) else None
+        actor["user"] = user if user is not None else _user(sid, dom)
     if policy.decision_id or policy.reason_code:
-        actor["authorizations"] = [{
-            "decision": OUTCOME_VALUE[outcome],
-            "policy": {k: v for k, v in (("uid", policy.decision_id), ("name", policy.reason_code),
-                                         ("desc", policy.reason), ("version", _version(policy.version))) if v},
-        }]
-    src = {"ip" if is_ip_text(a) else "name": a} if (a := event.client_address) else {"name": "unknown"}
+        pol: dict[str, Any] = {}  # the keys whose value is truthy, in this order (as to_ocsf writes them)
+        if v := policy.decision_id:
+            pol["uid"] = v
+        if v := policy.reason_code:
+            pol["name"] = v
+        if v := policy.reason:
+            pol["desc"] = v
+        if v := _version(policy.version):
+            pol["version"] = v
+        actor["authorizations"] = [{"decision": OUTCOME_VALUE[outcome], "policy": pol}]
+    if a := event.client_address:
+        src = _SRCS.get(a) if type(a) is str else None
+        if src is None:
+            src = _src(a)
+    else:
+        src = _UNKNOWN_SRC
     if class_uid == API_ACTIVITY:
-        out["api"] = {"operation": event.endpoint or activity_name, "service": _SERVICE}
+        op = event.endpoint or activity_name
+        if type(op) is str:
+            api = _APIS.get(op) or _shared(_APIS, op, {"operation": op, "service": _SERVICE})
+        else:
+            api = {"operation": op, "service": _SERVICE}
+        out["api"] = api
         out["actor"] = actor or {"app_name": "prefixgate"}
         out["src_endpoint"] = src
-        if event.route.replica:
-            out["dst_endpoint"] = {"name": event.route.replica}
+        if replica := event.route.replica:
+            if type(replica) is str:
+                out["dst_endpoint"] = _DSTS.get(replica) or _shared(_DSTS, replica, {"name": replica})
+            else:
+                out["dst_endpoint"] = {"name": replica}
         if event.latency.total_ms is not None:
             out["duration"] = int(event.latency.total_ms)
     else:  # AUTHENTICATION

@@ -143,7 +143,7 @@ def _worker_audit(ready_file: Path) -> dict[str, dict[str, float]]:
 
 def _kernel_counts() -> dict[str, float]:
     """This process's read/write system calls, context switches (all threads), user/system CPU
-    seconds and the CPU seconds of threads other than the main one, so far (Linux /proc; ``{}``
+    seconds, minor page faults (``minflt``, session 28) and the CPU seconds of threads other than the main one, so far (Linux /proc; ``{}``
     elsewhere): the gateway's kernel-side and off-loop cost per request."""
     import psutil
 
@@ -156,6 +156,9 @@ def _kernel_counts() -> dict[str, float]:
         me = psutil.Process()
         cs, t = me.num_ctx_switches(), me.cpu_times()
         out.update(ctx_voluntary=cs.voluntary, ctx_involuntary=cs.involuntary, user_s=t.user, system_s=t.system)
+        import resource
+
+        out["minflt"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # minor page faults (session 28)
         # CPU of the threads other than the event loop's (the span writer, executors)
         out["other_threads_s"] = sum(th.user_time + th.system_time for th in me.threads() if th.id != me.pid)
     except (OSError, ValueError, psutil.Error):

@@ -18,7 +18,9 @@ traces) run in another process (not counted). Measured over a fixed window (the 
 seconds, so the worker's fixed per-second costs count at this rate): the process's CPU
 (``time.process_time``) minus the feeder's and the drain thread's own CPU
 (``pthread_getcpuclockid``), i.e. the worker's CPU in all its threads, in µs per event; also its
-main (event-loop) thread alone. Rounds alternate the order of the trees; ``--same`` is an A/A (this
+main (event-loop) thread alone, and (session 28) the whole process's system CPU and minor page faults
+per event (``getrusage``; the feeder's and drain thread's pipe writes and reads included) and its peak
+resident size (``maxrss_mib``, the bench's prepared frames included). Rounds alternate the order of the trees; ``--same`` is an A/A (this
 tree twice). ``--profile DIR``: cProfile of the worker's main thread on the thread-CPU clock, one
 ``.prof`` per run (whole run, warm-up and close included; compare shares). Results:
 ``bench/results/<--name>.{json,md}``.
@@ -84,6 +86,8 @@ def _thread_cpu(ident: int) -> float:
 
 def _child(arg: dict[str, Any]) -> dict[str, Any]:
     """Runs in the child (PYTHONPATH = the tree under test): the worker on this thread, fed (module doc)."""
+    import resource
+
     import orjson
 
     work = Path(arg["work"])
@@ -172,12 +176,14 @@ def _child(arg: dict[str, Any]) -> dict[str, Any]:
             wait_ack(warm, 30)
             time.sleep(1.2)  # the metrics report and the OTLP/span lingers of the warm-up
             p0, m0, f0, d0 = time.process_time(), _thread_cpu(main_ident), _thread_cpu(me), _thread_cpu(drainer_ident)
+            ru0 = resource.getrusage(resource.RUSAGE_SELF)
             w_start = time.monotonic()
             gcs["on"] = True
             feed(frames)
             fed_s = time.monotonic() - w_start
             time.sleep(max(0.0, w_start + n / rate + float(arg["tail"]) - time.monotonic()))
             p1, m1, f1, d1 = time.process_time(), _thread_cpu(main_ident), _thread_cpu(me), _thread_cpu(drainer_ident)
+            ru1 = resource.getrusage(resource.RUSAGE_SELF)
             gcs["on"] = False
             out.update({
                 "gc_us": round(gcs["s"] * 1e6 / n, 2), "gc_n": gcs["n"],
@@ -186,6 +192,11 @@ def _child(arg: dict[str, Any]) -> dict[str, Any]:
                 "main_thread_us": round((m1 - m0) * 1e6 / n, 2),
                 "feeder_us": round((f1 - f0) * 1e6 / n, 2),
                 "fed_s": round(fed_s, 3),
+                # the whole process (the feeder and drain threads too: their system time is their writes
+                # and reads of the pipes): system CPU and minor page faults per event (session 28)
+                "process_sys_us": round((ru1.ru_stime - ru0.ru_stime) * 1e6 / n, 2),
+                "minflt_per_event": round((ru1.ru_minflt - ru0.ru_minflt) / n, 3),
+                "maxrss_mib": round(ru1.ru_maxrss / 1024, 1),  # peak resident size (the bench's frames included)
             })
             out["all_acked"] = wait_ack(warm + n, 30)
             time.sleep(1.1)
@@ -293,9 +304,11 @@ def main(argv: list[str] | None = None) -> int:
           *[f"Median per-round difference {t} − {names[0]}: worker {v['worker_us']:+.2f}, main thread "
             f"{v['main_thread_us']:+.2f} µs/event; {names[0]} lower in {lower[t]} of {args.rounds} rounds."
             for t, v in diff.items()], "",
-          "| round | tree | worker µs | main thread µs | acked in window | dropped | slow sends |",
-          "|---|---|---:|---:|---|---|---|",
-          *[f"| {r['round']} | {r['tree']} | {r['worker_us']} | {r['main_thread_us']} | {r['acked_in_window']} "
+          "| round | tree | worker µs | main thread µs | process system µs | minor faults/event | acked in window "
+          "| dropped | slow sends |",
+          "|---|---|---:|---:|---:|---:|---|---|---|",
+          *[f"| {r['round']} | {r['tree']} | {r['worker_us']} | {r['main_thread_us']} | {r.get('process_sys_us', '')} "
+            f"| {r.get('minflt_per_event', '')} | {r['acked_in_window']} "
             f"| {r['dropped']} | {r['slow_sends'] or ''} |" for r in rows], ""]
     (args.out / f"{args.name}.md").write_text("\n".join(md))
     print("\n".join(md))
