@@ -24,7 +24,8 @@ from gateway.proxy import UpstreamFailure, UpstreamStream
 from gateway.read_deadline import ReadDeadline
 from gateway.record import RequestRecord
 from gateway.request import InferenceRequest
-from gateway.sse import SseProtocolError, SseScanner, error_event
+from gateway.sse import SseProtocolError, SseScanner
+from gateway.sse_events import error_event
 from gateway.unknown_fields import DroppedFields, dropped_headers
 from gateway.stream_charge import settle_client_end  # R8-3
 from gateway.upstream import Upstream

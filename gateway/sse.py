@@ -42,16 +42,16 @@ very start of the stream is ignored.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import json_fast
+from gateway.sse_events import ends_choice as _ends_choice, has_output as _has_output
 from gateway.sse_shape import EventShape, learn_shape
 from gateway.usage_privacy import event_for_drop, may_name_cached
 
-__all__ = ["DONE", "SseProtocolError", "SseScanner", "error_event"]
+__all__ = ["DONE", "SseProtocolError", "SseScanner"]
 
 DONE = b"data: [DONE]\n\n"
 _EOL = re.compile(rb"\r\n|\r|\n")
@@ -393,26 +393,3 @@ def _too_large(out: list[bytes]) -> SseProtocolError:
     exc = SseProtocolError(_TOO_LARGE)
     exc.forward = b"".join(out)
     return exc
-
-
-def _ends_choice(choices: list[Any]) -> bool:
-    """Whether a data event of one choice sets its ``finish_reason`` (the choice's last delta event)."""
-    return len(choices) == 1 and type(choices[0]) is dict and choices[0].get("finish_reason") is not None
-
-
-def _has_output(choice: Any) -> bool:
-    """True when a streamed choice carries generated output (text, content, reasoning, tool calls)."""
-    if not isinstance(choice, dict):
-        return False
-    if choice.get("text"):
-        return True
-    delta = choice.get("delta")
-    if isinstance(delta, dict):
-        return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"))
-    return False
-
-
-def error_event(message: str, code: str, err_type: str = "server_error") -> bytes:
-    """Return an SSE ``data:`` event carrying an OpenAI-style error object."""
-    body = json.dumps({"error": {"message": message, "type": err_type, "code": code, "param": None}})
-    return b"data: " + body.encode() + b"\n\n"

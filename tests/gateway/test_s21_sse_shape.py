@@ -12,7 +12,8 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gateway.sse import SseScanner, _has_output
+from gateway.sse import SseScanner
+from gateway.sse_events import has_output as _has_output
 from gateway.sse_shape import learn_shape
 from tests.gateway.test_s21_shapereview import _run as _run_bounded
 
