@@ -43,6 +43,11 @@ CASES: dict[str, Any] = {
     "property maxLength 200": {**_REQ, "properties": {"a": {"type": "string", "maxLength": 200}}},
     "array items maxLength 24": {"type": "array", "items": {"type": "string", "maxLength": 24}},
     "property pattern .{24}": {**_REQ, "properties": {"a": {"type": "string", "pattern": ".{24}"}}},
+    # S28-attack28-2 (open): a pattern's own structure, anywhere
+    **{f"property pattern .*a + {k} dots": {**_REQ, "properties": {"a": {"type": "string", "pattern": ".*a" + "." * k}}}
+       for k in (12, 16, 20)},
+    "property pattern [ab]*a + 20 [ab]": {**_REQ, "properties": {"a": {"type": "string",
+                                                                           "pattern": "[ab]*a" + "[ab]" * 20}}},
 }
 
 
