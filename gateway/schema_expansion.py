@@ -23,7 +23,15 @@ whitespace pattern ``[ ]?``, 4 characters; ``e(x)``: the characters built for ``
   absent an unconstrained value whose nested ``object`` and ``array`` go ``depth`` levels down (``depth``, default 2,
   is read from the schema: 4x per level, 1.8 M characters at ``"depth": 6``); ``array``: ``items`` written twice, or
   unconstrained at ``depth``; a list of types: each as if alone;
-* anything else (unknown keys only, booleans, other JSON values): nothing (outlines-core refuses it).
+* anything else (unknown keys only, booleans, other JSON values): nothing (outlines-core refuses it);
+* a ``string`` at the expression's start (the root, or reached from it through ``anyOf`` / ``oneOf`` / ``allOf`` /
+  ``$ref`` / a list of types) with a counted repetition (``minLength`` / ``maxLength`` ``n``, or a ``pattern`` whose
+  ``{m}`` / ``{m,n}`` quantifiers multiply to ``n``): ``8 * 2**n`` more (session 28, attack28, S28-attack28-1).
+  outlines-core's ``Index`` of ``{"type": "string", "maxLength": n}`` as the whole schema doubles its CPU and memory
+  per unit of ``n`` (a 37- or 5,000-token vocabulary alike: ``n`` 12 0.2 s, 16 4.3 s and 261 MB, 24 more than 3 GB;
+  ``"pattern": ".{16}"`` 2.5 s) while its expression stays under 50 characters; the same string as a property, an
+  array item or after any other fixed character costs milliseconds at ``maxLength`` 200 and is not charged. The
+  default bound (1,000,000) then admits ``n`` 16 and refuses 17.
 
 Assumed: outlines-core's default whitespace pattern (vLLM's outlines backend passes none; a replica given a longer
 one, e.g. SGLang's ``--constrained-json-whitespace-pattern``, builds more than counted here: lower the bound).
@@ -62,6 +70,10 @@ _HUGE = 1 << 62
 #: goes up to the nearest property, which ``parse_properties`` skips)
 _FAIL = -1
 _KEYWORDS = ("properties", "allOf", "anyOf", "oneOf", "prefixItems", "enum", "const", "$ref", "type")
+#: a ``pattern``'s counted quantifiers ``{m}``, ``{m,}``, ``{m,n}`` (their largest number counts)
+_QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+#: characters charged per doubling of a leading string's counted repetition (S28-attack28-1): ``8 * 2**n``
+_LEADING_UNIT = 8
 
 
 def _unconstrained_table() -> list[tuple[int, int]]:
@@ -102,7 +114,48 @@ def regex_chars(schema: Any, cap: int) -> int:
         stack.append((node, open_refs, True))
         stack.extend((child, depth, False) for child, depth in _children(schema, node, open_refs, targets)
                      if (id(child), depth) not in memo)
-    return max(memo[(id(schema), 0)], 0)
+    return min(max(memo[(id(schema), 0)], 0) + _leading_strings(schema, cap, targets), cap + 1)
+
+
+def _leading_strings(root: Any, cap: int, targets: dict[str, Any]) -> int:
+    """Characters charged for the ``string`` nodes at the start of the expression outlines-core builds from ``root``
+    (module docstring, last rule; S28-attack28-1): ``8 * 2**n`` each, ``n`` its counted repetition; at most
+    ``cap + 1``. Walks ``anyOf`` / ``oneOf`` / ``allOf`` members, ``$ref`` targets (at most :data:`REF_LEVELS`
+    nested) and lists of types from the root, each (node, open references) pair once. Raises nothing."""
+    extra = 0
+    seen: set[tuple[int, int]] = set()
+    stack: list[tuple[Any, int]] = [(root, 0)]
+    while stack and extra <= cap:
+        node, open_refs = stack.pop()
+        if type(node) is not dict or (id(node), open_refs) in seen:
+            continue
+        seen.add((id(node), open_refs))
+        word = _keyword(node)
+        if word in ("allOf", "anyOf", "oneOf"):
+            if type(node[word]) is list:
+                stack.extend((member, open_refs) for member in node[word])
+        elif word == "$ref":
+            stack.extend(_children(root, node, open_refs, targets))
+        elif word == "type":
+            types = node["type"]
+            if (types == "string" or (type(types) is list and "string" in types)) and (n := _repetition(node)):
+                extra += _LEADING_UNIT << n
+    return min(extra, cap + 1)
+
+
+def _repetition(node: dict[str, Any]) -> int:
+    """A string schema's counted repetition as outlines-core builds it: the larger of ``minLength`` / ``maxLength``
+    (u64 integers; others build ``{0,}``), else the product of its ``pattern``'s quantifier bounds (each its
+    largest number, at least 1), else 0. Capped at 63."""
+    if "maxLength" in node or "minLength" in node:
+        return min(max(_upper(node, "minLength") or 0, _upper(node, "maxLength") or 0), 63)
+    pattern = node.get("pattern")
+    if type(pattern) is not str:
+        return 0
+    product = 1
+    for low, high in _QUANTIFIER.findall(pattern):  # 19 digits at most: no long int parse
+        product = min(product * max(int(low[:19]), int(high[:19] or 0), 1), 1 << 63)
+    return min(product if product > 1 else 0, 63)
 
 
 def required_tools_chars(tools: list[tuple[Any, int]]) -> int:
