@@ -2,7 +2,9 @@
 event cut at chosen points across its writes (inside ``cached_tokens``, inside the escape ``\\u0063``, right after
 the event's first LF, with whole delta events after it in the same write: gateway/sse.py ``_feed_split``), in
 several shapes (spaced, compact, escaped key, a duplicated ``usage`` whose first value holds the counter, the data
-on several lines, CRLF line ends), and in one large write (over ``STREAM_METER_BYTES``: the metered scan). The client
+on several lines, CRLF line ends), its first delta events in writes of their own (live middle parts: stream28's
+write-through on, then off for the part holding ``[DONE]``; 160 of the 200 answers), and in one large write (over
+``STREAM_METER_BYTES``: the metered scan). The client
 reads no ``cached_tokens`` (R12-1) for a client keeping the first value of a duplicated key or the last, and the
 same text and events as the replica sent."""
 
@@ -56,7 +58,9 @@ def _pieces(raw: bytes, cut: bytes | None) -> list[bytes]:
     if at < 0:  # the shape does not hold it: cut inside the usage event's key instead
         at = start + 3
     at += max(1, len(cut) // 2)
-    return [raw[:start - 10], raw[start - 10:at], raw[at:]]
+    first = raw.find(b"data: ", 1)  # the first delta event alone, then the next ones: live middle parts
+    second = raw.find(b"data: ", first + 1)
+    return [raw[:first], raw[first:second], raw[second:start - 10], raw[start - 10:at], raw[at:]]
 
 
 CASES = [(shape, eol, lines, cut) for shape in USAGES for eol in (b"\n", b"\r\n") for lines in (False, True)
