@@ -119,3 +119,14 @@ def test_markdown_prints_the_paired_line_and_the_slots_tree() -> None:
     assert "Paired per run, baseline minus prefixgate" in md
     assert "+20.0, +20.0, -200.0 µs/req (median 20.0; baseline higher in 2 of 3 runs)" in md
     assert "prefixgate slot started from /tmp/work/this-export" in md
+
+
+def test_critical_path_pairs_rounds() -> None:
+    from bench import critical_path
+
+    # the difference of the medians (300 - 200 = +100) says this is slower; round by round it is faster in 2 of 3
+    per = {"this": [{"total_cpu": 300.0}, {"total_cpu": 190.0}, {"total_cpu": 500.0}],
+           "baseline": [{"total_cpu": 200.0}, {"total_cpu": 195.0}, {"total_cpu": 510.0}]}
+    p = critical_path.paired_rounds(per, ["total_cpu"])
+    assert p == {"rounds": 3, "median_us": {"total_cpu": -5.0}, "this_higher": {"total_cpu": 1}}
+    assert critical_path.paired_rounds({"this": [], "baseline": []}, ["total_cpu"])["median_us"] == {"total_cpu": None}
