@@ -130,3 +130,28 @@ def test_critical_path_pairs_rounds() -> None:
     p = critical_path.paired_rounds(per, ["total_cpu"])
     assert p == {"rounds": 3, "median_us": {"total_cpu": -5.0}, "this_higher": {"total_cpu": 1}}
     assert critical_path.paired_rounds({"this": [], "baseline": []}, ["total_cpu"])["median_us"] == {"total_cpu": None}
+
+
+def test_tree_start_aa_per_request_and_pairs_to_the_first_tree() -> None:
+    import os
+
+    from bench import tree_start_aa as t
+
+    row = t.per_request({"main_ns": 1_000, "all_ns": 2_000, "minflt": 10, "vcsw": 4, "ivcsw": 1},
+                        {"main_ns": 401_000, "all_ns": 602_000, "minflt": 30, "vcsw": 8, "ivcsw": 3}, 2)
+    assert row == {"main_us": 200.0, "all_us": 300.0, "minflt": 10.0, "vcsw": 2.0, "ivcsw": 1.0}
+    rows = {"repo": [{"main_us": 400.0}, {"main_us": 500.0}, {"main_us": 450.0}],
+            "export": [{"main_us": 410.0}, {"main_us": 480.0}, {"main_us": 440.0}],
+            "aa": [{"main_us": 400.0}, {"main_us": 520.0}, {"main_us": 470.0}]}
+    p = t.paired_to_first(rows, ["main_us"])
+    assert p == {"export": {"main_us": -10.0, "higher": 1}, "aa": {"main_us": 20.0, "higher": 2}}
+    c = t.counters(os.getpid())  # this process: every counter present and non-negative
+    assert set(c) == {"main_ns", "all_ns", "minflt", "vcsw", "ivcsw"} and min(c.values()) >= 0
+    assert c["all_ns"] >= c["main_ns"] > 0
+
+
+def test_tree_start_aa_refuses_a_tree_without_a_name() -> None:
+    from bench import tree_start_aa as t
+
+    with pytest.raises(SystemExit, match="expected NAME=DIR"):
+        t.main(["--tree", "/work/main"])
