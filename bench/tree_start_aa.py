@@ -53,6 +53,14 @@ def counters(pid: int) -> dict[str, int]:
             "vcsw": int(status["voluntary_ctxt_switches"]), "ivcsw": int(status["nonvoluntary_ctxt_switches"])}
 
 
+def started_from(pid: int) -> dict[str, str]:
+    """How process ``pid`` runs (Linux ``/proc``): its working directory, ``PYTHONPATH`` and ``GOGC`` (after
+    ``prefixgate serve``'s re-exec) and command line. Raises OSError when the process is gone."""
+    env = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
+    return {"cwd": os.readlink(f"/proc/{pid}/cwd"), "PYTHONPATH": env.get("PYTHONPATH", ""),
+            "GOGC": env.get("GOGC", ""), "cmdline": Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ").strip()}
+
+
 def per_request(before: Mapping[str, int], after: Mapping[str, int], n: int) -> dict[str, float]:
     """The :func:`counters` deltas per request over ``n`` requests: CPU in µs (``main_us``, ``all_us``),
     the counts as they are."""
@@ -90,12 +98,14 @@ async def run(trees: Mapping[str, Path], rounds: int, requests: int) -> dict[str
     bodies = _Body(False)
     live: dict[str, tuple[Any, str]] = {}
     per: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    started: dict[str, dict[str, str]] = {}
     try:
         for name, tree in trees.items():
             doc = _second_config(cfg, stack.paths, name)
             doc["policy"]["dir"] = str(tree / "rego")
             live[name] = await _start_slot(name, tree, doc, stack.paths)
-        for _proc, base in live.values():
+        for name, (proc, base) in live.items():
+            started[name] = started_from(proc.pid)
             await sequential(base + "/v1/completions", headers, WARMUP * 4, bodies)
         names = list(trees)
         for r in range(rounds):
@@ -113,7 +123,7 @@ async def run(trees: Mapping[str, Path], rounds: int, requests: int) -> dict[str
         stack.stop()
     med = {n: {k: round(statistics.median(x[k] for x in rows), 2) for k in FIELDS} for n, rows in per.items()}
     return {"benchmark": "tree_start_aa", "trees": {k: str(v) for k, v in trees.items()}, "rounds": rounds,
-            "requests": requests, "loadavg": {"start": load_start, "end": os.getloadavg()}, "median": med,
+            "requests": requests, "started": started, "loadavg": {"start": load_start, "end": os.getloadavg()}, "median": med,
             "paired_to_first": paired_to_first(per, FIELDS), "per_round": per}
 
 
@@ -131,6 +141,9 @@ def to_markdown(doc: Mapping[str, Any], name: str) -> str:
         paired = "-" if p is None else f"{p['main_us']:+.1f} ({p['higher']}/{doc['rounds']})"
         lines.append(f"| {n} | `{doc['trees'][n]}` | {m['main_us']:.1f} | {m['all_us']:.1f} | {m['minflt']:.2f} | "
                      f"{m['vcsw']:.2f} | {m['ivcsw']:.2f} | {m['p50_us']:.0f} | {paired} |")
+    lines += ["", "Started (after the re-exec): " + "; ".join(
+        f"{n}: cwd `{v['cwd']}`, PYTHONPATH `{v['PYTHONPATH']}`, GOGC {v['GOGC'] or '-'}"
+        for n, v in doc.get("started", {}).items()) + "."]
     return "\n".join(lines) + "\n"
 
 

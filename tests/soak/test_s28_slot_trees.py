@@ -155,3 +155,18 @@ def test_tree_start_aa_refuses_a_tree_without_a_name() -> None:
 
     with pytest.raises(SystemExit, match="expected NAME=DIR"):
         t.main(["--tree", "/work/main"])
+
+
+def test_tree_start_aa_reads_how_a_process_was_started(tmp_path: Path) -> None:
+    import sys
+
+    from bench import tree_start_aa as t
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], cwd=tmp_path, stdin=subprocess.PIPE,
+                            env={"PYTHONPATH": str(tmp_path), "GOGC": "400"})
+    try:
+        got = t.started_from(proc.pid)
+    finally:
+        proc.communicate(b"")
+    assert got["cwd"] == str(tmp_path) and got["PYTHONPATH"] == str(tmp_path) and got["GOGC"] == "400"
+    assert got["cmdline"].endswith("-c import sys; sys.stdin.read()")
