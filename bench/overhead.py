@@ -44,7 +44,12 @@ start order drawn for run 1 (``--seed``) and reversed in runs 2 and 3 of
 every 4; targets are measured in the order of :func:`run_order`; each phase
 is cut into ``--slices`` (4) slices measured target after target
 (:func:`measure_run`), each after the targets are idle (:func:`settle`).
-With ``--baseline`` the result has a slot check (:func:`slot_check`).
+With ``--baseline`` the result has a slot check (:func:`slot_check`), with the slots'
+differences paired run by run (compare slots with those: the table's medians are each target's own).
+The ``prefixgate`` slot runs from this repository as it is on disk (its ``__pycache__``, ``.git``, the
+editable install's ``prefixgate.egg-info``), ``--baseline`` from an export; ``--this-export`` starts
+``prefixgate`` from an export of HEAD instead (session 28, S28-lead-1: no per-request cost of the
+repository start was found, ``bench.tree_start_aa``; the flag makes the two slots' trees alike).
 
 Then one **profiled** PrefixGate process (same configuration, its own audit
 directory) runs the sequential phase under :mod:`cProfile` (thread CPU time
