@@ -162,11 +162,13 @@ def test_tree_start_aa_reads_how_a_process_was_started(tmp_path: Path) -> None:
 
     from bench import tree_start_aa as t
 
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], cwd=tmp_path, stdin=subprocess.PIPE,
+    code = "import sys; print('up', flush=True); sys.stdin.read()"
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env={"PYTHONPATH": str(tmp_path), "GOGC": "400"})
     try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # running: its exec is over
         got = t.started_from(proc.pid)
     finally:
         proc.communicate(b"")
     assert got["cwd"] == str(tmp_path) and got["PYTHONPATH"] == str(tmp_path) and got["GOGC"] == "400"
-    assert got["cmdline"].endswith("-c import sys; sys.stdin.read()")
+    assert got["cmdline"].endswith("-c " + code)
