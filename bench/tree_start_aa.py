@@ -14,13 +14,14 @@ reversed every other round). Per round and gateway, from ``/proc``: the event lo
 scheduler's ns count), all threads' CPU, minor page faults, voluntary and involuntary context switches (per
 request) and the client's p50. Reported: medians over the rounds, and per tree the median of its per-round
 difference to the first ``--tree`` (paired; with an A/A copy in the set, the noise beside it).
-Results: ``bench/results/<name>.{json,md}``.
+Results: ``bench/results/<name>.{json,md}``; the work directory (configs, logs, audit files) is removed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -121,6 +122,7 @@ async def run(trees: Mapping[str, Path], rounds: int, requests: int) -> dict[str
         for proc, _ in live.values():
             stop_process(proc)
         stack.stop()
+        shutil.rmtree(stack.paths.work, ignore_errors=True)
     med = {n: {k: round(statistics.median(x[k] for x in rows), 2) for k in FIELDS} for n, rows in per.items()}
     return {"benchmark": "tree_start_aa", "trees": {k: str(v) for k, v in trees.items()}, "rounds": rounds,
             "requests": requests, "started": started, "loadavg": {"start": load_start, "end": os.getloadavg()}, "median": med,
