@@ -146,6 +146,21 @@ def _install() -> _Marks:
     return marks
 
 
+def paired_rounds(per: dict[str, list[dict[str, float]]], keys: Sequence[str]) -> dict[str, Any]:
+    """Round by round ``this`` minus ``baseline`` (µs; the two trees' rows of the same round, ``per[name][i]``):
+    per key the median of those differences (``median_us``) and the rounds where ``this`` was higher
+    (``this_higher``), over ``rounds`` paired rounds. Session 28 (S28-lead-1): compare the trees with these; the
+    difference of the two trees' medians over rounds, with per-round swings of ±100 µs, moved by 10-25 µs
+    between runs of identical trees."""
+    pairs = list(zip(per["this"], per["baseline"], strict=False))
+    out: dict[str, Any] = {"rounds": len(pairs), "median_us": {}, "this_higher": {}}
+    for k in keys:
+        diffs = [a[k] - b[k] for a, b in pairs]
+        out["median_us"][k] = round(statistics.median(diffs), 1) if diffs else None
+        out["this_higher"][k] = sum(1 for d in diffs if d > 0)
+    return out
+
+
 async def run(baseline: Path, requests: int, rounds: int) -> dict[str, Any]:
     """The measurement (module doc); returns the result document."""
     import yaml
@@ -204,7 +219,7 @@ async def run(baseline: Path, requests: int, rounds: int) -> dict[str, Any]:
             "tail_cpu", "tail_wall", "gap_wall", "head_wall", "client_p50_us"]
     med = {name: {k: round(statistics.median(r[k] for r in rows), 1) for k in keys} for name, rows in per.items()}
     return {"benchmark": "critical_path", "baseline": str(baseline), "requests_per_round": requests,
-            "rounds": rounds, "medians_us": med, "per_round": per}
+            "rounds": rounds, "medians_us": med, "paired": paired_rounds(per, keys), "per_round": per}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -231,6 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines.append(f"| {name} | {m['pre_wall']} | {m['pre_cpu']} | {m['post_wall']} | {m['post_cpu']} | "
                      f"{m['total_wall']} | {m['total_cpu']} | {m['wait_wall']} | {m['prep_cpu']} | {m['tail_cpu']} | "
                      f"{m['tail_wall']} | {m['gap_wall']} | {m['head_wall']} | {m['client_p50_us']} |")
+    pr = doc["paired"]
+    lines += ["", f"Paired by round, this minus baseline (median of the {pr['rounds']} rounds' differences; rounds "
+              "where this was higher): " + "; ".join(f"{k} {pr['median_us'][k]:+.1f} µs ({pr['this_higher'][k]})"
+                                                  for k in ("pre_cpu", "post_cpu", "total_cpu", "total_wall",
+                                                            "client_p50_us"))
+              + ". Compare the trees with these, not with the difference of the rows above (S28-lead-1)."]
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -44,7 +44,12 @@ start order drawn for run 1 (``--seed``) and reversed in runs 2 and 3 of
 every 4; targets are measured in the order of :func:`run_order`; each phase
 is cut into ``--slices`` (4) slices measured target after target
 (:func:`measure_run`), each after the targets are idle (:func:`settle`).
-With ``--baseline`` the result has a slot check (:func:`slot_check`).
+With ``--baseline`` the result has a slot check (:func:`slot_check`), with the slots'
+differences paired run by run (compare slots with those: the table's medians are each target's own).
+The ``prefixgate`` slot runs from this repository as it is on disk (its ``__pycache__``, ``.git``, the
+editable install's ``prefixgate.egg-info``), ``--baseline`` from an export; ``--this-export`` starts
+``prefixgate`` from an export of HEAD instead (session 28, S28-lead-1: no per-request cost of the
+repository start was found, ``bench.tree_start_aa``; the flag makes the two slots' trees alike).
 
 Then one **profiled** PrefixGate process (same configuration, its own audit
 directory) runs the sequential phase under :mod:`cProfile` (thread CPU time
@@ -394,6 +399,37 @@ def _second_config(cfg: Mapping[str, Any], paths: Any, name: str) -> dict[str, A
     return doc
 
 
+def export_tree(repo: Path, dest: Path, commit: str = "HEAD") -> Path:
+    """Write ``commit``'s tracked files of the git repository ``repo`` into ``dest`` (created; must not
+    hold files) as ``git archive COMMIT | tar -x -C DEST`` does, and return ``dest``: no ``__pycache__``,
+    untracked or ignored file and no uncommitted change (commit them first). Raises ``RuntimeError``
+    (git's or tar's stderr) when either fails, e.g. ``repo`` is not a git work tree."""
+    import subprocess
+
+    dest.mkdir(parents=True, exist_ok=True)
+    if any(dest.iterdir()):
+        raise RuntimeError(f"export_tree: {dest} is not empty")
+    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit], capture_output=True,
+                             check=False)
+    if archive.returncode:
+        raise RuntimeError(f"git archive {commit} in {repo}: {archive.stderr.decode(errors='replace')[-2000:]}")
+    untar = subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, capture_output=True, check=False)
+    if untar.returncode:
+        raise RuntimeError(f"tar -x -C {dest}: {untar.stderr.decode(errors='replace')[-2000:]}")
+    return dest
+
+
+def slot_trees(repo: Path, baseline: Path | None, this_export: Path | None) -> dict[str, Path]:
+    """The source tree of each PrefixGate slot: ``prefixgate`` -> ``repo`` (this repository, as it is on
+    disk), or, with ``this_export`` (an empty or absent directory), an export of ``repo``'s HEAD written
+    there (:func:`export_tree`), so that it is started from a tree made the way a ``--baseline`` export is
+    (``--this-export``; S28-lead-1); ``baseline`` -> ``baseline`` when given."""
+    trees = {"prefixgate": export_tree(repo, this_export) if this_export is not None else repo}
+    if baseline is not None:
+        trees["baseline"] = baseline
+    return trees
+
+
 async def _start_slot(name: str, tree: Path, cfg: Mapping[str, Any], paths: Any,
                       python: str | None = None) -> tuple[Any, str]:
     """``prefixgate serve`` from source ``tree`` on ``cfg`` (its own ports and audit directory) and
@@ -434,18 +470,21 @@ async def settle(cpus: Sequence[_Cpu], *, idle_cores: float = 0.15, window_s: fl
 
 
 async def _profile(cfg: Mapping[str, Any], paths: Any, headers: Mapping[str, str], n: int, bodies: _Body,
-                   log: Callable[[str], None]) -> dict[str, Any]:
-    """Run the sequential phase against a profiled gateway; returns stage CPU (raw and scaled)."""
+                   log: Callable[[str], None], tree: Path = REPO) -> dict[str, Any]:
+    """Run the sequential phase against a profiled gateway started from ``tree`` (the ``prefixgate``
+    slot's); returns stage CPU (raw and scaled)."""
     import yaml
 
     from sim.procs import stop_process
 
     doc = _second_config(cfg, paths, "profiled")
+    doc["policy"]["dir"] = str(tree / "rego")
     cfg_path = paths.work / "profiled.yaml"
     cfg_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     out = paths.work / "gateway.prof"
     proc, base = await _spawn("profiled", ["bench.overhead", "--profiled-gateway", str(cfg_path),
-                                           "--profile-out", str(out)], paths, doc["listen"]["port"], "/readyz")
+                                           "--profile-out", str(out)], paths, doc["listen"]["port"], "/readyz",
+                             tree=tree)
     url = base + "/v1/completions"
     try:
         cpu = _Cpu(proc.pid, children=False)  # the profile covers the gateway process, not the audit worker
@@ -542,7 +581,7 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
         cfg = stack.gateway_config(["tenant-a"])
         auth = dict(stack.headers_for(["tenant-a"])("tenant-a"))
         plain = {"Content-Type": "application/json"}
-        trees = {"prefixgate": REPO, "baseline": args.baseline}
+        trees = slot_trees(REPO, args.baseline, paths.work / "this-export" if args.this_export else None)
         every_name = [*TARGET_NAMES, *(["baseline"] if args.baseline else [])]
         names = [n for n in [*every_name, *NATIVE_TARGETS] if (not args.targets and n in every_name)
                  or n in args.targets.split(",")]
@@ -563,8 +602,8 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
                 from bench.native_front import start_target
 
                 return await start_target(name, run, direct_url, doc, paths)
+            doc["policy"]["dir"] = str(trees[name] / "rego")  # every PrefixGate slot: its own tree's policy
             if name == "baseline":
-                doc["policy"]["dir"] = str(args.baseline / "rego")
                 apply_settings(doc, args.baseline_set)
             if name == "prefixgate" and first_audit is None:
                 first_audit = Path(doc["audit"]["jsonl"]["dir"])
@@ -598,7 +637,8 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
                    else {"events": 0})
         profile = None
         if not args.no_profile:
-            profile = await _profile(cfg, paths, {**plain, **auth}, args.sequential, bodies, log)
+            profile = await _profile(cfg, paths, {**plain, **auth}, args.sequential, bodies, log,
+                                     tree=trees["prefixgate"])
     finally:
         stop_process(cluster)
         if not args.keep_workdir:
@@ -607,7 +647,7 @@ async def run_bench(args: SimpleNamespace, log: Callable[[str], None] = print) -
                                               for k, v in vars(args).items() if k != "out"},
             "cpus": os.cpu_count(), "python": sys.version.split()[0],
             "python_executable": os.path.realpath(sys.executable), "wall_s": round(time.monotonic() - t_start, 1),
-            "seed": seed, "loadavg": {"start": load_start, "end": os.getloadavg()}, "summary": summarize(runs, names),
+            "this_tree": str(trees["prefixgate"]), "seed": seed, "loadavg": {"start": load_start, "end": os.getloadavg()}, "summary": summarize(runs, names),
             "slot_check": slot_check(runs) if args.baseline else None,
             "runs": runs, "audit_timings_ms": timings, "profile": profile}
 
@@ -642,7 +682,15 @@ def slot_check(runs: Sequence[Mapping[str, Any]], a: str = "prefixgate", b: str 
 
     With the same tree in both slots (an A/A run) every ratio should be 1: ``peak_spread`` (max
     minus min of the peak ratios) and ``peak_ratio_median`` say how far the bench is from that;
-    ``peak_ratio_b_second`` / ``peak_ratio_b_first`` (medians) show a measurement-order effect."""
+    ``peak_ratio_b_second`` / ``peak_ratio_b_first`` (medians) show a measurement-order effect.
+
+    Paired per run (session 28, S28-lead-1): ``p50_diff_ms`` (``b`` p50 minus ``a`` p50, ms) and ``cpu_diff_us``
+    (``b`` minus ``a`` sequential CPU, µs per request; None without ``sequential_cpu_us``), their medians
+    ``p50_diff_ms_median`` / ``cpu_diff_us_median`` and ``cpu_b_higher_runs`` (runs where ``b`` used more
+    CPU). Compare slots with these: :func:`summarize` takes each target's median over runs on its own, so
+    with run-to-run swings larger than the slots' difference the two medians can come from different runs
+    (session 28's repository run: prefixgate 768 against baseline 671 µs from independent medians;
+    paired, prefixgate minus baseline, -46, -23 and +96 µs in its three runs)."""
     rows = []
     for r in runs:
         if a not in r or b not in r:
@@ -651,6 +699,10 @@ def slot_check(runs: Sequence[Mapping[str, Any]], a: str = "prefixgate", b: str 
         rows.append({"b_started_second": None if not starts else starts.index(b) > starts.index(a),
                      "peak_ratio": round(r[b]["peak"]["rps"] / r[a]["peak"]["rps"], 3) if r[a]["peak"]["rps"] else None,
                      "p50_ratio": round(r[b]["sequential"]["p50_ms"] / r[a]["sequential"]["p50_ms"], 3),
+                     "p50_diff_ms": round(r[b]["sequential"]["p50_ms"] - r[a]["sequential"]["p50_ms"], 3),
+                     "cpu_diff_us": (None if r[a].get("sequential_cpu_us") is None
+                                     or r[b].get("sequential_cpu_us") is None
+                                     else round(r[b]["sequential_cpu_us"] - r[a]["sequential_cpu_us"], 1)),
                      "b_second": None if order is None else order.index(b) > order.index(a)})
     peaks = [x["peak_ratio"] for x in rows if x["peak_ratio"] is not None]
 
@@ -660,6 +712,9 @@ def slot_check(runs: Sequence[Mapping[str, Any]], a: str = "prefixgate", b: str 
     return {"slots": [a, b], "runs": rows, "peak_ratio_median": med(peaks),
             "peak_spread": round(max(peaks) - min(peaks), 3) if peaks else None,
             "p50_ratio_median": med([x["p50_ratio"] for x in rows]),
+            "p50_diff_ms_median": med([x["p50_diff_ms"] for x in rows]),
+            "cpu_diff_us_median": med([x["cpu_diff_us"] for x in rows if x["cpu_diff_us"] is not None]),
+            "cpu_b_higher_runs": sum(1 for x in rows if x["cpu_diff_us"] is not None and x["cpu_diff_us"] > 0),
             "peak_ratio_b_second": med([x["peak_ratio"] for x in rows if x["b_second"] and x["peak_ratio"]]),
             "peak_ratio_b_first": med([x["peak_ratio"] for x in rows if x["b_second"] is False and x["peak_ratio"]]),
             "peak_ratio_b_started_second": med([x["peak_ratio"] for x in rows if x["b_started_second"] and x["peak_ratio"]]),
@@ -710,6 +765,14 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
                   f"(max - min) {c['peak_spread']}; measured second {c['peak_ratio_b_second']}, measured first "
                   f"{c['peak_ratio_b_first']}; started second {c.get('peak_ratio_b_started_second')}, started first "
                   f"{c.get('peak_ratio_b_started_first')}; p50 ratio median {c['p50_ratio_median']}."]
+        if "cpu_diff_us_median" in c:
+            lines += ["", "Paired per run, baseline minus prefixgate (compare the slots with these, not with the "
+                      "table's medians, which are taken over runs for each target on its own): p50 "
+                      + ", ".join(f"{x['p50_diff_ms']:+.3f}" for x in c["runs"])
+                      + f" ms (median {c['p50_diff_ms_median']}); sequential CPU "
+                      + ", ".join("-" if x["cpu_diff_us"] is None else f"{x['cpu_diff_us']:+.1f}" for x in c["runs"])
+                      + f" µs/req (median {c['cpu_diff_us_median']}; baseline higher in {c['cpu_b_higher_runs']} "
+                      f"of {len(c['runs'])} runs); prefixgate slot started from {doc.get('this_tree', '?')}."]
     t = doc["audit_timings_ms"]
     lines += ["", "PrefixGate's own audit timings (median wall ms, first run's sequential phase, "
               f"{t.get('events')} events): authentication {t.get('auth_ms')}, parse {t.get('parse_ms')}, "
@@ -737,6 +800,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.option("--no-profile", is_flag=True, help="skip the profiled stage breakdown")
     ap.option("--baseline", type=click.Path(path_type=Path), help="also run `prefixgate serve` from this source tree "
               "(e.g. `git archive main | tar -x -C DIR`) as target 'baseline', interleaved")
+    ap.option("--this-export", is_flag=True, help="start the prefixgate slot (and the profiled gateway) from an "
+              "export of this repository's HEAD (git archive, in the work directory) instead of the repository "
+              "itself: both PrefixGate slots from trees made alike (uncommitted changes are not measured)")
     ap.option("--baseline-python", default=None, metavar="PATH",
               help="run the baseline slot on this interpreter (e.g. another venv's bin/python: the interpreter's "
               "own cost, every other target on this one)")
