@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable
 from operator import attrgetter
 
+from audit.bounded_cache import remember
 from audit.event import AuditEvent, Kind, Outcome, is_ip_text
 
 VENDOR = "PrefixGate"
@@ -164,9 +165,7 @@ def _repeated(value: object) -> str:
         return _value(value)
     hit = _ESCAPED.get(value)  # type: ignore[arg-type]
     if hit is None:
-        if len(_ESCAPED) >= _ESCAPED_MAX:
-            _ESCAPED.clear()
-        hit = _ESCAPED[value] = escape_extension(value)  # type: ignore[index,arg-type]
+        hit = remember(_ESCAPED, value, escape_extension(value), _ESCAPED_MAX)  # type: ignore[arg-type]
     return hit
 
 
@@ -208,10 +207,7 @@ def _who(key: tuple[object, ...]) -> str:
     if tenant is not None:
         p.append(_L_TENANT)
         p.append(f"cs1={_repeated(tenant)}")
-    if len(_WHO) >= _ESCAPED_MAX:
-        _WHO.clear()
-    text = _WHO[key] = " ".join(p)
-    return text
+    return remember(_WHO, key, " ".join(p), _ESCAPED_MAX)
 
 
 def _where(key: tuple[object, object]) -> str:
@@ -224,10 +220,7 @@ def _where(key: tuple[object, object]) -> str:
     if model is not None:
         p.append(_L_MODEL)
         p.append(f"cs4={_repeated(model)}")
-    if len(_WHERE) >= _ESCAPED_MAX:
-        _WHERE.clear()
-    text = _WHERE[key] = " ".join(p)
-    return text
+    return remember(_WHERE, key, " ".join(p), _ESCAPED_MAX)
 
 
 def cef_line(event: AuditEvent) -> str:

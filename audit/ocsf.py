@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from audit.bounded_cache import remember
 from audit.encoded import OUTCOME_VALUE
 from audit.event import AuditEvent, Kind, Outcome, is_ip_text
 from audit.files import open_append
@@ -190,9 +191,7 @@ def _user(spiffe_id: Any, trust_domain: Any) -> dict[str, Any]:
     """``actor.user`` of an identity (cached when both values are exact str, or the domain None)."""
     user = {"uid": spiffe_id, "type_id": 99, "type": "Workload", "domain": trust_domain}
     if type(spiffe_id) is str and (trust_domain is None or type(trust_domain) is str):
-        if len(_USERS) >= _SHARED_MAX:
-            _USERS.clear()
-        _USERS[(spiffe_id, trust_domain)] = user
+        remember(_USERS, (spiffe_id, trust_domain), user, _SHARED_MAX)
     return user
 
 
@@ -200,17 +199,12 @@ def _src(address: Any) -> dict[str, Any]:
     """``src_endpoint`` of a client address (cached when an exact str)."""
     src = {"ip" if is_ip_text(address) else "name": address}
     if type(address) is str:
-        if len(_SRCS) >= _SHARED_MAX:
-            _SRCS.clear()
-        _SRCS[address] = src
+        remember(_SRCS, address, src, _SHARED_MAX)
     return src
 
 
 def _shared(cache: dict[str, dict[str, Any]], key: str, value: dict[str, Any]) -> dict[str, Any]:
-    if len(cache) >= _SHARED_MAX:
-        cache.clear()
-    cache[key] = value
-    return value
+    return remember(cache, key, value, _SHARED_MAX)
 
 
 def ocsf_line(event: AuditEvent) -> bytes:
