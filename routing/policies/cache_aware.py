@@ -34,7 +34,7 @@ Defaults were tuned with ``sim/des.py`` on the Mooncake conversation trace
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import Field
@@ -51,51 +51,7 @@ from routing.scorers.prefix_affinity import PrefixAffinityScorer
 from routing.scorers.queue_externality import QueueExternalityScorer, externality_cost, work_equivalent_requests
 from routing.types import Candidate, RouteChoice, RouteRequest
 
-__all__ = ["CacheAwareConfig", "CacheAwarePolicy", "LazyCosts"]
-
-
-class LazyCosts(Mapping[str, float]):
-    """A one-candidate choice's ``scores`` (:meth:`CacheAwarePolicy._choose_one` when the guard keeps the
-    candidate): ``{replica id: summed cost}`` as :meth:`CacheAwarePolicy._costs` gives it, computed at the first
-    read, not at the choice (session 28, cut28, issue 14: ~1.2 µs per request; no reader in the gateway, the
-    scores are debugging figures: with one candidate kept the choice needs no cost). The inputs are the ones
-    the choice had: the request's sizes and the candidate (its load snapshot and estimate are immutable); the
-    policy's scorers are configuration (a reload builds a new policy). A read-only mapping equal to the dict
-    it stands for (``==`` either way), unhashable as a dict; ``repr`` is the dict's. Raises nothing more
-    than ``_costs``."""
-
-    __slots__ = ("_policy", "_req", "_cands", "_costs")
-
-    def __init__(self, policy: CacheAwarePolicy, req: RouteRequest, cands: Sequence[Candidate]) -> None:
-        self._policy: CacheAwarePolicy | None = policy
-        self._req: RouteRequest | None = req
-        self._cands: Sequence[Candidate] | None = cands
-        self._costs: dict[str, float] | None = None
-
-    def _get(self) -> dict[str, float]:
-        costs = self._costs
-        if costs is None:
-            assert self._policy is not None and self._req is not None and self._cands is not None
-            costs = self._costs = self._policy._costs(self._req, self._cands)
-            self._policy = self._req = self._cands = None  # computed once: nothing else held
-        return costs
-
-    def __getitem__(self, replica_id: str) -> float:
-        return self._get()[replica_id]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._get())
-
-    def __len__(self) -> int:
-        return len(self._get())
-
-    def __eq__(self, other: object) -> bool:
-        return self._get() == (other._get() if isinstance(other, LazyCosts) else other)
-
-    __hash__ = None  # type: ignore[assignment]  # as a dict's
-
-    def __repr__(self) -> str:
-        return repr(self._get())
+__all__ = ["CacheAwareConfig", "CacheAwarePolicy"]
 
 
 class CacheAwareConfig(PolicyParams):
@@ -253,17 +209,14 @@ class CacheAwarePolicy(Scheduler):
         kept: Sequence[Candidate] = cands
         for f in self.filters:  # the dispatch-share filter keeps one candidate and resets its cap
             kept = f.filter(req, kept)
+        scores = self._costs(req, cands)
         prompt, m = req.prompt_tokens, c.matched_blocks * req.block_size
         matched = max(0, m if m < prompt else prompt)  # prefix_tokens(req, c.matched_blocks), inline
-        scores: Mapping[str, float]
-        if kept:  # the costs only for whoever reads them (session 28: LazyCosts, its own tuple of the candidate)
+        if kept:
             reason = "best_prefix" if c.matched_blocks > 0 else "no_prefix"
-            scores = LazyCosts(self, req, (c,))
         else:
-            costs = self._costs(req, cands)
-            costs[c.replica_id] = math.inf  # filtered_cost
-            reason = self.fallback.pick(req, cands, cands, costs).reason  # type: ignore[union-attr]
-            scores = costs
+            scores[c.replica_id] = math.inf  # filtered_cost
+            reason = self.fallback.pick(req, cands, cands, scores).reason  # type: ignore[union-attr]
         return RouteChoice(replica_id=c.replica_id, policy=self.name, predicted_prefix_tokens=matched,
                            available_prefix_tokens=matched, reason=reason, scores=scores)
 
