@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import lru_cache
 from operator import attrgetter
 
-from audit.bounded_cache import remember
 from audit.event import AuditEvent, Kind, Outcome, is_ip_text
 
 VENDOR = "PrefixGate"
@@ -151,22 +151,30 @@ def format_cef(event: AuditEvent) -> str:
             f"{cef_severity(event)}|{' '.join(pairs)}")
 
 
-#: ``escape_extension`` of the values that repeat (tenant, identity, endpoint, model, replica,
-#: reason code, instance): cleared at ``_ESCAPED_MAX`` entries
-_ESCAPED: dict[str, str] = {}
-_ESCAPED_MAX = 4096
+#: The caches of :func:`cef_line` (S29-tidy29-1, in place of session 28's dicts emptied whole at 4,096
+#: entries): ``functools.lru_cache`` on pure formatting functions, so a full cache drops its least recently
+#: used entry only. Identity (SPIFFE ID, trust domain, endpoint, tenant) and source (client address) are
+#: cached apart: a tenant sending from many addresses neither multiplies the identity entries nor evicts
+#: them. Bounds from measured memory (bench/s28_final28_audit_caches.py, docs/security.md "Session 29:
+#: tidy29"): an identity (its SPIFFE ID, its CEF pairs, its OCSF ``actor.user``) holds ~4.7 KiB with the
+#: 2,048-byte maximum SPIFFE ID, ~0.8 KiB with a 64-byte one; a client address ~0.5 KiB: at most ~5.3 MiB.
+_IDENTITY_MAX = 1024
+_SOURCE_MAX = 1024
+#: entries of :func:`_escaped` (reason codes and the instance: values the operator sets, few)
+_VALUE_MAX = 1024
 #: per (kind, outcome): the header up to the extension and the ``outcome=`` pair
 _FAST_HEADS: dict[tuple[Kind, Outcome], tuple[str, str]] = {}
 
 
+@lru_cache(maxsize=_VALUE_MAX)
+def _escaped(value: str) -> str:
+    """:func:`escape_extension` of an exact ``str`` that repeats (reason code, instance), cached."""
+    return escape_extension(value)
+
+
 def _repeated(value: object) -> str:
-    """:func:`_value` of a value that repeats from event to event (cached when a str)."""
-    if type(value) is not str:
-        return _value(value)
-    hit = _ESCAPED.get(value)  # type: ignore[arg-type]
-    if hit is None:
-        hit = remember(_ESCAPED, value, escape_extension(value), _ESCAPED_MAX)  # type: ignore[arg-type]
-    return hit
+    """:func:`_value` of a value that repeats from event to event (cached when an exact str)."""
+    return _escaped(value) if type(value) is str else _value(value)  # type: ignore[arg-type]
 
 
 def _label(key: str, label: str) -> str:
@@ -181,54 +189,58 @@ _L_MODEL, _L_FP, _L_REQ = _label("cs4", "model"), _label("cs5", "prefixFingerpri
 _L_PROMPT, _L_OUTPUT, _L_STATUS = _label("cn1", "promptTokens"), _label("cn2", "outputTokens"), _label("cn3", "statusCode")
 _L_QUEUE, _L_VT, _L_DROPPED = _label("cfp1", "queueWaitMs"), _label("cfp2", "virtualTokens"), _label("cfp3", "droppedFields")
 _L_POLICY_VERSION = _label("flexNumber1", "policyVersion")
-
-
-#: per (client_address, spiffe_id, trust_domain, endpoint, tenant), each an exact ``str`` or None: their
-#: pairs (``src``/``shost``, ``suser``, ``sntdom``, ``request``, ``cs1Label`` and ``cs1``) joined by spaces,
-#: "" when all are None (session 28: one tuple and one look-up instead of up to six calls and f-strings);
-#: per (replica, model): their labelled pairs (``cs3``, ``cs4``); cleared at ``_ESCAPED_MAX`` entries
-_WHO: dict[tuple[object, ...], str] = {}
-_WHERE: dict[tuple[object, object], str] = {}
 _STR_OR_NONE: frozenset[type] = frozenset((str, type(None)))
 
 
-def _who(key: tuple[object, ...]) -> str:
-    """``_WHO``'s value for ``key`` (made and cached on a miss)."""
-    client, spiffe_id, trust_domain, endpoint, tenant = key
+def source_pair(client: object) -> str:
+    """The CEF pair of a truthy ``client_address``: ``src=<escaped>`` for an IP literal
+    (:func:`audit.event.is_ip_text`), ``shost=<escaped>`` for another source (``unknown``, ``unattested@...``)."""
+    return f"src={_value(client)}" if is_ip_text(client) else f"shost={_value(client)}"
+
+
+def identity_pairs(spiffe_id: object, trust_domain: object, endpoint: object, tenant: object) -> str:
+    """The CEF pairs ``suser sntdom request cs1Label cs1`` of the values that are not None, space-joined
+    ("" when all are None), each value as :func:`format_cef` writes it."""
     p: list[str] = []
-    if client:  # an address in src, another source (unknown, unattested@...) in shost
-        p.append(f"src={_repeated(client)}" if is_ip_text(client) else f"shost={_repeated(client)}")
     if spiffe_id is not None:
-        p.append(f"suser={_repeated(spiffe_id)}")
+        p.append(f"suser={_value(spiffe_id)}")
     if trust_domain is not None:
-        p.append(f"sntdom={_repeated(trust_domain)}")
+        p.append(f"sntdom={_value(trust_domain)}")
     if endpoint is not None:
-        p.append(f"request={_repeated(endpoint)}")
+        p.append(f"request={_value(endpoint)}")
     if tenant is not None:
         p.append(_L_TENANT)
-        p.append(f"cs1={_repeated(tenant)}")
-    return remember(_WHO, key, " ".join(p), _ESCAPED_MAX)
+        p.append(f"cs1={_value(tenant)}")
+    return " ".join(p)
 
 
-def _where(key: tuple[object, object]) -> str:
-    """``_WHERE``'s value for ``key`` (made and cached on a miss)."""
-    replica, model = key
+def route_pairs(replica: object, model: object) -> str:
+    """The CEF pairs ``cs3Label cs3 cs4Label cs4`` of the values that are not None, space-joined ("" when
+    both are None)."""
     p: list[str] = []
     if replica is not None:
         p.append(_L_REPLICA)
-        p.append(f"cs3={_repeated(replica)}")
+        p.append(f"cs3={_value(replica)}")
     if model is not None:
         p.append(_L_MODEL)
-        p.append(f"cs4={_repeated(model)}")
-    return remember(_WHERE, key, " ".join(p), _ESCAPED_MAX)
+        p.append(f"cs4={_value(model)}")
+    return " ".join(p)
+
+
+#: the cached twins, called with exact ``str`` (or None) arguments only: a key equal but of another type
+#: (1, 1.0, True; a str subclass) would take another value's text
+_source = lru_cache(maxsize=_SOURCE_MAX)(source_pair)
+_who = lru_cache(maxsize=_IDENTITY_MAX)(identity_pairs)
+_where = lru_cache(maxsize=_IDENTITY_MAX)(route_pairs)
 
 
 def cef_line(event: AuditEvent) -> str:
     """:func:`format_cef`'s line, built with fewer calls (issue 14, session 10): the header per
     (kind, outcome) and the escaped values that repeat are cached, the extension written in one
     pass; session 28: the pairs of the values that repeat together (client, identity, endpoint,
-    tenant; replica, model) cached as one string each, and plain numbers written without a call.
-    Events with kind-specific details (alerts, operator actions, summaries, checkpoints)
+    tenant; replica, model) cached as one string each, and plain numbers written without a call;
+    session 29: the client address's pair cached apart from the identity's, each cache least recently
+    used first out (:func:`source_pair`, :func:`identity_pairs`, :func:`route_pairs`). Events with kind-specific details (alerts, operator actions, summaries, checkpoints)
     and enums of an unexpected type take :func:`format_cef`. Same string always
     (tests/audit/test_s10_fast_formats.py)."""
     kind, outcome = event.kind, event.outcome
@@ -250,43 +262,23 @@ def cef_line(event: AuditEvent) -> str:
     if (v := event.event_id) is not None:
         a(f"externalId={_value(v)}")
     a(head[1])
-    who = (event.client_address, identity.spiffe_id, identity.trust_domain, event.endpoint, event.tenant)
-    if (type(who[0]) in str_or_none and type(who[1]) in str_or_none and type(who[2]) in str_or_none
-            and type(who[3]) in str_or_none and type(who[4]) in str_or_none):
-        text = _WHO.get(who)
-        if text is None:
-            text = _who(who)
-        if text:
-            a(text)
-    else:  # a value of another type: each pair on its own, as format_cef writes it
-        if v := who[0]:
-            a(f"src={_repeated(v)}" if is_ip_text(v) else f"shost={_repeated(v)}")
-        if (v := who[1]) is not None:
-            a(f"suser={_repeated(v)}")
-        if (v := who[2]) is not None:
-            a(f"sntdom={_repeated(v)}")
-        if (v := who[3]) is not None:
-            a(f"request={_repeated(v)}")
-        if (v := who[4]) is not None:
-            a(_L_TENANT)
-            a(f"cs1={_repeated(v)}")
+    if c := event.client_address:
+        a(_source(c) if type(c) is str else source_pair(c))
+    sid, dom, ep, ten = identity.spiffe_id, identity.trust_domain, event.endpoint, event.tenant
+    if type(sid) in str_or_none and type(dom) in str_or_none and type(ep) in str_or_none and type(ten) in str_or_none:
+        text = _who(sid, dom, ep, ten)
+    else:  # a value of another type: not cached
+        text = identity_pairs(sid, dom, ep, ten)
+    if text:
+        a(text)
     if (v := policy.decision_id) is not None:
         a(_L_DECISION)
         a(f"cs2={_value(v)}")
-    where = (route.replica, event.model)
-    if type(where[0]) in str_or_none and type(where[1]) in str_or_none:
-        text = _WHERE.get(where)
-        if text is None:
-            text = _where(where)
-        if text:
-            a(text)
-    else:
-        if (v := where[0]) is not None:
-            a(_L_REPLICA)
-            a(f"cs3={_repeated(v)}")
-        if (v := where[1]) is not None:
-            a(_L_MODEL)
-            a(f"cs4={_repeated(v)}")
+    replica, model = route.replica, event.model
+    text = (_where(replica, model) if type(replica) in str_or_none and type(model) in str_or_none
+            else route_pairs(replica, model))
+    if text:
+        a(text)
     if (v := event.prefix_fingerprint) is not None:
         a(_L_FP)
         a(f"cs5={_value(v)}")

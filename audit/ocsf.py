@@ -27,11 +27,11 @@ latencies, fingerprint, the emitting ``instance``, schema "5"'s ``dropped_fields
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import orjson
 
-from audit.bounded_cache import remember
 from audit.encoded import OUTCOME_VALUE
 from audit.event import AuditEvent, Kind, Outcome, is_ip_text
 from audit.files import open_append
@@ -175,36 +175,42 @@ def _request_const(kind: Kind, outcome: Outcome) -> tuple[dict[str, Any], int, s
 
 
 #: session 28: the sub-objects of a request's OCSF record that repeat from event to event, made once per
-#: value (an exact ``str``; any other type is built per event) and shared by the records (never changed after
-#: they are made: each record is encoded at once): ``actor.user`` per (spiffe_id, trust_domain),
-#: ``src_endpoint`` per client address, ``api`` per operation, ``dst_endpoint`` per replica; each cleared
-#: at ``_SHARED_MAX`` entries
-_USERS: dict[tuple[str, Any], dict[str, Any]] = {}
-_SRCS: dict[str, dict[str, Any]] = {}
-_APIS: dict[str, dict[str, Any]] = {}
-_DSTS: dict[str, dict[str, Any]] = {}
-_SHARED_MAX = 4096
+#: value and shared by the records (never changed after they are made: each record is encoded at once):
+#: ``actor.user`` per (spiffe_id, trust_domain), ``src_endpoint`` per client address, ``api`` per operation,
+#: ``dst_endpoint`` per replica. Session 29 (S29-tidy29-1): ``functools.lru_cache`` on the functions that
+#: make them (a full cache drops its least recently used entry, not all of them), called with exact ``str``
+#: values only (1, 1.0 and True are equal keys); the bounds as audit/cef.py's (an identity's entry holds its
+#: SPIFFE ID, up to 2 KiB; docs/security.md "Session 29: tidy29").
+_IDENTITY_MAX = 1024
+_SOURCE_MAX = 1024
 _UNKNOWN_SRC = {"name": "unknown"}
 
 
-def _user(spiffe_id: Any, trust_domain: Any) -> dict[str, Any]:
-    """``actor.user`` of an identity (cached when both values are exact str, or the domain None)."""
-    user = {"uid": spiffe_id, "type_id": 99, "type": "Workload", "domain": trust_domain}
-    if type(spiffe_id) is str and (trust_domain is None or type(trust_domain) is str):
-        remember(_USERS, (spiffe_id, trust_domain), user, _SHARED_MAX)
-    return user
+def user_object(spiffe_id: Any, trust_domain: Any) -> dict[str, Any]:
+    """OCSF ``actor.user`` of a workload identity: ``{"uid", "type_id": 99, "type": "Workload", "domain"}``."""
+    return {"uid": spiffe_id, "type_id": 99, "type": "Workload", "domain": trust_domain}
 
 
-def _src(address: Any) -> dict[str, Any]:
-    """``src_endpoint`` of a client address (cached when an exact str)."""
-    src = {"ip" if is_ip_text(address) else "name": address}
-    if type(address) is str:
-        remember(_SRCS, address, src, _SHARED_MAX)
-    return src
+def source_object(address: Any) -> dict[str, Any]:
+    """OCSF ``src_endpoint`` of a truthy client address: ``{"ip": a}`` for an IP literal
+    (:func:`audit.event.is_ip_text`), else ``{"name": a}``."""
+    return {"ip" if is_ip_text(address) else "name": address}
 
 
-def _shared(cache: dict[str, dict[str, Any]], key: str, value: dict[str, Any]) -> dict[str, Any]:
-    return remember(cache, key, value, _SHARED_MAX)
+def api_object(operation: Any) -> dict[str, Any]:
+    """OCSF ``api`` of an operation (the endpoint): ``{"operation", "service": {"name": "prefixgate"}}``."""
+    return {"operation": operation, "service": _SERVICE}
+
+
+def dst_object(replica: Any) -> dict[str, Any]:
+    """OCSF ``dst_endpoint`` of a replica: ``{"name": replica}``."""
+    return {"name": replica}
+
+
+_user = lru_cache(maxsize=_IDENTITY_MAX)(user_object)
+_src = lru_cache(maxsize=_SOURCE_MAX)(source_object)
+_api = lru_cache(maxsize=_IDENTITY_MAX)(api_object)
+_dst = lru_cache(maxsize=_IDENTITY_MAX)(dst_object)
 
 
 def ocsf_line(event: AuditEvent) -> bytes:
@@ -212,8 +218,8 @@ def ocsf_line(event: AuditEvent) -> bytes:
     built faster for a request's event (issue 14, session 10): the constant fields per (kind,
     outcome) made once, ``unmapped.prefixgate`` written inline instead of a :func:`json_field` call
     per key; session 28: the sub-objects that repeat (user, source, api, destination) made once per
-    value. Events with kind-specific details (alerts, operator actions, summaries, checkpoints),
-    other kinds and values of unexpected types take :func:`to_ocsf`. Same bytes always
+    value (session 29: least recently used first out of their caches). Events with kind-specific
+    details (alerts, operator actions, summaries, checkpoints), other kinds and values of unexpected types take :func:`to_ocsf`. Same bytes always
     (tests/audit/test_s10_fast_formats.py)."""
     kind, outcome = event.kind, event.outcome
     if (event.alert is not None or event.operator is not None or event.summary is not None
@@ -238,8 +244,8 @@ def ocsf_line(event: AuditEvent) -> bytes:
     actor: dict[str, Any] = {}
     if sid := identity.spiffe_id:
         dom = identity.trust_domain
-        user = _USERS.get((sid, dom)) if type(sid) is str and (dom is None or type(dom) is str) else None
-        actor["user"] = user if user is not None else _user(sid, dom)
+        actor["user"] = (_user(sid, dom) if type(sid) is str and (dom is None or type(dom) is str)
+                         else user_object(sid, dom))
     if policy.decision_id or policy.reason_code:
         pol: dict[str, Any] = {}  # the keys whose value is truthy, in this order (as to_ocsf writes them)
         if v := policy.decision_id:
@@ -252,25 +258,16 @@ def ocsf_line(event: AuditEvent) -> bytes:
             pol["version"] = v
         actor["authorizations"] = [{"decision": OUTCOME_VALUE[outcome], "policy": pol}]
     if a := event.client_address:
-        src = _SRCS.get(a) if type(a) is str else None
-        if src is None:
-            src = _src(a)
+        src = _src(a) if type(a) is str else source_object(a)
     else:
         src = _UNKNOWN_SRC
     if class_uid == API_ACTIVITY:
         op = event.endpoint or activity_name
-        if type(op) is str:
-            api = _APIS.get(op) or _shared(_APIS, op, {"operation": op, "service": _SERVICE})
-        else:
-            api = {"operation": op, "service": _SERVICE}
-        out["api"] = api
+        out["api"] = _api(op) if type(op) is str else api_object(op)
         out["actor"] = actor or {"app_name": "prefixgate"}
         out["src_endpoint"] = src
         if replica := event.route.replica:
-            if type(replica) is str:
-                out["dst_endpoint"] = _DSTS.get(replica) or _shared(_DSTS, replica, {"name": replica})
-            else:
-                out["dst_endpoint"] = {"name": replica}
+            out["dst_endpoint"] = _dst(replica) if type(replica) is str else dst_object(replica)
         if event.latency.total_ms is not None:
             out["duration"] = int(event.latency.total_ms)
     else:  # AUTHENTICATION

@@ -20,6 +20,7 @@ on random records).
 from __future__ import annotations
 
 import struct
+from functools import lru_cache
 
 __all__ = ["NotPlain", "any_value", "key_value", "len_field", "span_message", "varint"]
 
@@ -108,17 +109,15 @@ def attributes_field(tag: bytes, attrs: dict) -> bytes:
     return b"".join([len_field(tag, key_value(k, v)) for k, v in attrs.items() if v is not None])
 
 
-_NAMES: dict[str, bytes] = {}
 _U32 = 1 << 32
 
 
-def _name(name: str) -> bytes:
-    hit = _NAMES.get(name)
-    if hit is None:
-        if len(_NAMES) >= _CACHE_MAX:
-            _NAMES.clear()
-        hit = _NAMES[name] = len_field(b"\x2a", name.encode()) if name else b""
-    return hit
+@lru_cache(maxsize=_CACHE_MAX)
+def name_field(name: str) -> bytes:
+    """The ``Span.name`` field (tag 5) of an exact ``str`` span name, b"" for "" (proto3 leaves the default
+    out); cached, least recently used out (one cache for :func:`span_message` and audit/row_spans.py's
+    server span, S29-tidy29-3)."""
+    return len_field(b"\x2a", name.encode()) if name else b""
 
 
 def _count(tag: bytes, n: object) -> bytes:
@@ -168,7 +167,7 @@ def span_message(trace_id: bytes, span_id: object, tstate: object, parent_id: ob
     if name is not None:
         if type(name) is not str:
             raise NotPlain("name")
-        parts.append(_name(name))
+        parts.append(name_field(name))
     parts.append(b"\x30" + varint(kind1))
     parts.append(_fixed64(b"\x39", start))
     parts.append(_fixed64(b"\x41", end))

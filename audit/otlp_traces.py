@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import math
 import random
 import threading
 import time
@@ -161,6 +162,17 @@ class OtlpHttpSettings:
 
 
 
+def compress(body: bytes, compression: str | None) -> bytes:
+    """``body`` coded for the OTLP ``Content-Encoding`` ``compression``: ``gzip`` (level 6), ``deflate``
+    (zlib), anything else (None: ``none``) as it is. One definition for :class:`OtlpHttpSender` and
+    :class:`audit.span_post.SpanPoster` (S29-tidy29-3)."""
+    if compression == "gzip":
+        return gzip.compress(body, compresslevel=6)
+    if compression == "deflate":
+        return zlib.compress(body)
+    return body
+
+
 class ExportOutcomes:
     """What :class:`OtlpHttpSender` and :class:`audit.span_post.SpanPoster` share about an export's
     outcome (one definition, session 11): a failure is logged once per change of (status, retryable)
@@ -181,6 +193,27 @@ class ExportOutcomes:
             self._last_failure = key
         else:
             self._log.debug("%s", message)
+
+    def retry_delay(self, status: int | None, retryable: bool, reason: str, retry_after: str | None,
+                    backoff: Backoff, remaining_s: float) -> float | None:
+        """Seconds to wait before the next try of a failed POST: the answer's ``Retry-After``
+        (:func:`retry_after_s`) or else ``backoff.next()`` jittered by ±20 %. None, with the failure
+        logged (:meth:`failure`, ``reason`` e.g. ``HTTP 503`` or ``timeout``), when the batch is dropped: the
+        failure is not ``retryable`` per the OTLP spec, or the wait is longer than ``remaining_s`` (the
+        seconds left before the export's deadline; ``-inf`` when the caller stops). Shared by
+        :class:`OtlpHttpSender` and :class:`audit.span_post.SpanPoster` (S29-tidy29-3)."""
+        if not retryable:
+            self.failure(status, False, f"OTLP span export to {self.log_url} failed: {reason} "
+                                        "(not retryable per the OTLP spec; batch dropped)")
+            return None
+        delay = retry_after_s(retry_after)
+        if delay is None:
+            delay = backoff.next() * random.uniform(0.8, 1.2)
+        if delay > remaining_s:
+            self.failure(status, True, f"OTLP span export to {self.log_url} failed: {reason} "
+                                       "(retryable; timeout spent, batch dropped)")
+            return None
+        return delay
 
     def success(self, payload: bytes, content_type: str) -> int:
         """A 2xx answer with body ``payload``: spans it rejected (0 unless a protobuf
@@ -239,13 +272,6 @@ class OtlpHttpSender:
         self.requests = 0
         self.retries = 0
 
-    def _compress(self, body: bytes) -> bytes:
-        if self.settings.compression == "gzip":
-            return gzip.compress(body, compresslevel=6)
-        if self.settings.compression == "deflate":
-            return zlib.compress(body)
-        return body
-
     def export(self, body: bytes) -> bool:
         """POST one serialized request; retry transient failures (see module doc)."""
         if self._stop.is_set():
@@ -253,7 +279,7 @@ class OtlpHttpSender:
         if len(body) > MAX_REQUEST_BYTES:
             log.warning("dropping span batch: %d bytes exceeds %d", len(body), MAX_REQUEST_BYTES)
             return False
-        data = self._compress(body)
+        data = compress(body, self.settings.compression)
         deadline = time.monotonic() + self.settings.timeout_s
         backoff = Backoff(*RETRY_BACKOFF_S)
         while True:
@@ -276,16 +302,9 @@ class OtlpHttpSender:
                 retry_after = resp.headers.get("Retry-After")
                 reason = f"HTTP {status}"
                 resp.close()
-            if not retryable:
-                self._outcomes.failure(status, False, f"OTLP span export to {self._log_url} failed: {reason} "
-                                                  "(not retryable per the OTLP spec; batch dropped)")
-                return False
-            delay = retry_after_s(retry_after)
+            remaining = -math.inf if self._stop.is_set() else deadline - time.monotonic()  # stopping: no time left
+            delay = self._outcomes.retry_delay(status, retryable, reason, retry_after, backoff, remaining)
             if delay is None:
-                delay = backoff.next() * random.uniform(0.8, 1.2)
-            if delay > deadline - time.monotonic() or self._stop.is_set():
-                self._outcomes.failure(status, True, f"OTLP span export to {self._log_url} failed: {reason} "
-                                                 "(retryable; timeout spent, batch dropped)")
                 return False
             self.retries += 1
             log.debug("OTLP span export to %s: %s, retrying in %.2f s", self._log_url, reason, delay)

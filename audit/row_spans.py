@@ -26,7 +26,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from audit.request_event import REQUEST_ROW_FIELDS
-from audit.otlp_pb import NotPlain, key_value, len_field, span_message, varint
+from audit.otlp_pb import NotPlain, key_value, len_field, name_field, span_message, varint
 from audit.span_request import REQUEST_MARK, encode_links, random_span_id
 
 __all__ = ["STAGES", "row_span_bytes", "row_span_record", "span_attributes", "span_extra", "stage_children"]
@@ -180,12 +180,7 @@ def row_span_bytes(row: Sequence[Any], extra: Sequence[Any],
         t0 = stamps[0]
         marks = [start_ns + int((t - t0) * 1e9) for t in stamps]
         end = marks[6]
-        if state:
-            if type(state) is not str:
-                raise NotPlain("trace_state")
-            parent = len_field(b"\x1a", state.encode()) + b"\x22\x08" + span_id.to_bytes(8, "big")
-        else:
-            parent = b"\x22\x08" + span_id.to_bytes(8, "big")
+        parent = _parent_fields(span_id, state)
         ids = _six_ids() if new_span_id is random_span_id else [new_span_id().to_bytes(8, "big") for _ in range(6)]
         packs = _CHILD_PACKS.get(len(parent)) or _child_packs(len(parent))
         for k in range(6):  # each child: one pack of its field tag and length, ids, name, kind, times (session 14)
@@ -198,12 +193,7 @@ def row_span_bytes(row: Sequence[Any], extra: Sequence[Any],
     else:
         children, end = stage_children(start_ns, stamps)
     if children:
-        if state:
-            if type(state) is not str:
-                raise NotPlain("trace_state")
-            parent = len_field(b"\x1a", state.encode()) + b"\x22\x08" + span_id.to_bytes(8, "big")
-        else:
-            parent = b"\x22\x08" + span_id.to_bytes(8, "big")
+        parent = _parent_fields(span_id, state)
         head = b"\x0a\x10" + tid + b"\x12\x08"
         for cname, _kind, a, b in children:
             if not a or not b:  # a zero time is left out of the message: the general encoder
@@ -265,7 +255,7 @@ def _server_span(tid: bytes, span_id: int, state: Any, name: str, start: Any, en
     parts = [b"\x0a\x10", tid, b"\x12\x08", span_id.to_bytes(8, "big")]
     if state:
         parts.append(len_field(b"\x1a", state.encode()))
-    parts.append(_name_field(name))
+    parts.append(name_field(name))
     parts.append(b"\x30\x02\x39" + _pack_q(start) + b"\x41" + _pack_q(end))
     model, prompt, output, tenant, replica, predicted, decision, outcome = values
     if (type(model) is not str and model is not None or type(tenant) is not str and tenant is not None
@@ -316,13 +306,14 @@ def _any_int(v: int) -> bytes:
     return bytes((len(body),)) + body
 
 
-_NAMES: dict[str, bytes] = {}
+def _parent_fields(span_id: int, state: Any) -> bytes:
+    """A child span's ``trace_state`` field (when ``state`` is truthy) and its ``parent_span_id`` field (the
+    server span ``span_id``, an int in [0, 2**64)).
 
-
-def _name_field(name: str) -> bytes:
-    hit = _NAMES.get(name)
-    if hit is None:
-        if len(_NAMES) >= _STR_FIELDS_MAX:
-            _NAMES.clear()
-        hit = _NAMES[name] = len_field(b"\x2a", name.encode()) if name else b""
-    return hit
+    Raises:
+        NotPlain: ``state`` is truthy and not an exact ``str``. OverflowError: ``span_id`` out of range."""
+    if state:
+        if type(state) is not str:
+            raise NotPlain("trace_state")
+        return len_field(b"\x1a", state.encode()) + b"\x22\x08" + span_id.to_bytes(8, "big")
+    return b"\x22\x08" + span_id.to_bytes(8, "big")

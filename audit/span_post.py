@@ -31,11 +31,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import gzip
 import logging
-import random
 import ssl
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,7 +43,7 @@ from audit.backoff import Backoff
 from audit.http_proxy import env_proxy
 from audit.otlp_trace_request import OtlpRequestEncoder
 from audit.otlp_traces import (MAX_REQUEST_BYTES, RETRY_BACKOFF_S, RETRYABLE_STATUSES, ExportOutcomes,
-                               OtlpHttpSettings, loggable_url, retry_after_s)
+                               OtlpHttpSettings, compress, loggable_url)
 from audit.span_request import BYTES_MARK
 from audit.tls import client_context
 
@@ -223,13 +220,6 @@ class SpanPoster:
         else:
             self._drop(sent, DROP_EXPORT_FAILED)
 
-    def _compress(self, body: bytes) -> bytes:
-        if self.settings.compression == "gzip":
-            return gzip.compress(body, compresslevel=6)
-        if self.settings.compression == "deflate":
-            return zlib.compress(body)
-        return body
-
     async def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=ssl_context(self.settings), limit=2)
@@ -249,7 +239,7 @@ class SpanPoster:
             self._outcomes.failure(None, False, f"OTLP span export to {self._log_url}: TLS files unusable "
                                             f"({type(exc).__name__}); batch dropped")
             return False
-        data = self._compress(body)
+        data = compress(body, self.settings.compression)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.timeout_s
         backoff = Backoff(*RETRY_BACKOFF_S)
@@ -277,16 +267,8 @@ class SpanPoster:
             else:
                 reason = f"HTTP {status}"
                 retryable = status in RETRYABLE_STATUSES
-            if not retryable:
-                self._outcomes.failure(status, False, f"OTLP span export to {self._log_url} failed: {reason} "
-                                                  "(not retryable per the OTLP spec; batch dropped)")
-                return False
-            delay = retry_after_s(retry_after)
+            delay = self._outcomes.retry_delay(status, retryable, reason, retry_after, backoff, deadline - loop.time())
             if delay is None:
-                delay = backoff.next() * random.uniform(0.8, 1.2)
-            if delay > deadline - loop.time():
-                self._outcomes.failure(status, True, f"OTLP span export to {self._log_url} failed: {reason} "
-                                                 "(retryable; timeout spent, batch dropped)")
                 return False
             self.retries += 1
             await self._sleep(delay)

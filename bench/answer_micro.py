@@ -19,9 +19,6 @@ are written to ``bench/results/<name>.{json,md}``. A warm loop: compare within o
 from __future__ import annotations
 
 import json
-import statistics
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,7 @@ from typing import Any
 import click
 
 from bench.harness import ANSWERING_LOOP_CHILD, replica_answer
+from bench._tree_rounds import code_child, interleaved, one_figure, one_figure_rows
 from sim.click_options import ClickOptions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,24 +76,17 @@ asyncio.run(main(), loop_factory=Loop) if sys.version_info >= (3, 12) else async
 
 def one(tree: Path, requests: int) -> float:
     """Best-of-15 µs per answer on the code of ``tree``."""
-    code = (f"TREE = {str(tree)!r}\nREQUESTS = {requests}\n" + _CHILD_HEAD + f"ANSWER = {ANSWER!r}\n"
-            + ANSWERING_LOOP_CHILD + _CHILD)
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=str(tree))
-    return float(out.stdout.strip().splitlines()[-1])
+    return float(code_child(_CHILD_HEAD + f"ANSWER = {ANSWER!r}\n" + ANSWERING_LOOP_CHILD + _CHILD, tree,
+                            {"TREE": str(tree), "REQUESTS": requests}))
 
 
 def run(trees: dict[str, Path], rounds: int, requests: int) -> dict[str, Any]:
     """Interleaved rounds over ``trees`` (label -> source tree); returns the result document."""
-    runs: dict[str, list[float]] = {k: [] for k in trees}
-    for i in range(rounds):
-        order = list(trees.items()) if i % 2 == 0 else list(reversed(trees.items()))
-        for label, tree in order:
-            runs[label].append(one(tree, requests))
-        print(f"round {i + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in runs.items()), flush=True)
-    diffs = {k: [a - b for a, b in zip(runs["this"], v, strict=True)] for k, v in runs.items() if k != "this"}
+    runs, _ = interleaved(trees, rounds, lambda tree: one(Path(tree), requests), order="alternate",
+                          describe=lambda v: f"{v:.2f}", sep=", ")
+    med, diffs = one_figure(runs)
     return {"trees": {k: str(v) for k, v in trees.items()}, "rounds": rounds, "requests": requests, "runs": runs,
-            "median_us": {k: statistics.median(v) for k, v in runs.items()},
-            "this_minus_median_us": {k: statistics.median(v) for k, v in diffs.items()}}
+            "median_us": med, "this_minus_median_us": diffs}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,11 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = [f"# Plain answer's upstream half, CPU per answer in process (`python -m bench.answer_micro`), {args.name}",
              "", f"{doc['rounds']} interleaved rounds, best of 15 x {doc['requests']} answers each; thread CPU "
-             "µs/answer (warm loop).", "", "| tree | path | median µs | runs |", "|---|---|---:|---|"]
-    for k, v in doc["runs"].items():
-        lines.append(f"| {k} | `{doc['trees'][k]}` | {doc['median_us'][k]:.2f} | {', '.join(f'{x:.2f}' for x in v)} |")
-    lines += ["", "Median per-round difference, this minus: " + ", ".join(
-        f"{k} {v:+.2f} µs" for k, v in doc["this_minus_median_us"].items()) + "."]
+             "µs/answer (warm loop).", "",
+             *one_figure_rows(doc["trees"], doc["runs"], doc["median_us"], doc["this_minus_median_us"])]
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

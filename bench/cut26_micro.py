@@ -18,9 +18,6 @@ round); per round and case the best of 5 passes of ``--calls`` calls, thread CPU
 from __future__ import annotations
 
 import json
-import os
-import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -81,22 +78,14 @@ def main(trees: tuple[str, ...], calls: int, rounds: int, name: str, child: bool
     if child:
         print(json.dumps(_child(calls)))
         return
+    # here, not at the top: the child runs this file with another tree's ``bench`` first on its path
+    from bench._tree_rounds import child_json, interleaved, median_range, median_range_rows
+
     named = [t.partition("=")[::2] for t in trees]
-    rows: dict[str, list[dict[str, float]]] = {n: [] for n, _ in named}
-    load = []
-    for rnd in range(rounds):
-        order = named[rnd % len(named):] + named[:rnd % len(named)]
-        for n, tree in order:
-            env = {**os.environ, "PYTHONPATH": tree}
-            done = subprocess.run([sys.executable, __file__, "--child", "--calls", str(calls), "--tree", "x=x"],
-                                  env=env, capture_output=True, text=True, check=True, cwd=tree)
-            rows[n].append(json.loads(done.stdout.strip().splitlines()[-1]))
-        load.append(os.getloadavg()[0])
-        print(f"round {rnd + 1}/{rounds} (load {load[-1]:.1f}): " + "; ".join(
-            f"{n} " + "/".join(f"{v:.3f}" for v in rows[n][-1].values()) for n, _ in named), flush=True)
-    summary = {n: {c: round(statistics.median(r[c] for r in rows[n]), 3) for c in CASES} for n, _ in named}
-    spread = {n: {c: [round(min(r[c] for r in rows[n]), 3), round(max(r[c] for r in rows[n]), 3)] for c in CASES}
-              for n, _ in named}
+    rows, load = interleaved(named, rounds, lambda tree: child_json(
+        [sys.executable, __file__, "--child", "--calls", str(calls), "--tree", "x=x"], tree),
+        describe=lambda got: "/".join(f"{v:.3f}" for v in got.values()), load=True)
+    summary, spread = median_range(rows, CASES, 3)
     doc = {"benchmark": "cut26_micro", "args": {"trees": list(trees), "calls": calls, "rounds": rounds},
            "python": sys.version.split()[0], "loadavg_per_round": load, "median_us": summary,
            "min_max_us": spread, "rows": rows}
@@ -106,10 +95,7 @@ def main(trees: tuple[str, ...], calls: int, rounds: int, name: str, child: bool
              "", f"{rounds} interleaved rounds; per round and case the best of 5 passes of {calls} calls (child process "
              f"per tree); median of the rounds [min-max]; Python {doc['python']}; 1-minute load average per round "
              f"{min(load):.1f}-{max(load):.1f} on 2 cores (machine shared with other helpers).", "",
-             "| tree | " + " | ".join(CASES) + " |", "|---|" + "---:|" * len(CASES)]
-    for n, _ in named:
-        lines.append(f"| {n} | " + " | ".join(f"{summary[n][c]} [{spread[n][c][0]}-{spread[n][c][1]}]"
-                                               for c in CASES) + " |")
+             *median_range_rows(summary, spread, CASES)]
     lines += ["", "Trees: " + ", ".join(f"{n} = {t}" for n, t in named) + "."]
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -18,8 +18,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -110,21 +108,15 @@ def main(trees: tuple[str, ...], calls: int, rounds: int, name: str, child: bool
     if child:
         print(json.dumps(_child(calls)))
         return
+    # here, not at the top: the child runs this file with another tree's ``bench`` first on its path
+    from bench._tree_rounds import child_json, interleaved, median_range, median_range_rows
+
     named = [t.partition("=")[::2] for t in trees]
-    rows: dict[str, list[dict[str, float]]] = {n: [] for n, _ in named}
-    for rnd in range(rounds):
-        order = named[rnd % len(named):] + named[:rnd % len(named)]
-        for n, tree in order:
-            env = {**os.environ, "PYTHONPATH": tree}
-            done = subprocess.run([sys.executable, __file__, "--child", "--calls", str(calls), "--tree", "x=x"],
-                                  env=env, capture_output=True, text=True, check=True, cwd=tree)
-            rows[n].append(json.loads(done.stdout.strip().splitlines()[-1]))
-        print(f"round {rnd + 1}/{rounds}: " + "; ".join(
-            f"{n} " + "/".join(f"{v:.1f}" for v in rows[n][-1].values()) for n, _ in named), flush=True)
+    rows, _ = interleaved(named, rounds, lambda tree: child_json(
+        [sys.executable, __file__, "--child", "--calls", str(calls), "--tree", "x=x"], tree),
+        describe=lambda got: "/".join(f"{v:.1f}" for v in got.values()))
     shapes = list(SHAPES)
-    summary = {n: {s: round(statistics.median(r[s] for r in rows[n]), 2) for s in shapes} for n, _ in named}
-    spread = {n: {s: [round(min(r[s] for r in rows[n]), 2), round(max(r[s] for r in rows[n]), 2)] for s in shapes}
-              for n, _ in named}
+    summary, spread = median_range(rows, shapes, 2)
     doc = {"benchmark": "parse_micro", "args": {"trees": list(trees), "calls": calls, "rounds": rounds},
            "python": sys.version.split()[0], "loadavg_end": os.getloadavg(), "median_us": summary,
            "min_max_us": spread, "rows": rows}
@@ -134,10 +126,7 @@ def main(trees: tuple[str, ...], calls: int, rounds: int, name: str, child: bool
              f"{rounds} interleaved rounds; per round and shape the best of 5 passes of {calls} parses (child process "
              f"per tree); median of the rounds [min-max]; Python {doc['python']}; load average at the end "
              f"{doc['loadavg_end'][0]:.1f} (machine shared with other helpers).", "",
-             "| tree | " + " | ".join(shapes) + " |", "|---|" + "---:|" * len(shapes)]
-    for n, _ in named:
-        lines.append(f"| {n} | " + " | ".join(f"{summary[n][s]} [{spread[n][s][0]}-{spread[n][s][1]}]"
-                                               for s in shapes) + " |")
+             *median_range_rows(summary, spread, shapes)]
     lines.append("")
     lines.append("Trees: " + ", ".join(f"{n} = {t}" for n, t in named) + ".")
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")

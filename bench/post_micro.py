@@ -24,15 +24,13 @@ Medians and per-round differences: ``bench/results/<name>.{json,md}``.
 from __future__ import annotations
 
 import json
-import statistics
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
+from bench._tree_rounds import code_child, interleaved, this_minus, this_minus_rows
 from sim.click_options import ClickOptions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -140,24 +138,15 @@ FIGURES = ("cut_spaced", "cut_compact", "fb_path", "fb_tail", "sse4", "sse1", "s
 
 def one(tree: Path, n: int) -> dict[str, float]:
     """The figures (µs per call) on the code of ``tree``."""
-    code = f"TREE = {str(tree)!r}\nN = {n}\n" + _CHILD
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=str(tree))
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return code_child(_CHILD, tree, {"TREE": str(tree), "N": n})  # type: ignore[no-any-return]
 
 
 def run(trees: dict[str, Path], rounds: int, n: int) -> dict[str, Any]:
     """Interleaved rounds over ``trees`` (label -> source tree); returns the result document."""
-    runs: dict[str, dict[str, list[float]]] = {k: {f: [] for f in FIGURES} for k in trees}
-    for i in range(rounds):
-        order = list(trees.items()) if i % 2 == 0 else list(reversed(trees.items()))
-        for label, tree in order:
-            for f, v in one(tree, n).items():
-                runs[label][f].append(v)
-        print(f"round {i + 1}/{rounds}: " + "; ".join(
-            f"{k} " + " ".join(f"{f} {v[f][-1]:.2f}" for f in FIGURES) for k, v in runs.items()), flush=True)
-    med = {k: {f: statistics.median(v[f]) for f in FIGURES} for k, v in runs.items()}
-    diffs = {k: {f: statistics.median([a - b for a, b in zip(runs["this"][f], v[f], strict=True)]) for f in FIGURES}
-             for k, v in runs.items() if k != "this"}
+    rows, _ = interleaved(trees, rounds, lambda tree: one(Path(tree), n), order="alternate",
+                          describe=lambda got: " ".join(f"{f} {got[f]:.2f}" for f in FIGURES))
+    runs = {k: {f: [r[f] for r in got] for f in FIGURES} for k, got in rows.items()}
+    med, diffs = this_minus(runs, FIGURES)
     return {"trees": {k: str(v) for k, v in trees.items()}, "rounds": rounds, "n": n, "runs": runs,
             "median_us": med, "this_minus_median_us": diffs}
 
@@ -178,13 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = [f"# Session-16 post cuts, CPU per call in process (`python -m bench.post_micro`), {args.name}", "",
              f"{doc['rounds']} interleaved rounds, best of 9 x {doc['n']} calls each; thread CPU µs/call.", "",
-             "| tree | " + " | ".join(FIGURES) + " |", "|---|" + "---:|" * len(FIGURES)]
-    for k, v in doc["median_us"].items():
-        lines.append(f"| {k} | " + " | ".join(f"{v[f]:.3f}" for f in FIGURES) + " |")
-    lines += ["", "Median per-round difference, this minus the other tree (µs/call):", "",
-              "| vs | " + " | ".join(FIGURES) + " |", "|---|" + "---:|" * len(FIGURES)]
-    for k, v in doc["this_minus_median_us"].items():
-        lines.append(f"| {k} | " + " | ".join(f"{v[f]:+.3f}" for f in FIGURES) + " |")
+             *this_minus_rows(doc["median_us"], doc["this_minus_median_us"], FIGURES)]
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

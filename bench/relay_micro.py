@@ -25,7 +25,6 @@ import inspect
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -147,18 +146,17 @@ def main(trees: tuple[str, ...], events: str, streams: int, rounds: int, name: s
     if child:
         print(json.dumps(asyncio.run(_child(evs, streams))))
         return
+    # here, not at the top: the child runs this file with another tree's ``bench`` first on its path
+    from bench._tree_rounds import child_json, interleaved
+
     named = [t.partition("=")[::2] for t in trees]
-    rows: dict[str, list[dict[str, float]]] = {n: [] for n, _ in named}
-    for rnd in range(rounds):
-        order = named[rnd % len(named):] + named[:rnd % len(named)]
-        for n, tree in order:
-            env = {**os.environ, "PYTHONPATH": tree}
-            done = subprocess.run([sys.executable, __file__, "--child", "--events", events, "--streams", str(streams),
-                                   "--tree", "x=x"], env=env, capture_output=True, text=True, check=True, cwd=tree)
-            got = {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
-            rows[n].append(got)
-        print(f"round {rnd + 1}/{rounds}: " + "; ".join(
-            f"{n} " + "/".join(f"{rows[n][-1][e]:.1f}" for e in evs) for n, _ in named), flush=True)
+
+    def measure(tree: str | Path) -> dict[int, float]:
+        got = child_json([sys.executable, __file__, "--child", "--events", events, "--streams", str(streams),
+                          "--tree", "x=x"], tree)
+        return {int(k): v for k, v in got.items()}
+
+    rows, _ = interleaved(named, rounds, measure, describe=lambda got: "/".join(f"{got[e]:.1f}" for e in evs))
     summary = {}
     for n, _ in named:
         per_round = [round(_slope(evs, [r[e] for e in evs]), 3) for r in rows[n]]

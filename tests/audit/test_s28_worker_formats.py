@@ -1,7 +1,7 @@
 """Session 28 (S28-audit28-2): ``audit.cef.cef_line`` caches the pairs of the values that repeat together
 (client address, identity, endpoint, tenant; replica, model) as one string each and writes plain numbers
 without a call. The line must stay ``format_cef``'s exactly: values of any type in those fields (a number
-or another object takes the per-pair path), cache hits and misses, and the caches' clearing at their bound. Likewise ``audit.ocsf.ocsf_line``, which shares the sub-objects
+or another object takes the per-pair path), cache hits and misses, and the caches' eviction at their bound. Likewise ``audit.ocsf.ocsf_line``, which shares the sub-objects
 that repeat (user, source, api, destination) between records: ``orjson.dumps(to_ocsf(event), OPT_SORT_KEYS)``
 exactly, for values of any type (1, 1.0 and True are equal keys of a dict: only exact str values are cached)."""
 from __future__ import annotations
@@ -35,13 +35,13 @@ def test_cef_line_equals_format_cef_for_any_value_types(client, spiffe, domain, 
 
 
 def test_cef_line_past_the_cache_bound() -> None:
-    n = cef._ESCAPED_MAX + 10
+    n = cef._IDENTITY_MAX + 10
     for i in range(n):
         ev = AuditEvent(kind=Kind.INFERENCE, outcome=Outcome.SUCCEEDED, time_ms=i + 1, event_id=f"e{i}",
                         identity=Identity(f"spiffe://d/t{i}", "d"), tenant=f"t{i}", endpoint="/v1/completions",
                         model=f"m{i}", route=RouteInfo(replica=f"r{i}"), client_address="10.0.0.1")
         assert cef_line(ev) == format_cef(ev)
-    assert len(cef._WHO) <= cef._ESCAPED_MAX and len(cef._WHERE) <= cef._ESCAPED_MAX
+    assert cef._who.cache_info().currsize <= cef._IDENTITY_MAX and cef._where.cache_info().currsize <= cef._IDENTITY_MAX
 
 
 @settings(max_examples=400, deadline=None)
@@ -58,9 +58,10 @@ def test_ocsf_line_equals_to_ocsf_for_any_value_types(client, spiffe, domain, en
 
 
 def test_ocsf_line_past_the_cache_bound() -> None:
-    for i in range(ocsf._SHARED_MAX + 10):
+    for i in range(max(ocsf._IDENTITY_MAX, ocsf._SOURCE_MAX) + 10):
         ev = AuditEvent(kind=Kind.INFERENCE, outcome=Outcome.SUCCEEDED, time_ms=i + 1, event_id=f"e{i}",
                         identity=Identity(f"spiffe://d/t{i}", "d"), endpoint=f"/v1/e{i}",
                         route=RouteInfo(replica=f"r{i}"), client_address=f"10.0.{i % 256}.{i // 256}")
         assert ocsf_line(ev) == orjson.dumps(to_ocsf(ev), option=orjson.OPT_SORT_KEYS)
-    assert max(len(ocsf._USERS), len(ocsf._SRCS), len(ocsf._APIS), len(ocsf._DSTS)) <= ocsf._SHARED_MAX
+    assert ocsf._src.cache_info().currsize <= ocsf._SOURCE_MAX
+    assert max(f.cache_info().currsize for f in (ocsf._user, ocsf._api, ocsf._dst)) <= ocsf._IDENTITY_MAX
