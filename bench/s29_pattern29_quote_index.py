@@ -56,7 +56,12 @@ CASES: dict[str, Any] = {
     "format uri then a date": _then({"type": "string", "format": "uri"}, _DATE),
     "format uri then 3 uris": _then(*[{"type": "string", "format": "uri"}] * 4),
     "format email then 3 dates": _then({"type": "string", "format": "email"}, _DATE, _DATE, _DATE),
+    "8 x format email": _then(*[{"type": "string", "format": "email"}] * 8),
+    "8 x ^[^@]+@[^@]+$": _then(*[_pat("^[^@]+@[^@]+$")] * 8),
+    "8 x ^\\S+$": _then(*[_pat("^\\S+$")] * 8),
     # admitted (quote-free)
+    "8 x ^[^\"@]+@[^\"@]+$": _then(*[_pat('^[^"@]+@[^"@]+$')] * 8),
+    "8 x format date-time": _then(*[{"type": "string", "format": "date-time"}] * 8),
     "^[^\"]{1,200}$ then 2 properties": _then(_pat('^[^"]{1,200}$'), _NAME, _DATE),
     "^[^\"@]{1,64}@[^\"@]{1,255}$ then 2 properties": _then(_pat('^[^"@]{1,64}@[^"@]{1,255}$'), _NAME, _DATE),
     "^[A-Za-z0-9_-]{1,64}$ then a date": _then(_NAME, _DATE),

@@ -66,7 +66,7 @@ class JsonSchemaLimits(ConfigSection):
     ``"required"``, from the tools together as vLLM's schema for it (an upper bound: gateway/schema_expansion.py); ``None``: not checked (replicas that compile
     with xgrammar or llguidance, which do not expand). ``quote_reading_patterns`` (session 29, pattern29,
     S29-pattern29-1): ``"refuse"`` refuses a ``pattern`` that can read the string's closing ``"`` in outlines-core's
-    inlined expression, and ``format: uri`` (gateway/pattern_quote.py); ``"allow"``: not checked
+    inlined expression, and ``format`` ``uri`` / ``email`` (gateway/pattern_quote.py); ``"allow"``: not checked
     (xgrammar, llguidance). More answers 400 ``json_schema_too_complex``. Each is overridden per tenant by
     ``tenants[].json_schema_limits``."""
 

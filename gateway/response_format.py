@@ -26,7 +26,7 @@ overridden per tenant by ``tenants[].json_schema_limits``):
   also all the tools together as vLLM's ``tool_choice: "required"`` schema; ``None``: not checked.
 * ``quote_reading_patterns`` (session 29, pattern29, S29-pattern29-1): ``"refuse"`` (default) refuses a ``pattern``
   that can read the string's closing ``"`` once outlines-core inlines it between quotes, and a ``format`` it builds
-  from such a regular expression (``uri``) without a ``pattern`` (:mod:`gateway.pattern_quote`; such a
+  from such a regular expression (``uri``, ``email``) without a ``pattern`` (:mod:`gateway.pattern_quote`; such a
   schema kills an outlines-core replica: S28-pattern28-2); checked after the other bounds; ``"allow"``: not checked
   (xgrammar, llguidance). ``patternProperties`` keys and ``propertyNames`` are not inlined by outlines-core.
 
@@ -186,7 +186,7 @@ def _quote_refusal(quoted: list[_Node], what: str, subject: str) -> GatewayError
     return _refused(_param(quoted[0]), f"{subject} has a pattern or format that can read the string's closing quote "
                     "in a compiler that inlines it (outlines-core): use a class without it, such as [^\"] or an "
                     "explicit [A-Za-z0-9._-], instead of ., \\S or a negated class, group alternatives, and no "
-                    "format uri", "quote_reading_patterns", what)
+                    "format uri / email", "quote_reading_patterns", what)
 
 
 def _regex_refusal(root: Any, path: tuple[str, ...], cap: int | None, what: str, subject: str) -> GatewayError | None:

@@ -77,9 +77,11 @@ async def test_a_quote_reading_pattern_is_refused_and_audited(
     assert SECRET not in text and READS[name] not in text
 
 
-async def test_format_uri_is_refused(stack: Any, capture: Any) -> None:
-    """outlines-core builds ``format: uri`` from ``[^\\s]*`` and the like, which read the quote."""
-    r = await stack.client.post(PATH, json=_chat(**_rf(_then({"type": "string", "format": "uri"}))),
+@pytest.mark.parametrize("fmt", ["uri", "email"])
+async def test_format_uri_and_email_are_refused(stack: Any, capture: Any, fmt: str) -> None:
+    """outlines-core builds ``format: uri`` from ``[^\\s]*`` and the like, ``email`` with a domain literal
+    ``[\\x21-\\x5a...]``: both read the quote (8 required emails: killed)."""
+    r = await stack.client.post(PATH, json=_chat(**_rf(_then({"type": "string", "format": fmt}))),
                                 headers=stack.auth())
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == f"{S}.properties.{SECRET}.format"
@@ -108,7 +110,7 @@ async def test_quote_free_patterns_are_forwarded(stack: Any, capture: Any) -> No
 
 async def test_the_tenant_override_allow_forwards_them(stack: Any, capture: Any) -> None:
     schemas = [_then({"type": "string", "pattern": p}) for p in READS.values()]
-    schemas.append(_then({"type": "string", "format": "uri"}))
+    schemas += [_then({"type": "string", "format": "uri"}), _then({"type": "string", "format": "email"})]
     for schema in schemas:
         r = await stack.client.post(PATH, json=_chat(**_rf(schema)), headers=stack.auth("tenant-b/app"))
         assert r.status_code == 200, r.text
