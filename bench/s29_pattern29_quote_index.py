@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
+from tests.support.ordinary_patterns import ORDINARY as ORDINARY_PATTERNS
 
 CHILD = r'''
 import json, resource, sys, time
@@ -44,6 +45,10 @@ def _pat(p: str) -> dict[str, Any]:
 
 
 _DATE = {"type": "string", "format": "date"}
+_ORDINARY_READING = {k: ORDINARY_PATTERNS[k] for k in ("email simple", "url simple", "free text 1-200", "non empty",
+                                                      "file path")}
+_REWRITTEN = {"email simple": '^[^"@\\s]+@[^"@\\s]+\\.[^"@\\s]+$', "url simple": '^https?://[^"\\s/$.?#][^"\\s]*$',
+              "free text 1-200": '^[^"]{1,200}$', "non empty": '^[^"\\s][^"]*$', "file path": '^(/[^"/\\x00]{1,255}){1,32}$'}
 _NAME = _pat("^[A-Za-z0-9_-]{1,64}$")
 CASES: dict[str, Any] = {
     # refused (the pattern can read the closing quote)
@@ -68,6 +73,9 @@ CASES: dict[str, Any] = {
     "^\\d{4}-\\d{2}-\\d{2}$ then 2 properties": _then(_pat("^\\d{4}-\\d{2}-\\d{2}$"), _NAME, _DATE),
     "^[\\w.+-]{1,64}@[\\w-]{1,63}(\\.[\\w-]{1,63}){1,8}$ then 2 properties": _then(
         _pat("^[\\w.+-]{1,64}@[\\w-]{1,63}(\\.[\\w-]{1,63}){1,8}$"), _NAME, _DATE),
+    # tests/support/ordinary_patterns.py: the 5 of 46 that read the quote, and each rewritten without it
+    **{f"ordinary {k} then 2 properties": _then(_pat(v), _NAME, _DATE) for k, v in _ORDINARY_READING.items()},
+    **{f"rewritten {k} then 2 properties": _then(_pat(v), _NAME, _DATE) for k, v in _REWRITTEN.items()},
     # S28-attack28-2 (H1): quote-free, admitted by this bound
     "[ab]*a + 12 [ab] then a date": _then(_pat("[ab]*a" + "[ab]" * 12), _DATE),
     "[ab]*a + 16 [ab] then a date": _then(_pat("[ab]*a" + "[ab]" * 16), _DATE),

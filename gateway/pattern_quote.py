@@ -25,10 +25,13 @@ anything it does not positively understand counts as reading ``"``. It reads ``"
 Known safe: literals other than ``"``, ``\\d`` ``\\s`` ``\\w`` (Rust's Unicode classes hold no ``"``), escaped
 ASCII punctuation other than ``"``, ``\\n`` ``\\t`` ``\\r`` ``\\f`` ``\\v`` ``\\a``, assertions ``\\b`` ``\\B``
 ``\\A`` ``\\z`` and ``^`` ``$``, quantifiers, groups ``(``, ``(?:``, ``(?P<name>``, ``(?<name>`` and flag groups of
-``i m s U u R`` (case folding maps nothing to ``"``). Cost: O(len(pattern)), no allocation beyond the scan.
+``i m s U u R`` (case folding maps nothing to ``"``). Cost: O(len(pattern)): runs of plain characters are skipped
+by a compiled regular expression (C), the rest looked at one by one (about 0.02-0.1 µs per character).
 """
 
 from __future__ import annotations
+
+import re
 
 __all__ = ["QUOTE_READING_FORMATS", "pattern_reads_quote"]
 
@@ -45,6 +48,8 @@ _CHAR, _NO_QUOTE_SET, _QUOTE_SET, _ASSERT, _UNKNOWN = range(5)
 _SIMPLE = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "a": 0x07}
 _HEX = frozenset("0123456789abcdefABCDEF")
 _FLAGS = frozenset("imsUuR-")
+#: a run of characters outside a class that need no look (literals, quantifiers, anchors): skipped in C
+_PLAIN = re.compile(r'[^\\\[().|"]+')
 _NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 
@@ -55,6 +60,10 @@ def pattern_reads_quote(pattern: str) -> bool:
     text = pattern[1:-1] if len(pattern) >= 2 and pattern[0] == "^" and pattern[-1] == "$" else pattern
     n, i, depth = len(text), 0, 0
     while i < n:
+        if (plain := _PLAIN.match(text, i)) is not None:
+            i = plain.end()
+            if i >= n:
+                break
         c = text[i]
         if c == "\\":
             kind, value, i = _escape(text, i + 1)

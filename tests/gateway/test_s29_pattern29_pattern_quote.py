@@ -23,6 +23,8 @@ from gateway.pattern_quote import pattern_reads_quote
 from gateway.response_format import response_format_refusal, tools_refusal
 from tenancy.registry import TenantConfigError
 from tenancy.tenant import parse_tenant
+from tests.support.ordinary_patterns import BLOWUP
+from tests.support.ordinary_patterns import ORDINARY as ORDINARY_PATTERNS
 
 LIMITS = JsonSchemaLimits()
 
@@ -197,3 +199,11 @@ def test_the_tenant_override() -> None:
     with pytest.raises(TenantConfigError) as got:
         parse_tenant({**doc, "json_schema_limits": {"quote_reading_patterns": "off"}}, 0)
     assert "quote_reading_patterns to 'refuse' or 'allow'" in str(got.value)
+
+
+def test_ordinary_patterns() -> None:
+    """Of the 46 ordinary patterns of tests/support/ordinary_patterns.py, the 5 whose classes read ``"`` are refused
+    (each has a quote-free rewrite: docs/benchmarks.md "Session 29: pattern29"); ``file path`` also for ``\\0``."""
+    refused = {k for k, v in ORDINARY_PATTERNS.items() if pattern_reads_quote(v)}
+    assert refused == {"email simple", "url simple", "free text 1-200", "non empty", "file path"}
+    assert all(pattern_reads_quote(v) for v in BLOWUP.values() if "." in v.replace("\\.", "").replace("[\\w.-]", ""))
