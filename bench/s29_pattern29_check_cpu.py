@@ -1,8 +1,8 @@
 """Session 29 (pattern29, S29-pattern29-1): the gateway's CPU for ``limits.json_schema.quote_reading_patterns``:
-:func:`gateway.pattern_quote.pattern_reads_quote` per pattern, and :func:`gateway.response_format.response_format_refusal`
-for one schema holding the 41 admitted ordinary patterns (tests/support/ordinary_patterns.py) with the bound
-``refuse`` and ``allow`` (its difference is the check's cost). In-process thread CPU (``time.thread_time``), median of
-7 runs; the load average printed beside. Usage: ``python -m bench.s29_pattern29_check_cpu``.
+:func:`gateway.pattern_quote.pattern_reads_quote` per pattern, and
+:func:`gateway.response_format.response_format_refusal` for one schema holding the 41 admitted ordinary patterns
+(tests/support/ordinary_patterns.py) with the bound ``refuse`` and ``allow`` (its difference is the check's cost).
+In-process thread CPU (``time.thread_time``), median of 7 runs; the load average printed beside. Usage: ``python -m bench.s29_pattern29_check_cpu``.
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ def main() -> None:
     for mode in ("allow", "refuse", "allow", "refuse"):  # twice each: an A/A view of the noise
         limits = JsonSchemaLimits(quote_reading_patterns=mode)
         assert response_format_refusal(rf, limits, wide, 100) is None
+        cpu = _us(lambda: response_format_refusal(rf, limits, wide, 100), 200)
         print(f"| response_format_refusal, {len(admitted)} ordinary patterns in one schema, {mode} | "
-              f"{sum(map(len, admitted)):,} | admitted | {_us(lambda: response_format_refusal(rf, limits, wide, 100), 200):.1f} |")
+              f"{sum(map(len, admitted)):,} | admitted | {cpu:.1f} |")
 
 
 if __name__ == "__main__":

@@ -47,8 +47,10 @@ def _pat(p: str) -> dict[str, Any]:
 _DATE = {"type": "string", "format": "date"}
 _ORDINARY_READING = {k: ORDINARY_PATTERNS[k] for k in ("email simple", "url simple", "free text 1-200", "non empty",
                                                       "file path")}
-_REWRITTEN = {"email simple": '^[^"@\\s]+@[^"@\\s]+\\.[^"@\\s]+$', "url simple": '^https?://[^"\\s/$.?#][^"\\s]*$',
-              "free text 1-200": '^[^"]{1,200}$', "non empty": '^[^"\\s][^"]*$', "file path": '^(/[^"/\\x00]{1,255}){1,32}$'}
+_REWRITTEN = {"email simple": '^[^"@\\s]+@[^"@\\s]+\\.[^"@\\s]+$',
+              "url simple": '^https?://[^"\\s/$.?#][^"\\s]*$',
+              "free text 1-200": '^[^"]{1,200}$', "non empty": '^[^"\\s][^"]*$',
+              "file path": '^(/[^"/\\x00]{1,255}){1,32}$'}
 _NAME = _pat("^[A-Za-z0-9_-]{1,64}$")
 CASES: dict[str, Any] = {
     # refused (the pattern can read the closing quote)

@@ -168,7 +168,8 @@ def test_the_walk_refuses_it(schema: Any, param: str) -> None:
     assert response_format_refusal(_rf(schema), JsonSchemaLimits(quote_reading_patterns="allow"), {}, 100) is None
     tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
     err = tools_refusal(tools, LIMITS, {}, 100)
-    assert err is not None and err.record == {"reason": "tools parameters over limits.json_schema.quote_reading_patterns"}
+    assert err is not None
+    assert err.record == {"reason": "tools parameters over limits.json_schema.quote_reading_patterns"}
     assert err.param == param.replace("response_format.json_schema.schema", "tools.0.function.parameters")
 
 
