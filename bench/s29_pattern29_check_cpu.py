@@ -2,7 +2,8 @@
 :func:`gateway.pattern_quote.pattern_reads_quote` per pattern, and
 :func:`gateway.response_format.response_format_refusal` for one schema holding the 41 admitted ordinary patterns
 (tests/support/ordinary_patterns.py) with the bound ``refuse`` and ``allow`` (its difference is the check's cost).
-In-process thread CPU (``time.thread_time``), median of 7 runs; the load average printed beside. Usage: ``python -m bench.s29_pattern29_check_cpu``.
+In-process thread CPU (``time.thread_time``), median of 7 runs; the load average printed beside.
+Usage: ``python -m bench.s29_pattern29_check_cpu``.
 """
 
 from __future__ import annotations
