@@ -64,8 +64,11 @@ class JsonSchemaLimits(ConfigSection):
     ``max_regex_chars`` (session 27, expand27, S27-review27-3): characters of the regular expression a compiler that
     inlines the schema (outlines-core) builds from each schema, and, for a body whose ``tool_choice`` is
     ``"required"``, from the tools together as vLLM's schema for it (an upper bound: gateway/schema_expansion.py); ``None``: not checked (replicas that compile
-    with xgrammar or llguidance, which do not expand). More answers 400 ``json_schema_too_complex``. Each is
-    overridden per tenant by ``tenants[].json_schema_limits``."""
+    with xgrammar or llguidance, which do not expand). ``quote_reading_patterns`` (session 29, pattern29,
+    S29-pattern29-1): ``"refuse"`` refuses a ``pattern`` that can read the string's closing ``"`` in outlines-core's
+    inlined expression, and ``format`` ``uri`` / ``email`` (gateway/pattern_quote.py); ``"allow"``: not checked
+    (xgrammar, llguidance). More answers 400 ``json_schema_too_complex``. Each is overridden per tenant by
+    ``tenants[].json_schema_limits``."""
 
     max_bytes: int = Field(65536, ge=64)
     max_depth: int = Field(20, ge=1, le=256)
@@ -74,6 +77,7 @@ class JsonSchemaLimits(ConfigSection):
     max_pattern_chars: int = Field(1024, ge=0)
     max_tool_schemas_bytes: int = Field(262144, ge=64)
     max_regex_chars: int | None = Field(1_000_000, ge=1)
+    quote_reading_patterns: Literal["refuse", "allow"] = "refuse"
 
 
 class LimitsConfig(ConfigSection):

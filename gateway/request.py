@@ -53,7 +53,7 @@ JsonObject = dict[str, Any]
 #: Digits of an integer literal anywhere in a body (R4-2; ``seed`` goes up to 2**64 - 1): a longer one
 #: answers 400 ``number_too_long`` unconverted (CPython's str->int and int->str are quadratic).
 MAX_INT_DIGITS = 20
-_NO_OVERRIDES: Mapping[str, int | None] = MappingProxyType({})
+_NO_OVERRIDES: Mapping[str, int | str | None] = MappingProxyType({})
 
 
 @dataclass(slots=True)
@@ -191,7 +191,7 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
                             max_json_items: int | None = None, max_tools: int | None = None,
                             max_free_values: int | None = None,
                             unknown_fields: UnknownFields = "refuse", json_schema: Any = None,
-                            json_schema_tenant: Mapping[str, int | None] = _NO_OVERRIDES) -> InferenceRequest:
+                            json_schema_tenant: Mapping[str, int | str | None] = _NO_OVERRIDES) -> InferenceRequest:
     """Decode and validate an OpenAI request body for ``endpoint``.
 
     Raises :class:`GatewayError` 400 with code ``invalid_json`` (not UTF-8, not JSON, a ``NaN``/``Infinity``/

@@ -24,6 +24,11 @@ overridden per tenant by ``tenants[].json_schema_limits``):
 * ``max_regex_chars`` (session 27, expand27, S27-review27-3): characters of the regular expression a compiler that
   inlines the schema (outlines-core) builds from it, an upper bound (:mod:`gateway.schema_expansion`): for a tool,
   also all the tools together as vLLM's ``tool_choice: "required"`` schema; ``None``: not checked.
+* ``quote_reading_patterns`` (session 29, pattern29, S29-pattern29-1): ``"refuse"`` (default) refuses a ``pattern``
+  that can read the string's closing ``"`` once outlines-core inlines it between quotes, and a ``format`` it builds
+  from such a regular expression (``uri``, ``email``) without a ``pattern`` (:mod:`gateway.pattern_quote`; such a
+  schema kills an outlines-core replica: S28-pattern28-2); checked after the other bounds; ``"allow"``: not checked
+  (xgrammar, llguidance). ``patternProperties`` keys and ``propertyNames`` are not inlined by outlines-core.
 
 OpenAI documents its own limits of a Structured Outputs schema (platform.openai.com/docs/guides/structured-outputs,
 "Supported schemas"): at most 5,000 object properties, 10 levels of object nesting, 1,000 enum values, 120,000
@@ -54,6 +59,7 @@ from typing import Any, Optional
 import orjson
 
 from gateway.errors import GatewayError
+from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
 from gateway.schema_expansion import regex_chars, required_schema
 from gateway.schema_refs import inlined_bytes
 from gateway.unknown_fields import field_label
@@ -62,7 +68,7 @@ __all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal", "tools_refusal"]
 
 #: the names of the bounds (``limits.json_schema`` keys, ``tenants[].json_schema_limits`` keys)
 JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_values", "max_pattern_chars",
-                      "max_tool_schemas_bytes", "max_regex_chars")
+                      "max_tool_schemas_bytes", "max_regex_chars", "quote_reading_patterns")
 
 #: keywords whose object maps names to subschemas: the map itself is no schema level
 _NAME_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
@@ -78,7 +84,7 @@ MAX_PARAM_CHARS = 1024
 _Node = Optional[tuple[Any, Any]]
 
 
-def response_format_refusal(response_format: Any, limits: Any, overrides: Mapping[str, int | None],
+def response_format_refusal(response_format: Any, limits: Any, overrides: Mapping[str, int | str | None],
                             body_bytes: int) -> GatewayError | None:
     """The 400 for a decoded chat body's ``response_format`` over a bound (see the module docstring), else None.
 
@@ -88,7 +94,8 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     ``max_bytes`` needs no byte count). Types are not checked here (the schema does); a value that is not an
     object is left to it. Work: one C encoding of ``response_format`` when the body is longer than ``max_bytes``,
     then a walk that stops at the first bound passed, then the inlined count (:func:`_inlined_refusal`), then
-    the regular expression's estimate (:func:`_regex_refusal`, O(nodes); session 27). Raises nothing."""
+    the regular expression's estimate (:func:`_regex_refusal`, O(nodes); session 27), then the first pattern the walk
+    found reading the closing quote (``quote_reading_patterns``, session 29). Raises nothing."""
     if type(response_format) is not dict:
         return None
     bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
@@ -102,13 +109,14 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     spec = response_format.get("json_schema")
     if response_format.get("type") == "json_schema" and type(spec) is dict and "schema" in spec:
         root, path = spec["schema"], ("response_format", "json_schema", "schema")
-    return _walk([(root, path)], bound, "response_format", "response_format") or _inlined_refusal(
+    quoted: list[_Node] = []
+    return _walk([(root, path)], bound, "response_format", "response_format", quoted) or _inlined_refusal(
         [(root, path)], bound, "response_format", "response_format") or (
         _regex_refusal(root, path, bound["max_regex_chars"], "response_format", "response_format")
-        if len(path) > 1 else None)
+        if len(path) > 1 else None) or _quote_refusal(quoted, "response_format", "response_format")
 
 
-def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | None], body_bytes: int,
+def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | str | None], body_bytes: int,
                   tool_choice: Any = "required") -> GatewayError | None:
     """The 400 for a decoded chat body's ``tools`` whose ``function.parameters`` schemas pass a bound of
     :data:`JSON_SCHEMA_BOUNDS`, else None (session 25: S24-fields-1, S25-review-3).
@@ -162,10 +170,23 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | None], 
     if not roots:
         return None
     subject = "tools[].function.parameters"  # counted together: ``required`` compiles an anyOf over every tool
-    if (refused := _walk(roots[::-1], bound, "tools parameters", subject)) is not None:
+    quoted: list[_Node] = []
+    if (refused := _walk(roots[::-1], bound, "tools parameters", subject, quoted)) is not None:
         return refused
     return _tools_inlined_refusal(roots, bound, body_bytes, subject) or _tools_regex_refusal(
-        tools, roots, bound["max_regex_chars"], subject, together=tool_choice == "required")
+        tools, roots, bound["max_regex_chars"], subject, together=tool_choice == "required") or _quote_refusal(
+        quoted, "tools parameters", subject)
+
+
+def _quote_refusal(quoted: list[_Node], what: str, subject: str) -> GatewayError | None:
+    """``quote_reading_patterns`` (session 29, S29-pattern29-1): the 400 for the first ``pattern`` / ``format``
+    :func:`_walk` found reading the string's closing ``"`` (``quoted``: its path node), else None."""
+    if not quoted:
+        return None
+    return _refused(_param(quoted[0]), f"{subject} has a pattern or format that can read the string's closing quote "
+                    "in a compiler that inlines it (outlines-core): use a class without it, such as [^\"] or an "
+                    "explicit [A-Za-z0-9._-], instead of ., \\S or a negated class, group alternatives, and no "
+                    "format uri / email", "quote_reading_patterns", what)
 
 
 def _regex_refusal(root: Any, path: tuple[str, ...], cap: int | None, what: str, subject: str) -> GatewayError | None:
@@ -248,16 +269,20 @@ def _inlined_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, 
     return None
 
 
-def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what: str,
-          subject: str) -> GatewayError | None:
+def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what: str,
+          subject: str, quoted: list[_Node]) -> GatewayError | None:
     """Walk each schema of ``roots`` (``(schema, path)``, the last first) with shared counts and refuse the first
     bound they pass (see the module docstring); ``what`` names them in the audit reason, ``subject`` in the message.
 
     Work: O(1) per JSON container below ``root`` (session 25, S25-review-2: each pushed value links to its parent's
     path node, ``(parent, key)``, instead of copying the whole path tuple, which made the walk values x depth: 57
     ms of CPU for a 61 KiB schema of 31,000 zeros 250 lists deep); scalars are never pushed (their checks are made
-    at their key); the path is spelled out only for a refusal (:func:`_param`)."""
+    at their key); the path is spelled out only for a refusal (:func:`_param`). With ``quote_reading_patterns``
+    ``"refuse"``, the first ``pattern`` that :func:`gateway.pattern_quote.pattern_reads_quote`, or ``format`` in
+    :data:`~gateway.pattern_quote.QUOTE_READING_FORMATS` beside no ``pattern``, is appended to ``quoted`` (refused
+    after the other bounds: O(characters) per pattern, bounded by ``max_pattern_chars``)."""
     properties = enums = pattern_chars = 0
+    quotes = bound["quote_reading_patterns"] == "refuse"
     stack: list[tuple[Any, _Node, int, int]] = []
     for root, path in roots:
         stack.append((root, _node(path), 0, _SCHEMA))
@@ -303,6 +328,13 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what:
                 if pattern_chars > bound["max_pattern_chars"]:
                     return _refused(_param((where, key)), f"{subject} has patterns of more than "
                                     f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", what)
+                if quotes and not quoted and pattern_reads_quote(value):
+                    quoted.append((where, key))
+                continue
+            elif key == "format" and quotes and type(value) is str and value in QUOTE_READING_FORMATS and (
+                    type(cur.get("pattern")) is not str):
+                if not quoted:  # outlines-core builds it from a regular expression that reads the quote
+                    quoted.append((where, key))
                 continue
             else:
                 next_kind = _MAP if key in _NAME_MAPS and type(value) is dict else _SCHEMA

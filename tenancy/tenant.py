@@ -86,7 +86,8 @@ class Tenant:
     identity rules that map to this tenant (prefix rules end in ``/``). ``json_schema_limits``: the tenant's own
     bounds on a chat body's ``response_format`` schema by name (``max_bytes``, ``max_depth``, ...), each
     overriding ``limits.json_schema`` (empty: the gateway's; gateway/response_format.py; session 24); since session
-    27 (expand27) ``max_regex_chars`` may map to None: not checked for this tenant.
+    27 (expand27) ``max_regex_chars`` may map to None: not checked for this tenant; since session 29 (pattern29)
+    ``quote_reading_patterns`` maps to "refuse" or "allow".
     """
 
     id: str
@@ -114,7 +115,7 @@ class Tenant:
     regulated: bool = False
     data_residency: str | None = None
     spiffe_ids: tuple[str, ...] = ()
-    json_schema_limits: Mapping[str, int | None] = field(default_factory=lambda: MappingProxyType({}))
+    json_schema_limits: Mapping[str, int | str | None] = field(default_factory=lambda: MappingProxyType({}))
 
     def policy_view(self) -> dict[str, Any]:
         """Return a JSON-able summary for policy input and audit (no secrets)."""
@@ -164,12 +165,12 @@ def _burst(rate: float | None, burst: float | None) -> float | None:
     return float(burst) if burst is not None else max(1.0, float(rate))
 
 
-def _json_schema_limits(entry: Any) -> dict[str, int | None]:
+def _json_schema_limits(entry: Any) -> dict[str, int | str | None]:
     """A ``json_schema_limits`` entry's values by name: the keys written with a value, and ``max_regex_chars``
     written as null (None: the bound is off for the tenant; session 27, expand27). Empty for no entry."""
     if entry is None:
         return {}
-    out: dict[str, int | None] = entry.model_dump(exclude_none=True)
+    out: dict[str, int | str | None] = entry.model_dump(exclude_none=True)
     if "max_regex_chars" in entry.model_fields_set and entry.max_regex_chars is None:
         out["max_regex_chars"] = None
     return out

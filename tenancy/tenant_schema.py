@@ -34,7 +34,8 @@ FIELD_MESSAGES: dict[str, str] = {
     "usage_cached_tokens": "must be 'pass' or 'drop'",
     "json_schema_limits": "must map max_pattern_chars to an integer >= 0, max_regex_chars to a positive integer or "
                           "null (not checked), and max_bytes, max_depth, max_properties, max_enum_values, "
-                          "max_tool_schemas_bytes to positive integers",
+                          "max_tool_schemas_bytes to positive integers, and quote_reading_patterns to 'refuse' or "
+                          "'allow'",
     **{k: "must be a positive finite number" for k in (
         "rate_rps", "rate_burst", "prompt_tokens_per_s", "prompt_tokens_burst",
         "output_tokens_per_s", "output_tokens_burst", "refused_cpu_ms_per_s", "refused_cpu_burst_ms")},
@@ -64,6 +65,8 @@ class JsonSchemaLimitsEntry(BaseModel):
     max_tool_schemas_bytes: _PositiveInt | None = None
     #: session 27 (expand27): an explicit null turns the bound off for this tenant (omitted: the gateway's value)
     max_regex_chars: _PositiveInt | None = None
+    #: session 29 (pattern29, S29-pattern29-1): "allow" turns the check off for this tenant (xgrammar, llguidance)
+    quote_reading_patterns: Literal["refuse", "allow"] | None = None
 
 
 class TenantEntry(BaseModel):
