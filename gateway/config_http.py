@@ -64,7 +64,9 @@ class JsonSchemaLimits(ConfigSection):
     ``max_regex_chars`` (session 27, expand27, S27-review27-3): characters of the regular expression a compiler that
     inlines the schema (outlines-core) builds from each schema, and, for a body whose ``tool_choice`` is
     ``"required"``, from the tools together as vLLM's schema for it (an upper bound: gateway/schema_expansion.py); ``None``: not checked (replicas that compile
-    with xgrammar or llguidance, which do not expand). More answers 400 ``json_schema_too_complex``. Each is
+    with xgrammar or llguidance, which do not expand). ``max_item_count`` (session 29, S29-xgrammar29-1): the
+    largest ``minItems`` / ``maxItems`` / ``minProperties`` / ``maxProperties`` value (xgrammar's matcher memory and
+    per-token time grow with it); ``None``: not checked. More answers 400 ``json_schema_too_complex``. Each is
     overridden per tenant by ``tenants[].json_schema_limits``."""
 
     max_bytes: int = Field(65536, ge=64)
@@ -74,6 +76,7 @@ class JsonSchemaLimits(ConfigSection):
     max_pattern_chars: int = Field(1024, ge=0)
     max_tool_schemas_bytes: int = Field(262144, ge=64)
     max_regex_chars: int | None = Field(1_000_000, ge=1)
+    max_item_count: int | None = Field(128, ge=1)
 
 
 class LimitsConfig(ConfigSection):

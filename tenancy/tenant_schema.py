@@ -33,7 +33,7 @@ FIELD_MESSAGES: dict[str, str] = {
     "forward_user": "must be 'drop' or 'pseudonym'",
     "usage_cached_tokens": "must be 'pass' or 'drop'",
     "json_schema_limits": "must map max_pattern_chars to an integer >= 0, max_regex_chars to a positive integer or "
-                          "null (not checked), and max_bytes, max_depth, max_properties, max_enum_values, "
+                          "null (not checked), max_item_count to a positive integer or null, and max_bytes, max_depth, max_properties, max_enum_values, "
                           "max_tool_schemas_bytes to positive integers",
     **{k: "must be a positive finite number" for k in (
         "rate_rps", "rate_burst", "prompt_tokens_per_s", "prompt_tokens_burst",
@@ -64,6 +64,8 @@ class JsonSchemaLimitsEntry(BaseModel):
     max_tool_schemas_bytes: _PositiveInt | None = None
     #: session 27 (expand27): an explicit null turns the bound off for this tenant (omitted: the gateway's value)
     max_regex_chars: _PositiveInt | None = None
+    #: session 29 (xgrammar29): the largest minItems/maxItems/minProperties/maxProperties; null: off for this tenant
+    max_item_count: _PositiveInt | None = None
 
 
 class TenantEntry(BaseModel):
