@@ -254,7 +254,7 @@ def _inlined_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, 
     return None
 
 
-def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, int], what: str,
+def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what: str,
           subject: str) -> GatewayError | None:
     """Walk each schema of ``roots`` (``(schema, path)``, the last first) with shared counts and refuse the first
     bound they pass (see the module docstring); ``what`` names them in the audit reason, ``subject`` in the message.

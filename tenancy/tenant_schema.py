@@ -33,8 +33,8 @@ FIELD_MESSAGES: dict[str, str] = {
     "forward_user": "must be 'drop' or 'pseudonym'",
     "usage_cached_tokens": "must be 'pass' or 'drop'",
     "json_schema_limits": "must map max_pattern_chars to an integer >= 0, max_regex_chars to a positive integer or "
-                          "null (not checked), max_item_count to a positive integer or null, and max_bytes, max_depth, max_properties, max_enum_values, "
-                          "max_tool_schemas_bytes to positive integers",
+                          "null (not checked), max_item_count to a positive integer or null, and max_bytes, "
+                          "max_depth, max_properties, max_enum_values, max_tool_schemas_bytes to positive integers",
     **{k: "must be a positive finite number" for k in (
         "rate_rps", "rate_burst", "prompt_tokens_per_s", "prompt_tokens_burst",
         "output_tokens_per_s", "output_tokens_burst", "refused_cpu_ms_per_s", "refused_cpu_burst_ms")},
