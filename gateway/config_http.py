@@ -67,8 +67,10 @@ class JsonSchemaLimits(ConfigSection):
     with xgrammar or llguidance, which do not expand). ``quote_reading_patterns`` (session 29, pattern29,
     S29-pattern29-1): ``"refuse"`` refuses a ``pattern`` that can read the string's closing ``"`` in outlines-core's
     inlined expression, and ``format`` ``uri`` / ``email`` (gateway/pattern_quote.py); ``"allow"``: not checked
-    (xgrammar, llguidance). More answers 400 ``json_schema_too_complex``. Each is overridden per tenant by
-    ``tenants[].json_schema_limits``."""
+    (xgrammar, llguidance). ``max_item_count`` (session 29, S29-xgrammar29-1): the largest ``minItems`` /
+    ``maxItems`` / ``minProperties`` / ``maxProperties`` value (xgrammar's matcher memory and per-token time grow
+    with it); ``None``: not checked. More answers 400 ``json_schema_too_complex``. Each is overridden per tenant by
+        ``tenants[].json_schema_limits``."""
 
     max_bytes: int = Field(65536, ge=64)
     max_depth: int = Field(20, ge=1, le=256)
@@ -78,6 +80,7 @@ class JsonSchemaLimits(ConfigSection):
     max_tool_schemas_bytes: int = Field(262144, ge=64)
     max_regex_chars: int | None = Field(1_000_000, ge=1)
     quote_reading_patterns: Literal["refuse", "allow"] = "refuse"
+    max_item_count: int | None = Field(128, ge=1)
 
 
 class LimitsConfig(ConfigSection):

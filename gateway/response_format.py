@@ -29,6 +29,10 @@ overridden per tenant by ``tenants[].json_schema_limits``):
   from such a regular expression (``uri``, ``email``) without a ``pattern`` (:mod:`gateway.pattern_quote`; such a
   schema kills an outlines-core replica: S28-pattern28-2); checked after the other bounds; ``"allow"``: not checked
   (xgrammar, llguidance). ``patternProperties`` keys and ``propertyNames`` are not inlined by outlines-core.
+* ``max_item_count`` (session 29, xgrammar29, S29-xgrammar29-1): the largest ``minItems``, ``maxItems``,
+  ``minProperties`` or ``maxProperties`` (each value on its own; xgrammar 0.2.9 compiles them into a counted
+  repetition whose matcher holds more parser states per item past a lower bound of 129: memory and
+  ``accept_token`` time per item grow with the bound; bench/s29_xgrammar29_mask_fill.py); ``None``: not checked.
 
 OpenAI documents its own limits of a Structured Outputs schema (platform.openai.com/docs/guides/structured-outputs,
 "Supported schemas"): at most 5,000 object properties, 10 levels of object nesting, 1,000 enum values, 120,000
@@ -68,7 +72,10 @@ __all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal", "tools_refusal"]
 
 #: the names of the bounds (``limits.json_schema`` keys, ``tenants[].json_schema_limits`` keys)
 JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_values", "max_pattern_chars",
-                      "max_tool_schemas_bytes", "max_regex_chars", "quote_reading_patterns")
+                      "max_tool_schemas_bytes", "max_regex_chars", "quote_reading_patterns",
+                      "max_item_count")
+#: the counted-repetition keywords :data:`JSON_SCHEMA_BOUNDS` ``max_item_count`` bounds (session 29)
+_COUNTS = frozenset({"minItems", "maxItems", "minProperties", "maxProperties"})
 
 #: keywords whose object maps names to subschemas: the map itself is no schema level
 _NAME_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
@@ -335,6 +342,11 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
                     type(cur.get("pattern")) is not str):
                 if not quoted:  # outlines-core builds it from a regular expression that reads the quote
                     quoted.append((where, key))
+                continue
+            elif key in _COUNTS and (type(value) is int or type(value) is float):
+                if bound["max_item_count"] is not None and value > bound["max_item_count"]:
+                    return _refused(_param((where, key)), f"{subject} asks for {key} over "
+                                    f"{bound['max_item_count']}", "max_item_count", what)
                 continue
             else:
                 next_kind = _MAP if key in _NAME_MAPS and type(value) is dict else _SCHEMA

@@ -86,8 +86,8 @@ class Tenant:
     identity rules that map to this tenant (prefix rules end in ``/``). ``json_schema_limits``: the tenant's own
     bounds on a chat body's ``response_format`` schema by name (``max_bytes``, ``max_depth``, ...), each
     overriding ``limits.json_schema`` (empty: the gateway's; gateway/response_format.py; session 24); since session
-    27 (expand27) ``max_regex_chars`` may map to None: not checked for this tenant; since session 29 (pattern29)
-    ``quote_reading_patterns`` maps to "refuse" or "allow".
+    27 (expand27) ``max_regex_chars``, and since session 29 ``max_item_count``, may map to None: not checked for
+    this tenant; since session 29 (pattern29) ``quote_reading_patterns`` maps to "refuse" or "allow".
     """
 
     id: str
@@ -166,13 +166,15 @@ def _burst(rate: float | None, burst: float | None) -> float | None:
 
 
 def _json_schema_limits(entry: Any) -> dict[str, int | str | None]:
-    """A ``json_schema_limits`` entry's values by name: the keys written with a value, and ``max_regex_chars``
-    written as null (None: the bound is off for the tenant; session 27, expand27). Empty for no entry."""
+    """A ``json_schema_limits`` entry's values by name: the keys written with a value, and ``max_regex_chars`` or
+    ``max_item_count`` written as null (None: the bound is off for the tenant; sessions 27 and 29). Empty for no
+    entry."""
     if entry is None:
         return {}
     out: dict[str, int | str | None] = entry.model_dump(exclude_none=True)
-    if "max_regex_chars" in entry.model_fields_set and entry.max_regex_chars is None:
-        out["max_regex_chars"] = None
+    for name in ("max_regex_chars", "max_item_count"):  # session 29: max_item_count too
+        if name in entry.model_fields_set and getattr(entry, name) is None:
+            out[name] = None
     return out
 
 

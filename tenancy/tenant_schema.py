@@ -33,9 +33,9 @@ FIELD_MESSAGES: dict[str, str] = {
     "forward_user": "must be 'drop' or 'pseudonym'",
     "usage_cached_tokens": "must be 'pass' or 'drop'",
     "json_schema_limits": "must map max_pattern_chars to an integer >= 0, max_regex_chars to a positive integer or "
-                          "null (not checked), and max_bytes, max_depth, max_properties, max_enum_values, "
-                          "max_tool_schemas_bytes to positive integers, and quote_reading_patterns to 'refuse' or "
-                          "'allow'",
+                          "null (not checked), max_item_count to a positive integer or null, and max_bytes, "
+                          "max_depth, max_properties, max_enum_values, max_tool_schemas_bytes to positive "
+                          "integers, and quote_reading_patterns to 'refuse' or 'allow'",
     **{k: "must be a positive finite number" for k in (
         "rate_rps", "rate_burst", "prompt_tokens_per_s", "prompt_tokens_burst",
         "output_tokens_per_s", "output_tokens_burst", "refused_cpu_ms_per_s", "refused_cpu_burst_ms")},
@@ -67,6 +67,8 @@ class JsonSchemaLimitsEntry(BaseModel):
     max_regex_chars: _PositiveInt | None = None
     #: session 29 (pattern29, S29-pattern29-1): "allow" turns the check off for this tenant (xgrammar, llguidance)
     quote_reading_patterns: Literal["refuse", "allow"] | None = None
+    #: session 29 (xgrammar29): the largest minItems/maxItems/minProperties/maxProperties; null: off for this tenant
+    max_item_count: _PositiveInt | None = None
 
 
 class TenantEntry(BaseModel):

@@ -38,7 +38,8 @@ def test_defaults_and_names() -> None:
         "max_bytes": 65536, "max_depth": 20, "max_properties": 5000, "max_enum_values": 1000,
         "max_pattern_chars": 1024, "max_tool_schemas_bytes": 262144,  # session 25 (tools)
         "max_regex_chars": 1_000_000,  # session 27 (expand27, S27-review27-3)
-        "quote_reading_patterns": "refuse"}  # session 29 (pattern29, S29-pattern29-1)
+        "quote_reading_patterns": "refuse",  # session 29 (pattern29, S29-pattern29-1)
+        "max_item_count": 128}  # session 29 (xgrammar29, S29-xgrammar29-1)
     assert set(JsonSchemaLimits.model_fields) == set(JSON_SCHEMA_BOUNDS)
 
 
