@@ -430,6 +430,8 @@ def _child(arg: dict[str, Any]) -> dict[str, Any]:
     threading.Thread(target=feeder, daemon=True).start()
     from audit import worker
 
+    if arg.get("read_interval") is not None:  # session 29: the worker's pipe read interval (seconds)
+        worker.READ_INTERVAL_S = float(arg["read_interval"])
     split_acc: dict[str, int] = {}
     if arg.get("split"):
         _install_split(split_acc)
@@ -462,6 +464,7 @@ def _run(tree: Path, ports: tuple[int, int], args: Any, profile: str | None,
                "events": args.events, "warmup": args.warmup, "tail": args.tail, "profile": profile,
                "spans": args.sinks == "all"}
         arg["split"] = bool(args.split)
+        arg["read_interval"] = args.read_interval
         for section in args.without:  # session 29: one sink (or the spans) left out, to see its whole in-situ cost
             config.pop(section, None)
             if section == "spans":
@@ -504,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.option("--without", multiple=True, type=click.Choice(["ocsf", "syslog", "otlp", "spans"]),
               help="leave this sink (or the request spans) out of the worker's config (repeatable; session 29: "
                    "the difference to a run with it is its whole cost inside the worker, delivery included)")
+    ap.option("--read-interval", type=float, default=None,
+              help="seconds between the worker's pipe reads (audit.worker_stdin.READ_INTERVAL_S; default: the tree's)")
     ap.option("--split", is_flag=True, help="time the worker's tasks and per-event calls in thread CPU "
               "(SPLIT_POINTS; session 29): the main thread's CPU per event by part in each result's \"split\"")
     ap.option("--profile", type=click.Path(path_type=Path, file_okay=False), default=None)
@@ -537,7 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     lower = {t: sum(1 for i in range(args.rounds)
                     if next(r["worker_us"] for r in rows if r["tree"] == names[0] and r["round"] == i)
                     < next(r["worker_us"] for r in rows if r["tree"] == t and r["round"] == i)) for t in names[1:]}
-    result = {"bench": "audit_overhead_worker", "sinks": args.sinks, "without": list(args.without), "rate": args.rate, "events": args.events, "tail_s": args.tail,
+    result = {"bench": "audit_overhead_worker", "sinks": args.sinks, "without": list(args.without),
+              "read_interval": args.read_interval, "split": bool(args.split), "rate": args.rate, "events": args.events, "tail_s": args.tail,
               "baseline": str(args.baseline) if args.baseline else None, "median": med,
               "median_round_difference_vs_this": diff, "rounds_this_lower": lower, "runs": rows,
               "load_end": os.getloadavg(), "cpus": os.cpu_count()}
