@@ -277,6 +277,30 @@ def split_exclusive(acc: dict[str, int], main_ns: int, n: int) -> dict[str, floa
     return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda x: -x[1])}
 
 
+def split_differences(rows: list[dict[str, Any]], names: list[str], changed: set[str]) -> dict[str, dict[str, Any]]:
+    """Per part of ``--split`` results, per tree after the first: the median over rounds of (first tree's
+    part - this tree's part scaled by the ratio of the two runs' *unchanged* parts), i.e. the difference
+    with the round's machine drift taken out (two runs of one round moved together by ~5 % in an A/A on the
+    shared machine); ``changed``: the parts a change touched (left out of the yardstick), with ``wrappers``.
+    Returns ``{tree: {part: {"median": µs, "rounds": [µs, ...]}}}``; negative = the first tree is lower."""
+    import statistics
+
+    out: dict[str, dict[str, Any]] = {}
+    rounds = sorted({r["round"] for r in rows})
+    for t in names[1:]:
+        per: dict[str, list[float]] = {}
+        for i in rounds:
+            a = next(r for r in rows if r["tree"] == names[0] and r["round"] == i)["split"]
+            b = next(r for r in rows if r["tree"] == t and r["round"] == i)["split"]
+            ua = sum(v for k, v in a.items() if k not in changed and k != "wrappers")
+            ub = sum(v for k, v in b.items() if k not in changed and k != "wrappers")
+            for k in a:
+                per.setdefault(k, []).append(a[k] - b[k] * ua / ub)
+        out[t] = {k: {"median": round(statistics.median(v), 2), "rounds": [round(x, 2) for x in v]}
+                  for k, v in per.items()}
+    return out
+
+
 def _child(arg: dict[str, Any]) -> dict[str, Any]:
     """Runs in the child (PYTHONPATH = the tree under test): the worker on this thread, fed (module doc)."""
     import resource
@@ -511,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
               help="seconds between the worker's pipe reads (audit.worker_stdin.READ_INTERVAL_S; default: the tree's)")
     ap.option("--split", is_flag=True, help="time the worker's tasks and per-event calls in thread CPU "
               "(SPLIT_POINTS; session 29): the main thread's CPU per event by part in each result's \"split\"")
+    ap.option("--changed", default="", help="with --split: comma-separated parts a change touched (kept out of "
+              "the drift yardstick of split_differences), e.g. emit,delivery_loop,send_syslog")
     ap.option("--profile", type=click.Path(path_type=Path, file_okay=False), default=None)
     ap.option("--spy", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="py-spy (PG_PYSPY or on PATH) samples each run's window; raw stacks there, the main "
@@ -547,6 +573,9 @@ def main(argv: list[str] | None = None) -> int:
               "baseline": str(args.baseline) if args.baseline else None, "median": med,
               "median_round_difference_vs_this": diff, "rounds_this_lower": lower, "runs": rows,
               "load_end": os.getloadavg(), "cpus": os.cpu_count()}
+    if args.split:
+        result["split_differences"] = split_differences(rows, names, set(args.changed.split(",")) if args.changed
+                                                        else set())
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [f"# Audit worker CPU per event, fed as bench.audit_overhead's \"on\" gateway ({args.rate:g}/s, "
@@ -563,6 +592,17 @@ def main(argv: list[str] | None = None) -> int:
           *[f"| {r['round']} | {r['tree']} | {r['worker_us']} | {r['main_thread_us']} | {r.get('process_sys_us', '')} "
             f"| {r.get('minflt_per_event', '')} | {r['acked_in_window']} "
             f"| {r['dropped']} | {r['slow_sends'] or ''} |" for r in rows], ""]
+    if args.split:  # session 29: the loop thread's CPU by part, per tree, and the drift-corrected differences
+        import statistics
+
+        parts = list(rows[0]["split"])
+        sd = result["split_differences"]
+        md += ["| part (µs/event, loop thread) | " + " | ".join(names) + " | "
+               + " | ".join(f"{names[0]} − {t}, drift out" for t in names[1:]) + " |",
+               "|---|" + "---:|" * (2 * len(names) - 1),
+               *[f"| {k} | " + " | ".join(f"{statistics.median(r['split'][k] for r in rows if r['tree'] == t):.2f}"
+                                          for t in names)
+                 + " | " + " | ".join(f"{sd[t][k]['median']:+.2f}" for t in names[1:]) + " |" for k in parts], ""]
     (args.out / f"{args.name}.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0
