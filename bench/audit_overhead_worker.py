@@ -1,7 +1,14 @@
 """The audit worker's CPU per event, this tree vs another, as ``bench.audit_overhead``'s "on" gateway feeds it (not a test).
 
 ``python -m bench.audit_overhead_worker [--baseline DIR] [--same] [--rate 1000] [--events 6000] [--rounds 6]
-[--sinks all|overhead] [--profile DIR]``
+[--sinks all|overhead] [--without SINK ...] [--read-interval S] [--split [--changed PARTS]] [--spy DIR]
+[--profile DIR]``
+
+Session 29: every result has ``threads`` (:func:`thread_split`: CPU, its kernel part, run-queue wait and
+context switches per event, per thread role); ``--split`` the loop thread's CPU by part in situ
+(:data:`SPLIT_POINTS`, :func:`split_exclusive`; A/B differences with the round's drift taken out:
+:func:`split_differences`); ``--without`` leaves a sink out; ``--read-interval`` sets the worker's pipe
+read interval; ``--spy`` samples with py-spy (:mod:`bench.audit_worker_split`).
 
 ``--sinks overhead`` (session 13): the sinks ``bench.overhead``'s PrefixGate has instead (``sim.demo``'s
 audit section: JSONL hash chain with 10 s checkpoints, OCSF file, spill; no syslog, no OTLP, no spans, so
