@@ -52,7 +52,7 @@ from prometheus_client import CollectorRegistry
 from audit.dirlock import lock_directory
 from audit.event import AuditEvent, Kind, now_ms
 from audit.scrub import scrub_event
-from audit.log_delivery import DeliveryLoop, QueueFull, SinkWorker
+from audit.log_delivery import DeliveryLoop, SinkWorker
 from audit.log_metrics import AuditLogMetrics
 from audit.log_spill import SpillGate, encode_line
 from audit.sink import AuditSink, SinkUnavailable
@@ -226,22 +226,20 @@ class AuditLog(SpillGate, DeliveryLoop):
                 return
         self.metrics.emitted.inc()
         self._n += 1
-        n = self._n
-        excluded = set(exclude)
+        item = (self._n, event)  # one tuple for every sink's queue (session 29)
         line: bytes | None = None
         for w in self._workers:
-            if w.sink.name in excluded:
+            if exclude and w.sink.name in exclude:  # a frozenset by now (above)
                 continue
             if not w.spilling:
-                try:
-                    if len(w.queue) >= w.queue_size:
-                        raise QueueFull
-                    w.queue.append((n, event))
-                    w.wakeup.set()
+                queue = w.queue
+                if len(queue) < w.queue_size:
+                    if not queue:  # session 29: the delivery task waits only on an empty queue (_run)
+                        w.wakeup.set()  # so only the first event of a burst needs to wake it
+                    queue.append(item)
                     continue
-                except QueueFull:
-                    # what is in memory goes first, so the spill keeps emit order
-                    self._spill_ram(w)
+                # the queue is full: what is in memory goes first, so the spill keeps emit order
+                self._spill_ram(w)
             line = line or encode_line(event)
             self._spill(w, line, event)
         if line is not None or not self._accepting:  # the spill grew (or the gate is shut): check it

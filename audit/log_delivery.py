@@ -23,6 +23,18 @@ class QueueFull(Exception):
     """A sink's in-memory queue is at ``queue_size``."""
 
 
+def take_batch(queue: collections.deque[tuple[int, AuditEvent]], size: int) -> list[AuditEvent]:
+    """The events of the oldest ``size`` (or fewer) ``(emit number, event)`` pairs, removed from ``queue``,
+    oldest first. The whole queue in one pass when it fits (session 29: the usual case in the audit
+    worker, where a sink takes each read's burst at once), instead of a ``popleft`` per event."""
+    if len(queue) <= size:
+        batch = [event for _, event in queue]
+        queue.clear()
+        return batch
+    popleft = queue.popleft
+    return [popleft()[1] for _ in range(size)]
+
+
 class SinkWorker:
     """Queue + spill + delivery task for one sink."""
 
@@ -95,7 +107,7 @@ class DeliveryLoop:
                     if not w.queue:  # moved to the spill meanwhile (queue full, sink down)
                         continue
                     w.pending_first_n = w.queue[0][0]
-                    w.pending = [w.queue.popleft()[1] for _ in range(min(w.batch_size, len(w.queue)))]
+                    w.pending = take_batch(w.queue, w.batch_size)
                     w.commit_to = None
                 elif w.spilling:
                     try:

@@ -256,8 +256,10 @@ class SyslogSink:
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            try:  # bounded (session 29, S29-audit29-2): a close waits for unsent bytes, which a peer
+                await asyncio.wait_for(writer.wait_closed(), self._timeout)  # that stopped reading never takes
+            except Exception:  # noqa: BLE001 -- timed out or failed: the connection is given up either way
+                writer.transport.abort()
 
     async def send(self, events: list[AuditEvent]) -> None:
         """Frame and write ``events``; raises SinkUnavailable on any error."""
@@ -287,7 +289,10 @@ class SyslogSink:
             framed = [frame_octet_counted(f) for f in frames]
             writer.write(b"".join(framed))  # one send per batch, not per frame
             self._recent.extend(framed)
-            await asyncio.wait_for(writer.drain(), self._timeout * 5)
+            if writer.transport.get_write_buffer_size():  # the kernel did not take it all: wait, bounded
+                await asyncio.wait_for(writer.drain(), self._timeout * 5)
+            else:  # session 29: all in the socket, so drain() cannot wait (it only raises a lost
+                await writer.drain()  # connection); no wait_for task and timer per batch
         except (OSError, asyncio.TimeoutError, ssl.SSLError, RuntimeError) as exc:
             await self._drop_connection()
             raise SinkUnavailable(f"syslog write: {exc}") from exc

@@ -90,6 +90,11 @@ def test_syslog_frames_equal_format_rfc5424() -> None:
         def is_closing(self) -> bool:
             return False
 
+        class transport:  # noqa: N801 -- StreamWriter.transport (session 29: send asks for the buffer size)
+            @staticmethod
+            def get_write_buffer_size() -> int:
+                return 0
+
     evs = [AuditEvent(kind=k, outcome=o, event_id=f"e{i}", tenant="t|a", endpoint="/v1\nx", client_address="1.2.3.4",
                       time_ms=1_764_000_000_000 + i)
            for i, (k, o) in enumerate((k, o) for k in Kind for o in Outcome)]
