@@ -92,7 +92,12 @@ _CLIENT_MAX = 256  # model names: ~0.73 KiB an entry with 256 characters (0.2 Mi
 @lru_cache(maxsize=_KEY_MAX)
 def key_field(key: str) -> bytes:
     """The ``KeyValue.key`` field (tag 1) of an exact ``str`` attribute key, b"" for "" (proto3 leaves the
-    default out); cached, least recently used out."""
+    default out); cached, least recently used out.
+
+    Raises:
+        NotPlain: ``key`` is not a ``str`` (an equal ``str`` subclass may get the cached bytes: the same)."""
+    if type(key) is not str:
+        raise NotPlain("attribute key")
     return len_field(b"\x0a", key.encode()) if key else b""
 
 
@@ -107,6 +112,11 @@ _client_kv = lru_cache(maxsize=_CLIENT_MAX)(str_key_value)
 _BOOL_VALUES = (b"\x12\x02\x10\x00", b"\x12\x02\x10\x01")  # the value field of False, True
 
 
+#: the cache of a ``str`` value by its key (:data:`PER_REQUEST_KEYS`: none; :data:`CLIENT_KEYS`: their own;
+#: any other key: ``_str_kv``)
+_VALUE_CACHE_OF = dict.fromkeys(PER_REQUEST_KEYS, str_key_value) | dict.fromkeys(CLIENT_KEYS, _client_kv)
+
+
 def key_value(key: str, v: object) -> bytes:
     """The ``KeyValue`` message bytes of one attribute (``value`` as :func:`any_value`). The key's field is
     cached per key; a ``str`` value per (key, value) in a least-recently-used cache, those of
@@ -115,13 +125,9 @@ def key_value(key: str, v: object) -> bytes:
     Raises:
         NotPlain: a key that is not an exact ``str``, a value :func:`any_value` refuses.
     """
-    if type(key) is not str:
-        raise NotPlain("attribute key")
     t = type(v)
     if t is str:
-        if key in PER_REQUEST_KEYS:
-            return str_key_value(key, v)  # type: ignore[arg-type]
-        return (_client_kv if key in CLIENT_KEYS else _str_kv)(key, v)
+        return _VALUE_CACHE_OF.get(key, _str_kv)(key, v)  # type: ignore[arg-type]
     if t is bool:
         return key_field(key) + _BOOL_VALUES[v]  # type: ignore[index]
     return key_field(key) + len_field(b"\x12", any_value(v))

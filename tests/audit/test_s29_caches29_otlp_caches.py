@@ -59,11 +59,13 @@ _CACHES = ((otlp_pb, "key_field"), (otlp_pb, "_str_kv"), (otlp_pb, "_client_kv")
 @contextmanager
 def _caches(entries: int | None) -> Iterator[None]:
     """Every cache replaced by a fresh one of ``entries`` entries (None: by its pure function, uncached)."""
-    with mock.patch.multiple(otlp_pb, **{n: _wrap(getattr(otlp_pb, n), entries) for m, n in _CACHES if m is otlp_pb}), \
-         mock.patch.multiple(row_spans, **{n: _wrap(getattr(row_spans, n), entries)
-                                           for m, n in _CACHES if m is row_spans}), \
-         mock.patch.object(otlp_log_build, "_cached_kv", _wrap(otlp_log_build._cached_kv, entries)), \
-         mock.patch.object(otlp_log_request, "_heads", _wrap(otlp_log_request._heads, entries)):
+    new = {(m, n): _wrap(getattr(m, n), entries) for m, n in _CACHES}
+    of = {**otlp_pb._VALUE_CACHE_OF, **dict.fromkeys(otlp_pb.CLIENT_KEYS, new[otlp_pb, "_client_kv"])}
+    with mock.patch.multiple(otlp_pb, **{n: f for (m, n), f in new.items() if m is otlp_pb}), \
+         mock.patch.multiple(row_spans, **{n: f for (m, n), f in new.items() if m is row_spans}), \
+         mock.patch.object(otlp_log_build, "_cached_kv", new[otlp_log_build, "_cached_kv"]), \
+         mock.patch.object(otlp_log_request, "_heads", new[otlp_log_request, "_heads"]), \
+         mock.patch.dict(otlp_pb._VALUE_CACHE_OF, of):
         yield
 
 
