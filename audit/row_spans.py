@@ -30,7 +30,8 @@ from audit.request_event import REQUEST_ROW_FIELDS
 from audit.otlp_pb import NotPlain, key_value, len_field, name_field, span_message, str_key_value, varint
 from audit.span_request import REQUEST_MARK, encode_links, random_span_id
 
-__all__ = ["STAGES", "row_span_bytes", "row_span_record", "span_attributes", "span_extra", "stage_children"]
+__all__ = ["STAGES", "int_field", "row_span_bytes", "row_span_record", "span_attributes", "span_extra", "stage_children",
+           "str_field"]
 
 _M64 = (1 << 64) - 1
 _FLAGS_LOCAL = 0x100  # Span.flags: SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK (a local parent, or none)
