@@ -22,7 +22,6 @@ import random
 import sys
 import time
 import tracemalloc
-import uuid
 from typing import Any
 
 _LINK = [(0x0AF7651916CD43DD, 0x8448EB211C80319C, 0xB7AD6B7169203331, 1, True,
