@@ -22,7 +22,8 @@ from __future__ import annotations
 import struct
 from functools import lru_cache
 
-__all__ = ["NotPlain", "any_value", "key_value", "len_field", "span_message", "varint"]
+__all__ = ["CLIENT_KEYS", "NotPlain", "PER_REQUEST_KEYS", "any_value", "key_field", "key_value", "len_field",
+           "span_message", "str_key_value", "varint"]
 
 
 class NotPlain(Exception):
@@ -76,32 +77,60 @@ def any_value(v: object) -> bytes:
     raise NotPlain(t.__name__)
 
 
-_KEYS: dict[str, bytes] = {}
-_KV: dict[tuple[str, object], bytes] = {}
+#: attribute keys whose values are per request (unique): formatted each time, never cached (S29-caches29-1:
+#: ``prefixgate.decision_id`` of every server span taking this path used to churn the value cache)
+PER_REQUEST_KEYS = frozenset({"prefixgate.decision_id", "prefixgate.event_id"})
+#: attribute keys whose values the client chooses (a bounded length, an unbounded set): cached apart, so a
+#: spread of them evicts only their own entries (``gen_ai.request.model``: 1-256 characters, any of them)
+CLIENT_KEYS = frozenset({"gen_ai.request.model"})
 _CACHE_MAX = 4096
+_KEY_MAX = 256  # attribute keys: names written in code (a dozen in use)
+_VALUE_MAX = 4096  # (key, value) of repeating values: ~0.27 KiB an entry, 32-character tenants (1.1 MiB full)
+_CLIENT_MAX = 256  # model names: ~0.73 KiB an entry with 256 characters (0.2 MiB full)
+
+
+@lru_cache(maxsize=_KEY_MAX)
+def key_field(key: str) -> bytes:
+    """The ``KeyValue.key`` field (tag 1) of an exact ``str`` attribute key, b"" for "" (proto3 leaves the
+    default out); cached, least recently used out.
+
+    Raises:
+        NotPlain: ``key`` is not a ``str`` (an equal ``str`` subclass may get the cached bytes: the same)."""
+    if type(key) is not str:
+        raise NotPlain("attribute key")
+    return len_field(b"\x0a", key.encode()) if key else b""
+
+
+def str_key_value(key: str, value: str) -> bytes:
+    """The ``KeyValue`` message bytes of an exact ``str`` key and ``str`` value (not cached: the pure function
+    the caches below wrap)."""
+    return key_field(key) + len_field(b"\x12", len_field(b"\x0a", value.encode()))
+
+
+_str_kv = lru_cache(maxsize=_VALUE_MAX)(str_key_value)
+_client_kv = lru_cache(maxsize=_CLIENT_MAX)(str_key_value)
+_BOOL_VALUES = (b"\x12\x02\x10\x00", b"\x12\x02\x10\x01")  # the value field of False, True
+
+
+#: the cache of a ``str`` value by its key (:data:`PER_REQUEST_KEYS`: none; :data:`CLIENT_KEYS`: their own;
+#: any other key: ``_str_kv``)
+_VALUE_CACHE_OF = dict.fromkeys(PER_REQUEST_KEYS, str_key_value) | dict.fromkeys(CLIENT_KEYS, _client_kv)
 
 
 def key_value(key: str, v: object) -> bytes:
-    """The ``KeyValue`` message bytes of one attribute (``value`` as :func:`any_value`); str and bool
-    values are cached per (key, value), the key's own bytes per key (bounded caches)."""
+    """The ``KeyValue`` message bytes of one attribute (``value`` as :func:`any_value`). The key's field is
+    cached per key; a ``str`` value per (key, value) in a least-recently-used cache, those of
+    :data:`CLIENT_KEYS` in one of their own, those of :data:`PER_REQUEST_KEYS` never (S29-caches29-1).
+
+    Raises:
+        NotPlain: a key that is not an exact ``str``, a value :func:`any_value` refuses.
+    """
     t = type(v)
-    if t is str or t is bool:
-        hit = _KV.get((key, v))
-        if hit is not None:
-            return hit
-    k = _KEYS.get(key)
-    if k is None:
-        if type(key) is not str:
-            raise NotPlain("attribute key")
-        if len(_KEYS) >= _CACHE_MAX:
-            _KEYS.clear()
-        k = _KEYS[key] = len_field(b"\x0a", key.encode()) if key else b""
-    out = k + len_field(b"\x12", any_value(v))
-    if t is str or t is bool:
-        if len(_KV) >= _CACHE_MAX:
-            _KV.clear()
-        _KV[(key, v)] = out
-    return out
+    if t is str:
+        return _VALUE_CACHE_OF.get(key, _str_kv)(key, v)  # type: ignore[arg-type]
+    if t is bool:
+        return key_field(key) + _BOOL_VALUES[v]  # type: ignore[index]
+    return key_field(key) + len_field(b"\x12", any_value(v))
 
 
 def attributes_field(tag: bytes, attrs: dict) -> bytes:

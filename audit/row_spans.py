@@ -21,15 +21,17 @@ from __future__ import annotations
 import random
 import struct
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
 from opentelemetry.trace import SpanKind
 
 from audit.request_event import REQUEST_ROW_FIELDS
-from audit.otlp_pb import NotPlain, key_value, len_field, name_field, span_message, varint
+from audit.otlp_pb import NotPlain, key_value, len_field, name_field, span_message, str_key_value, varint
 from audit.span_request import REQUEST_MARK, encode_links, random_span_id
 
-__all__ = ["STAGES", "row_span_bytes", "row_span_record", "span_attributes", "span_extra", "stage_children"]
+__all__ = ["STAGES", "int_field", "row_span_bytes", "row_span_record", "span_attributes", "span_extra", "stage_children",
+           "str_field"]
 
 _M64 = (1 << 64) - 1
 _FLAGS_LOCAL = 0x100  # Span.flags: SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK (a local parent, or none)
@@ -222,9 +224,8 @@ _ATTR_KEYS = ("http.response.status_code", "gen_ai.request.model", "gen_ai.usage
               "gen_ai.usage.output_tokens", "prefixgate.tenant", "prefixgate.replica",
               "prefixgate.predicted_prefix_tokens", "prefixgate.decision_id", "prefixgate.outcome")
 _INT_ATTRS = frozenset((0, 2, 3, 6))
-#: ``b"\x4a" len KeyValue`` (the Span.attributes field) of a (key, str value) that repeats
-_STR_FIELDS: dict[tuple[str, str], bytes] = {}
-_STR_FIELDS_MAX = 4096
+_STR_MAX = 4096  # (key, value) of route, tenant, replica, outcome: ~0.27 KiB an entry (1.1 MiB full; caches29)
+_MODEL_MAX = 256  # the client's model names (1-256 characters, any), apart: ~0.73 KiB an entry at 256
 #: each int attribute's key part (``0x0a len key``) and the field's fixed overhead
 _INT_KEYS = {i: len_field(b"\x0a", _ATTR_KEYS[i].encode()) for i in _INT_ATTRS}
 _DECISION_KEY = len_field(b"\x0a", b"prefixgate.decision_id")
@@ -235,13 +236,16 @@ _pack_i = struct.Struct("<I").pack
 _SERVER_TAIL = b"\x85\x01" + _pack_i(_FLAGS_LOCAL)
 
 
-def _str_field(key: str, value: str) -> bytes:
-    hit = _STR_FIELDS.get((key, value))
-    if hit is None:
-        if len(_STR_FIELDS) >= _STR_FIELDS_MAX:
-            _STR_FIELDS.clear()
-        hit = _STR_FIELDS[(key, value)] = len_field(b"\x4a", key_value(key, value))
-    return hit
+def str_field(key: str, value: str) -> bytes:
+    """``b"\\x4a" len KeyValue``: the ``Span.attributes`` field of an exact ``str`` key and value (the pure
+    function :func:`_str_field` and :func:`_model_field` cache)."""
+    return len_field(b"\x4a", str_key_value(key, value))
+
+
+#: the attributes field of a (key, value) of a bounded set (route, tenant, replica, outcome) and of the model
+#: (the client's): least-recently-used caches (S29-caches29-2); the decision id is never cached
+_str_field = lru_cache(maxsize=_STR_MAX)(str_field)
+_model_field = lru_cache(maxsize=_MODEL_MAX)(str_field)
 
 
 def _server_span(tid: bytes, span_id: int, state: Any, name: str, start: Any, end: Any, endpoint: Any,
@@ -266,7 +270,7 @@ def _server_span(tid: bytes, span_id: int, state: Any, name: str, start: Any, en
                                             _int_field(6, predicted))
     if f_status is None or f_prompt is None or f_output is None or f_pred is None:
         return None
-    parts += (_METHOD_FIELD, _str_field("http.route", endpoint), f_status, _str_field(_ATTR_KEYS[1], model or ""),
+    parts += (_METHOD_FIELD, _str_field("http.route", endpoint), f_status, _model_field(_ATTR_KEYS[1], model or ""),
               f_prompt, f_output, _str_field(_ATTR_KEYS[4], tenant or ""), _str_field(_ATTR_KEYS[5], replica or ""),
               f_pred)
     # the decision id: unique, not cached
@@ -278,9 +282,14 @@ def _server_span(tid: bytes, span_id: int, state: Any, name: str, start: Any, en
     return b"".join(parts)
 
 
-#: ``b"\x4a" len KeyValue`` of an int attribute per (attribute index, value) that repeats (status
-#: codes, token counts); cleared at ``_STR_FIELDS_MAX`` entries
-_INT_FIELDS: dict[tuple[int, int], bytes] = {}
+_INT_MAX = 4096  # (attribute index, value): status codes and token counts, ~0.19 KiB an entry (0.8 MiB full)
+
+
+@lru_cache(maxsize=_INT_MAX)
+def int_field(i: int, v: int) -> bytes:
+    """The ``Span.attributes`` field of int attribute ``i`` (an index into :data:`_ATTR_KEYS` of
+    :data:`_INT_ATTRS`) with an exact int value in [0, 2**63); cached, least recently used out."""
+    return len_field(b"\x4a", _INT_KEYS[i] + b"\x12" + _any_int(v))
 
 
 def _int_field(i: int, v: Any) -> bytes | None:
@@ -288,16 +297,9 @@ def _int_field(i: int, v: Any) -> bytes | None:
     it), or None for a value outside [0, 2**63) or not an exact int (the caller falls back)."""
     if v is None:
         v = 0
-    elif type(v) is not int:
+    elif type(v) is not int or not 0 <= v < _I63:
         return None
-    hit = _INT_FIELDS.get((i, v))
-    if hit is None:
-        if not 0 <= v < _I63:
-            return None
-        if len(_INT_FIELDS) >= _STR_FIELDS_MAX:
-            _INT_FIELDS.clear()
-        hit = _INT_FIELDS[(i, v)] = len_field(b"\x4a", _INT_KEYS[i] + b"\x12" + _any_int(v))
-    return hit
+    return int_field(i, v)
 
 
 def _any_int(v: int) -> bytes:
