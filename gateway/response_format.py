@@ -60,12 +60,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Optional
 
-import orjson
-
 from gateway.errors import GatewayError
 from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
 from gateway.schema_expansion import regex_chars, required_schema
-from gateway.schema_refs import inlined_bytes
+from gateway.schema_refs import TOO_DEEP as _TOO_DEEP
+from gateway.schema_refs import encoded_bytes as _encoded_bytes
+from gateway.schema_refs import inlined_bytes, unwalked_targets
 from gateway.unknown_fields import field_label
 
 __all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal", "tools_refusal"]
@@ -82,8 +82,6 @@ _NAME_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties
 #: keywords whose value is data (an instance), never a schema: its keys are not keywords
 _DATA = frozenset({"enum", "const", "default", "examples"})
 _SCHEMA, _MAP, _VALUE = 0, 1, 2  # what a walked value is
-#: :func:`_encoded_bytes` of a value nested too deeply to encode (larger than any ``max_bytes``)
-_TOO_DEEP = 1 << 62
 _CONTAINERS = frozenset({dict, list})
 #: the longest ``param`` of a refusal (characters)
 MAX_PARAM_CHARS = 1024
@@ -287,14 +285,28 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
     at their key); the path is spelled out only for a refusal (:func:`_param`). With ``quote_reading_patterns``
     ``"refuse"``, the first ``pattern`` that :func:`gateway.pattern_quote.pattern_reads_quote`, or ``format`` in
     :data:`~gateway.pattern_quote.QUOTE_READING_FORMATS` beside no ``pattern``, is appended to ``quoted`` (refused
-    after the other bounds: O(characters) per pattern, bounded by ``max_pattern_chars``)."""
+    after the other bounds: O(characters) per pattern, bounded by ``max_pattern_chars``). Session 29 (final29,
+    S29-final29-1): a local ``$ref``'s target that the walk saw as data (under ``enum``, ``const``, ``default``,
+    ``examples``) or as a name map (``#/$defs``) is walked again as a schema (the compilers resolve any pointer:
+    :func:`gateway.schema_refs.unwalked_targets`), each target once."""
     properties = enums = pattern_chars = 0
     quotes = bound["quote_reading_patterns"] == "refuse"
     stack: list[tuple[Any, _Node, int, int]] = []
     for root, path in roots:
         stack.append((root, _node(path), 0, _SCHEMA))
-    while stack:
+    walked: set[int] = set()  # S29-final29-1: ids of what was walked as schemas; refs: {text: (holder, depth)}
+    refs: dict[str, tuple[_Node, int]] = {}
+    while stack or refs:
+        if not stack:  # a $ref into data (default, const) or a name map: its target is a schema too
+            stack.extend((node, (refs[ref][0], "$ref"), refs[ref][1], _SCHEMA)
+                         for node, ref in unwalked_targets([root for root, _ in roots], refs, walked))
+            refs = {}
+            continue
         cur, where, depth, kind = stack.pop()
+        if kind == _SCHEMA:
+            walked.add(id(cur))
+            if type(cur) is dict and type(ref := cur.get("$ref")) is str:
+                refs.setdefault(ref, (where, depth))
         if type(cur) is list:
             if _CONTAINERS.isdisjoint(map(type, cur)):  # strings, numbers (an enum's values): one pass in C (cut)
                 continue
@@ -353,22 +365,6 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
             if type(value) is dict or type(value) is list:  # a scalar holds nothing more to walk
                 stack.append((value, (where, key), depth, next_kind))
     return None
-
-
-def _encoded_bytes(value: dict[str, Any]) -> int:
-    """Compact JSON UTF-8 bytes of ``value`` (orjson; an integer beyond 64 bits, a lone surrogate or more than
-    orjson's 255 levels, which orjson does not encode, falls back to :func:`json.dumps`), or :data:`_TOO_DEEP`
-    when ``value`` nests deeper than :func:`json.dumps` encodes (its ``RecursionError``: about 1,000 levels;
-    session 25, S25-review-1)."""
-    try:
-        return len(orjson.dumps(value))
-    except (TypeError, orjson.JSONEncodeError):
-        import json
-
-        try:
-            return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
-        except RecursionError:
-            return _TOO_DEEP
 
 
 def _node(path: tuple[str, ...]) -> _Node:

@@ -1,0 +1,105 @@
+"""Session 29 (final29, S29-final29-1): the bounds walk of gateway/response_format.py reads the values of ``enum``,
+``const``, ``default`` and ``examples`` as data and a ``$defs`` map as names, but outlines-core 0.2.14 and xgrammar
+0.2.9 resolve a ``$ref`` pointer to any node of the schema and compile its target as a schema. A schema hidden
+under ``default`` (or under a property named ``default`` of a ``$defs`` map reached as ``#/$defs``) and referred to
+by ``$ref`` was forwarded unchecked: a ``pattern`` of ``.`` (``quote_reading_patterns``: kills an outlines-core
+replica, S28-pattern28-2) and a ``minItems`` of 5000 (``max_item_count``, xgrammar) both answered 200 before the fix.
+Now the target is walked as a schema: 400 ``json_schema_too_complex``, nothing forwarded, one audit event
+``rejected`` without the schema's text; an ordinary ``#/$defs/<name>`` reference is still forwarded.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.conftest import TD
+from tests.hostile.conftest import stable_master_secret
+from tests.hostile.test_s27_review27_schema_refs_http import PATH, _chat, _event, _rf, _tools
+from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
+
+SECRET = "launch_code_1234"  # client text (a property name): never in the audit event
+S = "response_format.json_schema.schema"
+DOT = {"type": "string", "pattern": "^.{1,200}$"}
+MANY = {"type": "array", "minItems": 5000, "items": {"type": "integer"}}
+
+
+@pytest.fixture
+def config_overrides(capture: Any, tmp_path: Any) -> dict[str, Any]:
+    tenant = {"models": ["sim-model"], "pools": ["default"], "max_output_tokens": 64}
+    return {
+        "tenancy": {"master_secret_file": stable_master_secret(tmp_path), "tenants": [
+            {"id": "tenant-a", "spiffe_ids": [f"spiffe://{TD}/tenant-a/"], **tenant}]},
+        "replicas": [{"id": "r0", "url": capture.urls[0], "pool": "default"}],
+    }
+
+
+def _hidden(where: str, target: dict[str, Any]) -> dict[str, Any]:
+    """A required property ``SECRET`` whose schema is ``target``, reached by ``$ref`` into data or a name map
+    (outlines-core: ``{"SECRET": (".{1,200}")}``; xgrammar: ``default_items{4999, -1}``)."""
+    schema: dict[str, Any] = {"type": "object", "required": [SECRET, "b"], "properties": {
+        "b": {"type": "string", "pattern": "^[a-z]{1,8}$"}}}
+    if where == "default":
+        schema["properties"][SECRET] = {"$ref": "#/default"}
+        schema["default"] = target
+    elif where == "const-of-a-def":
+        schema["properties"][SECRET] = {"$ref": "#/$defs/holder/const"}
+        schema["$defs"] = {"holder": {"const": target}}
+    else:  # the $defs map itself as a schema: its property named "default" was read as data
+        schema["properties"][SECRET] = {"$ref": "#/$defs"}
+        schema["$defs"] = {"type": "object", "required": ["default"], "properties": {"default": target}}
+    return schema
+
+
+WHERE = ["default", "const-of-a-def", "defs-map"]
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_a_quote_reading_pattern_behind_a_reference_into_data_is_refused(
+        stack: Any, capture: Any, audit_log: ListLog, where: str) -> None:  # noqa: F811
+    r = await stack.client.post(PATH, json=_chat(**_rf(_hidden(where, DOT))), headers=stack.auth())
+    assert r.status_code == 400, r.text  # before: 200, forwarded
+    err = r.json()["error"]
+    assert err["code"] == "json_schema_too_complex"
+    assert err["param"].startswith(f"{S}.properties.{SECRET}.$ref.") and err["param"].endswith(".pattern")
+    assert "limits.json_schema.quote_reading_patterns" in err["message"]
+    assert capture.seen == []
+    event = _event(audit_log)
+    assert (event.status_code, event.error_code, event.outcome.value) == (400, "json_schema_too_complex", "rejected")
+    assert event.policy.reason == "response_format over limits.json_schema.quote_reading_patterns"
+    assert SECRET not in json.dumps(event.to_dict())
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_an_item_count_behind_a_reference_into_data_is_refused(stack: Any, capture: Any, where: str) -> None:
+    r = await stack.client.post(PATH, json=_chat(**_rf(_hidden(where, MANY))), headers=stack.auth())
+    assert r.status_code == 400, r.text  # before: 200, forwarded
+    err = r.json()["error"]
+    assert err["code"] == "json_schema_too_complex" and err["param"].endswith(".minItems")
+    assert "limits.json_schema.max_item_count" in err["message"]
+    assert capture.seen == []
+
+
+async def test_the_same_in_a_tool_is_refused(stack: Any, capture: Any) -> None:
+    r = await stack.client.post(PATH, json=_chat(**_tools(_hidden("default", DOT))), headers=stack.auth())
+    assert r.status_code == 400, r.text  # before: 200, forwarded
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("json_schema_too_complex",
+                                           f"tools.0.function.parameters.properties.{SECRET}.$ref.pattern")
+    assert capture.seen == []
+
+
+async def test_ordinary_references_and_data_are_forwarded(stack: Any, capture: Any) -> None:
+    schemas = [
+        {"type": "object", "required": ["a"], "properties": {"a": {"$ref": "#/$defs/word"}},
+         "$defs": {"word": {"type": "string", "pattern": "^[a-z]{1,8}$"}}},
+        {"type": "object", "properties": {"a": {"$ref": "#"}}},  # recursion to the root
+        # data that looks like a schema but no reference reaches it: stays data
+        {"type": "object", "properties": {"a": {"type": "object"}}, "default": {"a": DOT}, "examples": [MANY]},
+    ]
+    for schema in schemas:
+        r = await stack.client.post(PATH, json=_chat(**_rf(schema)), headers=stack.auth())
+        assert r.status_code == 200, r.text
+    assert [seen.body["response_format"]["json_schema"]["schema"] for seen in capture.seen] == schemas
