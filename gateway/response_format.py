@@ -30,7 +30,7 @@ overridden per tenant by ``tenants[].json_schema_limits``):
   schema kills an outlines-core replica: S28-pattern28-2); checked after the other bounds; ``"allow"``: not checked
   (xgrammar, llguidance). ``patternProperties`` keys and ``propertyNames`` are not inlined by outlines-core.
 * ``max_item_count`` (session 29, xgrammar29, S29-xgrammar29-1): the largest ``minItems``, ``maxItems``,
-  ``minProperties`` or ``maxProperties`` (each value on its own; xgrammar 0.2.9 compiles them into a counted
+  ``minProperties``, ``maxProperties``, ``minContains`` or ``maxContains`` (S29-final29-3) (each value on its own; xgrammar 0.2.9 compiles them into a counted
   repetition whose matcher holds more parser states per item past a lower bound of 129: memory and
   ``accept_token`` time per item grow with the bound; bench/s29_xgrammar29_mask_fill.py); ``None``: not checked.
 
@@ -75,7 +75,7 @@ JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_valu
                       "max_tool_schemas_bytes", "max_regex_chars", "quote_reading_patterns",
                       "max_item_count")
 #: the counted-repetition keywords :data:`JSON_SCHEMA_BOUNDS` ``max_item_count`` bounds (session 29)
-_COUNTS = frozenset({"minItems", "maxItems", "minProperties", "maxProperties"})
+_COUNTS = frozenset({"minItems", "maxItems", "minProperties", "maxProperties", "minContains", "maxContains"})
 
 #: keywords whose object maps names to subschemas: the map itself is no schema level
 _NAME_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})

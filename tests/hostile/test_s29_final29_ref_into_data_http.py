@@ -6,6 +6,9 @@ by ``$ref`` was forwarded unchecked: a ``pattern`` of ``.`` (``quote_reading_pat
 replica, S28-pattern28-2) and a ``minItems`` of 5000 (``max_item_count``, xgrammar) both answered 200 before the fix.
 Now the target is walked as a schema: 400 ``json_schema_too_complex``, nothing forwarded, one audit event
 ``rejected`` without the schema's text; an ordinary ``#/$defs/<name>`` reference is still forwarded.
+
+S29-final29-3: ``minContains`` n beside ``items`` is compiled by xgrammar 0.2.9 into exactly the grammar of
+``minItems`` n (``root_items{n-1, -1}``), which ``max_item_count`` did not bound (200 before the fix).
 """
 
 from __future__ import annotations
@@ -103,3 +106,20 @@ async def test_ordinary_references_and_data_are_forwarded(stack: Any, capture: A
         r = await stack.client.post(PATH, json=_chat(**_rf(schema)), headers=stack.auth())
         assert r.status_code == 200, r.text
     assert [seen.body["response_format"]["json_schema"]["schema"] for seen in capture.seen] == schemas
+
+
+async def test_min_contains_is_bounded_like_min_items(stack: Any, capture: Any) -> None:
+    """S29-final29-3: xgrammar writes ``{"items": int, "contains": int, "minContains": 5000}`` as
+    ``basic_integer root_items{4999, -1}``, the same rule as ``minItems`` 5000."""
+    for key in ("minContains", "maxContains"):
+        schema = {"type": "object", "required": [SECRET], "properties": {SECRET: {
+            "type": "array", "items": {"type": "integer"}, "contains": {"type": "integer"}, key: 5000}}}
+        r = await stack.client.post(PATH, json=_chat(**_rf(schema)), headers=stack.auth())
+        assert r.status_code == 400, r.text  # before: 200, forwarded
+        err = r.json()["error"]
+        assert (err["code"], err["param"]) == ("json_schema_too_complex", f"{S}.properties.{SECRET}.{key}")
+        assert "limits.json_schema.max_item_count" in err["message"]
+    ordinary = {"type": "array", "items": {"type": "integer"}, "contains": {"const": 1}, "minContains": 2}
+    r = await stack.client.post(PATH, json=_chat(**_rf(ordinary)), headers=stack.auth())
+    assert r.status_code == 200, r.text
+    assert [seen.body["response_format"]["json_schema"]["schema"] for seen in capture.seen] == [ordinary]
