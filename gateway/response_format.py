@@ -30,9 +30,10 @@ overridden per tenant by ``tenants[].json_schema_limits``):
   schema kills an outlines-core replica: S28-pattern28-2); checked after the other bounds; ``"allow"``: not checked
   (xgrammar, llguidance). ``patternProperties`` keys and ``propertyNames`` are not inlined by outlines-core.
 * ``max_item_count`` (session 29, xgrammar29, S29-xgrammar29-1): the largest ``minItems``, ``maxItems``,
-  ``minProperties``, ``maxProperties``, ``minContains`` or ``maxContains`` (S29-final29-3) (each value on its own; xgrammar 0.2.9 compiles them into a counted
-  repetition whose matcher holds more parser states per item past a lower bound of 129: memory and
-  ``accept_token`` time per item grow with the bound; bench/s29_xgrammar29_mask_fill.py); ``None``: not checked.
+  ``minProperties``, ``maxProperties``, ``minContains`` or ``maxContains`` (S29-final29-3) (each value on its own;
+  xgrammar 0.2.9 compiles them into a counted repetition whose matcher holds more parser states per item past a lower
+  bound of 129: memory and ``accept_token`` time per item grow with the bound; bench/s29_xgrammar29_mask_fill.py);
+  ``None``: not checked.
 
 OpenAI documents its own limits of a Structured Outputs schema (platform.openai.com/docs/guides/structured-outputs,
 "Supported schemas"): at most 5,000 object properties, 10 levels of object nesting, 1,000 enum values, 120,000
@@ -291,26 +292,27 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
     :func:`gateway.schema_refs.unwalked_targets`), each target once."""
     properties = enums = pattern_chars = 0
     quotes = bound["quote_reading_patterns"] == "refuse"
-    stack: list[tuple[Any, _Node, int, int]] = []
+    stack: list[tuple[Any, _Node, int, int, Any]] = []  # (value, path node, depth, kind, its root schema)
     for root, path in roots:
-        stack.append((root, _node(path), 0, _SCHEMA))
-    walked: set[int] = set()  # S29-final29-1: ids of what was walked as schemas; refs: {text: (holder, depth)}
-    refs: dict[str, tuple[_Node, int]] = {}
+        stack.append((root, _node(path), 0, _SCHEMA, root))
+    walked: set[int] = set()  # S29-final29-1: ids of what was walked as schemas; refs: {(text, id(root)): ...}
+    refs: dict[tuple[str, int], tuple[_Node, int, Any]] = {}
     while stack or refs:
         if not stack:  # a $ref into data (default, const) or a name map: its target is a schema too
-            stack.extend((node, (refs[ref][0], "$ref"), refs[ref][1], _SCHEMA)
-                         for node, ref in unwalked_targets([root for root, _ in roots], refs, walked))
+            stack.extend((node, (refs[key][0], "$ref"), refs[key][1], _SCHEMA, refs[key][2])
+                         for node, key in unwalked_targets(((v[2], k) for k, v in refs.items()), walked))
             refs = {}
             continue
-        cur, where, depth, kind = stack.pop()
+        cur, where, depth, kind, top = stack.pop()
         if kind == _SCHEMA:
             walked.add(id(cur))
             if type(cur) is dict and type(ref := cur.get("$ref")) is str:
-                refs.setdefault(ref, (where, depth))
+                refs.setdefault((ref, id(top)), (where, depth, top))
         if type(cur) is list:
             if _CONTAINERS.isdisjoint(map(type, cur)):  # strings, numbers (an enum's values): one pass in C (cut)
                 continue
-            stack.extend((v, (where, i), depth, kind) for i, v in enumerate(cur) if type(v) is dict or type(v) is list)
+            stack.extend((v, (where, i), depth, kind, top) for i, v in enumerate(cur)
+                         if type(v) is dict or type(v) is list)
             continue
         if type(cur) is not dict:  # the root only: nothing else that is not a container is pushed
             continue
@@ -363,7 +365,7 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
             else:
                 next_kind = _MAP if key in _NAME_MAPS and type(value) is dict else _SCHEMA
             if type(value) is dict or type(value) is list:  # a scalar holds nothing more to walk
-                stack.append((value, (where, key), depth, next_kind))
+                stack.append((value, (where, key), depth, next_kind, top))
     return None
 
 

@@ -34,7 +34,7 @@ expression. Work: O(nodes + reference text), one C encoding per node reached, an
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import networkx as nx
@@ -46,6 +46,7 @@ _MAPS = ("$defs", "definitions")
 #: nested references an inlining compiler expands (session 27, S27-review27-1): outlines-core's ``parse_ref`` refuses
 #: a reference once 3 (``max_recursion_depth``) are open above it, so 4 nest and the 5th is dropped with its property
 REF_LEVELS = 4
+_K = TypeVar("_K", bound=tuple)
 #: :func:`encoded_bytes` of a value nested deeper than :func:`json.dumps` encodes (session 25, S25-review-1)
 TOO_DEEP = 1 << 62
 
@@ -105,21 +106,20 @@ def encoded_bytes(value: dict[str, Any]) -> int:
             return TOO_DEEP
 
 
-def unwalked_targets(roots: list[Any], refs: Iterable[str], walked: set[int]) -> list[tuple[Any, str]]:
-    """``(target, reference text)`` for each node a reference of ``refs`` reaches (:func:`resolve_ref`, against each
-    schema of ``roots`` that is an object: a reference is not tied to its own root, an over-approximation) whose
-    ``id`` is not in ``walked`` (the ids a bounds walk saw as schemas), each target once; their ids are added to
-    ``walked``. Session 29 (final29, S29-final29-1): outlines-core and xgrammar resolve a pointer to any node, so a
-    schema hidden under ``default`` / ``const`` (which the walk reads as data) or a name map reached as
-    ``#/$defs`` is compiled as a schema and must be bounded as one. Work: one resolution per reference and root.
-    Raises nothing."""
-    out: list[tuple[Any, str]] = []
-    for ref in refs:
-        for root in roots:
-            if type(root) is dict and (node := _resolve(root, ref)) is not None and id(node) not in walked:
-                walked.add(id(node))
-                out.append((node, ref))
+def unwalked_targets(refs: Iterable[tuple[Any, _K]], walked: set[int]) -> list[tuple[Any, _K]]:
+    """``(target, key)`` for each ``(root, key)`` of ``refs`` (``key[0]`` a reference text, resolved inside ``root``
+    as :func:`resolve_ref` does; the caller's key is handed back) whose target's ``id`` is not in ``walked`` (the
+    ids a bounds walk saw as schemas), each target once; their ids are added to ``walked``. Session 29 (final29,
+    S29-final29-1): outlines-core and xgrammar resolve a pointer to any node, so a schema hidden under ``default``
+    / ``const`` (which the walk reads as data) or a name map reached as ``#/$defs`` is compiled as a schema and
+    must be bounded as one. Work: one resolution per item of ``refs``. Raises nothing."""
+    out: list[tuple[Any, _K]] = []
+    for root, key in refs:
+        if type(root) is dict and (node := _resolve(root, key[0])) is not None and id(node) not in walked:
+            walked.add(id(node))
+            out.append((node, key))
     return out
+
 
 def _resolve(schema: dict[str, Any], ref: str) -> Any:
     """The node ``ref`` reaches inside ``schema`` (module docstring), or None when it is not local."""

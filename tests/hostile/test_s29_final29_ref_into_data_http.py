@@ -123,3 +123,18 @@ async def test_min_contains_is_bounded_like_min_items(stack: Any, capture: Any) 
     r = await stack.client.post(PATH, json=_chat(**_rf(ordinary)), headers=stack.auth())
     assert r.status_code == 200, r.text
     assert [seen.body["response_format"]["json_schema"]["schema"] for seen in capture.seen] == [ordinary]
+
+
+async def test_each_tool_resolves_its_own_references(stack: Any, capture: Any) -> None:
+    """The same reference text in two tools reaches a harmless ``default`` in the first and a quote-reading one in
+    the second: each is resolved inside its own tool's schema."""
+    harmless = {"type": "object", "required": ["a"], "properties": {"a": {"$ref": "#/default"}},
+                "default": {"type": "string", "pattern": "^[a-z]{1,8}$"}}
+    body = _chat(tools=[{"type": "function", "function": {"name": "f", "parameters": harmless}},
+                        {"type": "function", "function": {"name": "g", "parameters": _hidden("default", DOT)}}])
+    r = await stack.client.post(PATH, json=body, headers=stack.auth())
+    assert r.status_code == 400, r.text  # before: 200, forwarded
+    assert r.json()["error"]["param"] == f"tools.1.function.parameters.properties.{SECRET}.$ref.pattern"
+    assert capture.seen == []
+    r = await stack.client.post(PATH, json=_chat(tools=body["tools"][:1]), headers=stack.auth())
+    assert r.status_code == 200, r.text
