@@ -82,6 +82,8 @@ _COUNTS = frozenset({"minItems", "maxItems", "minProperties", "maxProperties", "
 _NAME_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
 #: keywords whose value is data (an instance), never a schema: its keys are not keywords
 _DATA = frozenset({"enum", "const", "default", "examples"})
+#: keys whose object a compiler takes as a schema root of its own (a ``structural_tag``'s; S29-final29-6)
+_SUBROOTS = frozenset({"schema", "json_schema"})
 _SCHEMA, _MAP, _VALUE = 0, 1, 2  # what a walked value is
 _CONTAINERS = frozenset({dict, list})
 #: the longest ``param`` of a refusal (characters)
@@ -286,28 +288,28 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
     at their key); the path is spelled out only for a refusal (:func:`_param`). With ``quote_reading_patterns``
     ``"refuse"``, the first ``pattern`` that :func:`gateway.pattern_quote.pattern_reads_quote`, or ``format`` in
     :data:`~gateway.pattern_quote.QUOTE_READING_FORMATS` beside no ``pattern``, is appended to ``quoted`` (refused
-    after the other bounds: O(characters) per pattern, bounded by ``max_pattern_chars``). Session 29 (final29,
-    S29-final29-1): a local ``$ref``'s target that the walk saw as data (under ``enum``, ``const``, ``default``,
-    ``examples``) or as a name map (``#/$defs``) is walked again as a schema (the compilers resolve any pointer:
-    :func:`gateway.schema_refs.unwalked_targets`), each target once."""
+    after the other bounds: O(characters) per pattern, bounded by ``max_pattern_chars``). S29-final29-1: a ``$ref``'s
+    target the walk saw as data (in ``enum``, ``const``, ``default``, ``examples``) or as a name map (``#/$defs``)
+    is walked as a schema too, each target once (compilers resolve any pointer; schema_refs.unwalked_targets)."""
     properties = enums = pattern_chars = 0
     quotes = bound["quote_reading_patterns"] == "refuse"
-    stack: list[tuple[Any, _Node, int, int, Any]] = []  # (value, path node, depth, kind, its root schema)
+    stack: list[tuple[Any, _Node, int, int, tuple]] = []  # (value, path node, depth, kind, the roots it may be in)
     for root, path in roots:
-        stack.append((root, _node(path), 0, _SCHEMA, root))
+        stack.append((root, _node(path), 0, _SCHEMA, (root,)))
     walked: set[int] = set()  # S29-final29-1: ids of what was walked as schemas; refs: {(text, id(root)): ...}
-    refs: dict[tuple[str, int], tuple[_Node, int, Any]] = {}
+    refs: dict[tuple[str, int], tuple[_Node, int, tuple, Any]] = {}
     while stack or refs:
         if not stack:  # a $ref into data (default, const) or a name map: its target is a schema too
             stack.extend((node, (refs[key][0], "$ref"), refs[key][1], _SCHEMA, refs[key][2])
-                         for node, key in unwalked_targets(((v[2], k) for k, v in refs.items()), walked))
+                         for node, key in unwalked_targets(((v[3], k) for k, v in refs.items()), walked))
             refs = {}
             continue
         cur, where, depth, kind, top = stack.pop()
         if kind == _SCHEMA:
             walked.add(id(cur))
             if type(cur) is dict and type(ref := cur.get("$ref")) is str:
-                refs.setdefault((ref, id(top)), (where, depth, top))
+                for root in top:  # a structural tag's schema is a root of its own (xgrammar): each may hold it
+                    refs.setdefault((ref, id(root)), (where, depth, top, root))
         if type(cur) is list:
             if _CONTAINERS.isdisjoint(map(type, cur)):  # strings, numbers (an enum's values): one pass in C (cut)
                 continue
@@ -365,7 +367,8 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
             else:
                 next_kind = _MAP if key in _NAME_MAPS and type(value) is dict else _SCHEMA
             if type(value) is dict or type(value) is list:  # a scalar holds nothing more to walk
-                stack.append((value, (where, key), depth, next_kind, top))
+                stack.append((value, (where, key), depth, next_kind,
+                              top + (value,) if key in _SUBROOTS and type(value) is dict else top))
     return None
 
 

@@ -7,6 +7,9 @@ replica, S28-pattern28-2) and a ``minItems`` of 5000 (``max_item_count``, xgramm
 Now the target is walked as a schema: 400 ``json_schema_too_complex``, nothing forwarded, one audit event
 ``rejected`` without the schema's text; an ordinary ``#/$defs/<name>`` reference is still forwarded.
 
+S29-final29-6: the same inside a ``structural_tag``'s ``structures[].schema``, which xgrammar compiles as a
+schema of its own (its ``#/default`` is its own ``default``).
+
 S29-final29-3: ``minContains`` n beside ``items`` is compiled by xgrammar 0.2.9 into exactly the grammar of
 ``minItems`` n (``root_items{n-1, -1}``), which ``max_item_count`` did not bound (200 before the fix).
 """
@@ -137,4 +140,23 @@ async def test_each_tool_resolves_its_own_references(stack: Any, capture: Any) -
     assert r.json()["error"]["param"] == f"tools.1.function.parameters.properties.{SECRET}.$ref.pattern"
     assert capture.seen == []
     r = await stack.client.post(PATH, json=_chat(tools=body["tools"][:1]), headers=stack.auth())
+    assert r.status_code == 200, r.text
+
+
+async def test_a_structural_tag_schema_resolves_its_references_inside_itself(stack: Any, capture: Any) -> None:
+    """S29-final29-6: xgrammar compiles each ``structures[].schema`` of a ``structural_tag`` as a schema of its own,
+    so ``#/default`` there is that schema's ``default`` (``default_items{4999, -1}``), not the response_format's."""
+    def tag(schema: dict[str, Any]) -> dict[str, Any]:
+        return {"response_format": {"type": "structural_tag", "triggers": ["<f"], "structures": [
+            {"begin": "<f>", "schema": schema, "end": "</f>"}]}}
+
+    r = await stack.client.post(PATH, json=_chat(**tag(_hidden("default", MANY))), headers=stack.auth())
+    assert r.status_code == 400, r.text  # before: 200, forwarded
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == (
+        "json_schema_too_complex", f"response_format.structures.0.schema.properties.{SECRET}.$ref.minItems")
+    assert capture.seen == []
+    ordinary = tag({"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}},
+                    "$defs": {"a": {"type": "array", "maxItems": 8}}})
+    r = await stack.client.post(PATH, json=_chat(**ordinary), headers=stack.auth())
     assert r.status_code == 200, r.text
