@@ -68,9 +68,9 @@ class JsonSchemaLimits(ConfigSection):
     S29-pattern29-1): ``"refuse"`` refuses a ``pattern`` that can read the string's closing ``"`` in outlines-core's
     inlined expression, and ``format`` ``uri`` / ``email`` (gateway/pattern_quote.py); ``"allow"``: not checked
     (xgrammar, llguidance). ``max_item_count`` (session 29, S29-xgrammar29-1): the largest ``minItems`` /
-    ``maxItems`` / ``minProperties`` / ``maxProperties`` value (xgrammar's matcher memory and per-token time grow
-    with it); ``None``: not checked. More answers 400 ``json_schema_too_complex``. Each is overridden per tenant by
-        ``tenants[].json_schema_limits``."""
+    ``maxItems`` / ``minProperties`` / ``maxProperties`` value, and since S29-final29-3 ``minContains`` /
+    ``maxContains`` (xgrammar's matcher memory and per-token time grow with it); ``None``: not checked. More
+    answers 400 ``json_schema_too_complex``. Each is overridden per tenant by ``tenants[].json_schema_limits``."""
 
     max_bytes: int = Field(65536, ge=64)
     max_depth: int = Field(20, ge=1, le=256)

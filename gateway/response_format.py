@@ -30,9 +30,10 @@ overridden per tenant by ``tenants[].json_schema_limits``):
   schema kills an outlines-core replica: S28-pattern28-2); checked after the other bounds; ``"allow"``: not checked
   (xgrammar, llguidance). ``patternProperties`` keys and ``propertyNames`` are not inlined by outlines-core.
 * ``max_item_count`` (session 29, xgrammar29, S29-xgrammar29-1): the largest ``minItems``, ``maxItems``,
-  ``minProperties`` or ``maxProperties`` (each value on its own; xgrammar 0.2.9 compiles them into a counted
-  repetition whose matcher holds more parser states per item past a lower bound of 129: memory and
-  ``accept_token`` time per item grow with the bound; bench/s29_xgrammar29_mask_fill.py); ``None``: not checked.
+  ``minProperties``, ``maxProperties``, ``minContains`` or ``maxContains`` (S29-final29-3) (each value on its own;
+  xgrammar 0.2.9 compiles them into a counted repetition whose matcher holds more parser states per item past a lower
+  bound of 129: memory and ``accept_token`` time per item grow with the bound; bench/s29_xgrammar29_mask_fill.py);
+  ``None``: not checked.
 
 OpenAI documents its own limits of a Structured Outputs schema (platform.openai.com/docs/guides/structured-outputs,
 "Supported schemas"): at most 5,000 object properties, 10 levels of object nesting, 1,000 enum values, 120,000
@@ -60,12 +61,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Optional
 
-import orjson
-
 from gateway.errors import GatewayError
 from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
 from gateway.schema_expansion import regex_chars, required_schema
-from gateway.schema_refs import inlined_bytes
+from gateway.schema_refs import TOO_DEEP as _TOO_DEEP
+from gateway.schema_refs import encoded_bytes as _encoded_bytes
+from gateway.schema_refs import inlined_bytes, unwalked_targets
 from gateway.unknown_fields import field_label
 
 __all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal", "tools_refusal"]
@@ -75,15 +76,15 @@ JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_valu
                       "max_tool_schemas_bytes", "max_regex_chars", "quote_reading_patterns",
                       "max_item_count")
 #: the counted-repetition keywords :data:`JSON_SCHEMA_BOUNDS` ``max_item_count`` bounds (session 29)
-_COUNTS = frozenset({"minItems", "maxItems", "minProperties", "maxProperties"})
+_COUNTS = frozenset({"minItems", "maxItems", "minProperties", "maxProperties", "minContains", "maxContains"})
 
 #: keywords whose object maps names to subschemas: the map itself is no schema level
 _NAME_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
 #: keywords whose value is data (an instance), never a schema: its keys are not keywords
 _DATA = frozenset({"enum", "const", "default", "examples"})
+#: keys whose object a compiler takes as a schema root of its own (a ``structural_tag``'s; S29-final29-6)
+_SUBROOTS = frozenset({"schema", "json_schema"})
 _SCHEMA, _MAP, _VALUE = 0, 1, 2  # what a walked value is
-#: :func:`_encoded_bytes` of a value nested too deeply to encode (larger than any ``max_bytes``)
-_TOO_DEEP = 1 << 62
 _CONTAINERS = frozenset({dict, list})
 #: the longest ``param`` of a refusal (characters)
 MAX_PARAM_CHARS = 1024
@@ -287,18 +288,33 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
     at their key); the path is spelled out only for a refusal (:func:`_param`). With ``quote_reading_patterns``
     ``"refuse"``, the first ``pattern`` that :func:`gateway.pattern_quote.pattern_reads_quote`, or ``format`` in
     :data:`~gateway.pattern_quote.QUOTE_READING_FORMATS` beside no ``pattern``, is appended to ``quoted`` (refused
-    after the other bounds: O(characters) per pattern, bounded by ``max_pattern_chars``)."""
+    after the other bounds: O(characters) per pattern, bounded by ``max_pattern_chars``). S29-final29-1: a ``$ref``'s
+    target the walk saw as data (in ``enum``, ``const``, ``default``, ``examples``) or as a name map (``#/$defs``)
+    is walked as a schema too, each target once (compilers resolve any pointer; schema_refs.unwalked_targets)."""
     properties = enums = pattern_chars = 0
     quotes = bound["quote_reading_patterns"] == "refuse"
-    stack: list[tuple[Any, _Node, int, int]] = []
+    stack: list[tuple[Any, _Node, int, int, tuple]] = []  # (value, path node, depth, kind, the roots it may be in)
     for root, path in roots:
-        stack.append((root, _node(path), 0, _SCHEMA))
-    while stack:
-        cur, where, depth, kind = stack.pop()
+        stack.append((root, _node(path), 0, _SCHEMA, (root,)))
+    walked: set[int] = set()  # S29-final29-1: ids of what was walked as schemas; refs: {(text, id(root)): ...}
+    refs: dict[tuple[str, int], tuple[_Node, int, tuple, Any]] = {}
+    while stack or refs:
+        if not stack:  # a $ref into data (default, const) or a name map: its target is a schema too
+            stack.extend((node, (refs[key][0], "$ref"), refs[key][1], _SCHEMA, refs[key][2])
+                         for node, key in unwalked_targets(((v[3], k) for k, v in refs.items()), walked))
+            refs = {}
+            continue
+        cur, where, depth, kind, top = stack.pop()
+        if kind == _SCHEMA:
+            walked.add(id(cur))
+            if type(cur) is dict and type(ref := cur.get("$ref")) is str:
+                for root in top:  # a structural tag's schema is a root of its own (xgrammar): each may hold it
+                    refs.setdefault((ref, id(root)), (where, depth, top, root))
         if type(cur) is list:
             if _CONTAINERS.isdisjoint(map(type, cur)):  # strings, numbers (an enum's values): one pass in C (cut)
                 continue
-            stack.extend((v, (where, i), depth, kind) for i, v in enumerate(cur) if type(v) is dict or type(v) is list)
+            stack.extend((v, (where, i), depth, kind, top) for i, v in enumerate(cur)
+                         if type(v) is dict or type(v) is list)
             continue
         if type(cur) is not dict:  # the root only: nothing else that is not a container is pushed
             continue
@@ -351,24 +367,9 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
             else:
                 next_kind = _MAP if key in _NAME_MAPS and type(value) is dict else _SCHEMA
             if type(value) is dict or type(value) is list:  # a scalar holds nothing more to walk
-                stack.append((value, (where, key), depth, next_kind))
+                stack.append((value, (where, key), depth, next_kind,
+                              top + (value,) if key in _SUBROOTS and type(value) is dict else top))
     return None
-
-
-def _encoded_bytes(value: dict[str, Any]) -> int:
-    """Compact JSON UTF-8 bytes of ``value`` (orjson; an integer beyond 64 bits, a lone surrogate or more than
-    orjson's 255 levels, which orjson does not encode, falls back to :func:`json.dumps`), or :data:`_TOO_DEEP`
-    when ``value`` nests deeper than :func:`json.dumps` encodes (its ``RecursionError``: about 1,000 levels;
-    session 25, S25-review-1)."""
-    try:
-        return len(orjson.dumps(value))
-    except (TypeError, orjson.JSONEncodeError):
-        import json
-
-        try:
-            return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
-        except RecursionError:
-            return _TOO_DEEP
 
 
 def _node(path: tuple[str, ...]) -> _Node:

@@ -33,18 +33,22 @@ expression. Work: O(nodes + reference text), one C encoding per node reached, an
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import networkx as nx
+import orjson
 
-__all__ = ["REF_LEVELS", "inlined_bytes", "resolve_ref"]
+__all__ = ["REF_LEVELS", "TOO_DEEP", "encoded_bytes", "inlined_bytes", "resolve_ref", "unwalked_targets"]
 
 _MAPS = ("$defs", "definitions")
 #: nested references an inlining compiler expands (session 27, S27-review27-1): outlines-core's ``parse_ref`` refuses
 #: a reference once 3 (``max_recursion_depth``) are open above it, so 4 nest and the 5th is dropped with its property
 REF_LEVELS = 4
+_K = TypeVar("_K", bound=tuple)
+#: :func:`encoded_bytes` of a value nested deeper than :func:`json.dumps` encodes (session 25, S25-review-1)
+TOO_DEEP = 1 << 62
 
 
 def inlined_bytes(schema: Any, size_of: Callable[[Any], int], cap: int) -> int:
@@ -84,6 +88,37 @@ def resolve_ref(schema: dict[str, Any], ref: str) -> Any:
     deepest node it reaches), or None when it is not local. Raises nothing. Session 27 (expand27): also the targets
     of :func:`gateway.schema_expansion.regex_chars`."""
     return _resolve(schema, ref)
+
+
+def encoded_bytes(value: dict[str, Any]) -> int:
+    """Compact JSON UTF-8 bytes of ``value`` (orjson; an integer beyond 64 bits, a lone surrogate or more than
+    orjson's 255 levels, which orjson does not encode, falls back to :func:`json.dumps`), or :data:`TOO_DEEP`
+    when ``value`` nests deeper than :func:`json.dumps` encodes (its ``RecursionError``: about 1,000 levels;
+    session 25, S25-review-1; moved from gateway/response_format.py in session 29). Raises nothing else."""
+    try:
+        return len(orjson.dumps(value))
+    except (TypeError, orjson.JSONEncodeError):
+        import json
+
+        try:
+            return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+        except RecursionError:
+            return TOO_DEEP
+
+
+def unwalked_targets(refs: Iterable[tuple[Any, _K]], walked: set[int]) -> list[tuple[Any, _K]]:
+    """``(target, key)`` for each ``(root, key)`` of ``refs`` (``key[0]`` a reference text, resolved inside ``root``
+    as :func:`resolve_ref` does; the caller's key is handed back) whose target's ``id`` is not in ``walked`` (the
+    ids a bounds walk saw as schemas), each target once; their ids are added to ``walked``. Session 29 (final29,
+    S29-final29-1): outlines-core and xgrammar resolve a pointer to any node, so a schema hidden under ``default``
+    / ``const`` (which the walk reads as data) or a name map reached as ``#/$defs`` is compiled as a schema and
+    must be bounded as one. Work: one resolution per item of ``refs``. Raises nothing."""
+    out: list[tuple[Any, _K]] = []
+    for root, key in refs:
+        if type(root) is dict and (node := _resolve(root, key[0])) is not None and id(node) not in walked:
+            walked.add(id(node))
+            out.append((node, key))
+    return out
 
 
 def _resolve(schema: dict[str, Any], ref: str) -> Any:

@@ -67,7 +67,9 @@ def _literal(c: str) -> str:
     return "\\" + c if c in ".^$*+?()[]{}|\\" else c
 
 
-_CLASS_CHARS = [c for c in 'ab@ "!#~/é.$*+?(){}|' if c not in "]\\^-"]
+# no "~" (S29-final29-2): two drawn side by side, ``[~~]``, are Rust's set operation, which the scan refuses (fail
+# closed) while Python's re reads them as a literal: the exact-verdict test below failed on such a draw
+_CLASS_CHARS = [c for c in 'ab@ "!#/é.$*+?(){}|' if c not in "]\\^-"]
 _ITEM = st.one_of(
     st.sampled_from(_CLASS_CHARS),
     st.sampled_from(["\\d", "\\s", "\\w", "\\D", "\\S", "\\W", "\\x22", "\\x21", "\\]", "\\-", "\\^", "\\\\"]),
