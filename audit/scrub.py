@@ -9,6 +9,7 @@ event before any sink or spill file sees it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +25,7 @@ from audit.event import (
     RouteInfo,
     new_event_id,
 )
+from audit.request_event import REQUEST_ROW_FIELDS
 
 __all__ = ["MAX_STRING_CHARS", "MAX_FINGERPRINT_HEX", "row_is_clean", "scrub_event"]
 
@@ -107,23 +109,35 @@ _SCRUB_GROUPS: dict[type, tuple[tuple[str, str], ...]] = {
 _PLAIN_NUMBERS = (int, float, bool)
 
 
-#: strings already scanned by ``_ANY_SECRET_RE`` without a match (tenant, model, endpoint,
-#: replica, pool, identity and reason repeat on almost every event); cleared when it
-#: reaches ``_SCANNED_MAX`` entries, so it stays small and holds no event alive
-_SCANNED_CLEAN: set[str] = set()
+def scan_clean(value: str) -> bool:
+    """True iff ``_ANY_SECRET_RE`` finds no JWT, PEM key header or bearer token in ``value``
+    (pure: the same answer for the same string; any length)."""
+    return _ANY_SECRET_RE.search(value) is None
+
+
+#: :func:`scan_clean` cached (session 29, S29-caches29b-2: was a set of clean strings emptied whole at 4,096,
+#: which one tenant's distinct models or request ids emptied for every tenant): least recently used out.
+#: Keys are the values of a bounded set (tenant, endpoint, replica, pool, identity, reason, outcome, ...);
+#: per-request values (:data:`PER_REQUEST_PATHS`) are scanned each time, the client's model apart (256).
+#: A value with a secret is cached too (its answer False; the value was in memory in its row anyway).
 _SCANNED_MAX = 4096
+_scanned_clean = functools.lru_cache(maxsize=_SCANNED_MAX)(scan_clean)
+_model_scanned_clean = functools.lru_cache(maxsize=256)(scan_clean)
+#: event paths whose values are new for every request (ids, the client's address, the prefix fingerprint)
+PER_REQUEST_PATHS: frozenset[str] = frozenset({
+    "event_id", "request_id", "policy.decision_id", "client_address", "trace_id", "prefix_fingerprint"})
+_SCANNER: dict[str, Any] = {**{p: scan_clean for p in PER_REQUEST_PATHS}, "model": _model_scanned_clean}
+_ROW_PATH = {"decision_id": "policy.decision_id"}
+#: the scanner of each request row value (REQUEST_ROW_FIELDS order)
+_ROW_SCANNERS: tuple[Any, ...] = tuple(_SCANNER.get(_ROW_PATH.get(n, n), _scanned_clean) for n in REQUEST_ROW_FIELDS)
 
 
 def _clean_str(path: str, value: str, max_chars: int) -> bool:
     """True iff :func:`_bad_string` would accept ``value`` at ``path``."""
     if len(value) > max_chars:
         return False
-    if value not in _SCANNED_CLEAN:
-        if _ANY_SECRET_RE.search(value) is not None:
-            return False
-        if len(_SCANNED_CLEAN) >= _SCANNED_MAX:
-            _SCANNED_CLEAN.clear()
-        _SCANNED_CLEAN.add(value)
+    if not _SCANNER.get(path, _scanned_clean)(value):
+        return False
     if path == "prefix_fingerprint":
         return len(value) <= MAX_FINGERPRINT_HEX and _HEX_RE.match(value) is not None
     return True
@@ -146,15 +160,12 @@ def _is_clean(event: AuditEvent, max_chars: int) -> bool:
     not sure about (mappings, str/number subclasses, other types, a group of
     an unexpected class) answers False and takes the general path.
     (:func:`_clean_scalar` inlined: one loop, no generator per group.)"""
-    scanned = _SCANNED_CLEAN
     for name in _SCRUB_TOP:
         value = getattr(event, name)
         if value is None:
             continue
         t = type(value)
         if t is str:
-            if value in scanned and len(value) <= max_chars and name != "prefix_fingerprint":
-                continue
             if not _clean_str(name, value, max_chars):
                 return False
             continue
@@ -169,8 +180,6 @@ def _is_clean(event: AuditEvent, max_chars: int) -> bool:
                 continue
             vt = type(v)
             if vt is str:
-                if v in scanned and len(v) <= max_chars:  # a group path is never prefix_fingerprint
-                    continue
                 if not _clean_str(path, v, max_chars):
                     return False
             elif vt not in _NUMBER_TYPES:
@@ -219,16 +228,16 @@ def row_is_clean(row: Any, fingerprint_index: int) -> bool:
     ~2 µs instead of ~8 for the event's groups) and emits the event without the scrubber when it
     answers True; False (anything else) takes the scrubber as before. Never raises for a list or
     tuple ``row``."""
-    scanned = _SCANNED_CLEAN
     max_chars = MAX_STRING_CHARS
-    for v in row:
+    scanners = _ROW_SCANNERS if len(row) == len(_ROW_SCANNERS) else (_scanned_clean,) * len(row)
+    for v, scan in zip(row, scanners):
         if v is None:
             continue
         t = type(v)
         if t is str:
-            if len(v) <= max_chars and (v in scanned or _HEX_DASH(v) is not None):
-                continue
-            if not _clean_str("", v, max_chars):
+            if len(v) > max_chars:
+                return False
+            if _HEX_DASH(v) is None and not scan(v):
                 return False
         elif t not in _NUMBER_TYPES:
             return False
