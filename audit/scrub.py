@@ -37,11 +37,6 @@ MAX_FINGERPRINT_HEX = 32
 _JWT_RE = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.?")
 _SECRET_RE = re.compile(r"-----BEGIN [A-Z ]*KEY-----|\bBearer\s+\S{8,}", re.IGNORECASE)
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
-#: a string of hex digits and dashes (ids: UUIDs, trace ids, fingerprints) holds none of the secret
-#: patterns (each needs a letter beyond a-f: the y/J of "eyJ", the r of "Bearer", "BEGIN ... KEY"):
-#: row_is_clean accepts it without the pattern scan and without caching it (session 11: the unique ids
-#: of every row churned the scanned-values cache)
-_HEX_DASH = re.compile(r"[0-9A-Fa-f-]*").fullmatch
 # matches somewhere iff _JWT_RE or _SECRET_RE does (alternation of both, each
 # with its own flags): the scrubber's one-scan pre-check
 _ANY_SECRET_RE = re.compile(
@@ -123,10 +118,21 @@ def scan_clean(value: str) -> bool:
 _SCANNED_MAX = 4096
 _scanned_clean = functools.lru_cache(maxsize=_SCANNED_MAX)(scan_clean)
 _model_scanned_clean = functools.lru_cache(maxsize=256)(scan_clean)
+#: strings of hex digits, dashes, dots, colons and brackets (ids, UUIDs, trace ids, IP addresses with a port):
+#: none can hold a match of ``_ANY_SECRET_RE`` (the y/J of ``eyJ``, the r of ``Bearer``, the G of ``BEGIN``:
+#: each needs a letter past f, in either case); session 11 skipped hex-and-dash row values the same way
+_NO_SECRET_CHARS = re.compile(r"[0-9A-Fa-f.:\[\]-]*").fullmatch
+
+
+def scan_per_request(value: str) -> bool:
+    """:func:`scan_clean` for a per-request value, uncached: ids and addresses answer without the scan."""
+    return _NO_SECRET_CHARS(value) is not None or _ANY_SECRET_RE.search(value) is None
+
+
 #: event paths whose values are new for every request (ids, the client's address, the prefix fingerprint)
 PER_REQUEST_PATHS: frozenset[str] = frozenset({
     "event_id", "request_id", "policy.decision_id", "client_address", "trace_id", "prefix_fingerprint"})
-_SCANNER: dict[str, Any] = {**{p: scan_clean for p in PER_REQUEST_PATHS}, "model": _model_scanned_clean}
+_SCANNER: dict[str, Any] = {**{p: scan_per_request for p in PER_REQUEST_PATHS}, "model": _model_scanned_clean}
 _ROW_PATH = {"decision_id": "policy.decision_id"}
 #: the scanner of each request row value (REQUEST_ROW_FIELDS order)
 _ROW_SCANNERS: tuple[Any, ...] = tuple(_SCANNER.get(_ROW_PATH.get(n, n), _scanned_clean) for n in REQUEST_ROW_FIELDS)
@@ -237,7 +243,7 @@ def row_is_clean(row: Any, fingerprint_index: int) -> bool:
         if t is str:
             if len(v) > max_chars:
                 return False
-            if _HEX_DASH(v) is None and not scan(v):
+            if not scan(v):
                 return False
         elif t not in _NUMBER_TYPES:
             return False

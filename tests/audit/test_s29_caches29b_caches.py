@@ -60,7 +60,7 @@ def rows(draw: st.DrawFn) -> list:
 def _small_caches(monkeypatch: pytest.MonkeyPatch) -> None:
     shared = functools.lru_cache(maxsize=2)(scan_clean)
     model = functools.lru_cache(maxsize=2)(scan_clean)
-    scanner = {**{p: scan_clean for p in scrub.PER_REQUEST_PATHS}, "model": model}
+    scanner = {**{p: scrub.scan_per_request for p in scrub.PER_REQUEST_PATHS}, "model": model}
     monkeypatch.setattr(scrub, "_scanned_clean", shared)
     monkeypatch.setattr(scrub, "_SCANNER", scanner)
     monkeypatch.setattr(scrub, "_ROW_SCANNERS", tuple(
@@ -79,6 +79,13 @@ def test_the_scrub_caches_answer_as_the_uncached_scan(batch: list, small: bool) 
             reference = scrub._scrub_event_general(request_event(row), MAX_STRING_CHARS)
             assert cleaned == reference[0] or (dropped == reference[1] and cleaned.event_id is not None)
             assert dropped == reference[1]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.text(alphabet="0123456789abcdefABCDEF-.:[]eyJrGNbB ", max_size=40), st.text(max_size=40),
+                 st.sampled_from(["eyJabcd.efgh", "bearer 0123456789", "-----BEGIN KEY-----", "::1", "[fe80::1]:80"])))
+def test_the_per_request_scan_answers_as_the_full_scan(value: str) -> None:
+    assert scrub.scan_per_request(value) is scan_clean(value)
 
 
 def test_per_request_values_are_not_cached_and_a_flood_keeps_every_tenants_entries() -> None:
