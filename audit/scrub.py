@@ -110,14 +110,26 @@ def scan_clean(value: str) -> bool:
     return _ANY_SECRET_RE.search(value) is None
 
 
-#: :func:`scan_clean` cached (session 29, S29-caches29b-2: was a set of clean strings emptied whole at 4,096,
-#: which one tenant's distinct models or request ids emptied for every tenant): least recently used out.
-#: Keys are the values of a bounded set (tenant, endpoint, replica, pool, identity, reason, outcome, ...);
-#: per-request values (:data:`PER_REQUEST_PATHS`) are scanned each time, the client's model apart (256).
-#: A value with a secret is cached too (its answer False; the value was in memory in its row anyway).
+class SecretFound(Exception):
+    """Raised by :func:`require_clean`: the value holds a secret pattern (never cached: ``lru_cache``
+    keeps no call that raised, so no cache holds a string with a secret, as the session-6 set did not)."""
+
+
+def require_clean(value: str) -> bool:
+    """True when :func:`scan_clean` is; raises :class:`SecretFound` otherwise (the cached form)."""
+    if _ANY_SECRET_RE.search(value) is not None:
+        raise SecretFound
+    return True
+
+
+#: :func:`require_clean` cached (session 29, S29-caches29b-2: was a set of clean strings emptied whole at 4,096,
+#: which one tenant's distinct models or client addresses emptied for every tenant): least recently used out,
+#: clean strings only. Keys are the values of a bounded set (tenant, endpoint, replica, pool, identity,
+#: reason, outcome, ...); per-request values (:data:`PER_REQUEST_PATHS`) are checked each time, the client's
+#: model apart (256 entries), so a spread of models evicts only models.
 _SCANNED_MAX = 4096
-_scanned_clean = functools.lru_cache(maxsize=_SCANNED_MAX)(scan_clean)
-_model_scanned_clean = functools.lru_cache(maxsize=256)(scan_clean)
+_scanned_clean = functools.lru_cache(maxsize=_SCANNED_MAX)(require_clean)
+_model_scanned_clean = functools.lru_cache(maxsize=256)(require_clean)
 #: strings of hex digits, dashes, dots, colons and brackets (ids, UUIDs, trace ids, IP addresses with a port):
 #: none can hold a match of ``_ANY_SECRET_RE`` (the y/J of ``eyJ``, the r of ``Bearer``, the G of ``BEGIN``:
 #: each needs a letter past f, in either case); session 11 skipped hex-and-dash row values the same way
@@ -125,8 +137,10 @@ _NO_SECRET_CHARS = re.compile(r"[0-9A-Fa-f.:\[\]-]*").fullmatch
 
 
 def scan_per_request(value: str) -> bool:
-    """:func:`scan_clean` for a per-request value, uncached: ids and addresses answer without the scan."""
-    return _NO_SECRET_CHARS(value) is not None or _ANY_SECRET_RE.search(value) is None
+    """:func:`require_clean` for a per-request value, uncached: ids and addresses answer without the scan."""
+    if _NO_SECRET_CHARS(value) is None and _ANY_SECRET_RE.search(value) is not None:
+        raise SecretFound
+    return True
 
 
 #: event paths whose values are new for every request (ids, the client's address, the prefix fingerprint)
@@ -142,7 +156,9 @@ def _clean_str(path: str, value: str, max_chars: int) -> bool:
     """True iff :func:`_bad_string` would accept ``value`` at ``path``."""
     if len(value) > max_chars:
         return False
-    if not _SCANNER.get(path, _scanned_clean)(value):
+    try:
+        _SCANNER.get(path, _scanned_clean)(value)
+    except SecretFound:
         return False
     if path == "prefix_fingerprint":
         return len(value) <= MAX_FINGERPRINT_HEX and _HEX_RE.match(value) is not None
@@ -243,7 +259,9 @@ def row_is_clean(row: Any, fingerprint_index: int) -> bool:
         if t is str:
             if len(v) > max_chars:
                 return False
-            if not scan(v):
+            try:
+                scan(v)
+            except SecretFound:
                 return False
         elif t not in _NUMBER_TYPES:
             return False

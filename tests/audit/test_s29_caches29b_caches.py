@@ -58,8 +58,8 @@ def rows(draw: st.DrawFn) -> list:
 
 
 def _small_caches(monkeypatch: pytest.MonkeyPatch) -> None:
-    shared = functools.lru_cache(maxsize=2)(scan_clean)
-    model = functools.lru_cache(maxsize=2)(scan_clean)
+    shared = functools.lru_cache(maxsize=2)(scrub.require_clean)
+    model = functools.lru_cache(maxsize=2)(scrub.require_clean)
     scanner = {**{p: scrub.scan_per_request for p in scrub.PER_REQUEST_PATHS}, "model": model}
     monkeypatch.setattr(scrub, "_scanned_clean", shared)
     monkeypatch.setattr(scrub, "_SCANNER", scanner)
@@ -85,7 +85,21 @@ def test_the_scrub_caches_answer_as_the_uncached_scan(batch: list, small: bool) 
 @given(st.one_of(st.text(alphabet="0123456789abcdefABCDEF-.:[]eyJrGNbB ", max_size=40), st.text(max_size=40),
                  st.sampled_from(["eyJabcd.efgh", "bearer 0123456789", "-----BEGIN KEY-----", "::1", "[fe80::1]:80"])))
 def test_the_per_request_scan_answers_as_the_full_scan(value: str) -> None:
-    assert scrub.scan_per_request(value) is scan_clean(value)
+    for check in (scrub.scan_per_request, scrub.require_clean, scrub._scanned_clean, scrub._model_scanned_clean):
+        try:
+            got = check(value)
+        except scrub.SecretFound:
+            got = False
+        assert got is scan_clean(value)
+
+
+def test_a_string_with_a_secret_is_never_cached() -> None:
+    for _ in range(2):
+        before = scrub._scanned_clean.cache_info()
+        with pytest.raises(scrub.SecretFound):
+            scrub._scanned_clean("Bearer abcdefghijklmnop")
+        assert scrub._scanned_clean.cache_info().misses == before.misses + 1
+        assert scrub._scanned_clean.cache_info().currsize == before.currsize
 
 
 def test_per_request_values_are_not_cached_and_a_flood_keeps_every_tenants_entries() -> None:
