@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -148,8 +149,12 @@ PER_REQUEST_PATHS: frozenset[str] = frozenset({
     "event_id", "request_id", "policy.decision_id", "client_address", "trace_id", "prefix_fingerprint"})
 _SCANNER: dict[str, Any] = {**{p: scan_per_request for p in PER_REQUEST_PATHS}, "model": _model_scanned_clean}
 _ROW_PATH = {"decision_id": "policy.decision_id"}
-#: the scanner of each request row value (REQUEST_ROW_FIELDS order)
-_ROW_SCANNERS: tuple[Any, ...] = tuple(_SCANNER.get(_ROW_PATH.get(n, n), _scanned_clean) for n in REQUEST_ROW_FIELDS)
+#: a request row's values (REQUEST_ROW_FIELDS order) by cache: the shared one, none (per request), the model's
+_N_ROW = len(REQUEST_ROW_FIELDS)
+_ROW_KIND = [_SCANNER.get(_ROW_PATH.get(n, n), _scanned_clean) for n in REQUEST_ROW_FIELDS]
+_ROW_CACHED = operator.itemgetter(*(i for i, k in enumerate(_ROW_KIND) if k is _scanned_clean))
+_ROW_PER_REQUEST = operator.itemgetter(*(i for i, k in enumerate(_ROW_KIND) if k is scan_per_request))
+_ROW_MODEL = REQUEST_ROW_FIELDS.index("model")
 
 
 def _clean_str(path: str, value: str, max_chars: int) -> bool:
@@ -251,8 +256,12 @@ def row_is_clean(row: Any, fingerprint_index: int) -> bool:
     answers True; False (anything else) takes the scrubber as before. Never raises for a list or
     tuple ``row``."""
     max_chars = MAX_STRING_CHARS
-    scanners = _ROW_SCANNERS if len(row) == len(_ROW_SCANNERS) else (_scanned_clean,) * len(row)
-    for v, scan in zip(row, scanners):
+    if len(row) == _N_ROW:  # a request row: per-request values apart (no cache), the model apart (its cache)
+        cached, per_request, model = _ROW_CACHED(row), _ROW_PER_REQUEST(row), row[_ROW_MODEL]
+    else:
+        cached, per_request, model = row, (), None
+    scan = _scanned_clean
+    for v in cached:
         if v is None:
             continue
         t = type(v)
@@ -264,6 +273,25 @@ def row_is_clean(row: Any, fingerprint_index: int) -> bool:
             except SecretFound:
                 return False
         elif t not in _NUMBER_TYPES:
+            return False
+    for v in per_request:  # scan_per_request inlined, nothing cached
+        if v is None:
+            continue
+        t = type(v)
+        if t is str:
+            if len(v) > max_chars or (_NO_SECRET_CHARS(v) is None and _ANY_SECRET_RE.search(v) is not None):
+                return False
+        elif t not in _NUMBER_TYPES:
+            return False
+    if model is not None:
+        if type(model) is str:
+            if len(model) > max_chars:
+                return False
+            try:
+                _model_scanned_clean(model)
+            except SecretFound:
+                return False
+        elif type(model) not in _NUMBER_TYPES:
             return False
     fp = row[fingerprint_index]
     return fp is None or (len(fp) <= MAX_FINGERPRINT_HEX and _HEX_RE.match(fp) is not None)

@@ -60,11 +60,10 @@ def rows(draw: st.DrawFn) -> list:
 def _small_caches(monkeypatch: pytest.MonkeyPatch) -> None:
     shared = functools.lru_cache(maxsize=2)(scrub.require_clean)
     model = functools.lru_cache(maxsize=2)(scrub.require_clean)
-    scanner = {**{p: scrub.scan_per_request for p in scrub.PER_REQUEST_PATHS}, "model": model}
     monkeypatch.setattr(scrub, "_scanned_clean", shared)
-    monkeypatch.setattr(scrub, "_SCANNER", scanner)
-    monkeypatch.setattr(scrub, "_ROW_SCANNERS", tuple(
-        scanner.get(scrub._ROW_PATH.get(n, n), shared) for n in REQUEST_ROW_FIELDS))
+    monkeypatch.setattr(scrub, "_model_scanned_clean", model)
+    monkeypatch.setattr(scrub, "_SCANNER", {**{p: scrub.scan_per_request for p in scrub.PER_REQUEST_PATHS},
+                                            "model": model})
 
 
 @settings(max_examples=300, deadline=None)
