@@ -19,6 +19,7 @@ reason code, or the error code when there was no decision.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,10 +51,12 @@ REQUEST_ROW_FIELDS: tuple[str, ...] = (
 _N = len(REQUEST_ROW_FIELDS)
 _OUTCOME_BY_VALUE: dict[str, Outcome] = {o.value: o for o in Outcome}
 _NUMBER = (int, float)
-#: the Identity of each (spiffe_id, trust_domain) seen (frozen, so one object serves every event of a
-#: workload); cleared at ``_IDENTITIES_MAX`` entries
-_IDENTITIES: dict[tuple[Any, Any], Identity] = {}
+#: the Identity of a (spiffe_id, trust_domain) (frozen, so one object serves every event of a workload):
+#: ``lru_cache`` on the constructor, least recently used out (session 29, S29-caches29b-1: was a dict emptied
+#: whole at 4,096, so one tenant's many workload IDs emptied every tenant's entries). Keys: the SPIFFE ID and
+#: trust domain the gateway read from the client certificate (accepted or refused), per workload, not per request
 _IDENTITIES_MAX = 4096
+_identity = functools.lru_cache(maxsize=_IDENTITIES_MAX)(Identity)
 
 
 def _ms(start: Any, end: Any) -> float | None:
@@ -102,11 +105,7 @@ def request_event(row: Sequence[Any], instance: str | None = None) -> AuditEvent
         latency = _latencies(_ms(t0, t_auth), _ms(t_auth, t_parsed), _ms(t_parsed, t_keys), _ms(t_keys, t_decided),
                              _ms(t_decided, t_route), _ms(t0, t_first_byte), _ms(t0, t_end), queue_wait_ms)
     if type(spiffe_id) is str and type(trust_domain) is str:  # frozen: one object for every event of it
-        identity = _IDENTITIES.get((spiffe_id, trust_domain))
-        if identity is None:
-            if len(_IDENTITIES) >= _IDENTITIES_MAX:
-                _IDENTITIES.clear()
-            identity = _IDENTITIES[(spiffe_id, trust_domain)] = Identity(spiffe_id, trust_domain)
+        identity = _identity(spiffe_id, trust_domain)
     else:
         identity = Identity(spiffe_id, trust_domain)
     # AuditEvent(kind=..., ..., instance=instance) without its generated __init__ (session 11: a frozen

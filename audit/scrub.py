@@ -9,6 +9,8 @@ event before any sink or spill file sees it.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +26,7 @@ from audit.event import (
     RouteInfo,
     new_event_id,
 )
+from audit.request_event import REQUEST_ROW_FIELDS
 
 __all__ = ["MAX_STRING_CHARS", "MAX_FINGERPRINT_HEX", "row_is_clean", "scrub_event"]
 
@@ -35,11 +38,6 @@ MAX_FINGERPRINT_HEX = 32
 _JWT_RE = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.?")
 _SECRET_RE = re.compile(r"-----BEGIN [A-Z ]*KEY-----|\bBearer\s+\S{8,}", re.IGNORECASE)
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
-#: a string of hex digits and dashes (ids: UUIDs, trace ids, fingerprints) holds none of the secret
-#: patterns (each needs a letter beyond a-f: the y/J of "eyJ", the r of "Bearer", "BEGIN ... KEY"):
-#: row_is_clean accepts it without the pattern scan and without caching it (session 11: the unique ids
-#: of every row churned the scanned-values cache)
-_HEX_DASH = re.compile(r"[0-9A-Fa-f-]*").fullmatch
 # matches somewhere iff _JWT_RE or _SECRET_RE does (alternation of both, each
 # with its own flags): the scrubber's one-scan pre-check
 _ANY_SECRET_RE = re.compile(
@@ -107,23 +105,66 @@ _SCRUB_GROUPS: dict[type, tuple[tuple[str, str], ...]] = {
 _PLAIN_NUMBERS = (int, float, bool)
 
 
-#: strings already scanned by ``_ANY_SECRET_RE`` without a match (tenant, model, endpoint,
-#: replica, pool, identity and reason repeat on almost every event); cleared when it
-#: reaches ``_SCANNED_MAX`` entries, so it stays small and holds no event alive
-_SCANNED_CLEAN: set[str] = set()
+def scan_clean(value: str) -> bool:
+    """True iff ``_ANY_SECRET_RE`` finds no JWT, PEM key header or bearer token in ``value``
+    (pure: the same answer for the same string; any length)."""
+    return _ANY_SECRET_RE.search(value) is None
+
+
+class SecretFound(Exception):
+    """Raised by :func:`require_clean`: the value holds a secret pattern (never cached: ``lru_cache``
+    keeps no call that raised, so no cache holds a string with a secret, as the session-6 set did not)."""
+
+
+def require_clean(value: str) -> bool:
+    """True when :func:`scan_clean` is; raises :class:`SecretFound` otherwise (the cached form)."""
+    if _ANY_SECRET_RE.search(value) is not None:
+        raise SecretFound
+    return True
+
+
+#: :func:`require_clean` cached (session 29, S29-caches29b-2: was a set of clean strings emptied whole at 4,096,
+#: which one tenant's distinct models or client addresses emptied for every tenant): least recently used out,
+#: clean strings only. Keys are the values of a bounded set (tenant, endpoint, replica, pool, identity,
+#: reason, outcome, ...); per-request values (:data:`PER_REQUEST_PATHS`) are checked each time, the client's
+#: model apart (256 entries), so a spread of models evicts only models.
 _SCANNED_MAX = 4096
+_scanned_clean = functools.lru_cache(maxsize=_SCANNED_MAX)(require_clean)
+_model_scanned_clean = functools.lru_cache(maxsize=256)(require_clean)
+#: strings of hex digits, dashes, dots, colons and brackets (ids, UUIDs, trace ids, IP addresses with a port):
+#: none can hold a match of ``_ANY_SECRET_RE`` (the y/J of ``eyJ``, the r of ``Bearer``, the G of ``BEGIN``:
+#: each needs a letter past f, in either case); session 11 skipped hex-and-dash row values the same way
+_NO_SECRET_CHARS = re.compile(r"[0-9A-Fa-f.:\[\]-]*").fullmatch
+
+
+def scan_per_request(value: str) -> bool:
+    """:func:`require_clean` for a per-request value, uncached: ids and addresses answer without the scan."""
+    if _NO_SECRET_CHARS(value) is None and _ANY_SECRET_RE.search(value) is not None:
+        raise SecretFound
+    return True
+
+
+#: event paths whose values are new for every request (ids, the client's address, the prefix fingerprint)
+PER_REQUEST_PATHS: frozenset[str] = frozenset({
+    "event_id", "request_id", "policy.decision_id", "client_address", "trace_id", "prefix_fingerprint"})
+_SCANNER: dict[str, Any] = {**{p: scan_per_request for p in PER_REQUEST_PATHS}, "model": _model_scanned_clean}
+_ROW_PATH = {"decision_id": "policy.decision_id"}
+#: a request row's values (REQUEST_ROW_FIELDS order) by cache: the shared one, none (per request), the model's
+_N_ROW = len(REQUEST_ROW_FIELDS)
+_ROW_KIND = [_SCANNER.get(_ROW_PATH.get(n, n), _scanned_clean) for n in REQUEST_ROW_FIELDS]
+_ROW_CACHED = operator.itemgetter(*(i for i, k in enumerate(_ROW_KIND) if k is _scanned_clean))
+_ROW_PER_REQUEST = operator.itemgetter(*(i for i, k in enumerate(_ROW_KIND) if k is scan_per_request))
+_ROW_MODEL = REQUEST_ROW_FIELDS.index("model")
 
 
 def _clean_str(path: str, value: str, max_chars: int) -> bool:
     """True iff :func:`_bad_string` would accept ``value`` at ``path``."""
     if len(value) > max_chars:
         return False
-    if value not in _SCANNED_CLEAN:
-        if _ANY_SECRET_RE.search(value) is not None:
-            return False
-        if len(_SCANNED_CLEAN) >= _SCANNED_MAX:
-            _SCANNED_CLEAN.clear()
-        _SCANNED_CLEAN.add(value)
+    try:
+        _SCANNER.get(path, _scanned_clean)(value)
+    except SecretFound:
+        return False
     if path == "prefix_fingerprint":
         return len(value) <= MAX_FINGERPRINT_HEX and _HEX_RE.match(value) is not None
     return True
@@ -146,15 +187,12 @@ def _is_clean(event: AuditEvent, max_chars: int) -> bool:
     not sure about (mappings, str/number subclasses, other types, a group of
     an unexpected class) answers False and takes the general path.
     (:func:`_clean_scalar` inlined: one loop, no generator per group.)"""
-    scanned = _SCANNED_CLEAN
     for name in _SCRUB_TOP:
         value = getattr(event, name)
         if value is None:
             continue
         t = type(value)
         if t is str:
-            if value in scanned and len(value) <= max_chars and name != "prefix_fingerprint":
-                continue
             if not _clean_str(name, value, max_chars):
                 return False
             continue
@@ -169,8 +207,6 @@ def _is_clean(event: AuditEvent, max_chars: int) -> bool:
                 continue
             vt = type(v)
             if vt is str:
-                if v in scanned and len(v) <= max_chars:  # a group path is never prefix_fingerprint
-                    continue
                 if not _clean_str(path, v, max_chars):
                     return False
             elif vt not in _NUMBER_TYPES:
@@ -219,18 +255,43 @@ def row_is_clean(row: Any, fingerprint_index: int) -> bool:
     ~2 µs instead of ~8 for the event's groups) and emits the event without the scrubber when it
     answers True; False (anything else) takes the scrubber as before. Never raises for a list or
     tuple ``row``."""
-    scanned = _SCANNED_CLEAN
     max_chars = MAX_STRING_CHARS
-    for v in row:
+    if len(row) == _N_ROW:  # a request row: per-request values apart (no cache), the model apart (its cache)
+        cached, per_request, model = _ROW_CACHED(row), _ROW_PER_REQUEST(row), row[_ROW_MODEL]
+    else:
+        cached, per_request, model = row, (), None
+    scan = _scanned_clean
+    for v in cached:
         if v is None:
             continue
         t = type(v)
         if t is str:
-            if len(v) <= max_chars and (v in scanned or _HEX_DASH(v) is not None):
-                continue
-            if not _clean_str("", v, max_chars):
+            if len(v) > max_chars:
+                return False
+            try:
+                scan(v)
+            except SecretFound:
                 return False
         elif t not in _NUMBER_TYPES:
+            return False
+    for v in per_request:  # scan_per_request inlined, nothing cached
+        if v is None:
+            continue
+        t = type(v)
+        if t is str:
+            if len(v) > max_chars or (_NO_SECRET_CHARS(v) is None and _ANY_SECRET_RE.search(v) is not None):
+                return False
+        elif t not in _NUMBER_TYPES:
+            return False
+    if model is not None:
+        if type(model) is str:
+            if len(model) > max_chars:
+                return False
+            try:
+                _model_scanned_clean(model)
+            except SecretFound:
+                return False
+        elif type(model) not in _NUMBER_TYPES:
             return False
     fp = row[fingerprint_index]
     return fp is None or (len(fp) <= MAX_FINGERPRINT_HEX and _HEX_RE.match(fp) is not None)

@@ -12,6 +12,7 @@ series; ``GET /admin/metrics`` (operators) serves both registries. Latencies are
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -111,39 +112,37 @@ class BoundChildren:
 
     ``prometheus_client``'s ``labels()`` validates, stringifies and locks on every call
     (~1 µs); the gateway asks for the same few children on every request. This wrapper keeps
-    the children it handed out in a dict keyed by the positional label values (at most
-    :data:`CHILD_CACHE_MAX`; when full it is emptied, the children themselves stay in the
-    family), so a request does attribute increments only. Every other attribute is the
-    family's own (``collect``, ``remove``, ...); ``remove``/``clear`` also drop the cache.
+    the children it handed out in a ``functools.lru_cache`` keyed by the positional label values
+    (at most :data:`CHILD_CACHE_MAX`, least recently used out; session 29, S29-caches29b-3: was a dict
+    emptied whole). Leaving the cache never removes a child from the family: a series never
+    disappears (no counter reset). Every label value is a closed set or the configuration's (tenant,
+    replica, pool, endpoint); none is the client's. Every other attribute is the family's own
+    (``collect``, ``remove``, ...); ``remove``/``clear`` also drop the cache.
     """
 
-    __slots__ = ("family", "_children", "_batch")
+    __slots__ = ("family", "_cached", "_batch")
 
     def __init__(self, family: Any, batch: CounterBatch | None = None) -> None:
         self.family = family
-        self._children: dict[tuple[Any, ...], Any] = {}
         self._batch = batch  # a Counter family: its children increment through the batch
+        self._cached = functools.lru_cache(maxsize=CHILD_CACHE_MAX)(self._child)
+
+    def _child(self, *values: Any) -> Any:
+        child = self.family.labels(*values)
+        return child if self._batch is None else self._batch.child(child)
 
     def labels(self, *values: Any) -> Any:
-        """The child of these positional label values (as ``family.labels(*values)``)."""
-        child = self._children.get(values)
-        if child is None:
-            child = self.family.labels(*values)
-            if self._batch is not None:
-                child = self._batch.child(child)
-            if len(self._children) >= CHILD_CACHE_MAX:
-                self._children.clear()
-            self._children[values] = child
-        return child
+        """The child of these positional label values (as ``family.labels(*values)``; its errors)."""
+        return self._cached(*values)
 
     def remove(self, *values: Any) -> None:
         """Remove a child from the family and the cache."""
-        self._children.clear()
+        self._cached.cache_clear()
         self.family.remove(*values)
 
     def clear(self) -> None:
         """Remove every child of the family and the cache."""
-        self._children.clear()
+        self._cached.cache_clear()
         self.family.clear()
 
     def __getattr__(self, name: str) -> Any:

@@ -48,11 +48,16 @@ def test_to_dict_matches_json_field() -> None:
 def test_scanned_string_cache_still_refuses_secrets() -> None:
     ev = make_events(1)[0]
     assert scrub.scrub_event(ev)[1] == []
-    assert ev.tenant in scrub._SCANNED_CLEAN
+    before = scrub._scanned_clean.cache_info()  # session 29 (caches29b): an lru_cache of clean strings
+    assert scrub._scanned_clean(ev.tenant) and scrub._scanned_clean.cache_info().hits == before.hits + 1
     bad = AuditEvent(kind=Kind.INFERENCE, outcome=Outcome.ALLOWED, tenant="Bearer abcdefghijklmnop")
-    cleaned, dropped = scrub.scrub_event(bad)
-    assert cleaned.tenant is None and dropped
-    assert "Bearer abcdefghijklmnop" not in scrub._SCANNED_CLEAN
+    for _ in range(2):
+        cleaned, dropped = scrub.scrub_event(bad)
+        assert cleaned.tenant is None and dropped
+    before = scrub._scanned_clean.cache_info()
+    with pytest.raises(scrub.SecretFound):  # not cached: scanned again
+        scrub._scanned_clean("Bearer abcdefghijklmnop")
+    assert scrub._scanned_clean.cache_info().misses == before.misses + 1
 
 
 def test_shared_json_encodes_once_for_two_sinks_and_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
