@@ -12,25 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from typing import Any
 
+from bench.outlines_index_child import index_in_child
 from gateway.schema_expansion import regex_chars
 
-CHILD = r'''
-import json, resource, sys, time
-resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-resource.setrlimit(resource.RLIMIT_CPU, (60, 60))
-from outlines_core import Index, Vocabulary
-from outlines_core.json_schema import build_regex_from_schema
-regex = build_regex_from_schema(sys.stdin.read())
-tokens = {c: [i] for i, c in enumerate(list('{}[]",:0123456789-.eEtrufalsn abcdp') + ["\n"])}
-t = time.process_time()
-Index(regex, Vocabulary(len(tokens) + 1, tokens))
-print(json.dumps({"regex": len(regex), "index_s": round(time.process_time() - t, 3),
-                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}))
-'''
+#: the child's vocabulary: one token per character
+ALPHABET = list('{}[]",:0123456789-.eEtrufalsn abcdp') + ["\n"]
 
 _REQ = {"type": "object", "required": ["a"]}
 CASES: dict[str, Any] = {
@@ -60,8 +49,7 @@ def main() -> None:
         if only and not any(part in name for part in only):
             continue
         text = json.dumps(schema, separators=(",", ":"))
-        p = subprocess.run([python, "-c", CHILD], input=text, capture_output=True, text=True, timeout=180)
-        out = p.stdout.strip() or f"killed (rc {p.returncode}: 60 s CPU or 3 GiB)"
+        out = index_in_child(text, python, ALPHABET, 180)
         print(f"| `{text}` | {len(text)} | {regex_chars(schema, 1 << 62):,} | {out} |", flush=True)
 
 

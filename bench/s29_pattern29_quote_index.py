@@ -1,8 +1,9 @@
 """Session 29 (pattern29, S29-pattern29-1): outlines-core 0.2.14's ``Index`` for schemas whose ``pattern`` (or
 ``format``) can or cannot read the string's closing ``"``, beside the gateway's verdict
-(:func:`gateway.pattern_quote.pattern_reads_quote`). Each schema is built in a child process limited to 3 GiB of
-address space and 60 s of CPU (a killed child prints its return code); the vocabulary is the 95 printable ASCII
-characters and ``\\n``, one token each (CPU per state far below a real tokenizer's). Markdown on stdout.
+(:func:`gateway.response_format.response_format_refusal` under the default bounds). Each schema is built in a child
+process limited to 3 GiB of address space and 60 s of CPU (:mod:`bench.outlines_index_child`; a killed child prints
+its return code); the vocabulary is the 95 printable ASCII characters and ``\\n``, one token each (CPU per state
+far below a real tokenizer's). Markdown on stdout.
 
 outlines-core is not a project dependency: ``OUTLINES_PYTHON`` names an interpreter that has it. Usage:
 ``OUTLINES_PYTHON=/tmp/oc-venv/bin/python python -m bench.s29_pattern29_quote_index [NAME_PART ...]``.
@@ -12,26 +13,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from typing import Any
 
-from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
+from bench.outlines_index_child import index_in_child
+from gateway.config_http import JsonSchemaLimits
+from gateway.response_format import response_format_refusal
 from tests.support.ordinary_patterns import ORDINARY as ORDINARY_PATTERNS
 
-CHILD = r'''
-import json, resource, sys, time
-resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-resource.setrlimit(resource.RLIMIT_CPU, (60, 60))
-from outlines_core import Index, Vocabulary
-from outlines_core.json_schema import build_regex_from_schema
-regex = build_regex_from_schema(sys.stdin.read())
-tokens = {c: [i] for i, c in enumerate([chr(c) for c in range(32, 127)] + ["\n"])}
-t = time.process_time()
-Index(regex, Vocabulary(len(tokens) + 1, tokens))
-print(json.dumps({"regex": len(regex), "index_s": round(time.process_time() - t, 3),
-                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}))
-'''
+#: the child's vocabulary: the 95 printable ASCII characters and a newline, one token each
+ALPHABET = [chr(c) for c in range(32, 127)] + ["\n"]
 
 
 def _then(first: dict[str, Any], *rest: dict[str, Any]) -> dict[str, Any]:
@@ -86,11 +77,11 @@ CASES: dict[str, Any] = {
 
 
 def _verdict(schema: Any) -> str:
-    """Whether the gateway's default refuses ``schema`` (a ``pattern`` reads ``"``, or ``format: uri``)."""
-    for s in schema.get("properties", {}).values():
-        if ("pattern" in s and pattern_reads_quote(s["pattern"])) or s.get("format") in QUOTE_READING_FORMATS:
-            return "400"
-    return "admitted"
+    """The gateway's answer to ``schema`` as a ``response_format`` under the default ``limits.json_schema``: ``400
+    (<bound>)`` or ``admitted`` (:func:`gateway.response_format.response_format_refusal` itself)."""
+    refused = response_format_refusal({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+                                      JsonSchemaLimits(), {}, 0)
+    return "admitted" if refused is None else f"400 ({refused.record['reason'].rpartition('.')[2]})"
 
 
 def main() -> None:
@@ -102,11 +93,7 @@ def main() -> None:
         if only and not any(part in name for part in only):
             continue
         text = json.dumps(schema, separators=(",", ":"))
-        try:
-            p = subprocess.run([python, "-c", CHILD], input=text, capture_output=True, text=True, timeout=900)
-            out = p.stdout.strip() or f"killed (rc {p.returncode}: 60 s CPU or 3 GiB)"
-        except subprocess.TimeoutExpired:  # a loaded machine: the child's 60 s of CPU not reached in 900 s
-            out = "not finished in 900 s wall"
+        out = index_in_child(text, python, ALPHABET, 900)  # 900 s wall: a loaded machine
         print(f"| {name} | {_verdict(schema)} | {out} |", flush=True)
 
 
