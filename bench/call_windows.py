@@ -16,8 +16,8 @@ request (from the guarded protocol's ``data_received`` of its head to the next o
   callback, counted as ``prep`` wherever it ran);
 * ``tail``: after the last write (the deferred ends), up to the next request's bytes.
 
-Counts are deterministic (no clock): a cut that removes calls from a window shows here exactly, whatever the
-machine's load. Each tree is served in its own child (``PYTHONPATH`` = the tree), one after the other; reported
+Counts read no clock: a cut that removes calls from a window shows here whatever the machine's load (two exports
+of one tree differ by at most 1-2 events per window: periodic work, e.g. a trust-bundle check or a ``getpid``). Each tree is served in its own child (``PYTHONPATH`` = the tree), one after the other; reported
 per tree and window: the median over the requests (the first request after the profile starts is dropped).
 Results: ``bench/results/<name>.{json,md}``.
 """
