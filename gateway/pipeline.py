@@ -397,4 +397,3 @@ class InferencePipeline:
                                  rec.output_tokens or rec.relayed_output or 0))
         rec.t_end = time.perf_counter()
         self.gw.recorder.record(rec)  # its metrics: Recorder.finish, by _after_answer
-
