@@ -20,7 +20,8 @@ a request is computed (pairs whose stamps are both present; a stamp seen twice k
 Reported: the median over rounds of those medians, and the rounds' client latency, the two windows and the
 load. Each stamp costs ~0.1 µs; a sum of step medians is not the window's median (a few rounds carry a
 ~200 µs preemption at a socket write: see the per-round table). Nothing of the product path changes.
-Results: ``bench/results/<name>.{json,md}``.
+Results: ``bench/results/<name>.{json,md}``. Session 30: flow control's fast path chooses before the upstream
+write and charges (``Router.commit``) right after it, so ``r_commit``, ``r_disp`` and ``r_rec`` follow ``up_written``.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ ANCHORS: dict[str, list[tuple[str, str, bool]]] = {
         ("allowed = gw.pep.allowed_candidates(candidates, decision)", "allowed", True),
         ("body = upstream_body(req, max_tokens,", "ubody", True),
         ("return await self._route_and_proxy(request, req, rec, tenant, route_req", "rreq", False),
-        ("held.queue_wait_s = rel.queue_wait_s", "routed", True),
+        ("                choice = pending.choice\n", "routed", True),
         ("rec.t_route = time.perf_counter()", "t_route", True),
         ("gw.audit.inject_trace_headers(headers, rec)", "headers", True),
         ("progress, held.progress = held.progress,", "pre_open", True),
@@ -76,12 +77,13 @@ ANCHORS: dict[str, list[tuple[str, str, bool]]] = {
     "gateway/flow.py": [
         ("        self.slot_gate.new_round()\n        if self._place(", "r_round", False),
         ("        self.queue.pass_through(w.tenant_id, w.weight)\n        self._route(", "r_slot", False),
-        ("        self._route(w, w.cands)  # nothing awaited", "r_pass", False),
-        ("        self._route(w, w.cands)  # nothing awaited", "r_routedflow", True),
+        ("        self._route(w, w.cands, defer)  # nothing awaited", "r_pass", False),
+        ("        self._route(w, w.cands, defer)  # nothing awaited", "r_routedflow", True),
+        ("            ticket = None if defer else self.router.commit(w.req, choice)", "r_chosen", False),
     ],
     "routing/router.py": [
-        ("        choice = self.policy.choose(req, cands)\n        prefill", "r_choose0", False),
-        ("        prefill = max(0, req.prompt_tokens - choice.predicted_prefix_tokens)\n        ticket", "r_chosen", False),
+        ("        return self.policy.choose(req, cands)\n", "r_choose0", False),
+        ("        prefill = max(0, req.prompt_tokens - choice.predicted_prefix_tokens)\n        ticket", "r_commit", False),
         ("        self._record(choice.replica_id, req.block_keys)  # applied", "r_disp", False),
         ("        self._record(choice.replica_id, req.block_keys)  # applied", "r_rec", True),
     ],
@@ -117,8 +119,8 @@ ANCHORS: dict[str, list[tuple[str, str, bool]]] = {
 #: the stamps in path order (bench.timeline's own: app, up_written, up_first, handed_off, written, serve_end)
 ORDER: tuple[str, ...] = (
     "app", "h0", "span", "auth", "admit", "body", "parsed", "reserved", "chains", "cands", "decided", "allowed",
-    "ubody", "rreq", "r_round", "r_slot", "r_pass", "r_choose0", "r_chosen", "r_disp", "r_rec", "r_routedflow",
-    "routed", "t_route", "headers", "pre_open", "dumped", "w0", "up_written", "opened", "pre_await", "prep_a",
+    "ubody", "rreq", "r_round", "r_slot", "r_pass", "r_choose0", "r_chosen", "r_routedflow", "routed", "t_route",
+    "headers", "pre_open", "dumped", "w0", "up_written", "r_commit", "r_disp", "r_rec", "opened", "pre_await", "prep_a",
     "prep_b", "up_first", "head_ok", "chunk0", "resumed", "pr0", "whole", "ans_parsed", "ans0", "ans1", "handled",
     "start_sent", "e_prep", "settled", "t_end_set", "row_built", "row_in", "row_dumped", "completed", "blp_ran",
     "handed_off", "blp_done", "written", "serve_end")

@@ -24,7 +24,7 @@ from gateway.flow_load import NotifyingLoadTracker
 from gateway.flow_room import ReplicaRoom, warmth
 from gateway.flow_share import TenantShares, room_within_share
 from gateway.flow_slots import SlotGate
-from gateway.flow_waiting import Release, Waiting
+from gateway.flow_waiting import PendingRelease, Release, Waiting, charge_released
 from gateway.config_flow import FlowConfig
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import PeriodicTask
@@ -36,7 +36,7 @@ from routing.types import Candidate, RouteRequest
 from tenancy.registry import Tenant
 from tenancy.tiers import TierWeights
 
-__all__ = ["FlowControl", "NotifyingLoadTracker", "Release", "RECHECK_S", "Waiting"]
+__all__ = ["FlowControl", "NotifyingLoadTracker", "PendingRelease", "Release", "RECHECK_S", "Waiting"]
 
 #: seconds between rechecks of the queue while requests wait (besides every load release)
 RECHECK_S = 0.25
@@ -113,21 +113,24 @@ class FlowControl:
             raise self._refusal(too_many(self._retry_after(), "queue_full", _FULL), tenant_id, 0.0)
 
     def release_now(self, tenant: Tenant, req: RouteRequest, candidate_ids: list[str],
-                    alt_chains: Sequence[Sequence[bytes]], slots: SlotClaim | None = None) -> Release | None:
+                    alt_chains: Sequence[Sequence[bytes]], slots: SlotClaim | None = None,
+                    defer: bool = False) -> Release | PendingRelease | None:
         """:meth:`release` when it needs no wait: nothing is queued, a replica among ``candidate_ids``
         has room now and the tenant a slot without asking Redis. Returns the :class:`Release`, or None
         when the request must wait: then call :meth:`release` with ``tried=True`` (it queues the
         request without checking again). Synchronous (issue 14): the common case costs no coroutine
         and no disconnect watch, as nothing is awaited. Raises what :meth:`release` raises at once
-        (503 ``no_replica`` when routing failed)."""
+        (503 ``no_replica`` when routing failed). ``defer`` (session 30): a :class:`PendingRelease` instead."""
         if self.queue.size:
             return None
         w = Waiting(tenant.id, self.weights.weight(tenant.tier), req, candidate_ids, alt_chains, slots)
-        if not self._release_now(w):
+        if not self._release_now(w, defer):
             return None
         if w.error is not None:  # :meth:`_released`'s steps inline (session 14: one frame less)
             raise w.error
         choice, ticket = w.result  # type: ignore[misc]
+        if ticket is None:  # defer: the queue wait as of the choice, as a Release's
+            return PendingRelease(self, w, choice, time.perf_counter() - w.t0)
         return Release(choice, ticket, time.perf_counter() - w.t0, self.queue.counter(w.tenant_id))
 
     def _released(self, w: Waiting) -> Release:
@@ -315,7 +318,7 @@ class FlowControl:
             if w.future is not None and not w.future.done():
                 w.future.set_result(None)
 
-    def _release_now(self, w: Waiting) -> bool:
+    def _release_now(self, w: Waiting, defer: bool = False) -> bool:
         """The fast path while nothing is queued: release ``w`` at once where the dispatcher would
         (same placement, slot and counters: :meth:`FairQueue.pass_through`), without the queue.
         False: ``w`` must be queued (no room, no slot, or a slot that needs Redis's answer)."""
@@ -330,19 +333,21 @@ class FlowControl:
                 return False  # at its concurrency: it waits in its queue for a slot
             w.slots = None
         self.queue.pass_through(w.tenant_id, w.weight)
-        self._route(w, w.cands)  # nothing awaited or routed since the placement check built them
+        self._route(w, w.cands, defer)  # nothing awaited or routed since the placement check built them
         return True
 
-    def _route(self, w: Waiting, cands: list[Candidate] | None = None) -> None:
+    def _route(self, w: Waiting, cands: list[Candidate] | None = None, defer: bool = False) -> None:
         """Route the released ``w`` among ``w.room``: its result and counter charge, or its error.
         ``cands``: the router's candidates for ``w.candidate_ids`` built with no routing since
-        (:meth:`_release_now`); those in ``w.room`` are routed among, not built again (issue 14)."""
-        try:
+        (:meth:`_release_now`); those in ``w.room`` are routed among, not built again (issue 14).
+        ``defer``: the choice only, ``(choice, None)``, charged by :meth:`PendingRelease.commit`."""
+        try:  # = Router.route / route_among, the charge made here unless deferred
             if cands is None:
-                choice, ticket = self.router.route(w.req, w.room, w.alt_chains)
+                choice = self.router.choose(w.req, w.room, w.alt_chains)
             else:
                 room = set(w.room)
-                choice, ticket = self.router.route_among(w.req, [c for c in cands if c.replica_id in room])
+                choice = self.router.choose_among(w.req, [c for c in cands if c.replica_id in room])
+            ticket = None if defer else self.router.commit(w.req, choice)
         except Exception as exc:  # a bug or a vanished replica: the request answers, the queue goes on
             if w.slot_pending:
                 self._asked(w.tenant_id, None)
@@ -350,10 +355,8 @@ class FlowControl:
             w.error.__cause__ = exc
         else:
             w.result = (choice, ticket)
-            w.charged = max(0, w.req.prompt_tokens - choice.predicted_prefix_tokens)
-            self.queue.charge(w.tenant_id, w.charged)
-            if w.charged and self.shares is not None:
-                self.shares.touch(w.tenant_id, w.weight)
+            if ticket is not None:
+                charge_released(self.queue, self.shares, w, choice)
 
     def _place(self, w: Waiting, routable: frozenset[str]) -> Placement:
         """Where ``w`` could go now (:data:`routing.fairness.Placement`); sets ``w.room``."""

@@ -7,12 +7,13 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.admission import SlotClaim
 from routing.load import LoadTicket
 from routing.types import Candidate, RouteChoice, RouteRequest
 
-__all__ = ["Release", "Waiting"]
+__all__ = ["PendingRelease", "Release", "Waiting", "charge_released"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,10 @@ class Release:
     ticket: LoadTicket
     queue_wait_s: float
     virtual_tokens: float
+
+    def commit(self) -> Release:
+        """Itself: a release flow control has charged (:class:`PendingRelease`'s interface)."""
+        return self
 
     def as_record(self) -> tuple[RouteChoice, LoadTicket, float, float]:
         """(choice, ticket, queue wait in ms, virtual tokens) rounded for the request record."""
@@ -57,3 +62,39 @@ class Waiting:
         self.charged = 0  # uncached prompt tokens charged to the tenant's counter at release
         self.position: int | None = None  # arrival order in its tenant's queue (a release undone)
         self.cands: list[Candidate] | None = None  # the router's candidates its last placement check built
+
+
+def charge_released(queue: Any, shares: Any, w: Waiting, choice: RouteChoice) -> None:
+    """The tenant's virtual-token charge for ``w`` released to ``choice``: its uncached prompt tokens added
+    to its counter in ``queue`` (:class:`routing.fairness.FairQueue`); ``shares`` (or None) touched when any."""
+    w.charged = max(0, w.req.prompt_tokens - choice.predicted_prefix_tokens)
+    queue.charge(w.tenant_id, w.charged)
+    if w.charged and shares is not None:
+        shares.touch(w.tenant_id, w.weight)
+
+
+class PendingRelease:
+    """A request flow control's fast path released and routed (``FlowControl.release_now(..., defer=True)``)
+    whose charges are still to be made: ``choice`` (the router's) and ``queue_wait_s`` (as of the choice).
+
+    :meth:`commit` makes them, in the order ``release_now`` makes them: the router's (:meth:`routing.router.Router.commit`:
+    the replica's load ticket, the request's index record, its counters), then the tenant's virtual-token charge;
+    it returns the :class:`Release`. Issue 14, session 30: the gateway commits right after its upstream write, with
+    no await between the choice and the commit, so every other request sees the same loads, index and counters
+    as with ``release_now(defer=False)``; the write no longer waits for that bookkeeping. Call it once; a request
+    that fails between the choice and its commit (a bug: the commit never runs) charged nothing."""
+
+    __slots__ = ("choice", "queue_wait_s", "_flow", "_w")
+
+    def __init__(self, flow: Any, w: Waiting, choice: RouteChoice, queue_wait_s: float) -> None:
+        self.choice = choice
+        self.queue_wait_s = queue_wait_s
+        self._flow = flow
+        self._w = w
+
+    def commit(self) -> Release:
+        """The charges (class doc); returns the :class:`Release` ``release_now`` would have returned."""
+        flow, w, choice = self._flow, self._w, self.choice
+        ticket = flow.router.commit(w.req, choice)
+        charge_released(flow.queue, flow.shares, w, choice)
+        return Release(choice, ticket, self.queue_wait_s, flow.queue.counter(w.tenant_id))

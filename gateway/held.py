@@ -119,6 +119,15 @@ class Held:
             attempt.release()
         return True
 
+    def released(self, pending: Any, rec: Any) -> None:
+        """Flow control's release of the request into this and ``rec`` (its record): ``pending``, a
+        :class:`gateway.flow_waiting.PendingRelease` committed now (its load ticket, queue wait, virtual
+        tokens; session 30) or a ``Release`` already charged; None: nothing. Returns None (the caller's new
+        ``pending``)."""
+        if pending is not None:
+            _, self.ticket, rec.queue_wait_ms, rec.virtual_tokens = pending.commit().as_record()
+            self.queue_wait_s = pending.queue_wait_s  # its metric: while the replica works (_prepare)
+
     def end_attempt(self) -> None:
         """Close the upstream response, finish the load ticket, give the breaker attempt its verdict
         (success when :attr:`served`, else a release: no verdict)."""

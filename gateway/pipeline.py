@@ -211,7 +211,7 @@ class InferencePipeline:
         deadline = rec.t0 + ucfg.total_timeout_s
         remaining = allowed  # never changed in place: a retry makes a new list
         last: UpstreamFailure | None = None
-        budget_used, redo = 0, False  # connect failures (never reached a replica) do not use the budget
+        budget_used, redo, pending = 0, False, None  # connect failures (never reached a replica): no budget
         while remaining and budget_used < ucfg.max_attempts:
             if redo:  # S19-RC6: the same attempt, not written: its choice decided again (below), nothing counted
                 redo = False
@@ -219,20 +219,20 @@ class InferencePipeline:
                 rec.attempts = 1
                 ids, alt = list(map(_ID, remaining)), chains.previous_chains()  # no comprehension frame (s17)
                 slots = gw.admission.slot_claim(tenant, held.lease)
-                rel = gw.flow.release_now(tenant, route_req, ids, alt, slots)  # nothing queued, room now: no wait
-                if rel is None:  # retries do not wait
+                pending = gw.flow.release_now(tenant, route_req, ids, alt, slots, True)  # room now: no wait
+                if pending is None:  # retries do not wait
                     body = queued_form(req, body)  # R12-2, R12b-3: it waits holding the bytes it sends, counted
-                    rel = await unless_client_leaves(
+                    pending = await unless_client_leaves(
                         request, gw.flow.release(tenant, route_req, ids, alt, deadline, slots, tried=True,
                                                  body_bytes=len(body) + chain_bytes(route_req.block_keys, alt)))
-                choice, held.ticket, rec.queue_wait_ms, rec.virtual_tokens = rel.as_record()
-                held.queue_wait_s = rel.queue_wait_s  # its metric: while the replica works (_prepare)
+                choice = pending.choice
             else:
                 if rec.attempts:  # the previous attempt's verdict was given; give back what it held
                     held.end_attempt()
                 rec.attempts += 1
                 choice, held.ticket = gw.router.route(route_req, list(map(_ID, remaining)), chains.previous_chains())
             if held.decided[0] != gw.pep.pdp.generation:  # a change since its decision: S17-6, R17-1/2, R17-5 (c)
+                pending = held.released(pending, rec)  # charged first, as before session 30
                 body, remaining, tenant, choice = await decide_again(gw, held, req, rec, route_req, body, remaining,
                                                                      choice, chains)
             held.choice = choice
@@ -254,9 +254,9 @@ class InferencePipeline:
             # holds then: S19-RC6); what follows up to the await runs while the replica works (nothing else runs)
             call = open_upstream(gw.upstream.session or gw.upstream.require_session(), replica.url + rec.endpoint,
                                  upstream_body, headers, budget, gw.pep.pdp, held.decided[0])
+            pending = held.released(pending, rec)  # s30: charged after the write; no await since the choice
             held.attempt = gw.replica_set.attempt(replica.id, tenant.id)  # R7b-1 (a half-open probe: this one)
-            rec.predicted_prefix_tokens = choice.predicted_prefix_tokens
-            rec.available_prefix_tokens = choice.available_prefix_tokens
+            rec.predicted_prefix_tokens, rec.available_prefix_tokens = choice.predicted_prefix_tokens, choice.available_prefix_tokens
             rec.replica_load_tokens = gw.router.load_tokens(replica.id)  # = loads.snapshot(rid).tokens
             if held.prep is not None:  # runs in the loop's next turn: after the request is written, before the answer
                 scope_loop(request.scope).call_soon(held.run_prep)  # no getpid per request (session 13)

@@ -128,9 +128,27 @@ class Router:
         """:meth:`route` among candidates already built by :meth:`candidates` with no change to
         the index, the loads or the calibration since (flow control's fast path builds them for its
         placement check: issue 14). Raises :class:`NoCandidateError` when ``cands`` is empty."""
+        choice = self.choose_among(req, cands)
+        return choice, self.commit(req, choice)
+
+    def choose(self, req: RouteRequest, candidate_ids: Iterable[str],
+               alt_key_chains: Sequence[Sequence[bytes]] = ()) -> RouteChoice:
+        """:meth:`route`'s choice without its charge: :meth:`commit` it (see :meth:`choose_among`)."""
+        return self.choose_among(req, self.candidates(req, candidate_ids, alt_key_chains))
+
+    def choose_among(self, req: RouteRequest, cands: Sequence[Candidate]) -> RouteChoice:
+        """The first half of :meth:`route_among`: the policy's choice (its own bookkeeping included, e.g. the
+        dispatch-share window), no load charged and no key recorded. Call :meth:`commit` with it before
+        anything reads or changes the loads, the index or the calibration, and before any await: then every
+        other request sees what :meth:`route_among` leaves (issue 14, session 30: the gateway charges after
+        its upstream write). Raises :class:`NoCandidateError` when ``cands`` is empty."""
         if not cands:
             raise NoCandidateError("no candidate replica")
-        choice = self.policy.choose(req, cands)
+        return self.policy.choose(req, cands)
+
+    def commit(self, req: RouteRequest, choice: RouteChoice) -> LoadTicket:
+        """The second half of :meth:`route_among` for ``choice`` (of :meth:`choose_among`, once): the
+        replica's load charged (its :class:`LoadTicket`), the request's keys recorded, the counters."""
         prefill = max(0, req.prompt_tokens - choice.predicted_prefix_tokens)
         ticket = self.loads.dispatch(choice.replica_id, prefill, max(0, req.max_tokens),
                                      max(1, req.sequences), req.tenant_id, req.calibrate)
@@ -139,7 +157,7 @@ class Router:
         self._prompt += max(0, req.prompt_tokens)
         self._available += choice.available_prefix_tokens
         self._predicted += choice.predicted_prefix_tokens
-        return choice, ticket
+        return ticket
 
     def settle(self) -> None:
         """Apply the index records :meth:`route_among` left for later (an index with ``record_later``,

@@ -1,7 +1,9 @@
 """Issue 14, session 15 (helper "route"): the router's prefix-index record of a routed request is
 applied while the replica works (``Router.settle`` from ``InferencePipeline._prepare``), after the
-upstream request was written; the routing decision (load charge) still precedes the write, and a
-sequential next request's decision sees the record (docs/routing.md, "Session 15")."""
+upstream request was written; the routing decision precedes the write, and a sequential next request's
+decision sees the record (docs/routing.md, "Session 15"). Session 30: flow control's fast path charges the
+decision (``Router.commit``: the load ticket, the index record, the counters) right after the write, before
+the replica wait's work and the answer (no await between the choice and the charge)."""
 
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ async def test_record_applied_in_the_replica_wait_and_seen_by_the_next_request(
     index = gw.router.index
     rid = gw.replica_set.all()[0].id
     log: list[str] = []
-    log_calls(gw.router, "route", log, "routed", monkeypatch)
-    log_calls(gw.router, "route_among", log, "routed", monkeypatch)
+    log_calls(gw.router, "choose", log, "routed", monkeypatch)
+    log_calls(gw.router, "choose_among", log, "routed", monkeypatch)
+    log_calls(gw.router, "commit", log, "charged", monkeypatch)
     log_calls(gw.router, "settle", log, "index applied", monkeypatch)
     log_calls(UpstreamConnection, "send", log, "upstream written", monkeypatch)
     log_answer_bytes(log, monkeypatch)
@@ -41,7 +44,7 @@ async def test_record_applied_in_the_replica_wait_and_seen_by_the_next_request(
     await _serve(stack, log)
     decided = log.index("routed")
     written = log.index("upstream written")
-    assert decided < written < log.index("index applied") < log.index("answer bytes"), log
+    assert decided < written < log.index("charged") < log.index("index applied") < log.index("answer bytes"), log
     # the same prompt again: its decision predicted the whole recorded prefix
     now = gw.router.counters()
     assert now.requests == first.requests + 1

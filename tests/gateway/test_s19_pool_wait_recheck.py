@@ -136,6 +136,14 @@ async def waiting_in_the_pool(stack: Any, monkeypatch: Any, change: Any, max_tok
             choices.append(choice.replica_id)
             return choice, ticket
         monkeypatch.setattr(router, "route", first_among)
+        choose = router.choose  # flow control's release chooses, then charges (session 30: Router.commit)
+
+        def first_choice(req: Any, ids: Any, *rest: Any) -> Any:
+            ids = list(ids)
+            choice = choose(req, [i for i in ids if i in first_route] if first_route and not choices else ids, *rest)
+            choices.append(choice.replica_id)
+            return choice
+        monkeypatch.setattr(router, "choose", first_choice)
         monkeypatch.setattr(stack.components.recorder, "record", keep)
         waiter = post(stack, max_tokens, 2)
         # routed (counted by the router) but at no replica: it waits for the pool's one connection

@@ -238,19 +238,19 @@ async def test_batch_counted_in_tokens_router_policy_and_audit(stack, capture, m
     # the decision point that sees the built input document: behind the decision cache when there is one
     # (a cache hit builds no document: policy.cache.decide_from_facts)
     pdp = comps.pdp.inner  # the engine behind the decision cache
-    decide, route = pdp.decide, comps.router.route
+    decide, commit = pdp.decide, comps.router.commit  # the router's charge of its choice (session 30)
 
     async def spy_decide(doc: dict[str, Any]) -> Any:
         seen_inputs.append(doc)
         return await decide(doc)
 
-    def spy_route(req: Any, *a: Any, **kw: Any) -> Any:
-        choice, ticket = route(req, *a, **kw)
+    def spy_commit(req: Any, choice: Any) -> Any:
+        ticket = commit(req, choice)
         seen_routes.append((req, comps.router.loads.snapshot(choice.replica_id)))
-        return choice, ticket
+        return ticket
 
     monkeypatch.setattr(pdp, "decide", spy_decide)
-    monkeypatch.setattr(comps.router, "route", spy_route)
+    monkeypatch.setattr(comps.router, "commit", spy_commit)
     sixty = " ".join(f"v{i}" for i in range(60))  # 60 tokens each; 180 in all, over the 100 per sequence
     r = await _post(stack, "/v1/completions", {"model": "sim-model", "prompt": [sixty, sixty, sixty],
                                                "max_tokens": 10}, "tenant-conc/app")
