@@ -18,8 +18,9 @@ anything it does not positively understand counts as reading ``"``. It reads ``"
 * an escape it does not know (``\\p{..}``, ``\\P{..}``, octal and back references, ``\\Q``, a trailing ``\\``), a
   nested class, a POSIX class, a class set operation (``&&``, ``--``, ``~~``), an unterminated class, a range whose
   ends are not single characters or run backwards;
-* a quantifier (``*``, ``+``, ``?``, ``{``) as its first character: it repeats or drops the opening ``"`` outlines-core
-  put before it (``+a`` -> ``("+a")`` reads three quotes then ``a``; ``?a`` reads ``a`` then one; session 30, S30-attack30-3);
+* a quantifier (``*``, ``+``, ``?``, ``{``) as its first character: it repeats or drops the opening ``"`` that
+  outlines-core put before it (``+a`` -> ``("+a")`` reads three quotes then ``a``; ``?a`` reads ``a`` then one;
+  session 30, S30-attack30-3);
 * a group it does not know (``(?=``, ``(?!``, ``(?<=``, ``(?P=``; a flag group with ``x``, whose whitespace rules
   change what a class holds), an alternation ``|`` outside every group or unbalanced parentheses: these reach past
   the quotes (``a)|(b`` -> ``("a)|(b")``).

@@ -52,6 +52,9 @@ bounds (:func:`tools_refusal`, ``param`` ``tools.N.function.parameters...``), wh
 ``max_tool_schemas_bytes`` bounds the compact JSON bytes of all of them together (default 256 KiB: four
 ``max_bytes``), and since session 26 (S26-review26-4) their sum once their local ``$ref`` are inlined. A body
 without ``tools`` costs one key test.
+The walk itself, its refusal and ``param``: gateway/schema_walk.py (split out in session 30, attack30); since then a
+tool's ``$ref`` is also resolved inside vLLM's ``required`` schema of all tools (S30-attack30-2) and a ``#/`` pointer
+also as xgrammar decodes it (S30-attack30-1, gateway/schema_refs.py).
 The schema's values are also counted in ``max_free_values`` (gateway/free_form.py) and its rendering in the
 first sequence's prompt bytes (gateway/request.py ``extra_text``), as before.
 """
