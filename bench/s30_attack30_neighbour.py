@@ -6,9 +6,11 @@ in front of 2 simulated replicas that answer at once (``time_scale`` 1e6, no dec
 probe: each candidate body of tenant B (a long prompt, a large ``response_format`` schema, many tools with
 ``tool_choice: "required"``, many messages, references) is sent ``--probe`` times in sequence; its status and the
 gateway process's CPU per request (user + system, psutil) are recorded, and the candidate with the most CPU among those
-answered 200 is B's body. Then ``--rounds`` rounds of two phases of ``--phase-s`` seconds in alternating order:
-``alone`` (tenant A: 1 closed-loop sender of a plain chat request, ``max_tokens`` 4) and ``with B`` (A the same,
-plus ``--b-senders`` closed-loop senders of B's body). A's latency is the client's wall time per request; B's
+answered 200 is B's body. Then ``--rounds`` rounds of three phases of ``--phase-s`` seconds in rotating order:
+``alone`` (tenant A: 1 closed-loop sender of a plain chat request, ``max_tokens`` 4), ``B plain`` (A the same, plus
+``--b-senders`` closed-loop senders of A's plain body as tenant B, in a process of their own) and ``B worst`` (the
+same with B's body): the difference between the last two is the cost of B's choice of body, the first two the cost
+of any neighbour at that concurrency (the 2-core machine also runs B's sender process). A's latency is the client's wall time per request; B's
 statuses are counted (a 429 ``cpu_budget_exhausted`` is the gateway's own bound at work). Loopback only; the load
 average is printed beside each figure. Markdown and JSON on stdout / ``--out`` (stem).
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -52,38 +55,49 @@ def _text(words: int) -> str:
 def candidates() -> dict[str, bytes]:
     """Tenant B's candidate bodies (compact JSON), each meant to sit just under a default bound."""
     out: dict[str, Any] = {}
-    for words in (2000, 3000, 4000):
+    for words in (3000, 7000):
         out[f"prompt {words} words"] = _chat(_text(words))
-    props = {f"p{i}": {"type": "integer"} for i in range(2300)}  # ~62 KiB: under max_bytes 64 KiB
-    out["schema 2300 properties"] = _chat("hi", response_format={"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "object", "properties": props}}})
+    for n in (300, 600):  # more: max_regex_chars (optional properties: outlines-core's expression grows fast)
+        props = {f"p{i}": {"type": "integer"} for i in range(n)}
+        out[f"schema {n} properties"] = _chat("hi", response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "object", "properties": props, "required": list(props)}}})
     enums = {f"e{i}": {"enum": [f"v{i}_{j}" for j in range(40)]} for i in range(24)}  # 960 of 1000 enum values
     deep: dict[str, Any] = {"type": "string", "pattern": "^[a-z0-9_-]{1,64}$"}
-    for _ in range(18):  # 19 of 20 levels
+    for _ in range(12):  # the body's own nesting bound (32) comes first
         deep = {"type": "object", "properties": {"d": deep}}
     out["schema enums + depth + patterns"] = _chat("hi", response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object", "properties": {**enums, "deep": deep, **{
-            f"s{i}": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,32}$"} for i in range(40)}}}}})
-    defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]} for i in range(11)}
-    defs["d11"] = {"type": "object", "properties": {f"q{j}": {"type": "integer"} for j in range(12)}}
-    out["schema doubling references"] = _chat("hi", response_format={"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"$defs": defs, "$ref": "#/$defs/d0"}}})
-    tool_props = {f"a{j}": {"type": "string", "pattern": "^[a-z]{1,8}$"} for j in range(2)}
-    for n in (32, 128):
+            f"s{i}": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,16}$"} for i in range(40)}}}}})
+    for levels in (8,):
+        defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]}
+                for i in range(levels)}
+        defs[f"d{levels}"] = {"type": "object", "properties": {f"q{j}": {"type": "integer"} for j in range(6)}}
+        out[f"schema doubling references x{levels}"] = _chat("hi", response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"$defs": defs, "$ref": "#/$defs/d0"}}})
+    tool_props = {f"a{j}": {"type": "string", "description": "an argument"} for j in range(4)}
+    for n in (32, 64, 96):
         out[f"{n} tools required"] = _chat("hi", tool_choice="required", tools=[
             {"type": "function", "function": {"name": f"f{i}", "description": "d",
                                               "parameters": {"type": "object", "properties": tool_props}}}
             for i in range(n)])
-    out["2000 messages"] = {"model": MODEL, "max_tokens": 4,
-                            "messages": [{"role": "user", "content": f"m{i}"} for i in range(2000)]}
+    out["800 messages"] = {"model": MODEL, "max_tokens": 4,
+                           "messages": [{"role": "user", "content": f"m{i}"} for i in range(800)]}
     return {k: json.dumps(v, separators=(",", ":")).encode() for k, v in out.items()}
 
 
-async def _send(s: aiohttp.ClientSession, url: str, hdr: dict[str, str], body: bytes) -> tuple[int, float]:
+async def _send(s: aiohttp.ClientSession, url: str, hdr: dict[str, str], body: bytes,
+                errors: dict[int, str] | None = None) -> tuple[int, float]:
     t = time.perf_counter()
     async with s.post(url, data=body, headers=hdr) as r:
-        await r.read()
-        return r.status, time.perf_counter() - t
+        raw = await r.read()
+        dt = time.perf_counter() - t
+        if errors is not None and r.status != 200 and r.status not in errors:
+            try:
+                err = json.loads(raw)["error"]
+                errors[r.status] = f"{err.get('code')}: {str(err.get('message'))[:100]}"
+            except (ValueError, KeyError, TypeError):
+                errors[r.status] = raw[:100].decode(errors="replace")
+        return r.status, dt
 
 
 def _cpu(pid: int) -> float:
@@ -100,6 +114,25 @@ async def _loop(stop: float, s: aiohttp.ClientSession, url: str, hdr: dict[str, 
             lat.append(dt)
         if status == 429:
             await asyncio.sleep(0.01)
+
+
+_SPAWN = multiprocessing.get_context("spawn")
+
+
+def _b_child(url: str, hdr: dict[str, str], body: bytes, start: float, seconds: float, senders: int,
+             queue: Any) -> None:
+    """Tenant B's ``senders`` closed-loop senders of ``body`` from wall time ``start`` for ``seconds`` (a child
+    process); puts B's status counts on ``queue``."""
+    async def go() -> dict[int, int]:
+        statuses: Counter[int] = Counter()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                         timeout=aiohttp.ClientTimeout(total=60)) as s:
+            await asyncio.sleep(max(0.0, start - time.time()))
+            stop = time.perf_counter() + seconds
+            await asyncio.gather(*(_loop(stop, s, url, hdr, body, None, statuses) for _ in range(senders)))
+        return dict(statuses)
+
+    queue.put(asyncio.run(go()))
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -123,54 +156,69 @@ async def run(args: SimpleNamespace) -> dict[str, Any]:
                 await _send(s, url, hdr["tenant-a"], plain)
             for name, body in candidates().items():
                 statuses: Counter[int] = Counter()
+                errors: dict[int, str] = {}
                 c0 = _cpu(proc.pid)
                 for _ in range(args.probe):
-                    statuses[(await _send(s, url, hdr["tenant-b"], body))[0]] += 1
-                    await asyncio.sleep(0.3)  # lets the tenant's CPU budget refill: the figure is per request
+                    statuses[(await _send(s, url, hdr["tenant-b"], body, errors))[0]] += 1
+                    await asyncio.sleep(0.02)  # lets the tenant's CPU budget refill (100 ms/s by default)
                 cpu_ms = (_cpu(proc.pid) - c0) / args.probe * 1e3
                 doc["probe"][name] = {"bytes": len(body), "statuses": dict(statuses),
-                                      "gateway_cpu_ms": round(cpu_ms, 2)}
-                print(f"probe {name}: {len(body)} B, {dict(statuses)}, {cpu_ms:.2f} ms CPU/request "
+                                      "gateway_cpu_ms": round(cpu_ms, 2), "errors": errors}
+                print(f"probe {name}: {len(body)} B, {dict(statuses)}, {cpu_ms:.2f} ms CPU/request {errors} "
                       f"(load {loadavg_text(os.getloadavg())})", flush=True)
             admitted = {k: v for k, v in doc["probe"].items() if set(v["statuses"]) == {200}}
             worst = max(admitted, key=lambda k: admitted[k]["gateway_cpu_ms"])
             doc["b_body"] = worst
-            body_b = candidates()[worst]
+            bodies = {"B plain": plain, "B worst": candidates()[worst]}
+            phases = ("alone", "B plain", "B worst")
             for r in range(args.rounds):
-                for phase in (("alone", "with B") if r % 2 == 0 else ("with B", "alone")):
+                for phase in phases[r % 3:] + phases[:r % 3]:  # rotating order
                     lat: list[float] = []
                     sa: Counter[int] = Counter()
-                    sb: Counter[int] = Counter()
-                    stop = time.perf_counter() + args.phase_s
+                    start = time.time() + 1.0
+                    child = None
+                    if phase != "alone":  # B's senders in a process of their own (not A's event loop)
+                        queue: Any = _SPAWN.Queue()
+                        child = _SPAWN.Process(target=_b_child, args=(url, hdr["tenant-b"], bodies[phase], start,
+                                                                      args.phase_s, args.b_senders, queue))
+                        child.start()
+                    await asyncio.sleep(max(0.0, start - time.time()))
                     c0 = _cpu(proc.pid)
-                    tasks = [_loop(stop, s, url, hdr["tenant-a"], plain, lat, sa)]
-                    if phase == "with B":
-                        tasks += [_loop(stop, s, url, hdr["tenant-b"], body_b, None, sb)
-                                  for _ in range(args.b_senders)]
-                    await asyncio.gather(*tasks)
+                    await _loop(time.perf_counter() + args.phase_s, s, url, hdr["tenant-a"], plain, lat, sa)
+                    cpu_s = _cpu(proc.pid) - c0
+                    sb = {}
+                    if child is not None:
+                        sb = queue.get(timeout=60)
+                        child.join(timeout=30)
                     row = {"round": r, "phase": phase, "a_n": len(lat), "a_p50_ms": round(_pct(lat, 0.5), 2),
-                           "a_p99_ms": round(_pct(lat, 0.99), 2), "a_statuses": dict(sa), "b_statuses": dict(sb),
-                           "gateway_cpu_s": round(_cpu(proc.pid) - c0, 2), "loadavg": os.getloadavg()}
+                           "a_p99_ms": round(_pct(lat, 0.99), 2), "a_statuses": dict(sa), "b_statuses": sb,
+                           "gateway_cpu_s": round(cpu_s, 2), "loadavg": os.getloadavg()}
                     doc["rounds"].append(row)
                     print(json.dumps(row), flush=True)
         stop_process(proc)
     finally:
         stack.stop()
-    for phase in ("alone", "with B"):
+    for phase in ("alone", "B plain", "B worst"):
         rows = [r for r in doc["rounds"] if r["phase"] == phase]
+        if not rows:
+            continue
         doc[phase] = {"a_p50_ms_median": statistics.median(r["a_p50_ms"] for r in rows),
                       "a_p99_ms_median": statistics.median(r["a_p99_ms"] for r in rows)}
     return doc
 
 
 def to_markdown(doc: dict[str, Any]) -> str:
-    lines = ["| B candidate | bytes | statuses | gateway CPU ms/request |", "|---|---:|---|---:|"]
-    lines += [f"| {k} | {v['bytes']} | {v['statuses']} | {v['gateway_cpu_ms']} |" for k, v in doc["probe"].items()]
+    lines = ["| B candidate | bytes | statuses | gateway CPU ms/request | refusal |", "|---|---:|---|---:|---|"]
+    lines += [f"| {k} | {v['bytes']} | {v['statuses']} | {v['gateway_cpu_ms']} | "
+              f"{'; '.join(v['errors'].values()).replace('|', '/')} |" for k, v in doc["probe"].items()]
     lines += ["", f"B's body: **{doc['b_body']}**, {doc['args']['b_senders']} closed-loop senders.", "",
               "| round | phase | A requests | A p50 ms | A p99 ms | B statuses | gateway CPU s | load |",
               "|---:|---|---:|---:|---:|---|---:|---|"]
     lines += [f"| {r['round']} | {r['phase']} | {r['a_n']} | {r['a_p50_ms']} | {r['a_p99_ms']} | {r['b_statuses']} | "
               f"{r['gateway_cpu_s']} | {loadavg_text(r['loadavg'])} |" for r in doc["rounds"]]
+    lines += ["", "| phase | A p50 ms (median of rounds) | A p99 ms (median of rounds) |", "|---|---:|---:|"]
+    lines += [f"| {k} | {doc[k]['a_p50_ms_median']} | {doc[k]['a_p99_ms_median']} |"
+              for k in ("alone", "B plain", "B worst") if k in doc]
     return "\n".join(lines) + "\n"
 
 
