@@ -10,9 +10,9 @@ answered 200 is B's body. Then ``--rounds`` rounds of three phases of ``--phase-
 ``alone`` (tenant A: 1 closed-loop sender of a plain chat request, ``max_tokens`` 4), ``B plain`` (A the same, plus
 ``--b-senders`` closed-loop senders of A's plain body as tenant B, in a process of their own) and ``B worst`` (the
 same with B's body): the difference between the last two is the cost of B's choice of body, the first two the cost
-of any neighbour at that concurrency (the 2-core machine also runs B's sender process). A's latency is the client's wall time per request; B's
-statuses are counted (a 429 ``cpu_budget_exhausted`` is the gateway's own bound at work). Loopback only; the load
-average is printed beside each figure. Markdown and JSON on stdout / ``--out`` (stem).
+of any neighbour at that concurrency (the 2-core machine also runs B's sender process). A's latency is the client's
+wall time per request; B's statuses are counted (a 429 ``cpu_budget_exhausted`` is the gateway's own bound at work).
+Loopback only; the load average is printed beside each figure. Markdown and JSON on stdout / ``--out`` (stem).
 
 Usage: ``python -m bench.s30_attack30_neighbour [--rounds 3] [--phase-s 4] [--b-senders 4] [--probe 8]
 [--out bench/results/s30_attack30_neighbour]``.
