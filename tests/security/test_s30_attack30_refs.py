@@ -24,6 +24,7 @@ import pytest
 
 from gateway.config_http import JsonSchemaLimits
 from gateway.response_format import tools_refusal
+from gateway.schema_refs import unwalked_targets
 
 from tests.conftest import TD
 from tests.hostile.conftest import capture, n_replicas, stable_master_secret  # noqa: F401 - fixtures
@@ -150,3 +151,15 @@ def test_the_wrapper_counts_nothing_twice() -> None:
     tight = {"max_properties": 6, "max_depth": 2, "max_regex_chars": None}
     assert tools_refusal(tools, JsonSchemaLimits(), tight, 1 << 30, "required") is None
     assert tools_refusal(tools, JsonSchemaLimits(), {**tight, "max_properties": 5}, 1 << 30, "required") is not None
+
+
+def test_unwalked_targets_hands_back_each_compilers_target_once() -> None:
+    """gateway/schema_refs.py: outlines-core's target (the key as written) and xgrammar's (percent-decoded whole,
+    then RFC 6901-unescaped), each once, none already walked."""
+    as_written, decoded, nested = {"type": "integer"}, {"type": "string"}, {"type": "null"}
+    root = {"default": {"a~1b": as_written, "a/b": decoded, "x%2Fy": as_written, "x": {"y": nested}}}
+    assert [n for n, _ in unwalked_targets([(root, ("#/default/a~1b",))], set())] == [as_written, decoded]
+    assert [n for n, _ in unwalked_targets([(root, ("#/default/x%2Fy",))], set())] == [as_written, nested]
+    assert unwalked_targets([(root, ("#/default/a~1b",))], {id(as_written), id(decoded)}) == []
+    assert [n for n, _ in unwalked_targets([(root, ("#/default/a~1b",)), (root, ("#/default/a~1b",))],
+                                           set())] == [as_written, decoded]
