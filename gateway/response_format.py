@@ -32,7 +32,9 @@ overridden per tenant by ``tenants[].json_schema_limits``):
 * ``max_item_count`` (session 29, xgrammar29, S29-xgrammar29-1): the largest ``minItems``, ``maxItems``,
   ``minProperties``, ``maxProperties``, ``minContains`` or ``maxContains`` (S29-final29-3) (each value on its own;
   xgrammar 0.2.9 compiles them into a counted repetition whose matcher holds more parser states per item past a lower
-  bound of 129: memory and ``accept_token`` time per item grow with the bound; bench/s29_xgrammar29_mask_fill.py);
+  bound of 129: memory and ``accept_token`` time per item grow with the bound; bench/s29_xgrammar29_mask_fill.py),
+  and since session 30 (S30-attack30-7) every counted repetition in a ``grammar`` string or a ``{"type": "regex"}``
+  content's ``pattern`` (vLLM's ``structural_tag`` ``format``: the same rule repetition in xgrammar);
   ``None``: not checked.
 
 OpenAI documents its own limits of a Structured Outputs schema (platform.openai.com/docs/guides/structured-outputs,

@@ -6,6 +6,7 @@ also resolved inside vLLM's ``tool_choice: "required"`` schema of all tools, ``s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -14,7 +15,7 @@ from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
 from gateway.schema_refs import unwalked_targets
 from gateway.unknown_fields import field_label
 
-__all__ = ["MAX_PARAM_CHARS", "Node", "param_of", "path_node", "refused", "walk_bounds"]
+__all__ = ["MAX_PARAM_CHARS", "Node", "largest_count", "param_of", "path_node", "refused", "walk_bounds"]
 
 #: the counted-repetition keywords :data:`JSON_SCHEMA_BOUNDS` ``max_item_count`` bounds (session 29)
 _COUNTS = frozenset({"minItems", "maxItems", "minProperties", "maxProperties", "minContains", "maxContains"})
@@ -49,7 +50,9 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
     ``shared`` (session 30, S30-attack30-2): called once, when the walk has met a reference, for ``(schema, ids)``,
     a schema every reference is also resolved in (vLLM's ``required`` schema of all tools, where a tool's
     ``#/$defs/...`` reaches another tool's definitions) and the ids of its own containers (never walked: what they
-    hold of the client's is walked from the roots)."""
+    hold of the client's is walked from the roots). S30-attack30-7: a ``grammar`` string, and the ``pattern`` of an
+    object whose ``type`` is ``"regex"`` (a structural tag's contents), may hold no counted repetition over
+    ``max_item_count`` (:func:`largest_count`)."""
     properties = enums = pattern_chars = 0
     quotes = bound["quote_reading_patterns"] == "refuse"
     stack: list[tuple[Any, Node, int, int, tuple]] = []  # (value, path node, depth, kind, the roots it may be in)
@@ -119,6 +122,12 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
                                     f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", what)
                 if quotes and not quoted and pattern_reads_quote(value):
                     quoted.append((where, key))
+                if cur.get("type") == "regex" and (over := _count_refusal(value, bound, where, key, subject, what)):
+                    return over  # S30-attack30-7: a structural tag's regex content (xgrammar's rule repetition)
+                continue
+            elif key == "grammar" and type(value) is str:  # S30-attack30-7: a structural tag's EBNF content
+                if (over := _count_refusal(value, bound, where, key, subject, what)) is not None:
+                    return over
                 continue
             elif key == "format" and quotes and type(value) is str and value in QUOTE_READING_FORMATS and (
                     type(cur.get("pattern")) is not str):
@@ -136,6 +145,34 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
                 stack.append((value, (where, key), depth, next_kind,
                               top + (value,) if key in _SUBROOTS and type(value) is dict else top))
     return None
+
+
+#: a counted repetition ``{n}``, ``{n,}``, ``{n,m}`` (spaces allowed) of an EBNF grammar or a regular expression
+_COUNTED = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+def largest_count(text: str) -> int:
+    """The largest bound of a counted repetition (``{n}``, ``{n,}``, ``{n,m}``) in ``text`` (an xgrammar EBNF grammar
+    or regular expression), 0 for none; a bound of more than 9 digits counts as 10**9 (never converted: CPython's
+    str->int is quadratic). Text inside a quoted literal counts too (fail closed). O(len(text)); raises nothing."""
+    largest = 0
+    for m in _COUNTED.finditer(text):
+        for digits in m.groups():
+            if digits:
+                largest = max(largest, int(digits) if len(digits) <= 9 else 10**9)
+    return largest
+
+
+def _count_refusal(text: str, bound: dict[str, Any], where: Node, key: str, subject: str,
+                   what: str) -> GatewayError | None:
+    """``max_item_count`` over the counted repetitions of a structural tag's ``grammar`` / ``regex`` content (session
+    30, S30-attack30-7: xgrammar compiles ``("," [0-9]){4999,}`` into the rule repetition ``minItems`` 5000 builds,
+    at the same matcher cost), else None; ``max_item_count`` None: not checked."""
+    cap = bound["max_item_count"]
+    if cap is None or largest_count(text) <= cap:
+        return None
+    return refused(param_of((where, key)), f"{subject} asks for a counted repetition over {cap} in a grammar or "
+                   "regular expression", "max_item_count", what)
 
 
 def path_node(path: tuple[str, ...]) -> Node:
