@@ -34,7 +34,8 @@ overridden per tenant by ``tenants[].json_schema_limits``):
   xgrammar 0.2.9 compiles them into a counted repetition whose matcher holds more parser states per item past a lower
   bound of 129: memory and ``accept_token`` time per item grow with the bound; bench/s29_xgrammar29_mask_fill.py),
   and since session 30 (S30-attack30-7) every counted repetition in a ``grammar`` string or a ``{"type": "regex"}``
-  content's ``pattern`` (vLLM's ``structural_tag`` ``format``: the same rule repetition in xgrammar);
+  content's ``pattern``, and a ``{"type": "repeat"}`` content's ``min`` / ``max`` (vLLM's ``structural_tag``
+  ``format``: the same rule repetition in xgrammar);
   ``None``: not checked.
 
 OpenAI documents its own limits of a Structured Outputs schema (platform.openai.com/docs/guides/structured-outputs,

@@ -52,7 +52,8 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
     ``#/$defs/...`` reaches another tool's definitions) and the ids of its own containers (never walked: what they
     hold of the client's is walked from the roots). S30-attack30-7: a ``grammar`` string, and the ``pattern`` of an
     object whose ``type`` is ``"regex"`` (a structural tag's contents), may hold no counted repetition over
-    ``max_item_count`` (:func:`largest_count`)."""
+    ``max_item_count`` (:func:`largest_count`), nor the ``min`` / ``max`` of an object whose ``type`` is
+    ``"repeat"``."""
     properties = enums = pattern_chars = 0
     quotes = bound["quote_reading_patterns"] == "refuse"
     stack: list[tuple[Any, Node, int, int, tuple]] = []  # (value, path node, depth, kind, the roots it may be in)
@@ -134,7 +135,8 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
                 if not quoted:  # outlines-core builds it from a regular expression that reads the quote
                     quoted.append((where, key))
                 continue
-            elif key in _COUNTS and (type(value) is int or type(value) is float):
+            elif (key in _COUNTS or (key == "min" or key == "max") and cur.get("type") == "repeat") and (
+                    type(value) is int or type(value) is float):  # S30-attack30-7: a structural tag's repeat
                 if bound["max_item_count"] is not None and value > bound["max_item_count"]:
                     return refused(param_of((where, key)), f"{subject} asks for {key} over "
                                     f"{bound['max_item_count']}", "max_item_count", what)
@@ -147,13 +149,14 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
     return None
 
 
-#: a counted repetition ``{n}``, ``{n,}``, ``{n,m}`` (spaces allowed) of an EBNF grammar or a regular expression
-_COUNTED = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+#: a counted repetition ``{n}``, ``{n,}``, ``{n,m}`` (spaces allowed) of an EBNF grammar or a regular expression, and
+#: Lark's ``~ n`` / ``~ n..m`` (xgrammar's ``"syntax": "lark"``)
+_COUNTED = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}|~\s*(\d+)(?:\s*\.\.\s*(\d+))?")
 
 
 def largest_count(text: str) -> int:
-    """The largest bound of a counted repetition (``{n}``, ``{n,}``, ``{n,m}``) in ``text`` (an xgrammar EBNF grammar
-    or regular expression), 0 for none; a bound of more than 9 digits counts as 10**9 (never converted: CPython's
+    """The largest bound of a counted repetition (``{n}``, ``{n,}``, ``{n,m}``; Lark's ``~ n``, ``~ n..m``) in ``text``
+    (an xgrammar EBNF or Lark grammar, or a regular expression), 0 for none; a bound of more than 9 digits counts as 10**9 (never converted: CPython's
     str->int is quadratic). Text inside a quoted literal counts too (fail closed). O(len(text)); raises nothing."""
     largest = 0
     for m in _COUNTED.finditer(text):

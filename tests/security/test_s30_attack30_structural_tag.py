@@ -2,7 +2,8 @@
 "format": {...}}``, ``StructuralTagResponseFormat.format: Any``) is compiled by xgrammar
 (``Grammar.from_structural_tag``), whose contents include a raw EBNF ``grammar`` and a ``regex`` ``pattern``. A counted
 repetition there, ``("," [0-9]){4999,}`` or ``(,1){1023,}``, compiles to the same rule repetition as ``minItems``
-(``root_1{4999, -1}``) and costs the same (xgrammar 0.2.9, 2,048 items, a 96-token vocabulary: ``{1023,}`` 0.26 s of
+(``root_1{4999, -1}``), as do Lark's ``~ 4999`` (``"syntax": "lark"``) and a ``{"type": "repeat", "min": 5000}``
+content (``const_string{5000, 6000}``), and costs the same (xgrammar 0.2.9, 2,048 items, a 96-token vocabulary: ``{1023,}`` 0.26 s of
 ``accept_token`` CPU, one accept of 30 ms, +89 MB, as ``minItems`` 1024; ``{2047,}`` 0.39 s, 59 ms, +177 MB), but
 ``limits.json_schema.max_item_count`` read only the JSON-schema keywords: forwarded (200). Now a count above the bound
 in a ``grammar`` string, or in the ``pattern`` of a ``{"type": "regex"}`` content, answers 400
@@ -46,7 +47,13 @@ OVER = {
     "grammar-spaced": {"type": "grammar", "grammar": 'root ::= ("1" ","){ 129 }'},
     "regex": {"type": "regex", "pattern": "\\[1(,1){1023,}\\]"},
     "regex-huge": {"type": "regex", "pattern": "(1,){99999999999999999999}"},
+    "lark": {"type": "grammar", "syntax": "lark", "grammar": 'start: "[" ITEM ("," ITEM) ~ 4999 "]"\nITEM: "1"'},
+    "lark-range": {"type": "grammar", "syntax": "lark", "grammar": 'start: "[" ("1,") ~ 5000..6000 "]"'},
+    "repeat": {"type": "repeat", "min": 5000, "max": -1, "content": {"type": "const_string", "value": "1,"}},
+    "repeat-max": {"type": "repeat", "min": 0, "max": 100000, "content": {"type": "const_string", "value": "1,"}},
 }
+#: the key of each form's refused value
+KEY = {"regex": "pattern", "regex-huge": "pattern", "repeat": "min", "repeat-max": "max"}
 
 
 @pytest.mark.parametrize("form", sorted(OVER))
@@ -57,8 +64,7 @@ async def test_a_counted_repetition_over_the_bound_in_a_grammar_or_regex_is_refu
     err = r.json()["error"]
     assert err["code"] == "json_schema_too_complex"
     assert "limits.json_schema.max_item_count" in err["message"]
-    assert err["param"] == "response_format.format.tags.0.content." + ("grammar" if "grammar" in OVER[form] else
-                                                                        "pattern")
+    assert err["param"] == "response_format.format.tags.0.content." + KEY.get(form, "grammar")
     assert capture.seen == []
     event = _event(audit_log)
     assert event.policy.reason == "response_format over limits.json_schema.max_item_count"
@@ -70,6 +76,8 @@ async def test_small_counts_json_schema_patterns_and_a_tenant_without_the_bound_
     bodies = [
         _chat(**_tag({"type": "grammar", "grammar": 'root ::= [a-z]{1,128} ("," [a-z]{1,8}){0,127}'})),
         _chat(**_tag({"type": "regex", "pattern": "[0-9]{4}-[0-9]{2}"})),
+        _chat(**_tag({"type": "repeat", "min": 1, "max": -1, "content": {"type": "const_string", "value": "x"}})),
+        _chat(**_tag({"type": "grammar", "syntax": "lark", "grammar": 'start: "a" ~ 1..8'})),
         _chat(**_tag({"type": "json_schema", "json_schema": {"type": "string", "pattern": "^[a-z]{1,253}$"}})),
         _chat(**_rf({"type": "object", "properties": {"host": {"type": "string", "pattern": "^[a-z.]{1,253}$"}}})),
     ]
