@@ -157,7 +157,8 @@ _COUNTED = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}|~\s*(\d+)(?:\s*\.\.\s*(
 def largest_count(text: str) -> int:
     """The largest bound of a counted repetition (``{n}``, ``{n,}``, ``{n,m}``; Lark's ``~ n``, ``~ n..m``) in ``text``
     (an xgrammar EBNF or Lark grammar, or a regular expression), 0 for none; a bound of more than 9 digits counts as
-    10**9 (never converted: CPython's str->int is quadratic). Text inside a quoted literal counts too (fail closed). O(len(text)); raises nothing."""
+    10**9 (never converted: CPython's str->int is quadratic). Text inside a quoted literal counts too (fail closed).
+    O(len(text)); raises nothing."""
     largest = 0
     for m in _COUNTED.finditer(text):
         for digits in m.groups():

@@ -4,7 +4,8 @@
 repetition there, ``("," [0-9]){4999,}`` or ``(,1){1023,}``, compiles to the same rule repetition as ``minItems``
 (``root_1{4999, -1}``), as do Lark's ``~ 4999`` (``"syntax": "lark"``) and a ``{"type": "repeat", "min": 5000}``
 content (``const_string{5000, 6000}``), and costs the same (xgrammar 0.2.9, 2,048 items, a 96-token vocabulary:
-``{1023,}`` 0.26 s of ``accept_token`` CPU, one accept of 30 ms, +89 MB, as ``minItems`` 1024; ``{2047,}`` 0.39 s, 59 ms, +177 MB), but
+``{1023,}`` 0.26 s of ``accept_token`` CPU, one accept of 30 ms, +89 MB, as ``minItems`` 1024; ``{2047,}`` 0.39 s,
+59 ms, +177 MB), but
 ``limits.json_schema.max_item_count`` read only the JSON-schema keywords: forwarded (200). Now a count above the bound
 in a ``grammar`` string, in the ``pattern`` of a ``{"type": "regex"}`` content or as a ``repeat``'s ``min`` /
 ``max``, answers 400
