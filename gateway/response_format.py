@@ -68,7 +68,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.schema_expansion import regex_chars, required_schema, wrapper_nodes
+from gateway.schema_expansion import regex_chars, required_schema
 from gateway.schema_refs import TOO_DEEP as _TOO_DEEP
 from gateway.schema_refs import encoded_bytes as _encoded_bytes
 from gateway.schema_refs import inlined_bytes
@@ -78,6 +78,7 @@ from gateway.schema_walk import param_of as _param
 from gateway.schema_walk import path_node as _node
 from gateway.schema_walk import refused as _refused
 from gateway.schema_walk import walk_bounds as _walk
+from gateway.tool_schemas import sglang_schemas, wrapper_nodes
 
 __all__ = ["JSON_SCHEMA_BOUNDS", "MAX_PARAM_CHARS", "response_format_refusal", "tools_refusal"]
 
@@ -172,8 +173,8 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | str | N
         return None
     subject = "tools[].function.parameters"  # counted together: ``required`` compiles an anyOf over every tool
     quoted: list[_Node] = []
-    # S30-attack30-2: a reference may also resolve in vLLM's ``required`` schema of all tools (another tool's
-    # ``$defs`` or ``parameters``), built only when the walk meets a reference
+    # S30-attack30-2: a reference may also resolve in the schemas vLLM and SGLang build of the tools (another tool's
+    # ``$defs`` or ``parameters``, its own data through SGLang's named-choice array), built only once the walk meets one
     if (refused := _walk(roots[::-1], bound, "tools parameters", subject, quoted,
                          shared=lambda: _shared(tools))) is not None:
         return refused
@@ -182,11 +183,17 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | str | N
         quoted, "tools parameters", subject)
 
 
-def _shared(tools: list[Any]) -> tuple[dict[str, Any], set[int]]:
-    """vLLM's ``tool_choice: "required"`` schema of ``tools`` (:func:`gateway.schema_expansion.required_schema`) and
-    the ids of the containers it built itself (:func:`gateway.schema_expansion.wrapper_nodes`: nothing to walk)."""
-    wrapper = required_schema(tools)
-    return wrapper, wrapper_nodes(wrapper)
+def _shared(tools: list[Any]) -> tuple[list[Any], dict[int, Any], set[int]]:
+    """The schemas a replica builds of ``tools`` (gateway/tool_schemas.py), as ``walk_bounds``'s ``shared``: SGLang's
+    ``required`` schema (vLLM's shape with each tool's ``parameters`` whole: every node a pointer reaches in vLLM's
+    reaches the same client object there, so vLLM's is not resolved in too), SGLang's named-choice schema per tool by
+    the id of its ``parameters`` (the walk's root), and the ids of the containers they built (nothing to walk)."""
+    sglang, named = sglang_schemas(tools)
+    per_root = {id(w["items"]["properties"]["parameters"]): w for w in named if w is not None}
+    own = wrapper_nodes(sglang)
+    for w in per_root.values():
+        own |= wrapper_nodes(w)
+    return [sglang], per_root, own
 
 
 def _quote_refusal(quoted: list[_Node], what: str, subject: str) -> GatewayError | None:

@@ -200,21 +200,6 @@ def required_schema(tools: list[Any]) -> dict[str, Any]:
     return wrapper
 
 
-def wrapper_nodes(wrapper: dict[str, Any]) -> set[int]:
-    """The ids of the containers :func:`required_schema` built itself in ``wrapper`` (its root, ``items``, the
-    ``anyOf`` list, each member with its ``properties``, ``name`` schema, ``enum`` and ``required``, each
-    ``parameters`` copy or stand-in), not the client's objects they hold. The merged
-    ``$defs`` map is left out: as a reference's target it is a schema no tool holds (session 30, S30-attack30-2).
-    Raises nothing."""
-    items = wrapper["items"]
-    ids = {id(wrapper), id(items), id(items["anyOf"])}
-    for member in items["anyOf"]:
-        props = member["properties"]
-        ids.update((id(member), id(props), id(props["name"]), id(props["name"]["enum"]), id(member["required"]),
-                    id(props["parameters"])))
-    return ids
-
-
 def _keyword(node: dict[str, Any]) -> str | None:
     """The keyword outlines-core's ``to_regex`` dispatches ``node`` on (its order), or None (refused)."""
     for word in _KEYWORDS:

@@ -118,7 +118,8 @@ def unwalked_targets(refs: Iterable[tuple[Any, _K]], walked: set[int]) -> list[t
     for root, key in refs:
         if type(root) is not dict:
             continue
-        for node in (_resolve(root, key[0]), _decoded(root, key[0])):
+        ref = key[0]  # without % or ~ xgrammar's target is _resolve's own (the same keys), when it has one
+        for node in (_resolve(root, ref), _decoded(root, ref) if "%" in ref or "~" in ref else None):
             if node is not None and id(node) not in walked:
                 walked.add(id(node))
                 out.append((node, key))

@@ -15,7 +15,7 @@ from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
 from gateway.schema_refs import unwalked_targets
 from gateway.unknown_fields import field_label
 
-__all__ = ["MAX_PARAM_CHARS", "Node", "largest_count", "param_of", "path_node", "refused", "walk_bounds"]
+__all__ = ["MAX_PARAM_CHARS", "Node", "Shared", "largest_count", "param_of", "path_node", "refused", "walk_bounds"]
 
 #: the counted-repetition keywords :data:`JSON_SCHEMA_BOUNDS` ``max_item_count`` bounds (session 29)
 _COUNTS = frozenset({"minItems", "maxItems", "minProperties", "maxProperties", "minContains", "maxContains"})
@@ -34,7 +34,7 @@ MAX_PARAM_CHARS = 1024
 Node = Optional[tuple[Any, Any]]
 
 def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what: str, subject: str,
-                quoted: list[Node], shared: Callable[[], tuple[Any, set[int]]] | None = None) -> GatewayError | None:
+                quoted: list[Node], shared: Callable[[], Shared] | None = None) -> GatewayError | None:
     """Walk each schema of ``roots`` (``(schema, path)``, the last first) with shared counts and refuse the first
     bound they pass (see the module docstring); ``what`` names them in the audit reason, ``subject`` in the message.
 
@@ -47,10 +47,11 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
     after the other bounds: O(characters) per pattern, bounded by ``max_pattern_chars``). S29-final29-1: a ``$ref``'s
     target the walk saw as data (in ``enum``, ``const``, ``default``, ``examples``) or as a name map (``#/$defs``)
     is walked as a schema too, each target once (compilers resolve any pointer; schema_refs.unwalked_targets).
-    ``shared`` (session 30, S30-attack30-2): called once, when the walk has met a reference, for ``(schema, ids)``,
-    a schema every reference is also resolved in (vLLM's ``required`` schema of all tools, where a tool's
-    ``#/$defs/...`` reaches another tool's definitions) and the ids of its own containers (never walked: what they
-    hold of the client's is walked from the roots). S30-attack30-7: a ``grammar`` string, and the ``pattern`` of an
+    ``shared`` (session 30, S30-attack30-2): called once, when the walk has met a reference, for ``(schemas,
+    per_root, ids)``: schemas every reference is also resolved in (vLLM's and SGLang's ``required`` schemas of all
+    tools, where a tool's ``#/$defs/...`` reaches another tool's definitions), a schema per root (by ``id``) that the
+    references found under that root are also resolved in (SGLang's named-choice array of that tool), and the ids of
+    their own containers (never walked: what they hold of the client's is walked from the roots). S30-attack30-7: a ``grammar`` string, and the ``pattern`` of an
     object whose ``type`` is ``"regex"`` (a structural tag's contents), may hold no counted repetition over
     ``max_item_count`` (:func:`largest_count`), nor the ``min`` / ``max`` of an object whose ``type`` is
     ``"repeat"``."""
@@ -61,15 +62,14 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
         stack.append((root, path_node(path), 0, _SCHEMA, (root,)))
     walked: set[int] = set()  # S29-final29-1: ids of what was walked as schemas; refs: {(text, id(root)): ...}
     refs: dict[tuple[str, int], tuple[Node, int, tuple, Any]] = {}
-    other: Any = None  # ``shared``'s schema, once asked for
+    others: Shared | None = None  # ``shared``'s schemas, once asked for
     while stack or refs:
         if not stack:  # a $ref into data (default, const) or a name map: its target is a schema too
-            if shared is not None and other is None:
-                other, own = shared()
-                walked.update(own)
+            if shared is not None and others is None:
+                others = shared()
+                walked.update(others[2])
             stack.extend((node, (refs[key][0], "$ref"), refs[key][1], _SCHEMA, refs[key][2])
-                         for node, key in unwalked_targets(((other if v[3] is None else v[3], k)
-                                                            for k, v in refs.items()), walked))
+                         for node, key in unwalked_targets(_where_resolved(refs, others), walked))
             refs = {}
             continue
         cur, where, depth, kind, top = stack.pop()
@@ -78,8 +78,9 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
             if type(cur) is dict and type(ref := cur.get("$ref")) is str:
                 for root in top:  # a structural tag's schema is a root of its own (xgrammar): each may hold it
                     refs.setdefault((ref, id(root)), (where, depth, top, root))
-                if shared is not None:  # key 0 (no object's id): resolved in ``shared``'s schema
+                if shared is not None:  # key 0 (no object's id): resolved in ``shared``'s schemas
                     refs.setdefault((ref, 0), (where, depth, top, None))
+                    refs.setdefault((ref, -id(top[0])), (where, depth, top, top))  # in its root's own wrapper
         if type(cur) is list:
             if _CONTAINERS.isdisjoint(map(type, cur)):  # strings, numbers (an enum's values): one pass in C (cut)
                 continue
@@ -147,6 +148,27 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
                 stack.append((value, (where, key), depth, next_kind,
                               top + (value,) if key in _SUBROOTS and type(value) is dict else top))
     return None
+
+
+#: what ``walk_bounds``'s ``shared`` returns: schemas every reference is resolved in, a schema per root id, the ids of
+#: their own containers
+Shared = tuple[list[Any], dict[int, Any], set[int]]
+
+
+def _where_resolved(refs: dict[tuple[str, int], tuple[Node, int, tuple, Any]],
+                    others: Shared | None) -> list[tuple[Any, tuple[str, int]]]:
+    """``(schema, key)`` for each reference of ``refs`` and each schema it is resolved in: its own root (``v[3]`` a
+    dict), every shared schema (``v[3]`` None), its walk root's own wrapper (``v[3]`` the ``top`` tuple)."""
+    out: list[tuple[Any, tuple[str, int]]] = []
+    for key, v in refs.items():
+        holder = v[3]
+        if type(holder) is dict:
+            out.append((holder, key))
+        elif others is not None and holder is None:
+            out.extend((schema, key) for schema in others[0])
+        elif others is not None and (own := others[1].get(id(holder[0]))) is not None:
+            out.append((own, key))
+    return out
 
 
 #: a counted repetition ``{n}``, ``{n,}``, ``{n,m}`` (spaces allowed) of an EBNF grammar or a regular expression, and

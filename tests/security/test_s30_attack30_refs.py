@@ -7,7 +7,8 @@ harmless node for the walk and a ``minItems`` 5000 (``max_item_count``) under ``
 
 S30-attack30-2: vLLM's ``tool_choice: "required"`` compiles ONE schema of all tools (an ``anyOf`` under ``items``,
 every tool's ``$defs`` merged at its top), where ``#/$defs/holder/default`` of one tool reaches another tool's
-``$defs`` (outlines-core and xgrammar) and ``#/items/anyOf/1/...`` another tool's ``parameters`` (xgrammar). Each
+``$defs`` (outlines-core and xgrammar) and ``#/items/anyOf/1/...`` another tool's ``parameters`` (xgrammar); SGLang
+builds the same with each tool's ``parameters`` whole, and an array of one tool for a named ``tool_choice``. Each
 tool's references were resolved inside that tool only: a quote-reading ``pattern`` (kills an outlines-core replica)
 and a ``minItems`` 5000 hidden under another tool's ``default`` were forwarded.
 
@@ -126,6 +127,31 @@ async def test_a_reference_into_another_tools_parameters_is_walked(stack: Any, c
     r = await stack.client.post(PATH, json=_two_tools(first, second), headers=stack.auth())
     err = _refused(r, capture, "max_item_count")
     assert err["param"].endswith(".$ref.minItems")
+
+
+async def test_a_reference_through_sglangs_named_choice_array_is_walked(stack: Any, capture: Any) -> None:
+    """SGLang compiles a named ``tool_choice`` as ``{"type": "array", "minItems": 1, "items": {"properties": {"name":
+    ..., "parameters": <the tool's parameters>}, ...}}``: ``#/items/properties/parameters/default`` is the tool's
+    own ``default``, which the walk read as data."""
+    params = {"type": "object", "required": [SECRET],
+              "properties": {SECRET: {"$ref": "#/items/properties/parameters/default"}}, "default": MANY}
+    body = _chat(tool_choice={"type": "function", "function": {"name": "f"}},
+                 tools=[{"type": "function", "function": {"name": "f", "parameters": params}}])
+    r = await stack.client.post(PATH, json=body, headers=stack.auth())
+    err = _refused(r, capture, "max_item_count")
+    assert err["param"].endswith(".$ref.minItems")
+
+
+async def test_a_reference_into_another_tools_own_defs_in_sglangs_required_array_is_walked(
+        stack: Any, capture: Any) -> None:
+    """SGLang's ``required`` schema keeps each tool's ``parameters`` whole, its ``$defs`` included:
+    ``#/items/anyOf/1/properties/parameters/$defs/holder/default`` reaches tool g's data."""
+    first = {"type": "object", "required": [SECRET],
+             "properties": {SECRET: {"$ref": "#/items/anyOf/1/properties/parameters/$defs/holder/default"}}}
+    second = {"type": "object", "properties": {}, "$defs": {"holder": {"type": "object", "default": DOT}}}
+    r = await stack.client.post(PATH, json=_two_tools(first, second), headers=stack.auth())
+    err = _refused(r, capture, "quote_reading_patterns")
+    assert err["param"].endswith(".pattern")
 
 
 async def test_ordinary_tools_with_references_are_forwarded(stack: Any, capture: Any) -> None:
