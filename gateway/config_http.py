@@ -69,7 +69,8 @@ class JsonSchemaLimits(ConfigSection):
     inlined expression, and ``format`` ``uri`` / ``email`` (gateway/pattern_quote.py); ``"allow"``: not checked
     (xgrammar, llguidance). ``max_item_count`` (session 29, S29-xgrammar29-1): the largest ``minItems`` /
     ``maxItems`` / ``minProperties`` / ``maxProperties`` value, and since S29-final29-3 ``minContains`` /
-    ``maxContains`` (xgrammar's matcher memory and per-token time grow with it); ``None``: not checked. More
+    ``maxContains`` (xgrammar's matcher memory and per-token time grow with it), and since session 30 a counted
+    repetition in a structural tag's ``grammar`` / ``regex`` content (S30-attack30-7); ``None``: not checked. More
     answers 400 ``json_schema_too_complex``. Each is overridden per tenant by ``tenants[].json_schema_limits``."""
 
     max_bytes: int = Field(65536, ge=64)

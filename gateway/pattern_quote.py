@@ -18,6 +18,9 @@ anything it does not positively understand counts as reading ``"``. It reads ``"
 * an escape it does not know (``\\p{..}``, ``\\P{..}``, octal and back references, ``\\Q``, a trailing ``\\``), a
   nested class, a POSIX class, a class set operation (``&&``, ``--``, ``~~``), an unterminated class, a range whose
   ends are not single characters or run backwards;
+* a quantifier (``*``, ``+``, ``?``, ``{``) as its first character: it repeats or drops the opening ``"`` that
+  outlines-core put before it (``+a`` -> ``("+a")`` reads three quotes then ``a``; ``?a`` reads ``a`` then one;
+  session 30, S30-attack30-3);
 * a group it does not know (``(?=``, ``(?!``, ``(?<=``, ``(?P=``; a flag group with ``x``, whose whitespace rules
   change what a class holds), an alternation ``|`` outside every group or unbalanced parentheses: these reach past
   the quotes (``a)|(b`` -> ``("a)|(b")``).
@@ -50,6 +53,8 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 _FLAGS = frozenset("imsUuR-")
 #: a run of characters outside a class that need no look (literals, quantifiers, anchors): skipped in C
 _PLAIN = re.compile(r'[^\\\[().|"]+')
+#: a first character that quantifies the opening ``"`` (``{ 2}`` is a counted repetition in Rust's syntax too)
+_LEADING = frozenset("*+?{")
 _NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 
@@ -59,6 +64,8 @@ def pattern_reads_quote(pattern: str) -> bool:
     docstring); False only when every character the pattern can match is known not to be ``"``. Raises nothing."""
     text = pattern[1:-1] if len(pattern) >= 2 and pattern[0] == "^" and pattern[-1] == "$" else pattern
     n, i, depth = len(text), 0, 0
+    if n and text[0] in _LEADING:  # S30-attack30-3: it quantifies the opening quote
+        return True
     while i < n:
         if (plain := _PLAIN.match(text, i)) is not None:
             i = plain.end()

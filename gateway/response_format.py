@@ -32,7 +32,10 @@ overridden per tenant by ``tenants[].json_schema_limits``):
 * ``max_item_count`` (session 29, xgrammar29, S29-xgrammar29-1): the largest ``minItems``, ``maxItems``,
   ``minProperties``, ``maxProperties``, ``minContains`` or ``maxContains`` (S29-final29-3) (each value on its own;
   xgrammar 0.2.9 compiles them into a counted repetition whose matcher holds more parser states per item past a lower
-  bound of 129: memory and ``accept_token`` time per item grow with the bound; bench/s29_xgrammar29_mask_fill.py);
+  bound of 129: memory and ``accept_token`` time per item grow with the bound; bench/s29_xgrammar29_mask_fill.py),
+  and since session 30 (S30-attack30-7) every counted repetition in a ``grammar`` string or a ``{"type": "regex"}``
+  content's ``pattern``, and a ``{"type": "repeat"}`` content's ``min`` / ``max`` (vLLM's ``structural_tag``
+  ``format``: the same rule repetition in xgrammar);
   ``None``: not checked.
 
 OpenAI documents its own limits of a Structured Outputs schema (platform.openai.com/docs/guides/structured-outputs,
@@ -52,6 +55,9 @@ bounds (:func:`tools_refusal`, ``param`` ``tools.N.function.parameters...``), wh
 ``max_tool_schemas_bytes`` bounds the compact JSON bytes of all of them together (default 256 KiB: four
 ``max_bytes``), and since session 26 (S26-review26-4) their sum once their local ``$ref`` are inlined. A body
 without ``tools`` costs one key test.
+The walk itself, its refusal and ``param``: gateway/schema_walk.py (split out in session 30, attack30); since then a
+tool's ``$ref`` is also resolved inside vLLM's ``required`` schema of all tools (S30-attack30-2) and a ``#/`` pointer
+also as xgrammar decodes it (S30-attack30-1, gateway/schema_refs.py).
 The schema's values are also counted in ``max_free_values`` (gateway/free_form.py) and its rendering in the
 first sequence's prompt bytes (gateway/request.py ``extra_text``), as before.
 """
@@ -59,39 +65,27 @@ first sequence's prompt bytes (gateway/request.py ``extra_text``), as before.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
 from gateway.schema_expansion import regex_chars, required_schema
 from gateway.schema_refs import TOO_DEEP as _TOO_DEEP
 from gateway.schema_refs import encoded_bytes as _encoded_bytes
-from gateway.schema_refs import inlined_bytes, unwalked_targets
-from gateway.unknown_fields import field_label
+from gateway.schema_refs import inlined_bytes
+from gateway.schema_walk import MAX_PARAM_CHARS
+from gateway.schema_walk import Node as _Node
+from gateway.schema_walk import param_of as _param
+from gateway.schema_walk import path_node as _node
+from gateway.schema_walk import refused as _refused
+from gateway.schema_walk import walk_bounds as _walk
+from gateway.tool_schemas import sglang_schemas, wrapper_nodes
 
-__all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal", "tools_refusal"]
+__all__ = ["JSON_SCHEMA_BOUNDS", "MAX_PARAM_CHARS", "response_format_refusal", "tools_refusal"]
 
 #: the names of the bounds (``limits.json_schema`` keys, ``tenants[].json_schema_limits`` keys)
 JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_values", "max_pattern_chars",
                       "max_tool_schemas_bytes", "max_regex_chars", "quote_reading_patterns",
                       "max_item_count")
-#: the counted-repetition keywords :data:`JSON_SCHEMA_BOUNDS` ``max_item_count`` bounds (session 29)
-_COUNTS = frozenset({"minItems", "maxItems", "minProperties", "maxProperties", "minContains", "maxContains"})
-
-#: keywords whose object maps names to subschemas: the map itself is no schema level
-_NAME_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
-#: keywords whose value is data (an instance), never a schema: its keys are not keywords
-_DATA = frozenset({"enum", "const", "default", "examples"})
-#: keys whose object a compiler takes as a schema root of its own (a ``structural_tag``'s; S29-final29-6)
-_SUBROOTS = frozenset({"schema", "json_schema"})
-_SCHEMA, _MAP, _VALUE = 0, 1, 2  # what a walked value is
-_CONTAINERS = frozenset({dict, list})
-#: the longest ``param`` of a refusal (characters)
-MAX_PARAM_CHARS = 1024
-#: a walked value's path: ``(parent node, key or list index)``, None above the root (session 25, S25-review-2)
-_Node = Optional[tuple[Any, Any]]
-
-
 def response_format_refusal(response_format: Any, limits: Any, overrides: Mapping[str, int | str | None],
                             body_bytes: int) -> GatewayError | None:
     """The 400 for a decoded chat body's ``response_format`` over a bound (see the module docstring), else None.
@@ -179,11 +173,27 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | str | N
         return None
     subject = "tools[].function.parameters"  # counted together: ``required`` compiles an anyOf over every tool
     quoted: list[_Node] = []
-    if (refused := _walk(roots[::-1], bound, "tools parameters", subject, quoted)) is not None:
+    # S30-attack30-2: a reference may also resolve in the schemas vLLM and SGLang build of the tools (another tool's
+    # ``$defs`` or ``parameters``, its own data through SGLang's named-choice array), built only once the walk meets one
+    if (refused := _walk(roots[::-1], bound, "tools parameters", subject, quoted,
+                         shared=lambda: _shared(tools))) is not None:
         return refused
     return _tools_inlined_refusal(roots, bound, body_bytes, subject) or _tools_regex_refusal(
         tools, roots, bound["max_regex_chars"], subject, together=tool_choice == "required") or _quote_refusal(
         quoted, "tools parameters", subject)
+
+
+def _shared(tools: list[Any]) -> tuple[list[Any], dict[int, Any], set[int]]:
+    """The schemas a replica builds of ``tools`` (gateway/tool_schemas.py), as ``walk_bounds``'s ``shared``: SGLang's
+    ``required`` schema (vLLM's shape with each tool's ``parameters`` whole: every node a pointer reaches in vLLM's
+    reaches the same client object there, so vLLM's is not resolved in too), SGLang's named-choice schema per tool by
+    the id of its ``parameters`` (the walk's root), and the ids of the containers they built (nothing to walk)."""
+    sglang, named = sglang_schemas(tools)
+    per_root = {id(w["items"]["properties"]["parameters"]): w for w in named if w is not None}
+    own = wrapper_nodes(sglang)
+    for w in per_root.values():
+        own |= wrapper_nodes(w)
+    return [sglang], per_root, own
 
 
 def _quote_refusal(quoted: list[_Node], what: str, subject: str) -> GatewayError | None:
@@ -275,126 +285,3 @@ def _inlined_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, 
             return _refused(_param(_node(path)), f"{subject} is larger than {cap} bytes as compact JSON once its local "
                             "$ref are inlined", "max_bytes", what)
     return None
-
-
-def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what: str,
-          subject: str, quoted: list[_Node]) -> GatewayError | None:
-    """Walk each schema of ``roots`` (``(schema, path)``, the last first) with shared counts and refuse the first
-    bound they pass (see the module docstring); ``what`` names them in the audit reason, ``subject`` in the message.
-
-    Work: O(1) per JSON container below ``root`` (session 25, S25-review-2: each pushed value links to its parent's
-    path node, ``(parent, key)``, instead of copying the whole path tuple, which made the walk values x depth: 57
-    ms of CPU for a 61 KiB schema of 31,000 zeros 250 lists deep); scalars are never pushed (their checks are made
-    at their key); the path is spelled out only for a refusal (:func:`_param`). With ``quote_reading_patterns``
-    ``"refuse"``, the first ``pattern`` that :func:`gateway.pattern_quote.pattern_reads_quote`, or ``format`` in
-    :data:`~gateway.pattern_quote.QUOTE_READING_FORMATS` beside no ``pattern``, is appended to ``quoted`` (refused
-    after the other bounds: O(characters) per pattern, bounded by ``max_pattern_chars``). S29-final29-1: a ``$ref``'s
-    target the walk saw as data (in ``enum``, ``const``, ``default``, ``examples``) or as a name map (``#/$defs``)
-    is walked as a schema too, each target once (compilers resolve any pointer; schema_refs.unwalked_targets)."""
-    properties = enums = pattern_chars = 0
-    quotes = bound["quote_reading_patterns"] == "refuse"
-    stack: list[tuple[Any, _Node, int, int, tuple]] = []  # (value, path node, depth, kind, the roots it may be in)
-    for root, path in roots:
-        stack.append((root, _node(path), 0, _SCHEMA, (root,)))
-    walked: set[int] = set()  # S29-final29-1: ids of what was walked as schemas; refs: {(text, id(root)): ...}
-    refs: dict[tuple[str, int], tuple[_Node, int, tuple, Any]] = {}
-    while stack or refs:
-        if not stack:  # a $ref into data (default, const) or a name map: its target is a schema too
-            stack.extend((node, (refs[key][0], "$ref"), refs[key][1], _SCHEMA, refs[key][2])
-                         for node, key in unwalked_targets(((v[3], k) for k, v in refs.items()), walked))
-            refs = {}
-            continue
-        cur, where, depth, kind, top = stack.pop()
-        if kind == _SCHEMA:
-            walked.add(id(cur))
-            if type(cur) is dict and type(ref := cur.get("$ref")) is str:
-                for root in top:  # a structural tag's schema is a root of its own (xgrammar): each may hold it
-                    refs.setdefault((ref, id(root)), (where, depth, top, root))
-        if type(cur) is list:
-            if _CONTAINERS.isdisjoint(map(type, cur)):  # strings, numbers (an enum's values): one pass in C (cut)
-                continue
-            stack.extend((v, (where, i), depth, kind, top) for i, v in enumerate(cur)
-                         if type(v) is dict or type(v) is list)
-            continue
-        if type(cur) is not dict:  # the root only: nothing else that is not a container is pushed
-            continue
-        if kind != _MAP:
-            depth += 1
-            if depth > bound["max_depth"]:
-                return _refused(_param(where), f"{subject} nests more than {bound['max_depth']} schema levels",
-                                "max_depth", what)
-        for key, value in cur.items():
-            if kind == _MAP:
-                assert where is not None
-                if where[1] == "properties":
-                    properties += 1
-                    if properties > bound["max_properties"]:
-                        return _refused(_param(where), f"{subject} has more than "
-                                        f"{bound['max_properties']} properties", "max_properties", what)
-                elif where[1] == "patternProperties":
-                    pattern_chars += len(key)
-                    if pattern_chars > bound["max_pattern_chars"]:
-                        return _refused(_param((where, key)), f"{subject} has patterns of more than "
-                                        f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", what)
-                next_kind = _SCHEMA
-            elif kind == _VALUE:
-                next_kind = _VALUE
-            elif key in _DATA:
-                if key == "enum" and type(value) is list:
-                    enums += len(value)
-                    if enums > bound["max_enum_values"]:
-                        return _refused(_param((where, key)), f"{subject} has more than "
-                                        f"{bound['max_enum_values']} enum values", "max_enum_values", what)
-                next_kind = _VALUE
-            elif key == "pattern" and type(value) is str:
-                pattern_chars += len(value)
-                if pattern_chars > bound["max_pattern_chars"]:
-                    return _refused(_param((where, key)), f"{subject} has patterns of more than "
-                                    f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", what)
-                if quotes and not quoted and pattern_reads_quote(value):
-                    quoted.append((where, key))
-                continue
-            elif key == "format" and quotes and type(value) is str and value in QUOTE_READING_FORMATS and (
-                    type(cur.get("pattern")) is not str):
-                if not quoted:  # outlines-core builds it from a regular expression that reads the quote
-                    quoted.append((where, key))
-                continue
-            elif key in _COUNTS and (type(value) is int or type(value) is float):
-                if bound["max_item_count"] is not None and value > bound["max_item_count"]:
-                    return _refused(_param((where, key)), f"{subject} asks for {key} over "
-                                    f"{bound['max_item_count']}", "max_item_count", what)
-                continue
-            else:
-                next_kind = _MAP if key in _NAME_MAPS and type(value) is dict else _SCHEMA
-            if type(value) is dict or type(value) is list:  # a scalar holds nothing more to walk
-                stack.append((value, (where, key), depth, next_kind,
-                              top + (value,) if key in _SUBROOTS and type(value) is dict else top))
-    return None
-
-
-def _node(path: tuple[str, ...]) -> _Node:
-    """The path node of ``path`` (:data:`_Node`: ``(parent node, key)``, None above the root)."""
-    node: _Node = None
-    for name in path:
-        node = (node, name)
-    return node
-
-
-def _param(node: _Node) -> str:
-    """The path of ``node`` as the error's ``param``: dotted, each client key as :func:`field_label` shows it (the
-    fixed names and list indexes are plain ASCII already); cut to :data:`MAX_PARAM_CHARS` (``...`` marks a cut)."""
-    parts: list[str] = []
-    while node is not None:
-        node, key = node
-        parts.append(str(key) if type(key) is int else key)
-    parts.reverse()
-    param = ".".join(p if p.isascii() and (p.isidentifier() or p.isdigit()) else field_label(p) for p in parts)
-    return param if len(param) <= MAX_PARAM_CHARS else param[:MAX_PARAM_CHARS - 3] + "..."
-
-
-def _refused(param: str, message: str, name: str, what: str = "response_format") -> GatewayError:
-    """The 400 ``json_schema_too_complex`` naming the bound ``name`` (``limits.json_schema.<name>``) in its message and
-    its audit ``reason`` (``what``: ``response_format`` or ``tools parameters``; no client text there)."""
-    return GatewayError(400, "json_schema_too_complex", f"{message} (limits.json_schema.{name}, for this tenant); the "
-                        "replica compiles it into a grammar before the first token", param=param,
-                        record={"reason": f"{what} over limits.json_schema.{name}"}, client_text=True)

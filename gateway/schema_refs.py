@@ -112,13 +112,43 @@ def unwalked_targets(refs: Iterable[tuple[Any, _K]], walked: set[int]) -> list[t
     ids a bounds walk saw as schemas), each target once; their ids are added to ``walked``. Session 29 (final29,
     S29-final29-1): outlines-core and xgrammar resolve a pointer to any node, so a schema hidden under ``default``
     / ``const`` (which the walk reads as data) or a name map reached as ``#/$defs`` is compiled as a schema and
-    must be bounded as one. Work: one resolution per item of ``refs``. Raises nothing."""
+    must be bounded as one. Session 30 (attack30, S30-attack30-1): also the node xgrammar resolves the text to
+    (:func:`_decoded`), when it is another. Work: two resolutions per item of ``refs``. Raises nothing."""
     out: list[tuple[Any, _K]] = []
     for root, key in refs:
-        if type(root) is dict and (node := _resolve(root, key[0])) is not None and id(node) not in walked:
-            walked.add(id(node))
-            out.append((node, key))
+        if type(root) is not dict:
+            continue
+        ref = key[0]  # without % or ~ xgrammar's target is _resolve's own (the same keys), when it has one
+        for node in (_resolve(root, ref), _decoded(root, ref) if "%" in ref or "~" in ref else None):
+            if node is not None and id(node) not in walked:
+                walked.add(id(node))
+                out.append((node, key))
     return out
+
+
+def _decoded(schema: dict[str, Any], ref: str) -> Any:
+    """The node xgrammar (0.2.9, ``Grammar.from_json_schema``) resolves ``ref`` to inside ``schema``, or None: a
+    ``#/`` pointer whose text after ``#/`` is percent-decoded whole first (``%2F`` then separates parts), then split
+    on ``/`` (empty parts dropped, as outlines-core drops them), each part RFC 6901 unescaped (``~1`` ``/``, ``~0``
+    ``~``) and looked up only so decoded: an object's key, a list's index of ASCII digits. :func:`_resolve` takes a
+    part as written first (outlines-core's way), so ``{"a~1b": {...}, "a/b": {...}}`` holds two targets of
+    ``#/default/a~1b``, one per compiler (S30-attack30-1)."""
+    if not ref.startswith("#/"):
+        return None
+    node: Any = schema
+    for part in unquote(ref[2:]).split("/"):
+        if not part:
+            continue
+        part = part.replace("~1", "/").replace("~0", "~")
+        if type(node) is dict:
+            node = node.get(part)
+        elif type(node) is list and part.isascii() and part.isdigit() and len(part) < 10 and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+        if type(node) is not dict and type(node) is not list:
+            return None
+    return node
 
 
 def _resolve(schema: dict[str, Any], ref: str) -> Any:
