@@ -93,6 +93,10 @@ class SharedState:
         #: the tenants version this instance holds (0 at start: its registry is its configuration file's until
         #: it adopts or publishes one); the highest ever seen is the key ring's, persisted (S20-R1)
         self.registry_version = 0
+        #: the tenants document at ``registry_version`` (None: none adopted or published yet): what a sync
+        #: compares the stored record at that version with, never the tenants a reload applied before its
+        #: publish numbered them (S30-flake30-1: the sync took them for a raced change and reverted the reload)
+        self._registry_body: dict[str, Any] | None = None
         self._keyring = keyring
         self._refused_registry = 0  # the last tenants version this instance refused (counted once)
         self._admin: Admin | None = None
@@ -171,11 +175,12 @@ class SharedState:
                         self.tenants.rejected += 1
                     log.warning("shared state: ignored tenants version %d (%s)", version, exc)
                 raise
-            self.registry_version = version
+            self.registry_version, self._registry_body = version, admin.last_tenancy
 
         self.tenants = SharedDocument(self.client, self.prefix, "tenants", self._docs_key,
                                       lambda: self.registry_version, apply_tenants, self.metrics,
-                                      local_body=lambda: admin.last_tenancy,
+                                      local_body=lambda: (admin.last_tenancy if self._registry_body is None
+                                                          else self._registry_body),
                                       floor=lambda: self._keyring.registry_version,
                                       heal_unauthenticated=self._no_master_pending, poll_s=self.poll_s)
         admin.change_hooks.append(self.on_operator_change)
@@ -204,7 +209,7 @@ class SharedState:
             elif action == "tenants.reload" and self.tenants is not None and self._admin is not None:
                 version = max(self.registry_version, self._keyring.registry_version,
                               await self.tenants.remote_version()) + 1
-                self.registry_version = version
+                self.registry_version, self._registry_body = version, self._admin.last_tenancy
                 try:
                     self._keyring.adopt_registry_version(version)
                 except KeyRingError as exc:  # the reload is applied: share it; only a restart's floor stays lower

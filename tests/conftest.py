@@ -30,6 +30,7 @@ from sim.cluster import Cluster, start_cluster
 from sim.replica import ReplicaConfig
 from sim.spiffe_issuer import DemoIssuer
 from tests.support.markers import pytest_collection_modifyitems  # noqa: F401 - e2e / slow / statistical
+from tests.support.gc_pauses import pytest_collection_finish, pytest_runtest_teardown  # noqa: F401 - GC pauses
 
 # Hypothesis' default deadline (200 ms per example) fails a property test whose example was merely
 # descheduled on a loaded 2-core CI machine ("DeadlineExceeded", then "Flaky: unreliable test timings"

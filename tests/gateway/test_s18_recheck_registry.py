@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jwt
@@ -58,19 +59,21 @@ def event_of(log: ListLog, answer: Any) -> Any:
     return ev
 
 
-async def queued_through(stack: Any, change: Any, *, headers: dict[str, str] | None = None,
+async def queued_through(stack: Any, change: Any, *,
+                         headers: dict[str, str] | Callable[[], dict[str, str]] | None = None,
                          fresh: bool = True, moves: bool = True, prompt: Any = flow.PROMPT) -> tuple[Any, Any]:
     """A request of tenant-a (``prompt``) queued behind one holding the replica; ``change`` (a reload, or any
     coroutine function of the stack) made while it waits (``moves``: it moves the decision point's
 generation); then the holder cancelled. Returns the fresh
-    request's answer after the change (None when ``fresh`` is false) and the queued request's."""
+    request's answer after the change (None when ``fresh`` is false) and the queued request's.
+    ``headers``: the queued request's headers, or a function called for them just before it is sent."""
     await reload(stack, tenant_a(max_output_tokens=HOLDING_TOKENS))  # the holder holds however slow the machine
     first = post(stack, HOLDING_TOKENS, timeout=None)
     await wait_for(lambda: running(stack) == 1 or first.done(), 60, what="first request running")
     assert not first.done()
     second = asyncio.ensure_future(stack.client.post(
         "/v1/completions", json={"model": "sim-model", "prompt": prompt, "max_tokens": 20},
-        headers=headers or stack.auth(), timeout=None))
+        headers=(headers() if callable(headers) else headers) or stack.auth(), timeout=None))
     try:
         await wait_for(lambda: queued(stack) == 1 or second.done(), 60, what="second request queued")
         assert not second.done()
@@ -160,16 +163,23 @@ async def test_a_token_expiring_while_queued_is_served_with_or_without_a_change(
         stack: Any, audit_log: ListLog, changed: bool) -> None:
     """R17-5 (b): the token authenticated the request at its arrival; it is not checked again when the
     request leaves the queue, whether or not a change makes the policy decide again (the same answer)."""
-    token = stack.token(ttl_s=3)
-    exp = jwt.decode(token, options={"verify_signature": False})["exp"]
+    # minted when the queued request is sent (session 30, flake30): minted before the helper's reload and
+    # holder, its 2-3 s of validity (exp is whole seconds) could pass before the request arrived on a loaded
+    # machine, which then got 401 instead of queuing
+    minted: list[str] = []
+
+    def fresh_token() -> dict[str, str]:
+        minted.append(stack.token(ttl_s=3))
+        return {"Authorization": f"Bearer {minted[-1]}"}
 
     async def expire(st: Any) -> None:
+        exp = jwt.decode(minted[-1], options={"verify_signature": False})["exp"]
         await wait_for(lambda: time.time() > exp + 0.5, 30, what="the queued request's token expired")
         if changed:
             await reload(st, tenant_a())  # the same tenants: the generation moves, the policy decides again
 
-    _, r = await queued_through(stack, expire, headers={"Authorization": f"Bearer {token}"}, fresh=False,
-                                moves=changed)
+    _, r = await queued_through(stack, expire, headers=fresh_token, fresh=False, moves=changed)
+    (token,) = minted
     assert r.status_code == 200, r.text[:200]
     expired = await stack.client.post("/v1/completions", json={"model": "sim-model", "prompt": "hi"},
                                       headers={"Authorization": f"Bearer {token}"})

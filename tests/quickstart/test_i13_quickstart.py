@@ -64,7 +64,10 @@ def readme_block(title: str, index: int) -> str:
 
 
 def _port_free(port: int) -> bool:
+    """True when a server could listen on ``port`` now: bound as uvicorn and aiohttp bind (``SO_REUSEADDR``),
+    so a connection of an earlier run left in TIME_WAIT does not count, a listener does."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -186,8 +189,17 @@ def test_readme_quickstart_from_a_fresh_wheel_install(tmp_path: Path) -> None:
             os.killpg(shell.pid, signal.SIGTERM)  # the README's background jobs share the shell's group
         except ProcessLookupError:
             pass
+        # wait for the gateway's last line and for every listener to be gone (session 30, flake30): the public
+        # port is free ~0.14 s before "stopped: audit flushed, exiting" is written, so a wait for free ports
+        # alone could read the output too early; it only did not because the replicas' connections left in
+        # TIME_WAIT kept a plain bind failing for the whole 60 s bound, every run
+        def stopped() -> bool:
+            text = out.read_text()
+            ended = "stopped: audit flushed, exiting" in text or "listening: public" not in text  # never started
+            return ended and all(_port_free(p) for p in PORTS)
+
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not all(_port_free(p) for p in (8080, 8101)):
+        while time.monotonic() < deadline and not stopped():
             time.sleep(0.1)
     text = out.read_text()
     assert "draining: listeners closed" in text and "stopped: audit flushed, exiting" in text, text

@@ -7,6 +7,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from tests.support.waiting import wait_for
+
 TD = "demo.prefixgate.test"
 CANARY = "pubcanary" + secrets.token_hex(5)
 
@@ -36,13 +38,14 @@ async def test_public_endpoints_reveal_nothing(stack: Any) -> None:
     # not ready: the reasons are generic, still nothing tenant-specific
     for state in stack.cluster.states:
         state.faults = type(state.faults)(status=503)
-    import asyncio
 
-    for _ in range(50):
+    async def not_ready() -> Any:
         r = await stack.client.get("/readyz")
-        if r.status_code == 503:
-            break
-        await asyncio.sleep(0.05)
+        return r if r.status_code == 503 else None
+
+    # two failed probes 0.2 s apart mark each replica down: waited for by condition (it was 50 polls 0.05 s
+    # apart, ~2.5 s, a short bound on a loaded machine; session 30, flake30)
+    r = await wait_for(not_ready, 30.0, what="/readyz 503 with every replica answering 503")
     assert r.status_code == 503
     assert not [n for n in needles if n in r.text]
     assert "r0" not in r.text and "127.0.0.1" not in r.text

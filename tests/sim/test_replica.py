@@ -167,9 +167,12 @@ async def test_decode_does_not_block_prefill_queue(make_cluster, session) -> Non
 
 
 async def test_waiting_and_running_gauges(make_cluster, session) -> None:
-    c = await make_cluster(time_scale=2.0)
+    # time scale 0.5 (session 30, flake30; it was 2.0, ~0.32 s): the gauges are read while the first prefill
+    # runs, and a loop stalled that long (a full GC collection of the test process: up to ~1.4 s measured) saw
+    # it end first
+    c = await make_cluster(time_scale=0.5)
     url, state = c.urls[0], c.states[0]
-    big = " ".join(f"w{i}" for i in range(400))  # 0.645 trace s -> ~0.32 s wall each
+    big = " ".join(f"w{i}" for i in range(400))  # 0.645 trace s -> ~1.3 s wall each
     tasks = [asyncio.create_task(post(session, url, {"prompt": big + f" {k}", "max_tokens": 1})) for k in range(3)]
     for _ in range(200):
         if state.waiting == 2:
@@ -184,7 +187,8 @@ async def test_waiting_and_running_gauges(make_cluster, session) -> None:
 
 
 async def test_client_disconnect_cancels_queued_request(make_cluster, session) -> None:
-    c = await make_cluster(time_scale=2.0)
+    # time scale 0.5 (it was 2.0): the victim's cancellation lands while the first prefill (~1.3 s) still runs
+    c = await make_cluster(time_scale=0.5)
     url, state = c.urls[0], c.states[0]
     big = " ".join(f"w{i}" for i in range(400))
     first = asyncio.create_task(post(session, url, {"prompt": big, "max_tokens": 1}))
