@@ -196,11 +196,8 @@ class SharedDocument:
         replaceable = stored if cur is not None and (forged or (  # the stored bytes: the script compares them
             rec is not None and rec[0] == version and cur.split(":", 2)[2] == text)) else ""
         record = f"{version}:{self._mac(version, text)}:{text}"
-        stored_now = bool(await self._script(keys=[self.key], args=[version, record, self.channel, self.name,
-                                                                    replaceable]))
-        if stored_now:  # the body this instance holds at ``version`` is the one it shared (S30-lead-1)
-            self._local_text = (version, text)
-        return stored_now
+        return bool(await self._script(keys=[self.key], args=[version, record, self.channel, self.name,
+                                                              replaceable]))
 
     async def remote_version(self) -> int:
         """The authenticated version stored in Redis (0: none or forged)."""
@@ -250,7 +247,7 @@ class SharedDocument:
             log.error("shared state: this instance's %s version %d is not the stored one (two changes made "
                       "at once on two instances); adopting the stored one", self.name, version)
         await self._apply(version, body)
-        self._local_text = None  # read from the live body at the next compare: a local write may reuse ``version``
+        self._local_text = None
         self.adopted += 1
         self._metrics.adopted.labels(self.name).inc()
         log.info("shared state: adopted %s version %d", self.name, version)
@@ -260,15 +257,7 @@ class SharedDocument:
 
     def _differs(self, raw: str, local: int) -> bool:
         """True when the stored record (at this instance's version ``local``) holds another body
-        than this instance's (S17-1). At a version this instance published itself, the body compared is
-        the one it published (S30-lead-1): a local change applied and not yet published under its next
-        version (an operator's reload between its apply and its publish) is not a conflict with the
-        record this instance stored; before, a sync in that window adopted the stored record back and
-        the reload then published the old registry under the new version (answered 200, lost on every
-        instance). At a version it adopted or never stored, the live body is compared (cached per
-        version from the first compare): a local write that took the adopted version's number in a
-        race must still be found (S17-1). Open (S30-lead-2): a reload whose window holds the first
-        compare after an adoption is still compared with its own new body."""
+        than this instance's (S17-1); the local text is cached per local version."""
         if self._local_body is None:
             return False
         if self._local_text is None or self._local_text[0] != local:

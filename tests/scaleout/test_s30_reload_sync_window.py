@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from gateway.app import build_admin_app
@@ -40,20 +41,26 @@ async def _reload(gw: Any) -> int:
         return (await admin.post("/admin/tenants/reload")).status_code
 
 
-async def test_a_sync_between_a_reloads_apply_and_its_publish_does_not_revert_it(tmp_path: Path,
-                                                                                 redis_server: Any) -> None:  # noqa: F811
+@pytest.mark.parametrize("second", [0, 1], ids=["published-here", "adopted-here"])
+async def test_a_sync_between_a_reloads_apply_and_its_publish_does_not_revert_it(tmp_path: Path, redis_server: Any,  # noqa: F811
+                                                                                 second: int) -> None:
+    """Instance 0 reloads version 1; instance ``second`` (0: the one that published version 1, 1: the one that
+    adopted it, S30-lead-2) reloads version 2 with a sync of its own in the window."""
     secret = write_secret(tmp_path / "master.key")
     docs = [instance_doc(tmp_path, n, redis_server.url, secret) for n in (0, 1)]
-    a, b = (instance(tmp_path, n, redis_server.url, secret, doc=docs[n]) for n in (0, 1))
+    gws = [instance(tmp_path, n, redis_server.url, secret, doc=docs[n]) for n in (0, 1)]
+    first, other = gws[0], gws[1 - second]
     try:
-        for gw in (a, b):
+        for gw in gws:
             await gw.shared.start()
-        await a.shared.tenants.aclose()  # a's own follower stopped: the only sync of a's is the one below
-        path = tmp_path / "inst0" / "gateway.yaml"
-        path.write_text(yaml.safe_dump(_with_tenant(docs[0], "tenant-b")))
-        assert await _reload(a) == 200  # version 1: tenant-a, tenant-b
-        assert a.shared.registry_version == 1
-        await wait_for(lambda: b.registry.get("tenant-b") is not None, what="version 1 adopted by instance 1")
+        a, b = gws[second], other
+        await a.shared.tenants.aclose()  # its follower stopped: its syncs are the ones this test makes
+        (tmp_path / "inst0" / "gateway.yaml").write_text(yaml.safe_dump(_with_tenant(docs[0], "tenant-b")))
+        assert await _reload(first) == 200  # version 1: tenant-a, tenant-b
+        assert first.shared.registry_version == 1
+        if second:
+            assert await a.shared.tenants.sync()  # instance 1 adopts version 1 (and compares nothing yet)
+        await wait_for(lambda: gws[1].registry.get("tenant-b") is not None, what="version 1 adopted by instance 1")
 
         synced: list[bool] = []
 
@@ -62,14 +69,15 @@ async def test_a_sync_between_a_reloads_apply_and_its_publish_does_not_revert_it
                 synced.append(await a.shared.tenants.sync())
 
         a.admin.change_hooks.insert(0, sync_in_the_window)
-        path.write_text(yaml.safe_dump(_with_tenant(docs[0], None)))  # tenant-b removed
+        path = tmp_path / f"inst{second}" / "gateway.yaml"
+        path.write_text(yaml.safe_dump(_with_tenant(docs[second], None)))  # tenant-b removed
         assert await _reload(a) == 200
         assert synced == [False]  # before: True, the stored version 1 adopted back as a "conflict"
         assert a.registry.get("tenant-b") is None and a.shared.registry_version == 2
         assert await a.shared.tenants.holds(2, a.admin.last_tenancy)
         assert [t["id"] for t in a.admin.last_tenancy["tenants"]] == ["tenant-a"]
-        await wait_for(lambda: b.registry.get("tenant-b") is None, what="the removal adopted by instance 1")
+        await wait_for(lambda: b.registry.get("tenant-b") is None, what="the removal adopted by the other instance")
         assert b.shared.registry_version == 2
     finally:
-        for gw in (a, b):
+        for gw in gws:
             await gw.shared.stop()
