@@ -34,6 +34,9 @@ overridden per tenant by ``tenants[].json_schema_limits``):
   xgrammar 0.2.9 compiles them into a counted repetition whose matcher holds more parser states per item past a lower
   bound of 129: memory and ``accept_token`` time per item grow with the bound; bench/s29_xgrammar29_mask_fill.py);
   ``None``: not checked.
+* ``max_pattern_states`` (session 30, pattern30, S30-pattern30-1): the states of the automata of every quote-free
+  ``pattern`` together (:mod:`gateway.pattern_states`, cached per tenant by :mod:`gateway.schema_patterns`); ``None``:
+  not checked (xgrammar, llguidance).
 
 OpenAI documents its own limits of a Structured Outputs schema (platform.openai.com/docs/guides/structured-outputs,
 "Supported schemas"): at most 5,000 object properties, 10 levels of object nesting, 1,000 enum values, 120,000
@@ -59,22 +62,27 @@ first sequence's prompt bytes (gateway/request.py ``extra_text``), as before.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
 from gateway.schema_expansion import regex_chars, required_schema
+from gateway.schema_patterns import pattern_cost
 from gateway.schema_refs import TOO_DEEP as _TOO_DEEP
 from gateway.schema_refs import encoded_bytes as _encoded_bytes
 from gateway.schema_refs import inlined_bytes, unwalked_targets
-from gateway.unknown_fields import field_label
+from gateway.schema_refusal import MAX_PARAM_CHARS
+from gateway.schema_refusal import Node as _Node
+from gateway.schema_refusal import path_node as _node
+from gateway.schema_refusal import path_param as _param
+from gateway.schema_refusal import refused as _refused
 
-__all__ = ["JSON_SCHEMA_BOUNDS", "response_format_refusal", "tools_refusal"]
+__all__ = ["JSON_SCHEMA_BOUNDS", "MAX_PARAM_CHARS", "response_format_refusal", "tools_refusal"]
 
 #: the names of the bounds (``limits.json_schema`` keys, ``tenants[].json_schema_limits`` keys)
 JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_values", "max_pattern_chars",
                       "max_tool_schemas_bytes", "max_regex_chars", "quote_reading_patterns",
-                      "max_item_count")
+                      "max_item_count", "max_pattern_states")
 #: the counted-repetition keywords :data:`JSON_SCHEMA_BOUNDS` ``max_item_count`` bounds (session 29)
 _COUNTS = frozenset({"minItems", "maxItems", "minProperties", "maxProperties", "minContains", "maxContains"})
 
@@ -86,14 +94,10 @@ _DATA = frozenset({"enum", "const", "default", "examples"})
 _SUBROOTS = frozenset({"schema", "json_schema"})
 _SCHEMA, _MAP, _VALUE = 0, 1, 2  # what a walked value is
 _CONTAINERS = frozenset({dict, list})
-#: the longest ``param`` of a refusal (characters)
-MAX_PARAM_CHARS = 1024
-#: a walked value's path: ``(parent node, key or list index)``, None above the root (session 25, S25-review-2)
-_Node = Optional[tuple[Any, Any]]
 
 
 def response_format_refusal(response_format: Any, limits: Any, overrides: Mapping[str, int | str | None],
-                            body_bytes: int) -> GatewayError | None:
+                            body_bytes: int, tenant: str = "") -> GatewayError | None:
     """The 400 for a decoded chat body's ``response_format`` over a bound (see the module docstring), else None.
 
     ``limits``: an object with the :data:`JSON_SCHEMA_BOUNDS` attributes (ints; ``limits.json_schema``);
@@ -103,10 +107,11 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     object is left to it. Work: one C encoding of ``response_format`` when the body is longer than ``max_bytes``,
     then a walk that stops at the first bound passed, then the inlined count (:func:`_inlined_refusal`), then
     the regular expression's estimate (:func:`_regex_refusal`, O(nodes); session 27), then the first pattern the walk
-    found reading the closing quote (``quote_reading_patterns``, session 29). Raises nothing."""
+    found reading the closing quote (``quote_reading_patterns``, session 29). ``tenant``: the tenant's id, the key of
+    its cached pattern counts (``max_pattern_states``, session 30). Raises nothing."""
     if type(response_format) is not dict:
         return None
-    bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
+    bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS} | {"tenant": tenant}
     if body_bytes > bound["max_bytes"] and (size := _encoded_bytes(response_format)) > bound["max_bytes"]:
         if size == _TOO_DEEP:  # S25-review-1: was a RecursionError, a 500 and a traceback; the decoder's own answer
             return GatewayError(400, "invalid_json", "request body is nested too deeply")
@@ -125,7 +130,7 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
 
 
 def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | str | None], body_bytes: int,
-                  tool_choice: Any = "required") -> GatewayError | None:
+                  tool_choice: Any = "required", tenant: str = "") -> GatewayError | None:
     """The 400 for a decoded chat body's ``tools`` whose ``function.parameters`` schemas pass a bound of
     :data:`JSON_SCHEMA_BOUNDS`, else None (session 25: S24-fields-1, S25-review-3).
 
@@ -147,11 +152,11 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | str | N
     encoding per tool only when the body is longer than a byte bound, and the inlined count of each tool
     (:func:`_tools_inlined_refusal`), then each tool's regular expression estimate and, only when ``tool_choice``
     (the body's) is ``"required"``, their sum (:func:`_tools_regex_refusal`; session 27: vLLM builds that one
-    schema of every tool for ``required`` only; the default, for a caller that does not say, counts it). Raises
-    nothing."""
+    schema of every tool for ``required`` only; the default, for a caller that does not say, counts it).
+    ``tenant``: as :func:`response_format_refusal`. Raises nothing."""
     if type(tools) is not list:
         return None
-    bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
+    bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS} | {"tenant": tenant}
     count_bytes = body_bytes > min(bound["max_bytes"], bound["max_tool_schemas_bytes"])
     total = 0
     roots: list[tuple[Any, tuple[str, ...]]] = []
@@ -291,7 +296,7 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
     after the other bounds: O(characters) per pattern, bounded by ``max_pattern_chars``). S29-final29-1: a ``$ref``'s
     target the walk saw as data (in ``enum``, ``const``, ``default``, ``examples``) or as a name map (``#/$defs``)
     is walked as a schema too, each target once (compilers resolve any pointer; schema_refs.unwalked_targets)."""
-    properties = enums = pattern_chars = 0
+    properties = enums = pattern_chars = states = 0
     quotes = bound["quote_reading_patterns"] == "refuse"
     stack: list[tuple[Any, _Node, int, int, tuple]] = []  # (value, path node, depth, kind, the roots it may be in)
     for root, path in roots:
@@ -351,8 +356,12 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
                 if pattern_chars > bound["max_pattern_chars"]:
                     return _refused(_param((where, key)), f"{subject} has patterns of more than "
                                     f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", what)
-                if quotes and not quoted and pattern_reads_quote(value):
+                if (reads := quotes and pattern_reads_quote(value)) and not quoted:
                     quoted.append((where, key))
+                if bound["max_pattern_states"] is not None and not reads and (states := states + pattern_cost(
+                        bound["tenant"], value, bound["max_pattern_states"])) > bound["max_pattern_states"]:
+                    return _refused(_param((where, key)), f"{subject} has patterns whose automata need more than "
+                                    f"{bound['max_pattern_states']} states together", "max_pattern_states", what)
                 continue
             elif key == "format" and quotes and type(value) is str and value in QUOTE_READING_FORMATS and (
                     type(cur.get("pattern")) is not str):
@@ -370,31 +379,3 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
                 stack.append((value, (where, key), depth, next_kind,
                               top + (value,) if key in _SUBROOTS and type(value) is dict else top))
     return None
-
-
-def _node(path: tuple[str, ...]) -> _Node:
-    """The path node of ``path`` (:data:`_Node`: ``(parent node, key)``, None above the root)."""
-    node: _Node = None
-    for name in path:
-        node = (node, name)
-    return node
-
-
-def _param(node: _Node) -> str:
-    """The path of ``node`` as the error's ``param``: dotted, each client key as :func:`field_label` shows it (the
-    fixed names and list indexes are plain ASCII already); cut to :data:`MAX_PARAM_CHARS` (``...`` marks a cut)."""
-    parts: list[str] = []
-    while node is not None:
-        node, key = node
-        parts.append(str(key) if type(key) is int else key)
-    parts.reverse()
-    param = ".".join(p if p.isascii() and (p.isidentifier() or p.isdigit()) else field_label(p) for p in parts)
-    return param if len(param) <= MAX_PARAM_CHARS else param[:MAX_PARAM_CHARS - 3] + "..."
-
-
-def _refused(param: str, message: str, name: str, what: str = "response_format") -> GatewayError:
-    """The 400 ``json_schema_too_complex`` naming the bound ``name`` (``limits.json_schema.<name>``) in its message and
-    its audit ``reason`` (``what``: ``response_format`` or ``tools parameters``; no client text there)."""
-    return GatewayError(400, "json_schema_too_complex", f"{message} (limits.json_schema.{name}, for this tenant); the "
-                        "replica compiles it into a grammar before the first token", param=param,
-                        record={"reason": f"{what} over limits.json_schema.{name}"}, client_text=True)

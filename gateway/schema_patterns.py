@@ -1,0 +1,35 @@
+"""``limits.json_schema.max_pattern_states`` (session 30, pattern30, S30-pattern30-1; the hole: S29-pattern29-2): the
+states of the automata of a schema's ``pattern`` strings together, as :func:`gateway.pattern_states.pattern_states`
+counts them, bounded per request; the walk of gateway/response_format.py adds each ``pattern``'s count (a quote-free
+pattern's automaton adds its states to the rest of outlines-core's expression: S29-pattern29-1) and answers 400
+``json_schema_too_complex`` past the bound.
+
+Each count is cached per tenant (:func:`pattern_cost`, least recently used out): a tenant that sends the same schema
+again pays a dictionary look-up, and the key holds the tenant's id, so one tenant cannot tell from its answer's time
+whether another sent a pattern. A count costs O(states x cells) big-integer operations, bounded by the cap
+(docs/benchmarks.md "Session 30: pattern30").
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from gateway.pattern_states import pattern_states
+
+__all__ = ["COST_CACHE_SIZE", "pattern_cost", "states_cache_clear"]
+
+#: counts kept (tenant, pattern, cap); a pattern is at most ``max_pattern_chars`` characters (1,024 by default)
+COST_CACHE_SIZE = 4096
+
+
+@lru_cache(maxsize=COST_CACHE_SIZE)
+def pattern_cost(tenant: str, pattern: str, cap: int) -> int:
+    """:func:`gateway.pattern_states.pattern_states` of ``pattern`` under ``cap`` (``cap + 1``: over it or not
+    modelled), cached by ``(tenant, pattern, cap)``; ``tenant``: the tenant's id (only a cache key). Raises
+    nothing."""
+    return pattern_states(pattern, cap)
+
+
+def states_cache_clear() -> None:
+    """Empty :func:`pattern_cost`'s cache (benches and tests)."""
+    pattern_cost.cache_clear()
