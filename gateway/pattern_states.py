@@ -43,28 +43,21 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 
+from gateway.pattern_parse import PatternUnknown, expanded_positions, parse_pattern
+
 __all__ = ["UNICODE_CLASS_STATES", "WORK_PER_STATE", "pattern_states"]
 
 #: mid-character states of Rust's Unicode ``\\w``, ``\\d``, ``\\s`` in regex-automata's UTF-8 automaton (outlines-core
 #: 0.2.14's ``Index`` over the 256 single bytes: ``\\w`` 317 states, ``\\d`` 26, ``\\s`` 9; rounded up)
 UNICODE_CLASS_STATES = {"w": 320, "d": 32, "s": 16}
-#: transitions tried per state counted before the count stops (its own CPU bound: ``cap * WORK_PER_STATE``)
-WORK_PER_STATE = 64
-_MAX_NEST = 200
+#: the count's own work (positions linked, unioned, looked at, cells tried) one state pays for: a pattern is charged
+#: ``max(states, work / WORK_PER_STATE)``, so the work of a schema's patterns stays under ``cap * WORK_PER_STATE``
+WORK_PER_STATE = 16
 _ASCII_UNI = {"d": ((48, 57),), "w": ((48, 57), (65, 90), (95, 95), (97, 122)), "s": ((9, 13), (32, 32))}
 _UNI_CUTS = (9, 14, 32, 33, 48, 58, 65, 91, 95, 96, 97, 123, 128)
 #: the non-ASCII kinds of a character a cell may be (in \w and \d, in \w only, in \s, in none) and the Unicode
 #: classes (``dswDSW``) holding it
 _KINDS = (frozenset("dwS"), frozenset("wDS"), frozenset("sDW"), frozenset("DWS"))
-_SIMPLE = {"n": 10, "t": 9, "r": 13, "f": 12, "v": 11, "a": 7}
-_HEX = frozenset("0123456789abcdefABCDEF")
-_FLAGS = frozenset("imsUuR-")
-_NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-_EMPTY = ("e",)
-
-
-class _Unknown(Exception):
-    """A construct this count does not model (counted as over the cap: fail closed)."""
 
 
 def pattern_states(pattern: str, cap: int) -> int:
@@ -75,255 +68,16 @@ def pattern_states(pattern: str, cap: int) -> int:
     arguments."""
     text = pattern[1:-1] if len(pattern) >= 2 and pattern[0] == "^" and pattern[-1] == "$" else pattern
     try:
-        parser = _Parser(text)
-        tree = parser.tree()
-    except (_Unknown, RecursionError, ValueError, OverflowError):
+        tree, classes = parse_pattern(text)
+    except (PatternUnknown, RecursionError, ValueError, OverflowError):
         return cap + 1
-    if _size(tree, cap) > cap:
+    if expanded_positions(tree, cap) > cap:
         return cap + 1
-    return _count(tree, parser.classes, cap)
+    return _count(tree, classes, cap)
 
 
-def _size(node: tuple, cap: int) -> int:
-    """Expanded positions of ``node``, or ``cap + 1`` once past ``cap``."""
-    kind = node[0]
-    if kind == "c":
-        return 1
-    if kind == "e":
-        return 0
-    if kind == "rep":
-        inner = _size(node[1], cap)
-        copies = node[3] if node[3] is not None else max(node[2], 1)
-        return min(inner * copies, cap + 1)
-    total = 0
-    for child in node[1]:
-        total += _size(child, cap)
-        if total > cap:
-            return cap + 1
-    return total
-
-
-class _Parser:
-    """One pass over Rust ``regex`` syntax (the subset of the module docstring) into a tree of tuples: ``("c", id)``
-    a position of class ``id`` (``classes[id]``: ``(intervals, unicode classes, negated)``), ``("cat", [...])``,
-    ``("alt", [...])``, ``("rep", node, m, n or None)``, ``("e",)``. Raises :class:`_Unknown`."""
-
-    def __init__(self, text: str) -> None:
-        self.t, self.i, self.n = text, 0, len(text)
-        self.classes: list[tuple[tuple[tuple[int, int], ...], str, bool]] = []
-        self._ids: dict[tuple, int] = {}
-
-    def tree(self) -> tuple:
-        node = self._alt([""], 0)
-        if self.i != self.n:  # an unbalanced ")"
-            raise _Unknown
-        return node
-
-    def _class(self, ivs: list[tuple[int, int]], uni: str, neg: bool, flags: str) -> tuple:
-        if "i" in flags:
-            ivs = _fold(ivs)
-        key = (_merge(ivs), "".join(sorted(set(uni))), neg)
-        cid = self._ids.setdefault(key, len(self.classes))
-        if cid == len(self.classes):
-            self.classes.append(key)
-        return ("c", cid)
-
-    def _alt(self, flags: list[str], depth: int) -> tuple:
-        if depth > _MAX_NEST:
-            raise _Unknown
-        branches = [self._cat(flags, depth)]
-        while self.i < self.n and self.t[self.i] == "|":
-            self.i += 1
-            branches.append(self._cat(flags, depth))
-        return branches[0] if len(branches) == 1 else ("alt", branches)
-
-    def _cat(self, flags: list[str], depth: int) -> tuple:
-        t, items = self.t, []
-        while self.i < self.n and t[self.i] not in "|)":
-            atom = self._atom(flags, depth)
-            if atom is None:  # a flag group: no atom to repeat
-                if self.i < self.n and t[self.i] in "*+?{":
-                    raise _Unknown
-                continue
-            while self.i < self.n and t[self.i] in "*+?{":
-                c = t[self.i]
-                if c == "{":
-                    end = t.find("}", self.i)
-                    if end < 0:
-                        raise _Unknown
-                    lo, comma, hi = t[self.i + 1:end].partition(",")
-                    if not lo.isdecimal() or (hi and not hi.isdecimal()) or len(lo) > 9 or len(hi) > 9:
-                        raise _Unknown
-                    m, top = int(lo), (int(hi) if hi else None) if comma else int(lo)
-                    if top is not None and top < m:
-                        raise _Unknown
-                    self.i = end + 1
-                else:
-                    m, top = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
-                    self.i += 1
-                if self.i < self.n and t[self.i] == "?":  # lazy: the same automaton
-                    self.i += 1
-                atom = ("rep", atom, m, top)
-            items.append(atom)
-        return _EMPTY if not items else items[0] if len(items) == 1 else ("cat", items)
-
-    def _atom(self, flags: list[str], depth: int) -> tuple | None:
-        t, c = self.t, self.t[self.i]
-        if c in "*+?{":  # a quantifier with nothing to repeat
-            raise _Unknown
-        if c == "(":
-            inner = flags[0]
-            if t.startswith("(?", self.i):
-                j = self.i + 2
-                if t.startswith(":", j):
-                    j += 1
-                elif t.startswith(("P<", "<"), j) and not t.startswith(("<=", "<!"), j):
-                    j += 2 if t[j] == "P" else 1
-                    k = j
-                    while k < self.n and t[k] in _NAME:
-                        k += 1
-                    if k == j or k >= self.n or t[k] != ">":
-                        raise _Unknown
-                    j = k + 1
-                else:
-                    k = j
-                    while k < self.n and t[k] in _FLAGS:
-                        k += 1
-                    if k == j or k >= self.n or t[k] not in "):":
-                        raise _Unknown
-                    inner = _flags(inner, t[j:k])
-                    if t[k] == ")":  # (?i): the rest of the enclosing group
-                        flags[0] = inner
-                        self.i = k + 1
-                        return None
-                    j = k + 1
-                self.i = j
-            else:
-                self.i += 1
-            node = self._alt([inner], depth + 1)
-            if self.i >= self.n or t[self.i] != ")":
-                raise _Unknown
-            self.i += 1
-            return node
-        self.i += 1
-        if c == "[":
-            return self._bracket(flags[0])
-        if c == ".":
-            return self._class([] if "s" in flags[0] else [(10, 10)], "", True, "")
-        if c == "^" or c == "$":
-            return _EMPTY
-        if c == "\\":
-            kind, value = self._escape(in_class=False)
-            if kind == "a":
-                return _EMPTY
-            if kind == "u":
-                return self._class([], value, False, flags[0])
-            return self._class([(value, value)], "", False, flags[0])
-        return self._class([(ord(c), ord(c))], "", False, flags[0])
-
-    def _bracket(self, flags: str) -> tuple:
-        t = self.t
-        neg = t.startswith("^", self.i)
-        self.i += neg
-        ivs: list[tuple[int, int]] = []
-        uni = ""
-        first = True
-        while True:
-            if self.i >= self.n or t[self.i] == "[" or t.startswith(("&&", "--", "~~"), self.i):
-                raise _Unknown
-            c = t[self.i]
-            if c == "]" and not first:
-                self.i += 1
-                return self._class(ivs, uni, neg, flags)
-            first = False
-            lo = self._member()
-            if type(lo) is str:
-                uni += lo
-                continue
-            if t.startswith("-", self.i) and self.i + 1 < self.n and t[self.i + 1] != "]":
-                self.i += 1
-                hi = self._member()
-                if type(hi) is str or hi < lo:
-                    raise _Unknown
-                ivs.append((lo, hi))
-            else:
-                ivs.append((lo, lo))
-
-    def _member(self) -> int | str:
-        """A class member at ``i``: a code point, or the letters of a Unicode class escape."""
-        c = self.t[self.i]
-        self.i += 1
-        if c != "\\":
-            return ord(c)
-        kind, value = self._escape(in_class=True)
-        if kind == "a":
-            raise _Unknown
-        return value
-
-    def _escape(self, in_class: bool) -> tuple[str, object]:
-        """After ``\\``: ``("c", code point)``, ``("u", "d"...)`` a Unicode class, ``("a", None)`` an assertion."""
-        t, i = self.t, self.i
-        if i >= self.n:
-            raise _Unknown
-        c = t[i]
-        if c in "xuU":
-            if t.startswith("{", i + 1):
-                end = t.find("}", i + 2)
-                digits, nxt = (t[i + 2:end], end + 1) if end > 0 else ("", 0)
-            else:
-                width = {"x": 2, "u": 4, "U": 8}[c]
-                digits, nxt = t[i + 1:i + 1 + width], i + 1 + width
-                digits = digits if len(digits) == width else ""
-            if not digits or len(digits) > 8 or not _HEX.issuperset(digits) or int(digits, 16) > 0x10FFFF:
-                raise _Unknown
-            self.i = nxt
-            return "c", int(digits, 16)
-        self.i = i + 1
-        if c in "dswDSW":
-            return "u", c
-        if c in _SIMPLE:
-            return "c", _SIMPLE[c]
-        if c in "bBAz" and not in_class:
-            return "a", None
-        if c.isascii() and not c.isalnum() and c.isprintable() and c != " ":
-            return "c", ord(c)
-        raise _Unknown
-
-
-def _flags(current: str, spec: str) -> str:
-    """``current`` flags after a flag group's ``spec`` (``i-s``); the ``x`` flag is refused before."""
-    on, _, off = spec.partition("-")
-    return "".join(sorted((set(current) | set(on)) - set(off)))
-
-
-def _fold(ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``ivs`` closed under Rust's simple case folding, for ASCII members (``k`` also folds to U+212A, ``s`` to
-    U+017F); a member past ASCII raises :class:`_Unknown` (not modelled)."""
-    out = list(ivs)
-    for lo, hi in ivs:
-        if hi > 127:
-            raise _Unknown
-        for a, b, shift in ((65, 90, 32), (97, 122, -32)):
-            if lo <= b and hi >= a:
-                out.append((max(lo, a) + shift, min(hi, b) + shift))
-        for letters, other in (("kK", 0x212A), ("sS", 0x17F)):
-            if any(lo <= ord(x) <= hi for x in letters):
-                out.append((other, other))
-    return out
-
-
-def _merge(ivs: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    out: list[list[int]] = []
-    for lo, hi in sorted(ivs):
-        if out and lo <= out[-1][1] + 1:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return tuple((a, b) for a, b in out)
-
-
-def _has(ivs: tuple[tuple[int, int], ...], cp: int) -> bool:
-    return any(lo <= cp <= hi for lo, hi in ivs)
+class _Over(Exception):
+    """The count's work passed its budget."""
 
 
 def _sequences(lo: int, hi: int, nbytes: int) -> int:
@@ -399,101 +153,120 @@ def _cells(classes: list) -> list[int]:
 
 def _count(tree: tuple, classes: list, cap: int) -> int:
     """The subset construction of ``tree``'s position automaton with weights (module docstring), stopping at
-    ``cap``."""
-    follow: list[int] = [0]  # position 0: the start
+    ``cap``. Positions are ints (0: the start), sets of them Python sets; a state of one position is its int, of
+    more a frozenset (most states of ordinary patterns are single positions: no big bit sets, no per-cell pass)."""
+    follow: list[set[int]] = [set()]
     cls_of: list[int] = [-1]
-    where = [0] * len(classes)
+    empty: frozenset[int] = frozenset()
+    budget = [cap * WORK_PER_STATE]  # work left
 
-    def link(last: int, first: int) -> None:
-        while last:
-            low = last & -last
-            follow[low.bit_length() - 1] |= first
-            last ^= low
+    def link(last: frozenset[int], first: frozenset[int]) -> None:
+        if first:
+            budget[0] -= len(last) * len(first)
+            if budget[0] < 0:
+                raise _Over
+            for p in last:
+                follow[p].update(first)
 
-    def build(node: tuple) -> tuple[int, int, bool]:  # (first, last, nullable)
+    def build(node: tuple) -> tuple[frozenset[int], frozenset[int], bool]:  # (first, last, nullable)
         kind = node[0]
         if kind == "c":
             p = len(follow)
-            follow.append(0)
+            follow.append(set())
             cls_of.append(node[1])
-            where[node[1]] |= 1 << p
-            return 1 << p, 1 << p, False
+            return frozenset((p,)), frozenset((p,)), False
         if kind == "e":
-            return 0, 0, True
+            return empty, empty, True
         if kind == "alt":
-            first = last = 0
-            nullable = False
-            for child in node[1]:
-                f, la, nu = build(child)
-                first, last, nullable = first | f, last | la, nullable or nu
-            return first, last, nullable
+            built = [build(child) for child in node[1]]
+            return (frozenset().union(*(b[0] for b in built)), frozenset().union(*(b[1] for b in built)),
+                    any(b[2] for b in built))
         if kind == "cat":
             parts = [build(child) for child in node[1]]
         else:  # rep
             _, body, m, top = node
+            if body[0] == "c" and top is not None and top > 1:  # a counted class, the commonest: a chain in one go
+                p, n = len(follow), top
+                follow.extend({p + k + 1} for k in range(n - 1))
+                follow.append(set())
+                cls_of.extend([body[1]] * n)
+                return frozenset((p,)), frozenset(range(p + max(m - 1, 0), p + n)), m == 0
             parts = [build(body) for _ in range(max(m, 1) if top is None else m)]
             if top is None:
                 if m == 0:
                     parts[0] = (parts[0][0], parts[0][1], True)
-                f, la, _ = parts[-1]
-                link(la, f)
+                link(parts[-1][1], parts[-1][0])
             else:
                 tail = [build(body) for _ in range(top - m)]
-                t_first, t_last = 0, 0
+                t_first, t_last = empty, empty
                 for f, la, nu in reversed(tail):  # nested: after copy i, copy i + 1 or out
                     link(la, t_first)
-                    t_first, t_last = f | (t_first if nu else 0), la | t_last
+                    t_first, t_last = (f | t_first) if nu else f, la | t_last
                 if tail:
                     parts.append((t_first, t_last, True))
-        first, last, nullable = 0, 0, True
+        first, last, nullable = empty, empty, True
         for f, la, nu in parts:
             link(last, f)
-            first |= f if nullable else 0
-            last = la | (last if nu else 0)
+            if nullable:
+                first = first | f
+            last = (la | last) if nu else la
             nullable = nullable and nu
         return first, last, nullable
 
-    first, _, _ = build(tree)
-    follow[0] = first
+    try:
+        follow[0] = set(build(tree)[0])
+    except _Over:
+        return cap + 1
     weight = [_weight(c) for c in classes]
     cell_bits = _cells(classes)
     of = [0] + [cell_bits[c] for c in cls_of[1:]]  # each position's cells
-    masks: dict[int, int] = {}  # cell -> positions whose class holds it (the slow path's alphabet)
-    for c, bits in enumerate(cell_bits):
-        while bits:
-            low = bits & -bits
-            masks[low] = masks.get(low, 0) | where[c]
-            bits ^= low
-    cells = list(set(masks.values()))
-    seen, todo, count, work = {1}, [1], 0, cap * WORK_PER_STATE
+    heavy = [weight[c] > 0 for c in cls_of[1:]]
+    heavy.insert(0, False)
+    cells: list[frozenset[int]] = []  # the alphabet: the positions of each cell; built at the first need
+
+    def alphabet() -> list[frozenset[int]]:
+        holders: dict[int, set[int]] = {}
+        for p in range(1, len(follow)):
+            bits = of[p]
+            while bits:
+                low = bits & -bits
+                holders.setdefault(low, set()).add(p)
+                bits ^= low
+        return list({frozenset(v) for v in holders.values()})
+
+    seen: set[object] = {0}
+    todo: list[object] = [0]
+    count, work = 0, budget[0]
     while todo:
         state = todo.pop()
-        nxt = 0
-        while state:
-            low = state & -state
-            nxt |= follow[low.bit_length() - 1]
-            state ^= low
-        count += 1
-        acc, det, heavy, ahead = 0, True, set(), []
-        s = nxt
-        while s:
-            low = s & -s
-            p = low.bit_length() - 1
-            s ^= low
-            if acc & of[p]:
+        if type(state) is int:
+            nxt = follow[state]
+        else:
+            nxt = set().union(*(follow[p] for p in state))
+            work -= len(state)
+        count += 1 + (sum(weight[c] for c in {cls_of[p] for p in nxt if heavy[p]}) if nxt else 0)
+        acc, det = 0, True
+        for q in nxt:  # the next positions' classes disjoint: the next states are single positions
+            if acc & of[q]:
                 det = False
-            acc |= of[p]
-            if weight[cls_of[p]]:
-                heavy.add(cls_of[p])
-            if of[p]:
-                ahead.append(low)
-        for c in heavy:
-            count += weight[c]
-        work -= len(ahead) if det else len(ahead) + len(cells)
+                break
+            acc |= of[q]
+        if det:
+            work -= len(nxt)
+            ahead: list[object] = list(nxt)
+        else:
+            if not cells:
+                cells = alphabet()
+            work -= len(cells) + len(nxt)
+            ahead = []
+            for cell in cells:
+                to = cell.intersection(nxt)
+                if to:
+                    ahead.append(next(iter(to)) if len(to) == 1 else to)
         if count > cap or work < 0:
             return cap + 1
-        for to in ahead if det else (nxt & mask for mask in cells):
-            if to and to not in seen:
+        for to in ahead:
+            if to not in seen:
                 seen.add(to)
                 todo.append(to)
-    return count
+    return max(count, -(-(cap * WORK_PER_STATE - work) // WORK_PER_STATE))  # the work, charged as states
