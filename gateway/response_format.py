@@ -67,7 +67,7 @@ from typing import Any
 from gateway.errors import GatewayError
 from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
 from gateway.schema_expansion import regex_chars, required_schema
-from gateway.schema_patterns import pattern_cost
+from gateway.schema_patterns import alternatives_cost, pattern_cost
 from gateway.schema_refs import TOO_DEEP as _TOO_DEEP
 from gateway.schema_refs import encoded_bytes as _encoded_bytes
 from gateway.schema_refs import inlined_bytes, unwalked_targets
@@ -329,6 +329,11 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
                 return _refused(_param(where), f"{subject} nests more than {bound['max_depth']} schema levels",
                                 "max_depth", what)
         for key, value in cur.items():
+            if (key == "anyOf" or key == "oneOf") and kind == _SCHEMA and type(value) is list and bound[
+                    "max_pattern_states"] is not None and (states := states + alternatives_cost(
+                    value, bound["tenant"], bound["max_pattern_states"])) > bound["max_pattern_states"]:
+                return _refused(_param((where, key)), f"{subject} has patterns whose automata need more than "
+                                f"{bound['max_pattern_states']} states together", "max_pattern_states", what)
             if kind == _MAP:
                 assert where is not None
                 if where[1] == "properties":

@@ -13,10 +13,11 @@ whether another sent a pattern. A count costs O(states x cells) big-integer oper
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from gateway.pattern_states import pattern_states
 
-__all__ = ["COST_CACHE_SIZE", "pattern_cost", "states_cache_clear"]
+__all__ = ["COST_CACHE_SIZE", "alternatives_cost", "pattern_cost", "states_cache_clear"]
 
 #: counts kept (tenant, pattern, cap); a pattern is at most ``max_pattern_chars`` characters (1,024 by default)
 COST_CACHE_SIZE = 4096
@@ -28,6 +29,21 @@ def pattern_cost(tenant: str, pattern: str, cap: int) -> int:
     modelled), cached by ``(tenant, pattern, cap)``; ``tenant``: the tenant's id (only a cache key). Raises
     nothing."""
     return pattern_states(pattern, cap)
+
+
+def alternatives_cost(members: list[Any], tenant: str, cap: int) -> int:
+    """The states an ``anyOf`` / ``oneOf`` of string schemas with a ``pattern`` adds beyond its members' own counts:
+    outlines-core writes the members as one alternation (``("p1"|"p2")``), whose automaton may need the product of
+    theirs (``(?:a{7})*`` or ``(?:a{11})*`` or ...: 7 x 11 x ...; S30-pattern30-2). Counted as the pattern
+    ``(?:p1)|(?:p2)|...`` (each ``^...$`` dropped as outlines-core drops it) minus the members' counts (each is added
+    where the walk meets it), at least 0, or the alternation's ``cap + 1`` when it is over ``cap``; 0 for fewer than
+    two such members. ``members``: the list's values."""
+    texts = [m["pattern"] for m in members if type(m) is dict and type(m.get("pattern")) is str]
+    if len(texts) < 2:
+        return 0
+    joined = "|".join(f"(?:{t[1:-1] if len(t) >= 2 and t[0] == '^' and t[-1] == '$' else t})" for t in texts)
+    together = pattern_cost(tenant, joined, cap)
+    return together if together > cap else max(0, together - sum(pattern_cost(tenant, t, cap) for t in texts))
 
 
 def states_cache_clear() -> None:

@@ -193,3 +193,25 @@ def test_counts_are_cached_per_tenant() -> None:
         assert response_format_refusal(rf, LIMITS, {}, 100, tenant) is None
     info = pattern_cost.cache_info()
     assert (info.hits, info.misses, info.currsize) == (1, 2, 2)  # tenant b did not hit tenant a's entry
+
+
+def _any_of(*patterns: str) -> dict[str, Any]:
+    members = [{"type": "string", "pattern": p} for p in patterns]
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"anyOf": members}}, "required": ["a"]}}}
+
+
+def test_an_any_of_of_patterns_is_counted_as_their_alternation() -> None:
+    """outlines-core writes ``("p1"|"p2"|...)``: cycles of 7, 11, ..., 23 need their product (7.4 M states) together
+    while each alone needs at most 24 (S30-pattern30-2)."""
+    cycles = [f"^(?:a{{{p}}})*$" for p in (7, 11, 13, 17, 19, 23)]
+    assert sum(pattern_states(p, BIG) for p in cycles) < 100
+    err = response_format_refusal(_any_of(*cycles), LIMITS, {}, 100, "t")
+    assert err is not None and err.param == "response_format.json_schema.schema.properties.a.anyOf"
+    assert err.record == {"reason": "response_format over limits.json_schema.max_pattern_states"}
+    assert response_format_refusal(_any_of(*cycles[:3]), LIMITS, {}, 100, "t") is None  # 1,002 states
+    assert response_format_refusal(_any_of("^\\d{4}-\\d{2}$", "^[a-z]{2,8}$"), LIMITS, {}, 100, "t") is None
+    one_of = _any_of(*cycles)
+    schema = one_of["json_schema"]["schema"]["properties"]["a"]
+    schema["oneOf"] = schema.pop("anyOf")
+    assert response_format_refusal(one_of, LIMITS, {}, 100, "t") is not None

@@ -82,6 +82,15 @@ async def test_a_blow_up_pattern_in_a_named_tool_is_refused(stack: Any, capture:
     assert capture.seen == []
 
 
+async def test_an_any_of_of_cycles_is_refused(stack: Any, capture: Any) -> None:
+    """Each alone is small; outlines-core's alternation of them needs their product (S30-pattern30-2)."""
+    members = [{"type": "string", "pattern": f"^(?:a{{{p}}})*$"} for p in (7, 11, 13, 17, 19, 23)]
+    r = await stack.client.post(PATH, json=_chat(**_rf(_then({"anyOf": members}))), headers=stack.auth())
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == f"{S}.properties.{SECRET}.anyOf"
+    assert capture.seen == []
+
+
 async def test_ordinary_patterns_are_forwarded(stack: Any, capture: Any) -> None:
     """Each quote-free ordinary pattern of tests/support/ordinary_patterns.py (41 of 46) as its own request."""
     from gateway.pattern_quote import pattern_reads_quote
