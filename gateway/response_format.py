@@ -67,7 +67,7 @@ from typing import Any
 from gateway.errors import GatewayError
 from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
 from gateway.schema_expansion import regex_chars, required_schema
-from gateway.schema_patterns import alternatives_cost, pattern_cost
+from gateway.schema_patterns import ITEM_KEYS, alternatives_cost, item_copies, pattern_cost
 from gateway.schema_refs import TOO_DEEP as _TOO_DEEP
 from gateway.schema_refs import encoded_bytes as _encoded_bytes
 from gateway.schema_refs import inlined_bytes, unwalked_targets
@@ -298,27 +298,28 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
     is walked as a schema too, each target once (compilers resolve any pointer; schema_refs.unwalked_targets)."""
     properties = enums = pattern_chars = states = 0
     quotes = bound["quote_reading_patterns"] == "refuse"
-    stack: list[tuple[Any, _Node, int, int, tuple]] = []  # (value, path node, depth, kind, the roots it may be in)
+    # (value, path node, depth, kind, the roots it may be in, the copies outlines-core writes of it: array items)
+    stack: list[tuple[Any, _Node, int, int, tuple, int]] = []
     for root, path in roots:
-        stack.append((root, _node(path), 0, _SCHEMA, (root,)))
+        stack.append((root, _node(path), 0, _SCHEMA, (root,), 1))
     walked: set[int] = set()  # S29-final29-1: ids of what was walked as schemas; refs: {(text, id(root)): ...}
-    refs: dict[tuple[str, int], tuple[_Node, int, tuple, Any]] = {}
+    refs: dict[tuple[str, int], tuple[_Node, int, tuple, Any, int]] = {}
     while stack or refs:
         if not stack:  # a $ref into data (default, const) or a name map: its target is a schema too
-            stack.extend((node, (refs[key][0], "$ref"), refs[key][1], _SCHEMA, refs[key][2])
+            stack.extend((node, (refs[key][0], "$ref"), refs[key][1], _SCHEMA, refs[key][2], refs[key][4])
                          for node, key in unwalked_targets(((v[3], k) for k, v in refs.items()), walked))
             refs = {}
             continue
-        cur, where, depth, kind, top = stack.pop()
+        cur, where, depth, kind, top, times = stack.pop()
         if kind == _SCHEMA:
             walked.add(id(cur))
             if type(cur) is dict and type(ref := cur.get("$ref")) is str:
                 for root in top:  # a structural tag's schema is a root of its own (xgrammar): each may hold it
-                    refs.setdefault((ref, id(root)), (where, depth, top, root))
+                    refs.setdefault((ref, id(root)), (where, depth, top, root, times))
         if type(cur) is list:
             if _CONTAINERS.isdisjoint(map(type, cur)):  # strings, numbers (an enum's values): one pass in C (cut)
                 continue
-            stack.extend((v, (where, i), depth, kind, top) for i, v in enumerate(cur)
+            stack.extend((v, (where, i), depth, kind, top, times) for i, v in enumerate(cur)
                          if type(v) is dict or type(v) is list)
             continue
         if type(cur) is not dict:  # the root only: nothing else that is not a container is pushed
@@ -331,7 +332,7 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
         for key, value in cur.items():
             if (key == "anyOf" or key == "oneOf") and kind == _SCHEMA and type(value) is list and bound[
                     "max_pattern_states"] is not None and (states := states + alternatives_cost(
-                    value, bound["tenant"], bound["max_pattern_states"])) > bound["max_pattern_states"]:
+                    value, bound["tenant"], bound["max_pattern_states"]) * times) > bound["max_pattern_states"]:
                 return _refused(_param((where, key)), f"{subject} has patterns whose automata need more than "
                                 f"{bound['max_pattern_states']} states together", "max_pattern_states", what)
             if kind == _MAP:
@@ -363,7 +364,7 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
                                     f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", what)
                 if (reads := quotes and pattern_reads_quote(value)) and not quoted:
                     quoted.append((where, key))
-                if bound["max_pattern_states"] is not None and not reads and (states := states + pattern_cost(
+                if bound["max_pattern_states"] is not None and not reads and (states := states + times * pattern_cost(
                         bound["tenant"], value, bound["max_pattern_states"])) > bound["max_pattern_states"]:
                     return _refused(_param((where, key)), f"{subject} has patterns whose automata need more than "
                                     f"{bound['max_pattern_states']} states together", "max_pattern_states", what)
@@ -381,6 +382,6 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
             else:
                 next_kind = _MAP if key in _NAME_MAPS and type(value) is dict else _SCHEMA
             if type(value) is dict or type(value) is list:  # a scalar holds nothing more to walk
-                stack.append((value, (where, key), depth, next_kind,
-                              top + (value,) if key in _SUBROOTS and type(value) is dict else top))
+                stack.append((value, (where, key), depth, next_kind, top + (value,) if key in _SUBROOTS and type(
+                    value) is dict else top, times * item_copies(cur) if key in ITEM_KEYS and kind == _SCHEMA else times))
     return None

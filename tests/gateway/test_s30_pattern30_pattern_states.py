@@ -215,3 +215,19 @@ def test_an_any_of_of_patterns_is_counted_as_their_alternation() -> None:
     schema = one_of["json_schema"]["schema"]["properties"]["a"]
     schema["oneOf"] = schema.pop("anyOf")
     assert response_format_refusal(one_of, LIMITS, {}, 100, "t") is not None
+
+
+def test_array_items_count_once_per_copy_outlines_core_writes() -> None:
+    """``[item(,item){m-1,n-1}]``: each copy of the item's pattern has its own states (an array of a 8,193-state
+    pattern: 16,392 DFA states in outlines-core 0.2.14; bench/s30_pattern30_states.py)."""
+    def array(pattern: str, **counts: int) -> dict[str, Any]:
+        return {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "array", "items": {"type": "string", "pattern": pattern}, **counts}}}
+    part = "[ab]*a" + "[ab]" * 10  # 2,049 states
+    assert response_format_refusal(array(part), LIMITS, {}, 100, "t") is None  # 2 copies
+    assert response_format_refusal(array(part, minItems=6), LIMITS, {}, 100, "t") is None  # 7 copies: 14,343
+    err = response_format_refusal(array(part, maxItems=7), LIMITS, {}, 100, "t")  # 8 copies: 16,392
+    assert err is not None and err.param == "response_format.json_schema.schema.items.pattern"
+    nested = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "maxItems": 3, "items": {
+        "type": "array", "maxItems": 3, "items": {"type": "string", "pattern": part}}}}}
+    assert response_format_refusal(nested, LIMITS, {}, 100, "t") is not None  # 4 x 4 copies
