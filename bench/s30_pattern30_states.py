@@ -97,6 +97,8 @@ def _family() -> dict[str, str]:
         cases[f"[a-z]*x[a-z]{{{k}}} (overlapping classes)"] = f"[a-z]*x[a-z]{{{k}}}"
         cases[f"(ab|a|b)*a(ab|a|b){{{k}}} (alternations)"] = f"(ab|a|b)*a(ab|a|b){{{k}}}"
         cases[f"[0-9]{{1,{k}}}[0-9a-f]{{{k}}} (a counted overlap)"] = f"[0-9]{{1,{k}}}[0-9a-f]{{{k}}}"
+    for k in (1024, 4096, 16000):  # linear, a permissive class: every state allows many tokens
+        cases[f"[a-z0-9]{{1,{k}}}"] = f"^[a-z0-9]{{1,{k}}}$"
     for k in (64, 256, 1024):
         cases[f"\\w{{1,{k}}}"] = f"^\\w{{1,{k}}}$"
     cases["email w-bounded"] = "^[\\w.+-]{1,64}@[\\w-]{1,63}(\\.[\\w-]{1,63}){1,8}$"
@@ -112,6 +114,10 @@ def _schemas() -> dict[str, dict[str, Any]]:
     return {
         "4 optional properties of [ab]*a + 11 [ab]": {"type": "object", "properties": opt},
         "an array of [ab]*a + 12 [ab]": {"type": "array", "items": {"type": "string", "pattern": p12}},
+        "an array (maxItems 60) of ordinary date": {"type": "array", "maxItems": 60, "items": {
+            "type": "string", "pattern": ORDINARY["date"]}},
+        "an array (maxItems 12) of ordinary url bounded": {"type": "array", "maxItems": 12, "items": {
+            "type": "string", "pattern": ORDINARY["url bounded"]}},
         "anyOf of [ab]*a + 6 [ab] and [ab]*b + 6 [ab]": _one_any("[ab]*a" + "[ab]" * 6, "[ab]*b" + "[ab]" * 6),
         "anyOf of [ab]*a + 6 [ab] and [ab]*a + 7 [ab]": _one_any("[ab]*a" + "[ab]" * 6, "[ab]*a" + "[ab]" * 7),
         "anyOf of [ab]*a + 6 [ab], [ab]*b + 7 [ab], [ab]*a + 8 [ab]": _one_any(
