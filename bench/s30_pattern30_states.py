@@ -182,7 +182,7 @@ def cpu_main() -> None:
         print(f"| {name} | {pattern_states(p, 1 << 16):,} | {_us(lambda: pattern_states(p, 1 << 16), 20):.0f} |")
     for name, p in {"[ab]*a + 20 [ab]": "[ab]*a" + "[ab]" * 20, "email w-bounded":
                     "^[\\w.+-]{1,64}@[\\w-]{1,63}(\\.[\\w-]{1,63}){1,8}$",
-                    "(?:[a-z]|x){1000} (1,000 positions, wide)": "(?:[a-z0-9]|x){1000}",
+                    "(?:[a-z0-9] or x){1000} (1,000 positions, wide)": "(?:[a-z0-9]|x){1000}",
                     "1,024 literal characters": "a" * 1024}.items():
         cap = JsonSchemaLimits().max_pattern_states
         print(f"| {name} (default cap) | {pattern_states(p, cap):,} | {_us(lambda: pattern_states(p, cap), 3):.0f} |")
