@@ -17,20 +17,35 @@ from typing import Any
 
 from gateway.pattern_states import pattern_states
 
-__all__ = ["COST_CACHE_SIZE", "ITEM_KEYS", "alternatives_cost", "item_copies", "pattern_cost", "states_cache_clear"]
+__all__ = ["CACHED_PATTERN_CHARS", "COST_CACHE_SIZE", "ITEM_KEYS", "alternatives_cost", "cost_cache_info",
+           "item_copies", "pattern_cost", "states_cache_clear"]
 
 #: keys of an array schema whose value outlines-core writes once per item copy (:func:`item_copies`)
 ITEM_KEYS = frozenset({"items", "additionalItems", "contains", "unevaluatedItems"})
-#: counts kept (tenant, pattern, cap); a pattern is at most ``max_pattern_chars`` characters (1,024 by default)
+#: counts kept (tenant, pattern, cap)
 COST_CACHE_SIZE = 4096
+#: the longest pattern whose count is cached (characters): the cache holds at most ~4,096 x 2 KiB of keys, whatever
+#: a tenant's ``max_pattern_chars``; a longer pattern is counted each time (its work is bounded by the cap)
+CACHED_PATTERN_CHARS = 2048
+
+
+def pattern_cost(tenant: str, pattern: str, cap: int) -> int:
+    """:func:`gateway.pattern_states.pattern_states` of ``pattern`` under ``cap`` (``cap + 1``: over it or not
+    modelled), cached by ``(tenant, pattern, cap)`` when ``pattern`` has at most :data:`CACHED_PATTERN_CHARS`
+    characters; ``tenant``: the tenant's id (only a cache key). Raises nothing."""
+    if len(pattern) > CACHED_PATTERN_CHARS:
+        return pattern_states(pattern, cap)
+    return _cached_cost(tenant, pattern, cap)
 
 
 @lru_cache(maxsize=COST_CACHE_SIZE)
-def pattern_cost(tenant: str, pattern: str, cap: int) -> int:
-    """:func:`gateway.pattern_states.pattern_states` of ``pattern`` under ``cap`` (``cap + 1``: over it or not
-    modelled), cached by ``(tenant, pattern, cap)``; ``tenant``: the tenant's id (only a cache key). Raises
-    nothing."""
+def _cached_cost(tenant: str, pattern: str, cap: int) -> int:
     return pattern_states(pattern, cap)
+
+
+def cost_cache_info() -> Any:
+    """The cache's ``functools`` statistics (``hits``, ``misses``, ``currsize``; tests and benches)."""
+    return _cached_cost.cache_info()
 
 
 def alternatives_cost(members: list[Any], tenant: str, cap: int) -> int:
@@ -59,4 +74,4 @@ def item_copies(array: dict[str, Any]) -> int:
 
 def states_cache_clear() -> None:
     """Empty :func:`pattern_cost`'s cache (benches and tests)."""
-    pattern_cost.cache_clear()
+    _cached_cost.cache_clear()

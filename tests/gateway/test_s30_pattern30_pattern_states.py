@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from gateway.config_http import JsonSchemaLimits
 from gateway.pattern_states import UNICODE_CLASS_STATES, pattern_states
 from gateway.response_format import response_format_refusal, tools_refusal
-from gateway.schema_patterns import pattern_cost, states_cache_clear
+from gateway.schema_patterns import CACHED_PATTERN_CHARS, cost_cache_info, states_cache_clear
 from tenancy.tenant import TenantConfigError, parse_tenant
 
 LIMITS = JsonSchemaLimits()
@@ -191,8 +191,11 @@ def test_counts_are_cached_per_tenant() -> None:
     rf = _rf("^\\d{4}-\\d{2}-\\d{2}$")
     for tenant in ("a", "a", "b"):
         assert response_format_refusal(rf, LIMITS, {}, 100, tenant) is None
-    info = pattern_cost.cache_info()
+    info = cost_cache_info()
     assert (info.hits, info.misses, info.currsize) == (1, 2, 2)  # tenant b did not hit tenant a's entry
+    long = _rf("a" * (CACHED_PATTERN_CHARS + 1))  # counted each time, never kept: the cache's memory stays bounded
+    assert response_format_refusal(long, LIMITS, {"max_pattern_chars": 4096}, 100, "a") is None
+    assert cost_cache_info().currsize == 2
 
 
 def _any_of(*patterns: str) -> dict[str, Any]:
