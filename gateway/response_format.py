@@ -184,7 +184,9 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | str | N
         return None
     subject = "tools[].function.parameters"  # counted together: ``required`` compiles an anyOf over every tool
     quoted: list[_Node] = []
-    if (refused := _walk(roots[::-1], bound, "tools parameters", subject, quoted)) is not None:
+    # vLLM's ``required`` schema writes every tool twice (an array of them): each pattern's states twice (session 30)
+    if (refused := _walk(roots[::-1], bound, "tools parameters", subject, quoted,
+                         2 if tool_choice == "required" else 1)) is not None:
         return refused
     return _tools_inlined_refusal(roots, bound, body_bytes, subject) or _tools_regex_refusal(
         tools, roots, bound["max_regex_chars"], subject, together=tool_choice == "required") or _quote_refusal(
@@ -283,7 +285,7 @@ def _inlined_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, 
 
 
 def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what: str,
-          subject: str, quoted: list[_Node]) -> GatewayError | None:
+          subject: str, quoted: list[_Node], copies: int = 1) -> GatewayError | None:
     """Walk each schema of ``roots`` (``(schema, path)``, the last first) with shared counts and refuse the first
     bound they pass (see the module docstring); ``what`` names them in the audit reason, ``subject`` in the message.
 
@@ -295,13 +297,15 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
     :data:`~gateway.pattern_quote.QUOTE_READING_FORMATS` beside no ``pattern``, is appended to ``quoted`` (refused
     after the other bounds: O(characters) per pattern, bounded by ``max_pattern_chars``). S29-final29-1: a ``$ref``'s
     target the walk saw as data (in ``enum``, ``const``, ``default``, ``examples``) or as a name map (``#/$defs``)
-    is walked as a schema too, each target once (compilers resolve any pointer; schema_refs.unwalked_targets)."""
+    is walked as a schema too, each target once (compilers resolve any pointer; schema_refs.unwalked_targets).
+    ``max_pattern_states`` (session 30): each pattern's count times the copies outlines-core writes of it
+    (``copies`` for the roots, times each array's :func:`~gateway.schema_patterns.item_copies` above it)."""
     properties = enums = pattern_chars = states = 0
     quotes = bound["quote_reading_patterns"] == "refuse"
     # (value, path node, depth, kind, the roots it may be in, the copies outlines-core writes of it: array items)
     stack: list[tuple[Any, _Node, int, int, tuple, int]] = []
     for root, path in roots:
-        stack.append((root, _node(path), 0, _SCHEMA, (root,), 1))
+        stack.append((root, _node(path), 0, _SCHEMA, (root,), copies))
     walked: set[int] = set()  # S29-final29-1: ids of what was walked as schemas; refs: {(text, id(root)): ...}
     refs: dict[tuple[str, int], tuple[_Node, int, tuple, Any, int]] = {}
     while stack or refs:

@@ -234,3 +234,13 @@ def test_array_items_count_once_per_copy_outlines_core_writes() -> None:
     nested = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "maxItems": 3, "items": {
         "type": "array", "maxItems": 3, "items": {"type": "string", "pattern": part}}}}}
     assert response_format_refusal(nested, LIMITS, {}, 100, "t") is not None  # 4 x 4 copies
+
+
+def test_tool_choice_required_counts_each_tool_twice() -> None:
+    """vLLM's ``required`` schema is an array of the tools: outlines-core writes each tool's parameters twice."""
+    part = "[ab]*a" + "[ab]" * 10  # 2,049 states
+    params = _rf(*[part] * 5)["json_schema"]["schema"]  # 10,245 once, 20,490 twice
+    tools = [{"type": "function", "function": {"name": "f", "parameters": params}}]
+    assert tools_refusal(tools, LIMITS, {}, 100, "auto", "t") is None
+    err = tools_refusal(tools, LIMITS, {}, 100, "required", "t")
+    assert err is not None and err.record == {"reason": "tools parameters over limits.json_schema.max_pattern_states"}
