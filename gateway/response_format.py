@@ -67,7 +67,7 @@ from typing import Any
 from gateway.errors import GatewayError
 from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
 from gateway.schema_expansion import regex_chars, required_schema
-from gateway.schema_patterns import ITEM_KEYS, alternatives_cost, item_copies, pattern_cost
+from gateway.schema_patterns import ITEM_KEYS, alternatives_cost, item_copies, pattern_cost, refs_states_refusal
 from gateway.schema_refs import TOO_DEEP as _TOO_DEEP
 from gateway.schema_refs import encoded_bytes as _encoded_bytes
 from gateway.schema_refs import inlined_bytes, unwalked_targets
@@ -126,7 +126,9 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     return _walk([(root, path)], bound, "response_format", "response_format", quoted) or _inlined_refusal(
         [(root, path)], bound, "response_format", "response_format") or (
         _regex_refusal(root, path, bound["max_regex_chars"], "response_format", "response_format")
-        if len(path) > 1 else None) or _quote_refusal(quoted, "response_format", "response_format")
+        if len(path) > 1 else None) or refs_states_refusal(
+        [(root, path)], bound, "response_format", "response_format") or _quote_refusal(
+        quoted, "response_format", "response_format")
 
 
 def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | str | None], body_bytes: int,
@@ -189,7 +191,8 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | str | N
                          2 if tool_choice == "required" else 1)) is not None:
         return refused
     return _tools_inlined_refusal(roots, bound, body_bytes, subject) or _tools_regex_refusal(
-        tools, roots, bound["max_regex_chars"], subject, together=tool_choice == "required") or _quote_refusal(
+        tools, roots, bound["max_regex_chars"], subject, together=tool_choice == "required") or refs_states_refusal(
+        roots, bound, "tools parameters", subject, 2 if tool_choice == "required" else 1) or _quote_refusal(
         quoted, "tools parameters", subject)
 
 

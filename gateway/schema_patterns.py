@@ -15,11 +15,16 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from gateway.errors import GatewayError
 from gateway.pattern_states import pattern_states
+from gateway.schema_refs import inlined_bytes
+from gateway.schema_refusal import path_node, path_param, refused
 
 __all__ = ["CACHED_PATTERN_CHARS", "COST_CACHE_SIZE", "ITEM_KEYS", "alternatives_cost", "cost_cache_info",
-           "item_copies", "pattern_cost", "states_cache_clear"]
+           "item_copies", "pattern_cost", "refs_states_refusal", "states_cache_clear", "subtree_states"]
 
+#: keywords whose value is data, never a schema (as gateway/response_format.py reads them)
+_DATA = frozenset({"enum", "const", "default", "examples"})
 #: keys of an array schema whose value outlines-core writes once per item copy (:func:`item_copies`)
 ITEM_KEYS = frozenset({"items", "additionalItems", "contains", "unevaluatedItems"})
 #: counts kept (tenant, pattern, cap)
@@ -70,6 +75,45 @@ def item_copies(array: dict[str, Any]) -> int:
     ``maxItems``, at least 2. Its values are bounded by ``max_item_count`` (default 128) in the same walk."""
     counts = [v for v in (array.get("minItems"), array.get("maxItems")) if type(v) is int and v > 0]
     return 1 + max(counts, default=1)
+
+
+def refs_states_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what: str,
+                        subject: str, copies: int = 1) -> GatewayError | None:
+    """``max_pattern_states`` over each schema of ``roots`` (``(schema, path)``) with its local ``$ref`` inlined:
+    outlines-core writes a reference's target at each reference, each copy with its own states (8 properties
+    referring to one definition of ``[ab]*a`` + 12 ``[ab]``: 65,626 DFA states, 8 x 8,204; S30-pattern30-6), which
+    the walk counts once. :func:`gateway.schema_refs.inlined_bytes` with :func:`subtree_states` as each node's size
+    (the definitions counted once more, an over-count); nothing for a schema without references. The 400, or
+    None."""
+    cap = bound["max_pattern_states"]
+    if cap is None:
+        return None
+    for root, path in roots:
+        if inlined_bytes(root, lambda node: subtree_states(node, bound["tenant"], cap), cap) * copies > cap:
+            return refused(path_param(path_node(path)), f"{subject} has patterns whose automata need more than {cap} "
+                           "states together once its $ref are inlined", "max_pattern_states", what)
+    return None
+
+
+def subtree_states(node: Any, tenant: str, cap: int) -> int:
+    """The :func:`pattern_cost` of every ``pattern`` in ``node``'s schemas (references not followed; array items
+    times :func:`item_copies`; ``enum`` / ``const`` / ``default`` / ``examples`` data skipped), at most ``cap + 1``."""
+    total, stack = 0, [(node, 1)]
+    while stack:
+        cur, times = stack.pop()
+        if type(cur) is list:
+            stack.extend((v, times) for v in cur if type(v) is dict or type(v) is list)
+            continue
+        if type(cur) is not dict:
+            continue
+        for key, value in cur.items():
+            if key == "pattern" and type(value) is str:
+                total += times * pattern_cost(tenant, value, cap)
+                if total > cap:
+                    return cap + 1
+            elif key not in _DATA and (type(value) is dict or type(value) is list):
+                stack.append((value, times * item_copies(cur) if key in ITEM_KEYS else times))
+    return total
 
 
 def states_cache_clear() -> None:

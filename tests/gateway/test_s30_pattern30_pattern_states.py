@@ -244,3 +244,22 @@ def test_tool_choice_required_counts_each_tool_twice() -> None:
     assert tools_refusal(tools, LIMITS, {}, 100, "auto", "t") is None
     err = tools_refusal(tools, LIMITS, {}, 100, "required", "t")
     assert err is not None and err.record == {"reason": "tools parameters over limits.json_schema.max_pattern_states"}
+
+
+def test_references_count_once_per_place_outlines_core_inlines_them() -> None:
+    """8 properties referring to one definition of ``[ab]*a`` + 12 ``[ab]``: outlines-core 0.2.14 builds 65,626 DFA
+    states (8 x 8,204); the walk meets the definition once (S30-pattern30-6)."""
+    part = "[ab]*a" + "[ab]" * 12  # 8,962 counted
+
+    def refs(n: int, pattern: str) -> dict[str, Any]:
+        props = {f"a{i}": {"$ref": "#/$defs/p"} for i in range(n)}
+        return {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "$defs": {"p": {"type": "string", "pattern": pattern}}, "properties": props}}}
+    err = response_format_refusal(refs(8, part), LIMITS, {}, 100, "t")
+    assert err is not None and err.param == "response_format.json_schema.schema"
+    assert err.record == {"reason": "response_format over limits.json_schema.max_pattern_states"}
+    assert "$ref" in err.message
+    assert response_format_refusal(refs(30, "^\\d{4}-\\d{2}-\\d{2}$"), LIMITS, {}, 100, "t") is None  # 31 x 267
+    assert response_format_refusal(refs(8, part), LIMITS, {"max_pattern_states": None}, 100, "t") is None
+    tools = [{"type": "function", "function": {"name": "f", "parameters": refs(8, part)["json_schema"]["schema"]}}]
+    assert tools_refusal(tools, LIMITS, {}, 100, "auto", "t") is not None
