@@ -391,4 +391,5 @@ def _walk(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what:
             if type(value) is dict or type(value) is list:  # a scalar holds nothing more to walk
                 stack.append((value, (where, key), depth, next_kind, top + (value,) if key in _SUBROOTS and type(
                     value) is dict else top, times * item_copies(cur) if key in ITEM_KEYS and kind == _SCHEMA else times))
+    bound["states"] = states  # the patterns' states, walked (gateway.schema_patterns.refs_states_refusal)
     return None

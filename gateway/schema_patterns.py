@@ -83,10 +83,11 @@ def refs_states_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[st
     outlines-core writes a reference's target at each reference, each copy with its own states (8 properties
     referring to one definition of ``[ab]*a`` + 12 ``[ab]``: 65,626 DFA states, 8 x 8,204; S30-pattern30-6), which
     the walk counts once. :func:`gateway.schema_refs.inlined_bytes` with :func:`subtree_states` as each node's size
-    (the definitions counted once more, an over-count); nothing for a schema without references. The 400, or
+    (the definitions counted once more, an over-count); nothing for a schema without references, nor when the walk
+    (gateway/response_format.py ``_walk``, which leaves its sum in ``bound["states"]``) met no pattern. The 400, or
     None."""
     cap = bound["max_pattern_states"]
-    if cap is None:
+    if cap is None or not bound.get("states"):  # no pattern was walked: references cannot add states
         return None
     for root, path in roots:
         if inlined_bytes(root, lambda node: subtree_states(node, bound["tenant"], cap), cap) * copies > cap:
