@@ -57,7 +57,7 @@ def parse_and_count(adm: Admission, raw: bytes, endpoint: Endpoint, limits: Limi
                                   max_batch_prompts=bounds.max_batch_prompts, max_json_items=limits.max_json_items,
                                   max_tools=limits.max_tools, max_free_values=bounds.max_free_values,
                                   unknown_fields=limits.unknown_fields, json_schema=limits.json_schema,
-                                  json_schema_tenant=tenant.json_schema_limits)
+                                  json_schema_tenant=tenant.json_schema_limits, tenant_id=tenant.id)
     seqs = len(req.prompts) or 1  # = req.sequences, without the property's call (session 17)
     try:  # = adm.check_request(req, tenant): it runs (and raises) only when one of its tests fails
         if ((model := req.model) not in tenant.models or model not in adm.served_models

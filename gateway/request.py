@@ -191,7 +191,8 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
                             max_json_items: int | None = None, max_tools: int | None = None,
                             max_free_values: int | None = None,
                             unknown_fields: UnknownFields = "refuse", json_schema: Any = None,
-                            json_schema_tenant: Mapping[str, int | str | None] = _NO_OVERRIDES) -> InferenceRequest:
+                            json_schema_tenant: Mapping[str, int | str | None] = _NO_OVERRIDES,
+                            tenant_id: str = "") -> InferenceRequest:
     """Decode and validate an OpenAI request body for ``endpoint``.
 
     Raises :class:`GatewayError` 400 with code ``invalid_json`` (not UTF-8, not JSON, a ``NaN``/``Infinity``/
@@ -202,7 +203,8 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     ``batch_too_large`` (a list ``prompt`` of more than ``max_batch_prompts`` elements), ``too_many_tools`` /
     ``too_many_json_items`` (gateway/free_form.py: ``max_tools``, ``max_free_values``), ``json_schema_too_complex``
     (gateway/response_format.py: a chat ``response_format`` or a ``tools[].function.parameters`` over
-    ``limits.json_schema``, with the tenant's ``json_schema_tenant`` overrides; None: not checked) — all counted before schema validation —, ``too_many_json_items``
+    ``limits.json_schema``, with the tenant's ``json_schema_tenant`` overrides; None: not checked; ``tenant_id``: the
+    key of the tenant's cached pattern counts, session 30) — all counted before schema validation —, ``too_many_json_items``
     (:func:`json_items_bound` above ``max_json_items``, counted before decoding) or
     ``invalid_request`` (schema violation; the message names the field, never
     its value), ``unsupported_parameter`` (``unknown_fields`` ``refuse``: a top-level field outside the schema,
@@ -261,10 +263,11 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     if endpoint == "chat" and (refused := free_form_refusal(data, max_tools, max_free_values, len(raw))):
         raise refused  # S22-review-4: before the schema, the nesting walk, model_dump and the rendering
     if (endpoint == "chat" and json_schema is not None and "response_format" in data and (refused := (
-            response_format_refusal(data["response_format"], json_schema, json_schema_tenant, len(raw))))):
+            response_format_refusal(data["response_format"], json_schema, json_schema_tenant, len(raw), tenant_id)))):
         raise refused  # S23-fields-2: the replica's grammar compile, bounded before it is forwarded
     if (endpoint == "chat" and json_schema is not None and "tools" in data and (refused := (
-            tools_refusal(data["tools"], json_schema, json_schema_tenant, len(raw), data.get("tool_choice"))))):
+            tools_refusal(data["tools"], json_schema, json_schema_tenant, len(raw), data.get("tool_choice"),
+                          tenant_id)))):
         raise refused  # S24-fields-1, S25-review-3: each tool's parameters schema is compiled too
     fast = None if not checked else plain_chat(data, plain) if endpoint == "chat" else plain_completion(data, plain)
     if fast is not None:  # the commonest body, as the schema reads it (gateway/request_fast.py, issue 14)

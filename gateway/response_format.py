@@ -37,6 +37,9 @@ overridden per tenant by ``tenants[].json_schema_limits``):
   content's ``pattern``, and a ``{"type": "repeat"}`` content's ``min`` / ``max`` (vLLM's ``structural_tag``
   ``format``: the same rule repetition in xgrammar);
   ``None``: not checked.
+* ``max_pattern_states`` (session 30, pattern30, S30-pattern30-1): the states of the automata of every quote-free
+  ``pattern`` together (:mod:`gateway.pattern_states`, cached per tenant by :mod:`gateway.schema_patterns`); ``None``:
+  not checked (xgrammar, llguidance).
 
 OpenAI documents its own limits of a Structured Outputs schema (platform.openai.com/docs/guides/structured-outputs,
 "Supported schemas"): at most 5,000 object properties, 10 levels of object nesting, 1,000 enum values, 120,000
@@ -69,14 +72,15 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.schema_expansion import regex_chars, required_schema
+from gateway.schema_patterns import refs_states_refusal
 from gateway.schema_refs import TOO_DEEP as _TOO_DEEP
 from gateway.schema_refs import encoded_bytes as _encoded_bytes
 from gateway.schema_refs import inlined_bytes
-from gateway.schema_walk import MAX_PARAM_CHARS
-from gateway.schema_walk import Node as _Node
-from gateway.schema_walk import param_of as _param
-from gateway.schema_walk import path_node as _node
-from gateway.schema_walk import refused as _refused
+from gateway.schema_refusal import MAX_PARAM_CHARS
+from gateway.schema_refusal import Node as _Node
+from gateway.schema_refusal import path_node as _node
+from gateway.schema_refusal import path_param as _param
+from gateway.schema_refusal import refused as _refused
 from gateway.schema_walk import walk_bounds as _walk
 from gateway.tool_schemas import sglang_schemas, wrapper_nodes
 
@@ -85,9 +89,9 @@ __all__ = ["JSON_SCHEMA_BOUNDS", "MAX_PARAM_CHARS", "response_format_refusal", "
 #: the names of the bounds (``limits.json_schema`` keys, ``tenants[].json_schema_limits`` keys)
 JSON_SCHEMA_BOUNDS = ("max_bytes", "max_depth", "max_properties", "max_enum_values", "max_pattern_chars",
                       "max_tool_schemas_bytes", "max_regex_chars", "quote_reading_patterns",
-                      "max_item_count")
+                      "max_item_count", "max_pattern_states")
 def response_format_refusal(response_format: Any, limits: Any, overrides: Mapping[str, int | str | None],
-                            body_bytes: int) -> GatewayError | None:
+                            body_bytes: int, tenant: str = "") -> GatewayError | None:
     """The 400 for a decoded chat body's ``response_format`` over a bound (see the module docstring), else None.
 
     ``limits``: an object with the :data:`JSON_SCHEMA_BOUNDS` attributes (ints; ``limits.json_schema``);
@@ -97,10 +101,11 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     object is left to it. Work: one C encoding of ``response_format`` when the body is longer than ``max_bytes``,
     then a walk that stops at the first bound passed, then the inlined count (:func:`_inlined_refusal`), then
     the regular expression's estimate (:func:`_regex_refusal`, O(nodes); session 27), then the first pattern the walk
-    found reading the closing quote (``quote_reading_patterns``, session 29). Raises nothing."""
+    found reading the closing quote (``quote_reading_patterns``, session 29). ``tenant``: the tenant's id, the key of
+    its cached pattern counts (``max_pattern_states``, session 30). Raises nothing."""
     if type(response_format) is not dict:
         return None
-    bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
+    bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS} | {"tenant": tenant}
     if body_bytes > bound["max_bytes"] and (size := _encoded_bytes(response_format)) > bound["max_bytes"]:
         if size == _TOO_DEEP:  # S25-review-1: was a RecursionError, a 500 and a traceback; the decoder's own answer
             return GatewayError(400, "invalid_json", "request body is nested too deeply")
@@ -115,11 +120,13 @@ def response_format_refusal(response_format: Any, limits: Any, overrides: Mappin
     return _walk([(root, path)], bound, "response_format", "response_format", quoted) or _inlined_refusal(
         [(root, path)], bound, "response_format", "response_format") or (
         _regex_refusal(root, path, bound["max_regex_chars"], "response_format", "response_format")
-        if len(path) > 1 else None) or _quote_refusal(quoted, "response_format", "response_format")
+        if len(path) > 1 else None) or refs_states_refusal(
+        [(root, path)], bound, "response_format", "response_format") or _quote_refusal(
+        quoted, "response_format", "response_format")
 
 
 def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | str | None], body_bytes: int,
-                  tool_choice: Any = "required") -> GatewayError | None:
+                  tool_choice: Any = "required", tenant: str = "") -> GatewayError | None:
     """The 400 for a decoded chat body's ``tools`` whose ``function.parameters`` schemas pass a bound of
     :data:`JSON_SCHEMA_BOUNDS`, else None (session 25: S24-fields-1, S25-review-3).
 
@@ -141,11 +148,11 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | str | N
     encoding per tool only when the body is longer than a byte bound, and the inlined count of each tool
     (:func:`_tools_inlined_refusal`), then each tool's regular expression estimate and, only when ``tool_choice``
     (the body's) is ``"required"``, their sum (:func:`_tools_regex_refusal`; session 27: vLLM builds that one
-    schema of every tool for ``required`` only; the default, for a caller that does not say, counts it). Raises
-    nothing."""
+    schema of every tool for ``required`` only; the default, for a caller that does not say, counts it).
+    ``tenant``: as :func:`response_format_refusal`. Raises nothing."""
     if type(tools) is not list:
         return None
-    bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS}
+    bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS} | {"tenant": tenant}
     count_bytes = body_bytes > min(bound["max_bytes"], bound["max_tool_schemas_bytes"])
     total = 0
     roots: list[tuple[Any, tuple[str, ...]]] = []
@@ -174,12 +181,14 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | str | N
     subject = "tools[].function.parameters"  # counted together: ``required`` compiles an anyOf over every tool
     quoted: list[_Node] = []
     # S30-attack30-2: a reference may also resolve in the schemas vLLM and SGLang build of the tools (another tool's
-    # ``$defs`` or ``parameters``, its own data through SGLang's named-choice array), built only once the walk meets one
-    if (refused := _walk(roots[::-1], bound, "tools parameters", subject, quoted,
-                         shared=lambda: _shared(tools))) is not None:
+    # ``$defs`` or ``parameters``, its own data through SGLang's named-choice array), built only once the walk meets one;
+    # vLLM's ``required`` schema writes every tool twice (an array of them): each pattern's states twice (pattern30)
+    if (refused := _walk(roots[::-1], bound, "tools parameters", subject, quoted, shared=lambda: _shared(tools),
+                         copies=2 if tool_choice == "required" else 1)) is not None:
         return refused
     return _tools_inlined_refusal(roots, bound, body_bytes, subject) or _tools_regex_refusal(
-        tools, roots, bound["max_regex_chars"], subject, together=tool_choice == "required") or _quote_refusal(
+        tools, roots, bound["max_regex_chars"], subject, together=tool_choice == "required") or refs_states_refusal(
+        roots, bound, "tools parameters", subject, 2 if tool_choice == "required" else 1) or _quote_refusal(
         quoted, "tools parameters", subject)
 
 

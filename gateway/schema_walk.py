@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
+from gateway.schema_patterns import ITEM_KEYS, alternatives_cost, item_copies, pattern_cost
 from gateway.schema_refs import unwalked_targets
-from gateway.unknown_fields import field_label
+from gateway.schema_refusal import MAX_PARAM_CHARS, Node, path_node, refused
+from gateway.schema_refusal import path_param as param_of
 
 __all__ = ["MAX_PARAM_CHARS", "Node", "Shared", "largest_count", "param_of", "path_node", "refused", "walk_bounds"]
 
@@ -28,13 +30,10 @@ _DATA = frozenset({"enum", "const", "default", "examples"})
 _SUBROOTS = frozenset({"schema", "json_schema"})
 _SCHEMA, _MAP, _VALUE = 0, 1, 2  # what a walked value is
 _CONTAINERS = frozenset({dict, list})
-#: the longest ``param`` of a refusal (characters)
-MAX_PARAM_CHARS = 1024
-#: a walked value's path: ``(parent node, key or list index)``, None above the root (session 25, S25-review-2)
-Node = Optional[tuple[Any, Any]]
+
 
 def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what: str, subject: str,
-                quoted: list[Node], shared: Callable[[], Shared] | None = None) -> GatewayError | None:
+                quoted: list[Node], shared: Callable[[], Shared] | None = None, copies: int = 1) -> GatewayError | None:
     """Walk each schema of ``roots`` (``(schema, path)``, the last first) with shared counts and refuse the first
     bound they pass (see the module docstring); ``what`` names them in the audit reason, ``subject`` in the message.
 
@@ -54,37 +53,41 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
     their own containers (never walked: what they hold of the client's is walked from the roots). S30-attack30-7: a ``grammar`` string, and the ``pattern`` of an
     object whose ``type`` is ``"regex"`` (a structural tag's contents), may hold no counted repetition over
     ``max_item_count`` (:func:`largest_count`), nor the ``min`` / ``max`` of an object whose ``type`` is
-    ``"repeat"``."""
-    properties = enums = pattern_chars = 0
+    ``"repeat"``. ``max_pattern_states`` (session 30, pattern30): each quote-free pattern's count times the copies
+    outlines-core writes of it (``copies`` for the roots, times each array's
+    :func:`~gateway.schema_patterns.item_copies` above it); the sum is left in ``bound["states"]``
+    (:func:`gateway.schema_patterns.refs_states_refusal`)."""
+    properties = enums = pattern_chars = states = 0
     quotes = bound["quote_reading_patterns"] == "refuse"
-    stack: list[tuple[Any, Node, int, int, tuple]] = []  # (value, path node, depth, kind, the roots it may be in)
+    # (value, path node, depth, kind, the roots it may be in, the copies outlines-core writes of it: array items)
+    stack: list[tuple[Any, Node, int, int, tuple, int]] = []
     for root, path in roots:
-        stack.append((root, path_node(path), 0, _SCHEMA, (root,)))
+        stack.append((root, path_node(path), 0, _SCHEMA, (root,), copies))
     walked: set[int] = set()  # S29-final29-1: ids of what was walked as schemas; refs: {(text, id(root)): ...}
-    refs: dict[tuple[str, int], tuple[Node, int, tuple, Any]] = {}
+    refs: dict[tuple[str, int], tuple[Node, int, tuple, Any, int]] = {}
     others: Shared | None = None  # ``shared``'s schemas, once asked for
     while stack or refs:
         if not stack:  # a $ref into data (default, const) or a name map: its target is a schema too
             if shared is not None and others is None:
                 others = shared()
                 walked.update(others[2])
-            stack.extend((node, (refs[key][0], "$ref"), refs[key][1], _SCHEMA, refs[key][2])
+            stack.extend((node, (refs[key][0], "$ref"), refs[key][1], _SCHEMA, refs[key][2], refs[key][4])
                          for node, key in unwalked_targets(_where_resolved(refs, others), walked))
             refs = {}
             continue
-        cur, where, depth, kind, top = stack.pop()
+        cur, where, depth, kind, top, times = stack.pop()
         if kind == _SCHEMA:
             walked.add(id(cur))
             if type(cur) is dict and type(ref := cur.get("$ref")) is str:
                 for root in top:  # a structural tag's schema is a root of its own (xgrammar): each may hold it
-                    refs.setdefault((ref, id(root)), (where, depth, top, root))
+                    refs.setdefault((ref, id(root)), (where, depth, top, root, times))
                 if shared is not None:  # key 0 (no object's id): resolved in ``shared``'s schemas
-                    refs.setdefault((ref, 0), (where, depth, top, None))
-                    refs.setdefault((ref, -id(top[0])), (where, depth, top, top))  # in its root's own wrapper
+                    refs.setdefault((ref, 0), (where, depth, top, None, times))
+                    refs.setdefault((ref, -id(top[0])), (where, depth, top, top, times))  # in its root's own wrapper
         if type(cur) is list:
             if _CONTAINERS.isdisjoint(map(type, cur)):  # strings, numbers (an enum's values): one pass in C (cut)
                 continue
-            stack.extend((v, (where, i), depth, kind, top) for i, v in enumerate(cur)
+            stack.extend((v, (where, i), depth, kind, top, times) for i, v in enumerate(cur)
                          if type(v) is dict or type(v) is list)
             continue
         if type(cur) is not dict:  # the root only: nothing else that is not a container is pushed
@@ -95,6 +98,11 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
                 return refused(param_of(where), f"{subject} nests more than {bound['max_depth']} schema levels",
                                 "max_depth", what)
         for key, value in cur.items():
+            if (key == "anyOf" or key == "oneOf") and kind == _SCHEMA and type(value) is list and bound[
+                    "max_pattern_states"] is not None and (states := states + alternatives_cost(
+                    value, bound["tenant"], bound["max_pattern_states"]) * times) > bound["max_pattern_states"]:
+                return refused(param_of((where, key)), f"{subject} has patterns whose automata need more than "
+                               f"{bound['max_pattern_states']} states together", "max_pattern_states", what)
             if kind == _MAP:
                 assert where is not None
                 if where[1] == "properties":
@@ -122,10 +130,14 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
                 if pattern_chars > bound["max_pattern_chars"]:
                     return refused(param_of((where, key)), f"{subject} has patterns of more than "
                                     f"{bound['max_pattern_chars']} characters together", "max_pattern_chars", what)
-                if quotes and not quoted and pattern_reads_quote(value):
+                if (reads := quotes and pattern_reads_quote(value)) and not quoted:
                     quoted.append((where, key))
                 if cur.get("type") == "regex" and (over := _count_refusal(value, bound, where, key, subject, what)):
                     return over  # S30-attack30-7: a structural tag's regex content (xgrammar's rule repetition)
+                if bound["max_pattern_states"] is not None and not reads and (states := states + times * pattern_cost(
+                        bound["tenant"], value, bound["max_pattern_states"])) > bound["max_pattern_states"]:
+                    return refused(param_of((where, key)), f"{subject} has patterns whose automata need more than "
+                                   f"{bound['max_pattern_states']} states together", "max_pattern_states", what)
                 continue
             elif key == "grammar" and type(value) is str:  # S30-attack30-7: a structural tag's EBNF content
                 if (over := _count_refusal(value, bound, where, key, subject, what)) is not None:
@@ -146,7 +158,9 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
                 next_kind = _MAP if key in _NAME_MAPS and type(value) is dict else _SCHEMA
             if type(value) is dict or type(value) is list:  # a scalar holds nothing more to walk
                 stack.append((value, (where, key), depth, next_kind,
-                              top + (value,) if key in _SUBROOTS and type(value) is dict else top))
+                              top + (value,) if key in _SUBROOTS and type(value) is dict else top,
+                              times * item_copies(cur) if key in ITEM_KEYS and kind == _SCHEMA else times))
+    bound["states"] = states  # the patterns' states, walked (gateway.schema_patterns.refs_states_refusal)
     return None
 
 
@@ -155,7 +169,7 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
 Shared = tuple[list[Any], dict[int, Any], set[int]]
 
 
-def _where_resolved(refs: dict[tuple[str, int], tuple[Node, int, tuple, Any]],
+def _where_resolved(refs: dict[tuple[str, int], tuple[Node, int, tuple, Any, int]],
                     others: Shared | None) -> list[tuple[Any, tuple[str, int]]]:
     """``(schema, key)`` for each reference of ``refs`` and each schema it is resolved in: its own root (``v[3]`` a
     dict), every shared schema (``v[3]`` None), its walk root's own wrapper (``v[3]`` the ``top`` tuple)."""
@@ -199,31 +213,3 @@ def _count_refusal(text: str, bound: dict[str, Any], where: Node, key: str, subj
         return None
     return refused(param_of((where, key)), f"{subject} asks for a counted repetition over {cap} in a grammar or "
                    "regular expression", "max_item_count", what)
-
-
-def path_node(path: tuple[str, ...]) -> Node:
-    """The path node of ``path`` (:data:`Node`: ``(parent node, key)``, None above the root)."""
-    node: Node = None
-    for name in path:
-        node = (node, name)
-    return node
-
-
-def param_of(node: Node) -> str:
-    """The path of ``node`` as the error's ``param``: dotted, each client key as :func:`field_label` shows it (the
-    fixed names and list indexes are plain ASCII already); cut to :data:`MAX_PARAM_CHARS` (``...`` marks a cut)."""
-    parts: list[str] = []
-    while node is not None:
-        node, key = node
-        parts.append(str(key) if type(key) is int else key)
-    parts.reverse()
-    param = ".".join(p if p.isascii() and (p.isidentifier() or p.isdigit()) else field_label(p) for p in parts)
-    return param if len(param) <= MAX_PARAM_CHARS else param[:MAX_PARAM_CHARS - 3] + "..."
-
-
-def refused(param: str, message: str, name: str, what: str = "response_format") -> GatewayError:
-    """The 400 ``json_schema_too_complex`` naming the bound ``name`` (``limits.json_schema.<name>``) in its message and
-    its audit ``reason`` (``what``: ``response_format`` or ``tools parameters``; no client text there)."""
-    return GatewayError(400, "json_schema_too_complex", f"{message} (limits.json_schema.{name}, for this tenant); the "
-                        "replica compiles it into a grammar before the first token", param=param,
-                        record={"reason": f"{what} over limits.json_schema.{name}"}, client_text=True)

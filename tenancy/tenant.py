@@ -86,7 +86,8 @@ class Tenant:
     identity rules that map to this tenant (prefix rules end in ``/``). ``json_schema_limits``: the tenant's own
     bounds on a chat body's ``response_format`` schema by name (``max_bytes``, ``max_depth``, ...), each
     overriding ``limits.json_schema`` (empty: the gateway's; gateway/response_format.py; session 24); since session
-    27 (expand27) ``max_regex_chars``, and since session 29 ``max_item_count``, may map to None: not checked for
+    27 (expand27) ``max_regex_chars``, since session 29 ``max_item_count`` and since session 30
+    ``max_pattern_states``, may map to None: not checked for
     this tenant; since session 29 (pattern29) ``quote_reading_patterns`` maps to "refuse" or "allow".
     """
 
@@ -167,12 +168,13 @@ def _burst(rate: float | None, burst: float | None) -> float | None:
 
 def _json_schema_limits(entry: Any) -> dict[str, int | str | None]:
     """A ``json_schema_limits`` entry's values by name: the keys written with a value, and ``max_regex_chars`` or
-    ``max_item_count`` written as null (None: the bound is off for the tenant; sessions 27 and 29). Empty for no
+    ``max_item_count`` or ``max_pattern_states`` written as null (None: the bound is off for the tenant; sessions 27,
+    29 and 30). Empty for no
     entry."""
     if entry is None:
         return {}
     out: dict[str, int | str | None] = entry.model_dump(exclude_none=True)
-    for name in ("max_regex_chars", "max_item_count"):  # session 29: max_item_count too
+    for name in ("max_regex_chars", "max_item_count", "max_pattern_states"):  # sessions 29, 30: the later two
         if name in entry.model_fields_set and getattr(entry, name) is None:
             out[name] = None
     return out

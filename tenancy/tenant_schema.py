@@ -33,7 +33,8 @@ FIELD_MESSAGES: dict[str, str] = {
     "forward_user": "must be 'drop' or 'pseudonym'",
     "usage_cached_tokens": "must be 'pass' or 'drop'",
     "json_schema_limits": "must map max_pattern_chars to an integer >= 0, max_regex_chars to a positive integer or "
-                          "null (not checked), max_item_count to a positive integer or null, and max_bytes, "
+                          "null (not checked), max_item_count and max_pattern_states to a positive integer or null, "
+                          "and max_bytes, "
                           "max_depth, max_properties, max_enum_values, max_tool_schemas_bytes to positive "
                           "integers, and quote_reading_patterns to 'refuse' or 'allow'",
     **{k: "must be a positive finite number" for k in (
@@ -69,6 +70,8 @@ class JsonSchemaLimitsEntry(BaseModel):
     quote_reading_patterns: Literal["refuse", "allow"] | None = None
     #: session 29 (xgrammar29): the largest minItems/maxItems/minProperties/maxProperties; null: off for this tenant
     max_item_count: _PositiveInt | None = None
+    #: session 30 (pattern30): the states of a schema's patterns' automata together; null: off for this tenant
+    max_pattern_states: _PositiveInt | None = None
 
 
 class TenantEntry(BaseModel):

@@ -39,7 +39,8 @@ def test_defaults_and_names() -> None:
         "max_pattern_chars": 1024, "max_tool_schemas_bytes": 262144,  # session 25 (tools)
         "max_regex_chars": 1_000_000,  # session 27 (expand27, S27-review27-3)
         "quote_reading_patterns": "refuse",  # session 29 (pattern29, S29-pattern29-1)
-        "max_item_count": 128}  # session 29 (xgrammar29, S29-xgrammar29-1)
+        "max_item_count": 128,  # session 29 (xgrammar29, S29-xgrammar29-1)
+        "max_pattern_states": 16384}  # session 30 (pattern30, S30-pattern30-1)
     assert set(JsonSchemaLimits.model_fields) == set(JSON_SCHEMA_BOUNDS)
 
 
@@ -121,7 +122,8 @@ def test_any_json_gives_an_answer_or_none(schema: Any, depth: int, props: int, e
         assert err.param.startswith("response_format") and err.param.isascii() and err.param.isprintable()
     assert _refusal(_rf(schema), {"max_depth": 99, "max_properties": 99, "max_enum_values": 99,
                                   "max_pattern_chars": 999,  # session 29: the quote check reads no size
-                                  "quote_reading_patterns": "allow"}) is None
+                                  "quote_reading_patterns": "allow",
+                                  "max_pattern_states": None}) is None  # session 30: refuses what it cannot parse
 
 
 def test_parse_refuses_before_validation_and_counts_the_tenant() -> None:

@@ -152,7 +152,8 @@ _LIMITS = st.builds(SimpleNamespace, max_bytes=st.sampled_from([40, 65536]), max
                     max_pattern_chars=st.integers(0, 8), max_tool_schemas_bytes=st.just(262144),
                     max_regex_chars=st.just(None),  # session 27's bound off: session 24 had none
                     quote_reading_patterns=st.just("allow"),  # session 29's (pattern29) off too
-                    max_item_count=st.just(None))  # session 29's bound off too
+                    max_item_count=st.just(None),  # session 29's bound off too
+                    max_pattern_states=st.just(None))  # session 30's (pattern30) too
 
 
 def _refusal(mod: ModuleType, rf: Any, limits: Any, overrides: dict[str, int], size: int) -> Any:
@@ -178,7 +179,7 @@ def test_response_format_walk_refuses_deep_in_an_enum_list_as_before(old_rf: Mod
     limits = SimpleNamespace(max_bytes=65536, max_depth=3, max_properties=10, max_enum_values=10, max_pattern_chars=10,
                              max_tool_schemas_bytes=262144, max_regex_chars=None,  # session 27's bound off
                              quote_reading_patterns="allow",  # session 29's (pattern29) too
-                             max_item_count=None)  # session 29's too
+                             max_item_count=None, max_pattern_states=None)  # sessions 29, 30 too
     rf = {"type": "json_schema", "json_schema": {"schema": {"enum": ["a", 1, {"k": {"k": {"k": 1}}}]}}}
     got = _refusal(new_rf, rf, limits, {}, 10)
     assert got == _refusal(old_rf, rf, limits, {}, 10)

@@ -32,7 +32,9 @@ def config_overrides(capture: Any, tmp_path: Any) -> dict[str, Any]:
         "tenancy": {"master_secret_file": stable_master_secret(tmp_path), "tenants": [
             {"id": "tenant-a", "spiffe_ids": [f"spiffe://{TD}/tenant-a/"], **tenant},
             {"id": "tenant-b", "spiffe_ids": [f"spiffe://{TD}/tenant-b/"], **tenant,
-             "json_schema_limits": {"quote_reading_patterns": "allow"}}]},
+             # session 30 (pattern30): an xgrammar / llguidance tenant turns max_pattern_states off too (it refuses
+             # what it cannot parse, \p{L}, and counts ^.{1,200}$ and the like)
+             "json_schema_limits": {"quote_reading_patterns": "allow", "max_pattern_states": None}}]},
         "replicas": [{"id": "r0", "url": capture.urls[0], "pool": "default"}],
     }
 

@@ -1,0 +1,109 @@
+"""Session 30 (pattern30, S30-pattern30-1; the hole: S29-pattern29-2, S28-attack28-2): a quote-free ``pattern`` whose
+determinised automaton blows up (``[ab]*a`` then 20 ``[ab]``: killed at 3 GiB; outlines-core 0.2.14 builds it
+before the first token, with no timeout) passed every gateway bound and was forwarded (200). Over HTTP such a
+``response_format`` or tool ``parameters`` now answers 400 ``json_schema_too_complex``
+(``limits.json_schema.max_pattern_states``), nothing forwarded, one audit event ``rejected`` naming the bound and not
+the pattern; ordinary patterns are forwarded, and a tenant whose ``json_schema_limits`` say
+``max_pattern_states: null`` (a replica on xgrammar / llguidance) has them forwarded.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.conftest import TD
+from tests.hostile.conftest import stable_master_secret
+from tests.hostile.test_s27_review27_schema_refs_http import PATH, _chat, _event, _rf, _tools
+from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
+from tests.support.ordinary_patterns import ORDINARY
+
+SECRET = "QQQ_launch_code"  # client text (a property name): never in the audit event
+S = "response_format.json_schema.schema"
+
+
+@pytest.fixture
+def config_overrides(capture: Any, tmp_path: Any) -> dict[str, Any]:
+    tenant = {"models": ["sim-model"], "pools": ["default"], "max_output_tokens": 64}
+    return {
+        "limits": {"max_body_bytes": 1 << 20},
+        "tenancy": {"master_secret_file": stable_master_secret(tmp_path), "tenants": [
+            {"id": "tenant-a", "spiffe_ids": [f"spiffe://{TD}/tenant-a/"], **tenant,
+             "json_schema_limits": {"max_pattern_chars": 4096}},
+            {"id": "tenant-b", "spiffe_ids": [f"spiffe://{TD}/tenant-b/"], **tenant,
+             "json_schema_limits": {"max_pattern_states": None}}]},
+        "replicas": [{"id": "r0", "url": capture.urls[0], "pool": "default"}],
+    }
+
+
+def _then(first: dict[str, Any]) -> dict[str, Any]:
+    """``first`` as a required property followed by a date."""
+    return {"type": "object", "required": [SECRET, "b"], "properties": {
+        SECRET: first, "b": {"type": "string", "format": "date"}}}
+
+
+HOSTILE = {  # quote-free: S29-pattern29-1's bound admits each
+    "classic": "[ab]*a" + "[ab]" * 20,
+    "alternation": "(a|b)*a(a|b){20}",
+    "nested-counts": "^[ab]*a([ab]{2}){10}$",
+    "overlapping-class": "[a-z]*x[a-z]{16}",
+    "unicode-counted": "^(?:[\\w-]{1,63}\\.){1,8}$",
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+async def test_a_blow_up_pattern_is_refused_and_audited(
+        stack: Any, capture: Any, audit_log: ListLog, name: str) -> None:  # noqa: F811
+    r = await stack.client.post(PATH, json=_chat(**_rf(_then({"type": "string", "pattern": HOSTILE[name]}))),
+                                headers=stack.auth())
+    assert r.status_code == 400, r.text  # before: 200, forwarded
+    err = r.json()["error"]
+    assert err["code"] == "json_schema_too_complex"
+    assert err["param"] == f"{S}.properties.{SECRET}.pattern"
+    assert "limits.json_schema.max_pattern_states" in err["message"]
+    assert capture.seen == []
+    event = _event(audit_log)
+    assert (event.status_code, event.error_code, event.outcome.value) == (400, "json_schema_too_complex", "rejected")
+    assert event.policy.reason == "response_format over limits.json_schema.max_pattern_states"
+    text = json.dumps(event.to_dict())
+    assert SECRET not in text and HOSTILE[name] not in text
+
+
+async def test_a_blow_up_pattern_in_a_named_tool_is_refused(stack: Any, capture: Any) -> None:
+    body = _chat(**_tools(_then({"type": "string", "pattern": HOSTILE["classic"]})))
+    body["tool_choice"] = {"type": "function", "function": {"name": body["tools"][0]["function"]["name"]}}
+    r = await stack.client.post(PATH, json=body, headers=stack.auth())
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("json_schema_too_complex",
+                                           f"tools.0.function.parameters.properties.{SECRET}.pattern")
+    assert capture.seen == []
+
+
+async def test_an_any_of_of_cycles_is_refused(stack: Any, capture: Any) -> None:
+    """Each alone is small; outlines-core's alternation of them needs their product (S30-pattern30-2)."""
+    members = [{"type": "string", "pattern": f"^(?:a{{{p}}})*$"} for p in (7, 11, 13, 17, 19, 23)]
+    r = await stack.client.post(PATH, json=_chat(**_rf(_then({"anyOf": members}))), headers=stack.auth())
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == f"{S}.properties.{SECRET}.anyOf"
+    assert capture.seen == []
+
+
+async def test_ordinary_patterns_are_forwarded(stack: Any, capture: Any) -> None:
+    """Each quote-free ordinary pattern of tests/support/ordinary_patterns.py (41 of 46) as its own request."""
+    from gateway.pattern_quote import pattern_reads_quote
+    schemas = [_then({"type": "string", "pattern": p}) for p in ORDINARY.values() if not pattern_reads_quote(p)]
+    for schema in schemas:
+        r = await stack.client.post(PATH, json=_chat(**_rf(schema)), headers=stack.auth())
+        assert r.status_code == 200, (r.text, schema["properties"][SECRET])
+    assert [seen.body["response_format"]["json_schema"]["schema"] for seen in capture.seen] == schemas
+
+
+async def test_the_tenant_override_null_forwards_them(stack: Any, capture: Any) -> None:
+    schemas = [_then({"type": "string", "pattern": p}) for p in HOSTILE.values()]
+    for schema in schemas:
+        r = await stack.client.post(PATH, json=_chat(**_rf(schema)), headers=stack.auth("tenant-b/app"))
+        assert r.status_code == 200, r.text
+    assert [seen.body["response_format"]["json_schema"]["schema"] for seen in capture.seen] == schemas
