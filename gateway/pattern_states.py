@@ -39,8 +39,9 @@ object around the pattern are added (``[ab]*a`` + k ``[ab]``: 2**(k+1) + 1 here,
 pattern, not followed by the closing quote as every inlined one is, can take regex-automata up to twice the states
 by match status: ``[ab]*a[ab]{3}`` alone 32, 17 here). It counts states, not
 their cost: outlines-core stores every vocabulary token each state allows (docs/security.md S30-pattern30-4).
-Work: one pass to parse, then at most ``cap * WORK_PER_STATE`` units (positions are ints, a state of one position
-its int, of more a frozenset: no big bit sets); ordinary patterns 13 µs-1.6 ms, a refused one at 16,384 35-55 ms.
+Work: one pass to parse, then at most ``cap * WORK_PER_STATE`` units, the alphabet's construction included (session
+30, review30, S30-review30-1: it was not, and cost positions x cells x cells/64: 56 s for a 508-character pattern)
+(positions are ints, a state of one position its int, of more a frozenset: no big bit sets); ordinary patterns 13 µs-1.6 ms, a refused one at 16,384 35-55 ms.
 """
 
 from __future__ import annotations
@@ -228,15 +229,29 @@ def _count(tree: tuple, classes: list, cap: int) -> int:
     heavy.insert(0, False)
     cells: list[frozenset[int]] = []  # the alphabet: the positions of each cell; built at the first need
 
-    def alphabet() -> list[frozenset[int]]:
-        holders: dict[int, set[int]] = {}
+    def alphabet(work: int) -> tuple[list[frozenset[int]], int]:  # and the work left; _Over past it
+        # S30-review30-1: per class, its bits read once in C, and charged (per position and bit: 56 s of CPU)
+        by_class: dict[int, list[int]] = {}
         for p in range(1, len(follow)):
-            bits = of[p]
-            while bits:
-                low = bits & -bits
-                holders.setdefault(low, set()).add(p)
-                bits ^= low
-        return list({frozenset(v) for v in holders.values()})
+            by_class.setdefault(cls_of[p], []).append(p)
+        work -= len(follow)
+        holders: dict[int, list[int]] = {}  # cell -> the classes holding it
+        for c in by_class:
+            bits = bin(cell_bits[c])[:1:-1]  # bit i at index i
+            work -= bits.count("1") + len(bits) // 64
+            if work < 0:
+                raise _Over
+            i = bits.find("1")
+            while i >= 0:
+                holders.setdefault(i, []).append(c)
+                i = bits.find("1", i + 1)
+        out: list[frozenset[int]] = []
+        for group in {tuple(v) for v in holders.values()}:  # each cell's positions: its classes' positions
+            work -= sum(len(by_class[c]) for c in group)
+            if work < 0:
+                raise _Over
+            out.append(frozenset(p for c in group for p in by_class[c]))
+        return out, work
 
     seen: set[object] = {0}
     todo: list[object] = [0]
@@ -260,7 +275,10 @@ def _count(tree: tuple, classes: list, cap: int) -> int:
             ahead: list[object] = list(nxt)
         else:
             if not cells:
-                cells = alphabet()
+                try:
+                    cells, work = alphabet(work)
+                except _Over:
+                    return cap + 1
             work -= len(cells) + len(nxt)
             ahead = []
             for cell in cells:

@@ -17,11 +17,13 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.pattern_states import pattern_states
-from gateway.schema_refs import inlined_bytes
+from gateway.schema_refs import inlined_bytes, resolve_ref
 from gateway.schema_refusal import path_node, path_param, refused
 
-__all__ = ["CACHED_PATTERN_CHARS", "COST_CACHE_SIZE", "ITEM_KEYS", "alternatives_cost", "cost_cache_info",
-           "item_copies", "pattern_cost", "refs_states_refusal", "states_cache_clear", "subtree_states"]
+__all__ = ["CACHED_PATTERN_CHARS", "COST_CACHE_SIZE", "ITEM_KEYS", "REF_COPIES_NODES", "alternatives_cost",
+           "cost_cache_info",
+           "item_copies", "pattern_cost", "ref_copies_states", "refs_states_refusal", "states_cache_clear",
+           "subtree_states"]
 
 #: keywords whose value is data, never a schema (as gateway/response_format.py reads them)
 _DATA = frozenset({"enum", "const", "default", "examples"})
@@ -114,6 +116,47 @@ def subtree_states(node: Any, tenant: str, cap: int) -> int:
                     return cap + 1
             elif key not in _DATA and (type(value) is dict or type(value) is list):
                 stack.append((value, times * item_copies(cur) if key in ITEM_KEYS else times))
+    return total
+
+
+#: the schema nodes :func:`ref_copies_states` visits at most in one walk (a schema that inlines to more nodes is over
+#: the default ``max_bytes``, each node one byte at least)
+REF_COPIES_NODES = 65_536
+
+
+def ref_copies_states(root: Any, ref: str, extra: int, tenant: str, cap: int, nodes: list[int]) -> int:
+    """The states of the patterns outlines-core writes ``extra`` more times because a ``$ref`` (``ref``, local to
+    ``root``) sits where its schema is written ``extra + 1`` times (an array's items: session 30, review30,
+    S30-review30-2; the walk counts the target once where it is defined and :func:`refs_states_refusal` inlines it
+    once per reference, neither times the copies at the reference): ``extra`` x the :func:`pattern_cost` of each
+    ``pattern`` under the target, its arrays' items times :func:`item_copies`, its own references followed (not
+    along a cycle). 0 for a reference that does not resolve in ``root``; at most ``cap + 1``. ``nodes``: ``[the
+    nodes the walk's calls may still visit]`` (:data:`REF_COPIES_NODES` per walk), decremented; past it the count
+    stops and answers what it found (a schema that inlines to that many nodes is over ``max_bytes``, checked next;
+    a tenant with a larger ``max_bytes`` is under-counted there). Raises nothing."""
+    target = resolve_ref(root, ref) if type(root) is dict else None
+    total = 0
+    stack: list[tuple[Any, int, frozenset[int]]] = [(target, extra, frozenset((id(target),)))]
+    while stack:
+        cur, times, path = stack.pop()
+        nodes[0] -= 1
+        if nodes[0] < 0:
+            return total
+        if type(cur) is list:
+            stack.extend((v, times, path) for v in cur if type(v) is dict or type(v) is list)
+            continue
+        if type(cur) is not dict:
+            continue
+        if type(inner := cur.get("$ref")) is str and (to := resolve_ref(root, inner)) is not None and id(
+                to) not in path:
+            stack.append((to, times, path | {id(to)}))
+        for key, value in cur.items():
+            if key == "pattern" and type(value) is str:
+                total += times * pattern_cost(tenant, value, cap)
+                if total > cap:
+                    return cap + 1
+            elif key not in _DATA and (type(value) is dict or type(value) is list):
+                stack.append((value, times * item_copies(cur) if key in ITEM_KEYS else times, path))
     return total
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
-from gateway.schema_patterns import ITEM_KEYS, alternatives_cost, item_copies, pattern_cost
+from gateway.schema_patterns import (ITEM_KEYS, REF_COPIES_NODES, alternatives_cost, item_copies, pattern_cost,
+                                     ref_copies_states)
 from gateway.schema_refs import unwalked_targets
 from gateway.schema_refusal import MAX_PARAM_CHARS, Node, path_node, refused
 from gateway.schema_refusal import path_param as param_of
@@ -66,12 +67,13 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
     walked: set[int] = set()  # S29-final29-1: ids of what was walked as schemas; refs: {(text, id(root)): ...}
     refs: dict[tuple[str, int], tuple[Node, int, tuple, Any, int]] = {}
     others: Shared | None = None  # ``shared``'s schemas, once asked for
+    copied: list[tuple[Node, str, tuple, int]] = []  # references met where their schema is written more than once
     while stack or refs:
         if not stack:  # a $ref into data (default, const) or a name map: its target is a schema too
             if shared is not None and others is None:
                 others = shared()
                 walked.update(others[2])
-            stack.extend((node, (refs[key][0], "$ref"), refs[key][1], _SCHEMA, refs[key][2], refs[key][4])
+            stack.extend((node, (refs[key][0], "$ref"), refs[key][1], _SCHEMA, refs[key][2], 1)  # copies: ``copied``
                          for node, key in unwalked_targets(_where_resolved(refs, others), walked))
             refs = {}
             continue
@@ -81,6 +83,8 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
             if type(cur) is dict and type(ref := cur.get("$ref")) is str:
                 for root in top:  # a structural tag's schema is a root of its own (xgrammar): each may hold it
                     refs.setdefault((ref, id(root)), (where, depth, top, root, times))
+                if times > 1 and bound["max_pattern_states"] is not None:  # S30-review30-2: its copies
+                    copied.append((where, ref, top, times))
                 if shared is not None:  # key 0 (no object's id): resolved in ``shared``'s schemas
                     refs.setdefault((ref, 0), (where, depth, top, None, times))
                     refs.setdefault((ref, -id(top[0])), (where, depth, top, top, times))  # in its root's own wrapper
@@ -160,6 +164,13 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
                 stack.append((value, (where, key), depth, next_kind,
                               top + (value,) if key in _SUBROOTS and type(value) is dict else top,
                               times * item_copies(cur) if key in ITEM_KEYS and kind == _SCHEMA else times))
+    nodes = [REF_COPIES_NODES]  # shared by the references' counts
+    for where, ref, top, times in copied:  # S30-review30-2: a target counted once above, written ``times`` times
+        cap = bound["max_pattern_states"]
+        if (states := states + max(ref_copies_states(root, ref, times - 1, bound["tenant"], cap, nodes)
+                                   for root in top)) > cap:
+            return refused(param_of((where, "$ref")), f"{subject} has patterns whose automata need more than {cap} "
+                           "states together", "max_pattern_states", what)
     bound["states"] = states  # the patterns' states, walked (gateway.schema_patterns.refs_states_refusal)
     return None
 
