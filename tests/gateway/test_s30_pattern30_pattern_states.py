@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import itertools
 import re
+import signal
+import time
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gateway.config_http import JsonSchemaLimits
@@ -65,13 +67,42 @@ def _told_apart(pattern: str, alphabet: str = "abcd", prefix_len: int = 4, suffi
     return len(seen)
 
 
+class _OracleTimeout(Exception):
+    pass
+
+
+def _raise_timeout(*_: object) -> None:
+    raise _OracleTimeout
+
+
+def _bounded(fn: Any, seconds: float) -> Any:
+    """``fn()``, or None when it runs past ``seconds``: Python's backtracking ``re`` (the oracle, not the code under
+    test) can take minutes on nested quantifiers (a hang seen in session 30, review30). SIGALRM interrupts ``re``'s
+    matching loop; pytest-timeout's own alarm (the signal method) is restored with its remaining time."""
+    previous = signal.signal(signal.SIGALRM, _raise_timeout)
+    left, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    started = time.monotonic()
+    try:
+        return fn()
+    except _OracleTimeout:
+        return None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if left:
+            signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - started), 0.001))
+
+
 @settings(max_examples=150, deadline=None)
 @given(_PATTERNS)
 def test_the_count_is_never_below_the_states_python_re_tells_apart(pattern: str) -> None:
-    """Sound: every pair of prefixes ``re`` tells apart needs two states of any DFA, outlines-core's included."""
+    """Sound: every pair of prefixes ``re`` tells apart needs two states of any DFA, outlines-core's included. A
+    pattern whose oracle ``re`` backtracks past 5 s is not judged (rare: nested quantifiers)."""
     count = pattern_states(pattern, BIG)
     assert count <= BIG, pattern
-    assert count >= _told_apart(pattern), pattern
+    told = _bounded(lambda: _told_apart(pattern), 5.0)
+    assume(told is not None)
+    assert count >= told, pattern
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])
