@@ -13,9 +13,9 @@ the swap and ``last_tenancy``'s update left this instance serving the adopted re
 under its version: the instance served other tenants than every other one, with nothing to heal it (its sync compares
 the stored record with what it published). Now both hold one lock over the swap and the update.
 
-S31-review31-3: a Redis error on the reload's read of the stored version left the reload unnumbered: this instance served
-it while its version and kept document stayed the previous ones, so no sync ever shared it (answered 200, "retried by
-the next sync"). Now it is numbered from this instance's versions and the next sync publishes it.
+S31-review31-3: a Redis error on the reload's read of the stored version left the reload unnumbered: this instance
+served it while its version and kept document stayed the previous ones, so no sync ever shared it (answered 200,
+"retried by the next sync"). Now it is numbered from this instance's versions and the next sync publishes it.
 """
 
 from __future__ import annotations
