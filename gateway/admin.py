@@ -14,6 +14,7 @@ before its body is read, as on the public listener (gateway/content_coding.py, R
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -84,6 +85,12 @@ class Admin:
         self.change_hooks: list[Callable[[dict[str, Any]], Awaitable[None]]] = []
         #: the last tenants section applied (``{"tenants", "operators"}``), None before any reload
         self.last_tenancy: dict[str, Any] | None = None
+        #: the last tenants section a reload here applied (:meth:`reload_registry`; None before any): shared state
+        #: publishes a reload only while :attr:`last_tenancy` is still it, not a version adopted since (S31-review31-1)
+        self.last_reload: dict[str, Any] | None = None
+        #: held from the registry's swap to :attr:`last_tenancy`'s update: a reload applies in a worker thread, a
+        #: version adopted from another instance on the event loop; both name the same registry (S31-review31-2)
+        self._apply_lock = threading.Lock()
 
     async def authenticate_operator(self, request: Request) -> WorkloadIdentity:
         """The admin listener's gate, run before routing (R3-9): a JWT-SVID for the admin
@@ -174,7 +181,7 @@ class Admin:
         (a ``ValueError``) for a file that does not load.
         """
         fresh = load_config(self.config_path) if self.config_path else self.config
-        registry, warnings = self._apply(fresh.tenancy.tenants, fresh.tenancy.operators)
+        registry, warnings = self._apply(fresh.tenancy.tenants, fresh.tenancy.operators, reloaded=True)
         return ReloadResult(registry, not_applied_sections(self.config, fresh), warnings)
 
     def apply_registry(self, tenants: list[dict[str, Any]], operators: list[str]) -> TenantRegistry:
@@ -190,16 +197,21 @@ class Admin:
         """
         return self._apply(tenants, operators)[0]
 
-    def _apply(self, tenants: list[dict[str, Any]], operators: list[str]) -> tuple[TenantRegistry, list[str]]:
-        """:meth:`apply_registry`, also returning the warning lines it logged."""
+    def _apply(self, tenants: list[dict[str, Any]], operators: list[str],
+               reloaded: bool = False) -> tuple[TenantRegistry, list[str]]:
+        """:meth:`apply_registry`, also returning the warning lines it logged; ``reloaded``: a reload here
+        (:attr:`last_reload`)."""
         fresh = TenantRegistry.from_config(tenants, operators=operators)  # validates; the one in force stays
         error = salt_pool_error(self.replica_set.all(), fresh.tenants())
         if error is not None:
             raise TenantConfigError(f"tenants: {error}")
-        registry = self.admission.registry.reload(tenants, operators=operators)
-        self.admission.replace_registry(registry)
-        self.pdp.registry_changed()  # generation moved, cache dropped: no decision outlives the old facts
-        self.last_tenancy = {"tenants": list(tenants), "operators": list(operators)}
+        with self._apply_lock:  # S31-review31-2: the registry in force and last_tenancy change together
+            registry = self.admission.registry.reload(tenants, operators=operators)
+            self.admission.replace_registry(registry)
+            self.pdp.registry_changed()  # generation moved, cache dropped: no decision outlives the old facts
+            self.last_tenancy = applied = {"tenants": list(tenants), "operators": list(operators)}
+            if reloaded:
+                self.last_reload = applied
         warnings = tenant_warnings(registry, self.config, self.admission.served_models)  # as at start (S23-newcomer-5)
         for line in warnings:
             log.warning("%s", line)

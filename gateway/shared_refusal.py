@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gateway.shared_docs import SharedDocument
 
-__all__ = ["adopt_stored", "admin_answer", "refusal", "unshared_while_pending"]
+__all__ = ["adopt_stored", "admin_answer", "refusal", "superseded", "unshared_while_pending"]
 
 log = logging.getLogger("prefixgate.state")
 #: the admin error code of a refused publish's ``shared`` value, where they differ
@@ -90,3 +90,16 @@ async def unshared_while_pending(doc: SharedDocument, version: int, master_pendi
                f"the stored {doc.name})")
     log.error("shared state: %s", message)
     return message
+
+
+def superseded(doc: SharedDocument, version: int, metrics: Any) -> str:
+    """The message (logged as an error; a reload's 409 ``conflict`` answer) of a change applied here that a
+    ``doc`` ``version`` adopted from another instance replaced before the change was numbered and published
+    (session 31, S31-review31-1: a tenants sync between a reload's apply and its publish; before, the adopted
+    registry was published again under the next version and the reload answered 200, its change lost on every
+    instance). Counted as a conflict in ``metrics.rejected``, as :func:`refusal`'s."""
+    metrics.rejected.labels(doc.name, "conflict").inc()
+    log.error("shared state: %s version %d adopted from another instance replaced the reload applied here "
+              "before it was published; the reload is answered 409", doc.name, version)
+    return (f"{doc.name} version {version} was stored by another instance first; its "
+            f"{'registry' if doc.name == 'tenants' else 'set'} is adopted here: retry the reload")

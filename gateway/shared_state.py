@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from gateway.config import GatewayConfig
 from gateway.shared_docs import DOCS_MAC_INFO, SharedDocument, state_metrics
-from gateway.shared_refusal import adopt_stored, admin_answer, refusal
+from gateway.shared_refusal import adopt_stored, admin_answer, refusal, superseded
 from gateway.shared_routing import ROUTING_MAC_INFO, RoutingStream, new_instance_id
 from routing.index import PrefixIndex
 from routing.load import LoadTracker
@@ -196,7 +196,8 @@ class SharedState:
         Redis errors are logged, not raised (the change is made and persisted locally; the next poll re-publishes
         what Redis lacks). A reload made here and not shared raises :class:`tenancy.admin.AdminError` (the reload
         answers and audits it; :meth:`_publish_doc`: 409 ``conflict``, 503 ``master_pending`` or
-        ``state_unavailable``)."""
+        ``state_unavailable``; 409 ``conflict`` also when a version adopted from another instance replaced the reload
+        here before it was numbered, S31-review31-1)."""
         from tenancy.admin import AdminError
 
         action, refused = record.get("action"), None
@@ -207,14 +208,26 @@ class SharedState:
                 await self.keys.publish_master()  # the generation only: the others load their own secret
                 await self.keys.sync()  # re-MAC the tenant records under the new master
             elif action == "tenants.reload" and self.tenants is not None and self._admin is not None:
-                version = max(self.registry_version, self._keyring.registry_version,
-                              await self.tenants.remote_version()) + 1
-                self.registry_version, self._registry_body = version, self._admin.last_tenancy
+                admin = self._admin
                 try:
-                    self._keyring.adopt_registry_version(version)
-                except KeyRingError as exc:  # the reload is applied: share it; only a restart's floor stays lower
-                    log.error("shared state: tenants version %d not persisted (%s); published anyway", version, exc)
-                refused = await self._publish_doc(self.tenants, version, self._admin.last_tenancy)
+                    remote = await self.tenants.remote_version()
+                except Exception as exc:  # noqa: BLE001 - S31-review31-3: numbered anyway, so the next sync
+                    # publishes it (before: unnumbered, the sync found its version's body stored and never shared it)
+                    log.warning("shared state: reading the stored tenants version failed (%s); the reload is "
+                                "numbered from this instance's and published by the next sync", type(exc).__name__)
+                    remote = 0
+                if admin.last_reload is not None and admin.last_tenancy != admin.last_reload:  # S31-review31-1:
+                    # a version adopted since the reload applied replaced it here (a sync in the window): it lost
+                    refused = admin_answer("conflict", superseded(self.tenants, self.registry_version, self.metrics))
+                else:
+                    version = max(self.registry_version, self._keyring.registry_version, remote) + 1
+                    self.registry_version, self._registry_body = version, admin.last_tenancy
+                    try:
+                        self._keyring.adopt_registry_version(version)
+                    except KeyRingError as exc:  # applied: share it; only a restart's floor stays lower
+                        log.error("shared state: tenants version %d not persisted (%s); published anyway", version,
+                                  exc)
+                    refused = await self._publish_doc(self.tenants, version, admin.last_tenancy)
         except Exception as exc:  # noqa: BLE001
             log.warning("shared state: publishing %s failed (%s); retried by the next sync",
                         action, exc.__class__.__name__)
