@@ -11,6 +11,7 @@ fixture (tests/hostile/ through its conftest; elsewhere import it from tests.hos
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from tests.hostile.conftest import stable_master_secret
 from tests.support.audit_log import ListLog
 
 __all__ = ["PATH", "capture_config", "chat", "config_overrides", "forwarded", "named_tool", "refused",
-           "request_event", "rf", "tools"]
+           "refused_and_audited", "request_event", "rf", "tools"]
 
 #: the endpoint every request here is sent to
 PATH = "/v1/chat/completions"
@@ -87,6 +88,21 @@ def refused(r: Any, capture: Any, bound: str | None = None) -> dict[str, Any]:
     if bound is not None:
         assert f"limits.json_schema.{bound}" in err["message"]
     assert capture.seen == []
+    return err
+
+
+async def refused_and_audited(stack: Any, capture: Any, audit_log: ListLog, schema: Any, bound: str,
+                              *hidden: str) -> dict[str, Any]:
+    """Send ``schema`` as an :func:`rf` request as ``tenant-a/app`` and assert it :func:`refused` naming ``bound``,
+    with one audit event (:func:`request_event`) ``(400, "json_schema_too_complex", "rejected")`` whose reason is
+    ``response_format over limits.json_schema.<bound>`` and whose JSON holds none of ``hidden``; the ``error``."""
+    r = await stack.client.post(PATH, json=chat(**rf(schema)), headers=stack.auth())
+    err = refused(r, capture, bound)
+    event = request_event(audit_log)
+    assert (event.status_code, event.error_code, event.outcome.value) == (400, "json_schema_too_complex", "rejected")
+    assert event.policy.reason == f"response_format over limits.json_schema.{bound}"
+    text = json.dumps(event.to_dict())
+    assert not [h for h in hidden if h in text]
     return err
 
 
