@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -26,8 +27,8 @@ if TYPE_CHECKING:  # sim.demo is imported where used: a bench child serving a ga
     from sim.replay import HeadersFor
 
 __all__ = ["ANSWERING_LOOP_CHILD", "DEMO_GATEWAY_CHILD", "DemoStack", "asgi_post_best_cpu_ns", "best_cpu_us",
-           "loadavg_text", "replica_answer", "run_child_json", "serve_public", "serve_until_sigterm",
-           "profiled_window", "start_demo_stack", "write_json_and_markdown"]
+           "loadavg_text", "median_thread_cpu_us", "replica_answer", "run_child_json", "serve_public",
+           "serve_until_sigterm", "profiled_window", "start_demo_stack", "write_json_and_markdown"]
 
 #: Source text for a bench's child process (run on any tree, the baseline's too: it imports nothing of this
 #: tree) defining ``Transport`` and ``Loop``: a uvloop loop whose ``create_connection`` (a public method, the
@@ -193,6 +194,18 @@ def best_cpu_us(fn: Callable[[], None], reps: int, n: int) -> float:
         dt = time.process_time_ns() - t0
         best = dt if best is None or dt < best else best
     return (best or 0) / n / 1000.0
+
+
+def median_thread_cpu_us(fn: Callable[[], Any], n: int, runs: int = 7) -> float:
+    """Thread CPU microseconds (``time.thread_time``: this thread's alone, robust to other jobs' load) per call of
+    ``fn``: the median over ``runs`` runs of ``n`` calls each (sessions 29 and 30's pattern benches)."""
+    per_call = []
+    for _ in range(runs):
+        t = time.thread_time()
+        for _ in range(n):
+            fn()
+        per_call.append((time.thread_time() - t) / n * 1e6)
+    return statistics.median(per_call)
 
 
 async def asgi_post_best_cpu_ns(app: Callable[..., Awaitable[None]], body: bytes, token: str, *,

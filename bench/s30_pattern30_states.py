@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
 
+from bench.harness import median_thread_cpu_us as _us
 from gateway.config_http import JsonSchemaLimits
 from gateway.pattern_quote import pattern_reads_quote
 from gateway.pattern_states import pattern_states
@@ -137,16 +135,6 @@ def _verdict(pattern: str | dict[str, Any]) -> str:
     refused = response_format_refusal({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
                                       JsonSchemaLimits(), {}, 0)
     return "admitted" if refused is None else f"400 ({refused.record['reason'].rpartition('.')[2]})"
-
-
-def _us(fn: Callable[[], Any], n: int) -> float:
-    runs = []
-    for _ in range(7):
-        t = time.thread_time()
-        for _ in range(n):
-            fn()
-        runs.append((time.thread_time() - t) / n * 1e6)
-    return statistics.median(runs)
 
 
 def index_main(only: list[str]) -> None:

@@ -49,6 +49,7 @@ from typing import Any
 import orjson
 
 from gateway.schema_refs import REF_LEVELS, resolve_ref
+from gateway.tool_schemas import required_schema  # its home since session 31 (tidy31)
 
 __all__ = ["WHITESPACE_CHARS", "regex_chars", "required_schema", "required_tools_chars"]
 
@@ -167,37 +168,6 @@ def required_tools_chars(tools: list[tuple[Any, int]]) -> int:
     members = sum(n + 2 * (3 * _W + 3) + 14 + 2 * (_W + 1) + 4 + _W + len(re.escape(_json([name])))
                   for name, n in tools)
     return _ARRAY_BOUNDED + 2 * (1 + len(tools) + members)
-
-
-def required_schema(tools: list[Any]) -> dict[str, Any]:
-    """vLLM's ``tool_choice: "required"`` schema of a body's ``tools`` (a list as decoded; entries that are not
-    function objects are skipped), which the replica compiles as ONE schema (session 27, attack27, S27-attack27-2):
-    an array (``minItems`` 1) whose ``items`` are an object ``anyOf`` of ``{"properties": {"name": {"type":
-    "string", "enum": [name]}, "parameters": parameters}, "required": ["name", "parameters"]}`` per tool, a tool
-    without ``parameters`` getting ``{"type": "object", "properties": {}}``, and every tool's ``$defs`` merged at its
-    top level (the first of two same names kept; vLLM refuses a clash), so that a reference of one tool resolves in
-    another's ``$defs`` and ``#`` is the wrapper, as the replica resolves them. Built of references to the client's
-    dicts (shallow copies without ``$defs``), nothing deep-copied. Raises nothing."""
-    members: list[dict[str, Any]] = []
-    defs: dict[str, Any] = {}
-    for tool in tools:
-        fn = tool.get("function") if type(tool) is dict else None
-        if type(fn) is not dict:
-            continue
-        params = fn.get("parameters")
-        if type(params) is dict and params:
-            if type(own := params.get("$defs")) is dict:
-                for name, value in own.items():
-                    defs.setdefault(name, value)
-                params = {k: v for k, v in params.items() if k != "$defs"}
-        else:
-            params = {"type": "object", "properties": {}}
-        members.append({"properties": {"name": {"type": "string", "enum": [fn.get("name")]}, "parameters": params},
-                        "required": ["name", "parameters"]})
-    wrapper: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": members}}
-    if defs:
-        wrapper["$defs"] = defs
-    return wrapper
 
 
 def _keyword(node: dict[str, Any]) -> str | None:

@@ -22,8 +22,7 @@ from gateway.schema_refusal import path_node, path_param, refused
 
 __all__ = ["CACHED_PATTERN_CHARS", "COST_CACHE_SIZE", "ITEM_KEYS", "REF_COPIES_NODES", "alternatives_cost",
            "cost_cache_info",
-           "item_copies", "pattern_cost", "ref_copies_states", "refs_states_refusal", "states_cache_clear",
-           "subtree_states"]
+           "item_copies", "pattern_cost", "refs_states_refusal", "states_cache_clear", "subtree_states"]
 
 #: keywords whose value is data, never a schema (as gateway/response_format.py reads them)
 _DATA = frozenset({"enum", "const", "default", "examples"})
@@ -98,57 +97,36 @@ def refs_states_refusal(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[st
     return None
 
 
-def subtree_states(node: Any, tenant: str, cap: int) -> int:
-    """The :func:`pattern_cost` of every ``pattern`` in ``node``'s schemas (references not followed; array items
-    times :func:`item_copies`; ``enum`` / ``const`` / ``default`` / ``examples`` data skipped), at most ``cap + 1``."""
-    total, stack = 0, [(node, 1)]
-    while stack:
-        cur, times = stack.pop()
-        if type(cur) is list:
-            stack.extend((v, times) for v in cur if type(v) is dict or type(v) is list)
-            continue
-        if type(cur) is not dict:
-            continue
-        for key, value in cur.items():
-            if key == "pattern" and type(value) is str:
-                total += times * pattern_cost(tenant, value, cap)
-                if total > cap:
-                    return cap + 1
-            elif key not in _DATA and (type(value) is dict or type(value) is list):
-                stack.append((value, times * item_copies(cur) if key in ITEM_KEYS else times))
-    return total
+def subtree_states(node: Any, tenant: str, cap: int, times: int = 1, root: Any = None,
+                   nodes: list[int] | None = None) -> int:
+    """``times`` x the :func:`pattern_cost` of every ``pattern`` in ``node``'s schemas (array items times
+    :func:`item_copies`; ``enum`` / ``const`` / ``default`` / ``examples`` data skipped), at most ``cap + 1``; 0 for
+    a ``node`` that holds no dict (None too).
 
-
-#: the schema nodes :func:`ref_copies_states` visits at most in one walk (a schema that inlines to more nodes is over
-#: the default ``max_bytes``, each node one byte at least)
-REF_COPIES_NODES = 65_536
-
-
-def ref_copies_states(root: Any, ref: str, extra: int, tenant: str, cap: int, nodes: list[int]) -> int:
-    """The states of the patterns outlines-core writes ``extra`` more times because a ``$ref`` (``ref``, local to
-    ``root``) sits where its schema is written ``extra + 1`` times (an array's items: session 30, review30,
-    S30-review30-2; the walk counts the target once where it is defined and :func:`refs_states_refusal` inlines it
-    once per reference, neither times the copies at the reference): ``extra`` x the :func:`pattern_cost` of each
-    ``pattern`` under the target, its arrays' items times :func:`item_copies`, its own references followed (not
-    along a cycle). 0 for a reference that does not resolve in ``root``; at most ``cap + 1``. ``nodes``: ``[the
-    nodes the walk's calls may still visit]`` (:data:`REF_COPIES_NODES` per walk), decremented; past it the count
-    stops and answers what it found (a schema that inlines to that many nodes is over ``max_bytes``, checked next;
-    a tenant with a larger ``max_bytes`` is under-counted there). Raises nothing."""
-    target = resolve_ref(root, ref) if type(root) is dict else None
+    ``root``: None, references not followed (each node's size in :func:`refs_states_refusal`); or the schema (a
+    dict) whose local ``$ref`` are followed, as :func:`gateway.schema_refs.resolve_ref` resolves them, not along a
+    cycle (one that does not resolve counts nothing). The walk's second use (gateway/schema_walk.py; session 30,
+    review30, S30-review30-2): ``node`` the target of a ``$ref`` that sits where its schema is written ``times + 1``
+    times (an array's items), ``times`` the copies outlines-core writes beyond the one the walk counts where the
+    target is defined and :func:`refs_states_refusal` inlines once per reference. ``nodes``: None, no bound; or
+    ``[the nodes the walk's calls may still visit]`` (:data:`REF_COPIES_NODES` per walk), decremented per node;
+    past it the count stops and answers what it found (a schema that inlines to that many nodes is over
+    ``max_bytes``, checked next; a tenant with a larger ``max_bytes`` is under-counted there). Raises nothing."""
     total = 0
-    stack: list[tuple[Any, int, frozenset[int]]] = [(target, extra, frozenset((id(target),)))]
+    stack: list[tuple[Any, int, frozenset[int]]] = [(node, times, frozenset((id(node),)))]
     while stack:
         cur, times, path = stack.pop()
-        nodes[0] -= 1
-        if nodes[0] < 0:
-            return total
+        if nodes is not None:
+            nodes[0] -= 1
+            if nodes[0] < 0:
+                return total
         if type(cur) is list:
             stack.extend((v, times, path) for v in cur if type(v) is dict or type(v) is list)
             continue
         if type(cur) is not dict:
             continue
-        if type(inner := cur.get("$ref")) is str and (to := resolve_ref(root, inner)) is not None and id(
-                to) not in path:
+        if root is not None and type(inner := cur.get("$ref")) is str and (
+                to := resolve_ref(root, inner)) is not None and id(to) not in path:
             stack.append((to, times, path | {id(to)}))
         for key, value in cur.items():
             if key == "pattern" and type(value) is str:
@@ -158,6 +136,11 @@ def ref_copies_states(root: Any, ref: str, extra: int, tenant: str, cap: int, no
             elif key not in _DATA and (type(value) is dict or type(value) is list):
                 stack.append((value, times * item_copies(cur) if key in ITEM_KEYS else times, path))
     return total
+
+
+#: the schema nodes :func:`subtree_states` visits at most in the walk's counts of the copies of ``$ref`` targets
+#: (a schema that inlines to more nodes is over the default ``max_bytes``, each node one byte at least)
+REF_COPIES_NODES = 65_536
 
 
 def states_cache_clear() -> None:

@@ -13,8 +13,8 @@ from typing import Any
 from gateway.errors import GatewayError
 from gateway.pattern_quote import QUOTE_READING_FORMATS, pattern_reads_quote
 from gateway.schema_patterns import (ITEM_KEYS, REF_COPIES_NODES, alternatives_cost, item_copies, pattern_cost,
-                                     ref_copies_states)
-from gateway.schema_refs import unwalked_targets
+                                     subtree_states)
+from gateway.schema_refs import resolve_ref, unwalked_targets
 from gateway.schema_refusal import MAX_PARAM_CHARS, Node, path_node, refused
 from gateway.schema_refusal import path_param as param_of
 
@@ -167,8 +167,8 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
     nodes = [REF_COPIES_NODES]  # shared by the references' counts
     for where, ref, top, times in copied:  # S30-review30-2: a target counted once above, written ``times`` times
         cap = bound["max_pattern_states"]
-        if (states := states + max(ref_copies_states(root, ref, times - 1, bound["tenant"], cap, nodes)
-                                   for root in top)) > cap:
+        if (states := states + max(subtree_states(resolve_ref(root, ref) if type(root) is dict else None,
+                                                  bound["tenant"], cap, times - 1, root, nodes) for root in top)) > cap:
             return refused(param_of((where, "$ref")), f"{subject} has patterns whose automata need more than {cap} "
                            "states together", "max_pattern_states", what)
     bound["states"] = states  # the patterns' states, walked (gateway.schema_patterns.refs_states_refusal)

@@ -18,8 +18,8 @@ import pytest
 from tests.conftest import TD
 from tests.hostile.conftest import stable_master_secret
 from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
+from tests.support.schema_http import PATH, chat as _chat, request_event as _event, rf as _rf, tools as _tools
 
-PATH = "/v1/chat/completions"
 SECRET = "launch_code_1234"  # a definition name: client text, never in the audit event
 S = "response_format.json_schema.schema"
 
@@ -34,18 +34,6 @@ def config_overrides(capture: Any, tmp_path: Any) -> dict[str, Any]:
                      {"id": "r1", "url": capture.urls[1], "pool": "default"}],
         "limits": {"max_body_bytes": 1 << 20},
     }
-
-
-def _chat(**extra: Any) -> dict[str, Any]:
-    return {"model": "sim-model", "max_tokens": 4, "messages": [{"role": "user", "content": "hello there"}], **extra}
-
-
-def _rf(schema: Any) -> dict[str, Any]:
-    return {"response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}}
-
-
-def _tools(schema: Any) -> dict[str, Any]:
-    return {"tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]}
 
 
 def _doubling_defs(n: int, form: str) -> dict[str, Any]:
@@ -78,11 +66,6 @@ BYPASSES = {  # S26-review26-1's forms, S26-lead-1, S27-review27-1: each ~1-2 KB
     "non-ascii-index-arabic": _non_ascii_index("١"),
     "cycle-fan-out": {"type": "object", "properties": {f"{SECRET}{i}": {"$ref": "#"} for i in range(8)}},
 }
-
-
-def _event(audit_log: ListLog) -> Any:  # noqa: F811
-    [event] = [e for e in audit_log.events if getattr(e, "endpoint", None) == PATH]
-    return event
 
 
 @pytest.mark.parametrize("name", list(BYPASSES))

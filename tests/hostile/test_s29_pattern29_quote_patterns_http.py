@@ -11,15 +11,13 @@ one of these was forwarded (200).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
-from tests.conftest import TD
-from tests.hostile.conftest import stable_master_secret
-from tests.hostile.test_s27_review27_schema_refs_http import PATH, _chat, _event, _rf, _tools
 from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
+from tests.support.schema_http import PATH, capture_config, forwarded, named_tool, refused, refused_and_audited
+from tests.support.schema_http import chat as _chat, rf as _rf
 
 SECRET = "launch_code_1234"  # client text (a property name): never in the audit event
 S = "response_format.json_schema.schema"
@@ -27,16 +25,10 @@ S = "response_format.json_schema.schema"
 
 @pytest.fixture
 def config_overrides(capture: Any, tmp_path: Any) -> dict[str, Any]:
-    tenant = {"models": ["sim-model"], "pools": ["default"], "max_output_tokens": 64}
-    return {
-        "tenancy": {"master_secret_file": stable_master_secret(tmp_path), "tenants": [
-            {"id": "tenant-a", "spiffe_ids": [f"spiffe://{TD}/tenant-a/"], **tenant},
-            {"id": "tenant-b", "spiffe_ids": [f"spiffe://{TD}/tenant-b/"], **tenant,
-             # session 30 (pattern30): an xgrammar / llguidance tenant turns max_pattern_states off too (it refuses
-             # what it cannot parse, \p{L}, and counts ^.{1,200}$ and the like)
-             "json_schema_limits": {"quote_reading_patterns": "allow", "max_pattern_states": None}}]},
-        "replicas": [{"id": "r0", "url": capture.urls[0], "pool": "default"}],
-    }
+    # session 30 (pattern30): an xgrammar / llguidance tenant turns max_pattern_states off too (it refuses what it
+    # cannot parse, \p{L}, and counts ^.{1,200}$ and the like)
+    return capture_config(capture, tmp_path, {
+        "tenant-a": None, "tenant-b": {"quote_reading_patterns": "allow", "max_pattern_states": None}})
 
 
 def _then(first: dict[str, Any]) -> dict[str, Any]:
@@ -64,19 +56,10 @@ QUOTE_FREE = {
 @pytest.mark.parametrize("name", list(READS))
 async def test_a_quote_reading_pattern_is_refused_and_audited(
         stack: Any, capture: Any, audit_log: ListLog, name: str) -> None:  # noqa: F811
-    r = await stack.client.post(PATH, json=_chat(**_rf(_then({"type": "string", "pattern": READS[name]}))),
-                                headers=stack.auth())
-    assert r.status_code == 400, r.text  # before: 200, forwarded
-    err = r.json()["error"]
-    assert err["code"] == "json_schema_too_complex"
+    err = await refused_and_audited(stack, capture, audit_log, _then({"type": "string", "pattern": READS[name]}),
+                                    "quote_reading_patterns", SECRET, READS[name])  # before: 200, forwarded
     assert err["param"] == f"{S}.properties.{SECRET}.pattern"
-    assert "limits.json_schema.quote_reading_patterns" in err["message"] and '[^"]' in err["message"]
-    assert capture.seen == []
-    event = _event(audit_log)
-    assert (event.status_code, event.error_code, event.outcome.value) == (400, "json_schema_too_complex", "rejected")
-    assert event.policy.reason == "response_format over limits.json_schema.quote_reading_patterns"
-    text = json.dumps(event.to_dict())
-    assert SECRET not in text and READS[name] not in text
+    assert '[^"]' in err["message"]
 
 
 @pytest.mark.parametrize("fmt", ["uri", "email"])
@@ -91,29 +74,18 @@ async def test_format_uri_and_email_are_refused(stack: Any, capture: Any, fmt: s
 
 
 async def test_a_quote_reading_pattern_in_a_named_tool_is_refused(stack: Any, capture: Any) -> None:
-    body = _chat(**_tools(_then({"type": "string", "pattern": READS["dot"]})))
-    body["tool_choice"] = {"type": "function", "function": {"name": body["tools"][0]["function"]["name"]}}
-    r = await stack.client.post(PATH, json=body, headers=stack.auth())
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
-    assert (err["code"], err["param"]) == ("json_schema_too_complex",
-                                           f"tools.0.function.parameters.properties.{SECRET}.pattern")
-    assert capture.seen == []
+    r = await stack.client.post(PATH, json=named_tool(_then({"type": "string", "pattern": READS["dot"]})),
+                                headers=stack.auth())
+    assert refused(r, capture)["param"] == f"tools.0.function.parameters.properties.{SECRET}.pattern"
 
 
 async def test_quote_free_patterns_are_forwarded(stack: Any, capture: Any) -> None:
     schemas = [_then({"type": "string", "pattern": p}) for p in QUOTE_FREE.values()]
     schemas.append(_then({"type": "string", "format": "uri", "pattern": "^https://[a-z.]{1,64}$"}))  # pattern wins
-    for schema in schemas:
-        r = await stack.client.post(PATH, json=_chat(**_rf(schema)), headers=stack.auth())
-        assert r.status_code == 200, r.text
-    assert [seen.body["response_format"]["json_schema"]["schema"] for seen in capture.seen] == schemas
+    await forwarded(stack, capture, schemas)
 
 
 async def test_the_tenant_override_allow_forwards_them(stack: Any, capture: Any) -> None:
     schemas = [_then({"type": "string", "pattern": p}) for p in READS.values()]
     schemas += [_then({"type": "string", "format": "uri"}), _then({"type": "string", "format": "email"})]
-    for schema in schemas:
-        r = await stack.client.post(PATH, json=_chat(**_rf(schema)), headers=stack.auth("tenant-b/app"))
-        assert r.status_code == 200, r.text
-    assert [seen.body["response_format"]["json_schema"]["schema"] for seen in capture.seen] == schemas
+    await forwarded(stack, capture, schemas, "tenant-b/app")

@@ -9,16 +9,14 @@ the pattern; ordinary patterns are forwarded, and a tenant whose ``json_schema_l
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
-from tests.conftest import TD
-from tests.hostile.conftest import stable_master_secret
-from tests.hostile.test_s27_review27_schema_refs_http import PATH, _chat, _event, _rf, _tools
 from tests.support.audit_log import ListLog, audit_hub, audit_log  # noqa: F401 - fixtures
 from tests.support.ordinary_patterns import ORDINARY
+from tests.support.schema_http import PATH, capture_config, forwarded, named_tool, refused, refused_and_audited
+from tests.support.schema_http import chat as _chat, rf as _rf
 
 SECRET = "QQQ_launch_code"  # client text (a property name): never in the audit event
 S = "response_format.json_schema.schema"
@@ -26,16 +24,9 @@ S = "response_format.json_schema.schema"
 
 @pytest.fixture
 def config_overrides(capture: Any, tmp_path: Any) -> dict[str, Any]:
-    tenant = {"models": ["sim-model"], "pools": ["default"], "max_output_tokens": 64}
-    return {
-        "limits": {"max_body_bytes": 1 << 20},
-        "tenancy": {"master_secret_file": stable_master_secret(tmp_path), "tenants": [
-            {"id": "tenant-a", "spiffe_ids": [f"spiffe://{TD}/tenant-a/"], **tenant,
-             "json_schema_limits": {"max_pattern_chars": 4096}},
-            {"id": "tenant-b", "spiffe_ids": [f"spiffe://{TD}/tenant-b/"], **tenant,
-             "json_schema_limits": {"max_pattern_states": None}}]},
-        "replicas": [{"id": "r0", "url": capture.urls[0], "pool": "default"}],
-    }
+    return capture_config(capture, tmp_path, {"tenant-a": {"max_pattern_chars": 4096},
+                                              "tenant-b": {"max_pattern_states": None}},
+                          limits={"max_body_bytes": 1 << 20})
 
 
 def _then(first: dict[str, Any]) -> dict[str, Any]:
@@ -56,30 +47,15 @@ HOSTILE = {  # quote-free: S29-pattern29-1's bound admits each
 @pytest.mark.parametrize("name", list(HOSTILE))
 async def test_a_blow_up_pattern_is_refused_and_audited(
         stack: Any, capture: Any, audit_log: ListLog, name: str) -> None:  # noqa: F811
-    r = await stack.client.post(PATH, json=_chat(**_rf(_then({"type": "string", "pattern": HOSTILE[name]}))),
-                                headers=stack.auth())
-    assert r.status_code == 400, r.text  # before: 200, forwarded
-    err = r.json()["error"]
-    assert err["code"] == "json_schema_too_complex"
+    err = await refused_and_audited(stack, capture, audit_log, _then({"type": "string", "pattern": HOSTILE[name]}),
+                                    "max_pattern_states", SECRET, HOSTILE[name])  # before: 200, forwarded
     assert err["param"] == f"{S}.properties.{SECRET}.pattern"
-    assert "limits.json_schema.max_pattern_states" in err["message"]
-    assert capture.seen == []
-    event = _event(audit_log)
-    assert (event.status_code, event.error_code, event.outcome.value) == (400, "json_schema_too_complex", "rejected")
-    assert event.policy.reason == "response_format over limits.json_schema.max_pattern_states"
-    text = json.dumps(event.to_dict())
-    assert SECRET not in text and HOSTILE[name] not in text
 
 
 async def test_a_blow_up_pattern_in_a_named_tool_is_refused(stack: Any, capture: Any) -> None:
-    body = _chat(**_tools(_then({"type": "string", "pattern": HOSTILE["classic"]})))
-    body["tool_choice"] = {"type": "function", "function": {"name": body["tools"][0]["function"]["name"]}}
-    r = await stack.client.post(PATH, json=body, headers=stack.auth())
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
-    assert (err["code"], err["param"]) == ("json_schema_too_complex",
-                                           f"tools.0.function.parameters.properties.{SECRET}.pattern")
-    assert capture.seen == []
+    r = await stack.client.post(PATH, json=named_tool(_then({"type": "string", "pattern": HOSTILE["classic"]})),
+                                headers=stack.auth())
+    assert refused(r, capture)["param"] == f"tools.0.function.parameters.properties.{SECRET}.pattern"
 
 
 async def test_an_any_of_of_cycles_is_refused(stack: Any, capture: Any) -> None:
@@ -95,15 +71,9 @@ async def test_ordinary_patterns_are_forwarded(stack: Any, capture: Any) -> None
     """Each quote-free ordinary pattern of tests/support/ordinary_patterns.py (41 of 46) as its own request."""
     from gateway.pattern_quote import pattern_reads_quote
     schemas = [_then({"type": "string", "pattern": p}) for p in ORDINARY.values() if not pattern_reads_quote(p)]
-    for schema in schemas:
-        r = await stack.client.post(PATH, json=_chat(**_rf(schema)), headers=stack.auth())
-        assert r.status_code == 200, (r.text, schema["properties"][SECRET])
-    assert [seen.body["response_format"]["json_schema"]["schema"] for seen in capture.seen] == schemas
+    await forwarded(stack, capture, schemas)
 
 
 async def test_the_tenant_override_null_forwards_them(stack: Any, capture: Any) -> None:
     schemas = [_then({"type": "string", "pattern": p}) for p in HOSTILE.values()]
-    for schema in schemas:
-        r = await stack.client.post(PATH, json=_chat(**_rf(schema)), headers=stack.auth("tenant-b/app"))
-        assert r.status_code == 200, r.text
-    assert [seen.body["response_format"]["json_schema"]["schema"] for seen in capture.seen] == schemas
+    await forwarded(stack, capture, schemas, "tenant-b/app")

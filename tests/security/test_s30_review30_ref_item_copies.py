@@ -5,7 +5,7 @@ written in its ``items`` but not for one reached through a ``$ref`` there. outli
 counted the definition once and ``refs_states_refusal`` once more (``[ab]*a[ab]{11}``, 4,097 states: ~528,000 states
 admitted under the cap of 16,384). The walk now adds, for a reference met where its schema is written ``n`` times,
 ``n - 1`` more copies of its target's patterns (their own references followed:
-gateway/schema_patterns.py ``ref_copies_states``).
+gateway/schema_patterns.py ``subtree_states`` with the schema they resolve in).
 """
 
 from __future__ import annotations
