@@ -15,7 +15,7 @@ request (from the guarded protocol's ``data_received`` of its head to the next o
   control's charge, ``PendingRelease.commit``, runs there), less ``run_prep``'s events;
 * ``answer``: the replica's answer read (``UpstreamConnection.data_received``) -> the answer's last write
   (``CoalescingTransport.flush``), less the replica-wait work when it ran there (``Held.run_prep``: a loop
-  callback, counted as ``prep`` wherever it ran);
+  callback, counted as ``prep`` wherever it ran; since session 31 ``Held.run_prep_logged`` in the write's step);
 * ``tail``: after the last write (the deferred ends), up to the next request's bytes.
 
 Counts read no clock: a cut that removes calls from a window shows here whatever the machine's load (two exports
@@ -87,10 +87,12 @@ def _bounds(seg: list[list[str]]) -> tuple[int, int, int, int, int] | None:
         last = next(i for i, e in enumerate(seg) if i > ans and _is(e, "py", "coalesce.py", "flush"))
     except StopIteration:
         return None
-    for i, e in enumerate(seg):
-        if _is(e, "py", "held.py", "run_prep") and e[3] in ("run", ""):
+    for i, e in enumerate(seg):  # a loop callback; since session 31 a call in the write's step
+        if (_is(e, "py", "held.py", "run_prep") and e[3] in ("run", "")) or (
+                _is(e, "py", "held.py", "run_prep_logged") and e[3] == "_route_and_proxy"):
+            stop = "run" if e[2] == "run_prep" else "_route_and_proxy"
             j = i + 1
-            while j < len(seg) and seg[j][3] != "run":
+            while j < len(seg) and seg[j][3] != stop:
                 j += 1
             return up, ans, last, i, j - i
     return up, ans, last, -1, 0
