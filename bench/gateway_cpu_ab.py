@@ -21,6 +21,8 @@ Unless ``--no-pin``, both gateways and their children run on the last CPU
 and the load generator and the replica on the others (unpinned, the process
 started first measured ~130 µs/request more than the second in A/B and B/A
 runs of the same two trees: placement, not code).
+Session 31: also the CPU of the gateway with its descendants (the audit worker process: what
+:mod:`bench.overhead`'s sequential CPU column counts), per round and as medians.
 Results: ``bench/results/<name>.{json,md}``.
 """
 
@@ -109,14 +111,17 @@ async def run(baseline: Path, rounds: int, requests: int, pin: bool = True) -> d
         for r in range(rounds):
             start_order, measure_order = orders(r)
             started = await _start_pair(cfg, paths, trees, start_order, f"r{r}", cluster, pin)
-            targets = {n: (url, _Cpu(proc.pid, children=False)) for n, (proc, url) in started.items()}
+            targets = {n: (url, _Cpu(proc.pid, children=False), _Cpu(proc.pid, children=True))
+                       for n, (proc, url) in started.items()}
             for name in measure_order:
                 await sequential(targets[name][0] + "/v1/completions", headers, WARMUP * 4, bodies)
             row: dict[str, Any] = {"started_first": start_order[0], "measured_first": measure_order[0]}
             for name in measure_order:
-                url, cpu = targets[name]
+                url, cpu, whole = targets[name]
+                w0 = whole.seconds()
                 seq, us = await measured(cpu, requests, sequential(url + "/v1/completions", headers, requests, bodies))
-                row[name] = {"cpu_us": us, "p50_ms": seq["p50_ms"], "errors": seq["errors"]}
+                row[name] = {"cpu_us": us, "p50_ms": seq["p50_ms"], "errors": seq["errors"],
+                             "with_children_us": round((whole.seconds() - w0) * 1e6 / requests, 1)}
             _stop_pair(started)
             started = {}
             rows.append(row)
@@ -127,14 +132,15 @@ async def run(baseline: Path, rounds: int, requests: int, pin: bool = True) -> d
         _stop_pair(started)
         stop_process(cluster)
         shutil.rmtree(paths.work, ignore_errors=True)
-    med = {n: {k: statistics.median(row[n][k] for row in rows) for k in ("cpu_us", "p50_ms")}
+    med = {n: {k: statistics.median(row[n][k] for row in rows) for k in ("cpu_us", "p50_ms", "with_children_us")}
            for n in ("this", "baseline")}
     diff = statistics.median(row["this"]["cpu_us"] - row["baseline"]["cpu_us"] for row in rows)
     by_start = {first: statistics.median(row["this"]["cpu_us"] - row["baseline"]["cpu_us"] for row in rows
                                          if row["started_first"] == first)
                 for first in ("this", "baseline") if any(row["started_first"] == first for row in rows)}
+    diff_all = statistics.median(row["this"]["with_children_us"] - row["baseline"]["with_children_us"] for row in rows)
     return {"benchmark": "gateway_cpu_ab", "baseline": str(baseline), "rounds": rows, "median": med,
-            "median_cpu_diff_us": diff, "median_cpu_diff_by_started_first_us": by_start,
+            "median_cpu_diff_us": diff, "median_with_children_diff_us": diff_all, "median_cpu_diff_by_started_first_us": by_start,
             "requests_per_round": requests}
 
 
@@ -156,16 +162,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = [f"# Gateway CPU per request, A/B (`python -m bench.gateway_cpu_ab`, baseline {doc['baseline']})", "",
              f"{args.rounds} interleaved rounds of {args.requests} sequential requests (both gateways restarted "
              "every round; start order alternating every round, measuring order every two).", "",
-             "| round | started first | measured first | this µs/req | baseline µs/req | this p50 ms | baseline p50 ms |",
-             "|---|---|---|---:|---:|---:|---:|"]
+             "| round | started first | measured first | this µs/req | baseline µs/req | this with children | "
+             "baseline with children | this p50 ms | baseline p50 ms |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for i, row in enumerate(doc["rounds"], 1):
         lines.append(f"| {i} | {row['started_first']} | {row['measured_first']} | {row['this']['cpu_us']} | "
-                     f"{row['baseline']['cpu_us']} | {row['this']['p50_ms']} | {row['baseline']['p50_ms']} |")
+                     f"{row['baseline']['cpu_us']} | {row['this']['with_children_us']} | "
+                     f"{row['baseline']['with_children_us']} | {row['this']['p50_ms']} | {row['baseline']['p50_ms']} |")
     m = doc["median"]
     lines += ["", f"Median: this {m['this']['cpu_us']} µs, {m['this']['p50_ms']} ms; baseline "
               f"{m['baseline']['cpu_us']} µs, {m['baseline']['p50_ms']} ms; median per-round CPU difference "
               f"{doc['median_cpu_diff_us']} µs/request; by the tree started first: "
-              + ", ".join(f"{k} first {v:+}" for k, v in doc["median_cpu_diff_by_started_first_us"].items()) + "."]
+              + ", ".join(f"{k} first {v:+}" for k, v in doc["median_cpu_diff_by_started_first_us"].items()) + "."
+              f" With children (the audit worker; session 31): this {m['this']['with_children_us']}, baseline "
+              f"{m['baseline']['with_children_us']}, median per-round difference {doc['median_with_children_diff_us']}."]
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from gateway.upstream import Upstream
 
 __all__ = ["Held"]
+
+log = logging.getLogger("prefixgate")
 
 
 class Held:
@@ -88,6 +91,14 @@ class Held:
         prep, self.prep = self.prep, None
         if prep is not None:
             prep()
+
+    def run_prep_logged(self, request_id: str) -> None:
+        """:meth:`run_prep`; an exception it raises (a bug) is logged with ``request_id`` and not raised: the
+        request goes on (answered, recorded). Session 31: the pipeline's call right after the upstream write."""
+        try:
+            self.run_prep()
+        except Exception:  # a bug: never lose the audit record nor what the request holds
+            log.exception("preparing the record of request %s failed", request_id)
 
     def leave(self, guard: OverloadGuard) -> None:
         """Give back the request's in-flight counts to ``guard`` (once; idempotent)."""

@@ -24,7 +24,7 @@ from starlette.responses import Response
 from gateway.admission_answers import clamp_output
 from gateway.admission_front import parse_and_count
 from gateway.build import Gateway
-from gateway.client_io import ClientGone, scope_loop, unless_client_leaves
+from gateway.client_io import ClientGone, unless_client_leaves
 from gateway.body_budget import OWNER_SCOPE_KEY
 from gateway.errors import GatewayError
 from gateway.flow_bytes import chain_bytes, queued_form, with_salt
@@ -258,8 +258,8 @@ class InferencePipeline:
             held.attempt = gw.replica_set.attempt(replica.id, tenant.id)  # R7b-1 (a half-open probe: this one)
             rec.predicted_prefix_tokens, rec.available_prefix_tokens = choice.predicted_prefix_tokens, choice.available_prefix_tokens
             rec.replica_load_tokens = gw.router.load_tokens(replica.id)  # = loads.snapshot(rid).tokens
-            if held.prep is not None:  # runs in the loop's next turn: after the request is written, before the answer
-                scope_loop(request.scope).call_soon(held.run_prep)  # no getpid per request (session 13)
+            if held.prep is not None:  # after the write, before the answer: in this step (s31: no loop turn of its own)
+                held.run_prep_logged(rec.request_id)
             try:
                 up = await unless_client_leaves(request, call)
             except NotWritten:  # S19-RC6: a change while it waited for a connection (given back unused)
@@ -299,7 +299,8 @@ class InferencePipeline:
         more for a moment is the safe side; no-op once settled), the record's prefix fingerprint,
         the audit event's trace and span part and the flow queue-wait metric (session 11), the router's
         index record (session 15: :meth:`Router.settle`; any read of the index applies it first). Run once, by
-        :meth:`Held.run_prep`: in the event loop's turn after the upstream request was written, or by :meth:`_end`."""
+        :meth:`Held.run_prep`: right after the upstream request's write (``open_upstream`` returned; in that loop
+        step since session 31, a loop callback before), or by :meth:`_end`."""
         res = held.reservation
         if res is not None and output_tokens is not None:
             self.gw.admission.lower_reservation(res, output_tokens)
@@ -319,10 +320,7 @@ class InferencePipeline:
             return
         held.ended = True
         if held.prep is not None:
-            try:
-                held.run_prep()
-            except Exception:  # a bug: never lose the audit record nor what the request holds
-                log.exception("preparing the record of request %s failed", rec.request_id)
+            held.run_prep_logged(rec.request_id)  # a bug: logged; never lose the audit record nor what it holds
         after: list[Callable[[], None]] = []  # what the record does not need: with the giving back
         if held.answered is not None:  # the replica's instance id seen on its plain answer
             after.append(held.answered)
