@@ -324,7 +324,9 @@ async def _read_capped(up: UpstreamStream, limit: int | None) -> bytes:
 
 
 def passthrough_error(fail: UpstreamFailure) -> GatewayError:
-    """A replica's 4xx (the client's fault) is passed on with its message, never its raw body."""
+    """A replica's 4xx (the client's fault) is passed on with its message, never its raw body. Engines quote the
+    request in that message (vLLM's ``input_value='...'``, a prompt's token count): rendered for this answer alone
+    (``client_text``), never kept in the process-wide body cache (S31-newcomer31-5, as S24-review-6)."""
     message = "the replica rejected the request"
     try:
         obj = json_fast.loads_object(fail.body)
@@ -333,4 +335,4 @@ def passthrough_error(fail: UpstreamFailure) -> GatewayError:
             message = m
     except (ValueError, AttributeError):
         pass
-    return GatewayError(fail.status or 400, "upstream_rejected", message)
+    return GatewayError(fail.status or 400, "upstream_rejected", message, client_text=True)
