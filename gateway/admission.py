@@ -275,7 +275,7 @@ class Admission:
         limit = tenant.max_prompt_tokens if tenant.max_prompt_tokens is not None else self.default_max_prompt_tokens
         if limit is not None and prompt_tokens > limit * max(1, sequences):
             raise GatewayError(400, "context_length_exceeded",
-                               f"prompt has {prompt_tokens} tokens; this tenant's limit is {limit}")
+                               f"prompt has {prompt_tokens} tokens; this tenant's limit is {limit}", client_text=True)
         led = self.ledger
         if not isinstance(led, InProcessLedger):
             return self._reserve_shared(tenant, prompt_tokens, output_tokens)

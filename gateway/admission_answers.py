@@ -54,4 +54,4 @@ def check_prompt_bytes(prompt_bytes: list[int] | tuple[int, ...], max_bytes: int
     for size in prompt_bytes:
         if size > max_bytes:
             raise GatewayError(400, "prompt_too_large", f"prompt has {size} bytes; this tenant's limit is {max_bytes}",
-                               param=None)
+                               param=None, client_text=True)

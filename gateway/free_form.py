@@ -58,7 +58,7 @@ def free_form_refusal(data: dict[str, Any], max_tools: int | None, max_values: i
     tools = data.get("tools")
     if max_tools is not None and type(tools) is list and len(tools) > max_tools:
         return GatewayError(400, "too_many_tools", f"tools has {len(tools)} entries; at most {max_tools} tools per "
-                            "request (limits.max_tools)", param="tools")
+                            "request (limits.max_tools)", param="tools", client_text=True)
     if max_values is None or body_bytes <= max_values:
         return None
     roots = [data[k] for k in FREE_FORM_FIELDS if data.get(k) is not None]

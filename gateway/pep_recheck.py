@@ -185,13 +185,14 @@ def check_kept_bounds(bounds: RequestBounds, req: InferenceRequest, prompt_token
             limit = bounds.max_messages
             if len(messages) > limit:
                 raise GatewayError(400, "too_many_messages", f"messages has {len(messages)} entries; this "
-                                   f"tenant's limit is {limit}", param="messages")
+                                   f"tenant's limit is {limit}", param="messages", client_text=True)
             if (units := chat_units(messages)) > limit:
                 raise GatewayError(400, "too_many_content_parts", f"messages hold {units} messages, content parts "
-                                   f"and tool calls together; this tenant's limit is {limit}", param="messages")
+                                   f"and tool calls together; this tenant's limit is {limit}",
+                                   param="messages", client_text=True)
         if req.endpoint == "completions" and len(req.prompts) > bounds.max_batch_prompts:
             raise GatewayError(400, "batch_too_large", f"prompt is a batch of {len(req.prompts)} prompts; this "
-                               f"tenant's limit is {bounds.max_batch_prompts}", param="prompt")
+                               f"tenant's limit is {bounds.max_batch_prompts}", param="prompt", client_text=True)
         return
     max_bytes, limit = bounds.max_prompt_bytes, bounds.max_prompt_tokens
     if max_bytes is not None:

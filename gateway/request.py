@@ -249,17 +249,18 @@ def parse_inference_request(raw: bytes, endpoint: Endpoint, max_depth: int = 32,
     if endpoint == "chat" and max_messages is not None and isinstance(messages, list) and len(messages) > max_messages:
         raise GatewayError(400, "too_many_messages",
                            f"messages has {len(messages)} entries; this tenant's limit is {max_messages}",
-                           param="messages")
+                           param="messages", client_text=True)
     if endpoint == "chat" and max_messages is not None and isinstance(messages, list):
         # R4-1, R4b-2: content parts and tool calls count too (tenancy.bounds.chat_units); before the depth walk
         if (units := chat_units(messages)) > max_messages:
             raise GatewayError(400, "too_many_content_parts", f"messages hold {units} messages, content parts and "
-                               f"tool calls together; this tenant's limit is {max_messages}", param="messages")
+                               f"tool calls together; this tenant's limit is {max_messages}",
+                               param="messages", client_text=True)
     if (endpoint == "completions" and max_batch_prompts is not None and isinstance(prompt, list)
             and len(prompt) > max_batch_prompts):
         raise GatewayError(400, "batch_too_large",
                            f"prompt is a batch of {len(prompt)} prompts; this tenant's limit is {max_batch_prompts}",
-                           param="prompt")
+                           param="prompt", client_text=True)
     if endpoint == "chat" and (refused := free_form_refusal(data, max_tools, max_free_values, len(raw))):
         raise refused  # S22-review-4: before the schema, the nesting walk, model_dump and the rendering
     if (endpoint == "chat" and json_schema is not None and "response_format" in data and (refused := (
@@ -325,7 +326,7 @@ def _validated(raw: bytes, data: dict[str, Any], endpoint: Endpoint, max_depth: 
         raise GatewayError(400, "invalid_request", msg, param=loc) from None
     if endpoint == "chat" and (where := function_name_error(parsed)) is not None:  # type: ignore[arg-type]
         raise GatewayError(400, "invalid_request", f"{where}: a function name must match {NAME_PATTERN} (OpenAI's "
-                           "rule)", param=where)  # session 24, S23-newcomer-9
+                           "rule)", param=where, client_text=True)  # session 24, S23-newcomer-9
     # at most max_depth brackets in the whole body (strings too): nothing nests deeper, no walk (issue 14); counted
     # by one translate, not two bytes.count passes (session 24, S23-review-3: the same number, ~2x less CPU)
     if len(raw) - len(raw.translate(None, b"[{")) > max_depth and not _depth_ok(parsed, max_depth):
