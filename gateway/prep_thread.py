@@ -4,35 +4,37 @@ S30-attack30-6).
 The request's front (:func:`gateway.admission_front.parse_and_count`: parse, the JSON-schema bounds of
 ``response_format`` and ``tools`` with their ``pattern`` counts, schema validation, the rendering of the fields
 that become prompt tokens, the entitlement, the prompt-token room and the prompt's tokens) runs synchronously. On
-the event loop, every other tenant's requests and the readiness probe waited for it: ~4-5 ms for the most
-expensive bodies the default limits admit (a 300-property schema, 32 tools, 800 messages, a 7,000-word prompt),
-up to ~100 ms for a schema whose quote-free ``pattern`` s are counted up to ``limits.json_schema.max_pattern_states``.
+the event loop, every other tenant's requests and the readiness probe waited for it: 1.4-3 ms for the most
+expensive bodies the default limits admit (a 300-property schema, 32 tools, 800 messages, a 7,000-word prompt:
+~3-5 ms of gateway CPU per request in all), ~90-130 ms for a schema whose quote-free ``pattern`` s are counted up to
+``limits.json_schema.max_pattern_states`` (refused).
 
 A body :meth:`PrepThread.prepares_off_loop` picks is prepared by the same step on the gateway's one worker thread
-(:class:`PrepThread`, a :class:`gateway.tokenize_thread.TokenizeThread` shared with the ``hf:`` tokenizer's long prompts): its thread
-CPU is added to the request's :class:`gateway.cpu_budget.CpuMeter` (the tenant pays for it as for an inline step;
-429 ``cpu_budget_exhausted`` is checked before the step), its errors are re-raised on the loop (the same HTTP
-answers), each tenant has at most one step on the thread (queued or running: its next waits on the loop, for free,
-and the thread serves the tenants in turn), a step whose request is cancelled while it waits in the thread's queue
-never runs, and one already running is charged when it ends.
+(:class:`PrepThread`, a :class:`gateway.tokenize_thread.TokenizeThread`, shared with the ``hf:`` tokenizer's long
+prompts): its thread CPU is added to the request's :class:`gateway.cpu_budget.CpuMeter` (the tenant pays for it as
+for an inline step; 429 ``cpu_budget_exhausted`` is checked before the step), its errors are re-raised on the loop
+(the same HTTP answers), each tenant has at most one step on the thread (queued or running: its next waits on the
+loop, for free, and the thread serves the tenants in turn), a step whose request is cancelled while it waits in the
+thread's queue never runs, and one already running is charged when it ends.
 
 The worker still holds the GIL while it runs Python code; CPython makes it give the GIL to a waiting thread (the
 loop's, woken by a request, an answer or a timer) after ``sys.getswitchinterval()`` of waiting, so while a heavy
 body is prepared the loop runs its callbacks between slices instead of waiting for the whole preparation. CPython's
-default interval, 5 ms, is as long as the heavy preparations themselves (each of the loop's wake-ups could wait
-that long, every time while the thread is busy), so the started thread lowers it to :data:`SWITCH_INTERVAL_S`
-(0.5 ms; it only matters while two threads want the GIL: the plain path, one thread, is unchanged; :meth:`PrepThread.stop`
-puts the previous one back). C calls that hold the GIL (the JSON decoder, schema validation, the word tokenizer's
-splits) are not cut: each is one slice (docs/benchmarks.md "Session 31: offload31").
+default interval, 5 ms, is as long as the heavy preparations themselves (each of the loop's wake-ups may wait that
+long while the thread is busy), so the started thread lowers it to :data:`SWITCH_INTERVAL_S` (0.5 ms; it only
+matters while two threads want the GIL: the plain path, one thread, is unchanged; :meth:`PrepThread.stop` puts the
+previous one back). C calls that hold the GIL (the JSON decoder, schema validation, the word tokenizer's splits) are
+not cut: each is one slice (docs/benchmarks.md "Session 31: offload31").
 
 Which bodies (the pipeline tests the same rule inline, with operators only, so the plain path makes no extra call):
-longer than :data:`PREP_THREAD_BYTES` bytes (``prep_bytes``; a body that short costs ~2 ms of preparation at most whatever it holds:
-~125 ns a byte for 800 small messages), or any body that may hold a top-level ``tools`` or ``response_format``
-key (the two fields whose schemas are walked and whose patterns are counted, whatever the body's size): the key
-spelt as is, or an escaped ASCII letter or ``_`` anywhere (``\\u005.``, ``\\u006.``, ``\\u007.``: a key written
-``"t\\u006fols"`` decodes to ``tools``; no JSON encoder writes those escapes, so ordinary non-ASCII text, escaped
-as ``\\u00e9`` or ``\\u4e2d``, stays on the loop). A plain body (small, no schema, no tools) is prepared on the loop
-as before: a thread hop would only add latency.
+longer than :data:`PREP_THREAD_BYTES` bytes (``prep_bytes``; a body that short costs ~1 ms of preparation at most
+whatever it holds: 800 small messages, the costliest per byte measured, ~60 ns a byte), or any body that may hold a
+top-level ``tools`` or ``response_format`` key (the two fields whose schemas are walked and whose patterns are
+counted, whatever the body's size): the key spelt as is, or an escaped ASCII letter or ``_`` anywhere
+(``\\u005.``, ``\\u006.``, ``\\u007.``: a key written ``"t\\u006fols"`` decodes to ``tools``; no JSON encoder
+writes those escapes, so ordinary non-ASCII text, escaped as ``\\u00e9`` or ``\\u4e2d``, stays on the loop). A plain
+body (small, no schema, no tools) is prepared on the loop as before: a thread hop (~45 µs of wall time, ~30 µs of
+the loop's CPU) would only add latency.
 """
 
 from __future__ import annotations
