@@ -205,3 +205,30 @@ async def test_a_step_cancelled_while_queued_never_runs() -> None:
     assert await c_task == "c"
     assert ran == ["a", "c"]
     await thread.stop()
+
+
+async def test_the_started_thread_lowers_the_switch_interval_and_stop_puts_it_back() -> None:
+    """While the thread is started the loop waits at most ``SWITCH_INTERVAL_S`` for the GIL (CPython's 5 ms would
+    make each of the loop's wake-ups wait up to 5 ms while a heavy body is prepared); stop puts the previous one back,
+    and an interval already lower is left alone."""
+    import sys
+
+    from gateway.prep_thread import SWITCH_INTERVAL_S, PrepThread
+
+    before = sys.getswitchinterval()
+    assert SWITCH_INTERVAL_S is not None
+    try:
+        sys.setswitchinterval(0.005)
+        thread = PrepThread()
+        await thread.start()
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+        await thread.stop()
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        sys.setswitchinterval(SWITCH_INTERVAL_S / 2)
+        lower = PrepThread()
+        await lower.start()
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S / 2)
+        await lower.stop()
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S / 2)
+    finally:
+        sys.setswitchinterval(before)
