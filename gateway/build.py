@@ -39,7 +39,7 @@ from gateway.recording import Recorder
 from gateway.replicas import Replica, ReplicaSet
 from gateway.tenant_warnings import entry_warnings, tenant_limit_warnings
 from gateway.salt_pools import salt_pool_error
-from gateway.tokenize_thread import TokenizeThread
+from gateway.prep_thread import PrepThread
 from gateway.upstream import Upstream
 from routing.calibration import CalibratingLoadTracker, Calibration
 from routing.config import policy_from_config
@@ -207,7 +207,9 @@ class Gateway:
     #: request-body bytes being read, both listeners (``limits.max_buffered_body_bytes``; gateway/framing.py)
     body_budget: BodyBudget | None = None
     #: the thread long prompts are tokenized on (``hf:`` tokenizers only; gateway/tokenize_thread.py, R12-3)
-    tokenize_thread: TokenizeThread | None = None
+    tokenize_thread: PrepThread | None = None
+    #: the thread heavy bodies are prepared on (the tokenizer's if any; gateway/prep_thread.py); None: on the loop
+    prep_thread: PrepThread | None = None
 
     # the state that changes while running lives in its owner; these read it
     @property
@@ -369,9 +371,9 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
     members: list[Lifecycle] = [_LimitsLifecycle(limits), upstream, pdp, _AuditLifecycle(hub),
                                 _BundlesLifecycle(bundles), overload, *([flow] if flow is not None else [])]
     # R12-3: long prompts of a tokenizer that releases the GIL are tokenized off the event loop
-    tokenize_thread = TokenizeThread() if getattr(tokenizer, "releases_gil", False) else None
-    if tokenize_thread is not None:
-        members.append(tokenize_thread)
+    tokenize_thread = PrepThread() if getattr(tokenizer, "releases_gil", False) else None
+    prep_thread = tokenize_thread or PrepThread()  # session 31: heavy bodies prepared off the loop, one thread
+    members.append(prep_thread)
     if shared is not None:  # first: an instance whose master secret differs refuses to start
         shared.attach(admin, pdp, hub)
         members.insert(0, shared)
@@ -386,7 +388,7 @@ def build(config: GatewayConfig, *, audit: AuditHub | None = None, config_path: 
                             limits.availability, overload=overload, flow=flow),
         flow=flow, overload=overload, lifecycles=lifecycles, shared=shared,
         body_budget=BodyBudget(config.limits.max_buffered_body_bytes, config.limits.max_buffered_body_bytes_per_tenant),
-        cpu_budget=CpuBudget(config.limits, metrics=metrics), tokenize_thread=tokenize_thread,
+        cpu_budget=CpuBudget(config.limits, metrics=metrics), tokenize_thread=tokenize_thread, prep_thread=prep_thread,
     )
 
 

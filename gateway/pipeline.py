@@ -114,13 +114,14 @@ class InferencePipeline:
             held.lease = lease if type(lease) is Lease else await lease  # in-process limiter: no coroutine (s16)
             bounds = adm.request_bounds(tenant)
             # 3 parse (gateway/request.py), model entitlement, echo + logprobs (R4-12); 4 prompt checks (byte bound,
-            # then tokenize once with early stop): one metered step (session 19: gateway/admission_front.py)
+            # then tokenize once with early stop): one metered step (s19: admission_front.py; s31: prep_thread.py)
             request.scope[OWNER_SCOPE_KEY] = tenant.id  # its held body counts against its share (R5b-1)
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
-            req, seqs, tokens, prompt_tokens, rec.t_parsed = held.cpu.run(
-                parse_and_count, adm, raw, endpoint, self.cfg.limits, bounds, tenant, held.lease,
-                gw.tokenize_thread is not None)
-            del raw
+            front = (parse_and_count, adm, raw, endpoint, self.cfg.limits, bounds, tenant, held.lease)
+            req, seqs, tokens, prompt_tokens, rec.t_parsed = held.cpu.run(*front, gw.tokenize_thread is not None) if (
+                pt := gw.prep_thread) is None or not (raw[pt.prep_bytes:] or b'"tools"' in raw or b'"response_format"'
+                in raw or b"\\u00" in raw and pt.escaped(raw)) else await pt.run(held.cpu, *front, False)  # heavy
+            del raw, front
             rec.stream, rec.sequences, rec.model, rec.dropped_fields = req.stream, seqs, req.model, req.dropped[0]
             if tokens is None:  # a batch or a prompt tokenized off the loop: step by step, as before session 19
                 if seqs > 1:  # each prompt of a batch is a request

@@ -19,7 +19,11 @@ takes the concurrency slot after tokenizing) and another tenant's big prompt wai
 them. Now a big prompt waits for at most one step of each other tenant. The step's CPU is the worker thread's
 (``time.thread_time`` there) and is added to the request's :class:`gateway.cpu_budget.CpuMeter`
 like an inline step; a request whose client leaves while its step runs is charged the step's
-CPU when it ends (the thread cannot be interrupted).
+CPU when it ends (the thread cannot be interrupted); one cancelled while its step still waits in the thread's queue
+(behind another tenant's) takes it out: the step never runs (session 31, offload31).
+
+Session 31 (offload31): the same thread also prepares heavy request bodies (:mod:`gateway.prep_thread`), whatever
+the tokenizer: the gateway has one such thread, with one step per tenant on it.
 """
 
 from __future__ import annotations
@@ -83,10 +87,13 @@ class TokenizeThread:
     async def _step(self, meter: CpuMeter, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """One step on the thread, the tenant's turn held (see :meth:`run`)."""
         clock = meter.check_step(always=True)
-        fut = asyncio.get_running_loop().run_in_executor(self._pool, _timed, clock, fn, args)
+        job = self._pool.submit(_timed, clock, fn, args)
+        fut = asyncio.wrap_future(job)
         try:
             cpu_s, out, exc = await asyncio.shield(fut)
         except asyncio.CancelledError:
+            if job.cancel():  # session 31: still queued behind another tenant's step: never runs, costs nothing
+                raise
             fut.add_done_callback(lambda f: meter.add_off_loop(f.result()[0], late=True)
                                   if not f.cancelled() and f.exception() is None else None)
             raise
