@@ -119,8 +119,8 @@ class InferencePipeline:
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
             front = (parse_and_count, adm, raw, endpoint, self.cfg.limits, bounds, tenant, held.lease)
             req, seqs, tokens, prompt_tokens, rec.t_parsed = held.cpu.run(*front, gw.tokenize_thread is not None) if (
-                pt := gw.prep_thread) is None or not (raw[pt.prep_bytes:] or b'"tools"' in raw or b'"response_format"'
-                in raw or b"\\u00" in raw and pt.escaped(raw)) else await pt.run(held.cpu, *front, False)  # heavy
+                pt := gw.prep_thread) is None or not (b'"pattern"' in raw or b"\\u00" in raw and pt.escaped(raw)
+                ) else await pt.run(held.cpu, *front, False)  # a pattern count (S31-lead-2: prep_thread.py)
             del raw, front
             rec.stream, rec.sequences, rec.model, rec.dropped_fields = req.stream, seqs, req.model, req.dropped[0]
             if tokens is None:  # a batch or a prompt tokenized off the loop: step by step, as before session 19

@@ -27,14 +27,15 @@ previous one back). C calls that hold the GIL (the JSON decoder, schema validati
 not cut: each is one slice (docs/benchmarks.md "Session 31: offload31").
 
 Which bodies (the pipeline tests the same rule inline, with operators only, so the plain path makes no extra call):
-longer than :data:`PREP_THREAD_BYTES` bytes (``prep_bytes``; a body that short costs ~1 ms of preparation at most
-whatever it holds: 800 small messages, the costliest per byte measured, ~60 ns a byte), or any body that may hold a
-top-level ``tools`` or ``response_format`` key (the two fields whose schemas are walked and whose patterns are
-counted, whatever the body's size): the key spelt as is, or an escaped ASCII letter or ``_`` anywhere
-(``\\u005.``, ``\\u006.``, ``\\u007.``: a key written ``"t\\u006fols"`` decodes to ``tools``; no JSON encoder
-writes those escapes, so ordinary non-ASCII text, escaped as ``\\u00e9`` or ``\\u4e2d``, stays on the loop). A plain
-body (small, no schema, no tools) is prepared on the loop as before: a thread hop (~45 µs of wall time, ~30 µs of
-the loop's CPU) would only add latency.
+a body that may hold a ``pattern`` key, the one whose count (``max_pattern_states``) can hold the loop for ~100 ms:
+the key spelt as is, or an escaped ASCII letter or ``_`` anywhere (``\\u005.``, ``\\u006.``, ``\\u007.``: a key
+written ``"p\\u0061ttern"`` decodes to ``pattern``; no JSON encoder writes those escapes, so ordinary non-ASCII text,
+escaped as ``\\u00e9`` or ``\\u4e2d``, stays on the loop). Session 31's lead narrowed offload31's rule (which also
+sent every body longer than 16 KiB and every ``tools`` or ``response_format`` body) to this (S31-lead-2): a thread
+hop costs ~45 µs of wall time and ~30 µs of the loop's CPU, and while the worker holds the GIL the loop's other
+requests take turns with it (offload31 measured another tenant's p50 up 0.1-0.7 ms beside 1.5-3 ms bodies, p99
+down): long prompts and tool-using bodies, common in real workloads, keep their single-threaded path; a body
+without a pattern costs the loop at most a few ms (S30-attack30-6, open).
 """
 
 from __future__ import annotations
@@ -43,10 +44,8 @@ import sys
 
 from gateway.tokenize_thread import TokenizeThread
 
-__all__ = ["PREP_THREAD_BYTES", "SWITCH_INTERVAL_S", "PrepThread"]
+__all__ = ["SWITCH_INTERVAL_S", "PrepThread"]
 
-#: bodies longer than this many bytes are prepared on the worker thread (:attr:`PrepThread.prep_bytes`)
-PREP_THREAD_BYTES = 16_384
 #: the interpreter's GIL switch interval (seconds) while the thread is started, when lower than the interpreter's
 #: (CPython's default 5 ms): the most a thread waiting for the GIL (the loop's) waits before the holder gives it up
 SWITCH_INTERVAL_S: float | None = 0.0005
@@ -54,12 +53,11 @@ SWITCH_INTERVAL_S: float | None = 0.0005
 
 class PrepThread(TokenizeThread):
     """The gateway's one worker thread (:class:`TokenizeThread`: steps metered into the request's ``CpuMeter``, one
-    step per tenant on it, :meth:`stop` ends it), which also prepares heavy bodies. ``prep_bytes``: a longer body
-    is prepared on it (:data:`PREP_THREAD_BYTES`)."""
+    step per tenant on it, :meth:`stop` ends it), which also prepares the bodies :meth:`prepares_off_loop` picks.
+    ``switch_interval_s``: the GIL switch interval while it is started (None: the interpreter's)."""
 
-    def __init__(self, prep_bytes: int = PREP_THREAD_BYTES, switch_interval_s: float | None = SWITCH_INTERVAL_S) -> None:
+    def __init__(self, switch_interval_s: float | None = SWITCH_INTERVAL_S) -> None:
         super().__init__()
-        self.prep_bytes = prep_bytes
         self.switch_interval_s = switch_interval_s
         self._restore: float | None = None  # the interval :meth:`start` replaced, put back by :meth:`stop`
 
@@ -81,11 +79,10 @@ class PrepThread(TokenizeThread):
     def prepares_off_loop(self, raw: bytes) -> bool:
         """True when the body ``raw`` (the request's bytes) is prepared on this thread (the module docstring's rule;
         gateway/pipeline.py tests the same expression inline). Raises nothing."""
-        return bool(raw[self.prep_bytes:] or b'"tools"' in raw or b'"response_format"' in raw or b"\\u00" in raw
-                    and self.escaped(raw))
+        return b'"pattern"' in raw or b"\\u00" in raw and self.escaped(raw)
 
     @staticmethod
     def escaped(raw: bytes) -> bool:
         """True when ``raw`` holds an escaped ASCII letter or ``_`` (``\\u005.``, ``\\u006.``, ``\\u007.``): a key
-        may then be ``tools`` or ``response_format`` spelt otherwise."""
+        may then be ``pattern`` spelt otherwise."""
         return b"\\u005" in raw or b"\\u006" in raw or b"\\u007" in raw

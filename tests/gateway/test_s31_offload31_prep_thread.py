@@ -1,5 +1,5 @@
-"""Session 31 (offload31; S30-review30-3, S30-attack30-6): a heavy body (a ``response_format`` or ``tools``, whose
-schemas are walked and whose ``pattern`` s are counted, or a body longer than ``PREP_THREAD_BYTES``) is prepared on
+"""Session 31 (offload31, narrowed by the lead: S31-lead-2; S30-review30-3): a body that may hold a ``pattern`` key
+(spelt as is or with escaped ASCII letters), whose count can hold the loop ~100 ms, is prepared on
 the gateway's worker thread (gateway/prep_thread.py), while a plain body is prepared on the event loop as before.
 
 The count of a pattern is held by a gate (:class:`Gate`, wrapping :func:`gateway.pattern_states.pattern_states`)
@@ -117,21 +117,24 @@ def _bodies() -> dict[str, bytes]:
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=ascii_only).encode()
 
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "^[a-z]+$"}}}}}
+    plain_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "a": {"type": "string"}}}}}
-    escaped = raw(_chat(tools=[tool])).replace(b'"tools"', b'"t\\u006fols"')  # decodes to "tools"
+    escaped = raw(_chat(tools=[tool])).replace(b'"pattern"', b'"p\\u0061ttern"')  # decodes to "pattern"
     return {"plain": raw(_chat()), "plain non-ASCII escaped": raw(_chat("caf\u00e9 \u4e2d\u6587")),
             "plain non-ASCII": raw(_chat("caf\u00e9 \u4e2d\u6587"), False),
-            "tools": raw(_chat(tools=[tool])), "tools key escaped": escaped,
+            "tools with a pattern": raw(_chat(tools=[tool])), "pattern key escaped": escaped,
+            "tools without a pattern": raw(_chat(tools=[plain_tool])),
             "response_format": raw(_chat(**_schema("^[a-z]+$"))), "long prompt": raw(_chat("word " * 4000))}
 
 
 def test_the_rule_picks_heavy_bodies_only() -> None:
-    from gateway.prep_thread import PREP_THREAD_BYTES, PrepThread
+    from gateway.prep_thread import PrepThread
 
     rule = PrepThread().prepares_off_loop
     picked = {name for name, body in _bodies().items() if rule(body)}
-    assert picked == {"tools", "tools key escaped", "response_format", "long prompt"}
-    assert not rule(b"x" * PREP_THREAD_BYTES) and rule(b"x" * (PREP_THREAD_BYTES + 1))
+    assert picked == {"tools with a pattern", "pattern key escaped", "response_format"}
+    assert not rule(b'{"x":"' + b"y" * 100_000 + b'"}') and rule(b'{"pattern":1}')
 
 
 @pytest.fixture
@@ -159,19 +162,20 @@ async def test_the_pipeline_applies_the_rule(stack: Any, parsed_on: list[threadi
         r = await stack.client.post(PATH, content=body, headers={**JSON, **stack.auth("tenant-b/app")})
         assert r.status_code == 200, (name, r.text)
         assert (parsed_on[-1] is not threading.main_thread()) == rule(body), name
-    bad = b'{"model":"sim-model","messages":[' + b"x" * 20_000 + b"]}"  # off the loop, answered the same
+    bad = b'{"model":"sim-model","pattern":1,"messages":[' + b"x" * 200 + b"]}"  # off the loop, answered the same
     r = await stack.client.post(PATH, content=bad, headers={**JSON, **stack.auth("tenant-b/app")})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
     assert parsed_on[-1] is not threading.main_thread()
 
 
-async def test_heavy_requests_share_one_worker_thread(stack: Any) -> None:
+async def test_heavy_requests_share_one_worker_thread(stack: Any, parsed_on: list[threading.Thread]) -> None:
     """Concurrent heavy bodies of two tenants: one thread prepares them all (no thread per request)."""
     tenants = ["tenant-a/app", "tenant-b/app"] * 4
     answers = await asyncio.gather(*(stack.client.post(PATH, json=_chat(**_schema(_fresh_pattern())),
                                                        headers=stack.auth(w)) for w in tenants))
     assert [r.status_code for r in answers] == [200] * len(tenants), [r.text for r in answers]
-    assert len(stack.components.prep_thread._pool._threads) == 1
+    assert len(parsed_on) == len(tenants) and len(set(parsed_on)) == 1
+    assert parsed_on[0] is not threading.main_thread()
 
 
 async def test_a_step_cancelled_while_queued_never_runs() -> None:
