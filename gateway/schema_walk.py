@@ -34,7 +34,8 @@ _CONTAINERS = frozenset({dict, list})
 
 
 def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what: str, subject: str,
-                quoted: list[Node], shared: Callable[[], Shared] | None = None, copies: int = 1) -> GatewayError | None:
+                quoted: list[Node], shared: Callable[[], Shared] | None = None,
+                copies: int | list[int] = 1) -> GatewayError | None:
     """Walk each schema of ``roots`` (``(schema, path)``, the last first) with shared counts and refuse the first
     bound they pass (see the module docstring); ``what`` names them in the audit reason, ``subject`` in the message.
 
@@ -55,15 +56,16 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
     object whose ``type`` is ``"regex"`` (a structural tag's contents), may hold no counted repetition over
     ``max_item_count`` (:func:`largest_count`), nor the ``min`` / ``max`` of an object whose ``type`` is
     ``"repeat"``. ``max_pattern_states`` (session 30, pattern30): each quote-free pattern's count times the copies
-    outlines-core writes of it (``copies`` for the roots, times each array's
+    outlines-core writes of it (``copies`` for the roots: one count for all, or one per root in ``roots``' order, since
+    session 31 (S31-review31-4: a named ``tool_choice`` compiles its tool twice, the others once); times each array's
     :func:`~gateway.schema_patterns.item_copies` above it); the sum is left in ``bound["states"]``
     (:func:`gateway.schema_patterns.refs_states_refusal`)."""
     properties = enums = pattern_chars = states = 0
     quotes = bound["quote_reading_patterns"] == "refuse"
     # (value, path node, depth, kind, the roots it may be in, the copies outlines-core writes of it: array items)
     stack: list[tuple[Any, Node, int, int, tuple, int]] = []
-    for root, path in roots:
-        stack.append((root, path_node(path), 0, _SCHEMA, (root,), copies))
+    for i, (root, path) in enumerate(roots):
+        stack.append((root, path_node(path), 0, _SCHEMA, (root,), copies if type(copies) is int else copies[i]))
     walked: set[int] = set()  # S29-final29-1: ids of what was walked as schemas; refs: {(text, id(root)): ...}
     refs: dict[tuple[str, int], tuple[Node, int, tuple, Any, int]] = {}
     others: Shared | None = None  # ``shared``'s schemas, once asked for

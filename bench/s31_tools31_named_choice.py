@@ -1,0 +1,68 @@
+"""Session 31 (tools31, S31-review31-4): what outlines-core 0.2.14 builds for a named ``tool_choice`` under SGLang
+(``{"type": "array", "minItems": 1, "items": <the tool's member>}``, and with ``maxItems`` 1 when the body says
+``parallel_tool_calls: false``) beside the tool's ``parameters`` alone (vLLM's named choice), and what the gateway
+counts for each (:func:`gateway.response_format.tools_refusal`: ``max_pattern_states`` and ``max_regex_chars``).
+
+Per case: the copies of the pattern in outlines-core's regular expression, its length, the ``Index`` CPU and the byte
+DFA's states (bench/s30_pattern30_states.py's child: 3 GiB, ``--cpu`` s), and the gateway's estimate of the same
+schema (:func:`gateway.schema_expansion.regex_chars`) with the states it counts for the tool
+(:func:`gateway.pattern_states.pattern_states` x the copies ``tools_refusal`` takes for that ``tool_choice``).
+
+outlines-core is not a project dependency: ``OUTLINES_PYTHON`` names an interpreter that has it. Usage:
+``OUTLINES_PYTHON=/tmp/oc-venv/bin/python python -m bench.s31_tools31_named_choice``. Markdown on stdout, the load
+average first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+from bench.s30_pattern30_states import _index, _one
+from gateway.pattern_states import pattern_states
+from gateway.schema_expansion import regex_chars
+from gateway.tool_schemas import sglang_schemas
+
+_REGEX = ("import json, resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+          "from outlines_core.json_schema import build_regex_from_schema as b; "
+          "r = b(sys.stdin.read()); print(json.dumps([len(r), r.count(sys.argv[1])]))")
+
+
+def _regex(schema: dict[str, Any], pattern: str, python: str) -> str:
+    """outlines-core's regular expression of ``schema``: ``chars, copies of pattern`` (a bounded child)."""
+    p = subprocess.run([python, "-c", _REGEX, pattern], input=json.dumps(schema), capture_output=True, text=True,
+                       timeout=120)
+    if p.returncode != 0:
+        return f"error (rc {p.returncode})"
+    chars, copies = json.loads(p.stdout)
+    return f"{chars:,} chars, pattern x{copies}"
+
+
+def main() -> None:
+    python = os.environ.get("OUTLINES_PYTHON", "python3")
+    cpu_s = 20
+    with open("/proc/loadavg") as f:
+        print(f"load average: {f.read().split()[:3]}\n")
+    print("| pattern in the tool | schema compiled | outlines-core regex | Index CPU s, byte-DFA states | gateway: regex "
+          "estimate, states counted |")
+    print("|---|---|---|---|---|")
+    for k in (10, 12):
+        pattern = "[ab]*a" + "[ab]" * k
+        tools = [{"type": "function", "function": {"name": "f", "parameters": _one(pattern)}}]
+        named = sglang_schemas(tools)[1][0]
+        assert named is not None
+        states = pattern_states(pattern, 1 << 20)
+        cases = [("parameters alone (vLLM named)", _one(pattern), 1),
+                 ("SGLang named array", named, 2),
+                 ("SGLang named array, maxItems 1", {**named, "maxItems": 1}, 2)]
+        for label, schema, copies in cases:
+            idx = _index(schema, python, cpu_s)
+            built = (f"{idx['index_s']}, {idx.get('dfa_states', '-'):,}" if isinstance(idx, dict) else idx)
+            print(f"| `{pattern}` | {label} | {_regex(schema, pattern, python)} | {built} | "
+                  f"{regex_chars(schema, 1 << 62):,}, {states * copies:,} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
