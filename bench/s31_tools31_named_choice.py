@@ -62,6 +62,25 @@ def main() -> None:
             built = (f"{idx['index_s']}, {idx.get('dfa_states', '-'):,}" if isinstance(idx, dict) else idx)
             print(f"| `{pattern}` | {label} | {_regex(schema, pattern, python)} | {built} | "
                   f"{regex_chars(schema, 1 << 62):,}, {states * copies:,} |", flush=True)
+    # a second property referring to the first through SGLang's array (``#/items/...``): the pattern 4 times there
+    pattern = "[ab]*a" + "[ab]" * 11
+    params = {"type": "object", "required": ["s", "b"], "properties": {
+        "s": {"type": "string", "pattern": pattern}, "b": {"$ref": "#/items/properties/parameters/properties/s"}}}
+    named = sglang_schemas([{"type": "function", "function": {"name": "f", "parameters": params}}])[1][0]
+    assert named is not None
+    idx = _index(named, python, cpu_s)
+    built = f"{idx['index_s']}, {idx.get('dfa_states', '-'):,}" if isinstance(idx, dict) else idx
+    print(f"| `{pattern}` and a `$ref` to it through `#/items/...` | SGLang named array | "
+          f"{_regex(named, pattern, python)} | {built} | {regex_chars(named, 1 << 62):,}, - |", flush=True)
+    # two unconstrained objects (outlines-core's ``depth``): the regular expression only (no Index: ~1 M characters)
+    wide = {"type": "object", "required": ["x", "y"], "properties": {"x": {"type": "object", "depth": 5},
+                                                                     "y": {"type": "object", "depth": 4}}}
+    named = sglang_schemas([{"type": "function", "function": {"name": "f", "parameters": wide}}])[1][0]
+    assert named is not None
+    for label, schema in (("parameters alone (vLLM named)", wide), ("SGLang named array", named)):
+        chars = _regex(schema, "depth", python).split(", pattern")[0]
+        print(f"| none (`depth` 5 and 4 objects) | {label} | {chars} | - | {regex_chars(schema, 1 << 62):,}, - |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -59,13 +59,30 @@ def test_a_named_tool_counts_its_patterns_twice() -> None:
     assert err.status == 400 and err.code == "json_schema_too_complex"
 
 
-def test_a_named_tool_reached_through_a_ref_counts_twice() -> None:
-    params = {"type": "object", "$defs": {"p": {"type": "string", "pattern": HOSTILE}},
-              "properties": {SECRET: {"$ref": "#/$defs/p"}}}
+def test_a_ref_through_sglangs_array_counts_its_copies() -> None:
+    """``#/items/...`` resolves in SGLang's named array (outlines-core 0.2.14: the pattern of 4,097 states written 4
+    times, 16,388 > 16,384; the same pointer in the ``parameters`` alone: "Invalid reference path"); the walk counted
+    the property's 2 copies and the reference's one more."""
+    params = {"type": "object", "required": [SECRET, "b"], "properties": {
+        SECRET: {"type": "string", "pattern": "[ab]*a" + "[ab]" * 11},
+        "b": {"$ref": f"#/items/properties/parameters/properties/{SECRET}"}}}
     tools = [_tool("f", params)]
     assert tools_refusal(tools, LIMITS, {}, 100, None, "tools31") is None
-    assert _reason(tools_refusal(tools, LIMITS, {}, 100, _named("f"), "tools31")) == (
-        "tools parameters over limits.json_schema.max_pattern_states")
+    err = tools_refusal(tools, LIMITS, {}, 100, _named("f"), "tools31")
+    assert _reason(err) == "tools parameters over limits.json_schema.max_pattern_states"
+    assert err is not None and err.param == "tools.0.function.parameters"
+
+
+def test_a_named_tools_definitions_count_as_compiled() -> None:
+    """A ``#/$defs`` reference resolves in the ``parameters`` alone (vLLM's named choice compiles them once; SGLang's
+    array holds no ``$defs``: outlines-core refuses the pointer there): the definition's 4,097 states count twice in
+    the walk (its place, 8,194), its reference once more inlined (8,194): admitted; 8,964 states twice: refused."""
+    def tools(k: int) -> list[dict[str, Any]]:
+        return [_tool("f", {"type": "object", "$defs": {"p": {"type": "string", "pattern": "[ab]*a" + "[ab]" * k}},
+                            "required": [SECRET], "properties": {SECRET: {"$ref": "#/$defs/p"}}})]
+    assert tools_refusal(tools(11), LIMITS, {}, 100, _named("f"), "tools31") is None
+    err = tools_refusal(tools(12), LIMITS, {}, 100, _named("f"), "tools31")
+    assert err is not None and err.param == "tools.0.function.parameters.$defs.p.pattern"
 
 
 def test_only_the_named_tool_counts_twice() -> None:
