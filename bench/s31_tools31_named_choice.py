@@ -10,17 +10,25 @@ schema (:func:`gateway.schema_expansion.regex_chars`) with the states it counts 
 
 outlines-core is not a project dependency: ``OUTLINES_PYTHON`` names an interpreter that has it. Usage:
 ``OUTLINES_PYTHON=/tmp/oc-venv/bin/python python -m bench.s31_tools31_named_choice``. Markdown on stdout, the load
-average first.
+average first. ``... named_choice cpu``: the gateway's in-process thread CPU of ``tools_refusal`` per call (median of
+15 rounds of 20 calls, the pattern cache warm) over each ordinary schema of tests/support/ordinary_schemas.py as one
+tool, and over all 13 as one body's tools, with no ``tool_choice`` and with one naming the (first) tool, alternated
+twice (A/A); ``quote_reading_patterns: allow`` (three of them hold ``format`` ``email`` / ``uri``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
+import sys
+import time
 from typing import Any
 
 from bench.s30_pattern30_states import _index, _one
+from gateway.config_http import JsonSchemaLimits
+from gateway.response_format import tools_refusal
 from gateway.pattern_states import pattern_states
 from gateway.schema_expansion import regex_chars
 from gateway.tool_schemas import sglang_schemas
@@ -83,5 +91,39 @@ def main() -> None:
               flush=True)
 
 
+#: three ordinary schemas hold ``format`` ``email`` / ``uri`` (refused by ``quote_reading_patterns``): allowed here so
+#: that every bound runs
+_ALLOW = {"quote_reading_patterns": "allow"}
+
+
+def _us(tools: list[Any], choice: Any) -> float:
+    """Median thread CPU µs of one ``tools_refusal`` call (15 rounds of 20)."""
+    limits, rounds = JsonSchemaLimits(), []
+    for _ in range(15):
+        t = time.thread_time_ns()
+        for _ in range(20):
+            tools_refusal(tools, limits, _ALLOW, 100, choice, "bench")
+        rounds.append((time.thread_time_ns() - t) / 20 / 1000)
+    return statistics.median(rounds)
+
+
+def cpu_main() -> None:
+    from tests.support.ordinary_schemas import ORDINARY
+    with open("/proc/loadavg") as f:
+        print(f"load average: {f.read().split()[:3]}\n")
+    print("| tools | no tool_choice µs (A, A') | named tool_choice µs (B, B') |")
+    print("|---|---|---|")
+    bodies = {name: [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+              for name, schema in ORDINARY.items()}
+    bodies["all 13 (the first named)"] = [{"type": "function", "function": {"name": "f" if i == 0 else f"t{i}",
+                                                                            "parameters": schema}}
+                                          for i, schema in enumerate(ORDINARY.values())]
+    named = {"type": "function", "function": {"name": "f"}}
+    for name, tools in bodies.items():
+        assert tools_refusal(tools, JsonSchemaLimits(), _ALLOW, 100, named, "bench") is None, name
+        a, b, a2, b2 = _us(tools, None), _us(tools, named), _us(tools, None), _us(tools, named)
+        print(f"| {name} | {a:.0f}, {a2:.0f} | {b:.0f}, {b2:.0f} |", flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    cpu_main() if sys.argv[1:] == ["cpu"] else main()
