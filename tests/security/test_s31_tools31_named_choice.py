@@ -22,7 +22,7 @@ from gateway.tool_schemas import sglang_schemas
 from tests.support.ordinary_patterns import ORDINARY
 
 LIMITS = JsonSchemaLimits()
-HOSTILE = "[ab]*a" + "[ab]" * 12  # 8,962 states counted: once under the cap of 16,384, twice over it
+HOSTILE = "[ab]*a" + "[ab]" * 12  # 8,964 states counted: once under the cap of 16,384, twice over it
 SECRET = "QQQ_arg"  # a property name: client text
 
 
@@ -51,7 +51,7 @@ def _reason(err: Any) -> str:
 
 def test_a_named_tool_counts_its_patterns_twice() -> None:
     tools = [_tool("f", _one(HOSTILE))]
-    assert tools_refusal(tools, LIMITS, {}, 100, None, "tools31") is None  # once: 8,962
+    assert tools_refusal(tools, LIMITS, {}, 100, None, "tools31") is None  # once: 8,964
     assert tools_refusal(tools, LIMITS, {}, 100, "auto", "tools31") is None
     err = tools_refusal(tools, LIMITS, {}, 100, _named("f"), "tools31")  # before: None (counted once)
     assert _reason(err) == "tools parameters over limits.json_schema.max_pattern_states"
@@ -60,9 +60,9 @@ def test_a_named_tool_counts_its_patterns_twice() -> None:
 
 
 def test_a_ref_through_sglangs_array_counts_its_copies() -> None:
-    """``#/items/...`` resolves in SGLang's named array (outlines-core 0.2.14: the pattern of 4,097 states written 4
-    times, 16,388 > 16,384; the same pointer in the ``parameters`` alone: "Invalid reference path"); the walk counted
-    the property's 2 copies and the reference's one more."""
+    """``#/items/...`` resolves in SGLang's named array (outlines-core 0.2.14: the pattern, ~4,100 DFA states, written 4
+    times: 16,500 byte-DFA states; the same pointer in the ``parameters`` alone: "Invalid reference path"). Counted: the
+    walk 8,456 (the property's 2 copies), the array with its references inlined 12,684 x 2 (before: 4,228, admitted)."""
     params = {"type": "object", "required": [SECRET, "b"], "properties": {
         SECRET: {"type": "string", "pattern": "[ab]*a" + "[ab]" * 11},
         "b": {"$ref": f"#/items/properties/parameters/properties/{SECRET}"}}}
@@ -75,8 +75,9 @@ def test_a_ref_through_sglangs_array_counts_its_copies() -> None:
 
 def test_a_named_tools_definitions_count_as_compiled() -> None:
     """A ``#/$defs`` reference resolves in the ``parameters`` alone (vLLM's named choice compiles them once; SGLang's
-    array holds no ``$defs``: outlines-core refuses the pointer there): the definition's 4,097 states count twice in
-    the walk (its place, 8,194), its reference once more inlined (8,194): admitted; 8,964 states twice: refused."""
+    array holds no ``$defs``: outlines-core refuses the pointer there), so no x2 over the ``parameters``' own root:
+    the definition's 4,228 counted states make 12,684 in the walk (its place x2, its reference once more), 8,456
+    inlined: admitted; 8,964 counted states: 26,892 in the walk, refused."""
     def tools(k: int) -> list[dict[str, Any]]:
         return [_tool("f", {"type": "object", "$defs": {"p": {"type": "string", "pattern": "[ab]*a" + "[ab]" * k}},
                             "required": [SECRET], "properties": {SECRET: {"$ref": "#/$defs/p"}}})]
