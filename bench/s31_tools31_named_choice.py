@@ -14,6 +14,9 @@ average first. ``... named_choice cpu``: the gateway's in-process thread CPU of 
 15 rounds of 20 calls, the pattern cache warm) over each ordinary schema of tests/support/ordinary_schemas.py as one
 tool, and over all 13 as one body's tools, with no ``tool_choice`` and with one naming the (first) tool, alternated
 twice (A/A); ``quote_reading_patterns: allow`` (three of them hold ``format`` ``email`` / ``uri``).
+``... named_choice anchor`` (S30-attack30-4, S31-tools31-2): thread CPU of ``response_format_refusal`` over a 30 KB
+schema with 6,000 containers in ``default``, its reference a pointer (no scan) or a name (``#s``: one scan), median of
+15, alternated twice.
 """
 
 from __future__ import annotations
@@ -125,5 +128,25 @@ def cpu_main() -> None:
         print(f"| {name} | {a:.0f}, {a2:.0f} | {b:.0f}, {b2:.0f} |", flush=True)
 
 
+def anchor_main() -> None:
+    from gateway.response_format import response_format_refusal
+    with open("/proc/loadavg") as f:
+        print(f"load average: {f.read().split()[:3]}\n")
+    data = [{"k": [1, {"v": "x"}]} for _ in range(1500)]
+    limits = JsonSchemaLimits()
+    print("| reference | schema JSON bytes | thread CPU µs per call |")
+    print("|---|---|---|")
+    for ref in ("#/$defs/s", "#s", "#/$defs/s", "#s"):
+        rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+            "type": "object", "properties": {"a": {"$ref": ref}, "b": {"type": "string"}}, "default": data,
+            "$defs": {"s": {"type": "string"}}}}}
+        rounds = []
+        for _ in range(15):
+            t = time.thread_time_ns()
+            response_format_refusal(rf, limits, {}, 100, "bench")
+            rounds.append((time.thread_time_ns() - t) / 1000)
+        print(f"| `{ref}` | {len(json.dumps(rf, separators=(',', ':'))):,} | {statistics.median(rounds):,.0f} |")
+
+
 if __name__ == "__main__":
-    cpu_main() if sys.argv[1:] == ["cpu"] else main()
+    {"cpu": cpu_main, "anchor": anchor_main}.get(sys.argv[1] if sys.argv[1:] else "", main)()
