@@ -149,7 +149,12 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | str | N
     (:func:`_tools_inlined_refusal`), then each tool's regular expression estimate and, only when ``tool_choice``
     (the body's) is ``"required"``, their sum (:func:`_tools_regex_refusal`; session 27: vLLM builds that one
     schema of every tool for ``required`` only; the default, for a caller that does not say, counts it).
-    ``tenant``: as :func:`response_format_refusal`. Raises nothing."""
+    A named ``tool_choice`` (session 31, tools31, S31-review31-4: ``{"function": {"name": NAME}}``): each tool of that
+    name (:func:`_named_tools`) counts its patterns' states twice and the regular expression of SGLang's array of it
+    (``{"type": "array", "minItems": 1, "items": ...}``, which outlines-core writes with the item twice), the other
+    tools as under ``auto``; with its references inlined, that array counts twice (only there does ``#/items/...``
+    resolve, and a pointer into the ``parameters``' own root does not: outlines-core refuses it; the array's own copies
+    on top: an over-count). ``tenant``: as :func:`response_format_refusal`. Raises nothing."""
     if type(tools) is not list:
         return None
     bound: dict[str, Any] = {k: overrides.get(k, getattr(limits, k)) for k in JSON_SCHEMA_BOUNDS} | {"tenant": tenant}
@@ -178,18 +183,38 @@ def tools_refusal(tools: Any, limits: Any, overrides: Mapping[str, int | str | N
                                 "max_tool_schemas_bytes", "tools parameters")
     if not roots:
         return None
+    twice = tool_choice == "required"
+    named = set() if twice else _named_tools(tools, tool_choice)
+    copies = [2 if twice or int(path[1]) in named else 1 for _, path in roots]
+    arrays = [(w, ("tools", str(i), "function", "parameters")) for i, w in enumerate(sglang_schemas(tools)[1])
+              if i in named and w is not None] if named else []
     subject = "tools[].function.parameters"  # counted together: ``required`` compiles an anyOf over every tool
     quoted: list[_Node] = []
     # S30-attack30-2: a reference may also resolve in the schemas vLLM and SGLang build of the tools (another tool's
     # ``$defs`` or ``parameters``, its own data through SGLang's named-choice array), built only once the walk meets one;
     # vLLM's ``required`` schema writes every tool twice (an array of them): each pattern's states twice (pattern30)
+    # and SGLang's named-choice schema writes the named tool twice (S31-review31-4)
     if (refused := _walk(roots[::-1], bound, "tools parameters", subject, quoted, shared=lambda: _shared(tools),
-                         copies=2 if tool_choice == "required" else 1)) is not None:
+                         copies=copies[::-1])) is not None:
         return refused
     return _tools_inlined_refusal(roots, bound, body_bytes, subject) or _tools_regex_refusal(
-        tools, roots, bound["max_regex_chars"], subject, together=tool_choice == "required") or refs_states_refusal(
-        roots, bound, "tools parameters", subject, 2 if tool_choice == "required" else 1) or _quote_refusal(
+        tools, roots, bound["max_regex_chars"], subject, together=twice, arrays=arrays) or refs_states_refusal(
+        roots, bound, "tools parameters", subject, 2 if twice else 1) or refs_states_refusal(
+        arrays, bound, "tools parameters", subject, 2) or _quote_refusal(
         quoted, "tools parameters", subject)
+
+
+def _named_tools(tools: list[Any], tool_choice: Any) -> set[int]:
+    """The indices in ``tools`` of the entries a named ``tool_choice`` (``{"type": "function", "function": {"name":
+    NAME}}``) names: every function whose ``name`` is NAME (SGLang compiles the first as an array of it, vLLM's named
+    choice the last, alone; both counted: fail closed). Empty for another choice, one without a string name, or a NAME
+    no tool has (SGLang then compiles no schema). Session 31 (tools31, S31-review31-4). Raises nothing."""
+    fn = tool_choice.get("function") if type(tool_choice) is dict else None
+    name = fn.get("name") if type(fn) is dict else None
+    if type(name) is not str:
+        return set()
+    return {i for i, tool in enumerate(tools) if type(tool) is dict and type(f := tool.get("function")) is dict
+            and f.get("name") == name}
 
 
 def _shared(tools: list[Any]) -> tuple[list[Any], dict[int, Any], set[int]]:
@@ -228,13 +253,16 @@ def _regex_refusal(root: Any, path: tuple[str, ...], cap: int | None, what: str,
 
 
 def _tools_regex_refusal(tools: list[Any], roots: list[tuple[Any, tuple[str, ...]]], cap: int | None,
-                         subject: str, together: bool = True) -> GatewayError | None:
+                         subject: str, together: bool = True,
+                         arrays: list[tuple[Any, tuple[str, ...]]] | None = None) -> GatewayError | None:
     """``max_regex_chars`` over each tool's ``parameters`` whatever ``tool_choice`` says (a named ``tool_choice``
     compiles it alone, a strict tool under ``auto`` too: fail closed), then, when ``together``, over vLLM's
     ``tool_choice: "required"`` schema of all of them (:func:`gateway.schema_expansion.required_schema`: an array
     whose ``items`` are an ``anyOf`` of every tool, written twice, their ``$defs`` merged); only ``required`` builds
     that schema, so an agent's many tools under ``auto`` are not counted together (session 27: 26 ordinary tools
-    make ~1.2 M characters). ``cap`` None: off."""
+    make ~1.2 M characters). ``arrays``: ``(schema, path)`` of SGLang's array of each tool a named ``tool_choice``
+    names (:func:`gateway.tool_schemas.sglang_schemas`; session 31, S31-review31-4: ~2x its ``parameters``), each
+    counted too. ``cap`` None: off."""
     if cap is None:
         return None
     for root, path in roots:
@@ -242,6 +270,11 @@ def _tools_regex_refusal(tools: list[Any], roots: list[tuple[Any, tuple[str, ...
             return _refused(_param(_node(path)), f"{subject} builds a regular expression of more than {cap} "
                             "characters in a compiler that inlines it (outlines-core)", "max_regex_chars",
                             "tools parameters")
+    for schema, path in arrays or ():
+        if regex_chars(schema, cap) > cap:
+            return _refused(_param(_node(path)), f"{subject} builds a regular expression of more than {cap} characters "
+                            "as the array SGLang compiles for a named tool_choice, in a compiler that inlines it "
+                            "(outlines-core)", "max_regex_chars", "tools parameters")
     # the one schema the replica compiles for ``required``, counted whole (S27-attack27-2: a sum of the tools, each
     # against its own root, missed references across tools and ``#`` meaning the wrapper; it is no longer computed)
     if not together or regex_chars(required_schema(tools), cap) <= cap:

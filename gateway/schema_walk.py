@@ -34,7 +34,8 @@ _CONTAINERS = frozenset({dict, list})
 
 
 def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any], what: str, subject: str,
-                quoted: list[Node], shared: Callable[[], Shared] | None = None, copies: int = 1) -> GatewayError | None:
+                quoted: list[Node], shared: Callable[[], Shared] | None = None,
+                copies: int | list[int] = 1) -> GatewayError | None:
     """Walk each schema of ``roots`` (``(schema, path)``, the last first) with shared counts and refuse the first
     bound they pass (see the module docstring); ``what`` names them in the audit reason, ``subject`` in the message.
 
@@ -46,7 +47,9 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
     :data:`~gateway.pattern_quote.QUOTE_READING_FORMATS` beside no ``pattern``, is appended to ``quoted`` (refused
     after the other bounds: O(characters) per pattern, bounded by ``max_pattern_chars``). S29-final29-1: a ``$ref``'s
     target the walk saw as data (in ``enum``, ``const``, ``default``, ``examples``) or as a name map (``#/$defs``)
-    is walked as a schema too, each target once (compilers resolve any pointer; schema_refs.unwalked_targets).
+    is walked as a schema too, each target once (compilers resolve any pointer; schema_refs.unwalked_targets); since
+    session 31 (S30-attack30-4) a reference that is no ``#/`` pointer also walks every object named by ``$id`` /
+    ``$anchor`` / ``$dynamicAnchor`` (:func:`_targets`).
     ``shared`` (session 30, S30-attack30-2): called once, when the walk has met a reference, for ``(schemas,
     per_root, ids)``: schemas every reference is also resolved in (vLLM's and SGLang's ``required`` schemas of all
     tools, where a tool's ``#/$defs/...`` reaches another tool's definitions), a schema per root (by ``id``) that the
@@ -55,16 +58,18 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
     object whose ``type`` is ``"regex"`` (a structural tag's contents), may hold no counted repetition over
     ``max_item_count`` (:func:`largest_count`), nor the ``min`` / ``max`` of an object whose ``type`` is
     ``"repeat"``. ``max_pattern_states`` (session 30, pattern30): each quote-free pattern's count times the copies
-    outlines-core writes of it (``copies`` for the roots, times each array's
+    outlines-core writes of it (``copies`` for the roots: one count for all, or one per root in ``roots``' order, since
+    session 31 (S31-review31-4: a named ``tool_choice`` compiles its tool twice, the others once); times each array's
     :func:`~gateway.schema_patterns.item_copies` above it); the sum is left in ``bound["states"]``
     (:func:`gateway.schema_patterns.refs_states_refusal`)."""
     properties = enums = pattern_chars = states = 0
     quotes = bound["quote_reading_patterns"] == "refuse"
     # (value, path node, depth, kind, the roots it may be in, the copies outlines-core writes of it: array items)
     stack: list[tuple[Any, Node, int, int, tuple, int]] = []
-    for root, path in roots:
-        stack.append((root, path_node(path), 0, _SCHEMA, (root,), copies))
+    for i, (root, path) in enumerate(roots):
+        stack.append((root, path_node(path), 0, _SCHEMA, (root,), copies if type(copies) is int else copies[i]))
     walked: set[int] = set()  # S29-final29-1: ids of what was walked as schemas; refs: {(text, id(root)): ...}
+    scanned: set[int] = set()  # S30-attack30-4: ids of the schemas scanned for named objects (once each per walk)
     refs: dict[tuple[str, int], tuple[Node, int, tuple, Any, int]] = {}
     others: Shared | None = None  # ``shared``'s schemas, once asked for
     copied: list[tuple[Node, str, tuple, int]] = []  # references met where their schema is written more than once
@@ -74,7 +79,7 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
                 others = shared()
                 walked.update(others[2])
             stack.extend((node, (refs[key][0], "$ref"), refs[key][1], _SCHEMA, refs[key][2], 1)  # copies: ``copied``
-                         for node, key in unwalked_targets(_where_resolved(refs, others), walked))
+                         for node, key in _targets(_where_resolved(refs, others), walked, scanned))
             refs = {}
             continue
         cur, where, depth, kind, top, times = stack.pop()
@@ -173,6 +178,36 @@ def walk_bounds(roots: list[tuple[Any, tuple[str, ...]]], bound: dict[str, Any],
                            "states together", "max_pattern_states", what)
     bound["states"] = states  # the patterns' states, walked (gateway.schema_patterns.refs_states_refusal)
     return None
+
+
+#: the keys that name a schema object for a ``$ref`` that is no JSON pointer (S30-attack30-4)
+_NAMING_KEYS = ("$id", "$anchor", "$dynamicAnchor")
+
+
+def _targets(refs: list[tuple[Any, tuple[str, int]]], walked: set[int],
+             scanned: set[int]) -> list[tuple[Any, tuple[str, int]]]:
+    """:func:`gateway.schema_refs.unwalked_targets` of ``refs`` (``(schema it resolves in, key)``), then, for a
+    reference that is no ``#/`` pointer (``#name``, ``urn:x``, ``item.json#/a``: a ``$anchor``, ``$id`` or
+    ``$dynamicAnchor`` name in JSON Schema's URI resolution, which llguidance may follow and the pointer resolution does
+    not), every object of the schema it resolves in that carries such a key with a string value and was not walked
+    (hidden in ``default`` or ``examples``: session 31, tools31, S30-attack30-4), with the reference's key. One scan
+    of each such schema per walk (``scanned``: their ids, updated; O(containers)), only when such a reference exists;
+    an over-count at most (outlines-core refuses these references, xgrammar compiles any value there). Raises
+    nothing."""
+    out = unwalked_targets(refs, walked)
+    for root, key in refs:
+        if type(root) is not dict or id(root) in scanned or key[0].startswith("#/") or key[0] == "#":
+            continue
+        scanned.add(id(root))
+        stack: list[Any] = [root]
+        while stack:
+            cur = stack.pop()
+            values = cur.values() if type(cur) is dict else cur
+            if type(cur) is dict and id(cur) not in walked and any(type(cur.get(k)) is str for k in _NAMING_KEYS):
+                walked.add(id(cur))
+                out.append((cur, key))
+            stack.extend(v for v in values if type(v) is dict or type(v) is list)
+    return out
 
 
 #: what ``walk_bounds``'s ``shared`` returns: schemas every reference is resolved in, a schema per root id, the ids of
