@@ -21,9 +21,9 @@ The worker still holds the GIL while it runs Python code; CPython makes it give 
 loop's, woken by a request, an answer or a timer) after ``sys.getswitchinterval()`` of waiting, so while a heavy
 body is prepared the loop runs its callbacks between slices instead of waiting for the whole preparation. CPython's
 default interval, 5 ms, is as long as the heavy preparations themselves (each of the loop's wake-ups may wait that
-long while the thread is busy), so the started thread lowers it to :data:`SWITCH_INTERVAL_S` (0.5 ms; it only
-matters while two threads want the GIL: the plain path, one thread, is unchanged; :meth:`PrepThread.stop` puts the
-previous one back). C calls that hold the GIL (the JSON decoder, schema validation, the word tokenizer's splits) are
+long while the thread is busy), so each step lowers it to :data:`SWITCH_INTERVAL_S` (0.5 ms) while it runs and puts
+the previous one back when it ends (S31-lead-3: offload31 lowered it for the gateway's whole life; the process runs at
+the interpreter's interval whenever the thread is idle, as on the plain path). C calls that hold the GIL (the JSON decoder, schema validation, the word tokenizer's splits) are
 not cut: each is one slice (docs/benchmarks.md "Session 31: offload31").
 
 Which bodies (the pipeline tests the same rule inline, with operators only, so the plain path makes no extra call):
@@ -41,12 +41,17 @@ without a pattern costs the loop at most a few ms (S30-attack30-6, open).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from gateway.tokenize_thread import TokenizeThread
 
+if TYPE_CHECKING:
+    from gateway.cpu_budget import CpuMeter
+
 __all__ = ["SWITCH_INTERVAL_S", "PrepThread"]
 
-#: the interpreter's GIL switch interval (seconds) while the thread is started, when lower than the interpreter's
+#: the interpreter's GIL switch interval (seconds) while a step runs on the thread, when lower than the interpreter's
 #: (CPython's default 5 ms): the most a thread waiting for the GIL (the loop's) waits before the holder gives it up
 SWITCH_INTERVAL_S: float | None = 0.0005
 
@@ -54,27 +59,20 @@ SWITCH_INTERVAL_S: float | None = 0.0005
 class PrepThread(TokenizeThread):
     """The gateway's one worker thread (:class:`TokenizeThread`: steps metered into the request's ``CpuMeter``, one
     step per tenant on it, :meth:`stop` ends it), which also prepares the bodies :meth:`prepares_off_loop` picks.
-    ``switch_interval_s``: the GIL switch interval while it is started (None: the interpreter's)."""
+    ``switch_interval_s``: the GIL switch interval while one of its steps runs (None: the interpreter's)."""
 
     def __init__(self, switch_interval_s: float | None = SWITCH_INTERVAL_S) -> None:
         super().__init__()
         self.switch_interval_s = switch_interval_s
-        self._restore: float | None = None  # the interval :meth:`start` replaced, put back by :meth:`stop`
 
-    async def start(self) -> None:
-        """Lower the interpreter's GIL switch interval to ``switch_interval_s`` (when lower; :meth:`stop` puts the
-        previous one back): the thread starts with the first step."""
-        now = sys.getswitchinterval()
-        if self.switch_interval_s is not None and self.switch_interval_s < now and self._restore is None:
-            self._restore = now
-            sys.setswitchinterval(self.switch_interval_s)
-
-    async def stop(self) -> None:
-        """Stop the thread (:meth:`TokenizeThread.stop`) and put the switch interval back (idempotent)."""
-        await super().stop()
-        if self._restore is not None:
-            sys.setswitchinterval(self._restore)
-            self._restore = None
+    async def run(self, meter: CpuMeter, fn: Callable[..., Any], *args: Any) -> Any:
+        """:meth:`TokenizeThread.run` with the interpreter's switch interval lowered to ``switch_interval_s`` while
+        the step runs on the thread (set and put back by the thread itself, around ``fn``; the thread runs one step
+        at a time): a plain request, served while the thread is idle, runs at the interpreter's interval (S31-lead-3).
+        Returns what ``fn`` returns; raises what :meth:`TokenizeThread.run` raises."""
+        if self.switch_interval_s is None:
+            return await super().run(meter, fn, *args)
+        return await super().run(meter, _lowered, self.switch_interval_s, fn, args)
 
     def prepares_off_loop(self, raw: bytes) -> bool:
         """True when the body ``raw`` (the request's bytes) is prepared on this thread (the module docstring's rule;
@@ -86,3 +84,16 @@ class PrepThread(TokenizeThread):
         """True when ``raw`` holds an escaped ASCII letter or ``_`` (``\\u005.``, ``\\u006.``, ``\\u007.``): a key
         may then be ``pattern`` spelt otherwise."""
         return b"\\u005" in raw or b"\\u006" in raw or b"\\u007" in raw
+
+
+def _lowered(interval_s: float, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """``fn(*args)`` with the interpreter's GIL switch interval at most ``interval_s`` seconds, the previous one put
+    back when ``fn`` returns or raises (run on the worker thread). Returns what ``fn`` returns; re-raises its error."""
+    previous = sys.getswitchinterval()
+    if interval_s >= previous:
+        return fn(*args)
+    sys.setswitchinterval(interval_s)
+    try:
+        return fn(*args)
+    finally:
+        sys.setswitchinterval(previous)

@@ -211,28 +211,35 @@ async def test_a_step_cancelled_while_queued_never_runs() -> None:
     await thread.stop()
 
 
-async def test_the_started_thread_lowers_the_switch_interval_and_stop_puts_it_back() -> None:
-    """While the thread is started the loop waits at most ``SWITCH_INTERVAL_S`` for the GIL (CPython's 5 ms would
-    make each of the loop's wake-ups wait up to 5 ms while a heavy body is prepared); stop puts the previous one back,
-    and an interval already lower is left alone."""
+async def test_a_step_runs_at_the_lower_switch_interval_and_puts_the_previous_one_back() -> None:
+    """While a step runs on the thread the loop waits at most ``SWITCH_INTERVAL_S`` for the GIL (CPython's 5 ms would
+    make each of the loop's wake-ups wait up to 5 ms while a heavy body is prepared); when the step ends or raises,
+    the previous interval is back (the plain path runs at the interpreter's: S31-lead-3), and an interval already
+    lower is left alone."""
     import sys
 
     from gateway.prep_thread import SWITCH_INTERVAL_S, PrepThread
+    from tests.gateway.test_s12_tokenize_off_loop import _Meter
 
     before = sys.getswitchinterval()
     assert SWITCH_INTERVAL_S is not None
+    thread = PrepThread()
     try:
         sys.setswitchinterval(0.005)
-        thread = PrepThread()
         await thread.start()
-        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
-        await thread.stop()
+        assert sys.getswitchinterval() == pytest.approx(0.005)  # idle: the interpreter's
+        assert await thread.run(_Meter("a"), sys.getswitchinterval) == pytest.approx(SWITCH_INTERVAL_S)
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+
+        def fails() -> None:
+            raise ValueError("QQQ")
+
+        with pytest.raises(ValueError):
+            await thread.run(_Meter("a"), fails)
         assert sys.getswitchinterval() == pytest.approx(0.005)
         sys.setswitchinterval(SWITCH_INTERVAL_S / 2)
-        lower = PrepThread()
-        await lower.start()
-        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S / 2)
-        await lower.stop()
+        assert await thread.run(_Meter("a"), sys.getswitchinterval) == pytest.approx(SWITCH_INTERVAL_S / 2)
         assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S / 2)
     finally:
+        await thread.stop()
         sys.setswitchinterval(before)
