@@ -42,3 +42,62 @@ async def test_an_apply_builds_the_tenants_once_and_never_under_the_lock(tmp_pat
     assert sorted(t.id for t in registry.tenants()) == sorted(t["id"] for t in tenants)
     assert admin.last_tenancy == {"tenants": tenants, "operators": operators}
     assert registry.resolve("spiffe://demo.prefixgate.test/tenant-q/app").id == "tenant-q"
+
+
+def _pairwise(tenants: list[dict[str, Any]]) -> str | None:
+    """The build's overlap rule as it was (every pair of rules): the first error's message, or None."""
+    from tenancy.tenant import parse_tenant
+
+    owner: dict[str, str] = {}
+    for i, doc in enumerate(tenants):
+        t = parse_tenant(doc, i)
+        for rule in t.spiffe_ids:
+            for other, other_tid in owner.items():
+                if other_tid != t.id and (registry_module._covers(rule, other) or registry_module._covers(other, rule)):
+                    return f"rule {rule!r} overlaps rule {other!r} of tenant {other_tid!r}"
+            owner[rule] = t.id
+    return None
+
+
+def test_the_overlap_rule_is_unchanged() -> None:
+    """Random rule sets: the same sets refused, with the same pair named, as the pairwise search."""
+    import random
+
+    rng = random.Random(31)
+    segments = ["a", "b", "ab"]
+    refused = 0
+    for _ in range(400):
+        tenants = []
+        for n in range(rng.randint(1, 5)):
+            rules = []
+            for _ in range(rng.randint(1, 3)):
+                path = "/".join(rng.choice(segments) for _ in range(rng.randint(1, 3)))
+                rules.append(f"spiffe://td.test/{path}" + ("/" if rng.random() < 0.5 else ""))
+            tenants.append({"id": f"t{n}", "spiffe_ids": rules, "models": ["m"]})
+        expected = _pairwise(tenants)
+        try:
+            registry_module.TenantRegistry.from_config(tenants)
+            got = None
+        except registry_module.TenantConfigError as exc:
+            got = str(exc)
+        if expected is None:
+            assert got is None, (tenants, got)
+        else:
+            refused += 1
+            assert got is not None and got.endswith(expected), (tenants, got, expected)
+    assert 50 < refused < 390  # both outcomes exercised
+
+
+def test_a_build_checks_no_pair_of_rules_when_none_overlaps(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = [0]
+    inner = registry_module._covers
+
+    def counting(rule: str, other: str) -> bool:
+        calls[0] += 1
+        return inner(rule, other)
+
+    monkeypatch.setattr(registry_module, "_covers", counting)
+    tenants = [{"id": f"t{i}", "spiffe_ids": [f"spiffe://td.test/ns/t{i}/", f"spiffe://td.test/solo/t{i}"],
+                "models": ["m"]} for i in range(300)]
+    assert len(registry_module.TenantRegistry.from_config(tenants).tenants()) == 300
+    assert calls[0] == 0  # before: ~360,000 (every pair of the 600 rules, both ways)
