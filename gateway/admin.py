@@ -206,7 +206,8 @@ class Admin:
         if error is not None:
             raise TenantConfigError(f"tenants: {error}")
         with self._apply_lock:  # S31-review31-2: the registry in force and last_tenancy change together
-            registry = self.admission.registry.reload(tenants, operators=operators)
+            # S31-review31b-3: the table validated above, swapped in (a second build here held the lock for O(rules²))
+            registry = self.admission.registry.replace_with(fresh)
             self.admission.replace_registry(registry)
             self.pdp.registry_changed()  # generation moved, cache dropped: no decision outlives the old facts
             self.last_tenancy = applied = {"tenants": list(tenants), "operators": list(operators)}

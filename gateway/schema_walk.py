@@ -191,7 +191,8 @@ def _targets(refs: list[tuple[Any, tuple[str, int]]], walked: set[int],
     ``$dynamicAnchor`` name in JSON Schema's URI resolution, which llguidance may follow and the pointer resolution does
     not), every object of the schema it resolves in that carries such a key with a string value and was not walked
     (hidden in ``default`` or ``examples``: session 31, tools31, S30-attack30-4), with the reference's key. One scan
-    of each such schema per walk (``scanned``: their ids, updated; O(containers)), only when such a reference exists;
+    of each container per walk (``scanned``: the ids of the schemas and containers scanned, updated; O(containers) per
+    walk however the schemas nest: S31-review31b-1), only when such a reference exists;
     an over-count at most (outlines-core refuses these references, xgrammar compiles any value there). Raises
     nothing."""
     out = unwalked_targets(refs, walked)
@@ -206,7 +207,12 @@ def _targets(refs: list[tuple[Any, tuple[str, int]]], walked: set[int],
             if type(cur) is dict and id(cur) not in walked and any(type(cur.get(k)) is str for k in _NAMING_KEYS):
                 walked.add(id(cur))
                 out.append((cur, key))
-            stack.extend(v for v in values if type(v) is dict or type(v) is list)
+            # S31-review31b-1: each container once per walk (the schemas nest: subroots, the tools' wrappers); what
+            # an earlier scan passed is all found (``walked``), so scanning it again finds nothing
+            for v in values:
+                if (type(v) is dict or type(v) is list) and id(v) not in scanned:
+                    scanned.add(id(v))
+                    stack.append(v)
     return out
 
 
