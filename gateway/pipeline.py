@@ -32,6 +32,7 @@ from gateway.held import Held
 from gateway.prefix_keys import ChainView, PrefixKeys
 from gateway.pep_recheck import awaited_decision, decide_again
 from gateway.pipeline_answer import failure_error, no_candidate_error, plain_response, reads_perf_counter, stream_response
+from gateway.prep_thread import SCHEMA_BODY_BYTES
 from gateway.proxy import NotWritten, UpstreamFailure, open_upstream
 from gateway.record import RequestRecord, new_request_id
 from gateway.recording import AFTER_SEND
@@ -119,8 +120,9 @@ class InferencePipeline:
             raw = await read_body(request, self.cfg.limits.max_body_bytes, self.cfg.limits.body_read_timeout_s)
             front = (parse_and_count, adm, raw, endpoint, self.cfg.limits, bounds, tenant, held.lease)
             req, seqs, tokens, prompt_tokens, rec.t_parsed = held.cpu.run(*front, gw.tokenize_thread is not None) if (
-                pt := gw.prep_thread) is None or not (b'"pattern"' in raw or b"\\u00" in raw and pt.escaped(raw)
-                ) else await pt.run(held.cpu, *front, False)  # a pattern count (S31-lead-2: prep_thread.py)
+                pt := gw.prep_thread) is None or not (b'"pattern"' in raw or b"\\u00" in raw and pt.escaped(raw) or raw[
+                SCHEMA_BODY_BYTES:] and (b'"tools"' in raw or b'"response_format"' in raw)) else await pt.run(
+                held.cpu, *front, False)  # a pattern count or a big schema body (S31-lead-2, -4: prep_thread.py)
             del raw, front
             rec.stream, rec.sequences, rec.model, rec.dropped_fields = req.stream, seqs, req.model, req.dropped[0]
             if tokens is None:  # a batch or a prompt tokenized off the loop: step by step, as before session 19

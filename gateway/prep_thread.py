@@ -34,8 +34,11 @@ escaped as ``\\u00e9`` or ``\\u4e2d``, stays on the loop). Session 31's lead nar
 sent every body longer than 16 KiB and every ``tools`` or ``response_format`` body) to this (S31-lead-2): a thread
 hop costs ~45 µs of wall time and ~30 µs of the loop's CPU, and while the worker holds the GIL the loop's other
 requests take turns with it (offload31 measured another tenant's p50 up 0.1-0.7 ms beside 1.5-3 ms bodies, p99
-down): long prompts and tool-using bodies, common in real workloads, keep their single-threaded path; a body
-without a pattern costs the loop at most a few ms (S30-attack30-6, open).
+down): long prompts and small tool-using bodies, common in real workloads, keep their single-threaded path. Since
+review31b measured bodies without a pattern that still cost the loop 9-193 ms at the default limits (a 76 KB tools
+body whose ``$ref`` s resolve in every enclosing root: S31-review31b-2, -6), a body longer than
+:data:`SCHEMA_BODY_BYTES` that may hold ``tools`` or ``response_format`` goes to the thread as well (S31-lead-4); a
+long prompt without them stays on the loop.
 """
 
 from __future__ import annotations
@@ -49,11 +52,14 @@ from gateway.tokenize_thread import TokenizeThread
 if TYPE_CHECKING:
     from gateway.cpu_budget import CpuMeter
 
-__all__ = ["SWITCH_INTERVAL_S", "PrepThread"]
+__all__ = ["SCHEMA_BODY_BYTES", "SWITCH_INTERVAL_S", "PrepThread"]
 
 #: the interpreter's GIL switch interval (seconds) while a step runs on the thread, when lower than the interpreter's
 #: (CPython's default 5 ms): the most a thread waiting for the GIL (the loop's) waits before the holder gives it up
 SWITCH_INTERVAL_S: float | None = 0.0005
+#: a body longer than this many bytes with a ``tools`` or ``response_format`` key is prepared on the thread too: its
+#: schema walk and ``$ref`` resolution can cost the loop tens to hundreds of ms (S31-review31b-2, -6; S31-lead-4)
+SCHEMA_BODY_BYTES = 16_384
 
 
 class PrepThread(TokenizeThread):
@@ -77,7 +83,8 @@ class PrepThread(TokenizeThread):
     def prepares_off_loop(self, raw: bytes) -> bool:
         """True when the body ``raw`` (the request's bytes) is prepared on this thread (the module docstring's rule;
         gateway/pipeline.py tests the same expression inline). Raises nothing."""
-        return b'"pattern"' in raw or b"\\u00" in raw and self.escaped(raw)
+        return (b'"pattern"' in raw or b"\\u00" in raw and self.escaped(raw)
+                or bool(raw[SCHEMA_BODY_BYTES:]) and (b'"tools"' in raw or b'"response_format"' in raw))
 
     @staticmethod
     def escaped(raw: bytes) -> bool:

@@ -125,16 +125,21 @@ def _bodies() -> dict[str, bytes]:
             "plain non-ASCII": raw(_chat("caf\u00e9 \u4e2d\u6587"), False),
             "tools with a pattern": raw(_chat(tools=[tool])), "pattern key escaped": escaped,
             "tools without a pattern": raw(_chat(tools=[plain_tool])),
+            "big tools without a pattern": raw(_chat("word " * 4000, tools=[plain_tool])),
+            "big response_format without a pattern": raw(_chat("word " * 4000, response_format={"type": "json_object"})),
             "response_format": raw(_chat(**_schema("^[a-z]+$"))), "long prompt": raw(_chat("word " * 4000))}
 
 
 def test_the_rule_picks_heavy_bodies_only() -> None:
-    from gateway.prep_thread import PrepThread
+    from gateway.prep_thread import SCHEMA_BODY_BYTES, PrepThread
 
     rule = PrepThread().prepares_off_loop
     picked = {name for name, body in _bodies().items() if rule(body)}
-    assert picked == {"tools with a pattern", "pattern key escaped", "response_format"}
+    assert picked == {"tools with a pattern", "pattern key escaped", "response_format", "big tools without a pattern",
+                      "big response_format without a pattern"}  # S31-lead-4: big schema bodies too
     assert not rule(b'{"x":"' + b"y" * 100_000 + b'"}') and rule(b'{"pattern":1}')
+    small = b'{"tools":[],"x":"' + b"y" * (SCHEMA_BODY_BYTES - 19) + b'"}'
+    assert len(small) == SCHEMA_BODY_BYTES and not rule(small) and rule(small + b" ")
 
 
 @pytest.fixture
