@@ -22,7 +22,7 @@ from gateway.tool_schemas import sglang_schemas
 from tests.support.ordinary_patterns import ORDINARY
 
 LIMITS = JsonSchemaLimits()
-HOSTILE = "[ab]*a" + "[ab]" * 11  # 4,099 states counted: once under the default cap of 8,192, twice over it
+HOSTILE = "[ab]*a" + "[ab]" * 11  # 4,228 states counted: once under the default cap of 8,192, twice over it
 SECRET = "QQQ_arg"  # a property name: client text
 
 
@@ -51,7 +51,7 @@ def _reason(err: Any) -> str:
 
 def test_a_named_tool_counts_its_patterns_twice() -> None:
     tools = [_tool("f", _one(HOSTILE))]
-    assert tools_refusal(tools, LIMITS, {}, 100, None, "tools31") is None  # once: 4,099
+    assert tools_refusal(tools, LIMITS, {}, 100, None, "tools31") is None  # once: 4,228
     assert tools_refusal(tools, LIMITS, {}, 100, "auto", "tools31") is None
     err = tools_refusal(tools, LIMITS, {}, 100, _named("f"), "tools31")  # before: None (counted once)
     assert _reason(err) == "tools parameters over limits.json_schema.max_pattern_states"
