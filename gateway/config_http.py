@@ -72,7 +72,8 @@ class JsonSchemaLimits(ConfigSection):
     ``maxContains`` (xgrammar's matcher memory and per-token time grow with it), and since session 30 a counted
     repetition in a structural tag's ``grammar`` / ``regex`` content (S30-attack30-7); ``None``: not checked.
     ``max_pattern_states`` (session 30, pattern30, S30-pattern30-1): the states of the automata of every quote-free
-    ``pattern`` of a schema together, as gateway/pattern_states.py counts them (outlines-core determinises them);
+    ``pattern`` of a schema together, as gateway/pattern_states.py counts them (outlines-core determinises them;
+    default 8,192 since session 31, S31-pattern31-1: each state costs what the vocabulary allows from it);
     ``None``: not checked (xgrammar, llguidance). More
     answers 400 ``json_schema_too_complex``. Each is overridden per tenant by ``tenants[].json_schema_limits``."""
 
@@ -85,7 +86,7 @@ class JsonSchemaLimits(ConfigSection):
     max_regex_chars: int | None = Field(1_000_000, ge=1)
     quote_reading_patterns: Literal["refuse", "allow"] = "refuse"
     max_item_count: int | None = Field(128, ge=1)
-    max_pattern_states: int | None = Field(16384, ge=1)
+    max_pattern_states: int | None = Field(8192, ge=1)
 
 
 class LimitsConfig(ConfigSection):

@@ -40,7 +40,7 @@ def test_defaults_and_names() -> None:
         "max_regex_chars": 1_000_000,  # session 27 (expand27, S27-review27-3)
         "quote_reading_patterns": "refuse",  # session 29 (pattern29, S29-pattern29-1)
         "max_item_count": 128,  # session 29 (xgrammar29, S29-xgrammar29-1)
-        "max_pattern_states": 16384}  # session 30 (pattern30, S30-pattern30-1)
+        "max_pattern_states": 8192}  # session 31 (pattern31, S31-pattern31-1; 16384 in session 30)
     assert set(JsonSchemaLimits.model_fields) == set(JSON_SCHEMA_BOUNDS)
 
 

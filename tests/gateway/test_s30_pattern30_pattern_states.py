@@ -178,14 +178,16 @@ def test_a_blow_up_pattern_is_refused_naming_the_bound() -> None:
     assert err.param == "response_format.json_schema.schema.properties.p0.pattern"
     assert "limits.json_schema.max_pattern_states" in err.message
     assert err.record == {"reason": "response_format over limits.json_schema.max_pattern_states"}
-    assert response_format_refusal(_rf("^[ab]*a" + "[ab]" * 12 + "$"), LIMITS, {}, 100, "t") is None
+    assert response_format_refusal(_rf("^[ab]*a" + "[ab]" * 11 + "$"), LIMITS, {}, 100, "t") is None  # 4,228
+    # session 31 (pattern31, S31-pattern31-1): the default is 8,192; 8,964 states (admitted at 16,384) are refused
+    assert response_format_refusal(_rf("^[ab]*a" + "[ab]" * 12 + "$"), LIMITS, {}, 100, "t") is not None
 
 
 def test_the_states_of_a_schemas_patterns_add_up() -> None:
-    part = "[ab]*a" + "[ab]" * 10  # 2,049 states
-    assert pattern_states(part, BIG) == 2049
-    assert response_format_refusal(_rf(*[part] * 7), LIMITS, {}, 100, "t") is None  # 14,343
-    err = response_format_refusal(_rf(*[part] * 8), LIMITS, {}, 100, "t")  # 16,392 > 16,384
+    part = "[ab]*a" + "[ab]" * 9  # 1,025 states
+    assert pattern_states(part, BIG) == 1025
+    assert response_format_refusal(_rf(*[part] * 7), LIMITS, {}, 100, "t") is None  # 7,175
+    err = response_format_refusal(_rf(*[part] * 8), LIMITS, {}, 100, "t")  # 8,200 > 8,192
     assert err is not None and err.param.endswith(".pattern")  # the walk's order: the fourth it counts
 
 
@@ -257,10 +259,10 @@ def test_array_items_count_once_per_copy_outlines_core_writes() -> None:
     def array(pattern: str, **counts: int) -> dict[str, Any]:
         return {"type": "json_schema", "json_schema": {"name": "x", "schema": {
             "type": "array", "items": {"type": "string", "pattern": pattern}, **counts}}}
-    part = "[ab]*a" + "[ab]" * 10  # 2,049 states
+    part = "[ab]*a" + "[ab]" * 9  # 1,025 states
     assert response_format_refusal(array(part), LIMITS, {}, 100, "t") is None  # 2 copies
-    assert response_format_refusal(array(part, minItems=6), LIMITS, {}, 100, "t") is None  # 7 copies: 14,343
-    err = response_format_refusal(array(part, maxItems=7), LIMITS, {}, 100, "t")  # 8 copies: 16,392
+    assert response_format_refusal(array(part, minItems=6), LIMITS, {}, 100, "t") is None  # 7 copies: 7,175
+    err = response_format_refusal(array(part, maxItems=7), LIMITS, {}, 100, "t")  # 8 copies: 8,200 > 8,192
     assert err is not None and err.param == "response_format.json_schema.schema.items.pattern"
     nested = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "maxItems": 3, "items": {
         "type": "array", "maxItems": 3, "items": {"type": "string", "pattern": part}}}}}
@@ -269,8 +271,8 @@ def test_array_items_count_once_per_copy_outlines_core_writes() -> None:
 
 def test_tool_choice_required_counts_each_tool_twice() -> None:
     """vLLM's ``required`` schema is an array of the tools: outlines-core writes each tool's parameters twice."""
-    part = "[ab]*a" + "[ab]" * 10  # 2,049 states
-    params = _rf(*[part] * 5)["json_schema"]["schema"]  # 10,245 once, 20,490 twice
+    part = "[ab]*a" + "[ab]" * 9  # 1,025 states
+    params = _rf(*[part] * 5)["json_schema"]["schema"]  # 5,125 once, 10,250 twice (cap 8,192)
     tools = [{"type": "function", "function": {"name": "f", "parameters": params}}]
     assert tools_refusal(tools, LIMITS, {}, 100, "auto", "t") is None
     err = tools_refusal(tools, LIMITS, {}, 100, "required", "t")
@@ -280,7 +282,7 @@ def test_tool_choice_required_counts_each_tool_twice() -> None:
 def test_references_count_once_per_place_outlines_core_inlines_them() -> None:
     """8 properties referring to one definition of ``[ab]*a`` + 12 ``[ab]``: outlines-core 0.2.14 builds 65,626 DFA
     states (8 x 8,204); the walk meets the definition once (S30-pattern30-6)."""
-    part = "[ab]*a" + "[ab]" * 12  # 8,962 counted
+    part = "[ab]*a" + "[ab]" * 11  # 4,228 counted (under the default cap of 8,192 once, not 8 times)
 
     def refs(n: int, pattern: str) -> dict[str, Any]:
         props = {f"a{i}": {"$ref": "#/$defs/p"} for i in range(n)}
@@ -290,7 +292,7 @@ def test_references_count_once_per_place_outlines_core_inlines_them() -> None:
     assert err is not None and err.param == "response_format.json_schema.schema"
     assert err.record == {"reason": "response_format over limits.json_schema.max_pattern_states"}
     assert "$ref" in err.message
-    assert response_format_refusal(refs(30, "^\\d{4}-\\d{2}-\\d{2}$"), LIMITS, {}, 100, "t") is None  # 31 x 267
+    assert response_format_refusal(refs(29, "^\\d{4}-\\d{2}-\\d{2}$"), LIMITS, {}, 100, "t") is None  # 30 x 267
     assert response_format_refusal(refs(8, part), LIMITS, {"max_pattern_states": None}, 100, "t") is None
     tools = [{"type": "function", "function": {"name": "f", "parameters": refs(8, part)["json_schema"]["schema"]}}]
     assert tools_refusal(tools, LIMITS, {}, 100, "auto", "t") is not None

@@ -18,7 +18,7 @@ from gateway.config_http import JsonSchemaLimits
 from gateway.response_format import response_format_refusal, tools_refusal
 
 LIMITS = JsonSchemaLimits()
-P = "[ab]*a[ab]{6}"  # 129 states; 129 copies: 16,641 > 16,384
+P = "[ab]*a[ab]{6}"  # 129 states; 129 copies: 16,641 > 16,384 (the default since session 31: 8,192)
 
 
 def _rf(schema: Any) -> dict[str, Any]:

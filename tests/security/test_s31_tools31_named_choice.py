@@ -22,7 +22,7 @@ from gateway.tool_schemas import sglang_schemas
 from tests.support.ordinary_patterns import ORDINARY
 
 LIMITS = JsonSchemaLimits()
-HOSTILE = "[ab]*a" + "[ab]" * 12  # 8,964 states counted: once under the cap of 16,384, twice over it
+HOSTILE = "[ab]*a" + "[ab]" * 11  # 4,228 states counted: once under the default cap of 8,192, twice over it
 SECRET = "QQQ_arg"  # a property name: client text
 
 
@@ -51,7 +51,7 @@ def _reason(err: Any) -> str:
 
 def test_a_named_tool_counts_its_patterns_twice() -> None:
     tools = [_tool("f", _one(HOSTILE))]
-    assert tools_refusal(tools, LIMITS, {}, 100, None, "tools31") is None  # once: 8,964
+    assert tools_refusal(tools, LIMITS, {}, 100, None, "tools31") is None  # once: 4,228
     assert tools_refusal(tools, LIMITS, {}, 100, "auto", "tools31") is None
     err = tools_refusal(tools, LIMITS, {}, 100, _named("f"), "tools31")  # before: None (counted once)
     assert _reason(err) == "tools parameters over limits.json_schema.max_pattern_states"
@@ -64,7 +64,7 @@ def test_a_ref_through_sglangs_array_counts_its_copies() -> None:
     times: 16,500 byte-DFA states; the same pointer in the ``parameters`` alone: "Invalid reference path"). Counted: the
     walk 8,456 (the property's 2 copies), the array with its references inlined 12,684 x 2 (before: 4,228, admitted)."""
     params = {"type": "object", "required": [SECRET, "b"], "properties": {
-        SECRET: {"type": "string", "pattern": "[ab]*a" + "[ab]" * 11},
+        SECRET: {"type": "string", "pattern": "[ab]*a" + "[ab]" * 10},  # session 31: one k less for the cap 8,192
         "b": {"$ref": f"#/items/properties/parameters/properties/{SECRET}"}}}
     tools = [_tool("f", params)]
     assert tools_refusal(tools, LIMITS, {}, 100, None, "tools31") is None
@@ -81,8 +81,9 @@ def test_a_named_tools_definitions_count_as_compiled() -> None:
     def tools(k: int) -> list[dict[str, Any]]:
         return [_tool("f", {"type": "object", "$defs": {"p": {"type": "string", "pattern": "[ab]*a" + "[ab]" * k}},
                             "required": [SECRET], "properties": {SECRET: {"$ref": "#/$defs/p"}}})]
-    assert tools_refusal(tools(11), LIMITS, {}, 100, _named("f"), "tools31") is None
-    err = tools_refusal(tools(12), LIMITS, {}, 100, _named("f"), "tools31")
+    # session 31 (pattern31): the default cap is 8,192, half of 16,384: each k one less, each count about half
+    assert tools_refusal(tools(10), LIMITS, {}, 100, _named("f"), "tools31") is None
+    err = tools_refusal(tools(11), LIMITS, {}, 100, _named("f"), "tools31")
     assert err is not None and err.param == "tools.0.function.parameters.$defs.p.pattern"
 
 
