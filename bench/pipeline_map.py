@@ -51,7 +51,7 @@ ANCHORS: dict[str, list[tuple[str, str, bool]]] = {
         ("rec.t_auth = time.perf_counter()", "auth", True),
         ("bounds = adm.request_bounds(tenant)", "admit", True),
         ("raw = await read_body(", "body", True),
-        ("del raw\n", "parsed", True),
+        ("del raw, front\n", "parsed", True),
         ("held.reservation = await res if", "reserved", True),
         ("del tokens  # R12-2", "chains", True),
         ("rec.t_keys = time.perf_counter()", "cands", True),
