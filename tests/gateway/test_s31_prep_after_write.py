@@ -7,41 +7,21 @@ before the answer; a bug in it is logged with the request's id and the request i
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
 import pytest
 
 from gateway.app import build_public_app
-from gateway.client_io import LOSS_KEY, ConnectionLoss
+from gateway.client_io import ConnectionLoss
 from gateway.upstream_conn import UpstreamConnection
 from tests.conftest import Stack
-from tests.gateway.test_s2_record_after_send import _scope
+from tests.gateway.test_s13_glue import _serve as serve_on_connection
 from tests.support.spies import log_calls
 
-BODY = json.dumps({"model": "sim-model", "prompt": "one two three four five six seven eight nine ten eleven "
-                   "twelve thirteen fourteen fifteen sixteen seventeen", "max_tokens": 2}).encode()
-
-
 async def _serve(stack: Stack, app: Any, log: list[str]) -> int:
-    scope = _scope("/v1/completions", stack.auth())
-    scope[LOSS_KEY] = ConnectionLoss()
-    messages = [{"type": "http.request", "body": BODY, "more_body": False}]
-    status: list[int] = []
-
-    async def receive() -> dict[str, Any]:
-        if not messages:  # the client stays: nothing more arrives
-            await asyncio.Event().wait()
-        return messages.pop(0)
-
-    async def send(message: dict[str, Any]) -> None:
-        log.append(message["type"])
-        if message["type"] == "http.response.start":
-            status.append(message["status"])
-
-    await app(scope, receive, send)
-    return status[0]
+    """One served request on a connection that stays (tests/gateway/test_s13_glue.py's helper, a live connection)."""
+    return await serve_on_connection(stack, app, ConnectionLoss(), log)
 
 
 def _mark_next_turn(log: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
